@@ -1,0 +1,41 @@
+# Sprite OS. Two commands on a fresh machine: `make run` and `make test`.
+# Each creates the virtualenv and installs what it needs first.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WORKSPACE ?= $(CURDIR)/.workspace
+
+.PHONY: run test test-fast lint bench dist clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+## Serve on :8765 against the embedded mock Bridge (or ANTHROPIC_BASE_URL when set).
+run: $(STAMP)
+	$(PY) -m tests.devserver --workspace $(WORKSPACE)
+
+## The whole suite, end-to-end tests included (they drive the real Claude Code CLI).
+test: $(STAMP)
+	$(PY) -m pytest
+
+## Unit tests only.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not e2e"
+
+lint: $(STAMP)
+	$(PY) -m ruff check os_src tests bench bootstrap
+
+## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.
+bench: $(STAMP)
+	$(PY) -m bench
+
+## The release tarball Bridge deploys: os_src, bootstrap, VERSION, pinned requirements.
+dist: $(STAMP)
+	$(PY) bootstrap/build_release.py --out dist
+
+clean:
+	rm -rf $(VENV) dist build .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,187 @@
+"""Settings, read once at start from the environment, with command-line flags on top.
+
+Every setting is validated here so that a bad one fails at start with one clear
+line naming the variable, instead of surfacing later as a confusing error.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from .paths import Layout
+
+DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
+MIN_TOKEN_LENGTH = 16
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid. The message is one line, fit for a terminal."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    workspace: Path = Path("/workspace")
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None  # resolved by resolve_token() when None
+    anthropic_base_url: str | None = None
+    anthropic_api_key: str | None = None
+    agent_model: str | None = None
+    memory_model: str = DEFAULT_MEMORY_MODEL
+    memory_batch_turns: int = 25
+    idle_timeout: float = 1800.0
+    precompact_budget: float = 20.0
+    log_format: Literal["kv", "json"] = "kv"
+    log_level: str = "info"
+    log_file: Path | None = None
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.workspace)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """Apply command-line flags; None means "not given"."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return _validated(replace(self, **given))
+
+    def model_env(self) -> dict[str, str]:
+        """What the agent's CLI and the curator need to reach Bridge's model proxy."""
+        env = {"ANTHROPIC_API_KEY": self.anthropic_api_key or "sprite-os"}
+        if self.anthropic_base_url:
+            env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url
+        return env
+
+
+# Environment variable -> (field, parser)
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {value}")
+    return value
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {raw}")
+    return value
+
+
+def _text(_name: str, raw: str) -> str:
+    return raw
+
+
+def _path(_name: str, raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+_ENV: dict[str, tuple[str, Any]] = {
+    "SPRITE_WORKSPACE": ("workspace", _path),
+    "SPRITE_OS_HOST": ("host", _text),
+    "SPRITE_OS_PORT": ("port", _positive_int),
+    "SPRITE_OS_TOKEN": ("token", _text),
+    "ANTHROPIC_BASE_URL": ("anthropic_base_url", _text),
+    "ANTHROPIC_API_KEY": ("anthropic_api_key", _text),
+    "SPRITE_AGENT_MODEL": ("agent_model", _text),
+    "SPRITE_MEMORY_MODEL": ("memory_model", _text),
+    "SPRITE_MEMORY_BATCH_TURNS": ("memory_batch_turns", _positive_int),
+    "SPRITE_IDLE_TIMEOUT": ("idle_timeout", _positive_float),
+    "SPRITE_PRECOMPACT_BUDGET": ("precompact_budget", _positive_float),
+    "SPRITE_LOG_FORMAT": ("log_format", _text),
+    "SPRITE_LOG_LEVEL": ("log_level", _text),
+    "SPRITE_LOG_FILE": ("log_file", _path),
+}
+
+ENV_VARS = tuple(_ENV)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read settings from `env` (default: os.environ). Empty values count as unset."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name, (field, parse) in _ENV.items():
+        raw = env.get(name, "").strip()
+        if raw:
+            values[field] = parse(name, raw)
+    return _validated(Settings(**values))
+
+
+def _validated(s: Settings) -> Settings:
+    if not 1 <= s.port <= 65535:
+        raise ConfigError(f"SPRITE_OS_PORT must be between 1 and 65535, got {s.port}")
+    if s.log_format not in ("kv", "json"):
+        raise ConfigError(f"SPRITE_LOG_FORMAT must be 'kv' or 'json', got {s.log_format!r}")
+    if s.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(
+            f"SPRITE_LOG_LEVEL must be debug, info, warning or error, got {s.log_level!r}"
+        )
+    if s.anthropic_base_url:
+        url = urlparse(s.anthropic_base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ConfigError(
+                f"ANTHROPIC_BASE_URL must be an http(s) URL, got {s.anthropic_base_url!r}"
+            )
+    if s.token is not None:
+        if len(s.token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(f"SPRITE_OS_TOKEN must be at least {MIN_TOKEN_LENGTH} characters")
+        if not (s.token.isascii() and s.token.isprintable()) or " " in s.token:
+            raise ConfigError("SPRITE_OS_TOKEN must be printable ASCII without spaces")
+    if s.workspace.exists() and not s.workspace.is_dir():
+        raise ConfigError(f"SPRITE_WORKSPACE is not a directory: {s.workspace}")
+    return s
+
+
+def resolve_token(settings: Settings, *, create: bool) -> str:
+    """The server's bearer token: SPRITE_OS_TOKEN, else the file Bridge provisions.
+
+    With `create`, a missing token file is generated (mode 0600), which is what a
+    development workspace wants; a deployed Sprite always has one from Bridge.
+    """
+    if settings.token:
+        return settings.token
+    path = settings.layout.token_file
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            raise ConfigError(
+                f"no token: set SPRITE_OS_TOKEN or provision {path} (mode 0600)"
+            ) from None
+        token = secrets.token_urlsafe(32)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return token
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from None
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(f"token in {path} must be at least {MIN_TOKEN_LENGTH} characters")
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"token file {path} must be readable by its owner only (chmod 600)")
+    return token
+
+
+def describe(settings: Settings) -> dict[str, Any]:
+    """Settings safe to log: secrets are reported only as set or unset."""
+    out: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.name in ("token", "anthropic_api_key"):
+            value = "set" if value else "unset"
+        elif isinstance(value, Path):
+            value = str(value)
+        out[f.name] = value
+    return out

@@ -1,0 +1,211 @@
+"""Message routing: each WebSocket connection in, the shared event stream out.
+
+A connection's first frame is `hello` (any other frame implies a hello without
+`last_seq`). The gateway answers with `ready`, replays what the client missed,
+and from then on the connection receives every broadcast event through its own
+bounded queue, drained by its own writer task. Frames the client sends are
+validated, rate-limited and dispatched to the runtime; each bad frame gets an
+`error` reply and the connection stays open unless the client floods it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from . import protocol as p
+from .events import EventHub, Subscriber
+from .logs import get_logger
+from .runtime import AgentRuntime, QueueFull
+from .tools.canvas import CanvasStore
+
+log = get_logger(__name__)
+
+MAX_FRAME_CHARS = 1024 * 1024  # larger frames get frame_too_large (the socket's hard cap is 4 MiB)
+RATE_PER_SECOND = 20.0
+RATE_BURST = 60
+FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connection is closed
+
+CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
+CLOSE_POLICY = 1008  # flooding
+
+
+@dataclass
+class _TokenBucket:
+    rate: float = RATE_PER_SECOND
+    burst: float = RATE_BURST
+    tokens: float = RATE_BURST
+    stamp: float = 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class Gateway:
+    def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str) -> None:
+        self.hub = hub
+        self.runtime = runtime
+        self.canvas = canvas
+        self.server_version = server_version
+        self.connections: set[_Connection] = set()
+
+    async def handle(self, ws: ServerConnection) -> None:
+        conn = _Connection(ws, self)
+        self.connections.add(conn)
+        log.info("client_connected", client=conn.name, clients=len(self.connections))
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            log.info("client_disconnected", client=conn.name, clients=len(self.connections),
+                     code=ws.close_code)
+
+    async def close_all(self, code: int = 1001, reason: str = "server shutting down") -> None:
+        """Send what is queued, then close every connection."""
+        await asyncio.gather(*(c.close(code, reason) for c in list(self.connections)), return_exceptions=True)
+
+
+class _Connection:
+    def __init__(self, ws: ServerConnection, gateway: Gateway) -> None:
+        self.ws = ws
+        self.gw = gateway
+        self.sub = Subscriber()
+        self.name = f"{ws.remote_address[0] if ws.remote_address else '?'}#{id(ws) % 100000}"
+        self._greeted = False
+        self._bucket = _TokenBucket(stamp=time.monotonic())
+        self._dropped: list[float] = []
+        self._last_rate_error = 0.0
+        self._writer: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
+        try:
+            async for message in self.ws:
+                await self._receive(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.gw.hub.unsubscribe(self.sub)
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+
+    async def close(self, code: int, reason: str) -> None:
+        # Give the writer a moment to flush what is queued before the close frame.
+        for _ in range(20):
+            if not len(self.sub):
+                break
+            await asyncio.sleep(0.01)
+        await self.ws.close(code, reason)
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                batch = await self.sub.next_batch()
+                if not batch:  # overflowed: this client fell too far behind
+                    log.warning("client_lagging", client=self.name)
+                    await self.ws.close(CLOSE_LAGGING, "too far behind; reconnect and resume with last_seq")
+                    return
+                for data in batch:
+                    await self.ws.send(data, text=True)
+        except ConnectionClosed:
+            pass
+
+    def _reply(self, frame: p.ServerFrame) -> None:
+        """A frame for this client alone. It repeats the last seq this client was sent."""
+        self.sub.push_direct(p.encode(p.with_seq(frame, self.sub.last_seq)))
+
+    def _error(self, code: p.ErrorCode, message: str) -> None:
+        self._reply(p.Error(code=code, message=message))
+
+    async def _receive(self, message: str | bytes) -> None:
+        now = time.monotonic()
+        if not self._bucket.take(now):
+            await self._rate_limited(now)
+            return
+        if isinstance(message, bytes):
+            self._error("binary_not_supported", "frames must be JSON text, not binary")
+            return
+        if len(message) > MAX_FRAME_CHARS:
+            self._error("frame_too_large", f"frames are limited to {MAX_FRAME_CHARS} characters")
+            return
+        try:
+            frame = p.decode_client_frame(message)
+        except p.FrameError as exc:
+            self._error(exc.code, exc.message)
+            return
+        if not self._greeted:
+            self._hello(frame if isinstance(frame, p.Hello) else p.Hello())
+            if isinstance(frame, p.Hello):
+                return
+        await self._dispatch(frame)
+
+    async def _rate_limited(self, now: float) -> None:
+        self._dropped = [t for t in self._dropped if now - t < 60.0]
+        self._dropped.append(now)
+        if len(self._dropped) > FLOOD_LIMIT:
+            log.warning("client_flooding", client=self.name)
+            await self.ws.close(CLOSE_POLICY, "too many frames")
+            return
+        if now - self._last_rate_error >= 1.0:  # one notice per second, not one per dropped frame
+            self._last_rate_error = now
+            self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; frames were dropped")
+
+    def _hello(self, hello: p.Hello) -> None:
+        hub, rt = self.gw.hub, self.gw.runtime
+        if hello.protocol > p.PROTOCOL_VERSION:
+            self._error("unsupported_protocol",
+                        f"this server speaks protocol {p.PROTOCOL_VERSION}, not {hello.protocol}")
+        replay: list[bytes] | None = None
+        if hello.last_seq is not None and hello.stream in (None, hub.stream):
+            replay = hub.replay_since(hello.last_seq)
+        base = hello.last_seq if replay is not None and hello.last_seq is not None else hub.seq
+        ready = p.Ready(
+            seq=base,
+            protocol=p.PROTOCOL_VERSION,
+            server_version=self.gw.server_version,
+            stream=hub.stream,
+            session_id=rt.session_id,
+            last_seq=hub.seq,
+            agent=rt.state,
+            turn_id=rt.turn_id,
+            cards=self.gw.canvas.cards(),
+            replayed=len(replay or ()),
+            resync=hello.last_seq is not None and replay is None,
+        )
+        # No await between the snapshot and subscribing: no event can fall in between.
+        self.sub.push_direct(p.encode(ready))
+        for data in replay or ():
+            self.sub.push_direct(data)
+        hub.subscribe(self.sub)
+        self._greeted = True
+        log.info("client_ready", client=self.name, last_seq=hello.last_seq, replayed=ready.replayed,
+                 resync=ready.resync)
+
+    async def _dispatch(self, frame: p.AnyClientFrame) -> None:
+        rt = self.gw.runtime
+        match frame:
+            case p.UserMessage(text=text, client_id=client_id):
+                try:
+                    rt.submit(text, client_id)
+                except QueueFull as exc:
+                    self._error("queue_full", str(exc))
+            case p.Interrupt():
+                if not await rt.interrupt():
+                    self._error("nothing_to_interrupt", "the agent is not running a turn")
+            case p.NewSession():
+                rt.new_session()
+            case p.Ping(nonce=nonce):
+                self._reply(p.Pong(nonce=nonce))
+            case p.Hello():
+                self._error("invalid_frame", "hello is only valid as a connection's first frame")

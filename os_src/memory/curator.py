@@ -1,0 +1,197 @@
+"""The curator's contract: what one stateless model call is given, and how its reply is read.
+
+Pure functions, no I/O. The reply format is the seed's: learning lines
+(`FACT: ...`), or `NONE`, then `<NAME>_MD_UPDATE:` blocks that each hold a whole
+file. Parsing is deliberately strict about structure and forgiving about
+decoration: a marker must stand on its own line; a line inside a file block is
+file content even if it starts with `FACT:`; anything unrecognised is reported,
+never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..database import LEARNING_TYPES, NewLearning, Observation
+from .files import CURATED, SPECS
+
+OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
+BATCH_CHARS = 60_000  # observations per call; a bigger batch is split
+USER_CHARS = 3_000
+RESPONSE_CHARS = 3_000
+TOOL_CALLS_SHOWN = 12
+MAX_LEARNING_CHARS = 600
+MAX_LEARNINGS = 60
+
+CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,
+              "PATTERN": 0.7}
+
+MARKERS = {f"{name.split('.')[0].upper()}_MD_UPDATE": name for name in CURATED}
+
+SYSTEM = f"""You are the memory curator of a personal AI agent that works for one person on their own \
+computer. You never talk to the person. You read what happened in recent turns and keep the agent's \
+memory accurate, short and current. The agent reads these files at the start of every session.
+
+Reply in exactly this format and nothing else:
+- First, one line per NEW learning, each starting with its type:
+  FACT: <a durable fact about the person, their work, or their files>
+  PREFERENCE: <how the person likes things done>
+  CORRECTION: <something earlier memory got wrong, and what is right>
+  PATTERN: <a recurring behaviour or workflow>
+  ACTION: <something the agent should follow up on>
+  TOOL_INSTALL: <a tool, command or capability that became available>
+  You may end a learning with [#N], the number of the turn it comes from.
+  If nothing is worth remembering, reply with the single line NONE.
+- Then, for each file that needs to change, a line with only its marker, followed by the COMPLETE new \
+file (not a diff):
+  TOOLS_MD_UPDATE:  (tools.md, at most {SPECS['tools.md'].max_lines} lines: learned procedures, capabilities)
+  FILES_MD_UPDATE:  (files.md, at most {SPECS['files.md'].max_lines} lines: what is where in the person's files)
+  USER_MD_UPDATE:  (user.md, at most {SPECS['user.md'].max_lines} lines: who the person is, preferences, history)
+  CONTEXT_MD_UPDATE:  (context.md, at most {SPECS['context.md'].max_lines} lines: active tasks, decisions, reminders)
+  Omit a file that needs no change. Never write soul.md or os.md.
+
+Rules:
+- Extract NEW learnings only: skip what the files or earlier learnings already say.
+- When updating a file, output the complete file and stay under its line limit.
+- Prioritise: recent corrections > active tasks > active preferences > key facts > historical context.
+- Remove contradicted or completed information. When the person corrects something, the old statement \
+must disappear from every file and a CORRECTION learning must be emitted.
+- Never record secrets (passwords, keys, tokens) or text the person marked private.
+- Write plain markdown; never put a marker line inside a file."""
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f" …[{len(text) - limit} more characters]"
+
+
+def render_observation(obs: Observation) -> str:
+    """One turn, bounded: long messages and tool output are cut."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(obs.timestamp))
+    lines = [f"[#{obs.id}] {when}", f"USER: {_cut(obs.user_message, USER_CHARS)}"]
+    try:
+        calls = json.loads(obs.tool_calls_json)
+    except ValueError:
+        calls = []
+    for call in calls[:TOOL_CALLS_SHOWN]:
+        status = "error" if call.get("is_error") else "ok"
+        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), 300)} -> {status}: "
+                     f"{_cut(str(call.get('output', '')), 300)}")
+    if len(calls) > TOOL_CALLS_SHOWN:
+        lines.append(f"({len(calls) - TOOL_CALLS_SHOWN} more tool calls)")
+    lines.append(f"AGENT: {_cut(obs.agent_response, RESPONSE_CHARS)}")
+    return _cut("\n".join(lines), OBSERVATION_CHARS)
+
+
+def split_batch(observations: list[Observation], budget: int = BATCH_CHARS) -> list[list[Observation]]:
+    """Consecutive chunks whose rendered size fits one call."""
+    chunks: list[list[Observation]] = []
+    current: list[Observation] = []
+    size = 0
+    for obs in observations:
+        n = len(render_observation(obs))
+        if current and size + n > budget:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(obs)
+        size += n
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def build_prompt(files: dict[str, str], observations: list[Observation]) -> str:
+    parts = ["Current memory files:"]
+    for name, spec in SPECS.items():
+        role = "deploy-managed, read-only" if spec.owner == "deploy" else f"curated, at most {spec.max_lines} lines"
+        parts.append(f"===== {name} ({role}) =====\n{files.get(name, '').strip() or '(empty)'}")
+    first, last = observations[0].id, observations[-1].id
+    parts.append(f"Observations: turns #{first} to #{last}, oldest first.")
+    parts.extend(render_observation(obs) for obs in observations)
+    parts.append("Extract new learnings and update the files that need it, in the format described.")
+    return "\n\n".join(parts)
+
+
+def shorten_request(problems: list[str]) -> str:
+    return ("Your reply broke these limits: " + "; ".join(problems) + ". Reply again in the same format, "
+            "with every file you rewrite under its line limit: drop the least important lines.")
+
+
+# ---------------------------------------------------------------- parsing
+
+_MARKER = re.compile(r"^\s*(?:#+\s*)?\**\s*([A-Z]+_MD_UPDATE)\s*\**\s*:?\s*\**\s*$")
+_LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
+_REF = re.compile(r"\s*\[#(\d+)\]\s*$")
+_FENCE = re.compile(r"^\s*```")
+
+
+@dataclass
+class CuratorReply:
+    learnings: list[NewLearning] = field(default_factory=list)
+    file_updates: dict[str, str] = field(default_factory=dict)
+    said_none: bool = False
+    ignored: list[str] = field(default_factory=list)  # lines that fit no rule
+    rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
+
+    @property
+    def recognised(self) -> bool:
+        """False for garbage or an empty reply: nothing in it follows the format."""
+        return self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
+
+
+def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None) -> CuratorReply:
+    reply = CuratorReply()
+    session_of = session_of or {}
+    blocks: dict[str, list[list[str]]] = {}
+    current: list[str] | None = None
+    default_source = observation_ids[-1] if observation_ids else None
+    for raw in text.splitlines():
+        marker = _MARKER.match(raw)
+        if marker and marker[1] in MARKERS:
+            current = []
+            blocks.setdefault(MARKERS[marker[1]], []).append(current)
+            continue
+        if current is not None:
+            current.append(raw.rstrip())
+            continue
+        line = raw.strip()
+        if not line:
+            continue
+        if line.strip("*`").upper() == "NONE":
+            reply.said_none = True
+            continue
+        m = _LEARNING.match(line)
+        if m and m[1].upper() in LEARNING_TYPES and len(reply.learnings) < MAX_LEARNINGS:
+            kind, content = m[1].upper(), m[2].strip()
+            source = default_source
+            if ref := _REF.search(content):
+                content = content[: ref.start()].strip()
+                if int(ref[1]) in observation_ids:
+                    source = int(ref[1])
+            if content:
+                reply.learnings.append(NewLearning(
+                    type=kind, content=content[:MAX_LEARNING_CHARS],
+                    session_id=session_of.get(source) if source is not None else None,
+                    source_observation_id=source, confidence=CONFIDENCE[kind]))
+            continue
+        reply.ignored.append(line[:200])
+    for name, found in blocks.items():
+        content = _file_text(found[0]) if len(found) == 1 else None
+        if content is None or not content.strip():
+            # Two blocks for one file (which is right?) or an empty one (a wipe is never wanted).
+            reply.rejected_files.append(name)
+        else:
+            reply.file_updates[name] = content
+    return reply
+
+
+def _file_text(lines: list[str]) -> str:
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if lines and _FENCE.match(lines[0]) and _FENCE.match(lines[-1]) and len(lines) >= 2:
+        lines = lines[1:-1]
+    return "\n".join(lines) + "\n" if lines else ""

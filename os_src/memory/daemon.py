@@ -1,0 +1,191 @@
+"""The memory daemon: the one task that runs curator batches, so memory has one writer.
+
+Triggers only ask for work; the daemon decides when it runs. A batch runs when
+~25 turns have been recorded, when a session ends, before a compaction, and at
+start (for whatever a crash left). Batches never run on the agent's path: a
+turn never waits for the model call, except PreCompact, which waits for its
+flush within a bounded budget.
+
+When the proxy fails, observations stay pending and the daemon retries with
+exponential backoff. After six hours of failure, turns older than six hours are
+marked stale: no longer retried, still in transcript.db for `memory rebuild`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..database import STALE
+from ..logs import get_logger
+from .curator import split_batch
+from .processor import BatchProcessor, CuratorError, EditConflict
+
+log = get_logger(__name__)
+
+BACKOFF_FIRST = 2.0
+BACKOFF_MAX = 300.0
+STALE_AFTER = 6 * 3600.0
+CONFLICT_RETRY = 2.0
+
+
+@dataclass
+class DaemonHealth:
+    last_success_at: float | None = None
+    last_failure_at: float | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+    failing_since: float | None = None
+    next_retry_at: float | None = None
+    batches_run: int = 0
+    running: bool = False
+
+
+class MemoryDaemon:
+    def __init__(self, processor: BatchProcessor, batch_turns: int, stale_after: float = STALE_AFTER) -> None:
+        self.processor = processor
+        self.batch_turns = batch_turns
+        self.stale_after = stale_after
+        self.health = DaemonHealth()
+        self._wake = asyncio.Event()
+        self._reasons: list[str] = []
+        self._waiters: list[asyncio.Future[bool]] = []
+        self._turns_since_batch = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------ triggers (never block)
+
+    def note_turn(self) -> None:
+        """A turn was recorded. Every `batch_turns` turns, ask for a batch."""
+        self._turns_since_batch += 1
+        if self._turns_since_batch >= self.batch_turns:
+            self.trigger("batch")
+
+    def trigger(self, reason: str) -> None:
+        self._reasons.append(reason)
+        self._wake.set()
+
+    async def flush(self, reason: str, budget: float) -> bool:
+        """Ask for a batch and wait, at most `budget` seconds, for one that covers
+        everything recorded so far. True if it finished in time and succeeded."""
+        if self._task is None or self._task.done():
+            return False
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self.trigger(reason)
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), budget)
+        except TimeoutError:
+            log.warning("memory_flush_timeout", reason=reason, budget=budget)
+            return False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.processor.recover()
+        self._task = asyncio.create_task(self._run(), name="memory-daemon")
+        self.trigger("start")
+
+    async def stop(self, flush_budget: float) -> None:
+        """Flush what is pending within the budget, then stop. What is left runs at next start."""
+        if self._task is None:
+            return
+        if flush_budget > 0 and not self._task.done():
+            await self.flush("shutdown", flush_budget)
+        self._stopping = True
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+
+    # ------------------------------------------------------------ the owner task
+
+    async def _run(self) -> None:
+        delay: float | None = None
+        while not self._stopping:
+            if delay is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+            reasons, self._reasons = self._reasons or ["retry"], []
+            waiters, self._waiters = self._waiters, []
+            self.health.running = True
+            try:
+                ok, delay = await self._drain("+".join(sorted(set(reasons))))
+            except Exception as exc:  # a bug, not a model failure: keep the daemon alive
+                log.exception("memory_daemon_error", error=repr(exc))
+                ok, delay = False, self._backoff(repr(exc))
+            finally:
+                self.health.running = False
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(ok)
+
+    async def _drain(self, trigger: str) -> tuple[bool, float | None]:
+        """Run batches until nothing is pending. Returns (success, seconds until retry)."""
+        self._turns_since_batch = 0
+        conflicts = 0
+        while True:
+            pending = await self.processor.pending(self.batch_turns)
+            if not pending:
+                return True, None
+            for chunk in split_batch(pending):
+                try:
+                    await self.processor.process(chunk, trigger, conflicts)
+                except EditConflict:
+                    conflicts += 1
+                    return False, CONFLICT_RETRY
+                except CuratorError as exc:
+                    return False, await self._failed(str(exc))
+                conflicts = 0
+                self._succeeded()
+
+    def _succeeded(self) -> None:
+        h = self.health
+        h.last_success_at, h.consecutive_failures, h.failing_since, h.next_retry_at = time.time(), 0, None, None
+        h.batches_run += 1
+
+    async def _failed(self, error: str) -> float:
+        delay = self._backoff(error)
+        h = self.health
+        if h.failing_since is not None and time.time() - h.failing_since >= self.stale_after:
+            cutoff = time.time() - self.stale_after
+            marked = await self.processor.transcript.call(lambda t: t.mark_stale_before(cutoff))
+            if marked:
+                log.error("observations_marked_stale", count=marked, state=STALE, hours=self.stale_after / 3600)
+        return delay
+
+    def _backoff(self, error: str) -> float:
+        h = self.health
+        now = time.time()
+        h.consecutive_failures += 1
+        h.last_failure_at, h.last_error = now, error[:500]
+        h.failing_since = h.failing_since or now
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (h.consecutive_failures - 1))
+        delay *= random.uniform(0.8, 1.2)  # jitter: many Sprites must not retry in lockstep
+        h.next_retry_at = now + delay
+        log.warning("memory_batch_failed", error=error[:300], failures=h.consecutive_failures,
+                    retry_in_s=round(delay, 1))
+        return delay
+
+    def status(self) -> dict[str, Any]:
+        h = self.health
+        return {
+            "running": h.running,
+            "batches_run": h.batches_run,
+            "consecutive_failures": h.consecutive_failures,
+            "last_success_at": h.last_success_at,
+            "last_error": h.last_error,
+            "next_retry_at": h.next_retry_at,
+            "degraded": h.consecutive_failures >= 3,
+        }

@@ -1,0 +1,166 @@
+"""The six memory files: their owners and limits, crash-safe rewrites, and every past version.
+
+soul.md and os.md are written by deploys; tools.md, files.md, user.md and
+context.md by the memory daemon, never by the agent. Each rewrite is atomic and
+first preserves the version it replaces under `.os/memory/.history/<file>/`, so
+any rewrite can be rolled back, including a person's edit the daemon found on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ..fsutil import atomic_write
+from ..paths import Layout
+
+MAX_FILE_BYTES = 24_000  # a cap beside the line limit, so one very long line can't flood the prompt
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    owner: Literal["deploy", "daemon"]
+    max_lines: int
+    title: str  # how the boot prompt introduces it
+    empty: str  # what the prompt shows when the file is missing or empty
+
+
+SPECS: dict[str, FileSpec] = {
+    spec.name: spec
+    for spec in (
+        FileSpec("soul.md", "deploy", 200, "Who you are", "You are a helpful, careful assistant."),
+        FileSpec("os.md", "deploy", 200, "How this system works", "No system rules were deployed."),
+        FileSpec("tools.md", "daemon", 150, "What you have learned to do", "Nothing recorded yet."),
+        FileSpec("files.md", "daemon", 200, "What is in the user's files", "Nothing recorded yet."),
+        FileSpec("user.md", "daemon", 200, "Who you are working with", "Nothing recorded yet."),
+        FileSpec("context.md", "daemon", 200, "What is going on now", "Nothing recorded yet."),
+    )
+}
+BOOT_ORDER = tuple(SPECS)
+CURATED = tuple(name for name, spec in SPECS.items() if spec.owner == "daemon")
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def limit_error(name: str, text: str) -> str | None:
+    """Why `text` may not become `name`, or None if it fits."""
+    spec = SPECS[name]
+    lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    if lines > spec.max_lines:
+        return f"{name} would have {lines} lines; its limit is {spec.max_lines}"
+    size = len(text.encode())
+    if size > MAX_FILE_BYTES:
+        return f"{name} would be {size} bytes; its limit is {MAX_FILE_BYTES}"
+    return None
+
+
+@dataclass(frozen=True)
+class Version:
+    number: int
+    created_at: float
+    source: str
+    path: Path
+
+    @property
+    def text(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+_VERSION_NAME = re.compile(r"^(\d{6})_(\d+)_([a-z0-9-]+)\.md$")
+
+
+class MemoryFiles:
+    def __init__(self, layout: Layout) -> None:
+        self.dir = layout.memory_dir
+        self.history_dir = layout.history_dir
+
+    def path(self, name: str) -> Path:
+        if name not in SPECS:
+            raise KeyError(f"unknown memory file {name!r}; the files are {', '.join(SPECS)}")
+        return self.dir / name
+
+    def read(self, name: str) -> str:
+        """The file's text; missing or unreadable reads as empty (the caller decides the default)."""
+        try:
+            return self.path(name).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            return ""
+
+    def read_all(self) -> dict[str, str]:
+        return {name: self.read(name) for name in BOOT_ORDER}
+
+    def write(self, name: str, text: str, source: str) -> Version:
+        """Atomically replace `name`, keeping the version it replaces and the new one.
+
+        Raises ValueError if `text` breaks the file's limits: nothing over a limit is written.
+        """
+        if (error := limit_error(name, text)) is not None:
+            raise ValueError(error)
+        with self._history_lock():
+            self._snapshot(name, "on-disk")  # a person's edit, or the deploy's original
+            version = self._keep(name, text, source)
+            atomic_write(self.path(name), text.encode("utf-8"), mode=0o644)
+        return version
+
+    def snapshot(self, name: str, source: str) -> Version | None:
+        """Keep the file's current text as a version, unless the latest version already is it."""
+        with self._history_lock():
+            return self._snapshot(name, source)
+
+    def _snapshot(self, name: str, source: str) -> Version | None:
+        current = self.read(name)
+        latest = self.latest_version(name)
+        if current and (latest is None or sha(latest.text) != sha(current)):
+            return self._keep(name, current, source)
+        return None
+
+    @contextlib.contextmanager
+    def _history_lock(self) -> Iterator[None]:
+        """Version numbers are allocated under a lock: the daemon and an operator's rollback may race."""
+        self.history_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.history_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def history(self, name: str) -> list[Version]:
+        folder = self.history_dir / self.path(name).name
+        out = []
+        for entry in folder.glob("*.md") if folder.is_dir() else ():
+            if m := _VERSION_NAME.match(entry.name):
+                out.append(Version(int(m[1]), float(m[2]), m[3], entry))
+        return sorted(out, key=lambda v: v.number)
+
+    def latest_version(self, name: str) -> Version | None:
+        versions = self.history(name)
+        return versions[-1] if versions else None
+
+    def rollback(self, name: str, number: int) -> Version:
+        """Make version `number` current again, as a new version (history only grows)."""
+        for version in self.history(name):
+            if version.number == number:
+                return self.write(name, version.text, f"rollback-to-{number}")
+        raise KeyError(f"{name} has no version {number}")
+
+    def _keep(self, name: str, text: str, source: str) -> Version:
+        folder = self.history_dir / name
+        latest = self.latest_version(name)
+        number = (latest.number if latest else 0) + 1
+        slug = re.sub(r"[^a-z0-9-]+", "-", source.lower()).strip("-") or "unknown"
+        now = time.time()
+        path = folder / f"{number:06d}_{int(now)}_{slug}.md"
+        atomic_write(path, text.encode("utf-8"), mode=0o600)
+        return Version(number, now, slug, path)

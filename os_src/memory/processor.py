@@ -1,0 +1,209 @@
+"""The batch processor: observations in, one stateless curator call, learnings and files out.
+
+Order of work for one batch, chosen so a crash at any point loses nothing and
+duplicates nothing:
+
+1. read the curated files and note their hashes;
+2. call the model (a crash here just means the batch runs again);
+3. if a person edited a file the reply rewrites, drop the reply and run again later;
+4. commit learnings, actions and the pending file rewrites to memory.db in one
+   transaction (status `committed`);
+5. write each file atomically, unless it changed since step 1 (status `applied`);
+6. mark the observations processed in transcript.db (status `done`).
+
+`recover()` finishes any batch a crash left between steps 4 and 6.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+
+from ..config import Settings
+from ..database import PROCESSED, Batch, MemoryDB, Observation, TranscriptDB, Worker
+from ..logs import get_logger
+from .curator import SYSTEM, CuratorReply, build_prompt, parse_reply, shorten_request
+from .files import CURATED, MemoryFiles, limit_error, sha
+
+log = get_logger(__name__)
+
+CALL_TIMEOUT = 120.0
+MAX_REPLY_TOKENS = 8192
+MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
+
+# USD per million tokens (input, output), by model-name prefix.
+PRICES = {"claude-haiku": (1.0, 5.0), "claude-3-5-haiku": (0.8, 4.0), "claude-sonnet": (3.0, 15.0)}
+
+
+def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
+    price_in, price_out = next((v for k, v in PRICES.items() if model.startswith(k)), PRICES["claude-haiku"])
+    return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
+
+
+class CuratorError(Exception):
+    """The call failed (proxy down, timeout, HTTP error) or its reply was unusable. Retry later."""
+
+
+class EditConflict(Exception):
+    """A person edited a file while the call ran; the batch must run again."""
+
+
+@dataclass
+class Completion:
+    text: str
+    input_tokens: int
+    output_tokens: int
+
+
+class CuratorClient:
+    """The one model the daemon talks to, through Bridge's proxy. No retries here: the
+    daemon owns backoff, so a failing proxy costs one attempt per backoff step."""
+
+    def __init__(self, settings: Settings) -> None:
+        env = settings.model_env()
+        self.model = settings.memory_model
+        self._client = anthropic.AsyncAnthropic(
+            api_key=env["ANTHROPIC_API_KEY"], base_url=env.get("ANTHROPIC_BASE_URL"),
+            max_retries=0, timeout=CALL_TIMEOUT,
+        )
+
+    async def complete(self, messages: list[dict[str, Any]]) -> Completion:
+        try:
+            response = await self._client.messages.create(
+                model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
+            )
+        except anthropic.APIError as exc:
+            raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
+        text = "".join(getattr(block, "text", "") for block in response.content)
+        return Completion(text, response.usage.input_tokens, response.usage.output_tokens)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+@dataclass
+class BatchResult:
+    batch_id: int
+    observations: int
+    learnings_added: int
+    files_written: list[str] = field(default_factory=list)
+    files_kept: list[str] = field(default_factory=list)  # over a limit, rejected, or edited by a person
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class BatchProcessor:
+    def __init__(self, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB], files: MemoryFiles,
+                 curator: CuratorClient) -> None:
+        self.transcript = transcript
+        self.memory = memory
+        self.files = files
+        self.curator = curator
+
+    async def pending(self, limit: int) -> list[Observation]:
+        return await self.transcript.call(lambda t: t.pending(limit))
+
+    async def recover(self) -> int:
+        """Finish batches that a crash interrupted after their commit."""
+        batches = await self.memory.call(lambda m: m.unfinished_batches())
+        for batch in batches:
+            log.info("batch_recovering", batch_id=batch.id, status=batch.status)
+            await self._finish(batch)
+        return len(batches)
+
+    async def process(self, observations: list[Observation], trigger: str, conflicts: int = 0) -> BatchResult:
+        ids = [o.id for o in observations]
+        before = await asyncio.to_thread(self.files.read_all)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": build_prompt(before, observations)}]
+        tokens = [0, 0]
+
+        async def call() -> CuratorReply:
+            try:
+                done = await self.curator.complete(messages)
+            except CuratorError as exc:
+                await self._record_failure(trigger, ids, str(exc), tokens)
+                raise
+            tokens[0] += done.input_tokens
+            tokens[1] += done.output_tokens
+            messages.append({"role": "assistant", "content": done.text or "(empty)"})
+            reply = parse_reply(done.text, ids, {o.id: o.session_id for o in observations})
+            if reply.ignored:
+                log.warning("curator_lines_ignored", count=len(reply.ignored), first=reply.ignored[0][:80])
+            return reply
+
+        reply = await call()
+        if not reply.recognised:
+            await self._record_failure(trigger, ids, "reply did not follow the format", tokens)
+            raise CuratorError("curator reply did not follow the format")
+        if problems := [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]:
+            log.warning("curator_over_limit", problems=problems)
+            messages.append({"role": "user", "content": shorten_request(problems)})
+            try:
+                retry = await call()
+            except CuratorError:
+                retry = None
+            if retry is not None and retry.recognised:
+                reply = retry
+        updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
+        kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
+        for name in kept:
+            log.warning("curated_file_kept", file=name, reason="over its limit or ambiguous in the reply")
+
+        after = await asyncio.to_thread(self.files.read_all)
+        edited = [n for n in updates if sha(after[n]) != sha(before[n])]
+        if edited:
+            if conflicts + 1 < MAX_EDIT_CONFLICTS:
+                log.info("batch_edit_conflict", files=edited, attempt=conflicts + 1)
+                raise EditConflict(", ".join(edited))
+            for name in edited:  # persistent editing: the person's version wins
+                del updates[name]
+                kept.append(name)
+
+        model = self.curator.model
+        batch = await self.memory.call(lambda m: m.commit_batch(
+            trigger=trigger, observation_ids=ids, model=model, input_tokens=tokens[0], output_tokens=tokens[1],
+            cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
+            base_hashes={n: sha(before[n]) for n in updates},
+        ))
+        written = await self._finish(batch)
+        result = BatchResult(batch.id, len(ids), batch.learnings_added, written, kept, tokens[0], tokens[1],
+                             batch.cost_usd)
+        log.info("batch_done", batch_id=batch.id, trigger=trigger, observations=len(ids),
+                 learnings=batch.learnings_added, files=written, kept=kept, input_tokens=tokens[0],
+                 output_tokens=tokens[1], cost_usd=round(batch.cost_usd, 6))
+        return result
+
+    async def _finish(self, batch: Batch) -> list[str]:
+        written: list[str] = []
+        if batch.status == "committed":
+            written = await asyncio.to_thread(self._write_files, batch)
+            await self.memory.call(lambda m: m.set_batch_status(batch.id, "applied"))
+        await self.transcript.call(lambda t: t.set_processed(batch.observation_ids, PROCESSED))
+        await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
+        return written
+
+    def _write_files(self, batch: Batch) -> list[str]:
+        written = []
+        for name in CURATED:
+            if name not in batch.file_updates:
+                continue
+            target = batch.file_updates[name]
+            current = sha(self.files.read(name))
+            if current == sha(target):
+                continue  # already written before a crash
+            if current != batch.base_hashes.get(name):
+                log.info("curated_file_kept", file=name, reason="edited by a person after the batch read it")
+                continue
+            self.files.write(name, target, source=f"batch-{batch.id}")
+            written.append(name)
+        return written
+
+    async def _record_failure(self, trigger: str, ids: list[int], error: str, tokens: list[int]) -> None:
+        model = self.curator.model
+        await self.memory.call(lambda m: m.record_failed_batch(
+            trigger=trigger, observation_ids=ids, model=model, error=error, input_tokens=tokens[0],
+            output_tokens=tokens[1], cost_usd=cost_usd(model, *tokens)))

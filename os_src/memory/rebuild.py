@@ -1,0 +1,126 @@
+"""`memory rebuild`: throw away what the curator made and make it again from transcript.db.
+
+transcript.db is the source of truth, so memory.db and the curated files can
+always be rebuilt. The old memory.db is kept beside the new one, and the
+curated files' current versions stay in their history. Batches are replayed
+with the same turn groupings as before, so the same curator replies rebuild
+the same learnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import Settings
+from ..database import MemoryDB, Observation, TranscriptDB, Worker
+from ..logs import get_logger
+from .curator import split_batch
+from .files import CURATED, MemoryFiles
+from .processor import BatchProcessor, CuratorClient, CuratorError
+from .service import WriterLock
+
+log = get_logger(__name__)
+
+ATTEMPTS = 4
+
+
+@dataclass
+class RebuildReport:
+    observations: int
+    batches: int
+    learnings: int
+    backup: Path | None
+    cost_usd: float
+
+
+def _previous_groups(path: Path) -> list[list[int]]:
+    """The turn groupings of the batches the old memory.db recorded."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    with contextlib.closing(conn):
+        try:
+            rows = conn.execute("SELECT observation_ids FROM batches WHERE status != 'failed' ORDER BY id").fetchall()
+        except sqlite3.Error:
+            return []
+    return [json.loads(r[0]) for r in rows]
+
+
+def _set_aside(path: Path) -> Path | None:
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    backup = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
+    path.rename(backup)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return backup
+
+
+def _groups(pending: list[Observation], previous: list[list[int]], batch_turns: int) -> list[list[Observation]]:
+    by_id = {o.id: o for o in pending}
+    groups: list[list[Observation]] = []
+    for ids in previous:
+        group = [by_id.pop(i) for i in ids if i in by_id]
+        if group:
+            groups.append(group)
+    rest = sorted(by_id.values(), key=lambda o: o.id)
+    groups.extend(rest[i:i + batch_turns] for i in range(0, len(rest), batch_turns))
+    return [chunk for group in groups for chunk in split_batch(group)]
+
+
+async def rebuild(settings: Settings) -> RebuildReport:
+    layout = settings.layout
+    lock = WriterLock(layout.memory_lock)
+    lock.acquire()  # refuses while the server (or another rebuild) holds it
+    try:
+        previous = _previous_groups(layout.memory_db)
+        backup = _set_aside(layout.memory_db)
+        files = MemoryFiles(layout)
+        for name in CURATED:
+            _clear(files, name)
+        transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+        memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        curator = CuratorClient(settings)
+        processor = BatchProcessor(transcript, memory, files, curator)
+        try:
+            await transcript.call(lambda t: t.reset_all_pending())
+            pending = await transcript.call(lambda t: t.pending(limit=10_000_000))
+            groups = _groups(pending, previous, settings.memory_batch_turns)
+            cost = 0.0
+            for n, group in enumerate(groups, 1):
+                result = await _with_retries(processor, group)
+                cost += result
+                log.info("rebuild_progress", batch=n, of=len(groups))
+            learnings = await memory.call(lambda m: m.totals()["learnings"])
+            return RebuildReport(len(pending), len(groups), learnings, backup, cost)
+        finally:
+            await curator.close()
+            await asyncio.gather(transcript.close(), memory.close())
+    finally:
+        lock.release()
+
+
+def _clear(files: MemoryFiles, name: str) -> None:
+    """Keep the current text as a version, then remove the file: the curator starts afresh."""
+    files.snapshot(name, source="before-rebuild")
+    files.path(name).unlink(missing_ok=True)
+
+
+async def _with_retries(processor: BatchProcessor, group: list[Observation]) -> float:
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return (await processor.process(group, "rebuild")).cost_usd
+        except CuratorError as exc:
+            if attempt == ATTEMPTS:
+                raise CuratorError(f"rebuild stopped at turn #{group[0].id}: {exc}") from exc
+            await asyncio.sleep(2 ** attempt)
+    raise AssertionError("unreachable")

@@ -1,0 +1,121 @@
+"""The memory system as the runtime sees it: hooks, the search tool, the boot prompt, health.
+
+It owns the two database threads, the daemon task and the curator client, and
+holds the writer lock so that only one process curates a workspace's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from typing import Any
+
+from claude_agent_sdk import HookMatcher, ResultMessage
+from claude_agent_sdk.types import McpSdkServerConfig
+
+from ..config import ConfigError, Settings
+from ..database import MemoryDB, SearchHit, TranscriptDB, Worker
+from ..logs import get_logger
+from ..tools.memory_search import memory_search_server
+from .daemon import MemoryDaemon
+from .files import MemoryFiles
+from .hooks import CompactionHooks, TurnRecorder
+from .loader import BootLoader
+from .processor import BatchProcessor, CuratorClient
+from .search import fts_query
+
+log = get_logger(__name__)
+
+SHUTDOWN_FLUSH_BUDGET = 10.0
+
+
+class WriterLock:
+    """An advisory lock on `.os/memory/.writer.lock`: one memory writer per workspace."""
+
+    def __init__(self, path: os.PathLike[str]) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"another process is curating this workspace's memory (lock: {self._path})") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class MemoryService:
+    def __init__(self, settings: Settings) -> None:
+        layout = settings.layout
+        self.settings = settings
+        self.transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+        self.memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        self.files = MemoryFiles(layout)
+        self.curator = CuratorClient(settings)
+        self.processor = BatchProcessor(self.transcript, self.memory, self.files, self.curator)
+        self.daemon = MemoryDaemon(self.processor, settings.memory_batch_turns)
+        self.recorder = TurnRecorder(self.transcript, self.daemon.note_turn)
+        self.loader = BootLoader(self.files, self.memory)
+        self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
+                                          settings.precompact_budget, self.recorder.timings)
+        self._lock = WriterLock(layout.memory_lock)
+
+    async def start(self) -> None:
+        self.settings.layout.ensure()
+        self._lock.acquire()
+        await self.daemon.start()
+        counts = await self.transcript.call(lambda t: t.counts())
+        log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
+                 model=self.settings.memory_model)
+
+    async def stop(self) -> None:
+        await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
+        await self.curator.close()
+        await asyncio.gather(self.transcript.close(), self.memory.close())
+        self._lock.release()
+
+    # ------------------------------------------------------------ what the runtime uses
+
+    def hooks(self) -> dict[Any, list[HookMatcher]]:
+        budget = self.settings.precompact_budget
+        return {
+            "UserPromptSubmit": [HookMatcher(hooks=[self.recorder.on_user_prompt])],
+            "PostToolUse": [HookMatcher(hooks=[self.recorder.on_post_tool_use])],
+            "Stop": [HookMatcher(hooks=[self.recorder.on_stop])],
+            "PreCompact": [HookMatcher(hooks=[self.compaction.on_pre_compact], timeout=budget + 10)],
+            "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
+        }
+
+    def mcp_servers(self) -> dict[str, McpSdkServerConfig]:
+        return {"memory": memory_search_server(self.search)}
+
+    async def boot_prompt(self) -> str:
+        return await self.loader.boot_prompt()
+
+    def session_started(self, session_id: str) -> None:
+        self.recorder.start_session(session_id)
+
+    def session_ended(self, session_id: str, reason: str) -> None:
+        self.recorder.end_session(session_id)
+        self.daemon.trigger(f"session-end-{reason}")
+
+    def turn_finished(self, prompt: str, result: ResultMessage | None, error: str | None) -> None:
+        self.recorder.turn_finished(prompt, result, error)
+
+    async def search(self, query: str, limit: int) -> list[SearchHit]:
+        match = fts_query(query)
+        if match is None:
+            return []
+        return await self.memory.call(lambda m: m.search(match, limit))
+
+    async def health(self) -> dict[str, Any]:
+        counts = await self.transcript.call(lambda t: t.counts())
+        return {**self.daemon.status(), "observations": counts, "hook_errors": self.recorder.timings.errors}

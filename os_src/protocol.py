@@ -1,0 +1,264 @@
+"""The wire format between clients and Sprite OS: JSON text frames tagged by `type`.
+
+Every frame is a msgspec Struct, so decoding and validation are one step and an
+invalid frame is rejected with a precise reason. docs/protocol.md documents each
+frame with an example; keep the two in step.
+
+Sequence numbers: every server frame carries `seq`. Broadcast events (what the
+agent does, card changes, session changes) each take the next number, and are
+kept in a bounded buffer for replay. Replies to one connection (`ready`, `pong`,
+an `error` about that client's own frame) repeat the latest number, so the
+largest `seq` a client has seen is always a valid place to resume from.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bearer.<token>"
+
+MAX_USER_TEXT = 100_000  # characters in one user_message
+MAX_ID = 128  # characters in client-chosen ids and nonces
+
+ShortText = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+
+
+# ---------------------------------------------------------------- client -> server
+
+
+class ClientFrame(msgspec.Struct, tag_field="type", frozen=True):
+    """Base of every frame a client sends. Unknown fields are ignored, for forward compatibility."""
+
+
+class Hello(ClientFrame, tag="hello"):
+    """First frame of a connection. With `last_seq` (and the `stream` it came from), the
+    server replays what the client missed; without, it sends a fresh snapshot."""
+
+    protocol: int = PROTOCOL_VERSION
+    last_seq: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stream: ShortText | None = None
+    client: ShortText | None = None
+
+
+class UserMessage(ClientFrame, tag="user_message"):
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_USER_TEXT)]
+    client_id: ShortText | None = None  # echoed in turn_started, to match a message to its turn
+
+
+class Interrupt(ClientFrame, tag="interrupt"):
+    pass
+
+
+class NewSession(ClientFrame, tag="new_session"):
+    pass
+
+
+class Ping(ClientFrame, tag="ping"):
+    nonce: ShortText | None = None
+
+
+AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping
+
+
+# ---------------------------------------------------------------- server -> client
+
+AgentState = Literal["idle", "starting", "running", "stopping"]
+CardKind = Literal["note", "task", "document", "data", "alert"]
+TurnStatus = Literal["completed", "interrupted", "error"]
+SessionEndReason = Literal["new_session", "idle", "shutdown", "crash"]
+
+ErrorCode = Literal[
+    "invalid_json",  # the frame is not JSON
+    "invalid_frame",  # a field is missing or has the wrong type or size
+    "unknown_type",  # `type` names no client frame
+    "binary_not_supported",  # frames are JSON text, never binary
+    "frame_too_large",  # over MAX_FRAME_BYTES; larger still closes the connection
+    "rate_limited",  # too many frames too fast; the frame was dropped
+    "unsupported_protocol",  # hello.protocol is newer than this server speaks
+    "queue_full",  # too many messages waiting for the agent
+    "nothing_to_interrupt",  # interrupt while the agent is idle
+    "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
+    "model_unavailable",  # the model proxy failed the turn (HTTP error, timeout)
+    "internal_error",
+]
+
+
+class Card(msgspec.Struct, frozen=True):
+    id: str
+    title: str
+    body: str
+    kind: CardKind
+    created_at: float
+    updated_at: float
+
+
+class Usage(msgspec.Struct, frozen=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+
+class ServerFrame(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    seq: int = 0
+
+
+class Ready(ServerFrame, tag="ready"):
+    """Answer to hello: who the server is and the state to render. When `replayed` > 0,
+    that many missed events follow, in order. `resync` means the client's `last_seq`
+    was too old (or from another stream) to replay, so this snapshot replaces its state."""
+
+    protocol: int
+    server_version: str
+    stream: str
+    session_id: str
+    last_seq: int
+    agent: AgentState
+    turn_id: str | None
+    cards: list[Card]
+    replayed: int = 0
+    resync: bool = False
+
+
+class SessionStarted(ServerFrame, tag="session_started"):
+    session_id: str
+
+
+class SessionEnded(ServerFrame, tag="session_ended"):
+    session_id: str
+    reason: SessionEndReason
+
+
+class TurnStarted(ServerFrame, tag="turn_started"):
+    """A user message reached the agent. Sent to every client, so each device shows it."""
+
+    turn_id: str
+    text: str
+    client_id: str | None = None
+
+
+class TextDelta(ServerFrame, tag="text_delta"):
+    turn_id: str
+    text: str
+
+
+class AssistantMessage(ServerFrame, tag="assistant_message"):
+    """One complete assistant message; it replaces the text_deltas streamed before it."""
+
+    turn_id: str
+    text: str
+
+
+class ToolUse(ServerFrame, tag="tool_use"):
+    turn_id: str
+    tool_use_id: str
+    name: str
+    summary: str
+
+
+class ToolResult(ServerFrame, tag="tool_result"):
+    turn_id: str
+    tool_use_id: str
+    is_error: bool
+    summary: str
+
+
+class CardCreated(ServerFrame, tag="card_created"):
+    card: Card
+
+
+class CardUpdated(ServerFrame, tag="card_updated"):
+    card: Card
+
+
+class CardClosed(ServerFrame, tag="card_closed"):
+    card_id: str
+
+
+class TurnComplete(ServerFrame, tag="turn_complete"):
+    turn_id: str
+    status: TurnStatus
+    duration_ms: int
+    usage: Usage
+    cost_usd: float | None = None
+
+
+class Error(ServerFrame, tag="error"):
+    code: ErrorCode
+    message: str
+    turn_id: str | None = None
+
+
+class Pong(ServerFrame, tag="pong"):
+    nonce: str | None = None
+
+
+AnyServerFrame = (
+    Ready
+    | SessionStarted
+    | SessionEnded
+    | TurnStarted
+    | TextDelta
+    | AssistantMessage
+    | ToolUse
+    | ToolResult
+    | CardCreated
+    | CardUpdated
+    | CardClosed
+    | TurnComplete
+    | Error
+    | Pong
+)
+
+
+# ---------------------------------------------------------------- coding
+
+_client_decoder = msgspec.json.Decoder(AnyClientFrame)
+_server_decoder = msgspec.json.Decoder(AnyServerFrame)
+_encoder = msgspec.json.Encoder()
+
+
+class FrameError(Exception):
+    """A client frame was rejected. `code` is stable; `message` is for people."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+
+
+def decode_client_frame(data: str | bytes) -> AnyClientFrame:
+    """Decode and validate one client frame, or raise FrameError saying what is wrong."""
+    try:
+        return _client_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if text.startswith("Invalid value") and text.endswith("at `$.type`"):
+            return _raise("unknown_type", f"unknown frame type: {text.split(chr(39))[1]!r}")
+        if text == "Object missing required field `type`":
+            return _raise("invalid_frame", "frame has no `type` field")
+        return _raise("invalid_frame", text)
+    except msgspec.DecodeError as exc:
+        return _raise("invalid_json", f"frame is not valid JSON: {exc}")
+    except UnicodeDecodeError:
+        return _raise("invalid_json", "frame is not valid UTF-8")
+
+
+def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
+    raise FrameError(code, message)
+
+
+def encode(frame: msgspec.Struct) -> bytes:
+    return _encoder.encode(frame)
+
+
+def decode_server_frame(data: str | bytes) -> AnyServerFrame:
+    """For clients (the terminal chat, tests, benchmarks)."""
+    return _server_decoder.decode(data)
+
+
+def with_seq(frame: ServerFrame, seq: int) -> ServerFrame:
+    return msgspec.structs.replace(frame, seq=seq)

@@ -1,0 +1,172 @@
+"""The Sprite OS process: one WebSocket port, the agent runtime, the memory daemon.
+
+`SpriteOS` is the composition root: it builds each component, starts them in
+order and stops them in reverse. The port (default 8765) serves WebSocket
+clients, authenticated at the handshake, and `GET /healthz`.
+
+Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
+set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
+A missing or wrong token gets HTTP 401 with an empty body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import signal
+import time
+from http import HTTPStatus
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from . import __version__
+from .config import Settings, describe, resolve_token
+from .events import EventHub
+from .gateway import Gateway
+from .logs import configure_logging, get_logger
+from .memory.service import MemoryService
+from .protocol import SUBPROTOCOL
+from .runtime import AgentRuntime
+from .tools.canvas import CanvasStore
+
+log = get_logger(__name__)
+
+HARD_FRAME_LIMIT = 4 * 1024 * 1024  # beyond this the socket closes with 1009
+SHUTDOWN_GRACE = 30.0
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token a client presented, from the Authorization header or a `bearer.` subprotocol."""
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    for header in request.headers.get_all("Sec-WebSocket-Protocol"):
+        for proto in header.split(","):
+            proto = proto.strip()
+            if proto.startswith("bearer."):
+                return proto[len("bearer."):]
+    return None
+
+
+def _select_subprotocol(_conn: ServerConnection, offered: Any) -> str | None:
+    # Echo only our protocol name, never the bearer entry that carries the token.
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+class SpriteOS:
+    def __init__(self, settings: Settings, token: str, *, memory: bool = True) -> None:
+        self.settings = settings
+        self._token = token.encode()
+        self.started_at = time.monotonic()
+        layout = settings.layout
+        self.hub = EventHub()
+        self.canvas = CanvasStore(layout.canvas_file, self.hub.publish)
+        self.memory = MemoryService(settings) if memory else None
+        self.runtime = AgentRuntime(settings, publish=self.hub.publish, canvas_store=self.canvas, memory=self.memory)
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__)
+        self._server: Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self.settings.layout.ensure()
+        self.canvas.load()
+        if self.memory is not None:
+            await self.memory.start()
+        await self.runtime.start()
+        self._server = await serve(
+            self.gateway.handle,
+            self.settings.host,
+            self.settings.port,
+            process_request=self._process_request,
+            select_subprotocol=_select_subprotocol,
+            max_size=HARD_FRAME_LIMIT,
+            ping_interval=20,
+            ping_timeout=20,
+            server_header=f"sprite-os/{__version__}",
+        )
+        log.info("server_started", host=self.settings.host, port=self.port, version=__version__,
+                 settings=describe(self.settings))
+
+    async def stop(self) -> None:
+        """Stop accepting, end the running turn, tell clients, flush memory, close the databases."""
+        log.info("server_stopping")
+        if self._server is not None:
+            self._server.close(close_connections=False)
+        await self.runtime.shutdown(SHUTDOWN_GRACE)
+        await self.gateway.close_all()
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self.memory is not None:
+            await self.memory.stop()
+        log.info("server_stopped")
+
+    async def health(self) -> dict[str, Any]:
+        rt = self.runtime
+        body: dict[str, Any] = {
+            "status": "ok",
+            "version": __version__,
+            "uptime_s": round(time.monotonic() - self.started_at, 1),
+            "agent": {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
+                      "queued_messages": rt.queued},
+            "clients": len(self.gateway.connections),
+        }
+        if self.memory is not None:
+            body["memory"] = await self.memory.health()
+            if body["memory"].get("degraded"):
+                body["status"] = "degraded"
+        return body
+
+    async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.path.split("?", 1)[0] == "/healthz":
+            return _json_response(conn, HTTPStatus.OK, await self.health())
+        given = bearer_token(request)
+        if given is None or not hmac.compare_digest(given.encode(), self._token):
+            log.info("auth_rejected", remote=str(conn.remote_address[0] if conn.remote_address else "?"),
+                     presented=given is not None)
+            response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        return None
+
+
+def _json_response(conn: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:
+    data = json.dumps(body).encode()
+    response = conn.respond(status, "")
+    headers = Headers(response.headers)
+    headers["Content-Type"] = "application/json"
+    headers["Content-Length"] = str(len(data))
+    return Response(response.status_code, response.reason_phrase, headers, data)
+
+
+async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await app.start()
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await app.stop()
+
+
+def serve_main(settings: Settings) -> int:
+    """Entry point of `sprite-os serve`."""
+    configure_logging(settings.log_format, settings.log_level, settings.log_file)
+    settings.layout.ensure()
+    token = resolve_token(settings, create=True)
+    asyncio.run(run_until_signalled(SpriteOS(settings, token)))
+    return 0

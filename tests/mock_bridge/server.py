@@ -1,0 +1,339 @@
+"""The aiohttp app and the `MockBridge` class: a local stand-in for the Bridge model proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from aiohttp import web
+
+from . import demo
+from .script import (
+    AgentScript,
+    CuratorScript,
+    Fault,
+    FaultSet,
+    Ids,
+    Plan,
+    Reply,
+    Text,
+    parse_user_message,
+)
+from .sse import MALFORMED_EVENT, error_body, message_json, reply_events
+
+Kind = Literal["messages", "count_tokens", "other"]
+
+
+@dataclass
+class RecordedRequest:
+    """One HTTP request as the bridge saw it (and how it answered it)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+    time: float
+    kind: Kind = "other"
+    # The prompt text: the last non-<system-reminder> text of the last user message.
+    last_user_text: str = ""
+    is_tool_result: bool = False  # answered as a tool_result continuation of a scripted turn
+    is_compaction: bool = False  # the CLI's compaction summary request
+    faults: list[str] = field(default_factory=list)  # kinds of the faults applied to it
+    status: int | None = None  # HTTP status sent (None if the connection was cut before headers)
+    reply_text: str = ""  # text of the reply sent (if any)
+
+    @property
+    def user_agent(self) -> str:
+        return next((v for k, v in self.headers.items() if k.lower() == "user-agent"), "")
+
+    @property
+    def target(self) -> Literal["agent", "curator"]:
+        return "agent" if self.user_agent.startswith("claude-cli/") else "curator"
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body and self.body.get("stream") is True)
+
+    @property
+    def model(self) -> str:
+        model = self.body.get("model") if self.body else None
+        return model if isinstance(model, str) else "mock-model"
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages = self.body.get("messages") if self.body else None
+        return messages if isinstance(messages, list) else []
+
+    @property
+    def system_text(self) -> str:
+        system = self.body.get("system") if self.body else None
+        if isinstance(system, str):
+            return system
+        if isinstance(system, list):
+            return "\n\n".join(
+                b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str)
+            )
+        return ""
+
+    @property
+    def tools(self) -> list[str]:
+        tools = self.body.get("tools") if self.body else None
+        if not isinstance(tools, list):
+            return []
+        return [t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(status, message), status=status, headers=headers)
+
+
+class MockBridge:
+    """A real HTTP server speaking the Anthropic Messages API, scripted from tests.
+
+    `async with MockBridge() as bridge:` binds 127.0.0.1 on a free port; `bridge.url` is the
+    ANTHROPIC_BASE_URL to hand to the CLI or to `anthropic.AsyncAnthropic`.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self._ids = Ids()
+        self.agent = AgentScript(self._ids, demo.respond)
+        self.curator = CuratorScript()
+        self.faults = FaultSet()
+        self.requests: list[RecordedRequest] = []
+        self._runner: web.AppRunner | None = None
+
+    # --- lifecycle ---
+
+    async def start(self, port: int | None = None, host: str | None = None) -> str:
+        if self._runner is not None:
+            raise RuntimeError("mock bridge already started")
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        # No access log; a short shutdown timeout so stop() doesn't wait on slow (latency) handlers.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, host or self.host, self.port if port is None else port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        self.host, self.port = sockets[0].getsockname()[:2]
+        return self.url
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> MockBridge:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # --- records ---
+
+    def agent_requests(self) -> list[RecordedRequest]:
+        """Messages requests (not count_tokens) from the Claude Code CLI."""
+        return [r for r in self.requests if r.kind == "messages" and r.target == "agent"]
+
+    def curator_requests(self) -> list[RecordedRequest]:
+        """Messages requests from anything else (the curator's anthropic SDK)."""
+        return [r for r in self.requests if r.kind == "messages" and r.target == "curator"]
+
+    async def wait_for(
+        self,
+        predicate: Callable[[MockBridge], bool],
+        timeout: float = 10.0,
+        interval: float = 0.02,
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            if time.monotonic() >= deadline:
+                seen = ", ".join(
+                    f"{r.target}:{r.kind}:{r.last_user_text[:30]!r}" for r in self.requests
+                )
+                raise TimeoutError(
+                    f"mock bridge: condition not met within {timeout}s; "
+                    f"{len(self.requests)} request(s) recorded: [{seen}]"
+                )
+            await asyncio.sleep(interval)
+
+    # --- handlers ---
+
+    async def _record(self, request: web.Request, kind: Kind) -> tuple[RecordedRequest, str | None]:
+        """Record the request; returns it and an error message if its body is not a JSON object."""
+        raw = await request.read()
+        body: dict[str, Any] | None = None
+        problem: str | None = None
+        try:
+            parsed = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            problem = "request body is not valid JSON"
+        else:
+            if isinstance(parsed, dict):
+                body = parsed
+            else:
+                problem = "request body must be a JSON object"
+        if body is not None and not isinstance(body.get("messages"), list):
+            problem = "messages: field required (a list)"
+        rec = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers=dict(request.headers),
+            body=body,
+            time=time.time(),
+            kind=kind,
+            last_user_text=parse_user_message(body).prompt,
+        )
+        self.requests.append(rec)
+        return rec, problem
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        self.requests.append(
+            RecordedRequest(
+                request.method, request.path, dict(request.headers), None, time.time(), status=404
+            )
+        )
+        return _error(404, f"mock bridge: no route for {request.method} {request.path}")
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        rec, problem = await self._record(request, "count_tokens")
+        if problem:
+            rec.status = 400
+            return _error(400, problem)
+        rec.status = 200
+        return web.json_response({"input_tokens": max(1, len(json.dumps(rec.body)) // 4)})
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        rec, problem = await self._record(request, "messages")
+        if problem:
+            rec.status = 400
+            return _error(400, problem)
+        try:
+            faults = self.faults.take(rec.target)
+            rec.faults = [f.kind for f in faults]
+            for fault in faults:
+                if fault.kind == "latency":
+                    await asyncio.sleep(fault.seconds)
+            failing = next((f for f in faults if f.kind == "status"), None)
+            if failing is not None:
+                rec.status = failing.status
+                headers = (
+                    {"retry-after": str(failing.retry_after)}
+                    if failing.retry_after is not None
+                    else None
+                )
+                return _error(
+                    failing.status,
+                    failing.message or f"mock bridge fault: HTTP {failing.status}",
+                    headers,
+                )
+            plan = self._plan(rec)
+            broken = next((f for f in faults if f.kind in ("cut", "malformed")), None)
+            if broken is None:
+                plan.commit()  # a broken reply leaves the script as it was: the client will retry
+            rec.reply_text = plan.reply.text
+            if rec.stream:
+                return await self._send_stream(request, rec, plan.reply, broken)
+            return await self._send_json(request, rec, plan.reply, broken)
+        except ConnectionResetError:
+            return web.Response(status=499)  # the client went away; nobody reads this
+        except Exception as exc:  # a bug in a callable script must not take the server down
+            rec.status = 500
+            return _error(500, f"mock bridge: {type(exc).__name__}: {exc}")
+
+    def _plan(self, rec: RecordedRequest) -> Plan:
+        if rec.target == "agent":
+            plan = self.agent.plan(rec.body, rec.tools)
+            rec.is_tool_result, rec.is_compaction = plan.is_tool_result, plan.is_compaction
+            return plan
+        nxt = self.curator.peek()
+        if callable(nxt):
+            try:
+                text = nxt(rec)
+            except Exception:
+                self.curator.pop()  # a broken callable is used up, or it would fail every request
+                raise
+        else:
+            text = self.curator.default if nxt is None else nxt
+        return Plan(Reply([Text(text)]), on_commit=self.curator.pop if nxt is not None else None)
+
+    async def _send_json(
+        self, request: web.Request, rec: RecordedRequest, reply: Reply, broken: Fault | None
+    ) -> web.StreamResponse:
+        data = json.dumps(message_json(reply, self._ids.message(), rec.model)).encode()
+        if broken is None:
+            rec.status = 200
+            return web.Response(body=data, content_type="application/json")
+        rec.status = 200
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if broken.kind == "malformed":
+            resp.content_length = len(data) // 2
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            return resp
+        resp.content_length = len(data)
+        await resp.prepare(request)
+        await resp.write(data[: len(data) // 2])
+        return self._cut(request, resp)
+
+    async def _send_stream(
+        self, request: web.Request, rec: RecordedRequest, reply: Reply, broken: Fault | None
+    ) -> web.StreamResponse:
+        events = reply_events(reply, self._ids.message(), rec.model)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        rec.status = 200
+        await resp.prepare(request)
+        try:
+            for n, event in enumerate(events):
+                if broken is not None and n >= broken.after_events:
+                    if broken.kind == "cut":
+                        return self._cut(request, resp)
+                    await resp.write(MALFORMED_EVENT)
+                    break
+                if event.delay:
+                    await asyncio.sleep(event.delay)
+                await resp.write(event.encode())
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away (e.g. an interrupt); nothing to clean up
+        return resp
+
+    @staticmethod
+    def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+        """Close the TCP connection mid-body: the client sees an incomplete response, no message_stop."""
+        if request.transport is not None:
+            request.transport.close()  # close, not abort: flush what was already written first
+        with contextlib.suppress(Exception):
+            resp.force_close()
+        return resp

@@ -1,0 +1,83 @@
+"""Settings: environment, then flags; a bad setting fails at start with one clear line."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from sprite_os.cli import main
+from sprite_os.config import ConfigError, describe, load_settings, resolve_token
+
+
+def test_defaults_and_environment(tmp_path: Path) -> None:
+    assert load_settings({}).port == 8765
+    assert load_settings({}).workspace == Path("/workspace")
+    s = load_settings({"SPRITE_WORKSPACE": str(tmp_path), "SPRITE_OS_PORT": "9001", "SPRITE_MEMORY_BATCH_TURNS": "5",
+                       "ANTHROPIC_BASE_URL": "http://bridge:8080", "SPRITE_LOG_FORMAT": "json"})
+    assert (s.workspace, s.port, s.memory_batch_turns, s.log_format) == (tmp_path, 9001, 5, "json")
+    assert s.model_env() == {"ANTHROPIC_API_KEY": "sprite-os", "ANTHROPIC_BASE_URL": "http://bridge:8080"}
+
+
+def test_flags_override_environment(tmp_path: Path) -> None:
+    s = load_settings({"SPRITE_OS_PORT": "9001"}).with_overrides(port=9002, host=None)
+    assert s.port == 9002 and s.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"SPRITE_OS_PORT": "abc"}, "SPRITE_OS_PORT must be a whole number"),
+    ({"SPRITE_OS_PORT": "70000"}, "between 1 and 65535"),
+    ({"SPRITE_MEMORY_BATCH_TURNS": "0"}, "SPRITE_MEMORY_BATCH_TURNS must be greater than 0"),
+    ({"SPRITE_IDLE_TIMEOUT": "soon"}, "SPRITE_IDLE_TIMEOUT must be a number"),
+    ({"ANTHROPIC_BASE_URL": "bridge:8080"}, "ANTHROPIC_BASE_URL must be an http(s) URL"),
+    ({"SPRITE_OS_TOKEN": "short"}, "at least 16"),
+    ({"SPRITE_OS_TOKEN": "has a space in it 123"}, "without spaces"),
+    ({"SPRITE_LOG_FORMAT": "xml"}, "SPRITE_LOG_FORMAT"),
+    ({"SPRITE_LOG_LEVEL": "loud"}, "SPRITE_LOG_LEVEL"),
+])
+def test_bad_settings_name_the_variable(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_command_line_reports_bad_setting_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SPRITE_OS_PORT", "abc")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("sprite-os: error: SPRITE_OS_PORT")
+
+
+def test_workspace_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        load_settings({"SPRITE_WORKSPACE": str(f)})
+
+
+def test_token_file_is_created_private_and_reused(tmp_path: Path) -> None:
+    s = load_settings({"SPRITE_WORKSPACE": str(tmp_path)})
+    with pytest.raises(ConfigError, match="no token"):
+        resolve_token(s, create=False)
+    token = resolve_token(s, create=True)
+    path = s.layout.token_file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert resolve_token(s, create=False) == token and len(token) >= 32
+
+
+def test_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    s = load_settings({"SPRITE_WORKSPACE": str(tmp_path)})
+    s.layout.os_dir.mkdir(parents=True)
+    s.layout.token_file.write_text("0123456789abcdef0123\n")
+    os.chmod(s.layout.token_file, 0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        resolve_token(s, create=False)
+
+
+def test_environment_token_wins_and_secrets_are_never_described(tmp_path: Path) -> None:
+    s = load_settings({"SPRITE_WORKSPACE": str(tmp_path), "SPRITE_OS_TOKEN": "x" * 20, "ANTHROPIC_API_KEY": "sk-1"})
+    assert resolve_token(s, create=False) == "x" * 20
+    text = repr(describe(s))
+    assert "x" * 20 not in text and "sk-1" not in text and "'token': 'set'" in text

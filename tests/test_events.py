@@ -1,0 +1,60 @@
+"""The shared event stream: numbering, replay, and cutting loose a client that falls behind."""
+
+import json
+
+from sprite_os import protocol as p
+from sprite_os.events import EventHub, Subscriber
+
+
+def seqs(frames: list[bytes]) -> list[int]:
+    return [json.loads(f)["seq"] for f in frames]
+
+
+def test_events_are_numbered_and_replayed_after_a_seq() -> None:
+    hub = EventHub(buffer=10)
+    for n in range(5):
+        hub.publish(p.TurnStarted(turn_id=str(n), text="x"))
+    assert hub.seq == 5
+    assert seqs(hub.replay_since(2) or []) == [3, 4, 5]
+    assert hub.replay_since(5) == []
+
+
+def test_streamed_text_is_not_kept_for_replay_but_still_numbered() -> None:
+    hub = EventHub(buffer=10)
+    hub.publish(p.TurnStarted(turn_id="t", text="x"))
+    hub.publish(p.TextDelta(turn_id="t", text="a"))
+    hub.publish(p.AssistantMessage(turn_id="t", text="a"))
+    assert seqs(hub.replay_since(0) or []) == [1, 3]
+
+
+def test_a_gap_older_than_the_buffer_cannot_be_replayed() -> None:
+    hub = EventHub(buffer=3)
+    for n in range(6):
+        hub.publish(p.CardClosed(card_id=str(n)))
+    assert seqs(hub.replay_since(3) or []) == [4, 5, 6]
+    assert hub.replay_since(2) is None  # seq 3 was evicted: the client needs a snapshot
+    assert hub.replay_since(99) is None  # from another run of the server
+
+
+def test_subscribers_get_every_frame_and_a_slow_one_overflows_alone() -> None:
+    hub = EventHub()
+    fast, slow = Subscriber(limit=100), Subscriber(limit=3)
+    hub.subscribe(fast)
+    hub.subscribe(slow)
+    for n in range(5):
+        hub.publish(p.CardClosed(card_id=str(n)))
+    assert len(fast) == 5 and fast.last_seq == 5 and not fast.overflowed
+    assert slow.overflowed and len(slow) == 0
+
+
+async def test_next_batch_waits_then_drains() -> None:
+    sub = Subscriber()
+    sub.offer(1, b"a")
+    sub.offer(2, b"b")
+    assert await sub.next_batch() == [b"a", b"b"]
+    sub.offer(3, b"c")
+    assert await sub.next_batch() == [b"c"]
+    overflowing = Subscriber(limit=1)
+    overflowing.offer(1, b"a")
+    overflowing.offer(2, b"b")
+    assert await overflowing.next_batch() == []

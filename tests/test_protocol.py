@@ -1,0 +1,72 @@
+"""The wire format: every frame round-trips, and every kind of bad frame is named precisely."""
+
+import msgspec
+import pytest
+
+from sprite_os import protocol as p
+
+
+@pytest.mark.parametrize(("raw", "code", "fragment"), [
+    (b"{bad", "invalid_json", "not valid JSON"),
+    (b"", "invalid_json", "not valid JSON"),
+    (b"\xff\xfe", "invalid_json", ""),
+    (b'{"type":"launch_missiles"}', "unknown_type", "launch_missiles"),
+    (b'{"text":"hi"}', "invalid_frame", "no `type`"),
+    (b'{"type":"user_message"}', "invalid_frame", "`text`"),
+    (b'{"type":"user_message","text":42}', "invalid_frame", "Expected `str`"),
+    (b'{"type":"user_message","text":""}', "invalid_frame", "length >= 1"),
+    (b'{"type":"hello","last_seq":-1}', "invalid_frame", ">= 0"),
+    (b'{"type":"hello","last_seq":"7"}', "invalid_frame", "Expected `int"),
+    (b"[1,2]", "invalid_frame", "Expected `object`"),
+    (b'"hello"', "invalid_frame", "Expected `object`"),
+    (b'{"type":5}', "invalid_frame", "Expected `str`"),
+])
+def test_bad_frames_are_named(raw: bytes, code: str, fragment: str) -> None:
+    with pytest.raises(p.FrameError) as info:
+        p.decode_client_frame(raw)
+    assert info.value.code == code
+    assert fragment in info.value.message
+
+
+def test_oversized_text_is_refused() -> None:
+    frame = msgspec.json.encode({"type": "user_message", "text": "x" * (p.MAX_USER_TEXT + 1)})
+    with pytest.raises(p.FrameError) as info:
+        p.decode_client_frame(frame)
+    assert info.value.code == "invalid_frame"
+
+
+def test_client_frames_decode_and_ignore_unknown_fields() -> None:
+    frame = p.decode_client_frame('{"type":"user_message","text":"hi","client_id":"c1","future":1}')
+    assert frame == p.UserMessage(text="hi", client_id="c1")
+    assert p.decode_client_frame('{"type":"hello","last_seq":3,"stream":"s"}') == p.Hello(last_seq=3, stream="s")
+    assert isinstance(p.decode_client_frame('{"type":"interrupt"}'), p.Interrupt)
+    assert isinstance(p.decode_client_frame('{"type":"new_session"}'), p.NewSession)
+    assert p.decode_client_frame('{"type":"ping","nonce":"n"}') == p.Ping(nonce="n")
+
+
+SERVER_FRAMES = [
+    p.Ready(protocol=1, server_version="1", stream="s", session_id="x", last_seq=3, agent="idle", turn_id=None,
+            cards=[p.Card(id="a", title="A", body="", kind="note", created_at=1.0, updated_at=2.0)]),
+    p.SessionStarted(session_id="x"), p.SessionEnded(session_id="x", reason="idle"),
+    p.TurnStarted(turn_id="t", text="hi"), p.TextDelta(turn_id="t", text="h"),
+    p.AssistantMessage(turn_id="t", text="hello"), p.ToolUse(turn_id="t", tool_use_id="u", name="Read", summary="s"),
+    p.ToolResult(turn_id="t", tool_use_id="u", is_error=False, summary="ok"),
+    p.CardCreated(card=p.Card(id="a", title="A", body="b", kind="task", created_at=1.0, updated_at=1.0)),
+    p.CardUpdated(card=p.Card(id="a", title="A2", body="b", kind="task", created_at=1.0, updated_at=2.0)),
+    p.CardClosed(card_id="a"),
+    p.TurnComplete(turn_id="t", status="completed", duration_ms=5, usage=p.Usage(input_tokens=3), cost_usd=0.1),
+    p.Error(code="invalid_json", message="m"), p.Pong(nonce="n"),
+]
+
+
+@pytest.mark.parametrize("frame", SERVER_FRAMES, ids=lambda f: type(f).__name__)
+def test_server_frames_round_trip_with_seq(frame: p.ServerFrame) -> None:
+    numbered = p.with_seq(frame, 42)
+    decoded = p.decode_server_frame(p.encode(numbered))
+    assert decoded == numbered
+    assert decoded.seq == 42
+    assert b'"type":' in p.encode(frame)
+
+
+def test_every_server_frame_type_is_covered_here() -> None:
+    assert {type(f) for f in SERVER_FRAMES} == set(p.AnyServerFrame.__args__)
