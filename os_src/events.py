@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .protocol import ServerFrame, TextDelta, encode, with_seq
 
@@ -27,9 +27,10 @@ _TRANSIENT = (TextDelta,)
 class Subscriber:
     """One client's outbound queue. Its connection's writer task drains it."""
 
-    def __init__(self, limit: int = SUBSCRIBER_QUEUE) -> None:
+    def __init__(self, limit: int | None = None, on_overflow: Callable[[], object] | None = None) -> None:
         self._frames: deque[bytes] = deque()
-        self._limit = limit
+        self._limit = limit or SUBSCRIBER_QUEUE
+        self._on_overflow = on_overflow  # wakes the writer even when it is stuck in a send
         self._ready = asyncio.Event()
         self.overflowed = False
         self.last_seq = 0  # seq of the last broadcast event queued to this client
@@ -40,6 +41,8 @@ class Subscriber:
         if len(self._frames) >= self._limit:
             self.overflowed = True
             self._frames.clear()
+            if self._on_overflow is not None:
+                self._on_overflow()
         else:
             self._frames.append(data)
             self.last_seq = max(self.last_seq, seq)

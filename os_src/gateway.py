@@ -32,6 +32,7 @@ RATE_BURST = 60
 FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connection is closed
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
+LAGGING_CLOSE_TIMEOUT = 2.0
 CLOSE_POLICY = 1008  # flooding
 
 
@@ -79,7 +80,7 @@ class _Connection:
     def __init__(self, ws: ServerConnection, gateway: Gateway) -> None:
         self.ws = ws
         self.gw = gateway
-        self.sub = Subscriber()
+        self.sub = Subscriber(on_overflow=self._lagging)
         self.name = f"{ws.remote_address[0] if ws.remote_address else '?'}#{id(ws) % 100000}"
         self._greeted = False
         self._bucket = _TokenBucket(stamp=time.monotonic())
@@ -108,18 +109,30 @@ class _Connection:
             await asyncio.sleep(0.01)
         await self.ws.close(code, reason)
 
+    def _lagging(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+
     async def _write(self) -> None:
+        """The one task that writes to this socket. It ends when the client falls too far behind."""
         try:
             while True:
                 batch = await self.sub.next_batch()
-                if not batch:  # overflowed: this client fell too far behind
-                    log.warning("client_lagging", client=self.name)
-                    await self.ws.close(CLOSE_LAGGING, "too far behind; reconnect and resume with last_seq")
-                    return
+                if not batch:
+                    break
                 for data in batch:
                     await self.ws.send(data, text=True)
         except ConnectionClosed:
-            pass
+            return
+        except asyncio.CancelledError:
+            if not self.sub.overflowed:
+                raise
+        log.warning("client_lagging", client=self.name)
+        try:  # a client that stopped reading can't take a close frame either: then drop the socket
+            await asyncio.wait_for(self.ws.close(CLOSE_LAGGING, "too far behind; reconnect with last_seq"),
+                                   LAGGING_CLOSE_TIMEOUT)
+        except (TimeoutError, ConnectionClosed):
+            self.ws.transport.abort()
 
     def _reply(self, frame: p.ServerFrame) -> None:
         """A frame for this client alone. It repeats the last seq this client was sent."""

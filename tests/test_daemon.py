@@ -1,0 +1,103 @@
+"""The daemon: batches on triggers, backs off while the proxy is down, loses and repeats nothing."""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sprite_os.memory import daemon as daemon_module
+from sprite_os.memory.daemon import MemoryDaemon
+from tests.mock_bridge import Fault
+from tests.test_processor import Kit
+from tests.test_processor import kit as kit
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.05)
+    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.2)
+
+
+@pytest.fixture
+async def daemon(kit: Kit) -> AsyncIterator[MemoryDaemon]:
+    d = MemoryDaemon(kit.processor, batch_turns=3)
+    await d.start()
+    yield d
+    await d.stop(flush_budget=0)
+
+
+async def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_batch_runs_every_n_turns_and_not_before(kit: Kit, daemon: MemoryDaemon) -> None:
+    await kit.turns("one", "two")
+    daemon.note_turn()
+    daemon.note_turn()
+    await asyncio.sleep(0.3)
+    assert kit.bridge.curator_requests() == []  # the start trigger ran before these turns existed
+    await kit.turns("three")
+    daemon.note_turn()
+    await wait_until(lambda: _pending(kit, 0))
+    [request] = kit.bridge.curator_requests()
+    assert "[#1]" in request.last_user_text and "[#3]" in request.last_user_text
+
+
+async def test_proxy_down_then_up_processes_every_turn_exactly_once(kit: Kit, daemon: MemoryDaemon) -> None:
+    kit.bridge.faults.add(Fault("status", status=529, target="curator", times=4))
+    for n in range(7):
+        await kit.turns(f"turn {n}")
+        daemon.note_turn()
+    kit.bridge.curator.default = "FACT: something from a batch"
+    await wait_until(lambda: _pending(kit, 0), timeout=20)
+    batches = await kit.memory.call(lambda m: m.recent_batches(100))
+    covered = [i for b in batches if b.status == "done" for i in b.observation_ids]
+    assert sorted(covered) == list(range(1, 8))  # each turn in exactly one successful batch
+    assert sum(b.status == "failed" for b in batches) == 4
+    assert daemon.health.consecutive_failures == 0 and daemon.health.last_error is not None
+
+
+async def test_six_hours_of_failure_marks_old_turns_stale(kit: Kit, daemon: MemoryDaemon) -> None:
+    daemon.stale_after = 0.3  # six hours, compressed
+    kit.bridge.faults.add(Fault("status", status=500, target="curator"))
+    await kit.turns("old turn")  # timestamps in the test kit are long past
+    daemon.trigger("test")
+    await wait_until(lambda: _count(kit, "stale", 1), timeout=10)
+    assert daemon.status()["degraded"] is True
+    kit.bridge.faults.clear()
+
+
+async def test_flush_waits_within_its_budget(kit: Kit, daemon: MemoryDaemon) -> None:
+    await kit.turns("a", "b")
+    assert await daemon.flush("precompact", budget=10) is True
+    assert await _pending(kit, 0)
+    await kit.turns("c")
+    kit.bridge.faults.add(Fault("latency", seconds=3.0, target="curator", times=1))
+    started = time.monotonic()
+    assert await daemon.flush("precompact", budget=0.3) is False
+    assert time.monotonic() - started < 1.0  # the budget bounds the wait, the batch goes on
+
+
+async def test_start_recovers_and_processes_what_a_crash_left(tmp_path: Path, kit: Kit) -> None:
+    await kit.turns("left over from before the crash")
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()  # the start trigger alone must pick it up
+    try:
+        await wait_until(lambda: _pending(kit, 0))
+    finally:
+        await d.stop(flush_budget=0)
+    assert json.loads(json.dumps(d.status()))["batches_run"] == 1
+
+
+async def _pending(kit: Kit, n: int) -> bool:
+    return await _count(kit, "pending", n)
+
+
+async def _count(kit: Kit, state: str, n: int) -> bool:
+    return (await kit.transcript.call(lambda t: t.counts()))[state] == n

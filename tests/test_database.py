@@ -1,0 +1,121 @@
+"""The two databases: schemas, append-only turns, deduplicated learnings, FTS kept in sync."""
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from sprite_os.database import (
+    PENDING,
+    PROCESSED,
+    STALE,
+    MemoryDB,
+    NewLearning,
+    NewObservation,
+    TranscriptDB,
+    Worker,
+    content_key,
+)
+
+
+def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
+    return NewObservation(timestamp=ts, session_id=session, sequence_num=seq, user_message=f"m{seq}",
+                          tool_calls_json="[]", agent_response=f"r{seq}")
+
+
+def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
+    t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
+    assert t.schema_version == 1 and m.schema_version == 1
+    for db in (t, m):
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    tables = {r[0] for r in m.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"learnings", "pending_actions", "learnings_fts", "batches", "meta"} <= tables
+    # Reopening runs no step twice and keeps data.
+    t.append(obs(1))
+    t.close()
+    assert TranscriptDB(tmp_path / "t.db").counts()["total"] == 1
+
+
+def test_a_turn_is_recorded_once_and_never_changed(tmp_path: Path) -> None:
+    t = TranscriptDB(tmp_path / "t.db")
+    first = t.append(obs(1))
+    assert first is not None
+    assert t.append(obs(1)) is None  # same session and sequence: already recorded
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        t.conn.execute("UPDATE observations SET user_message = 'rewritten'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        t.conn.execute("DELETE FROM observations")
+    session = t.session("s1")
+    assert session is not None and (session.message_count, session.observation_count) == (1, 1)
+
+
+def test_processed_states_and_staleness(tmp_path: Path) -> None:
+    t = TranscriptDB(tmp_path / "t.db")
+    ids = [t.append(obs(n, ts=float(n))) for n in range(1, 5)]
+    assert [o.id for o in t.pending()] == ids
+    t.set_processed(ids[:1], PROCESSED)
+    assert t.mark_stale_before(3.0) == 1  # only pending turns older than the cutoff
+    assert t.counts() == {"pending": 2, "processed": 1, "stale": 1, "total": 4}
+    assert [o.processed for o in t.get(ids)] == [PROCESSED, STALE, PENDING, PENDING]
+    assert t.reset_all_pending() == 2 and t.counts()["pending"] == 4
+
+
+def test_learnings_are_deduplicated_and_searchable(tmp_path: Path) -> None:
+    m = MemoryDB(tmp_path / "m.db")
+    batch = m.commit_batch(
+        trigger="t", observation_ids=[1, 2], model="claude-haiku-4-5", input_tokens=10, output_tokens=5,
+        cost_usd=0.01, file_updates={"user.md": "# U\n"}, base_hashes={"user.md": "abc"},
+        learnings=[NewLearning("PREFERENCE", "Dates as DD/MM/YYYY"), NewLearning("PREFERENCE", "dates as dd/mm/yyyy."),
+                   NewLearning("ACTION", "Send the invoice on Friday")],
+    )
+    assert batch.learnings_added == 2 and batch.status == "committed"
+    assert batch.file_updates == {"user.md": "# U\n"} and batch.observation_ids == [1, 2]
+    hits = m.search('"dates"', 5)
+    assert [h.content for h in hits] == ["Dates as DD/MM/YYYY"]
+    assert [a.content for a in m.pending_actions()] == ["Send the invoice on Friday"]
+    # A second batch with the same learning adds nothing.
+    again = m.commit_batch(trigger="t", observation_ids=[3], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+                           learnings=[NewLearning("FACT", "DATES AS DD/MM/YYYY")], file_updates={}, base_hashes={})
+    assert again.learnings_added == 0
+    assert m.totals()["learnings"] == 2
+
+
+def test_fts_follows_every_write_path(tmp_path: Path) -> None:
+    m = MemoryDB(tmp_path / "m.db")
+    m.commit_batch(trigger="t", observation_ids=[1], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+                   learnings=[NewLearning("FACT", "The cat is called Miso")], file_updates={}, base_hashes={})
+    m.conn.execute("UPDATE learnings SET content = 'The dog is called Miso'")
+    assert m.search('"cat"', 5) == [] and len(m.search('"dog"', 5)) == 1
+    m.conn.execute("DELETE FROM learnings")
+    assert m.search('"miso"', 5) == []
+
+
+def test_batch_lifecycle_and_failures(tmp_path: Path) -> None:
+    m = MemoryDB(tmp_path / "m.db")
+    m.record_failed_batch(trigger="batch", observation_ids=[1], model="m", error="overloaded")
+    b = m.commit_batch(trigger="batch", observation_ids=[1], model="m", input_tokens=1, output_tokens=1,
+                       cost_usd=0.5, learnings=[], file_updates={}, base_hashes={})
+    assert [x.id for x in m.unfinished_batches()] == [b.id]
+    m.set_batch_status(b.id, "applied")
+    assert [x.status for x in m.unfinished_batches()] == ["applied"]
+    m.set_batch_status(b.id, "done")
+    assert m.unfinished_batches() == []
+    totals = m.totals()
+    assert (totals["batches"], totals["failed_batches"], totals["cost_usd"]) == (2, 1, 0.5)
+
+
+def test_content_key_normalises() -> None:
+    assert content_key("  Likes  TEA. ") == content_key("likes tea")
+    assert content_key("likes tea") != content_key("likes coffee")
+
+
+async def test_worker_runs_every_call_on_its_one_thread(tmp_path: Path) -> None:
+    worker = Worker("t", lambda: TranscriptDB(tmp_path / "t.db"))
+    names = {await worker.call(lambda _db: threading.current_thread().name) for _ in range(5)}
+    assert len(names) == 1 and next(iter(names)).startswith("db-t")
+    futures = [worker.submit(lambda db, n=n: db.append(obs(n))) for n in range(1, 51)]
+    assert all(f.result() for f in futures)
+    assert await worker.call(lambda db: db.counts()["total"]) == 50
+    await worker.close()

@@ -1,0 +1,88 @@
+"""The write guard: `.os/` is readable by the agent and never writable, by any tool or path."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sprite_os.guard import WriteGuard
+from sprite_os.paths import Layout
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    (layout.memory_dir / "user.md").write_text("x")
+    os.symlink(layout.memory_dir, tmp_path / "documents" / "link")
+    return tmp_path
+
+
+@pytest.fixture
+def guard(ws: Path) -> WriteGuard:
+    return WriteGuard(Layout(ws))
+
+
+@pytest.mark.parametrize(("tool", "path", "cwd", "denied"), [
+    ("Write", ".os/memory/user.md", ".", True),
+    ("Write", "{ws}/.os/memory/user.md", ".", True),
+    ("Write", "documents/link/user.md", ".", True),  # a symlink from user space into .os
+    ("Write", "../.os/memory/user.md", "documents", True),
+    ("Write", "./documents/../.os/token", ".", True),
+    ("Edit", "{ws}/.os/memory/new.md", ".", True),
+    ("MultiEdit", ".os/src/server.py", ".", True),
+    ("NotebookEdit", ".os/x.ipynb", ".", True),
+    ("Write", "documents/notes.md", ".", False),
+    ("Write", "artifacts/.osx/report.md", ".", False),  # a name that merely starts with .os
+    ("Read", ".os/memory/user.md", ".", False),
+])
+def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str, denied: bool) -> None:
+    key = "notebook_path" if tool == "NotebookEdit" else "file_path"
+    reason = guard.check(tool, {key: path.format(ws=ws)}, str(ws / cwd))
+    assert (reason is not None) == denied
+    if denied:
+        assert "Memory is saved automatically" in reason
+
+
+@pytest.mark.parametrize(("command", "denied"), [
+    ("echo hi > .os/memory/user.md", True),
+    ("echo hi >> {ws}/.os/memory/user.md", True),
+    ("cat .os/memory/user.md", False),
+    ("cat .os/memory/user.md | grep x", False),
+    ("ls -la .os && wc -l .os/memory/*.md", False),
+    ("find .os -name '*.md'", False),
+    ("rm -rf .os", True),
+    ("rm .os/memory/user.md", True),
+    ("cp notes.md .os/memory/user.md", True),
+    ("sed -i s/a/b/ .os/memory/user.md", True),
+    ("python3 -c \"open('.os/memory/user.md','w').write('x')\"", True),
+    ("cd .os/memory && echo x > user.md", True),
+    ("tee documents/link/user.md < /dev/null", True),
+    ("truncate -s0 documents/link/user.md", True),
+    ("dd if=/dev/zero of=.os/memory/user.md", True),
+    ("X=.os; rm -rf $X", True),
+    ("rm -rf .", True),
+    ("rm -rf {ws}", True),
+    ("chmod -R 777 {ws}", True),
+    ("find . -name '*.md' -delete", True),
+    ("cat 'unbalanced .os", True),
+    ("rm -rf documents/old", False),
+    ("mv documents/a.txt documents/b.txt", False),
+    ("find . -name '*.md'", False),
+    ("echo ok 2>&1", False),
+    ("git status", False),
+    ("echo 'unbalanced", False),
+])
+def test_bash(guard: WriteGuard, ws: Path, command: str, denied: bool) -> None:
+    reason = guard.check("Bash", {"command": command.format(ws=ws)}, str(ws))
+    assert (reason is not None) == denied, reason
+
+
+async def test_the_hook_denies_in_the_cli_format_and_fails_open(guard: WriteGuard, ws: Path) -> None:
+    out = await guard.hook({"tool_name": "Write", "tool_input": {"file_path": ".os/memory/user.md"}, "cwd": str(ws)},
+                           None, None)
+    assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert out["hookSpecificOutput"]["hookEventName"] == "PreToolUse"
+    assert await guard.hook({"tool_name": "Write", "tool_input": {"file_path": "documents/a"}, "cwd": str(ws)},
+                            None, None) == {}
+    assert await guard.hook(None, None, None) == {}  # malformed input: no opinion, no exception

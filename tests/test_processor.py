@@ -1,0 +1,154 @@
+"""The curator batch: one stateless call, limits enforced, human edits respected, crash-safe."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sprite_os.database import (
+    PROCESSED,
+    MemoryDB,
+    NewObservation,
+    Observation,
+    TranscriptDB,
+    Worker,
+)
+from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.processor import BatchProcessor, CuratorClient, CuratorError, EditConflict
+from sprite_os.paths import Layout
+from tests.conftest import make_settings
+from tests.mock_bridge import Fault, MockBridge
+
+
+@dataclass
+class Kit:
+    bridge: MockBridge
+    processor: BatchProcessor
+    transcript: Worker[TranscriptDB]
+    memory: Worker[MemoryDB]
+    files: MemoryFiles
+
+    async def turns(self, *texts: str) -> list[Observation]:
+        base = await self.transcript.call(lambda t: t.counts()["total"])
+        for n, text in enumerate(texts, base + 1):
+            await self.transcript.call(lambda t, n=n, text=text: t.append(NewObservation(
+                timestamp=1_790_000_000.0 + n, session_id="s1", sequence_num=n, user_message=text,
+                tool_calls_json="[]", agent_response="ok")))
+        return await self.processor.pending(1000)
+
+
+@pytest.fixture
+async def kit(tmp_path: Path, bridge: MockBridge) -> AsyncIterator[Kit]:
+    settings = make_settings(tmp_path, bridge.url)
+    layout = Layout(tmp_path)
+    layout.ensure()
+    transcript = Worker("t", lambda: TranscriptDB(layout.transcript_db))
+    memory = Worker("m", lambda: MemoryDB(layout.memory_db))
+    files = MemoryFiles(layout)
+    curator = CuratorClient(settings)
+    yield Kit(bridge, BatchProcessor(transcript, memory, files, curator), transcript, memory, files)
+    await curator.close()
+    await asyncio.gather(transcript.close(), memory.close())
+
+
+async def test_a_batch_stores_learnings_rewrites_files_and_marks_turns(kit: Kit) -> None:
+    obs = await kit.turns("I'm Ada, I do taxes", "remind me on Friday")
+    kit.bridge.curator.script("FACT: The user's name is Ada [#1]\nACTION: Remind Ada on Friday [#2]\n"
+                              "USER_MD_UPDATE:\n# User\n- Name: Ada\n")
+    result = await kit.processor.process(obs, "batch")
+    assert result.learnings_added == 2 and result.files_written == ["user.md"]
+    assert kit.files.read("user.md") == "# User\n- Name: Ada\n"
+    assert await kit.transcript.call(lambda t: t.counts()) == {"pending": 0, "processed": 2, "stale": 0, "total": 2}
+    learnings = await kit.memory.call(lambda m: m.all_learnings())
+    assert [(x.type, x.source_observation_id) for x in learnings] == [("FACT", 1), ("ACTION", 2)]
+    [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert batch.status == "done" and batch.input_tokens > 0 and batch.cost_usd > 0
+    [request] = kit.bridge.curator_requests()
+    assert "I'm Ada, I do taxes" in request.last_user_text and "memory curator" in request.system_text
+    assert len(request.messages) == 1  # stateless: no history
+
+
+async def test_over_limit_rewrite_is_retried_once_then_old_file_kept(kit: Kit) -> None:
+    kit.files.write("tools.md", "# Tools\n- original\n", source="deploy")
+    obs = await kit.turns("installed ffmpeg")
+    too_long = "TOOLS_MD_UPDATE:\n" + "- line\n" * 400
+    kit.bridge.curator.script("TOOL_INSTALL: ffmpeg is installed\n" + too_long)
+    kit.bridge.curator.script("TOOL_INSTALL: ffmpeg is installed\nTOOLS_MD_UPDATE:\n# Tools\n- ffmpeg\n")
+    result = await kit.processor.process(obs, "batch")
+    assert kit.files.read("tools.md") == "# Tools\n- ffmpeg\n"
+    assert "broke these limits" in kit.bridge.curator_requests()[1].last_user_text
+    assert result.files_written == ["tools.md"]
+    # And when the second answer is still too long, the old file stays and learnings still land.
+    obs = await kit.turns("installed imagemagick")
+    kit.bridge.curator.script("TOOL_INSTALL: imagemagick\n" + too_long)
+    kit.bridge.curator.script("TOOL_INSTALL: imagemagick\n" + too_long)
+    result = await kit.processor.process(obs, "batch")
+    assert kit.files.read("tools.md") == "# Tools\n- ffmpeg\n" and result.files_kept == ["tools.md"]
+    assert result.learnings_added == 1
+
+
+async def test_a_person_editing_during_the_call_wins(kit: Kit) -> None:
+    kit.files.write("user.md", "# User\n", source="deploy")
+    obs = await kit.turns("call me Ada")
+    kit.bridge.faults.add(Fault("latency", seconds=0.5, target="curator", times=1))
+    kit.bridge.curator.script("FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Ada\n")
+    call = asyncio.create_task(kit.processor.process(obs, "batch"))
+    await asyncio.sleep(0.2)
+    kit.files.path("user.md").write_text("# User\n- Prefers 'Dr. Lovelace' (edited by hand)\n")
+    with pytest.raises(EditConflict):
+        await call
+    assert "edited by hand" in kit.files.read("user.md")
+    assert await kit.memory.call(lambda m: m.totals()["learnings"]) == 0  # nothing committed: it runs again
+    assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1
+
+
+async def test_hostile_replies_never_corrupt_files(kit: Kit) -> None:
+    kit.files.write("user.md", "# User\n- Name: Ada\n", source="deploy")
+    kit.files.write("context.md", "# Now\n", source="deploy")
+    before = kit.files.read_all()
+    hostile = [
+        "",
+        "I cannot comply.",
+        "USER_MD_UPDATE:\n# A\nUSER_MD_UPDATE:\n# B\n",  # the same file twice: which one?
+        "USER_MD_UPDATE:\n\n\n",  # an empty rewrite would wipe the file
+        "garbage " * 40_000,  # a huge reply
+        "NONE\nCONTEXT_MD_UPDATE:\n" + "x" * 40_000 + "\n",  # over the byte cap, twice
+    ]
+    for reply in hostile:
+        obs = await kit.turns("hello")
+        kit.bridge.curator.clear()
+        kit.bridge.curator.script(reply)
+        kit.bridge.curator.script(reply)
+        try:
+            await kit.processor.process(obs, "batch")
+        except CuratorError:
+            pass
+        assert kit.files.read_all() == before, reply[:40]
+    batches = await kit.memory.call(lambda m: m.recent_batches(50))
+    assert sum(b.status == "failed" for b in batches) >= 3  # garbage, empty and huge were failures to retry
+
+
+async def test_proxy_errors_are_curator_errors_and_recorded(kit: Kit) -> None:
+    obs = await kit.turns("hi")
+    kit.bridge.faults.add(Fault("status", status=529, target="curator", times=1))
+    with pytest.raises(CuratorError, match=r"529|[Oo]verloaded"):
+        await kit.processor.process(obs, "batch")
+    [failed] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert failed.status == "failed" and failed.observation_ids == [o.id for o in obs]
+    assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1
+
+
+async def test_recover_finishes_a_batch_a_crash_interrupted(kit: Kit) -> None:
+    obs = await kit.turns("my cat is Miso")
+    ids = [o.id for o in obs]
+    # The crash came after the commit, before the file was written and the turns marked.
+    await kit.memory.call(lambda m: m.commit_batch(
+        trigger="batch", observation_ids=ids, model="m", input_tokens=1, output_tokens=1, cost_usd=0,
+        learnings=[], file_updates={"user.md": "# User\n- Cat: Miso\n"},
+        base_hashes={"user.md": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}))
+    assert await kit.processor.recover() == 1
+    assert kit.files.read("user.md") == "# User\n- Cat: Miso\n"
+    assert [o.processed for o in await kit.transcript.call(lambda t: t.get(ids))] == [PROCESSED]
+    assert await kit.processor.recover() == 0
