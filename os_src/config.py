@@ -59,11 +59,15 @@ class Settings:
 
 
 # Environment variable -> (field, parser)
-def _positive_int(name: str, raw: str) -> int:
+def _whole(name: str, raw: str) -> int:
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+
+
+def _positive_int(name: str, raw: str) -> int:
+    value = _whole(name, raw)
     if value <= 0:
         raise ConfigError(f"{name} must be greater than 0, got {value}")
     return value
@@ -90,7 +94,7 @@ def _path(_name: str, raw: str) -> Path:
 _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_WORKSPACE": ("workspace", _path),
     "SPRITE_OS_HOST": ("host", _text),
-    "SPRITE_OS_PORT": ("port", _positive_int),
+    "SPRITE_OS_PORT": ("port", _whole),
     "SPRITE_OS_TOKEN": ("token", _text),
     "ANTHROPIC_BASE_URL": ("anthropic_base_url", _text),
     "ANTHROPIC_API_KEY": ("anthropic_api_key", _text),
@@ -119,8 +123,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _validated(s: Settings) -> Settings:
-    if not 1 <= s.port <= 65535:
-        raise ConfigError(f"SPRITE_OS_PORT must be between 1 and 65535, got {s.port}")
+    if not 0 <= s.port <= 65535:  # 0: any free port
+        raise ConfigError(f"SPRITE_OS_PORT must be between 0 and 65535, got {s.port}")
     if s.log_format not in ("kv", "json"):
         raise ConfigError(f"SPRITE_LOG_FORMAT must be 'kv' or 'json', got {s.log_format!r}")
     if s.log_level.lower() not in ("debug", "info", "warning", "error"):

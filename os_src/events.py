@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 
 from .protocol import ServerFrame, TextDelta, encode, with_seq
 
-REPLAY_BUFFER = 2000  # broadcast events kept for resume
+REPLAY_BUFFER = 2000  # broadcast events kept for resume...
+REPLAY_BYTES = 32 * 1024 * 1024  # ...within this many bytes, so a few huge messages can't hoard memory
 SUBSCRIBER_QUEUE = 1000  # frames a client may have unsent before it is cut loose
 
 # Streamed text is superseded by the assistant_message that follows it, so it is
@@ -69,20 +70,25 @@ class Subscriber:
 
 
 class EventHub:
-    def __init__(self, buffer: int = REPLAY_BUFFER) -> None:
+    def __init__(self, buffer: int = REPLAY_BUFFER, max_bytes: int = REPLAY_BYTES) -> None:
         self.stream = secrets.token_hex(6)  # changes at every start: seqs from another run can't resume
         self.seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
         self._evicted_through = 0  # highest seq dropped from the buffer
+        self._bytes = 0
+        self._max_bytes = max_bytes
         self._subscribers: set[Subscriber] = set()
 
     def publish(self, frame: ServerFrame) -> None:
         self.seq += 1
         data = encode(with_seq(frame, self.seq))
         if not isinstance(frame, _TRANSIENT):
-            if len(self._buffer) == self._buffer.maxlen:
-                self._evicted_through = self._buffer[0][0]
+            while self._buffer and (len(self._buffer) == self._buffer.maxlen
+                                    or self._bytes + len(data) > self._max_bytes):
+                seq, old = self._buffer.popleft()
+                self._evicted_through, self._bytes = seq, self._bytes - len(old)
             self._buffer.append((self.seq, data))
+            self._bytes += len(data)
         for sub in self._subscribers:
             sub.offer(self.seq, data)
 

@@ -50,6 +50,9 @@ BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
 SUMMARY_CHARS = 300
 DISCONNECT_TIMEOUT = 10.0
+# One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
+# would fail such a turn with CLIJSONDecodeError.
+MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
 INTERRUPT_TIMEOUT = 5.0
 
 # Environment for the CLI: offline-safe, no telemetry, MCP tools listed directly
@@ -350,6 +353,7 @@ class AgentRuntime:
             model=self._settings.agent_model,
             env={**self._settings.model_env(), **CLI_ENV},
             stderr=_log_cli_stderr,
+            max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )
 
     async def _disconnect(self) -> None:

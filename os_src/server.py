@@ -140,8 +140,9 @@ class SpriteOS:
 def _json_response(conn: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:
     data = json.dumps(body).encode()
     response = conn.respond(status, "")
-    headers = Headers(response.headers)
-    headers["Content-Type"] = "application/json"
+    headers = Headers((k, v) for k, v in response.headers.raw_items()
+                      if k.lower() not in ("content-type", "content-length"))
+    headers["Content-Type"] = "application/json"  # Headers is a multi-dict: set once, never overwrite
     headers["Content-Length"] = str(len(data))
     return Response(response.status_code, response.reason_phrase, headers, data)
 

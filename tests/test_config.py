@@ -26,7 +26,8 @@ def test_flags_override_environment(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("env", "needle"), [
     ({"SPRITE_OS_PORT": "abc"}, "SPRITE_OS_PORT must be a whole number"),
-    ({"SPRITE_OS_PORT": "70000"}, "between 1 and 65535"),
+    ({"SPRITE_OS_PORT": "70000"}, "between 0 and 65535"),
+    ({"SPRITE_OS_PORT": "-1"}, "between 0 and 65535"),
     ({"SPRITE_MEMORY_BATCH_TURNS": "0"}, "SPRITE_MEMORY_BATCH_TURNS must be greater than 0"),
     ({"SPRITE_IDLE_TIMEOUT": "soon"}, "SPRITE_IDLE_TIMEOUT must be a number"),
     ({"ANTHROPIC_BASE_URL": "bridge:8080"}, "ANTHROPIC_BASE_URL must be an http(s) URL"),

@@ -58,3 +58,12 @@ async def test_next_batch_waits_then_drains() -> None:
     overflowing.offer(1, b"a")
     overflowing.offer(2, b"b")
     assert await overflowing.next_batch() == []
+
+
+def test_the_replay_buffer_is_bounded_in_bytes_too() -> None:
+    hub = EventHub(buffer=100, max_bytes=1000)
+    for n in range(5):
+        hub.publish(p.AssistantMessage(turn_id=str(n), text="x" * 300))
+    kept = hub.replay_since(hub._evicted_through) or []
+    assert sum(len(f) for f in kept) <= 1000 and len(kept) < 5
+    assert hub.replay_since(0) is None  # the oldest were evicted to stay in budget

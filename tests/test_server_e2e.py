@@ -1,0 +1,331 @@
+"""The server end to end: real Claude Code CLI, real WebSockets, the mock Bridge at the HTTP boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import urllib.request
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from sprite_os import events
+from sprite_os.config import Settings
+from sprite_os.server import SpriteOS
+from tests.conftest import TOKEN, Connect, child_cli_processes, client_factory, running
+from tests.mock_bridge import MockBridge, Text, ToolCall, Turn
+
+pytestmark = pytest.mark.e2e
+
+
+# ---------------------------------------------------------------- auth and health
+
+
+async def test_no_token_or_wrong_token_gets_401_and_nothing_else(server: SpriteOS) -> None:
+    url = f"ws://127.0.0.1:{server.port}"
+    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": "Basic abc"}):
+        with pytest.raises(InvalidStatus) as info:
+            await connect(url, additional_headers=headers)
+        assert info.value.response.status_code == 401
+        assert info.value.response.body == b""
+
+
+async def test_right_token_gets_ready_by_header_or_browser_subprotocol(server: SpriteOS, client: Connect) -> None:
+    c = await client(hello={})
+    assert c.frames[0]["type"] == "ready" and c.frames[0]["session_id"] == server.runtime.session_id
+    # Browsers can't set headers: they offer the token as a subprotocol, and only ours is echoed back.
+    async with connect(f"ws://127.0.0.1:{server.port}", subprotocols=["sprite-os.v1", f"bearer.{TOKEN}"]) as ws:  # type: ignore[list-item]
+        assert ws.subprotocol == "sprite-os.v1"
+        await ws.send(json.dumps({"type": "hello"}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+
+
+async def test_healthz(server: SpriteOS) -> None:
+    def get() -> dict:  # type: ignore[type-arg]
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            assert r.headers["Content-Type"] == "application/json"
+            return json.loads(r.read())
+
+    health = await asyncio.to_thread(get)
+    assert health["status"] == "ok" and health["agent"]["state"] == "idle"
+    assert {"version", "uptime_s", "clients", "memory"} <= set(health)
+    assert health["memory"]["observations"]["total"] == 0
+
+
+# ---------------------------------------------------------------- a turn
+
+
+async def test_a_message_streams_text_then_completes_through_the_real_cli(
+        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("Hello from the model, streamed in pieces.")))
+    c = await client(hello={})
+    await c.send(type="user_message", text="hi there", client_id="m1")
+    done = await c.until("turn_complete")
+    started = c.of("turn_started")[0]
+    assert started["text"] == "hi there" and started["client_id"] == "m1"
+    deltas = c.of("text_delta")
+    assert len(deltas) > 1 and "".join(d["text"] for d in deltas).strip() == "Hello from the model, streamed in pieces."
+    assert c.of("assistant_message")[0]["text"].strip() == "Hello from the model, streamed in pieces."
+    assert done["status"] == "completed" and done["usage"]["input_tokens"] > 0 and done["duration_ms"] > 0
+    seqs = [f["seq"] for f in c.frames]
+    assert seqs == sorted(seqs)
+    assert bridge.agent_requests() and all(r.user_agent.startswith("claude-cli/") for r in bridge.agent_requests())
+    request = bridge.agent_requests()[0]
+    assert "Your memory" in request.system_text  # the boot prompt reached the model
+    assert "mcp__canvas__create_card" in request.tools and "mcp__memory__search_memory" in request.tools
+    assert "Bash" in request.tools and "WebSearch" not in request.tools  # an explicit tool list
+
+
+# ---------------------------------------------------------------- canvas
+
+
+async def test_cards_reach_every_client_and_survive_a_restart(settings: Settings, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"title": "Groceries", "body": "- milk"}),
+                             Text("Made it.")))
+    async with running(settings) as app, client_factory(app.port) as client:
+        a, b = await client(hello={}), await client(hello={})
+        await a.send(type="user_message", text="make a grocery card")
+        for c in (a, b):
+            created = await c.until("card_created")
+            assert created["card"]["title"] == "Groceries" and created["card"]["body"] == "- milk"
+        await a.until("turn_complete")
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        [card] = c.frames[0]["cards"]
+        assert (card["id"], card["title"]) == ("groceries", "Groceries")
+        bridge.agent.script(Turn(ToolCall("mcp__canvas__update_card", {"id": "groceries", "body": "- milk\n- eggs"}),
+                                 Text("Updated.")))
+        d = await client(hello={})
+        await c.send(type="user_message", text="add eggs")
+        for x in (c, d):
+            assert (await x.until("card_updated"))["card"]["body"] == "- milk\n- eggs"
+        await c.until("turn_complete")
+        bridge.agent.script(Turn(ToolCall("mcp__canvas__close_card", {"id": "groceries"}), Text("Closed.")))
+        await c.send(type="user_message", text="close it")
+        for x in (c, d):
+            assert (await x.until("card_closed"))["card_id"] == "groceries"
+        await c.until("turn_complete", lambda f: f["turn_id"] == c.of("turn_started")[-1]["turn_id"])
+    async with running(settings) as app, client_factory(app.port) as client:
+        assert (await client(hello={})).frames[0]["cards"] == []
+
+
+async def test_a_bad_card_is_an_error_the_model_sees(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__update_card", {"id": "missing", "title": "x"}), Text("Oops.")))
+    c = await client(hello={})
+    await c.send(type="user_message", text="update a card that isn't there")
+    result = await c.until("tool_result")
+    await c.until("turn_complete")
+    assert result["is_error"] is True and "no open card" in result["summary"]
+    continuation = bridge.agent_requests()[-1]
+    assert "no open card" in json.dumps(continuation.messages)
+
+
+# ---------------------------------------------------------------- control
+
+
+async def test_interrupt_stops_the_turn_mid_stream(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 200, chunk_delay=0.05)))
+    c = await client(hello={})
+    await c.send(type="user_message", text="tell me a long story")
+    await c.until("text_delta")
+    await c.send(type="interrupt")
+    done = await c.until("turn_complete", timeout=10)
+    assert done["status"] == "interrupted"
+    assert len(c.of("text_delta")) < 150  # it really stopped early
+    await c.send(type="interrupt")
+    assert (await c.until("error"))["code"] == "nothing_to_interrupt"
+    await c.send(type="user_message", text="are you still there?")
+    assert (await c.until("turn_complete", lambda f: f["turn_id"] != done["turn_id"]))["status"] == "completed"
+
+
+async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    c = await client(hello={})
+    first_session = c.frames[0]["session_id"]
+    await c.send(type="user_message", text="remember the word PELICAN")
+    await c.until("turn_complete")
+    await c.send(type="new_session")
+    ended = await c.until("session_ended")
+    started = await c.until("session_started")
+    assert ended["session_id"] == first_session and ended["reason"] == "new_session"
+    assert started["session_id"] != first_session
+    await c.send(type="user_message", text="what was the word?")
+    await c.until("turn_complete")
+    last = bridge.agent_requests()[-1]
+    assert last.last_user_text == "what was the word?"
+    assert "PELICAN" not in json.dumps(last.messages)  # the old conversation is gone from the context
+
+
+async def test_idle_timeout_ends_the_session_and_frees_the_cli(settings: Settings, bridge: MockBridge) -> None:
+    async with running(settings.with_overrides(idle_timeout=1.0)) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await c.send(type="user_message", text="hi")
+        await c.until("turn_complete")
+        assert child_cli_processes()
+        ended = await c.until("session_ended", timeout=10)
+        assert ended["reason"] == "idle"
+        await c.until("session_started")
+        assert not child_cli_processes()
+
+
+# ---------------------------------------------------------------- resume
+
+
+async def test_reconnect_with_last_seq_replays_what_was_missed(server: SpriteOS, client: Connect) -> None:
+    a = await client(hello={})
+    await a.send(type="user_message", text="first")
+    await a.until("turn_complete")
+    stream, seen = a.frames[0]["stream"], a.last_seq
+    await a.close()
+    b = await client(hello={})
+    await b.send(type="user_message", text="while you were away")
+    await b.until("turn_complete")
+    back = await client(hello={"last_seq": seen, "stream": stream})
+    ready = back.frames[0]
+    assert ready["replayed"] > 0 and not ready["resync"] and ready["seq"] == seen
+    replay = [await back.recv() for _ in range(ready["replayed"])]
+    assert [f["seq"] for f in replay] == sorted(f["seq"] for f in replay) and replay[0]["seq"] > seen
+    assert any(f["type"] == "turn_started" and f["text"] == "while you were away" for f in replay)
+    assert replay[-1]["type"] == "turn_complete" and replay[-1]["seq"] == ready["last_seq"]
+    # A seq from another run of the server (another stream) can't be replayed: a fresh snapshot instead.
+    other = await client(hello={"last_seq": 3, "stream": "another-run"})
+    assert other.frames[0]["resync"] is True and other.frames[0]["replayed"] == 0
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    ("{not json", "invalid_json"),
+    ('{"type":"teleport"}', "unknown_type"),
+    ('{"text":"no type"}', "invalid_frame"),
+    ('{"type":"user_message"}', "invalid_frame"),
+    ('{"type":"user_message","text":7}', "invalid_frame"),
+    ('{"type":"hello","last_seq":"x"}', "invalid_frame"),
+    ('{"type":"hello"}', "invalid_frame"),  # hello only as the first frame
+    (b"\x00\x01binary", "binary_not_supported"),
+    ("x" * (1024 * 1024 + 10), "frame_too_large"),
+])
+async def test_each_bad_frame_gets_an_error_and_the_connection_stays(server: SpriteOS, client: Connect,
+                                                                    raw: str | bytes, code: str) -> None:
+    c = await client(hello={})
+    other = await client(hello={})
+    await c.send_raw(raw)
+    error = await c.until("error")
+    assert error["code"] == code and error["message"]
+    await c.send(type="ping", nonce="still-here")
+    assert (await c.until("pong"))["nonce"] == "still-here"
+    await other.send(type="ping", nonce="unaffected")
+    assert (await other.until("pong"))["nonce"] == "unaffected"
+
+
+async def test_a_flood_is_rate_limited_then_closed_and_others_keep_serving(server: SpriteOS, client: Connect) -> None:
+    flooder, other = await client(hello={}), await client(hello={})
+    with pytest.raises(ConnectionClosed) as info:
+        for _ in range(2000):
+            await flooder.send(type="ping")
+            await asyncio.sleep(0)
+        await flooder.until("never", timeout=10)
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1008
+    assert any(f["type"] == "error" and f["code"] == "rate_limited" for f in flooder.frames)
+    await other.send(type="ping", nonce="fine")
+    assert (await other.until("pong"))["nonce"] == "fine"
+
+
+async def test_a_frame_over_the_hard_limit_closes_only_that_connection(server: SpriteOS, client: Connect) -> None:
+    big, other = await client(hello={}), await client(hello={}, max_size=None)
+    with pytest.raises(ConnectionClosed) as info:
+        await big.send_raw("x" * (5 * 1024 * 1024))
+        await big.until("never", timeout=10)
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+    await other.send(type="ping", nonce="ok")
+    assert (await other.until("pong"))["nonce"] == "ok"
+
+
+async def test_queue_full_is_an_error_not_a_crash(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("slow " * 40, chunk_delay=0.05)))
+    c = await client(hello={})
+    for n in range(20):
+        await c.send(type="user_message", text=f"message {n}")
+    assert (await c.until("error"))["code"] == "queue_full"
+    await c.send(type="interrupt")
+
+
+# ---------------------------------------------------------------- slow clients
+
+
+def stalled_client(port: int) -> socket.socket:
+    """A WebSocket client that completes the handshake, says hello, and then never reads again."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect, or autotuning wins
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {TOKEN}\r\n\r\n")
+                 .encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+    payload, mask = b'{"type":"hello"}', os.urandom(4)
+    sock.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+    return sock
+
+
+async def test_a_client_that_never_reads_delays_no_one(monkeypatch: pytest.MonkeyPatch, server: SpriteOS,
+                                                       client: Connect, bridge: MockBridge) -> None:
+    monkeypatch.setattr(events, "SUBSCRIBER_QUEUE", 50)
+    stalled = await asyncio.to_thread(stalled_client, server.port)
+    fast = await client(hello={}, max_size=None)
+    # More than loopback's socket buffers can absorb, so the stalled client really falls behind.
+    bridge.agent.script(Turn(Text("x" * 8_000_000, chunk_size=4000)))
+    await fast.send(type="user_message", text="a very long answer please")
+    done = await fast.until("turn_complete", timeout=60)
+    assert done["status"] == "completed"
+    assert len(fast.of("text_delta")) == 2000
+    # The stalled client was cut loose (code 4000 when the close frame got through, else the socket dropped).
+    for _ in range(100):
+        if len(server.gateway.connections) == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert len(server.gateway.connections) == 1
+    stalled.close()
+
+
+# ---------------------------------------------------------------- failures and shutdown
+
+
+async def test_a_cli_crash_mid_turn_gives_an_error_and_the_next_message_starts_fresh(
+        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 400, chunk_delay=0.05)))
+    c = await client(hello={})
+    await c.send(type="user_message", text="start something long")
+    await c.until("text_delta")
+    [pid] = child_cli_processes()
+    os.kill(pid, signal.SIGKILL)
+    error = await c.until("error", timeout=15)
+    assert error["code"] == "agent_failed"
+    assert (await c.until("turn_complete"))["status"] == "error"
+    assert (await c.until("session_ended"))["reason"] == "crash"
+    assert pid not in child_cli_processes()
+    await c.send(type="user_message", text="hello again")
+    assert (await c.until("turn_complete", lambda f: f["status"] == "completed"))["status"] == "completed"
+    assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
+
+
+async def test_stopping_ends_the_turn_tells_clients_and_leaves_no_cli(settings: Settings, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 400, chunk_delay=0.05)))
+    app = SpriteOS(settings, TOKEN)
+    await app.start()
+    async with client_factory(app.port) as client:
+        c = await client(hello={})
+        await c.send(type="user_message", text="something long")
+        await c.until("text_delta")
+        assert child_cli_processes()
+        await app.stop()
+        assert (await c.until("turn_complete"))["status"] == "interrupted"
+        assert (await c.until("session_ended"))["reason"] == "shutdown"
+        with pytest.raises(ConnectionClosed):
+            await c.until("never", timeout=5)
+    assert child_cli_processes() == []
