@@ -101,3 +101,15 @@ async def _pending(kit: Kit, n: int) -> bool:
 
 async def _count(kit: Kit, state: str, n: int) -> bool:
     return (await kit.transcript.call(lambda t: t.counts()))[state] == n
+
+
+async def test_settle_waits_for_requested_work_without_asking_for_more(kit: Kit, daemon: MemoryDaemon) -> None:
+    assert await daemon.settle(0.1) is True  # nothing requested
+    await kit.turns("end of a session")
+    kit.bridge.faults.add(Fault("latency", seconds=0.5, target="curator", times=1))
+    daemon.trigger("session-end")
+    assert await daemon.settle(0.1) is False  # the batch is still running
+    assert await daemon.settle(5) is True
+    assert await _pending(kit, 0)
+    calls = len(kit.bridge.curator_requests())
+    assert await daemon.settle(0.5) is True and len(kit.bridge.curator_requests()) == calls

@@ -52,6 +52,8 @@ class MemoryDaemon:
         self.stale_after = stale_after
         self.health = DaemonHealth()
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set when no batch is running or requested
+        self._idle.set()
         self._reasons: list[str] = []
         self._waiters: list[asyncio.Future[bool]] = []
         self._turns_since_batch = 0
@@ -68,7 +70,17 @@ class MemoryDaemon:
 
     def trigger(self, reason: str) -> None:
         self._reasons.append(reason)
+        self._idle.clear()
         self._wake.set()
+
+    async def settle(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, for requested work to finish, without asking for more.
+        A new session uses it so that it boots with what the last session's end produced."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), budget)
+            return True
+        except TimeoutError:
+            return False
 
     async def flush(self, reason: str, budget: float) -> bool:
         """Ask for a batch and wait, at most `budget` seconds, for one that covers
@@ -102,6 +114,7 @@ class MemoryDaemon:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        self._idle.set()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(False)
@@ -127,6 +140,8 @@ class MemoryDaemon:
                 ok, delay = False, self._backoff(repr(exc))
             finally:
                 self.health.running = False
+                if not self._wake.is_set():
+                    self._idle.set()
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(ok)

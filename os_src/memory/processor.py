@@ -198,7 +198,9 @@ class BatchProcessor:
             if current != batch.base_hashes.get(name):
                 log.info("curated_file_kept", file=name, reason="edited by a person after the batch read it")
                 continue
-            self.files.write(name, target, source=f"batch-{batch.id}")
+            # Batch ids restart after a rebuild; the label keeps the two histories apart.
+            prefix = "rebuild-batch" if batch.trigger == "rebuild" else "batch"
+            self.files.write(name, target, source=f"{prefix}-{batch.id}")
             written.append(name)
         return written
 

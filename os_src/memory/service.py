@@ -28,6 +28,7 @@ from .search import fts_query
 log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
+BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 
 
 class WriterLock:
@@ -98,6 +99,8 @@ class MemoryService:
         return {"memory": memory_search_server(self.search)}
 
     async def boot_prompt(self) -> str:
+        if not await self.daemon.settle(BOOT_SETTLE_BUDGET):
+            log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
         return await self.loader.boot_prompt()
 
     def session_started(self, session_id: str) -> None:

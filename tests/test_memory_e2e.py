@@ -1,0 +1,270 @@
+"""Memory end to end: real CLI hooks, the daemon, the curator through the mock Bridge, the next session."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from sprite_os.cli import main as cli
+from sprite_os.config import Settings
+from sprite_os.database import MemoryDB, TranscriptDB
+from sprite_os.memory import daemon as daemon_module
+from sprite_os.memory.files import MemoryFiles
+from sprite_os.server import SpriteOS
+from tests.conftest import (
+    Client,
+    ServerProcess,
+    child_cli_processes,
+    client_factory,
+    pid_alive,
+    running,
+)
+from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+
+pytestmark = pytest.mark.e2e
+
+
+async def until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.05)
+
+
+def counts(settings: Settings) -> dict[str, int]:
+    db = TranscriptDB(settings.layout.transcript_db)
+    try:
+        return db.counts()
+    finally:
+        db.close()
+
+
+def learnings(settings: Settings) -> list[tuple[str, str, int | None]]:
+    db = MemoryDB(settings.layout.memory_db)
+    try:
+        return [(x.type, x.content, x.source_observation_id) for x in db.all_learnings()]
+    finally:
+        db.close()
+
+
+async def turn(c: Client, text: str) -> dict:  # type: ignore[type-arg]
+    await c.send(type="user_message", text=text)
+    started = await c.until("turn_started", lambda f: f["text"] == text)
+    return await c.until("turn_complete", lambda f: f["turn_id"] == started["turn_id"])
+
+
+# ---------------------------------------------------------------- passover, correction, search
+
+
+async def test_passover_next_session_boots_knowing_and_search_finds_it(
+        server: SpriteOS, bridge: MockBridge, settings: Settings) -> None:
+    bridge.curator.script("FACT: The user's name is Ada Lovelace [#1]\nPREFERENCE: Likes answers in bullet points\n"
+                          "USER_MD_UPDATE:\n# User\n- Name: Ada Lovelace\n- Likes bullet points\n")
+    async with client_factory(server.port) as client:
+        c = await client(hello={})
+        await turn(c, "Hi, I'm Ada Lovelace and I like bullet points.")
+        [observation] = TranscriptDB(settings.layout.transcript_db).pending()
+        assert observation.user_message == "Hi, I'm Ada Lovelace and I like bullet points."
+        assert observation.agent_response.startswith("You said:")  # the Stop hook captured the final answer
+        await c.send(type="new_session")  # session end triggers the batch
+        await c.until("session_started")
+        bridge.agent.script(Turn(ToolCall("mcp__memory__search_memory", {"query": "what is the user's name"}),
+                                 Text("You are Ada.")))
+        await turn(c, "Who am I?")
+    first_request_of_session_2 = next(r for r in bridge.agent_requests() if r.last_user_text == "Who am I?")
+    assert "- Name: Ada Lovelace" in first_request_of_session_2.system_text
+    assert "Likes answers in bullet points" in first_request_of_session_2.system_text  # learned in the last 48 h
+    result = next(f for f in c.frames if f["type"] == "tool_result")
+    assert not result["is_error"] and "Ada Lovelace" in result["summary"] and "FACT" in result["summary"]
+    assert counts(settings)["processed"] == 1
+
+
+async def test_a_correction_reaches_the_files_within_one_batch(bridge: MockBridge, settings: Settings) -> None:
+    settings = settings.with_overrides(memory_batch_turns=2)
+    MemoryFiles(settings.layout).write("user.md", "# User\n- Dates: MM/DD/YYYY\n- City: Lyon\n", source="seed")
+    bridge.curator.script("CORRECTION: Dates are DD/MM/YYYY, not MM/DD/YYYY [#2]\n"
+                          "USER_MD_UPDATE:\n# User\n- Dates: DD/MM/YYYY\n- City: Lyon\n")
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await turn(c, "Write today's date.")
+        await turn(c, "No, dates should be DD/MM/YYYY.")
+        await until(lambda: counts(settings)["processed"] == 2)
+    [request] = bridge.curator_requests()
+    assert "- Dates: MM/DD/YYYY" in request.last_user_text and "No, dates should be DD/MM/YYYY." in request.last_user_text
+    user_md = MemoryFiles(settings.layout).read("user.md")
+    assert "MM/DD/YYYY" not in user_md and "- Dates: DD/MM/YYYY" in user_md
+    assert learnings(settings) == [("CORRECTION", "Dates are DD/MM/YYYY, not MM/DD/YYYY", 2)]
+
+
+# ---------------------------------------------------------------- compaction
+
+
+async def test_auto_compaction_flushes_memory_first_and_the_fresh_files_follow(
+        monkeypatch: pytest.MonkeyPatch, server: SpriteOS, bridge: MockBridge, settings: Settings) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "20000")  # the CLI inherits our environment
+    bridge.curator.script("FACT: Project codename is HERON\nCONTEXT_MD_UPDATE:\n# Now\n- Codename HERON\n")
+    async with client_factory(server.port) as client:
+        c = await client(hello={})
+        for n in range(3):
+            await turn(c, f"message {n}")
+        bridge.agent.script(Turn(Text("big context now"), input_tokens=150_000))
+        await turn(c, "this makes the context huge")
+        assert bridge.curator_requests() == []  # 4 turns: below the batch threshold
+        await turn(c, "and now the CLI compacts")
+    summary = next(r for r in bridge.agent_requests() if r.is_compaction)
+    [curator] = bridge.curator_requests()
+    assert curator.time < summary.time  # PreCompact's flush ran before the context was compacted
+    assert "message 0" in curator.last_user_text and "this makes the context huge" in curator.last_user_text
+    after = [r for r in bridge.agent_requests() if r.time > summary.time and not r.is_compaction]
+    assert after and "Codename HERON" in json.dumps(after[0].messages)  # SessionStart(compact) re-injected it
+    assert counts(settings)["processed"] == 4
+
+
+# ---------------------------------------------------------------- failures
+
+
+async def test_amnesia_kill_minus_9_mid_batch_loses_and_duplicates_nothing(tmp_path: Path,
+                                                                            bridge: MockBridge) -> None:
+    workspace = tmp_path / "ws"
+    proc = await ServerProcess(workspace, bridge.url, SPRITE_MEMORY_BATCH_TURNS="2").start()
+    bridge.faults.add(Fault("latency", seconds=30, target="curator", times=1))
+    async with client_factory(proc.port) as client:
+        c = await client(hello={})
+        await turn(c, "Research Python decorators and outline a blog post")
+        await turn(c, "Use the outline: intro, closures, decorators")
+        cli_pids = child_cli_processes(proc.pid)
+        await bridge.wait_for(lambda b: len(b.curator_requests()) >= 1, timeout=20)
+    proc.signal(signal.SIGKILL)  # mid-batch: the curator call is in flight
+    await proc.wait()
+    await until(lambda: not any(pid_alive(p) for p in cli_pids), timeout=10)  # the CLI died with its parent
+    reply = ("FACT: Blog post outline is intro, closures, decorators [#2]\n"
+             "CONTEXT_MD_UPDATE:\n# Now\n- Writing a blog post on decorators\n- Outline: intro, closures, decorators\n")
+    bridge.curator.script(reply)
+    proc = await ServerProcess(workspace, bridge.url, SPRITE_MEMORY_BATCH_TURNS="2").start()
+    settings = Settings(workspace=workspace)
+    try:
+        await until(lambda: counts(settings)["processed"] == 2, timeout=30)
+    finally:
+        await proc.stop()
+    assert counts(settings) == {"pending": 0, "processed": 2, "stale": 0, "total": 2}
+    assert learnings(settings) == [("FACT", "Blog post outline is intro, closures, decorators", 2)]
+    assert MemoryFiles(settings.layout).read("context.md") == reply.split("CONTEXT_MD_UPDATE:\n")[1]
+    db = MemoryDB(settings.layout.memory_db)
+    assert [b.status for b in db.recent_batches(10)] == ["done"]  # the killed call left no half batch
+
+
+async def test_proxy_down_for_several_batches_then_every_turn_processed_once(
+        monkeypatch: pytest.MonkeyPatch, bridge: MockBridge, settings: Settings) -> None:
+    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.1)
+    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.3)
+    settings = settings.with_overrides(memory_batch_turns=2)
+    bridge.faults.add(Fault("status", status=529, target="curator", times=5))
+    bridge.curator.default = "FACT: a turn happened"
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        for n in range(6):
+            await turn(c, f"turn {n}")
+        await until(lambda: counts(settings)["processed"] == 6, timeout=30)
+        health = await app.health()
+    db = MemoryDB(settings.layout.memory_db)
+    batches = db.recent_batches(100)
+    done = sorted(i for b in batches if b.status == "done" for i in b.observation_ids)
+    assert done == [1, 2, 3, 4, 5, 6]
+    assert sum(b.status == "failed" for b in batches) == 5
+    assert health["memory"]["consecutive_failures"] == 0 and health["memory"]["last_error"]
+
+
+async def test_a_persons_edit_during_a_batch_survives(bridge: MockBridge, settings: Settings) -> None:
+    files = MemoryFiles(settings.layout)
+    settings = settings.with_overrides(memory_batch_turns=1)
+    files.write("user.md", "# User\n", source="seed")
+    bridge.faults.add(Fault("latency", seconds=1.0, target="curator", times=1))
+    bridge.curator.script("FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n")  # made before the edit
+    bridge.curator.script("FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n- Title: Countess\n")
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await turn(c, "I'm Ada")
+        await bridge.wait_for(lambda b: len(b.curator_requests()) >= 1)
+        files.path("user.md").write_text("# User\n- Title: Countess (added by hand)\n")
+        await until(lambda: counts(settings)["processed"] == 1, timeout=20)
+    second = bridge.curator_requests()[1]
+    assert "added by hand" in second.last_user_text  # the batch ran again, on the edited file
+    assert "- Title: Countess" in files.read("user.md")
+    assert [v.source for v in files.history("user.md")][-2:] == ["on-disk", "batch-1"]  # the edit is a version
+
+
+# ---------------------------------------------------------------- zero write paths
+
+
+async def test_the_agent_cannot_write_memory_by_write_or_bash(server: SpriteOS, bridge: MockBridge,
+                                                              settings: Settings) -> None:
+    files = MemoryFiles(settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    before = hashlib.sha256(files.path("user.md").read_bytes()).hexdigest()
+    bridge.agent.script(Turn(
+        ToolCall("Write", {"file_path": ".os/memory/user.md", "content": "# User\n- Name: Mallory\n"}),
+        ToolCall("Bash", {"command": "echo '- Name: Mallory' >> .os/memory/user.md"}),
+        ToolCall("Bash", {"command": f"cd {settings.layout.memory_dir} && sed -i s/Ada/Mallory/ user.md"}),
+        Text("I tried.")))
+    async with client_factory(server.port) as client:
+        c = await client(hello={})
+        await turn(c, "rewrite your memory")
+        [pid] = child_cli_processes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    results = c.of("tool_result")
+    assert len(results) == 3 and all(r["is_error"] for r in results)
+    assert all("can read it but not change it" in r["summary"] for r in results)
+    assert hashlib.sha256(files.path("user.md").read_bytes()).hexdigest() == before
+    assert b"CLAUDE_CODE_DISABLE_AUTO_MEMORY=1" in environ  # the CLI's own memory is off
+    tools = bridge.agent_requests()[0].tools
+    assert [t for t in tools if "memory" in t.lower()] == ["mcp__memory__search_memory"]
+
+
+# ---------------------------------------------------------------- operator commands
+
+
+async def test_rebuild_reproduces_the_learnings_from_the_transcript(
+        bridge: MockBridge, settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings.with_overrides(memory_batch_turns=2)
+    replies = ["FACT: Has a cat named Miso [#1]\nUSER_MD_UPDATE:\n# User\n- Cat: Miso\n",
+               "PREFERENCE: Tea, not coffee [#4]\nACTION: Buy tea on Friday [#3]\n"]
+    for reply in replies:
+        bridge.curator.script(reply)
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        for text in ("I have a cat named Miso", "she is grey", "remind me to buy tea Friday", "I prefer tea"):
+            await turn(c, text)
+        await until(lambda: counts(settings)["processed"] == 4)
+        assert cli(["memory", "rebuild", "--yes"]) == 2  # refused while the server holds the writer lock
+    original = learnings(settings)
+    assert len(original) == 3
+    for reply in replies:
+        bridge.curator.script(reply)
+    import os
+
+    os.environ["SPRITE_WORKSPACE"] = str(settings.workspace)
+    os.environ["ANTHROPIC_BASE_URL"] = bridge.url
+    try:
+        assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 0
+        assert learnings(settings) == original
+        assert MemoryFiles(settings.layout).read("user.md") == "# User\n- Cat: Miso\n"
+        capsys.readouterr()
+        assert cli(["memory", "status"]) == 0
+        status = capsys.readouterr().out
+        assert "4 processed, 0 pending, 0 stale" in status and "learnings        3" in status
+        assert cli(["memory", "search", "what is the cat called"]) == 0
+        assert "Has a cat named Miso" in capsys.readouterr().out
+        assert cli(["memory", "history", "user.md"]) == 0
+        history = capsys.readouterr().out
+        assert "rebuild-batch-1" in history and "batch-1" in history
+        first = history.split()[0]
+        assert cli(["memory", "rollback", "user.md", first]) == 0
+        assert cli(["memory", "rollback", "user.md", "999"]) == 2
+        assert cli(["memory", "history", "secrets.md"]) == 2
+    finally:
+        del os.environ["SPRITE_WORKSPACE"], os.environ["ANTHROPIC_BASE_URL"]
+    assert len(list(settings.layout.memory_dir.glob("memory.db.before-rebuild-*"))) == 1
