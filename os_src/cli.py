@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -78,9 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = ["serve", *argv] if not argv or argv[0].startswith("-") else argv
     args = _parser().parse_args(argv)
     try:
+        log_file = getattr(args, "log_file", None)
         settings = load_settings().with_overrides(
-            workspace=args.workspace, host=getattr(args, "host", None), port=getattr(args, "port", None),
-            log_format=getattr(args, "log_format", None), log_file=getattr(args, "log_file", None),
+            workspace=Path(args.workspace) if args.workspace else None, host=getattr(args, "host", None),
+            port=getattr(args, "port", None), log_format=getattr(args, "log_format", None),
+            log_file=Path(log_file) if log_file else None,
         )
         return _run(args, settings)
     except ConfigError as exc:
@@ -144,11 +147,11 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
             _print_status(report, layout.root)
         return 0
     if command == "search":
-        from .memory.search import clamp_limit, fts_query
+        from .memory.search import clamp_limit, search_terms
         from .tools.memory_search import render
 
-        match = fts_query(args.query)
-        hits = MemoryDB(layout.memory_db).search(match, clamp_limit(args.limit)) if match else []
+        terms = search_terms(args.query)
+        hits = MemoryDB(layout.memory_db).search(terms, clamp_limit(args.limit)) if terms else []
         print(render(args.query, hits))
         return 0
     if command == "rebuild":

@@ -288,9 +288,13 @@ class AgentRuntime:
             status = "interrupted"
         elif result.is_error:
             status = "error"
-            code: p.ErrorCode = "model_unavailable" if result.api_error_status else "agent_failed"
-            detail = "; ".join(result.errors or []) or result.subtype
-            self._publish(p.Error(code=code, turn_id=turn.turn_id, message=f"The turn failed: {detail}"))
+            detail = "; ".join(result.errors or []) or result.result or result.subtype
+            if result.api_error_status:
+                self._publish(p.Error(code="model_unavailable", turn_id=turn.turn_id,
+                                      message=f"The model proxy answered HTTP {result.api_error_status}: {detail[:300]}"))
+            else:
+                self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
+                                      message=f"The turn failed: {detail[:300]}"))
         self._publish(p.TurnComplete(
             turn_id=turn.turn_id,
             status=status,

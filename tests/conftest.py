@@ -13,14 +13,16 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from sprite_os.config import Settings
-from sprite_os.server import SpriteOS
 from tests.mock_bridge import MockBridge
+
+if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
+    from sprite_os.server import SpriteOS
 
 TOKEN = "test-token-0123456789abcdef"
 FRAME_TIMEOUT = 30.0
@@ -51,6 +53,8 @@ def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def running(settings: Settings, *, memory: bool = True) -> AsyncIterator[SpriteOS]:
+    from sprite_os.server import SpriteOS
+
     app = SpriteOS(settings, TOKEN, memory=memory)
     await app.start()
     try:

@@ -72,7 +72,7 @@ def test_learnings_are_deduplicated_and_searchable(tmp_path: Path) -> None:
     )
     assert batch.learnings_added == 2 and batch.status == "committed"
     assert batch.file_updates == {"user.md": "# U\n"} and batch.observation_ids == [1, 2]
-    hits = m.search('"dates"', 5)
+    hits = m.search(["dates"], 5)
     assert [h.content for h in hits] == ["Dates as DD/MM/YYYY"]
     assert [a.content for a in m.pending_actions()] == ["Send the invoice on Friday"]
     # A second batch with the same learning adds nothing.
@@ -87,9 +87,9 @@ def test_fts_follows_every_write_path(tmp_path: Path) -> None:
     m.commit_batch(trigger="t", observation_ids=[1], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
                    learnings=[NewLearning("FACT", "The cat is called Miso")], file_updates={}, base_hashes={})
     m.conn.execute("UPDATE learnings SET content = 'The dog is called Miso'")
-    assert m.search('"cat"', 5) == [] and len(m.search('"dog"', 5)) == 1
+    assert m.search(["cat"], 5) == [] and len(m.search(["dog"], 5)) == 1
     m.conn.execute("DELETE FROM learnings")
-    assert m.search('"miso"', 5) == []
+    assert m.search(["miso"], 5) == []
 
 
 def test_batch_lifecycle_and_failures(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
-"""search_memory's input handling: any string is safe, ranked by BM25."""
+"""search_memory: any string is safe; rare shared words rank first; the cost per query is bounded."""
 
 from pathlib import Path
 
 import pytest
 
+from sprite_os import database
 from sprite_os.database import MemoryDB, NewLearning
-from sprite_os.memory.search import clamp_limit, fts_query
+from sprite_os.memory.search import clamp_limit, search_terms
 
 HOSTILE = ['"', '""', "'", "*", "AND", "OR NOT", "NEAR(a b)", "content:tea", "tea) OR (1=1", "^tea", "-tea",
            "tea*", "{content type}: tea", "\\", "\0", "; DROP TABLE learnings; --", "x" * 100_000, "🙂", "",
@@ -26,19 +27,35 @@ def db(tmp_path: Path) -> MemoryDB:
 
 @pytest.mark.parametrize("query", HOSTILE)
 def test_any_string_is_safe(db: MemoryDB, query: str) -> None:
-    match = fts_query(query)
-    hits = db.search(match, 10) if match else []
-    assert isinstance(hits, list)
-    if match:
-        assert all(part.startswith('"') and part.endswith('"') for part in match.split(" OR "))
+    terms = search_terms(query)
+    assert len(terms) <= 12 and all(t.isalnum() or "_" in t for t in terms)
+    assert isinstance(db.search(terms, 10), list)  # never an FTS5 syntax error
 
 
 def test_natural_questions_find_the_relevant_learning(db: MemoryDB) -> None:
-    hits = db.search(fts_query("what kind of tea does she prefer?") or "", 10)
-    assert hits[0].content == "Prefers green tea in the morning"  # two matching terms beat one
+    hits = db.search(search_terms("what kind of tea does she prefer?"), 10)
+    assert [h.content for h in hits] == ["Prefers green tea in the morning",  # two matching terms beat one
+                                         "Tea shop is on Rue Mercière"]
+    assert hits[0].score > hits[1].score
     # Porter stemming: "date" finds "Dates".
-    assert [h.type for h in db.search(fts_query("date format") or "", 10)] == ["CORRECTION"]
+    assert [h.type for h in db.search(search_terms("date format"), 10)] == ["CORRECTION"]
 
 
 def test_limit_is_clamped() -> None:
     assert (clamp_limit(0), clamp_limit(500), clamp_limit("7"), clamp_limit(None)) == (1, 50, 7, 10)
+
+
+def test_rare_terms_outrank_common_ones_and_cost_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database, "SEARCH_CANDIDATES", 5)
+    m = MemoryDB(tmp_path / "m.db")
+    learnings = [NewLearning("FACT", f"user note number {n}") for n in range(50)]
+    learnings.insert(3, NewLearning("FACT", "user keeps the spare key under the blue flowerpot"))
+    m.commit_batch(trigger="t", observation_ids=[], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+                   file_updates={}, base_hashes={}, learnings=learnings)
+    queries: list[str] = []
+    m.conn.set_trace_callback(queries.append)
+    hits = m.search(search_terms("where does the user keep the flowerpot"), 3)
+    m.conn.set_trace_callback(None)
+    # "flowerpot" is rare, so the old learning that has it wins over 50 recent "user" notes.
+    assert hits[0].content == "user keeps the spare key under the blue flowerpot"
+    assert all("LIMIT 6" in q for q in queries if "MATCH" in q)  # each term reads at most cap + 1 rows

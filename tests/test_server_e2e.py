@@ -17,8 +17,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from sprite_os import events
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
-from tests.conftest import TOKEN, Connect, child_cli_processes, client_factory, running
-from tests.mock_bridge import MockBridge, Text, ToolCall, Turn
+from tests.conftest import TOKEN, Client, Connect, child_cli_processes, client_factory, running
+from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 
 pytestmark = pytest.mark.e2e
 
@@ -312,6 +312,25 @@ async def test_a_cli_crash_mid_turn_gives_an_error_and_the_next_message_starts_f
     await c.send(type="user_message", text="hello again")
     assert (await c.until("turn_complete", lambda f: f["status"] == "completed"))["status"] == "completed"
     assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
+
+
+async def test_a_failing_model_proxy_fails_the_turn_clearly_and_serving_goes_on(
+        monkeypatch: pytest.MonkeyPatch, server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "1")  # the CLI inherits it: fail fast instead of retrying
+    bridge.faults.add(Fault("status", status=500, target="agent"))
+    c = await client(hello={})
+    failed = await turn_of(c, "hello?")
+    error = next(f for f in c.frames if f["type"] == "error")
+    assert failed["status"] == "error"
+    assert error["code"] == "model_unavailable" and "HTTP 500" in error["message"]
+    bridge.faults.clear()
+    assert (await turn_of(c, "and now?"))["status"] == "completed"
+
+
+async def turn_of(c: Client, text: str) -> dict:  # type: ignore[type-arg]
+    await c.send(type="user_message", text=text)
+    started = await c.until("turn_started", lambda f: f["text"] == text)
+    return await c.until("turn_complete", lambda f: f["turn_id"] == started["turn_id"], timeout=120)
 
 
 async def test_stopping_ends_the_turn_tells_clients_and_leaves_no_cli(settings: Settings, bridge: MockBridge) -> None:

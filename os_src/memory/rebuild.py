@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Settings
+from ..config import ConfigError, Settings
 from ..database import MemoryDB, Observation, TranscriptDB, Worker
+from ..fsutil import LockHeld, WriterLock
 from ..logs import get_logger
 from .curator import split_batch
 from .files import CURATED, MemoryFiles
 from .processor import BatchProcessor, CuratorClient, CuratorError
-from .service import WriterLock
 
 log = get_logger(__name__)
 
@@ -80,7 +80,10 @@ def _groups(pending: list[Observation], previous: list[list[int]], batch_turns: 
 async def rebuild(settings: Settings) -> RebuildReport:
     layout = settings.layout
     lock = WriterLock(layout.memory_lock)
-    lock.acquire()  # refuses while the server (or another rebuild) holds it
+    try:
+        lock.acquire()  # refuses while the server (or another rebuild) holds it
+    except LockHeld as exc:
+        raise ConfigError(f"{exc}: stop the server before rebuilding") from None
     try:
         previous = _previous_groups(layout.memory_db)
         backup = _set_aside(layout.memory_db)

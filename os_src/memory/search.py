@@ -1,9 +1,11 @@
-"""search_memory's query handling: any text in, a safe FTS5 query out.
+"""search_memory's query handling: any text in, plain search terms out.
 
-The user's words never reach FTS5 syntax: each word becomes a quoted term, so
-operators, quotes, parentheses and column filters in the input are inert.
-Terms are OR-ed and ranked by BM25, so a natural question ("what date format
-does she like?") finds learnings that share its meaningful words.
+The user's words never reach FTS5 syntax: only runs of word characters survive,
+and each is quoted as an FTS5 string, so operators, quotes, parentheses and
+column filters in the input are inert. Learnings are ranked by how many of the
+terms they contain, weighted by rarity (see database.MemoryDB.search), so a
+natural question ("what date format does she like?") finds learnings that
+share its meaningful words.
 """
 
 from __future__ import annotations
@@ -25,14 +27,12 @@ STOPWORDS = frozenset(
 )
 
 
-def fts_query(text: str) -> str | None:
-    """The FTS5 MATCH expression for `text`, or None if it has no searchable words."""
+def search_terms(text: str) -> list[str]:
+    """The words of `text` worth searching for: lowercase, stopwords dropped (unless
+    nothing else is left), each at most 64 characters, at most 12."""
     words = [w.lower() for w in _WORD.findall(text[:MAX_QUERY_CHARS])]
     meaningful = [w for w in words if w not in STOPWORDS and len(w) > 1] or words
-    terms = list(dict.fromkeys(w[:MAX_TERM_CHARS] for w in meaningful))[:MAX_TERMS]
-    if not terms:
-        return None
-    return " OR ".join(f'"{term}"' for term in terms)
+    return list(dict.fromkeys(w[:MAX_TERM_CHARS] for w in meaningful))[:MAX_TERMS]
 
 
 def clamp_limit(limit: object) -> int:

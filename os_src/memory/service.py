@@ -7,8 +7,6 @@ holds the writer lock so that only one process curates a workspace's memory.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
 from typing import Any
 
 from claude_agent_sdk import HookMatcher, ResultMessage
@@ -16,6 +14,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import ConfigError, Settings
 from ..database import MemoryDB, SearchHit, TranscriptDB, Worker
+from ..fsutil import LockHeld, WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .daemon import MemoryDaemon
@@ -23,34 +22,12 @@ from .files import MemoryFiles
 from .hooks import CompactionHooks, TurnRecorder
 from .loader import BootLoader
 from .processor import BatchProcessor, CuratorClient
-from .search import fts_query
+from .search import search_terms
 
 log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
-
-
-class WriterLock:
-    """An advisory lock on `.os/memory/.writer.lock`: one memory writer per workspace."""
-
-    def __init__(self, path: os.PathLike[str]) -> None:
-        self._path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(f"another process is curating this workspace's memory (lock: {self._path})") from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class MemoryService:
@@ -71,7 +48,10 @@ class MemoryService:
 
     async def start(self) -> None:
         self.settings.layout.ensure()
-        self._lock.acquire()
+        try:
+            self._lock.acquire()
+        except LockHeld as exc:
+            raise ConfigError(str(exc)) from None
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
@@ -114,10 +94,10 @@ class MemoryService:
         self.recorder.turn_finished(prompt, result, error)
 
     async def search(self, query: str, limit: int) -> list[SearchHit]:
-        match = fts_query(query)
-        if match is None:
+        terms = search_terms(query)
+        if not terms:
             return []
-        return await self.memory.call(lambda m: m.search(match, limit))
+        return await self.memory.call(lambda m: m.search(terms, limit))
 
     async def health(self) -> dict[str, Any]:
         counts = await self.transcript.call(lambda t: t.counts())

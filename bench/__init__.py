@@ -1,0 +1,1 @@
+"""Sprite OS benchmarks: `make bench` (python -m bench). See docs/benchmarks.md."""

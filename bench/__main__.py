@@ -1,0 +1,139 @@
+"""`make bench`: every benchmark in one run; results to bench/results/latest.json.
+
+    python -m bench [--only NAME ...] [--quick] [--update-docs]
+
+--update-docs rewrites the results table in docs/benchmarks.md (between its
+`bench:results` markers) from this run, so the figures there stay true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sprite_os import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "benchmarks.md"
+
+
+def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
+    from bench import boot, fanout, search, turns
+
+    n = 10 if quick else 30
+
+    async def deploy() -> dict[str, Any]:
+        from bench import deploy_bench
+
+        return await asyncio.to_thread(deploy_bench.run)
+
+    return {
+        "turn_overhead": lambda: turns.overhead(n),
+        "fanout": lambda: fanout.fanout(50),
+        "hooks": lambda: turns.hooks(n),
+        "curator_latency": lambda: turns.curator_latency(n),
+        "search_1m": lambda: search.search(100_000 if quick else 1_000_000),
+        "boot": boot.boot,
+        "deploy": deploy,
+    }
+
+
+def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(what, measured, target, verdict) for the docs table."""
+    out: list[tuple[str, str, str, str]] = []
+
+    def ok(cond: bool) -> str:
+        return "met" if cond else "**missed**"
+
+    if t := r.get("turn_overhead"):
+        out.append(("server overhead per turn (Sprite OS / SDK direct, median)",
+                    f"{t['ratio_median']:.2f} ({t['sprite_os']['median_ms']:.1f} ms vs {t['sdk_direct']['median_ms']:.1f} ms)",
+                    "ratio near 1", ok(t["ratio_median"] < 1.25)))
+    if f := r.get("fanout"):
+        many = f.get("50_clients", {})
+        out.append(("fan-out latency, publish to client, 50 clients (p50 / p95)",
+                    f"{many.get('p50_ms', 0):.2f} / {many.get('p95_ms', 0):.2f} ms "
+                    f"(1 client: {f['one_client']['p50_ms']:.2f} / {f['one_client']['p95_ms']:.2f} ms)",
+                    "a few ms", ok(many.get("p95_ms", 1e9) < 50)))
+    if h := r.get("hooks"):
+        out.append(("hook cost per turn (memory on / off, median)",
+                    f"{h['ratio_median']:.2f} ({h['memory_on']['median_ms']:.1f} vs {h['memory_off']['median_ms']:.1f} ms)",
+                    "near 1.00", ok(h["ratio_median"] < 1.1)))
+        inside = h["inside_hooks_us"]
+        out.append(("time inside the hooks (p50 / p99 per call)", f"{inside['p50']:.0f} / {inside['p99']:.0f} µs",
+                    "p99 under 1 ms", ok(inside["p99"] < 1000)))
+    if c := r.get("curator_latency"):
+        out.append(("turn latency, curator proxy 5 s / 0 s (median)",
+                    f"{c['ratio_median']:.2f} ({c['curator_5s']['median_ms']:.1f} vs {c['curator_0s']['median_ms']:.1f} ms)",
+                    "near 1.00", ok(c["ratio_median"] < 1.1)))
+    if s := r.get("search_1m"):
+        out.append((f"search_memory over {s['learnings']:,} learnings (p50 / p95)",
+                    f"{s['median_ms']:.2f} / {s['p95_ms']:.2f} ms", "p95 under 5 ms", ok(s["p95_ms"] < 5)))
+    if b := r.get("boot"):
+        out.append(("boot assembly, full-size files (median / p95)", f"{b['median_ms']:.2f} / {b['p95_ms']:.2f} ms",
+                    "under 5 ms", ok(b["p95_ms"] < 5)))
+    if d := r.get("deploy"):
+        for key, label in (("fresh_deploy_s", "fresh deploy"), ("noop_redeploy_s", "no-op redeploy"),
+                           ("migrate_100k_s", "migrate a v1 workspace of 100,000 observations")):
+            if key in d:
+                out.append((label, f"{d[key]:.2f} s", "", ""))
+    return out
+
+
+def _table(results: dict[str, Any]) -> str:
+    meta = results["_meta"]
+    lines = [f"Measured {meta['date']} on {meta['machine']} (Sprite OS {meta['version']}, "
+             f"Python {meta['python']}).", "", "| what | measured | target | |", "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(results)]
+    return "\n".join(lines)
+
+
+def _update_docs(results: dict[str, Any]) -> None:
+    text = DOCS.read_text()
+    start, end = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    DOCS.write_text(f"{head}{start}\n{_table(results)}\n{end}{tail}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="run only these benchmarks")
+    parser.add_argument("--quick", action="store_true", help="fewer turns, 100k learnings: a smoke run")
+    parser.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/benchmarks.md")
+    args = parser.parse_args()
+    os.environ.setdefault("SPRITE_LOG_LEVEL", "warning")
+    from sprite_os.logs import configure_logging
+
+    configure_logging(level="warning")
+    benches = _benchmarks(args.quick)
+    chosen = args.only or list(benches)
+    results: dict[str, Any] = {"_meta": {
+        "date": time.strftime("%Y-%m-%d"), "version": __version__, "python": platform.python_version(),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}", "quick": args.quick}}
+    for name in chosen:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        results[name] = asyncio.run(benches[name]())
+        results[name]["wall_s"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(results[name], indent=2), file=sys.stderr, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
+    print(_table(results))
+    if args.update_docs:
+        _update_docs(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

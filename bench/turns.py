@@ -1,0 +1,132 @@
+"""Turn latency, measured side by side in one run, through the real Claude Code CLI.
+
+- overhead: a turn through Sprite OS (WebSocket in, frames out, memory on)
+  against the same turn driven through the SDK directly, on the same mock Bridge;
+- hooks: memory on against memory off, and the time spent inside the hooks;
+- curator: turn latency while the curator's proxy takes 5 s, against 0 s.
+
+Paths are interleaved turn by turn so that drift on the machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, ResultMessage
+
+from bench.stats import percentile, ratio, summary_ms
+from sprite_os.runtime import BUILTIN_TOOLS, CLI_ENV, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
+from sprite_os.server import SpriteOS
+from sprite_os.tools.canvas import CanvasStore, canvas_server
+from tests.conftest import Client, client_factory, make_settings, running
+from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+
+WARMUP = 3
+
+TurnFn = Callable[[int], Awaitable[float]]
+
+
+def _script(bridge: MockBridge) -> None:
+    """Every measured turn does the same work: one tool call, then a short answer."""
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__list_cards", {}), Text("There are no cards open right now.")))
+
+
+async def _server_turn(bridge: MockBridge, c: Client, n: int) -> float:
+    _script(bridge)
+    started = time.perf_counter()
+    await c.send(type="user_message", text=f"turn {n}: list my cards")
+    turn = await c.until("turn_started", lambda f: f["text"] == f"turn {n}: list my cards")
+    await c.until("turn_complete", lambda f: f["turn_id"] == turn["turn_id"])
+    return time.perf_counter() - started
+
+
+async def _interleave(paths: dict[str, TurnFn], turns: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for n in range(turns + WARMUP):
+        for name, fn in paths.items():
+            took = await fn(n)
+            if n >= WARMUP:
+                samples[name].append(took)
+    return samples
+
+
+async def _server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
+    factory = await stack.enter_async_context(client_factory(app.port))
+    return await factory(hello={})
+
+
+async def overhead(turns: int) -> dict[str, Any]:
+    async with MockBridge() as bridge, AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        settings = make_settings(tmp / "server", bridge.url, memory_batch_turns=100_000)
+        app = await stack.enter_async_context(running(settings))
+        client = await _server_client(stack, app)
+        direct_ws = tmp / "direct"
+        direct_ws.mkdir()
+        canvas = CanvasStore(direct_ws / "canvas.json", lambda _f: None)
+        sdk = ClaudeSDKClient(ClaudeAgentOptions(
+            system_prompt=DEFAULT_PROMPT, cwd=str(direct_ws), setting_sources=[], tools=list(BUILTIN_TOOLS),
+            allowed_tools=[*BUILTIN_TOOLS, "mcp__canvas"], mcp_servers={"canvas": canvas_server(canvas)},
+            include_partial_messages=True, env={**settings.model_env(), **CLI_ENV},
+            max_buffer_size=MAX_CLI_MESSAGE_BYTES))
+        await sdk.connect()
+        stack.push_async_callback(sdk.disconnect)
+
+        async def direct(n: int) -> float:
+            _script(bridge)
+            started = time.perf_counter()
+            await sdk.query(f"turn {n}: list my cards")
+            async for message in sdk.receive_response():
+                if isinstance(message, ResultMessage):
+                    break
+            return time.perf_counter() - started
+
+        samples = await _interleave(
+            {"sdk_direct": direct, "sprite_os": lambda n: _server_turn(bridge, client, n)}, turns)
+    a, b = summary_ms(samples["sprite_os"]), summary_ms(samples["sdk_direct"])
+    return {"sprite_os": a, "sdk_direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+            "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
+
+
+async def hooks(turns: int) -> dict[str, Any]:
+    async with MockBridge() as bridge, AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        on = await stack.enter_async_context(
+            running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
+        off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
+        c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
+        samples = await _interleave({"memory_on": lambda n: _server_turn(bridge, c_on, n),
+                                     "memory_off": lambda n: _server_turn(bridge, c_off, n)}, turns)
+        assert on.memory is not None
+        inside_us = [ns / 1000 for ns in on.memory.recorder.timings.samples_ns]
+        recorded = (await on.memory.health())["observations"]["total"]
+    a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
+    per_turn = len(inside_us) / max(1, recorded)
+    return {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+            "inside_hooks_us": {"p50": round(percentile(inside_us, 50), 1), "p99": round(percentile(inside_us, 99), 1),
+                                "max": round(max(inside_us), 1), "calls": len(inside_us),
+                                "calls_per_turn": round(per_turn, 2)},
+            "turns_recorded": recorded}
+
+
+async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
+    async with MockBridge() as fast_bridge, MockBridge() as slow_bridge, AsyncExitStack() as stack:
+        slow_bridge.faults.add(Fault("latency", seconds=seconds, target="curator"))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        fast = await stack.enter_async_context(running(make_settings(tmp / "fast", fast_bridge.url,
+                                                                     memory_batch_turns=1)))
+        slow = await stack.enter_async_context(running(make_settings(tmp / "slow", slow_bridge.url,
+                                                                     memory_batch_turns=1)))
+        c_fast, c_slow = await _server_client(stack, fast), await _server_client(stack, slow)
+        samples = await _interleave({"curator_0s": lambda n: _server_turn(fast_bridge, c_fast, n),
+                                     f"curator_{seconds:g}s": lambda n: _server_turn(slow_bridge, c_slow, n)}, turns)
+        curator_calls = {"curator_0s": len(fast_bridge.curator_requests()),
+                         f"curator_{seconds:g}s": len(slow_bridge.curator_requests())}
+    a, b = summary_ms(samples[f"curator_{seconds:g}s"]), summary_ms(samples["curator_0s"])
+    return {f"curator_{seconds:g}s": a, "curator_0s": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+            "curator_calls_during_run": curator_calls}

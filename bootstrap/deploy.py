@@ -1,0 +1,715 @@
+#!/usr/bin/env python3
+"""Deploy a Sprite OS release into a workspace. What Bridge runs on a Sprite.
+
+    python3 deploy.py --workspace /workspace --release sprite-os-0.2.0.tar.gz [--token-file F]
+    python3 deploy.py --workspace /workspace --from-checkout /path/to/checkout
+    python3 deploy.py --workspace /workspace --rollback
+
+STDLIB ONLY: this runs with the system python3, before any virtualenv exists.
+
+Layout it maintains (W = workspace, V = version, H = sha256(requirements.lock)[:16]):
+
+    W/.os/releases/<V>/{src/, bootstrap/, VERSION, requirements.lock, lib/sprite_os -> ../src,
+                        venv -> ../../venvs/<H>, .complete}
+    W/.os/venvs/<H>/            one venv per distinct lock, `.complete` once fully built
+    W/.os/current -> releases/<V>     the single atomic switch point
+    W/.os/previous -> releases/<P>    what `--rollback` returns to; kept by garbage collection
+    W/.os/{src -> current/src, .venv -> current/venv, VERSION -> current/VERSION}
+    W/.os/lib/sprite_os -> ../src     on the venv's import path through `sprite_os.pth`
+    W/.os/bin/sprite-os               the command: runs the current release
+
+`current` only ever points at a complete release whose venv is complete, so a
+deploy that fails or is killed at any step leaves the previous version starting
+and serving. A deploy of the version already current returns at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
+TEMPLATES = ("soul.md", "os.md", "tools.md", "files.md", "user.md", "context.md")
+DEPLOY_MANAGED = ("soul.md", "os.md")  # rewritten by every deploy; the others only created
+USER_SPACE_DIRS = ("documents", "ocr", "extractions", "artifacts")
+MIN_TOKEN_LENGTH = 16
+SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+
+
+class DeployError(Exception):
+    """A deploy cannot go on. The message is one line, fit for a terminal."""
+
+
+# ---------------------------------------------------------------- output
+
+
+class Output:
+    """Progress lines on stdout; everything, subprocess output included, in .os/logs/deploy.log."""
+
+    def __init__(self) -> None:
+        self._log: Path | None = None
+
+    def open_log(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            if path.stat().st_size > 1_000_000:
+                os.replace(path, path.with_name(path.name + ".1"))
+        self._log = path
+        self.log(f"---- deploy pid={os.getpid()} argv={' '.join(map(shlex.quote, sys.argv[1:]))}")
+
+    def log(self, line: str) -> None:
+        if self._log is not None:
+            with contextlib.suppress(OSError), open(self._log, "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line.rstrip()}\n")
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.log(line)
+
+
+out = Output()
+
+
+def step(name: str, version: str, **info: object) -> None:
+    extra = "".join(f" {k}={v}" for k, v in info.items())
+    out.say(f"deploy: step={name} version={version}{extra}")
+
+
+# ---------------------------------------------------------------- the workspace
+
+
+class Paths:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.os = root / ".os"
+        self.releases = self.os / "releases"
+        self.venvs = self.os / "venvs"
+        self.current = self.os / "current"
+        self.previous = self.os / "previous"
+        self.src = self.os / "src"
+        self.venv = self.os / ".venv"
+        self.version = self.os / "VERSION"
+        self.lib = self.os / "lib"
+        self.bin = self.os / "bin"
+        self.command = self.bin / "sprite-os"
+        self.memory = self.os / "memory"
+        self.state = self.os / "state"
+        self.logs = self.os / "logs"
+        self.backup = self.os / "backup"
+        self.token = self.os / "token"
+        self.pid_file = self.state / "server.pid"
+        self.lock = self.state / "deploy.lock"
+
+
+def release_name(link: Path) -> str | None:
+    """The release a `current`/`previous` link names (`releases/<V>` -> `<V>`), or None."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    parts = Path(target).parts
+    return parts[1] if len(parts) == 2 and parts[0] == "releases" else None
+
+
+def is_complete_release(path: Path) -> bool:
+    return (path / ".complete").is_file() and (path / "venv" / ".complete").is_file()
+
+
+def already_at(p: Paths, version: str) -> bool:
+    """The lazy check: a handful of stat calls, no imports, no subprocesses."""
+    try:
+        deployed = p.version.read_text().strip()
+    except OSError:
+        return False
+    return deployed == version and release_name(p.current) == version and is_complete_release(p.current)
+
+
+def point(link: Path, target: str) -> None:
+    """Make `link` a symlink to `target` atomically: a reader sees the old target or the new."""
+    tmp = link.with_name(f".{link.name}.tmp-{secrets.token_hex(4)}")
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(link.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    fsync_dir(path.parent)
+
+
+def create_if_missing(path: Path, data: bytes, mode: int) -> bool:
+    """Create `path` with `data` unless it exists; never overwrites, even if racing a writer."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # fails if `path` exists: the existing file wins
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+# ---------------------------------------------------------------- release sources
+
+
+def release_entries(checkout: Path) -> list[tuple[str, Path]]:
+    """(name in the release, file in a checkout) of every file a release holds, VERSION first.
+
+    Shared with build_release.py, so a tarball and a --from-checkout deploy hold the same files.
+    """
+    entries = [("VERSION", checkout / "VERSION"),
+               ("requirements.lock", checkout / "bootstrap" / "requirements.lock"),
+               ("bootstrap/deploy.py", checkout / "bootstrap" / "deploy.py")]
+    entries += [(f"bootstrap/templates/{name}", checkout / "bootstrap" / "templates" / name) for name in TEMPLATES]
+    src = checkout / "os_src"
+    for folder, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_NAMES)
+        for name in sorted(files):
+            if name in SKIP_NAMES or name.endswith((".pyc", ".pyo")):
+                continue
+            path = Path(folder) / name
+            entries.append(("src/" + path.relative_to(src).as_posix(), path))
+    missing = [str(path) for _, path in entries if not path.is_file()]
+    if missing:
+        raise DeployError(f"not a Sprite OS checkout, missing: {', '.join(missing[:5])}")
+    if not (src / "__init__.py").is_file():
+        raise DeployError(f"not a Sprite OS checkout: no {src / '__init__.py'}")
+    return entries
+
+
+def check_version(version: str, where: object) -> str:
+    if not VERSION_RE.match(version):
+        raise DeployError(f"bad version {version!r} in {where}: letters, digits and ._+- only")
+    return version
+
+
+class Checkout:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def version(self) -> str:
+        try:
+            return check_version((self.path / "VERSION").read_text().strip(), self.path / "VERSION")
+        except OSError as exc:
+            raise DeployError(f"cannot read {self.path / 'VERSION'}: {exc.strerror}") from None
+
+    def stage(self, into: Path) -> None:
+        for name, path in release_entries(self.path):
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+class Tarball:
+    """A release built by build_release.py: VERSION, requirements.lock, bootstrap/, src/ at the
+    top (or all inside one top-level folder)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _open(self, mode: str = "r|*") -> tarfile.TarFile:
+        try:
+            return tarfile.open(self.path, mode)
+        except (OSError, tarfile.TarError) as exc:
+            raise DeployError(f"cannot read release {self.path}: {exc}") from None
+
+    def version(self) -> str:
+        # VERSION is the tarball's first member, so this reads only its first block.
+        with self._open() as tf:
+            try:
+                for member in tf:
+                    parts = Path(member.name).parts
+                    if member.isfile() and parts and parts[-1] == "VERSION" and len(parts) <= 2:
+                        f = tf.extractfile(member)
+                        assert f is not None
+                        return check_version(f.read(100).decode("utf-8", "replace").strip(), self.path)
+            except (OSError, tarfile.TarError, EOFError) as exc:
+                raise DeployError(f"cannot read release {self.path}: {exc}") from None
+        raise DeployError(f"release {self.path} has no VERSION file")
+
+    def stage(self, into: Path) -> None:
+        with self._open("r:*") as tf:
+            members = tf.getmembers()
+            for member in members:
+                name = Path(member.name)
+                if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                    raise DeployError(f"release {self.path} holds an unsafe entry: {member.name!r}")
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tf.extractall(into, **kwargs)  # type: ignore[arg-type]
+        tops = list(into.iterdir())
+        if not (into / "VERSION").exists() and len(tops) == 1 and (tops[0] / "VERSION").is_file():
+            for entry in list(tops[0].iterdir()):  # one top-level folder: move its content up
+                os.rename(entry, into / entry.name)
+            tops[0].rmdir()
+        for generated in ("lib", "venv", ".complete"):  # made by the deploy, never taken from a tarball
+            remove(into / generated)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def lock_hash(lock: bytes) -> str:
+    return hashlib.sha256(lock).hexdigest()[:16]
+
+
+def stage_release(p: Paths, source: Checkout | Tarball, version: str, force: bool) -> Path:
+    final = p.releases / version
+    if final.is_dir() and (final / ".complete").is_file() and not force:
+        return final
+    partial = p.releases / f"{version}.partial-{secrets.token_hex(4)}"
+    partial.mkdir(parents=True)
+    source.stage(partial)
+    got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
+    if got != version:
+        raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
+    for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock",
+                   *(f"bootstrap/templates/{t}" for t in TEMPLATES)):
+        if not (partial / needed).is_file():
+            raise DeployError(f"release {version} is incomplete: no {needed}")
+    (partial / "lib").mkdir()
+    os.symlink("../src", partial / "lib" / "sprite_os")
+    os.symlink(f"../../venvs/{lock_hash((partial / 'requirements.lock').read_bytes())}", partial / "venv")
+    write_atomic(partial / ".complete", f"{version}\n".encode(), 0o644)
+    if final.exists() or final.is_symlink():
+        if release_name(p.current) == version:
+            # Re-staging the live release (--force): point `current` at the staged copy while the
+            # old one is replaced, so `current` never names a missing or partial directory.
+            point(p.current, f"releases/{partial.name}")
+            remove(final)
+            os.rename(partial, final)
+            point(p.current, f"releases/{version}")
+            return final
+        remove(final)
+    os.rename(partial, final)
+    fsync_dir(p.releases)
+    return final
+
+
+def python_version_of_venv(venv: Path) -> str | None:
+    try:
+        for line in (venv / "pyvenv.cfg").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() in ("version", "version_info"):
+                return ".".join(value.strip().split(".")[:2])
+    except OSError:
+        pass
+    return None
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise DeployError(f"venv {venv} has no lib/python3*/site-packages")
+    return found[0]
+
+
+def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+        echo: tuple[str, ...] = ()) -> None:
+    """Run a command; its output goes to the deploy log (lines starting with `echo` also to stdout)."""
+    out.log(f"$ {' '.join(map(shlex.quote, cmd))}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, cwd=cwd, text=True, errors="replace")
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if echo and line.startswith(echo):
+            out.say(line)
+        else:
+            out.log(line)
+        if line.strip():
+            tail = [*tail[-4:], line.strip()]
+    code = proc.wait()
+    if code != 0:
+        last = tail[-1] if tail else "no output"
+        raise DeployError(f"{what} failed (exit {code}): {last[:300]}")
+
+
+def ensure_venv(p: Paths, release: Path, wheelhouse: Path | None, cache: Path | None,
+                link: bool = False) -> tuple[str, str]:
+    """Make `venvs/<H>` complete. Returns (H, how): reused, copied, linked or built."""
+    h = Path(os.readlink(release / "venv")).name
+    venv = p.venvs / h
+    how = "reused"
+    if not (venv / ".complete").is_file():
+        p.venvs.mkdir(parents=True, exist_ok=True)
+        remove(venv)
+        for stale in p.venvs.glob(f"{h}.partial-*"):
+            remove(stale)
+        cached = cache / h if cache else None
+        want = ".".join(map(str, sys.version_info[:2]))
+        if cached and (cached / ".complete").is_file() and os.path.exists(cached / "bin" / "python") \
+                and python_version_of_venv(cached) == want:
+            partial = p.venvs / f"{h}.partial-{secrets.token_hex(4)}"
+            how = "copied"
+            if link:  # hard links: instant and no extra disk, if the cache is on this filesystem
+                try:
+                    run(["cp", "-a", "--link", str(cached), str(partial)], "linking the cached venv")
+                    how = "linked"
+                except DeployError as exc:
+                    out.say(f"deploy: cannot hard-link the venv cache ({exc}); copying it")
+                    remove(partial)
+            if how == "copied":
+                run(["cp", "-a", str(cached), str(partial)], "copying the cached venv")
+            (partial / ".complete").unlink()
+            write_pth(partial, p)
+            write_atomic(partial / ".complete", f"{how}\n".encode(), 0o644)
+            os.rename(partial, venv)
+        else:
+            if cached:
+                out.log(f"venv cache {cached} is not a complete python {want} venv; building")
+            run([sys.executable, "-m", "venv", str(venv)], "creating the venv")
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                   "--no-input", "-r", str(release / "requirements.lock")]
+            if wheelhouse:
+                pip += ["--isolated", "--no-index", "--find-links", str(wheelhouse)]
+            run(pip, "pip install")
+            write_pth(venv, p)
+            write_atomic(venv / ".complete", b"built\n", 0o644)
+            how = "built"
+    write_pth(venv, p)
+    return h, how
+
+
+def write_pth(venv: Path, p: Paths) -> None:
+    pth = site_packages(venv) / "sprite_os.pth"
+    data = f"{p.lib}\n".encode()
+    if not pth.is_file() or pth.read_bytes() != data:
+        write_atomic(pth, data, 0o644)
+
+
+def run_migrate(p: Paths, release: Path, venv_hash: str) -> None:
+    """Schema upgrade and v1 migration, run by the NEW code before the switch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    env["SPRITE_WORKSPACE"] = str(p.root)
+    env["PYTHONPATH"] = str(release / "lib")  # precedes the .pth entry, which still names the old release
+    python = p.venvs / venv_hash / "bin" / "python"
+    run([str(python), "-P", "-m", "sprite_os", "migrate-v1"], "migrate-v1",
+        env=env, cwd=p.os, echo=("migrate:",))
+
+
+def write_templates(p: Paths, release: Path) -> list[str]:
+    templates = release / "bootstrap" / "templates"
+    p.memory.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name in TEMPLATES:
+        data = (templates / name).read_bytes()
+        target = p.memory / name
+        if name in DEPLOY_MANAGED:
+            if not target.is_file() or target.read_bytes() != data:
+                write_atomic(target, data, 0o644)
+                changed.append(name)
+        elif create_if_missing(target, data, 0o644):
+            changed.append(name)
+    return changed
+
+
+def ensure_link(p: Paths, link: Path, target: str) -> None:
+    if link.is_symlink():
+        if os.readlink(link) != target:
+            point(link, target)
+        return
+    if link.exists():  # a real file or folder from an older layout: keep it, out of the way
+        keep = p.backup / f"pre-release-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        keep.mkdir(parents=True, exist_ok=True)
+        os.rename(link, keep / link.name)
+        out.say(f"deploy: moved {link} to {keep / link.name}")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    point(link, target)
+
+
+def wrapper_script(p: Paths) -> bytes:
+    return (
+        "#!/bin/sh\n"
+        "# The Sprite OS command for this workspace; written by bootstrap/deploy.py. It runs the\n"
+        "# current release, e.g. `sprite-os service status`, `sprite-os memory status`.\n"
+        "unset PYTHONHOME PYTHONPATH\n"
+        f"export SPRITE_WORKSPACE={shlex.quote(str(p.root))}\n"
+        f"exec {shlex.quote(str(p.venv / 'bin' / 'python'))} -P -m sprite_os \"$@\"\n"
+    ).encode()
+
+
+def ensure_links(p: Paths) -> None:
+    ensure_link(p, p.src, "current/src")
+    ensure_link(p, p.venv, "current/venv")
+    ensure_link(p, p.version, "current/VERSION")
+    ensure_link(p, p.lib / "sprite_os", "../src")
+    p.bin.mkdir(exist_ok=True)
+    data = wrapper_script(p)
+    if not p.command.is_file() or p.command.read_bytes() != data:
+        write_atomic(p.command, data, 0o755)
+
+
+def install_token(p: Paths, source: Path) -> bool:
+    """Install Bridge's token as .os/token (0600). Returns whether it changed."""
+    try:
+        token = source.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DeployError(f"cannot read token file {source}: {exc}") from None
+    if len(token) < MIN_TOKEN_LENGTH or not (token.isascii() and token.isprintable()) or " " in token:
+        raise DeployError(f"token in {source} must be at least {MIN_TOKEN_LENGTH} printable ASCII "
+                          "characters without spaces")
+    try:
+        same = p.token.read_text().strip() == token and p.token.stat().st_mode & 0o077 == 0
+    except OSError:
+        same = False
+    if not same:
+        p.os.mkdir(parents=True, exist_ok=True)
+        write_atomic(p.token, (token + "\n").encode(), 0o600)
+    return not same
+
+
+def server_pid(p: Paths) -> int | None:
+    """The pid of this workspace's running server (from the service's pid file), or None."""
+    try:
+        pid = int(p.pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if b"sprite_os" in cmdline and state != "Z" else None
+
+
+def releases_in_use(pid: int | None) -> set[str]:
+    """Releases the running server imports from (its PYTHONPATH names releases/<V>/lib)."""
+    if pid is None:
+        return set()
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return set()
+    used = set()
+    for entry in environ:
+        if entry.startswith(b"PYTHONPATH="):
+            for part in entry[len(b"PYTHONPATH="):].decode(errors="replace").split(":"):
+                parts = Path(part).parts
+                if "releases" in parts and parts.index("releases") + 1 < len(parts):
+                    used.add(parts[parts.index("releases") + 1])
+    return used
+
+
+def restart_service(p: Paths) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    run([str(p.command), "service", "restart"], "service restart", env=env, cwd=p.os, echo=("sprite-os:",))
+
+
+def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:
+    keep = {n for n in (release_name(p.current), release_name(p.previous)) if n}
+    keep |= releases_in_use(server_pid(p))
+    removed_releases, removed_venvs = [], []
+    for entry in sorted(p.releases.iterdir()):
+        if entry.name not in keep:
+            remove(entry)
+            removed_releases.append(entry.name)
+    used = set()
+    for name in keep:
+        with contextlib.suppress(OSError):
+            used.add(Path(os.readlink(p.releases / name / "venv")).name)
+    for entry in sorted(p.venvs.iterdir()) if p.venvs.is_dir() else ():
+        if entry.name not in used:
+            remove(entry)
+            removed_venvs.append(entry.name)
+    return removed_releases, removed_venvs
+
+
+@contextlib.contextmanager
+def deploy_lock(p: Paths) -> Iterator[None]:
+    p.state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DeployError(f"another deploy is running in {p.root} (lock: {p.lock})") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def prepare(p: Paths) -> None:
+    if os.geteuid() == 0 and p.root.exists() and p.root.stat().st_uid != 0:
+        raise DeployError(f"run the deploy as the owner of {p.root} (uid {p.root.stat().st_uid}), not as root")
+    for path in (p.os, p.releases, p.venvs, p.memory, p.state, p.logs, p.backup):
+        path.mkdir(parents=True, exist_ok=True)
+    os.chmod(p.os, 0o700)
+    for name in USER_SPACE_DIRS:
+        (p.root / name).mkdir(exist_ok=True)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def deploy(args: argparse.Namespace, p: Paths) -> int:
+    started = time.monotonic()
+    source: Checkout | Tarball = Tarball(Path(args.release)) if args.release else Checkout(Path(args.from_checkout))
+    version = source.version()
+    token_changed = install_token(p, Path(args.token_file)) if args.token_file else False
+    if not args.force and already_at(p, version):
+        out.say(f"deploy: already at {version}")
+        if token_changed:
+            out.say("deploy: token installed")
+            if server_pid(p) is not None and not args.no_restart:
+                with deploy_lock(p):
+                    restart_service(p)
+        return 0
+    prepare(p)
+    out.open_log(p.logs / "deploy.log")
+    with deploy_lock(p):
+        previous = release_name(p.current)
+        if previous and ".partial-" in previous:  # a --force re-stage was killed half-way
+            previous = previous.split(".partial-")[0]
+        step("stage", version, previous=previous or "none")
+        release = stage_release(p, source, version, args.force)
+
+        step("venv", version)
+        venv_hash, how = ensure_venv(p, release, Path(args.wheelhouse) if args.wheelhouse else None,
+                                     Path(args.venv_cache) if args.venv_cache else None, args.venv_cache_links)
+        out.say(f"deploy: venv={venv_hash} {how}")
+
+        step("migrate", version)
+        run_migrate(p, release, venv_hash)
+
+        step("templates", version)
+        changed = write_templates(p, release)
+        out.say(f"deploy: templates written={','.join(changed) or 'none'}")
+
+        step("switch", version)
+        old_previous = release_name(p.previous)
+        if previous and previous != version:
+            point(p.previous, f"releases/{previous}")
+        os.sync()  # everything staged is on disk before `current` names it
+        point(p.current, f"releases/{version}")
+
+        step("links", version)
+        ensure_links(p)
+
+        pid = server_pid(p)
+        if pid is None or args.no_restart:
+            step("restart", version, skipped="not-running" if pid is None else "no-restart")
+        else:
+            step("restart", version, pid=pid)
+            try:
+                restart_service(p)
+            except DeployError as exc:
+                if not previous or previous == version:
+                    raise
+                point(p.current, f"releases/{previous}")
+                if old_previous:
+                    point(p.previous, f"releases/{old_previous}")
+                out.say(f"deploy: {version} did not start; rolling back to {previous}")
+                restart_service(p)
+                raise DeployError(f"{exc}; rolled back to {previous}") from None
+
+        step("gc", version)
+        releases, venvs = collect_garbage(p)
+        if releases or venvs:
+            out.say(f"deploy: removed releases={','.join(releases) or 'none'} venvs={','.join(venvs) or 'none'}")
+    out.say(f"deploy: done version={version} seconds={time.monotonic() - started:.1f}")
+    return 0
+
+
+def rollback(args: argparse.Namespace, p: Paths) -> int:
+    if not p.current.is_symlink():
+        raise DeployError(f"nothing is deployed in {p.root}")
+    out.open_log(p.logs / "deploy.log")
+    with deploy_lock(p):
+        current, previous = release_name(p.current), release_name(p.previous)
+        if not previous or previous == current or not is_complete_release(p.releases / previous):
+            raise DeployError(f"no previous release to roll back to in {p.releases}")
+        out.say(f"deploy: rollback from={current} to={previous}")
+        os.sync()
+        if current:
+            point(p.previous, f"releases/{current}")
+        point(p.current, f"releases/{previous}")
+        ensure_links(p)
+        if server_pid(p) is not None and not args.no_restart:
+            restart_service(p)
+    out.say(f"deploy: done version={previous}")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="deploy.py", description="Deploy a Sprite OS release into a workspace.")
+    parser.add_argument("--workspace", default=os.environ.get("SPRITE_WORKSPACE") or "/workspace",
+                        help="workspace root (default: $SPRITE_WORKSPACE or /workspace)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--release", metavar="TARBALL", help="a release built by `make dist`")
+    what.add_argument("--from-checkout", metavar="DIR", help="a Sprite OS source checkout")
+    what.add_argument("--rollback", action="store_true", help="switch back to the previous release")
+    parser.add_argument("--wheelhouse", metavar="DIR", help="install the venv from these wheels only (no index)")
+    parser.add_argument("--venv-cache", metavar="DIR", help="copy DIR/<H> instead of pip-installing, if complete")
+    parser.add_argument("--venv-cache-links", action="store_true",
+                        help="hard-link the cached venv instead of copying it (same filesystem; never modify the "
+                             "cache in place afterwards)")
+    parser.add_argument("--token-file", metavar="F", help="install F's content as .os/token (mode 0600)")
+    parser.add_argument("--force", action="store_true", help="redeploy even if this version is current")
+    parser.add_argument("--no-restart", action="store_true", help="leave a running server as it is")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    p = Paths(Path(os.path.abspath(os.path.expanduser(args.workspace))))
+    try:
+        return rollback(args, p) if args.rollback else deploy(args, p)
+    except DeployError as exc:
+        out.log(f"error: {exc}")
+        print(f"deploy: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except OSError as exc:
+        out.log(f"error: {exc}")
+        print(f"deploy: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""`sprite-os service start|stop|restart|status`: the server as a background process on a Sprite.
+
+- start: spawns `python -m sprite_os serve` detached (its own session), logs to
+  `.os/logs/sprite-os.log` (JSON) and `.os/logs/server.out` (anything printed), writes
+  `.os/state/server.pid`, and waits for `/healthz` to answer.
+- stop: SIGTERM, then SIGKILL to the server's whole process group after STOP_TIMEOUT;
+  nothing the server started is left running.
+- restart: stop, then start.
+- status: the pid and the /healthz JSON. Exit codes follow the LSB convention: 0 running,
+  1 dead with a stale pid file, 3 not running, 4 running but /healthz does not answer.
+
+The service remembers the settings it was started with (`.os/state/service.env`, 0600):
+a later start or restart (including the one a deploy does) takes each setting from its
+own environment when set there, and from the remembered ones otherwise. A setting set
+to the empty string counts as unset.
+
+The pid file is trusted only if /proc shows that pid running `sprite_os` for this workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ENV_VARS, Settings, load_settings, resolve_token
+from .fsutil import atomic_write
+from .paths import Layout
+
+START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
+STOP_TIMEOUT = 40.0
+LOG_LINES = 15
+SERVER_OUT_MAX = 10 * 1024 * 1024
+
+EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
+
+
+def say(line: str) -> None:
+    print(f"sprite-os: {line}", flush=True)
+
+
+def fail(line: str) -> None:
+    print(f"sprite-os: error: {line}", file=sys.stderr, flush=True)
+
+
+def service_main(settings: Settings, action: str) -> int:
+    """Entry point of `sprite-os service <action>`."""
+    service = Service(settings)
+    match action:
+        case "start":
+            return service.start()
+        case "stop":
+            return service.stop()
+        case "restart":
+            code = service.stop()
+            return code if code != EXIT_OK else service.start()
+        case "status":
+            return service.status()
+    fail(f"unknown action {action!r}")
+    return 2
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _proc_state(pid: int) -> str | None:
+    """The /proc state letter of `pid` (R, S, Z...), or None if there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    state = _proc_state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes in session `sid` (the server and anything it started)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+@dataclass(frozen=True)
+class PidState:
+    pid: int | None
+    running: bool
+
+    @property
+    def stale(self) -> bool:
+        return self.pid is not None and not self.running
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.layout: Layout = settings.layout
+        self.env_file = self.layout.state_dir / "service.env"
+        self.server_out = self.layout.logs_dir / "server.out"
+        self.log_file = self.layout.logs_dir / "sprite-os.log"
+
+    # -- the pid file
+
+    def read_pid(self) -> PidState:
+        try:
+            pid = int(self.layout.pid_file.read_text().split()[0])
+        except FileNotFoundError:
+            return PidState(None, False)
+        except (OSError, ValueError, IndexError):
+            return PidState(-1, False)  # unreadable or garbage: stale
+        return PidState(pid, self._is_ours(pid))
+
+    def _is_ours(self, pid: int) -> bool:
+        """`pid` is a live sprite_os server of this workspace (not a reused pid)."""
+        if pid <= 0 or not alive(pid):
+            return False
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        if b"sprite_os" not in args:
+            return False
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return True  # cannot tell which workspace; the command line is ours
+        for entry in environ:
+            if entry.startswith(b"SPRITE_WORKSPACE="):
+                theirs = os.path.realpath(entry.split(b"=", 1)[1].decode(errors="replace"))
+                return theirs == os.path.realpath(self.layout.root)
+        return True
+
+    def _remove_pid_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.layout.pid_file.unlink()
+
+    # -- settings for the child
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: ours, the remembered settings where ours has none, and
+        the deployed defaults (JSON logs to .os/logs/sprite-os.log)."""
+        env = dict(os.environ if base is None else base)
+        for name, value in self._remembered().items():
+            if name not in env:
+                env[name] = value
+        env["SPRITE_WORKSPACE"] = str(self.settings.workspace)
+        if not env.get("SPRITE_LOG_FORMAT"):
+            env["SPRITE_LOG_FORMAT"] = "json"
+        if not env.get("SPRITE_LOG_FILE"):
+            env["SPRITE_LOG_FILE"] = str(self.log_file)
+        env.pop("PYTHONHOME", None)
+        # Pin the release: on a Sprite the package is imported through .os/lib -> current, which
+        # a deploy switches under a running server. releases/<V>/lib names this release only.
+        release_lib = Path(__file__).resolve().parent.parent / "lib"
+        if (release_lib / "sprite_os").resolve() == Path(__file__).resolve().parent:
+            env["PYTHONPATH"] = str(release_lib)
+        return env
+
+    def _remembered(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.env_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if k in ENV_VARS and isinstance(v, str)} if isinstance(data, dict) else {}
+
+    def _remember(self, env: Mapping[str, str]) -> None:
+        keep = {k: env[k] for k in ENV_VARS if env.get(k)}
+        atomic_write(self.env_file, json.dumps(keep, indent=1, sort_keys=True).encode(), mode=0o600)
+
+    @staticmethod
+    def python() -> str:
+        """This venv's interpreter by its real path, so a deploy switching `.os/.venv` does not
+        change the libraries under a running server."""
+        if sys.prefix != sys.base_prefix:
+            real = Path(os.path.realpath(sys.prefix)) / "bin" / Path(sys.executable).name
+            if real.exists():
+                return str(real)
+        return sys.executable
+
+    # -- health
+
+    @staticmethod
+    def probe_host(host: str) -> str:
+        return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+    def health(self, settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
+        conn = http.client.HTTPConnection(self.probe_host(settings.host), settings.port, timeout=timeout)
+        try:
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                return None
+            data = json.loads(body)
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+
+    def _port_taken(self, settings: Settings) -> bool:
+        try:
+            with socket.create_connection((self.probe_host(settings.host), settings.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    # -- actions
+
+    def start(self) -> int:
+        state = self.read_pid()
+        if state.running:
+            say(f"already running (pid {state.pid})")
+            return EXIT_OK
+        if state.stale:
+            self._remove_pid_file()
+        self.layout.ensure()
+        env = self.child_env()
+        child = load_settings(env)  # what the server will see; a bad setting fails here, clearly
+        resolve_token(child, create=True)  # a bad token file too
+        if self._port_taken(child):
+            fail(f"port {child.port} on {self.probe_host(child.host)} is already in use; stop whatever "
+                 "listens there or set SPRITE_OS_PORT")
+            return EXIT_FAILED
+        self._rotate_server_out()
+        started = time.monotonic()
+        with open(self.server_out, "ab") as out:
+            proc = subprocess.Popen(
+                [self.python(), "-P", "-m", "sprite_os", "serve"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                cwd=self.layout.root, start_new_session=True, close_fds=True,
+            )
+        atomic_write(self.layout.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
+        self._remember(env)
+        deadline = started + START_TIMEOUT
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                self._remove_pid_file()
+                self._report_failure(f"the server exited with status {code} while starting", child)
+                return EXIT_FAILED
+            health = self.health(child, timeout=1.0)
+            if health is not None:
+                say(f"started pid {proc.pid}, version {health.get('version')}, status {health.get('status')}, "
+                    f"on {self.probe_host(child.host)}:{child.port} in {time.monotonic() - started:.1f}s; "
+                    f"log {child.log_file or self.server_out}")
+                return EXIT_OK
+            time.sleep(0.1)
+        self._terminate(proc.pid, grace=5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
+        self._remove_pid_file()
+        self._report_failure(f"/healthz did not answer within {START_TIMEOUT:.0f}s; stopped it", child)
+        return EXIT_FAILED
+
+    def stop(self) -> int:
+        state = self.read_pid()
+        if state.pid is None:
+            say("not running")
+            return EXIT_OK
+        if state.stale:
+            self._remove_pid_file()
+            say(f"not running (removed a stale pid file {self.layout.pid_file})")
+            return EXIT_OK
+        assert state.pid is not None
+        started = time.monotonic()
+        forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
+        self._remove_pid_file()
+        how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
+        say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
+        return EXIT_OK
+
+    def _terminate(self, pid: int, grace: float) -> bool:
+        """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.
+        Whatever else is still in the server's session afterwards is killed too."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        forced = alive(pid)
+        for _ in range(50):
+            members = session_members(pid)  # the server leads its session (start_new_session)
+            if not members:
+                break
+            for member in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(member, signal.SIGKILL)
+            time.sleep(0.02)
+        return forced
+
+    def status(self) -> int:
+        state = self.read_pid()
+        if state.pid is None:
+            say("not running")
+            return EXIT_STOPPED
+        if state.stale:
+            which = f"names pid {state.pid}, which is gone" if state.pid > 0 else "is unreadable"
+            say(f"not running, but the pid file {self.layout.pid_file} {which}")
+            return EXIT_DEAD
+        child = load_settings(self.child_env())
+        health = self.health(child)
+        if health is None:
+            say(f"running (pid {state.pid}) but /healthz on {self.probe_host(child.host)}:{child.port} "
+                "does not answer")
+            return EXIT_UNKNOWN
+        say(f"running (pid {state.pid}), status {health.get('status')}, version {health.get('version')}")
+        print(json.dumps(health, indent=2), flush=True)
+        return EXIT_OK
+
+    # -- logs
+
+    def _rotate_server_out(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.server_out.stat().st_size > SERVER_OUT_MAX:
+                os.replace(self.server_out, self.server_out.with_name(self.server_out.name + ".1"))
+
+    def _report_failure(self, why: str, child: Settings) -> None:
+        fail(f"the server did not start: {why}")
+        for path in (self.server_out, child.log_file):
+            if path is None:
+                continue
+            lines = _tail(Path(path), LOG_LINES)
+            if lines:
+                print(f"--- last lines of {path}:", file=sys.stderr)
+                print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode("utf-8", "replace").splitlines()[-n:]
+    except OSError:
+        return []
+

@@ -1,0 +1,442 @@
+"""bootstrap/deploy.py and build_release.py: fresh deploys, lazy redeploys, new versions, killed
+deploys, rollback, v1 migration on deploy, and a real turn through a deployed server."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.deploy_support import (
+    DEPLOY,
+    LOCK,
+    REPO,
+    V1_FILES,
+    VenvCache,
+    base_env,
+    clone_cached_venv,
+    deploy_cmd,
+    free_port,
+    healthz,
+    lock_hash,
+    make_checkout,
+    make_v1_workspace,
+    processes_in_session,
+    run_deploy,
+    run_until,
+    snapshot,
+    token_file,
+    venv_cache,
+)
+
+VERSION = (REPO / "VERSION").read_text().strip()
+TEMPLATES = REPO / "bootstrap" / "templates"
+CURATED = ("tools.md", "files.md", "user.md", "context.md")
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bootstrap_{name}", REPO / "bootstrap" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(REPO / "bootstrap"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bootstrap"))
+    return module
+
+
+@pytest.fixture(scope="session")
+def venv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VenvCache:
+    """The session's one real venv: a deploy that pip-installs the lock from a wheelhouse."""
+    cache_root = Path(request.config.cache.mkdir("sprite-os-deploy"))
+    return venv_cache(cache_root, tmp_path_factory.mktemp("deploy-session"))
+
+
+def deploy_ok(workspace: Path, venv: VenvCache, *args: str, env: dict[str, str] | None = None,
+              links: bool = True) -> str:
+    """Deploy with the session's venv cache: hard-linked (fast), or copied as by default."""
+    cache = ("--venv-cache", str(venv.cache), *(["--venv-cache-links"] if links else []))
+    done = run_deploy(workspace, *args, *cache, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def current(workspace: Path) -> str:
+    return os.readlink(workspace / ".os" / "current")
+
+
+def sprite_os(workspace: Path, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(workspace / ".os" / "bin" / "sprite-os"), *args], capture_output=True, text=True,
+                          env=env or base_env(), timeout=timeout, cwd=workspace)
+
+
+@pytest.fixture
+def service_env() -> Iterator[dict[str, str]]:
+    yield base_env(SPRITE_OS_PORT=str(free_port()), ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+
+
+def stop_and_check(workspace: Path, env: dict[str, str]) -> None:
+    """Stop the service; nothing it started may be left."""
+    pid_file = workspace / ".os" / "state" / "server.pid"
+    pid = int(pid_file.read_text()) if pid_file.exists() else None
+    done = sprite_os(workspace, "service", "stop", env=env)
+    assert done.returncode == 0, done.stderr
+    assert not pid_file.exists()
+    if pid is not None:
+        assert processes_in_session(pid) == []
+
+
+# ---------------------------------------------------------------- fresh deploy
+
+
+def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
+    ws, out = venv.first_workspace, venv.first_output
+    steps = [line.split()[1] for line in out.splitlines() if line.startswith("deploy: step=")]
+    assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "restart", "gc")]
+    h = lock_hash()
+    assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
+    osd = ws / ".os"
+    assert current(ws) == f"releases/{VERSION}"
+    release = osd / "releases" / VERSION
+    assert (release / ".complete").is_file() and os.readlink(release / "venv") == f"../../venvs/{h}"
+    assert (osd / "venvs" / h / ".complete").is_file()
+    assert (release / "requirements.lock").read_bytes() == LOCK.read_bytes()
+    for link, target in ((".os/src", "current/src"), (".os/.venv", "current/venv"), (".os/VERSION", "current/VERSION"),
+                         (".os/lib/sprite_os", "../src")):
+        assert os.readlink(ws / link) == target
+    assert (osd / "VERSION").read_text().strip() == VERSION
+    assert os.access(osd / "bin" / "sprite-os", os.X_OK)
+    assert oct(osd.stat().st_mode & 0o777) == "0o700"
+    assert oct((osd / "token").stat().st_mode & 0o777) == "0o600"
+    for name in ("soul.md", "os.md", *CURATED):
+        assert (osd / "memory" / name).read_bytes() == (TEMPLATES / name).read_bytes()
+    for name in ("documents", "ocr", "extractions", "artifacts"):
+        assert (ws / name).is_dir()
+    pth = next((osd / "venvs" / h).glob("lib/python3*/site-packages/sprite_os.pth"))
+    assert pth.read_text() == f"{osd / 'lib'}\n"
+    # The deployed venv imports sprite_os from the current release, and nothing from this checkout.
+    probe = subprocess.run([str(osd / ".venv" / "bin" / "python"), "-c",
+                            "import os, sprite_os, importlib.util as u; "
+                            "print(os.path.realpath(sprite_os.__file__), sprite_os.__version__, u.find_spec('tests'))"],
+                           capture_output=True, text=True, cwd="/", env=base_env(), check=True)
+    assert probe.stdout.split() == [str(release / "src" / "__init__.py"), VERSION, "None"]
+    assert sprite_os(ws, "version").stdout.strip() == VERSION
+
+
+# ---------------------------------------------------------------- release tarball, lazy redeploy
+
+
+def test_release_tarball_deploys_and_same_version_is_a_noop(venv: VenvCache, tmp_path: Path) -> None:
+    build = load_script("build_release")
+    tarball = build.build(REPO, tmp_path / "dist")
+    assert tarball.name == f"sprite-os-{VERSION}.tar.gz"
+    again = build.build(REPO, tmp_path / "dist2")
+    assert tarball.read_bytes() == again.read_bytes(), "the tarball must be reproducible"
+    with tarfile.open(tarball) as tf:
+        names = tf.getnames()
+    assert names[0] == "VERSION" and "requirements.lock" in names and "src/__init__.py" in names
+    assert "bootstrap/deploy.py" in names and "bootstrap/templates/os.md" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+    ws = tmp_path / "ws"
+    token = token_file(tmp_path)
+    out = deploy_ok(ws, venv, "--release", str(tarball), "--token-file", str(token), links=False)
+    assert f"deploy: venv={lock_hash()} copied" in out
+    venv_file = next((ws / ".os" / "venvs").glob(f"{lock_hash()}/lib/python3*/site-packages/msgspec/__init__.py"))
+    assert venv_file.stat().st_nlink == 1  # a copy, not links into the cache
+    assert (ws / ".os" / "token").read_text() == token.read_text()
+    before = snapshot(ws)
+    started = time.monotonic()
+    done = run_deploy(ws, "--release", str(tarball), "--token-file", str(token), "--venv-cache", str(venv.cache))
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0 and done.stdout == f"deploy: already at {VERSION}\n", done.stdout + done.stderr
+    assert elapsed < 1.0, f"a no-op redeploy took {elapsed:.2f}s"
+    assert snapshot(ws) == before  # nothing touched: same inodes, mtimes, sizes
+
+
+# ---------------------------------------------------------------- new versions, gc, rollback
+
+
+def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp_path: Path) -> None:
+    from sprite_os.database import MemoryDB, NewLearning, NewObservation, TranscriptDB
+
+    ws = tmp_path / "ws"
+    deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    memory = ws / ".os" / "memory"
+    custom = {name: f"# {name}\n\nCurated content for {name}: Zoë prefers DD/MM/YYYY ✓\n" for name in CURATED}
+    for name, text in custom.items():
+        (memory / name).write_text(text, encoding="utf-8")
+    (memory / "soul.md").write_text("someone edited the deploy-managed file\n")
+    transcript, mem = TranscriptDB(memory / "transcript.db"), MemoryDB(memory / "memory.db")
+    transcript.append(NewObservation(1.0, "s1", 0, "hello", "[]", "hi there"))
+    mem.commit_batch(trigger="test", observation_ids=[1], model="m", input_tokens=1, output_tokens=1, cost_usd=0.0,
+                     learnings=[NewLearning("FACT", "The user keeps invoices in documents/2026")],
+                     file_updates={}, base_hashes={})
+    transcript.close()
+    mem.close()
+
+    new = make_checkout(tmp_path, "9.1.0", template_note="Release 9.1.0 note.")
+    out = deploy_ok(ws, venv, "--from-checkout", str(new))
+    assert f"deploy: venv={lock_hash()} reused" in out
+    assert current(ws) == "releases/9.1.0" and os.readlink(ws / ".os" / "previous") == f"releases/{VERSION}"
+    assert (ws / ".os" / "VERSION").read_text().strip() == "9.1.0"
+    for name in ("soul.md", "os.md"):
+        text = (memory / name).read_text()
+        assert text == (new / "bootstrap" / "templates" / name).read_text() and "Release 9.1.0 note." in text
+    for name, text in custom.items():
+        assert (memory / name).read_bytes() == text.encode("utf-8")
+    transcript, mem = TranscriptDB(memory / "transcript.db"), MemoryDB(memory / "memory.db")
+    assert transcript.counts()["total"] == 1
+    assert [lr.content for lr in mem.all_learnings()] == ["The user keeps invoices in documents/2026"]
+    transcript.close()
+    mem.close()
+    assert sprite_os(ws, "version").stdout.strip() == "9.1.0"
+
+    # A third version: garbage collection keeps only the current and the previous release.
+    newer = make_checkout(tmp_path, "9.2.0", lock_comment="9.2.0")
+    clone_cached_venv(venv.cache, newer / "bootstrap" / "requirements.lock")
+    out = deploy_ok(ws, venv, "--from-checkout", str(newer))
+    assert "deploy: venv=" in out and " linked" in out
+    assert f"deploy: removed releases={VERSION} venvs=none" in out
+    assert sorted(p.name for p in (ws / ".os" / "releases").iterdir()) == ["9.1.0", "9.2.0"]
+    assert len(list((ws / ".os" / "venvs").iterdir())) == 2
+
+    # Rollback switches back to the previous release (and forward again).
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 0, done.stderr
+    assert current(ws) == "releases/9.1.0" and sprite_os(ws, "version").stdout.strip() == "9.1.0"
+    assert os.readlink(ws / ".os" / "previous") == "releases/9.2.0"
+    # --force re-stages the live release in place; current keeps pointing at a complete release.
+    (ws / ".os" / "releases" / "9.1.0" / "src" / "service.py").write_text("# damaged\n")
+    out = deploy_ok(ws, venv, "--from-checkout", str(new), "--force")
+    assert current(ws) == "releases/9.1.0"
+    assert (ws / ".os" / "src" / "service.py").read_bytes() == (REPO / "os_src" / "service.py").read_bytes()
+    assert not list((ws / ".os" / "releases").glob("*.partial-*"))
+
+
+# ---------------------------------------------------------------- killed deploys
+
+
+def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_path: Path,
+                                                           service_env: dict[str, str]) -> None:
+    ws = tmp_path / "ws"
+    port = int(service_env["SPRITE_OS_PORT"])
+    deploy_ok(ws, venv, "--from-checkout", str(REPO), "--token-file", str(token_file(tmp_path)))
+    started = sprite_os(ws, "service", "start", env=service_env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    new = make_checkout(tmp_path, "9.3.0", lock_comment="9.3.0 (a new venv)", template_note="9.3.0")
+    clone_cached_venv(venv.cache, new / "bootstrap" / "requirements.lock")
+    cmd = deploy_cmd(ws, "--from-checkout", str(new), "--venv-cache", str(venv.cache), "--venv-cache-links")
+    try:
+        for step in ("stage", "venv", "migrate", "templates"):
+            # At the venv step, copy the cached venv (seconds) rather than link it, to kill it mid-way.
+            killed, out = run_until(cmd[:-1] if step == "venv" else cmd, f"deploy: step={step} ", env=service_env)
+            assert killed, out
+            assert current(ws) == f"releases/{VERSION}", step
+            assert (ws / ".os" / "VERSION").read_text().strip() == VERSION
+            assert (healthz(port) or {}).get("version") == VERSION  # still serving
+            if step != "templates":  # (after this one, the rollback below restarts it)
+                restarted = sprite_os(ws, "service", "restart", env=service_env)  # and still starts
+                assert restarted.returncode == 0, f"after a kill at {step}: {restarted.stdout}{restarted.stderr}"
+                assert (healthz(port) or {}).get("version") == VERSION
+        # A release that does not start is rolled back: the previous version starts and serves again.
+        pid = int((ws / ".os" / "state" / "server.pid").read_text())
+        broken = make_checkout(tmp_path, "9.3.1")
+        (broken / "os_src" / "service.py").write_text(
+            "def service_main(settings, action):\n    print('sprite-os: error: broken on purpose')\n    return 1\n")
+        done = subprocess.run(deploy_cmd(ws, "--from-checkout", str(broken), "--venv-cache", str(venv.cache)),
+                              capture_output=True, text=True, env=service_env, timeout=300)
+        assert done.returncode == 1 and f"rolled back to {VERSION}" in done.stderr, done.stdout + done.stderr
+        assert "sprite-os: error: broken on purpose" in done.stdout
+        assert current(ws) == f"releases/{VERSION}"
+        assert int((ws / ".os" / "state" / "server.pid").read_text()) != pid  # restarted
+        assert (healthz(port) or {}).get("version") == VERSION
+        # The next deploy completes: it cleans up what the killed ones left and restarts the server.
+        done = subprocess.run(cmd, capture_output=True, text=True, env=service_env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "deploy: step=restart version=9.3.0 pid=" in done.stdout
+        assert current(ws) == "releases/9.3.0"
+        assert (healthz(port) or {}).get("version") == "9.3.0"
+        assert sorted(p.name for p in (ws / ".os" / "releases").iterdir()) == sorted([VERSION, "9.3.0"])
+        assert not list((ws / ".os" / "venvs").glob("*.partial-*"))
+    finally:
+        stop_and_check(ws, service_env)
+
+
+def test_killed_after_the_switch_the_new_version_is_complete(venv: VenvCache, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    new = make_checkout(tmp_path, "9.4.0")
+    killed, out = run_until(deploy_cmd(ws, "--from-checkout", str(new), "--venv-cache", str(venv.cache)),
+                            "deploy: step=links ", env=base_env())
+    assert killed, out
+    assert current(ws) == "releases/9.4.0"
+    assert (ws / ".os" / "current" / ".complete").is_file() and (ws / ".os" / "current" / "venv" / ".complete").is_file()
+    assert sprite_os(ws, "version").stdout.strip() == "9.4.0"
+    done = run_deploy(ws, "--from-checkout", str(new))
+    assert done.stdout == "deploy: already at 9.4.0\n", done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------- v1 workspaces
+
+
+def test_deploy_migrates_a_v1_workspace(venv: VenvCache, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    data = make_v1_workspace(ws, observations=1200, learnings=300, actions=40)
+    out = deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    assert f"migrate: verified table=observations rows={data.counts['observations']} " in out
+    assert out.index("migrate: done") < out.index("deploy: step=templates")
+    assert not (ws / "agent.db").exists() and not (ws / "memory").exists()
+    memory = ws / ".os" / "memory"
+    assert (memory / "tools.md").read_text(encoding="utf-8") == V1_FILES["tools.md"]
+    assert (memory / "user.md").read_text(encoding="utf-8") == V1_FILES["user.md"]
+    assert (memory / "os.md").read_bytes() == (TEMPLATES / "os.md").read_bytes()
+    assert (memory / "context.md").read_bytes() == (TEMPLATES / "context.md").read_bytes()
+    backups = list((ws / ".os" / "backup").glob("v1-*"))
+    assert len(backups) == 1 and (backups[0] / "agent.db").is_file()
+    assert (backups[0] / "memory" / "os.md").read_text() == V1_FILES["os.md"]
+
+
+def test_deploy_onto_malformed_v1_fails_and_keeps_everything(venv: VenvCache, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    make_v1_workspace(ws, observations=200, learnings=20, actions=5, wal=False)
+    (ws / "agent.db").write_bytes((ws / "agent.db").read_bytes()[:4096])  # truncated: corrupt
+    before = hashlib.sha256((ws / "agent.db").read_bytes()).hexdigest()
+    done = run_deploy(ws, "--from-checkout", str(REPO), "--venv-cache", str(venv.cache), "--venv-cache-links")
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("deploy: error: migrate-v1 failed (exit 1): "
+                                                                   "migrate: error: "), done.stderr
+    assert not (ws / ".os" / "current").exists()  # nothing was switched
+    assert hashlib.sha256((ws / "agent.db").read_bytes()).hexdigest() == before
+    assert (ws / "memory" / "user.md").read_text(encoding="utf-8") == V1_FILES["user.md"]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_gets_one_clear_line(venv: VenvCache, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+
+    def fails(*args: str) -> str:
+        done = run_deploy(ws, *args)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+        assert done.stderr.startswith("deploy: error: ")
+        return done.stderr
+
+    assert "nothing is deployed" in fails("--rollback")
+    assert "cannot read release" in fails("--release", str(tmp_path / "missing.tar.gz"))
+    (tmp_path / "garbage.tar.gz").write_bytes(b"not a tarball")
+    assert "cannot read release" in fails("--release", str(tmp_path / "garbage.tar.gz"))
+    evil = make_checkout(tmp_path, "evil")
+    (evil / "VERSION").write_text("../../evil\n")  # would name a path outside releases/
+    assert "bad version" in fails("--from-checkout", str(evil))
+    unsafe = tmp_path / "unsafe.tar.gz"
+    with tarfile.open(unsafe, "w:gz") as tf:
+        for name, data in (("VERSION", b"9.9.9\n"), ("../outside.txt", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    assert "unsafe entry" in fails("--release", str(unsafe))
+    assert not (tmp_path / "outside.txt").exists()
+    (tmp_path / "short-token").write_text("short\n")
+    assert "at least 16" in fails("--from-checkout", str(REPO), "--token-file", str(tmp_path / "short-token"))
+    usage = run_deploy(ws, "--from-checkout", str(REPO), "--release", "x.tar.gz")
+    assert usage.returncode == 2
+
+    # One deploy at a time.
+    (ws / ".os" / "state").mkdir(parents=True, exist_ok=True)
+    fd = os.open(ws / ".os" / "state" / "deploy.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert "another deploy is running" in fails("--from-checkout", str(REPO))
+    finally:
+        os.close(fd)
+
+    # Root must not deploy into someone else's workspace (files would end up owned by root).
+    if os.geteuid() == 0:
+        other = tmp_path / "other"
+        other.mkdir()
+        os.chown(other, 1000, 1000)
+        done = run_deploy(other, "--from-checkout", str(REPO))
+        assert done.returncode == 1 and "not as root" in done.stderr
+
+
+def test_deploy_script_is_stdlib_only() -> None:
+    """deploy.py runs under `python3 -I -S` in every test; here: it imports nothing else either."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c",
+                           f"import sys, runpy; sys.argv = ['deploy.py', '--help']; "
+                           f"runpy.run_path({str(DEPLOY)!r}, run_name='__main__')"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "--venv-cache" in done.stdout
+    source = DEPLOY.read_text()
+    stdlib = set(sys.stdlib_module_names)
+    for line in source.splitlines():
+        if line.startswith(("import ", "from ")) and not line.startswith("from __future__"):
+            assert line.split()[1].split(".")[0] in stdlib, line
+
+
+def test_lock_pins_the_runtime_dependencies() -> None:
+    lock = load_script("lock")
+    text = LOCK.read_text()
+    assert lock.check(text, lock.project_dependencies()) == []
+    pins = lock.locked(text)
+    assert "claude-agent-sdk" in pins and "pydantic-core" in pins  # transitive ones too
+    assert not {"pytest", "ruff", "aiohttp", "sprite-os"} & set(pins)  # no dev tools, not the project
+    assert "python3 bootstrap/lock.py" in text.splitlines()[2]
+
+
+# ---------------------------------------------------------------- a real turn through a deployed server
+
+
+@pytest.mark.e2e
+async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path) -> None:
+    from tests.mock_bridge import MockBridge
+
+    ws = tmp_path / "ws"
+    token = token_file(tmp_path)
+    await asyncio.to_thread(deploy_ok, ws, venv, "--from-checkout", str(REPO), "--token-file", str(token))
+    port = free_port()
+    async with MockBridge() as bridge:
+        env = base_env(SPRITE_OS_PORT=str(port), ANTHROPIC_BASE_URL=bridge.url)
+        started = await asyncio.to_thread(sprite_os, ws, "service", "start", env=env)
+        assert started.returncode == 0, started.stdout + started.stderr
+        try:
+            pid = int((ws / ".os" / "state" / "server.pid").read_text())
+            # The server is pinned to its release and venv, so a deploy switching `current` under it
+            # changes nothing it imports later.
+            assert f"/.os/venvs/{lock_hash()}/bin/python" in Path(f"/proc/{pid}/cmdline").read_text()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert f"PYTHONPATH={ws}/.os/releases/{VERSION}/lib".encode() in environ
+            headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+            frames: list[dict[str, Any]] = []
+            async with connect(f"ws://127.0.0.1:{port}", additional_headers=headers) as conn:
+                await conn.send(json.dumps({"type": "hello"}))
+                await conn.send(json.dumps({"type": "user_message", "text": "hi"}))
+                async with asyncio.timeout(90):
+                    while not frames or frames[-1]["type"] != "turn_complete":
+                        frames.append(json.loads(await conn.recv()))
+            assert frames[0]["type"] == "ready" and frames[0]["server_version"] == VERSION
+            seqs = [f["seq"] for f in frames]
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+            assert frames[-1]["status"] == "completed"
+            assert any(f["type"] == "assistant_message" and "hi" in f["text"] for f in frames)
+            assert bridge.agent_requests(), "the real Claude Code CLI must have called the model"
+        finally:
+            await asyncio.to_thread(stop_and_check, ws, env)

@@ -1,0 +1,168 @@
+"""`sprite-os service start|stop|restart|status` (sprite_os.service), run from this checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sprite_os import service as svc
+from sprite_os.config import load_settings
+from tests.deploy_support import base_env, free_port, healthz, processes_in_session
+
+
+def run(ws: Path, action: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sprite_os", "service", action], capture_output=True, text=True,
+                          env=env, timeout=90)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return tmp_path / "ws"
+
+
+@pytest.fixture
+def env(ws: Path) -> dict[str, str]:
+    return base_env(SPRITE_WORKSPACE=str(ws), SPRITE_OS_PORT=str(free_port()),
+                    ANTHROPIC_BASE_URL="http://127.0.0.1:9", SPRITE_MEMORY_MODEL="claude-remembered")
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that is not a Sprite OS server."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_start_status_restart_stop(ws: Path, env: dict[str, str]) -> None:
+    layout = load_settings(env).layout
+    layout.state_dir.mkdir(parents=True)
+    layout.pid_file.write_text(f"{dead_pid()}\n")  # left by a crash
+
+    stale = run(ws, "status", env)
+    assert stale.returncode == 1 and "names pid" in stale.stdout
+
+    started = run(ws, "start", env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "sprite-os: started pid" in started.stdout
+    pid = int(layout.pid_file.read_text())
+    assert svc.alive(pid)
+    assert oct((layout.state_dir / "service.env").stat().st_mode & 0o777) == "0o600"
+
+    status = run(ws, "status", env)
+    assert status.returncode == 0
+    assert status.stdout.startswith(f"sprite-os: running (pid {pid}), status ok")
+    body = json.loads(status.stdout.split("\n", 1)[1])
+    assert body["status"] == "ok" and "uptime_s" in body and "memory" in body
+
+    again = run(ws, "start", env)
+    assert again.returncode == 0 and f"already running (pid {pid})" in again.stdout
+
+    # Restart from an environment without the settings: the remembered ones are used.
+    bare = base_env(SPRITE_WORKSPACE=str(ws))
+    restarted = run(ws, "restart", bare)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    new_pid = int(layout.pid_file.read_text())
+    assert new_pid != pid and not svc.alive(pid) and processes_in_session(pid) == []
+    assert healthz(int(env["SPRITE_OS_PORT"])) is not None
+    log = (layout.logs_dir / "sprite-os.log").read_text().splitlines()
+    last_start = [json.loads(line) for line in log if '"server_started"' in line][-1]
+    assert last_start["settings"]["memory_model"] == "claude-remembered"
+    assert last_start["settings"]["port"] == int(env["SPRITE_OS_PORT"])
+
+    stopped = run(ws, "stop", bare)
+    assert stopped.returncode == 0 and f"stopped (pid {new_pid}" in stopped.stdout
+    assert not layout.pid_file.exists()
+    assert processes_in_session(new_pid) == []
+    assert run(ws, "status", bare).returncode == 3
+    assert run(ws, "stop", bare).stdout == "sprite-os: not running\n"
+
+
+def test_a_pid_file_naming_another_process_is_stale(ws: Path, env: dict[str, str],
+                                                   bystander: subprocess.Popen[bytes]) -> None:
+    layout = load_settings(env).layout
+    layout.state_dir.mkdir(parents=True)
+    layout.pid_file.write_text(f"{bystander.pid}\n")  # the pid was reused by an unrelated process
+    assert run(ws, "status", env).returncode == 1
+    stopped = run(ws, "stop", env)
+    assert stopped.returncode == 0 and "removed a stale pid file" in stopped.stdout
+    assert bystander.poll() is None, "an unrelated process must never be signalled"
+    assert not layout.pid_file.exists()
+    layout.pid_file.write_text("garbage\n")
+    assert "is unreadable" in run(ws, "status", env).stdout
+
+
+def test_stop_kills_what_ignores_sigterm(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that ignores SIGTERM is killed after the timeout, with everything it started."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    code = ("import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "subprocess.Popen(['sleep', '60']); print('up', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, "sprite_os", "serve"], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout and proc.stdout.readline() == b"up\n"
+    settings.layout.pid_file.write_text(f"{proc.pid}\n")
+    monkeypatch.setattr(svc, "STOP_TIMEOUT", 0.5)
+    assert svc.service_main(settings, "stop") == 0
+    assert "killed after it did not stop within 0.5s" in capsys.readouterr().out
+    proc.wait(timeout=5)
+    assert proc.returncode == -signal.SIGKILL
+    assert processes_in_session(proc.pid) == []  # its child too
+    assert not settings.layout.pid_file.exists()
+
+
+def test_start_failure_reports_the_log(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    settings = load_settings(env)
+    fake = ws.parent / "crashing-python"
+    fake.write_text("#!/bin/sh\necho 'Traceback: the server could not bind' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: str(fake)))
+    monkeypatch.setattr(os, "environ", {**os.environ, **env})
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err
+    assert "the server exited with status 3 while starting" in err
+    assert "Traceback: the server could not bind" in err
+    assert not settings.layout.pid_file.exists()
+
+
+def test_start_refuses_a_port_in_use(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        env["SPRITE_OS_PORT"] = str(listener.getsockname()[1])
+        monkeypatch.setattr(os, "environ", {**os.environ, **env})
+        started = time.monotonic()
+        assert svc.service_main(load_settings(env), "start") == 1
+        assert time.monotonic() - started < 5
+    assert "is already in use" in capsys.readouterr().err
+    assert not load_settings(env).layout.pid_file.exists()
+
+
+def test_child_env(ws: Path, env: dict[str, str]) -> None:
+    service = svc.Service(load_settings(env))
+    child = service.child_env({"PATH": "/bin", "SPRITE_LOG_FORMAT": "kv", "PYTHONHOME": "/x"})
+    assert child["SPRITE_WORKSPACE"] == str(ws)
+    assert child["SPRITE_LOG_FORMAT"] == "kv"  # set by the caller: kept
+    assert child["SPRITE_LOG_FILE"] == str(ws / ".os" / "logs" / "sprite-os.log")
+    assert "PYTHONHOME" not in child
+    assert "PYTHONPATH" not in child  # a checkout is not a release: nothing to pin
+    assert svc.Service.probe_host("0.0.0.0") == "127.0.0.1"
