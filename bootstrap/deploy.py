@@ -174,23 +174,6 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
     fsync_dir(path.parent)
 
 
-def create_if_missing(path: Path, data: bytes, mode: int) -> bool:
-    """Create `path` with `data` unless it exists; never overwrites, even if racing a writer."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)  # fails if `path` exists: the existing file wins
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-
-
 def remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -427,30 +410,26 @@ def write_pth(venv: Path, p: Paths) -> None:
         write_atomic(pth, data, 0o644)
 
 
-def run_migrate(p: Paths, release: Path, venv_hash: str) -> None:
-    """Schema upgrade and v1 migration, run by the NEW code before the switch."""
+def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str, echo: tuple[str, ...]) -> None:
+    """Run `sprite-os ARGS` with the NEW release's code and venv, before the switch."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
     env["SPRITE_WORKSPACE"] = str(p.root)
     env["PYTHONPATH"] = str(release / "lib")  # precedes the .pth entry, which still names the old release
     python = p.venvs / venv_hash / "bin" / "python"
-    run([str(python), "-P", "-m", "sprite_os", "migrate-v1"], "migrate-v1",
-        env=env, cwd=p.os, echo=("migrate:",))
+    run([str(python), "-P", "-m", "sprite_os", *args], what, env=env, cwd=p.os, echo=echo)
 
 
-def write_templates(p: Paths, release: Path) -> list[str]:
-    templates = release / "bootstrap" / "templates"
-    p.memory.mkdir(parents=True, exist_ok=True)
-    changed = []
-    for name in TEMPLATES:
-        data = (templates / name).read_bytes()
-        target = p.memory / name
-        if name in DEPLOY_MANAGED:
-            if not target.is_file() or target.read_bytes() != data:
-                write_atomic(target, data, 0o644)
-                changed.append(name)
-        elif create_if_missing(target, data, 0o644):
-            changed.append(name)
-    return changed
+def run_migrate(p: Paths, release: Path, venv_hash: str) -> None:
+    """Schema upgrade and v1 migration."""
+    run_new_code(p, release, venv_hash, "migrate-v1", what="migrate-v1", echo=("migrate:",))
+
+
+def write_templates(p: Paths, release: Path, venv_hash: str, version: str) -> None:
+    """soul.md and os.md from the release (the versions they replace stay in .history, a person's
+    edit included); the curated files only when missing. The new code does it, so history,
+    atomic writes and line limits work exactly as the daemon's."""
+    run_new_code(p, release, venv_hash, "install-templates", str(release / "bootstrap" / "templates"),
+                 "--source", f"deploy-{version}", what="install-templates", echo=("templates:",))
 
 
 def ensure_link(p: Paths, link: Path, target: str) -> None:
@@ -619,8 +598,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         run_migrate(p, release, venv_hash)
 
         step("templates", version)
-        changed = write_templates(p, release)
-        out.say(f"deploy: templates written={','.join(changed) or 'none'}")
+        write_templates(p, release, venv_hash, version)
 
         step("switch", version)
         old_previous = release_name(p.previous)

@@ -29,6 +29,14 @@ class Renderer:
         self.running = False
         self.last_seq: int | None = None  # where to resume after a reconnect
         self.stream: str | None = None
+        self.outstanding: set[str] = set()  # client_ids of our messages whose turns have not completed
+        self._turns: dict[str, str] = {}  # turn_id -> our client_id
+        self.settled = asyncio.Event()  # set while nothing of ours is outstanding
+        self.settled.set()
+
+    def sent(self, client_id: str) -> None:
+        self.outstanding.add(client_id)
+        self.settled.clear()
 
     def receive(self, frame: p.AnyServerFrame) -> None:
         self.last_seq = max(self.last_seq or 0, frame.seq)
@@ -47,8 +55,10 @@ class Renderer:
             case p.Ready(session_id=sid, cards=cards, replayed=n, resync=resync):
                 note = f", {n} missed events follow" if n else (", state refreshed" if resync else "")
                 self._line(f"· connected to session {sid}, {len(cards)} open cards{note}")
-            case p.TurnStarted(text=text):
+            case p.TurnStarted(text=text, turn_id=turn_id, client_id=client_id):
                 self.running = True
+                if client_id in self.outstanding:
+                    self._turns[turn_id] = client_id
                 self._line(f"you › {text}")
             case p.TextDelta(text=text):
                 if not self.streaming:
@@ -67,8 +77,11 @@ class Renderer:
                 self._line(f"  ▣ card {verb}: {card.title} [{card.id}]")
             case p.CardClosed(card_id=cid):
                 self._line(f"  ▣ card closed: {cid}")
-            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost):
+            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, turn_id=turn_id):
                 self.running = False
+                self.outstanding.discard(self._turns.pop(turn_id, ""))
+                if not self.outstanding:
+                    self.settled.set()
                 price = f", ${cost:.4f}" if cost else ""
                 self._line(f"· {status} in {ms / 1000:.1f}s{price}")
             case p.SessionStarted(session_id=sid):
@@ -105,7 +118,7 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
         while True:
             try:
                 async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
-                                   subprotocols=[p.SUBPROTOCOL]) as ws:  # type: ignore[list-item]
+                                   subprotocols=[p.SUBPROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
                     delay = 0.5
                     hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
                     await ws.send(p.encode(hello).decode())
@@ -131,6 +144,7 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
             render.receive(p.decode_server_frame(message))
 
     receiver = asyncio.create_task(receive())
+    sent = 0
     try:
         while True:
             get = asyncio.create_task(lines.get())
@@ -140,7 +154,11 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 receiver.result()
                 raise ConnectionClosed(None, None)
             line = get.result()
-            if line is None or line.strip() == "/quit":
+            if line is None:  # end of input: let the turns we started finish, then leave
+                await asyncio.wait({receiver, asyncio.create_task(render.settled.wait())},
+                                   return_when=asyncio.FIRST_COMPLETED)
+                return True
+            if line.strip() == "/quit":
                 return True
             command = line.strip()
             if not command:
@@ -151,7 +169,9 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
             elif command == "/stop":
                 frame = p.Interrupt()
             else:
-                frame = p.UserMessage(text=line)
+                sent += 1
+                frame = p.UserMessage(text=line, client_id=f"chat-{sent}")
+                render.sent(f"chat-{sent}")
             await ws.send(p.encode(frame).decode())
     finally:
         receiver.cancel()

@@ -29,7 +29,7 @@ from typing import Any
 from . import __version__
 from .config import ConfigError, Settings, load_settings
 
-COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "version")
+COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     service.add_argument("action", choices=("start", "stop", "restart", "status"))
 
     sub.add_parser("migrate-v1", help="move a v1 workspace (agent.db, memory/*.md) into .os/")
+    templates = sub.add_parser("install-templates", help="(deploys) install a release's memory file templates")
+    templates.add_argument("directory", help="the release's bootstrap/templates")
+    templates.add_argument("--source", default="deploy", help="how the versions are labelled in history")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -113,10 +116,32 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             from .migrate import migrate_main
 
             return migrate_main(settings)
+        case "install-templates":
+            return _install_templates(settings, Path(args.directory), args.source)
         case "version":
             print(__version__)
             return 0
     return 2
+
+
+def _install_templates(settings: Settings, directory: Path, source: str) -> int:
+    from .memory.files import SPECS, MemoryFiles
+
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)
+    files = MemoryFiles(settings.layout)
+    written = []
+    for name in SPECS:
+        try:
+            text = (directory / name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"template {directory / name} is missing or unreadable: {exc.strerror}") from None
+        try:
+            if files.install_template(name, text, source):
+                written.append(name)
+        except ValueError as exc:  # over its limit: a release bug, caught before anything is written
+            raise ConfigError(f"template {name}: {exc}") from None
+    print(f"templates: written={','.join(written) or 'none'}")
+    return 0
 
 
 # ---------------------------------------------------------------- memory commands

@@ -324,6 +324,9 @@ class TranscriptDB:
         out["total"] = sum(out.values())
         return out
 
+    def max_id(self) -> int:
+        return int(self.conn.execute("SELECT coalesce(max(id), 0) FROM observations").fetchone()[0])
+
     def oldest_pending_timestamp(self) -> float | None:
         row = self.conn.execute("SELECT min(timestamp) FROM observations WHERE processed = ?", (PENDING,)).fetchone()
         return row[0]
@@ -447,6 +450,7 @@ class MemoryDB:
         learnings: Sequence[NewLearning],
         file_updates: dict[str, str],
         base_hashes: dict[str, str],
+        done_actions: Sequence[int] = (),
     ) -> Batch:
         """Store a batch's learnings and actions and the file rewrites still to apply, in one
         transaction: after a crash, either all of it is here or none of it is."""
@@ -476,6 +480,9 @@ class MemoryDB:
                            VALUES (?, ?, 0, 'pending', ?, ?)""",
                         (now, item.content, cur.lastrowid, content_key(item.content)),
                     )
+            for action_id in done_actions:
+                c.execute("UPDATE pending_actions SET status = 'completed' WHERE id = ? AND status = 'pending'",
+                          (action_id,))
             c.execute("UPDATE batches SET learnings_added = ? WHERE id = ?", (added, batch_id))
         batch = self.batch(int(batch_id or 0))
         assert batch is not None
@@ -581,7 +588,7 @@ class MemoryDB:
         return _rows(
             self.conn.execute(
                 """SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
-                   WHERE status = 'pending' ORDER BY priority DESC, id LIMIT ?""",
+                   WHERE status = 'pending' ORDER BY priority DESC, id DESC LIMIT ?""",
                 (limit,),
             ),
             PendingAction,
@@ -603,27 +610,33 @@ R = TypeVar("R")
 
 class Worker(Generic[T]):
     """Owns one database object on one thread. Coroutines await `call`; hooks, which must
-    never wait, use `submit` and go on."""
+    never wait, use `submit` and go on. The database is opened on first use, in that thread,
+    so constructing a Worker touches nothing (the owner may still have a lock to take)."""
 
     def __init__(self, name: str, opener: Callable[[], T]) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"db-{name}")
-        self._opened: Future[T] = self._executor.submit(opener)
+        self._opener = opener
+        self._obj: T | None = None
         self.name = name
 
+    def _get(self) -> T:  # runs only on the worker's thread
+        if self._obj is None:
+            self._obj = self._opener()
+        return self._obj
+
     async def call(self, fn: Callable[[T], R]) -> R:
-        obj = await asyncio.wrap_future(self._opened)
-        return await asyncio.wrap_future(self._executor.submit(fn, obj))
+        return await asyncio.wrap_future(self._executor.submit(lambda: fn(self._get())))
 
     def submit(self, fn: Callable[[T], R]) -> Future[R]:
-        return self._executor.submit(lambda: fn(self._opened.result()))
+        return self._executor.submit(lambda: fn(self._get()))
 
     async def close(self) -> None:
         """Finish every queued call, then close the connection."""
 
         def _close() -> None:
-            if self._opened.done() and self._opened.exception() is None:
-                obj = self._opened.result()
-                obj.close()  # type: ignore[attr-defined]
+            if self._obj is not None:
+                self._obj.close()  # type: ignore[attr-defined]
+                self._obj = None
 
         await asyncio.wrap_future(self._executor.submit(_close))
         self._executor.shutdown(wait=True)

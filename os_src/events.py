@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterable
 
 from .protocol import ServerFrame, TextDelta, encode, with_seq
 
+DELTA_INTERVAL = 0.02  # at most one text_delta per turn this often: 50 a second is plenty for any UI
 REPLAY_BUFFER = 2000  # broadcast events kept for resume...
 REPLAY_BYTES = 32 * 1024 * 1024  # ...within this many bytes, so a few huge messages can't hoard memory
-SUBSCRIBER_QUEUE = 1000  # frames a client may have unsent before it is cut loose
+SUBSCRIBER_QUEUE = 1000  # frames a client may have unsent before it is cut loose...
+SUBSCRIBER_BYTES = 16 * 1024 * 1024  # ...or bytes: a few huge messages are as heavy as many small ones
 
 # Streamed text is superseded by the assistant_message that follows it, so it is
 # not kept for replay: that would push the events that matter out of the buffer.
@@ -28,9 +30,12 @@ _TRANSIENT = (TextDelta,)
 class Subscriber:
     """One client's outbound queue. Its connection's writer task drains it."""
 
-    def __init__(self, limit: int | None = None, on_overflow: Callable[[], object] | None = None) -> None:
+    def __init__(self, limit: int | None = None, on_overflow: Callable[[], object] | None = None,
+                 max_bytes: int | None = None) -> None:
         self._frames: deque[bytes] = deque()
+        self._bytes = 0
         self._limit = limit or SUBSCRIBER_QUEUE
+        self._max_bytes = max_bytes or SUBSCRIBER_BYTES
         self._on_overflow = on_overflow  # wakes the writer even when it is stuck in a send
         self._ready = asyncio.Event()
         self.overflowed = False
@@ -39,19 +44,23 @@ class Subscriber:
     def offer(self, seq: int, data: bytes) -> None:
         if self.overflowed:
             return
-        if len(self._frames) >= self._limit:
+        # One frame always fits (a single huge message is not falling behind); a backlog does not.
+        if len(self._frames) >= self._limit or (self._frames and self._bytes + len(data) > self._max_bytes):
             self.overflowed = True
             self._frames.clear()
+            self._bytes = 0
             if self._on_overflow is not None:
                 self._on_overflow()
         else:
             self._frames.append(data)
+            self._bytes += len(data)
             self.last_seq = max(self.last_seq, seq)
         self._ready.set()
 
     def push_direct(self, data: bytes) -> None:
         """A frame for this client alone (ready, pong, error); not subject to the limit."""
         self._frames.append(data)
+        self._bytes += len(data)
         self._ready.set()
 
     async def next_batch(self) -> list[bytes]:
@@ -63,6 +72,7 @@ class Subscriber:
             return []
         batch = list(self._frames)
         self._frames.clear()
+        self._bytes = 0
         return batch
 
     def __len__(self) -> int:
@@ -109,3 +119,37 @@ class EventHub:
     @property
     def subscribers(self) -> Iterable[Subscriber]:
         return tuple(self._subscribers)
+
+
+class DeltaCoalescer:
+    """Publishes frames, merging streamed text into at most one text_delta per turn every
+    DELTA_INTERVAL. A fast model streams hundreds of tiny deltas in a burst, and every client
+    costs a send per frame; merged, the burst is a handful of frames and the text is the same.
+    Any other frame first flushes the pending text, so the order of events is kept."""
+
+    def __init__(self, publish: Callable[[ServerFrame], None], interval: float = DELTA_INTERVAL) -> None:
+        self._publish = publish
+        self._interval = interval
+        self._turn: str | None = None
+        self._parts: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, frame: ServerFrame) -> None:
+        if not isinstance(frame, TextDelta):
+            self.flush()
+            self._publish(frame)
+            return
+        if self._turn != frame.turn_id:
+            self.flush()
+            self._turn = frame.turn_id
+        self._parts.append(frame.text)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._parts and self._turn is not None:
+            text, self._parts = "".join(self._parts), []
+            self._publish(TextDelta(turn_id=self._turn, text=text))

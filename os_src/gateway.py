@@ -180,7 +180,7 @@ class _Connection:
             self._error("unsupported_protocol",
                         f"this server speaks protocol {p.PROTOCOL_VERSION}, not {hello.protocol}")
         replay: list[bytes] | None = None
-        if hello.last_seq is not None and hello.stream in (None, hub.stream):
+        if hello.last_seq is not None and hello.stream == hub.stream:  # a seq means nothing without its stream
             replay = hub.replay_since(hello.last_seq)
         base = hello.last_seq if replay is not None and hello.last_seq is not None else hub.seq
         ready = p.Ready(

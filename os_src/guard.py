@@ -1,4 +1,4 @@
-"""The write guard: the agent may read `.os/` but never change it.
+"""The write guard: the agent may read `.os/` but never change it, nor read its secrets.
 
 A PreToolUse hook denies Write, Edit, MultiEdit and NotebookEdit on any path
 that resolves (relative to the agent's cwd, symlinks followed) into `.os/`,
@@ -8,7 +8,10 @@ and Bash commands that would change anything there:
 - a redirection (`>`, `>>`) into `.os/` is denied;
 - a line that mentions `.os` anywhere (inside `python -c`, `$(...)`, a variable)
   is allowed only if every command in it is read-only;
-- recursive rm/chmod/chown/find -delete on a directory that contains `.os/` is denied.
+- recursive rm/chmod/chown/find -delete on a directory that contains `.os/` is denied;
+- a command with a redirection counts as writing, wherever the redirection points;
+- the server's token and the service's saved environment can't be read at all
+  (a prompt injection must not be able to exfiltrate the key to this Sprite).
 
 This is defence in depth, not a sandbox: a determined program can still find a
 way. What makes memory trustworthy is that the daemon is its only writer, every
@@ -17,7 +20,9 @@ version is kept, and a change it did not make is treated as a person's edit.
 
 from __future__ import annotations
 
+import asyncio
 import glob
+import itertools
 import os
 import re
 import shlex
@@ -30,7 +35,8 @@ from .paths import Layout
 log = get_logger(__name__)
 
 WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
-MATCHER = "|".join([*WRITE_TOOLS, "Bash"])
+MATCHER = "|".join([*WRITE_TOOLS, "Bash", "Read"])
+HARMLESS_TARGETS = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr"))
 
 READ_ONLY = frozenset(
     """cat head tail less more ls wc grep egrep fgrep rg stat file du tree diff cmp sha256sum sha1sum md5sum
@@ -43,8 +49,9 @@ FIND_WRITES = frozenset("-delete -exec -execdir -ok -okdir -fprint -fprint0 -fpr
 CONTROL = frozenset(";;& && || | |& & ; ( ) \n".split(" ")) | {"\n"}
 _REDIRECT = re.compile(r"^\d*(>>?|>\||&>>?|<>)$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_OS_MENTION = re.compile(r"(?:^|[\s/'\"=:(`$])\.os(?:$|[\s/'\"):;`|&>])")
+_OS_MENTION = re.compile(r"(?:^|[\s/'\"=:(`${,])\.os(?:$|[\s/'\"):;`|&>},])")
 
+SECRET_DENIAL = "That file holds this Sprite's credentials; the agent can't read it."
 DENIAL = ("Sprite OS keeps .os/ (its code, settings and your memory) for itself: the agent can read it "
           "but not change it. Memory is saved automatically; there is nothing to write.")
 
@@ -53,10 +60,16 @@ class WriteGuard:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self._os_real = Path(os.path.realpath(layout.os_dir))
+        self._secrets = {Path(os.path.realpath(p)) for p in (layout.token_file, layout.service_env)}
 
     def check(self, tool_name: str, tool_input: dict[str, Any], cwd: str | None = None) -> str | None:
         """Why this tool call may not run, or None if it may."""
         base = Path(cwd) if cwd else self.layout.root
+        if tool_name == "Read":
+            target = tool_input.get("file_path")
+            if isinstance(target, str) and self._secret(target, base):
+                return SECRET_DENIAL
+            return None
         if tool_name in WRITE_TOOLS:
             target = tool_input.get(WRITE_TOOLS[tool_name])
             if isinstance(target, str) and self._touches(target, base):
@@ -69,8 +82,9 @@ class WriteGuard:
         return None
 
     async def hook(self, data: Any, _tool_use_id: str | None, _context: Any) -> dict[str, Any]:
-        try:
-            reason = self.check(data.get("tool_name", ""), data.get("tool_input") or {}, data.get("cwd"))
+        try:  # path resolution and globbing touch the disk: off the event loop
+            reason = await asyncio.to_thread(
+                self.check, data.get("tool_name", ""), data.get("tool_input") or {}, data.get("cwd"))
         except Exception as exc:  # a broken guard must not break the agent; deny only on evidence
             log.error("guard_failed", error=repr(exc))
             return {}
@@ -86,12 +100,18 @@ class WriteGuard:
         path = os.path.expandvars(os.path.expanduser(token))
         if any(c in path for c in "*?["):
             pattern = path if os.path.isabs(path) else str(base / path)
-            matches = glob.glob(pattern)[:1000]
+            matches = list(itertools.islice(glob.iglob(pattern), 1000))
             return matches or [path]
         return [path]
 
     def _touches(self, token: str, base: Path) -> bool:
         return any(self.layout.is_system_path(p, base) for p in self._expand(token, base) if p)
+
+    def _secret(self, token: str, base: Path) -> bool:
+        for p in self._expand(token, base):
+            if p and Path(os.path.realpath(p if os.path.isabs(p) else base / p)) in self._secrets:
+                return True
+        return False
 
     def _contains_os(self, token: str, base: Path) -> bool:
         """True if `token` is a directory that holds .os/ (so a recursive change reaches it)."""
@@ -115,19 +135,32 @@ class WriteGuard:
         all_read_only = True
         for words in _simple_commands(tokens):
             program, args, targets = _split(words)
+            paths = [p for a in args for p in _path_candidates(a)]
+            if any(self._secret(p, base) for p in [*paths, *targets]):
+                return SECRET_DENIAL
             for target in targets:
                 if self._touches(target, base):
                     return f"a redirection writes into {target}"
-            read_only = program in READ_ONLY and not (program == "find" and FIND_WRITES & set(args))
-            all_read_only &= read_only or program == ""
-            if not read_only and any(self._touches(a, base) for a in args if not a.startswith("-")):
+            writes = any(t not in HARMLESS_TARGETS and not t.startswith("&") for t in targets)
+            read_only = program in READ_ONLY and not writes and not (program == "find" and FIND_WRITES & set(args))
+            all_read_only &= read_only or (program == "" and not writes)
+            if not read_only and any(self._touches(p, base) for p in paths):
                 return f"{program} would change files under .os/"
             if program in RECURSIVE_DESTRUCTIVE and _recursive(program, args) and any(
-                    self._contains_os(a, base) for a in args if not a.startswith("-")):
+                    self._contains_os(p, base) for p in paths):
                 return f"{program} would recursively change a directory that contains .os/"
         if mentions and not all_read_only:
             return "the command mentions .os and is not read-only"
         return None
+
+
+def _path_candidates(arg: str) -> list[str]:
+    """The paths an argument may name: itself, or the value of `--opt=VALUE` and `-xVALUE`."""
+    if arg.startswith("--"):
+        return [arg.split("=", 1)[1]] if "=" in arg else []
+    if arg.startswith("-"):
+        return [arg[2:]] if len(arg) > 2 else []
+    return [arg]
 
 
 def _simple_commands(tokens: list[str]) -> list[list[str]]:

@@ -50,6 +50,11 @@ class Layout:
         return self.os_dir / "token"
 
     @property
+    def service_env(self) -> Path:
+        """The settings `sprite-os service` saved (they include secrets)."""
+        return self.state_dir / "service.env"
+
+    @property
     def logs_dir(self) -> Path:
         return self.os_dir / "logs"
 

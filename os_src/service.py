@@ -38,7 +38,7 @@ from .fsutil import atomic_write
 from .paths import Layout
 
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
-STOP_TIMEOUT = 40.0
+STOP_TIMEOUT = 60.0  # above the server's worst graceful stop: 30 s turn + 10 s CLI + 10 s memory flush
 LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 
@@ -115,7 +115,7 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.layout: Layout = settings.layout
-        self.env_file = self.layout.state_dir / "service.env"
+        self.env_file = self.layout.service_env
         self.server_out = self.layout.logs_dir / "server.out"
         self.log_file = self.layout.logs_dir / "sprite-os.log"
 

@@ -83,3 +83,16 @@ async def test_cards_survive_a_restart_and_a_damaged_file_is_set_aside(tmp_path:
     third.load()
     assert third.cards() == []
     assert any(p.name.startswith("canvas.json.damaged-") for p in tmp_path.iterdir())
+
+
+async def test_a_failed_save_changes_nothing(store: CanvasStore, published: list[p.ServerFrame],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os.tools import canvas
+
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(canvas, "atomic_write", disk_full)
+    result = await call(store, "create_card", {"title": "Groceries \ud83d"})  # a lone surrogate, too
+    assert result["is_error"] is True
+    assert store.cards() == [] and published == []

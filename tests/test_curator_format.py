@@ -37,6 +37,11 @@ def test_learnings_and_file_blocks() -> None:
     assert reply.recognised and not reply.ignored
 
 
+def test_done_lines_close_actions() -> None:
+    reply = parse_reply("DONE: A12\n- DONE: [A7]\n**DONE**: 3", IDS)
+    assert reply.done_actions == [12, 7, 3] and reply.recognised
+
+
 def test_none_and_garbage_and_empty() -> None:
     assert parse_reply("NONE", IDS).said_none
     assert parse_reply("NONE", IDS).recognised
@@ -97,3 +102,13 @@ def test_prompt_carries_all_six_files_and_numbered_turns() -> None:
     prompt = build_prompt(files, [obs(3), obs(4)])
     for needle in ("SOUL", "RULES", "USER-FILE", "===== context.md", "turns #3 to #4", "[#3]", "[#4]", "(empty)"):
         assert needle in prompt
+
+
+def test_a_truncated_reply_never_applies_its_unfinished_end() -> None:
+    with_block = parse_reply("FACT: a\nUSER_MD_UPDATE:\n# User\n- Name: Ad", IDS, truncated=True)
+    assert with_block.file_updates == {} and with_block.rejected_files == ["user.md"]
+    assert [x.content for x in with_block.learnings] == ["a"]
+    earlier_block = parse_reply("USER_MD_UPDATE:\n# U\nCONTEXT_MD_UPDATE:\n# Now\n- half", IDS, truncated=True)
+    assert list(earlier_block.file_updates) == ["user.md"]  # only the last block was cut
+    no_block = parse_reply("FACT: whole\nFACT: half of a sen", IDS, truncated=True)
+    assert [x.content for x in no_block.learnings] == ["whole"]

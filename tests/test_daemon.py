@@ -113,3 +113,41 @@ async def test_settle_waits_for_requested_work_without_asking_for_more(kit: Kit,
     assert await _pending(kit, 0)
     calls = len(kit.bridge.curator_requests())
     assert await daemon.settle(0.5) is True and len(kit.bridge.curator_requests()) == calls
+
+
+async def test_persistent_editing_stops_costing_calls_after_three(kit: Kit, daemon: MemoryDaemon) -> None:
+    kit.files.write("user.md", "# User\n", source="seed")
+    await kit.turns("call me Ada")
+    edits = iter(range(1000))
+
+    def edit_during_call(request: object) -> str:  # a person (or a sync tool) edits during every call
+        kit.files.path("user.md").write_text(f"# User\n- edit {next(edits)}\n")
+        return "FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n"
+
+    kit.bridge.curator.script(edit_during_call, edit_during_call, edit_during_call)
+    daemon.trigger("test")
+    await wait_until(lambda: _pending(kit, 0), timeout=20)
+    assert len(kit.bridge.curator_requests()) == 3  # two discarded, the third commits without the file
+    assert "- edit 2" in kit.files.read("user.md")  # the person's latest edit stands
+    assert await kit.memory.call(lambda m: m.totals()["learnings"]) == 1
+    batches = await kit.memory.call(lambda m: m.recent_batches(10))
+    assert sum(b.status == "failed" and "edited during the call" in (b.error or "") for b in batches) == 2
+
+
+async def test_flush_waits_for_the_turns_that_exist_not_for_a_backlog(kit: Kit, daemon: MemoryDaemon) -> None:
+    await kit.turns(*[f"turn {n}" for n in range(9)])  # three batches of work
+    kit.bridge.faults.add(Fault("latency", seconds=0.4, target="curator"))
+    assert await daemon.flush("precompact", budget=10) is True
+    assert await _pending(kit, 0)
+
+
+async def test_a_batch_left_half_finished_by_an_error_is_finished_before_new_work(kit: Kit,
+                                                                                   daemon: MemoryDaemon) -> None:
+    obs = await kit.turns("hello")
+    ids = [o.id for o in obs]
+    await kit.memory.call(lambda m: m.commit_batch(
+        trigger="batch", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[], file_updates={}, base_hashes={}))  # committed, then the marks failed
+    daemon.trigger("test")
+    await wait_until(lambda: _pending(kit, 0))
+    assert kit.bridge.curator_requests() == []  # finished, not curated a second time

@@ -202,6 +202,11 @@ def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp
         assert text == (new / "bootstrap" / "templates" / name).read_text() and "Release 9.1.0 note." in text
     for name, text in custom.items():
         assert (memory / name).read_bytes() == text.encode("utf-8")
+    # The person's edit to soul.md was replaced, but kept: it is a version in history.
+    history = sorted((memory / ".history" / "soul.md").glob("*.md"))
+    assert [h.read_text() for h in history][-2:] == ["someone edited the deploy-managed file\n",
+                                                     (memory / "soul.md").read_text()]
+    assert history[-1].name.endswith("_deploy-9-1-0.md")
     transcript, mem = TranscriptDB(memory / "transcript.db"), MemoryDB(memory / "memory.db")
     assert transcript.counts()["total"] == 1
     assert [lr.content for lr in mem.all_learnings()] == ["The user keeps invoices in documents/2026"]

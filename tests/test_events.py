@@ -1,9 +1,10 @@
 """The shared event stream: numbering, replay, and cutting loose a client that falls behind."""
 
+import asyncio
 import json
 
 from sprite_os import protocol as p
-from sprite_os.events import EventHub, Subscriber
+from sprite_os.events import DeltaCoalescer, EventHub, Subscriber
 
 
 def seqs(frames: list[bytes]) -> list[int]:
@@ -47,6 +48,19 @@ def test_subscribers_get_every_frame_and_a_slow_one_overflows_alone() -> None:
     assert slow.overflowed and len(slow) == 0
 
 
+def test_a_subscriber_overflows_on_bytes_too() -> None:
+    woken: list[bool] = []
+    sub = Subscriber(limit=100, max_bytes=10, on_overflow=lambda: woken.append(True))
+    sub.offer(1, b"12345")
+    sub.offer(2, b"12345")
+    assert not sub.overflowed
+    sub.offer(3, b"x")
+    assert sub.overflowed and woken == [True] and len(sub) == 0
+    alone = Subscriber(limit=100, max_bytes=10)
+    alone.offer(1, b"a frame bigger than the whole budget")
+    assert not alone.overflowed and len(alone) == 1
+
+
 async def test_next_batch_waits_then_drains() -> None:
     sub = Subscriber()
     sub.offer(1, b"a")
@@ -67,3 +81,20 @@ def test_the_replay_buffer_is_bounded_in_bytes_too() -> None:
     kept = hub.replay_since(hub._evicted_through) or []
     assert sum(len(f) for f in kept) <= 1000 and len(kept) < 5
     assert hub.replay_since(0) is None  # the oldest were evicted to stay in budget
+
+
+async def test_streamed_text_is_coalesced_and_order_is_kept() -> None:
+    out: list[p.ServerFrame] = []
+    publish = DeltaCoalescer(out.append, interval=0.05)
+    for word in ("a ", "b ", "c "):
+        publish(p.TextDelta(turn_id="t", text=word))
+    assert out == []  # merged, waiting for the interval
+    await asyncio.sleep(0.08)
+    assert out == [p.TextDelta(turn_id="t", text="a b c ")]
+    publish(p.TextDelta(turn_id="t", text="d"))
+    publish(p.AssistantMessage(turn_id="t", text="a b c d"))  # flushes the pending text first
+    publish(p.TextDelta(turn_id="u", text="x"))
+    publish(p.TextDelta(turn_id="v", text="y"))  # another turn: the first one's text goes out first
+    publish.flush()
+    assert out[1:] == [p.TextDelta(turn_id="t", text="d"), p.AssistantMessage(turn_id="t", text="a b c d"),
+                       p.TextDelta(turn_id="u", text="x"), p.TextDelta(turn_id="v", text="y")]

@@ -14,6 +14,7 @@ def ws(tmp_path: Path) -> Path:
     layout = Layout(tmp_path)
     layout.ensure()
     (layout.memory_dir / "user.md").write_text("x")
+    layout.token_file.write_text("0123456789abcdef0123")
     os.symlink(layout.memory_dir, tmp_path / "documents" / "link")
     return tmp_path
 
@@ -35,13 +36,15 @@ def guard(ws: Path) -> WriteGuard:
     ("Write", "documents/notes.md", ".", False),
     ("Write", "artifacts/.osx/report.md", ".", False),  # a name that merely starts with .os
     ("Read", ".os/memory/user.md", ".", False),
+    ("Read", ".os/token", ".", True),
+    ("Read", "{ws}/.os/state/service.env", ".", True),
 ])
 def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str, denied: bool) -> None:
     key = "notebook_path" if tool == "NotebookEdit" else "file_path"
     reason = guard.check(tool, {key: path.format(ws=ws)}, str(ws / cwd))
     assert (reason is not None) == denied
     if denied:
-        assert "Memory is saved automatically" in reason
+        assert "Memory is saved automatically" in reason or "credentials" in reason
 
 
 @pytest.mark.parametrize(("command", "denied"), [
@@ -70,6 +73,19 @@ def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str,
     ("mv documents/a.txt documents/b.txt", False),
     ("find . -name '*.md'", False),
     ("echo ok 2>&1", False),
+    ("echo ok > /dev/null", False),
+    # Bypasses a review found: redirections through variables, brace expansion, attached options.
+    ("D=.os; echo x > $D/memory/user.md", True),
+    ("cat /tmp/x > \"$(echo .os)/memory/user.md\"", True),
+    ("echo x | tee {{.os/memory/user.md,}}", True),  # braces doubled for str.format
+    ("cp -t.os/memory /tmp/user.md", True),
+    ("mv --target-directory=.os/memory /tmp/user.md", True),
+    ("echo notes > documents/notes.md", False),
+    # Credentials: not even readable.
+    ("cat .os/token", True),
+    ("cat .os/tok*", True),
+    ("grep -r x .os/state/service.env", True),
+    ("cat $(echo .os/token)", True),
     ("git status", False),
     ("echo 'unbalanced", False),
 ])

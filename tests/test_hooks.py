@@ -86,3 +86,12 @@ async def test_hooks_fail_open(recorder: Any) -> None:
     assert recorder.timings.errors == 1
     assert await recorder.on_stop({}, None, None) == {}
     assert recorder.timings.samples_ns  # every call is timed for the benchmark
+
+
+async def test_lone_surrogates_from_the_cli_are_recorded_not_dropped(recorder: Any) -> None:
+    broken = json.loads('"cut mid-emoji \\ud83d"')  # what a UTF-16 truncation leaves
+    await recorder.on_user_prompt({"prompt": broken, "prompt_id": "p"}, None, None)
+    await recorder.on_post_tool_use({"tool_name": "Read", "tool_input": {}, "tool_response": broken}, "t", None)
+    await recorder.on_stop({"prompt_id": "p", "last_assistant_message": broken}, None, None)
+    [obs] = await rows(recorder)
+    assert obs.user_message.startswith("cut mid-emoji") and obs.agent_response.startswith("cut mid-emoji")

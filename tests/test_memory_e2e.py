@@ -81,6 +81,10 @@ async def test_passover_next_session_boots_knowing_and_search_finds_it(
     result = next(f for f in c.frames if f["type"] == "tool_result")
     assert not result["is_error"] and "Ada Lovelace" in result["summary"] and "FACT" in result["summary"]
     assert counts(settings)["processed"] == 1
+    db = TranscriptDB(settings.layout.transcript_db)
+    sessions = db.conn.execute("SELECT ended_at IS NOT NULL, message_count, observation_count FROM sessions "
+                               "ORDER BY started_at").fetchall()
+    assert sessions == [(1, 1, 1), (0, 1, 1)]  # the first ended with new_session; the second runs on
 
 
 async def test_a_correction_reaches_the_files_within_one_batch(bridge: MockBridge, settings: Settings) -> None:
@@ -122,6 +126,21 @@ async def test_auto_compaction_flushes_memory_first_and_the_fresh_files_follow(
     after = [r for r in bridge.agent_requests() if r.time > summary.time and not r.is_compaction]
     assert after and "Codename HERON" in json.dumps(after[0].messages)  # SessionStart(compact) re-injected it
     assert counts(settings)["processed"] == 4
+
+
+async def test_manual_compact_flushes_memory_first(server: SpriteOS, bridge: MockBridge,
+                                                   settings: Settings) -> None:
+    bridge.curator.script("FACT: The garden plan is due in May\n")
+    async with client_factory(server.port) as client:
+        c = await client(hello={})
+        for text in ("the garden plan is due in May", "first we pick the plants", "then the soil"):
+            await turn(c, text)
+        await c.send(type="user_message", text="/compact")
+        await c.until("turn_complete", lambda f: f["turn_id"] == c.of("turn_started")[-1]["turn_id"])
+    summary = next(r for r in bridge.agent_requests() if r.is_compaction)
+    [curator] = bridge.curator_requests()
+    assert curator.time < summary.time and "the garden plan is due in May" in curator.last_user_text
+    assert counts(settings)["processed"] == 3
 
 
 # ---------------------------------------------------------------- failures
@@ -194,7 +213,8 @@ async def test_a_persons_edit_during_a_batch_survives(bridge: MockBridge, settin
     second = bridge.curator_requests()[1]
     assert "added by hand" in second.last_user_text  # the batch ran again, on the edited file
     assert "- Title: Countess" in files.read("user.md")
-    assert [v.source for v in files.history("user.md")][-2:] == ["on-disk", "batch-1"]  # the edit is a version
+    sources = [v.source for v in files.history("user.md")][-2:]
+    assert sources[0] == "on-disk" and sources[1].startswith("batch-")  # the edit is a version
 
 
 # ---------------------------------------------------------------- zero write paths

@@ -19,7 +19,7 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.processor import BatchProcessor, CuratorClient, CuratorError, EditConflict
 from sprite_os.paths import Layout
 from tests.conftest import make_settings
-from tests.mock_bridge import Fault, MockBridge
+from tests.mock_bridge import CutOff, Fault, MockBridge
 
 
 @dataclass
@@ -152,3 +152,43 @@ async def test_recover_finishes_a_batch_a_crash_interrupted(kit: Kit) -> None:
     assert kit.files.read("user.md") == "# User\n- Cat: Miso\n"
     assert [o.processed for o in await kit.transcript.call(lambda t: t.get(ids))] == [PROCESSED]
     assert await kit.processor.recover() == 0
+
+
+async def test_a_reply_cut_off_at_the_token_limit_is_asked_again(kit: Kit) -> None:
+    kit.files.write("user.md", "# User\n- Name: Ada\n- City: Lyon\n", source="seed")
+    obs = await kit.turns("I moved to Paris")
+    kit.bridge.curator.script(CutOff("FACT: Moved to Paris\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n- Ci"))
+    kit.bridge.curator.script("FACT: Moved to Paris\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n- City: Paris\n")
+    await kit.processor.process(obs, "batch")
+    assert "cut off at the token limit" in kit.bridge.curator_requests()[1].last_user_text
+    assert kit.files.read("user.md") == "# User\n- Name: Ada\n- City: Paris\n"
+    # Cut off twice: the half-written file is never applied; the old one stays.
+    obs = await kit.turns("and then to Rome")
+    kit.bridge.curator.script(CutOff("USER_MD_UPDATE:\n# User\n- Na"), CutOff("USER_MD_UPDATE:\n# Us"))
+    result = await kit.processor.process(obs, "batch")
+    assert kit.files.read("user.md") == "# User\n- Name: Ada\n- City: Paris\n" and result.files_kept == ["user.md"]
+    batches = await kit.memory.call(lambda m: m.recent_batches(10))
+    assert [b.status for b in batches] == ["done", "done"]  # a failed retry is not a failed batch
+
+
+async def test_an_edit_between_check_and_write_is_never_overwritten(kit: Kit) -> None:
+    from sprite_os.memory.files import FileChanged, sha
+
+    kit.files.write("user.md", "# A\n", source="seed")
+    with pytest.raises(FileChanged):
+        kit.files.write("user.md", "# B\n", source="batch-9", expect=sha("# something else\n"))
+    assert kit.files.read("user.md") == "# A\n"
+    kit.files.write("user.md", "# B\n", source="batch-9", expect=sha("# A\n"))
+    assert kit.files.read("user.md") == "# B\n"
+
+
+async def test_the_curator_sees_open_actions_and_can_close_them(kit: Kit) -> None:
+    obs = await kit.turns("remind me to call the bank")
+    kit.bridge.curator.script("ACTION: Call the bank [#1]\n")
+    await kit.processor.process(obs, "batch")
+    [action] = await kit.memory.call(lambda m: m.pending_actions())
+    obs = await kit.turns("I called the bank, all sorted")
+    kit.bridge.curator.script(f"DONE: A{action.id}\nDONE: A999\n")
+    await kit.processor.process(obs, "batch")
+    assert f"[A{action.id}] Call the bank" in kit.bridge.curator_requests()[1].last_user_text
+    assert await kit.memory.call(lambda m: m.pending_actions()) == []

@@ -45,6 +45,29 @@ async def test_right_token_gets_ready_by_header_or_browser_subprotocol(server: S
         assert json.loads(await ws.recv())["type"] == "ready"
 
 
+async def test_a_newer_protocol_is_told_and_served_version_1(server: SpriteOS, client: Connect) -> None:
+    c = await client()
+    await c.send(type="hello", protocol=2)
+    error = await c.until("error")
+    ready = await c.until("ready")
+    assert error["code"] == "unsupported_protocol" and ready["protocol"] == 1
+
+
+async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from sprite_os.chat import chat
+
+    # Piped input: at its end the client waits for the turns it started, then leaves.
+    monkeypatch.setattr("sys.stdin", io.StringIO("card: Groceries\nhello\n"))
+    out = io.StringIO()
+    assert await asyncio.wait_for(chat(f"ws://127.0.0.1:{server.port}", TOKEN, out), 60) == 0
+    text = out.getvalue()
+    assert "connected to session" in text and "you › card: Groceries" in text
+    assert "card created: Groceries" in text and "agent › You said: hello" in text
+    assert text.count("· completed in") == 2
+
+
 async def test_healthz(server: SpriteOS) -> None:
     def get() -> dict:  # type: ignore[type-arg]
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
@@ -62,7 +85,7 @@ async def test_healthz(server: SpriteOS) -> None:
 
 async def test_a_message_streams_text_then_completes_through_the_real_cli(
         server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
-    bridge.agent.script(Turn(Text("Hello from the model, streamed in pieces.")))
+    bridge.agent.script(Turn(Text("Hello from the model, streamed in pieces.", chunk_delay=0.03)))
     c = await client(hello={})
     await c.send(type="user_message", text="hi there", client_id="m1")
     done = await c.until("turn_complete")
@@ -276,6 +299,7 @@ def stalled_client(port: int) -> socket.socket:
 async def test_a_client_that_never_reads_delays_no_one(monkeypatch: pytest.MonkeyPatch, server: SpriteOS,
                                                        client: Connect, bridge: MockBridge) -> None:
     monkeypatch.setattr(events, "SUBSCRIBER_QUEUE", 50)
+    monkeypatch.setattr(events, "SUBSCRIBER_BYTES", 1024 * 1024)
     stalled = await asyncio.to_thread(stalled_client, server.port)
     fast = await client(hello={}, max_size=None)
     # More than loopback's socket buffers can absorb, so the stalled client really falls behind.
@@ -283,7 +307,7 @@ async def test_a_client_that_never_reads_delays_no_one(monkeypatch: pytest.Monke
     await fast.send(type="user_message", text="a very long answer please")
     done = await fast.until("turn_complete", timeout=60)
     assert done["status"] == "completed"
-    assert len(fast.of("text_delta")) == 2000
+    assert sum(len(f["text"]) for f in fast.of("text_delta")) == 8_000_000  # every character, coalesced
     # The stalled client was cut loose (code 4000 when the close frame got through, else the socket dropped).
     for _ in range(100):
         if len(server.gateway.connections) == 1:

@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ..database import LEARNING_TYPES, NewLearning, Observation
+from ..database import LEARNING_TYPES, NewLearning, Observation, PendingAction
 from .files import CURATED, SPECS
 
 OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
@@ -44,6 +44,7 @@ Reply in exactly this format and nothing else:
   ACTION: <something the agent should follow up on>
   TOOL_INSTALL: <a tool, command or capability that became available>
   You may end a learning with [#N], the number of the turn it comes from.
+  DONE: A<id>  (a pending action, listed in the input, that the turns show is done or no longer wanted)
   If nothing is worth remembering, reply with the single line NONE.
 - Then, for each file that needs to change, a line with only its marker, followed by the COMPLETE new \
 file (not a diff):
@@ -102,16 +103,23 @@ def split_batch(observations: list[Observation], budget: int = BATCH_CHARS) -> l
     return chunks
 
 
-def build_prompt(files: dict[str, str], observations: list[Observation]) -> str:
+def build_prompt(files: dict[str, str], observations: list[Observation],
+                 actions: list[PendingAction] | None = None) -> str:
     parts = ["Current memory files:"]
     for name, spec in SPECS.items():
         role = "deploy-managed, read-only" if spec.owner == "deploy" else f"curated, at most {spec.max_lines} lines"
         parts.append(f"===== {name} ({role}) =====\n{files.get(name, '').strip() or '(empty)'}")
+    if actions:
+        parts.append("Pending actions (close one with DONE: A<id>):\n"
+                     + "\n".join(f"[A{a.id}] {_cut(a.content, 300)}" for a in actions))
     first, last = observations[0].id, observations[-1].id
     parts.append(f"Observations: turns #{first} to #{last}, oldest first.")
     parts.extend(render_observation(obs) for obs in observations)
     parts.append("Extract new learnings and update the files that need it, in the format described.")
     return "\n\n".join(parts)
+
+
+TRUNCATED = "your reply was cut off at the token limit"
 
 
 def shorten_request(problems: list[str]) -> str:
@@ -124,6 +132,7 @@ def shorten_request(problems: list[str]) -> str:
 _MARKER = re.compile(r"^\s*(?:#+\s*)?\**\s*([A-Z]+_MD_UPDATE)\s*\**\s*:?\s*\**\s*$")
 _LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
 _REF = re.compile(r"\s*\[#(\d+)\]\s*$")
+_DONE = re.compile(r"^\s*(?:[-*]\s+)?\**\s*DONE\s*\**\s*:\s*\[?A?(\d+)\]?", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*```")
 
 
@@ -132,17 +141,23 @@ class CuratorReply:
     learnings: list[NewLearning] = field(default_factory=list)
     file_updates: dict[str, str] = field(default_factory=dict)
     said_none: bool = False
+    done_actions: list[int] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # lines that fit no rule
     rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
 
     @property
     def recognised(self) -> bool:
         """False for garbage or an empty reply: nothing in it follows the format."""
-        return self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
+        return (self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
+                or bool(self.done_actions))
 
 
-def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None) -> CuratorReply:
+def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
+                truncated: bool = False) -> CuratorReply:
+    """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
+    block or a learning line) is incomplete and is dropped, never applied."""
     reply = CuratorReply()
+    last_block: str | None = None
     session_of = session_of or {}
     blocks: dict[str, list[list[str]]] = {}
     current: list[str] | None = None
@@ -151,7 +166,8 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
         marker = _MARKER.match(raw)
         if marker and marker[1] in MARKERS:
             current = []
-            blocks.setdefault(MARKERS[marker[1]], []).append(current)
+            last_block = MARKERS[marker[1]]
+            blocks.setdefault(last_block, []).append(current)
             continue
         if current is not None:
             current.append(raw.rstrip())
@@ -161,6 +177,9 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
             continue
         if line.strip("*`").upper() == "NONE":
             reply.said_none = True
+            continue
+        if done := _DONE.match(line):
+            reply.done_actions.append(int(done[1]))
             continue
         m = _LEARNING.match(line)
         if m and m[1].upper() in LEARNING_TYPES and len(reply.learnings) < MAX_LEARNINGS:
@@ -177,6 +196,11 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
                     source_observation_id=source, confidence=CONFIDENCE[kind]))
             continue
         reply.ignored.append(line[:200])
+    if truncated and last_block is not None:
+        reply.rejected_files.append(last_block)
+        del blocks[last_block]
+    elif truncated and reply.learnings:
+        reply.learnings.pop()
     for name, found in blocks.items():
         content = _file_text(found[0]) if len(found) == 1 else None
         if content is None or not content.strip():

@@ -55,8 +55,10 @@ class MemoryDaemon:
         self._idle = asyncio.Event()  # set when no batch is running or requested
         self._idle.set()
         self._reasons: list[str] = []
-        self._waiters: list[asyncio.Future[bool]] = []
+        # (observation id, future): resolved once every turn up to that id is curated, or a run fails.
+        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._turns_since_batch = 0
+        self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -74,27 +76,42 @@ class MemoryDaemon:
         self._wake.set()
 
     async def settle(self, budget: float) -> bool:
-        """Wait, at most `budget` seconds, for requested work to finish, without asking for more.
-        A new session uses it so that it boots with what the last session's end produced."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), budget)
+        """If a batch is running or requested, wait (at most `budget` seconds) until the turns
+        recorded so far are curated, without asking for more. A new session uses it to boot
+        with what the last session's end produced; a long backlog costs it only the budget."""
+        if self._idle.is_set():
             return True
-        except TimeoutError:
-            return False
+        return await self._wait("settle", budget, trigger=False)
 
     async def flush(self, reason: str, budget: float) -> bool:
-        """Ask for a batch and wait, at most `budget` seconds, for one that covers
-        everything recorded so far. True if it finished in time and succeeded."""
+        """Ask for a batch and wait, at most `budget` seconds, until every turn recorded so far is
+        curated. True if that happened in time."""
         if self._task is None or self._task.done():
             return False
+        return await self._wait(reason, budget, trigger=True)
+
+    async def _wait(self, reason: str, budget: float, trigger: bool) -> bool:
+        target = await self.processor.transcript.call(lambda t: t.max_id())
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self.trigger(reason)
+        self._waiters.append((target, waiter))
+        if trigger:
+            self.trigger(reason)
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), budget)
         except TimeoutError:
-            log.warning("memory_flush_timeout", reason=reason, budget=budget)
+            log.warning("memory_wait_timeout", reason=reason, budget=budget)
             return False
+
+    def _resolve(self, through: int | None, ok: bool) -> None:
+        """Resolve the waiters whose turns are all curated (through=None: all of them)."""
+        keep = []
+        for target, waiter in self._waiters:
+            if through is None or target <= through:
+                if not waiter.done():
+                    waiter.set_result(ok)
+            else:
+                keep.append((target, waiter))
+        self._waiters = keep
 
     # ------------------------------------------------------------ lifecycle
 
@@ -115,9 +132,7 @@ class MemoryDaemon:
             await self._task
         self._task = None
         self._idle.set()
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(False)
+        self._resolve(None, False)
 
     # ------------------------------------------------------------ the owner task
 
@@ -131,7 +146,6 @@ class MemoryDaemon:
                     await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.clear()
             reasons, self._reasons = self._reasons or ["retry"], []
-            waiters, self._waiters = self._waiters, []
             self.health.running = True
             try:
                 ok, delay = await self._drain("+".join(sorted(set(reasons))))
@@ -142,28 +156,27 @@ class MemoryDaemon:
                 self.health.running = False
                 if not self._wake.is_set():
                     self._idle.set()
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(ok)
+            self._resolve(None, ok)
 
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         """Run batches until nothing is pending. Returns (success, seconds until retry)."""
         self._turns_since_batch = 0
-        conflicts = 0
+        await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             pending = await self.processor.pending(self.batch_turns)
             if not pending:
                 return True, None
             for chunk in split_batch(pending):
                 try:
-                    await self.processor.process(chunk, trigger, conflicts)
+                    await self.processor.process(chunk, trigger, self._conflicts)
                 except EditConflict:
-                    conflicts += 1
+                    self._conflicts += 1
                     return False, CONFLICT_RETRY
                 except CuratorError as exc:
                     return False, await self._failed(str(exc))
-                conflicts = 0
+                self._conflicts = 0
                 self._succeeded()
+                self._resolve(chunk[-1].id, True)
 
     def _succeeded(self) -> None:
         h = self.health

@@ -65,6 +65,10 @@ def limit_error(name: str, text: str) -> str | None:
     return None
 
 
+class FileChanged(Exception):
+    """The file is not what the writer based its new text on (a person edited it)."""
+
+
 @dataclass(frozen=True)
 class Version:
     number: int
@@ -100,14 +104,18 @@ class MemoryFiles:
     def read_all(self) -> dict[str, str]:
         return {name: self.read(name) for name in BOOT_ORDER}
 
-    def write(self, name: str, text: str, source: str) -> Version:
+    def write(self, name: str, text: str, source: str, expect: str | None = None) -> Version:
         """Atomically replace `name`, keeping the version it replaces and the new one.
 
         Raises ValueError if `text` breaks the file's limits: nothing over a limit is written.
+        With `expect` (a sha256), raises FileChanged unless the file still has that content:
+        the check and the write happen under one lock, so an edit can't slip in between.
         """
         if (error := limit_error(name, text)) is not None:
             raise ValueError(error)
         with self._history_lock():
+            if expect is not None and sha(self.read(name)) != expect:
+                raise FileChanged(name)
             self._snapshot(name, "on-disk")  # a person's edit, or the deploy's original
             version = self._keep(name, text, source)
             atomic_write(self.path(name), text.encode("utf-8"), mode=0o644)
@@ -135,6 +143,17 @@ class MemoryFiles:
             yield
         finally:
             os.close(fd)
+
+    def install_template(self, name: str, text: str, source: str) -> bool:
+        """What a deploy does: rewrite a deploy-managed file (keeping the version it replaces, a
+        person's edit included), or create a curated file that doesn't exist yet. True if written."""
+        if SPECS[name].owner == "deploy":
+            if self.read(name) == text:
+                return False
+        elif self.path(name).exists():
+            return False
+        self.write(name, text, source)
+        return True
 
     def history(self, name: str) -> list[Version]:
         folder = self.history_dir / self.path(name).name

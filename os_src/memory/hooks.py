@@ -28,6 +28,7 @@ from claude_agent_sdk import ResultMessage
 
 from ..database import NewObservation, TranscriptDB, Worker
 from ..logs import get_logger
+from ..protocol import clean_text
 
 log = get_logger(__name__)
 
@@ -49,7 +50,7 @@ def strip_private(text: str) -> str:
 
 def _bounded(value: Any, limit: int) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = strip_private(text)
+    text = strip_private(clean_text(text))
     return text if len(text) <= limit else text[:limit] + f"…[{len(text) - limit} more]"
 
 
@@ -192,8 +193,8 @@ class TurnRecorder:
 
 
 def _log_write_failure(future: Any) -> None:
-    if (exc := future.exception()) is not None:
-        log.error("transcript_write_failed", error=repr(exc))
+    if (exc := future.exception()) is not None:  # not repr(): it can quote the whole turn
+        log.error("transcript_write_failed", error=type(exc).__name__, detail=str(exc)[:200])
 
 
 class CompactionHooks:

@@ -25,13 +25,14 @@ import anthropic
 from ..config import Settings
 from ..database import PROCESSED, Batch, MemoryDB, Observation, TranscriptDB, Worker
 from ..logs import get_logger
-from .curator import SYSTEM, CuratorReply, build_prompt, parse_reply, shorten_request
-from .files import CURATED, MemoryFiles, limit_error, sha
+from .curator import SYSTEM, TRUNCATED, CuratorReply, build_prompt, parse_reply, shorten_request
+from .files import CURATED, FileChanged, MemoryFiles, limit_error, sha
 
 log = get_logger(__name__)
 
 CALL_TIMEOUT = 120.0
 MAX_REPLY_TOKENS = 8192
+PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
 MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
 
 # USD per million tokens (input, output), by model-name prefix.
@@ -56,6 +57,7 @@ class Completion:
     text: str
     input_tokens: int
     output_tokens: int
+    truncated: bool = False  # stopped at MAX_REPLY_TOKENS: the end of the reply is missing
 
 
 class CuratorClient:
@@ -78,7 +80,8 @@ class CuratorClient:
         except anthropic.APIError as exc:
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
         text = "".join(getattr(block, "text", "") for block in response.content)
-        return Completion(text, response.usage.input_tokens, response.usage.output_tokens)
+        return Completion(text, response.usage.input_tokens, response.usage.output_tokens,
+                          truncated=response.stop_reason == "max_tokens")
 
     async def close(self) -> None:
         await self._client.close()
@@ -118,32 +121,41 @@ class BatchProcessor:
     async def process(self, observations: list[Observation], trigger: str, conflicts: int = 0) -> BatchResult:
         ids = [o.id for o in observations]
         before = await asyncio.to_thread(self.files.read_all)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": build_prompt(before, observations)}]
+        actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": build_prompt(before, observations, actions)}]
         tokens = [0, 0]
 
-        async def call() -> CuratorReply:
+        truncated = [False]
+
+        async def call(record_failure: bool = True) -> CuratorReply:
             try:
                 done = await self.curator.complete(messages)
             except CuratorError as exc:
-                await self._record_failure(trigger, ids, str(exc), tokens)
+                if record_failure:
+                    await self._record_failure(trigger, ids, str(exc), tokens)
                 raise
             tokens[0] += done.input_tokens
             tokens[1] += done.output_tokens
+            truncated[0] = done.truncated
             messages.append({"role": "assistant", "content": done.text or "(empty)"})
-            reply = parse_reply(done.text, ids, {o.id: o.session_id for o in observations})
-            if reply.ignored:
-                log.warning("curator_lines_ignored", count=len(reply.ignored), first=reply.ignored[0][:80])
+            reply = parse_reply(done.text, ids, {o.id: o.session_id for o in observations}, done.truncated)
+            if reply.ignored:  # the lines may quote the person: their text only at debug level
+                log.warning("curator_lines_ignored", count=len(reply.ignored))
+                log.debug("curator_lines_ignored_text", lines=reply.ignored[:5])
             return reply
 
         reply = await call()
         if not reply.recognised:
             await self._record_failure(trigger, ids, "reply did not follow the format", tokens)
             raise CuratorError("curator reply did not follow the format")
-        if problems := [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]:
+        problems = [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]
+        if truncated[0]:
+            problems.append(TRUNCATED)
+        if problems:
             log.warning("curator_over_limit", problems=problems)
             messages.append({"role": "user", "content": shorten_request(problems)})
             try:
-                retry = await call()
+                retry = await call(record_failure=False)  # the batch goes on with the first reply
             except CuratorError:
                 retry = None
             if retry is not None and retry.recognised:
@@ -158,6 +170,8 @@ class BatchProcessor:
         if edited:
             if conflicts + 1 < MAX_EDIT_CONFLICTS:
                 log.info("batch_edit_conflict", files=edited, attempt=conflicts + 1)
+                await self._record_failure(trigger, ids, f"discarded: {', '.join(edited)} edited during the call",
+                                           tokens)  # the call was paid for
                 raise EditConflict(", ".join(edited))
             for name in edited:  # persistent editing: the person's version wins
                 del updates[name]
@@ -168,6 +182,7 @@ class BatchProcessor:
             trigger=trigger, observation_ids=ids, model=model, input_tokens=tokens[0], output_tokens=tokens[1],
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
             base_hashes={n: sha(before[n]) for n in updates},
+            done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}],
         ))
         written = await self._finish(batch)
         result = BatchResult(batch.id, len(ids), batch.learnings_added, written, kept, tokens[0], tokens[1],
@@ -192,15 +207,15 @@ class BatchProcessor:
             if name not in batch.file_updates:
                 continue
             target = batch.file_updates[name]
-            current = sha(self.files.read(name))
-            if current == sha(target):
+            if sha(self.files.read(name)) == sha(target):
                 continue  # already written before a crash
-            if current != batch.base_hashes.get(name):
-                log.info("curated_file_kept", file=name, reason="edited by a person after the batch read it")
-                continue
             # Batch ids restart after a rebuild; the label keeps the two histories apart.
             prefix = "rebuild-batch" if batch.trigger == "rebuild" else "batch"
-            self.files.write(name, target, source=f"{prefix}-{batch.id}")
+            try:
+                self.files.write(name, target, source=f"{prefix}-{batch.id}", expect=batch.base_hashes.get(name))
+            except FileChanged:
+                log.info("curated_file_kept", file=name, reason="edited by a person after the batch read it")
+                continue
             written.append(name)
         return written
 

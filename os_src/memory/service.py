@@ -7,6 +7,7 @@ holds the writer lock so that only one process curates a workspace's memory.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from claude_agent_sdk import HookMatcher, ResultMessage
@@ -27,7 +28,8 @@ from .search import search_terms
 log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
-BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
+BOOT_SETTLE_BUDGET = 15.0
+HEALTH_CACHE_SECONDS = 1.0  # a new session waits this long, at most, for the last session's batch
 
 
 class MemoryService:
@@ -45,6 +47,7 @@ class MemoryService:
         self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.recorder.timings)
         self._lock = WriterLock(layout.memory_lock)
+        self._counted: tuple[float, dict[str, int]] = (-1e9, {})
 
     async def start(self) -> None:
         self.settings.layout.ensure()
@@ -100,5 +103,8 @@ class MemoryService:
         return await self.memory.call(lambda m: m.search(terms, limit))
 
     async def health(self) -> dict[str, Any]:
-        counts = await self.transcript.call(lambda t: t.counts())
-        return {**self.daemon.status(), "observations": counts, "hook_errors": self.recorder.timings.errors}
+        # /healthz is unauthenticated: count at most once a second, whatever the request rate.
+        now = time.monotonic()
+        if now - self._counted[0] > HEALTH_CACHE_SECONDS:
+            self._counted = (now, await self.transcript.call(lambda t: t.counts()))
+        return {**self.daemon.status(), "observations": self._counted[1], "hook_errors": self.recorder.timings.errors}

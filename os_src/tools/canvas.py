@@ -20,7 +20,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..fsutil import atomic_write
 from ..logs import get_logger
-from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame
+from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame, clean_json
 
 log = get_logger(__name__)
 
@@ -98,8 +98,7 @@ class CanvasStore:
                 raise CanvasError(f"a card with id {card_id!r} is already open; update it or choose another id")
             now = time.time()
             card = Card(id=card_id, title=req.title, body=req.body, kind=req.kind, created_at=now, updated_at=now)
-            self._cards[card_id] = card
-            await self._save()
+            await self._commit({**self._cards, card_id: card})
         self._publish(CardCreated(card=card))
         return card
 
@@ -108,16 +107,14 @@ class CanvasStore:
             old = self._get(req.id)
             changes = {k: v for k in ("title", "body", "kind") if (v := getattr(req, k)) is not None}
             card = msgspec.structs.replace(old, **changes, updated_at=time.time())
-            self._cards[card.id] = card
-            await self._save()
+            await self._commit({**self._cards, card.id: card})
         self._publish(CardUpdated(card=card))
         return card
 
     async def close(self, req: CloseCard) -> Card:
         async with self._lock:
             card = self._get(req.id)
-            del self._cards[card.id]
-            await self._save()
+            await self._commit({k: v for k, v in self._cards.items() if k != card.id})
         self._publish(CardClosed(card_id=card.id))
         return card
 
@@ -137,9 +134,11 @@ class CanvasStore:
             candidate, n = f"{base}-{n}", n + 1
         return candidate
 
-    async def _save(self) -> None:
-        data = msgspec.json.encode(list(self._cards.values()))
+    async def _commit(self, cards: dict[str, Card]) -> None:
+        """Save first, then adopt: if the save fails, the canvas is unchanged on disk and in memory."""
+        data = msgspec.json.encode(list(cards.values()))
         await asyncio.to_thread(atomic_write, self._path, data)
+        self._cards = cards
 
 
 # ---------------------------------------------------------------- the tools
@@ -162,13 +161,16 @@ def _error(message: str) -> dict[str, Any]:
 def _handler(cls: type[msgspec.Struct], action: Callable[[Any], Any]) -> Callable[[dict[str, Any]], Any]:
     async def run(args: dict[str, Any]) -> dict[str, Any]:
         try:
-            req = msgspec.convert(args, cls)
+            req = msgspec.convert(clean_json(args), cls)
         except msgspec.ValidationError as exc:
             return _error(f"invalid input: {exc}")
         try:
             return _ok(await action(req))
         except CanvasError as exc:
             return _error(str(exc))
+        except OSError as exc:
+            log.error("canvas_save_failed", error=exc.strerror or repr(exc))
+            return _error(f"the canvas could not be saved ({exc.strerror}); nothing changed")
 
     return run
 

@@ -6,7 +6,7 @@ async with MockBridge() as bridge:
     bridge.faults.add(Fault("status", status=529, target="curator", times=1))
 """
 
-from .script import Fault, FaultSet, Step, Text, ToolCall, Turn
+from .script import CutOff, Fault, FaultSet, Step, Text, ToolCall, Turn
 from .server import MockBridge, RecordedRequest
 
-__all__ = ["Fault", "FaultSet", "MockBridge", "RecordedRequest", "Step", "Text", "ToolCall", "Turn"]
+__all__ = ["CutOff", "Fault", "FaultSet", "MockBridge", "RecordedRequest", "Step", "Text", "ToolCall", "Turn"]

@@ -180,9 +180,12 @@ class Reply:
     blocks: list[Text | ToolUse]
     input_tokens: int = 10
     output_tokens: int = 5
+    stop: str | None = None  # overrides the stop_reason derived from the blocks
 
     @property
     def stop_reason(self) -> str:
+        if self.stop is not None:
+            return self.stop
         return "tool_use" if any(isinstance(b, ToolUse) for b in self.blocks) else "end_turn"
 
     @property
@@ -366,14 +369,24 @@ class AgentScript:
 # --- the curator model -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CutOff:
+    """A curator reply that stopped at the token limit (stop_reason "max_tokens")."""
+
+    text: str
+
+
+CuratorReply = str | CutOff | Callable[["RecordedRequest"], str]
+
+
 class CuratorScript:
-    """FIFO of reply texts (or callables of the request) for non-CLI requests."""
+    """FIFO of reply texts (or CutOff replies, or callables of the request) for non-CLI requests."""
 
     def __init__(self, default: str = "NONE") -> None:
         self.default = default
-        self._queue: deque[str | Callable[[RecordedRequest], str]] = deque()
+        self._queue: deque[CuratorReply] = deque()
 
-    def script(self, *replies: str | Callable[[RecordedRequest], str]) -> None:
+    def script(self, *replies: CuratorReply) -> None:
         self._queue.extend(replies)
 
     def pending(self) -> int:
@@ -382,7 +395,7 @@ class CuratorScript:
     def clear(self) -> None:
         self._queue.clear()
 
-    def peek(self) -> str | Callable[[RecordedRequest], str] | None:
+    def peek(self) -> CuratorReply | None:
         return self._queue[0] if self._queue else None
 
     def pop(self) -> None:

@@ -17,6 +17,7 @@ from . import demo
 from .script import (
     AgentScript,
     CuratorScript,
+    CutOff,
     Fault,
     FaultSet,
     Ids,
@@ -276,6 +277,8 @@ class MockBridge:
             rec.is_tool_result, rec.is_compaction = plan.is_tool_result, plan.is_compaction
             return plan
         nxt = self.curator.peek()
+        if isinstance(nxt, CutOff):
+            return Plan(Reply([Text(nxt.text)], stop="max_tokens"), on_commit=self.curator.pop)
         if callable(nxt):
             try:
                 text = nxt(rec)
