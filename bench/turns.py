@@ -93,25 +93,33 @@ async def overhead(turns: int) -> dict[str, Any]:
             "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
 
 
-async def hooks(turns: int) -> dict[str, Any]:
-    async with MockBridge() as bridge, AsyncExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        on = await stack.enter_async_context(
-            running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
-        off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
-        c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
-        samples = await _interleave({"memory_on": lambda n: _server_turn(bridge, c_on, n),
-                                     "memory_off": lambda n: _server_turn(bridge, c_off, n)}, turns)
-        assert on.memory is not None
-        inside_us = [ns / 1000 for ns in on.memory.recorder.timings.samples_ns]
-        recorded = (await on.memory.health())["observations"]["total"]
-    a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
-    per_turn = len(inside_us) / max(1, recorded)
-    return {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
-            "inside_hooks_us": {"p50": round(percentile(inside_us, 50), 1), "p99": round(percentile(inside_us, 99), 1),
-                                "max": round(max(inside_us), 1), "calls": len(inside_us),
-                                "calls_per_turn": round(per_turn, 2)},
-            "turns_recorded": recorded}
+async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
+    """Memory on against off, first with a zero-latency model (the CLI's fixed cost per hook is
+    all there is to see), then with `model_latency` seconds per model request (closer to life)."""
+    out: dict[str, Any] = {}
+    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
+        async with MockBridge() as bridge, AsyncExitStack() as stack:
+            if latency:
+                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            on = await stack.enter_async_context(
+                running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
+            off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
+            c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
+            samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
+                                         "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
+            assert on.memory is not None
+            inside_us = [ns / 1000 for ns in on.memory.recorder.timings.samples_ns]
+            recorded = (await on.memory.health())["observations"]["total"]
+        a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
+        out[label] = {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+                      "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}
+        if not latency:
+            out["inside_hooks_us"] = {"p50": round(percentile(inside_us, 50), 1),
+                                      "p99": round(percentile(inside_us, 99), 1), "max": round(max(inside_us), 1),
+                                      "calls": len(inside_us), "calls_per_turn": round(len(inside_us) / max(1, recorded), 2)}
+            out["turns_recorded"] = recorded
+    return out
 
 
 async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
