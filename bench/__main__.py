@@ -136,7 +136,10 @@ def main() -> int:
         results[name]["wall_s"] = round(time.perf_counter() - started, 1)
         print(json.dumps(results[name], indent=2), file=sys.stderr, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
+    latest = RESULTS / "latest.json"
+    if args.only and latest.exists():  # a partial run updates its rows and keeps the others
+        results = {**json.loads(latest.read_text()), **results}
+    latest.write_text(json.dumps(results, indent=2))
     print(_table(results))
     if args.update_docs:
         _update_docs(results)

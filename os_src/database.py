@@ -35,6 +35,7 @@ BUSY_TIMEOUT_MS = 5000
 PENDING, PROCESSED, STALE = 0, 1, 2
 
 SEARCH_CANDIDATES = 300  # matches read per query term (see MemoryDB.search)
+BM25_MATCHES = 600  # up to this many matches in all, FTS5's bm25() ranks them
 
 LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL"]
 LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL")
@@ -532,38 +533,51 @@ class MemoryDB:
     # -- reading
 
     def search(self, terms: Sequence[str], limit: int) -> list[SearchHit]:
-        """Learnings ranked by the summed IDF of the query terms they contain, newest first on ties.
+        """Learnings matching any of `terms`, best first.
 
-        Not FTS5's bm25(): to compute IDF it scans each term's whole doclist, then it
-        scores every match (~6 us each), so one common term among a million learnings
-        costs seconds (measured: 2.8 s for a term in 79% of rows). Here each term reads
-        at most SEARCH_CANDIDATES matches, newest first: a rare term's matches are all
-        read; a common term adds only its recent matches, with the little weight its
-        IDF deserves. The cost is bounded by terms x SEARCH_CANDIDATES. Terms must be
-        plain words (memory.search makes them so); each is quoted as an FTS5 string.
+        When the terms match few learnings (the usual case), FTS5 ranks them by BM25. FTS5's
+        bm25() costs time per match, though: it scans each term's doclist for IDF and scores
+        every match (~6 us each), so one common term among a million learnings costs seconds
+        (measured: 2.8 s for a term in 79% of rows). So each term first reads at most
+        SEARCH_CANDIDATES matches, newest first; when any term has more, or all together more
+        than BM25_MATCHES, learnings are ranked instead by the summed IDF of the terms they
+        contain (newest first on ties): a rare term's matches are all read, a common term adds
+        only its recent matches, with the little weight it deserves. Either way the cost is
+        bounded. Terms must be plain words (memory.search makes them so); each is quoted.
         """
-        top = self.conn.execute("SELECT max(rowid) FROM learnings").fetchone()[0] or 0
-        scores: dict[int, float] = {}
         cap = SEARCH_CANDIDATES
+        matches: dict[str, list[int]] = {}
         for term in terms:
             rows = [r for (r,) in self.conn.execute(
                 "SELECT rowid FROM learnings_fts WHERE learnings_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
                 (f'"{term}"', cap + 1))]
-            if not rows:
-                continue
-            # A common term's document count, estimated from how densely it matches recent rows.
-            df = len(rows) if len(rows) <= cap else cap * top / max(1, top - rows[cap - 1] + 1)
-            idf = math.log(1 + (top - df + 0.5) / (df + 0.5))
-            for rowid in rows[:cap]:
-                scores[rowid] = scores.get(rowid, 0.0) + idf
-        best = heapq.nlargest(limit, scores.items(), key=lambda kv: (kv[1], kv[0]))
-        if not best:
+            if rows:
+                matches[term] = rows
+        if not matches:
             return []
+        if all(len(r) <= cap for r in matches.values()) and sum(map(len, matches.values())) <= BM25_MATCHES:
+            best = [(rowid, -rank) for rowid, rank in self.conn.execute(
+                "SELECT rowid, rank FROM learnings_fts WHERE learnings_fts MATCH ? ORDER BY rank LIMIT ?",
+                (" OR ".join(f'"{t}"' for t in matches), limit))]
+        else:
+            best = self._rank_by_idf(matches, limit)
         marks = ",".join("?" * len(best))
         found = {row[0]: row for row in self.conn.execute(
             f"SELECT id, type, content, created_at, confidence FROM learnings WHERE id IN ({marks})",
             [rowid for rowid, _ in best])}
         return [SearchHit(*found[rowid], score=round(score, 4)) for rowid, score in best if rowid in found]
+
+    def _rank_by_idf(self, matches: dict[str, list[int]], limit: int) -> list[tuple[int, float]]:
+        cap = SEARCH_CANDIDATES
+        top = self.conn.execute("SELECT max(rowid) FROM learnings").fetchone()[0] or 0
+        scores: dict[int, float] = {}
+        for rows in matches.values():
+            # A common term's document count, estimated from how densely it matches recent rows.
+            df = len(rows) if len(rows) <= cap else cap * top / max(1, top - rows[cap - 1] + 1)
+            idf = math.log(1 + (top - df + 0.5) / (df + 0.5))
+            for rowid in rows[:cap]:
+                scores[rowid] = scores.get(rowid, 0.0) + idf
+        return heapq.nlargest(limit, scores.items(), key=lambda kv: (kv[1], kv[0]))
 
     def learnings_since(self, since: float, limit: int = 50) -> list[Learning]:
         return _rows(

@@ -1,4 +1,4 @@
-"""search_memory: any string is safe; rare shared words rank first; the cost per query is bounded."""
+"""search_memory: any string is safe; BM25 when matches are few; rare words first at scale; bounded cost."""
 
 from pathlib import Path
 
@@ -59,3 +59,13 @@ def test_rare_terms_outrank_common_ones_and_cost_is_bounded(tmp_path: Path, monk
     # "flowerpot" is rare, so the old learning that has it wins over 50 recent "user" notes.
     assert hits[0].content == "user keeps the spare key under the blue flowerpot"
     assert all("LIMIT 6" in q for q in queries if "MATCH" in q)  # each term reads at most cap + 1 rows
+    assert not any("rank" in q for q in queries)  # a common term: ranked without FTS5's bm25()
+
+
+def test_few_matches_are_ranked_by_fts5_bm25(db: MemoryDB) -> None:
+    queries: list[str] = []
+    db.conn.set_trace_callback(queries.append)
+    hits = db.search(search_terms("green tea"), 10)
+    db.conn.set_trace_callback(None)
+    assert any("ORDER BY rank" in q for q in queries)
+    assert hits[0].content == "Prefers green tea in the morning" and hits[0].score > hits[1].score

@@ -2,10 +2,10 @@
 
 The user's words never reach FTS5 syntax: only runs of word characters survive,
 and each is quoted as an FTS5 string, so operators, quotes, parentheses and
-column filters in the input are inert. Learnings are ranked by how many of the
-terms they contain, weighted by rarity (see database.MemoryDB.search), so a
-natural question ("what date format does she like?") finds learnings that
-share its meaningful words.
+column filters in the input are inert. Learnings are ranked by BM25, or by the
+rarity of the terms they contain when memory is large (see
+database.MemoryDB.search), so a natural question ("what date format does she
+like?") finds learnings that share its meaningful words.
 """
 
 from __future__ import annotations
