@@ -133,7 +133,6 @@ class AgentRuntime:
         self._interrupted = False
         self.session_id = new_session_id()
         self.state: p.AgentState = "idle"
-        self.last_activity = time.monotonic()
 
     # ------------------------------------------------------------ called by the gateway
 
@@ -152,10 +151,12 @@ class AgentRuntime:
     async def interrupt(self) -> bool:
         """Stop the running turn. False when nothing is running."""
         client, turn = self._client, self._turn
-        if client is None or turn is None or self.state != "running":
+        if turn is None or self.state not in ("starting", "running"):
             return False
         self._interrupted = True
         self.state = "stopping"
+        if client is None:  # still starting: the turn ends as soon as the CLI is up, unsent
+            return True
         try:
             await asyncio.wait_for(client.interrupt(), INTERRUPT_TIMEOUT)
         except Exception as exc:  # the CLI may already be gone; the turn ends either way
@@ -220,7 +221,6 @@ class AgentRuntime:
 
     async def _run_turn(self, turn: _Turn) -> None:
         self._turn, self._interrupted = turn, False
-        self.last_activity = time.monotonic()
         started = time.monotonic()
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
@@ -229,8 +229,12 @@ class AgentRuntime:
             if self._client is None:
                 self.state = "starting"
                 await self._connect()
-            self.state = "running"
             assert self._client is not None
+            if self._interrupted:  # interrupted while the CLI was starting: never sent
+                self._publish(p.TurnComplete(turn_id=turn.turn_id, status="interrupted",
+                                             duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
+                return
+            self.state = "running"
             await self._client.query(turn.text)
             async for message in self._client.receive_response():
                 if isinstance(message, ResultMessage):
@@ -248,7 +252,6 @@ class AgentRuntime:
         finally:
             self._turn = None
             self.state = "idle"
-            self.last_activity = time.monotonic()
 
     async def _turn_failed(self, turn: _Turn, started: float, exc: Exception) -> None:
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))

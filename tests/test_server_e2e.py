@@ -166,6 +166,19 @@ async def test_interrupt_stops_the_turn_mid_stream(server: SpriteOS, client: Con
     assert (await c.until("turn_complete", lambda f: f["turn_id"] != done["turn_id"]))["status"] == "completed"
 
 
+async def test_interrupt_while_the_cli_is_starting_ends_the_turn_unsent(
+        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    c = await client(hello={})
+    await c.send(type="user_message", text="never mind")
+    await c.until("turn_started")  # published before the CLI connects (~0.5 s)
+    await c.send(type="interrupt")
+    done = await c.until("turn_complete")
+    assert done["status"] == "interrupted" and not c.of("error")
+    assert bridge.agent_requests() == []  # the message never reached the model
+    await c.send(type="user_message", text="hello")
+    assert (await c.until("turn_complete", lambda f: f["turn_id"] != done["turn_id"]))["status"] == "completed"
+
+
 async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
     c = await client(hello={})
     first_session = c.frames[0]["session_id"]
