@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .protocol import ServerFrame, TextDelta, encode, with_seq
 
@@ -115,10 +115,6 @@ class EventHub:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self._subscribers.discard(sub)
-
-    @property
-    def subscribers(self) -> Iterable[Subscriber]:
-        return tuple(self._subscribers)
 
 
 class DeltaCoalescer:

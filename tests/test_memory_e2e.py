@@ -288,3 +288,21 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
     finally:
         del os.environ["SPRITE_WORKSPACE"], os.environ["ANTHROPIC_BASE_URL"]
     assert len(list(settings.layout.memory_dir.glob("memory.db.before-rebuild-*"))) == 1
+
+
+async def test_rebuild_streams_the_transcript_in_batches(bridge: MockBridge, settings: Settings,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os.database import NewObservation
+    from sprite_os.memory.rebuild import rebuild
+
+    db = TranscriptDB(settings.layout.transcript_db)
+    for n in range(1, 8):
+        db.append(NewObservation(float(n), "s1", n, f"turn {n}", "[]", "ok"))
+    db.close()
+    asked: list[int] = []
+    original = TranscriptDB.pending
+    monkeypatch.setattr(TranscriptDB, "pending", lambda self, limit=10_000: asked.append(limit) or original(self, limit))
+    report = await rebuild(settings.with_overrides(memory_batch_turns=3))
+    assert (report.observations, report.batches) == (7, 3)  # 3 + 3 + 1 turns
+    assert asked and max(asked) == 3  # never the whole transcript at once
+    assert counts(settings)["processed"] == 7

@@ -14,11 +14,12 @@ import contextlib
 import json
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError, Settings
-from ..database import MemoryDB, Observation, TranscriptDB, Worker
+from ..database import PENDING, MemoryDB, Observation, TranscriptDB, Worker
 from ..fsutil import LockHeld, WriterLock
 from ..logs import get_logger
 from .curator import split_batch
@@ -65,16 +66,17 @@ def _set_aside(path: Path) -> Path | None:
     return backup
 
 
-def _groups(pending: list[Observation], previous: list[list[int]], batch_turns: int) -> list[list[Observation]]:
-    by_id = {o.id: o for o in pending}
-    groups: list[list[Observation]] = []
+async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
+                  batch_turns: int) -> AsyncIterator[list[Observation]]:
+    """The turns to curate, a batch at a time and never all in memory: first each earlier
+    batch's turns (so the same replies rebuild the same learnings), then the rest in order."""
     for ids in previous:
-        group = [by_id.pop(i) for i in ids if i in by_id]
-        if group:
-            groups.append(group)
-    rest = sorted(by_id.values(), key=lambda o: o.id)
-    groups.extend(rest[i:i + batch_turns] for i in range(0, len(rest), batch_turns))
-    return [chunk for group in groups for chunk in split_batch(group)]
+        group = [o for o in await transcript.call(lambda t, ids=ids: t.get(ids)) if o.processed == PENDING]
+        for chunk in split_batch(group):
+            yield chunk
+    while rest := await transcript.call(lambda t: t.pending(batch_turns)):
+        for chunk in split_batch(rest):
+            yield chunk
 
 
 async def rebuild(settings: Settings) -> RebuildReport:
@@ -96,15 +98,14 @@ async def rebuild(settings: Settings) -> RebuildReport:
         processor = BatchProcessor(transcript, memory, files, curator)
         try:
             await transcript.call(lambda t: t.reset_all_pending())
-            pending = await transcript.call(lambda t: t.pending(limit=10_000_000))
-            groups = _groups(pending, previous, settings.memory_batch_turns)
-            cost = 0.0
-            for n, group in enumerate(groups, 1):
-                result = await _with_retries(processor, group)
-                cost += result
-                log.info("rebuild_progress", batch=n, of=len(groups))
+            total = await transcript.call(lambda t: t.counts()["total"])
+            cost, batches, turns = 0.0, 0, 0
+            async for group in _groups(transcript, previous, settings.memory_batch_turns):
+                cost += await _with_retries(processor, group)
+                batches, turns = batches + 1, turns + len(group)
+                log.info("rebuild_progress", batch=batches, turns=turns, of=total)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
-            return RebuildReport(len(pending), len(groups), learnings, backup, cost)
+            return RebuildReport(turns, batches, learnings, backup, cost)
         finally:
             await curator.close()
             await asyncio.gather(transcript.close(), memory.close())

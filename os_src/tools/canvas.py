@@ -192,6 +192,3 @@ def canvas_tools(store: CanvasStore) -> list[SdkMcpTool[Any]]:
 def canvas_server(store: CanvasStore) -> McpSdkServerConfig:
     return create_sdk_mcp_server(SERVER_NAME, tools=canvas_tools(store))
 
-
-def tool_names() -> list[str]:
-    return [f"mcp__{SERVER_NAME}__{n}" for n in ("create_card", "update_card", "close_card", "list_cards")]
