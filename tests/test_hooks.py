@@ -8,7 +8,7 @@ import pytest
 from claude_agent_sdk import ResultMessage
 
 from sprite_os.database import TranscriptDB, Worker
-from sprite_os.memory.hooks import TurnRecorder, strip_private
+from sprite_os.memory.hooks import PRIVATE_MARGIN, TurnRecorder, _bounded, strip_private
 
 
 def result(subtype: str = "success", text: str = "final answer") -> ResultMessage:
@@ -95,3 +95,36 @@ async def test_lone_surrogates_from_the_cli_are_recorded_not_dropped(recorder: A
     await recorder.on_stop({"prompt_id": "p", "last_assistant_message": broken}, None, None)
     [obs] = await rows(recorder)
     assert obs.user_message.startswith("cut mid-emoji") and obs.agent_response.startswith("cut mid-emoji")
+
+
+async def test_a_turn_stop_recorded_is_not_recorded_again_when_the_stream_then_fails(recorder: Any) -> None:
+    await recorder.on_user_prompt({"prompt": "make a card", "prompt_id": "p1"}, None, None)
+    await recorder.on_stop({"prompt_id": "p1", "last_assistant_message": "Done."}, None, None)
+    recorder.turn_finished("make a card", None, "CLIConnectionError()")
+    assert [(o.sequence_num, o.agent_response) for o in await rows(recorder)] == [(1, "Done.")]
+    # The next turn fails before any hook fired: its prompt is still recorded, once.
+    recorder.turn_finished("are you there?", None, "CLIConnectionError()")
+    assert [o.user_message for o in await rows(recorder)] == ["make a card", "are you there?"]
+
+
+async def test_a_turn_closed_by_the_runtime_does_not_hide_the_next_failed_turn(recorder: Any) -> None:
+    await recorder.on_user_prompt({"prompt": "long essay", "prompt_id": "p1"}, None, None)
+    recorder.turn_finished("long essay", result("error_during_execution", text=""), None)  # no Stop: interrupted
+    recorder.turn_finished("hello?", None, "CLIConnectionError()")  # fails before any hook fires
+    assert [o.user_message for o in await rows(recorder)] == ["long essay", "hello?"]
+
+
+@pytest.mark.parametrize("offset", [0, 990, 997, 1000, 1005, 1000 + PRIVATE_MARGIN - 5, 1000 + PRIVATE_MARGIN + 5])
+def test_a_huge_value_is_cut_before_private_text_is_stripped_and_nothing_private_leaks(offset: int) -> None:
+    secret = "<private>" + "SECRET " * 2_000_000 + "</private> public tail"  # about 14 MB
+    for value in ("x" * offset + secret, {"stdout": "x" * offset + secret, "stderr": ""},
+                  [{"type": "text", "text": "x" * offset + secret}]):
+        out = _bounded(value, 1000)
+        assert "SE" not in out and len(out) <= 1020
+        assert out.endswith("more]")
+
+
+def test_a_huge_structure_is_cut_to_its_limit() -> None:
+    out = _bounded({"rows": list(range(1_000_000)), "note": "y" * 10_000_000}, 1000)
+    assert out.startswith('{"rows": [0, 1, 2') and len(out) <= 1020 and out.endswith("…[more]")
+    assert _bounded({"a": "<private>pin</private> ok"}, 1000) == '{"a": "[private] ok"}'  # small: whole

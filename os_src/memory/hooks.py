@@ -3,9 +3,11 @@
 UserPromptSubmit opens a turn, PostToolUse adds a bounded summary of each tool
 call, Stop closes the turn and hands ONE observation to the transcript writer.
 Stop may not fire (claude-code #3113; it never does after an interrupt), so the
-runtime also closes the turn from the SDK's ResultMessage; whichever comes
-first records it, and the database's unique (session, sequence) key makes a
-second record impossible anyway.
+runtime also closes the turn when it ends (`turn_finished`, once per turn it
+sent); whichever comes first records it. The recorder itself keeps it to one
+record: the database's unique (session, sequence) key can't, since a second
+record would carry the next sequence number. A turn that Stop recorded is not
+recorded again when the stream then fails.
 
 Every callback fails open: it catches everything, returns `{}`, and never
 waits on the network or the disk (the write is queued to the database thread).
@@ -17,6 +19,7 @@ put the fresh memory files back in front of the model.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import time
@@ -37,6 +40,7 @@ TOOL_OUTPUT_CHARS = 1000
 MAX_TOOL_CALLS = 50  # per turn; more are counted, not stored
 USER_MESSAGE_CHARS = 20_000
 RESPONSE_CHARS = 20_000
+PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> block before it shrinks the text
 
 _PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
 
@@ -49,9 +53,43 @@ def strip_private(text: str) -> str:
 
 
 def _bounded(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = strip_private(clean_text(text))
-    return text if len(text) <= limit else text[:limit] + f"…[{len(text) - limit} more]"
+    """At most `limit` characters of `value` (a string or JSON-like data), private text removed.
+
+    The hooks run on the event loop, so the work is bounded by `limit`, not by the input: the
+    value is cut (with a margin) before it is encoded and before <private> is looked for. That
+    stays safe because an unclosed <private> hides the rest: a block the cut splits leaks nothing.
+    """
+    head_chars = limit + PRIVATE_MARGIN
+    if isinstance(value, str):
+        total, head = len(value), value[:head_chars]
+        cut = total > head_chars
+    else:
+        budget = [head_chars]
+        total, head = None, json.dumps(_shrink(value, budget), ensure_ascii=False)
+        cut = budget[0] <= 0 or len(head) > head_chars
+        head = head[:head_chars]
+    text = strip_private(clean_text(head))
+    if not cut and len(text) <= limit:
+        return text
+    more = f"{total - limit} more" if total is not None and total > limit else "more"
+    return text[:limit] + f"…[{more}]"
+
+
+def _shrink(value: Any, budget: list[int]) -> Any:
+    """A copy of JSON-like `value` holding about budget[0] characters at most; it visits at most
+    that many nodes, however big the value."""
+    if budget[0] <= 0:
+        return "…"
+    budget[0] -= 1
+    if isinstance(value, dict):
+        return {str(k)[:200]: _shrink(v, budget) for k, v in itertools.islice(value.items(), budget[0])}
+    if isinstance(value, (list, tuple)):
+        return [_shrink(v, budget) for v in itertools.islice(value, budget[0])]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = (value if isinstance(value, str) else str(value))[: budget[0]]
+    budget[0] -= len(text)
+    return text
 
 
 @dataclass
@@ -103,6 +141,7 @@ class TurnRecorder:
         self._turn: _OpenTurn | None = None
         self.session_id: str | None = None
         self._sequence = 0
+        self._recorded = False  # the runtime's current turn already has its record (from Stop)
         self.timings = HookTimings()
         guarded = fail_open(self.timings)
         self.on_user_prompt = guarded(self._on_user_prompt)
@@ -152,10 +191,11 @@ class TurnRecorder:
     # -- the runtime's path, for when Stop did not fire
 
     def turn_finished(self, prompt: str, result: ResultMessage | None, error: str | None) -> None:
+        """The runtime's turn ended (it calls this once per turn it sent): record it unless Stop did."""
         try:
             if self._turn is None:
-                if error is None:
-                    return  # Stop recorded it
+                if error is None or self._recorded:
+                    return  # Stop recorded it, even if the stream failed afterwards
                 # The CLI failed before UserPromptSubmit fired: the prompt still deserves a record.
                 self._turn = _OpenTurn(None, _bounded(prompt, USER_MESSAGE_CHARS), time.time())
             note = None
@@ -166,6 +206,8 @@ class TurnRecorder:
             self._close((result.result if result is not None else None) or "", note=note)
         except Exception as exc:
             log.error("turn_record_failed", error=repr(exc))
+        finally:
+            self._recorded = False  # the next runtime turn starts clean
 
     # -- recording
 
@@ -185,6 +227,7 @@ class TurnRecorder:
             agent_response=text,
         )
         self._submit(lambda t: t.append(obs))
+        self._recorded = True
         self._on_recorded()
 
     def _submit(self, fn: Callable[[TranscriptDB], Any]) -> None:
