@@ -3,9 +3,11 @@
 Pure functions, no I/O. The reply format is the seed's: learning lines
 (`FACT: ...`), or `NONE`, then `<NAME>_MD_UPDATE:` blocks that each hold a whole
 file. Parsing is deliberately strict about structure and forgiving about
-decoration: a marker must stand on its own line; a line inside a file block is
-file content even if it starts with `FACT:`; anything unrecognised is reported,
-never guessed at.
+decoration: a marker starts its line (a label after it, like `(user.md)`, is
+ignored); a line inside a file block is file content even if it starts with
+`FACT:`, but any marker-shaped line ends the block, and the block of an unknown
+or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the whole
+reply is ignored; anything unrecognised is reported, never guessed at.
 """
 
 from __future__ import annotations
@@ -129,7 +131,11 @@ def shorten_request(problems: list[str]) -> str:
 
 # ---------------------------------------------------------------- parsing
 
-_MARKER = re.compile(r"^\s*(?:#+\s*)?\**\s*([A-Z]+_MD_UPDATE)\s*\**\s*:?\s*\**\s*$")
+# Any line that starts like a marker is one, known or not: a forbidden SOUL_MD_UPDATE inside a
+# user.md block must end that block, not become user.md content. Text after the colon is kept
+# apart (group 2), never taken as file content.
+_MARKER = re.compile(r"^\s*(?:#+\s*)?[*`]*\s*([A-Z]+_MD_UPDATE)\b[*`]*\s*:?[*`]*\s*(.*?)\s*$")
+_LABEL = re.compile(r"^(?:\(.*\)|`?[\w.-]+\.md`?)$")  # "(user.md, 200 lines)" or "user.md": just a label
 _LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
 _REF = re.compile(r"\s*\[#(\d+)\]\s*$")
 _DONE = re.compile(r"^\s*(?:[-*]\s+)?\**\s*DONE\s*\**\s*:\s*\[?A?(\d+)\]?", re.IGNORECASE)
@@ -163,17 +169,22 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
     current: list[str] | None = None
     default_source = observation_ids[-1] if observation_ids else None
     for raw in text.splitlines():
-        marker = _MARKER.match(raw)
-        if marker and marker[1] in MARKERS:
-            current = []
-            last_block = MARKERS[marker[1]]
-            blocks.setdefault(last_block, []).append(current)
+        if marker := _MARKER.match(raw):
+            current = []  # an unknown or forbidden marker's block is read, then dropped
+            last_block = MARKERS.get(marker[1], marker[1])
+            if marker[1] in MARKERS:
+                blocks.setdefault(last_block, []).append(current)
+            else:
+                reply.ignored.append(raw.strip()[:200])
+            if marker[2] and not _LABEL.match(marker[2]):
+                # Not a label: narration more likely than the file's first line; never store it.
+                reply.ignored.append(marker[2][:200])
             continue
         if current is not None:
             current.append(raw.rstrip())
             continue
         line = raw.strip()
-        if not line:
+        if not line or _FENCE.match(line):  # blank, or a fence around the whole reply
             continue
         if line.strip("*`").upper() == "NONE":
             reply.said_none = True
@@ -197,8 +208,9 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
             continue
         reply.ignored.append(line[:200])
     if truncated and last_block is not None:
-        reply.rejected_files.append(last_block)
-        del blocks[last_block]
+        if last_block in blocks:
+            reply.rejected_files.append(last_block)
+            del blocks[last_block]
     elif truncated and reply.learnings:
         reply.learnings.pop()
     for name, found in blocks.items():
@@ -216,6 +228,12 @@ def _file_text(lines: list[str]) -> str:
         lines = lines[1:]
     while lines and not lines[-1].strip():
         lines = lines[:-1]
+    if lines and sum(bool(_FENCE.match(x)) for x in lines) % 2:
+        # An unpaired fence: the close (or open) of a fence that wraps the whole reply.
+        if _FENCE.match(lines[-1]):
+            lines = lines[:-1]
+        elif _FENCE.match(lines[0]):
+            lines = lines[1:]
     if lines and _FENCE.match(lines[0]) and _FENCE.match(lines[-1]) and len(lines) >= 2:
         lines = lines[1:-1]
     return "\n".join(lines) + "\n" if lines else ""

@@ -12,6 +12,11 @@ duplicates nothing:
 6. mark the observations processed in transcript.db (status `done`).
 
 `recover()` finishes any batch a crash left between steps 4 and 6.
+
+A person's edit that lands after step 3 is caught at step 5: that file is kept,
+the batch's learnings stand, and its observations stay pending, so the batch runs
+again on the edited file (the repeated learnings are deduplicated). After
+MAX_EDIT_CONFLICTS in a row, the person's version wins and the turns are done.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ class BatchProcessor:
         batches = await self.memory.call(lambda m: m.unfinished_batches())
         for batch in batches:
             log.info("batch_recovering", batch_id=batch.id, status=batch.status)
-            await self._finish(batch)
+            await self._finish(batch, rerun_if_edited=True)  # a rerun goes through pending() as usual
         return len(batches)
 
     async def process(self, observations: list[Observation], trigger: str, conflicts: int = 0) -> BatchResult:
@@ -184,7 +189,10 @@ class BatchProcessor:
             base_hashes={n: sha(before[n]) for n in updates},
             done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}],
         ))
-        written = await self._finish(batch)
+        written = await self._finish(batch, rerun_if_edited=conflicts + 1 < MAX_EDIT_CONFLICTS)
+        if written is None:  # a person edited a file between the check above and the write
+            log.info("batch_edit_conflict", batch_id=batch.id, attempt=conflicts + 1, late=True)
+            raise EditConflict(f"a file was edited before batch {batch.id} could write it")
         result = BatchResult(batch.id, len(ids), batch.learnings_added, written, kept, tokens[0], tokens[1],
                              batch.cost_usd)
         log.info("batch_done", batch_id=batch.id, trigger=trigger, observations=len(ids),
@@ -192,17 +200,24 @@ class BatchProcessor:
                  output_tokens=tokens[1], cost_usd=round(batch.cost_usd, 6))
         return result
 
-    async def _finish(self, batch: Batch) -> list[str]:
+    async def _finish(self, batch: Batch, rerun_if_edited: bool) -> list[str] | None:
+        """Apply a committed batch. Returns the files written, or None if a person edited one of
+        them since the batch read it and `rerun_if_edited`: then its observations stay pending."""
         written: list[str] = []
+        edited: list[str] = []
         if batch.status == "committed":
-            written = await asyncio.to_thread(self._write_files, batch)
+            written, edited = await asyncio.to_thread(self._write_files, batch)
             await self.memory.call(lambda m: m.set_batch_status(batch.id, "applied"))
+        if edited and rerun_if_edited:
+            await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
+            return None
         await self.transcript.call(lambda t: t.set_processed(batch.observation_ids, PROCESSED))
         await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
         return written
 
-    def _write_files(self, batch: Batch) -> list[str]:
-        written = []
+    def _write_files(self, batch: Batch) -> tuple[list[str], list[str]]:
+        """(written, edited): the files rewritten, and those a person changed since the batch read them."""
+        written, edited = [], []
         for name in CURATED:
             if name not in batch.file_updates:
                 continue
@@ -215,9 +230,10 @@ class BatchProcessor:
                 self.files.write(name, target, source=f"{prefix}-{batch.id}", expect=batch.base_hashes.get(name))
             except FileChanged:
                 log.info("curated_file_kept", file=name, reason="edited by a person after the batch read it")
+                edited.append(name)
                 continue
             written.append(name)
-        return written
+        return written, edited
 
     async def _record_failure(self, trigger: str, ids: list[int], error: str, tokens: list[int]) -> None:
         model = self.curator.model
