@@ -151,3 +151,37 @@ async def test_a_batch_left_half_finished_by_an_error_is_finished_before_new_wor
     daemon.trigger("test")
     await wait_until(lambda: _pending(kit, 0))
     assert kit.bridge.curator_requests() == []  # finished, not curated a second time
+
+
+async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restart(kit: Kit) -> None:
+    kit.bridge.faults.add(Fault("status", status=500, target="curator"))
+    await kit.turns("old turn")  # timestamps in the test kit are long past
+    # A Sprite that failed once, then slept for seven hours: waking is not six hours of failure.
+    slept = json.dumps({"since": time.time() - 7 * 3600, "failures": 1})
+    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, slept))
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _failures(d, 3))
+        assert await _count(kit, "stale", 0)
+        saved = json.loads(await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)))
+        assert saved["failures"] >= 3 and saved["since"] < time.time() - 6 * 3600  # kept, not reset
+    finally:
+        await d.stop(flush_budget=0)
+    # A restart keeps the count and the clock: the fifth failed call marks the old turn stale.
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _count(kit, "stale", 1))
+        assert d.health.consecutive_failures >= daemon_module.STALE_MIN_FAILURES
+        kit.bridge.faults.clear()
+        await kit.turns("the proxy is back")
+        d.trigger("test")
+        await wait_until(lambda: _pending(kit, 0))
+        assert await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) == ""  # cleared
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def _failures(d: MemoryDaemon, n: int) -> bool:
+    return d.health.consecutive_failures >= n

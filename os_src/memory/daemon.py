@@ -7,14 +7,19 @@ turn never waits for the model call, except PreCompact, which waits for its
 flush within a bounded budget.
 
 When the proxy fails, observations stay pending and the daemon retries with
-exponential backoff. After six hours of failure, turns older than six hours are
-marked stale: no longer retried, still in transcript.db for `memory rebuild`.
+exponential backoff. After six hours of failure and at least five failed calls,
+turns older than six hours are marked stale: no longer retried, still in
+transcript.db for `memory rebuild`. When the failing started, and how many calls
+failed, is kept in memory.db (`meta`), so a restart does not reset the clock;
+the count keeps a Sprite that slept through six hours from calling its first
+failures after waking "six hours of failure".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -30,6 +35,8 @@ log = get_logger(__name__)
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
 STALE_AFTER = 6 * 3600.0
+STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
+FAILING_KEY = "daemon_failing"  # memory.db meta: {"since": epoch seconds, "failures": n}
 CONFLICT_RETRY = 2.0
 
 
@@ -116,6 +123,7 @@ class MemoryDaemon:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        await self._load_failing()
         await self.processor.recover()
         self._task = asyncio.create_task(self._run(), name="memory-daemon")
         self.trigger("start")
@@ -175,23 +183,44 @@ class MemoryDaemon:
                 except CuratorError as exc:
                     return False, await self._failed(str(exc))
                 self._conflicts = 0
-                self._succeeded()
+                await self._succeeded()
                 self._resolve(chunk[-1].id, True)
 
-    def _succeeded(self) -> None:
+    async def _succeeded(self) -> None:
         h = self.health
+        was_failing = h.failing_since is not None
         h.last_success_at, h.consecutive_failures, h.failing_since, h.next_retry_at = time.time(), 0, None, None
         h.batches_run += 1
+        if was_failing:
+            await self._save_failing()
 
     async def _failed(self, error: str) -> float:
         delay = self._backoff(error)
+        await self._save_failing()
         h = self.health
-        if h.failing_since is not None and time.time() - h.failing_since >= self.stale_after:
+        if (h.failing_since is not None and time.time() - h.failing_since >= self.stale_after
+                and h.consecutive_failures >= STALE_MIN_FAILURES):
             cutoff = time.time() - self.stale_after
             marked = await self.processor.transcript.call(lambda t: t.mark_stale_before(cutoff))
             if marked:
                 log.error("observations_marked_stale", count=marked, state=STALE, hours=self.stale_after / 3600)
         return delay
+
+    async def _load_failing(self) -> None:
+        raw = await self.processor.memory.call(lambda m: m.get_meta(FAILING_KEY))
+        try:
+            saved = json.loads(raw) if raw else None
+            since, failures = (float(saved["since"]), int(saved["failures"])) if saved else (None, 0)
+        except (ValueError, TypeError, KeyError) as exc:  # a bad value only costs the stale clock
+            log.warning("daemon_failing_unreadable", error=repr(exc))
+            since, failures = None, 0
+        self.health.failing_since, self.health.consecutive_failures = since, failures
+
+    async def _save_failing(self) -> None:
+        h = self.health
+        value = json.dumps({"since": h.failing_since, "failures": h.consecutive_failures}) \
+            if h.failing_since is not None else ""
+        await self.processor.memory.call(lambda m: m.set_meta(FAILING_KEY, value))
 
     def _backoff(self, error: str) -> float:
         h = self.health
