@@ -81,6 +81,31 @@ def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str,
     ("cp -t.os/memory /tmp/user.md", True),
     ("mv --target-directory=.os/memory /tmp/user.md", True),
     ("echo notes > documents/notes.md", False),
+    # Read-only programs with options that write or run programs (a review found these).
+    ("sort -o .os/memory/user.md documents/a", True),
+    ("sort --out=.os/memory/user.md documents/a", True),  # GNU's abbreviated long option
+    ("sort -uo.os/memory/user.md documents/a", True),
+    ("uniq documents/a .os/memory/user.md", True),
+    ("xxd documents/a .os/memory/user.md", True),
+    ("tree -o .os/memory/user.md documents", True),
+    ("rg --pre ./convert.sh x .os/memory", True),
+    ("cat .os/memory/user.md | sort | uniq -c", False),
+    ("uniq -f 2 .os/memory/user.md", False),
+    ("tree .os && rg Ada .os/memory", False),
+    # Disguised paths: quotes inside a word, variables, paths built by an interpreter.
+    ("bash -c 'echo x > .o''s/memory/user.md'", True),
+    ("D=.o; cd ${{D}}s/memory; echo x > user.md", True),
+    ("python3 -c \"open(chr(46)+'os/memory/user.md','w').write('x')\"", True),
+    ("find . -exec sh -c 'echo > $0' .o\\s/memory/user.md ;", True),
+    # ...while ordinary work in the user space stays allowed.
+    ("python3 script.py", False),
+    ("echo $HOME", False),
+    ("git commit -m \"x\"", False),
+    ("git commit -m \"$(cat documents/msg)\" --author=\"Ada <a@b.c>\"", False),
+    ("cd $HOME/documents && make", False),
+    ("python3 -c 'import os; print(os.getcwd())' > documents/out.txt", False),
+    ("grep -E 'a$' documents/x > documents/y", False),
+    ("echo x > documents/memory/notes.txt", False),
     # Credentials: not even readable.
     ("cat .os/token", True),
     ("cat .os/tok*", True),
@@ -102,3 +127,9 @@ async def test_the_hook_denies_in_the_cli_format_and_fails_open(guard: WriteGuar
     assert await guard.hook({"tool_name": "Write", "tool_input": {"file_path": "documents/a"}, "cwd": str(ws)},
                             None, None) == {}
     assert await guard.hook(None, None, None) == {}  # malformed input: no opinion, no exception
+
+
+def test_a_command_run_inside_os_must_be_read_only(guard: WriteGuard, ws: Path) -> None:
+    inside = str(ws / ".os" / "memory")
+    assert guard.check("Bash", {"command": "make"}, inside) is not None  # no argument names a path
+    assert guard.check("Bash", {"command": "ls && cat user.md"}, inside) is None
