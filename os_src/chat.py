@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import threading
 from typing import TextIO
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -93,24 +94,35 @@ class Renderer:
         self.out.flush()
 
 
-async def _read_lines(queue: asyncio.Queue[str | None]) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        await queue.put(line.rstrip("\n") if line else None)
-        if not line:
-            return
+def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
+    """Feed stdin's lines to `queue` from a daemon thread. A read blocked on an open terminal or
+    pipe must not keep the process alive after /quit: asyncio.run waits for executor threads."""
+
+    def read() -> None:
+        while True:
+            try:
+                line = sys.stdin.readline()
+            except (OSError, ValueError):  # closed or unreadable: as good as its end
+                line = ""
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, line.rstrip("\n") if line else None)
+            except RuntimeError:  # the loop is closed: the client has left
+                return
+            if not line:
+                return
+
+    threading.Thread(target=read, name="chat-stdin", daemon=True).start()
 
 
 async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
     render = Renderer(out)
     lines: asyncio.Queue[str | None] = asyncio.Queue()
-    reader = asyncio.create_task(_read_lines(lines))
+    loop = asyncio.get_running_loop()
+    _read_lines(loop, lines)
 
     def on_sigint() -> None:  # Ctrl-C interrupts a running turn, or leaves when idle
         lines.put_nowait("/stop" if render.running else None)
 
-    loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:
@@ -133,7 +145,8 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
     finally:
-        reader.cancel()
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[str | None]) -> bool:

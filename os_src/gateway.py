@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from . import protocol as p
 from .events import EventHub, Subscriber
 from .logs import get_logger
-from .runtime import AgentRuntime, QueueFull
+from .runtime import AgentRuntime, QueueFull, ShuttingDown
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)
@@ -92,7 +92,7 @@ class _Connection:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
         try:
             async for message in self.ws:
-                await self._receive(message)
+                await self._receive_safely(message)
         except ConnectionClosed:
             pass
         finally:
@@ -140,6 +140,17 @@ class _Connection:
 
     def _error(self, code: p.ErrorCode, message: str) -> None:
         self._reply(p.Error(code=code, message=message))
+
+    async def _receive_safely(self, message: str | bytes) -> None:
+        """One frame's bug costs that frame, not the connection: the client gets internal_error."""
+        try:
+            await self._receive(message)
+        except ConnectionClosed:
+            raise
+        except Exception as exc:  # no user content at info: the type names the bug, the traceback at debug
+            log.error("frame_failed", client=self.name, error=type(exc).__name__)
+            log.debug("frame_failed_detail", client=self.name, exc_info=True)
+            self._error("internal_error", "the server failed to handle this frame; it keeps serving")
 
     async def _receive(self, message: str | bytes) -> None:
         now = time.monotonic()
@@ -202,8 +213,8 @@ class _Connection:
             self.sub.push_direct(data)
         hub.subscribe(self.sub)
         self._greeted = True
-        log.info("client_ready", client=self.name, last_seq=hello.last_seq, replayed=ready.replayed,
-                 resync=ready.resync)
+        log.info("client_ready", client=self.name, client_name=hello.client, last_seq=hello.last_seq,
+                 replayed=ready.replayed, resync=ready.resync)
 
     async def _dispatch(self, frame: p.AnyClientFrame) -> None:
         rt = self.gw.runtime
@@ -213,11 +224,16 @@ class _Connection:
                     rt.submit(text, client_id)
                 except QueueFull as exc:
                     self._error("queue_full", str(exc))
+                except ShuttingDown as exc:
+                    self._error("shutting_down", str(exc))
             case p.Interrupt():
                 if not await rt.interrupt():
                     self._error("nothing_to_interrupt", "the agent is not running a turn")
             case p.NewSession():
-                rt.new_session()
+                try:
+                    rt.new_session()
+                except ShuttingDown as exc:
+                    self._error("shutting_down", str(exc))
             case p.Ping(nonce=nonce):
                 self._reply(p.Pong(nonce=nonce))
             case p.Hello():

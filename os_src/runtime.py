@@ -25,7 +25,9 @@ from claude_agent_sdk import (
     AssistantMessage,
     ClaudeAgentOptions,
     ClaudeSDKClient,
+    CLIConnectionError,
     HookMatcher,
+    ProcessError,
     ResultMessage,
     StreamEvent,
     SystemMessage,
@@ -85,6 +87,14 @@ class QueueFull(Exception):
     pass
 
 
+class ShuttingDown(Exception):
+    """The server is shutting down: no new work is accepted."""
+
+
+class _NoResult(Exception):
+    """The CLI ended a turn's stream without a result: it exited under the turn."""
+
+
 @dataclass
 class _Turn:
     text: str
@@ -131,6 +141,10 @@ class AgentRuntime:
         self._task: asyncio.Task[None] | None = None
         self._turn: _Turn | None = None
         self._interrupted = False
+        self._heard = False  # the CLI said something about the running turn
+        self._closing = False  # set by shutdown: frames that would start work are refused
+        self._session_had_turn = False  # a new_session on a session with no turn changes nothing
+        self._new_session_last = False  # the queue's tail is a new_session: another adds nothing
         self.session_id = new_session_id()
         self.state: p.AgentState = "idle"
 
@@ -141,12 +155,21 @@ class AgentRuntime:
         self._begin_session()
 
     def submit(self, text: str, client_id: str | None = None) -> None:
+        self._refuse_if_closing()
         if self._queue.qsize() >= MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
         self._queue.put_nowait(_Turn(text, client_id))
+        self._new_session_last = False
 
     def new_session(self) -> None:
-        self._queue.put_nowait(_EndSession("new_session"))
+        self._refuse_if_closing()
+        if not self._new_session_last:  # back-to-back requests are one request: the queue stays bounded
+            self._queue.put_nowait(_EndSession("new_session"))
+            self._new_session_last = True
+
+    def _refuse_if_closing(self) -> None:
+        if self._closing:
+            raise ShuttingDown("the server is shutting down; send it again after reconnecting")
 
     async def interrupt(self) -> bool:
         """Stop the running turn. False when nothing is running."""
@@ -169,7 +192,7 @@ class AgentRuntime:
 
     @property
     def cli_running(self) -> bool:
-        return self._client is not None
+        return self._client is not None and not cli_exited(self._client)
 
     @property
     def queued(self) -> int:
@@ -179,6 +202,7 @@ class AgentRuntime:
         """End the running turn cleanly, end the session, and disconnect the CLI."""
         if self._task is None:
             return
+        self._closing = True
         # Drop queued messages: they were never started, and the server is going away.
         while not self._queue.empty():
             self._queue.get_nowait()
@@ -209,12 +233,16 @@ class AgentRuntime:
                 except TimeoutError:
                     await self._end_session("idle")
                     continue
+                if self._queue.empty():
+                    self._new_session_last = False
                 if cmd is None:
                     await self._end_session("shutdown", restart=False)
                     return
                 if isinstance(cmd, _EndSession):
-                    await self._end_session(cmd.reason)
+                    await self._new_session()
                 else:
+                    if self._client is not None and cli_exited(self._client):
+                        await self._cli_lost()
                     await self._run_turn(cmd)
         finally:
             await self._disconnect()
@@ -226,20 +254,9 @@ class AgentRuntime:
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         result: ResultMessage | None = None
         try:
-            if self._client is None:
-                self.state = "starting"
-                await self._connect()
-            assert self._client is not None
-            if self._interrupted:  # interrupted while the CLI was starting: never sent
-                self._publish(p.TurnComplete(turn_id=turn.turn_id, status="interrupted",
-                                             duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
+            result = await self._exchange(turn, started)
+            if result is None:  # interrupted before it was sent
                 return
-            self.state = "running"
-            await self._client.query(turn.text)
-            async for message in self._client.receive_response():
-                if isinstance(message, ResultMessage):
-                    result = message
-                self._translate(turn, message)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
             if self._memory is not None:
                 self._memory.turn_finished(turn.text, None, "the server shut down before the turn ended")
@@ -252,6 +269,58 @@ class AgentRuntime:
         finally:
             self._turn = None
             self.state = "idle"
+
+    async def _exchange(self, turn: _Turn, started: float) -> ResultMessage | None:
+        """Send the prompt and stream the reply: the result, or None if interrupted before sending.
+
+        A CLI that died after the last turn, too recently for _run to see its exit, swallows the
+        prompt (a write to a dying pipe can succeed) and fails before saying anything. Nothing of
+        the turn happened, so it is sent once more, to a fresh CLI."""
+        reused = self._client is not None
+        try:
+            return await self._attempt(turn, started)
+        except (CLIConnectionError, ProcessError):
+            if not reused or self._heard:
+                raise
+        await self._cli_lost()
+        return await self._attempt(turn, started)
+
+    async def _attempt(self, turn: _Turn, started: float) -> ResultMessage | None:
+        self._heard = False  # whether the CLI said anything about this turn
+        self._session_had_turn = True  # set per attempt: a resend runs in a new session
+        if not await self._send(turn, started):
+            return None
+        assert self._client is not None
+        result: ResultMessage | None = None
+        async for message in self._client.receive_response():
+            self._heard = True
+            if isinstance(message, ResultMessage):
+                result = message
+            self._translate(turn, message)
+        if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
+            raise _NoResult("the CLI ended the turn without a result")
+        return result
+
+    async def _send(self, turn: _Turn, started: float) -> bool:
+        if self._client is None:
+            self.state = "starting"
+            await self._connect()
+        assert self._client is not None
+        if self._interrupted:  # interrupted while the CLI was starting: never sent
+            self._publish(p.TurnComplete(turn_id=turn.turn_id, status="interrupted",
+                                         duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
+            return False
+        self.state = "running"
+        await self._client.query(turn.text)
+        return True
+
+    async def _cli_lost(self) -> None:
+        """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
+        log.error("cli_exited_between_turns", session_id=self.session_id, pid=cli_pid(self._client),
+                  returncode=cli_returncode(self._client))
+        self._publish(p.Error(code="agent_failed",
+                              message="The agent stopped while idle; your message goes to a fresh session."))
+        await self._end_session("crash")
 
     async def _turn_failed(self, turn: _Turn, started: float, exc: Exception) -> None:
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
@@ -319,9 +388,16 @@ class AgentRuntime:
     # ------------------------------------------------------------ sessions and the CLI
 
     def _begin_session(self) -> None:
+        self._session_had_turn = False
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
+
+    async def _new_session(self) -> None:
+        if not self._session_had_turn:  # already fresh: ending it would only churn clients and memory
+            log.info("new_session_skipped", session_id=self.session_id)
+            return
+        await self._end_session("new_session")
 
     async def _end_session(self, reason: str, restart: bool = True) -> None:
         had_cli = self._client is not None
@@ -387,13 +463,25 @@ class AgentRuntime:
         log.info("cli_disconnected", pid=pid)
 
 
-def cli_pid(client: ClaudeSDKClient) -> int | None:
-    process = getattr(getattr(client, "_transport", None), "_process", None)
-    return getattr(process, "pid", None)
+def _cli_process(client: ClaudeSDKClient | None) -> Any:
+    return getattr(getattr(client, "_transport", None), "_process", None)
+
+
+def cli_pid(client: ClaudeSDKClient | None) -> int | None:
+    return getattr(_cli_process(client), "pid", None)
+
+
+def cli_returncode(client: ClaudeSDKClient | None) -> int | None:
+    return getattr(_cli_process(client), "returncode", None)
+
+
+def cli_exited(client: ClaudeSDKClient) -> bool:
+    """True once the CLI's process has exited: it may have crashed while idle."""
+    return cli_returncode(client) is not None
 
 
 def kill_cli(client: ClaudeSDKClient) -> None:
-    process = getattr(getattr(client, "_transport", None), "_process", None)
+    process = _cli_process(client)
     if process is not None and getattr(process, "returncode", 0) is None:
         with contextlib.suppress(ProcessLookupError, OSError):
             process.kill()

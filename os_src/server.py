@@ -15,6 +15,7 @@ import asyncio
 import gc
 import hmac
 import json
+import os
 import signal
 import time
 from http import HTTPStatus
@@ -25,7 +26,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import __version__
-from .config import Settings, describe, resolve_token
+from .config import ConfigError, Settings, describe, resolve_token
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
 from .logs import configure_logging, get_logger
@@ -83,23 +84,32 @@ class SpriteOS:
         if self.memory is not None:
             await self.memory.start()
         await self.runtime.start()
-        self._server = await serve(
-            self.gateway.handle,
-            self.settings.host,
-            self.settings.port,
-            process_request=self._process_request,
-            select_subprotocol=_select_subprotocol,
-            max_size=HARD_FRAME_LIMIT,
-            ping_interval=20,
-            ping_timeout=20,
-            server_header=f"sprite-os/{__version__}",
-        )
+        self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
         # paused the loop for up to 230 ms (measured: the fan-out p95 fell from 51 to 14 ms).
         gc.collect()
         gc.freeze()
         log.info("server_started", host=self.settings.host, port=self.port, version=__version__,
                  settings=describe(self.settings))
+
+    async def _listen(self) -> Server:
+        host, port = self.settings.host, self.settings.port
+        try:
+            return await serve(
+                self.gateway.handle,
+                host,
+                port,
+                process_request=self._process_request,
+                select_subprotocol=_select_subprotocol,
+                max_size=HARD_FRAME_LIMIT,
+                ping_interval=20,
+                ping_timeout=20,
+                server_header=f"sprite-os/{__version__}",
+            )
+        except OSError as exc:  # port taken, address not ours, host unresolvable (gaierror): a setting to fix
+            # asyncio's message repeats the address; the errno alone says it (gaierror's errno is negative)
+            reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+            raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
 
     async def stop(self) -> None:
         """Stop accepting, end the running turn, tell clients, flush memory, close the databases."""

@@ -9,15 +9,25 @@ import os
 import signal
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from sprite_os import events
+from sprite_os import events, gateway
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
-from tests.conftest import TOKEN, Client, Connect, child_cli_processes, client_factory, running
+from tests.conftest import (
+    TOKEN,
+    Client,
+    Connect,
+    ServerProcess,
+    child_cli_processes,
+    client_factory,
+    pid_alive,
+    running,
+)
 from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 
 pytestmark = pytest.mark.e2e
@@ -309,10 +319,27 @@ def stalled_client(port: int) -> socket.socket:
     return sock
 
 
-async def test_a_client_that_never_reads_delays_no_one(monkeypatch: pytest.MonkeyPatch, server: SpriteOS,
-                                                       client: Connect, bridge: MockBridge) -> None:
+def read_until_close(sock: socket.socket) -> tuple[list[dict], int]:  # type: ignore[type-arg]
+    """Read a stalled client's socket at last: the frames it had been sent, then its close code."""
+    sock.settimeout(30)
+    stream, frames = sock.makefile("rb"), []
+    while True:
+        head = stream.read(2)
+        opcode, length = head[0] & 0x0F, head[1] & 0x7F  # server frames are unmasked
+        if length >= 126:
+            length = int.from_bytes(stream.read(2 if length == 126 else 8), "big")
+        payload = stream.read(length)
+        if opcode == 0x8:
+            return frames, int.from_bytes(payload[:2], "big")
+        if opcode == 0x1:
+            frames.append(json.loads(payload))
+
+
+async def test_a_client_that_never_reads_delays_no_one_and_can_resume(
+        monkeypatch: pytest.MonkeyPatch, server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
     monkeypatch.setattr(events, "SUBSCRIBER_QUEUE", 50)
     monkeypatch.setattr(events, "SUBSCRIBER_BYTES", 1024 * 1024)
+    monkeypatch.setattr(gateway, "LAGGING_CLOSE_TIMEOUT", 60.0)  # the close frame waits until it reads again
     stalled = await asyncio.to_thread(stalled_client, server.port)
     fast = await client(hello={}, max_size=None)
     # More than loopback's socket buffers can absorb, so the stalled client really falls behind.
@@ -321,13 +348,19 @@ async def test_a_client_that_never_reads_delays_no_one(monkeypatch: pytest.Monke
     done = await fast.until("turn_complete", timeout=60)
     assert done["status"] == "completed"
     assert sum(len(f["text"]) for f in fast.of("text_delta")) == 8_000_000  # every character, coalesced
-    # The stalled client was cut loose (code 4000 when the close frame got through, else the socket dropped).
-    for _ in range(100):
-        if len(server.gateway.connections) == 1:
-            break
-        await asyncio.sleep(0.1)
-    assert len(server.gateway.connections) == 1
+    # The stalled client reads again: what it had been sent, then close code 4000, before the turn's end.
+    frames, code = await asyncio.to_thread(read_until_close, stalled)
     stalled.close()
+    assert code == 4000 and frames[0]["type"] == "ready"
+    assert not [f for f in frames if f["type"] == "turn_complete"]
+    # It resumes from the last event it saw, and the missed events that matter are replayed.
+    seen = max(f["seq"] for f in frames)
+    back = await client(hello={"last_seq": seen, "stream": frames[0]["stream"]}, max_size=None)
+    ready = back.frames[0]
+    assert ready["resync"] is False and ready["replayed"] >= 1
+    replay = [await back.recv() for _ in range(ready["replayed"])]
+    assert replay[0]["seq"] > seen
+    assert replay[-1]["type"] == "turn_complete" and replay[-1]["turn_id"] == done["turn_id"]
 
 
 # ---------------------------------------------------------------- failures and shutdown
@@ -348,6 +381,24 @@ async def test_a_cli_crash_mid_turn_gives_an_error_and_the_next_message_starts_f
     assert pid not in child_cli_processes()
     await c.send(type="user_message", text="hello again")
     assert (await c.until("turn_complete", lambda f: f["status"] == "completed"))["status"] == "completed"
+    assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
+
+
+async def test_a_cli_that_dies_between_turns_is_replaced_and_the_next_message_completes(
+        server: SpriteOS, client: Connect) -> None:
+    c = await client(hello={})
+    assert (await turn_of(c, "hello"))["status"] == "completed"
+    [pid] = child_cli_processes()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):  # dead, not merely dying: a message sent while it dies is a crash mid-turn
+        if not pid_alive(pid):
+            break
+        await asyncio.sleep(0.05)
+    done = await turn_of(c, "are you still there?")
+    assert done["status"] == "completed"  # no resend needed
+    assert [e["code"] for e in c.of("error")] == ["agent_failed"]
+    assert [e["reason"] for e in c.of("session_ended")] == ["crash"]
+    assert len(c.of("session_started")) == 1  # the fresh session the message ran in
     assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
 
 
@@ -385,3 +436,26 @@ async def test_stopping_ends_the_turn_tells_clients_and_leaves_no_cli(settings: 
         with pytest.raises(ConnectionClosed):
             await c.until("never", timeout=5)
     assert child_cli_processes() == []
+
+
+async def test_sigterm_ends_the_turn_tells_clients_exits_0_and_leaves_no_cli(
+        workspace: Path, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 400, chunk_delay=0.05)))
+    proc = await ServerProcess(workspace, bridge.url).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="something long")
+            await c.until("text_delta")
+            clis = child_cli_processes(proc.pid)
+            assert clis
+            proc.signal(signal.SIGTERM)
+            assert await proc.wait(timeout=30) == 0
+            assert (await c.until("turn_complete"))["status"] == "interrupted"
+            assert (await c.until("session_ended"))["reason"] == "shutdown"
+            with pytest.raises(ConnectionClosed) as info:
+                await c.until("never", timeout=5)
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+        assert not [pid for pid in clis if pid_alive(pid)]
+    finally:
+        await proc.stop()

@@ -1,0 +1,72 @@
+"""`sprite-os chat` as a user runs it: a process on a terminal or pipe that stays open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from sprite_os import protocol as p
+from tests.conftest import TOKEN
+
+EXIT_BOUND = 5.0  # seconds: leaving is immediate; this only absorbs a slow machine
+
+
+async def _greet(ws: ServerConnection) -> None:
+    """The server's side of a connection, reduced to what an idle chat needs: hello -> ready."""
+    async for message in ws:
+        if json.loads(message)["type"] == "hello":
+            ready = p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                            last_seq=0, agent="idle", turn_id=None, cards=[])
+            await ws.send(p.encode(ready).decode())
+
+
+@pytest.fixture
+async def fake_server() -> AsyncIterator[int]:
+    async with serve(_greet, "127.0.0.1", 0) as server:
+        yield server.sockets[0].getsockname()[1]
+
+
+async def _chat_process(port: int) -> asyncio.subprocess.Process:
+    env = {**os.environ, "SPRITE_OS_TOKEN": TOKEN}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sprite_os", "chat", "--url", f"ws://127.0.0.1:{port}",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    async with asyncio.timeout(30):  # start-up, then the ready line: the client is idle at its prompt
+        while b"connected to session" not in await proc.stdout.readline():
+            pass
+    return proc
+
+
+async def _exits_promptly(proc: asyncio.subprocess.Process) -> int:
+    try:
+        code = await asyncio.wait_for(proc.wait(), EXIT_BOUND)
+        assert proc.stderr is not None
+        errors = await proc.stderr.read()
+        assert b"Traceback" not in errors and b"Fatal" not in errors  # the reading thread died quietly
+        return code
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_quit_leaves_at_once_while_stdin_stays_open(fake_server: int) -> None:
+    proc = await _chat_process(fake_server)
+    assert proc.stdin is not None
+    proc.stdin.write(b"/quit\n")  # and stdin stays open, as a terminal's does
+    await proc.stdin.drain()
+    assert await _exits_promptly(proc) == 0
+
+
+async def test_ctrl_c_while_idle_leaves_at_once(fake_server: int) -> None:
+    proc = await _chat_process(fake_server)
+    proc.send_signal(signal.SIGINT)
+    assert await _exits_promptly(proc) == 0

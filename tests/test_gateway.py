@@ -1,0 +1,85 @@
+"""One connection's rules, with the runtime faked: what a client gets when handling its frame fails."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import serve
+
+from sprite_os.events import EventHub
+from sprite_os.gateway import Gateway
+from sprite_os.runtime import ShuttingDown
+
+
+class FakeRuntime:
+    session_id = "session-1"
+    state = "idle"
+    turn_id = None
+
+    def __init__(self) -> None:
+        self.fail: Exception | None = None
+
+    def submit(self, text: str, client_id: str | None = None) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    def new_session(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    async def interrupt(self) -> bool:
+        return False
+
+
+class FakeCanvas:
+    def cards(self) -> list[Any]:
+        return []
+
+
+@pytest.fixture
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+@pytest.fixture
+async def ws(runtime: FakeRuntime) -> AsyncIterator[ClientConnection]:
+    gateway = Gateway(EventHub(), runtime, FakeCanvas(), "test")  # type: ignore[arg-type]
+    async with serve(gateway.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as client:
+            yield client
+
+
+async def send(ws: ClientConnection, **frame: Any) -> dict[str, Any]:
+    await ws.send(json.dumps(frame))
+    return json.loads(await ws.recv())
+
+
+async def test_a_bug_handling_a_frame_is_internal_error_and_the_connection_stays(
+        ws: ClientConnection, runtime: FakeRuntime) -> None:
+    assert (await send(ws, type="hello"))["type"] == "ready"
+    runtime.fail = RuntimeError("a bug near the user's words: SECRET PLANS")
+    with capture_logs() as logs:
+        error = await send(ws, type="user_message", text="SECRET PLANS")
+    assert error["type"] == "error" and error["code"] == "internal_error"
+    [failed] = [e for e in logs if e["event"] == "frame_failed"]
+    assert failed["log_level"] == "error" and failed["error"] == "RuntimeError"
+    assert "SECRET" not in repr([e for e in logs if e["log_level"] != "debug"])
+    assert await send(ws, type="ping", nonce="still-here") == {"type": "pong", "seq": 0, "nonce": "still-here"}
+
+
+async def test_work_sent_while_shutting_down_gets_an_error(ws: ClientConnection, runtime: FakeRuntime) -> None:
+    await send(ws, type="hello")
+    runtime.fail = ShuttingDown("the server is shutting down")
+    for frame in ({"type": "user_message", "text": "hi"}, {"type": "new_session"}):
+        reply = await send(ws, **frame)
+        assert (reply["type"], reply["code"]) == ("error", "shutting_down")
+
+
+async def test_an_error_before_ready_carries_seq_0(ws: ClientConnection) -> None:
+    error = await send(ws, type="teleport")  # no hello yet, and not a frame that implies one
+    assert (error["code"], error["seq"]) == ("unknown_type", 0)

@@ -1,0 +1,204 @@
+"""The runtime's turn and session rules, with the SDK client faked at its boundary.
+
+The end-to-end tests drive the real CLI; these cover what the real CLI can't be
+made to do on cue: exit cleanly in the middle of a turn, or die unseen between turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from claude_agent_sdk import (
+    AssistantMessage,
+    CLIConnectionError,
+    ProcessError,
+    ResultMessage,
+    TextBlock,
+)
+
+from sprite_os import protocol as p
+from sprite_os.runtime import AgentRuntime, ShuttingDown
+from sprite_os.tools.canvas import CanvasStore
+from tests.conftest import make_settings
+
+_pids = itertools.count(1000)
+
+
+def answer(text: str = "ok") -> list[Any]:
+    return [AssistantMessage(content=[TextBlock(text=text)], model="m"),
+            ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=1,
+                          session_id="x", usage={"input_tokens": 3, "output_tokens": 2})]
+
+
+class FakeCLI:
+    """ClaudeSDKClient's surface as the runtime uses it, with a process that can die."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.h = harness
+        self._transport = SimpleNamespace(_process=SimpleNamespace(pid=next(_pids), returncode=None))
+        self.queries: list[str] = []
+        self.interrupted = asyncio.Event()
+        self.refuse_writes = False  # a CLI that is dead before its exit is noticed
+        self.crash_after = -1  # exit with -9 after this many messages of a reply (-1: never)
+
+    def die(self) -> None:
+        self._transport._process.returncode = -9
+
+    async def connect(self) -> None:
+        pass
+
+    async def query(self, text: str) -> None:
+        if self.refuse_writes or self._transport._process.returncode is not None:
+            raise CLIConnectionError("Cannot write to terminated process")
+        self.queries.append(text)
+
+    async def receive_response(self) -> AsyncIterator[Any]:
+        if self.h.hold:
+            await self.interrupted.wait()
+        for n, message in enumerate(self.h.reply):
+            if n == self.crash_after:
+                raise ProcessError("Command failed with exit code -9", exit_code=-9)
+            yield message
+
+    async def interrupt(self) -> None:
+        self.interrupted.set()
+
+    async def disconnect(self) -> None:
+        pass
+
+
+class Harness:
+    def __init__(self, tmp_path: Path) -> None:
+        self.frames: list[p.ServerFrame] = []
+        self.clis: list[FakeCLI] = []
+        self.reply: list[Any] = answer()
+        self.hold = False  # replies wait for an interrupt
+        settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+        settings.layout.ensure()
+        canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
+        self.rt = AgentRuntime(settings, publish=self.frames.append, canvas_store=canvas,
+                               client_factory=self._new_cli)
+
+    def _new_cli(self, _options: Any) -> Any:
+        self.clis.append(FakeCLI(self))
+        return self.clis[-1]
+
+    def of(self, kind: type) -> list[Any]:
+        return [f for f in self.frames if isinstance(f, kind)]
+
+    def kinds(self) -> list[str]:
+        return [type(f).__name__ for f in self.frames]
+
+    async def until(self, pred: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not pred():
+                await asyncio.sleep(0.005)
+
+    async def turn(self, text: str) -> p.TurnComplete:
+        done = len(self.of(p.TurnComplete))
+        self.rt.submit(text)
+        await self.until(lambda: len(self.of(p.TurnComplete)) > done)
+        return self.of(p.TurnComplete)[-1]
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    harness = Harness(tmp_path)
+    await harness.rt.start()
+    yield harness
+    await harness.rt.shutdown(5)
+
+
+async def test_a_turn_whose_stream_ends_without_a_result_fails_and_the_next_starts_fresh(h: Harness) -> None:
+    h.reply = answer("half an answer")[:1]  # the CLI exited 0 after this, before any result
+    failed = await h.turn("hi")
+    assert failed.status == "error"
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+    assert h.of(p.SessionEnded)[-1].reason == "crash"
+    h.reply = answer()
+    assert (await h.turn("again")).status == "completed" and len(h.clis) == 2
+
+
+async def test_a_cli_that_died_between_turns_is_replaced_before_the_next_turn(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.clis[0].die()
+    assert not h.rt.cli_running
+    first_session = h.rt.session_id
+    done = await h.turn("two")
+    assert done.status == "completed" and len(h.clis) == 2 and h.clis[1].queries == ["two"]
+    [error] = h.of(p.Error)
+    assert error.code == "agent_failed"
+    [ended] = h.of(p.SessionEnded)
+    assert ended.session_id == first_session and ended.reason == "crash"
+    # Clients see the crash and the new session before the turn that runs in it.
+    tail = h.kinds()[h.frames.index(error):]
+    assert tail[:4] == ["Error", "SessionEnded", "SessionStarted", "TurnStarted"]
+
+
+async def test_a_cli_found_dead_only_when_written_to_gets_the_prompt_resent_once(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.clis[0].refuse_writes = True  # dead, but its exit not yet reaped
+    done = await h.turn("two")
+    assert done.status == "completed" and h.clis[1].queries == ["two"]
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+    assert [s.reason for s in h.of(p.SessionEnded)] == ["crash"]
+
+
+async def test_a_cli_that_swallows_the_prompt_as_it_dies_gets_it_resent_once(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.clis[0].crash_after = 0  # the write went into a dying pipe; the exit shows up while reading
+    done = await h.turn("two")
+    assert done.status == "completed" and h.clis[1].queries == ["two"]
+    assert [s.reason for s in h.of(p.SessionEnded)] == ["crash"]
+    h.rt.new_session()  # the resent turn counts as the new session's turn
+    await h.until(lambda: len(h.of(p.SessionEnded)) == 2)
+    assert h.of(p.SessionEnded)[-1].reason == "new_session"
+
+
+async def test_a_cli_that_dies_after_answering_in_part_fails_the_turn_without_resending(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.clis[0].crash_after = 1  # it said something: the turn was under way, and may have acted
+    assert (await h.turn("two")).status == "error"
+    assert len(h.clis) == 1 and h.clis[0].queries == ["one", "two"]
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+
+
+async def test_new_session_on_a_fresh_session_changes_nothing(h: Harness) -> None:
+    h.rt.new_session()
+    await h.turn("hi")
+    assert h.of(p.SessionEnded) == [] and len(h.of(p.SessionStarted)) == 1
+
+
+async def test_repeated_new_sessions_queue_once_and_end_the_session_once(h: Harness) -> None:
+    h.hold = True
+    h.rt.submit("long")
+    await h.until(lambda: h.rt.state == "running")
+    for _ in range(50):
+        h.rt.new_session()
+    assert h.rt.queued == 1
+    await h.rt.interrupt()
+    h.hold = False
+    await h.turn("after")
+    assert [s.reason for s in h.of(p.SessionEnded)] == ["new_session"]
+
+
+async def test_work_sent_during_shutdown_is_refused_not_lost(h: Harness) -> None:
+    h.hold = True
+    h.rt.submit("long")
+    await h.until(lambda: h.rt.state == "running")
+    stopping = asyncio.create_task(h.rt.shutdown(5))
+    await asyncio.sleep(0)
+    with pytest.raises(ShuttingDown):
+        h.rt.submit("one more")
+    with pytest.raises(ShuttingDown):
+        h.rt.new_session()
+    await stopping
+    assert h.of(p.TurnComplete)[-1].status == "interrupted"
+    assert h.of(p.SessionEnded)[-1].reason == "shutdown"
+    assert len(h.of(p.TurnStarted)) == 1

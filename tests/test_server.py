@@ -1,0 +1,30 @@
+"""The server process's start-up failures: one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+from tests.conftest import TOKEN
+
+
+async def test_a_port_in_use_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(port),
+               "SPRITE_OS_HOST": "127.0.0.1", "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sprite_os", "serve", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    text = err.decode()
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == f"sprite-os: error: cannot listen on 127.0.0.1:{port}: Address already in use"
