@@ -206,14 +206,23 @@ def _transcript_v1(db: sqlite_utils.Database) -> None:
         defaults={"message_count": 0, "observation_count": 0},
         if_not_exists=True,
     )
-    db.execute(
-        """CREATE TRIGGER IF NOT EXISTS observations_append_only
+    create_observation_triggers(db.conn)
+
+
+OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
+
+
+def create_observation_triggers(conn: sqlite3.Connection) -> None:
+    """A recorded turn is never changed or deleted (only `processed` moves). Shared with
+    migrate-v1, which drops them for one transaction to clear its own partial copy."""
+    conn.execute(
+        """CREATE TRIGGER IF NOT EXISTS main.observations_append_only
         BEFORE UPDATE OF id, timestamp, session_id, sequence_num, user_message, tool_calls_json,
             agent_response ON observations
         BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
     )
-    db.execute(
-        """CREATE TRIGGER IF NOT EXISTS observations_no_delete BEFORE DELETE ON observations
+    conn.execute(
+        """CREATE TRIGGER IF NOT EXISTS main.observations_no_delete BEFORE DELETE ON observations
         BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
     )
 

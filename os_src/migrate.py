@@ -10,15 +10,19 @@ workspace still has v1 data (`W/agent.db`, `W/memory/*.md`), it also moves it:
 - a learning or action whose normalised content collides with an earlier one keeps a
   disambiguated key (`<content_key>:v1:<id>`), and a turn recorded twice under the same
   (session_id, sequence_num) keeps its repeat with sequence_num = -id: every v1 row arrives;
-- tools.md and user.md replace the untouched templates (a curated or edited v2 file wins;
-  the v1 one stays in the backup); v1's os.md is superseded by the deployed one;
+- v1's memory files with a curated v2 counterpart (tools.md, user.md; files.md, context.md
+  if present) replace the untouched templates (a curated or edited v2 file wins; the v1 one
+  stays in the backup), checked by sha256 once written; v1's os.md (and soul.md) are
+  superseded by the deployed ones; anything else in memory/ is named in the record and
+  kept in the backup only;
 - each table is verified (row count, and a checksum over all columns in id order) before
   anything is moved; then `migrated_v1` is recorded in memory.db's meta table and
   agent.db (with -wal/-shm) and memory/ move to `.os/backup/v1-<timestamp>/`.
 
 v1 data that the v2 schema cannot hold as it is (a missing table or column, NULL in a
 required column, a file that is not a database) stops the migration with one line naming
-the problem; nothing is changed or lost. A second run changes nothing.
+the problem; nothing is changed or lost. So does another process holding agent.db open (a v1
+server still running would write under the copy). A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -36,15 +40,23 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .database import MemoryDB, TranscriptDB, connect, content_key, transaction
+from .database import (
+    OBSERVATION_TRIGGERS,
+    MemoryDB,
+    TranscriptDB,
+    connect,
+    content_key,
+    create_observation_triggers,
+    transaction,
+)
 from .fsutil import LockHeld, WriterLock, atomic_write
-from .memory.files import MemoryFiles
+from .memory.files import CURATED, SPECS, MemoryFiles
 from .paths import Layout
 
 CHUNK = 5000
 V1_DB = "agent.db"
 V1_MEMORY = "memory"
-V1_FILES = ("tools.md", "user.md")  # carried over; os.md is superseded by the deployed one
+DEPLOY_MANAGED = tuple(name for name, spec in SPECS.items() if spec.owner == "deploy")  # superseded
 META_DONE = "migrated_v1"
 META_STARTED = "migrate_v1_started"
 TEMPLATES = Path(__file__).resolve().parent.parent / "bootstrap" / "templates"
@@ -130,6 +142,7 @@ def migrate(layout: Layout, chunk: int = CHUNK) -> dict[str, Any]:
         say(f"nothing to migrate: no v1 data ({v1_db} does not exist)")
         return {"migrated": False}
 
+    _refuse_if_open(v1_db)
     lock = WriterLock(layout.memory_lock)  # a running server must not see v1 rows arrive under it
     try:
         lock.acquire()
@@ -191,6 +204,33 @@ def _migrate_databases(layout: Layout, v1_db: Path, chunk: int) -> dict[str, dic
     finally:
         for conn in conns.values():
             conn.close()
+
+
+def _refuse_if_open(v1_db: Path) -> None:
+    """A v1 server still running would write agent.db under the copy (Linux /proc; elsewhere
+    this check is skipped). Only processes we may inspect are seen: the workspace owner's."""
+    holder = _open_by_other_process({os.path.realpath(v1_db), os.path.realpath(v1_db) + "-wal"})
+    if holder:
+        pid, path = holder
+        with contextlib.suppress(OSError):
+            pid = f"{pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})"
+        raise MigrationError(f"{path} is open in process {pid}, probably a running v1 server; stop it and run "
+                             "the migration (or the deploy) again. Nothing was changed")
+
+
+def _open_by_other_process(paths: set[str]) -> tuple[str, str] | None:
+    """(pid, path) of another process holding one of `paths` open, or None."""
+    try:
+        pids = [e for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid()]
+    except OSError:
+        return None
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(f"/proc/{pid}/fd/{fd}")) in paths:
+                        return pid, target
+    return None
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int:
@@ -255,6 +295,10 @@ def _copy(conn: sqlite3.Connection, table: Table, total: int, chunk: int) -> Non
     cols = ", ".join(table.columns)
     last = conn.execute(f"SELECT max(id) FROM main.{table.name}").fetchone()[0]
     copied = _count(conn, f"main.{table.name}")
+    if copied and not _prefix_intact(conn, table, last):
+        say(f"table={table.name} v1 rows changed since the interrupted run (ids <= {last!r}); copying it again")
+        _clear(conn, table)
+        last, copied = None, 0
     if copied:
         say(f"table={table.name} resuming after id={last!r} copied={copied}/{total}")
     while True:
@@ -276,6 +320,27 @@ def _copy(conn: sqlite3.Connection, table: Table, total: int, chunk: int) -> Non
         say(f"table={table.name} copied={copied}/{total}")
     if copied == 0 and total == 0:
         say(f"table={table.name} copied=0/0")
+
+
+def _prefix_intact(conn: sqlite3.Connection, table: Table, last: Any) -> bool:
+    """The rows an interrupted run copied (ids <= last) still match v1: a v1 server may have
+    updated or deleted some since, and ON CONFLICT DO NOTHING would never fix them."""
+    cols = ", ".join(f"t.{c}" for c in table.columns)
+    source = conn.execute(f"SELECT {table.select()} FROM v1.{table.name} t WHERE t.id <= ? ORDER BY t.id", (last,))
+    target = conn.execute(f"SELECT {cols} FROM main.{table.name} t WHERE t.id <= ? ORDER BY t.id", (last,))
+    return _checksum(source) == _checksum(target)
+
+
+def _clear(conn: sqlite3.Connection, table: Table) -> None:
+    """Empty a partially copied table. It holds only our own rows (_claim_target refused v2 data);
+    observations' append-only triggers are lifted for this one transaction."""
+    with transaction(conn):
+        if table.name == "observations":
+            for trigger in OBSERVATION_TRIGGERS:
+                conn.execute(f"DROP TRIGGER IF EXISTS main.{trigger}")
+        conn.execute(f"DELETE FROM main.{table.name}")
+        if table.name == "observations":
+            create_observation_triggers(conn)
 
 
 def _copy_keyed(conn: sqlite3.Connection, table: Table, where: str, args: list[Any]) -> int:
@@ -337,29 +402,47 @@ def _untouched(name: str, text: bytes) -> bool:
 
 
 def _migrate_files(layout: Layout) -> dict[str, str]:
+    """Every entry of v1's memory/ gets an outcome in the record; all of them stay in the backup."""
     v1 = layout.root / V1_MEMORY
-    files = MemoryFiles(layout)
     outcome: dict[str, str] = {}
-    for name in V1_FILES:
-        source = v1 / name
-        if not source.is_file():
-            continue
-        data = source.read_bytes()
-        target = layout.memory_dir / name
-        current = target.read_bytes() if target.is_file() else b""
-        if current == data:
-            outcome[name] = "unchanged"
-        elif _untouched(name, current):
-            atomic_write(target, data, mode=0o644)
-            files.snapshot(name, "migrate-v1")
-            outcome[name] = "copied"
+    for source in sorted(v1.iterdir()) if v1.is_dir() else ():
+        name = source.name
+        if name in CURATED and source.is_file():
+            outcome[name] = _carry_file(layout, source)
+        elif name in DEPLOY_MANAGED and source.is_file():
+            outcome[name] = "superseded"
+            say(f"file={name} superseded by the deployed {name} (the v1 file is kept in the backup)")
         else:
-            outcome[name] = "kept-v2"  # the v1 file stays in the backup
-        say(f"file={name} {outcome[name]}")
-    if (v1 / "os.md").is_file():
-        outcome["os.md"] = "superseded"
-        say("file=os.md superseded by the deployed os.md (the v1 file is kept in the backup)")
+            outcome[name] = "backup-only"
+            say(f"file={name} not carried over: v2 has no such memory file (kept in the backup)")
     return outcome
+
+
+def _carry_file(layout: Layout, source: Path) -> str:
+    """A v1 curated file replaces a missing or untouched v2 one, checked by sha256 once written."""
+    name, data = source.name, source.read_bytes()
+    target = layout.memory_dir / name
+    existed = target.is_file()
+    current = target.read_bytes() if existed else b""
+    if current == data:
+        result = "unchanged"
+    elif _untouched(name, current):
+        atomic_write(target, data, mode=0o644)
+        digest = hashlib.sha256(data).hexdigest()
+        if hashlib.sha256(target.read_bytes()).hexdigest() != digest:
+            # Put back what was there, so the next run does not take the damaged copy for an edit.
+            if existed:
+                atomic_write(target, current, mode=0o644)
+            else:
+                target.unlink()
+            raise MigrationError(f"{target} does not read back as written from {source}; v1 data is left in place")
+        MemoryFiles(layout).snapshot(name, "migrate-v1")
+        say(f"file={name} copied sha256={digest[:16]}")
+        return "copied"
+    else:
+        result = "kept-v2"  # the v1 file stays in the backup
+    say(f"file={name} {result}")
+    return result
 
 
 def _fingerprints(layout: Layout) -> dict[str, list[int]]:

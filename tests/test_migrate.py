@@ -148,6 +148,31 @@ def test_curated_v2_file_wins_and_v1_file_is_kept(v1: V1Data, capsys: pytest.Cap
     assert (layout.os_dir / record["backup"] / "memory" / "user.md").read_text(encoding="utf-8") == V1_FILES["user.md"]
 
 
+def test_every_v1_memory_file_is_carried_or_named(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 001: v1 had os.md, tools.md and user.md. Any v1 file with a curated v2 counterpart is
+    carried over; every other one is named in the record and a `migrate:` line, and kept in the backup."""
+    layout = Layout(v1.root)
+    (v1.root / "memory" / "context.md").write_text("# Context\n\nQuarter-end close this week.\n")
+    (v1.root / "memory" / "soul.md").write_text("# v1 soul\n")
+    (v1.root / "memory" / "notes.md").write_text("# Notes the v1 agent kept\n")
+    real_write = m.atomic_write
+    monkeypatch.setattr(m, "atomic_write", lambda path, data, mode: real_write(path, data[:-1], mode))
+    with pytest.raises(m.MigrationError, match="does not read back as written"):  # a short write is caught
+        m.migrate(layout)
+    monkeypatch.undo()
+    record = m.migrate(layout)["record"]
+    out = capsys.readouterr().out
+    assert record["files"] == {"context.md": "copied", "notes.md": "backup-only", "os.md": "superseded",
+                               "soul.md": "superseded", "tools.md": "copied", "user.md": "copied"}
+    assert "migrate: file=notes.md not carried over" in out
+    assert f"file=user.md copied sha256={hashlib.sha256(V1_FILES['user.md'].encode()).hexdigest()[:16]}" in out
+    assert (layout.memory_dir / "context.md").read_text() == "# Context\n\nQuarter-end close this week.\n"
+    backup = layout.os_dir / record["backup"] / "memory"
+    assert (backup / "notes.md").read_text() == "# Notes the v1 agent kept\n"
+    assert (backup / "soul.md").read_text() == "# v1 soul\n"
+
+
 def test_interrupted_run_resumes(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Stop at the third progress line (as a crash would), then run again."""
@@ -171,6 +196,38 @@ def test_interrupted_run_resumes(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
     assert "table=observations resuming after id=6000 copied=6000/12005" in out
     assert TranscriptDB(layout.transcript_db).counts()["total"] == v1.counts["observations"]
     assert MemoryDB(layout.memory_db).get_meta("migrated_v1") is not None
+
+
+def test_resume_after_v1_rows_changed_copies_again(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A v1 server wrote agent.db between an interrupted run and its resume: the changed tables
+    are copied again from scratch, and verification passes."""
+    layout = Layout(v1.root)
+
+    def say(line: str) -> None:
+        if line.startswith("table=pending_actions copied="):  # every table copied, none verified
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(m, "say", say)
+    with pytest.raises(KeyboardInterrupt):
+        m.migrate(layout, chunk=1000)
+    monkeypatch.undo()
+    _execute(v1.root / "agent.db",
+             "UPDATE pending_actions SET status = 'dismissed-by-v1' WHERE id = 3",
+             "UPDATE observations SET processed = 7 WHERE id = 5",
+             "DELETE FROM learnings WHERE id = 10")
+    capsys.readouterr()
+    record = m.migrate(layout, chunk=1000)["record"]
+    out = capsys.readouterr().out
+    for table in ("observations", "learnings", "pending_actions"):
+        assert f"migrate: table={table} v1 rows changed since the interrupted run" in out
+    assert "migrate: table=sessions resuming after id=" in out  # unchanged: resumed, not copied again
+    assert record["rows"]["learnings"]["rows"] == v1.counts["learnings"] - 1
+    assert table_rows(layout.memory_db, "pending_actions", "id, status")[2] == (3, "dismissed-by-v1")
+    assert table_rows(layout.transcript_db, "observations", "id, processed")[4] == (5, 7)
+    # The append-only triggers are back.
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        _execute(layout.transcript_db, "DELETE FROM observations WHERE id = 1")
 
 
 @pytest.mark.parametrize("marker", ["table=observations copied=5000/", "table=learnings copied="])
@@ -277,6 +334,26 @@ def test_running_server_lock_blocks_migration(v1: V1Data) -> None:
     finally:
         os.close(fd)
     assert (v1.root / "agent.db").exists()
+
+
+def test_a_process_holding_agent_db_open_blocks_migration(v1: V1Data) -> None:
+    """A v1 server still running (here: a child holding agent.db open) must stop first."""
+    layout = Layout(v1.root)
+    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('SELECT count(*) FROM observations').fetchone(); print('open', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(v1.root / "agent.db")], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout and child.stdout.readline() == b"open\n"
+        before = hashlib.sha256((v1.root / "agent.db").read_bytes()).hexdigest()
+        with pytest.raises(m.MigrationError, match=rf"agent.db(-wal)? is open in process {child.pid} "):
+            m.migrate(layout)
+    finally:
+        child.kill()
+        child.wait()
+    assert hashlib.sha256((v1.root / "agent.db").read_bytes()).hexdigest() == before
+    assert TranscriptDB(layout.transcript_db).counts()["total"] == 0
+    assert MemoryDB(layout.memory_db).get_meta(m.META_STARTED) is None
+    assert m.migrate(layout)["migrated"] is True  # once it is gone
 
 
 def test_a_user_folder_named_memory_is_never_taken(v1: V1Data) -> None:
