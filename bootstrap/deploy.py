@@ -134,7 +134,9 @@ def already_at(p: Paths, version: str) -> bool:
         deployed = p.version.read_text().strip()
     except OSError:
         return False
-    return deployed == version and release_name(p.current) == version and is_complete_release(p.current)
+    # bin/python is a link to the system python: after its upgrade it dangles, and the venv is dead.
+    return (deployed == version and release_name(p.current) == version and is_complete_release(p.current)
+            and os.path.exists(p.current / "venv" / "bin" / "python"))
 
 
 def point(link: Path, target: str) -> None:
@@ -357,50 +359,86 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
         raise DeployError(f"{what} failed (exit {code}): {last[:300]}")
 
 
+def venv_usable(venv: Path, want: str) -> bool:
+    """Complete, its python resolves, and it is the deploying python's minor version."""
+    return ((venv / ".complete").is_file() and os.path.exists(venv / "bin" / "python")
+            and python_version_of_venv(venv) == want)
+
+
 def ensure_venv(p: Paths, release: Path, wheelhouse: Path | None, cache: Path | None,
                 link: bool = False) -> tuple[str, str]:
-    """Make `venvs/<H>` complete. Returns (H, how): reused, copied, linked or built."""
+    """Make `venvs/<H>` complete and usable. Returns (H, how): reused, copied, linked or built."""
     h = Path(os.readlink(release / "venv")).name
     venv = p.venvs / h
-    how = "reused"
-    if not (venv / ".complete").is_file():
-        p.venvs.mkdir(parents=True, exist_ok=True)
+    want = ".".join(map(str, sys.version_info[:2]))
+    if venv_usable(venv, want):
+        write_pth(venv, p)
+        return h, "reused"
+    p.venvs.mkdir(parents=True, exist_ok=True)
+    for stale in (*p.venvs.glob(f"{h}.partial-*"), *p.venvs.glob(f"{h}.old-*")):
+        remove(stale)
+    cached = cache / h if cache else None
+    from_cache = bool(cached and venv_usable(cached, want))
+    # A complete venv that is not usable (its python was upgraded) may still be what a running
+    # server runs from: the replacement is made beside it and renamed over, as a copy always is.
+    # A missing or half-built one is built in place.
+    replace = (venv / ".complete").is_file()
+    if replace:
+        out.say(f"deploy: venv={h} is unusable (its python is gone or not {want}); rebuilding it")
+    else:
         remove(venv)
-        for stale in p.venvs.glob(f"{h}.partial-*"):
-            remove(stale)
-        cached = cache / h if cache else None
-        want = ".".join(map(str, sys.version_info[:2]))
-        if cached and (cached / ".complete").is_file() and os.path.exists(cached / "bin" / "python") \
-                and python_version_of_venv(cached) == want:
-            partial = p.venvs / f"{h}.partial-{secrets.token_hex(4)}"
-            how = "copied"
-            if link:  # hard links: instant and no extra disk, if the cache is on this filesystem
-                try:
-                    run(["cp", "-a", "--link", str(cached), str(partial)], "linking the cached venv")
-                    how = "linked"
-                except DeployError as exc:
-                    out.say(f"deploy: cannot hard-link the venv cache ({exc}); copying it")
-                    remove(partial)
-            if how == "copied":
-                run(["cp", "-a", str(cached), str(partial)], "copying the cached venv")
-            (partial / ".complete").unlink()
-            write_pth(partial, p)
-            write_atomic(partial / ".complete", f"{how}\n".encode(), 0o644)
-            os.rename(partial, venv)
-        else:
-            if cached:
-                out.log(f"venv cache {cached} is not a complete python {want} venv; building")
-            run([sys.executable, "-m", "venv", str(venv)], "creating the venv")
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                   "--no-input", "-r", str(release / "requirements.lock")]
-            if wheelhouse:
-                pip += ["--isolated", "--no-index", "--find-links", str(wheelhouse)]
-            run(pip, "pip install")
-            write_pth(venv, p)
-            write_atomic(venv / ".complete", b"built\n", 0o644)
-            how = "built"
-    write_pth(venv, p)
+    dest = p.venvs / f"{h}.partial-{secrets.token_hex(4)}" if replace or from_cache else venv
+    if from_cache:
+        assert cached is not None
+        how = copy_cached_venv(cached, dest, link)
+    else:
+        if cached:
+            out.log(f"venv cache {cached} is not a complete python {want} venv; building")
+        how = build_venv(release, dest, wheelhouse)
+    write_pth(dest, p)
+    write_atomic(dest / ".complete", f"{how}\n".encode(), 0o644)
+    if dest != venv:
+        swap_in(dest, venv)
     return h, how
+
+
+def copy_cached_venv(cached: Path, target: Path, link: bool) -> str:
+    how = "copied"
+    if link:  # hard links: instant and no extra disk, if the cache is on this filesystem
+        try:
+            run(["cp", "-a", "--link", str(cached), str(target)], "linking the cached venv")
+            how = "linked"
+        except DeployError as exc:
+            out.say(f"deploy: cannot hard-link the venv cache ({exc}); copying it")
+            remove(target)
+    if how == "copied":
+        run(["cp", "-a", str(cached), str(target)], "copying the cached venv")
+    (target / ".complete").unlink()
+    return how
+
+
+def build_venv(release: Path, target: Path, wheelhouse: Path | None) -> str:
+    """python3 -m venv + pip install of the lock; `.complete` is left to the caller."""
+    run([sys.executable, "-m", "venv", str(target)], "creating the venv")
+    pip = [str(target / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+           "--no-input", "-r", str(release / "requirements.lock")]
+    if wheelhouse:  # offline: an sdist would need its build backend from an index
+        pip += ["--isolated", "--no-index", "--find-links", str(wheelhouse), "--only-binary=:all:"]
+    run(pip, "pip install")
+    return "built"
+
+
+def swap_in(new: Path, venv: Path) -> None:
+    """Rename `new` to `venv`; an old `venv` is moved aside first (a rename cannot replace a
+    non-empty directory) and removed after."""
+    old = None
+    if venv.exists() or venv.is_symlink():
+        old = venv.with_name(f"{venv.name}.old-{secrets.token_hex(4)}")
+        os.rename(venv, old)
+    os.rename(new, venv)
+    fsync_dir(venv.parent)
+    if old is not None:
+        remove(old)
 
 
 def write_pth(venv: Path, p: Paths) -> None:
@@ -424,12 +462,22 @@ def run_migrate(p: Paths, release: Path, venv_hash: str) -> None:
     run_new_code(p, release, venv_hash, "migrate-v1", what="migrate-v1", echo=("migrate:",))
 
 
-def write_templates(p: Paths, release: Path, venv_hash: str, version: str) -> None:
+def write_templates(p: Paths, release: Path, venv_hash: str, version: str, source: str = "deploy") -> None:
     """soul.md and os.md from the release (the versions they replace stay in .history, a person's
     edit included); the curated files only when missing. The new code does it, so history,
     atomic writes and line limits work exactly as the daemon's."""
     run_new_code(p, release, venv_hash, "install-templates", str(release / "bootstrap" / "templates"),
-                 "--source", f"deploy-{version}", what="install-templates", echo=("templates:",))
+                 "--source", f"{source}-{version}", what="install-templates", echo=("templates:",))
+
+
+def restore_templates(p: Paths, version: str) -> None:
+    """After switching back to `version`: its own soul.md and os.md, by its own code and venv. A
+    failure is reported, not raised: the switch back matters more than the files."""
+    release = p.releases / version
+    try:
+        write_templates(p, release, Path(os.readlink(release / "venv")).name, version, source="rollback")
+    except (DeployError, OSError) as exc:
+        out.say(f"deploy: warning: could not restore the templates of {version}: {exc}")
 
 
 def ensure_link(p: Paths, link: Path, target: str) -> None:
@@ -554,9 +602,20 @@ def deploy_lock(p: Paths) -> Iterator[None]:
         os.close(fd)
 
 
+def check_owner(p: Paths, euid: int) -> None:
+    """Root must not write into a workspace someone else owns: what it creates would be root's.
+    Judged by the nearest existing one of .os, the workspace, or a parent of it."""
+    if euid != 0:
+        return
+    for path in (p.os, p.root, *p.root.parents):
+        with contextlib.suppress(FileNotFoundError):
+            uid = path.stat().st_uid
+            if uid != 0:
+                raise DeployError(f"run the deploy as the owner of {path} (uid {uid}), not as root")
+            return
+
+
 def prepare(p: Paths) -> None:
-    if os.geteuid() == 0 and p.root.exists() and p.root.stat().st_uid != 0:
-        raise DeployError(f"run the deploy as the owner of {p.root} (uid {p.root.stat().st_uid}), not as root")
     for path in (p.os, p.releases, p.venvs, p.memory, p.state, p.logs, p.backup):
         path.mkdir(parents=True, exist_ok=True)
     os.chmod(p.os, 0o700)
@@ -624,6 +683,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
                 if old_previous:
                     point(p.previous, f"releases/{old_previous}")
                 out.say(f"deploy: {version} did not start; rolling back to {previous}")
+                restore_templates(p, previous)
                 restart_service(p)
                 raise DeployError(f"{exc}; rolled back to {previous}") from None
 
@@ -649,6 +709,7 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
             point(p.previous, f"releases/{current}")
         point(p.current, f"releases/{previous}")
         ensure_links(p)
+        restore_templates(p, previous)
         if server_pid(p) is not None and not args.no_restart:
             restart_service(p)
     out.say(f"deploy: done version={previous}")
@@ -678,6 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     p = Paths(Path(os.path.abspath(os.path.expanduser(args.workspace))))
     try:
+        check_owner(p, os.geteuid())  # before anything writes, the token and the no-op path included
         return rollback(args, p) if args.rollback else deploy(args, p)
     except DeployError as exc:
         out.log(f"error: {exc}")

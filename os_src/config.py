@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .fsutil import atomic_write
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
@@ -176,6 +177,19 @@ def resolve_token(settings: Settings, *, create: bool) -> str:
     if path.stat().st_mode & 0o077:
         raise ConfigError(f"token file {path} must be readable by its owner only (chmod 600)")
     return token
+
+
+def store_token(settings: Settings, token: str) -> bool:
+    """Make `token` the token file's content (0600, atomic), so on a Sprite the file is the one
+    source a later start reads. Returns whether it changed."""
+    path = settings.layout.token_file
+    try:
+        if path.read_text().strip() == token and not path.stat().st_mode & 0o077:
+            return False
+    except OSError:
+        pass
+    atomic_write(path, (token + "\n").encode(), mode=0o600)
+    return True
 
 
 def describe(settings: Settings) -> dict[str, Any]:

@@ -12,7 +12,8 @@
 The service remembers the settings it was started with (`.os/state/service.env`, 0600):
 a later start or restart (including the one a deploy does) takes each setting from its
 own environment when set there, and from the remembered ones otherwise. A setting set
-to the empty string counts as unset.
+to the empty string counts as unset. SPRITE_OS_TOKEN is never remembered: start writes it
+into the token file, which a deploy's --token-file rotates.
 
 The pid file is trusted only if /proc shows that pid running `sprite_os` for this workspace.
 """
@@ -33,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ENV_VARS, Settings, load_settings, resolve_token
+from .config import ENV_VARS, Settings, load_settings, resolve_token, store_token
 from .fsutil import atomic_write
 from .paths import Layout
 
+NOT_REMEMBERED = ("SPRITE_OS_TOKEN",)  # the token file is the one source (see _adopt_token)
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
 STOP_TIMEOUT = 60.0  # above the server's worst graceful stop: 30 s turn + 10 s CLI + 10 s memory flush
 LOG_LINES = 15
@@ -181,11 +183,25 @@ class Service:
             data = json.loads(self.env_file.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: v for k, v in data.items() if k in ENV_VARS and isinstance(v, str)} if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if k in ENV_VARS and k not in NOT_REMEMBERED and isinstance(v, str)}
 
     def _remember(self, env: Mapping[str, str]) -> None:
-        keep = {k: env[k] for k in ENV_VARS if env.get(k)}
+        keep = {k: env[k] for k in ENV_VARS if env.get(k) and k not in NOT_REMEMBERED}
         atomic_write(self.env_file, json.dumps(keep, indent=1, sort_keys=True).encode(), mode=0o600)
+
+    def _adopt_token(self, env: dict[str, str]) -> None:
+        """SPRITE_OS_TOKEN goes into the token file (0600) and not to the server, which reads the
+        file: a deploy's --token-file rotates that file, so nothing may shadow it. A token an older
+        version remembered in service.env is carried into the file if there is none yet."""
+        token = env.pop("SPRITE_OS_TOKEN", "").strip()
+        if not token:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if not self.layout.token_file.exists():
+                    token = json.loads(self.env_file.read_text()).get("SPRITE_OS_TOKEN", "").strip()
+        if token and store_token(self.settings, token):
+            say(f"token written to {self.layout.token_file}")
 
     @staticmethod
     def python() -> str:
@@ -236,7 +252,9 @@ class Service:
             self._remove_pid_file()
         self.layout.ensure()
         env = self.child_env()
-        child = load_settings(env)  # what the server will see; a bad setting fails here, clearly
+        load_settings(env)  # what the server will see; a bad setting fails here, clearly
+        self._adopt_token(env)
+        child = load_settings(env)
         resolve_token(child, create=True)  # a bad token file too
         if self._port_taken(child):
             fail(f"port {child.port} on {self.probe_host(child.host)} is already in use; stop whatever "

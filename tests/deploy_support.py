@@ -90,7 +90,8 @@ def wheelhouse(cache_root: Path) -> Path:
                 shutil.rmtree(old, ignore_errors=True)
         tmp = cache_root / f"wheelhouse-{lock_hash()}.partial-{os.getpid()}"
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "-r", str(LOCK), "-d", str(tmp)], check=True, capture_output=True)
+                        "--no-deps", "--only-binary=:all:", "-r", str(LOCK), "-d", str(tmp)], check=True,
+                       capture_output=True)
         (tmp / ".complete").write_text("ok\n")
         try:
             os.rename(tmp, target)

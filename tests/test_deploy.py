@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -112,6 +113,9 @@ def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "restart", "gc")]
     h = lock_hash()
     assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
+    log = (ws / ".os" / "logs" / "deploy.log").read_text().splitlines()
+    pip_line = next(line for line in log if " pip install " in line)
+    assert "--no-index" in pip_line and "--only-binary=:all:" in pip_line  # no sdist build offline
     osd = ws / ".os"
     assert current(ws) == f"releases/{VERSION}"
     release = osd / "releases" / VERSION
@@ -171,6 +175,30 @@ def test_release_tarball_deploys_and_same_version_is_a_noop(venv: VenvCache, tmp
     assert snapshot(ws) == before  # nothing touched: same inodes, mtimes, sizes
 
 
+def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path) -> None:
+    """After a system python upgrade the venv's bin/python dangles: not "already at", and the
+    venv is rebuilt (beside it, then renamed over); likewise for a venv of another python version."""
+    ws = tmp_path / "ws"
+    deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    built = ws / ".os" / "venvs" / lock_hash()
+    (built / "bin" / "python").unlink()  # an unlink, not a write: the cache shares these inodes
+    (built / "bin" / "python").symlink_to("/nonexistent/python3.11")
+    out = deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    assert "already at" not in out and f"deploy: venv={lock_hash()} is unusable" in out, out
+    assert f"deploy: venv={lock_hash()} linked" in out
+    assert os.path.exists(built / "bin" / "python") and sprite_os(ws, "version").stdout.strip() == VERSION
+    assert run_deploy(ws, "--from-checkout", str(REPO)).stdout == f"deploy: already at {VERSION}\n"
+
+    cfg = built / "pyvenv.cfg"
+    stale = cfg.with_name("pyvenv.cfg.new")
+    stale.write_text(re.sub(r"(?m)^version\s*=.*$", "version = 3.10.4", cfg.read_text()))
+    os.replace(stale, cfg)  # a new file, again not touching the cache's
+    out = deploy_ok(ws, venv, "--from-checkout", str(REPO), "--force")
+    assert f"deploy: venv={lock_hash()} is unusable" in out and f"deploy: venv={lock_hash()} linked" in out
+    assert "version = 3.10.4" not in cfg.read_text()
+    assert not [e.name for e in (ws / ".os" / "venvs").iterdir() if e.name != lock_hash()]
+
+
 # ---------------------------------------------------------------- new versions, gc, rollback
 
 
@@ -228,6 +256,9 @@ def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp
     assert done.returncode == 0, done.stderr
     assert current(ws) == "releases/9.1.0" and sprite_os(ws, "version").stdout.strip() == "9.1.0"
     assert os.readlink(ws / ".os" / "previous") == "releases/9.2.0"
+    assert "templates: written=" in done.stdout
+    for name in ("soul.md", "os.md"):  # 9.2.0's files are replaced by 9.1.0's again
+        assert (memory / name).read_text() == (new / "bootstrap" / "templates" / name).read_text()
     # --force re-stages the live release in place; current keeps pointing at a complete release.
     (ws / ".os" / "releases" / "9.1.0" / "src" / "service.py").write_text("# damaged\n")
     out = deploy_ok(ws, venv, "--from-checkout", str(new), "--force")
@@ -250,20 +281,24 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
     clone_cached_venv(venv.cache, new / "bootstrap" / "requirements.lock")
     cmd = deploy_cmd(ws, "--from-checkout", str(new), "--venv-cache", str(venv.cache), "--venv-cache-links")
     try:
-        for step in ("stage", "venv", "migrate", "templates"):
+        # Killed as each step starts, and inside two: while migrate-v1 runs, and once the templates
+        # are written (the last thing before the switch).
+        markers = ("deploy: step=stage ", "deploy: step=venv ", "deploy: step=migrate ", "migrate: schema ",
+                   "deploy: step=templates ", "templates: written=")
+        for marker in markers:
             # At the venv step, copy the cached venv (seconds) rather than link it, to kill it mid-way.
-            killed, out = run_until(cmd[:-1] if step == "venv" else cmd, f"deploy: step={step} ", env=service_env)
+            killed, out = run_until(cmd[:-1] if "venv" in marker else cmd, marker, env=service_env)
             assert killed, out
-            assert current(ws) == f"releases/{VERSION}", step
+            assert current(ws) == f"releases/{VERSION}", marker
             assert (ws / ".os" / "VERSION").read_text().strip() == VERSION
             assert (healthz(port) or {}).get("version") == VERSION  # still serving
-            if step != "templates":  # (after this one, the rollback below restarts it)
+            if marker != markers[-1]:  # (after this one, the rollback below restarts it)
                 restarted = sprite_os(ws, "service", "restart", env=service_env)  # and still starts
-                assert restarted.returncode == 0, f"after a kill at {step}: {restarted.stdout}{restarted.stderr}"
+                assert restarted.returncode == 0, f"after a kill at {marker}: {restarted.stdout}{restarted.stderr}"
                 assert (healthz(port) or {}).get("version") == VERSION
         # A release that does not start is rolled back: the previous version starts and serves again.
         pid = int((ws / ".os" / "state" / "server.pid").read_text())
-        broken = make_checkout(tmp_path, "9.3.1")
+        broken = make_checkout(tmp_path, "9.3.1", template_note="9.3.1 never started")
         (broken / "os_src" / "service.py").write_text(
             "def service_main(settings, action):\n    print('sprite-os: error: broken on purpose')\n    return 1\n")
         done = subprocess.run(deploy_cmd(ws, "--from-checkout", str(broken), "--venv-cache", str(venv.cache)),
@@ -271,6 +306,8 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
         assert done.returncode == 1 and f"rolled back to {VERSION}" in done.stderr, done.stdout + done.stderr
         assert "sprite-os: error: broken on purpose" in done.stdout
         assert current(ws) == f"releases/{VERSION}"
+        for name in ("soul.md", "os.md"):  # the release rolled back to has its own files again
+            assert (ws / ".os" / "memory" / name).read_bytes() == (TEMPLATES / name).read_bytes()
         assert int((ws / ".os" / "state" / "server.pid").read_text()) != pid  # restarted
         assert (healthz(port) or {}).get("version") == VERSION
         # The next deploy completes: it cleans up what the killed ones left and restarts the server.
@@ -305,7 +342,14 @@ def test_killed_after_the_switch_the_new_version_is_complete(venv: VenvCache, tm
 def test_deploy_migrates_a_v1_workspace(venv: VenvCache, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     data = make_v1_workspace(ws, observations=1200, learnings=300, actions=40)
+    # A deploy killed inside the migration, once learnings are copied: the next one resumes it.
+    cache = ("--venv-cache", str(venv.cache), "--venv-cache-links")
+    killed, out = run_until(deploy_cmd(ws, "--from-checkout", str(REPO), *cache), "migrate: table=learnings copied=",
+                            env=base_env())
+    assert killed, out
+    assert not (ws / ".os" / "current").exists() and (ws / "agent.db").exists()
     out = deploy_ok(ws, venv, "--from-checkout", str(REPO))
+    assert "migrate: table=learnings resuming after id=" in out
     assert f"migrate: verified table=observations rows={data.counts['observations']} " in out
     assert out.index("migrate: done") < out.index("deploy: step=templates")
     assert not (ws / "agent.db").exists() and not (ws / "memory").exists()
@@ -381,6 +425,28 @@ def test_bad_input_gets_one_clear_line(venv: VenvCache, tmp_path: Path) -> None:
         os.chown(other, 1000, 1000)
         done = run_deploy(other, "--from-checkout", str(REPO))
         assert done.returncode == 1 and "not as root" in done.stderr
+
+
+def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """As root, on a workspace (or, before it exists, a parent) someone else owns: refused in
+    main, before the token, the no-op path or a rollback could write a root-owned file."""
+    deploy = load_script("deploy")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if os.geteuid() == 0:
+        os.chown(ws, 1000, 1000)
+    owner = ws.stat().st_uid
+    for where in (ws, ws / "not-yet"):  # an existing workspace, and one whose parent is the user's
+        p = deploy.Paths(where)
+        with pytest.raises(deploy.DeployError, match=rf"owner of {ws} \(uid {owner}\), not as root"):
+            deploy.check_owner(p, 0)
+        deploy.check_owner(p, owner)  # the owner itself may
+    token = token_file(tmp_path)
+    with pytest.MonkeyPatch.context() as mp:  # through main, as (or posing as) root: nothing is written
+        mp.setattr(deploy.os, "geteuid", lambda: 0)
+        assert deploy.main(["--workspace", str(ws), "--from-checkout", str(REPO), "--token-file", str(token)]) == 1
+        assert deploy.main(["--workspace", str(ws), "--rollback"]) == 1
+    assert list(ws.iterdir()) == []
 
 
 def test_deploy_script_is_stdlib_only() -> None:

@@ -166,3 +166,40 @@ def test_child_env(ws: Path, env: dict[str, str]) -> None:
     assert "PYTHONHOME" not in child
     assert "PYTHONPATH" not in child  # a checkout is not a release: nothing to pin
     assert svc.Service.probe_host("0.0.0.0") == "127.0.0.1"
+
+
+def test_token_is_never_remembered_and_the_token_file_wins(ws: Path, env: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPRITE_OS_TOKEN goes into .os/token, never into service.env, so rotating the file (a deploy's
+    --token-file) is what a later restart serves. The server is a fake that records its environment."""
+    dump = ws.parent / "child.env"
+    fake = ws.parent / "fake-python"
+    fake.write_text(f"#!/bin/sh\nenv > {dump}\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: str(fake)))
+    settings = load_settings(env)
+    layout = settings.layout
+
+    def start(**extra: str) -> dict[str, str]:
+        monkeypatch.setattr(os, "environ", {**base_env(), **env, **extra})
+        assert svc.service_main(settings, "start") == 1  # the fake exits; start has done its part
+        return dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+
+    child = start(SPRITE_OS_TOKEN="first-token-0123456789")
+    assert "SPRITE_OS_TOKEN" not in child  # the server reads the file
+    assert layout.token_file.read_text() == "first-token-0123456789\n"
+    assert oct(layout.token_file.stat().st_mode & 0o777) == "0o600"
+    remembered = json.loads(layout.service_env.read_text())
+    assert "SPRITE_OS_TOKEN" not in remembered and remembered["SPRITE_MEMORY_MODEL"] == "claude-remembered"
+
+    # A service.env written by an older version still names a token; a rotated file wins over it.
+    layout.service_env.write_text(json.dumps({**remembered, "SPRITE_OS_TOKEN": "stale-token-0123456789"}))
+    layout.token_file.write_text("rotated-token-0123456789\n")
+    assert "SPRITE_OS_TOKEN" not in start()
+    assert layout.token_file.read_text() == "rotated-token-0123456789\n"
+    assert "SPRITE_OS_TOKEN" not in json.loads(layout.service_env.read_text())
+    # ... and with no token file at all, it is carried into one rather than lost.
+    layout.service_env.write_text(json.dumps({**remembered, "SPRITE_OS_TOKEN": "stale-token-0123456789"}))
+    layout.token_file.unlink()
+    start()
+    assert layout.token_file.read_text() == "stale-token-0123456789\n"
