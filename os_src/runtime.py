@@ -142,6 +142,7 @@ class AgentRuntime:
         self._turn: _Turn | None = None
         self._interrupted = False
         self._heard = False  # the CLI said something about the running turn
+        self._sending = False  # the prompt is being written to the CLI
         self._closing = False  # set by shutdown: frames that would start work are refused
         self._session_had_turn = False  # a new_session on a session with no turn changes nothing
         self._new_session_last = False  # the queue's tail is a new_session: another adds nothing
@@ -180,11 +181,17 @@ class AgentRuntime:
         self.state = "stopping"
         if client is None:  # still starting: the turn ends as soon as the CLI is up, unsent
             return True
+        if self._sending:  # the prompt is being written: _send interrupts right after it, not before
+            return True
+        await self._interrupt_cli(client, turn)
+        return True
+
+    @staticmethod
+    async def _interrupt_cli(client: ClaudeSDKClient, turn: _Turn) -> None:
         try:
             await asyncio.wait_for(client.interrupt(), INTERRUPT_TIMEOUT)
         except Exception as exc:  # the CLI may already be gone; the turn ends either way
             log.warning("interrupt_failed", turn_id=turn.turn_id, error=repr(exc))
-        return True
 
     @property
     def turn_id(self) -> str | None:
@@ -311,7 +318,15 @@ class AgentRuntime:
                                          duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
             return False
         self.state = "running"
-        await self._client.query(turn.text)
+        # An interrupt that reached the CLI before the prompt would stop nothing, and the turn
+        # would run to its end: one arriving while the prompt is written is sent after it.
+        self._sending = True
+        try:
+            await self._client.query(turn.text)
+        finally:
+            self._sending = False
+        if self._interrupted:
+            await self._interrupt_cli(self._client, turn)
         return True
 
     async def _cli_lost(self) -> None:

@@ -43,6 +43,7 @@ class FakeCLI:
         self.h = harness
         self._transport = SimpleNamespace(_process=SimpleNamespace(pid=next(_pids), returncode=None))
         self.queries: list[str] = []
+        self.order: list[str] = []  # "query" and "interrupt", as the CLI received them
         self.interrupted = asyncio.Event()
         self.refuse_writes = False  # a CLI that is dead before its exit is noticed
         self.crash_after = -1  # exit with -9 after this many messages of a reply (-1: never)
@@ -56,7 +57,10 @@ class FakeCLI:
     async def query(self, text: str) -> None:
         if self.refuse_writes or self._transport._process.returncode is not None:
             raise CLIConnectionError("Cannot write to terminated process")
+        if self.h.write_gate is not None:  # a slow pipe: the write is still under way
+            await self.h.write_gate.wait()
         self.queries.append(text)
+        self.order.append("query")
 
     async def receive_response(self) -> AsyncIterator[Any]:
         if self.h.hold:
@@ -67,6 +71,7 @@ class FakeCLI:
             yield message
 
     async def interrupt(self) -> None:
+        self.order.append("interrupt")
         self.interrupted.set()
 
     async def disconnect(self) -> None:
@@ -79,6 +84,7 @@ class Harness:
         self.clis: list[FakeCLI] = []
         self.reply: list[Any] = answer()
         self.hold = False  # replies wait for an interrupt
+        self.write_gate: asyncio.Event | None = None  # when set, a prompt's write waits for it
         settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
         settings.layout.ensure()
         canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
@@ -167,6 +173,18 @@ async def test_a_cli_that_dies_after_answering_in_part_fails_the_turn_without_re
     assert (await h.turn("two")).status == "error"
     assert len(h.clis) == 1 and h.clis[0].queries == ["one", "two"]
     assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+
+
+async def test_an_interrupt_while_the_prompt_is_written_reaches_the_cli_after_it(h: Harness) -> None:
+    h.hold, h.write_gate = True, asyncio.Event()
+    h.rt.submit("long")
+    await h.until(lambda: h.rt.state == "running")
+    assert await h.rt.interrupt()
+    assert h.clis[0].order == []  # sent now, it would reach the CLI before the prompt and stop nothing
+    h.write_gate.set()
+    await h.until(lambda: bool(h.of(p.TurnComplete)))
+    assert h.clis[0].order == ["query", "interrupt"]
+    assert h.of(p.TurnComplete)[-1].status == "interrupted"
 
 
 async def test_new_session_on_a_fresh_session_changes_nothing(h: Harness) -> None:
