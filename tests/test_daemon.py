@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.daemon import MemoryDaemon
-from tests.mock_bridge import Fault
+from tests.mock_bridge import Fault, RecordedRequest
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
 
@@ -185,3 +186,48 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
 
 async def _failures(d: MemoryDaemon, n: int) -> bool:
     return d.health.consecutive_failures >= n
+
+
+async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_stale(kit: Kit) -> None:
+    def refuse_turn_4(request: RecordedRequest) -> str:  # the model refuses whenever turn #4 is shown
+        return "I can't help with that." if "[#4]" in request.last_user_text else "FACT: a learning"
+
+    kit.bridge.curator.script(*[refuse_turn_4] * 100)
+    await kit.turns(*[f"turn {n}" for n in range(1, 7)])
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    with capture_logs() as logs:
+        await d.start()
+        try:
+            await wait_until(lambda: _pending(kit, 0))
+            assert await kit.transcript.call(lambda t: t.counts()) == {
+                "pending": 0, "processed": 5, "stale": 1, "total": 6}
+            batches = await kit.memory.call(lambda m: m.recent_batches(100))
+            assert sorted(i for b in batches if b.status == "done" for i in b.observation_ids) == [1, 2, 3, 5, 6]
+            # 1-6 three times, then 1-3, 4-6 three times, 4 three times, 5-6
+            assert len(kit.bridge.curator_requests()) == 11
+            await kit.turns("turn 7", "turn 8")  # newer turns are no longer held back
+            d.trigger("test")
+            await wait_until(lambda: _pending(kit, 0))
+            assert await _count(kit, "processed", 7)
+            assert d.status()["degraded"] is False and d.health.failing_since is None
+        finally:
+            await d.stop(flush_budget=0)
+    [stale] = [x for x in logs if x["event"] == "observation_marked_stale"]
+    assert stale["log_level"] == "error" and stale["observation_id"] == 4
+    assert "turn 4" not in repr(stale)  # ids only, no user content
+
+
+async def test_a_proxy_returning_500_never_splits_or_marks_stale_before_six_hours(kit: Kit) -> None:
+    kit.bridge.faults.add(Fault("status", status=500, target="curator", times=6))
+    await kit.turns(*[f"turn {n}" for n in range(1, 7)])
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _pending(kit, 0), timeout=20)
+    finally:
+        await d.stop(flush_budget=0)
+    assert await _count(kit, "stale", 0)
+    batches = await kit.memory.call(lambda m: m.recent_batches(100))
+    assert sum(b.status == "failed" for b in batches) == 6
+    assert all(b.observation_ids == [1, 2, 3, 4, 5, 6] for b in batches)  # retried whole, never split
+    assert all("[#1]" in r.last_user_text and "[#6]" in r.last_user_text for r in kit.bridge.curator_requests())

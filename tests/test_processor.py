@@ -16,7 +16,13 @@ from sprite_os.database import (
     Worker,
 )
 from sprite_os.memory.files import MemoryFiles
-from sprite_os.memory.processor import BatchProcessor, CuratorClient, CuratorError, EditConflict
+from sprite_os.memory.processor import (
+    BatchProcessor,
+    CuratorClient,
+    CuratorError,
+    EditConflict,
+    UnusableReply,
+)
 from sprite_os.paths import Layout
 from tests.conftest import make_settings
 from tests.mock_bridge import CutOff, Fault, MockBridge
@@ -135,8 +141,9 @@ async def test_hostile_replies_never_corrupt_files(kit: Kit) -> None:
 async def test_proxy_errors_are_curator_errors_and_recorded(kit: Kit) -> None:
     obs = await kit.turns("hi")
     kit.bridge.faults.add(Fault("status", status=529, target="curator", times=1))
-    with pytest.raises(CuratorError, match=r"529|[Oo]verloaded"):
+    with pytest.raises(CuratorError, match=r"529|[Oo]verloaded") as raised:
         await kit.processor.process(obs, "batch")
+    assert not isinstance(raised.value, UnusableReply)  # transport: the daemon retries the same batch
     [failed] = await kit.memory.call(lambda m: m.recent_batches(5))
     assert failed.status == "failed" and failed.observation_ids == [o.id for o in obs]
     assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1
@@ -235,3 +242,12 @@ async def test_recovery_never_overwrites_an_edit_made_after_the_crash(kit: Kit) 
     assert await kit.processor.recover() == 1
     assert "edited while the server was down" in kit.files.read("user.md")
     assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1  # curated again, on the edit
+
+
+async def test_a_reply_that_follows_no_format_is_an_unusable_reply(kit: Kit) -> None:
+    obs = await kit.turns("hi")
+    kit.bridge.curator.script("I'm sorry, I can't help with that.")
+    with pytest.raises(UnusableReply):  # the proxy answered: the daemon may split the batch
+        await kit.processor.process(obs, "batch")
+    [failed] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert failed.status == "failed" and await kit.transcript.call(lambda t: t.counts()["pending"]) == 1

@@ -13,6 +13,11 @@ transcript.db for `memory rebuild`. When the failing started, and how many calls
 failed, is kept in memory.db (`meta`), so a restart does not reset the clock;
 the count keeps a Sprite that slept through six hours from calling its first
 failures after waking "six hours of failure".
+
+A reply that arrives but is unusable (UnusableReply: a refusal, garbage) is another
+matter: the same turns may fail forever and hold back every newer one. After
+UNUSABLE_LIMIT in a row for the oldest chunk, it is split in half and the halves run
+one after the other; a single turn that still gets them is marked stale at once.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..database import STALE
+from ..database import STALE, Observation
 from ..logs import get_logger
 from .curator import split_batch
-from .processor import BatchProcessor, CuratorError, EditConflict
+from .processor import BatchProcessor, CuratorError, EditConflict, UnusableReply
 
 log = get_logger(__name__)
 
@@ -38,6 +43,7 @@ STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
 FAILING_KEY = "daemon_failing"  # memory.db meta: {"since": epoch seconds, "failures": n}
 CONFLICT_RETRY = 2.0
+UNUSABLE_LIMIT = 3  # unusable replies in a row for one chunk, then it is split (one turn: marked stale)
 
 
 @dataclass
@@ -66,6 +72,9 @@ class MemoryDaemon:
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
+        # Isolation of unusable replies, in memory only (a restart starts over with whole chunks):
+        self._unusable: tuple[int, int] = (0, 0)  # (first id of the chunk, unusable replies in a row)
+        self._parts: list[list[int]] = []  # the pieces of split chunks still to run, oldest first
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -171,26 +180,69 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
-            pending = await self.processor.pending(self.batch_turns)
-            if not pending:
+            chunk = await self._next_chunk()
+            if not chunk:
                 return True, None
-            for chunk in split_batch(pending):
-                try:
-                    await self.processor.process(chunk, trigger, self._conflicts)
-                except EditConflict:
-                    self._conflicts += 1
-                    return False, CONFLICT_RETRY
-                except CuratorError as exc:
-                    return False, await self._failed(str(exc))
-                self._conflicts = 0
-                await self._succeeded()
-                self._resolve(chunk[-1].id, True)
+            try:
+                await self.processor.process(chunk, trigger, self._conflicts)
+            except EditConflict:
+                self._conflicts += 1
+                return False, CONFLICT_RETRY
+            except UnusableReply as exc:
+                if await self._isolate(chunk, str(exc)):
+                    continue  # split, or one turn marked stale: go on at once, the proxy works
+                return False, await self._failed(str(exc))
+            except CuratorError as exc:  # transport: the same chunk is retried, whole
+                return False, await self._failed(str(exc))
+            self._conflicts = 0
+            self._unusable = (0, 0)
+            await self._succeeded()
+            self._resolve(chunk[-1].id, True)
+
+    async def _next_chunk(self) -> list[Observation]:
+        """The oldest pending turns that fit one call: the first piece of a split chunk, if any."""
+        pending = await self.processor.pending(self.batch_turns)
+        while self._parts:
+            part = set(self._parts[0])
+            chunk = [o for o in pending if o.id in part]
+            if chunk:
+                return chunk
+            self._parts.pop(0)  # done (or stale)
+        return split_batch(pending)[0] if pending else []
+
+    async def _isolate(self, chunk: list[Observation], error: str) -> bool:
+        """Count an unusable reply for `chunk`. At UNUSABLE_LIMIT in a row, split the chunk in
+        half, or mark a single turn stale, and return True. Below it, return False (retry)."""
+        first, count = self._unusable
+        count = count + 1 if first == chunk[0].id else 1
+        if count < UNUSABLE_LIMIT:
+            self._unusable = (chunk[0].id, count)
+            return False
+        self._unusable = (0, 0)
+        ids = [o.id for o in chunk]
+        if len(ids) > 1:
+            half = len(ids) // 2
+            self._parts[:1] = [ids[:half], ids[half:]]  # replaces the piece that failed, if it was one
+            log.warning("memory_batch_split", first_id=ids[0], last_id=ids[-1], observations=len(ids),
+                        unusable_replies=count)
+        else:
+            await self.processor.transcript.call(lambda t: t.set_processed(ids, STALE))
+            log.error("observation_marked_stale", observation_id=ids[0], state=STALE,
+                      reason="curator reply unusable", unusable_replies=count)
+        # The proxy answered: this is not the failing the six-hour rule measures.
+        self.health.last_failure_at, self.health.last_error = time.time(), error[:500]
+        await self._clear_failing()
+        return True
 
     async def _succeeded(self) -> None:
+        self.health.last_success_at = time.time()
+        self.health.batches_run += 1
+        await self._clear_failing()
+
+    async def _clear_failing(self) -> None:
         h = self.health
         was_failing = h.failing_since is not None
-        h.last_success_at, h.consecutive_failures, h.failing_since, h.next_retry_at = time.time(), 0, None, None
-        h.batches_run += 1
+        h.consecutive_failures, h.failing_since, h.next_retry_at = 0, None, None
         if was_failing:
             await self._save_failing()
 

@@ -53,6 +53,11 @@ class CuratorError(Exception):
     """The call failed (proxy down, timeout, HTTP error) or its reply was unusable. Retry later."""
 
 
+class UnusableReply(CuratorError):
+    """The proxy answered, but nothing in the reply follows the format (a refusal, garbage, empty).
+    Unlike a transport failure, retrying the same turns may never help: the daemon isolates them."""
+
+
 class EditConflict(Exception):
     """A person edited a file while the call ran; the batch must run again."""
 
@@ -152,7 +157,7 @@ class BatchProcessor:
         reply = await call()
         if not reply.recognised:
             await self._record_failure(trigger, ids, "reply did not follow the format", tokens)
-            raise CuratorError("curator reply did not follow the format")
+            raise UnusableReply("curator reply did not follow the format")
         problems = [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]
         if truncated[0]:
             problems.append(TRUNCATED)
