@@ -281,13 +281,14 @@ class AgentRuntime:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
 
         A CLI that died after the last turn, too recently for _run to see its exit, swallows the
-        prompt (a write to a dying pipe can succeed) and fails before saying anything. Nothing of
-        the turn happened, so it is sent once more, to a fresh CLI."""
+        prompt (a write to a dying pipe can succeed) and fails, or ends the stream, before saying
+        anything. Nothing of the turn happened, so it is sent once more, to a fresh CLI, unless
+        the person interrupted it or the server is stopping meanwhile."""
         reused = self._client is not None
         try:
             return await self._attempt(turn, started)
-        except (CLIConnectionError, ProcessError):
-            if not reused or self._heard:
+        except (CLIConnectionError, ProcessError, _NoResult):
+            if not reused or self._heard or self._interrupted or self._closing:
                 raise
         await self._cli_lost()
         return await self._attempt(turn, started)

@@ -47,6 +47,7 @@ class FakeCLI:
         self.interrupted = asyncio.Event()
         self.refuse_writes = False  # a CLI that is dead before its exit is noticed
         self.crash_after = -1  # exit with -9 after this many messages of a reply (-1: never)
+        self.exit_silently = False  # the reply stream ends at once, with no result (an exit with status 0)
 
     def die(self) -> None:
         self._transport._process.returncode = -9
@@ -65,6 +66,8 @@ class FakeCLI:
     async def receive_response(self) -> AsyncIterator[Any]:
         if self.h.hold:
             await self.interrupted.wait()
+        if self.exit_silently:
+            return
         for n, message in enumerate(self.h.reply):
             if n == self.crash_after:
                 raise ProcessError("Command failed with exit code -9", exit_code=-9)
@@ -165,6 +168,25 @@ async def test_a_cli_that_swallows_the_prompt_as_it_dies_gets_it_resent_once(h: 
     h.rt.new_session()  # the resent turn counts as the new session's turn
     await h.until(lambda: len(h.of(p.SessionEnded)) == 2)
     assert h.of(p.SessionEnded)[-1].reason == "new_session"
+
+
+async def test_a_cli_that_exits_silently_under_the_prompt_gets_it_resent_once(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.clis[0].exit_silently = True  # status 0: no error, no result, nothing said
+    done = await h.turn("two")
+    assert done.status == "completed" and h.clis[1].queries == ["two"]
+    assert [s.reason for s in h.of(p.SessionEnded)] == ["crash"]
+
+
+async def test_an_interrupted_turn_is_not_resent_to_a_fresh_cli(h: Harness) -> None:
+    assert (await h.turn("one")).status == "completed"
+    h.hold = True
+    h.clis[0].exit_silently = True
+    h.rt.submit("two")
+    await h.until(lambda: h.rt.state == "running")
+    await h.rt.interrupt()
+    await h.until(lambda: len(h.of(p.TurnComplete)) == 2)
+    assert len(h.clis) == 1 and h.of(p.TurnComplete)[-1].status != "completed"
 
 
 async def test_a_cli_that_dies_after_answering_in_part_fails_the_turn_without_resending(h: Harness) -> None:
