@@ -134,9 +134,10 @@ def already_at(p: Paths, version: str) -> bool:
         deployed = p.version.read_text().strip()
     except OSError:
         return False
-    # bin/python is a link to the system python: after its upgrade it dangles, and the venv is dead.
+    # The venv belongs to the system python: after an upgrade its bin/python dangles, or (a link
+    # to `python3`) runs a newer python that ignores the venv's lib/python3.X. Either way it is dead.
     return (deployed == version and release_name(p.current) == version and is_complete_release(p.current)
-            and os.path.exists(p.current / "venv" / "bin" / "python"))
+            and venv_usable(p.current / "venv", deploying_python()))
 
 
 def point(link: Path, target: str) -> None:
@@ -359,6 +360,10 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
         raise DeployError(f"{what} failed (exit {code}): {last[:300]}")
 
 
+def deploying_python() -> str:
+    return ".".join(map(str, sys.version_info[:2]))
+
+
 def venv_usable(venv: Path, want: str) -> bool:
     """Complete, its python resolves, and it is the deploying python's minor version."""
     return ((venv / ".complete").is_file() and os.path.exists(venv / "bin" / "python")
@@ -370,7 +375,7 @@ def ensure_venv(p: Paths, release: Path, wheelhouse: Path | None, cache: Path | 
     """Make `venvs/<H>` complete and usable. Returns (H, how): reused, copied, linked or built."""
     h = Path(os.readlink(release / "venv")).name
     venv = p.venvs / h
-    want = ".".join(map(str, sys.version_info[:2]))
+    want = deploying_python()
     if venv_usable(venv, want):
         write_pth(venv, p)
         return h, "reused"
@@ -565,7 +570,9 @@ def releases_in_use(pid: int | None) -> set[str]:
 
 
 def restart_service(p: Paths) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    # Not SPRITE_OS_TOKEN: the token file is the one source, and a stale export in the deploying
+    # shell would overwrite the token a --token-file just installed.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "SPRITE_OS_TOKEN")}
     run([str(p.command), "service", "restart"], "service restart", env=env, cwd=p.os, echo=("sprite-os:",))
 
 

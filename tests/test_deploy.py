@@ -193,8 +193,8 @@ def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path)
     stale = cfg.with_name("pyvenv.cfg.new")
     stale.write_text(re.sub(r"(?m)^version\s*=.*$", "version = 3.10.4", cfg.read_text()))
     os.replace(stale, cfg)  # a new file, again not touching the cache's
-    out = deploy_ok(ws, venv, "--from-checkout", str(REPO), "--force")
-    assert f"deploy: venv={lock_hash()} is unusable" in out and f"deploy: venv={lock_hash()} linked" in out
+    out = deploy_ok(ws, venv, "--from-checkout", str(REPO))  # no --force: a python upgrade is not "already at"
+    assert "already at" not in out and f"deploy: venv={lock_hash()} is unusable" in out and f"deploy: venv={lock_hash()} linked" in out
     assert "version = 3.10.4" not in cfg.read_text()
     assert not [e.name for e in (ws / ".os" / "venvs").iterdir() if e.name != lock_hash()]
 
@@ -447,6 +447,20 @@ def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
         assert deploy.main(["--workspace", str(ws), "--from-checkout", str(REPO), "--token-file", str(token)]) == 1
         assert deploy.main(["--workspace", str(ws), "--rollback"]) == 1
     assert list(ws.iterdir()) == []
+
+
+def test_a_restart_never_passes_a_stale_token_from_the_deploying_shell(tmp_path: Path) -> None:
+    """The service writes SPRITE_OS_TOKEN into .os/token; passed by a deploy's restart, a stale
+    export would overwrite the token --token-file just installed."""
+    deploy = load_script("deploy")
+    seen: list[dict[str, str]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPRITE_OS_TOKEN", "stale-token-from-the-shell-0123")
+        mp.setenv("SPRITE_MEMORY_MODEL", "kept-as-it-is")
+        mp.setattr(deploy, "run", lambda cmd, what, env=None, **_: seen.append(env or {}))
+        deploy.restart_service(deploy.Paths(tmp_path))
+    [env] = seen
+    assert "SPRITE_OS_TOKEN" not in env and env["SPRITE_MEMORY_MODEL"] == "kept-as-it-is"
 
 
 def test_deploy_script_is_stdlib_only() -> None:
