@@ -11,11 +11,13 @@ and Bash commands that would change anything there:
 - a line that mentions `.os` anywhere (inside `python -c`, `$(...)`, a variable)
   is allowed only if every command in it is read-only;
 - a disguised line, whose words are built at run time (`$`, backticks, quotes or
-  backslashes inside a word, code given to an interpreter with `-c`/`-e`/stdin,
-  eval, awk), is read again without its quotes and with its own variables
-  substituted; it must be read-only if it then mentions `.os` or names a memory
-  file (`memory/`, `user.md`, `transcript.db`...);
-- a line run with its cwd inside `.os/` must be read-only;
+  backslashes inside a word, code given to an interpreter as its program with
+  `-c`/`-e`, on stdin, by a heredoc or here-string, eval, awk), is read again
+  without its quotes and with its own variables substituted; it must be read-only
+  if it then mentions `.os` or names a memory file as it is on disk (`user.md`,
+  `transcript.db`...);
+- a line run with its cwd inside `.os/` must be read-only (`cd` counts as
+  read-only: it changes no file, and the agent must be able to leave);
 - recursive rm/chmod/chown/find -delete on a directory that contains `.os/` is denied;
 - a command with a redirection counts as writing, wherever the redirection points;
 - the server's token and the service's saved environment can't be read at all
@@ -49,7 +51,7 @@ HARMLESS_TARGETS = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr"))
 READ_ONLY = frozenset(
     """cat head tail less more ls wc grep egrep fgrep rg stat file du tree diff cmp sha256sum sha1sum md5sum
     realpath readlink basename dirname jq sort uniq cut strings od hexdump test [ true false echo printf
-    pwd find""".split()
+    pwd find cd pushd popd""".split()
 )  # not xxd: `xxd IN OUT` writes OUT. The options below that write or run programs are checked too.
 # Per read-only program: short option letters and long-option names that write a file or run a program.
 WRITE_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -62,13 +64,20 @@ WRITE_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Programs that run code given inline (-c, -e) or on stdin rather than from a script file.
 _INTERPRETER = re.compile(r"^(?:(?:ba|da|k|z|fi)?sh|python[\d.]*|pypy[\d.]*|perl|ruby|node(?:js)?|php|lua|deno|bun|"
                           r"osascript)$")
-_ALWAYS_CODE = frozenset("eval source . awk gawk mawk nawk".split())
-# Names that, in a command whose words we can't read off its text, suggest it builds a path into
-# memory: the memory directory next to a slash, or a memory file's own name.
+# Not `source`/`.`: a sourced script is like a script file run by name, which the guard doesn't read.
+_ALWAYS_CODE = frozenset("eval awk gawk mawk nawk".split())
+# A memory file's own name, as it is on disk, which a command whose words we can't read off its text
+# may be building a path to. Not the bare `memory` directory (`tests/memory/` is ordinary work): a
+# built `.os/memory` is caught by the `.os` mention, read after variables are substituted.
 _MEMORY_NAME = re.compile(
-    r"(?<![\w$.-])(?:memory/|(?<=/)memory\b|(?:soul|os|tools|files|user|context)\.md|transcript\.db|"
-    r"memory\.db|\.history\b|\.writer\.lock)", re.IGNORECASE)
+    r"(?<![\w$.-])(?:(?:soul|os|tools|files|user|context)\.md|transcript\.db|memory\.db|\.history\b|"
+    r"\.writer\.lock)")
 WRAPPERS = frozenset("sudo env command nohup nice time timeout stdbuf builtin exec".split())
+# A wrapper's options that take the next word as their value (`sudo -u ada`, `nice -n 5`).
+WRAPPER_VALUES = {"sudo": frozenset("-u -g -C -D -h -p -r -t -U -R -T".split()), "env": frozenset("-u -C -S".split()),
+                  "nice": frozenset(("-n",)), "timeout": frozenset(("-s", "-k")), "stdbuf": frozenset("-i -o -e".split())}
+XARGS_VALUES = frozenset("-I -n -P -d -L -s -E -a -e -i -l".split())
+HEREDOC = frozenset(("<<", "<<<"))
 RECURSIVE_DESTRUCTIVE = frozenset("rm chmod chown chgrp rsync shred find".split())
 FIND_WRITES = frozenset("-delete -exec -execdir -ok -okdir -fprint -fprint0 -fprintf -fls".split())
 CONTROL = frozenset(";;& && || | |& & ; ( ) \n".split(" ")) | {"\n"}
@@ -211,25 +220,66 @@ def _writes_by_option(program: str, args: list[str]) -> bool:
 
 
 def _runs_code(words: list[str]) -> bool:
-    """True if the command hands an interpreter code inline (`bash -c`, `python3 -c`, `perl -e`,
-    eval, awk) or on stdin, where the guard can't read the paths it will use. A script file
-    (`python3 script.py`) is run as it is: the guard does not read scripts."""
-    for i, word in enumerate(words):
-        name = os.path.basename(word)
-        if name in _ALWAYS_CODE and (i == 0 or name != "."):
+    """True if the command's program is an interpreter given code inline (`bash -c`, `python3 -c`,
+    `perl -e`), on stdin, by a heredoc or here-string (`python3 <<EOF`, `bash <<< "..."`), or is
+    eval or awk: the guard can't read the paths that code will use. Only the program counts (after
+    wrappers, and the command `find -exec` or `xargs` runs): `apt install python3` runs no code. A
+    script file (`python3 script.py`, `source env/bin/activate`) is run as it is: the guard does not
+    read scripts."""
+    rest = _redirections(words)[1]
+    return _code_at(rest, _program_index(rest), heredoc=bool(HEREDOC & set(words)))
+
+
+def _code_at(words: list[str], i: int | None, heredoc: bool = False) -> bool:
+    if i is None:
+        return False
+    name, args = os.path.basename(words[i]), words[i + 1:]
+    if name in _ALWAYS_CODE:
+        return True
+    if name == "find":
+        return any(_code_at(args, _program_index(args, j + 1)) for j, a in enumerate(args[:-1]) if a in FIND_WRITES)
+    if name == "xargs":
+        j = 0
+        while j < len(args) and args[j].startswith("-"):
+            j += 2 if args[j] in XARGS_VALUES else 1
+        return _code_at(args, _program_index(args, j))
+    if not _INTERPRETER.match(name):
+        return False
+    if heredoc:
+        return True  # code on stdin, from the command line itself
+    for arg in args:
+        if arg == "-" or arg.startswith("--eval") or arg.startswith("--command"):
             return True
-        if not _INTERPRETER.match(name):
+        if not arg.startswith("-"):
+            return False  # a script file
+        if set(arg[1:]) & set("ceEpr"):
+            return True
+    return True  # code on stdin
+
+
+def _program_index(words: list[str], start: int = 0) -> int | None:
+    """Where the program is among a command's words (redirections removed): after variable
+    assignments and wrappers (`sudo -u ada`, `env -i X=1`, `timeout 5`, `nice -n 5`)."""
+    i = start
+    while i < len(words):
+        word = words[i]
+        if _ASSIGNMENT.match(word):
+            i += 1
             continue
-        for arg in words[i + 1:]:
-            if arg == "-" or arg.startswith("--eval") or arg.startswith("--command"):
-                return True
-            if not arg.startswith("-"):
-                break  # a script file (or an interpreter named as an argument)
-            if set(arg[1:]) & set("ceEpr"):
-                return True
-        else:
-            return True  # code on stdin
-    return False
+        if word not in WRAPPERS:
+            return i
+        wrapper, i = word, i + 1
+        while i < len(words) and words[i].startswith("-") and words[i] != "-":
+            option, i = words[i], i + 1
+            if wrapper == "command" and option in ("-v", "-V"):
+                return i - 2  # `command -v python3` only looks the name up
+            if option == "--":
+                break
+            if option in WRAPPER_VALUES.get(wrapper, ()):
+                i += 1
+        if wrapper == "timeout" and i < len(words) and words[i][:1].isdigit():
+            i += 1  # the duration
+    return None
 
 
 def _unquote(command: str) -> tuple[bool, str]:
@@ -287,6 +337,15 @@ def _simple_commands(tokens: list[str]) -> list[list[str]]:
 
 def _split(words: list[str]) -> tuple[str, list[str], list[str]]:
     """(program, arguments, redirection targets) of one simple command."""
+    targets, rest = _redirections(words)
+    i = _program_index(rest)
+    if i is None:
+        return "", [], targets
+    return os.path.basename(rest[i]), rest[i + 1:], targets
+
+
+def _redirections(words: list[str]) -> tuple[list[str], list[str]]:
+    """(redirection targets, the other words) of one simple command."""
     targets, rest = [], []
     it = iter(range(len(words)))
     for i in it:
@@ -297,10 +356,7 @@ def _split(words: list[str]) -> tuple[str, list[str], list[str]]:
             next(it, None)
             continue
         rest.append(word)
-    while rest and (_ASSIGNMENT.match(rest[0]) or rest[0] in WRAPPERS):
-        rest = rest[1:]
-    program = os.path.basename(rest[0]) if rest else ""
-    return program, rest[1:], targets
+    return targets, rest
 
 
 def _recursive(program: str, args: list[str]) -> bool:

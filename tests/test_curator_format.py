@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from sprite_os.database import Observation
 from sprite_os.memory.curator import (
     BATCH_CHARS,
@@ -127,8 +129,45 @@ def test_a_marker_with_a_label_or_text_after_its_colon() -> None:
     reply = parse_reply("USER_MD_UPDATE: (user.md, at most 200 lines)\n# User\n"
                         "**CONTEXT_MD_UPDATE:** `context.md`\n# Now\n"
                         "TOOLS_MD_UPDATE: here is the new file\n# Tools\n", IDS)
-    assert reply.file_updates == {"user.md": "# User\n", "context.md": "# Now\n", "tools.md": "# Tools\n"}
-    assert reply.ignored == ["here is the new file"]  # narration: reported, never stored in the file
+    assert reply.file_updates == {"user.md": "# User\n", "context.md": "# Now\n"}
+    # Not a label: the marker opens no block, and what follows is never stored in a file.
+    assert reply.ignored == ["TOOLS_MD_UPDATE: here is the new file", "# Tools"]
+
+
+@pytest.mark.parametrize("label", ["(user.md)", "user.md", "(user.md, 200 lines max)", "`user.md`",
+                                   "(user.md, at most 200 lines: who the person is)", "**(USER.md)**"])
+def test_a_label_that_names_the_file_opens_the_block(label: str) -> None:
+    reply = parse_reply(f"USER_MD_UPDATE: {label}\n# User\n- Ada\n", IDS)
+    assert reply.file_updates == {"user.md": "# User\n- Ada\n"} and not reply.ignored
+
+
+@pytest.mark.parametrize("label", ["(no changes needed)", "(context.md)", "user.md is unchanged", "(unchanged)"])
+def test_other_text_after_a_marker_opens_no_block_but_ends_the_one_before(label: str) -> None:
+    reply = parse_reply(f"CONTEXT_MD_UPDATE:\n# Now\n- Report due Friday\nUSER_MD_UPDATE: {label}\n"
+                        "The person's file is already current.\n", IDS)
+    assert reply.file_updates == {"context.md": "# Now\n- Report due Friday\n"}  # no narration in user.md
+    assert reply.ignored == [f"USER_MD_UPDATE: {label}", "The person's file is already current."]
+    assert not reply.rejected_files
+    after = parse_reply(f"USER_MD_UPDATE: {label}\nFACT: Ada lives in Lyon\nFACT: half a sen", IDS, truncated=True)
+    assert [x.content for x in after.learnings] == ["Ada lives in Lyon"]  # the cut-off last learning is dropped
+    # On its own it is an answer in the format ("nothing to change"), not garbage to retry.
+    alone = parse_reply(f"USER_MD_UPDATE: {label}\nEverything else is current.\n", IDS)
+    assert alone.recognised and alone.declined_files == ["user.md"] and not alone.file_updates
+
+
+def test_a_marker_inside_a_code_block_of_a_file_is_its_content() -> None:
+    context = ("# Now\n- Teaching the curator format; the example:\n```text\nUSER_MD_UPDATE:\n# User\n"
+               "SOUL_MD_UPDATE: (soul.md)\n```\n- Report due Friday\n")
+    reply = parse_reply(f"FACT: a\nCONTEXT_MD_UPDATE:\n{context}USER_MD_UPDATE:\n# User\n- Ada\n", IDS)
+    assert reply.file_updates == {"context.md": context, "user.md": "# User\n- Ada\n"}
+    assert not reply.ignored
+    wrapped = parse_reply(f"```\nCONTEXT_MD_UPDATE:\n{context}USER_MD_UPDATE:\n# User\n```\n", IDS)
+    assert wrapped.file_updates == {"context.md": context, "user.md": "# User\n"}
+    # A fence never closed, or one wrapping the file, protects no marker: it is the next block.
+    unclosed = parse_reply("USER_MD_UPDATE:\n# User\n```\nls\nCONTEXT_MD_UPDATE:\n# Now\n", IDS)
+    assert unclosed.file_updates["context.md"] == "# Now\n"
+    forgot = parse_reply("USER_MD_UPDATE:\n```\n# User\nCONTEXT_MD_UPDATE:\n```\n# Now\n```\n", IDS)
+    assert forgot.file_updates == {"user.md": "# User\n", "context.md": "# Now\n"}
 
 
 def test_a_fence_around_the_whole_reply_leaves_no_stray_fence() -> None:

@@ -113,6 +113,30 @@ def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str,
     ("cat $(echo .os/token)", True),
     ("git status", False),
     ("echo 'unbalanced", False),
+    # Ordinary work a review found falsely denied: only the program runs code (not `python3` as an
+    # argument), a sourced script is a script file, and only memory files' own names count.
+    ("source .venv/bin/activate && pytest tests/memory/", False),
+    (". .venv/bin/activate && pytest tests/memory/", False),
+    ("git diff -- src/memory/ | awk '{{print $1}}'", False),
+    ("apt install python3", False),
+    ("sudo apt install -y python3 && cat documents/user.md", False),
+    ("git commit -m \"fix user.md parser\"", False),
+    ("grep -r \"memory/\" src", False),
+    ("python3 -c 'print(1)'", False),
+    ("cat documents/user.md", False),
+    ("python3 -c 'import sys' > documents/USER.MD", False),  # not a memory file's name on disk
+    ("python3 -m pytest documents/user.md", False),  # a module run by name, like a script file
+    # ...while the program position is still found behind wrappers, find -exec and xargs.
+    ("sudo -u ada python3 -c \"open(chr(46)+'os/memory/user.md','w')\"", True),
+    ("timeout 5 perl -e \"open(F, '>', chr(46).'os/memory/user.md')\"", True),
+    ("find documents -exec python3 -c \"open(chr(46)+'os/memory/user.md','w')\" ;", True),
+    ("echo x | xargs -n 1 python3 -c \"open(chr(46)+'os/memory/user.md','w')\"", True),
+    # A heredoc or here-string to an interpreter is code on stdin.
+    ("python3 <<EOF\np = chr(46) + \"os/memory/user.md\"\nopen(p, mode=\"w\").write(p)\nEOF", True),
+    ("python3 - <<'EOF'\np = chr(46) + \"os/memory/user.md\"\nopen(p, mode=\"w\").write(p)\nEOF", True),
+    ("bash <<< 'cd ~/.o\"\"s/memory; echo x > user.md'", True),
+    ("python3 <<EOF\nprint(1)\nEOF", False),
+    ("bash <<< 'echo hello'", False),
 ])
 def test_bash(guard: WriteGuard, ws: Path, command: str, denied: bool) -> None:
     reason = guard.check("Bash", {"command": command.format(ws=ws)}, str(ws))
@@ -133,3 +157,16 @@ def test_a_command_run_inside_os_must_be_read_only(guard: WriteGuard, ws: Path) 
     inside = str(ws / ".os" / "memory")
     assert guard.check("Bash", {"command": "make"}, inside) is not None  # no argument names a path
     assert guard.check("Bash", {"command": "ls && cat user.md"}, inside) is None
+
+
+@pytest.mark.parametrize(("command", "denied"), [
+    ("cd ~", False),
+    ("cd {ws}/documents", False),
+    ("cd .. && pwd", False),
+    ("pushd {ws}/documents && popd", False),
+    ("echo x > user.md", True),
+    ("cd . && rm user.md", True),
+])
+def test_the_agent_can_leave_os_by_cd(guard: WriteGuard, ws: Path, command: str, denied: bool) -> None:
+    reason = guard.check("Bash", {"command": command.format(ws=ws)}, str(ws / ".os" / "memory"))
+    assert (reason is not None) == denied, reason

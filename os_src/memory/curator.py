@@ -3,11 +3,13 @@
 Pure functions, no I/O. The reply format is the seed's: learning lines
 (`FACT: ...`), or `NONE`, then `<NAME>_MD_UPDATE:` blocks that each hold a whole
 file. Parsing is deliberately strict about structure and forgiving about
-decoration: a marker starts its line (a label after it, like `(user.md)`, is
-ignored); a line inside a file block is file content even if it starts with
-`FACT:`, but any marker-shaped line ends the block, and the block of an unknown
-or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the whole
-reply is ignored; anything unrecognised is reported, never guessed at.
+decoration: a marker starts its line (a label after it that names its file, like
+`(user.md)`, is ignored; any other text after it, like `(no changes needed)`, means
+the line opens no block); a line inside a file block is file content even if it
+starts with `FACT:`, and so is a marker-shaped line inside a ``` code block opened
+in that block, but any other marker-shaped line ends the block, and the block of an
+unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
+whole reply is ignored; anything unrecognised is reported, never guessed at.
 """
 
 from __future__ import annotations
@@ -132,10 +134,9 @@ def shorten_request(problems: list[str]) -> str:
 # ---------------------------------------------------------------- parsing
 
 # Any line that starts like a marker is one, known or not: a forbidden SOUL_MD_UPDATE inside a
-# user.md block must end that block, not become user.md content. Text after the colon is kept
-# apart (group 2), never taken as file content.
+# user.md block must end that block, not become user.md content (unless it sits in a code block
+# of that file). Text after the colon is kept apart (group 2), never taken as file content.
 _MARKER = re.compile(r"^\s*(?:#+\s*)?[*`]*\s*([A-Z]+_MD_UPDATE)\b[*`]*\s*:?[*`]*\s*(.*?)\s*$")
-_LABEL = re.compile(r"^(?:\(.*\)|`?[\w.-]+\.md`?)$")  # "(user.md, 200 lines)" or "user.md": just a label
 _LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
 _REF = re.compile(r"\s*\[#(\d+)\]\s*$")
 _DONE = re.compile(r"^\s*(?:[-*]\s+)?\**\s*DONE\s*\**\s*:\s*\[?A?(\d+)\]?", re.IGNORECASE)
@@ -150,12 +151,13 @@ class CuratorReply:
     done_actions: list[int] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # lines that fit no rule
     rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
+    declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
 
     @property
     def recognised(self) -> bool:
         """False for garbage or an empty reply: nothing in it follows the format."""
         return (self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
-                or bool(self.done_actions))
+                or bool(self.done_actions) or bool(self.declined_files))
 
 
 def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
@@ -167,20 +169,41 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
     session_of = session_of or {}
     blocks: dict[str, list[list[str]]] = {}
     current: list[str] | None = None
+    in_code = False  # inside a ``` code block opened within the current file block (not as its wrapper)
+    wrapper = False  # ...or inside a fence opened as the block's first line, around the whole file
     default_source = observation_ids[-1] if observation_ids else None
-    for raw in text.splitlines():
-        if marker := _MARKER.match(raw):
+    lines = text.splitlines()
+    last_fence = max((i for i, x in enumerate(lines) if _FENCE.match(x)), default=-1)
+    for i, raw in enumerate(lines):
+        marker = _MARKER.match(raw)
+        if marker and current is not None and in_code and i < last_fence:
+            marker = None  # the file documents the format in a code block (closed later): content
+        if marker:
+            in_code = wrapper = False
+            if marker[1] in MARKERS and marker[2] and not _is_label(marker[2], MARKERS[marker[1]]):
+                # `USER_MD_UPDATE: (no changes needed)`: narration follows, not the file. The block
+                # before still ends here; this line opens none.
+                current, last_block = None, ""  # "": nothing to drop if the reply was cut off
+                reply.declined_files.append(MARKERS[marker[1]])  # the format, answered: not garbage
+                reply.ignored.append(raw.strip()[:200])
+                continue
             current = []  # an unknown or forbidden marker's block is read, then dropped
             last_block = MARKERS.get(marker[1], marker[1])
             if marker[1] in MARKERS:
                 blocks.setdefault(last_block, []).append(current)
             else:
                 reply.ignored.append(raw.strip()[:200])
-            if marker[2] and not _LABEL.match(marker[2]):
-                # Not a label: narration more likely than the file's first line; never store it.
-                reply.ignored.append(marker[2][:200])
             continue
         if current is not None:
+            if _FENCE.match(raw):
+                # A fence that opens the block wraps the file: a marker inside it is more likely the
+                # next block after a fence the model forgot to close than part of the file.
+                if wrapper:
+                    wrapper = False
+                elif not in_code and not any(x.strip() for x in current):
+                    wrapper = True
+                else:
+                    in_code = not in_code
             current.append(raw.rstrip())
             continue
         line = raw.strip()
@@ -201,6 +224,7 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
                 if int(ref[1]) in observation_ids:
                     source = int(ref[1])
             if content:
+                last_block = None  # the reply's last item is now this learning
                 reply.learnings.append(NewLearning(
                     type=kind, content=content[:MAX_LEARNING_CHARS],
                     session_id=session_of.get(source) if source is not None else None,
@@ -211,7 +235,7 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
         if last_block in blocks:
             reply.rejected_files.append(last_block)
             del blocks[last_block]
-    elif truncated and reply.learnings:
+    elif truncated and reply.learnings:  # the last item was a learning
         reply.learnings.pop()
     for name, found in blocks.items():
         content = _file_text(found[0]) if len(found) == 1 else None
@@ -221,6 +245,16 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
         else:
             reply.file_updates[name] = content
     return reply
+
+
+def _is_label(text: str, name: str) -> bool:
+    """True if the text after a marker only names its file: `user.md`, `(user.md)`, `` `user.md` ``,
+    `(user.md, at most 200 lines)`. `(no changes needed)` or `here it is` is not a label."""
+    text = text.strip("*").strip()
+    if text.startswith("(") and text.endswith(")"):
+        inner = text[1:-1].strip()
+        return bool(re.match(rf"`?{re.escape(name)}`?(?:$|\s*[,:;]|\s+[-–—])", inner, re.IGNORECASE))
+    return bool(re.fullmatch(rf"`?{re.escape(name)}`?", text, re.IGNORECASE))
 
 
 def _file_text(lines: list[str]) -> str:
