@@ -154,7 +154,10 @@ class Batch(msgspec.Struct, frozen=True):
     """One curator call and what it produced.
 
     `status`: failed (nothing stored) | committed (learnings stored, files not yet
-    written) -> applied (files written) -> done (its observations marked processed).
+    written) -> applied (files written) -> done (its observations marked processed)
+    | committed -> superseded (a person edited a file it rewrites after the batch read
+    it: its learnings and other files stand, its observations stay pending and run
+    again in a new batch; never finished by recovery, never replayed by a rebuild).
     """
 
     id: int
@@ -498,15 +501,20 @@ class MemoryDB:
         assert batch is not None
         return batch
 
-    def set_batch_status(self, batch_id: int, status: Literal["applied", "done"]) -> None:
+    def set_batch_status(self, batch_id: int, status: Literal["applied", "done", "superseded"]) -> None:
         self.conn.execute("UPDATE batches SET status = ? WHERE id = ?", (status, batch_id))
+
+    def last_done_at(self) -> float | None:
+        """When the newest batch that finished (`done`) was committed; None if none did."""
+        return self.conn.execute("SELECT max(created_at) FROM batches WHERE status = 'done'").fetchone()[0]
 
     def batch(self, batch_id: int) -> Batch | None:
         rows = self._batches("WHERE id = ?", (batch_id,))
         return rows[0] if rows else None
 
     def unfinished_batches(self) -> list[Batch]:
-        """Batches a crash interrupted between committing and marking their observations."""
+        """Batches a crash interrupted between committing and marking their observations
+        (`superseded` ones are finished: their observations run again in a new batch)."""
         return self._batches("WHERE status IN ('committed', 'applied') ORDER BY id", ())
 
     def recent_batches(self, limit: int = 10) -> list[Batch]:
@@ -530,7 +538,8 @@ class MemoryDB:
             """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
                coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches"""
         ).fetchone()
-        last_ok = self.conn.execute("SELECT max(created_at) FROM batches WHERE status != 'failed'").fetchone()[0]
+        last_ok = self.conn.execute(
+            "SELECT max(created_at) FROM batches WHERE status NOT IN ('failed', 'superseded')").fetchone()[0]
         learnings = self.conn.execute("SELECT count(*) FROM learnings").fetchone()[0]
         actions = self.conn.execute("SELECT count(*) FROM pending_actions WHERE status = 'pending'").fetchone()[0]
         return {

@@ -5,10 +5,12 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from sprite_os.database import STALE
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.daemon import MemoryDaemon
 from tests.mock_bridge import Fault, RecordedRequest
@@ -157,16 +159,16 @@ async def test_a_batch_left_half_finished_by_an_error_is_finished_before_new_wor
 async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restart(kit: Kit) -> None:
     kit.bridge.faults.add(Fault("status", status=500, target="curator"))
     await kit.turns("old turn")  # timestamps in the test kit are long past
-    # A Sprite that failed once, then slept for seven hours: waking is not six hours of failure.
-    slept = json.dumps({"since": time.time() - 7 * 3600, "failures": 1})
-    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, slept))
+    # A spell that began seven hours ago but counted one failed call (its last just now, so no
+    # sleep since): seven hours alone are not six hours of failure.
+    spell = json.dumps({"since": time.time() - 7 * 3600, "failures": 1, "last": time.time()})
+    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, spell))
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
-        await wait_until(lambda: _failures(d, 3))
+        await wait_until(lambda: _saved_failures(kit, 3))
         assert await _count(kit, "stale", 0)
-        saved = json.loads(await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)))
-        assert saved["failures"] >= 3 and saved["since"] < time.time() - 6 * 3600  # kept, not reset
+        assert (await _saved_failing(kit))["since"] < time.time() - 6 * 3600  # kept, not reset
     finally:
         await d.stop(flush_budget=0)
     # A restart keeps the count and the clock: the fifth failed call marks the old turn stale.
@@ -188,33 +190,127 @@ async def _failures(d: MemoryDaemon, n: int) -> bool:
     return d.health.consecutive_failures >= n
 
 
-async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_stale(kit: Kit) -> None:
-    def refuse_turn_4(request: RecordedRequest) -> str:  # the model refuses whenever turn #4 is shown
-        return "I can't help with that." if "[#4]" in request.last_user_text else "FACT: a learning"
+async def _saved_failing(kit: Kit) -> dict[str, Any]:
+    return json.loads(await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) or "{}")
 
-    kit.bridge.curator.script(*[refuse_turn_4] * 100)
-    await kit.turns(*[f"turn {n}" for n in range(1, 7)])
+
+async def _saved_failures(kit: Kit, n: int, since: float = 0.0) -> bool:
+    saved = await _saved_failing(kit)
+    return saved.get("failures", 0) >= n and saved.get("since", 0) >= since
+
+
+@pytest.mark.parametrize("spell", [
+    # Five failed calls in half a minute, then an eight-hour suspend: the first failed calls after
+    # waking (network not up yet) must not make that "six hours and five failures".
+    lambda now: {"since": now - 8 * 3600 - 30, "failures": 5, "last": now - 8 * 3600},
+    # Saved by the previous version, without its last call: counts as such a gap.
+    lambda now: {"since": now - 7 * 3600, "failures": 9},
+], ids=["slept", "saved-without-last"])
+async def test_a_gap_since_the_last_failed_call_restarts_the_failing_clock(kit: Kit, spell: Any) -> None:
+    kit.bridge.faults.add(Fault("status", status=500, target="curator"))
+    await kit.turns("old turn")  # timestamps in the test kit are long past
+    now = time.time()
+    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, json.dumps(spell(now))))
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+
+    try:
+        await wait_until(lambda: _saved_failures(kit, 3, since=now))  # counted again after the gap
+        assert await _count(kit, "stale", 0)
+        saved = await _saved_failing(kit)
+        assert saved["last"] >= saved["since"]
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_stale(kit: Kit) -> None:
+    def refuse_turn_5(request: RecordedRequest) -> str:  # the model refuses whenever turn #5 is shown
+        return "I can't help with that." if "[#5]" in request.last_user_text else "FACT: a learning"
+
+    # The proxy and model worked a moment ago (the daemon finds that batch in memory.db at start):
+    # unusable replies are then about the turns, not about the proxy.
+    kit.bridge.curator.script("FACT: an earlier learning")
+    await kit.processor.process(await kit.turns("turn 1"), "batch")
+    kit.bridge.curator.script(*[refuse_turn_5] * 100)
+    await kit.turns(*[f"turn {n}" for n in range(2, 8)])
     d = MemoryDaemon(kit.processor, batch_turns=25)
     with capture_logs() as logs:
         await d.start()
         try:
             await wait_until(lambda: _pending(kit, 0))
             assert await kit.transcript.call(lambda t: t.counts()) == {
-                "pending": 0, "processed": 5, "stale": 1, "total": 6}
+                "pending": 0, "processed": 6, "stale": 1, "total": 7}
             batches = await kit.memory.call(lambda m: m.recent_batches(100))
-            assert sorted(i for b in batches if b.status == "done" for i in b.observation_ids) == [1, 2, 3, 5, 6]
-            # 1-6 three times, then 1-3, 4-6 three times, 4 three times, 5-6
-            assert len(kit.bridge.curator_requests()) == 11
-            await kit.turns("turn 7", "turn 8")  # newer turns are no longer held back
+            assert sorted(i for b in batches if b.status == "done" for i in b.observation_ids) == [1, 2, 3, 4, 6, 7]
+            # the earlier batch; 2-7 three times, then 2-4, 5-7 three times, 5 three times, 6-7
+            assert len(kit.bridge.curator_requests()) == 12
+            await kit.turns("turn 8", "turn 9")  # newer turns are no longer held back
             d.trigger("test")
             await wait_until(lambda: _pending(kit, 0))
-            assert await _count(kit, "processed", 7)
+            assert await _count(kit, "processed", 8)
             assert d.status()["degraded"] is False and d.health.failing_since is None
         finally:
             await d.stop(flush_budget=0)
     [stale] = [x for x in logs if x["event"] == "observation_marked_stale"]
-    assert stale["log_level"] == "error" and stale["observation_id"] == 4
-    assert "turn 4" not in repr(stale)  # ids only, no user content
+    assert stale["log_level"] == "error" and stale["observation_id"] == 5
+    assert "turn 5" not in repr(stale)  # ids only, no user content
+
+
+@pytest.mark.parametrize("poison", [2, 6])
+async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Kit, poison: int) -> None:
+    """No batch ever succeeded, so nothing says the model can answer: the probe split finds out,
+    whichever half the poison turn is in (the half that fails first is set aside)."""
+    def refuse(request: RecordedRequest) -> str:
+        return "I can't help with that." if f"[#{poison}]" in request.last_user_text else "FACT: a learning"
+
+    kit.bridge.curator.script(*[refuse] * 100)
+    await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 1-6: halves 1-3 and 4-6
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _pending(kit, 0))
+        assert await kit.transcript.call(lambda t: t.counts()) == {
+            "pending": 0, "processed": 5, "stale": 1, "total": 6}
+        [stale] = await kit.transcript.call(lambda t: [o.id for o in t.iter_all() if o.processed == STALE])
+        assert stale == poison
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def test_unusable_replies_without_a_recent_success_probe_once_then_are_plain_failures(kit: Kit) -> None:
+    # A misconfigured proxy or model: every call answered, nothing usable. The last batch that
+    # worked is two hours old, so nothing says the turns are at fault: one probe split (a poison
+    # turn would sit in one half and the other half would succeed), then plain failures.
+    kit.bridge.curator.script("FACT: long ago")
+    await kit.processor.process(await kit.turns("turn 0"), "batch")
+    await kit.memory.call(lambda m: m.conn.execute("UPDATE batches SET created_at = ?", (time.time() - 7200,)))
+    kit.bridge.curator.default = "I can't help with that."
+    await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 2-7
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    limit = daemon_module.UNUSABLE_LIMIT
+    try:
+        await wait_until(lambda: _requests(kit, 1 + 5 * limit))
+        await wait_until(lambda: _failures(d, limit))
+        assert await _count(kit, "stale", 0) and await _pending(kit, 6)
+
+        def which(text: str) -> str:
+            return {(True, True): "whole", (True, False): "first", (False, True): "second"}[
+                ("[#2]" in text, "[#7]" in text)]
+
+        seen = [which(r.last_user_text) for r in kit.bridge.curator_requests()[1:1 + 5 * limit]]
+        # whole, each half (the first set aside while the second is tried), the first again: dropped
+        assert seen == ["whole"] * limit + ["first"] * limit + ["second"] * limit + ["first"] * limit \
+            + ["whole"] * limit
+        # a plain failure: the backoff grows, the six-hour clock runs, and no probe again
+        assert d.health.failing_since is not None and d.health.next_retry_at is not None
+        assert d._parts == [] and d._probed
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def _requests(kit: Kit, n: int) -> bool:
+    return len(kit.bridge.curator_requests()) >= n
 
 
 async def test_a_proxy_returning_500_never_splits_or_marks_stale_before_six_hours(kit: Kit) -> None:

@@ -104,6 +104,17 @@ def test_batch_lifecycle_and_failures(tmp_path: Path) -> None:
     assert m.unfinished_batches() == []
     totals = m.totals()
     assert (totals["batches"], totals["failed_batches"], totals["cost_usd"]) == (2, 1, 0.5)
+    assert m.last_done_at() == b.created_at == totals["last_success_at"]
+
+
+def test_a_superseded_batch_is_finished_but_not_a_success(tmp_path: Path) -> None:
+    m = MemoryDB(tmp_path / "m.db")
+    assert m.last_done_at() is None
+    b = m.commit_batch(trigger="batch", observation_ids=[1], model="m", input_tokens=1, output_tokens=1,
+                       cost_usd=0.5, learnings=[], file_updates={}, base_hashes={})
+    m.set_batch_status(b.id, "superseded")  # a person's edit: its turns run again in a new batch
+    assert m.unfinished_batches() == []  # recovery leaves it alone
+    assert m.last_done_at() is None and m.totals()["last_success_at"] is None
 
 
 def test_content_key_normalises() -> None:

@@ -220,6 +220,7 @@ async def test_an_edit_after_the_check_keeps_the_file_and_runs_the_batch_again(k
         await kit.processor.process(obs, "batch")
     assert "edited by hand" in kit.files.read("user.md")
     assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1  # it runs again
+    assert [b.status for b in await kit.memory.call(lambda m: m.recent_batches(5))] == ["superseded"]
     assert await kit.processor.recover() == 0  # ...as a new batch, not by finishing this one
     kit.bridge.curator.script("FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Name: Ada, Dr. Lovelace\n")
     await kit.processor.process(await kit.processor.pending(10), "batch", conflicts=1)
@@ -251,3 +252,56 @@ async def test_a_reply_that_follows_no_format_is_an_unusable_reply(kit: Kit) -> 
         await kit.processor.process(obs, "batch")
     [failed] = await kit.memory.call(lambda m: m.recent_batches(5))
     assert failed.status == "failed" and await kit.transcript.call(lambda t: t.counts()["pending"]) == 1
+
+
+async def test_a_crash_after_a_late_edit_still_runs_the_batch_again(kit: Kit,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    kit.files.write("user.md", "# User\n", source="seed")
+    kit.files.write("tools.md", "# Tools\n", source="seed")
+    obs = await kit.turns("call me Ada, I use git")
+    write = kit.files.write
+
+    def person_edits_user_md(name: str, text: str, source: str, expect: str | None = None) -> object:
+        if name == "user.md":
+            kit.files.path(name).write_text("# User\n- edited by hand\n")
+        return write(name, text, source, expect)
+
+    statuses: list[str] = []
+    set_status = MemoryDB.set_batch_status
+
+    def crash_after_the_files(db: MemoryDB, batch_id: int, status: str) -> None:
+        statuses.append(status)
+        if status != "applied":  # the files are handled; the process dies before the batch's last status
+            raise RuntimeError("crash")
+        set_status(db, batch_id, status)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kit.files, "write", person_edits_user_md)
+    monkeypatch.setattr(MemoryDB, "set_batch_status", crash_after_the_files)
+    kit.bridge.curator.script("FACT: Name is Ada\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n"
+                              "TOOLS_MD_UPDATE:\n# Tools\n- git\n")
+    with pytest.raises(RuntimeError, match="crash"):
+        await kit.processor.process(obs, "batch")
+    monkeypatch.setattr(MemoryDB, "set_batch_status", set_status)
+    monkeypatch.setattr(kit.files, "write", write)
+    assert statuses == ["superseded"]  # never through `applied`
+    assert await kit.processor.recover() == 1  # still `committed`: recovery writes nothing new...
+    assert "edited by hand" in kit.files.read("user.md") and kit.files.read("tools.md") == "# Tools\n- git\n"
+    assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1  # ...and the turn runs again
+    [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert batch.status == "superseded"
+    assert await kit.processor.recover() == 0  # left alone from now on
+
+
+def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -> None:
+    from sprite_os.memory.rebuild import _previous_groups
+
+    m = MemoryDB(tmp_path / "memory.db")
+    m.record_failed_batch(trigger="batch", observation_ids=[1, 2, 3], model="m", error="overloaded")
+    superseded = m.commit_batch(trigger="batch", observation_ids=[1, 2, 3], model="m", input_tokens=1,
+                                output_tokens=1, cost_usd=0, learnings=[], file_updates={}, base_hashes={})
+    m.set_batch_status(superseded.id, "superseded")
+    done = m.commit_batch(trigger="batch", observation_ids=[1, 2], model="m", input_tokens=1, output_tokens=1,
+                          cost_usd=0, learnings=[], file_updates={}, base_hashes={})
+    m.set_batch_status(done.id, "done")
+    m.close()
+    assert _previous_groups(tmp_path / "memory.db") == [[1, 2]]

@@ -12,12 +12,25 @@ turns older than six hours are marked stale: no longer retried, still in
 transcript.db for `memory rebuild`. When the failing started, and how many calls
 failed, is kept in memory.db (`meta`), so a restart does not reset the clock;
 the count keeps a Sprite that slept through six hours from calling its first
-failures after waking "six hours of failure".
+failures after waking "six hours of failure". A sleep in the middle of a failing
+spell does not count either: when more than FAILING_GAP (2 x BACKOFF_MAX) passed
+since the last failed call, the backoff cannot explain the gap, so the clock
+starts again (since = now, one failure). The time of the last failed call is kept
+beside the others; a value saved without it counts as such a gap.
 
 A reply that arrives but is unusable (UnusableReply: a refusal, garbage) is another
 matter: the same turns may fail forever and hold back every newer one. After
 UNUSABLE_LIMIT in a row for the oldest chunk, it is split in half and the halves run
 one after the other; a single turn that still gets them is marked stale at once.
+Marking a turn stale needs evidence that the proxy and model work: a batch that
+succeeded within ISOLATE_EVIDENCE (one hour; at start, the newest `done` batch in
+memory.db counts), or during this very isolation. Without it, the chunk is split
+once as a probe and each half is tried (a poison turn sits in one half, so the other
+succeeds and gives the evidence); if every piece still gets unusable replies (a
+misconfigured proxy or model answering everything with nothing usable), the pieces
+are dropped and it is a plain failure, backed off and under the six-hour rule, with
+no more probes until a batch succeeds: otherwise every turn would be marked stale
+within minutes.
 """
 
 from __future__ import annotations
@@ -41,9 +54,13 @@ BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
 STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
-FAILING_KEY = "daemon_failing"  # memory.db meta: {"since": epoch seconds, "failures": n}
+FAILING_KEY = "daemon_failing"  # memory.db meta: {"since": epoch s, "failures": n, "last": epoch s}
 CONFLICT_RETRY = 2.0
 UNUSABLE_LIMIT = 3  # unusable replies in a row for one chunk, then it is split (one turn: marked stale)
+ISOLATE_EVIDENCE = 3600.0  # splitting or marking stale needs a batch that succeeded this recently
+# More time than this since the last failed call was not backoff but a sleep, or a stopped daemon:
+# the longest wait between two failed calls is BACKOFF_MAX x 1.2 plus one call (at most 120 s).
+FAILING_GAP = 2 * BACKOFF_MAX
 
 
 @dataclass
@@ -53,6 +70,7 @@ class DaemonHealth:
     last_error: str | None = None
     consecutive_failures: int = 0
     failing_since: float | None = None
+    failing_last: float | None = None  # the last failed call of the failing spell (persisted)
     next_retry_at: float | None = None
     batches_run: int = 0
     running: bool = False
@@ -75,6 +93,8 @@ class MemoryDaemon:
         # Isolation of unusable replies, in memory only (a restart starts over with whole chunks):
         self._unusable: tuple[int, int] = (0, 0)  # (first id of the chunk, unusable replies in a row)
         self._parts: list[list[int]] = []  # the pieces of split chunks still to run, oldest first
+        self._set_aside: set[int] = set()  # first ids of pieces that failed without evidence, moved last
+        self._probed = False  # a split without evidence was tried and every piece failed: no more
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -133,6 +153,8 @@ class MemoryDaemon:
 
     async def start(self) -> None:
         await self._load_failing()
+        if self.health.last_success_at is None:  # evidence for isolating unusable replies
+            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
         await self.processor.recover()
         self._task = asyncio.create_task(self._run(), name="memory-daemon")
         self.trigger("start")
@@ -190,7 +212,7 @@ class MemoryDaemon:
                 return False, CONFLICT_RETRY
             except UnusableReply as exc:
                 if await self._isolate(chunk, str(exc)):
-                    continue  # split, or one turn marked stale: go on at once, the proxy works
+                    continue  # split, set aside, or one turn marked stale: go on at once
                 return False, await self._failed(str(exc))
             except CuratorError as exc:  # transport: the same chunk is retried, whole
                 return False, await self._failed(str(exc))
@@ -208,33 +230,54 @@ class MemoryDaemon:
             if chunk:
                 return chunk
             self._parts.pop(0)  # done (or stale)
+        self._set_aside.clear()
         return split_batch(pending)[0] if pending else []
 
+    def _proxy_works(self) -> bool:
+        """A batch succeeded within ISOLATE_EVIDENCE: an unusable reply is then about the turns."""
+        last = self.health.last_success_at
+        return last is not None and time.time() - last <= ISOLATE_EVIDENCE
+
     async def _isolate(self, chunk: list[Observation], error: str) -> bool:
-        """Count an unusable reply for `chunk`. At UNUSABLE_LIMIT in a row, split the chunk in
-        half, or mark a single turn stale, and return True. Below it, return False (retry)."""
+        """Count an unusable reply for `chunk`; at UNUSABLE_LIMIT in a row, act on it. True: go on
+        at once (the chunk was split or set aside, or its one turn marked stale). False: a plain
+        failure, retried after backoff."""
         first, count = self._unusable
         count = count + 1 if first == chunk[0].id else 1
+        self._unusable = (chunk[0].id, count) if count < UNUSABLE_LIMIT else (0, 0)
         if count < UNUSABLE_LIMIT:
-            self._unusable = (chunk[0].id, count)
             return False
-        self._unusable = (0, 0)
         ids = [o.id for o in chunk]
-        if len(ids) > 1:
-            half = len(ids) // 2
-            self._parts[:1] = [ids[:half], ids[half:]]  # replaces the piece that failed, if it was one
-            log.warning("memory_batch_split", first_id=ids[0], last_id=ids[-1], observations=len(ids),
-                        unusable_replies=count)
-        else:
-            await self.processor.transcript.call(lambda t: t.set_processed(ids, STALE))
-            log.error("observation_marked_stale", observation_id=ids[0], state=STALE,
-                      reason="curator reply unusable", unusable_replies=count)
+        piece = bool(self._parts) and ids[0] in self._parts[0]
+        if self._proxy_works():
+            if len(ids) == 1:
+                await self.processor.transcript.call(lambda t: t.set_processed(ids, STALE))
+                log.error("observation_marked_stale", observation_id=ids[0], state=STALE,
+                          reason="curator reply unusable", unusable_replies=count)
+            else:
+                self._split(ids, piece, probe=False)
+        elif not piece and not self._probed and len(ids) > 1:
+            self._split(ids, piece, probe=True)  # the halves can show that the model answers
+        elif piece and ids[0] not in self._set_aside and len(self._parts) > 1:
+            self._set_aside.add(ids[0])  # try the other pieces first: one success is the evidence
+            self._parts.append(self._parts.pop(0))
+        else:  # every piece failed too: the proxy or model is broken, not the turns
+            if self._parts:
+                log.warning("memory_batch_split_dropped", pieces=len(self._parts))
+            self._parts, self._set_aside, self._probed = [], set(), True
+            return False
         # The proxy answered: this is not the failing the six-hour rule measures.
         self.health.last_failure_at, self.health.last_error = time.time(), error[:500]
         await self._clear_failing()
         return True
 
+    def _split(self, ids: list[int], piece: bool, probe: bool) -> None:
+        half = len(ids) // 2
+        self._parts[:1 if piece else 0] = [ids[:half], ids[half:]]  # replaces the piece that failed
+        log.warning("memory_batch_split", first_id=ids[0], last_id=ids[-1], observations=len(ids), probe=probe)
+
     async def _succeeded(self) -> None:
+        self._probed = False
         self.health.last_success_at = time.time()
         self.health.batches_run += 1
         await self._clear_failing()
@@ -242,7 +285,7 @@ class MemoryDaemon:
     async def _clear_failing(self) -> None:
         h = self.health
         was_failing = h.failing_since is not None
-        h.consecutive_failures, h.failing_since, h.next_retry_at = 0, None, None
+        h.consecutive_failures, h.failing_since, h.failing_last, h.next_retry_at = 0, None, None, None
         if was_failing:
             await self._save_failing()
 
@@ -260,26 +303,38 @@ class MemoryDaemon:
 
     async def _load_failing(self) -> None:
         raw = await self.processor.memory.call(lambda m: m.get_meta(FAILING_KEY))
+        since: float | None = None
+        last: float | None = None
+        failures = 0
         try:
             saved = json.loads(raw) if raw else None
-            since, failures = (float(saved["since"]), int(saved["failures"])) if saved else (None, 0)
-        except (ValueError, TypeError, KeyError) as exc:  # a bad value only costs the stale clock
+            if saved:
+                since, failures = float(saved["since"]), int(saved["failures"])
+                last = float(saved["last"]) if saved.get("last") is not None else None  # older values lack it
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a bad value only costs the clock
             log.warning("daemon_failing_unreadable", error=repr(exc))
-            since, failures = None, 0
-        self.health.failing_since, self.health.consecutive_failures = since, failures
+            since, last, failures = None, None, 0
+        h = self.health
+        h.failing_since, h.failing_last, h.consecutive_failures = since, last, failures
 
     async def _save_failing(self) -> None:
         h = self.health
-        value = json.dumps({"since": h.failing_since, "failures": h.consecutive_failures}) \
+        value = json.dumps({"since": h.failing_since, "failures": h.consecutive_failures, "last": h.failing_last}) \
             if h.failing_since is not None else ""
         await self.processor.memory.call(lambda m: m.set_meta(FAILING_KEY, value))
 
     def _backoff(self, error: str) -> float:
         h = self.health
         now = time.time()
+        if h.failing_since is not None and (h.failing_last is None or now - h.failing_last > FAILING_GAP):
+            # Not backoff: the Sprite slept or the daemon was stopped. That time is not failing.
+            log.info("daemon_failing_clock_restarted", failures=h.consecutive_failures,
+                     gap_s=None if h.failing_last is None else round(now - h.failing_last))
+            h.failing_since, h.consecutive_failures = None, 0
         h.consecutive_failures += 1
         h.last_failure_at, h.last_error = now, error[:500]
         h.failing_since = h.failing_since or now
+        h.failing_last = now
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (h.consecutive_failures - 1))
         delay *= random.uniform(0.8, 1.2)  # jitter: many Sprites must not retry in lockstep
         h.next_retry_at = now + delay

@@ -14,9 +14,11 @@ duplicates nothing:
 `recover()` finishes any batch a crash left between steps 4 and 6.
 
 A person's edit that lands after step 3 is caught at step 5: that file is kept,
-the batch's learnings stand, and its observations stay pending, so the batch runs
-again on the edited file (the repeated learnings are deduplicated). After
-MAX_EDIT_CONFLICTS in a row, the person's version wins and the turns are done.
+the batch's learnings stand, the batch is marked `superseded` (instead of
+`applied`) and its observations stay pending, so they run again, as a new batch,
+on the edited file (the repeated learnings are deduplicated). Recovery and
+`memory rebuild` leave superseded batches alone. After MAX_EDIT_CONFLICTS in a
+row, the person's version wins and the turns are done.
 """
 
 from __future__ import annotations
@@ -207,15 +209,21 @@ class BatchProcessor:
 
     async def _finish(self, batch: Batch, rerun_if_edited: bool) -> list[str] | None:
         """Apply a committed batch. Returns the files written, or None if a person edited one of
-        them since the batch read it and `rerun_if_edited`: then its observations stay pending."""
+        them since the batch read it and `rerun_if_edited`: then its observations stay pending.
+
+        The edit is known before any status is written, so such a batch goes from `committed`
+        straight to `superseded`, never through `applied`: a crash before that one write leaves it
+        `committed`, and recovery writes the files again (a no-op), finds the edit again and
+        supersedes it; `applied` always means "mark the observations processed"."""
         written: list[str] = []
         edited: list[str] = []
         if batch.status == "committed":
             written, edited = await asyncio.to_thread(self._write_files, batch)
+            if edited and rerun_if_edited:
+                await self.memory.call(lambda m: m.set_batch_status(batch.id, "superseded"))
+                log.info("batch_superseded", batch_id=batch.id, files=edited)
+                return None
             await self.memory.call(lambda m: m.set_batch_status(batch.id, "applied"))
-        if edited and rerun_if_edited:
-            await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
-            return None
         await self.transcript.call(lambda t: t.set_processed(batch.observation_ids, PROCESSED))
         await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
         return written

@@ -41,14 +41,16 @@ class RebuildReport:
 
 
 def _previous_groups(path: Path) -> list[list[int]]:
-    """The turn groupings of the batches the old memory.db recorded."""
+    """The turn groupings of the batches the old memory.db recorded: not failed calls, and not
+    superseded batches (a person's edit made their turns run again, grouped anew)."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error:
         return []
     with contextlib.closing(conn):
         try:
-            rows = conn.execute("SELECT observation_ids FROM batches WHERE status != 'failed' ORDER BY id").fetchall()
+            rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
+                                " ORDER BY id").fetchall()
         except sqlite3.Error:
             return []
     return [json.loads(r[0]) for r in rows]
