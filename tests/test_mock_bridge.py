@@ -401,9 +401,8 @@ async def test_latency_delays_and_combines(
         await ask(curator, "slow")
     assert time.monotonic() - started >= 0.3
     assert bridge.requests[0].faults == ["latency", "status"]
-    started = time.monotonic()
     await ask(curator, "fast")
-    assert time.monotonic() - started < 0.3
+    assert bridge.requests[1].faults == []  # each fault was used up by its one time
 
 
 async def test_interrupt_and_cut_keep_the_server_quiet_and_alive(
