@@ -113,6 +113,10 @@ async def test_a_message_streams_text_then_completes_through_the_real_cli(
     assert "Your memory" in request.system_text  # the boot prompt reached the model
     assert "mcp__canvas__create_card" in request.tools and "mcp__memory__search_memory" in request.tools
     assert "Bash" in request.tools and "WebSearch" not in request.tools  # an explicit tool list
+    # No documents database: the filesystem is the source of truth for the user's data, and the
+    # only databases are the system's two, under .os/memory.
+    databases = sorted(str(p.relative_to(server.settings.workspace)) for p in server.settings.workspace.rglob("*.db"))
+    assert databases == [".os/memory/memory.db", ".os/memory/transcript.db"]
 
 
 # ---------------------------------------------------------------- canvas
