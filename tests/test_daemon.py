@@ -40,16 +40,23 @@ async def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-u
 
 
 async def test_a_batch_runs_every_n_turns_and_not_before(kit: Kit, daemon: MemoryDaemon) -> None:
+    assert await daemon.settle(10)  # the start trigger is done before these turns exist
     await kit.turns("one", "two")
     daemon.note_turn()
     daemon.note_turn()
-    await asyncio.sleep(0.3)
-    assert kit.bridge.curator_requests() == []  # the start trigger ran before these turns existed
+    assert daemon._idle.is_set() and not daemon._wake.is_set()  # two turns asked for nothing...
+    assert await daemon.settle(5) is True
+    assert daemon.status()["batches_run"] == 0 and kit.bridge.curator_requests() == []  # ...and nothing ran
+    assert await _pending(kit, 2)
     await kit.turns("three")
     daemon.note_turn()
-    await wait_until(lambda: _pending(kit, 0))
+    assert not daemon._idle.is_set()  # the third asked for a batch at once
+    assert await daemon.settle(10) is True
+    assert await _pending(kit, 0) and daemon.status()["batches_run"] == 1
     [request] = kit.bridge.curator_requests()
     assert "[#1]" in request.last_user_text and "[#3]" in request.last_user_text
+    [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert (batch.trigger, batch.status, batch.observation_ids) == ("batch", "done", [1, 2, 3])
 
 
 async def test_proxy_down_then_up_processes_every_turn_exactly_once(kit: Kit, daemon: MemoryDaemon) -> None:
@@ -59,6 +66,7 @@ async def test_proxy_down_then_up_processes_every_turn_exactly_once(kit: Kit, da
         daemon.note_turn()
     kit.bridge.curator.default = "FACT: something from a batch"
     await wait_until(lambda: _pending(kit, 0), timeout=20)
+    assert await daemon.settle(10)  # the last batch's status and the health land after its turns are marked
     batches = await kit.memory.call(lambda m: m.recent_batches(100))
     covered = [i for b in batches if b.status == "done" for i in b.observation_ids]
     assert sorted(covered) == list(range(1, 8))  # each turn in exactly one successful batch
@@ -93,9 +101,13 @@ async def test_start_recovers_and_processes_what_a_crash_left(tmp_path: Path, ki
     await d.start()  # the start trigger alone must pick it up
     try:
         await wait_until(lambda: _pending(kit, 0))
+        assert await d.settle(10) is True  # the batch's last writes land after its turns are marked
+        assert json.loads(json.dumps(d.status()))["batches_run"] == 1
+        [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+        assert (batch.trigger, batch.status, batch.observation_ids) == ("start", "done", [1])
     finally:
         await d.stop(flush_budget=0)
-    assert json.loads(json.dumps(d.status()))["batches_run"] == 1
+    assert d.status()["batches_run"] == 1
 
 
 async def _pending(kit: Kit, n: int) -> bool:
@@ -130,6 +142,7 @@ async def test_persistent_editing_stops_costing_calls_after_three(kit: Kit, daem
     kit.bridge.curator.script(edit_during_call, edit_during_call, edit_during_call)
     daemon.trigger("test")
     await wait_until(lambda: _pending(kit, 0), timeout=20)
+    assert await daemon.settle(10)
     assert len(kit.bridge.curator_requests()) == 3  # two discarded, the third commits without the file
     assert "- edit 2" in kit.files.read("user.md")  # the person's latest edit stands
     assert await kit.memory.call(lambda m: m.totals()["learnings"]) == 1
@@ -181,9 +194,14 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
         await kit.turns("the proxy is back")
         d.trigger("test")
         await wait_until(lambda: _pending(kit, 0))
-        assert await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) == ""  # cleared
+        await wait_until(lambda: _failing_cleared(kit))  # written after the turns are marked
+        assert d.health.failing_since is None and d.health.consecutive_failures == 0
     finally:
         await d.stop(flush_budget=0)
+
+
+async def _failing_cleared(kit: Kit) -> bool:
+    return await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) == ""
 
 
 async def _failures(d: MemoryDaemon, n: int) -> bool:
@@ -238,6 +256,7 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
         await d.start()
         try:
             await wait_until(lambda: _pending(kit, 0))
+            assert await d.settle(10)
             assert await kit.transcript.call(lambda t: t.counts()) == {
                 "pending": 0, "processed": 6, "stale": 1, "total": 7}
             batches = await kit.memory.call(lambda m: m.recent_batches(100))
@@ -247,6 +266,7 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
             await kit.turns("turn 8", "turn 9")  # newer turns are no longer held back
             d.trigger("test")
             await wait_until(lambda: _pending(kit, 0))
+            assert await d.settle(10)
             assert await _count(kit, "processed", 8)
             assert d.status()["degraded"] is False and d.health.failing_since is None
         finally:

@@ -51,6 +51,34 @@ def learnings(settings: Settings) -> list[tuple[str, str, int | None]]:
         db.close()
 
 
+def observations(settings: Settings) -> list:  # type: ignore[type-arg]
+    db = TranscriptDB(settings.layout.transcript_db)
+    try:
+        return list(db.iter_all())
+    finally:
+        db.close()
+
+
+def sessions(settings: Settings) -> list[tuple[int, int, int]]:
+    db = TranscriptDB(settings.layout.transcript_db)
+    try:
+        return db.conn.execute("SELECT ended_at IS NOT NULL, message_count, observation_count FROM sessions "
+                               "ORDER BY started_at").fetchall()
+    finally:
+        db.close()
+
+
+def batches(settings: Settings) -> list[tuple[str, str, list[int]]]:
+    db = MemoryDB(settings.layout.memory_db)
+    try:
+        return [(b.trigger, b.status, b.observation_ids) for b in reversed(db.recent_batches(100))]
+    finally:
+        db.close()
+
+
+CURATOR_LATENCY = 3.0
+
+
 async def turn(c: Client, text: str) -> dict:  # type: ignore[type-arg]
     await c.send(type="user_message", text=text)
     started = await c.until("turn_started", lambda f: f["text"] == text)
@@ -67,7 +95,9 @@ async def test_passover_next_session_boots_knowing_and_search_finds_it(
     async with client_factory(server.port) as client:
         c = await client(hello={})
         await turn(c, "Hi, I'm Ada Lovelace and I like bullet points.")
-        [observation] = TranscriptDB(settings.layout.transcript_db).pending()
+        await until(lambda: len(observations(settings)) == 1)  # the Stop hook's write is queued, not awaited
+        [observation] = observations(settings)
+        assert observation.processed == 0  # pending: nothing curated it yet
         assert observation.user_message == "Hi, I'm Ada Lovelace and I like bullet points."
         assert observation.agent_response.startswith("You said:")  # the Stop hook captured the final answer
         await c.send(type="new_session")  # session end triggers the batch
@@ -80,11 +110,10 @@ async def test_passover_next_session_boots_knowing_and_search_finds_it(
     assert "Likes answers in bullet points" in first_request_of_session_2.system_text  # learned in the last 48 h
     result = next(f for f in c.frames if f["type"] == "tool_result")
     assert not result["is_error"] and "Ada Lovelace" in result["summary"] and "FACT" in result["summary"]
-    assert counts(settings)["processed"] == 1
-    db = TranscriptDB(settings.layout.transcript_db)
-    sessions = db.conn.execute("SELECT ended_at IS NOT NULL, message_count, observation_count FROM sessions "
-                               "ORDER BY started_at").fetchall()
-    assert sessions == [(1, 1, 1), (0, 1, 1)]  # the first ended with new_session; the second runs on
+    await until(lambda: counts(settings) == {"pending": 1, "processed": 1, "stale": 0, "total": 2})
+    # the first ended with new_session; the second runs on (its turn's write is queued, not awaited)
+    await until(lambda: sessions(settings) == [(1, 1, 1), (0, 1, 1)])
+    assert batches(settings) == [("session-end-new_session", "done", [1])]
 
 
 async def test_a_correction_reaches_the_files_within_one_batch(bridge: MockBridge, settings: Settings) -> None:
@@ -118,10 +147,13 @@ async def test_auto_compaction_flushes_memory_first_and_the_fresh_files_follow(
         bridge.agent.script(Turn(Text("big context now"), input_tokens=150_000))
         await turn(c, "this makes the context huge")
         assert bridge.curator_requests() == []  # 4 turns: below the batch threshold
+        bridge.faults.add(Fault("latency", seconds=CURATOR_LATENCY, target="curator", times=1))
         await turn(c, "and now the CLI compacts")
     summary = next(r for r in bridge.agent_requests() if r.is_compaction)
     [curator] = bridge.curator_requests()
-    assert curator.time < summary.time  # PreCompact's flush ran before the context was compacted
+    # PreCompact waited for its flush: the slow curator call had finished before the compaction began
+    assert summary.time - curator.time >= CURATOR_LATENCY - 0.1, summary.time - curator.time
+    assert batches(settings) == [("precompact-auto", "done", [1, 2, 3, 4])]
     assert "message 0" in curator.last_user_text and "this makes the context huge" in curator.last_user_text
     after = [r for r in bridge.agent_requests() if r.time > summary.time and not r.is_compaction]
     assert after and "Codename HERON" in json.dumps(after[0].messages)  # SessionStart(compact) re-injected it
@@ -135,11 +167,15 @@ async def test_manual_compact_flushes_memory_first(server: SpriteOS, bridge: Moc
         c = await client(hello={})
         for text in ("the garden plan is due in May", "first we pick the plants", "then the soil"):
             await turn(c, text)
+        bridge.faults.add(Fault("latency", seconds=CURATOR_LATENCY, target="curator", times=1))
         await c.send(type="user_message", text="/compact")
         await c.until("turn_complete", lambda f: f["turn_id"] == c.of("turn_started")[-1]["turn_id"])
     summary = next(r for r in bridge.agent_requests() if r.is_compaction)
     [curator] = bridge.curator_requests()
-    assert curator.time < summary.time and "the garden plan is due in May" in curator.last_user_text
+    assert "the garden plan is due in May" in curator.last_user_text and "then the soil" in curator.last_user_text
+    # PreCompact waited for its flush: the slow curator call had finished before the compaction began
+    assert summary.time - curator.time >= CURATOR_LATENCY - 0.1, summary.time - curator.time
+    assert batches(settings) == [("precompact-manual", "done", [1, 2, 3])]
     assert counts(settings)["processed"] == 3
 
 
@@ -268,9 +304,20 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
 
     os.environ["SPRITE_WORKSPACE"] = str(settings.workspace)
     os.environ["ANTHROPIC_BASE_URL"] = bridge.url
+    live = len(bridge.curator_requests())
+    assert live == 2
     try:
         assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 0
         assert learnings(settings) == original
+        # The rebuild curated the original turns again, in the same groups, from wiped files.
+        first, second = bridge.curator_requests()[live:]
+        assert "I have a cat named Miso" in first.last_user_text and "she is grey" in first.last_user_text
+        assert "remind me to buy tea Friday" not in first.last_user_text
+        assert "remind me to buy tea Friday" in second.last_user_text and "I prefer tea" in second.last_user_text
+        assert "- Cat: Miso" not in first.last_user_text  # not the curated user.md: the wiped one
+        assert "===== user.md (curated, at most" in first.last_user_text
+        assert first.last_user_text.split("===== user.md")[1].split("=====\n")[1].startswith("(empty)")
+        assert "- Cat: Miso" in second.last_user_text  # ...which the rebuild's first batch then wrote
         assert MemoryFiles(settings.layout).read("user.md") == "# User\n- Cat: Miso\n"
         capsys.readouterr()
         assert cli(["memory", "status"]) == 0

@@ -25,11 +25,33 @@ def db(tmp_path: Path) -> MemoryDB:
     return m
 
 
+TEA = {"Prefers green tea in the morning", "Tea shop is on Rue Mercière"}
+ALL = TEA | {"Dates are DD/MM/YYYY, not MM/DD/YYYY", "Works as an accountant in Lyon"}
+
+
 @pytest.mark.parametrize("query", HOSTILE)
 def test_any_string_is_safe(db: MemoryDB, query: str) -> None:
     terms = search_terms(query)
     assert len(terms) <= 12 and all(t.isalnum() or "_" in t for t in terms)
-    assert isinstance(db.search(terms, 10), list)  # never an FTS5 syntax error
+    hits = db.search(terms, 10)  # never an FTS5 syntax error
+    assert isinstance(hits, list) and {h.content for h in hits} <= ALL
+    assert {x.content for x in db.all_learnings()} == ALL  # nothing dropped or changed by any query
+    assert {h.content for h in db.search(search_terms("tea"), 10)} == TEA  # and search still works after it
+
+
+@pytest.mark.parametrize("query", ["tea*", "-tea", "^tea", "content:tea", "tea) OR (1=1", '"tea"', '"tea',
+                                   "{content type}: tea", "NEAR(tea shop)", "tea AND NOT morning"])
+def test_fts5_syntax_in_a_query_is_inert_and_the_words_still_match(db: MemoryDB, query: str) -> None:
+    # Operators, prefixes, column filters and quotes are not applied: the word "tea" is searched
+    # as itself, so both tea learnings are found (a NOT, a column filter or a prefix would change that).
+    assert {h.content for h in db.search(search_terms(query), 10)} == TEA
+
+
+def test_an_injection_attempt_leaves_every_learning_in_place(db: MemoryDB) -> None:
+    assert db.search(search_terms("; DROP TABLE learnings; --"), 10) == []
+    assert db.search(search_terms("x'); DELETE FROM learnings; --"), 10) == []
+    assert {x.content for x in db.all_learnings()} == ALL
+    assert db.conn.execute("SELECT count(*) FROM learnings_fts").fetchone()[0] == 4
 
 
 def test_natural_questions_find_the_relevant_learning(db: MemoryDB) -> None:
