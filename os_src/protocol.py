@@ -81,7 +81,7 @@ ErrorCode = Literal[
     "queue_full",  # too many messages waiting for the agent
     "nothing_to_interrupt",  # interrupt while the agent is idle
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
-    "model_unavailable",  # the model proxy failed the turn (HTTP error, timeout)
+    "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -85,6 +86,11 @@ class AgentMemory(Protocol):
 
 class QueueFull(Exception):
     pass
+
+
+# How the CLI reports a model proxy it could not reach at all (no HTTP status to go by).
+_UNREACHABLE = re.compile(r"ECONNREFUSED|ENOTFOUND|ETIMEDOUT|ECONNRESET|EAI_AGAIN|Connection refused|"
+                          r"Can't reach the API|Unable to connect", re.IGNORECASE)
 
 
 class ShuttingDown(Exception):
@@ -384,13 +390,16 @@ class AgentRuntime:
             status = "interrupted"
         elif result.is_error:
             status = "error"
-            detail = p.clean_text("; ".join(result.errors or []) or result.result or result.subtype)
+            detail = p.clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:300]
             if result.api_error_status:
-                self._publish(p.Error(code="model_unavailable", turn_id=turn.turn_id,
-                                      message=f"The model proxy answered HTTP {result.api_error_status}: {detail[:300]}"))
+                code, message = "model_unavailable", f"The model proxy answered HTTP {result.api_error_status}: {detail}"
+            elif _UNREACHABLE.search(detail):
+                code, message = "model_unavailable", f"The model proxy could not be reached: {detail}"
             else:
-                self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
-                                      message=f"The turn failed: {detail[:300]}"))
+                code, message = "agent_failed", f"The turn failed: {detail}"
+            # The CLI's error text, not the person's words: fit for a warning, so operators see why.
+            log.warning("turn_error", turn_id=turn.turn_id, code=code, detail=detail)
+            self._publish(p.Error(code=code, turn_id=turn.turn_id, message=message))
         self._publish(p.TurnComplete(
             turn_id=turn.turn_id,
             status=status,

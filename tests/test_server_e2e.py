@@ -26,6 +26,7 @@ from tests.conftest import (
     ServerProcess,
     child_cli_processes,
     client_factory,
+    make_settings,
     pid_alive,
     running,
 )
@@ -426,6 +427,20 @@ async def test_a_failing_model_proxy_fails_the_turn_clearly_and_serving_goes_on(
     assert error["code"] == "model_unavailable" and "HTTP 500" in error["message"]
     bridge.faults.clear()
     assert (await turn_of(c, "and now?"))["status"] == "completed"
+
+
+async def test_an_unreachable_model_proxy_is_model_unavailable(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "1")
+    with socket.socket() as closed:  # a port nothing listens on: connection refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    async with running(make_settings(tmp_path / "ws", url)) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        failed = await turn_of(c, "hello?")
+        [error] = c.of("error")
+        assert failed["status"] == "error"
+        assert error["code"] == "model_unavailable" and "could not be reached" in error["message"], error
 
 
 async def turn_of(c: Client, text: str) -> dict:  # type: ignore[type-arg]
