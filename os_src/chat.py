@@ -127,20 +127,28 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
         loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:
         delay = 0.5
+        connected = False  # reconnecting is for a server that went away, not one never reached
         while True:
             try:
                 async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
                                    subprotocols=[p.SUBPROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
-                    delay = 0.5
+                    delay, connected = 0.5, True
                     hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
                     await ws.send(p.encode(hello).decode())
                     done = await _session(ws, render, lines)
                     if done:
                         return 0
             except InvalidStatus as exc:
-                render._line(f"! the server refused the connection: HTTP {exc.response.status_code}")
+                status = exc.response.status_code
+                why = " (wrong token: check .os/token or SPRITE_OS_TOKEN)" if status == 401 else ""
+                render._line(f"! the server refused the connection: HTTP {status}{why}")
                 return 1
-            except (OSError, ConnectionClosed):
+            except (OSError, ConnectionClosed) as exc:
+                if not connected and isinstance(exc, OSError):
+                    reason = exc.strerror or str(exc) or type(exc).__name__
+                    render._line(f"! cannot connect to {url}: {reason}. Is the server running "
+                                 "(sprite-os service status)? Another port: --url")
+                    return 1
                 render._line(f"· connection lost; reconnecting in {delay:.1f}s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 
@@ -70,3 +71,32 @@ async def test_ctrl_c_while_idle_leaves_at_once(fake_server: int) -> None:
     proc = await _chat_process(fake_server)
     proc.send_signal(signal.SIGINT)
     assert await _exits_promptly(proc) == 0
+
+
+async def test_a_server_never_reached_is_one_clear_line_not_endless_retries() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sprite_os", "chat", "--url", f"ws://127.0.0.1:{port}",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "SPRITE_OS_TOKEN": TOKEN})
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(b"hello\n"), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert f"! cannot connect to ws://127.0.0.1:{port}:".encode() in out and b"reconnecting" not in out
+
+
+async def test_a_wrong_token_says_so() -> None:
+    async with serve(_greet, "127.0.0.1", 0,
+                     process_request=lambda conn, req: conn.respond(401, "")) as server:
+        port = server.sockets[0].getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sprite_os", "chat", "--url", f"ws://127.0.0.1:{port}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "SPRITE_OS_TOKEN": "a-wrong-token-0123456789"})
+        out, _ = await asyncio.wait_for(proc.communicate(b""), 30)
+    assert proc.returncode == 1 and b"HTTP 401 (wrong token" in out
