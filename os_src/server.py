@@ -91,6 +91,9 @@ class SpriteOS:
         gc.freeze()
         log.info("server_started", host=self.settings.host, port=self.port, version=__version__,
                  settings=describe(self.settings))
+        if not self.settings.anthropic_base_url:  # on a Sprite, Bridge's proxy is always set
+            log.warning("model_proxy_unset", detail="ANTHROPIC_BASE_URL is not set: the agent and the memory "
+                        "curator call the Anthropic API directly, and need ANTHROPIC_API_KEY")
 
     async def _listen(self) -> Server:
         host, port = self.settings.host, self.settings.port

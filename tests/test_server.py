@@ -28,3 +28,15 @@ async def test_a_port_in_use_is_one_line_and_exit_status_2(tmp_path: Path) -> No
     assert proc.returncode == 2, text
     assert "Traceback" not in text
     assert text.strip().splitlines()[-1] == f"sprite-os: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+async def test_a_missing_model_proxy_is_warned_about_at_start(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from tests.conftest import make_settings, running
+
+    for base_url, warned in ((None, True), ("http://127.0.0.1:9", False)):
+        with capture_logs() as logs:
+            async with running(make_settings(tmp_path / f"ws-{warned}", base_url)):  # type: ignore[arg-type]
+                pass
+        assert any(e["event"] == "model_proxy_unset" and e["log_level"] == "warning" for e in logs) is warned
