@@ -252,4 +252,4 @@ def _print_status(r: dict[str, Any], root: Any) -> None:
         print(f"  last failure     {_when(f['at'])}: {(f['error'] or '')[:160]}")
     print(f"  learnings        {t['learnings']}; pending actions {t['pending_actions']}")
     for name, info in r["files"].items():
-        print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} versions")
+        print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")
