@@ -124,8 +124,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _validated(s: Settings) -> Settings:
-    if not 0 <= s.port <= 65535:  # 0: any free port
-        raise ConfigError(f"SPRITE_OS_PORT must be between 0 and 65535, got {s.port}")
+    if not 0 <= s.port <= 65535:  # 0: any free port (tests, the dev server); `service start` refuses it
+        raise ConfigError(f"SPRITE_OS_PORT must be from 1 to 65535 (or 0 for any free port), got {s.port}")
     if s.log_format not in ("kv", "json"):
         raise ConfigError(f"SPRITE_LOG_FORMAT must be 'kv' or 'json', got {s.log_format!r}")
     if s.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -5,15 +5,16 @@
   `.os/state/server.pid`, and waits for `/healthz` to answer.
 - stop: SIGTERM, then SIGKILL to the server's whole process group after STOP_TIMEOUT;
   nothing the server started is left running.
-- restart: stop, then start.
+- restart: stop, then start (a bad setting fails before the stop).
 - status: the pid and the /healthz JSON. Exit codes follow the LSB convention: 0 running,
   1 dead with a stale pid file, 3 not running, 4 running but /healthz does not answer.
 
-The service remembers the settings it was started with (`.os/state/service.env`, 0600):
-a later start or restart (including the one a deploy does) takes each setting from its
-own environment when set there, and from the remembered ones otherwise. A setting set
-to the empty string counts as unset. SPRITE_OS_TOKEN is never remembered: start writes it
-into the token file, which a deploy's --token-file rotates.
+The service remembers the settings it was started with (`.os/state/service.env`, 0600)
+once /healthz has answered; a failed start remembers nothing. A later start or restart
+(including the one a deploy does) takes each setting from its own environment when set
+there, and from the remembered ones otherwise; a failing start names the remembered ones
+it used. A setting set to the empty string counts as unset. SPRITE_OS_TOKEN is never
+remembered: start writes it into the token file, which a deploy's --token-file rotates.
 
 The pid file is trusted only if /proc shows that pid running `sprite_os` for this workspace.
 """
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ENV_VARS, Settings, load_settings, resolve_token, store_token
+from .config import ENV_VARS, ConfigError, Settings, load_settings, resolve_token, store_token
 from .fsutil import atomic_write
 from .paths import Layout
 
@@ -47,12 +48,28 @@ SERVER_OUT_MAX = 10 * 1024 * 1024
 EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
 
 
+def _write(stream: Any, text: str) -> None:
+    """Print `text`; a reader that went away (`service status | head -1`) is no error: the rest
+    of the output goes to /dev/null, so neither this nor the exit's flush raises a traceback."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+
+
 def say(line: str) -> None:
-    print(f"sprite-os: {line}", flush=True)
+    _write(sys.stdout, f"sprite-os: {line}")
 
 
 def fail(line: str) -> None:
-    print(f"sprite-os: error: {line}", file=sys.stderr, flush=True)
+    _write(sys.stderr, f"sprite-os: error: {line}")
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def service_main(settings: Settings, action: str) -> int:
@@ -64,6 +81,7 @@ def service_main(settings: Settings, action: str) -> int:
         case "stop":
             return service.stop()
         case "restart":
+            service.child_settings()  # a bad setting fails before the running server is stopped
             code = service.stop()
             return code if code != EXIT_OK else service.start()
         case "status":
@@ -158,11 +176,11 @@ class Service:
 
     # -- settings for the child
 
-    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def child_env(self, base: Mapping[str, str] | None = None, *, remembered: bool = True) -> dict[str, str]:
         """The server's environment: ours, the remembered settings where ours has none, and
         the deployed defaults (JSON logs to .os/logs/sprite-os.log)."""
         env = dict(os.environ if base is None else base)
-        for name, value in self._remembered().items():
+        for name, value in (self._remembered() if remembered else {}).items():
             if name not in env:
                 env[name] = value
         env["SPRITE_WORKSPACE"] = str(self.settings.workspace)
@@ -191,15 +209,47 @@ class Service:
         keep = {k: env[k] for k in ENV_VARS if env.get(k) and k not in NOT_REMEMBERED}
         atomic_write(self.env_file, json.dumps(keep, indent=1, sort_keys=True).encode(), mode=0o600)
 
+    def _used_remembered(self) -> list[str]:
+        """The remembered settings a start takes because its own environment does not set them
+        (and which differ from what it would have without them)."""
+        env, without = self.child_env(), self.child_env(remembered=False)
+        return sorted(name for name in self._remembered() if env.get(name) != without.get(name))
+
+    def _remembered_note(self, named_in: str | None = None) -> str:
+        """Which remembered settings this start uses (only those `named_in` names, if given)."""
+        names = [n for n in self._used_remembered() if named_in is None or n in named_in]
+        if not names:
+            return ""
+        it = "it" if len(names) == 1 else "them"
+        return (f"using remembered {', '.join(names)} from {self.env_file}; "
+                f"set {it} to the empty string to drop {it}")
+
+    def child_settings(self, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings the server will see; a bad one (including a remembered one, which the
+        message then names) raises ConfigError, a one-line exit 2."""
+        try:
+            child = load_settings(self.child_env() if env is None else env)
+            if child.port == 0:
+                raise ConfigError("SPRITE_OS_PORT=0 (any free port) cannot be used by the service, "
+                                  "which must know its port: set it from 1 to 65535")
+        except ConfigError as exc:
+            note = self._remembered_note(named_in=str(exc))
+            raise ConfigError(f"{exc} ({note})" if note else str(exc)) from None
+        return child
+
     def _adopt_token(self, env: dict[str, str]) -> None:
         """SPRITE_OS_TOKEN goes into the token file (0600) and not to the server, which reads the
         file: a deploy's --token-file rotates that file, so nothing may shadow it. A token an older
         version remembered in service.env is carried into the file if there is none yet."""
         token = env.pop("SPRITE_OS_TOKEN", "").strip()
-        if not token:
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                if not self.layout.token_file.exists():
-                    token = json.loads(self.env_file.read_text()).get("SPRITE_OS_TOKEN", "").strip()
+        legacy = ""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            legacy = json.loads(self.env_file.read_text()).get("SPRITE_OS_TOKEN", "").strip()
+        if not token and legacy and not self.layout.token_file.exists():
+            token = legacy
+        if legacy:  # the file is the one place for it: drop it from service.env, change nothing else
+            atomic_write(self.env_file, json.dumps(self._remembered(), indent=1, sort_keys=True).encode(),
+                         mode=0o600)
         if token and store_token(self.settings, token):
             say(f"token written to {self.layout.token_file}")
 
@@ -252,35 +302,43 @@ class Service:
             self._remove_pid_file()
         self.layout.ensure()
         env = self.child_env()
-        load_settings(env)  # what the server will see; a bad setting fails here, clearly
+        self.child_settings(env)  # what the server will see; a bad setting fails here, clearly
         self._adopt_token(env)
-        child = load_settings(env)
+        child = self.child_settings(env)
         resolve_token(child, create=True)  # a bad token file too
+        listen, probe = address(child.host, child.port), address(self.probe_host(child.host), child.port)
         if self._port_taken(child):
-            fail(f"port {child.port} on {self.probe_host(child.host)} is already in use; stop whatever "
+            probed = f" (probed at {probe})" if probe != listen else ""
+            fail(f"port {child.port} on {child.host} is already in use{probed}; stop whatever "
                  "listens there or set SPRITE_OS_PORT")
+            self._note_remembered()
             return EXIT_FAILED
         self._rotate_server_out()
         started = time.monotonic()
         with open(self.server_out, "ab") as out:
+            out_start = out.tell()  # what this start's server prints comes after this
             proc = subprocess.Popen(
                 [self.python(), "-P", "-m", "sprite_os", "serve"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 cwd=self.layout.root, start_new_session=True, close_fds=True,
             )
         atomic_write(self.layout.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
-        self._remember(env)
         deadline = started + START_TIMEOUT
         while time.monotonic() < deadline:
             code = proc.poll()
             if code is not None:
                 self._remove_pid_file()
-                self._report_failure(f"the server exited with status {code} while starting", child)
+                reason = self._server_error(out_start)
+                why = (f"{reason} (exited with status {code})" if reason
+                       else f"the server exited with status {code} while starting")
+                self._report_failure(why, child)
                 return EXIT_FAILED
             health = self.health(child, timeout=1.0)
             if health is not None:
+                self._remember(env)  # only settings that started a server are worth remembering
+                probed = f" (probed at {probe})" if probe != listen else ""
                 say(f"started pid {proc.pid}, version {health.get('version')}, status {health.get('status')}, "
-                    f"on {self.probe_host(child.host)}:{child.port} in {time.monotonic() - started:.1f}s; "
+                    f"on {listen}{probed} in {time.monotonic() - started:.1f}s; "
                     f"log {child.log_file or self.server_out}")
                 return EXIT_OK
             time.sleep(0.1)
@@ -343,7 +401,7 @@ class Service:
                 "does not answer")
             return EXIT_UNKNOWN
         say(f"running (pid {state.pid}), status {health.get('status')}, version {health.get('version')}")
-        print(json.dumps(health, indent=2), flush=True)
+        _write(sys.stdout, json.dumps(health, indent=2))
         return EXIT_OK
 
     # -- logs
@@ -353,15 +411,34 @@ class Service:
             if self.server_out.stat().st_size > SERVER_OUT_MAX:
                 os.replace(self.server_out, self.server_out.with_name(self.server_out.name + ".1"))
 
+    def _server_error(self, offset: int) -> str:
+        """The last `sprite-os: error: ...` (or `error: ...`) line the server printed in this start."""
+        try:
+            with open(self.server_out, "rb") as f:
+                f.seek(max(offset, f.seek(0, os.SEEK_END) - 64 * 1024))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            for prefix in ("sprite-os: error:", "error:"):
+                if line.startswith(prefix) and line[len(prefix):].strip():
+                    return line[len(prefix):].strip()
+        return ""
+
+    def _note_remembered(self) -> None:
+        note = self._remembered_note()
+        if note:
+            _write(sys.stderr, f"sprite-os: {note}")
+
     def _report_failure(self, why: str, child: Settings) -> None:
         fail(f"the server did not start: {why}")
+        self._note_remembered()
         for path in (self.server_out, child.log_file):
             if path is None:
                 continue
             lines = _tail(Path(path), LOG_LINES)
             if lines:
-                print(f"--- last lines of {path}:", file=sys.stderr)
-                print("\n".join(lines), file=sys.stderr, flush=True)
+                _write(sys.stderr, f"--- last lines of {path}:\n" + "\n".join(lines))
 
 
 def _tail(path: Path, n: int) -> list[str]:

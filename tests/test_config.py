@@ -21,6 +21,10 @@ def test_defaults_and_environment(tmp_path: Path) -> None:
     assert s.model_env() == {"ANTHROPIC_API_KEY": "sprite-os", "ANTHROPIC_BASE_URL": "http://bridge:8080"}
 
 
+def test_port_0_is_any_free_port_for_serve() -> None:
+    assert load_settings({"SPRITE_OS_PORT": "0"}).port == 0  # the service refuses it (test_service)
+
+
 def test_flags_override_environment(tmp_path: Path) -> None:
     s = load_settings({"SPRITE_OS_PORT": "9001"}).with_overrides(port=9002, host=None)
     assert s.port == 9002 and s.host == "127.0.0.1"
@@ -28,8 +32,8 @@ def test_flags_override_environment(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("env", "needle"), [
     ({"SPRITE_OS_PORT": "abc"}, "SPRITE_OS_PORT must be a whole number"),
-    ({"SPRITE_OS_PORT": "70000"}, "between 0 and 65535"),
-    ({"SPRITE_OS_PORT": "-1"}, "between 0 and 65535"),
+    ({"SPRITE_OS_PORT": "70000"}, "SPRITE_OS_PORT must be from 1 to 65535 (or 0 for any free port), got 70000"),
+    ({"SPRITE_OS_PORT": "-1"}, "from 1 to 65535 (or 0 for any free port), got -1"),
     ({"SPRITE_MEMORY_BATCH_TURNS": "0"}, "SPRITE_MEMORY_BATCH_TURNS must be greater than 0"),
     ({"SPRITE_IDLE_TIMEOUT": "soon"}, "SPRITE_IDLE_TIMEOUT must be a number"),
     ({"ANTHROPIC_BASE_URL": "bridge:8080"}, "ANTHROPIC_BASE_URL must be an http(s) URL"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sprite_os import service as svc
-from sprite_os.config import load_settings
+from sprite_os.config import ConfigError, load_settings
 from tests.deploy_support import base_env, free_port, healthz, processes_in_session
 
 
@@ -61,6 +61,7 @@ def test_start_status_restart_stop(ws: Path, env: dict[str, str]) -> None:
     started = run(ws, "start", env)
     assert started.returncode == 0, started.stdout + started.stderr
     assert "sprite-os: started pid" in started.stdout
+    assert f"on 127.0.0.1:{env['SPRITE_OS_PORT']} in " in started.stdout and "probed" not in started.stdout
     pid = int(layout.pid_file.read_text())
     assert svc.alive(pid)
     assert oct((layout.state_dir / "service.env").stat().st_mode & 0o777) == "0o600"
@@ -70,6 +71,14 @@ def test_start_status_restart_stop(ws: Path, env: dict[str, str]) -> None:
     assert status.stdout.startswith(f"sprite-os: running (pid {pid}), status ok")
     body = json.loads(status.stdout.split("\n", 1)[1])
     assert body["status"] == "ok" and "uptime_s" in body and "memory" in body
+    # `service status | head -1`: a reader that went away is no error, and no traceback.
+    for action in ("status", "start"):
+        read, write = os.pipe()
+        os.close(read)
+        closed = subprocess.run([sys.executable, "-m", "sprite_os", "service", action], stdout=write,
+                                stderr=subprocess.PIPE, text=True, env=env, timeout=90)
+        os.close(write)
+        assert (closed.returncode, closed.stderr) == (0, ""), closed.stderr
 
     again = run(ws, "start", env)
     assert again.returncode == 0 and f"already running (pid {pid})" in again.stdout
@@ -143,17 +152,96 @@ def test_start_failure_reports_the_log(ws: Path, env: dict[str, str], monkeypatc
     assert not settings.layout.pid_file.exists()
 
 
+def fake_server(path: Path, script: str) -> str:
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_failed_start_remembers_nothing_and_names_what_it_remembered(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = load_settings(env)
+    layout = settings.layout
+    outer = {**base_env(), **env}
+    bad_host = fake_server(ws.parent / "bad-host", "echo 'sprite-os: error: cannot listen on not-a-host:1: "
+                           "Name or service not known' >&2\nexit 2")
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: bad_host))
+    monkeypatch.setattr(os, "environ", {**outer, "SPRITE_OS_HOST": "not-a-host"})
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err.splitlines()
+    # The headline is the server's own reason; the tail is still below it.
+    assert err[0] == ("sprite-os: error: the server did not start: cannot listen on not-a-host:1: "
+                      "Name or service not known (exited with status 2)")
+    assert any(line.startswith("--- last lines of") for line in err)
+    assert not layout.service_env.exists(), "a failed start must not remember its settings"
+    assert not any("remembered" in line for line in err)  # nothing was remembered
+
+    # A setting remembered earlier (by an older version, or a host that no longer resolves) is named.
+    layout.service_env.write_text(json.dumps({"SPRITE_OS_HOST": "not-a-host", "SPRITE_MEMORY_MODEL": "m"}))
+    monkeypatch.setattr(os, "environ", {**outer})  # sets SPRITE_MEMORY_MODEL: not the remembered one
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[1] == (f"sprite-os: using remembered SPRITE_OS_HOST from {layout.service_env}; "
+                      "set it to the empty string to drop it")
+    assert json.loads(layout.service_env.read_text())["SPRITE_OS_HOST"] == "not-a-host"  # unchanged
+
+    # This start's server printed no error line: an earlier start's is not taken for its reason.
+    crash = fake_server(ws.parent / "crash", "echo 'Traceback: something else'\nexit 3")
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: crash))
+    monkeypatch.setattr(os, "environ", {**outer, "SPRITE_OS_HOST": ""})  # drops the remembered one
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "sprite-os: error: the server did not start: the server exited with status 3 while starting"
+    assert not any("remembered" in line for line in err)
+
+
+def test_a_bad_host_fails_with_the_reason_and_is_not_remembered(ws: Path, env: dict[str, str]) -> None:
+    """The real server, as the operator ran it."""
+    failed = run(ws, "start", {**env, "SPRITE_OS_HOST": "not-a-host"})
+    assert failed.returncode == 1
+    headline = failed.stderr.splitlines()[0]
+    assert headline.startswith("sprite-os: error: the server did not start: cannot listen on not-a-host:"), headline
+    assert not load_settings(env).layout.service_env.exists()
+
+
+def test_start_refuses_port_0_at_once(ws: Path, env: dict[str, str]) -> None:
+    started = time.monotonic()
+    for action in ("start", "restart"):
+        refused = run(ws, action, {**env, "SPRITE_OS_PORT": "0"})
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.startswith("sprite-os: error: SPRITE_OS_PORT=0") and refused.stderr.count("\n") == 1
+        assert refused.stdout == ""  # restart: nothing stopped either
+    assert time.monotonic() - started < 20
+    assert not load_settings(env).layout.pid_file.exists()
+
+
+def test_a_remembered_bad_setting_is_named_in_the_one_line(ws: Path, env: dict[str, str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(env)
+    settings.layout.ensure()
+    settings.layout.service_env.write_text(json.dumps({"SPRITE_OS_PORT": "0", "SPRITE_OS_HOST": "::1"}))
+    monkeypatch.setattr(os, "environ", {k: v for k, v in {**os.environ, **env}.items() if k != "SPRITE_OS_PORT"})
+    with pytest.raises(ConfigError) as info:
+        svc.service_main(settings, "start")
+    assert str(info.value).endswith(f"(using remembered SPRITE_OS_PORT from {settings.layout.service_env}; "
+                                    "set it to the empty string to drop it)")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 def test_start_refuses_a_port_in_use(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+                                     capsys: pytest.CaptureFixture[str], host: str) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        env["SPRITE_OS_PORT"] = str(listener.getsockname()[1])
+        port = listener.getsockname()[1]
+        env.update(SPRITE_OS_PORT=str(port), SPRITE_OS_HOST=host)
         monkeypatch.setattr(os, "environ", {**os.environ, **env})
         started = time.monotonic()
         assert svc.service_main(load_settings(env), "start") == 1
         assert time.monotonic() - started < 5
-    assert "is already in use" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    probed = f" (probed at 127.0.0.1:{port})" if host == "0.0.0.0" else ""
+    assert f"port {port} on {host} is already in use{probed}; stop" in err
     assert not load_settings(env).layout.pid_file.exists()
 
 
@@ -166,6 +254,7 @@ def test_child_env(ws: Path, env: dict[str, str]) -> None:
     assert "PYTHONHOME" not in child
     assert "PYTHONPATH" not in child  # a checkout is not a release: nothing to pin
     assert svc.Service.probe_host("0.0.0.0") == "127.0.0.1"
+    assert (svc.address("0.0.0.0", 80), svc.address("::", 80)) == ("0.0.0.0:80", "[::]:80")
 
 
 def test_token_is_never_remembered_and_the_token_file_wins(ws: Path, env: dict[str, str],
@@ -189,8 +278,8 @@ def test_token_is_never_remembered_and_the_token_file_wins(ws: Path, env: dict[s
     assert "SPRITE_OS_TOKEN" not in child  # the server reads the file
     assert layout.token_file.read_text() == "first-token-0123456789\n"
     assert oct(layout.token_file.stat().st_mode & 0o777) == "0o600"
-    remembered = json.loads(layout.service_env.read_text())
-    assert "SPRITE_OS_TOKEN" not in remembered and remembered["SPRITE_MEMORY_MODEL"] == "claude-remembered"
+    assert not layout.service_env.exists()  # the start failed: nothing remembered
+    remembered = {"SPRITE_MEMORY_MODEL": "claude-remembered"}
 
     # A service.env written by an older version still names a token; a rotated file wins over it.
     layout.service_env.write_text(json.dumps({**remembered, "SPRITE_OS_TOKEN": "stale-token-0123456789"}))
