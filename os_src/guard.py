@@ -2,7 +2,9 @@
 
 A PreToolUse hook denies Write, Edit, MultiEdit and NotebookEdit on any path
 that resolves (relative to the agent's cwd, symlinks followed) into `.os/`,
-and Bash commands that would change anything there:
+and Bash commands that would change anything there. A command is read line by line, as bash
+runs it (a newline outside quotes separates commands like `;`; a heredoc's body lines are read as
+lines too), and each line's simple commands are judged:
 
 - a command whose arguments reach into `.os/` must be read-only (cat, ls, grep...),
   and a read-only program's options that write or run programs (`sort -o`,
@@ -162,12 +164,18 @@ class WriteGuard:
     def _bash(self, command: str, base: Path) -> str | None:
         disguised, plain = _unquote(command)
         mentions = self._mentions(command) or (disguised and self._mentions(plain))
-        try:
-            lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|()<>")
-            lexer.whitespace_split = True
-            tokens = list(lexer)
-        except ValueError:
-            return "the command could not be parsed" if mentions else None
+        tokens: list[str] = []
+        unparsed = False
+        for line, body in _lines(command):  # lexed one line at a time: shlex reads `\n` as a space
+            try:
+                lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()<>")
+                lexer.whitespace_split = True
+                lexer.commenters = ""  # `_lines` dropped the comments; shlex would end one mid-word
+                tokens += [*lexer, ";"]
+            except ValueError:  # an unclosed quote: bash runs the lines before it, not this one
+                unparsed |= not body
+                tokens += [re.sub(r"['\"\\]", "", t) for t in re.findall(r"[;&|()<>]+|[^\s;&|()<>]+", line)]
+                tokens.append(";")
         all_read_only = True
         for words in _simple_commands(tokens):
             program, args, targets = _split(words)
@@ -186,6 +194,8 @@ class WriteGuard:
             if program in RECURSIVE_DESTRUCTIVE and _recursive(program, args) and any(
                     self._contains_os(p, base) for p in paths):
                 return f"{program} would recursively change a directory that contains .os/"
+        if unparsed and mentions:
+            return "the command could not be parsed"
         if all_read_only:
             return None
         if mentions:
@@ -307,6 +317,93 @@ def _unquote(command: str) -> tuple[bool, str]:
     plain = "".join(out)
     assigned = dict(_ASSIGNED.findall(plain))
     return disguised, _VARIABLE.sub(lambda m: assigned.get(m[1], m[0]), plain)
+
+
+def _lines(command: str) -> list[tuple[str, bool]]:
+    """The lines bash runs one after another, as (text, is a heredoc body line). A newline outside
+    quotes ends a line, a backslash-newline outside quotes joins two, and a newline inside quotes
+    (`git commit -m "a<newline>b"`) stays; a comment (`#` starting a word) is dropped. The lines
+    after one that opens a heredoc (`<<EOF`, `<<-'EOF'`), up to its delimiter, are its body: each
+    is read as a line of its own, its quotes literal, so a body line that mentions `.os` or writes
+    there is judged like a command (conservative, as code on stdin may run it)."""
+    out: list[tuple[str, bool]] = []
+    line: list[str] = []
+    pending: list[tuple[str, bool]] = []  # heredocs opened on this line: (delimiter, strip tabs)
+    quote, prev, i, n = "", "", 0, len(command)
+    while i < n:
+        c = command[i]
+        if quote:  # ' literal; " and $' honour backslash escapes
+            if c == "\\" and quote != "'" and i + 1 < n:
+                line.append(command[i:i + 2])
+                i += 2
+                continue
+            if c == ("'" if quote in "'$" else '"'):
+                quote = ""
+            line.append(c)
+        elif c == "\\":
+            if command[i + 1:i + 2] != "\n":  # a backslash-newline disappears
+                line.append(command[i:i + 2])
+                prev = command[i + 1:i + 2]
+            i += 2
+            continue
+        elif c in "'\"":
+            quote = "$" if prev == "$" and c == "'" else c
+            line.append(c)
+        elif c == "#" and prev in ("", " ", "\t", *";&|()<>"):
+            while i < n and command[i] != "\n":  # a comment
+                i += 1
+            continue
+        elif c == "\n":
+            out.append(("".join(line), False))
+            line, prev, i = [], "", i + 1
+            while pending and i < n:
+                end = command.find("\n", i)
+                end = n if end < 0 else end
+                text, i = command[i:end], end + 1
+                if (text.lstrip("\t") if pending[0][1] else text) == pending[0][0]:
+                    pending.pop(0)
+                else:
+                    out.append((text, True))
+            pending = []
+            continue
+        elif command.startswith("<<<", i):
+            line.append("<<<")
+            prev, i = "<", i + 3
+            continue
+        elif command.startswith("<<", i):
+            j = i + 3 if command.startswith("<<-", i) else i + 2
+            if delimiter := _heredoc_delimiter(command, j):
+                pending.append((delimiter, j == i + 3))
+            line.append(command[i:j])
+            prev, i = "<", j
+            continue
+        else:
+            line.append(c)
+        prev = c
+        i += 1
+    out.append(("".join(line), False))
+    return [(text, body) for text, body in out if text.strip()]
+
+
+def _heredoc_delimiter(command: str, i: int) -> str:
+    """The word after `<<` at `i`, without its quotes (`'EOF'`, `"EOF"`, `\\EOF` all end at `EOF`)."""
+    while i < len(command) and command[i] in " \t":
+        i += 1
+    word: list[str] = []
+    while i < len(command) and command[i] not in " \t\n;&|()<>":
+        c = command[i]
+        if c in "'\"":
+            end = command.find(c, i + 1)
+            end = len(command) if end < 0 else end
+            word.append(command[i + 1:end])
+            i = end + 1
+        elif c == "\\":
+            word.append(command[i + 1:i + 2])
+            i += 2
+        else:
+            word.append(c)
+            i += 1
+    return "".join(word)
 
 
 def _glued(command: str, i: int, opening: bool) -> bool:

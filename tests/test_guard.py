@@ -137,6 +137,24 @@ def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str,
     ("bash <<< 'cd ~/.o\"\"s/memory; echo x > user.md'", True),
     ("python3 <<EOF\nprint(1)\nEOF", False),
     ("bash <<< 'echo hello'", False),
+    # A newline outside quotes separates commands, as `;` does (shlex reads it as a space), and a
+    # comment starts only at a word's start (shlex ends a line at any `#`).
+    ("ls\nrm -rf .os/memory", True),
+    ("cd /tmp\nrm -rf {ws}/.os/memory", True),
+    ("ls \\\nrm -rf .os/memory", False),  # a backslash-newline joins the lines: only `ls` runs
+    ("ls -la \\\n  documents\nrm -rf .os/memory", True),
+    ("ls # don't\nrm -rf .os/memory", True),  # a quote in a comment opens nothing
+    ("ls\\\n#x; rm -rf .os/memory", True),  # `ls#x` is a word, not a comment
+    ("echo a#b; rm -rf .os/memory", True),
+    ("echo $'\\''\nrm -rf .os/memory\necho 'x'", True),  # `$'\''` is one quote character
+    ("cat <<EOF | python3\nimport os\np = chr(46) + \"os/memory/user.md\"\nopen(p, \"w\").write(\"x\")\nEOF", True),
+    ("cat <<'EOF' | python3\n# don't\np = chr(46) + \"os/memory/user.md\"\nEOF", True),
+    ("cat <<EOF > documents/notes.md\nthen rm -rf .os/memory\nEOF", True),  # a body line is read too
+    ("cd documents\nls -la\npython3 build.py", False),
+    ("cat <<'EOF' > documents/notes.md\nIt's a note; see #3 & \"quotes\".\nEOF\nls documents", False),
+    ("cat <<-EOF > documents/notes.md\n\tone; two # three\n\tEOF\ngit add documents/notes.md", False),
+    ("git commit -m \"line one\nline two\"", False),
+    ("echo 'a\nb' > documents/x.txt && echo $#", False),
 ])
 def test_bash(guard: WriteGuard, ws: Path, command: str, denied: bool) -> None:
     reason = guard.check("Bash", {"command": command.format(ws=ws)}, str(ws))
