@@ -297,13 +297,17 @@ async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Ki
         await d.stop(flush_budget=0)
 
 
-async def test_unusable_replies_without_a_recent_success_probe_once_then_are_plain_failures(kit: Kit) -> None:
-    # A misconfigured proxy or model: every call answered, nothing usable. The last batch that
-    # worked is two hours old, so nothing says the turns are at fault: one probe split (a poison
-    # turn would sit in one half and the other half would succeed), then plain failures.
+@pytest.mark.parametrize("last_success_age", [7200, 60])
+async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failures(
+        kit: Kit, last_success_age: float) -> None:
+    # A misconfigured proxy or model: every call answered, nothing usable. A batch that worked
+    # before (even a minute ago: the proxy may have broken since) says nothing about the turns:
+    # one probe split (a poison turn would sit in one half and the other half would succeed),
+    # then plain failures.
     kit.bridge.curator.script("FACT: long ago")
     await kit.processor.process(await kit.turns("turn 0"), "batch")
-    await kit.memory.call(lambda m: m.conn.execute("UPDATE batches SET created_at = ?", (time.time() - 7200,)))
+    await kit.memory.call(lambda m: m.conn.execute("UPDATE batches SET created_at = ?",
+                                                   (time.time() - last_success_age,)))
     kit.bridge.curator.default = "I can't help with that."
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 2-7
     d = MemoryDaemon(kit.processor, batch_turns=25)
@@ -325,6 +329,44 @@ async def test_unusable_replies_without_a_recent_success_probe_once_then_are_pla
         # a plain failure: the backoff grows, the six-hour clock runs, and no probe again
         assert d.health.failing_since is not None and d.health.next_retry_at is not None
         assert d._parts == [] and d._probed
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(kit: Kit) -> None:
+    def refuse(request: RecordedRequest) -> str:
+        return "I can't help with that." if "[#1]" in request.last_user_text else "FACT: a learning"
+
+    kit.bridge.curator.script(*[refuse] * 10)
+    await kit.turns(*[f"turn {n}" for n in range(1, 7)])
+    d = MemoryDaemon(kit.processor, batch_turns=25)  # not started: _drain is driven by hand
+    d._parts, d._set_aside, d._isolating_since = [[4, 5, 6], [1, 2, 3]], {1}, time.time()
+    waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    d._waiters.append((6, waiter))  # a flush that wants every turn up to #6 curated
+    ok, _ = await d._drain("test")  # 4-6 succeed, then 1-3 get an unusable reply
+    assert not ok and await _count(kit, "processed", 3)
+    assert not waiter.done()  # turns 1-3 are not curated yet
+
+
+async def test_a_lone_poison_turn_waits_for_company_then_is_isolated(kit: Kit) -> None:
+    """One turn, always refused: it can't be split, and nothing says it is at fault, so it is a
+    plain failure; it does not switch isolation off. Once newer turns arrive, the probe split
+    sets it apart and it is marked stale."""
+    def refuse(request: RecordedRequest) -> str:
+        return "I can't help with that." if "[#1]" in request.last_user_text else "FACT: a learning"
+
+    kit.bridge.curator.script(*[refuse] * 100)
+    await kit.turns("the poison turn")
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _requests(kit, 2 * daemon_module.UNUSABLE_LIMIT))
+        assert await _count(kit, "stale", 0) and not d._probed
+        await kit.turns("turn 2", "turn 3", "turn 4")
+        d.trigger("test")
+        await wait_until(lambda: _pending(kit, 0), timeout=30)
+        assert await kit.transcript.call(lambda t: t.counts()) == {
+            "pending": 0, "processed": 3, "stale": 1, "total": 4}
     finally:
         await d.stop(flush_budget=0)
 

@@ -20,17 +20,17 @@ beside the others; a value saved without it counts as such a gap.
 
 A reply that arrives but is unusable (UnusableReply: a refusal, garbage) is another
 matter: the same turns may fail forever and hold back every newer one. After
-UNUSABLE_LIMIT in a row for the oldest chunk, it is split in half and the halves run
-one after the other; a single turn that still gets them is marked stale at once.
-Marking a turn stale needs evidence that the proxy and model work: a batch that
-succeeded within ISOLATE_EVIDENCE (one hour; at start, the newest `done` batch in
-memory.db counts), or during this very isolation. Without it, the chunk is split
-once as a probe and each half is tried (a poison turn sits in one half, so the other
-succeeds and gives the evidence); if every piece still gets unusable replies (a
-misconfigured proxy or model answering everything with nothing usable), the pieces
-are dropped and it is a plain failure, backed off and under the six-hour rule, with
-no more probes until a batch succeeds: otherwise every turn would be marked stale
-within minutes.
+UNUSABLE_LIMIT in a row for the oldest chunk, an isolation begins: the chunk is
+split in half and the halves run one after the other; a single turn that still gets
+them is marked stale. Marking stale, and splitting further, need evidence that the
+proxy and model work: a batch that succeeded after the isolation began (one from
+before proves nothing: the proxy may have broken since). To find it, the first
+split is a probe, and a half that fails without evidence is set aside while the
+other is tried: a poison turn sits in one half, so the other succeeds. If every
+piece fails (a misconfigured proxy or model answering everything with nothing
+usable), the pieces are dropped and it is a plain failure, backed off and under the
+six-hour rule, with no more probes until a batch succeeds: turns are never marked
+stale wholesale. Steps taken without evidence leave the failing clock running.
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a 
 FAILING_KEY = "daemon_failing"  # memory.db meta: {"since": epoch s, "failures": n, "last": epoch s}
 CONFLICT_RETRY = 2.0
 UNUSABLE_LIMIT = 3  # unusable replies in a row for one chunk, then it is split (one turn: marked stale)
-ISOLATE_EVIDENCE = 3600.0  # splitting or marking stale needs a batch that succeeded this recently
 # More time than this since the last failed call was not backoff but a sleep, or a stopped daemon:
 # the longest wait between two failed calls is BACKOFF_MAX x 1.2 plus one call (at most 120 s).
 FAILING_GAP = 2 * BACKOFF_MAX
@@ -95,6 +94,7 @@ class MemoryDaemon:
         self._parts: list[list[int]] = []  # the pieces of split chunks still to run, oldest first
         self._set_aside: set[int] = set()  # first ids of pieces that failed without evidence, moved last
         self._probed = False  # a split without evidence was tried and every piece failed: no more
+        self._isolating_since: float | None = None  # a success after this is the evidence
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -153,7 +153,7 @@ class MemoryDaemon:
 
     async def start(self) -> None:
         await self._load_failing()
-        if self.health.last_success_at is None:  # evidence for isolating unusable replies
+        if self.health.last_success_at is None:  # for /healthz: the last success survives a restart
             self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
         await self.processor.recover()
         self._task = asyncio.create_task(self._run(), name="memory-daemon")
@@ -219,7 +219,9 @@ class MemoryDaemon:
             self._conflicts = 0
             self._unusable = (0, 0)
             await self._succeeded()
-            self._resolve(chunk[-1].id, True)
+            # Only as far as nothing older is pending: a piece set aside may be older than this one.
+            oldest = await self.processor.pending(1)
+            self._resolve(min(chunk[-1].id, oldest[0].id - 1) if oldest else chunk[-1].id, True)
 
     async def _next_chunk(self) -> list[Observation]:
         """The oldest pending turns that fit one call: the first piece of a split chunk, if any."""
@@ -230,13 +232,14 @@ class MemoryDaemon:
             if chunk:
                 return chunk
             self._parts.pop(0)  # done (or stale)
-        self._set_aside.clear()
+        self._set_aside.clear()  # no isolation under way
+        self._isolating_since = None
         return split_batch(pending)[0] if pending else []
 
-    def _proxy_works(self) -> bool:
-        """A batch succeeded within ISOLATE_EVIDENCE: an unusable reply is then about the turns."""
-        last = self.health.last_success_at
-        return last is not None and time.time() - last <= ISOLATE_EVIDENCE
+    def _evidence(self) -> bool:
+        """A batch succeeded since the isolation began: unusable replies are about the turns."""
+        last, since = self.health.last_success_at, self._isolating_since
+        return last is not None and since is not None and last > since
 
     async def _isolate(self, chunk: list[Observation], error: str) -> bool:
         """Count an unusable reply for `chunk`; at UNUSABLE_LIMIT in a row, act on it. True: go on
@@ -249,26 +252,28 @@ class MemoryDaemon:
             return False
         ids = [o.id for o in chunk]
         piece = bool(self._parts) and ids[0] in self._parts[0]
-        if self._proxy_works():
+        if self._isolating_since is None:
+            self._isolating_since = time.time()
+        self.health.last_failure_at, self.health.last_error = time.time(), error[:500]
+        if self._evidence():
             if len(ids) == 1:
                 await self.processor.transcript.call(lambda t: t.set_processed(ids, STALE))
                 log.error("observation_marked_stale", observation_id=ids[0], state=STALE,
                           reason="curator reply unusable", unusable_replies=count)
             else:
                 self._split(ids, piece, probe=False)
+            await self._clear_failing()  # the proxy works: this is not the failing the six-hour rule measures
         elif not piece and not self._probed and len(ids) > 1:
             self._split(ids, piece, probe=True)  # the halves can show that the model answers
         elif piece and ids[0] not in self._set_aside and len(self._parts) > 1:
             self._set_aside.add(ids[0])  # try the other pieces first: one success is the evidence
             self._parts.append(self._parts.pop(0))
-        else:  # every piece failed too: the proxy or model is broken, not the turns
+        else:  # every piece failed too (or one turn, alone): nothing says the turns are at fault
             if self._parts:
                 log.warning("memory_batch_split_dropped", pieces=len(self._parts))
-            self._parts, self._set_aside, self._probed = [], set(), True
+                self._probed = True  # a probe was made and failed: no more until a batch succeeds
+            self._parts, self._set_aside, self._isolating_since = [], set(), None
             return False
-        # The proxy answered: this is not the failing the six-hour rule measures.
-        self.health.last_failure_at, self.health.last_error = time.time(), error[:500]
-        await self._clear_failing()
         return True
 
     def _split(self, ids: list[int], piece: bool, probe: bool) -> None:
