@@ -155,6 +155,13 @@ def test_other_text_after_a_marker_opens_no_block_but_ends_the_one_before(label:
     assert alone.recognised and alone.declined_files == ["user.md"] and not alone.file_updates
 
 
+@pytest.mark.parametrize("intro", ["Here is the new file:", "**updated version:**", "(rewritten, 3 lines):"])
+def test_an_intro_ending_in_a_colon_announces_the_file(intro: str) -> None:
+    reply = parse_reply(f"FACT: Ada lives in Lyon\nUSER_MD_UPDATE: {intro}\n# User\n- Ada, Lyon\n", IDS)
+    assert reply.file_updates == {"user.md": "# User\n- Ada, Lyon\n"}  # the intro is not file content
+    assert not reply.declined_files
+
+
 def test_a_marker_inside_a_code_block_of_a_file_is_its_content() -> None:
     context = ("# Now\n- Teaching the curator format; the example:\n```text\nUSER_MD_UPDATE:\n# User\n"
                "SOUL_MD_UPDATE: (soul.md)\n```\n- Report due Friday\n")

@@ -180,7 +180,8 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
             marker = None  # the file documents the format in a code block (closed later): content
         if marker:
             in_code = wrapper = False
-            if marker[1] in MARKERS and marker[2] and not _is_label(marker[2], MARKERS[marker[1]]):
+            if marker[1] in MARKERS and marker[2] and not _is_label(marker[2], MARKERS[marker[1]]) \
+                    and not _is_intro(marker[2]):
                 # `USER_MD_UPDATE: (no changes needed)`: narration follows, not the file. The block
                 # before still ends here; this line opens none.
                 current, last_block = None, ""  # "": nothing to drop if the reply was cut off
@@ -245,6 +246,12 @@ def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str
         else:
             reply.file_updates[name] = content
     return reply
+
+
+def _is_intro(text: str) -> bool:
+    """`Here is the new file:`: the text ends with a colon, so it announces what follows (the file),
+    unlike `(no changes needed)`. The intro itself is never file content."""
+    return text.strip("*` ").endswith(":")
 
 
 def _is_label(text: str, name: str) -> bool:
