@@ -81,7 +81,8 @@ def service_main(settings: Settings, action: str) -> int:
         case "stop":
             return service.stop()
         case "restart":
-            service.child_settings()  # a bad setting fails before the running server is stopped
+            # A bad setting, or a bad token file, fails before the running server is stopped.
+            resolve_token(service.child_settings(), create=True)
             code = service.stop()
             return code if code != EXIT_OK else service.start()
         case "status":

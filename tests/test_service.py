@@ -215,6 +215,16 @@ def test_start_refuses_port_0_at_once(ws: Path, env: dict[str, str]) -> None:
     assert not load_settings(env).layout.pid_file.exists()
 
 
+def test_restart_with_a_bad_token_file_fails_before_stopping_anything(ws: Path, env: dict[str, str]) -> None:
+    token_file = load_settings(env).layout.token_file
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text("a-token-that-others-can-read-0123\n")
+    token_file.chmod(0o644)
+    refused = run(ws, "restart", env)
+    assert refused.returncode == 2 and "token" in refused.stderr, refused.stdout + refused.stderr
+    assert refused.stdout == ""  # nothing was stopped
+
+
 def test_a_remembered_bad_setting_is_named_in_the_one_line(ws: Path, env: dict[str, str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings(env)
