@@ -86,6 +86,7 @@ CONTROL = frozenset(";;& && || | |& & ; ( ) \n".split(" ")) | {"\n"}
 _REDIRECT = re.compile(r"^\d*(>>?|>\||&>>?|<>)$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _ASSIGNED = re.compile(r"(?:^|[\s;&|(])([A-Za-z_]\w*)=([^\s;&|()]*)")
+_SUBSTITUTION = re.compile(r"\$\(|`|[<>]\(")
 _VARIABLE = re.compile(r"\$\{?([A-Za-z_]\w*)\}?")
 _OS_MENTION = re.compile(r"(?:^|[\s/'\"=:(`${,])\.os(?:$|[\s/'\"):;`|&>},])")
 
@@ -115,17 +116,36 @@ class WriteGuard:
             return None
         if tool_name == "Bash":
             command = tool_input.get("command")
-            if isinstance(command, str) and (why := self._bash(command, base)):
+            if isinstance(command, str) and (why := self._bash(command, base) or self._by_line(command, base)):
                 return f"{DENIAL} ({why})"
         return None
 
+    def _by_line(self, command: str, base: Path) -> str | None:
+        """A backstop for the line splitter: each physical line judged on its own, as written and
+        with its quotes taken out. Where quoting or a heredoc makes bash and the splitter disagree
+        on what a line is (a quote opened on one line may close on another), bash may still run
+        any physical line, or the part of it between two quotes, as a command; denying one that
+        would write .os/ is the safe reading."""
+        if "\n" not in command:
+            return None
+        for line in command.replace("\\\n", "").replace("\r", "").split("\n"):
+            for reading in (line, re.sub(r"[\"']", "", line)):
+                if reading.strip() and (why := self._bash(reading, base)):
+                    return why
+        return None
+
     async def hook(self, data: Any, _tool_use_id: str | None, _context: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            return {}  # not a tool call the CLI could run: no opinion
         try:  # path resolution and globbing touch the disk: off the event loop
             reason = await asyncio.to_thread(
                 self.check, data.get("tool_name", ""), data.get("tool_input") or {}, data.get("cwd"))
-        except Exception as exc:  # a broken guard must not break the agent; deny only on evidence
-            log.error("guard_failed", error=repr(exc))
-            return {}
+        except Exception as exc:
+            # Fail closed: a call the guard could not read may be one that writes .os/. The agent
+            # gets a reason it can act on, and the turn goes on. (The type only: the message may
+            # quote the command.)
+            log.error("guard_failed", tool=data.get("tool_name"), error=type(exc).__name__)
+            reason = f"{DENIAL} (the guard could not check this call ({type(exc).__name__}); try a simpler one)"
         if reason is None:
             return {}
         log.warning("guard_denied", tool=data.get("tool_name"))
@@ -176,7 +196,9 @@ class WriteGuard:
                 unparsed |= not body
                 tokens += [re.sub(r"['\"\\]", "", t) for t in re.findall(r"[;&|()<>]+|[^\s;&|()<>]+", line)]
                 tokens.append(";")
-        all_read_only = True
+        # `$(...)`, backticks and `<(...)` run commands the lexer sees only as words (inside quotes,
+        # a here-string): whatever they hold, the line is not read-only.
+        all_read_only = not _SUBSTITUTION.search(command)
         for words in _simple_commands(tokens):
             program, args, targets = _split(words)
             paths = [p for a in args for p in _path_candidates(a)]

@@ -155,13 +155,21 @@ def test_file_tools(guard: WriteGuard, ws: Path, tool: str, path: str, cwd: str,
     ("cat <<-EOF > documents/notes.md\n\tone; two # three\n\tEOF\ngit add documents/notes.md", False),
     ("git commit -m \"line one\nline two\"", False),
     ("echo 'a\nb' > documents/x.txt && echo $#", False),
+    # Where bash and the line splitter could disagree, each physical line is judged too.
+    ("echo $$'\\'\ncp /etc/hostname .os/memory/user.md\necho '\\'", True),
+    ("cat <<$'EOF'\n$EOF\nls '\nEOF\ncp /etc/hostname .os/memory/user.md #'", True),
+    ("cat <<lsls\nls\\\nls\necho 'x\necho ' ; cp /etc/hostname .os/memory/user.md ; echo '\n'", True),
+    # Command substitution runs commands, whatever quotes or here-strings hold it.
+    ('echo "$(cp /etc/hostname .os/memory/user.md)"', True),
+    ('cat <<< "$(cp /etc/hostname .os/memory/user.md)"', True),
+    ('echo "$(date)" > documents/today.txt', False),
 ])
 def test_bash(guard: WriteGuard, ws: Path, command: str, denied: bool) -> None:
     reason = guard.check("Bash", {"command": command.format(ws=ws)}, str(ws))
     assert (reason is not None) == denied, reason
 
 
-async def test_the_hook_denies_in_the_cli_format_and_fails_open(guard: WriteGuard, ws: Path) -> None:
+async def test_the_hook_denies_in_the_cli_format(guard: WriteGuard, ws: Path) -> None:
     out = await guard.hook({"tool_name": "Write", "tool_input": {"file_path": ".os/memory/user.md"}, "cwd": str(ws)},
                            None, None)
     assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
@@ -169,6 +177,17 @@ async def test_the_hook_denies_in_the_cli_format_and_fails_open(guard: WriteGuar
     assert await guard.hook({"tool_name": "Write", "tool_input": {"file_path": "documents/a"}, "cwd": str(ws)},
                             None, None) == {}
     assert await guard.hook(None, None, None) == {}  # malformed input: no opinion, no exception
+
+
+async def test_a_call_the_guard_cannot_check_is_denied(guard: WriteGuard, ws: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> str | None:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(guard, "check", broken)
+    out = await guard.hook({"tool_name": "Bash", "tool_input": {"command": "ls"}, "cwd": str(ws)}, None, None)
+    assert out["hookSpecificOutput"]["permissionDecision"] == "deny"  # fails closed: it may have written .os/
+    assert "could not check" in out["hookSpecificOutput"]["permissionDecisionReason"]
 
 
 def test_a_command_run_inside_os_must_be_read_only(guard: WriteGuard, ws: Path) -> None:
