@@ -328,9 +328,34 @@ async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failur
             + ["whole"] * limit
         # a plain failure: the backoff grows, the six-hour clock runs, and no probe again
         assert d.health.failing_since is not None and d.health.next_retry_at is not None
-        assert d._parts == [] and d._probed
+        assert d._parts == [] and d._probed == 6  # no new probe for these six turns
     finally:
         await d.stop(flush_budget=0)
+
+
+async def test_a_failed_probe_is_tried_again_once_newer_turns_join_the_chunk(kit: Kit) -> None:
+    def refuse(request: RecordedRequest) -> str:  # turns 1 and 2 are both refused
+        text = request.last_user_text
+        return "I can't help with that." if "[#1]" in text or "[#2]" in text else "FACT: a learning"
+
+    kit.bridge.curator.script(*[refuse] * 200)
+    await kit.turns("turn 1", "turn 2")
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    await d.start()
+    try:
+        await wait_until(lambda: _probed(d, 2), timeout=30)  # both halves failed: the probe failed
+        assert await _count(kit, "stale", 0)
+        await kit.turns("turn 3", "turn 4")  # healthy turns join the oldest chunk: probe again
+        d.trigger("test")
+        await wait_until(lambda: _pending(kit, 0), timeout=60)
+        assert await kit.transcript.call(lambda t: t.counts()) == {
+            "pending": 0, "processed": 2, "stale": 2, "total": 4}
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def _probed(d: MemoryDaemon, size: int) -> bool:
+    return d._probed == size
 
 
 async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(kit: Kit) -> None:

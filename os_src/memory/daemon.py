@@ -29,8 +29,8 @@ split is a probe, and a half that fails without evidence is set aside while the
 other is tried: a poison turn sits in one half, so the other succeeds. If every
 piece fails (a misconfigured proxy or model answering everything with nothing
 usable), the pieces are dropped and it is a plain failure, backed off and under the
-six-hour rule, with no more probes until a batch succeeds: turns are never marked
-stale wholesale. Steps taken without evidence leave the failing clock running.
+six-hour rule, with no more probes until a batch succeeds or newer turns join the
+oldest chunk: turns are never marked stale wholesale. Steps taken without evidence leave the failing clock running.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ class MemoryDaemon:
         self._unusable: tuple[int, int] = (0, 0)  # (first id of the chunk, unusable replies in a row)
         self._parts: list[list[int]] = []  # the pieces of split chunks still to run, oldest first
         self._set_aside: set[int] = set()  # first ids of pieces that failed without evidence, moved last
-        self._probed = False  # a split without evidence was tried and every piece failed: no more
+        # The size of the chunk whose probe split failed in every piece: no new probe until a batch
+        # succeeds or the oldest chunk has grown (newer turns joined it, maybe not poisonous ones).
+        self._probed = 0
         self._isolating_since: float | None = None  # a success after this is the evidence
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -263,7 +265,7 @@ class MemoryDaemon:
             else:
                 self._split(ids, piece, probe=False)
             await self._clear_failing()  # the proxy works: this is not the failing the six-hour rule measures
-        elif not piece and not self._probed and len(ids) > 1:
+        elif not piece and len(ids) > max(1, self._probed):
             self._split(ids, piece, probe=True)  # the halves can show that the model answers
         elif piece and ids[0] not in self._set_aside and len(self._parts) > 1:
             self._set_aside.add(ids[0])  # try the other pieces first: one success is the evidence
@@ -271,7 +273,7 @@ class MemoryDaemon:
         else:  # every piece failed too (or one turn, alone): nothing says the turns are at fault
             if self._parts:
                 log.warning("memory_batch_split_dropped", pieces=len(self._parts))
-                self._probed = True  # a probe was made and failed: no more until a batch succeeds
+                self._probed = sum(len(part) for part in self._parts)  # a probe was made, and failed
             self._parts, self._set_aside, self._isolating_since = [], set(), None
             return False
         return True
@@ -282,7 +284,7 @@ class MemoryDaemon:
         log.warning("memory_batch_split", first_id=ids[0], last_id=ids[-1], observations=len(ids), probe=probe)
 
     async def _succeeded(self) -> None:
-        self._probed = False
+        self._probed = 0
         self.health.last_success_at = time.time()
         self.health.batches_run += 1
         await self._clear_failing()
