@@ -30,9 +30,13 @@ def ws(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def env(ws: Path) -> dict[str, str]:
-    return base_env(SPRITE_WORKSPACE=str(ws), SPRITE_OS_PORT=str(free_port()),
-                    ANTHROPIC_BASE_URL="http://127.0.0.1:9", SPRITE_MEMORY_MODEL="claude-remembered")
+def env(ws: Path) -> Iterator[dict[str, str]]:
+    env = base_env(SPRITE_WORKSPACE=str(ws), SPRITE_OS_PORT=str(free_port()),
+                   ANTHROPIC_BASE_URL="http://127.0.0.1:9", SPRITE_MEMORY_MODEL="claude-remembered")
+    yield env
+    # A test that failed half-way must not leave its server running.
+    if load_settings(env).layout.pid_file.exists():
+        run(ws, "stop", env)
 
 
 @pytest.fixture
