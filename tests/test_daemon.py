@@ -92,7 +92,7 @@ async def test_flush_waits_within_its_budget(kit: Kit, daemon: MemoryDaemon) -> 
     kit.bridge.faults.add(Fault("latency", seconds=3.0, target="curator", times=1))
     started = time.monotonic()
     assert await daemon.flush("precompact", budget=0.3) is False
-    assert time.monotonic() - started < 1.0  # the budget bounds the wait, the batch goes on
+    assert time.monotonic() - started < 2.5  # bounded by the budget, not the 3 s call; the batch goes on
 
 
 async def test_start_recovers_and_processes_what_a_crash_left(tmp_path: Path, kit: Kit) -> None:
@@ -116,6 +116,16 @@ async def _pending(kit: Kit, n: int) -> bool:
 
 async def _count(kit: Kit, state: str, n: int) -> bool:
     return (await kit.transcript.call(lambda t: t.counts()))[state] == n
+
+
+async def test_a_settle_that_races_the_end_of_a_run_is_answered(kit: Kit) -> None:
+    await kit.processor.process(await kit.turns("already curated"), "batch")
+    d = MemoryDaemon(kit.processor, batch_turns=25)  # not started: the end of a run is played by hand
+    d._idle.clear()  # a run is under way...
+    settling = asyncio.create_task(d.settle(5))
+    await asyncio.sleep(0)  # ...settle looks up its target off the loop...
+    d._idle.set()  # ...and the run ends meanwhile, resolving the waiters it knew of: none
+    assert await settling is True  # everything is curated: not a timeout
 
 
 async def test_settle_waits_for_requested_work_without_asking_for_more(kit: Kit, daemon: MemoryDaemon) -> None:

@@ -134,6 +134,10 @@ class MemoryDaemon:
         self._waiters.append((target, waiter))
         if trigger:
             self.trigger(reason)
+        elif self._idle.is_set():  # the run ended while the target was looked up: it resolved no one
+            self._waiters.remove((target, waiter))
+            oldest = await self.processor.pending(1)
+            return not oldest or oldest[0].id > target
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), budget)
         except TimeoutError:
