@@ -3,7 +3,7 @@
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -252,14 +252,11 @@ async def test_a_gap_since_the_last_failed_call_restarts_the_failing_clock(kit: 
 
 
 async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_stale(kit: Kit) -> None:
-    def refuse_turn_5(request: RecordedRequest) -> str:  # the model refuses whenever turn #5 is shown
-        return "I can't help with that." if "[#5]" in request.last_user_text else "FACT: a learning"
-
     # The proxy and model worked a moment ago (the daemon finds that batch in memory.db at start):
     # unusable replies are then about the turns, not about the proxy.
     kit.bridge.curator.script("FACT: an earlier learning")
     await kit.processor.process(await kit.turns("turn 1"), "batch")
-    kit.bridge.curator.script(*[refuse_turn_5] * 100)
+    kit.bridge.curator.script(*[refusing(5)] * 100)  # the model refuses whenever #5 is shown
     await kit.turns(*[f"turn {n}" for n in range(2, 8)])
     d = MemoryDaemon(kit.processor, batch_turns=25)
     with capture_logs() as logs:
@@ -290,10 +287,7 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
 async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Kit, poison: int) -> None:
     """No batch ever succeeded, so nothing says the model can answer: the probe split finds out,
     whichever half the poison turn is in (the half that fails first is set aside)."""
-    def refuse(request: RecordedRequest) -> str:
-        return "I can't help with that." if f"[#{poison}]" in request.last_user_text else "FACT: a learning"
-
-    kit.bridge.curator.script(*[refuse] * 100)
+    kit.bridge.curator.script(*[refusing(poison)] * 100)
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 1-6: halves 1-3 and 4-6
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
@@ -344,11 +338,7 @@ async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failur
 
 
 async def test_a_failed_probe_is_tried_again_once_newer_turns_join_the_chunk(kit: Kit) -> None:
-    def refuse(request: RecordedRequest) -> str:  # turns 1 and 2 are both refused
-        text = request.last_user_text
-        return "I can't help with that." if "[#1]" in text or "[#2]" in text else "FACT: a learning"
-
-    kit.bridge.curator.script(*[refuse] * 200)
+    kit.bridge.curator.script(*[refusing(1, 2)] * 200)
     await kit.turns("turn 1", "turn 2")
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
@@ -369,10 +359,7 @@ async def _probed(d: MemoryDaemon, size: int) -> bool:
 
 
 async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(kit: Kit) -> None:
-    def refuse(request: RecordedRequest) -> str:
-        return "I can't help with that." if "[#1]" in request.last_user_text else "FACT: a learning"
-
-    kit.bridge.curator.script(*[refuse] * 10)
+    kit.bridge.curator.script(*[refusing(1)] * 10)
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])
     d = MemoryDaemon(kit.processor, batch_turns=25)  # not started: _drain is driven by hand
     d._parts, d._set_aside, d._isolating_since = [[4, 5, 6], [1, 2, 3]], {1}, time.time()
@@ -387,10 +374,7 @@ async def test_a_lone_poison_turn_waits_for_company_then_is_isolated(kit: Kit) -
     """One turn, always refused: it can't be split, and nothing says it is at fault, so it is a
     plain failure; it does not switch isolation off. Once newer turns arrive, the probe split
     sets it apart and it is marked stale."""
-    def refuse(request: RecordedRequest) -> str:
-        return "I can't help with that." if "[#1]" in request.last_user_text else "FACT: a learning"
-
-    kit.bridge.curator.script(*[refuse] * 100)
+    kit.bridge.curator.script(*[refusing(1)] * 100)
     await kit.turns("the poison turn")
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
@@ -404,6 +388,14 @@ async def test_a_lone_poison_turn_waits_for_company_then_is_isolated(kit: Kit) -
             "pending": 0, "processed": 3, "stale": 1, "total": 4}
     finally:
         await d.stop(flush_budget=0)
+
+
+def refusing(*poison: int) -> Callable[[RecordedRequest], str]:
+    """A curator reply: a refusal whenever one of the `poison` turns is in the batch."""
+    def reply(request: RecordedRequest) -> str:
+        shown = any(f"[#{n}]" in request.last_user_text for n in poison)
+        return "I can't help with that." if shown else "FACT: a learning"
+    return reply
 
 
 async def _requests(kit: Kit, n: int) -> bool:
