@@ -337,25 +337,34 @@ async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failur
         await d.stop(flush_budget=0)
 
 
-async def test_a_failed_probe_is_tried_again_once_newer_turns_join_the_chunk(kit: Kit) -> None:
-    kit.bridge.curator.script(*[refusing(1, 2)] * 200)
-    await kit.turns("turn 1", "turn 2")
+@pytest.mark.parametrize(("poison", "rounds", "probed"), [
+    # One turn, always refused: it can't be split, and nothing says it is at fault, so it is a
+    # plain failure; it does not switch probes off.
+    ((1,), 2, 0),
+    # Two, both refused: the probe split fails in both halves, so no new probe for these two.
+    ((1, 2), 4, 2),
+], ids=["lone", "pair"])
+async def test_poison_turns_wait_for_newer_turns_then_are_isolated(
+        kit: Kit, poison: tuple[int, ...], rounds: int, probed: int) -> None:
+    """Once newer (healthy) turns join the oldest chunk, a probe split sets the poison apart."""
+    kit.bridge.curator.script(*[refusing(*poison)] * 200)
+    await kit.turns(*[f"turn {n}" for n in poison])
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
+
+    async def stalled() -> bool:
+        return await _requests(kit, rounds * daemon_module.UNUSABLE_LIMIT) and d._probed == probed
+
     try:
-        await wait_until(lambda: _probed(d, 2), timeout=30)  # both halves failed: the probe failed
+        await wait_until(stalled, timeout=30)
         assert await _count(kit, "stale", 0)
-        await kit.turns("turn 3", "turn 4")  # healthy turns join the oldest chunk: probe again
+        await kit.turns("turn 3", "turn 4")
         d.trigger("test")
         await wait_until(lambda: _pending(kit, 0), timeout=60)
         assert await kit.transcript.call(lambda t: t.counts()) == {
-            "pending": 0, "processed": 2, "stale": 2, "total": 4}
+            "pending": 0, "processed": 2, "stale": len(poison), "total": len(poison) + 2}
     finally:
         await d.stop(flush_budget=0)
-
-
-async def _probed(d: MemoryDaemon, size: int) -> bool:
-    return d._probed == size
 
 
 async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(kit: Kit) -> None:
@@ -368,26 +377,6 @@ async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(ki
     ok, _ = await d._drain("test")  # 4-6 succeed, then 1-3 get an unusable reply
     assert not ok and await _count(kit, "processed", 3)
     assert not waiter.done()  # turns 1-3 are not curated yet
-
-
-async def test_a_lone_poison_turn_waits_for_company_then_is_isolated(kit: Kit) -> None:
-    """One turn, always refused: it can't be split, and nothing says it is at fault, so it is a
-    plain failure; it does not switch isolation off. Once newer turns arrive, the probe split
-    sets it apart and it is marked stale."""
-    kit.bridge.curator.script(*[refusing(1)] * 100)
-    await kit.turns("the poison turn")
-    d = MemoryDaemon(kit.processor, batch_turns=25)
-    await d.start()
-    try:
-        await wait_until(lambda: _requests(kit, 2 * daemon_module.UNUSABLE_LIMIT))
-        assert await _count(kit, "stale", 0) and not d._probed
-        await kit.turns("turn 2", "turn 3", "turn 4")
-        d.trigger("test")
-        await wait_until(lambda: _pending(kit, 0), timeout=30)
-        assert await kit.transcript.call(lambda t: t.counts()) == {
-            "pending": 0, "processed": 3, "stale": 1, "total": 4}
-    finally:
-        await d.stop(flush_budget=0)
 
 
 def refusing(*poison: int) -> Callable[[RecordedRequest], str]:
