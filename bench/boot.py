@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import summary_ms
-from sprite_os.database import MemoryDB, NewLearning, Worker
+from sprite_os.db_worker import Worker
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.loader import BootLoader
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.paths import Layout
 
 RUNS = 300

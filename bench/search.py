@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import summary_ms
-from sprite_os.database import MemoryDB, Worker, content_key
-from sprite_os.memory.search import search_terms
+from sprite_os.db_worker import Worker
+from sprite_os.memory.memory_store import MemoryDB, content_key
+from sprite_os.memory.search import search_learnings, search_terms
 
 CACHE = Path(__file__).resolve().parent / "results" / "cache"
 TYPES = ("FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL")
@@ -76,12 +77,12 @@ async def search(rows: int = 1_000_000) -> dict[str, Any]:
     corpus = Corpus(seed=99)
     questions = [f"what about {corpus.sentence(2, 6)}?" for _ in range(QUERIES)]
     for q in questions[:20]:  # warm the page cache
-        await worker.call(lambda m, q=q: m.search(search_terms(q), 10))
+        await worker.call(lambda m, q=q: search_learnings(m, search_terms(q), 10))
     samples, hits = [], 0
     for q in questions:
         t = time.perf_counter()
         terms = search_terms(q)
-        result = await worker.call(lambda m, terms=terms: m.search(terms, 10)) if terms else []
+        result = await worker.call(lambda m, terms=terms: search_learnings(m, terms, 10)) if terms else []
         samples.append(time.perf_counter() - t)
         hits += bool(result)
     await worker.close()

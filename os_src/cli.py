@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import ConfigError, Settings, load_settings
+from .config import Settings, load_settings
+from .errors import ConfigError, SpriteOSError, UsageError
 
 COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
 
@@ -89,9 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_file=Path(log_file) if log_file else None,
         )
         return _run(args, settings)
-    except ConfigError as exc:
+    except SpriteOSError as exc:
         print(f"sprite-os: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
@@ -109,7 +110,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         case "memory":
             return _memory(args, settings)
         case "service":
-            from .service import service_main
+            from .supervisor import service_main
 
             return service_main(settings, args.action)
         case "migrate-v1":
@@ -152,8 +153,9 @@ def _when(ts: float | None) -> str:
 
 
 def _memory(args: argparse.Namespace, settings: Settings) -> int:
-    from .database import MemoryDB, TranscriptDB
     from .memory.files import SPECS, MemoryFiles
+    from .memory.memory_store import MemoryDB
+    from .memory.transcript_store import TranscriptDB
 
     layout = settings.layout
     if not layout.memory_dir.is_dir():
@@ -161,7 +163,7 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
     files = MemoryFiles(layout)
     command = args.memory_command
     if command in ("history", "show", "rollback") and args.file not in SPECS:
-        raise ConfigError(f"unknown memory file {args.file!r}; choose one of {', '.join(SPECS)}")
+        raise UsageError(f"unknown memory file {args.file!r}; choose one of {', '.join(SPECS)}")
 
     if command == "status":
         transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
@@ -172,16 +174,16 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
             _print_status(report, layout.root)
         return 0
     if command == "search":
-        from .memory.search import clamp_limit, search_terms
+        from .memory.search import clamp_limit, search_learnings, search_terms
         from .tools.memory_search import render
 
         terms = search_terms(args.query)
-        hits = MemoryDB(layout.memory_db).search(terms, clamp_limit(args.limit)) if terms else []
+        hits = search_learnings(MemoryDB(layout.memory_db), terms, clamp_limit(args.limit)) if terms else []
         print(render(args.query, hits))
         return 0
     if command == "rebuild":
         if not args.yes:
-            raise ConfigError("rebuild replaces memory.db and the curated files; stop the server and pass --yes")
+            raise UsageError("rebuild replaces memory.db and the curated files; stop the server and pass --yes")
         from .memory.rebuild import rebuild
 
         report = asyncio.run(rebuild(settings))
@@ -206,12 +208,12 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
             if v.number == args.version:
                 sys.stdout.write(v.text)
                 return 0
-        raise ConfigError(f"{args.file} has no version {args.version}")
+        raise UsageError(f"{args.file} has no version {args.version}")
     if command == "rollback":
         try:
             version = files.rollback(args.file, args.version)
         except KeyError as exc:
-            raise ConfigError(str(exc.args[0])) from None
+            raise UsageError(str(exc.args[0])) from None
         print(f"{args.file} is now version {args.version}'s text (saved as version {version.number})")
         return 0
     return 2

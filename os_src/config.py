@@ -14,15 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .errors import ConfigError
 from .fsutil import atomic_write
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
 MIN_TOKEN_LENGTH = 16
-
-
-class ConfigError(Exception):
-    """A setting is missing or invalid. The message is one line, fit for a terminal."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import LockHeld
+
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory."""
@@ -32,10 +34,6 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     finally:
         os.close(dir_fd)
 
-
-
-class LockHeld(Exception):
-    """Another process holds the lock."""
 
 
 class WriterLock:

@@ -19,9 +19,10 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from . import protocol as p
+from .errors import QueueFull, ShuttingDown
 from .events import EventHub, Subscriber
 from .logs import get_logger
-from .runtime import AgentRuntime, QueueFull, ShuttingDown
+from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)

@@ -40,17 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .database import (
-    OBSERVATION_TRIGGERS,
-    MemoryDB,
-    TranscriptDB,
-    connect,
-    content_key,
-    create_observation_triggers,
-    transaction,
-)
-from .fsutil import LockHeld, WriterLock, atomic_write
+from .database import connect, transaction
+from .errors import LockHeld, MigrationError
+from .fsutil import WriterLock, atomic_write
 from .memory.files import CURATED, SPECS, MemoryFiles
+from .memory.memory_store import MemoryDB, content_key
+from .memory.schema import OBSERVATION_TRIGGERS, create_observation_triggers
+from .memory.transcript_store import TranscriptDB
 from .paths import Layout
 
 CHUNK = 5000
@@ -60,10 +56,6 @@ DEPLOY_MANAGED = tuple(name for name, spec in SPECS.items() if spec.owner == "de
 META_DONE = "migrated_v1"
 META_STARTED = "migrate_v1_started"
 TEMPLATES = Path(__file__).resolve().parent.parent / "bootstrap" / "templates"
-
-
-class MigrationError(Exception):
-    """The migration cannot go on; nothing was lost. One line, fit for a terminal."""
 
 
 @dataclass(frozen=True)

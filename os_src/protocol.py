@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from .errors import SpriteOSError
+
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bearer.<token>"
 
@@ -222,7 +224,7 @@ _server_decoder = msgspec.json.Decoder(AnyServerFrame)
 _encoder = msgspec.json.Encoder()
 
 
-class FrameError(Exception):
+class FrameError(SpriteOSError):
     """A client frame was rejected. `code` is stable; `message` is for people."""
 
     def __init__(self, code: ErrorCode, message: str) -> None:

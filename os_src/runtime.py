@@ -41,6 +41,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .config import Settings
+from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
 from .guard import WriteGuard
 from .logs import get_logger
@@ -74,7 +75,7 @@ Publish = Callable[[p.ServerFrame], None]
 
 
 class AgentMemory(Protocol):
-    """What the runtime needs from the memory system (memory/service.py)."""
+    """What the runtime needs from the memory system (memory/system.py)."""
 
     def hooks(self) -> dict[Any, list[HookMatcher]]: ...
     def mcp_servers(self) -> dict[str, McpSdkServerConfig]: ...
@@ -84,17 +85,9 @@ class AgentMemory(Protocol):
     def turn_finished(self, prompt: str, result: ResultMessage | None, error: str | None) -> None: ...
 
 
-class QueueFull(Exception):
-    pass
-
-
 # How the CLI reports a model proxy it could not reach at all (no HTTP status to go by).
 _UNREACHABLE = re.compile(r"ECONNREFUSED|ENOTFOUND|ETIMEDOUT|ECONNRESET|EAI_AGAIN|Connection refused|"
                           r"Can't reach the API|Unable to connect", re.IGNORECASE)
-
-
-class ShuttingDown(Exception):
-    """The server is shutting down: no new work is accepted."""
 
 
 class _NoResult(Exception):

@@ -26,11 +26,12 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import __version__
-from .config import ConfigError, Settings, describe, resolve_token
+from .config import Settings, describe, resolve_token
+from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
 from .logs import configure_logging, get_logger
-from .memory.service import MemoryService
+from .memory.system import MemorySystem
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore
@@ -68,7 +69,7 @@ class SpriteOS:
         self.hub = EventHub()
         publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
-        self.memory = MemoryService(settings) if memory else None
+        self.memory = MemorySystem(settings) if memory else None
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__)
         self._server: Server | None = None
@@ -112,7 +113,7 @@ class SpriteOS:
         except OSError as exc:  # port taken, address not ours, host unresolvable (gaierror): a setting to fix
             # asyncio's message repeats the address; the errno alone says it (gaierror's errno is negative)
             reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
-            raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
+            raise PortUnavailable(f"cannot listen on {host}:{port}: {reason}") from None
 
     async def stop(self) -> None:
         """Stop accepting, end the running turn, tell clients, flush memory, close the databases."""

@@ -352,8 +352,7 @@ def make_v1_workspace(root: Path, *, observations: int = 3000, learnings: int = 
     db.executemany("""INSERT INTO pending_actions (created_at, content, priority, status, source_learning_id)
                       VALUES (?, ?, ?, ?, ?)""", arows)
     db.commit()
-    from sprite_os.database import content_key
-
+    from sprite_os.memory.memory_store import content_key
     collisions: dict[str, list[int]] = {}
     for table in ("learnings", "pending_actions"):
         seen: set[str] = set()

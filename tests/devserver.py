@@ -16,7 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from sprite_os.config import ConfigError, load_settings, resolve_token
+from sprite_os.config import load_settings, resolve_token
+from sprite_os.errors import ConfigError
 from sprite_os.logs import configure_logging
 from sprite_os.server import SpriteOS, run_until_signalled
 from tests.mock_bridge import MockBridge

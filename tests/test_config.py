@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sprite_os.cli import main
-from sprite_os.config import ConfigError, describe, load_settings, resolve_token
+from sprite_os.config import describe, load_settings, resolve_token
+from sprite_os.errors import ConfigError
 
 
 def test_defaults_and_environment(tmp_path: Path) -> None:

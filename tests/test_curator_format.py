@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from sprite_os.database import Observation
 from sprite_os.memory.curator import (
     BATCH_CHARS,
     OBSERVATION_CHARS,
@@ -13,6 +12,7 @@ from sprite_os.memory.curator import (
     render_observation,
     split_batch,
 )
+from sprite_os.memory.transcript_store import Observation
 
 IDS = [10, 11, 12]
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from sprite_os.database import STALE
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.daemon import MemoryDaemon
+from sprite_os.memory.schema import STALE
 from tests.mock_bridge import Fault, RecordedRequest
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit

@@ -6,17 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.database import (
-    PENDING,
-    PROCESSED,
-    STALE,
-    MemoryDB,
-    NewLearning,
-    NewObservation,
-    TranscriptDB,
-    Worker,
-    content_key,
-)
+from sprite_os.db_worker import Worker
+from sprite_os.memory.memory_store import MemoryDB, NewLearning, content_key
+from sprite_os.memory.schema import PENDING, PROCESSED, STALE
+from sprite_os.memory.search import search_learnings
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
 
 def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
@@ -72,7 +66,7 @@ def test_learnings_are_deduplicated_and_searchable(tmp_path: Path) -> None:
     )
     assert batch.learnings_added == 2 and batch.status == "committed"
     assert batch.file_updates == {"user.md": "# U\n"} and batch.observation_ids == [1, 2]
-    hits = m.search(["dates"], 5)
+    hits = search_learnings(m, ["dates"], 5)
     assert [h.content for h in hits] == ["Dates as DD/MM/YYYY"]
     assert [a.content for a in m.pending_actions()] == ["Send the invoice on Friday"]
     # A second batch with the same learning adds nothing.
@@ -87,9 +81,9 @@ def test_fts_follows_every_write_path(tmp_path: Path) -> None:
     m.commit_batch(trigger="t", observation_ids=[1], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
                    learnings=[NewLearning("FACT", "The cat is called Miso")], file_updates={}, base_hashes={})
     m.conn.execute("UPDATE learnings SET content = 'The dog is called Miso'")
-    assert m.search(["cat"], 5) == [] and len(m.search(["dog"], 5)) == 1
+    assert search_learnings(m, ["cat"], 5) == [] and len(search_learnings(m, ["dog"], 5)) == 1
     m.conn.execute("DELETE FROM learnings")
-    assert m.search(["miso"], 5) == []
+    assert search_learnings(m, ["miso"], 5) == []
 
 
 def test_batch_lifecycle_and_failures(tmp_path: Path) -> None:

@@ -200,8 +200,8 @@ def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path)
 
 
 def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp_path: Path) -> None:
-    from sprite_os.database import MemoryDB, NewLearning, NewObservation, TranscriptDB
-
+    from sprite_os.memory.memory_store import MemoryDB, NewLearning
+    from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
     ws = tmp_path / "ws"
     deploy_ok(ws, venv, "--from-checkout", str(REPO))
     memory = ws / ".os" / "memory"
@@ -257,10 +257,10 @@ def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp
     for name in ("soul.md", "os.md"):  # 9.2.0's files are replaced by 9.1.0's again
         assert (memory / name).read_text() == (new / "bootstrap" / "templates" / name).read_text()
     # --force re-stages the live release in place; current keeps pointing at a complete release.
-    (ws / ".os" / "releases" / "9.1.0" / "src" / "service.py").write_text("# damaged\n")
+    (ws / ".os" / "releases" / "9.1.0" / "src" / "supervisor.py").write_text("# damaged\n")
     out = deploy_ok(ws, venv, "--from-checkout", str(new), "--force")
     assert current(ws) == "releases/9.1.0"
-    assert (ws / ".os" / "src" / "service.py").read_bytes() == (REPO / "os_src" / "service.py").read_bytes()
+    assert (ws / ".os" / "src" / "supervisor.py").read_bytes() == (REPO / "os_src" / "supervisor.py").read_bytes()
     assert not list((ws / ".os" / "releases").glob("*.partial-*"))
 
 
@@ -296,7 +296,7 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
         # A release that does not start is rolled back: the previous version starts and serves again.
         pid = int((ws / ".os" / "state" / "server.pid").read_text())
         broken = make_checkout(tmp_path, "9.3.1", template_note="9.3.1 never started")
-        (broken / "os_src" / "service.py").write_text(
+        (broken / "os_src" / "supervisor.py").write_text(
             "def service_main(settings, action):\n    print('sprite-os: error: broken on purpose')\n    return 1\n")
         done = subprocess.run(deploy_cmd(ws, "--from-checkout", str(broken), "--venv-cache", str(venv.cache)),
                               capture_output=True, text=True, env=service_env, timeout=300)

@@ -11,9 +11,9 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import serve
 
+from sprite_os.errors import ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
-from sprite_os.runtime import ShuttingDown
 
 
 class FakeRuntime:

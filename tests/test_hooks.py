@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from claude_agent_sdk import ResultMessage
 
-from sprite_os.database import TranscriptDB, Worker
+from sprite_os.db_worker import Worker
 from sprite_os.memory.hooks import PRIVATE_MARGIN, TurnRecorder, _bounded, strip_private
+from sprite_os.memory.transcript_store import TranscriptDB
 
 
 def result(subtype: str = "success", text: str = "final answer") -> ResultMessage:

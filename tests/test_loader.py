@@ -1,7 +1,7 @@
 """The boot prompt: six files, pending actions and recent learnings, each capped, never a crash."""
 
-from sprite_os.database import Learning, PendingAction
 from sprite_os.memory.loader import assemble, cap
+from sprite_os.memory.memory_store import Learning, PendingAction
 
 
 def test_everything_is_in_the_prompt_in_order() -> None:

@@ -12,9 +12,10 @@ import pytest
 
 from sprite_os.cli import main as cli
 from sprite_os.config import Settings
-from sprite_os.database import MemoryDB, TranscriptDB
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import (
     Client,
@@ -339,8 +340,8 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
 
 async def test_rebuild_streams_the_transcript_in_batches(bridge: MockBridge, settings: Settings,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from sprite_os.database import NewObservation
     from sprite_os.memory.rebuild import rebuild
+    from sprite_os.memory.transcript_store import NewObservation
 
     db = TranscriptDB(settings.layout.transcript_db)
     for n in range(1, 8):

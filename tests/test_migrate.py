@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from sprite_os import migrate as m
-from sprite_os.database import MemoryDB, TranscriptDB, content_key
+from sprite_os.memory.memory_store import MemoryDB, content_key
+from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
 from tests.deploy_support import (
     REPO,
@@ -313,8 +314,7 @@ def test_malformed_v1_fails_clearly_and_loses_nothing(v1: V1Data, damage: Any, m
 
 def test_refuses_to_merge_into_v2_data(v1: V1Data, capsys: pytest.CaptureFixture[str]) -> None:
     layout = Layout(v1.root)
-    from sprite_os.database import NewObservation
-
+    from sprite_os.memory.transcript_store import NewObservation
     TranscriptDB(layout.transcript_db).append(NewObservation(1.0, "v2-session", 0, "hi", "[]", "hello"))
     with pytest.raises(m.MigrationError, match="already hold v2 data"):
         m.migrate(layout)

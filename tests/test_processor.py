@@ -7,22 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.database import (
-    PROCESSED,
-    MemoryDB,
-    NewObservation,
-    Observation,
-    TranscriptDB,
-    Worker,
-)
+from sprite_os.db_worker import Worker
+from sprite_os.errors import CuratorError, EditConflict, UnusableReply
 from sprite_os.memory.files import MemoryFiles
-from sprite_os.memory.processor import (
-    BatchProcessor,
-    CuratorClient,
-    CuratorError,
-    EditConflict,
-    UnusableReply,
-)
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.processor import BatchProcessor, CuratorClient
+from sprite_os.memory.schema import PROCESSED
+from sprite_os.memory.transcript_store import NewObservation, Observation, TranscriptDB
 from sprite_os.paths import Layout
 from tests.conftest import make_settings
 from tests.mock_bridge import CutOff, Fault, MockBridge
@@ -203,7 +194,8 @@ async def test_a_reply_cut_off_at_the_token_limit_is_asked_again(kit: Kit) -> No
 
 
 async def test_an_edit_between_check_and_write_is_never_overwritten(kit: Kit) -> None:
-    from sprite_os.memory.files import FileChanged, sha
+    from sprite_os.errors import FileChanged
+    from sprite_os.memory.files import sha
 
     kit.files.write("user.md", "# A\n", source="seed")
     with pytest.raises(FileChanged):

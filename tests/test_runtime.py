@@ -23,7 +23,8 @@ from claude_agent_sdk import (
 )
 
 from sprite_os import protocol as p
-from sprite_os.runtime import AgentRuntime, ShuttingDown
+from sprite_os.errors import ShuttingDown
+from sprite_os.runtime import AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
 from tests.conftest import make_settings
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os import database
-from sprite_os.database import MemoryDB, NewLearning
-from sprite_os.memory.search import clamp_limit, search_terms
+from sprite_os.memory import search
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.search import clamp_limit, search_learnings, search_terms
 
 HOSTILE = ['"', '""', "'", "*", "AND", "OR NOT", "NEAR(a b)", "content:tea", "tea) OR (1=1", "^tea", "-tea",
            "tea*", "{content type}: tea", "\\", "\0", "; DROP TABLE learnings; --", "x" * 100_000, "🙂", "",
@@ -33,10 +33,10 @@ ALL = TEA | {"Dates are DD/MM/YYYY, not MM/DD/YYYY", "Works as an accountant in 
 def test_any_string_is_safe(db: MemoryDB, query: str) -> None:
     terms = search_terms(query)
     assert len(terms) <= 12 and all(t.isalnum() or "_" in t for t in terms)
-    hits = db.search(terms, 10)  # never an FTS5 syntax error
+    hits = search_learnings(db, terms, 10)  # never an FTS5 syntax error
     assert isinstance(hits, list) and {h.content for h in hits} <= ALL
     assert {x.content for x in db.all_learnings()} == ALL  # nothing dropped or changed by any query
-    assert {h.content for h in db.search(search_terms("tea"), 10)} == TEA  # and search still works after it
+    assert {h.content for h in search_learnings(db, search_terms("tea"), 10)} == TEA  # and search still works after it
 
 
 @pytest.mark.parametrize("query", ["tea*", "-tea", "^tea", "content:tea", "tea) OR (1=1", '"tea"', '"tea',
@@ -44,23 +44,23 @@ def test_any_string_is_safe(db: MemoryDB, query: str) -> None:
 def test_fts5_syntax_in_a_query_is_inert_and_the_words_still_match(db: MemoryDB, query: str) -> None:
     # Operators, prefixes, column filters and quotes are not applied: the word "tea" is searched
     # as itself, so both tea learnings are found (a NOT, a column filter or a prefix would change that).
-    assert {h.content for h in db.search(search_terms(query), 10)} == TEA
+    assert {h.content for h in search_learnings(db, search_terms(query), 10)} == TEA
 
 
 def test_an_injection_attempt_leaves_every_learning_in_place(db: MemoryDB) -> None:
-    assert db.search(search_terms("; DROP TABLE learnings; --"), 10) == []
-    assert db.search(search_terms("x'); DELETE FROM learnings; --"), 10) == []
+    assert search_learnings(db, search_terms("; DROP TABLE learnings; --"), 10) == []
+    assert search_learnings(db, search_terms("x'); DELETE FROM learnings; --"), 10) == []
     assert {x.content for x in db.all_learnings()} == ALL
     assert db.conn.execute("SELECT count(*) FROM learnings_fts").fetchone()[0] == 4
 
 
 def test_natural_questions_find_the_relevant_learning(db: MemoryDB) -> None:
-    hits = db.search(search_terms("what kind of tea does she prefer?"), 10)
+    hits = search_learnings(db, search_terms("what kind of tea does she prefer?"), 10)
     assert [h.content for h in hits] == ["Prefers green tea in the morning",  # two matching terms beat one
                                          "Tea shop is on Rue Mercière"]
     assert hits[0].score > hits[1].score
     # Porter stemming: "date" finds "Dates".
-    assert [h.type for h in db.search(search_terms("date format"), 10)] == ["CORRECTION"]
+    assert [h.type for h in search_learnings(db, search_terms("date format"), 10)] == ["CORRECTION"]
 
 
 def test_limit_is_clamped() -> None:
@@ -68,7 +68,7 @@ def test_limit_is_clamped() -> None:
 
 
 def test_rare_terms_outrank_common_ones_and_cost_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(database, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(search, "SEARCH_CANDIDATES", 5)
     m = MemoryDB(tmp_path / "m.db")
     learnings = [NewLearning("FACT", f"user note number {n}") for n in range(50)]
     learnings.insert(3, NewLearning("FACT", "user keeps the spare key under the blue flowerpot"))
@@ -76,7 +76,7 @@ def test_rare_terms_outrank_common_ones_and_cost_is_bounded(tmp_path: Path, monk
                    file_updates={}, base_hashes={}, learnings=learnings)
     queries: list[str] = []
     m.conn.set_trace_callback(queries.append)
-    hits = m.search(search_terms("where does the user keep the flowerpot"), 3)
+    hits = search_learnings(m, search_terms("where does the user keep the flowerpot"), 3)
     m.conn.set_trace_callback(None)
     # "flowerpot" is rare, so the old learning that has it wins over 50 recent "user" notes.
     assert hits[0].content == "user keeps the spare key under the blue flowerpot"
@@ -87,7 +87,7 @@ def test_rare_terms_outrank_common_ones_and_cost_is_bounded(tmp_path: Path, monk
 def test_few_matches_are_ranked_by_fts5_bm25(db: MemoryDB) -> None:
     queries: list[str] = []
     db.conn.set_trace_callback(queries.append)
-    hits = db.search(search_terms("green tea"), 10)
+    hits = search_learnings(db, search_terms("green tea"), 10)
     db.conn.set_trace_callback(None)
     assert any("ORDER BY rank" in q for q in queries)
     assert hits[0].content == "Prefers green tea in the morning" and hits[0].score > hits[1].score

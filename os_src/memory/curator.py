@@ -19,8 +19,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from ..database import LEARNING_TYPES, NewLearning, Observation, PendingAction
 from .files import CURATED, SPECS
+from .memory_store import LEARNING_TYPES, NewLearning, PendingAction
+from .transcript_store import Observation
 
 OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
 BATCH_CHARS = 60_000  # observations per call; a bigger batch is split

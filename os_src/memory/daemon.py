@@ -43,10 +43,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..database import STALE, Observation
+from ..errors import CuratorError, EditConflict, UnusableReply
 from ..logs import get_logger
 from .curator import split_batch
-from .processor import BatchProcessor, CuratorError, EditConflict, UnusableReply
+from .processor import BatchProcessor
+from .schema import STALE
+from .transcript_store import Observation
 
 log = get_logger(__name__)
 

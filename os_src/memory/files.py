@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..errors import FileChanged
 from ..fsutil import atomic_write
 from ..paths import Layout
 
@@ -63,10 +64,6 @@ def limit_error(name: str, text: str) -> str | None:
     if size > MAX_FILE_BYTES:
         return f"{name} would be {size} bytes; its limit is {MAX_FILE_BYTES}"
     return None
-
-
-class FileChanged(Exception):
-    """The file is not what the writer based its new text on (a person edited it)."""
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ from typing import Any
 
 from claude_agent_sdk import ResultMessage
 
-from ..database import NewObservation, TranscriptDB, Worker
+from ..db_worker import Worker
 from ..logs import get_logger
 from ..protocol import clean_text
+from .transcript_store import NewObservation, TranscriptDB
 
 log = get_logger(__name__)
 

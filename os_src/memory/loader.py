@@ -12,8 +12,9 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from ..database import Learning, MemoryDB, PendingAction, Worker
+from ..db_worker import Worker
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
+from .memory_store import Learning, MemoryDB, PendingAction
 
 RECENT_HOURS = 48
 MAX_RECENT = 40

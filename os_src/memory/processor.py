@@ -30,10 +30,14 @@ from typing import Any
 import anthropic
 
 from ..config import Settings
-from ..database import PROCESSED, Batch, MemoryDB, Observation, TranscriptDB, Worker
+from ..db_worker import Worker
+from ..errors import CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
 from .curator import SYSTEM, TRUNCATED, CuratorReply, build_prompt, parse_reply, shorten_request
-from .files import CURATED, FileChanged, MemoryFiles, limit_error, sha
+from .files import CURATED, MemoryFiles, limit_error, sha
+from .memory_store import Batch, MemoryDB
+from .schema import PROCESSED
+from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
 
@@ -49,19 +53,6 @@ PRICES = {"claude-haiku": (1.0, 5.0), "claude-3-5-haiku": (0.8, 4.0), "claude-so
 def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
     price_in, price_out = next((v for k, v in PRICES.items() if model.startswith(k)), PRICES["claude-haiku"])
     return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
-
-
-class CuratorError(Exception):
-    """The call failed (proxy down, timeout, HTTP error) or its reply was unusable. Retry later."""
-
-
-class UnusableReply(CuratorError):
-    """The proxy answered, but nothing in the reply follows the format (a refusal, garbage, empty).
-    Unlike a transport failure, retrying the same turns may never help: the daemon isolates them."""
-
-
-class EditConflict(Exception):
-    """A person edited a file while the call ran; the batch must run again."""
 
 
 @dataclass

@@ -18,13 +18,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError, Settings
-from ..database import PENDING, MemoryDB, Observation, TranscriptDB, Worker
-from ..fsutil import LockHeld, WriterLock
+from ..config import Settings
+from ..db_worker import Worker
+from ..errors import CuratorError, LockHeld
+from ..fsutil import WriterLock
 from ..logs import get_logger
 from .curator import split_batch
 from .files import CURATED, MemoryFiles
-from .processor import BatchProcessor, CuratorClient, CuratorError
+from .memory_store import MemoryDB
+from .processor import BatchProcessor, CuratorClient
+from .schema import PENDING
+from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
 
@@ -87,7 +91,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
     try:
         lock.acquire()  # refuses while the server (or another rebuild) holds it
     except LockHeld as exc:
-        raise ConfigError(f"{exc}: stop the server before rebuilding") from None
+        raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
         previous = _previous_groups(layout.memory_db)
         backup = _set_aside(layout.memory_db)

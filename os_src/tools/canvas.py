@@ -18,6 +18,7 @@ import msgspec
 from claude_agent_sdk import SdkMcpTool, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
+from ..errors import CanvasError
 from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame, clean_json
@@ -59,10 +60,6 @@ class CloseCard(msgspec.Struct, forbid_unknown_fields=True):
 
 class ListCards(msgspec.Struct, forbid_unknown_fields=True):
     """List the cards open on the user's canvas."""
-
-
-class CanvasError(Exception):
-    """A tool call the model can correct: the message says how."""
 
 
 class CanvasStore:

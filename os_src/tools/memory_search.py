@@ -9,9 +9,8 @@ from typing import Any
 from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
-from ..database import SearchHit
 from ..logs import get_logger
-from ..memory.search import MAX_LIMIT, clamp_limit
+from ..memory.search import MAX_LIMIT, SearchHit, clamp_limit
 
 log = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""`sprite-os service start|stop|restart|status` (sprite_os.service), run from this checkout."""
+"""`sprite-os service start|stop|restart|status` (sprite_os.supervisor), run from this checkout."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os import service as svc
-from sprite_os.config import ConfigError, load_settings
+from sprite_os import supervisor as svc
+from sprite_os.config import load_settings
+from sprite_os.errors import ConfigError
 from tests.deploy_support import base_env, free_port, healthz, processes_in_session
 
 

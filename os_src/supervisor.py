@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ENV_VARS, ConfigError, Settings, load_settings, resolve_token, store_token
+from .config import ENV_VARS, Settings, load_settings, resolve_token, store_token
+from .errors import ConfigError
 from .fsutil import atomic_write
 from .paths import Layout
 

@@ -13,17 +13,19 @@ from typing import Any
 from claude_agent_sdk import HookMatcher, ResultMessage
 from claude_agent_sdk.types import McpSdkServerConfig
 
-from ..config import ConfigError, Settings
-from ..database import MemoryDB, SearchHit, TranscriptDB, Worker
-from ..fsutil import LockHeld, WriterLock
+from ..config import Settings
+from ..db_worker import Worker
+from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, TurnRecorder
 from .loader import BootLoader
+from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
-from .search import search_terms
+from .search import SearchHit, search_learnings, search_terms
+from .transcript_store import TranscriptDB
 
 log = get_logger(__name__)
 
@@ -32,7 +34,7 @@ BOOT_SETTLE_BUDGET = 15.0
 HEALTH_CACHE_SECONDS = 1.0  # a new session waits this long, at most, for the last session's batch
 
 
-class MemoryService:
+class MemorySystem:
     def __init__(self, settings: Settings) -> None:
         layout = settings.layout
         self.settings = settings
@@ -51,10 +53,7 @@ class MemoryService:
 
     async def start(self) -> None:
         self.settings.layout.ensure()
-        try:
-            self._lock.acquire()
-        except LockHeld as exc:
-            raise ConfigError(str(exc)) from None
+        self._lock.acquire()
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
@@ -100,7 +99,7 @@ class MemoryService:
         terms = search_terms(query)
         if not terms:
             return []
-        return await self.memory.call(lambda m: m.search(terms, limit))
+        return await self.memory.call(lambda m: search_learnings(m, terms, limit))
 
     async def health(self) -> dict[str, Any]:
         # /healthz is unauthenticated: count at most once a second, whatever the request rate.

@@ -1,0 +1,50 @@
+"""The thread that owns one database connection, so the event loop never waits on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, Protocol, TypeVar
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+T = TypeVar("T", bound=Closable)
+R = TypeVar("R")
+
+
+class Worker(Generic[T]):
+    """Owns one database object on one thread. Coroutines await `call`; callers that must
+    never wait use `submit` and go on. The database is opened on first use, in that thread,
+    so constructing a Worker touches nothing (the owner may still have a lock to take)."""
+
+    def __init__(self, name: str, opener: Callable[[], T]) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"db-{name}")
+        self._opener = opener
+        self._obj: T | None = None
+        self.name = name
+
+    def _get(self) -> T:  # runs only on the worker's thread
+        if self._obj is None:
+            self._obj = self._opener()
+        return self._obj
+
+    async def call(self, fn: Callable[[T], R]) -> R:
+        return await asyncio.wrap_future(self._executor.submit(lambda: fn(self._get())))
+
+    def submit(self, fn: Callable[[T], R]) -> Future[R]:
+        return self._executor.submit(lambda: fn(self._get()))
+
+    async def close(self) -> None:
+        """Finish every queued call, then close the connection."""
+
+        def _close() -> None:
+            if self._obj is not None:
+                self._obj.close()
+                self._obj = None
+
+        await asyncio.wrap_future(self._executor.submit(_close))
+        self._executor.shutdown(wait=True)

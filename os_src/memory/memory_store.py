@@ -1,0 +1,244 @@
+"""memory.db: what the curator extracted. Learnings (with an FTS5 index kept in sync by
+triggers), pending actions, one row per curator batch, and a small key-value `meta`.
+
+The daemon writes; search (memory/search.py) and the boot loader read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ..database import connect, migrate, rows, transaction, user_version
+from .schema import MEMORY_SCHEMA
+
+LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL"]
+LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL")
+
+_SPACE = re.compile(r"\s+")
+
+
+def content_key(text: str) -> str:
+    """Two learnings that differ only in case, spacing or end punctuation are the same."""
+    norm = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip().rstrip(".!;,")
+    return hashlib.sha1(norm.encode()).hexdigest()
+
+
+class Learning(msgspec.Struct, frozen=True):
+    id: int
+    created_at: float
+    session_id: str | None
+    type: str
+    content: str
+    source_observation_id: int | None
+    confidence: float
+
+
+class NewLearning(msgspec.Struct, frozen=True):
+    type: str
+    content: str
+    session_id: str | None = None
+    source_observation_id: int | None = None
+    confidence: float = 0.8
+
+
+class PendingAction(msgspec.Struct, frozen=True):
+    id: int
+    created_at: float
+    content: str
+    priority: int
+    status: str
+    source_learning_id: int | None
+
+
+class Batch(msgspec.Struct, frozen=True):
+    """One curator call and what it produced.
+
+    `status`: failed (nothing stored) | committed (learnings stored, files not yet
+    written) -> applied (files written) -> done (its observations marked processed)
+    | committed -> superseded (a person edited a file it rewrites after the batch read
+    it: its learnings and other files stand, its observations stay pending and run
+    again in a new batch; never finished by recovery, never replayed by a rebuild).
+    """
+
+    id: int
+    created_at: float
+    trigger: str
+    status: str
+    observation_ids: list[int]
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    learnings_added: int
+    file_updates: dict[str, str]
+    base_hashes: dict[str, str]
+    error: str | None
+
+
+_BATCH_COLUMNS = ("id, created_at, trigger, status, observation_ids, model, input_tokens, output_tokens, "
+                  "cost_usd, learnings_added, file_updates, base_hashes, error")
+_LEARNING_COLUMNS = "id, created_at, session_id, type, content, source_observation_id, confidence"
+
+
+class MemoryDB:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = connect(path)
+        migrate(self.conn, MEMORY_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def schema_version(self) -> int:
+        return user_version(self.conn)
+
+    # -- batches: the curator's unit of work, committed with its learnings
+
+    def record_failed_batch(self, *, trigger: str, observation_ids: list[int], model: str, error: str,
+                            input_tokens: int = 0, output_tokens: int = 0, cost_usd: float = 0.0) -> int:
+        cur = self.conn.execute(
+            """INSERT INTO batches (created_at, trigger, status, observation_ids, model, error,
+               input_tokens, output_tokens, cost_usd) VALUES (?, ?, 'failed', ?, ?, ?, ?, ?, ?)""",
+            (time.time(), trigger, json.dumps(observation_ids), model, error[:2000],
+             input_tokens, output_tokens, cost_usd),
+        )
+        return int(cur.lastrowid or 0)
+
+    def commit_batch(
+        self,
+        *,
+        trigger: str,
+        observation_ids: list[int],
+        model: str,
+        input_tokens: int,
+        output_tokens: int,
+        cost_usd: float,
+        learnings: Sequence[NewLearning],
+        file_updates: dict[str, str],
+        base_hashes: dict[str, str],
+        done_actions: Sequence[int] = (),
+    ) -> Batch:
+        """Store a batch's learnings and actions and the file rewrites still to apply, in one
+        transaction: after a crash, either all of it is here or none of it is."""
+        now = time.time()
+        with transaction(self.conn) as c:
+            batch_id = int(c.execute(
+                """INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
+                   output_tokens, cost_usd, file_updates, base_hashes)
+                   VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?)""",
+                (now, trigger, json.dumps(observation_ids), model, input_tokens, output_tokens, cost_usd,
+                 json.dumps(file_updates), json.dumps(base_hashes)),
+            ).lastrowid or 0)
+            added = sum(self._add_learning(item, now, batch_id) for item in learnings)
+            for action_id in done_actions:
+                c.execute("UPDATE pending_actions SET status = 'completed' WHERE id = ? AND status = 'pending'",
+                          (action_id,))
+            c.execute("UPDATE batches SET learnings_added = ? WHERE id = ?", (added, batch_id))
+        batch = self.batch(batch_id)
+        assert batch is not None
+        return batch
+
+    def _add_learning(self, item: NewLearning, now: float, batch_id: int) -> int:
+        """Insert one learning (and its action) unless it is already known. Returns 1 if added."""
+        key = content_key(item.content)
+        cur = self.conn.execute(
+            """INSERT OR IGNORE INTO learnings (created_at, session_id, type, content,
+               source_observation_id, confidence, content_key, batch_id)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+            (now, item.session_id, item.type, item.content, item.source_observation_id,
+             item.confidence, key, batch_id),
+        )
+        if item.type == "ACTION" and cur.rowcount:
+            self.conn.execute(
+                """INSERT OR IGNORE INTO pending_actions
+                   (created_at, content, priority, status, source_learning_id, content_key)
+                   VALUES (?, ?, 0, 'pending', ?, ?)""",
+                (now, item.content, cur.lastrowid, key),
+            )
+        return cur.rowcount
+
+    def set_batch_status(self, batch_id: int, status: Literal["applied", "done", "superseded"]) -> None:
+        self.conn.execute("UPDATE batches SET status = ? WHERE id = ?", (status, batch_id))
+
+    def last_done_at(self) -> float | None:
+        """When the newest batch that finished (`done`) was committed; None if none did."""
+        value = self.conn.execute("SELECT max(created_at) FROM batches WHERE status = 'done'").fetchone()[0]
+        return None if value is None else float(value)
+
+    def batch(self, batch_id: int) -> Batch | None:
+        found = self._batches("WHERE id = ?", (batch_id,))
+        return found[0] if found else None
+
+    def unfinished_batches(self) -> list[Batch]:
+        """Batches a crash interrupted between committing and marking their observations
+        (`superseded` ones are finished: their observations run again in a new batch)."""
+        return self._batches("WHERE status IN ('committed', 'applied') ORDER BY id", ())
+
+    def recent_batches(self, limit: int = 10) -> list[Batch]:
+        return self._batches("ORDER BY id DESC LIMIT ?", (limit,))
+
+    def _batches(self, where: str, args: tuple[Any, ...]) -> list[Batch]:
+        cur = self.conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args)
+        out = []
+        for row in cur.fetchall():
+            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error) = row
+            out.append(Batch(bid, created, trigger, status, json.loads(ids), model, tin, tout, cost, added,
+                             json.loads(files), json.loads(hashes), error))
+        return out
+
+    def totals(self) -> dict[str, Any]:
+        row = self.conn.execute(
+            """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
+               coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches"""
+        ).fetchone()
+        last_ok = self.conn.execute(
+            "SELECT max(created_at) FROM batches WHERE status NOT IN ('failed', 'superseded')").fetchone()[0]
+        learnings = self.conn.execute("SELECT count(*) FROM learnings").fetchone()[0]
+        actions = self.conn.execute("SELECT count(*) FROM pending_actions WHERE status = 'pending'").fetchone()[0]
+        return {
+            "batches": row[0], "failed_batches": row[1], "input_tokens": row[2], "output_tokens": row[3],
+            "cost_usd": round(row[4], 6), "last_success_at": last_ok, "learnings": learnings,
+            "pending_actions": actions,
+        }
+
+    # -- reading
+
+    def learnings_since(self, since: float, limit: int = 50) -> list[Learning]:
+        return rows(
+            self.conn.execute(
+                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ?
+                    ORDER BY created_at DESC, id DESC LIMIT ?""",
+                (since, limit),
+            ),
+            Learning,
+        )
+
+    def all_learnings(self) -> list[Learning]:
+        return rows(self.conn.execute(f"SELECT {_LEARNING_COLUMNS} FROM learnings ORDER BY id"), Learning)
+
+    def pending_actions(self, limit: int = 20) -> list[PendingAction]:
+        return rows(
+            self.conn.execute(
+                """SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
+                   WHERE status = 'pending' ORDER BY priority DESC, id DESC LIMIT ?""",
+                (limit,),
+            ),
+            PendingAction,
+        )
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))

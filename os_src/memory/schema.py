@@ -1,0 +1,131 @@
+"""The schemas of transcript.db and memory.db, as ordered, idempotent migration steps.
+
+Step N brings a database to `PRAGMA user_version` N (see database.migrate).
+Add a step to change a schema; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import sqlite_utils
+
+# observations.processed
+PENDING, PROCESSED, STALE = 0, 1, 2
+
+OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
+
+
+def _transcript_v1(db: sqlite_utils.Database) -> None:
+    db["observations"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "timestamp": float,
+            "session_id": str,
+            "sequence_num": int,
+            "user_message": str,
+            "tool_calls_json": str,
+            "agent_response": str,
+            "processed": int,
+        },
+        pk="id",
+        not_null={"timestamp", "session_id", "sequence_num", "user_message", "tool_calls_json", "agent_response"},
+        defaults={"processed": PENDING},
+        if_not_exists=True,
+    )
+    # A turn is recorded once, whoever asks to record it again.
+    db["observations"].create_index(["session_id", "sequence_num"], unique=True, if_not_exists=True)
+    db["observations"].create_index(["processed", "id"], if_not_exists=True)
+    db["sessions"].create(  # type: ignore[union-attr]
+        {"id": str, "started_at": float, "ended_at": float, "message_count": int, "observation_count": int},
+        pk="id",
+        defaults={"message_count": 0, "observation_count": 0},
+        if_not_exists=True,
+    )
+    create_observation_triggers(db.conn)
+
+
+def create_observation_triggers(conn: sqlite3.Connection) -> None:
+    """A recorded turn is never changed or deleted (only `processed` moves). Shared with
+    migrate-v1, which drops them for one transaction to clear its own partial copy."""
+    conn.execute(
+        """CREATE TRIGGER IF NOT EXISTS main.observations_append_only
+        BEFORE UPDATE OF id, timestamp, session_id, sequence_num, user_message, tool_calls_json,
+            agent_response ON observations
+        BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
+    )
+    conn.execute(
+        """CREATE TRIGGER IF NOT EXISTS main.observations_no_delete BEFORE DELETE ON observations
+        BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
+    )
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1,)
+
+
+def _memory_v1(db: sqlite_utils.Database) -> None:
+    learnings = db["learnings"]
+    learnings.create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "created_at": float,
+            "session_id": str,
+            "type": str,
+            "content": str,
+            "source_observation_id": int,
+            "confidence": float,
+            "content_key": str,  # normalised content hash: a learning is stored once
+            "batch_id": int,
+        },
+        pk="id",
+        not_null={"created_at", "type", "content", "content_key"},
+        if_not_exists=True,
+    )
+    learnings.create_index(["content_key"], unique=True, if_not_exists=True)
+    learnings.create_index(["created_at"], if_not_exists=True)
+    if not db["learnings_fts"].exists():
+        # External-content FTS5 kept in sync by triggers, so every write path indexes.
+        learnings.enable_fts(["content", "type"], fts_version="FTS5", create_triggers=True, tokenize="porter")
+    db["pending_actions"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "created_at": float,
+            "content": str,
+            "priority": int,
+            "status": str,  # pending | completed | dismissed
+            "source_learning_id": int,
+            "content_key": str,
+        },
+        pk="id",
+        not_null={"created_at", "content", "status", "content_key"},
+        defaults={"priority": 0, "status": "pending"},
+        if_not_exists=True,
+    )
+    db["pending_actions"].create_index(["content_key"], unique=True, if_not_exists=True)
+    db["batches"].create(  # type: ignore[union-attr]
+        {
+            "id": int,
+            "created_at": float,
+            "trigger": str,
+            "status": str,
+            "observation_ids": str,
+            "model": str,
+            "input_tokens": int,
+            "output_tokens": int,
+            "cost_usd": float,
+            "learnings_added": int,
+            "file_updates": str,
+            "base_hashes": str,
+            "error": str,
+        },
+        pk="id",
+        not_null={"created_at", "trigger", "status"},
+        defaults={"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "learnings_added": 0,
+                  "observation_ids": "[]", "file_updates": "{}", "base_hashes": "{}", "model": ""},
+        if_not_exists=True,
+    )
+    db["batches"].create_index(["status"], if_not_exists=True)
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)  # type: ignore[union-attr]
+
+
+MEMORY_SCHEMA = (_memory_v1,)

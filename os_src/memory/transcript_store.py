@@ -1,0 +1,157 @@
+"""transcript.db: the black-box recorder. One row per agent turn, append-only.
+
+Triggers refuse any change to a recorded turn; only its `processed` state moves
+(pending -> processed, or stale when it can no longer be curated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import msgspec
+
+from ..database import connect, marks, migrate, rows, transaction, user_version
+from .schema import PENDING, PROCESSED, STALE, TRANSCRIPT_SCHEMA
+
+
+class Observation(msgspec.Struct, frozen=True):
+    """One agent turn: the user's message, the tools it ran, and its final response."""
+
+    id: int
+    timestamp: float
+    session_id: str
+    sequence_num: int
+    user_message: str
+    tool_calls_json: str
+    agent_response: str
+    processed: int = PENDING
+
+
+class NewObservation(msgspec.Struct, frozen=True):
+    timestamp: float
+    session_id: str
+    sequence_num: int
+    user_message: str
+    tool_calls_json: str
+    agent_response: str
+
+
+class SessionRow(msgspec.Struct, frozen=True):
+    id: str
+    started_at: float
+    ended_at: float | None
+    message_count: int
+    observation_count: int
+
+
+class TranscriptDB:
+    """The raw turns: the runtime's capture writes, the curator reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = connect(path)
+        migrate(self.conn, TRANSCRIPT_SCHEMA)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def schema_version(self) -> int:
+        return user_version(self.conn)
+
+    def append(self, obs: NewObservation) -> int | None:
+        """Record a turn. Returns its id, or None if that turn was already recorded."""
+        with transaction(self.conn) as c:
+            cur = c.execute(
+                """INSERT OR IGNORE INTO observations
+                (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
+                VALUES (?, ?, ?, ?, ?, ?)""",
+                (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
+                 obs.tool_calls_json, obs.agent_response),
+            )
+            if cur.rowcount == 0:
+                return None
+            c.execute(
+                """INSERT INTO sessions (id, started_at, message_count, observation_count)
+                VALUES (?, ?, 1, 1)
+                ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
+                    observation_count = observation_count + 1""",
+                (obs.session_id, obs.timestamp),
+            )
+            return cur.lastrowid
+
+    def start_session(self, session_id: str, started_at: float) -> None:
+        self.conn.execute(
+            "INSERT OR IGNORE INTO sessions (id, started_at) VALUES (?, ?)", (session_id, started_at)
+        )
+
+    def end_session(self, session_id: str, ended_at: float) -> None:
+        self.conn.execute(
+            "UPDATE sessions SET ended_at = ? WHERE id = ? AND ended_at IS NULL", (ended_at, session_id)
+        )
+
+    def session(self, session_id: str) -> SessionRow | None:
+        found = rows(self.conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)), SessionRow)
+        return found[0] if found else None
+
+    def pending(self, limit: int = 10_000) -> list[Observation]:
+        return rows(
+            self.conn.execute(
+                "SELECT * FROM observations WHERE processed = ? ORDER BY id LIMIT ?", (PENDING, limit)
+            ),
+            Observation,
+        )
+
+    def get(self, ids: Iterable[int]) -> list[Observation]:
+        wanted = list(ids)
+        return rows(
+            self.conn.execute(f"SELECT * FROM observations WHERE id IN ({marks(wanted)}) ORDER BY id", wanted),
+            Observation,
+        )
+
+    def iter_all(self, chunk: int = 1000) -> Iterator[Observation]:
+        last = 0
+        while True:
+            found = rows(
+                self.conn.execute("SELECT * FROM observations WHERE id > ? ORDER BY id LIMIT ?", (last, chunk)),
+                Observation,
+            )
+            if not found:
+                return
+            yield from found
+            last = found[-1].id
+
+    def set_processed(self, ids: Iterable[int], state: int) -> int:
+        wanted = list(ids)
+        if not wanted:
+            return 0
+        with transaction(self.conn) as c:
+            return c.execute(f"UPDATE observations SET processed = ? WHERE id IN ({marks(wanted)})",
+                             [state, *wanted]).rowcount
+
+    def mark_stale_before(self, cutoff: float) -> int:
+        """Pending turns older than `cutoff` stop being retried; `memory rebuild` still uses them."""
+        return self.conn.execute(
+            "UPDATE observations SET processed = ? WHERE processed = ? AND timestamp < ?",
+            (STALE, PENDING, cutoff),
+        ).rowcount
+
+    def reset_all_pending(self) -> int:
+        return self.conn.execute("UPDATE observations SET processed = ? WHERE processed != ?",
+                                 (PENDING, PENDING)).rowcount
+
+    def counts(self) -> dict[str, int]:
+        out = {"pending": 0, "processed": 0, "stale": 0}
+        names = {PENDING: "pending", PROCESSED: "processed", STALE: "stale"}
+        for state, n in self.conn.execute("SELECT processed, count(*) FROM observations GROUP BY processed"):
+            out[names.get(state, f"state_{state}")] = n
+        out["total"] = sum(out.values())
+        return out
+
+    def max_id(self) -> int:
+        return int(self.conn.execute("SELECT coalesce(max(id), 0) FROM observations").fetchone()[0])
+
+    def oldest_pending_timestamp(self) -> float | None:
+        row = self.conn.execute("SELECT min(timestamp) FROM observations WHERE processed = ?", (PENDING,)).fetchone()
+        return None if row[0] is None else float(row[0])
