@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 ## Serve on :8765 against the embedded mock Bridge (or ANTHROPIC_BASE_URL when set).
 run: $(STAMP)
-	$(PY) -m tests.devserver --workspace $(WORKSPACE)
+	$(PY) -m sprite_os.dev.serve --workspace $(WORKSPACE)
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI).
 test: $(STAMP)

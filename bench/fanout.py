@@ -15,9 +15,9 @@ from typing import Any
 
 from bench.stats import percentile, ratio
 from sprite_os import protocol
+from sprite_os.dev.harness import TOKEN, client_factory, make_settings, running
+from sprite_os.dev.mock_bridge import MockBridge, Text, Turn
 from sprite_os.events import EventHub
-from tests.conftest import TOKEN, client_factory, make_settings, running
-from tests.mock_bridge import MockBridge, Text, Turn
 
 DELTAS = 300
 DELTA_DELAY = 0.01  # a model streaming 100 tokens a second

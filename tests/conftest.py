@@ -8,24 +8,29 @@ mock Bridge at the HTTP boundary.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
 
 from sprite_os.config import Settings
-from tests.mock_bridge import MockBridge
+from sprite_os.dev.harness import (
+    TOKEN,
+    Client,
+    Connect,
+    client_factory,
+    make_settings,
+    running,
+    wait_for,
+)
+from sprite_os.dev.mock_bridge import MockBridge
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
 
-TOKEN = "test-token-0123456789abcdef"
-FRAME_TIMEOUT = 30.0
+__all__ = ["TOKEN", "Client", "Connect", "client_factory", "make_settings", "running", "wait_for"]
 
 
 @pytest.fixture
@@ -42,92 +47,6 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.fixture
 def settings(workspace: Path, bridge: MockBridge) -> Settings:
     return make_settings(workspace, bridge.url)
-
-
-def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = dict(workspace=workspace, host="127.0.0.1", port=0, token=TOKEN,
-                                  anthropic_base_url=base_url, precompact_budget=15.0)
-    values.update(overrides)
-    return Settings(**values)
-
-
-@asynccontextmanager
-async def running(settings: Settings, *, memory: bool = True) -> AsyncIterator[SpriteOS]:
-    from sprite_os.server import SpriteOS
-
-    app = SpriteOS(settings, TOKEN, memory=memory)
-    await app.start()
-    try:
-        yield app
-    finally:
-        await app.stop()
-
-
-class Client:
-    """A test's WebSocket client: keeps every frame it received, in order."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.frames: list[dict[str, Any]] = []
-        self._read = 0
-
-    async def send(self, **frame: Any) -> None:
-        await self.ws.send(json.dumps(frame))
-
-    async def send_raw(self, data: str | bytes) -> None:
-        await self.ws.send(data)
-
-    async def recv(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
-        if self._read < len(self.frames):
-            self._read += 1
-            return self.frames[self._read - 1]
-        frame = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        self.frames.append(frame)
-        self._read += 1
-        return frame
-
-    async def until(self, kind: str, pred: Callable[[dict[str, Any]], bool] | None = None,
-                    timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
-        """Read frames until one of `kind` (matching `pred`) arrives."""
-        async with asyncio.timeout(timeout):
-            while True:
-                frame = await self.recv(timeout)
-                if frame["type"] == kind and (pred is None or pred(frame)):
-                    return frame
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [f for f in self.frames if f["type"] == kind]
-
-    @property
-    def last_seq(self) -> int:
-        return max((f["seq"] for f in self.frames), default=0)
-
-    async def close(self) -> None:
-        await self.ws.close()
-
-
-Connect = Callable[..., Awaitable[Client]]
-
-
-@asynccontextmanager
-async def client_factory(port: int) -> AsyncIterator[Connect]:
-    clients: list[Client] = []
-
-    async def open_client(*, hello: dict[str, Any] | None = None, token: str = TOKEN, **kwargs: Any) -> Client:
-        ws = await connect(f"ws://127.0.0.1:{port}", additional_headers={"Authorization": f"Bearer {token}"},
-                           **kwargs)
-        client = Client(ws)
-        clients.append(client)
-        if hello is not None:
-            await client.send(type="hello", **hello)
-            await client.until("ready")
-        return client
-
-    try:
-        yield open_client
-    finally:
-        for c in clients:
-            await c.close()
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@
 import asyncio
 import time
 
+from sprite_os.dev.mock_bridge import Fault
 from sprite_os.memory.daemon import MemoryDaemon
 from sprite_os.memory.hooks import CompactionHooks, HookTimings
-from tests.mock_bridge import Fault
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
 

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from sprite_os.dev.harness import wait_for
+from sprite_os.dev.mock_bridge import Fault, RecordedRequest
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.daemon import MemoryDaemon
 from sprite_os.memory.schema import STALE
-from tests.mock_bridge import Fault, RecordedRequest
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
 
@@ -30,13 +31,6 @@ async def daemon(kit: Kit) -> AsyncIterator[MemoryDaemon]:
     await d.start()
     yield d
     await d.stop(flush_budget=0)
-
-
-async def wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_batch_runs_every_n_turns_and_not_before(kit: Kit, daemon: MemoryDaemon) -> None:
@@ -65,7 +59,7 @@ async def test_proxy_down_then_up_processes_every_turn_exactly_once(kit: Kit, da
         await kit.turns(f"turn {n}")
         daemon.note_turn()
     kit.bridge.curator.default = "FACT: something from a batch"
-    await wait_until(lambda: _pending(kit, 0), timeout=20)
+    await wait_for(lambda: _pending(kit, 0), timeout=20)
     assert await daemon.settle(10)  # the last batch's status and the health land after its turns are marked
     batches = await kit.memory.call(lambda m: m.recent_batches(100))
     covered = [i for b in batches if b.status == "done" for i in b.observation_ids]
@@ -79,7 +73,7 @@ async def test_six_hours_of_failure_marks_old_turns_stale(kit: Kit, daemon: Memo
     kit.bridge.faults.add(Fault("status", status=500, target="curator"))
     await kit.turns("old turn")  # timestamps in the test kit are long past
     daemon.trigger("test")
-    await wait_until(lambda: _count(kit, "stale", 1), timeout=10)
+    await wait_for(lambda: _count(kit, "stale", 1), timeout=10)
     assert daemon.status()["degraded"] is True
     kit.bridge.faults.clear()
 
@@ -100,7 +94,7 @@ async def test_start_recovers_and_processes_what_a_crash_left(tmp_path: Path, ki
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()  # the start trigger alone must pick it up
     try:
-        await wait_until(lambda: _pending(kit, 0))
+        await wait_for(lambda: _pending(kit, 0))
         assert await d.settle(10) is True  # the batch's last writes land after its turns are marked
         assert json.loads(json.dumps(d.status()))["batches_run"] == 1
         [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
@@ -151,7 +145,7 @@ async def test_persistent_editing_stops_costing_calls_after_three(kit: Kit, daem
 
     kit.bridge.curator.script(edit_during_call, edit_during_call, edit_during_call)
     daemon.trigger("test")
-    await wait_until(lambda: _pending(kit, 0), timeout=20)
+    await wait_for(lambda: _pending(kit, 0), timeout=20)
     assert await daemon.settle(10)
     assert len(kit.bridge.curator_requests()) == 3  # two discarded, the third commits without the file
     assert "- edit 2" in kit.files.read("user.md")  # the person's latest edit stands
@@ -175,7 +169,7 @@ async def test_a_batch_left_half_finished_by_an_error_is_finished_before_new_wor
         trigger="batch", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
         learnings=[], file_updates={}, base_hashes={}))  # committed, then the marks failed
     daemon.trigger("test")
-    await wait_until(lambda: _pending(kit, 0))
+    await wait_for(lambda: _pending(kit, 0))
     assert kit.bridge.curator_requests() == []  # finished, not curated a second time
 
 
@@ -189,7 +183,7 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
-        await wait_until(lambda: _saved_failures(kit, 3))
+        await wait_for(lambda: _saved_failures(kit, 3))
         assert await _count(kit, "stale", 0)
         assert (await _saved_failing(kit))["since"] < time.time() - 6 * 3600  # kept, not reset
     finally:
@@ -198,13 +192,13 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
-        await wait_until(lambda: _count(kit, "stale", 1))
+        await wait_for(lambda: _count(kit, "stale", 1))
         assert d.health.consecutive_failures >= daemon_module.STALE_MIN_FAILURES
         kit.bridge.faults.clear()
         await kit.turns("the proxy is back")
         d.trigger("test")
-        await wait_until(lambda: _pending(kit, 0))
-        await wait_until(lambda: _failing_cleared(kit))  # written after the turns are marked
+        await wait_for(lambda: _pending(kit, 0))
+        await wait_for(lambda: _failing_cleared(kit))  # written after the turns are marked
         assert d.health.failing_since is None and d.health.consecutive_failures == 0
     finally:
         await d.stop(flush_budget=0)
@@ -243,7 +237,7 @@ async def test_a_gap_since_the_last_failed_call_restarts_the_failing_clock(kit: 
     await d.start()
 
     try:
-        await wait_until(lambda: _saved_failures(kit, 3, since=now))  # counted again after the gap
+        await wait_for(lambda: _saved_failures(kit, 3, since=now))  # counted again after the gap
         assert await _count(kit, "stale", 0)
         saved = await _saved_failing(kit)
         assert saved["last"] >= saved["since"]
@@ -262,7 +256,7 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
     with capture_logs() as logs:
         await d.start()
         try:
-            await wait_until(lambda: _pending(kit, 0))
+            await wait_for(lambda: _pending(kit, 0))
             assert await d.settle(10)
             assert await kit.transcript.call(lambda t: t.counts()) == {
                 "pending": 0, "processed": 6, "stale": 1, "total": 7}
@@ -272,7 +266,7 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
             assert len(kit.bridge.curator_requests()) == 12
             await kit.turns("turn 8", "turn 9")  # newer turns are no longer held back
             d.trigger("test")
-            await wait_until(lambda: _pending(kit, 0))
+            await wait_for(lambda: _pending(kit, 0))
             assert await d.settle(10)
             assert await _count(kit, "processed", 8)
             assert d.status()["degraded"] is False and d.health.failing_since is None
@@ -292,7 +286,7 @@ async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Ki
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
-        await wait_until(lambda: _pending(kit, 0))
+        await wait_for(lambda: _pending(kit, 0))
         assert await kit.transcript.call(lambda t: t.counts()) == {
             "pending": 0, "processed": 5, "stale": 1, "total": 6}
         [stale] = await kit.transcript.call(lambda t: [o.id for o in t.iter_all() if o.processed == STALE])
@@ -318,8 +312,8 @@ async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failur
     await d.start()
     limit = daemon_module.UNUSABLE_LIMIT
     try:
-        await wait_until(lambda: _requests(kit, 1 + 5 * limit))
-        await wait_until(lambda: _failures(d, limit))
+        await wait_for(lambda: _requests(kit, 1 + 5 * limit))
+        await wait_for(lambda: _failures(d, limit))
         assert await _count(kit, "stale", 0) and await _pending(kit, 6)
 
         def which(text: str) -> str:
@@ -356,11 +350,11 @@ async def test_poison_turns_wait_for_newer_turns_then_are_isolated(
         return await _requests(kit, rounds * daemon_module.UNUSABLE_LIMIT) and d._probed == probed
 
     try:
-        await wait_until(stalled, timeout=30)
+        await wait_for(stalled, timeout=30)
         assert await _count(kit, "stale", 0)
         await kit.turns("turn 3", "turn 4")
         d.trigger("test")
-        await wait_until(lambda: _pending(kit, 0), timeout=60)
+        await wait_for(lambda: _pending(kit, 0), timeout=60)
         assert await kit.transcript.call(lambda t: t.counts()) == {
             "pending": 0, "processed": 2, "stale": len(poison), "total": len(poison) + 2}
     finally:
@@ -397,7 +391,7 @@ async def test_a_proxy_returning_500_never_splits_or_marks_stale_before_six_hour
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
-        await wait_until(lambda: _pending(kit, 0), timeout=20)
+        await wait_for(lambda: _pending(kit, 0), timeout=20)
     finally:
         await d.stop(flush_budget=0)
     assert await _count(kit, "stale", 0)

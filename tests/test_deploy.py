@@ -489,7 +489,7 @@ def test_lock_pins_the_runtime_dependencies() -> None:
 
 @pytest.mark.e2e
 async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path) -> None:
-    from tests.mock_bridge import MockBridge
+    from sprite_os.dev.mock_bridge import MockBridge
 
     ws = tmp_path / "ws"
     token = token_file(tmp_path)

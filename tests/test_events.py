@@ -1,9 +1,9 @@
 """The shared event stream: numbering, replay, and cutting loose a client that falls behind."""
 
-import asyncio
 import json
 
 from sprite_os import protocol as p
+from sprite_os.dev.harness import wait_for
 from sprite_os.events import DeltaCoalescer, EventHub, Subscriber
 
 
@@ -89,8 +89,7 @@ async def test_streamed_text_is_coalesced_and_order_is_kept() -> None:
     for word in ("a ", "b ", "c "):
         publish(p.TextDelta(turn_id="t", text=word))
     assert out == []  # merged, waiting for the interval
-    await asyncio.sleep(0.08)
-    assert out == [p.TextDelta(turn_id="t", text="a b c ")]
+    await wait_for(lambda: out == [p.TextDelta(turn_id="t", text="a b c ")], timeout=2, interval=0.01)
     publish(p.TextDelta(turn_id="t", text="d"))
     publish(p.AssistantMessage(turn_id="t", text="a b c d"))  # flushes the pending text first
     publish(p.TextDelta(turn_id="u", text="x"))

@@ -12,6 +12,7 @@ import pytest
 
 from sprite_os.cli import main as cli
 from sprite_os.config import Settings
+from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
@@ -24,16 +25,10 @@ from tests.conftest import (
     client_factory,
     pid_alive,
     running,
+    wait_for,
 )
-from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 
 pytestmark = pytest.mark.e2e
-
-
-async def until(check, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.05)
 
 
 def counts(settings: Settings) -> dict[str, int]:
@@ -96,7 +91,7 @@ async def test_passover_next_session_boots_knowing_and_search_finds_it(
     async with client_factory(server.port) as client:
         c = await client(hello={})
         await turn(c, "Hi, I'm Ada Lovelace and I like bullet points.")
-        await until(lambda: len(observations(settings)) == 1)  # the Stop hook's write is queued, not awaited
+        await wait_for(lambda: len(observations(settings)) == 1, timeout=20)  # the Stop hook's write is queued, not awaited
         [observation] = observations(settings)
         assert observation.processed == 0  # pending: nothing curated it yet
         assert observation.user_message == "Hi, I'm Ada Lovelace and I like bullet points."
@@ -111,9 +106,9 @@ async def test_passover_next_session_boots_knowing_and_search_finds_it(
     assert "Likes answers in bullet points" in first_request_of_session_2.system_text  # learned in the last 48 h
     result = next(f for f in c.frames if f["type"] == "tool_result")
     assert not result["is_error"] and "Ada Lovelace" in result["summary"] and "FACT" in result["summary"]
-    await until(lambda: counts(settings) == {"pending": 1, "processed": 1, "stale": 0, "total": 2})
+    await wait_for(lambda: counts(settings) == {"pending": 1, "processed": 1, "stale": 0, "total": 2}, timeout=20)
     # the first ended with new_session; the second runs on (its turn's write is queued, not awaited)
-    await until(lambda: sessions(settings) == [(1, 1, 1), (0, 1, 1)])
+    await wait_for(lambda: sessions(settings) == [(1, 1, 1), (0, 1, 1)], timeout=20)
     assert batches(settings) == [("session-end-new_session", "done", [1])]
 
 
@@ -126,7 +121,7 @@ async def test_a_correction_reaches_the_files_within_one_batch(bridge: MockBridg
         c = await client(hello={})
         await turn(c, "Write today's date.")
         await turn(c, "No, dates should be DD/MM/YYYY.")
-        await until(lambda: counts(settings)["processed"] == 2)
+        await wait_for(lambda: counts(settings)["processed"] == 2, timeout=20)
     [request] = bridge.curator_requests()
     assert "- Dates: MM/DD/YYYY" in request.last_user_text and "No, dates should be DD/MM/YYYY." in request.last_user_text
     user_md = MemoryFiles(settings.layout).read("user.md")
@@ -196,14 +191,14 @@ async def test_amnesia_kill_minus_9_mid_batch_loses_and_duplicates_nothing(tmp_p
         await bridge.wait_for(lambda b: len(b.curator_requests()) >= 1, timeout=20)
     proc.signal(signal.SIGKILL)  # mid-batch: the curator call is in flight
     await proc.wait()
-    await until(lambda: not any(pid_alive(p) for p in cli_pids), timeout=10)  # the CLI died with its parent
+    await wait_for(lambda: not any(pid_alive(p) for p in cli_pids), timeout=10)  # the CLI died with its parent
     reply = ("FACT: Blog post outline is intro, closures, decorators [#2]\n"
              "CONTEXT_MD_UPDATE:\n# Now\n- Writing a blog post on decorators\n- Outline: intro, closures, decorators\n")
     bridge.curator.script(reply)
     proc = await ServerProcess(workspace, bridge.url, SPRITE_MEMORY_BATCH_TURNS="2").start()
     settings = Settings(workspace=workspace)
     try:
-        await until(lambda: counts(settings)["processed"] == 2, timeout=30)
+        await wait_for(lambda: counts(settings)["processed"] == 2, timeout=30)
     finally:
         await proc.stop()
     assert counts(settings) == {"pending": 0, "processed": 2, "stale": 0, "total": 2}
@@ -224,7 +219,7 @@ async def test_proxy_down_for_several_batches_then_every_turn_processed_once(
         c = await client(hello={})
         for n in range(6):
             await turn(c, f"turn {n}")
-        await until(lambda: counts(settings)["processed"] == 6, timeout=30)
+        await wait_for(lambda: counts(settings)["processed"] == 6, timeout=30)
         health = await app.health()
     db = MemoryDB(settings.layout.memory_db)
     batches = db.recent_batches(100)
@@ -246,7 +241,7 @@ async def test_a_persons_edit_during_a_batch_survives(bridge: MockBridge, settin
         await turn(c, "I'm Ada")
         await bridge.wait_for(lambda b: len(b.curator_requests()) >= 1)
         files.path("user.md").write_text("# User\n- Title: Countess (added by hand)\n")
-        await until(lambda: counts(settings)["processed"] == 1, timeout=20)
+        await wait_for(lambda: counts(settings)["processed"] == 1, timeout=20)
     second = bridge.curator_requests()[1]
     assert "added by hand" in second.last_user_text  # the batch ran again, on the edited file
     assert "- Title: Countess" in files.read("user.md")
@@ -295,7 +290,7 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
         c = await client(hello={})
         for text in ("I have a cat named Miso", "she is grey", "remind me to buy tea Friday", "I prefer tea"):
             await turn(c, text)
-        await until(lambda: counts(settings)["processed"] == 4)
+        await wait_for(lambda: counts(settings)["processed"] == 4, timeout=20)
         assert cli(["memory", "rebuild", "--yes"]) == 2  # refused while the server holds the writer lock
     original = learnings(settings)
     assert len(original) == 3

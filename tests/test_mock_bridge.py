@@ -18,7 +18,8 @@ import anthropic
 import httpx2
 import pytest
 
-from tests.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
+from sprite_os.dev.harness import wait_for
+from sprite_os.dev.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
 
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"
 MODEL = "claude-test"
@@ -415,8 +416,8 @@ async def test_interrupt_and_cut_keep_the_server_quiet_and_alive(
         async for event in s:
             if event.type == "text":
                 break  # leaving the block closes the connection mid-stream, like an interrupt
-    await asyncio.sleep(0.2)  # the server notices on its next write
-    assert bridge.agent.pending() == 0  # an interrupted turn counts as started
+    # An interrupted turn counts as started (the server notices the close on its next write).
+    await wait_for(lambda: bridge.agent.pending() == 0, timeout=5)
     bridge.faults.add(Fault("cut", times=1))
     with pytest.raises(anthropic.APIConnectionError):
         await ask(agent, "cut")
@@ -498,7 +499,7 @@ async def test_start_stop_explicitly() -> None:
 
 def test_standalone_run_prints_url_and_serves() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mock_bridge", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "sprite_os.dev.mock_bridge", "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

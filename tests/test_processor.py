@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sprite_os.db_worker import Worker
+from sprite_os.dev.mock_bridge import CutOff, Fault, MockBridge
 from sprite_os.errors import CuratorError, EditConflict, UnusableReply
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
@@ -16,7 +17,6 @@ from sprite_os.memory.schema import PROCESSED
 from sprite_os.memory.transcript_store import NewObservation, Observation, TranscriptDB
 from sprite_os.paths import Layout
 from tests.conftest import make_settings
-from tests.mock_bridge import CutOff, Fault, MockBridge
 
 
 @dataclass

@@ -26,7 +26,7 @@ from sprite_os import protocol as p
 from sprite_os.errors import ShuttingDown
 from sprite_os.runtime import AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
-from tests.conftest import make_settings
+from tests.conftest import make_settings, wait_for
 
 _pids = itertools.count(1000)
 
@@ -106,9 +106,7 @@ class Harness:
         return [type(f).__name__ for f in self.frames]
 
     async def until(self, pred: Callable[[], bool]) -> None:
-        async with asyncio.timeout(5):
-            while not pred():
-                await asyncio.sleep(0.005)
+        await wait_for(pred, timeout=5, interval=0.005)
 
     async def turn(self, text: str) -> p.TurnComplete:
         done = len(self.of(p.TurnComplete))

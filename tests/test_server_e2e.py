@@ -17,6 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from sprite_os import events, gateway
 from sprite_os.config import Settings
+from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import (
@@ -29,8 +30,8 @@ from tests.conftest import (
     make_settings,
     pid_alive,
     running,
+    wait_for,
 )
-from tests.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 
 pytestmark = pytest.mark.e2e
 
@@ -404,10 +405,8 @@ async def test_a_cli_that_dies_between_turns_is_replaced_and_the_next_message_co
     assert (await turn_of(c, "hello"))["status"] == "completed"
     [pid] = child_cli_processes()
     os.kill(pid, signal.SIGKILL)
-    for _ in range(100):  # dead, not merely dying: a message sent while it dies is a crash mid-turn
-        if not pid_alive(pid):
-            break
-        await asyncio.sleep(0.05)
+    # Dead, not merely dying: a message sent while it dies is a crash mid-turn.
+    await wait_for(lambda: not pid_alive(pid), timeout=5)
     done = await turn_of(c, "are you still there?")
     assert done["status"] == "completed"  # no resend needed
     assert [e["code"] for e in c.of("error")] == ["agent_failed"]

@@ -1,7 +1,7 @@
 """`make run`: Sprite OS on a local workspace, with the mock Bridge embedded unless
 ANTHROPIC_BASE_URL points at a real proxy.
 
-    python -m tests.devserver [--workspace ./.workspace] [--port 8765]
+    python -m sprite_os.dev.serve [--workspace ./.workspace] [--port 8765]
 
 The workspace is shaped like /workspace (`.os/` inside); its token is created
 on first run and printed, with how to talk to the server.
@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from sprite_os.config import load_settings, resolve_token
+from sprite_os.dev.mock_bridge import MockBridge
 from sprite_os.errors import ConfigError
 from sprite_os.logs import configure_logging
 from sprite_os.server import SpriteOS, run_until_signalled
-from tests.mock_bridge import MockBridge
 
 BOOTSTRAP_TEMPLATES = Path(__file__).resolve().parent.parent / "bootstrap" / "templates"
 

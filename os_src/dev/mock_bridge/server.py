@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from ..harness import wait_for
 from . import demo
 from .script import (
     AgentScript,
@@ -172,17 +173,15 @@ class MockBridge:
         timeout: float = 10.0,
         interval: float = 0.02,
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate(self):
-            if time.monotonic() >= deadline:
-                seen = ", ".join(
-                    f"{r.target}:{r.kind}:{r.last_user_text[:30]!r}" for r in self.requests
-                )
-                raise TimeoutError(
-                    f"mock bridge: condition not met within {timeout}s; "
-                    f"{len(self.requests)} request(s) recorded: [{seen}]"
-                )
-            await asyncio.sleep(interval)
+        """Wait until `predicate(bridge)`; a timeout names every request recorded so far."""
+        try:
+            await wait_for(lambda: predicate(self), timeout, interval)
+        except TimeoutError:
+            seen = ", ".join(f"{r.target}:{r.kind}:{r.last_user_text[:30]!r}" for r in self.requests)
+            raise TimeoutError(
+                f"mock bridge: condition not met within {timeout}s; "
+                f"{len(self.requests)} request(s) recorded: [{seen}]"
+            ) from None
 
     # --- handlers ---
 

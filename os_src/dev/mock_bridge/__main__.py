@@ -1,4 +1,4 @@
-"""Run the mock Bridge standalone (demo model only): `python -m tests.mock_bridge --port 8766`."""
+"""Run the mock Bridge standalone (demo model only): `python -m sprite_os.dev.mock_bridge --port 8766`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ async def _serve(host: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.mock_bridge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sprite_os.dev.mock_bridge", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8766)
     args = parser.parse_args()
