@@ -35,7 +35,7 @@ class ClientFrame(msgspec.Struct, tag_field="type", frozen=True):
     """Base of every frame a client sends. Unknown fields are ignored, for forward compatibility."""
 
 
-class Hello(ClientFrame, tag="hello"):
+class Hello(ClientFrame, tag="hello", frozen=True):
     """First frame of a connection. With `last_seq` (and the `stream` it came from), the
     server replays what the client missed; without, it sends a fresh snapshot."""
 
@@ -45,20 +45,20 @@ class Hello(ClientFrame, tag="hello"):
     client: ShortText | None = None
 
 
-class UserMessage(ClientFrame, tag="user_message"):
+class UserMessage(ClientFrame, tag="user_message", frozen=True):
     text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_USER_TEXT)]
     client_id: ShortText | None = None  # echoed in turn_started, to match a message to its turn
 
 
-class Interrupt(ClientFrame, tag="interrupt"):
+class Interrupt(ClientFrame, tag="interrupt", frozen=True):
     pass
 
 
-class NewSession(ClientFrame, tag="new_session"):
+class NewSession(ClientFrame, tag="new_session", frozen=True):
     pass
 
 
-class Ping(ClientFrame, tag="ping"):
+class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
@@ -77,7 +77,7 @@ ErrorCode = Literal[
     "invalid_frame",  # a field is missing or has the wrong type or size
     "unknown_type",  # `type` names no client frame
     "binary_not_supported",  # frames are JSON text, never binary
-    "frame_too_large",  # over MAX_FRAME_BYTES; larger still closes the connection
+    "frame_too_large",  # over 1 MiB (gateway.MAX_FRAME_CHARS); over 4 MiB closes the connection
     "rate_limited",  # too many frames too fast; the frame was dropped
     "unsupported_protocol",  # hello.protocol is newer than this server speaks
     "queue_full",  # too many messages waiting for the agent
@@ -109,7 +109,7 @@ class ServerFrame(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     seq: int = 0
 
 
-class Ready(ServerFrame, tag="ready"):
+class Ready(ServerFrame, tag="ready", frozen=True):
     """Answer to hello: who the server is and the state to render. When `replayed` > 0,
     that many missed events follow, in order. `resync` means the client's `last_seq`
     was too old (or from another stream) to replay, so this snapshot replaces its state."""
@@ -126,16 +126,16 @@ class Ready(ServerFrame, tag="ready"):
     resync: bool = False
 
 
-class SessionStarted(ServerFrame, tag="session_started"):
+class SessionStarted(ServerFrame, tag="session_started", frozen=True):
     session_id: str
 
 
-class SessionEnded(ServerFrame, tag="session_ended"):
+class SessionEnded(ServerFrame, tag="session_ended", frozen=True):
     session_id: str
     reason: SessionEndReason
 
 
-class TurnStarted(ServerFrame, tag="turn_started"):
+class TurnStarted(ServerFrame, tag="turn_started", frozen=True):
     """A user message reached the agent. Sent to every client, so each device shows it."""
 
     turn_id: str
@@ -143,45 +143,45 @@ class TurnStarted(ServerFrame, tag="turn_started"):
     client_id: str | None = None
 
 
-class TextDelta(ServerFrame, tag="text_delta"):
+class TextDelta(ServerFrame, tag="text_delta", frozen=True):
     turn_id: str
     text: str
 
 
-class AssistantMessage(ServerFrame, tag="assistant_message"):
+class AssistantMessage(ServerFrame, tag="assistant_message", frozen=True):
     """One complete assistant message; it replaces the text_deltas streamed before it."""
 
     turn_id: str
     text: str
 
 
-class ToolUse(ServerFrame, tag="tool_use"):
+class ToolUse(ServerFrame, tag="tool_use", frozen=True):
     turn_id: str
     tool_use_id: str
     name: str
     summary: str
 
 
-class ToolResult(ServerFrame, tag="tool_result"):
+class ToolResult(ServerFrame, tag="tool_result", frozen=True):
     turn_id: str
     tool_use_id: str
     is_error: bool
     summary: str
 
 
-class CardCreated(ServerFrame, tag="card_created"):
+class CardCreated(ServerFrame, tag="card_created", frozen=True):
     card: Card
 
 
-class CardUpdated(ServerFrame, tag="card_updated"):
+class CardUpdated(ServerFrame, tag="card_updated", frozen=True):
     card: Card
 
 
-class CardClosed(ServerFrame, tag="card_closed"):
+class CardClosed(ServerFrame, tag="card_closed", frozen=True):
     card_id: str
 
 
-class TurnComplete(ServerFrame, tag="turn_complete"):
+class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     turn_id: str
     status: TurnStatus
     duration_ms: int
@@ -189,13 +189,13 @@ class TurnComplete(ServerFrame, tag="turn_complete"):
     cost_usd: float | None = None
 
 
-class Error(ServerFrame, tag="error"):
+class Error(ServerFrame, tag="error", frozen=True):
     code: ErrorCode
     message: str
     turn_id: str | None = None
 
 
-class Pong(ServerFrame, tag="pong"):
+class Pong(ServerFrame, tag="pong", frozen=True):
     nonce: str | None = None
 
 
@@ -219,8 +219,8 @@ AnyServerFrame = (
 
 # ---------------------------------------------------------------- coding
 
-_client_decoder = msgspec.json.Decoder(AnyClientFrame)
-_server_decoder = msgspec.json.Decoder(AnyServerFrame)
+_client_decoder: msgspec.json.Decoder[AnyClientFrame] = msgspec.json.Decoder(AnyClientFrame)
+_server_decoder: msgspec.json.Decoder[AnyServerFrame] = msgspec.json.Decoder(AnyServerFrame)
 _encoder = msgspec.json.Encoder()
 
 

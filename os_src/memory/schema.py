@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 
 import sqlite_utils
+from sqlite_utils.db import Table
 
 # observations.processed
 PENDING, PROCESSED, STALE = 0, 1, 2
@@ -16,8 +17,12 @@ PENDING, PROCESSED, STALE = 0, 1, 2
 OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
 
 
+def _table(db: sqlite_utils.Database, name: str) -> Table:
+    return db.table(name)
+
+
 def _transcript_v1(db: sqlite_utils.Database) -> None:
-    db["observations"].create(  # type: ignore[union-attr]
+    _table(db, "observations").create(
         {
             "id": int,
             "timestamp": float,
@@ -34,9 +39,9 @@ def _transcript_v1(db: sqlite_utils.Database) -> None:
         if_not_exists=True,
     )
     # A turn is recorded once, whoever asks to record it again.
-    db["observations"].create_index(["session_id", "sequence_num"], unique=True, if_not_exists=True)
-    db["observations"].create_index(["processed", "id"], if_not_exists=True)
-    db["sessions"].create(  # type: ignore[union-attr]
+    _table(db, "observations").create_index(["session_id", "sequence_num"], unique=True, if_not_exists=True)
+    _table(db, "observations").create_index(["processed", "id"], if_not_exists=True)
+    _table(db, "sessions").create(
         {"id": str, "started_at": float, "ended_at": float, "message_count": int, "observation_count": int},
         pk="id",
         defaults={"message_count": 0, "observation_count": 0},
@@ -64,8 +69,8 @@ TRANSCRIPT_SCHEMA = (_transcript_v1,)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:
-    learnings = db["learnings"]
-    learnings.create(  # type: ignore[union-attr]
+    learnings = _table(db, "learnings")
+    learnings.create(
         {
             "id": int,
             "created_at": float,
@@ -83,10 +88,10 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
     )
     learnings.create_index(["content_key"], unique=True, if_not_exists=True)
     learnings.create_index(["created_at"], if_not_exists=True)
-    if not db["learnings_fts"].exists():
+    if not _table(db, "learnings_fts").exists():
         # External-content FTS5 kept in sync by triggers, so every write path indexes.
         learnings.enable_fts(["content", "type"], fts_version="FTS5", create_triggers=True, tokenize="porter")
-    db["pending_actions"].create(  # type: ignore[union-attr]
+    _table(db, "pending_actions").create(
         {
             "id": int,
             "created_at": float,
@@ -101,8 +106,8 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
         defaults={"priority": 0, "status": "pending"},
         if_not_exists=True,
     )
-    db["pending_actions"].create_index(["content_key"], unique=True, if_not_exists=True)
-    db["batches"].create(  # type: ignore[union-attr]
+    _table(db, "pending_actions").create_index(["content_key"], unique=True, if_not_exists=True)
+    _table(db, "batches").create(
         {
             "id": int,
             "created_at": float,
@@ -124,8 +129,8 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
                   "observation_ids": "[]", "file_updates": "{}", "base_hashes": "{}", "model": ""},
         if_not_exists=True,
     )
-    db["batches"].create_index(["status"], if_not_exists=True)
-    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)  # type: ignore[union-attr]
+    _table(db, "batches").create_index(["status"], if_not_exists=True)
+    _table(db, "meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
 
 
 MEMORY_SCHEMA = (_memory_v1,)

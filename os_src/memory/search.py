@@ -56,8 +56,8 @@ def search_terms(text: str) -> list[str]:
 
 def clamp_limit(limit: object) -> int:
     try:
-        value = int(limit)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+        value = int(str(limit))
+    except ValueError:
         return 10
     return max(1, min(MAX_LIMIT, value))
 
@@ -95,7 +95,8 @@ def search_learnings(db: MemoryDB, terms: Sequence[str], limit: int) -> list[Sea
     ids = [rowid for rowid, _ in best]
     found_rows = {row[0]: row for row in conn.execute(
         f"SELECT id, type, content, created_at, confidence FROM learnings WHERE id IN ({marks(ids)})", ids)}
-    return [SearchHit(*found_rows[rowid], score=round(score, 4)) for rowid, score in best if rowid in found_rows]
+    return [SearchHit(id=r[0], type=r[1], content=r[2], created_at=r[3], confidence=r[4], score=round(score, 4))
+            for rowid, score in best if (r := found_rows.get(rowid)) is not None]
 
 
 def _rank_by_idf(matches: dict[str, list[int]], top: int, limit: int) -> list[tuple[int, float]]:
