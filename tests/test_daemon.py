@@ -264,8 +264,8 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
                 "pending": 0, "processed": 6, "stale": 1, "total": 7}
             batches = await kit.memory.call(lambda m: m.recent_batches(100))
             assert sorted(i for b in batches if b.status == "done" for i in b.observation_ids) == [1, 2, 3, 4, 6, 7]
-            # the earlier batch; 2-7 three times, then one at a time: 2, 3, 4, 5 three times, 6, 7
-            assert len(kit.bridge.curator_requests()) == 12
+            # the earlier batch; 2-7 three times, then one at a time: 2, 3, 4, 5 three times; then 6-7
+            assert len(kit.bridge.curator_requests()) == 11
             await kit.turns("turn 8", "turn 9")  # newer turns are no longer held back
             d.trigger("test")
             await wait_for(lambda: _pending(kit, 0))
@@ -369,10 +369,10 @@ async def test_a_waiter_is_not_told_curated_while_an_older_turn_is_set_aside(kit
     verdicts = [d.isolation.unusable([1, 2, 3, 4, 5, 6]) for _ in range(UNUSABLE_LIMIT)] + [d.isolation.unusable([1])]
     assert verdicts[-2:] == [Verdict.ISOLATE, Verdict.SET_ASIDE]  # turn 1 failed alone: it goes last
     waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    d._waiters.append((6, waiter))  # a flush that wants every turn up to #6 curated
-    ok, _ = await d._drain("test")  # 2-6 succeed alone, then 1 gets an unusable reply
-    assert not ok and await _count(kit, "processed", 5)
-    assert not waiter.done()  # turn 1 is not curated yet
+    d._waiters.append((2, waiter))  # a flush that wants every turn up to #2 curated
+    ok, _ = await d._drain("test")  # 2 succeeds alone (the evidence), then 1 gets an unusable reply
+    assert not ok and [o.id for o in await kit.processor.pending(10)] == [1, 3, 4, 5, 6]
+    assert not waiter.done()  # turn 2 is curated, but turn 1 is not yet
 
 
 def refusing(*poison: int) -> Callable[[RecordedRequest], str]:

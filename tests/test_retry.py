@@ -159,16 +159,22 @@ def test_a_poison_turn_is_run_alone_and_marked_stale_once_another_turn_succeeded
     pending = [2, 3, 4, 5, 6, 7]
     assert replies(Isolation(), pending, {5}, 20) == [
         "2-7 retry", "2-7 retry", "2-7 isolate", "2 ok", "3 ok", "4 ok",
-        "5 retry", "5 retry", "5 stale", "6 ok", "7 ok"]
+        "5 retry", "5 retry", "5 stale", "6-7 ok"]  # found: the rest in one call again
     assert pending == []
+
+
+def test_a_second_poison_turn_in_the_rest_starts_a_new_isolation() -> None:
+    assert replies(Isolation(), [1, 2, 3, 4, 5], {2, 4}, 30) == [
+        "1-5 retry", "1-5 retry", "1-5 isolate", "1 ok", "2 retry", "2 retry", "2 stale",
+        "3-5 retry", "3-5 retry", "3-5 isolate", "3 ok", "4 retry", "4 retry", "4 stale", "5 ok"]
 
 
 def test_the_oldest_turn_as_poison_is_set_aside_until_another_turn_shows_the_model_works() -> None:
     pending = [1, 2, 3]
     isolation = Isolation()
     assert replies(isolation, pending, {1}, 20) == [
-        "1-3 retry", "1-3 retry", "1-3 isolate", "1 set-aside", "2 ok", "3 ok",
-        "1 retry", "1 retry", "1 stale"]
+        "1-3 retry", "1-3 retry", "1-3 isolate", "1 set-aside", "2 ok",
+        "1 retry", "1 retry", "1 stale", "3 ok"]  # the turn set aside goes first once 2 succeeded
 
 
 def test_a_model_that_answers_everything_with_garbage_never_gets_a_turn_marked_stale() -> None:
@@ -189,7 +195,7 @@ def test_a_lone_turn_can_not_be_told_apart_from_a_broken_model() -> None:
     assert set(replies(isolation, [1], {1}, 3 * UNUSABLE_LIMIT)) == {"1 retry"}
     assert isolation.probed == 0  # not a failed isolation: newer turns isolate it at once
     assert replies(isolation, [1, 2, 3], {1}, 20)[UNUSABLE_LIMIT - 1:] == [
-        "1-3 isolate", "1 set-aside", "2 ok", "3 ok", "1 retry", "1 retry", "1 stale"]
+        "1-3 isolate", "1 set-aside", "2 ok", "1 retry", "1 retry", "1 stale", "3 ok"]
 
 
 def test_two_poison_turns_wait_for_newer_turns_then_are_both_isolated() -> None:
@@ -200,8 +206,8 @@ def test_two_poison_turns_wait_for_newer_turns_then_are_both_isolated() -> None:
     assert replies(isolation, [1, 2], {1, 2}, UNUSABLE_LIMIT) == ["1-2 retry"] * UNUSABLE_LIMIT
     pending = [1, 2, 3, 4]
     assert replies(isolation, pending, {1, 2}, 30) == [
-        "1-4 retry", "1-4 retry", "1-4 isolate", "1 set-aside", "2 set-aside", "3 ok", "4 ok",
-        "1 retry", "1 retry", "1 stale", "2 retry", "2 retry", "2 stale"]
+        "1-4 retry", "1-4 retry", "1-4 isolate", "1 set-aside", "2 set-aside", "3 ok",
+        "1 retry", "1 retry", "1 stale", "2 retry", "2 retry", "2 stale", "4 ok"]
 
 
 def test_turns_that_left_pending_otherwise_leave_the_isolation() -> None:

@@ -197,7 +197,7 @@ class MemoryDaemon:
                 return False, CONFLICT_RETRY
             except UnusableReply as exc:
                 verdict = self.isolation.unusable(ids)
-                delay = await self._unusable(verdict, ids, str(exc))
+                delay = await self._on_unusable(verdict, ids, str(exc))
                 if verdict.goes_on:
                     continue
                 return False, delay
@@ -220,7 +220,7 @@ class MemoryDaemon:
             return [o for o in pending if o.id == one]
         return split_batch(pending)[0] if pending else []
 
-    async def _unusable(self, verdict: Verdict, ids: list[int], error: str) -> float:
+    async def _on_unusable(self, verdict: Verdict, ids: list[int], error: str) -> float:
         """Act on the isolation's verdict on an unusable reply; returns the backoff, 0 if it goes on."""
         log.warning("memory_reply_unusable", first_id=ids[0], last_id=ids[-1], verdict=verdict.value)
         if verdict is Verdict.STALE:  # a turn succeeded alone: the proxy works, this turn does not

@@ -132,19 +132,21 @@ class Verdict(Enum):
 class Isolation:
     """Unusable replies (a refusal, garbage) to the oldest turns must not hold back every newer one.
 
-    After `limit` in a row for a chunk, its turns run one at a time. A turn that then gets `limit`
-    in a row is marked stale, but only on evidence that the proxy and model work: a turn that
-    succeeded alone since the isolation began. Until then, a turn that fails is set aside (moved
-    last) after one reply; if every turn has failed alone, nothing says the turns are at fault (a
-    proxy or model answering everything with garbage): the isolation is dropped, and no new one
-    starts until a call succeeds or newer turns join the oldest chunk. Turns are never marked
-    stale wholesale. Kept in memory only: a restart starts over with whole chunks."""
+    After `limit` in a row for a chunk, its turns run one at a time, oldest first. A turn that
+    gets `limit` in a row is marked stale, but only on evidence that the proxy and model work: a
+    turn that succeeded alone since the isolation began. Before that evidence, a turn that fails
+    alone is set aside (moved last) after one reply; once there is evidence, the turns set aside
+    run first. When a turn is marked stale and none set aside is left, the rest of the chunk goes
+    back to one call. If every turn fails alone, nothing says the turns are at fault (a proxy or
+    model answering everything with garbage): the isolation is dropped, and no new one starts
+    until a call succeeds or newer turns join the oldest chunk. So turns are never marked stale
+    wholesale. Kept in memory only: a restart starts over with whole chunks."""
 
     limit: int = UNUSABLE_LIMIT
     queue: list[int] = field(default_factory=list)  # the turns to run alone, in order; empty: whole chunks
     evidence: bool = False  # a turn succeeded alone since the isolation began
     probed: int = 0  # the size of the chunk whose isolation found no evidence
-    _aside: set[int] = field(default_factory=set)  # turns that failed alone without evidence
+    _aside: set[int] = field(default_factory=set)  # turns that failed alone before the evidence
     _unusable: tuple[int, int] = (0, 0)  # (first turn of the last call, unusable replies in a row)
 
     def next_turn(self, pending: list[int]) -> int | None:
@@ -157,7 +159,9 @@ class Isolation:
 
     def succeeded(self) -> None:
         self._unusable, self.probed = (0, 0), 0
-        self.evidence = bool(self.queue)
+        if self.queue and not self.evidence:  # the first turn that succeeded alone: the suspects go first
+            self.evidence = True
+            self.queue.sort(key=lambda i: (i not in self._aside, i))
 
     def unusable(self, ids: list[int]) -> Verdict:
         """An unusable reply to the call that carried `ids` (the oldest pending turns)."""
@@ -172,7 +176,9 @@ class Isolation:
         if self.evidence:
             if count < self.limit:
                 return Verdict.RETRY
-            self.queue.pop(0)
+            self._aside.discard(self.queue.pop(0))
+            if not self._aside.intersection(self.queue):
+                self.queue = []  # found: the rest go back to one call (another poison starts anew)
             return Verdict.STALE
         self._unusable = (0, 0)
         self._aside.add(self.queue[0])
