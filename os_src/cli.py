@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -148,8 +149,8 @@ def _install_templates(settings: Settings, directory: Path, source: str) -> int:
 # ---------------------------------------------------------------- memory commands
 
 
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts)) if ts else "never"
+def _when(ts: float | None, seconds: bool = False) -> str:
+    return time.strftime(f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC", time.gmtime(ts)) if ts else "never"
 
 
 def _memory(args: argparse.Namespace, settings: Settings) -> int:
@@ -221,7 +222,11 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
 
 def _status(transcript: Any, memory: Any, files: Any) -> dict[str, Any]:
     from .memory.files import SPECS
+    from .memory.retry import FAILING_KEY, FailureClock
 
+    clock = FailureClock()
+    with contextlib.suppress(ValueError):  # unreadable: the daemon starts a fresh clock too
+        clock.restore(memory.get_meta(FAILING_KEY))  # saved by the daemon after every failed call
     last = memory.recent_batches(1)
     failures = [b for b in memory.recent_batches(50) if b.status == "failed"]
     return {
@@ -232,6 +237,7 @@ def _status(transcript: Any, memory: Any, files: Any) -> dict[str, Any]:
             "id": last[0].id, "at": last[0].created_at, "status": last[0].status, "trigger": last[0].trigger,
             "turns": len(last[0].observation_ids), "learnings": last[0].learnings_added, "error": last[0].error},
         "last_failure": None if not failures else {"at": failures[0].created_at, "error": failures[0].error},
+        "failing": clock.report(),  # what /healthz shows
         "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,
                          "versions": len(files.history(name))} for name, spec in SPECS.items()},
     }
@@ -252,6 +258,10 @@ def _print_status(r: dict[str, Any], root: Any) -> None:
     print(f"  tokens           {t['input_tokens']:,} in, {t['output_tokens']:,} out; cost ${t['cost_usd']:.4f}")
     if f := r["last_failure"]:
         print(f"  last failure     {_when(f['at'])}: {(f['error'] or '')[:160]}")
+    if (failing := r["failing"])["failing_since"] is not None:
+        n = failing["consecutive_failures"]
+        print(f"  failing          since {_when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
+              f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {_when(failing['next_retry_at'], seconds=True)}")
     print(f"  learnings        {t['learnings']}; pending actions {t['pending_actions']}")
     for name, info in r["files"].items():
         print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")

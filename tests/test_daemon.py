@@ -1,6 +1,7 @@
 """The daemon: batches on triggers, backs off while the proxy is down, loses and repeats nothing."""
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +15,7 @@ from sprite_os.dev.harness import wait_for
 from sprite_os.dev.mock_bridge import Fault, RecordedRequest
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.daemon import MemoryDaemon
+from sprite_os.memory.retry import FAILING_KEY, STALE_MIN_FAILURES, UNUSABLE_LIMIT, Backoff, Verdict
 from sprite_os.memory.schema import STALE
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
@@ -65,11 +67,11 @@ async def test_proxy_down_then_up_processes_every_turn_exactly_once(kit: Kit, da
     covered = [i for b in batches if b.status == "done" for i in b.observation_ids]
     assert sorted(covered) == list(range(1, 8))  # each turn in exactly one successful batch
     assert sum(b.status == "failed" for b in batches) == 4
-    assert daemon.health.consecutive_failures == 0 and daemon.health.last_error is not None
+    assert daemon.clock.failures == 0 and daemon.health.last_error is not None
 
 
 async def test_six_hours_of_failure_marks_old_turns_stale(kit: Kit, daemon: MemoryDaemon) -> None:
-    daemon.stale_after = 0.3  # six hours, compressed
+    daemon.clock.stale_after = 0.3  # six hours, compressed
     kit.bridge.faults.add(Fault("status", status=500, target="curator"))
     await kit.turns("old turn")  # timestamps in the test kit are long past
     daemon.trigger("test")
@@ -179,7 +181,7 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
     # A spell that began seven hours ago but counted one failed call (its last just now, so no
     # sleep since): seven hours alone are not six hours of failure.
     spell = json.dumps({"since": time.time() - 7 * 3600, "failures": 1, "last": time.time()})
-    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, spell))
+    await kit.memory.call(lambda m: m.set_meta(FAILING_KEY, spell))
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
     try:
@@ -193,27 +195,27 @@ async def test_stale_needs_six_hours_and_five_failed_calls_and_survives_a_restar
     await d.start()
     try:
         await wait_for(lambda: _count(kit, "stale", 1))
-        assert d.health.consecutive_failures >= daemon_module.STALE_MIN_FAILURES
+        assert d.clock.failures >= STALE_MIN_FAILURES
         kit.bridge.faults.clear()
         await kit.turns("the proxy is back")
         d.trigger("test")
         await wait_for(lambda: _pending(kit, 0))
         await wait_for(lambda: _failing_cleared(kit))  # written after the turns are marked
-        assert d.health.failing_since is None and d.health.consecutive_failures == 0
+        assert d.clock.since is None and d.clock.failures == 0
     finally:
         await d.stop(flush_budget=0)
 
 
 async def _failing_cleared(kit: Kit) -> bool:
-    return await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) == ""
+    return await kit.memory.call(lambda m: m.get_meta(FAILING_KEY)) == ""
 
 
 async def _failures(d: MemoryDaemon, n: int) -> bool:
-    return d.health.consecutive_failures >= n
+    return d.clock.failures >= n
 
 
 async def _saved_failing(kit: Kit) -> dict[str, Any]:
-    return json.loads(await kit.memory.call(lambda m: m.get_meta(daemon_module.FAILING_KEY)) or "{}")
+    return json.loads(await kit.memory.call(lambda m: m.get_meta(FAILING_KEY)) or "{}")
 
 
 async def _saved_failures(kit: Kit, n: int, since: float = 0.0) -> bool:
@@ -232,7 +234,7 @@ async def test_a_gap_since_the_last_failed_call_restarts_the_failing_clock(kit: 
     kit.bridge.faults.add(Fault("status", status=500, target="curator"))
     await kit.turns("old turn")  # timestamps in the test kit are long past
     now = time.time()
-    await kit.memory.call(lambda m: m.set_meta(daemon_module.FAILING_KEY, json.dumps(spell(now))))
+    await kit.memory.call(lambda m: m.set_meta(FAILING_KEY, json.dumps(spell(now))))
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
 
@@ -262,14 +264,14 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
                 "pending": 0, "processed": 6, "stale": 1, "total": 7}
             batches = await kit.memory.call(lambda m: m.recent_batches(100))
             assert sorted(i for b in batches if b.status == "done" for i in b.observation_ids) == [1, 2, 3, 4, 6, 7]
-            # the earlier batch; 2-7 three times, then 2-4, 5-7 three times, 5 three times, 6-7
-            assert len(kit.bridge.curator_requests()) == 12
+            # the earlier batch; 2-7 three times, then one at a time: 2, 3, 4, 5 three times; then 6-7
+            assert len(kit.bridge.curator_requests()) == 11
             await kit.turns("turn 8", "turn 9")  # newer turns are no longer held back
             d.trigger("test")
             await wait_for(lambda: _pending(kit, 0))
             assert await d.settle(10)
             assert await _count(kit, "processed", 8)
-            assert d.status()["degraded"] is False and d.health.failing_since is None
+            assert d.status()["degraded"] is False and d.clock.since is None
         finally:
             await d.stop(flush_budget=0)
     [stale] = [x for x in logs if x["event"] == "observation_marked_stale"]
@@ -279,8 +281,8 @@ async def test_a_turn_whose_replies_are_always_unusable_is_isolated_and_marked_s
 
 @pytest.mark.parametrize("poison", [2, 6])
 async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Kit, poison: int) -> None:
-    """No batch ever succeeded, so nothing says the model can answer: the probe split finds out,
-    whichever half the poison turn is in (the half that fails first is set aside)."""
+    """No batch ever succeeded, so nothing says the model can answer: running the turns one at a
+    time finds out (a turn that succeeds alone is the evidence), wherever the poison turn is."""
     kit.bridge.curator.script(*[refusing(poison)] * 100)
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 1-6: halves 1-3 and 4-6
     d = MemoryDaemon(kit.processor, batch_turns=25)
@@ -296,11 +298,11 @@ async def test_a_poison_turn_is_isolated_on_a_sprite_with_no_success_yet(kit: Ki
 
 
 @pytest.mark.parametrize("last_success_age", [7200, 60])
-async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failures(
+async def test_unusable_replies_to_every_turn_try_each_alone_once_then_are_plain_failures(
         kit: Kit, last_success_age: float) -> None:
     # A misconfigured proxy or model: every call answered, nothing usable. A batch that worked
     # before (even a minute ago: the proxy may have broken since) says nothing about the turns:
-    # one probe split (a poison turn would sit in one half and the other half would succeed),
+    # each turn is tried alone once (a poison turn is one of them, and the others would succeed),
     # then plain failures.
     kit.bridge.curator.script("FACT: long ago")
     await kit.processor.process(await kit.turns("turn 0"), "batch")
@@ -310,44 +312,43 @@ async def test_unusable_replies_for_every_piece_probe_once_then_are_plain_failur
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])  # ids 2-7
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
-    limit = daemon_module.UNUSABLE_LIMIT
+    limit = UNUSABLE_LIMIT
     try:
-        await wait_for(lambda: _requests(kit, 1 + 5 * limit))
+        await wait_for(lambda: _requests(kit, 1 + 2 * limit + 6))
         await wait_for(lambda: _failures(d, limit))
         assert await _count(kit, "stale", 0) and await _pending(kit, 6)
 
         def which(text: str) -> str:
-            return {(True, True): "whole", (True, False): "first", (False, True): "second"}[
-                ("[#2]" in text, "[#7]" in text)]
+            shown = [n for n in range(2, 8) if f"[#{n}]" in text]
+            return "whole" if shown == list(range(2, 8)) else f"#{shown[0]}" if len(shown) == 1 else repr(shown)
 
-        seen = [which(r.last_user_text) for r in kit.bridge.curator_requests()[1:1 + 5 * limit]]
-        # whole, each half (the first set aside while the second is tried), the first again: dropped
-        assert seen == ["whole"] * limit + ["first"] * limit + ["second"] * limit + ["first"] * limit \
-            + ["whole"] * limit
-        # a plain failure: the backoff grows, the six-hour clock runs, and no probe again
-        assert d.health.failing_since is not None and d.health.next_retry_at is not None
-        assert d._parts == [] and d._probed == 6  # no new probe for these six turns
+        seen = [which(r.last_user_text) for r in kit.bridge.curator_requests()[1:1 + 2 * limit + 6]]
+        # whole, each turn alone once (none succeeds, so none is at fault), then whole again
+        assert seen == ["whole"] * limit + [f"#{n}" for n in range(2, 8)] + ["whole"] * limit
+        # a plain failure: the backoff grows, the six-hour clock runs, and no isolation again
+        assert d.clock.since is not None and d.clock.next_retry_at is not None
+        assert d.isolation.queue == [] and d.isolation.probed == 6  # not for these six turns
     finally:
         await d.stop(flush_budget=0)
 
 
-@pytest.mark.parametrize(("poison", "rounds", "probed"), [
-    # One turn, always refused: it can't be split, and nothing says it is at fault, so it is a
-    # plain failure; it does not switch probes off.
-    ((1,), 2, 0),
-    # Two, both refused: the probe split fails in both halves, so no new probe for these two.
-    ((1, 2), 4, 2),
+@pytest.mark.parametrize(("poison", "calls", "probed"), [
+    # One turn, always refused: it can't be told apart from a broken model, so it is a plain
+    # failure, retried whole; that is no failed isolation.
+    ((1,), 2 * UNUSABLE_LIMIT, 0),
+    # Two, both refused: each fails alone, so no new isolation for these two.
+    ((1, 2), UNUSABLE_LIMIT + 2, 2),
 ], ids=["lone", "pair"])
 async def test_poison_turns_wait_for_newer_turns_then_are_isolated(
-        kit: Kit, poison: tuple[int, ...], rounds: int, probed: int) -> None:
-    """Once newer (healthy) turns join the oldest chunk, a probe split sets the poison apart."""
+        kit: Kit, poison: tuple[int, ...], calls: int, probed: int) -> None:
+    """Once newer (healthy) turns join the oldest chunk, one of them succeeds alone: the evidence."""
     kit.bridge.curator.script(*[refusing(*poison)] * 200)
     await kit.turns(*[f"turn {n}" for n in poison])
     d = MemoryDaemon(kit.processor, batch_turns=25)
     await d.start()
 
     async def stalled() -> bool:
-        return await _requests(kit, rounds * daemon_module.UNUSABLE_LIMIT) and d._probed == probed
+        return await _requests(kit, calls) and d.isolation.probed == probed and not d.isolation.queue
 
     try:
         await wait_for(stalled, timeout=30)
@@ -361,16 +362,17 @@ async def test_poison_turns_wait_for_newer_turns_then_are_isolated(
         await d.stop(flush_budget=0)
 
 
-async def test_a_waiter_is_not_told_curated_while_an_older_piece_is_set_aside(kit: Kit) -> None:
+async def test_a_waiter_is_not_told_curated_while_an_older_turn_is_set_aside(kit: Kit) -> None:
     kit.bridge.curator.script(*[refusing(1)] * 10)
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])
     d = MemoryDaemon(kit.processor, batch_turns=25)  # not started: _drain is driven by hand
-    d._parts, d._set_aside, d._isolating_since = [[4, 5, 6], [1, 2, 3]], {1}, time.time()
+    verdicts = [d.isolation.unusable([1, 2, 3, 4, 5, 6]) for _ in range(UNUSABLE_LIMIT)] + [d.isolation.unusable([1])]
+    assert verdicts[-2:] == [Verdict.ISOLATE, Verdict.SET_ASIDE]  # turn 1 failed alone: it goes last
     waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    d._waiters.append((6, waiter))  # a flush that wants every turn up to #6 curated
-    ok, _ = await d._drain("test")  # 4-6 succeed, then 1-3 get an unusable reply
-    assert not ok and await _count(kit, "processed", 3)
-    assert not waiter.done()  # turns 1-3 are not curated yet
+    d._waiters.append((2, waiter))  # a flush that wants every turn up to #2 curated
+    ok, _ = await d._drain("test")  # 2 succeeds alone (the evidence), then 1 gets an unusable reply
+    assert not ok and [o.id for o in await kit.processor.pending(10)] == [1, 3, 4, 5, 6]
+    assert not waiter.done()  # turn 2 is curated, but turn 1 is not yet
 
 
 def refusing(*poison: int) -> Callable[[RecordedRequest], str]:
@@ -399,3 +401,92 @@ async def test_a_proxy_returning_500_never_splits_or_marks_stale_before_six_hour
     assert sum(b.status == "failed" for b in batches) == 6
     assert all(b.observation_ids == [1, 2, 3, 4, 5, 6] for b in batches)  # retried whole, never split
     assert all("[#1]" in r.last_user_text and "[#6]" in r.last_user_text for r in kit.bridge.curator_requests())
+
+
+# ---------------------------------------------------------------- honest failure accounting (issue 12)
+
+
+async def test_a_200_with_a_cut_off_body_is_a_failed_call_counted_saved_and_retried_on_schedule(
+        kit: Kit, daemon: MemoryDaemon) -> None:
+    assert await daemon.settle(10)
+    kit.bridge.faults.add(Fault("malformed", target="curator"))  # HTTP 200, half a JSON body
+    await kit.turns("hello")
+    daemon.trigger("test")
+    await wait_for(lambda: _saved_failures(kit, 3))  # each call counted, and the clock saved
+    saved = await _saved_failing(kit)
+    assert saved["next_retry_at"] - saved["last"] <= daemon.backoff.max
+    assert "JSONDecodeError" in (daemon.health.last_error or "")
+    kit.bridge.faults.clear()
+    await wait_for(lambda: _pending(kit, 0))
+    await wait_for(lambda: _failing_cleared(kit))
+    requests = kit.bridge.curator_requests()
+    batches = await kit.memory.call(lambda m: m.recent_batches(100))
+    assert sum(b.status == "failed" for b in batches) == len(requests) - 1  # every failed call is in the books
+    # On schedule: each wait at least the backoff's lower bound (jitter takes at most 20 % off).
+    waits = [b.time - a.time for a, b in itertools.pairwise(requests)]
+    floors = [0.8 * min(daemon.backoff.max, daemon.backoff.first * 2 ** n) for n in range(len(waits))]
+    assert all(w >= f for w, f in zip(waits, floors, strict=True)), (waits, floors)
+
+
+async def test_triggers_during_backoff_cause_no_early_call(kit: Kit, daemon: MemoryDaemon) -> None:
+    assert await daemon.settle(10)
+    daemon.backoff = Backoff(first=2.0, max=2.0, jitter=0.0)
+    kit.bridge.faults.add(Fault("status", status=500, target="curator", times=1))
+    await kit.turns("one")
+    daemon.trigger("session-end")
+    await wait_for(lambda: _failures(daemon, 1))
+    announced = daemon.clock.next_retry_at
+    assert announced is not None and daemon.status()["next_retry_at"] == announced
+    for n in range(2, 8):  # turns, batch triggers, a session's end, all during the backoff
+        await kit.turns(f"turn {n}")
+        daemon.note_turn()
+    daemon.trigger("session-end")
+    started = time.monotonic()
+    assert await daemon.flush("precompact", budget=0.5) is False  # the retry comes after its budget...
+    assert await daemon.settle(0.5) is False
+    assert time.monotonic() - started < 0.5  # ...so neither waits for it
+    assert len(kit.bridge.curator_requests()) == 1
+    assert await daemon.flush("precompact", budget=10) is True  # this one waits for the retry
+    first, second, *rest = kit.bridge.curator_requests()
+    assert second.time >= announced and second.time - first.time <= 2.0 + 1.0
+    assert len(rest) == 2  # seven turns in batches of three: the retry, then the rest at once
+    assert await _pending(kit, 0) and daemon.clock.failures == 0
+
+
+async def test_any_error_of_a_run_counts_as_a_failed_call(kit: Kit, daemon: MemoryDaemon,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    assert await daemon.settle(10)
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(kit.processor, "process", broken)
+    await kit.turns("one")
+    daemon.trigger("test")
+    await wait_for(lambda: _saved_failures(kit, 2))
+    assert "a bug" in (daemon.health.last_error or "") and daemon.status()["next_retry_at"] is not None
+    monkeypatch.undo()
+    await wait_for(lambda: _pending(kit, 0))
+    await wait_for(lambda: _failing_cleared(kit))
+
+
+async def test_memory_status_shows_what_healthz_shows_about_failing(
+        kit: Kit, daemon: MemoryDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.cli import main
+
+    kit.bridge.faults.add(Fault("status", status=500, target="curator"))
+    await kit.turns("one")
+    daemon.trigger("test")
+    await wait_for(lambda: _saved_failures(kit, 3))
+    await daemon.stop(flush_budget=0)  # holds still while the two are compared
+    health = daemon.status()
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["--workspace", str(tmp_path), "memory", "status", "--json"]) == 0
+    failing = json.loads(capsys.readouterr().out)["failing"]
+    assert failing == {k: health[k] for k in ("consecutive_failures", "failing_since", "next_retry_at", "degraded")}
+    assert failing["consecutive_failures"] >= 3 and failing["degraded"] is True
+    assert await asyncio.to_thread(main, ["--workspace", str(tmp_path), "memory", "status"]) == 0
+    text = capsys.readouterr().out
+    n = failing["consecutive_failures"]
+    assert f"failing          since {time.strftime('%Y-%m-%d', time.gmtime(failing['failing_since']))}" in text
+    assert f"{n} failed calls in a row (degraded); next retry " in text

@@ -162,6 +162,22 @@ async def test_proxy_errors_are_curator_errors_and_recorded(kit: Kit) -> None:
     assert await kit.transcript.call(lambda t: t.counts()["pending"]) == 1
 
 
+@pytest.mark.parametrize("fault", [
+    Fault("malformed", target="curator", times=1),  # a 200 whose JSON body is cut off
+    Fault("cut", target="curator", times=1),  # the connection closed in the middle of the body
+], ids=["200-cut-off-body", "connection-cut"])
+async def test_a_broken_reply_body_is_a_curator_error_and_recorded(kit: Kit, fault: Fault) -> None:
+    obs = await kit.turns("hi")
+    kit.bridge.faults.add(fault)
+    with pytest.raises(CuratorError) as raised:
+        await kit.processor.process(obs, "batch")
+    assert not isinstance(raised.value, UnusableReply)  # transport: the daemon retries the same batch
+    assert [r.faults for r in kit.bridge.curator_requests()] == [[fault.kind]]
+    [failed] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert failed.status == "failed" and failed.observation_ids == [o.id for o in obs]
+    assert await kit.memory.call(lambda m: m.totals()["failed_batches"]) == 1  # `memory status` counts it
+
+
 async def test_recover_finishes_a_batch_a_crash_interrupted(kit: Kit) -> None:
     obs = await kit.turns("my cat is Miso")
     ids = [o.id for o in obs]

@@ -76,15 +76,17 @@ class CuratorClient:
         )
 
     async def complete(self, messages: list[dict[str, Any]]) -> Completion:
+        """One call. Whatever goes wrong with it (an HTTP error, a dropped connection, a 200 whose
+        body is cut off or not what the API returns) is a CuratorError, so the daemon counts it."""
         try:
             response = await self._client.messages.create(
                 model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
             )
-        except anthropic.APIError as exc:
+            text = "".join(getattr(block, "text", "") for block in response.content)
+            return Completion(text, response.usage.input_tokens, response.usage.output_tokens,
+                              truncated=response.stop_reason == "max_tokens")
+        except Exception as exc:  # not only anthropic.APIError: a cut-off body raises JSONDecodeError
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
-        text = "".join(getattr(block, "text", "") for block in response.content)
-        return Completion(text, response.usage.input_tokens, response.usage.output_tokens,
-                          truncated=response.stop_reason == "max_tokens")
 
     async def close(self) -> None:
         await self._client.close()
