@@ -3,7 +3,8 @@
 
 Writes dist/sprite-os-<VERSION>.tar.gz (and a .sha256 beside it) holding, at the top:
 VERSION (first, so a deploy reads it without unpacking the rest), requirements.lock,
-bootstrap/ (deploy.py and the memory-file templates) and src/ (os_src without caches).
+bootstrap/ (deploy.py and the memory-file templates: those the checkout's own
+os_src/deploy_contract.py names) and src/ (os_src without caches).
 The tarball is reproducible: same checkout, same bytes (set SOURCE_DATE_EPOCH to stamp
 its files with a date; the default is 1980-01-01). Stdlib only.
 """

@@ -21,6 +21,10 @@ Layout it maintains (W = workspace, V = version, H = sha256(requirements.lock)[:
 `current` only ever points at a complete release whose venv is complete, so a
 deploy that fails or is killed at any step leaves the previous version starting
 and serving. A deploy of the version already current returns at once.
+
+It holds no copy of what the product defines: the memory files (template names), the user-space
+folders, the token rule and the atomic write come from the release it installs, from that
+release's stdlib-only src/deploy_contract.py (see load_contract).
 """
 
 from __future__ import annotations
@@ -38,14 +42,13 @@ import subprocess
 import sys
 import tarfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
-TEMPLATES = ("soul.md", "os.md", "tools.md", "files.md", "user.md", "context.md")
-DEPLOY_MANAGED = ("soul.md", "os.md")  # rewritten by every deploy; the others only created
-USER_SPACE_DIRS = ("documents", "ocr", "extractions", "artifacts")
-MIN_TOKEN_LENGTH = 16
+CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
+CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "token_problem", "atomic_write")  # what this script uses
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 
@@ -161,27 +164,45 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    fsync_dir(path.parent)
-
-
 def remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
         shutil.rmtree(path)
+
+
+# ---------------------------------------------------------------- the release's facts
+
+
+def load_contract(src: Path) -> types.ModuleType:
+    """The deploy_contract module of the release whose package is `src`, loaded by its path.
+
+    Its source is compiled in memory, so loading writes nothing (no __pycache__) into a release
+    or a checkout. It imports only the standard library, so the system python3 can run it."""
+    path = src / CONTRACT
+    try:
+        code = compile(path.read_bytes(), str(path), "exec")
+    except OSError as exc:
+        raise DeployError(f"cannot read {path} ({exc.strerror}): not a Sprite OS release, or one older than "
+                          "this deploy.py (an older release is deployed by its own bootstrap/deploy.py)") from None
+    except (SyntaxError, ValueError) as exc:
+        raise DeployError(f"cannot load {path}: {exc}") from None
+    module = types.ModuleType(f"sprite_os_contract_{hashlib.sha256(bytes(path)).hexdigest()[:12]}")
+    module.__file__ = str(path)
+    sys.modules[module.__name__] = module  # dataclasses look up the module of the class they make
+    try:
+        exec(code, module.__dict__)
+    except Exception as exc:  # whatever a broken release raises, one line
+        raise DeployError(f"cannot load {path}: {type(exc).__name__}: {exc}") from None
+    missing = [name for name in CONTRACT_NAMES if not hasattr(module, name)]
+    if missing:
+        raise DeployError(f"{path} has no {', '.join(missing)}: deploy that release with its own bootstrap/deploy.py")
+    return module
+
+
+def template_names(contract: types.ModuleType) -> list[str]:
+    """bootstrap/templates/<name> of each memory file, as the release defines them."""
+    return [f"bootstrap/templates/{name}" for name in contract.MEMORY_FILES]
 
 
 # ---------------------------------------------------------------- release sources
@@ -191,12 +212,13 @@ def release_entries(checkout: Path) -> list[tuple[str, Path]]:
     """(name in the release, file in a checkout) of every file a release holds, VERSION first.
 
     Shared with build_release.py, so a tarball and a --from-checkout deploy hold the same files.
+    The templates are those the checkout's own deploy_contract names.
     """
+    src = checkout / "os_src"
     entries = [("VERSION", checkout / "VERSION"),
                ("requirements.lock", checkout / "bootstrap" / "requirements.lock"),
                ("bootstrap/deploy.py", checkout / "bootstrap" / "deploy.py")]
-    entries += [(f"bootstrap/templates/{name}", checkout / "bootstrap" / "templates" / name) for name in TEMPLATES]
-    src = checkout / "os_src"
+    entries += [(name, checkout / name) for name in template_names(load_contract(src))]
     for folder, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_NAMES)
         for name in sorted(files):
@@ -287,24 +309,27 @@ def lock_hash(lock: bytes) -> str:
     return hashlib.sha256(lock).hexdigest()[:16]
 
 
-def stage_release(p: Paths, source: Checkout | Tarball, version: str, force: bool) -> Path:
+def stage_release(p: Paths, source: Checkout | Tarball, version: str,
+                  force: bool) -> tuple[Path, types.ModuleType]:
+    """releases/<version>, complete, and the facts it defines (its deploy_contract, loaded from
+    the staged copy: what a tarball holds is only known, and checked, once it is unpacked)."""
     final = p.releases / version
     if final.is_dir() and (final / ".complete").is_file() and not force:
-        return final
+        return final, load_contract(final / "src")
     partial = p.releases / f"{version}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
     source.stage(partial)
     got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
     if got != version:
         raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
-    for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock",
-                   *(f"bootstrap/templates/{t}" for t in TEMPLATES)):
+    contract = load_contract(partial / "src")
+    for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock", *template_names(contract)):
         if not (partial / needed).is_file():
             raise DeployError(f"release {version} is incomplete: no {needed}")
     (partial / "lib").mkdir()
     os.symlink("../src", partial / "lib" / "sprite_os")
     os.symlink(f"../../venvs/{lock_hash((partial / 'requirements.lock').read_bytes())}", partial / "venv")
-    write_atomic(partial / ".complete", f"{version}\n".encode(), 0o644)
+    contract.atomic_write(partial / ".complete", f"{version}\n".encode(), 0o644)
     if final.exists() or final.is_symlink():
         if release_name(p.current) == version:
             # Re-staging the live release (--force): point `current` at the staged copy while the
@@ -313,11 +338,11 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str, force: boo
             remove(final)
             os.rename(partial, final)
             point(p.current, f"releases/{version}")
-            return final
+            return final, contract
         remove(final)
     os.rename(partial, final)
     fsync_dir(p.releases)
-    return final
+    return final, contract
 
 
 def python_version_of_venv(venv: Path) -> str | None:
@@ -370,14 +395,14 @@ def venv_usable(venv: Path, want: str) -> bool:
             and python_version_of_venv(venv) == want)
 
 
-def ensure_venv(p: Paths, release: Path, wheelhouse: Path | None, cache: Path | None,
+def ensure_venv(p: Paths, release: Path, contract: types.ModuleType, wheelhouse: Path | None, cache: Path | None,
                 link: bool = False) -> tuple[str, str]:
     """Make `venvs/<H>` complete and usable. Returns (H, how): reused, copied, linked or built."""
     h = Path(os.readlink(release / "venv")).name
     venv = p.venvs / h
     want = deploying_python()
     if venv_usable(venv, want):
-        write_pth(venv, p)
+        write_pth(venv, p, contract)
         return h, "reused"
     p.venvs.mkdir(parents=True, exist_ok=True)
     for stale in (*p.venvs.glob(f"{h}.partial-*"), *p.venvs.glob(f"{h}.old-*")):
@@ -400,8 +425,8 @@ def ensure_venv(p: Paths, release: Path, wheelhouse: Path | None, cache: Path | 
         if cached:
             out.log(f"venv cache {cached} is not a complete python {want} venv; building")
         how = build_venv(release, dest, wheelhouse)
-    write_pth(dest, p)
-    write_atomic(dest / ".complete", f"{how}\n".encode(), 0o644)
+    write_pth(dest, p, contract)
+    contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
     if dest != venv:
         swap_in(dest, venv)
     return h, how
@@ -446,11 +471,11 @@ def swap_in(new: Path, venv: Path) -> None:
         remove(old)
 
 
-def write_pth(venv: Path, p: Paths) -> None:
+def write_pth(venv: Path, p: Paths, contract: types.ModuleType) -> None:
     pth = site_packages(venv) / "sprite_os.pth"
     data = f"{p.lib}\n".encode()
     if not pth.is_file() or pth.read_bytes() != data:
-        write_atomic(pth, data, 0o644)
+        contract.atomic_write(pth, data, 0o644)
 
 
 def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str, echo: tuple[str, ...]) -> None:
@@ -510,7 +535,7 @@ def wrapper_script(p: Paths) -> bytes:
     ).encode()
 
 
-def ensure_links(p: Paths) -> None:
+def ensure_links(p: Paths, contract: types.ModuleType) -> None:
     ensure_link(p, p.src, "current/src")
     ensure_link(p, p.venv, "current/venv")
     ensure_link(p, p.version, "current/VERSION")
@@ -518,25 +543,23 @@ def ensure_links(p: Paths) -> None:
     p.bin.mkdir(exist_ok=True)
     data = wrapper_script(p)
     if not p.command.is_file() or p.command.read_bytes() != data:
-        write_atomic(p.command, data, 0o755)
+        contract.atomic_write(p.command, data, 0o755)
 
 
-def install_token(p: Paths, source: Path) -> bool:
-    """Install Bridge's token as .os/token (0600). Returns whether it changed."""
+def install_token(p: Paths, source: Path, contract: types.ModuleType) -> bool:
+    """Install Bridge's token as .os/token (0600), if the release's rule allows it. Returns whether it changed."""
     try:
         token = source.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise DeployError(f"cannot read token file {source}: {exc}") from None
-    if len(token) < MIN_TOKEN_LENGTH or not (token.isascii() and token.isprintable()) or " " in token:
-        raise DeployError(f"token in {source} must be at least {MIN_TOKEN_LENGTH} printable ASCII "
-                          "characters without spaces")
+    if problem := contract.token_problem(token):
+        raise DeployError(f"token in {source} {problem}")
     try:
         same = p.token.read_text().strip() == token and p.token.stat().st_mode & 0o077 == 0
     except OSError:
         same = False
     if not same:
-        p.os.mkdir(parents=True, exist_ok=True)
-        write_atomic(p.token, (token + "\n").encode(), 0o600)
+        contract.atomic_write(p.token, (token + "\n").encode(), 0o600)
     return not same
 
 
@@ -626,7 +649,10 @@ def prepare(p: Paths) -> None:
     for path in (p.os, p.releases, p.venvs, p.memory, p.state, p.logs, p.backup):
         path.mkdir(parents=True, exist_ok=True)
     os.chmod(p.os, 0o700)
-    for name in USER_SPACE_DIRS:
+
+
+def make_user_space(p: Paths, contract: types.ModuleType) -> None:
+    for name in contract.USER_SPACE_DIRS:
         (p.root / name).mkdir(exist_ok=True)
 
 
@@ -637,15 +663,8 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
     started = time.monotonic()
     source: Checkout | Tarball = Tarball(Path(args.release)) if args.release else Checkout(Path(args.from_checkout))
     version = source.version()
-    token_changed = install_token(p, Path(args.token_file)) if args.token_file else False
     if not args.force and already_at(p, version):
-        out.say(f"deploy: already at {version}")
-        if token_changed:
-            out.say("deploy: token installed")
-            if server_pid(p) is not None and not args.no_restart:
-                with deploy_lock(p):
-                    restart_service(p)
-        return 0
+        return stay_at(args, p, version)
     prepare(p)
     out.open_log(p.logs / "deploy.log")
     with deploy_lock(p):
@@ -653,10 +672,14 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         if previous and ".partial-" in previous:  # a --force re-stage was killed half-way
             previous = previous.split(".partial-")[0]
         step("stage", version, previous=previous or "none")
-        release = stage_release(p, source, version, args.force)
+        release, contract = stage_release(p, source, version, args.force)
+        # Judged by the staged release's rule, as its server will judge it: so after staging, not before.
+        if args.token_file:
+            install_token(p, Path(args.token_file), contract)
+        make_user_space(p, contract)
 
         step("venv", version)
-        venv_hash, how = ensure_venv(p, release, Path(args.wheelhouse) if args.wheelhouse else None,
+        venv_hash, how = ensure_venv(p, release, contract, Path(args.wheelhouse) if args.wheelhouse else None,
                                      Path(args.venv_cache) if args.venv_cache else None, args.venv_cache_links)
         out.say(f"deploy: venv={venv_hash} {how}")
 
@@ -674,7 +697,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         point(p.current, f"releases/{version}")
 
         step("links", version)
-        ensure_links(p)
+        ensure_links(p, contract)
 
         pid = server_pid(p)
         if pid is None or args.no_restart:
@@ -702,6 +725,20 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
     return 0
 
 
+def stay_at(args: argparse.Namespace, p: Paths, version: str) -> int:
+    """`version` is current and complete: nothing to do but install a new token, and restart a
+    running server for it. The token is judged by the rule of that release, which is staged and
+    serving; the source (a tarball) is not opened."""
+    changed = bool(args.token_file) and install_token(p, Path(args.token_file), load_contract(p.current / "src"))
+    out.say(f"deploy: already at {version}")
+    if changed:
+        out.say("deploy: token installed")
+        if server_pid(p) is not None and not args.no_restart:
+            with deploy_lock(p):
+                restart_service(p)
+    return 0
+
+
 def rollback(args: argparse.Namespace, p: Paths) -> int:
     if not p.current.is_symlink():
         raise DeployError(f"nothing is deployed in {p.root}")
@@ -710,12 +747,15 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
         current, previous = release_name(p.current), release_name(p.previous)
         if not previous or previous == current or not is_complete_release(p.releases / previous):
             raise DeployError(f"no previous release to roll back to in {p.releases}")
+        # The facts of the release rolled back from: its deploy.py is the one to run (docs/deploy.md),
+        # so script and facts match. Loaded before anything changes; only the atomic write is used.
+        contract = load_contract(p.current / "src")
         out.say(f"deploy: rollback from={current} to={previous}")
         os.sync()
         if current:
             point(p.previous, f"releases/{current}")
         point(p.current, f"releases/{previous}")
-        ensure_links(p)
+        ensure_links(p, contract)
         restore_templates(p, previous)
         if server_pid(p) is not None and not args.no_restart:
             restart_service(p)

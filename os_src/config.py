@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
-MIN_TOKEN_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,8 @@ def _validated(s: Settings) -> Settings:
             raise ConfigError(
                 f"ANTHROPIC_BASE_URL must be an http(s) URL, got {s.anthropic_base_url!r}"
             )
-    if s.token is not None:
-        if len(s.token) < MIN_TOKEN_LENGTH:
-            raise ConfigError(f"SPRITE_OS_TOKEN must be at least {MIN_TOKEN_LENGTH} characters")
-        if not (s.token.isascii() and s.token.isprintable()) or " " in s.token:
-            raise ConfigError("SPRITE_OS_TOKEN must be printable ASCII without spaces")
+    if s.token is not None and (problem := token_problem(s.token)):
+        raise ConfigError(f"SPRITE_OS_TOKEN {problem}")
     if s.workspace.exists() and not s.workspace.is_dir():
         raise ConfigError(f"SPRITE_WORKSPACE is not a directory: {s.workspace}")
     return s

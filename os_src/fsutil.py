@@ -3,37 +3,12 @@ and the advisory lock that gives a workspace's memory exactly one writer."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from .deploy_contract import atomic_write as atomic_write  # shared with bootstrap/deploy.py
 from .errors import LockHeld
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
 
 
 class WriterLock:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-USER_SPACE_DIRS = ("documents", "ocr", "extractions", "artifacts")
+from .deploy_contract import USER_SPACE_DIRS
 
 
 @dataclass(frozen=True)

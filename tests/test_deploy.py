@@ -3,6 +3,7 @@ deploys, rollback, v1 migration on deploy, and a real turn through a deployed se
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import fcntl
 import hashlib
@@ -472,6 +473,102 @@ def test_deploy_script_is_stdlib_only() -> None:
     for line in source.splitlines():
         if line.startswith(("import ", "from ")) and not line.startswith("from __future__"):
             assert line.split()[1].split(".")[0] in stdlib, line
+
+
+def test_the_deploy_contract_is_stdlib_only_and_the_product_imports_it() -> None:
+    """os_src/deploy_contract.py is what deploy.py loads by path from a release, with the system
+    python: it may import the standard library only, and nothing relative."""
+    contract = REPO / "os_src" / "deploy_contract.py"
+    stdlib = set(sys.stdlib_module_names)
+    for node in ast.walk(ast.parse(contract.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module and node.module.split(".")[0] in stdlib, ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            assert all(alias.name.split(".")[0] in stdlib for alias in node.names), ast.unparse(node)
+    # Loaded as a deploy loads it (python3 -I -S): it works, and brings in standard modules only.
+    probe = f"""
+import json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, {str(REPO / "bootstrap")!r})
+import deploy
+before = set(sys.modules)
+c = deploy.load_contract(Path({str(REPO / "os_src")!r}))
+target = Path(tempfile.mkdtemp()) / "f"
+c.atomic_write(target, b"x", 0o640)
+print(json.dumps({{"new": sorted(set(sys.modules) - before - {{c.__name__}}), "dirs": c.USER_SPACE_DIRS,
+                  "files": list(c.MEMORY_FILES), "short": c.token_problem("x" * 15), "ok": c.token_problem("x" * 16),
+                  "written": [target.read_text(), oct(target.stat().st_mode & 0o777)]}}))
+"""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout)
+    assert [name for name in got["new"] if name.split(".")[0] not in stdlib] == []
+    assert got["dirs"] == ["documents", "ocr", "extractions", "artifacts"]
+    assert got["files"] == ["soul.md", "os.md", "tools.md", "files.md", "user.md", "context.md"]
+    assert got["short"] == "must be at least 16 characters" and got["ok"] is None
+    assert got["written"] == ["x", "0o640"]
+    # The product imports the same facts the normal way: one definition, no copy.
+    from sprite_os import config, deploy_contract, fsutil, paths
+    from sprite_os.memory import files
+    assert fsutil.atomic_write is deploy_contract.atomic_write
+    assert paths.USER_SPACE_DIRS is deploy_contract.USER_SPACE_DIRS
+    assert files.SPECS is deploy_contract.MEMORY_FILES
+    assert config.token_problem is deploy_contract.token_problem
+    assert config.MIN_TOKEN_LENGTH == deploy_contract.MIN_TOKEN_LENGTH
+
+
+def edited(path: Path, *changes: tuple[str, str]) -> None:
+    text = path.read_text()
+    for old, new in changes:
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+
+
+def test_a_release_is_deployed_with_its_own_facts(venv: VenvCache, tmp_path: Path) -> None:
+    """deploy.py holds no copy of the product's facts: this checkout's deploy.py deploys a release
+    whose deploy_contract says otherwise (a renamed user folder, a longer token, a seventh memory
+    file, an atomic write that keeps a log) with THAT release's facts, built, staged and no-op."""
+    new = make_checkout(tmp_path, "9.6.0")
+    edited(new / "os_src" / "deploy_contract.py",
+           ('"extractions", "artifacts")', '"extractions", "outputs")'),
+           ("MIN_TOKEN_LENGTH = 16", "MIN_TOKEN_LENGTH = 40"),
+           ('        FileSpec("context.md",',
+            '        FileSpec("notes.md", "daemon", 50, "Notes", "Nothing recorded yet."),\n        FileSpec("context.md",'),
+           ("\ndef atomic_write(", "\ndef _atomic_write("))
+    with (new / "os_src" / "deploy_contract.py").open("a") as f:
+        f.write("\n\ndef atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:\n"
+                "    with open(os.environ['RELEASE_WRITES'], 'a') as log:\n"
+                "        log.write(f'{path}\\n')\n"
+                "    _atomic_write(path, data, mode)\n")
+    (new / "bootstrap" / "templates" / "notes.md").write_text("# Notes\n")
+    writes = tmp_path / "writes.log"
+    env = base_env(RELEASE_WRITES=str(writes))
+    long_token, longer_token = tmp_path / "long-token", tmp_path / "longer-token"
+    long_token.write_text("L" * 40 + "\n")
+    longer_token.write_text("M" * 48 + "\n")
+
+    tarball = load_script("build_release").build(new, tmp_path / "dist")  # this checkout's build_release.py
+    with tarfile.open(tarball) as tf:
+        assert "bootstrap/templates/notes.md" in tf.getnames()
+    ws = tmp_path / "ws"
+    refused = run_deploy(ws, "--release", str(tarball), "--token-file", str(token_file(tmp_path)), env=env)
+    assert refused.returncode == 1 and "must be at least 40 characters" in refused.stderr, refused.stderr
+    deploy_ok(ws, venv, "--release", str(tarball), "--token-file", str(long_token), env=env)
+    assert (ws / "outputs").is_dir() and not (ws / "artifacts").exists()
+    assert (ws / ".os" / "memory" / "notes.md").read_text() == "# Notes\n"
+    assert (ws / ".os" / "token").read_text() == long_token.read_text()
+    written = {Path(line).name for line in writes.read_text().splitlines()}
+    assert {".complete", "sprite_os.pth", "sprite-os", "token"} <= written, written
+    # The no-op path judges a token by the current release's rule too.
+    refused = run_deploy(ws, "--release", str(tarball), "--token-file", str(token_file(tmp_path)), env=env)
+    assert refused.returncode == 1 and "must be at least 40 characters" in refused.stderr, refused.stderr
+    done = run_deploy(ws, "--release", str(tarball), "--token-file", str(longer_token), env=env)
+    assert done.stdout == "deploy: already at 9.6.0\ndeploy: token installed\n", done.stdout + done.stderr
+    assert (ws / ".os" / "token").read_text() == longer_token.read_text()
+    # A release without a template its own facts name is not a release.
+    (new / "bootstrap" / "templates" / "notes.md").unlink()
+    done = run_deploy(tmp_path / "ws2", "--from-checkout", str(new), env=env)
+    assert done.returncode == 1 and "notes.md" in done.stderr and "missing" in done.stderr, done.stderr
 
 
 def test_lock_pins_the_runtime_dependencies() -> None:

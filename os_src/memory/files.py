@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from ..deploy_contract import MEMORY_FILES, FileSpec
 from ..errors import FileChanged
 from ..fsutil import atomic_write
 from ..paths import Layout
@@ -26,26 +26,7 @@ from ..paths import Layout
 MAX_FILE_BYTES = 24_000  # a cap beside the line limit, so one very long line can't flood the prompt
 
 
-@dataclass(frozen=True)
-class FileSpec:
-    name: str
-    owner: Literal["deploy", "daemon"]
-    max_lines: int
-    title: str  # how the boot prompt introduces it
-    empty: str  # what the prompt shows when the file is missing or empty
-
-
-SPECS: dict[str, FileSpec] = {
-    spec.name: spec
-    for spec in (
-        FileSpec("soul.md", "deploy", 200, "Who you are", "You are a helpful, careful assistant."),
-        FileSpec("os.md", "deploy", 200, "How this system works", "No system rules were deployed."),
-        FileSpec("tools.md", "daemon", 150, "What you have learned to do", "Nothing recorded yet."),
-        FileSpec("files.md", "daemon", 200, "What is in the user's files", "Nothing recorded yet."),
-        FileSpec("user.md", "daemon", 200, "Who you are working with", "Nothing recorded yet."),
-        FileSpec("context.md", "daemon", 200, "What is going on now", "Nothing recorded yet."),
-    )
-}
+SPECS: dict[str, FileSpec] = MEMORY_FILES  # names, owners, limits: shared with bootstrap/deploy.py
 BOOT_ORDER = tuple(SPECS)
 CURATED = tuple(name for name, spec in SPECS.items() if spec.owner == "daemon")
 
