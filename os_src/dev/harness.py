@@ -33,7 +33,7 @@ def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
 
 @asynccontextmanager
 async def running(settings: Settings, *, memory: bool = True) -> AsyncIterator[SpriteOS]:
-    from sprite_os.server import SpriteOS
+    from ..server import SpriteOS
 
     app = SpriteOS(settings, TOKEN, memory=memory)
     await app.start()
@@ -61,7 +61,7 @@ class Client:
         if self._read < len(self.frames):
             self._read += 1
             return self.frames[self._read - 1]
-        frame = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        frame: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
         self.frames.append(frame)
         self._read += 1
         return frame

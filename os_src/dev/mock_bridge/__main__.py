@@ -1,4 +1,5 @@
-"""Run the mock Bridge standalone (demo model only): `python -m sprite_os.dev.mock_bridge --port 8766`."""
+"""Run the mock Bridge standalone (the demo model and the demo curator):
+`python -m sprite_os.dev.mock_bridge --port 8766`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .server import MockBridge
 
 
 async def _serve(host: str, port: int) -> None:
-    bridge = MockBridge(host, port)
+    bridge = MockBridge(host, port, demo_curator=True)
     await bridge.start()
     print(f"mock bridge listening on {bridge.url}", flush=True)
     stop = asyncio.Event()

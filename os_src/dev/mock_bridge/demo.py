@@ -1,7 +1,11 @@
-"""The demo model: what the agent answers when no Turn is scripted (`make run` relies on it).
+"""The demo model: what the agent answers when no Turn is scripted (`sprite-os dev` relies on it).
 
 - `card: <title>` -> calls mcp__canvas__create_card, then confirms.
 - `search: <query>` -> calls mcp__memory__search_memory, then summarises the result.
+- a question about the person ("What is my name?", "Where do I live?", "What do you know
+  about me?"; see `phrases`) -> answered from user.md in its system prompt, the memory a
+  session boots with; when that doesn't say, from search_memory.
+- `what do you remember about <x>` -> calls search_memory, then summarises the result.
 - anything else -> `You said: <prompt>`.
 """
 
@@ -9,10 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .script import AgentScript, Continuation, Plan, Reply, Text, ToolCall, tool_result_text
+from .phrases import AboutMe, AboutTopic, Question, Recall, answer, question, topic_of
+from .profile import Profile
+from .request import tool_result_text
+from .script import AgentScript, Continuation, Plan, Reply, Text, ToolCall
 
 CREATE_CARD = "mcp__canvas__create_card"
 SEARCH_MEMORY = "mcp__memory__search_memory"
+UNKNOWN = "I don't know that yet: nothing in my memory says. Tell me, and I'll know it from your next session on."
 
 
 def _failed(results: list[dict[str, Any]]) -> str | None:
@@ -22,7 +30,7 @@ def _failed(results: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def respond(agent: AgentScript, prompt: str, tools: list[str]) -> Plan:
+def respond(agent: AgentScript, prompt: str, tools: list[str], system: str) -> Plan:
     text = prompt.strip()
     lowered = text.lower()
     if lowered.startswith("card:"):
@@ -40,21 +48,43 @@ def respond(agent: AgentScript, prompt: str, tools: list[str]) -> Plan:
         return _call_tool(agent, call, tools, after_card)
     if lowered.startswith("search:"):
         query = text[len("search:") :].strip()
-
-        def after_search(results: list[dict[str, Any]]) -> Reply:
-            error = _failed(results)
-            if error is not None:
-                return Reply([Text(f"The tool {SEARCH_MEMORY} failed: {error[:200]}")])
-            found = "\n".join(tool_result_text(r) for r in results).strip()
-            return Reply(
-                [Text(f'Memory search for "{query}" returned: {found[:500] or "(nothing)"}')]
-            )
-
-        return _call_tool(agent, ToolCall(SEARCH_MEMORY, {"query": query}), tools, after_search)
+        return _search(agent, query, tools, f'Memory search for "{query}" returned:')
+    if (asked := question(text)) is not None:
+        return _answer(agent, asked, Profile.from_boot_prompt(system), tools)
     return Plan(Reply([Text(f"You said: {text}")]))
+
+
+def _answer(agent: AgentScript, asked: Question, profile: Profile, tools: list[str]) -> Plan:
+    match asked:
+        case AboutMe():
+            known = [answer(topic_of(key), key, [value]) for key, value in profile.items()]
+            return _say("What I know about you: " + " ".join(known) if known else UNKNOWN)
+        case AboutTopic(topic=topic, key=key):
+            if values := profile.values(key):
+                return _say(answer(topic, key, values))
+            if SEARCH_MEMORY not in tools:
+                return _say(UNKNOWN)
+            return _search(agent, key, tools, f'My notes don\'t say, but memory search for "{key}" returned:')
+        case Recall(query=query):
+            return _search(agent, query, tools, f'What I remember about "{query}":')
+
+
+def _say(text: str) -> Plan:
+    return Plan(Reply([Text(text)]))
+
+
+def _search(agent: AgentScript, query: str, tools: list[str], intro: str) -> Plan:
+    def after_search(results: list[dict[str, Any]]) -> Reply:
+        error = _failed(results)
+        if error is not None:
+            return Reply([Text(f"The tool {SEARCH_MEMORY} failed: {error[:200]}")])
+        found = "\n".join(tool_result_text(r) for r in results).strip()
+        return Reply([Text(f"{intro} {found[:500] or '(nothing)'}")])
+
+    return _call_tool(agent, ToolCall(SEARCH_MEMORY, {"query": query}), tools, after_search)
 
 
 def _call_tool(agent: AgentScript, call: ToolCall, tools: list[str], after: Continuation) -> Plan:
     if call.name not in tools:
-        return Plan(Reply([Text(f"I can't do that: the tool {call.name} is not available here.")]))
+        return _say(f"I can't do that: the tool {call.name} is not available here.")
     return agent.demo_plan(lambda: agent.issue([call], after))

@@ -3,7 +3,7 @@
 The agent side is a FIFO of `Turn`s. A turn is a list of steps and every step is ONE model
 response. A new prompt starts the next turn (its first step); a `tool_result` for a tool_use id
 the mock issued continues the turn that issued it (its next step). Everything else about the
-Claude Code CLI's request shape that this depends on is handled in `parse_user_message`.
+Claude Code CLI's request shape that this depends on is handled in `request.parse_user_message`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from .request import parse_user_message, system_text
+
 if TYPE_CHECKING:
     from .server import RecordedRequest
 
 Target = Literal["agent", "curator", "any"]
 FaultKind = Literal["status", "latency", "cut", "malformed"]
 
-SYSTEM_REMINDER = "<system-reminder>"
 # Claude Code's compaction request ends with a user text starting with this.
 COMPACTION_PREFIX = "CRITICAL: Respond with TEXT ONLY"
 COMPACTION_SUMMARY = "<summary>Conversation summary (mock).</summary>"
@@ -208,58 +209,12 @@ class Ids:
         return f"toolu_mock_{self._token}_{next(self._n)}"
 
 
-# --- reading the CLI's last user message --------------------------------------------------------
-
-
-@dataclass
-class UserMessage:
-    prompt: str  # the last text block that is not a <system-reminder>
-    tool_results: list[dict[str, Any]]
-
-
-def _blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return [b for b in content if isinstance(b, dict)]
-    return []
-
-
-def parse_user_message(body: dict[str, Any] | None) -> UserMessage:
-    """Read the LAST role=user message (a trailing role=system message may follow it).
-
-    The CLI merges history into it: tool_results, then prompt texts (possibly older ones too), then
-    <system-reminder> blocks. So block order means nothing; the prompt is the last real text.
-    """
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
-        return UserMessage("", [])
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            blocks = _blocks(message.get("content"))
-            texts = [
-                b.get("text", "")
-                for b in blocks
-                if b.get("type") == "text"
-                and isinstance(b.get("text"), str)
-                and not b["text"].lstrip().startswith(SYSTEM_REMINDER)
-            ]
-            results = [b for b in blocks if b.get("type") == "tool_result"]
-            return UserMessage(texts[-1] if texts else "", results)
-    return UserMessage("", [])
-
-
-def tool_result_text(result: dict[str, Any]) -> str:
-    content = result.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(b.get("text", "") for b in _blocks(content) if b.get("type") == "text")
-
-
 # --- the agent model --------------------------------------------------------------------------
 
 # Given the tool_result blocks answering a step, produce the next reply (issuing new ids as needed).
 Continuation: TypeAlias = Callable[[list[dict[str, Any]]], Reply]
+# The demo model: (the script, the prompt, the tools offered, the system prompt) -> what it answers.
+DemoModel: TypeAlias = Callable[["AgentScript", str, list[str], str], "Plan"]
 
 
 @dataclass
@@ -280,7 +235,7 @@ class Plan:
 class AgentScript:
     """The scripted agent model; falls back to the demo model when no turn is queued."""
 
-    def __init__(self, ids: Ids, demo: Callable[[AgentScript, str, list[str]], Plan]) -> None:
+    def __init__(self, ids: Ids, demo: DemoModel) -> None:
         self._ids = ids
         self._demo = demo
         self._queue: deque[Turn] = deque()
@@ -327,7 +282,7 @@ class AgentScript:
                 self._pending.update(issued)
 
             return Plan(reply, on_commit=commit)
-        return self._demo(self, user.prompt, tools)
+        return self._demo(self, user.prompt, tools, system_text(body))
 
     def _run(self, make: Callable[[], Reply]) -> tuple[Reply, dict[str, Continuation]]:
         self._issuing = {}
@@ -336,7 +291,8 @@ class AgentScript:
         finally:
             self._issuing = None
 
-    def issue(self, blocks: Iterable[Block], cont: Continuation, **usage: int) -> Reply:
+    def issue(self, blocks: Iterable[Block], cont: Continuation, input_tokens: int = 10,
+              output_tokens: int = 5) -> Reply:
         """Resolve ToolCall ids; a tool_result for any of them will call `cont`."""
         resolved: list[Text | ToolUse] = []
         for b in blocks:
@@ -347,7 +303,7 @@ class AgentScript:
                 resolved.append(use)
             else:
                 resolved.append(b)
-        return Reply(resolved, **usage)
+        return Reply(resolved, input_tokens, output_tokens)
 
     def step_reply(self, turn: Turn, index: int) -> Reply:
         if index >= len(turn.steps):
@@ -380,9 +336,11 @@ CuratorReply = str | CutOff | Callable[["RecordedRequest"], str]
 
 
 class CuratorScript:
-    """FIFO of reply texts (or CutOff replies, or callables of the request) for non-CLI requests."""
+    """FIFO of reply texts (or CutOff replies, or callables of the request) for non-CLI requests.
 
-    def __init__(self, default: str = "NONE") -> None:
+    `default` answers when nothing is scripted: "NONE", or a callable such as the demo curator."""
+
+    def __init__(self, default: str | Callable[[RecordedRequest], str] = "NONE") -> None:
         self.default = default
         self._queue: deque[CuratorReply] = deque()
 

@@ -15,6 +15,8 @@ from aiohttp import web
 
 from ..harness import wait_for
 from . import demo
+from .demo_curator import reply as demo_curator_reply
+from .request import parse_user_message, system_text
 from .script import (
     AgentScript,
     CuratorScript,
@@ -25,7 +27,6 @@ from .script import (
     Plan,
     Reply,
     Text,
-    parse_user_message,
 )
 from .sse import MALFORMED_EVENT, error_body, message_json, reply_events
 
@@ -74,14 +75,7 @@ class RecordedRequest:
 
     @property
     def system_text(self) -> str:
-        system = self.body.get("system") if self.body else None
-        if isinstance(system, str):
-            return system
-        if isinstance(system, list):
-            return "\n\n".join(
-                b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str)
-            )
-        return ""
+        return system_text(self.body)
 
     @property
     def tools(self) -> list[str]:
@@ -99,15 +93,18 @@ class MockBridge:
     """A real HTTP server speaking the Anthropic Messages API, scripted from tests.
 
     `async with MockBridge() as bridge:` binds 127.0.0.1 on a free port; `bridge.url` is the
-    ANTHROPIC_BASE_URL to hand to the CLI or to `anthropic.AsyncAnthropic`.
+    ANTHROPIC_BASE_URL to hand to the CLI or to `anthropic.AsyncAnthropic`. Unscripted, the
+    agent side is the demo model, and the curator side answers "NONE", or with
+    `demo_curator=True` (dev mode) is the demo curator.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, demo_curator: bool = False) -> None:
         self.host = host
         self.port = port
         self._ids = Ids()
         self.agent = AgentScript(self._ids, demo.respond)
-        self.curator = CuratorScript()
+        # Tests script the curator and expect "NONE" otherwise; dev mode curates for real.
+        self.curator = CuratorScript(demo_curator_reply if demo_curator else "NONE")
         self.faults = FaultSet()
         self.requests: list[RecordedRequest] = []
         self._runner: web.AppRunner | None = None
@@ -132,7 +129,7 @@ class MockBridge:
             await runner.cleanup()
             raise
         self._runner = runner
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        sockets = getattr(site._server, "sockets", None) or []  # an asyncio.Server once started
         self.host, self.port = sockets[0].getsockname()[:2]
         return self.url
 
@@ -278,14 +275,16 @@ class MockBridge:
         nxt = self.curator.peek()
         if isinstance(nxt, CutOff):
             return Plan(Reply([Text(nxt.text)], stop="max_tokens"), on_commit=self.curator.pop)
-        if callable(nxt):
+        answer = self.curator.default if nxt is None else nxt
+        if callable(answer):
             try:
-                text = nxt(rec)
+                text = answer(rec)
             except Exception:
-                self.curator.pop()  # a broken callable is used up, or it would fail every request
+                if nxt is not None:
+                    self.curator.pop()  # a broken callable is used up, or it would fail every request
                 raise
         else:
-            text = self.curator.default if nxt is None else nxt
+            text = answer
         return Plan(Reply([Text(text)]), on_commit=self.curator.pop if nxt is not None else None)
 
     async def _send_json(
