@@ -5,7 +5,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-WORKSPACE ?= $(CURDIR)/.workspace
 
 .PHONY: run test test-fast lint bench dist clean
 
@@ -14,9 +13,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-## Serve on :8765 against the embedded mock Bridge (or ANTHROPIC_BASE_URL when set).
+## Dev mode (`sprite-os dev`): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the embedded
+## demo model (or ANTHROPIC_BASE_URL when set).
 run: $(STAMP)
-	$(PY) -m sprite_os.dev.serve --workspace $(WORKSPACE)
+	$(VENV)/bin/sprite-os dev
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI).
 test: $(STAMP)

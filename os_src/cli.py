@@ -1,6 +1,7 @@
 """`sprite-os`: serve, chat, and the operator's memory commands.
 
     sprite-os [serve] [--workspace W] [--host H] [--port P]
+    sprite-os dev [--workspace W] [--host H] [--port P]
     sprite-os chat [--url ws://HOST:PORT] [--workspace W]
     sprite-os memory status [--json]
     sprite-os memory search QUERY [--limit N]
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +33,7 @@ from . import __version__
 from .config import Settings, load_settings
 from .errors import ConfigError, SpriteOSError, UsageError
 
-COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
+COMMANDS = ("serve", "dev", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
     serve.add_argument("--log-format", choices=("kv", "json"), help="env SPRITE_LOG_FORMAT")
     serve.add_argument("--log-file", help="env SPRITE_LOG_FILE; rotated at 10 MB")
+
+    dev = sub.add_parser("dev", help="serve a local workspace (default ./.workspace) with the demo model, as `make run` does")
+    # SUPPRESS: without the flag here, `sprite-os --workspace W dev` keeps W.
+    dev.add_argument("--workspace", default=argparse.SUPPRESS, help="env SPRITE_WORKSPACE, default ./.workspace")
+    dev.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
+    dev.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
 
     chat = sub.add_parser("chat", help="talk to a running server from the terminal")
     chat.add_argument("--url", help="server URL (default ws://127.0.0.1:<SPRITE_OS_PORT>)")
@@ -85,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         log_file = getattr(args, "log_file", None)
-        settings = load_settings().with_overrides(
+        settings = load_settings(_environment(args.command)).with_overrides(
             workspace=Path(args.workspace) if args.workspace else None, host=getattr(args, "host", None),
             port=getattr(args, "port", None), log_format=getattr(args, "log_format", None),
             log_file=Path(log_file) if log_file else None,
@@ -98,12 +106,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _environment(command: str | None) -> dict[str, str] | None:
+    """The environment settings are read from: dev mode puts its own defaults under it."""
+    if command != "dev":
+        return None
+    from .dev.command import dev_environment
+
+    return dev_environment(os.environ)
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     match args.command:
         case "serve" | None:
             from .server import serve_main
 
             return serve_main(settings)
+        case "dev":
+            from .dev.command import dev_main
+
+            return dev_main(settings)
         case "chat":
             from .chat import chat_main
 
@@ -127,21 +148,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _install_templates(settings: Settings, directory: Path, source: str) -> int:
-    from .memory.files import SPECS, MemoryFiles
+    from .memory.files import install_templates
 
-    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)
-    files = MemoryFiles(settings.layout)
-    written = []
-    for name in SPECS:
-        try:
-            text = (directory / name).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"template {directory / name} is missing or unreadable: {exc.strerror}") from None
-        try:
-            if files.install_template(name, text, source):
-                written.append(name)
-        except ValueError as exc:  # over its limit: a release bug, caught before anything is written
-            raise ConfigError(f"template {name}: {exc}") from None
+    written = install_templates(settings.layout, directory, source)
     print(f"templates: written={','.join(written) or 'none'}")
     return 0
 

@@ -1,6 +1,6 @@
 """Development mode: the mock Bridge (a real HTTP server speaking the Anthropic Messages API,
-scripted per test, with a demo model and a demo curator), `sprite-os dev`, and the in-process
-harness that tests, benchmarks and the chaos suite drive Sprite OS with.
+scripted per test, with a demo model and a demo curator), `sprite-os dev` (command.py), and the
+in-process harness that tests, benchmarks and the chaos suite drive Sprite OS with.
 
-Needs the `dev` extra (aiohttp); nothing here runs on a deployed Sprite.
+The mock Bridge needs the `dev` extra (aiohttp); nothing here runs on a deployed Sprite.
 """

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..deploy_contract import MEMORY_FILES, FileSpec
-from ..errors import FileChanged
+from ..errors import ConfigError, FileChanged
 from ..fsutil import atomic_write
 from ..paths import Layout
 
@@ -161,3 +161,20 @@ class MemoryFiles:
         path = folder / f"{number:06d}_{int(now)}_{slug}.md"
         atomic_write(path, text.encode("utf-8"), mode=0o600)
         return Version(number, now, slug, path)
+
+
+def install_templates(layout: Layout, directory: Path, source: str) -> list[str]:
+    """Install a release's templates (`directory` holds one per file), as a deploy and dev mode
+    do: the names written. A missing or over-limit template is a release bug, found before
+    anything is written."""
+    texts: dict[str, str] = {}
+    for name in SPECS:
+        try:
+            texts[name] = (directory / name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"template {directory / name} is missing or unreadable: {exc.strerror}") from None
+        if (error := limit_error(name, texts[name])) is not None:
+            raise ConfigError(f"template {name}: {error}")
+    layout.memory_dir.mkdir(parents=True, exist_ok=True)
+    files = MemoryFiles(layout)
+    return [name for name, text in texts.items() if files.install_template(name, text, source)]
