@@ -217,8 +217,9 @@ def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], mon
 
 
 def test_make_run_leaves_the_workspace_to_sprite_os_dev() -> None:
-    recipe = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.strip().splitlines()[-1]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
+    recipe = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO, capture_output=True,
+                            text=True, check=True, env=env).stdout.strip().splitlines()[-1]
     assert recipe.endswith("/bin/sprite-os dev") and "--workspace" not in recipe
 
 
