@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from .errors import SpriteOSError
-from .protocol_memory import AnyMemoryReply, AnyMemoryRequest, MemoryReply, RequestIdOnly
+from .protocol_memory import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
 
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bearer.<token>"
@@ -301,7 +301,7 @@ def clean_json(value: Any) -> Any:
     return value
 
 
-Reply = TypeVar("Reply", ServerFrame, MemoryReply)
+Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a MemoryReply
 
 
 def with_seq(frame: Reply, seq: int) -> Reply:

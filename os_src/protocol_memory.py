@@ -37,24 +37,24 @@ class MemoryRequest(msgspec.Struct, tag_field="type", frozen=True, kw_only=True)
     request_id: RequestId
 
 
-class MemoryFilesRequest(MemoryRequest, tag="memory_files"):
+class MemoryFilesRequest(MemoryRequest, tag="memory_files", frozen=True):
     """The six files, each with its size against its limits."""
 
 
-class MemoryFileRequest(MemoryRequest, tag="memory_file"):
+class MemoryFileRequest(MemoryRequest, tag="memory_file", frozen=True):
     """One file's text and its version history."""
 
     name: FileName
 
 
-class MemoryVersionRequest(MemoryRequest, tag="memory_version"):
+class MemoryVersionRequest(MemoryRequest, tag="memory_version", frozen=True):
     """One version's text, and its diff against the version before it."""
 
     name: FileName
     number: VersionNumber
 
 
-class MemoryEditRequest(MemoryRequest, tag="memory_edit"):
+class MemoryEditRequest(MemoryRequest, tag="memory_edit", frozen=True):
     """A person's own edit of a curated file. `base_sha256` is the file the edit started
     from: if the file changed since (the daemon rewrote it), nothing is written."""
 
@@ -63,12 +63,12 @@ class MemoryEditRequest(MemoryRequest, tag="memory_edit"):
     base_sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
-class MemoryRollbackRequest(MemoryRequest, tag="memory_rollback"):
+class MemoryRollbackRequest(MemoryRequest, tag="memory_rollback", frozen=True):
     name: FileName
     number: VersionNumber
 
 
-class MemorySearchRequest(MemoryRequest, tag="memory_search"):
+class MemorySearchRequest(MemoryRequest, tag="memory_search", frozen=True):
     """Learnings matching `query`, best first; without a query, the newest. `forgotten`
     lists the forgotten ones instead (newest forgetting first), to undo a forgetting."""
 
@@ -78,29 +78,29 @@ class MemorySearchRequest(MemoryRequest, tag="memory_search"):
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)] = 20
 
 
-class MemoryTurnRequest(MemoryRequest, tag="memory_turn"):
+class MemoryTurnRequest(MemoryRequest, tag="memory_turn", frozen=True):
     """One recorded turn from transcript.db, by its observation id."""
 
     observation_id: RowId
 
 
-class MemoryForgetRequest(MemoryRequest, tag="memory_forget"):
+class MemoryForgetRequest(MemoryRequest, tag="memory_forget", frozen=True):
     learning_id: RowId
 
 
-class MemoryUnforgetRequest(MemoryRequest, tag="memory_unforget"):
+class MemoryUnforgetRequest(MemoryRequest, tag="memory_unforget", frozen=True):
     learning_id: RowId
 
 
-class MemoryAuditRequest(MemoryRequest, tag="memory_audit"):
+class MemoryAuditRequest(MemoryRequest, tag="memory_audit", frozen=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)] = 20
 
 
-class MemoryHealthRequest(MemoryRequest, tag="memory_health"):
+class MemoryHealthRequest(MemoryRequest, tag="memory_health", frozen=True):
     pass
 
 
-class MemoryBootPromptRequest(MemoryRequest, tag="memory_boot_prompt"):
+class MemoryBootPromptRequest(MemoryRequest, tag="memory_boot_prompt", frozen=True):
     pass
 
 
@@ -225,17 +225,17 @@ class MemoryReply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     request_id: str
 
 
-class MemoryFilesResult(MemoryReply, tag="memory_files_result"):
+class MemoryFilesResult(MemoryReply, tag="memory_files_result", frozen=True):
     files: list[FileInfo]
 
 
-class MemoryFileResult(MemoryReply, tag="memory_file_result"):
+class MemoryFileResult(MemoryReply, tag="memory_file_result", frozen=True):
     file: FileInfo
     text: str
     history: list[VersionInfo]  # oldest first
 
 
-class MemoryVersionResult(MemoryReply, tag="memory_version_result"):
+class MemoryVersionResult(MemoryReply, tag="memory_version_result", frozen=True):
     name: str
     version: VersionInfo
     text: str
@@ -243,41 +243,41 @@ class MemoryVersionResult(MemoryReply, tag="memory_version_result"):
     diff: str  # unified diff from `previous` (or from nothing) to this version
 
 
-class MemoryEditResult(MemoryReply, tag="memory_edit_result"):
+class MemoryEditResult(MemoryReply, tag="memory_edit_result", frozen=True):
     file: FileInfo
     version: VersionInfo
 
 
-class MemoryRollbackResult(MemoryReply, tag="memory_rollback_result"):
+class MemoryRollbackResult(MemoryReply, tag="memory_rollback_result", frozen=True):
     file: FileInfo
     version: VersionInfo  # the new version: a rollback is a new version, history only grows
 
 
-class MemorySearchResult(MemoryReply, tag="memory_search_result"):
+class MemorySearchResult(MemoryReply, tag="memory_search_result", frozen=True):
     hits: list[LearningHit]
 
 
-class MemoryTurnResult(MemoryReply, tag="memory_turn_result"):
+class MemoryTurnResult(MemoryReply, tag="memory_turn_result", frozen=True):
     turn: TurnRecord
 
 
-class MemoryForgetResult(MemoryReply, tag="memory_forget_result"):
+class MemoryForgetResult(MemoryReply, tag="memory_forget_result", frozen=True):
     learning: LearningHit
 
 
-class MemoryUnforgetResult(MemoryReply, tag="memory_unforget_result"):
+class MemoryUnforgetResult(MemoryReply, tag="memory_unforget_result", frozen=True):
     learning: LearningHit
 
 
-class MemoryAuditResult(MemoryReply, tag="memory_audit_result"):
+class MemoryAuditResult(MemoryReply, tag="memory_audit_result", frozen=True):
     entries: list[AuditEntry]  # newest first
 
 
-class MemoryHealthResult(MemoryReply, tag="memory_health_result"):
+class MemoryHealthResult(MemoryReply, tag="memory_health_result", frozen=True):
     health: MemoryHealth
 
 
-class MemoryBootPromptResult(MemoryReply, tag="memory_boot_prompt_result"):
+class MemoryBootPromptResult(MemoryReply, tag="memory_boot_prompt_result", frozen=True):
     text: str
     chars: int
     tokens_estimate: int

@@ -91,7 +91,8 @@ class MemoryConsole:
             scored = [(i, None) for i in ids]
         else:
             found = await self._system.search(query, MAX_LIMIT if types else limit)
-            scored = [(h.id, h.score) for h in found if not types or h.type in types][:limit]
+            scored = [(h.id, h.score) for h in found if not types or h.type in types]
+            del scored[limit:]
         return await self._hits(scored)
 
     async def _hits(self, scored: list[tuple[int, float | None]]) -> list[pm.LearningHit]:
