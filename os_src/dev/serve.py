@@ -55,6 +55,7 @@ async def main(workspace: Path, port: int | None) -> int:
         model = f"the embedded mock Bridge at {bridge.url}" if bridge else settings.anthropic_base_url
         print(f"""
 Sprite OS is serving on ws://{settings.host}:{app.port}   (model proxy: {model})
+  console    http://{settings.host}:{app.port}/   (open it in a browser and type the token)
   workspace  {settings.workspace}
   token      {token}
   health     curl http://{settings.host}:{app.port}/healthz
