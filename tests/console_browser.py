@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
+from sprite_os.config import Settings
 from sprite_os.dev.harness import TOKEN
+from sprite_os.memory.files import SPECS, MemoryFiles
 
 CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -113,6 +115,16 @@ def screenshot_dir(tmp_path: Path) -> Path:
 
 async def screenshot(tab: Tab, folder: Path, name: str) -> Path:
     path = folder / f"{name}.png"
-    await tab.page.screenshot(path=str(path))
+    await tab.page.screenshot(path=str(path), animations="disabled", caret="hide")
     assert path.stat().st_size > 10_000  # a rendered page, not a blank one
     return path
+
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "bootstrap" / "templates"
+
+
+def install_templates(settings: Settings) -> None:
+    """What a deploy does (`sprite-os install-templates`), so the memory tab looks as on a Sprite."""
+    files = MemoryFiles(settings.layout)
+    for name in SPECS:
+        files.install_template(name, (TEMPLATES / name).read_text(encoding="utf-8"), "deploy")

@@ -18,6 +18,9 @@ from tests.console_browser import PHONE, chromium, open_tab, screenshot, screens
 
 pytestmark = pytest.mark.e2e
 
+WEEK = ("## Monday\n- [x] write the report\n- [ ] call the bank\n\n| day | focus |\n|---|---|\n"
+        "| Tue | taxes |\n| Wed | garden |")
+CREATE, UPDATE, CLOSE = (f"mcp__canvas__{verb}_card" for verb in ("create", "update", "close"))
 PLAN = "Here is a **plan** for `Monday`:\n- write the report\n- call the bank\n\n" + " ".join(
     f"word{n}" for n in range(40))
 
@@ -52,6 +55,21 @@ async def test_sign_in_stream_a_reply_see_a_card_and_keep_it_after_a_reload(
         await expect(tool).to_have_attribute("data-state", "done")
         await expect(tool.locator("summary")).to_contain_text("mcp__canvas__create_card")
         await expect(tab.by("card-count")).to_have_text("1")
+
+        bridge.agent.script(Turn(ToolCall(CREATE, {"id": "week", "title": "Week plan", "kind": "task", "body": WEEK}),
+                                 ToolCall(CREATE, {"id": "scratch", "title": "Scratch", "body": "for now"}),
+                                 Text("Your week is on the canvas.")))
+        await tab.send("Put my week on the canvas")
+        await expect(card).to_have_count(3)
+        week = tab.page.locator('[data-testid="card"][data-card-id="week"]')
+        await expect(week.locator("tbody tr")).to_have_count(2)  # the body's table, as a table
+        bridge.agent.script(Turn(ToolCall(UPDATE, {"id": "week", "body": WEEK + "\n\n- [ ] water the plants"}),
+                                 ToolCall(CLOSE, {"id": "scratch"}), Text("Updated, and the scratch card is gone.")))
+        await tab.send("Add watering, and drop the scratch card")
+        await expect(week).to_contain_text("water the plants")  # updated live
+        await expect(card).to_have_count(2)  # closed live
+        await expect(tab.by("card-count")).to_have_text("2")
+        await expect(tab.by("turn-status")).to_have_count(4)
         await screenshot(tab, shots, "chat-light")
         await tab.by("theme-toggle").click()
         await expect(tab.page.locator("html")).to_have_attribute("data-theme", "dark")
@@ -63,14 +81,15 @@ async def test_sign_in_stream_a_reply_see_a_card_and_keep_it_after_a_reload(
 
         await tab.page.reload()  # the token is kept for this tab; the cards come back from `ready`
         await tab.connected()
-        await expect(tab.by("card")).to_have_count(1)
-        await expect(tab.by("card").locator(".title")).to_have_text("Groceries")
+        await expect(tab.by("card")).to_have_count(2)
+        await expect(tab.by("card").locator(".title")).to_have_text(["Week plan", "Groceries"])  # newest first
+        await expect(week).to_contain_text("water the plants")
         tab.assert_clean()
 
         phone = await open_tab(browser, tab.base, viewport=PHONE, dark=True)
         await phone.sign_in()
         await phone.connected()
-        await expect(phone.by("card-count")).to_have_text("1")
+        await expect(phone.by("card-count")).to_have_text("2")
         await phone.send("Hello from my phone")
         await expect(phone.messages("assistant").last).to_contain_text("You said: Hello from my phone")
         await screenshot(phone, shots, "phone-chat-dark")

@@ -18,7 +18,14 @@ from sprite_os.memory.search import search_learnings
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, running, wait_for
-from tests.console_browser import Tab, chromium, open_tab, screenshot, screenshot_dir
+from tests.console_browser import (
+    Tab,
+    chromium,
+    install_templates,
+    open_tab,
+    screenshot,
+    screenshot_dir,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +55,7 @@ async def chat_turn(tab: Tab, text: str) -> None:
 async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         server: SpriteOS, bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
     shots = screenshot_dir(tmp_path)
+    install_templates(settings)
     bridge.curator.script("FACT: The user's name is Ada Lovelace [#1]\nPREFERENCE: Likes tea in the morning [#1]\n"
                           "USER_MD_UPDATE:\n# User\n- Name: Ada Lovelace\n- Tea in the morning\n")
     async with chromium() as browser:
@@ -97,6 +105,8 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         await screenshot(tab, shots, "memory-boot-prompt-light")
         await tab.by("theme-toggle").click()
         await tab.memory("learnings")
+        await tab.by("learning-forgotten").uncheck()
+        await expect(tab.by("learning")).to_have_count(2)
         await screenshot(tab, shots, "memory-learnings-dark")
         await tab.memory("files")
         await expect(tab.by("memory-file").filter(has_text="user.md")).to_contain_text("3 / 200 lines")
@@ -115,6 +125,7 @@ async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_r
     settings = settings.with_overrides(memory_batch_turns=1)
     files = MemoryFiles(settings.layout)
     files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    install_templates(settings)
     bridge.faults.add(Fault("latency", seconds=4.0, target="curator", times=1))
     bridge.curator.script(FIRST_REPLY)  # written from the file before the edit: must not land
     bridge.curator.script(SECOND_REPLY)  # the batch again, on the edited file
