@@ -77,7 +77,7 @@ class SpriteOS:
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
-        self.pages = ConsolePages(self._authorized)
+        self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
     @property

@@ -84,11 +84,15 @@ async def test_every_asset_is_served_with_its_type_and_a_validator(app: SpriteOS
         assert (await get(app.port, missing))[0] == 404, missing
 
 
-async def test_the_token_check_answers_204_or_401(app: SpriteOS) -> None:
+async def test_the_token_check_answers_204_401_or_403_for_the_pages_origin(app: SpriteOS) -> None:
     assert (await get(app.port, "/console/auth", Authorization=f"Bearer {TOKEN}"))[0] == 204
     assert (await get(app.port, "/console/auth", Authorization="Bearer wrong-token-0123456789"))[0] == 401
     assert (await get(app.port, "/console/auth"))[0] == 401
     assert (await get(app.port, "/console/auth?token=" + TOKEN))[0] == 401  # never from the URL
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    own = f"http://127.0.0.1:{app.port}"
+    for origin, status in ((own, 204), ("https://console.example:8443", 204), ("http://evil.example", 403)):
+        assert (await get(app.port, "/console/auth", **bearer, **{"X-Sprite-Origin": origin}))[0] == status
 
 
 @pytest.mark.parametrize(("origin", "allowed"), [

@@ -22,7 +22,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from .origin import valid_host
+from .origin import origin_allowed, valid_host
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/", "/console", "/console/")
@@ -69,8 +69,10 @@ def is_upgrade(request: Request) -> bool:
 class ConsolePages:
     """Answers the plain GETs: the page, its assets, and the token check."""
 
-    def __init__(self, authorized: Callable[[Request], bool], root: Path = STATIC_DIR) -> None:
+    def __init__(self, authorized: Callable[[Request], bool], allowed_origins: tuple[str, ...] = (),
+                 root: Path = STATIC_DIR) -> None:
         self._authorized = authorized
+        self._allowed = allowed_origins
         self._assets = load_assets(root)
 
     def respond(self, conn: ServerConnection, request: Request) -> Response | None:
@@ -78,9 +80,8 @@ class ConsolePages:
         if is_upgrade(request):
             return None
         path = request.path.split("?", 1)[0]
-        if path == AUTH_PATH:  # 204 or 401: how the page tells a wrong token from a server away
-            status = HTTPStatus.NO_CONTENT if self._authorized(request) else HTTPStatus.UNAUTHORIZED
-            return http_response(conn, status, b"", "text/plain; charset=utf-8", request)
+        if path == AUTH_PATH:
+            return http_response(conn, self._check(request), b"", "text/plain; charset=utf-8", request)
         name = "index.html" if path in PAGE_PATHS else path[len(ASSET_PREFIX):] if path.startswith(ASSET_PREFIX) else None
         asset = self._assets.get(name) if name is not None else None
         if asset is None:
@@ -88,6 +89,17 @@ class ConsolePages:
         if asset.etag in request.headers.get("If-None-Match", ""):
             return http_response(conn, HTTPStatus.NOT_MODIFIED, b"", asset.content_type, request, asset.etag)
         return http_response(conn, HTTPStatus.OK, asset.body, asset.content_type, request, asset.etag)
+
+
+    def _check(self, request: Request) -> HTTPStatus:
+        """What the page's WebSocket would get, which a browser cannot read from a refused handshake:
+        401 for a wrong token, 403 when the page's origin (sent as X-Sprite-Origin: a same-origin
+        GET carries no Origin) may not connect (a proxy that rewrites Host, say), else 204."""
+        if not self._authorized(request):
+            return HTTPStatus.UNAUTHORIZED
+        if not origin_allowed(request.headers.get("X-Sprite-Origin"), request.headers.get("Host"), self._allowed):
+            return HTTPStatus.FORBIDDEN
+        return HTTPStatus.NO_CONTENT
 
 
 def http_response(conn: ServerConnection, status: HTTPStatus, body: bytes, content_type: str,

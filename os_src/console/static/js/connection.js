@@ -3,8 +3,8 @@
 //
 // A browser cannot read the HTTP status of a refused WebSocket handshake, so when a socket
 // closes before it ever opened, the page asks GET /console/auth (the token in a header) to
-// tell a wrong token (401: say so, and stop) from a server that is away (retry, slower
-// each time): a wrong token never causes a storm of attempts.
+// tell a wrong token (401) or a page origin the server refuses (403) (say so, and stop)
+// from a server that is away (retry, slower each time): a wrong token never causes a storm.
 
 const SUBPROTOCOL = "sprite-os.v1";
 const FIRST_DELAY = 0.5; // seconds; doubled after each failed attempt
@@ -109,15 +109,18 @@ export class Connection {
   async diagnose() {
     let status = 0;
     try {
-      const answer = await fetch("/console/auth", { headers: { Authorization: `Bearer ${this.token}` }, cache: "no-store" });
+      const headers = { Authorization: `Bearer ${this.token}`, "X-Sprite-Origin": location.origin };
+      const answer = await fetch("/console/auth", { headers, cache: "no-store" });
       status = answer.status;
     } catch {
       status = 0; // the server is not reachable: it is away, not refusing
     }
     if (!this.token) return;
-    if (status === 401) {
+    if (status === 401 || status === 403) {
       this.token = null;
-      this.onAuthFailed("The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again.");
+      this.onAuthFailed(status === 401
+        ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
+        : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
       return;
     }
     this.retry(Math.min(MAX_DELAY, FIRST_DELAY * 2 ** this.attempt));
