@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The console's browser tests drive the distribution's Chromium (Playwright comes with the dev extra).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint bench dist clean
+.PHONY: run test test-fast lint bench dist clean screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,9 +21,20 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/sprite-os dev
 
-## The whole suite, end-to-end tests included (they drive the real Claude Code CLI).
-test: $(STAMP)
+## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
+## console's in a headless Chromium).
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest
+
+## Installed from the distribution's packages when missing (Debian: the `chromium` package).
+$(CHROMIUM):
+	@echo "Installing the distribution's Chromium for the console's browser tests"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+## The console's screenshots in docs/console/ (the browser tests take them).
+screenshots: $(STAMP) $(CHROMIUM)
+	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py tests/test_console_memory_e2e.py
 
 ## Unit tests only.
 test-fast: $(STAMP)

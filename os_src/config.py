@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from .console.origin import normalize_origin
 from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
@@ -28,6 +29,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None  # resolved by resolve_token() when None
+    allowed_origins: tuple[str, ...] = ()  # web pages, besides the console's own, that may connect
     anthropic_base_url: str | None = None
     anthropic_api_key: str | None = None
     agent_model: str | None = None
@@ -89,11 +91,24 @@ def _path(_name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+def _origins(name: str, raw: str) -> tuple[str, ...]:
+    out = []
+    for item in (x.strip() for x in raw.split(",")):
+        if not item:
+            continue
+        normal = normalize_origin(item)
+        if normal is None:
+            raise ConfigError(f"{name} must be comma-separated origins like https://app.example:8443, got {item!r}")
+        out.append(normal)
+    return tuple(dict.fromkeys(out))
+
+
 _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_WORKSPACE": ("workspace", _path),
     "SPRITE_OS_HOST": ("host", _text),
     "SPRITE_OS_PORT": ("port", _whole),
     "SPRITE_OS_TOKEN": ("token", _text),
+    "SPRITE_OS_ALLOWED_ORIGINS": ("allowed_origins", _origins),
     "ANTHROPIC_BASE_URL": ("anthropic_base_url", _text),
     "ANTHROPIC_API_KEY": ("anthropic_api_key", _text),
     "SPRITE_AGENT_MODEL": ("agent_model", _text),

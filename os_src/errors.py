@@ -6,8 +6,8 @@ terminal, then exits with the error's `exit_code`: 2 when the command refused to
 run (fix what the message names and run it again), 1 when it ran and failed.
 Standard library only.
 
-One subclass lives with its type: `protocol.FrameError`, whose `code` is a
-`protocol.ErrorCode`.
+Two subclasses live with their types: `protocol.FrameError`, whose `code` is a
+`protocol.ErrorCode`, and `protocol_memory.RequestFailed`, the same for memory requests.
 """
 
 from __future__ import annotations

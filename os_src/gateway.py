@@ -5,7 +5,9 @@ A connection's first frame is `hello` (any other frame implies a hello without
 and from then on the connection receives every broadcast event through its own
 bounded queue, drained by its own writer task. Frames the client sends are
 validated, rate-limited and dispatched to the runtime; each bad frame gets an
-`error` reply and the connection stays open unless the client floods it.
+`error` reply and the connection stays open unless the client floods it. Memory
+requests (protocol_memory.py) are answered to their connection alone, by the
+`memory_requests` callable the server passes in (memory/console_api.py).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from . import protocol as p
+from . import protocol_memory as pm
 from .errors import QueueFull, ShuttingDown
 from .events import EventHub, Subscriber
 from .logs import get_logger
@@ -53,12 +57,17 @@ class _TokenBucket:
         return False
 
 
+MemoryRequests = Callable[[pm.MemoryRequest], Awaitable[pm.MemoryReply]]
+
+
 class Gateway:
-    def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str) -> None:
+    def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str,
+                 memory_requests: MemoryRequests | None = None) -> None:
         self.hub = hub
         self.runtime = runtime
         self.canvas = canvas
         self.server_version = server_version
+        self.memory_requests = memory_requests  # None when the server runs without memory
         self.connections: set[_Connection] = set()
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -135,12 +144,12 @@ class _Connection:
         except (TimeoutError, ConnectionClosed):
             self.ws.transport.abort()
 
-    def _reply(self, frame: p.ServerFrame) -> None:
+    def _reply(self, frame: p.ServerFrame | pm.MemoryReply) -> None:
         """A frame for this client alone. It repeats the last seq this client was sent."""
         self.sub.push_direct(p.encode(p.with_seq(frame, self.sub.last_seq)))
 
-    def _error(self, code: p.ErrorCode, message: str) -> None:
-        self._reply(p.Error(code=code, message=message))
+    def _error(self, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
+        self._reply(p.Error(code=code, message=message, request_id=request_id))
 
     async def _receive_safely(self, message: str | bytes) -> None:
         """One frame's bug costs that frame, not the connection: the client gets internal_error."""
@@ -167,7 +176,7 @@ class _Connection:
         try:
             frame = p.decode_client_frame(message)
         except p.FrameError as exc:
-            self._error(exc.code, exc.message)
+            self._error(exc.code, exc.message, p.request_id_of(message))
             return
         if not self._greeted:
             self._hello(frame if isinstance(frame, p.Hello) else p.Hello())
@@ -237,5 +246,24 @@ class _Connection:
                     self._error("shutting_down", str(exc))
             case p.Ping(nonce=nonce):
                 self._reply(p.Pong(nonce=nonce))
+            case pm.MemoryRequest():
+                await self._memory_request(frame)
             case p.Hello():
                 self._error("invalid_frame", "hello is only valid as a connection's first frame")
+
+    async def _memory_request(self, frame: pm.MemoryRequest) -> None:
+        answer, request_id = self.gw.memory_requests, frame.request_id
+        if answer is None:
+            self._error("memory_unavailable", "this server runs without memory", request_id)
+            return
+        try:
+            self._reply(await answer(frame))
+        except pm.RequestFailed as exc:
+            self._error(exc.code, exc.message, request_id)
+        except ConnectionClosed:
+            raise
+        except Exception as exc:  # as in _receive_safely, but the error names the request it answers
+            log.error("memory_request_failed", client=self.name, request=frame.__struct_config__.tag,
+                      error=type(exc).__name__)
+            log.debug("memory_request_failed_detail", client=self.name, exc_info=True)
+            self._error("internal_error", "the server failed to answer this request; it keeps serving", request_id)

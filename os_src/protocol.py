@@ -13,11 +13,12 @@ largest `seq` a client has seen is always a valid place to resume from.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from .errors import SpriteOSError
+from .protocol_memory import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
 
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bearer.<token>"
@@ -62,7 +63,7 @@ class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
-AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping
+AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest  # memory: protocol_memory.py
 
 
 # ---------------------------------------------------------------- server -> client
@@ -86,6 +87,12 @@ ErrorCode = Literal[
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
+    # answers to memory requests (protocol_memory.py); these errors carry the request_id
+    "not_found",  # no such memory file, version, learning or turn
+    "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
+    "over_limit",  # the edit is over the file's line or byte limit; nothing was written
+    "file_changed",  # the file changed since the edit began (the daemon rewrote it); nothing was written
+    "memory_unavailable",  # this server runs without memory
 ]
 
 
@@ -193,6 +200,7 @@ class Error(ServerFrame, tag="error", frozen=True):
     code: ErrorCode
     message: str
     turn_id: str | None = None
+    request_id: str | None = None  # set when the error answers a memory request
 
 
 class Pong(ServerFrame, tag="pong", frozen=True):
@@ -214,6 +222,7 @@ AnyServerFrame = (
     | TurnComplete
     | Error
     | Pong
+    | AnyMemoryReply
 )
 
 
@@ -254,6 +263,14 @@ def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
     raise FrameError(code, message)
 
 
+def request_id_of(data: str | bytes) -> str | None:
+    """The `request_id` of a frame that failed validation, if it has a readable one."""
+    try:
+        return msgspec.json.decode(data, type=RequestIdOnly).request_id
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+        return None
+
+
 def encode(frame: msgspec.Struct) -> bytes:
     return _encoder.encode(frame)
 
@@ -284,5 +301,8 @@ def clean_json(value: Any) -> Any:
     return value
 
 
-def with_seq(frame: ServerFrame, seq: int) -> ServerFrame:
+Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a MemoryReply
+
+
+def with_seq(frame: Reply, seq: int) -> Reply:
     return msgspec.structs.replace(frame, seq=seq)

@@ -2,7 +2,9 @@
 
 `SpriteOS` is the composition root: it builds each component, starts them in
 order and stops them in reverse. The port (default 8765) serves WebSocket
-clients, authenticated at the handshake, and `GET /healthz`.
+clients, authenticated at the handshake, `GET /healthz`, and the console page
+(console/pages.py) on plain GETs. A browser's upgrade must come from the console's
+own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
@@ -22,15 +24,17 @@ from http import HTTPStatus
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import __version__
 from .config import Settings, describe, resolve_token
+from .console.origin import origin_allowed
+from .console.pages import ConsolePages, http_response
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
 from .logs import configure_logging, get_logger
+from .memory.console_api import MemoryConsole
 from .memory.system import MemorySystem
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
@@ -71,7 +75,9 @@ class SpriteOS:
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
-        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__)
+        memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
+        self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
     @property
@@ -146,25 +152,24 @@ class SpriteOS:
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] == "/healthz":
-            return _json_response(conn, HTTPStatus.OK, await self.health())
-        given = bearer_token(request)
-        if given is None or not hmac.compare_digest(given.encode(), self._token):
-            log.info("auth_rejected", remote=str(conn.remote_address[0] if conn.remote_address else "?"),
-                     presented=given is not None)
+            return http_response(conn, HTTPStatus.OK, json.dumps(await self.health()).encode(), "application/json")
+        if (page := self.pages.respond(conn, request)) is not None:
+            return page
+        remote = str(conn.remote_address[0] if conn.remote_address else "?")
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, request.headers.get("Host"), self.settings.allowed_origins):
+            log.info("origin_rejected", remote=remote, origin=(origin or "")[:200])
+            return conn.respond(HTTPStatus.FORBIDDEN, "")
+        if not self._authorized(request):
+            log.info("auth_rejected", remote=remote, presented=bearer_token(request) is not None)
             response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
         return None
 
-
-def _json_response(conn: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:
-    data = json.dumps(body).encode()
-    response = conn.respond(status, "")
-    headers = Headers((k, v) for k, v in response.headers.raw_items()
-                      if k.lower() not in ("content-type", "content-length"))
-    headers["Content-Type"] = "application/json"  # Headers is a multi-dict: set once, never overwrite
-    headers["Content-Length"] = str(len(data))
-    return Response(response.status_code, response.reason_phrase, headers, data)
+    def _authorized(self, request: Request) -> bool:
+        given = bearer_token(request)
+        return given is not None and hmac.compare_digest(given.encode(), self._token)
 
 
 async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None) -> None:

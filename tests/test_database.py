@@ -20,12 +20,12 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 1 and m.schema_version == 1
+    assert t.schema_version == 1 and m.schema_version == 2
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     tables = {r[0] for r in m.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"learnings", "pending_actions", "learnings_fts", "batches", "meta"} <= tables
+    assert {"learnings", "pending_actions", "learnings_fts", "batches", "meta", "memory_audit"} <= tables
     # Reopening runs no step twice and keeps data.
     t.append(obs(1))
     t.close()

@@ -4,6 +4,7 @@ import msgspec
 import pytest
 
 from sprite_os import protocol as p
+from tests.test_protocol_memory import MEMORY_REPLIES
 
 
 @pytest.mark.parametrize(("raw", "code", "fragment"), [
@@ -56,6 +57,8 @@ SERVER_FRAMES = [
     p.CardClosed(card_id="a"),
     p.TurnComplete(turn_id="t", status="completed", duration_ms=5, usage=p.Usage(input_tokens=3), cost_usd=0.1),
     p.Error(code="invalid_json", message="m"), p.Pong(nonce="n"),
+    p.Error(code="not_found", message="m", request_id="r1"),
+    *MEMORY_REPLIES,
 ]
 
 

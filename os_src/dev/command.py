@@ -94,6 +94,7 @@ def banner(settings: Settings, port: int, token: str, mock_url: str | None) -> s
              else f"the proxy at {settings.anthropic_base_url}")
     return f"""
 Sprite OS (dev mode) is serving on {url}
+  console    http://{settings.host}:{port}/   (open it in a browser and type the token)
   workspace  {settings.workspace}
   token      {token}
   model      {model}

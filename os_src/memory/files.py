@@ -35,10 +35,14 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def line_count(text: str) -> int:
+    return text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+
+
 def limit_error(name: str, text: str) -> str | None:
     """Why `text` may not become `name`, or None if it fits."""
     spec = SPECS[name]
-    lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    lines = line_count(text)
     if lines > spec.max_lines:
         return f"{name} would have {lines} lines; its limit is {spec.max_lines}"
     size = len(text.encode())

@@ -216,7 +216,7 @@ class MemoryDB:
     def learnings_since(self, since: float, limit: int = 50) -> list[Learning]:
         return rows(
             self.conn.execute(
-                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ?
+                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND forgotten_at IS NULL
                     ORDER BY created_at DESC, id DESC LIMIT ?""",
                 (since, limit),
             ),
@@ -230,7 +230,9 @@ class MemoryDB:
         return rows(
             self.conn.execute(
                 """SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
-                   WHERE status = 'pending' ORDER BY priority DESC, id DESC LIMIT ?""",
+                   WHERE status = 'pending' AND (source_learning_id IS NULL OR source_learning_id NOT IN
+                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL))
+                   ORDER BY priority DESC, id DESC LIMIT ?""",
                 (limit,),
             ),
             PendingAction,

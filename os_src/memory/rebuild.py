@@ -25,6 +25,7 @@ from ..fsutil import WriterLock
 from ..logs import get_logger
 from .curator import split_batch
 from .files import CURATED, MemoryFiles
+from .forgetting import forget_again, forgotten_keys
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .schema import PENDING
@@ -94,6 +95,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
         raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
         previous = _previous_groups(layout.memory_db)
+        forgotten = forgotten_keys(layout.memory_db)  # what a person forgot stays forgotten
         backup = _set_aside(layout.memory_db)
         files = MemoryFiles(layout)
         for name in CURATED:
@@ -110,6 +112,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
                 cost += await _with_retries(processor, group)
                 batches, turns = batches + 1, turns + len(group)
                 log.info("rebuild_progress", batch=batches, turns=turns, of=total)
+            await memory.call(lambda m: forget_again(m, forgotten))
             learnings = await memory.call(lambda m: m.totals()["learnings"])
             return RebuildReport(turns, batches, learnings, backup, cost)
         finally:

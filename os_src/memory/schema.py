@@ -133,4 +133,19 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
     _table(db, "meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
 
 
-MEMORY_SCHEMA = (_memory_v1,)
+def _memory_v2(db: sqlite_utils.Database) -> None:
+    """A person can forget a learning from the console: the row stays (with when), search and
+    the boot prompt skip it, and each forgetting, undo and edit is recorded in memory_audit."""
+    if "forgotten_at" not in db["learnings"].columns_dict:
+        db["learnings"].add_column("forgotten_at", float)  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS learnings_forgotten ON learnings(id) WHERE forgotten_at IS NOT NULL")
+    db["memory_audit"].create(  # type: ignore[union-attr]
+        {"id": int, "at": float, "action": str, "learning_id": int, "file": str, "detail": str},
+        pk="id",
+        not_null={"at", "action", "detail"},
+        defaults={"detail": ""},
+        if_not_exists=True,
+    )
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2)

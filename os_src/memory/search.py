@@ -28,6 +28,8 @@ SEARCH_CANDIDATES = 300  # matches read per query term (see search_learnings)
 BM25_MATCHES = 600  # up to this many matches in all, FTS5's bm25() ranks them
 
 _WORD = re.compile(r"\w+")
+# A learning a person forgot (memory/forgetting.py) is never found; the partial index keeps this cheap.
+_NOT_FORGOTTEN = "rowid NOT IN (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL)"
 STOPWORDS = frozenset(
     """a about after again all also am an and any are as at be been before being but by can could did do
     does doing for from had has have having he her here hers him his how i if in into is it its just me
@@ -79,15 +81,16 @@ def search_learnings(db: MemoryDB, terms: Sequence[str], limit: int) -> list[Sea
     matches: dict[str, list[int]] = {}
     for term in terms:
         found = [r for (r,) in conn.execute(
-            "SELECT rowid FROM learnings_fts WHERE learnings_fts MATCH ? ORDER BY rowid DESC LIMIT ?",
-            (f'"{term}"', cap + 1))]
+            f"SELECT rowid FROM learnings_fts WHERE learnings_fts MATCH ? AND {_NOT_FORGOTTEN} "
+            "ORDER BY rowid DESC LIMIT ?", (f'"{term}"', cap + 1))]
         if found:
             matches[term] = found
     if not matches:
         return []
     if all(len(r) <= cap for r in matches.values()) and sum(map(len, matches.values())) <= BM25_MATCHES:
         best = [(rowid, -rank) for rowid, rank in conn.execute(
-            "SELECT rowid, rank FROM learnings_fts WHERE learnings_fts MATCH ? ORDER BY rank LIMIT ?",
+            f"SELECT rowid, rank FROM learnings_fts WHERE learnings_fts MATCH ? AND {_NOT_FORGOTTEN} "
+            "ORDER BY rank LIMIT ?",
             (" OR ".join(f'"{t}"' for t in matches), limit))]
     else:
         top = conn.execute("SELECT max(rowid) FROM learnings").fetchone()[0] or 0

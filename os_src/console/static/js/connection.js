@@ -1,0 +1,181 @@
+// The one WebSocket to the Sprite: authentication, hello and resume by seq, reconnection
+// with backoff, and requests answered by request_id (the memory frames).
+//
+// A browser cannot read the HTTP status of a refused WebSocket handshake, so when a socket
+// closes before it ever opened, the page asks GET /console/auth (the token in a header) to
+// tell a wrong token (401) or a page origin the server refuses (403) (say so, and stop)
+// from a server that is away (retry, slower each time): a wrong token never causes a storm.
+
+const SUBPROTOCOL = "sprite-os.v1";
+const FIRST_DELAY = 0.5; // seconds; doubled after each failed attempt
+const MAX_DELAY = 30;
+const REQUEST_TIMEOUT = 30_000;
+
+export class Connection {
+  constructor({ onFrame, onStatus, onAuthFailed }) {
+    this.onFrame = onFrame;
+    this.onStatus = onStatus;
+    this.onAuthFailed = onAuthFailed;
+    this.ws = null;
+    this.token = null;
+    this.lastSeq = null; // the largest seq seen: where to resume from
+    this.stream = null;
+    this.everReady = false;
+    this.attempt = 0; // failed attempts since the last open socket
+    this.retryTimer = null;
+    this.pending = new Map(); // request_id -> {resolve, reject, timer}
+    this.nextRequest = 1;
+    window.addEventListener("online", () => this.retryNow());
+  }
+
+  get url() {
+    return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`;
+  }
+
+  get connected() {
+    return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
+  }
+
+  start(token) {
+    this.token = token;
+    this.connect();
+  }
+
+  stop() {
+    this.token = null;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    if (this.ws) this.ws.close(1000, "signed out");
+    this.ws = null;
+  }
+
+  connect() {
+    this.retryTimer = null;
+    if (!this.token) return;
+    let ws;
+    try {
+      ws = new WebSocket(this.url, [SUBPROTOCOL, `bearer.${this.token}`]);
+    } catch {
+      this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
+      this.token = null;
+      return;
+    }
+    this.ws = ws;
+    let opened = false;
+    this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
+    ws.addEventListener("open", () => {
+      opened = true;
+      this.attempt = 0;
+      const hello = { type: "hello", protocol: 1, client: "sprite-console" };
+      if (this.lastSeq !== null && this.stream) Object.assign(hello, { last_seq: this.lastSeq, stream: this.stream });
+      ws.send(JSON.stringify(hello));
+    });
+    ws.addEventListener("message", (event) => this.receive(event.data));
+    ws.addEventListener("close", (event) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      this.failPending("the connection was lost before the answer came");
+      if (!this.token) return;
+      if (opened) this.retry(event.code === 4000 ? 0 : FIRST_DELAY);
+      else this.diagnose();
+    });
+  }
+
+  receive(data) {
+    let frame;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      return;
+    }
+    if (typeof frame.seq === "number") this.lastSeq = Math.max(this.lastSeq ?? 0, frame.seq);
+    if (frame.type === "ready") {
+      const resumed = this.everReady;
+      this.stream = frame.stream;
+      this.everReady = true;
+      this.onStatus({ state: "connected", resumed, replayed: frame.replayed, resync: frame.resync });
+    }
+    const waiting = frame.request_id != null ? this.pending.get(frame.request_id) : undefined;
+    if (waiting) {
+      this.pending.delete(frame.request_id);
+      clearTimeout(waiting.timer);
+      if (frame.type === "error") waiting.reject(new RequestError(frame.code, frame.message));
+      else waiting.resolve(frame);
+      return;
+    }
+    this.onFrame(frame);
+  }
+
+  async diagnose() {
+    let status = 0;
+    try {
+      const headers = { Authorization: `Bearer ${this.token}`, "X-Sprite-Origin": location.origin };
+      const answer = await fetch("/console/auth", { headers, cache: "no-store" });
+      status = answer.status;
+    } catch {
+      status = 0; // the server is not reachable: it is away, not refusing
+    }
+    if (!this.token) return;
+    if (status === 401 || status === 403) {
+      this.token = null;
+      this.onAuthFailed(status === 401
+        ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
+        : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
+      return;
+    }
+    this.retry(Math.min(MAX_DELAY, FIRST_DELAY * 2 ** this.attempt));
+  }
+
+  retry(base) {
+    this.attempt += 1;
+    const delay = base * (0.8 + Math.random() * 0.4); // jitter: many tabs don't return in step
+    this.onStatus({ state: "waiting", attempt: this.attempt, delay });
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => this.connect(), delay * 1000);
+  }
+
+  retryNow() {
+    if (this.retryTimer !== null) {
+      clearTimeout(this.retryTimer);
+      this.connect();
+    }
+  }
+
+  /** Sends a frame; false if not connected (the caller says so). */
+  send(frame) {
+    if (!this.connected) return false;
+    this.ws.send(JSON.stringify(frame));
+    return true;
+  }
+
+  /** A memory request: resolves with its `<type>_result` frame, rejects with a RequestError. */
+  request(type, fields = {}) {
+    const id = `r${this.nextRequest++}`;
+    return new Promise((resolve, reject) => {
+      if (!this.send({ type, request_id: id, ...fields })) {
+        reject(new RequestError("not_connected", "Not connected to the Sprite right now."));
+        return;
+      }
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new RequestError("timeout", "The Sprite did not answer in time."));
+      }, REQUEST_TIMEOUT);
+      this.pending.set(id, { resolve, reject, timer });
+    });
+  }
+
+  failPending(message) {
+    for (const { reject, timer } of this.pending.values()) {
+      clearTimeout(timer);
+      reject(new RequestError("connection_lost", message));
+    }
+    this.pending.clear();
+  }
+}
+
+export class RequestError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.code = code;
+  }
+}

@@ -1,0 +1,66 @@
+// Building the page from data. Text always goes in through textContent or text nodes:
+// no model or user text ever becomes markup (the page never uses innerHTML).
+
+/** el("li", {class: "msg", dataset: {role: "user"}}, child, "text", ...) */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key === "testid") node.dataset.testid = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value === true) node.setAttribute(key, "");
+    else node.setAttribute(key, String(value));
+  }
+  append(node, children);
+  return node;
+}
+
+export function append(node, children) {
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function clear(node) {
+  node.replaceChildren();
+  return node;
+}
+
+const pad = (n) => String(n).padStart(2, "0");
+
+/** 2026-11-20 10:15, in the reader's time zone. */
+export function when(seconds) {
+  if (!seconds) return "never";
+  const d = new Date(seconds * 1000);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+export function day(seconds) {
+  return when(seconds).slice(0, 10);
+}
+
+/** "in 40 s", "3 min ago" */
+export function relative(seconds, now = Date.now() / 1000) {
+  const delta = Math.round(seconds - now);
+  const size = Math.abs(delta);
+  const text = size < 90 ? `${size} s` : size < 5400 ? `${Math.round(size / 60)} min` : `${Math.round(size / 3600)} h`;
+  return delta >= 0 ? `in ${text}` : `${text} ago`;
+}
+
+export function count(n) {
+  return Number(n || 0).toLocaleString("en-US");
+}
+
+export function dollars(n) {
+  const value = Number(n || 0);
+  return value > 0 && value < 0.0001 ? "under $0.0001" : `$${value.toFixed(4)}`;
+}
+
+export function plural(n, word, many = `${word}s`) {
+  return `${count(n)} ${n === 1 ? word : many}`;
+}

@@ -1,0 +1,126 @@
+// The six memory files: each with its size against its limits, its text, a person's own
+// edit (the daemon's four files), and its history as diffs, with rollback to any version.
+
+import { clear, el, plural, when } from "./dom.js";
+
+export class FilesPanel {
+  constructor(root, connection, flash) {
+    this.root = root;
+    this.conn = connection;
+    this.flash = flash;
+    this.selected = "user.md";
+    this.current = null; // the open file's answer: {file, text, history}
+    this.list = el("ul", { class: "file-list" });
+    this.detail = el("div", { class: "file-detail" });
+    root.append(el("div", { class: "files-layout" }, this.list, this.detail));
+  }
+
+  async load() {
+    const { files } = await this.conn.request("memory_files");
+    clear(this.list).append(...files.map((f) => this.fileItem(f)));
+    await this.open(this.selected);
+  }
+
+  fileItem(f) {
+    const share = Math.min(1, f.lines / f.max_lines);
+    const fill = el("span");
+    fill.style.width = `${Math.round(share * 100)}%`; // through CSSOM: the CSP forbids style attributes
+    return el("li", { testid: "memory-file", dataset: { name: f.name, owner: f.owner } },
+      el("button", { type: "button", class: f.name === this.selected ? "selected" : "", onclick: () => this.open(f.name) },
+        el("span", { class: "name", text: f.name }),
+        el("span", { class: "badge", text: f.owner === "daemon" ? "curated" : "deploy" }),
+        el("span", { class: "lines", testid: "file-lines", text: `${f.lines} / ${f.max_lines} lines` }),
+        el("span", { class: `meter${share > 0.9 ? " full" : ""}` }, fill),
+        el("span", { class: "versions", text: plural(f.versions, "version") })));
+  }
+
+  async open(name) {
+    this.selected = name;
+    for (const button of this.list.querySelectorAll("button")) {
+      button.classList.toggle("selected", button.closest("li").dataset.name === name);
+    }
+    this.current = await this.conn.request("memory_file", { name });
+    this.renderFile();
+  }
+
+  renderFile(editing = false) {
+    const { file, text, history } = this.current;
+    const header = el("header", { class: "detail-head" },
+      el("h2", { text: file.name }),
+      el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
+      file.editable && !editing ? el("button", { type: "button", testid: "file-edit", onclick: () => this.renderFile(true), text: "Edit" }) : null);
+    const body = editing ? this.editor(file, text)
+      : el("pre", { class: "file-text", testid: "file-text", text: text || "(empty: the boot prompt shows a default)" });
+    const versions = el("ol", { class: "versions", reversed: true },
+      [...history].reverse().map((v) => el("li", { testid: "file-version", dataset: { number: v.number } },
+        el("button", { type: "button", onclick: () => this.showVersion(v.number) },
+          el("strong", { text: `#${v.number}` }), ` ${when(v.created_at)} · `,
+          el("span", { class: `source source-${v.source.split("-")[0]}`, text: v.source }), ` · ${plural(v.lines, "line")}`))));
+    this.versionView = el("div", { class: "version-view" });
+    const note = file.editable
+      ? "Curated by the memory daemon. Your edit is kept as a version and the daemon builds on it; it never overwrites an edit it did not see."
+      : "Written by deploys: a new release replaces it (your rollbacks stay in its history).";
+    clear(this.detail).append(header, el("p", { class: "hint", text: note }), body,
+      el("h3", { text: `History (${plural(file.versions, "version")})` }), versions, this.versionView);
+  }
+
+  editor(file, text) {
+    const area = el("textarea", { class: "file-editor", testid: "file-editor", spellcheck: "false", rows: 16 });
+    area.value = text;
+    const counter = el("span", { class: "counter" });
+    const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit" });
+    const recount = () => {
+      const lines = area.value ? area.value.split("\n").length - (area.value.endsWith("\n") ? 1 : 0) : 0;
+      counter.textContent = `${lines} / ${file.max_lines} lines`;
+      counter.classList.toggle("over", lines > file.max_lines);
+      save.disabled = area.value === text || lines > file.max_lines;
+    };
+    area.addEventListener("input", recount);
+    save.addEventListener("click", () => this.save(file, area.value));
+    recount();
+    return el("div", { class: "editing" }, area,
+      el("div", { class: "actions" }, counter, save,
+        el("button", { type: "button", testid: "file-cancel", onclick: () => this.renderFile(false), text: "Cancel" })));
+  }
+
+  async save(file, text) {
+    try {
+      const { version } = await this.conn.request("memory_edit", { name: file.name, text, base_sha256: file.sha256 });
+      this.flash(`Saved ${file.name} as version ${version.number} (your edit).`);
+      await this.load();
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+
+  async showVersion(number) {
+    const v = await this.conn.request("memory_version", { name: this.selected, number });
+    const lines = v.diff ? v.diff.split("\n") : ["(no change from the version before)"];
+    const rollback = el("button", { type: "button", testid: "file-rollback", dataset: { number },
+      text: `Make version ${number} current again`, onclick: () => this.rollback(number) });
+    clear(this.versionView).append(
+      el("h3", { text: `Version ${number}: ${v.version.source}, ${when(v.version.created_at)}` }),
+      el("p", { class: "hint", text: v.previous ? `Changes since version ${v.previous}:` : "The first version:" }),
+      el("pre", { class: "diff", testid: "file-diff" }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
+      rollback);
+    this.versionView.scrollIntoView({ block: "nearest" });
+  }
+
+  async rollback(number) {
+    try {
+      const { version } = await this.conn.request("memory_rollback", { name: this.selected, number });
+      this.flash(`${this.selected} is version ${number}'s text again (saved as version ${version.number}).`);
+      await this.load();
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+}
+
+function diffClass(line) {
+  if (line.startsWith("+++") || line.startsWith("---")) return "file";
+  if (line.startsWith("@@")) return "hunk";
+  if (line.startsWith("+")) return "add";
+  if (line.startsWith("-")) return "del";
+  return "ctx";
+}

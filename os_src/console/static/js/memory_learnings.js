@@ -1,0 +1,87 @@
+// What the curator learned: search with type, date, confidence and source; the turn a
+// learning came from, read from the transcript; forget, and undo a forgetting.
+
+import { clear, day, el, when } from "./dom.js";
+
+const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL"];
+
+export class LearningsPanel {
+  constructor(root, connection, flash) {
+    this.conn = connection;
+    this.flash = flash;
+    this.query = el("input", { type: "search", testid: "learning-search", placeholder: "Search what the Sprite learned", "aria-label": "Search learnings" });
+    this.type = el("select", { testid: "learning-type", "aria-label": "Type" },
+      el("option", { value: "", text: "All types" }), TYPES.map((t) => el("option", { value: t, text: t })));
+    this.forgotten = el("input", { type: "checkbox", testid: "learning-forgotten" });
+    this.results = el("ol", { class: "learnings", testid: "learnings" });
+    this.summary = el("p", { class: "hint" });
+    const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); this.load(); } },
+      this.query, this.type, el("label", { class: "check" }, this.forgotten, " forgotten"),
+      el("button", { type: "submit", class: "primary", testid: "learning-search-button", text: "Search" }));
+    this.type.addEventListener("change", () => this.load());
+    this.forgotten.addEventListener("change", () => this.load());
+    root.append(form, this.summary, this.results);
+  }
+
+  async load() {
+    const query = this.query.value.trim();
+    const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
+    if (this.type.value) fields.types = [this.type.value];
+    const { hits } = await this.conn.request("memory_search", fields);
+    this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
+      : query ? `${hits.length} found for “${query}”, best first.` : `The ${hits.length} newest.`;
+    clear(this.results).append(...hits.map((hit) => this.item(hit)));
+    if (!hits.length) this.results.append(el("li", { class: "empty", text: "Nothing here." }));
+  }
+
+  item(hit) {
+    const node = el("li", { class: "learning", testid: "learning", dataset: { id: hit.id, type: hit.type } });
+    this.fill(node, hit);
+    return node;
+  }
+
+  fill(node, hit) {
+    node.dataset.forgotten = hit.forgotten_at ? "true" : "false";
+    const facts = [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
+    if (hit.score !== null) facts.push(`score ${hit.score.toPrecision(2)}`);
+    const source = hit.turn
+      ? el("button", { type: "button", class: "link", testid: "learning-source", onclick: () => this.openTurn(node, hit.turn.observation_id),
+        text: `from turn ${hit.turn.sequence_num} of session ${hit.turn.session_id} on ${day(hit.turn.timestamp)}` })
+      : el("span", { class: "muted", text: hit.session_id ? `from session ${hit.session_id} (no turn cited)` : "no source recorded" });
+    const action = hit.forgotten_at
+      ? [el("span", { class: "forgotten", text: `Forgotten ${when(hit.forgotten_at)}` }),
+        el("button", { type: "button", testid: "learning-undo", text: "Undo", onclick: () => this.setForgotten(node, hit, false) })]
+      : [el("button", { type: "button", testid: "learning-forget", text: "Forget", title: "Leaves search and the boot prompt; the transcript keeps the turn", onclick: () => this.setForgotten(node, hit, true) })];
+    clear(node).append(
+      el("div", { class: "line" }, el("span", { class: `badge type-${hit.type.toLowerCase()}`, text: hit.type }),
+        el("span", { class: "content", testid: "learning-content", text: hit.content })),
+      el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
+      el("div", { class: "turn-view" }));
+  }
+
+  async setForgotten(node, hit, forget) {
+    try {
+      const { learning } = await this.conn.request(forget ? "memory_forget" : "memory_unforget", { learning_id: hit.id });
+      this.fill(node, { ...hit, forgotten_at: learning.forgotten_at });
+      this.flash(forget ? "Forgotten: it leaves search and the next boot prompt. Undo brings it back." : "Remembered again.");
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+
+  async openTurn(node, observationId) {
+    const view = node.querySelector(".turn-view");
+    if (view.childElementCount) { clear(view); return; }
+    try {
+      const { turn } = await this.conn.request("memory_turn", { observation_id: observationId });
+      view.append(el("div", { class: "turn", testid: "turn" },
+        el("div", { class: "who", text: `Turn ${turn.sequence_num} of session ${turn.session_id}, ${when(turn.timestamp)} (${turn.processed})` }),
+        el("div", { class: "said" }, el("strong", { text: "They said: " }), turn.user_message),
+        turn.tool_calls.map((c) => el("details", { class: "tool" },
+          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { text: c.input }), el("pre", { text: c.output }))),
+        el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), turn.agent_response)));
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+}

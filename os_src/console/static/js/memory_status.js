@@ -1,0 +1,65 @@
+// The memory daemon's health (its last batch, failing state, next retry, what it spent
+// today and in all, turns waiting), what a person changed, and the exact boot prompt the
+// next session starts with.
+
+import { clear, count, dollars, el, plural, relative, when } from "./dom.js";
+
+function stat(label, value, testid) {
+  return el("div", { class: "stat", testid }, el("div", { class: "label", text: label }), el("div", { class: "value", text: value }));
+}
+
+function spend(label, s) {
+  return el("div", { class: "stat wide" }, el("div", { class: "label", text: label }),
+    el("div", { class: "value", text: dollars(s.cost_usd) }),
+    el("div", { class: "sub", text: `${plural(s.batches, "batch", "batches")}${s.failed_batches ? ` (${s.failed_batches} failed)` : ""} · ${count(s.input_tokens)} in · ${count(s.output_tokens)} out tokens` }));
+}
+
+export class HealthPanel {
+  constructor(root, connection) {
+    this.conn = connection;
+    this.body = el("div", { class: "stats", testid: "memory-health" });
+    this.audit = el("ul", { class: "audit", testid: "memory-audit" });
+    root.append(this.body, el("h3", { text: "Changes a person made" }), this.audit);
+  }
+
+  async load() {
+    const [{ health: h }, { entries }] = await Promise.all([
+      this.conn.request("memory_health"), this.conn.request("memory_audit", { limit: 20 })]);
+    const state = h.running ? "curating now" : h.failing ? "failing" : h.consecutive_failures ? "retrying" : "healthy";
+    const o = h.observations;
+    const b = h.last_batch;
+    clear(this.body).append(
+      el("div", { class: `stat state ${state.replace(" ", "-")}`, testid: "memory-state" },
+        el("div", { class: "label", text: "Memory daemon" }), el("div", { class: "value", text: state }),
+        el("div", { class: "sub", text: h.last_error ? `last error: ${h.last_error}` : `last success ${when(h.last_success_at)}` })),
+      stat("Failures in a row", String(h.consecutive_failures)),
+      stat("Next retry", h.next_retry_at ? relative(h.next_retry_at) : "none waiting"),
+      stat("Turns waiting to be curated", count(o.pending ?? 0), "memory-pending"),
+      el("div", { class: "stat wide", testid: "memory-last-batch" }, el("div", { class: "label", text: "Last batch" }),
+        el("div", { class: "value", text: b ? `#${b.id} ${b.status}` : "none yet" }),
+        el("div", { class: "sub", text: b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "" })),
+      spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
+      stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
+      stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
+      stat("Pending actions", count(h.pending_actions)));
+    clear(this.audit).append(...entries.map((e) => el("li", {},
+      el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail)));
+    if (!entries.length) this.audit.append(el("li", { class: "empty", text: "No edits, rollbacks or forgettings yet." }));
+  }
+}
+
+export class BootPromptPanel {
+  constructor(root, connection) {
+    this.conn = connection;
+    this.facts = el("p", { class: "facts", testid: "boot-prompt-size" });
+    this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt" });
+    root.append(el("p", { class: "hint", text: "Exactly the system prompt the next session will boot with: the deploy's files, then the curated memory, pending actions and the last 48 hours of learnings." }),
+      this.facts, this.text);
+  }
+
+  async load() {
+    const answer = await this.conn.request("memory_boot_prompt");
+    this.facts.textContent = `${count(answer.chars)} characters, about ${count(answer.tokens_estimate)} tokens (estimated as ${answer.estimate}).`;
+    this.text.textContent = answer.text;
+  }
+}

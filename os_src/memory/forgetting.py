@@ -1,0 +1,89 @@
+"""Forgetting a learning, undoing it, and the audit of what a person changed in memory.
+
+A forgotten learning keeps its row (with `forgotten_at`), so the forgetting can be undone;
+search, the boot prompt's recent learnings and its pending actions skip it, and the
+curator extracting the same text again adds nothing (learnings are deduplicated on their
+normalised text), so it does not come back. transcript.db is never touched: the turn the
+learning came from stays as it was. `memory rebuild` carries forgotten learnings over.
+
+Every forgetting, undo, edit and rollback a person makes is a row in `memory_audit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ..database import rows, transaction
+from .memory_store import MemoryDB
+
+AuditAction = Literal["forget", "unforget", "edit", "rollback"]
+DETAIL_CHARS = 200
+
+
+class AuditRow(msgspec.Struct, frozen=True):
+    id: int
+    at: float
+    action: AuditAction
+    learning_id: int | None
+    file: str | None
+    detail: str
+
+
+def record(db: MemoryDB, action: AuditAction, now: float, *, learning_id: int | None = None,
+           file: str | None = None, detail: str = "") -> None:
+    db.conn.execute("INSERT INTO memory_audit (at, action, learning_id, file, detail) VALUES (?, ?, ?, ?, ?)",
+                    (now, action, learning_id, file, detail[:DETAIL_CHARS]))
+
+
+def set_forgotten(db: MemoryDB, learning_id: int, forget: bool, now: float) -> float | None:
+    """Forget (or remember again) a learning; returns its `forgotten_at` afterwards. Raises
+    KeyError if there is no such learning. Only a change is recorded in the audit."""
+    with transaction(db.conn) as c:
+        row = c.execute("SELECT forgotten_at, type, content FROM learnings WHERE id = ?", (learning_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no learning #{learning_id}")
+        was, kind, content = row
+        if (was is not None) == forget:
+            return None if was is None else float(was)
+        stamp = now if forget else None
+        c.execute("UPDATE learnings SET forgotten_at = ? WHERE id = ?", (stamp, learning_id))
+        record(db, "forget" if forget else "unforget", now, learning_id=learning_id, detail=f"{kind}: {content}")
+        return stamp
+
+
+def audit(db: MemoryDB, limit: int) -> list[AuditRow]:
+    return rows(db.conn.execute("SELECT id, at, action, learning_id, file, detail FROM memory_audit "
+                                "ORDER BY id DESC LIMIT ?", (limit,)), AuditRow)
+
+
+def forgotten_count(db: MemoryDB) -> int:
+    return int(db.conn.execute("SELECT count(*) FROM learnings WHERE forgotten_at IS NOT NULL").fetchone()[0])
+
+
+def forgotten_keys(path: Path) -> dict[str, float]:
+    """content_key -> forgotten_at of the forgotten learnings in the memory.db at `path`
+    (read-only; none if it is missing or older than the forgetting)."""
+    if not path.exists():
+        return {}
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return {}
+    with contextlib.closing(conn):
+        try:
+            found = conn.execute("SELECT content_key, forgotten_at FROM learnings WHERE forgotten_at IS NOT NULL")
+            return {key: float(at) for key, at in found.fetchall()}
+        except sqlite3.Error:
+            return {}
+
+
+def forget_again(db: MemoryDB, keys: dict[str, float]) -> int:
+    """After a rebuild: forget again what was forgotten before it (matched on normalised text)."""
+    with transaction(db.conn) as c:
+        return sum(c.execute("UPDATE learnings SET forgotten_at = ? WHERE content_key = ? AND forgotten_at IS NULL",
+                             (at, key)).rowcount for key, at in keys.items())

@@ -1,0 +1,130 @@
+"""Driving the console in a real headless Chromium: the distribution's browser (make test
+installs it when missing) through Playwright, against the real server and CLI with the mock
+Bridge. Every page records its console errors and uncaught exceptions; a test ends by
+asserting there were none (a CSP violation is a console error too).
+
+Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCREENSHOTS set
+(`make screenshots`), so that `make test` leaves the checkout as it found it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+
+from sprite_os.config import Settings
+from sprite_os.dev.harness import TOKEN
+from sprite_os.memory.files import SPECS, MemoryFiles
+
+CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+UI_TIMEOUT = 30_000  # ms: a turn through the real CLI on a loaded two-core machine
+
+expect.set_options(timeout=UI_TIMEOUT)
+
+
+@asynccontextmanager
+async def chromium() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists() and shutil.which(CHROMIUM) is None:
+        pytest.fail(f"no Chromium at {CHROMIUM}: `make test` installs it "
+                    "(apt-get install -y --no-install-recommends chromium), or set SPRITE_TEST_CHROMIUM")
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@dataclass
+class Tab:
+    """One browser tab on the console, with what it logged and every socket it opened."""
+
+    page: Page
+    base: str
+    problems: list[str] = field(default_factory=list)
+    sockets: list[float] = field(default_factory=list)  # when each WebSocket was opened (ms, page clock)
+    auth_checks: int = 0
+
+    def by(self, testid: str) -> Any:
+        return self.page.get_by_test_id(testid)
+
+    async def sign_in(self, token: str = TOKEN) -> None:
+        await self.page.goto(self.base)
+        await self.by("token-input").fill(token)
+        await self.by("token-submit").click()
+
+    async def connected(self) -> None:
+        await expect(self.by("connection-status")).to_have_attribute("data-state", "connected")
+
+    async def send(self, text: str) -> None:
+        await self.by("composer").fill(text)
+        await self.by("send-button").click()
+
+    def messages(self, role: str) -> Any:
+        return self.page.locator(f'[data-testid="message"][data-role="{role}"]')
+
+    async def memory(self, section: str) -> None:
+        await self.by("memory-tab").click()
+        await self.by(f"memory-section-{section}").click()
+        await expect(self.by(f"memory-panel-{section}")).not_to_have_attribute("data-loading", "true")
+
+    def assert_clean(self, *expected: str) -> None:
+        """No console error or page error, but those containing one of `expected` (a refused
+        socket or a 401 is logged by the browser itself); never a Content-Security-Policy one."""
+        unexpected = [p for p in self.problems if not any(e in p for e in expected) or "Security Policy" in p]
+        assert unexpected == [], unexpected
+
+
+async def open_tab(browser: Browser, base: str, *, viewport: dict[str, int] = DESKTOP,
+                   dark: bool = False) -> Tab:
+    context: BrowserContext = await browser.new_context(viewport=viewport,  # type: ignore[arg-type]
+                                                        color_scheme="dark" if dark else "light")
+    page = await context.new_page()
+    tab = Tab(page, base)
+    page.on("console", lambda m: tab.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: tab.problems.append(f"page error: {e}"))
+    page.on("websocket", lambda _ws: tab.sockets.append(_now_ms()))
+    page.on("request", lambda r: setattr(tab, "auth_checks", tab.auth_checks + 1) if r.url.endswith("/console/auth") else None)
+    return tab
+
+
+def _now_ms() -> float:
+    import time
+
+    return time.monotonic() * 1000
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    chosen = os.environ.get("SPRITE_CONSOLE_SCREENSHOTS")
+    folder = Path(chosen) if chosen else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+async def screenshot(tab: Tab, folder: Path, name: str) -> Path:
+    path = folder / f"{name}.png"
+    await tab.page.screenshot(path=str(path), animations="disabled", caret="hide")
+    assert path.stat().st_size > 10_000  # a rendered page, not a blank one
+    return path
+
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "bootstrap" / "templates"
+
+
+def install_templates(settings: Settings) -> None:
+    """What a deploy does (`sprite-os install-templates`), so the memory tab looks as on a Sprite."""
+    files = MemoryFiles(settings.layout)
+    for name in SPECS:
+        files.install_template(name, (TEMPLATES / name).read_text(encoding="utf-8"), "deploy")

@@ -1,0 +1,296 @@
+"""The console's memory requests, answered by MemoryConsole against real stores and files
+(no server, no browser): each request, bad input, forgetting and its audit."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sprite_os import protocol_memory as pm
+from sprite_os.cli import main as cli
+from sprite_os.dev.harness import make_settings
+from sprite_os.memory.console_api import MemoryConsole
+from sprite_os.memory.console_queries import day_start
+from sprite_os.memory.forgetting import forget_again, forgotten_keys
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+
+NOW = 1_800_000_000.0  # a fixed clock: "today" starts at day_start(NOW)
+
+
+@pytest.fixture
+async def system(tmp_path: Path) -> AsyncIterator[MemorySystem]:
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    memory = MemorySystem(settings)
+    yield memory
+    await memory.curator.close()
+    await asyncio.gather(memory.transcript.close(), memory.memory.close())
+
+
+@pytest.fixture
+def console(system: MemorySystem) -> MemoryConsole:
+    return MemoryConsole(system, clock=lambda: NOW)
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def seed(system: MemorySystem) -> list[int]:
+    """Two recorded turns of session s1 and one batch that learned three things from them."""
+    def turns(t: TranscriptDB) -> list[int]:
+        return [t.append(NewObservation(timestamp=NOW - 60 + n, session_id="s1", sequence_num=n,
+                                        user_message=f"message {n}", agent_response=f"answer {n}",
+                                        tool_calls_json='[{"name": "Bash", "input": {"command": "ls"}, '
+                                                        '"output": "a.txt", "is_error": false}]'))
+                or 0 for n in (1, 2)]
+
+    ids = await system.transcript.call(turns)
+    learned = [NewLearning("FACT", "The user's name is Ada Lovelace", "s1", ids[0]),
+               NewLearning("PREFERENCE", "Ada likes tea in the morning", "s1", ids[1]),
+               NewLearning("ACTION", "Remind Ada about the tea order", "s1", None)]
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=ids, model="claude-haiku-4-5", input_tokens=100, output_tokens=20,
+        cost_usd=0.0002, learnings=learned, file_updates={}, base_hashes={}))
+    return ids
+
+
+async def ask(console: MemoryConsole, request: pm.MemoryRequest) -> pm.MemoryReply:
+    reply = await console.handle(request)
+    assert reply.request_id == request.request_id
+    return reply
+
+
+async def failure(console: MemoryConsole, request: pm.MemoryRequest) -> pm.RequestFailed:
+    with pytest.raises(pm.RequestFailed) as info:
+        await console.handle(request)
+    return info.value
+
+
+# ---------------------------------------------------------------- files
+
+
+async def test_files_list_all_six_with_their_limits(console: MemoryConsole, system: MemorySystem) -> None:
+    system.files.write("user.md", "# User\n- Name: Ada\n", source="batch-1")
+    reply = await ask(console, pm.MemoryFilesRequest(request_id="r1"))
+    assert isinstance(reply, pm.MemoryFilesResult)
+    files = {f.name: f for f in reply.files}
+    assert list(files) == ["soul.md", "os.md", "tools.md", "files.md", "user.md", "context.md"]
+    user = files["user.md"]
+    assert (user.lines, user.max_lines, user.versions, user.owner, user.editable) == (2, 200, 1, "daemon", True)
+    assert user.sha256 == sha("# User\n- Name: Ada\n")
+    assert (files["soul.md"].owner, files["soul.md"].editable, files["soul.md"].lines) == ("deploy", False, 0)
+
+
+async def test_a_version_comes_with_its_diff_against_the_one_before(console: MemoryConsole,
+                                                                    system: MemorySystem) -> None:
+    system.files.write("user.md", "# User\n- Name: Ada\n", source="batch-1")
+    system.files.write("user.md", "# User\n- Name: Ada Lovelace\n- City: London\n", source="batch-2")
+    detail = await ask(console, pm.MemoryFileRequest(request_id="r", name="user.md"))
+    assert isinstance(detail, pm.MemoryFileResult)
+    assert [(v.number, v.source, v.lines) for v in detail.history] == [(1, "batch-1", 2), (2, "batch-2", 3)]
+    second = await ask(console, pm.MemoryVersionRequest(request_id="r", name="user.md", number=2))
+    assert isinstance(second, pm.MemoryVersionResult) and second.previous == 1
+    assert second.diff.splitlines()[:2] == ["--- user.md@1", "+++ user.md@2"]
+    assert "-- Name: Ada" in second.diff.splitlines() and "+- City: London" in second.diff.splitlines()
+    first = await ask(console, pm.MemoryVersionRequest(request_id="r", name="user.md", number=1))
+    assert isinstance(first, pm.MemoryVersionResult) and first.previous is None and "+# User" in first.diff
+    missing = await failure(console, pm.MemoryVersionRequest(request_id="r", name="user.md", number=9))
+    assert missing.code == "not_found"
+
+
+async def test_a_persons_edit_is_a_version_and_in_the_audit(console: MemoryConsole, system: MemorySystem) -> None:
+    system.files.write("user.md", "# User\n", source="batch-1")
+    reply = await ask(console, pm.MemoryEditRequest(request_id="e", name="user.md", text="# User\n- Pronouns: she",
+                                                    base_sha256=sha("# User\n")))
+    assert isinstance(reply, pm.MemoryEditResult)
+    assert system.files.read("user.md") == "# User\n- Pronouns: she\n"  # a final newline is added
+    assert (reply.version.number, reply.version.source) == (2, "person-edit")
+    assert reply.file.sha256 == sha("# User\n- Pronouns: she\n")
+    audit = await ask(console, pm.MemoryAuditRequest(request_id="a"))
+    assert isinstance(audit, pm.MemoryAuditResult)
+    [entry] = audit.entries
+    assert (entry.action, entry.file, entry.at, entry.detail) == ("edit", "user.md", NOW, "saved as version 2")
+
+
+async def test_an_edit_begun_before_the_daemons_rewrite_is_refused(console: MemoryConsole,
+                                                                   system: MemorySystem) -> None:
+    system.files.write("user.md", "# User\n", source="batch-1")
+    started_from = sha("# User\n")
+    system.files.write("user.md", "# User\n- Name: Ada\n", source="batch-2")  # the daemon, meanwhile
+    error = await failure(console, pm.MemoryEditRequest(request_id="e", name="user.md", text="# Mine\n",
+                                                        base_sha256=started_from))
+    assert error.code == "file_changed" and "nothing was saved" in error.message
+    assert system.files.read("user.md") == "# User\n- Name: Ada\n"
+    assert len(system.files.history("user.md")) == 2
+
+
+@pytest.mark.parametrize(("name", "text", "code"), [
+    ("soul.md", "# Soul\n", "not_editable"),
+    ("os.md", "# OS\n", "not_editable"),
+    ("notes.md", "x\n", "not_found"),
+    ("../token", "x\n", "not_found"),
+    ("user.md", "line\n" * 201, "over_limit"),
+    ("user.md", "x" * 30_000, "over_limit"),
+])
+async def test_bad_edits_write_nothing(console: MemoryConsole, system: MemorySystem, name: str, text: str,
+                                       code: str) -> None:
+    before = sorted(p.name for p in system.settings.layout.memory_dir.rglob("*"))
+    error = await failure(console, pm.MemoryEditRequest(request_id="e", name=name, text=text,
+                                                        base_sha256=sha("")))
+    assert error.code == code
+    assert sorted(p.name for p in system.settings.layout.memory_dir.rglob("*")) == before
+
+
+async def test_rollback_to_any_version_is_a_new_version(console: MemoryConsole, system: MemorySystem) -> None:
+    for n in (1, 2, 3):
+        system.files.write("context.md", f"# Now\n- step {n}\n", source=f"batch-{n}")
+    reply = await ask(console, pm.MemoryRollbackRequest(request_id="r", name="context.md", number=1))
+    assert isinstance(reply, pm.MemoryRollbackResult)
+    assert system.files.read("context.md") == "# Now\n- step 1\n"
+    assert (reply.version.number, reply.version.source, reply.file.versions) == (4, "rollback-to-1", 4)
+    assert (await failure(console, pm.MemoryRollbackRequest(request_id="r", name="context.md", number=7))).code \
+        == "not_found"
+    audit = await ask(console, pm.MemoryAuditRequest(request_id="a"))
+    assert isinstance(audit, pm.MemoryAuditResult)
+    assert audit.entries[0].detail == "to version 1, saved as version 4"
+
+
+# ---------------------------------------------------------------- learnings
+
+
+async def test_search_shows_type_date_confidence_and_the_source_turn(console: MemoryConsole,
+                                                                     system: MemorySystem) -> None:
+    ids = await seed(system)
+    reply = await ask(console, pm.MemorySearchRequest(request_id="s", query="what is Ada's name?"))
+    assert isinstance(reply, pm.MemorySearchResult)
+    top = reply.hits[0]
+    assert (top.kind, top.type, top.content, top.confidence) == ("learning", "FACT", "The user's name is Ada Lovelace",
+                                                                 0.8)
+    assert top.score is not None and top.score > 0 and top.forgotten_at is None
+    assert top.turn == pm.TurnRef(observation_id=ids[0], session_id="s1", sequence_num=1, timestamp=NOW - 59)
+    listed = await ask(console, pm.MemorySearchRequest(request_id="s"))  # no query: the newest
+    assert isinstance(listed, pm.MemorySearchResult)
+    assert [h.type for h in listed.hits] == ["ACTION", "PREFERENCE", "FACT"]
+    assert listed.hits[0].turn is None and listed.hits[0].score is None  # the curator cited no turn
+    typed = await ask(console, pm.MemorySearchRequest(request_id="s", query="Ada", types=["PREFERENCE"]))
+    assert isinstance(typed, pm.MemorySearchResult) and [h.type for h in typed.hits] == ["PREFERENCE"]
+
+
+async def test_a_learnings_turn_opens_from_the_transcript(console: MemoryConsole, system: MemorySystem) -> None:
+    ids = await seed(system)
+    reply = await ask(console, pm.MemoryTurnRequest(request_id="t", observation_id=ids[1]))
+    assert isinstance(reply, pm.MemoryTurnResult)
+    turn = reply.turn
+    assert (turn.session_id, turn.sequence_num, turn.user_message, turn.agent_response, turn.processed) == (
+        "s1", 2, "message 2", "answer 2", "pending")
+    assert turn.tool_calls == [pm.ToolCall(name="Bash", input='{"command": "ls"}', output="a.txt", is_error=False)]
+    assert (await failure(console, pm.MemoryTurnRequest(request_id="t", observation_id=999))).code == "not_found"
+
+
+async def search_ids(console: MemoryConsole, query: str, **kwargs: object) -> list[int]:
+    reply = await console.handle(pm.MemorySearchRequest(request_id="s", query=query, **kwargs))  # type: ignore[arg-type]
+    assert isinstance(reply, pm.MemorySearchResult)
+    return [h.id for h in reply.hits]
+
+
+async def test_forget_leaves_search_and_the_boot_prompt_is_audited_and_undone(
+        console: MemoryConsole, system: MemorySystem, capsys: pytest.CaptureFixture[str]) -> None:
+    await seed(system)
+    [tea] = [i for i in await search_ids(console, "tea morning") if i == 2]
+    transcript_before = await system.transcript.call(lambda t: list(t.iter_all()))
+    forgot = await ask(console, pm.MemoryForgetRequest(request_id="f", learning_id=tea))
+    assert isinstance(forgot, pm.MemoryForgetResult) and forgot.learning.forgotten_at == NOW
+    assert tea not in await search_ids(console, "tea morning")
+    assert tea not in await search_ids(console, "")
+    assert await search_ids(console, "", forgotten=True) == [tea]
+    assert [h.id for h in await system.search("tea in the morning", 10)] == [3]  # the agent's search_memory: the same search
+    prompt = await system.loader.boot_prompt()
+    assert "Ada likes tea" not in prompt and "The user's name is Ada Lovelace" in prompt
+    assert await system.transcript.call(lambda t: list(t.iter_all())) == transcript_before  # untouched
+    assert cli(["--workspace", str(system.settings.workspace), "memory", "search", "tea morning"]) == 0
+    assert "likes tea" not in capsys.readouterr().out
+    again = await ask(console, pm.MemoryForgetRequest(request_id="f", learning_id=tea))  # already: no new entry
+    assert isinstance(again, pm.MemoryForgetResult) and again.learning.forgotten_at == NOW
+    back = await ask(console, pm.MemoryUnforgetRequest(request_id="u", learning_id=tea))
+    assert isinstance(back, pm.MemoryUnforgetResult) and back.learning.forgotten_at is None
+    assert tea in await search_ids(console, "tea morning")
+    assert "Ada likes tea" in await system.loader.boot_prompt()
+    audit = await ask(console, pm.MemoryAuditRequest(request_id="a"))
+    assert isinstance(audit, pm.MemoryAuditResult)
+    assert [(e.action, e.learning_id, e.at) for e in audit.entries] == [("unforget", tea, NOW), ("forget", tea, NOW)]
+    assert audit.entries[1].detail == "PREFERENCE: Ada likes tea in the morning"
+    for request in (pm.MemoryForgetRequest(request_id="f", learning_id=99),
+                    pm.MemoryUnforgetRequest(request_id="u", learning_id=99)):
+        assert (await failure(console, request)).code == "not_found"
+
+
+async def test_a_forgotten_action_leaves_the_pending_actions(console: MemoryConsole, system: MemorySystem) -> None:
+    await seed(system)
+    assert "Remind Ada about the tea order" in await system.loader.boot_prompt()
+    await ask(console, pm.MemoryForgetRequest(request_id="f", learning_id=3))
+    assert await system.memory.call(lambda m: m.pending_actions()) == []
+    assert "Remind Ada" not in await system.loader.boot_prompt()
+
+
+async def test_forgetting_survives_a_rebuild_and_the_same_text_learned_again(system: MemorySystem,
+                                                                           console: MemoryConsole) -> None:
+    await seed(system)
+    await ask(console, pm.MemoryForgetRequest(request_id="f", learning_id=2))
+    layout = system.settings.layout
+    keys = forgotten_keys(layout.memory_db)
+    assert len(keys) == 1 and list(keys.values()) == [NOW]
+    fresh = MemoryDB(layout.memory_db.with_name("rebuilt.db"))  # what a rebuild makes from the transcript
+    fresh.commit_batch(trigger="rebuild", observation_ids=[1, 2], model="m", input_tokens=0, output_tokens=0,
+                       cost_usd=0, learnings=[NewLearning("PREFERENCE", "Ada likes tea in the morning.")],
+                       file_updates={}, base_hashes={})
+    assert forget_again(fresh, keys) == 1
+    assert fresh.learnings_since(0) == []
+    assert forgotten_keys(layout.memory_db.with_name("missing.db")) == {}
+
+
+# ---------------------------------------------------------------- the daemon and the boot prompt
+
+
+async def test_health_counts_today_apart_from_all_time(console: MemoryConsole, system: MemorySystem) -> None:
+    await seed(system)
+    yesterday = day_start(NOW) - 3600
+
+    def old_failure(m: MemoryDB) -> None:
+        m.record_failed_batch(trigger="t", observation_ids=[1], model="m", error="proxy down", input_tokens=50,
+                              cost_usd=0.5)
+        m.conn.execute("UPDATE batches SET created_at = ? WHERE status = 'failed'", (yesterday,))
+        m.conn.execute("UPDATE batches SET created_at = ? WHERE status != 'failed'", (NOW - 60,))  # this morning
+
+    await system.memory.call(old_failure)
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult)
+    h = reply.health
+    assert (h.total.batches, h.total.failed_batches, h.total.input_tokens, h.total.cost_usd) == (2, 1, 150, 0.5002)
+    assert (h.today.batches, h.today.failed_batches, h.today.input_tokens) == (1, 0, 100)
+    assert h.observations == {"pending": 2, "processed": 0, "stale": 0, "total": 2}
+    assert (h.learnings, h.forgotten, h.pending_actions, h.failing, h.running) == (3, 0, 1, False, False)
+    assert h.last_batch is not None and (h.last_batch.status, h.last_batch.error) == ("failed", "proxy down")
+
+
+def test_today_starts_at_midnight_utc() -> None:
+    noon = time.mktime((2027, 3, 4, 12, 0, 0, 0, 0, 0)) - time.timezone
+    assert time.gmtime(day_start(noon))[:6] == (2027, 3, 4, 0, 0, 0)
+
+
+async def test_the_boot_prompt_is_exactly_the_next_sessions(console: MemoryConsole, system: MemorySystem) -> None:
+    await seed(system)
+    system.files.write("soul.md", "# Soul\nYou are Sprite.\n", source="deploy")
+    reply = await ask(console, pm.MemoryBootPromptRequest(request_id="b"))
+    assert isinstance(reply, pm.MemoryBootPromptResult)
+    assert reply.text == await system.loader.boot_prompt()
+    assert reply.text.startswith("# Soul\nYou are Sprite.") and "The user's name is Ada Lovelace" in reply.text
+    assert reply.chars == len(reply.text) and reply.tokens_estimate == -(-len(reply.text) // 4)
+    assert "characters / 4" in reply.estimate

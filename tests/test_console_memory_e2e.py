@@ -1,0 +1,168 @@
+"""The console's memory tab in a real Chromium, after real batches: find a learning and the turn
+it came from, forget it (and undo), a person's edit of user.md that the daemon's next batch
+keeps, a rollback, the daemon's health and the next boot prompt. Real server, real CLI, the
+mock Bridge as model and curator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.async_api import expect
+
+from sprite_os.config import Settings
+from sprite_os.dev.mock_bridge import Fault, MockBridge
+from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.search import search_learnings
+from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.server import SpriteOS
+from tests.conftest import client_factory, running, wait_for
+from tests.console_browser import (
+    Tab,
+    chromium,
+    install_templates,
+    open_tab,
+    screenshot,
+    screenshot_dir,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def processed(settings: Settings) -> int:
+    db = TranscriptDB(settings.layout.transcript_db)
+    try:
+        return db.counts()["processed"]
+    finally:
+        db.close()
+
+
+def found(settings: Settings, word: str) -> list[str]:
+    """What the agent's search (and `memory search`) returns, read from memory.db directly."""
+    db = MemoryDB(settings.layout.memory_db)
+    try:
+        return [hit.content for hit in search_learnings(db, [word], 10)]
+    finally:
+        db.close()
+
+
+async def chat_turn(tab: Tab, text: str) -> None:
+    await tab.send(text)
+    await expect(tab.messages("assistant").last).to_contain_text(f"You said: {text}")
+
+
+async def test_find_a_learning_open_its_turn_forget_it_and_undo(
+        server: SpriteOS, bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
+    shots = screenshot_dir(tmp_path)
+    install_templates(settings)
+    bridge.curator.script("FACT: The user's name is Ada Lovelace [#1]\nPREFERENCE: Likes tea in the morning [#1]\n"
+                          "USER_MD_UPDATE:\n# User\n- Name: Ada Lovelace\n- Tea in the morning\n")
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await chat_turn(tab, "Hi, I'm Ada Lovelace and I drink tea every morning.")
+        await tab.by("new-session").click()  # the session's end triggers the batch
+        await wait_for(lambda: processed(settings) == 1, timeout=30, what="the batch")
+
+        await tab.memory("learnings")
+        await tab.by("learning-search").fill("Ada")
+        await tab.by("learning-search-button").click()
+        learning = tab.by("learning").filter(has_text="The user's name is Ada Lovelace")
+        await expect(learning).to_have_count(1)
+        await expect(learning).to_contain_text("FACT")
+        await expect(learning).to_contain_text("confidence")
+        await expect(learning.get_by_test_id("learning-source")).to_contain_text("from turn 1 of session")
+        await learning.get_by_test_id("learning-source").click()
+        await expect(learning.get_by_test_id("turn")).to_contain_text("Hi, I'm Ada Lovelace and I drink tea")
+        await screenshot(tab, shots, "memory-learnings-light")
+
+        await learning.get_by_test_id("learning-forget").click()
+        await expect(learning).to_have_attribute("data-forgotten", "true")
+        assert found(settings, "lovelace") == []  # search no longer returns it
+        await tab.by("learning-search-button").click()
+        await expect(tab.by("learning").filter(has_text="Ada Lovelace")).to_have_count(0)
+        await tab.by("learning-search").fill("")  # no query: the newest learnings
+        await tab.by("learning-search-button").click()
+        await expect(tab.by("learning").filter(has_text="Likes tea")).to_have_count(1)
+        await expect(tab.by("learning").filter(has_text="Ada Lovelace")).to_have_count(0)
+        await tab.by("learning-forgotten").check()
+        forgotten = tab.by("learning").filter(has_text="Ada Lovelace")
+        await expect(forgotten).to_have_attribute("data-forgotten", "true")
+        await forgotten.get_by_test_id("learning-undo").click()
+        await expect(forgotten).to_have_attribute("data-forgotten", "false")
+        assert found(settings, "lovelace") == ["The user's name is Ada Lovelace"]
+
+        await tab.memory("health")
+        await expect(tab.by("memory-state")).to_contain_text("healthy")
+        await expect(tab.by("memory-last-batch")).to_contain_text("done")
+        await expect(tab.by("memory-audit")).to_contain_text("unforget")
+        await screenshot(tab, shots, "memory-health-light")
+        await tab.memory("boot")
+        await expect(tab.by("boot-prompt")).to_contain_text("- Name: Ada Lovelace")
+        await expect(tab.by("boot-prompt-size")).to_contain_text("tokens")
+        await screenshot(tab, shots, "memory-boot-prompt-light")
+        await tab.by("theme-toggle").click()
+        await tab.memory("learnings")
+        await tab.by("learning-forgotten").uncheck()
+        await expect(tab.by("learning")).to_have_count(2)
+        await screenshot(tab, shots, "memory-learnings-dark")
+        await tab.memory("files")
+        await expect(tab.by("memory-file").filter(has_text="user.md")).to_contain_text("3 / 200 lines")
+        await screenshot(tab, shots, "memory-files-dark")
+        tab.assert_clean()
+
+
+FIRST_REPLY = "FACT: Ada likes tea\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n- Likes tea\n"
+EDIT = "# User\n- Name: Ada\n- Pronouns: she/her (added in the console)\n"
+SECOND_REPLY = f"FACT: Ada likes tea\nUSER_MD_UPDATE:\n{EDIT}- Likes tea\n"
+
+
+async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_rolls_back(
+        bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
+    shots = screenshot_dir(tmp_path)
+    settings = settings.with_overrides(memory_batch_turns=1)
+    files = MemoryFiles(settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    install_templates(settings)
+    bridge.faults.add(Fault("latency", seconds=4.0, target="curator", times=1))
+    bridge.curator.script(FIRST_REPLY)  # written from the file before the edit: must not land
+    bridge.curator.script(SECOND_REPLY)  # the batch again, on the edited file
+    async with running(settings) as app, chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{app.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("files")
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n")
+        await tab.by("file-edit").click()
+        await tab.by("file-editor").fill(EDIT)
+        async with client_factory(app.port) as connect:  # the turn comes from another device
+            other = await connect(hello={})
+            await other.send(type="user_message", text="I like tea")
+            await other.until("turn_complete")
+        await bridge.wait_for(lambda b: len(b.curator_requests()) >= 1)
+        await tab.by("file-save").click()  # while the batch's curator call is out
+        await expect(tab.by("memory-flash")).to_contain_text("Saved user.md as version")
+        await wait_for(lambda: processed(settings) == 1, timeout=30, what="the batch, run again")
+
+        assert "- Pronouns: she/her (added in the console)" in files.read("user.md")
+        assert files.read("user.md") == EDIT + "- Likes tea\n"
+        second = bridge.curator_requests()[1]
+        assert "added in the console" in second.last_user_text  # it built on the person's edit
+        history = files.history("user.md")
+        assert "person-edit" in [v.source for v in history]
+        assert "# User\n- Name: Ada\n- Likes tea\n" not in [v.text for v in history]  # the stale reply never landed
+
+        await tab.by("memory-section-files").click()  # reload: the daemon's version is current
+        await expect(tab.by("file-text")).to_contain_text("- Likes tea")
+        seed = tab.by("file-version").filter(has_text="seed")
+        await seed.get_by_role("button").click()
+        await expect(tab.by("file-diff")).to_contain_text("+- Name: Ada")
+        await screenshot(tab, shots, "memory-files-light")
+        await tab.by("file-rollback").click()
+        await expect(tab.by("memory-flash")).to_contain_text("is version 1's text again")
+        assert files.read("user.md") == "# User\n- Name: Ada\n"
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n")
+        assert files.history("user.md")[-1].source == "rollback-to-1"
+        tab.assert_clean()
