@@ -21,10 +21,12 @@ import os
 import signal
 import time
 from http import HTTPStatus
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from . import __version__
 from .config import Settings, describe, resolve_token
@@ -59,9 +61,9 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
-def _select_subprotocol(_conn: ServerConnection, offered: Any) -> str | None:
+def _select_subprotocol(_conn: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
     # Echo only our protocol name, never the bearer entry that carries the token.
-    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
 
 
 class SpriteOS:
