@@ -20,8 +20,8 @@ import json
 import os
 import signal
 import time
-from http import HTTPStatus
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
