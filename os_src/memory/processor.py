@@ -36,6 +36,7 @@ from ..logs import get_logger
 from .curator import SYSTEM, TRUNCATED, CuratorReply, build_prompt, parse_reply, shorten_request
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
+from .pricing import cost_usd
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
 
@@ -45,14 +46,6 @@ CALL_TIMEOUT = 120.0
 MAX_REPLY_TOKENS = 8192
 PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
 MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
-
-# USD per million tokens (input, output), by model-name prefix.
-PRICES = {"claude-haiku": (1.0, 5.0), "claude-3-5-haiku": (0.8, 4.0), "claude-sonnet": (3.0, 15.0)}
-
-
-def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
-    price_in, price_out = next((v for k, v in PRICES.items() if model.startswith(k)), PRICES["claude-haiku"])
-    return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
 
 
 @dataclass
@@ -83,7 +76,10 @@ class CuratorClient:
                 model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
             )
             text = "".join(getattr(block, "text", "") for block in response.content)
-            return Completion(text, response.usage.input_tokens, response.usage.output_tokens,
+            usage = response.usage  # what the proxy bills; cached input (none is asked for) counted in full
+            billed_in = (usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+                         + (usage.cache_read_input_tokens or 0))
+            return Completion(text, billed_in, usage.output_tokens,
                               truncated=response.stop_reason == "max_tokens")
         except Exception as exc:  # not only anthropic.APIError: a cut-off body raises JSONDecodeError
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
