@@ -177,7 +177,7 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
 
     if command == "status":
         transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
-        report = _status(transcript, memory, files)
+        report = _status(transcript, memory, files, settings.memory_daily_budget_usd)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
@@ -229,10 +229,14 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
     return 2
 
 
-def _status(transcript: Any, memory: Any, files: Any) -> dict[str, Any]:
+def _status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
+    from .memory.budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
     from .memory.files import SPECS
     from .memory.retry import FAILING_KEY, FailureClock
 
+    # The server's budget as it saved it (its environment may not be this shell's), else the setting.
+    record = BudgetRecord.loads(memory.get_meta(BUDGET_KEY)) or BudgetRecord(daily_usd)
+    now = time.time()
     clock = FailureClock()
     with contextlib.suppress(ValueError):  # unreadable: the daemon starts a fresh clock too
         clock.restore(memory.get_meta(FAILING_KEY))  # saved by the daemon after every failed call
@@ -247,6 +251,7 @@ def _status(transcript: Any, memory: Any, files: Any) -> dict[str, Any]:
             "turns": len(last[0].observation_ids), "learnings": last[0].learnings_added, "error": last[0].error},
         "last_failure": None if not failures else {"at": failures[0].created_at, "error": failures[0].error},
         "failing": clock.report(),  # what /healthz shows
+        "budget": DailyBudget(record.daily_usd).report(now, memory.cost_since(day_start(now)), record.resumes_at),
         "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,
                          "versions": len(files.history(name))} for name, spec in SPECS.items()},
     }
@@ -271,6 +276,9 @@ def _print_status(r: dict[str, Any], root: Any) -> None:
         n = failing["consecutive_failures"]
         print(f"  failing          since {_when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
               f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {_when(failing['next_retry_at'], seconds=True)}")
+    budget = r["budget"]
+    print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
+          + (f"; spent: batches wait until {_when(budget['resumes_at'])}" if budget["waiting"] else ""))
     print(f"  learnings        {t['learnings']}; pending actions {t['pending_actions']}")
     for name, info in r["files"].items():
         print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")

@@ -6,6 +6,7 @@ line naming the variable, instead of surfacing later as a confusing error.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ from .console.origin import normalize_origin
 from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
+from .memory.budget import DEFAULT_DAILY_USD
+from .memory.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
@@ -35,6 +38,8 @@ class Settings:
     agent_model: str | None = None
     memory_model: str = DEFAULT_MEMORY_MODEL
     memory_batch_turns: int = 25
+    memory_daily_budget_usd: float = DEFAULT_DAILY_USD  # curator spending per UTC day
+    memory_batch_tokens: int = DEFAULT_BATCH_TOKENS  # estimated input tokens of one curator call, at most
     idle_timeout: float = 1800.0
     precompact_budget: float = 20.0
     log_format: Literal["kv", "json"] = "kv"
@@ -83,6 +88,16 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
+def _usd(name: str, raw: str) -> float:
+    try:
+        value = float(raw.removeprefix("$"))
+    except ValueError:
+        raise ConfigError(f"{name} must be an amount of US dollars, like 1.50, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be an amount of US dollars greater than 0 (and finite), got {raw}")
+    return value
+
+
 def _text(_name: str, raw: str) -> str:
     return raw
 
@@ -114,6 +129,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_AGENT_MODEL": ("agent_model", _text),
     "SPRITE_MEMORY_MODEL": ("memory_model", _text),
     "SPRITE_MEMORY_BATCH_TURNS": ("memory_batch_turns", _positive_int),
+    "SPRITE_MEMORY_DAILY_BUDGET_USD": ("memory_daily_budget_usd", _usd),
+    "SPRITE_MEMORY_BATCH_TOKENS": ("memory_batch_tokens", _positive_int),
     "SPRITE_IDLE_TIMEOUT": ("idle_timeout", _positive_float),
     "SPRITE_PRECOMPACT_BUDGET": ("precompact_budget", _positive_float),
     "SPRITE_LOG_FORMAT": ("log_format", _text),
@@ -152,6 +169,9 @@ def _validated(s: Settings) -> Settings:
             )
     if s.token is not None and (problem := token_problem(s.token)):
         raise ConfigError(f"SPRITE_OS_TOKEN {problem}")
+    if s.memory_batch_tokens < MIN_BATCH_TOKENS:
+        raise ConfigError(f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS} (the largest prompt "
+                          f"without turns, plus one turn), got {s.memory_batch_tokens}")
     if s.workspace.exists() and not s.workspace.is_dir():
         raise ConfigError(f"SPRITE_WORKSPACE is not a directory: {s.workspace}")
     return s

@@ -83,3 +83,11 @@ class EditConflict(SpriteOSError):
 
 class FileChanged(SpriteOSError):
     """A memory file is not what the writer based its new text on (a person edited it)."""
+
+
+class BudgetSpent(SpriteOSError):
+    """The curator's daily budget can't cover the next call: it waits for the next UTC day. No failure."""
+
+    def __init__(self, message: str, resumes_at: float) -> None:
+        super().__init__(message)
+        self.resumes_at = resumes_at

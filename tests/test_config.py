@@ -9,6 +9,7 @@ import pytest
 from sprite_os.cli import main
 from sprite_os.config import describe, load_settings, resolve_token
 from sprite_os.errors import ConfigError
+from sprite_os.memory.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 
 
 def test_defaults_and_environment(tmp_path: Path) -> None:
@@ -20,6 +21,15 @@ def test_defaults_and_environment(tmp_path: Path) -> None:
                        "ANTHROPIC_BASE_URL": "http://bridge:8080", "SPRITE_LOG_FORMAT": "json"})
     assert (s.workspace, s.port, s.memory_batch_turns, s.log_format) == (tmp_path, 9001, 5, "json")
     assert s.model_env() == {"ANTHROPIC_API_KEY": "sprite-os", "ANTHROPIC_BASE_URL": "http://bridge:8080"}
+
+
+def test_the_curators_budget_and_token_cap() -> None:
+    defaults = load_settings({})
+    # A dollar a day, and a cap that holds a full 25-turn batch beside full files (test_budget).
+    assert (defaults.memory_daily_budget_usd, defaults.memory_batch_tokens) == (1.0, DEFAULT_BATCH_TOKENS)
+    s = load_settings({"SPRITE_MEMORY_DAILY_BUDGET_USD": "0.25", "SPRITE_MEMORY_BATCH_TOKENS": str(MIN_BATCH_TOKENS)})
+    assert (s.memory_daily_budget_usd, s.memory_batch_tokens) == (0.25, MIN_BATCH_TOKENS)
+    assert load_settings({"SPRITE_MEMORY_DAILY_BUDGET_USD": "$3"}).memory_daily_budget_usd == 3.0
 
 
 def test_port_0_is_any_free_port_for_serve() -> None:
@@ -36,6 +46,13 @@ def test_flags_override_environment(tmp_path: Path) -> None:
     ({"SPRITE_OS_PORT": "70000"}, "SPRITE_OS_PORT must be from 1 to 65535 (or 0 for any free port), got 70000"),
     ({"SPRITE_OS_PORT": "-1"}, "from 1 to 65535 (or 0 for any free port), got -1"),
     ({"SPRITE_MEMORY_BATCH_TURNS": "0"}, "SPRITE_MEMORY_BATCH_TURNS must be greater than 0"),
+    ({"SPRITE_MEMORY_DAILY_BUDGET_USD": "a dollar"}, "SPRITE_MEMORY_DAILY_BUDGET_USD must be an amount of US dollars"),
+    *[({"SPRITE_MEMORY_DAILY_BUDGET_USD": bad}, "SPRITE_MEMORY_DAILY_BUDGET_USD must be an amount of US dollars "
+       f"greater than 0 (and finite), got {bad}") for bad in ("0", "-1", "nan", "inf")],
+    ({"SPRITE_MEMORY_BATCH_TOKENS": "lots"}, "SPRITE_MEMORY_BATCH_TOKENS must be a whole number"),
+    ({"SPRITE_MEMORY_BATCH_TOKENS": "0"}, "SPRITE_MEMORY_BATCH_TOKENS must be greater than 0"),
+    ({"SPRITE_MEMORY_BATCH_TOKENS": str(MIN_BATCH_TOKENS - 1)},
+     f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS}"),
     ({"SPRITE_IDLE_TIMEOUT": "soon"}, "SPRITE_IDLE_TIMEOUT must be a number"),
     ({"ANTHROPIC_BASE_URL": "bridge:8080"}, "ANTHROPIC_BASE_URL must be an http(s) URL"),
     ({"SPRITE_OS_TOKEN": "short"}, "at least 16"),

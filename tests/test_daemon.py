@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from sprite_os.dev.harness import wait_for
 from sprite_os.dev.mock_bridge import Fault, RecordedRequest
 from sprite_os.memory import daemon as daemon_module
+from sprite_os.memory.curator import SYSTEM, estimate_tokens, fixed_chars
 from sprite_os.memory.daemon import MemoryDaemon
 from sprite_os.memory.retry import FAILING_KEY, STALE_MIN_FAILURES, UNUSABLE_LIMIT, Backoff, Verdict
 from sprite_os.memory.schema import STALE
@@ -490,3 +491,24 @@ async def test_memory_status_shows_what_healthz_shows_about_failing(
     n = failing["consecutive_failures"]
     assert f"failing          since {time.strftime('%Y-%m-%d', time.gmtime(failing['failing_since']))}" in text
     assert f"{n} failed calls in a row (degraded); next retry " in text
+
+
+# ---------------------------------------------------------------- the per-call token cap (issue 12)
+
+
+async def test_a_batch_over_the_token_cap_is_split_into_calls_within_it(kit: Kit) -> None:
+    await kit.turns(*[f"turn {n} " + "x" * 2_000 for n in range(1, 7)])  # ~2,050 characters each
+    files = await asyncio.to_thread(kit.files.read_all)
+    cap = estimate_tokens(fixed_chars(files, []) + 2 * 2_100)  # room for two of these turns, not three
+    d = MemoryDaemon(kit.processor, batch_turns=25, batch_tokens=cap)
+    await d.start()
+    try:
+        await wait_for(lambda: _pending(kit, 0))
+        assert await d.settle(10)
+    finally:
+        await d.stop(flush_budget=0)
+    batches = await kit.memory.call(lambda m: m.recent_batches(10))
+    assert sorted(b.observation_ids for b in batches) == [[1, 2], [3, 4], [5, 6]]  # in order, each once
+    requests = kit.bridge.curator_requests()
+    assert len(requests) == 3
+    assert all(estimate_tokens(len(SYSTEM) + len(r.last_user_text)) <= cap for r in requests)

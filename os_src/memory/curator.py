@@ -19,12 +19,14 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from .files import CURATED, SPECS
+from .files import CURATED, MAX_FILE_BYTES, SPECS
 from .memory_store import LEARNING_TYPES, NewLearning, PendingAction
 from .transcript_store import Observation
 
 OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
-BATCH_CHARS = 60_000  # observations per call; a bigger batch is split
+BATCH_CHARS = 60_000  # observations per call; a bigger batch is split (see turn_chars)
+PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
+ACTION_CHARS = 300
 USER_CHARS = 3_000
 RESPONSE_CHARS = 3_000
 TOOL_CALLS_SHOWN = 12
@@ -108,20 +110,67 @@ def split_batch(observations: list[Observation], budget: int = BATCH_CHARS) -> l
     return chunks
 
 
-def build_prompt(files: dict[str, str], observations: list[Observation],
-                 actions: list[PendingAction] | None = None) -> str:
+def _context(files: dict[str, str], actions: list[PendingAction] | None) -> list[str]:
+    """The prompt before the turns."""
     parts = ["Current memory files:"]
     for name, spec in SPECS.items():
         role = "deploy-managed, read-only" if spec.owner == "deploy" else f"curated, at most {spec.max_lines} lines"
         parts.append(f"===== {name} ({role}) =====\n{files.get(name, '').strip() or '(empty)'}")
     if actions:
         parts.append("Pending actions (close one with DONE: A<id>):\n"
-                     + "\n".join(f"[A{a.id}] {_cut(a.content, 300)}" for a in actions))
+                     + "\n".join(f"[A{a.id}] {_cut(a.content, ACTION_CHARS)}" for a in actions))
+    return parts
+
+
+def build_prompt(files: dict[str, str], observations: list[Observation],
+                 actions: list[PendingAction] | None = None) -> str:
+    parts = _context(files, actions)
     first, last = observations[0].id, observations[-1].id
     parts.append(f"Observations: turns #{first} to #{last}, oldest first.")
     parts.extend(render_observation(obs) for obs in observations)
     parts.append("Extract new learnings and update the files that need it, in the format described.")
     return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------- the size of a call
+#
+# Two limits bound what one call is given, and this is where they meet:
+# - characters: a turn renders to at most OBSERVATION_CHARS (TURN_MAX_CHARS with the cut's note),
+#   and the turns of one call to at most BATCH_CHARS;
+# - tokens: the whole input (system prompt, the six files, the open actions: the fixed part,
+#   then the turns) is estimated at CHARS_PER_TOKEN and must stay within the per-call cap,
+#   SPRITE_MEMORY_BATCH_TOKENS. The turns get what the fixed part leaves of the cap, BATCH_CHARS
+#   at most (turn_chars), and a batch is split into chunks of that size.
+# The cap must leave room for one turn beside the largest fixed part (every file at
+# MAX_FILE_BYTES, PROMPT_ACTIONS long actions): MIN_BATCH_TOKENS. The default leaves room for
+# BATCH_CHARS of turns beside it, so a full 25-turn batch is never split for tokens (measured:
+# 223,400 characters, ~55,900 tokens; files at their line limits, ~94 KB, make it ~43,000).
+
+CHARS_PER_TOKEN = 4  # English prose; denser text costs more tokens, and the proxy's usage is what is billed
+TURN_MAX_CHARS = OBSERVATION_CHARS + 50  # the cut adds a note of its own
+TURNS_FRAME = 400  # the lines before and after the turns, and the blank lines between them
+
+
+def estimate_tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def fixed_chars(files: dict[str, str], actions: list[PendingAction] | None) -> int:
+    """The input's characters besides the turns."""
+    return len(SYSTEM) + len("\n\n".join(_context(files, actions))) + TURNS_FRAME
+
+
+def turn_chars(batch_tokens: int, fixed: int) -> int:
+    """Characters of turns one call may carry under the token cap (split_batch's budget). Below
+    one turn only when the files are over their limits: a chunk still holds one turn."""
+    return min(BATCH_CHARS, batch_tokens * CHARS_PER_TOKEN - fixed)
+
+
+FIXED_MAX_CHARS = fixed_chars(
+    {name: "x" * MAX_FILE_BYTES for name in SPECS},
+    [PendingAction(10**9, 0.0, "x" * MAX_LEARNING_CHARS, 0, "pending", None)] * PROMPT_ACTIONS)
+MIN_BATCH_TOKENS = estimate_tokens(FIXED_MAX_CHARS + TURN_MAX_CHARS)
+DEFAULT_BATCH_TOKENS = 60_000  # >= estimate_tokens(FIXED_MAX_CHARS + BATCH_CHARS), tested
 
 
 TRUNCATED = "your reply was cut off at the token limit"

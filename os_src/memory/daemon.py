@@ -4,7 +4,9 @@ Triggers (every `batch_turns` turns, a session's end, PreCompact, start) only as
 for work. The daemon wakes, runs batches until nothing is pending, and settles
 the waiters (a flush, a new session's settle) whose turns are curated. After a
 failure it sleeps until the retry that retry.py's policy set, whatever triggers
-arrive meanwhile. Batches never run on the agent's path.
+arrive meanwhile. Before each call it asks budget.py's policy whether the day's
+budget allows it; if not, it sleeps until the next UTC day, and that is no failure.
+Batches never run on the agent's path.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CuratorError, EditConflict, UnusableReply
+from ..errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
 from ..logs import get_logger
-from .curator import split_batch
-from .processor import BatchProcessor
+from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .pricing import cost_usd
+from .processor import MAX_REPLY_TOKENS, BatchProcessor
 from .retry import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -36,6 +40,9 @@ from .transcript_store import Observation
 log = get_logger(__name__)
 
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
+# During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
+# still, so one long sleep until midnight could oversleep it by the length of the suspend.
+BUDGET_RECHECK = 300.0
 
 
 @dataclass
@@ -47,9 +54,13 @@ class DaemonHealth:
 
 
 class MemoryDaemon:
-    def __init__(self, processor: BatchProcessor, batch_turns: int, stale_after: float = STALE_AFTER) -> None:
+    def __init__(self, processor: BatchProcessor, batch_turns: int, stale_after: float = STALE_AFTER,
+                 budget: DailyBudget | None = None, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
         self.processor = processor
         self.batch_turns = batch_turns
+        self.batch_tokens = batch_tokens  # estimated input tokens of one call, at most
+        self.budget = budget or DailyBudget()
+        self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)
         self.isolation = Isolation()
@@ -104,9 +115,11 @@ class MemoryDaemon:
             self._waiters.remove((target, waiter))
             oldest = await self.processor.pending(1)
             return not oldest or oldest[0].id > target
-        if (hold := self._not_before - loop.time()) >= budget:  # the next run comes too late for it
+        hold = self._not_before - loop.time()
+        if self._waiting_for_budget() or hold >= budget:  # the next run comes too late for it
             self._waiters.remove((target, waiter))
-            log.info("memory_wait_skipped", reason=reason, budget=budget, retry_in_s=round(hold, 1))
+            log.info("memory_wait_skipped", reason=reason, budget=budget, retry_in_s=round(hold, 1),
+                     budget_spent=self._waiting_for_budget())
             return False
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), budget)
@@ -136,6 +149,11 @@ class MemoryDaemon:
         if self.health.last_success_at is None:  # for /healthz: the last success survives a restart
             self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
         await self.processor.recover()
+        await self._save_budget()  # a new setting takes effect now; a wait is found again at the first call
+        worst = cost_usd(self.processor.curator.model, self.batch_tokens, MAX_REPLY_TOKENS)
+        if worst > self.budget.daily_usd:
+            log.warning("memory_budget_below_one_call", daily_usd=self.budget.daily_usd,
+                        worst_call_usd=round(worst, 4))
         self._task = asyncio.create_task(self._run(), name="memory-daemon")
         self.trigger("start")  # a restart tries at once, whatever retry was scheduled
 
@@ -191,7 +209,9 @@ class MemoryDaemon:
                 return True, None
             ids = [o.id for o in chunk]
             try:
-                await self.processor.process(chunk, trigger, self._conflicts)
+                await self.processor.process(chunk, trigger, self._conflicts, gate=self._may_call)
+            except BudgetSpent as exc:  # no failure: the turns wait, no clock runs
+                return False, min(exc.resumes_at - time.time(), BUDGET_RECHECK)
             except EditConflict:
                 self._conflicts += 1
                 return False, CONFLICT_RETRY
@@ -218,7 +238,42 @@ class MemoryDaemon:
         one = self.isolation.next_turn([o.id for o in pending])
         if one is not None:
             return [o for o in pending if o.id == one]
-        return split_batch(pending)[0] if pending else []
+        if not pending:
+            return []
+        return split_batch(pending, await self.processor.turn_budget(self.batch_tokens))[0]
+
+    # ------------------------------------------------------------ the budget
+
+    async def _may_call(self, input_tokens: int) -> None:
+        """The gate before each call: raises BudgetSpent unless today's budget covers its worst case."""
+        now = time.time()
+        spent = await self.processor.memory.call(lambda m: m.cost_since(day_start(now)))
+        estimate = cost_usd(self.processor.curator.model, input_tokens, MAX_REPLY_TOKENS)
+        decision = self.budget.check(now, spent, estimate)
+        if decision.resumes_at is not None:
+            if decision.resumes_at != self.resumes_at:
+                self.resumes_at = decision.resumes_at
+                log.warning("memory_budget_spent", spent_usd=round(spent, 4), call_usd=round(estimate, 4),
+                            daily_usd=self.budget.daily_usd, resumes_at=decision.resumes_at)
+                await self._save_budget()
+            raise BudgetSpent(f"the daily budget of ${self.budget.daily_usd:.2f} is spent", decision.resumes_at)
+        if self.resumes_at is not None:
+            self.resumes_at = None
+            log.info("memory_budget_resumed", spent_usd=round(spent, 4), daily_usd=self.budget.daily_usd)
+            await self._save_budget()
+
+    def _waiting_for_budget(self) -> bool:
+        return self.resumes_at is not None and time.time() < self.resumes_at
+
+    async def _save_budget(self) -> None:
+        value = BudgetRecord(self.budget.daily_usd, self.resumes_at).dumps()
+        await self.processor.memory.call(lambda m: m.set_meta(BUDGET_KEY, value))
+
+    async def budget_status(self) -> dict[str, Any]:
+        """What /healthz shows about the budget: today's spending, the budget, any wait."""
+        now = time.time()
+        spent = await self.processor.memory.call(lambda m: m.cost_since(day_start(now)))
+        return self.budget.report(now, spent, self.resumes_at)
 
     async def _on_unusable(self, verdict: Verdict, ids: list[int], error: str) -> float:
         """Act on the isolation's verdict on an unusable reply; returns the backoff, 0 if it goes on."""

@@ -196,6 +196,12 @@ class MemoryDB:
                              json.loads(files), json.loads(hashes), error))
         return out
 
+    def cost_since(self, since: float) -> float:
+        """What the calls recorded since `since` cost, failed ones included: they were paid for."""
+        value = self.conn.execute("SELECT coalesce(sum(cost_usd), 0) FROM batches WHERE created_at >= ?",
+                                  (since,)).fetchone()[0]
+        return float(value)
+
     def totals(self) -> dict[str, Any]:
         row = self.conn.execute(
             """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),

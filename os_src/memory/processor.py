@@ -24,6 +24,7 @@ row, the person's version wins and the turns are done.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,23 @@ import anthropic
 
 from ..config import Settings
 from ..db_worker import Worker
-from ..errors import CuratorError, EditConflict, FileChanged, UnusableReply
+from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
-from .curator import SYSTEM, TRUNCATED, CuratorReply, build_prompt, parse_reply, shorten_request
+from .curator import (
+    PROMPT_ACTIONS,
+    SYSTEM,
+    TRUNCATED,
+    CuratorReply,
+    build_prompt,
+    estimate_tokens,
+    fixed_chars,
+    parse_reply,
+    shorten_request,
+    turn_chars,
+)
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
+from .pricing import cost_usd
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
 
@@ -43,16 +56,15 @@ log = get_logger(__name__)
 
 CALL_TIMEOUT = 120.0
 MAX_REPLY_TOKENS = 8192
-PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
 MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
 
-# USD per million tokens (input, output), by model-name prefix.
-PRICES = {"claude-haiku": (1.0, 5.0), "claude-3-5-haiku": (0.8, 4.0), "claude-sonnet": (3.0, 15.0)}
+# Asked before each call with its estimated input tokens; raises BudgetSpent if it may not go out.
+Gate = Callable[[int], Awaitable[None]]
 
 
-def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
-    price_in, price_out = next((v for k, v in PRICES.items() if model.startswith(k)), PRICES["claude-haiku"])
-    return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
+def input_tokens(messages: list[dict[str, Any]]) -> int:
+    """A call's estimated input: the system prompt and the messages (curator.CHARS_PER_TOKEN)."""
+    return estimate_tokens(len(SYSTEM) + sum(len(m["content"]) for m in messages))
 
 
 @dataclass
@@ -83,7 +95,10 @@ class CuratorClient:
                 model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
             )
             text = "".join(getattr(block, "text", "") for block in response.content)
-            return Completion(text, response.usage.input_tokens, response.usage.output_tokens,
+            usage = response.usage  # what the proxy bills; cached input (none is asked for) counted in full
+            billed_in = (usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+                         + (usage.cache_read_input_tokens or 0))
+            return Completion(text, billed_in, usage.output_tokens,
                               truncated=response.stop_reason == "max_tokens")
         except Exception as exc:  # not only anthropic.APIError: a cut-off body raises JSONDecodeError
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
@@ -123,7 +138,18 @@ class BatchProcessor:
             await self._finish(batch, rerun_if_edited=True)  # a rerun goes through pending() as usual
         return len(batches)
 
-    async def process(self, observations: list[Observation], trigger: str, conflicts: int = 0) -> BatchResult:
+    async def turn_budget(self, max_tokens: int) -> int:
+        """Characters of turns the next call may carry within `max_tokens`, beside the files and
+        actions it will show (curator.turn_chars)."""
+        files = await asyncio.to_thread(self.files.read_all)
+        actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
+        return turn_chars(max_tokens, fixed_chars(files, actions))
+
+    async def process(self, observations: list[Observation], trigger: str, conflicts: int = 0,
+                      gate: Gate | None = None) -> BatchResult:
+        """Curate `observations`. `gate` is asked before each call (the daemon's budget): a refusal
+        before the first raises BudgetSpent with nothing recorded; before the second (a request to
+        shorten), the batch goes on with the first reply."""
         ids = [o.id for o in observations]
         before = await asyncio.to_thread(self.files.read_all)
         actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
@@ -133,6 +159,8 @@ class BatchProcessor:
         truncated = [False]
 
         async def call(record_failure: bool = True) -> CuratorReply:
+            if gate is not None:
+                await gate(input_tokens(messages))
             try:
                 done = await self.curator.complete(messages)
             except CuratorError as exc:
@@ -161,7 +189,7 @@ class BatchProcessor:
             messages.append({"role": "user", "content": shorten_request(problems)})
             try:
                 retry = await call(record_failure=False)  # the batch goes on with the first reply
-            except CuratorError:
+            except (CuratorError, BudgetSpent):
                 retry = None
             if retry is not None and retry.recognised:
                 reply = retry

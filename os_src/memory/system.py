@@ -18,6 +18,7 @@ from ..db_worker import Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
+from .budget import DailyBudget
 from .daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, TurnRecorder
@@ -43,13 +44,15 @@ class MemorySystem:
         self.files = MemoryFiles(layout)
         self.curator = CuratorClient(settings)
         self.processor = BatchProcessor(self.transcript, self.memory, self.files, self.curator)
-        self.daemon = MemoryDaemon(self.processor, settings.memory_batch_turns)
+        self.daemon = MemoryDaemon(self.processor, settings.memory_batch_turns,
+                                   budget=DailyBudget(settings.memory_daily_budget_usd),
+                                   batch_tokens=settings.memory_batch_tokens)
         self.recorder = TurnRecorder(self.transcript, self.daemon.note_turn)
         self.loader = BootLoader(self.files, self.memory)
         self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.recorder.timings)
         self._lock = WriterLock(layout.memory_lock)
-        self._counted: tuple[float, dict[str, int]] = (-1e9, {})
+        self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
 
     async def start(self) -> None:
         self.settings.layout.ensure()
@@ -57,7 +60,8 @@ class MemorySystem:
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
-                 model=self.settings.memory_model)
+                 model=self.settings.memory_model, daily_budget_usd=self.settings.memory_daily_budget_usd,
+                 batch_tokens=self.settings.memory_batch_tokens)
 
     async def stop(self) -> None:
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
@@ -105,5 +109,7 @@ class MemorySystem:
         # /healthz is unauthenticated: count at most once a second, whatever the request rate.
         now = time.monotonic()
         if now - self._counted[0] > HEALTH_CACHE_SECONDS:
-            self._counted = (now, await self.transcript.call(lambda t: t.counts()))
-        return {**self.daemon.status(), "observations": self._counted[1], "hook_errors": self.recorder.timings.errors}
+            self._counted = (now, await self.transcript.call(lambda t: t.counts()),
+                             await self.daemon.budget_status())
+        return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
+                "hook_errors": self.recorder.timings.errors}
