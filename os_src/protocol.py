@@ -13,7 +13,7 @@ largest `seq` a client has seen is always a valid place to resume from.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -278,27 +278,6 @@ def encode(frame: msgspec.Struct) -> bytes:
 def decode_server_frame(data: str | bytes) -> AnyServerFrame:
     """For clients (the terminal chat, tests, benchmarks)."""
     return _server_decoder.decode(data)
-
-
-def clean_text(text: str) -> str:
-    """Text that encodes as UTF-8. JSON from the CLI may carry lone surrogates (legal as JSON
-    escapes, not in UTF-8); they would fail both the wire encoding and SQLite."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def clean_json(value: Any) -> Any:
-    """clean_text applied to every string in a JSON-like value."""
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, dict):
-        return {clean_text(str(k)): clean_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean_json(v) for v in value]
-    return value
 
 
 Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a MemoryReply

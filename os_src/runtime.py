@@ -45,6 +45,7 @@ from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
 from .guard import WriteGuard
 from .logs import get_logger
+from .text import clean_text
 from .tools import canvas
 
 log = get_logger(__name__)
@@ -111,7 +112,7 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
     if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in value):
         value = "\n".join(b.get("text", "") for b in value)
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(p.clean_text(text).split())
+    text = " ".join(clean_text(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -354,16 +355,16 @@ class AgentRuntime:
             event = message.event
             if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
                     and event.get("delta", {}).get("type") == "text_delta"):
-                self._publish(p.TextDelta(turn_id=tid, text=p.clean_text(event["delta"].get("text", ""))))
+                self._publish(p.TextDelta(turn_id=tid, text=clean_text(event["delta"].get("text", ""))))
         elif isinstance(message, AssistantMessage):
             if message.parent_tool_use_id is not None:
                 return
-            text = p.clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
+            text = clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
             if text:
                 self._publish(p.AssistantMessage(turn_id=tid, text=text))
             for block in message.content:
                 if isinstance(block, ToolUseBlock):
-                    self._publish(p.ToolUse(turn_id=tid, tool_use_id=block.id, name=p.clean_text(block.name),
+                    self._publish(p.ToolUse(turn_id=tid, tool_use_id=block.id, name=clean_text(block.name),
                                             summary=summarize(block.input)))
         elif isinstance(message, UserMessage) and isinstance(message.content, list):
             for block in message.content:
@@ -383,7 +384,7 @@ class AgentRuntime:
             status = "interrupted"
         elif result.is_error:
             status = "error"
-            detail = p.clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:300]
+            detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:300]
             if result.api_error_status:
                 code, message = "model_unavailable", f"The model proxy answered HTTP {result.api_error_status}: {detail}"
             elif _UNREACHABLE.search(detail):

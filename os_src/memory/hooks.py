@@ -31,7 +31,7 @@ from claude_agent_sdk import ResultMessage
 
 from ..db_worker import Worker
 from ..logs import get_logger
-from ..protocol import clean_text
+from ..text import clean_text
 from .transcript_store import NewObservation, TranscriptDB
 
 log = get_logger(__name__)

@@ -21,7 +21,8 @@ from claude_agent_sdk.types import McpSdkServerConfig
 from ..errors import CanvasError
 from ..fsutil import atomic_write
 from ..logs import get_logger
-from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame, clean_json
+from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame
+from ..text import clean_json
 
 log = get_logger(__name__)
 
