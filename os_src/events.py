@@ -38,6 +38,8 @@ class Subscriber:
         self._max_bytes = max_bytes or SUBSCRIBER_BYTES
         self._on_overflow = on_overflow  # wakes the writer even when it is stuck in a send
         self._ready = asyncio.Event()
+        self.drained = asyncio.Event()  # set while nothing queued is unsent (a close waits on it)
+        self.drained.set()
         self.overflowed = False
         self.last_seq = 0  # seq of the last broadcast event queued to this client
 
@@ -49,19 +51,23 @@ class Subscriber:
             self.overflowed = True
             self._frames.clear()
             self._bytes = 0
+            self.drained.set()  # nothing more will be sent
             if self._on_overflow is not None:
                 self._on_overflow()
         else:
-            self._frames.append(data)
-            self._bytes += len(data)
+            self._append(data)
             self.last_seq = max(self.last_seq, seq)
         self._ready.set()
 
     def push_direct(self, data: bytes) -> None:
         """A frame for this client alone (ready, pong, error); not subject to the limit."""
+        self._append(data)
+        self._ready.set()
+
+    def _append(self, data: bytes) -> None:
         self._frames.append(data)
         self._bytes += len(data)
-        self._ready.set()
+        self.drained.clear()
 
     async def next_batch(self) -> list[bytes]:
         """Wait for frames, then take all that are queued. Empty list: overflowed."""
@@ -74,6 +80,11 @@ class Subscriber:
         self._frames.clear()
         self._bytes = 0
         return batch
+
+    def batch_sent(self) -> None:
+        """The writer sent the batch it took."""
+        if not self._frames:
+            self.drained.set()
 
     def __len__(self) -> int:
         return len(self._frames)

@@ -38,6 +38,7 @@ FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connec
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
+CLOSE_DRAIN_TIMEOUT = 0.5  # at shutdown, how long queued frames may take to go out before the close frame
 CLOSE_POLICY = 1008  # flooding
 
 
@@ -112,11 +113,10 @@ class _Connection:
                 await self._writer
 
     async def close(self, code: int, reason: str) -> None:
-        # Give the writer a moment to flush what is queued before the close frame.
-        for _ in range(20):
-            if not len(self.sub):
-                break
-            await asyncio.sleep(0.01)
+        # What is queued goes out before the close frame; a client that stopped reading can't
+        # hold the close up for longer than the timeout.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sub.drained.wait(), CLOSE_DRAIN_TIMEOUT)
         await self.ws.close(code, reason)
 
     def _lagging(self) -> None:
@@ -132,6 +132,7 @@ class _Connection:
                     break
                 for data in batch:
                     await self.ws.send(data, text=True)
+                self.sub.batch_sent()
         except ConnectionClosed:
             return
         except asyncio.CancelledError:

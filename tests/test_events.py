@@ -68,6 +68,25 @@ async def test_next_batch_waits_then_drains() -> None:
     assert await sub.next_batch() == [b"a", b"b"]
     sub.offer(3, b"c")
     assert await sub.next_batch() == [b"c"]
+
+
+async def test_drained_is_set_once_the_writer_sent_what_was_queued() -> None:
+    sub = Subscriber()
+    assert sub.drained.is_set()  # nothing queued
+    sub.offer(1, b"a")
+    assert not sub.drained.is_set()
+    assert await sub.next_batch() == [b"a"]
+    sub.push_direct(b"b")  # queued while the writer sends the first batch
+    sub.batch_sent()
+    assert not sub.drained.is_set()
+    assert await sub.next_batch() == [b"b"]
+    assert not sub.drained.is_set()  # taken is not sent
+    sub.batch_sent()
+    assert sub.drained.is_set()
+    overflowing = Subscriber(limit=1)
+    overflowing.offer(1, b"x")
+    overflowing.offer(2, b"y")
+    assert overflowing.overflowed and overflowing.drained.is_set()  # nothing more will be sent
     overflowing = Subscriber(limit=1)
     overflowing.offer(1, b"a")
     overflowing.offer(2, b"b")
