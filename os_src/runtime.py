@@ -1,9 +1,11 @@
 """The agent runtime: one Claude Code CLI per agent session, driven by one task.
 
-`AgentRuntime` owns the `ClaudeSDKClient`. Every connect, query and disconnect
-happens in its owner task, fed by a queue; only `interrupt` comes from outside,
-as the SDK documents. The runtime turns SDK messages into protocol frames and
-publishes them; it tells the memory system where sessions and turns begin and end.
+`AgentRuntime` owns the CLI (an `AgentProcess`). Every connect, prompt and disconnect
+happens in its owner task, fed by an inbox; only `interrupt` comes from outside, as the
+SDK documents. The rules it follows are pure code: the turn's and the session's phases
+and the inbox in agent_state.py, SDK message -> frame translation in frames.py. This
+module does the I/O they call for. It tells the memory system where sessions begin and
+end, and shows it every message of every turn (capture).
 
 A session is one CLI process and one context. It starts lazily at the first
 message and ends on `new_session`, after an idle timeout, at shutdown, or when
@@ -14,38 +16,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from claude_agent_sdk import (
-    AssistantMessage,
     ClaudeAgentOptions,
     ClaudeSDKClient,
     CLIConnectionError,
     HookMatcher,
+    Message,
     ProcessError,
     ResultMessage,
-    StreamEvent,
     SystemMessage,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    UserMessage,
 )
 from claude_agent_sdk.types import McpSdkServerConfig
 
+from . import frames
 from . import protocol as p
+from .agent_process import AgentProcess, ClientFactory
+from .agent_state import (
+    Command,
+    EndSession,
+    Inbox,
+    SessionState,
+    Shutdown,
+    Stop,
+    Turn,
+    TurnPhase,
+    TurnState,
+)
 from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
 from .guard import WriteGuard
 from .logs import get_logger
-from .text import clean_text
 from .tools import canvas
 
 log = get_logger(__name__)
@@ -53,12 +59,9 @@ log = get_logger(__name__)
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
-SUMMARY_CHARS = 300
-DISCONNECT_TIMEOUT = 10.0
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
-INTERRUPT_TIMEOUT = 5.0
 
 # Environment for the CLI: offline-safe, no telemetry, MCP tools listed directly
 # (not deferred behind ToolSearch), and no path by which the CLI writes memory itself.
@@ -72,7 +75,15 @@ CLI_ENV = {
 
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
 
+
 Publish = Callable[[p.ServerFrame], None]
+
+
+class TurnRecord(Protocol):
+    """One turn as memory captures it (memory/capture.py): closed once, when the turn ends."""
+
+    def observe(self, message: Message) -> None: ...
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
 
 
 class AgentMemory(Protocol):
@@ -83,41 +94,27 @@ class AgentMemory(Protocol):
     async def boot_prompt(self) -> str: ...
     def session_started(self, session_id: str) -> None: ...
     def session_ended(self, session_id: str, reason: str) -> None: ...
-    def turn_finished(self, prompt: str, result: ResultMessage | None, error: str | None) -> None: ...
+    def turn_started(self, prompt: str) -> TurnRecord: ...
 
 
-# How the CLI reports a model proxy it could not reach at all (no HTTP status to go by).
-_UNREACHABLE = re.compile(r"ECONNREFUSED|ENOTFOUND|ETIMEDOUT|ECONNRESET|EAI_AGAIN|Connection refused|"
-                          r"Can't reach the API|Unable to connect", re.IGNORECASE)
+class _NoRecord:
+    def observe(self, message: Message) -> None:
+        pass
+
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+        pass
 
 
 class _NoResult(Exception):
     """The CLI ended a turn's stream without a result: it exited under the turn."""
 
 
-@dataclass
-class _Turn:
-    text: str
-    client_id: str | None
-    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-
-
-@dataclass
-class _EndSession:
-    reason: str
-
-
-def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
-    """A short, single-line rendering of a tool's input or output, for clients."""
-    if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in value):
-        value = "\n".join(b.get("text", "") for b in value)
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    text = " ".join(clean_text(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def new_session_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
 
 
 class AgentRuntime:
@@ -128,7 +125,7 @@ class AgentRuntime:
         publish: Publish,
         canvas_store: canvas.CanvasStore,
         memory: AgentMemory | None = None,
-        client_factory: Callable[[ClaudeAgentOptions], ClaudeSDKClient] = ClaudeSDKClient,
+        client_factory: ClientFactory = ClaudeSDKClient,
     ) -> None:
         self._settings = settings
         self._publish = publish
@@ -136,18 +133,14 @@ class AgentRuntime:
         self._memory = memory
         self._client_factory = client_factory
         self._guard = WriteGuard(settings.layout)
-        self._queue: asyncio.Queue[_Turn | _EndSession | None] = asyncio.Queue()
-        self._client: ClaudeSDKClient | None = None
+        self._inbox = Inbox()
+        self._wake = asyncio.Event()  # set when the inbox gets a command
+        self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
-        self._turn: _Turn | None = None
-        self._interrupted = False
-        self._heard = False  # the CLI said something about the running turn
-        self._sending = False  # the prompt is being written to the CLI
-        self._closing = False  # set by shutdown: frames that would start work are refused
-        self._session_had_turn = False  # a new_session on a session with no turn changes nothing
-        self._new_session_last = False  # the queue's tail is a new_session: another adds nothing
+        self._running: Turn | None = None
+        self._turn = TurnState()
+        self._session = SessionState()
         self.session_id = new_session_id()
-        self.state: p.AgentState = "idle"
 
     # ------------------------------------------------------------ called by the gateway
 
@@ -157,65 +150,53 @@ class AgentRuntime:
 
     def submit(self, text: str, client_id: str | None = None) -> None:
         self._refuse_if_closing()
-        if self._queue.qsize() >= MAX_QUEUED_MESSAGES:
+        if len(self._inbox) >= MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
-        self._queue.put_nowait(_Turn(text, client_id))
-        self._new_session_last = False
+        self._put(Turn(text, client_id))
 
     def new_session(self) -> None:
         self._refuse_if_closing()
-        if not self._new_session_last:  # back-to-back requests are one request: the queue stays bounded
-            self._queue.put_nowait(_EndSession("new_session"))
-            self._new_session_last = True
+        self._put(EndSession("new_session"))
 
     def _refuse_if_closing(self) -> None:
-        if self._closing:
+        if not self._session.accepting:
             raise ShuttingDown("the server is shutting down; send it again after reconnecting")
+
+    def _put(self, command: Command) -> None:
+        if self._inbox.put(command):
+            self._wake.set()
 
     async def interrupt(self) -> bool:
         """Stop the running turn. False when nothing is running."""
-        client, turn = self._client, self._turn
-        if turn is None or self.state not in ("starting", "running"):
-            return False
-        self._interrupted = True
-        self.state = "stopping"
-        if client is None:  # still starting: the turn ends as soon as the CLI is up, unsent
-            return True
-        if self._sending:  # the prompt is being written: _send interrupts right after it, not before
-            return True
-        await self._interrupt_cli(client, turn)
-        return True
+        stop = self._turn.interrupt()
+        if stop is Stop.NOW and self._cli is not None:
+            await self._cli.interrupt()
+        return stop is not Stop.NOTHING
 
-    @staticmethod
-    async def _interrupt_cli(client: ClaudeSDKClient, turn: _Turn) -> None:
-        try:
-            await asyncio.wait_for(client.interrupt(), INTERRUPT_TIMEOUT)
-        except Exception as exc:  # the CLI may already be gone; the turn ends either way
-            log.warning("interrupt_failed", turn_id=turn.turn_id, error=repr(exc))
+    @property
+    def state(self) -> p.AgentState:
+        return self._turn.public
 
     @property
     def turn_id(self) -> str | None:
-        return self._turn.turn_id if self._turn else None
+        return self._running.turn_id if self._running else None
 
     @property
     def cli_running(self) -> bool:
-        return self._client is not None and not cli_exited(self._client)
+        return self._cli is not None and not self._cli.exited
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return len(self._inbox)
 
     async def shutdown(self, grace: float = 30.0) -> None:
         """End the running turn cleanly, end the session, and disconnect the CLI."""
         if self._task is None:
             return
-        self._closing = True
-        # Drop queued messages: they were never started, and the server is going away.
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(None)
-        if self._turn is not None:
-            await self.interrupt()
+        self._session.close()
+        self._inbox.clear()  # queued messages were never started, and the server is going away
+        self._put(Shutdown())
+        await self.interrupt()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), grace)
         except TimeoutError:
@@ -234,197 +215,147 @@ class AgentRuntime:
     async def _run(self) -> None:
         try:
             while True:
-                timeout = self._settings.idle_timeout if self._client is not None else None
                 try:
-                    cmd = await asyncio.wait_for(self._queue.get(), timeout)
+                    command = await self._next_command()
                 except TimeoutError:
                     await self._end_session("idle")
                     continue
-                if self._queue.empty():
-                    self._new_session_last = False
-                if cmd is None:
+                if isinstance(command, Shutdown):
                     await self._end_session("shutdown", restart=False)
                     return
-                if isinstance(cmd, _EndSession):
+                if isinstance(command, EndSession):
                     await self._new_session()
-                else:
-                    if self._client is not None and cli_exited(self._client):
-                        await self._cli_lost()
-                    await self._run_turn(cmd)
+                    continue
+                if self._cli is not None and self._cli.exited:
+                    await self._cli_lost()
+                await self._run_turn(command)
         finally:
             await self._disconnect()
 
-    async def _run_turn(self, turn: _Turn) -> None:
-        self._turn, self._interrupted = turn, False
+    async def _next_command(self) -> Command:
+        """The next command. TimeoutError: a CLI has been idle for the idle timeout."""
+        async with asyncio.timeout(self._settings.idle_timeout if self._cli is not None else None):
+            while not self._inbox:
+                self._wake.clear()
+                await self._wake.wait()
+        return self._inbox.take()
+
+    async def _run_turn(self, turn: Turn) -> None:
+        self._running = turn
         started = time.monotonic()
+        self._turn.begin(connect=self._cli is None)
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
-        result: ResultMessage | None = None
+        # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
+        record = self._memory.turn_started(turn.text) if self._memory is not None else _NoRecord()
         try:
-            result = await self._exchange(turn, started)
-            if result is None:  # interrupted before it was sent
-                return
+            result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
-            if self._memory is not None:
-                self._memory.turn_finished(turn.text, None, "the server shut down before the turn ended")
+            record.close(None, "the server shut down before the turn ended")
             raise
         except Exception as exc:
+            record.close(None, repr(exc))
             await self._turn_failed(turn, started, exc)
         else:
-            if self._memory is not None:
-                self._memory.turn_finished(turn.text, result, None)
+            if result is None:  # interrupted while the CLI was starting: never sent
+                self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
+            else:
+                record.close(result)
         finally:
-            self._turn = None
-            self.state = "idle"
+            self._running = None
+            self._turn.end()
 
-    async def _exchange(self, turn: _Turn, started: float) -> ResultMessage | None:
+    async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
 
         A CLI that died after the last turn, too recently for _run to see its exit, swallows the
         prompt (a write to a dying pipe can succeed) and fails, or ends the stream, before saying
         anything. Nothing of the turn happened, so it is sent once more, to a fresh CLI, unless
         the person interrupted it or the server is stopping meanwhile."""
-        reused = self._client is not None
+        reused = self._cli is not None
         try:
-            return await self._attempt(turn, started)
+            return await self._attempt(turn, record)
         except (CLIConnectionError, ProcessError, _NoResult):
-            if not reused or self._heard or self._interrupted or self._closing:
+            if not (reused and self._turn.may_resend and self._session.accepting):
                 raise
+        self._turn.resend()
         await self._cli_lost()
-        return await self._attempt(turn, started)
+        return await self._attempt(turn, record)
 
-    async def _attempt(self, turn: _Turn, started: float) -> ResultMessage | None:
-        self._heard = False  # whether the CLI said anything about this turn
-        self._session_had_turn = True  # set per attempt: a resend runs in a new session
-        if not await self._send(turn, started):
-            return None
-        assert self._client is not None
+    async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
+        self._session.turn_ran()
+        if self._turn.phase is TurnPhase.STARTING:
+            await self._connect()
+            if not self._turn.connected():
+                return None
+        cli = self._cli
+        assert cli is not None
+        await cli.send(turn.text)
+        if self._turn.sent():  # interrupted while the prompt was written: only now can the CLI act on it
+            await cli.interrupt()
         result: ResultMessage | None = None
-        async for message in self._client.receive_response():
-            self._heard = True
+        async for message in cli.replies():
+            self._turn.heard()
+            record.observe(message)
             if isinstance(message, ResultMessage):
                 result = message
-            self._translate(turn, message)
+            self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
             raise _NoResult("the CLI ended the turn without a result")
         return result
 
-    async def _send(self, turn: _Turn, started: float) -> bool:
-        if self._client is None:
-            self.state = "starting"
-            await self._connect()
-        assert self._client is not None
-        if self._interrupted:  # interrupted while the CLI was starting: never sent
-            self._publish(p.TurnComplete(turn_id=turn.turn_id, status="interrupted",
-                                         duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
-            return False
-        self.state = "running"
-        # An interrupt that reached the CLI before the prompt would stop nothing, and the turn
-        # would run to its end: one arriving while the prompt is written is sent after it.
-        self._sending = True
-        try:
-            await self._client.query(turn.text)
-        finally:
-            self._sending = False
-        if self._interrupted:
-            await self._interrupt_cli(self._client, turn)
-        return True
-
-    async def _cli_lost(self) -> None:
-        """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
-        log.error("cli_exited_between_turns", session_id=self.session_id, pid=cli_pid(self._client),
-                  returncode=cli_returncode(self._client))
-        self._publish(p.Error(code="agent_failed",
-                              message="The agent stopped while idle; your message goes to a fresh session."))
-        await self._end_session("crash")
-
-    async def _turn_failed(self, turn: _Turn, started: float, exc: Exception) -> None:
-        log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
-        self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
-                              message="The agent stopped unexpectedly; your next message starts a fresh session."))
-        self._publish(p.TurnComplete(turn_id=turn.turn_id, status="error",
-                                     duration_ms=int((time.monotonic() - started) * 1000), usage=p.Usage()))
-        if self._memory is not None:
-            self._memory.turn_finished(turn.text, None, repr(exc))
-        await self._end_session("crash")
-
-    def _translate(self, turn: _Turn, message: Any) -> None:
-        """SDK message -> protocol frames. Sub-agent traffic (parent_tool_use_id) is not streamed."""
-        tid = turn.turn_id
-        if isinstance(message, StreamEvent):
-            event = message.event
-            if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
-                    and event.get("delta", {}).get("type") == "text_delta"):
-                self._publish(p.TextDelta(turn_id=tid, text=clean_text(event["delta"].get("text", ""))))
-        elif isinstance(message, AssistantMessage):
-            if message.parent_tool_use_id is not None:
-                return
-            text = clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
-            if text:
-                self._publish(p.AssistantMessage(turn_id=tid, text=text))
-            for block in message.content:
-                if isinstance(block, ToolUseBlock):
-                    self._publish(p.ToolUse(turn_id=tid, tool_use_id=block.id, name=clean_text(block.name),
-                                            summary=summarize(block.input)))
-        elif isinstance(message, UserMessage) and isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, ToolResultBlock):
-                    self._publish(p.ToolResult(turn_id=tid, tool_use_id=block.tool_use_id,
-                                               is_error=bool(block.is_error), summary=summarize(block.content)))
-        elif isinstance(message, ResultMessage):
-            self._publish_result(turn, message)
+    def _publish_message(self, turn: Turn, message: Message) -> None:
+        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
+        for frame in out:
+            self._publish(frame)
+        if isinstance(message, ResultMessage):
+            for frame in out:
+                if isinstance(frame, p.Error):  # the CLI's error text, not the person's words: a warning
+                    log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
+                elif isinstance(frame, p.TurnComplete):
+                    log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
+                             duration_ms=message.duration_ms, cost_usd=message.total_cost_usd,
+                             turns=message.num_turns)
         elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
                      trigger=message.data.get("compact_metadata", {}).get("trigger"))
 
-    def _publish_result(self, turn: _Turn, result: ResultMessage) -> None:
-        usage = result.usage or {}
-        status: p.TurnStatus = "completed"
-        if self._interrupted:
-            status = "interrupted"
-        elif result.is_error:
-            status = "error"
-            detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:300]
-            if result.api_error_status:
-                code, message = "model_unavailable", f"The model proxy answered HTTP {result.api_error_status}: {detail}"
-            elif _UNREACHABLE.search(detail):
-                code, message = "model_unavailable", f"The model proxy could not be reached: {detail}"
-            else:
-                code, message = "agent_failed", f"The turn failed: {detail}"
-            # The CLI's error text, not the person's words: fit for a warning, so operators see why.
-            log.warning("turn_error", turn_id=turn.turn_id, code=code, detail=detail)
-            self._publish(p.Error(code=code, turn_id=turn.turn_id, message=message))
-        self._publish(p.TurnComplete(
-            turn_id=turn.turn_id,
-            status=status,
-            duration_ms=result.duration_ms,
-            usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
-            cost_usd=result.total_cost_usd,
-        ))
-        log.info("turn_complete", turn_id=turn.turn_id, status=status, duration_ms=result.duration_ms,
-                 cost_usd=result.total_cost_usd, turns=result.num_turns)
+    async def _cli_lost(self) -> None:
+        """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
+        pid, returncode = (self._cli.pid, self._cli.returncode) if self._cli is not None else (None, None)
+        log.error("cli_exited_between_turns", session_id=self.session_id, pid=pid, returncode=returncode)
+        self._publish(p.Error(code="agent_failed",
+                              message="The agent stopped while idle; your message goes to a fresh session."))
+        await self._end_session("crash")
+
+    async def _turn_failed(self, turn: Turn, started: float, exc: Exception) -> None:
+        log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
+        self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
+                              message="The agent stopped unexpectedly; your next message starts a fresh session."))
+        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+        await self._end_session("crash")
 
     # ------------------------------------------------------------ sessions and the CLI
 
     def _begin_session(self) -> None:
-        self._session_had_turn = False
+        self._session.began()
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
 
     async def _new_session(self) -> None:
-        if not self._session_had_turn:  # already fresh: ending it would only churn clients and memory
+        if not self._session.worth_ending:  # already fresh: ending it would only churn clients and memory
             log.info("new_session_skipped", session_id=self.session_id)
             return
         await self._end_session("new_session")
 
-    async def _end_session(self, reason: str, restart: bool = True) -> None:
-        had_cli = self._client is not None
+    async def _end_session(self, reason: p.SessionEndReason, restart: bool = True) -> None:
+        had_cli = self._cli is not None
         await self._disconnect()
         if not had_cli and reason == "idle":
             return
         ended = self.session_id
-        self._publish(p.SessionEnded(session_id=ended, reason=reason))  # type: ignore[arg-type]
+        self._publish(p.SessionEnded(session_id=ended, reason=reason))
         if self._memory is not None:
             self._memory.session_ended(ended, reason)
         log.info("session_ended", session_id=ended, reason=reason)
@@ -434,12 +365,12 @@ class AgentRuntime:
 
     async def _connect(self) -> None:
         prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
-        client = self._client_factory(self._options(prompt))
+        # Owned from before connect: a connect that fails half-way still gets its process ended.
+        self._cli = cli = AgentProcess(self._options(prompt), self._client_factory)
         started = time.monotonic()
-        await client.connect()
-        self._client = client
+        await cli.connect()
         log.info("cli_connected", session_id=self.session_id, seconds=round(time.monotonic() - started, 3),
-                 pid=cli_pid(client), prompt_chars=len(prompt))
+                 pid=cli.pid, prompt_chars=len(prompt))
 
     def _options(self, system_prompt: str) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
@@ -467,45 +398,10 @@ class AgentRuntime:
         )
 
     async def _disconnect(self) -> None:
-        """Disconnect the CLI; if that hangs (SDK #378, #886), kill the process."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        pid = cli_pid(client)
-        try:
-            await asyncio.wait_for(client.disconnect(), DISCONNECT_TIMEOUT)
-        except BaseException as exc:
-            log.warning("cli_disconnect_failed", pid=pid, error=repr(exc))
-            kill_cli(client)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-        log.info("cli_disconnected", pid=pid)
-
-
-def _cli_process(client: ClaudeSDKClient | None) -> Any:
-    return getattr(getattr(client, "_transport", None), "_process", None)
-
-
-def cli_pid(client: ClaudeSDKClient | None) -> int | None:
-    return getattr(_cli_process(client), "pid", None)
-
-
-def cli_returncode(client: ClaudeSDKClient | None) -> int | None:
-    return getattr(_cli_process(client), "returncode", None)
-
-
-def cli_exited(client: ClaudeSDKClient) -> bool:
-    """True once the CLI's process has exited: it may have crashed while idle."""
-    return cli_returncode(client) is not None
-
-
-def kill_cli(client: ClaudeSDKClient) -> None:
-    process = _cli_process(client)
-    if process is not None and getattr(process, "returncode", 0) is None:
-        with contextlib.suppress(ProcessLookupError, OSError):
-            process.kill()
+        cli, self._cli = self._cli, None
+        if cli is not None:
+            await cli.close()
 
 
 def _log_cli_stderr(line: str) -> None:
     log.debug("cli_stderr", line=line[:500])
-

@@ -82,8 +82,53 @@ class FakeCLI:
         pass
 
 
+class FakeRecord:
+    def __init__(self, memory: FakeMemory, prompt: str) -> None:
+        self.memory, self.prompt = memory, prompt
+        self.seen: list[str] = []
+
+    def observe(self, message: Any) -> None:
+        self.seen.append(type(message).__name__)
+
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+        self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
+
+
+class FakeMemory:
+    """The memory system as the runtime sees it: what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ...]] = []
+        self.records: list[FakeRecord] = []
+        self.booting: asyncio.Event | None = None  # when set, a CLI's boot prompt waits for it
+
+    def hooks(self) -> dict[Any, Any]:
+        return {}
+
+    def mcp_servers(self) -> dict[str, Any]:
+        return {}
+
+    async def boot_prompt(self) -> str:
+        if self.booting is not None:
+            await self.booting.wait()
+        return "boot"
+
+    def session_started(self, session_id: str) -> None:
+        self.events.append(("session_started", session_id))
+
+    def session_ended(self, session_id: str, reason: str) -> None:
+        self.events.append(("session_ended", session_id, reason))
+
+    def turn_started(self, prompt: str) -> FakeRecord:
+        self.records.append(FakeRecord(self, prompt))
+        return self.records[-1]
+
+    def closed(self) -> list[tuple[str, ...]]:
+        return [e for e in self.events if e[0] == "closed"]
+
+
 class Harness:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, memory: FakeMemory | None = None) -> None:
         self.frames: list[p.ServerFrame] = []
         self.clis: list[FakeCLI] = []
         self.reply: list[Any] = answer()
@@ -92,7 +137,8 @@ class Harness:
         settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
         settings.layout.ensure()
         canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
-        self.rt = AgentRuntime(settings, publish=self.frames.append, canvas_store=canvas,
+        self.memory = memory
+        self.rt = AgentRuntime(settings, publish=self.frames.append, canvas_store=canvas, memory=memory,
                                client_factory=self._new_cli)
 
     def _new_cli(self, _options: Any) -> Any:
@@ -118,6 +164,15 @@ class Harness:
 @pytest.fixture
 async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     harness = Harness(tmp_path)
+    await harness.rt.start()
+    yield harness
+    await harness.rt.shutdown(5)
+
+
+@pytest.fixture
+async def hm(tmp_path: Path) -> AsyncIterator[Harness]:
+    """A harness whose runtime has a (fake) memory system."""
+    harness = Harness(tmp_path, FakeMemory())
     await harness.rt.start()
     yield harness
     await harness.rt.shutdown(5)
@@ -241,3 +296,65 @@ async def test_work_sent_during_shutdown_is_refused_not_lost(h: Harness) -> None
     assert h.of(p.TurnComplete)[-1].status == "interrupted"
     assert h.of(p.SessionEnded)[-1].reason == "shutdown"
     assert len(h.of(p.TurnStarted)) == 1
+
+
+# ---------------------------------------------------------------- what memory is told (capture)
+
+
+async def test_each_turn_is_shown_to_memory_and_closed_once_with_its_result(hm: Harness) -> None:
+    assert hm.memory is not None
+    await hm.turn("one")
+    await hm.turn("two")
+    assert hm.memory.closed() == [("closed", "one", "success"), ("closed", "two", "success")]
+    assert [r.seen for r in hm.memory.records] == [["AssistantMessage", "ResultMessage"]] * 2
+
+
+async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(hm: Harness) -> None:
+    assert hm.memory is not None
+    await hm.turn("one")
+    hm.clis[0].crash_after = 1
+    assert (await hm.turn("two")).status == "error"
+    first = hm.memory.events[0][1]
+    [one, two] = hm.memory.closed()
+    assert one == ("closed", "one", "success") and two[2].startswith("failed: ProcessError(")
+    after = hm.memory.events.index(two) + 1
+    assert hm.memory.events[after] == ("session_ended", first, "crash")
+    assert hm.memory.records[-1].seen == ["AssistantMessage"]  # what the CLI said before it died
+
+
+async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harness) -> None:
+    assert hm.memory is not None
+    hm.memory.booting = asyncio.Event()
+    hm.rt.submit("never mind")
+    await hm.until(lambda: hm.rt.state == "starting")
+    assert await hm.rt.interrupt()
+    hm.memory.booting.set()
+    await hm.until(lambda: bool(hm.of(p.TurnComplete)))
+    assert hm.of(p.TurnComplete)[-1].status == "interrupted" and hm.clis[0].queries == []
+    assert hm.memory.closed() == []  # nothing happened: nothing to record
+    assert (await hm.turn("hello")).status == "completed"
+    assert hm.memory.closed() == [("closed", "hello", "success")]
+
+
+async def test_a_resent_turn_is_closed_once_in_the_fresh_session(hm: Harness) -> None:
+    assert hm.memory is not None
+    await hm.turn("one")
+    hm.clis[0].exit_silently = True
+    assert (await hm.turn("two")).status == "completed"
+    second = hm.rt.session_id
+    assert hm.memory.closed() == [("closed", "one", "success"), ("closed", "two", "success")]
+    assert hm.memory.events[-2:] == [("session_started", second), ("closed", "two", "success")]
+    assert hm.memory.records[-1].seen == ["AssistantMessage", "ResultMessage"]
+
+
+async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: Harness) -> None:
+    assert hm.memory is not None
+    hm.hold = True
+    hm.reply = [ResultMessage(subtype="error_during_execution", duration_ms=5, duration_api_ms=4, is_error=True,
+                              num_turns=1, session_id="x")]
+    hm.rt.submit("long")
+    await hm.until(lambda: hm.rt.state == "running")
+    await hm.rt.shutdown(5)
+    assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution"),
+                                     ("session_ended", hm.rt.session_id, "shutdown")]
+    assert hm.of(p.TurnComplete)[-1].status == "interrupted"

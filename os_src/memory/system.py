@@ -1,4 +1,5 @@
-"""The memory system as the runtime sees it: hooks, the search tool, the boot prompt, health.
+"""The memory system as the runtime sees it: turn capture, the compaction hooks, the search
+tool, the boot prompt, health.
 
 It owns the two database threads, the daemon task and the curator client, and
 holds the writer lock so that only one process curates a workspace's memory.
@@ -10,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from claude_agent_sdk import HookMatcher, ResultMessage
+from claude_agent_sdk import HookMatcher
 from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import Settings
@@ -19,9 +20,10 @@ from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .budget import DailyBudget
+from .capture import TurnRecord, TurnRecorder
 from .daemon import MemoryDaemon
 from .files import MemoryFiles
-from .hooks import CompactionHooks, TurnRecorder
+from .hooks import CompactionHooks, HookTimings
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -47,10 +49,11 @@ class MemorySystem:
         self.daemon = MemoryDaemon(self.processor, settings.memory_batch_turns,
                                    budget=DailyBudget(settings.memory_daily_budget_usd),
                                    batch_tokens=settings.memory_batch_tokens)
-        self.recorder = TurnRecorder(self.transcript, self.daemon.note_turn)
+        self.timings = HookTimings()
+        self.recorder = TurnRecorder(self.transcript, self.daemon.note_turn, self.timings)
         self.loader = BootLoader(self.files, self.memory)
         self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
-                                          settings.precompact_budget, self.recorder.timings)
+                                          settings.precompact_budget, self.timings)
         self._lock = WriterLock(layout.memory_lock)
         self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
 
@@ -72,11 +75,9 @@ class MemorySystem:
     # ------------------------------------------------------------ what the runtime uses
 
     def hooks(self) -> dict[Any, list[HookMatcher]]:
+        """Only what a hook alone can do: turns are captured from the runtime's stream."""
         budget = self.settings.precompact_budget
         return {
-            "UserPromptSubmit": [HookMatcher(hooks=[self.recorder.on_user_prompt])],
-            "PostToolUse": [HookMatcher(hooks=[self.recorder.on_post_tool_use])],
-            "Stop": [HookMatcher(hooks=[self.recorder.on_stop])],
             "PreCompact": [HookMatcher(hooks=[self.compaction.on_pre_compact], timeout=budget + 10)],
             "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
         }
@@ -96,8 +97,8 @@ class MemorySystem:
         self.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
-    def turn_finished(self, prompt: str, result: ResultMessage | None, error: str | None) -> None:
-        self.recorder.turn_finished(prompt, result, error)
+    def turn_started(self, prompt: str) -> TurnRecord:
+        return self.recorder.open(prompt)
 
     async def search(self, query: str, limit: int) -> list[SearchHit]:
         terms = search_terms(query)
@@ -112,4 +113,4 @@ class MemorySystem:
             self._counted = (now, await self.transcript.call(lambda t: t.counts()),
                              await self.daemon.budget_status())
         return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "hook_errors": self.recorder.timings.errors}
+                "hook_errors": self.timings.errors}

@@ -1,0 +1,226 @@
+"""Capture: each turn the runtime runs becomes ONE observation in transcript.db.
+
+The runtime sent the prompt and reads every message the CLI sends back, so it is the
+turn's one writer: it opens a `TurnRecord` when a turn starts, shows it each message
+(tool calls and their results, the assistant's text), and closes it exactly once when
+the turn ends, however it ends: a result, an interrupt, a failure, a shutdown. No hook
+is involved, so the CLI pays nothing per turn for capture (it spends about 4 ms per
+hook event it dispatches; see docs/benchmarks.md).
+
+Nothing here waits: each value is cut to a bounded size before any work that grows
+with it, and the write is queued to the database thread. A capture error is logged
+and counted, never raised into the runtime.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from claude_agent_sdk import (
+    AssistantMessage,
+    Message,
+    ResultMessage,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
+
+from ..db_worker import Worker
+from ..logs import get_logger
+from ..text import clean_text
+from .hooks import HookTimings
+from .transcript_store import NewObservation, TranscriptDB
+
+log = get_logger(__name__)
+
+TOOL_INPUT_CHARS = 500
+TOOL_OUTPUT_CHARS = 1000
+MAX_TOOL_CALLS = 50  # per turn; more are counted, not stored
+USER_MESSAGE_CHARS = 20_000
+RESPONSE_CHARS = 20_000
+PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> block before it shrinks the text
+
+_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def strip_private(text: str) -> str:
+    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
+    return _PRIVATE.sub("[private]", text)
+
+
+def _bounded(value: Any, limit: int) -> str:
+    """At most `limit` characters of `value` (a string or JSON-like data), private text removed.
+
+    Capture runs on the event loop, so the work is bounded by `limit`, not by the input: the
+    value is cut (with a margin) before it is encoded and before <private> is looked for. That
+    stays safe because an unclosed <private> hides the rest: a block the cut splits leaks nothing.
+    """
+    head_chars = limit + PRIVATE_MARGIN
+    if isinstance(value, str):
+        total, head = len(value), value[:head_chars]
+        cut = total > head_chars
+    else:
+        budget = [head_chars]
+        total, head = None, json.dumps(_shrink(value, budget), ensure_ascii=False)
+        cut = budget[0] <= 0 or len(head) > head_chars
+        head = head[:head_chars]
+    text = strip_private(clean_text(head))
+    if not cut and len(text) <= limit:
+        return text
+    more = f"{total - limit} more" if total is not None and total > limit else "more"
+    return text[:limit] + f"…[{more}]"
+
+
+def _shrink(value: Any, budget: list[int]) -> Any:
+    """A copy of JSON-like `value` holding about budget[0] characters at most; it visits at most
+    that many nodes, however big the value."""
+    if budget[0] <= 0:
+        return "…"
+    budget[0] -= 1
+    if isinstance(value, dict):
+        return {str(k)[:200]: _shrink(v, budget) for k, v in itertools.islice(value.items(), budget[0])}
+    if isinstance(value, (list, tuple)):
+        return [_shrink(v, budget) for v in itertools.islice(value, budget[0])]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = (value if isinstance(value, str) else str(value))[: budget[0]]
+    budget[0] -= len(text)
+    return text
+
+
+@dataclass
+class _ToolCall:
+    name: str
+    input: str
+    output: str = ""
+    is_error: bool = False
+
+
+@dataclass
+class _Turn:
+    prompt: str
+    user_message: str
+    started: float
+    tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
+    dropped_calls: int = 0
+    last_text: str = ""
+
+    def tool_use(self, block: ToolUseBlock) -> None:
+        if len(self.tool_calls) >= MAX_TOOL_CALLS:
+            self.dropped_calls += 1
+        else:
+            self.tool_calls[block.id] = _ToolCall(clean_text(block.name), _bounded(block.input, TOOL_INPUT_CHARS))
+
+    def tool_result(self, block: ToolResultBlock) -> None:
+        if (call := self.tool_calls.get(block.tool_use_id)) is not None:
+            call.output, call.is_error = _bounded(block.content, TOOL_OUTPUT_CHARS), bool(block.is_error)
+
+    def calls_json(self) -> str:
+        calls = [vars(c) for c in self.tool_calls.values()]
+        if self.dropped_calls:
+            calls.append({"name": "(more)", "input": "", "output": f"{self.dropped_calls} more calls",
+                          "is_error": False})
+        return json.dumps(calls, ensure_ascii=False)
+
+
+class TurnRecord:
+    """One turn as it happens; `close` hands it to the recorder, once."""
+
+    def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
+        self._recorder = recorder
+        self._turn = turn
+
+    def observe(self, message: Message) -> None:
+        """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
+        parent_tool_use_id) is not the user's turn; their tool call, seen by the main agent, is."""
+        turn = self._turn
+        if turn is None or getattr(message, "parent_tool_use_id", None) is not None:
+            return
+        if isinstance(message, AssistantMessage):
+            with self._recorder.timings.guard("observe"):
+                texts = []
+                for block in message.content:
+                    if isinstance(block, ToolUseBlock):
+                        turn.tool_use(block)
+                    elif isinstance(block, TextBlock):
+                        texts.append(block.text)
+                if texts:
+                    turn.last_text = "".join(texts)
+        elif isinstance(message, UserMessage) and isinstance(message.content, list):
+            with self._recorder.timings.guard("observe"):
+                for block in message.content:
+                    if isinstance(block, ToolResultBlock):
+                        turn.tool_result(block)
+
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+        """The turn ended: with the CLI's result, or with `error` when it failed without one.
+        Only the first close records."""
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            with self._recorder.timings.guard("close"):
+                self._recorder.record(turn, result, error)
+
+
+class TurnRecorder:
+    """Numbers the turns of the current session and queues each one's observation."""
+
+    def __init__(self, transcript: Worker[TranscriptDB], on_recorded: Callable[[], None],
+                 timings: HookTimings | None = None) -> None:
+        self._transcript = transcript
+        self._on_recorded = on_recorded
+        self.timings = timings or HookTimings()
+        self.session_id: str | None = None
+        self._sequence = 0
+
+    def start_session(self, session_id: str) -> None:
+        self.session_id, self._sequence = session_id, 0
+        started = time.time()
+        self._submit(lambda t: t.start_session(session_id, started))
+
+    def end_session(self, session_id: str) -> None:
+        ended = time.time()
+        self._submit(lambda t: t.end_session(session_id, ended))
+
+    def open(self, prompt: str) -> TurnRecord:
+        turn = None
+        with self.timings.guard("open"):
+            turn = _Turn(prompt, _bounded(prompt, USER_MESSAGE_CHARS), time.time())
+        return TurnRecord(self, turn)
+
+    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> None:
+        if self.session_id is None:
+            return
+        if (result is not None and result.num_turns == 0 and not result.is_error
+                and turn.prompt.startswith("/")):
+            return  # a command the CLI ran itself (/compact): no turn of the conversation
+        note = None
+        if error is not None:
+            note = "(the turn failed before the agent finished)"
+        elif result is not None and result.subtype == "error_during_execution":
+            note = "(interrupted by the user)"
+        text = _bounded((result.result if result is not None else None) or turn.last_text, RESPONSE_CHARS)
+        if note:
+            text = f"{text}\n{note}".strip()
+        self._sequence += 1
+        obs = NewObservation(
+            timestamp=turn.started, session_id=self.session_id, sequence_num=self._sequence,
+            user_message=turn.user_message, tool_calls_json=turn.calls_json(), agent_response=text,
+        )
+        self._submit(lambda t: t.append(obs))
+        self._on_recorded()
+
+    def _submit(self, fn: Callable[[TranscriptDB], Any]) -> None:
+        future = self._transcript.submit(fn)
+        future.add_done_callback(_log_write_failure)
+
+
+def _log_write_failure(future: Any) -> None:
+    if (exc := future.exception()) is not None:  # not repr(): it can quote the whole turn
+        log.error("transcript_write_failed", error=type(exc).__name__, detail=str(exc)[:200])

@@ -1,0 +1,138 @@
+"""SDK messages -> protocol frames, with the SDK's own message objects and no CLI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from claude_agent_sdk import (
+    AssistantMessage,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
+
+from sprite_os import protocol as p
+from sprite_os.frames import ended_frame, message_frames, summarize
+
+
+def delta(text: str, parent: str | None = None, kind: str = "text_delta") -> StreamEvent:
+    return StreamEvent(uuid="u", session_id="s", parent_tool_use_id=parent,
+                       event={"type": "content_block_delta", "index": 0, "delta": {"type": kind, "text": text}})
+
+
+def result(is_error: bool = False, **fields: Any) -> ResultMessage:
+    values: dict[str, Any] = dict(subtype="success", duration_ms=42, duration_api_ms=40, is_error=is_error,
+                                  num_turns=1, session_id="s", total_cost_usd=0.01,
+                                  usage={"input_tokens": 12, "output_tokens": 3, "cache_read_input_tokens": None,
+                                         "server_tool_use": {"web_search_requests": 0}})
+    values.update(fields)
+    return ResultMessage(**values)
+
+
+def test_streamed_text_becomes_text_deltas_and_nothing_else_does() -> None:
+    assert message_frames("t1", delta("Hel")) == [p.TextDelta(turn_id="t1", text="Hel")]
+    assert message_frames("t1", delta("{\"a\":", kind="input_json_delta")) == []
+    assert message_frames("t1", StreamEvent(uuid="u", session_id="s", event={"type": "message_start"})) == []
+    assert message_frames("t1", delta("a sub-agent thinks aloud", parent="toolu_task")) == []
+
+
+def test_an_assistant_message_gives_its_text_then_its_tool_calls() -> None:
+    message = AssistantMessage(model="m", content=[
+        ThinkingBlock(thinking="hmm", signature="sig"),
+        TextBlock(text="Let me "), TextBlock(text="look."),
+        ToolUseBlock(id="toolu_1", name="mcp__canvas__create_card", input={"title": "Groceries", "body": "- milk"}),
+        ToolUseBlock(id="toolu_2", name="Read", input={"file_path": "notes.md"}),
+    ])
+    assert message_frames("t1", message) == [
+        p.AssistantMessage(turn_id="t1", text="Let me look."),
+        p.ToolUse(turn_id="t1", tool_use_id="toolu_1", name="mcp__canvas__create_card",
+                  summary='{"title": "Groceries", "body": "- milk"}'),
+        p.ToolUse(turn_id="t1", tool_use_id="toolu_2", name="Read", summary='{"file_path": "notes.md"}'),
+    ]
+    only_tools = AssistantMessage(model="m", content=[ToolUseBlock(id="toolu_3", name="Bash", input={"command": "ls"})])
+    assert [type(f) for f in message_frames("t1", only_tools)] == [p.ToolUse]  # no empty assistant_message
+
+
+def test_a_sub_agents_messages_are_not_streamed() -> None:
+    message = AssistantMessage(model="m", parent_tool_use_id="toolu_task", content=[
+        TextBlock(text="sub-agent notes"), ToolUseBlock(id="toolu_sub", name="WebFetch", input={"url": "x"})])
+    assert message_frames("t1", message) == []
+
+
+def test_tool_results_become_tool_result_frames() -> None:
+    message = UserMessage(content=[
+        ToolResultBlock(tool_use_id="toolu_1", content=[{"type": "text", "text": "card created:\n  groceries"}]),
+        ToolResultBlock(tool_use_id="toolu_2", content="Permission denied: .os/ is read-only", is_error=True),
+        TextBlock(text="not a result"),
+    ])
+    assert message_frames("t1", message) == [
+        p.ToolResult(turn_id="t1", tool_use_id="toolu_1", is_error=False, summary="card created: groceries"),
+        p.ToolResult(turn_id="t1", tool_use_id="toolu_2", is_error=True,
+                     summary="Permission denied: .os/ is read-only"),
+    ]
+    assert message_frames("t1", UserMessage(content="a prompt echoed back")) == []
+
+
+def test_a_successful_result_completes_the_turn_with_its_usage() -> None:
+    assert message_frames("t1", result()) == [p.TurnComplete(
+        turn_id="t1", status="completed", duration_ms=42, cost_usd=0.01,
+        usage=p.Usage(input_tokens=12, output_tokens=3, cache_read_input_tokens=0, cache_creation_input_tokens=0))]
+    assert message_frames("t1", result(usage=None))[0].usage == p.Usage()  # type: ignore[attr-defined]
+
+
+def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None:
+    stopped = result(is_error=True, subtype="error_during_execution")
+    [done] = message_frames("t1", stopped, interrupted=True)
+    assert isinstance(done, p.TurnComplete) and done.status == "interrupted"
+
+
+@pytest.mark.parametrize(("fields", "code", "says"), [
+    ({"api_error_status": 529, "result": "Overloaded"}, "model_unavailable", "The model proxy answered HTTP 529: Overloaded"),
+    ({"result": "API Error: Connection refused (ECONNREFUSED)"}, "model_unavailable",
+     "The model proxy could not be reached: API Error: Connection refused"),
+    ({"errors": ["max turns reached", "gave up"]}, "agent_failed", "The turn failed: max turns reached; gave up"),
+    ({"subtype": "error_max_turns"}, "agent_failed", "The turn failed: error_max_turns"),
+])
+def test_a_failed_result_says_why_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str) -> None:
+    error, done = message_frames("t1", result(is_error=True, **fields))
+    assert isinstance(error, p.Error) and error.code == code and error.message.startswith(says)
+    assert error.turn_id == "t1"
+    assert isinstance(done, p.TurnComplete) and done.status == "error"
+
+
+def test_the_cli_error_detail_is_bounded() -> None:
+    error, _ = message_frames("t1", result(is_error=True, result="x" * 10_000))
+    assert isinstance(error, p.Error) and len(error.message) < 400
+
+
+def test_lone_surrogates_from_the_cli_become_encodable_text() -> None:
+    broken = json.loads('"cut mid-emoji \\ud83d"')
+    frames = [*message_frames("t1", delta(broken)), *message_frames("t1", AssistantMessage(
+        model="m", content=[TextBlock(text=broken), ToolUseBlock(id="x", name=broken, input={"k": broken})]))]
+    assert len(frames) == 3
+    for frame in frames:
+        assert p.decode_server_frame(p.encode(frame)) == frame  # it encodes, and round-trips
+
+
+def test_other_messages_give_no_frames() -> None:
+    boundary = SystemMessage(subtype="compact_boundary", data={"compact_metadata": {"trigger": "auto"}})
+    assert message_frames("t1", boundary) == [] and message_frames("t1", object()) == []
+
+
+def test_summaries_are_one_short_line() -> None:
+    assert summarize([{"type": "text", "text": "a\n\nb"}, {"type": "text", "text": "c"}]) == "a b c"
+    assert summarize({"path": "x"}) == '{"path": "x"}'
+    long = summarize("word " * 200)
+    assert len(long) == 300 and long.endswith("…")
+    assert summarize({"when": object()}).startswith('{"when": "<object object')  # anything renders
+
+
+def test_a_turn_without_a_result_ends_with_empty_usage() -> None:
+    assert ended_frame("t1", "error", 7) == p.TurnComplete(turn_id="t1", status="error", duration_ms=7, usage=p.Usage())
