@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from claude_agent_sdk import HookCallback, HookContext, HookInput, HookJSONOutput
 
 from ..logs import get_logger
 
 log = get_logger(__name__)
 
-Hook = Callable[[Any, str | None, Any], Awaitable[dict[str, Any]]]
+# Our callbacks read their input as a plain mapping: the SDK's HookInput union has no
+# SessionStart member, though the CLI sends that event.
+Hook = Callable[[Mapping[str, Any], str | None, Any], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -61,12 +65,12 @@ class Guarded:
         return True
 
 
-def fail_open(timings: HookTimings) -> Callable[[Hook], Hook]:
-    def wrap(fn: Hook) -> Hook:
+def fail_open(timings: HookTimings) -> Callable[[Hook], HookCallback]:
+    def wrap(fn: Hook) -> HookCallback:
         @functools.wraps(fn)
-        async def hook(data: Any, tool_use_id: str | None, context: Any) -> dict[str, Any]:
+        async def hook(data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
             with timings.guard(fn.__name__):
-                return await fn(data, tool_use_id, context)
+                return cast(HookJSONOutput, await fn(cast(Mapping[str, Any], data), tool_use_id, context))
             return {}
 
         return hook
@@ -86,14 +90,14 @@ class CompactionHooks:
         self.on_pre_compact = guarded(self._on_pre_compact)
         self.on_session_start = guarded(self._on_session_start)
 
-    async def _on_pre_compact(self, data: Any, _id: str | None, _ctx: Any) -> dict[str, Any]:
+    async def _on_pre_compact(self, data: Mapping[str, Any], _id: str | None, _ctx: Any) -> dict[str, Any]:
         started = time.monotonic()
         ok = await self._flush(f"precompact-{data.get('trigger', '?')}", self._budget)
         log.info("precompact_flush", trigger=data.get("trigger"), ok=ok,
                  seconds=round(time.monotonic() - started, 3))
         return {}
 
-    async def _on_session_start(self, data: Any, _id: str | None, _ctx: Any) -> dict[str, Any]:
+    async def _on_session_start(self, data: Mapping[str, Any], _id: str | None, _ctx: Any) -> dict[str, Any]:
         if data.get("source") != "compact":
             return {}
         context = await self._refresh()
