@@ -2,7 +2,8 @@
 
 - overhead: a turn through Sprite OS (WebSocket in, frames out, memory on)
   against the same turn driven through the SDK directly, on the same mock Bridge;
-- hooks: memory on against memory off, and the time spent inside the hooks;
+- hooks: memory on against memory off, and the time memory spends on the agent's path
+  (capturing the turn from the runtime's stream; the compaction hooks never fire here);
 - curator: turn latency while the curator's proxy takes 5 s, against 0 s.
 
 Paths are interleaved turn by turn so that drift on the machine hits both alike.
@@ -94,8 +95,9 @@ async def overhead(turns: int) -> dict[str, Any]:
 
 
 async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
-    """Memory on against off, first with a zero-latency model (the CLI's fixed cost per hook is
-    all there is to see), then with `model_latency` seconds per model request (closer to life)."""
+    """Memory on against off, first with a zero-latency model (any fixed cost per turn, such as the
+    CLI's ~4 ms per hook event, is all there is to see), then with `model_latency` seconds per
+    model request (closer to life)."""
     out: dict[str, Any] = {}
     for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
         async with MockBridge() as bridge, AsyncExitStack() as stack:
@@ -109,7 +111,7 @@ async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
             samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
                                          "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
             assert on.memory is not None
-            inside_us = [ns / 1000 for ns in on.memory.recorder.timings.samples_ns]
+            inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
             recorded = (await on.memory.health())["observations"]["total"]
         a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
         out[label] = {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
@@ -117,7 +119,8 @@ async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
         if not latency:
             out["inside_hooks_us"] = {"p50": round(percentile(inside_us, 50), 1),
                                       "p99": round(percentile(inside_us, 99), 1), "max": round(max(inside_us), 1),
-                                      "calls": len(inside_us), "calls_per_turn": round(len(inside_us) / max(1, recorded), 2)}
+                                      "calls": len(inside_us), "calls_per_turn": round(len(inside_us) / max(1, recorded), 2),
+                                      "per_turn": round(sum(inside_us) / max(1, recorded), 1)}
             out["turns_recorded"] = recorded
     return out
 
