@@ -3,7 +3,8 @@
 The runtime sent the prompt and reads every message the CLI sends back, so it is the
 turn's one writer: it opens a `TurnRecord` when a turn starts, shows it each message
 (tool calls and their results, the assistant's text), and closes it exactly once when
-the turn ends, however it ends: a result, an interrupt, a failure, a shutdown. No hook
+the turn ends, however it ends: a result, an interrupt, a failure, a shutdown (a turn
+interrupted before its prompt was sent is never closed: nothing happened). No hook
 is involved, so the CLI pays nothing per turn for capture (it spends about 4 ms per
 hook event it dispatches; see docs/benchmarks.md).
 
@@ -105,9 +106,9 @@ class _ToolCall:
 
 @dataclass
 class _Turn:
-    prompt: str
     user_message: str
     started: float
+    command: bool  # a slash command, which the CLI may run itself (/compact)
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
     last_text: str = ""
@@ -191,15 +192,14 @@ class TurnRecorder:
     def open(self, prompt: str) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
-            turn = _Turn(prompt, _bounded(prompt, USER_MESSAGE_CHARS), time.time())
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), time.time(), prompt.startswith("/"))
         return TurnRecord(self, turn)
 
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> None:
         if self.session_id is None:
             return
-        if (result is not None and result.num_turns == 0 and not result.is_error
-                and turn.prompt.startswith("/")):
-            return  # a command the CLI ran itself (/compact): no turn of the conversation
+        if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
+            return  # the CLI ran the command itself, with no model turn: not part of the conversation
         note = None
         if error is not None:
             note = "(the turn failed before the agent finished)"
