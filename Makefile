@@ -24,7 +24,10 @@ run: $(STAMP)
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
 ## console's in a headless Chromium).
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest
+	@rm -f .coverage .coverage.*
+	$(PY) -m coverage run -m pytest
+	@$(PY) -m coverage combine -q
+	$(PY) -m coverage report
 
 ## Installed from the distribution's packages when missing (Debian: the `chromium` package).
 $(CHROMIUM):
@@ -42,6 +45,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check os_src tests bench bootstrap
+	$(PY) -m mypy
 
 ## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.
 bench: $(STAMP)

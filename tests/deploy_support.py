@@ -50,13 +50,16 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def deploy_cmd(workspace: Path, *args: str) -> list[str]:
-    return [SYSTEM_PYTHON, "-I", "-S", str(DEPLOY), "--workspace", str(workspace), *args]
+def deploy_cmd(workspace: Path, *args: str, stdlib_only: bool = False) -> list[str]:
+    """deploy.py as Bridge runs it (`stdlib_only`: the system python with no site-packages), or
+    with this venv's python and its site-packages, where the suite's coverage follows it."""
+    python = [SYSTEM_PYTHON, "-I", "-S"] if stdlib_only else [sys.executable, "-I"]
+    return [*python, str(DEPLOY), "--workspace", str(workspace), *args]
 
 
-def run_deploy(workspace: Path, *args: str, env: dict[str, str] | None = None,
-               timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(deploy_cmd(workspace, *args), capture_output=True, text=True,
+def run_deploy(workspace: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600,
+               stdlib_only: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(deploy_cmd(workspace, *args, stdlib_only=stdlib_only), capture_output=True, text=True,
                           env=env or base_env(), timeout=timeout)
 
 
@@ -111,8 +114,9 @@ def venv_cache(cache_root: Path, tmp_root: Path) -> VenvCache:
     workspace = tmp_root / "first-workspace"
     workspace.mkdir(parents=True)
     started = time.monotonic()
+    # The first, real deploy runs as Bridge runs it: the system python, standard library only.
     done = run_deploy(workspace, "--from-checkout", str(REPO), "--wheelhouse", str(houses),
-                      "--token-file", str(token_file(tmp_root)))
+                      "--token-file", str(token_file(tmp_root)), stdlib_only=True)
     seconds = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
     cache = tmp_root / "venv-cache"

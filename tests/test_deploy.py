@@ -462,7 +462,7 @@ def test_a_restart_never_passes_a_stale_token_from_the_deploying_shell(tmp_path:
 
 
 def test_deploy_script_is_stdlib_only() -> None:
-    """deploy.py runs under `python3 -I -S` in every test; here: it imports nothing else either."""
+    """The first deploy of the suite runs deploy.py under `python3 -I -S`; here: it imports nothing else."""
     done = subprocess.run([sys.executable, "-I", "-S", "-c",
                            f"import sys, runpy; sys.argv = ['deploy.py', '--help']; "
                            f"runpy.run_path({str(DEPLOY)!r}, run_name='__main__')"],
