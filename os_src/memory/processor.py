@@ -153,7 +153,9 @@ class BatchProcessor:
         ids = [o.id for o in observations]
         before = await asyncio.to_thread(self.files.read_all)
         actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
-        messages: list[dict[str, Any]] = [{"role": "user", "content": build_prompt(before, observations, actions)}]
+        ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": build_prompt(before, observations, actions, ended)}]
         tokens = [0, 0]
 
         truncated = [False]
