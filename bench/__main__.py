@@ -31,6 +31,11 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
 
     n = 10 if quick else 60
 
+    async def recall_bench() -> dict[str, Any]:
+        from bench.recall.run import recall
+
+        return await recall(quick)
+
     async def deploy() -> dict[str, Any]:
         from bench import deploy_bench
 
@@ -43,6 +48,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "curator_latency": lambda: turns.curator_latency(n),
         "search_1m": lambda: search.search(100_000 if quick else 1_000_000),
         "boot": boot.boot,
+        "recall": recall_bench,
         "deploy": deploy,
     }
 

@@ -21,10 +21,15 @@ from .recall import RecallHit
 CHARS_PER_TOKEN = 4  # the rule of thumb the console's estimates use
 MAX_MEMORIES = 5
 SEARCHED = 12  # hits looked at for the few that pass
-# The relevance floor: a memory passes if either retriever vouches for it on its own terms.
-# Measured on the recall benchmark (docs/memory.md): ...
-COSINE_FLOOR = 0.82  # multilingual-e5-small's cosine (its scores crowd 0.7-0.9)
-BM25_FLOOR = 6.0  # tantivy BM25 (text, plus context at half weight)
+# The relevance floor, chosen on the recall benchmark (docs/memory.md): with both retrievers, a
+# memory passes when both found it (cosine >= BOTH_COSINE and BM25 >= BOTH_BM25), or one of them
+# is sure on its own (COSINE_ALONE, BM25_ALONE); with words only, BM25 >= LEXICAL_ONLY_BM25. Neither
+# score alone separates relevant from not: multilingual-e5-small's cosines crowd 0.80-0.87 for
+# unrelated messages, and a message's everyday words earn BM25 5-10 in any long memory.
+BOTH_COSINE, BOTH_BM25 = 0.83, 6.0
+COSINE_ALONE = 0.87
+BM25_ALONE = 14.0
+LEXICAL_ONLY_BM25 = 10.0
 HEADER = ("<recalled-memories>\nSprite OS found these in your memory of earlier sessions; they may bear on "
           "the message below (the person did not write this part):")
 FOOTER = "</recalled-memories>"
@@ -36,8 +41,14 @@ def normalise(text: str) -> str:
     return _SPACE.sub(" ", text).strip().casefold()
 
 
-def relevant(hit: RecallHit) -> bool:
-    return (hit.cosine is not None and hit.cosine >= COSINE_FLOOR) or (hit.bm25 is not None and hit.bm25 >= BM25_FLOOR)
+def relevant(hit: RecallHit, dense: bool) -> bool:
+    """Above the floor; `dense`: the search had the dense retriever."""
+    cosine, bm25 = hit.cosine, hit.bm25
+    if not dense:
+        return bm25 is not None and bm25 >= LEXICAL_ONLY_BM25
+    if cosine is not None and bm25 is not None and cosine >= BOTH_COSINE and bm25 >= BOTH_BM25:
+        return True
+    return (cosine is not None and cosine >= COSINE_ALONE) or (bm25 is not None and bm25 >= BM25_ALONE)
 
 
 def held(hit: RecallHit, boot: str) -> bool:
@@ -54,7 +65,7 @@ def line(hit: RecallHit) -> str:
     return f"- [{hit.type}, {day}] {hit.snippet}"
 
 
-def select(hits: Sequence[RecallHit], boot: str, budget_tokens: int) -> list[RecallHit]:
+def select(hits: Sequence[RecallHit], boot: str, budget_tokens: int, dense: bool) -> list[RecallHit]:
     """The memories worth sending, best first: relevant, not in the boot prompt (`boot`,
     normalised), at most MAX_MEMORIES, and within `budget_tokens` once rendered."""
     chosen: list[RecallHit] = []
@@ -63,7 +74,7 @@ def select(hits: Sequence[RecallHit], boot: str, budget_tokens: int) -> list[Rec
     for hit in hits:
         if len(chosen) == MAX_MEMORIES:
             break
-        if not relevant(hit) or held(hit, boot):
+        if not relevant(hit, dense) or held(hit, boot):
             continue
         cost = len(line(hit)) + 1
         if used + cost > budget:

@@ -110,6 +110,10 @@ class RecallService:
         await asyncio.gather(self.searcher.close(), self.embedder.close())
         await self.index.close()  # the writer finishes its merges and lets go of the directory
 
+    @property
+    def dense_available(self) -> bool:
+        return self._query_model is not None
+
     def booted_with(self, prompt: str) -> None:
         self._boot = auto_recall.normalise(prompt)
 
@@ -144,7 +148,7 @@ class RecallService:
         except Exception as exc:
             log.exception("auto_recall_failed", error=repr(exc)[:300])
             return None
-        chosen = auto_recall.select(hits, self._boot, self.settings.auto_recall_tokens)
+        chosen = auto_recall.select(hits, self._boot, self.settings.auto_recall_tokens, self.dense_available)
         if not chosen:
             return None
         log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))
