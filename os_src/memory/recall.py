@@ -101,24 +101,25 @@ def order_by_time(hits: Sequence[Candidate], when: When | None, current: bool, n
 
 
 def corrections_first(hits: Sequence[RecallHit], words: Sequence[str]) -> list[RecallHit]:
-    """A CORRECTION moves just above the first higher-ranked, older learning it shares two search
-    words with (or one, if the query has one): what it corrects. Nothing else moves."""
+    """A CORRECTION moves just above the first higher-ranked, older learning it corrects: one that
+    shares two of its words (by their first five letters, a rough stem), or one the query asked
+    about. Nothing else moves."""
     out = list(hits)
+    asked = {w[:5] for w in words}
     for hit in [h for h in hits if h.type == "CORRECTION"]:
-        mine = _words_in(hit.snippet, words)
-        need = min(2, len(words))
+        mine = _stems(hit.snippet)
         at = out.index(hit)
         for i, other in enumerate(out[:at]):
+            shared = mine & _stems(other.snippet)
             if other.kind == "learning" and other.type != "CORRECTION" and other.at <= hit.at \
-                    and need and len(mine & _words_in(other.snippet, words)) >= need:
+                    and (len(shared) >= 2 or shared & asked):
                 out.insert(i, out.pop(at))
                 break
     return out
 
 
-def _words_in(text: str, words: Sequence[str]) -> set[str]:
-    lower = text.lower()
-    return {w for w in words if w[:5] in lower}  # a stem's first letters: "dates" has "date"
+def _stems(text: str) -> set[str]:
+    return {w[:5] for w in search_terms(text)}
 
 
 def snippet(text: str, words: Sequence[str], width: int = SNIPPET_CHARS) -> str:

@@ -126,23 +126,35 @@ class RecallIndex:
 
     def search(self, words: Sequence[str], limit: int, window: Window | None = None) -> list[IndexHit]:
         """The best `limit` documents for `words` by BM25 (text, plus context at half weight); with a
-        `window`, those dated inside it first, each part best first. `words` must be plain lowercase
+        `window`, those dated inside it first, then the other matches, then (for a question such as
+        "what happened in March?") other documents of the window. `words` must be plain lowercase
         word characters (search.search_terms makes them so): no query syntax reaches the parser."""
-        if not words or limit <= 0:
+        if limit <= 0 or (not words and window is None):
             return []
         searcher = self.index.searcher()
-        query = self.index.parse_query(" ".join(words), ["text", "context"],
-                                       field_boosts={"text": 1.0, "context": CONTEXT_BOOST})
         if window is None:
-            return _run(searcher, query, limit)
+            return _run(searcher, self._words(words), limit)
         inside = tantivy.Query.range_query(self.index.schema, "at", tantivy.FieldType.Float, window.start,
                                            window.end)
-        first = _run(searcher, tantivy.Query.boolean_query(
-            [(tantivy.Occur.Must, query), (tantivy.Occur.Must, inside)]), limit)
-        if len(first) == limit:
-            return first
-        seen = {(h.kind, h.id) for h in first}
-        return (first + [h for h in _run(searcher, query, limit) if (h.kind, h.id) not in seen])[:limit]
+        parts = [inside]
+        if words:
+            query = self._words(words)
+            both = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, inside)])
+            parts = [both, query, inside]
+        out: list[IndexHit] = []
+        seen: set[tuple[str, int]] = set()
+        for part in parts:
+            if len(out) >= limit:
+                break
+            for h in _run(searcher, part, limit):
+                if (h.kind, h.id) not in seen:
+                    seen.add((h.kind, h.id))
+                    out.append(h)
+        return out[:limit]
+
+    def _words(self, words: Sequence[str]) -> tantivy.Query:
+        return self.index.parse_query(" ".join(words), ["text", "context"],
+                                      field_boosts={"text": 1.0, "context": CONTEXT_BOOST})
 
 
 def _run(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[IndexHit]:
