@@ -152,8 +152,8 @@ def test_rebuild_makes_the_index_again_from_transcript_db(tmp_path: Path) -> Non
     assert not index_path(settings.layout.memory_dir).with_name("index.new").exists()
     assert sorted(p.name for p in index_path(settings.layout.memory_dir).iterdir()) != old_dir
     searcher = open_searcher(settings, lexical=True)
-    assert [h.turn for h in searcher.search("what is the dog called", time.time(), 5)][:1] == [1]
-    assert [h.turn for h in searcher.search("vacuum", time.time(), 5)][0] == 2
+    assert searcher.search("what is the dog called", time.time(), 5)[0].turn == 1
+    assert searcher.search("vacuum", time.time(), 5)[0].turn == 2
     assert {h.turn for h in searcher.search("vacuum", time.time(), 5)} == {1, 2, 3}  # 1 and 3 by their neighbour
     searcher.close()
 
@@ -182,8 +182,7 @@ def test_hostile_queries_are_inert(tmp_path: Path, query: str) -> None:
     assert ep.count(memory.conn, None) == (1, 0)
 
 
-def test_hostile_queries_reach_the_dense_retriever_safely(tmp_path: Path) -> None:
-    settings, memory = seeded(tmp_path, [ep.Episode(1, "s", 1, T0, "Maya recommended Lotus Garden")])
+def test_hostile_queries_reach_the_dense_retriever_safely() -> None:
     embedder, status = load(None)
     assert embedder is not None, status.detail
     for query in ("\x00", "\x00Maya", every_category(), "x" * 20_000, "\ud800 Maya"):

@@ -12,7 +12,14 @@ from sprite_os.memory import auto_recall
 from sprite_os.memory.curator import SESSIONS_ENDED, build_prompt, parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
-from sprite_os.memory.recall import Candidate, RecallHit, corrections_first, order_by_time, snippet, weighted_rrf
+from sprite_os.memory.recall import (
+    Candidate,
+    RecallHit,
+    corrections_first,
+    order_by_time,
+    snippet,
+    weighted_rrf,
+)
 from sprite_os.memory.timeparse import time_cue
 from sprite_os.memory.transcript_store import Observation
 

@@ -139,6 +139,7 @@ async def _auto_recall(quick: bool) -> dict[str, Any]:
     """What auto-recall adds to a turn: the server's own call (a thread hop, the search, the floor,
     the budget), with the dense retriever and without."""
     from sprite_os.db_worker import Worker
+    from sprite_os.dev.harness import wait_for
     from sprite_os.memory.memory_store import MemoryDB
     from sprite_os.memory.recall_service import RecallService
     from sprite_os.memory.transcript_store import TranscriptDB
@@ -153,8 +154,7 @@ async def _auto_recall(quick: bool) -> dict[str, Any]:
         await service.start()
         await asyncio.wait_for(service.indexer.current.wait(), 60)
         if weight:
-            while service.indexer.health.embedded < len(ids) and not service.indexer.health.last_error:
-                await asyncio.sleep(0.2)  # the stored vectors are loading
+            await wait_for(lambda s=service: s.indexer.health.embedded >= len(ids), 120)  # the stored vectors load
         ms, added = [], []
         for q in questions[:300]:
             started = time.perf_counter()
