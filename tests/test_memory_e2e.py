@@ -288,8 +288,11 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
         bridge.curator.script(reply)
     async with running(settings) as app, client_factory(app.port) as client:
         c = await client(hello={})
-        for text in ("I have a cat named Miso", "she is grey", "remind me to buy tea Friday", "I prefer tea"):
+        for n, text in enumerate(("I have a cat named Miso", "she is grey", "remind me to buy tea Friday",
+                                  "I prefer tea"), 1):
             await turn(c, text)
+            if n == 2:  # the first batch is done before the next turns: two batches of two, whatever the timing
+                await wait_for(lambda: counts(settings)["processed"] == 2, timeout=20)
         await wait_for(lambda: counts(settings)["processed"] == 4, timeout=20)
         assert cli(["memory", "rebuild", "--yes"]) == 2  # refused while the server holds the writer lock
     original = learnings(settings)

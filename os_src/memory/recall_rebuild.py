@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Settings
+from ..database import transaction
 from . import episodes as ep
 from .dense import Embedder, load, to_blob
 from .index_docs import build, write_marks
@@ -52,15 +53,19 @@ def _episodes(memory: MemoryDB, transcript: TranscriptDB) -> int:
 
 
 def _copy_vectors(memory: MemoryDB, backup: Path, model: str) -> None:
-    """Keep the vectors the set-aside memory.db holds for the same model (ids are the turns')."""
-    with contextlib.suppress(sqlite3.Error):
-        memory.conn.execute("ATTACH DATABASE ? AS old", (f"file:{backup}?mode=ro",))
-        try:
-            memory.conn.execute("INSERT OR IGNORE INTO episode_vectors (id, model, vector) SELECT v.id, v.model, "
-                                "v.vector FROM old.episode_vectors v JOIN episodes e ON e.id = v.id "
-                                "WHERE v.model = ?", (model,))
-        finally:
-            memory.conn.execute("DETACH DATABASE old")
+    """Keep the vectors the set-aside memory.db holds for the same model (ids are the turns'). It was
+    checkpointed when it was set aside, so it is read as immutable: no lock, no -wal or -shm beside it."""
+    try:
+        old = sqlite3.connect(f"file:{backup}?immutable=1", uri=True)
+    except sqlite3.Error:
+        return
+    with contextlib.closing(old), contextlib.suppress(sqlite3.Error):
+        cursor = old.execute("SELECT id, vector FROM episode_vectors WHERE model = ?", (model,))
+        while page := cursor.fetchmany(5_000):
+            with transaction(memory.conn) as c:
+                c.executemany("INSERT OR IGNORE INTO episode_vectors (id, model, vector) SELECT ?, ?, ? "
+                              "WHERE EXISTS (SELECT 1 FROM episodes WHERE id = ?)",
+                              [(i, model, v, i) for i, v in page])
 
 
 def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None = None) -> RecallReport:

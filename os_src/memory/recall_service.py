@@ -110,6 +110,16 @@ class RecallService:
         await asyncio.gather(self.searcher.close(), self.embedder.close())
         await self.index.close()  # the writer finishes its merges and lets go of the directory
 
+    async def settle(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until the index holds what is recorded and learned so far."""
+        if self._index is None:
+            return False
+        try:
+            await asyncio.wait_for(self.indexer.current.wait(), budget)
+            return True
+        except TimeoutError:
+            return False
+
     @property
     def dense_available(self) -> bool:
         return self._query_model is not None

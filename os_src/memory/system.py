@@ -36,6 +36,7 @@ log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
 BOOT_SETTLE_BUDGET = 15.0
+RECALL_SETTLE_BUDGET = 2.0
 HEALTH_CACHE_SECONDS = 1.0  # a new session waits this long, at most, for the last session's batch
 
 
@@ -53,6 +54,7 @@ class MemorySystem:
                                    batch_tokens=settings.memory_batch_tokens)
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
+        self.processor.on_commit = self.recall.indexer.nudge
         self.recorder = TurnRecorder(self.transcript, self._turn_recorded, self.timings)
         self.loader = BootLoader(self.files, self.memory)
         self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
@@ -95,6 +97,7 @@ class MemorySystem:
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
+        await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
         return prompt
 
     def session_started(self, session_id: str) -> None:
