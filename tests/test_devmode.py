@@ -30,9 +30,9 @@ from sprite_os.dev.mock_bridge.profile import Profile
 from sprite_os.dev.mock_bridge.script import AgentScript, Ids, Plan, ToolUse
 from sprite_os.errors import ConfigError
 from sprite_os.memory.curator import build_prompt, parse_reply
-from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.files import SPECS, MemoryFiles, install_templates
 from sprite_os.memory.loader import assemble
+from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import Observation
 from sprite_os.paths import Layout
 from tests.conftest import free_port

@@ -24,7 +24,7 @@ from . import episodes as ep
 from .recall_index import RecallIndex, doc_id, episode_doc, learning_doc
 
 MARKS_KEY = "recall_index"
-CHUNK = 500
+CHUNK = 2_000  # episodes a commit takes, at most: a long catch-up commits once a second
 Progress = Callable[[str, int, int], None]  # (what, done, of)
 
 

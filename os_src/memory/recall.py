@@ -186,6 +186,13 @@ class Searcher:
             ranked = self._other_sessions(ranked, exclude_session)
         return order_by_time(ranked, cue.when, cue.current, now)[: limit * 2]  # room for what hydration drops
 
+    def _anything_else(self, session_id: str) -> bool:
+        """Does memory hold anything besides this session's turns?"""
+        return bool(self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM learnings WHERE forgotten_at IS NULL) "
+            "OR EXISTS (SELECT 1 FROM episodes WHERE session_id < ? OR session_id > ?)",
+            (session_id, session_id)).fetchone()[0])
+
     def _other_sessions(self, ranked: list[Candidate], session_id: str) -> list[Candidate]:
         ids = [c.id for c in ranked if c.kind == "episode"]
         mine = {r for (r,) in self.conn.execute(
@@ -194,6 +201,8 @@ class Searcher:
 
     def search(self, query: str, now: float, limit: int, exclude_session: str | None = None,
                use_dense: bool = True) -> list[RecallHit]:
+        if exclude_session is not None and not self._anything_else(exclude_session):
+            return []  # a first session: nothing to find, and no query to embed
         ranked = self.rank(query, now, limit, exclude_session, use_dense)
         words = search_terms(time_cue(query[:2_000], now).rest)
         return corrections_first(hydrate(self.conn, ranked, words), words)[:limit]

@@ -32,7 +32,8 @@ from .transcript_store import TranscriptDB
 log = get_logger(__name__)
 
 INDEX_DIR = "index"
-AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
+AUTO_RECALL_TIMEOUT = 0.5
+LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable  # a recall slower than this is skipped: the message goes as it is
 
 
 def index_path(memory_dir: Path) -> Path:
@@ -109,6 +110,11 @@ class RecallService:
         await self.indexer.stop()
         await asyncio.gather(self.searcher.close(), self.embedder.close())
         await self.index.close()  # the writer finishes its merges and lets go of the directory
+
+    async def learned(self) -> bool:
+        """A batch committed learnings: index them, and wait (briefly) until they are searchable."""
+        self.indexer.nudge()
+        return await self.settle(LEARNED_BUDGET)
 
     async def settle(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, until the index holds what is recorded and learned so far."""

@@ -54,7 +54,7 @@ class MemorySystem:
                                    batch_tokens=settings.memory_batch_tokens)
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
-        self.processor.on_commit = self.recall.indexer.nudge
+        self.processor.on_commit = self.recall.learned
         self.recorder = TurnRecorder(self.transcript, self._turn_recorded, self.timings)
         self.loader = BootLoader(self.files, self.memory)
         self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
