@@ -9,27 +9,13 @@ from sprite_os.config import Settings
 from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.memory.files import CURATED, MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
-from sprite_os.memory.transcript_store import TranscriptDB
-from tests.conftest import Client, client_factory, running, wait_for
+from tests.conftest import client_factory, running, wait_for
+from tests.test_memory_e2e import observations, turn
 
 pytestmark = pytest.mark.e2e
 
 FACT = "The spare key to the shed hangs behind the blue flowerpot on the balcony."
 QUESTION = "Where did I leave the spare key for the shed?"
-
-
-async def turn(c: Client, text: str) -> dict:  # type: ignore[type-arg]
-    await c.send(type="user_message", text=text)
-    started = await c.until("turn_started", lambda f: f["text"] == text)
-    return await c.until("turn_complete", lambda f: f["turn_id"] == started["turn_id"])
-
-
-def observations(settings: Settings) -> list:  # type: ignore[type-arg]
-    db = TranscriptDB(settings.layout.transcript_db)
-    try:
-        return list(db.iter_all())
-    finally:
-        db.close()
 
 
 async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(

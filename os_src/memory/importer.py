@@ -92,7 +92,7 @@ def parse(line: str, turn: dict[str, int]) -> NewObservation:
         raise BadLine(f"longer than {MAX_LINE_CHARS:,} characters")
     try:
         data = json.loads(line)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise BadLine(f"not JSON ({exc.msg})") from None
     if not isinstance(data, dict):
         raise BadLine("not a JSON object")

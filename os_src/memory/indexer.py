@@ -23,6 +23,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from .index_docs import CHUNK, Marks, Staged, learning_changes, stage, write_mar
 from .memory_store import MemoryDB
 from .recall import Searcher
 from .recall_index import RecallIndex
-from .transcript_store import TranscriptDB
+from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
 
@@ -117,9 +118,9 @@ class Indexer:
     async def _catch_up(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:  # turns -> episodes
             last = await self.memory.call(lambda m: ep.max_id(m.conn))
-            new = await self.transcript.call(lambda t, last=last: t.after(last, CHUNK))
+            new = await self.transcript.call(partial(TranscriptDB.after, last_id=last, limit=CHUNK))
             if new:
-                await self.memory.call(lambda m, new=new: ep.add(m.conn, [ep.from_observation(o) for o in new]))
+                await self.memory.call(partial(_add_episodes, new=new))
                 self.health.episodes = new[-1].id
             if len(new) < CHUNK:
                 break
@@ -159,8 +160,7 @@ class Indexer:
                 if cursor == math.inf:
                     pass_top = await self.memory.call(lambda m: ep.max_id(m.conn))
                 below = cursor if cursor != math.inf else pass_top + 1
-                batch = await self.memory.call(lambda m, lo=done_below, hi=int(below): [
-                    (e, ep.previous(m.conn, e)) for e in ep.missing_vectors(m.conn, model, lo, hi, EMBED_BATCH)])
+                batch = await self.memory.call(partial(_unembedded, model=model, above=done_below, below=int(below)))
                 if not batch:
                     done_below, cursor = pass_top, math.inf
                     await self._embed_wake.wait()
@@ -186,10 +186,10 @@ class Indexer:
     async def _load_vectors(self, model: str) -> None:
         """The stored vectors into the dense index, a page at a time."""
         started, after, n = time.monotonic(), 0, 0
-        while page := await self.memory.call(lambda m, after=after: ep.vectors(m.conn, model, after, VECTOR_PAGE)):
+        while page := await self.memory.call(partial(_vectors, model=model, after=after)):
             ids, at = [p[0] for p in page], [p[1] for p in page]
             matrix = np.frombuffer(b"".join(p[2] for p in page), dtype=np.float32).reshape(len(page), -1)
-            await self.recall.call(lambda s, ids=ids, at=at, matrix=matrix: _add_vectors(s, ids, at, matrix))
+            await self.recall.call(partial(_add_vectors, ids=ids, at=at, vectors=matrix))
             after, n = ids[-1], n + len(page)
         self.health.embedded = n
         log.info("recall_vectors_loaded", vectors=n, seconds=round(time.monotonic() - started, 2))
@@ -198,6 +198,18 @@ class Indexer:
         h = self.health
         return {"episodes_seen": h.episodes, "indexed_through": h.indexed_through, "embedded": h.embedded,
                 "last_error": h.last_error}
+
+
+def _add_episodes(memory: MemoryDB, new: list[Observation]) -> int:
+    return ep.add(memory.conn, [ep.from_observation(o) for o in new])
+
+
+def _unembedded(memory: MemoryDB, model: str, above: int, below: int) -> list[tuple[ep.Episode, ep.Episode | None]]:
+    return [(e, ep.previous(memory.conn, e)) for e in ep.missing_vectors(memory.conn, model, above, below, EMBED_BATCH)]
+
+
+def _vectors(memory: MemoryDB, model: str, after: int) -> list[tuple[int, float, bytes]]:
+    return ep.vectors(memory.conn, model, after, VECTOR_PAGE)
 
 
 def _add_vectors(searcher: Searcher, ids: list[int], at: list[float], vectors: Any) -> None:
