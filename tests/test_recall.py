@@ -221,3 +221,22 @@ def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
     assert 2 not in [h.id for h in searcher.search(question, time.time(), 1, use_dense=False)]
     fused = searcher.search(question, time.time(), 2)
     assert 2 in [h.id for h in fused] and fused[0].cosine is not None
+
+
+async def test_an_unreadable_index_is_set_aside_and_made_again(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    transcript.append(turn("s1", 1, "We adopted a dog called Biscuit"))
+    transcript.close()
+    broken = index_path(settings.layout.memory_dir)
+    broken.mkdir(parents=True)
+    (broken / "meta.json").write_text("{not tantivy")
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+        assert [h.turn for h in await system.search("dog Biscuit", 5)] == [1]
+        assert len(list(settings.layout.memory_dir.glob("index.broken-*"))) == 1
+    finally:
+        await system.stop()

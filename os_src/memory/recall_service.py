@@ -92,7 +92,14 @@ class RecallService:
 
     async def start(self) -> None:
         fresh = not exists(self.path)
-        self._index = await asyncio.to_thread(RecallIndex, self.path, True)
+        try:
+            self._index = await asyncio.to_thread(RecallIndex, self.path, True)
+        except Exception as exc:  # unreadable: derived data, so set it aside and index everything again
+            aside = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}")
+            log.error("recall_index_unreadable", error=repr(exc)[:300], moved_to=str(aside))
+            await asyncio.to_thread(self.path.rename, aside)
+            fresh = True
+            self._index = await asyncio.to_thread(RecallIndex, self.path, True)
         if self.settings.recall_dense_weight > 0:
             setting = self.settings.embedding_model
             self._query_model, self._dense_status = await asyncio.to_thread(load, setting)
