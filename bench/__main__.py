@@ -31,6 +31,11 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
 
     n = 10 if quick else 60
 
+    async def recall_bench() -> dict[str, Any]:
+        from bench.recall.run import recall
+
+        return await recall(quick)
+
     async def deploy() -> dict[str, Any]:
         from bench import deploy_bench
 
@@ -43,6 +48,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "curator_latency": lambda: turns.curator_latency(n),
         "search_1m": lambda: search.search(100_000 if quick else 1_000_000),
         "boot": boot.boot,
+        "recall": recall_bench,
         "deploy": deploy,
     }
 
@@ -83,6 +89,26 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if b := r.get("boot"):
         out.append(("boot assembly, full-size files (median / p95)", f"{b['median_ms']:.2f} / {b['p95_ms']:.2f} ms",
                     "under 5 ms", ok(b["p95_ms"] < 5)))
+    if rc := r.get("recall"):
+        small, scale, auto = rc["small"], rc["scale"], rc["auto_recall"]
+        fused, lexical = small["fused"], small["lexical"]
+        out.append((f"recall@10 on the recall benchmark, {small['turns']:,} turns (fused / lexical; r@1 / r@5 / r@20 fused)",
+                    f"{fused['r@10']:.3f} / {lexical['r@10']:.3f} ({fused['r@1']:.3f} / {fused['r@5']:.3f} / "
+                    f"{fused['r@20']:.3f})", "fused at least 0.85", ok(fused["r@10"] >= 0.85)))
+        n = scale["filler_turns"]
+        out.append((f"recall@10 among {n:,} turns + {n:,} learnings, benchmark placed oldest / newest (lexical)",
+                    f"{scale['old']['r@10']:.3f} / {scale['new']['r@10']:.3f}", "gap under 2 points",
+                    ok(scale["gap_points"] < 2)))
+        out.append((f"search latency at {n:,} + {n:,}, lexical (CPU p50 / p95)",
+                    f"{scale['new']['cpu_p50_ms']:.2f} / {scale['new']['cpu_p95_ms']:.2f} ms", "p95 under 10 ms",
+                    ok(scale["new"]["cpu_p95_ms"] < 10)))
+        if "fused_cpu_p95_ms" in (dl := scale.get("dense_latency", {})):
+            out.append((f"search latency with the dense retriever, {dl['vectors']:,} vectors (CPU p50 / p95, query "
+                        "embedding included)", f"{dl['fused_cpu_p50_ms']:.1f} / {dl['fused_cpu_p95_ms']:.1f} ms",
+                        "p95 under 100 ms", ok(dl["fused_cpu_p95_ms"] < 100)))
+        out.append(("auto-recall added per turn, fused / lexical only (wall p95)",
+                    f"{auto['fused']['p95_ms']:.1f} / {auto['lexical']['p95_ms']:.2f} ms",
+                    "under 100 / 20 ms", ok(auto["fused"]["p95_ms"] < 100 and auto["lexical"]["p95_ms"] < 20)))
     if d := r.get("deploy"):
         for key, label, target in (
                 ("fresh_deploy_s", "fresh deploy (venv built from a local wheelhouse)", ""),

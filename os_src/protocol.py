@@ -176,6 +176,26 @@ class ToolResult(ServerFrame, tag="tool_result", frozen=True):
     summary: str
 
 
+class RecalledMemory(msgspec.Struct, frozen=True):
+    kind: Literal["episode", "learning"]
+    id: int  # an episode's observation id, or a learning's id
+    type: str  # EPISODE, or the learning's type (FACT, CORRECTION, SUMMARY...)
+    at: float  # the turn's date, or when the learning was made
+    session_id: str | None  # the episode's session, or the session the learning came from
+    turn: int | None  # 1-based turn within that session
+    observation_id: int | None  # the turn in the transcript
+    snippet: str
+    score: float  # higher is better
+
+
+class Recall(ServerFrame, tag="recall", frozen=True):
+    """Auto-recall: memories that went to the agent with the message of `turn_id`, as added context."""
+
+    turn_id: str
+    memories: list[RecalledMemory]
+    tokens: int  # estimated size of the added context
+
+
 class CardCreated(ServerFrame, tag="card_created", frozen=True):
     card: Card
 
@@ -216,6 +236,7 @@ AnyServerFrame = (
     | AssistantMessage
     | ToolUse
     | ToolResult
+    | Recall
     | CardCreated
     | CardUpdated
     | CardClosed

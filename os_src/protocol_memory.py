@@ -27,7 +27,7 @@ RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 VersionNumber = Annotated[int, msgspec.Meta(ge=1)]
 RowId = Annotated[int, msgspec.Meta(ge=1)]
-LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL"]
+LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"]
 
 
 # ---------------------------------------------------------------- client -> server
@@ -143,7 +143,7 @@ class TurnRef(msgspec.Struct, frozen=True):
 
 
 class LearningHit(msgspec.Struct, frozen=True):
-    kind: Literal["learning"]  # a later search also returns raw turns ("episode")
+    kind: Literal["learning", "episode"]  # an episode is a raw turn search found: type EPISODE, id the turn's
     id: int
     type: str
     content: str

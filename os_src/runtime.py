@@ -86,6 +86,15 @@ class TurnRecord(Protocol):
     def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
 
 
+class Recalled(Protocol):
+    """What auto-recall added to a message (memory/recall_service.py)."""
+
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def frame(self) -> p.Recall: ...
+
+
 class AgentMemory(Protocol):
     """What the runtime needs from the memory system (memory/system.py)."""
 
@@ -95,6 +104,7 @@ class AgentMemory(Protocol):
     def session_started(self, session_id: str) -> None: ...
     def session_ended(self, session_id: str, reason: str) -> None: ...
     def turn_started(self, prompt: str) -> TurnRecord: ...
+    async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None: ...
 
 
 class _NoRecord:
@@ -138,6 +148,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
+        self._prompted: tuple[str, str] | None = None  # (turn id, the text sent for it)
         self._turn = TurnState()
         self._session = SessionState()
         self.session_id = new_session_id()
@@ -290,7 +301,7 @@ class AgentRuntime:
                 return None
         cli = self._cli
         assert cli is not None
-        await cli.send(turn.text)
+        await cli.send(await self._prompt(turn))
         if self._turn.sent():  # interrupted while the prompt was written: only now can the CLI act on it
             await cli.interrupt()
         result: ResultMessage | None = None
@@ -303,6 +314,18 @@ class AgentRuntime:
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
             raise _NoResult("the CLI ended the turn without a result")
         return result
+
+    async def _prompt(self, turn: Turn) -> str:
+        """What is sent for `turn`: the person's message, after the memories auto-recall found for
+        it (once per turn: a resend sends the same). Capture records the message alone."""
+        if self._memory is None:
+            return turn.text
+        if self._prompted is None or self._prompted[0] != turn.turn_id:
+            recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+            if recalled is not None:
+                self._publish(recalled.frame)
+            self._prompted = (turn.turn_id, recalled.prompt if recalled is not None else turn.text)
+        return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
         out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)

@@ -82,7 +82,11 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         await expect(learning).to_have_attribute("data-forgotten", "true")
         assert found(settings, "lovelace") == []  # search no longer returns it
         await tab.by("learning-search-button").click()
-        await expect(tab.by("learning").filter(has_text="Ada Lovelace")).to_have_count(0)
+        await expect(tab.by("learning").filter(has_text="The user's name is Ada Lovelace")).to_have_count(0)
+        # the turn it came from is still found: the transcript is the record, and it offers no Forget
+        episode = tab.by("learning").filter(has_text="I drink tea every morning")
+        await expect(episode).to_have_attribute("data-type", "EPISODE")
+        await expect(episode.get_by_test_id("learning-forget")).to_have_count(0)
         await tab.by("learning-search").fill("")  # no query: the newest learnings
         await tab.by("learning-search-button").click()
         await expect(tab.by("learning").filter(has_text="Likes tea")).to_have_count(1)

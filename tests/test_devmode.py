@@ -32,6 +32,7 @@ from sprite_os.errors import ConfigError
 from sprite_os.memory.curator import build_prompt, parse_reply
 from sprite_os.memory.files import SPECS, MemoryFiles, install_templates
 from sprite_os.memory.loader import assemble
+from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import Observation
 from sprite_os.paths import Layout
 from tests.conftest import free_port
@@ -311,8 +312,12 @@ async def test_tell_a_fact_start_a_new_session_and_it_knows(tmp_path: Path) -> N
             await _read_until(chat.stdout, marker, out)
         text = "".join(out)
         assert "agent › Your name is Dana.\n" in text  # the new session booted knowing it
-        assert re.search(r"agent › Memory search for \"Dana\" returned: 1 memories.*\n1\. \[FACT, [\d-]+\] "
-                         r"The user's name is Dana\.", text)
+        # one search: the learning, the turn it came from, and the summary of that session
+        assert re.search(r"agent › Memory search for \"Dana\" returned: 3 memories, best match first:\n", text)
+        assert re.search(r"\n\d\. \[FACT, [\d-]+, from session [\w-]+ turn 1\] The user's name is Dana\.\n", text)
+        assert re.search(r"\n\d\. \[turn, [\d-]+, session [\w-]+ turn 1\] My name is Dana and I live in Lisbon", text)
+        assert re.search(r"\n\d\. \[SUMMARY, [\d-]+, from session [\w-]+ turn 1\] A session of conversation that "
+                         r"ended with the person saying \"My name is Dana and I live in Lisbon\"", text)
         user_md = (workspace / ".os" / "memory" / "user.md").read_text()
         assert "- Name: Dana\n- Lives in: Lisbon\n" in user_md
         chat.stdin.write(b"/quit\n")
@@ -327,4 +332,8 @@ async def test_tell_a_fact_start_a_new_session_and_it_knows(tmp_path: Path) -> N
     done = await asyncio.to_thread(subprocess.run, [*sprite_os, "memory", "status", "--json"], env=env,
                                    capture_output=True, text=True, check=True)
     status = json.loads(done.stdout)
-    assert status["totals"]["learnings"] == 2  # FACT name, FACT city: asking and searching teach nothing
+    # FACT name, FACT city, and one SUMMARY per session: asking and searching teach nothing
+    assert status["totals"]["learnings"] == 4
+    db = MemoryDB(workspace / ".os" / "memory" / "memory.db")
+    assert sorted(x.type for x in db.all_learnings()) == ["FACT", "FACT", "SUMMARY", "SUMMARY"]
+    db.close()

@@ -52,6 +52,11 @@ SERVER_FRAMES = [
     p.TurnStarted(turn_id="t", text="hi"), p.TextDelta(turn_id="t", text="h"),
     p.AssistantMessage(turn_id="t", text="hello"), p.ToolUse(turn_id="t", tool_use_id="u", name="Read", summary="s"),
     p.ToolResult(turn_id="t", tool_use_id="u", is_error=False, summary="ok"),
+    p.Recall(turn_id="t", tokens=30, memories=[
+        p.RecalledMemory(kind="episode", id=7, type="EPISODE", at=1.0, session_id="s", turn=2, observation_id=7,
+                         snippet="Lotus Garden", score=0.18),
+        p.RecalledMemory(kind="learning", id=3, type="FACT", at=2.0, session_id="s", turn=None, observation_id=None,
+                         snippet="Likes Thai food", score=0.09)]),
     p.CardCreated(card=p.Card(id="a", title="A", body="b", kind="task", created_at=1.0, updated_at=1.0)),
     p.CardUpdated(card=p.Card(id="a", title="A2", body="b", kind="task", created_at=1.0, updated_at=2.0)),
     p.CardClosed(card_id="a"),

@@ -123,6 +123,9 @@ class FakeMemory:
         self.records.append(FakeRecord(self, prompt))
         return self.records[-1]
 
+    async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
+        return None
+
     def closed(self) -> list[tuple[str, ...]]:
         return [e for e in self.events if e[0] == "closed"]
 

@@ -81,19 +81,24 @@ class MemoryConsole:
     # ------------------------------------------------------------ learnings
 
     async def search(self, query: str, types: Sequence[str], forgotten: bool, limit: int) -> list[pm.LearningHit]:
-        """The console's one seam to memory search, today `search_learnings` (through the same
-        MemorySystem.search the agent's tool uses). Without a query (or for the forgotten
-        ones) it lists the newest. A search that also returns raw turns maps them to hits of
-        kind "episode" here; nothing else in the console needs to change."""
-        scored: list[tuple[int, float | None]]
+        """The console's one seam to memory search: the same MemorySystem.search the agent's tool
+        uses, over episodes and learnings. An episode maps to a hit of kind "episode" (type
+        EPISODE, its id the turn's). Without a query (or for the forgotten ones) it lists the newest
+        learnings."""
         if forgotten or not search_terms(query):
             ids = await self._system.memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
-            scored = [(i, None) for i in ids]
-        else:
-            found = await self._system.search(query, MAX_LIMIT if types else limit)
-            scored = [(h.id, h.score) for h in found if not types or h.type in types]
-            del scored[limit:]
-        return await self._hits(scored)
+            return await self._hits([(i, None) for i in ids])
+        found = await self._system.search(query, MAX_LIMIT if types else limit)
+        found = [h for h in found if not types or h.type in types][:limit]
+        learned = await self._hits([(h.id, h.score) for h in found if h.kind == "learning"])
+        by_id = {h.id: h for h in learned}
+        out = []
+        for h in found:
+            if h.kind == "episode":
+                out.append(q.episode_hit(h))
+            elif (hit := by_id.get(h.id)) is not None:
+                out.append(hit)
+        return out
 
     async def _hits(self, scored: list[tuple[int, float | None]]) -> list[pm.LearningHit]:
         if not scored:
@@ -120,6 +125,7 @@ class MemoryConsole:
             await self._system.memory.call(lambda m: set_forgotten(m, lid, forget, now))
         except KeyError:
             raise pm.RequestFailed("not_found", f"no learning #{lid}") from None
+        self._system.recall.indexer.learning_changed(lid)  # its document leaves the index, or comes back
         [learning] = await self._hits([(lid, None)])
         if forget:
             return pm.MemoryForgetResult(request_id=req.request_id, learning=learning)

@@ -14,6 +14,7 @@ import msgspec
 from ..database import marks, rows
 from ..protocol_memory import BatchInfo, LearningHit, Spend, ToolCall, TurnRecord, TurnRef
 from .memory_store import MemoryDB
+from .recall import RecallHit
 from .schema import PENDING, PROCESSED
 from .transcript_store import TranscriptDB
 
@@ -61,6 +62,14 @@ def hit(row: LearningRow, score: float | None, refs: dict[int, TurnRef]) -> Lear
     return LearningHit(kind="learning", id=row.id, type=row.type, content=row.content, created_at=row.created_at,
                        confidence=row.confidence, score=score, session_id=row.session_id,
                        turn=refs.get(source) if source is not None else None, forgotten_at=row.forgotten_at)
+
+
+def episode_hit(h: RecallHit) -> LearningHit:
+    """A raw turn found by search, as the console lists hits: kind "episode", type EPISODE."""
+    turn = (TurnRef(observation_id=h.id, session_id=h.session_id, sequence_num=h.turn, timestamp=h.at)
+            if h.session_id is not None and h.turn is not None else None)
+    return LearningHit(kind="episode", id=h.id, type=h.type, content=h.snippet, created_at=h.at, confidence=1.0,
+                       score=h.score, session_id=h.session_id, turn=turn, forgotten_at=None)
 
 
 def _bounded(value: Any) -> str:

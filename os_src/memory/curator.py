@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from .files import CURATED, MAX_FILE_BYTES, SPECS
@@ -34,9 +35,11 @@ MAX_LEARNING_CHARS = 600
 MAX_LEARNINGS = 60
 
 CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,
-              "PATTERN": 0.7}
+              "PATTERN": 0.7, "SUMMARY": 0.9}
 
 MARKERS = {f"{name.split('.')[0].upper()}_MD_UPDATE": name for name in CURATED}
+SESSIONS_ENDED = "Sessions that ended (by their last turn):"
+MAX_SUMMARIES = 8  # sessions summarised by one call, at most
 
 SYSTEM = f"""You are the memory curator of a personal AI agent that works for one person on their own \
 computer. You never talk to the person. You read what happened in recent turns and keep the agent's \
@@ -50,7 +53,8 @@ Reply in exactly this format and nothing else:
   PATTERN: <a recurring behaviour or workflow>
   ACTION: <something the agent should follow up on>
   TOOL_INSTALL: <a tool, command or capability that became available>
-  You may end a learning with [#N], the number of the turn it comes from.
+  SUMMARY: <one line per session the input says ended: what was done, what was decided, what is still open>
+  You may end a learning with [#N], the number of the turn it comes from (for a SUMMARY, the session's last turn).
   DONE: A<id>  (a pending action, listed in the input, that the turns show is done or no longer wanted)
   If nothing is worth remembering, reply with the single line NONE.
 - Then, for each file that needs to change, a line with only its marker, followed by the COMPLETE new \
@@ -123,13 +127,26 @@ def _context(files: dict[str, str], actions: list[PendingAction] | None) -> list
 
 
 def build_prompt(files: dict[str, str], observations: list[Observation],
-                 actions: list[PendingAction] | None = None) -> str:
+                 actions: list[PendingAction] | None = None, ended: Collection[str] = ()) -> str:
+    """`ended`: the sessions among these turns that have ended, each to be summarised in one line."""
     parts = _context(files, actions)
     first, last = observations[0].id, observations[-1].id
     parts.append(f"Observations: turns #{first} to #{last}, oldest first.")
     parts.extend(render_observation(obs) for obs in observations)
+    if note := ended_note(observations, ended):
+        parts.append(note)
     parts.append("Extract new learnings and update the files that need it, in the format described.")
     return "\n\n".join(parts)
+
+
+def ended_note(observations: list[Observation], ended: Collection[str]) -> str:
+    """Which sessions ended with these turns, each by its last turn, and what to write about it."""
+    last = {o.session_id: o.id for o in observations if o.session_id in ended}
+    if not last:
+        return ""
+    turns = sorted(last.values())[-MAX_SUMMARIES:]  # bounded: the frame around the turns is budgeted
+    return (f"{SESSIONS_ENDED} " + ", ".join(f"#{n}" for n in turns)
+            + ". Write one SUMMARY line for each, ending with [#N], its last turn.")
 
 
 # ---------------------------------------------------------------- the size of a call

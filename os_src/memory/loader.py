@@ -19,6 +19,7 @@ from .memory_store import Learning, MemoryDB, PendingAction
 RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
+MAX_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
 
 MEMORY_PREAMBLE = """# Your memory
 Sprite OS keeps your memory for you. What follows was curated from your earlier sessions and is \
@@ -55,7 +56,13 @@ def _date(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning]) -> str:
+def recent_sessions(summaries: list[Learning]) -> str:
+    """The latest sessions, one line each (the curator's SUMMARY learnings), newest first."""
+    return "## Recent sessions\n" + "\n".join(f"- {_date(s.created_at)}: {s.content}" for s in summaries)
+
+
+def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
+                   summaries: list[Learning] | None = None) -> str:
     """Everything daemon-curated, as one markdown section."""
     parts = [MEMORY_PREAMBLE]
     for name in BOOT_ORDER:
@@ -65,6 +72,9 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
         parts.append(f"## {SPECS[name].title} ({name})\n{capped.text}")
         if capped.note:
             parts.append(capped.note)
+        if name == "context.md" and summaries:
+            parts.append(recent_sessions(summaries))
+    recent = [item for item in recent if item.type != "SUMMARY"]  # listed once, under Recent sessions
     if actions:
         parts.append("## Pending actions\n" + "\n".join(f"- {a.content}" for a in actions))
     if recent:
@@ -73,7 +83,8 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
     return "\n\n".join(parts)
 
 
-def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning]) -> str:
+def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
+             summaries: list[Learning] | None = None) -> str:
     """The whole system prompt: the deploy-managed files, then the curated memory."""
     parts = []
     for name in BOOT_ORDER:
@@ -82,7 +93,7 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
             parts.append(capped.text)
             if capped.note:
                 parts.append(capped.note)
-    parts.append(memory_section(files, actions, recent))
+    parts.append(memory_section(files, actions, recent, summaries))
     return "\n\n".join(parts) + "\n"
 
 
@@ -91,15 +102,15 @@ class BootLoader:
         self._files = files
         self._memory = memory
 
-    async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning]]:
+    async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning], list[Learning]]:
         files = await asyncio.to_thread(self._files.read_all)
         since = time.time() - RECENT_HOURS * 3600
 
-        def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning]]:
-            return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT)
+        def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning], list[Learning]]:
+            return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT), db.summaries(MAX_SUMMARIES)
 
-        actions, recent = await self._memory.call(read)
-        return files, actions, recent
+        actions, recent, summaries = await self._memory.call(read)
+        return files, actions, recent, summaries
 
     async def boot_prompt(self) -> str:
         return assemble(*await self._inputs())

@@ -20,8 +20,9 @@ import msgspec
 from ..database import connect, migrate, rows, transaction, user_version
 from .schema import MEMORY_SCHEMA
 
-LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL"]
-LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL")
+LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY"]
+LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL",
+                                   "SUMMARY")  # SUMMARY: one line about a session that ended
 
 _SPACE = re.compile(r"\s+")
 
@@ -226,6 +227,15 @@ class MemoryDB:
                     ORDER BY created_at DESC, id DESC LIMIT ?""",
                 (since, limit),
             ),
+            Learning,
+        )
+
+    def summaries(self, limit: int) -> list[Learning]:
+        """The latest sessions' one-line summaries (SUMMARY learnings), newest first."""
+        return rows(
+            self.conn.execute(
+                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE type = 'SUMMARY' AND forgotten_at IS NULL
+                    ORDER BY created_at DESC, id DESC LIMIT ?""", (limit,)),
             Learning,
         )
 

@@ -107,6 +107,10 @@ class CuratorClient:
         await self._client.close()
 
 
+async def _nothing() -> None:
+    pass
+
+
 @dataclass
 class BatchResult:
     batch_id: int
@@ -126,6 +130,7 @@ class BatchProcessor:
         self.memory = memory
         self.files = files
         self.curator = curator
+        self.on_commit: Callable[[], Awaitable[object]] = _nothing
 
     async def pending(self, limit: int) -> list[Observation]:
         return await self.transcript.call(lambda t: t.pending(limit))
@@ -153,7 +158,9 @@ class BatchProcessor:
         ids = [o.id for o in observations]
         before = await asyncio.to_thread(self.files.read_all)
         actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
-        messages: list[dict[str, Any]] = [{"role": "user", "content": build_prompt(before, observations, actions)}]
+        ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": build_prompt(before, observations, actions, ended)}]
         tokens = [0, 0]
 
         truncated = [False]
@@ -217,6 +224,7 @@ class BatchProcessor:
             base_hashes={n: sha(before[n]) for n in updates},
             done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}],
         ))
+        await self.on_commit()  # the recall index takes the new learnings before the turns count as done
         written = await self._finish(batch, rerun_if_edited=conflicts + 1 < MAX_EDIT_CONFLICTS)
         if written is None:  # a person edited a file between the check above and the write
             log.info("batch_edit_conflict", batch_id=batch.id, attempt=conflicts + 1, late=True)

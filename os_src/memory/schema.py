@@ -148,4 +148,18 @@ def _memory_v2(db: sqlite_utils.Database) -> None:
     )
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2)
+def _memory_v3(db: sqlite_utils.Database) -> None:
+    """Recall: every recorded turn as an episode (derived from transcript.db: `id` is the observation's
+    id, `turn` its 1-based place in its session, `text` the rendered turn, private text already
+    removed) and the episodes' embeddings, kept so a rebuild need not embed every turn again."""
+    _table(db, "episodes").create(
+        {"id": int, "session_id": str, "turn": int, "at": float, "text": str},
+        pk="id", not_null={"session_id", "turn", "at", "text"}, if_not_exists=True,
+    )
+    _table(db, "episodes").create_index(["session_id", "turn"], if_not_exists=True)
+    _table(db, "episode_vectors").create(
+        {"id": int, "model": str, "vector": bytes}, pk="id", not_null={"model", "vector"}, if_not_exists=True,
+    )
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import heapq
 import math
 import re
+import sqlite3
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
 from ..database import marks
-from .memory_store import MemoryDB
 
 MAX_QUERY_CHARS = 2_000  # of input looked at; the rest of a huge query is ignored
 MAX_TERMS = 12
@@ -37,6 +38,13 @@ STOPWORDS = frozenset(
     than that the their them then there these they this those through to too under until up very was we
     were what when where which while who whom why will with would you your yours""".split()
 )
+
+
+class HasConn(Protocol):
+    """memory.db, as a MemoryDB or a bare connection's holder."""
+
+    @property
+    def conn(self) -> sqlite3.Connection: ...
 
 
 class SearchHit(msgspec.Struct, frozen=True):
@@ -64,7 +72,7 @@ def clamp_limit(limit: object) -> int:
     return max(1, min(MAX_LIMIT, value))
 
 
-def search_learnings(db: MemoryDB, terms: Sequence[str], limit: int) -> list[SearchHit]:
+def search_learnings(db: HasConn, terms: Sequence[str], limit: int) -> list[SearchHit]:
     """Learnings matching any of `terms`, best first.
 
     When the terms match few learnings (the usual case), FTS5 ranks them by BM25. FTS5's

@@ -112,15 +112,22 @@ class TranscriptDB:
 
     def iter_all(self, chunk: int = 1000) -> Iterator[Observation]:
         last = 0
-        while True:
-            found = rows(
-                self.conn.execute("SELECT * FROM observations WHERE id > ? ORDER BY id LIMIT ?", (last, chunk)),
-                Observation,
-            )
-            if not found:
-                return
+        while found := self.after(last, chunk):
             yield from found
             last = found[-1].id
+
+    def after(self, last_id: int, limit: int) -> list[Observation]:
+        """The turns recorded after `last_id`, oldest first."""
+        return rows(
+            self.conn.execute("SELECT * FROM observations WHERE id > ? ORDER BY id LIMIT ?", (last_id, limit)),
+            Observation,
+        )
+
+    def ended_sessions(self, session_ids: Iterable[str]) -> set[str]:
+        """Which of these sessions have ended (the curator writes a summary of each)."""
+        wanted = list(set(session_ids))
+        return {r for (r,) in self.conn.execute(
+            f"SELECT id FROM sessions WHERE ended_at IS NOT NULL AND id IN ({marks(wanted)})", wanted)}
 
     def set_processed(self, ids: Iterable[int], state: int) -> int:
         wanted = list(ids)

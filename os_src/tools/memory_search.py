@@ -1,4 +1,5 @@
-"""search_memory: the agent's one, read-only, way into everything memory has learned."""
+"""search_memory: the agent's one, read-only, way into everything memory holds: the raw turns of past
+sessions (episodes) and what was learned from them, in one ranking (memory/recall.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..logs import get_logger
-from ..memory.search import MAX_LIMIT, SearchHit, clamp_limit
+from ..memory.recall import RecallHit
+from ..memory.search import MAX_LIMIT, clamp_limit
 
 log = get_logger(__name__)
 
 SERVER_NAME = "memory"
 
-Search = Callable[[str, int], Awaitable[list[SearchHit]]]
+Search = Callable[[str, int], Awaitable[list[RecallHit]]]
 
 SCHEMA = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "description": "What to recall, in plain words."},
+        "query": {"type": "string", "description": "What to recall, in plain words. A period may be named: "
+                  "'last spring', 'in March 2023', 'about 4 months ago'; 'now' or 'currently' favours the latest."},
         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 10,
                   "description": "How many memories to return at most."},
     },
@@ -29,20 +32,30 @@ SCHEMA = {
 }
 
 
-def render(query: str, hits: list[SearchHit]) -> str:
+def source(hit: RecallHit) -> str:
+    if hit.session_id is None:
+        return ""
+    return f"session {hit.session_id}" + (f" turn {hit.turn}" if hit.turn is not None else "")
+
+
+def render(query: str, hits: list[RecallHit]) -> str:
     if not hits:
         return f"No memories match {query[:100]!r}."
     lines = [f"{len(hits)} memories, best match first:"]
     for n, hit in enumerate(hits, 1):
-        day = time.strftime("%Y-%m-%d", time.gmtime(hit.created_at))
-        lines.append(f"{n}. [{hit.type}, {day}] {hit.content}")
+        day = time.strftime("%Y-%m-%d", time.gmtime(hit.at))
+        if hit.kind == "episode":
+            lines.append(f"{n}. [turn, {day}, {source(hit)}] {hit.snippet}")
+        else:
+            origin = f", from {source(hit)}" if hit.session_id else ""
+            lines.append(f"{n}. [{hit.type}, {day}{origin}] {hit.snippet}")
     return "\n".join(lines)
 
 
 def memory_search_server(search: Search) -> McpSdkServerConfig:
     @tool("search_memory",
-          "Search everything you have learned in past sessions (facts, preferences, corrections, "
-          "procedures). Read-only.",
+          "Search your memory of past sessions: what was said and done in each earlier turn, and what "
+          "you learned from them (facts, preferences, corrections, procedures, session summaries). Read-only.",
           SCHEMA, annotations=ToolAnnotations(readOnlyHint=True))
     async def search_memory(args: dict[str, Any]) -> dict[str, Any]:
         query = str(args.get("query", ""))

@@ -5,7 +5,8 @@ picks out what the person plainly stated about themselves ("my name is Dana", "I
 Lisbon", "I prefer tea", "remember that ..."; see `phrases`), and replies in the curator's
 format: one learning per new statement, then USER_MD_UPDATE with the whole new user.md,
 merged with the current one. A statement that changes a known single value ("my name is
-Daniela" after "Dana") replaces it and is a CORRECTION. Nothing new: `NONE`.
+Daniela" after "Dana") replaces it and is a CORRECTION. For each session the prompt says
+ended, one SUMMARY line naming what the person last said. Nothing new: `NONE`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from ...memory.curator import SESSIONS_ENDED
 from .phrases import statements
 from .profile import USER_MD, Profile
 from .request import message_text
@@ -24,6 +26,7 @@ PROMPT_START = "Current memory files:"
 _OBSERVATION = re.compile(
     r"^\[#(?P<id>\d+)\] \d{4}-\d\d-\d\d \d\d:\d\d UTC\nUSER: (?P<said>.*?)\n(?=TOOL |AGENT: |\(\d+ more tool calls\))",
     re.MULTILINE | re.DOTALL)
+_ENDED_TURN = re.compile(r"#(\d+)")
 
 
 def reply(request: RecordedRequest) -> str:
@@ -47,9 +50,23 @@ def curate(prompt: str) -> str:
             else:
                 profile.add(said.key, said.value)
                 learnings.append(f"{said.topic.kind}: {said.learning} [#{match['id']}]")
+    said = {int(m["id"]): m["said"] for m in _OBSERVATION.finditer(prompt)}
+    summaries = [summary(said, int(n), len(learnings)) for n in _ENDED_TURN.findall(_ended_line(prompt))]
     if not learnings:
-        return "NONE"
-    return "\n".join([*learnings, "USER_MD_UPDATE:", profile.text()])
+        return "\n".join(summaries) or "NONE"
+    return "\n".join([*learnings, *summaries, "USER_MD_UPDATE:", profile.text()])
+
+
+def _ended_line(prompt: str) -> str:
+    return next((line for line in prompt.splitlines() if line.startswith(SESSIONS_ENDED)), "")
+
+
+def summary(said: dict[int, str], last_turn: int, noted: int) -> str:
+    """One line about a session that ended with turn #`last_turn`."""
+    last = " ".join(said.get(last_turn, "").split())
+    last = last if len(last) <= 80 else last[:79] + "…"
+    return (f"SUMMARY: A session of conversation that ended with the person saying \"{last}\"; "
+            f"{noted} new thing{'' if noted == 1 else 's'} noted. [#{last_turn}]")
 
 
 def file_in_prompt(prompt: str, name: str) -> str:

@@ -3,7 +3,7 @@
 
 import { clear, day, el, when } from "./dom.js";
 
-const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL"];
+const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
 export class LearningsPanel {
   constructor(root, connection, flash) {
@@ -42,13 +42,14 @@ export class LearningsPanel {
 
   fill(node, hit) {
     node.dataset.forgotten = hit.forgotten_at ? "true" : "false";
-    const facts = [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
+    const episode = hit.kind === "episode";  // a raw turn search found: nothing to forget, it is the record
+    const facts = episode ? [day(hit.created_at)] : [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
     if (hit.score !== null) facts.push(`score ${hit.score.toPrecision(2)}`);
     const source = hit.turn
       ? el("button", { type: "button", class: "link", testid: "learning-source", onclick: () => this.openTurn(node, hit.turn.observation_id),
-        text: `from turn ${hit.turn.sequence_num} of session ${hit.turn.session_id} on ${day(hit.turn.timestamp)}` })
+        text: `${episode ? "turn" : "from turn"} ${hit.turn.sequence_num} of session ${hit.turn.session_id} on ${day(hit.turn.timestamp)}` })
       : el("span", { class: "muted", text: hit.session_id ? `from session ${hit.session_id} (no turn cited)` : "no source recorded" });
-    const action = hit.forgotten_at
+    const action = episode ? [] : hit.forgotten_at
       ? [el("span", { class: "forgotten", text: `Forgotten ${when(hit.forgotten_at)}` }),
         el("button", { type: "button", testid: "learning-undo", text: "Undo", onclick: () => this.setForgotten(node, hit, false) })]
       : [el("button", { type: "button", testid: "learning-forget", text: "Forget", title: "Leaves search and the boot prompt; the transcript keeps the turn", onclick: () => this.setForgotten(node, hit, true) })];

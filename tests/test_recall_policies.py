@@ -1,0 +1,193 @@
+"""Recall's pure parts: the time cue, fusion, time order, corrections first, auto-recall's floor
+and budget, the session summary in the curator's format, the boot prompt's recent sessions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from sprite_os.dev.mock_bridge.demo_curator import curate
+from sprite_os.memory import auto_recall
+from sprite_os.memory.curator import SESSIONS_ENDED, build_prompt, parse_reply
+from sprite_os.memory.loader import assemble
+from sprite_os.memory.memory_store import Learning
+from sprite_os.memory.recall import (
+    Candidate,
+    RecallHit,
+    corrections_first,
+    order_by_time,
+    snippet,
+    weighted_rrf,
+)
+from sprite_os.memory.timeparse import time_cue
+from sprite_os.memory.transcript_store import Observation
+
+
+def ts(year: int, month: int, day: int) -> float:
+    return datetime(year, month, day, tzinfo=UTC).timestamp()
+
+
+NOW = ts(2023, 7, 10)
+
+
+@pytest.mark.parametrize(("query", "start", "end"), [
+    ("what did I decide about the mortgage last spring?", ts(2023, 3, 1), ts(2023, 6, 1)),
+    ("in March 2022, what was the plan?", ts(2022, 3, 1), ts(2022, 4, 1)),
+    ("what did I say in March?", ts(2023, 3, 1), ts(2023, 4, 1)),
+    ("what did I say in August?", ts(2022, 8, 1), ts(2022, 9, 1)),  # the latest August
+    ("the plan in the summer of 2021", ts(2021, 6, 1), ts(2021, 9, 1)),
+    ("last winter", ts(2022, 12, 1), ts(2023, 3, 1)),
+    ("about 4 months ago", ts(2023, 2, 1), ts(2023, 5, 1)),
+    ("back in 2020", ts(2020, 1, 1), ts(2021, 1, 1)),
+])
+def test_time_cue_finds_the_period_and_drops_its_words(query: str, start: float, end: float) -> None:
+    cue = time_cue(query, NOW)
+    assert cue.when is not None
+    assert abs(cue.when.start - start) <= 3 * 86400 and abs(cue.when.end - end) <= 3 * 86400
+    assert cue.when.text not in cue.rest
+
+
+def test_time_cue_current_and_none() -> None:
+    assert time_cue("where does Tom live now?", NOW).current
+    plain = time_cue("which restaurant did Maya recommend?", NOW)
+    assert plain.when is None and not plain.current and plain.rest == "which restaurant did Maya recommend?"
+
+
+def test_every_generated_temporal_question_is_read_as_its_period() -> None:
+    from bench.recall.generate import benchmark
+
+    _, questions = benchmark(7)
+    temporal = [q for q in questions if q.category == "temporal"]
+    assert len(temporal) == 300
+    for q in temporal:
+        cue = time_cue(q.question, q.asked_at)
+        assert cue.when is not None and q.window is not None, q.question
+        assert cue.when.start <= q.window[0] + 86400 and q.window[1] - 86400 <= cue.when.end, q.question
+
+
+def c(item: int, score: float = 0.0, at: float = 0.0, **kw: float) -> Candidate:
+    return Candidate("episode", item, score, at, **kw)  # type: ignore[arg-type]
+
+
+def test_weighted_rrf_rewards_agreement_keeps_both_signals_and_weights() -> None:
+    lexical = [c(1, bm25=9.0), c(2, bm25=5.0), c(3, bm25=4.0)]
+    dense = [c(3, cosine=0.9), c(4, cosine=0.8), c(1, cosine=0.7)]
+    fused = weighted_rrf([lexical, dense], [1.0, 1.0], k=10)
+    assert {f.id for f in fused[:2]} == {1, 3}  # in both lists
+    first = next(f for f in fused if f.id == 1)
+    assert (first.bm25, first.cosine) == (9.0, 0.7) and first.score == pytest.approx(1 / 11 + 1 / 13)
+    assert weighted_rrf([lexical, dense], [1.0, 0.0], k=10)[0].id == 1  # dense weighted out
+    assert weighted_rrf([lexical, dense], [0.0, 1.0], k=10)[0].id == 3
+
+
+def test_order_by_time_puts_the_period_first_and_never_boosts_the_future() -> None:
+    old, new, future = c(1, 1.0, NOW - 400 * 86400), c(2, 0.9, NOW - 86400), c(3, 0.95, NOW + 86400)
+    assert [h.id for h in order_by_time([old, future, new], None, True, NOW)] == [2, 1, 3]
+    assert [h.id for h in order_by_time([old, future, new], None, False, NOW)] == [1, 3, 2]
+    cue = time_cue("last year", NOW).when
+    assert [h.id for h in order_by_time([new, old], cue, False, NOW)] == [1, 2]
+
+
+def hit(kind: str, item: int, type_: str, text: str, at: float = 0.0, cosine: float | None = None,
+        bm25: float | None = None, session: str | None = "s1", turn: int | None = 1) -> RecallHit:
+    return RecallHit(kind, item, 1.0, at, session, turn, item, type_, text, bm25, cosine)
+
+
+def test_a_correction_moves_above_what_it_corrects_and_nothing_else_moves() -> None:
+    hits = [hit("episode", 9, "EPISODE", "we talked about dates"),
+            hit("learning", 1, "FACT", "Dates are written MM/DD/YYYY", at=1.0),
+            hit("learning", 2, "PREFERENCE", "Likes green tea", at=2.0),
+            hit("learning", 3, "CORRECTION", "Dates are DD/MM/YYYY, not MM/DD/YYYY", at=5.0)]
+    ordered = corrections_first(hits, ["dates", "format", "written"])
+    assert [h.id for h in ordered] == [9, 3, 1, 2]
+    older_correction = [*hits[:3], hit("learning", 4, "CORRECTION", "Dates are DD/MM/YYYY", at=0.5)]
+    assert [h.id for h in corrections_first(older_correction, ["dates", "written"])] == [9, 1, 2, 4]
+
+
+def test_snippet_is_one_line_around_the_match() -> None:
+    text = "x " * 300 + "Lotus Garden\nis by the river " + "y " * 300
+    piece = snippet(text, ["lotus"])
+    assert "Lotus Garden is by the river" in piece and "\n" not in piece and len(piece) <= 242
+    assert snippet("short text", ["none"]) == "short text"
+
+
+# ---------------------------------------------------------------- auto-recall
+
+
+def test_auto_recall_floor_keeps_what_a_retriever_vouches_for() -> None:
+    both = hit("episode", 1, "EPISODE", "a", cosine=0.84, bm25=7.0)
+    weak_both = hit("episode", 2, "EPISODE", "b", cosine=0.82, bm25=7.0)
+    sure_dense = hit("episode", 3, "EPISODE", "c", cosine=0.9)
+    sure_words = hit("learning", 4, "FACT", "d", bm25=15.0)
+    everyday = hit("episode", 5, "EPISODE", "e", bm25=9.0)
+    picked = auto_recall.select([both, weak_both, sure_dense, sure_words, everyday], "", 1500, dense=True)
+    assert [h.id for h in picked] == [1, 3, 4]
+    # without the dense retriever, words alone decide, at their own floor
+    assert [h.id for h in auto_recall.select([everyday, sure_words], "", 1500, dense=False)] == [4]
+    assert auto_recall.select([hit("episode", 6, "EPISODE", "f", bm25=9.9)], "", 1500, dense=False) == []
+
+
+def test_auto_recall_stays_within_its_budget_and_skips_what_the_boot_prompt_holds() -> None:
+    long = [hit("episode", i, "EPISODE", f"memory {i} " + "word " * 60, cosine=0.9) for i in range(10)]
+    picked = auto_recall.select(long, "", 200, dense=True)
+    assert 0 < len(picked) < 10
+    assert len(auto_recall.render(picked)) <= 200 * auto_recall.CHARS_PER_TOKEN
+    assert auto_recall.tokens(picked) <= 200
+    assert len(auto_recall.select(long, "", 100_000, dense=True)) == auto_recall.MAX_MEMORIES
+    boot = auto_recall.normalise("## What you know\n- The user's name is Ada Lovelace\n")
+    known = hit("learning", 1, "FACT", "The user's  name is Ada Lovelace", cosine=0.95)
+    new = hit("learning", 2, "FACT", "Ada lives in Lyon", cosine=0.95)
+    assert auto_recall.select([known, new], boot, 1500, dense=True) == [new]
+    assert auto_recall.select([], boot, 1500, dense=True) == []
+
+
+def test_the_prompt_carries_the_memories_then_the_message() -> None:
+    memory = hit("episode", 3, "EPISODE", "Maya recommended Lotus Garden", cosine=0.9, session="c1", turn=4)
+    prompt = auto_recall.with_memories("Where should we eat?", [memory])
+    assert prompt.startswith("<recalled-memories>") and prompt.endswith("\n\nWhere should we eat?")
+    assert "turn 4 of session c1] Maya recommended Lotus Garden" in prompt
+    assert auto_recall.with_memories("hi", []) == "hi"
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def obs(n: int, session: str = "s1", said: str = "hello") -> Observation:
+    return Observation(id=n, timestamp=1_700_000_000.0 + n, session_id=session, sequence_num=n, user_message=said,
+                       tool_calls_json="[]", agent_response="ok")
+
+
+def test_the_prompt_names_the_sessions_that_ended_and_a_summary_line_parses() -> None:
+    prompt = build_prompt({}, [obs(3), obs(4, "s2"), obs(5, "s2")], ended={"s2"})
+    assert f"{SESSIONS_ENDED} #5." in prompt and "SUMMARY" in prompt
+    assert SESSIONS_ENDED not in build_prompt({}, [obs(3)])
+    reply = parse_reply("FACT: Likes tea [#3]\nSUMMARY: Planned the trip to Lyon; booking still open [#5]",
+                        [3, 4, 5], {3: "s1", 4: "s2", 5: "s2"})
+    summary = reply.learnings[1]
+    assert (summary.type, summary.content, summary.source_observation_id, summary.session_id) == (
+        "SUMMARY", "Planned the trip to Lyon; booking still open", 5, "s2")
+    assert parse_reply("**SUMMARY**: Fixed the build", [1]).learnings[0].type == "SUMMARY"
+
+
+def test_the_demo_curator_summarises_a_session_that_ended() -> None:
+    reply = curate(build_prompt({}, [obs(1, said="My name is Dana"), obs(2, said="bye for now")], ended={"s1"}))
+    parsed = parse_reply(reply, [1, 2], {1: "s1", 2: "s1"})
+    summaries = [x for x in parsed.learnings if x.type == "SUMMARY"]
+    assert len(summaries) == 1 and "bye for now" in summaries[0].content and summaries[0].source_observation_id == 2
+    assert curate(build_prompt({}, [obs(1, said="bye")])) == "NONE"  # no session ended: nothing to summarise
+
+
+def learning(n: int, kind: str, content: str) -> Learning:
+    return Learning(n, 1_700_000_000.0 + n, "s1", kind, content, None, 0.8)
+
+
+def test_the_boot_prompt_lists_recent_sessions_after_the_context_file() -> None:
+    summaries = [learning(2, "SUMMARY", "Planned the Lyon trip"), learning(1, "SUMMARY", "Fixed the build")]
+    recent = [learning(3, "FACT", "Likes tea"), summaries[0]]
+    prompt = assemble({"context.md": "- working on the trip"}, [], recent, summaries)
+    section = prompt.index("## Recent sessions")
+    assert prompt.index("working on the trip") < section < prompt.index("Planned the Lyon trip")
+    assert prompt.count("Planned the Lyon trip") == 1  # not again among the last 48 hours
+    assert "Likes tea" in prompt
+    assert "## Recent sessions" not in assemble({}, [], recent, [])
