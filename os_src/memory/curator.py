@@ -9,7 +9,8 @@ the line opens no block); a line inside a file block is file content even if it
 starts with `FACT:`, and so is a marker-shaped line inside a ``` code block opened
 in that block, but any other marker-shaped line ends the block, and the block of an
 unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
-whole reply is ignored; anything unrecognised is reported, never guessed at.
+whole reply is ignored; anything unrecognised is reported, never guessed at. Control
+characters and lone surrogates are taken out before anything is read (text.safe_text).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from ..text import safe_text
 from .files import CURATED, MAX_FILE_BYTES, SPECS
 from .memory_store import LEARNING_TYPES, NewLearning, PendingAction
 from .transcript_store import Observation
@@ -213,7 +215,10 @@ class CuratorReply:
 def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
                 truncated: bool = False) -> CuratorReply:
     """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
-    block or a learning line) is incomplete and is dropped, never applied."""
+    block or a learning line) is incomplete and is dropped, never applied. The reply is made plain
+    text first (text.safe_text: no NUL or other control character, valid UTF-8), whatever the
+    model sent: it becomes files and learnings, and from them the boot prompt."""
+    text = safe_text(text)
     reply = CuratorReply()
     last_block: str | None = None
     session_of = session_of or {}
