@@ -1,24 +1,41 @@
 """The boot sequence: the system prompt every new agent session starts with.
 
-It is assembled from the six memory files, the pending actions and the
-learnings of the last 48 hours. Each file is cut to its line limit and a byte
-cap, and a cut is said in the prompt, so the agent knows something is missing
-and can search for it. A missing, empty or unreadable file gets a default.
+It is assembled from the six memory files, the pending actions, the learnings
+of the last 48 hours, and the turns the curator has not taken in yet (so that
+"Continue" works after a crash, before any curator call). Each file is cut to
+its line limit and a byte cap, and a cut is said in the prompt, so the agent
+knows something is missing and can search for it. A missing, empty or
+unreadable file gets a default; a database that can't be read leaves its part
+out. Whatever wrote them (the curator, a person, a migration), the prompt is
+plain text (text.safe_text): one NUL byte in it would fail every session start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..db_worker import Worker
+from ..logs import get_logger
+from ..text import safe_text
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
+
+log = get_logger(__name__)
 
 RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
+# Turns not yet curated: the newest are kept first, within these bounds.
+MAX_TURNS = 20
+TURNS_CHARS = 16_000
+TURN_TEXT_CHARS = 1_500  # the person's message, and the agent's answer, each
+TURN_TOOL_CALLS = 8
+TURN_TOOL_CHARS = 150
 
 MEMORY_PREAMBLE = """# Your memory
 Sprite OS keeps your memory for you. What follows was curated from your earlier sessions and is \
@@ -36,7 +53,7 @@ class Capped:
 def cap(name: str, text: str) -> Capped:
     """Cut a file to its line limit and the byte cap, saying so when it cuts."""
     spec = SPECS[name]
-    text = text.strip("\n")
+    text = safe_text(text).strip("\n")
     if not text.strip():
         return Capped(spec.empty, None)
     lines = text.split("\n")
@@ -55,8 +72,64 @@ def _date(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning]) -> str:
-    """Everything daemon-curated, as one markdown section."""
+class Turn(Protocol):
+    """A recorded turn (transcript_store.Observation), or one still on its way to transcript.db."""
+
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def user_message(self) -> str: ...
+    @property
+    def tool_calls_json(self) -> str: ...
+    @property
+    def agent_response(self) -> str: ...
+
+
+def _cut(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + " …[cut]"
+
+
+def render_turn(turn: Turn) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
+    lines = [f"### {when}", f"USER: {_cut(turn.user_message, TURN_TEXT_CHARS)}"]
+    try:
+        calls: list[dict[str, Any]] = json.loads(turn.tool_calls_json)
+    except ValueError:
+        calls = []
+    for call in calls[:TURN_TOOL_CALLS]:
+        status = "error" if call.get("is_error") else "ok"
+        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), TURN_TOOL_CHARS)} -> "
+                     f"{status}: {_cut(str(call.get('output', '')), TURN_TOOL_CHARS)}")
+    if len(calls) > TURN_TOOL_CALLS:
+        lines.append(f"({len(calls) - TURN_TOOL_CALLS} more tool calls)")
+    lines.append(f"AGENT: {_cut(turn.agent_response, TURN_TEXT_CHARS)}")
+    return "\n".join(lines)
+
+
+def turns_section(turns: Sequence[Turn]) -> str | None:
+    """The turns not yet curated, oldest first: the newest that fit the budget."""
+    kept: list[str] = []
+    size = 0
+    for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
+        text = render_turn(turn)
+        if kept and size + len(text) > TURNS_CHARS:
+            break
+        kept.append(text)
+        size += len(text)
+    if not kept:
+        return None
+    more = len(turns) - len(kept)
+    return ("## Recent turns not yet in your memory\n"
+            "The latest turns, which the files above do not cover yet, oldest first"
+            + (f" ({more} older ones are left out)" if more > 0 else "") + ". A turn the server stopped "
+            "before it ended says so: if the person asks you to continue, pick it up where it stopped.\n\n"
+            + "\n\n".join(reversed(kept)))
+
+
+def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
+                   turns: Sequence[Turn] = ()) -> str:
+    """Everything daemon-curated, as one markdown section, and the turns not curated yet."""
     parts = [MEMORY_PREAMBLE]
     for name in BOOT_ORDER:
         if SPECS[name].owner != "daemon":
@@ -69,11 +142,15 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
         parts.append("## Pending actions\n" + "\n".join(f"- {a.content}" for a in actions))
     if recent:
         parts.append(f"## Learned in the last {RECENT_HOURS} hours\n"
+                     "Oldest first; a CORRECTION overrides anything earlier it contradicts.\n"
                      + "\n".join(f"- {_date(item.created_at)} {item.type}: {item.content}" for item in recent))
-    return "\n\n".join(parts)
+    if (pending := turns_section(turns)) is not None:
+        parts.append(pending)
+    return safe_text("\n\n".join(parts))
 
 
-def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning]) -> str:
+def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
+             turns: Sequence[Turn] = ()) -> str:
     """The whole system prompt: the deploy-managed files, then the curated memory."""
     parts = []
     for name in BOOT_ORDER:
@@ -82,14 +159,22 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
             parts.append(capped.text)
             if capped.note:
                 parts.append(capped.note)
-    parts.append(memory_section(files, actions, recent))
-    return "\n\n".join(parts) + "\n"
+    parts.append(memory_section(files, actions, recent, turns))
+    return safe_text("\n\n".join(parts)) + "\n"
+
+
+PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated
+
+
+async def _no_turns(_limit: int) -> Sequence[Turn]:
+    return ()
 
 
 class BootLoader:
-    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB]) -> None:
+    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB], pending: PendingTurns = _no_turns) -> None:
         self._files = files
         self._memory = memory
+        self._pending = pending
 
     async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning]]:
         files = await asyncio.to_thread(self._files.read_all)
@@ -98,11 +183,21 @@ class BootLoader:
         def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning]]:
             return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT)
 
-        actions, recent = await self._memory.call(read)
+        try:
+            actions, recent = await self._memory.call(read)
+        except Exception as exc:  # a broken memory.db must not stop a session: the files still boot it
+            log.error("boot_memory_unreadable", error=repr(exc)[:300])
+            actions, recent = [], []
         return files, actions, recent
 
     async def boot_prompt(self) -> str:
-        return assemble(*await self._inputs())
+        files, actions, recent = await self._inputs()
+        try:
+            turns = await self._pending(MAX_TURNS)
+        except Exception as exc:
+            log.error("boot_turns_unreadable", error=repr(exc)[:300])
+            turns = ()
+        return assemble(files, actions, recent, turns)
 
     async def refresh_context(self) -> str:
         """After a compaction: the curated memory as it is now, which may be newer than the
