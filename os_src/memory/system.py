@@ -1,14 +1,17 @@
 """The memory system as the runtime sees it: turn capture, the compaction hooks, the search
 tool, the boot prompt, health.
 
-It owns the two database threads, the daemon task and the curator client, and
-holds the writer lock so that only one process curates a workspace's memory.
+It owns the two database threads, the transcript writer and the turn journal (and the
+thread that writes their files), the daemon task and the curator client, and holds the
+writer lock so that only one process curates a workspace's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
@@ -28,13 +31,17 @@ from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .search import SearchHit, search_learnings, search_terms
-from .transcript_store import TranscriptDB
+from .transcript_store import NewObservation, Observation, TranscriptDB
+from .transcript_writer import ObservationWrite, TranscriptWriter, Write, write_key
+from .turn_journal import TurnJournal, journal_path, recover
 
 log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
-BOOT_SETTLE_BUDGET = 15.0
-HEALTH_CACHE_SECONDS = 1.0  # a new session waits this long, at most, for the last session's batch
+CAPTURE_STOP_BUDGET = 5.0  # to land the last turns at shutdown; what is left stays in the spill file
+REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land before the first batch
+BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
+HEALTH_CACHE_SECONDS = 1.0
 
 
 class MemorySystem:
@@ -50,9 +57,12 @@ class MemorySystem:
                                    budget=DailyBudget(settings.memory_daily_budget_usd),
                                    batch_tokens=settings.memory_batch_tokens)
         self.timings = HookTimings()
-        self.recorder = TurnRecorder(self.transcript, self.daemon.note_turn, self.timings)
-        self.loader = BootLoader(self.files, self.memory)
-        self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
+        self._capture_files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
+        self.journal = TurnJournal(journal_path(layout), self._capture_files)
+        self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
+        self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
+        self.loader = BootLoader(self.files, self.memory, self._pending_turns)
+        self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self._lock = WriterLock(layout.memory_lock)
         self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
@@ -60,6 +70,13 @@ class MemorySystem:
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
+        # What an earlier run left unwritten comes first: its spill file, then its turn journal
+        # (the turn it was killed in, recorded with a note).
+        loop = asyncio.get_running_loop()
+        recovered = await loop.run_in_executor(self._capture_files, recover, journal_path(self.settings.layout))
+        self.journal.restore(recovered)
+        await self.writer.start([ObservationWrite(obs) for obs in recovered])
+        await self.writer.drained(REPLAY_BUDGET)
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
@@ -67,10 +84,31 @@ class MemorySystem:
                  batch_tokens=self.settings.memory_batch_tokens)
 
     async def stop(self) -> None:
+        await self.writer.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
+        await self.journal.flush()
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
+        self._capture_files.shutdown(wait=True)
         self._lock.release()
+
+    def _durable(self, write: Write) -> None:
+        if isinstance(write, ObservationWrite):
+            session, sequence = write_key(write)
+            self.journal.durable((session, int(sequence)))
+
+    async def _flush(self, reason: str, budget: float) -> bool:
+        """Curate every turn so far (before a compaction): the turns still being written first."""
+        started = time.monotonic()
+        await self.writer.drained(budget / 2)
+        return await self.daemon.flush(reason, budget - (time.monotonic() - started))
+
+    async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
+        """The newest turns not yet curated: in transcript.db, and still on their way to it."""
+        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
+        seen = {(o.session_id, o.sequence_num) for o in recorded}
+        waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
+        return [*recorded, *waiting]
 
     # ------------------------------------------------------------ what the runtime uses
 
@@ -113,4 +151,4 @@ class MemorySystem:
             self._counted = (now, await self.transcript.call(lambda t: t.counts()),
                              await self.daemon.budget_status())
         return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "hook_errors": self.timings.errors}
+                "capture": self.writer.status(), "hook_errors": self.timings.errors}
