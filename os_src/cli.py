@@ -178,6 +178,9 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
     if command == "status":
         transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
         report = _status(transcript, memory, files, settings.memory_daily_budget_usd)
+        from .memory.transcript_writer import read_status
+
+        report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
         if args.json:
             print(json.dumps(report, indent=2))
         else:
@@ -276,6 +279,10 @@ def _print_status(r: dict[str, Any], root: Any) -> None:
         n = failing["consecutive_failures"]
         print(f"  failing          since {_when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
               f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {_when(failing['next_retry_at'], seconds=True)}")
+    if (capture := r["capture"])["degraded"]:
+        since = f"failing since {_when(capture['failing_since'])}, {capture['consecutive_failures']} failed writes in a " \
+                f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
+        print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
           + (f"; spent: batches wait until {_when(budget['resumes_at'])}" if budget["waiting"] else ""))

@@ -144,8 +144,13 @@ class MemorySystem:
             return []
         return await self.memory.call(lambda m: search_learnings(m, terms, limit))
 
+    @property
+    def degraded(self) -> bool:
+        """The curator has failed three calls in a row, or capture's writes are failing."""
+        return bool(self.daemon.clock.report()["degraded"] or self.writer.status()["degraded"])
+
     async def health(self) -> dict[str, Any]:
-        # /healthz is unauthenticated: count at most once a second, whatever the request rate.
+        # Count at most once a second, whatever the request rate.
         now = time.monotonic()
         if now - self._counted[0] > HEALTH_CACHE_SECONDS:
             self._counted = (now, await self.transcript.call(lambda t: t.counts()),
