@@ -31,6 +31,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
+from .cli_ledger import CliLedger
 from .config import Settings, describe, resolve_token
 from .console.origin import origin_allowed
 from .console.pages import ConsolePages, http_response
@@ -94,6 +95,8 @@ class SpriteOS:
         self.canvas.load()
         if self.memory is not None:
             await self.memory.start()
+            # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
+            await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
