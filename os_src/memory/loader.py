@@ -142,7 +142,7 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
         parts.append("## Pending actions\n" + "\n".join(f"- {a.content}" for a in actions))
     if recent:
         parts.append(f"## Learned in the last {RECENT_HOURS} hours\n"
-                     "Oldest first; a CORRECTION overrides anything earlier it contradicts.\n"
+                     "Newest first; a CORRECTION overrides any older learning it contradicts.\n"
                      + "\n".join(f"- {_date(item.created_at)} {item.type}: {item.content}" for item in recent))
     if (pending := turns_section(turns)) is not None:
         parts.append(pending)
