@@ -253,6 +253,7 @@ def _status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[
             "id": last[0].id, "at": last[0].created_at, "status": last[0].status, "trigger": last[0].trigger,
             "turns": len(last[0].observation_ids), "learnings": last[0].learnings_added, "error": last[0].error},
         "last_failure": None if not failures else {"at": failures[0].created_at, "error": failures[0].error},
+        "last_success_at": memory.last_done_at(),  # as /healthz shows it
         "failing": clock.report(),  # what /healthz shows
         "budget": DailyBudget(record.daily_usd).report(now, memory.cost_since(day_start(now)), record.resumes_at),
         "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,

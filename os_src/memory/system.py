@@ -89,7 +89,7 @@ class MemorySystem:
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
-        self._capture_files.shutdown(wait=True)
+        self._capture_files.shutdown(wait=False)  # idle by now: the journal and the writer are done
         self._lock.release()
 
     def _durable(self, write: Write) -> None:
