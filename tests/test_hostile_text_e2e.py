@@ -24,6 +24,17 @@ pytestmark = pytest.mark.e2e
 CONTROLS = "".join(chr(c) for c in range(32) if chr(c) not in "\t\n\r")
 
 
+async def told_then_asked(settings: Settings, told: str, asked: str) -> dict:  # type: ignore[type-arg]
+    """A turn, then a new session (the first one's end curates the turn), and a question in it."""
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        await turn(c, told)
+        await c.send(type="new_session")
+        await c.until("session_started")
+        await wait_for(lambda: counts(settings)["processed"] == 1, timeout=20)
+        return await turn(c, asked)
+
+
 def assert_plain(text: str) -> None:
     assert not [c for c in text if ord(c) < 32 and c not in "\t\n"], "a control character got through"
     text.encode("utf-8")  # no lone surrogate either
@@ -32,13 +43,7 @@ def assert_plain(text: str) -> None:
 async def test_a_nul_in_a_curator_reply_does_not_stop_the_next_session(bridge: MockBridge, settings: Settings) -> None:
     """The issue's reproduction: the curator writes a NUL into user.md, then the next session starts."""
     bridge.curator.script("USER_MD_UPDATE:\n# User\n- Name: Ada\x00Lovelace\n")
-    async with running(settings) as app, client_factory(app.port) as client:
-        c = await client(hello={})
-        await turn(c, "I'm Ada Lovelace.")
-        await c.send(type="new_session")
-        await c.until("session_started")
-        await wait_for(lambda: counts(settings)["processed"] == 1, timeout=20)
-        done = await turn(c, "Who am I?")
+    done = await told_then_asked(settings, "I'm Ada Lovelace.", "Who am I?")
     assert done["status"] == "completed"
     user_md = MemoryFiles(settings.layout).read("user.md")
     assert user_md == "# User\n- Name: AdaLovelace\n"
@@ -50,13 +55,7 @@ async def test_a_nul_in_a_curator_reply_does_not_stop_the_next_session(bridge: M
 async def test_a_lone_surrogate_in_a_reply_is_curated_not_a_failed_batch(bridge: MockBridge, settings: Settings) -> None:
     # The mock encodes it as the JSON escape "\ud83d", which is what a model cut mid-emoji sends.
     bridge.curator.script("FACT: Ada's favourite emoji is \ud83d\nUSER_MD_UPDATE:\n# User\n- Emoji: \ud83d\n")
-    async with running(settings) as app, client_factory(app.port) as client:
-        c = await client(hello={})
-        await turn(c, "My favourite emoji is the cat.")
-        await c.send(type="new_session")
-        await c.until("session_started")
-        await wait_for(lambda: counts(settings)["processed"] == 1, timeout=20)
-        done = await turn(c, "What's my emoji?")
+    done = await told_then_asked(settings, "My favourite emoji is the cat.", "What's my emoji?")
     assert done["status"] == "completed"
     assert learnings(settings) == [("FACT", "Ada's favourite emoji is \ufffd", 1)]
     assert MemoryFiles(settings.layout).read("user.md") == "# User\n- Emoji: \ufffd\n"
@@ -74,13 +73,7 @@ async def test_every_c0_control_from_the_curator_or_a_hand_edit_is_taken_out(
     (settings.layout.memory_dir / "files.md").write_bytes(
         b"# Files\r\n- taxes/ " + CONTROLS.encode() + b" 2025\r\n- invalid \xff byte\r\n")
     bridge.curator.script(f"FACT: Ada likes {CONTROLS}tea\nCONTEXT_MD_UPDATE:\n# Now\n- Plan {CONTROLS}the trip\r\n")
-    async with running(settings) as app, client_factory(app.port) as client:
-        c = await client(hello={})
-        await turn(c, "Plan the trip, and remember I like tea.")
-        await c.send(type="new_session")
-        await c.until("session_started")
-        await wait_for(lambda: counts(settings)["processed"] == 1, timeout=20)
-        done = await turn(c, "What's the plan?")
+    done = await told_then_asked(settings, "Plan the trip, and remember I like tea.", "What's the plan?")
     assert done["status"] == "completed"
     assert files.read("context.md") == "# Now\n- Plan the trip\n"
     assert learnings(settings) == [("FACT", "Ada likes tea", 1)]

@@ -19,6 +19,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..text import safe_text
 from .files import CURATED, MAX_FILE_BYTES, SPECS
@@ -29,9 +30,9 @@ OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
 BATCH_CHARS = 60_000  # observations per call; a bigger batch is split (see turn_chars)
 PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
 ACTION_CHARS = 300
-USER_CHARS = 3_000
-RESPONSE_CHARS = 3_000
+TURN_TEXT_CHARS = 3_000  # the person's message, and the answer, each
 TOOL_CALLS_SHOWN = 12
+TOOL_CALL_CHARS = 300  # a tool call's input, and its output, each
 MAX_LEARNING_CHARS = 600
 MAX_LEARNINGS = 60
 
@@ -77,22 +78,42 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" …[{len(text) - limit} more characters]"
 
 
+class Turn(Protocol):
+    """A recorded turn (Observation), or one still on its way to transcript.db (NewObservation)."""
+
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def user_message(self) -> str: ...
+    @property
+    def tool_calls_json(self) -> str: ...
+    @property
+    def agent_response(self) -> str: ...
+
+
+def render_turn(turn: Turn, header: str, text_chars: int, calls_shown: int, call_chars: int) -> str:
+    """One turn for a model to read, as the curator and the boot prompt show it: the person's
+    message and the answer (each cut at `text_chars`), and the first `calls_shown` tool calls."""
+    lines = [header, f"USER: {_cut(turn.user_message, text_chars)}"]
+    try:
+        calls = json.loads(turn.tool_calls_json)
+    except ValueError:
+        calls = []
+    for call in calls[:calls_shown]:
+        status = "error" if call.get("is_error") else "ok"
+        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), call_chars)} -> {status}: "
+                     f"{_cut(str(call.get('output', '')), call_chars)}")
+    if len(calls) > calls_shown:
+        lines.append(f"({len(calls) - calls_shown} more tool calls)")
+    lines.append(f"AGENT: {_cut(turn.agent_response, text_chars)}")
+    return "\n".join(lines)
+
+
 def render_observation(obs: Observation) -> str:
     """One turn, bounded: long messages and tool output are cut."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(obs.timestamp))
-    lines = [f"[#{obs.id}] {when}", f"USER: {_cut(obs.user_message, USER_CHARS)}"]
-    try:
-        calls = json.loads(obs.tool_calls_json)
-    except ValueError:
-        calls = []
-    for call in calls[:TOOL_CALLS_SHOWN]:
-        status = "error" if call.get("is_error") else "ok"
-        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), 300)} -> {status}: "
-                     f"{_cut(str(call.get('output', '')), 300)}")
-    if len(calls) > TOOL_CALLS_SHOWN:
-        lines.append(f"({len(calls) - TOOL_CALLS_SHOWN} more tool calls)")
-    lines.append(f"AGENT: {_cut(obs.agent_response, RESPONSE_CHARS)}")
-    return _cut("\n".join(lines), OBSERVATION_CHARS)
+    return _cut(render_turn(obs, f"[#{obs.id}] {when}", TURN_TEXT_CHARS, TOOL_CALLS_SHOWN, TOOL_CALL_CHARS),
+                OBSERVATION_CHARS)
 
 
 def split_batch(observations: list[Observation], budget: int = BATCH_CHARS) -> list[list[Observation]]:

@@ -13,15 +13,14 @@ plain text (text.safe_text): one NUL byte in it would fail every session start.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from ..db_worker import Worker
 from ..logs import get_logger
 from ..text import safe_text
+from .curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
 
@@ -72,47 +71,13 @@ def _date(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-class Turn(Protocol):
-    """A recorded turn (transcript_store.Observation), or one still on its way to transcript.db."""
-
-    @property
-    def timestamp(self) -> float: ...
-    @property
-    def user_message(self) -> str: ...
-    @property
-    def tool_calls_json(self) -> str: ...
-    @property
-    def agent_response(self) -> str: ...
-
-
-def _cut(text: str, limit: int) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else text[:limit] + " …[cut]"
-
-
-def render_turn(turn: Turn) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
-    lines = [f"### {when}", f"USER: {_cut(turn.user_message, TURN_TEXT_CHARS)}"]
-    try:
-        calls: list[dict[str, Any]] = json.loads(turn.tool_calls_json)
-    except ValueError:
-        calls = []
-    for call in calls[:TURN_TOOL_CALLS]:
-        status = "error" if call.get("is_error") else "ok"
-        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), TURN_TOOL_CHARS)} -> "
-                     f"{status}: {_cut(str(call.get('output', '')), TURN_TOOL_CHARS)}")
-    if len(calls) > TURN_TOOL_CALLS:
-        lines.append(f"({len(calls) - TURN_TOOL_CALLS} more tool calls)")
-    lines.append(f"AGENT: {_cut(turn.agent_response, TURN_TEXT_CHARS)}")
-    return "\n".join(lines)
-
-
 def turns_section(turns: Sequence[Turn]) -> str | None:
     """The turns not yet curated, oldest first: the newest that fit the budget."""
     kept: list[str] = []
     size = 0
     for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
-        text = render_turn(turn)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
+        text = render_turn(turn, f"### {when}", TURN_TEXT_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
         if kept and size + len(text) > TURNS_CHARS:
             break
         kept.append(text)
