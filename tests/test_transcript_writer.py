@@ -4,7 +4,6 @@ gives back the turn a killed server was in."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator
@@ -156,9 +155,8 @@ async def test_the_journal_gives_back_the_open_turn_with_a_note_and_a_closed_one
     journal.opened(lambda: NewObservation(2.0e9, "s1", 2, "Research decorators", json.dumps(calls), "so far"))
     calls.append({"name": "WebFetch", "input": "decorators", "output": "a page", "is_error": False})
     journal.touched()
-    await journal.flush()
-    await asyncio.sleep(0.05)
-    await journal.flush()
+    path = journal_path(layout)
+    await wait_for(lambda: path.exists() and b"WebFetch" in path.read_bytes(), what="the journal rewritten")
     (tmp_path / ".os" / "state" / f".{journal_path(layout).name}.x.tmp").write_text("debris of a kill")
     first, second = recover(journal_path(layout))
     assert (first.sequence_num, first.agent_response) == (1, "answer 1")
@@ -166,8 +164,7 @@ async def test_the_journal_gives_back_the_open_turn_with_a_note_and_a_closed_one
     assert second.agent_response == f"so far\n{STOPPED_NOTE}"
     assert not list((tmp_path / ".os" / "state").glob("*.tmp"))
     journal.durable(("s1", 1))
-    journal.closed(None)  # the open turn was not recorded (a command the CLI ran itself)
-    await asyncio.sleep(0.05)
+    journal.opened(lambda: obs(3))  # the next turn: then the server stops before it was ever sent
     await journal.flush()
     assert not journal_path(layout).exists()  # nothing left to keep
     journal_path(layout).write_text("{not json")

@@ -113,7 +113,11 @@ class TurnJournal:
             self._changed()
 
     async def flush(self) -> None:
-        """Write what is pending now, and wait for it (at shutdown)."""
+        """At shutdown, once the runtime has stopped: write what is pending, and wait for it. A turn
+        still open then was never sent (every turn sent is closed, at worst as cut short)."""
+        if self._open is not None:
+            self._open = None
+            self._changed()
         if self._timer is not None:
             self._timer.cancel()
             self._write()
