@@ -178,7 +178,7 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
     if command == "status":
         transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
         report = _status(transcript, memory, files, settings.memory_daily_budget_usd)
-        from .memory.transcript_writer import read_status
+        from .memory.capture_spill import read_status
 
         report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
         if args.json:

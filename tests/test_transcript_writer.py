@@ -14,15 +14,10 @@ from typing import ClassVar
 import pytest
 
 from sprite_os.db_worker import Worker
+from sprite_os.memory.capture_spill import ObservationWrite, SessionWrite, read_status, spill_path
 from sprite_os.memory.retry import Backoff
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
-from sprite_os.memory.transcript_writer import (
-    ObservationWrite,
-    SessionWrite,
-    TranscriptWriter,
-    read_status,
-    spill_path,
-)
+from sprite_os.memory.transcript_writer import TranscriptWriter
 from sprite_os.memory.turn_journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.paths import Layout
 from tests.conftest import wait_for

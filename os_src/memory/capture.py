@@ -36,9 +36,10 @@ from claude_agent_sdk import (
 )
 
 from ..text import clean_text
+from .capture_spill import ObservationWrite, SessionWrite
 from .hooks import HookTimings
 from .transcript_store import NewObservation
-from .transcript_writer import ObservationWrite, SessionWrite, TranscriptWriter
+from .transcript_writer import TranscriptWriter
 from .turn_journal import TurnJournal
 
 TOOL_INPUT_CHARS = 500

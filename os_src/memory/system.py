@@ -24,6 +24,7 @@ from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .budget import DailyBudget
 from .capture import TurnRecord, TurnRecorder
+from .capture_spill import ObservationWrite, Write, write_key
 from .daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, HookTimings
@@ -32,7 +33,7 @@ from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .search import SearchHit, search_learnings, search_terms
 from .transcript_store import NewObservation, Observation, TranscriptDB
-from .transcript_writer import ObservationWrite, TranscriptWriter, Write, write_key
+from .transcript_writer import TranscriptWriter
 from .turn_journal import TurnJournal, journal_path, recover
 
 log = get_logger(__name__)

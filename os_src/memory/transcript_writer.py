@@ -11,8 +11,8 @@ for long by a lock only writers wait on. A replay is harmless: the unique (sessi
 makes a second insert of a turn a no-op, so "exactly once" holds across retries and
 restarts.
 
-While writes fail, every write waiting is also appended to the spill file (JSON lines,
-fsync'd), so a kill -9 loses none of them. The queue holds at most MAX_QUEUED writes in
+While writes fail, every write waiting is also appended to the spill file
+(capture_spill.py: JSON lines, fsync'd), so a kill -9 loses none of them. The queue holds at most MAX_QUEUED writes in
 memory; beyond that only the file holds them, and they are read back, in order, as the
 queue drains. The spill file is replayed at the next start before anything else, and
 removed once everything in it has landed.
@@ -22,22 +22,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-import msgspec
+from typing import Any
 
 from ..db_worker import Worker
 from ..logs import get_logger
 from ..paths import Layout
+from .capture_spill import (
+    CaptureHealth,
+    ObservationWrite,
+    Write,
+    append_lines,
+    read_spill,
+    save_status,
+    spill_path,
+    status_path,
+    when,
+    write_key,
+)
 from .retry import Backoff
 from .transcript_store import NewObservation, TranscriptDB
 
@@ -46,107 +55,6 @@ log = get_logger(__name__)
 MAX_QUEUED = 64  # writes held in memory; more wait in the spill file only
 BACKOFF = Backoff(first=0.25, max=5.0)  # a local disk: retry soon, and often
 BUSY_TIMEOUT_MS = 1000  # per attempt: the database thread is shared with readers
-SPILL_NAME = "capture-spill.jsonl"
-STATUS_NAME = "capture.json"
-
-
-def spill_path(layout: Layout) -> Path:
-    return layout.state_dir / SPILL_NAME
-
-
-def status_path(layout: Layout) -> Path:
-    return layout.state_dir / STATUS_NAME
-
-
-class ObservationWrite(msgspec.Struct, tag="observation", frozen=True):
-    observation: NewObservation
-
-    def apply(self, db: TranscriptDB) -> None:
-        db.append(self.observation)
-
-
-class SessionWrite(msgspec.Struct, tag="session", frozen=True):
-    session_id: str
-    event: Literal["start", "end"]
-    at: float
-
-    def apply(self, db: TranscriptDB) -> None:
-        if self.event == "start":
-            db.start_session(self.session_id, self.at)
-        else:
-            db.end_session(self.session_id, self.at)
-
-
-Write = ObservationWrite | SessionWrite
-_encoder = msgspec.json.Encoder()
-_decoder: msgspec.json.Decoder[Write] = msgspec.json.Decoder(Write)
-
-
-def read_spill(path: Path) -> list[Write | None]:
-    """The writes in a spill file, one per line, in order. A line that can't be read (the torn
-    end of an append the process died in) is None, and logged."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    out: list[Write | None] = []
-    for n, line in enumerate(data.splitlines(), start=1):
-        try:
-            out.append(_decoder.decode(line))
-        except msgspec.MsgspecError as exc:
-            log.error("capture_spill_line_unreadable", path=str(path), line=n, error=str(exc)[:200])
-            out.append(None)
-    return out
-
-
-def spill_count(path: Path) -> int:
-    """How many writes a spill file holds (for `memory status`, from another process)."""
-    try:
-        with path.open("rb") as f:
-            return sum(1 for line in f if line.strip())
-    except FileNotFoundError:
-        return 0
-
-
-def _append_lines(path: Path, writes: list[Write]) -> None:
-    """Append, fsync'd. An append that fails (a full disk) is cut off again, so that no torn line
-    runs into the next one."""
-    with path.open("ab") as f:
-        size = f.tell()
-        try:
-            f.write(b"".join(_encoder.encode(w) + b"\n" for w in writes))
-            f.flush()
-            os.fsync(f.fileno())
-        except OSError:
-            with contextlib.suppress(OSError):
-                f.truncate(size)
-            raise
-
-
-def _when(write: Write) -> float:
-    return write.observation.timestamp if isinstance(write, ObservationWrite) else write.at
-
-
-def write_key(write: Write) -> tuple[str, int | str]:
-    """What makes a write unique: a turn's (session, sequence), a session's (id, event)."""
-    if isinstance(write, ObservationWrite):
-        return write.observation.session_id, write.observation.sequence_num
-    return write.session_id, write.event
-
-
-@dataclass
-class CaptureHealth:
-    """The failing spell of capture's writes: what /healthz and `memory status` show."""
-
-    failing_since: float | None = None
-    failures: int = 0  # failed attempts in a row
-    last_error: str | None = None
-    next_retry_at: float | None = None
-
-    def report(self, queued: int, spilled: int) -> dict[str, Any]:
-        return {"degraded": self.failing_since is not None or spilled > 0, "queued": queued, "spilled": spilled,
-                "consecutive_failures": self.failures, "failing_since": self.failing_since,
-                "last_error": self.last_error, "next_retry_at": self.next_retry_at}
 
 
 def _apply(write: Write) -> Callable[[TranscriptDB], None]:
@@ -238,7 +146,7 @@ class TranscriptWriter:
         head = [_Queued.of(w, spilled=True) for w in lines if w is not None]
         self._lines = len(head)
         head += [_Queued.of(w) for w in recovered or []]
-        head.sort(key=lambda q: _when(q.write) if q.write is not None else 0.0)  # stable: spill order holds
+        head.sort(key=lambda q: when(q.write) if q.write is not None else 0.0)  # stable: spill order holds
         self._queue.extendleft(reversed(head))
         self._held += len(head)
         if self._queue:
@@ -324,7 +232,7 @@ class TranscriptWriter:
             item.spilled = True
         self._lines += len(items)
         writes = [item.write for item in items if item.write is not None]
-        done = asyncio.get_running_loop().run_in_executor(self._files, _append_lines, self._spill, writes)
+        done = asyncio.get_running_loop().run_in_executor(self._files, append_lines, self._spill, writes)
         done.add_done_callback(lambda f: self._spilled(f, items))
 
     def _spilled(self, future: asyncio.Future[None], items: list[_Queued]) -> None:
@@ -367,33 +275,4 @@ class TranscriptWriter:
 
     def _save_status(self) -> None:
         """For `memory status`, another process: the spell, while it lasts."""
-        h = self.health
-        data = b"" if h.failing_since is None else msgspec.json.encode(
-            {"failing_since": h.failing_since, "consecutive_failures": h.failures, "last_error": h.last_error,
-             "next_retry_at": h.next_retry_at})
-        path = self._status_file
-
-        def save() -> None:
-            with contextlib.suppress(OSError):
-                if data:
-                    tmp = path.with_name(path.name + ".tmp")
-                    tmp.write_bytes(data)
-                    os.replace(tmp, path)
-                else:
-                    path.unlink(missing_ok=True)
-
-        self._files.submit(save)
-
-
-def read_status(layout: Layout) -> dict[str, Any]:
-    """What `memory status` shows about capture: the server's saved spell, and the spill file."""
-    saved: dict[str, Any] = {}
-    with contextlib.suppress(OSError, msgspec.MsgspecError):
-        raw = status_path(layout).read_bytes()
-        if raw:
-            saved = msgspec.json.decode(raw)
-    health = CaptureHealth(saved.get("failing_since"), int(saved.get("consecutive_failures") or 0),
-                           saved.get("last_error"), saved.get("next_retry_at"))
-    report = health.report(0, spill_count(spill_path(layout)))
-    del report["queued"]  # only the server knows its queue
-    return report
+        self._files.submit(save_status, self._status_file, dataclasses.replace(self.health))
