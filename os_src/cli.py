@@ -199,11 +199,11 @@ def _memory(args: argparse.Namespace, settings: Settings) -> int:
             raise UsageError("rebuild replaces memory.db and the curated files; stop the server and pass --yes")
         from .memory.rebuild import rebuild
 
-        report = asyncio.run(rebuild(settings))
-        print(f"rebuilt from {report.observations} turns in {report.batches} batches: "
-              f"{report.learnings} learnings, ${report.cost_usd:.4f}")
-        if report.backup:
-            print(f"the previous memory.db is kept at {report.backup}")
+        rebuilt = asyncio.run(rebuild(settings))
+        print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
+              f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
+        if rebuilt.backup:
+            print(f"the previous memory.db is kept at {rebuilt.backup}")
         return 0
     if command == "history":
         versions = files.history(args.file)
