@@ -5,6 +5,10 @@ way to read the CLI's pid or exit status, or to kill a CLI whose `disconnect` ha
 (claude-agent-sdk #378, #886). If a new SDK moves `_transport._process`, `pid` and
 `returncode` read None and `kill` does nothing; the runtime still works, blind to an
 idle CLI's death until its next write fails (that prompt is then resent once).
+
+Each CLI is recorded in its workspace's ledger (cli_ledger.py: the CLI runs in the
+workspace root, `options.cwd`) from the moment its pid is known until it is closed, so a
+server killed with -9 leaves the next start a record of the CLI to end.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, Message
 
+from .cli_ledger import CliLedger
 from .logs import get_logger
 
 log = get_logger(__name__)
@@ -24,6 +30,7 @@ ClientFactory = Callable[[ClaudeAgentOptions], ClaudeSDKClient]
 
 DISCONNECT_TIMEOUT = 10.0
 INTERRUPT_TIMEOUT = 5.0
+SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
 
 
 class AgentProcess:
@@ -32,9 +39,35 @@ class AgentProcess:
 
     def __init__(self, options: ClaudeAgentOptions, factory: ClientFactory = ClaudeSDKClient) -> None:
         self._client = factory(options)
+        self._ledger = CliLedger.for_workspace(Path(options.cwd)) if options.cwd else None
+        self._recorded: int | None = None
 
     async def connect(self) -> None:
-        await self._client.connect()
+        """Start the CLI. Its pid is recorded as soon as it exists, while the SDK still connects."""
+        watch = asyncio.create_task(self._record_when_spawned()) if self._ledger is not None else None
+        try:
+            await self._client.connect()
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+        await self._record()
+
+    async def _record_when_spawned(self) -> None:
+        while self.pid is None:  # noqa: ASYNC110 -- the SDK signals nothing when it spawns the CLI
+            await asyncio.sleep(SPAWN_POLL)
+        await self._record()
+
+    async def _record(self) -> None:
+        pid = self.pid
+        if self._ledger is None or pid is None or self._recorded == pid:
+            return
+        self._recorded = pid
+        try:
+            await asyncio.to_thread(self._ledger.record, pid)
+        except OSError as exc:  # a full disk: the CLI still runs; only a crash's clean-up is at stake
+            log.warning("cli_ledger_write_failed", pid=pid, error=repr(exc))
 
     async def send(self, prompt: str) -> None:
         await self._client.query(prompt)
@@ -60,8 +93,17 @@ class AgentProcess:
             log.warning("cli_disconnect_failed", pid=pid, error=repr(exc))
             self.kill()
             if isinstance(exc, asyncio.CancelledError):
+                self._forget()  # no more awaiting once cancelled: a small file, written in place
                 raise
+        await asyncio.to_thread(self._forget)
         log.info("cli_disconnected", pid=pid)
+
+    def _forget(self) -> None:
+        """The CLI is gone: out of the ledger. Blocking."""
+        recorded, self._recorded = self._recorded, None
+        if self._ledger is not None and recorded is not None:
+            with contextlib.suppress(OSError):
+                self._ledger.forget(recorded)
 
     # ------------------------------------------------------------ the process itself (SDK internals)
 

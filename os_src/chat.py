@@ -89,6 +89,9 @@ class Renderer:
                 self._line(f"· session {sid} started")
             case p.SessionEnded(session_id=sid, reason=reason):
                 self._line(f"· session {sid} ended ({reason})")
+            case p.ModelRetry(attempt=n, max_retries=most, retry_delay_ms=ms, error_status=status):
+                self._line(f"· the model proxy failed ({f'HTTP {status}' if status else 'no answer'}); "
+                           f"retry {n} of {most} in {ms / 1000:.1f}s")
             case p.Error(code=code, message=message):
                 self._line(f"! {code}: {message}")
         self.out.flush()

@@ -14,6 +14,7 @@ from claude_agent_sdk import (
     AssistantMessage,
     ResultMessage,
     StreamEvent,
+    SystemMessage,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -59,7 +60,25 @@ def message_frames(turn_id: str, message: Any, *, interrupted: bool = False) -> 
                 for block in message.content if isinstance(block, ToolResultBlock)]
     elif isinstance(message, ResultMessage):
         return result_frames(turn_id, message, interrupted=interrupted)
+    elif isinstance(message, SystemMessage) and message.subtype == "api_retry":
+        return [retry_frame(turn_id, message.data)]
     return []
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def retry_frame(turn_id: str, data: dict[str, Any]) -> p.ModelRetry:
+    """The CLI's `api_retry` notice: {attempt, max_retries, retry_delay_ms, error_status, error}."""
+    status = data.get("error_status")
+    return p.ModelRetry(turn_id=turn_id, attempt=_int(data.get("attempt")), max_retries=_int(data.get("max_retries")),
+                        retry_delay_ms=_int(data.get("retry_delay_ms")),
+                        error_status=_int(status) if status is not None else None,
+                        error=clean_text(str(data.get("error") or ""))[:ERROR_DETAIL_CHARS])
 
 
 def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerFrame]:

@@ -216,6 +216,21 @@ class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     cost_usd: float | None = None
 
 
+class ModelRetry(ServerFrame, tag="model_retry", frozen=True):
+    """A request of the turn to the model proxy failed; the CLI tries it again in
+    `retry_delay_ms`. Sent at each retry, as it is decided, so a turn against a proxy that is
+    down or overloaded is never silent. `error_status` is the HTTP status (None: no answer at
+    all, such as a refused connection); `error` is the CLI's category (`overloaded`,
+    `rate_limit`, `server_error`, ...)."""
+
+    turn_id: str
+    attempt: int
+    max_retries: int
+    retry_delay_ms: int
+    error_status: int | None = None
+    error: str = ""
+
+
 class Error(ServerFrame, tag="error", frozen=True):
     code: ErrorCode
     message: str
@@ -241,6 +256,7 @@ AnyServerFrame = (
     | CardUpdated
     | CardClosed
     | TurnComplete
+    | ModelRetry
     | Error
     | Pong
     | AnyMemoryReply

@@ -8,7 +8,9 @@ own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
-A missing or wrong token gets HTTP 401 with an empty body.
+A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
+anyone, but says only `ok` or `degraded` without the token (a Sprite listens on
+0.0.0.0); with it, everything.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
+from .cli_ledger import CliLedger
 from .config import Settings, describe, resolve_token
 from .console.origin import origin_allowed
 from .console.pages import ConsolePages, http_response
@@ -92,6 +95,8 @@ class SpriteOS:
         self.canvas.load()
         if self.memory is not None:
             await self.memory.start()
+            # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
+            await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -136,25 +141,32 @@ class SpriteOS:
             await self.memory.stop()
         log.info("server_stopped")
 
+    @property
+    def status(self) -> str:
+        """`degraded` while memory's curator or capture's writes are failing: the agent still serves."""
+        return "degraded" if self.memory is not None and self.memory.degraded else "ok"
+
     async def health(self) -> dict[str, Any]:
+        """What /healthz shows with the token: counts and states, never user content or secrets."""
         rt = self.runtime
         body: dict[str, Any] = {
-            "status": "ok",
+            "status": self.status,
             "version": __version__,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "agent": {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
                       "queued_messages": rt.queued},
             "clients": len(self.gateway.connections),
+            "isolation": None,  # how the CLI runs (issue 9: as its own user); None: as the server's user
         }
         if self.memory is not None:
             body["memory"] = await self.memory.health()
-            if body["memory"].get("degraded"):
-                body["status"] = "degraded"
         return body
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] == "/healthz":
-            return http_response(conn, HTTPStatus.OK, json.dumps(await self.health()).encode(), "application/json")
+            # Without the token, only the status: nothing that helps anyone who may reach the port.
+            body = await self.health() if self._authorized(request) else {"status": self.status}
+            return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
         if (page := self.pages.respond(conn, request)) is not None:
             return page
         remote = str(conn.remote_address[0] if conn.remote_address else "?")

@@ -6,7 +6,8 @@
 - stop: SIGTERM, then SIGKILL to the server's whole process group after STOP_TIMEOUT;
   nothing the server started is left running.
 - restart: stop, then start (a bad setting fails before the stop).
-- status: the pid and the /healthz JSON. Exit codes follow the LSB convention: 0 running,
+- status: the pid and the /healthz JSON, all of it: it presents the token (.os/token; /healthz
+  says only `ok` or `degraded` without it). Exit codes follow the LSB convention: 0 running,
   1 dead with a stale pid file, 3 not running, 4 running but /healthz does not answer.
 
 The service remembers the settings it was started with (`.os/state/service.env`, 0600)
@@ -272,9 +273,14 @@ class Service:
         return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
 
     def health(self, settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The server's /healthz. With the token (the service runs as the token file's owner, or
+        as root), all of it; without, only the status."""
+        headers = {}
+        with contextlib.suppress(ConfigError):
+            headers["Authorization"] = f"Bearer {resolve_token(settings, create=False)}"
         conn = http.client.HTTPConnection(self.probe_host(settings.host), settings.port, timeout=timeout)
         try:
-            conn.request("GET", "/healthz")
+            conn.request("GET", "/healthz", headers=headers)
             response = conn.getresponse()
             body = response.read()
             if response.status != 200:

@@ -1,8 +1,18 @@
-"""Text from the CLI made safe to send and to store. Both the wire format and capture use it."""
+"""Text made safe to send and to store.
+
+`clean_text` is for what the CLI says (the wire format and capture): valid UTF-8, nothing
+else changed. `safe_text` is stricter, for everything that reaches a memory file or the
+boot prompt, whoever wrote it (the curator model, a person's edit, a migration).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_NEWLINES = re.compile(r"\r\n?")
+# C0 controls but tab and newline (CR is made a newline first), and lone surrogates.
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f]|[\ud800-\udfff]")
 
 
 def clean_text(text: str) -> str:
@@ -24,3 +34,18 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, list):
         return [clean_json(v) for v in value]
     return value
+
+
+def safe_text(text: str) -> str:
+    """Plain text for a memory file or the boot prompt: valid UTF-8 (a lone surrogate becomes
+    U+FFFD), CR LF and lone CR as newlines, and no NUL or other C0 control but tab and newline.
+
+    The boot prompt goes to the CLI as a command-line argument, where one NUL byte fails every
+    session start (`embedded null byte`); a lone surrogate fails any UTF-8 encoding of it."""
+    if "\r" in text:
+        text = _NEWLINES.sub("\n", text)
+    return _UNSAFE.sub(_replacement, text)
+
+
+def _replacement(match: re.Match[str]) -> str:
+    return "\ufffd" if match.group() >= "\ud800" else ""

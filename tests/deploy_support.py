@@ -204,12 +204,14 @@ def processes_in_session(sid: int) -> list[int]:
     return out
 
 
-def healthz(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
+def healthz(port: int, workspace: Path | None = None, timeout: float = 2.0) -> dict[str, Any] | None:
+    """/healthz; with `workspace`, presenting its token (.os/token), as `service status` does."""
     import http.client
 
+    headers = {"Authorization": f"Bearer {(workspace / '.os' / 'token').read_text().strip()}"} if workspace else {}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", "/healthz")
+        conn.request("GET", "/healthz", headers=headers)
         response = conn.getresponse()
         return json.loads(response.read()) if response.status == 200 else None
     except OSError:

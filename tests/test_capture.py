@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from sprite_os.memory.capture import (
 )
 from sprite_os.memory.hooks import HookTimings, fail_open
 from sprite_os.memory.transcript_store import Observation, TranscriptDB
+from sprite_os.memory.transcript_writer import TranscriptWriter
+from sprite_os.paths import Layout
 
 
 def result(subtype: str = "success", text: str | None = "final answer", num_turns: int = 1) -> ResultMessage:
@@ -54,19 +57,25 @@ def answers(tool_id: str, content: Any, is_error: bool | None = None, parent: st
 class Kit:
     def __init__(self, tmp_path: Path) -> None:
         self.worker: Worker[TranscriptDB] = Worker("t", lambda: TranscriptDB(tmp_path / "t.db"))
+        self.files = ThreadPoolExecutor(max_workers=1)
+        self.writer = TranscriptWriter(self.worker, Layout(tmp_path), self.files)
         self.recorded: list[int] = []
-        self.recorder = TurnRecorder(self.worker, lambda: self.recorded.append(1))
-        self.recorder.start_session("sess-1")
+        self.recorder = TurnRecorder(self.writer, lambda: self.recorded.append(1))
 
     async def rows(self) -> list[Observation]:
+        await self.writer.drained(10)
         return await self.worker.call(lambda t: list(t.iter_all()))
 
 
 @pytest.fixture
 async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
     k = Kit(tmp_path)
+    await k.writer.start()
+    k.recorder.start_session("sess-1")
     yield k
+    await k.writer.stop(5)
     await k.worker.close()
+    k.files.shutdown()
 
 
 async def test_one_observation_per_turn(kit: Kit) -> None:

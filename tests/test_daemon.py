@@ -483,8 +483,10 @@ async def test_memory_status_shows_what_healthz_shows_about_failing(
     health = daemon.status()
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["--workspace", str(tmp_path), "memory", "status", "--json"]) == 0
-    failing = json.loads(capsys.readouterr().out)["failing"]
+    report = json.loads(capsys.readouterr().out)
+    failing = report["failing"]
     assert failing == {k: health[k] for k in ("consecutive_failures", "failing_since", "next_retry_at", "degraded")}
+    assert report["last_success_at"] == health["last_success_at"]
     assert failing["consecutive_failures"] >= 3 and failing["degraded"] is True
     assert await asyncio.to_thread(main, ["--workspace", str(tmp_path), "memory", "status"]) == 0
     text = capsys.readouterr().out

@@ -289,11 +289,11 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
             assert killed, out
             assert current(ws) == f"releases/{VERSION}", marker
             assert (ws / ".os" / "VERSION").read_text().strip() == VERSION
-            assert (healthz(port) or {}).get("version") == VERSION  # still serving
+            assert (healthz(port, ws) or {}).get("version") == VERSION  # still serving
             if marker != markers[-1]:  # (after this one, the rollback below restarts it)
                 restarted = sprite_os(ws, "service", "restart", env=service_env)  # and still starts
                 assert restarted.returncode == 0, f"after a kill at {marker}: {restarted.stdout}{restarted.stderr}"
-                assert (healthz(port) or {}).get("version") == VERSION
+                assert (healthz(port, ws) or {}).get("version") == VERSION
         # A release that does not start is rolled back: the previous version starts and serves again.
         pid = int((ws / ".os" / "state" / "server.pid").read_text())
         broken = make_checkout(tmp_path, "9.3.1", template_note="9.3.1 never started")
@@ -307,13 +307,13 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
         for name in ("soul.md", "os.md"):  # the release rolled back to has its own files again
             assert (ws / ".os" / "memory" / name).read_bytes() == (TEMPLATES / name).read_bytes()
         assert int((ws / ".os" / "state" / "server.pid").read_text()) != pid  # restarted
-        assert (healthz(port) or {}).get("version") == VERSION
+        assert (healthz(port, ws) or {}).get("version") == VERSION
         # The next deploy completes: it cleans up what the killed ones left and restarts the server.
         done = subprocess.run(cmd, capture_output=True, text=True, env=service_env, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "deploy: step=restart version=9.3.0 pid=" in done.stdout
         assert current(ws) == "releases/9.3.0"
-        assert (healthz(port) or {}).get("version") == "9.3.0"
+        assert (healthz(port, ws) or {}).get("version") == "9.3.0"
         assert sorted(p.name for p in (ws / ".os" / "releases").iterdir()) == sorted([VERSION, "9.3.0"])
         assert not list((ws / ".os" / "venvs").glob("*.partial-*"))
     finally:

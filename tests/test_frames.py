@@ -136,3 +136,15 @@ def test_summaries_are_one_short_line() -> None:
 
 def test_a_turn_without_a_result_ends_with_empty_usage() -> None:
     assert ended_frame("t1", "error", 7) == p.TurnComplete(turn_id="t1", status="error", duration_ms=7, usage=p.Usage())
+
+
+def test_a_retry_the_cli_announces_becomes_model_retry() -> None:
+    data = {"type": "system", "subtype": "api_retry", "attempt": 2, "max_retries": 10, "retry_delay_ms": 1180.6,
+            "error_status": 529, "error": "overloaded", "uuid": "u", "session_id": "s"}
+    assert message_frames("t1", SystemMessage(subtype="api_retry", data=data)) == [p.ModelRetry(
+        turn_id="t1", attempt=2, max_retries=10, retry_delay_ms=1180, error_status=529, error="overloaded")]
+    refused = {"subtype": "api_retry", "attempt": "1", "max_retries": None, "error_status": None, "error": "unknown"}
+    assert message_frames("t1", SystemMessage(subtype="api_retry", data=refused)) == [p.ModelRetry(
+        turn_id="t1", attempt=1, max_retries=0, retry_delay_ms=0, error_status=None, error="unknown")]
+    frame = p.encode(message_frames("t1", SystemMessage(subtype="api_retry", data=data))[0])
+    assert json.loads(frame)["type"] == "model_retry"

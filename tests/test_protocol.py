@@ -61,6 +61,7 @@ SERVER_FRAMES = [
     p.CardUpdated(card=p.Card(id="a", title="A2", body="b", kind="task", created_at=1.0, updated_at=2.0)),
     p.CardClosed(card_id="a"),
     p.TurnComplete(turn_id="t", status="completed", duration_ms=5, usage=p.Usage(input_tokens=3), cost_usd=0.1),
+    p.ModelRetry(turn_id="t", attempt=1, max_retries=10, retry_delay_ms=560, error_status=529, error="overloaded"),
     p.Error(code="invalid_json", message="m"), p.Pong(nonce="n"),
     p.Error(code="not_found", message="m", request_id="r1"),
     *MEMORY_REPLIES,

@@ -185,9 +185,9 @@ def learning(n: int, kind: str, content: str) -> Learning:
 def test_the_boot_prompt_lists_recent_sessions_after_the_context_file() -> None:
     summaries = [learning(2, "SUMMARY", "Planned the Lyon trip"), learning(1, "SUMMARY", "Fixed the build")]
     recent = [learning(3, "FACT", "Likes tea"), summaries[0]]
-    prompt = assemble({"context.md": "- working on the trip"}, [], recent, summaries)
+    prompt = assemble({"context.md": "- working on the trip"}, [], recent, summaries=summaries)
     section = prompt.index("## Recent sessions")
     assert prompt.index("working on the trip") < section < prompt.index("Planned the Lyon trip")
     assert prompt.count("Planned the Lyon trip") == 1  # not again among the last 48 hours
     assert "Likes tea" in prompt
-    assert "## Recent sessions" not in assemble({}, [], recent, [])
+    assert "## Recent sessions" not in assemble({}, [], recent, summaries=[])

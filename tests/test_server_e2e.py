@@ -82,15 +82,21 @@ async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.Mo
 
 
 async def test_healthz(server: SpriteOS) -> None:
-    def get() -> dict:  # type: ignore[type-arg]
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+    def get(token: str | None) -> dict:  # type: ignore[type-arg]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/healthz", headers=headers)
+        with urllib.request.urlopen(request, timeout=5) as r:
             assert r.headers["Content-Type"] == "application/json"
             return json.loads(r.read())
 
-    health = await asyncio.to_thread(get)
+    health = await asyncio.to_thread(get, TOKEN)
     assert health["status"] == "ok" and health["agent"]["state"] == "idle"
-    assert {"version", "uptime_s", "clients", "memory"} <= set(health)
+    assert {"version", "uptime_s", "clients", "memory", "isolation"} <= set(health)
     assert health["memory"]["observations"]["total"] == 0
+    assert {"budget", "capture", "consecutive_failures", "running"} <= set(health["memory"])
+    # Without the token, or with a wrong one, only the status: nothing for whoever reaches the port.
+    assert await asyncio.to_thread(get, None) == {"status": "ok"}
+    assert await asyncio.to_thread(get, "wrong-token-0123456789") == {"status": "ok"}
 
 
 # ---------------------------------------------------------------- a turn

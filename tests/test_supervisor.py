@@ -94,7 +94,8 @@ def test_start_status_restart_stop(ws: Path, env: dict[str, str]) -> None:
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     new_pid = int(layout.pid_file.read_text())
     assert new_pid != pid and not svc.alive(pid) and processes_in_session(pid) == []
-    assert healthz(int(env["SPRITE_OS_PORT"])) is not None
+    assert healthz(int(env["SPRITE_OS_PORT"])) == {"status": "ok"}  # without the token, only the status
+    assert "uptime_s" in (healthz(int(env["SPRITE_OS_PORT"]), ws) or {})
     log = (layout.logs_dir / "sprite-os.log").read_text().splitlines()
     last_start = [json.loads(line) for line in log if '"server_started"' in line][-1]
     assert last_start["settings"]["memory_model"] == "claude-remembered"

@@ -9,8 +9,10 @@ is involved, so the CLI pays nothing per turn for capture (it spends about 4 ms 
 hook event it dispatches; see docs/benchmarks.md).
 
 Nothing here waits: each value is cut to a bounded size before any work that grows
-with it, and the write is queued to the database thread. A capture error is logged
-and counted, never raised into the runtime.
+with it, and the write is queued to the transcript writer (transcript_writer.py), which
+retries it until it lands. While a turn is open it is kept in the turn journal
+(turn_journal.py), so that a server killed mid-turn loses nothing of it. A capture
+error is logged and counted, never raised into the runtime.
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
-from ..db_worker import Worker
-from ..logs import get_logger
 from ..text import clean_text
+from .capture_spill import ObservationWrite, SessionWrite
 from .hooks import HookTimings
-from .transcript_store import NewObservation, TranscriptDB
-
-log = get_logger(__name__)
+from .transcript_store import NewObservation
+from .transcript_writer import TranscriptWriter
+from .turn_journal import TurnJournal
 
 TOOL_INPUT_CHARS = 500
 TOOL_OUTPUT_CHARS = 1000
@@ -154,11 +155,13 @@ class TurnRecord:
                         texts.append(block.text)
                 if texts:
                     turn.last_text = "".join(texts)
+                self._recorder.touched()
         elif isinstance(message, UserMessage) and isinstance(message.content, list):
             with self._recorder.timings.guard("observe"):
                 for block in message.content:
                     if isinstance(block, ToolResultBlock):
                         turn.tool_result(block)
+                self._recorder.touched()
 
     def close(self, result: ResultMessage | None, error: str | None = None) -> None:
         """The turn ended: with the CLI's result, or with `error` when it failed without one.
@@ -172,34 +175,57 @@ class TurnRecord:
 class TurnRecorder:
     """Numbers the turns of the current session and queues each one's observation."""
 
-    def __init__(self, transcript: Worker[TranscriptDB], on_recorded: Callable[[], None],
-                 timings: HookTimings | None = None) -> None:
-        self._transcript = transcript
+    def __init__(self, writer: TranscriptWriter, on_recorded: Callable[[], None],
+                 timings: HookTimings | None = None, journal: TurnJournal | None = None) -> None:
+        self._writer = writer
         self._on_recorded = on_recorded
         self.timings = timings or HookTimings()
+        self._journal = journal
         self.session_id: str | None = None
         self._sequence = 0
 
     def start_session(self, session_id: str) -> None:
         self.session_id, self._sequence = session_id, 0
-        started = time.time()
-        self._submit(lambda t: t.start_session(session_id, started))
+        self._writer.submit(SessionWrite(session_id, "start", time.time()))
 
     def end_session(self, session_id: str) -> None:
-        ended = time.time()
-        self._submit(lambda t: t.end_session(session_id, ended))
+        self._writer.submit(SessionWrite(session_id, "end", time.time()))
 
     def open(self, prompt: str) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
             turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), time.time(), prompt.startswith("/"))
+        if turn is not None and self._journal is not None and self.session_id is not None:
+            with self.timings.guard("journal"):
+                key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
+                self._journal.opened(lambda: self._observation(turn, key, None))
         return TurnRecord(self, turn)
 
+    def touched(self) -> None:
+        if self._journal is not None:
+            self._journal.touched()
+
+    def _observation(self, turn: _Turn, key: tuple[str, int], text: str | None) -> NewObservation:
+        """The turn as recorded: `text` is its response (None: what the agent said last, so far)."""
+        return NewObservation(
+            timestamp=turn.started, session_id=key[0], sequence_num=key[1], user_message=turn.user_message,
+            tool_calls_json=turn.calls_json(),
+            agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
+        )
+
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> None:
+        obs = self._closed_turn(turn, result, error)
+        if self._journal is not None:
+            self._journal.closed(obs)
+        if obs is not None:
+            self._writer.submit(ObservationWrite(obs))
+            self._on_recorded()
+
+    def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> NewObservation | None:
         if self.session_id is None:
-            return
+            return None
         if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
-            return  # the CLI ran the command itself, with no model turn: not part of the conversation
+            return None  # the CLI ran the command itself, with no model turn: not part of the conversation
         note = None
         if error is not None:
             note = "(the turn failed before the agent finished)"
@@ -209,18 +235,4 @@ class TurnRecorder:
         if note:
             text = f"{text}\n{note}".strip()
         self._sequence += 1
-        obs = NewObservation(
-            timestamp=turn.started, session_id=self.session_id, sequence_num=self._sequence,
-            user_message=turn.user_message, tool_calls_json=turn.calls_json(), agent_response=text,
-        )
-        self._submit(lambda t: t.append(obs))
-        self._on_recorded()
-
-    def _submit(self, fn: Callable[[TranscriptDB], Any]) -> None:
-        future = self._transcript.submit(fn)
-        future.add_done_callback(_log_write_failure)
-
-
-def _log_write_failure(future: Any) -> None:
-    if (exc := future.exception()) is not None:  # not repr(): it can quote the whole turn
-        log.error("transcript_write_failed", error=type(exc).__name__, detail=str(exc)[:200])
+        return self._observation(turn, (self.session_id, self._sequence), text)

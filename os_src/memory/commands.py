@@ -85,6 +85,9 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
     report = status(transcript, memory, MemoryFiles(layout), settings.memory_daily_budget_usd)
     report["recall"] = recall_status(settings, memory)
+    from .capture_spill import read_status
+
+    report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -131,12 +134,12 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     if not args.index:
         from .rebuild import rebuild
 
-        report = asyncio.run(rebuild(settings))
-        print(f"rebuilt from {report.observations} turns in {report.batches} batches: "
-              f"{report.learnings} learnings, ${report.cost_usd:.4f}")
-        if report.backup:
-            print(f"the previous memory.db is kept at {report.backup}")
-        backup = report.backup
+        rebuilt = asyncio.run(rebuild(settings))
+        print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
+              f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
+        if rebuilt.backup:
+            print(f"the previous memory.db is kept at {rebuilt.backup}")
+        backup = rebuilt.backup
     lock = WriterLock(settings.layout.memory_lock)
     try:
         lock.acquire()

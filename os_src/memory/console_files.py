@@ -14,6 +14,7 @@ import difflib
 
 from ..errors import FileChanged
 from ..protocol_memory import FileInfo, RequestFailed, VersionInfo
+from ..text import safe_text
 from .files import MAX_FILE_BYTES, SPECS, MemoryFiles, Version, line_count, sha
 
 MAX_HISTORY = 200  # newest versions listed; FileInfo.versions counts them all
@@ -78,7 +79,7 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[Fi
     spec_of(name)
     if SPECS[name].owner != "daemon":
         raise RequestFailed("not_editable", f"{name} is written by deploys; change it in a release")
-    text = text.replace("\r\n", "\n")
+    text = safe_text(text)  # as MemoryFiles.write stores it, so the sha256 returned is the file's
     if text and not text.endswith("\n"):
         text += "\n"
     try:

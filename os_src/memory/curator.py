@@ -9,7 +9,8 @@ the line opens no block); a line inside a file block is file content even if it
 starts with `FACT:`, and so is a marker-shaped line inside a ``` code block opened
 in that block, but any other marker-shaped line ends the block, and the block of an
 unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
-whole reply is ignored; anything unrecognised is reported, never guessed at.
+whole reply is ignored; anything unrecognised is reported, never guessed at. Control
+characters and lone surrogates are taken out before anything is read (text.safe_text).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import re
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from ..text import safe_text
 from .files import CURATED, MAX_FILE_BYTES, SPECS
 from .memory_store import LEARNING_TYPES, NewLearning, PendingAction
 from .transcript_store import Observation
@@ -28,9 +31,9 @@ OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
 BATCH_CHARS = 60_000  # observations per call; a bigger batch is split (see turn_chars)
 PROMPT_ACTIONS = 50  # open actions shown to the curator, newest first, so it can close them
 ACTION_CHARS = 300
-USER_CHARS = 3_000
-RESPONSE_CHARS = 3_000
+TURN_TEXT_CHARS = 3_000  # the person's message, and the answer, each
 TOOL_CALLS_SHOWN = 12
+TOOL_CALL_CHARS = 300  # a tool call's input, and its output, each
 MAX_LEARNING_CHARS = 600
 MAX_LEARNINGS = 60
 
@@ -79,22 +82,42 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f" …[{len(text) - limit} more characters]"
 
 
+class Turn(Protocol):
+    """A recorded turn (Observation), or one still on its way to transcript.db (NewObservation)."""
+
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def user_message(self) -> str: ...
+    @property
+    def tool_calls_json(self) -> str: ...
+    @property
+    def agent_response(self) -> str: ...
+
+
+def render_turn(turn: Turn, header: str, text_chars: int, calls_shown: int, call_chars: int) -> str:
+    """One turn for a model to read, as the curator and the boot prompt show it: the person's
+    message and the answer (each cut at `text_chars`), and the first `calls_shown` tool calls."""
+    lines = [header, f"USER: {_cut(turn.user_message, text_chars)}"]
+    try:
+        calls = json.loads(turn.tool_calls_json)
+    except ValueError:
+        calls = []
+    for call in calls[:calls_shown]:
+        status = "error" if call.get("is_error") else "ok"
+        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), call_chars)} -> {status}: "
+                     f"{_cut(str(call.get('output', '')), call_chars)}")
+    if len(calls) > calls_shown:
+        lines.append(f"({len(calls) - calls_shown} more tool calls)")
+    lines.append(f"AGENT: {_cut(turn.agent_response, text_chars)}")
+    return "\n".join(lines)
+
+
 def render_observation(obs: Observation) -> str:
     """One turn, bounded: long messages and tool output are cut."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(obs.timestamp))
-    lines = [f"[#{obs.id}] {when}", f"USER: {_cut(obs.user_message, USER_CHARS)}"]
-    try:
-        calls = json.loads(obs.tool_calls_json)
-    except ValueError:
-        calls = []
-    for call in calls[:TOOL_CALLS_SHOWN]:
-        status = "error" if call.get("is_error") else "ok"
-        lines.append(f"TOOL {call.get('name', '?')} {_cut(str(call.get('input', '')), 300)} -> {status}: "
-                     f"{_cut(str(call.get('output', '')), 300)}")
-    if len(calls) > TOOL_CALLS_SHOWN:
-        lines.append(f"({len(calls) - TOOL_CALLS_SHOWN} more tool calls)")
-    lines.append(f"AGENT: {_cut(obs.agent_response, RESPONSE_CHARS)}")
-    return _cut("\n".join(lines), OBSERVATION_CHARS)
+    return _cut(render_turn(obs, f"[#{obs.id}] {when}", TURN_TEXT_CHARS, TOOL_CALLS_SHOWN, TOOL_CALL_CHARS),
+                OBSERVATION_CHARS)
 
 
 def split_batch(observations: list[Observation], budget: int = BATCH_CHARS) -> list[list[Observation]]:
@@ -230,7 +253,10 @@ class CuratorReply:
 def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
                 truncated: bool = False) -> CuratorReply:
     """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
-    block or a learning line) is incomplete and is dropped, never applied."""
+    block or a learning line) is incomplete and is dropped, never applied. The reply is made plain
+    text first (text.safe_text: no NUL or other control character, valid UTF-8), whatever the
+    model sent: it becomes files and learnings, and from them the boot prompt."""
+    text = safe_text(text)
     reply = CuratorReply()
     last_block: str | None = None
     session_of = session_of or {}

@@ -22,6 +22,7 @@ from ..deploy_contract import MEMORY_FILES, FileSpec
 from ..errors import ConfigError, FileChanged
 from ..fsutil import atomic_write
 from ..paths import Layout
+from ..text import safe_text
 
 MAX_FILE_BYTES = 24_000  # a cap beside the line limit, so one very long line can't flood the prompt
 
@@ -89,10 +90,13 @@ class MemoryFiles:
     def write(self, name: str, text: str, source: str, expect: str | None = None) -> Version:
         """Atomically replace `name`, keeping the version it replaces and the new one.
 
+        Whoever wrote `text` (the curator, a person at the console, a rollback), it is stored as
+        plain text (text.safe_text: no NUL or other control character but tab and newline).
         Raises ValueError if `text` breaks the file's limits: nothing over a limit is written.
         With `expect` (a sha256), raises FileChanged unless the file still has that content:
         the check and the write happen under one lock, so an edit can't slip in between.
         """
+        text = safe_text(text)
         if (error := limit_error(name, text)) is not None:
             raise ValueError(error)
         with self._history_lock():

@@ -1,25 +1,42 @@
 """The boot sequence: the system prompt every new agent session starts with.
 
-It is assembled from the six memory files, the pending actions and the
-learnings of the last 48 hours. Each file is cut to its line limit and a byte
-cap, and a cut is said in the prompt, so the agent knows something is missing
-and can search for it. A missing, empty or unreadable file gets a default.
+It is assembled from the six memory files, the pending actions, the learnings
+of the last 48 hours, the latest sessions' one-line summaries, and the turns the
+curator has not taken in yet (so that
+"Continue" works after a crash, before any curator call). Each file is cut to
+its line limit and a byte cap, and a cut is said in the prompt, so the agent
+knows something is missing and can search for it. A missing, empty or
+unreadable file gets a default; a database that can't be read leaves its part
+out. Whatever wrote them (the curator, a person, a migration), the prompt is
+plain text (text.safe_text): one NUL byte in it would fail every session start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ..db_worker import Worker
+from ..logs import get_logger
+from ..text import safe_text
+from .curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
+
+log = get_logger(__name__)
 
 RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
 MAX_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
+# Turns not yet curated: the newest are kept first, within these bounds.
+MAX_TURNS = 20
+TURNS_CHARS = 16_000
+TURN_TEXT_CHARS = 1_500  # the person's message, and the agent's answer, each
+TURN_TOOL_CALLS = 8
+TURN_TOOL_CHARS = 150
 
 MEMORY_PREAMBLE = """# Your memory
 Sprite OS keeps your memory for you. What follows was curated from your earlier sessions and is \
@@ -37,7 +54,7 @@ class Capped:
 def cap(name: str, text: str) -> Capped:
     """Cut a file to its line limit and the byte cap, saying so when it cuts."""
     spec = SPECS[name]
-    text = text.strip("\n")
+    text = safe_text(text).strip("\n")
     if not text.strip():
         return Capped(spec.empty, None)
     lines = text.split("\n")
@@ -56,14 +73,35 @@ def _date(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-def recent_sessions(summaries: list[Learning]) -> str:
+def recent_sessions(summaries: Sequence[Learning]) -> str:
     """The latest sessions, one line each (the curator's SUMMARY learnings), newest first."""
     return "## Recent sessions\n" + "\n".join(f"- {_date(s.created_at)}: {s.content}" for s in summaries)
 
 
-def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
-                   summaries: list[Learning] | None = None) -> str:
-    """Everything daemon-curated, as one markdown section."""
+def turns_section(turns: Sequence[Turn]) -> str | None:
+    """The turns not yet curated, oldest first: the newest that fit the budget."""
+    kept: list[str] = []
+    size = 0
+    for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
+        text = render_turn(turn, f"### {when}", TURN_TEXT_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
+        if kept and size + len(text) > TURNS_CHARS:
+            break
+        kept.append(text)
+        size += len(text)
+    if not kept:
+        return None
+    more = len(turns) - len(kept)
+    return ("## Recent turns not yet in your memory\n"
+            "The latest turns, which the files above do not cover yet, oldest first"
+            + (f" ({more} older ones are left out)" if more > 0 else "") + ". A turn the server stopped "
+            "before it ended says so: if the person asks you to continue, pick it up where it stopped.\n\n"
+            + "\n\n".join(reversed(kept)))
+
+
+def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning], *,
+                   summaries: Sequence[Learning] = (), turns: Sequence[Turn] = ()) -> str:
+    """Everything daemon-curated, as one markdown section, and the turns not curated yet."""
     parts = [MEMORY_PREAMBLE]
     for name in BOOT_ORDER:
         if SPECS[name].owner != "daemon":
@@ -79,12 +117,15 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
         parts.append("## Pending actions\n" + "\n".join(f"- {a.content}" for a in actions))
     if recent:
         parts.append(f"## Learned in the last {RECENT_HOURS} hours\n"
+                     "Newest first; a CORRECTION overrides any older learning it contradicts.\n"
                      + "\n".join(f"- {_date(item.created_at)} {item.type}: {item.content}" for item in recent))
-    return "\n\n".join(parts)
+    if (pending := turns_section(turns)) is not None:
+        parts.append(pending)
+    return safe_text("\n\n".join(parts))
 
 
-def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning],
-             summaries: list[Learning] | None = None) -> str:
+def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning], *,
+             summaries: Sequence[Learning] = (), turns: Sequence[Turn] = ()) -> str:
     """The whole system prompt: the deploy-managed files, then the curated memory."""
     parts = []
     for name in BOOT_ORDER:
@@ -93,14 +134,22 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
             parts.append(capped.text)
             if capped.note:
                 parts.append(capped.note)
-    parts.append(memory_section(files, actions, recent, summaries))
-    return "\n\n".join(parts) + "\n"
+    parts.append(memory_section(files, actions, recent, summaries=summaries, turns=turns))
+    return safe_text("\n\n".join(parts)) + "\n"
+
+
+PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated
+
+
+async def _no_turns(_limit: int) -> Sequence[Turn]:
+    return ()
 
 
 class BootLoader:
-    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB]) -> None:
+    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB], pending: PendingTurns = _no_turns) -> None:
         self._files = files
         self._memory = memory
+        self._pending = pending
 
     async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning], list[Learning]]:
         files = await asyncio.to_thread(self._files.read_all)
@@ -109,15 +158,26 @@ class BootLoader:
         def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning], list[Learning]]:
             return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT), db.summaries(MAX_SUMMARIES)
 
-        actions, recent, summaries = await self._memory.call(read)
+        try:
+            actions, recent, summaries = await self._memory.call(read)
+        except Exception as exc:  # a broken memory.db must not stop a session: the files still boot it
+            log.error("boot_memory_unreadable", error=repr(exc)[:300])
+            actions, recent, summaries = [], [], []
         return files, actions, recent, summaries
 
     async def boot_prompt(self) -> str:
-        return assemble(*await self._inputs())
+        files, actions, recent, summaries = await self._inputs()
+        try:
+            turns = await self._pending(MAX_TURNS)
+        except Exception as exc:
+            log.error("boot_turns_unreadable", error=repr(exc)[:300])
+            turns = ()
+        return assemble(files, actions, recent, summaries=summaries, turns=turns)
 
     async def refresh_context(self) -> str:
         """After a compaction: the curated memory as it is now, which may be newer than the
         system prompt this session booted with."""
-        section = memory_section(*await self._inputs())
+        files, actions, recent, summaries = await self._inputs()
+        section = memory_section(files, actions, recent, summaries=summaries)
         return "Your memory was refreshed after the conversation was compacted; this replaces the " \
                "memory in your system prompt.\n\n" + section

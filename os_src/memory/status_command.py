@@ -37,6 +37,7 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
             "id": last[0].id, "at": last[0].created_at, "status": last[0].status, "trigger": last[0].trigger,
             "turns": len(last[0].observation_ids), "learnings": last[0].learnings_added, "error": last[0].error},
         "last_failure": None if not failures else {"at": failures[0].created_at, "error": failures[0].error},
+        "last_success_at": memory.last_done_at(),  # as /healthz shows it
         "failing": clock.report(),  # what /healthz shows
         "budget": DailyBudget(record.daily_usd).report(now, memory.cost_since(day_start(now)), record.resumes_at),
         "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,
@@ -63,6 +64,10 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         n = failing["consecutive_failures"]
         print(f"  failing          since {when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
               f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {when(failing['next_retry_at'], seconds=True)}")
+    if (capture := r["capture"])["degraded"]:
+        since = f"failing since {when(capture['failing_since'])}, {capture['consecutive_failures']} failed writes in a " \
+                f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
+        print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
           + (f"; spent: batches wait until {when(budget['resumes_at'])}" if budget["waiting"] else ""))

@@ -1,7 +1,8 @@
 """The memory system as the runtime sees it: turn capture, the compaction hooks, the search
 tool, auto-recall, the boot prompt, health.
 
-It owns the two database threads, the daemon task and the curator client, the recall
+It owns the two database threads, the transcript writer and the turn journal (and the
+thread that writes their files), the daemon task and the curator client, the recall
 index and its indexer (recall_service.py), and holds the writer lock so that only one
 process curates a workspace's memory.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
@@ -22,6 +25,7 @@ from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .budget import DailyBudget
 from .capture import TurnRecord, TurnRecorder
+from .capture_spill import ObservationWrite, Write, write_key
 from .daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, HookTimings
@@ -30,14 +34,18 @@ from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .recall import RecallHit
 from .recall_service import Recalled, RecallService
-from .transcript_store import TranscriptDB
+from .transcript_store import NewObservation, Observation, TranscriptDB
+from .transcript_writer import TranscriptWriter
+from .turn_journal import TurnJournal, journal_path, recover
 
 log = get_logger(__name__)
 
 SHUTDOWN_FLUSH_BUDGET = 10.0
-BOOT_SETTLE_BUDGET = 15.0
-RECALL_SETTLE_BUDGET = 2.0
-HEALTH_CACHE_SECONDS = 1.0  # a new session waits this long, at most, for the last session's batch
+CAPTURE_STOP_BUDGET = 5.0  # to land the last turns at shutdown; what is left stays in the spill file
+REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land before the first batch
+BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
+RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
+HEALTH_CACHE_SECONDS = 1.0
 
 
 class MemorySystem:
@@ -55,9 +63,12 @@ class MemorySystem:
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
         self.processor.on_commit = self.recall.learned
-        self.recorder = TurnRecorder(self.transcript, self._turn_recorded, self.timings)
-        self.loader = BootLoader(self.files, self.memory)
-        self.compaction = CompactionHooks(self.daemon.flush, self.loader.refresh_context,
+        self._capture_files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
+        self.journal = TurnJournal(journal_path(layout), self._capture_files)
+        self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
+        self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
+        self.loader = BootLoader(self.files, self.memory, self._pending_turns)
+        self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self._lock = WriterLock(layout.memory_lock)
         self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
@@ -65,19 +76,48 @@ class MemorySystem:
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
-        await self.daemon.start()
+        # What an earlier run left unwritten comes first: its spill file, then its turn journal
+        # (the turn it was killed in, recorded with a note).
+        loop = asyncio.get_running_loop()
+        recovered = await loop.run_in_executor(self._capture_files, recover, journal_path(self.settings.layout))
+        self.journal.restore(recovered)
+        await self.writer.start([ObservationWrite(obs) for obs in recovered])
+        await self.writer.drained(REPLAY_BUDGET)
         await self.recall.start()
+        await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
                  model=self.settings.memory_model, daily_budget_usd=self.settings.memory_daily_budget_usd,
                  batch_tokens=self.settings.memory_batch_tokens)
 
     async def stop(self) -> None:
-        await self.recall.stop()
+        await self.writer.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
+        await self.journal.flush()
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
+        await self.recall.stop()
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
+        self._capture_files.shutdown(wait=False)  # idle by now: the journal and the writer are done
         self._lock.release()
+
+    def _durable(self, write: Write) -> None:
+        if isinstance(write, ObservationWrite):
+            session, sequence = write_key(write)
+            self.journal.durable((session, int(sequence)))
+            self.recall.indexer.nudge()  # the turn is in transcript.db (or the spill file, which lands later)
+
+    async def _flush(self, reason: str, budget: float) -> bool:
+        """Curate every turn so far (before a compaction): the turns still being written first."""
+        started = time.monotonic()
+        await self.writer.drained(budget / 2)
+        return await self.daemon.flush(reason, budget - (time.monotonic() - started))
+
+    async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
+        """The newest turns not yet curated: in transcript.db, and still on their way to it."""
+        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
+        seen = {(o.session_id, o.sequence_num) for o in recorded}
+        waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
+        return [*recorded, *waiting]
 
     # ------------------------------------------------------------ what the runtime uses
 
@@ -110,10 +150,6 @@ class MemorySystem:
     def turn_started(self, prompt: str) -> TurnRecord:
         return self.recorder.open(prompt)
 
-    def _turn_recorded(self) -> None:
-        self.daemon.note_turn()
-        self.recall.indexer.nudge()  # the turn's write is queued before the indexer's read of it
-
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""
         return await self.recall.search(query, limit)
@@ -122,11 +158,16 @@ class MemorySystem:
         """Auto-recall for a person's message: the prompt to send and what was added, or None."""
         return await self.recall.auto_recall(message, session_id, turn_id)
 
+    @property
+    def degraded(self) -> bool:
+        """The curator has failed three calls in a row, or capture's writes are failing."""
+        return bool(self.daemon.clock.report()["degraded"] or self.writer.status()["degraded"])
+
     async def health(self) -> dict[str, Any]:
-        # /healthz is unauthenticated: count at most once a second, whatever the request rate.
+        # Count at most once a second, whatever the request rate.
         now = time.monotonic()
         if now - self._counted[0] > HEALTH_CACHE_SECONDS:
             self._counted = (now, await self.transcript.call(lambda t: t.counts()),
                              await self.daemon.budget_status())
         return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "hook_errors": self.timings.errors, "recall": self.recall.status()}
+                "capture": self.writer.status(), "hook_errors": self.timings.errors, "recall": self.recall.status()}

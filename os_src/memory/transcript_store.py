@@ -6,12 +6,14 @@ Triggers refuse any change to a recorded turn; only its `processed` state moves
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
 
-from ..database import connect, marks, migrate, rows, transaction, user_version
+from ..database import BUSY_TIMEOUT_MS, connect, marks, migrate, rows, transaction, user_version
 from .schema import PENDING, PROCESSED, STALE, TRANSCRIPT_SCHEMA
 
 
@@ -61,7 +63,19 @@ class TranscriptDB:
         return user_version(self.conn)
 
     def append(self, obs: NewObservation) -> int | None:
-        """Record a turn. Returns its id, or None if that turn was already recorded."""
+        """Record a turn. Returns its id, or None if that turn was already recorded (so a replay
+        of the same turn, after a failed write or a crash, is harmless)."""
+        try:
+            return self._append(obs)
+        except BaseException:
+            # A COMMIT that failed (a full disk) can leave the transaction open; the retry must
+            # find the connection usable.
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+            raise
+
+    def _append(self, obs: NewObservation) -> int | None:
         with transaction(self.conn) as c:
             cur = c.execute(
                 """INSERT OR IGNORE INTO observations
@@ -81,6 +95,15 @@ class TranscriptDB:
             )
             return cur.lastrowid
 
+    @contextlib.contextmanager
+    def busy_timeout(self, ms: int) -> Iterator[None]:
+        """Wait at most `ms` for another writer's lock, for the writes inside."""
+        self.conn.execute(f"PRAGMA busy_timeout={int(ms)}")
+        try:
+            yield
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
     def start_session(self, session_id: str, started_at: float) -> None:
         self.conn.execute(
             "INSERT OR IGNORE INTO sessions (id, started_at) VALUES (?, ?)", (session_id, started_at)
@@ -99,6 +122,15 @@ class TranscriptDB:
         return rows(
             self.conn.execute(
                 "SELECT * FROM observations WHERE processed = ? ORDER BY id LIMIT ?", (PENDING, limit)
+            ),
+            Observation,
+        )
+
+    def recent_pending(self, limit: int) -> list[Observation]:
+        """The newest `limit` pending turns, newest first (the boot prompt's turns not yet curated)."""
+        return rows(
+            self.conn.execute(
+                "SELECT * FROM observations WHERE processed = ? ORDER BY id DESC LIMIT ?", (PENDING, limit)
             ),
             Observation,
         )

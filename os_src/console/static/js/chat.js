@@ -81,6 +81,7 @@ export class ChatView {
       case "session_started": return this.notice("A new session started: the agent remembers what memory kept.", "session");
       case "session_ended": return this.notice(`The session ended (${frame.reason.replace("_", " ")}).`, "session");
       case "error": return this.error(frame);
+      case "model_retry": return this.notice(`The model proxy failed (${frame.error_status ? `HTTP ${frame.error_status}` : "no answer"}); retry ${frame.attempt} of ${frame.max_retries} in ${Math.round(frame.retry_delay_ms / 100) / 10} s.`, "retry");
       default: return undefined;
     }
   }

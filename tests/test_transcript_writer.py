@@ -1,0 +1,167 @@
+"""Capture's writes: a write that fails waits and is retried until it lands, in order, exactly once;
+past the memory bound it waits in the spill file, which a restart replays first; the turn journal
+gives back the turn a killed server was in."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from sprite_os.db_worker import Worker
+from sprite_os.memory.capture_spill import ObservationWrite, SessionWrite, read_status, spill_path
+from sprite_os.memory.retry import Backoff
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.memory.transcript_writer import TranscriptWriter
+from sprite_os.memory.turn_journal import STOPPED_NOTE, TurnJournal, journal_path, recover
+from sprite_os.paths import Layout
+from tests.conftest import wait_for
+
+FAST = Backoff(first=0.01, max=0.05, jitter=0.0)
+
+
+class FlakyDB(TranscriptDB):
+    """transcript.db whose writes fail while `errors` holds any: each failed write takes one."""
+
+    errors: ClassVar[list[Exception]] = []
+
+    def append(self, obs: NewObservation) -> int | None:
+        if FlakyDB.errors:
+            raise FlakyDB.errors.pop(0)
+        return super().append(obs)
+
+
+def obs(n: int, session: str = "s1") -> NewObservation:
+    return NewObservation(timestamp=1_790_000_000.0 + n, session_id=session, sequence_num=n,
+                          user_message=f"turn {n}", tool_calls_json="[]", agent_response=f"answer {n}")
+
+
+class Kit:
+    def __init__(self, root: Path, max_queued: int = 64) -> None:
+        self.layout = Layout(root)
+        self.layout.ensure()
+        self.db: Worker[TranscriptDB] = Worker("t", lambda: FlakyDB(self.layout.transcript_db))
+        self.files = ThreadPoolExecutor(max_workers=1)
+        self.durable: list[tuple[str, int]] = []
+        self.writer = self.new_writer(max_queued)
+
+    def new_writer(self, max_queued: int = 64) -> TranscriptWriter:
+        return TranscriptWriter(self.db, self.layout, self.files, on_durable=self._durable, backoff=FAST,
+                                max_queued=max_queued)
+
+    def _durable(self, write: object) -> None:
+        if isinstance(write, ObservationWrite):
+            self.durable.append((write.observation.session_id, write.observation.sequence_num))
+
+    async def recorded(self) -> list[tuple[str, int, str]]:
+        rows = await self.db.call(lambda t: list(t.iter_all()))
+        return [(o.session_id, o.sequence_num, o.user_message) for o in rows]
+
+
+@pytest.fixture
+async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
+    FlakyDB.errors = []
+    k = Kit(tmp_path)
+    yield k
+    await k.writer.stop(1)
+    await k.db.close()
+    k.files.shutdown()
+
+
+def locked() -> sqlite3.OperationalError:
+    return sqlite3.OperationalError("database is locked")
+
+
+async def test_a_failed_write_is_retried_until_it_lands_in_order_exactly_once(kit: Kit) -> None:
+    await kit.writer.start()
+    FlakyDB.errors = [locked() for _ in range(5)]
+    for n in range(1, 4):
+        kit.writer.submit(ObservationWrite(obs(n)))
+    await wait_for(lambda: kit.writer.failing, what="failing")
+    status = kit.writer.status()
+    assert status["degraded"] and status["consecutive_failures"] >= 1 and "database is locked" in status["last_error"]
+    assert read_status(kit.layout)["degraded"]  # what `memory status` shows, from another process
+    assert await kit.writer.drained(10)
+    assert await kit.recorded() == [("s1", 1, "turn 1"), ("s1", 2, "turn 2"), ("s1", 3, "turn 3")]
+    assert not kit.writer.status()["degraded"] and not spill_path(kit.layout).exists()
+    await wait_for(lambda: not read_status(kit.layout)["degraded"], what="the saved spell cleared")
+
+
+async def test_a_full_disk_loses_nothing(kit: Kit) -> None:
+    await kit.writer.start()
+    FlakyDB.errors = [sqlite3.OperationalError("database or disk is full"), OSError(28, "No space left on device")]
+    kit.writer.submit(SessionWrite("s1", "start", 1.0))
+    for n in range(1, 6):
+        kit.writer.submit(ObservationWrite(obs(n)))
+    assert await kit.writer.drained(10)
+    assert [n for _, n, _ in await kit.recorded()] == [1, 2, 3, 4, 5]
+    assert await kit.db.call(lambda t: t.session("s1")) is not None
+    assert kit.writer.health.failures == 0 and not kit.writer.failing
+
+
+async def test_while_failing_every_waiting_write_is_in_the_spill_file_and_memory_holds_a_bounded_number(
+        kit: Kit) -> None:
+    writer = kit.writer = kit.new_writer(max_queued=3)
+    await writer.start()
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    for n in range(1, 21):
+        writer.submit(ObservationWrite(obs(n)))
+    await wait_for(lambda: len(kit.durable) == 20, what="every waiting write spilled")
+    lines = spill_path(kit.layout).read_text().splitlines()
+    assert [json.loads(x)["observation"]["sequence_num"] for x in lines] == list(range(1, 21))
+    assert writer._held <= 3  # the rest are in the file only
+    FlakyDB.errors = []
+    assert await writer.drained(10)
+    assert [n for _, n, _ in await kit.recorded()] == list(range(1, 21))  # read back in order, once each
+    await wait_for(lambda: not spill_path(kit.layout).exists(), what="spill file removed")
+
+
+async def test_the_spill_file_is_replayed_first_at_the_next_start_and_a_replay_duplicates_nothing(kit: Kit) -> None:
+    await kit.writer.start()
+    kit.writer.submit(ObservationWrite(obs(1)))
+    assert await kit.writer.drained(5)
+    FlakyDB.errors = [locked()] * 10_000
+    for n in (2, 3):
+        kit.writer.submit(ObservationWrite(obs(n)))
+    await kit.writer.stop(0.2)  # stopped (killed, as far as the file goes) while the lock held
+    spilled = spill_path(kit.layout).read_bytes()
+    spill_path(kit.layout).write_bytes(spilled + ObservationWrite.__name__.encode()[:5])  # a torn last append
+    FlakyDB.errors = []
+    kit.writer = kit.new_writer()
+    kit.writer.submit(ObservationWrite(obs(4)))  # before start: still after the replay
+    await kit.writer.start([ObservationWrite(obs(1)), ObservationWrite(obs(3))])  # and the journal's, again
+    assert await kit.writer.drained(5)
+    assert [n for _, n, _ in await kit.recorded()] == [1, 2, 3, 4]
+    assert not spill_path(kit.layout).exists()
+
+
+async def test_the_journal_gives_back_the_open_turn_with_a_note_and_a_closed_one_as_it_was(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    files = ThreadPoolExecutor(max_workers=1)
+    journal = TurnJournal(journal_path(layout), files, delay=0.0)
+    journal.closed(obs(1))  # closed, its write not yet durable
+    calls = []
+    journal.opened(lambda: NewObservation(2.0e9, "s1", 2, "Research decorators", json.dumps(calls), "so far"))
+    calls.append({"name": "WebFetch", "input": "decorators", "output": "a page", "is_error": False})
+    journal.touched()
+    path = journal_path(layout)
+    await wait_for(lambda: path.exists() and b"WebFetch" in path.read_bytes(), what="the journal rewritten")
+    (tmp_path / ".os" / "state" / f".{journal_path(layout).name}.x.tmp").write_text("debris of a kill")
+    first, second = recover(journal_path(layout))
+    assert (first.sequence_num, first.agent_response) == (1, "answer 1")
+    assert second.user_message == "Research decorators" and "WebFetch" in second.tool_calls_json
+    assert second.agent_response == f"so far\n{STOPPED_NOTE}"
+    assert not list((tmp_path / ".os" / "state").glob("*.tmp"))
+    journal.durable(("s1", 1))
+    journal.opened(lambda: obs(3))  # the next turn: then the server stops before it was ever sent
+    await journal.flush()
+    assert not journal_path(layout).exists()  # nothing left to keep
+    journal_path(layout).write_text("{not json")
+    assert recover(journal_path(layout)) == []  # unreadable: logged, and no start is stopped by it
+    files.shutdown()
