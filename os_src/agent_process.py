@@ -69,8 +69,19 @@ class AgentProcess:
         except OSError as exc:  # a full disk: the CLI still runs; only a crash's clean-up is at stake
             log.warning("cli_ledger_write_failed", pid=pid, error=repr(exc))
 
-    async def send(self, prompt: str) -> None:
-        await self._client.query(prompt)
+    async def send(self, prompt: str, context: str | None = None) -> None:
+        """Send the person's message; `context` (auto-recalled memories) goes before it in the same
+        user message as a text block of its own, so the message itself stays as it was typed."""
+        if context is None:
+            await self._client.query(prompt)
+            return
+        blocks = [{"type": "text", "text": context}, {"type": "text", "text": prompt}]
+        message = {"type": "user", "message": {"role": "user", "content": blocks}, "parent_tool_use_id": None}
+
+        async def one() -> AsyncIterator[dict[str, Any]]:
+            yield message
+
+        await self._client.query(one())
 
     def replies(self) -> AsyncIterator[Message]:
         """The messages about the prompt just sent, through its ResultMessage."""

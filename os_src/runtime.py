@@ -148,7 +148,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str] | None = None  # (turn id, the text sent for it)
+        self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
         self._turn = TurnState()
         self._session = SessionState()
         self.session_id = new_session_id()
@@ -301,7 +301,7 @@ class AgentRuntime:
                 return None
         cli = self._cli
         assert cli is not None
-        await cli.send(await self._prompt(turn))
+        await cli.send(turn.text, await self._recalled(turn))
         if self._turn.sent():  # interrupted while the prompt was written: only now can the CLI act on it
             await cli.interrupt()
         result: ResultMessage | None = None
@@ -315,16 +315,16 @@ class AgentRuntime:
             raise _NoResult("the CLI ended the turn without a result")
         return result
 
-    async def _prompt(self, turn: Turn) -> str:
-        """What is sent for `turn`: the person's message, after the memories auto-recall found for
-        it (once per turn: a resend sends the same). Capture records the message alone."""
+    async def _recalled(self, turn: Turn) -> str | None:
+        """The memories auto-recall found for `turn`, sent before the person's message (looked up
+        once per turn: a resend sends the same). Capture records the message alone."""
         if self._memory is None:
-            return turn.text
+            return None
         if self._prompted is None or self._prompted[0] != turn.turn_id:
             recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
                 self._publish(recalled.frame)
-            self._prompted = (turn.turn_id, recalled.prompt if recalled is not None else turn.text)
+            self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:

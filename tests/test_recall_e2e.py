@@ -50,9 +50,13 @@ async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(
     memory = next(m for m in frame["memories"] if "flowerpot" in m["snippet"])
     assert (memory["kind"], memory["session_id"], memory["turn"], memory["observation_id"]) == (
         "episode", first.session_id, 1, first.id)
-    # the model got it with the message; capture recorded the person's message alone
-    request = next(r for r in bridge.agent_requests() if r.last_user_text.endswith(QUESTION))
-    assert "<recalled-memories>" in request.last_user_text and "blue flowerpot" in request.last_user_text
+    # the model got it with the message, in a block of its own before it; capture recorded the
+    # person's message alone
+    request = next(r for r in bridge.agent_requests() if r.last_user_text == QUESTION)
+    last_user = next(m for m in reversed(request.messages) if m["role"] == "user")
+    texts = [b["text"] for b in last_user["content"] if isinstance(b, dict) and b.get("type") == "text"]
+    context = next(t for t in texts if t.startswith("<recalled-memories>"))
+    assert "blue flowerpot" in context and texts.index(context) < texts.index(QUESTION)
     assert observations(settings)[-1].user_message == QUESTION
 
 

@@ -142,12 +142,11 @@ def test_auto_recall_stays_within_its_budget_and_skips_what_the_boot_prompt_hold
     assert auto_recall.select([], boot, 1500, dense=True) == []
 
 
-def test_the_prompt_carries_the_memories_then_the_message() -> None:
+def test_the_recalled_context_names_each_memory_and_its_source() -> None:
     memory = hit("episode", 3, "EPISODE", "Maya recommended Lotus Garden", cosine=0.9, session="c1", turn=4)
-    prompt = auto_recall.with_memories("Where should we eat?", [memory])
-    assert prompt.startswith("<recalled-memories>") and prompt.endswith("\n\nWhere should we eat?")
-    assert "turn 4 of session c1] Maya recommended Lotus Garden" in prompt
-    assert auto_recall.with_memories("hi", []) == "hi"
+    context = auto_recall.render([memory])
+    assert context.startswith("<recalled-memories>") and context.rstrip().endswith("</recalled-memories>")
+    assert "turn 4 of session c1] Maya recommended Lotus Garden" in context
 
 
 # ---------------------------------------------------------------- summaries
@@ -191,3 +190,11 @@ def test_the_boot_prompt_lists_recent_sessions_after_the_context_file() -> None:
     assert prompt.count("Planned the Lyon trip") == 1  # not again among the last 48 hours
     assert "Likes tea" in prompt
     assert "## Recent sessions" not in assemble({}, [], recent, summaries=[])
+
+
+def test_the_recalled_context_lists_memories_oldest_first_so_a_correction_follows_what_it_corrects() -> None:
+    correction = hit("episode", 2, "EPISODE", "Sorry: my dog is called Max, not Rex", at=200.0, cosine=0.9)
+    statement = hit("episode", 1, "EPISODE", "My dog is called Rex", at=100.0, cosine=0.95)
+    context = auto_recall.render([correction, statement])  # best first, as select() returns them
+    assert context.index("My dog is called Rex") < context.index("my dog is called Max, not Rex")
+    assert "the later one holds" in context

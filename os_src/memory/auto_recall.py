@@ -31,7 +31,8 @@ COSINE_ALONE = 0.87
 BM25_ALONE = 14.0
 LEXICAL_ONLY_BM25 = 10.0
 HEADER = ("<recalled-memories>\nSprite OS found these in your memory of earlier sessions; they may bear on "
-          "the message below (the person did not write this part):")
+          "the message below (the person did not write this part). Oldest first: where two disagree, the "
+          "later one holds.")
 FOOTER = "</recalled-memories>"
 
 _SPACE = re.compile(r"\s+")
@@ -85,12 +86,9 @@ def select(hits: Sequence[RecallHit], boot: str, budget_tokens: int, dense: bool
 
 
 def render(hits: Sequence[RecallHit]) -> str:
-    return "\n".join([HEADER, *(line(h) for h in hits), FOOTER])
-
-
-def with_memories(message: str, hits: Sequence[RecallHit]) -> str:
-    """The prompt the agent gets: the recalled memories, then the person's message."""
-    return f"{render(hits)}\n\n{message}" if hits else message
+    """The memories as the agent reads them, oldest first, so a correction comes after what it corrects."""
+    ordered = sorted(hits, key=lambda h: h.at)
+    return "\n".join([HEADER, *(line(h) for h in ordered), FOOTER])
 
 
 def tokens(hits: Sequence[RecallHit]) -> int:

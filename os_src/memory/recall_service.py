@@ -50,7 +50,7 @@ def read_connection(path: Path) -> sqlite3.Connection:
 class Recalled:
     """What auto-recall added to a message."""
 
-    prompt: str  # the memories, then the person's message
+    context: str  # the memories, sent before the person's message as a block of its own
     frame: p.Recall
 
 
@@ -157,7 +157,7 @@ class RecallService:
                           snippet(h.content, terms, LEARNING_SNIPPET_CHARS), bm25=h.score) for h in found]
 
     async def auto_recall(self, message: str, session_id: str, turn_id: str) -> Recalled | None:
-        """The prompt for `message` with the memories it calls up, or None when none pass (or
+        """The memories `message` calls up, as the context to send before it, or None when none pass (or
         auto-recall is off, or the message is a slash command the CLI must see first). Never
         raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
         if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
@@ -175,7 +175,7 @@ class RecallService:
         if not chosen:
             return None
         log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))
-        return Recalled(auto_recall.with_memories(message, chosen), to_frame(turn_id, chosen))
+        return Recalled(auto_recall.render(chosen), to_frame(turn_id, chosen))
 
     def status(self) -> dict[str, Any]:
         d = self._dense_status

@@ -7,7 +7,6 @@
   session boots with; when that doesn't say, from search_memory.
 - `what do you remember about <x>` -> calls search_memory, then summarises the result.
 - anything else -> `You said: <prompt>`.
-Memories auto-recall put before the person's message are read past.
 """
 
 from __future__ import annotations
@@ -21,16 +20,7 @@ from .script import AgentScript, Continuation, Plan, Reply, Text, ToolCall
 
 CREATE_CARD = "mcp__canvas__create_card"
 SEARCH_MEMORY = "mcp__memory__search_memory"
-RECALLED_START, RECALLED_END = "<recalled-memories>", "</recalled-memories>"  # memory/auto_recall.py
 UNKNOWN = "I don't know that yet: nothing in my memory says. Tell me, and I'll know it from your next session on."
-
-
-def person_said(prompt: str) -> str:
-    """The person's message: what follows the memories auto-recall put before it, if any."""
-    text = prompt.strip()
-    if text.startswith(RECALLED_START) and RECALLED_END in text:
-        text = text.split(RECALLED_END, 1)[1].strip()
-    return text
 
 
 def _failed(results: list[dict[str, Any]]) -> str | None:
@@ -41,7 +31,7 @@ def _failed(results: list[dict[str, Any]]) -> str | None:
 
 
 def respond(agent: AgentScript, prompt: str, tools: list[str], system: str) -> Plan:
-    text = person_said(prompt)
+    text = prompt.strip()
     lowered = text.lower()
     if lowered.startswith("card:"):
         title = text[len("card:") :].strip()
