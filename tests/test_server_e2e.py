@@ -358,10 +358,13 @@ def read_until_close(sock: socket.socket) -> tuple[list[dict], int]:  # type: ig
 
 async def test_a_client_that_never_reads_delays_no_one_and_can_resume(
         monkeypatch: pytest.MonkeyPatch, server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
-    monkeypatch.setattr(events, "SUBSCRIBER_QUEUE", 50)
-    monkeypatch.setattr(events, "SUBSCRIBER_BYTES", 1024 * 1024)
     monkeypatch.setattr(gateway, "LAGGING_CLOSE_TIMEOUT", 60.0)  # the close frame waits until it reads again
-    stalled = await asyncio.to_thread(stalled_client, server.port)
+    with monkeypatch.context() as tight:  # small limits for the stalled client alone, so it falls behind
+        tight.setattr(events, "SUBSCRIBER_QUEUE", 50)
+        tight.setattr(events, "SUBSCRIBER_BYTES", 1024 * 1024)
+        stalled = await asyncio.to_thread(stalled_client, server.port)
+        await wait_for(lambda: len(server.gateway.connections) == 1, timeout=5)
+    # The fast client keeps the default limits: however busy this machine, it never lags this much.
     fast = await client(hello={}, max_size=None)
     # More than loopback's socket buffers can absorb, so the stalled client really falls behind.
     bridge.agent.script(Turn(Text("x" * 8_000_000, chunk_size=4000)))
