@@ -8,10 +8,10 @@ from sprite_os.memory.curator import (
     BATCH_CHARS,
     OBSERVATION_CHARS,
     build_prompt,
-    parse_reply,
     render_observation,
     split_batch,
 )
+from sprite_os.memory.curator_reply import parse_reply
 from sprite_os.memory.transcript_store import Observation
 
 IDS = [10, 11, 12]

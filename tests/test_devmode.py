@@ -29,7 +29,8 @@ from sprite_os.dev.mock_bridge.demo_curator import curate
 from sprite_os.dev.mock_bridge.profile import Profile
 from sprite_os.dev.mock_bridge.script import AgentScript, Ids, Plan, ToolUse
 from sprite_os.errors import ConfigError
-from sprite_os.memory.curator import build_prompt, parse_reply
+from sprite_os.memory.curator import build_prompt
+from sprite_os.memory.curator_reply import parse_reply
 from sprite_os.memory.files import SPECS, MemoryFiles, install_templates
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import MemoryDB

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from sprite_os.config import Settings
 from sprite_os.dev.mock_bridge import MockBridge
-from sprite_os.memory.curator import MAX_LEARNING_CHARS
+from sprite_os.memory.curator_reply import MAX_LEARNING_CHARS
 from sprite_os.memory.files import MAX_FILE_BYTES, SPECS, MemoryFiles
 from sprite_os.memory.loader import MAX_ACTIONS, MAX_RECENT
 from sprite_os.memory.memory_store import MemoryDB, NewLearning

@@ -9,7 +9,8 @@ import pytest
 
 from sprite_os.dev.mock_bridge.demo_curator import curate
 from sprite_os.memory import auto_recall
-from sprite_os.memory.curator import SESSIONS_ENDED, build_prompt, parse_reply
+from sprite_os.memory.curator import SESSIONS_ENDED, build_prompt
+from sprite_os.memory.curator_reply import parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
 from sprite_os.memory.recall import (

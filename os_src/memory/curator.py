@@ -1,30 +1,20 @@
-"""The curator's contract: what one stateless model call is given, and how its reply is read.
+"""The curator's contract: what one stateless model call is given, within which limits.
 
-Pure functions, no I/O. The reply format is the seed's: learning lines
-(`FACT: ...`), or `NONE`, then `<NAME>_MD_UPDATE:` blocks that each hold a whole
-file. Parsing is deliberately strict about structure and forgiving about
-decoration: a marker starts its line (a label after it that names its file, like
-`(user.md)`, is ignored; any other text after it, like `(no changes needed)`, means
-the line opens no block); a line inside a file block is file content even if it
-starts with `FACT:`, and so is a marker-shaped line inside a ``` code block opened
-in that block, but any other marker-shaped line ends the block, and the block of an
-unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
-whole reply is ignored; anything unrecognised is reported, never guessed at. Control
-characters and lone surrogates are taken out before anything is read (text.safe_text).
+Pure functions, no I/O: the system prompt, the rendering of turns, the batch's size limits
+(characters and tokens, in one place), and the follow-up that asks for a shorter reply. How
+the reply is read is curator_reply.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..text import safe_text
-from .files import CURATED, MAX_FILE_BYTES, SPECS
-from .memory_store import LEARNING_TYPES, NewLearning, PendingAction
+from .curator_reply import MAX_LEARNING_CHARS
+from .files import MAX_FILE_BYTES, SPECS
+from .memory_store import PendingAction
 from .transcript_store import Observation
 
 OBSERVATION_CHARS = 8_000  # one turn's share of the prompt, at most
@@ -34,13 +24,6 @@ ACTION_CHARS = 300
 TURN_TEXT_CHARS = 3_000  # the person's message, and the answer, each
 TOOL_CALLS_SHOWN = 12
 TOOL_CALL_CHARS = 300  # a tool call's input, and its output, each
-MAX_LEARNING_CHARS = 600
-MAX_LEARNINGS = 60
-
-CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,
-              "PATTERN": 0.7, "SUMMARY": 0.9}
-
-MARKERS = {f"{name.split('.')[0].upper()}_MD_UPDATE": name for name in CURATED}
 SESSIONS_ENDED = "Sessions that ended (by their last turn):"
 MAX_SUMMARIES = 8  # sessions summarised by one call, at most
 
@@ -222,152 +205,3 @@ def shorten_request(problems: list[str]) -> str:
 
 
 # ---------------------------------------------------------------- parsing
-
-# Any line that starts like a marker is one, known or not: a forbidden SOUL_MD_UPDATE inside a
-# user.md block must end that block, not become user.md content (unless it sits in a code block
-# of that file). Text after the colon is kept apart (group 2), never taken as file content.
-_MARKER = re.compile(r"^\s*(?:#+\s*)?[*`]*\s*([A-Z]+_MD_UPDATE)\b[*`]*\s*:?[*`]*\s*(.*?)\s*$")
-_LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
-_REF = re.compile(r"\s*\[#(\d+)\]\s*$")
-_DONE = re.compile(r"^\s*(?:[-*]\s+)?\**\s*DONE\s*\**\s*:\s*\[?A?(\d+)\]?", re.IGNORECASE)
-_FENCE = re.compile(r"^\s*```")
-
-
-@dataclass
-class CuratorReply:
-    learnings: list[NewLearning] = field(default_factory=list)
-    file_updates: dict[str, str] = field(default_factory=dict)
-    said_none: bool = False
-    done_actions: list[int] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)  # lines that fit no rule
-    rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
-    declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
-
-    @property
-    def recognised(self) -> bool:
-        """False for garbage or an empty reply: nothing in it follows the format."""
-        return (self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
-                or bool(self.done_actions) or bool(self.declined_files))
-
-
-def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
-                truncated: bool = False) -> CuratorReply:
-    """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
-    block or a learning line) is incomplete and is dropped, never applied. The reply is made plain
-    text first (text.safe_text: no NUL or other control character, valid UTF-8), whatever the
-    model sent: it becomes files and learnings, and from them the boot prompt."""
-    text = safe_text(text)
-    reply = CuratorReply()
-    last_block: str | None = None
-    session_of = session_of or {}
-    blocks: dict[str, list[list[str]]] = {}
-    current: list[str] | None = None
-    in_code = False  # inside a ``` code block opened within the current file block (not as its wrapper)
-    wrapper = False  # ...or inside a fence opened as the block's first line, around the whole file
-    default_source = observation_ids[-1] if observation_ids else None
-    lines = text.splitlines()
-    last_fence = max((i for i, x in enumerate(lines) if _FENCE.match(x)), default=-1)
-    for i, raw in enumerate(lines):
-        marker = _MARKER.match(raw)
-        if marker and current is not None and in_code and i < last_fence:
-            marker = None  # the file documents the format in a code block (closed later): content
-        if marker:
-            in_code = wrapper = False
-            if marker[1] in MARKERS and marker[2] and not _is_label(marker[2], MARKERS[marker[1]]) \
-                    and not _is_intro(marker[2]):
-                # `USER_MD_UPDATE: (no changes needed)`: narration follows, not the file. The block
-                # before still ends here; this line opens none.
-                current, last_block = None, ""  # "": nothing to drop if the reply was cut off
-                reply.declined_files.append(MARKERS[marker[1]])  # the format, answered: not garbage
-                reply.ignored.append(raw.strip()[:200])
-                continue
-            current = []  # an unknown or forbidden marker's block is read, then dropped
-            last_block = MARKERS.get(marker[1], marker[1])
-            if marker[1] in MARKERS:
-                blocks.setdefault(last_block, []).append(current)
-            else:
-                reply.ignored.append(raw.strip()[:200])
-            continue
-        if current is not None:
-            if _FENCE.match(raw):
-                # A fence that opens the block wraps the file: a marker inside it is more likely the
-                # next block after a fence the model forgot to close than part of the file.
-                if wrapper:
-                    wrapper = False
-                elif not in_code and not any(x.strip() for x in current):
-                    wrapper = True
-                else:
-                    in_code = not in_code
-            current.append(raw.rstrip())
-            continue
-        line = raw.strip()
-        if not line or _FENCE.match(line):  # blank, or a fence around the whole reply
-            continue
-        if line.strip("*`").upper() == "NONE":
-            reply.said_none = True
-            continue
-        if done := _DONE.match(line):
-            reply.done_actions.append(int(done[1]))
-            continue
-        m = _LEARNING.match(line)
-        if m and m[1].upper() in LEARNING_TYPES and len(reply.learnings) < MAX_LEARNINGS:
-            kind, content = m[1].upper(), m[2].strip()
-            source = default_source
-            if ref := _REF.search(content):
-                content = content[: ref.start()].strip()
-                if int(ref[1]) in observation_ids:
-                    source = int(ref[1])
-            if content:
-                last_block = None  # the reply's last item is now this learning
-                reply.learnings.append(NewLearning(
-                    type=kind, content=content[:MAX_LEARNING_CHARS],
-                    session_id=session_of.get(source) if source is not None else None,
-                    source_observation_id=source, confidence=CONFIDENCE[kind]))
-            continue
-        reply.ignored.append(line[:200])
-    if truncated and last_block is not None:
-        if last_block in blocks:
-            reply.rejected_files.append(last_block)
-            del blocks[last_block]
-    elif truncated and reply.learnings:  # the last item was a learning
-        reply.learnings.pop()
-    for name, found in blocks.items():
-        content = _file_text(found[0]) if len(found) == 1 else None
-        if content is None or not content.strip():
-            # Two blocks for one file (which is right?) or an empty one (a wipe is never wanted).
-            reply.rejected_files.append(name)
-        else:
-            reply.file_updates[name] = content
-    return reply
-
-
-def _is_intro(text: str) -> bool:
-    """`Here is the new file:`: the text ends with a colon, so it announces what follows (the file),
-    unlike `(no changes needed)`. The intro itself is never file content."""
-    return text.strip("*` ").endswith(":")
-
-
-def _is_label(text: str, name: str) -> bool:
-    """True if the text after a marker only names its file: `user.md`, `(user.md)`, `` `user.md` ``,
-    `(user.md, at most 200 lines)`. `(no changes needed)` or `here it is` is not a label."""
-    text = text.strip("*").strip()
-    if text.startswith("(") and text.endswith(")"):
-        inner = text[1:-1].strip()
-        return bool(re.match(rf"`?{re.escape(name)}`?(?:$|\s*[,:;]|\s+[-–—])", inner, re.IGNORECASE))
-    return bool(re.fullmatch(rf"`?{re.escape(name)}`?", text, re.IGNORECASE))
-
-
-def _file_text(lines: list[str]) -> str:
-    while lines and not lines[0].strip():
-        lines = lines[1:]
-    while lines and not lines[-1].strip():
-        lines = lines[:-1]
-    if lines and sum(bool(_FENCE.match(x)) for x in lines) % 2:
-        # An unpaired fence: the close (or open) of a fence that wraps the whole reply.
-        if _FENCE.match(lines[-1]):
-            lines = lines[:-1]
-        elif _FENCE.match(lines[0]):
-            lines = lines[1:]
-    if lines and _FENCE.match(lines[0]) and _FENCE.match(lines[-1]) and len(lines) >= 2:
-        lines = lines[1:-1]
-    return "\n".join(lines) + "\n" if lines else ""

@@ -38,14 +38,13 @@ from .curator import (
     PROMPT_ACTIONS,
     SYSTEM,
     TRUNCATED,
-    CuratorReply,
     build_prompt,
     estimate_tokens,
     fixed_chars,
-    parse_reply,
     shorten_request,
     turn_chars,
 )
+from .curator_reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
 from .pricing import cost_usd
@@ -155,69 +154,18 @@ class BatchProcessor:
         """Curate `observations`. `gate` is asked before each call (the daemon's budget): a refusal
         before the first raises BudgetSpent with nothing recorded; before the second (a request to
         shorten), the batch goes on with the first reply."""
-        ids = [o.id for o in observations]
         before = await asyncio.to_thread(self.files.read_all)
         actions = await self.memory.call(lambda m: m.pending_actions(PROMPT_ACTIONS))
         ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
-        messages: list[dict[str, Any]] = [
-            {"role": "user", "content": build_prompt(before, observations, actions, ended)}]
-        tokens = [0, 0]
-
-        truncated = [False]
-
-        async def call(record_failure: bool = True) -> CuratorReply:
-            if gate is not None:
-                await gate(input_tokens(messages))
-            try:
-                done = await self.curator.complete(messages)
-            except CuratorError as exc:
-                if record_failure:
-                    await self._record_failure(trigger, ids, str(exc), tokens)
-                raise
-            tokens[0] += done.input_tokens
-            tokens[1] += done.output_tokens
-            truncated[0] = done.truncated
-            messages.append({"role": "assistant", "content": done.text or "(empty)"})
-            reply = parse_reply(done.text, ids, {o.id: o.session_id for o in observations}, done.truncated)
-            if reply.ignored:  # the lines may quote the person: their text only at debug level
-                log.warning("curator_lines_ignored", count=len(reply.ignored))
-                log.debug("curator_lines_ignored_text", lines=reply.ignored[:5])
-            return reply
-
-        reply = await call()
-        if not reply.recognised:
-            await self._record_failure(trigger, ids, "reply did not follow the format", tokens)
-            raise UnusableReply("curator reply did not follow the format")
-        problems = [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]
-        if truncated[0]:
-            problems.append(TRUNCATED)
-        if problems:
-            log.warning("curator_over_limit", problems=problems)
-            messages.append({"role": "user", "content": shorten_request(problems)})
-            try:
-                retry = await call(record_failure=False)  # the batch goes on with the first reply
-            except (CuratorError, BudgetSpent):
-                retry = None
-            if retry is not None and retry.recognised:
-                reply = retry
+        call = _Call(self, observations, trigger, gate, build_prompt(before, observations, actions, ended))
+        reply = await self._usable_reply(call)
         updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:
             log.warning("curated_file_kept", file=name, reason="over its limit or ambiguous in the reply")
+        kept += await self._drop_edited(call, before, updates, conflicts)
 
-        after = await asyncio.to_thread(self.files.read_all)
-        edited = [n for n in updates if sha(after[n]) != sha(before[n])]
-        if edited:
-            if conflicts + 1 < MAX_EDIT_CONFLICTS:
-                log.info("batch_edit_conflict", files=edited, attempt=conflicts + 1)
-                await self._record_failure(trigger, ids, f"discarded: {', '.join(edited)} edited during the call",
-                                           tokens)  # the call was paid for
-                raise EditConflict(", ".join(edited))
-            for name in edited:  # persistent editing: the person's version wins
-                del updates[name]
-                kept.append(name)
-
-        model = self.curator.model
+        ids, model, tokens = call.ids, self.curator.model, call.tokens
         batch = await self.memory.call(lambda m: m.commit_batch(
             trigger=trigger, observation_ids=ids, model=model, input_tokens=tokens[0], output_tokens=tokens[1],
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
@@ -229,12 +177,46 @@ class BatchProcessor:
         if written is None:  # a person edited a file between the check above and the write
             log.info("batch_edit_conflict", batch_id=batch.id, attempt=conflicts + 1, late=True)
             raise EditConflict(f"a file was edited before batch {batch.id} could write it")
-        result = BatchResult(batch.id, len(ids), batch.learnings_added, written, kept, tokens[0], tokens[1],
-                             batch.cost_usd)
         log.info("batch_done", batch_id=batch.id, trigger=trigger, observations=len(ids),
                  learnings=batch.learnings_added, files=written, kept=kept, input_tokens=tokens[0],
                  output_tokens=tokens[1], cost_usd=round(batch.cost_usd, 6))
-        return result
+        return BatchResult(batch.id, len(ids), batch.learnings_added, written, kept, tokens[0], tokens[1],
+                           batch.cost_usd)
+
+    async def _usable_reply(self, call: _Call) -> CuratorReply:
+        """The reply, or UnusableReply; one request to shorten a reply over a limit or cut off."""
+        reply = await call.ask()
+        if not reply.recognised:
+            await call.failed("reply did not follow the format")
+            raise UnusableReply("curator reply did not follow the format")
+        problems = [e for n, t in reply.file_updates.items() if (e := limit_error(n, t))]
+        if call.truncated:
+            problems.append(TRUNCATED)
+        if problems:
+            log.warning("curator_over_limit", problems=problems)
+            call.messages.append({"role": "user", "content": shorten_request(problems)})
+            try:
+                retry = await call.ask(record_failure=False)  # the batch goes on with the first reply
+            except (CuratorError, BudgetSpent):
+                retry = None
+            if retry is not None and retry.recognised:
+                reply = retry
+        return reply
+
+    async def _drop_edited(self, call: _Call, before: dict[str, str], updates: dict[str, str],
+                           conflicts: int) -> list[str]:
+        """A person edited a file the reply rewrites while the call ran: the batch runs again on the
+        edited file (EditConflict), or after MAX_EDIT_CONFLICTS in a row, the person's version wins
+        (those files are dropped from `updates` and returned)."""
+        after = await asyncio.to_thread(self.files.read_all)
+        edited = [n for n in updates if sha(after[n]) != sha(before[n])]
+        if edited and conflicts + 1 < MAX_EDIT_CONFLICTS:
+            log.info("batch_edit_conflict", files=edited, attempt=conflicts + 1)
+            await call.failed(f"discarded: {', '.join(edited)} edited during the call")  # it was paid for
+            raise EditConflict(", ".join(edited))
+        for name in edited:
+            del updates[name]
+        return edited
 
     async def _finish(self, batch: Batch, rerun_if_edited: bool) -> list[str] | None:
         """Apply a committed batch. Returns the files written, or None if a person edited one of
@@ -277,8 +259,46 @@ class BatchProcessor:
             written.append(name)
         return written, edited
 
-    async def _record_failure(self, trigger: str, ids: list[int], error: str, tokens: list[int]) -> None:
+    async def record_failure(self, trigger: str, ids: list[int], error: str, tokens: list[int]) -> None:
         model = self.curator.model
         await self.memory.call(lambda m: m.record_failed_batch(
             trigger=trigger, observation_ids=ids, model=model, error=error, input_tokens=tokens[0],
             output_tokens=tokens[1], cost_usd=cost_usd(model, *tokens)))
+
+
+class _Call:
+    """One batch's conversation with the curator: its messages, and the tokens it has cost."""
+
+    def __init__(self, processor: BatchProcessor, observations: list[Observation], trigger: str,
+                 gate: Gate | None, prompt: str) -> None:
+        self._processor = processor
+        self._sessions = {o.id: o.session_id for o in observations}
+        self.ids = [o.id for o in observations]
+        self.trigger = trigger
+        self._gate = gate
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        self.tokens = [0, 0]
+        self.truncated = False
+
+    async def ask(self, record_failure: bool = True) -> CuratorReply:
+        if self._gate is not None:
+            await self._gate(input_tokens(self.messages))
+        try:
+            done = await self._processor.curator.complete(self.messages)
+        except CuratorError as exc:
+            if record_failure:
+                await self.failed(str(exc))
+            raise
+        self.tokens[0] += done.input_tokens
+        self.tokens[1] += done.output_tokens
+        self.truncated = done.truncated
+        self.messages.append({"role": "assistant", "content": done.text or "(empty)"})
+        reply = parse_reply(done.text, self.ids, self._sessions, done.truncated)
+        if reply.ignored:  # the lines may quote the person: their text only at debug level
+            log.warning("curator_lines_ignored", count=len(reply.ignored))
+            log.debug("curator_lines_ignored_text", lines=reply.ignored[:5])
+        return reply
+
+    async def failed(self, error: str) -> None:
+        """Record the call as a failed batch, with what it cost."""
+        await self._processor.record_failure(self.trigger, self.ids, error, self.tokens)

@@ -91,6 +91,12 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
     if not _table(db, "learnings_fts").exists():
         # External-content FTS5 kept in sync by triggers, so every write path indexes.
         learnings.enable_fts(["content", "type"], fts_version="FTS5", create_triggers=True, tokenize="porter")
+    _pending_actions_v1(db)
+    _batches_v1(db)
+    _table(db, "meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
+
+
+def _pending_actions_v1(db: sqlite_utils.Database) -> None:
     _table(db, "pending_actions").create(
         {
             "id": int,
@@ -107,6 +113,9 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
         if_not_exists=True,
     )
     _table(db, "pending_actions").create_index(["content_key"], unique=True, if_not_exists=True)
+
+
+def _batches_v1(db: sqlite_utils.Database) -> None:
     _table(db, "batches").create(
         {
             "id": int,
@@ -130,7 +139,6 @@ def _memory_v1(db: sqlite_utils.Database) -> None:
         if_not_exists=True,
     )
     _table(db, "batches").create_index(["status"], if_not_exists=True)
-    _table(db, "meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
 
 
 def _memory_v2(db: sqlite_utils.Database) -> None:
