@@ -171,7 +171,7 @@ class AgentLaunch:
         """Write the boot prompt for the next CLI; returns the SDK's system_prompt for it. Blocking."""
         user = self.isolation.agent_user
         mode = 0o640 if self.mode == "user" else 0o600
-        atomic_write(self.prompt_file, text.encode("utf-8", "surrogatepass"), mode=mode)
+        atomic_write(self.prompt_file, text.encode("utf-8", "replace"), mode=mode)
         if self.mode == "user" and user is not None:
             os.chown(self.prompt_file, 0, user.gid)
         return {"type": "file", "path": str(self.prompt_file)}
