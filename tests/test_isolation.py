@@ -164,3 +164,17 @@ def test_ownership_keeps_the_agent_out_of_os_and_gives_it_user_space(tmp_path: P
     assert owner(root / "loose.txt")[:2] == (uid, gid)
     apply_ownership(root, uid, gid, deep=True)  # idempotent
     assert owner(root) == (0, gid, 0o1770)
+
+
+def test_none_is_said_loudly_at_start_and_refused_once_deployed(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    with capture_logs() as logs:
+        assert AgentLaunch(layout).resolve("none", "sprite-agent").mode == "none"
+    warning = next(e for e in logs if e["event"] == "isolation_none")
+    assert warning["log_level"] == "warning" and "can change .os/" in warning["detail"]
+    os.symlink("releases/1.0", layout.os_dir / "current")  # what bootstrap/deploy.py makes
+    with pytest.raises(ConfigError, match="never runs its agent without isolation"):
+        AgentLaunch(layout).resolve("none", "sprite-agent")

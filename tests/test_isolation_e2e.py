@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import urllib.request
 from pathlib import Path
@@ -99,6 +100,10 @@ async def test_the_agent_runs_as_its_user_and_the_kernel_keeps_it_out_of_os(
     st = prompt.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, agent_user.gid, 0o640)
     assert memory_status(agent_workspace)["isolation"]["mode"] == "user"
+    # The CLI kept no transcript of its own in its home (--no-session-persistence): memory has the record.
+    projects = agent_user.home / ".claude" / "projects"
+    project = re.sub(r"[^A-Za-z0-9]", "-", str(agent_workspace))  # how the CLI names a cwd's folder
+    assert not (projects / project).exists()
 
 
 def memory_status(workspace: Path) -> dict[str, Any]:
@@ -212,3 +217,17 @@ async def test_in_the_sandbox_a_command_cannot_write_os_but_honest_work_works(
     assert not (workspace / ".os" / "x").exists()
     assert memory_file.read_text() == "- Ada likes tea\n"  # the sandbox showed the agent an empty tmpfs there
     assert (workspace / "documents" / "token").read_text() == ""
+
+
+def test_a_deployed_sprite_refuses_to_start_without_isolation(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ws = tmp_path / "ws"
+    (ws / ".os").mkdir(parents=True)
+    os.symlink("releases/1.0", ws / ".os" / "current")  # what bootstrap/deploy.py makes
+    env = {**os.environ, "SPRITE_WORKSPACE": str(ws), "SPRITE_OS_PORT": "0", "SPRITE_ISOLATION": "none"}
+    run = subprocess.run([sys.executable, "-m", "sprite_os", "serve"], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert run.returncode == 2
+    assert run.stderr.strip().endswith("a deployed Sprite never runs its agent without isolation: SPRITE_ISOLATION=none")
