@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -178,3 +179,25 @@ def test_none_is_said_loudly_at_start_and_refused_once_deployed(tmp_path: Path) 
     os.symlink("releases/1.0", layout.os_dir / "current")  # what bootstrap/deploy.py makes
     with pytest.raises(ConfigError, match="never runs its agent without isolation"):
         AgentLaunch(layout).resolve("none", "sprite-agent")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another uid needs root")
+def test_every_process_of_the_uid_is_killed(tmp_path: Path) -> None:
+    import subprocess
+
+    from sprite_os.agent_launch import kill_processes_of
+
+    uid = 4246  # no one's: only this test's processes run as it
+    sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "sleep", "60"],
+                                 start_new_session=True) for _ in range(2)]
+    try:
+        for p in sleepers:  # wait until each runs as the uid (setpriv has switched)
+            deadline = 100
+            while os.stat(f"/proc/{p.pid}").st_uid != uid and deadline:
+                deadline -= 1
+                time.sleep(0.01)
+        assert sorted(kill_processes_of(uid)) == sorted(p.pid for p in sleepers)
+        assert [p.wait(5) for p in sleepers] == [-9, -9]
+    finally:
+        for p in sleepers:
+            p.kill()
