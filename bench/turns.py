@@ -155,18 +155,24 @@ async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
             "curator_calls_during_run": curator_calls}
 
 
-async def relay(turns: int) -> dict[str, Any]:
+async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
     """The model relay's cost per turn (two model requests, one streamed tool call), side by side
-    with the CLI connected to the proxy directly."""
-    async with MockBridge() as bridge, AsyncExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
-        direct = await _sdk_path(stack, bridge, tmp / "direct",
-                                 {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
-        relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
-        samples = await _interleave({"direct": direct, "relay": relayed}, turns)
-        requests = len(bridge.agent_requests())
-    a, b = summary_ms(samples["relay"]), summary_ms(samples["direct"])
-    return {"relay": a, "direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
-            "added_median_ms": round(a["median_ms"] - b["median_ms"], 2),
-            "model_requests_per_turn": round(requests / (2 * (turns + WARMUP)), 2)}
+    with the CLI connected to the proxy directly: with a zero-latency model (the relay's fixed cost
+    is all there is to see), then with `model_latency` seconds per model request."""
+    out: dict[str, Any] = {}
+    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
+        async with MockBridge() as bridge, AsyncExitStack() as stack:
+            if latency:
+                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
+            direct = await _sdk_path(stack, bridge, tmp / "direct",
+                                     {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
+            relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
+            samples = await _interleave({"direct": direct, "relay": relayed}, n)
+            requests = len(bridge.agent_requests())
+        a, b = summary_ms(samples["relay"]), summary_ms(samples["direct"])
+        out[label] = {"relay": a, "direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+                      "added_median_ms": round(a["median_ms"] - b["median_ms"], 2),
+                      "model_requests_per_turn": round(requests / (2 * (n + WARMUP)), 2)}
+    return out

@@ -43,6 +43,7 @@ DEFAULT_UPSTREAM = "https://api.anthropic.com"
 PLACEHOLDER_KEY = "sprite-os"  # what the proxy got before there was a relay, when no key is set
 READ_CHUNK = 64 * 1024
 LINGER_SECONDS = 2.0
+WRITE_BUFFER_BYTES = 64 * 1024  # unsent bytes held for a slow CLI before the relay waits for it
 
 # Framing and connection headers belong to each hop; credentials are the relay's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
@@ -50,7 +51,8 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"x-api-key", b"authorization"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
-                429: "rate_limit_error", 500: "api_error", 502: "api_error", 504: "timeout_error",
+                429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
+                504: "timeout_error",
                 529: "overloaded_error"}
 
 
@@ -61,6 +63,7 @@ class RelayError(SpriteOSError):
 @dataclass(frozen=True)
 class RelayLimits:
     max_body_bytes: int = 32 * 1024 * 1024  # the Messages API's own request limit
+    max_connections: int = 16  # the CLI uses a few; bodies are held whole, so this bounds memory too
     max_header_bytes: int = 64 * 1024
     idle_timeout: float = 75.0  # a kept-alive connection's wait for the next request, and between its bytes
     connect_timeout: float = 5.0  # to the proxy: a proxy that is down is told within seconds
@@ -126,12 +129,10 @@ class ModelRelay:
     """`async with ModelRelay(upstream, key) as relay:` listens on 127.0.0.1 (a free port);
     `relay.cli_env()` is what the CLI needs to reach the model through it."""
 
-    def __init__(self, upstream: str | None, api_key: str | None, limits: RelayLimits | None = None,
-                 *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, upstream: str | None, api_key: str | None, limits: RelayLimits | None = None) -> None:
         self._upstream = (upstream or DEFAULT_UPSTREAM).rstrip("/")
         self._api_key = api_key or PLACEHOLDER_KEY
         self._limits = limits or RelayLimits()
-        self._transport = transport
         # The CLI's key: the agent can read it, and it opens this relay only, while it runs.
         self.client_key = "sprite-relay-" + secrets.token_urlsafe(24)
         self._server: asyncio.Server | None = None
@@ -159,7 +160,7 @@ class ModelRelay:
             timeout=httpx.Timeout(lim.upstream_read_timeout, connect=lim.connect_timeout,
                                   write=lim.write_timeout, pool=lim.connect_timeout),
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
-            follow_redirects=False, transport=self._transport)
+            follow_redirects=False)
         try:
             self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         except OSError as exc:
@@ -197,6 +198,11 @@ class ModelRelay:
         self._connections.add(task)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         try:
+            if len(self._connections) > self._limits.max_connections:
+                log.warning("model_relay_busy", connections=len(self._connections))
+                busy = _Refused(503, f"the model relay serves {self._limits.max_connections} connections at most")
+                await self._refuse(conn, writer, busy, reader)
+                return
             while await self._exchange(conn, reader, writer):
                 conn.start_next_cycle()
         except (ConnectionError, TimeoutError, h11.ProtocolError):
@@ -323,10 +329,13 @@ class ModelRelay:
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:
+        """Write; wait only when the CLI's socket is backed up (most chunks go out at once, and a
+        timeout per chunk costs more than the write)."""
         if data:
             writer.write(data)
-            async with asyncio.timeout(self._limits.write_timeout):
-                await writer.drain()
+            if writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES:
+                async with asyncio.timeout(self._limits.write_timeout):
+                    await writer.drain()
 
     async def _refuse(self, conn: h11.Connection, writer: asyncio.StreamWriter, refused: _Refused,
                       unread: asyncio.StreamReader | None = None) -> None:

@@ -291,3 +291,17 @@ async def test_stop_ends_open_streams_and_closes_the_port(bridge: MockBridge) ->
                 pass
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+async def test_connections_beyond_the_limit_get_503_and_the_open_one_goes_on(bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 10, chunk_delay=0.1)))
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(max_connections=1)) as relay, cli(relay) as c:
+        async with c.stream("POST", "/v1/messages", json=BODY | {"stream": True}) as response:
+            chunks = response.aiter_raw()
+            first = await chunks.__anext__()
+            async with cli(relay) as other:
+                busy = await other.post("/v1/messages/count_tokens", json=BODY)
+            rest = b"".join([chunk async for chunk in chunks])
+    assert busy.status_code == 503 and busy.json()["error"]["type"] == "overloaded_error"
+    assert b"event: message_stop" in first + rest
+    assert [r.kind for r in bridge.requests] == ["messages"]
