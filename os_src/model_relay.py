@@ -48,12 +48,12 @@ WRITE_BUFFER_BYTES = 64 * 1024  # unsent bytes held for a slow CLI before the re
 # Framing and connection headers belong to each hop; credentials are the relay's to set.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                          b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
-_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"x-api-key", b"authorization"}
+# The relay holds the body whole, so `expect: 100-continue` was answered here.
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-api-key", b"authorization"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                 429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
-                504: "timeout_error",
-                529: "overloaded_error"}
+                504: "timeout_error", 529: "overloaded_error"}
 
 
 class RelayError(SpriteOSError):
