@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from claude_agent_sdk import (
@@ -47,6 +48,7 @@ from .agent_state import (
     TurnPhase,
     TurnState,
 )
+from .cli_env import cli_environment
 from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
@@ -63,20 +65,12 @@ MAX_QUEUED_MESSAGES = 16
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
 
-# Environment for the CLI: offline-safe, no telemetry, MCP tools listed directly
-# (not deferred behind ToolSearch), and no path by which the CLI writes memory itself.
-CLI_ENV = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "ENABLE_TOOL_SEARCH": "false",
-    "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "SPRITE_OS_TOKEN": "",  # the CLI inherits our environment; the agent must not see the server's key
-}
-
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
 
 
 Publish = Callable[[p.ServerFrame], None]
+# How the CLI reaches the model: the relay's URL and key (model_relay.py), asked for at each connect.
+ModelEnv = Callable[[], Mapping[str, str]]
 
 
 class TurnRecord(Protocol):
@@ -134,10 +128,12 @@ class AgentRuntime:
         *,
         publish: Publish,
         canvas_store: canvas.CanvasStore,
+        model_env: ModelEnv,
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
     ) -> None:
         self._settings = settings
+        self._model_env = model_env
         self._publish = publish
         self._canvas = canvas_store
         self._memory = memory
@@ -415,7 +411,7 @@ class AgentRuntime:
             hooks=hooks,
             include_partial_messages=True,
             model=self._settings.agent_model,
-            env={**self._settings.model_env(), **CLI_ENV},
+            env=cli_environment(os.environ, self._model_env()),
             stderr=_log_cli_stderr,
             max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )

@@ -41,6 +41,7 @@ from .gateway import Gateway
 from .logs import configure_logging, get_logger
 from .memory.console_api import MemoryConsole
 from .memory.system import MemorySystem
+from .model_relay import ModelRelay
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore
@@ -79,7 +80,10 @@ class SpriteOS:
         publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
-        self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
+        # The agent's CLI reaches the model through it: the proxy's key stays in this process.
+        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
+        self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
+                                    model_env=self.relay.cli_env)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
@@ -97,6 +101,7 @@ class SpriteOS:
             await self.memory.start()
             # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
             await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
+        await self.relay.start()
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -134,6 +139,7 @@ class SpriteOS:
         if self._server is not None:
             self._server.close(close_connections=False)
         await self.runtime.shutdown(SHUTDOWN_GRACE)
+        await self.relay.stop()  # after the CLI: a turn ending in the grace still reaches the model
         await self.gateway.close_all()
         if self._server is not None:
             await self._server.wait_closed()
