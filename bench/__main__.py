@@ -46,6 +46,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "fanout": lambda: fanout.fanout(50),
         "hooks": lambda: turns.hooks(n),
         "curator_latency": lambda: turns.curator_latency(n),
+        "relay": lambda: turns.relay(n),
         "isolation": lambda: turns.isolation(n),
         "search_1m": lambda: search.search(100_000 if quick else 1_000_000),
         "boot": boot.boot,
@@ -84,6 +85,13 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         out.append(("turn latency, curator proxy 5 s / 0 s (median)",
                     f"{c['ratio_median']:.2f} ({c['curator_5s']['median_ms']:.1f} vs {c['curator_0s']['median_ms']:.1f} ms)",
                     "near 1.00", ok(c["ratio_median"] < 1.1)))
+    if rl := r.get("relay"):
+        for key, label in (("zero_latency", "zero-latency model"), ("model_0.3s", "model answering in 0.3 s")):
+            if v := rl.get(key):
+                target = "near 1.00" if key != "zero_latency" else ""  # zero latency: the fixed cost, shown
+                out.append((f"model relay cost per turn, through the relay / straight to the proxy ({label}, median)",
+                            f"{v['ratio_median']:.2f} ({v['relay']['median_ms']:.1f} vs {v['direct']['median_ms']:.1f} ms)",
+                            target, ok(v["ratio_median"] < 1.05) if target else ""))
     if (i := r.get("isolation")) and "ratio_median" in i:
         out.append(("turn with a Bash command, agent as its own user / isolation off (median)",
                     f"{i['ratio_median']:.3f} ({i['user']['median_ms']:.1f} vs {i['none']['median_ms']:.1f} ms)",

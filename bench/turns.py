@@ -5,6 +5,8 @@
 - hooks: memory on against memory off, and the time memory spends on the agent's path
   (capturing the turn from the runtime's stream; the compaction hooks never fire here);
 - curator: turn latency while the curator's proxy takes 5 s, against 0 s;
+- relay: a turn through the SDK with the CLI reaching the mock Bridge through the model relay,
+  against the same with the CLI connected to it directly;
 - isolation: the CLI as its own user (SPRITE_ISOLATION=user: launcher, pid namespace, uid switch)
   against the same server with isolation off, each turn running a Bash command (as root only).
 
@@ -13,9 +15,10 @@ Paths are interleaved turn by turn so that drift on the machine hits both alike.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -23,9 +26,11 @@ from typing import Any
 from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, ResultMessage
 
 from bench.stats import percentile, ratio, summary_ms
+from sprite_os.cli_env import cli_environment
 from sprite_os.dev.harness import Client, client_factory, make_settings, running
 from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
-from sprite_os.runtime import BUILTIN_TOOLS, CLI_ENV, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
+from sprite_os.model_relay import ModelRelay
+from sprite_os.runtime import BUILTIN_TOOLS, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CanvasStore, canvas_server
 
@@ -72,32 +77,39 @@ async def _server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
     return await factory(hello={})
 
 
+async def _sdk_path(stack: AsyncExitStack, bridge: MockBridge, workspace: Path,
+                    model_env: Mapping[str, str]) -> TurnFn:
+    """A CLI driven through the SDK directly, as the runtime configures it, reaching the model as
+    `model_env` says: a turn function for _interleave."""
+    os.mkdir(workspace)
+    canvas = CanvasStore(workspace / "canvas.json", lambda _f: None)
+    sdk = ClaudeSDKClient(ClaudeAgentOptions(
+        system_prompt=DEFAULT_PROMPT, cwd=str(workspace), setting_sources=[], tools=list(BUILTIN_TOOLS),
+        allowed_tools=[*BUILTIN_TOOLS, "mcp__canvas"], mcp_servers={"canvas": canvas_server(canvas)},
+        include_partial_messages=True, env=cli_environment(os.environ, model_env),
+        max_buffer_size=MAX_CLI_MESSAGE_BYTES))
+    await sdk.connect()
+    stack.push_async_callback(sdk.disconnect)
+
+    async def turn(n: int) -> float:
+        _script(bridge)
+        started = time.perf_counter()
+        await sdk.query(f"turn {n}: list my cards")
+        async for message in sdk.receive_response():
+            if isinstance(message, ResultMessage):
+                break
+        return time.perf_counter() - started
+
+    return turn
+
+
 async def overhead(turns: int) -> dict[str, Any]:
     async with MockBridge() as bridge, AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         settings = make_settings(tmp / "server", bridge.url, memory_batch_turns=100_000)
         app = await stack.enter_async_context(running(settings))
         client = await _server_client(stack, app)
-        direct_ws = tmp / "direct"
-        direct_ws.mkdir()
-        canvas = CanvasStore(direct_ws / "canvas.json", lambda _f: None)
-        sdk = ClaudeSDKClient(ClaudeAgentOptions(
-            system_prompt=DEFAULT_PROMPT, cwd=str(direct_ws), setting_sources=[], tools=list(BUILTIN_TOOLS),
-            allowed_tools=[*BUILTIN_TOOLS, "mcp__canvas"], mcp_servers={"canvas": canvas_server(canvas)},
-            include_partial_messages=True, env={**settings.model_env(), **CLI_ENV},
-            max_buffer_size=MAX_CLI_MESSAGE_BYTES))
-        await sdk.connect()
-        stack.push_async_callback(sdk.disconnect)
-
-        async def direct(n: int) -> float:
-            _script(bridge)
-            started = time.perf_counter()
-            await sdk.query(f"turn {n}: list my cards")
-            async for message in sdk.receive_response():
-                if isinstance(message, ResultMessage):
-                    break
-            return time.perf_counter() - started
-
+        direct = await _sdk_path(stack, bridge, tmp / "direct", settings.model_env())
         samples = await _interleave(
             {"sdk_direct": direct, "sprite_os": lambda n: _server_turn(bridge, client, n)}, turns)
     a, b = summary_ms(samples["sprite_os"]), summary_ms(samples["sdk_direct"])
@@ -152,6 +164,29 @@ async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
     a, b = summary_ms(samples[f"curator_{seconds:g}s"]), summary_ms(samples["curator_0s"])
     return {f"curator_{seconds:g}s": a, "curator_0s": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
             "curator_calls_during_run": curator_calls}
+
+
+async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
+    """The model relay's cost per turn (two model requests, one streamed tool call), side by side
+    with the CLI connected to the proxy directly: with a zero-latency model (the relay's fixed cost
+    is all there is to see), then with `model_latency` seconds per model request."""
+    out: dict[str, Any] = {}
+    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
+        async with MockBridge() as bridge, AsyncExitStack() as stack:
+            if latency:
+                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
+            direct = await _sdk_path(stack, bridge, tmp / "direct",
+                                     {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
+            relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
+            samples = await _interleave({"direct": direct, "relay": relayed}, n)
+            requests = len(bridge.agent_requests())
+        a, b = summary_ms(samples["relay"]), summary_ms(samples["direct"])
+        out[label] = {"relay": a, "direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+                      "added_median_ms": round(a["median_ms"] - b["median_ms"], 2),
+                      "model_requests_per_turn": round(requests / (2 * (n + WARMUP)), 2)}
+    return out
 
 
 async def isolation(turns: int) -> dict[str, Any]:

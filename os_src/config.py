@@ -63,7 +63,8 @@ class Settings:
         return _validated(replace(self, **given))
 
     def model_env(self) -> dict[str, str]:
-        """What the agent's CLI and the curator need to reach Bridge's model proxy."""
+        """What the curator needs to reach Bridge's model proxy. The agent's CLI never gets it: it
+        reaches the proxy through the server's relay (model_relay.py), which holds the key."""
         env = {"ANTHROPIC_API_KEY": self.anthropic_api_key or "sprite-os"}
         if self.anthropic_base_url:
             env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url

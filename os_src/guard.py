@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from claude_agent_sdk import HookContext, HookInput, HookJSONOutput
 
 from .logs import get_logger
 from .paths import Layout
@@ -66,21 +69,23 @@ class WriteGuard:
                 continue
         return False
 
-    async def hook(self, data: Any, _tool_use_id: str | None, _context: Any) -> dict[str, Any]:
+    async def hook(self, data: HookInput, _tool_use_id: str | None, _context: HookContext) -> HookJSONOutput:
+        """The PreToolUse callback: {} (no opinion) or a denial with the reason, in the CLI's format."""
         if not isinstance(data, dict):
             return {}  # not a tool call the CLI could run: no opinion
         try:  # path resolution touches the disk: off the event loop
+            call = cast(Mapping[str, Any], data)
             reason = await asyncio.to_thread(
-                self.check, data.get("tool_name", ""), data.get("tool_input") or {}, data.get("cwd"))
+                self.check, call.get("tool_name", ""), call.get("tool_input") or {}, call.get("cwd"))
         except Exception as exc:
             # Fail closed: a call the guard could not read may be one that writes .os/. The agent
             # gets a reason it can act on, and the turn goes on. (The type only: the message may
             # quote the path.)
-            log.error("guard_failed", tool=data.get("tool_name"), error=type(exc).__name__)
+            log.error("guard_failed", tool=cast(Mapping[str, Any], data).get("tool_name"), error=type(exc).__name__)
             reason = f"{DENIAL} (the guard could not check this call ({type(exc).__name__}); try a simpler one)"
         if reason is None:
             return {}
-        log.warning("guard_denied", tool=data.get("tool_name"))
+        log.warning("guard_denied", tool=cast(Mapping[str, Any], data).get("tool_name"))
         return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny",
                                        "permissionDecisionReason": reason}}
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from claude_agent_sdk import (
@@ -48,6 +49,7 @@ from .agent_state import (
     TurnPhase,
     TurnState,
 )
+from .cli_env import cli_environment
 from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
@@ -64,20 +66,12 @@ MAX_QUEUED_MESSAGES = 16
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
 
-# Environment for the CLI: offline-safe, no telemetry, MCP tools listed directly
-# (not deferred behind ToolSearch), and no path by which the CLI writes memory itself.
-CLI_ENV = {
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "ENABLE_TOOL_SEARCH": "false",
-    "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "SPRITE_OS_TOKEN": "",  # the CLI inherits our environment; the agent must not see the server's key
-}
-
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
 
 
 Publish = Callable[[p.ServerFrame], None]
+# How the CLI reaches the model: the relay's URL and key (model_relay.py), asked for at each connect.
+ModelEnv = Callable[[], Mapping[str, str]]
 
 
 class TurnRecord(Protocol):
@@ -91,7 +85,7 @@ class Recalled(Protocol):
     """What auto-recall added to a message (memory/recall_service.py)."""
 
     @property
-    def prompt(self) -> str: ...
+    def context(self) -> str: ...
     @property
     def frame(self) -> p.Recall: ...
 
@@ -135,11 +129,13 @@ class AgentRuntime:
         *,
         publish: Publish,
         canvas_store: canvas.CanvasStore,
+        model_env: ModelEnv,
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
     ) -> None:
         self._settings = settings
+        self._model_env = model_env
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
         self._canvas = canvas_store
@@ -419,7 +415,7 @@ class AgentRuntime:
             hooks=hooks,
             include_partial_messages=True,
             model=self._settings.agent_model,
-            env={**self._settings.model_env(), **CLI_ENV, **self._launch.env()},
+            env={**cli_environment(os.environ, self._model_env()), **self._launch.env()},
             cli_path=self._launch.cli_path(),
             settings=self._launch.settings(),
             # The CLI keeps no transcript of its own (~/.claude/projects): memory keeps the record.

@@ -42,6 +42,7 @@ from .gateway import Gateway
 from .logs import configure_logging, get_logger
 from .memory.console_api import MemoryConsole
 from .memory.system import MemorySystem
+from .model_relay import ModelRelay
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore
@@ -80,9 +81,11 @@ class SpriteOS:
         publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
+        # The agent's CLI reaches the model through it: the proxy's key stays in this process.
+        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    launch=self.launch)
+                                    model_env=self.relay.cli_env, launch=self.launch)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
@@ -102,6 +105,7 @@ class SpriteOS:
             await self.memory.start()
             # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
             await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
+        await self.relay.start()
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -139,6 +143,7 @@ class SpriteOS:
         if self._server is not None:
             self._server.close(close_connections=False)
         await self.runtime.shutdown(SHUTDOWN_GRACE)
+        await self.relay.stop()  # after the CLI: a turn ending in the grace still reaches the model
         await self.gateway.close_all()
         if self._server is not None:
             await self._server.wait_closed()

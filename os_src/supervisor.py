@@ -10,8 +10,8 @@
   says only `ok` or `degraded` without it). Exit codes follow the LSB convention: 0 running,
   1 dead with a stale pid file, 3 not running, 4 running but /healthz does not answer.
 
-The service remembers the settings it was started with (`.os/state/service.env`, 0600)
-once /healthz has answered; a failed start remembers nothing. A later start or restart
+The service remembers the settings it was started with (`.os/state/service.env`, 0600; see
+service_env.py) once /healthz has answered; a failed start remembers nothing. A later start or restart
 (including the one a deploy does) takes each setting from its own environment when set
 there, and from the remembered ones otherwise; a failing start names the remembered ones
 it used. A setting set to the empty string counts as unset. SPRITE_OS_TOKEN is never
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ENV_VARS, Settings, load_settings, resolve_token, store_token
+from .config import Settings, load_settings, resolve_token
 from .errors import ConfigError
 from .fsutil import atomic_write
 from .paths import Layout
+from .service_env import ServiceEnv
 
-NOT_REMEMBERED = ("SPRITE_OS_TOKEN",)  # the token file is the one source (see _adopt_token)
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
 STOP_TIMEOUT = 60.0  # above the server's worst graceful stop: 30 s turn + 10 s CLI + 10 s memory flush
 LOG_LINES = 15
@@ -138,9 +138,8 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.layout: Layout = settings.layout
-        self.env_file = self.layout.service_env
         self.server_out = self.layout.logs_dir / "server.out"
-        self.log_file = self.layout.logs_dir / "sprite-os.log"
+        self.env = ServiceEnv(settings, log_file=self.layout.logs_dir / "sprite-os.log")
 
     # -- the pid file
 
@@ -177,84 +176,13 @@ class Service:
         with contextlib.suppress(FileNotFoundError):
             self.layout.pid_file.unlink()
 
-    # -- settings for the child
+    # -- settings for the child (service_env.py)
 
     def child_env(self, base: Mapping[str, str] | None = None, *, remembered: bool = True) -> dict[str, str]:
-        """The server's environment: ours, the remembered settings where ours has none, and
-        the deployed defaults (JSON logs to .os/logs/sprite-os.log)."""
-        env = dict(os.environ if base is None else base)
-        for name, value in (self._remembered() if remembered else {}).items():
-            if name not in env:
-                env[name] = value
-        env["SPRITE_WORKSPACE"] = str(self.settings.workspace)
-        if not env.get("SPRITE_LOG_FORMAT"):
-            env["SPRITE_LOG_FORMAT"] = "json"
-        if not env.get("SPRITE_LOG_FILE"):
-            env["SPRITE_LOG_FILE"] = str(self.log_file)
-        env.pop("PYTHONHOME", None)
-        # Pin the release: on a Sprite the package is imported through .os/lib -> current, which
-        # a deploy switches under a running server. releases/<V>/lib names this release only.
-        release_lib = Path(__file__).resolve().parent.parent / "lib"
-        if (release_lib / "sprite_os").resolve() == Path(__file__).resolve().parent:
-            env["PYTHONPATH"] = str(release_lib)
-        return env
-
-    def _remembered(self) -> dict[str, str]:
-        try:
-            data = json.loads(self.env_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {k: v for k, v in data.items() if k in ENV_VARS and k not in NOT_REMEMBERED and isinstance(v, str)}
-
-    def _remember(self, env: Mapping[str, str]) -> None:
-        keep = {k: env[k] for k in ENV_VARS if env.get(k) and k not in NOT_REMEMBERED}
-        atomic_write(self.env_file, json.dumps(keep, indent=1, sort_keys=True).encode(), mode=0o600)
-
-    def _used_remembered(self) -> list[str]:
-        """The remembered settings a start takes because its own environment does not set them
-        (and which differ from what it would have without them)."""
-        env, without = self.child_env(), self.child_env(remembered=False)
-        return sorted(name for name in self._remembered() if env.get(name) != without.get(name))
-
-    def _remembered_note(self, named_in: str | None = None) -> str:
-        """Which remembered settings this start uses (only those `named_in` names, if given)."""
-        names = [n for n in self._used_remembered() if named_in is None or n in named_in]
-        if not names:
-            return ""
-        it = "it" if len(names) == 1 else "them"
-        return (f"using remembered {', '.join(names)} from {self.env_file}; "
-                f"set {it} to the empty string to drop {it}")
+        return self.env.child_env(base, remembered=remembered)
 
     def child_settings(self, env: Mapping[str, str] | None = None) -> Settings:
-        """The settings the server will see; a bad one (including a remembered one, which the
-        message then names) raises ConfigError, a one-line exit 2."""
-        try:
-            child = load_settings(self.child_env() if env is None else env)
-            if child.port == 0:
-                raise ConfigError("SPRITE_OS_PORT=0 (any free port) cannot be used by the service, "
-                                  "which must know its port: set it from 1 to 65535")
-        except ConfigError as exc:
-            note = self._remembered_note(named_in=str(exc))
-            raise ConfigError(f"{exc} ({note})" if note else str(exc)) from None
-        return child
-
-    def _adopt_token(self, env: dict[str, str]) -> None:
-        """SPRITE_OS_TOKEN goes into the token file (0600) and not to the server, which reads the
-        file: a deploy's --token-file rotates that file, so nothing may shadow it. A token an older
-        version remembered in service.env is carried into the file if there is none yet."""
-        token = env.pop("SPRITE_OS_TOKEN", "").strip()
-        legacy = ""
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            legacy = json.loads(self.env_file.read_text()).get("SPRITE_OS_TOKEN", "").strip()
-        if not token and legacy and not self.layout.token_file.exists():
-            token = legacy
-        if legacy:  # the file is the one place for it: drop it from service.env, change nothing else
-            atomic_write(self.env_file, json.dumps(self._remembered(), indent=1, sort_keys=True).encode(),
-                         mode=0o600)
-        if token and store_token(self.settings, token):
-            say(f"token written to {self.layout.token_file}")
+        return self.env.child_settings(env)
 
     @staticmethod
     def python() -> str:
@@ -311,7 +239,8 @@ class Service:
         self.layout.ensure()
         env = self.child_env()
         self.child_settings(env)  # what the server will see; a bad setting fails here, clearly
-        self._adopt_token(env)
+        if self.env.adopt_token(env):
+            say(f"token written to {self.layout.token_file}")
         child = self.child_settings(env)
         resolve_token(child, create=True)  # a bad token file too
         listen, probe = address(child.host, child.port), address(self.probe_host(child.host), child.port)
@@ -343,7 +272,7 @@ class Service:
                 return EXIT_FAILED
             health = self.health(child, timeout=1.0)
             if health is not None:
-                self._remember(env)  # only settings that started a server are worth remembering
+                self.env.remember(env)  # only settings that started a server are worth remembering
                 probed = f" (probed at {probe})" if probe != listen else ""
                 say(f"started pid {proc.pid}, version {health.get('version')}, status {health.get('status')}, "
                     f"on {listen}{probed} in {time.monotonic() - started:.1f}s; "
@@ -434,7 +363,7 @@ class Service:
         return ""
 
     def _note_remembered(self) -> None:
-        note = self._remembered_note()
+        note = self.env.remembered_note()
         if note:
             _write(sys.stderr, f"sprite-os: {note}")
 

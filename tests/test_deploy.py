@@ -590,6 +590,23 @@ def test_lock_pins_the_runtime_dependencies() -> None:
     assert "python3 bootstrap/lock.py" in text.splitlines()[2]
 
 
+def test_lock_check_names_a_missing_or_drifted_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`lock.py --check`, what a maintainer runs after changing pyproject: 0 when the lock holds
+    every pin, else 1 with one line per problem."""
+    lock = load_script("lock")
+    monkeypatch.setattr(sys, "argv", ["lock.py", "--check"])
+    assert lock.main() == 0
+    drifted = tmp_path / "requirements.lock"
+    lines = [ln for ln in LOCK.read_text().splitlines() if not ln.startswith("msgspec==")]
+    drifted.write_text("\n".join(ln.replace("websockets==", "websockets==0.") for ln in lines) + "\n")
+    monkeypatch.setattr(lock, "LOCK", drifted)
+    assert lock.main() == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "lock: msgspec is not in the lock" in err
+    assert any(e.startswith("lock: websockets is locked at 0.") and "pyproject pins" in e for e in err), err
+
+
 # ---------------------------------------------------------------- a real turn through a deployed server
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sprite_os import migrate as m
+from sprite_os import migrate_tables
 from sprite_os.config import Settings
 from sprite_os.isolation import AgentUser
 from sprite_os.memory.memory_store import MemoryDB, content_key
@@ -29,7 +30,7 @@ from tests.deploy_support import (
     table_rows,
 )
 
-V1_COLUMNS = {t.name: ", ".join(t.columns) for t in m.TABLES}
+V1_COLUMNS = {t.name: ", ".join(t.columns) for t in migrate_tables.TABLES}
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ def test_interrupted_run_resumes(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
         if "copied=" in line and len([x for x in lines if "copied=" in x]) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(m, "say", say)
+    monkeypatch.setattr(migrate_tables, "say", say)  # the copy reports its progress
     with pytest.raises(KeyboardInterrupt):
         m.migrate(layout, chunk=2000)
     assert (v1.root / "agent.db").exists()
@@ -212,7 +213,7 @@ def test_resume_after_v1_rows_changed_copies_again(v1: V1Data, monkeypatch: pyte
         if line.startswith("table=pending_actions copied="):  # every table copied, none verified
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(m, "say", say)
+    monkeypatch.setattr(migrate_tables, "say", say)  # the copy reports its progress
     with pytest.raises(KeyboardInterrupt):
         m.migrate(layout, chunk=1000)
     monkeypatch.undo()
@@ -355,7 +356,7 @@ def test_a_process_holding_agent_db_open_blocks_migration(v1: V1Data) -> None:
         child.wait()
     assert hashlib.sha256((v1.root / "agent.db").read_bytes()).hexdigest() == before
     assert TranscriptDB(layout.transcript_db).counts()["total"] == 0
-    assert MemoryDB(layout.memory_db).get_meta(m.META_STARTED) is None
+    assert MemoryDB(layout.memory_db).get_meta(migrate_tables.META_STARTED) is None
     assert m.migrate(layout)["migrated"] is True  # once it is gone
 
 

@@ -142,7 +142,7 @@ class Harness:
         canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
         self.memory = memory
         self.rt = AgentRuntime(settings, publish=self.frames.append, canvas_store=canvas, memory=memory,
-                               client_factory=self._new_cli)
+                               model_env=dict, client_factory=self._new_cli)
 
     def _new_cli(self, _options: Any) -> Any:
         self.clis.append(FakeCLI(self))

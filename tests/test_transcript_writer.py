@@ -88,7 +88,9 @@ async def test_a_failed_write_is_retried_until_it_lands_in_order_exactly_once(ki
     assert read_status(kit.layout)["degraded"]  # what `memory status` shows, from another process
     assert await kit.writer.drained(10)
     assert await kit.recorded() == [("s1", 1, "turn 1"), ("s1", 2, "turn 2"), ("s1", 3, "turn 3")]
-    assert not kit.writer.status()["degraded"] and not spill_path(kit.layout).exists()
+    assert not kit.writer.status()["degraded"]
+    # The file thread removes the spill file after the last append, behind the drain: wait for it.
+    await wait_for(lambda: not spill_path(kit.layout).exists(), what="the spill file removed")
     await wait_for(lambda: not read_status(kit.layout)["degraded"], what="the saved spell cleared")
 
 

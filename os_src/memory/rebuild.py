@@ -16,6 +16,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..config import Settings
@@ -78,7 +79,7 @@ async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
     """The turns to curate, a batch at a time and never all in memory: first each earlier
     batch's turns (so the same replies rebuild the same learnings), then the rest in order."""
     for ids in previous:
-        group = [o for o in await transcript.call(lambda t, ids=ids: t.get(ids)) if o.processed == PENDING]
+        group = [o for o in await transcript.call(partial(TranscriptDB.get, ids=ids)) if o.processed == PENDING]
         for chunk in split_batch(group):
             yield chunk
     while rest := await transcript.call(lambda t: t.pending(batch_turns)):

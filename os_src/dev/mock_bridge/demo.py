@@ -79,7 +79,7 @@ def _search(agent: AgentScript, query: str, tools: list[str], intro: str) -> Pla
         if error is not None:
             return Reply([Text(f"The tool {SEARCH_MEMORY} failed: {error[:200]}")])
         found = "\n".join(tool_result_text(r) for r in results).strip()
-        return Reply([Text(f"{intro} {found[:500] or '(nothing)'}")])
+        return Reply([Text(f"{intro} {found[:2000] or '(nothing)'}")])
 
     return _call_tool(agent, ToolCall(SEARCH_MEMORY, {"query": query}), tools, after_search)
 

@@ -50,8 +50,8 @@ def curate(prompt: str) -> str:
             else:
                 profile.add(said.key, said.value)
                 learnings.append(f"{said.topic.kind}: {said.learning} [#{match['id']}]")
-    said = {int(m["id"]): m["said"] for m in _OBSERVATION.finditer(prompt)}
-    summaries = [summary(said, int(n), len(learnings)) for n in _ENDED_TURN.findall(_ended_line(prompt))]
+    said_by_turn = {int(m["id"]): m["said"] for m in _OBSERVATION.finditer(prompt)}
+    summaries = [summary(said_by_turn, int(n), len(learnings)) for n in _ENDED_TURN.findall(_ended_line(prompt))]
     if not learnings:
         return "\n".join(summaries) or "NONE"
     return "\n".join([*learnings, *summaries, "USER_MD_UPDATE:", profile.text()])

@@ -1,0 +1,307 @@
+"""The model relay (os_src/model_relay.py) in front of the mock Bridge, a real HTTP server: what the
+CLI's side sends and sees, and what reaches the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import pytest
+
+from sprite_os.dev.harness import wait_for
+from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, Turn
+from sprite_os.model_relay import ModelRelay, RelayLimits, route
+
+PROXY_KEY = "sk-proxy-key-9d1e44-only-upstream"
+CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"  # the bridge answers it as the agent
+BODY = {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.fixture
+async def bridge() -> AsyncIterator[MockBridge]:
+    async with MockBridge() as b:
+        yield b
+
+
+@pytest.fixture
+async def relay(bridge: MockBridge) -> AsyncIterator[ModelRelay]:
+    async with ModelRelay(bridge.url, PROXY_KEY) as r:
+        yield r
+
+
+def cli(relay: ModelRelay, key: str | None = None) -> httpx2.AsyncClient:
+    """An HTTP client standing in for the CLI: the relay's URL and key, the CLI's User-Agent."""
+    return httpx2.AsyncClient(base_url=relay.url, timeout=30, headers={
+        "x-api-key": relay.client_key if key is None else key, "user-agent": CLI_UA,
+        "anthropic-version": "2023-06-01"})
+
+
+def header(headers: dict[str, str], name: str) -> str | None:
+    return next((v for k, v in headers.items() if k.lower() == name), None)
+
+
+def without_ids(raw: bytes) -> bytes:
+    return re.sub(rb"msg_mock_\w+", b"msg_ID", raw)
+
+
+async def stream_bytes(client: httpx2.AsyncClient, body: dict[str, Any]) -> tuple[int, bytes, list[float]]:
+    """POST a streaming request: the status, the raw body, and when each chunk arrived."""
+    arrivals: list[float] = []
+    chunks: list[bytes] = []
+    async with client.stream("POST", "/v1/messages?beta=true", json=body | {"stream": True}) as response:
+        async for chunk in response.aiter_raw():
+            arrivals.append(time.monotonic())
+            chunks.append(chunk)
+    return response.status_code, b"".join(chunks), arrivals
+
+
+# ---------------------------------------------------------------- passthrough
+
+
+async def test_a_stream_through_the_relay_is_byte_identical_to_one_straight_from_the_proxy(
+        bridge: MockBridge, relay: ModelRelay) -> None:
+    reply = Turn(Text("one two three four five six", chunk_delay=0.15))
+    bridge.agent.script(reply)
+    async with httpx2.AsyncClient(base_url=bridge.url, headers={"user-agent": CLI_UA}) as direct:
+        status, straight, _ = await stream_bytes(direct, BODY)
+    bridge.agent.script(reply)
+    async with cli(relay) as c:
+        relayed_status, relayed, arrivals = await stream_bytes(c, BODY)
+    assert status == relayed_status == 200
+    assert b"event: message_stop" in relayed
+    assert without_ids(relayed) == without_ids(straight)  # message ids are the bridge's only difference
+    # Unbuffered: the first events came while the proxy was still writing the rest (5 x 0.15 s).
+    assert arrivals[-1] - arrivals[0] > 0.5
+
+
+async def test_json_replies_and_count_tokens_pass_through(bridge: MockBridge, relay: ModelRelay) -> None:
+    bridge.curator.script("a plain answer")
+    async with cli(relay) as c:
+        counted = await c.post("/v1/messages/count_tokens", json=BODY)
+        answered = await c.post("/v1/messages", json=BODY, headers={"user-agent": "anthropic-python"})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    assert answered.status_code == 200 and answered.json()["content"][0]["text"] == "a plain answer"
+    assert [r.kind for r in bridge.requests] == ["count_tokens", "messages"]
+    assert [r.path for r in bridge.requests] == ["/v1/messages/count_tokens", "/v1/messages"]
+
+
+async def test_one_connection_carries_request_after_request(bridge: MockBridge, relay: ModelRelay) -> None:
+    ports = set()
+    async with cli(relay) as c:
+        for _ in range(3):
+            response = await c.post("/v1/messages/count_tokens", json=BODY)
+            assert response.status_code == 200
+            ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+    assert len(bridge.requests) == 3 and len(ports) == 1  # the CLI's side kept its one connection
+
+
+# ---------------------------------------------------------------- the key
+
+
+async def test_the_proxy_gets_the_real_key_and_the_cli_side_never_sees_it(
+        bridge: MockBridge, relay: ModelRelay) -> None:
+    bridge.agent.script(Turn(Text("fine")))
+    async with cli(relay) as c:
+        c.headers["authorization"] = f"Bearer {relay.client_key}"
+        status, body, _ = await stream_bytes(c, BODY)
+        counted = await c.post("/v1/messages/count_tokens", json=BODY)
+    [streamed, count] = bridge.requests
+    for request in (streamed, count):
+        assert header(request.headers, "x-api-key") == PROXY_KEY
+        assert header(request.headers, "authorization") is None  # the CLI's credentials stay here
+        assert header(request.headers, "user-agent") == CLI_UA  # the rest passes as sent
+        assert relay.client_key not in json.dumps(request.headers)
+    assert status == 200 and PROXY_KEY.encode() not in body
+    assert PROXY_KEY not in counted.text and PROXY_KEY not in json.dumps(dict(counted.headers))
+    assert PROXY_KEY not in json.dumps(relay.cli_env())
+
+
+async def test_a_wrong_or_missing_key_gets_401_and_nothing_reaches_the_proxy(
+        bridge: MockBridge, relay: ModelRelay) -> None:
+    for key in ("", PROXY_KEY, relay.client_key + "x"):
+        async with cli(relay, key=key) as c:
+            response = await c.post("/v1/messages", json=BODY)
+        assert response.status_code == 401, key
+        assert response.json()["error"]["type"] == "authentication_error"
+    assert bridge.requests == []
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/v1/models"), ("POST", "/v1/complete"), ("GET", "/v1/messages"), ("POST", "/v1/messages/batches"),
+    ("POST", "/v1/messages/../files"), ("POST", "/health"), ("POST", "/v1/messages/count_tokens/x"),
+])
+async def test_anything_but_the_messages_api_gets_404(
+        bridge: MockBridge, relay: ModelRelay, method: str, path: str) -> None:
+    async with cli(relay) as c:
+        response = await c.request(method, path, json=BODY)
+    assert response.status_code == 404
+    assert response.json() == {"type": "error", "error": {"type": "not_found_error", "message": response.json()["error"]["message"]}}
+    assert bridge.requests == []
+
+
+def test_routes_are_exact_paths_with_any_query() -> None:
+    assert route(b"POST", b"/v1/messages?beta=true") is None
+    assert route(b"POST", b"/v1/messages/count_tokens?beta=true") is None
+    assert route(b"POST", b"http://elsewhere/v1/messages") is not None  # absolute-form: not ours to fetch
+    assert route(b"POST", b"/v1/messages%2f..") is not None
+
+
+async def test_an_oversize_body_is_refused_before_it_is_read_and_chunked_ones_when_they_pass_the_limit(
+        bridge: MockBridge) -> None:
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(max_body_bytes=10_000)) as relay, cli(relay) as c:
+        big = BODY | {"messages": [{"role": "user", "content": "x" * 20_000}]}
+        declared = await c.post("/v1/messages", json=big)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(20):
+                yield b"x" * 1000
+
+        chunked = await c.post("/v1/messages", content=chunks())
+        fits = await c.post("/v1/messages/count_tokens", json=BODY)
+    for response in (declared, chunked):
+        assert response.status_code == 413
+        assert response.json()["error"]["type"] == "request_too_large"
+    assert fits.status_code == 200 and [r.kind for r in bridge.requests] == ["count_tokens"]
+
+
+async def test_a_malformed_request_gets_400_and_the_relay_keeps_serving(relay: ModelRelay) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+    writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n")
+    head = await asyncio.wait_for(reader.read(100), 5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 400 ")
+    async with cli(relay) as c:
+        assert (await c.post("/v1/messages/count_tokens", json=BODY)).status_code == 200
+
+
+# ---------------------------------------------------------------- the proxy failing
+
+
+async def test_a_proxy_that_is_down_gets_the_cli_a_502_at_once() -> None:
+    with socket.socket() as closed:  # a port nothing listens on: connection refused
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    async with ModelRelay(url, PROXY_KEY) as relay, cli(relay) as c:
+        started = time.monotonic()
+        response = await c.post("/v1/messages", json=BODY)
+        took = time.monotonic() - started
+    assert response.status_code == 502 and took < 2.0
+    assert response.headers["x-should-retry"] == "true"  # the CLI retries it, as any 5xx
+    error = response.json()["error"]
+    assert error["type"] == "api_error" and "Connection refused" in error["message"]
+    assert url not in response.text and PROXY_KEY not in response.text
+
+
+async def test_a_proxy_that_never_answers_gets_a_504_after_the_read_timeout() -> None:
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, then says nothing
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        async with ModelRelay(url, PROXY_KEY, RelayLimits(upstream_read_timeout=0.5)) as relay, cli(relay) as c:
+            response = await c.post("/v1/messages", json=BODY)
+    finally:
+        silent.close()
+    assert response.status_code == 504 and response.json()["error"]["type"] == "timeout_error"
+
+
+async def test_status_codes_retry_after_and_error_bodies_pass_through(bridge: MockBridge, relay: ModelRelay) -> None:
+    bridge.faults.add(Fault("status", status=529, retry_after=7, times=1, message="overloaded, try later"))
+    async with cli(relay) as c:
+        overloaded = await c.post("/v1/messages", json=BODY)
+        bridge.faults.add(Fault("status", status=429, times=1))
+        limited = await c.post("/v1/messages", json=BODY)
+        fine = await c.post("/v1/messages", json=BODY)
+    assert overloaded.status_code == 529 and overloaded.headers["retry-after"] == "7"
+    assert overloaded.json()["error"] == {"type": "overloaded_error", "message": "overloaded, try later"}
+    assert limited.status_code == 429 and limited.json()["error"]["type"] == "rate_limit_error"
+    assert fine.status_code == 200
+
+
+async def test_latency_passes_through_and_a_cut_stream_is_cut_for_the_cli_too(
+        bridge: MockBridge, relay: ModelRelay) -> None:
+    bridge.faults.add(Fault("latency", seconds=0.6, times=1))
+    async with cli(relay) as c:
+        started = time.monotonic()
+        assert (await c.post("/v1/messages", json=BODY)).status_code == 200
+        assert time.monotonic() - started >= 0.6
+        bridge.faults.add(Fault("cut", after_events=2, times=1))
+        bridge.agent.script(Turn(Text("never finished")))
+        with pytest.raises(httpx2.RemoteProtocolError):  # an incomplete body, as straight from the proxy
+            await stream_bytes(c, BODY)
+    assert relay.upstream_open == 0
+
+
+# ---------------------------------------------------------------- clients that go away or stall
+
+
+async def test_a_cli_that_goes_away_mid_stream_frees_the_upstream_at_once(
+        bridge: MockBridge, relay: ModelRelay) -> None:
+    bridge.agent.script(Turn(Text("word " * 100, chunk_delay=0.2)))  # 20 s of stream
+    async with cli(relay) as c, c.stream("POST", "/v1/messages", json=BODY | {"stream": True}) as response:
+        async for _ in response.aiter_raw():
+            assert relay.upstream_open == 1
+            break  # the CLI was interrupted: it closes the connection
+    started = time.monotonic()
+    await wait_for(lambda: relay.upstream_open == 0, timeout=2, what="the upstream request closed")
+    assert time.monotonic() - started < 1.0
+
+
+async def test_a_cli_that_stops_reading_is_dropped_and_memory_stays_bounded(bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("x" * (16 * 1024 * 1024), chunk_size=64 * 1024)))  # far more than buffers hold
+    limits = RelayLimits(write_timeout=1.0)
+    async with ModelRelay(bridge.url, PROXY_KEY, limits) as relay:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", relay.port))
+        body = json.dumps(BODY | {"stream": True}).encode()
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: relay\r\ncontent-type: application/json\r\n"
+                     b"x-api-key: " + relay.client_key.encode() + b"\r\nuser-agent: " + CLI_UA.encode() +
+                     b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            await wait_for(lambda: relay.upstream_open == 1, timeout=5, what="the stream started")
+            # Never read: the relay stops taking from the proxy, then gives up on the CLI.
+            await wait_for(lambda: relay.upstream_open == 0, timeout=10, what="the stalled CLI dropped")
+        finally:
+            sock.close()
+        async with cli(relay) as c:  # and it keeps serving
+            assert (await c.post("/v1/messages/count_tokens", json=BODY)).status_code == 200
+
+
+async def test_stop_ends_open_streams_and_closes_the_port(bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 100, chunk_delay=0.2)))
+    relay = ModelRelay(bridge.url, PROXY_KEY)
+    await relay.start()
+    port = relay.port
+    async with cli(relay) as c, c.stream("POST", "/v1/messages", json=BODY | {"stream": True}) as response:
+        chunks = response.aiter_raw()
+        await chunks.__anext__()
+        started = time.monotonic()
+        await relay.stop()
+        assert time.monotonic() - started < 2.0 and relay.upstream_open == 0
+        with pytest.raises(httpx2.HTTPError):
+            async for _ in chunks:
+                pass
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+async def test_connections_beyond_the_limit_get_503_and_the_open_one_goes_on(bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("word " * 10, chunk_delay=0.1)))
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(max_connections=1)) as relay, cli(relay) as c:
+        async with c.stream("POST", "/v1/messages", json=BODY | {"stream": True}) as response:
+            chunks = response.aiter_raw()
+            first = await chunks.__anext__()
+            async with cli(relay) as other:
+                busy = await other.post("/v1/messages/count_tokens", json=BODY)
+            rest = b"".join([chunk async for chunk in chunks])
+    assert busy.status_code == 503 and busy.json()["error"]["type"] == "overloaded_error"
+    assert b"event: message_stop" in first + rest
+    assert [r.kind for r in bridge.requests] == ["messages"]
