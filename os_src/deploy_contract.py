@@ -137,6 +137,9 @@ def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
         if entry.name == ".os":
             continue
         for path in (_walk(Path(entry.path)) if deep else (Path(entry.path),)):
+            st = os.lstat(path)
+            if st.st_nlink > 1 and not os.path.isdir(path) and st.st_uid != uid:
+                continue  # another name for a file outside user space (a hard link): not the agent's to get
             _own(path, uid, gid)
     if deep:
         for path in _walk(os_dir):

@@ -616,10 +616,14 @@ async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, ag
 
     ws = agent_workspace  # the agent's user must reach it: the deployed server runs its CLI as that user
     token = token_file(tmp_path)
-    await asyncio.to_thread(deploy_ok, ws, venv, "--from-checkout", str(REPO), "--token-file", str(token))
+    # A user of its own: a deployed server's start kills every process of its agent's uid (leftovers),
+    # and other tests' agents run as the default one.
+    user = {"SPRITE_AGENT_USER": "sprite-agent-deploy"}
+    await asyncio.to_thread(deploy_ok, ws, venv, "--from-checkout", str(REPO), "--token-file", str(token),
+                            env=base_env(**user))
     port = free_port()
     async with MockBridge() as bridge:
-        env = base_env(SPRITE_OS_PORT=str(port), ANTHROPIC_BASE_URL=bridge.url)
+        env = base_env(SPRITE_OS_PORT=str(port), ANTHROPIC_BASE_URL=bridge.url, **user)
         started = await asyncio.to_thread(sprite_os, ws, "service", "start", env=env)
         assert started.returncode == 0, started.stdout + started.stderr
         try:

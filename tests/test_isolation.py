@@ -201,3 +201,14 @@ def test_every_process_of_the_uid_is_killed(tmp_path: Path) -> None:
     finally:
         for p in sleepers:
             p.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners can only be given away by root")
+def test_a_hard_link_in_user_space_does_not_give_the_agent_someone_elses_file(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    Layout(root).ensure()
+    elsewhere = tmp_path / "root-owned.conf"
+    elsewhere.write_text("root's")
+    os.link(elsewhere, root / "documents" / "grab.conf")
+    apply_ownership(root, 4243, 4244, deep=True)
+    assert elsewhere.stat().st_uid == 0
