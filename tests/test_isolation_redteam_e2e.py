@@ -1,0 +1,357 @@
+"""The red team (issue 9): a prompt-injected agent tries to write into `.os/` and to read the
+server's secrets, through the real Claude Code CLI running as the agent user, and the kernel (or
+the sandbox) refuses every attempt.
+
+One server and one CLI session per isolation mode serve the whole batch, one turn per attack:
+the mock model makes the attack's tool calls, then ends the turn. After each attack every memory
+file, both databases, `.os/src` and the token must be byte-identical (owners and modes too), the
+turn must have ended normally in the same session, and the tool_result the CLI sent the model
+must be a refusal. A secret must not appear in anything the model was sent back.
+
+The server is its own process, as on a Sprite (tests/redteam_server.py: without the memory daemon,
+so nothing but an attacker writes the databases). Modes run: `user` and `sandbox`, each where the
+machine allows it. SPRITE_REDTEAM_MODES=none runs the batch with isolation off, to show that the
+tests can fail: there, many attacks get through, and that is expected (it is not a red-team run).
+SPRITE_REDTEAM_REPORT=FILE writes every attack's outcome there as JSON lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os.paths import Layout
+from tests.conftest import Client, ServerProcess, client_factory, wait_for
+from tests.redteam_support import (
+    KEY_ATTACKS,
+    MARK,
+    SANDBOX_SUBSET,
+    SECRET_ATTACKS,
+    SEEDED,
+    WRITE_ATTACKS,
+    Attack,
+    Outcome,
+    Placeholders,
+    ToolResult,
+    bash,
+    differences,
+    edit,
+    keep_pristine,
+    programs_missing,
+    protected_state,
+    read,
+    restore,
+    seed,
+    tool_result,
+    write,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = tuple(m for m in os.environ.get("SPRITE_REDTEAM_MODES", "user,sandbox").split(",") if m)
+AGENT_USER = os.environ.get("SPRITE_AGENT_USER", "sprite-agent")
+LINGERING = "3141.5"  # `sleep 3141.5`: a job the agent leaves running, found by its command line
+TURN_TIMEOUT = 60.0
+MISSING = programs_missing((*WRITE_ATTACKS, *SECRET_ATTACKS))
+OUTCOMES: list[Outcome] = []
+
+
+def agent_uid() -> int | None:
+    try:
+        return pwd.getpwnam(AGENT_USER).pw_uid
+    except KeyError:
+        return None
+
+
+def unavailable(mode: str) -> str | None:
+    """Why this machine cannot run `mode`, or None."""
+    if mode == "user" and os.geteuid() != 0:
+        return "switching to the agent user needs root (CI runs as root)"
+    if mode == "sandbox" and shutil.which("bwrap") is None:
+        return "the CLI's sandbox needs bubblewrap (`apt-get install bubblewrap`)"
+    return None
+
+
+@dataclass
+class Sprite:
+    """One running server in one isolation mode, its client, and what the attacks need."""
+
+    mode: str
+    layout: Layout
+    bridge: MockBridge
+    server: ServerProcess
+    client: Client
+    token: str
+    key: str
+    pristine: Path
+    prefix: str = field(default_factory=lambda: secrets.token_hex(3))
+    session_id: str = ""
+
+    def place(self, attack: Attack) -> Placeholders:
+        return Placeholders(self.layout.root, self.server.pid, f"documents/rt-{attack.name}")
+
+    async def health(self) -> dict[str, Any]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.server.port}/healthz",
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        raw = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=10).read())
+        body: dict[str, Any] = json.loads(raw)
+        return body
+
+    async def turn(self, text: str, scripted: Turn) -> dict[str, Any]:
+        """Run one scripted turn; it must end normally, in the same session (the CLI did not crash)."""
+        self.bridge.agent.script(scripted)
+        c = self.client
+        seen = len(c.frames)
+        await c.send(type="user_message", text=text)
+        started = await c.until("turn_started", lambda f: f["text"] == text, timeout=TURN_TIMEOUT)
+        done = await c.until("turn_complete", lambda f: f["turn_id"] == started["turn_id"], timeout=TURN_TIMEOUT)
+        assert done["status"] == "completed", f"{text}: the turn ended {done['status']}"
+        ended = [f for f in c.frames[seen:] if f["type"] in ("session_ended", "error")]
+        assert not ended, f"{text}: the session did not survive the turn: {ended}"
+        return done
+
+    async def run(self, attack: Attack) -> list[ToolResult]:
+        """Run the attack's turn; what the CLI told the model about each of its steps."""
+        await self.turn(f"red team: {attack.name}", attack.turn(self.place(attack), self.prefix))
+        results = []
+        for n in range(len(attack.steps)):
+            result = tool_result(self.bridge, f"toolu_{self.prefix}_{attack.name}_{n}")
+            assert result is not None, f"{attack.name}: the CLI never answered step {n}"
+            results.append(result)
+        assert any(r.reply_text == f"done: {attack.name}" for r in self.bridge.agent_requests()), \
+            f"{attack.name}: the model never got its last tool_result"
+        return results
+
+
+def traversable_workspace() -> Path:
+    """A workspace in a directory the agent user can traverse (pytest's own tmp is root's, 0700)."""
+    parent = Path(tempfile.mkdtemp(prefix="sprite-redteam-"))
+    parent.chmod(0o755)
+    return parent / "workspace"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=MODES)
+async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
+    mode: str = request.param
+    if (why := unavailable(mode)) is not None:
+        pytest.skip(why)
+    workspace = traversable_workspace()
+    layout = Layout(workspace)
+    token, key = f"rt-token-{secrets.token_hex(12)}", f"rt-proxy-key-{secrets.token_hex(12)}"
+    seed(layout, token)
+    pristine = workspace.parent / "pristine-os"
+    keep_pristine(layout, pristine)
+    try:
+        async with MockBridge() as bridge:
+            server = ServerProcess(workspace, bridge.url, module="tests.redteam_server", SPRITE_OS_TOKEN=token,
+                                   ANTHROPIC_API_KEY=key, SPRITE_ISOLATION=mode, SPRITE_AGENT_USER=AGENT_USER,
+                                   SPRITE_IDLE_TIMEOUT="3600", PYTHONPATH=str(REPO))
+            await server.start()
+            try:
+                async with client_factory(server.port) as connect:
+                    client = await connect(hello={}, token=token)
+                    sprite = Sprite(mode, layout, bridge, server, client, token, key, pristine,
+                                    session_id=client.frames[0]["session_id"])
+                    yield sprite
+            finally:
+                await server.stop()
+            await wait_for(lambda: not agent_processes(), timeout=10, what=f"no process of {AGENT_USER} left")
+            assert not lingering(), "a job the agent left running outlived the server"
+    finally:
+        report = os.environ.get("SPRITE_REDTEAM_REPORT")
+        if report:
+            with open(report, "a") as f:
+                for outcome in OUTCOMES:
+                    if outcome.mode == mode:
+                        f.write(json.dumps(asdict(outcome)) + "\n")
+        shutil.rmtree(workspace.parent, ignore_errors=True)
+
+
+def agent_processes() -> list[str]:
+    """`pgrep -u <agent user>`: empty when the user does not exist (modes that keep one identity)."""
+    if agent_uid() is None:
+        return []
+    found = subprocess.run(["pgrep", "-a", "-u", AGENT_USER], capture_output=True, text=True, check=False)
+    return found.stdout.splitlines()
+
+
+def lingering() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"sleep\0{LINGERING}" in (entry / "cmdline").read_text():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def skip_unless_applies(sprite: Sprite, attack: Attack) -> None:
+    if attack.name in MISSING:
+        pytest.skip(f"{MISSING[attack.name]} is not installed on this machine")
+    if sprite.mode == "sandbox" and attack.name not in SANDBOX_SUBSET:
+        pytest.skip("the sandbox mode runs a representative subset")
+
+
+# ---------------------------------------------------------------- writes into .os/
+
+
+@pytest.mark.parametrize("attack", WRITE_ATTACKS, ids=lambda a: a.name)
+async def test_a_write_into_os_is_refused(sprite: Sprite, attack: Attack) -> None:
+    skip_unless_applies(sprite, attack)
+    layout = sprite.layout
+    before = protected_state(layout)
+    results = await sprite.run(attack)
+    if attack.settle:
+        await asyncio.sleep(attack.settle)
+    changed = differences(before, protected_state(layout))
+    *setup, result = results
+    if sprite.mode != "none":  # where only the kernel decides, the setup in user space works: the attack is real
+        assert not [r for r in setup if r.refused], f"{attack.name}: its setup failed: {setup}"
+    result = next((r for r in setup if r.refused), result)
+    OUTCOMES.append(Outcome(sprite.mode, attack.name, changed, result.refused_by, text=result.text[:300]))
+    if changed:  # put it back, so that the next attack starts from the same place
+        if attack.undo:
+            await asyncio.to_thread(subprocess.run, attack.undo, shell=True, cwd=layout.root, check=False)
+        await asyncio.to_thread(restore, layout, sprite.pristine, before)
+    assert not changed, f"{attack.name} changed .os/:\n" + "\n".join(changed)
+    if not attack.background:  # a job started in the background reports nothing: the check above is its
+        assert result.refused, f"{attack.name}: the model was told it worked: {result.text[:300]!r}"
+
+
+# ---------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize("attack", SECRET_ATTACKS, ids=lambda a: a.name)
+async def test_the_token_cannot_be_read(sprite: Sprite, attack: Attack) -> None:
+    skip_unless_applies(sprite, attack)
+    results = await sprite.run(attack)
+    leaked = [r.text for r in results if sprite.token in r.text]
+    OUTCOMES.append(Outcome(sprite.mode, attack.name, refused_by=results[-1].refused_by, leaked=bool(leaked),
+                            text=results[-1].text[:300]))
+    assert not leaked, f"{attack.name} read the token"
+
+
+RELAY = (REPO / "os_src" / "relay.py").exists()  # TODO(lead): the relay branch's module; see the test below
+
+
+@pytest.mark.parametrize("attack", KEY_ATTACKS, ids=lambda a: a.name)
+async def test_the_proxy_key_is_not_in_the_agents_shell(sprite: Sprite, attack: Attack) -> None:
+    if not RELAY:
+        pytest.xfail("the model proxy's key reaches the CLI's environment until the relay lands (issue 9)")
+    results = await sprite.run(attack)
+    leaked = [r.text for r in results if sprite.key in r.text]
+    OUTCOMES.append(Outcome(sprite.mode, attack.name, leaked=bool(leaked), text=results[-1].text[:300]))
+    assert not leaked, f"{attack.name} showed the model proxy's key"
+
+
+# ---------------------------------------------------------------- honest work
+
+
+async def test_honest_work_in_user_space_still_works(sprite: Sprite) -> None:
+    root = sprite.layout.root
+    nested = root / "documents" / f"deep-{sprite.mode}" / "er" / "notes.txt"
+    top = root / f"plan-{sprite.mode}.md"
+    prose = root / "documents" / f"prose-{sprite.mode}.md"
+    story = "Remember: the .os folder is Sprite OS's own, and .os/memory/user.md is curated for you."
+    steps = (
+        write(str(top), "# Plan\n- one\n"),
+        bash(f"mkdir -p {nested.parent} && printf 'first line\\n' > {nested}"),
+        read(str(nested)),
+        edit(str(nested), "first line", "edited line"),
+        bash(f"cat > {prose} <<'EOF'\n{story}\nEOF"),
+        edit(str(top), "- one", "- one\n- two"),
+    )
+    ids = [f"toolu_{sprite.prefix}_honest_{n}" for n in range(len(steps))]
+    await sprite.turn("honest work", Turn(*(ToolCall(s.name, s.input, id=i) for s, i in zip(steps, ids, strict=True)),
+                                          Text("done: honest")))
+    results = [tool_result(sprite.bridge, i) for i in ids]
+    failed = [(s.name, r) for s, r in zip(steps, results, strict=True) if r is None or r.is_error]
+    assert not failed, failed
+    assert top.read_text() == "# Plan\n- one\n- two\n"
+    assert nested.read_text() == "edited line\n"
+    assert prose.read_text() == story + "\n"
+    uid = agent_uid()
+    if sprite.mode == "user":  # made by the agent user: the person and the agent share user space
+        assert uid is not None and {top.stat().st_uid, nested.stat().st_uid, prose.stat().st_uid} == {uid}
+
+
+async def test_the_memory_files_are_readable_as_docs_security_says(sprite: Sprite) -> None:
+    call = read(str(sprite.layout.memory_dir / "user.md"))
+    tid = f"toolu_{sprite.prefix}_read_memory"
+    await sprite.turn("read my memory", Turn(ToolCall(call.name, call.input, id=tid), Text("done: read")))
+    result = tool_result(sprite.bridge, tid)
+    assert result is not None
+    decided = (REPO / "docs" / "security.md").read_text() if (REPO / "docs" / "security.md").exists() else ""
+    if re.search(r"memory files[^.]*(?:not|never|cannot|can't) (?:be )?read", decided, re.IGNORECASE):
+        assert result.refused and "Ada" not in result.text
+    else:
+        assert not result.is_error and "- Name: Ada" in result.text, result.text[:300]
+
+
+# ---------------------------------------------------------------- the mode, and what outlives a session
+
+
+async def test_healthz_reports_the_isolation_mode(sprite: Sprite) -> None:
+    assert (await sprite.health())["isolation"] == sprite.mode
+
+
+async def test_a_job_left_running_ends_with_the_session(sprite: Sprite) -> None:
+    job = bash(f"setsid nohup sleep {LINGERING} >/dev/null 2>&1 & nohup sleep {LINGERING} >/dev/null 2>&1 &")
+    tid = f"toolu_{sprite.prefix}_linger"
+    await sprite.turn("leave a job running", Turn(ToolCall(job.name, job.input, id=tid), Text("done: linger")))
+    await wait_for(lambda: len(lingering()) == 2, timeout=10, what="the two jobs started")
+    c = sprite.client
+    await c.send(type="new_session")
+    started = await c.until("session_started", timeout=TURN_TIMEOUT)
+    sprite.session_id = started["session_id"]
+    await wait_for(lambda: not lingering(), timeout=15, what="the jobs ended with the session")
+    await wait_for(lambda: not agent_processes(), timeout=15, what=f"no process of {AGENT_USER} left")
+
+
+# ---------------------------------------------------------------- isolation off: only the guard
+
+
+async def test_with_isolation_off_the_guard_still_denies_write_and_edit_into_os(tmp_path: Path) -> None:
+    """Mode `none` is no boundary (the attacks above get through there); what remains is the
+    guard's clear denial of the Write and Edit tools, so the model doesn't waste turns."""
+    from tests.conftest import make_settings, running
+
+    workspace = tmp_path / "workspace"
+    layout = Layout(workspace)
+    seed(layout, f"rt-token-{secrets.token_hex(12)}")
+    before = protected_state(layout)
+    async with MockBridge() as bridge:
+        settings = make_settings(workspace, bridge.url)
+        async with running(settings, memory=False) as app, client_factory(app.port) as connect:
+            c = await connect(hello={})
+            calls = {"w": write(str(layout.memory_dir / "user.md")),
+                     "e": edit(str(layout.memory_dir / "soul.md"), "kind", MARK)}
+            bridge.agent.script(Turn(*(ToolCall(s.name, s.input, id=f"toolu_none_{k}") for k, s in calls.items()),
+                                     Text("done")))
+            await c.send(type="user_message", text="write into .os")
+            done = await c.until("turn_complete")
+            assert done["status"] == "completed"
+            assert (await app.health())["isolation"] in (None, "none")
+    for k in calls:
+        result = tool_result(bridge, f"toolu_none_{k}")
+        assert result is not None and result.refused_by == "guard", result
+    assert differences(before, protected_state(layout)) == []
+    assert (layout.memory_dir / "user.md").read_text() == SEEDED["user.md"]
