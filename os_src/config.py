@@ -19,6 +19,7 @@ from .console.origin import normalize_origin
 from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
+from .isolation import DEFAULT_AGENT_USER, REQUESTS
 from .memory.budget import DEFAULT_DAILY_USD
 from .memory.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
@@ -49,6 +50,8 @@ class Settings:
     log_format: Literal["kv", "json"] = "kv"
     log_level: str = "info"
     log_file: Path | None = None
+    isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation.py): auto, user, sandbox, none
+    agent_user: str = DEFAULT_AGENT_USER  # the user the CLI runs as in `user` isolation
 
     @property
     def layout(self) -> Layout:
@@ -161,6 +164,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_LOG_FORMAT": ("log_format", _text),
     "SPRITE_LOG_LEVEL": ("log_level", _text),
     "SPRITE_LOG_FILE": ("log_file", _path),
+    "SPRITE_ISOLATION": ("isolation", _text),
+    "SPRITE_AGENT_USER": ("agent_user", _text),
 }
 
 ENV_VARS = tuple(_ENV)
@@ -186,6 +191,10 @@ def _validated(s: Settings) -> Settings:
         raise ConfigError(
             f"SPRITE_LOG_LEVEL must be debug, info, warning or error, got {s.log_level!r}"
         )
+    if s.isolation not in REQUESTS:
+        raise ConfigError(f"SPRITE_ISOLATION must be one of {', '.join(REQUESTS)}, got {s.isolation!r}")
+    if not s.agent_user or s.agent_user != s.agent_user.strip() or ":" in s.agent_user:
+        raise ConfigError(f"SPRITE_AGENT_USER must be a user name, got {s.agent_user!r}")
     if s.anthropic_base_url:
         url = urlparse(s.anthropic_base_url)
         if url.scheme not in ("http", "https") or not url.netloc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -75,3 +76,115 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+# ---------------------------------------------------------------- owners and modes (user isolation)
+
+AGENT_USER = "sprite-agent"  # the agent's Unix user, unless SPRITE_AGENT_USER names another
+AGENT_DIR = "agent"  # .os/agent: the one thing in .os/ the agent's user may read (its boot prompt)
+PRIVATE_DIRS = ("memory", "state", "logs", "backup")  # in .os/: Sprite OS only (0700)
+SECRETS = ("token", "state/service.env")  # in .os/: Sprite OS only (0600)
+
+
+def _own(path: Path, uid: int, gid: int, mode: int | None = None) -> None:
+    """chown (never through a symlink) and chmod one path, if it exists and differs."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.lchown(path, uid, gid)
+    if mode is not None and not os.path.islink(path) and (st.st_mode & 0o7777) != mode:
+        os.chmod(path, mode)
+
+
+def _walk(top: Path) -> Iterator[Path]:
+    """`top` and everything under it, symlinks not followed."""
+    yield top
+    if top.is_symlink() or not top.is_dir():
+        return
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in (*dirnames, *filenames):
+            yield Path(dirpath) / name
+
+
+def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
+    """Owners and modes that let the kernel keep the agent's user (uid, gid) out of `.os/`:
+
+    - the workspace root: root-owned, group the agent's, 1770: the agent creates top-level files;
+      the sticky bit keeps it from renaming or removing `.os`, which it does not own;
+    - `.os/`: root's, 0711: the agent can pass through to `.os/agent/` (its boot prompt, 0750
+      root:agent group) but list nothing; memory, state, logs and backup are 0700, the token and
+      the service's saved environment 0600: the agent reads no memory file or database, no secret;
+    - the user's folders: the agent's.
+
+    `deep` (deploy, migrate) also gives every top-level entry and all it holds to the agent, and
+    takes back anything under `.os/` that is not root's, or that group or others may write; the
+    server's start does only the top level (cheap). Idempotent."""
+    os_dir = root / ".os"
+    _own(root, 0, gid, 0o1770)
+    os_dir.mkdir(mode=0o711, exist_ok=True)
+    _own(os_dir, 0, 0, 0o711)
+    (os_dir / AGENT_DIR).mkdir(exist_ok=True)
+    _own(os_dir / AGENT_DIR, 0, gid, 0o750)
+    for name in PRIVATE_DIRS:
+        _own(os_dir / name, 0, 0, 0o700)
+    for name in SECRETS:
+        _own(os_dir / name, 0, 0, 0o600)
+    for name in USER_SPACE_DIRS:
+        (root / name).mkdir(exist_ok=True)
+    for entry in os.scandir(root):
+        if entry.name == ".os":
+            continue
+        for path in (_walk(Path(entry.path)) if deep else (Path(entry.path),)):
+            _own(path, uid, gid)
+    if deep:
+        for path in _walk(os_dir):
+            if path == os_dir / AGENT_DIR or path.parent == os_dir / AGENT_DIR:
+                continue  # set above; what is in it is written 0640 root:agent group by the server
+            st = os.lstat(path)
+            if (st.st_uid, st.st_gid) != (0, 0):
+                os.lchown(path, 0, 0)
+            if not path.is_symlink() and st.st_mode & 0o6022:  # no writes but root's, no set-id
+                os.chmod(path, st.st_mode & 0o1755)
+
+
+# What the kernel must enforce for the agent's user (set by deploy, checked by the server's start):
+# no hard link to a file the agent can't write (the token), no following another user's symlink
+# in a sticky world-writable directory (/tmp).
+SYSCTLS = {"fs.protected_hardlinks": "1", "fs.protected_symlinks": "1"}
+
+
+def ensure_sysctls() -> list[str]:
+    """Set SYSCTLS in the running kernel where they differ; returns the ones changed. Root only."""
+    changed = []
+    for name, want in SYSCTLS.items():
+        path = Path("/proc/sys") / name.replace(".", "/")
+        if path.read_text().strip() != want:
+            path.write_text(want + "\n")
+            changed.append(name)
+    return changed
+
+
+def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
+    """Create the agent's user if missing (a system user, no login shell, a home of its own for the
+    CLI's state, outside the workspace): (uid, gid, home). Idempotent. Root only."""
+    import pwd
+    import shutil
+    import subprocess
+
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        nologin = next((s for s in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(s)), "/bin/false")
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        run = subprocess.run([useradd, "--system", "--user-group", "--shell", nologin, "--home-dir",
+                              f"/var/lib/{name}", "--create-home", name], capture_output=True, text=True, check=False)
+        if run.returncode not in (0, 9):  # 9: it exists (made meanwhile by another process)
+            raise OSError(f"useradd {name} failed: {run.stderr.strip()[:300]}") from None
+        entry = pwd.getpwnam(name)
+    home = Path(entry.pw_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+    os.chmod(home, 0o700)
+    return entry.pw_uid, entry.pw_gid, home

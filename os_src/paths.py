@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deploy_contract import USER_SPACE_DIRS
+from .deploy_contract import PRIVATE_DIRS, USER_SPACE_DIRS
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,12 @@ class Layout:
         """Create the directories the server needs; idempotent."""
         for path in (self.os_dir, self.memory_dir, self.history_dir, self.state_dir, self.logs_dir):
             path.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.os_dir, 0o700)
+        # .os/ may be passed through (the agent's user reads its boot prompt in .os/agent/, see
+        # deploy_contract.apply_ownership), never listed; what it keeps is Sprite OS's alone.
+        os.chmod(self.os_dir, 0o711)
+        for name in PRIVATE_DIRS:
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(self.os_dir / name, 0o700)
         for path in self.user_dirs():
             path.mkdir(parents=True, exist_ok=True)
 

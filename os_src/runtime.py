@@ -35,6 +35,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import frames
 from . import protocol as p
+from .agent_launch import AgentLaunch
 from .agent_process import AgentProcess, ClientFactory
 from .agent_state import (
     Command,
@@ -136,8 +137,10 @@ class AgentRuntime:
         canvas_store: canvas.CanvasStore,
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
+        launch: AgentLaunch | None = None,
     ) -> None:
         self._settings = settings
+        self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
         self._canvas = canvas_store
         self._memory = memory
@@ -388,14 +391,15 @@ class AgentRuntime:
 
     async def _connect(self) -> None:
         prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+        system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
         # Owned from before connect: a connect that fails half-way still gets its process ended.
-        self._cli = cli = AgentProcess(self._options(prompt), self._client_factory)
+        self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
         started = time.monotonic()
         await cli.connect()
         log.info("cli_connected", session_id=self.session_id, seconds=round(time.monotonic() - started, 3),
-                 pid=cli.pid, prompt_chars=len(prompt))
+                 pid=cli.pid, prompt_chars=len(prompt), isolation=self._launch.mode)
 
-    def _options(self, system_prompt: str) -> ClaudeAgentOptions:
+    def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
         hooks: dict[Any, list[HookMatcher]] = {
@@ -415,7 +419,9 @@ class AgentRuntime:
             hooks=hooks,
             include_partial_messages=True,
             model=self._settings.agent_model,
-            env={**self._settings.model_env(), **CLI_ENV},
+            env={**self._settings.model_env(), **CLI_ENV, **self._launch.env()},
+            cli_path=self._launch.cli_path(),
+            settings=self._launch.settings(),
             stderr=_log_cli_stderr,
             max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )
@@ -423,7 +429,10 @@ class AgentRuntime:
     async def _disconnect(self) -> None:
         cli, self._cli = self._cli, None
         if cli is not None:
-            await cli.close()
+            try:
+                await cli.close()
+            finally:
+                self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
 
 
 def _log_cli_stderr(line: str) -> None:

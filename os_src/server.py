@@ -31,6 +31,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
+from .agent_launch import AgentLaunch
 from .cli_ledger import CliLedger
 from .config import Settings, describe, resolve_token
 from .console.origin import origin_allowed
@@ -79,7 +80,9 @@ class SpriteOS:
         publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
-        self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory)
+        self.launch = AgentLaunch(layout)
+        self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
+                                    launch=self.launch)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
@@ -92,6 +95,8 @@ class SpriteOS:
 
     async def start(self) -> None:
         self.settings.layout.ensure()
+        # First: a Sprite that can't isolate its agent as asked refuses to start (ConfigError).
+        await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user)
         self.canvas.load()
         if self.memory is not None:
             await self.memory.start()
@@ -156,7 +161,7 @@ class SpriteOS:
             "agent": {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
                       "queued_messages": rt.queued},
             "clients": len(self.gateway.connections),
-            "isolation": None,  # how the CLI runs (issue 9: as its own user); None: as the server's user
+            "isolation": self.launch.mode,  # how the agent is kept out of .os/: user, sandbox or none
         }
         if self.memory is not None:
             body["memory"] = await self.memory.health()

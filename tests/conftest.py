@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+import re
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,11 +29,13 @@ from sprite_os.dev.harness import (
     wait_for,
 )
 from sprite_os.dev.mock_bridge import MockBridge
+from sprite_os.isolation import AgentUser
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
 
-__all__ = ["TOKEN", "Client", "Connect", "client_factory", "make_settings", "running", "wait_for"]
+__all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "client_factory", "make_settings", "processes_of", "running",
+           "wait_for"]
 
 
 @pytest.fixture
@@ -97,7 +102,8 @@ class ServerProcess:
         self.args = ("-m", module) if module != "sprite_os" else ("-m", module, "serve")
         self.port = free_port()
         self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
-                    "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json", **env}
+                    "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
+                    "SPRITE_ISOLATION": "none", **env}  # a tmp_path workspace: see make_settings
         self.log = workspace.parent / f"server-{self.port}.log"
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -150,3 +156,76 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# ---------------------------------------------------------------- the agent as its own user (issue 9)
+# CI runs as root on a fresh machine: these create the agent's user (as bootstrap/deploy.py does) and
+# a workspace the agent's user can reach. Without root they skip, saying why.
+
+AGENT_USER = os.environ.get("SPRITE_TEST_AGENT_USER", "sprite-agent")
+AGENT_TESTS_ROOT = Path("/tmp/sprite-os-agent-tests")  # pytest's tmp_path is under a 0700 directory
+
+
+@pytest.fixture(scope="session")
+def agent_user() -> AgentUser:
+    """The agent's Unix user, created if missing (idempotent). Skips when the tests are not root."""
+    if os.geteuid() != 0:
+        pytest.skip("running the agent as its own user needs root (CI runs the suite as root)")
+    from sprite_os.deploy_contract import ensure_agent_user
+    from sprite_os.isolation_probe import agent_user as lookup
+
+    ensure_agent_user(AGENT_USER)
+    found = lookup(AGENT_USER)
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def agent_workspace(agent_user: AgentUser, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh workspace path (not yet created) in a directory the agent's user can pass through
+    (/tmp/sprite-os-agent-tests/<unique>/workspace); removed afterwards."""
+    AGENT_TESTS_ROOT.mkdir(mode=0o755, exist_ok=True)
+    st = AGENT_TESTS_ROOT.stat()
+    assert st.st_uid == 0 and not st.st_mode & 0o022, f"{AGENT_TESTS_ROOT} must be root's and 0755"
+    os.chmod(AGENT_TESTS_ROOT, 0o755)
+    name = re.sub(r"[^\w.-]", "_", request.node.name)[:40]
+    base = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=AGENT_TESTS_ROOT))
+    os.chmod(base, 0o755)
+    try:
+        yield base / "workspace"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_settings(agent_workspace: Path, bridge: MockBridge, agent_user: AgentUser) -> Settings:
+    """Settings whose agent runs as `agent_user` (SPRITE_ISOLATION=user)."""
+    return make_settings(agent_workspace, bridge.url, isolation="user", agent_user=agent_user.name)
+
+
+@pytest.fixture
+async def agent_server(agent_settings: Settings) -> AsyncIterator[SpriteOS]:
+    async with running(agent_settings) as app:
+        yield app
+
+
+@pytest.fixture
+async def agent_client(agent_server: SpriteOS) -> AsyncIterator[Connect]:
+    async with client_factory(agent_server.port) as factory:
+        yield factory
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real uid is `uid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith(("Z", "X")):
+            found.append(int(entry.name))
+    return found

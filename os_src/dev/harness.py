@@ -25,8 +25,10 @@ FRAME_TIMEOUT = 30.0
 
 
 def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
+    # isolation "none" unless asked: a test's workspace under pytest's tmp_path (0700) can't be reached by the
+    # agent's user; tests of the isolation itself use tests/conftest.py's agent_* fixtures.
     values: dict[str, Any] = dict(workspace=workspace, host="127.0.0.1", port=0, token=TOKEN,
-                                  anthropic_base_url=base_url, precompact_budget=15.0)
+                                  anthropic_base_url=base_url, precompact_budget=15.0, isolation="none")
     values.update(overrides)
     return Settings(**values)
 

@@ -1,0 +1,63 @@
+"""The I/O behind isolation.py: which isolation this machine allows, found once at start."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .isolation import AgentUser, Facts, Isolation, choose
+from .paths import Layout
+
+SANDBOX_TOOLS = ("bwrap", "socat")  # what the CLI's sandbox runs on Linux (bubblewrap, its network proxy)
+SWITCH_TOOLS = ("setpriv", "unshare")  # util-linux: the user switch and the pid namespace (agent_launch.py)
+
+
+def agent_user(name: str) -> AgentUser | None:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return AgentUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+def _missing(tools: tuple[str, ...]) -> list[str]:
+    return [tool for tool in tools if shutil.which(tool) is None]
+
+
+def sandbox_problem() -> str | None:
+    """Why the CLI's sandbox can't work here, or None. On Linux it needs bubblewrap able to make
+    namespaces (a container may forbid them) and socat."""
+    if sys.platform == "darwin":
+        return None  # the CLI uses the system's sandbox-exec
+    if not sys.platform.startswith("linux"):
+        return f"the CLI has no sandbox on {sys.platform}"
+    if missing := _missing(SANDBOX_TOOLS):
+        return f"{' and '.join(missing)} not installed (Debian: apt-get install bubblewrap socat)"
+    try:
+        run = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "true"],
+                             capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap does not run: {exc}"
+    if run.returncode != 0:
+        return f"bubblewrap cannot make its namespaces here: {run.stderr.decode(errors='replace').strip()[:200]}"
+    return None
+
+
+def probe(layout: Layout, user: str) -> Facts:
+    """Blocking (it may run bubblewrap once): call it before the event loop, or off it."""
+    missing = _missing(SWITCH_TOOLS)
+    return Facts(
+        root=os.geteuid() == 0,
+        agent_user=agent_user(user),
+        switch_tools=f"{' and '.join(missing)} not installed (util-linux)" if missing else None,
+        sandbox_problem=sandbox_problem(),
+        deployed=os.path.islink(layout.os_dir / "current"),
+    )
+
+
+def resolve(layout: Layout, requested: str, user: str) -> Isolation:
+    return choose(requested, user, probe(layout, user))
