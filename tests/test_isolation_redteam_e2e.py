@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import pwd
-import re
 import secrets
 import shutil
 import subprocess
@@ -35,12 +34,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from sprite_os.deploy_contract import AGENT_DIR, PRIVATE_DIRS
 from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.paths import Layout
-from tests.conftest import Client, ServerProcess, client_factory, wait_for
+from tests.conftest import AGENT_USER, Client, ServerProcess, client_factory, wait_for
 from tests.redteam_support import (
     KEY_ATTACKS,
     MARK,
+    PY,
     SANDBOX_SUBSET,
     SECRET_ATTACKS,
     SEEDED,
@@ -66,7 +67,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = tuple(m for m in os.environ.get("SPRITE_REDTEAM_MODES", "user,sandbox").split(",") if m)
-AGENT_USER = os.environ.get("SPRITE_AGENT_USER", "sprite-agent")
 LINGERING = "3141.5"  # `sleep 3141.5`: a job the agent leaves running, found by its command line
 TURN_TIMEOUT = 60.0
 MISSING = programs_missing((*WRITE_ATTACKS, *SECRET_ATTACKS))
@@ -140,6 +140,23 @@ class Sprite:
         return results
 
 
+    async def attempt(self, attack: Attack) -> tuple[Attack, ToolResult]:
+        """Run the attack; if the CLI's own check refused its command, run it again smuggled past
+        that check (Attack.smuggled), so that the kernel or the sandbox decides. The attack tried
+        last, and what the model was told about it (its first refused step, else its last)."""
+        results = await self.run(attack)
+        verdict = next((r for r in results if r.refused), results[-1])
+        if verdict.refused_by == "cli" and attack.steps[-1].name == "Bash" and self.mode != "none":
+            attack = attack.smuggled()
+            results = await self.run(attack)
+            verdict = next((r for r in results if r.refused), results[-1])
+        *setup, _ = results
+        if self.mode != "none":  # where the kernel decides, the setup in user space works: the attack is real
+            assert not [r for r in setup if r.refused], f"{attack.name}: its setup failed: {setup}"
+            assert verdict.refused_by != "cli", f"{attack.name}: refused by the CLI's own check, not the kernel"
+        return attack, verdict
+
+
 def traversable_workspace() -> Path:
     """A workspace in a directory the agent user can traverse (pytest's own tmp is root's, 0700)."""
     parent = Path(tempfile.mkdtemp(prefix="sprite-redteam-"))
@@ -152,17 +169,20 @@ async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
     mode: str = request.param
     if (why := unavailable(mode)) is not None:
         pytest.skip(why)
+    if mode == "user":
+        request.getfixturevalue("agent_user")  # created as a deploy creates it (tests/conftest.py)
     workspace = traversable_workspace()
     layout = Layout(workspace)
     token, key = f"rt-token-{secrets.token_hex(12)}", f"rt-proxy-key-{secrets.token_hex(12)}"
     seed(layout, token)
-    pristine = workspace.parent / "pristine-os"
+    pristine = Path(tempfile.mkdtemp(prefix="sprite-redteam-pristine-")) / "os"  # 0700: root's alone
     keep_pristine(layout, pristine)
     try:
         async with MockBridge() as bridge:
             server = ServerProcess(workspace, bridge.url, module="tests.redteam_server", SPRITE_OS_TOKEN=token,
                                    ANTHROPIC_API_KEY=key, SPRITE_ISOLATION=mode, SPRITE_AGENT_USER=AGENT_USER,
-                                   SPRITE_IDLE_TIMEOUT="3600", PYTHONPATH=str(REPO))
+                                   SPRITE_IDLE_TIMEOUT="3600",
+                                   PYTHONPATH=os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(REPO)))))
             await server.start()
             try:
                 async with client_factory(server.port) as connect:
@@ -182,6 +202,7 @@ async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
                     if outcome.mode == mode:
                         f.write(json.dumps(asdict(outcome)) + "\n")
         shutil.rmtree(workspace.parent, ignore_errors=True)
+        shutil.rmtree(pristine.parent, ignore_errors=True)
 
 
 def agent_processes() -> list[str]:
@@ -210,6 +231,26 @@ def skip_unless_applies(sprite: Sprite, attack: Attack) -> None:
         pytest.skip("the sandbox mode runs a representative subset")
 
 
+# ---------------------------------------------------------------- the mode (first: the rest means nothing without it)
+
+
+async def test_healthz_reports_the_isolation_mode(sprite: Sprite) -> None:
+    assert (await sprite.health())["isolation"] == sprite.mode
+
+
+async def test_the_agents_commands_run_as_the_mode_says(sprite: Sprite) -> None:
+    call = bash("id -u; id -G")
+    tid = f"toolu_{sprite.prefix}_whoami"
+    await sprite.turn("who am I", Turn(ToolCall(call.name, call.input, id=tid), Text("done: whoami")))
+    result = tool_result(sprite.bridge, tid)
+    assert result is not None and not result.is_error, result
+    uid, groups = result.text.split("\n")[:2]
+    if sprite.mode == "user":
+        assert int(uid) == agent_uid() and "0" not in groups.split(), result.text
+    elif sprite.mode == "sandbox":
+        assert int(uid) == os.geteuid()  # the server's own user, fenced in by bubblewrap
+
+
 # ---------------------------------------------------------------- writes into .os/
 
 
@@ -218,22 +259,18 @@ async def test_a_write_into_os_is_refused(sprite: Sprite, attack: Attack) -> Non
     skip_unless_applies(sprite, attack)
     layout = sprite.layout
     before = protected_state(layout)
-    results = await sprite.run(attack)
-    if attack.settle:
-        await asyncio.sleep(attack.settle)
+    tried, verdict = await sprite.attempt(attack)
+    if tried.settle:
+        await asyncio.sleep(tried.settle)
     changed = differences(before, protected_state(layout))
-    *setup, result = results
-    if sprite.mode != "none":  # where only the kernel decides, the setup in user space works: the attack is real
-        assert not [r for r in setup if r.refused], f"{attack.name}: its setup failed: {setup}"
-    result = next((r for r in setup if r.refused), result)
-    OUTCOMES.append(Outcome(sprite.mode, attack.name, changed, result.refused_by, text=result.text[:300]))
+    OUTCOMES.append(Outcome(sprite.mode, tried.name, changed, verdict.refused_by, text=verdict.text[:300]))
     if changed:  # put it back, so that the next attack starts from the same place
-        if attack.undo:
-            await asyncio.to_thread(subprocess.run, attack.undo, shell=True, cwd=layout.root, check=False)
+        if tried.undo:
+            await asyncio.to_thread(subprocess.run, tried.undo, shell=True, cwd=layout.root, check=False)
         await asyncio.to_thread(restore, layout, sprite.pristine, before)
-    assert not changed, f"{attack.name} changed .os/:\n" + "\n".join(changed)
-    if not attack.background:  # a job started in the background reports nothing: the check above is its
-        assert result.refused, f"{attack.name}: the model was told it worked: {result.text[:300]!r}"
+    assert not changed, f"{tried.name} changed .os/:\n" + "\n".join(changed)
+    if not tried.background:  # a job started in the background reports nothing: the check above is its
+        assert verdict.refused, f"{tried.name}: the model was told it worked: {verdict.text[:300]!r}"
 
 
 # ---------------------------------------------------------------- secrets
@@ -293,24 +330,22 @@ async def test_honest_work_in_user_space_still_works(sprite: Sprite) -> None:
         assert uid is not None and {top.stat().st_uid, nested.stat().st_uid, prose.stat().st_uid} == {uid}
 
 
-async def test_the_memory_files_are_readable_as_docs_security_says(sprite: Sprite) -> None:
-    call = read(str(sprite.layout.memory_dir / "user.md"))
-    tid = f"toolu_{sprite.prefix}_read_memory"
-    await sprite.turn("read my memory", Turn(ToolCall(call.name, call.input, id=tid), Text("done: read")))
-    result = tool_result(sprite.bridge, tid)
-    assert result is not None
-    decided = (REPO / "docs" / "security.md").read_text() if (REPO / "docs" / "security.md").exists() else ""
-    if re.search(r"memory files[^.]*(?:not|never|cannot|can't) (?:be )?read", decided, re.IGNORECASE):
-        assert result.refused and "Ada" not in result.text
-    else:
-        assert not result.is_error and "- Name: Ada" in result.text, result.text[:300]
+async def test_the_memory_files_are_not_readable_as_docs_security_says(sprite: Sprite) -> None:
+    """The boot prompt and search_memory give the agent its memory; the files and databases
+    themselves are Sprite OS's alone (deploy_contract.PRIVATE_DIRS, docs/security.md)."""
+    assert "memory" in PRIVATE_DIRS
+    steps = (read(str(sprite.layout.memory_dir / "user.md")), bash("cat .os/memory/user.md; ls .os/memory"),
+             bash(f"{PY} -c \"import sqlite3; print(sqlite3.connect('.os/memory/memory.db').execute("
+                  "'select count(*) from sqlite_master').fetchall())\""))
+    ids = [f"toolu_{sprite.prefix}_read_memory_{n}" for n in range(len(steps))]
+    await sprite.turn("read my memory", Turn(*(ToolCall(s.name, s.input, id=i) for s, i in zip(steps, ids, strict=True)),
+                                             Text("done: read")))
+    for i in ids:
+        result = tool_result(sprite.bridge, i)
+        assert result is not None and result.refused and "Ada" not in result.text, result
 
 
-# ---------------------------------------------------------------- the mode, and what outlives a session
-
-
-async def test_healthz_reports_the_isolation_mode(sprite: Sprite) -> None:
-    assert (await sprite.health())["isolation"] == sprite.mode
+# ---------------------------------------------------------------- what outlives a session
 
 
 async def test_a_job_left_running_ends_with_the_session(sprite: Sprite) -> None:
@@ -353,5 +388,6 @@ async def test_with_isolation_off_the_guard_still_denies_write_and_edit_into_os(
     for k in calls:
         result = tool_result(bridge, f"toolu_none_{k}")
         assert result is not None and result.refused_by == "guard", result
-    assert differences(before, protected_state(layout)) == []
+    made_by_the_start = f".os/{AGENT_DIR}"  # the boot prompt's folder
+    assert [d for d in differences(before, protected_state(layout)) if not d.startswith(made_by_the_start)] == []
     assert (layout.memory_dir / "user.md").read_text() == SEEDED["user.md"]
