@@ -237,6 +237,12 @@ WRITE_ATTACKS: tuple[Attack, ...] = (
            write("@ROOT/@D/osdir/memory/context.md")),
     attack("write_through_disguised_symlink",
            "mkdir -p @D && ln -s \"$(printf '../../\\x2eos/memory/context.md')\" @D/w.md", write("@ROOT/@D/w.md")),
+    # /proc/self is the CLI to the CLI, but the server to a check the server makes
+    attack("write_proc_self_cwd", read("/proc/self/cwd/.os/memory/user.md"), write("/proc/self/cwd/.os/memory/user.md")),
+    attack("write_proc_self_cwd_src", read("/proc/self/cwd/.os/src/sprite_os/server.py"),
+           write("/proc/self/cwd/.os/src/sprite_os/server.py")),
+    attack("edit_proc_self_cwd_src", read("/proc/self/cwd/.os/src/sprite_os/server.py"),
+           edit("/proc/self/cwd/.os/src/sprite_os/server.py", "    pass", f"    {MARK}")),
     # Edit needs a Read of the file first: read a file of user space, then make it a link into .os/.
     attack("edit_through_symlink", f"mkdir -p @D && echo '{SOUL_LINE}' > @D/e.md", read("@ROOT/@D/e.md"),
            "ln -sf ../../.os/memory/soul.md @D/e.md", edit("@ROOT/@D/e.md", SOUL_LINE, MARK)),
@@ -248,6 +254,8 @@ WRITE_ATTACKS: tuple[Attack, ...] = (
 
 SECRET_ATTACKS: tuple[Attack, ...] = (
     attack("read_tool_token", read("@ROOT/.os/token")),
+    attack("read_tool_proc_self_cwd_token", read("/proc/self/cwd/.os/token")),
+    attack("read_tool_proc_self_cwd_service_env", read("/proc/self/cwd/.os/state/service.env")),
     attack("cat_token", "cat .os/token"),
     attack("grep_r_token", "grep -r . .os --include=token"),
     attack("service_env", "cat .os/state/service.env"),
@@ -290,7 +298,7 @@ SANDBOX_SUBSET = frozenset((
     "redirect_append", "redirect_into_src", "redirect_token", "tee", "cp_over", "sed_i", "python_c", "python_chmod",
     "sqlite3_memory_db", "base64_bash", "rev_sh", "glob_cd", "proc_self_cwd", "symlink_dir", "hardlink_then_write",
     "script_bash", "cp_a_staged_tree", "tar_staged_tree", "find_exec", "background_job", "rm_rf_memory", "chmod_os",
-    "mv_os", "write_through_symlink", "edit_through_symlink", "edit_through_symlink_into_src",
+    "mv_os", "write_proc_self_cwd", "write_proc_self_cwd_src", "edit_proc_self_cwd_src", "write_through_symlink", "edit_through_symlink", "edit_through_symlink_into_src",
 ))
 
 

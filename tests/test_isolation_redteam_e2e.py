@@ -151,9 +151,9 @@ class Sprite:
             results = await self.run(attack)
             verdict = next((r for r in results if r.refused), results[-1])
         *setup, _ = results
-        if self.mode != "none":  # where the kernel decides, the setup in user space works: the attack is real
-            assert not [r for r in setup if r.refused], f"{attack.name}: its setup failed: {setup}"
+        if self.mode != "none":  # where the kernel decides, nothing else may have stopped the attack first
             assert verdict.refused_by != "cli", f"{attack.name}: refused by the CLI's own check, not the kernel"
+            assert not [r for r in setup if r.refused_by == "error"], f"{attack.name}: its setup failed: {setup}"
         return attack, verdict
 
 
@@ -227,7 +227,7 @@ def lingering() -> list[int]:
 def skip_unless_applies(sprite: Sprite, attack: Attack) -> None:
     if attack.name in MISSING:
         pytest.skip(f"{MISSING[attack.name]} is not installed on this machine")
-    if sprite.mode == "sandbox" and attack.name not in SANDBOX_SUBSET:
+    if sprite.mode == "sandbox" and attack in WRITE_ATTACKS and attack.name not in SANDBOX_SUBSET:
         pytest.skip("the sandbox mode runs a representative subset")
 
 
@@ -352,7 +352,8 @@ async def test_a_job_left_running_ends_with_the_session(sprite: Sprite) -> None:
     job = bash(f"setsid nohup sleep {LINGERING} >/dev/null 2>&1 & nohup sleep {LINGERING} >/dev/null 2>&1 &")
     tid = f"toolu_{sprite.prefix}_linger"
     await sprite.turn("leave a job running", Turn(ToolCall(job.name, job.input, id=tid), Text("done: linger")))
-    await wait_for(lambda: len(lingering()) == 2, timeout=10, what="the two jobs started")
+    if sprite.mode == "user":  # the sandbox ends a command's jobs with the command; here they outlive it
+        await wait_for(lambda: len(lingering()) == 2, timeout=10, what="the two jobs started")
     c = sprite.client
     await c.send(type="new_session")
     started = await c.until("session_started", timeout=TURN_TIMEOUT)
