@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The console's browser tests drive the distribution's Chromium (Playwright comes with the dev extra).
 CHROMIUM := /usr/bin/chromium
+# The CLI's sandbox (SPRITE_ISOLATION=sandbox, docs/security.md) runs on bubblewrap, with socat for its
+# network proxy; the sandbox mode's tests use them.
+SANDBOX := /usr/bin/bwrap /usr/bin/socat
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint bench dist clean screenshots
@@ -23,7 +26,7 @@ run: $(STAMP)
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
 ## console's in a headless Chromium).
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(SANDBOX)
 	@rm -f .coverage .coverage.*
 	$(PY) -m coverage run -m pytest
 	@$(PY) -m coverage combine -q
@@ -34,6 +37,12 @@ $(CHROMIUM):
 	@echo "Installing the distribution's Chromium for the console's browser tests"
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+## The CLI's sandbox, from the distribution's packages when missing (Debian: bubblewrap, socat).
+$(SANDBOX):
+	@echo "Installing bubblewrap and socat for the CLI's sandbox"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap socat
 
 ## The console's screenshots in docs/console/ (the browser tests take them).
 screenshots: $(STAMP) $(CHROMIUM)

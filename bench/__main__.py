@@ -46,6 +46,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "fanout": lambda: fanout.fanout(50),
         "hooks": lambda: turns.hooks(n),
         "curator_latency": lambda: turns.curator_latency(n),
+        "isolation": lambda: turns.isolation(n),
         "search_1m": lambda: search.search(100_000 if quick else 1_000_000),
         "boot": boot.boot,
         "recall": recall_bench,
@@ -83,6 +84,10 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         out.append(("turn latency, curator proxy 5 s / 0 s (median)",
                     f"{c['ratio_median']:.2f} ({c['curator_5s']['median_ms']:.1f} vs {c['curator_0s']['median_ms']:.1f} ms)",
                     "near 1.00", ok(c["ratio_median"] < 1.1)))
+    if (i := r.get("isolation")) and "ratio_median" in i:
+        out.append(("turn with a Bash command, agent as its own user / isolation off (median)",
+                    f"{i['ratio_median']:.3f} ({i['user']['median_ms']:.1f} vs {i['none']['median_ms']:.1f} ms)",
+                    "at most 1.02", ok(i["ratio_median"] <= 1.02)))
     if s := r.get("search_1m"):
         out.append((f"search_memory over {s['learnings']:,} learnings (p50 / p95)",
                     f"{s['median_ms']:.2f} / {s['p95_ms']:.2f} ms", "p95 under 5 ms", ok(s["p95_ms"] < 5)))

@@ -4,7 +4,9 @@
   against the same turn driven through the SDK directly, on the same mock Bridge;
 - hooks: memory on against memory off, and the time memory spends on the agent's path
   (capturing the turn from the runtime's stream; the compaction hooks never fire here);
-- curator: turn latency while the curator's proxy takes 5 s, against 0 s.
+- curator: turn latency while the curator's proxy takes 5 s, against 0 s;
+- isolation: the CLI as its own user (SPRITE_ISOLATION=user: launcher, pid namespace, uid switch)
+  against the same server with isolation off, each turn running a Bash command (as root only).
 
 Paths are interleaved turn by turn so that drift on the machine hits both alike.
 """
@@ -37,8 +39,14 @@ def _script(bridge: MockBridge) -> None:
     bridge.agent.script(Turn(ToolCall("mcp__canvas__list_cards", {}), Text("There are no cards open right now.")))
 
 
-async def _server_turn(bridge: MockBridge, c: Client, n: int) -> float:
-    _script(bridge)
+def _script_bash(bridge: MockBridge) -> None:
+    """A turn that runs a command: the agent's user, in its namespace, starts a process."""
+    bridge.agent.script(Turn(ToolCall("Bash", {"command": "ls documents"}), Text("Nothing there yet.")))
+
+
+async def _server_turn(bridge: MockBridge, c: Client, n: int,
+                       script: Callable[[MockBridge], None] = _script) -> float:
+    script(bridge)
     started = time.perf_counter()
     await c.send(type="user_message", text=f"turn {n}: list my cards")
     turn = await c.until("turn_started", lambda f: f["text"] == f"turn {n}: list my cards")
@@ -141,3 +149,31 @@ async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
     a, b = summary_ms(samples[f"curator_{seconds:g}s"]), summary_ms(samples["curator_0s"])
     return {f"curator_{seconds:g}s": a, "curator_0s": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
             "curator_calls_during_run": curator_calls}
+
+
+async def isolation(turns: int) -> dict[str, Any]:
+    """User isolation against none, side by side (workspaces in /tmp, which the agent's user can reach)."""
+    import os
+    import shutil
+
+    from sprite_os.deploy_contract import AGENT_USER, ensure_agent_user
+
+    if os.geteuid() != 0:
+        return {"skipped": "user isolation needs root"}
+    ensure_agent_user(AGENT_USER)
+    async with MockBridge() as bridge, AsyncExitStack() as stack:
+        tmp = Path(tempfile.mkdtemp(prefix="sprite-os-bench-", dir="/tmp"))
+        stack.callback(shutil.rmtree, tmp, True)
+        os.chmod(tmp, 0o755)
+        user = await stack.enter_async_context(running(make_settings(
+            tmp / "user", bridge.url, memory_batch_turns=100_000, isolation="user", agent_user=AGENT_USER)))
+        none = await stack.enter_async_context(running(make_settings(
+            tmp / "none", bridge.url, memory_batch_turns=100_000, isolation="none")))
+        assert user.launch.mode == "user" and none.launch.mode == "none"
+        c_user, c_none = await _server_client(stack, user), await _server_client(stack, none)
+        samples = await _interleave(
+            {"user": lambda n: _server_turn(bridge, c_user, n, _script_bash),
+             "none": lambda n: _server_turn(bridge, c_none, n, _script_bash)}, turns)
+    a, b = summary_ms(samples["user"]), summary_ms(samples["none"])
+    return {"user": a, "none": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
+            "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}

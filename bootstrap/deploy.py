@@ -48,7 +48,9 @@ from pathlib import Path
 
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
-CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "token_problem", "atomic_write")  # what this script uses
+CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "token_problem", "atomic_write",  # what this script uses
+                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls")
+SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 
@@ -648,7 +650,29 @@ def check_owner(p: Paths, euid: int) -> None:
 def prepare(p: Paths) -> None:
     for path in (p.os, p.releases, p.venvs, p.memory, p.state, p.logs, p.backup):
         path.mkdir(parents=True, exist_ok=True)
-    os.chmod(p.os, 0o700)
+    os.chmod(p.os, 0o711)  # passed through, never listed: see deploy_contract.apply_ownership
+
+
+def isolate(p: Paths, contract: types.ModuleType, version: str) -> None:
+    """The agent's CLI runs as its own user (SPRITE_AGENT_USER, default sprite-agent): create it,
+    give the workspace the owners and modes that keep it out of .os/ (fixing those of an existing
+    Sprite), and make the kernel refuse hard links to files it can't write, now and at every boot.
+    Not root: nothing to do; the server then uses the CLI's sandbox (docs/security.md)."""
+    if os.geteuid() != 0:
+        step("isolate", version, skipped="not-root")
+        return
+    name = os.environ.get("SPRITE_AGENT_USER", "").strip() or contract.AGENT_USER
+    uid, gid, home = contract.ensure_agent_user(name)
+    step("isolate", version, agent_user=name, uid=uid)
+    contract.apply_ownership(p.root, uid, gid, deep=True)
+    changed = contract.ensure_sysctls()
+    conf = "".join(f"{key} = {value}\n" for key, value in contract.SYSCTLS.items())
+    with contextlib.suppress(OSError):  # a read-only /etc (some containers): the running kernel has them
+        if not SYSCTL_CONF.is_file() or SYSCTL_CONF.read_text() != conf:
+            contract.atomic_write(SYSCTL_CONF, conf.encode(), mode=0o644)
+    if changed:
+        out.say(f"deploy: sysctls set {','.join(changed)}")
+    out.log(f"agent home {home}")
 
 
 def make_user_space(p: Paths, contract: types.ModuleType) -> None:
@@ -698,6 +722,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
 
         step("links", version)
         ensure_links(p, contract)
+        isolate(p, contract, version)
 
         pid = server_pid(p)
         if pid is None or args.no_restart:

@@ -25,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 from pathlib import Path
 
 import claude_agent_sdk
@@ -94,6 +95,22 @@ def read_mode(layout: Layout) -> dict[str, str] | None:
     return data if isinstance(data, dict) else None
 
 
+def kill_processes_of(uid: int) -> list[int]:
+    """SIGKILL every process whose real uid is `uid`. Blocking."""
+    killed = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry.path).st_uid != uid:
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+        killed.append(int(entry.name))
+    return killed
+
+
 class AgentLaunch:
     def __init__(self, layout: Layout, isolation: Isolation | None = None) -> None:
         self.layout = layout
@@ -126,6 +143,10 @@ class AgentLaunch:
         if self.mode != "user" or user is None:
             return
         apply_ownership(self.layout.root, user.uid, user.gid, deep=False)
+        if os.path.islink(self.layout.os_dir / "current") and (killed := kill_processes_of(user.uid)):
+            # On a Sprite the agent's uid is this server's alone: anything running as it now is a
+            # leftover (the pid namespace ends a CLI's processes with it; this is the safety net).
+            log.warning("agent_leftovers_killed", uid=user.uid, pids=killed)
         if changed := ensure_sysctls():
             log.warning("sysctls_set", names=changed, detail="the deploy sets them for good")
         user.home.mkdir(parents=True, exist_ok=True)
@@ -171,7 +192,7 @@ class AgentLaunch:
         """Write the boot prompt for the next CLI; returns the SDK's system_prompt for it. Blocking."""
         user = self.isolation.agent_user
         mode = 0o640 if self.mode == "user" else 0o600
-        atomic_write(self.prompt_file, text.encode("utf-8", "surrogatepass"), mode=mode)
+        atomic_write(self.prompt_file, text.encode("utf-8", "replace"), mode=mode)
         if self.mode == "user" and user is not None:
             os.chown(self.prompt_file, 0, user.gid)
         return {"type": "file", "path": str(self.prompt_file)}

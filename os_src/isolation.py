@@ -43,6 +43,7 @@ class Facts:
     switch_tools: str | None  # None when setpriv and unshare are there; else what is missing
     sandbox_problem: str | None  # None when the CLI's sandbox can work; else why not
     deployed: bool  # the workspace was deployed (bootstrap/deploy.py made `.os/current`)
+    unreachable: str | None = None  # a directory above the workspace the agent's user can't pass through
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def _user_problem(facts: Facts, user: str) -> str | None:
         return f"the agent's user {user!r} does not exist (bootstrap/deploy.py creates it; or useradd --system)"
     if facts.agent_user.uid == 0:
         return f"the agent's user {user!r} is root"
+    if facts.unreachable:
+        return f"the agent's user {user!r} can't reach the workspace: {facts.unreachable} is closed to it"
     return facts.switch_tools
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
@@ -22,6 +23,22 @@ def agent_user(name: str) -> AgentUser | None:
     except KeyError:
         return None
     return AgentUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+def unreachable(workspace: Path, user: AgentUser | None) -> str | None:
+    """The first directory above `workspace` that `user` may not pass through (no x for it), or None."""
+    if user is None:
+        return None
+    groups = {user.gid, *(g.gr_gid for g in grp.getgrall() if user.name in g.gr_mem)}
+    for directory in reversed(workspace.resolve().parents):
+        try:
+            st = directory.stat()
+        except OSError:
+            return None  # not made yet: whoever makes it decides
+        bit = 0o100 if st.st_uid == user.uid else 0o010 if st.st_gid in groups else 0o001
+        if not st.st_mode & bit:
+            return f"{directory} (mode {st.st_mode & 0o7777:o})"
+    return None
 
 
 def _missing(tools: tuple[str, ...]) -> list[str]:
@@ -50,12 +67,14 @@ def sandbox_problem() -> str | None:
 def probe(layout: Layout, user: str) -> Facts:
     """Blocking (it may run bubblewrap once): call it before the event loop, or off it."""
     missing = _missing(SWITCH_TOOLS)
+    found = agent_user(user)
     return Facts(
         root=os.geteuid() == 0,
-        agent_user=agent_user(user),
+        agent_user=found,
         switch_tools=f"{' and '.join(missing)} not installed (util-linux)" if missing else None,
         sandbox_problem=sandbox_problem(),
         deployed=os.path.islink(layout.os_dir / "current"),
+        unreachable=unreachable(layout.root, found),
     )
 
 

@@ -41,8 +41,10 @@ from typing import Any
 
 from .config import Settings
 from .database import connect, transaction
+from .deploy_contract import apply_ownership
 from .errors import LockHeld, MigrationError
 from .fsutil import WriterLock, atomic_write
+from .isolation_probe import agent_user
 from .memory.files import CURATED, SPECS, MemoryFiles
 from .memory.memory_store import MemoryDB, content_key
 from .memory.schema import OBSERVATION_TRIGGERS, create_observation_triggers
@@ -104,6 +106,10 @@ def migrate_main(settings: Settings) -> int:
     """Entry point of `sprite-os migrate-v1`."""
     try:
         migrate(settings.layout)
+        if (user := agent_user(settings.agent_user)) is not None and os.geteuid() == 0:
+            # v1 ran everything as root: user space becomes the agent's, .os/ stays root's (issue 9)
+            apply_ownership(settings.layout.root, user.uid, user.gid, deep=True)
+            say(f"owners set for the agent's user {user.name}")
     except MigrationError as exc:
         print(f"migrate: error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -422,6 +422,8 @@ class AgentRuntime:
             env={**self._settings.model_env(), **CLI_ENV, **self._launch.env()},
             cli_path=self._launch.cli_path(),
             settings=self._launch.settings(),
+            # The CLI keeps no transcript of its own (~/.claude/projects): memory keeps the record.
+            extra_args={"no-session-persistence": None},
             stderr=_log_cli_stderr,
             max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )

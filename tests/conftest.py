@@ -34,8 +34,8 @@ from sprite_os.isolation import AgentUser
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
 
-__all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "client_factory", "make_settings", "processes_of", "running",
-           "wait_for"]
+__all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "agent_namespace", "client_factory", "in_namespace",
+           "make_settings", "processes_of", "running", "wait_for"]
 
 
 @pytest.fixture
@@ -229,3 +229,36 @@ def processes_of(uid: int) -> list[int]:
         if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith(("Z", "X")):
             found.append(int(entry.name))
     return found
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def in_namespace(ns: str) -> list[int]:
+    """Live processes in the pid namespace `ns` (as /proc/<pid>/ns/pid names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and pid_namespace(int(entry.name)) == ns:
+            try:
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+def agent_namespace(uid: int, workspace: Path) -> str:
+    """The pid namespace of the agent's processes working in `workspace` (other tests may run agents too)."""
+    for pid in processes_of(uid):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(workspace)) and (ns := pid_namespace(pid)) is not None:
+            return ns
+    raise AssertionError(f"no process of uid {uid} works in {workspace}")

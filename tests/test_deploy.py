@@ -110,7 +110,8 @@ def stop_and_check(workspace: Path, env: dict[str, str]) -> None:
 def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     ws, out = venv.first_workspace, venv.first_output
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("deploy: step=")]
-    assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "restart", "gc")]
+    assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "isolate",
+                                                 "restart", "gc")]
     h = lock_hash()
     assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
     log = (ws / ".os" / "logs" / "deploy.log").read_text().splitlines()
@@ -127,7 +128,15 @@ def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
         assert os.readlink(ws / link) == target
     assert (osd / "VERSION").read_text().strip() == VERSION
     assert os.access(osd / "bin" / "sprite-os", os.X_OK)
-    assert oct(osd.stat().st_mode & 0o777) == "0o700"
+    assert oct(osd.stat().st_mode & 0o7777) == "0o711"  # passed through to .os/agent, never listed
+    if os.geteuid() == 0:  # the agent's user exists and owns user space; .os/ and the root are root's
+        import pwd
+
+        agent = pwd.getpwnam("sprite-agent")
+        assert (ws.stat().st_uid, ws.stat().st_gid, ws.stat().st_mode & 0o7777) == (0, agent.pw_gid, 0o1770)
+        assert (ws / "documents").stat().st_uid == agent.pw_uid
+        assert all(p.lstat().st_uid == 0 for p in (osd / "memory").rglob("*"))
+        assert (osd / "memory").stat().st_mode & 0o777 == 0o700
     assert oct((osd / "token").stat().st_mode & 0o777) == "0o600"
     for name in ("soul.md", "os.md", *CURATED):
         assert (osd / "memory" / name).read_bytes() == (TEMPLATES / name).read_bytes()
@@ -585,10 +594,10 @@ def test_lock_pins_the_runtime_dependencies() -> None:
 
 
 @pytest.mark.e2e
-async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path) -> None:
+async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, agent_workspace: Path) -> None:
     from sprite_os.dev.mock_bridge import MockBridge
 
-    ws = tmp_path / "ws"
+    ws = agent_workspace  # the agent's user must reach it: the deployed server runs its CLI as that user
     token = token_file(tmp_path)
     await asyncio.to_thread(deploy_ok, ws, venv, "--from-checkout", str(REPO), "--token-file", str(token))
     port = free_port()
@@ -617,5 +626,6 @@ async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path) ->
             assert frames[-1]["status"] == "completed"
             assert any(f["type"] == "assistant_message" and "hi" in f["text"] for f in frames)
             assert bridge.agent_requests(), "the real Claude Code CLI must have called the model"
+            assert (healthz(port, ws) or {}).get("isolation") == "user"  # a deployed Sprite, as root
         finally:
             await asyncio.to_thread(stop_and_check, ws, env)

@@ -115,10 +115,8 @@ async def test_a_session_starts_with_every_file_at_its_limit_and_48_hours_of_lea
             done = await turn(c, "Hello at the maximum size.")
             seconds = time.monotonic() - started
     failed = [e for e in logs if e["event"] == "turn_failed"]
-    if failed and "Argument list too long" in failed[0]["error"]:
-        # The boot prompt still goes to the CLI as one argument (--system-prompt), which Linux caps
-        # at 128 KiB (MAX_ARG_STRLEN); issue 9 passes it in a file. Only that failure is expected.
-        pytest.xfail(f"the boot prompt is passed as an argument: {failed[0]['error'][:200]}")
+    # The boot prompt goes to the CLI in a file (agent_launch.py): as one argument, Linux would cap it
+    # at 128 KiB (MAX_ARG_STRLEN), and this start would fail with "Argument list too long".
     assert done["status"] == "completed", failed
     request = next(r for r in bridge.agent_requests() if r.last_user_text == "Hello at the maximum size.")
     prompt = request.system_text

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,46 +26,14 @@ from tests.conftest import (
     TOKEN,
     Connect,
     ServerProcess,
+    agent_namespace,
     client_factory,
-    processes_of,
+    in_namespace,
     running,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def pid_namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def in_namespace(ns: str) -> list[int]:
-    """Live processes in the pid namespace `ns` (as /proc/<pid>/ns/pid names it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and pid_namespace(int(entry.name)) == ns:
-            try:
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in ("Z", "X"):
-                found.append(int(entry.name))
-    return found
-
-
-def agent_namespace(uid: int, workspace: Path) -> str:
-    """The pid namespace of the agent's processes working in `workspace` (other tests may run agents too)."""
-    for pid in processes_of(uid):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(workspace)) and (ns := pid_namespace(pid)) is not None:
-            return ns
-    raise AssertionError(f"no process of uid {uid} works in {workspace}")
 
 
 def healthz(port: int) -> dict[str, object]:
@@ -97,6 +67,35 @@ async def test_the_agent_runs_as_its_user_and_the_kernel_keeps_it_out_of_os(
     prompt = agent_workspace / ".os" / "agent" / "boot-prompt.md"
     st = prompt.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, agent_user.gid, 0o640)
+    assert memory_status(agent_workspace)["isolation"]["mode"] == "user"
+    # The CLI kept no transcript of its own in its home (--no-session-persistence): memory has the record.
+    projects = agent_user.home / ".claude" / "projects"
+    project = re.sub(r"[^A-Za-z0-9]", "-", str(agent_workspace))  # how the CLI names a cwd's folder
+    assert not (projects / project).exists()
+
+
+def memory_status(workspace: Path) -> dict[str, Any]:
+    import contextlib
+    import io
+
+    from sprite_os.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--workspace", str(workspace), "memory", "status", "--json"]) == 0
+    report: dict[str, Any] = json.loads(out.getvalue())
+    return report
+
+
+async def test_without_isolation_healthz_and_memory_status_say_so(server: SpriteOS, workspace: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.cli import main
+
+    assert (await asyncio.to_thread(healthz, server.port))["isolation"] == "none"
+    assert memory_status(workspace)["isolation"]["mode"] == "none"
+    capsys.readouterr()
+    assert main(["--workspace", str(workspace), "memory", "status"]) == 0
+    assert "agent isolation  none  -- NOT ISOLATED" in capsys.readouterr().out
 
 
 async def test_shutdown_ends_every_process_the_agent_started_even_daemons(
@@ -148,3 +147,55 @@ async def test_a_server_killed_with_9_takes_the_agent_and_its_daemons_with_it(
         if server.proc is not None and server.proc.returncode is None:
             server.signal(signal.SIGKILL)
             await server.wait()
+
+
+# ---------------------------------------------------------------- sandbox mode (a developer's machine)
+
+
+@pytest.fixture
+def sandbox_settings(settings: Settings) -> Settings:
+    from dataclasses import replace
+
+    from sprite_os.isolation_probe import sandbox_problem
+
+    if problem := sandbox_problem():
+        pytest.skip(f"the CLI's sandbox can't work here: {problem}")
+    return replace(settings, isolation="sandbox")
+
+
+async def test_in_the_sandbox_a_command_cannot_write_os_but_honest_work_works(
+        sandbox_settings: Settings, bridge: MockBridge, workspace: Path) -> None:
+    bridge.agent.script(Turn(ToolCall("Bash", {"command": "echo notes > documents/notes.md; cat <<'EOF' > documents/prose.md\n"
+                                                          "The .os folder is where memory lives.\nEOF\n"
+                                                          "echo pwned >> .os/memory/user.md; touch .os/x; echo $? > documents/rc; "
+                                                          "cat .os/token > documents/token"}),
+                             Text("Tried.")))
+    async with running(sandbox_settings) as app, client_factory(app.port) as connect:
+        memory_file = workspace / ".os" / "memory" / "user.md"
+        memory_file.write_text("- Ada likes tea\n")
+        assert (await asyncio.to_thread(healthz, app.port))["isolation"] == "sandbox"
+        c = await connect(hello={})
+        await c.send(type="user_message", text="write some notes")
+        done = await c.until("turn_complete", timeout=60)
+    assert done["status"] == "completed"
+    summaries = [f["summary"] for f in c.of("tool_result")]
+    assert (workspace / "documents" / "notes.md").read_text() == "notes\n", summaries
+    assert (workspace / "documents" / "prose.md").read_text() == "The .os folder is where memory lives.\n"
+    assert (workspace / "documents" / "rc").read_text().strip() != "0"  # a read-only file system
+    assert not (workspace / ".os" / "x").exists()
+    assert memory_file.read_text() == "- Ada likes tea\n"  # the sandbox showed the agent an empty tmpfs there
+    assert (workspace / "documents" / "token").read_text() == ""
+
+
+def test_a_deployed_sprite_refuses_to_start_without_isolation(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ws = tmp_path / "ws"
+    (ws / ".os").mkdir(parents=True)
+    os.symlink("releases/1.0", ws / ".os" / "current")  # what bootstrap/deploy.py makes
+    env = {**os.environ, "SPRITE_WORKSPACE": str(ws), "SPRITE_OS_PORT": "0", "SPRITE_ISOLATION": "none"}
+    run = subprocess.run([sys.executable, "-m", "sprite_os", "serve"], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert run.returncode == 2
+    assert run.stderr.strip().endswith("a deployed Sprite never runs its agent without isolation: SPRITE_ISOLATION=none")

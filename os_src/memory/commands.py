@@ -88,6 +88,9 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from .capture_spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
+    from ..agent_launch import read_mode
+
+    report["isolation"] = read_mode(layout)  # as the server chose it at its last start
     if args.json:
         print(json.dumps(report, indent=2))
     else:

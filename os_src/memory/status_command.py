@@ -48,6 +48,10 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
 def print_status(r: dict[str, Any], root: Any) -> None:
     o, t = r["observations"], r["totals"]
     print(f"Memory of {root}")
+    isolation = r.get("isolation") or {}
+    mode = isolation.get("mode", "unknown (the server has not started since it records it)")
+    loud = "  -- NOT ISOLATED: the agent's commands can change .os/" if mode == "none" else ""
+    print(f"  agent isolation  {mode}{loud}")
     print(f"  turns recorded   {o['total']}: {o['processed']} processed, {o['pending']} pending, {o['stale']} stale")
     if o["pending"]:
         print(f"  oldest pending   {when(r['oldest_pending_at'])}")

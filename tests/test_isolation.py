@@ -1,0 +1,203 @@
+"""The isolation mode's choice (pure), the launcher it writes, and the owners and modes it sets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sprite_os.agent_launch import AgentLaunch, cached_cli, launcher_script
+from sprite_os.config import load_settings
+from sprite_os.deploy_contract import apply_ownership
+from sprite_os.errors import ConfigError
+from sprite_os.isolation import AgentUser, Facts, Isolation, choose
+from sprite_os.isolation_probe import unreachable
+from sprite_os.paths import Layout
+
+AGENT = AgentUser("sprite-agent", 999, 995, Path("/var/lib/sprite-agent"))
+ROOT_WITH_USER = Facts(root=True, agent_user=AGENT, switch_tools=None, sandbox_problem=None, deployed=False)
+NOT_ROOT = replace(ROOT_WITH_USER, root=False)
+NOTHING = replace(NOT_ROOT, sandbox_problem="bwrap not installed")
+
+
+@pytest.mark.parametrize(("requested", "facts", "mode"), [
+    ("auto", ROOT_WITH_USER, "user"),
+    ("auto", replace(ROOT_WITH_USER, agent_user=None), "sandbox"),
+    ("auto", NOT_ROOT, "sandbox"),
+    ("auto", replace(ROOT_WITH_USER, switch_tools="setpriv not installed"), "sandbox"),
+    ("auto", replace(ROOT_WITH_USER, unreachable="/root (mode 700)"), "sandbox"),
+    ("auto", NOTHING, "none"),
+    ("user", ROOT_WITH_USER, "user"),
+    ("sandbox", ROOT_WITH_USER, "sandbox"),
+    ("none", ROOT_WITH_USER, "none"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True), "user"),
+    ("auto", replace(NOT_ROOT, deployed=True), "sandbox"),
+])
+def test_the_mode_is_the_first_the_machine_allows(requested: str, facts: Facts, mode: str) -> None:
+    chosen = choose(requested, "sprite-agent", facts)
+    assert chosen.mode == mode
+    assert (chosen.agent_user is not None) == (mode == "user")
+    assert bool(chosen.note) == (requested == "auto" and mode != "user")  # the log says why not user
+
+
+@pytest.mark.parametrize(("requested", "facts", "says"), [
+    ("user", NOT_ROOT, "not root"),
+    ("user", replace(ROOT_WITH_USER, agent_user=None), "does not exist"),
+    ("user", replace(ROOT_WITH_USER, agent_user=replace(AGENT, uid=0)), "is root"),
+    ("user", replace(ROOT_WITH_USER, unreachable="/root (mode 700)"), "can't reach the workspace: /root"),
+    ("sandbox", NOTHING, "bwrap not installed"),
+    ("none", replace(ROOT_WITH_USER, deployed=True), "never runs its agent without isolation: SPRITE_ISOLATION=none"),
+    ("auto", replace(NOTHING, deployed=True), "no isolation is possible"),
+    ("nope", ROOT_WITH_USER, "must be one of auto, user, sandbox, none"),
+])
+def test_what_cannot_be_had_is_refused_with_the_reason(requested: str, facts: Facts, says: str) -> None:
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")) as info:
+        choose(requested, "sprite-agent", facts)
+    assert info.value.exit_code == 2
+
+
+def test_settings_read_the_mode_and_the_user_and_refuse_bad_ones() -> None:
+    settings = load_settings({"SPRITE_ISOLATION": "sandbox", "SPRITE_AGENT_USER": "agent7"})
+    assert (settings.isolation, settings.agent_user) == ("sandbox", "agent7")
+    assert load_settings({}).isolation == "auto" and load_settings({}).agent_user == "sprite-agent"
+    with pytest.raises(ConfigError, match="SPRITE_ISOLATION must be one of"):
+        load_settings({"SPRITE_ISOLATION": "root"})
+    with pytest.raises(ConfigError, match="SPRITE_AGENT_USER"):
+        load_settings({"SPRITE_AGENT_USER": "a:b"})
+
+
+def test_the_launcher_drops_to_the_user_after_asking_for_the_death_signal_again(tmp_path: Path) -> None:
+    script = launcher_script(Path("/cache/claude"), 999, 995)
+    assert script.startswith("#!/bin/sh\n") and script.rstrip().endswith('/cache/claude "$@"')
+    words = script.split()
+    # outer setpriv (root) keeps a KILL for the server's death; unshare's child loses its own across the
+    # uid switch (the kernel clears it), so the setpriv that switches sets it again (after switching).
+    setprivs = [i for i, w in enumerate(words) if w.endswith("/setpriv") or w == "setpriv"]
+    deathsigs = [i for i, w in enumerate(words) if w == "--pdeathsig"]
+    assert len(setprivs) == len(deathsigs) == 2 and setprivs[1] < words.index("--reuid=999") and setprivs[1] < deathsigs[1]
+    assert {"--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--no-new-privs", "--init-groups"} <= set(words)
+
+
+def test_the_cli_copy_is_linked_once_per_version(tmp_path: Path) -> None:
+    source = tmp_path / "bundled" / "claude"
+    source.parent.mkdir()
+    source.write_bytes(b"#!/bin/sh\n")
+    (source.parent / "claude.version").write_text("2.1.329 (Claude Code)\n")
+    first = cached_cli(source, tmp_path / "cache")
+    assert first.name == "claude" and first.parent.name.startswith("2.1.329-") and first.read_bytes() == b"#!/bin/sh\n"
+    assert stat.S_IMODE(first.stat().st_mode) == 0o755 and stat.S_IMODE(first.parent.stat().st_mode) == 0o755
+    assert cached_cli(source, tmp_path / "cache") == first
+
+
+def test_a_closed_directory_above_the_workspace_is_named(tmp_path: Path) -> None:
+    stranger = replace(AGENT, uid=os.getuid() + 12345, gid=os.getgid() + 12345, name="nobody-here")
+    assert unreachable(tmp_path / "ws", stranger) is not None  # pytest's base is 0700
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp is open to all
+    try:
+        closed = base / "closed"
+        (closed / "ws").mkdir(parents=True)
+        os.chmod(base, 0o755)
+        os.chmod(closed, 0o700)
+        assert unreachable(closed / "ws", stranger) == f"{closed} (mode 700)"
+        os.chmod(closed, 0o711)
+        assert unreachable(closed / "ws", stranger) is None
+    finally:
+        shutil.rmtree(base)
+
+
+def test_prompt_file_replaces_the_argument_and_goes_when_discarded(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    launch = AgentLaunch(layout, Isolation("none"))
+    launch.prepare()
+    prompt = "x" * 300_000 + "\0 NUL and all"
+    system_prompt = launch.write_prompt(prompt)
+    assert system_prompt == {"type": "file", "path": str(layout.os_dir / "agent" / "boot-prompt.md")}
+    assert Path(system_prompt["path"]).read_text() == prompt
+    assert launch.cli_path() is None and launch.env() == {} and launch.settings() is None
+    launch.discard_prompt()
+    assert not Path(system_prompt["path"]).exists()
+    launch.discard_prompt()  # twice: nothing to do
+
+
+def test_sandbox_settings_deny_writes_to_os_and_reads_of_secrets(tmp_path: Path) -> None:
+    import json
+
+    layout = Layout(tmp_path)
+    sandbox = json.loads(AgentLaunch(layout, Isolation("sandbox")).settings() or "{}")["sandbox"]
+    assert sandbox["enabled"] and sandbox["failIfUnavailable"] and not sandbox["allowUnsandboxedCommands"]
+    assert sandbox["filesystem"]["denyWrite"] == [str(layout.os_dir.resolve())]
+    assert str(layout.token_file.resolve()) in sandbox["filesystem"]["denyRead"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners can only be given away by root")
+def test_ownership_keeps_the_agent_out_of_os_and_gives_it_user_space(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    layout = Layout(root)
+    layout.ensure()
+    layout.token_file.write_text("t" * 20)
+    os.chmod(layout.token_file, 0o644)
+    (layout.memory_dir / "user.md").write_text("x")
+    os.chmod(layout.memory_dir / "user.md", 0o666)
+    os.chown(layout.memory_dir / "user.md", 4242, 4242)  # an agent-owned file left in .os/ by an old bug
+    (root / "documents" / "old.md").write_text("from the days of one user")
+    (root / "loose.txt").write_text("top level")
+    uid, gid = 4243, 4244
+    apply_ownership(root, uid, gid, deep=True)
+
+    def owner(path: Path) -> tuple[int, int, int]:
+        st = path.lstat()
+        return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+
+    assert owner(root) == (0, gid, 0o1770)
+    assert owner(layout.os_dir) == (0, 0, 0o711)
+    assert owner(layout.os_dir / "agent") == (0, gid, 0o750)
+    assert owner(layout.memory_dir) == (0, 0, 0o700)
+    assert owner(layout.token_file) == (0, 0, 0o600)
+    assert owner(layout.memory_dir / "user.md") == (0, 0, 0o644)
+    assert owner(root / "documents")[:2] == owner(root / "documents" / "old.md")[:2] == (uid, gid)
+    assert owner(root / "loose.txt")[:2] == (uid, gid)
+    apply_ownership(root, uid, gid, deep=True)  # idempotent
+    assert owner(root) == (0, gid, 0o1770)
+
+
+def test_none_is_said_loudly_at_start_and_refused_once_deployed(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    with capture_logs() as logs:
+        assert AgentLaunch(layout).resolve("none", "sprite-agent").mode == "none"
+    warning = next(e for e in logs if e["event"] == "isolation_none")
+    assert warning["log_level"] == "warning" and "can change .os/" in warning["detail"]
+    os.symlink("releases/1.0", layout.os_dir / "current")  # what bootstrap/deploy.py makes
+    with pytest.raises(ConfigError, match="never runs its agent without isolation"):
+        AgentLaunch(layout).resolve("none", "sprite-agent")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another uid needs root")
+def test_every_process_of_the_uid_is_killed(tmp_path: Path) -> None:
+    import subprocess
+
+    from sprite_os.agent_launch import kill_processes_of
+
+    uid = 4246  # no one's: only this test's processes run as it
+    sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "sleep", "60"],
+                                 start_new_session=True) for _ in range(2)]
+    try:
+        for p in sleepers:  # wait until each runs as the uid (setpriv has switched)
+            deadline = 100
+            while os.stat(f"/proc/{p.pid}").st_uid != uid and deadline:
+                deadline -= 1
+                time.sleep(0.01)
+        assert sorted(kill_processes_of(uid)) == sorted(p.pid for p in sleepers)
+        assert [p.wait(5) for p in sleepers] == [-9, -9]
+    finally:
+        for p in sleepers:
+            p.kill()
