@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from sprite_os.deploy_contract import AGENT_DIR
 from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.paths import Layout
 
@@ -46,16 +47,19 @@ PY = "/usr/bin/python3"  # the system's: a test runner's own python may live whe
 
 # Who refused an attempt, read off what the model was told:
 # - kernel: a permission error (EACCES, EPERM, EROFS...);
-# - unreachable: the path could not be reached or expanded (a directory the agent may not list);
+# - unreachable: the path could not be reached, examined or expanded (a directory the agent may not
+#   enter or list);
 # - guard: Sprite OS's PreToolUse check (Write/Edit into .os/, Read of a secret);
 # - cli: the CLI's own permission check, a heuristic on the command's text like the old guard;
 # - error: some other failure; none: the model was told it worked.
 Refusal = Literal["kernel", "unreachable", "guard", "cli", "error", "none"]
 KERNEL_WORDS = ("Permission denied", "Operation not permitted", "Read-only file system", "EACCES", "EPERM", "EROFS",
                 "Device or resource busy", "unable to open database", "Cannot open", "cannot open")
-UNREACHABLE_WORDS = ("No such file or directory", "can't read", "cannot access", "failed to access")
+# "could not be determined": the CLI could not examine a path (a directory on the way it may not enter)
+UNREACHABLE_WORDS = ("No such file or directory", "can't read", "cannot access", "failed to access",
+                     "could not be determined")
 GUARD_WORDS = ("Sprite OS keeps .os/", "holds this Sprite's credentials")
-CLI_WORDS = ("requested permissions", "require approval", "requires approval", "could not be determined")
+CLI_WORDS = ("requested permissions", "require approval", "requires approval")
 
 
 def bash(command: str) -> ToolCall:
@@ -411,29 +415,41 @@ def keep_pristine(layout: Layout, into: Path) -> None:
 
 def restore(layout: Layout, pristine: Path, state: dict[str, str]) -> None:
     """Put `.os/` back as `state` recorded it, from the pristine copy (after an attack got through,
-    so the next one starts from the same place). Run as root."""
+    so the next one starts from the same place). The boot prompt's folder is the server's: only
+    what was planted in it goes. Run as root."""
     os_dir = layout.os_dir
     os_dir.mkdir(exist_ok=True)
     for entry in os_dir.iterdir():
         if entry.name in SERVER_OWNED:
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        if entry.name == AGENT_DIR and entry.is_dir() and not entry.is_symlink():
+            for planted in entry.iterdir():
+                if str(planted.relative_to(layout.root)) not in state:
+                    _remove(planted)
+            continue
+        _remove(entry)
     for entry in pristine.iterdir():
         target = os_dir / entry.name
         if entry.is_dir() and not entry.is_symlink():
-            shutil.copytree(entry, target, symlinks=True)
+            shutil.copytree(entry, target, symlinks=True, dirs_exist_ok=True)
         else:
             shutil.copy2(entry, target, follow_symlinks=False)
     for rel, desc in state.items():
         path = layout.root if rel == "<root>" else layout.root / rel
+        if not path.exists() and not path.is_symlink():
+            continue  # the server's (the boot prompt, between two sessions)
         owner, mode = desc.split()[1:3]
         uid, gid = (int(x) for x in owner.split(":"))
         os.lchown(path, uid, gid)
         if not desc.startswith("symlink"):
             os.chmod(path, int(mode, 8))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def programs_missing(attacks: Iterable[Attack]) -> dict[str, str]:

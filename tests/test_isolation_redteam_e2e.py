@@ -37,7 +37,16 @@ import pytest_asyncio
 from sprite_os.deploy_contract import AGENT_DIR, PRIVATE_DIRS
 from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.paths import Layout
-from tests.conftest import AGENT_USER, Client, ServerProcess, client_factory, wait_for
+from tests.conftest import (
+    AGENT_USER,
+    Client,
+    ServerProcess,
+    agent_namespace,
+    client_factory,
+    in_namespace,
+    processes_of,
+    wait_for,
+)
 from tests.redteam_support import (
     KEY_ATTACKS,
     MARK,
@@ -103,6 +112,7 @@ class Sprite:
     pristine: Path
     prefix: str = field(default_factory=lambda: secrets.token_hex(3))
     session_id: str = ""
+    namespace: str | None = None  # user mode: the agent's pid namespace, which must be gone at the end
 
     def place(self, attack: Attack) -> Placeholders:
         return Placeholders(self.layout.root, self.server.pid, f"documents/rt-{attack.name}")
@@ -146,7 +156,10 @@ class Sprite:
         last, and what the model was told about it (its first refused step, else its last)."""
         results = await self.run(attack)
         verdict = next((r for r in results if r.refused), results[-1])
-        if verdict.refused_by == "cli" and attack.steps[-1].name == "Bash" and self.mode != "none":
+        # The CLI's own check also refuses a Bash command whose path it can't examine: the kernel
+        # may be why, but the command never ran, so it runs again where the CLI can't see the path.
+        checked = verdict.refused_by == "cli" or "could not be determined" in verdict.text
+        if checked and attack.steps[-1].name == "Bash" and self.mode != "none":
             attack = attack.smuggled()
             results = await self.run(attack)
             verdict = next((r for r in results if r.refused), results[-1])
@@ -189,10 +202,14 @@ async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
                     client = await connect(hello={}, token=token)
                     sprite = Sprite(mode, layout, bridge, server, client, token, key, pristine,
                                     session_id=client.frames[0]["session_id"])
+                    # The CLI starts (and the server writes its boot prompt) before any attack.
+                    await sprite.turn("hello", Turn(Text("Hello.")))
                     yield sprite
             finally:
                 await server.stop()
-            await wait_for(lambda: not agent_processes(), timeout=10, what=f"no process of {AGENT_USER} left")
+            await wait_for(lambda: not agent_processes(workspace), timeout=10, what=f"no process of {AGENT_USER} left")
+            if sprite.namespace is not None:
+                await wait_for(lambda: not in_namespace(sprite.namespace), timeout=10, what="the agent's pid namespace gone")
             assert not lingering(), "a job the agent left running outlived the server"
     finally:
         report = os.environ.get("SPRITE_REDTEAM_REPORT")
@@ -205,12 +222,20 @@ async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
         shutil.rmtree(pristine.parent, ignore_errors=True)
 
 
-def agent_processes() -> list[str]:
-    """`pgrep -u <agent user>`: empty when the user does not exist (modes that keep one identity)."""
-    if agent_uid() is None:
+def agent_processes(workspace: Path) -> list[int]:
+    """The agent user's processes working in `workspace` (`pgrep -u`, less those of other tests and
+    other suites that run agents on the same machine); none when there is no such user."""
+    uid = agent_uid()
+    if uid is None:
         return []
-    found = subprocess.run(["pgrep", "-a", "-u", AGENT_USER], capture_output=True, text=True, check=False)
-    return found.stdout.splitlines()
+    found = []
+    for pid in processes_of(uid):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(workspace)):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def lingering() -> list[int]:
@@ -247,6 +272,7 @@ async def test_the_agents_commands_run_as_the_mode_says(sprite: Sprite) -> None:
     uid, groups = result.text.split("\n")[:2]
     if sprite.mode == "user":
         assert int(uid) == agent_uid() and "0" not in groups.split(), result.text
+        sprite.namespace = agent_namespace(int(uid), sprite.layout.root)
     elif sprite.mode == "sandbox":
         assert int(uid) == os.geteuid()  # the server's own user, fenced in by bubblewrap
 
@@ -359,7 +385,7 @@ async def test_a_job_left_running_ends_with_the_session(sprite: Sprite) -> None:
     started = await c.until("session_started", timeout=TURN_TIMEOUT)
     sprite.session_id = started["session_id"]
     await wait_for(lambda: not lingering(), timeout=15, what="the jobs ended with the session")
-    await wait_for(lambda: not agent_processes(), timeout=15, what=f"no process of {AGENT_USER} left")
+    await wait_for(lambda: not agent_processes(sprite.layout.root), timeout=15, what=f"no process of {AGENT_USER} left")
 
 
 # ---------------------------------------------------------------- isolation off: only the guard
