@@ -18,9 +18,11 @@ SPRITE_REDTEAM_REPORT=FILE writes every attack's outcome there as JSON lines.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -264,12 +266,14 @@ async def test_healthz_reports_the_isolation_mode(sprite: Sprite) -> None:
 
 
 async def test_the_agents_commands_run_as_the_mode_says(sprite: Sprite) -> None:
-    call = bash("id -u; id -G")
+    call = bash('echo "uid=$(id -u) groups=$(id -G)"')
     tid = f"toolu_{sprite.prefix}_whoami"
     await sprite.turn("who am I", Turn(ToolCall(call.name, call.input, id=tid), Text("done: whoami")))
     result = tool_result(sprite.bridge, tid)
     assert result is not None and not result.is_error, result
-    uid, groups = result.text.split("\n")[:2]
+    found = re.search(r"uid=(\d+) groups=([\d ]+)", result.text)  # the shell's profile may say more
+    assert found is not None, result.text
+    uid, groups = found.groups()
     if sprite.mode == "user":
         assert int(uid) == agent_uid() and "0" not in groups.split(), result.text
         sprite.namespace = agent_namespace(int(uid), sprite.layout.root)
@@ -312,7 +316,9 @@ async def test_the_token_cannot_be_read(sprite: Sprite, attack: Attack) -> None:
     assert not leaked, f"{attack.name} read the token"
 
 
-RELAY = (REPO / "os_src" / "relay.py").exists()  # TODO(lead): the relay branch's module; see the test below
+# The relay (branch `relay`, os_src/model_relay.py) keeps the key out of the CLI's environment; before
+# it is merged the key is there by design, and the test says so. Once merged, the test runs.
+RELAY = importlib.util.find_spec("sprite_os.model_relay") is not None
 
 
 @pytest.mark.parametrize("attack", KEY_ATTACKS, ids=lambda a: a.name)
