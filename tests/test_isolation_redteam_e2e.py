@@ -417,7 +417,7 @@ async def test_with_isolation_off_the_guard_still_denies_write_and_edit_into_os(
             await c.send(type="user_message", text="write into .os")
             done = await c.until("turn_complete")
             assert done["status"] == "completed"
-            assert (await app.health())["isolation"] in (None, "none")
+            assert (await app.health())["isolation"] == "none"
     for k in calls:
         result = tool_result(bridge, f"toolu_none_{k}")
         assert result is not None and result.refused_by == "guard", result
