@@ -54,10 +54,13 @@ async def _server_turn(bridge: MockBridge, c: Client, n: int,
     return time.perf_counter() - started
 
 
-async def _interleave(paths: dict[str, TurnFn], turns: int) -> dict[str, list[float]]:
+async def _interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False) -> dict[str, list[float]]:
+    """`alternate`: every other round runs the paths in reverse order, so that what one path's turn
+    leaves running (memory's capture and indexing) falls on the other's next turn as often."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for n in range(turns + WARMUP):
-        for name, fn in paths.items():
+        order = list(paths.items())
+        for name, fn in (order[::-1] if alternate and n % 2 else order):
             took = await fn(n)
             if n >= WARMUP:
                 samples[name].append(took)
@@ -173,7 +176,7 @@ async def isolation(turns: int) -> dict[str, Any]:
         c_user, c_none = await _server_client(stack, user), await _server_client(stack, none)
         samples = await _interleave(
             {"user": lambda n: _server_turn(bridge, c_user, n, _script_bash),
-             "none": lambda n: _server_turn(bridge, c_none, n, _script_bash)}, turns)
+             "none": lambda n: _server_turn(bridge, c_none, n, _script_bash)}, turns, alternate=True)
     a, b = summary_ms(samples["user"]), summary_ms(samples["none"])
     return {"user": a, "none": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
             "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}

@@ -472,6 +472,7 @@ def _finish_move(layout: Layout, record: dict[str, Any]) -> None:
                                      "move it away (it is not read again)")
             continue
         backup.mkdir(parents=True, exist_ok=True)
+        os.chmod(backup.parent, 0o700)  # .os/backup: Sprite OS's alone (the agent's user passes through .os/)
         os.rename(path, backup / name)
         say(f"moved {name} to {backup / name}")
 

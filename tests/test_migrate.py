@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from sprite_os import migrate as m
+from sprite_os.config import Settings
+from sprite_os.isolation import AgentUser
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
@@ -115,7 +117,8 @@ def test_every_row_and_file_arrives(v1: V1Data, capsys: pytest.CaptureFixture[st
     assert (backup / "agent.db").is_file()
     assert (backup / "memory" / "os.md").read_text() == V1_FILES["os.md"]
     assert table_rows(backup / "agent.db", "observations", V1_COLUMNS["observations"]) == source["observations"]
-    assert oct(layout.os_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct(layout.os_dir.stat().st_mode & 0o777) == "0o711"  # passed through, never listed
+    assert oct(backup.parent.stat().st_mode & 0o777) == "0o700"  # v1's data: Sprite OS's alone
 
 
 def test_second_run_changes_nothing(v1: V1Data, capsys: pytest.CaptureFixture[str]) -> None:
@@ -367,3 +370,15 @@ def test_a_user_folder_named_memory_is_never_taken(v1: V1Data) -> None:
     with pytest.raises(m.MigrationError, match="appeared again"):
         m.migrate(layout)
     assert (layout.os_dir / record["backup"] / "agent.db").is_file()
+
+
+def test_migrate_as_root_gives_user_space_to_the_agents_user(agent_user: AgentUser, tmp_path: Path) -> None:
+    from sprite_os.migrate import migrate_main
+
+    ws = tmp_path / "ws"
+    Layout(ws).ensure()
+    (ws / "documents" / "from-v1.md").write_text("made when everything ran as root")
+    assert migrate_main(Settings(workspace=ws, agent_user=agent_user.name)) == 0
+    assert (ws / "documents" / "from-v1.md").stat().st_uid == agent_user.uid
+    assert (ws.stat().st_uid, ws.stat().st_gid, ws.stat().st_mode & 0o7777) == (0, agent_user.gid, 0o1770)
+    assert (ws / ".os" / "memory").stat().st_uid == 0
