@@ -9,6 +9,10 @@ idle CLI's death until its next write fails (that prompt is then resent once).
 Each CLI is recorded in its workspace's ledger (cli_ledger.py: the CLI runs in the
 workspace root, `options.cwd`) from the moment its pid is known until it is closed, so a
 server killed with -9 leaves the next start a record of the CLI to end.
+
+In `user` isolation the process is the launcher (agent_launch.py): root, holding the CLI in a pid
+namespace of its own, so killing it ends the CLI and everything the CLI started, and a server
+killed with -9 takes it along (a parent-death signal); the ledger is then only a backstop.
 """
 
 from __future__ import annotations
