@@ -94,10 +94,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m sprite_os serve` as a child process, for tests that signal or kill it."""
+    """`python -m sprite_os serve` as a child process, for tests that signal or kill it (or another
+    `module` that serves the same way)."""
 
-    def __init__(self, workspace: Path, base_url: str, **env: str) -> None:
+    def __init__(self, workspace: Path, base_url: str, *, module: str = "sprite_os", **env: str) -> None:
         self.workspace = workspace
+        self.args = ("-m", module) if module != "sprite_os" else ("-m", module, "serve")
         self.port = free_port()
         self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
                     "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
@@ -112,7 +114,7 @@ class ServerProcess:
         self.workspace.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sprite_os", "serve", env=self.env, stdout=log, stderr=log)
+                sys.executable, *self.args, env=self.env, stdout=log, stderr=log)
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             assert self.proc.returncode is None, f"server exited: {self.log.read_text()[-2000:]}"
