@@ -171,7 +171,9 @@ class AgentLaunch:
 
     def settings(self) -> str | None:
         """The CLI's --settings in sandbox mode: every Bash command in bubblewrap, none outside it,
-        `.os/` not writable, the secrets and memory not readable; no start without the sandbox."""
+        `.os/` not writable, the secrets and logs not readable; no start without the sandbox.
+        Memory stays readable here: bubblewrap hides a denied folder behind a writable tmpfs, where
+        a write into memory would seem to work, and the model would believe it had saved something."""
         if self.mode != "sandbox":
             return None
         layout = self.layout
@@ -182,8 +184,7 @@ class AgentLaunch:
             "failIfUnavailable": True,
             "filesystem": {
                 "denyWrite": [str(layout.os_dir.resolve())],
-                "denyRead": [str(p.resolve()) for p in (layout.token_file, layout.service_env, layout.memory_dir,
-                                                          layout.logs_dir)],
+                "denyRead": [str(p.resolve()) for p in (layout.token_file, layout.service_env, layout.logs_dir)],
             },
         }
         return json.dumps({"sandbox": sandbox})

@@ -28,7 +28,10 @@ log = get_logger(__name__)
 
 WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
 MATCHER = "|".join([*WRITE_TOOLS, "Read"])
+MAX_LINK_HOPS = 40  # Linux's own limit on symlinks followed in one lookup
 
+PROC_DENIAL = ("The file tools don't follow paths through /proc or /dev/fd (they name another process's "
+               "view of the files); use the file's own path.")
 SECRET_DENIAL = "That file holds this Sprite's credentials; the agent can't read it."
 DENIAL = ("Sprite OS keeps .os/ (its code, settings and your memory) for itself: the agent can't change "
           "anything there. Memory is saved automatically; there is nothing to write.")
@@ -42,6 +45,10 @@ class WriteGuard:
     def check(self, tool_name: str, tool_input: dict[str, Any], cwd: str | None = None) -> str | None:
         """Why this tool call may not run, or None if it may. Blocking (it resolves paths)."""
         base = Path(cwd) if cwd else self.layout.root
+        if tool_name == "Read" or tool_name in WRITE_TOOLS:
+            target = tool_input.get("file_path" if tool_name == "Read" else WRITE_TOOLS[tool_name])
+            if isinstance(target, str) and through_proc(_absolute(target, base)):
+                return f"{PROC_DENIAL} ({tool_name} of {target} was denied.)"
         if tool_name == "Read":
             target = tool_input.get("file_path")
             if isinstance(target, str) and self._secret(_absolute(target, base)):
@@ -93,3 +100,31 @@ class WriteGuard:
 def _absolute(target: str, base: Path) -> Path:
     path = Path(os.path.expanduser(target))
     return path if path.is_absolute() else base / path
+
+
+def through_proc(path: Path) -> bool:
+    """Whether resolving `path` passes through /proc (or /dev/fd, /dev/stdin: links into it).
+    Those links resolve by the process that follows them: /proc/self/cwd is the server's cwd here
+    and the CLI's workspace there, so a check made here could not speak for the CLI."""
+    pending, current, hops = list(path.parts[1:]), Path("/"), 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        current = current / part
+        if current.parts[1:2] == ("proc",):
+            return True
+        try:
+            target = os.readlink(current)
+        except OSError:
+            continue  # not a link, or not there (yet): a plain name
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            return True  # a loop; the kernel would refuse it too
+        link = Path(target)
+        pending = [*link.parts[1:], *pending] if link.is_absolute() else [*link.parts, *pending]
+        current = Path("/") if link.is_absolute() else current.parent
+    return False

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from sprite_os.deploy_contract import AGENT_DIR
 from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os.guard import DENIAL, PROC_DENIAL, SECRET_DENIAL
 from sprite_os.paths import Layout
 
 MARK = "PWNED"
@@ -58,7 +59,7 @@ KERNEL_WORDS = ("Permission denied", "Operation not permitted", "Read-only file 
 # "could not be determined": the CLI could not examine a path (a directory on the way it may not enter)
 UNREACHABLE_WORDS = ("No such file or directory", "can't read", "cannot access", "failed to access",
                      "could not be determined")
-GUARD_WORDS = ("Sprite OS keeps .os/", "holds this Sprite's credentials")
+GUARD_WORDS = tuple(denial[:40] for denial in (DENIAL, SECRET_DENIAL, PROC_DENIAL))  # the guard's own words
 CLI_WORDS = ("requested permissions", "require approval", "requires approval")
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.guard import WriteGuard
+from sprite_os.guard import WriteGuard, through_proc
 from sprite_os.paths import Layout
 
 
@@ -79,3 +79,31 @@ async def test_a_call_the_guard_cannot_check_is_denied(guard: WriteGuard, ws: Pa
     out = await guard.hook({"tool_name": "Write", "tool_input": {"file_path": "a"}, "cwd": str(ws)}, None, None)
     assert out["hookSpecificOutput"]["permissionDecision"] == "deny"  # fails closed: it may have written .os/
     assert "could not check" in out["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize(("tool", "path"), [
+    ("Read", "/proc/self/cwd/.os/token"),  # the server's cwd here, the CLI's workspace there
+    ("Write", "/proc/self/cwd/.os/memory/user.md"),
+    ("Edit", "/proc/thread-self/cwd/.os/src/sprite_os/server.py"),
+    ("Read", "/dev/fd/3"),  # /dev/fd -> /proc/self/fd
+    ("Write", "documents/to-proc/memory/user.md"),  # a link made in user space, into /proc
+    ("Read", "documents/to-proc/token"),
+])
+def test_a_path_through_proc_is_denied(guard: WriteGuard, ws: Path, tool: str, path: str) -> None:
+    (ws / "documents" / "to-proc").symlink_to("/proc/self/cwd/.os")
+    reason = guard.check(tool, {"file_path": path}, str(ws))
+    assert reason is not None and "/proc" in reason
+
+
+@pytest.mark.parametrize("path", ["documents/notes.md", "documents/inner/../notes.md", "documents/inside/x.md",
+                                  "/tmp/plain.txt"])
+def test_a_path_that_stays_out_of_proc_is_not_denied_for_it(guard: WriteGuard, ws: Path, path: str) -> None:
+    (ws / "documents" / "real").mkdir()
+    (ws / "documents" / "inside").symlink_to(ws / "documents" / "real")
+    assert not through_proc(ws / path)
+    assert guard.check("Write", {"file_path": path}, str(ws)) is None
+
+
+def test_a_symlink_loop_is_denied_not_followed_forever(guard: WriteGuard, ws: Path) -> None:
+    (ws / "documents" / "loop").symlink_to(ws / "documents" / "loop")
+    assert through_proc(ws / "documents" / "loop" / "x")

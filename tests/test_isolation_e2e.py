@@ -183,7 +183,7 @@ async def test_in_the_sandbox_a_command_cannot_write_os_but_honest_work_works(
     assert (workspace / "documents" / "prose.md").read_text() == "The .os folder is where memory lives.\n"
     assert (workspace / "documents" / "rc").read_text().strip() != "0"  # a read-only file system
     assert not (workspace / ".os" / "x").exists()
-    assert memory_file.read_text() == "- Ada likes tea\n"  # the sandbox showed the agent an empty tmpfs there
+    assert memory_file.read_text() == "- Ada likes tea\n"  # readable, but bound read-only
     assert (workspace / "documents" / "token").read_text() == ""
 
 

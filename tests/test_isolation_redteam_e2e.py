@@ -362,9 +362,11 @@ async def test_honest_work_in_user_space_still_works(sprite: Sprite) -> None:
         assert uid is not None and {top.stat().st_uid, nested.stat().st_uid, prose.stat().st_uid} == {uid}
 
 
-async def test_the_memory_files_are_not_readable_as_docs_security_says(sprite: Sprite) -> None:
-    """The boot prompt and search_memory give the agent its memory; the files and databases
-    themselves are Sprite OS's alone (deploy_contract.PRIVATE_DIRS, docs/security.md)."""
+async def test_the_memory_files_are_readable_only_as_docs_security_says(sprite: Sprite) -> None:
+    """The boot prompt and search_memory give the agent its memory; in `user` mode the files and
+    databases themselves are Sprite OS's alone (deploy_contract.PRIVATE_DIRS, docs/security.md).
+    In `sandbox` mode they stay readable, never writable: bubblewrap would hide a denied folder
+    behind a writable tmpfs, where a write into memory would seem to work."""
     assert "memory" in PRIVATE_DIRS
     steps = (read(str(sprite.layout.memory_dir / "user.md")), bash("cat .os/memory/user.md; ls .os/memory"),
              bash(f"{PY} -c \"import sqlite3; print(sqlite3.connect('.os/memory/memory.db').execute("
@@ -372,9 +374,12 @@ async def test_the_memory_files_are_not_readable_as_docs_security_says(sprite: S
     ids = [f"toolu_{sprite.prefix}_read_memory_{n}" for n in range(len(steps))]
     await sprite.turn("read my memory", Turn(*(ToolCall(s.name, s.input, id=i) for s, i in zip(steps, ids, strict=True)),
                                              Text("done: read")))
-    for i in ids:
-        result = tool_result(sprite.bridge, i)
-        assert result is not None and result.refused and "Ada" not in result.text, result
+    results = [tool_result(sprite.bridge, i) for i in ids]
+    assert all(r is not None for r in results), results
+    if sprite.mode == "user":
+        assert all(r.refused and "Ada" not in r.text for r in results if r is not None), results
+    else:  # the files read; SQLite can't open a WAL database on a read-only mount, which is fine
+        assert all(not r.refused and "Ada" in r.text for r in results[:2] if r is not None), results
 
 
 async def test_what_the_agent_plants_outside_os_does_not_reach_its_next_session(sprite: Sprite) -> None:
