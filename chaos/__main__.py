@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -81,6 +82,7 @@ def main() -> int:
     parser.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/reliability.md")
     args = parser.parse_args()
     os.environ.setdefault("SPRITE_LOG_LEVEL", "warning")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the run stops its server, unmounts
     overrides = {k: v for k, v in (("seed", args.seed), ("freeze_seconds", args.freeze_seconds),
                                    ("lock_seconds", args.lock_seconds), ("long_turns", args.long_turns))
                  if v is not None}

@@ -32,11 +32,11 @@ class Result:
     seconds: float
     turns: int  # turns this scenario sent
     figures: dict[str, Any] = field(default_factory=dict)
-    invariants: Invariants | None = None
+    invariants: Invariants | None = None  # None: counted with a later scenario (settle_each=False)
     error: str | None = None
 
     def failures(self) -> list[str]:
-        return ([self.error] if self.error else []) + (self.invariants.failures() if self.invariants else ["unchecked"])
+        return ([self.error] if self.error else []) + (self.invariants.failures() if self.invariants else [])
 
     @property
     def ok(self) -> bool:
@@ -60,7 +60,8 @@ def line(r: Result) -> str:
     """One line per scenario, with its figures."""
     head = f"{r.name:<15} {'ok ' if r.ok else 'FAIL'} {r.seconds:6.0f} s  "
     if r.invariants is None:
-        return head + f"not checked: {r.error}"
+        return head + f"{r.turns} turns, counted with a later scenario | " + ", ".join(
+            f"{k} {_short(v)}" for k, v in r.figures.items()) + (f" | FAILED: {r.error}" if r.error else "")
     i, t = r.invariants, r.invariants.turns
     text = (f"{r.turns} turns; all so far: {t.completed} completed, {t.cut} cut by a kill ({t.cut_recorded} recorded "
             f"from the journal), {t.unsent} unsent ({t.unsent_recorded} recorded); {i.observations} observations: "
@@ -95,8 +96,10 @@ def disk(root: Path) -> Iterator[tuple[Path | None, str]]:
         yield None, str(exc)
 
 
-async def run(root: Path, plan: Plan, names: list[str], *, batch_turns: int = 3,
+async def run(root: Path, plan: Plan, names: list[str], *, batch_turns: int = 3, settle_each: bool = True,
               say: Callable[[str], None] = print) -> list[Result]:
+    """Run `names` in order. `settle_each`: settle, stop and count after every scenario (the full
+    run); otherwise only after the last one (the smoke test: one settle instead of five)."""
     rng = random.Random(plan.seed)
     results: list[Result] = []
     with disk(root) as (mounted, why):
@@ -104,27 +107,36 @@ async def run(root: Path, plan: Plan, names: list[str], *, batch_turns: int = 3,
         workspace = (mounted or root) / "workspace"
         async with MockBridge() as bridge:
             world = World(workspace, bridge, Settings(batch_turns=batch_turns))
-            for name in names:
-                world.scenario = name
-                began, sent = time.monotonic(), len(world.log.turns)
-                result = Result(name, 0.0, 0)
-                try:
-                    if world.server is None or not world.server.running:
-                        await world.start()
-                    result.figures = await SCENARIOS[name](world, plan, rng)
-                    await settle(world)
-                except Exception as exc:  # the scenario failed; its invariants are still counted
-                    traceback.print_exc(file=sys.stderr)
-                    result.error = f"{type(exc).__name__}: {exc}"
-                finally:
-                    with contextlib.suppress(Exception):
-                        await world.stop()
-                result.seconds = round(time.monotonic() - began, 1)
-                result.turns = len(world.log.turns) - sent
-                try:
-                    result.invariants = check(workspace, world.log)
-                except Exception as exc:
-                    result.error = (result.error or "") + f" check: {type(exc).__name__}: {exc}"
-                results.append(result)
-                say(line(result))
+            try:
+                for n, name in enumerate(names):
+                    count = settle_each or n == len(names) - 1
+                    world.scenario = name
+                    began, sent = time.monotonic(), len(world.log.turns)
+                    result = Result(name, 0.0, 0)
+                    try:
+                        if world.server is None or not world.server.running:
+                            await world.start()
+                        result.figures = await SCENARIOS[name](world, plan, rng)
+                        if count:
+                            await settle(world)
+                    except Exception as exc:  # the scenario failed; its invariants are still counted
+                        traceback.print_exc(file=sys.stderr)
+                        result.error = f"{type(exc).__name__}: {exc}"
+                        count = True
+                    finally:
+                        if count:
+                            with contextlib.suppress(Exception):
+                                await world.stop()
+                    result.seconds = round(time.monotonic() - began, 1)
+                    result.turns = len(world.log.turns) - sent
+                    if count:
+                        try:
+                            result.invariants = check(workspace, world.log)
+                        except Exception as exc:
+                            result.error = (result.error or "") + f" check: {type(exc).__name__}: {exc}"
+                    results.append(result)
+                    say(line(result))
+            finally:  # interrupted (Ctrl-C, SIGTERM): no server left running
+                with contextlib.suppress(Exception):
+                    await world.stop()
     return results

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.turns import Turn
 from chaos.world import World
 from sprite_os.dev.faults import exclusive_lock, fill
 from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import Fault
+from sprite_os.dev.mock_bridge import Fault, RecordedRequest
 from sprite_os.dev.processes import ServerDied, child_cli_processes, workspace_clis
 from sprite_os.dev.processes import rss_kib as rss_of
 from sprite_os.paths import Layout
@@ -167,14 +168,35 @@ async def kills(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
 # ---------------------------------------------------------------- a flapping proxy
 
 
-async def _refused(world: World, seconds: float, during: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    """The proxy down (connection refused) for `seconds` while `during` runs, then back on its port."""
+async def _refused(world: World, seconds: float, during: Callable[[], Coroutine[Any, Any, Any]]) -> float:
+    """The proxy down (connection refused) for `seconds` while `during` runs, then back on its
+    port. Returns when it came back (wall clock), once `during` is done."""
     port = world.bridge.port
     await world.bridge.stop()
     task = asyncio.create_task(during())
     await asyncio.sleep(seconds)
     await world.bridge.start(port=port)
-    return await task
+    back = time.time()
+    await task
+    return back
+
+
+async def _append(into: list[Turn], turn: Awaitable[Turn]) -> None:
+    into.append(await turn)
+
+
+def _good(r: RecordedRequest) -> bool:
+    """A curator call answered in full (a cut or malformed reply is sent with status 200)."""
+    return r.status == 200 and not {"cut", "malformed"} & set(r.faults)
+
+
+async def _recovered(world: World, seen: int, since: float | None = None, timeout: float = 120.0) -> float:
+    """Seconds from the first curator call after `seen` (or from `since`) to the first that succeeded."""
+    calls = world.bridge.curator_requests
+    await world.bridge.wait_for(lambda _: any(_good(r) for r in calls()[seen:]), timeout)
+    new = calls()[seen:]
+    ok = next(r for r in new if _good(r))
+    return round(ok.time - (new[0].time if since is None else since), 1)
 
 
 async def flapping(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
@@ -189,23 +211,32 @@ async def flapping(world: World, plan: Plan, rng: random.Random) -> dict[str, An
         bridge.faults.add(fault)
         agent[label] = (await world.turn(f"through a proxy answering {label}")).outcome
         bridge.faults.remove(fault)
-    agent["refused"] = (await _refused(world, 3.0, lambda: world.turn("through a proxy that is down"))).outcome
-    curator_failed_before = sum(r.status != 200 for r in bridge.curator_requests())
-    for fault in (Fault("status", status=429, target="curator", times=1),
-                  Fault("status", status=500, target="curator", times=1),
-                  Fault("status", status=529, target="curator", times=1),
-                  Fault("cut", target="curator", times=1), Fault("malformed", target="curator", times=1)):
+    refused: list[Turn] = []
+    await _refused(world, 3.0, lambda: _append(refused, world.turn("through a proxy that is down")))
+    agent["refused"] = refused[0].outcome
+    curator_failed_before = sum(not _good(r) for r in bridge.curator_requests())
+    curator: dict[str, float] = {}  # fault -> seconds from the failed call to the next good one
+    for label, fault in (("429", Fault("status", status=429, target="curator", times=1)),
+                         ("500", Fault("status", status=500, target="curator", times=1)),
+                         ("529", Fault("status", status=529, target="curator", times=1)),
+                         ("stream_cut", Fault("cut", target="curator", times=1)),
+                         ("cut_off_body", Fault("malformed", target="curator", times=1))):
+        seen = len(bridge.curator_requests())
         bridge.faults.add(fault)
-        await world.turns(b)
-        await asyncio.sleep(1.0)
+        await world.turns(b)  # a batch: it fails, and is retried after the daemon's first backoff
+        curator[label] = await _recovered(world, seen)
         bridge.faults.remove(fault)
-    await _refused(world, 3.0, world.new_session)  # the session's end asks for a batch: nobody answers
+    seen = len(bridge.curator_requests())
+    back = await _refused(world, 3.0, world.new_session)  # the session's end asks for a batch: nobody answers
+    await world.turns(b)
+    curator["refused"] = await _recovered(world, seen, since=back)  # from the proxy's return
     outage = bridge.faults.add(Fault("status", status=529, target="curator"))
     during = [t.seconds for t in await world.turns(n) if t.outcome == "completed"]
     bridge.faults.remove(outage)
     await world.turns(b)  # recovery
     return {"agent_outcomes": agent, "agent_retries_announced": len([f for f in world.frames() if f["type"] == "model_retry"]),
-            "curator_failed_calls": sum(r.status != 200 for r in bridge.curator_requests()) - curator_failed_before,
+            "curator_failed_calls": sum(not _good(r) for r in bridge.curator_requests()) - curator_failed_before,
+            "curator_recovered_after_s": curator,
             "normal_median_s": median(normal), "curator_outage_median_s": median(during),
             "latency_ratio": round(median(during) / median(normal), 2) if normal and during else None}
 
