@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -37,13 +38,18 @@ class Plan:
     lock_seconds: float = 30.0
     long_turns: int = 500
     phase_turns: int = 8  # turns per phase where latency is compared
+    flaps: tuple[str, ...] = ()  # which proxy faults (FLAPS); () means all of them
     disk: Path | None = None  # the tmpfs the workspace is on (None: not root, no full disk)
     disk_skip: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.flaps:
+            object.__setattr__(self, "flaps", FLAPS)
 
     @classmethod
     def smoke(cls, **overrides: Any) -> Plan:
         values: dict[str, Any] = dict(kills=2, kill_turns=6, freeze_seconds=2.0, lock_seconds=3.0, long_turns=0,
-                                      phase_turns=2)
+                                      phase_turns=2, flaps=("agent:529", "agent:refused", "curator:cut_off_body"))
         values.update(overrides)
         return cls(**values)
 
@@ -91,15 +97,17 @@ async def _kill_curator_in_flight(world: World, group: bool, rng: random.Random)
     return "curator_in_flight"
 
 
-def _kill_at_rewrite(memory_dir: Path, pid: int, group: bool, seconds: float) -> bool:
-    """Poll the memory directory (a thread: the loop's sleep is too coarse) and kill the server the
-    moment a file's temp copy appears. False if none appeared within `seconds`."""
+def _kill_at_rewrite(dirs: list[Path], pid: int, group: bool, seconds: float) -> bool:
+    """Poll the memory directory and the rewritten file's history (a thread: the loop's sleep is
+    too coarse) and kill the server the moment a temp copy appears. False if none appeared
+    within `seconds` (on a tmpfs a rewrite takes microseconds: it is often missed)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            if any(n.endswith(".tmp") for n in os.listdir(memory_dir)):
-                (os.killpg if group else os.kill)(pid, signal.SIGKILL)
-                return True
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                if any(n.endswith(".tmp") for n in os.listdir(d)):
+                    (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+                    return True
     return False
 
 
@@ -111,7 +119,9 @@ async def _kill_file_rewrite(world: World, group: bool, rng: random.Random) -> s
         await world.turn()
         if len(world.bridge.curator_requests()) > seen:
             break
-    watch = asyncio.to_thread(_kill_at_rewrite, Layout(world.workspace).memory_dir, world.server_pid, group, 8.0)
+    layout = Layout(world.workspace)
+    watch = asyncio.to_thread(_kill_at_rewrite, [layout.memory_dir, layout.history_dir / "context.md"],
+                              world.server_pid, group, 8.0)
     caught = await watch
     if not caught:
         await world.kill(group)
@@ -199,42 +209,53 @@ async def _recovered(world: World, seen: int, since: float | None = None, timeou
     return round(ok.time - (new[0].time if since is None else since), 1)
 
 
+AGENT_FAULTS = {"429": Fault("status", status=429, target="agent", times=1),
+                "500": Fault("status", status=500, target="agent", times=1),
+                "529": Fault("status", status=529, target="agent", times=2),
+                "stream_cut": Fault("cut", after_events=3, target="agent", times=1)}
+CURATOR_FAULTS = {"429": Fault("status", status=429, target="curator", times=1),
+                  "500": Fault("status", status=500, target="curator", times=1),
+                  "529": Fault("status", status=529, target="curator", times=1),
+                  "stream_cut": Fault("cut", target="curator", times=1),
+                  "cut_off_body": Fault("malformed", target="curator", times=1)}
+FLAPS = (*(f"agent:{k}" for k in AGENT_FAULTS), "agent:refused", *(f"curator:{k}" for k in CURATOR_FAULTS),
+         "curator:refused")
+
+
 async def flapping(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     bridge, b = world.bridge, world.settings.batch_turns
     n = max(plan.phase_turns, b)
     normal = [t.seconds for t in await world.turns(n) if t.outcome == "completed"]
     agent: dict[str, str] = {}
-    for label, fault in (("429", Fault("status", status=429, target="agent", times=1)),
-                         ("500", Fault("status", status=500, target="agent", times=1)),
-                         ("529", Fault("status", status=529, target="agent", times=2)),
-                         ("stream_cut", Fault("cut", after_events=3, target="agent", times=1))):
-        bridge.faults.add(fault)
-        agent[label] = (await world.turn(f"through a proxy answering {label}")).outcome
-        bridge.faults.remove(fault)
-    refused: list[Turn] = []
-    await _refused(world, 3.0, lambda: _append(refused, world.turn("through a proxy that is down")))
-    agent["refused"] = refused[0].outcome
+    for label, fault in AGENT_FAULTS.items():
+        if f"agent:{label}" in plan.flaps:
+            fault = bridge.faults.add(dataclasses.replace(fault))  # a fresh count of uses
+            agent[label] = (await world.turn(f"through a proxy answering {label}")).outcome
+            bridge.faults.remove(fault)
+    if "agent:refused" in plan.flaps:
+        refused: list[Turn] = []
+        await _refused(world, 3.0, lambda: _append(refused, world.turn("through a proxy that is down")))
+        agent["refused"] = refused[0].outcome
     curator_failed_before = sum(not _good(r) for r in bridge.curator_requests())
     curator: dict[str, float] = {}  # fault -> seconds from the failed call to the next good one
-    for label, fault in (("429", Fault("status", status=429, target="curator", times=1)),
-                         ("500", Fault("status", status=500, target="curator", times=1)),
-                         ("529", Fault("status", status=529, target="curator", times=1)),
-                         ("stream_cut", Fault("cut", target="curator", times=1)),
-                         ("cut_off_body", Fault("malformed", target="curator", times=1))):
+    for label, fault in CURATOR_FAULTS.items():
+        if f"curator:{label}" in plan.flaps:
+            seen = len(bridge.curator_requests())
+            fault = bridge.faults.add(dataclasses.replace(fault))
+            await world.turns(b)  # a batch: it fails, and is retried after the daemon's first backoff
+            curator[label] = await _recovered(world, seen)
+            bridge.faults.remove(fault)
+    if "curator:refused" in plan.flaps:
         seen = len(bridge.curator_requests())
-        bridge.faults.add(fault)
-        await world.turns(b)  # a batch: it fails, and is retried after the daemon's first backoff
-        curator[label] = await _recovered(world, seen)
-        bridge.faults.remove(fault)
-    seen = len(bridge.curator_requests())
-    back = await _refused(world, 3.0, world.new_session)  # the session's end asks for a batch: nobody answers
-    await world.turns(b)
-    curator["refused"] = await _recovered(world, seen, since=back)  # from the proxy's return
+        back = await _refused(world, 3.0, world.new_session)  # the session's end asks for a batch: nobody answers
+        await world.turns(b)
+        curator["refused"] = await _recovered(world, seen, since=back)  # from the proxy's return
     outage = bridge.faults.add(Fault("status", status=529, target="curator"))
     during = [t.seconds for t in await world.turns(n) if t.outcome == "completed"]
     bridge.faults.remove(outage)
     await world.turns(b)  # recovery
-    return {"agent_outcomes": agent, "agent_retries_announced": len([f for f in world.frames() if f["type"] == "model_retry"]),
+    return {"agent_outcomes": agent,
+            "agent_retries_announced": len([f for f in world.frames() if f["type"] == "model_retry"]),
             "curator_failed_calls": sum(not _good(r) for r in bridge.curator_requests()) - curator_failed_before,
             "curator_recovered_after_s": curator,
             "normal_median_s": median(normal), "curator_outage_median_s": median(during),
