@@ -133,6 +133,18 @@ def check(workspace: Path, log: TurnLog) -> Invariants:
         orphans=workspace_clis(workspace))
 
 
+def recorded_now(workspace: Path) -> set[str]:
+    """The markers transcript.db holds, read while the server runs; empty while it is locked."""
+    conn = sqlite3.connect(f"file:{Layout(workspace).transcript_db}?mode=ro", uri=True, timeout=1)
+    try:
+        return {m.group(0) for (text,) in conn.execute("SELECT user_message FROM observations")
+                if (m := MARKER.search(text))}
+    except sqlite3.Error:
+        return set()
+    finally:
+        conn.close()
+
+
 def pending_now(workspace: Path) -> int:
     """Observations not yet curated, read while the server runs (WAL lets a reader in)."""
     conn = sqlite3.connect(f"file:{Layout(workspace).transcript_db}?mode=ro", uri=True, timeout=30)

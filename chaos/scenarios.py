@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.checks import recorded_now
 from chaos.turns import Turn
 from chaos.world import World
 from sprite_os.dev.faults import exclusive_lock, fill
@@ -295,10 +296,16 @@ async def full_disk(world: World, plan: Plan, rng: random.Random) -> dict[str, A
     try:
         during = await world.turns(max(4, world.settings.batch_turns + 1), "x" * 20_000)  # each needs new pages
         await asyncio.sleep(5.0)
+        held = len({t.marker for t in during} & recorded_now(world.workspace))
     finally:
         filler.unlink()
+    freed = time.monotonic()
+    await wait_for(lambda: {t.marker for t in during} <= recorded_now(world.workspace), 120, interval=0.2,
+                   what="the turns written once the disk was freed")
+    landed = time.monotonic() - freed
     after = await world.turns(2)
-    return {"turns_while_full": [t.outcome for t in during], "turns_after": [t.outcome for t in after]}
+    return {"turns_while_full": [t.outcome for t in during], "recorded_while_full": held,
+            "landed_after_free_s": round(landed, 1), "turns_after": [t.outcome for t in after]}
 
 
 # ---------------------------------------------------------------- a locked database
@@ -316,8 +323,13 @@ async def locked(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]
             while time.monotonic() - began < plan.lock_seconds:  # turns, and batches among them
                 done.append(await world.turn(f"while {name} is locked"))
                 await asyncio.sleep(0.5)
+        released = time.monotonic()
+        sent = {t.marker for t in done}
+        await wait_for(lambda sent=sent: sent <= recorded_now(world.workspace), 120, interval=0.2,  # type: ignore[misc]
+                       what=f"the turns written once {name} was released")
         out[name] = {"turns_while_locked": len(done),
                      "completed": sum(t.outcome == "completed" for t in done),
+                     "landed_after_release_s": round(time.monotonic() - released, 1),
                      "median_s": median([t.seconds for t in done if t.outcome == "completed"])}
     during = out["memory.db"]["median_s"]
     out["normal_median_s"] = median(normal)
