@@ -6,7 +6,7 @@ locked database, a long run. After each scenario it counts what was lost, duplic
 or corrupted; it exits 1 if anything was.
 
     python -m chaos [--only NAME ...] [--seed N] [--freeze-seconds S] [--lock-seconds S]
-                    [--long-turns N] [--smoke] [--update-docs]
+                    [--long-turns N] [--smoke] [--update-docs [--from-results]]
 
 Results go to chaos/results/latest.json; --update-docs rewrites the figures table in
 docs/reliability.md (between its `chaos:results` markers). The full disk needs root
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.run import Result, run
+from chaos.run import Result, run, short
 from chaos.scenarios import SCENARIOS, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def table(doc: dict[str, Any]) -> str:
             continue
         t = inv["turns"]
         files = "ok" if not inv["bad_files"] else "**bad**"
-        figures = "; ".join(f"{k}: {v}" for k, v in r["figures"].items()).replace("|", "/")
+        figures = "; ".join(f"{k} {short(v)}" for k, v in r["figures"].items()).replace("|", "/")
         verdict = "" if r["ok"] else " **FAILED: " + "; ".join(inv["failures"] + ([r["error"]] if r["error"] else [])) + "**"
         lines.append(f"| {r['name']} | {r['turns']} ({t['completed']} completed so far, {t['cut']} cut by a kill) "
                      f"| {len(t['lost'])} / {len(t['duplicated'])} | {inv['curated_once']}/{inv['observations']}, "
@@ -80,7 +80,12 @@ def main() -> int:
     parser.add_argument("--lock-seconds", type=float, help="how long each lock is held (default 30)")
     parser.add_argument("--long-turns", type=int, help="turns of the long run (default 500)")
     parser.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/reliability.md")
+    parser.add_argument("--from-results", action="store_true",
+                        help="with --update-docs: take the figures from chaos/results/latest.json, run nothing")
     args = parser.parse_args()
+    if args.from_results:
+        update_docs(json.loads((RESULTS / "latest.json").read_text()))
+        return 0
     os.environ.setdefault("SPRITE_LOG_LEVEL", "warning")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the run stops its server, unmounts
     overrides = {k: v for k, v in (("seed", args.seed), ("freeze_seconds", args.freeze_seconds),

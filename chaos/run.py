@@ -48,9 +48,9 @@ class Result:
                 "invariants": self.invariants.as_json() if self.invariants else None}
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {short(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list) and len(value) > 4 and len(set(map(str, value))) == 1:
         return f"{len(value)}x {value[0]}"
     return str(value)
@@ -61,7 +61,7 @@ def line(r: Result) -> str:
     head = f"{r.name:<15} {'ok ' if r.ok else 'FAIL'} {r.seconds:6.0f} s  "
     if r.invariants is None:
         return head + f"{r.turns} turns, counted with a later scenario | " + ", ".join(
-            f"{k} {_short(v)}" for k, v in r.figures.items()) + (f" | FAILED: {r.error}" if r.error else "")
+            f"{k} {short(v)}" for k, v in r.figures.items()) + (f" | FAILED: {r.error}" if r.error else "")
     i, t = r.invariants, r.invariants.turns
     text = (f"{r.turns} turns; all so far: {t.completed} completed, {t.cut} cut by a kill ({t.cut_recorded} recorded "
             f"from the journal), {t.unsent} unsent ({t.unsent_recorded} recorded); {i.observations} observations: "
@@ -69,7 +69,7 @@ def line(r: Result) -> str:
             f"{len(i.learning_duplicates)} duplicate learnings, {len(i.batch_duplicates)} re-run turns; integrity "
             f"{'/'.join(i.integrity.values())}; files {'ok' if not i.bad_files else i.bad_files}; "
             f"debris {len(i.debris)}; orphan CLIs {len(i.orphans)} | "
-            + ", ".join(f"{k} {_short(v)}" for k, v in r.figures.items()))
+            + ", ".join(f"{k} {short(v)}" for k, v in r.figures.items()))
     if r.failures():
         text += " | FAILED: " + "; ".join(r.failures())
     return head + text
