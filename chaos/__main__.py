@@ -29,11 +29,11 @@ from typing import Any
 
 from chaos.run import Result, run, short
 from chaos.scenarios import SCENARIOS, Plan
+from sprite_os.dev.docs_table import rewrite_between
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "chaos" / "results"
 DOCS = ROOT / "docs" / "reliability.md"
-START, END = "<!-- chaos:results:start -->", "<!-- chaos:results:end -->"
 
 
 def _machine() -> str:
@@ -64,10 +64,7 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def update_docs(doc: dict[str, Any]) -> None:
-    text = DOCS.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    DOCS.write_text(f"{head}{START}\n{table(doc)}\n{END}{tail}")
+    rewrite_between(DOCS, "chaos", table(doc))
 
 
 def main() -> int:
