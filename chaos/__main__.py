@@ -43,7 +43,8 @@ def _machine() -> str:
 
 def table(doc: dict[str, Any]) -> str:
     meta = doc["_meta"]
-    lines = [f"Measured {meta['date']} on {meta['machine']} (seed {meta['seed']}, {meta['seconds'] / 60:.0f} min).",
+    reran = "".join(f" {name} was run again alone, on {day}." for name, day in meta.get("reran", {}).items())
+    lines = [f"Measured {meta['date']} on {meta['machine']} (seed {meta['seed']}, {meta['seconds'] / 60:.0f} min).{reran}",
              "", "| scenario | turns | lost / duplicated | curated once | integrity | files, debris, orphans | figures |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["scenarios"]:
@@ -98,7 +99,15 @@ def main() -> int:
     meta["seconds"] = round(time.monotonic() - began)
     doc = {"_meta": meta, "ok": all(r.ok for r in results), "scenarios": [r.as_json() for r in results]}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / ("smoke.json" if args.smoke else "latest.json")).write_text(json.dumps(doc, indent=2))
+    latest = RESULTS / ("smoke.json" if args.smoke else "latest.json")
+    if args.only and latest.exists():  # a partial run replaces its rows and keeps the others
+        earlier = json.loads(latest.read_text())
+        mine = {r["name"]: r for r in doc["scenarios"]}
+        rows = [mine.pop(r["name"], r) for r in earlier["scenarios"]] + list(mine.values())
+        meta["reran"] = {**earlier["_meta"].get("reran", {}), **{n: meta["date"] for n in names}}
+        doc = {"_meta": {**earlier["_meta"], "reran": meta["reran"]}, "ok": all(r["ok"] for r in rows),
+               "scenarios": rows}
+    latest.write_text(json.dumps(doc, indent=2))
     if args.update_docs:
         update_docs(doc)
     print("chaos: " + ("every invariant held" if doc["ok"] else "FAILED"), file=sys.stderr)

@@ -325,7 +325,7 @@ async def locked(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]
                 await asyncio.sleep(0.5)
         released = time.monotonic()
         sent = {t.marker for t in done}
-        await wait_for(lambda sent=sent: sent <= recorded_now(world.workspace), 120, interval=0.2,  # type: ignore[misc]
+        await wait_for(lambda sent=sent: sent <= recorded_now(world.workspace), 120, interval=0.2,
                        what=f"the turns written once {name} was released")
         out[name] = {"turns_while_locked": len(done),
                      "completed": sum(t.outcome == "completed" for t in done),

@@ -10,15 +10,16 @@ import pytest
 
 from chaos.run import run
 from chaos.scenarios import SCENARIOS, Plan
-from chaos.turns import Turn, TurnLog, reconcile
+from chaos.turns import Outcome, Turn, TurnLog, reconcile
 
 
 def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
     """The suite's own arithmetic: an acknowledged turn must be recorded once; an unsent one may be
     recorded at most once; a marker nobody sent is counted."""
     log = TurnLog()
-    for outcome in ("completed", "completed", "cut", "cut", "unsent", "error"):
-        log.add(Turn(log.new_marker(), "s", outcome, 0.1))  # type: ignore[arg-type]
+    outcomes: tuple[Outcome, ...] = ("completed", "completed", "cut", "cut", "unsent", "error")
+    for outcome in outcomes:
+        log.add(Turn(log.new_marker(), "s", outcome, 0.1))
     recorded = Counter({"CHAOS-000001": 1, "CHAOS-000002": 2, "CHAOS-000003": 1, "CHAOS-000005": 1,
                         "CHAOS-999999": 1})
     r = reconcile(log, recorded)
