@@ -12,7 +12,7 @@ CHROMIUM := /usr/bin/chromium
 SANDBOX := /usr/bin/bwrap /usr/bin/socat
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test test-fast lint bench dist clean screenshots
+.PHONY: run test test-fast lint bench chaos dist clean screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,12 +53,18 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e"
 
 lint: $(STAMP)
-	$(PY) -m ruff check os_src tests bench bootstrap
+	$(PY) -m ruff check os_src tests bench chaos bootstrap
 	$(PY) -m mypy
 
 ## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.
 bench: $(STAMP)
 	$(PY) -m bench
+
+## The fault-injection suite (issue 12): kill -9s, a flapping proxy, a freeze, a full disk (needs
+## root), locked databases and a 500-turn run, through the real server and CLI; ~15 min. Writes
+## chaos/results/latest.json and exits 1 if a turn was lost, duplicated or corrupted.
+chaos: $(STAMP)
+	$(PY) -m chaos
 
 ## The release tarball Bridge deploys: os_src, bootstrap, VERSION, pinned requirements.
 dist: $(STAMP)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sprite_os import __version__
+from sprite_os.dev.docs_table import rewrite_between
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -144,14 +145,6 @@ def _table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _update_docs(results: dict[str, Any]) -> None:
-    text = DOCS.read_text()
-    start, end = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    DOCS.write_text(f"{head}{start}\n{_table(results)}\n{end}{tail}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,7 +174,7 @@ def main() -> int:
     latest.write_text(json.dumps(results, indent=2))
     print(_table(results))
     if args.update_docs:
-        _update_docs(results)
+        rewrite_between(DOCS, "bench", _table(results))
     return 0
 
 

@@ -40,6 +40,7 @@ from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
 from .logs import configure_logging, get_logger
+from .malloc_arenas import limit_arenas
 from .memory.console_api import MemoryConsole
 from .memory.system import MemorySystem
 from .model_relay import ModelRelay
@@ -215,6 +216,7 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
 
 def serve_main(settings: Settings) -> int:
     """Entry point of `sprite-os serve`."""
+    limit_arenas()  # before any thread starts: see malloc_arenas.py
     configure_logging(settings.log_format, settings.log_level, settings.log_file)
     settings.layout.ensure()
     token = resolve_token(settings, create=True)

@@ -7,7 +7,6 @@ mock Bridge at the HTTP boundary.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -29,13 +28,15 @@ from sprite_os.dev.harness import (
     wait_for,
 )
 from sprite_os.dev.mock_bridge import MockBridge
+from sprite_os.dev.processes import ServerProcess, child_cli_processes, free_port, pid_alive
 from sprite_os.isolation import AgentUser
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
 
-__all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "agent_namespace", "client_factory", "in_namespace",
-           "make_settings", "processes_of", "running", "wait_for"]
+__all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_namespace", "child_cli_processes",
+           "client_factory", "free_port", "in_namespace", "make_settings", "pid_alive", "processes_of", "running",
+           "wait_for"]
 
 
 @pytest.fixture
@@ -64,98 +65,6 @@ async def server(settings: Settings) -> AsyncIterator[SpriteOS]:
 async def client(server: SpriteOS) -> AsyncIterator[Connect]:
     async with client_factory(server.port) as factory:
         yield factory
-
-
-def child_cli_processes(parent: int | None = None) -> list[int]:
-    """Claude Code CLI processes whose parent is `parent` (default: this process)."""
-    parent = os.getpid() if parent is None else parent
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if ppid == parent and "_bundled/claude" in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """`python -m sprite_os serve` as a child process, for tests that signal or kill it (or another
-    `module` that serves the same way)."""
-
-    def __init__(self, workspace: Path, base_url: str, *, module: str = "sprite_os", **env: str) -> None:
-        self.workspace = workspace
-        self.args = ("-m", module) if module != "sprite_os" else ("-m", module, "serve")
-        self.port = free_port()
-        self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
-                    "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
-                    "SPRITE_ISOLATION": "none", **env}  # a tmp_path workspace: see make_settings
-        self.log = workspace.parent / f"server-{self.port}.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self, timeout: float = 60.0) -> ServerProcess:
-        import sys
-        import urllib.request
-
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, *self.args, env=self.env, stdout=log, stderr=log)
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            assert self.proc.returncode is None, f"server exited: {self.log.read_text()[-2000:]}"
-            try:
-                await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{self.port}/healthz", None, 1)
-                return self
-            except OSError:
-                assert asyncio.get_running_loop().time() < deadline, "server did not become healthy"
-                await asyncio.sleep(0.2)
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    async def wait(self, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        return await asyncio.wait_for(self.proc.wait(), timeout)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def stop(self) -> None:
-        import signal as signals
-
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signals.SIGTERM)
-            try:
-                await self.wait(60)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 # ---------------------------------------------------------------- the agent as its own user (issue 9)

@@ -4,7 +4,6 @@ killed with -9 (issue 12)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from sprite_os.cli_ledger import CliLedger, descendants
 from sprite_os.config import Settings
 from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from sprite_os.dev.processes import cmdline, workspace_clis
 from sprite_os.memory.turn_journal import STOPPED_NOTE, journal_path
 from sprite_os.paths import Layout
 from tests.conftest import (
@@ -124,28 +124,6 @@ async def test_correction_a_fact_corrected_midway_is_recalled_right_after_50_tur
 
 
 # ---------------------------------------------------------------- no orphans
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # gone meanwhile
-        return b""
-
-
-def workspace_clis(workspace: Path) -> list[int]:
-    """Claude Code CLI processes running in `workspace`, whoever their parent."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                cwd = os.readlink(entry / "cwd")
-            except OSError:
-                continue
-            if b"_bundled/claude" in cmdline and cwd == str(workspace) and pid_alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 async def test_kill_9_of_the_server_alone_leaves_no_cli_and_a_restart_never_runs_two(

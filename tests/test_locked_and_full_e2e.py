@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sprite_os.cli import main as cli
 from sprite_os.config import Settings
+from sprite_os.dev import faults
+from sprite_os.dev.faults import FaultSetupFailed, exclusive_lock, fill
 from sprite_os.dev.mock_bridge import MockBridge
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.server import SpriteOS
@@ -26,24 +26,6 @@ from tests.test_memory_e2e import learnings, observations, turn
 pytestmark = pytest.mark.e2e
 
 LOCK_SECONDS = 30.0
-
-
-@contextlib.asynccontextmanager
-async def exclusive_lock(db: Path) -> AsyncIterator[None]:
-    """What an operator's `sqlite3 DB 'BEGIN EXCLUSIVE;'` does, held until the block ends."""
-    proc = await asyncio.create_subprocess_exec(
-        "sqlite3", str(db), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(b".timeout 10000\nBEGIN EXCLUSIVE;\nSELECT 'locked';\n")
-    await proc.stdin.drain()
-    assert (await asyncio.wait_for(proc.stdout.readline(), 15)).strip() == b"locked"
-    try:
-        yield
-    finally:
-        proc.stdin.write(b"COMMIT;\n.quit\n")
-        await proc.stdin.drain()
-        await asyncio.wait_for(proc.wait(), 15)
 
 
 async def timed_turn(c: Client, text: str) -> float:
@@ -113,30 +95,12 @@ async def test_a_30_s_exclusive_lock_on_memory_db_during_a_batch_loses_nothing(
 
 
 @contextlib.contextmanager
-def small_tmpfs(path: Path, size: str = "48m") -> AsyncIterator[Path]:  # type: ignore[misc]
-    path.mkdir(parents=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root and mount(8) for a tmpfs")
+def small_tmpfs(path: Path) -> Iterator[Path]:
     try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(path: Path) -> Path:
-    """Fill the file system `path` is on, to the last block."""
-    filler = path / "filler"
-    with filler.open("wb") as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-    with contextlib.suppress(OSError), filler.open("ab") as f:
-        while True:
-            f.write(b"\0" * 512)
-            f.flush()
-    return filler
+        with faults.small_tmpfs(path) as mounted:
+            yield mounted
+    except FaultSetupFailed as exc:
+        pytest.skip(str(exc))
 
 
 async def test_a_full_disk_loses_no_turn(tmp_path: Path, bridge: MockBridge) -> None:

@@ -14,7 +14,15 @@ from typing import ClassVar
 import pytest
 
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture_spill import ObservationWrite, SessionWrite, read_status, spill_path
+from sprite_os.memory.capture_spill import (
+    CaptureHealth,
+    ObservationWrite,
+    SessionWrite,
+    read_status,
+    save_status,
+    spill_path,
+    status_path,
+)
 from sprite_os.memory.retry import Backoff
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.memory.transcript_writer import TranscriptWriter
@@ -167,3 +175,21 @@ async def test_the_journal_gives_back_the_open_turn_with_a_note_and_a_closed_one
     journal_path(layout).write_text("{not json")
     assert recover(journal_path(layout)) == []  # unreadable: logged, and no start is stopped by it
     files.shutdown()
+
+
+def test_a_status_write_that_fails_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by `make chaos` (full disk): the failing spell's status file was written through
+    `capture.json.tmp`, left behind when the disk was full, and never removed."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    path = status_path(layout)
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", full)
+    save_status(path, CaptureHealth(failing_since=1.0, failures=1, last_error="database or disk is full"))
+    assert list(layout.state_dir.iterdir()) == []  # neither the file nor a temp copy of it
+    monkeypatch.undo()
+    save_status(path, CaptureHealth(failing_since=1.0, failures=2, last_error="database or disk is full"))
+    assert read_status(layout)["consecutive_failures"] == 2 and [p.name for p in layout.state_dir.iterdir()] == [path.name]

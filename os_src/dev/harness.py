@@ -91,18 +91,25 @@ class Client:
 Connect = Callable[..., Awaitable[Client]]
 
 
+async def connect_client(port: int, *, hello: dict[str, Any] | None = None, token: str = TOKEN,
+                         **kwargs: Any) -> Client:
+    """A client of the server on `port` (`kwargs` go to websockets' connect); with `hello`, it
+    has said hello and read `ready`."""
+    ws = await connect(f"ws://127.0.0.1:{port}", additional_headers={"Authorization": f"Bearer {token}"}, **kwargs)
+    client = Client(ws)
+    if hello is not None:
+        await client.send(type="hello", **hello)
+        await client.until("ready")
+    return client
+
+
 @asynccontextmanager
 async def client_factory(port: int) -> AsyncIterator[Connect]:
     clients: list[Client] = []
 
     async def open_client(*, hello: dict[str, Any] | None = None, token: str = TOKEN, **kwargs: Any) -> Client:
-        ws = await connect(f"ws://127.0.0.1:{port}", additional_headers={"Authorization": f"Bearer {token}"},
-                           **kwargs)
-        client = Client(ws)
+        client = await connect_client(port, hello=hello, token=token, **kwargs)
         clients.append(client)
-        if hello is not None:
-            await client.send(type="hello", **hello)
-            await client.until("ready")
         return client
 
     try:
@@ -110,8 +117,6 @@ async def client_factory(port: int) -> AsyncIterator[Connect]:
     finally:
         for c in clients:
             await c.close()
-
-
 
 
 async def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,

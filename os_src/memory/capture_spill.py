@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..paths import Layout
 from .transcript_store import NewObservation, TranscriptDB
@@ -129,16 +130,15 @@ class CaptureHealth:
 
 
 def save_status(path: Path, health: CaptureHealth) -> None:
-    """Write the spell (atomically), or remove the file when there is none. Blocking."""
+    """Write the spell (atomically), or remove the file when there is none. Blocking. A write
+    that fails (the disk is full: the spell is likely why) leaves no temp file behind."""
     with contextlib.suppress(OSError):
         if health.failing_since is None:
             path.unlink(missing_ok=True)
             return
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(msgspec.json.encode({
+        atomic_write(path, msgspec.json.encode({
             "failing_since": health.failing_since, "consecutive_failures": health.failures,
             "last_error": health.last_error, "next_retry_at": health.next_retry_at}))
-        os.replace(tmp, path)
 
 
 def read_status(layout: Layout) -> dict[str, Any]:
