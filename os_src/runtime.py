@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from claude_agent_sdk import (
     ClaudeAgentOptions,
@@ -32,11 +32,11 @@ from claude_agent_sdk import (
     ResultMessage,
     SystemMessage,
 )
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import frames
 from . import protocol as p
 from .agent_launch import AgentLaunch
+from .agent_memory import AgentMemory, NoRecord, TurnRecord
 from .agent_process import AgentProcess, ClientFactory
 from .agent_state import (
     Command,
@@ -72,42 +72,6 @@ DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs t
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
-
-
-class TurnRecord(Protocol):
-    """One turn as memory captures it (memory/capture.py): closed once, when the turn ends."""
-
-    def observe(self, message: Message) -> None: ...
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
-
-
-class Recalled(Protocol):
-    """What auto-recall added to a message (memory/recall_service.py)."""
-
-    @property
-    def context(self) -> str: ...
-    @property
-    def frame(self) -> p.Recall: ...
-
-
-class AgentMemory(Protocol):
-    """What the runtime needs from the memory system (memory/system.py)."""
-
-    def hooks(self) -> dict[Any, list[HookMatcher]]: ...
-    def mcp_servers(self) -> dict[str, McpSdkServerConfig]: ...
-    async def boot_prompt(self) -> str: ...
-    def session_started(self, session_id: str) -> None: ...
-    def session_ended(self, session_id: str, reason: str) -> None: ...
-    def turn_started(self, prompt: str) -> TurnRecord: ...
-    async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None: ...
-
-
-class _NoRecord:
-    def observe(self, message: Message) -> None:
-        pass
-
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
-        pass
 
 
 class _NoResult(Exception):
@@ -257,7 +221,7 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text) if self._memory is not None else _NoRecord()
+        record = self._memory.turn_started(turn.text) if self._memory is not None else NoRecord()
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
