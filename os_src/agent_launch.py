@@ -30,6 +30,7 @@ from pathlib import Path
 
 import claude_agent_sdk
 
+from . import procfs
 from .deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
 from .isolation import NONE_WARNING, Isolation, Mode
 from .isolation_probe import resolve
@@ -98,16 +99,14 @@ def read_mode(layout: Layout) -> dict[str, str] | None:
 def kill_processes_of(uid: int) -> list[int]:
     """SIGKILL every process whose real uid is `uid`. Blocking."""
     killed = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+    for pid in procfs.pids():
+        if procfs.uid(pid) != uid:
             continue
         try:
-            if os.stat(entry.path).st_uid != uid:
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile
             continue
-        killed.append(int(entry.name))
+        killed.append(pid)
     return killed
 
 

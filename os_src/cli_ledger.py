@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from . import procfs
 from .fsutil import atomic_write
 from .logs import get_logger
 
@@ -39,33 +40,12 @@ class Recorded(msgspec.Struct, frozen=True):
     boot_id: str
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, pgid, start time) of a live process, or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
 def descendants(pid: int) -> list[int]:
     """Every live process under `pid`, children first found first."""
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            children.setdefault(stat[1], []).append(int(entry.name))
+    for child in procfs.pids():
+        if (stat := procfs.stat(child)) is not None:
+            children.setdefault(stat.ppid, []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -99,12 +79,12 @@ class CliLedger:
 
     def record(self, pid: int) -> None:
         """A CLI started (its pid is known). Blocking: call it off the event loop."""
-        stat = _stat(pid)
-        if stat is None:
+        found = procfs.stat(pid)
+        if found is None:
             return  # already gone
         with _lock:
             entries = [e for e in self._read() if e.pid != pid]
-            self._write([*entries, Recorded(pid, stat[3], _boot_id())])
+            self._write([*entries, Recorded(pid, found.start_time, procfs.boot_id())])
 
     def forget(self, pid: int) -> None:
         """The CLI was closed (or killed) by its server. Blocking."""
@@ -119,17 +99,17 @@ class CliLedger:
         with _lock:
             entries = self._read()
             killed: list[int] = []
-            boot = _boot_id()
+            boot = procfs.boot_id()
             for entry in entries:
-                stat = _stat(entry.pid)
-                if stat is None or stat[0] in ("Z", "X") or entry.boot_id != boot or stat[3] != entry.start_time:
+                found = procfs.stat(entry.pid)
+                if found is None or not found.alive or entry.boot_id != boot or found.start_time != entry.start_time:
                     continue  # gone, or the pid now names another process
                 killed += _kill_tree(entry.pid)
             deadline = time.monotonic() + REAP_TIMEOUT
-            while any(_alive(pid) for pid in killed) and time.monotonic() < deadline:
+            while any(procfs.alive(pid) for pid in killed) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if killed:
-                log.warning("leftover_cli_killed", pids=killed, survivors=[p for p in killed if _alive(p)])
+                log.warning("leftover_cli_killed", pids=killed, survivors=[p for p in killed if procfs.alive(p)])
             self._write([])
             return killed
 
@@ -143,7 +123,7 @@ def _kill_tree(pid: int) -> list[int]:
     own_group = os.getpgrp()
     for member in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if (stat := _stat(member)) is not None and stat[2] == member and member != own_group:
+            if (found := procfs.stat(member)) is not None and found.pgid == member and member != own_group:
                 os.killpg(member, signal.SIGKILL)
             os.kill(member, signal.SIGKILL)
     return tree

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import procfs
 from .config import Settings, load_settings, resolve_token
 from .errors import ConfigError
 from .fsutil import atomic_write
@@ -96,32 +97,14 @@ def service_main(settings: Settings, action: str) -> int:
 # ---------------------------------------------------------------- processes
 
 
-def _proc_state(pid: int) -> str | None:
-    """The /proc state letter of `pid` (R, S, Z...), or None if there is no such process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def alive(pid: int) -> bool:
-    state = _proc_state(pid)
-    return state is not None and state not in ("Z", "X")
+    return procfs.alive(pid)
 
 
 def session_members(sid: int) -> list[int]:
     """Live processes in session `sid` (the server and anything it started)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            members.append(int(entry))
-    return members
+    return [pid for pid in procfs.pids() if (found := procfs.stat(pid)) is not None and found.sid == sid
+            and found.alive]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from .. import procfs
 from ..errors import SpriteOSError
 from .harness import TOKEN
 
@@ -27,48 +28,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def pid_alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:  # gone meanwhile
-        return b""
+    return procfs.alive(pid)
 
 
 def child_cli_processes(parent: int | None = None) -> list[int]:
     """Claude Code CLI processes whose parent is `parent` (default: this process)."""
     parent = os.getpid() if parent is None else parent
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
-            if int(fields[1]) == parent and fields[0] != "Z" and CLI_MARK in cmdline(int(entry.name)):
-                found.append(int(entry.name))
-    return found
+    return [pid for pid in procfs.pids() if (found := procfs.stat(pid)) is not None and found.ppid == parent
+            and found.alive and CLI_MARK in procfs.cmdline(pid)]
 
 
 def workspace_clis(workspace: Path) -> list[int]:
     """Claude Code CLI processes running in `workspace`, whoever their parent (other workspaces'
     CLIs on the same machine are not counted)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cwd = os.readlink(entry / "cwd")
-            except OSError:
-                continue
-            if cwd == str(workspace) and CLI_MARK in cmdline(int(entry.name)) and pid_alive(int(entry.name)):
-                found.append(int(entry.name))
+    for pid in procfs.pids():
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd == str(workspace) and CLI_MARK in procfs.cmdline(pid) and procfs.alive(pid):
+            found.append(pid)
     return found
 
 
