@@ -28,12 +28,11 @@ import shutil
 import signal
 from pathlib import Path
 
-import claude_agent_sdk
-
 from . import procfs
+from .agent_process import bundled_cli
 from .deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
 from .isolation import NONE_WARNING, Isolation, Mode
-from .isolation_probe import resolve
+from .isolation_probe import MODE_FILE, resolve
 from .logs import get_logger
 from .paths import Layout
 
@@ -42,14 +41,6 @@ log = get_logger(__name__)
 CLI_CACHE = Path("/var/lib/sprite-os/cli")  # root's, 0755: CLI copies the agent's user can run
 LAUNCHER = "agent-cli.sh"
 PROMPT = "boot-prompt.md"
-MODE_FILE = "isolation.json"  # in .os/state: the mode the server chose at its start
-
-
-def bundled_cli() -> Path:
-    """The SDK's own CLI, or the `claude` on PATH if this SDK bundles none."""
-    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
-    found = bundled if bundled.is_file() else Path(shutil.which("claude") or bundled)
-    return found.resolve()
 
 
 def cached_cli(source: Path, cache: Path = CLI_CACHE) -> Path:
@@ -85,15 +76,6 @@ def launcher_script(cli: Path, uid: int, gid: int) -> str:
              "--mount-proc", "--", *inner]
     return ("#!/bin/sh\n# Written by Sprite OS at start (agent_launch.py): the agent's CLI, as its own user.\n"
             f"exec {shlex.join(outer)} \"$@\"\n")
-
-
-def read_mode(layout: Layout) -> dict[str, str] | None:
-    """The isolation the server chose at its last start (for `sprite-os memory status`)."""
-    try:
-        data = json.loads((layout.state_dir / MODE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def kill_processes_of(uid: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 It is the only module that reaches into the SDK's private parts: the SDK gives no public
 way to read the CLI's pid or exit status, or to kill a CLI whose `disconnect` hangs
-(claude-agent-sdk #378, #886). If a new SDK moves `_transport._process`, `pid` and
+(claude-agent-sdk #378, #886), nor to find the CLI it bundles (`bundled_cli`, which user
+isolation copies where the agent's user can run it). If a new SDK moves `_transport._process`, `pid` and
 `returncode` read None and `kill` does nothing; the runtime still works, blind to an
 idle CLI's death until its next write fails (that prompt is then resent once).
 
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import claude_agent_sdk
 from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, Message
 
 from .cli_ledger import CliLedger
@@ -35,6 +38,13 @@ ClientFactory = Callable[[ClaudeAgentOptions], ClaudeSDKClient]
 DISCONNECT_TIMEOUT = 10.0
 INTERRUPT_TIMEOUT = 5.0
 SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
+
+
+def bundled_cli() -> Path:
+    """The SDK's own CLI (where this SDK version keeps it), or the `claude` on PATH if it bundles none."""
+    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    found = bundled if bundled.is_file() else Path(shutil.which("claude") or bundled)
+    return found.resolve()
 
 
 class AgentProcess:

@@ -1,16 +1,17 @@
-"""The write guard: a PreToolUse check that spares the model a wasted turn, not a boundary.
+"""The tool guard: a PreToolUse check on the CLI's own file tools (Read, Write, Edit...).
 
 Write, Edit, MultiEdit and NotebookEdit on a path that resolves (relative to the tool's cwd,
 symlinks followed) into `.os/` are denied before they run, with a message saying why and that
-memory needs no writing. Read of the server's token or the service's saved environment, by any
-path or by a hard link to it, is denied too: the CLI's sandbox covers Bash only, not the Read tool.
+memory needs no writing. Read of the server's token, the service's saved environment (by any
+path, or by a hard link to either) or its logs is denied too, and so is any file-tool path that
+resolves through /proc, where a link means something else to the CLI than here.
 
-What keeps the agent out of `.os/` is the kernel (isolation.py): in `user` mode the CLI runs as a
-user that owns nothing there; in `sandbox` mode bubblewrap mounts `.os/` read-only for its commands.
-Bash commands are not read here: a reader of shell text could be talked around (it was, 15 ways of 65,
+What keeps the agent's commands out of `.os/` is the kernel (isolation.py): in `user` mode the CLI
+runs as a user that owns nothing there, and this guard only spares the model a wasted turn. In
+`sandbox` mode bubblewrap covers Bash only, so for the file tools this guard is the check. Bash
+commands are not read here: a reader of shell text could be talked around (it was, 15 ways of 65,
 docs/security.md), so in `none` mode, which is for development only, a command can change `.os/`.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -32,15 +33,16 @@ MAX_LINK_HOPS = 40  # Linux's own limit on symlinks followed in one lookup
 
 PROC_DENIAL = ("The file tools don't follow paths through /proc or /dev/fd (they name another process's "
                "view of the files); use the file's own path.")
-SECRET_DENIAL = "That file holds this Sprite's credentials; the agent can't read it."
+SECRET_DENIAL = "That file is Sprite OS's own (its credentials or its logs); the agent can't read it."
 DENIAL = ("Sprite OS keeps .os/ (its code, settings and your memory) for itself: the agent can't change "
           "anything there. Memory is saved automatically; there is nothing to write.")
 
 
-class WriteGuard:
+class ToolGuard:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self._secrets = (layout.token_file, layout.service_env)
+        self._private_dirs = (layout.logs_dir,)  # as the sandbox's denyRead (agent_launch.py) has them
 
     def check(self, tool_name: str, tool_input: dict[str, Any], cwd: str | None = None) -> str | None:
         """Why this tool call may not run, or None if it may. Blocking (it resolves paths)."""
@@ -63,6 +65,8 @@ class WriteGuard:
         """`path` is a secret (symlinks followed), or another name (a hard link) for one."""
         real = os.path.realpath(path)
         if any(real == os.path.realpath(secret) for secret in self._secrets):
+            return True
+        if any(Path(real).is_relative_to(os.path.realpath(d)) for d in self._private_dirs):
             return True
         try:
             st = os.stat(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -15,6 +16,7 @@ from .paths import Layout
 
 SANDBOX_TOOLS = ("bwrap", "socat")  # what the CLI's sandbox runs on Linux (bubblewrap, its network proxy)
 SWITCH_TOOLS = ("setpriv", "unshare")  # util-linux: the user switch and the pid namespace (agent_launch.py)
+MODE_FILE = "isolation.json"  # in .os/state: the mode the server chose at its start (memory status reads it)
 
 
 def agent_user(name: str) -> AgentUser | None:
@@ -80,3 +82,12 @@ def probe(layout: Layout, user: str) -> Facts:
 
 def resolve(layout: Layout, requested: str, user: str) -> Isolation:
     return choose(requested, user, probe(layout, user))
+
+
+def read_mode(layout: Layout) -> dict[str, str] | None:
+    """The isolation the server chose at its last start (for `sprite-os memory status`)."""
+    try:
+        data = json.loads((layout.state_dir / MODE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

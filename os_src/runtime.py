@@ -53,7 +53,7 @@ from .cli_env import cli_environment
 from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .guard import MATCHER as GUARDED_TOOLS
-from .guard import WriteGuard
+from .guard import ToolGuard
 from .logs import get_logger
 from .tools import canvas
 
@@ -105,7 +105,7 @@ class AgentRuntime:
         self._canvas = canvas_store
         self._memory = memory
         self._client_factory = client_factory
-        self._guard = WriteGuard(settings.layout)
+        self._guard = ToolGuard(settings.layout)
         self._inbox = Inbox()
         self._wake = asyncio.Event()  # set when the inbox gets a command
         self._cli: AgentProcess | None = None
@@ -367,7 +367,8 @@ class AgentRuntime:
         }
         if self._memory is not None:
             mcp.update(self._memory.mcp_servers())
-            hooks.update(self._memory.hooks())
+            for event, matchers in self._memory.hooks().items():
+                hooks.setdefault(event, []).extend(matchers)  # added to the guard's, never in its place
         return ClaudeAgentOptions(
             system_prompt=system_prompt,
             cwd=str(self._settings.layout.root),

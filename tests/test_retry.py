@@ -10,7 +10,7 @@ from sprite_os.memory.retry import (
     UNUSABLE_LIMIT,
     Backoff,
     FailureClock,
-    Isolation,
+    PoisonTurns,
     Verdict,
 )
 
@@ -129,10 +129,10 @@ def test_an_unreadable_record_is_an_error_and_leaves_a_fresh_clock(raw: str) -> 
         clock.restore(raw)
     assert (clock.since, clock.failures) == (None, 0)
 
-# ---------------------------------------------------------------- Isolation
+# ---------------------------------------------------------------- PoisonTurns
 
 
-def replies(isolation: Isolation, pending: list[int], refused: set[int], calls: int) -> list[str]:
+def replies(isolation: PoisonTurns, pending: list[int], refused: set[int], calls: int) -> list[str]:
     """Play `calls` calls against a model that refuses any call showing a turn in `refused` and
     succeeds otherwise (the successful turns leave `pending`). Returns what each call carried and
     the verdict: "1-6 retry", "5 stale", "2 ok"."""
@@ -157,21 +157,21 @@ def replies(isolation: Isolation, pending: list[int], refused: set[int], calls: 
 
 def test_a_poison_turn_is_run_alone_and_marked_stale_once_another_turn_succeeded_alone() -> None:
     pending = [2, 3, 4, 5, 6, 7]
-    assert replies(Isolation(), pending, {5}, 20) == [
+    assert replies(PoisonTurns(), pending, {5}, 20) == [
         "2-7 retry", "2-7 retry", "2-7 isolate", "2 ok", "3 ok", "4 ok",
         "5 retry", "5 retry", "5 stale", "6-7 ok"]  # found: the rest in one call again
     assert pending == []
 
 
 def test_a_second_poison_turn_in_the_rest_starts_a_new_isolation() -> None:
-    assert replies(Isolation(), [1, 2, 3, 4, 5], {2, 4}, 30) == [
+    assert replies(PoisonTurns(), [1, 2, 3, 4, 5], {2, 4}, 30) == [
         "1-5 retry", "1-5 retry", "1-5 isolate", "1 ok", "2 retry", "2 retry", "2 stale",
         "3-5 retry", "3-5 retry", "3-5 isolate", "3 ok", "4 retry", "4 retry", "4 stale", "5 ok"]
 
 
 def test_the_oldest_turn_as_poison_is_set_aside_until_another_turn_shows_the_model_works() -> None:
     pending = [1, 2, 3]
-    isolation = Isolation()
+    isolation = PoisonTurns()
     assert replies(isolation, pending, {1}, 20) == [
         "1-3 retry", "1-3 retry", "1-3 isolate", "1 set-aside", "2 ok",
         "1 retry", "1 retry", "1 stale", "3 ok"]  # the turn set aside goes first once 2 succeeded
@@ -179,7 +179,7 @@ def test_the_oldest_turn_as_poison_is_set_aside_until_another_turn_shows_the_mod
 
 def test_a_model_that_answers_everything_with_garbage_never_gets_a_turn_marked_stale() -> None:
     pending = [2, 3, 4, 5, 6, 7]
-    isolation = Isolation()
+    isolation = PoisonTurns()
     log = replies(isolation, pending, set(pending), 40)
     assert log[:3] == ["2-7 retry", "2-7 retry", "2-7 isolate"]
     assert log[3:9] == [f"{n} set-aside" for n in range(2, 7)] + ["7 give-up"]  # each turn once
@@ -191,7 +191,7 @@ def test_a_model_that_answers_everything_with_garbage_never_gets_a_turn_marked_s
 
 
 def test_a_lone_turn_can_not_be_told_apart_from_a_broken_model() -> None:
-    isolation = Isolation()
+    isolation = PoisonTurns()
     assert set(replies(isolation, [1], {1}, 3 * UNUSABLE_LIMIT)) == {"1 retry"}
     assert isolation.probed == 0  # not a failed isolation: newer turns isolate it at once
     assert replies(isolation, [1, 2, 3], {1}, 20)[UNUSABLE_LIMIT - 1:] == [
@@ -199,7 +199,7 @@ def test_a_lone_turn_can_not_be_told_apart_from_a_broken_model() -> None:
 
 
 def test_two_poison_turns_wait_for_newer_turns_then_are_both_isolated() -> None:
-    isolation = Isolation()
+    isolation = PoisonTurns()
     assert replies(isolation, [1, 2], {1, 2}, UNUSABLE_LIMIT + 2)[-3:] == [
         "1-2 isolate", "1 set-aside", "2 give-up"]
     assert isolation.probed == 2
@@ -211,7 +211,7 @@ def test_two_poison_turns_wait_for_newer_turns_then_are_both_isolated() -> None:
 
 
 def test_turns_that_left_pending_otherwise_leave_the_isolation() -> None:
-    isolation = Isolation()
+    isolation = PoisonTurns()
     for _ in range(UNUSABLE_LIMIT):
         verdict = isolation.unusable([1, 2, 3])
     assert verdict is Verdict.ISOLATE and isolation.next_turn([1, 2, 3]) == 1
@@ -220,7 +220,7 @@ def test_turns_that_left_pending_otherwise_leave_the_isolation() -> None:
 
 
 def test_unusable_replies_count_in_a_row_for_one_chunk() -> None:
-    isolation = Isolation()
+    isolation = PoisonTurns()
     assert [isolation.unusable([1, 2]) for _ in range(UNUSABLE_LIMIT - 1)] == [Verdict.RETRY] * (UNUSABLE_LIMIT - 1)
     assert isolation.unusable([7, 8]) is Verdict.RETRY  # another chunk (1 and 2 went stale meanwhile)
     assert isolation.unusable([1, 2]) is Verdict.RETRY  # not in a row any more: counted from one again

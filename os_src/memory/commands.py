@@ -88,7 +88,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from .capture_spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
-    from ..agent_launch import read_mode
+    from ..isolation_probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start
     if args.json:

@@ -31,7 +31,7 @@ from .retry import (
     STALE_AFTER,
     Backoff,
     FailureClock,
-    Isolation,
+    PoisonTurns,
     Verdict,
 )
 from .schema import STALE
@@ -63,7 +63,7 @@ class MemoryDaemon:
         self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)
-        self.isolation = Isolation()
+        self.poison = PoisonTurns()
         self.health = DaemonHealth()
         self._wake = asyncio.Event()  # work is requested, or a retry is due
         self._idle = asyncio.Event()  # no batch running, requested or scheduled
@@ -216,7 +216,7 @@ class MemoryDaemon:
                 self._conflicts += 1
                 return False, CONFLICT_RETRY
             except UnusableReply as exc:
-                verdict = self.isolation.unusable(ids)
+                verdict = self.poison.unusable(ids)
                 delay = await self._on_unusable(verdict, ids, str(exc))
                 if verdict.goes_on:
                     continue
@@ -224,7 +224,7 @@ class MemoryDaemon:
             except CuratorError as exc:  # transport: the same turns are retried, whole
                 return False, await self._failed(str(exc))
             self._conflicts = 0
-            self.isolation.succeeded()
+            self.poison.succeeded()
             self.health.last_success_at = time.time()
             self.health.batches_run += 1
             await self._clear_failing()
@@ -235,7 +235,7 @@ class MemoryDaemon:
     async def _next_chunk(self) -> list[Observation]:
         """The oldest pending turns that fit one call, or the one turn an isolation runs next."""
         pending = await self.processor.pending(self.batch_turns)
-        one = self.isolation.next_turn([o.id for o in pending])
+        one = self.poison.next_turn([o.id for o in pending])
         if one is not None:
             return [o for o in pending if o.id == one]
         if not pending:
@@ -286,7 +286,7 @@ class MemoryDaemon:
             await self._clear_failing()
             return 0.0
         if verdict is Verdict.GIVE_UP:
-            log.warning("memory_isolation_dropped", observations=self.isolation.probed)
+            log.warning("memory_isolation_dropped", observations=self.poison.probed)
         return await self._failed(error, back_off=verdict is not Verdict.ISOLATE)
 
     async def _clear_failing(self) -> None:

@@ -93,10 +93,6 @@ def to_blob(vector: Matrix) -> bytes:
     return np.asarray(vector, dtype=np.float32).tobytes()
 
 
-def from_blob(blob: bytes) -> Matrix:
-    return np.frombuffer(blob, dtype=np.float32)
-
-
 class VectorIndex:
     """Unit vectors by episode id; exact cosine search, with a sign-bit prefilter when large.
     Grows in place; owned by one thread."""

@@ -103,11 +103,6 @@ class RecallIndex:
         for doc in docs:
             writer.add_document(doc)
 
-    def delete(self, ids: Iterable[int]) -> None:
-        writer = self._w()
-        for item in ids:
-            writer.delete_documents_by_term("id", item)
-
     def commit(self) -> None:
         self._w().commit()
         self.index.reload()

@@ -7,7 +7,7 @@ without asyncio.
 - `Backoff`: how long to wait after the n-th failed call in a row.
 - `FailureClock`: the failing spell (since when, how many calls, the last one),
   the six-hour rule, and the spell's record in memory.db's `meta` table.
-- `Isolation`: what an unusable reply means for the turns that got it.
+- `PoisonTurns`: what an unusable reply means for the turns that got it.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Verdict(Enum):
 
 
 @dataclass
-class Isolation:
+class PoisonTurns:
     """Unusable replies (a refusal, garbage) to the oldest turns must not hold back every newer one.
 
     After `limit` in a row for a chunk, its turns run one at a time, oldest first. A turn that
