@@ -328,7 +328,7 @@ async def test_unusable_replies_to_every_turn_try_each_alone_once_then_are_plain
         assert seen == ["whole"] * limit + [f"#{n}" for n in range(2, 8)] + ["whole"] * limit
         # a plain failure: the backoff grows, the six-hour clock runs, and no isolation again
         assert d.clock.since is not None and d.clock.next_retry_at is not None
-        assert d.isolation.queue == [] and d.isolation.probed == 6  # not for these six turns
+        assert d.poison.queue == [] and d.poison.probed == 6  # not for these six turns
     finally:
         await d.stop(flush_budget=0)
 
@@ -349,7 +349,7 @@ async def test_poison_turns_wait_for_newer_turns_then_are_isolated(
     await d.start()
 
     async def stalled() -> bool:
-        return await _requests(kit, calls) and d.isolation.probed == probed and not d.isolation.queue
+        return await _requests(kit, calls) and d.poison.probed == probed and not d.poison.queue
 
     try:
         await wait_for(stalled, timeout=30)
@@ -367,7 +367,7 @@ async def test_a_waiter_is_not_told_curated_while_an_older_turn_is_set_aside(kit
     kit.bridge.curator.script(*[refusing(1)] * 10)
     await kit.turns(*[f"turn {n}" for n in range(1, 7)])
     d = MemoryDaemon(kit.processor, batch_turns=25)  # not started: _drain is driven by hand
-    verdicts = [d.isolation.unusable([1, 2, 3, 4, 5, 6]) for _ in range(UNUSABLE_LIMIT)] + [d.isolation.unusable([1])]
+    verdicts = [d.poison.unusable([1, 2, 3, 4, 5, 6]) for _ in range(UNUSABLE_LIMIT)] + [d.poison.unusable([1])]
     assert verdicts[-2:] == [Verdict.ISOLATE, Verdict.SET_ASIDE]  # turn 1 failed alone: it goes last
     waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     d._waiters.append((2, waiter))  # a flush that wants every turn up to #2 curated

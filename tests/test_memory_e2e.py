@@ -13,6 +13,7 @@ import pytest
 from sprite_os.cli import main as cli
 from sprite_os.config import Settings
 from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from sprite_os.dev.processes import workspace_clis
 from sprite_os.memory import daemon as daemon_module
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
@@ -252,8 +253,11 @@ async def test_a_persons_edit_during_a_batch_survives(bridge: MockBridge, settin
 # ---------------------------------------------------------------- zero write paths
 
 
-async def test_the_agent_cannot_write_memory_by_write_or_bash(server: SpriteOS, bridge: MockBridge,
-                                                              settings: Settings) -> None:
+async def test_the_agent_cannot_write_memory_by_write_or_bash(agent_server: SpriteOS, bridge: MockBridge,
+                                                              agent_settings: Settings) -> None:
+    """As a deployed Sprite runs it (the CLI as its own user): the kernel refuses every write
+    (tests/test_isolation_redteam_e2e.py tries 89 more ways; tests/test_guard.py the guard's reason)."""
+    settings = agent_settings
     files = MemoryFiles(settings.layout)
     files.write("user.md", "# User\n- Name: Ada\n", source="seed")
     before = hashlib.sha256(files.path("user.md").read_bytes()).hexdigest()
@@ -262,14 +266,17 @@ async def test_the_agent_cannot_write_memory_by_write_or_bash(server: SpriteOS, 
         ToolCall("Bash", {"command": "echo '- Name: Mallory' >> .os/memory/user.md"}),
         ToolCall("Bash", {"command": f"cd {settings.layout.memory_dir} && sed -i s/Ada/Mallory/ user.md"}),
         Text("I tried.")))
-    async with client_factory(server.port) as client:
+    async with client_factory(agent_server.port) as client:
         c = await client(hello={})
         await turn(c, "rewrite your memory")
-        [pid] = child_cli_processes()
+        [pid] = workspace_clis(settings.layout.root)
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     results = c.of("tool_result")
-    assert len(results) == 3 and all(r["is_error"] for r in results)
-    assert all("can read it but not change it" in r["summary"] for r in results)
+    assert len(results) == 3 and all(r["is_error"] for r in results), results
+    # The CLI looks at the file before the guard is asked, and the kernel refuses it that look;
+    # the shell's append meets the kernel too (the CLI's own check may refuse the third first).
+    summaries = [r["summary"] for r in results]
+    assert "permission denied" in summaries[0].lower() and "Permission denied" in summaries[1], summaries
     assert hashlib.sha256(files.path("user.md").read_bytes()).hexdigest() == before
     assert b"CLAUDE_CODE_DISABLE_AUTO_MEMORY=1" in environ  # the CLI's own memory is off
     tools = bridge.agent_requests()[0].tools

@@ -15,8 +15,6 @@ from .. import procfs
 from ..errors import SpriteOSError
 from .harness import TOKEN
 
-CLI_MARK = b"_bundled/claude"
-
 
 class ServerDied(SpriteOSError):
     """The server process exited, or never answered /healthz, while it was being started."""
@@ -32,11 +30,18 @@ def pid_alive(pid: int) -> bool:
     return procfs.alive(pid)
 
 
+def is_cli(pid: int) -> bool:
+    """`pid` runs a Claude Code CLI: the SDK's bundled one, or user isolation's copy of it (by its
+    program, not its arguments: the launcher's commands name the CLI too)."""
+    program = procfs.cmdline(pid).split(b"\0", 1)[0]
+    return program.endswith(b"/claude")
+
+
 def child_cli_processes(parent: int | None = None) -> list[int]:
     """Claude Code CLI processes whose parent is `parent` (default: this process)."""
     parent = os.getpid() if parent is None else parent
     return [pid for pid in procfs.pids() if (found := procfs.stat(pid)) is not None and found.ppid == parent
-            and found.alive and CLI_MARK in procfs.cmdline(pid)]
+            and found.alive and is_cli(pid)]
 
 
 def workspace_clis(workspace: Path) -> list[int]:
@@ -48,7 +53,7 @@ def workspace_clis(workspace: Path) -> list[int]:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if cwd == str(workspace) and CLI_MARK in procfs.cmdline(pid) and procfs.alive(pid):
+        if cwd == str(workspace) and is_cli(pid) and procfs.alive(pid):
             found.append(pid)
     return found
 
