@@ -273,10 +273,10 @@ async def test_the_agent_cannot_write_memory_by_write_or_bash(agent_server: Spri
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     results = c.of("tool_result")
     assert len(results) == 3 and all(r["is_error"] for r in results), results
-    # The CLI looks at the file before the guard is asked, and the kernel refuses it that look;
-    # the shell's append meets the kernel too (the CLI's own check may refuse the third first).
-    summaries = [r["summary"] for r in results]
-    assert "permission denied" in summaries[0].lower() and "Permission denied" in summaries[1], summaries
+    # The CLI looks at the file before the guard is asked, and the kernel refuses it that look. The
+    # CLI's own check refuses these two shell writes before they run; the red-team suite smuggles
+    # such writes past it to show the kernel refusing them.
+    assert "permission denied" in results[0]["summary"].lower(), results[0]["summary"]
     assert hashlib.sha256(files.path("user.md").read_bytes()).hexdigest() == before
     assert b"CLAUDE_CODE_DISABLE_AUTO_MEMORY=1" in environ  # the CLI's own memory is off
     tools = bridge.agent_requests()[0].tools
