@@ -48,7 +48,7 @@ from pathlib import Path
 
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
-CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "token_problem", "atomic_write",  # what this script uses
+CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write",  # what this script uses
                   "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
@@ -676,8 +676,7 @@ def isolate(p: Paths, contract: types.ModuleType, version: str) -> None:
 
 
 def make_user_space(p: Paths, contract: types.ModuleType) -> None:
-    for name in contract.USER_SPACE_DIRS:
-        (p.root / name).mkdir(exist_ok=True)
+    contract.make_user_space(p.root)
 
 
 # ---------------------------------------------------------------- commands

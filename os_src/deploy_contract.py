@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,14 @@ MEMORY_FILES: dict[str, FileSpec] = {
 
 # The user's folders at the workspace root, beside `.os/`.
 USER_SPACE_DIRS = ("documents", "ocr", "extractions", "artifacts")
+
+
+def make_user_space(root: Path) -> None:
+    """The user's folders, where missing. A name the agent has made something else (a file, a
+    symlink) stays as it is: it is the agent's to make, and it must not stop a start or a deploy."""
+    for name in USER_SPACE_DIRS:
+        with contextlib.suppress(FileExistsError):
+            (root / name).mkdir()
 
 MIN_TOKEN_LENGTH = 16
 
@@ -101,13 +110,44 @@ def _own(path: Path, uid: int, gid: int, mode: int | None = None) -> None:
 
 
 def _walk(top: Path) -> Iterator[Path]:
-    """`top` and everything under it, symlinks not followed."""
+    """`top` and everything under it, symlinks not followed. For `.os/`, which only root writes:
+    nothing in it can change under the walk."""
     yield top
     if top.is_symlink() or not top.is_dir():
         return
     for dirpath, dirnames, filenames in os.walk(top):
         for name in (*dirnames, *filenames):
             yield Path(dirpath) / name
+
+
+def _give_tree(root_fd: int, name: str, uid: int, gid: int) -> None:
+    """Give the entry `name` of the workspace root, and all it holds, to the agent's user.
+
+    The agent can change this tree while it is walked (swap a folder for a symlink to /etc between
+    the listing and the chown), so nothing here goes by path: os.fwalk descends through directory
+    descriptors it checked to be the directories it listed, and each chown is relative to one of
+    them and never follows a symlink."""
+    _give_at(name, root_fd, uid, gid)
+    try:
+        st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(name, dir_fd=root_fd, follow_symlinks=False):
+        for entry in (*dirnames, *filenames):
+            _give_at(entry, dir_fd, uid, gid)
+
+
+def _give_at(name: str, dir_fd: int, uid: int, gid: int) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode) and st.st_uid != uid:
+            return  # another name for a file outside user space (a hard link): not the agent's to get
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return  # removed meanwhile
 
 
 def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
@@ -133,16 +173,18 @@ def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
         _own(os_dir / name, 0, 0, 0o700)
     for name in SECRETS:
         _own(os_dir / name, 0, 0, 0o600)
-    for name in USER_SPACE_DIRS:
-        (root / name).mkdir(exist_ok=True)
-    for entry in os.scandir(root):
-        if entry.name == ".os":
-            continue
-        for path in (_walk(Path(entry.path)) if deep else (Path(entry.path),)):
-            st = os.lstat(path)
-            if st.st_nlink > 1 and not os.path.isdir(path) and st.st_uid != uid:
-                continue  # another name for a file outside user space (a hard link): not the agent's to get
-            _own(path, uid, gid)
+    make_user_space(root)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for name in os.listdir(root_fd):
+            if name == ".os":
+                continue
+            if deep:
+                _give_tree(root_fd, name, uid, gid)
+            else:
+                _give_at(name, root_fd, uid, gid)
+    finally:
+        os.close(root_fd)
     if deep:
         for path in _walk(os_dir):
             if path == os_dir / AGENT_DIR or path.parent == os_dir / AGENT_DIR:

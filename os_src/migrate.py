@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import stat
 import sys
 import time
 from pathlib import Path
@@ -93,9 +94,13 @@ def migrate(layout: Layout, chunk: int = CHUNK) -> dict[str, Any]:
         say(f"nothing to migrate: v1 data was migrated at {record['at']}, "
             f"kept in {layout.os_dir / record['backup']}")
         return {"migrated": False, "record": record}
-    if not v1_db.exists():
+    if not os.path.lexists(v1_db):
         say(f"nothing to migrate: no v1 data ({v1_db} does not exist)")
         return {"migrated": False}
+    if (problem := untrusted(v1_db)) or (problem := untrusted(layout.root / V1_MEMORY, directory=True)):
+        # v1 ran as root, and user space is the agent's to write: what is not ours may be planted.
+        say(f"not migrating: {problem}; v1 data is root's (move it away to silence this)")
+        return {"migrated": False, "refused": problem}
 
     refuse_if_open(v1_db)
     lock = WriterLock(layout.memory_lock)  # a running server must not see v1 rows arrive under it
@@ -141,9 +146,12 @@ def _migrate_files(layout: Layout) -> dict[str, str]:
     outcome: dict[str, str] = {}
     for source in sorted(v1.iterdir()) if v1.is_dir() else ():
         name = source.name
-        if name in CURATED and source.is_file():
+        if problem := untrusted(source):
+            outcome[name] = "refused"
+            say(f"file={name} not carried over: {problem}")
+        elif name in CURATED:
             outcome[name] = _carry_file(layout, source)
-        elif name in DEPLOY_MANAGED and source.is_file():
+        elif name in DEPLOY_MANAGED:
             outcome[name] = "superseded"
             say(f"file={name} superseded by the deployed {name} (the v1 file is kept in the backup)")
         else:
@@ -154,7 +162,7 @@ def _migrate_files(layout: Layout) -> dict[str, str]:
 
 def _carry_file(layout: Layout, source: Path) -> str:
     """A v1 curated file replaces a missing or untouched v2 one, checked by sha256 once written."""
-    name, data = source.name, source.read_bytes()
+    name, data = source.name, read_no_follow(source)
     target = layout.memory_dir / name
     existed = target.is_file()
     current = target.read_bytes() if existed else b""
@@ -177,6 +185,31 @@ def _carry_file(layout: Layout, source: Path) -> str:
         result = "kept-v2"  # the v1 file stays in the backup
     say(f"file={name} {result}")
     return result
+
+
+def untrusted(path: Path, *, directory: bool = False) -> str | None:
+    """Why v1 data at `path` is not to be read, or None. v1 ran as root: its files are regular (or
+    its folder real) and belong to whoever runs this migration. Anything else in user space (a
+    symlink to a root-only file, a FIFO, a file the agent's user made) may be the agent's doing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        return f"{path} is not a {'folder' if directory else 'regular file'}"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to uid {st.st_uid}, not to this migration's"
+    return None
+
+
+def read_no_follow(path: Path) -> bytes:
+    """The file's bytes, refusing a symlink swapped in since it was checked."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode) or os.fstat(f.fileno()).st_uid != os.geteuid():
+            raise MigrationError(f"{path} changed while it was migrated; v1 data is left in place")
+        return f.read()
 
 
 def _fingerprints(layout: Layout) -> dict[str, list[int]]:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deploy_contract import PRIVATE_DIRS, USER_SPACE_DIRS
+from .deploy_contract import PRIVATE_DIRS, USER_SPACE_DIRS, make_user_space
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ class Layout:
         for name in PRIVATE_DIRS:
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(self.os_dir / name, 0o700)
-        for path in self.user_dirs():
-            path.mkdir(parents=True, exist_ok=True)
+        make_user_space(self.root)
 
     def is_system_path(self, path: str | os.PathLike[str], cwd: Path | None = None) -> bool:
         """True if `path` (relative to `cwd`, symlinks resolved) lies inside `.os/`."""

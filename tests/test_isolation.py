@@ -212,3 +212,63 @@ def test_a_hard_link_in_user_space_does_not_give_the_agent_someone_elses_file(tm
     os.link(elsewhere, root / "documents" / "grab.conf")
     apply_ownership(root, 4243, 4244, deep=True)
     assert elsewhere.stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+def test_a_folder_swapped_for_a_symlink_mid_walk_gives_the_agent_nothing_outside(tmp_path: Path) -> None:
+    """The hostile review's race: while a deploy's deep pass walks user space, the agent swaps one
+    of its folders with a symlink to a root-only folder holding the same names (renameat2's
+    RENAME_EXCHANGE, atomically, again and again). A walk that chowns by path follows the swapped
+    link (it gave 6,950 of 20,000 root files away); one that goes by directory descriptors can't."""
+    import ctypes
+    import threading
+
+    from sprite_os.deploy_contract import apply_ownership
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    names = [f"f{i:04d}" for i in range(1500)]
+    for name in names:
+        (victim / name).write_text("root's\n")
+    ws = tmp_path / "ws"
+    (ws / ".os").mkdir(parents=True)
+    apply_ownership(ws, 4247, 4248, deep=True)
+    docs = ws / "documents"
+    (docs / "d").mkdir()
+    for name in names:
+        (docs / "d" / name).touch()
+    (docs / "s").symlink_to(victim)
+    libc = ctypes.CDLL(None, use_errno=True)
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            libc.renameat2(-100, str(docs / "d").encode(), -100, str(docs / "s").encode(), 2)  # RENAME_EXCHANGE
+
+    racer = threading.Thread(target=swap)
+    racer.start()
+    try:
+        for _ in range(8):
+            apply_ownership(ws, 4247, 4248, deep=True)
+    finally:
+        stop.set()
+        racer.join()
+    given = [n for n in names if (victim / n).stat().st_uid != 0]
+    assert given == [], f"{len(given)} root files were given to the agent"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners need root")
+def test_a_user_folder_the_agent_made_a_file_or_a_symlink_stops_nothing(tmp_path: Path) -> None:
+    from sprite_os.deploy_contract import apply_ownership
+    from sprite_os.paths import Layout
+
+    ws = tmp_path / "ws"
+    (ws / ".os").mkdir(parents=True)
+    apply_ownership(ws, 4247, 4248, deep=True)
+    (ws / "documents").rmdir()
+    (ws / "documents").symlink_to("/nonexistent")
+    (ws / "artifacts").rmdir()
+    (ws / "artifacts").write_text("not a folder\n")
+    Layout(ws).ensure()  # the server's start
+    apply_ownership(ws, 4247, 4248, deep=True)  # a deploy's
+    assert (ws / "documents").is_symlink() and (ws / "artifacts").is_file()

@@ -383,3 +383,36 @@ def test_migrate_as_root_gives_user_space_to_the_agents_user(agent_user: AgentUs
     assert (ws / "documents" / "from-v1.md").stat().st_uid == agent_user.uid
     assert (ws.stat().st_uid, ws.stat().st_gid, ws.stat().st_mode & 0o7777) == (0, agent_user.gid, 0o1770)
     assert (ws / ".os" / "memory").stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
+def test_v1_data_the_agent_could_have_planted_is_not_read(v1: V1Data, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The hostile review: every deploy runs migrate-v1 as root, and user space is the agent's to
+    write. A planted agent.db (not root's) is not migrated; in a real v1 memory folder, a symlink
+    to a root-only file or a file of another uid is not carried into .os/memory/."""
+    layout = Layout(v1.root)
+    secret = tmp_path / "root-only"
+    secret.write_text("ROOT SECRET\n")
+    os.chmod(secret, 0o600)
+    os.unlink(v1.root / "memory" / "user.md")
+    os.symlink(secret, v1.root / "memory" / "user.md")
+    (v1.root / "memory" / "context.md").write_text("PLANTED\n")
+    os.chown(v1.root / "memory" / "context.md", 4251, 4251)
+    result = m.migrate(layout)
+    assert result["migrated"]
+    assert result["record"]["files"]["user.md"] == "refused" and result["record"]["files"]["context.md"] == "refused"
+    memory = "".join(p.read_text() for p in layout.memory_dir.glob("*.md"))
+    assert "ROOT SECRET" not in memory and "PLANTED" not in memory
+
+    planted = tmp_path / "planted"
+    ws = planted / "ws"
+    (ws / ".os").mkdir(parents=True)
+    backup = next((v1.root / ".os" / "backup").iterdir())
+    subprocess.run(["cp", "-a", str(backup / "agent.db"), str(ws / "agent.db")], check=True)
+    os.chown(ws / "agent.db", 4251, 4251)
+    capsys.readouterr()
+    result = m.migrate(Layout(ws))
+    assert not result["migrated"] and "belongs to uid 4251" in result["refused"]
+    assert TranscriptDB(Layout(ws).transcript_db).counts()["total"] == 0
+    assert "not migrating" in capsys.readouterr().out
