@@ -1,8 +1,8 @@
 """The tool guard: a PreToolUse check on the CLI's own file tools (Read, Write, Edit...).
 
 Write, Edit, MultiEdit and NotebookEdit on a path that resolves (relative to the tool's cwd,
-symlinks followed) into `.os/` are denied before they run, with a message saying why and that
-memory needs no writing. Read of the server's token, the service's saved environment (by any
+symlinks followed) into `.os/`, or anywhere outside the workspace and the temp folder, are denied
+before they run, with a message saying why and that memory needs no writing. Read of the server's token, the service's saved environment (by any
 path, or by a hard link to either) or its logs is denied too, and so is any file-tool path that
 resolves through /proc, where a link means something else to the CLI than here.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +35,7 @@ MAX_LINK_HOPS = 40  # Linux's own limit on symlinks followed in one lookup
 PROC_DENIAL = ("The file tools don't follow paths through /proc or /dev/fd (they name another process's "
                "view of the files); use the file's own path.")
 SECRET_DENIAL = "That file is Sprite OS's own (its credentials or its logs); the agent can't read it."
+OUTSIDE_DENIAL = "The agent's files live in the workspace (and the temp folder); it can't write elsewhere."
 DENIAL = ("Sprite OS keeps .os/ (its code, settings and your memory) for itself: the agent can't change "
           "anything there. Memory is saved automatically; there is nothing to write.")
 
@@ -59,7 +61,16 @@ class ToolGuard:
             target = tool_input.get(WRITE_TOOLS[tool_name])
             if isinstance(target, str) and self.layout.is_system_path(_absolute(target, base)):
                 return f"{DENIAL} ({tool_name} to {target} was denied.)"
+            if isinstance(target, str) and not self._writable(_absolute(target, base)):
+                return f"{OUTSIDE_DENIAL} ({tool_name} to {target} was denied.)"
         return None
+
+    def _writable(self, path: Path) -> bool:
+        """Whether the file tools may write `path` (symlinks followed): in the workspace or the temp
+        folder. In `sandbox` mode nothing else stops them (bubblewrap covers Bash only): the server's
+        own code, or its user's shell startup files, are elsewhere."""
+        real = Path(os.path.realpath(path))
+        return any(real.is_relative_to(os.path.realpath(top)) for top in (self.layout.root, tempfile.gettempdir()))
 
     def _secret(self, path: Path) -> bool:
         """`path` is a secret (symlinks followed), or another name (a hard link) for one."""

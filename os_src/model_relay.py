@@ -66,6 +66,7 @@ class RelayLimits:
     max_connections: int = 16  # the CLI uses a few; bodies are held whole, so this bounds memory too
     max_header_bytes: int = 64 * 1024
     idle_timeout: float = 75.0  # a kept-alive connection's wait for the next request, and between its bytes
+    head_timeout: float = 10.0  # a request's head, from its first byte to its last (the CLI's takes microseconds)
     connect_timeout: float = 5.0  # to the proxy: a proxy that is down is told within seconds
     upstream_read_timeout: float = 600.0  # silence from the proxy, as long as the CLI itself waits
     write_timeout: float = 60.0  # a CLI that takes nothing for this long is dropped, with its upstream
@@ -217,9 +218,9 @@ class ModelRelay:
                         writer: asyncio.StreamWriter) -> bool:
         """Serve one request; whether the connection may carry another."""
         try:
-            event = await self._next_event(conn, reader)
+            event = await self._next_event(conn, reader, head=True)
         except TimeoutError:
-            return False  # idle
+            return False  # idle, or a request head that dribbles in (a byte every few seconds)
         except h11.RemoteProtocolError as exc:
             await self._refuse(conn, writer, _Refused(exc.error_status_hint, f"bad HTTP request: {exc}"), reader)
             return False
@@ -238,14 +239,22 @@ class ModelRelay:
             return False
         return await self._relay(conn, reader, writer, event, body)
 
-    async def _next_event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Event:
+    async def _next_event(self, conn: h11.Connection, reader: asyncio.StreamReader, *, head: bool = False) -> h11.Event:
+        """The next event; each read waits `idle_timeout` at most. For a request's `head`, the
+        whole of it must also arrive within `head_timeout` of its first byte, so that a peer
+        sending a byte now and then cannot hold a connection (and the cap on them) for long."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 assert event is not h11.PAUSED  # only asked for between a response and the next request
                 return event  # type: ignore[return-value]
-            async with asyncio.timeout(self._limits.idle_timeout):
+            wait = self._limits.idle_timeout if deadline is None else max(0.0, deadline - loop.time())
+            async with asyncio.timeout(wait):
                 data = await reader.read(READ_CHUNK)
+            if head and deadline is None:
+                deadline = loop.time() + self._limits.head_timeout
             conn.receive_data(data)  # b"": the CLI closed its side
 
     async def _read_body(self, conn: h11.Connection, reader: asyncio.StreamReader,

@@ -117,3 +117,19 @@ def test_the_logs_are_not_for_the_read_tool(guard: ToolGuard, ws: Path) -> None:
     assert guard.check("Read", {"file_path": ".os/logs/sprite-os.log"}, str(ws)) is not None
     assert guard.check("Read", {"file_path": "documents/../.os/logs/sprite-os.log"}, str(ws)) is not None
     assert guard.check("Read", {"file_path": "documents/notes.md"}, str(ws)) is None
+
+
+@pytest.mark.parametrize(("path", "denied"), [
+    ("/etc/cron.d/x", True),  # sandbox mode: the file tools are not in bubblewrap
+    ("/root/.bashrc", True),
+    ("/usr/local/lib/python3/sitecustomize.py", True),
+    ("/tmp/scratch.txt", False),
+    ("documents/notes.md", False),
+    ("new-top-level.md", False),
+])
+def test_the_file_tools_write_only_in_the_workspace_and_the_temp_folder(guard: ToolGuard, ws: Path, path: str,
+                                                                       denied: bool) -> None:
+    reason = guard.check("Write", {"file_path": path, "content": "x"}, str(ws))
+    assert (reason is not None) == denied, reason
+    if denied:
+        assert reason is not None and "workspace" in reason

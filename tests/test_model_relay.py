@@ -305,3 +305,25 @@ async def test_connections_beyond_the_limit_get_503_and_the_open_one_goes_on(bri
     assert busy.status_code == 503 and busy.json()["error"]["type"] == "overloaded_error"
     assert b"event: message_stop" in first + rest
     assert [r.kind for r in bridge.requests] == ["messages"]
+
+
+async def test_a_request_head_that_dribbles_in_is_dropped_and_frees_its_place(bridge: MockBridge) -> None:
+    """The hostile review: a local user holding every connection by sending a byte every few
+    seconds kept the CLI at 503. The head must arrive whole within head_timeout of its first byte."""
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(max_connections=1, head_timeout=0.5)) as relay:
+        host, port = relay.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        started = asyncio.get_running_loop().time()
+        writer.write(b"POST /v1/messages HTTP/1.1\r\n")
+        for _ in range(50):  # a header byte every 0.1 s for 5 s: never idle, never done
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            if reader.at_eof():
+                break
+        closed_after = asyncio.get_running_loop().time() - started
+        writer.close()
+        async with cli(relay) as c:
+            answer = await c.post("/v1/messages/count_tokens", json=BODY)
+    assert closed_after < 3.5, closed_after  # dropped at the head deadline (0.5 s), not after 5 s
+    assert answer.status_code == 200  # its place is free again
