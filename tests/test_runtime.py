@@ -185,7 +185,8 @@ async def test_a_turn_whose_stream_ends_without_a_result_fails_and_the_next_star
     h.reply = answer("half an answer")[:1]  # the CLI exited 0 after this, before any result
     failed = await h.turn("hi")
     assert failed.status == "error"
-    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"], h.frames
+    await h.until(lambda: h.of(p.SessionEnded))  # published once the dead CLI is closed, after the turn's end
     assert h.of(p.SessionEnded)[-1].reason == "crash"
     h.reply = answer()
     assert (await h.turn("again")).status == "completed" and len(h.clis) == 2
@@ -212,7 +213,7 @@ async def test_a_cli_found_dead_only_when_written_to_gets_the_prompt_resent_once
     h.clis[0].refuse_writes = True  # dead, but its exit not yet reaped
     done = await h.turn("two")
     assert done.status == "completed" and h.clis[1].queries == ["two"]
-    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"], h.frames
     assert [s.reason for s in h.of(p.SessionEnded)] == ["crash"]
 
 
@@ -251,7 +252,7 @@ async def test_a_cli_that_dies_after_answering_in_part_fails_the_turn_without_re
     h.clis[0].crash_after = 1  # it said something: the turn was under way, and may have acted
     assert (await h.turn("two")).status == "error"
     assert len(h.clis) == 1 and h.clis[0].queries == ["one", "two"]
-    assert [e.code for e in h.of(p.Error)] == ["agent_failed"]
+    assert [e.code for e in h.of(p.Error)] == ["agent_failed"], h.frames
 
 
 async def test_an_interrupt_while_the_prompt_is_written_reaches_the_cli_after_it(h: Harness) -> None:
