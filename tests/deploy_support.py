@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -162,34 +163,32 @@ def make_checkout(root: Path, version: str, *, lock_comment: str | None = None,
 # ---------------------------------------------------------------- processes
 
 
-def kill_group(proc: subprocess.Popen[Any]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-
-
 def run_until(cmd: list[str], marker: str, *, env: dict[str, str], timeout: float = 120) -> tuple[bool, str]:
-    """Run `cmd` in its own process group and SIGKILL the group once a stdout line contains
-    `marker`. Returns (killed, output so far)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    """Run `cmd` in its own process group and SIGKILL the group as soon as a line of its output
+    contains `marker` (or after `timeout` seconds, or when it ends). Returns (killed at the
+    marker, output so far)."""
+    return asyncio.run(_run_until(cmd, marker, env, timeout))
+
+
+async def _run_until(cmd: list[str], marker: str, env: dict[str, str], timeout: float) -> tuple[bool, str]:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                env=env, start_new_session=True)
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout
     killed = False
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if marker in line:
-                kill_group(proc)
-                killed = True
-                break
-            if time.monotonic() > deadline:
-                break
+        # A read, not a poll: the deadline also ends a run that stops printing.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                async for raw in proc.stdout:
+                    lines.append(raw.decode())
+                    if marker in lines[-1]:
+                        killed = True
+                        break
     finally:
-        if proc.poll() is None:
-            kill_group(proc)
-        proc.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
     return killed, "".join(lines)
 
 
