@@ -3,6 +3,7 @@ started; a pid that now names another process is never touched."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sprite_os.cli_ledger import CliLedger, descendants
+from sprite_os.dev.harness import wait_for
 from tests.conftest import pid_alive
 
 # A stand-in for a CLI waiting on a tool: a child in a process group of its own, like a tool's shell.
@@ -29,20 +31,12 @@ def cli() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def wait_children(pid: int) -> list[int]:
-    import time
-
-    deadline = time.monotonic() + 10
-    while not (found := descendants(pid)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return found
-
-
 def test_a_recorded_cli_still_running_is_ended_with_what_it_started(tmp_path: Path,
                                                                     cli: subprocess.Popen[bytes]) -> None:
     ledger = CliLedger.for_workspace(tmp_path)
     ledger.record(cli.pid)
-    [tool] = wait_children(cli.pid)
+    asyncio.run(wait_for(lambda: descendants(cli.pid), timeout=10, what="the stand-in CLI's tool process"))
+    [tool] = descendants(cli.pid)
     assert [e["pid"] for e in json.loads(ledger.path.read_text())] == [cli.pid]
     assert sorted(ledger.reap()) == sorted([cli.pid, tool])
     cli.wait(5)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.deploy_support import (
+from sprite_os.dev.deploy_support import (
     DEPLOY,
     LOCK,
     REPO,
@@ -32,7 +32,6 @@ from tests.deploy_support import (
     base_env,
     clone_cached_venv,
     deploy_cmd,
-    free_port,
     healthz,
     lock_hash,
     make_checkout,
@@ -44,6 +43,7 @@ from tests.deploy_support import (
     token_file,
     venv_cache,
 )
+from sprite_os.dev.processes import free_port
 
 VERSION = (REPO / "VERSION").read_text().strip()
 TEMPLATES = REPO / "bootstrap" / "templates"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import stat
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import pytest
 from sprite_os.agent_launch import AgentLaunch, cached_cli, launcher_script
 from sprite_os.config import load_settings
 from sprite_os.deploy_contract import apply_ownership
+from sprite_os.dev.harness import wait_for
 from sprite_os.errors import ConfigError
 from sprite_os.isolation import AgentUser, Facts, Isolation, choose
 from sprite_os.isolation_probe import unreachable
@@ -191,11 +192,8 @@ def test_every_process_of_the_uid_is_killed(tmp_path: Path) -> None:
     sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "sleep", "60"],
                                  start_new_session=True) for _ in range(2)]
     try:
-        for p in sleepers:  # wait until each runs as the uid (setpriv has switched)
-            deadline = 100
-            while os.stat(f"/proc/{p.pid}").st_uid != uid and deadline:
-                deadline -= 1
-                time.sleep(0.01)
+        asyncio.run(wait_for(lambda: all(os.stat(f"/proc/{p.pid}").st_uid == uid for p in sleepers), timeout=10,
+                             what="each sleeper runs as the uid (setpriv has switched)"))
         assert sorted(kill_processes_of(uid)) == sorted(p.pid for p in sleepers)
         assert [p.wait(5) for p in sleepers] == [-9, -9]
     finally:

@@ -18,7 +18,6 @@ SPRITE_REDTEAM_REPORT=FILE writes every attack's outcome there as JSON lines.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import pwd
@@ -50,6 +49,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.redteam_support import (
+    JOB_DONE,
     KEY_ATTACKS,
     MARK,
     PY,
@@ -65,6 +65,7 @@ from tests.redteam_support import (
     differences,
     edit,
     keep_pristine,
+    processes_with,
     programs_missing,
     protected_state,
     read,
@@ -142,15 +143,18 @@ class Sprite:
     async def run(self, attack: Attack) -> list[ToolResult]:
         """Run the attack's turn; what the CLI told the model about each of its steps."""
         await self.turn(f"red team: {attack.name}", attack.turn(self.place(attack), self.prefix))
+        assert any(r.reply_text == f"done: {attack.name}" for r in self.bridge.agent_requests()), \
+            f"{attack.name}: the model never got its last tool_result"
+        return self.results(attack)
+
+    def results(self, attack: Attack) -> list[ToolResult]:
+        """What the CLI told the model about each step of the attack's turn."""
         results = []
         for n in range(len(attack.steps)):
             result = tool_result(self.bridge, f"toolu_{self.prefix}_{attack.name}_{n}")
             assert result is not None, f"{attack.name}: the CLI never answered step {n}"
             results.append(result)
-        assert any(r.reply_text == f"done: {attack.name}" for r in self.bridge.agent_requests()), \
-            f"{attack.name}: the model never got its last tool_result"
         return results
-
 
     async def attempt(self, attack: Attack) -> tuple[Attack, ToolResult]:
         """Run the attack; if the CLI's own check refused its command, run it again smuggled past
@@ -170,6 +174,17 @@ class Sprite:
             assert verdict.refused_by != "cli", f"{attack.name}: refused by the CLI's own check, not the kernel"
             assert not [r for r in setup if r.refused_by == "error"], f"{attack.name}: its setup failed: {setup}"
         return attack, verdict
+
+    async def job_done(self, attack: Attack) -> None:
+        """Wait until the attack's background job has made its write attempt (it then touches
+        JOB_DONE) or is gone: the sandbox ends a command's jobs with the command. Its processes are
+        found by their command line, which names the attack's scratch folder."""
+        place = self.place(attack)
+        done = Path(place.fill(JOB_DONE))
+        await wait_for(lambda: done.exists() or not processes_with(f"{place.scratch}/"), timeout=TURN_TIMEOUT,
+                       what=f"{attack.name}: its background job made its write attempt or ended")
+        if self.mode != "sandbox":  # elsewhere the job outlives the command: it must have got that far
+            assert done.exists(), f"{attack.name}: the background job ended before its write attempt"
 
 
 def traversable_workspace() -> Path:
@@ -241,14 +256,7 @@ def agent_processes(workspace: Path) -> list[int]:
 
 
 def lingering() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"sleep\0{LINGERING}" in (entry / "cmdline").read_text():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return processes_with(f"sleep\0{LINGERING}")
 
 
 def skip_unless_applies(sprite: Sprite, attack: Attack) -> None:
@@ -290,8 +298,8 @@ async def test_a_write_into_os_is_refused(sprite: Sprite, attack: Attack) -> Non
     layout = sprite.layout
     before = protected_state(layout)
     tried, verdict = await sprite.attempt(attack)
-    if tried.settle:
-        await asyncio.sleep(tried.settle)
+    if tried.background:
+        await sprite.job_done(tried)
     changed = differences(before, protected_state(layout))
     OUTCOMES.append(Outcome(sprite.mode, tried.name, changed, verdict.refused_by, text=verdict.text[:300]))
     if changed:  # put it back, so that the next attack starts from the same place
@@ -309,22 +317,16 @@ async def test_a_write_into_os_is_refused(sprite: Sprite, attack: Attack) -> Non
 @pytest.mark.parametrize("attack", SECRET_ATTACKS, ids=lambda a: a.name)
 async def test_the_token_cannot_be_read(sprite: Sprite, attack: Attack) -> None:
     skip_unless_applies(sprite, attack)
-    results = await sprite.run(attack)
-    leaked = [r.text for r in results if sprite.token in r.text]
-    OUTCOMES.append(Outcome(sprite.mode, attack.name, refused_by=results[-1].refused_by, leaked=bool(leaked),
-                            text=results[-1].text[:300]))
-    assert not leaked, f"{attack.name} read the token"
-
-
-# The relay (branch `relay`, os_src/model_relay.py) keeps the key out of the CLI's environment; before
-# it is merged the key is there by design, and the test says so. Once merged, the test runs.
-RELAY = importlib.util.find_spec("sprite_os.model_relay") is not None
+    tried, verdict = await sprite.attempt(attack)  # past the CLI's own check: the kernel or the guard decides
+    shown = [*sprite.results(attack), *(sprite.results(tried) if tried is not attack else ())]
+    leaked = [r.text for r in shown if sprite.token in r.text]
+    OUTCOMES.append(Outcome(sprite.mode, tried.name, refused_by=verdict.refused_by, leaked=bool(leaked),
+                            text=verdict.text[:300]))
+    assert not leaked, f"{tried.name} read the token"
 
 
 @pytest.mark.parametrize("attack", KEY_ATTACKS, ids=lambda a: a.name)
 async def test_the_proxy_key_is_not_in_the_agents_shell(sprite: Sprite, attack: Attack) -> None:
-    if not RELAY:
-        pytest.xfail("the model proxy's key reaches the CLI's environment until the relay lands (issue 9)")
     results = await sprite.run(attack)
     leaked = [r.text for r in results if sprite.key in r.text]
     OUTCOMES.append(Outcome(sprite.mode, attack.name, leaked=bool(leaked), text=results[-1].text[:300]))

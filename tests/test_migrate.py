@@ -16,11 +16,7 @@ import pytest
 from sprite_os import migrate as m
 from sprite_os import migrate_tables
 from sprite_os.config import Settings
-from sprite_os.isolation import AgentUser
-from sprite_os.memory.memory_store import MemoryDB, content_key
-from sprite_os.memory.transcript_store import TranscriptDB
-from sprite_os.paths import Layout
-from tests.deploy_support import (
+from sprite_os.dev.deploy_support import (
     REPO,
     V1_FILES,
     V1Data,
@@ -29,6 +25,10 @@ from tests.deploy_support import (
     run_until,
     table_rows,
 )
+from sprite_os.isolation import AgentUser
+from sprite_os.memory.memory_store import MemoryDB, content_key
+from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.paths import Layout
 
 V1_COLUMNS = {t.name: ", ".join(t.columns) for t in migrate_tables.TABLES}
 

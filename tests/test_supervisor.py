@@ -16,8 +16,9 @@ import pytest
 
 from sprite_os import supervisor as svc
 from sprite_os.config import load_settings
+from sprite_os.dev.deploy_support import base_env, healthz, processes_in_session
+from sprite_os.dev.processes import free_port
 from sprite_os.errors import ConfigError
-from tests.deploy_support import base_env, free_port, healthz, processes_in_session
 
 
 def run(ws: Path, action: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,5 @@
-"""Helpers shared by the deploy, migration and service tests and by bench/deploy_bench.py.
+"""Deploy tooling run from a checkout: the deploy, migration and service tests and
+bench/deploy_bench.py share it (benchmarks import nothing from tests/).
 
 - `venv_cache()`: ONE real venv per test session. The first call downloads a wheelhouse for
   bootstrap/requirements.lock (kept across sessions in the pytest cache, keyed by the lock's
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -17,7 +19,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from .. import procfs
+from ..memory.memory_store import content_key
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout (os_src/dev/ -> the root)
 DEPLOY = REPO / "bootstrap" / "deploy.py"
 LOCK = REPO / "bootstrap" / "requirements.lock"
 # The system interpreter, as Bridge runs it: not this venv's, with no site-packages (-I -S), so a
@@ -36,12 +40,6 @@ SYSTEM_PYTHON = getattr(sys, "_base_executable", sys.executable)
 
 def lock_hash(lock: Path = LOCK) -> str:
     return hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -162,46 +160,38 @@ def make_checkout(root: Path, version: str, *, lock_comment: str | None = None,
 # ---------------------------------------------------------------- processes
 
 
-def kill_group(proc: subprocess.Popen[Any]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-
-
 def run_until(cmd: list[str], marker: str, *, env: dict[str, str], timeout: float = 120) -> tuple[bool, str]:
-    """Run `cmd` in its own process group and SIGKILL the group once a stdout line contains
-    `marker`. Returns (killed, output so far)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    """Run `cmd` in its own process group and SIGKILL the group as soon as a line of its output
+    contains `marker` (or after `timeout` seconds, or when it ends). Returns (killed at the
+    marker, output so far)."""
+    return asyncio.run(_run_until(cmd, marker, env, timeout))
+
+
+async def _run_until(cmd: list[str], marker: str, env: dict[str, str], timeout: float) -> tuple[bool, str]:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                env=env, start_new_session=True)
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout
     killed = False
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if marker in line:
-                kill_group(proc)
-                killed = True
-                break
-            if time.monotonic() > deadline:
-                break
+        # A read, not a poll: the deadline also ends a run that stops printing.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                async for raw in proc.stdout:
+                    lines.append(raw.decode())
+                    if marker in lines[-1]:
+                        killed = True
+                        break
     finally:
-        if proc.poll() is None:
-            kill_group(proc)
-        proc.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
     return killed, "".join(lines)
 
 
 def processes_in_session(sid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid and fields[0] != "Z":
-                    out.append(int(entry))
-    return out
+    """Live processes of the session `sid`."""
+    return [pid for pid in procfs.pids() if (st := procfs.stat(pid)) is not None and st.sid == sid and st.alive]
 
 
 def healthz(port: int, workspace: Path | None = None, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -347,7 +337,7 @@ def make_v1_workspace(root: Path, *, observations: int = 3000, learnings: int = 
         lrows.append((base + i * 60, sess, rng.choice(TYPES), text, obs, round(rng.uniform(0.3, 1.0), 3)))
     db.executemany("""INSERT INTO learnings (created_at, session_id, type, content, source_observation_id,
                       confidence) VALUES (?, ?, ?, ?, ?, ?)""", lrows)
-    arows = []
+    arows: list[tuple[Any, ...]] = []
     for i in range(actions):
         if i >= 10 and rng.random() < 0.05:
             text = arows[rng.randrange(len(arows))][1]  # the same action extracted twice
@@ -358,7 +348,6 @@ def make_v1_workspace(root: Path, *, observations: int = 3000, learnings: int = 
     db.executemany("""INSERT INTO pending_actions (created_at, content, priority, status, source_learning_id)
                       VALUES (?, ?, ?, ?, ?)""", arows)
     db.commit()
-    from sprite_os.memory.memory_store import content_key
     collisions: dict[str, list[int]] = {}
     for table in ("learnings", "pending_actions"):
         seen: set[str] = set()
