@@ -63,12 +63,11 @@ def small_tmpfs(path: Path, size: str = "48m") -> Iterator[Path]:
 def fill(path: Path) -> Path:
     """Fill the file system `path` is on, to the last block; returns the filler file to delete."""
     filler = path / "filler"
-    with filler.open("wb") as f, contextlib.suppress(OSError):
+    # Unbuffered: a write the disk refused must not wait in a buffer for close() to fail on it again.
+    with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
         while True:
             f.write(b"\0" * 65536)
-            f.flush()
-    with contextlib.suppress(OSError), filler.open("ab") as f:
+    with contextlib.suppress(OSError), filler.open("ab", buffering=0) as f:
         while True:
             f.write(b"\0" * 512)
-            f.flush()
     return filler
