@@ -270,3 +270,12 @@ def test_a_user_folder_the_agent_made_a_file_or_a_symlink_stops_nothing(tmp_path
     Layout(ws).ensure()  # the server's start
     apply_ownership(ws, 4247, 4248, deep=True)  # a deploy's
     assert (ws / "documents").is_symlink() and (ws / "artifacts").is_file()
+
+
+def test_the_sandbox_names_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os import isolation_probe
+
+    monkeypatch.setattr(isolation_probe.shutil, "which", lambda tool: None if tool == "socat" else f"/usr/bin/{tool}")
+    assert isolation_probe.sandbox_problem() == "socat not installed (Debian: apt-get install bubblewrap socat)"
+    monkeypatch.setattr(isolation_probe.sys, "platform", "win32")
+    assert isolation_probe.sandbox_problem() == "the CLI has no sandbox on win32"
