@@ -3,10 +3,8 @@ and the advisory lock that gives a workspace's memory exactly one writer."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-from pathlib import Path
 from typing import Any
 
 from .deploy_contract import atomic_write as atomic_write  # shared with bootstrap/deploy.py
@@ -41,17 +39,3 @@ class WriterLock:
 
     def __exit__(self, *_: Any) -> None:
         self.release()
-
-
-def sweep_temp_files(*directories: Path) -> list[Path]:
-    """Remove what an interrupted `atomic_write` left under `directories` (its `.<name>.*.tmp`
-    files: a kill -9 between the temp file and the rename). Call it only while holding the lock
-    that makes this process the one writer there. Returns what it removed."""
-    removed = []
-    for directory in directories:
-        for path in directory.rglob(".*.tmp"):
-            with contextlib.suppress(OSError):
-                if path.is_file() and not path.is_symlink():
-                    path.unlink()
-                    removed.append(path)
-    return removed

@@ -59,31 +59,3 @@ def test_writes_leave_no_temp_files(files: MemoryFiles) -> None:
         files.write("context.md", f"# now {n}\n", source=f"batch-{n}")
     assert sorted(p.name for p in files.dir.iterdir() if p.is_file() and not p.name.startswith(".writer")) == [
         "context.md"]
-
-
-async def test_a_write_killed_mid_way_leaves_no_temp_file_after_the_next_start(tmp_path: Path) -> None:
-    """`make chaos` found it: a kill -9 between atomic_write's temp file and its rename left
-    `.os/memory/.history/<file>/.<version>.md.<random>.tmp` for good. The memory system's start,
-    holding the writer lock, sweeps such debris (and nothing else)."""
-    from sprite_os.dev.harness import make_settings
-    from sprite_os.memory.system import MemorySystem
-
-    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
-    layout = settings.layout
-    layout.ensure()
-    history = layout.memory_dir / ".history" / "context.md"
-    history.mkdir(parents=True)
-    debris = [history / ".000039_1795483438_batch-35.md.g2je4zm4.tmp", layout.memory_dir / ".user.md.x1.tmp",
-              layout.state_dir / ".capture.json.abc.tmp"]
-    for path in debris:
-        path.write_text("half")
-    kept = [layout.memory_dir / "notes.tmp", history / "000001_1_seed.md"]  # not atomic_write's: kept
-    for path in kept:
-        path.write_text("mine")
-    system = MemorySystem(settings)
-    await system.start()
-    try:
-        assert not [p for p in debris if p.exists()]
-        assert all(p.read_text() == "mine" for p in kept)
-    finally:
-        await system.stop()

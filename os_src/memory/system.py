@@ -20,7 +20,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import Settings
 from ..db_worker import Worker
-from ..fsutil import WriterLock, sweep_temp_files
+from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
 from .budget import DailyBudget
@@ -76,10 +76,6 @@ class MemorySystem:
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
-        layout = self.settings.layout
-        # The one writer now: what a killed run's interrupted file writes left is debris.
-        if swept := await asyncio.to_thread(sweep_temp_files, layout.memory_dir, layout.state_dir):
-            log.warning("temp_files_swept", files=len(swept))
         # What an earlier run left unwritten comes first: its spill file, then its turn journal
         # (the turn it was killed in, recorded with a note).
         loop = asyncio.get_running_loop()
