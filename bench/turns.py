@@ -19,7 +19,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -118,29 +118,38 @@ async def overhead(turns: int) -> dict[str, Any]:
             "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
 
 
+async def _model_speeds(turns: int, model_latency: float
+                        ) -> AsyncIterator[tuple[str, int, MockBridge, AsyncExitStack, Path]]:
+    """A fixed cost per turn, measured twice, each on a fresh mock Bridge and scratch folder: with a
+    zero-latency model (the cost is all there is to see), then with `model_latency` seconds per
+    model request (closer to life), on a third as many turns. Yields (label, turns, bridge, the
+    exit stack to enter servers on, the folder)."""
+    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
+        async with MockBridge() as bridge, AsyncExitStack() as stack:
+            if latency:
+                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
+            yield label, n, bridge, stack, Path(stack.enter_context(tempfile.TemporaryDirectory()))
+
+
 async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
     """Memory on against off, first with a zero-latency model (any fixed cost per turn, such as the
     CLI's ~4 ms per hook event, is all there is to see), then with `model_latency` seconds per
     model request (closer to life)."""
     out: dict[str, Any] = {}
-    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
-        async with MockBridge() as bridge, AsyncExitStack() as stack:
-            if latency:
-                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            on = await stack.enter_async_context(
-                running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
-            off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
-            c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
-            samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
-                                         "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
-            assert on.memory is not None
-            inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
-            recorded = (await on.memory.health())["observations"]["total"]
+    async for label, n, bridge, stack, tmp in _model_speeds(turns, model_latency):
+        on = await stack.enter_async_context(
+            running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
+        off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
+        c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
+        samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
+                                     "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
+        assert on.memory is not None
+        inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
+        recorded = (await on.memory.health())["observations"]["total"]
         a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
         out[label] = {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
                       "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}
-        if not latency:
+        if label == "zero_latency":
             out["inside_hooks_us"] = {"p50": round(percentile(inside_us, 50), 1),
                                       "p99": round(percentile(inside_us, 99), 1), "max": round(max(inside_us), 1),
                                       "calls": len(inside_us), "calls_per_turn": round(len(inside_us) / max(1, recorded), 2),
@@ -172,17 +181,13 @@ async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
     with the CLI connected to the proxy directly: with a zero-latency model (the relay's fixed cost
     is all there is to see), then with `model_latency` seconds per model request."""
     out: dict[str, Any] = {}
-    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
-        async with MockBridge() as bridge, AsyncExitStack() as stack:
-            if latency:
-                bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
-            direct = await _sdk_path(stack, bridge, tmp / "direct",
-                                     {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
-            relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
-            samples = await _interleave({"direct": direct, "relay": relayed}, n)
-            requests = len(bridge.agent_requests())
+    async for label, n, bridge, stack, tmp in _model_speeds(turns, model_latency):
+        model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
+        direct = await _sdk_path(stack, bridge, tmp / "direct",
+                                 {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
+        relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
+        samples = await _interleave({"direct": direct, "relay": relayed}, n)
+        requests = len(bridge.agent_requests())
         a, b = summary_ms(samples["relay"]), summary_ms(samples["direct"])
         out[label] = {"relay": a, "direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
                       "added_median_ms": round(a["median_ms"] - b["median_ms"], 2),
