@@ -53,7 +53,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e"
 
 lint: $(STAMP)
-	$(PY) -m ruff check os_src tests bench chaos bootstrap
+	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap
+	@mkdir -p $(VENV)/typecheck && ln -sfn ../../os_src $(VENV)/typecheck/sprite_os
 	$(PY) -m mypy
 
 ## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from devkit.docs_table import rewrite_between
 from sprite_os import __version__
-from sprite_os.dev.docs_table import rewrite_between
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

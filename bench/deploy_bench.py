@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sprite_os.dev.deploy_support import (
+from devkit.deploy_support import (
     REPO,
     base_env,
     lock_hash,

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile, ratio
+from devkit.harness import TOKEN, client_factory, make_settings, running
+from devkit.mock_bridge import MockBridge, Text, Turn
 from sprite_os import protocol
-from sprite_os.dev.harness import TOKEN, client_factory, make_settings, running
-from sprite_os.dev.mock_bridge import MockBridge, Text, Turn
 from sprite_os.events import EventHub
 
 DELTAS = 300

@@ -14,7 +14,7 @@ from typing import Any
 from bench.stats import summary_ms
 from sprite_os.db_worker import Worker
 from sprite_os.memory.memory_store import MemoryDB, content_key
-from sprite_os.memory.search import search_learnings, search_terms
+from sprite_os.memory.recall.learnings import search_learnings, search_terms
 
 CACHE = Path(__file__).resolve().parent / "results" / "cache"
 TYPES = ("FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL")

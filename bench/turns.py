@@ -27,10 +27,10 @@ from typing import Any
 from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, ResultMessage
 
 from bench.stats import percentile, ratio, summary_ms
-from sprite_os.cli_env import cli_environment
-from sprite_os.dev.harness import Client, client_factory, make_settings, running
-from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
-from sprite_os.model_relay import ModelRelay
+from devkit.harness import Client, client_factory, make_settings, running
+from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from sprite_os.agent.environment import cli_environment
+from sprite_os.agent.model_relay import ModelRelay
 from sprite_os.runtime import BUILTIN_TOOLS, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CanvasStore, canvas_server

@@ -29,7 +29,7 @@ from typing import Any
 
 from chaos.run import Result, run, short
 from chaos.scenarios import SCENARIOS, Plan
-from sprite_os.dev.docs_table import rewrite_between
+from devkit.docs_table import rewrite_between
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "chaos" / "results"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.turns import MARKER, Reconciled, TurnLog, reconcile
-from sprite_os.dev.processes import workspace_clis
+from devkit.processes import workspace_clis
 from sprite_os.memory.files import SPECS, limit_error
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.schema import PENDING, PROCESSED

@@ -18,9 +18,9 @@ from typing import Any
 from chaos.checks import Invariants, check, pending_now
 from chaos.scenarios import SCENARIOS, Plan
 from chaos.world import Settings, World
-from sprite_os.dev.faults import FaultSetupFailed, small_tmpfs
-from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import MockBridge
+from devkit.faults import FaultSetupFailed, small_tmpfs
+from devkit.harness import wait_for
+from devkit.mock_bridge import MockBridge
 
 SETTLE_TIMEOUT = 420.0  # above the daemon's longest backoff (300 s) after a flapping curator
 DISK_SIZE = "160m"

@@ -20,11 +20,11 @@ from typing import Any
 from chaos.checks import pending_now, recorded_now
 from chaos.turns import Turn
 from chaos.world import World
-from sprite_os.dev.faults import exclusive_lock, fill
-from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import Fault, RecordedRequest
-from sprite_os.dev.processes import ServerDied, child_cli_processes, workspace_clis
-from sprite_os.dev.processes import rss_kib as rss_of
+from devkit.faults import exclusive_lock, fill
+from devkit.harness import wait_for
+from devkit.mock_bridge import Fault, RecordedRequest
+from devkit.processes import ServerDied, child_cli_processes, workspace_clis
+from devkit.processes import rss_kib as rss_of
 from sprite_os.paths import Layout
 
 

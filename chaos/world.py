@@ -19,10 +19,10 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 
 from chaos.turns import MARKER, Outcome, Turn, TurnLog
-from sprite_os.dev.harness import Client, connect_client
-from sprite_os.dev.mock_bridge import MockBridge, RecordedRequest, Text
-from sprite_os.dev.mock_bridge import Turn as ScriptedTurn
-from sprite_os.dev.processes import ServerProcess
+from devkit.harness import Client, connect_client
+from devkit.mock_bridge import MockBridge, RecordedRequest, Text
+from devkit.mock_bridge import Turn as ScriptedTurn
+from devkit.processes import ServerProcess
 
 TURN_TIMEOUT = 240.0  # a turn through a flapping proxy waits on the CLI's own retries
 _OBSERVATION = re.compile(r"^\[#(\d+)\]", re.MULTILINE)

@@ -2,12 +2,15 @@
 
 from pathlib import Path
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The folder that holds the package: a checkout (os_src/..) or a deployed release (releases/<v>/src/..).
+# VERSION and bootstrap/ sit in it in both.
+RELEASE_DIR = PACKAGE_DIR.parent
+
 
 def _read_version() -> str:
-    # The VERSION file sits beside the package's directory both in a checkout
-    # (os_src/../VERSION) and in a deployed release (releases/<v>/src/../VERSION).
     try:
-        return (Path(__file__).resolve().parent.parent / "VERSION").read_text().strip()
+        return (RELEASE_DIR / "VERSION").read_text().strip()
     except OSError:
         return "0+unknown"
 

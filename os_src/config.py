@@ -19,9 +19,9 @@ from .console.origin import normalize_origin
 from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
-from .isolation import DEFAULT_AGENT_USER, REQUESTS
-from .memory.budget import DEFAULT_DAILY_USD
-from .memory.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
+from .isolation.policy import DEFAULT_AGENT_USER, REQUESTS
+from .memory.curation.budget import DEFAULT_DAILY_USD
+from .memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
@@ -50,7 +50,7 @@ class Settings:
     log_format: Literal["kv", "json"] = "kv"
     log_level: str = "info"
     log_file: Path | None = None
-    isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation.py): auto, user, sandbox, none
+    isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation/policy.py): auto, user, sandbox, none
     agent_user: str = DEFAULT_AGENT_USER  # the user the CLI runs as in `user` isolation
 
     @property
@@ -64,7 +64,7 @@ class Settings:
 
     def model_env(self) -> dict[str, str]:
         """What the curator needs to reach Bridge's model proxy. The agent's CLI never gets it: it
-        reaches the proxy through the server's relay (model_relay.py), which holds the key."""
+        reaches the proxy through the server's relay (agent/model_relay.py), which holds the key."""
         env = {"ANTHROPIC_API_KEY": self.anthropic_api_key or "sprite-os"}
         if self.anthropic_base_url:
             env["ANTHROPIC_BASE_URL"] = self.anthropic_base_url

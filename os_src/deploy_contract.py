@@ -2,7 +2,7 @@
 limits), the user-space folders, the token rule, the atomic write, and the agent's user with the
 owners and modes that keep it out of `.os/` (issue 9; the server applies them at start too).
 Defined here once; the product imports them from here (paths.py, config.py, fsutil.py,
-memory/files.py, isolation.py, agent_launch.py).
+memory/files.py, isolation/policy.py, isolation/launch.py).
 
 STANDARD LIBRARY ONLY, and no import from this package: deploy.py runs with the system python3
 before any venv exists and loads this file by its path from the release it deploys, outside any

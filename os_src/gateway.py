@@ -6,8 +6,8 @@ and from then on the connection receives every broadcast event through its own
 bounded queue, drained by its own writer task. Frames the client sends are
 validated, rate-limited and dispatched to the runtime; each bad frame gets an
 `error` reply and the connection stays open unless the client floods it. Memory
-requests (protocol_memory.py) are answered to their connection alone, by the
-`memory_requests` callable the server passes in (memory/console_api.py).
+requests (console/memory_frames.py) are answered to their connection alone, by the
+`memory_requests` callable the server passes in (console/memory_api.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from . import protocol as p
-from . import protocol_memory as pm
+from .console import memory_frames as pm
 from .errors import QueueFull, ShuttingDown
 from .events import EventHub, Subscriber
 from .logs import get_logger

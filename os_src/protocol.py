@@ -17,8 +17,8 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
+from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
 from .errors import SpriteOSError
-from .protocol_memory import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
 
 PROTOCOL_VERSION = 1
 SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bearer.<token>"
@@ -63,7 +63,7 @@ class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
-AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest  # memory: protocol_memory.py
+AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest  # memory: console/memory_frames.py
 
 
 # ---------------------------------------------------------------- server -> client
@@ -87,7 +87,7 @@ ErrorCode = Literal[
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
-    # answers to memory requests (protocol_memory.py); these errors carry the request_id
+    # answers to memory requests (console/memory_frames.py); these errors carry the request_id
     "not_found",  # no such memory file, version, learning or turn
     "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
     "over_limit",  # the edit is over the file's line or byte limit; nothing was written

@@ -3,7 +3,7 @@
 `AgentRuntime` owns the CLI (an `AgentProcess`). Every connect, prompt and disconnect
 happens in its owner task, fed by an inbox; only `interrupt` comes from outside, as the
 SDK documents. The rules it follows are pure code: the turn's and the session's phases
-and the inbox in agent_state.py, SDK message -> frame translation in frames.py. This
+and the inbox in agent/state.py, SDK message -> frame translation in agent/frames.py. This
 module does the I/O they call for. It tells the memory system where sessions begin and
 end, and shows it every message of every turn (capture).
 
@@ -33,12 +33,14 @@ from claude_agent_sdk import (
     SystemMessage,
 )
 
-from . import frames
 from . import protocol as p
-from .agent_launch import AgentLaunch
-from .agent_memory import AgentMemory, NoRecord, TurnRecord
-from .agent_process import AgentProcess, ClientFactory
-from .agent_state import (
+from .agent import frames
+from .agent.environment import cli_environment
+from .agent.guard import MATCHER as GUARDED_TOOLS
+from .agent.guard import ToolGuard
+from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
+from .agent.process import AgentProcess, ClientFactory
+from .agent.state import (
     Command,
     EndSession,
     Inbox,
@@ -49,11 +51,9 @@ from .agent_state import (
     TurnPhase,
     TurnState,
 )
-from .cli_env import cli_environment
 from .config import Settings
 from .errors import QueueFull, ShuttingDown
-from .guard import MATCHER as GUARDED_TOOLS
-from .guard import ToolGuard
+from .isolation.launch import AgentLaunch
 from .logs import get_logger
 from .tools import canvas
 
@@ -70,7 +70,7 @@ DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs t
 
 
 Publish = Callable[[p.ServerFrame], None]
-# How the CLI reaches the model: the relay's URL and key (model_relay.py), asked for at each connect.
+# How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
 
 

@@ -31,19 +31,19 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
-from .agent_launch import AgentLaunch
-from .cli_ledger import CliLedger
+from .agent.ledger import CliLedger
+from .agent.model_relay import ModelRelay
 from .config import Settings, describe, resolve_token
+from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
 from .console.pages import ConsolePages, http_response
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
+from .isolation.launch import AgentLaunch
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
-from .memory.console_api import MemoryConsole
 from .memory.system import MemorySystem
-from .model_relay import ModelRelay
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore

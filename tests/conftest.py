@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sprite_os.config import Settings
-from sprite_os.dev.harness import (
+from devkit.harness import (
     TOKEN,
     Client,
     Connect,
@@ -27,9 +26,10 @@ from sprite_os.dev.harness import (
     running,
     wait_for,
 )
-from sprite_os.dev.mock_bridge import MockBridge
-from sprite_os.dev.processes import ServerProcess, child_cli_processes, free_port, pid_alive
-from sprite_os.isolation import AgentUser
+from devkit.mock_bridge import MockBridge
+from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_alive
+from sprite_os.config import Settings
+from sprite_os.isolation.policy import AgentUser
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
@@ -81,7 +81,7 @@ def agent_user() -> AgentUser:
     if os.geteuid() != 0:
         pytest.skip("running the agent as its own user needs root (CI runs the suite as root)")
     from sprite_os.deploy_contract import ensure_agent_user
-    from sprite_os.isolation_probe import agent_user as lookup
+    from sprite_os.isolation.probe import agent_user as lookup
 
     ensure_agent_user(AGENT_USER)
     found = lookup(AGENT_USER)

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 
+from devkit.harness import TOKEN
 from sprite_os.config import Settings
-from sprite_os.dev.harness import TOKEN
 from sprite_os.memory.files import SPECS, MemoryFiles
 
 CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium")

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os import procfs
+from sprite_os.agent.guard import DENIAL, PROC_DENIAL, SECRET_DENIAL
 from sprite_os.deploy_contract import AGENT_DIR
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
-from sprite_os.guard import DENIAL, PROC_DENIAL, SECRET_DENIAL
 from sprite_os.paths import Layout
 
 MARK = "PWNED"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sprite_os.agent_state import (
+from sprite_os.agent.state import (
     EndSession,
     IllegalTransition,
     Inbox,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli_ledger import CliLedger, descendants
+from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from devkit.processes import workspace_clis
+from sprite_os.agent.ledger import CliLedger, descendants
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
-from sprite_os.dev.processes import workspace_clis
-from sprite_os.memory.turn_journal import STOPPED_NOTE, journal_path
+from sprite_os.memory.capture.journal import STOPPED_NOTE, journal_path
 from sprite_os.paths import Layout
 from sprite_os.procfs import cmdline
 from tests.conftest import (

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.mock_bridge import MockBridge
 from sprite_os.config import DEFAULT_MEMORY_MODEL
-from sprite_os.dev.mock_bridge import MockBridge
 from sprite_os.errors import BudgetSpent
-from sprite_os.memory import daemon as daemon_module
-from sprite_os.memory import pricing
-from sprite_os.memory.budget import DAY, BudgetRecord, DailyBudget, day_start
-from sprite_os.memory.curator import (
+from sprite_os.memory.curation import daemon as daemon_module
+from sprite_os.memory.curation import pricing
+from sprite_os.memory.curation.budget import DAY, BudgetRecord, DailyBudget, day_start
+from sprite_os.memory.curation.curator import (
     BATCH_CHARS,
     DEFAULT_BATCH_TOKENS,
     FIXED_MAX_CHARS,
@@ -32,10 +32,10 @@ from sprite_os.memory.curator import (
     split_batch,
     turn_chars,
 )
-from sprite_os.memory.daemon import MemoryDaemon
+from sprite_os.memory.curation.daemon import MemoryDaemon
+from sprite_os.memory.curation.pricing import MOST_EXPENSIVE, cost_usd
 from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
-from sprite_os.memory.pricing import MOST_EXPENSIVE, cost_usd
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
 from sprite_os.memory.transcript_store import NewObservation, Observation
 from tests.conftest import make_settings, wait_for
@@ -247,7 +247,7 @@ async def _counts(kit: Kit) -> dict[str, int]:
 
 
 async def _memory_status(workspace: Path, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
-    from sprite_os.cli import main
+    from sprite_os.commands.main import main
 
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["--workspace", str(workspace), "memory", "status", "--json"]) == 0

@@ -22,16 +22,16 @@ from claude_agent_sdk import (
 )
 
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture import (
+from sprite_os.memory.capture.recorder import (
     MAX_TOOL_CALLS,
     PRIVATE_MARGIN,
     TurnRecorder,
     _bounded,
     strip_private,
 )
+from sprite_os.memory.capture.writer import TranscriptWriter
 from sprite_os.memory.hooks import HookTimings, fail_open
 from sprite_os.memory.transcript_store import Observation, TranscriptDB
-from sprite_os.memory.transcript_writer import TranscriptWriter
 from sprite_os.paths import Layout
 
 

@@ -1,8 +1,8 @@
-"""The CLI's environment (os_src/cli_env.py): the server's secrets are blanked, a shell's needs pass."""
+"""The CLI's environment (os_src/agent/environment.py): the server's secrets are blanked, a shell's needs pass."""
 
 from __future__ import annotations
 
-from sprite_os.cli_env import CLI_SETTINGS, cli_environment, passed_through
+from sprite_os.agent.environment import CLI_SETTINGS, cli_environment, passed_through
 
 SERVER_ENV = {
     "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HTTPS_PROXY": "http://proxy:3128",

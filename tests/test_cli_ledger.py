@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli_ledger import CliLedger, descendants
-from sprite_os.dev.harness import wait_for
+from devkit.harness import wait_for
+from sprite_os.agent.ledger import CliLedger, descendants
 from tests.conftest import pid_alive
 
 # A stand-in for a CLI waiting on a tool: a child in a process group of its own, like a tool's shell.

@@ -3,8 +3,8 @@
 import asyncio
 import time
 
-from sprite_os.dev.mock_bridge import Fault
-from sprite_os.memory.daemon import MemoryDaemon
+from devkit.mock_bridge import Fault
+from sprite_os.memory.curation.daemon import MemoryDaemon
 from sprite_os.memory.hooks import CompactionHooks, HookTimings
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli import main
+from sprite_os.commands.main import main
 from sprite_os.config import describe, load_settings, resolve_token
 from sprite_os.errors import ConfigError
-from sprite_os.memory.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
+from sprite_os.memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 
 
 def test_defaults_and_environment(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os import protocol_memory as pm
-from sprite_os.cli import main as cli
-from sprite_os.dev.harness import make_settings
-from sprite_os.memory.console_api import MemoryConsole
-from sprite_os.memory.console_queries import day_start
+from devkit.harness import make_settings
+from sprite_os.commands.main import main as cli
+from sprite_os.console import memory_frames as pm
+from sprite_os.console.memory_api import MemoryConsole
+from sprite_os.console.memory_queries import day_start
 from sprite_os.memory.forgetting import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.system import MemorySystem

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, client_factory, wait_for
 from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir

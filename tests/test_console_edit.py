@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from sprite_os.dev.mock_bridge import Fault
+from devkit.mock_bridge import Fault
+from sprite_os.console import memory_files
 from sprite_os.errors import EditConflict
-from sprite_os.memory import console_files
 from sprite_os.memory.files import sha
 from tests.test_processor import Kit, kit  # noqa: F401  (kit is the fixture)
 
@@ -20,7 +20,7 @@ def on_disk(k: Kit) -> None:
 
 
 def in_the_console(k: Kit) -> None:  # what the console's memory_edit request does
-    console_files.edit(k.files, "user.md", EDITED, sha(k.files.read("user.md")))
+    memory_files.edit(k.files, "user.md", EDITED, sha(k.files.read("user.md")))
 
 
 EDITS = pytest.mark.parametrize("edit", [on_disk, in_the_console], ids=["on-disk", "console"])

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
+from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import Fault, MockBridge
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
-from sprite_os.memory.search import search_learnings
+from sprite_os.memory.recall.learnings import search_learnings
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, running, wait_for

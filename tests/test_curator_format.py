@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from sprite_os.memory.curator import (
+from sprite_os.memory.curation.curator import (
     BATCH_CHARS,
     OBSERVATION_CHARS,
     build_prompt,
     render_observation,
     split_batch,
 )
-from sprite_os.memory.curator_reply import parse_reply
+from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.transcript_store import Observation
 
 IDS = [10, 11, 12]

@@ -11,12 +11,18 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import Fault, RecordedRequest
-from sprite_os.memory import daemon as daemon_module
-from sprite_os.memory.curator import SYSTEM, estimate_tokens, fixed_chars
-from sprite_os.memory.daemon import MemoryDaemon
-from sprite_os.memory.retry import FAILING_KEY, STALE_MIN_FAILURES, UNUSABLE_LIMIT, Backoff, Verdict
+from devkit.harness import wait_for
+from devkit.mock_bridge import Fault, RecordedRequest
+from sprite_os.memory.curation import daemon as daemon_module
+from sprite_os.memory.curation.curator import SYSTEM, estimate_tokens, fixed_chars
+from sprite_os.memory.curation.daemon import MemoryDaemon
+from sprite_os.memory.curation.retry import (
+    FAILING_KEY,
+    STALE_MIN_FAILURES,
+    UNUSABLE_LIMIT,
+    Backoff,
+    Verdict,
+)
 from sprite_os.memory.schema import STALE
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
@@ -473,7 +479,7 @@ async def test_any_error_of_a_run_counts_as_a_failed_call(kit: Kit, daemon: Memo
 
 async def test_memory_status_shows_what_healthz_shows_about_failing(
         kit: Kit, daemon: MemoryDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sprite_os.cli import main
+    from sprite_os.commands.main import main
 
     kit.bridge.faults.add(Fault("status", status=500, target="curator"))
     await kit.turns("one")

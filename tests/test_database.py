@@ -8,8 +8,8 @@ import pytest
 
 from sprite_os.db_worker import Worker
 from sprite_os.memory.memory_store import MemoryDB, NewLearning, content_key
+from sprite_os.memory.recall.learnings import search_learnings
 from sprite_os.memory.schema import PENDING, PROCESSED, STALE
-from sprite_os.memory.search import search_learnings
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
 

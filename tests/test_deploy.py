@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from sprite_os.dev.deploy_support import (
+from devkit.deploy_support import (
     DEPLOY,
     LOCK,
     REPO,
@@ -43,7 +43,7 @@ from sprite_os.dev.deploy_support import (
     token_file,
     venv_cache,
 )
-from sprite_os.dev.processes import free_port
+from devkit.processes import free_port
 
 VERSION = (REPO / "VERSION").read_text().strip()
 TEMPLATES = REPO / "bootstrap" / "templates"
@@ -267,10 +267,10 @@ def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp
     for name in ("soul.md", "os.md"):  # 9.2.0's files are replaced by 9.1.0's again
         assert (memory / name).read_text() == (new / "bootstrap" / "templates" / name).read_text()
     # --force re-stages the live release in place; current keeps pointing at a complete release.
-    (ws / ".os" / "releases" / "9.1.0" / "src" / "supervisor.py").write_text("# damaged\n")
+    (ws / ".os" / "releases" / "9.1.0" / "src" / "commands/service.py").write_text("# damaged\n")
     out = deploy_ok(ws, venv, "--from-checkout", str(new), "--force")
     assert current(ws) == "releases/9.1.0"
-    assert (ws / ".os" / "src" / "supervisor.py").read_bytes() == (REPO / "os_src" / "supervisor.py").read_bytes()
+    assert (ws / ".os" / "src" / "commands/service.py").read_bytes() == (REPO / "os_src" / "commands/service.py").read_bytes()
     assert not list((ws / ".os" / "releases").glob("*.partial-*"))
 
 
@@ -306,7 +306,7 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
         # A release that does not start is rolled back: the previous version starts and serves again.
         pid = int((ws / ".os" / "state" / "server.pid").read_text())
         broken = make_checkout(tmp_path, "9.3.1", template_note="9.3.1 never started")
-        (broken / "os_src" / "supervisor.py").write_text(
+        (broken / "os_src" / "commands/service.py").write_text(
             "def service_main(settings, action):\n    print('sprite-os: error: broken on purpose')\n    return 1\n")
         done = subprocess.run(deploy_cmd(ws, "--from-checkout", str(broken), "--venv-cache", str(venv.cache)),
                               capture_output=True, text=True, env=service_env, timeout=300)
@@ -612,7 +612,7 @@ def test_lock_check_names_a_missing_or_drifted_pin(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.e2e
 async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, agent_workspace: Path) -> None:
-    from sprite_os.dev.mock_bridge import MockBridge
+    from devkit.mock_bridge import MockBridge
 
     ws = agent_workspace  # the agent's user must reach it: the deployed server runs its CLI as that user
     token = token_file(tmp_path)

@@ -20,17 +20,17 @@ from typing import Any
 import anthropic
 import pytest
 
-from sprite_os import cli
+from devkit import dev_mode as command
+from devkit.mock_bridge import MockBridge
+from devkit.mock_bridge.demo import SEARCH_MEMORY, UNKNOWN, respond
+from devkit.mock_bridge.demo_curator import curate
+from devkit.mock_bridge.profile import Profile
+from devkit.mock_bridge.script import AgentScript, Ids, Plan, ToolUse
+from sprite_os.commands import main
 from sprite_os.config import Settings
-from sprite_os.dev import command
-from sprite_os.dev.mock_bridge import MockBridge
-from sprite_os.dev.mock_bridge.demo import SEARCH_MEMORY, UNKNOWN, respond
-from sprite_os.dev.mock_bridge.demo_curator import curate
-from sprite_os.dev.mock_bridge.profile import Profile
-from sprite_os.dev.mock_bridge.script import AgentScript, Ids, Plan, ToolUse
 from sprite_os.errors import ConfigError
-from sprite_os.memory.curator import build_prompt
-from sprite_os.memory.curator_reply import parse_reply
+from sprite_os.memory.curation.curator import build_prompt
+from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.files import SPECS, MemoryFiles, install_templates
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import MemoryDB
@@ -195,26 +195,26 @@ def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settin
 
 def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    assert cli.main(["dev"]) == 0
+    assert main.main(["dev"]) == 0
     assert dev_settings[-1].workspace == Path(".workspace") and dev_settings[-1].memory_batch_turns == 3
     monkeypatch.setenv("SPRITE_WORKSPACE", str(tmp_path / "mine"))
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "7")
     monkeypatch.setenv("SPRITE_OS_PORT", "9100")
-    assert cli.main(["dev"]) == 0
+    assert main.main(["dev"]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].memory_batch_turns, dev_settings[-1].port) == (
         tmp_path / "mine", 7, 9100)
-    assert cli.main(["dev", "--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
+    assert main.main(["dev", "--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].port, dev_settings[-1].host) == (
         Path("flagged"), 9200, "0.0.0.0")
-    assert cli.main(["--workspace", "before", "dev"]) == 0 and dev_settings[-1].workspace == Path("before")
+    assert main.main(["--workspace", "before", "dev"]) == 0 and dev_settings[-1].workspace == Path("before")
     monkeypatch.setenv("SPRITE_WORKSPACE", " ")  # empty counts as unset, as everywhere
-    assert cli.main(["dev"]) == 0 and dev_settings[-1].workspace == Path(".workspace")
+    assert main.main(["dev"]) == 0 and dev_settings[-1].workspace == Path(".workspace")
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "many")
-    assert cli.main(["dev"]) == 2 and len(dev_settings) == 5  # a bad setting still fails at once
+    assert main.main(["dev"]) == 2 and len(dev_settings) == 5  # a bad setting still fails at once
     # `serve` keeps its own defaults.
     monkeypatch.delenv("SPRITE_MEMORY_BATCH_TURNS")
     monkeypatch.setattr("sprite_os.server.serve_main", lambda settings: dev_settings.append(settings) or 0)
-    assert cli.main(["serve"]) == 0 and dev_settings[-1].workspace == Path("/workspace")
+    assert main.main(["serve"]) == 0 and dev_settings[-1].workspace == Path("/workspace")
     assert dev_settings[-1].memory_batch_turns == 25
 
 
@@ -227,7 +227,7 @@ def test_make_run_leaves_the_workspace_to_sprite_os_dev() -> None:
 
 def test_without_the_dev_extra_dev_mode_says_how_to_install_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
-    blocked = ("import sys; sys.modules['aiohttp'] = None; from sprite_os.cli import main; "
+    blocked = ("import sys; sys.modules['aiohttp'] = None; from sprite_os.commands.main import main; "
                f"raise SystemExit(main(['dev', '--workspace', {str(tmp_path / 'ws')!r}]))")
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and done.stdout == ""

@@ -2,8 +2,8 @@
 
 import json
 
+from devkit.harness import wait_for
 from sprite_os import protocol as p
-from sprite_os.dev.harness import wait_for
 from sprite_os.events import DeltaCoalescer, EventHub, Subscriber
 
 

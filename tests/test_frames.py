@@ -19,7 +19,7 @@ from claude_agent_sdk import (
 )
 
 from sprite_os import protocol as p
-from sprite_os.frames import ended_frame, message_frames, summarize
+from sprite_os.agent.frames import ended_frame, message_frames, summarize
 
 
 def delta(text: str, parent: str | None = None, kind: str = "text_delta") -> StreamEvent:

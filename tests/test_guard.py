@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.guard import ToolGuard, through_proc
+from sprite_os.agent.guard import ToolGuard, through_proc
 from sprite_os.paths import Layout
 
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.mock_bridge import MockBridge
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import MockBridge
-from sprite_os.memory.curator_reply import MAX_LEARNING_CHARS
+from sprite_os.memory.curation.reply import MAX_LEARNING_CHARS
 from sprite_os.memory.files import MAX_FILE_BYTES, SPECS, MemoryFiles
 from sprite_os.memory.loader import MAX_ACTIONS, MAX_RECENT
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
@@ -115,7 +115,7 @@ async def test_a_session_starts_with_every_file_at_its_limit_and_48_hours_of_lea
             done = await turn(c, "Hello at the maximum size.")
             seconds = time.monotonic() - started
     failed = [e for e in logs if e["event"] == "turn_failed"]
-    # The boot prompt goes to the CLI in a file (agent_launch.py): as one argument, Linux would cap it
+    # The boot prompt goes to the CLI in a file (isolation/launch.py): as one argument, Linux would cap it
     # at 128 KiB (MAX_ARG_STRLEN), and this start would fail with "Argument list too long".
     assert done["status"] == "completed", failed
     request = next(r for r in bridge.agent_requests() if r.last_user_text == "Hello at the maximum size.")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli import main as cli
+from sprite_os.commands.main import main as cli
 from sprite_os.memory.importer import BadLine, import_turns, parse, timestamp
 from sprite_os.memory.transcript_store import TranscriptDB
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.agent_launch import AgentLaunch, cached_cli, launcher_script
+from devkit.harness import wait_for
 from sprite_os.config import load_settings
 from sprite_os.deploy_contract import apply_ownership
-from sprite_os.dev.harness import wait_for
 from sprite_os.errors import ConfigError
-from sprite_os.isolation import AgentUser, Facts, Isolation, choose
-from sprite_os.isolation_probe import unreachable
+from sprite_os.isolation.launch import AgentLaunch, cached_cli, launcher_script
+from sprite_os.isolation.policy import AgentUser, Facts, Isolation, choose
+from sprite_os.isolation.probe import unreachable
 from sprite_os.paths import Layout
 
 AGENT = AgentUser("sprite-agent", 999, 995, Path("/var/lib/sprite-agent"))
@@ -186,7 +186,7 @@ def test_none_is_said_loudly_at_start_and_refused_once_deployed(tmp_path: Path) 
 def test_every_process_of_the_uid_is_killed(tmp_path: Path) -> None:
     import subprocess
 
-    from sprite_os.agent_launch import kill_processes_of
+    from sprite_os.isolation.launch import kill_processes_of
 
     uid = 4246  # no one's: only this test's processes run as it
     sleepers = [subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "sleep", "60"],
@@ -273,9 +273,9 @@ def test_a_user_folder_the_agent_made_a_file_or_a_symlink_stops_nothing(tmp_path
 
 
 def test_the_sandbox_names_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sprite_os import isolation_probe
+    from sprite_os.isolation import probe
 
-    monkeypatch.setattr(isolation_probe.shutil, "which", lambda tool: None if tool == "socat" else f"/usr/bin/{tool}")
-    assert isolation_probe.sandbox_problem() == "socat not installed (Debian: apt-get install bubblewrap socat)"
-    monkeypatch.setattr(isolation_probe.sys, "platform", "win32")
-    assert isolation_probe.sandbox_problem() == "the CLI has no sandbox on win32"
+    monkeypatch.setattr(probe.shutil, "which", lambda tool: None if tool == "socat" else f"/usr/bin/{tool}")
+    assert probe.sandbox_problem() == "socat not installed (Debian: apt-get install bubblewrap socat)"
+    monkeypatch.setattr(probe.sys, "platform", "win32")
+    assert probe.sandbox_problem() == "the CLI has no sandbox on win32"

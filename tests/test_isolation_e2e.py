@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
-from sprite_os.isolation import AgentUser
+from sprite_os.isolation.policy import AgentUser
 from sprite_os.server import SpriteOS
 from tests.conftest import (
     TOKEN,
@@ -78,7 +78,7 @@ def memory_status(workspace: Path) -> dict[str, Any]:
     import contextlib
     import io
 
-    from sprite_os.cli import main
+    from sprite_os.commands.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -89,7 +89,7 @@ def memory_status(workspace: Path) -> dict[str, Any]:
 
 async def test_without_isolation_healthz_and_memory_status_say_so(server: SpriteOS, workspace: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from sprite_os.cli import main
+    from sprite_os.commands.main import main
 
     assert (await asyncio.to_thread(healthz, server.port))["isolation"] == "none"
     assert memory_status(workspace)["isolation"]["mode"] == "none"
@@ -156,7 +156,7 @@ async def test_a_server_killed_with_9_takes_the_agent_and_its_daemons_with_it(
 def sandbox_settings(settings: Settings) -> Settings:
     from dataclasses import replace
 
-    from sprite_os.isolation_probe import sandbox_problem
+    from sprite_os.isolation.probe import sandbox_problem
 
     if problem := sandbox_problem():
         pytest.skip(f"the CLI's sandbox can't work here: {problem}")

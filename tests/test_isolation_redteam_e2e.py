@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.deploy_contract import AGENT_DIR, PRIVATE_DIRS
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.paths import Layout
 from tests.conftest import (
     AGENT_USER,

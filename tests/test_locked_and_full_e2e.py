@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli import main as cli
+from devkit import faults
+from devkit.faults import FaultSetupFailed, exclusive_lock, fill
+from devkit.mock_bridge import MockBridge
+from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
-from sprite_os.dev import faults
-from sprite_os.dev.faults import FaultSetupFailed, exclusive_lock, fill
-from sprite_os.dev.mock_bridge import MockBridge
-from sprite_os.memory import daemon as daemon_module
+from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.server import SpriteOS
 from tests.conftest import Client, client_factory, make_settings, running, wait_for
 from tests.test_memory_e2e import learnings, observations, turn

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli import main
+from sprite_os.commands.main import main
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.paths import Layout
 

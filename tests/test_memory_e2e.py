@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.cli import main as cli
+from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from devkit.processes import workspace_clis
+from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
-from sprite_os.dev.processes import workspace_clis
-from sprite_os.memory import daemon as daemon_module
+from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import TranscriptDB
@@ -344,7 +344,7 @@ async def test_rebuild_reproduces_the_learnings_from_the_transcript(
 
 async def test_rebuild_streams_the_transcript_in_batches(bridge: MockBridge, settings: Settings,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from sprite_os.memory.rebuild import rebuild
+    from sprite_os.memory.curation.rebuild import rebuild
     from sprite_os.memory.transcript_store import NewObservation
 
     db = TranscriptDB(settings.layout.transcript_db)

@@ -1,4 +1,4 @@
-"""Migration of a v1 workspace (W/agent.db, W/memory/*.md) into .os/ (sprite_os.migrate)."""
+"""Migration of a v1 workspace (W/agent.db, W/memory/*.md) into .os/ (sprite_os.commands.migrate_v1)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from typing import Any
 
 import pytest
 
-from sprite_os import migrate as m
-from sprite_os import migrate_tables
-from sprite_os.config import Settings
-from sprite_os.dev.deploy_support import (
+from devkit.deploy_support import (
     REPO,
     V1_FILES,
     V1Data,
@@ -25,7 +22,10 @@ from sprite_os.dev.deploy_support import (
     run_until,
     table_rows,
 )
-from sprite_os.isolation import AgentUser
+from sprite_os.commands import migrate_v1 as m
+from sprite_os.commands import migrate_v1_tables as migrate_tables
+from sprite_os.config import Settings
+from sprite_os.isolation.policy import AgentUser
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
@@ -374,7 +374,7 @@ def test_a_user_folder_named_memory_is_never_taken(v1: V1Data) -> None:
 
 
 def test_migrate_as_root_gives_user_space_to_the_agents_user(agent_user: AgentUser, tmp_path: Path) -> None:
-    from sprite_os.migrate import migrate_main
+    from sprite_os.commands.migrate_v1 import migrate_main
 
     ws = tmp_path / "ws"
     Layout(ws).ensure()

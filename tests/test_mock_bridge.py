@@ -18,8 +18,8 @@ import anthropic
 import httpx2
 import pytest
 
-from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
+from devkit.harness import wait_for
+from devkit.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
 
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"
 MODEL = "claude-test"
@@ -499,7 +499,7 @@ async def test_start_stop_explicitly() -> None:
 
 def test_standalone_run_prints_url_and_serves() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sprite_os.dev.mock_bridge", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "devkit.mock_bridge", "--host", "127.0.0.1", "--port", "0"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

@@ -1,4 +1,4 @@
-"""The model relay (os_src/model_relay.py) in front of the mock Bridge, a real HTTP server: what the
+"""The model relay (os_src/agent/model_relay.py) in front of the mock Bridge, a real HTTP server: what the
 CLI's side sends and sees, and what reaches the proxy."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from sprite_os.dev.harness import wait_for
-from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, Turn
-from sprite_os.model_relay import ModelRelay, RelayLimits, route
+from devkit.harness import wait_for
+from devkit.mock_bridge import Fault, MockBridge, Text, Turn
+from sprite_os.agent.model_relay import ModelRelay, RelayLimits, route
 
 PROXY_KEY = "sk-proxy-key-9d1e44-only-upstream"
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"  # the bridge answers it as the agent

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
-from sprite_os.dev.mock_bridge.request import parse_user_message, tool_result_text
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from devkit.mock_bridge.request import parse_user_message, tool_result_text
 from tests.conftest import client_factory, make_settings, running
 
 pytestmark = pytest.mark.e2e

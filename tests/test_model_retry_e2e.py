@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.dev.mock_bridge import Fault, MockBridge
+from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.server import SpriteOS
 from tests.conftest import Client, Connect, client_factory, make_settings, running
 

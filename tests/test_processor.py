@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from devkit.mock_bridge import CutOff, Fault, MockBridge
 from sprite_os.db_worker import Worker
-from sprite_os.dev.mock_bridge import CutOff, Fault, MockBridge
 from sprite_os.errors import CuratorError, EditConflict, UnusableReply
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
@@ -323,7 +323,7 @@ async def test_a_crash_after_a_late_edit_still_runs_the_batch_again(kit: Kit,
 
 
 def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -> None:
-    from sprite_os.memory.rebuild import _previous_groups
+    from sprite_os.memory.curation.rebuild import _previous_groups
 
     m = MemoryDB(tmp_path / "memory.db")
     m.record_failed_batch(trigger="batch", observation_ids=[1, 2, 3], model="m", error="overloaded")

@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from sprite_os import protocol as p
-from sprite_os import protocol_memory as pm
+from sprite_os.console import memory_frames as pm
 
 INFO = pm.FileInfo(name="user.md", owner="daemon", editable=True, lines=3, max_lines=200, bytes=40,
                    max_bytes=24000, versions=2, sha256="a" * 64)

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from devkit.harness import make_settings
+from sprite_os.commands.memory_search import open_searcher
 from sprite_os.config import Settings
-from sprite_os.dev.harness import make_settings
-from sprite_os.memory import episodes as ep
-from sprite_os.memory.dense import VectorIndex, load
 from sprite_os.memory.forgetting import set_forgotten
-from sprite_os.memory.index_docs import build, write_marks
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
-from sprite_os.memory.recall import Searcher
-from sprite_os.memory.recall_index import RecallIndex
-from sprite_os.memory.recall_rebuild import rebuild_recall
-from sprite_os.memory.recall_service import index_path
-from sprite_os.memory.search_command import open_searcher
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.dense import VectorIndex, load
+from sprite_os.memory.recall.documents import build, write_marks
+from sprite_os.memory.recall.index import RecallIndex
+from sprite_os.memory.recall.rebuild import rebuild_recall
+from sprite_os.memory.recall.searcher import Searcher
+from sprite_os.memory.recall.service import index_path
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, Observation, TranscriptDB
 
@@ -215,7 +215,7 @@ def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
     vectors = VectorIndex()
     texts = [ep.embed_text(turns[i - 1] if i else None, e) for i, e in enumerate(turns)]
     vectors.add([e.id for e in turns], [e.at for e in turns], embedder.passages(texts))
-    from sprite_os.memory.recall import Dense
+    from sprite_os.memory.recall.searcher import Dense
 
     searcher = Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)), Dense(embedder, vectors))
     question = "Which documentary did my friend recommend that I began watching?"

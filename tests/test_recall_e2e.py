@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.memory.files import CURATED, MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
 from tests.conftest import client_factory, running, wait_for

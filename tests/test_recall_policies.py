@@ -7,13 +7,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sprite_os.dev.mock_bridge.demo_curator import curate
-from sprite_os.memory import auto_recall
-from sprite_os.memory.curator import SESSIONS_ENDED, build_prompt
-from sprite_os.memory.curator_reply import parse_reply
+from devkit.mock_bridge.demo_curator import curate
+from sprite_os.memory.curation.curator import SESSIONS_ENDED, build_prompt
+from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
-from sprite_os.memory.recall import (
+from sprite_os.memory.recall import auto
+from sprite_os.memory.recall.searcher import (
     Candidate,
     RecallHit,
     corrections_first,
@@ -21,7 +21,7 @@ from sprite_os.memory.recall import (
     snippet,
     weighted_rrf,
 )
-from sprite_os.memory.timeparse import time_cue
+from sprite_os.memory.recall.timeparse import time_cue
 from sprite_os.memory.transcript_store import Observation
 
 
@@ -122,30 +122,30 @@ def test_auto_recall_floor_keeps_what_a_retriever_vouches_for() -> None:
     sure_dense = hit("episode", 3, "EPISODE", "c", cosine=0.9)
     sure_words = hit("learning", 4, "FACT", "d", bm25=15.0)
     everyday = hit("episode", 5, "EPISODE", "e", bm25=9.0)
-    picked = auto_recall.select([both, weak_both, sure_dense, sure_words, everyday], "", 1500, dense=True)
+    picked = auto.select([both, weak_both, sure_dense, sure_words, everyday], "", 1500, dense=True)
     assert [h.id for h in picked] == [1, 3, 4]
     # without the dense retriever, words alone decide, at their own floor
-    assert [h.id for h in auto_recall.select([everyday, sure_words], "", 1500, dense=False)] == [4]
-    assert auto_recall.select([hit("episode", 6, "EPISODE", "f", bm25=9.9)], "", 1500, dense=False) == []
+    assert [h.id for h in auto.select([everyday, sure_words], "", 1500, dense=False)] == [4]
+    assert auto.select([hit("episode", 6, "EPISODE", "f", bm25=9.9)], "", 1500, dense=False) == []
 
 
 def test_auto_recall_stays_within_its_budget_and_skips_what_the_boot_prompt_holds() -> None:
     long = [hit("episode", i, "EPISODE", f"memory {i} " + "word " * 60, cosine=0.9) for i in range(10)]
-    picked = auto_recall.select(long, "", 200, dense=True)
+    picked = auto.select(long, "", 200, dense=True)
     assert 0 < len(picked) < 10
-    assert len(auto_recall.render(picked)) <= 200 * auto_recall.CHARS_PER_TOKEN
-    assert auto_recall.tokens(picked) <= 200
-    assert len(auto_recall.select(long, "", 100_000, dense=True)) == auto_recall.MAX_MEMORIES
-    boot = auto_recall.normalise("## What you know\n- The user's name is Ada Lovelace\n")
+    assert len(auto.render(picked)) <= 200 * auto.CHARS_PER_TOKEN
+    assert auto.tokens(picked) <= 200
+    assert len(auto.select(long, "", 100_000, dense=True)) == auto.MAX_MEMORIES
+    boot = auto.normalise("## What you know\n- The user's name is Ada Lovelace\n")
     known = hit("learning", 1, "FACT", "The user's  name is Ada Lovelace", cosine=0.95)
     new = hit("learning", 2, "FACT", "Ada lives in Lyon", cosine=0.95)
-    assert auto_recall.select([known, new], boot, 1500, dense=True) == [new]
-    assert auto_recall.select([], boot, 1500, dense=True) == []
+    assert auto.select([known, new], boot, 1500, dense=True) == [new]
+    assert auto.select([], boot, 1500, dense=True) == []
 
 
 def test_the_recalled_context_names_each_memory_and_its_source() -> None:
     memory = hit("episode", 3, "EPISODE", "Maya recommended Lotus Garden", cosine=0.9, session="c1", turn=4)
-    context = auto_recall.render([memory])
+    context = auto.render([memory])
     assert context.startswith("<recalled-memories>") and context.rstrip().endswith("</recalled-memories>")
     assert "turn 4 of session c1] Maya recommended Lotus Garden" in context
 
@@ -196,6 +196,6 @@ def test_the_boot_prompt_lists_recent_sessions_after_the_context_file() -> None:
 def test_the_recalled_context_lists_memories_oldest_first_so_a_correction_follows_what_it_corrects() -> None:
     correction = hit("episode", 2, "EPISODE", "Sorry: my dog is called Max, not Rex", at=200.0, cosine=0.9)
     statement = hit("episode", 1, "EPISODE", "My dog is called Rex", at=100.0, cosine=0.95)
-    context = auto_recall.render([correction, statement])  # best first, as select() returns them
+    context = auto.render([correction, statement])  # best first, as select() returns them
     assert context.index("My dog is called Rex") < context.index("my dog is called Max, not Rex")
     assert "the later one holds" in context

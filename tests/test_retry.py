@@ -2,7 +2,7 @@
 
 import pytest
 
-from sprite_os.memory.retry import (
+from sprite_os.memory.curation.retry import (
     BACKOFF_MAX,
     FAILING_GAP,
     STALE_AFTER,

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os.memory import search
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
-from sprite_os.memory.search import clamp_limit, search_learnings, search_terms
+from sprite_os.memory.recall import learnings as search
+from sprite_os.memory.recall.learnings import clamp_limit, search_learnings, search_terms
 
 HOSTILE = ['"', '""', "'", "*", "AND", "OR NOT", "NEAR(a b)", "content:tea", "tea) OR (1=1", "^tea", "-tea",
            "tea*", "{content type}: tea", "\\", "\0", "; DROP TABLE learnings; --", "x" * 100_000, "🙂", "",

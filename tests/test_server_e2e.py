@@ -15,9 +15,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os import events, gateway
 from sprite_os.config import Settings
-from sprite_os.dev.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import (
@@ -69,7 +69,7 @@ async def test_a_newer_protocol_is_told_and_served_version_1(server: SpriteOS, c
 async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from sprite_os.chat import chat
+    from sprite_os.commands.chat import chat
 
     # Piped input: at its end the client waits for the turns it started, then leaves.
     monkeypatch.setattr("sys.stdin", io.StringIO("card: Groceries\nhello\n"))

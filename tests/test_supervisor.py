@@ -1,4 +1,4 @@
-"""`sprite-os service start|stop|restart|status` (sprite_os.supervisor), run from this checkout."""
+"""`sprite-os service start|stop|restart|status` (sprite_os.commands.service), run from this checkout."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sprite_os import supervisor as svc
+from devkit.deploy_support import base_env, healthz, processes_in_session
+from devkit.processes import free_port
+from sprite_os.commands import service as svc
 from sprite_os.config import load_settings
-from sprite_os.dev.deploy_support import base_env, healthz, processes_in_session
-from sprite_os.dev.processes import free_port
 from sprite_os.errors import ConfigError
 
 

@@ -14,7 +14,8 @@ from typing import ClassVar
 import pytest
 
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture_spill import (
+from sprite_os.memory.capture.journal import STOPPED_NOTE, TurnJournal, journal_path, recover
+from sprite_os.memory.capture.spill import (
     CaptureHealth,
     ObservationWrite,
     SessionWrite,
@@ -23,10 +24,9 @@ from sprite_os.memory.capture_spill import (
     spill_path,
     status_path,
 )
-from sprite_os.memory.retry import Backoff
+from sprite_os.memory.capture.writer import TranscriptWriter
+from sprite_os.memory.curation.retry import Backoff
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
-from sprite_os.memory.transcript_writer import TranscriptWriter
-from sprite_os.memory.turn_journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.paths import Layout
 from tests.conftest import wait_for
 

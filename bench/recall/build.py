@@ -24,14 +24,14 @@ import numpy as np
 
 from bench.recall import generate
 from sprite_os.config import Settings
-from sprite_os.memory import episodes as ep
-from sprite_os.memory.dense import to_blob
 from sprite_os.memory.importer import import_turns
-from sprite_os.memory.index_docs import build as build_index
-from sprite_os.memory.index_docs import write_marks
 from sprite_os.memory.memory_store import MemoryDB, content_key
-from sprite_os.memory.recall_rebuild import rebuild_recall
-from sprite_os.memory.recall_service import index_path
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.dense import to_blob
+from sprite_os.memory.recall.documents import build as build_index
+from sprite_os.memory.recall.documents import write_marks
+from sprite_os.memory.recall.rebuild import rebuild_recall
+from sprite_os.memory.recall.service import index_path
 from sprite_os.memory.transcript_store import TranscriptDB
 
 ROOT = Path(__file__).resolve().parents[2]

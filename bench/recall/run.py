@@ -28,9 +28,9 @@ import numpy as np
 
 from bench.recall import build
 from bench.recall.generate import Question
-from sprite_os.memory.dense import VectorIndex
-from sprite_os.memory.recall import Dense, Searcher
-from sprite_os.memory.search_command import open_searcher
+from sprite_os.commands.memory_search import open_searcher
+from sprite_os.memory.recall.dense import VectorIndex
+from sprite_os.memory.recall.searcher import Dense, Searcher
 
 KS = (1, 5, 10, 20)
 
@@ -109,7 +109,7 @@ def scale(quick: bool) -> dict[str, Any]:
 
 def _dense_latency(searcher: Searcher, questions: Sequence[Question], n: int) -> dict[str, Any]:
     """The fused search's cost at this size: the real query model, and n random unit vectors to scan."""
-    from sprite_os.memory.dense import load
+    from sprite_os.memory.recall.dense import load
 
     embedder, status = load(None)
     if embedder is None:
@@ -138,10 +138,10 @@ def _dense_latency(searcher: Searcher, questions: Sequence[Question], n: int) ->
 async def _auto_recall(quick: bool) -> dict[str, Any]:
     """What auto-recall adds to a turn: the server's own call (a thread hop, the search, the floor,
     the budget), with the dense retriever and without."""
+    from devkit.harness import wait_for
     from sprite_os.db_worker import Worker
-    from sprite_os.dev.harness import wait_for
     from sprite_os.memory.memory_store import MemoryDB
-    from sprite_os.memory.recall_service import RecallService
+    from sprite_os.memory.recall.service import RecallService
     from sprite_os.memory.transcript_store import TranscriptDB
 
     settings, questions, ids = build.small(2 if quick else None)

@@ -3,7 +3,7 @@
 PreCompact waits, within a budget, for the daemon to flush every finished turn into
 memory, so that the SessionStart hook that follows the compaction (source "compact")
 can put the freshly curated files back in front of the model. Turns themselves are
-captured from the runtime's message stream (capture.py), not by hooks: each hook event
+captured from the runtime's message stream (memory/capture/recorder.py), not by hooks: each hook event
 costs the CLI about 4 ms, and these two fire only around a compaction.
 
 Every callback fails open: it catches everything and returns `{}`.

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..text import clean_text
-from .capture import (
+from .capture.recorder import (
     RESPONSE_CHARS,
     TOOL_INPUT_CHARS,
     TOOL_OUTPUT_CHARS,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..db_worker import Worker
 from ..logs import get_logger
 from ..text import safe_text
-from .curator import Turn, render_turn
+from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
 

@@ -1,7 +1,7 @@
 """memory.db: what the curator extracted. Learnings (with an FTS5 index kept in sync by
 triggers), pending actions, one row per curator batch, and a small key-value `meta`.
 
-The daemon writes; search (memory/search.py) and the boot loader read.
+The daemon writes; search (memory/recall/learnings.py) and the boot loader read.
 """
 
 from __future__ import annotations

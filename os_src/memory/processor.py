@@ -34,7 +34,7 @@ from ..config import Settings
 from ..db_worker import Worker
 from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
-from .curator import (
+from .curation.curator import (
     PROMPT_ACTIONS,
     SYSTEM,
     TRUNCATED,
@@ -44,10 +44,10 @@ from .curator import (
     shorten_request,
     turn_chars,
 )
-from .curator_reply import CuratorReply, parse_reply
+from .curation.pricing import cost_usd
+from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
-from .pricing import cost_usd
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
 

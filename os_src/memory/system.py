@@ -3,7 +3,7 @@ tool, auto-recall, the boot prompt, health.
 
 It owns the two database threads, the transcript writer and the turn journal (and the
 thread that writes their files), the daemon task and the curator client, the recall
-index and its indexer (recall_service.py), and holds the writer lock so that only one
+index and its indexer (memory/recall/service.py), and holds the writer lock so that only one
 process curates a workspace's memory.
 """
 
@@ -23,20 +23,20 @@ from ..db_worker import Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
-from .budget import DailyBudget
-from .capture import TurnRecord, TurnRecorder
-from .capture_spill import ObservationWrite, Write, write_key
-from .daemon import MemoryDaemon
+from .capture.journal import TurnJournal, journal_path, recover
+from .capture.recorder import TurnRecord, TurnRecorder
+from .capture.spill import ObservationWrite, Write, write_key
+from .capture.writer import TranscriptWriter
+from .curation.budget import DailyBudget
+from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, HookTimings
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
-from .recall import RecallHit
-from .recall_service import Recalled, RecallService
+from .recall.searcher import RecallHit
+from .recall.service import Recalled, RecallService
 from .transcript_store import NewObservation, Observation, TranscriptDB
-from .transcript_writer import TranscriptWriter
-from .turn_journal import TurnJournal, journal_path, recover
 
 log = get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """search_memory: the agent's one, read-only, way into everything memory holds: the raw turns of past
-sessions (episodes) and what was learned from them, in one ranking (memory/recall.py)."""
+sessions (episodes) and what was learned from them, in one ranking (memory/recall/searcher.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..logs import get_logger
-from ..memory.recall import RecallHit
-from ..memory.search import MAX_LIMIT, clamp_limit
+from ..memory.recall.learnings import MAX_LIMIT, clamp_limit
+from ..memory.recall.searcher import RecallHit
 
 log = get_logger(__name__)
 

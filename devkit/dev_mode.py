@@ -1,0 +1,108 @@
+"""`sprite-os dev` (what `make run` runs): Sprite OS on a local workspace, with the embedded mock
+Bridge's demo model and demo curator as its model proxy, unless ANTHROPIC_BASE_URL names one.
+
+    sprite-os dev [--workspace W] [--host H] [--port P]
+
+Settings come from the environment as for `serve`, with two defaults of its own so a
+newcomer sees memory work within a minute: the workspace is ./.workspace, and memory is
+curated every 3 turns (and, as always, when a session ends). The workspace is shaped like
+/workspace (`.os/` inside); the release's templates are installed into it as a deploy
+would, and its token is created on first run and printed, with how to talk to the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from sprite_os.config import Settings, resolve_token
+from sprite_os.errors import SpriteOSError
+from sprite_os.logs import configure_logging
+from sprite_os.memory.files import install_templates
+
+DEV_DEFAULTS = {"SPRITE_WORKSPACE": ".workspace", "SPRITE_MEMORY_BATCH_TURNS": "3"}
+TEMPLATES = Path(__file__).resolve().parents[1] / "bootstrap" / "templates"  # in a checkout
+INSTALL_HINT = "install it with `pip install -e '.[dev]'` in the checkout (make run does), or set ANTHROPIC_BASE_URL"
+
+
+class DevExtraMissing(SpriteOSError):
+    """Dev mode's mock model needs the `dev` extra (aiohttp), and it is not installed."""
+
+    exit_code = 2
+
+
+def dev_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` over dev mode's defaults; an empty value counts as unset, as in `load_settings`."""
+    return {**DEV_DEFAULTS, **{name: value for name, value in env.items() if value.strip()}}
+
+
+def require_dev_extra() -> None:
+    try:
+        import aiohttp  # noqa: F401  (the mock Bridge's server)
+    except ImportError:
+        raise DevExtraMissing(f"dev mode's mock model needs the dev extra: {INSTALL_HINT}") from None
+
+
+def dev_main(settings: Settings) -> int:
+    settings = settings.with_overrides(workspace=settings.workspace.resolve())
+    if not settings.anthropic_base_url:
+        require_dev_extra()
+    configure_logging(settings.log_format, settings.log_level, settings.log_file)
+    settings.layout.ensure()
+    if TEMPLATES.is_dir():  # an installed wheel has none: the boot prompt then uses its defaults
+        install_templates(settings.layout, TEMPLATES, "dev")
+    token = resolve_token(settings, create=True)
+    return asyncio.run(_serve(settings, token))
+
+
+async def _serve(settings: Settings, token: str) -> int:
+    from sprite_os.server import SpriteOS, run_until_signalled
+
+    bridge = None
+    if not settings.anthropic_base_url:
+        from .mock_bridge import MockBridge
+
+        bridge = MockBridge(demo_curator=True)
+        await bridge.start()
+        settings = settings.with_overrides(anthropic_base_url=bridge.url)
+    app = SpriteOS(settings, token)
+    ready = asyncio.Event()
+
+    async def announce() -> None:
+        await ready.wait()
+        print(banner(settings, app.port, token, bridge.url if bridge else None), flush=True)
+
+    announcing = asyncio.create_task(announce())
+    try:
+        await run_until_signalled(app, ready)
+    finally:
+        announcing.cancel()
+        if bridge is not None:
+            await bridge.stop()
+    return 0
+
+
+def banner(settings: Settings, port: int, token: str, mock_url: str | None) -> str:
+    """What `make run` prints once the server listens: where, the token, and how to talk to it."""
+    url = f"ws://{settings.host}:{port}"
+    script = Path(sys.executable).with_name("sprite-os")
+    command = shlex.quote(str(script)) if script.exists() else f"{shlex.quote(sys.executable)} -m sprite_os"
+    model = (f"the demo model and demo curator (embedded mock Bridge at {mock_url})" if mock_url
+             else f"the proxy at {settings.anthropic_base_url}")
+    return f"""
+Sprite OS (dev mode) is serving on {url}
+  console    http://{settings.host}:{port}/   (open it in a browser and type the token)
+  workspace  {settings.workspace}
+  token      {token}
+  model      {model}
+  memory     curated every {settings.memory_batch_turns} turns and when a session ends
+  health     curl http://{settings.host}:{port}/healthz
+  talk       SPRITE_WORKSPACE={shlex.quote(str(settings.workspace))} {command} chat --url {url}
+
+Try: "My name is Dana and I live in Lisbon", then /new (a fresh session), then
+"What is my name?" and "search: Dana". "card: Groceries" makes a canvas card.
+Ctrl-C stops the server.
+"""

@@ -1,0 +1,135 @@
+"""Driving a Sprite OS in-process: settings for a scratch workspace, a running server, and a
+WebSocket client that keeps every frame it received. Tests, benchmarks and the chaos suite
+share it, with `wait_for`, the one way they wait on a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from sprite_os.config import Settings
+
+if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only callers that run it pay
+    from sprite_os.server import SpriteOS
+
+TOKEN = "test-token-0123456789abcdef"
+FRAME_TIMEOUT = 30.0
+
+
+def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
+    # isolation "none" unless asked: a test's workspace under pytest's tmp_path (0700) can't be reached by the
+    # agent's user; tests of the isolation itself use tests/conftest.py's agent_* fixtures.
+    values: dict[str, Any] = dict(workspace=workspace, host="127.0.0.1", port=0, token=TOKEN,
+                                  anthropic_base_url=base_url, precompact_budget=15.0, isolation="none")
+    values.update(overrides)
+    return Settings(**values)
+
+
+@asynccontextmanager
+async def running(settings: Settings, *, memory: bool = True) -> AsyncIterator[SpriteOS]:
+    from sprite_os.server import SpriteOS
+
+    app = SpriteOS(settings, TOKEN, memory=memory)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+class Client:
+    """A test's WebSocket client: keeps every frame it received, in order."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.frames: list[dict[str, Any]] = []
+        self._read = 0
+
+    async def send(self, **frame: Any) -> None:
+        await self.ws.send(json.dumps(frame))
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self.ws.send(data)
+
+    async def recv(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        if self._read < len(self.frames):
+            self._read += 1
+            return self.frames[self._read - 1]
+        frame: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.frames.append(frame)
+        self._read += 1
+        return frame
+
+    async def until(self, kind: str, pred: Callable[[dict[str, Any]], bool] | None = None,
+                    timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        """Read frames until one of `kind` (matching `pred`) arrives."""
+        async with asyncio.timeout(timeout):
+            while True:
+                frame = await self.recv(timeout)
+                if frame["type"] == kind and (pred is None or pred(frame)):
+                    return frame
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [f for f in self.frames if f["type"] == kind]
+
+    @property
+    def last_seq(self) -> int:
+        return max((f["seq"] for f in self.frames), default=0)
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+Connect = Callable[..., Awaitable[Client]]
+
+
+async def connect_client(port: int, *, hello: dict[str, Any] | None = None, token: str = TOKEN,
+                         **kwargs: Any) -> Client:
+    """A client of the server on `port` (`kwargs` go to websockets' connect); with `hello`, it
+    has said hello and read `ready`."""
+    ws = await connect(f"ws://127.0.0.1:{port}", additional_headers={"Authorization": f"Bearer {token}"}, **kwargs)
+    client = Client(ws)
+    if hello is not None:
+        await client.send(type="hello", **hello)
+        await client.until("ready")
+    return client
+
+
+@asynccontextmanager
+async def client_factory(port: int) -> AsyncIterator[Connect]:
+    clients: list[Client] = []
+
+    async def open_client(*, hello: dict[str, Any] | None = None, token: str = TOKEN, **kwargs: Any) -> Client:
+        client = await connect_client(port, hello=hello, token=token, **kwargs)
+        clients.append(client)
+        return client
+
+    try:
+        yield open_client
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
+                   what: str | None = None) -> None:
+    """Wait until `condition()` (a function or a coroutine function) is true, checking every
+    `interval` seconds; after `timeout` seconds, fail with what was waited for."""
+    async def check() -> bool:
+        value = condition()
+        return bool(await value) if inspect.isawaitable(value) else bool(value)
+
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                await asyncio.sleep(interval)
+    except TimeoutError:
+        raise TimeoutError(f"not reached within {timeout:g} s: {what or getattr(condition, '__name__', 'condition')}") from None

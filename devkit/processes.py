@@ -1,0 +1,150 @@
+"""Sprite OS as a child process, and the Claude Code CLIs around it, for the tests and the chaos
+suite that signal, kill or freeze them (`running` in harness.py runs the server in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import urllib.request
+from pathlib import Path
+
+from sprite_os import procfs
+from sprite_os.errors import SpriteOSError
+
+from .harness import TOKEN
+
+
+class ServerDied(SpriteOSError):
+    """The server process exited, or never answered /healthz, while it was being started."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    return procfs.alive(pid)
+
+
+def is_cli(pid: int) -> bool:
+    """`pid` runs a Claude Code CLI: the SDK's bundled one, or user isolation's copy of it (by its
+    program, not its arguments: the launcher's commands name the CLI too)."""
+    program = procfs.cmdline(pid).split(b"\0", 1)[0]
+    return program.endswith(b"/claude")
+
+
+def child_cli_processes(parent: int | None = None) -> list[int]:
+    """Claude Code CLI processes whose parent is `parent` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    return [pid for pid in procfs.pids() if (found := procfs.stat(pid)) is not None and found.ppid == parent
+            and found.alive and is_cli(pid)]
+
+
+def workspace_clis(workspace: Path) -> list[int]:
+    """Claude Code CLI processes running in `workspace`, whoever their parent (other workspaces'
+    CLIs on the same machine are not counted)."""
+    found = []
+    for pid in procfs.pids():
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd == str(workspace) and is_cli(pid) and procfs.alive(pid):
+            found.append(pid)
+    return found
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of one process (not its children), in KiB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class ServerProcess:
+    """`python -m sprite_os serve` as a child process, for tests that signal or kill it (or another
+    `module` that serves the same way).
+
+    `new_session`: the server leads a process group of its own (as `sprite-os service` starts
+    it), so the group can be killed without killing the caller. Isolation is `none` unless `env`
+    says otherwise: a scratch workspace usually sits where the agent's user can't reach."""
+
+    def __init__(self, workspace: Path, base_url: str, *, module: str = "sprite_os", new_session: bool = False,
+                 **env: str) -> None:
+        self.workspace = workspace
+        self.args = ("-m", module) if module != "sprite_os" else ("-m", module, "serve")
+        self.port = free_port()
+        self.new_session = new_session
+        self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
+                    "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
+                    "SPRITE_ISOLATION": "none", **env}
+        self.log = workspace.parent / f"server-{self.port}.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def spawn(self) -> ServerProcess:
+        """Start the process; do not wait for it to serve."""
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, *self.args, env=self.env, stdout=log, stderr=log,
+                start_new_session=self.new_session)
+        return self
+
+    async def healthy(self, timeout: float = 60.0) -> ServerProcess:
+        """Wait until /healthz answers."""
+        assert self.proc is not None
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            if self.proc.returncode is not None:
+                raise ServerDied(f"server exited ({self.proc.returncode}): {self.log.read_text()[-2000:]}")
+            try:
+                await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{self.port}/healthz", None, 1)
+                return self
+            except OSError:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ServerDied(f"server did not become healthy within {timeout:g} s") from None
+                await asyncio.sleep(0.2)
+
+    async def start(self, timeout: float = 60.0) -> ServerProcess:
+        await self.spawn()
+        return await self.healthy(timeout)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL to the server's whole process group (needs `new_session`)."""
+        assert self.new_session, "the group is the caller's own"
+        os.killpg(self.pid, signal.SIGKILL)
+
+    async def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await self.wait(60)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()

@@ -1,0 +1,1 @@
+"""The agent: one Claude Code CLI per session, as the runtime drives it, and what it may reach."""

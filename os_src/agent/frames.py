@@ -1,0 +1,128 @@
+"""SDK messages -> protocol frames, as pure functions (tested with SDK message objects, no CLI).
+
+Sub-agent traffic (messages with a `parent_tool_use_id`) is not streamed to clients: the
+sub-agent's tool call, and its result, are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from claude_agent_sdk import (
+    AssistantMessage,
+    ResultMessage,
+    StreamEvent,
+    SystemMessage,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
+
+from .. import protocol as p
+from ..text import clean_text
+
+SUMMARY_CHARS = 300
+ERROR_DETAIL_CHARS = 300
+
+# How the CLI reports a model proxy it could not reach at all (no HTTP status to go by).
+_UNREACHABLE = re.compile(r"ECONNREFUSED|ENOTFOUND|ETIMEDOUT|ECONNRESET|EAI_AGAIN|Connection refused|"
+                          r"Can't reach the API|Unable to connect", re.IGNORECASE)
+
+
+def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
+    """A short, single-line rendering of a tool's input or output, for clients."""
+    if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in value):
+        value = "\n".join(b.get("text", "") for b in value)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(clean_text(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def assistant_text(message: AssistantMessage) -> str:
+    return clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
+
+
+def message_frames(turn_id: str, message: Any, *, interrupted: bool = False) -> list[p.ServerFrame]:
+    """The frames one SDK message of a turn becomes (often none)."""
+    if isinstance(message, StreamEvent):
+        event = message.event
+        if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
+                and event.get("delta", {}).get("type") == "text_delta"):
+            return [p.TextDelta(turn_id=turn_id, text=clean_text(event["delta"].get("text", "")))]
+    elif isinstance(message, AssistantMessage):
+        return [] if message.parent_tool_use_id is not None else _assistant_frames(turn_id, message)
+    elif isinstance(message, UserMessage) and isinstance(message.content, list):
+        return [p.ToolResult(turn_id=turn_id, tool_use_id=block.tool_use_id, is_error=bool(block.is_error),
+                             summary=summarize(block.content))
+                for block in message.content if isinstance(block, ToolResultBlock)]
+    elif isinstance(message, ResultMessage):
+        return result_frames(turn_id, message, interrupted=interrupted)
+    elif isinstance(message, SystemMessage) and message.subtype == "api_retry":
+        return [retry_frame(turn_id, message.data)]
+    return []
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def retry_frame(turn_id: str, data: dict[str, Any]) -> p.ModelRetry:
+    """The CLI's `api_retry` notice: {attempt, max_retries, retry_delay_ms, error_status, error}."""
+    status = data.get("error_status")
+    return p.ModelRetry(turn_id=turn_id, attempt=_int(data.get("attempt")), max_retries=_int(data.get("max_retries")),
+                        retry_delay_ms=_int(data.get("retry_delay_ms")),
+                        error_status=_int(status) if status is not None else None,
+                        error=clean_text(str(data.get("error") or ""))[:ERROR_DETAIL_CHARS])
+
+
+def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerFrame]:
+    frames: list[p.ServerFrame] = []
+    if text := assistant_text(message):
+        frames.append(p.AssistantMessage(turn_id=turn_id, text=text))
+    frames += [p.ToolUse(turn_id=turn_id, tool_use_id=block.id, name=clean_text(block.name),
+                         summary=summarize(block.input))
+               for block in message.content if isinstance(block, ToolUseBlock)]
+    return frames
+
+
+def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False) -> list[p.ServerFrame]:
+    """turn_complete, after an error frame saying why when the turn failed (not when interrupted)."""
+    frames: list[p.ServerFrame] = []
+    status: p.TurnStatus = "completed"
+    if interrupted:
+        status = "interrupted"
+    elif result.is_error:
+        status = "error"
+        frames.append(result_error(turn_id, result))
+    usage = result.usage or {}
+    frames.append(p.TurnComplete(
+        turn_id=turn_id,
+        status=status,
+        duration_ms=result.duration_ms,
+        usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
+        cost_usd=result.total_cost_usd,
+    ))
+    return frames
+
+
+def result_error(turn_id: str, result: ResultMessage) -> p.Error:
+    """Why the CLI failed a turn: the model proxy (an HTTP error, unreachable), or the agent."""
+    detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:ERROR_DETAIL_CHARS]
+    if result.api_error_status:
+        return p.Error(code="model_unavailable", turn_id=turn_id,
+                       message=f"The model proxy answered HTTP {result.api_error_status}: {detail}")
+    if _UNREACHABLE.search(detail):
+        return p.Error(code="model_unavailable", turn_id=turn_id,
+                       message=f"The model proxy could not be reached: {detail}")
+    return p.Error(code="agent_failed", turn_id=turn_id, message=f"The turn failed: {detail}")
+
+
+def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
+    """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
+    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage())

@@ -1,0 +1,52 @@
+"""What the runtime needs from the memory system, and nothing more: the port between the two.
+
+The runtime depends on these protocols, not on memory/system.py, so the data path stays one-way
+(runtime -> memory) and a runtime with memory off, or a fake in a unit test, needs no database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from claude_agent_sdk import HookMatcher, Message, ResultMessage
+from claude_agent_sdk.types import McpSdkServerConfig
+
+from .. import protocol as p
+
+
+class TurnRecord(Protocol):
+    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends."""
+
+    def observe(self, message: Message) -> None: ...
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
+
+
+class Recalled(Protocol):
+    """What auto-recall added to a message (memory/recall/service.py)."""
+
+    @property
+    def context(self) -> str: ...
+    @property
+    def frame(self) -> p.Recall: ...
+
+
+class AgentMemory(Protocol):
+    """What the runtime needs from the memory system (memory/system.py)."""
+
+    def hooks(self) -> dict[Any, list[HookMatcher]]: ...
+    def mcp_servers(self) -> dict[str, McpSdkServerConfig]: ...
+    async def boot_prompt(self) -> str: ...
+    def session_started(self, session_id: str) -> None: ...
+    def session_ended(self, session_id: str, reason: str) -> None: ...
+    def turn_started(self, prompt: str) -> TurnRecord: ...
+    async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None: ...
+
+
+class NoRecord:
+    """The record of a turn when memory is off: it keeps nothing."""
+
+    def observe(self, message: Message) -> None:
+        pass
+
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+        pass

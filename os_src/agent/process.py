@@ -1,0 +1,155 @@
+"""One Claude Code CLI process, as the runtime drives it: connect, prompt, replies, interrupt, close.
+
+It is the only module that reaches into the SDK's private parts: the SDK gives no public
+way to read the CLI's pid or exit status, or to kill a CLI whose `disconnect` hangs
+(claude-agent-sdk #378, #886), nor to find the CLI it bundles (`bundled_cli`, which user
+isolation copies where the agent's user can run it). If a new SDK moves `_transport._process`, `pid` and
+`returncode` read None and `kill` does nothing; the runtime still works, blind to an
+idle CLI's death until its next write fails (that prompt is then resent once).
+
+Each CLI is recorded in its workspace's ledger (agent/ledger.py: the CLI runs in the
+workspace root, `options.cwd`) from the moment its pid is known until it is closed, so a
+server killed with -9 leaves the next start a record of the CLI to end.
+
+In `user` isolation the process is the launcher (isolation/launch.py): root, holding the CLI in a pid
+namespace of its own, so killing it ends the CLI and everything the CLI started, and a server
+killed with -9 takes it along (a parent-death signal); the ledger is then only a backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import claude_agent_sdk
+from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, Message
+
+from ..logs import get_logger
+from .ledger import CliLedger
+
+log = get_logger(__name__)
+
+ClientFactory = Callable[[ClaudeAgentOptions], ClaudeSDKClient]
+
+DISCONNECT_TIMEOUT = 10.0
+INTERRUPT_TIMEOUT = 5.0
+SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
+
+
+def bundled_cli() -> Path:
+    """The SDK's own CLI (where this SDK version keeps it), or the `claude` on PATH if it bundles none."""
+    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    found = bundled if bundled.is_file() else Path(shutil.which("claude") or bundled)
+    return found.resolve()
+
+
+class AgentProcess:
+    """Owns one `ClaudeSDKClient` and the CLI process behind it. Drive it from one task
+    (the SDK requires it), except `interrupt`, which the SDK allows from outside."""
+
+    def __init__(self, options: ClaudeAgentOptions, factory: ClientFactory = ClaudeSDKClient) -> None:
+        self._client = factory(options)
+        self._ledger = CliLedger.for_workspace(Path(options.cwd)) if options.cwd else None
+        self._recorded: int | None = None
+
+    async def connect(self) -> None:
+        """Start the CLI. Its pid is recorded as soon as it exists, while the SDK still connects."""
+        watch = asyncio.create_task(self._record_when_spawned()) if self._ledger is not None else None
+        try:
+            await self._client.connect()
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+        await self._record()
+
+    async def _record_when_spawned(self) -> None:
+        while self.pid is None:  # noqa: ASYNC110 -- the SDK signals nothing when it spawns the CLI
+            await asyncio.sleep(SPAWN_POLL)
+        await self._record()
+
+    async def _record(self) -> None:
+        pid = self.pid
+        if self._ledger is None or pid is None or self._recorded == pid:
+            return
+        self._recorded = pid
+        try:
+            await asyncio.to_thread(self._ledger.record, pid)
+        except OSError as exc:  # a full disk: the CLI still runs; only a crash's clean-up is at stake
+            log.warning("cli_ledger_write_failed", pid=pid, error=repr(exc))
+
+    async def send(self, prompt: str, context: str | None = None) -> None:
+        """Send the person's message; `context` (auto-recalled memories) goes before it in the same
+        user message as a text block of its own, so the message itself stays as it was typed."""
+        if context is None:
+            await self._client.query(prompt)
+            return
+        blocks = [{"type": "text", "text": context}, {"type": "text", "text": prompt}]
+        message = {"type": "user", "message": {"role": "user", "content": blocks}, "parent_tool_use_id": None}
+
+        async def one() -> AsyncIterator[dict[str, Any]]:
+            yield message
+
+        await self._client.query(one())
+
+    def replies(self) -> AsyncIterator[Message]:
+        """The messages about the prompt just sent, through its ResultMessage."""
+        return self._client.receive_response()
+
+    async def interrupt(self) -> None:
+        """Ask the CLI to stop the running turn. Never raises: the CLI may already be gone,
+        and the turn ends either way."""
+        try:
+            await asyncio.wait_for(self._client.interrupt(), INTERRUPT_TIMEOUT)
+        except Exception as exc:
+            log.warning("interrupt_failed", pid=self.pid, error=repr(exc))
+
+    async def close(self) -> None:
+        """Disconnect; if that fails or hangs, kill the process, so that none outlives its session."""
+        pid = self.pid
+        try:
+            await asyncio.wait_for(self._client.disconnect(), DISCONNECT_TIMEOUT)
+        except BaseException as exc:
+            log.warning("cli_disconnect_failed", pid=pid, error=repr(exc))
+            self.kill()
+            if isinstance(exc, asyncio.CancelledError):
+                self._forget()  # no more awaiting once cancelled: a small file, written in place
+                raise
+        await asyncio.to_thread(self._forget)
+        log.info("cli_disconnected", pid=pid)
+
+    def _forget(self) -> None:
+        """The CLI is gone: out of the ledger. Blocking."""
+        recorded, self._recorded = self._recorded, None
+        if self._ledger is not None and recorded is not None:
+            with contextlib.suppress(OSError):
+                self._ledger.forget(recorded)
+
+    # ------------------------------------------------------------ the process itself (SDK internals)
+
+    def _process(self) -> Any:
+        return getattr(getattr(self._client, "_transport", None), "_process", None)
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self._process(), "pid", None)
+
+    @property
+    def returncode(self) -> int | None:
+        return getattr(self._process(), "returncode", None)
+
+    @property
+    def exited(self) -> bool:
+        """True once the process has exited: it may have crashed while idle."""
+        return self.returncode is not None
+
+    def kill(self) -> None:
+        process = self._process()
+        if process is not None and getattr(process, "returncode", 0) is None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                process.kill()

@@ -1,0 +1,216 @@
+"""The runtime's rules as pure state machines: a turn's phases, a session's, and the inbox.
+
+No asyncio and no SDK here: `runtime.py` drives these and does the I/O they call for,
+so every rule (when an interrupt goes to the CLI, when a prompt may be resent, when
+`new_session` changes nothing) is unit-tested on its own (tests/test_agent_state.py).
+
+A turn, as the owner task runs it:
+
+    IDLE ─begin(connect)─► STARTING ─connected─► SENDING ─sent─► WAITING ─heard─► STREAMING
+             └─begin(warm)──────────────────────────┘    ▲          │
+                                     STARTING ◄─resend───┴──────────┘  (a reused CLI died silently)
+
+and the interrupt that may come from outside at any point:
+
+    STARTING ─► CANCELLED        the turn ends unsent once the CLI is up
+    SENDING  ─► STOP_AFTER_SEND  an interrupt that reached the CLI before the prompt would stop
+                                 nothing: it goes to the CLI right after the prompt (then STOPPING)
+    WAITING, STREAMING ─► STOPPING   it goes to the CLI now
+
+`end` returns any phase to IDLE.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import SpriteOSError
+from ..protocol import AgentState
+
+
+class IllegalTransition(SpriteOSError):
+    """The runtime asked a state machine for a step its rules do not allow: a bug in the runtime."""
+
+
+class TurnPhase(enum.Enum):
+    IDLE = "idle"
+    STARTING = "starting"  # a CLI is being connected for the turn
+    SENDING = "sending"  # the prompt is being written to the CLI
+    WAITING = "waiting"  # the prompt is sent; the CLI has said nothing about it yet
+    STREAMING = "streaming"  # the CLI has answered, at least in part: the turn is under way
+    CANCELLED = "cancelled"  # interrupted while starting: ends unsent
+    STOP_AFTER_SEND = "stop_after_send"  # interrupted while the prompt is written
+    STOPPING = "stopping"  # the interrupt went to the CLI; the reply stream is ending
+
+
+class Stop(enum.Enum):
+    """What an interrupt asks of the runtime."""
+
+    NOTHING = "nothing"  # no turn is running (or it is already stopping): tell the client so
+    UNSENT = "unsent"  # still starting: the turn ends, unsent, once the CLI is up
+    AFTER_SEND = "after_send"  # the prompt is being written: interrupt the CLI right after it
+    NOW = "now"  # interrupt the CLI now
+
+
+_PUBLIC: dict[TurnPhase, AgentState] = {
+    TurnPhase.IDLE: "idle",
+    TurnPhase.STARTING: "starting",
+    TurnPhase.SENDING: "running",
+    TurnPhase.WAITING: "running",
+    TurnPhase.STREAMING: "running",
+    TurnPhase.CANCELLED: "stopping",
+    TurnPhase.STOP_AFTER_SEND: "stopping",
+    TurnPhase.STOPPING: "stopping",
+}
+
+_INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
+    TurnPhase.STARTING: (TurnPhase.CANCELLED, Stop.UNSENT),
+    TurnPhase.SENDING: (TurnPhase.STOP_AFTER_SEND, Stop.AFTER_SEND),
+    TurnPhase.WAITING: (TurnPhase.STOPPING, Stop.NOW),
+    TurnPhase.STREAMING: (TurnPhase.STOPPING, Stop.NOW),
+}
+
+
+class TurnState:
+    """The phase of the turn the runtime is running, and the steps between phases."""
+
+    def __init__(self) -> None:
+        self.phase = TurnPhase.IDLE
+
+    @property
+    def public(self) -> AgentState:
+        """The agent's state as clients see it (`ready.agent`, /healthz)."""
+        return _PUBLIC[self.phase]
+
+    @property
+    def interrupted(self) -> bool:
+        return self.phase in (TurnPhase.CANCELLED, TurnPhase.STOP_AFTER_SEND, TurnPhase.STOPPING)
+
+    @property
+    def may_resend(self) -> bool:
+        """Nothing of the turn happened yet: the CLI has not answered and no one interrupted it."""
+        return self.phase in (TurnPhase.SENDING, TurnPhase.WAITING)
+
+    def begin(self, connect: bool) -> None:
+        """A turn starts: with a CLI to connect first, or on the one that is up."""
+        self._step({TurnPhase.IDLE}, TurnPhase.STARTING if connect else TurnPhase.SENDING)
+
+    def connected(self) -> bool:
+        """The CLI is up. False: the turn was interrupted meanwhile and ends unsent."""
+        if self.phase is TurnPhase.CANCELLED:
+            return False
+        self._step({TurnPhase.STARTING}, TurnPhase.SENDING)
+        return True
+
+    def sent(self) -> bool:
+        """The prompt is written. True: an interrupt arrived meanwhile and must go to the CLI now."""
+        if self.phase is TurnPhase.STOP_AFTER_SEND:
+            self.phase = TurnPhase.STOPPING
+            return True
+        self._step({TurnPhase.SENDING}, TurnPhase.WAITING)
+        return False
+
+    def heard(self) -> None:
+        """The CLI said something about the turn: from now on it is under way, and never resent."""
+        if self.phase is TurnPhase.WAITING:
+            self.phase = TurnPhase.STREAMING
+        elif self.phase not in (TurnPhase.STREAMING, TurnPhase.STOPPING):
+            raise IllegalTransition(f"heard from the CLI while {self.phase.value}")
+
+    def interrupt(self) -> Stop:
+        phase, stop = _INTERRUPTS.get(self.phase, (self.phase, Stop.NOTHING))
+        self.phase = phase
+        return stop
+
+    def resend(self) -> None:
+        """The prompt goes once more, to a fresh CLI (only while `may_resend`)."""
+        self._step({TurnPhase.SENDING, TurnPhase.WAITING}, TurnPhase.STARTING)
+
+    def end(self) -> None:
+        self.phase = TurnPhase.IDLE
+
+    def _step(self, allowed: set[TurnPhase], to: TurnPhase) -> None:
+        if self.phase not in allowed:
+            raise IllegalTransition(f"turn: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+
+class SessionPhase(enum.Enum):
+    FRESH = "fresh"  # no turn has run in it: ending it would only churn clients and memory
+    USED = "used"  # a turn ran in it: new_session ends it
+    CLOSING = "closing"  # the server is shutting down: no new work is accepted, to the end
+
+
+class SessionState:
+    def __init__(self) -> None:
+        self.phase = SessionPhase.FRESH
+
+    @property
+    def accepting(self) -> bool:
+        return self.phase is not SessionPhase.CLOSING
+
+    @property
+    def worth_ending(self) -> bool:
+        """Whether a new_session request should end this session."""
+        return self.phase is SessionPhase.USED
+
+    def began(self) -> None:
+        if self.phase is not SessionPhase.CLOSING:
+            self.phase = SessionPhase.FRESH
+
+    def turn_ran(self) -> None:
+        """Set per attempt: a turn resent to a fresh CLI counts as the new session's turn."""
+        if self.phase is SessionPhase.FRESH:
+            self.phase = SessionPhase.USED
+
+    def close(self) -> None:
+        self.phase = SessionPhase.CLOSING
+
+
+@dataclass
+class Turn:
+    """A user message, queued for the agent."""
+
+    text: str
+    client_id: str | None
+    turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+@dataclass(frozen=True)
+class EndSession:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = Turn | EndSession | Shutdown
+
+
+class Inbox:
+    """What the owner task has yet to do, in order. Back-to-back new_session requests are one
+    request (the queue stays bounded); a new_session queued after it is taken counts again."""
+
+    def __init__(self) -> None:
+        self._commands: deque[Command] = deque()
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+    def put(self, command: Command) -> bool:
+        """Queue `command`; False when it adds nothing (a new_session right after another)."""
+        if isinstance(command, EndSession) and self._commands and isinstance(self._commands[-1], EndSession):
+            return False
+        self._commands.append(command)
+        return True
+
+    def take(self) -> Command:
+        return self._commands.popleft()
+
+    def clear(self) -> None:
+        self._commands.clear()

@@ -1,0 +1,208 @@
+"""`sprite-os chat`: a small terminal client for a running server.
+
+Type a message and press Enter. `/new` starts a fresh session, `/stop` (or
+Ctrl-C during a turn) interrupts the agent, `/quit` (or Ctrl-D) leaves. If the
+connection drops, the client reconnects and resumes from the last event it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import threading
+from typing import TextIO
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from .. import protocol as p
+from ..config import Settings, resolve_token
+
+
+class Renderer:
+    """Turns server frames into terminal lines."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.streaming = False  # text_delta output is on the current line
+        self.running = False
+        self.last_seq: int | None = None  # where to resume after a reconnect
+        self.stream: str | None = None
+        self.outstanding: set[str] = set()  # client_ids of our messages whose turns have not completed
+        self._turns: dict[str, str] = {}  # turn_id -> our client_id
+        self.settled = asyncio.Event()  # set while nothing of ours is outstanding
+        self.settled.set()
+
+    def sent(self, client_id: str) -> None:
+        self.outstanding.add(client_id)
+        self.settled.clear()
+
+    def receive(self, frame: p.AnyServerFrame) -> None:
+        self.last_seq = max(self.last_seq or 0, frame.seq)
+        if isinstance(frame, p.Ready):
+            self.stream = frame.stream
+        self.show(frame)
+
+    def _line(self, text: str) -> None:
+        if self.streaming:
+            self.out.write("\n")
+            self.streaming = False
+        self.out.write(text + "\n")
+
+    def show(self, frame: p.AnyServerFrame) -> None:
+        match frame:
+            case p.Ready(session_id=sid, cards=cards, replayed=n, resync=resync):
+                note = f", {n} missed events follow" if n else (", state refreshed" if resync else "")
+                self._line(f"· connected to session {sid}, {len(cards)} open cards{note}")
+            case p.TurnStarted(text=text, turn_id=turn_id, client_id=client_id):
+                self.running = True
+                if client_id in self.outstanding:
+                    self._turns[turn_id] = client_id
+                self._line(f"you › {text}")
+            case p.TextDelta(text=text):
+                if not self.streaming:
+                    self.out.write("agent › ")
+                self.out.write(text)
+                self.streaming = True
+            case p.AssistantMessage(text=text):
+                if not self.streaming:  # deltas already showed this text
+                    self._line(f"agent › {text}")
+            case p.ToolUse(name=name, summary=summary):
+                self._line(f"  ⚙ {name} {summary}")
+            case p.ToolResult(is_error=err, summary=summary):
+                self._line(f"  {'✗' if err else '✓'} {summary[:200]}")
+            case p.CardCreated(card=card) | p.CardUpdated(card=card):
+                verb = "created" if isinstance(frame, p.CardCreated) else "updated"
+                self._line(f"  ▣ card {verb}: {card.title} [{card.id}]")
+            case p.CardClosed(card_id=cid):
+                self._line(f"  ▣ card closed: {cid}")
+            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, turn_id=turn_id):
+                self.running = False
+                self.outstanding.discard(self._turns.pop(turn_id, ""))
+                if not self.outstanding:
+                    self.settled.set()
+                price = f", ${cost:.4f}" if cost else ""
+                self._line(f"· {status} in {ms / 1000:.1f}s{price}")
+            case p.SessionStarted(session_id=sid):
+                self._line(f"· session {sid} started")
+            case p.SessionEnded(session_id=sid, reason=reason):
+                self._line(f"· session {sid} ended ({reason})")
+            case p.ModelRetry(attempt=n, max_retries=most, retry_delay_ms=ms, error_status=status):
+                self._line(f"· the model proxy failed ({f'HTTP {status}' if status else 'no answer'}); "
+                           f"retry {n} of {most} in {ms / 1000:.1f}s")
+            case p.Error(code=code, message=message):
+                self._line(f"! {code}: {message}")
+        self.out.flush()
+
+
+def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
+    """Feed stdin's lines to `queue` from a daemon thread. A read blocked on an open terminal or
+    pipe must not keep the process alive after /quit: asyncio.run waits for executor threads."""
+
+    def read() -> None:
+        while True:
+            try:
+                line = sys.stdin.readline()
+            except (OSError, ValueError):  # closed or unreadable: as good as its end
+                line = ""
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, line.rstrip("\n") if line else None)
+            except RuntimeError:  # the loop is closed: the client has left
+                return
+            if not line:
+                return
+
+    threading.Thread(target=read, name="chat-stdin", daemon=True).start()
+
+
+async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
+    render = Renderer(out)
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    _read_lines(loop, lines)
+
+    def on_sigint() -> None:  # Ctrl-C interrupts a running turn, or leaves when idle
+        lines.put_nowait("/stop" if render.running else None)
+
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        delay = 0.5
+        connected = False  # reconnecting is for a server that went away, not one never reached
+        while True:
+            try:
+                async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
+                                   subprotocols=[p.SUBPROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
+                    delay, connected = 0.5, True
+                    hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
+                    await ws.send(p.encode(hello).decode())
+                    done = await _session(ws, render, lines)
+                    if done:
+                        return 0
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                why = " (wrong token: check .os/token or SPRITE_OS_TOKEN)" if status == 401 else ""
+                render._line(f"! the server refused the connection: HTTP {status}{why}")
+                return 1
+            except (OSError, ConnectionClosed) as exc:
+                if not connected and isinstance(exc, OSError):
+                    reason = exc.strerror or str(exc) or type(exc).__name__
+                    render._line(f"! cannot connect to {url}: {reason}. Is the server running "
+                                 "(sprite-os service status)? Another port: --url")
+                    return 1
+                render._line(f"· connection lost; reconnecting in {delay:.1f}s")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[str | None]) -> bool:
+    """Run one connection. True when the user asked to quit."""
+
+    async def receive() -> None:
+        async for message in ws:
+            render.receive(p.decode_server_frame(message))
+
+    receiver = asyncio.create_task(receive())
+    sent = 0
+    try:
+        while True:
+            get = asyncio.create_task(lines.get())
+            done, _ = await asyncio.wait({get, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                get.cancel()
+                receiver.result()
+                raise ConnectionClosed(None, None)
+            line = get.result()
+            if line is None:  # end of input: let the turns we started finish, then leave
+                await asyncio.wait({receiver, asyncio.create_task(render.settled.wait())},
+                                   return_when=asyncio.FIRST_COMPLETED)
+                return True
+            if line.strip() == "/quit":
+                return True
+            command = line.strip()
+            if not command:
+                continue
+            frame: p.ClientFrame
+            if command == "/new":
+                frame = p.NewSession()
+            elif command == "/stop":
+                frame = p.Interrupt()
+            else:
+                sent += 1
+                frame = p.UserMessage(text=line, client_id=f"chat-{sent}")
+                render.sent(f"chat-{sent}")
+            await ws.send(p.encode(frame).decode())
+    finally:
+        receiver.cancel()
+
+
+def chat_main(settings: Settings, url: str | None) -> int:
+    token = resolve_token(settings, create=False)
+    url = url or f"ws://127.0.0.1:{settings.port}"
+    print(f"Talking to {url}. /new starts a fresh session, /stop interrupts, /quit leaves.")
+    return asyncio.run(chat(url, token))

@@ -1,0 +1,139 @@
+"""`sprite-os`: serve, chat, and the operator's memory commands.
+
+    sprite-os [serve] [--workspace W] [--host H] [--port P]
+    sprite-os dev [--workspace W] [--host H] [--port P]
+    sprite-os chat [--url ws://HOST:PORT] [--workspace W]
+    sprite-os memory status [--json]
+    sprite-os memory search QUERY|- [--json] [--limit N] [--lexical]
+    sprite-os memory import FILE.jsonl
+    sprite-os memory rebuild --yes [--index]
+    sprite-os memory history FILE
+    sprite-os memory show FILE [VERSION]
+    sprite-os memory rollback FILE VERSION
+    sprite-os service start|stop|restart|status
+    sprite-os migrate-v1
+
+Settings come from the environment (see config.py); flags override them.
+A bad setting fails at once with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import __version__
+from ..config import Settings, load_settings
+from ..errors import SpriteOSError
+
+COMMANDS = ("serve", "dev", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sprite-os", description="Sprite OS: a user's agent, with memory.")
+    parser.add_argument("--workspace", help="workspace root (env SPRITE_WORKSPACE, default /workspace)")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="serve the agent on a WebSocket port (the default command)")
+    serve.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
+    serve.add_argument("--log-format", choices=("kv", "json"), help="env SPRITE_LOG_FORMAT")
+    serve.add_argument("--log-file", help="env SPRITE_LOG_FILE; rotated at 10 MB")
+
+    dev = sub.add_parser("dev", help="serve a local workspace (default ./.workspace) with the demo model, as `make run` does")
+    # SUPPRESS: without the flag here, `sprite-os --workspace W dev` keeps W.
+    dev.add_argument("--workspace", default=argparse.SUPPRESS, help="env SPRITE_WORKSPACE, default ./.workspace")
+    dev.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
+    dev.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
+
+    chat = sub.add_parser("chat", help="talk to a running server from the terminal")
+    chat.add_argument("--url", help="server URL (default ws://127.0.0.1:<SPRITE_OS_PORT>)")
+
+    from .memory import add_memory_parser
+
+    add_memory_parser(sub)
+
+    service = sub.add_parser("service", help="run the server in the background on a Sprite")
+    service.add_argument("action", choices=("start", "stop", "restart", "status"))
+
+    sub.add_parser("migrate-v1", help="move a v1 workspace (agent.db, memory/*.md) into .os/")
+    templates = sub.add_parser("install-templates", help="(deploys) install a release's memory file templates")
+    templates.add_argument("directory", help="the release's bootstrap/templates")
+    templates.add_argument("--source", default="deploy", help="how the versions are labelled in history")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `sprite-os --port 9000` means `sprite-os serve --port 9000`.
+    if not any(a in COMMANDS for a in argv) and not any(a in ("-h", "--help") for a in argv):
+        argv = ["serve", *argv] if not argv or argv[0].startswith("-") else argv
+    args = _parser().parse_args(argv)
+    try:
+        log_file = getattr(args, "log_file", None)
+        settings = load_settings(_environment(args.command)).with_overrides(
+            workspace=Path(args.workspace) if args.workspace else None, host=getattr(args, "host", None),
+            port=getattr(args, "port", None), log_format=getattr(args, "log_format", None),
+            log_file=Path(log_file) if log_file else None,
+        )
+        return _run(args, settings)
+    except SpriteOSError as exc:
+        print(f"sprite-os: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _environment(command: str | None) -> dict[str, str] | None:
+    """The environment settings are read from: dev mode puts its own defaults under it."""
+    if command != "dev":
+        return None
+    from devkit.dev_mode import dev_environment
+
+    return dev_environment(os.environ)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    match args.command:
+        case "serve" | None:
+            from ..server import serve_main
+
+            return serve_main(settings)
+        case "dev":
+            from devkit.dev_mode import dev_main
+
+            return dev_main(settings)
+        case "chat":
+            from .chat import chat_main
+
+            return chat_main(settings, args.url)
+        case "memory":
+            from .memory import memory_main
+
+            return memory_main(args, settings)
+        case "service":
+            from .service import service_main
+
+            return service_main(settings, args.action)
+        case "migrate-v1":
+            from .migrate_v1 import migrate_main
+
+            return migrate_main(settings)
+        case "install-templates":
+            return _install_templates(settings, Path(args.directory), args.source)
+        case "version":
+            print(__version__)
+            return 0
+    return 2
+
+
+def _install_templates(settings: Settings, directory: Path, source: str) -> int:
+    from ..memory.files import install_templates
+
+    written = install_templates(settings.layout, directory, source)
+    print(f"templates: written={','.join(written) or 'none'}")
+    return 0

@@ -1,0 +1,187 @@
+"""The operator's memory commands: `sprite-os memory status|search|import|rebuild|history|show|rollback`.
+
+    sprite-os memory status [--json]
+    sprite-os memory search QUERY [--json] [--limit N] [--lexical]
+    sprite-os memory search - --json          # one query a line on stdin, one JSON line out each
+    sprite-os memory import FILE.jsonl
+    sprite-os memory rebuild --yes [--index]
+    sprite-os memory history FILE
+    sprite-os memory show FILE [VERSION]
+    sprite-os memory rollback FILE VERSION
+
+Search and status only read, so they work while the server runs; import writes turns the
+way the server does (transcript.db takes writers one at a time); rebuild needs the server
+stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..errors import ConfigError, UsageError
+from .memory_status import print_recall, print_status, recall_status, status, when
+
+
+def add_memory_parser(sub: Any) -> None:
+    memory = sub.add_parser("memory", help="inspect, search and repair the memory of a workspace")
+    msub = memory.add_subparsers(dest="memory_command", required=True)
+    st = msub.add_parser("status", help="batches, pending and stale turns, failures, tokens, cost, recall")
+    st.add_argument("--json", action="store_true")
+    search = msub.add_parser("search", help="search past turns and learnings as the agent's search_memory does")
+    search.add_argument("query", help="what to look for; `-` reads one query a line from stdin (with --json)")
+    search.add_argument("--limit", type=int, default=10)
+    search.add_argument("--json", action="store_true", help="hits as JSON: kind, score, date, source ids, snippet")
+    search.add_argument("--lexical", action="store_true", help="rank by words only (no embedding model)")
+    imp = msub.add_parser("import", help="bring past conversations in: one turn a JSON line")
+    imp.add_argument("file", help='JSONL: {"session", "timestamp", "user", "assistant"?, "tool_calls"?} a line')
+    rebuild = msub.add_parser("rebuild", help="rebuild memory.db, the curated files and recall from transcript.db")
+    rebuild.add_argument("--yes", action="store_true", help="confirm: the server must be stopped")
+    rebuild.add_argument("--index", action="store_true",
+                         help="only the searchable turns, the recall index and embeddings: no curator call")
+    history = msub.add_parser("history", help="list every version of a memory file")
+    history.add_argument("file")
+    show = msub.add_parser("show", help="print a memory file, or one of its versions")
+    show.add_argument("file")
+    show.add_argument("version", type=int, nargs="?")
+    rollback = msub.add_parser("rollback", help="make an earlier version of a memory file current")
+    rollback.add_argument("file")
+    rollback.add_argument("version", type=int)
+
+
+def memory_main(args: argparse.Namespace, settings: Settings) -> int:
+    from ..memory.files import SPECS
+
+    layout = settings.layout
+    if not layout.memory_dir.is_dir():
+        raise ConfigError(f"no memory at {layout.memory_dir}: is SPRITE_WORKSPACE right?")
+    command = args.memory_command
+    if command in ("history", "show", "rollback") and args.file not in SPECS:
+        raise UsageError(f"unknown memory file {args.file!r}; choose one of {', '.join(SPECS)}")
+    if command == "status":
+        return _status(args, settings)
+    if command == "search":
+        from .memory_search import search_main
+
+        return search_main(settings, args.query, args.limit, args.json, args.lexical)
+    if command == "import":
+        return _import(settings, Path(args.file))
+    if command == "rebuild":
+        return _rebuild(args, settings)
+    return _files(args, settings)
+
+
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from ..memory.files import MemoryFiles
+    from ..memory.memory_store import MemoryDB
+    from ..memory.transcript_store import TranscriptDB
+
+    layout = settings.layout
+    transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
+    report = status(transcript, memory, MemoryFiles(layout), settings.memory_daily_budget_usd)
+    report["recall"] = recall_status(settings, memory)
+    from ..memory.capture.spill import read_status
+
+    report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
+    from ..isolation.probe import read_mode
+
+    report["isolation"] = read_mode(layout)  # as the server chose it at its last start
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_status(report, layout.root)
+        print_recall(report["recall"])
+    return 0
+
+
+def _progress(what: str, done: int, of: int) -> None:
+    print(f"  {what}: {done:,} of {of:,}", file=sys.stderr, flush=True)
+
+
+def _import(settings: Settings, path: Path) -> int:
+    from ..memory.importer import import_turns
+    from ..memory.transcript_store import TranscriptDB
+
+    try:
+        source = path.open(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    try:
+        with source:
+            report = import_turns(transcript, source)
+    finally:
+        transcript.close()
+    for number, why in report.bad:
+        print(f"{path}:{number}: skipped: {why}", file=sys.stderr)
+    print(f"imported {report.added} turns from {len(report.sessions)} sessions ({report.already} already "
+          f"recorded, {len(report.bad)} bad lines); they are curated with the next batch and searchable "
+          "once the server indexes them (`memory rebuild --index` with the server stopped does it now)")
+    return 1 if report.bad else 0
+
+
+def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.yes:
+        what = "the recall index" if args.index else "memory.db and the curated files"
+        raise UsageError(f"rebuild replaces {what}; stop the server and pass --yes")
+    from ..errors import LockHeld
+    from ..fsutil import WriterLock
+    from ..memory.recall.rebuild import rebuild_recall
+
+    backup = None
+    if not args.index:
+        from ..memory.curation.rebuild import rebuild
+
+        rebuilt = asyncio.run(rebuild(settings))
+        print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
+              f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
+        if rebuilt.backup:
+            print(f"the previous memory.db is kept at {rebuilt.backup}")
+        backup = rebuilt.backup
+    lock = WriterLock(settings.layout.memory_lock)
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise LockHeld(f"{exc}: stop the server before rebuilding") from None
+    try:
+        recall = rebuild_recall(settings, _progress, backup)
+    finally:
+        lock.release()
+    print(f"recall rebuilt in {recall.seconds:.1f} s: {recall.episodes} turns and {recall.documents} documents "
+          f"indexed; {recall.vectors} turns embedded ({recall.embedded} now) by {recall.dense}")
+    return 0
+
+
+def _files(args: argparse.Namespace, settings: Settings) -> int:
+    from ..memory.files import MemoryFiles
+
+    files, command = MemoryFiles(settings.layout), args.memory_command
+    if command == "history":
+        versions = files.history(args.file)
+        if not versions:
+            print(f"{args.file} has no saved versions yet")
+        for v in versions:
+            print(f"{v.number:>5}  {when(v.created_at)}  {v.source:<22} {v.text.count(chr(10)):>4} lines")
+        return 0
+    if command == "show":
+        if args.version is None:
+            sys.stdout.write(files.read(args.file))
+            return 0
+        for v in files.history(args.file):
+            if v.number == args.version:
+                sys.stdout.write(v.text)
+                return 0
+        raise UsageError(f"{args.file} has no version {args.version}")
+    if command == "rollback":
+        try:
+            version = files.rollback(args.file, args.version)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+        print(f"{args.file} is now version {args.version}'s text (saved as version {version.number})")
+        return 0
+    return 2

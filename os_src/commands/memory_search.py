@@ -1,0 +1,98 @@
+"""`sprite-os memory search`: the agent's search, from a shell, as text or JSON, one query or thousands.
+
+It opens the workspace's memory read-only (memory.db, the recall index and, unless
+--lexical, the embedding model and the stored vectors), so it works while the server runs:
+each commit of the server's indexer is visible to it. `-` as the query reads one query a
+line from stdin and answers each, in order, with one JSON line: the model and the vectors
+load once for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+import numpy as np
+
+from ..config import Settings
+from ..memory.memory_store import MemoryDB
+from ..memory.recall import episodes as ep
+from ..memory.recall.dense import VectorIndex, load
+from ..memory.recall.index import RecallIndex, exists
+from ..memory.recall.learnings import clamp_limit
+from ..memory.recall.searcher import Dense, RecallHit, Searcher
+from ..memory.recall.service import index_path, read_connection
+
+PAGE = 10_000
+
+
+def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
+    path = index_path(settings.layout.memory_dir)
+    if not exists(path):
+        print(f"sprite-os: no recall index at {path} yet (start the server once, or run `sprite-os memory "
+              "rebuild --index --yes` with it stopped): searching learnings only", file=sys.stderr)
+        return Searcher(MemoryDB(settings.layout.memory_db).conn, None)
+    conn = read_connection(settings.layout.memory_db)
+    dense = None
+    if not lexical and settings.recall_dense_weight > 0:
+        embedder, status = load(settings.embedding_model)
+        if embedder is not None and status.model is not None:
+            dense = Dense(embedder, _vectors(conn, status.model), settings.recall_dense_weight)
+        else:
+            print(f"sprite-os: meaning unavailable, lexical search only: {status.detail}", file=sys.stderr)
+    return Searcher(conn, RecallIndex(path), dense)
+
+
+def _vectors(conn: Any, model: str) -> VectorIndex:
+    index, after = VectorIndex(), 0
+    while page := ep.vectors(conn, model, after, PAGE):
+        matrix = np.frombuffer(b"".join(p[2] for p in page), dtype=np.float32).reshape(len(page), -1)
+        index.add([p[0] for p in page], [p[1] for p in page], matrix)
+        after = page[-1][0]
+    return index
+
+
+def as_json(hit: RecallHit) -> dict[str, Any]:
+    return {
+        "kind": hit.kind, "id": hit.id, "type": hit.type, "score": round(hit.score, 6),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hit.at)), "at": hit.at,
+        "source": {"session": hit.session_id, "turn": hit.turn, "observation_id": hit.observation_id},
+        "snippet": hit.snippet,
+    }
+
+
+def search_main(settings: Settings, query: str, limit: int, as_json_: bool, lexical: bool,
+                stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    searcher = open_searcher(settings, lexical)
+    n = clamp_limit(limit)
+    if query == "-":
+        _many(searcher, stdin or sys.stdin, n, out)
+        return 0
+    hits = searcher.search(query, time.time(), n)
+    if as_json_:
+        out.write(json.dumps({"query": query, "hits": [as_json(h) for h in hits]}, ensure_ascii=False) + "\n")
+    else:
+        from ..tools.memory_search import render
+
+        out.write(render(query, hits) + "\n")
+    return 0
+
+
+def _many(searcher: Searcher, lines: Iterable[str], limit: int, out: TextIO) -> None:
+    """A line is a query, or a JSON object {"query": ..., "now": epoch seconds} to search as of then
+    (an evaluation's question asked in the past: "last spring" is read from `now`)."""
+    for line in lines:
+        query, now = line.rstrip("\n"), time.time()
+        if query.startswith("{"):
+            try:
+                asked = json.loads(query)
+                query, now = str(asked["query"]), float(asked.get("now", now))
+            except (ValueError, KeyError, TypeError):
+                pass  # not such an object: searched as it is
+        hits = searcher.search(query, now, limit) if query.strip() else []
+        out.write(json.dumps({"query": query, "hits": [as_json(h) for h in hits]}, ensure_ascii=False) + "\n")
+        out.flush()

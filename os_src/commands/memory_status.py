@@ -1,0 +1,109 @@
+"""`sprite-os memory status`: what memory holds, what the daemon did, what it cost, and how recall is doing."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from ..memory.recall import episodes as ep
+from ..memory.recall.dense import load
+from ..memory.recall.index import RecallIndex, exists
+from ..memory.recall.service import index_path
+
+
+def when(ts: float | None, seconds: bool = False) -> str:
+    return time.strftime(f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC", time.gmtime(ts)) if ts else "never"
+
+
+def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
+    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+    from ..memory.curation.retry import FAILING_KEY, FailureClock
+    from ..memory.files import SPECS
+
+    # The server's budget as it saved it (its environment may not be this shell's), else the setting.
+    record = BudgetRecord.loads(memory.get_meta(BUDGET_KEY)) or BudgetRecord(daily_usd)
+    now = time.time()
+    clock = FailureClock()
+    with contextlib.suppress(ValueError):  # unreadable: the daemon starts a fresh clock too
+        clock.restore(memory.get_meta(FAILING_KEY))  # saved by the daemon after every failed call
+    last = memory.recent_batches(1)
+    failures = [b for b in memory.recent_batches(50) if b.status == "failed"]
+    return {
+        "observations": transcript.counts(),
+        "oldest_pending_at": transcript.oldest_pending_timestamp(),
+        "totals": memory.totals(),
+        "last_batch": None if not last else {
+            "id": last[0].id, "at": last[0].created_at, "status": last[0].status, "trigger": last[0].trigger,
+            "turns": len(last[0].observation_ids), "learnings": last[0].learnings_added, "error": last[0].error},
+        "last_failure": None if not failures else {"at": failures[0].created_at, "error": failures[0].error},
+        "last_success_at": memory.last_done_at(),  # as /healthz shows it
+        "failing": clock.report(),  # what /healthz shows
+        "budget": DailyBudget(record.daily_usd).report(now, memory.cost_since(day_start(now)), record.resumes_at),
+        "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,
+                         "versions": len(files.history(name))} for name, spec in SPECS.items()},
+    }
+
+
+def print_status(r: dict[str, Any], root: Any) -> None:
+    o, t = r["observations"], r["totals"]
+    print(f"Memory of {root}")
+    isolation = r.get("isolation") or {}
+    mode = isolation.get("mode", "unknown (the server has not started since it records it)")
+    loud = "  -- NOT ISOLATED: the agent's commands can change .os/" if mode == "none" else ""
+    print(f"  agent isolation  {mode}{loud}")
+    print(f"  turns recorded   {o['total']}: {o['processed']} processed, {o['pending']} pending, {o['stale']} stale")
+    if o["pending"]:
+        print(f"  oldest pending   {when(r['oldest_pending_at'])}")
+    if b := r["last_batch"]:
+        print(f"  last batch       #{b['id']} {when(b['at'])}, {b['status']} ({b['trigger']}), "
+              f"{b['turns']} turns, {b['learnings']} new learnings")
+    else:
+        print("  last batch       none yet")
+    print(f"  batches          {t['batches']} ({t['failed_batches']} failed calls)")
+    print(f"  tokens           {t['input_tokens']:,} in, {t['output_tokens']:,} out; cost ${t['cost_usd']:.4f}")
+    if f := r["last_failure"]:
+        print(f"  last failure     {when(f['at'])}: {(f['error'] or '')[:160]}")
+    if (failing := r["failing"])["failing_since"] is not None:
+        n = failing["consecutive_failures"]
+        print(f"  failing          since {when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
+              f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {when(failing['next_retry_at'], seconds=True)}")
+    if (capture := r["capture"])["degraded"]:
+        since = f"failing since {when(capture['failing_since'])}, {capture['consecutive_failures']} failed writes in a " \
+                f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
+        print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
+    budget = r["budget"]
+    print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
+          + (f"; spent: batches wait until {when(budget['resumes_at'])}" if budget["waiting"] else ""))
+    print(f"  learnings        {t['learnings']}; pending actions {t['pending_actions']}")
+    for name, info in r["files"].items():
+        print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")
+
+
+def recall_status(settings: Any, memory: Any) -> dict[str, Any]:
+    """The episodes, the index and the dense retriever, as this process finds them (the model is loaded
+    to see that it loads: a model that cannot means lexical-only search, here and in the server)."""
+    path = index_path(settings.layout.memory_dir)
+    documents = None
+    if exists(path):
+        with contextlib.suppress(Exception):
+            documents = RecallIndex(path).documents
+    dense, info = load(settings.embedding_model) if settings.recall_dense_weight > 0 else (None, None)
+    total, embedded = ep.count(memory.conn, info.model if info else None)
+    return {"episodes": total, "index": str(path), "index_documents": documents,
+            "dense": {"available": dense is not None, "model": info.model if info else None,
+                      "detail": info.detail if info else "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)",
+                      "embedded": embedded},
+            "auto_recall": settings.auto_recall}
+
+
+def print_recall(r: dict[str, Any]) -> None:
+    dense = r["dense"]
+    docs = "missing: start the server or run `memory rebuild --index`" if r["index_documents"] is None \
+        else f"{r['index_documents']:,} documents"
+    print(f"  recall           {r['episodes']:,} turns searchable; index {docs}")
+    if dense["available"]:
+        print(f"  meaning          {dense['model']}: {dense['embedded']:,} of {r['episodes']:,} turns embedded")
+    else:
+        print(f"  meaning          unavailable, search is lexical only: {dense['detail']}")
+    print(f"  auto-recall      {'on' if r['auto_recall'] else 'off'}")

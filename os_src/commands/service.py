@@ -1,0 +1,372 @@
+"""`sprite-os service start|stop|restart|status`: the server as a background process on a Sprite.
+
+- start: spawns `python -m sprite_os serve` detached (its own session), logs to
+  `.os/logs/sprite-os.log` (JSON) and `.os/logs/server.out` (anything printed), writes
+  `.os/state/server.pid`, and waits for `/healthz` to answer.
+- stop: SIGTERM, then SIGKILL to the server's whole process group after STOP_TIMEOUT;
+  nothing the server started is left running.
+- restart: stop, then start (a bad setting fails before the stop).
+- status: the pid and the /healthz JSON, all of it: it presents the token (.os/token; /healthz
+  says only `ok` or `degraded` without it). Exit codes follow the LSB convention: 0 running,
+  1 dead with a stale pid file, 3 not running, 4 running but /healthz does not answer.
+
+The service remembers the settings it was started with (`.os/state/service.env`, 0600; see
+commands/service_env.py) once /healthz has answered; a failed start remembers nothing. A later start or restart
+(including the one a deploy does) takes each setting from its own environment when set
+there, and from the remembered ones otherwise; a failing start names the remembered ones
+it used. A setting set to the empty string counts as unset. SPRITE_OS_TOKEN is never
+remembered: start writes it into the token file, which a deploy's --token-file rotates.
+
+The pid file is trusted only if /proc shows that pid running `sprite_os` for this workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import procfs
+from ..config import Settings, load_settings, resolve_token
+from ..errors import ConfigError
+from ..fsutil import atomic_write
+from ..paths import Layout
+from .service_env import ServiceEnv
+
+START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
+STOP_TIMEOUT = 60.0  # above the server's worst graceful stop: 30 s turn + 10 s CLI + 10 s memory flush
+LOG_LINES = 15
+SERVER_OUT_MAX = 10 * 1024 * 1024
+
+EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
+
+
+def _write(stream: Any, text: str) -> None:
+    """Print `text`; a reader that went away (`service status | head -1`) is no error: the rest
+    of the output goes to /dev/null, so neither this nor the exit's flush raises a traceback."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+
+
+def say(line: str) -> None:
+    _write(sys.stdout, f"sprite-os: {line}")
+
+
+def fail(line: str) -> None:
+    _write(sys.stderr, f"sprite-os: error: {line}")
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def service_main(settings: Settings, action: str) -> int:
+    """Entry point of `sprite-os service <action>`."""
+    service = Service(settings)
+    match action:
+        case "start":
+            return service.start()
+        case "stop":
+            return service.stop()
+        case "restart":
+            # A bad setting, or a bad token file, fails before the running server is stopped.
+            resolve_token(service.child_settings(), create=True)
+            code = service.stop()
+            return code if code != EXIT_OK else service.start()
+        case "status":
+            return service.status()
+    fail(f"unknown action {action!r}")
+    return 2
+
+
+# ---------------------------------------------------------------- processes
+
+
+def alive(pid: int) -> bool:
+    return procfs.alive(pid)
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes in session `sid` (the server and anything it started)."""
+    return [pid for pid in procfs.pids() if (found := procfs.stat(pid)) is not None and found.sid == sid
+            and found.alive]
+
+
+@dataclass(frozen=True)
+class PidState:
+    pid: int | None
+    running: bool
+
+    @property
+    def stale(self) -> bool:
+        return self.pid is not None and not self.running
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.layout: Layout = settings.layout
+        self.server_out = self.layout.logs_dir / "server.out"
+        self.env = ServiceEnv(settings, log_file=self.layout.logs_dir / "sprite-os.log")
+
+    # -- the pid file
+
+    def read_pid(self) -> PidState:
+        try:
+            pid = int(self.layout.pid_file.read_text().split()[0])
+        except FileNotFoundError:
+            return PidState(None, False)
+        except (OSError, ValueError, IndexError):
+            return PidState(-1, False)  # unreadable or garbage: stale
+        return PidState(pid, self._is_ours(pid))
+
+    def _is_ours(self, pid: int) -> bool:
+        """`pid` is a live sprite_os server of this workspace (not a reused pid)."""
+        if pid <= 0 or not alive(pid):
+            return False
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        if b"sprite_os" not in args:
+            return False
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return True  # cannot tell which workspace; the command line is ours
+        for entry in environ:
+            if entry.startswith(b"SPRITE_WORKSPACE="):
+                theirs = os.path.realpath(entry.split(b"=", 1)[1].decode(errors="replace"))
+                return theirs == os.path.realpath(self.layout.root)
+        return True
+
+    def _remove_pid_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.layout.pid_file.unlink()
+
+    # -- settings for the child (commands/service_env.py)
+
+    def child_env(self, base: Mapping[str, str] | None = None, *, remembered: bool = True) -> dict[str, str]:
+        return self.env.child_env(base, remembered=remembered)
+
+    def child_settings(self, env: Mapping[str, str] | None = None) -> Settings:
+        return self.env.child_settings(env)
+
+    @staticmethod
+    def python() -> str:
+        """This venv's interpreter by its real path, so a deploy switching `.os/.venv` does not
+        change the libraries under a running server."""
+        if sys.prefix != sys.base_prefix:
+            real = Path(os.path.realpath(sys.prefix)) / "bin" / Path(sys.executable).name
+            if real.exists():
+                return str(real)
+        return sys.executable
+
+    # -- health
+
+    @staticmethod
+    def probe_host(host: str) -> str:
+        return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+    def health(self, settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The server's /healthz. With the token (the service runs as the token file's owner, or
+        as root), all of it; without, only the status."""
+        headers = {}
+        with contextlib.suppress(ConfigError):
+            headers["Authorization"] = f"Bearer {resolve_token(settings, create=False)}"
+        conn = http.client.HTTPConnection(self.probe_host(settings.host), settings.port, timeout=timeout)
+        try:
+            conn.request("GET", "/healthz", headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                return None
+            data = json.loads(body)
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError, http.client.HTTPException):
+            return None
+        finally:
+            conn.close()
+
+    def _port_taken(self, settings: Settings) -> bool:
+        try:
+            with socket.create_connection((self.probe_host(settings.host), settings.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    # -- actions
+
+    def start(self) -> int:
+        state = self.read_pid()
+        if state.running:
+            say(f"already running (pid {state.pid})")
+            return EXIT_OK
+        if state.stale:
+            self._remove_pid_file()
+        self.layout.ensure()
+        env = self.child_env()
+        self.child_settings(env)  # what the server will see; a bad setting fails here, clearly
+        if self.env.adopt_token(env):
+            say(f"token written to {self.layout.token_file}")
+        child = self.child_settings(env)
+        resolve_token(child, create=True)  # a bad token file too
+        listen, probe = address(child.host, child.port), address(self.probe_host(child.host), child.port)
+        if self._port_taken(child):
+            probed = f" (probed at {probe})" if probe != listen else ""
+            fail(f"port {child.port} on {child.host} is already in use{probed}; stop whatever "
+                 "listens there or set SPRITE_OS_PORT")
+            self._note_remembered()
+            return EXIT_FAILED
+        self._rotate_server_out()
+        started = time.monotonic()
+        with open(self.server_out, "ab") as out:
+            out_start = out.tell()  # what this start's server prints comes after this
+            proc = subprocess.Popen(
+                [self.python(), "-P", "-m", "sprite_os", "serve"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                cwd=self.layout.root, start_new_session=True, close_fds=True,
+            )
+        atomic_write(self.layout.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
+        deadline = started + START_TIMEOUT
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                self._remove_pid_file()
+                reason = self._server_error(out_start)
+                why = (f"{reason} (exited with status {code})" if reason
+                       else f"the server exited with status {code} while starting")
+                self._report_failure(why, child)
+                return EXIT_FAILED
+            health = self.health(child, timeout=1.0)
+            if health is not None:
+                self.env.remember(env)  # only settings that started a server are worth remembering
+                probed = f" (probed at {probe})" if probe != listen else ""
+                say(f"started pid {proc.pid}, version {health.get('version')}, status {health.get('status')}, "
+                    f"on {listen}{probed} in {time.monotonic() - started:.1f}s; "
+                    f"log {child.log_file or self.server_out}")
+                return EXIT_OK
+            time.sleep(0.1)
+        self._terminate(proc.pid, grace=5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
+        self._remove_pid_file()
+        self._report_failure(f"/healthz did not answer within {START_TIMEOUT:.0f}s; stopped it", child)
+        return EXIT_FAILED
+
+    def stop(self) -> int:
+        state = self.read_pid()
+        if state.pid is None:
+            say("not running")
+            return EXIT_OK
+        if state.stale:
+            self._remove_pid_file()
+            say(f"not running (removed a stale pid file {self.layout.pid_file})")
+            return EXIT_OK
+        assert state.pid is not None
+        started = time.monotonic()
+        forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
+        self._remove_pid_file()
+        how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
+        say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
+        return EXIT_OK
+
+    def _terminate(self, pid: int, grace: float) -> bool:
+        """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.
+        Whatever else is still in the server's session afterwards is killed too."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        forced = alive(pid)
+        for _ in range(50):
+            members = session_members(pid)  # the server leads its session (start_new_session)
+            if not members:
+                break
+            for member in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(member, signal.SIGKILL)
+            time.sleep(0.02)
+        return forced
+
+    def status(self) -> int:
+        state = self.read_pid()
+        if state.pid is None:
+            say("not running")
+            return EXIT_STOPPED
+        if state.stale:
+            which = f"names pid {state.pid}, which is gone" if state.pid > 0 else "is unreadable"
+            say(f"not running, but the pid file {self.layout.pid_file} {which}")
+            return EXIT_DEAD
+        child = load_settings(self.child_env())
+        health = self.health(child)
+        if health is None:
+            say(f"running (pid {state.pid}) but /healthz on {self.probe_host(child.host)}:{child.port} "
+                "does not answer")
+            return EXIT_UNKNOWN
+        say(f"running (pid {state.pid}), status {health.get('status')}, version {health.get('version')}")
+        _write(sys.stdout, json.dumps(health, indent=2))
+        return EXIT_OK
+
+    # -- logs
+
+    def _rotate_server_out(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.server_out.stat().st_size > SERVER_OUT_MAX:
+                os.replace(self.server_out, self.server_out.with_name(self.server_out.name + ".1"))
+
+    def _server_error(self, offset: int) -> str:
+        """The last `sprite-os: error: ...` (or `error: ...`) line the server printed in this start."""
+        try:
+            with open(self.server_out, "rb") as f:
+                f.seek(max(offset, f.seek(0, os.SEEK_END) - 64 * 1024))
+                lines = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            for prefix in ("sprite-os: error:", "error:"):
+                if line.startswith(prefix) and line[len(prefix):].strip():
+                    return line[len(prefix):].strip()
+        return ""
+
+    def _note_remembered(self) -> None:
+        note = self.env.remembered_note()
+        if note:
+            _write(sys.stderr, f"sprite-os: {note}")
+
+    def _report_failure(self, why: str, child: Settings) -> None:
+        fail(f"the server did not start: {why}")
+        self._note_remembered()
+        for path in (self.server_out, child.log_file):
+            if path is None:
+                continue
+            lines = _tail(Path(path), LOG_LINES)
+            if lines:
+                _write(sys.stderr, f"--- last lines of {path}:\n" + "\n".join(lines))
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode("utf-8", "replace").splitlines()[-n:]
+    except OSError:
+        return []
+

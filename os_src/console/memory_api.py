@@ -1,0 +1,164 @@
+"""The console's memory requests, answered: files, history, a person's edit, rollback,
+learnings search, forgetting, the audit, the daemon's health and the next boot prompt.
+
+The gateway hands each request frame (console/memory_frames.py) to `MemoryConsole.handle`,
+which returns the answer frame or raises `RequestFailed`. Database reads run on the
+stores' worker threads and file I/O in a thread, so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
+from ..memory.recall.learnings import MAX_LIMIT, search_terms
+from . import memory_files
+from . import memory_frames as pm
+from . import memory_queries as q
+
+if TYPE_CHECKING:
+    from ..memory.system import MemorySystem
+
+CHARS_PER_TOKEN = 4
+TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
+                  "with Claude's tokenizer; code, tables and other languages take more tokens")
+
+
+class MemoryConsole:
+    def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time) -> None:
+        self._system = system
+        self._files = system.files
+        self._clock = clock
+        handlers: dict[type[pm.MemoryRequest], Callable[[Any], Awaitable[pm.MemoryReply]]] = {
+            pm.MemoryFilesRequest: self._list_files, pm.MemoryFileRequest: self._file,
+            pm.MemoryVersionRequest: self._version, pm.MemoryEditRequest: self._edit,
+            pm.MemoryRollbackRequest: self._rollback, pm.MemorySearchRequest: self._search,
+            pm.MemoryTurnRequest: self._turn, pm.MemoryForgetRequest: self._forget,
+            pm.MemoryUnforgetRequest: self._forget, pm.MemoryAuditRequest: self._audit,
+            pm.MemoryHealthRequest: self._health, pm.MemoryBootPromptRequest: self._boot_prompt,
+        }
+        self._handlers = handlers
+
+    async def handle(self, request: pm.MemoryRequest) -> pm.MemoryReply:
+        return await self._handlers[type(request)](request)
+
+    # ------------------------------------------------------------ files
+
+    async def _list_files(self, req: pm.MemoryFilesRequest) -> pm.MemoryFilesResult:
+        files = await asyncio.to_thread(memory_files.all_files, self._files)
+        return pm.MemoryFilesResult(request_id=req.request_id, files=files)
+
+    async def _file(self, req: pm.MemoryFileRequest) -> pm.MemoryFileResult:
+        info, text, history = await asyncio.to_thread(memory_files.file_detail, self._files, req.name)
+        return pm.MemoryFileResult(request_id=req.request_id, file=info, text=text, history=history)
+
+    async def _version(self, req: pm.MemoryVersionRequest) -> pm.MemoryVersionResult:
+        version, text, previous, diff = await asyncio.to_thread(
+            memory_files.version_detail, self._files, req.name, req.number)
+        return pm.MemoryVersionResult(request_id=req.request_id, name=req.name, version=version, text=text,
+                                      previous=previous, diff=diff)
+
+    async def _edit(self, req: pm.MemoryEditRequest) -> pm.MemoryEditResult:
+        info, version = await asyncio.to_thread(memory_files.edit, self._files, req.name, req.text,
+                                                req.base_sha256)
+        await self._record("edit", file=req.name, detail=f"saved as version {version.number}")
+        return pm.MemoryEditResult(request_id=req.request_id, file=info, version=version)
+
+    async def _rollback(self, req: pm.MemoryRollbackRequest) -> pm.MemoryRollbackResult:
+        info, version = await asyncio.to_thread(memory_files.rollback, self._files, req.name, req.number)
+        await self._record("rollback", file=req.name,
+                           detail=f"to version {req.number}, saved as version {version.number}")
+        return pm.MemoryRollbackResult(request_id=req.request_id, file=info, version=version)
+
+    async def _record(self, action: AuditAction, *, file: str, detail: str) -> None:
+        now = self._clock()
+        await self._system.memory.call(lambda m: record(m, action, now, file=file, detail=detail))
+
+    # ------------------------------------------------------------ learnings
+
+    async def search(self, query: str, types: Sequence[str], forgotten: bool, limit: int) -> list[pm.LearningHit]:
+        """The console's one seam to memory search: the same MemorySystem.search the agent's tool
+        uses, over episodes and learnings. An episode maps to a hit of kind "episode" (type
+        EPISODE, its id the turn's). Without a query (or for the forgotten ones) it lists the newest
+        learnings."""
+        if forgotten or not search_terms(query):
+            ids = await self._system.memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
+            return await self._hits([(i, None) for i in ids])
+        found = await self._system.search(query, MAX_LIMIT if types else limit)
+        found = [h for h in found if not types or h.type in types][:limit]
+        learned = await self._hits([(h.id, h.score) for h in found if h.kind == "learning"])
+        by_id = {h.id: h for h in learned}
+        out = []
+        for h in found:
+            if h.kind == "episode":
+                out.append(q.episode_hit(h))
+            elif (hit := by_id.get(h.id)) is not None:
+                out.append(hit)
+        return out
+
+    async def _hits(self, scored: list[tuple[int, float | None]]) -> list[pm.LearningHit]:
+        if not scored:
+            return []
+        ids = [i for i, _ in scored]
+        found = await self._system.memory.call(lambda m: q.learnings_by_id(m, ids))
+        sources = sorted({r.source_observation_id for r in found.values() if r.source_observation_id is not None})
+        refs = await self._system.transcript.call(lambda t: q.turn_refs(t, sources)) if sources else {}
+        return [q.hit(found[i], score, refs) for i, score in scored if i in found]
+
+    async def _search(self, req: pm.MemorySearchRequest) -> pm.MemorySearchResult:
+        hits = await self.search(req.query, req.types, req.forgotten, req.limit)
+        return pm.MemorySearchResult(request_id=req.request_id, hits=hits)
+
+    async def _turn(self, req: pm.MemoryTurnRequest) -> pm.MemoryTurnResult:
+        turn = await self._system.transcript.call(lambda t: q.turn_record(t, req.observation_id))
+        if turn is None:
+            raise pm.RequestFailed("not_found", f"no recorded turn #{req.observation_id}")
+        return pm.MemoryTurnResult(request_id=req.request_id, turn=turn)
+
+    async def _forget(self, req: pm.MemoryForgetRequest | pm.MemoryUnforgetRequest) -> pm.MemoryReply:
+        forget, now, lid = isinstance(req, pm.MemoryForgetRequest), self._clock(), req.learning_id
+        try:
+            await self._system.memory.call(lambda m: set_forgotten(m, lid, forget, now))
+        except KeyError:
+            raise pm.RequestFailed("not_found", f"no learning #{lid}") from None
+        self._system.recall.indexer.learning_changed(lid)  # its document leaves the index, or comes back
+        [learning] = await self._hits([(lid, None)])
+        if forget:
+            return pm.MemoryForgetResult(request_id=req.request_id, learning=learning)
+        return pm.MemoryUnforgetResult(request_id=req.request_id, learning=learning)
+
+    async def _audit(self, req: pm.MemoryAuditRequest) -> pm.MemoryAuditResult:
+        found = await self._system.memory.call(lambda m: audit(m, req.limit))
+        entries = [pm.AuditEntry(id=e.id, at=e.at, action=e.action, learning_id=e.learning_id, file=e.file,
+                                 detail=e.detail) for e in found]
+        return pm.MemoryAuditResult(request_id=req.request_id, entries=entries)
+
+    # ------------------------------------------------------------ the daemon and the next session
+
+    async def _health(self, req: pm.MemoryHealthRequest) -> pm.MemoryHealthResult:
+        status = self._system.daemon.status()
+        since = q.day_start(self._clock())
+        observations = await self._system.transcript.call(lambda t: t.counts())
+
+        def read(m: Any) -> tuple[Any, ...]:
+            return m.totals(), q.spend_since(m, since), q.spend_since(m, 0.0), q.last_batch(m), forgotten_count(m)
+
+        totals, today, total, last, forgotten = await self._system.memory.call(read)
+        health = pm.MemoryHealth(
+            running=status["running"], failing=status["degraded"],
+            consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
+            next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
+            today=today, total=total, observations=observations, learnings=totals["learnings"],
+            forgotten=forgotten, pending_actions=totals["pending_actions"],
+        )
+        return pm.MemoryHealthResult(request_id=req.request_id, health=health)
+
+    async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
+        text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session
+        return pm.MemoryBootPromptResult(request_id=req.request_id, text=text, chars=len(text),
+                                         tokens_estimate=math.ceil(len(text) / CHARS_PER_TOKEN),
+                                         estimate=TOKEN_ESTIMATE)

@@ -1,0 +1,103 @@
+"""The memory files as the console sees them: sizes against limits, history with diffs, a
+person's edit, a rollback. Blocking file I/O: the console API runs these in a thread.
+
+A person's edit goes through `MemoryFiles.write` with the source `person-edit` and the
+hash of the text the edit began from, so it is exactly what the daemon treats as a
+person's edit on disk: a batch that read the file before the edit finds the content
+changed and does not overwrite it (see processor.py), and an edit that began before the
+daemon's last rewrite is refused instead of silently undoing that rewrite.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from ..errors import FileChanged
+from ..memory.files import MAX_FILE_BYTES, SPECS, MemoryFiles, Version, line_count, sha
+from ..text import safe_text
+from .memory_frames import FileInfo, RequestFailed, VersionInfo
+
+MAX_HISTORY = 200  # newest versions listed; FileInfo.versions counts them all
+PERSON_EDIT = "person-edit"
+
+
+def spec_of(name: str) -> None:
+    if name not in SPECS:
+        raise RequestFailed("not_found", f"no memory file {name!r}; the files are {', '.join(SPECS)}")
+
+
+def file_info(files: MemoryFiles, name: str, text: str | None = None, versions: int | None = None) -> FileInfo:
+    spec = SPECS[name]
+    text = files.read(name) if text is None else text
+    return FileInfo(
+        name=name, owner=spec.owner, editable=spec.owner == "daemon", lines=line_count(text),
+        max_lines=spec.max_lines, bytes=len(text.encode()), max_bytes=MAX_FILE_BYTES,
+        versions=len(files.history(name)) if versions is None else versions, sha256=sha(text),
+    )
+
+
+def all_files(files: MemoryFiles) -> list[FileInfo]:
+    return [file_info(files, name) for name in SPECS]
+
+
+def version_info(version: Version, text: str | None = None) -> VersionInfo:
+    text = version.text if text is None else text
+    return VersionInfo(number=version.number, created_at=version.created_at, source=version.source,
+                       lines=line_count(text))
+
+
+def file_detail(files: MemoryFiles, name: str) -> tuple[FileInfo, str, list[VersionInfo]]:
+    spec_of(name)
+    text = files.read(name)
+    history = files.history(name)
+    return (file_info(files, name, text, len(history)), text,
+            [version_info(v) for v in history[-MAX_HISTORY:]])
+
+
+def unified_diff(before: str, after: str, before_label: str, after_label: str) -> str:
+    lines = difflib.unified_diff(before.splitlines(), after.splitlines(), before_label, after_label, lineterm="")
+    return "\n".join(lines)
+
+
+def version_detail(files: MemoryFiles, name: str, number: int) -> tuple[VersionInfo, str, int | None, str]:
+    """(the version, its text, the version before it, the diff from that one to this)."""
+    spec_of(name)
+    history = files.history(name)
+    for index, version in enumerate(history):
+        if version.number == number:
+            text = version.text
+            previous = history[index - 1] if index else None
+            before = previous.text if previous else ""
+            label = f"{name}@{previous.number}" if previous else "(nothing)"
+            diff = unified_diff(before, text, label, f"{name}@{number}")
+            return version_info(version, text), text, previous.number if previous else None, diff
+    raise RequestFailed("not_found", f"{name} has no version {number}")
+
+
+def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[FileInfo, VersionInfo]:
+    """Save a person's edit of a curated file, if the file is still what the edit began from."""
+    spec_of(name)
+    if SPECS[name].owner != "daemon":
+        raise RequestFailed("not_editable", f"{name} is written by deploys; change it in a release")
+    text = safe_text(text)  # as MemoryFiles.write stores it, so the sha256 returned is the file's
+    if text and not text.endswith("\n"):
+        text += "\n"
+    try:
+        version = files.write(name, text, PERSON_EDIT, expect=base_sha256)
+    except ValueError as exc:
+        raise RequestFailed("over_limit", f"{exc}; nothing was saved") from None
+    except FileChanged:
+        raise RequestFailed("file_changed", f"{name} changed since you began editing (the memory daemon "
+                            "rewrote it); nothing was saved: reload it and edit again") from None
+    return file_info(files, name, text), version_info(version, text)
+
+
+def rollback(files: MemoryFiles, name: str, number: int) -> tuple[FileInfo, VersionInfo]:
+    spec_of(name)
+    try:
+        version = files.rollback(name, number)
+    except KeyError:
+        raise RequestFailed("not_found", f"{name} has no version {number}") from None
+    except ValueError as exc:
+        raise RequestFailed("over_limit", f"{exc}; nothing was changed") from None
+    return file_info(files, name), version_info(version)

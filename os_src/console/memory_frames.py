@@ -1,0 +1,310 @@
+"""The memory frames of the wire format: what a client (the console) asks about memory, and
+the answers. docs/protocol.md documents each with an example; keep the two in step.
+
+Each request carries a client-chosen `request_id`. The answer goes to that connection only,
+is the request's type with `_result` appended, and repeats the `request_id`; like `pong`, its
+`seq` repeats the last event number the connection was sent. A request that fails gets an
+`error` frame carrying the same `request_id`.
+
+These Structs share protocol.py's tag field (`type`) but not its base classes, so that
+protocol.py can add them to its unions without an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from ..errors import SpriteOSError
+
+MAX_REQUEST_ID = 128
+MAX_QUERY = 2_000  # characters of a search query (search looks at no more)
+MAX_EDIT = 100_000  # characters of an edited file; the file's own limits are checked after
+MAX_RESULTS = 50
+
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
+FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+VersionNumber = Annotated[int, msgspec.Meta(ge=1)]
+RowId = Annotated[int, msgspec.Meta(ge=1)]
+LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"]
+
+
+# ---------------------------------------------------------------- client -> server
+
+
+class MemoryRequest(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    request_id: RequestId
+
+
+class MemoryFilesRequest(MemoryRequest, tag="memory_files", frozen=True):
+    """The six files, each with its size against its limits."""
+
+
+class MemoryFileRequest(MemoryRequest, tag="memory_file", frozen=True):
+    """One file's text and its version history."""
+
+    name: FileName
+
+
+class MemoryVersionRequest(MemoryRequest, tag="memory_version", frozen=True):
+    """One version's text, and its diff against the version before it."""
+
+    name: FileName
+    number: VersionNumber
+
+
+class MemoryEditRequest(MemoryRequest, tag="memory_edit", frozen=True):
+    """A person's own edit of a curated file. `base_sha256` is the file the edit started
+    from: if the file changed since (the daemon rewrote it), nothing is written."""
+
+    name: FileName
+    text: Annotated[str, msgspec.Meta(max_length=MAX_EDIT)]
+    base_sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class MemoryRollbackRequest(MemoryRequest, tag="memory_rollback", frozen=True):
+    name: FileName
+    number: VersionNumber
+
+
+class MemorySearchRequest(MemoryRequest, tag="memory_search", frozen=True):
+    """Learnings matching `query`, best first; without a query, the newest. `forgotten`
+    lists the forgotten ones instead (newest forgetting first), to undo a forgetting."""
+
+    query: Annotated[str, msgspec.Meta(max_length=MAX_QUERY)] = ""
+    types: list[LearningType] = msgspec.field(default_factory=list)
+    forgotten: bool = False
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)] = 20
+
+
+class MemoryTurnRequest(MemoryRequest, tag="memory_turn", frozen=True):
+    """One recorded turn from transcript.db, by its observation id."""
+
+    observation_id: RowId
+
+
+class MemoryForgetRequest(MemoryRequest, tag="memory_forget", frozen=True):
+    learning_id: RowId
+
+
+class MemoryUnforgetRequest(MemoryRequest, tag="memory_unforget", frozen=True):
+    learning_id: RowId
+
+
+class MemoryAuditRequest(MemoryRequest, tag="memory_audit", frozen=True):
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_RESULTS)] = 20
+
+
+class MemoryHealthRequest(MemoryRequest, tag="memory_health", frozen=True):
+    pass
+
+
+class MemoryBootPromptRequest(MemoryRequest, tag="memory_boot_prompt", frozen=True):
+    pass
+
+
+AnyMemoryRequest = (
+    MemoryFilesRequest | MemoryFileRequest | MemoryVersionRequest | MemoryEditRequest | MemoryRollbackRequest
+    | MemorySearchRequest | MemoryTurnRequest | MemoryForgetRequest | MemoryUnforgetRequest
+    | MemoryAuditRequest | MemoryHealthRequest | MemoryBootPromptRequest
+)
+
+
+# ---------------------------------------------------------------- the parts of answers
+
+
+class FileInfo(msgspec.Struct, frozen=True):
+    name: str
+    owner: Literal["deploy", "daemon"]  # deploys write soul.md and os.md; the daemon the other four
+    editable: bool  # a person may edit it from the console (the daemon's files)
+    lines: int
+    max_lines: int
+    bytes: int
+    max_bytes: int
+    versions: int
+    sha256: str
+
+
+class VersionInfo(msgspec.Struct, frozen=True):
+    number: int
+    created_at: float
+    source: str  # e.g. deploy, batch-12, on-disk (an edit found on disk), person-edit, rollback-to-3
+    lines: int
+
+
+class TurnRef(msgspec.Struct, frozen=True):
+    """Where a learning came from: turn `sequence_num` of session `session_id`."""
+
+    observation_id: int
+    session_id: str
+    sequence_num: int
+    timestamp: float
+
+
+class LearningHit(msgspec.Struct, frozen=True):
+    kind: Literal["learning", "episode"]  # an episode is a raw turn search found: type EPISODE, id the turn's
+    id: int
+    type: str
+    content: str
+    created_at: float
+    confidence: float
+    score: float | None  # higher is better; None when listed without a query
+    session_id: str | None
+    turn: TurnRef | None  # None when the curator did not cite a turn
+    forgotten_at: float | None
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    name: str
+    input: str
+    output: str
+    is_error: bool
+
+
+class TurnRecord(msgspec.Struct, frozen=True):
+    observation_id: int
+    session_id: str
+    sequence_num: int
+    timestamp: float
+    user_message: str
+    tool_calls: list[ToolCall]
+    agent_response: str
+    processed: Literal["pending", "processed", "stale"]
+
+
+class AuditEntry(msgspec.Struct, frozen=True):
+    id: int
+    at: float
+    action: Literal["forget", "unforget", "edit", "rollback"]
+    learning_id: int | None
+    file: str | None
+    detail: str
+
+
+class BatchInfo(msgspec.Struct, frozen=True):
+    id: int
+    created_at: float
+    trigger: str
+    status: str
+    turns: int
+    learnings_added: int
+    cost_usd: float
+    error: str | None
+
+
+class Spend(msgspec.Struct, frozen=True):
+    batches: int
+    failed_batches: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+class MemoryHealth(msgspec.Struct, frozen=True):
+    running: bool  # a batch is running now
+    failing: bool  # three or more batches failed in a row (/healthz says degraded)
+    consecutive_failures: int
+    last_error: str | None
+    next_retry_at: float | None
+    last_success_at: float | None
+    last_batch: BatchInfo | None
+    today: Spend  # since midnight UTC
+    total: Spend
+    observations: dict[str, int]  # pending, processed, stale, total
+    learnings: int
+    forgotten: int
+    pending_actions: int
+
+
+# ---------------------------------------------------------------- server -> client
+
+
+class MemoryReply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    seq: int = 0
+    request_id: str
+
+
+class MemoryFilesResult(MemoryReply, tag="memory_files_result", frozen=True):
+    files: list[FileInfo]
+
+
+class MemoryFileResult(MemoryReply, tag="memory_file_result", frozen=True):
+    file: FileInfo
+    text: str
+    history: list[VersionInfo]  # oldest first
+
+
+class MemoryVersionResult(MemoryReply, tag="memory_version_result", frozen=True):
+    name: str
+    version: VersionInfo
+    text: str
+    previous: int | None  # the version the diff is against; None for the first
+    diff: str  # unified diff from `previous` (or from nothing) to this version
+
+
+class MemoryEditResult(MemoryReply, tag="memory_edit_result", frozen=True):
+    file: FileInfo
+    version: VersionInfo
+
+
+class MemoryRollbackResult(MemoryReply, tag="memory_rollback_result", frozen=True):
+    file: FileInfo
+    version: VersionInfo  # the new version: a rollback is a new version, history only grows
+
+
+class MemorySearchResult(MemoryReply, tag="memory_search_result", frozen=True):
+    hits: list[LearningHit]
+
+
+class MemoryTurnResult(MemoryReply, tag="memory_turn_result", frozen=True):
+    turn: TurnRecord
+
+
+class MemoryForgetResult(MemoryReply, tag="memory_forget_result", frozen=True):
+    learning: LearningHit
+
+
+class MemoryUnforgetResult(MemoryReply, tag="memory_unforget_result", frozen=True):
+    learning: LearningHit
+
+
+class MemoryAuditResult(MemoryReply, tag="memory_audit_result", frozen=True):
+    entries: list[AuditEntry]  # newest first
+
+
+class MemoryHealthResult(MemoryReply, tag="memory_health_result", frozen=True):
+    health: MemoryHealth
+
+
+class MemoryBootPromptResult(MemoryReply, tag="memory_boot_prompt_result", frozen=True):
+    text: str
+    chars: int
+    tokens_estimate: int
+    estimate: str  # how tokens_estimate was reached
+
+
+AnyMemoryReply = (
+    MemoryFilesResult | MemoryFileResult | MemoryVersionResult | MemoryEditResult | MemoryRollbackResult
+    | MemorySearchResult | MemoryTurnResult | MemoryForgetResult | MemoryUnforgetResult
+    | MemoryAuditResult | MemoryHealthResult | MemoryBootPromptResult
+)
+
+
+# The error codes of memory requests (protocol.ErrorCode holds them too, with the rest).
+MemoryErrorCode = Literal["not_found", "not_editable", "over_limit", "file_changed", "memory_unavailable"]
+
+
+class RequestFailed(SpriteOSError):
+    """A memory request that cannot be answered: an `error` frame with its request_id."""
+
+    def __init__(self, code: MemoryErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: MemoryErrorCode = code
+        self.message = message
+
+
+class RequestIdOnly(msgspec.Struct):
+    """What is read of a request that failed validation, to tag its error."""
+
+    request_id: str | None = None

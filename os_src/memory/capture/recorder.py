@@ -1,0 +1,238 @@
+"""Capture: each turn the runtime runs becomes ONE observation in transcript.db.
+
+The runtime sent the prompt and reads every message the CLI sends back, so it is the
+turn's one writer: it opens a `TurnRecord` when a turn starts, shows it each message
+(tool calls and their results, the assistant's text), and closes it exactly once when
+the turn ends, however it ends: a result, an interrupt, a failure, a shutdown (a turn
+interrupted before its prompt was sent is never closed: nothing happened). No hook
+is involved, so the CLI pays nothing per turn for capture (it spends about 4 ms per
+hook event it dispatches; see docs/benchmarks.md).
+
+Nothing here waits: each value is cut to a bounded size before any work that grows
+with it, and the write is queued to the transcript writer (memory/capture/writer.py), which
+retries it until it lands. While a turn is open it is kept in the turn journal
+(memory/capture/journal.py), so that a server killed mid-turn loses nothing of it. A capture
+error is logged and counted, never raised into the runtime.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from claude_agent_sdk import (
+    AssistantMessage,
+    Message,
+    ResultMessage,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
+
+from ...text import clean_text
+from ..hooks import HookTimings
+from ..transcript_store import NewObservation
+from .journal import TurnJournal
+from .spill import ObservationWrite, SessionWrite
+from .writer import TranscriptWriter
+
+TOOL_INPUT_CHARS = 500
+TOOL_OUTPUT_CHARS = 1000
+MAX_TOOL_CALLS = 50  # per turn; more are counted, not stored
+USER_MESSAGE_CHARS = 20_000
+RESPONSE_CHARS = 20_000
+PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> block before it shrinks the text
+
+_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def strip_private(text: str) -> str:
+    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
+    return _PRIVATE.sub("[private]", text)
+
+
+def _bounded(value: Any, limit: int) -> str:
+    """At most `limit` characters of `value` (a string or JSON-like data), private text removed.
+
+    Capture runs on the event loop, so the work is bounded by `limit`, not by the input: the
+    value is cut (with a margin) before it is encoded and before <private> is looked for. That
+    stays safe because an unclosed <private> hides the rest: a block the cut splits leaks nothing.
+    """
+    head_chars = limit + PRIVATE_MARGIN
+    if isinstance(value, str):
+        total, head = len(value), value[:head_chars]
+        cut = total > head_chars
+    else:
+        budget = [head_chars]
+        total, head = None, json.dumps(_shrink(value, budget), ensure_ascii=False)
+        cut = budget[0] <= 0 or len(head) > head_chars
+        head = head[:head_chars]
+    text = strip_private(clean_text(head))
+    if not cut and len(text) <= limit:
+        return text
+    more = f"{total - limit} more" if total is not None and total > limit else "more"
+    return text[:limit] + f"…[{more}]"
+
+
+def _shrink(value: Any, budget: list[int]) -> Any:
+    """A copy of JSON-like `value` holding about budget[0] characters at most; it visits at most
+    that many nodes, however big the value."""
+    if budget[0] <= 0:
+        return "…"
+    budget[0] -= 1
+    if isinstance(value, dict):
+        return {str(k)[:200]: _shrink(v, budget) for k, v in itertools.islice(value.items(), budget[0])}
+    if isinstance(value, (list, tuple)):
+        return [_shrink(v, budget) for v in itertools.islice(value, budget[0])]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    text = (value if isinstance(value, str) else str(value))[: budget[0]]
+    budget[0] -= len(text)
+    return text
+
+
+@dataclass
+class _ToolCall:
+    name: str
+    input: str
+    output: str = ""
+    is_error: bool = False
+
+
+@dataclass
+class _Turn:
+    user_message: str
+    started: float
+    command: bool  # a slash command, which the CLI may run itself (/compact)
+    tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
+    dropped_calls: int = 0
+    last_text: str = ""
+
+    def tool_use(self, block: ToolUseBlock) -> None:
+        if len(self.tool_calls) >= MAX_TOOL_CALLS:
+            self.dropped_calls += 1
+        else:
+            self.tool_calls[block.id] = _ToolCall(clean_text(block.name), _bounded(block.input, TOOL_INPUT_CHARS))
+
+    def tool_result(self, block: ToolResultBlock) -> None:
+        if (call := self.tool_calls.get(block.tool_use_id)) is not None:
+            call.output, call.is_error = _bounded(block.content, TOOL_OUTPUT_CHARS), bool(block.is_error)
+
+    def calls_json(self) -> str:
+        calls = [vars(c) for c in self.tool_calls.values()]
+        if self.dropped_calls:
+            calls.append({"name": "(more)", "input": "", "output": f"{self.dropped_calls} more calls",
+                          "is_error": False})
+        return json.dumps(calls, ensure_ascii=False)
+
+
+class TurnRecord:
+    """One turn as it happens; `close` hands it to the recorder, once."""
+
+    def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
+        self._recorder = recorder
+        self._turn = turn
+
+    def observe(self, message: Message) -> None:
+        """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
+        parent_tool_use_id) is not the user's turn; their tool call, seen by the main agent, is."""
+        turn = self._turn
+        if turn is None or getattr(message, "parent_tool_use_id", None) is not None:
+            return
+        if isinstance(message, AssistantMessage):
+            with self._recorder.timings.guard("observe"):
+                texts = []
+                for block in message.content:
+                    if isinstance(block, ToolUseBlock):
+                        turn.tool_use(block)
+                    elif isinstance(block, TextBlock):
+                        texts.append(block.text)
+                if texts:
+                    turn.last_text = "".join(texts)
+                self._recorder.touched()
+        elif isinstance(message, UserMessage) and isinstance(message.content, list):
+            with self._recorder.timings.guard("observe"):
+                for block in message.content:
+                    if isinstance(block, ToolResultBlock):
+                        turn.tool_result(block)
+                self._recorder.touched()
+
+    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+        """The turn ended: with the CLI's result, or with `error` when it failed without one.
+        Only the first close records."""
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            with self._recorder.timings.guard("close"):
+                self._recorder.record(turn, result, error)
+
+
+class TurnRecorder:
+    """Numbers the turns of the current session and queues each one's observation."""
+
+    def __init__(self, writer: TranscriptWriter, on_recorded: Callable[[], None],
+                 timings: HookTimings | None = None, journal: TurnJournal | None = None) -> None:
+        self._writer = writer
+        self._on_recorded = on_recorded
+        self.timings = timings or HookTimings()
+        self._journal = journal
+        self.session_id: str | None = None
+        self._sequence = 0
+
+    def start_session(self, session_id: str) -> None:
+        self.session_id, self._sequence = session_id, 0
+        self._writer.submit(SessionWrite(session_id, "start", time.time()))
+
+    def end_session(self, session_id: str) -> None:
+        self._writer.submit(SessionWrite(session_id, "end", time.time()))
+
+    def open(self, prompt: str) -> TurnRecord:
+        turn = None
+        with self.timings.guard("open"):
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), time.time(), prompt.startswith("/"))
+        if turn is not None and self._journal is not None and self.session_id is not None:
+            with self.timings.guard("journal"):
+                key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
+                self._journal.opened(lambda: self._observation(turn, key, None))
+        return TurnRecord(self, turn)
+
+    def touched(self) -> None:
+        if self._journal is not None:
+            self._journal.touched()
+
+    def _observation(self, turn: _Turn, key: tuple[str, int], text: str | None) -> NewObservation:
+        """The turn as recorded: `text` is its response (None: what the agent said last, so far)."""
+        return NewObservation(
+            timestamp=turn.started, session_id=key[0], sequence_num=key[1], user_message=turn.user_message,
+            tool_calls_json=turn.calls_json(),
+            agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
+        )
+
+    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> None:
+        obs = self._closed_turn(turn, result, error)
+        if self._journal is not None:
+            self._journal.closed(obs)
+        if obs is not None:
+            self._writer.submit(ObservationWrite(obs))
+            self._on_recorded()
+
+    def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> NewObservation | None:
+        if self.session_id is None:
+            return None
+        if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
+            return None  # the CLI ran the command itself, with no model turn: not part of the conversation
+        note = None
+        if error is not None:
+            note = "(the turn failed before the agent finished)"
+        elif result is not None and result.subtype == "error_during_execution":
+            note = "(interrupted by the user)"
+        text = _bounded((result.result if result is not None else None) or turn.last_text, RESPONSE_CHARS)
+        if note:
+            text = f"{text}\n{note}".strip()
+        self._sequence += 1
+        return self._observation(turn, (self.session_id, self._sequence), text)

@@ -1,0 +1,155 @@
+"""What capture's writes are, and the files the transcript writer keeps beside transcript.db.
+
+- The writes: a turn's observation, a session's start or end. Each has a key that makes
+  it unique, so a replay is a no-op.
+- The spill file (`.os/state/capture-spill.jsonl`): writes that could not land yet, as
+  fsync'd JSON lines, appended in order; a torn last line (a process killed mid-append)
+  is skipped when read.
+- The status file (`.os/state/capture.json`): the failing spell of capture's writes, for
+  `memory status`, which runs in another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ...fsutil import atomic_write
+from ...logs import get_logger
+from ...paths import Layout
+from ..transcript_store import NewObservation, TranscriptDB
+
+log = get_logger(__name__)
+
+SPILL_NAME = "capture-spill.jsonl"
+STATUS_NAME = "capture.json"
+
+
+def spill_path(layout: Layout) -> Path:
+    return layout.state_dir / SPILL_NAME
+
+
+def status_path(layout: Layout) -> Path:
+    return layout.state_dir / STATUS_NAME
+
+
+class ObservationWrite(msgspec.Struct, tag="observation", frozen=True):
+    observation: NewObservation
+
+    def apply(self, db: TranscriptDB) -> None:
+        db.append(self.observation)
+
+
+class SessionWrite(msgspec.Struct, tag="session", frozen=True):
+    session_id: str
+    event: Literal["start", "end"]
+    at: float
+
+    def apply(self, db: TranscriptDB) -> None:
+        if self.event == "start":
+            db.start_session(self.session_id, self.at)
+        else:
+            db.end_session(self.session_id, self.at)
+
+
+Write = ObservationWrite | SessionWrite
+_encoder = msgspec.json.Encoder()
+_decoder: msgspec.json.Decoder[Write] = msgspec.json.Decoder(Write)
+
+
+def read_spill(path: Path) -> list[Write | None]:
+    """The writes in a spill file, one per line, in order. A line that can't be read (the torn
+    end of an append the process died in) is None, and logged."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out: list[Write | None] = []
+    for n, line in enumerate(data.splitlines(), start=1):
+        try:
+            out.append(_decoder.decode(line))
+        except msgspec.MsgspecError as exc:
+            log.error("capture_spill_line_unreadable", path=str(path), line=n, error=str(exc)[:200])
+            out.append(None)
+    return out
+
+
+def spill_count(path: Path) -> int:
+    """How many writes a spill file holds (for `memory status`, from another process)."""
+    try:
+        with path.open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+def append_lines(path: Path, writes: list[Write]) -> None:
+    """Append, fsync'd. An append that fails (a full disk) is cut off again, so that no torn line
+    runs into the next one."""
+    with path.open("ab") as f:
+        size = f.tell()
+        try:
+            f.write(b"".join(_encoder.encode(w) + b"\n" for w in writes))
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                f.truncate(size)
+            raise
+
+
+def when(write: Write) -> float:
+    return write.observation.timestamp if isinstance(write, ObservationWrite) else write.at
+
+
+def write_key(write: Write) -> tuple[str, int | str]:
+    """What makes a write unique: a turn's (session, sequence), a session's (id, event)."""
+    if isinstance(write, ObservationWrite):
+        return write.observation.session_id, write.observation.sequence_num
+    return write.session_id, write.event
+
+
+@dataclass
+class CaptureHealth:
+    """The failing spell of capture's writes: what /healthz and `memory status` show."""
+
+    failing_since: float | None = None
+    failures: int = 0  # failed attempts in a row
+    last_error: str | None = None
+    next_retry_at: float | None = None
+
+    def report(self, queued: int, spilled: int) -> dict[str, Any]:
+        return {"degraded": self.failing_since is not None or spilled > 0, "queued": queued, "spilled": spilled,
+                "consecutive_failures": self.failures, "failing_since": self.failing_since,
+                "last_error": self.last_error, "next_retry_at": self.next_retry_at}
+
+
+def save_status(path: Path, health: CaptureHealth) -> None:
+    """Write the spell (atomically), or remove the file when there is none. Blocking. A write
+    that fails (the disk is full: the spell is likely why) leaves no temp file behind."""
+    with contextlib.suppress(OSError):
+        if health.failing_since is None:
+            path.unlink(missing_ok=True)
+            return
+        atomic_write(path, msgspec.json.encode({
+            "failing_since": health.failing_since, "consecutive_failures": health.failures,
+            "last_error": health.last_error, "next_retry_at": health.next_retry_at}))
+
+
+def read_status(layout: Layout) -> dict[str, Any]:
+    """What `memory status` shows about capture: the server's saved spell, and the spill file."""
+    saved: dict[str, Any] = {}
+    with contextlib.suppress(OSError, msgspec.MsgspecError):
+        raw = status_path(layout).read_bytes()
+        if raw:
+            saved = msgspec.json.decode(raw)
+    health = CaptureHealth(saved.get("failing_since"), int(saved.get("consecutive_failures") or 0),
+                           saved.get("last_error"), saved.get("next_retry_at"))
+    report = health.report(0, spill_count(spill_path(layout)))
+    del report["queued"]  # only the server knows its queue
+    return report

@@ -1,0 +1,1 @@
+"""Curation: the daemon, its one stateless curator call per batch, and the policies around it."""

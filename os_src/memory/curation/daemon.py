@@ -1,0 +1,325 @@
+"""The memory daemon: the one task that runs curator batches, so memory has one writer.
+
+Triggers (every `batch_turns` turns, a session's end, PreCompact, start) only ask
+for work. The daemon wakes, runs batches until nothing is pending, and settles
+the waiters (a flush, a new session's settle) whose turns are curated. After a
+failure it sleeps until the retry that memory/curation/retry.py's policy set, whatever triggers
+arrive meanwhile. Before each call it asks memory/curation/budget.py's policy whether the day's
+budget allows it; if not, it sleeps until the next UTC day, and that is no failure.
+Batches never run on the agent's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
+from ...logs import get_logger
+from ..processor import MAX_REPLY_TOKENS, BatchProcessor
+from ..schema import STALE
+from ..transcript_store import Observation
+from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .pricing import cost_usd
+from .retry import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    FAILING_KEY,
+    STALE_AFTER,
+    Backoff,
+    FailureClock,
+    PoisonTurns,
+    Verdict,
+)
+
+log = get_logger(__name__)
+
+CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
+# During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
+# still, so one long sleep until midnight could oversleep it by the length of the suspend.
+BUDGET_RECHECK = 300.0
+
+
+@dataclass
+class DaemonHealth:
+    last_success_at: float | None = None
+    last_error: str | None = None
+    batches_run: int = 0
+    running: bool = False
+
+
+class MemoryDaemon:
+    def __init__(self, processor: BatchProcessor, batch_turns: int, stale_after: float = STALE_AFTER,
+                 budget: DailyBudget | None = None, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+        self.processor = processor
+        self.batch_turns = batch_turns
+        self.batch_tokens = batch_tokens  # estimated input tokens of one call, at most
+        self.budget = budget or DailyBudget()
+        self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
+        self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
+        self.clock = FailureClock(stale_after=stale_after)
+        self.poison = PoisonTurns()
+        self.health = DaemonHealth()
+        self._wake = asyncio.Event()  # work is requested, or a retry is due
+        self._idle = asyncio.Event()  # no batch running, requested or scheduled
+        self._idle.set()
+        self._not_before = 0.0  # loop time before which no run starts (a backoff)
+        self._reasons: list[str] = []
+        # (observation id, future): resolved once every turn up to that id is curated, or a run fails.
+        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        self._turns_since_batch = 0
+        self._conflicts = 0  # batches dropped in a row because a person was editing a file
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ triggers (never block)
+
+    def note_turn(self) -> None:
+        """A turn was recorded. Every `batch_turns` turns, ask for a batch."""
+        self._turns_since_batch += 1
+        if self._turns_since_batch >= self.batch_turns:
+            self.trigger("batch")
+
+    def trigger(self, reason: str) -> None:
+        self._reasons.append(reason)
+        self._idle.clear()
+        self._wake.set()
+
+    async def settle(self, budget: float) -> bool:
+        """If a batch is running, requested or scheduled, wait (at most `budget` seconds) until the
+        turns recorded so far are curated, without asking for more. A new session uses it to boot
+        with what the last session's end produced; a long backlog costs it only the budget."""
+        if self._idle.is_set():
+            return True
+        return await self._wait("settle", budget, trigger=False)
+
+    async def flush(self, reason: str, budget: float) -> bool:
+        """Ask for a batch and wait, at most `budget` seconds, until every turn recorded so far is
+        curated. True if that happened in time."""
+        if self._task is None or self._task.done():
+            return False
+        return await self._wait(reason, budget, trigger=True)
+
+    async def _wait(self, reason: str, budget: float, trigger: bool) -> bool:
+        loop = asyncio.get_running_loop()
+        target = await self.processor.transcript.call(lambda t: t.max_id())
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append((target, waiter))
+        if trigger:
+            self.trigger(reason)
+        elif self._idle.is_set():  # the run ended while the target was looked up: it resolved no one
+            self._waiters.remove((target, waiter))
+            oldest = await self.processor.pending(1)
+            return not oldest or oldest[0].id > target
+        hold = self._not_before - loop.time()
+        if self._waiting_for_budget() or hold >= budget:  # the next run comes too late for it
+            self._waiters.remove((target, waiter))
+            log.info("memory_wait_skipped", reason=reason, budget=budget, retry_in_s=round(hold, 1),
+                     budget_spent=self._waiting_for_budget())
+            return False
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), budget)
+        except TimeoutError:
+            log.warning("memory_wait_timeout", reason=reason, budget=budget)
+            return False
+
+    def _resolve(self, through: int | None, ok: bool) -> None:
+        """Resolve the waiters whose turns are all curated (through=None: all of them)."""
+        keep = []
+        for target, waiter in self._waiters:
+            if through is None or target <= through:
+                if not waiter.done():
+                    waiter.set_result(ok)
+            else:
+                keep.append((target, waiter))
+        self._waiters = keep
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        raw = await self.processor.memory.call(lambda m: m.get_meta(FAILING_KEY))
+        try:
+            self.clock.restore(raw)  # a restart does not reset the failing clock
+        except ValueError as exc:  # a bad value only costs the clock
+            log.warning("daemon_failing_unreadable", error=repr(exc))
+        if self.health.last_success_at is None:  # for /healthz: the last success survives a restart
+            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
+        await self.processor.recover()
+        await self._save_budget()  # a new setting takes effect now; a wait is found again at the first call
+        worst = cost_usd(self.processor.curator.model, self.batch_tokens, MAX_REPLY_TOKENS)
+        if worst > self.budget.daily_usd:
+            log.warning("memory_budget_below_one_call", daily_usd=self.budget.daily_usd,
+                        worst_call_usd=round(worst, 4))
+        self._task = asyncio.create_task(self._run(), name="memory-daemon")
+        self.trigger("start")  # a restart tries at once, whatever retry was scheduled
+
+    async def stop(self, flush_budget: float) -> None:
+        """Flush what is pending within the budget, then stop. What is left runs at next start."""
+        if self._task is None:
+            return
+        if flush_budget > 0 and not self._task.done():
+            await self.flush("shutdown", flush_budget)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        self._idle.set()
+        self._resolve(None, False)
+
+    # ------------------------------------------------------------ the owner task
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            if (hold := self._not_before - loop.time()) > 0:
+                await asyncio.sleep(hold)  # the backoff holds, whatever triggers arrive meanwhile
+            self._wake.clear()
+            reasons, self._reasons = self._reasons or ["retry"], []
+            self.health.running = True
+            try:
+                ok, delay = await self._attempt("+".join(sorted(set(reasons))))
+            finally:
+                self.health.running = False
+            if delay is not None:
+                self._not_before = loop.time() + delay
+                self._wake.set()  # the retry is due then
+            elif not self._wake.is_set():
+                self._idle.set()
+            self._resolve(None, ok)
+
+    async def _attempt(self, trigger: str) -> tuple[bool, float | None]:
+        """One run. Returns (success, seconds until the retry, or None when nothing is left)."""
+        try:
+            return await self._drain(trigger)
+        except Exception as exc:  # a bug or a database error: it counts like a failed call
+            log.exception("memory_daemon_error", error=repr(exc))
+            return False, await self._failed(repr(exc))
+
+    async def _drain(self, trigger: str) -> tuple[bool, float | None]:
+        self._turns_since_batch = 0
+        await self.processor.recover()  # a batch an earlier error left half-finished comes first
+        while True:
+            chunk = await self._next_chunk()
+            if not chunk:
+                return True, None
+            ids = [o.id for o in chunk]
+            try:
+                await self.processor.process(chunk, trigger, self._conflicts, gate=self._may_call)
+            except BudgetSpent as exc:  # no failure: the turns wait, no clock runs
+                return False, min(exc.resumes_at - time.time(), BUDGET_RECHECK)
+            except EditConflict:
+                self._conflicts += 1
+                return False, CONFLICT_RETRY
+            except UnusableReply as exc:
+                verdict = self.poison.unusable(ids)
+                delay = await self._on_unusable(verdict, ids, str(exc))
+                if verdict.goes_on:
+                    continue
+                return False, delay
+            except CuratorError as exc:  # transport: the same turns are retried, whole
+                return False, await self._failed(str(exc))
+            self._conflicts = 0
+            self.poison.succeeded()
+            self.health.last_success_at = time.time()
+            self.health.batches_run += 1
+            await self._clear_failing()
+            # Only as far as nothing older is pending: a turn set aside may be older than these.
+            oldest = await self.processor.pending(1)
+            self._resolve(min(ids[-1], oldest[0].id - 1) if oldest else ids[-1], True)
+
+    async def _next_chunk(self) -> list[Observation]:
+        """The oldest pending turns that fit one call, or the one turn an isolation runs next."""
+        pending = await self.processor.pending(self.batch_turns)
+        one = self.poison.next_turn([o.id for o in pending])
+        if one is not None:
+            return [o for o in pending if o.id == one]
+        if not pending:
+            return []
+        return split_batch(pending, await self.processor.turn_budget(self.batch_tokens))[0]
+
+    # ------------------------------------------------------------ the budget
+
+    async def _may_call(self, input_tokens: int) -> None:
+        """The gate before each call: raises BudgetSpent unless today's budget covers its worst case."""
+        now = time.time()
+        spent = await self.processor.memory.call(lambda m: m.cost_since(day_start(now)))
+        estimate = cost_usd(self.processor.curator.model, input_tokens, MAX_REPLY_TOKENS)
+        decision = self.budget.check(now, spent, estimate)
+        if decision.resumes_at is not None:
+            if decision.resumes_at != self.resumes_at:
+                self.resumes_at = decision.resumes_at
+                log.warning("memory_budget_spent", spent_usd=round(spent, 4), call_usd=round(estimate, 4),
+                            daily_usd=self.budget.daily_usd, resumes_at=decision.resumes_at)
+                await self._save_budget()
+            raise BudgetSpent(f"the daily budget of ${self.budget.daily_usd:.2f} is spent", decision.resumes_at)
+        if self.resumes_at is not None:
+            self.resumes_at = None
+            log.info("memory_budget_resumed", spent_usd=round(spent, 4), daily_usd=self.budget.daily_usd)
+            await self._save_budget()
+
+    def _waiting_for_budget(self) -> bool:
+        return self.resumes_at is not None and time.time() < self.resumes_at
+
+    async def _save_budget(self) -> None:
+        value = BudgetRecord(self.budget.daily_usd, self.resumes_at).dumps()
+        await self.processor.memory.call(lambda m: m.set_meta(BUDGET_KEY, value))
+
+    async def budget_status(self) -> dict[str, Any]:
+        """What /healthz shows about the budget: today's spending, the budget, any wait."""
+        now = time.time()
+        spent = await self.processor.memory.call(lambda m: m.cost_since(day_start(now)))
+        return self.budget.report(now, spent, self.resumes_at)
+
+    async def _on_unusable(self, verdict: Verdict, ids: list[int], error: str) -> float:
+        """Act on the isolation's verdict on an unusable reply; returns the backoff, 0 if it goes on."""
+        log.warning("memory_reply_unusable", first_id=ids[0], last_id=ids[-1], verdict=verdict.value)
+        if verdict is Verdict.STALE:  # a turn succeeded alone: the proxy works, this turn does not
+            await self.processor.transcript.call(lambda t: t.set_processed(ids, STALE))
+            log.error("observation_marked_stale", observation_id=ids[0], state=STALE,
+                      reason="curator reply unusable")
+            self.health.last_error = error[:500]
+            await self._clear_failing()
+            return 0.0
+        if verdict is Verdict.GIVE_UP:
+            log.warning("memory_isolation_dropped", observations=self.poison.probed)
+        return await self._failed(error, back_off=verdict is not Verdict.ISOLATE)
+
+    async def _clear_failing(self) -> None:
+        if self.clock.succeeded():
+            await self._save_clock()
+
+    async def _failed(self, error: str, back_off: bool = True) -> float:
+        """Count a failed call; returns the seconds until the retry. Marks old turns stale under the
+        six-hour rule. Never raises: the daemon must outlive a broken database."""
+        now = time.time()
+        if self.clock.failed(now):
+            log.info("daemon_failing_clock_restarted", failures=self.clock.failures)
+        delay = self.backoff.delay(self.clock.failures, random.random()) if back_off else 0.0
+        self.clock.next_retry_at = now + delay
+        self.health.last_error = error[:500]
+        log.warning("memory_batch_failed", error=error[:300], failures=self.clock.failures,
+                    retry_in_s=round(delay, 1))
+        try:
+            await self._save_clock()
+            if (cutoff := self.clock.stale_cutoff(now)) is not None:
+                marked = await self.processor.transcript.call(lambda t: t.mark_stale_before(cutoff))
+                if marked:
+                    log.error("observations_marked_stale", count=marked, state=STALE,
+                              hours=self.clock.stale_after / 3600)
+        except Exception as exc:
+            log.exception("daemon_failing_not_saved", error=repr(exc))
+        return delay
+
+    async def _save_clock(self) -> None:
+        value = self.clock.dumps()
+        await self.processor.memory.call(lambda m: m.set_meta(FAILING_KEY, value))
+
+    def status(self) -> dict[str, Any]:
+        h = self.health
+        return {"running": h.running, "batches_run": h.batches_run, "last_success_at": h.last_success_at,
+                "last_error": h.last_error, **self.clock.report()}

@@ -1,0 +1,140 @@
+"""`memory rebuild`: throw away what the curator made and make it again from transcript.db.
+
+transcript.db is the source of truth, so memory.db and the curated files can
+always be rebuilt. The old memory.db is kept beside the new one, and the
+curated files' current versions stay in their history. Batches are replayed
+with the same turn groupings as before, so the same curator replies rebuild
+the same learnings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from ...config import Settings
+from ...db_worker import Worker
+from ...errors import CuratorError, LockHeld
+from ...fsutil import WriterLock
+from ...logs import get_logger
+from ..files import CURATED, MemoryFiles
+from ..forgetting import forget_again, forgotten_keys
+from ..memory_store import MemoryDB
+from ..processor import BatchProcessor, CuratorClient
+from ..schema import PENDING
+from ..transcript_store import Observation, TranscriptDB
+from .curator import split_batch
+
+log = get_logger(__name__)
+
+ATTEMPTS = 4
+
+
+@dataclass
+class RebuildReport:
+    observations: int
+    batches: int
+    learnings: int
+    backup: Path | None
+    cost_usd: float
+
+
+def _previous_groups(path: Path) -> list[list[int]]:
+    """The turn groupings of the batches the old memory.db recorded: not failed calls, and not
+    superseded batches (a person's edit made their turns run again, grouped anew)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    with contextlib.closing(conn):
+        try:
+            rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
+                                " ORDER BY id").fetchall()
+        except sqlite3.Error:
+            return []
+    return [json.loads(r[0]) for r in rows]
+
+
+def _set_aside(path: Path) -> Path | None:
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    backup = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
+    path.rename(backup)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return backup
+
+
+async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
+                  batch_turns: int) -> AsyncIterator[list[Observation]]:
+    """The turns to curate, a batch at a time and never all in memory: first each earlier
+    batch's turns (so the same replies rebuild the same learnings), then the rest in order."""
+    for ids in previous:
+        group = [o for o in await transcript.call(partial(TranscriptDB.get, ids=ids)) if o.processed == PENDING]
+        for chunk in split_batch(group):
+            yield chunk
+    while rest := await transcript.call(lambda t: t.pending(batch_turns)):
+        for chunk in split_batch(rest):
+            yield chunk
+
+
+async def rebuild(settings: Settings) -> RebuildReport:
+    layout = settings.layout
+    lock = WriterLock(layout.memory_lock)
+    try:
+        lock.acquire()  # refuses while the server (or another rebuild) holds it
+    except LockHeld as exc:
+        raise LockHeld(f"{exc}: stop the server before rebuilding") from None
+    try:
+        previous = _previous_groups(layout.memory_db)
+        forgotten = forgotten_keys(layout.memory_db)  # what a person forgot stays forgotten
+        backup = _set_aside(layout.memory_db)
+        files = MemoryFiles(layout)
+        for name in CURATED:
+            _clear(files, name)
+        transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+        memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        curator = CuratorClient(settings)
+        processor = BatchProcessor(transcript, memory, files, curator)
+        try:
+            await transcript.call(lambda t: t.reset_all_pending())
+            total = await transcript.call(lambda t: t.counts()["total"])
+            cost, batches, turns = 0.0, 0, 0
+            async for group in _groups(transcript, previous, settings.memory_batch_turns):
+                cost += await _with_retries(processor, group)
+                batches, turns = batches + 1, turns + len(group)
+                log.info("rebuild_progress", batch=batches, turns=turns, of=total)
+            await memory.call(lambda m: forget_again(m, forgotten))
+            learnings = await memory.call(lambda m: m.totals()["learnings"])
+            return RebuildReport(turns, batches, learnings, backup, cost)
+        finally:
+            await curator.close()
+            await asyncio.gather(transcript.close(), memory.close())
+    finally:
+        lock.release()
+
+
+def _clear(files: MemoryFiles, name: str) -> None:
+    """Keep the current text as a version, then remove the file: the curator starts afresh."""
+    files.snapshot(name, source="before-rebuild")
+    files.path(name).unlink(missing_ok=True)
+
+
+async def _with_retries(processor: BatchProcessor, group: list[Observation]) -> float:
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return (await processor.process(group, "rebuild")).cost_usd
+        except CuratorError as exc:
+            if attempt == ATTEMPTS:
+                raise CuratorError(f"rebuild stopped at turn #{group[0].id}: {exc}") from exc
+            await asyncio.sleep(2 ** attempt)
+    raise AssertionError("unreachable")

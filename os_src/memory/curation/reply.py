@@ -1,0 +1,201 @@
+"""Reading the curator's reply: strict about structure, forgiving about decoration, never guessing.
+
+The format is the seed's: learning lines (`FACT: ...`), or `NONE`, `DONE: A<id>` lines, then
+`<NAME>_MD_UPDATE:` blocks that each hold a whole file. A marker starts its line (a label
+after it that names its file, like `(user.md)`, is ignored; any other text after it, like
+`(no changes needed)`, means the line opens no block); a line inside a file block is file
+content even if it starts with `FACT:`, and so is a marker-shaped line inside a ``` code
+block opened in that block, but any other marker-shaped line ends the block, and the block
+of an unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
+whole reply is ignored; anything unrecognised is reported, never guessed at. Control
+characters and lone surrogates are taken out before anything is read (text.safe_text).
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ...text import safe_text
+from ..files import CURATED
+from ..memory_store import LEARNING_TYPES, NewLearning
+
+MAX_LEARNING_CHARS = 600
+MAX_LEARNINGS = 60
+CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,
+              "PATTERN": 0.7, "SUMMARY": 0.9}
+MARKERS = {f"{name.split('.')[0].upper()}_MD_UPDATE": name for name in CURATED}
+
+# Any line that starts like a marker is one, known or not: a forbidden SOUL_MD_UPDATE inside a
+# user.md block must end that block, not become user.md content (unless it sits in a code block
+# of that file). Text after the colon is kept apart (group 2), never taken as file content.
+_MARKER = re.compile(r"^\s*(?:#+\s*)?[*`]*\s*([A-Z]+_MD_UPDATE)\b[*`]*\s*:?[*`]*\s*(.*?)\s*$")
+_LEARNING = re.compile(r"^\s*(?:[-*]\s+)?\**\s*([A-Za-z_]+)\s*\**\s*:\s*(.+?)\s*$")
+_REF = re.compile(r"\s*\[#(\d+)\]\s*$")
+_DONE = re.compile(r"^\s*(?:[-*]\s+)?\**\s*DONE\s*\**\s*:\s*\[?A?(\d+)\]?", re.IGNORECASE)
+_FENCE = re.compile(r"^\s*```")
+
+
+@dataclass
+class CuratorReply:
+    learnings: list[NewLearning] = field(default_factory=list)
+    file_updates: dict[str, str] = field(default_factory=dict)
+    said_none: bool = False
+    done_actions: list[int] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # lines that fit no rule
+    rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
+    declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
+
+    @property
+    def recognised(self) -> bool:
+        """False for garbage or an empty reply: nothing in it follows the format."""
+        return (self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
+                or bool(self.done_actions) or bool(self.declined_files))
+
+
+def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
+                truncated: bool = False) -> CuratorReply:
+    """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
+    block or a learning line) is incomplete and is dropped, never applied. The reply is made plain
+    text first (text.safe_text: no NUL or other control character, valid UTF-8), whatever the
+    model sent: it becomes files and learnings, and from them the boot prompt."""
+    parser = _Parser(observation_ids, session_of or {})
+    lines = safe_text(text).splitlines()
+    parser.last_fence = max((i for i, x in enumerate(lines) if _FENCE.match(x)), default=-1)
+    for i, raw in enumerate(lines):
+        parser.line(i, raw)
+    return parser.finish(truncated)
+
+
+class _Parser:
+    """One reply, read line by line: each line is a marker, a line of the open file block, or an item."""
+
+    def __init__(self, observation_ids: list[int], session_of: dict[int, str]) -> None:
+        self.reply = CuratorReply()
+        self.ids = observation_ids
+        self.session_of = session_of
+        self.default_source = observation_ids[-1] if observation_ids else None
+        self.blocks: dict[str, list[list[str]]] = {}
+        self.current: list[str] | None = None  # the open file block's lines
+        self.last_block: str | None = None  # the reply's last item, if a file block ("": nothing to drop)
+        self.in_code = False  # inside a ``` code block opened within the open file block (not its wrapper)
+        self.wrapper = False  # ...or inside a fence opened as the block's first line, around the whole file
+        self.last_fence = -1
+
+    def line(self, i: int, raw: str) -> None:
+        marker = _MARKER.match(raw)
+        if marker and self.current is not None and self.in_code and i < self.last_fence:
+            marker = None  # the file documents the format in a code block (closed later): content
+        if marker:
+            self._marker(marker, raw)
+        elif self.current is not None:
+            self._file_line(raw)
+        else:
+            self._item(raw.strip())
+
+    def _marker(self, marker: re.Match[str], raw: str) -> None:
+        self.in_code = self.wrapper = False
+        name = MARKERS.get(marker[1])
+        if name is not None and marker[2] and not _is_label(marker[2], name) and not _is_intro(marker[2]):
+            # `USER_MD_UPDATE: (no changes needed)`: narration follows, not the file. The block
+            # before still ends here; this line opens none.
+            self.current, self.last_block = None, ""
+            self.reply.declined_files.append(name)  # the format, answered: not garbage
+            self.reply.ignored.append(raw.strip()[:200])
+            return
+        self.current = []  # an unknown or forbidden marker's block is read, then dropped
+        self.last_block = name or marker[1]
+        if name is not None:
+            self.blocks.setdefault(name, []).append(self.current)
+        else:
+            self.reply.ignored.append(raw.strip()[:200])
+
+    def _file_line(self, raw: str) -> None:
+        assert self.current is not None
+        if _FENCE.match(raw):
+            # A fence that opens the block wraps the file: a marker inside it is more likely the
+            # next block after a fence the model forgot to close than part of the file.
+            if self.wrapper:
+                self.wrapper = False
+            elif not self.in_code and not any(x.strip() for x in self.current):
+                self.wrapper = True
+            else:
+                self.in_code = not self.in_code
+        self.current.append(raw.rstrip())
+
+    def _item(self, line: str) -> None:
+        reply = self.reply
+        if not line or _FENCE.match(line):  # blank, or a fence around the whole reply
+            return
+        if line.strip("*`").upper() == "NONE":
+            reply.said_none = True
+        elif done := _DONE.match(line):
+            reply.done_actions.append(int(done[1]))
+        elif (m := _LEARNING.match(line)) and m[1].upper() in LEARNING_TYPES:
+            if len(reply.learnings) < MAX_LEARNINGS:
+                self._learning(m[1].upper(), m[2].strip())
+        else:
+            reply.ignored.append(line[:200])
+
+    def _learning(self, kind: str, content: str) -> None:
+        source = self.default_source
+        if ref := _REF.search(content):
+            content = content[: ref.start()].strip()
+            if int(ref[1]) in self.ids:
+                source = int(ref[1])
+        if content:
+            self.last_block = None  # the reply's last item is now this learning
+            self.reply.learnings.append(NewLearning(
+                type=kind, content=content[:MAX_LEARNING_CHARS],
+                session_id=self.session_of.get(source) if source is not None else None,
+                source_observation_id=source, confidence=CONFIDENCE[kind]))
+
+    def finish(self, truncated: bool) -> CuratorReply:
+        reply = self.reply
+        if truncated and self.last_block is not None:
+            if self.last_block in self.blocks:
+                reply.rejected_files.append(self.last_block)
+                del self.blocks[self.last_block]
+        elif truncated and reply.learnings:  # the last item was a learning
+            reply.learnings.pop()
+        for name, found in self.blocks.items():
+            content = _file_text(found[0]) if len(found) == 1 else None
+            if content is None or not content.strip():
+                # Two blocks for one file (which is right?) or an empty one (a wipe is never wanted).
+                reply.rejected_files.append(name)
+            else:
+                reply.file_updates[name] = content
+        return reply
+
+
+def _is_intro(text: str) -> bool:
+    """`Here is the new file:`: the text ends with a colon, so it announces what follows (the file),
+    unlike `(no changes needed)`. The intro itself is never file content."""
+    return text.strip("*` ").endswith(":")
+
+
+def _is_label(text: str, name: str) -> bool:
+    """True if the text after a marker only names its file: `user.md`, `(user.md)`, `` `user.md` ``,
+    `(user.md, at most 200 lines)`. `(no changes needed)` or `here it is` is not a label."""
+    text = text.strip("*").strip()
+    if text.startswith("(") and text.endswith(")"):
+        inner = text[1:-1].strip()
+        return bool(re.match(rf"`?{re.escape(name)}`?(?:$|\s*[,:;]|\s+[-–—])", inner, re.IGNORECASE))
+    return bool(re.fullmatch(rf"`?{re.escape(name)}`?", text, re.IGNORECASE))
+
+
+def _file_text(lines: list[str]) -> str:
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if lines and sum(bool(_FENCE.match(x)) for x in lines) % 2:
+        # An unpaired fence: the close (or open) of a fence that wraps the whole reply.
+        if _FENCE.match(lines[-1]):
+            lines = lines[:-1]
+        elif _FENCE.match(lines[0]):
+            lines = lines[1:]
+    if lines and _FENCE.match(lines[0]) and _FENCE.match(lines[-1]) and len(lines) >= 2:
+        lines = lines[1:-1]
+    return "\n".join(lines) + "\n" if lines else ""

@@ -1,0 +1,183 @@
+"""Recall in the server: the index, its indexer, the searcher's thread, the dense retriever.
+
+The searcher owns a read connection to memory.db, the recall index and the dense index on a
+thread of its own ("recall"), so a search never waits behind the daemon's writes; the
+index's writer has its own thread, the turns' embedder its own (memory/recall/indexer.py).
+If the dense retriever cannot load, search is lexical only and `status` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ... import protocol as p
+from ...config import Settings
+from ...database import connect
+from ...db_worker import Worker
+from ...logs import get_logger
+from ..memory_store import MemoryDB
+from ..transcript_store import TranscriptDB
+from . import auto as auto_recall
+from .dense import DenseStatus, Embedder, VectorIndex, load
+from .index import RecallIndex, exists
+from .indexer import Indexer
+from .learnings import search_learnings, search_terms
+from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
+
+log = get_logger(__name__)
+
+INDEX_DIR = "index"
+AUTO_RECALL_TIMEOUT = 0.5
+LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable  # a recall slower than this is skipped: the message goes as it is
+
+
+def index_path(memory_dir: Path) -> Path:
+    return memory_dir / INDEX_DIR
+
+
+def read_connection(path: Path) -> sqlite3.Connection:
+    conn = connect(path)
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """What auto-recall added to a message."""
+
+    context: str  # the memories, sent before the person's message as a block of its own
+    frame: p.Recall
+
+
+def to_frame(turn_id: str, hits: list[RecallHit]) -> p.Recall:
+    return p.Recall(turn_id=turn_id, tokens=auto_recall.tokens(hits), memories=[
+        p.RecalledMemory(kind="episode" if h.kind == "episode" else "learning", id=h.id, type=h.type, at=h.at,
+                         session_id=h.session_id, turn=h.turn, observation_id=h.observation_id, snippet=h.snippet,
+                         score=round(h.score, 4)) for h in hits])
+
+
+class RecallService:
+    def __init__(self, settings: Settings, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB]) -> None:
+        self.settings = settings
+        self.path = index_path(settings.layout.memory_dir)
+        self._index: RecallIndex | None = None
+        self._dense_status = DenseStatus(False, None, "not loaded yet")
+        self._query_model: Embedder | None = None
+        self._embed_model: Embedder | None = None
+        self.index = Worker("recall-index", self._the_index)
+        self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
+        self.embedder: Worker[Embedder] = Worker("recall-embed", self._the_embedder)
+        self.indexer = Indexer(transcript, memory, self.index, self.searcher)
+        self._memory = memory
+        self._boot = ""
+
+    def _the_index(self) -> RecallIndex:
+        assert self._index is not None
+        return self._index
+
+    def _the_embedder(self) -> Embedder:
+        assert self._embed_model is not None
+        return self._embed_model
+
+    def _open_searcher(self) -> Searcher:
+        dense = None
+        if self._query_model is not None:
+            dense = Dense(self._query_model, VectorIndex(), self.settings.recall_dense_weight)
+        return Searcher(read_connection(self.settings.layout.memory_db), self._the_index(), dense)
+
+    async def start(self) -> None:
+        fresh = not exists(self.path)
+        try:
+            self._index = await asyncio.to_thread(RecallIndex, self.path, True)
+        except Exception as exc:  # unreadable: derived data, so set it aside and index everything again
+            aside = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}")
+            log.error("recall_index_unreadable", error=repr(exc)[:300], moved_to=str(aside))
+            await asyncio.to_thread(self.path.rename, aside)
+            fresh = True
+            self._index = await asyncio.to_thread(RecallIndex, self.path, True)
+        if self.settings.recall_dense_weight > 0:
+            setting = self.settings.embedding_model
+            self._query_model, self._dense_status = await asyncio.to_thread(load, setting)
+            if self._query_model is not None:
+                self._embed_model, _ = await asyncio.to_thread(load, setting)
+        else:
+            self._dense_status = DenseStatus(False, None, "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)")
+        if self._embed_model is not None:
+            self.indexer.embed, self.indexer.model = self.embedder, self._dense_status.model
+        await self.indexer.start(fresh_index=fresh)
+        log.info("recall_started", index=str(self.path), fresh=fresh, dense=self._dense_status.available,
+                 dense_detail=self._dense_status.detail)
+
+    async def stop(self) -> None:
+        await self.indexer.stop()
+        await asyncio.gather(self.searcher.close(), self.embedder.close())
+        await self.index.close()  # the writer finishes its merges and lets go of the directory
+
+    async def learned(self) -> bool:
+        """A batch committed learnings: index them, and wait (briefly) until they are searchable."""
+        self.indexer.nudge()
+        return await self.settle(LEARNED_BUDGET)
+
+    async def settle(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until the index holds what is recorded and learned so far."""
+        if self._index is None:
+            return False
+        try:
+            await asyncio.wait_for(self.indexer.current.wait(), budget)
+            return True
+        except TimeoutError:
+            return False
+
+    @property
+    def dense_available(self) -> bool:
+        return self._query_model is not None
+
+    def booted_with(self, prompt: str) -> None:
+        self._boot = auto_recall.normalise(prompt)
+
+    async def search(self, query: str, limit: int, exclude_session: str | None = None) -> list[RecallHit]:
+        if not query.strip():
+            return []
+        if self._index is None:  # not started (a tool that only reads): learnings alone, by FTS5
+            return await self._learnings(query, limit)
+        now = time.time()
+        return await self.searcher.call(lambda s: s.search(query, now, limit, exclude_session))
+
+    async def _learnings(self, query: str, limit: int) -> list[RecallHit]:
+        terms = search_terms(query)
+        if not terms:
+            return []
+        found = await self._memory.call(lambda m: search_learnings(m, terms, limit))
+        return [RecallHit("learning", h.id, h.score, h.created_at, None, None, None, h.type,
+                          snippet(h.content, terms, LEARNING_SNIPPET_CHARS), bm25=h.score) for h in found]
+
+    async def auto_recall(self, message: str, session_id: str, turn_id: str) -> Recalled | None:
+        """The memories `message` calls up, as the context to send before it, or None when none pass (or
+        auto-recall is off, or the message is a slash command the CLI must see first). Never
+        raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
+        if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
+            return None
+        try:
+            async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
+                hits = await self.search(message, auto_recall.SEARCHED, exclude_session=session_id)
+        except TimeoutError:
+            log.warning("auto_recall_slow", timeout_s=AUTO_RECALL_TIMEOUT)
+            return None
+        except Exception as exc:
+            log.exception("auto_recall_failed", error=repr(exc)[:300])
+            return None
+        chosen = auto_recall.select(hits, self._boot, self.settings.auto_recall_tokens, self.dense_available)
+        if not chosen:
+            return None
+        log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))
+        return Recalled(auto_recall.render(chosen), to_frame(turn_id, chosen))
+
+    def status(self) -> dict[str, Any]:
+        d = self._dense_status
+        return {"index": str(self.path), "dense": {"available": d.available, "model": d.model, "detail": d.detail},
+                **self.indexer.status()}
