@@ -67,6 +67,8 @@ MAX_QUEUED_MESSAGES = 16
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
 
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
+NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is failing or full). It is kept "
+             "in memory and saved once the disk allows; if the server stops before then, it is lost.")
 
 
 Publish = Callable[[p.ServerFrame], None]
@@ -229,15 +231,26 @@ class AgentRuntime:
             raise
         except Exception as exc:
             record.close(None, repr(exc))
-            await self._turn_failed(turn, started, exc)
+            await self._turn_failed(turn, started, exc, record)
         else:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
                 record.close(result)
+                await self._saved(turn, record)
+                self._publish_result(turn, result, out)
         finally:
             self._running = None
             self._turn.end()
+
+    async def _saved(self, turn: Turn, record: TurnRecord) -> None:
+        """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it
+        can't be (the disk is full, read-only, failing), the person is told so beside it."""
+        self._turn.saving()
+        if not await record.durable():
+            log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
+            self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
 
     async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
@@ -272,8 +285,9 @@ class AgentRuntime:
             self._turn.heard()
             record.observe(message)
             if isinstance(message, ResultMessage):
-                result = message
-            self._publish_message(turn, message)
+                result = message  # its frames wait until the turn is durable (_run_turn)
+            else:
+                self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
             raise _NoResult("the CLI ended the turn without a result")
         return result
@@ -291,20 +305,20 @@ class AgentRuntime:
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
-        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
-        for frame in out:
+        for frame in frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted):
             self._publish(frame)
-        if isinstance(message, ResultMessage):
-            for frame in out:
-                if isinstance(frame, p.Error):  # the CLI's error text, not the person's words: a warning
-                    log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
-                elif isinstance(frame, p.TurnComplete):
-                    log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                             duration_ms=message.duration_ms, cost_usd=message.total_cost_usd,
-                             turns=message.num_turns)
-        elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+        if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
                      trigger=message.data.get("compact_metadata", {}).get("trigger"))
+
+    def _publish_result(self, turn: Turn, result: ResultMessage, out: list[p.ServerFrame]) -> None:
+        for frame in out:
+            self._publish(frame)
+            if isinstance(frame, p.Error):  # the CLI's error text, not the person's words: a warning
+                log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
+            elif isinstance(frame, p.TurnComplete):
+                log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
+                         duration_ms=result.duration_ms, cost_usd=result.total_cost_usd, turns=result.num_turns)
 
     async def _cli_lost(self) -> None:
         """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
@@ -314,10 +328,11 @@ class AgentRuntime:
                               message="The agent stopped while idle; your message goes to a fresh session."))
         await self._end_session("crash")
 
-    async def _turn_failed(self, turn: Turn, started: float, exc: Exception) -> None:
+    async def _turn_failed(self, turn: Turn, started: float, exc: Exception, record: TurnRecord) -> None:
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
+        await self._saved(turn, record)
         self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
         await self._end_session("crash")
 

@@ -15,10 +15,12 @@ from .. import protocol as p
 
 
 class TurnRecord(Protocol):
-    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends."""
+    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends.
+    `durable()`, once closed: True when the turn is on disk, False when it can't be for now."""
 
     def observe(self, message: Message) -> None: ...
     def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
+    async def durable(self) -> bool: ...
 
 
 class Recalled(Protocol):
@@ -50,3 +52,6 @@ class NoRecord:
 
     def close(self, result: ResultMessage | None, error: str | None = None) -> None:
         pass
+
+    async def durable(self) -> bool:
+        return True

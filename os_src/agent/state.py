@@ -10,6 +10,9 @@ A turn, as the owner task runs it:
              └─begin(warm)──────────────────────────┘    ▲          │
                                      STARTING ◄─resend───┴──────────┘  (a reused CLI died silently)
 
+Once the CLI's answer is in (or the turn failed), the turn is SAVING until it is on disk: only
+then is the person told it is done. An interrupt then changes nothing.
+
 and the interrupt that may come from outside at any point:
 
     STARTING ─► CANCELLED        the turn ends unsent once the CLI is up
@@ -44,6 +47,7 @@ class TurnPhase(enum.Enum):
     CANCELLED = "cancelled"  # interrupted while starting: ends unsent
     STOP_AFTER_SEND = "stop_after_send"  # interrupted while the prompt is written
     STOPPING = "stopping"  # the interrupt went to the CLI; the reply stream is ending
+    SAVING = "saving"  # the turn is over: it is made durable before turn_complete goes out
 
 
 class Stop(enum.Enum):
@@ -53,6 +57,7 @@ class Stop(enum.Enum):
     UNSENT = "unsent"  # still starting: the turn ends, unsent, once the CLI is up
     AFTER_SEND = "after_send"  # the prompt is being written: interrupt the CLI right after it
     NOW = "now"  # interrupt the CLI now
+    OVER = "over"  # the turn is already over (being saved): nothing to do, and no error either
 
 
 _PUBLIC: dict[TurnPhase, AgentState] = {
@@ -64,6 +69,7 @@ _PUBLIC: dict[TurnPhase, AgentState] = {
     TurnPhase.CANCELLED: "stopping",
     TurnPhase.STOP_AFTER_SEND: "stopping",
     TurnPhase.STOPPING: "stopping",
+    TurnPhase.SAVING: "running",
 }
 
 _INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
@@ -71,6 +77,7 @@ _INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
     TurnPhase.SENDING: (TurnPhase.STOP_AFTER_SEND, Stop.AFTER_SEND),
     TurnPhase.WAITING: (TurnPhase.STOPPING, Stop.NOW),
     TurnPhase.STREAMING: (TurnPhase.STOPPING, Stop.NOW),
+    TurnPhase.SAVING: (TurnPhase.SAVING, Stop.OVER),
 }
 
 
@@ -128,6 +135,12 @@ class TurnState:
     def resend(self) -> None:
         """The prompt goes once more, to a fresh CLI (only while `may_resend`)."""
         self._step({TurnPhase.SENDING, TurnPhase.WAITING}, TurnPhase.STARTING)
+
+    def saving(self) -> None:
+        """The turn is over, however it ended: it is being made durable."""
+        if self.phase is TurnPhase.IDLE:
+            raise IllegalTransition("turn: idle -> saving")
+        self.phase = TurnPhase.SAVING
 
     def end(self) -> None:
         self.phase = TurnPhase.IDLE

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
@@ -23,10 +22,8 @@ from ..db_worker import Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
-from .capture.journal import TurnJournal, journal_path, recover
-from .capture.recorder import TurnRecord, TurnRecorder
-from .capture.spill import ObservationWrite, Write, write_key
-from .capture.writer import TranscriptWriter
+from .capture.pipeline import Capture
+from .capture.recorder import TurnRecord
 from .curation.budget import DailyBudget
 from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
@@ -63,10 +60,9 @@ class MemorySystem:
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
         self.processor.on_commit = self.recall.learned
-        self._capture_files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
-        self.journal = TurnJournal(journal_path(layout), self._capture_files)
-        self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
-        self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
+        self.capture = Capture(self.transcript, layout, on_recorded=self.daemon.note_turn,
+                               on_landed=self.recall.indexer.nudge, timings=self.timings)
+        self.writer = self.capture.writer
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
@@ -76,13 +72,7 @@ class MemorySystem:
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
-        # What an earlier run left unwritten comes first: its spill file, then its turn journal
-        # (the turn it was killed in, recorded with a note).
-        loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self._capture_files, recover, journal_path(self.settings.layout))
-        self.journal.restore(recovered)
-        await self.writer.start([ObservationWrite(obs) for obs in recovered])
-        await self.writer.drained(REPLAY_BUDGET)
+        await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
@@ -91,20 +81,12 @@ class MemorySystem:
                  batch_tokens=self.settings.memory_batch_tokens)
 
     async def stop(self) -> None:
-        await self.writer.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
-        await self.journal.flush()
+        await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.recall.stop()
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
-        self._capture_files.shutdown(wait=False)  # idle by now: the journal and the writer are done
         self._lock.release()
-
-    def _durable(self, write: Write) -> None:
-        if isinstance(write, ObservationWrite):
-            session, sequence = write_key(write)
-            self.journal.durable((session, int(sequence)))
-            self.recall.indexer.nudge()  # the turn is in transcript.db (or the spill file, which lands later)
 
     async def _flush(self, reason: str, budget: float) -> bool:
         """Curate every turn so far (before a compaction): the turns still being written first."""
@@ -141,14 +123,14 @@ class MemorySystem:
         return prompt
 
     def session_started(self, session_id: str) -> None:
-        self.recorder.start_session(session_id)
+        self.capture.recorder.start_session(session_id)
 
     def session_ended(self, session_id: str, reason: str) -> None:
-        self.recorder.end_session(session_id)
+        self.capture.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
     def turn_started(self, prompt: str) -> TurnRecord:
-        return self.recorder.open(prompt)
+        return self.capture.recorder.open(prompt)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""
