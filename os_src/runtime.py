@@ -10,6 +10,10 @@ end, and shows it every message of every turn (capture).
 A session is one CLI process and one context. It starts lazily at the first
 message and ends on `new_session`, after an idle timeout, at shutdown, or when
 the CLI fails; the next message then starts a fresh one.
+
+No error ends the owner task. An agent that cannot start (its boot prompt can't be written
+on a read-only disk, its CLI is missing) answers each message with an error frame at once,
+says why in /healthz (`failure`), and is tried again on its own, with backoff, until it starts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -41,6 +46,7 @@ from .agent.guard import ToolGuard
 from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
 from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
+    AgentHealth,
     Command,
     EndSession,
     Inbox,
@@ -80,6 +86,10 @@ class _NoResult(Exception):
     """The CLI ended a turn's stream without a result: it exited under the turn."""
 
 
+class _StartFailed(Exception):
+    """The agent's CLI could not be started (the cause is chained)."""
+
+
 def new_session_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
@@ -116,6 +126,7 @@ class AgentRuntime:
         self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
         self._turn = TurnState()
         self._session = SessionState()
+        self.health = AgentHealth()
         self.session_id = new_session_id()
 
     # ------------------------------------------------------------ called by the gateway
@@ -184,6 +195,8 @@ class AgentRuntime:
             self._publish(p.SessionEnded(session_id=self.session_id, reason="shutdown"))
             if self._memory is not None:
                 self._memory.session_ended(self.session_id, "shutdown")
+        except Exception as exc:  # a bug ended the task: the server still stops, memory still flushes
+            log.exception("runtime_task_failed", error=repr(exc)[:300])
         self._task = None
 
     # ------------------------------------------------------------ the owner task
@@ -192,29 +205,56 @@ class AgentRuntime:
         try:
             while True:
                 try:
-                    command = await self._next_command()
-                except TimeoutError:
-                    await self._end_session("idle")
-                    continue
-                if isinstance(command, Shutdown):
-                    await self._end_session("shutdown", restart=False)
-                    return
-                if isinstance(command, EndSession):
-                    await self._new_session()
-                    continue
-                if self._cli is not None and self._cli.exited:
-                    await self._cli_lost()
-                await self._run_turn(command)
+                    if await self._step():
+                        return
+                except Exception as exc:  # a bug, or an error no step expected: the task goes on
+                    log.exception("runtime_step_failed", session_id=self.session_id, error=repr(exc)[:300])
         finally:
             await self._disconnect()
 
-    async def _next_command(self) -> Command:
-        """The next command. TimeoutError: a CLI has been idle for the idle timeout."""
-        async with asyncio.timeout(self._settings.idle_timeout if self._cli is not None else None):
-            while not self._inbox:
-                self._wake.clear()
-                await self._wake.wait()
+    async def _step(self) -> bool:
+        """Take the next command and do it. True: shut down."""
+        try:
+            command = await self._next_command()
+        except TimeoutError:
+            await self._end_session("idle")
+            return False
+        if command is None:
+            await self._try_start()
+            return False
+        if isinstance(command, Shutdown):
+            await self._end_session("shutdown", restart=False)
+            return True
+        if isinstance(command, EndSession):
+            await self._new_session()
+            return False
+        if self._cli is not None and self._cli.exited:
+            await self._cli_lost()
+        await self._run_turn(command)
+        return False
+
+    async def _next_command(self) -> Command | None:
+        """The next command; None: the agent is failing and it is time to try starting it again.
+        TimeoutError: a CLI has been idle for the idle timeout."""
+        wait = self._settings.idle_timeout if self._cli is not None else self.health.retry_in(time.monotonic())
+        try:
+            async with asyncio.timeout(wait):
+                while not self._inbox:
+                    self._wake.clear()
+                    await self._wake.wait()
+        except TimeoutError:
+            if self._cli is None:
+                return None
+            raise
         return self._inbox.take()
+
+    async def _try_start(self) -> None:
+        """The agent could not start: try again, with no message waiting. Once it starts, the CLI
+        serves the next message (or ends at the idle timeout)."""
+        try:
+            await self._connect()
+        except _StartFailed:
+            await self._disconnect()
 
     async def _run_turn(self, turn: Turn) -> None:
         self._running = turn
@@ -329,6 +369,14 @@ class AgentRuntime:
         await self._end_session("crash")
 
     async def _turn_failed(self, turn: Turn, started: float, exc: Exception, record: TurnRecord) -> None:
+        if isinstance(exc, _StartFailed):  # no CLI ran: the session stays as it was
+            self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
+                                  message=f"The agent cannot start: {self.health.reason}. Sprite OS tries again "
+                                          "on its own; send your message again in a moment."))
+            await self._saved(turn, record)
+            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+            await self._disconnect()
+            return
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
@@ -365,12 +413,21 @@ class AgentRuntime:
             self._begin_session()
 
     async def _connect(self) -> None:
-        prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
-        system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
-        # Owned from before connect: a connect that fails half-way still gets its process ended.
-        self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing)."""
         started = time.monotonic()
-        await cli.connect()
+        try:
+            prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+            system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
+            # Owned from before connect: a connect that fails half-way still gets its process ended.
+            self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+            await cli.connect()
+        except Exception as exc:  # a disk, a CLI missing or failing at its start, memory: not this turn's fault
+            reason = _reason(exc)
+            delay = self.health.start_failed(reason, time.monotonic(), time.time(), random.random())
+            log.error("agent_start_failed", reason=reason, failures=self.health.failures, retry_in_s=round(delay, 1))
+            raise _StartFailed(reason) from exc
+        if self.health.started():
+            log.info("agent_recovered", session_id=self.session_id)
         log.info("cli_connected", session_id=self.session_id, seconds=round(time.monotonic() - started, 3),
                  pid=cli.pid, prompt_chars=len(prompt), isolation=self._launch.mode)
 
@@ -411,6 +468,14 @@ class AgentRuntime:
                 await cli.close()
             finally:
                 self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
+
+
+def _reason(exc: BaseException) -> str:
+    """Why the agent could not start, for /healthz and the person: the error, without a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _log_cli_stderr(line: str) -> None:

@@ -5,6 +5,7 @@ writes waiting together commit together; both databases sync every commit."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import threading
@@ -21,7 +22,14 @@ from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture.acks import Acks
-from sprite_os.memory.capture.journal import STOPPED_NOTE, Entry, JournalFile, TurnJournal, journal_path, recover
+from sprite_os.memory.capture.journal import (
+    STOPPED_NOTE,
+    Entry,
+    JournalFile,
+    TurnJournal,
+    journal_path,
+    recover,
+)
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite
 from sprite_os.memory.memory_store import MemoryDB
@@ -266,3 +274,20 @@ def test_a_group_that_fails_rolls_back_every_write_in_it(tmp_path: Path) -> None
         db.start_session("s2", 1.0)
     assert [o.sequence_num for o in db.iter_all()] == [1] and db.session("s2") is not None
     db.close()
+
+
+def test_an_import_commits_in_groups_and_what_it_reports_is_committed(tmp_path: Path) -> None:
+    """An import acknowledges what it added: each group of turns is one synced transaction (one
+    fsync), not one per turn, so a 1,200-turn file costs 4 and a long one stays fast under FULL."""
+    from sprite_os.memory.importer import IMPORT_GROUP, import_turns
+
+    BusyDB.hold, BusyDB.groups = None, 0
+    db = BusyDB(tmp_path / "transcript.db")
+    lines = [json.dumps({"session": f"s{n // 100}", "timestamp": 1_700_000_000 + n, "user": f"q{n}",
+                         "assistant": f"a{n}"}) for n in range(1200)]
+    report = import_turns(db, lines)
+    assert report.added == 1200 and BusyDB.groups == -(-1200 // IMPORT_GROUP) + 1  # the groups, then the sessions' ends
+    db.close()
+    reread = TranscriptDB(tmp_path / "transcript.db")  # what another process finds: all of it
+    assert reread.counts()["total"] == 1200
+    reread.close()

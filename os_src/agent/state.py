@@ -29,7 +29,9 @@ import enum
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..backoff import Backoff
 from ..errors import SpriteOSError
 from ..protocol import AgentState
 
@@ -181,6 +183,55 @@ class SessionState:
 
     def close(self) -> None:
         self.phase = SessionPhase.CLOSING
+
+
+# The agent that cannot start (a read-only disk, its CLI missing) is tried again on its own, soon at
+# first; a message brings the next attempt forward to at once.
+START_BACKOFF = Backoff(first=2.0, max=60.0)
+
+
+@dataclass
+class AgentHealth:
+    """Whether the agent can run: the spell of failed starts (why, since when, how many in a row)
+    and when the runtime tries again on its own. Time comes in as `now` (the loop's clock, for the
+    retry) and `wall` (for people); randomness as `rand` in [0, 1)."""
+
+    backoff: Backoff = START_BACKOFF
+    reason: str | None = None
+    since: float | None = None  # wall clock
+    failures: int = 0
+    retry_at: float | None = None  # the loop's clock
+    retry_wall: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.reason is not None
+
+    def start_failed(self, reason: str, now: float, wall: float, rand: float) -> float:
+        """A start failed: returns the seconds until the runtime tries again on its own."""
+        if self.since is None:
+            self.since = wall
+        self.reason, self.failures = reason, self.failures + 1
+        delay = self.backoff.delay(self.failures, rand)
+        self.retry_at, self.retry_wall = now + delay, wall + delay
+        return delay
+
+    def started(self) -> bool:
+        """A start succeeded. True if it ended a spell of failures (the agent recovered)."""
+        was = self.failed
+        self.reason, self.since, self.failures, self.retry_at, self.retry_wall = None, None, 0, None, None
+        return was
+
+    def retry_in(self, now: float) -> float | None:
+        """Seconds until the next attempt of its own; None when the agent is not failing."""
+        return None if self.retry_at is None else max(0.0, self.retry_at - now)
+
+    def report(self) -> dict[str, Any] | None:
+        """What /healthz says: None while the agent can run."""
+        if not self.failed:
+            return None
+        return {"reason": self.reason, "since": self.since, "failed_starts": self.failures,
+                "next_attempt_at": self.retry_wall}
 
 
 @dataclass

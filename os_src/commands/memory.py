@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import ConfigError, UsageError
-from .memory_status import print_recall, print_status, recall_status, status, when
+from .memory_status import disk, print_recall, print_status, recall_status, status, when
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -88,6 +88,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.capture.spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
+    report["disk"] = disk(layout.memory_dir)
     from ..isolation.probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start

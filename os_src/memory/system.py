@@ -10,8 +10,10 @@ process curates a workspace's memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
@@ -19,14 +21,17 @@ from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import Settings
 from ..db_worker import Worker
-from ..fsutil import WriterLock
+from ..errors import log_expected
+from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..tools.memory_search import memory_search_server
+from .capture.journal import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
+from .capture.spill import STATUS_NAME
 from .curation.budget import DailyBudget
 from .curation.daemon import MemoryDaemon
-from .files import MemoryFiles
+from .files import SPECS, VERSION_NAME, MemoryFiles
 from .hooks import CompactionHooks, HookTimings
 from .loader import BootLoader
 from .memory_store import MemoryDB
@@ -43,10 +48,12 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
+HEALTH_WAIT = 0.25  # /healthz waits at most this long for fresh counts
 
 
 class MemorySystem:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, lock: WriterLock | None = None) -> None:
+        """`lock`: the workspace's writer lock, when the server takes it before anything else."""
         layout = settings.layout
         self.settings = settings
         self.transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
@@ -66,12 +73,19 @@ class MemorySystem:
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
-        self._lock = WriterLock(layout.memory_lock)
-        self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
+        self._lock = lock or WriterLock(layout.memory_lock)
+        self._started = False
+        self._counts: dict[str, int] = {}
+        self._budget: dict[str, Any] = {}
+        self._counted_at: float | None = None  # wall clock of the counts /healthz shows
+        self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
+        self._started = True
+        if swept := await asyncio.to_thread(self._sweep):
+            log.warning("temp_files_swept", files=[str(p.relative_to(self.settings.layout.os_dir)) for p in swept])
         await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
         await self.daemon.start()
@@ -80,7 +94,21 @@ class MemorySystem:
                  model=self.settings.memory_model, daily_budget_usd=self.settings.memory_daily_budget_usd,
                  batch_tokens=self.settings.memory_batch_tokens)
 
+    def _sweep(self) -> list[Path]:
+        """What a kill between a temp file and its rename left of the files memory writes (the one
+        writer now: it holds the lock). Other files, and other programs' temp files, stay."""
+        layout = self.settings.layout
+        removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS)
+        for folder in (layout.history_dir / name for name in SPECS):
+            removed += sweep_temp_files(folder, VERSION_NAME.match)
+        return removed + sweep_temp_files(layout.state_dir, lambda name: name in (JOURNAL_NAME, STATUS_NAME))
+
     async def stop(self) -> None:
+        """Flush and close. A start that was refused (the lock is another's) touches nothing here."""
+        if not self._started:
+            return
+        if self._counting is not None:
+            self._counting.cancel()
         await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.recall.stop()
@@ -140,16 +168,33 @@ class MemorySystem:
         """Auto-recall for a person's message: the prompt to send and what was added, or None."""
         return await self.recall.auto_recall(message, session_id, turn_id)
 
-    @property
-    def degraded(self) -> bool:
-        """The curator has failed three calls in a row, or capture's writes are failing."""
-        return bool(self.daemon.clock.report()["degraded"] or self.writer.status()["degraded"])
+    def status(self) -> dict[str, Any]:
+        """What memory's state is now, from memory alone (no database is read): the daemon's
+        failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
+        calls in a row, or capture's writes are failing."""
+        daemon, capture = self.daemon.status(), self.writer.status()
+        return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"]),
+                "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
+                "recall": self.recall.status()}
 
     async def health(self) -> dict[str, Any]:
-        # Count at most once a second, whatever the request rate.
-        now = time.monotonic()
-        if now - self._counted[0] > HEALTH_CACHE_SECONDS:
-            self._counted = (now, await self.transcript.call(lambda t: t.counts()),
-                             await self.daemon.budget_status())
-        return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "capture": self.writer.status(), "hook_errors": self.timings.errors, "recall": self.recall.status()}
+        """status(), with the turns' counts and the day's budget: counted at most once a second, and
+        waited for at most HEALTH_WAIT, so a locked database never holds /healthz up (the counts
+        then are the last ones, as of `counted_at`)."""
+        if self._counting is None and (self._counted_at is None or time.time() - self._counted_at > HEALTH_CACHE_SECONDS):
+            self._counting = asyncio.create_task(self._count(), name="memory-health-count")
+        if self._counting is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
+        return {**self.status(), "observations": self._counts, "budget": self._budget,
+                "counted_at": self._counted_at}
+
+    async def _count(self) -> None:
+        try:
+            counts = await self.transcript.call(lambda t: t.counts())
+            budget = await self.daemon.budget_status()
+            self._counts, self._budget, self._counted_at = counts, budget, time.time()
+        except Exception as exc:  # a locked or failing database: the last counts stand
+            log_expected(log, "memory_health_count_failed", exc)
+        finally:
+            self._counting = None

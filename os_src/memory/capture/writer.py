@@ -42,6 +42,7 @@ from .spill import (
     ObservationWrite,
     Write,
     append_lines,
+    prepare_status,
     read_spill,
     save_status,
     spill_path,
@@ -154,7 +155,10 @@ class TranscriptWriter:
     async def start(self, recovered: list[Write] | None = None) -> None:
         """Replay the spill file (an earlier run's writes) and `recovered` (the turn journal's),
         in the order they happened, ahead of anything submitted from now on; then start writing."""
-        lines = await asyncio.get_running_loop().run_in_executor(self._files, read_spill, self._spill)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):  # while there is room: `memory status` reads it on a full disk
+            await loop.run_in_executor(self._files, prepare_status, self._status_file)
+        lines = await loop.run_in_executor(self._files, read_spill, self._spill)
         if lines:
             log.warning("capture_spill_replayed", writes=len(lines), path=str(self._spill))
         head = [_Queued.of(w, spilled=True) for w in lines if w is not None]

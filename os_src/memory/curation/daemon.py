@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
+from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
@@ -197,7 +197,7 @@ class MemoryDaemon:
         try:
             return await self._drain(trigger)
         except Exception as exc:  # a bug or a database error: it counts like a failed call
-            log.exception("memory_daemon_error", error=repr(exc))
+            log_expected(log, "memory_daemon_error", exc)
             return False, await self._failed(repr(exc))
 
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
@@ -312,7 +312,7 @@ class MemoryDaemon:
                     log.error("observations_marked_stale", count=marked, state=STALE,
                               hours=self.clock.stale_after / 3600)
         except Exception as exc:
-            log.exception("daemon_failing_not_saved", error=repr(exc))
+            log_expected(log, "daemon_failing_not_saved", exc)
         return delay
 
     async def _save_clock(self) -> None:

@@ -4,7 +4,7 @@ Nothing here sleeps, reads a clock or touches a database: time comes in as `now`
 (epoch seconds), randomness as a number in [0, 1), so every rule is tested
 without asyncio.
 
-- `Backoff`: how long to wait after the n-th failed call in a row.
+- `Backoff` (backoff.py, which the runtime shares): how long to wait after the n-th failed call.
 - `FailureClock`: the failing spell (since when, how many calls, the last one),
   the six-hour rule, and the spell's record in memory.db's `meta` table.
 - `PoisonTurns`: what an unusable reply means for the turns that got it.
@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
+from ...backoff import Backoff as Backoff
+
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
-JITTER = 0.2  # +-20 %: many Sprites must not retry in lockstep
 STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
 # More time than this since the last failed call was no backoff (at most BACKOFF_MAX, plus one call
@@ -29,20 +30,6 @@ FAILING_GAP = 2 * BACKOFF_MAX
 DEGRADED_AFTER = 3  # failed calls in a row before /healthz says `degraded`
 UNUSABLE_LIMIT = 3  # unusable replies in a row before the isolation acts
 FAILING_KEY = "daemon_failing"  # memory.db meta: the spell, "" when not failing
-
-
-@dataclass(frozen=True)
-class Backoff:
-    first: float = BACKOFF_FIRST
-    max: float = BACKOFF_MAX
-    jitter: float = JITTER
-
-    def delay(self, failures: int, rand: float) -> float:
-        """Seconds to wait after `failures` failed calls in a row: `first`, doubling, up to `max`.
-        The jitter (`rand` in [0, 1)) never goes beyond `max`: at the top it only shortens the wait."""
-        base = min(self.max, self.first * 2.0 ** min(max(failures - 1, 0), 64))
-        low, high = base * (1 - self.jitter), min(self.max, base * (1 + self.jitter))
-        return low + (high - low) * rand
 
 
 class Spell(msgspec.Struct):
