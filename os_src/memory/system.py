@@ -123,11 +123,13 @@ class MemorySystem:
         return await self.daemon.flush(reason, budget - (time.monotonic() - started))
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
-        """The newest turns not yet curated: in transcript.db, and still on their way to it."""
+        """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
+        then those still on their way to it."""
         recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
         seen = {(o.session_id, o.sequence_num) for o in recorded}
         waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
-        return [*recorded, *waiting]
+        turns: list[Observation | NewObservation] = [*reversed(recorded), *waiting]
+        return turns[-limit:]
 
     # ------------------------------------------------------------ what the runtime uses
 

@@ -104,10 +104,6 @@ def append_lines(path: Path, writes: list[Write]) -> None:
             raise
 
 
-def when(write: Write) -> float:
-    return write.observation.timestamp if isinstance(write, ObservationWrite) else write.at
-
-
 def write_key(write: Write) -> tuple[str, int | str]:
     """What makes a write unique: a turn's (session, sequence), a session's (id, event)."""
     if isinstance(write, ObservationWrite):

@@ -47,7 +47,6 @@ from .spill import (
     save_status,
     spill_path,
     status_path,
-    when,
     write_key,
 )
 
@@ -82,6 +81,19 @@ class _Queued:
     @staticmethod
     def of(write: Write, spilled: bool = False) -> _Queued:
         return _Queued(write, write_key(write), spilled, durable=spilled)
+
+
+def merged(spilled: list[_Queued], recovered: list[_Queued]) -> list[_Queued]:
+    """The spill file's writes in their order, with the journal's turns among them: each before
+    the first spilled turn of its session that follows it. By sequence, never by timestamp (a
+    clock set back stamps a turn before the one it follows)."""
+    out = list(spilled)
+    for item in recovered:
+        session, number = item.key
+        at = next((i for i, q in enumerate(out) if q.key[0] == session and isinstance(q.key[1], int)
+                   and isinstance(number, int) and q.key[1] > number), len(out))
+        out.insert(at, item)
+    return out
 
 
 class TranscriptWriter:
@@ -163,8 +175,7 @@ class TranscriptWriter:
             log.warning("capture_spill_replayed", writes=len(lines), path=str(self._spill))
         head = [_Queued.of(w, spilled=True) for w in lines if w is not None]
         self._lines = len(head)
-        head += [_Queued.of(w) for w in recovered or []]
-        head.sort(key=lambda q: when(q.write) if q.write is not None else 0.0)  # stable: spill order holds
+        head = merged(head, [_Queued.of(w) for w in recovered or []])
         self._queue.extendleft(reversed(head))
         self._held += len(head)
         if self._queue:

@@ -8,10 +8,12 @@ without asyncio.
 - `FailureClock`: the failing spell (since when, how many calls, the last one),
   the six-hour rule, and the spell's record in memory.db's `meta` table.
 - `PoisonTurns`: what an unusable reply means for the turns that got it.
+- `Probe`: when, during a long backoff, to ask the proxy cheaply whether it answers again.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -101,6 +103,34 @@ class FailureClock:
             raise ValueError(f"unreadable failing spell: {exc}") from None
         self.since, self.failures, self.last, self.next_retry_at = (
             spell.since, spell.failures, spell.last, spell.next_retry_at)
+
+
+PROBE_EVERY = 15.0  # during a proxy outage's backoff, ask the proxy this often whether it answers
+PROBE_SOONEST = 5.0  # a new turn asking for a batch brings the next question this close to the last
+
+
+@dataclass
+class Probe:
+    """When to ask the proxy, cheaply (no model call), whether it answers again, while the next
+    retry of a batch is far off: an outage's backoff grows to minutes, and curation must resume
+    within moments of the proxy's return, not at the end of the step. Times are the loop's clock."""
+
+    every: float = PROBE_EVERY
+    soonest: float = PROBE_SOONEST
+    last: float = -math.inf  # the last question, or the failed call that began the wait
+    asked: bool = False  # a batch was asked for since (a new turn, a session's end)
+
+    def waiting(self, now: float) -> None:
+        """A call failed for the proxy: the backoff begins now."""
+        self.last, self.asked = now, False
+
+    def due(self, now: float, retry_at: float) -> float | None:
+        """When to ask next (at the earliest `now`), or None when the retry itself comes first."""
+        at = max(now, self.last + (self.soonest if self.asked else self.every))
+        return None if at >= retry_at else at
+
+    def probed(self, now: float) -> None:
+        self.last, self.asked = now, False
 
 
 class Verdict(Enum):
