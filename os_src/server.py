@@ -10,7 +10,8 @@ Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
 A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
 anyone, but says only its status (`ok`, `degraded` or `failed`) without the token (a
-Sprite listens on 0.0.0.0); with it, everything.
+Sprite listens on 0.0.0.0); with it, everything. `/metrics` (metrics.py, the Prometheus
+text format) needs the token.
 
 A start takes the workspace's writer lock before anything else: a second server on the
 same workspace is refused before it can kill the first one's agent or rewrite its state.
@@ -49,7 +50,9 @@ from .isolation.launch import AgentLaunch
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
-from .protocol import SUBPROTOCOL
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import Metrics
+from .protocol import SUBPROTOCOL, ServerFrame
 from .runtime import AgentRuntime
 from .tools.canvas import CanvasStore
 
@@ -84,7 +87,8 @@ class SpriteOS:
         self.started_at = time.monotonic()
         layout = settings.layout
         self.hub = EventHub()
-        publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
+        self.metrics = Metrics()
+        publish = DeltaCoalescer(self._publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
         self.lock = WriterLock(layout.memory_lock)
@@ -98,6 +102,10 @@ class SpriteOS:
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+
+    def _publish(self, frame: ServerFrame) -> None:
+        self.metrics.observe(frame)
+        self.hub.publish(frame)
 
     @property
     def port(self) -> int:
@@ -204,6 +212,10 @@ class SpriteOS:
             else:
                 body = {"status": (await self.health(counts=False))["status"]}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if request.path.split("?", 1)[0] == "/metrics":
+            if not self._authorized(request):
+                return self._unauthorized(conn)
+            return http_response(conn, HTTPStatus.OK, self.metrics.render(await self.health()), METRICS_TYPE)
         if (page := self.pages.respond(conn, request)) is not None:
             return page
         remote = str(conn.remote_address[0] if conn.remote_address else "?")
@@ -213,10 +225,14 @@ class SpriteOS:
             return conn.respond(HTTPStatus.FORBIDDEN, "")
         if not self._authorized(request):
             log.info("auth_rejected", remote=remote, presented=bearer_token(request) is not None)
-            response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
+            return self._unauthorized(conn)
         return None
+
+    @staticmethod
+    def _unauthorized(conn: ServerConnection) -> Response:
+        response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
     def _authorized(self, request: Request) -> bool:
         given = bearer_token(request)

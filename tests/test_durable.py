@@ -106,6 +106,8 @@ def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_
     f.save(entries((1, True), (2, False)))
     assert syncs == ["fdatasync", "fdatasync"]  # no rename, no second fsync
     assert state(f.path) == [(1, True), (2, False)]
+    f.save(entries((2, False)), sync=False)  # the open turn alone: a kill -9 leaves the page cache
+    assert syncs == ["fdatasync", "fdatasync"] and state(f.path) == [(2, False)]
     f.save(None)  # nothing left: emptied, not synced, and kept (its name needs no new fsync)
     assert f.path.read_bytes() == b"" and syncs == ["fdatasync", "fdatasync"]
     f.save(entries((3, False)))
@@ -158,7 +160,14 @@ async def test_a_closed_turn_transcript_db_cannot_take_at_once_is_saved_at_once(
     journal.durable(("s1", 2))  # ...and it landed first: nothing of it to save
     await wait_for(lambda: len(saved) == 2, timeout=5, what="the next save")
     assert saved[1] == ([("s1", 1)], None) and state(journal_path(layout)) == [(1, True)]
+    journal.durable(("s1", 1))
+    synced: list[bool] = []
+    real = journal._file.save
+    journal._file.save = lambda data, sync=True: (synced.append(sync), real(data, sync))[1]  # type: ignore[method-assign]
+    journal.opened(lambda: obs(3, text="so far"))
+    journal.touched()
     await journal.flush()
+    assert synced and not any(synced)  # the open turn alone is never synced: only a closed one waits on it
     files.shutdown()
 
 

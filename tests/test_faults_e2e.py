@@ -203,3 +203,40 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
         assert [p for p in debris if p.exists()] == []
         assert all(p.read_text() == "half" for p in kept)
     assert status_path(layout).exists()  # capture's status file stays allocated
+
+
+def scrape(port: int, token: str | None = TOKEN) -> tuple[int, str, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), ""
+
+
+async def test_metrics_in_the_prometheus_text_format_for_the_token_holder(
+        bridge: MockBridge, settings: Settings) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    bridge.curator.default = "FACT: something was said [#1]"
+    async with running(settings.with_overrides(memory_batch_turns=2)) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        for n in range(2):
+            await turn(c, f"turn {n}")
+        assert app.memory is not None
+        await wait_for(lambda: app.memory is not None and app.memory.daemon.health.batches_run == 1, timeout=30)
+        assert (await asyncio.to_thread(scrape, app.port, None))[0] == 401
+        assert (await asyncio.to_thread(scrape, app.port, "wrong-token-0123456789"))[0] == 401
+        status, content_type, text = await asyncio.to_thread(scrape, app.port)
+    assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("sprite_turns_total", (("status", "completed"),))] == 2
+    assert samples[("sprite_turn_duration_seconds_count", ())] == 2
+    assert samples[("sprite_agent_state", (("state", "idle"),))] == 1
+    assert samples[("sprite_agent_failed", ())] == 0 and samples[("sprite_up", ())] == 1
+    assert samples[("sprite_capture_queued", ())] == 0 and samples[("sprite_capture_spilled", ())] == 0
+    assert samples[("sprite_turns_recorded", (("state", "processed"),))] == 2
+    assert samples[("sprite_curator_calls_total", ())] == 1 and samples[("sprite_curator_failed_calls_total", ())] == 0
+    assert ("sprite_curator_cost_usd_total", ()) in samples and ("sprite_recall_index_backlog", ()) in samples

@@ -77,6 +77,8 @@ class MemorySystem:
         self._started = False
         self._counts: dict[str, int] = {}
         self._budget: dict[str, Any] = {}
+        self._totals: dict[str, Any] | None = None
+        self._max_id = 0
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
         self._counting: asyncio.Task[None] | None = None
 
@@ -188,14 +190,18 @@ class MemorySystem:
         if self._counting is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
-        return {**self.status(), "observations": self._counts, "budget": self._budget,
-                "counted_at": self._counted_at}
+        status = self.status()
+        backlog = max(0, self._max_id - status["recall"]["indexed_through"]) if self._counted_at else None
+        return {**status, "observations": self._counts, "budget": self._budget, "totals": self._totals,
+                "index_backlog": backlog, "counted_at": self._counted_at}
 
     async def _count(self) -> None:
         try:
-            counts = await self.transcript.call(lambda t: t.counts())
+            counts, max_id = await self.transcript.call(lambda t: (t.counts(), t.max_id()))
             budget = await self.daemon.budget_status()
-            self._counts, self._budget, self._counted_at = counts, budget, time.time()
+            totals = await self.memory.call(lambda m: m.totals())
+            self._counts, self._budget, self._totals, self._max_id = counts, budget, totals, max_id
+            self._counted_at = time.time()
         except Exception as exc:  # a locked or failing database: the last counts stand
             log_expected(log, "memory_health_count_failed", exc)
         finally:

@@ -12,9 +12,12 @@ The journal is also one of the two ways a closed turn becomes durable before the
 told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
 failing), the closed turn is written here without waiting, and that write is enough.
 
-Each save appends the journal's whole state as one JSON line and fsyncs it: one fsync a save
-(a rewrite through a temp file and a rename takes two). Reading takes the last whole line, so a
-kill mid-append leaves the state before it. The first save of a run, and one past
+Each save appends the journal's whole state as one JSON line. A save that holds a closed turn
+not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file and a rename takes
+two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
+power cut mid-turn loses only a turn no one was told was done. So a turn whose transcript.db
+commit comes first pays that commit's fsync and no other. Reading takes the last whole line, so
+a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
 coalesced), and within CLOSE_GRACE of a turn's end.
@@ -110,7 +113,8 @@ class JournalFile:
         self.path = path
         self._size: int | None = None  # bytes known to end with a whole line; None: rewrite first
 
-    def save(self, data: bytes | None) -> None:
+    def save(self, data: bytes | None, sync: bool = True) -> None:
+        """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
         if data is None:
             # Not synced: after a power loss the file may hold turns again that are in transcript.db,
             # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
@@ -137,7 +141,8 @@ class JournalFile:
             written = 0
             while written < len(line):
                 written += os.write(fd, line[written:])
-            os.fdatasync(fd)
+            if sync:
+                os.fdatasync(fd)
         except OSError:
             try:  # a torn line (a full disk) must not run into the next one
                 os.ftruncate(fd, size)
@@ -235,8 +240,8 @@ class TurnJournal:
             except Exception as exc:  # a bug in capture: the journal goes on without the open turn
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
         data = msgspec.json.encode(entries) if entries else None
-        keys = list(self._closed)
-        written = asyncio.get_running_loop().run_in_executor(self._executor, self._file.save, data)
+        keys = list(self._closed)  # synced only when a closed turn waits for it
+        written = asyncio.get_running_loop().run_in_executor(self._executor, self._file.save, data, bool(keys))
         written.add_done_callback(lambda f: self._saved(f, keys))
         self._written = written
 
