@@ -260,6 +260,7 @@ async def test_the_budget_caps_spending_and_loses_nothing(
         kit: Kit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     clock = WallClock(monkeypatch, JAN_1_2030 + HOUR)
     monkeypatch.setattr(daemon_module, "BUDGET_RECHECK", 0.05)
+    monkeypatch.setattr(daemon_module, "MAX_CHUNK_TURNS", 3)  # three turns a call, whatever the token cap allows
     kit.processor.curator = FullReplies(make_settings(tmp_path, kit.bridge.url))
     a_call = cost_usd(DEFAULT_MEMORY_MODEL, 1_000, MAX_REPLY_TOKENS)  # about what each call costs here
     d = MemoryDaemon(kit.processor, batch_turns=3, budget=DailyBudget(2.5 * a_call))  # two calls a day
