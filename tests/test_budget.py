@@ -354,6 +354,11 @@ async def test_healthz_and_memory_status_say_when_the_budget_is_spent(
             tool_calls_json="[]", agent_response="ok")))
         system.daemon.trigger("test")
         await wait_for(lambda: system.daemon.resumes_at is not None, what="a budget wait")
+
+        async def counted() -> bool:  # /healthz counts at most once a second, and waits 0.5 s at most for it
+            return (await system.health())["observations"].get("pending") == 1
+
+        await wait_for(counted, what="the turn counted")
         health = await system.health()
     finally:
         await system.stop()

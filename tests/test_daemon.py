@@ -563,3 +563,29 @@ async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: 
     finally:
         await d.stop(flush_budget=0)
     assert len(kit.bridge.curator_requests()) == 1  # 40 short turns fit one call
+
+
+async def test_a_locked_database_is_a_warning_not_a_traceback(kit: Kit, daemon: MemoryDaemon,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's `sqlite3 memory.db 'BEGIN EXCLUSIVE;'` is a condition of the machine, retried:
+    it used to log an error with a traceback at every attempt."""
+    import sqlite3
+
+    assert await daemon.settle(10)
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5  # SQLITE_BUSY, as SQLite sets it
+    bug = ValueError("a bug")
+
+    async def process(*_a: Any, **_k: Any) -> None:
+        raise errors.pop(0)
+
+    errors = [locked, bug]
+    monkeypatch.setattr(kit.processor, "process", process)
+    await kit.turns("one")
+    with capture_logs() as logs:
+        daemon.trigger("test")
+        await wait_for(lambda: _failures(daemon, 1))
+        await wait_for(lambda: _failures(daemon, 2))  # the retry (a short backoff here) meets the bug
+    failed = [x for x in logs if x["event"] == "memory_daemon_error"]
+    assert failed[0]["log_level"] == "warning" and "exc_info" not in failed[0]
+    assert failed[1]["log_level"] == "error" and failed[1]["exc_info"] is bug

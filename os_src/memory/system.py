@@ -29,7 +29,7 @@ from .capture.journal import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME
-from .curation.budget import DailyBudget
+from .curation.budget import DailyBudget, day_start
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .hooks import CompactionHooks, HookTimings
@@ -48,7 +48,7 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
-HEALTH_WAIT = 0.25  # /healthz waits at most this long for fresh counts
+HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 
 
 class MemorySystem:
@@ -76,10 +76,11 @@ class MemorySystem:
         self._lock = lock or WriterLock(layout.memory_lock)
         self._started = False
         self._counts: dict[str, int] = {}
-        self._budget: dict[str, Any] = {}
+        self._spent = 0.0  # today's spending, as last counted
         self._totals: dict[str, Any] | None = None
         self._max_id = 0
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
+        self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
         self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -91,8 +92,9 @@ class MemorySystem:
         await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
         await self.daemon.start()
-        counts = await self.transcript.call(lambda t: t.counts())
-        log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
+        await self._count()  # what /healthz shows until it is counted again (at its first call)
+        self._fresh_until = -1e18
+        log.info("memory_started", **self._counts, batch_turns=self.settings.memory_batch_turns,
                  model=self.settings.memory_model, daily_budget_usd=self.settings.memory_daily_budget_usd,
                  batch_tokens=self.settings.memory_batch_tokens)
 
@@ -184,23 +186,26 @@ class MemorySystem:
     async def health(self) -> dict[str, Any]:
         """status(), with the turns' counts and the day's budget: counted at most once a second, and
         waited for at most HEALTH_WAIT, so a locked database never holds /healthz up (the counts
-        then are the last ones, as of `counted_at`)."""
-        if self._counting is None and (self._counted_at is None or time.time() - self._counted_at > HEALTH_CACHE_SECONDS):
+        then are the last ones, as of `counted_at`; the budget's wait is the daemon's, live)."""
+        loop = asyncio.get_running_loop()
+        if self._counting is None and loop.time() > self._fresh_until:
+            self._fresh_until = loop.time() + HEALTH_CACHE_SECONDS
             self._counting = asyncio.create_task(self._count(), name="memory-health-count")
         if self._counting is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
         status = self.status()
         backlog = max(0, self._max_id - status["recall"]["indexed_through"]) if self._counted_at else None
-        return {**status, "observations": self._counts, "budget": self._budget, "totals": self._totals,
+        budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
+        return {**status, "observations": self._counts, "budget": budget, "totals": self._totals,
                 "index_backlog": backlog, "counted_at": self._counted_at}
 
     async def _count(self) -> None:
         try:
             counts, max_id = await self.transcript.call(lambda t: (t.counts(), t.max_id()))
-            budget = await self.daemon.budget_status()
-            totals = await self.memory.call(lambda m: m.totals())
-            self._counts, self._budget, self._totals, self._max_id = counts, budget, totals, max_id
+            since = day_start(time.time())
+            spent, totals = await self.memory.call(lambda m: (m.cost_since(since), m.totals()))
+            self._counts, self._spent, self._totals, self._max_id = counts, spent, totals, max_id
             self._counted_at = time.time()
         except Exception as exc:  # a locked or failing database: the last counts stand
             log_expected(log, "memory_health_count_failed", exc)
