@@ -328,6 +328,7 @@ async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(h
     await hm.turn("one")
     hm.clis[0].crash_after = 1
     assert (await hm.turn("two")).status == "error"
+    await hm.until(lambda: hm.memory is not None and hm.memory.events[-1][0] == "session_started")  # the crash's
     first = hm.memory.events[0][1]
     [one, two] = hm.memory.closed()
     assert one == ("closed", "one", "success") and two[2].startswith("failed: ProcessError(")
