@@ -13,14 +13,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.mock_bridge import MockBridge
-from sprite_os.config import DEFAULT_MEMORY_MODEL
+from sprite_os.config import DEFAULT_BATCH_TOKENS, DEFAULT_MEMORY_MODEL
 from sprite_os.errors import BudgetSpent
 from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.curation import pricing
 from sprite_os.memory.curation.budget import DAY, BudgetRecord, DailyBudget, day_start
 from sprite_os.memory.curation.curator import (
     BATCH_CHARS,
-    DEFAULT_BATCH_TOKENS,
     FIXED_MAX_CHARS,
     MIN_BATCH_TOKENS,
     PROMPT_ACTIONS,

@@ -105,9 +105,6 @@ class FakeMemory:
     def hooks(self) -> dict[Any, Any]:
         return {}
 
-    def mcp_servers(self) -> dict[str, Any]:
-        return {}
-
     async def boot_prompt(self) -> str:
         if self.booting is not None:
             await self.booting.wait()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection
 from typing import Protocol
 
+from ...errors import ConfigError
 from ..files import MAX_FILE_BYTES, SPECS
 from ..memory_store import PendingAction
 from ..transcript_store import Observation
@@ -193,7 +194,14 @@ FIXED_MAX_CHARS = fixed_chars(
     {name: "x" * MAX_FILE_BYTES for name in SPECS},
     [PendingAction(10**9, 0.0, "x" * MAX_LEARNING_CHARS, 0, "pending", None)] * PROMPT_ACTIONS)
 MIN_BATCH_TOKENS = estimate_tokens(FIXED_MAX_CHARS + TURN_MAX_CHARS)
-DEFAULT_BATCH_TOKENS = 60_000  # >= estimate_tokens(FIXED_MAX_CHARS + BATCH_CHARS), tested
+# config.DEFAULT_BATCH_TOKENS (the setting's default) is >= estimate_tokens(FIXED_MAX_CHARS + BATCH_CHARS), tested.
+
+
+def check_batch_tokens(tokens: int) -> None:
+    """SPRITE_MEMORY_BATCH_TOKENS must leave room for one turn beside the largest fixed part."""
+    if tokens < MIN_BATCH_TOKENS:
+        raise ConfigError(f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS} (the largest prompt "
+                          f"without turns, plus one turn), got {tokens}")
 
 
 TRUNCATED = "your reply was cut off at the token limit"

@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ...config import DEFAULT_BATCH_TOKENS
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
 from ...logs import get_logger
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
 from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
-from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .curator import split_batch
 from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
