@@ -1,8 +1,8 @@
-"""Dev mode: `sprite-os dev`, its demo curator and demo model, and the one template installer.
+"""Dev mode: `sprite-os-dev`, its demo curator and demo model, and the one template installer.
 
 The demo curator's replies are read by the real parser, from prompts the real prompt builder
 makes; the demo model reads boot prompts the real loader assembles. The end-to-end test is a
-newcomer's first minute: `sprite-os dev`, then `sprite-os chat`, the real Claude Code CLI between.
+newcomer's first minute: `sprite-os-dev`, then `sprite-os chat`, the real Claude Code CLI between.
 """
 
 from __future__ import annotations
@@ -179,12 +179,12 @@ def test_what_do_you_remember_searches_memory() -> None:
     assert isinstance(plan.reply.blocks[0], ToolUse) and plan.reply.blocks[0].input == {"query": "Dana"}
 
 
-# ---------------------------------------------------------------- sprite-os dev
+# ---------------------------------------------------------------- sprite-os-dev
 
 
 @pytest.fixture
 def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settings]:
-    """What `sprite-os dev` would serve with: its settings, recorded instead of serving."""
+    """What `sprite-os-dev` would serve with: its settings, recorded instead of serving."""
     for name in [n for n in os.environ if n.startswith(("SPRITE_", "ANTHROPIC_"))]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
@@ -195,22 +195,21 @@ def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settin
 
 def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    assert main.main(["dev"]) == 0
+    assert command.main([]) == 0
     assert dev_settings[-1].workspace == Path(".workspace") and dev_settings[-1].memory_batch_turns == 3
     monkeypatch.setenv("SPRITE_WORKSPACE", str(tmp_path / "mine"))
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "7")
     monkeypatch.setenv("SPRITE_OS_PORT", "9100")
-    assert main.main(["dev"]) == 0
+    assert command.main([]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].memory_batch_turns, dev_settings[-1].port) == (
         tmp_path / "mine", 7, 9100)
-    assert main.main(["dev", "--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
+    assert command.main(["--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].port, dev_settings[-1].host) == (
         Path("flagged"), 9200, "0.0.0.0")
-    assert main.main(["--workspace", "before", "dev"]) == 0 and dev_settings[-1].workspace == Path("before")
     monkeypatch.setenv("SPRITE_WORKSPACE", " ")  # empty counts as unset, as everywhere
-    assert main.main(["dev"]) == 0 and dev_settings[-1].workspace == Path(".workspace")
+    assert command.main([]) == 0 and dev_settings[-1].workspace == Path(".workspace")
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "many")
-    assert main.main(["dev"]) == 2 and len(dev_settings) == 5  # a bad setting still fails at once
+    assert command.main([]) == 2 and len(dev_settings) == 4  # a bad setting still fails at once
     # `serve` keeps its own defaults.
     monkeypatch.delenv("SPRITE_MEMORY_BATCH_TURNS")
     monkeypatch.setattr("sprite_os.server.serve_main", lambda settings: dev_settings.append(settings) or 0)
@@ -218,17 +217,29 @@ def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], mon
     assert dev_settings[-1].memory_batch_turns == 25
 
 
+def test_the_product_command_has_no_dev_mode_and_never_imports_the_kit() -> None:
+    """A Sprite runs `sprite-os` from .os/src, where devkit/ is not deployed: no path of it may need it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
+    probe = ("import sys\nfrom sprite_os.commands.main import main\ntry:\n    main(['dev', '--port', '70000'])\n"
+             "finally:\n    print(sorted(m for m in sys.modules if m.split('.')[0] == 'devkit'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "invalid choice: 'dev'" in done.stderr  # argparse's refusal
+    assert done.stdout == "[]\n"
+    script = Path(sys.executable).with_name("sprite-os-dev")
+    assert os.access(script, os.X_OK)  # dev mode is the kit's own command, which `make run` runs
+
+
 def test_make_run_leaves_the_workspace_to_sprite_os_dev() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     recipe = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO, capture_output=True,
                             text=True, check=True, env=env).stdout.strip().splitlines()[-1]
-    assert recipe.endswith("/bin/sprite-os dev") and "--workspace" not in recipe
+    assert recipe.endswith("/bin/sprite-os-dev") and "--workspace" not in recipe
 
 
 def test_without_the_dev_extra_dev_mode_says_how_to_install_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
-    blocked = ("import sys; sys.modules['aiohttp'] = None; from sprite_os.commands.main import main; "
-               f"raise SystemExit(main(['dev', '--workspace', {str(tmp_path / 'ws')!r}]))")
+    blocked = ("import sys; sys.modules['aiohttp'] = None; from devkit.dev_mode import main; "
+               f"raise SystemExit(main(['--workspace', {str(tmp_path / 'ws')!r}]))")
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sprite-os: error: dev mode's mock model needs ")
@@ -290,8 +301,8 @@ async def test_tell_a_fact_start_a_new_session_and_it_knows(tmp_path: Path) -> N
     env |= {"SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(port)}
     sprite_os = [sys.executable, "-m", "sprite_os"]
     with open(tmp_path / "server.log", "wb") as log:
-        server = await asyncio.create_subprocess_exec(*sprite_os, "dev", env=env, stdout=asyncio.subprocess.PIPE,
-                                                      stderr=log)
+        server = await asyncio.create_subprocess_exec(Path(sys.executable).with_name("sprite-os-dev"), env=env,
+                                                      stdout=asyncio.subprocess.PIPE, stderr=log)
     chat: asyncio.subprocess.Process | None = None
     try:
         assert server.stdout is not None
