@@ -40,3 +40,13 @@ async def test_a_missing_model_proxy_is_warned_about_at_start(tmp_path: Path) ->
             async with running(make_settings(tmp_path / f"ws-{warned}", base_url)):  # type: ignore[arg-type]
                 pass
         assert any(e["event"] == "model_proxy_unset" and e["log_level"] == "warning" for e in logs) is warned
+
+
+def test_the_server_starts_without_the_curators_sdk() -> None:
+    """The anthropic SDK took more than half of `import sprite_os.server` (seconds, every start);
+    the curator, its one user, imports it at its first call."""
+    import subprocess
+
+    probe = "import sys, sprite_os.server; print(sorted(m for m in sys.modules if m.split('.')[0] == 'anthropic'))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout == "[]\n"

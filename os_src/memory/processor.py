@@ -24,11 +24,10 @@ row, the person's version wins and the turns are done.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import anthropic
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Worker
@@ -50,6 +49,9 @@ from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
+
+if TYPE_CHECKING:
+    import anthropic
 
 log = get_logger(__name__)
 
@@ -76,21 +78,31 @@ class Completion:
 
 class CuratorClient:
     """The one model the daemon talks to, through Bridge's proxy. No retries here: the
-    daemon owns backoff, so a failing proxy costs one attempt per backoff step."""
+    daemon owns backoff, so a failing proxy costs one attempt per backoff step.
+
+    The anthropic SDK is imported at the first call, on a thread: it takes seconds (most of a
+    server's start), and the curator is called once per batch, long after the server serves."""
 
     def __init__(self, settings: Settings) -> None:
-        env = settings.model_env()
+        self._env = settings.model_env()
         self.model = settings.memory_model
-        self._client = anthropic.AsyncAnthropic(
-            api_key=env["ANTHROPIC_API_KEY"], base_url=env.get("ANTHROPIC_BASE_URL"),
-            max_retries=0, timeout=CALL_TIMEOUT,
-        )
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    async def _the_client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            sdk = await asyncio.to_thread(importlib.import_module, "anthropic")
+            self._client = sdk.AsyncAnthropic(
+                api_key=self._env["ANTHROPIC_API_KEY"], base_url=self._env.get("ANTHROPIC_BASE_URL"),
+                max_retries=0, timeout=CALL_TIMEOUT,
+            )
+        return self._client
 
     async def complete(self, messages: list[dict[str, Any]]) -> Completion:
         """One call. Whatever goes wrong with it (an HTTP error, a dropped connection, a 200 whose
         body is cut off or not what the API returns) is a CuratorError, so the daemon counts it."""
+        client = await self._the_client()
         try:
-            response = await self._client.messages.create(
+            response = await client.messages.create(
                 model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
             )
             text = "".join(getattr(block, "text", "") for block in response.content)
@@ -103,7 +115,8 @@ class CuratorClient:
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 async def _nothing() -> None:
