@@ -148,3 +148,27 @@ def test_no_import_cycles(root: Path) -> None:
     if root != SOURCE:  # the mock Bridge's modules import each other relatively, by their own names
         edges = {m: {t.removeprefix("sprite_os").lstrip(".") for t in ts} for m, ts in edges.items()}
     assert cycles(edges) == []
+
+
+# Names every module of a kind defines for itself, by design (each in-process tool's server name).
+OWN_NAMES = {"SERVER_NAME"}
+# memory/importer.py keeps a copy of capture's per-turn cap of tool calls (the same 50), to import from
+# capture/recorder.py when importer.py is next changed; listed so that no other copy can join it.
+KNOWN_COPIES = {("MAX_TOOL_CALLS", "memory/importer.py")}
+
+
+def test_each_constant_is_defined_once() -> None:
+    """A constant is one fact: defined in one module and imported where it is used. Two modules
+    each with their own MAX_SUMMARIES (5 and 8), BUSY_TIMEOUT_MS or CHARS_PER_TOKEN drift apart
+    silently; a limit that really differs gets a name that says how."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        where = str(path.relative_to(SOURCE))
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) and node.value is not None else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id.isupper() and not target.id.startswith("_") \
+                        and target.id not in OWN_NAMES and (target.id, where) not in KNOWN_COPIES:
+                    defined.setdefault(target.id, []).append(where)
+    assert {name: places for name, places in defined.items() if len(places) > 1} == {}

@@ -9,13 +9,13 @@ stores' worker threads and file I/O in a thread, so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
+from ..text import CHARS_PER_TOKEN, estimate_tokens
 from . import memory_files
 from . import memory_frames as pm
 from . import memory_queries as q
@@ -23,7 +23,6 @@ from . import memory_queries as q
 if TYPE_CHECKING:
     from ..memory.system import MemorySystem
 
-CHARS_PER_TOKEN = 4
 TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
                   "with Claude's tokenizer; code, tables and other languages take more tokens")
 
@@ -160,5 +159,5 @@ class MemoryConsole:
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session
         return pm.MemoryBootPromptResult(request_id=req.request_id, text=text, chars=len(text),
-                                         tokens_estimate=math.ceil(len(text) / CHARS_PER_TOKEN),
+                                         tokens_estimate=estimate_tokens(len(text)),
                                          estimate=TOKEN_ESTIMATE)

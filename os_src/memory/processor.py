@@ -64,7 +64,7 @@ Gate = Callable[[int], Awaitable[None]]
 
 
 def input_tokens(messages: list[dict[str, Any]]) -> int:
-    """A call's estimated input: the system prompt and the messages (curator.CHARS_PER_TOKEN)."""
+    """A call's estimated input: the system prompt and the messages (text.CHARS_PER_TOKEN)."""
     return estimate_tokens(len(SYSTEM) + sum(len(m["content"]) for m in messages))
 
 
