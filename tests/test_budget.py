@@ -25,7 +25,6 @@ from sprite_os.memory.curation.curator import (
     PROMPT_ACTIONS,
     SYSTEM,
     build_prompt,
-    estimate_tokens,
     fixed_chars,
     render_observation,
     split_batch,
@@ -37,6 +36,7 @@ from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
 from sprite_os.memory.transcript_store import NewObservation, Observation
+from sprite_os.text import estimate_tokens
 from tests.conftest import make_settings, wait_for
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit

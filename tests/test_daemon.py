@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from devkit.harness import wait_for
 from devkit.mock_bridge import Fault, RecordedRequest
 from sprite_os.memory.curation import daemon as daemon_module
-from sprite_os.memory.curation.curator import SYSTEM, estimate_tokens, fixed_chars
+from sprite_os.memory.curation.curator import SYSTEM, fixed_chars
 from sprite_os.memory.curation.daemon import MemoryDaemon
 from sprite_os.memory.curation.retry import (
     FAILING_KEY,
@@ -24,6 +24,7 @@ from sprite_os.memory.curation.retry import (
     Verdict,
 )
 from sprite_os.memory.schema import STALE
+from sprite_os.text import estimate_tokens
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
 

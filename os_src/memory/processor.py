@@ -33,12 +33,12 @@ from ..config import Settings
 from ..db_worker import Worker
 from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
+from ..text import estimate_tokens
 from .curation.curator import (
     PROMPT_ACTIONS,
     SYSTEM,
     TRUNCATED,
     build_prompt,
-    estimate_tokens,
     fixed_chars,
     shorten_request,
     turn_chars,
