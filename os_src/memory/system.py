@@ -18,7 +18,7 @@ from typing import Any
 from claude_agent_sdk import HookMatcher
 
 from ..config import Settings
-from ..db_worker import Worker
+from ..db_worker import Reads, Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
 from .capture.journal import TurnJournal, journal_path, recover
@@ -54,6 +54,8 @@ class MemorySystem:
         self.settings = settings
         self.transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
         self.memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        # What other tasks (the console) may do with memory.db's thread: read. The daemon writes it.
+        self.memory_reads = Reads(self.memory)
         self.files = MemoryFiles(layout)
         self.curator = CuratorClient(settings)
         self.processor = BatchProcessor(self.transcript, self.memory, self.files, self.curator)
