@@ -32,10 +32,12 @@ run: $(DEV_STAMP)
 	$(VENV)/bin/sprite-os-dev
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
-## console's in a headless Chromium).
+## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.
+JOBS ?= auto
+PYTEST_PARALLEL := -n $(JOBS) --dist loadgroup
 test: $(TEST_STAMP) $(CHROMIUM) $(SANDBOX)
 	@rm -f .coverage .coverage.*
-	$(PY) -m coverage run -m pytest
+	$(PY) -m coverage run -m pytest $(PYTEST_PARALLEL)
 	@$(PY) -m coverage combine -q
 	$(PY) -m coverage report
 
@@ -55,9 +57,9 @@ $(SANDBOX):
 screenshots: $(TEST_STAMP) $(CHROMIUM)
 	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py tests/test_console_memory_e2e.py
 
-## Unit tests only.
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m "not e2e" $(PYTEST_PARALLEL)
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap
