@@ -455,7 +455,7 @@ async def test_triggers_during_backoff_cause_no_early_call(kit: Kit, daemon: Mem
     assert time.monotonic() - started < 4.0  # ...so neither waits for it (waiting, one alone takes 4 s)
     assert len(kit.bridge.curator_requests()) == 1
     assert await daemon.flush("precompact", budget=60) is True  # this one waits for the retry
-    first, second, *rest = kit.bridge.curator_requests()
+    _first, second, *rest = kit.bridge.curator_requests()
     assert second.time >= announced  # not before the backoff it announced (nor long after: it was waited for)
     assert len(rest) == 2  # seven turns in batches of three: the retry, then the rest at once
     assert await _pending(kit, 0) and daemon.clock.failures == 0
