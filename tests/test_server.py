@@ -50,3 +50,14 @@ def test_the_server_starts_without_the_curators_sdk() -> None:
     probe = "import sys, sprite_os.server; print(sorted(m for m in sys.modules if m.split('.')[0] == 'anthropic'))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout == "[]\n"
+
+
+def test_the_command_line_imports_no_sdk_until_a_command_needs_one() -> None:
+    """Every `sprite-os` run (service start/stop/status, a deploy's steps, version) builds the whole
+    parser: building it imported the agent SDK through memory's modules (seconds each time)."""
+    import subprocess
+
+    probe = ("import sys; from sprite_os.commands.main import main; main(['version']); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'anthropic', 'mcp', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"

@@ -18,8 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import msgspec
 
 from ...database import marks, rows, transaction
-from ...text import clean_text
-from ..capture.recorder import strip_private
+from ...text import clean_text, strip_private
 from ..transcript_store import Observation
 
 USER_CHARS = 2_000
