@@ -31,6 +31,8 @@ from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
 
 V1_COLUMNS = {t.name: ", ".join(t.columns) for t in migrate_tables.TABLES}
+# The generated v1 workspace (v1_template) is built once per worker that runs these: keep them on one.
+pytestmark = pytest.mark.xdist_group("v1-workspace")
 
 
 @pytest.fixture(scope="module")
