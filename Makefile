@@ -70,7 +70,7 @@ lint: $(TEST_STAMP)
 bench: $(DEV_STAMP)
 	$(PY) -m bench
 
-## The fault-injection suite (issue 12): kill -9s, a flapping proxy, a freeze, a full disk (needs
+## The fault-injection suite: kill -9s, a flapping proxy, a freeze, a full disk (needs
 ## root), locked databases and a 500-turn run, through the real server and CLI; ~15 min. Writes
 ## chaos/results/latest.json and exits 1 if a turn was lost, duplicated or corrupted.
 chaos: $(DEV_STAMP)

@@ -94,7 +94,7 @@ async def client(server: SpriteOS) -> AsyncIterator[Connect]:
         yield factory
 
 
-# ---------------------------------------------------------------- the agent as its own user (issue 9)
+# ---------------------------------------------------------------- the agent as its own user
 # CI runs as root on a fresh machine: these create the agent's user (as bootstrap/deploy.py does) and
 # a workspace the agent's user can reach. Without root they skip, saying why.
 

@@ -411,7 +411,7 @@ async def test_a_proxy_returning_500_never_splits_or_marks_stale_before_six_hour
     assert all("[#1]" in r.last_user_text and "[#6]" in r.last_user_text for r in kit.bridge.curator_requests())
 
 
-# ---------------------------------------------------------------- honest failure accounting (issue 12)
+# ---------------------------------------------------------------- honest failure accounting
 
 
 async def test_a_200_with_a_cut_off_body_is_a_failed_call_counted_saved_and_retried_on_schedule(
@@ -502,7 +502,7 @@ async def test_memory_status_shows_what_healthz_shows_about_failing(
     assert f"{n} failed calls in a row (degraded); next retry " in text
 
 
-# ---------------------------------------------------------------- the per-call token cap (issue 12)
+# ---------------------------------------------------------------- the per-call token cap
 
 
 async def test_a_batch_over_the_token_cap_is_split_into_calls_within_it(kit: Kit) -> None:

@@ -1,4 +1,4 @@
-"""The red team (issue 9): a prompt-injected agent tries to write into `.os/` and to read the
+"""The red team: a prompt-injected agent tries to write into `.os/` and to read the
 server's secrets, through the real Claude Code CLI running as the agent user, and the kernel (or
 the sandbox) refuses every attempt.
 

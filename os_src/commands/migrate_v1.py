@@ -66,7 +66,7 @@ def migrate_main(settings: Settings) -> int:
     try:
         migrate(settings.layout)
         if (user := agent_user(settings.agent_user)) is not None and os.geteuid() == 0:
-            # v1 ran everything as root: user space becomes the agent's, .os/ stays root's (issue 9)
+            # v1 ran everything as root: user space becomes the agent's, .os/ stays root's (the kernel keeps the agent out)
             apply_ownership(settings.layout.root, user.uid, user.gid, deep=True)
             say(f"owners set for the agent's user {user.name}")
     except MigrationError as exc:
