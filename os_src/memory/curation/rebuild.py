@@ -37,7 +37,7 @@ from .retry import Backoff
 log = get_logger(__name__)
 
 ATTEMPTS = 4  # calls per batch, then the rebuild stops (it can be run again)
-RETRY = Backoff()  # the daemon's policy (memory/curation/retry.py): the same curator, the same waits
+CURATOR_RETRY = Backoff()  # the daemon's policy (memory/curation/retry.py): the same curator, the same waits
 
 
 @dataclass
@@ -139,5 +139,5 @@ async def _with_retries(processor: BatchProcessor, group: list[Observation]) -> 
         except CuratorError as exc:
             if attempt == ATTEMPTS:
                 raise CuratorError(f"rebuild stopped at turn #{group[0].id}: {exc}") from exc
-            await asyncio.sleep(RETRY.delay(attempt, random.random()))
+            await asyncio.sleep(CURATOR_RETRY.delay(attempt, random.random()))
     raise AssertionError("unreachable")
