@@ -80,17 +80,26 @@ class CuratorClient:
     """The one model the daemon talks to, through Bridge's proxy. No retries here: the
     daemon owns backoff, so a failing proxy costs one attempt per backoff step.
 
-    The anthropic SDK is imported at the first call, on a thread: it takes seconds (most of a
-    server's start), and the curator is called once per batch, long after the server serves."""
+    The anthropic SDK takes seconds to import (it was most of a server's start), and a server may
+    never curate: it is imported on a thread once the first turn is recorded (`warm`, as a batch
+    will follow), or at the first call."""
 
     def __init__(self, settings: Settings) -> None:
         self._env = settings.model_env()
         self.model = settings.memory_model
         self._client: anthropic.AsyncAnthropic | None = None
+        self._sdk: asyncio.Future[Any] | None = None
+
+    def warm(self) -> None:
+        """Start importing the SDK in the background, once. From the event loop; never waits."""
+        if self._sdk is None:
+            self._sdk = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "anthropic"))
 
     async def _the_client(self) -> anthropic.AsyncAnthropic:
         if self._client is None:
-            sdk = await asyncio.to_thread(importlib.import_module, "anthropic")
+            self.warm()
+            assert self._sdk is not None
+            sdk = await asyncio.shield(self._sdk)
             self._client = sdk.AsyncAnthropic(
                 api_key=self._env["ANTHROPIC_API_KEY"], base_url=self._env.get("ANTHROPIC_BASE_URL"),
                 max_retries=0, timeout=CALL_TIMEOUT,

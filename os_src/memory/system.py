@@ -147,6 +147,7 @@ class MemorySystem:
         self.daemon.trigger(f"session-end-{reason}")
 
     def turn_started(self, prompt: str) -> TurnRecord:
+        self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
         return self.recorder.open(prompt)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
