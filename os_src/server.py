@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import Any
 
+from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -54,6 +55,7 @@ from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .protocol import SUBPROTOCOL, ServerFrame
 from .runtime import AgentRuntime
+from .tools import memory_search
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)
@@ -97,7 +99,8 @@ class SpriteOS:
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    model_env=self.relay.cli_env, launch=self.launch)
+                                    model_env=self.relay.cli_env, launch=self.launch,
+                                    tool_servers=self._memory_tools if self.memory is not None else None)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
@@ -106,6 +109,11 @@ class SpriteOS:
     def _publish(self, frame: ServerFrame) -> None:
         self.metrics.observe(frame)
         self.hub.publish(frame)
+
+    def _memory_tools(self) -> dict[str, McpSdkServerConfig]:
+        """search_memory, over what memory holds: the agent's one way into it, read-only."""
+        assert self.memory is not None
+        return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
 
     @property
     def port(self) -> int:

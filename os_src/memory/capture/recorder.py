@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from claude_agent_sdk import (
 )
 
 from ...text import clean_text
+from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .acks import Acks
@@ -55,14 +55,6 @@ PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> bloc
 # At most this long for a closed turn to be durable: a disk that hangs (rather than fails) must
 # not hold the person's turn forever. A failing disk is known at once (capture/acks.py).
 DURABLE_WAIT = 5.0
-
-_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-def strip_private(text: str) -> str:
-    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
-    return _PRIVATE.sub("[private]", text)
-
 
 def _bounded(value: Any, limit: int) -> str:
     """At most `limit` characters of `value` (a string or JSON-like data), private text removed.

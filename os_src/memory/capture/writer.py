@@ -54,7 +54,7 @@ log = get_logger(__name__)
 
 MAX_QUEUED = 64  # writes held in memory; more wait in the spill file only
 BACKOFF = Backoff(first=0.25, max=5.0)  # a local disk: retry soon, and often
-BUSY_TIMEOUT_MS = 1000  # per attempt: the database thread is shared with readers
+ATTEMPT_BUSY_TIMEOUT_MS = 1000  # per write attempt (not database.BUSY_TIMEOUT_MS): the thread is shared with readers
 
 
 GROUP_MAX = 64  # writes one transaction (one fsync) may carry
@@ -63,7 +63,7 @@ GROUP_MAX = 64  # writes one transaction (one fsync) may carry
 def _apply(writes: list[Write]) -> Callable[[TranscriptDB], None]:
     """The writes as one transaction: one commit, one fsync, for all of them (group commit)."""
     def run(db: TranscriptDB) -> None:
-        with db.busy_timeout(BUSY_TIMEOUT_MS), db.group():
+        with db.busy_timeout(ATTEMPT_BUSY_TIMEOUT_MS), db.group():
             for write in writes:
                 write.apply(db)
 
