@@ -72,8 +72,8 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_docs(doc: dict[str, Any]) -> None:
-    rewrite_between(DOCS, "chaos", table(doc))
+def update_docs(doc: dict[str, Any], section: str = "chaos") -> None:
+    rewrite_between(DOCS, section, table(doc))
 
 
 def main() -> int:
@@ -91,9 +91,11 @@ def main() -> int:
     parser.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/reliability.md")
     parser.add_argument("--from-results", action="store_true",
                         help="with --update-docs: take the figures from chaos/results/latest.json, run nothing")
+    parser.add_argument("--section", default="chaos",
+                        help="with --update-docs: the table's markers in docs/reliability.md (NAME:results:start)")
     args = parser.parse_args()
     if args.from_results:
-        update_docs(json.loads((RESULTS / "latest.json").read_text()))
+        update_docs(json.loads((RESULTS / "latest.json").read_text()), args.section)
         return 0
     os.environ.setdefault("SPRITE_LOG_LEVEL", "warning")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the run stops its server, unmounts
@@ -122,7 +124,7 @@ def main() -> int:
                "scenarios": rows}
     latest.write_text(json.dumps(doc, indent=2))
     if args.update_docs:
-        update_docs(doc)
+        update_docs(doc, args.section)
     print("chaos: " + ("every invariant held" if doc["ok"] else "FAILED"), file=sys.stderr)
     return 0 if doc["ok"] else 1
 
