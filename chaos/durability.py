@@ -15,7 +15,7 @@ from typing import Any
 
 from chaos.checks import pending_now
 from chaos.turns import Outcome, Turn
-from chaos.world import World
+from chaos.world import TURN_TIMEOUT, World
 from devkit.deploy_support import healthz
 from devkit.faults import LazyDisk, LoopExt4
 from devkit.harness import wait_for
@@ -239,7 +239,8 @@ async def proxy_outage(world: World, plan: Any, rng: random.Random) -> dict[str,
     await bridge.stop()
     bridge.faults.remove(hold)
     down = time.monotonic()
-    during = asyncio.create_task(world.turn("while the proxy is down"))
+    during = asyncio.create_task(world.turn("while the proxy is down",  # the CLI retries, then gives up
+                                            timeout=plan.outage_seconds + TURN_TIMEOUT))
     await asyncio.sleep(max(0.0, plan.outage_seconds - (time.monotonic() - down)))
     pending = pending_now(world.workspace)
     await bridge.start(port=port)
