@@ -5,6 +5,7 @@ turn_complete, and the same invariants as the full run; and the power-loss file 
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 from collections import Counter
@@ -16,7 +17,7 @@ import pytest
 from chaos.run import run
 from chaos.scenarios import SMOKE, Plan
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
-from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk
+from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
 
 
 def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
@@ -70,6 +71,42 @@ def test_a_power_cut_drops_exactly_the_writes_that_were_not_fsynced(disk: LazyDi
     assert disk.stats()["files_unsynced"] == 0
 
 
+def test_the_power_loss_file_system_behaves_as_a_file_system(disk: LazyDisk) -> None:
+    """What the server and the CLI do on it: links, modes, times, truncation, listing, appends,
+    and files removed or replaced while their writes are unsynced."""
+    m = disk.mount
+    (m / "a").write_bytes(b"0123456789" * 1000)
+    with (m / "a").open("ab") as f:
+        f.write(b"END")
+    assert (m / "a").stat().st_size == 10_003 and (m / "a").read_bytes()[-3:] == b"END"
+    os.truncate(m / "a", 5)
+    assert (m / "a").read_bytes() == b"01234"
+    with (m / "a").open("r+b") as f:
+        f.truncate(8200)  # grows with zeros, across a page
+        f.seek(8190)
+        f.write(b"xy")
+    assert (m / "a").read_bytes() == b"01234" + bytes(8185) + b"xy" + bytes(8)
+    os.link(m / "a", m / "hard")
+    os.symlink("a", m / "soft")
+    assert os.readlink(m / "soft") == "a" and (m / "soft").read_bytes()[:5] == b"01234"
+    os.chmod(m / "a", 0o640)
+    os.utime(m / "a", ns=(1_000_000_000, 2_000_000_000))
+    st = (m / "hard").stat()
+    assert (st.st_mode & 0o777, st.st_mtime_ns, st.st_nlink) == (0o640, 2_000_000_000, 2)
+    assert sorted(p.name for p in m.iterdir()) == ["a", "hard", "soft"]
+    (m / "b").write_bytes(b"unsynced, then replaced")
+    (m / "c").write_bytes(b"the new b")
+    os.replace(m / "c", m / "b")
+    (m / "d").write_bytes(b"unsynced, then removed")
+    os.unlink(m / "d")
+    os.mkfifo(m / "fifo")
+    (m / "dir").mkdir()
+    os.rmdir(m / "dir")
+    assert (m / "b").read_bytes() == b"the new b"
+    assert disk.stats()["files_unsynced"] == 2  # a and b: the replaced and the removed files' pages are gone
+    assert os.statvfs(m).f_bsize > 0
+
+
 def test_sqlite_commits_survive_a_power_cut_only_when_synchronous_is_full(disk: LazyDisk) -> None:
     """What the file system is for: WAL with synchronous=NORMAL does not fsync at commit, FULL
     does; with one the commits since the last checkpoint go with the power, with the other none do."""
@@ -104,6 +141,23 @@ def test_a_slow_disk_holds_each_fsync(tmp_path: Path) -> None:
             assert time.monotonic() - began >= 0.2
     except FaultSetupFailed as exc:
         pytest.skip(f"the power-loss file system can't be mounted here: {exc}")
+
+
+def test_an_ext4_error_remounts_the_workspace_read_only_until_fsck(tmp_path: Path) -> None:
+    try:
+        with loop_ext4(tmp_path / "ext4", "32M") as ext4:
+            (ext4.mount / "kept").write_bytes(b"synced")
+            _fsync(ext4.mount / "kept")
+            assert not ext4.read_only
+            ext4.trigger_error()
+            assert ext4.read_only
+            with pytest.raises(OSError) as refused:
+                (ext4.mount / "new").write_bytes(b"x")
+            assert refused.value.errno == errno.EROFS
+            assert ext4.repair() in (0, 1)
+            assert not ext4.read_only and (ext4.mount / "kept").read_bytes() == b"synced"
+    except FaultSetupFailed as exc:
+        pytest.skip(f"an ext4 image can't be mounted here: {exc}")
 
 
 @pytest.mark.e2e
