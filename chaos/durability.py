@@ -11,7 +11,7 @@ import contextlib
 import random
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.checks import pending_now
 from chaos.turns import Outcome, Turn
@@ -22,6 +22,9 @@ from devkit.harness import wait_for
 from devkit.mock_bridge import Fault
 from devkit.processes import workspace_clis
 from sprite_os.paths import Layout
+
+if TYPE_CHECKING:  # scenarios.py lists these scenarios and defines the plan
+    from chaos.scenarios import Plan
 
 FAST_TURN_S = 0.05  # a short turn (the server's duration_ms): the kill must land on these too, where writes lag most
 KILL_WITHIN_MS = 1.0  # from the client reading turn_complete to the kill
@@ -90,18 +93,18 @@ async def _kills_after_ack(world: World, count: int, rng: random.Random, *, powe
     return out
 
 
-async def kill_after_ack(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def kill_after_ack(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     return await _kills_after_ack(world, plan.ack_kills, rng, power_off=False)
 
 
-async def slow_disk(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def slow_disk(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     """The same kills, with each fsync held `plan.slow_fsync` s (a slow cloud or SD disk)."""
     disk: LazyDisk = world.disk
     out = await _kills_after_ack(world, plan.ack_kills, rng, power_off=False)
     return {"fsync_delay_s": disk.fsync_delay, **out, "disk": disk.stats()}
 
 
-async def power_loss(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def power_loss(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     """The same moment, but the power goes: the server and everything it started are killed and
     every write not fsynced is dropped (devkit/lazyfs.py)."""
     disk: LazyDisk = world.disk
@@ -144,7 +147,7 @@ async def _message_on_a_broken_disk(world: World, wait: float) -> tuple[Outcome,
     return outcome, None if answered is None else round(answered, 2), how
 
 
-async def io_error(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def io_error(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     disk: LoopExt4 = world.disk
     layout = Layout(world.workspace)
     before = await world.turns(plan.io_turns)
@@ -186,7 +189,7 @@ async def io_error(world: World, plan: Any, rng: random.Random) -> dict[str, Any
 # ---------------------------------------------------------------- a second server on a deployed workspace
 
 
-async def second_server(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def second_server(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     """While the first streams a turn, a second server starts on the same deployed workspace: it
     must refuse without touching anything, and the first's turn must complete."""
     isolation = Layout(world.workspace).state_dir / "isolation.json"
@@ -228,7 +231,7 @@ async def second_server(world: World, plan: Any, rng: random.Random) -> dict[str
 # ---------------------------------------------------------------- the proxy down for minutes
 
 
-async def proxy_outage(world: World, plan: Any, rng: random.Random) -> dict[str, Any]:
+async def proxy_outage(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     """The model proxy refuses every connection for `plan.outage_seconds`, with turns pending and
     one sent meanwhile; once it is back, every pending turn must be curated within 30 s."""
     bridge, b = world.bridge, world.settings.batch_turns
