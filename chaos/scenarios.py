@@ -408,5 +408,5 @@ SCENARIOS: dict[str, Scenario] = {
     "second_server": Scenario(durability.second_server, "deployed"),
     "proxy_outage": Scenario(durability.proxy_outage),
     "long_run": Scenario(long_run)}
-# Run by the test suite in miniature (tests/test_chaos_smoke.py): the shared-workspace scenarios but the long ones.
-SMOKE = ("kill9", "flapping_proxy", "freeze", "full_disk", "locked_db", "kill_after_ack")
+# Run by the test suite in miniature (tests/test_chaos_smoke.py), on one workspace.
+SMOKE = ("kill9", "flapping_proxy", "freeze", "full_disk", "locked_db")
