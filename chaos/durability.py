@@ -195,7 +195,7 @@ async def second_server(world: World, plan: Plan, rng: random.Random) -> dict[st
     isolation = Layout(world.workspace).state_dir / "isolation.json"
     await world.turns(2)
     before = (isolation.read_bytes(), isolation.stat().st_mtime_ns)
-    world.script_slow_turn(words=300, delay=0.02)  # about 6 s of streaming
+    world.script_slow_turn(words=1500, delay=0.02)  # about 30 s of streaming: the second's start is slow under load
     started = asyncio.Event()
     seen = len(world.frames())
     task = asyncio.create_task(world.turn("streaming while a second server starts", started=started))
@@ -209,18 +209,22 @@ async def second_server(world: World, plan: Plan, rng: random.Random) -> dict[st
         code = None  # it is serving: two servers on one workspace
     finally:
         await second.stop()
+    overlapped = not task.done()  # the second server was done while the first still streamed
     first = await task
     after = (isolation.read_bytes(), isolation.stat().st_mtime_ns)
     next_turn = await world.turn()
     said = [line for line in second.log.read_text(errors="replace").splitlines() if line.strip()]
     out: dict[str, Any] = {"second_exit": code, "second_said": said[-1][-200:] if said else "",
                            "first_turn": first.outcome, "first_turn_s": round(first.seconds, 1),
+                           "second_done_mid_turn": overlapped,
                            "isolation_json_unchanged": after == before, "turn_after": next_turn.outcome}
     missed = []
     if code is None or code == 0:
         missed.append("the second server did not refuse")
     if first.outcome != "completed":
         missed.append(f"the first server's turn ended {first.outcome}")
+    if not overlapped:
+        missed.append("the second server was still starting when the first's turn ended (no overlap)")
     if after != before:
         missed.append("the refused start rewrote isolation.json")
     if missed:
