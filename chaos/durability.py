@@ -151,9 +151,10 @@ async def io_error(world: World, plan: Plan, rng: random.Random) -> dict[str, An
     disk: LoopExt4 = world.disk
     layout = Layout(world.workspace)
     before = await world.turns(plan.io_turns)
-    with contextlib.suppress(TimeoutError):  # some of them curated before the error, as in a real week
+    with contextlib.suppress(TimeoutError):  # curated before the error, and in ext4's journal (it commits every 5 s)
         await wait_for(lambda: pending_now(world.workspace) == 0, 30, interval=0.5)
     curated_before = plan.io_turns - max(0, pending_now(world.workspace))
+    before += await world.turns(plan.io_last_turns)  # and some the person saw complete just before the error
     disk.trigger_error()
     await wait_for(lambda: disk.read_only, 10, what="the kernel remounting the workspace read-only")
     answers = [await _message_on_a_broken_disk(world, max(ERROR_WITHIN_S, plan.io_wait)) for _ in range(plan.io_messages)]

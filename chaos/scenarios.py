@@ -43,7 +43,8 @@ class Plan:
     ack_kills: int = 50  # kill -9s right after turn_complete (kill_after_ack, slow_disk)
     power_cuts: int = 20
     slow_fsync: float = 0.1  # seconds each fsync takes on the slow disk
-    io_turns: int = 12  # turns before the I/O error
+    io_turns: int = 12  # turns before the I/O error, given time to be curated
+    io_last_turns: int = 3  # and turns right before it
     io_messages: int = 3  # messages sent once the disk is read-only
     io_wait: float = 10.0  # how long each of them is watched for an answer
     outage_seconds: float = 300.0
@@ -60,7 +61,7 @@ class Plan:
     def smoke(cls, **overrides: Any) -> Plan:
         values: dict[str, Any] = dict(kills=2, kill_turns=6, freeze_seconds=2.0, lock_seconds=3.0, long_turns=0,
                                       phase_turns=2, flaps=("agent:529", "agent:refused", "curator:cut_off_body"),
-                                      ack_kills=1, power_cuts=1, io_turns=3, io_messages=1, outage_seconds=5.0)
+                                      ack_kills=1, power_cuts=1, io_turns=3, io_last_turns=1, io_messages=1, outage_seconds=5.0)
         values.update(overrides)
         return cls(**values)
 
