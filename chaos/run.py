@@ -86,7 +86,10 @@ async def settle(world: World, timeout: float = SETTLE_TIMEOUT) -> None:
     """End the session (a batch of what is pending), wait until every turn is curated, stop."""
     if world.server is None or not world.server.running:
         await world.start()  # a start asks for a batch of what is pending
-    if any(f["type"] == "turn_started" for f in world.frames()):  # a session is open: its end asks for one
+    kinds = [f["type"] for f in world.frames()]
+    if "session_started" in kinds:  # the current session's frames
+        kinds = kinds[len(kinds) - 1 - kinds[::-1].index("session_started"):]
+    if "turn_started" in kinds:  # a session with turns is open: its end asks for a batch
         await world.new_session()
     await wait_for(lambda: pending_now(world.workspace) == 0, timeout, interval=0.5,
                    what="every turn curated")
