@@ -76,7 +76,7 @@ async def _kills_after_ack(world: World, count: int, rng: random.Random, *, powe
     out: dict[str, Any] = {
         "kills": n, "alone": alone, "group": n - alone,
         "kills_within_1ms": sum(d <= KILL_WITHIN_MS for d in delays),
-        "killed_turns": dict(world.log.outcomes(world.scenario)),
+        "outcomes": dict(world.log.outcomes(world.scenario)),  # every turn of the scenario, the killed among them
         "kill_after_read_ms": _spread(delays),
         "killed_turn_ms": _spread([float(ms) for ms in durations]),
         "client_turn_s": _spread([t.seconds for t in killed if t.outcome == "completed"]),
