@@ -34,7 +34,7 @@ class AgentUser:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the machine allows, as isolation_probe.probe found it."""
+    """What the machine allows, as isolation/probe.py's probe found it."""
 
     root: bool  # the server runs as root (it may switch users)
     agent_user: AgentUser | None  # the agent's user, if it exists

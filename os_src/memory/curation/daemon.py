@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ...backoff import Backoff
 from ...config import DEFAULT_BATCH_TOKENS
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
@@ -37,7 +38,6 @@ from .retry import (
     BACKOFF_MAX,
     FAILING_KEY,
     STALE_AFTER,
-    Backoff,
     FailureClock,
     PoisonTurns,
     Probe,
