@@ -3,8 +3,8 @@ tool, auto-recall, the boot prompt, health.
 
 It owns the two database threads, the transcript writer and the turn journal (and the
 thread that writes their files), the daemon task and the curator client, the recall
-index and its indexer (memory/recall/service.py), and holds the writer lock so that only one
-process curates a workspace's memory.
+index and its indexer (memory/recall/service.py), the import inbox's task, and holds the
+writer lock so that only one process writes a workspace's memory.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .curation.budget import DailyBudget
 from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, HookTimings
+from .import_inbox import ImportInbox
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -70,6 +71,7 @@ class MemorySystem:
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
+        self.imports = ImportInbox(layout, self.transcript, self.recall.indexer.nudge)
         self._lock = WriterLock(layout.memory_lock)
         self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
 
@@ -84,6 +86,7 @@ class MemorySystem:
         await self.writer.start([ObservationWrite(obs) for obs in recovered])
         await self.writer.drained(REPLAY_BUDGET)
         await self.recall.start()
+        self.imports.start()  # what `memory import` hands over, applied through transcript.db's thread
         await self.daemon.start()
         counts = await self.transcript.call(lambda t: t.counts())
         log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
@@ -93,6 +96,7 @@ class MemorySystem:
     async def stop(self) -> None:
         await self.writer.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.journal.flush()
+        await self.imports.stop()  # what it has not applied stays in the inbox, for the next start
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.recall.stop()
         await self.curator.close()
@@ -170,4 +174,5 @@ class MemorySystem:
             self._counted = (now, await self.transcript.call(lambda t: t.counts()),
                              await self.daemon.budget_status())
         return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "capture": self.writer.status(), "hook_errors": self.timings.errors, "recall": self.recall.status()}
+                "capture": self.writer.status(), "hook_errors": self.timings.errors,
+                "recall": {**self.recall.status(), "import": self.imports.status()}}
