@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import sys
@@ -23,7 +24,7 @@ import numpy as np
 
 from bench.recall import generate
 from sprite_os.config import Settings
-from sprite_os.memory.importer import import_turns
+from sprite_os.memory.importer import ReadReport, apply, read_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import build as build_index
@@ -69,7 +70,7 @@ def small(conversations: int | None = None) -> tuple[Settings, list[generate.Que
         shutil.rmtree(path, ignore_errors=True)
         settings.layout.ensure()
         transcript = TranscriptDB(settings.layout.transcript_db)
-        import_turns(transcript, (json.dumps(asdict(t)) for t in turns))
+        apply(transcript, read_turns(io.StringIO("".join(json.dumps(asdict(t)) + "\n" for t in turns)), ReadReport()))
         transcript.close()
         _vectors_from_cache(settings, turns)
         rebuild_recall(settings, _progress)

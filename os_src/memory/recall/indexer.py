@@ -164,8 +164,7 @@ class Indexer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL)
+            await _wait(self._wake, POLL)
             self._wake.clear()
             try:
                 await self._catch_up(loop)
@@ -226,8 +225,7 @@ class Indexer:
                 top = await self.memory.call(lambda m: ep.max_id(m.conn))
                 if (gap := highest_gap(seen, top)) is None:
                     self.embedded_all.set()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._embed_wake.wait(), POLL)
+                    await _wait(self._embed_wake, POLL)
                     self._embed_wake.clear()
                     continue
                 self.embedded_all.clear()
@@ -282,6 +280,14 @@ class Indexer:
                                 "eta_s": None if not rate or not waiting else round(waiting / rate),
                                 "moving_old_vectors": self._adopting}
         return out
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Until `event` is set, or `seconds` pass. (asyncio.timeout, not wait_for: on 3.11 a cancel that meets
+    wait_for's own timeout can be swallowed, and a task stopped then never ends.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
 def _stage_turns(memory: MemoryDB, step: tuple[list[Observation], Range], held: Marks) -> Staged:

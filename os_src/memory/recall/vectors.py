@@ -280,13 +280,13 @@ class VectorWriter:
                 keep.append(i)
         if not keep:
             return 0
-        matrix = np.asarray(vectors, dtype=np.float32).reshape(len(ids), -1)[keep]
+        matrix = np.asarray(vectors, dtype=np.float32).reshape(len(ids), -1)[keep].astype(np.float16)
         start = self.meta.count
-        self._append("vectors.f16", matrix.astype(np.float16).tobytes())
+        self._append("vectors.f16", matrix.tobytes())
         self._append("ids.i64", np.asarray([int(ids[i]) for i in keep], dtype=np.int64).tobytes())
         self._append("at.f64", np.asarray([float(at[i]) for i in keep], dtype=np.float64).tobytes())
         if self._basis is not None:
-            self._put_bits(start, sketch(matrix, *self._basis))
+            self._put_bits(start, sketch(matrix.astype(np.float32), *self._basis))  # of the stored values
         count = start + len(keep)
         if self._basis is None and count >= BASIS_FROM:
             self._set_basis(count)
