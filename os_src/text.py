@@ -8,6 +8,7 @@ boot prompt, whoever wrote it (the curator model, a person's edit, a migration).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 _NEWLINES = re.compile(r"\r\n?")
@@ -49,3 +50,13 @@ def safe_text(text: str) -> str:
 
 def _replacement(match: re.Match[str]) -> str:
     return "\ufffd" if match.group() >= "\ud800" else ""
+
+
+def utc(ts: float, fmt: str) -> str:
+    """Epoch seconds as UTC text in `fmt`, or "?" for a time no calendar holds: a row written before
+    timestamps were checked (1e17 fails gmtime with EOVERFLOW, 1e30 with OverflowError, NaN with
+    ValueError) must not stop search, the daemon or the boot prompt."""
+    try:
+        return time.strftime(fmt, time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "?"

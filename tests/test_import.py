@@ -237,3 +237,33 @@ def test_an_inbox_file_a_writer_was_killed_in_is_applied_again_without_doubles(t
     assert (done.applied, done.added, done.already, done.done) == (3, 1, 2, True)
     assert db.counts()["total"] == 3 and not path.exists()
     db.close()
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_a_bad_time_already_stored_stops_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.memory.curation.curator import render_observation
+    from sprite_os.memory.loader import turns_section
+    from sprite_os.memory.transcript_store import NewObservation
+    from sprite_os.text import utc
+
+    settings = lexical(tmp_path)  # rows written before timestamps were checked
+    settings.layout.ensure()
+    db = TranscriptDB(settings.layout.transcript_db)
+    for n, at in enumerate((1e17, 1e30, -1e30, 1_600_000_000.0), 1):
+        db.append(NewObservation(timestamp=at, session_id="s", sequence_num=n, user_message=f"garden note {n}",
+                                 tool_calls_json="[]", agent_response="ok"))
+    stored = list(db.iter_all())
+    db.close()
+    assert [utc(o.timestamp, "%Y") for o in stored] == ["?", "?", "?", "2020"]
+    assert all("?" in render_observation(o) for o in stored[:3])  # the daemon's prompt
+    assert "garden note 1" in (turns_section(stored) or "")  # the boot prompt's turns not yet curated
+    assert _cli(settings, "rebuild", "--index", "--yes") == 0
+    capsys.readouterr()
+    assert _cli(settings, "search", "garden note", "--json") == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert len(hits) == 4 and {h["date"] for h in hits} >= {"?", "2020-09-13T12:26:40Z"}
+    monkeypatch.setattr("sys.stdin", io.StringIO("garden\nnote 2\n"))
+    assert _cli(settings, "search", "-", "--json") == 0  # batch mode answers every line
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert _cli(settings, "status") == 0

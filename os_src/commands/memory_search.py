@@ -23,6 +23,7 @@ from ..memory.recall.learnings import clamp_limit
 from ..memory.recall.searcher import Dense, RecallHit, Searcher
 from ..memory.recall.service import index_path, read_connection, vectors_path
 from ..memory.recall.vectors import VectorReader
+from ..text import utc
 
 
 def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
@@ -46,7 +47,7 @@ def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
 def as_json(hit: RecallHit) -> dict[str, Any]:
     return {
         "kind": hit.kind, "id": hit.id, "type": hit.type, "score": round(hit.score, 6),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hit.at)), "at": hit.at,
+        "date": utc(hit.at, "%Y-%m-%dT%H:%M:%SZ"), "at": hit.at,
         "source": {"session": hit.session_id, "turn": hit.turn, "observation_id": hit.observation_id},
         "snippet": hit.snippet,
     }

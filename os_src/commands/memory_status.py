@@ -14,10 +14,11 @@ from ..memory.recall.documents import read_marks
 from ..memory.recall.index import RecallIndex, exists
 from ..memory.recall.service import index_path, published, vectors_path
 from ..memory.recall.vectors import read_meta
+from ..text import utc
 
 
 def when(ts: float | None, seconds: bool = False) -> str:
-    return time.strftime(f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC", time.gmtime(ts)) if ts else "never"
+    return utc(ts, f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC") if ts else "never"
 
 
 def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
