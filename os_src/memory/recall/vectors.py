@@ -11,8 +11,8 @@ search. Columns, one file each, a record per embedded turn, in the order they we
     basis.npy     the sketch's centre and projection, fixed once BASIS_FROM vectors exist
     meta.json     how many records are committed (written last, atomically: a torn tail is ignored)
 
-So a turn costs about 0.9 KB on disk (it was 4 KB in memory.db: a 1.5 KB blob a row, with
-pages half empty from inserting newest first), a search process starts by mapping the files
+So a turn costs about 0.9 KB on disk (it was 4.1 KB in memory.db: a 1.5 KB blob alone in each
+4 KB page, from inserting newest first), a search process starts by mapping the files
 (no load), and a search reads the sketches (128 MB at a million) and a few thousand vectors,
 never the whole matrix.
 
