@@ -30,7 +30,7 @@ from ..errors import LockHeld, UsageError
 from ..fsutil import WriterLock
 
 TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
-POLL = 0.2
+WAIT_POLL = 0.2  # how often the command looks at the writer's progress
 SHOW_EVERY = 2.0
 
 
@@ -144,13 +144,13 @@ def _through_server(inbox: Path, sessions: set[str], bad: int) -> int:
             print(f"the workspace's memory is held by a process that takes no imports (`memory rebuild`?): the "
                   f"turns wait in {inbox} and are imported when the server next starts")
             return 3
-        time.sleep(POLL)
+        time.sleep(WAIT_POLL)
     _say("the running server is recording the turns")
     while not p.done:
         if p.error:
             _say(f"  the server failed to apply them ({p.error}); it tries again")
         show("recorded", p.applied, p.turns)
-        time.sleep(POLL)
+        time.sleep(WAIT_POLL)
         p = read_progress(inbox) or p
     print(_summary(p.added, p.already, len(sessions), bad) + "; the server indexes them now and embeds them in "
           "the background, newest first (`memory status` shows how many wait).")

@@ -5,7 +5,7 @@ CLI never writes beside a server: it checks the file's lines and writes the good
 fsync'd JSON lines, to `.os/state/imports/<name>.jsonl` (renamed into place once whole),
 and the writer applies it:
 
-- the server looks for inbox files every POLL seconds and applies one at a time, a chunk a
+- the server looks for inbox files every INBOX_POLL seconds and applies one at a time, a chunk a
   transaction on transcript.db's thread (capture's writes go between chunks), writing
   `<name>.progress.json` as it goes and `<name>.done.json` when it is over; the CLI waits
   for that and prints it;
@@ -38,7 +38,7 @@ from .transcript_store import ImportedTurn, TranscriptDB
 log = get_logger(__name__)
 
 INBOX = "imports"
-POLL = 1.0
+INBOX_POLL = 1.0
 SUFFIX, PROGRESS, DONE = ".jsonl", ".progress.json", ".done.json"
 
 
@@ -186,10 +186,10 @@ class ImportInbox:
                     if self.current is not None:
                         self.current.error = repr(exc)[:300]
                         await asyncio.to_thread(report, path, self.current)
-                    await asyncio.sleep(5 * POLL)
+                    await asyncio.sleep(5 * INBOX_POLL)
                 finally:
                     self.current = None
-            await asyncio.sleep(POLL)
+            await asyncio.sleep(INBOX_POLL)
 
     async def _apply(self, path: Path) -> None:
         tally = await asyncio.to_thread(Tally, path)

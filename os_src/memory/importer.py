@@ -33,6 +33,7 @@ import msgspec
 
 from ..text import clean_text
 from .capture.recorder import (
+    MAX_TOOL_CALLS,
     RESPONSE_CHARS,
     TOOL_INPUT_CHARS,
     TOOL_OUTPUT_CHARS,
@@ -42,7 +43,6 @@ from .capture.recorder import (
 from .transcript_store import ImportedTurn, TranscriptDB
 
 MAX_LINE_CHARS = 1_000_000
-MAX_TOOL_CALLS = 50
 AHEAD = 86_400.0  # a timestamp may be this far past `now` (clocks differ), not more
 APPLY_CHUNK = 500  # turns a transaction records
 T = TypeVar("T")

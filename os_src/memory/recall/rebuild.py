@@ -29,7 +29,7 @@ from .index import swap_in
 from .service import index_path, vectors_path
 from .vectors import VectorWriter
 
-EMBED_BATCH = 32
+REBUILD_EMBED_BATCH = 32  # turns embedded at once offline (the live indexer's batch is smaller)
 Progress = Callable[[str, int, int], None]
 
 
@@ -108,8 +108,8 @@ def _embed_missing(memory: MemoryDB, embedder: Embedder, writer: VectorWriter, p
     missing, done, below = max(0, total - len(writer)), 0, ep.max_id(memory.conn)
     while below > 0 and (ids := ep.ids_between(memory.conn, 1, below, 4_096)):
         todo = [i for i, has in zip(ids, writer.has(ids), strict=True) if not has]
-        for start in range(0, len(todo), EMBED_BATCH):
-            batch = ep.to_embed(memory.conn, todo[start:start + EMBED_BATCH])
+        for start in range(0, len(todo), REBUILD_EMBED_BATCH):
+            batch = ep.to_embed(memory.conn, todo[start:start + REBUILD_EMBED_BATCH])
             vectors = embedder.passages([text for _, _, text in batch])
             done += writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
             progress("embedded turns", done, missing)
