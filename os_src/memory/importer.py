@@ -245,5 +245,6 @@ def record(report: ApplyReport, chunk: list[ImportedTurn], ids: list[int | None]
 
 
 def end_sessions(transcript: TranscriptDB, last: dict[str, float]) -> None:
-    for session, ended in last.items():
-        transcript.end_session(session, ended)
+    with transcript.group():  # one synced transaction
+        for session, ended in last.items():
+            transcript.end_session(session, ended)

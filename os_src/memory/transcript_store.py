@@ -78,8 +78,19 @@ class TranscriptDB:
     def append(self, obs: NewObservation) -> int | None:
         """Record a turn. Returns its id, or None if that turn was already recorded (so a replay
         of the same turn, after a failed write or a crash, is harmless)."""
-        try:
+        with self.group():
             return self._append(obs)
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """One transaction, so one fsync, for every write inside (group commit); a write that
+        fails rolls them all back. Writes inside a group join it."""
+        if self.conn.in_transaction:
+            yield
+            return
+        try:
+            with transaction(self.conn):
+                yield
         except BaseException:
             # A COMMIT that failed (a full disk) can leave the transaction open; the retry must
             # find the connection usable.
@@ -89,30 +100,30 @@ class TranscriptDB:
             raise
 
     def _append(self, obs: NewObservation) -> int | None:
-        with transaction(self.conn) as c:
-            cur = c.execute(
-                """INSERT OR IGNORE INTO observations
-                (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
-                VALUES (?, ?, ?, ?, ?, ?)""",
-                (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-                 obs.tool_calls_json, obs.agent_response),
-            )
-            if cur.rowcount == 0:
-                return None
-            c.execute(
-                """INSERT INTO sessions (id, started_at, message_count, observation_count)
-                VALUES (?, ?, 1, 1)
-                ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
-                    observation_count = observation_count + 1""",
-                (obs.session_id, obs.timestamp),
-            )
-            return cur.lastrowid
+        c = self.conn
+        cur = c.execute(
+            """INSERT OR IGNORE INTO observations
+            (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
+            VALUES (?, ?, ?, ?, ?, ?)""",
+            (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
+             obs.tool_calls_json, obs.agent_response),
+        )
+        if cur.rowcount == 0:
+            return None
+        c.execute(
+            """INSERT INTO sessions (id, started_at, message_count, observation_count)
+            VALUES (?, ?, 1, 1)
+            ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
+                observation_count = observation_count + 1""",
+            (obs.session_id, obs.timestamp),
+        )
+        return cur.lastrowid
 
     def import_turns(self, turns: Iterable[ImportedTurn]) -> list[int | None]:
         """Record past turns in one transaction: each turn's id, or None for a turn already recorded
         (as many copies of it as its `occurrence`). A new turn is numbered after its session's last."""
-        with transaction(self.conn) as c:
-            return [self._import_one(c, t) for t in turns]
+        with self.group():  # one synced transaction, rolled back whole if it fails
+            return [self._import_one(self.conn, t) for t in turns]
 
     def _import_one(self, c: sqlite3.Connection, t: ImportedTurn) -> int | None:
         copies = sum(1 for user, answer in c.execute(
@@ -238,5 +249,7 @@ class TranscriptDB:
         return int(self.conn.execute("SELECT coalesce(max(id), 0) FROM observations").fetchone()[0])
 
     def oldest_pending_timestamp(self) -> float | None:
-        row = self.conn.execute("SELECT min(timestamp) FROM observations WHERE processed = ?", (PENDING,)).fetchone()
-        return None if row[0] is None else float(row[0])
+        """When the first pending turn (by order of recording, not by its clock) was recorded."""
+        row = self.conn.execute("SELECT timestamp FROM observations WHERE processed = ? ORDER BY id LIMIT 1",
+                                (PENDING,)).fetchone()
+        return None if row is None else float(row[0])

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...db_worker import Worker
+from ...errors import log_expected
 from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import Observation, TranscriptDB
@@ -172,7 +173,7 @@ class Indexer:
                 if not self._wake.is_set():
                     self.current.set()
             except Exception as exc:
-                log.exception("recall_index_failed", error=repr(exc)[:300])
+                log_expected(log, "recall_index_failed", exc)
                 self.health.last_error = repr(exc)[:500]
                 await asyncio.sleep(RETRY)
 
@@ -215,7 +216,7 @@ class Indexer:
         try:
             await self._adopt_legacy(model, station)
         except Exception as exc:  # the rows stay in memory.db: moved at the next start
-            log.exception("recall_vectors_unmoved", error=repr(exc)[:300])
+            log_expected(log, "recall_vectors_unmoved", exc)
         self.health.embedded = await station.call(lambda s: len(s.writer))
         seen: list[Range] = []
         failures = 0
@@ -237,7 +238,7 @@ class Indexer:
                 seen, failures = mark(seen, *taken), 0
             except Exception as exc:
                 failures += 1
-                log.exception("recall_embedding_failed", error=repr(exc)[:300], failures=failures)
+                log_expected(log, "recall_embedding_failed", exc, failures=failures)
                 self.health.last_error = repr(exc)[:500]
                 if failures >= GIVE_UP and gap is not None:  # passed over until the next start
                     seen, failures = mark(seen, *gap), 0
