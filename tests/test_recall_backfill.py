@@ -69,6 +69,44 @@ def test_the_index_takes_the_newest_turns_first_and_new_ones_before_the_rest(tmp
     db.close()
 
 
+async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(tmp_path: Path) -> None:
+    """The index commits at most once a second, 2,000 turns a step: a 10,000-turn backlog takes five
+    steps, and a turn recorded after the first is searchable from the next, before the oldest."""
+    layout = lexical(tmp_path).layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    with db.group():
+        for n in range(1, 10_001):
+            db.append(turn(f"s{n // 10}", n % 10 + 1, f"backlog w{n}", at=1_600_000_000.0 + n))
+    db.close()
+    transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+    memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
+    index = Worker("index", lambda: RecallIndex(index_path(layout.memory_dir), writable=True))
+    indexer = Indexer(transcript, memory, index)
+    await indexer.start(fresh_index=True)
+    try:
+        started = time.monotonic()
+        while (await index.call(lambda i: i.documents)) == 0:
+            assert time.monotonic() - started < 60
+            await asyncio.sleep(0.05)
+        reader = RecallIndex(index_path(layout.memory_dir))
+        assert reader.search(["w10000"], 1) and not reader.search(["w1"], 1)  # the newest came first
+        await transcript.call(lambda t: t.append(turn("live", 1, "zebracorn just said", at=time.time())))
+        indexer.nudge()
+        while not reader.search(["zebracorn"], 1):
+            assert time.monotonic() - started < 60
+            await asyncio.sleep(0.05)
+            reader.reload()
+        assert not reader.search(["w1"], 1) and reader.documents < 10_001  # the oldest still wait
+        assert indexer.status()["turns_waiting_for_index"] > 0
+        await asyncio.wait_for(indexer.current.wait(), 60)
+        reader.reload()
+        assert reader.search(["w1"], 1) and reader.documents == 10_001
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in (transcript, memory, index)))
+
+
 async def test_vectors_come_newest_first_and_a_new_turn_gets_one_within_seconds(tmp_path: Path) -> None:
     settings = lexical(tmp_path)
     layout = settings.layout
