@@ -278,6 +278,16 @@ async def test_health_counts_today_apart_from_all_time(console: MemoryConsole, s
     assert h.observations == {"pending": 2, "processed": 0, "stale": 0, "total": 2}
     assert (h.learnings, h.forgotten, h.pending_actions, h.failing, h.running) == (3, 0, 1, False, False)
     assert h.last_batch is not None and (h.last_batch.status, h.last_batch.error) == ("failed", "proxy down")
+    await system.recall.start()  # how far search has caught up, as the health view shows it
+    try:
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 20)
+        await asyncio.wait_for(system.recall.indexer.embedded_all.wait(), 60)
+        again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    finally:
+        await system.recall.stop()
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.recall is not None
+    r = again.health.recall
+    assert (r.turns, r.waiting_for_index, r.embedded, r.waiting_for_vectors, r.importing) == (2, 0, 2, 0, None)
 
 
 def test_today_starts_at_midnight_utc() -> None:

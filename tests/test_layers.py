@@ -152,9 +152,7 @@ def test_no_import_cycles(root: Path) -> None:
 
 # Names every module of a kind defines for itself, by design (each in-process tool's server name).
 OWN_NAMES = {"SERVER_NAME"}
-# memory/importer.py keeps a copy of capture's per-turn cap of tool calls (the same 50), to import from
-# capture/recorder.py when importer.py is next changed; listed so that no other copy can join it.
-KNOWN_COPIES = {("MAX_TOOL_CALLS", "memory/importer.py")}
+KNOWN_COPIES: set[tuple[str, str]] = set()  # none left: memory/importer.py takes capture's MAX_TOOL_CALLS
 
 
 def test_each_constant_is_defined_once() -> None:

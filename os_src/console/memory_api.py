@@ -153,9 +153,18 @@ class MemoryConsole:
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
             next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
             today=today, total=total, observations=observations, learnings=totals["learnings"],
-            forgotten=forgotten, pending_actions=totals["pending_actions"],
+            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=self._recall(),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
+
+    def _recall(self) -> pm.RecallProgress:
+        status, importing = self._system.recall.status(), self._system.imports.status()
+        vectors = status.get("embedding")
+        return pm.RecallProgress(
+            turns=status["turns"], waiting_for_index=status["turns_waiting_for_index"],
+            embedded=vectors["embedded"] if vectors else None, waiting_for_vectors=vectors["waiting"] if vectors else 0,
+            per_second=vectors["per_second"] if vectors else None, eta_s=vectors["eta_s"] if vectors else None,
+            importing=importing["turns"] if importing else None, imported=importing["applied"] if importing else 0)
 
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session

@@ -201,6 +201,20 @@ class Spend(msgspec.Struct, frozen=True):
     cost_usd: float
 
 
+class RecallProgress(msgspec.Struct, frozen=True):
+    """How far search has caught up with the turns: indexed (found by their words) and embedded (found
+    by meaning, newest first, in the background), and an import the server is applying."""
+
+    turns: int  # recorded turns made searchable episodes
+    waiting_for_index: int
+    embedded: int | None = None  # None: no dense retriever
+    waiting_for_vectors: int = 0
+    per_second: float | None = None  # turns embedded a second, lately
+    eta_s: float | None = None
+    importing: int | None = None  # turns in the import being applied (None: no import)
+    imported: int = 0  # of them, applied so far
+
+
 class MemoryHealth(msgspec.Struct, frozen=True):
     running: bool  # a batch is running now
     failing: bool  # three or more batches failed in a row (/healthz says degraded)
@@ -215,6 +229,7 @@ class MemoryHealth(msgspec.Struct, frozen=True):
     learnings: int
     forgotten: int
     pending_actions: int
+    recall: RecallProgress | None = None
 
 
 # ---------------------------------------------------------------- server -> client
