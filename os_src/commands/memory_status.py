@@ -17,9 +17,10 @@ def when(ts: float | None, seconds: bool = False) -> str:
 
 
 def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
-    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord
     from ..memory.curation.retry import FAILING_KEY, FailureClock
     from ..memory.files import SPECS
+    from ..spending import DailyBudget, day_start
 
     # The server's budget as it saved it (its environment may not be this shell's), else the setting.
     record = BudgetRecord.loads(memory.get_meta(BUDGET_KEY)) or BudgetRecord(daily_usd)

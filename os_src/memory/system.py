@@ -22,12 +22,12 @@ from ..config import Settings
 from ..db_worker import Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
+from ..spending import DailyBudget
 from ..tools.memory_search import memory_search_server
 from .capture.journal import TurnJournal, journal_path, recover
 from .capture.recorder import TurnRecord, TurnRecorder
 from .capture.spill import ObservationWrite, Write, write_key
 from .capture.writer import TranscriptWriter
-from .curation.budget import DailyBudget
 from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
 from .hooks import CompactionHooks, HookTimings

@@ -20,12 +20,12 @@ from typing import Any
 
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
 from ...logs import get_logger
+from ...spending import DailyBudget, cost_usd, day_start
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
-from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+from .budget import BUDGET_KEY, DEFAULT_DAILY_USD, BudgetRecord
 from .curator import DEFAULT_BATCH_TOKENS, split_batch
-from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -59,7 +59,7 @@ class MemoryDaemon:
         self.processor = processor
         self.batch_turns = batch_turns
         self.batch_tokens = batch_tokens  # estimated input tokens of one call, at most
-        self.budget = budget or DailyBudget()
+        self.budget = budget or DailyBudget(DEFAULT_DAILY_USD)
         self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)
