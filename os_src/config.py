@@ -25,6 +25,12 @@ from .memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
 
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
+# The bundled CLI's own default (2.1.329), named here so that the relay's allow-list knows the model.
+DEFAULT_AGENT_MODEL = "claude-opus-5-5"
+# The agent's budget (agent/budget.py), enforced by the relay on every call the agent makes.
+DEFAULT_AGENT_DAILY_USD = 10.0
+DEFAULT_AGENT_MAX_TOKENS = 32_000  # ~128 KB of reply: a long file written in one go (the CLI's own default is 128,000)
+DEFAULT_AGENT_PER_MINUTE = 60
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,11 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()  # web pages, besides the console's own, that may connect
     anthropic_base_url: str | None = None
     anthropic_api_key: str | None = None
-    agent_model: str | None = None
+    agent_model: str = DEFAULT_AGENT_MODEL
+    extra_agent_models: tuple[str, ...] = ()  # more models the agent's calls may name (the relay refuses others)
+    agent_daily_budget_usd: float = DEFAULT_AGENT_DAILY_USD  # the agent's model spending per UTC day
+    agent_max_tokens: int = DEFAULT_AGENT_MAX_TOKENS  # the longest reply one agent call may ask for
+    agent_requests_per_minute: int = DEFAULT_AGENT_PER_MINUTE  # agent calls to the model in any minute
     memory_model: str = DEFAULT_MEMORY_MODEL
     memory_batch_turns: int = 25
     memory_daily_budget_usd: float = DEFAULT_DAILY_USD  # curator spending per UTC day
@@ -61,6 +71,11 @@ class Settings:
         """Apply command-line flags; None means "not given"."""
         given = {k: v for k, v in overrides.items() if v is not None}
         return _validated(replace(self, **given))
+
+    def agent_models(self) -> frozenset[str]:
+        """The models the agent's calls may name: its own, the small one the CLI uses for side jobs
+        (the memory model), and the person's additions (SPRITE_AGENT_MODELS)."""
+        return frozenset({self.agent_model, self.memory_model, *self.extra_agent_models})
 
     def model_env(self) -> dict[str, str]:
         """What the curator needs to reach Bridge's model proxy. The agent's CLI never gets it: it
@@ -131,6 +146,10 @@ def _path(_name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+def _names(_name: str, raw: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(item.strip() for item in raw.split(",") if item.strip()))
+
+
 def _origins(name: str, raw: str) -> tuple[str, ...]:
     out = []
     for item in (x.strip() for x in raw.split(",")):
@@ -152,6 +171,10 @@ _ENV: dict[str, tuple[str, Any]] = {
     "ANTHROPIC_BASE_URL": ("anthropic_base_url", _text),
     "ANTHROPIC_API_KEY": ("anthropic_api_key", _text),
     "SPRITE_AGENT_MODEL": ("agent_model", _text),
+    "SPRITE_AGENT_MODELS": ("extra_agent_models", _names),
+    "SPRITE_AGENT_DAILY_BUDGET_USD": ("agent_daily_budget_usd", _usd),
+    "SPRITE_AGENT_MAX_TOKENS": ("agent_max_tokens", _positive_int),
+    "SPRITE_AGENT_REQUESTS_PER_MINUTE": ("agent_requests_per_minute", _positive_int),
     "SPRITE_MEMORY_MODEL": ("memory_model", _text),
     "SPRITE_MEMORY_BATCH_TURNS": ("memory_batch_turns", _positive_int),
     "SPRITE_MEMORY_DAILY_BUDGET_USD": ("memory_daily_budget_usd", _usd),

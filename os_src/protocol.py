@@ -85,6 +85,7 @@ ErrorCode = Literal[
     "nothing_to_interrupt",  # interrupt while the agent is idle
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
+    "agent_limit",  # the Sprite refused the agent's call: its daily budget, a model or size it may not use
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
     # answers to memory requests (console/memory_frames.py); these errors carry the request_id

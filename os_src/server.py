@@ -31,8 +31,10 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
+from .agent.budget import AgentLimits
 from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
+from .agent.spend_book import SPEND_FILE, SpendBook
 from .config import Settings, describe, resolve_token
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
@@ -82,12 +84,15 @@ class SpriteOS:
         publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
-        # The agent's CLI reaches the model through it: the proxy's key stays in this process.
-        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
+        # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
+        # the agent's budget is enforced there, on every call the agent can make.
+        self.spend = SpendBook(AgentLimits.of(settings), layout.state_dir / SPEND_FILE)
+        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key, book=self.spend)
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    model_env=self.relay.cli_env, launch=self.launch)
-        memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
+                                    model_env=self.relay.cli_env, launch=self.launch,
+                                    retry_reason=self.spend.retry_reason)
+        memory_requests = MemoryConsole(self.memory, agent_spend=self.spend.report).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
@@ -165,7 +170,7 @@ class SpriteOS:
             "version": __version__,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "agent": {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
-                      "queued_messages": rt.queued},
+                      "queued_messages": rt.queued, "budget": self.spend.report()},
             "clients": len(self.gateway.connections),
             "isolation": self.launch.mode,  # how the agent is kept out of .os/: user, sandbox or none
         }

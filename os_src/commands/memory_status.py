@@ -53,6 +53,12 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     mode = isolation.get("mode", "unknown (the server has not started since it records it)")
     loud = "  -- NOT ISOLATED: the agent's commands can change .os/" if mode == "none" else ""
     print(f"  agent isolation  {mode}{loud}")
+    if (agent := r.get("agent_budget")) is not None:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(agent["refused_today"].items()))
+        print(f"  agent spending   ${agent['spent_today_usd']:.4f} of ${agent['daily_usd']:.2f} today (UTC), "
+              f"{agent['calls_today']} calls" + (f"; refused: {refused}" if refused else ""))
+    else:
+        print("  agent spending   unknown (the server has not started since it records it)")
     print(f"  turns recorded   {o['total']}: {o['processed']} processed, {o['pending']} pending, {o['stale']} stale")
     if o["pending"]:
         print(f"  oldest pending   {when(r['oldest_pending_at'])}")
