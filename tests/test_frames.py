@@ -103,7 +103,7 @@ def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None
     ({"api_error_status": 429, "result": "API Error: Request rejected (429) · Sprite OS refused the agent's call: "
                                          "its daily budget of $10.00 is spent"}, "agent_limit",
      "Sprite OS refused the agent's call: its daily budget of $10.00 is spent"),
-    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call"}, "agent_limit", "Sprite OS refused"),
+    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call: no"}, "agent_limit", "Sprite OS refused"),
     ({"result": "Sprite OS refused the agent's call"}, "agent_failed", "The turn failed: Sprite OS"),  # no HTTP error
 ])
 def test_a_failed_result_says_why_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str) -> None:
