@@ -295,6 +295,8 @@ def decode_client_frame(data: str | bytes) -> AnyClientFrame:
         return _raise("invalid_json", f"frame is not valid JSON: {exc}")
     except UnicodeDecodeError:
         return _raise("invalid_json", "frame is not valid UTF-8")
+    except RecursionError:  # msgspec recurses into what it skips: a value nested 100,000 deep
+        return _raise("invalid_frame", "frame is nested too deeply")
 
 
 def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
@@ -305,7 +307,7 @@ def request_id_of(data: str | bytes) -> str | None:
     """The `request_id` of a frame that failed validation, if it has a readable one."""
     try:
         return msgspec.json.decode(data, type=RequestIdOnly).request_id
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
 
 

@@ -179,6 +179,11 @@ class SpriteOS:
         return body
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.method != "GET":  # the console, /healthz and the upgrade all serve GET, nothing else
+            response = http_response(conn, HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n",
+                                     "text/plain; charset=utf-8")
+            response.headers["Allow"] = "GET"
+            return response
         if request.path.split("?", 1)[0] == "/healthz":
             # Without the token, only the status: nothing that helps anyone who may reach the port.
             body = await self.health() if self._authorized(request) else {"status": self.status}
