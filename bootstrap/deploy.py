@@ -49,7 +49,8 @@ from pathlib import Path
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
 CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write",  # what this script uses
-                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls")
+                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "AgentUserRefused", "apply_ownership",
+                  "ensure_sysctls")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
@@ -662,7 +663,10 @@ def isolate(p: Paths, contract: types.ModuleType, version: str) -> None:
         step("isolate", version, skipped="not-root")
         return
     name = os.environ.get("SPRITE_AGENT_USER", "").strip() or contract.AGENT_USER
-    uid, gid, home = contract.ensure_agent_user(name)
+    try:
+        uid, gid, home = contract.ensure_agent_user(name)
+    except contract.AgentUserRefused as exc:
+        raise DeployError(str(exc)) from None
     step("isolate", version, agent_user=name, uid=uid)
     contract.apply_ownership(p.root, uid, gid, deep=True)
     changed = contract.ensure_sysctls()

@@ -20,6 +20,7 @@ from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
 from .isolation.policy import DEFAULT_AGENT_USER, REQUESTS
+from .isolation.resources import DEFAULT_MAX_PROCESSES
 from .memory.curation.budget import DEFAULT_DAILY_USD
 from .memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
@@ -62,6 +63,8 @@ class Settings:
     log_file: Path | None = None
     isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation/policy.py): auto, user, sandbox, none
     agent_user: str = DEFAULT_AGENT_USER  # the user the CLI runs as in `user` isolation
+    agent_max_processes: int = DEFAULT_MAX_PROCESSES  # the agent's processes and threads at once (user isolation)
+    agent_memory_max: int | None = None  # bytes the agent's processes may hold; None: all but the server's reserve
 
     @property
     def layout(self) -> Layout:
@@ -146,6 +149,21 @@ def _path(_name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+_SIZES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(name: str, raw: str) -> int:
+    text = raw.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _SIZES else ""
+    try:
+        value = float(text[:-1] if unit else text) * _SIZES[unit]
+    except ValueError:
+        raise ConfigError(f"{name} must be a size like 4G, 512M or a number of bytes, got {raw!r}") from None
+    if not math.isfinite(value) or value < 64 * _SIZES["M"]:
+        raise ConfigError(f"{name} must be at least 64M (the CLI alone needs more), got {raw}")
+    return int(value)
+
+
 def _names(_name: str, raw: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(item.strip() for item in raw.split(",") if item.strip()))
 
@@ -190,6 +208,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_LOG_FILE": ("log_file", _path),
     "SPRITE_ISOLATION": ("isolation", _text),
     "SPRITE_AGENT_USER": ("agent_user", _text),
+    "SPRITE_AGENT_MAX_PROCESSES": ("agent_max_processes", _positive_int),
+    "SPRITE_AGENT_MEMORY_MAX": ("agent_memory_max", _size),
 }
 
 ENV_VARS = tuple(_ENV)

@@ -92,6 +92,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
 # ---------------------------------------------------------------- owners and modes (user isolation)
 
 AGENT_USER = "sprite-agent"  # the agent's Unix user, unless SPRITE_AGENT_USER names another
+AGENT_MARK = "Sprite OS agent"  # the comment (GECOS) of a user made for the agent: no other user is one
 AGENT_DIR = "agent"  # .os/agent: the one thing in .os/ the agent's user may read (its boot prompt)
 PRIVATE_DIRS = ("memory", "state", "logs", "backup")  # in .os/: Sprite OS only (0700)
 SECRETS = ("token", "state/service.env")  # in .os/: Sprite OS only (0600)
@@ -213,23 +214,47 @@ def ensure_sysctls() -> list[str]:
     return changed
 
 
+class AgentUserRefused(ValueError):
+    """A user of that name exists and is not the agent's own: using it would give the agent its files
+    and groups, and every start would kill its processes."""
+
+
+def is_agent_user(gecos: str) -> bool:
+    return gecos.split(",", 1)[0] == AGENT_MARK
+
+
 def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
     """Create the agent's user if missing (a system user, no login shell, a home of its own for the
-    CLI's state, outside the workspace): (uid, gid, home). Idempotent. Root only."""
+    CLI's state, outside the workspace, marked AGENT_MARK): (uid, gid, home). Idempotent. Root only.
+
+    A user of that name that is not marked is refused (AgentUserRefused): it may be a service's
+    (postgres, nobody) or a person's. One exception: the default name with exactly the shape an
+    earlier release gave its agent's user (home /var/lib/<name>, no login shell), which is marked."""
     import pwd
     import shutil
     import subprocess
 
+    nologins = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        nologin = next((s for s in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(s)), "/bin/false")
+        nologin = next((s for s in nologins[:2] if os.path.exists(s)), "/bin/false")
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         run = subprocess.run([useradd, "--system", "--user-group", "--shell", nologin, "--home-dir",
-                              f"/var/lib/{name}", "--create-home", name], capture_output=True, text=True, check=False)
+                              f"/var/lib/{name}", "--create-home", "--comment", AGENT_MARK, name],
+                             capture_output=True, text=True, check=False)
         if run.returncode not in (0, 9):  # 9: it exists (made meanwhile by another process)
             raise OSError(f"useradd {name} failed: {run.stderr.strip()[:300]}") from None
         entry = pwd.getpwnam(name)
+    if not is_agent_user(entry.pw_gecos):
+        legacy = (name == AGENT_USER and entry.pw_dir == f"/var/lib/{name}" and entry.pw_shell in nologins
+                  and entry.pw_uid != 0 and not entry.pw_gecos)
+        if not legacy:
+            raise AgentUserRefused(
+                f"the user {name!r} exists and was not made for the agent (its comment is not {AGENT_MARK!r}): "
+                "it may be a service's or a person's; set SPRITE_AGENT_USER to a new name and the deploy creates it")
+        usermod = shutil.which("usermod") or "/usr/sbin/usermod"
+        subprocess.run([usermod, "--comment", AGENT_MARK, name], capture_output=True, check=True)
     home = Path(entry.pw_dir)
     home.mkdir(parents=True, exist_ok=True)
     os.chown(home, entry.pw_uid, entry.pw_gid)

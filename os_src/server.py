@@ -42,7 +42,7 @@ from .console.pages import ConsolePages, http_response
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
-from .isolation.launch import AgentLaunch
+from .isolation.launch import AgentLaunch, Resources
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
@@ -88,7 +88,7 @@ class SpriteOS:
         # the agent's budget is enforced there, on every call the agent can make.
         self.spend = SpendBook(AgentLimits.of(settings), layout.state_dir / SPEND_FILE)
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key, book=self.spend)
-        self.launch = AgentLaunch(layout)
+        self.launch = AgentLaunch(layout, resources=Resources(settings.agent_max_processes, settings.agent_memory_max))
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch,
                                     retry_reason=self.spend.retry_reason)
@@ -149,6 +149,7 @@ class SpriteOS:
         if self._server is not None:
             self._server.close(close_connections=False)
         await self.runtime.shutdown(SHUTDOWN_GRACE)
+        await asyncio.to_thread(self.launch.close)  # the agent's control group, empty now
         await self.relay.stop()  # after the CLI: a turn ending in the grace still reaches the model
         await self.gateway.close_all()
         if self._server is not None:
@@ -173,6 +174,8 @@ class SpriteOS:
                       "queued_messages": rt.queued, "budget": self.spend.report()},
             "clients": len(self.gateway.connections),
             "isolation": self.launch.mode,  # how the agent is kept out of .os/: user, sandbox or none
+            "isolation_reason": self.launch.isolation.reason,
+            "limits": self.launch.limits,  # what holds the agent's processes to their share, and by what
         }
         if self.memory is not None:
             body["memory"] = await self.memory.health()

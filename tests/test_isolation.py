@@ -38,13 +38,15 @@ NOTHING = replace(NOT_ROOT, sandbox_problem="bwrap not installed")
     ("sandbox", ROOT_WITH_USER, "sandbox"),
     ("none", ROOT_WITH_USER, "none"),
     ("auto", replace(ROOT_WITH_USER, deployed=True), "user"),
-    ("auto", replace(NOT_ROOT, deployed=True), "sandbox"),
+    ("sandbox", replace(ROOT_WITH_USER, deployed=True), "sandbox"),  # weaker, as the operator named
 ])
 def test_the_mode_is_the_first_the_machine_allows(requested: str, facts: Facts, mode: str) -> None:
     chosen = choose(requested, "sprite-agent", facts)
     assert chosen.mode == mode
     assert (chosen.agent_user is not None) == (mode == "user")
-    assert bool(chosen.note) == (requested == "auto" and mode != "user")  # the log says why not user
+    assert chosen.reason.startswith("SPRITE_ISOLATION=" if requested != "auto" else "auto: ")
+    if requested == "auto" and mode != "user":
+        assert "not user, as" in chosen.reason  # the log, /healthz and the banner say why not user
 
 
 @pytest.mark.parametrize(("requested", "facts", "says"), [
@@ -54,7 +56,14 @@ def test_the_mode_is_the_first_the_machine_allows(requested: str, facts: Facts, 
     ("user", replace(ROOT_WITH_USER, unreachable="/root (mode 700)"), "can't reach the workspace: /root"),
     ("sandbox", NOTHING, "bwrap not installed"),
     ("none", replace(ROOT_WITH_USER, deployed=True), "never runs its agent without isolation: SPRITE_ISOLATION=none"),
-    ("auto", replace(NOTHING, deployed=True), "no isolation is possible"),
+    ("auto", replace(NOTHING, deployed=True), "runs its agent as its own user, and cannot: the server is not root"),
+    # never weaker in silence: a deployed Sprite that could run its CLI's sandbox still refuses
+    ("auto", replace(NOT_ROOT, deployed=True), "runs its agent as its own user, and cannot"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, agent_user=None), "does not exist"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, unreachable="/srv (mode 700)"), "can't reach the workspace"),
+    # never a service's or a person's user
+    ("user", replace(ROOT_WITH_USER, agent_user=replace(AGENT, marked=False)), "was not made for the agent"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, agent_user=replace(AGENT, marked=False)), "not made for the agent"),
     ("nope", ROOT_WITH_USER, "must be one of auto, user, sandbox, none"),
 ])
 def test_what_cannot_be_had_is_refused_with_the_reason(requested: str, facts: Facts, says: str) -> None:
@@ -73,10 +82,20 @@ def test_settings_read_the_mode_and_the_user_and_refuse_bad_ones() -> None:
         load_settings({"SPRITE_AGENT_USER": "a:b"})
 
 
+def test_an_unmarked_user_under_auto_off_a_deployed_sprite_falls_back_saying_why() -> None:
+    chosen = choose("auto", "postgres", replace(ROOT_WITH_USER, agent_user=replace(AGENT, name="postgres", marked=False)))
+    assert chosen.mode == "sandbox" and "'postgres' was not made for the agent" in chosen.reason
+
+
 def test_the_launcher_drops_to_the_user_after_asking_for_the_death_signal_again(tmp_path: Path) -> None:
-    script = launcher_script(Path("/cache/claude"), 999, 995)
-    assert script.startswith("#!/bin/sh\n") and script.rstrip().endswith('/cache/claude "$@"')
-    words = script.split()
+    import shlex
+
+    script = launcher_script(Path("/cache/claude"), AGENT, workspace=Path("/workspace"))
+    assert script.startswith("#!/bin/sh\n") and script.rstrip().endswith('"$@"')
+    words = shlex.split(script.split("/proc/self/oom_score_adj\n", 1)[1])
+    inner = words[words.index("-c") + 1]
+    assert inner.splitlines()[-1].endswith('/cache/claude "$@"')
+    words = words[:words.index("-c")] + inner.split()
     # outer setpriv (root) keeps a KILL for the server's death; unshare's child loses its own across the
     # uid switch (the kernel clears it), so the setpriv that switches sets it again (after switching).
     setprivs = [i for i, w in enumerate(words) if w.endswith("/setpriv") or w == "setpriv"]
