@@ -224,8 +224,9 @@ def is_agent_user(gecos: str) -> bool:
 
 
 def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
-    """Create the agent's user if missing (a system user, no login shell, a home of its own for the
-    CLI's state, outside the workspace, marked AGENT_MARK): (uid, gid, home). Idempotent. Root only.
+    """Create the agent's user if missing (a system user, no login shell, marked AGENT_MARK, and an
+    empty home outside the workspace: the mount point of each session's fresh one, isolation/launch.py):
+    (uid, gid, home). Idempotent. Root only.
 
     A user of that name that is not marked is refused (AgentUserRefused): it may be a service's
     (postgres, nobody) or a person's. One exception: the default name with exactly the shape an
@@ -241,7 +242,7 @@ def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
         nologin = next((s for s in nologins[:2] if os.path.exists(s)), "/bin/false")
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         run = subprocess.run([useradd, "--system", "--user-group", "--shell", nologin, "--home-dir",
-                              f"/var/lib/{name}", "--create-home", "--comment", AGENT_MARK, name],
+                              f"/var/lib/{name}", "--no-create-home", "--comment", AGENT_MARK, name],
                              capture_output=True, text=True, check=False)
         if run.returncode not in (0, 9):  # 9: it exists (made meanwhile by another process)
             raise OSError(f"useradd {name} failed: {run.stderr.strip()[:300]}") from None
