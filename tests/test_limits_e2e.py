@@ -20,7 +20,14 @@ import pytest
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
-from tests.conftest import agent_namespace, client_factory, in_namespace, processes_of, running, wait_for
+from tests.conftest import (
+    agent_namespace,
+    client_factory,
+    in_namespace,
+    processes_of,
+    running,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +101,7 @@ async def test_a_setuid_file_left_in_tmp_is_no_one_elses_to_run(
         assert (root / "tmp" / name).exists() and (root / "var/tmp" / name).exists()  # in the agent's own /tmp
         for where in ("/tmp", "/var/tmp"):
             assert not Path(where, name).exists()  # ... which is no one else's
-            stranger = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+            stranger = await asyncio.to_thread(subprocess.run, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
                                        f"{where}/{name}", "-c", "id -u"], capture_output=True, text=True, check=False)
             assert stranger.returncode != 0 and stranger.stdout == "", stranger
         mounts = (root.parent / "mountinfo").read_text().splitlines()
