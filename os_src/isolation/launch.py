@@ -175,6 +175,11 @@ class AgentLaunch:
     def mode(self) -> Mode:
         return self.isolation.mode
 
+    @property
+    def group_dirs(self) -> tuple[Path, ...]:
+        """The agent's control group, one folder per hierarchy (none without cgroups or user mode)."""
+        return tuple(self._group.dirs)
+
     def resolve(self, requested: str, agent_user: str) -> Isolation:
         """Choose the mode (ConfigError when what was asked can't be had), then prepare(). Blocking."""
         self.isolation = isolation = resolve(self.layout, requested, agent_user)
