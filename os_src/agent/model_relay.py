@@ -81,7 +81,7 @@ class RelayError(SpriteOSError):
 @dataclass(frozen=True)
 class RelayLimits:
     max_body_bytes: int = 8 * 1024 * 1024  # a long turn's request is a few hundred KiB; the API allows 32 MiB
-    max_buffered_bytes: int = 24 * 1024 * 1024  # all bodies being read or sent, together
+    max_buffered_bytes: int = 16 * 1024 * 1024  # all bodies being read or sent, together: two at the limit
     max_connections: int = 16  # connections that presented the key (the CLI uses a few)
     max_unverified: int = 32  # connections yet to present it: the oldest is closed to make room
     max_header_bytes: int = 64 * 1024
