@@ -219,8 +219,17 @@ class AgentUserRefused(ValueError):
     and groups, and every start would kill its processes."""
 
 
+NOLOGINS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
+
+
 def is_agent_user(gecos: str) -> bool:
     return gecos.split(",", 1)[0] == AGENT_MARK
+
+
+def made_by_an_earlier_release(name: str, home: str, shell: str, uid: int, gecos: str) -> bool:
+    """An unmarked user with exactly the shape releases before the mark gave the agent's: the default
+    name, home /var/lib/<name>, no login shell, no comment. Anything else may be anyone's."""
+    return name == AGENT_USER and home == f"/var/lib/{name}" and shell in NOLOGINS and uid != 0 and not gecos
 
 
 def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
@@ -235,11 +244,10 @@ def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
     import shutil
     import subprocess
 
-    nologins = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        nologin = next((s for s in nologins[:2] if os.path.exists(s)), "/bin/false")
+        nologin = next((s for s in NOLOGINS[:2] if os.path.exists(s)), "/bin/false")
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         run = subprocess.run([useradd, "--system", "--user-group", "--shell", nologin, "--home-dir",
                               f"/var/lib/{name}", "--no-create-home", "--comment", AGENT_MARK, name],
@@ -248,9 +256,7 @@ def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
             raise OSError(f"useradd {name} failed: {run.stderr.strip()[:300]}") from None
         entry = pwd.getpwnam(name)
     if not is_agent_user(entry.pw_gecos):
-        legacy = (name == AGENT_USER and entry.pw_dir == f"/var/lib/{name}" and entry.pw_shell in nologins
-                  and entry.pw_uid != 0 and not entry.pw_gecos)
-        if not legacy:
+        if not made_by_an_earlier_release(name, entry.pw_dir, entry.pw_shell, entry.pw_uid, entry.pw_gecos):
             raise AgentUserRefused(
                 f"the user {name!r} exists and was not made for the agent (its comment is not {AGENT_MARK!r}): "
                 "it may be a service's or a person's; set SPRITE_AGENT_USER to a new name and the deploy creates it")

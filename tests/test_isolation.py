@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -298,3 +299,63 @@ def test_the_sandbox_names_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> Non
     assert probe.sandbox_problem() == "socat not installed (Debian: apt-get install bubblewrap socat)"
     monkeypatch.setattr(probe.sys, "platform", "win32")
     assert probe.sandbox_problem() == "the CLI has no sandbox on win32"
+
+
+@pytest.mark.parametrize(("name", "home", "shell", "uid", "gecos", "adopted"), [
+    ("sprite-agent", "/var/lib/sprite-agent", "/usr/sbin/nologin", 999, "", True),  # as an earlier release made it
+    ("sprite-agent", "/var/lib/sprite-agent", "/bin/bash", 999, "", False),  # someone logs in as it
+    ("sprite-agent", "/home/sprite-agent", "/usr/sbin/nologin", 999, "", False),
+    ("sprite-agent", "/var/lib/sprite-agent", "/usr/sbin/nologin", 999, "Sprite Agent Co.", False),
+    ("postgres", "/var/lib/postgres", "/usr/sbin/nologin", 105, "", False),  # a service with the same shape
+    ("nobody", "/nonexistent", "/usr/sbin/nologin", 65534, "nobody", False),
+])
+def test_only_the_old_default_agent_user_is_adopted_unmarked(name: str, home: str, shell: str, uid: int,
+                                                             gecos: str, adopted: bool) -> None:
+    from sprite_os.deploy_contract import made_by_an_earlier_release
+
+    assert made_by_an_earlier_release(name, home, shell, uid, gecos) is adopted
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="users are made by root")
+def test_the_agents_user_is_made_marked_with_an_empty_home_and_a_persons_is_refused() -> None:
+    import pwd
+    import subprocess
+
+    from devkit.host import remove_user
+    from sprite_os.deploy_contract import AGENT_MARK, AgentUserRefused, ensure_agent_user
+
+    made, person = f"sprite-m{os.getpid()}", f"sprite-p{os.getpid()}"
+    try:
+        uid, _gid, home = ensure_agent_user(made)
+        entry = pwd.getpwnam(made)
+        assert entry.pw_gecos == AGENT_MARK and entry.pw_uid == uid and entry.pw_shell.endswith("nologin")
+        assert list(home.iterdir()) == [] and stat.S_IMODE(home.stat().st_mode) == 0o700  # no /etc/skel
+        assert ensure_agent_user(made)[0] == uid  # idempotent
+        subprocess.run(["useradd", "--system", "--shell", "/bin/bash", person], check=True)
+        with pytest.raises(AgentUserRefused, match=f"the user '{person}' exists and was not made for the agent"):
+            ensure_agent_user(person)
+        assert pwd.getpwnam(person).pw_gecos == ""  # left as it was
+    finally:
+        for name in (made, person):
+            with contextlib.suppress(KeyError):
+                remove_user(name)
+
+
+def test_old_cli_copies_no_process_runs_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os.isolation import launch
+
+    cache = tmp_path / "cli"
+    for name in ("1-old", "2-old-running", "3-recent", "4-current"):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "claude").write_text("#!/bin/sh\n")
+    import time
+
+    now = time.time()
+    day_ago = now - launch.CLI_KEPT - 60
+    for name in ("1-old", "2-old-running", "4-current"):
+        os.utime(cache / name, (day_ago, day_ago))
+    monkeypatch.setattr(launch.procfs, "pids", lambda: iter([1]))
+    monkeypatch.setattr(launch.procfs, "exe", lambda pid: str(cache / "2-old-running" / "claude"))
+    removed = launch.prune_cli_copies(cache / "4-current" / "claude", cache, now=now)
+    assert removed == ["1-old"]
+    assert sorted(p.name for p in cache.iterdir()) == ["2-old-running", "3-recent", "4-current"]

@@ -154,16 +154,27 @@ class AgentGroup:
         self.dirs.clear()
 
 
-def sweep_stale(parent: Path) -> None:
-    """Remove the groups of servers that are gone (killed before their stop removed them)."""
+def sweep_stale(parent: Path, of: int | None = None) -> None:
+    """Remove the groups of servers that are gone (killed before their stop removed them), or,
+    with `of`, every group a process of that pid made."""
     try:
         entries = list(parent.iterdir())
     except OSError:
         return
     for entry in entries:
         match = _NAME.match(entry.name)
-        if match and not _alive(int(match.group(1))):
+        if match and (int(match.group(1)) == of if of is not None else not _alive(int(match.group(1)))):
             _remove(entry)
+
+
+def remove_groups_of(pid: int, proc: Path = Path("/proc/self")) -> None:
+    """Every agent group this process (`pid`) made and left: a test run's end. Blocking."""
+    try:
+        found = hierarchies((proc / "cgroup").read_text(), (proc / "mountinfo").read_text())
+    except OSError:
+        return
+    for h in found:
+        sweep_stale(h.server_dir, of=pid)
 
 
 def _alive(pid: int) -> bool:

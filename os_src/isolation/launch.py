@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import procfs
-from ..agent.process import bundled_cli
 from ..deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
 from ..logs import get_logger
 from ..paths import Layout
@@ -74,14 +73,20 @@ class Resources:
     memory_max: int | None = None
 
 
+def cli_copy(source: Path, cache: Path = CLI_CACHE) -> Path:
+    """Where `source`'s copy goes (or is): keyed by its version, size and mtime. Blocking."""
+    st = source.stat()
+    version_file = source.with_name("claude.version")
+    version = version_file.read_text().split()[0] if version_file.is_file() else "unknown"
+    return cache / f"{version}-{st.st_size}-{st.st_mtime_ns}" / "claude"
+
+
 def cached_cli(source: Path, cache: Path = CLI_CACHE) -> Path:
     """A copy of `source` in `cache`, keyed by its version, size and mtime; hard-linked where the
     file system allows (no space taken), copied otherwise; its folder's mtime says when a server
     last wanted it. Blocking; idempotent."""
     st = source.stat()
-    version_file = source.with_name("claude.version")
-    version = version_file.read_text().split()[0] if version_file.is_file() else "unknown"
-    target = cache / f"{version}-{st.st_size}-{st.st_mtime_ns}" / "claude"
+    target = cli_copy(source, cache)
     if target.is_file() and target.stat().st_size == st.st_size:
         with contextlib.suppress(OSError):
             os.utime(target.parent)
@@ -213,7 +218,7 @@ class AgentLaunch:
         user.home.mkdir(parents=True, exist_ok=True)  # the mount point of its fresh tmpfs
         os.chown(user.home, user.uid, user.gid)
         os.chmod(user.home, 0o700)
-        self._cli = cli = cached_cli(bundled_cli())
+        self._cli = cli = cached_cli(_bundled_cli())
         if pruned := prune_cli_copies(cli):
             log.info("cli_copies_pruned", removed=pruned)
         res = self.resources
@@ -289,7 +294,7 @@ class AgentLaunch:
         pruned it, or someone removed it): the launcher names it."""
         user = self.isolation.agent_user
         if self._cli is not None and not self._cli.is_file():
-            self._cli = cached_cli(bundled_cli())
+            self._cli = cached_cli(_bundled_cli())
         mode = 0o640 if self.mode == "user" else 0o600
         atomic_write(self.prompt_file, text.encode("utf-8", "replace"), mode=mode)
         if self.mode == "user" and user is not None:
@@ -300,6 +305,13 @@ class AgentLaunch:
         """The CLI that read it is closed. Blocking."""
         with contextlib.suppress(FileNotFoundError):
             self.prompt_file.unlink()
+
+
+def _bundled_cli() -> Path:
+    """The SDK's CLI. The SDK is imported by whoever starts a CLI, not by all who import this."""
+    from ..agent.process import bundled_cli
+
+    return bundled_cli()
 
 
 def _not_limited(isolation: Isolation) -> dict[str, Any]:
