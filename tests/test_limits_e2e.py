@@ -117,10 +117,11 @@ async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
     """The CLI keeps its temporary files in /tmp/claude-<uid> and refuses one it does not own: any
     local user who made it first stopped every turn. The agent's /tmp is its own."""
     squatted = Path(f"/tmp/claude-{agent_user.uid}")
-    made = not squatted.exists()
-    if made:
-        squatted.mkdir(mode=0o700)
-        os.chown(squatted, 65534, 65534)
+    aside = squatted.with_name(f"{squatted.name}.aside-{os.getpid()}")
+    if squatted.exists():  # the agent's own, from an earlier version that shared /tmp
+        squatted.rename(aside)
+    squatted.mkdir(mode=0o700)
+    os.chown(squatted, 65534, 65534)
     try:
         bridge.agent.script(Turn(bash("echo ran > documents/ran"), Text("Done.")))
         async with running(agent_settings) as app, client_factory(app.port) as connect:
@@ -130,8 +131,9 @@ async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
         assert done["status"] == "completed", c.of("error")
         assert (agent_settings.workspace / "documents" / "ran").read_text() == "ran\n"
     finally:
-        if made:
-            squatted.rmdir()
+        squatted.rmdir()
+        if aside.exists():
+            aside.rename(squatted)
 
 
 async def test_healthz_says_the_mode_why_and_the_limits_in_force(
