@@ -110,8 +110,9 @@ def stop_and_check(workspace: Path, env: dict[str, str]) -> None:
 def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     ws, out = venv.first_workspace, venv.first_output
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("deploy: step=")]
-    assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "isolate",
-                                                 "restart", "gc")]
+    made_user = ("agent-user",) if os.geteuid() == 0 else ()  # as root: before anything switches
+    assert steps == [f"step={s}" for s in ("stage", *made_user, "venv", "migrate", "templates", "switch", "links",
+                                                 "isolate", "restart", "gc")]
     h = lock_hash()
     assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
     log = (ws / ".os" / "logs" / "deploy.log").read_text().splitlines()
