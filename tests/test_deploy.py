@@ -90,7 +90,9 @@ def sprite_os(workspace: Path, *args: str, env: dict[str, str] | None = None,
 
 @pytest.fixture
 def service_env() -> Iterator[dict[str, str]]:
-    yield base_env(SPRITE_OS_PORT=str(free_port()), ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    # The workspace is under pytest's tmp (0700), where the agent's user cannot reach: a deployed
+    # Sprite would refuse to start rather than run weaker in silence, so the weaker mode is named.
+    yield base_env(SPRITE_OS_PORT=str(free_port()), ANTHROPIC_BASE_URL="http://127.0.0.1:9", SPRITE_ISOLATION="sandbox")
 
 
 def stop_and_check(workspace: Path, env: dict[str, str]) -> None:

@@ -89,9 +89,9 @@ async def test_an_rc_file_edited_in_one_session_runs_nothing_in_the_next(
 async def test_a_setuid_file_left_in_tmp_is_no_one_elses_to_run(
         agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
     name = f"sush-{agent_workspace.parent.name}"
-    bridge.agent.script(Turn(bash(f"cp /bin/sh /tmp/{name} && chmod 4755 /tmp/{name} && ls -l /tmp/{name} "
-                                  f"> documents/ls; cp /tmp/{name} /var/tmp/{name} && chmod 4755 /var/tmp/{name}; "
-                                  "sleep 600"), Text("never")))
+    bridge.agent.script(Turn(bash(f"cp /bin/sh /tmp/{name} && chmod 4755 /tmp/{name} && cp /tmp/{name} /var/tmp/{name} "
+                                  f"&& chmod 4755 /var/tmp/{name} && ls -l /tmp/{name} > documents/ls.part && "
+                                  "mv documents/ls.part documents/ls; sleep 600"), Text("never")))
     async with running(agent_settings) as app, client_factory(app.port) as connect:
         c = await connect(hello={})
         await c.send(type="user_message", text="leave a door open")
