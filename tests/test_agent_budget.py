@@ -264,3 +264,30 @@ def test_a_retryable_refusal_is_remembered_for_the_clis_retry_notice(tmp_path: P
     assert book.retry_reason() == refusal.message
     now[0] += 31
     assert book.retry_reason() is None
+
+
+async def test_memory_status_shows_the_agents_spending_as_the_server_keeps_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from sprite_os.agent.spend_book import SPEND_FILE
+    from sprite_os.commands.main import main
+    from sprite_os.paths import Layout
+
+    layout = Layout(tmp_path / "ws")
+    layout.ensure()
+    book = SpendBook(LIMITS, layout.state_dir / SPEND_FILE)
+    await book.start()
+    assert book.admit(SONNET) is None
+    book.settle(SONNET, 0.4)
+    book.admit(replace(SONNET, model="claude-opus-4-1"))
+    await book.stop()
+    assert await asyncio.to_thread(main, ["--workspace", str(layout.root), "memory", "status"]) == 0
+    text = capsys.readouterr().out
+    assert "  agent spending   $0.4000 of $1.00 today (UTC), 1 calls; refused: 1 model\n" in text, text
+    assert await asyncio.to_thread(main, ["--workspace", str(layout.root), "memory", "status", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["agent_budget"]
+    assert shown["spent_today_usd"] == 0.4 and shown["daily_usd"] == 1.0 and shown["resets_at"] > time.time()
+    (layout.state_dir / SPEND_FILE).unlink()
+    assert await asyncio.to_thread(main, ["--workspace", str(layout.root), "memory", "status"]) == 0
+    assert "  agent spending   unknown (the server has not started since it records it)" in capsys.readouterr().out
