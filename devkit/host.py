@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import pwd
@@ -66,11 +67,13 @@ def restore(baseline: dict[str, Any]) -> list[str]:
 
 
 def own_cli_copy() -> Path | None:
-    """Where this venv's CLI is copied for the agent's user (isolation/launch.py), if it has one."""
-    from sprite_os.agent.process import bundled_cli
-
+    """Where this venv's CLI is copied for the agent's user (isolation/launch.py), if it bundles
+    one; found without importing the SDK (seconds), which a unit-test run never needs."""
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    if spec is None or spec.origin is None:
+        return None
     try:
-        return cli_copy(bundled_cli(), CLI_CACHE).parent
+        return cli_copy((Path(spec.origin).parent / "_bundled" / "claude").resolve(), CLI_CACHE).parent
     except OSError:
         return None
 
