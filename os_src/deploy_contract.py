@@ -1,6 +1,6 @@
 """What bootstrap/deploy.py takes from the release it installs: the memory files (names, owners,
 limits), the user-space folders, the token rule, the atomic write, and the agent's user with the
-owners and modes that keep it out of `.os/` (issue 9; the server applies them at start too).
+owners and modes that keep it out of `.os/` (the server applies them at start too).
 Defined here once; the product imports them from here (paths.py, config.py, fsutil.py,
 memory/files.py, isolation/policy.py, isolation/launch.py).
 
