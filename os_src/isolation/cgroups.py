@@ -27,8 +27,11 @@ from ..logs import get_logger
 log = get_logger(__name__)
 
 CONTROLLERS = ("pids", "memory", "cpu")
-CPU_WEIGHT_V2 = 50  # the server's is the default, 100: the agent's processes together get a third when both want it
-CPU_SHARES_V1 = 512  # the server's is the default, 1024
+CPU_WEIGHT_V2 = 90  # the server's is the default, 100
+CPU_SHARES_V1 = 922  # the server's is the default, 1024
+# Nine tenths: what protects the server is that the agent's processes, however many, weigh together
+# less than it does. Half (512) left a turn with a Bash command twice as slow on a machine busy with
+# other work, where every other process weighs 1024 too (bench/turns.py: isolation).
 PREFIX = "sprite-agent-"  # sprite-agent-<server pid>-<random>: the server that made it, for the sweep
 _NAME = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
 

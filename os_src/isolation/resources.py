@@ -5,8 +5,9 @@ In `user` mode (isolation/launch.py), every process the agent's CLI starts is he
   the agent's dedicated user always), so a fork bomb ends at the limit;
 - an amount of memory (cgroup memory.max / memory.limit_in_bytes): the machine's memory less a
   reserve for the server; the kernel ends the agent's largest process when it is reached;
-- a CPU weight below the server's (cgroup cpu.weight / cpu.shares; `nice` always), so busy loops
-  on every core leave the server its turn;
+- a CPU weight below the server's (cgroup cpu.weight / cpu.shares: all the agent's processes
+  together weigh nine tenths of the server; `nice` always), so busy loops on every core leave the
+  server its turn;
 - private, size-bounded tmpfs mounts for /tmp, /var/tmp, /dev/shm and its home, `nosuid`: they go
   when the session's mount namespace does, nothing the agent leaves there is anyone else's to run,
   and they count against its memory, not the server's disk.
