@@ -10,7 +10,8 @@ semantics the stores rely on.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -32,6 +33,17 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")  # durable at each commit under WAL except on power loss
     return conn
+
+
+@contextmanager
+def query_only(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within it, a write on `conn` fails ("attempt to write a readonly database"): how a reader
+    that shares the writer's connection is kept from writing."""
+    conn.execute("PRAGMA query_only=1")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA query_only=0")
 
 
 class transaction:

@@ -33,6 +33,7 @@ from claude_agent_sdk import (
     ResultMessage,
     SystemMessage,
 )
+from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .agent import frames
@@ -75,6 +76,8 @@ Publish = Callable[[p.ServerFrame], None]
 ModelEnv = Callable[[], Mapping[str, str]]
 # Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
 RetryReason = Callable[[], str | None]
+# The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
+ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
 
 
 class _NoResult(Exception):
@@ -101,8 +104,10 @@ class AgentRuntime:
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
         retry_reason: RetryReason | None = None,
+        tool_servers: ToolServers | None = None,
     ) -> None:
         self._settings = settings
+        self._tool_servers = tool_servers
         self._model_env = model_env
         self._retry_reason = retry_reason
         self._launch = launch or AgentLaunch(settings.layout)
@@ -291,7 +296,7 @@ class AgentRuntime:
         if self._prompted is None or self._prompted[0] != turn.turn_id:
             recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
-                self._publish(recalled.frame)
+                self._publish(frames.recall_frame(turn.turn_id, recalled))
             self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
         return self._prompted[1]
 
@@ -370,11 +375,12 @@ class AgentRuntime:
     def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
+        if self._tool_servers is not None:  # memory's search_memory: the composition root builds it
+            mcp.update(self._tool_servers())
         hooks: dict[Any, list[HookMatcher]] = {
             "PreToolUse": [HookMatcher(matcher=GUARDED_TOOLS, hooks=[self._guard.hook])],
         }
         if self._memory is not None:
-            mcp.update(self._memory.mcp_servers())
             for event, matchers in self._memory.hooks().items():
                 hooks.setdefault(event, []).extend(matchers)  # added to the guard's, never in its place
         return ClaudeAgentOptions(

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
+from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -48,6 +49,7 @@ from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
+from .tools import memory_search
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)
@@ -91,11 +93,18 @@ class SpriteOS:
         self.launch = AgentLaunch(layout, resources=Resources(settings.agent_max_processes, settings.agent_memory_max))
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch,
-                                    retry_reason=self.spend.retry_reason)
-        memory_requests = MemoryConsole(self.memory, agent_spend=self.spend.report).handle if self.memory is not None else None
+                                    retry_reason=self.spend.retry_reason,
+                                    tool_servers=self._memory_tools if self.memory is not None else None)
+        memory_requests = (MemoryConsole(self.memory, agent_spend=self.spend.report).handle
+                           if self.memory is not None else None)
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+
+    def _memory_tools(self) -> dict[str, McpSdkServerConfig]:
+        """search_memory, over what memory holds: the agent's one way into it, read-only."""
+        assert self.memory is not None
+        return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
 
     @property
     def port(self) -> int:

@@ -32,7 +32,6 @@ PRICES: dict[str, tuple[float, float]] = {
 MOST_EXPENSIVE = max(PRICES.values(), key=lambda p: p[0] + p[1])
 # Prompt caching, as multiples of the input price: writing the cache costs more, reading it far less.
 CACHE_WRITE, CACHE_READ = 1.25, 0.1
-CHARS_PER_TOKEN = 4  # the rule of thumb for an estimate before a call; the proxy's usage is what is billed
 
 DAY = 86_400.0  # UTC days: epoch time has no leap seconds, so every day starts at a multiple of this
 

@@ -13,7 +13,8 @@ from typing import TypeVar
 
 import msgspec
 
-from ..spending import CHARS_PER_TOKEN, cost_usd
+from ..spending import cost_usd
+from ..text import CHARS_PER_TOKEN
 
 T = TypeVar("T")
 

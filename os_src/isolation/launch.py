@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import procfs
+from ..config import DEFAULT_MAX_PROCESSES
 from ..deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
 from ..logs import get_logger
 from ..paths import Layout
@@ -49,7 +50,6 @@ from .policy import NONE_WARNING, AgentUser, Isolation, Mode
 from .probe import MODE_FILE, resolve
 from .resources import (
     AGENT_NICE,
-    DEFAULT_MAX_PROCESSES,
     default_memory,
     disk_reserve,
     memory_total,

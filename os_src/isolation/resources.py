@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MIB = 1024 * 1024
-DEFAULT_MAX_PROCESSES = 512  # the CLI runs ~20 threads; a build or a test run may want hundreds
 MIN_SERVER_MEMORY = 512 * MIB  # what the machine keeps from the agent, at least (or an eighth of it)
 AGENT_NICE = 10
 MIN_DISK_RESERVE = 16 * MIB  # the root-reserved space that counts as a reserve for the server's writes

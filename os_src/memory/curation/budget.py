@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-DEFAULT_DAILY_USD = 1.0
+from ...config import DEFAULT_DAILY_USD
+
 BUDGET_KEY = "daemon_budget"  # memory.db meta: the running daemon's budget and its wait, for `memory status`
 
 

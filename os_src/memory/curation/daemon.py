@@ -15,17 +15,20 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from ...config import DEFAULT_BATCH_TOKENS, DEFAULT_DAILY_USD
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
 from ...logs import get_logger
 from ...spending import DailyBudget, cost_usd, day_start
+from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
-from .budget import BUDGET_KEY, DEFAULT_DAILY_USD, BudgetRecord
-from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .budget import BUDGET_KEY, BudgetRecord
+from .curator import split_batch
 from .retry import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -38,6 +41,8 @@ from .retry import (
 )
 
 log = get_logger(__name__)
+
+R = TypeVar("R")
 
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
@@ -75,6 +80,13 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ memory.db's one writer
+
+    async def apply(self, change: Callable[[MemoryDB], R]) -> R:
+        """A change to memory.db from outside the daemon (a person forgetting a learning, the
+        console's audit record), made by its one writer: the daemon's own database thread."""
+        return await self.processor.memory.call(change)
 
     # ------------------------------------------------------------ triggers (never block)
 
