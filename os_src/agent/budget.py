@@ -26,8 +26,8 @@ from typing import Any, Literal
 import msgspec
 
 from ..config import Settings
-from ..text import CHARS_PER_TOKEN
 from ..spending import DAY, DailyBudget, cost_usd, day_start
+from ..text import CHARS_PER_TOKEN
 
 RATE_WINDOW = 60.0  # the rate is counted over any such span
 REFUSED_BY = "Sprite OS refused the agent's call:"  # every refusal begins so: the turn's error names the Sprite

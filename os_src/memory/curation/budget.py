@@ -1,4 +1,4 @@
-"""The curator's daily budget: its default, and the record `memory status` reads.
+"""The curator's daily budget: the record `memory status` reads (the default is config's).
 
 The policy is spending.DailyBudget (pure: may this call go out, given what today cost?). A call
 goes out only if today's spending plus the call's worst case (its estimated input, and a reply as
@@ -9,8 +9,6 @@ next UTC day: that is no failure, so it runs no failing clock and marks nothing 
 from __future__ import annotations
 
 import msgspec
-
-from ...config import DEFAULT_DAILY_USD
 
 BUDGET_KEY = "daemon_budget"  # memory.db meta: the running daemon's budget and its wait, for `memory status`
 
