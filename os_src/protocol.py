@@ -86,6 +86,7 @@ ErrorCode = Literal[
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
     "agent_limit",  # the Sprite refused the agent's call: its daily budget, a model or size it may not use
+    "not_saved",  # the turn is over but could not be saved to disk yet (sent before its turn_complete)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
     # answers to memory requests (console/memory_frames.py); these errors carry the request_id

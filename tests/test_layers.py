@@ -21,14 +21,14 @@ SOURCE = REPO / "os_src"  # the package sprite_os
 # (floor, prefixes): a module is on the floor of the longest prefix it starts with.
 FLOORS: dict[str, int] = {
     "commands": 5, "__main__": 5,
-    "server": 4,
+    "server": 4, "metrics": 4,
     "gateway": 3, "console": 3,
     "runtime": 2,
     "agent": 1, "isolation": 1, "tools": 1, "memory": 1,
     # the stores and shared facts
     "config": 0, "protocol": 0, "console.memory_frames": 0, "events": 0, "database": 0, "db_worker": 0,
     "errors": 0, "logs": 0, "text": 0, "fsutil": 0, "paths": 0, "procfs": 0, "malloc_arenas": 0,
-    "deploy_contract": 0, "spending": 0, "": 0,
+    "deploy_contract": 0, "spending": 0, "backoff": 0, "": 0,
 }
 # Side by side on the agent's floor, and apart: memory is reached through agent/memory_port.py.
 APART = {("agent", "memory"), ("memory", "agent"), ("memory", "tools"), ("memory", "isolation"),

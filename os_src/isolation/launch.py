@@ -43,6 +43,7 @@ from typing import Any
 from .. import procfs
 from ..config import DEFAULT_MAX_PROCESSES
 from ..deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
+from ..fsutil import sweep_temp_files
 from ..logs import get_logger
 from ..paths import Layout
 from .cgroups import AgentGroup
@@ -197,9 +198,12 @@ class AgentLaunch:
         return isolation
 
     def prepare(self) -> None:
-        """At the server's start, before any CLI: owners and modes, the agent's home, its control
-        group, the launcher; and what limits are in force. Blocking."""
+        """At the server's start, holding the workspace's lock, before any CLI: owners and modes, the
+        agent's home, its control group, the launcher; what limits are in force; what a kill left of
+        these files' temp copies goes. Blocking."""
         (self.layout.os_dir / AGENT_DIR).mkdir(mode=0o700, exist_ok=True)
+        sweep_temp_files(self.layout.state_dir, lambda name: name in (MODE_FILE, LAUNCHER))
+        sweep_temp_files(self.prompt_file.parent, lambda name: name == PROMPT)
         user = self.isolation.agent_user
         self.limits = _not_limited(self.isolation)
         if self.mode == "user" and user is not None:
@@ -302,9 +306,14 @@ class AgentLaunch:
         return {"type": "file", "path": str(self.prompt_file)}
 
     def discard_prompt(self) -> None:
-        """The CLI that read it is closed. Blocking."""
-        with contextlib.suppress(FileNotFoundError):
+        """The CLI that read it is closed. Blocking. A file that can't be removed (a read-only disk)
+        is only logged: the next connect rewrites it, or fails for the same reason, and says so."""
+        try:
             self.prompt_file.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("boot_prompt_not_removed", path=str(self.prompt_file), error=exc.strerror or repr(exc))
 
 
 def _bundled_cli() -> Path:
