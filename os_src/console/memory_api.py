@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from ..text import CHARS_PER_TOKEN, estimate_tokens
@@ -28,8 +30,10 @@ TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule o
 
 
 class MemoryConsole:
-    def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time,
+                 agent_spend: Callable[[], dict[str, Any]] | None = None) -> None:
         self._system = system
+        self._agent_spend = agent_spend
         self._memory = system.memory_reads  # memory.db is read here; its changes go through the daemon
         self._files = system.files
         self._clock = clock
@@ -154,6 +158,7 @@ class MemoryConsole:
             next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
             today=today, total=total, observations=observations, learnings=totals["learnings"],
             forgotten=forgotten, pending_actions=totals["pending_actions"], recall=self._recall(),
+            agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 

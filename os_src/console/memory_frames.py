@@ -215,6 +215,17 @@ class RecallProgress(msgspec.Struct, frozen=True):
     imported: int = 0  # of them, applied so far
 
 
+class AgentSpend(msgspec.Struct, frozen=True):
+    """The agent's own model calls today, as the relay counts them against its daily cap."""
+
+    daily_usd: float
+    spent_today_usd: float
+    in_flight_usd: float
+    calls_today: int
+    refused_today: dict[str, int]  # by reason: model, max_tokens, rate, budget, invalid
+    resets_at: float
+
+
 class MemoryHealth(msgspec.Struct, frozen=True):
     running: bool  # a batch is running now
     failing: bool  # three or more batches failed in a row (/healthz says degraded)
@@ -230,6 +241,7 @@ class MemoryHealth(msgspec.Struct, frozen=True):
     forgotten: int
     pending_actions: int
     recall: RecallProgress | None = None
+    agent: AgentSpend | None = None  # the agent's spending beside the curator's (None: no relay to ask)
 
 
 # ---------------------------------------------------------------- server -> client

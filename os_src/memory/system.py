@@ -23,11 +23,11 @@ from ..db_worker import Reads, Worker
 from ..errors import log_expected
 from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
+from ..spending import DailyBudget, day_start
 from .capture.journal import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME
-from .curation.budget import DailyBudget, day_start
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
