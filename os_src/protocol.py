@@ -213,7 +213,8 @@ class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     status: TurnStatus
     duration_ms: int
     usage: Usage
-    cost_usd: float | None = None
+    cost_usd: float | None = None  # this turn's own cost (None: the CLI reported none)
+    session_cost_usd: float | None = None  # the session's turns so far, this one included
 
 
 class ModelRetry(ServerFrame, tag="model_retry", frozen=True):

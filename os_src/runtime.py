@@ -42,6 +42,7 @@ from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
 from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
     Command,
+    CostMeter,
     EndSession,
     Inbox,
     SessionState,
@@ -114,6 +115,7 @@ class AgentRuntime:
         self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
         self._turn = TurnState()
         self._session = SessionState()
+        self._costs = CostMeter()
         self.session_id = new_session_id()
 
     # ------------------------------------------------------------ called by the gateway
@@ -273,6 +275,7 @@ class AgentRuntime:
             record.observe(message)
             if isinstance(message, ResultMessage):
                 result = message
+                turn.cost = self._costs.charge(message.total_cost_usd)
             self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
             raise _NoResult("the CLI ended the turn without a result")
@@ -291,7 +294,7 @@ class AgentRuntime:
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
-        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
+        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted, cost=turn.cost)
         for frame in out:
             self._publish(frame)
         if isinstance(message, ResultMessage):
@@ -300,7 +303,7 @@ class AgentRuntime:
                     log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
                 elif isinstance(frame, p.TurnComplete):
                     log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                             duration_ms=message.duration_ms, cost_usd=message.total_cost_usd,
+                             duration_ms=message.duration_ms, cost_usd=frame.cost_usd,
                              turns=message.num_turns)
         elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
@@ -325,6 +328,7 @@ class AgentRuntime:
 
     def _begin_session(self) -> None:
         self._session.began()
+        self._costs.new_session()
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
@@ -354,6 +358,7 @@ class AgentRuntime:
         system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
         # Owned from before connect: a connect that fails half-way still gets its process ended.
         self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+        self._costs.new_process()  # its running total starts from zero
         started = time.monotonic()
         await cli.connect()
         log.info("cli_connected", session_id=self.session_id, seconds=round(time.monotonic() - started, 3),

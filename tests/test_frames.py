@@ -20,6 +20,7 @@ from claude_agent_sdk import (
 
 from sprite_os import protocol as p
 from sprite_os.agent.frames import ended_frame, message_frames, summarize
+from sprite_os.agent.state import TurnCost
 
 
 def delta(text: str, parent: str | None = None, kind: str = "text_delta") -> StreamEvent:
@@ -80,11 +81,13 @@ def test_tool_results_become_tool_result_frames() -> None:
     assert message_frames("t1", UserMessage(content="a prompt echoed back")) == []
 
 
-def test_a_successful_result_completes_the_turn_with_its_usage() -> None:
-    assert message_frames("t1", result()) == [p.TurnComplete(
-        turn_id="t1", status="completed", duration_ms=42, cost_usd=0.01,
+def test_a_successful_result_completes_the_turn_with_its_usage_and_its_own_cost() -> None:
+    assert message_frames("t1", result(total_cost_usd=0.07), cost=TurnCost(0.01, 0.07)) == [p.TurnComplete(
+        turn_id="t1", status="completed", duration_ms=42, cost_usd=0.01, session_cost_usd=0.07,
         usage=p.Usage(input_tokens=12, output_tokens=3, cache_read_input_tokens=0, cache_creation_input_tokens=0))]
     assert message_frames("t1", result(usage=None))[0].usage == p.Usage()  # type: ignore[attr-defined]
+    # without the meter's figure the cost is unknown, never the CLI's running total
+    assert message_frames("t1", result(total_cost_usd=0.07))[0].cost_usd is None  # type: ignore[attr-defined]
 
 
 def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None:

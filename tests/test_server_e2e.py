@@ -220,6 +220,20 @@ async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Conn
     assert "PELICAN" not in json.dumps(last.messages)  # the old conversation is gone from the context
 
 
+async def test_each_turn_costs_its_own_and_the_session_adds_them_up(server: SpriteOS, client: Connect) -> None:
+    """The CLI reports a running total per process; a turn's cost_usd is its own (three alike turns cost
+    alike, not 1x, 2x, 3x), session_cost_usd the sum so far, and both start again after /new."""
+    c = await client(hello={})
+    done = [await turn_of(c, f"turn {n}") for n in range(3)]
+    costs, totals = [d["cost_usd"] for d in done], [d["session_cost_usd"] for d in done]
+    assert costs[0] > 0 and costs[1] == pytest.approx(costs[0]) and costs[2] == pytest.approx(costs[0]), costs
+    assert totals == pytest.approx([costs[0], costs[0] + costs[1], sum(costs)])
+    await c.send(type="new_session")
+    await c.until("session_started")
+    fresh = await turn_of(c, "a new session")
+    assert fresh["cost_usd"] == pytest.approx(costs[0]) and fresh["session_cost_usd"] == pytest.approx(costs[0])
+
+
 async def test_idle_timeout_ends_the_session_and_frees_the_cli(settings: Settings, bridge: MockBridge) -> None:
     async with running(settings.with_overrides(idle_timeout=1.0)) as app, client_factory(app.port) as client:
         c = await client(hello={})

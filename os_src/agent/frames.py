@@ -23,6 +23,7 @@ from claude_agent_sdk import (
 
 from .. import protocol as p
 from ..text import clean_text
+from .state import TurnCost
 
 SUMMARY_CHARS = 300
 ERROR_DETAIL_CHARS = 300
@@ -45,8 +46,10 @@ def assistant_text(message: AssistantMessage) -> str:
     return clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
 
 
-def message_frames(turn_id: str, message: Any, *, interrupted: bool = False) -> list[p.ServerFrame]:
-    """The frames one SDK message of a turn becomes (often none)."""
+def message_frames(turn_id: str, message: Any, *, interrupted: bool = False,
+                   cost: TurnCost | None = None) -> list[p.ServerFrame]:
+    """The frames one SDK message of a turn becomes (often none). `cost` is the turn's own (the
+    CLI's `total_cost_usd` is its process's running total: state.CostMeter takes the difference)."""
     if isinstance(message, StreamEvent):
         event = message.event
         if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
@@ -59,7 +62,7 @@ def message_frames(turn_id: str, message: Any, *, interrupted: bool = False) -> 
                              summary=summarize(block.content))
                 for block in message.content if isinstance(block, ToolResultBlock)]
     elif isinstance(message, ResultMessage):
-        return result_frames(turn_id, message, interrupted=interrupted)
+        return result_frames(turn_id, message, interrupted=interrupted, cost=cost)
     elif isinstance(message, SystemMessage) and message.subtype == "api_retry":
         return [retry_frame(turn_id, message.data)]
     return []
@@ -91,8 +94,10 @@ def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerF
     return frames
 
 
-def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False) -> list[p.ServerFrame]:
-    """turn_complete, after an error frame saying why when the turn failed (not when interrupted)."""
+def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False,
+                  cost: TurnCost | None = None) -> list[p.ServerFrame]:
+    """turn_complete, after an error frame saying why when the turn failed (not when interrupted).
+    Without `cost`, the turn's cost is unknown (None), never the CLI's running total."""
     frames: list[p.ServerFrame] = []
     status: p.TurnStatus = "completed"
     if interrupted:
@@ -106,7 +111,8 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
         status=status,
         duration_ms=result.duration_ms,
         usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
-        cost_usd=result.total_cost_usd,
+        cost_usd=cost.turn if cost is not None else None,
+        session_cost_usd=cost.session if cost is not None else None,
     ))
     return frames
 

@@ -78,12 +78,14 @@ class Renderer:
                 self._line(f"  ▣ card {verb}: {card.title} [{card.id}]")
             case p.CardClosed(card_id=cid):
                 self._line(f"  ▣ card closed: {cid}")
-            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, turn_id=turn_id):
+            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, session_cost_usd=total,
+                                turn_id=turn_id):
                 self.running = False
                 self.outstanding.discard(self._turns.pop(turn_id, ""))
                 if not self.outstanding:
                     self.settled.set()
                 price = f", ${cost:.4f}" if cost else ""
+                price += f" (session ${total:.4f})" if total else ""
                 self._line(f"· {status} in {ms / 1000:.1f}s{price}")
             case p.SessionStarted(session_id=sid):
                 self._line(f"· session {sid} started")
