@@ -234,9 +234,10 @@ class ModelRetry(ServerFrame, tag="model_retry", frozen=True):
 
 class Error(ServerFrame, tag="error", frozen=True):
     code: ErrorCode
-    message: str
+    message: str  # plain words for a person
     turn_id: str | None = None
-    request_id: str | None = None  # set when the error answers a memory request
+    request_id: str | None = None  # set when the error answers a request (memory, sessions, files)
+    detail: str | None = None  # what the agent's CLI said, for a details view: addresses, codes
 
 
 class Pong(ServerFrame, tag="pong", frozen=True):

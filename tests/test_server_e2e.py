@@ -446,7 +446,9 @@ async def test_a_failing_model_proxy_fails_the_turn_clearly_and_serving_goes_on(
     failed = await turn_of(c, "hello?")
     error = next(f for f in c.frames if f["type"] == "error")
     assert failed["status"] == "error"
-    assert error["code"] == "model_unavailable" and "HTTP 500" in error["message"]
+    assert error["code"] == "model_unavailable" and error["message"] == "The model proxy failed (HTTP 500)."
+    assert error["detail"].startswith("HTTP 500")  # the CLI's own words, for the details
+    assert not c.of("assistant_message")  # the CLI's "API Error: ..." notice is not shown as the agent's reply
     bridge.faults.clear()
     assert (await turn_of(c, "and now?"))["status"] == "completed"
 
@@ -462,7 +464,7 @@ async def test_an_unreachable_model_proxy_is_model_unavailable(
         failed = await turn_of(c, "hello?")
         [error] = c.of("error")
         assert failed["status"] == "error"
-        assert error["code"] == "model_unavailable" and "could not be reached" in error["message"], error
+        assert error["code"] == "model_unavailable" and error["message"] == "The model proxy can't be reached.", error
 
 
 async def turn_of(c: Client, text: str) -> dict:  # type: ignore[type-arg]

@@ -56,7 +56,11 @@ def message_frames(turn_id: str, message: Any, *, interrupted: bool = False,
                 and event.get("delta", {}).get("type") == "text_delta"):
             return [p.TextDelta(turn_id=turn_id, text=clean_text(event["delta"].get("text", "")))]
     elif isinstance(message, AssistantMessage):
-        return [] if message.parent_tool_use_id is not None else _assistant_frames(turn_id, message)
+        # A message with `error` is the CLI's notice of a failed model call ("API Error: 502 ..."), not
+        # the agent's reply: the result's error frame says it, plainly, with those words as its detail.
+        if message.parent_tool_use_id is not None or message.error is not None:
+            return []
+        return _assistant_frames(turn_id, message)
     elif isinstance(message, UserMessage) and isinstance(message.content, list):
         return [p.ToolResult(turn_id=turn_id, tool_use_id=block.tool_use_id, is_error=bool(block.is_error),
                              summary=summarize(block.content))
@@ -117,16 +121,41 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
     return frames
 
 
+# What a person is told when the model proxy fails a turn, by the HTTP status the CLI saw: plain
+# words they can act on (a Retry, waiting, telling the operator). The CLI's own text, with its
+# addresses and codes, goes in the error's `detail`.
+CANT_BE_REACHED = "The model proxy can't be reached."
+_PROXY_FAILURES = {
+    401: "The model proxy refused the Sprite's key.",
+    403: "The model proxy refused the Sprite's key.",
+    429: "The model proxy is limiting requests right now.",
+    502: CANT_BE_REACHED,  # the relay answers 502 for a proxy it cannot connect to
+    503: "The model proxy is unavailable right now.",
+    504: "The model proxy did not answer in time.",
+    529: "The model is overloaded right now.",
+}
+
+
+def proxy_failure(status: int | None) -> str:
+    """The plain sentence for a model proxy that failed a turn with `status` (None: unreachable)."""
+    if status is None:
+        return CANT_BE_REACHED
+    if status in _PROXY_FAILURES:
+        return _PROXY_FAILURES[status]
+    return f"The model proxy failed (HTTP {status})." if status >= 500 else f"The model proxy refused the request (HTTP {status})."
+
+
 def result_error(turn_id: str, result: ResultMessage) -> p.Error:
-    """Why the CLI failed a turn: the model proxy (an HTTP error, unreachable), or the agent."""
+    """Why the CLI failed a turn: the model proxy (an HTTP error, unreachable), or the agent. The
+    message is a plain sentence; the CLI's own words are the `detail`."""
     detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:ERROR_DETAIL_CHARS]
     if result.api_error_status:
-        return p.Error(code="model_unavailable", turn_id=turn_id,
-                       message=f"The model proxy answered HTTP {result.api_error_status}: {detail}")
+        return p.Error(code="model_unavailable", turn_id=turn_id, message=proxy_failure(result.api_error_status),
+                       detail=f"HTTP {result.api_error_status}: {detail}")
     if _UNREACHABLE.search(detail):
-        return p.Error(code="model_unavailable", turn_id=turn_id,
-                       message=f"The model proxy could not be reached: {detail}")
-    return p.Error(code="agent_failed", turn_id=turn_id, message=f"The turn failed: {detail}")
+        return p.Error(code="model_unavailable", turn_id=turn_id, message=proxy_failure(None), detail=detail)
+    return p.Error(code="agent_failed", turn_id=turn_id, message="The turn failed before the agent finished.",
+                   detail=detail)
 
 
 def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
