@@ -17,7 +17,9 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
-from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
+from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest
+from .console.requests import RequestErrorCode, RequestIdOnly
+from .console.session_frames import AnySessionReply, AnySessionRequest
 from .errors import SpriteOSError
 
 PROTOCOL_VERSION = 1
@@ -63,7 +65,8 @@ class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
-AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest  # memory: console/memory_frames.py
+# Requests answered to their connection alone (console/requests.py): memory, past sessions.
+AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest | AnySessionRequest
 
 
 # ---------------------------------------------------------------- server -> client
@@ -87,12 +90,7 @@ ErrorCode = Literal[
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
-    # answers to memory requests (console/memory_frames.py); these errors carry the request_id
-    "not_found",  # no such memory file, version, learning or turn
-    "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
-    "over_limit",  # the edit is over the file's line or byte limit; nothing was written
-    "file_changed",  # the file changed since the edit began (the daemon rewrote it); nothing was written
-    "memory_unavailable",  # this server runs without memory
+    RequestErrorCode,  # answers to requests (console/requests.py); these errors carry the request_id
 ]
 
 
@@ -131,6 +129,7 @@ class Ready(ServerFrame, tag="ready", frozen=True):
     cards: list[Card]
     replayed: int = 0
     resync: bool = False
+    turn_text: str | None = None  # the running turn's message, so a client joining mid-turn can show it
 
 
 class SessionStarted(ServerFrame, tag="session_started", frozen=True):
@@ -262,6 +261,7 @@ AnyServerFrame = (
     | Error
     | Pong
     | AnyMemoryReply
+    | AnySessionReply
 )
 
 
@@ -319,7 +319,7 @@ def decode_server_frame(data: str | bytes) -> AnyServerFrame:
     return _server_decoder.decode(data)
 
 
-Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a MemoryReply
+Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a request's answer
 
 
 def with_seq(frame: Reply, seq: int) -> Reply:

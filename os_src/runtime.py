@@ -158,6 +158,10 @@ class AgentRuntime:
         return self._running.turn_id if self._running else None
 
     @property
+    def turn_text(self) -> str | None:
+        return self._running.text if self._running else None
+
+    @property
     def cli_running(self) -> bool:
         return self._cli is not None and not self._cli.exited
 
@@ -223,7 +227,7 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text) if self._memory is not None else NoRecord()
+        record = self._memory.turn_started(turn.text, turn.turn_id) if self._memory is not None else NoRecord()
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
@@ -236,7 +240,7 @@ class AgentRuntime:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
-                record.close(result)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
         finally:
             self._running = None
             self._turn.end()

@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -34,9 +34,11 @@ from . import __version__
 from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
 from .config import Settings, describe, resolve_token
+from .console import requests as rq
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
 from .console.pages import ConsolePages, http_response
+from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .gateway import Gateway
@@ -87,10 +89,17 @@ class SpriteOS:
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch)
-        memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
-        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
+        self.api = rq.ConsoleApi(*self._request_handlers())
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+
+    def _request_handlers(self) -> list[Mapping[type[rq.Request], rq.Handler]]:
+        """Who answers each request on the socket: memory's and past sessions' need memory."""
+        if self.memory is None:
+            return []
+        return [MemoryConsole(self.memory).handlers,
+                SessionsConsole(self.memory, lambda: self.runtime.session_id).handlers]
 
     @property
     def port(self) -> int:

@@ -90,7 +90,7 @@ class FakeRecord:
     def observe(self, message: Any) -> None:
         self.seen.append(type(message).__name__)
 
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
 
 
@@ -119,7 +119,7 @@ class FakeMemory:
     def session_ended(self, session_id: str, reason: str) -> None:
         self.events.append(("session_ended", session_id, reason))
 
-    def turn_started(self, prompt: str) -> FakeRecord:
+    def turn_started(self, prompt: str, turn_id: str) -> FakeRecord:
         self.records.append(FakeRecord(self, prompt))
         return self.records[-1]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
@@ -19,6 +19,8 @@ from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from . import memory_files
 from . import memory_frames as pm
 from . import memory_queries as q
+from . import requests as rq
+from .requests import Handler, Request
 
 if TYPE_CHECKING:
     from ..memory.system import MemorySystem
@@ -33,7 +35,7 @@ class MemoryConsole:
         self._system = system
         self._files = system.files
         self._clock = clock
-        handlers: dict[type[pm.MemoryRequest], Callable[[Any], Awaitable[pm.MemoryReply]]] = {
+        handlers: dict[type[Request], Handler] = {
             pm.MemoryFilesRequest: self._list_files, pm.MemoryFileRequest: self._file,
             pm.MemoryVersionRequest: self._version, pm.MemoryEditRequest: self._edit,
             pm.MemoryRollbackRequest: self._rollback, pm.MemorySearchRequest: self._search,
@@ -43,7 +45,11 @@ class MemoryConsole:
         }
         self._handlers = handlers
 
-    async def handle(self, request: pm.MemoryRequest) -> pm.MemoryReply:
+    @property
+    def handlers(self) -> Mapping[type[Request], Handler]:
+        return self._handlers
+
+    async def handle(self, request: pm.MemoryRequest) -> rq.Reply:
         return await self._handlers[type(request)](request)
 
     # ------------------------------------------------------------ files

@@ -65,7 +65,19 @@ def create_observation_triggers(conn: sqlite3.Connection) -> None:
     )
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1,)
+def _transcript_v2(db: sqlite_utils.Database) -> None:
+    """What the console shows of a past turn beside its words: its id on the wire (`turn_id`, as in
+    turn_started), how it ended (`status`: completed, interrupted or error) and its own cost. Older
+    turns have none of them (NULL)."""
+    columns = db["observations"].columns_dict
+    for name, kind in (("turn_id", str), ("status", str), ("cost_usd", float)):
+        if name not in columns:
+            db["observations"].add_column(name, kind)  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS observations_turn_id ON observations(turn_id) "
+                    "WHERE turn_id IS NOT NULL")
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:

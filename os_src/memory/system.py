@@ -147,8 +147,8 @@ class MemorySystem:
         self.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
-    def turn_started(self, prompt: str) -> TurnRecord:
-        return self.recorder.open(prompt)
+    def turn_started(self, prompt: str, turn_id: str) -> TurnRecord:
+        return self.recorder.open(prompt, turn_id)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""

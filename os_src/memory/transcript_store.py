@@ -28,6 +28,9 @@ class Observation(msgspec.Struct, frozen=True):
     tool_calls_json: str
     agent_response: str
     processed: int = PENDING
+    turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
+    status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
+    cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
 
 
 class NewObservation(msgspec.Struct, frozen=True):
@@ -37,6 +40,9 @@ class NewObservation(msgspec.Struct, frozen=True):
     user_message: str
     tool_calls_json: str
     agent_response: str
+    turn_id: str | None = None
+    status: str | None = None
+    cost_usd: float | None = None
 
 
 class SessionRow(msgspec.Struct, frozen=True):
@@ -79,10 +85,11 @@ class TranscriptDB:
         with transaction(self.conn) as c:
             cur = c.execute(
                 """INSERT OR IGNORE INTO observations
-                (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
-                VALUES (?, ?, ?, ?, ?, ?)""",
+                (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response,
+                 turn_id, status, cost_usd)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-                 obs.tool_calls_json, obs.agent_response),
+                 obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd),
             )
             if cur.rowcount == 0:
                 return None
