@@ -17,6 +17,8 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
+from .console.card_frames import CardCloseRequest, CardCloseResult
+from .console.files_frames import AnyFilesReply, AnyFilesRequest
 from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest
 from .console.requests import RequestErrorCode, RequestIdOnly
 from .console.session_frames import AnySessionReply, AnySessionRequest
@@ -65,8 +67,9 @@ class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
-# Requests answered to their connection alone (console/requests.py): memory, past sessions.
-AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest | AnySessionRequest
+# Requests answered to their connection alone (console/requests.py): memory, past sessions, cards, files.
+AnyClientFrame = (Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest | AnySessionRequest
+                  | CardCloseRequest | AnyFilesRequest)
 
 
 # ---------------------------------------------------------------- server -> client
@@ -207,6 +210,13 @@ class CardClosed(ServerFrame, tag="card_closed", frozen=True):
     card_id: str
 
 
+class FileUploaded(ServerFrame, tag="file_uploaded", frozen=True):
+    """A person uploaded a file through the console: it is in their files, at `path`."""
+
+    path: str
+    size: int
+
+
 class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     turn_id: str
     status: TurnStatus
@@ -256,12 +266,15 @@ AnyServerFrame = (
     | CardCreated
     | CardUpdated
     | CardClosed
+    | FileUploaded
     | TurnComplete
     | ModelRetry
     | Error
     | Pong
     | AnyMemoryReply
     | AnySessionReply
+    | CardCloseResult
+    | AnyFilesReply
 )
 
 

@@ -63,6 +63,7 @@ log = get_logger(__name__)
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
+MAX_NOTES = 20  # things the person did outside the conversation, told with their next message
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -112,7 +113,8 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
+        self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
+        self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
         self._costs = CostMeter()
@@ -133,6 +135,11 @@ class AgentRuntime:
     def new_session(self) -> None:
         self._refuse_if_closing()
         self._put(EndSession("new_session"))
+
+    def note(self, text: str) -> None:
+        """Something the person did outside the conversation (an upload): the agent is told with their
+        next message, as context before it."""
+        self._notes = [*self._notes, text][-MAX_NOTES:]
 
     def _refuse_if_closing(self) -> None:
         if not self._session.accepting:
@@ -286,15 +293,20 @@ class AgentRuntime:
         return result
 
     async def _recalled(self, turn: Turn) -> str | None:
-        """The memories auto-recall found for `turn`, sent before the person's message (looked up
-        once per turn: a resend sends the same). Capture records the message alone."""
-        if self._memory is None:
-            return None
+        """The context sent before the person's message: what they did meanwhile (the notes), then
+        the memories auto-recall found for `turn` (looked up once per turn: a resend sends the
+        same). Capture records the message alone."""
         if self._prompted is None or self._prompted[0] != turn.turn_id:
-            recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+            notes, self._notes = self._notes, []
+            recalled = None
+            if self._memory is not None:
+                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
                 self._publish(recalled.frame)
-            self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
+            said = "\n".join(f"- {n}" for n in notes)
+            parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
+                     recalled.context if recalled is not None else None]
+            self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:

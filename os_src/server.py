@@ -35,9 +35,11 @@ from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
 from .config import Settings, describe, resolve_token
 from .console import requests as rq
+from .console.cards import CardsConsole
+from .console.files_api import FilesConsole
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
-from .console.pages import ConsolePages, http_response
+from .console.pages import DOWNLOAD_PATH, ConsolePages, http_response, is_upgrade
 from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
@@ -81,7 +83,7 @@ class SpriteOS:
         self.started_at = time.monotonic()
         layout = settings.layout
         self.hub = EventHub()
-        publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
+        publish = DeltaCoalescer(self.hub.publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         self.memory = MemorySystem(settings) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process.
@@ -89,6 +91,7 @@ class SpriteOS:
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch)
+        self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
@@ -96,10 +99,11 @@ class SpriteOS:
 
     def _request_handlers(self) -> list[Mapping[type[rq.Request], rq.Handler]]:
         """Who answers each request on the socket: memory's and past sessions' need memory."""
-        if self.memory is None:
-            return []
-        return [MemoryConsole(self.memory).handlers,
-                SessionsConsole(self.memory, lambda: self.runtime.session_id).handlers]
+        handlers = [CardsConsole(self.canvas).handlers, self.files.handlers]
+        if self.memory is not None:
+            handlers += [MemoryConsole(self.memory).handlers,
+                         SessionsConsole(self.memory, lambda: self.runtime.session_id).handlers]
+        return handlers
 
     @property
     def port(self) -> int:
@@ -116,6 +120,7 @@ class SpriteOS:
             # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
             await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
         await self.relay.start()
+        await self.files.start()
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -155,6 +160,7 @@ class SpriteOS:
         await self.runtime.shutdown(SHUTDOWN_GRACE)
         await self.relay.stop()  # after the CLI: a turn ending in the grace still reaches the model
         await self.gateway.close_all()
+        await self.files.stop()
         if self._server is not None:
             await self._server.wait_closed()
         if self.memory is not None:
@@ -187,6 +193,8 @@ class SpriteOS:
             # Without the token, only the status: nothing that helps anyone who may reach the port.
             body = await self.health() if self._authorized(request) else {"status": self.status}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if request.path.split("?", 1)[0] == DOWNLOAD_PATH and not is_upgrade(request):
+            return await self._download(conn, request)
         if (page := self.pages.respond(conn, request)) is not None:
             return page
         remote = str(conn.remote_address[0] if conn.remote_address else "?")
@@ -200,6 +208,14 @@ class SpriteOS:
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
         return None
+
+    async def _download(self, conn: ServerConnection, request: Request) -> Response:
+        """A file of the person's, with the token (an Authorization header: the page fetches it)."""
+        if not self._authorized(request):
+            return http_response(conn, HTTPStatus.UNAUTHORIZED, b"", "text/plain; charset=utf-8", request)
+        status, body, headers = await self.files.download(request.path.partition("?")[2])
+        kind = "application/octet-stream" if status is HTTPStatus.OK else "text/plain; charset=utf-8"
+        return http_response(conn, status, body, kind, request, headers=headers)
 
     def _authorized(self, request: Request) -> bool:
         given = bearer_token(request)

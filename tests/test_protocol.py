@@ -4,6 +4,8 @@ import msgspec
 import pytest
 
 from sprite_os import protocol as p
+from sprite_os.console.card_frames import CardCloseResult
+from tests.test_console_files import FILES_REPLIES
 from tests.test_console_sessions import SESSION_REPLIES
 from tests.test_protocol_memory import MEMORY_REPLIES
 
@@ -69,6 +71,8 @@ SERVER_FRAMES = [
     p.Error(code="model_unavailable", message="The model proxy can't be reached.", turn_id="t", detail="HTTP 502"),
     *MEMORY_REPLIES,
     *SESSION_REPLIES,
+    *FILES_REPLIES,  # type: ignore[list-item]
+    CardCloseResult(request_id="r", card_id="a"),
 ]
 
 
