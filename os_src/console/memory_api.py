@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..memory.system import MemorySystem
 
 CHARS_PER_TOKEN = 4
+EPISODES_SHOWN = 5  # past turns listed after the learnings a search found
 TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
                   "with Claude's tokenizer; code, tables and other languages take more tokens")
 
@@ -89,22 +90,20 @@ class MemoryConsole:
     async def search(self, query: str, types: Sequence[str], forgotten: bool, limit: int) -> list[pm.LearningHit]:
         """The console's one seam to memory search: the same MemorySystem.search the agent's tool
         uses, over episodes and learnings. An episode maps to a hit of kind "episode" (type
-        EPISODE, its id the turn's). Without a query (or for the forgotten ones) it lists the newest
-        learnings."""
+        EPISODE, its id the turn's). Learnings come first, best first, then at most
+        EPISODES_SHOWN past turns (unless only EPISODE is asked for): raw turns, which match many
+        words, would otherwise crowd the facts out. Without a query (or for the forgotten ones) it
+        lists the newest learnings."""
         if forgotten or not search_terms(query):
             ids = await self._system.memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
             return await self._hits([(i, None) for i in ids])
-        found = await self._system.search(query, MAX_LIMIT if types else limit)
-        found = [h for h in found if not types or h.type in types][:limit]
-        learned = await self._hits([(h.id, h.score) for h in found if h.kind == "learning"])
-        by_id = {h.id: h for h in learned}
-        out = []
-        for h in found:
-            if h.kind == "episode":
-                out.append(q.episode_hit(h))
-            elif (hit := by_id.get(h.id)) is not None:
-                out.append(hit)
-        return out
+        found = await self._system.search(query, MAX_LIMIT)
+        found = [h for h in found if not types or h.type in types]
+        episodes_shown = limit if list(types) == ["EPISODE"] else min(limit, EPISODES_SHOWN)
+        learned_found = [h for h in found if h.kind == "learning"][:limit]
+        learned = await self._hits([(h.id, h.score) for h in learned_found])
+        episodes = [q.episode_hit(h) for h in found if h.kind == "episode"][:episodes_shown]
+        return [*learned, *episodes]
 
     async def _hits(self, scored: list[tuple[int, float | None]]) -> list[pm.LearningHit]:
         if not scored:

@@ -12,15 +12,17 @@ export class LearningsPanel {
     this.query = el("input", { type: "search", testid: "learning-search", placeholder: "Search what the Sprite learned", "aria-label": "Search learnings" });
     this.type = el("select", { testid: "learning-type", "aria-label": "Type" },
       el("option", { value: "", text: "All types" }), TYPES.map((t) => el("option", { value: t, text: t })));
-    this.forgotten = el("input", { type: "checkbox", testid: "learning-forgotten" });
-    this.results = el("ol", { class: "learnings", testid: "learnings" });
+    this.forgotten = el("input", { type: "checkbox", testid: "learning-forgotten", id: "learning-forgotten" });
+    this.results = el("ol", { class: "learnings", testid: "learnings", "aria-label": "Learnings" });
+    this.turnsHeading = el("h3", { text: "From past turns", hidden: true });
+    this.episodes = el("ol", { class: "learnings", testid: "episodes", "aria-label": "Past turns", hidden: true });
     this.summary = el("p", { class: "hint" });
     const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); this.load(); } },
-      this.query, this.type, el("label", { class: "check" }, this.forgotten, " forgotten"),
+      this.query, this.type, el("label", { class: "check", for: "learning-forgotten" }, this.forgotten, " forgotten"),
       el("button", { type: "submit", class: "primary", testid: "learning-search-button", text: "Search" }));
     this.type.addEventListener("change", () => this.load());
     this.forgotten.addEventListener("change", () => this.load());
-    root.append(form, this.summary, this.results);
+    root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
   }
 
   async load() {
@@ -28,10 +30,15 @@ export class LearningsPanel {
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
     const { hits } = await this.conn.request("memory_search", fields);
+    const learned = hits.filter((h) => h.kind !== "episode");
+    const turns = hits.filter((h) => h.kind === "episode");
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
-      : query ? `${hits.length} found for “${query}”, best first.` : `The ${hits.length} newest.`;
-    clear(this.results).append(...hits.map((hit) => this.item(hit)));
-    if (!hits.length) this.results.append(el("li", { class: "empty", text: "Nothing here." }));
+      : query ? `${learned.length} learnings found for “${query}”, best first${turns.length ? `, and ${turns.length} past turns` : ""}.`
+        : `The ${hits.length} newest.`;
+    clear(this.results).append(...learned.map((hit) => this.item(hit)));
+    if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
+    clear(this.episodes).append(...turns.map((hit) => this.item(hit)));
+    this.episodes.hidden = this.turnsHeading.hidden = !turns.length;
   }
 
   item(hit) {
@@ -55,7 +62,7 @@ export class LearningsPanel {
       : [el("button", { type: "button", testid: "learning-forget", text: "Forget", title: "Leaves search and the boot prompt; the transcript keeps the turn", onclick: () => this.setForgotten(node, hit, true) })];
     clear(node).append(
       el("div", { class: "line" }, el("span", { class: `badge type-${hit.type.toLowerCase()}`, text: hit.type }),
-        el("span", { class: "content", testid: "learning-content", text: hit.content })),
+        el("span", { class: "content", testid: "learning-content", dir: "auto", text: hit.content })),
       el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
       el("div", { class: "turn-view" }));
   }
@@ -77,10 +84,10 @@ export class LearningsPanel {
       const { turn } = await this.conn.request("memory_turn", { observation_id: observationId });
       view.append(el("div", { class: "turn", testid: "turn" },
         el("div", { class: "who", text: `Turn ${turn.sequence_num} of session ${turn.session_id}, ${when(turn.timestamp)} (${turn.processed})` }),
-        el("div", { class: "said" }, el("strong", { text: "They said: " }), turn.user_message),
+        el("div", { class: "said" }, el("strong", { text: "They said: " }), el("span", { dir: "auto", text: turn.user_message })),
         turn.tool_calls.map((c) => el("details", { class: "tool" },
-          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { text: c.input }), el("pre", { text: c.output }))),
-        el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), turn.agent_response)));
+          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", text: c.input }), el("pre", { dir: "auto", text: c.output }))),
+        el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), el("span", { dir: "auto", text: turn.agent_response }))));
     } catch (error) {
       this.flash(error.message, "error");
     }

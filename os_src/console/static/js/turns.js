@@ -1,0 +1,94 @@
+// The pieces of a turn as the conversation shows them, live or from the record: the person's
+// message, each tool call folded to a line, the agent's answer, and the line under the turn
+// (how it ended, what it cost). The live chat and a past session's read-only view share them.
+
+import { count, dollars, el, when } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
+
+const TOOL_LINE = 90; // characters of a tool call's summary shown folded
+
+/** A message of the conversation: role is "user", "assistant" or "tool". */
+export function messageItem(role, body, meta) {
+  return el("li", { class: `msg ${role}`, testid: "message", dataset: { role } },
+    el("div", { class: "body" }, body), meta ? el("div", { class: "meta", text: meta }) : null);
+}
+
+/** The person's words, in the direction they were written in (dir=auto: an override can't disguise them). */
+export function userText(text) {
+  return el("div", { class: "text", dir: "auto", text });
+}
+
+export function answerBody(text) {
+  return el("div", { class: "text markdown", dir: "auto" }, renderMarkdown(text));
+}
+
+/** A tool call, folded to one line; `result` fills it in once known. */
+export function toolItem(name, summary) {
+  const line = summary.length > TOOL_LINE ? `${summary.slice(0, TOOL_LINE)}…` : summary;
+  const mark = el("span", { class: "mark", text: "⋯", "aria-hidden": "true" });
+  const state = el("span", { class: "visually-hidden", text: "running: " });
+  const details = el("details", {},
+    el("summary", {}, mark, state, el("strong", { text: ` ${name} ` }), el("span", { class: "summary", dir: "auto", text: line })),
+    el("div", { class: "label", text: "call" }), el("pre", { dir: "auto", text: summary }));
+  const item = messageItem("tool", details);
+  return { item, result(isError, output) {
+    mark.textContent = isError ? "✗" : "✓";
+    state.textContent = isError ? "failed: " : "done: ";
+    item.dataset.state = isError ? "error" : "done";
+    details.append(el("div", { class: "label", text: isError ? "error" : "result" }), el("pre", { dir: "auto", text: output }));
+  } };
+}
+
+/** The line under a turn: how it ended, how long it took, its own cost and the session's, its tokens. */
+export function statusItem({ status, duration_ms: ms, cost_usd: cost, session_cost_usd: total, usage, at }) {
+  const parts = [ms !== undefined && ms !== null ? `${status} in ${(ms / 1000).toFixed(1)} s` : status || "recorded"];
+  if (at) parts.push(when(at));
+  if (cost) parts.push(`turn ${dollars(cost)}`);
+  if (total) parts.push(`session ${dollars(total)}`);
+  const u = usage || {};
+  if (u.input_tokens || u.output_tokens) parts.push(`${count(u.input_tokens)} in · ${count(u.output_tokens)} out tokens`);
+  return el("li", { class: `turn-status ${status || ""}`, testid: "turn-status", text: parts.join(" · "),
+    dataset: { status: status || "", cost: cost ?? "", sessionCost: total ?? "" } });
+}
+
+/** What a person can do about a failed turn: plain words, a Retry, and the CLI's own words folded away. */
+export function failureItem({ code, message, detail }, retry) {
+  return el("li", { class: "notice error failure", testid: "notice", role: "alert", dataset: { kind: "error", code } },
+    el("strong", { text: message }),
+    retry ? el("button", { type: "button", class: "retry", testid: "retry", text: "Retry", onclick: retry }) : null,
+    detail ? el("details", { class: "detail" }, el("summary", { text: "Details" }), el("pre", { testid: "error-detail", text: detail })) : null);
+}
+
+/** A model proxy that failed, in the words a person can act on (as the server words its errors). */
+export function proxyTrouble(status) {
+  if (!status || status === 502) return "The model proxy can't be reached";
+  if (status === 529) return "The model is overloaded";
+  if (status === 429) return "The model proxy is limiting requests";
+  if (status === 504) return "The model proxy did not answer in time";
+  return `The model proxy failed (HTTP ${status})`;
+}
+
+/** A recorded turn (session_turns), as the list items the conversation shows. */
+export function pastTurnItems(turn, { retry } = {}) {
+  const mark = (item) => { item.dataset.turnId = turn.turn_id || ""; item.dataset.turn = String(turn.turn); return item; };
+  if (turn.forgotten_at) {
+    return [mark(el("li", { class: "notice forgotten", testid: "tombstone", text: `A turn was forgotten here (${when(turn.forgotten_at)}): its words are gone.` }))];
+  }
+  const items = [mark(messageItem("user", userText(turn.user_message)))];
+  items[0].dataset.state = "started";
+  for (const call of turn.tool_calls) {
+    const tool = toolItem(call.name, call.input);
+    tool.result(call.is_error, call.output);
+    items.push(mark(tool.item));
+  }
+  if (turn.status === "error") {
+    items.push(mark(failureItem({ code: "agent_failed", message: "This turn failed before the agent finished.", detail: turn.agent_response },
+      retry ? () => retry(turn.user_message) : null)));
+  } else if (turn.agent_response) {
+    const answer = mark(messageItem("assistant", answerBody(turn.agent_response)));
+    answer.dataset.state = "complete";
+    items.push(answer);
+  }
+  items.push(mark(statusItem({ status: turn.status || "recorded", cost_usd: turn.cost_usd, at: turn.at })));
+  return items;
+}
