@@ -64,16 +64,16 @@ export class CanvasView {
 
   render(card) {
     const titleId = `card-title-${card.id}`;
-    const action = (label, symbol, testid, onclick) => el("button", { type: "button", class: "icon card-action", testid,
-      "aria-label": `${label}: ${card.title}`, title: label, onclick }, el("span", { "aria-hidden": "true", text: symbol }));
+    const action = (label, testid, onclick) => el("button", { type: "button", class: "card-action", testid,
+      "aria-label": `${label}: ${card.title}`, title: `${label} this card`, onclick, text: label });
     return el("article", { class: `card kind-${card.kind}`, testid: "card", "aria-labelledby": titleId, dataset: { cardId: card.id, kind: card.kind } },
       el("header", {},
         el("h3", { class: "title", id: titleId, dir: "auto", text: card.title }),
         el("span", { class: "badge", text: card.kind }),
         el("span", { class: "card-actions" },
-          action("Open large", "⤢", "card-expand", () => this.expand(card)),
-          action("Copy", "⧉", "card-copy", (event) => this.copy(card, event.currentTarget)),
-          action("Close", "✕", "card-close", () => this.close(card)))),
+          action("Open", "card-expand", () => this.expand(card)),
+          action("Copy", "card-copy", (event) => this.copy(card, event.currentTarget)),
+          action("Close", "card-close", () => this.close(card)))),
       el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)),
       el("footer", { text: `updated ${when(card.updated_at)}` }));
   }
@@ -99,8 +99,10 @@ export class CanvasView {
       copied = copyByHand(text); // no clipboard API on a plain-http address other than localhost
     }
     button.dataset.copied = String(copied);
+    button.textContent = copied ? "Copied" : "Copy failed";
     button.setAttribute("aria-label", copied ? `Copied: ${card.title}` : `Copy failed: ${card.title}`);
-    button.title = copied ? "Copied" : "Copy failed: select the text instead";
+    button.title = copied ? "Copied to the clipboard" : "Copy failed: select the text instead";
+    setTimeout(() => { button.textContent = "Copy"; button.setAttribute("aria-label", `Copy: ${card.title}`); }, 3000);
   }
 
   async close(card) {
