@@ -210,6 +210,16 @@ class CardClosed(ServerFrame, tag="card_closed", frozen=True):
     card_id: str
 
 
+class TurnsForgotten(ServerFrame, tag="turns_forgotten", frozen=True):
+    """A person forgot these turns of `session_id` (by their number in it, and their wire ids): their
+    words are gone; show a tombstone where they were."""
+
+    session_id: str
+    turns: list[int]
+    turn_ids: list[str]
+    forgotten_at: float
+
+
 class FileUploaded(ServerFrame, tag="file_uploaded", frozen=True):
     """A person uploaded a file through the console: it is in their files, at `path`."""
 
@@ -267,6 +277,7 @@ AnyServerFrame = (
     | CardUpdated
     | CardClosed
     | FileUploaded
+    | TurnsForgotten
     | TurnComplete
     | ModelRetry
     | Error

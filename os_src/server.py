@@ -91,6 +91,7 @@ class SpriteOS:
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch)
+        self._publish = publish
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
@@ -102,7 +103,8 @@ class SpriteOS:
         handlers = [CardsConsole(self.canvas).handlers, self.files.handlers]
         if self.memory is not None:
             handlers += [MemoryConsole(self.memory).handlers,
-                         SessionsConsole(self.memory, lambda: self.runtime.session_id).handlers]
+                         SessionsConsole(self.memory, lambda: self.runtime.session_id, self._publish,
+                                         self.runtime.new_session).handlers]
         return handlers
 
     @property

@@ -117,9 +117,39 @@ async def test_without_memory_sessions_are_unavailable_and_bad_requests_are_refu
 
 INFO = ps.SessionInfo(id="s1", started_at=1.0, ended_at=None, turns=2, first_line="Plan my week", summary=None,
                       cost_usd=0.0005, current=True, forgotten=0)
-SESSION_REPLIES: list[ps.SessionsResult | ps.SessionTurnsResult] = [  # test_protocol round-trips each
+SESSION_REPLIES: list[object] = [  # test_protocol round-trips each
     ps.SessionsResult(request_id="r", sessions=[INFO], more=False),
     ps.SessionTurnsResult(request_id="r", session=INFO, more=True, turns=[ps.PastTurn(
         observation_id=3, turn_id="t", turn=1, at=2.0, user_message="hi", agent_response="hello", tool_calls=[],
         status="completed", cost_usd=0.0001)]),
+    ps.ForgetTurnsResult(request_id="r", forgotten=2, learnings=1, sessions=["s1"], restarted=False),
+    p.TurnsForgotten(session_id="s1", turns=[2, 3], turn_ids=["t2"], forgotten_at=3.0),
 ]
+
+
+async def test_forgetting_turns_by_wire_id_or_a_whole_session_leaves_tombstones_for_every_client(
+        system: MemorySystem) -> None:
+    await seed(system)
+    published: list[p.ServerFrame] = []
+    restarts: list[str] = []
+    api = SessionsConsole(system, lambda: "s3", published.append, lambda: restarts.append("new"))
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    done = await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))
+    assert (done.forgotten, done.sessions, done.restarted) == (1, ["s3"], True)  # type: ignore[attr-defined]
+    assert restarts == ["new"]  # the agent's context lets go of it: a new session
+    [event] = published
+    assert isinstance(event, p.TurnsForgotten) and (event.session_id, event.turns, event.turn_ids) == ("s3", [2], ["c2"])
+    page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=10))
+    two = page.turns[1]
+    assert (two.turn, two.user_message, two.agent_response, two.tool_calls) == (2, "", "", [])
+    assert two.forgotten_at is not None and page.session.forgotten == 1
+    whole = await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))
+    assert (whole.forgotten, whole.restarted) == (2, False)  # type: ignore[attr-defined]
+    listed = await api.handlers[ps.SessionsRequest](ps.SessionsRequest(request_id="r"))
+    s1 = next(s for s in listed.sessions if s.id == "s1")
+    assert (s1.first_line, s1.summary, s1.forgotten) == ("", None, 2)  # its summary went with it
+    with pytest.raises(RequestFailed) as nothing:
+        await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))  # already forgotten
+    assert nothing.value.code == "not_found"
+    with pytest.raises(RequestFailed):
+        await forget(ps.ForgetTurnsRequest(request_id="f"))

@@ -70,7 +70,7 @@ SERVER_FRAMES = [
     p.Error(code="not_found", message="m", request_id="r1"),
     p.Error(code="model_unavailable", message="The model proxy can't be reached.", turn_id="t", detail="HTTP 502"),
     *MEMORY_REPLIES,
-    *SESSION_REPLIES,
+    *SESSION_REPLIES,  # type: ignore[list-item]
     *FILES_REPLIES,  # type: ignore[list-item]
     CardCloseResult(request_id="r", card_id="a"),
 ]

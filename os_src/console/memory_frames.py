@@ -169,7 +169,7 @@ class TurnRecord(msgspec.Struct, frozen=True):
 class AuditEntry(msgspec.Struct, frozen=True):
     id: int
     at: float
-    action: Literal["forget", "unforget", "edit", "rollback"]
+    action: Literal["forget", "unforget", "edit", "rollback", "forget_turns"]
     learning_id: int | None
     file: str | None
     detail: str

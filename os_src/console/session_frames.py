@@ -15,6 +15,7 @@ from .requests import Reply, Request
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 MAX_SESSIONS = 50
 MAX_TURNS = 100
+MAX_FORGET = 1_000  # turns named in one forget_turns
 
 
 class SessionsRequest(Request, tag="sessions", frozen=True):
@@ -33,7 +34,18 @@ class SessionTurnsRequest(Request, tag="session_turns", frozen=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_TURNS)] = 30
 
 
-AnySessionRequest = SessionsRequest | SessionTurnsRequest
+class ForgetTurnsRequest(Request, tag="forget_turns", frozen=True):
+    """Forget turns for good: by their `observation_ids` (a past turn's), their `turn_ids` (as in
+    turn_started), or a whole `session_id`. Their words leave every store; each keeps a tombstone."""
+
+    observation_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=1)]], msgspec.Meta(max_length=MAX_FORGET)] = (
+        msgspec.field(default_factory=list))
+    turn_ids: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]],
+                        msgspec.Meta(max_length=MAX_FORGET)] = msgspec.field(default_factory=list)
+    session_id: SessionId | None = None
+
+
+AnySessionRequest = SessionsRequest | SessionTurnsRequest | ForgetTurnsRequest
 
 
 class SessionInfo(msgspec.Struct, frozen=True):
@@ -72,4 +84,11 @@ class SessionTurnsResult(Reply, tag="session_turns_result", frozen=True):
     more: bool  # earlier turns follow: ask again with `before` set to the first one's `turn`
 
 
-AnySessionReply = SessionsResult | SessionTurnsResult
+class ForgetTurnsResult(Reply, tag="forget_turns_result", frozen=True):
+    forgotten: int  # turns whose words are gone now (turns forgotten before are not counted again)
+    learnings: int  # learnings that came from them, deleted with them
+    sessions: list[str]
+    restarted: bool  # one was the current session's: it was restarted, so the agent's context lets go of it
+
+
+AnySessionReply = SessionsResult | SessionTurnsResult | ForgetTurnsResult

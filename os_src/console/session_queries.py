@@ -12,7 +12,7 @@ import msgspec
 
 from ..database import marks, rows
 from ..memory.memory_store import MemoryDB
-from ..memory.transcript_store import NewObservation, Observation, TranscriptDB
+from ..memory.transcript_store import NewObservation, Observation, Tombstone, TranscriptDB
 from .memory_frames import ToolCall
 from .session_frames import PastTurn, SessionInfo
 
@@ -28,12 +28,14 @@ class SessionRow(msgspec.Struct, frozen=True):
     turns: int
     first_message: str | None
     cost_usd: float | None
+    forgotten: int
 
 
 _SESSIONS = """SELECT s.id, s.started_at, s.ended_at, s.observation_count AS turns,
     (SELECT o.user_message FROM observations o WHERE o.session_id = s.id AND o.user_message != ''
      ORDER BY o.sequence_num LIMIT 1) AS first_message,
-    (SELECT sum(o.cost_usd) FROM observations o WHERE o.session_id = s.id) AS cost_usd
+    (SELECT sum(o.cost_usd) FROM observations o WHERE o.session_id = s.id) AS cost_usd,
+    (SELECT count(*) FROM forgotten_turns f WHERE f.session_id = s.id) AS forgotten
   FROM sessions s"""
 
 
@@ -82,11 +84,11 @@ def first_line(text: str | None) -> str:
     return line if len(line) <= FIRST_LINE_CHARS else line[: FIRST_LINE_CHARS - 1] + "…"
 
 
-def info(row: SessionRow, summary: str | None, current: bool, waiting: int = 0) -> SessionInfo:
+def info(row: SessionRow, summary: str | None, current: bool, waiting: int = 0, forgotten: int = 0) -> SessionInfo:
     return SessionInfo(id=row.id, started_at=row.started_at, ended_at=row.ended_at, turns=row.turns + waiting,
                        first_line=first_line(row.first_message), summary=summary,
                        cost_usd=round(row.cost_usd, 10) if row.cost_usd is not None else None, current=current,
-                       forgotten=0)
+                       forgotten=forgotten or row.forgotten)
 
 
 def _cut(value: Any) -> str:
@@ -105,11 +107,12 @@ def tool_calls(tool_calls_json: str) -> list[ToolCall]:
                      is_error=bool(c.get("is_error"))) for c in calls if isinstance(c, dict)]
 
 
-def past_turn(obs: Observation | NewObservation) -> PastTurn:
+def past_turn(obs: Observation | NewObservation, tombstone: Tombstone | None = None) -> PastTurn:
     return PastTurn(observation_id=obs.id if isinstance(obs, Observation) else None, turn_id=obs.turn_id,
                     turn=obs.sequence_num, at=obs.timestamp, user_message=obs.user_message,
                     agent_response=obs.agent_response, tool_calls=tool_calls(obs.tool_calls_json),
-                    status=obs.status, cost_usd=obs.cost_usd)
+                    status=obs.status, cost_usd=obs.cost_usd,
+                    forgotten_at=tombstone.forgotten_at if tombstone is not None else None)
 
 
 def within_budget(turns: list[PastTurn], more: bool) -> tuple[list[PastTurn], bool]:

@@ -30,6 +30,7 @@ from .capture.writer import TranscriptWriter
 from .curation.budget import DailyBudget
 from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
+from .forget_turns import Forgotten, TurnForgetting, hidden_lines
 from .hooks import CompactionHooks, HookTimings
 from .loader import BootLoader
 from .memory_store import MemoryDB
@@ -46,6 +47,7 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
+FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
 
 
 class MemorySystem:
@@ -67,7 +69,10 @@ class MemorySystem:
         self.journal = TurnJournal(journal_path(layout), self._capture_files)
         self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
         self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
-        self.loader = BootLoader(self.files, self.memory, self._pending_turns)
+        self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
+                                         self.daemon.trigger)
+        self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
+        self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self._lock = WriterLock(layout.memory_lock)
@@ -112,6 +117,22 @@ class MemorySystem:
         await self.writer.drained(budget / 2)
         return await self.daemon.flush(reason, budget - (time.monotonic() - started))
 
+    async def _hidden_lines(self) -> set[str]:
+        return await self.memory.call(hidden_lines)
+
+    async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
+                           session_id: str | None = None, by: str) -> Forgotten:
+        """A person forgets turns (by id, by their id on the wire, or a whole session): their words
+        leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
+        The turns still being written land first."""
+        await self.writer.drained(FORGET_DRAIN_BUDGET)
+        wanted = list(ids)
+        if turn_ids:
+            wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
+        if session_id is not None:
+            wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
+        return await self.forgetting.forget(wanted, by)
+
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated: in transcript.db, and still on their way to it."""
         recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
@@ -147,7 +168,7 @@ class MemorySystem:
         self.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
-    def turn_started(self, prompt: str, turn_id: str) -> TurnRecord:
+    def turn_started(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
         return self.recorder.open(prompt, turn_id)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,10 @@ CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
 # still, so one long sleep until midnight could oversleep it by the length of the suspend.
 BUDGET_RECHECK = 300.0
+
+
+async def _nothing() -> None:
+    pass
 
 
 @dataclass
@@ -75,6 +80,8 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+        # Run first in each pass: what a person's forget left for the files' one writer to do.
+        self.before_batches: Callable[[], Awaitable[object]] = _nothing
 
     # ------------------------------------------------------------ triggers (never block)
 
@@ -202,6 +209,7 @@ class MemoryDaemon:
 
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
+        await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             chunk = await self._next_chunk()

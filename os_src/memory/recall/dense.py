@@ -130,6 +130,26 @@ class VectorIndex:
             self._n += 1
         self._bits = None  # rebuilt on the next large search
 
+    def remove(self, ids: Sequence[int]) -> int:
+        """Drop these episodes' vectors (turns a person forgot); the last row fills each hole and the
+        freed rows are zeroed. Returns how many were here."""
+        removed = 0
+        for item in ids:
+            row = self._row.pop(item, None)
+            if row is None:
+                continue
+            last = self._n - 1
+            if row != last:
+                moved = int(self._ids[last])
+                self._vectors[row], self._ids[row], self._at[row] = self._vectors[last], moved, self._at[last]
+                self._row[moved] = row
+            self._vectors[last], self._ids[last], self._at[last] = 0, 0, 0
+            self._n -= 1
+            removed += 1
+        if removed:
+            self._bits = None
+        return removed
+
     def search(self, query: Matrix, limit: int) -> list[tuple[int, float, float]]:
         """(episode id, cosine, date) of the `limit` nearest, nearest first."""
         n = self._n

@@ -68,8 +68,9 @@ def episode_docs(conn: sqlite3.Connection, new: Sequence[ep.Episode]) -> tuple[l
         window = ep.session_window(conn, session, first - ep.NEIGHBOURS, last + ep.NEIGHBOURS)
         for e in window:
             if first <= e.turn <= last:
-                docs.append(episode_doc(e.id, e.at, e.text, ep.context(window, e.turn)))
                 ids.append(e.id)
+                if e.text:  # a forgotten turn's episode has no text: its document goes, none comes
+                    docs.append(episode_doc(e.id, e.at, e.text, ep.context(window, e.turn)))
     return docs, ids
 
 
@@ -103,20 +104,37 @@ def build(conn: sqlite3.Connection, path: Path, progress: Progress | None = None
     learning not forgotten. Returns the marks it reached (write them once the index is in place)."""
     index = RecallIndex(path, writable=True)
     try:
-        top = Marks(ep.max_id(conn), int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0]))
-        total, done, last_report = ep.count(conn, None)[0], 0, time.monotonic()
-        for session in ep.by_session(conn):
-            index.put(episode_doc(e.id, e.at, e.text, ep.context(session, e.turn)) for e in session)
-            done += len(session)
-            if progress and time.monotonic() - last_report > 2:
-                progress("indexed turns", done, total)
-                last_report = time.monotonic()
-        if progress:
-            progress("indexed turns", done, total)
-        learned = conn.execute("SELECT id, created_at, content FROM learnings WHERE forgotten_at IS NULL "
-                               "AND id <= ?", (top.learnings,))
-        index.put(learning_doc(lid, created, content) for lid, created, content in learned)
+        top = fill(conn, index, progress)
         index.commit()
         return top
     finally:
         index.close()
+
+
+def rewrite(conn: sqlite3.Connection, index: RecallIndex) -> Marks:
+    """The index written anew in place, from memory.db, and the files of its old segments deleted:
+    after a person forgot turns, no segment on disk keeps their words (a deletion alone only marks
+    them). Readers see the old index until the commit. Returns the marks it reached."""
+    index.clear()
+    top = fill(conn, index)
+    index.commit()
+    index.collect_garbage()
+    return top
+
+
+def fill(conn: sqlite3.Connection, index: RecallIndex, progress: Progress | None = None) -> Marks:
+    """Every episode with text, with its neighbours, and every learning not forgotten, into `index`."""
+    top = Marks(ep.max_id(conn), int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0]))
+    total, done, last_report = ep.count(conn, None)[0], 0, time.monotonic()
+    for session in ep.by_session(conn):
+        index.put(episode_doc(e.id, e.at, e.text, ep.context(session, e.turn)) for e in session if e.text)
+        done += len(session)
+        if progress and time.monotonic() - last_report > 2:
+            progress("indexed turns", done, total)
+            last_report = time.monotonic()
+    if progress:
+        progress("indexed turns", done, total)
+    learned = conn.execute("SELECT id, created_at, content FROM learnings WHERE forgotten_at IS NULL "
+                           "AND id <= ?", (top.learnings,))
+    index.put(learning_doc(lid, created, content) for lid, created, content in learned)
+    return top

@@ -145,7 +145,7 @@ def missing_vectors(conn: sqlite3.Connection, model: str, above: int, below: int
     return rows(conn.execute(
         "SELECT e.id, e.session_id, e.turn, e.at, e.text FROM episodes e "
         "LEFT JOIN episode_vectors v ON v.id = e.id AND v.model = ? "
-        "WHERE v.id IS NULL AND e.id > ? AND e.id < ? ORDER BY e.id DESC LIMIT ?",
+        "WHERE v.id IS NULL AND e.id > ? AND e.id < ? AND e.text != '' ORDER BY e.id DESC LIMIT ?",
         (model, above, below, limit)), Episode)
 
 

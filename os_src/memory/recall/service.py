@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
 from .dense import DenseStatus, Embedder, VectorIndex, load
+from .documents import Marks, rewrite, write_marks
 from .index import RecallIndex, exists
 from .indexer import Indexer
 from .learnings import search_learnings, search_terms
@@ -132,6 +134,25 @@ class RecallService:
             return True
         except TimeoutError:
             return False
+
+    async def forget(self, episode_ids: Sequence[int]) -> None:
+        """Turns a person forgot (memory.db no longer has their text, nor the learnings that came from
+        them): their vectors leave the dense index, and the word index is written anew, so no
+        segment on disk keeps their words. Search already skips them (hydrate finds no text)."""
+        if self._index is None:  # not started (a tool that only reads): no index, no vectors in memory
+            return
+        await self.searcher.call(lambda s: s.dense.vectors.remove(episode_ids) if s.dense is not None else 0)
+        path = self.settings.layout.memory_db
+
+        def write(index: RecallIndex) -> Marks:
+            conn = read_connection(path)
+            try:
+                return rewrite(conn, index)
+            finally:
+                conn.close()
+
+        reached = await self.index.call(write)
+        await self._memory.call(lambda m: write_marks(m.conn, reached))
 
     @property
     def dense_available(self) -> bool:
