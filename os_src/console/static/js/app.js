@@ -29,6 +29,7 @@ function onFrame(frame) {
   chat.handle(frame);
   canvas.handle(frame);
   files.handle(frame);
+  past.handle(frame);
 }
 
 function onStatus({ state, attempt, delay, resumed, replayed, resync }) {

@@ -4,7 +4,7 @@
 // turn that updates in place, failures with a Retry, and notices (sessions, reconnections).
 
 import { clear, dollars, el, size } from "./dom.js";
-import { answerBody, failureItem, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
+import { answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
@@ -107,6 +107,7 @@ export class ChatView {
       case "session_ended": return this.notice(`The session ended (${frame.reason.replace("_", " ")}).`, "session");
       case "error": return this.error(frame);
       case "model_retry": return this.retrying(frame);
+      case "turns_forgotten": return buryTurns(this.list, frame);
       case "file_uploaded": return this.notice(`${frame.path} was uploaded (${size(frame.size)}): the agent hears of it with the next message.`, "upload");
       default: return undefined;
     }
@@ -151,7 +152,8 @@ export class ChatView {
     for (const turn of page.turns) {
       if (turn.turn_id && this.shown.has(turn.turn_id)) continue; // shown live already
       if (turn.turn_id) { this.shown.add(turn.turn_id); this.texts.set(turn.turn_id, turn.user_message); }
-      items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text) }));
+      items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text), forget: (which) => this.forget(which),
+        session: page.session.id }));
     }
     const button = page.more ? el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
       text: "Show earlier turns", onclick: () => this.loadHistory(page.turns[0].turn) })) : null;
@@ -255,9 +257,21 @@ export class ChatView {
     if (turn.retry && frame.status === "completed") this.settleRetry(turn);
     const item = this.add(statusItem(frame));
     item.dataset.turnId = frame.turn_id;
+    item.append(" · ", forgetControl("this turn", () => this.forget({ turn_ids: [frame.turn_id] })));
     if (frame.session_cost_usd) this.sessionCost.textContent = `This session: ${dollars(frame.session_cost_usd)}`;
     this.turns.delete(frame.turn_id);
     if (this.running === frame.turn_id) this.setAgent("idle", null);
+  }
+
+  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). */
+  async forget(which) {
+    try {
+      const done = await this.conn.request("forget_turns", which);
+      this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
+        ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
+    } catch (error) {
+      this.notice(`Not forgotten: ${error.message}`, "error");
+    }
   }
 
   error(frame) {

@@ -1,7 +1,8 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { clear, day, el, when } from "./dom.js";
+import { append, clear, day, el, when } from "./dom.js";
+import { forgetControl } from "./turns.js";
 
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
@@ -29,7 +30,9 @@ export class LearningsPanel {
     const query = this.query.value.trim();
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
+    const asked = (this.asked = (this.asked || 0) + 1);
     const { hits } = await this.conn.request("memory_search", fields);
+    if (asked !== this.asked) return; // a newer search was sent meanwhile: its answer is the one to show
     const learned = hits.filter((h) => h.kind !== "episode");
     const turns = hits.filter((h) => h.kind === "episode");
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
@@ -60,11 +63,15 @@ export class LearningsPanel {
       ? [el("span", { class: "forgotten", text: `Forgotten ${when(hit.forgotten_at)}` }),
         el("button", { type: "button", testid: "learning-undo", text: "Undo", onclick: () => this.setForgotten(node, hit, false) })]
       : [el("button", { type: "button", testid: "learning-forget", text: "Forget", title: "Leaves search and the boot prompt; the transcript keeps the turn", onclick: () => this.setForgotten(node, hit, true) })];
-    clear(node).append(
+    // A forgotten learning still has the turn it came from in the transcript: offer to forget that too.
+    const offer = hit.forgotten_at && hit.turn ? el("div", { class: "offer", testid: "learning-offer" },
+      "The turn it came from is still in the transcript. ",
+      forgetControl(`turn ${hit.turn.sequence_num} of session ${hit.turn.session_id}`, () => this.forgetTurn(node, hit))) : null;
+    append(clear(node), [
       el("div", { class: "line" }, el("span", { class: `badge type-${hit.type.toLowerCase()}`, text: hit.type }),
         el("span", { class: "content", testid: "learning-content", dir: "auto", text: hit.content })),
       el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
-      el("div", { class: "turn-view" }));
+      offer, el("div", { class: "turn-view" })]);
   }
 
   async setForgotten(node, hit, forget) {
@@ -72,6 +79,17 @@ export class LearningsPanel {
       const { learning } = await this.conn.request(forget ? "memory_forget" : "memory_unforget", { learning_id: hit.id });
       this.fill(node, { ...hit, forgotten_at: learning.forgotten_at });
       this.flash(forget ? "Forgotten: it leaves search and the next boot prompt. Undo brings it back." : "Remembered again.");
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+
+  async forgetTurn(node, hit) {
+    try {
+      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] });
+      node.querySelector(".offer")?.remove();
+      this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
+      await this.load();
     } catch (error) {
       this.flash(error.message, "error");
     }

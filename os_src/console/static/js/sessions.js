@@ -2,7 +2,7 @@
 // curator's summary, its turns and cost), each opened read-only from what Sprite OS recorded.
 
 import { clear, dollars, el, plural, when } from "./dom.js";
-import { pastTurnItems } from "./turns.js";
+import { buryTurns, forgetControl, pastTurnItems } from "./turns.js";
 
 const PAGE = 20;
 
@@ -69,17 +69,34 @@ export class PastSessions {
         s.summary ? el("span", { class: "summary", dir: "auto", text: s.summary }) : null));
   }
 
+  /** Turns forgotten anywhere: tombstones here too, if their session is open. */
+  handle(frame) {
+    if (frame.type === "turns_forgotten" && this.turns?.isConnected) buryTurns(this.turns, frame);
+  }
+
+  async forget(which, done) {
+    try {
+      const answer = await this.conn.request("forget_turns", which);
+      done.textContent = `Forgotten: ${answer.forgotten} turn${answer.forgotten === 1 ? "" : "s"}, and ${answer.learnings} learning${answer.learnings === 1 ? "" : "s"} that came from them.`;
+    } catch (error) {
+      done.textContent = `Not forgotten: ${error.message}`;
+    }
+  }
+
   /** One session, read-only, a page of turns at a time (earlier pages on demand). */
   async read(s, before = null, turns = null) {
     if (!turns) {
       turns = el("ol", { class: "messages read-only", testid: "past-turns", "aria-label": `Session of ${when(s.started_at)}` });
+      this.turns = turns;
       const heading = el("h2", { tabindex: "-1", text: `Session of ${when(s.started_at)}` });
+      const said = el("p", { class: "hint", role: "status", testid: "past-status" });
       clear(this.root).append(
         el("header", { class: "past-head" }, heading,
           el("button", { type: "button", testid: "past-back", text: "All past sessions", onclick: () => this.show() }),
           el("button", { type: "button", testid: "past-close", text: "Back to the conversation", onclick: () => this.close() })),
         el("p", { class: "hint", dir: "auto", text: s.summary ? `Read only. ${s.summary}` : "Read only: what was said, as Sprite OS recorded it." }),
-        turns);
+        el("p", { class: "session-forget" }, forgetControl("this whole session", () => this.forget({ session_id: s.id }, said))),
+        said, turns);
       heading.focus();
     }
     let page;
@@ -90,7 +107,8 @@ export class PastSessions {
       return;
     }
     turns.querySelector(":scope > .load-earlier")?.remove();
-    const items = page.turns.flatMap((t) => pastTurnItems(t));
+    const said = this.root.querySelector("[data-testid=past-status]");
+    const items = page.turns.flatMap((t) => pastTurnItems(t, { forget: (which) => this.forget(which, said), session: s.id }));
     if (page.more) {
       items.unshift(el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
         text: "Show earlier turns", onclick: () => this.read(s, page.turns[0].turn, turns) })));

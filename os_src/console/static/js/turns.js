@@ -2,7 +2,7 @@
 // message, each tool call folded to a line, the agent's answer, and the line under the turn
 // (how it ended, what it cost). The live chat and a past session's read-only view share them.
 
-import { count, dollars, el, when } from "./dom.js";
+import { clear, count, dollars, el, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 const TOOL_LINE = 90; // characters of a tool call's summary shown folded
@@ -68,12 +68,33 @@ export function proxyTrouble(status) {
   return `The model proxy failed (HTTP ${status})`;
 }
 
+/** Where a forgotten turn was: when, never what. */
+export function tombstone(at) {
+  return el("li", { class: "notice forgotten", testid: "tombstone", text: `A turn was forgotten here (${when(at)}): its words are gone.` });
+}
+
+/** "Forget…", then a plain question and the two answers, in place: forgetting can't be undone. */
+export function forgetControl(what, forget) {
+  const box = el("span", { class: "forget" });
+  const ask = () => {
+    const yes = el("button", { type: "button", class: "danger", testid: "forget-confirm", text: "Forget for good", onclick: () => { box.textContent = "forgetting…"; forget(); } });
+    const no = el("button", { type: "button", testid: "forget-cancel", text: "Keep", onclick: () => { clear(box).append(start); start.focus(); } });
+    clear(box).append(el("span", { role: "alert", text: `Forget ${what}? Its words leave the transcript, search and memory; this can't be undone. ` }), yes, " ", no);
+    yes.focus();
+  };
+  const start = el("button", { type: "button", class: "link", testid: "forget-turn", text: `Forget ${what}…`, onclick: ask });
+  return box.append(start), box;
+}
+
 /** A recorded turn (session_turns), as the list items the conversation shows. */
-export function pastTurnItems(turn, { retry } = {}) {
-  const mark = (item) => { item.dataset.turnId = turn.turn_id || ""; item.dataset.turn = String(turn.turn); return item; };
-  if (turn.forgotten_at) {
-    return [mark(el("li", { class: "notice forgotten", testid: "tombstone", text: `A turn was forgotten here (${when(turn.forgotten_at)}): its words are gone.` }))];
-  }
+export function pastTurnItems(turn, { retry, forget, session } = {}) {
+  const mark = (item) => {
+    item.dataset.turnId = turn.turn_id || "";
+    item.dataset.turn = String(turn.turn);
+    if (session) item.dataset.session = session;
+    return item;
+  };
+  if (turn.forgotten_at) return [mark(tombstone(turn.forgotten_at))];
   const items = [mark(messageItem("user", userText(turn.user_message)))];
   items[0].dataset.state = "started";
   for (const call of turn.tool_calls) {
@@ -89,6 +110,27 @@ export function pastTurnItems(turn, { retry } = {}) {
     answer.dataset.state = "complete";
     items.push(answer);
   }
-  items.push(mark(statusItem({ status: turn.status || "recorded", cost_usd: turn.cost_usd, at: turn.at })));
+  const status = mark(statusItem({ status: turn.status || "recorded", cost_usd: turn.cost_usd, at: turn.at }));
+  if (forget) {
+    const which = turn.observation_id ? { observation_ids: [turn.observation_id] } : { turn_ids: [turn.turn_id] };
+    status.append(" · ", forgetControl("this turn", () => forget(which)));
+  }
+  items.push(status);
   return items;
+}
+
+/** Replace the items of forgotten turns (by wire id, or by number within `session`) with one tombstone each. */
+export function buryTurns(list, frame) {
+  const groups = [
+    ...frame.turn_ids.map((id) => [...list.querySelectorAll(`[data-turn-id="${CSS.escape(id)}"]`)]),
+    ...frame.turns.map((n) => [...list.querySelectorAll(`[data-session="${CSS.escape(frame.session_id)}"][data-turn="${n}"]`)]),
+  ];
+  for (const items of groups) {
+    const alive = items.filter((item) => item.isConnected && item.dataset.testid !== "tombstone");
+    if (!alive.length) continue;
+    const stone = tombstone(frame.forgotten_at);
+    Object.assign(stone.dataset, { turnId: alive[0].dataset.turnId || "", turn: alive[0].dataset.turn || "", session: alive[0].dataset.session || "" });
+    alive[0].replaceWith(stone);
+    for (const item of alive.slice(1)) item.remove();
+  }
 }
