@@ -14,6 +14,8 @@ export class ChatView {
   constructor({ list, form, composer, send, interrupt, newSession, agentState, jump, sessionCost }, connection) {
     Object.assign(this, { list, form, composer, sendButton: send, interruptButton: interrupt, agentState, jump, sessionCost });
     this.conn = connection;
+    this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
+    list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
     this.turns = new Map(); // turn_id -> {stream, tools, retry}
     this.texts = new Map(); // turn_id -> the person's message (for Retry)
@@ -58,6 +60,11 @@ export class ChatView {
 
   command(frame) {
     if (!this.conn.send(frame)) this.notice("Not connected right now.", "error");
+  }
+
+  /** Said to screen readers (a live region of its own: the conversation itself is not read out as it streams). */
+  announce(text) {
+    this.announcer.textContent = text;
   }
 
   notice(text, kind = "info") {
@@ -237,11 +244,12 @@ export class ChatView {
     const turn = this.turn(frame.turn_id);
     const text = `${proxyTrouble(frame.error_status)}: trying again (attempt ${frame.attempt} of ${frame.max_retries}) in ${(frame.retry_delay_ms / 1000).toFixed(1)} s…`;
     if (!turn.retry) {
-      turn.retry = this.add(el("li", { class: "notice retry", testid: "retry-line", role: "status", dataset: { kind: "retry" } }));
+      turn.retry = this.add(el("li", { class: "notice retry", testid: "retry-line", dataset: { kind: "retry" } }));
       turn.retry.dataset.turnId = frame.turn_id;
     }
     turn.retry.textContent = text;
     turn.retry.dataset.attempt = String(frame.attempt);
+    this.announce(text);
   }
 
   settleRetry(turn) {
@@ -259,6 +267,7 @@ export class ChatView {
     item.dataset.turnId = frame.turn_id;
     item.append(" · ", forgetControl("this turn", () => this.forget({ turn_ids: [frame.turn_id] })));
     if (frame.session_cost_usd) this.sessionCost.textContent = `This session: ${dollars(frame.session_cost_usd)}`;
+    this.announce(`The agent's turn ${frame.status}.`);
     this.turns.delete(frame.turn_id);
     if (this.running === frame.turn_id) this.setAgent("idle", null);
   }

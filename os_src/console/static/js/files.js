@@ -25,7 +25,8 @@ export class FilesView {
     this.conn = connection;
     this.path = "";
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
-    this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input", tabindex: "-1" });
+    this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
+      tabindex: "-1", "aria-label": "Files to upload" });
     this.picker.addEventListener("change", () => { this.uploadAll([...this.picker.files]); this.picker.value = ""; });
     const pick = el("button", { type: "button", class: "primary", testid: "upload-button", text: "Upload files…", onclick: () => this.picker.click() });
     this.flash = el("p", { class: "flash", testid: "files-flash", role: "status" });

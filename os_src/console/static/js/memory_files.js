@@ -55,7 +55,8 @@ export class FilesPanel {
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
       file.editable && !editing ? el("button", { type: "button", testid: "file-edit", onclick: () => this.renderFile(true), text: "Edit" }) : null);
     const body = editing ? this.editor(file, text)
-      : el("pre", { class: "file-text", testid: "file-text", dir: "auto", text: text || "(empty: the boot prompt shows a default)" });
+      : el("pre", { class: "file-text", testid: "file-text", dir: "auto", tabindex: "0", "aria-label": `Text of ${file.name}`,
+        text: text || "(empty: the boot prompt shows a default)" });
     this.latest = history.length ? history[history.length - 1].number : null;
     const versions = el("ol", { class: "versions", reversed: true, "aria-label": `Versions of ${file.name}` },
       [...history].reverse().map((v) => el("li", { testid: "file-version", dataset: { number: v.number } },
@@ -118,7 +119,7 @@ export class FilesPanel {
     clear(this.versionView).append(
       el("h3", { text: `Version ${number}${current ? " (current)" : ""}: ${v.version.source}, ${when(v.version.created_at)}` }),
       el("p", { class: "hint", text: v.previous ? `Changes since version ${v.previous}:` : "The first version:" }),
-      el("pre", { class: "diff", testid: "file-diff", dir: "auto" }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
+      el("pre", { class: "diff", testid: "file-diff", dir: "auto", tabindex: "0", "aria-label": `Changes in version ${number}` }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
       rollback);
     this.versionView.scrollIntoView({ block: "nearest" });
   }

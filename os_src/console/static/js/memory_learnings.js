@@ -104,7 +104,7 @@ export class LearningsPanel {
         el("div", { class: "who", text: `Turn ${turn.sequence_num} of session ${turn.session_id}, ${when(turn.timestamp)} (${turn.processed})` }),
         el("div", { class: "said" }, el("strong", { text: "They said: " }), el("span", { dir: "auto", text: turn.user_message })),
         turn.tool_calls.map((c) => el("details", { class: "tool" },
-          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", text: c.input }), el("pre", { dir: "auto", text: c.output }))),
+          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", tabindex: "0", text: c.input }), el("pre", { dir: "auto", tabindex: "0", text: c.output }))),
         el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), el("span", { dir: "auto", text: turn.agent_response }))));
     } catch (error) {
       this.flash(error.message, "error");

@@ -46,7 +46,7 @@ export class PastSessions {
     try {
       answer = await this.conn.request("sessions", before ? { before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      this.list.append(el("li", { class: "empty", role: "alert", text: error.message }));
+      this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     this.list.append(...answer.sessions.map((s) => this.item(s)));
@@ -103,7 +103,7 @@ export class PastSessions {
     try {
       page = await this.conn.request("session_turns", { session_id: s.id, limit: PAGE, ...(before ? { before } : {}) });
     } catch (error) {
-      turns.append(el("li", { class: "notice error", role: "alert", text: error.message }));
+      turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     turns.querySelector(":scope > .load-earlier")?.remove();

@@ -29,13 +29,13 @@ export function toolItem(name, summary) {
   const state = el("span", { class: "visually-hidden", text: "running: " });
   const details = el("details", {},
     el("summary", {}, mark, state, el("strong", { text: ` ${name} ` }), el("span", { class: "summary", dir: "auto", text: line })),
-    el("div", { class: "label", text: "call" }), el("pre", { dir: "auto", text: summary }));
+    el("div", { class: "label", text: "call" }), el("pre", { dir: "auto", tabindex: "0", text: summary }));
   const item = messageItem("tool", details);
   return { item, result(isError, output) {
     mark.textContent = isError ? "✗" : "✓";
     state.textContent = isError ? "failed: " : "done: ";
     item.dataset.state = isError ? "error" : "done";
-    details.append(el("div", { class: "label", text: isError ? "error" : "result" }), el("pre", { dir: "auto", text: output }));
+    details.append(el("div", { class: "label", text: isError ? "error" : "result" }), el("pre", { dir: "auto", tabindex: "0", text: output }));
   } };
 }
 
@@ -53,10 +53,10 @@ export function statusItem({ status, duration_ms: ms, cost_usd: cost, session_co
 
 /** What a person can do about a failed turn: plain words, a Retry, and the CLI's own words folded away. */
 export function failureItem({ code, message, detail }, retry) {
-  return el("li", { class: "notice error failure", testid: "notice", role: "alert", dataset: { kind: "error", code } },
-    el("strong", { text: message }),
+  return el("li", { class: "notice error failure", testid: "notice", dataset: { kind: "error", code } },
+    el("strong", { role: "alert", text: message }),
     retry ? el("button", { type: "button", class: "retry", testid: "retry", text: "Retry", onclick: retry }) : null,
-    detail ? el("details", { class: "detail" }, el("summary", { text: "Details" }), el("pre", { testid: "error-detail", text: detail })) : null);
+    detail ? el("details", { class: "detail" }, el("summary", { text: "Details" }), el("pre", { testid: "error-detail", tabindex: "0", text: detail })) : null);
 }
 
 /** A model proxy that failed, in the words a person can act on (as the server words its errors). */
@@ -79,7 +79,7 @@ export function forgetControl(what, forget) {
   const ask = () => {
     const yes = el("button", { type: "button", class: "danger", testid: "forget-confirm", text: "Forget for good", onclick: () => { box.textContent = "forgetting…"; forget(); } });
     const no = el("button", { type: "button", testid: "forget-cancel", text: "Keep", onclick: () => { clear(box).append(start); start.focus(); } });
-    clear(box).append(el("span", { role: "alert", text: `Forget ${what}? Its words leave the transcript, search and memory; this can't be undone. ` }), yes, " ", no);
+    clear(box).append(el("span", { text: `Forget ${what}? Its words leave the transcript, search and memory; this can't be undone. ` }), yes, " ", no);
     yes.focus();
   };
   const start = el("button", { type: "button", class: "link", testid: "forget-turn", text: `Forget ${what}…`, onclick: ask });
