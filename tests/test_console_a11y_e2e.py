@@ -94,6 +94,10 @@ async def test_no_serious_or_critical_violation_on_any_view(server: SpriteOS, br
         await phone.connected()
         await expect(phone.messages("user").first).to_be_visible()
         found += [f"phone {v}" for v in await violations(phone, "chat")]
+        await phone.memory("files")
+        await phone.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(phone.by("file-text")).to_be_in_viewport()  # on a phone the file opens where the eye is
+        found += [f"phone {v}" for v in await violations(phone, "memory files")]
         tab.assert_clean("400")
     assert found == [], "\n".join(found)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
-from devkit.mock_bridge import Fault, MockBridge
+from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from sprite_os.server import SpriteOS
 from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir
 
@@ -78,6 +78,35 @@ async def test_reload_and_a_second_device_show_the_recorded_conversation_with_co
         await tab.by("past-close").first.click()
         await expect(tab.by("composer")).to_be_visible()
         await expect(tab.messages("user").last).to_have_text("A fresh start")
+        tab.assert_clean()
+
+
+TALL = "\n\n".join(f"Paragraph {n}: " + "words " * 30 for n in range(60))
+
+
+async def at_latest(tab: object) -> bool:
+    return bool(await tab.page.evaluate(  # type: ignore[attr-defined]
+        "(() => { const l = document.getElementById('messages'); return l.scrollHeight - l.scrollTop - l.clientHeight < 60; })()"))
+
+
+async def test_the_chat_follows_a_tall_reply_and_offers_the_latest_when_scrolled_up(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text(TALL, chunk_size=400, chunk_delay=0.02)), Turn(Text(TALL, chunk_size=400)))
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.send("Tell me everything")
+        await expect(tab.messages("assistant").last).to_have_attribute("data-state", "complete")
+        await expect(tab.messages("assistant").last).to_contain_text("Paragraph 59")
+        assert await at_latest(tab)  # it followed the reply as it grew, far past one screen
+        await tab.page.evaluate("document.getElementById('messages').scrollTop = 0")  # the person reads back
+        await tab.send("And again")
+        await expect(tab.by("jump-latest")).to_be_visible()  # not dragged down; offered the latest instead
+        assert not await at_latest(tab)
+        await tab.by("jump-latest").click()
+        assert await at_latest(tab)
+        await expect(tab.by("jump-latest")).to_be_hidden()
         tab.assert_clean()
 
 
