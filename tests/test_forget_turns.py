@@ -144,6 +144,7 @@ async def test_a_forgotten_turns_words_leave_every_store_and_keep_a_tombstone(
     assert not any(w.decode() in prompt.lower() for w in WORDS), prompt
     assert "Name: Ada" in prompt and "green tea" in prompt, prompt  # what else was said stays
     assert await vectors() == 2
+    assert await system.recall.purged(60)  # the index written anew, in the background
     assert await doc_freq() == 0  # a deletion alone leaves the term in old segments; the index was rewritten
     assert [h.kind for h in await system.search("green tea", 5)]
 
@@ -222,3 +223,21 @@ async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(syste
     assert "Lisbon" not in prompt and "- Name: Ada" in prompt
     assert await system.forgetting.rewrite_files() == 1  # the pass, when it comes
     assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
+
+
+async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: Path) -> None:
+    from sprite_os.memory.recall.service import PURGE_KEY
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
+    first = MemorySystem(settings)
+    await first.start()
+    await first.memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))  # as a forget leaves it, before its rewrite
+    await first.stop()
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        assert again.recall._purge is not None  # the start took the rewrite up
+        assert await again.recall.purged(30)
+        assert await again.memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
+    finally:
+        await again.stop()

@@ -6,8 +6,8 @@ At once (`TurnForgetting.forget`):
   the summary of its session, which may repeat it) are deleted with their pending actions, and
   the audit keeps no word of them; free pages zeroed (secure_delete), the FTS index merged, the WAL
   emptied;
-- recall: the vectors leave the dense index, and the word index is written anew without them, so
-  no segment on disk keeps them;
+- recall: the vectors leave the dense index and the documents the word index, which is then
+  written anew in the background, so that no segment on disk keeps their words;
 - the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
   has rewritten the files.
 
@@ -316,7 +316,7 @@ class Forgotten:
     at: float
 
 
-Purge = Callable[[Sequence[int]], Awaitable[None]]  # the recall index and vectors, without these turns
+Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
 @dataclass
@@ -349,7 +349,7 @@ class TurnForgetting:
         hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
         job = await self.memory.call(lambda m: add_job(m, done, sessions, hashes, now))
         self._words[job] = words
-        await self.purge_recall(done)
+        await self.purge_recall(done, purged.learning_ids)
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
         self.wake_daemon("forget")
         return Forgotten(turns, len(purged.learning_ids), now)

@@ -90,6 +90,14 @@ def stage(conn: sqlite3.Connection, limit: int = CHUNK) -> Staged | None:
     return Staged(docs, ids, new[-1].id if new else at.episodes, learned[-1][0] if learned else at.learnings)
 
 
+def forgotten(conn: sqlite3.Connection, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> Staged:
+    """Turns a person forgot (their episodes have no text now) and the learnings deleted with them:
+    their documents go, and their neighbours' come back with a context that no longer holds them."""
+    at = read_marks(conn)
+    docs, ids = episode_docs(conn, list(ep.get(conn, episode_ids).values()))
+    return Staged(docs, [*ids, *(doc_id("learning", i) for i in learning_ids)], at.episodes, at.learnings)
+
+
 def learning_changes(conn: sqlite3.Connection, ids: Sequence[int]) -> Staged:
     """Learnings forgotten (their documents go) or remembered again (they come back)."""
     at = read_marks(conn)  # a learning past the marks is indexed when its turn comes

@@ -9,6 +9,7 @@ If the dense retriever cannot load, search is lexical only and `status` says why
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
 from .dense import DenseStatus, Embedder, VectorIndex, load
-from .documents import Marks, rewrite, write_marks
+from .documents import Marks, forgotten, rewrite, write_marks
 from .index import RecallIndex, exists
 from .indexer import Indexer
 from .learnings import search_learnings, search_terms
@@ -34,6 +35,7 @@ from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippe
 log = get_logger(__name__)
 
 INDEX_DIR = "index"
+PURGE_KEY = "recall_purge"  # in memory.db's meta while the index must be written anew (a forget)
 AUTO_RECALL_TIMEOUT = 0.5
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable  # a recall slower than this is skipped: the message goes as it is
 
@@ -77,6 +79,8 @@ class RecallService:
         self.indexer = Indexer(transcript, memory, self.index, self.searcher)
         self._memory = memory
         self._boot = ""
+        self._purge: asyncio.Task[None] | None = None  # the index written anew after a forget
+        self._purge_wanted = self._purge_done = 0
 
     def _the_index(self) -> RecallIndex:
         assert self._index is not None
@@ -112,10 +116,17 @@ class RecallService:
         if self._embed_model is not None:
             self.indexer.embed, self.indexer.model = self.embedder, self._dense_status.model
         await self.indexer.start(fresh_index=fresh)
+        if await self._memory.call(lambda m: m.get_meta(PURGE_KEY)) and not fresh:  # a forget's purge, cut short
+            self._purge_wanted += 1
+            self._start_purge()
         log.info("recall_started", index=str(self.path), fresh=fresh, dense=self._dense_status.available,
                  dense_detail=self._dense_status.detail)
 
     async def stop(self) -> None:
+        if self._purge is not None:  # a rewrite under way finishes on the index's thread; its marks, next start
+            self._purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._purge
         await self.indexer.stop()
         await asyncio.gather(self.searcher.close(), self.embedder.close())
         await self.index.close()  # the writer finishes its merges and lets go of the directory
@@ -135,13 +146,30 @@ class RecallService:
         except TimeoutError:
             return False
 
-    async def forget(self, episode_ids: Sequence[int]) -> None:
-        """Turns a person forgot (memory.db no longer has their text, nor the learnings that came from
-        them): their vectors leave the dense index, and the word index is written anew, so no
-        segment on disk keeps their words. Search already skips them (hydrate finds no text)."""
+    async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
+        """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
+        them): their vectors leave the dense index and their documents the word index, now. A
+        deletion only marks a document, its words stay in the segment until a merge, so the index
+        is then written anew in the background (`purge`), its old segment files deleted."""
         if self._index is None:  # not started (a tool that only reads): no index, no vectors in memory
             return
         await self.searcher.call(lambda s: s.dense.vectors.remove(episode_ids) if s.dense is not None else 0)
+        staged = await self._memory.call(lambda m: forgotten(m.conn, episode_ids, learning_ids))
+
+        def write(index: RecallIndex) -> None:
+            index.put(staged.docs, staged.replace)
+            index.commit()
+
+        await self.index.call(write)
+        await self._memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))  # a restart still purges
+        self._purge_wanted += 1
+        self._start_purge()
+
+    def _start_purge(self) -> None:
+        if self._purge is None or self._purge.done():
+            self._purge = asyncio.create_task(self._purging(), name="recall-purge")
+
+    async def _purging(self) -> None:
         path = self.settings.layout.memory_db
 
         def write(index: RecallIndex) -> Marks:
@@ -151,8 +179,32 @@ class RecallService:
             finally:
                 conn.close()
 
-        reached = await self.index.call(write)
-        await self._memory.call(lambda m: write_marks(m.conn, reached))
+        while self._purge_done < self._purge_wanted:
+            wanted = self._purge_wanted
+            started = time.monotonic()
+            try:
+                reached = await self.index.call(write)
+            except Exception as exc:  # retried at the next forget or start: the flag stays
+                log.exception("recall_purge_failed", error=repr(exc)[:300])
+                return
+            self._purge_done = wanted
+            done = self._purge_done >= self._purge_wanted
+
+            def mark(m: MemoryDB, reached: Marks = reached, done: bool = done) -> None:
+                write_marks(m.conn, reached)
+                if done:
+                    m.conn.execute("DELETE FROM meta WHERE key = ?", (PURGE_KEY,))
+
+            await self._memory.call(mark)
+            log.info("recall_index_purged", seconds=round(time.monotonic() - started, 2), through=reached.episodes)
+
+    async def purged(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until no forgotten word is left in the index's files."""
+        if self._purge is None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._purge), budget)
+        return self._purge.done() and self._purge_done >= self._purge_wanted
 
     @property
     def dense_available(self) -> bool:
@@ -201,4 +253,4 @@ class RecallService:
     def status(self) -> dict[str, Any]:
         d = self._dense_status
         return {"index": str(self.path), "dense": {"available": d.available, "model": d.model, "detail": d.detail},
-                **self.indexer.status()}
+                "purge_pending": self._purge_done < self._purge_wanted, **self.indexer.status()}
