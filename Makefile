@@ -46,7 +46,9 @@ $(SANDBOX):
 
 ## The console's screenshots in docs/console/ (the browser tests take them).
 screenshots: $(STAMP) $(CHROMIUM)
-	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py tests/test_console_memory_e2e.py
+	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py \
+		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
+		tests/test_console_forget_e2e.py
 
 ## Unit tests only.
 test-fast: $(STAMP)
