@@ -1,7 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { append, clear, day, el, when } from "./dom.js";
+import { append, clear, day, el, plural, when } from "./dom.js";
 import { forgetControl } from "./turns.js";
 
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
@@ -36,7 +36,7 @@ export class LearningsPanel {
     const learned = hits.filter((h) => h.kind !== "episode");
     const turns = hits.filter((h) => h.kind === "episode");
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
-      : query ? `${learned.length} learnings found for “${query}”, best first${turns.length ? `, and ${turns.length} past turns` : ""}.`
+      : query ? `${plural(learned.length, "learning")} found for “${query}”, best first${turns.length ? `, and ${plural(turns.length, "past turn")}` : ""}.`
         : `The ${hits.length} newest.`;
     clear(this.results).append(...learned.map((hit) => this.item(hit)));
     if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
