@@ -94,8 +94,8 @@ class Renderer:
             case p.ModelRetry(attempt=n, max_retries=most, retry_delay_ms=ms, error_status=status):
                 self._line(f"· the model proxy failed ({f'HTTP {status}' if status else 'no answer'}); "
                            f"retry {n} of {most} in {ms / 1000:.1f}s")
-            case p.Error(code=code, message=message):
-                self._line(f"! {code}: {message}")
+            case p.Error(code=code, message=message, detail=detail):
+                self._line(f"! {code}: {message}" + (f"\n  ({detail})" if detail else ""))
         self.out.flush()
 
 
