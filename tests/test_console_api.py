@@ -325,3 +325,15 @@ async def test_the_boot_prompt_is_exactly_the_next_sessions(console: MemoryConso
     assert reply.text.startswith("# Soul\nYou are Sprite.") and "The user's name is Ada Lovelace" in reply.text
     assert reply.chars == len(reply.text) and reply.tokens_estimate == -(-len(reply.text) // 4)
     assert "characters / 4" in reply.estimate
+
+
+@pytest.mark.parametrize(("source", "said"), [
+    ("person-edit", "another tab or device"), ("rollback-to-3", "another tab or device"),
+    ("batch-7", "the memory daemon rewrote it"), ("rebuild-batch-2", "the memory daemon rewrote it"),
+    ("forget", "a forget took text out of it"), ("deploy", "a deploy replaced it"), ("on-disk", "edited on disk"),
+])
+def test_an_overtaken_edit_names_who_changed_the_file(source: str, said: str) -> None:
+    from sprite_os.console.memory_files import changed_by
+    from sprite_os.memory.files import Version
+
+    assert said in changed_by(Version(3, NOW, source, Path("x")))

@@ -248,3 +248,20 @@ FILES_REPLIES: list[object] = [  # test_protocol round-trips each
     pf.UploadCancelResult(request_id="r", upload_id="u"),
     p.FileUploaded(path="documents/a.pdf", size=3),
 ]
+
+
+async def test_across_file_systems_an_upload_is_copied_in_and_still_never_replaces(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from sprite_os.console import user_files
+
+    def no_link(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(user_files.os, "link", no_link)
+    (kit.layout.root / "documents" / "scan.pdf").write_bytes(b"older")
+    assert await kit.upload("scan.pdf", b"newer" * 1000) == "documents/scan (2).pdf"
+    assert (kit.layout.root / "documents" / "scan.pdf").read_bytes() == b"older"
+    assert (kit.layout.root / "documents" / "scan (2).pdf").read_bytes() == b"newer" * 1000
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 FORGOTTEN_BY = "the person, in the console"
+WRITES_BUDGET = 2.0  # seconds a listing waits, at most, for the turns still on their way to transcript.db
 
 
 class SessionsConsole:
@@ -36,6 +37,7 @@ class SessionsConsole:
                 ps.ForgetTurnsRequest: self._forget}
 
     async def _sessions(self, req: ps.SessionsRequest) -> ps.SessionsResult:
+        await self._system.writer.drained(WRITES_BUDGET)  # a turn that just ended counts its session in
         found, more = await self._system.transcript.call(lambda t: q.sessions_page(t, req.before, req.limit))
         ids = [row.id for row in found]
         summaries = await self._system.memory.call(lambda m: q.summaries(m, ids))

@@ -232,12 +232,17 @@ class UserFiles:
                 except OSError as exc:
                     if exc.errno != errno.EXDEV:
                         raise
-                    if not _copy_into(fd, docs, candidate):
-                        continue
+                    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=incoming)
+                    try:
+                        if not _copy_into(source, docs, candidate):
+                            continue
+                    finally:
+                        os.close(source)
+                    break
+                _give_like(fd, docs)
                 break
             else:
                 raise FileExistsError(f"documents/ already has {wanted} and 998 numbered copies")
-            _give_like(fd, docs)
             os.fsync(docs)
         self.discard_upload(name)
         return f"{UPLOAD_DIR}/{candidate}"
