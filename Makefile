@@ -4,8 +4,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-# The console's browser tests drive the distribution's Chromium (Playwright comes with the dev extra).
+# What each target installs: `make run` only dev mode's extra (the mock Bridge), the rest the test extra.
+DEV_STAMP := $(VENV)/.installed-dev
+TEST_STAMP := $(VENV)/.installed-test
+# The console's browser tests drive the distribution's Chromium (Playwright comes with the test extra).
 CHROMIUM := /usr/bin/chromium
 # The CLI's sandbox (SPRITE_ISOLATION=sandbox, docs/security.md) runs on bubblewrap, with socat for its
 # network proxy; the sandbox mode's tests use them.
@@ -14,21 +16,28 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint bench chaos dist clean screenshots
 
-$(STAMP): pyproject.toml
+$(DEV_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(DEV_STAMP)
 
-## Dev mode (`sprite-os dev`): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the embedded
-## demo model (or ANTHROPIC_BASE_URL when set).
-run: $(STAMP)
-	$(VENV)/bin/sprite-os dev
+$(TEST_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(TEST_STAMP) $(DEV_STAMP)
+
+## Dev mode (`sprite-os-dev`, from devkit/): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the
+## embedded demo model (or ANTHROPIC_BASE_URL when set).
+run: $(DEV_STAMP)
+	$(VENV)/bin/sprite-os-dev
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
-## console's in a headless Chromium).
-test: $(STAMP) $(CHROMIUM) $(SANDBOX)
+## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.
+JOBS ?= auto
+PYTEST_PARALLEL := -n $(JOBS) --dist loadgroup
+test: $(TEST_STAMP) $(CHROMIUM) $(SANDBOX)
 	@rm -f .coverage .coverage.*
-	$(PY) -m coverage run -m pytest
+	$(PY) -m coverage run -m pytest $(PYTEST_PARALLEL)
 	@$(PY) -m coverage combine -q
 	$(PY) -m coverage report
 
@@ -45,32 +54,32 @@ $(SANDBOX):
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap socat
 
 ## The console's screenshots in docs/console/ (the browser tests take them).
-screenshots: $(STAMP) $(CHROMIUM)
+screenshots: $(TEST_STAMP) $(CHROMIUM)
 	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py \
 		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
 		tests/test_console_forget_e2e.py
 
-## Unit tests only.
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -m "not e2e" $(PYTEST_PARALLEL)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap
 	@mkdir -p $(VENV)/typecheck && ln -sfn ../../os_src $(VENV)/typecheck/sprite_os
 	$(PY) -m mypy
 
 ## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) -m bench
 
-## The fault-injection suite (issue 12): kill -9s, a flapping proxy, a freeze, a full disk (needs
+## The fault-injection suite: kill -9s, a flapping proxy, a freeze, a full disk (needs
 ## root), locked databases and a 500-turn run, through the real server and CLI; ~15 min. Writes
 ## chaos/results/latest.json and exits 1 if a turn was lost, duplicated or corrupted.
-chaos: $(STAMP)
+chaos: $(DEV_STAMP)
 	$(PY) -m chaos
 
 ## The release tarball Bridge deploys: os_src, bootstrap, VERSION, pinned requirements.
-dist: $(STAMP)
+dist: $(DEV_STAMP)
 	$(PY) bootstrap/build_release.py --out dist
 
 clean:

@@ -1,4 +1,4 @@
-"""`make chaos`: the fault-injection suite (issue 12). It drives the real server
+"""`make chaos`: the fault-injection suite. It drives the real server
 (`python -m sprite_os serve`, a child process) and the real Claude Code CLI against
 the mock Bridge through one long conversation, each turn with a unique marker, and
 acts on them: kill -9 at chosen moments, a flapping proxy, a freeze, a full disk, a
@@ -44,7 +44,7 @@ def _machine() -> str:
 def table(doc: dict[str, Any]) -> str:
     meta = doc["_meta"]
     reran = "".join(f" {name} was run again alone, on {day}." for name, day in meta.get("reran", {}).items())
-    lines = [f"Measured {meta['date']} on {meta['machine']} (seed {meta['seed']}, {meta['seconds'] / 60:.0f} min).{reran}",
+    lines = [f"Measured {meta['date']} on {meta['machine']} (--seed={meta['seed']}, {meta['seconds'] / 60:.0f} min).{reran}",
              "", "| scenario | turns | lost / duplicated | curated once | integrity | files, debris, orphans | figures |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["scenarios"]:

@@ -10,7 +10,8 @@ semantics the stores rely on.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -42,6 +43,17 @@ def checkpoint(conn: sqlite3.Connection) -> bool:
     forget, the words). False when a reader kept part of it; the next checkpoint takes the rest."""
     busy, _log, _moved = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     return not busy
+
+
+@contextmanager
+def query_only(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within it, a write on `conn` fails ("attempt to write a readonly database"): how a reader
+    that shares the writer's connection is kept from writing."""
+    conn.execute("PRAGMA query_only=1")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA query_only=0")
 
 
 class transaction:

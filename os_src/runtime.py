@@ -32,6 +32,7 @@ from claude_agent_sdk import (
     ResultMessage,
     SystemMessage,
 )
+from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .agent import frames
@@ -74,6 +75,8 @@ DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs t
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
+# The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
+ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
 
 
 class _NoResult(Exception):
@@ -99,8 +102,10 @@ class AgentRuntime:
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
+        tool_servers: ToolServers | None = None,
     ) -> None:
         self._settings = settings
+        self._tool_servers = tool_servers
         self._model_env = model_env
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
@@ -302,7 +307,7 @@ class AgentRuntime:
             if self._memory is not None:
                 recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
-                self._publish(recalled.frame)
+                self._publish(frames.recall_frame(turn.turn_id, recalled))
             said = "\n".join(f"- {n}" for n in notes)
             parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
                      recalled.context if recalled is not None else None]
@@ -383,11 +388,12 @@ class AgentRuntime:
     def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
+        if self._tool_servers is not None:  # memory's search_memory: the composition root builds it
+            mcp.update(self._tool_servers())
         hooks: dict[Any, list[HookMatcher]] = {
             "PreToolUse": [HookMatcher(matcher=GUARDED_TOOLS, hooks=[self._guard.hook])],
         }
         if self._memory is not None:
-            mcp.update(self._memory.mcp_servers())
             for event, matchers in self._memory.hooks().items():
                 hooks.setdefault(event, []).extend(matchers)  # added to the guard's, never in its place
         return ClaudeAgentOptions(

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
+from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -50,6 +51,7 @@ from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
 from .protocol import SUBPROTOCOL
 from .runtime import AgentRuntime
+from .tools import memory_search
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)
@@ -90,13 +92,19 @@ class SpriteOS:
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    model_env=self.relay.cli_env, launch=self.launch)
+                                    model_env=self.relay.cli_env, launch=self.launch,
+                                    tool_servers=self._memory_tools if self.memory is not None else None)
         self._publish = publish
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+
+    def _memory_tools(self) -> dict[str, McpSdkServerConfig]:
+        """search_memory, over what memory holds: the agent's one way into it, read-only."""
+        assert self.memory is not None
+        return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
 
     def _request_handlers(self) -> list[Mapping[type[rq.Request], rq.Handler]]:
         """Who answers each request on the socket: memory's and past sessions' need memory."""

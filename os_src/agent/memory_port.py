@@ -6,12 +6,10 @@ The runtime depends on these protocols, not on memory/system.py, so the data pat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from claude_agent_sdk import HookMatcher, Message, ResultMessage
-from claude_agent_sdk.types import McpSdkServerConfig
-
-from .. import protocol as p
 
 
 class TurnRecord(Protocol):
@@ -21,20 +19,44 @@ class TurnRecord(Protocol):
     def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None: ...
 
 
+class RecalledMemory(Protocol):
+    """One memory auto-recall added (memory/recall/searcher.py's RecallHit)."""
+
+    @property
+    def kind(self) -> str: ...  # episode | learning
+    @property
+    def id(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def turn(self) -> int | None: ...
+    @property
+    def observation_id(self) -> int | None: ...
+    @property
+    def snippet(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+
+
 class Recalled(Protocol):
-    """What auto-recall added to a message (memory/recall/service.py)."""
+    """What auto-recall added to a message (memory/recall/service.py); agent/frames.py tells clients."""
 
     @property
     def context(self) -> str: ...
     @property
-    def frame(self) -> p.Recall: ...
+    def memories(self) -> Sequence[RecalledMemory]: ...
+    @property
+    def tokens(self) -> int: ...
 
 
 class AgentMemory(Protocol):
     """What the runtime needs from the memory system (memory/system.py)."""
 
     def hooks(self) -> dict[Any, list[HookMatcher]]: ...
-    def mcp_servers(self) -> dict[str, McpSdkServerConfig]: ...
     async def boot_prompt(self) -> str: ...
     def session_started(self, session_id: str) -> None: ...
     def session_ended(self, session_id: str, reason: str) -> None: ...

@@ -25,7 +25,6 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import ConfigError, UsageError
-from .memory_status import print_recall, print_status, recall_status, status, when
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -80,6 +79,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
     from ..memory.memory_store import MemoryDB
     from ..memory.transcript_store import TranscriptDB
+    from .memory_status import print_recall, print_status, recall_status, status
 
     layout = settings.layout
     transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
@@ -159,6 +159,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 def _files(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
+    from .memory_status import when
 
     files, command = MemoryFiles(settings.layout), args.memory_command
     if command == "history":

@@ -14,7 +14,7 @@ from .requests import Reply, Request
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 MAX_SESSIONS = 50
-MAX_TURNS = 100
+TURNS_PER_PAGE = 100
 MAX_FORGET = 1_000  # turns named in one forget_turns
 
 
@@ -31,7 +31,7 @@ class SessionTurnsRequest(Request, tag="session_turns", frozen=True):
 
     session_id: SessionId | None = None
     before: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_TURNS)] = 30
+    limit: Annotated[int, msgspec.Meta(ge=1, le=TURNS_PER_PAGE)] = 30
 
 
 class ForgetTurnsRequest(Request, tag="forget_turns", frozen=True):

@@ -40,7 +40,7 @@ class SessionsConsole:
         await self._system.writer.drained(WRITES_BUDGET)  # a turn that just ended counts its session in
         found, more = await self._system.transcript.call(lambda t: q.sessions_page(t, req.before, req.limit))
         ids = [row.id for row in found]
-        summaries = await self._system.memory.call(lambda m: q.summaries(m, ids))
+        summaries = await self._system.memory_reads.call(lambda m: q.summaries(m, ids))
         current = self._current()
         return ps.SessionsResult(request_id=req.request_id, more=more, sessions=[
             q.info(row, summaries.get(row.id), row.id == current) for row in found])
@@ -82,7 +82,7 @@ class SessionsConsole:
                         *map(q.past_turn, waiting)], key=lambda t: t.turn)
         more = more or len(turns) > req.limit
         turns, more = q.within_budget(turns[-req.limit:], more)
-        summary = await self._system.memory.call(lambda m: q.summaries(m, [sid])) if row is not None else {}
+        summary = await self._system.memory_reads.call(lambda m: q.summaries(m, [sid])) if row is not None else {}
         session = (q.info(row, summary.get(sid), sid == current, len(waiting), len(tombstones)) if row is not None
                    else ps.SessionInfo(id=sid, started_at=turns[0].at if turns else 0.0, ended_at=None,
                                        turns=len(waiting), first_line=q.first_line(turns[0].user_message) if turns else "",

@@ -45,6 +45,7 @@ from ..paths import Layout
 from .files import CURATED, SPECS, MemoryFiles
 from .forgetting import record
 from .memory_store import MemoryDB
+from .recall.learnings import STOPWORDS
 from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
@@ -55,17 +56,16 @@ AUDIT_REMOVED = "(its text was removed when a person forgot the turn it came fro
 # ---------------------------------------------------------------- which lines came from the turns (pure)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-STOPWORDS = frozenset("""a an and are as at be been but by can could did do does for from had has have he her
-hers him his how i if in into is it its just me my no not of on or our ours she so than that the their them
-then there these they this those to too us was we were what when where which who whom why will with would you
-your yours user person agent sprite""".split())
+# Search's stop words, and the words every memory file says of whoever it is about: they tell nothing
+# of where a line came from.
+COMMON_WORDS = STOPWORDS | {"user", "person", "agent", "sprite"}
 
 
 def content_words(text: str) -> set[str]:
     """The words that carry meaning, folded: case, plural s, common words left out."""
     out = set()
     for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
-        if len(word) < 2 or word in STOPWORDS:
+        if len(word) < 2 or word in COMMON_WORDS:
             continue
         out.add(word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word)
     return out

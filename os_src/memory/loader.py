@@ -31,11 +31,11 @@ log = get_logger(__name__)
 RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
-MAX_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
+BOOT_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
 # Turns not yet curated: the newest are kept first, within these bounds.
 MAX_TURNS = 20
 TURNS_CHARS = 16_000
-TURN_TEXT_CHARS = 1_500  # the person's message, and the agent's answer, each
+BOOT_TURN_CHARS = 1_500  # of an uncurated turn: the person's message, and the agent's answer, each
 TURN_TOOL_CALLS = 8
 TURN_TOOL_CHARS = 150
 
@@ -85,7 +85,7 @@ def turns_section(turns: Sequence[Turn]) -> str | None:
     size = 0
     for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
-        text = render_turn(turn, f"### {when}", TURN_TEXT_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
+        text = render_turn(turn, f"### {when}", BOOT_TURN_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
         if kept and size + len(text) > TURNS_CHARS:
             break
         kept.append(text)
@@ -170,7 +170,7 @@ class BootLoader:
         since = time.time() - RECENT_HOURS * 3600
 
         def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning], list[Learning]]:
-            return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT), db.summaries(MAX_SUMMARIES)
+            return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT), db.summaries(BOOT_SUMMARIES)
 
         try:
             actions, recent, summaries = await self._memory.call(read)

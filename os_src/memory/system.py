@@ -16,18 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import Settings
-from ..db_worker import Worker
+from ..db_worker import Reads, Worker
 from ..fsutil import WriterLock
 from ..logs import get_logger
-from ..tools.memory_search import memory_search_server
 from .capture.journal import TurnJournal, journal_path, recover
 from .capture.recorder import TurnRecord, TurnRecorder
 from .capture.spill import ObservationWrite, Write, write_key
 from .capture.writer import TranscriptWriter
 from .curation.budget import DailyBudget
+from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import MemoryFiles
 from .forget_turns import Forgotten, TurnForgetting, hidden_lines
@@ -52,10 +51,13 @@ FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns st
 
 class MemorySystem:
     def __init__(self, settings: Settings) -> None:
+        check_batch_tokens(settings.memory_batch_tokens)  # a bad setting fails before the server listens
         layout = settings.layout
         self.settings = settings
         self.transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
         self.memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        # What other tasks (the console) may do with memory.db's thread: read. The daemon writes it.
+        self.memory_reads = Reads(self.memory)
         self.files = MemoryFiles(layout)
         self.curator = CuratorClient(settings)
         self.processor = BatchProcessor(self.transcript, self.memory, self.files, self.curator)
@@ -150,9 +152,6 @@ class MemorySystem:
             "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
         }
 
-    def mcp_servers(self) -> dict[str, McpSdkServerConfig]:
-        return {"memory": memory_search_server(self.search)}
-
     async def boot_prompt(self) -> str:
         if not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
@@ -169,6 +168,7 @@ class MemorySystem:
         self.daemon.trigger(f"session-end-{reason}")
 
     def turn_started(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
+        self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
         return self.recorder.open(prompt, turn_id)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:

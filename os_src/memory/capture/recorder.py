@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from claude_agent_sdk import (
 )
 
 from ...text import clean_text
+from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .journal import TurnJournal
@@ -48,14 +48,6 @@ MAX_TOOL_CALLS = 50  # per turn; more are counted, not stored
 USER_MESSAGE_CHARS = 20_000
 RESPONSE_CHARS = 20_000
 PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> block before it shrinks the text
-
-_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-def strip_private(text: str) -> str:
-    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
-    return _PRIVATE.sub("[private]", text)
-
 
 def _bounded(value: Any, limit: int) -> str:
     """At most `limit` characters of `value` (a string or JSON-like data), private text removed.

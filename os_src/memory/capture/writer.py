@@ -54,12 +54,12 @@ log = get_logger(__name__)
 
 MAX_QUEUED = 64  # writes held in memory; more wait in the spill file only
 BACKOFF = Backoff(first=0.25, max=5.0)  # a local disk: retry soon, and often
-BUSY_TIMEOUT_MS = 1000  # per attempt: the database thread is shared with readers
+ATTEMPT_BUSY_TIMEOUT_MS = 1000  # per write attempt (not database.BUSY_TIMEOUT_MS): the thread is shared with readers
 
 
 def _apply(write: Write) -> Callable[[TranscriptDB], None]:
     def run(db: TranscriptDB) -> None:
-        with db.busy_timeout(BUSY_TIMEOUT_MS):
+        with db.busy_timeout(ATTEMPT_BUSY_TIMEOUT_MS):
             write.apply(db)
 
     return run

@@ -17,15 +17,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from ...config import DEFAULT_BATCH_TOKENS
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
 from ...logs import get_logger
+from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
 from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
-from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .curator import split_batch
 from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
@@ -39,6 +41,8 @@ from .retry import (
 )
 
 log = get_logger(__name__)
+
+R = TypeVar("R")
 
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
@@ -82,6 +86,13 @@ class MemoryDaemon:
         self._task: asyncio.Task[None] | None = None
         # Run first in each pass: what a person's forget left for the files' one writer to do.
         self.before_batches: Callable[[], Awaitable[object]] = _nothing
+
+    # ------------------------------------------------------------ memory.db's one writer
+
+    async def apply(self, change: Callable[[MemoryDB], R]) -> R:
+        """A change to memory.db from outside the daemon (a person forgetting a learning, the
+        console's audit record), made by its one writer: the daemon's own database thread."""
+        return await self.processor.memory.call(change)
 
     # ------------------------------------------------------------ triggers (never block)
 

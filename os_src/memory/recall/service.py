@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import protocol as p
 from ...config import Settings
 from ...database import connect
 from ...db_worker import Worker
@@ -52,17 +51,11 @@ def read_connection(path: Path) -> sqlite3.Connection:
 
 @dataclass(frozen=True)
 class Recalled:
-    """What auto-recall added to a message."""
+    """What auto-recall added to a message (the runtime tells clients: agent/frames.recall_frame)."""
 
     context: str  # the memories, sent before the person's message as a block of its own
-    frame: p.Recall
-
-
-def to_frame(turn_id: str, hits: list[RecallHit]) -> p.Recall:
-    return p.Recall(turn_id=turn_id, tokens=auto_recall.tokens(hits), memories=[
-        p.RecalledMemory(kind="episode" if h.kind == "episode" else "learning", id=h.id, type=h.type, at=h.at,
-                         session_id=h.session_id, turn=h.turn, observation_id=h.observation_id, snippet=h.snippet,
-                         score=round(h.score, 4)) for h in hits])
+    memories: list[RecallHit]
+    tokens: int  # the context's estimated size
 
 
 class RecallService:
@@ -248,7 +241,7 @@ class RecallService:
         if not chosen:
             return None
         log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))
-        return Recalled(auto_recall.render(chosen), to_frame(turn_id, chosen))
+        return Recalled(auto_recall.render(chosen), chosen, auto_recall.tokens(chosen))
 
     def status(self) -> dict[str, Any]:
         d = self._dense_status
