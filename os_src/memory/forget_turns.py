@@ -34,6 +34,7 @@ import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -317,6 +318,7 @@ class Forgotten:
 
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
+Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 
 
 @dataclass
@@ -329,6 +331,7 @@ class TurnForgetting:
     files: MemoryFiles
     purge_recall: Purge
     wake_daemon: Callable[[str], None]
+    apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
     _words: dict[int, set[str]] = field(default_factory=dict)  # job id -> the words, in memory only
 
@@ -340,14 +343,14 @@ class TurnForgetting:
             return Forgotten([], 0, now)
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
-        purged = await self.memory.call(lambda m: purge_memory(m, done, sessions))
+        purged = await self.apply(lambda m: purge_memory(m, done, sessions))
         words: set[str] = set()
         for o in turns:  # the turns' own words: a learning may also name things from other turns
             words |= content_words(turn_text(o))
         hashes = await asyncio.to_thread(file_lines, self.files, words)
         hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
         hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
-        job = await self.memory.call(lambda m: add_job(m, done, sessions, hashes, now))
+        job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
         self._words[job] = words
         await self.purge_recall(done, purged.learning_ids)
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)

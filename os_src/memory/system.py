@@ -72,7 +72,7 @@ class MemorySystem:
         self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
         self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
-                                         self.daemon.trigger)
+                                         self.daemon.trigger, self.daemon.apply)
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
