@@ -12,6 +12,9 @@ CHROMIUM := /usr/bin/chromium
 # The CLI's sandbox (SPRITE_ISOLATION=sandbox, docs/security.md) runs on bubblewrap, with socat for its
 # network proxy; the sandbox mode's tests use them.
 SANDBOX := /usr/bin/bwrap /usr/bin/socat
+# The chaos suite's faults: a FUSE file system that loses unsynced writes (pyfuse3 builds against
+# libfuse3's headers), an ext4 image on a loop device (mkfs.ext4, e2fsck).
+FAULT_TOOLS := /usr/include/fuse3/fuse_lowlevel.h /usr/bin/fusermount3 /usr/sbin/mkfs.ext4
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint bench chaos dist clean screenshots
@@ -21,7 +24,7 @@ $(DEV_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(DEV_STAMP)
 
-$(TEST_STAMP): pyproject.toml
+$(TEST_STAMP): pyproject.toml | $(FAULT_TOOLS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(TEST_STAMP) $(DEV_STAMP)
@@ -53,6 +56,13 @@ $(SANDBOX):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap socat
 
+## The chaos suite's fault tools, from the distribution's packages when missing (Debian: fuse3,
+## libfuse3-dev and pkg-config for pyfuse3's build, e2fsprogs).
+$(FAULT_TOOLS):
+	@echo "Installing FUSE and e2fsprogs for the chaos suite's disks"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fuse3 libfuse3-dev pkg-config e2fsprogs
+
 ## The console's screenshots in docs/console/ (the browser tests take them).
 screenshots: $(TEST_STAMP) $(CHROMIUM)
 	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py \
@@ -72,10 +82,12 @@ lint: $(TEST_STAMP)
 bench: $(DEV_STAMP)
 	$(PY) -m bench
 
-## The fault-injection suite: kill -9s, a flapping proxy, a freeze, a full disk (needs
-## root), locked databases and a 500-turn run, through the real server and CLI; ~15 min. Writes
+## The fault-injection suite: kill -9s (at chosen moments, and right after a turn_complete), a
+## flapping proxy, a freeze, a full disk, locked databases, a slow disk, power cuts, an I/O error,
+## a second server, a 5-minute proxy outage and a 1,500-turn run, through the real server and CLI;
+## about an hour. The disks and the second server need root (CI has it). Writes
 ## chaos/results/latest.json and exits 1 if a turn was lost, duplicated or corrupted.
-chaos: $(DEV_STAMP)
+chaos: $(TEST_STAMP)
 	$(PY) -m chaos
 
 ## The release tarball Bridge deploys: os_src, bootstrap, VERSION, pinned requirements.

@@ -20,20 +20,25 @@ import msgspec
 import sqlite_utils
 
 BUSY_TIMEOUT_MS = 5000
+# Under WAL, FULL syncs the WAL at every commit: a commit that returned survives a power loss or
+# a kernel crash. NORMAL syncs it only at checkpoints, so the last commits before a crash of the
+# machine (not of the process) were lost: turns a person had seen complete. A commit costs one
+# fsync more (docs/benchmarks.md); writers that commit in bulk group their writes (group commit).
+SYNCHRONOUS = "FULL"
 
 Row = TypeVar("Row", bound=msgspec.Struct)
 SchemaStep = Callable[[sqlite_utils.Database], None]
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open a database with WAL and a busy timeout, as both databases need. secure_delete: what a
-    write frees (a forgotten turn's words, a deleted learning) is overwritten with zeros, not left
-    in free pages for anyone who reads the file."""
+    """Open a database with WAL, durable commits and a busy timeout, as both databases need.
+    secure_delete: what a write frees (a forgotten turn's words, a deleted learning) is overwritten
+    with zeros, not left in free pages for anyone who reads the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")  # durable at each commit under WAL except on power loss
+    conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
     conn.execute("PRAGMA secure_delete=ON")
     return conn
 

@@ -259,6 +259,7 @@ async def test_the_budget_caps_spending_and_loses_nothing(
         kit: Kit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     clock = WallClock(monkeypatch, JAN_1_2030 + HOUR)
     monkeypatch.setattr(daemon_module, "BUDGET_RECHECK", 0.05)
+    monkeypatch.setattr(daemon_module, "MAX_CHUNK_TURNS", 3)  # three turns a call, whatever the token cap allows
     kit.processor.curator = FullReplies(make_settings(tmp_path, kit.bridge.url))
     a_call = cost_usd(DEFAULT_MEMORY_MODEL, 1_000, MAX_REPLY_TOKENS)  # about what each call costs here
     d = MemoryDaemon(kit.processor, batch_turns=3, budget=DailyBudget(2.5 * a_call))  # two calls a day
@@ -352,6 +353,11 @@ async def test_healthz_and_memory_status_say_when_the_budget_is_spent(
             tool_calls_json="[]", agent_response="ok")))
         system.daemon.trigger("test")
         await wait_for(lambda: system.daemon.resumes_at is not None, what="a budget wait")
+
+        async def counted() -> bool:  # /healthz counts at most once a second, and waits 0.5 s at most for it
+            return (await system.health())["observations"].get("pending") == 1
+
+        await wait_for(counted, what="the turn counted")
         health = await system.health()
     finally:
         await system.stop()

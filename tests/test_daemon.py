@@ -21,6 +21,7 @@ from sprite_os.memory.curation.retry import (
     STALE_MIN_FAILURES,
     UNUSABLE_LIMIT,
     Backoff,
+    Probe,
     Verdict,
 )
 from sprite_os.memory.schema import STALE
@@ -457,7 +458,7 @@ async def test_triggers_during_backoff_cause_no_early_call(kit: Kit, daemon: Mem
     assert await daemon.flush("precompact", budget=60) is True  # this one waits for the retry
     _first, second, *rest = kit.bridge.curator_requests()
     assert second.time >= announced  # not before the backoff it announced (nor long after: it was waited for)
-    assert len(rest) == 2  # seven turns in batches of three: the retry, then the rest at once
+    assert rest == []  # the retry takes the seven turns in one call: the token cap allows it
     assert await _pending(kit, 0) and daemon.clock.failures == 0
 
 
@@ -521,3 +522,71 @@ async def test_a_batch_over_the_token_cap_is_split_into_calls_within_it(kit: Kit
     requests = kit.bridge.curator_requests()
     assert len(requests) == 3
     assert all(estimate_tokens(len(SYSTEM) + len(r.last_user_text)) <= cap for r in requests)
+
+
+# ---------------------------------------------------------------- catching up after an outage
+
+
+async def test_once_the_proxy_answers_again_curation_resumes_long_before_the_backoff_ends(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outage's backoff grows to minutes (memory stayed stale 210 s after the proxy came back).
+    A cheap question to the proxy (a token count: no model call) brings the retry forward."""
+    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 300.0)
+    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 300.0)
+    d = MemoryDaemon(kit.processor, batch_turns=1)
+    d.probe = Probe(every=0.3, soonest=0.1)
+    port = kit.bridge.port
+    await kit.bridge.stop()  # the proxy is down: the first call is refused, the next retry is 5 minutes off
+    await kit.turns("during the outage")
+    await d.start()
+    try:
+        await wait_for(lambda: d.clock.failures == 1, timeout=20, what="the failed call")
+        assert d.clock.next_retry_at is not None and d.clock.next_retry_at - time.time() > 200
+        await kit.bridge.start(port=port)
+        kit.bridge.curator.script("FACT: curated after the outage [#1]")
+        recovered = time.monotonic()
+        await wait_for(lambda: _pending(kit, 0), timeout=30, what="curated after the proxy's return")
+        assert time.monotonic() - recovered < 30
+        assert [r.kind for r in kit.bridge.requests if r.target == "curator"][-1] == "messages"
+        assert any(r.kind == "count_tokens" for r in kit.bridge.requests)  # the question, not a batch
+    finally:
+        await d.stop(flush_budget=0)
+
+
+async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: Kit) -> None:
+    """A batch is triggered every `batch_turns` turns, but a backlog (after an outage, a long run)
+    went out `batch_turns` turns per call: 1,219 turns pending after a 1,500-turn run."""
+    await kit.turns(*(f"turn {n}" for n in range(40)))
+    d = MemoryDaemon(kit.processor, batch_turns=3)
+    await d.start()
+    try:
+        await wait_for(lambda: _pending(kit, 0), timeout=30)
+    finally:
+        await d.stop(flush_budget=0)
+    assert len(kit.bridge.curator_requests()) == 1  # 40 short turns fit one call
+
+
+async def test_a_locked_database_is_a_warning_not_a_traceback(kit: Kit, daemon: MemoryDaemon,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's `sqlite3 memory.db 'BEGIN EXCLUSIVE;'` is a condition of the machine, retried:
+    it used to log an error with a traceback at every attempt."""
+    import sqlite3
+
+    assert await daemon.settle(10)
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = 5  # SQLITE_BUSY, as SQLite sets it
+    bug = ValueError("a bug")
+
+    async def process(*_a: Any, **_k: Any) -> None:
+        raise errors.pop(0)
+
+    errors = [locked, bug]
+    monkeypatch.setattr(kit.processor, "process", process)
+    await kit.turns("one")
+    with capture_logs() as logs:
+        daemon.trigger("test")
+        await wait_for(lambda: _failures(daemon, 1))
+        await wait_for(lambda: _failures(daemon, 2))  # the retry (a short backoff here) meets the bug
+    failed = [x for x in logs if x["event"] == "memory_daemon_error"]
+    assert failed[0]["log_level"] == "warning" and "exc_info" not in failed[0]
+    assert failed[1]["log_level"] == "error" and failed[1]["exc_info"] is bug

@@ -470,6 +470,6 @@ async def test_with_isolation_off_the_guard_still_denies_write_and_edit_into_os(
     for k in calls:
         result = tool_result(bridge, f"toolu_none_{k}")
         assert result is not None and result.refused_by == "guard", result
-    made_by_the_start = f".os/{AGENT_DIR}"  # the boot prompt's folder
+    made_by_the_start = (f".os/{AGENT_DIR}", ".os/memory/.writer.lock")  # the boot prompt's folder; the lock
     assert [d for d in differences(before, protected_state(layout)) if not d.startswith(made_by_the_start)] == []
     assert (layout.memory_dir / "user.md").read_text() == SEEDED["user.md"]

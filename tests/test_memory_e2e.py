@@ -195,7 +195,10 @@ async def test_amnesia_kill_minus_9_mid_batch_loses_and_duplicates_nothing(tmp_p
     await wait_for(lambda: not any(pid_alive(p) for p in cli_pids), timeout=10)  # the CLI died with its parent
     reply = ("FACT: Blog post outline is intro, closures, decorators [#2]\n"
              "CONTEXT_MD_UPDATE:\n# Now\n- Writing a blog post on decorators\n- Outline: intro, closures, decorators\n")
-    bridge.curator.script(reply)
+    # The answer to every call from now on, not one scripted reply: the killed server's call, held
+    # 30 s by the mock, would take a scripted one when it wakes (on a slow machine, before the
+    # restarted server's call).
+    bridge.curator.default = reply
     proc = await ServerProcess(workspace, bridge.url, SPRITE_MEMORY_BATCH_TURNS="2").start()
     settings = Settings(workspace=workspace)
     try:

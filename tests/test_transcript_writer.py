@@ -16,9 +16,11 @@ import pytest
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.memory.capture.spill import (
+    STATUS_BYTES,
     CaptureHealth,
     ObservationWrite,
     SessionWrite,
+    prepare_status,
     read_status,
     save_status,
     spill_path,
@@ -183,19 +185,23 @@ async def test_the_journal_gives_back_the_open_turn_with_a_note_and_a_closed_one
     files.shutdown()
 
 
-def test_a_status_write_that_fails_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found by `make chaos` (full disk): the failing spell's status file was written through
-    `capture.json.tmp`, left behind when the disk was full, and never removed."""
+def test_the_spell_is_saved_for_memory_status_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk is the likely cause of the spell, so the status file can't need a new block: it
+    is allocated at its size at start and rewritten in place (no temp file, which `make chaos`
+    once found left behind on a full disk)."""
     layout = Layout(tmp_path)
     layout.ensure()
     path = status_path(layout)
+    prepare_status(path)  # at start, while there is room
 
-    def full(*_: object) -> None:
+    def full(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("os.replace", full)
-    save_status(path, CaptureHealth(failing_since=1.0, failures=1, last_error="database or disk is full"))
-    assert list(layout.state_dir.iterdir()) == []  # neither the file nor a temp copy of it
-    monkeypatch.undo()
+    monkeypatch.setattr("os.replace", full)  # nothing new can be written now
+    monkeypatch.setattr("tempfile.mkstemp", full)
     save_status(path, CaptureHealth(failing_since=1.0, failures=2, last_error="database or disk is full"))
-    assert read_status(layout)["consecutive_failures"] == 2 and [p.name for p in layout.state_dir.iterdir()] == [path.name]
+    status = read_status(layout)
+    assert status["degraded"] and status["consecutive_failures"] == 2
+    assert [p.name for p in layout.state_dir.iterdir()] == [path.name] and path.stat().st_size == STATUS_BYTES
+    save_status(path, CaptureHealth())  # the spell ended: blanked, the file and its blocks kept
+    assert not read_status(layout)["degraded"] and path.stat().st_size == STATUS_BYTES

@@ -13,10 +13,12 @@ from claude_agent_sdk import HookMatcher, Message, ResultMessage
 
 
 class TurnRecord(Protocol):
-    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends."""
+    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends.
+    `durable()`, once closed: True when the turn is on disk, False when it can't be for now."""
 
     def observe(self, message: Message) -> None: ...
     def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None: ...
+    async def durable(self) -> bool: ...
 
 
 class RecalledMemory(Protocol):
@@ -72,3 +74,6 @@ class NoRecord:
 
     def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         pass
+
+    async def durable(self) -> bool:
+        return True

@@ -79,7 +79,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
     from ..memory.memory_store import MemoryDB
     from ..memory.transcript_store import TranscriptDB
-    from .memory_status import print_recall, print_status, recall_status, status
+    from .memory_status import disk, print_recall, print_status, recall_status, status
 
     layout = settings.layout
     transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
@@ -88,6 +88,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.capture.spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
+    report["disk"] = disk(layout.memory_dir)
     from ..isolation.probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start

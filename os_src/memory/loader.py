@@ -80,10 +80,12 @@ def recent_sessions(summaries: Sequence[Learning]) -> str:
 
 
 def turns_section(turns: Sequence[Turn]) -> str | None:
-    """The turns not yet curated, oldest first: the newest that fit the budget."""
+    """The turns not yet curated (given in the order they were recorded), oldest first: the newest
+    that fit the budget. Their timestamps are shown, never used to order them: a clock set back
+    would stamp a turn before the one it follows."""
     kept: list[str] = []
     size = 0
-    for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
+    for turn in list(reversed(turns))[:MAX_TURNS]:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
         text = render_turn(turn, f"### {when}", BOOT_TURN_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
         if kept and size + len(text) > TURNS_CHARS:
@@ -139,7 +141,7 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
     return safe_text("\n\n".join(parts)) + "\n"
 
 
-PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated
+PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated, as recorded
 HiddenLines = Callable[[], Awaitable[set[str]]]  # file lines (by hash) a forget is taking out
 
 
@@ -167,6 +169,8 @@ class BootLoader:
             log.error("boot_forget_jobs_unreadable", error=repr(exc)[:300])
             hidden = set()
         files = {name: without(text, hidden) for name, text in files.items()} if hidden else files
+        # The last 48 hours by the clock now. A clock set back keeps what was learned "later" in the
+        # window (it is stamped after `since`), newest first by the order it was learned in.
         since = time.time() - RECENT_HOURS * 3600
 
         def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning], list[Learning]]:

@@ -221,10 +221,12 @@ class MemoryDB:
     # -- reading
 
     def learnings_since(self, since: float, limit: int = 50) -> list[Learning]:
+        """Learnings stamped at or after `since`, newest first by the order they were learned in
+        (ids), not by their clocks: a clock set back stamps a later learning before an earlier one."""
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND forgotten_at IS NULL
-                    ORDER BY created_at DESC, id DESC LIMIT ?""",
+                    ORDER BY id DESC LIMIT ?""",
                 (since, limit),
             ),
             Learning,
@@ -235,7 +237,7 @@ class MemoryDB:
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE type = 'SUMMARY' AND forgotten_at IS NULL
-                    ORDER BY created_at DESC, id DESC LIMIT ?""", (limit,)),
+                    ORDER BY id DESC LIMIT ?""", (limit,)),
             Learning,
         )
 

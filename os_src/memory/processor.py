@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 CALL_TIMEOUT = 120.0
+PROBE_TIMEOUT = 10.0
 MAX_REPLY_TOKENS = 8192
 MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
 
@@ -122,6 +123,17 @@ class CuratorClient:
                               truncated=response.stop_reason == "max_tokens")
         except Exception as exc:  # not only anthropic.APIError: a cut-off body raises JSONDecodeError
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def probe(self) -> bool:
+        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly."""
+        try:
+            client = await self._the_client()
+            await client.messages.count_tokens(model=self.model, messages=[{"role": "user", "content": "ping"}],
+                                               timeout=PROBE_TIMEOUT)
+        except Exception as exc:  # down, refusing, or answering with an error: not yet
+            log.info("curator_probe_unanswered", error=type(exc).__name__)
+            return False
+        return True
 
     async def close(self) -> None:
         if self._client is not None:

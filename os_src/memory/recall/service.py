@@ -20,6 +20,7 @@ from typing import Any
 from ...config import Settings
 from ...database import connect
 from ...db_worker import Worker
+from ...errors import log_expected
 from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
@@ -235,7 +236,7 @@ class RecallService:
             log.warning("auto_recall_slow", timeout_s=AUTO_RECALL_TIMEOUT)
             return None
         except Exception as exc:
-            log.exception("auto_recall_failed", error=repr(exc)[:300])
+            log_expected(log, "auto_recall_failed", exc)
             return None
         chosen = auto_recall.select(hits, self._boot, self.settings.auto_recall_tokens, self.dense_available)
         if not chosen:
