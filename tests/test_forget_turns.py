@@ -14,11 +14,16 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.forget_turns import came_from, content_words, jobs, without
+from sprite_os.memory.forget_turns import came_from, content_words, jobs, purge_memory, without
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.documents import Marks, stage_turns
+from sprite_os.memory.recall.service import vectors_path
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
@@ -75,6 +80,13 @@ def raw(path: Path) -> bytes:
     return out.lower()
 
 
+def stored_vector(store: Path, episode: int) -> np.ndarray:
+    """The episode's vector as the store's file holds it."""
+    ids = np.fromfile(store / "ids.i64", dtype=np.int64)
+    [row] = np.flatnonzero(ids == episode)
+    return np.fromfile(store / "vectors.f16", dtype=np.float16).reshape(len(ids), -1)[row].astype(np.float32)
+
+
 def said(path: Path) -> list[bytes]:
     return [w for w in WORDS if w in raw(path)]
 
@@ -129,8 +141,9 @@ async def test_a_forgotten_turns_words_leave_every_store_and_keep_a_tombstone(
     assert "Lisbon" in await system.boot_prompt()
     doc_freq = lambda: system.recall.index.call(lambda i: i.index.searcher().doc_freq("text", "lisbon"))  # noqa: E731
     assert await doc_freq() > 0
-    vectors = lambda: system.recall.searcher.call(lambda s: len(s.dense.vectors))  # noqa: E731
-    assert await vectors() == 3
+    store = vectors_path(layout.memory_dir, system.recall.status()["dense"]["model"])
+    its_vector = stored_vector(store, ids[1])
+    assert its_vector.any() and ids[1] in {h[0] for h in VectorReader(store).search(its_vector, 3)}
 
     done = await system.forget_turns([ids[1]], by="the person, in the console")
     assert [o.id for o in done.turns] == [ids[1]] and done.learnings == 2  # the fact and the action from it
@@ -143,7 +156,9 @@ async def test_a_forgotten_turns_words_leave_every_store_and_keep_a_tombstone(
     prompt = await system.boot_prompt()
     assert not any(w.decode() in prompt.lower() for w in WORDS), prompt
     assert "Name: Ada" in prompt and "green tea" in prompt, prompt  # what else was said stays
-    assert await vectors() == 2
+    assert not stored_vector(store, ids[1]).any()  # zeros on disk, in place
+    assert [h[0] for h in VectorReader(store).search(its_vector, 3)] != [] and \
+        ids[1] not in {h[0] for h in VectorReader(store).search(its_vector, 3)}
     assert await system.recall.purged(60)  # the index written anew, in the background
     assert await doc_freq() == 0  # a deletion alone leaves the term in old segments; the index was rewritten
     assert [h.kind for h in await system.search("green tea", 5)]
@@ -232,12 +247,35 @@ async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: P
     first = MemorySystem(settings)
     await first.start()
     await first.memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))  # as a forget leaves it, before its rewrite
+    # a turn forgotten (its episode has no text) whose vector the stop left in a store; one not forgotten
+    await first.memory.call(lambda m: ep.add(m.conn, [ep.Episode(1, "s1", 1, T0, ""),
+                                                      ep.Episode(2, "s1", 2, T0 + 1, "kept")]))
     await first.stop()
+    store = vectors_path(settings.layout.memory_dir, "an-earlier-model")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 384)).astype(np.float32)
+    VectorWriter(store, "an-earlier-model").add([1, 2], [T0, T0 + 1], x / np.linalg.norm(x, axis=1, keepdims=True))
     again = MemorySystem(settings)
     await again.start()
     try:
         assert again.recall._purge is not None  # the start took the rewrite up
         assert await again.recall.purged(30)
         assert await again.memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
+        assert not stored_vector(store, 1).any() and stored_vector(store, 2).any()  # with no embedder running
+        assert [h[0] for h in VectorReader(store).search(x[0], 5)] == [2]
     finally:
         await again.stop()
+
+
+async def test_a_turn_forgotten_before_it_was_indexed_stays_without_words(tmp_path: Path) -> None:
+    """The indexer may hold a turn as it read it before the forget: staging it afterwards brings nothing back."""
+    t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
+    try:
+        t.append(turn(1, "I live in Lisbon", "Noted, Lisbon."))
+        held = t.between(1, 1, 10)  # read by the indexer, not staged yet
+        purge_memory(m, t.forget([held[0].id], T0 + 5, "test"))
+        staged = stage_turns(m.conn, held, (1, 1), Marks())
+        assert staged.docs == [] and ep.get(m.conn, [held[0].id])[held[0].id].text == ""
+    finally:
+        t.close()
+        m.close()

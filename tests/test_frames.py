@@ -112,6 +112,16 @@ def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None
     ({"errors": ["max turns reached", "gave up"]}, "agent_failed", "The turn failed before the agent finished.",
      "max turns reached; gave up"),
     ({"subtype": "error_max_turns"}, "agent_failed", "The turn failed before the agent finished.", "error_max_turns"),
+    # The relay's own refusal, in the CLI's wrapping: said in the Sprite's words, not as the proxy's.
+    ({"api_error_status": 429, "result": "API Error: Request rejected (429) · Sprite OS refused the agent's call: "
+                                         "its daily budget of $10.00 is spent"}, "agent_limit",
+     "Sprite OS refused the agent's call: its daily budget of $10.00 is spent",
+     "HTTP 429: API Error: Request rejected (429) · Sprite OS refused the agent's call: its daily budget of $10.00 "
+     "is spent"),
+    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call: no"}, "agent_limit",
+     "Sprite OS refused the agent's call: no", "HTTP 500: Sprite OS refused the agent's call: no"),
+    ({"result": "Sprite OS refused the agent's call"}, "agent_failed",  # no HTTP error: not the relay's refusal
+     "The turn failed before the agent finished.", "Sprite OS refused the agent's call"),
 ])
 def test_a_failed_result_says_why_plainly_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str,
                                                                       detail: str) -> None:

@@ -6,8 +6,9 @@ At once (`TurnForgetting.forget`):
   the summary of its session, which may repeat it) are deleted with their pending actions, and
   the audit keeps no word of them; free pages zeroed (secure_delete), the FTS index merged, the WAL
   emptied;
-- recall: the vectors leave the dense index and the documents the word index, which is then
-  written anew in the background, so that no segment on disk keeps their words;
+- recall: the vectors become zeros in the vector store (which then never returns nor adds them) and
+  the documents leave the word index, which is then written anew in the background, so that no
+  segment on disk keeps their words;
 - the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
   has rewritten the files.
 
@@ -46,6 +47,7 @@ from ..paths import Layout
 from .files import CURATED, SPECS, MemoryFiles
 from .forgetting import record
 from .memory_store import MemoryDB
+from .recall import episodes as ep
 from .recall.learnings import STOPWORDS
 from .transcript_store import Observation, TranscriptDB
 
@@ -125,10 +127,14 @@ class Purged:
     learning_ids: list[int]
 
 
-def purge_memory(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str]) -> Purged:
+def purge_memory(db: MemoryDB, turns: Sequence[Observation]) -> Purged:
     """Delete from memory.db what came from these turns: their episodes' text and vectors, the
     learnings cited from them and their sessions' summaries, those learnings' actions; the audit
     keeps no word of them. Returns which learnings were deleted."""
+    ids, sessions = [o.id for o in turns], sorted({o.session_id for o in turns})
+    # A turn not indexed yet gets its episode now, without text: the indexer may hold the turn as it was
+    # read before the forget, and adding an episode leaves a known one as it is.
+    ep.add(db.conn, [ep.Episode(o.id, o.session_id, o.sequence_num, o.timestamp, "") for o in turns])
     with transaction(db.conn) as c:
         learning_ids = [lid for (lid,) in c.execute(
             f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
@@ -343,7 +349,7 @@ class TurnForgetting:
             return Forgotten([], 0, now)
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
-        purged = await self.apply(lambda m: purge_memory(m, done, sessions))
+        purged = await self.apply(lambda m: purge_memory(m, turns))
         words: set[str] = set()
         for o in turns:  # the turns' own words: a learning may also name things from other turns
             words |= content_words(turn_text(o))

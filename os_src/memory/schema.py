@@ -88,6 +88,12 @@ def create_observation_triggers(conn: sqlite3.Connection) -> None:
 
 
 def _transcript_v2(db: sqlite_utils.Database) -> None:
+    """A turn's identity is its session, its time and its text (memory import looks a turn up by them
+    before adding it), so a session's turns are found by time."""
+    _table(db, "observations").create_index(["session_id", "timestamp"], if_not_exists=True)
+
+
+def _transcript_v3(db: sqlite_utils.Database) -> None:
     """What the console shows of a past turn beside its words: its id on the wire (`turn_id`, as in
     turn_started), how it ended (`status`: completed, interrupted or error) and its own cost (older
     turns have none: NULL). And forgetting: a turn a person forgot keeps a tombstone (who, when,
@@ -108,7 +114,7 @@ def _transcript_v2(db: sqlite_utils.Database) -> None:
     create_observation_triggers(db.conn)
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2)
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:
@@ -214,6 +220,13 @@ def _memory_v3(db: sqlite_utils.Database) -> None:
 
 
 def _memory_v4(db: sqlite_utils.Database) -> None:
+    """An episode's `turn` is its place in its session by time, so a session's episodes are found by
+    time too. (The vectors moved out of `episode_vectors` into .os/memory/vectors/: the table stays,
+    emptied as its rows move.)"""
+    _table(db, "episodes").create_index(["session_id", "at", "id"], if_not_exists=True)
+
+
+def _memory_v5(db: sqlite_utils.Database) -> None:
     """Forgetting turns: what the memory daemon's next pass still has to take out of the memory
     files, their history and backups. A job names the turns (their ids and sessions) and the sha256
     of each file line that came from them, never the words; it is deleted once done."""
@@ -223,4 +236,4 @@ def _memory_v4(db: sqlite_utils.Database) -> None:
     )
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4)
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5)
