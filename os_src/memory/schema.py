@@ -65,7 +65,13 @@ def create_observation_triggers(conn: sqlite3.Connection) -> None:
     )
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1,)
+def _transcript_v2(db: sqlite_utils.Database) -> None:
+    """A turn's identity is its session, its time and its text (memory import looks a turn up by them
+    before adding it), so a session's turns are found by time."""
+    _table(db, "observations").create_index(["session_id", "timestamp"], if_not_exists=True)
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:
@@ -170,4 +176,11 @@ def _memory_v3(db: sqlite_utils.Database) -> None:
     )
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3)
+def _memory_v4(db: sqlite_utils.Database) -> None:
+    """An episode's `turn` is its place in its session by time, so a session's episodes are found by
+    time too. (The vectors moved out of `episode_vectors` into .os/memory/vectors/: the table stays,
+    emptied as its rows move.)"""
+    _table(db, "episodes").create_index(["session_id", "at", "id"], if_not_exists=True)
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4)

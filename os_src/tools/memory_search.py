@@ -3,7 +3,6 @@ sessions (episodes) and what was learned from them, in one ranking (memory/recal
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ from claude_agent_sdk.types import McpSdkServerConfig
 from ..logs import get_logger
 from ..memory.recall.learnings import MAX_LIMIT, clamp_limit
 from ..memory.recall.searcher import RecallHit
+from ..text import utc
 
 log = get_logger(__name__)
 
@@ -43,7 +43,7 @@ def render(query: str, hits: list[RecallHit]) -> str:
         return f"No memories match {query[:100]!r}."
     lines = [f"{len(hits)} memories, best match first:"]
     for n, hit in enumerate(hits, 1):
-        day = time.strftime("%Y-%m-%d", time.gmtime(hit.at))
+        day = utc(hit.at, "%Y-%m-%d")
         if hit.kind == "episode":
             lines.append(f"{n}. [turn, {day}, {source(hit)}] {hit.snippet}")
         else:

@@ -13,10 +13,9 @@ Pure: `select` and `render` take the hits and decide; the memory system runs the
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 
-from ...text import CHARS_PER_TOKEN, estimate_tokens
+from ...text import CHARS_PER_TOKEN, estimate_tokens, utc
 from .searcher import RecallHit
 
 MAX_MEMORIES = 5
@@ -59,7 +58,7 @@ def held(hit: RecallHit, boot: str) -> bool:
 
 
 def line(hit: RecallHit) -> str:
-    day = time.strftime("%Y-%m-%d", time.gmtime(hit.at))
+    day = utc(hit.at, "%Y-%m-%d")
     if hit.kind == "episode":
         where = f"turn {hit.turn} of session {hit.session_id}"
         return f"- [{day}, {where}] {hit.snippet}"

@@ -27,10 +27,11 @@ import msgspec
 
 from ...database import marks
 from . import episodes as ep
-from .dense import Embedder, VectorIndex
+from .dense import Embedder
 from .index import Kind, RecallIndex, Window
 from .learnings import search_learnings, search_terms
 from .timeparse import When, time_cue
+from .vectors import VectorReader
 
 POOL = 50  # candidates each retriever hands to fusion
 RRF_K = 10.0
@@ -139,10 +140,11 @@ def snippet(text: str, words: Sequence[str], width: int = SNIPPET_CHARS) -> str:
 
 @dataclass
 class Dense:
-    """The dense half: the query model and the episodes' vectors (owned by the searcher's thread)."""
+    """The dense half: the query model and the episodes' vectors (a reader of the store, owned by the
+    searcher's thread)."""
 
     embedder: Embedder
-    vectors: VectorIndex
+    vectors: VectorReader
     weight: float = DENSE_WEIGHT
 
     def rank(self, query: str, limit: int) -> list[Candidate]:
