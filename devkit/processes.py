@@ -65,10 +65,11 @@ class Memory:
     """A process's resident memory (not its children's), in KiB: all 0 if it is gone.
 
     `anon` is its own memory (the C heap, malloc arenas, Python's objects): what a leak grows.
-    `file` is pages of files it maps, the embedding model's weights above all (68 MiB, mapped
-    once by each of the two model instances): clean pages of the page cache, faulted in as text
-    with new tokens reaches rows of the embedding table not read before, never more than the
-    mapped files' size, and the kernel's to take back under pressure."""
+    `file` is pages of files it maps: the embedding model's weights above all (68 MiB, mapped
+    once by each of the two model instances), faulted in as text with new tokens reaches rows
+    of the embedding table not read before, and the recall index's vectors (the memory's own
+    data). Clean pages of the page cache, never more than the mapped files' size, and the
+    kernel's to take back under pressure."""
 
     rss: int
     anon: int
