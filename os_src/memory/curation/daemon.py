@@ -86,7 +86,9 @@ class MemoryDaemon:
         self._idle = asyncio.Event()  # no batch running, requested or scheduled
         self._idle.set()
         self._not_before = 0.0  # loop time before which no run starts (a backoff)
-        self._reasons: list[str] = []
+        # Why a run was asked for, until it starts: a set, as every turn past `batch_turns` asks
+        # again while a backoff holds the run (hours, with the proxy down).
+        self._reasons: set[str] = set()
         # (observation id, future): resolved once every turn up to that id is curated, or a run fails.
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._turns_since_batch = 0
@@ -111,7 +113,7 @@ class MemoryDaemon:
             self.trigger("batch")
 
     def trigger(self, reason: str) -> None:
-        self._reasons.append(reason)
+        self._reasons.add(reason)
         self._idle.clear()
         self._wake.set()
         self.probe.asked = True
@@ -206,10 +208,10 @@ class MemoryDaemon:
             await self._wake.wait()
             await self._until_retry(loop)  # the backoff holds, whatever triggers arrive meanwhile
             self._wake.clear()
-            reasons, self._reasons = self._reasons or ["retry"], []
+            reasons, self._reasons = self._reasons or {"retry"}, set()
             self.health.running = True
             try:
-                ok, delay = await self._attempt("+".join(sorted(set(reasons))))
+                ok, delay = await self._attempt("+".join(sorted(reasons)))
             finally:
                 self.health.running = False
             if delay is not None:
