@@ -31,7 +31,7 @@ from sprite_os.memory.capture.journal import (
     recover,
 )
 from sprite_os.memory.capture.pipeline import Capture
-from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite
+from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite, read_spill, spill_path
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.paths import Layout
@@ -230,6 +230,35 @@ async def test_a_turn_closed_while_transcript_db_is_free_is_durable_by_its_commi
     assert await record.durable(budget=10) is True
     rows = await capture.writer._db.call(lambda t: [(o.user_message, o.agent_response) for o in t.iter_all()])
     assert rows == [("one", "the whole answer")]
+
+
+def on_disk(layout: Layout) -> set[str]:
+    """The turns a kill -9 now leaves, by message: the journal, the spill file, transcript.db."""
+    found = {o.user_message for o in recover(journal_path(layout))}
+    found |= {w.observation.user_message for w in read_spill(spill_path(layout)) if isinstance(w, ObservationWrite)}
+    conn = sqlite3.connect(f"file:{layout.transcript_db}?mode=ro", uri=True, timeout=0.1)
+    try:
+        found |= {m for (m,) in conn.execute("SELECT user_message FROM observations")}
+    finally:
+        conn.close()
+    return found
+
+
+async def test_more_closed_turns_than_the_journal_keeps_are_spilled_never_dropped(capture: Capture) -> None:
+    """With transcript.db's thread held, each turn is durable by the journal alone; the journal
+    dropped its oldest past MAX_CLOSED while the writer held it in memory only: acknowledged, on no disk."""
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
+    acknowledged = []
+    for n in range(journal_mod.MAX_CLOSED + 8):
+        record = close_turn(capture, f"turn {n}")
+        assert await record.durable(budget=10) is True
+        acknowledged.append(f"turn {n}")
+        missing = [m for m in acknowledged if m not in on_disk(capture._layout)]
+        assert not missing, f"acknowledged, then on no disk: {missing}"
+    BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+    assert set(acknowledged) <= on_disk(capture._layout)
 
 
 async def test_writes_waiting_together_land_in_one_transaction(capture: Capture) -> None:

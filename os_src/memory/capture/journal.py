@@ -46,7 +46,10 @@ DELAY = 0.05  # seconds: a tool call's events within it cost one save
 # durable there within this (the thread is busy with a long read, say): one fsync, not two.
 CLOSE_GRACE = 0.02
 COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
-MAX_CLOSED = 32  # closed turns kept while their writes wait; more wait in the writer's memory only
+# Past this many closed turns waiting, the journal asks for them to be spilled (the writer's fsync'd
+# file), which makes them durable there and lets the journal forget them. It never drops one itself:
+# it may be the turn's only copy on disk.
+MAX_CLOSED = 32
 JOURNAL_NAME = "turn-journal.json"
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 
@@ -162,11 +165,14 @@ class TurnJournal:
     """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
-                 on_saved: Saved | None = None) -> None:
+                 on_saved: Saved | None = None, on_full: Callable[[], None] | None = None) -> None:
+        """`on_full()`: more than MAX_CLOSED closed turns wait; spill them (each then comes back
+        through `durable`)."""
         self._file = JournalFile(path)
         self._executor = executor
         self._delay = delay
         self._on_saved = on_saved or (lambda _keys, _exc: None)
+        self._on_full = on_full or (lambda: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now
         self._closed: dict[Key, NewObservation] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -195,8 +201,8 @@ class TurnJournal:
         self._open = None
         if obs is not None:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
-            while len(self._closed) > MAX_CLOSED:
-                self._closed.pop(next(iter(self._closed)))
+            if len(self._closed) > MAX_CLOSED:
+                self._on_full()
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
 
     def durable(self, key: Key) -> None:

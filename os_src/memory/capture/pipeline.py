@@ -34,9 +34,10 @@ class Capture:
         self._on_landed = on_landed
         self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
         self.acks = Acks()
-        self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved)
         self.writer = TranscriptWriter(transcript, layout, self._files, on_durable=self._durable,
                                        on_failed=self._refused)
+        self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved,
+                                   on_full=self.writer.spill_waiting)
         self.recorder = TurnRecorder(self.writer, on_recorded, timings, self.journal, self.acks, clock)
 
     async def start(self, replay_budget: float) -> None:
