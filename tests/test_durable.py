@@ -4,6 +4,7 @@ writes waiting together commit together; both databases sync every commit."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -259,6 +260,27 @@ async def test_more_closed_turns_than_the_journal_keeps_are_spilled_never_droppe
     BusyDB.hold.set()
     assert await capture.writer.drained(10)
     assert set(acknowledged) <= on_disk(capture._layout)
+
+
+async def test_a_turn_resent_to_a_fresh_session_leaves_no_entry_under_its_old_key(capture: Capture) -> None:
+    """A turn opened in one session and closed in the next (the reused CLI was found dead, the turn
+    resent to a fresh one) stayed in the journal under its first key, unfinished: a kill -9 after
+    its turn_complete replayed it as a second, cut-short copy."""
+    record = capture.recorder.open("resent")
+    await wait_for(lambda: [o.session_id for o in recover(journal_path(capture._layout))] == ["s1"],
+                   what="the open turn saved")
+    capture.recorder.end_session("s1")
+    capture.recorder.start_session("s2")  # the fresh CLI's session
+    await asyncio.sleep(0.3)  # its connect
+    files = threading.Event()
+    capture._files.submit(files.wait, 30)  # the journal's next save waits: transcript.db's commit acks
+    try:
+        record.close(result("the answer"))
+        assert await record.durable(budget=10) is True
+        left = recover(journal_path(capture._layout))  # what a kill -9 right after turn_complete replays
+    finally:
+        files.set()
+    assert [(o.session_id, o.sequence_num, o.user_message) for o in left] in ([], [("s2", 1, "resent")])
 
 
 async def test_writes_waiting_together_land_in_one_transaction(capture: Capture) -> None:

@@ -195,6 +195,12 @@ class TurnJournal:
         if self._open is not None:
             self._changed(self._delay)
 
+    def moved(self) -> None:
+        """The session changed: an open turn's saved entry holds its old key. Saved again at once, so
+        that a replay never finds it under that key beside the turn it closes as (a duplicate)."""
+        if self._open is not None:
+            self._changed(0.0)
+
     def closed(self, obs: NewObservation | None, urgent: bool = False) -> None:
         """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
         `urgent`: transcript.db can't take it at once, so it is saved here now."""

@@ -199,6 +199,8 @@ class TurnRecorder:
     def start_session(self, session_id: str) -> None:
         self.session_id, self._sequence = session_id, 0
         self._writer.submit(SessionWrite(session_id, "start", self._clock()))
+        if self._journal is not None:  # an open turn moves to this session: its old key leaves the file now
+            self._journal.moved()
 
     def end_session(self, session_id: str) -> None:
         self._writer.submit(SessionWrite(session_id, "end", self._clock()))
@@ -209,9 +211,14 @@ class TurnRecorder:
             turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"))
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
-                key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
-                self._journal.opened(lambda: self._observation(turn, key, None))
+                self._journal.opened(lambda: self._observation(turn, self._open_key(), None))
         return TurnRecord(self, turn)
+
+    def _open_key(self) -> tuple[str, int]:
+        """The open turn's number if it closed now: taken at each save, never at open, since a turn
+        resent to a fresh CLI closes in the session that CLI starts."""
+        assert self.session_id is not None
+        return self.session_id, self._sequence + 1
 
     def touched(self) -> None:
         if self._journal is not None:
