@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from claude_agent_sdk import (
@@ -317,6 +319,7 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
+            self._refuse_if_failing()
             await self._connect()
             if not self._turn.connected():
                 return None
@@ -417,11 +420,25 @@ class AgentRuntime:
             self.session_id = new_session_id()
             self._begin_session()
 
+    def _refuse_if_failing(self) -> None:
+        """A message while the agent is known to be failing, before its next attempt is due, is
+        answered at once: the runtime tries again on its own (_try_start), not per message."""
+        wait = self.health.retry_in(time.monotonic())
+        if wait is not None and wait > 0 and self.health.reason is not None:
+            raise _StartFailed(self.health.reason)
+
     async def _connect(self) -> None:
-        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing)."""
+        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing).
+
+        A disk that can't take the boot prompt is found before memory is waited for (a new
+        session waits up to 15 s for the last batch); and while the agent is failing, a start
+        does not wait for memory at all: it boots with what memory holds, so that nothing (no
+        message, no retry) waits on memory only to find the agent still cannot start."""
         started = time.monotonic()
         try:
-            prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+            await asyncio.to_thread(_check_writable, self._launch.prompt_file)
+            settle = not self.health.failed
+            prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT
             system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
             # Owned from before connect: a connect that fails half-way still gets its process ended.
             self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
@@ -474,6 +491,16 @@ class AgentRuntime:
                 await cli.close()
             finally:
                 self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
+
+
+def _check_writable(path: Path) -> None:
+    """OSError(EROFS) when `path`'s file system is read-only (an I/O error remounts it so): known
+    from its flags, without writing anything."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # made at the write, if it must be
+        folder = folder.parent
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
 
 def _reason(exc: BaseException) -> str:
