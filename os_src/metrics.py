@@ -37,6 +37,8 @@ class Metrics:
                                   buckets=TURN_BUCKETS, registry=self.registry)
         self._errors = Counter("sprite_error_frames", "Error frames about turns sent to every client, by code.",
                                ["code"], registry=self.registry)
+        self._not_saved = Counter("sprite_turns_not_saved", "Turns that ended before they could be made durable "
+                                  "(turn_complete's saved: false), whatever their status.", registry=self.registry)
         self._retries = Counter("sprite_model_retries", "Retries of the agent's requests to the model proxy.",
                                 registry=self.registry)
         self._state = _State()
@@ -47,6 +49,8 @@ class Metrics:
         if isinstance(frame, p.TurnComplete):
             self._turns.labels(frame.status).inc()
             self._latency.observe(frame.duration_ms / 1000)
+            if not frame.saved:
+                self._not_saved.inc()
         elif isinstance(frame, p.Error):
             self._errors.labels(frame.code).inc()
         elif isinstance(frame, p.ModelRetry):

@@ -215,6 +215,9 @@ class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     duration_ms: int
     usage: Usage
     cost_usd: float | None = None
+    # False: the turn could not be made durable yet (an `error` with code not_saved came first).
+    # A default, so clients that predate it read every frame the same.
+    saved: bool = True
 
 
 class ModelRetry(ServerFrame, tag="model_retry", frozen=True):

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from claude_agent_sdk import (
     ClaudeAgentOptions,
     ClaudeSDKClient,
@@ -285,19 +286,24 @@ class AgentRuntime:
             else:
                 out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
                 record.close(result)
-                await self._saved(turn, record)
+                if not await self._saved(turn, record):
+                    out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
+                           for f in out]
                 self._publish_result(turn, result, out)
         finally:
             self._running = None
             self._turn.end()
 
-    async def _saved(self, turn: Turn, record: TurnRecord) -> None:
+    async def _saved(self, turn: Turn, record: TurnRecord) -> bool:
         """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it
-        can't be (the disk is full, read-only, failing), the person is told so beside it."""
+        can't be (the disk is full, read-only, failing), the person is told so beside it (False:
+        its turn_complete says `saved: false`)."""
         self._turn.saving()
-        if not await record.durable():
-            log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
-            self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        if await record.durable():
+            return True
+        log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
+        self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        return False
 
     async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
@@ -381,15 +387,15 @@ class AgentRuntime:
             self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                                   message=f"The agent cannot start: {self.health.reason}. Sprite OS tries again "
                                           "on its own; send your message again in a moment."))
-            await self._saved(turn, record)
-            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+            saved = await self._saved(turn, record)
+            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
             await self._disconnect()
             return
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
-        await self._saved(turn, record)
-        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+        saved = await self._saved(turn, record)
+        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
         await self._end_session("crash")
 
     # ------------------------------------------------------------ sessions and the CLI

@@ -34,3 +34,12 @@ def test_a_failing_agent_and_what_happened_are_both_in_the_scrape() -> None:
     assert got[("sprite_model_retries_total", ())] == 1
     assert not any(name.startswith("sprite_capture") for name, _ in got)  # a server without memory
     assert samples(m.render(body()))[("sprite_up", ())] == 1  # the state is read at each scrape, not kept
+
+
+def test_turns_that_could_not_be_saved_are_counted_apart() -> None:
+    m = Metrics()
+    m.observe(p.TurnComplete(turn_id="a", status="completed", duration_ms=100, usage=p.Usage()))
+    m.observe(p.TurnComplete(turn_id="b", status="completed", duration_ms=100, usage=p.Usage(), saved=False))
+    got = samples(m.render(body()))
+    assert got[("sprite_turns_total", (("status", "completed"),))] == 2
+    assert got[("sprite_turns_not_saved_total", ())] == 1

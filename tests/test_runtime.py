@@ -402,10 +402,15 @@ async def test_a_turn_that_cannot_be_saved_says_so_before_its_turn_complete(hm: 
     assert hm.memory is not None
     hm.memory.saves = False
     done = await hm.turn("on a full disk")
-    assert done.status == "completed"
+    assert done.status == "completed" and done.saved is False  # completed, yet not on disk: it says so
     error = hm.of(p.Error)[-1]
     assert error.code == "not_saved" and error.turn_id == done.turn_id
     assert hm.kinds()[-2:] == ["Error", "TurnComplete"]
+    hm.clis[-1].crash_after = 1  # a turn that fails, not saved either
+    failed = await hm.turn("and a failing one")
+    assert failed.status == "error" and failed.saved is False
+    hm.memory.saves = True
+    assert (await hm.turn("the disk is back")).saved is True
 
 
 async def test_a_failed_turn_is_acknowledged_only_once_durable_too(hm: Harness) -> None:

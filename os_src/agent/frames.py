@@ -124,9 +124,9 @@ def result_error(turn_id: str, result: ResultMessage) -> p.Error:
     return p.Error(code="agent_failed", turn_id=turn_id, message=f"The turn failed: {detail}")
 
 
-def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
+def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int, saved: bool = True) -> p.TurnComplete:
     """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
-    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage())
+    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage(), saved=saved)
 
 
 def recall_frame(turn_id: str, recalled: Recalled) -> p.Recall:
