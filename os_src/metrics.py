@@ -103,6 +103,10 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("sprite_capture_spilled", "Capture's writes waiting in the spill file.", capture["spilled"])
     yield _gauge("sprite_capture_consecutive_failures", "Capture's failed writes in a row.",
                  capture["consecutive_failures"])
+    yield _gauge("sprite_capture_oldest_write_seconds", "How long capture's oldest queued write has waited.",
+                 capture.get("oldest_queued_s", 0))
+    yield _gauge("sprite_capture_unsaved_turns", "Turns told not saved that are still not durable.",
+                 capture.get("not_saved", 0))
     observations = GaugeMetricFamily("sprite_turns_recorded", "Turns in transcript.db, by curation state.",
                                      labels=["state"])
     for state in ("pending", "processed", "stale"):

@@ -22,6 +22,7 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
+from sprite_os.memory.capture import pipeline as pipeline_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -281,6 +282,31 @@ async def test_a_turn_resent_to_a_fresh_session_leaves_no_entry_under_its_old_ke
     finally:
         files.set()
     assert [(o.session_id, o.sequence_num, o.user_message) for o in left] in ([], [("s2", 1, "resent")])
+
+
+async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or_a_write_stalls(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that hangs fails nothing: capture said it was fine while every turn was not_saved."""
+    BusyDB.hold = threading.Event()
+    files = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # transcript.db's commit hangs
+    capture._files.submit(files.wait, 30)  # so does the journal's fsync
+    try:
+        record = close_turn(capture, "during the hang")
+        assert await record.durable(budget=0.2) is False  # what the runtime tells the person
+        status = capture.status()
+        assert status["degraded"] and status["not_saved"] == 1 and status["not_saved_total"] == 1
+        assert status["failing_since"] is None  # nothing failed: only hung
+        monkeypatch.setattr(pipeline_mod, "STALLED_AFTER", 0.0)
+        capture.acks.unsaved.clear()
+        assert capture.status()["degraded"]  # the oldest queued write is past the bound
+        monkeypatch.undo()
+    finally:
+        files.set()
+        BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+    status = capture.status()
+    assert not status["degraded"] and status["not_saved"] == 0 and status["not_saved_total"] == 1
 
 
 async def test_writes_waiting_together_land_in_one_transaction(capture: Capture) -> None:

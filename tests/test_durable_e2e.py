@@ -4,6 +4,7 @@ is free (its synced commit) or busy (the turn journal)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from sprite_os.config import Settings
 from sprite_os.events import EventHub
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture.journal import journal_path
-from tests.conftest import client_factory, running
+from tests.conftest import client_factory, running, wait_for
+from tests.test_faults_e2e import healthz
 from tests.test_memory_e2e import turn
 
 pytestmark = pytest.mark.e2e
@@ -77,3 +79,28 @@ async def test_a_turn_is_on_disk_whole_when_turn_complete_goes_out(
             assert not c.of("error")
         finally:
             hold.set()
+
+
+async def test_healthz_is_degraded_while_a_turn_could_not_be_saved_on_a_disk_that_hangs(
+        bridge: MockBridge, settings: Settings) -> None:
+    """A disk that hangs (a dead network volume) fails no write: /healthz said ok while every turn
+    was acknowledged as not saved."""
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        assert (await turn(c, "before"))["status"] == "completed"
+        assert app.memory is not None
+        hold = threading.Event()
+        app.memory.transcript.submit(lambda _t: hold.wait(120))  # transcript.db's commit hangs
+        app.memory.capture._files.submit(hold.wait, 120)  # so does the journal's fsync
+        try:
+            done = await turn(c, "during the hang")
+            assert done["status"] == "completed" and done["saved"] is False
+            assert [f["code"] for f in c.of("error")] == ["not_saved"]
+            health = await asyncio.to_thread(healthz, app.port)
+            assert health["status"] == "degraded" and health["memory"]["capture"]["not_saved"] == 1
+            assert await asyncio.to_thread(healthz, app.port, None) == {"status": "degraded"}
+        finally:
+            hold.set()
+        await wait_for(lambda: app.memory is not None and not app.memory.capture.acks.unsaved,
+                       what="the turn landed once the disk answered")
+        assert (await asyncio.to_thread(healthz, app.port))["status"] == "ok"

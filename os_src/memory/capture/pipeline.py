@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ...db_worker import Worker
 from ...paths import Layout
@@ -23,6 +24,9 @@ from .journal import TurnJournal, journal_path, recover
 from .recorder import TurnRecorder
 from .spill import ObservationWrite, Write
 from .writer import TranscriptWriter
+
+# A write queued this long has not landed (a disk that hangs rather than fails): capture is degraded.
+STALLED_AFTER = 30.0
 
 
 class Capture:
@@ -55,6 +59,16 @@ class Capture:
         await self.writer.stop(budget)
         await self.journal.flush()
         self._files.shutdown(wait=False)  # idle by now: the journal and the writer are done
+
+    def status(self) -> dict[str, Any]:
+        """The writer's state, and the turns the person was told are not saved. `degraded`: writes
+        failing or spilled, the oldest write queued past STALLED_AFTER, or a turn not saved that is
+        still not durable (a hung disk fails nothing, yet no turn lands)."""
+        report = self.writer.status()
+        report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
+        report["degraded"] = bool(report["degraded"] or report["oldest_queued_s"] > STALLED_AFTER
+                                  or self.acks.unsaved)
+        return report
 
     def _refused(self, writes: list[Write]) -> None:
         self.acks.transcript_failed(_turn_key(w) for w in writes if isinstance(w, ObservationWrite))

@@ -41,7 +41,7 @@ from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
-from .acks import Acks
+from .acks import Acks, Key
 from .journal import TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
@@ -137,7 +137,7 @@ class TurnRecord:
     def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
         self._recorder = recorder
         self._turn = turn
-        self._durable: asyncio.Future[bool] | None = None  # set once the turn is recorded
+        self._durable: tuple[Key, asyncio.Future[bool]] | None = None  # set once the turn is recorded
 
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
@@ -176,8 +176,11 @@ class TurnRecord:
         can't be for now, or not within `budget` seconds."""
         if self._durable is None:
             return True
+        key, done = self._durable
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(self._durable), budget)
+            if await asyncio.wait_for(asyncio.shield(done), budget):
+                return True
+        self._recorder.not_saved(key)
         return False
 
 
@@ -232,12 +235,18 @@ class TurnRecorder:
             agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
         )
 
-    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> asyncio.Future[bool] | None:
-        """Queue the turn's observation; returns what says when it is durable (None: not recorded)."""
+    def not_saved(self, key: Key) -> None:
+        self._acks.not_saved(key)
+
+    def record(self, turn: _Turn, result: ResultMessage | None,
+               error: str | None) -> tuple[Key, asyncio.Future[bool]] | None:
+        """Queue the turn's observation; returns its key and what says when it is durable (None: not
+        recorded)."""
         obs = self._closed_turn(turn, result, error)
         durable = None
         if obs is not None:
-            durable = self._acks.expect((obs.session_id, obs.sequence_num))
+            key = (obs.session_id, obs.sequence_num)
+            durable = key, self._acks.expect(key)
         if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
             self._journal.closed(obs, urgent=not self._writer.takes_at_once)
         if obs is not None:

@@ -78,6 +78,7 @@ class _Queued:
     spilled: bool = False  # being appended to the spill file, or appended
     durable: bool = False  # appended and fsync'd: the payload may be let go
     sent: Future[None] | None = None  # already handed to the database thread
+    at: float = dataclasses.field(default_factory=time.monotonic)  # when it was queued
 
     @staticmethod
     def of(write: Write, spilled: bool = False) -> _Queued:
@@ -155,7 +156,8 @@ class TranscriptWriter:
         return [q.write.observation for q in self._queue if isinstance(q.write, ObservationWrite)]
 
     def status(self) -> dict[str, Any]:
-        return self.health.report(len(self._queue), self._lines)
+        oldest = round(time.monotonic() - self._queue[0].at, 1) if self._queue else 0.0
+        return {**self.health.report(len(self._queue), self._lines), "oldest_queued_s": oldest}
 
     async def drained(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, until every write submitted so far has landed."""
