@@ -8,7 +8,8 @@ own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
-A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
+A missing or wrong token gets HTTP 401 with an empty body; a request with two Authorization (or
+Origin, Host) headers gets 400. `/healthz` answers
 anyone, but says only its status (`ok`, `degraded` or `failed`) without the token (a
 Sprite listens on 0.0.0.0); with it, everything. `/metrics` (metrics.py, the Prometheus
 text format) needs the token.
@@ -213,6 +214,10 @@ class SpriteOS:
         return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if (name := _repeated_header(request)) is not None:  # ambiguous: which token, which origin?
+            remote = str(conn.remote_address[0] if conn.remote_address else "?")
+            log.info("request_rejected", remote=remote, reason=f"more than one {name} header")
+            return conn.respond(HTTPStatus.BAD_REQUEST, f"Only one {name} header is allowed.\n")
         if request.path.split("?", 1)[0] == "/healthz":
             # Without the token, only the status: nothing that helps anyone who may reach the port.
             if self._authorized(request):
@@ -245,6 +250,15 @@ class SpriteOS:
     def _authorized(self, request: Request) -> bool:
         given = bearer_token(request)
         return given is not None and hmac.compare_digest(given.encode(), self._token)
+
+
+# The headers read as one value each: a request with two of any of them is refused (400), never
+# answered by whichever one a lookup would pick (websockets raises on a repeated one).
+SINGLE_HEADERS = ("Authorization", "Origin", "Host", "X-Sprite-Origin", "If-None-Match")
+
+
+def _repeated_header(request: Request) -> str | None:
+    return next((name for name in SINGLE_HEADERS if len(request.headers.get_all(name)) > 1), None)
 
 
 def overall_status(body: dict[str, Any]) -> str:
