@@ -84,7 +84,8 @@ def _select_subprotocol(_conn: ServerConnection, offered: Sequence[Subprotocol])
 
 
 class SpriteOS:
-    def __init__(self, settings: Settings, token: str, *, memory: bool = True) -> None:
+    def __init__(self, settings: Settings, token: str, *, memory: bool = True, lock: WriterLock | None = None) -> None:
+        """`lock`: the workspace's writer lock, if the caller took it already (serve_main)."""
         self.settings = settings
         self._token = token.encode()
         self.started_at = time.monotonic()
@@ -94,7 +95,7 @@ class SpriteOS:
         publish = DeltaCoalescer(self._publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
-        self.lock = WriterLock(layout.memory_lock)
+        self.lock = lock or WriterLock(layout.memory_lock)
         self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process.
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
@@ -291,7 +292,13 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
 def serve_main(settings: Settings) -> int:
     """Entry point of `sprite-os serve`."""
     limit_arenas()  # before any thread starts: see malloc_arenas.py
-    configure_logging(settings.log_format, settings.log_level, settings.log_file)
-    token = resolve_token(settings, create=True)  # the rest of the workspace is made once the lock is held
-    asyncio.run(run_until_signalled(SpriteOS(settings, token)))
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
+    lock = WriterLock(settings.layout.memory_lock)
+    lock.acquire()  # first: a refused start (LockHeld) writes nothing, not even its log file or a token
+    try:
+        configure_logging(settings.log_format, settings.log_level, settings.log_file)
+        token = resolve_token(settings, create=True)
+        asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock)))
+    finally:
+        lock.release()
     return 0

@@ -100,3 +100,31 @@ async def test_a_repeated_authorization_or_origin_header_is_a_400_without_a_trac
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # websockets' own
         ok = await raw_request(app.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
         assert ok.startswith(b"HTTP/1.1 200 ")  # one of each: served as before
+
+
+async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_path: Path) -> None:
+    """`sprite-os serve` created the token file and opened its log file before it found the
+    workspace's lock held by the server already running there."""
+    from sprite_os.fsutil import WriterLock
+    from sprite_os.paths import Layout
+
+    workspace = tmp_path / "workspace"
+    layout = Layout(workspace)
+    layout.memory_dir.mkdir(parents=True)
+
+    def tree() -> dict[str, int | None]:
+        return {str(p.relative_to(workspace)): p.stat().st_mtime_ns if p.is_file() else None
+                for p in workspace.rglob("*")}
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
+    env.update(SPRITE_WORKSPACE=str(workspace), SPRITE_OS_PORT="0", SPRITE_OS_HOST="127.0.0.1",
+               SPRITE_ISOLATION="none", SPRITE_LOG_FILE=str(layout.state_dir / "server.log"),
+               ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    with WriterLock(layout.memory_lock):  # the first server
+        before = tree()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sprite_os", "serve", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode != 0 and "another process holds this workspace" in err.decode()
+    assert tree() == before
