@@ -33,7 +33,13 @@ from sprite_os.memory.capture.journal import (
     recover,
 )
 from sprite_os.memory.capture.pipeline import Capture
-from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite, read_spill, spill_path
+from sprite_os.memory.capture.spill import (
+    ObservationWrite,
+    SessionWrite,
+    append_lines,
+    read_spill,
+    spill_path,
+)
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.paths import Layout
@@ -114,6 +120,33 @@ def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_
     assert f.path.read_bytes() == b"" and syncs == ["fdatasync", "fdatasync"]
     f.save(entries((3, False)))
     assert state(f.path) == [(3, False)] and syncs[-1] == "fdatasync"
+
+
+def test_the_spill_files_first_append_syncs_its_folder_too(tmp_path: Path, syncs: list[str]) -> None:
+    """A new spill file's lines were fsync'd, its name was not: a power cut could lose the file."""
+    path = tmp_path / "capture-spill.jsonl"
+    append_lines(path, [SessionWrite("s", "start", 1.0)])
+    assert syncs == ["fsync", "fsync"]  # the file, then its folder
+    syncs.clear()
+    append_lines(path, [SessionWrite("s", "end", 2.0)])
+    assert syncs == ["fsync"]  # its name is durable already
+
+
+async def test_a_cancelled_journal_save_is_not_taken_for_a_save(tmp_path: Path) -> None:
+    """A save future cancelled before it ran was reported as on disk, acknowledging its turns."""
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    busy = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as files:
+        files.submit(busy.wait, 10)  # the save waits behind this
+        journal = TurnJournal(tmp_path / "j.json", files, on_saved=lambda k, e: saved.append((k, e)))
+        journal.closed(obs(1), urgent=True)
+        await wait_for(lambda: journal._written is not None, what="the save handed out")
+        assert journal._written is not None
+        journal._written.cancel()
+        await wait_for(lambda: bool(saved), what="the save's end reported")
+        busy.set()
+    [(keys, error)] = saved
+    assert keys == [("s1", 1)] and error is not None
 
 
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:

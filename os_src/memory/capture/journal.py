@@ -258,7 +258,8 @@ class TurnJournal:
         self._written = written
 
     def _saved(self, future: asyncio.Future[None], keys: list[Key]) -> None:
-        exc = None if future.cancelled() else future.exception()
+        # A cancelled save (the loop or the files' thread shutting down) may never have run: not saved.
+        exc = asyncio.CancelledError("the save was cancelled") if future.cancelled() else future.exception()
         if exc is not None:
             log.warning("turn_journal_write_failed", error=repr(exc)[:200])
         self._on_saved(keys, exc)
