@@ -303,17 +303,21 @@ async def test_a_turn_resent_to_a_fresh_session_leaves_no_entry_under_its_old_ke
     record = capture.recorder.open("resent")
     await wait_for(lambda: [o.session_id for o in recover(journal_path(capture._layout))] == ["s1"],
                    what="the open turn saved")
-    capture.recorder.end_session("s1")
-    capture.recorder.start_session("s2")  # the fresh CLI's session
-    await asyncio.sleep(0.3)  # its connect
     files = threading.Event()
-    capture._files.submit(files.wait, 30)  # the journal's next save waits: transcript.db's commit acks
+    capture._files.submit(files.wait, 30)  # the journal's saves wait (a slow disk): transcript.db is free
     try:
+        capture.recorder.end_session("s1")
+        capture.recorder.start_session("s2")  # the fresh CLI's session
+        await asyncio.sleep(0.3)  # its connect
         record.close(result("the answer"))
-        assert await record.durable(budget=10) is True
-        left = recover(journal_path(capture._layout))  # what a kill -9 right after turn_complete replays
+        durable = asyncio.ensure_future(record.durable(budget=10))
+        await asyncio.sleep(0.5)  # time enough for transcript.db's commit
+        left = recover(journal_path(capture._layout))
+        assert not durable.done() or ("s1", 1) not in [(o.session_id, o.sequence_num) for o in left]
     finally:
         files.set()
+    assert await durable is True
+    left = recover(journal_path(capture._layout))  # what a kill -9 right after turn_complete replays
     assert [(o.session_id, o.sequence_num, o.user_message) for o in left] in ([], [("s2", 1, "resent")])
 
 

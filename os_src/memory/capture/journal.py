@@ -175,6 +175,7 @@ class TurnJournal:
         self._on_full = on_full or (lambda: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now
         self._closed: dict[Key, NewObservation] = {}
+        self._after: dict[Key, Callable[[], None]] = {}  # called once a save holding that closed turn ends
         self._timer: asyncio.TimerHandle | None = None
         self._written: asyncio.Future[None] | None = None
 
@@ -210,6 +211,10 @@ class TurnJournal:
             if len(self._closed) > MAX_CLOSED:
                 self._on_full()
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
+
+    def after_save(self, key: Key, then: Callable[[], None]) -> None:
+        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed."""
+        self._after[key] = then
 
     def durable(self, key: Key) -> None:
         if self._closed.pop(key, None) is not None:
@@ -263,3 +268,6 @@ class TurnJournal:
         if exc is not None:
             log.warning("turn_journal_write_failed", error=repr(exc)[:200])
         self._on_saved(keys, exc)
+        for key in keys:
+            if (then := self._after.pop(key, None)) is not None:
+                then()

@@ -109,6 +109,7 @@ class _Turn:
     user_message: str
     started: float
     command: bool  # a slash command, which the CLI may run itself (/compact)
+    session: str | None = None  # the session it was opened in
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
     last_text: str = ""
@@ -211,7 +212,7 @@ class TurnRecorder:
     def open(self, prompt: str) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
-            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"))
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"), self.session_id)
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
                 self._journal.opened(lambda: self._observation(turn, self._open_key(), None))
@@ -247,10 +248,18 @@ class TurnRecorder:
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
             durable = key, self._acks.expect(key)
+        # Resent to a fresh CLI, it closes in a session it was not opened in: its open entry may be on
+        # disk under its first key, and transcript.db gets it only once a journal save without that
+        # entry has ended, so that no acknowledgement comes before it (a replay would duplicate it).
+        moved = obs is not None and self._journal is not None and turn.session != obs.session_id
         if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
-            self._journal.closed(obs, urgent=not self._writer.takes_at_once)
+            self._journal.closed(obs, urgent=moved or not self._writer.takes_at_once)
         if obs is not None:
-            self._writer.submit(ObservationWrite(obs))
+            write = ObservationWrite(obs)
+            if moved and self._journal is not None:
+                self._journal.after_save((obs.session_id, obs.sequence_num), lambda: self._writer.submit(write))
+            else:
+                self._writer.submit(write)
             self._on_recorded()
         return durable
 
