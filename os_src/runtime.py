@@ -52,6 +52,7 @@ from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
     AgentHealth,
     Command,
+    CostMeter,
     EndSession,
     Inbox,
     SessionState,
@@ -72,6 +73,7 @@ log = get_logger(__name__)
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
+MAX_NOTES = 20  # things the person did outside the conversation, told with their next message
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -84,6 +86,8 @@ NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is fai
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
+# Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
+RetryReason = Callable[[], str | None]
 # The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
 ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
 
@@ -115,11 +119,13 @@ class AgentRuntime:
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
+        retry_reason: RetryReason | None = None,
         tool_servers: ToolServers | None = None,
     ) -> None:
         self._settings = settings
         self._tool_servers = tool_servers
         self._model_env = model_env
+        self._retry_reason = retry_reason
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
         self._canvas = canvas_store
@@ -131,9 +137,11 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
+        self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
+        self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
+        self._costs = CostMeter()
         self.health = AgentHealth()
         self.session_id = new_session_id()
 
@@ -152,6 +160,11 @@ class AgentRuntime:
     def new_session(self) -> None:
         self._refuse_if_closing()
         self._put(EndSession("new_session"))
+
+    def note(self, text: str) -> None:
+        """Something the person did outside the conversation (an upload): the agent is told with their
+        next message, as context before it."""
+        self._notes = [*self._notes, text][-MAX_NOTES:]
 
     def _refuse_if_closing(self) -> None:
         if not self._session.accepting:
@@ -175,6 +188,10 @@ class AgentRuntime:
     @property
     def turn_id(self) -> str | None:
         return self._running.turn_id if self._running else None
+
+    @property
+    def turn_text(self) -> str | None:
+        return self._running.text if self._running else None
 
     @property
     def cli_running(self) -> bool:
@@ -271,7 +288,7 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text) if self._memory is not None else NoRecord()
+        record = self._memory.turn_started(turn.text, turn.turn_id) if self._memory is not None else NoRecord()
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
@@ -284,8 +301,8 @@ class AgentRuntime:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
-                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
-                record.close(result)
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
                 if not await self._saved(turn, record):
                     out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
                            for f in out]
@@ -340,6 +357,7 @@ class AgentRuntime:
             record.observe(message)
             if isinstance(message, ResultMessage):
                 result = message  # its frames wait until the turn is durable (_run_turn)
+                turn.cost = self._costs.charge(message.total_cost_usd)
             else:
                 self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
@@ -347,19 +365,28 @@ class AgentRuntime:
         return result
 
     async def _recalled(self, turn: Turn) -> str | None:
-        """The memories auto-recall found for `turn`, sent before the person's message (looked up
-        once per turn: a resend sends the same). Capture records the message alone."""
-        if self._memory is None:
-            return None
+        """The context sent before the person's message: what they did meanwhile (the notes), then
+        the memories auto-recall found for `turn` (looked up once per turn: a resend sends the
+        same). Capture records the message alone."""
         if self._prompted is None or self._prompted[0] != turn.turn_id:
-            recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+            notes, self._notes = self._notes, []
+            recalled = None
+            if self._memory is not None:
+                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
-            self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
+            said = "\n".join(f"- {n}" for n in notes)
+            parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
+                     recalled.context if recalled is not None else None]
+            self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
-        for frame in frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted):
+        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
+        if out and isinstance(out[0], p.ModelRetry) and out[0].error_status == 429 and self._retry_reason:
+            if reason := self._retry_reason():  # the Sprite's own rate, not the proxy's: say so
+                out = [msgspec.structs.replace(out[0], error=reason[:frames.ERROR_DETAIL_CHARS])]
+        for frame in out:
             self._publish(frame)
         if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
@@ -372,7 +399,7 @@ class AgentRuntime:
                 log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
             elif isinstance(frame, p.TurnComplete):
                 log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                         duration_ms=result.duration_ms, cost_usd=result.total_cost_usd, turns=result.num_turns)
+                         duration_ms=result.duration_ms, cost_usd=frame.cost_usd, turns=result.num_turns)
 
     async def _cli_lost(self) -> None:
         """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
@@ -402,6 +429,7 @@ class AgentRuntime:
 
     def _begin_session(self) -> None:
         self._session.began()
+        self._costs.new_session()
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
@@ -448,6 +476,7 @@ class AgentRuntime:
             system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
             # Owned from before connect: a connect that fails half-way still gets its process ended.
             self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+            self._costs.new_process()  # its running total starts from zero
             await cli.connect()
         except Exception as exc:  # a disk, a CLI missing or failing at its start, memory: not this turn's fault
             reason = _reason(exc)
@@ -481,7 +510,7 @@ class AgentRuntime:
             hooks=hooks,
             include_partial_messages=True,
             model=self._settings.agent_model,
-            env={**cli_environment(os.environ, self._model_env()), **self._launch.env()},
+            env={**cli_environment(os.environ, {**self._model_env(), **self._side_models()}), **self._launch.env()},
             cli_path=self._launch.cli_path(),
             settings=self._launch.settings(),
             # The CLI keeps no transcript of its own (~/.claude/projects): memory keeps the record.
@@ -489,6 +518,12 @@ class AgentRuntime:
             stderr=_log_cli_stderr,
             max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )
+
+    def _side_models(self) -> dict[str, str]:
+        """The small model the CLI uses for side jobs (WebFetch's summaries), named, so the relay's
+        allow-list (Settings.agent_limits) lets it through: the memory model, a small one."""
+        small = self._settings.memory_model
+        return {"ANTHROPIC_SMALL_FAST_MODEL": small, "ANTHROPIC_DEFAULT_HAIKU_MODEL": small}
 
     async def _disconnect(self) -> None:
         cli, self._cli = self._cli, None

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,9 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..isolation.probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start
+    from ..agent.spend_book import SPEND_FILE, status_report
+
+    report["agent_budget"] = status_report(layout.state_dir / SPEND_FILE, time.time())  # as the relay keeps it
     if args.json:
         print(json.dumps(report, indent=2))
     else:

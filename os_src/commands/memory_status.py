@@ -23,9 +23,10 @@ def when(ts: float | None, seconds: bool = False) -> str:
 
 
 def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
-    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord
     from ..memory.curation.retry import FAILING_KEY, FailureClock
     from ..memory.files import SPECS
+    from ..spending import DailyBudget, day_start
 
     # The server's budget as it saved it (its environment may not be this shell's), else the setting.
     record = BudgetRecord.loads(memory.get_meta(BUDGET_KEY)) or BudgetRecord(daily_usd)
@@ -72,6 +73,12 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     mode = isolation.get("mode", "unknown (the server has not started since it records it)")
     loud = "  -- NOT ISOLATED: the agent's commands can change .os/" if mode == "none" else ""
     print(f"  agent isolation  {mode}{loud}")
+    if (agent := r.get("agent_budget")) is not None:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(agent["refused_today"].items()))
+        print(f"  agent spending   ${agent['spent_today_usd']:.4f} of ${agent['daily_usd']:.2f} today (UTC), "
+              f"{agent['calls_today']} calls" + (f"; refused: {refused}" if refused else ""))
+    else:
+        print("  agent spending   unknown (the server has not started since it records it)")
     print(f"  turns recorded   {o['total']}: {o['processed']} processed, {o['pending']} pending, {o['stale']} stale")
     if o["pending"]:
         print(f"  oldest pending   {when(r['oldest_pending_at'])}")

@@ -33,6 +33,7 @@ from ..config import Settings
 from ..db_worker import Worker
 from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
+from ..spending import cost_usd
 from ..text import estimate_tokens
 from .curation.curator import (
     PROMPT_ACTIONS,
@@ -43,7 +44,6 @@ from .curation.curator import (
     shorten_request,
     turn_chars,
 )
-from .curation.pricing import cost_usd
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB
@@ -199,6 +199,10 @@ class BatchProcessor:
         ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
         call = _Call(self, observations, trigger, gate, build_prompt(before, observations, actions, ended))
         reply = await self._usable_reply(call)
+        if forgotten := await self.transcript.call(lambda t: t.forgotten_among(call.ids)):
+            # a person forgot a turn of it during the call: nothing it learned may stand; the rest runs again
+            await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
+            raise EditConflict("a turn was forgotten during the call")
         updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:

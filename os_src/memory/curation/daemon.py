@@ -18,21 +18,21 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...backoff import Backoff
-from ...config import DEFAULT_BATCH_TOKENS
+from ...config import DEFAULT_BATCH_TOKENS, DEFAULT_DAILY_USD
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
+from ...spending import DailyBudget, cost_usd, day_start
 from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
-from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+from .budget import BUDGET_KEY, BudgetRecord
 from .curator import split_batch
-from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
@@ -55,6 +55,10 @@ BUDGET_RECHECK = 300.0
 MAX_CHUNK_TURNS = 100  # turns one call may carry when the token cap allows (a backlog's catch-up)
 
 
+async def _nothing() -> None:
+    pass
+
+
 @dataclass
 class DaemonHealth:
     last_success_at: float | None = None
@@ -69,7 +73,7 @@ class MemoryDaemon:
         self.processor = processor
         self.batch_turns = batch_turns
         self.batch_tokens = batch_tokens  # estimated input tokens of one call, at most
-        self.budget = budget or DailyBudget()
+        self.budget = budget or DailyBudget(DEFAULT_DAILY_USD)
         self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)
@@ -88,6 +92,8 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+        # Run first in each pass: what a person's forget left for the files' one writer to do.
+        self.before_batches: Callable[[], Awaitable[object]] = _nothing
 
     # ------------------------------------------------------------ memory.db's one writer
 
@@ -242,6 +248,7 @@ class MemoryDaemon:
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
         self._proxy_down = False
+        await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             chunk = await self._next_chunk()

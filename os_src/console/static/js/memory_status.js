@@ -37,6 +37,14 @@ function recall(r) {
   return out;
 }
 
+// The agent's own calls today against its daily cap (the relay refuses them past it).
+function agentSpend(a) {
+  const refused = Object.entries(a.refused_today).map(([why, n]) => `${n} ${why}`).join(", ");
+  return el("div", { class: "stat wide", testid: "agent-spend" }, el("div", { class: "label", text: "Agent spent today (UTC)" }),
+    el("div", { class: "value", text: `${dollars(a.spent_today_usd)} of ${dollars(a.daily_usd)}` }),
+    el("div", { class: "sub", text: `${plural(a.calls_today, "model call")}${refused ? ` · refused: ${refused}` : ""} · starts again ${when(a.resets_at)}` }));
+}
+
 export class HealthPanel {
   constructor(root, connection) {
     this.conn = connection;
@@ -62,6 +70,7 @@ export class HealthPanel {
         el("div", { class: "value", text: b ? `#${b.id} ${b.status}` : "none yet" }),
         el("div", { class: "sub", text: b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "" })),
       spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
+      ...(h.agent ? [agentSpend(h.agent)] : []),
       stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
       stat("Pending actions", count(h.pending_actions)),
@@ -76,7 +85,7 @@ export class BootPromptPanel {
   constructor(root, connection) {
     this.conn = connection;
     this.facts = el("p", { class: "facts", testid: "boot-prompt-size" });
-    this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt" });
+    this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt", tabindex: "0", "aria-label": "The boot prompt" });
     root.append(el("p", { class: "hint", text: "Exactly the system prompt the next session will boot with: the deploy's files, then the curated memory, pending actions and the last 48 hours of learnings." }),
       this.facts, this.text);
   }
