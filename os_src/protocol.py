@@ -236,6 +236,9 @@ class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     usage: Usage
     cost_usd: float | None = None  # this turn's own cost (None: the CLI reported none)
     session_cost_usd: float | None = None  # the session's turns so far, this one included
+    # False: the turn could not be made durable yet (an `error` with code not_saved came first).
+    # A default, so clients that predate it read every frame the same.
+    saved: bool = True
 
 
 class ModelRetry(ServerFrame, tag="model_retry", frozen=True):

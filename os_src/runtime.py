@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -301,19 +303,24 @@ class AgentRuntime:
             else:
                 out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
                 record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
-                await self._saved(turn, record)
+                if not await self._saved(turn, record):
+                    out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
+                           for f in out]
                 self._publish_result(turn, result, out)
         finally:
             self._running = None
             self._turn.end()
 
-    async def _saved(self, turn: Turn, record: TurnRecord) -> None:
+    async def _saved(self, turn: Turn, record: TurnRecord) -> bool:
         """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it
-        can't be (the disk is full, read-only, failing), the person is told so beside it."""
+        can't be (the disk is full, read-only, failing), the person is told so beside it (False:
+        its turn_complete says `saved: false`)."""
         self._turn.saving()
-        if not await record.durable():
-            log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
-            self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        if await record.durable():
+            return True
+        log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
+        self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        return False
 
     async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
@@ -335,6 +342,7 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
+            self._refuse_if_failing()
             await self._connect()
             if not self._turn.connected():
                 return None
@@ -406,15 +414,15 @@ class AgentRuntime:
             self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                                   message=f"The agent cannot start: {self.health.reason}. Sprite OS tries again "
                                           "on its own; send your message again in a moment."))
-            await self._saved(turn, record)
-            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+            saved = await self._saved(turn, record)
+            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
             await self._disconnect()
             return
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
-        await self._saved(turn, record)
-        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+        saved = await self._saved(turn, record)
+        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
         await self._end_session("crash")
 
     # ------------------------------------------------------------ sessions and the CLI
@@ -446,11 +454,25 @@ class AgentRuntime:
             self.session_id = new_session_id()
             self._begin_session()
 
+    def _refuse_if_failing(self) -> None:
+        """A message while the agent is known to be failing, before its next attempt is due, is
+        answered at once: the runtime tries again on its own (_try_start), not per message."""
+        wait = self.health.retry_in(time.monotonic())
+        if wait is not None and wait > 0 and self.health.reason is not None:
+            raise _StartFailed(self.health.reason)
+
     async def _connect(self) -> None:
-        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing)."""
+        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing).
+
+        A disk that can't take the boot prompt is found before memory is waited for (a new
+        session waits up to 15 s for the last batch); and while the agent is failing, a start
+        does not wait for memory at all: it boots with what memory holds, so that nothing (no
+        message, no retry) waits on memory only to find the agent still cannot start."""
         started = time.monotonic()
         try:
-            prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+            await asyncio.to_thread(_check_writable, self._launch.prompt_file)
+            settle = not self.health.failed
+            prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT
             system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
             # Owned from before connect: a connect that fails half-way still gets its process ended.
             self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
@@ -510,6 +532,16 @@ class AgentRuntime:
                 await cli.close()
             finally:
                 self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
+
+
+def _check_writable(path: Path) -> None:
+    """OSError(EROFS) when `path`'s file system is read-only (an I/O error remounts it so): known
+    from its flags, without writing anything."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # made at the write, if it must be
+        folder = folder.parent
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
 
 def _reason(exc: BaseException) -> str:

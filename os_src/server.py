@@ -8,7 +8,8 @@ own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
-A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
+A missing or wrong token gets HTTP 401 with an empty body; a request with two Authorization (or
+Origin, Host) headers gets 400. `/healthz` answers
 anyone, but says only its status (`ok`, `degraded` or `failed`) without the token (a
 Sprite listens on 0.0.0.0); with it, everything. `/metrics` (metrics.py, the Prometheus
 text format) needs the token.
@@ -89,7 +90,8 @@ def _select_subprotocol(_conn: ServerConnection, offered: Sequence[Subprotocol])
 
 
 class SpriteOS:
-    def __init__(self, settings: Settings, token: str, *, memory: bool = True) -> None:
+    def __init__(self, settings: Settings, token: str, *, memory: bool = True, lock: WriterLock | None = None) -> None:
+        """`lock`: the workspace's writer lock, if the caller took it already (serve_main)."""
         self.settings = settings
         self._token = token.encode()
         self.started_at = time.monotonic()
@@ -99,7 +101,7 @@ class SpriteOS:
         publish = DeltaCoalescer(self._publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
-        self.lock = WriterLock(layout.memory_lock)
+        self.lock = lock or WriterLock(layout.memory_lock)
         self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
         # the agent's budget is enforced there, on every call the agent can make.
@@ -237,6 +239,10 @@ class SpriteOS:
         return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if (name := _repeated_header(request)) is not None:  # ambiguous: which token, which origin?
+            remote = str(conn.remote_address[0] if conn.remote_address else "?")
+            log.info("request_rejected", remote=remote, reason=f"more than one {name} header")
+            return conn.respond(HTTPStatus.BAD_REQUEST, f"Only one {name} header is allowed.\n")
         if request.method != "GET":  # the console, /healthz and the upgrade all serve GET, nothing else
             response = http_response(conn, HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n",
                                      "text/plain; charset=utf-8")
@@ -286,6 +292,15 @@ class SpriteOS:
         return given is not None and hmac.compare_digest(given.encode(), self._token)
 
 
+# The headers read as one value each: a request with two of any of them is refused (400), never
+# answered by whichever one a lookup would pick (websockets raises on a repeated one).
+SINGLE_HEADERS = ("Authorization", "Origin", "Host", "X-Sprite-Origin", "If-None-Match")
+
+
+def _repeated_header(request: Request) -> str | None:
+    return next((name for name in SINGLE_HEADERS if len(request.headers.get_all(name)) > 1), None)
+
+
 def overall_status(body: dict[str, Any]) -> str:
     """/healthz's status, from the body it reports: `failed` while the agent cannot start, `degraded`
     while memory's curator or capture's writes are failing (the agent still serves), else `ok`."""
@@ -316,7 +331,13 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
 def serve_main(settings: Settings) -> int:
     """Entry point of `sprite-os serve`."""
     limit_arenas()  # before any thread starts: see malloc_arenas.py
-    configure_logging(settings.log_format, settings.log_level, settings.log_file)
-    token = resolve_token(settings, create=True)  # the rest of the workspace is made once the lock is held
-    asyncio.run(run_until_signalled(SpriteOS(settings, token)))
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
+    lock = WriterLock(settings.layout.memory_lock)
+    lock.acquire()  # first: a refused start (LockHeld) writes nothing, not even its log file or a token
+    try:
+        configure_logging(settings.log_format, settings.log_level, settings.log_file)
+        token = resolve_token(settings, create=True)
+        asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock)))
+    finally:
+        lock.release()
     return 0

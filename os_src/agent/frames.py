@@ -172,9 +172,9 @@ def _relay_refusal(detail: str) -> str | None:
     return detail[at:][:ERROR_DETAIL_CHARS * 2] if at >= 0 else None
 
 
-def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
+def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int, saved: bool = True) -> p.TurnComplete:
     """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
-    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage())
+    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage(), saved=saved)
 
 
 def recall_frame(turn_id: str, recalled: Recalled) -> p.Recall:

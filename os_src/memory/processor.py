@@ -125,12 +125,18 @@ class CuratorClient:
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
 
     async def probe(self) -> bool:
-        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly."""
+        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly.
+        Any HTTP answer counts, an error status too (a proxy that lacks the endpoint, or is busy,
+        is up: the batch's own call says the rest); only no answer (refused, reset, timed out) is down."""
         try:
             client = await self._the_client()
             await client.messages.count_tokens(model=self.model, messages=[{"role": "user", "content": "ping"}],
                                                timeout=PROBE_TIMEOUT)
-        except Exception as exc:  # down, refusing, or answering with an error: not yet
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)  # anthropic.APIStatusError: the proxy answered
+            if isinstance(status, int):
+                log.info("curator_probe_answered", status=status)
+                return True
             log.info("curator_probe_unanswered", error=type(exc).__name__)
             return False
         return True

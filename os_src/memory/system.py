@@ -172,12 +172,15 @@ class MemorySystem:
             "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
         }
 
-    async def boot_prompt(self) -> str:
-        if not await self.daemon.settle(BOOT_SETTLE_BUDGET):
+    async def boot_prompt(self, settle: bool = True) -> str:
+        """The new session's prompt. `settle`: first wait (within budgets) for the last session's
+        batch and what it learned; False: what memory holds now (an agent that is failing to start)."""
+        if settle and not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
-        await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
+        if settle:
+            await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
         return prompt
 
     def session_started(self, session_id: str) -> None:
@@ -202,8 +205,8 @@ class MemorySystem:
     def status(self) -> dict[str, Any]:
         """What memory's state is now, from memory alone (no database is read): the daemon's
         failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
-        calls in a row, or capture's writes are failing."""
-        daemon, capture = self.daemon.status(), self.writer.status()
+        calls in a row, or capture is (its writes failing or stalled, or a turn not saved yet)."""
+        daemon, capture = self.daemon.status(), self.capture.status()
         return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"]),
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
                 "recall": {**self.recall.status(), "import": self.imports.status()}}

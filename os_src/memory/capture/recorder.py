@@ -41,7 +41,7 @@ from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
-from .acks import Acks
+from .acks import Acks, Key
 from .journal import TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
@@ -110,6 +110,7 @@ class _Turn:
     started: float
     command: bool  # a slash command, which the CLI may run itself (/compact)
     turn_id: str | None = None  # its id on the wire, so a client can match a record to what it saw
+    session: str | None = None  # the session it was opened in
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
     last_text: str = ""
@@ -138,7 +139,7 @@ class TurnRecord:
     def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
         self._recorder = recorder
         self._turn = turn
-        self._durable: asyncio.Future[bool] | None = None  # set once the turn is recorded
+        self._durable: tuple[Key, asyncio.Future[bool]] | None = None  # set once the turn is recorded
 
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
@@ -179,8 +180,11 @@ class TurnRecord:
         can't be for now, or not within `budget` seconds."""
         if self._durable is None:
             return True
+        key, done = self._durable
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(self._durable), budget)
+            if await asyncio.wait_for(asyncio.shield(done), budget):
+                return True
+        self._recorder.not_saved(key)
         return False
 
 
@@ -202,6 +206,8 @@ class TurnRecorder:
     def start_session(self, session_id: str) -> None:
         self.session_id, self._sequence = session_id, 0
         self._writer.submit(SessionWrite(session_id, "start", self._clock()))
+        if self._journal is not None:  # an open turn moves to this session: its old key leaves the file now
+            self._journal.moved()
 
     def end_session(self, session_id: str) -> None:
         self._writer.submit(SessionWrite(session_id, "end", self._clock()))
@@ -209,12 +215,18 @@ class TurnRecorder:
     def open(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
-            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"), turn_id)
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"), turn_id,
+                         self.session_id)
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
-                key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
-                self._journal.opened(lambda: self._observation(turn, key, None))
+                self._journal.opened(lambda: self._observation(turn, self._open_key(), None))
         return TurnRecord(self, turn)
+
+    def _open_key(self) -> tuple[str, int]:
+        """The open turn's number if it closed now: taken at each save, never at open, since a turn
+        resent to a fresh CLI closes in the session that CLI starts."""
+        assert self.session_id is not None
+        return self.session_id, self._sequence + 1
 
     def touched(self) -> None:
         if self._journal is not None:
@@ -230,17 +242,30 @@ class TurnRecorder:
             turn_id=turn.turn_id, status=status, cost_usd=cost_usd,
         )
 
+    def not_saved(self, key: Key) -> None:
+        self._acks.not_saved(key)
+
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-               cost_usd: float | None = None) -> asyncio.Future[bool] | None:
-        """Queue the turn's observation; returns what says when it is durable (None: not recorded)."""
+               cost_usd: float | None = None) -> tuple[Key, asyncio.Future[bool]] | None:
+        """Queue the turn's observation; returns its key and what says when it is durable (None: not
+        recorded)."""
         obs = self._closed_turn(turn, result, error, cost_usd)
         durable = None
         if obs is not None:
-            durable = self._acks.expect((obs.session_id, obs.sequence_num))
+            key = (obs.session_id, obs.sequence_num)
+            durable = key, self._acks.expect(key)
+        # Resent to a fresh CLI, it closes in a session it was not opened in: its open entry may be on
+        # disk under its first key, and transcript.db gets it only once a journal save without that
+        # entry has ended, so that no acknowledgement comes before it (a replay would duplicate it).
+        moved = obs is not None and self._journal is not None and turn.session != obs.session_id
         if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
-            self._journal.closed(obs, urgent=not self._writer.takes_at_once)
+            self._journal.closed(obs, urgent=moved or not self._writer.takes_at_once)
         if obs is not None:
-            self._writer.submit(ObservationWrite(obs))
+            write = ObservationWrite(obs)
+            if moved and self._journal is not None:
+                self._journal.after_save((obs.session_id, obs.sequence_num), lambda: self._writer.submit(write))
+            else:
+                self._writer.submit(write)
             self._on_recorded()
         return durable
 
