@@ -8,19 +8,14 @@ from datetime import UTC, datetime
 import pytest
 
 from devkit.mock_bridge.demo_curator import curate
+from sprite_os.memory.corrections import corrected
 from sprite_os.memory.curation.curator import SESSIONS_ENDED, build_prompt
 from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
 from sprite_os.memory.recall import auto
-from sprite_os.memory.recall.searcher import (
-    Candidate,
-    RecallHit,
-    corrections_first,
-    order_by_time,
-    snippet,
-    weighted_rrf,
-)
+from sprite_os.memory.recall.hits import RecallHit, snippet
+from sprite_os.memory.recall.ranking import Candidate, order_by_time, weighted_rrf
 from sprite_os.memory.recall.timeparse import time_cue
 from sprite_os.memory.transcript_store import Observation
 
@@ -95,15 +90,14 @@ def hit(kind: str, item: int, type_: str, text: str, at: float = 0.0, cosine: fl
     return RecallHit(kind, item, 1.0, at, session, turn, item, type_, text, bm25, cosine)
 
 
-def test_a_correction_moves_above_what_it_corrects_and_nothing_else_moves() -> None:
-    hits = [hit("episode", 9, "EPISODE", "we talked about dates"),
-            hit("learning", 1, "FACT", "Dates are written MM/DD/YYYY", at=1.0),
-            hit("learning", 2, "PREFERENCE", "Likes green tea", at=2.0),
-            hit("learning", 3, "CORRECTION", "Dates are DD/MM/YYYY, not MM/DD/YYYY", at=5.0)]
-    ordered = corrections_first(hits, ["dates", "format", "written"])
-    assert [h.id for h in ordered] == [9, 3, 1, 2]
-    older_correction = [*hits[:3], hit("learning", 4, "CORRECTION", "Dates are DD/MM/YYYY", at=0.5)]
-    assert [h.id for h in corrections_first(older_correction, ["dates", "written"])] == [9, 1, 2, 4]
+def test_a_correction_replaces_the_older_learning_it_restates_and_nothing_else() -> None:
+    older = [(1, "Dates are written MM/DD/YYYY"), (2, "Likes green tea"), (3, "The user's name is Dana.")]
+    assert corrected("Dates are DD/MM/YYYY, not MM/DD/YYYY", older) == 1
+    assert corrected("The user's name is Daniela, not Dana.", older) == 3
+    assert corrected("Prefers coffee in the morning", older) is None  # shares nothing with any of them
+    assert corrected("The user's dog is called Rex", older) is None  # "user" alone says nothing
+    # Of two candidates, the one it covers best.
+    assert corrected("Lives in Porto now, not Lisbon", [(4, "Works in Lisbon at a bank"), (5, "Lives in Lisbon")]) == 5
 
 
 def test_snippet_is_one_line_around_the_match() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.recall import generate
+from bench.recall import dialogue, generate
 from sprite_os.config import Settings
 from sprite_os.memory.importer import import_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
@@ -41,16 +41,25 @@ FILLER_END = datetime(2027, 1, 1, tzinfo=UTC)
 FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's benchmark fits below
 NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
 SEED = 7
+DIALOGUE_SEED = 11
 
 
 def settings_for(path: Path, **overrides: object) -> Settings:
     return Settings(workspace=path, **overrides)  # type: ignore[arg-type]
 
 
-def benchmark(conversations: int | None = None) -> tuple[list[generate.Turn], list[generate.Question]]:
-    turns, questions = generate.benchmark(SEED)
+Benchmark = tuple[list[generate.Turn], list[generate.Question]]
+
+
+def benchmark(conversations: int | None = None) -> Benchmark:
+    return _first(generate.benchmark(SEED), conversations, "c")
+
+
+def _first(made: Benchmark, conversations: int | None, prefix: str) -> Benchmark:
+    """The first `conversations` conversations of a benchmark (all of them: None)."""
+    turns, questions = made
     if conversations is not None:
-        keep = {f"c{c}-" for c in range(conversations)}
+        keep = {f"{prefix}{c}-" for c in range(conversations)}
         turns = [t for t in turns if t.session[:3] in keep]
         questions = [q for q in questions if q.conversation < conversations]
     return turns, questions
@@ -63,7 +72,28 @@ def _progress(what: str, done: int, of: int) -> None:
 def small(conversations: int | None = None) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int]]:
     """The benchmark as a workspace; returns its settings, the questions and each turn's episode id."""
     turns, questions = benchmark(conversations)
-    path = CACHE / f"small-{conversations or 'all'}"
+    settings, ids = workspace(f"small-{conversations or 'all'}", turns)
+    return settings, questions, ids
+
+
+def dialogue_benchmark(eras: int | None = None) -> Benchmark:
+    return _first(dialogue.benchmark(DIALOGUE_SEED), eras, "d")
+
+
+def dialogue_workspace(eras: int | None = None) -> tuple[Settings, list[generate.Question],
+                                                          dict[tuple[str, int], int]]:
+    """The dialogue benchmark (dialogue.py) as a workspace, like `small`."""
+    turns, questions = dialogue_benchmark(eras)
+    settings, ids = workspace(f"dialogue-{eras or 'all'}", turns)
+    return settings, questions, ids
+
+
+def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:
+    """`turns` imported into a workspace of their own with `memory import`'s code, then indexed and embedded
+    with `memory rebuild --index`'s; cached (by name and content) under CACHE."""
+    digest = hashlib.sha256("\n".join(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
+                                      for t in turns).encode()).hexdigest()[:8]
+    path = CACHE / f"{name}-{digest}"
     settings = settings_for(path)
     if not (path / "built").exists():
         shutil.rmtree(path, ignore_errors=True)
@@ -76,7 +106,7 @@ def small(conversations: int | None = None) -> tuple[Settings, list[generate.Que
         _vectors_to_cache(settings, turns)
         (path / "built").write_text("ok\n")
     ids = {(t.session, t.turn): i for i, t in enumerate(turns, 1)}
-    return settings, questions, ids
+    return settings, ids
 
 
 def _texts_key(turns: Sequence[generate.Turn]) -> Path:

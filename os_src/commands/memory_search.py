@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from ..config import Settings
+from ..dates import usable, utc
 from ..memory.memory_store import MemoryDB
 from ..memory.recall import episodes as ep
 from ..memory.recall.dense import VectorIndex, load
@@ -58,7 +59,8 @@ def _vectors(conn: Any, model: str) -> VectorIndex:
 def as_json(hit: RecallHit) -> dict[str, Any]:
     return {
         "kind": hit.kind, "id": hit.id, "type": hit.type, "score": round(hit.score, 6),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hit.at)), "at": hit.at,
+        "date": utc(hit.at, "%Y-%m-%dT%H:%M:%SZ") if usable(hit.at) else None,
+        "at": hit.at if usable(hit.at) else None,
         "source": {"session": hit.session_id, "turn": hit.turn, "observation_id": hit.observation_id},
         "snippet": hit.snippet,
     }

@@ -3,13 +3,13 @@ sessions (episodes) and what was learned from them, in one ranking (memory/recal
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
+from ..dates import utc
 from ..logs import get_logger
 from ..memory.recall.learnings import MAX_LIMIT, clamp_limit
 from ..memory.recall.searcher import RecallHit
@@ -43,7 +43,7 @@ def render(query: str, hits: list[RecallHit]) -> str:
         return f"No memories match {query[:100]!r}."
     lines = [f"{len(hits)} memories, best match first:"]
     for n, hit in enumerate(hits, 1):
-        day = time.strftime("%Y-%m-%d", time.gmtime(hit.at))
+        day = utc(hit.at)
         if hit.kind == "episode":
             lines.append(f"{n}. [turn, {day}, {source(hit)}] {hit.snippet}")
         else:

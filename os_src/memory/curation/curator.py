@@ -8,10 +8,10 @@ the reply is read is memory/curation/reply.py.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Collection
 from typing import Protocol
 
+from ...dates import utc
 from ..files import MAX_FILE_BYTES, SPECS
 from ..memory_store import PendingAction
 from ..transcript_store import Observation
@@ -98,7 +98,7 @@ def render_turn(turn: Turn, header: str, text_chars: int, calls_shown: int, call
 
 def render_observation(obs: Observation) -> str:
     """One turn, bounded: long messages and tool output are cut."""
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(obs.timestamp))
+    when = utc(obs.timestamp, "%Y-%m-%d %H:%M UTC")
     return _cut(render_turn(obs, f"[#{obs.id}] {when}", TURN_TEXT_CHARS, TOOL_CALLS_SHOWN, TOOL_CALL_CHARS),
                 OBSERVATION_CHARS)
 

@@ -13,9 +13,9 @@ Pure: `select` and `render` take the hits and decide; the memory system runs the
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 
+from ...dates import utc
 from .searcher import RecallHit
 
 CHARS_PER_TOKEN = 4  # the rule of thumb the console's estimates use
@@ -59,7 +59,7 @@ def held(hit: RecallHit, boot: str) -> bool:
 
 
 def line(hit: RecallHit) -> str:
-    day = time.strftime("%Y-%m-%d", time.gmtime(hit.at))
+    day = utc(hit.at)
     if hit.kind == "episode":
         where = f"turn {hit.turn} of session {hit.session_id}"
         return f"- [{day}, {where}] {hit.snippet}"

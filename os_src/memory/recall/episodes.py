@@ -36,6 +36,16 @@ class Episode(msgspec.Struct, frozen=True):
     turn: int  # 1-based within the session
     at: float
     text: str
+    answer_at: int | None = None  # where the agent's words begin in `text` (None: not known, older rows)
+
+    @property
+    def persons_part(self) -> str:
+        """What the person said (and the tools run): the text before the agent's answer."""
+        return self.text if self.answer_at is None else self.text[:self.answer_at]
+
+    @property
+    def agents_part(self) -> str:
+        return "" if self.answer_at is None else self.text[self.answer_at:]
 
 
 def _cut(text: str, limit: int) -> str:
@@ -58,17 +68,35 @@ def _tools(tool_calls_json: str) -> str:
 
 def render(obs: Observation) -> str:
     """The episode's text: message, tools, answer; bounded, clean, without private text."""
-    parts = [_cut(obs.user_message, USER_CHARS), _tools(obs.tool_calls_json), _cut(obs.agent_response, RESPONSE_CHARS)]
-    return strip_private(clean_text("\n".join(p for p in parts if p.strip())))
+    return _rendered(obs)[0]
+
+
+def _rendered(obs: Observation) -> tuple[str, int | None]:
+    """The text, and where the agent's answer begins in it (its length when there is none; None when
+    private text left open in the person's part hides the answer too)."""
+    said = "\n".join(p for p in (_cut(obs.user_message, USER_CHARS), _tools(obs.tool_calls_json)) if p.strip())
+    answer = _cut(obs.agent_response, RESPONSE_CHARS)
+    text = _clean("\n".join(p for p in (said, answer) if p.strip()))
+    if not answer.strip():
+        return text, len(text)
+    if not said.strip():
+        return text, 0
+    persons = _clean(said)
+    return text, (len(persons) + 1 if text.startswith(persons + "\n") else None)
+
+
+def _clean(text: str) -> str:
+    return strip_private(clean_text(text))
 
 
 def from_observation(obs: Observation) -> Episode:
-    return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, render(obs))
+    text, answer_at = _rendered(obs)
+    return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, text, answer_at)
 
 
 # ---------------------------------------------------------------- memory.db's episodes table
 
-_COLUMNS = "id, session_id, turn, at, text"
+_COLUMNS = "id, session_id, turn, at, text, answer_at"
 
 
 def max_id(conn: sqlite3.Connection) -> int:
@@ -76,13 +104,15 @@ def max_id(conn: sqlite3.Connection) -> int:
 
 
 def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
-    """Store episodes (a known id is left as it is). Returns how many were new."""
+    """Store episodes. A known id is left as it is, but for where its answer begins, filled in if
+    it was not known (a row from before that was stored). Returns how many rows changed."""
     if not episodes:
         return 0
     with transaction(conn) as c:
         before = c.total_changes
-        c.executemany(f"INSERT OR IGNORE INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                      [(e.id, e.session_id, e.turn, e.at, e.text) for e in episodes])
+        c.executemany(f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                      "SET answer_at = excluded.answer_at WHERE answer_at IS NULL AND excluded.answer_at IS NOT NULL",
+                      [(e.id, e.session_id, e.turn, e.at, e.text, e.answer_at) for e in episodes])
         return c.total_changes - before
 
 
@@ -143,7 +173,7 @@ def embed_text(previous: Episode | None, episode: Episode) -> str:
 def missing_vectors(conn: sqlite3.Connection, model: str, above: int, below: int, limit: int) -> list[Episode]:
     """Episodes with ids in (above, below) that have no vector from `model`, newest first."""
     return rows(conn.execute(
-        "SELECT e.id, e.session_id, e.turn, e.at, e.text FROM episodes e "
+        "SELECT e.id, e.session_id, e.turn, e.at, e.text, e.answer_at FROM episodes e "
         "LEFT JOIN episode_vectors v ON v.id = e.id AND v.model = ? "
         "WHERE v.id IS NULL AND e.id > ? AND e.id < ? ORDER BY e.id DESC LIMIT ?",
         (model, above, below, limit)), Episode)

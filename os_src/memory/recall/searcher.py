@@ -18,120 +18,21 @@ The ranking steps are pure functions of their inputs and `now`.
 
 from __future__ import annotations
 
-import math
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-
-import msgspec
+from dataclasses import dataclass
 
 from ...database import marks
-from . import episodes as ep
 from .dense import Embedder, VectorIndex
-from .index import Kind, RecallIndex, Window
+from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, shown, snippet
+from .index import RecallIndex, Window
 from .learnings import search_learnings, search_terms
-from .timeparse import When, time_cue
+from .ranking import Candidate, order_by_time, weighted_rrf
+from .timeparse import time_cue
+
+__all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
 POOL = 50  # candidates each retriever hands to fusion
-RRF_K = 10.0
 DENSE_WEIGHT = 1.0
-RECENCY = 0.5  # "now" questions: a hit from today gains up to half its score
-RECENCY_DAYS = 365.0
-SNIPPET_CHARS = 240
-LEARNING_SNIPPET_CHARS = 600  # a learning is short: shown whole up to this
-
-
-@dataclass(frozen=True)
-class Candidate:
-    kind: Kind
-    id: int
-    score: float
-    at: float
-    bm25: float | None = None
-    cosine: float | None = None
-
-
-class RecallHit(msgspec.Struct, frozen=True):
-    kind: str  # episode | learning
-    id: int  # an episode's observation id, or a learning's id
-    score: float  # higher is better (fused: reciprocal-rank; lexical only: BM25)
-    at: float  # the turn's date, or when the learning was made
-    session_id: str | None  # the episode's session, or the session the learning came from
-    turn: int | None  # 1-based turn within that session (for a learning, the turn it came from)
-    observation_id: int | None  # the turn in transcript.db
-    type: str  # EPISODE, or the learning's type (FACT, CORRECTION, SUMMARY...)
-    snippet: str
-    bm25: float | None = None
-    cosine: float | None = None
-
-
-# ---------------------------------------------------------------- ranking (pure)
-
-
-def weighted_rrf(lists: Sequence[Sequence[Candidate]], weights: Sequence[float], k: float = RRF_K) -> list[Candidate]:
-    """Fuse ranked lists: an item scores the sum of weight / (k + rank) over the lists it is in."""
-    score: dict[tuple[str, int], float] = {}
-    merged: dict[tuple[str, int], Candidate] = {}
-    for ranked, weight in zip(lists, weights, strict=True):
-        for rank, c in enumerate(ranked, 1):
-            key = (c.kind, c.id)
-            score[key] = score.get(key, 0.0) + weight / (k + rank)
-            had = merged.get(key)
-            merged[key] = c if had is None else replace(
-                had, bm25=had.bm25 if had.bm25 is not None else c.bm25,
-                cosine=had.cosine if had.cosine is not None else c.cosine)
-    ordered = sorted(score.items(), key=lambda kv: -kv[1])
-    return [replace(merged[key], score=s) for key, s in ordered]
-
-
-def order_by_time(hits: Sequence[Candidate], when: When | None, current: bool, now: float) -> list[Candidate]:
-    """Hits dated inside the period asked about first; for the current state, newer hits (never
-    later than `now`) gain up to RECENCY of their score."""
-    if when is not None:
-        return sorted(hits, key=lambda h: (not when.start <= h.at <= when.end, -h.score))
-    if not current:
-        return list(hits)
-
-    def boosted(h: Candidate) -> float:
-        if h.at > now:
-            return h.score
-        return h.score * (1 + RECENCY * math.exp(-(now - h.at) / 86400 / RECENCY_DAYS))
-
-    return sorted(hits, key=lambda h: -boosted(h))
-
-
-def corrections_first(hits: Sequence[RecallHit], words: Sequence[str]) -> list[RecallHit]:
-    """A CORRECTION moves just above the first higher-ranked, older learning it corrects: one that
-    shares two of its words (by their first five letters, a rough stem), or one the query asked
-    about. Nothing else moves."""
-    out = list(hits)
-    asked = {w[:5] for w in words}
-    for hit in [h for h in hits if h.type == "CORRECTION"]:
-        mine = _stems(hit.snippet)
-        at = out.index(hit)
-        for i, other in enumerate(out[:at]):
-            shared = mine & _stems(other.snippet)
-            if other.kind == "learning" and other.type != "CORRECTION" and other.at <= hit.at \
-                    and (len(shared) >= 2 or shared & asked):
-                out.insert(i, out.pop(at))
-                break
-    return out
-
-
-def _stems(text: str) -> set[str]:
-    return {w[:5] for w in search_terms(text)}
-
-
-def snippet(text: str, words: Sequence[str], width: int = SNIPPET_CHARS) -> str:
-    """About `width` characters of `text` around its first matching word, on one line."""
-    flat = " ".join(text.split())
-    if len(flat) <= width:
-        return flat
-    lower = flat.lower()
-    at = min((i for w in words if (i := lower.find(w[:5])) >= 0), default=0)
-    start = max(0, at - width // 3)
-    piece = flat[start:start + width]
-    return ("…" if start else "") + piece + ("…" if start + width < len(flat) else "")
 
 
 # ---------------------------------------------------------------- the search
@@ -205,25 +106,4 @@ class Searcher:
             return []  # a first session: nothing to find, and no query to embed
         ranked = self.rank(query, now, limit, exclude_session, use_dense)
         words = search_terms(time_cue(query[:2_000], now).rest)
-        return corrections_first(hydrate(self.conn, ranked, words), words)[:limit]
-
-
-def hydrate(conn: sqlite3.Connection, hits: Sequence[Candidate], words: Sequence[str]) -> list[RecallHit]:
-    """What each hit shows, from memory.db. Forgotten learnings, and rows gone since, are dropped."""
-    episode_ids = [h.id for h in hits if h.kind == "episode"]
-    learning_ids = [h.id for h in hits if h.kind == "learning"]
-    episodes = ep.get(conn, episode_ids) if episode_ids else {}
-    learnings = {r[0]: r for r in conn.execute(
-        "SELECT l.id, l.session_id, l.source_observation_id, l.type, l.content, e.session_id, e.turn "
-        "FROM learnings l LEFT JOIN episodes e ON e.id = l.source_observation_id "
-        f"WHERE l.id IN ({marks(learning_ids)}) AND l.forgotten_at IS NULL", learning_ids)} if learning_ids else {}
-    out = []
-    for h in hits:
-        if h.kind == "episode" and (e := episodes.get(h.id)) is not None:
-            out.append(RecallHit(h.kind, h.id, h.score, h.at, e.session_id, e.turn, e.id, "EPISODE",
-                                 snippet(e.text, words), h.bm25, h.cosine))
-        elif h.kind == "learning" and (row := learnings.get(h.id)) is not None:
-            _, session, source, kind, content, source_session, turn = row
-            out.append(RecallHit(h.kind, h.id, h.score, h.at, session or source_session, turn, source, kind,
-                                 snippet(content, words, LEARNING_SNIPPET_CHARS), h.bm25, h.cosine))
-    return out
+        return shown(self.conn, ranked, words)[:limit]

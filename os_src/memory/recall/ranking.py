@@ -1,0 +1,62 @@
+"""How recall ranks: pure functions of the retrievers' lists, the time cue and `now`.
+
+- `weighted_rrf`: reciprocal-rank fusion of the word and meaning lists (k = 10).
+- `order_by_time`: hits dated in the period asked about first; for the current state, newer
+  hits gain (never one dated after `now`, never one with a date no calendar holds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ...dates import usable
+from .index import Kind
+from .timeparse import When
+
+RRF_K = 10.0
+RECENCY = 0.5  # "now" questions: a hit from today gains up to half its score
+RECENCY_DAYS = 365.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: Kind
+    id: int
+    score: float
+    at: float
+    bm25: float | None = None
+    cosine: float | None = None
+
+
+def weighted_rrf(lists: Sequence[Sequence[Candidate]], weights: Sequence[float], k: float = RRF_K) -> list[Candidate]:
+    """Fuse ranked lists: an item scores the sum of weight / (k + rank) over the lists it is in."""
+    score: dict[tuple[str, int], float] = {}
+    merged: dict[tuple[str, int], Candidate] = {}
+    for ranked, weight in zip(lists, weights, strict=True):
+        for rank, c in enumerate(ranked, 1):
+            key = (c.kind, c.id)
+            score[key] = score.get(key, 0.0) + weight / (k + rank)
+            had = merged.get(key)
+            merged[key] = c if had is None else replace(
+                had, bm25=had.bm25 if had.bm25 is not None else c.bm25,
+                cosine=had.cosine if had.cosine is not None else c.cosine)
+    ordered = sorted(score.items(), key=lambda kv: -kv[1])
+    return [replace(merged[key], score=s) for key, s in ordered]
+
+
+def order_by_time(hits: Sequence[Candidate], when: When | None, current: bool, now: float) -> list[Candidate]:
+    """Hits dated inside the period asked about first; for the current state, newer hits (never
+    later than `now`) gain up to RECENCY of their score."""
+    if when is not None:
+        return sorted(hits, key=lambda h: (not when.start <= h.at <= when.end, -h.score))
+    if not current:
+        return list(hits)
+
+    def boosted(h: Candidate) -> float:
+        if not usable(h.at) or h.at > now:
+            return h.score
+        return h.score * (1 + RECENCY * math.exp(-(now - h.at) / 86400 / RECENCY_DAYS))
+
+    return sorted(hits, key=lambda h: -boosted(h))
