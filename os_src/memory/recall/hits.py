@@ -83,18 +83,23 @@ def stems(text: str) -> set[str]:
 
 def fold_sources(found: Sequence[Found]) -> list[Found]:
     """A learning and the episode it came from, both found: the learning, at the better place,
-    carrying the person's words of that turn."""
-    learned = {f.observation_id: f for f in found if f.candidate.kind == "learning" and f.observation_id is not None}
-    sources = {f.candidate.id: f for f in found if f.candidate.kind == "episode" and f.candidate.id in learned}
+    carrying the person's words of that turn (the best-ranked learning from a turn; others from it
+    stay as they are)."""
+    learned: dict[int, Found] = {}
+    for f in found:
+        if f.candidate.kind == "learning" and f.observation_id is not None:
+            learned.setdefault(f.observation_id, f)
+    folded = {f.candidate.id: f for f in found if f.candidate.kind == "episode" and f.candidate.id in learned}
     out: list[Found] = []
     seen: set[tuple[str, int]] = set()
     for f in found:
-        if f.candidate.kind == "episode" and f.candidate.id in sources:
+        if f.candidate.kind == "episode" and f.candidate.id in folded:
             f = learned[f.candidate.id]  # the learning takes its turn's place, if that was better
         if (f.candidate.kind, f.candidate.id) in seen:
             continue
         seen.add((f.candidate.kind, f.candidate.id))
-        if f.candidate.kind == "learning" and (src := sources.get(f.observation_id or -1)) is not None:
+        src = folded.get(f.observation_id or -1) if f.candidate.kind == "learning" else None
+        if src is not None and learned[src.candidate.id] is f:
             f = replace(f, text=f"{f.text} (said: {snippet(src.persons, [], SAID_CHARS)})")
         out.append(f)
     return out
@@ -125,10 +130,9 @@ def below_corrections(found: Sequence[Found], corrections_of: dict[int, Found]) 
         at = next((i for i, o in enumerate(out) if o.candidate.kind == "learning"
                    and o.candidate.id == f.replaced_by), None)
         if at is None and (fix := corrections_of.get(f.candidate.id)) is not None:
-            place = _place_of(out, found, f)
-            out.insert(place, replace(fix, candidate=replace(fix.candidate, score=f.candidate.score)))
-            at = place
-        out.insert(len(out) if at is None else at + 1, f)
+            at = _place_of(out, found, f)
+            out.insert(at, replace(fix, candidate=replace(fix.candidate, score=f.candidate.score)))
+        out.insert(_place_of(out, found, f) if at is None else at + 1, f)  # its correction gone: its own place
     return out
 
 
@@ -172,6 +176,19 @@ def _corrections_of(conn: sqlite3.Connection, found: Sequence[Found]) -> dict[in
     wanted = {f.candidate.id: f.replaced_by for f in found if f.replaced_by is not None}
     rows = _learnings(conn, sorted({c for c in wanted.values() if c is not None}))
     return {old: rows[new] for old, new in wanted.items() if new is not None and new in rows}
+
+
+def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> dict[tuple[str, int], str]:
+    """What the person said in each ranked episode (its whole text when not known apart), and each
+    ranked learning's text."""
+    episode_ids = [c.id for c in ranked if c.kind == "episode"]
+    learning_ids = [c.id for c in ranked if c.kind == "learning"]
+    out: dict[tuple[str, int], str] = {("episode", e.id): e.persons_part
+                                       for e in (ep.get(conn, episode_ids) if episode_ids else {}).values()}
+    if learning_ids:
+        out.update({("learning", int(r[0])): str(r[1]) for r in conn.execute(
+            f"SELECT id, content FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)})
+    return out
 
 
 def shown(conn: sqlite3.Connection, ranked: Sequence[Candidate], words: Sequence[str]) -> list[RecallHit]:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ...dates import usable
@@ -60,3 +60,48 @@ def order_by_time(hits: Sequence[Candidate], when: When | None, current: bool, n
         return h.score * (1 + RECENCY * math.exp(-(now - h.at) / 86400 / RECENCY_DAYS))
 
     return sorted(hits, key=lambda h: -boosted(h))
+
+
+def fuse(lexical: Sequence[Candidate], dense: Sequence[Candidate], seen_by_meaning: Callable[[Candidate], bool],
+         dense_weight: float = 1.0, k: float = RRF_K) -> list[Candidate]:
+    """Weighted reciprocal-rank fusion of the word list and the meaning list, fair to a memory the
+    meaning retriever cannot see (a turn not embedded yet, a learning): it counts as if meaning had
+    ranked it where words did. `seen_by_meaning(c)`: `c` has a vector."""
+    unseen = [c for c in lexical if not seen_by_meaning(c)]
+    fused = weighted_rrf([lexical, dense], [1.0, dense_weight], k)
+    if not unseen or not dense_weight:
+        return fused
+    place = {(c.kind, c.id): rank for rank, c in enumerate(lexical, 1)}
+    bonus = {(c.kind, c.id): dense_weight / (k + place[(c.kind, c.id)]) for c in unseen}
+    lifted = [replace(c, score=c.score + bonus.get((c.kind, c.id), 0.0)) for c in fused]
+    return sorted(lifted, key=lambda c: -c.score)
+
+
+def never_below_words(ranked: Sequence[Candidate], lexical: Sequence[Candidate],
+                      seen_by_meaning: Callable[[Candidate], bool]) -> list[Candidate]:
+    """`ranked`, with each memory meaning cannot see moved up, if need be, to its place in `lexical`:
+    a turn without a vector is never ranked below where word search alone would put it."""
+    floors = [(rank, (c.kind, c.id)) for rank, c in enumerate(lexical, 1) if not seen_by_meaning(c)]
+    by_key: dict[tuple[str, int], Candidate] = {}
+    for c in ranked:
+        by_key.setdefault((c.kind, c.id), c)
+    ranked = list(by_key.values())  # each memory once, whatever a list held twice
+    if not floors:
+        return ranked
+    waiting = [(rank, key) for rank, key in floors if key in by_key]
+    out: list[Candidate] = []
+    placed: set[tuple[str, int]] = set()
+    rest = iter(ranked)
+    while len(out) < len(ranked):
+        while waiting and waiting[0][1] in placed:
+            waiting.pop(0)
+        if waiting and waiting[0][0] <= len(out) + 1:
+            key = waiting.pop(0)[1]
+            out.append(by_key[key])
+            placed.add(key)
+            continue
+        c = next(rest)
+        if (c.kind, c.id) not in placed:
+            out.append(c)
+            placed.add((c.kind, c.id))
+    return out

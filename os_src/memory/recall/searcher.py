@@ -19,15 +19,17 @@ The ranking steps are pure functions of their inputs and `now`.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from ...database import marks
 from .dense import Embedder, VectorIndex
-from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, shown, snippet
+from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
 from .index import RecallIndex, Window
-from .learnings import search_learnings, search_terms
-from .ranking import Candidate, order_by_time, weighted_rrf
-from .timeparse import time_cue
+from .learnings import MAX_QUERY_CHARS, search_learnings, search_terms
+from .ranking import Candidate, fuse, never_below_words, order_by_time
+from .rarity import Rarity, prior
+from .timeparse import anchor_cue, time_cue
 
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
@@ -46,11 +48,15 @@ class Dense:
     vectors: VectorIndex
     weight: float = DENSE_WEIGHT
 
-    def rank(self, query: str, limit: int) -> list[Candidate]:
+    def look(self, query: str, limit: int, also: Sequence[int]) -> tuple[list[Candidate], dict[int, float]]:
+        """The `limit` nearest episodes, and the cosine of each episode among `also` that has a vector
+        (one missing from it has none yet)."""
         if not len(self.vectors) or not query.strip():
-            return []
-        found = self.vectors.search(self.embedder.query(query), limit)
-        return [Candidate("episode", item, cos, at, cosine=cos) for item, cos, at in found]
+            return [], {}
+        vector = self.embedder.query(query)
+        found = self.vectors.search(vector, limit)
+        return ([Candidate("episode", item, cos, at, cosine=cos) for item, cos, at in found],
+                self.vectors.similarities(vector, also))
 
 
 class Searcher:
@@ -62,6 +68,7 @@ class Searcher:
         self.conn = conn
         self.index = index
         self.dense = dense
+        self.rarity = Rarity(index) if index is not None else None
 
     def close(self) -> None:
         self.conn.close()
@@ -75,17 +82,55 @@ class Searcher:
     def rank(self, query: str, now: float, limit: int, exclude_session: str | None = None,
              use_dense: bool = True) -> list[Candidate]:
         """The best `limit` memories for `query`, before hydration."""
-        cue = time_cue(query[:2_000], now)
-        words = search_terms(cue.rest)
-        window = Window(cue.when.start, cue.when.end) if cue.when else None
+        cue = time_cue(query[:MAX_QUERY_CHARS], now)
+        period, rest, event = cue.when, cue.rest, None
+        if period is None and (anchor := anchor_cue(rest)) is not None:
+            told = self._retrieve(anchor.event, None, use_dense, exclude_session)
+            if told:  # "the week before my sister's wedding": the wedding's turn dates the week
+                event, period, rest = told[0], anchor.window(told[0].at), anchor.rest
+        window = Window(period.start, period.end) if period else None
+        ranked, words_alone, seen = self._retrieve_all(rest, window, use_dense, exclude_session)
+        ranked = never_below_words(order_by_time(ranked, period, cue.current, now),
+                                   order_by_time(words_alone, period, cue.current, now), seen)
+        if event is not None:
+            ranked = [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
+        return ranked[: limit * 2]  # room for what hydration drops
+
+    def _retrieve(self, text: str, window: Window | None, use_dense: bool,
+                  exclude_session: str | None) -> list[Candidate]:
+        return self._retrieve_all(text, window, use_dense, exclude_session)[0]
+
+    def _retrieve_all(self, text: str, window: Window | None, use_dense: bool, exclude_session: str | None
+                      ) -> tuple[list[Candidate], list[Candidate], Callable[[Candidate], bool]]:
+        """Words and meaning, fused and weighed by how specific each memory is; and what words alone
+        found, and whether meaning can see a memory, for never_below_words."""
         pool = POOL + (POOL if exclude_session else 0)
-        lexical = self._lexical(words, pool, window)
-        ranked = lexical
+        lexical = self._lexical(search_terms(text), pool, window)
+        dense: list[Candidate] = []
+        cosines: dict[int, float] = {}
         if self.dense is not None and use_dense and self.index is not None:
-            ranked = weighted_rrf([lexical, self.dense.rank(cue.rest[:2_000], pool)], [1.0, self.dense.weight])
+            dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"])
+            lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
+        vectors = {c.id for c in dense} | set(cosines)
+
+        def seen(c: Candidate) -> bool:  # without meaning there is nothing to be fair about
+            return not dense or (c.kind == "episode" and c.id in vectors)
+
+        ranked = fuse(lexical, dense, seen, self.dense.weight if self.dense is not None else 1.0) if dense \
+            else list(lexical)
+        ranked = self._weighed(ranked)
         if exclude_session is not None:
-            ranked = self._other_sessions(ranked, exclude_session)
-        return order_by_time(ranked, cue.when, cue.current, now)[: limit * 2]  # room for what hydration drops
+            ranked, lexical = self._other_sessions(ranked, exclude_session), self._other_sessions(lexical, exclude_session)
+        return ranked, lexical, seen
+
+    def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
+        """Each memory's score times the prior of how specific it is (rarity.py)."""
+        if self.rarity is None or not ranked:
+            return ranked
+        texts = memory_texts(self.conn, ranked)
+        rare = self.rarity.counts([texts.get((c.kind, c.id), "") for c in ranked])
+        weighed = [replace(c, score=c.score * prior(n)) for c, n in zip(ranked, rare, strict=True)]
+        return sorted(weighed, key=lambda c: -c.score)
 
     def _anything_else(self, session_id: str) -> bool:
         """Does memory hold anything besides this session's turns?"""
@@ -94,7 +139,7 @@ class Searcher:
             "OR EXISTS (SELECT 1 FROM episodes WHERE session_id < ? OR session_id > ?)",
             (session_id, session_id)).fetchone()[0])
 
-    def _other_sessions(self, ranked: list[Candidate], session_id: str) -> list[Candidate]:
+    def _other_sessions(self, ranked: Sequence[Candidate], session_id: str) -> list[Candidate]:
         ids = [c.id for c in ranked if c.kind == "episode"]
         mine = {r for (r,) in self.conn.execute(
             f"SELECT id FROM episodes WHERE session_id = ? AND id IN ({marks(ids)})", [session_id, *ids])}
@@ -105,5 +150,5 @@ class Searcher:
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
         ranked = self.rank(query, now, limit, exclude_session, use_dense)
-        words = search_terms(time_cue(query[:2_000], now).rest)
+        words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
         return shown(self.conn, ranked, words)[:limit]
