@@ -25,9 +25,11 @@ from sprite_os.memory.recall.hits import (
 from sprite_os.memory.recall.ranking import (
     Candidate,
     fuse,
+    lifted,
     never_below_words,
     order_by_time,
     weighted_rrf,
+    with_neighbours,
 )
 from sprite_os.memory.recall.rarity import prior
 from sprite_os.memory.recall.timeparse import When, anchor_cue, time_cue
@@ -60,6 +62,7 @@ def test_time_cue_finds_the_period_and_drops_its_words(query: str, start: float,
 
 def test_time_cue_current_and_none() -> None:
     assert time_cue("where does Tom live now?", NOW).current
+    assert time_cue("where does Tom work at present?", NOW).current
     plain = time_cue("which restaurant did Maya recommend?", NOW)
     assert plain.when is None and not plain.current and plain.rest == "which restaurant did Maya recommend?"
 
@@ -144,7 +147,27 @@ def test_the_period_an_event_places_allows_a_week_either_side_of_when_it_was_tol
 
 
 def test_a_specific_memory_weighs_more_up_to_a_bound() -> None:
-    assert prior(0) == 1.0 and prior(1) == pytest.approx(1.2) and prior(6) == prior(60) == pytest.approx(2.2)
+    assert prior(0) == 1.0 and prior(1) == pytest.approx(1.4) and prior(6) == prior(60) == pytest.approx(3.4)
+
+
+def test_a_turn_gains_a_share_of_the_better_turn_found_beside_it_in_its_session() -> None:
+    """A fact told over two turns: the turn after the one that matched best comes up with it."""
+    ranked = [c(1, 1.0), c(7, 0.5), c(2, 0.45), c(9, 0.44)]
+    places = {("episode", 1): ("s", 3), ("episode", 2): ("s", 4), ("episode", 7): ("t", 1),
+              ("episode", 9): ("s", 9)}
+    out = with_neighbours(ranked, places, share=0.1)
+    assert [x.id for x in out] == [1, 2, 7, 9]
+    assert out[1].score == pytest.approx(0.45 + 0.1 * 1.0)  # the better of its two neighbours
+    assert out[0].score == pytest.approx(1.0 + 0.1 * 0.45)
+    assert out[3].score == pytest.approx(0.44)  # nothing found beside it, or another session: unchanged
+    assert [x.id for x in with_neighbours(ranked, {}, share=0.1)] == [1, 7, 2, 9]  # learnings have no place
+
+
+def test_a_period_placed_by_an_uncertain_event_lifts_its_memories_without_putting_them_first() -> None:
+    week = When(ts(2023, 5, 1), ts(2023, 5, 8), "the wedding")
+    inside, outside, far = c(1, 0.5, ts(2023, 5, 3)), c(2, 0.6, ts(2023, 1, 1)), c(3, 1.0, ts(2022, 1, 1))
+    out = lifted([far, outside, inside], week, 0.3)
+    assert [x.id for x in out] == [3, 1, 2] and out[1].score == pytest.approx(0.65)
 
 
 def hit(kind: str, item: int, type_: str, text: str, at: float = 0.0, cosine: float | None = None,

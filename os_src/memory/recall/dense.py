@@ -142,13 +142,19 @@ class VectorIndex:
         scores = self._vectors[[row for _, row in rows]] @ query
         return {item: float(score) for (item, _), score in zip(rows, scores, strict=True)}
 
-    def search(self, query: Matrix, limit: int) -> list[tuple[int, float, float]]:
-        """(episode id, cosine, date) of the `limit` nearest, nearest first."""
+    def search(self, query: Matrix, limit: int, within: tuple[float, float] | None = None
+               ) -> list[tuple[int, float, float]]:
+        """(episode id, cosine, date) of the `limit` nearest, nearest first; `within`: of those dated in
+        that period (from, to), all of them scored."""
         n = self._n
         if n == 0 or limit <= 0:
             return []
         vectors = self._vectors[:n]
-        if n < BINARY_FROM:
+        if within is not None:
+            rows = np.nonzero((self._at[:n] >= within[0]) & (self._at[:n] <= within[1]))[0]
+            if not len(rows):
+                return []
+        elif n < BINARY_FROM:
             rows = np.arange(n)
         else:
             if self._bits is None or len(self._bits) != n:

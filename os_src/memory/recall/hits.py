@@ -178,15 +178,20 @@ def _corrections_of(conn: sqlite3.Connection, found: Sequence[Found]) -> dict[in
     return {old: rows[new] for old, new in wanted.items() if new is not None and new in rows}
 
 
-def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> dict[tuple[str, int], str]:
-    """What the person said in each ranked episode (its whole text when not known apart), and each
-    ranked learning's text."""
+@dataclass(frozen=True)
+class Said:
+    text: str  # what the person said in an episode (its whole text when not known apart); a learning
+    place: tuple[str, int] | None  # an episode's session and turn
+
+
+def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> dict[tuple[str, int], Said]:
+    """What each ranked memory says, and where an episode sits in its session."""
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
-    out: dict[tuple[str, int], str] = {("episode", e.id): e.persons_part
-                                       for e in (ep.get(conn, episode_ids) if episode_ids else {}).values()}
+    out = {("episode", e.id): Said(e.persons_part, (e.session_id, e.turn))
+           for e in (ep.get(conn, episode_ids) if episode_ids else {}).values()}
     if learning_ids:
-        out.update({("learning", int(r[0])): str(r[1]) for r in conn.execute(
+        out.update({("learning", int(r[0])): Said(str(r[1]), None) for r in conn.execute(
             f"SELECT id, content FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)})
     return out
 

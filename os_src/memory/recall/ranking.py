@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ...dates import usable
@@ -16,6 +16,7 @@ from .index import Kind
 from .timeparse import When
 
 RRF_K = 10.0
+NEIGHBOURS = 0.1  # a turn gains this share of the score of the best turn found either side of it
 RECENCY = 0.5  # "now" questions: a hit from today gains up to half its score
 RECENCY_DAYS = 365.0
 
@@ -105,3 +106,26 @@ def never_below_words(ranked: Sequence[Candidate], lexical: Sequence[Candidate],
             out.append(c)
             placed.add((c.kind, c.id))
     return out
+
+
+def with_neighbours(ranked: Sequence[Candidate], places: Mapping[tuple[str, int], tuple[str, int]],
+                    share: float = NEIGHBOURS) -> list[Candidate]:
+    """Each turn gains `share` of the score of the better of the turns just before and after it in its
+    session, when they were found too: a fact told over two turns comes back whole more often.
+    `places`: each episode's (session, turn)."""
+    score: dict[tuple[str, int], float] = {(c.kind, c.id): c.score for c in ranked}
+    at = {place: key for key, place in places.items()}
+
+    def near(c: Candidate) -> float:
+        if (place := places.get((c.kind, c.id))) is None:
+            return 0.0
+        session, turn = place
+        return max((score.get(at.get((session, turn + d), ("", -1)), 0.0) for d in (-1, 1)), default=0.0)
+
+    return sorted((replace(c, score=c.score + share * near(c)) for c in ranked), key=lambda c: -c.score)
+
+
+def lifted(ranked: Sequence[Candidate], period: When, share: float) -> list[Candidate]:
+    """Memories dated in `period` gain `share` of their score (a period placed by an uncertain event)."""
+    return sorted((replace(c, score=c.score * (1 + share)) if period.start <= c.at <= period.end else c
+                   for c in ranked), key=lambda c: -c.score)

@@ -18,7 +18,7 @@ import tantivy
 from .index import RecallIndex
 
 RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
-WEIGHT = 0.2  # each rare word adds this much to a memory's score, in proportion
+WEIGHT = 0.4  # each rare word adds this much to a memory's score, in proportion
 MOST = 6  # rare words counted, at most
 CACHE = 50_000  # document frequencies kept between searches (cleared when the index changes)
 

@@ -27,14 +27,15 @@ from .dense import Embedder, VectorIndex
 from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
 from .index import RecallIndex, Window
 from .learnings import MAX_QUERY_CHARS, search_learnings, search_terms
-from .ranking import Candidate, fuse, never_below_words, order_by_time
+from .ranking import Candidate, fuse, lifted, never_below_words, order_by_time, with_neighbours
 from .rarity import Rarity, prior
 from .timeparse import anchor_cue, time_cue
 
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
 POOL = 50  # candidates each retriever hands to fusion
-DENSE_WEIGHT = 1.0
+DENSE_WEIGHT = 1.2
+ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
 
 
 # ---------------------------------------------------------------- the search
@@ -48,13 +49,14 @@ class Dense:
     vectors: VectorIndex
     weight: float = DENSE_WEIGHT
 
-    def look(self, query: str, limit: int, also: Sequence[int]) -> tuple[list[Candidate], dict[int, float]]:
-        """The `limit` nearest episodes, and the cosine of each episode among `also` that has a vector
-        (one missing from it has none yet)."""
+    def look(self, query: str, limit: int, also: Sequence[int], window: Window | None = None
+             ) -> tuple[list[Candidate], dict[int, float]]:
+        """The `limit` nearest episodes (dated in `window`, if given), and the cosine of each episode
+        among `also` that has a vector (one missing from it has none yet)."""
         if not len(self.vectors) or not query.strip():
             return [], {}
         vector = self.embedder.query(query)
-        found = self.vectors.search(vector, limit)
+        found = self.vectors.search(vector, limit, (window.start, window.end) if window else None)
         return ([Candidate("episode", item, cos, at, cosine=cos) for item, cos, at in found],
                 self.vectors.similarities(vector, also))
 
@@ -69,6 +71,9 @@ class Searcher:
         self.index = index
         self.dense = dense
         self.rarity = Rarity(index) if index is not None else None
+        # off: fusion and the time cue alone, without the specificity prior, the neighbours' share and the
+        # period another event places (the benchmark measures them side by side)
+        self.policies = True
 
     def close(self) -> None:
         self.conn.close()
@@ -83,13 +88,17 @@ class Searcher:
              use_dense: bool = True) -> list[Candidate]:
         """The best `limit` memories for `query`, before hydration."""
         cue = time_cue(query[:MAX_QUERY_CHARS], now)
-        period, rest, event = cue.when, cue.rest, None
-        if period is None and (anchor := anchor_cue(rest)) is not None:
-            told = self._retrieve(anchor.event, None, use_dense, exclude_session)
-            if told:  # "the week before my sister's wedding": the wedding's turn dates the week
-                event, period, rest = told[0], anchor.window(told[0].at), anchor.rest
+        period = cue.when
         window = Window(period.start, period.end) if period else None
-        ranked, words_alone, seen = self._retrieve_all(rest, window, use_dense, exclude_session)
+        ranked, words_alone, seen = self._retrieve_all(cue.rest, window, use_dense, exclude_session)
+        event = None
+        if period is None and self.policies and (anchor := anchor_cue(cue.rest)) is not None:
+            # "the week before my sister's wedding": the wedding's turn dates the week. Which turn that is
+            # may be wrong, so the week's memories gain rather than come first, and the turn itself leads.
+            told = self._retrieve(anchor.event, None, use_dense, exclude_session)
+            if told:
+                event = told[0]
+                ranked = lifted(ranked, anchor.window(event.at), ANCHOR_LIFT)
         ranked = never_below_words(order_by_time(ranked, period, cue.current, now),
                                    order_by_time(words_alone, period, cue.current, now), seen)
         if event is not None:
@@ -109,7 +118,7 @@ class Searcher:
         dense: list[Candidate] = []
         cosines: dict[int, float] = {}
         if self.dense is not None and use_dense and self.index is not None:
-            dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"])
+            dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"], window)
             lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
         vectors = {c.id for c in dense} | set(cosines)
 
@@ -124,13 +133,14 @@ class Searcher:
         return ranked, lexical, seen
 
     def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
-        """Each memory's score times the prior of how specific it is (rarity.py)."""
-        if self.rarity is None or not ranked:
+        """Each memory's score times the prior of how specific it is (rarity.py), then a share of the
+        best of the turns either side of it (ranking.with_neighbours)."""
+        if self.rarity is None or not self.policies or not ranked:
             return ranked
-        texts = memory_texts(self.conn, ranked)
-        rare = self.rarity.counts([texts.get((c.kind, c.id), "") for c in ranked])
+        said = memory_texts(self.conn, ranked)
+        rare = self.rarity.counts([said[(c.kind, c.id)].text if (c.kind, c.id) in said else "" for c in ranked])
         weighed = [replace(c, score=c.score * prior(n)) for c, n in zip(ranked, rare, strict=True)]
-        return sorted(weighed, key=lambda c: -c.score)
+        return with_neighbours(weighed, {key: s.place for key, s in said.items() if s.place is not None})
 
     def _anything_else(self, session_id: str) -> bool:
         """Does memory hold anything besides this session's turns?"""

@@ -36,7 +36,7 @@ _PATTERNS = [
     ("month", re.compile(rf"\b(?:in|during|around|back in|early|late) ({_MONTH})\b", re.I)),
     ("year", re.compile(r"\b(?:in|during|back in) ((?:19|20)\d\d)\b", re.I)),
 ]
-_NOW = re.compile(r"\b(now|currently|current|these days|at the moment|nowadays|latest|most recent(?:ly)?)\b", re.I)
+_NOW = re.compile(r"\b(now|currently|current|these days|at the moment|at present|presently|nowadays|latest|most recent(?:ly)?)\b", re.I)
 
 
 @dataclass(frozen=True)
