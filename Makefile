@@ -4,31 +4,43 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-# The console's browser tests drive the distribution's Chromium (Playwright comes with the dev extra).
+# What each target installs: `make run` only dev mode's extra (the mock Bridge), the rest the test extra.
+DEV_STAMP := $(VENV)/.installed-dev
+TEST_STAMP := $(VENV)/.installed-test
+# The console's browser tests drive the distribution's Chromium (Playwright comes with the test extra).
 CHROMIUM := /usr/bin/chromium
 # The CLI's sandbox (SPRITE_ISOLATION=sandbox, docs/security.md) runs on bubblewrap, with socat for its
 # network proxy; the sandbox mode's tests use them.
 SANDBOX := /usr/bin/bwrap /usr/bin/socat
+# The chaos suite's faults: a FUSE file system that loses unsynced writes (pyfuse3 builds against
+# libfuse3's headers), an ext4 image on a loop device (mkfs.ext4, e2fsck).
+FAULT_TOOLS := /usr/include/fuse3/fuse_lowlevel.h /usr/bin/fusermount3 /usr/sbin/mkfs.ext4
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-fast lint bench chaos dist clean screenshots
 
-$(STAMP): pyproject.toml
+$(DEV_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(DEV_STAMP)
 
-## Dev mode (`sprite-os dev`): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the embedded
-## demo model (or ANTHROPIC_BASE_URL when set).
-run: $(STAMP)
-	$(VENV)/bin/sprite-os dev
+$(TEST_STAMP): pyproject.toml | $(FAULT_TOOLS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(TEST_STAMP) $(DEV_STAMP)
+
+## Dev mode (`sprite-os-dev`, from devkit/): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the
+## embedded demo model (or ANTHROPIC_BASE_URL when set).
+run: $(DEV_STAMP)
+	$(VENV)/bin/sprite-os-dev
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
-## console's in a headless Chromium).
-test: $(STAMP) $(CHROMIUM) $(SANDBOX)
+## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.
+JOBS ?= auto
+PYTEST_PARALLEL := -n $(JOBS) --dist loadgroup
+test: $(TEST_STAMP) $(CHROMIUM) $(SANDBOX)
 	@rm -f .coverage .coverage.*
-	$(PY) -m coverage run -m pytest
+	$(PY) -m coverage run -m pytest $(PYTEST_PARALLEL)
 	@$(PY) -m coverage combine -q
 	$(PY) -m coverage report
 
@@ -44,31 +56,40 @@ $(SANDBOX):
 	$(SUDO) apt-get update -qq
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap socat
 
+## The chaos suite's fault tools, from the distribution's packages when missing (Debian: fuse3,
+## libfuse3-dev and pkg-config for pyfuse3's build, e2fsprogs).
+$(FAULT_TOOLS):
+	@echo "Installing FUSE and e2fsprogs for the chaos suite's disks"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fuse3 libfuse3-dev pkg-config e2fsprogs
+
 ## The console's screenshots in docs/console/ (the browser tests take them).
-screenshots: $(STAMP) $(CHROMIUM)
+screenshots: $(TEST_STAMP) $(CHROMIUM)
 	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py tests/test_console_memory_e2e.py
 
-## Unit tests only.
-test-fast: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -m "not e2e" $(PYTEST_PARALLEL)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap
 	@mkdir -p $(VENV)/typecheck && ln -sfn ../../os_src $(VENV)/typecheck/sprite_os
 	$(PY) -m mypy
 
 ## Benchmarks: ratios measured side by side in one run; writes bench/results/latest.json.
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(PY) -m bench
 
-## The fault-injection suite (issue 12): kill -9s, a flapping proxy, a freeze, a full disk (needs
-## root), locked databases and a 500-turn run, through the real server and CLI; ~15 min. Writes
+## The fault-injection suite: kill -9s (at chosen moments, and right after a turn_complete), a
+## flapping proxy, a freeze, a full disk, locked databases, a slow disk, power cuts, an I/O error,
+## a second server, a 5-minute proxy outage and a 1,500-turn run, through the real server and CLI;
+## about an hour. The disks and the second server need root (CI has it). Writes
 ## chaos/results/latest.json and exits 1 if a turn was lost, duplicated or corrupted.
-chaos: $(STAMP)
+chaos: $(TEST_STAMP)
 	$(PY) -m chaos
 
 ## The release tarball Bridge deploys: os_src, bootstrap, VERSION, pinned requirements.
-dist: $(STAMP)
+dist: $(DEV_STAMP)
 	$(PY) bootstrap/build_release.py --out dist
 
 clean:

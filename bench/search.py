@@ -1,5 +1,7 @@
-"""search_memory over 1,000,000 learnings: the agent's tool path (query building, the
-database thread, FTS5 BM25), on a corpus whose word frequencies follow Zipf's law like real text."""
+"""Learnings' FTS5 index over 1,000,000 learnings (query building, the database thread, BM25), on a
+corpus whose word frequencies follow Zipf's law like real text. This is search's fallback, used only
+while the recall index is missing (it is being rebuilt): the agent's search_memory runs on the recall
+index (tantivy, and the dense retriever), measured by bench/recall."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
                                      "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
         assert on.memory is not None
         inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
-        recorded = (await on.memory.health())["observations"]["total"]
+        recorded = (await on.memory.transcript.call(lambda t: t.counts()))["total"]
         a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
         out[label] = {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
                       "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}

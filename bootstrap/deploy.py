@@ -45,11 +45,12 @@ import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
 CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write",  # what this script uses
-                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls")
+                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls", "Workspace")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
@@ -97,9 +98,13 @@ def step(name: str, version: str, **info: object) -> None:
 
 
 class Paths:
+    """Deploy's own names (the releases, the venvs, the links, the command), and, once a release's
+    facts are read (`use`), the ones it shares with the server: where memory, state, logs, the
+    token and the pid file live, and `.os`'s modes, defined once in the contract (its Workspace)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.os = root / ".os"
+        self.os = root / ".os"  # found before any release is read; every release's contract must agree
         self.releases = self.os / "releases"
         self.venvs = self.os / "venvs"
         self.current = self.os / "current"
@@ -110,13 +115,21 @@ class Paths:
         self.lib = self.os / "lib"
         self.bin = self.os / "bin"
         self.command = self.bin / "sprite-os"
-        self.memory = self.os / "memory"
-        self.state = self.os / "state"
-        self.logs = self.os / "logs"
-        self.backup = self.os / "backup"
-        self.token = self.os / "token"
-        self.pid_file = self.state / "server.pid"
-        self.lock = self.state / "deploy.lock"
+        self._shared: Any = None
+
+    def use(self, contract: types.ModuleType) -> None:
+        shared = contract.Workspace(self.root)
+        if shared.os_dir != self.os:
+            raise DeployError(f"the release keeps its system in {shared.os_dir}, not {self.os}: "
+                              "deploy it with its own bootstrap/deploy.py")
+        self._shared = shared
+
+    @property
+    def shared(self) -> Any:
+        """The contract's Workspace: what the server and the deploy both use."""
+        if self._shared is None:
+            raise AssertionError("no release's facts read yet (Paths.use)")
+        return self._shared
 
 
 def release_name(link: Path) -> str | None:
@@ -183,10 +196,17 @@ def load_contract(src: Path) -> types.ModuleType:
     or a checkout. It imports only the standard library, so the system python3 can run it."""
     path = src / CONTRACT
     try:
-        code = compile(path.read_bytes(), str(path), "exec")
+        source = path.read_bytes()
     except OSError as exc:
         raise DeployError(f"cannot read {path} ({exc.strerror}): not a Sprite OS release, or one older than "
                           "this deploy.py (an older release is deployed by its own bootstrap/deploy.py)") from None
+    return contract_from(source, path)
+
+
+def contract_from(source: bytes, path: Path) -> types.ModuleType:
+    """A deploy_contract module from its source (`path` names it in errors and tracebacks)."""
+    try:
+        code = compile(source, str(path), "exec")
     except (SyntaxError, ValueError) as exc:
         raise DeployError(f"cannot load {path}: {exc}") from None
     module = types.ModuleType(f"sprite_os_contract_{hashlib.sha256(bytes(path)).hexdigest()[:12]}")
@@ -252,6 +272,10 @@ class Checkout:
         except OSError as exc:
             raise DeployError(f"cannot read {self.path / 'VERSION'}: {exc.strerror}") from None
 
+    def contract(self) -> types.ModuleType:
+        """The facts the release will be staged with (its staged copy's are loaded again)."""
+        return load_contract(self.path / "os_src")
+
     def stage(self, into: Path) -> None:
         for name, path in release_entries(self.path):
             target = into / name
@@ -286,13 +310,34 @@ class Tarball:
                 raise DeployError(f"cannot read release {self.path}: {exc}") from None
         raise DeployError(f"release {self.path} has no VERSION file")
 
+    def contract(self) -> types.ModuleType:
+        """The facts the release will be staged with, read from the tarball into memory (where the
+        deploy keeps its lock and log); the staged copy's are loaded again, and rule from then on."""
+        with self._open("r:*") as tf:
+            try:
+                for member in self._safe_members(tf):
+                    parts = Path(member.name).parts
+                    if member.isfile() and parts[-2:] == ("src", CONTRACT) and len(parts) <= 3:
+                        f = tf.extractfile(member)
+                        assert f is not None
+                        return contract_from(f.read(), Path(self.path, *parts))
+            except (OSError, tarfile.TarError, EOFError) as exc:
+                raise DeployError(f"cannot read release {self.path}: {exc}") from None
+        raise DeployError(f"release {self.path} has no src/{CONTRACT}: not a Sprite OS release, or one older than "
+                          "this deploy.py (an older release is deployed by its own bootstrap/deploy.py)")
+
+    def _safe_members(self, tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
+        """Every entry, once each is known to be a plain file or folder inside the release."""
+        members = tf.getmembers()
+        for member in members:
+            name = Path(member.name)
+            if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                raise DeployError(f"release {self.path} holds an unsafe entry: {member.name!r}")
+        return members
+
     def stage(self, into: Path) -> None:
         with self._open("r:*") as tf:
-            members = tf.getmembers()
-            for member in members:
-                name = Path(member.name)
-                if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
-                    raise DeployError(f"release {self.path} holds an unsafe entry: {member.name!r}")
+            self._safe_members(tf)
             kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tf.extractall(into, **kwargs)  # type: ignore[arg-type]
         tops = list(into.iterdir())
@@ -518,7 +563,7 @@ def ensure_link(p: Paths, link: Path, target: str) -> None:
             point(link, target)
         return
     if link.exists():  # a real file or folder from an older layout: keep it, out of the way
-        keep = p.backup / f"pre-release-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        keep = p.shared.backup_dir / f"pre-release-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
         keep.mkdir(parents=True, exist_ok=True)
         os.rename(link, keep / link.name)
         out.say(f"deploy: moved {link} to {keep / link.name}")
@@ -557,18 +602,18 @@ def install_token(p: Paths, source: Path, contract: types.ModuleType) -> bool:
     if problem := contract.token_problem(token):
         raise DeployError(f"token in {source} {problem}")
     try:
-        same = p.token.read_text().strip() == token and p.token.stat().st_mode & 0o077 == 0
+        same = p.shared.token_file.read_text().strip() == token and p.shared.token_file.stat().st_mode & 0o077 == 0
     except OSError:
         same = False
     if not same:
-        contract.atomic_write(p.token, (token + "\n").encode(), 0o600)
+        contract.atomic_write(p.shared.token_file, (token + "\n").encode(), 0o600)
     return not same
 
 
 def server_pid(p: Paths) -> int | None:
     """The pid of this workspace's running server (from the service's pid file), or None."""
     try:
-        pid = int(p.pid_file.read_text().split()[0])
+        pid = int(p.shared.pid_file.read_text().split()[0])
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, ValueError, IndexError):
@@ -622,13 +667,13 @@ def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:
 
 @contextlib.contextmanager
 def deploy_lock(p: Paths) -> Iterator[None]:
-    p.state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    p.shared.make_os_dir()
+    fd = os.open(p.shared.deploy_lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DeployError(f"another deploy is running in {p.root} (lock: {p.lock})") from None
+            raise DeployError(f"another deploy is running in {p.root} (lock: {p.shared.deploy_lock})") from None
         yield
     finally:
         os.close(fd)
@@ -648,9 +693,9 @@ def check_owner(p: Paths, euid: int) -> None:
 
 
 def prepare(p: Paths) -> None:
-    for path in (p.os, p.releases, p.venvs, p.memory, p.state, p.logs, p.backup):
-        path.mkdir(parents=True, exist_ok=True)
-    os.chmod(p.os, 0o711)  # passed through, never listed: see deploy_contract.apply_ownership
+    p.shared.make_os_dir()  # .os and its private folders, with the modes the release defines
+    for path in (p.releases, p.venvs):
+        path.mkdir(exist_ok=True)
 
 
 def isolate(p: Paths, contract: types.ModuleType, version: str) -> None:
@@ -688,14 +733,16 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
     version = source.version()
     if not args.force and already_at(p, version):
         return stay_at(args, p, version)
+    p.use(source.contract())
     prepare(p)
-    out.open_log(p.logs / "deploy.log")
+    out.open_log(p.shared.logs_dir / "deploy.log")
     with deploy_lock(p):
         previous = release_name(p.current)
         if previous and ".partial-" in previous:  # a --force re-stage was killed half-way
             previous = previous.split(".partial-")[0]
         step("stage", version, previous=previous or "none")
         release, contract = stage_release(p, source, version, args.force)
+        p.use(contract)
         # Judged by the staged release's rule, as its server will judge it: so after staging, not before.
         if args.token_file:
             install_token(p, Path(args.token_file), contract)
@@ -753,7 +800,9 @@ def stay_at(args: argparse.Namespace, p: Paths, version: str) -> int:
     """`version` is current and complete: nothing to do but install a new token, and restart a
     running server for it. The token is judged by the rule of that release, which is staged and
     serving; the source (a tarball) is not opened."""
-    changed = bool(args.token_file) and install_token(p, Path(args.token_file), load_contract(p.current / "src"))
+    contract = load_contract(p.current / "src")
+    p.use(contract)
+    changed = bool(args.token_file) and install_token(p, Path(args.token_file), contract)
     out.say(f"deploy: already at {version}")
     if changed:
         out.say("deploy: token installed")
@@ -766,14 +815,15 @@ def stay_at(args: argparse.Namespace, p: Paths, version: str) -> int:
 def rollback(args: argparse.Namespace, p: Paths) -> int:
     if not p.current.is_symlink():
         raise DeployError(f"nothing is deployed in {p.root}")
-    out.open_log(p.logs / "deploy.log")
+    # The facts of the release rolled back from: its deploy.py is the one to run (docs/deploy.md),
+    # so script and facts match. Loaded before anything changes.
+    contract = load_contract(p.current / "src")
+    p.use(contract)
+    out.open_log(p.shared.logs_dir / "deploy.log")
     with deploy_lock(p):
         current, previous = release_name(p.current), release_name(p.previous)
         if not previous or previous == current or not is_complete_release(p.releases / previous):
             raise DeployError(f"no previous release to roll back to in {p.releases}")
-        # The facts of the release rolled back from: its deploy.py is the one to run (docs/deploy.md),
-        # so script and facts match. Loaded before anything changes; only the atomic write is used.
-        contract = load_contract(p.current / "src")
         out.say(f"deploy: rollback from={current} to={previous}")
         os.sync()
         if current:

@@ -4,7 +4,7 @@
     python3 bootstrap/lock.py            # rebuild the lock in a clean temporary venv
     python3 bootstrap/lock.py --check    # only check that the lock pins pyproject's dependencies
 
-The lock holds `pyproject.toml`'s `[project].dependencies` (not the dev extras) and
+The lock holds `pyproject.toml`'s `[project].dependencies` (not the dev and test extras) and
 everything they pull in, exactly as `pip freeze` reports them in a fresh venv
 where only those dependencies were installed. The project itself is never in it.
 Run it with the Python the Sprites run (CPython 3.11, linux x86_64): wheels differ

@@ -1,5 +1,5 @@
 """The invariants counted at the end of each scenario, with the server stopped cleanly: nothing
-lost or duplicated, each turn curated exactly once, both databases intact, every curated file
+lost or duplicated, no completed turn recorded as cut short, each turn curated exactly once, both databases intact, every curated file
 plain text within its limits, no temp-file debris and no CLI left running."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from chaos.turns import MARKER, Reconciled, TurnLog, reconcile
 from devkit.processes import workspace_clis
+from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import SPECS, limit_error
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.schema import PENDING, PROCESSED
@@ -41,6 +42,8 @@ class Invariants:
         out = []
         if t.lost:
             out.append(f"{len(t.lost)} acknowledged turns lost: {t.lost[:5]}")
+        if t.cut_short:
+            out.append(f"{len(t.cut_short)} completed turns recorded as cut short: {t.cut_short[:5]}")
         if t.duplicated:
             out.append(f"{len(t.duplicated)} turns recorded twice: {t.duplicated[:5]}")
         if t.unknown:
@@ -117,10 +120,11 @@ def check(workspace: Path, log: TurnLog) -> Invariants:
         memory.close()
     marker_of = {o.id: m.group(0) for o in observations if (m := MARKER.search(o.user_message))}
     recorded = Counter(marker_of.values())
+    stopped = frozenset(marker_of[o.id] for o in observations if o.id in marker_of and STOPPED_NOTE in o.agent_response)
     learnings = Counter(m.group(0) for x in learned if (m := MARKER.search(x.content)))
     in_batches = Counter(i for b in batches if b.status in APPLIED for i in b.observation_ids)
     return Invariants(
-        turns=reconcile(log, recorded),
+        turns=reconcile(log, recorded, stopped),
         observations=len(observations),
         pending=sum(o.processed == PENDING for o in observations),
         stale=sum(o.processed not in (PENDING, PROCESSED) for o in observations),

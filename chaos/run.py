@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checks import Invariants, check, pending_now
+from chaos.places import place
 from chaos.scenarios import SCENARIOS, Plan
 from chaos.world import Settings, World
 from devkit.faults import FaultSetupFailed, small_tmpfs
 from devkit.harness import wait_for
 from devkit.mock_bridge import MockBridge
 
+OWN_MARKERS = 200_000  # a scenario on its own workspace numbers its markers from here (n * 10,000 on)
 SETTLE_TIMEOUT = 420.0  # above the daemon's longest backoff (300 s) after a flapping curator
 DISK_SIZE = "160m"
 
@@ -32,11 +34,14 @@ class Result:
     seconds: float
     turns: int  # turns this scenario sent
     figures: dict[str, Any] = field(default_factory=dict)
-    invariants: Invariants | None = None  # None: counted with a later scenario (settle_each=False)
+    invariants: Invariants | None = None  # None: counted with a later scenario (settle_each=False), or skipped
     error: str | None = None
+    missed: list[str] = field(default_factory=list)  # the scenario's own bounds it did not meet
+    skipped: str | None = None  # why it could not run here (no root, no FUSE, no loop device)
 
     def failures(self) -> list[str]:
-        return ([self.error] if self.error else []) + (self.invariants.failures() if self.invariants else [])
+        return (([self.error] if self.error else []) + self.missed
+                + (self.invariants.failures() if self.invariants else []))
 
     @property
     def ok(self) -> bool:
@@ -44,7 +49,7 @@ class Result:
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "seconds": self.seconds, "turns": self.turns,
-                "figures": self.figures, "error": self.error,
+                "figures": self.figures, "error": self.error, "missed": self.missed, "skipped": self.skipped,
                 "invariants": self.invariants.as_json() if self.invariants else None}
 
 
@@ -59,6 +64,8 @@ def short(value: Any) -> str:
 def line(r: Result) -> str:
     """One line per scenario, with its figures."""
     head = f"{r.name:<15} {'ok ' if r.ok else 'FAIL'} {r.seconds:6.0f} s  "
+    if r.skipped is not None:
+        return head + f"skipped: {r.skipped}"
     if r.invariants is None:
         return head + f"{r.turns} turns, counted with a later scenario | " + ", ".join(
             f"{k} {short(v)}" for k, v in r.figures.items()) + (f" | FAILED: {r.error}" if r.error else "")
@@ -79,7 +86,10 @@ async def settle(world: World, timeout: float = SETTLE_TIMEOUT) -> None:
     """End the session (a batch of what is pending), wait until every turn is curated, stop."""
     if world.server is None or not world.server.running:
         await world.start()  # a start asks for a batch of what is pending
-    if any(f["type"] == "turn_started" for f in world.frames()):  # a session is open: its end asks for one
+    kinds = [f["type"] for f in world.frames()]
+    if "session_started" in kinds:  # the current session's frames
+        kinds = kinds[len(kinds) - 1 - kinds[::-1].index("session_started"):]
+    if "turn_started" in kinds:  # a session with turns is open: its end asks for a batch
         await world.new_session()
     await wait_for(lambda: pending_now(world.workspace) == 0, timeout, interval=0.5,
                    what="every turn curated")
@@ -96,44 +106,74 @@ def disk(root: Path) -> Iterator[tuple[Path | None, str]]:
         yield None, str(exc)
 
 
+async def _play(world: World, name: str, plan: Plan, rng: random.Random, result: Result, count: bool) -> None:
+    """Run one scenario on `world`; with `count`, settle, stop and count the invariants after it."""
+    world.scenario = name
+    began, sent = time.monotonic(), len(world.log.turns)
+    try:
+        if world.server is None or not world.server.running:
+            await world.start()
+        result.figures = await SCENARIOS[name].act(world, plan, rng)
+        result.missed = result.figures.pop("missed", [])
+        if count:
+            await settle(world)
+    except Exception as exc:  # the scenario failed; its invariants are still counted
+        traceback.print_exc(file=sys.stderr)
+        result.error = f"{type(exc).__name__}: {exc}"
+        count = True
+    finally:
+        if count:
+            with contextlib.suppress(Exception):
+                await world.stop()
+    result.seconds = round(time.monotonic() - began, 1)
+    result.turns = len(world.log.turns) - sent
+    if count:
+        try:
+            result.invariants = check(world.workspace, world.log)
+        except Exception as exc:
+            result.error = (result.error or "") + f" check: {type(exc).__name__}: {exc}"
+
+
+async def _elsewhere(root: Path, bridge: MockBridge, n: int, name: str, plan: Plan, rng: random.Random,
+                     batch_turns: int) -> Result:
+    """A scenario on a fresh workspace of its own (chaos/places.py), counted there."""
+    result = Result(name, 0.0, 0)
+    began = time.monotonic()
+    try:
+        with place(SCENARIOS[name].place, root / name, plan.slow_fsync) as found:
+            world = World(found.workspace, bridge, Settings(batch_turns=batch_turns, env=found.env), disk=found.disk,
+                          first_marker=OWN_MARKERS + n * 10_000)
+            try:
+                await _play(world, name, plan, rng, result, count=True)
+            finally:
+                with contextlib.suppress(Exception):
+                    await world.stop()
+    except FaultSetupFailed as exc:
+        result.skipped = str(exc)
+        result.seconds = round(time.monotonic() - began, 1)
+    return result
+
+
 async def run(root: Path, plan: Plan, names: list[str], *, batch_turns: int = 3, settle_each: bool = True,
               say: Callable[[str], None] = print) -> list[Result]:
     """Run `names` in order. `settle_each`: settle, stop and count after every scenario (the full
-    run); otherwise only after the last one (the smoke test: one settle instead of five)."""
+    run); otherwise only after the last one on the shared workspace (the smoke test: one settle
+    instead of six). A scenario with a place of its own is always counted there."""
     rng = random.Random(plan.seed)
     results: list[Result] = []
+    shared_names = [name for name in names if SCENARIOS[name].place == "shared"]
     with disk(root) as (mounted, why):
         plan = dataclasses.replace(plan, disk=mounted, disk_skip=why)
-        workspace = (mounted or root) / "workspace"
         async with MockBridge() as bridge:
-            world = World(workspace, bridge, Settings(batch_turns=batch_turns))
+            world = World((mounted or root) / "workspace", bridge, Settings(batch_turns=batch_turns))
             try:
                 for n, name in enumerate(names):
-                    count = settle_each or n == len(names) - 1
-                    world.scenario = name
-                    began, sent = time.monotonic(), len(world.log.turns)
-                    result = Result(name, 0.0, 0)
-                    try:
-                        if world.server is None or not world.server.running:
-                            await world.start()
-                        result.figures = await SCENARIOS[name](world, plan, rng)
-                        if count:
-                            await settle(world)
-                    except Exception as exc:  # the scenario failed; its invariants are still counted
-                        traceback.print_exc(file=sys.stderr)
-                        result.error = f"{type(exc).__name__}: {exc}"
-                        count = True
-                    finally:
-                        if count:
-                            with contextlib.suppress(Exception):
-                                await world.stop()
-                    result.seconds = round(time.monotonic() - began, 1)
-                    result.turns = len(world.log.turns) - sent
-                    if count:
-                        try:
-                            result.invariants = check(workspace, world.log)
-                        except Exception as exc:
-                            result.error = (result.error or "") + f" check: {type(exc).__name__}: {exc}"
+                    if SCENARIOS[name].place != "shared":
+                        result = await _elsewhere(root, bridge, n, name, plan, rng, batch_turns)
+                        world.attach()
+                    else:
+                        result = Result(name, 0.0, 0)
+                        await _play(world, name, plan, rng, result, settle_each or name == shared_names[-1])
                     results.append(result)
                     say(line(result))
             finally:  # interrupted (Ctrl-C, SIGTERM): no server left running

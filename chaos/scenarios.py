@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos import durability
 from chaos.checks import pending_now, recorded_now
 from chaos.turns import Turn
 from chaos.world import World
@@ -37,7 +38,16 @@ class Plan:
     kill_turns: int = 120  # turns in the kill scenario, the kills among them
     freeze_seconds: float = 60.0
     lock_seconds: float = 30.0
-    long_turns: int = 500
+    long_turns: int = 1500
+    warmup_turns: int = 500  # the long run's RSS is bounded from here on
+    ack_kills: int = 50  # kill -9s right after turn_complete (kill_after_ack, slow_disk)
+    power_cuts: int = 20
+    slow_fsync: float = 0.1  # seconds each fsync takes on the slow disk
+    io_turns: int = 12  # turns before the I/O error, given time to be curated
+    io_last_turns: int = 3  # and turns right before it
+    io_messages: int = 3  # messages sent once the disk is read-only
+    io_wait: float = 10.0  # how long each of them is watched for an answer
+    outage_seconds: float = 300.0
     phase_turns: int = 8  # turns per phase where latency is compared
     flaps: tuple[str, ...] = ()  # which proxy faults (FLAPS); () means all of them
     disk: Path | None = None  # the tmpfs the workspace is on (None: not root, no full disk)
@@ -50,12 +60,19 @@ class Plan:
     @classmethod
     def smoke(cls, **overrides: Any) -> Plan:
         values: dict[str, Any] = dict(kills=2, kill_turns=6, freeze_seconds=2.0, lock_seconds=3.0, long_turns=0,
-                                      phase_turns=2, flaps=("agent:529", "agent:refused", "curator:cut_off_body"))
+                                      phase_turns=2, flaps=("agent:529", "agent:refused", "curator:cut_off_body"),
+                                      ack_kills=1, power_cuts=1, io_turns=3, io_last_turns=1, io_messages=1, outage_seconds=5.0)
         values.update(overrides)
         return cls(**values)
 
 
-Scenario = Callable[[World, Plan, random.Random], Awaitable[dict[str, Any]]]
+Act = Callable[[World, Plan, random.Random], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    act: Act
+    place: str = "shared"  # the suite's one workspace, or a fresh one of its own (chaos/places.py)
 
 
 def median(xs: list[float]) -> float:
@@ -341,6 +358,10 @@ async def locked(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]
 # ---------------------------------------------------------------- a long run
 
 
+RSS_GROWTH_BOUND = 0.10  # after warm-up, the server's RSS grows by at most this much to the run's end
+DRAIN_BOUND_S = 120.0  # the backlog left by the run is curated within this long of its end
+
+
 async def long_run(world: World, plan: Plan, rng: random.Random) -> dict[str, Any]:
     if plan.long_turns <= 0:
         return {"skipped": "no long run in this plan"}
@@ -351,15 +372,42 @@ async def long_run(world: World, plan: Plan, rng: random.Random) -> dict[str, An
         if n % 50 == 0 or n == plan.long_turns:
             rss[n] = rss_of(world.server_pid)
     backlog = pending_now(world.workspace)  # turns the curator has yet to reach when the run ends
+    ended = time.monotonic()
+    await world.new_session()  # the session's end asks for a batch, as a person leaving would
+    with contextlib.suppress(TimeoutError):
+        await wait_for(lambda: pending_now(world.workspace) == 0, 900, interval=0.5)
+    drained = round(time.monotonic() - ended, 1) if pending_now(world.workspace) == 0 else None
     seconds = world.log.seconds(world.scenario)
-    out: dict[str, Any] = {"turns": plan.long_turns, "seconds": round(time.monotonic() - first, 1),
+    out: dict[str, Any] = {"turns": plan.long_turns, "seconds": round(ended - first, 1),
                            "median_s": median(seconds), "first_50_median_s": median(seconds[:50]),
                            "last_50_median_s": median(seconds[-50:]), "curator_backlog_at_end": backlog,
+                           "backlog_drained_s": drained,
                            "rss_mib": {n: round(kib / 1024) for n, kib in rss.items()}}
-    if 50 in rss:
-        out["rss_ratio_500_50"] = round(rss[plan.long_turns] / rss[50], 2)
+    missed = []
+    if plan.warmup_turns in rss:
+        warm = rss[plan.warmup_turns]
+        peak = max(kib for n, kib in rss.items() if n >= plan.warmup_turns)
+        out["rss_growth_after_warmup"] = round(peak / warm - 1, 3)
+        if peak > warm * (1 + RSS_GROWTH_BOUND):
+            missed.append(f"RSS grew {peak / warm - 1:.0%} after turn {plan.warmup_turns} "
+                          f"(bound {RSS_GROWTH_BOUND:.0%}): {round(warm / 1024)} to {round(peak / 1024)} MiB")
+    if drained is None or drained > DRAIN_BOUND_S:
+        missed.append(f"a backlog of {backlog} drained in {drained if drained is not None else 'more than 900'} s "
+                      f"(bound {DRAIN_BOUND_S:g} s)")
+    if missed:
+        out["missed"] = missed
     return out
 
 
-SCENARIOS: dict[str, Scenario] = {"kill9": kills, "flapping_proxy": flapping, "freeze": freeze,
-                                  "full_disk": full_disk, "locked_db": locked, "long_run": long_run}
+SCENARIOS: dict[str, Scenario] = {
+    "kill9": Scenario(kills), "flapping_proxy": Scenario(flapping), "freeze": Scenario(freeze),
+    "full_disk": Scenario(full_disk), "locked_db": Scenario(locked),
+    "kill_after_ack": Scenario(durability.kill_after_ack),
+    "slow_disk": Scenario(durability.slow_disk, "slow_disk"),
+    "power_loss": Scenario(durability.power_loss, "lazy"),
+    "io_error": Scenario(durability.io_error, "ext4"),
+    "second_server": Scenario(durability.second_server, "deployed"),
+    "proxy_outage": Scenario(durability.proxy_outage),
+    "long_run": Scenario(long_run)}
+# Run by the test suite in miniature (tests/test_chaos_smoke.py), on one workspace.
+SMOKE = ("kill9", "flapping_proxy", "freeze", "full_disk", "locked_db")

@@ -20,6 +20,7 @@ class Turn:
     scenario: str
     outcome: Outcome
     seconds: float
+    kept: bool = True  # False: sent once the disk could no longer be written (it may be lost)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Reconciled:
     completed: int  # turns the client saw complete
     recorded: int  # markers with an observation
     lost: list[str]  # acknowledged turns (turn_started seen) with no observation
+    cut_short: list[str]  # turns the client saw complete, recorded as stopped before they ended
     duplicated: list[str]  # markers with more than one observation
     unknown: int  # observations with no marker this run sent
     cut_recorded: int  # turns cut by a kill that were recorded anyway (the turn journal)
@@ -57,16 +59,19 @@ class Reconciled:
     unsent: int
 
 
-def reconcile(log: TurnLog, recorded: Counter[str]) -> Reconciled:
-    """`recorded`: marker -> observations whose user message carries it. A turn the server
-    acknowledged (turn_started) must be recorded exactly once, whatever came after; a message the
-    server may never have read (unsent) at most once."""
+def reconcile(log: TurnLog, recorded: Counter[str], stopped: frozenset[str] = frozenset()) -> Reconciled:
+    """`recorded`: marker -> observations whose user message carries it; `stopped`: markers whose
+    observation says the server stopped before the turn ended. A turn the server acknowledged
+    (turn_started) must be recorded exactly once, whatever came after, and a turn the client saw
+    complete must be recorded whole; a message the server may never have read (unsent) at most
+    once. A turn sent once the disk could not be written (`kept` False) may be missing."""
     sent = {t.marker: t for t in log.turns}
-    acknowledged = [t for t in log.turns if t.outcome != "unsent"]
+    acknowledged = [t for t in log.turns if t.outcome != "unsent" and t.kept]
     return Reconciled(
         completed=sum(t.outcome == "completed" for t in log.turns),
         recorded=sum(1 for m in recorded if m in sent),
         lost=[t.marker for t in acknowledged if recorded[t.marker] == 0],
+        cut_short=[t.marker for t in log.turns if t.outcome == "completed" and t.marker in stopped],
         duplicated=sorted(m for m, n in recorded.items() if n > 1),
         unknown=sum(n for m, n in recorded.items() if m not in sent),
         cut_recorded=sum(1 for t in log.turns if t.outcome == "cut" and recorded[t.marker]),

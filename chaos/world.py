@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +34,28 @@ _OBSERVATION = re.compile(r"^\[#(\d+)\]", re.MULTILINE)
 @dataclass(frozen=True)
 class Settings:
     batch_turns: int = 3
+    env: dict[str, str] = field(default_factory=dict)  # more of the server's environment (its isolation)
 
 
 class World:
-    def __init__(self, workspace: Path, bridge: MockBridge, settings: Settings) -> None:
+    def __init__(self, workspace: Path, bridge: MockBridge, settings: Settings, *, disk: Any = None,
+                 first_marker: int = 1) -> None:
         self.workspace = workspace
         self.bridge = bridge
         self.settings = settings
+        self.disk = disk  # the fault-making disk the workspace is on, if any (devkit.faults)
         self.server: ServerProcess | None = None
         self.client: Client | None = None
-        self.log = TurnLog()
+        self.log = TurnLog(_next=first_marker)
         self.scenario = ""
         self.starts = 0
         self.kills = 0
         self.curator_calls = 0
-        bridge.curator.default = self.curate
+        self.attach()
+
+    def attach(self) -> None:
+        """This world's curator answers the Bridge's curator calls (worlds take turns)."""
+        self.bridge.curator.default = self.curate
 
     # ------------------------------------------------------------ the curator
 
@@ -68,7 +78,8 @@ class World:
 
     def new_server(self) -> ServerProcess:
         return ServerProcess(self.workspace, self.bridge.url, new_session=True,
-                             SPRITE_MEMORY_BATCH_TURNS=str(self.settings.batch_turns), SPRITE_LOG_LEVEL="info")
+                             SPRITE_MEMORY_BATCH_TURNS=str(self.settings.batch_turns), SPRITE_LOG_LEVEL="info",
+                             **self.settings.env)
 
     async def start(self, timeout: float = 120.0) -> None:
         self.server = await self.new_server().start(timeout)
@@ -87,15 +98,22 @@ class World:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(client.close(), 2)
 
-    async def kill(self, group: bool) -> None:
+    def kill_now(self, group: bool) -> None:
         """kill -9 of the server alone, or of its whole process group (the server, its CLI and
-        whatever the CLI runs)."""
+        whatever the CLI runs), at once: no await between the caller's moment and the signal."""
         assert self.server is not None
         self.kills += 1
-        if group:
-            self.server.kill_group()
-        else:
-            self.server.signal(9)
+        (os.killpg if group else os.kill)(self.server.pid, signal.SIGKILL)
+
+    async def kill(self, group: bool) -> None:
+        """kill_now, then wait for the server to be gone and drop the connection."""
+        assert self.server is not None
+        self.kill_now(group)
+        await self.reap()
+
+    async def reap(self) -> None:
+        """After a kill: wait for the server to be gone, drop the connection."""
+        assert self.server is not None
         await self.server.wait()
         await self.drop_client()
 
@@ -120,12 +138,15 @@ class World:
         self.bridge.agent.script(ScriptedTurn(Text("chaos " * words, chunk_delay=delay)))
 
     async def turn(self, note: str = "", *, started: asyncio.Event | None = None,
+                   completed: Callable[[dict[str, Any]], None] | None = None, kept: bool = True,
                    timeout: float = TURN_TIMEOUT) -> Turn:
         """Send one message with a fresh marker and wait for its turn to end (or the connection
-        to go). `started` is set once the server acknowledged it (turn_started)."""
+        to go). `started` is set once the server acknowledged it (turn_started); `completed` is
+        called with the turn_complete frame the moment the client has read it (a kill after the
+        acknowledgement); `kept` False: the turn may be lost (the disk can't be written)."""
         marker = self.log.new_marker()
         text = f"{marker} {note or 'please note this marker'}"
-        began = time.monotonic()
+        began = ended = time.monotonic()
         acknowledged = False
         outcome: Outcome
         try:
@@ -138,10 +159,14 @@ class World:
             if started is not None:
                 started.set()
             done = await c.until("turn_complete", lambda f: f["turn_id"] == frame["turn_id"], timeout)
+            ended = time.monotonic()
+            if completed is not None:
+                completed(done)
             outcome = done["status"]
         except (ConnectionClosed, ConnectionError, OSError):
             outcome = "cut" if acknowledged else "unsent"
-        turn = Turn(marker, self.scenario, outcome, time.monotonic() - began)
+            ended = time.monotonic()
+        turn = Turn(marker, self.scenario, outcome, ended - began, kept)
         self.log.add(turn)
         return turn
 

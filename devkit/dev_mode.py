@@ -1,7 +1,9 @@
-"""`sprite-os dev` (what `make run` runs): Sprite OS on a local workspace, with the embedded mock
+"""`sprite-os-dev` (what `make run` runs): Sprite OS on a local workspace, with the embedded mock
 Bridge's demo model and demo curator as its model proxy, unless ANTHROPIC_BASE_URL names one.
 
-    sprite-os dev [--workspace W] [--host H] [--port P]
+    sprite-os-dev [--workspace W] [--host H] [--port P]
+
+Dev mode is the kit's, not the product's: the `sprite-os` command a Sprite runs never imports it.
 
 Settings come from the environment as for `serve`, with two defaults of its own so a
 newcomer sees memory work within a minute: the workspace is ./.workspace, and memory is
@@ -12,12 +14,15 @@ would, and its token is created on first run and printed, with how to talk to th
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sprite_os.commands.main import guarded, settings_from
 from sprite_os.config import Settings, resolve_token
 from sprite_os.errors import SpriteOSError
 from sprite_os.logs import configure_logging
@@ -44,6 +49,17 @@ def require_dev_extra() -> None:
         import aiohttp  # noqa: F401  (the mock Bridge's server)
     except ImportError:
         raise DevExtraMissing(f"dev mode's mock model needs the dev extra: {INSTALL_HINT}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `sprite-os-dev` command."""
+    parser = argparse.ArgumentParser(prog="sprite-os-dev", description="Sprite OS on a local workspace "
+                                     "(default ./.workspace) with the demo model, as `make run` starts it.")
+    parser.add_argument("--workspace", help="env SPRITE_WORKSPACE, default ./.workspace")
+    parser.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
+    parser.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
+    args = parser.parse_args(argv)
+    return guarded(lambda: dev_main(settings_from(args, dev_environment(os.environ))))
 
 
 def dev_main(settings: Settings) -> int:

@@ -119,7 +119,7 @@ async def client_factory(port: int) -> AsyncIterator[Connect]:
             await c.close()
 
 
-async def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
+async def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
                    what: str | None = None) -> None:
     """Wait until `condition()` (a function or a coroutine function) is true, checking every
     `interval` seconds; after `timeout` seconds, fail with what was waited for."""

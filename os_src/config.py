@@ -12,19 +12,22 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlparse
+from typing import Any, Literal, get_args
+from urllib.parse import urlparse, urlsplit
 
-from .console.origin import normalize_origin
-from .deploy_contract import MIN_TOKEN_LENGTH, token_problem
+from .deploy_contract import AGENT_USER, MIN_TOKEN_LENGTH, token_problem
 from .errors import ConfigError
 from .fsutil import atomic_write
-from .isolation.policy import DEFAULT_AGENT_USER, REQUESTS
-from .memory.curation.budget import DEFAULT_DAILY_USD
-from .memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
 from .paths import Layout
 
+# The settings' defaults and allowed values, here once: the modules that apply them import them.
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
+DEFAULT_DAILY_USD = 1.0  # what memory's curator may spend per UTC day (memory/curation/budget.py)
+DEFAULT_BATCH_TOKENS = 60_000  # one curator call's estimated input, at most (memory/curation/curator.py)
+# How the agent's CLI is kept out of .os/ (isolation/policy.py): `auto` takes the first the machine allows.
+Requested = Literal["auto", "user", "sandbox", "none"]
+REQUESTS: tuple[str, ...] = get_args(Requested)
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Settings:
     log_level: str = "info"
     log_file: Path | None = None
     isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation/policy.py): auto, user, sandbox, none
-    agent_user: str = DEFAULT_AGENT_USER  # the user the CLI runs as in `user` isolation
+    agent_user: str = AGENT_USER  # the user the CLI runs as in `user` isolation
 
     @property
     def layout(self) -> Layout:
@@ -131,6 +134,23 @@ def _path(_name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+def normalize_origin(value: str) -> str | None:
+    """`scheme://host:port` in lowercase with the port always written, or None if `value` is
+    not an http(s) origin (a path, query, user or the literal `null` make it not one)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in DEFAULT_PORTS or not host or parts.username is not None or parts.password is not None:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
+
+
 def _origins(name: str, raw: str) -> tuple[str, ...]:
     out = []
     for item in (x.strip() for x in raw.split(",")):
@@ -204,9 +224,6 @@ def _validated(s: Settings) -> Settings:
             )
     if s.token is not None and (problem := token_problem(s.token)):
         raise ConfigError(f"SPRITE_OS_TOKEN {problem}")
-    if s.memory_batch_tokens < MIN_BATCH_TOKENS:
-        raise ConfigError(f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS} (the largest prompt "
-                          f"without turns, plus one turn), got {s.memory_batch_tokens}")
     if s.workspace.exists() and not s.workspace.is_dir():
         raise ConfigError(f"SPRITE_WORKSPACE is not a directory: {s.workspace}")
     return s

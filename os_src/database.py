@@ -10,7 +10,8 @@ semantics the stores rely on.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -19,19 +20,35 @@ import msgspec
 import sqlite_utils
 
 BUSY_TIMEOUT_MS = 5000
+# Under WAL, FULL syncs the WAL at every commit: a commit that returned survives a power loss or
+# a kernel crash. NORMAL syncs it only at checkpoints, so the last commits before a crash of the
+# machine (not of the process) were lost: turns a person had seen complete. A commit costs one
+# fsync more (docs/benchmarks.md); writers that commit in bulk group their writes (group commit).
+SYNCHRONOUS = "FULL"
 
 Row = TypeVar("Row", bound=msgspec.Struct)
 SchemaStep = Callable[[sqlite_utils.Database], None]
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open a database with WAL and a busy timeout, as both databases need."""
+    """Open a database with WAL, durable commits and a busy timeout, as both databases need."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")  # durable at each commit under WAL except on power loss
+    conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
     return conn
+
+
+@contextmanager
+def query_only(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within it, a write on `conn` fails ("attempt to write a readonly database"): how a reader
+    that shares the writer's connection is kept from writing."""
+    conn.execute("PRAGMA query_only=1")
+    try:
+        yield
+    finally:
+        conn.execute("PRAGMA query_only=0")
 
 
 class transaction:

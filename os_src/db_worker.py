@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar
+
+from .database import query_only
 
 
 class Closable(Protocol):
     def close(self) -> None: ...
 
 
+class Store(Closable, Protocol):
+    @property
+    def conn(self) -> sqlite3.Connection: ...
+
+
 T = TypeVar("T", bound=Closable)
+S = TypeVar("S", bound=Store)
 R = TypeVar("R")
 
 
@@ -48,3 +57,18 @@ class Worker(Generic[T]):
 
         await asyncio.wrap_future(self._executor.submit(_close))
         self._executor.shutdown(wait=True)
+
+
+class Reads(Generic[S]):
+    """A Worker's store as another task may use it: on the same thread, each call with the
+    connection read-only, so the store's one writer stays the only one (a write raises)."""
+
+    def __init__(self, worker: Worker[S]) -> None:
+        self._worker = worker
+
+    async def call(self, fn: Callable[[S], R]) -> R:
+        def read(store: S) -> R:
+            with query_only(store.conn):
+                return fn(store)
+
+        return await self._worker.call(read)

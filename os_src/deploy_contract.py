@@ -1,6 +1,7 @@
-"""What bootstrap/deploy.py takes from the release it installs: the memory files (names, owners,
+"""What bootstrap/deploy.py takes from the release it installs: the workspace's layout (where
+memory, state, logs and the token live, and `.os`'s modes), the memory files (names, owners,
 limits), the user-space folders, the token rule, the atomic write, and the agent's user with the
-owners and modes that keep it out of `.os/` (issue 9; the server applies them at start too).
+owners and modes that keep it out of `.os/` (the server applies them at start too).
 Defined here once; the product imports them from here (paths.py, config.py, fsutil.py,
 memory/files.py, isolation/policy.py, isolation/launch.py).
 
@@ -19,6 +20,71 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+# ---------------------------------------------------------------- the workspace's layout
+
+OS_DIR = ".os"  # the system, beside the user's folders
+OS_DIR_MODE = 0o711  # passed through (the agent's user reads its boot prompt in .os/agent/), never listed
+PRIVATE_DIR_MODE = 0o700
+AGENT_DIR = "agent"  # .os/agent: the one thing in .os/ the agent's user may read (its boot prompt)
+PRIVATE_DIRS = ("memory", "state", "logs", "backup")  # in .os/: Sprite OS only
+SECRETS = ("token", "state/service.env")  # in .os/: Sprite OS only (0600)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where a workspace keeps what the server and the deploy both use: defined here, for both
+    (paths.Layout adds the server's own files; deploy.py adds its releases and links)."""
+
+    root: Path
+
+    @property
+    def os_dir(self) -> Path:
+        return self.root / OS_DIR
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.os_dir / "memory"
+
+    @property
+    def state_dir(self) -> Path:
+        """Runtime state that is neither memory nor code: canvas, pid file, locks."""
+        return self.os_dir / "state"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.os_dir / "logs"
+
+    @property
+    def backup_dir(self) -> Path:
+        """What a deploy or a migration set aside."""
+        return self.os_dir / "backup"
+
+    @property
+    def token_file(self) -> Path:
+        return self.os_dir / SECRETS[0]
+
+    @property
+    def service_env(self) -> Path:
+        """The settings `sprite-os service` saved (they include secrets)."""
+        return self.os_dir / SECRETS[1]
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / "server.pid"
+
+    @property
+    def deploy_lock(self) -> Path:
+        return self.state_dir / "deploy.lock"
+
+    def make_os_dir(self) -> None:
+        """`.os` and its private folders, made where missing, with their modes: the one place
+        they are set (the server's start, a deploy, apply_ownership)."""
+        os.makedirs(self.os_dir, mode=OS_DIR_MODE, exist_ok=True)
+        os.chmod(self.os_dir, OS_DIR_MODE)
+        for name in PRIVATE_DIRS:
+            (self.os_dir / name).mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+            os.chmod(self.os_dir / name, PRIVATE_DIR_MODE)
 
 
 @dataclass(frozen=True)
@@ -92,9 +158,6 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
 # ---------------------------------------------------------------- owners and modes (user isolation)
 
 AGENT_USER = "sprite-agent"  # the agent's Unix user, unless SPRITE_AGENT_USER names another
-AGENT_DIR = "agent"  # .os/agent: the one thing in .os/ the agent's user may read (its boot prompt)
-PRIVATE_DIRS = ("memory", "state", "logs", "backup")  # in .os/: Sprite OS only (0700)
-SECRETS = ("token", "state/service.env")  # in .os/: Sprite OS only (0600)
 
 
 def _own(path: Path, uid: int, gid: int, mode: int | None = None) -> None:
@@ -163,21 +226,21 @@ def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
     `deep` (deploy, migrate) also gives every top-level entry and all it holds to the agent, and
     takes back anything under `.os/` that is not root's, or that group or others may write; the
     server's start does only the top level (cheap). Idempotent."""
-    os_dir = root / ".os"
+    os_dir = Workspace(root).os_dir
     _own(root, 0, gid, 0o1770)
-    os_dir.mkdir(mode=0o711, exist_ok=True)
-    _own(os_dir, 0, 0, 0o711)
+    os_dir.mkdir(mode=OS_DIR_MODE, exist_ok=True)
+    _own(os_dir, 0, 0, OS_DIR_MODE)
     (os_dir / AGENT_DIR).mkdir(exist_ok=True)
     _own(os_dir / AGENT_DIR, 0, gid, 0o750)
     for name in PRIVATE_DIRS:
-        _own(os_dir / name, 0, 0, 0o700)
+        _own(os_dir / name, 0, 0, PRIVATE_DIR_MODE)
     for name in SECRETS:
         _own(os_dir / name, 0, 0, 0o600)
     make_user_space(root)
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for name in os.listdir(root_fd):
-            if name == ".os":
+            if name == OS_DIR:
                 continue
             if deep:
                 _give_tree(root_fd, name, uid, gid)

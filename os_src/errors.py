@@ -12,6 +12,10 @@ Two subclasses live with their types: `protocol.FrameError`, whose `code` is a
 
 from __future__ import annotations
 
+import errno
+import sqlite3
+from typing import Any
+
 
 class SpriteOSError(Exception):
     """Base of every error Sprite OS raises on purpose."""
@@ -91,3 +95,28 @@ class BudgetSpent(SpriteOSError):
     def __init__(self, message: str, resumes_at: float) -> None:
         super().__init__(message)
         self.resumes_at = resumes_at
+
+
+# ---------------------------------------------------------------- conditions, not bugs
+
+# A disk that is full, read-only or failing, or a database another process holds: expected on a
+# small machine that runs for years. They are logged as warnings, without a traceback, and retried.
+_DISK_ERRNOS = frozenset((errno.ENOSPC, errno.EROFS, errno.EIO, errno.EDQUOT, errno.EAGAIN))
+# SQLite's primary result codes for the same: BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN.
+_SQLITE_CODES = frozenset((5, 6, 8, 10, 13, 14))
+
+
+def expected(exc: BaseException) -> bool:
+    """True if `exc` is a condition of the machine (a lock, a full or failing disk), not a bug."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in _SQLITE_CODES
+    return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def log_expected(log: Any, event: str, exc: BaseException, **fields: Any) -> None:
+    """Log a failure: a warning for an expected condition, an error with its traceback for a bug."""
+    if expected(exc):
+        log.warning(event, error=type(exc).__name__, detail=str(exc)[:300], **fields)
+    else:
+        log.error(event, error=repr(exc)[:300], exc_info=exc, **fields)

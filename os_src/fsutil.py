@@ -3,8 +3,12 @@ and the advisory lock that gives a workspace's memory exactly one writer."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .deploy_contract import atomic_write as atomic_write  # shared with bootstrap/deploy.py
@@ -19,7 +23,14 @@ class WriterLock:
         self.path = path
         self._fd: int | None = None
 
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
     def acquire(self) -> None:
+        """Take the lock (LockHeld if another process holds it). Taking it again changes nothing."""
+        if self._fd is not None:
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -39,3 +50,22 @@ class WriterLock:
 
     def __exit__(self, *_: Any) -> None:
         self.release()
+
+
+# atomic_write's temp file: `.<name>.<8 random characters>.tmp` beside the file it replaces.
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def sweep_temp_files(directory: Path, owned: Callable[[str], object]) -> list[Path]:
+    """Remove what an interrupted `atomic_write` left in `directory` (a kill -9 between its temp
+    file and its rename): the temp files of the names `owned(name)` accepts, nothing else. Call it
+    only while holding the lock that makes this process those files' one writer. Returns what it
+    removed."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            if (m := _TEMP.match(entry.name)) and owned(m["name"]) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed

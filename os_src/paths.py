@@ -1,28 +1,21 @@
-"""Where everything lives in a workspace: `.os/` for the system, the rest for the user."""
+"""Where everything lives in a workspace: `.os/` for the system, the rest for the user.
+
+The names the deploy shares (`.os` and its folders, the token, the pid file) and `.os`'s modes are
+deploy_contract.Workspace's; the server's own files are added here.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deploy_contract import PRIVATE_DIRS, USER_SPACE_DIRS, make_user_space
+from .deploy_contract import USER_SPACE_DIRS, Workspace, make_user_space
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Workspace):
     """Paths of one workspace (default `/workspace`)."""
-
-    root: Path
-
-    @property
-    def os_dir(self) -> Path:
-        return self.root / ".os"
-
-    @property
-    def memory_dir(self) -> Path:
-        return self.os_dir / "memory"
 
     @property
     def history_dir(self) -> Path:
@@ -38,30 +31,8 @@ class Layout:
         return self.memory_dir / "memory.db"
 
     @property
-    def state_dir(self) -> Path:
-        """Runtime state that is neither memory nor code: canvas, pid file, lock."""
-        return self.os_dir / "state"
-
-    @property
     def canvas_file(self) -> Path:
         return self.state_dir / "canvas.json"
-
-    @property
-    def token_file(self) -> Path:
-        return self.os_dir / "token"
-
-    @property
-    def service_env(self) -> Path:
-        """The settings `sprite-os service` saved (they include secrets)."""
-        return self.state_dir / "service.env"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.os_dir / "logs"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.state_dir / "server.pid"
 
     @property
     def memory_lock(self) -> Path:
@@ -72,15 +43,9 @@ class Layout:
         return [self.root / name for name in USER_SPACE_DIRS]
 
     def ensure(self) -> None:
-        """Create the directories the server needs; idempotent."""
-        for path in (self.os_dir, self.memory_dir, self.history_dir, self.state_dir, self.logs_dir):
-            path.mkdir(parents=True, exist_ok=True)
-        # .os/ may be passed through (the agent's user reads its boot prompt in .os/agent/, see
-        # deploy_contract.apply_ownership), never listed; what it keeps is Sprite OS's alone.
-        os.chmod(self.os_dir, 0o711)
-        for name in PRIVATE_DIRS:
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(self.os_dir / name, 0o700)
+        """Create the directories the server needs, with their modes; idempotent."""
+        self.make_os_dir()
+        self.history_dir.mkdir(exist_ok=True)
         make_user_space(self.root)
 
     def is_system_path(self, path: str | os.PathLike[str], cwd: Path | None = None) -> bool:

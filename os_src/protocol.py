@@ -85,6 +85,7 @@ ErrorCode = Literal[
     "nothing_to_interrupt",  # interrupt while the agent is idle
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
+    "not_saved",  # the turn is over but could not be saved to disk yet (sent before its turn_complete)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
     # answers to memory requests (console/memory_frames.py); these errors carry the request_id

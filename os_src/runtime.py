@@ -10,6 +10,10 @@ end, and shows it every message of every turn (capture).
 A session is one CLI process and one context. It starts lazily at the first
 message and ends on `new_session`, after an idle timeout, at shutdown, or when
 the CLI fails; the next message then starts a fresh one.
+
+No error ends the owner task. An agent that cannot start (its boot prompt can't be written
+on a read-only disk, its CLI is missing) answers each message with an error frame at once,
+says why in /healthz (`failure`), and is tried again on its own, with backoff, until it starts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,6 +37,7 @@ from claude_agent_sdk import (
     ResultMessage,
     SystemMessage,
 )
+from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .agent import frames
@@ -41,6 +47,7 @@ from .agent.guard import ToolGuard
 from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
 from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
+    AgentHealth,
     Command,
     EndSession,
     Inbox,
@@ -67,15 +74,23 @@ MAX_QUEUED_MESSAGES = 16
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
 
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
+NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is failing or full). It is kept "
+             "in memory and saved once the disk allows; if the server stops before then, it is lost.")
 
 
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
+# The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
+ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
 
 
 class _NoResult(Exception):
     """The CLI ended a turn's stream without a result: it exited under the turn."""
+
+
+class _StartFailed(Exception):
+    """The agent's CLI could not be started (the cause is chained)."""
 
 
 def new_session_id() -> str:
@@ -97,8 +112,10 @@ class AgentRuntime:
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
+        tool_servers: ToolServers | None = None,
     ) -> None:
         self._settings = settings
+        self._tool_servers = tool_servers
         self._model_env = model_env
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
@@ -114,6 +131,7 @@ class AgentRuntime:
         self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
         self._turn = TurnState()
         self._session = SessionState()
+        self.health = AgentHealth()
         self.session_id = new_session_id()
 
     # ------------------------------------------------------------ called by the gateway
@@ -182,6 +200,8 @@ class AgentRuntime:
             self._publish(p.SessionEnded(session_id=self.session_id, reason="shutdown"))
             if self._memory is not None:
                 self._memory.session_ended(self.session_id, "shutdown")
+        except Exception as exc:  # a bug ended the task: the server still stops, memory still flushes
+            log.exception("runtime_task_failed", error=repr(exc)[:300])
         self._task = None
 
     # ------------------------------------------------------------ the owner task
@@ -190,29 +210,56 @@ class AgentRuntime:
         try:
             while True:
                 try:
-                    command = await self._next_command()
-                except TimeoutError:
-                    await self._end_session("idle")
-                    continue
-                if isinstance(command, Shutdown):
-                    await self._end_session("shutdown", restart=False)
-                    return
-                if isinstance(command, EndSession):
-                    await self._new_session()
-                    continue
-                if self._cli is not None and self._cli.exited:
-                    await self._cli_lost()
-                await self._run_turn(command)
+                    if await self._step():
+                        return
+                except Exception as exc:  # a bug, or an error no step expected: the task goes on
+                    log.exception("runtime_step_failed", session_id=self.session_id, error=repr(exc)[:300])
         finally:
             await self._disconnect()
 
-    async def _next_command(self) -> Command:
-        """The next command. TimeoutError: a CLI has been idle for the idle timeout."""
-        async with asyncio.timeout(self._settings.idle_timeout if self._cli is not None else None):
-            while not self._inbox:
-                self._wake.clear()
-                await self._wake.wait()
+    async def _step(self) -> bool:
+        """Take the next command and do it. True: shut down."""
+        try:
+            command = await self._next_command()
+        except TimeoutError:
+            await self._end_session("idle")
+            return False
+        if command is None:
+            await self._try_start()
+            return False
+        if isinstance(command, Shutdown):
+            await self._end_session("shutdown", restart=False)
+            return True
+        if isinstance(command, EndSession):
+            await self._new_session()
+            return False
+        if self._cli is not None and self._cli.exited:
+            await self._cli_lost()
+        await self._run_turn(command)
+        return False
+
+    async def _next_command(self) -> Command | None:
+        """The next command; None: the agent is failing and it is time to try starting it again.
+        TimeoutError: a CLI has been idle for the idle timeout."""
+        wait = self._settings.idle_timeout if self._cli is not None else self.health.retry_in(time.monotonic())
+        try:
+            async with asyncio.timeout(wait):
+                while not self._inbox:
+                    self._wake.clear()
+                    await self._wake.wait()
+        except TimeoutError:
+            if self._cli is None:
+                return None
+            raise
         return self._inbox.take()
+
+    async def _try_start(self) -> None:
+        """The agent could not start: try again, with no message waiting. Once it starts, the CLI
+        serves the next message (or ends at the idle timeout)."""
+        try:
+            await self._connect()
+        except _StartFailed:
+            await self._disconnect()
 
     async def _run_turn(self, turn: Turn) -> None:
         self._running = turn
@@ -229,15 +276,26 @@ class AgentRuntime:
             raise
         except Exception as exc:
             record.close(None, repr(exc))
-            await self._turn_failed(turn, started, exc)
+            await self._turn_failed(turn, started, exc, record)
         else:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
                 record.close(result)
+                await self._saved(turn, record)
+                self._publish_result(turn, result, out)
         finally:
             self._running = None
             self._turn.end()
+
+    async def _saved(self, turn: Turn, record: TurnRecord) -> None:
+        """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it
+        can't be (the disk is full, read-only, failing), the person is told so beside it."""
+        self._turn.saving()
+        if not await record.durable():
+            log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
+            self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
 
     async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
@@ -272,8 +330,9 @@ class AgentRuntime:
             self._turn.heard()
             record.observe(message)
             if isinstance(message, ResultMessage):
-                result = message
-            self._publish_message(turn, message)
+                result = message  # its frames wait until the turn is durable (_run_turn)
+            else:
+                self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
             raise _NoResult("the CLI ended the turn without a result")
         return result
@@ -286,25 +345,25 @@ class AgentRuntime:
         if self._prompted is None or self._prompted[0] != turn.turn_id:
             recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
-                self._publish(recalled.frame)
+                self._publish(frames.recall_frame(turn.turn_id, recalled))
             self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
-        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
-        for frame in out:
+        for frame in frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted):
             self._publish(frame)
-        if isinstance(message, ResultMessage):
-            for frame in out:
-                if isinstance(frame, p.Error):  # the CLI's error text, not the person's words: a warning
-                    log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
-                elif isinstance(frame, p.TurnComplete):
-                    log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                             duration_ms=message.duration_ms, cost_usd=message.total_cost_usd,
-                             turns=message.num_turns)
-        elif isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
+        if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
                      trigger=message.data.get("compact_metadata", {}).get("trigger"))
+
+    def _publish_result(self, turn: Turn, result: ResultMessage, out: list[p.ServerFrame]) -> None:
+        for frame in out:
+            self._publish(frame)
+            if isinstance(frame, p.Error):  # the CLI's error text, not the person's words: a warning
+                log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
+            elif isinstance(frame, p.TurnComplete):
+                log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
+                         duration_ms=result.duration_ms, cost_usd=result.total_cost_usd, turns=result.num_turns)
 
     async def _cli_lost(self) -> None:
         """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
@@ -314,10 +373,19 @@ class AgentRuntime:
                               message="The agent stopped while idle; your message goes to a fresh session."))
         await self._end_session("crash")
 
-    async def _turn_failed(self, turn: Turn, started: float, exc: Exception) -> None:
+    async def _turn_failed(self, turn: Turn, started: float, exc: Exception, record: TurnRecord) -> None:
+        if isinstance(exc, _StartFailed):  # no CLI ran: the session stays as it was
+            self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
+                                  message=f"The agent cannot start: {self.health.reason}. Sprite OS tries again "
+                                          "on its own; send your message again in a moment."))
+            await self._saved(turn, record)
+            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+            await self._disconnect()
+            return
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
+        await self._saved(turn, record)
         self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
         await self._end_session("crash")
 
@@ -350,23 +418,33 @@ class AgentRuntime:
             self._begin_session()
 
     async def _connect(self) -> None:
-        prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
-        system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
-        # Owned from before connect: a connect that fails half-way still gets its process ended.
-        self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing)."""
         started = time.monotonic()
-        await cli.connect()
+        try:
+            prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+            system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
+            # Owned from before connect: a connect that fails half-way still gets its process ended.
+            self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+            await cli.connect()
+        except Exception as exc:  # a disk, a CLI missing or failing at its start, memory: not this turn's fault
+            reason = _reason(exc)
+            delay = self.health.start_failed(reason, time.monotonic(), time.time(), random.random())
+            log.error("agent_start_failed", reason=reason, failures=self.health.failures, retry_in_s=round(delay, 1))
+            raise _StartFailed(reason) from exc
+        if self.health.started():
+            log.info("agent_recovered", session_id=self.session_id)
         log.info("cli_connected", session_id=self.session_id, seconds=round(time.monotonic() - started, 3),
                  pid=cli.pid, prompt_chars=len(prompt), isolation=self._launch.mode)
 
     def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
+        if self._tool_servers is not None:  # memory's search_memory: the composition root builds it
+            mcp.update(self._tool_servers())
         hooks: dict[Any, list[HookMatcher]] = {
             "PreToolUse": [HookMatcher(matcher=GUARDED_TOOLS, hooks=[self._guard.hook])],
         }
         if self._memory is not None:
-            mcp.update(self._memory.mcp_servers())
             for event, matchers in self._memory.hooks().items():
                 hooks.setdefault(event, []).extend(matchers)  # added to the guard's, never in its place
         return ClaudeAgentOptions(
@@ -396,6 +474,14 @@ class AgentRuntime:
                 await cli.close()
             finally:
                 self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
+
+
+def _reason(exc: BaseException) -> str:
+    """Why the agent could not start, for /healthz and the person: the error, without a traceback."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"[:300]
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _log_cli_stderr(line: str) -> None:

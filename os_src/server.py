@@ -9,23 +9,29 @@ own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
 A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
-anyone, but says only `ok` or `degraded` without the token (a Sprite listens on
-0.0.0.0); with it, everything.
+anyone, but says only its status (`ok`, `degraded` or `failed`) without the token (a
+Sprite listens on 0.0.0.0); with it, everything. `/metrics` (metrics.py, the Prometheus
+text format) needs the token.
+
+A start takes the workspace's writer lock before anything else: a second server on the
+same workspace is refused before it can kill the first one's agent or rewrite its state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import hmac
 import json
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import Any
 
+from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -39,13 +45,17 @@ from .console.origin import origin_allowed
 from .console.pages import ConsolePages, http_response
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
+from .fsutil import WriterLock
 from .gateway import Gateway
 from .isolation.launch import AgentLaunch
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
-from .protocol import SUBPROTOCOL
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import Metrics
+from .protocol import SUBPROTOCOL, ServerFrame
 from .runtime import AgentRuntime
+from .tools import memory_search
 from .tools.canvas import CanvasStore
 
 log = get_logger(__name__)
@@ -79,18 +89,31 @@ class SpriteOS:
         self.started_at = time.monotonic()
         layout = settings.layout
         self.hub = EventHub()
-        publish = DeltaCoalescer(self.hub.publish)  # the runtime and the canvas share it: one order
+        self.metrics = Metrics()
+        publish = DeltaCoalescer(self._publish)  # the runtime and the canvas share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
-        self.memory = MemorySystem(settings) if memory else None
+        # The workspace's one server: taken first at start, so a refused start changes nothing.
+        self.lock = WriterLock(layout.memory_lock)
+        self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process.
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
         self.launch = AgentLaunch(layout)
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    model_env=self.relay.cli_env, launch=self.launch)
+                                    model_env=self.relay.cli_env, launch=self.launch,
+                                    tool_servers=self._memory_tools if self.memory is not None else None)
         memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+
+    def _publish(self, frame: ServerFrame) -> None:
+        self.metrics.observe(frame)
+        self.hub.publish(frame)
+
+    def _memory_tools(self) -> dict[str, McpSdkServerConfig]:
+        """search_memory, over what memory holds: the agent's one way into it, read-only."""
+        assert self.memory is not None
+        return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
 
     @property
     def port(self) -> int:
@@ -98,8 +121,13 @@ class SpriteOS:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self.settings.layout.ensure()
-        # First: a Sprite that can't isolate its agent as asked refuses to start (ConfigError).
+        layout = self.settings.layout
+        layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
+        # Before anything that changes the workspace (the agent user's leftovers killed, isolation.json,
+        # the launcher, ownership, the CLI ledger's reap): LockHeld if another server runs here.
+        self.lock.acquire()
+        layout.ensure()
+        # A Sprite that can't isolate its agent as asked refuses to start (ConfigError).
         await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user)
         self.canvas.load()
         if self.memory is not None:
@@ -139,45 +167,63 @@ class SpriteOS:
             raise PortUnavailable(f"cannot listen on {host}:{port}: {reason}") from None
 
     async def stop(self) -> None:
-        """Stop accepting, end the running turn, tell clients, flush memory, close the databases."""
+        """Stop accepting, end the running turn, tell clients, flush memory, close the databases.
+        Each step runs whatever failed before it: memory's flush above all."""
         log.info("server_stopping")
         if self._server is not None:
             self._server.close(close_connections=False)
-        await self.runtime.shutdown(SHUTDOWN_GRACE)
-        await self.relay.stop()  # after the CLI: a turn ending in the grace still reaches the model
-        await self.gateway.close_all()
-        if self._server is not None:
-            await self._server.wait_closed()
-        if self.memory is not None:
-            await self.memory.stop()
+        steps: list[Callable[[], Awaitable[None]]] = [
+            functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
+            self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
+            self.gateway.close_all, self._closed, self._stop_memory]
+        for step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        self.lock.release()
         log.info("server_stopped")
 
-    @property
-    def status(self) -> str:
-        """`degraded` while memory's curator or capture's writes are failing: the agent still serves."""
-        return "degraded" if self.memory is not None and self.memory.degraded else "ok"
+    async def _closed(self) -> None:
+        if self._server is not None:
+            await self._server.wait_closed()
 
-    async def health(self) -> dict[str, Any]:
-        """What /healthz shows with the token: counts and states, never user content or secrets."""
+    async def _stop_memory(self) -> None:
+        if self.memory is not None:
+            await self.memory.stop()
+
+    def _agent(self) -> dict[str, Any]:
         rt = self.runtime
+        return {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
+                "queued_messages": rt.queued, "failure": rt.health.report()}
+
+    async def health(self, counts: bool = True) -> dict[str, Any]:
+        """What /healthz shows with the token: counts and states, never user content or secrets. The
+        status is computed from this same body. `counts=False`: memory's state without its counts
+        (no database is read at all)."""
         body: dict[str, Any] = {
-            "status": self.status,
             "version": __version__,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
-            "agent": {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
-                      "queued_messages": rt.queued},
+            "agent": self._agent(),
             "clients": len(self.gateway.connections),
             "isolation": self.launch.mode,  # how the agent is kept out of .os/: user, sandbox or none
         }
         if self.memory is not None:
-            body["memory"] = await self.memory.health()
-        return body
+            body["memory"] = await self.memory.health() if counts else self.memory.status()
+        return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         if request.path.split("?", 1)[0] == "/healthz":
             # Without the token, only the status: nothing that helps anyone who may reach the port.
-            body = await self.health() if self._authorized(request) else {"status": self.status}
+            if self._authorized(request):
+                body = await self.health()
+            else:
+                body = {"status": (await self.health(counts=False))["status"]}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if request.path.split("?", 1)[0] == "/metrics":
+            if not self._authorized(request):
+                return self._unauthorized(conn)
+            return http_response(conn, HTTPStatus.OK, self.metrics.render(await self.health()), METRICS_TYPE)
         if (page := self.pages.respond(conn, request)) is not None:
             return page
         remote = str(conn.remote_address[0] if conn.remote_address else "?")
@@ -187,14 +233,28 @@ class SpriteOS:
             return conn.respond(HTTPStatus.FORBIDDEN, "")
         if not self._authorized(request):
             log.info("auth_rejected", remote=remote, presented=bearer_token(request) is not None)
-            response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
+            return self._unauthorized(conn)
         return None
+
+    @staticmethod
+    def _unauthorized(conn: ServerConnection) -> Response:
+        response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
     def _authorized(self, request: Request) -> bool:
         given = bearer_token(request)
         return given is not None and hmac.compare_digest(given.encode(), self._token)
+
+
+def overall_status(body: dict[str, Any]) -> str:
+    """/healthz's status, from the body it reports: `failed` while the agent cannot start, `degraded`
+    while memory's curator or capture's writes are failing (the agent still serves), else `ok`."""
+    if body["agent"].get("failure") is not None:
+        return "failed"
+    if (body.get("memory") or {}).get("degraded"):
+        return "degraded"
+    return "ok"
 
 
 async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None) -> None:
@@ -218,7 +278,6 @@ def serve_main(settings: Settings) -> int:
     """Entry point of `sprite-os serve`."""
     limit_arenas()  # before any thread starts: see malloc_arenas.py
     configure_logging(settings.log_format, settings.log_level, settings.log_file)
-    settings.layout.ensure()
-    token = resolve_token(settings, create=True)
+    token = resolve_token(settings, create=True)  # the rest of the workspace is made once the lock is held
     asyncio.run(run_until_signalled(SpriteOS(settings, token)))
     return 0

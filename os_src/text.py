@@ -3,6 +3,9 @@
 `clean_text` is for what the CLI says (the wire format and capture): valid UTF-8, nothing
 else changed. `safe_text` is stricter, for everything that reaches a memory file or the
 boot prompt, whoever wrote it (the curator model, a person's edit, a migration).
+`strip_private` keeps what a person marks <private> out of everything stored.
+`estimate_tokens` is how every budget in tokens (the curator's cap, auto-recall's share, the
+console's figures) reckons text before a model has seen it.
 """
 
 from __future__ import annotations
@@ -10,9 +13,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# English prose; denser text (code, tables, other languages) costs more tokens, and what a proxy
+# bills is its own count: this is an estimate, rounded up.
+CHARS_PER_TOKEN = 4
+
+_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
 _NEWLINES = re.compile(r"\r\n?")
 # C0 controls but tab and newline (CR is made a newline first), and lone surrogates.
 _UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f]|[\ud800-\udfff]")
+
+
+def estimate_tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def strip_private(text: str) -> str:
+    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
+    return _PRIVATE.sub("[private]", text)
 
 
 def clean_text(text: str) -> str:

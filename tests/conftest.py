@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anthropic  # noqa: F401  (see below)
 import pytest
 
 from devkit.harness import (
@@ -31,8 +32,34 @@ from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 
+# The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
+# tests import it here, once per worker, so that no test's first batch spends its deadline on it.
+
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
+
+# ---------------------------------------------------------------- running in parallel (pytest-xdist)
+# `make test` runs the suite on every core (-n auto --dist loadgroup). Tests that share something of
+# the host's run one after another in one worker: those that run the agent as its own Unix user
+# (a start in `user` mode ends every process of that user, another test's agent included), deploy
+# as root (users, sysctls, services), or are marked `host`. tests/README.md says how to write a
+# test that runs well beside others.
+HOST_FIXTURES = {"agent_user"}
+HOST_MODULES = {"test_deploy.py"}
+# A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
+# `make test-fast` (-m "not e2e") never runs pip.
+E2E_FIXTURES = {"venv"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & HOST_FIXTURES or item.path.name in HOST_MODULES or item.get_closest_marker("host"):
+            item.add_marker(pytest.mark.xdist_group("host"))
+        if fixtures & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+
 
 __all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_namespace", "child_cli_processes",
            "client_factory", "free_port", "in_namespace", "make_settings", "pid_alive", "processes_of", "running",
@@ -67,7 +94,7 @@ async def client(server: SpriteOS) -> AsyncIterator[Connect]:
         yield factory
 
 
-# ---------------------------------------------------------------- the agent as its own user (issue 9)
+# ---------------------------------------------------------------- the agent as its own user
 # CI runs as root on a fresh machine: these create the agent's user (as bootstrap/deploy.py does) and
 # a workspace the agent's user can reach. Without root they skip, saying why.
 

@@ -1,5 +1,5 @@
-"""Seed 002's Amnesia and Correction tests through the real CLI, and no CLI left behind by a server
-killed with -9 (issue 12)."""
+"""The design's Amnesia and Correction tests through the real CLI, and no CLI left behind by a server
+killed with -9."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ RESEARCH = "decorators wrap functions; functools.wraps keeps the name"
 
 
 async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path: Path, bridge: MockBridge) -> None:
-    """Seed 002: start a task, kill -9 the server mid-turn, restart, say "Continue": the new
+    """Amnesia: start a task, kill -9 the server mid-turn, restart, say "Continue": the new
     session's request holds the task and what was done of it, before any curator call."""
     workspace = tmp_path / "ws"
     bridge.agent.script(Turn(ToolCall("Bash", {"command": f"echo '{RESEARCH}'", "description": "research"}),
@@ -75,7 +75,7 @@ async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path:
 
 async def test_correction_a_fact_corrected_midway_is_recalled_right_after_50_turns(
         bridge: MockBridge, settings: Settings) -> None:
-    """Seed 002: a fact, 50+ turns with a correction in between, then the question in a fresh
+    """Correction: a fact, 50+ turns with a correction in between, then the question in a fresh
     session. The curator is scripted as the seed's rules ask: the correction is a CORRECTION
     learning and rewrites user.md."""
     settings = settings.with_overrides(memory_batch_turns=10)
@@ -145,7 +145,7 @@ async def test_kill_9_of_the_server_alone_leaves_no_cli_and_a_restart_never_runs
         assert json.loads(ledger.read_text())[0]["pid"] == cli  # recorded while it runs
     proc.signal(signal.SIGKILL)
     await proc.wait()
-    # The CLI waits on its tool, and the tool runs on: what a kill -9 leaves (seen, issue 12).
+    # The CLI waits on its tool, and the tool runs on: what a kill -9 leaves (seen in a real run).
     assert [p for p in tree if pid_alive(p)], "the tool died with the server: nothing left to end"
     proc = await ServerProcess(workspace, bridge.url).start()
     try:

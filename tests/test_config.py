@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sprite_os.commands.main import main
-from sprite_os.config import describe, load_settings, resolve_token
+from sprite_os.config import DEFAULT_BATCH_TOKENS, describe, load_settings, resolve_token
 from sprite_os.errors import ConfigError
-from sprite_os.memory.curation.curator import DEFAULT_BATCH_TOKENS, MIN_BATCH_TOKENS
+from sprite_os.memory.curation.curator import MIN_BATCH_TOKENS
 
 
 def test_defaults_and_environment(tmp_path: Path) -> None:
@@ -51,8 +51,6 @@ def test_flags_override_environment(tmp_path: Path) -> None:
        f"greater than 0 (and finite), got {bad}") for bad in ("0", "-1", "nan", "inf")],
     ({"SPRITE_MEMORY_BATCH_TOKENS": "lots"}, "SPRITE_MEMORY_BATCH_TOKENS must be a whole number"),
     ({"SPRITE_MEMORY_BATCH_TOKENS": "0"}, "SPRITE_MEMORY_BATCH_TOKENS must be greater than 0"),
-    ({"SPRITE_MEMORY_BATCH_TOKENS": str(MIN_BATCH_TOKENS - 1)},
-     f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS}"),
     ({"SPRITE_IDLE_TIMEOUT": "soon"}, "SPRITE_IDLE_TIMEOUT must be a number"),
     ({"ANTHROPIC_BASE_URL": "bridge:8080"}, "ANTHROPIC_BASE_URL must be an http(s) URL"),
     ({"SPRITE_OS_TOKEN": "short"}, "at least 16"),
@@ -73,6 +71,19 @@ def test_command_line_reports_bad_setting_in_one_line(monkeypatch: pytest.Monkey
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("sprite-os: error: SPRITE_OS_PORT")
+
+
+def test_a_curator_cap_too_small_for_one_turn_fails_the_start_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The floor is the curator's (the largest prompt without turns, plus one turn): the memory
+    system checks it when it is built, before the server listens."""
+    monkeypatch.setenv("SPRITE_WORKSPACE", str(tmp_path))
+    monkeypatch.setenv("SPRITE_OS_PORT", "0")
+    monkeypatch.setenv("SPRITE_MEMORY_BATCH_TOKENS", str(MIN_BATCH_TOKENS - 1))
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"sprite-os: error: SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS} (the largest "
+                   f"prompt without turns, plus one turn), got {MIN_BATCH_TOKENS - 1}\n")
 
 
 def test_workspace_that_is_a_file_is_refused(tmp_path: Path) -> None:

@@ -294,3 +294,28 @@ async def test_the_boot_prompt_is_exactly_the_next_sessions(console: MemoryConso
     assert reply.text.startswith("# Soul\nYou are Sprite.") and "The user's name is Ada Lovelace" in reply.text
     assert reply.chars == len(reply.text) and reply.tokens_estimate == -(-len(reply.text) // 4)
     assert "characters / 4" in reply.estimate
+
+
+async def test_the_console_reads_memory_db_and_changes_it_only_through_the_daemon(
+        system: MemorySystem, console: MemoryConsole, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory.db has one writer, the daemon's thread: the console's own handle on it is read-only
+    (a write through it fails), and a person's forget is handed to the daemon."""
+    import sqlite3
+
+    ids = await seed(system)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        await system.memory_reads.call(lambda m: m.conn.execute("DELETE FROM learnings"))
+    assert len(await system.memory.call(lambda m: m.all_learnings())) == 3  # nothing was deleted
+    handed: list[str] = []
+    apply = system.daemon.apply
+
+    async def recorded(change):  # type: ignore[no-untyped-def]
+        handed.append(change.__name__)
+        return await apply(change)
+
+    monkeypatch.setattr(system.daemon, "apply", recorded)
+    learning = (await system.memory.call(lambda m: m.all_learnings()))[0].id
+    reply = await console.handle(pm.MemoryForgetRequest(request_id="r1", learning_id=learning))
+    assert isinstance(reply, pm.MemoryForgetResult) and reply.learning.forgotten_at == NOW
+    assert len(handed) == 1  # the forget (with its audit record, in the same change)
+    assert ids

@@ -484,6 +484,32 @@ def test_deploy_script_is_stdlib_only() -> None:
             assert line.split()[1].split(".")[0] in stdlib, line
 
 
+def test_deploy_and_the_server_share_one_workspace_layout(tmp_path: Path) -> None:
+    """Where memory, state, logs, the token and the pid file live, and `.os`'s modes, are the
+    contract's (Workspace): the server's Layout extends it, and deploy.py takes it from the release."""
+    from sprite_os.deploy_contract import OS_DIR_MODE, PRIVATE_DIR_MODE, PRIVATE_DIRS
+    from sprite_os.paths import Layout
+
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    with pytest.raises(AssertionError, match="no release's facts"):
+        _ = p.shared
+    p.use(deploy.load_contract(REPO / "os_src"))
+    layout = Layout(tmp_path / "ws")
+    for name in ("os_dir", "memory_dir", "state_dir", "logs_dir", "backup_dir", "token_file", "service_env",
+                 "pid_file", "deploy_lock"):
+        assert getattr(p.shared, name) == getattr(layout, name), name
+    script = DEPLOY.read_text()
+    for name in ("memory", "state", "logs", "backup", "token", "server.pid", "0o711", "0o700"):
+        assert f'"{name}"' not in script and f" {name})" not in script, name  # only the contract names them
+    deploy.prepare(p)  # a deploy's first step, and the server's start, give .os the same modes
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (layout.os_dir, *(layout.os_dir / d for d in PRIVATE_DIRS))}
+    layout.ensure()
+    assert modes == {path.name: path.stat().st_mode & 0o777
+                     for path in (layout.os_dir, *(layout.os_dir / d for d in PRIVATE_DIRS))}
+    assert modes == {".os": OS_DIR_MODE, **dict.fromkeys(PRIVATE_DIRS, PRIVATE_DIR_MODE)}
+
+
 def test_the_deploy_contract_is_stdlib_only_and_the_product_imports_it() -> None:
     """os_src/deploy_contract.py is what deploy.py loads by path from a release, with the system
     python: it may import the standard library only, and nothing relative."""

@@ -1,8 +1,8 @@
-"""Dev mode: `sprite-os dev`, its demo curator and demo model, and the one template installer.
+"""Dev mode: `sprite-os-dev`, its demo curator and demo model, and the one template installer.
 
 The demo curator's replies are read by the real parser, from prompts the real prompt builder
 makes; the demo model reads boot prompts the real loader assembles. The end-to-end test is a
-newcomer's first minute: `sprite-os dev`, then `sprite-os chat`, the real Claude Code CLI between.
+newcomer's first minute: `sprite-os-dev`, then `sprite-os chat`, the real Claude Code CLI between.
 """
 
 from __future__ import annotations
@@ -179,12 +179,12 @@ def test_what_do_you_remember_searches_memory() -> None:
     assert isinstance(plan.reply.blocks[0], ToolUse) and plan.reply.blocks[0].input == {"query": "Dana"}
 
 
-# ---------------------------------------------------------------- sprite-os dev
+# ---------------------------------------------------------------- sprite-os-dev
 
 
 @pytest.fixture
 def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settings]:
-    """What `sprite-os dev` would serve with: its settings, recorded instead of serving."""
+    """What `sprite-os-dev` would serve with: its settings, recorded instead of serving."""
     for name in [n for n in os.environ if n.startswith(("SPRITE_", "ANTHROPIC_"))]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
@@ -195,22 +195,21 @@ def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settin
 
 def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    assert main.main(["dev"]) == 0
+    assert command.main([]) == 0
     assert dev_settings[-1].workspace == Path(".workspace") and dev_settings[-1].memory_batch_turns == 3
     monkeypatch.setenv("SPRITE_WORKSPACE", str(tmp_path / "mine"))
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "7")
     monkeypatch.setenv("SPRITE_OS_PORT", "9100")
-    assert main.main(["dev"]) == 0
+    assert command.main([]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].memory_batch_turns, dev_settings[-1].port) == (
         tmp_path / "mine", 7, 9100)
-    assert main.main(["dev", "--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
+    assert command.main(["--workspace", "flagged", "--port", "9200", "--host", "0.0.0.0"]) == 0
     assert (dev_settings[-1].workspace, dev_settings[-1].port, dev_settings[-1].host) == (
         Path("flagged"), 9200, "0.0.0.0")
-    assert main.main(["--workspace", "before", "dev"]) == 0 and dev_settings[-1].workspace == Path("before")
     monkeypatch.setenv("SPRITE_WORKSPACE", " ")  # empty counts as unset, as everywhere
-    assert main.main(["dev"]) == 0 and dev_settings[-1].workspace == Path(".workspace")
+    assert command.main([]) == 0 and dev_settings[-1].workspace == Path(".workspace")
     monkeypatch.setenv("SPRITE_MEMORY_BATCH_TURNS", "many")
-    assert main.main(["dev"]) == 2 and len(dev_settings) == 5  # a bad setting still fails at once
+    assert command.main([]) == 2 and len(dev_settings) == 4  # a bad setting still fails at once
     # `serve` keeps its own defaults.
     monkeypatch.delenv("SPRITE_MEMORY_BATCH_TURNS")
     monkeypatch.setattr("sprite_os.server.serve_main", lambda settings: dev_settings.append(settings) or 0)
@@ -218,17 +217,29 @@ def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], mon
     assert dev_settings[-1].memory_batch_turns == 25
 
 
+def test_the_product_command_has_no_dev_mode_and_never_imports_the_kit() -> None:
+    """A Sprite runs `sprite-os` from .os/src, where devkit/ is not deployed: no path of it may need it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
+    probe = ("import sys\nfrom sprite_os.commands.main import main\ntry:\n    main(['dev', '--port', '70000'])\n"
+             "finally:\n    print(sorted(m for m in sys.modules if m.split('.')[0] == 'devkit'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "invalid choice: 'dev'" in done.stderr  # argparse's refusal
+    assert done.stdout == "[]\n"
+    script = Path(sys.executable).with_name("sprite-os-dev")
+    assert os.access(script, os.X_OK)  # dev mode is the kit's own command, which `make run` runs
+
+
 def test_make_run_leaves_the_workspace_to_sprite_os_dev() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     recipe = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO, capture_output=True,
                             text=True, check=True, env=env).stdout.strip().splitlines()[-1]
-    assert recipe.endswith("/bin/sprite-os dev") and "--workspace" not in recipe
+    assert recipe.endswith("/bin/sprite-os-dev") and "--workspace" not in recipe
 
 
 def test_without_the_dev_extra_dev_mode_says_how_to_install_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
-    blocked = ("import sys; sys.modules['aiohttp'] = None; from sprite_os.commands.main import main; "
-               f"raise SystemExit(main(['dev', '--workspace', {str(tmp_path / 'ws')!r}]))")
+    blocked = ("import sys; sys.modules['aiohttp'] = None; from devkit.dev_mode import main; "
+               f"raise SystemExit(main(['--workspace', {str(tmp_path / 'ws')!r}]))")
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sprite-os: error: dev mode's mock model needs ")
@@ -270,28 +281,73 @@ def test_one_function_installs_templates(tmp_path: Path) -> None:
     assert not (tmp_path / "other").exists()  # a broken release writes nothing
 
 
-# ---------------------------------------------------------------- a newcomer's first minute
+# ---------------------------------------------------------------- a newcomer's first minute: the README's
 
 
-async def _read_until(stream: asyncio.StreamReader, marker: str, seen: list[str], timeout: float = 60) -> str:
+README = REPO / "README.md"
+# What differs from run to run: session ids, dates, durations, costs, how many memories a search
+# found (the indexer may or may not have caught up with the last turn) and their numbers.
+VARIABLE = [(re.compile(r"\d{8}T\d{6}-[0-9a-f]{6}"), "<session>"), (re.compile(r"\d{4}-\d\d-\d\d"), "<date>"),
+            (re.compile(r"completed in [\d.]+s, \$[\d.]+"), "completed in <s>, $<usd>"),
+            (re.compile(r"returned: \d+ memories"), "returned: <n> memories"), (re.compile(r"^\d+\. "), "<n>. ")]
+
+
+def normal(line: str) -> str:
+    line = line.strip()
+    for pattern, placeholder in VARIABLE:
+        line = pattern.sub(placeholder, line)
+    return line
+
+
+def walkthrough() -> list[tuple[str, list[str]]]:
+    """The README's walkthrough: each line the person types (flush left) with what comes back
+    (indented; `…` stands for lines left out), as (typed, [expected lines])."""
+    text = README.read_text()
+    block = text.split("<!-- walkthrough -->", 1)[1].split("```", 2)[1].split("\n", 1)[1]
+    steps: list[tuple[str, list[str]]] = []
+    for line in block.rstrip().splitlines():
+        if not line.startswith(" "):
+            steps.append((line, []))
+        elif line.strip() != "…":
+            steps[-1][1].append(normal(line))
+    return steps
+
+
+async def _read_until(stream: asyncio.StreamReader, marker: str, seen: list[str], timeout: float = 120) -> str:
     async with asyncio.timeout(timeout):
         while True:
             line = (await stream.readline()).decode()
             assert line, f"ended before {marker!r}: {''.join(seen)[-2000:]}"
             seen.append(line)
-            if marker in line:
+            if marker in line or marker == normal(line):
                 return line
 
 
+def in_order(expected: list[str], got: list[str]) -> list[str]:
+    """The expected lines that are not found, in order, among `got` (normalised)."""
+    lines = iter(normal(line) for line in got)
+    return [want for want in expected if not any(want == line for line in lines)]
+
+
+def test_the_walkthrough_is_read_from_the_readme() -> None:
+    steps = walkthrough()
+    assert [typed for typed, _ in steps] == ["My name is Dana and I live in Lisbon", "/new", "What is my name?",
+                                             "search: Dana"]
+    assert all(expected for _, expected in steps)  # each says what comes back, which the next test runs
+
+
 @pytest.mark.e2e
-async def test_tell_a_fact_start_a_new_session_and_it_knows(tmp_path: Path) -> None:
+async def test_the_readmes_walkthrough_runs_as_it_says(tmp_path: Path) -> None:
+    """`make run` (sprite-os-dev), then `sprite-os chat`, the real Claude Code CLI between, dev
+    mode's demo model and demo curator: each line of the README's walkthrough is typed, and what it
+    shows coming back must come back, in order (ids, dates, times and costs aside)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
     workspace, port = tmp_path / "ws", free_port()
     env |= {"SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(port)}
     sprite_os = [sys.executable, "-m", "sprite_os"]
     with open(tmp_path / "server.log", "wb") as log:
-        server = await asyncio.create_subprocess_exec(*sprite_os, "dev", env=env, stdout=asyncio.subprocess.PIPE,
-                                                      stderr=log)
+        server = await asyncio.create_subprocess_exec(Path(sys.executable).with_name("sprite-os-dev"), env=env,
+                                                      stdout=asyncio.subprocess.PIPE, stderr=log)
     chat: asyncio.subprocess.Process | None = None
     try:
         assert server.stdout is not None
@@ -301,30 +357,23 @@ async def test_tell_a_fact_start_a_new_session_and_it_knows(tmp_path: Path) -> N
         assert f"SPRITE_WORKSPACE={workspace}" in talk and talk[-1] == f"ws://127.0.0.1:{port}"
         assert (workspace / ".os" / "token").read_text().strip() == token
 
-        chat = await asyncio.create_subprocess_exec(*sprite_os, "chat", "--url", talk[-1], env=env,
-                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        chat = await asyncio.create_subprocess_exec(*sprite_os, "chat", env=env, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE)  # no --url: it finds the port
         assert chat.stdin is not None and chat.stdout is not None
         out: list[str] = []
         await _read_until(chat.stdout, "connected to session", out)
-        for line, marker in (("My name is Dana and I live in Lisbon", "· completed"), ("/new", "started"),
-                             ("What is my name?", "· completed"), ("search: Dana", "· completed")):
-            chat.stdin.write(f"{line}\n".encode())
+        for typed, expected in walkthrough():
+            got: list[str] = []
+            chat.stdin.write(f"{typed}\n".encode())
             await chat.stdin.drain()
-            await _read_until(chat.stdout, marker, out)
-        text = "".join(out)
-        assert "agent › Your name is Dana.\n" in text  # the new session booted knowing it
-        # one search: the learning, the turn it came from, and the summary of that session (and,
-        # when the indexer has caught up, the turn just before it that said the name)
-        assert re.search(r"agent › Memory search for \"Dana\" returned: [34] memories, best match first:\n", text)
-        assert re.search(r"\n\d\. \[FACT, [\d-]+, from session [\w-]+ turn 1\] The user's name is Dana\.\n", text)
-        assert re.search(r"\n\d\. \[turn, [\d-]+, session [\w-]+ turn 1\] My name is Dana and I live in Lisbon", text)
-        assert re.search(r"\n\d\. \[SUMMARY, [\d-]+, from session [\w-]+ turn 1\] A session of conversation that "
-                         r"ended with the person saying \"My name is Dana and I live in Lisbon\"", text)
+            await _read_until(chat.stdout, expected[-1], got)  # the step's last line
+            out += got
+            assert in_order(expected, got) == [], "".join(got)
         user_md = (workspace / ".os" / "memory" / "user.md").read_text()
-        assert "- Name: Dana\n- Lives in: Lisbon\n" in user_md
+        assert "- Name: Dana\n- Lives in: Lisbon\n" in user_md  # the line the README says to look at
         chat.stdin.write(b"/quit\n")
         await chat.stdin.drain()
-        assert await asyncio.wait_for(chat.wait(), 30) == 0
+        assert await asyncio.wait_for(chat.wait(), 60) == 0
     finally:
         if chat is not None and chat.returncode is None:
             chat.kill()

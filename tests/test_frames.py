@@ -19,7 +19,9 @@ from claude_agent_sdk import (
 )
 
 from sprite_os import protocol as p
-from sprite_os.agent.frames import ended_frame, message_frames, summarize
+from sprite_os.agent.frames import ended_frame, message_frames, recall_frame, summarize
+from sprite_os.memory.recall.searcher import RecallHit
+from sprite_os.memory.recall.service import Recalled
 
 
 def delta(text: str, parent: str | None = None, kind: str = "text_delta") -> StreamEvent:
@@ -148,3 +150,18 @@ def test_a_retry_the_cli_announces_becomes_model_retry() -> None:
         turn_id="t1", attempt=1, max_retries=0, retry_delay_ms=0, error_status=None, error="unknown")]
     frame = p.encode(message_frames("t1", SystemMessage(subtype="api_retry", data=data))[0])
     assert json.loads(frame)["type"] == "model_retry"
+
+
+def test_what_auto_recall_added_is_told_as_a_recall_frame() -> None:
+    """Memory hands the runtime its hits; the frame clients see is built here, with the wire's kinds."""
+    hits = [RecallHit(kind="episode", id=7, score=0.0312345, at=1.7e9, session_id="s1", turn=2, observation_id=7,
+                      type="EPISODE", snippet="my dog is Rex", bm25=3.0),
+            RecallHit(kind="learning", id=3, score=0.02, at=1.7e9, session_id=None, turn=None, observation_id=None,
+                      type="FACT", snippet="The user's dog is Rex.")]
+    frame = recall_frame("t1", Recalled("context", hits, 42))
+    assert frame == p.Recall(turn_id="t1", tokens=42, memories=[
+        p.RecalledMemory(kind="episode", id=7, type="EPISODE", at=1.7e9, session_id="s1", turn=2, observation_id=7,
+                         snippet="my dog is Rex", score=0.0312),
+        p.RecalledMemory(kind="learning", id=3, type="FACT", at=1.7e9, session_id=None, turn=None,
+                         observation_id=None, snippet="The user's dog is Rex.", score=0.02)])
+    assert json.loads(p.encode(frame))["memories"][0]["kind"] == "episode"

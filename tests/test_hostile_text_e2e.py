@@ -1,4 +1,4 @@
-"""Hostile text never stops a session (issue 12): a NUL, any C0 control or a lone surrogate in a
+"""Hostile text never stops a session: a NUL, any C0 control or a lone surrogate in a
 curator reply or in a person's edit on disk, and a boot prompt at its maximum size, through the
 real CLI."""
 

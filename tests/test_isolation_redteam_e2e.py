@@ -1,4 +1,4 @@
-"""The red team (issue 9): a prompt-injected agent tries to write into `.os/` and to read the
+"""The red team: a prompt-injected agent tries to write into `.os/` and to read the
 server's secrets, through the real Claude Code CLI running as the agent user, and the kernel (or
 the sandbox) refuses every attempt.
 
@@ -194,7 +194,13 @@ def traversable_workspace() -> Path:
     return parent / "workspace"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=MODES)
+# One Sprite per mode serves every attack (module scope): its tests stay on one worker. In `user` mode it
+# runs as the agent's Unix user, which the host's other such tests share (tests/README.md).
+PARAMS = [pytest.param(m, marks=pytest.mark.host if m == "user" else pytest.mark.xdist_group(f"redteam-{m}"))
+          for m in MODES]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=PARAMS)
 async def sprite(request: pytest.FixtureRequest) -> AsyncIterator[Sprite]:
     mode: str = request.param
     if (why := unavailable(mode)) is not None:
@@ -464,6 +470,6 @@ async def test_with_isolation_off_the_guard_still_denies_write_and_edit_into_os(
     for k in calls:
         result = tool_result(bridge, f"toolu_none_{k}")
         assert result is not None and result.refused_by == "guard", result
-    made_by_the_start = f".os/{AGENT_DIR}"  # the boot prompt's folder
+    made_by_the_start = (f".os/{AGENT_DIR}", ".os/memory/.writer.lock")  # the boot prompt's folder; the lock
     assert [d for d in differences(before, protected_state(layout)) if not d.startswith(made_by_the_start)] == []
     assert (layout.memory_dir / "user.md").read_text() == SEEDED["user.md"]

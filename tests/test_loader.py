@@ -4,6 +4,8 @@ capped, plain text, never a crash."""
 import json
 from pathlib import Path
 
+import msgspec
+
 from sprite_os.db_worker import Worker
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.loader import TURNS_CHARS, BootLoader, assemble, cap
@@ -47,9 +49,10 @@ def turn(n: int, text: str = "", calls: str = "[]") -> NewObservation:
 
 def test_turns_not_yet_curated_follow_the_memory_newest_kept_first_shown_oldest_first() -> None:
     calls = json.dumps([{"name": "WebFetch", "input": '{"url": "https://x"}', "output": "page", "is_error": False}])
-    prompt = assemble({}, [], [], turns=[turn(2, calls=calls), turn(1), turn(3, "(the server stopped before the turn ended)")])
+    jumped = msgspec.structs.replace(turn(3, "(the server stopped before the turn ended)"), timestamp=0.0)
+    prompt = assemble({}, [], [], turns=[turn(1), turn(2, calls=calls), jumped])  # the clock went back before 3
     section = prompt[prompt.index("## Recent turns not yet in your memory"):]
-    assert section.index("message 1") < section.index("message 2") < section.index("message 3")
+    assert section.index("message 1") < section.index("message 2") < section.index("message 3")  # as recorded
     assert 'TOOL WebFetch {"url": "https://x"} -> ok: page' in section
     assert "pick it up where it stopped" in section
     many = assemble({}, [], [], turns=[turn(n, "x" * 1_400) for n in range(1, 60)])

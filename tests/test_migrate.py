@@ -31,6 +31,8 @@ from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
 
 V1_COLUMNS = {t.name: ", ".join(t.columns) for t in migrate_tables.TABLES}
+# The generated v1 workspace (v1_template) is built once per worker that runs these: keep them on one.
+pytestmark = pytest.mark.xdist_group("v1-workspace")
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,7 @@ def test_curated_v2_file_wins_and_v1_file_is_kept(v1: V1Data, capsys: pytest.Cap
 
 def test_every_v1_memory_file_is_carried_or_named(v1: V1Data, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """Seed 001: v1 had os.md, tools.md and user.md. Any v1 file with a curated v2 counterpart is
+    """The design's v1 migration: v1 had os.md, tools.md and user.md. Any v1 file with a curated v2 counterpart is
     carried over; every other one is named in the record and a `migrate:` line, and kept in the backup."""
     layout = Layout(v1.root)
     (v1.root / "memory" / "context.md").write_text("# Context\n\nQuarter-end close this week.\n")

@@ -1,5 +1,5 @@
 """A turn whose model proxy fails tells the client within seconds, at each retry the CLI makes,
-instead of minutes of silence (issue 12), through the real CLI."""
+instead of minutes of silence, through the real CLI."""
 
 from __future__ import annotations
 

@@ -335,3 +335,35 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
     m.set_batch_status(done.id, "done")
     m.close()
     assert _previous_groups(tmp_path / "memory.db") == [[1, 2]]
+
+
+async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One retry policy: the rebuild waits between its calls as the daemon does (retry.Backoff's
+    doubling, with jitter), and stops after ATTEMPTS calls of one batch."""
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.curation.retry import Backoff
+
+    settings = make_settings(tmp_path, bridge.url)
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
+    db.close()
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(module.random, "random", lambda: 0.0)  # the jitter's low end
+    bridge.faults.add(Fault("status", status=529, target="curator", times=2))
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")
+    report = await module.rebuild(settings)
+    assert (report.batches, report.learnings) == (1, 1)
+    assert waits == [Backoff().delay(1, 0.0), Backoff().delay(2, 0.0)] == [1.6, 3.2]  # 2 s and 4 s, less 20 %
+    waits.clear()
+    bridge.faults.add(Fault("status", status=529, target="curator"))  # until removed
+    with pytest.raises(CuratorError, match="rebuild stopped at turn #1"):
+        await module.rebuild(settings)
+    assert len(waits) == module.ATTEMPTS - 1

@@ -72,7 +72,7 @@ async def test_a_recorded_turn_is_searchable_within_a_second_with_its_neighbours
     started = time.monotonic()
     record_ = system.turn_started("My sister Maya recommended a Thai place called Lotus Garden")
     record_.close(None, "boom")  # a failed turn is recorded too
-    assert await system.writer.drained(5)  # in transcript.db: the indexer is nudged, and no longer current
+    assert await system.writer.drained(60)  # in transcript.db: the indexer is nudged, and no longer current
     await asyncio.wait_for(system.recall.indexer.current.wait(), 5)
     hits = await system.search("Lotus Garden", 5)
     assert time.monotonic() - started < 1.5
@@ -188,7 +188,9 @@ def test_hostile_queries_are_inert(tmp_path: Path, query: str) -> None:
 def test_hostile_queries_reach_the_dense_retriever_safely() -> None:
     embedder, status = load(None)
     assert embedder is not None, status.detail
-    for query in ("\x00", "\x00Maya", every_category(), "x" * 20_000, "\ud800 Maya"):
+    # The longest the searcher hands it: a query is cut to 2,000 characters first (embedding costs about a
+    # millisecond a character; the whole 20,000 took minutes of the suite's CPU).
+    for query in ("\x00", "\x00Maya", every_category(), ("x" * 20_000)[:2_000], "\ud800 Maya"):
         vector = embedder.query(query.encode("utf-8", "replace").decode("utf-8", "replace"))
         assert vector.shape == (384,)
 

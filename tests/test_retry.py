@@ -11,6 +11,7 @@ from sprite_os.memory.curation.retry import (
     Backoff,
     FailureClock,
     PoisonTurns,
+    Probe,
     Verdict,
 )
 
@@ -226,3 +227,15 @@ def test_unusable_replies_count_in_a_row_for_one_chunk() -> None:
     assert isolation.unusable([1, 2]) is Verdict.RETRY  # not in a row any more: counted from one again
     isolation.succeeded()
     assert [isolation.unusable([1, 2]) for _ in range(UNUSABLE_LIMIT)][-1] is Verdict.ISOLATE
+
+
+def test_a_probe_asks_now_and_then_sooner_once_a_batch_is_asked_for_and_never_past_the_retry() -> None:
+    probe = Probe(every=15.0, soonest=5.0)
+    probe.waiting(100.0)  # a call failed for the proxy at 100
+    assert probe.due(100.0, retry_at=400.0) == 115.0
+    probe.asked = True  # a new turn asks for a batch
+    assert probe.due(101.0, retry_at=400.0) == 105.0
+    assert probe.due(109.0, retry_at=400.0) == 109.0  # overdue: now
+    probe.probed(109.0)  # no answer
+    assert probe.due(110.0, retry_at=400.0) == 124.0
+    assert probe.due(110.0, retry_at=120.0) is None  # the retry itself comes first

@@ -23,6 +23,7 @@ from claude_agent_sdk import (
 )
 
 from sprite_os import protocol as p
+from sprite_os.agent.state import TurnPhase
 from sprite_os.errors import ShuttingDown
 from sprite_os.runtime import AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
@@ -93,6 +94,12 @@ class FakeRecord:
     def close(self, result: ResultMessage | None, error: str | None = None) -> None:
         self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
 
+    async def durable(self) -> bool:
+        if self.memory.saving is not None:
+            await self.memory.saving.wait()
+        self.memory.durable.append(self.prompt)
+        return self.memory.saves
+
 
 class FakeMemory:
     """The memory system as the runtime sees it: what it was told, in order."""
@@ -101,11 +108,11 @@ class FakeMemory:
         self.events: list[tuple[str, ...]] = []
         self.records: list[FakeRecord] = []
         self.booting: asyncio.Event | None = None  # when set, a CLI's boot prompt waits for it
+        self.saving: asyncio.Event | None = None  # when set, a closed turn is durable once it is set
+        self.saves = True  # what durable() says: False when the disk can't take the turn
+        self.durable: list[str] = []  # the turns whose durability the runtime waited for
 
     def hooks(self) -> dict[Any, Any]:
-        return {}
-
-    def mcp_servers(self) -> dict[str, Any]:
         return {}
 
     async def boot_prompt(self) -> str:
@@ -318,10 +325,13 @@ async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(h
     await hm.turn("one")
     hm.clis[0].crash_after = 1
     assert (await hm.turn("two")).status == "error"
+    await hm.until(lambda: hm.memory is not None and hm.memory.events[-1][0] == "session_started")  # the crash's
     first = hm.memory.events[0][1]
     [one, two] = hm.memory.closed()
     assert one == ("closed", "one", "success") and two[2].startswith("failed: ProcessError(")
     after = hm.memory.events.index(two) + 1
+    # The session ends once the dead CLI is closed, which may come after the turn's error frame.
+    await hm.until(lambda: len(hm.memory.events) > after)
     assert hm.memory.events[after] == ("session_ended", first, "crash")
     assert hm.memory.records[-1].seen == ["AssistantMessage"]  # what the CLI said before it died
 
@@ -362,3 +372,45 @@ async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: 
     assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution"),
                                      ("session_ended", hm.rt.session_id, "shutdown")]
     assert hm.of(p.TurnComplete)[-1].status == "interrupted"
+
+
+# ---------------------------------------------------------------- durable, then acknowledged
+
+
+async def test_turn_complete_waits_until_the_closed_turn_is_durable(hm: Harness) -> None:
+    """A person who reads turn_complete may pull the plug: it goes out only once memory says the
+    turn is on disk. An interrupt meanwhile changes nothing (the answer is in)."""
+    assert hm.memory is not None
+    hm.memory.saving = asyncio.Event()
+    hm.rt.submit("one")
+    await hm.until(lambda: hm.rt._turn.phase is TurnPhase.SAVING)
+    assert hm.of(p.AssistantMessage) and not hm.of(p.TurnComplete)  # answered, closed, not yet durable
+    assert hm.rt.state == "running"
+    assert await hm.rt.interrupt()  # no error for the client, and no interrupt for the idle CLI
+    hm.memory.saving.set()
+    await hm.until(lambda: bool(hm.of(p.TurnComplete)))
+    assert hm.of(p.TurnComplete)[-1].status == "completed" and hm.memory.durable == ["one"]
+    assert hm.clis[0].order == ["query"]
+
+
+async def test_a_turn_that_cannot_be_saved_says_so_before_its_turn_complete(hm: Harness) -> None:
+    assert hm.memory is not None
+    hm.memory.saves = False
+    done = await hm.turn("on a full disk")
+    assert done.status == "completed"
+    error = hm.of(p.Error)[-1]
+    assert error.code == "not_saved" and error.turn_id == done.turn_id
+    assert hm.kinds()[-2:] == ["Error", "TurnComplete"]
+
+
+async def test_a_failed_turn_is_acknowledged_only_once_durable_too(hm: Harness) -> None:
+    assert hm.memory is not None
+    await hm.turn("one")
+    hm.clis[0].crash_after = 1
+    hm.memory.saving = asyncio.Event()
+    hm.rt.submit("two")
+    await hm.until(lambda: hm.rt._turn.phase is TurnPhase.SAVING)
+    assert hm.of(p.Error) and len(hm.of(p.TurnComplete)) == 1
+    hm.memory.saving.set()
+    await hm.until(lambda: len(hm.of(p.TurnComplete)) == 2)
+    assert hm.of(p.TurnComplete)[-1].status == "error" and hm.memory.durable == ["one", "two"]

@@ -40,3 +40,24 @@ async def test_a_missing_model_proxy_is_warned_about_at_start(tmp_path: Path) ->
             async with running(make_settings(tmp_path / f"ws-{warned}", base_url)):  # type: ignore[arg-type]
                 pass
         assert any(e["event"] == "model_proxy_unset" and e["log_level"] == "warning" for e in logs) is warned
+
+
+def test_the_server_starts_without_the_curators_sdk() -> None:
+    """The anthropic SDK took more than half of `import sprite_os.server` (seconds, every start);
+    the curator, its one user, imports it at its first call."""
+    import subprocess
+
+    probe = "import sys, sprite_os.server; print(sorted(m for m in sys.modules if m.split('.')[0] == 'anthropic'))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout == "[]\n"
+
+
+def test_the_command_line_imports_no_sdk_until_a_command_needs_one() -> None:
+    """Every `sprite-os` run (service start/stop/status, a deploy's steps, version) builds the whole
+    parser: building it imported the agent SDK through memory's modules (seconds each time)."""
+    import subprocess
+
+    probe = ("import sys; from sprite_os.commands.main import main; main(['version']); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'anthropic', 'mcp', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"

@@ -9,9 +9,12 @@ import os
 import signal
 import socket
 import urllib.request
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytest_asyncio
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -37,10 +40,23 @@ pytestmark = pytest.mark.e2e
 
 
 # ---------------------------------------------------------------- auth and health
+# These only ask: one server, never given a message, serves them all (on the module's loop, and
+# on one worker).
+
+def on_the_idle_server(test: Callable[..., Any]) -> Callable[..., Any]:
+    return pytest.mark.xdist_group("idle-server")(pytest.mark.asyncio(loop_scope="module")(test))
 
 
-async def test_no_token_or_wrong_token_gets_401_and_nothing_else(server: SpriteOS) -> None:
-    url = f"ws://127.0.0.1:{server.port}"
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def idle_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SpriteOS]:
+    async with MockBridge() as bridge:
+        async with running(make_settings(tmp_path_factory.mktemp("idle") / "workspace", bridge.url)) as app:
+            yield app
+
+
+@on_the_idle_server
+async def test_no_token_or_wrong_token_gets_401_and_nothing_else(idle_server: SpriteOS) -> None:
+    url = f"ws://127.0.0.1:{idle_server.port}"
     for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": "Basic abc"}):
         with pytest.raises(InvalidStatus) as info:
             await connect(url, additional_headers=headers)
@@ -48,21 +64,25 @@ async def test_no_token_or_wrong_token_gets_401_and_nothing_else(server: SpriteO
         assert info.value.response.body == b""
 
 
-async def test_right_token_gets_ready_by_header_or_browser_subprotocol(server: SpriteOS, client: Connect) -> None:
-    c = await client(hello={})
-    assert c.frames[0]["type"] == "ready" and c.frames[0]["session_id"] == server.runtime.session_id
+@on_the_idle_server
+async def test_right_token_gets_ready_by_header_or_browser_subprotocol(idle_server: SpriteOS) -> None:
+    async with client_factory(idle_server.port) as client:
+        c = await client(hello={})
+        assert c.frames[0]["type"] == "ready" and c.frames[0]["session_id"] == idle_server.runtime.session_id
     # Browsers can't set headers: they offer the token as a subprotocol, and only ours is echoed back.
-    async with connect(f"ws://127.0.0.1:{server.port}", subprotocols=["sprite-os.v1", f"bearer.{TOKEN}"]) as ws:  # type: ignore[list-item]
+    async with connect(f"ws://127.0.0.1:{idle_server.port}", subprotocols=["sprite-os.v1", f"bearer.{TOKEN}"]) as ws:  # type: ignore[list-item]
         assert ws.subprotocol == "sprite-os.v1"
         await ws.send(json.dumps({"type": "hello"}))
         assert json.loads(await ws.recv())["type"] == "ready"
 
 
-async def test_a_newer_protocol_is_told_and_served_version_1(server: SpriteOS, client: Connect) -> None:
-    c = await client()
-    await c.send(type="hello", protocol=2)
-    error = await c.until("error")
-    ready = await c.until("ready")
+@on_the_idle_server
+async def test_a_newer_protocol_is_told_and_served_version_1(idle_server: SpriteOS) -> None:
+    async with client_factory(idle_server.port) as client:
+        c = await client()
+        await c.send(type="hello", protocol=2)
+        error = await c.until("error")
+        ready = await c.until("ready")
     assert error["code"] == "unsupported_protocol" and ready["protocol"] == 1
 
 
@@ -81,10 +101,11 @@ async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.Mo
     assert text.count("· completed in") == 2
 
 
-async def test_healthz(server: SpriteOS) -> None:
+@on_the_idle_server
+async def test_healthz(idle_server: SpriteOS) -> None:
     def get(token: str | None) -> dict:  # type: ignore[type-arg]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/healthz", headers=headers)
+        request = urllib.request.Request(f"http://127.0.0.1:{idle_server.port}/healthz", headers=headers)
         with urllib.request.urlopen(request, timeout=5) as r:
             assert r.headers["Content-Type"] == "application/json"
             return json.loads(r.read())

@@ -1,7 +1,7 @@
 """A reproducible recall benchmark: one person's long conversation with their agent over five years,
 questions whose answers sit in known turns, and Zipf-distributed filler to scale the haystack.
 
-    python -m bench.recall.generate OUT_DIR [--seed 7]
+    python -m bench.recall.generate OUT_DIR [--seed=7]
 
 writes OUT_DIR/turns.jsonl (one turn a line, in `sprite-os memory import` form:
 session, timestamp, user, assistant) and OUT_DIR/questions.jsonl (question, asked_at,

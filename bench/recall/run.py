@@ -275,7 +275,7 @@ async def _auto_recall_cost(quick: bool) -> dict[str, Any]:
             started = time.perf_counter()
             found = await service.auto_recall(q.question, "the-current-session", "t")
             ms.append((time.perf_counter() - started) * 1000)
-            added.append(found.frame.tokens if found else 0)
+            added.append(found.tokens if found else 0)
         out[label] = {"turns": len(ms), "p50_ms": _pct(ms, 0.5), "p95_ms": _pct(ms, 0.95),
                       "recalled_share": round(sum(1 for a in added if a) / len(added), 3),
                       "tokens_mean": round(statistics.mean(added), 1), "tokens_max": max(added)}

@@ -6,7 +6,8 @@ async with MockBridge() as bridge:
     bridge.faults.add(Fault("status", status=529, target="curator", times=1))
 """
 
+from .request import RecordedRequest
 from .script import CutOff, Fault, FaultSet, Step, Text, ToolCall, Turn
-from .server import MockBridge, RecordedRequest
+from .server import MockBridge
 
 __all__ = ["CutOff", "Fault", "FaultSet", "MockBridge", "RecordedRequest", "Step", "Text", "ToolCall", "Turn"]

@@ -12,16 +12,12 @@ ended, one SUMMARY line naming what the person last said. Nothing new: `NONE`.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from sprite_os.memory.curation.curator import SESSIONS_ENDED
 
 from .phrases import statements
 from .profile import USER_MD, Profile
-from .request import message_text
-
-if TYPE_CHECKING:
-    from .server import RecordedRequest
+from .request import RecordedRequest, message_text
 
 PROMPT_START = "Current memory files:"
 _OBSERVATION = re.compile(

@@ -1,10 +1,11 @@
-"""Reading a Messages API request body: the prompt of its last user message, its tool results,
-its system prompt. Bodies come from any client, so nothing here trusts their shape."""
+"""A request as the mock Bridge saw it, and reading a Messages API request body: the prompt of its
+last user message, its tool results, its system prompt. Bodies come from any client, so nothing
+here trusts their shape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 SYSTEM_REMINDER = "<system-reminder>"
 
@@ -66,3 +67,58 @@ def tool_result_text(result: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(b.get("text", "") for b in _blocks(content) if b.get("type") == "text")
+
+
+Kind = Literal["messages", "count_tokens", "other"]
+
+
+@dataclass
+class RecordedRequest:
+    """One HTTP request as the bridge saw it (and how it answered it)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+    time: float
+    kind: Kind = "other"
+    # The prompt text: the last non-<system-reminder> text of the last user message.
+    last_user_text: str = ""
+    is_tool_result: bool = False  # answered as a tool_result continuation of a scripted turn
+    is_compaction: bool = False  # the CLI's compaction summary request
+    faults: list[str] = field(default_factory=list)  # kinds of the faults applied to it
+    status: int | None = None  # HTTP status sent (None if the connection was cut before headers)
+    reply_text: str = ""  # text of the reply sent (if any)
+
+    @property
+    def user_agent(self) -> str:
+        return next((v for k, v in self.headers.items() if k.lower() == "user-agent"), "")
+
+    @property
+    def target(self) -> Literal["agent", "curator"]:
+        return "agent" if self.user_agent.startswith("claude-cli/") else "curator"
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body and self.body.get("stream") is True)
+
+    @property
+    def model(self) -> str:
+        model = self.body.get("model") if self.body else None
+        return model if isinstance(model, str) else "mock-model"
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages = self.body.get("messages") if self.body else None
+        return messages if isinstance(messages, list) else []
+
+    @property
+    def system_text(self) -> str:
+        return system_text(self.body)
+
+    @property
+    def tools(self) -> list[str]:
+        tools = self.body.get("tools") if self.body else None
+        if not isinstance(tools, list):
+            return []
+        return [t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]

@@ -13,12 +13,9 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
-from .request import parse_user_message, system_text
-
-if TYPE_CHECKING:
-    from .server import RecordedRequest
+from .request import RecordedRequest, parse_user_message, system_text
 
 Target = Literal["agent", "curator", "any"]
 FaultKind = Literal["status", "latency", "cut", "malformed"]
@@ -332,7 +329,7 @@ class CutOff:
     text: str
 
 
-CuratorReply = str | CutOff | Callable[["RecordedRequest"], str]
+CuratorReply = str | CutOff | Callable[[RecordedRequest], str]
 
 
 class CuratorScript:

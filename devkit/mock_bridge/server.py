@@ -7,16 +7,15 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 
 from ..harness import wait_for
 from . import demo
 from .demo_curator import reply as demo_curator_reply
-from .request import parse_user_message, system_text
+from .request import Kind, RecordedRequest, parse_user_message
 from .script import (
     AgentScript,
     CuratorScript,
@@ -29,60 +28,6 @@ from .script import (
     Text,
 )
 from .sse import MALFORMED_EVENT, error_body, message_json, reply_events
-
-Kind = Literal["messages", "count_tokens", "other"]
-
-
-@dataclass
-class RecordedRequest:
-    """One HTTP request as the bridge saw it (and how it answered it)."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any] | None
-    time: float
-    kind: Kind = "other"
-    # The prompt text: the last non-<system-reminder> text of the last user message.
-    last_user_text: str = ""
-    is_tool_result: bool = False  # answered as a tool_result continuation of a scripted turn
-    is_compaction: bool = False  # the CLI's compaction summary request
-    faults: list[str] = field(default_factory=list)  # kinds of the faults applied to it
-    status: int | None = None  # HTTP status sent (None if the connection was cut before headers)
-    reply_text: str = ""  # text of the reply sent (if any)
-
-    @property
-    def user_agent(self) -> str:
-        return next((v for k, v in self.headers.items() if k.lower() == "user-agent"), "")
-
-    @property
-    def target(self) -> Literal["agent", "curator"]:
-        return "agent" if self.user_agent.startswith("claude-cli/") else "curator"
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.body and self.body.get("stream") is True)
-
-    @property
-    def model(self) -> str:
-        model = self.body.get("model") if self.body else None
-        return model if isinstance(model, str) else "mock-model"
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        messages = self.body.get("messages") if self.body else None
-        return messages if isinstance(messages, list) else []
-
-    @property
-    def system_text(self) -> str:
-        return system_text(self.body)
-
-    @property
-    def tools(self) -> list[str]:
-        tools = self.body.get("tools") if self.body else None
-        if not isinstance(tools, list):
-            return []
-        return [t["name"] for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:

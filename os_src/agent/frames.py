@@ -23,6 +23,7 @@ from claude_agent_sdk import (
 
 from .. import protocol as p
 from ..text import clean_text
+from .memory_port import Recalled
 
 SUMMARY_CHARS = 300
 ERROR_DETAIL_CHARS = 300
@@ -126,3 +127,11 @@ def result_error(turn_id: str, result: ResultMessage) -> p.Error:
 def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
     """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
     return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage())
+
+
+def recall_frame(turn_id: str, recalled: Recalled) -> p.Recall:
+    """What auto-recall sent to the agent with the message of `turn_id`, for clients to show."""
+    return p.Recall(turn_id=turn_id, tokens=recalled.tokens, memories=[
+        p.RecalledMemory(kind="episode" if m.kind == "episode" else "learning", id=m.id, type=m.type, at=m.at,
+                         session_id=m.session_id, turn=m.turn, observation_id=m.observation_id, snippet=m.snippet,
+                         score=round(m.score, 4)) for m in recalled.memories])

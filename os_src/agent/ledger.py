@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from .. import procfs
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, sweep_temp_files
 from ..logs import get_logger
 
 log = get_logger(__name__)
@@ -95,8 +95,10 @@ class CliLedger:
 
     def reap(self) -> list[int]:
         """At start: end every recorded CLI that still runs, and every process it started. Returns
-        the pids killed. Blocking (it waits, at most REAP_TIMEOUT, for them to be gone)."""
+        the pids killed. Blocking (it waits, at most REAP_TIMEOUT, for them to be gone). Call it
+        holding the workspace's lock."""
         with _lock:
+            sweep_temp_files(self.path.parent, lambda name: name == self.path.name)  # a kill mid-write
             entries = self._read()
             killed: list[int] = []
             boot = procfs.boot_id()

@@ -6,35 +6,59 @@ The runtime depends on these protocols, not on memory/system.py, so the data pat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from claude_agent_sdk import HookMatcher, Message, ResultMessage
-from claude_agent_sdk.types import McpSdkServerConfig
-
-from .. import protocol as p
 
 
 class TurnRecord(Protocol):
-    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends."""
+    """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends.
+    `durable()`, once closed: True when the turn is on disk, False when it can't be for now."""
 
     def observe(self, message: Message) -> None: ...
     def close(self, result: ResultMessage | None, error: str | None = None) -> None: ...
+    async def durable(self) -> bool: ...
+
+
+class RecalledMemory(Protocol):
+    """One memory auto-recall added (memory/recall/searcher.py's RecallHit)."""
+
+    @property
+    def kind(self) -> str: ...  # episode | learning
+    @property
+    def id(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def turn(self) -> int | None: ...
+    @property
+    def observation_id(self) -> int | None: ...
+    @property
+    def snippet(self) -> str: ...
+    @property
+    def score(self) -> float: ...
 
 
 class Recalled(Protocol):
-    """What auto-recall added to a message (memory/recall/service.py)."""
+    """What auto-recall added to a message (memory/recall/service.py); agent/frames.py tells clients."""
 
     @property
     def context(self) -> str: ...
     @property
-    def frame(self) -> p.Recall: ...
+    def memories(self) -> Sequence[RecalledMemory]: ...
+    @property
+    def tokens(self) -> int: ...
 
 
 class AgentMemory(Protocol):
     """What the runtime needs from the memory system (memory/system.py)."""
 
     def hooks(self) -> dict[Any, list[HookMatcher]]: ...
-    def mcp_servers(self) -> dict[str, McpSdkServerConfig]: ...
     async def boot_prompt(self) -> str: ...
     def session_started(self, session_id: str) -> None: ...
     def session_ended(self, session_id: str, reason: str) -> None: ...
@@ -50,3 +74,6 @@ class NoRecord:
 
     def close(self, result: ResultMessage | None, error: str | None = None) -> None:
         pass
+
+    async def durable(self) -> bool:
+        return True

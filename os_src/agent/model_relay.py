@@ -1,7 +1,7 @@
 """The model relay: the agent's CLI reaches the model proxy through the server, which adds the key.
 
 Whatever is in the CLI's environment, the agent can read (`printenv`, /proc/$PPID/environ), and
-with isolation (issue 9) the agent runs as the CLI's user. So the CLI never gets the proxy's key:
+with isolation the agent runs as the CLI's user. So the CLI never gets the proxy's key:
 it gets ANTHROPIC_BASE_URL=http://127.0.0.1:<port> of this relay and a key of the relay's own,
 made at start. The relay checks that key, swaps in the real one, and forwards:
 

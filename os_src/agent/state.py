@@ -10,6 +10,9 @@ A turn, as the owner task runs it:
              └─begin(warm)──────────────────────────┘    ▲          │
                                      STARTING ◄─resend───┴──────────┘  (a reused CLI died silently)
 
+Once the CLI's answer is in (or the turn failed), the turn is SAVING until it is on disk: only
+then is the person told it is done. An interrupt then changes nothing.
+
 and the interrupt that may come from outside at any point:
 
     STARTING ─► CANCELLED        the turn ends unsent once the CLI is up
@@ -26,7 +29,9 @@ import enum
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..backoff import Backoff
 from ..errors import SpriteOSError
 from ..protocol import AgentState
 
@@ -44,6 +49,7 @@ class TurnPhase(enum.Enum):
     CANCELLED = "cancelled"  # interrupted while starting: ends unsent
     STOP_AFTER_SEND = "stop_after_send"  # interrupted while the prompt is written
     STOPPING = "stopping"  # the interrupt went to the CLI; the reply stream is ending
+    SAVING = "saving"  # the turn is over: it is made durable before turn_complete goes out
 
 
 class Stop(enum.Enum):
@@ -53,6 +59,7 @@ class Stop(enum.Enum):
     UNSENT = "unsent"  # still starting: the turn ends, unsent, once the CLI is up
     AFTER_SEND = "after_send"  # the prompt is being written: interrupt the CLI right after it
     NOW = "now"  # interrupt the CLI now
+    OVER = "over"  # the turn is already over (being saved): nothing to do, and no error either
 
 
 _PUBLIC: dict[TurnPhase, AgentState] = {
@@ -64,6 +71,7 @@ _PUBLIC: dict[TurnPhase, AgentState] = {
     TurnPhase.CANCELLED: "stopping",
     TurnPhase.STOP_AFTER_SEND: "stopping",
     TurnPhase.STOPPING: "stopping",
+    TurnPhase.SAVING: "running",
 }
 
 _INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
@@ -71,6 +79,7 @@ _INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
     TurnPhase.SENDING: (TurnPhase.STOP_AFTER_SEND, Stop.AFTER_SEND),
     TurnPhase.WAITING: (TurnPhase.STOPPING, Stop.NOW),
     TurnPhase.STREAMING: (TurnPhase.STOPPING, Stop.NOW),
+    TurnPhase.SAVING: (TurnPhase.SAVING, Stop.OVER),
 }
 
 
@@ -129,6 +138,12 @@ class TurnState:
         """The prompt goes once more, to a fresh CLI (only while `may_resend`)."""
         self._step({TurnPhase.SENDING, TurnPhase.WAITING}, TurnPhase.STARTING)
 
+    def saving(self) -> None:
+        """The turn is over, however it ended: it is being made durable."""
+        if self.phase is TurnPhase.IDLE:
+            raise IllegalTransition("turn: idle -> saving")
+        self.phase = TurnPhase.SAVING
+
     def end(self) -> None:
         self.phase = TurnPhase.IDLE
 
@@ -168,6 +183,55 @@ class SessionState:
 
     def close(self) -> None:
         self.phase = SessionPhase.CLOSING
+
+
+# The agent that cannot start (a read-only disk, its CLI missing) is tried again on its own, soon at
+# first; a message brings the next attempt forward to at once.
+START_BACKOFF = Backoff(first=2.0, max=60.0)
+
+
+@dataclass
+class AgentHealth:
+    """Whether the agent can run: the spell of failed starts (why, since when, how many in a row)
+    and when the runtime tries again on its own. Time comes in as `now` (the loop's clock, for the
+    retry) and `wall` (for people); randomness as `rand` in [0, 1)."""
+
+    backoff: Backoff = START_BACKOFF
+    reason: str | None = None
+    since: float | None = None  # wall clock
+    failures: int = 0
+    retry_at: float | None = None  # the loop's clock
+    retry_wall: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.reason is not None
+
+    def start_failed(self, reason: str, now: float, wall: float, rand: float) -> float:
+        """A start failed: returns the seconds until the runtime tries again on its own."""
+        if self.since is None:
+            self.since = wall
+        self.reason, self.failures = reason, self.failures + 1
+        delay = self.backoff.delay(self.failures, rand)
+        self.retry_at, self.retry_wall = now + delay, wall + delay
+        return delay
+
+    def started(self) -> bool:
+        """A start succeeded. True if it ended a spell of failures (the agent recovered)."""
+        was = self.failed
+        self.reason, self.since, self.failures, self.retry_at, self.retry_wall = None, None, 0, None, None
+        return was
+
+    def retry_in(self, now: float) -> float | None:
+        """Seconds until the next attempt of its own; None when the agent is not failing."""
+        return None if self.retry_at is None else max(0.0, self.retry_at - now)
+
+    def report(self) -> dict[str, Any] | None:
+        """What /healthz says: None while the agent can run."""
+        if not self.failed:
+            return None
+        return {"reason": self.reason, "since": self.since, "failed_starts": self.failures,
+                "next_attempt_at": self.retry_wall}
 
 
 @dataclass

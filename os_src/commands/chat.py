@@ -18,7 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import protocol as p
-from ..config import Settings, resolve_token
+from ..config import Settings, load_settings, resolve_token
 
 
 class Renderer:
@@ -201,8 +201,18 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
         receiver.cancel()
 
 
+def server_url(settings: Settings) -> str:
+    """Where this workspace's server listens: SPRITE_OS_HOST and SPRITE_OS_PORT from the environment,
+    else what `sprite-os service start` remembered of them, else the defaults."""
+    from .service import Service
+
+    served = load_settings(Service(settings).child_env())
+    host = Service.probe_host(served.host)
+    return f"ws://{f'[{host}]' if ':' in host else host}:{served.port}"
+
+
 def chat_main(settings: Settings, url: str | None) -> int:
     token = resolve_token(settings, create=False)
-    url = url or f"ws://127.0.0.1:{settings.port}"
+    url = url or server_url(settings)
     print(f"Talking to {url}. /new starts a fresh session, /stop interrupts, /quit leaves.")
     return asyncio.run(chat(url, token))

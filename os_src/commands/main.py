@@ -1,7 +1,6 @@
 """`sprite-os`: serve, chat, and the operator's memory commands.
 
     sprite-os [serve] [--workspace W] [--host H] [--port P]
-    sprite-os dev [--workspace W] [--host H] [--port P]
     sprite-os chat [--url ws://HOST:PORT] [--workspace W]
     sprite-os memory status [--json]
     sprite-os memory search QUERY|- [--json] [--limit N] [--lexical]
@@ -15,21 +14,21 @@
 
 Settings come from the environment (see config.py); flags override them.
 A bad setting fails at once with one line on stderr and exit status 2.
+Dev mode (a local workspace with the demo model) is not the product's: `sprite-os-dev`, from devkit/.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .. import __version__
 from ..config import Settings, load_settings
 from ..errors import SpriteOSError
 
-COMMANDS = ("serve", "dev", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
+COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,12 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
     serve.add_argument("--log-format", choices=("kv", "json"), help="env SPRITE_LOG_FORMAT")
     serve.add_argument("--log-file", help="env SPRITE_LOG_FILE; rotated at 10 MB")
-
-    dev = sub.add_parser("dev", help="serve a local workspace (default ./.workspace) with the demo model, as `make run` does")
-    # SUPPRESS: without the flag here, `sprite-os --workspace W dev` keeps W.
-    dev.add_argument("--workspace", default=argparse.SUPPRESS, help="env SPRITE_WORKSPACE, default ./.workspace")
-    dev.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
-    dev.add_argument("--port", type=int, help="port to listen on (env SPRITE_OS_PORT, default 8765)")
 
     chat = sub.add_parser("chat", help="talk to a running server from the terminal")
     chat.add_argument("--url", help="server URL (default ws://127.0.0.1:<SPRITE_OS_PORT>)")
@@ -73,28 +66,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a in COMMANDS for a in argv) and not any(a in ("-h", "--help") for a in argv):
         argv = ["serve", *argv] if not argv or argv[0].startswith("-") else argv
     args = _parser().parse_args(argv)
+    return guarded(lambda: _run(args, settings_from(args)))
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `env` (default: the environment), with the flags in `args` over them."""
+    log_file = getattr(args, "log_file", None)
+    return load_settings(env).with_overrides(
+        workspace=Path(args.workspace) if args.workspace else None, host=getattr(args, "host", None),
+        port=getattr(args, "port", None), log_format=getattr(args, "log_format", None),
+        log_file=Path(log_file) if log_file else None,
+    )
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """Run a command: a deliberate failure is one line on stderr and its exit code."""
     try:
-        log_file = getattr(args, "log_file", None)
-        settings = load_settings(_environment(args.command)).with_overrides(
-            workspace=Path(args.workspace) if args.workspace else None, host=getattr(args, "host", None),
-            port=getattr(args, "port", None), log_format=getattr(args, "log_format", None),
-            log_file=Path(log_file) if log_file else None,
-        )
-        return _run(args, settings)
+        return run()
     except SpriteOSError as exc:
         print(f"sprite-os: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-
-
-def _environment(command: str | None) -> dict[str, str] | None:
-    """The environment settings are read from: dev mode puts its own defaults under it."""
-    if command != "dev":
-        return None
-    from devkit.dev_mode import dev_environment
-
-    return dev_environment(os.environ)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -103,10 +96,6 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             from ..server import serve_main
 
             return serve_main(settings)
-        case "dev":
-            from devkit.dev_mode import dev_main
-
-            return dev_main(settings)
         case "chat":
             from .chat import chat_main
 

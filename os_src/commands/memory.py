@@ -27,7 +27,6 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import ConfigError, UsageError
-from .memory_status import print_recall, print_status, recall_status, status, when
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -91,6 +90,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
     from ..memory.memory_store import MemoryDB
     from ..memory.transcript_store import TranscriptDB
+    from .memory_status import disk, print_recall, print_status, recall_status, status
 
     layout = settings.layout
     transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
@@ -99,6 +99,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.capture.spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
+    report["disk"] = disk(layout.memory_dir)
     from ..isolation.probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start
@@ -170,6 +171,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 def _files(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
+    from .memory_status import when
 
     files, command = MemoryFiles(settings.layout), args.memory_command
     if command == "history":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -45,6 +46,20 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
     }
 
 
+DISK_LOW_BYTES = 16 * 1024 * 1024  # below this, capture's writes (a turn is up to ~100 KB) soon fail
+
+
+def disk(path: Any) -> dict[str, Any]:
+    """The free space where memory lives: a full disk stops capture, and the server then can't
+    write anything new to say so (its status file is rewritten in place; this is seen directly)."""
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return {"free_bytes": None, "low": None, "error": exc.strerror}
+    free = st.f_bavail * st.f_frsize
+    return {"free_bytes": free, "low": free < DISK_LOW_BYTES}
+
+
 def print_status(r: dict[str, Any], root: Any) -> None:
     o, t = r["observations"], r["totals"]
     print(f"Memory of {root}")
@@ -72,6 +87,9 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         since = f"failing since {when(capture['failing_since'])}, {capture['consecutive_failures']} failed writes in a " \
                 f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
         print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
+    if (space := r.get("disk") or {}).get("low"):
+        print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
+              "turns wait in the server's memory until space is freed")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
           + (f"; spent: batches wait until {when(budget['resumes_at'])}" if budget["waiting"] else ""))

@@ -5,7 +5,7 @@ or upgrades the schemas of `transcript.db` and `memory.db` (idempotent). If the
 workspace still has v1 data (`W/agent.db`, `W/memory/*.md`), it also moves it:
 
 - observations and sessions go to transcript.db, learnings and pending actions to
-  memory.db, keeping their ids, in chunks of CHUNK rows per transaction; a run that is
+  memory.db, keeping their ids, in chunks of ROWS_PER_COMMIT rows per transaction; a run that is
   interrupted resumes where it stopped;
 - a learning or action whose normalised content collides with an earlier one keeps a
   disambiguated key (`<content_key>:v1:<id>`), and a turn recorded twice under the same
@@ -50,7 +50,7 @@ from ..memory.transcript_store import TranscriptDB
 from ..paths import Layout
 from .migrate_v1_tables import migrate_databases, refuse_if_open, say
 
-CHUNK = 5000
+ROWS_PER_COMMIT = 5000
 V1_DB = "agent.db"
 V1_MEMORY = "memory"
 DEPLOY_MANAGED = tuple(name for name, spec in SPECS.items() if spec.owner == "deploy")  # superseded
@@ -66,7 +66,7 @@ def migrate_main(settings: Settings) -> int:
     try:
         migrate(settings.layout)
         if (user := agent_user(settings.agent_user)) is not None and os.geteuid() == 0:
-            # v1 ran everything as root: user space becomes the agent's, .os/ stays root's (issue 9)
+            # v1 ran everything as root: user space becomes the agent's, .os/ stays root's (the kernel keeps the agent out)
             apply_ownership(settings.layout.root, user.uid, user.gid, deep=True)
             say(f"owners set for the agent's user {user.name}")
     except MigrationError as exc:
@@ -79,7 +79,7 @@ def migrate_main(settings: Settings) -> int:
     return 0
 
 
-def migrate(layout: Layout, chunk: int = CHUNK) -> dict[str, Any]:
+def migrate(layout: Layout, chunk: int = ROWS_PER_COMMIT) -> dict[str, Any]:
     """Upgrade the schemas and migrate v1 data if there is any. Returns what it did."""
     started = time.monotonic()
     layout.ensure()

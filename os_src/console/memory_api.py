@@ -9,13 +9,13 @@ stores' worker threads and file I/O in a thread, so the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
+from ..text import CHARS_PER_TOKEN, estimate_tokens
 from . import memory_files
 from . import memory_frames as pm
 from . import memory_queries as q
@@ -23,7 +23,6 @@ from . import memory_queries as q
 if TYPE_CHECKING:
     from ..memory.system import MemorySystem
 
-CHARS_PER_TOKEN = 4
 TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
                   "with Claude's tokenizer; code, tables and other languages take more tokens")
 
@@ -31,6 +30,7 @@ TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule o
 class MemoryConsole:
     def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time) -> None:
         self._system = system
+        self._memory = system.memory_reads  # memory.db is read here; its changes go through the daemon
         self._files = system.files
         self._clock = clock
         handlers: dict[type[pm.MemoryRequest], Callable[[Any], Awaitable[pm.MemoryReply]]] = {
@@ -76,7 +76,7 @@ class MemoryConsole:
 
     async def _record(self, action: AuditAction, *, file: str, detail: str) -> None:
         now = self._clock()
-        await self._system.memory.call(lambda m: record(m, action, now, file=file, detail=detail))
+        await self._system.daemon.apply(lambda m: record(m, action, now, file=file, detail=detail))
 
     # ------------------------------------------------------------ learnings
 
@@ -86,7 +86,7 @@ class MemoryConsole:
         EPISODE, its id the turn's). Without a query (or for the forgotten ones) it lists the newest
         learnings."""
         if forgotten or not search_terms(query):
-            ids = await self._system.memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
+            ids = await self._memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
             return await self._hits([(i, None) for i in ids])
         found = await self._system.search(query, MAX_LIMIT if types else limit)
         found = [h for h in found if not types or h.type in types][:limit]
@@ -104,7 +104,7 @@ class MemoryConsole:
         if not scored:
             return []
         ids = [i for i, _ in scored]
-        found = await self._system.memory.call(lambda m: q.learnings_by_id(m, ids))
+        found = await self._memory.call(lambda m: q.learnings_by_id(m, ids))
         sources = sorted({r.source_observation_id for r in found.values() if r.source_observation_id is not None})
         refs = await self._system.transcript.call(lambda t: q.turn_refs(t, sources)) if sources else {}
         return [q.hit(found[i], score, refs) for i, score in scored if i in found]
@@ -122,7 +122,7 @@ class MemoryConsole:
     async def _forget(self, req: pm.MemoryForgetRequest | pm.MemoryUnforgetRequest) -> pm.MemoryReply:
         forget, now, lid = isinstance(req, pm.MemoryForgetRequest), self._clock(), req.learning_id
         try:
-            await self._system.memory.call(lambda m: set_forgotten(m, lid, forget, now))
+            await self._system.daemon.apply(lambda m: set_forgotten(m, lid, forget, now))
         except KeyError:
             raise pm.RequestFailed("not_found", f"no learning #{lid}") from None
         self._system.recall.indexer.learning_changed(lid)  # its document leaves the index, or comes back
@@ -132,7 +132,7 @@ class MemoryConsole:
         return pm.MemoryUnforgetResult(request_id=req.request_id, learning=learning)
 
     async def _audit(self, req: pm.MemoryAuditRequest) -> pm.MemoryAuditResult:
-        found = await self._system.memory.call(lambda m: audit(m, req.limit))
+        found = await self._memory.call(lambda m: audit(m, req.limit))
         entries = [pm.AuditEntry(id=e.id, at=e.at, action=e.action, learning_id=e.learning_id, file=e.file,
                                  detail=e.detail) for e in found]
         return pm.MemoryAuditResult(request_id=req.request_id, entries=entries)
@@ -147,7 +147,7 @@ class MemoryConsole:
         def read(m: Any) -> tuple[Any, ...]:
             return m.totals(), q.spend_since(m, since), q.spend_since(m, 0.0), q.last_batch(m), forgotten_count(m)
 
-        totals, today, total, last, forgotten = await self._system.memory.call(read)
+        totals, today, total, last, forgotten = await self._memory.call(read)
         health = pm.MemoryHealth(
             running=status["running"], failing=status["degraded"],
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
@@ -160,5 +160,5 @@ class MemoryConsole:
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session
         return pm.MemoryBootPromptResult(request_id=req.request_id, text=text, chars=len(text),
-                                         tokens_estimate=math.ceil(len(text) / CHARS_PER_TOKEN),
+                                         tokens_estimate=estimate_tokens(len(text)),
                                          estimate=TOKEN_ESTIMATE)

@@ -4,34 +4,18 @@ A browser sends `Origin` with every WebSocket handshake, and a page on another s
 open a socket to any host it likes; the token in its subprotocols would be the only
 barrier. Checking Origin keeps another site open in the same browser from driving the
 Sprite. Clients that are not browsers send no Origin and are judged by the token alone.
-Pure functions, no I/O: stdlib only, so config.py can validate the allow-list with them.
+Pure functions, no I/O. How an origin is written (normalize_origin) is config.py's, which reads the
+allow-list from SPRITE_OS_ALLOWED_ORIGINS.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
 
-DEFAULT_PORTS = {"http": 80, "https": 443}
+from ..config import DEFAULT_PORTS, normalize_origin
+
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?$")
-
-
-def normalize_origin(value: str) -> str | None:
-    """`scheme://host:port` in lowercase with the port always written, or None if `value` is
-    not an http(s) origin (a path, query, user or the literal `null` make it not one)."""
-    try:
-        parts = urlsplit(value.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
-    if scheme not in DEFAULT_PORTS or not host or parts.username is not None or parts.password is not None:
-        return None
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        return None
-    host = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
 
 
 def valid_host(host: str) -> bool:

@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import procfs
 from ..agent.process import bundled_cli
 from ..deploy_contract import AGENT_DIR, apply_ownership, atomic_write, ensure_sysctls
+from ..fsutil import sweep_temp_files
 from ..logs import get_logger
 from ..paths import Layout
 from .policy import NONE_WARNING, Isolation, Mode
@@ -115,9 +116,11 @@ class AgentLaunch:
         return isolation
 
     def prepare(self) -> None:
-        """At the server's start, before any CLI: owners and modes, the launcher, the agent's home.
-        Blocking."""
+        """At the server's start, holding the workspace's lock, before any CLI: owners and modes, the
+        launcher, the agent's home; what a kill left of these files' temp copies goes. Blocking."""
         (self.layout.os_dir / AGENT_DIR).mkdir(mode=0o700, exist_ok=True)
+        sweep_temp_files(self.layout.state_dir, lambda name: name in (MODE_FILE, LAUNCHER))
+        sweep_temp_files(self.prompt_file.parent, lambda name: name == PROMPT)
         atomic_write(self.layout.state_dir / MODE_FILE,
                      json.dumps({"mode": self.mode, "note": self.isolation.note}).encode(), mode=0o600)
         user = self.isolation.agent_user
@@ -180,6 +183,11 @@ class AgentLaunch:
         return {"type": "file", "path": str(self.prompt_file)}
 
     def discard_prompt(self) -> None:
-        """The CLI that read it is closed. Blocking."""
-        with contextlib.suppress(FileNotFoundError):
+        """The CLI that read it is closed. Blocking. A file that can't be removed (a read-only disk)
+        is only logged: the next connect rewrites it, or fails for the same reason, and says so."""
+        try:
             self.prompt_file.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("boot_prompt_not_removed", path=str(self.prompt_file), error=exc.strerror or repr(exc))

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
-from ..deploy_contract import AGENT_USER
+from ..config import REQUESTS
 from ..errors import ConfigError
 
 Mode = Literal["user", "sandbox", "none"]
-Requested = Literal["auto", "user", "sandbox", "none"]
-REQUESTS: tuple[str, ...] = get_args(Requested)
-DEFAULT_AGENT_USER = AGENT_USER  # one name: deploy creates this user
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Version:
         return self.path.read_text(encoding="utf-8")
 
 
-_VERSION_NAME = re.compile(r"^(\d{6})_(\d+)_([a-z0-9-]+)\.md$")
+VERSION_NAME = re.compile(r"^(\d{6})_(\d+)_([a-z0-9-]+)\.md$")
 
 
 class MemoryFiles:
@@ -145,7 +145,7 @@ class MemoryFiles:
         folder = self.history_dir / self.path(name).name
         out = []
         for entry in folder.glob("*.md") if folder.is_dir() else ():
-            if m := _VERSION_NAME.match(entry.name):
+            if m := VERSION_NAME.match(entry.name):
                 out.append(Version(int(m[1]), float(m[2]), m[3], entry))
         return sorted(out, key=lambda v: v.number)
 

@@ -12,6 +12,7 @@ and skipped; every other line is imported. Text is cleaned, bounded and stripped
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -30,6 +31,7 @@ from .capture.recorder import (
 from .transcript_store import NewObservation, TranscriptDB
 
 MAX_LINE_CHARS = 1_000_000
+IMPORT_GROUP = 500  # turns per transaction
 MAX_TOOL_CALLS = 50
 
 
@@ -126,22 +128,33 @@ def numbered(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
 
 
 def import_turns(transcript: TranscriptDB, lines: Iterable[str]) -> ImportReport:
+    """Import every line; what the report counts is durable when it returns (each group of
+    IMPORT_GROUP turns is one synced transaction: one fsync, not one per turn)."""
     report = ImportReport()
     turn: dict[str, int] = {}
     last: dict[str, float] = {}
-    for number, line in numbered(lines):
-        report.lines += 1
-        try:
-            obs = parse(line, turn)
-        except BadLine as exc:
-            report.bad.append((number, str(exc)))
-            continue
-        if transcript.append(obs) is None:
-            report.already += 1
-        else:
-            report.added += 1
-        report.sessions.add(obs.session_id)
-        last[obs.session_id] = max(last.get(obs.session_id, 0.0), obs.timestamp)
-    for session, ended in last.items():  # a past conversation is over: its curation may summarise it
-        transcript.end_session(session, ended)
+    rest = numbered(lines)
+    while group := list(itertools.islice(rest, IMPORT_GROUP)):
+        with transcript.group():
+            for number, line in group:
+                _import_line(transcript, number, line, turn, last, report)
+    with transcript.group():
+        for session, ended in last.items():  # a past conversation is over: its curation may summarise it
+            transcript.end_session(session, ended)
     return report
+
+
+def _import_line(transcript: TranscriptDB, number: int, line: str, turn: dict[str, int], last: dict[str, float],
+                 report: ImportReport) -> None:
+    report.lines += 1
+    try:
+        obs = parse(line, turn)
+    except BadLine as exc:
+        report.bad.append((number, str(exc)))
+        return
+    if transcript.append(obs) is None:
+        report.already += 1
+    else:
+        report.added += 1
+    report.sessions.add(obs.session_id)
+    last[obs.session_id] = max(last.get(obs.session_id, 0.0), obs.timestamp)

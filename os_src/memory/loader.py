@@ -33,12 +33,12 @@ log = get_logger(__name__)
 RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
-MAX_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
+BOOT_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
 FUTURE_SLACK = 86_400.0  # a learning dated later than this past now is a bad row, not a recent one
 # Turns not yet curated: the newest are kept first, within these bounds.
 MAX_TURNS = 20
 TURNS_CHARS = 16_000
-TURN_TEXT_CHARS = 1_500  # the person's message, and the agent's answer, each
+BOOT_TURN_CHARS = 1_500  # of an uncurated turn: the person's message, and the agent's answer, each
 TURN_TOOL_CALLS = 8
 TURN_TOOL_CHARS = 150
 
@@ -83,12 +83,14 @@ def recent_sessions(summaries: Sequence[Learning]) -> str:
 
 
 def turns_section(turns: Sequence[Turn]) -> str | None:
-    """The turns not yet curated, oldest first: the newest that fit the budget."""
+    """The turns not yet curated (given in the order they were recorded), oldest first: the newest
+    that fit the budget. Their timestamps are shown, never used to order them: a clock set back
+    would stamp a turn before the one it follows."""
     kept: list[str] = []
     size = 0
-    for turn in sorted(turns, key=lambda t: t.timestamp, reverse=True)[:MAX_TURNS]:
+    for turn in list(reversed(turns))[:MAX_TURNS]:
         when = utc(turn.timestamp, "%Y-%m-%d %H:%M UTC")
-        text = render_turn(turn, f"### {when}", TURN_TEXT_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
+        text = render_turn(turn, f"### {when}", BOOT_TURN_CHARS, TURN_TOOL_CALLS, TURN_TOOL_CHARS)
         if kept and size + len(text) > TURNS_CHARS:
             break
         kept.append(text)
@@ -165,7 +167,7 @@ class Remembered:
 def remembered_now(db: MemoryDB, now: float) -> Remembered:
     """memory.db's part of the boot prompt as of `now` (a learning dated past now, a bad row, is not recent)."""
     recent = db.learnings_since(now - RECENT_HOURS * 3600, MAX_RECENT, now + FUTURE_SLACK)
-    return Remembered(db.pending_actions(MAX_ACTIONS), recent, db.summaries(MAX_SUMMARIES),
+    return Remembered(db.pending_actions(MAX_ACTIONS), recent, db.summaries(BOOT_SUMMARIES),
                       replaced_learnings(db.conn, [x.id for x in recent if x.type == "CORRECTION"]))
 
 
@@ -179,7 +181,7 @@ def boot_prompt_now(files: MemoryFiles, memory: MemoryDB, transcript: Transcript
     return assemble_from(files.read_all(), remembered_now(memory, now), transcript.recent_pending(MAX_TURNS))
 
 
-PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated
+PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated, as recorded
 
 
 async def _no_turns(_limit: int) -> Sequence[Turn]:
@@ -194,6 +196,8 @@ class BootLoader:
 
     async def _inputs(self) -> tuple[dict[str, str], Remembered]:
         files = await asyncio.to_thread(self._files.read_all)
+        # The last 48 hours by the clock now. A clock set back keeps what was learned "later" in the
+        # window (it is stamped after `since`), newest first by the order it was learned in.
         now = time.time()
         try:
             remembered = await self._memory.call(lambda db: remembered_now(db, now))

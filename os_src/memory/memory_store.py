@@ -225,14 +225,15 @@ class MemoryDB:
     # -- reading
 
     def learnings_since(self, since: float, limit: int = 50, until: float = math.inf) -> list[Learning]:
-        """The newest learnings made in [since, until], but those a correction replaced (they are
-        told as the correction's "was: ...")."""
+        """Learnings stamped in [since, until], newest first by the order they were learned in (ids),
+        not by their clocks (a clock set back stamps a later learning before an earlier one); but those
+        a correction replaced (they are told as the correction's "was: ...")."""
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND created_at <= ?
                     AND forgotten_at IS NULL AND (replaced_by IS NULL OR replaced_by IN
                         (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL))
-                    ORDER BY created_at DESC, id DESC LIMIT ?""",
+                    ORDER BY id DESC LIMIT ?""",
                 (since, until, limit),
             ),
             Learning,
@@ -243,7 +244,7 @@ class MemoryDB:
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE type = 'SUMMARY' AND forgotten_at IS NULL
-                    ORDER BY created_at DESC, id DESC LIMIT ?""", (limit,)),
+                    ORDER BY id DESC LIMIT ?""", (limit,)),
             Learning,
         )
 

@@ -24,22 +24,21 @@ row, the person's version wins and the turns are done.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import anthropic
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Worker
 from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
+from ..text import estimate_tokens
 from .curation.curator import (
     PROMPT_ACTIONS,
     SYSTEM,
     TRUNCATED,
     build_prompt,
-    estimate_tokens,
     fixed_chars,
     shorten_request,
     turn_chars,
@@ -51,9 +50,13 @@ from .memory_store import Batch, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
 
+if TYPE_CHECKING:
+    import anthropic
+
 log = get_logger(__name__)
 
 CALL_TIMEOUT = 120.0
+PROBE_TIMEOUT = 10.0
 MAX_REPLY_TOKENS = 8192
 MAX_EDIT_CONFLICTS = 3  # then a person's edits win and the batch commits without those files
 
@@ -62,7 +65,7 @@ Gate = Callable[[int], Awaitable[None]]
 
 
 def input_tokens(messages: list[dict[str, Any]]) -> int:
-    """A call's estimated input: the system prompt and the messages (curator.CHARS_PER_TOKEN)."""
+    """A call's estimated input: the system prompt and the messages (text.CHARS_PER_TOKEN)."""
     return estimate_tokens(len(SYSTEM) + sum(len(m["content"]) for m in messages))
 
 
@@ -76,21 +79,40 @@ class Completion:
 
 class CuratorClient:
     """The one model the daemon talks to, through Bridge's proxy. No retries here: the
-    daemon owns backoff, so a failing proxy costs one attempt per backoff step."""
+    daemon owns backoff, so a failing proxy costs one attempt per backoff step.
+
+    The anthropic SDK takes seconds to import (it was most of a server's start), and a server may
+    never curate: it is imported on a thread once the first turn is recorded (`warm`, as a batch
+    will follow), or at the first call."""
 
     def __init__(self, settings: Settings) -> None:
-        env = settings.model_env()
+        self._env = settings.model_env()
         self.model = settings.memory_model
-        self._client = anthropic.AsyncAnthropic(
-            api_key=env["ANTHROPIC_API_KEY"], base_url=env.get("ANTHROPIC_BASE_URL"),
-            max_retries=0, timeout=CALL_TIMEOUT,
-        )
+        self._client: anthropic.AsyncAnthropic | None = None
+        self._sdk: asyncio.Future[Any] | None = None
+
+    def warm(self) -> None:
+        """Start importing the SDK in the background, once. From the event loop; never waits."""
+        if self._sdk is None:
+            self._sdk = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "anthropic"))
+
+    async def _the_client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            self.warm()
+            assert self._sdk is not None
+            sdk = await asyncio.shield(self._sdk)
+            self._client = sdk.AsyncAnthropic(
+                api_key=self._env["ANTHROPIC_API_KEY"], base_url=self._env.get("ANTHROPIC_BASE_URL"),
+                max_retries=0, timeout=CALL_TIMEOUT,
+            )
+        return self._client
 
     async def complete(self, messages: list[dict[str, Any]]) -> Completion:
         """One call. Whatever goes wrong with it (an HTTP error, a dropped connection, a 200 whose
         body is cut off or not what the API returns) is a CuratorError, so the daemon counts it."""
+        client = await self._the_client()
         try:
-            response = await self._client.messages.create(
+            response = await client.messages.create(
                 model=self.model, max_tokens=MAX_REPLY_TOKENS, system=SYSTEM, messages=messages,  # type: ignore[arg-type]
             )
             text = "".join(getattr(block, "text", "") for block in response.content)
@@ -102,8 +124,20 @@ class CuratorClient:
         except Exception as exc:  # not only anthropic.APIError: a cut-off body raises JSONDecodeError
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
 
+    async def probe(self) -> bool:
+        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly."""
+        try:
+            client = await self._the_client()
+            await client.messages.count_tokens(model=self.model, messages=[{"role": "user", "content": "ping"}],
+                                               timeout=PROBE_TIMEOUT)
+        except Exception as exc:  # down, refusing, or answering with an error: not yet
+            log.info("curator_probe_unanswered", error=type(exc).__name__)
+            return False
+        return True
+
     async def close(self) -> None:
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 async def _nothing() -> None:

@@ -10,26 +10,27 @@ process curates a workspace's memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from claude_agent_sdk import HookMatcher
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..config import Settings
-from ..db_worker import Worker
-from ..fsutil import WriterLock
+from ..db_worker import Reads, Worker
+from ..errors import log_expected
+from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
-from ..tools.memory_search import memory_search_server
-from .capture.journal import TurnJournal, journal_path, recover
-from .capture.recorder import TurnRecord, TurnRecorder
-from .capture.spill import ObservationWrite, Write, write_key
-from .capture.writer import TranscriptWriter
-from .curation.budget import DailyBudget
+from .capture.journal import JOURNAL_NAME
+from .capture.pipeline import Capture
+from .capture.recorder import TurnRecord
+from .capture.spill import STATUS_NAME
+from .curation.budget import DailyBudget, day_start
+from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
-from .files import MemoryFiles
+from .files import SPECS, VERSION_NAME, MemoryFiles
 from .hooks import CompactionHooks, HookTimings
 from .loader import BootLoader
 from .memory_store import MemoryDB
@@ -46,14 +47,19 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
+HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 
 
 class MemorySystem:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, lock: WriterLock | None = None) -> None:
+        """`lock`: the workspace's writer lock, when the server takes it before anything else."""
+        check_batch_tokens(settings.memory_batch_tokens)  # a bad setting fails before the server listens
         layout = settings.layout
         self.settings = settings
         self.transcript: Worker[TranscriptDB] = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
         self.memory: Worker[MemoryDB] = Worker("memory", lambda: MemoryDB(layout.memory_db))
+        # What other tasks (the console) may do with memory.db's thread: read. The daemon writes it.
+        self.memory_reads = Reads(self.memory)
         self.files = MemoryFiles(layout)
         self.curator = CuratorClient(settings)
         self.processor = BatchProcessor(self.transcript, self.memory, self.files, self.curator)
@@ -63,48 +69,58 @@ class MemorySystem:
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
         self.processor.on_commit = self.recall.learned
-        self._capture_files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
-        self.journal = TurnJournal(journal_path(layout), self._capture_files)
-        self.writer = TranscriptWriter(self.transcript, layout, self._capture_files, on_durable=self._durable)
-        self.recorder = TurnRecorder(self.writer, self.daemon.note_turn, self.timings, self.journal)
+        self.capture = Capture(self.transcript, layout, on_recorded=self.daemon.note_turn,
+                               on_landed=self.recall.indexer.nudge, timings=self.timings)
+        self.writer = self.capture.writer
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
-        self._lock = WriterLock(layout.memory_lock)
-        self._counted: tuple[float, dict[str, int], dict[str, Any]] = (-1e9, {}, {})
+        self._lock = lock or WriterLock(layout.memory_lock)
+        self._started = False
+        self._counts: dict[str, int] = {}
+        self._spent = 0.0  # today's spending, as last counted
+        self._totals: dict[str, Any] | None = None
+        self._max_id = 0
+        self._counted_at: float | None = None  # wall clock of the counts /healthz shows
+        self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
+        self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.settings.layout.ensure()
         self._lock.acquire()
-        # What an earlier run left unwritten comes first: its spill file, then its turn journal
-        # (the turn it was killed in, recorded with a note).
-        loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self._capture_files, recover, journal_path(self.settings.layout))
-        self.journal.restore(recovered)
-        await self.writer.start([ObservationWrite(obs) for obs in recovered])
-        await self.writer.drained(REPLAY_BUDGET)
+        self._started = True
+        if swept := await asyncio.to_thread(self._sweep):
+            log.warning("temp_files_swept", files=[str(p.relative_to(self.settings.layout.os_dir)) for p in swept])
+        await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
         await self.daemon.start()
-        counts = await self.transcript.call(lambda t: t.counts())
-        log.info("memory_started", **counts, batch_turns=self.settings.memory_batch_turns,
+        await self._count()  # what /healthz shows until it is counted again (at its first call)
+        self._fresh_until = -1e18
+        log.info("memory_started", **self._counts, batch_turns=self.settings.memory_batch_turns,
                  model=self.settings.memory_model, daily_budget_usd=self.settings.memory_daily_budget_usd,
                  batch_tokens=self.settings.memory_batch_tokens)
 
+    def _sweep(self) -> list[Path]:
+        """What a kill between a temp file and its rename left of the files memory writes (the one
+        writer now: it holds the lock). Other files, and other programs' temp files, stay."""
+        layout = self.settings.layout
+        removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS)
+        for folder in (layout.history_dir / name for name in SPECS):
+            removed += sweep_temp_files(folder, VERSION_NAME.match)
+        return removed + sweep_temp_files(layout.state_dir, lambda name: name in (JOURNAL_NAME, STATUS_NAME))
+
     async def stop(self) -> None:
-        await self.writer.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
-        await self.journal.flush()
+        """Flush and close. A start that was refused (the lock is another's) touches nothing here."""
+        if not self._started:
+            return
+        if self._counting is not None:
+            self._counting.cancel()
+        await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.recall.stop()
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
-        self._capture_files.shutdown(wait=False)  # idle by now: the journal and the writer are done
         self._lock.release()
-
-    def _durable(self, write: Write) -> None:
-        if isinstance(write, ObservationWrite):
-            session, sequence = write_key(write)
-            self.journal.durable((session, int(sequence)))
-            self.recall.indexer.nudge()  # the turn is in transcript.db (or the spill file, which lands later)
 
     async def _flush(self, reason: str, budget: float) -> bool:
         """Curate every turn so far (before a compaction): the turns still being written first."""
@@ -113,11 +129,13 @@ class MemorySystem:
         return await self.daemon.flush(reason, budget - (time.monotonic() - started))
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
-        """The newest turns not yet curated: in transcript.db, and still on their way to it."""
+        """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
+        then those still on their way to it."""
         recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
         seen = {(o.session_id, o.sequence_num) for o in recorded}
         waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
-        return [*recorded, *waiting]
+        turns: list[Observation | NewObservation] = [*reversed(recorded), *waiting]
+        return turns[-limit:]
 
     # ------------------------------------------------------------ what the runtime uses
 
@@ -129,9 +147,6 @@ class MemorySystem:
             "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
         }
 
-    def mcp_servers(self) -> dict[str, McpSdkServerConfig]:
-        return {"memory": memory_search_server(self.search)}
-
     async def boot_prompt(self) -> str:
         if not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
@@ -141,14 +156,15 @@ class MemorySystem:
         return prompt
 
     def session_started(self, session_id: str) -> None:
-        self.recorder.start_session(session_id)
+        self.capture.recorder.start_session(session_id)
 
     def session_ended(self, session_id: str, reason: str) -> None:
-        self.recorder.end_session(session_id)
+        self.capture.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
     def turn_started(self, prompt: str) -> TurnRecord:
-        return self.recorder.open(prompt)
+        self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
+        return self.capture.recorder.open(prompt)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""
@@ -158,16 +174,40 @@ class MemorySystem:
         """Auto-recall for a person's message: the prompt to send and what was added, or None."""
         return await self.recall.auto_recall(message, session_id, turn_id)
 
-    @property
-    def degraded(self) -> bool:
-        """The curator has failed three calls in a row, or capture's writes are failing."""
-        return bool(self.daemon.clock.report()["degraded"] or self.writer.status()["degraded"])
+    def status(self) -> dict[str, Any]:
+        """What memory's state is now, from memory alone (no database is read): the daemon's
+        failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
+        calls in a row, or capture's writes are failing."""
+        daemon, capture = self.daemon.status(), self.writer.status()
+        return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"]),
+                "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
+                "recall": self.recall.status()}
 
     async def health(self) -> dict[str, Any]:
-        # Count at most once a second, whatever the request rate.
-        now = time.monotonic()
-        if now - self._counted[0] > HEALTH_CACHE_SECONDS:
-            self._counted = (now, await self.transcript.call(lambda t: t.counts()),
-                             await self.daemon.budget_status())
-        return {**self.daemon.status(), "observations": self._counted[1], "budget": self._counted[2],
-                "capture": self.writer.status(), "hook_errors": self.timings.errors, "recall": self.recall.status()}
+        """status(), with the turns' counts and the day's budget: counted at most once a second, and
+        waited for at most HEALTH_WAIT, so a locked database never holds /healthz up (the counts
+        then are the last ones, as of `counted_at`; the budget's wait is the daemon's, live)."""
+        loop = asyncio.get_running_loop()
+        if self._counting is None and loop.time() > self._fresh_until:
+            self._fresh_until = loop.time() + HEALTH_CACHE_SECONDS
+            self._counting = asyncio.create_task(self._count(), name="memory-health-count")
+        if self._counting is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
+        status = self.status()
+        backlog = max(0, self._max_id - status["recall"]["indexed_through"]) if self._counted_at else None
+        budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
+        return {**status, "observations": self._counts, "budget": budget, "totals": self._totals,
+                "index_backlog": backlog, "counted_at": self._counted_at}
+
+    async def _count(self) -> None:
+        try:
+            counts, max_id = await self.transcript.call(lambda t: (t.counts(), t.max_id()))
+            since = day_start(time.time())
+            spent, totals = await self.memory.call(lambda m: (m.cost_since(since), m.totals()))
+            self._counts, self._spent, self._totals, self._max_id = counts, spent, totals, max_id
+            self._counted_at = time.time()
+        except Exception as exc:  # a locked or failing database: the last counts stand
+            log_expected(log, "memory_health_count_failed", exc)
+        finally:
+            self._counting = None

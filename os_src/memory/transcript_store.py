@@ -65,8 +65,19 @@ class TranscriptDB:
     def append(self, obs: NewObservation) -> int | None:
         """Record a turn. Returns its id, or None if that turn was already recorded (so a replay
         of the same turn, after a failed write or a crash, is harmless)."""
-        try:
+        with self.group():
             return self._append(obs)
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """One transaction, so one fsync, for every write inside (group commit); a write that
+        fails rolls them all back. Writes inside a group join it."""
+        if self.conn.in_transaction:
+            yield
+            return
+        try:
+            with transaction(self.conn):
+                yield
         except BaseException:
             # A COMMIT that failed (a full disk) can leave the transaction open; the retry must
             # find the connection usable.
@@ -76,24 +87,24 @@ class TranscriptDB:
             raise
 
     def _append(self, obs: NewObservation) -> int | None:
-        with transaction(self.conn) as c:
-            cur = c.execute(
-                """INSERT OR IGNORE INTO observations
-                (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
-                VALUES (?, ?, ?, ?, ?, ?)""",
-                (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-                 obs.tool_calls_json, obs.agent_response),
-            )
-            if cur.rowcount == 0:
-                return None
-            c.execute(
-                """INSERT INTO sessions (id, started_at, message_count, observation_count)
-                VALUES (?, ?, 1, 1)
-                ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
-                    observation_count = observation_count + 1""",
-                (obs.session_id, obs.timestamp),
-            )
-            return cur.lastrowid
+        c = self.conn
+        cur = c.execute(
+            """INSERT OR IGNORE INTO observations
+            (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
+            VALUES (?, ?, ?, ?, ?, ?)""",
+            (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
+             obs.tool_calls_json, obs.agent_response),
+        )
+        if cur.rowcount == 0:
+            return None
+        c.execute(
+            """INSERT INTO sessions (id, started_at, message_count, observation_count)
+            VALUES (?, ?, 1, 1)
+            ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
+                observation_count = observation_count + 1""",
+            (obs.session_id, obs.timestamp),
+        )
+        return cur.lastrowid
 
     @contextlib.contextmanager
     def busy_timeout(self, ms: int) -> Iterator[None]:
@@ -192,5 +203,7 @@ class TranscriptDB:
         return int(self.conn.execute("SELECT coalesce(max(id), 0) FROM observations").fetchone()[0])
 
     def oldest_pending_timestamp(self) -> float | None:
-        row = self.conn.execute("SELECT min(timestamp) FROM observations WHERE processed = ?", (PENDING,)).fetchone()
-        return None if row[0] is None else float(row[0])
+        """When the first pending turn (by order of recording, not by its clock) was recorded."""
+        row = self.conn.execute("SELECT timestamp FROM observations WHERE processed = ? ORDER BY id LIMIT 1",
+                                (PENDING,)).fetchone()
+        return None if row is None else float(row[0])

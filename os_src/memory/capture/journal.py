@@ -8,14 +8,26 @@ At the next start, whatever the file holds is recorded: a turn that never ended 
 that the server stopped before it did. Replaying a turn that had landed changes nothing
 (the unique (session, sequence) key).
 
-The file is rewritten whole and atomically, off the event loop, at most every DELAY
-seconds (changes in between are coalesced): a kill -9 leaves the old content or the new.
+The journal is also one of the two ways a closed turn becomes durable before the person is
+told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
+failing), the closed turn is written here without waiting, and that write is enough.
+
+Each save appends the journal's whole state as one JSON line. A save that holds a closed turn
+not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file and a rename takes
+two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
+power cut mid-turn loses only a turn no one was told was done. So a turn whose transcript.db
+commit comes first pays that commit's fsync and no other. Reading takes the last whole line, so
+a kill mid-append leaves the state before it. The first save of a run, and one past
+COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
+the event loop, at most every DELAY seconds while a turn goes on (changes in between are
+coalesced), and within CLOSE_GRACE of a turn's end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -29,12 +41,18 @@ from ..transcript_store import NewObservation
 
 log = get_logger(__name__)
 
-DELAY = 0.05  # seconds: a tool call's events within it cost one rewrite
+DELAY = 0.05  # seconds: a tool call's events within it cost one save
+# A closed turn that went straight to transcript.db's thread is saved here only if it is not
+# durable there within this (the thread is busy with a long read, say): one fsync, not two.
+CLOSE_GRACE = 0.02
+COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 MAX_CLOSED = 32  # closed turns kept while their writes wait; more wait in the writer's memory only
 JOURNAL_NAME = "turn-journal.json"
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 
 Key = tuple[str, int]  # (session_id, sequence_num)
+# What a save holds of the closed turns, and whether it failed (None: it is on disk).
+Saved = Callable[[list[Key], BaseException | None], None]
 
 
 def journal_path(layout: Layout) -> Path:
@@ -46,19 +64,37 @@ class Entry(msgspec.Struct, frozen=True):
     ended: bool
 
 
+_decoder = msgspec.json.Decoder(list[Entry])
+
+
+def _last_state(data: bytes, path: Path) -> list[Entry]:
+    """The journal's state: its last line that reads whole (a kill mid-append tears only the last)."""
+    lines = data.splitlines()
+    for line in reversed(lines):
+        if not line.strip():
+            continue
+        try:
+            return _decoder.decode(line)
+        except msgspec.MsgspecError as exc:
+            log.warning("turn_journal_line_unreadable", path=str(path), error=str(exc)[:200])
+    return []
+
+
 def recover(path: Path) -> list[NewObservation]:
-    """The turns an earlier run left in its journal, as observations to record, oldest first.
-    An unreadable journal is logged and costs only what it held; temp files a kill left are removed."""
+    """The turns an earlier run left in its journal, as observations to record, in the order
+    they were taken (never by their clocks, which may have jumped). An unreadable journal is
+    logged and costs only what it held; temp files a kill left are removed."""
     for debris in path.parent.glob(f".{path.name}.*.tmp"):
         with contextlib.suppress(OSError):
             debris.unlink()
     try:
-        entries = msgspec.json.decode(path.read_bytes(), type=list[Entry])
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    except (OSError, msgspec.MsgspecError) as exc:
+    except OSError as exc:
         log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
         return []
+    entries = _last_state(data, path)
     out = []
     for entry in entries:
         obs = entry.observation
@@ -67,16 +103,70 @@ def recover(path: Path) -> list[NewObservation]:
         out.append(obs)
     if out:
         log.warning("turn_journal_recovered", turns=len(out), unfinished=sum(not e.ended for e in entries))
-    return sorted(out, key=lambda o: o.timestamp)
+    return out
+
+
+class JournalFile:
+    """The file's one writer, on the capture files' thread: appends, fsync'd; rewrites when it must."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._size: int | None = None  # bytes known to end with a whole line; None: rewrite first
+
+    def save(self, data: bytes | None, sync: bool = True) -> None:
+        """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
+        if data is None:
+            # Not synced: after a power loss the file may hold turns again that are in transcript.db,
+            # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
+            try:
+                os.truncate(self.path, 0)
+                self._size = 0
+            except FileNotFoundError:
+                self._size = None
+            return
+        line = data + b"\n"
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND) if self._size is not None else None
+        except FileNotFoundError:
+            fd = None
+        size = self._size
+        if fd is None or size is None or size > COMPACT_BYTES:
+            if fd is not None:
+                os.close(fd)
+            self._size = None
+            atomic_write(self.path, line, mode=0o600)  # its directory is synced too: the name is durable
+            self._size = len(line)
+            return
+        try:
+            written = 0
+            while written < len(line):
+                written += os.write(fd, line[written:])
+            if sync:
+                os.fdatasync(fd)
+        except OSError:
+            try:  # a torn line (a full disk) must not run into the next one
+                os.ftruncate(fd, size)
+            except OSError:
+                self._size = None
+            raise
+        finally:
+            os.close(fd)
+        self._size = size + len(line)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._size = None
 
 
 class TurnJournal:
-    """The journal file's one writer. Called from the event loop; writes on `executor`'s thread."""
+    """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
 
-    def __init__(self, path: Path, executor: Executor, delay: float = DELAY) -> None:
-        self._path = path
+    def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
+                 on_saved: Saved | None = None) -> None:
+        self._file = JournalFile(path)
         self._executor = executor
         self._delay = delay
+        self._on_saved = on_saved or (lambda _keys, _exc: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now
         self._closed: dict[Key, NewObservation] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -86,50 +176,60 @@ class TurnJournal:
         """Keep what `recover` found until it is durable again (a second crash must not lose it)."""
         for obs in observations:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
-        self._changed()
+        self._changed(0.0)
 
     def opened(self, snapshot: Callable[[], NewObservation]) -> None:
         """A turn began; `snapshot()` is what it would record now. A turn still open was never
         sent (the runtime closes every turn it sent): it is forgotten."""
         self._open = snapshot
-        self._changed()
+        self._changed(self._delay)
 
     def touched(self) -> None:
         """The open turn changed (a tool call, a result, the agent's text)."""
         if self._open is not None:
-            self._changed()
+            self._changed(self._delay)
 
-    def closed(self, obs: NewObservation | None) -> None:
-        """The open turn ended: as `obs` (its observation, kept until durable), or not recorded."""
+    def closed(self, obs: NewObservation | None, urgent: bool = False) -> None:
+        """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
+        `urgent`: transcript.db can't take it at once, so it is saved here now."""
         self._open = None
         if obs is not None:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
             while len(self._closed) > MAX_CLOSED:
                 self._closed.pop(next(iter(self._closed)))
-        self._changed()
+        self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
 
     def durable(self, key: Key) -> None:
         if self._closed.pop(key, None) is not None:
-            self._changed()
+            self._changed(self._delay)
 
     async def flush(self) -> None:
         """At shutdown, once the runtime has stopped: write what is pending, and wait for it. A turn
-        still open then was never sent (every turn sent is closed, at worst as cut short)."""
+        still open then was never sent (every turn sent is closed, at worst as cut short). A journal
+        left with nothing in it is removed."""
         if self._open is not None:
             self._open = None
-            self._changed()
+            self._changed(self._delay)
         if self._timer is not None:
             self._timer.cancel()
             self._write()
         if self._written is not None:
             with contextlib.suppress(Exception):
                 await self._written
+        if not self._closed:
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
 
     # ------------------------------------------------------------ writing
 
-    def _changed(self) -> None:
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self._write)
+    def _changed(self, delay: float) -> None:
+        """Save within `delay` seconds (sooner if a save is due sooner anyway)."""
+        loop = asyncio.get_running_loop()
+        if self._timer is not None:
+            if self._timer.when() <= loop.time() + delay:
+                return
+            self._timer.cancel()
+        self._timer = loop.call_later(delay, self._write)
 
     def _write(self) -> None:
         self._timer = None
@@ -140,17 +240,13 @@ class TurnJournal:
             except Exception as exc:  # a bug in capture: the journal goes on without the open turn
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
         data = msgspec.json.encode(entries) if entries else None
-        self._written = asyncio.get_running_loop().run_in_executor(self._executor, _save, self._path, data)
-        self._written.add_done_callback(_log_failure)
+        keys = list(self._closed)  # synced only when a closed turn waits for it
+        written = asyncio.get_running_loop().run_in_executor(self._executor, self._file.save, data, bool(keys))
+        written.add_done_callback(lambda f: self._saved(f, keys))
+        self._written = written
 
-
-def _save(path: Path, data: bytes | None) -> None:
-    if data is None:
-        path.unlink(missing_ok=True)
-    else:
-        atomic_write(path, data, mode=0o600)
-
-
-def _log_failure(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and (exc := future.exception()) is not None:
-        log.error("turn_journal_write_failed", error=repr(exc)[:200])
+    def _saved(self, future: asyncio.Future[None], keys: list[Key]) -> None:
+        exc = None if future.cancelled() else future.exception()
+        if exc is not None:
+            log.warning("turn_journal_write_failed", error=repr(exc)[:200])
+        self._on_saved(keys, exc)

@@ -12,14 +12,16 @@ Nothing here waits: each value is cut to a bounded size before any work that gro
 with it, and the write is queued to the transcript writer (memory/capture/writer.py), which
 retries it until it lands. While a turn is open it is kept in the turn journal
 (memory/capture/journal.py), so that a server killed mid-turn loses nothing of it. A capture
-error is logged and counted, never raised into the runtime.
+error is logged and counted, never raised into the runtime. Only `TurnRecord.durable` waits:
+the runtime awaits it before it tells the person the turn is done (memory/capture/acks.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,8 +38,10 @@ from claude_agent_sdk import (
 )
 
 from ...text import clean_text
+from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
+from .acks import Acks
 from .journal import TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
@@ -48,14 +52,9 @@ MAX_TOOL_CALLS = 50  # per turn; more are counted, not stored
 USER_MESSAGE_CHARS = 20_000
 RESPONSE_CHARS = 20_000
 PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> block before it shrinks the text
-
-_PRIVATE = re.compile(r"<private>.*?(?:</private>|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-def strip_private(text: str) -> str:
-    """Text inside <private>...</private> is never stored (an unclosed tag hides the rest)."""
-    return _PRIVATE.sub("[private]", text)
-
+# At most this long for a closed turn to be durable: a disk that hangs (rather than fails) must
+# not hold the person's turn forever. A failing disk is known at once (capture/acks.py).
+DURABLE_WAIT = 5.0
 
 def _bounded(value: Any, limit: int) -> str:
     """At most `limit` characters of `value` (a string or JSON-like data), private text removed.
@@ -138,6 +137,7 @@ class TurnRecord:
     def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
         self._recorder = recorder
         self._turn = turn
+        self._durable: asyncio.Future[bool] | None = None  # set once the turn is recorded
 
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
@@ -169,32 +169,44 @@ class TurnRecord:
         turn, self._turn = self._turn, None
         if turn is not None:
             with self._recorder.timings.guard("close"):
-                self._recorder.record(turn, result, error)
+                self._durable = self._recorder.record(turn, result, error)
+
+    async def durable(self, budget: float = DURABLE_WAIT) -> bool:
+        """Once closed: True when the turn is on disk (or was not recorded at all), False when it
+        can't be for now, or not within `budget` seconds."""
+        if self._durable is None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(self._durable), budget)
+        return False
 
 
 class TurnRecorder:
     """Numbers the turns of the current session and queues each one's observation."""
 
     def __init__(self, writer: TranscriptWriter, on_recorded: Callable[[], None],
-                 timings: HookTimings | None = None, journal: TurnJournal | None = None) -> None:
+                 timings: HookTimings | None = None, journal: TurnJournal | None = None,
+                 acks: Acks | None = None, clock: Callable[[], float] = time.time) -> None:
         self._writer = writer
         self._on_recorded = on_recorded
         self.timings = timings or HookTimings()
         self._journal = journal
+        self._acks = acks or Acks()
+        self._clock = clock  # a turn's and a session's timestamp: what it says, never what orders it
         self.session_id: str | None = None
         self._sequence = 0
 
     def start_session(self, session_id: str) -> None:
         self.session_id, self._sequence = session_id, 0
-        self._writer.submit(SessionWrite(session_id, "start", time.time()))
+        self._writer.submit(SessionWrite(session_id, "start", self._clock()))
 
     def end_session(self, session_id: str) -> None:
-        self._writer.submit(SessionWrite(session_id, "end", time.time()))
+        self._writer.submit(SessionWrite(session_id, "end", self._clock()))
 
     def open(self, prompt: str) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
-            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), time.time(), prompt.startswith("/"))
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"))
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
                 key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
@@ -213,13 +225,18 @@ class TurnRecorder:
             agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
         )
 
-    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> None:
+    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> asyncio.Future[bool] | None:
+        """Queue the turn's observation; returns what says when it is durable (None: not recorded)."""
         obs = self._closed_turn(turn, result, error)
-        if self._journal is not None:
-            self._journal.closed(obs)
+        durable = None
+        if obs is not None:
+            durable = self._acks.expect((obs.session_id, obs.sequence_num))
+        if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
+            self._journal.closed(obs, urgent=not self._writer.takes_at_once)
         if obs is not None:
             self._writer.submit(ObservationWrite(obs))
             self._on_recorded()
+        return durable
 
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> NewObservation | None:
         if self.session_id is None:

@@ -6,7 +6,8 @@
   fsync'd JSON lines, appended in order; a torn last line (a process killed mid-append)
   is skipped when read.
 - The status file (`.os/state/capture.json`): the failing spell of capture's writes, for
-  `memory status`, which runs in another process.
+  `memory status`, which runs in another process. It has a fixed size, allocated at start while
+  there is room, and is rewritten in place: a full disk (likely the spell's cause) can't stop it.
 """
 
 from __future__ import annotations
@@ -103,10 +104,6 @@ def append_lines(path: Path, writes: list[Write]) -> None:
             raise
 
 
-def when(write: Write) -> float:
-    return write.observation.timestamp if isinstance(write, ObservationWrite) else write.at
-
-
 def write_key(write: Write) -> tuple[str, int | str]:
     """What makes a write unique: a turn's (session, sequence), a session's (id, event)."""
     if isinstance(write, ObservationWrite):
@@ -129,23 +126,36 @@ class CaptureHealth:
                 "last_error": self.last_error, "next_retry_at": self.next_retry_at}
 
 
-def save_status(path: Path, health: CaptureHealth) -> None:
-    """Write the spell (atomically), or remove the file when there is none. Blocking. A write
-    that fails (the disk is full: the spell is likely why) leaves no temp file behind."""
+STATUS_BYTES = 4096  # one block: the status file's size, for good
+
+
+def prepare_status(path: Path) -> None:
+    """Allocate the status file at its fixed size (blank: no spell), unless it has it. Blocking."""
     with contextlib.suppress(OSError):
-        if health.failing_since is None:
-            path.unlink(missing_ok=True)
+        if path.stat().st_size == STATUS_BYTES:
             return
-        atomic_write(path, msgspec.json.encode({
-            "failing_since": health.failing_since, "consecutive_failures": health.failures,
-            "last_error": health.last_error, "next_retry_at": health.next_retry_at}))
+    atomic_write(path, b" " * STATUS_BYTES)
+
+
+def save_status(path: Path, health: CaptureHealth) -> None:
+    """Write the spell, or blank it when there is none: in place, within the file's allocated
+    size, so no new block and no temp file is needed. Blocking; a write that fails is skipped."""
+    data = b"" if health.failing_since is None else msgspec.json.encode({
+        "failing_since": health.failing_since, "consecutive_failures": health.failures,
+        "last_error": health.last_error, "next_retry_at": health.next_retry_at})
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data[:STATUS_BYTES].ljust(STATUS_BYTES), 0)
+        finally:
+            os.close(fd)
 
 
 def read_status(layout: Layout) -> dict[str, Any]:
     """What `memory status` shows about capture: the server's saved spell, and the spill file."""
     saved: dict[str, Any] = {}
     with contextlib.suppress(OSError, msgspec.MsgspecError):
-        raw = status_path(layout).read_bytes()
+        raw = status_path(layout).read_bytes().strip()
         if raw:
             saved = msgspec.json.decode(raw)
     health = CaptureHealth(saved.get("failing_since"), int(saved.get("consecutive_failures") or 0),

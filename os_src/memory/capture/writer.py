@@ -42,11 +42,11 @@ from .spill import (
     ObservationWrite,
     Write,
     append_lines,
+    prepare_status,
     read_spill,
     save_status,
     spill_path,
     status_path,
-    when,
     write_key,
 )
 
@@ -54,13 +54,18 @@ log = get_logger(__name__)
 
 MAX_QUEUED = 64  # writes held in memory; more wait in the spill file only
 BACKOFF = Backoff(first=0.25, max=5.0)  # a local disk: retry soon, and often
-BUSY_TIMEOUT_MS = 1000  # per attempt: the database thread is shared with readers
+ATTEMPT_BUSY_TIMEOUT_MS = 1000  # per write attempt (not database.BUSY_TIMEOUT_MS): the thread is shared with readers
 
 
-def _apply(write: Write) -> Callable[[TranscriptDB], None]:
+GROUP_MAX = 64  # writes one transaction (one fsync) may carry
+
+
+def _apply(writes: list[Write]) -> Callable[[TranscriptDB], None]:
+    """The writes as one transaction: one commit, one fsync, for all of them (group commit)."""
     def run(db: TranscriptDB) -> None:
-        with db.busy_timeout(BUSY_TIMEOUT_MS):
-            write.apply(db)
+        with db.busy_timeout(ATTEMPT_BUSY_TIMEOUT_MS), db.group():
+            for write in writes:
+                write.apply(db)
 
     return run
 
@@ -78,17 +83,34 @@ class _Queued:
         return _Queued(write, write_key(write), spilled, durable=spilled)
 
 
+def merged(spilled: list[_Queued], recovered: list[_Queued]) -> list[_Queued]:
+    """The spill file's writes in their order, with the journal's turns among them: each before
+    the first spilled turn of its session that follows it. By sequence, never by timestamp (a
+    clock set back stamps a turn before the one it follows)."""
+    out = list(spilled)
+    for item in recovered:
+        session, number = item.key
+        at = next((i for i, q in enumerate(out) if q.key[0] == session and isinstance(q.key[1], int)
+                   and isinstance(number, int) and q.key[1] > number), len(out))
+        out.insert(at, item)
+    return out
+
+
 class TranscriptWriter:
     """Owns capture's writes. `submit` from the event loop; `start` replays the spill file first."""
 
     def __init__(self, db: Worker[TranscriptDB], layout: Layout, files: Executor,
                  on_durable: Callable[[Write], None] | None = None,
-                 backoff: Backoff = BACKOFF, max_queued: int = MAX_QUEUED) -> None:
-        """`files`: one thread, shared with the turn journal, that does the file work in order."""
+                 backoff: Backoff = BACKOFF, max_queued: int = MAX_QUEUED,
+                 on_failed: Callable[[list[Write]], None] | None = None) -> None:
+        """`files`: one thread, shared with the turn journal, that does the file work in order.
+        `on_durable(write)`: the write is in transcript.db, or fsync'd in the spill file.
+        `on_failed(writes)`: transcript.db refused these writes and the spill file could not take them."""
         self._db = db
         self._spill = spill_path(layout)
         self._status_file = status_path(layout)
         self._on_durable = on_durable or (lambda _w: None)
+        self._on_failed = on_failed or (lambda _w: None)
         self.backoff = backoff
         self.max_queued = max_queued
         self.health = CaptureHealth()
@@ -109,8 +131,8 @@ class TranscriptWriter:
             log.error("capture_write_after_stop", kind=type(write).__name__)
             return
         item = _Queued.of(write)
-        if not self._queue and not self.failing and self._task is not None:
-            item.sent = self._db.submit(_apply(write))  # now, ahead of any read submitted after it
+        if self.takes_at_once:
+            item.sent = self._db.submit(_apply([write]))  # now, ahead of any read submitted after it
         self._queue.append(item)
         self._held += 1
         self._empty.clear()
@@ -121,6 +143,11 @@ class TranscriptWriter:
     @property
     def failing(self) -> bool:
         return self.health.failing_since is not None
+
+    @property
+    def takes_at_once(self) -> bool:
+        """A write submitted now goes straight to transcript.db's thread (nothing waits before it)."""
+        return not self._queue and not self.failing and self._task is not None
 
     def waiting(self) -> list[NewObservation]:
         """The observations queued in memory, not yet in transcript.db, oldest first."""
@@ -140,13 +167,15 @@ class TranscriptWriter:
     async def start(self, recovered: list[Write] | None = None) -> None:
         """Replay the spill file (an earlier run's writes) and `recovered` (the turn journal's),
         in the order they happened, ahead of anything submitted from now on; then start writing."""
-        lines = await asyncio.get_running_loop().run_in_executor(self._files, read_spill, self._spill)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):  # while there is room: `memory status` reads it on a full disk
+            await loop.run_in_executor(self._files, prepare_status, self._status_file)
+        lines = await loop.run_in_executor(self._files, read_spill, self._spill)
         if lines:
             log.warning("capture_spill_replayed", writes=len(lines), path=str(self._spill))
         head = [_Queued.of(w, spilled=True) for w in lines if w is not None]
         self._lines = len(head)
-        head += [_Queued.of(w) for w in recovered or []]
-        head.sort(key=lambda q: when(q.write) if q.write is not None else 0.0)  # stable: spill order holds
+        head = merged(head, [_Queued.of(w) for w in recovered or []])
         self._queue.extendleft(reversed(head))
         self._held += len(head)
         if self._queue:
@@ -182,21 +211,34 @@ class TranscriptWriter:
             if head.write is None:
                 await self._read_back()
                 continue
-            sent, head.sent = head.sent or self._db.submit(_apply(head.write)), None
+            group = [head] if head.sent is not None else self._group()
+            sent, head.sent = head.sent or self._db.submit(_apply([q.write for q in group if q.write])), None
             try:
                 await asyncio.wrap_future(sent)
-            except Exception as exc:  # whatever it is, the write is kept and tried again
+            except Exception as exc:  # whatever it is, the writes are kept and tried again
                 await asyncio.sleep(self._failed(exc))
                 continue
-            self._queue.popleft()
-            self._held -= 1
-            self._on_durable(head.write)
+            for _ in group:
+                self._queue.popleft()
+            self._held -= len(group)
+            for item in group:
+                if item.write is not None:
+                    self._on_durable(item.write)
             if self.failing:
                 self._recovered()
             if not self._queue and self._lines:
                 self._lines = 0
                 self._files.submit(self._spill.unlink, missing_ok=True)  # after every append: FIFO
             self._release_payloads()
+
+    def _group(self) -> list[_Queued]:
+        """The writes at the head of the queue that one transaction takes: those held in memory."""
+        group = []
+        for item in itertools.islice(self._queue, GROUP_MAX):
+            if item.write is None:
+                break
+            group.append(item)
+        return group
 
     def _failed(self, exc: Exception) -> float:
         """Count a failed write; returns the seconds until the retry."""
@@ -209,8 +251,8 @@ class TranscriptWriter:
         h.last_error = f"{type(exc).__name__}: {exc}"[:300]
         delay = self.backoff.delay(h.failures, random.random())
         h.next_retry_at = now + delay
-        log.error("transcript_write_failed", error=type(exc).__name__, detail=str(exc)[:200],
-                  failures=h.failures, queued=len(self._queue), retry_in_s=round(delay, 2))
+        log.warning("transcript_write_failed", error=type(exc).__name__, detail=str(exc)[:200],
+                    failures=h.failures, queued=len(self._queue), retry_in_s=round(delay, 2))
         self._save_status()
         return delay
 
@@ -237,10 +279,11 @@ class TranscriptWriter:
 
     def _spilled(self, future: asyncio.Future[None], items: list[_Queued]) -> None:
         if (exc := future.exception()) is not None:  # a full disk: memory is all they have now
-            log.error("capture_spill_failed", writes=len(items), error=repr(exc)[:200])
+            log.warning("capture_spill_failed", writes=len(items), error=repr(exc)[:200])
             self._lines = max(0, self._lines - len(items))
             for item in items:
                 item.spilled = False
+            self._on_failed([item.write for item in items if item.write is not None])
             return
         for item in items:
             item.durable = True

@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 
+from ...config import DEFAULT_DAILY_USD
+
 DAY = 86_400.0  # UTC days: epoch time has no leap seconds, so every day starts at a multiple of this
-DEFAULT_DAILY_USD = 1.0
 BUDGET_KEY = "daemon_budget"  # memory.db meta: the running daemon's budget and its wait, for `memory status`
 
 

@@ -12,6 +12,8 @@ from collections.abc import Collection
 from typing import Protocol
 
 from ...dates import utc
+from ...errors import ConfigError
+from ...text import CHARS_PER_TOKEN, estimate_tokens
 from ..files import MAX_FILE_BYTES, SPECS
 from ..memory_store import PendingAction
 from ..transcript_store import Observation
@@ -25,7 +27,7 @@ TURN_TEXT_CHARS = 3_000  # the person's message, and the answer, each
 TOOL_CALLS_SHOWN = 12
 TOOL_CALL_CHARS = 300  # a tool call's input, and its output, each
 SESSIONS_ENDED = "Sessions that ended (by their last turn):"
-MAX_SUMMARIES = 8  # sessions summarised by one call, at most
+SUMMARIES_PER_CALL = 8  # sessions summarised by one call, at most
 
 SYSTEM = f"""You are the memory curator of a personal AI agent that works for one person on their own \
 computer. You never talk to the person. You read what happened in recent turns and keep the agent's \
@@ -150,7 +152,7 @@ def ended_note(observations: list[Observation], ended: Collection[str]) -> str:
     last = {o.session_id: o.id for o in observations if o.session_id in ended}
     if not last:
         return ""
-    turns = sorted(last.values())[-MAX_SUMMARIES:]  # bounded: the frame around the turns is budgeted
+    turns = sorted(last.values())[-SUMMARIES_PER_CALL:]  # bounded: the frame around the turns is budgeted
     return (f"{SESSIONS_ENDED} " + ", ".join(f"#{n}" for n in turns)
             + ". Write one SUMMARY line for each, ending with [#N], its last turn.")
 
@@ -169,13 +171,8 @@ def ended_note(observations: list[Observation], ended: Collection[str]) -> str:
 # BATCH_CHARS of turns beside it, so a full 25-turn batch is never split for tokens (measured:
 # 223,400 characters, ~55,900 tokens; files at their line limits, ~94 KB, make it ~43,000).
 
-CHARS_PER_TOKEN = 4  # English prose; denser text costs more tokens, and the proxy's usage is what is billed
 TURN_MAX_CHARS = OBSERVATION_CHARS + 50  # the cut adds a note of its own
 TURNS_FRAME = 400  # the lines before and after the turns, and the blank lines between them
-
-
-def estimate_tokens(chars: int) -> int:
-    return -(-chars // CHARS_PER_TOKEN)
 
 
 def fixed_chars(files: dict[str, str], actions: list[PendingAction] | None) -> int:
@@ -193,7 +190,14 @@ FIXED_MAX_CHARS = fixed_chars(
     {name: "x" * MAX_FILE_BYTES for name in SPECS},
     [PendingAction(10**9, 0.0, "x" * MAX_LEARNING_CHARS, 0, "pending", None)] * PROMPT_ACTIONS)
 MIN_BATCH_TOKENS = estimate_tokens(FIXED_MAX_CHARS + TURN_MAX_CHARS)
-DEFAULT_BATCH_TOKENS = 60_000  # >= estimate_tokens(FIXED_MAX_CHARS + BATCH_CHARS), tested
+# config.DEFAULT_BATCH_TOKENS (the setting's default) is >= estimate_tokens(FIXED_MAX_CHARS + BATCH_CHARS), tested.
+
+
+def check_batch_tokens(tokens: int) -> None:
+    """SPRITE_MEMORY_BATCH_TOKENS must leave room for one turn beside the largest fixed part."""
+    if tokens < MIN_BATCH_TOKENS:
+        raise ConfigError(f"SPRITE_MEMORY_BATCH_TOKENS must be at least {MIN_BATCH_TOKENS} (the largest prompt "
+                          f"without turns, plus one turn), got {tokens}")
 
 
 TRUNCATED = "your reply was cut off at the token limit"

@@ -2,11 +2,14 @@
 
 Triggers (every `batch_turns` turns, a session's end, PreCompact, start) only ask
 for work. The daemon wakes, runs batches until nothing is pending, and settles
-the waiters (a flush, a new session's settle) whose turns are curated. After a
-failure it sleeps until the retry that memory/curation/retry.py's policy set, whatever triggers
-arrive meanwhile. Before each call it asks memory/curation/budget.py's policy whether the day's
-budget allows it; if not, it sleeps until the next UTC day, and that is no failure.
-Batches never run on the agent's path.
+the waiters (a flush, a new session's settle) whose turns are curated. A backlog
+drains in chunks as large as the call's token cap allows (at most MAX_CHUNK_TURNS
+turns), not `batch_turns` at a time. After a failure it sleeps until the retry that
+memory/curation/retry.py's policy set, whatever triggers arrive meanwhile; while the proxy is
+down, a cheap question to it (retry.Probe: every PROBE_EVERY, sooner once a new turn asks for
+a batch) brings the retry forward as soon as it answers again. Before each call it asks
+memory/curation/budget.py's policy whether the day's budget allows it; if not, it sleeps until
+the next UTC day, and that is no failure. Batches never run on the agent's path.
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply
+from ...config import DEFAULT_BATCH_TOKENS
+from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
+from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
 from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
-from .curator import DEFAULT_BATCH_TOKENS, split_batch
+from .curator import split_batch
 from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
@@ -34,15 +40,19 @@ from .retry import (
     Backoff,
     FailureClock,
     PoisonTurns,
+    Probe,
     Verdict,
 )
 
 log = get_logger(__name__)
 
+R = TypeVar("R")
+
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
 # still, so one long sleep until midnight could oversleep it by the length of the suspend.
 BUDGET_RECHECK = 300.0
+MAX_CHUNK_TURNS = 100  # turns one call may carry when the token cap allows (a backlog's catch-up)
 
 
 @dataclass
@@ -64,8 +74,11 @@ class MemoryDaemon:
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)
         self.poison = PoisonTurns()
+        self.probe = Probe()
         self.health = DaemonHealth()
         self._wake = asyncio.Event()  # work is requested, or a retry is due
+        self._asked = asyncio.Event()  # a trigger arrived (during a backoff: a probe may come sooner)
+        self._proxy_down = False  # the current backoff is for the proxy: probing it may end it
         self._idle = asyncio.Event()  # no batch running, requested or scheduled
         self._idle.set()
         self._not_before = 0.0  # loop time before which no run starts (a backoff)
@@ -75,6 +88,13 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ memory.db's one writer
+
+    async def apply(self, change: Callable[[MemoryDB], R]) -> R:
+        """A change to memory.db from outside the daemon (a person forgetting a learning, the
+        console's audit record), made by its one writer: the daemon's own database thread."""
+        return await self.processor.memory.call(change)
 
     # ------------------------------------------------------------ triggers (never block)
 
@@ -88,6 +108,8 @@ class MemoryDaemon:
         self._reasons.append(reason)
         self._idle.clear()
         self._wake.set()
+        self.probe.asked = True
+        self._asked.set()
 
     async def settle(self, budget: float) -> bool:
         """If a batch is running, requested or scheduled, wait (at most `budget` seconds) until the
@@ -176,8 +198,7 @@ class MemoryDaemon:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            if (hold := self._not_before - loop.time()) > 0:
-                await asyncio.sleep(hold)  # the backoff holds, whatever triggers arrive meanwhile
+            await self._until_retry(loop)  # the backoff holds, whatever triggers arrive meanwhile
             self._wake.clear()
             reasons, self._reasons = self._reasons or ["retry"], []
             self.health.running = True
@@ -192,16 +213,35 @@ class MemoryDaemon:
                 self._idle.set()
             self._resolve(None, ok)
 
+    async def _until_retry(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait out the backoff. While the proxy is down, ask it now and then whether it answers;
+        once it does, the retry is now."""
+        while (hold := self._not_before - loop.time()) > 0:
+            due = self.probe.due(loop.time(), self._not_before) if self._proxy_down else None
+            if due is None:
+                await asyncio.sleep(hold)
+                return
+            if (wait := due - loop.time()) > 0:
+                self._asked.clear()
+                with contextlib.suppress(TimeoutError):  # a trigger may bring the question forward
+                    await asyncio.wait_for(self._asked.wait(), wait)
+                continue
+            self.probe.probed(loop.time())
+            if await self.processor.curator.probe():
+                log.info("curator_proxy_answers", retry_brought_forward_s=round(self._not_before - loop.time(), 1))
+                self._not_before = loop.time()
+
     async def _attempt(self, trigger: str) -> tuple[bool, float | None]:
         """One run. Returns (success, seconds until the retry, or None when nothing is left)."""
         try:
             return await self._drain(trigger)
         except Exception as exc:  # a bug or a database error: it counts like a failed call
-            log.exception("memory_daemon_error", error=repr(exc))
+            log_expected(log, "memory_daemon_error", exc)
             return False, await self._failed(repr(exc))
 
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
+        self._proxy_down = False
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             chunk = await self._next_chunk()
@@ -222,6 +262,8 @@ class MemoryDaemon:
                     continue
                 return False, delay
             except CuratorError as exc:  # transport: the same turns are retried, whole
+                self._proxy_down = True
+                self.probe.waiting(asyncio.get_running_loop().time())
                 return False, await self._failed(str(exc))
             self._conflicts = 0
             self.poison.succeeded()
@@ -234,7 +276,7 @@ class MemoryDaemon:
 
     async def _next_chunk(self) -> list[Observation]:
         """The oldest pending turns that fit one call, or the one turn an isolation runs next."""
-        pending = await self.processor.pending(self.batch_turns)
+        pending = await self.processor.pending(max(self.batch_turns, MAX_CHUNK_TURNS))
         one = self.poison.next_turn([o.id for o in pending])
         if one is not None:
             return [o for o in pending if o.id == one]
@@ -312,7 +354,7 @@ class MemoryDaemon:
                     log.error("observations_marked_stale", count=marked, state=STALE,
                               hours=self.clock.stale_after / 3600)
         except Exception as exc:
-            log.exception("daemon_failing_not_saved", error=repr(exc))
+            log_expected(log, "daemon_failing_not_saved", exc)
         return delay
 
     async def _save_clock(self) -> None:

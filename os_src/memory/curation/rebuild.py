@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -31,10 +32,12 @@ from ..processor import BatchProcessor, CuratorClient
 from ..schema import PENDING
 from ..transcript_store import Observation, TranscriptDB
 from .curator import split_batch
+from .retry import Backoff
 
 log = get_logger(__name__)
 
-ATTEMPTS = 4
+ATTEMPTS = 4  # calls per batch, then the rebuild stops (it can be run again)
+CURATOR_RETRY = Backoff()  # the daemon's policy (memory/curation/retry.py): the same curator, the same waits
 
 
 @dataclass
@@ -136,5 +139,5 @@ async def _with_retries(processor: BatchProcessor, group: list[Observation]) -> 
         except CuratorError as exc:
             if attempt == ATTEMPTS:
                 raise CuratorError(f"rebuild stopped at turn #{group[0].id}: {exc}") from exc
-            await asyncio.sleep(2 ** attempt)
+            await asyncio.sleep(CURATOR_RETRY.delay(attempt, random.random()))
     raise AssertionError("unreachable")

@@ -4,23 +4,26 @@ Nothing here sleeps, reads a clock or touches a database: time comes in as `now`
 (epoch seconds), randomness as a number in [0, 1), so every rule is tested
 without asyncio.
 
-- `Backoff`: how long to wait after the n-th failed call in a row.
+- `Backoff` (backoff.py, which the runtime shares): how long to wait after the n-th failed call.
 - `FailureClock`: the failing spell (since when, how many calls, the last one),
   the six-hour rule, and the spell's record in memory.db's `meta` table.
 - `PoisonTurns`: what an unusable reply means for the turns that got it.
+- `Probe`: when, during a long backoff, to ask the proxy cheaply whether it answers again.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import msgspec
 
+from ...backoff import Backoff as Backoff
+
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
-JITTER = 0.2  # +-20 %: many Sprites must not retry in lockstep
 STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
 # More time than this since the last failed call was no backoff (at most BACKOFF_MAX, plus one call
@@ -29,20 +32,6 @@ FAILING_GAP = 2 * BACKOFF_MAX
 DEGRADED_AFTER = 3  # failed calls in a row before /healthz says `degraded`
 UNUSABLE_LIMIT = 3  # unusable replies in a row before the isolation acts
 FAILING_KEY = "daemon_failing"  # memory.db meta: the spell, "" when not failing
-
-
-@dataclass(frozen=True)
-class Backoff:
-    first: float = BACKOFF_FIRST
-    max: float = BACKOFF_MAX
-    jitter: float = JITTER
-
-    def delay(self, failures: int, rand: float) -> float:
-        """Seconds to wait after `failures` failed calls in a row: `first`, doubling, up to `max`.
-        The jitter (`rand` in [0, 1)) never goes beyond `max`: at the top it only shortens the wait."""
-        base = min(self.max, self.first * 2.0 ** min(max(failures - 1, 0), 64))
-        low, high = base * (1 - self.jitter), min(self.max, base * (1 + self.jitter))
-        return low + (high - low) * rand
 
 
 class Spell(msgspec.Struct):
@@ -114,6 +103,34 @@ class FailureClock:
             raise ValueError(f"unreadable failing spell: {exc}") from None
         self.since, self.failures, self.last, self.next_retry_at = (
             spell.since, spell.failures, spell.last, spell.next_retry_at)
+
+
+PROBE_EVERY = 15.0  # during a proxy outage's backoff, ask the proxy this often whether it answers
+PROBE_SOONEST = 5.0  # a new turn asking for a batch brings the next question this close to the last
+
+
+@dataclass
+class Probe:
+    """When to ask the proxy, cheaply (no model call), whether it answers again, while the next
+    retry of a batch is far off: an outage's backoff grows to minutes, and curation must resume
+    within moments of the proxy's return, not at the end of the step. Times are the loop's clock."""
+
+    every: float = PROBE_EVERY
+    soonest: float = PROBE_SOONEST
+    last: float = -math.inf  # the last question, or the failed call that began the wait
+    asked: bool = False  # a batch was asked for since (a new turn, a session's end)
+
+    def waiting(self, now: float) -> None:
+        """A call failed for the proxy: the backoff begins now."""
+        self.last, self.asked = now, False
+
+    def due(self, now: float, retry_at: float) -> float | None:
+        """When to ask next (at the earliest `now`), or None when the retry itself comes first."""
+        at = max(now, self.last + (self.soonest if self.asked else self.every))
+        return None if at >= retry_at else at
+
+    def probed(self, now: float) -> None:
+        self.last, self.asked = now, False
 
 
 class Verdict(Enum):

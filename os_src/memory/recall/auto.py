@@ -16,9 +16,9 @@ import re
 from collections.abc import Sequence
 
 from ...dates import utc
+from ...text import CHARS_PER_TOKEN, estimate_tokens
 from .searcher import RecallHit
 
-CHARS_PER_TOKEN = 4  # the rule of thumb the console's estimates use
 MAX_MEMORIES = 5
 SEARCHED = 12  # hits looked at for the few that pass
 # The relevance floor, chosen on the recall benchmark (docs/memory.md): with both retrievers, a
@@ -92,4 +92,4 @@ def render(hits: Sequence[RecallHit]) -> str:
 
 
 def tokens(hits: Sequence[RecallHit]) -> int:
-    return -(-len(render(hits)) // CHARS_PER_TOKEN) if hits else 0
+    return estimate_tokens(len(render(hits))) if hits else 0

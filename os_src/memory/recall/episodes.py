@@ -18,14 +18,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import msgspec
 
 from ...database import marks, rows, transaction
-from ...text import clean_text
-from ..capture.recorder import strip_private
+from ...text import clean_text, strip_private
 from ..transcript_store import Observation
 
 USER_CHARS = 2_000
-RESPONSE_CHARS = 2_000
+EPISODE_RESPONSE_CHARS = 2_000
 TOOL_CALLS = 6  # the first few calls say what was done; outputs are left out
-TOOL_INPUT_CHARS = 80
+EPISODE_TOOL_INPUT_CHARS = 80  # an episode names a call's input; the transcript keeps more of it
 NEIGHBOURS = 2  # turns either side, indexed as the episode's context
 EMBED_CHARS = 2_000  # of the previous turn plus this one, for the dense retriever
 EMBED_RECIPE = "said-before"  # what embed_text embeds: vectors of another recipe are made again
@@ -63,7 +62,7 @@ def _tools(tool_calls_json: str) -> str:
     said = []
     for call in calls[:TOOL_CALLS]:
         if isinstance(call, dict) and call.get("name") not in (None, "(more)"):
-            said.append(f"{call.get('name')} {_cut(str(call.get('input', '')), TOOL_INPUT_CHARS)}".strip())
+            said.append(f"{call.get('name')} {_cut(str(call.get('input', '')), EPISODE_TOOL_INPUT_CHARS)}".strip())
     return ("(tools: " + "; ".join(said) + ")") if said else ""
 
 
@@ -76,7 +75,7 @@ def _rendered(obs: Observation) -> tuple[str, int | None]:
     """The text, and where the agent's answer begins in it (its length when there is none; None when
     private text left open in the person's part hides the answer too)."""
     said = "\n".join(p for p in (_cut(obs.user_message, USER_CHARS), _tools(obs.tool_calls_json)) if p.strip())
-    answer = _cut(obs.agent_response, RESPONSE_CHARS)
+    answer = _cut(obs.agent_response, EPISODE_RESPONSE_CHARS)
     text = _clean("\n".join(p for p in (said, answer) if p.strip()))
     if not answer.strip():
         return text, len(text)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...db_worker import Worker
+from ...errors import log_expected
 from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import Observation, TranscriptDB
@@ -111,7 +112,7 @@ class Indexer:
                 if not self._wake.is_set():
                     self.current.set()
             except Exception as exc:
-                log.exception("recall_index_failed", error=repr(exc)[:300])
+                log_expected(log, "recall_index_failed", exc)
                 self.health.last_error = repr(exc)[:500]
                 await asyncio.sleep(RETRY)
 
@@ -169,7 +170,7 @@ class Indexer:
                 await self._embed(model, batch)
                 cursor = min(e.id for e, _ in batch)
             except Exception as exc:
-                log.exception("recall_embedding_failed", error=repr(exc)[:300])
+                log_expected(log, "recall_embedding_failed", exc)
                 self.health.last_error = repr(exc)[:500]
                 await asyncio.sleep(RETRY)
 

@@ -30,7 +30,7 @@ from .documents import build, write_marks
 from .index import swap_in
 from .service import index_path
 
-EMBED_BATCH = 32
+REBUILD_EMBED_BATCH = 32  # turns embedded at once offline (the live indexer's batch is smaller)
 Progress = Callable[[str, int, int], None]
 
 
@@ -98,7 +98,7 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
 def _embed_missing(memory: MemoryDB, embedder: Embedder, model: str, progress: Progress) -> int:
     total, have = ep.count(memory.conn, model)
     missing, done, below = total - have, 0, math.inf
-    while batch := ep.missing_vectors(memory.conn, model, 0, int(min(below, 1 << 62)), EMBED_BATCH):
+    while batch := ep.missing_vectors(memory.conn, model, 0, int(min(below, 1 << 62)), REBUILD_EMBED_BATCH):
         texts = [ep.embed_text(ep.previous(memory.conn, e), e) for e in batch]
         vectors = np.asarray(embedder.passages(texts), dtype=np.float32)
         ep.put_vectors(memory.conn, model, [(e.id, to_blob(v)) for e, v in zip(batch, vectors, strict=True)])

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ... import protocol as p
 from ...config import Settings
 from ...database import connect
 from ...db_worker import Worker
+from ...errors import log_expected
 from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
@@ -48,10 +48,11 @@ def read_connection(path: Path) -> sqlite3.Connection:
 
 @dataclass(frozen=True)
 class Recalled:
-    """What auto-recall added to a message."""
+    """What auto-recall added to a message (the runtime tells clients: agent/frames.recall_frame)."""
 
     context: str  # the memories, sent before the person's message as a block of its own
-    frame: p.Recall
+    memories: list[RecallHit]
+    tokens: int  # the context's estimated size
 
 
 def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str | None, boot: str,
@@ -64,13 +65,6 @@ def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str 
         return []
     hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id)
     return auto_recall.select(hits, boot, budget_tokens, searcher.dense is not None)
-
-
-def to_frame(turn_id: str, hits: list[RecallHit]) -> p.Recall:
-    return p.Recall(turn_id=turn_id, tokens=auto_recall.tokens(hits), memories=[
-        p.RecalledMemory(kind="episode" if h.kind == "episode" else "learning", id=h.id, type=h.type, at=h.at,
-                         session_id=h.session_id, turn=h.turn, observation_id=h.observation_id, snippet=h.snippet,
-                         score=round(h.score, 4)) for h in hits])
 
 
 class RecallService:
@@ -183,12 +177,12 @@ class RecallService:
             log.warning("auto_recall_slow", timeout_s=AUTO_RECALL_TIMEOUT)
             return None
         except Exception as exc:
-            log.exception("auto_recall_failed", error=repr(exc)[:300])
+            log_expected(log, "auto_recall_failed", exc)
             return None
         if not chosen:
             return None
         log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))
-        return Recalled(auto_recall.render(chosen), to_frame(turn_id, chosen))
+        return Recalled(auto_recall.render(chosen), chosen, auto_recall.tokens(chosen))
 
     def status(self) -> dict[str, Any]:
         d = self._dense_status

@@ -1,0 +1,70 @@
+"""Capture's parts, wired as one: what the memory system starts, stops and hands the runtime.
+
+- the recorder (recorder.py), which the runtime's stream feeds and which closes each turn;
+- the two ways a closed turn reaches the disk: the transcript writer (writer.py: transcript.db,
+  or its spill file) and the turn journal (journal.py);
+- the acks (acks.py), which say when a closed turn is durable by either way;
+- one thread that does the writer's and the journal's file work, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from ...db_worker import Worker
+from ...paths import Layout
+from ..hooks import HookTimings
+from ..transcript_store import TranscriptDB
+from .acks import Acks
+from .journal import TurnJournal, journal_path, recover
+from .recorder import TurnRecorder
+from .spill import ObservationWrite, Write
+from .writer import TranscriptWriter
+
+
+class Capture:
+    def __init__(self, transcript: Worker[TranscriptDB], layout: Layout, *, on_recorded: Callable[[], None],
+                 on_landed: Callable[[], None] = lambda: None, timings: HookTimings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`on_recorded()`: a turn was closed and queued; `on_landed()`: one is durable."""
+        self._layout = layout
+        self._on_landed = on_landed
+        self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
+        self.acks = Acks()
+        self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved)
+        self.writer = TranscriptWriter(transcript, layout, self._files, on_durable=self._durable,
+                                       on_failed=self._refused)
+        self.recorder = TurnRecorder(self.writer, on_recorded, timings, self.journal, self.acks, clock)
+
+    async def start(self, replay_budget: float) -> None:
+        """What an earlier run left unwritten comes first: its spill file, then its turn journal (the
+        turn it was killed in, recorded with a note); at most `replay_budget` seconds are waited for it."""
+        loop = asyncio.get_running_loop()
+        recovered = await loop.run_in_executor(self._files, recover, journal_path(self._layout))
+        self.journal.restore(recovered)
+        await self.writer.start([ObservationWrite(obs) for obs in recovered])
+        await self.writer.drained(replay_budget)
+
+    async def stop(self, budget: float) -> None:
+        """Land what is queued within `budget` seconds (the rest stays in the spill file), then
+        write the journal's last state."""
+        await self.writer.stop(budget)
+        await self.journal.flush()
+        self._files.shutdown(wait=False)  # idle by now: the journal and the writer are done
+
+    def _refused(self, writes: list[Write]) -> None:
+        self.acks.transcript_failed(_turn_key(w) for w in writes if isinstance(w, ObservationWrite))
+
+    def _durable(self, write: Write) -> None:
+        if isinstance(write, ObservationWrite):
+            key = _turn_key(write)
+            self.journal.durable(key)
+            self.acks.durable(key)
+            self._on_landed()  # in transcript.db (or the spill file, which lands later)
+
+
+def _turn_key(write: ObservationWrite) -> tuple[str, int]:
+    return write.observation.session_id, write.observation.sequence_num

@@ -1,0 +1,302 @@
+"""Durable, then acknowledged: a closed turn is on disk (transcript.db, or the turn journal, whichever
+first) before the runtime may say `turn_complete`; the journal's save costs one fsync; transcript
+writes waiting together commit together; both databases sync every commit."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
+
+from sprite_os.database import connect
+from sprite_os.db_worker import Worker
+from sprite_os.memory.capture import journal as journal_mod
+from sprite_os.memory.capture.acks import Acks
+from sprite_os.memory.capture.journal import (
+    STOPPED_NOTE,
+    Entry,
+    JournalFile,
+    TurnJournal,
+    journal_path,
+    recover,
+)
+from sprite_os.memory.capture.pipeline import Capture
+from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.paths import Layout
+from tests.conftest import wait_for
+
+
+def obs(n: int, session: str = "s1", text: str | None = None) -> NewObservation:
+    return NewObservation(timestamp=1_790_000_000.0 + n, session_id=session, sequence_num=n,
+                          user_message=f"turn {n}", tool_calls_json="[]", agent_response=text or f"answer {n}")
+
+
+def result(text: str = "the whole answer") -> ResultMessage:
+    return ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=1,
+                         session_id="x", result=text, usage={"input_tokens": 3, "output_tokens": 2})
+
+
+# ---------------------------------------------------------------- the acks: which way came first
+
+
+async def test_a_turn_is_durable_by_whichever_way_comes_first() -> None:
+    acks = Acks()
+    by_db, by_journal = acks.expect(("s", 1)), acks.expect(("s", 2))
+    acks.durable(("s", 1))
+    acks.journal_saved([("s", 2)], None)
+    assert by_db.result() is True and by_journal.result() is True
+    assert acks.waiting == 0
+
+
+async def test_a_turn_neither_way_can_take_is_not_durable_at_once_and_one_way_alone_failing_is_not_enough() -> None:
+    acks = Acks()
+    first, second = acks.expect(("s", 1)), acks.expect(("s", 2))
+    acks.journal_saved([("s", 1), ("s", 2)], OSError(errno.ENOSPC, "No space left on device"))
+    assert not first.done()  # transcript.db may still take it
+    acks.transcript_failed([("s", 1), ("s", 2)])  # refused, and the spill file could not take them
+    assert first.result() is False and second.result() is False
+    acks.durable(("s", 1))  # it landed later: no one waits any more, and nothing is left behind
+    assert acks.waiting == 1
+
+
+# ---------------------------------------------------------------- the journal's file: one fsync a save
+
+
+@pytest.fixture
+def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every fsync, fdatasync and rename, as they happen."""
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "replace"):
+        real = getattr(os, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real) -> Any:
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(os, name, spy)
+    yield calls
+
+
+def state(path: Path) -> list[tuple[int, bool]]:
+    return [(e.observation.sequence_num, e.ended) for e in journal_mod._last_state(path.read_bytes(), path)]
+
+
+def entries(*items: tuple[int, bool]) -> bytes:
+    return msgspec.json.encode([Entry(obs(n), ended) for n, ended in items])
+
+
+def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_path: Path, syncs: list[str]) -> None:
+    f = JournalFile(tmp_path / "turn-journal.json")
+    f.save(entries((1, False)))  # the first save of a run: whole, through a temp file (a kill may have torn the tail)
+    assert "replace" in syncs
+    syncs.clear()
+    f.save(entries((1, True)))
+    f.save(entries((1, True), (2, False)))
+    assert syncs == ["fdatasync", "fdatasync"]  # no rename, no second fsync
+    assert state(f.path) == [(1, True), (2, False)]
+    f.save(entries((2, False)), sync=False)  # the open turn alone: a kill -9 leaves the page cache
+    assert syncs == ["fdatasync", "fdatasync"] and state(f.path) == [(2, False)]
+    f.save(None)  # nothing left: emptied, not synced, and kept (its name needs no new fsync)
+    assert f.path.read_bytes() == b"" and syncs == ["fdatasync", "fdatasync"]
+    f.save(entries((3, False)))
+    assert state(f.path) == [(3, False)] and syncs[-1] == "fdatasync"
+
+
+def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
+    path = tmp_path / "turn-journal.json"
+    path.write_bytes(entries((1, True)) + b"\n" + entries((1, True), (2, False))[:-7])  # killed mid-append
+    assert state(path) == [(1, True)]
+    [one] = recover(path)
+    assert one.sequence_num == 1 and one.agent_response == "answer 1"
+    path.write_bytes(entries((1, True), (2, False)))  # a journal an older version wrote: one array, no newline
+    assert [o.agent_response for o in recover(path)] == ["answer 1", f"answer 2\n{STOPPED_NOTE}"]
+
+
+def test_a_failed_append_is_cut_off_again_and_a_long_journal_is_rewritten(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    f = JournalFile(tmp_path / "turn-journal.json")
+    f.save(entries((1, False)))
+    before = f.path.read_bytes()
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdatasync", full)
+    with pytest.raises(OSError):
+        f.save(entries((1, True)))
+    assert f.path.read_bytes() == before  # no torn line for the next append to run into
+    monkeypatch.undo()
+    for n in range(2, 400):  # long turns, many saves
+        f.save(entries(*((k, True) for k in range(1, 6)), (n, False)))
+    assert f.path.stat().st_size <= journal_mod.COMPACT_BYTES + 2 * len(entries(*((k, True) for k in range(1, 7))))
+    assert state(f.path)[-1] == (399, False)
+
+
+async def test_a_closed_turn_transcript_db_cannot_take_at_once_is_saved_at_once(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    saved: list[tuple[list[Any], BaseException | None]] = []
+    files = ThreadPoolExecutor(max_workers=1)
+    journal = TurnJournal(journal_path(layout), files, delay=60.0,
+                          on_saved=lambda keys, exc: saved.append((keys, exc)))
+    journal.opened(lambda: obs(1, text="so far"))  # saved within the (here very long) delay
+    journal.closed(obs(1), urgent=True)
+    await wait_for(lambda: saved, timeout=5, what="the urgent save")
+    assert saved == [([("s1", 1)], None)] and state(journal_path(layout)) == [(1, True)]
+    journal.opened(lambda: obs(2, text="so far"))
+    journal.closed(obs(2))  # transcript.db took it at once: the journal waits a moment...
+    journal.durable(("s1", 2))  # ...and it landed first: nothing of it to save
+    await wait_for(lambda: len(saved) == 2, timeout=5, what="the next save")
+    assert saved[1] == ([("s1", 1)], None) and state(journal_path(layout)) == [(1, True)]
+    journal.durable(("s1", 1))
+    synced: list[bool] = []
+    real = journal._file.save
+    journal._file.save = lambda data, sync=True: (synced.append(sync), real(data, sync))[1]  # type: ignore[method-assign]
+    journal.opened(lambda: obs(3, text="so far"))
+    journal.touched()
+    await journal.flush()
+    assert synced and not any(synced)  # the open turn alone is never synced: only a closed one waits on it
+    files.shutdown()
+
+
+# ---------------------------------------------------------------- capture, wired: the busy thread
+
+
+class BusyDB(TranscriptDB):
+    """transcript.db whose thread can be held busy (a long read), and whose transactions are counted."""
+
+    hold: threading.Event | None = None
+    groups = 0
+
+    def group(self) -> Any:
+        if self.hold is not None:
+            self.hold.wait(30)
+        if not self.conn.in_transaction:  # a transaction of its own, not one joined
+            BusyDB.groups += 1
+        return super().group()
+
+
+@pytest.fixture
+async def capture(tmp_path: Path) -> AsyncIterator[Capture]:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    BusyDB.hold, BusyDB.groups = None, 0
+    db: Worker[TranscriptDB] = Worker("t", lambda: BusyDB(layout.transcript_db))
+    c = Capture(db, layout, on_recorded=lambda: None)
+    await c.start(1.0)
+    c.recorder.start_session("s1")
+    assert await c.writer.drained(5)
+    yield c
+    if BusyDB.hold is not None:
+        BusyDB.hold.set()
+    await c.stop(5)
+    await db.close()
+
+
+def close_turn(c: Capture, prompt: str) -> Any:
+    record = c.recorder.open(prompt)
+    record.observe(AssistantMessage(content=[TextBlock(text="the whole answer")], model="m"))
+    record.close(result())
+    return record
+
+
+async def test_a_turn_closed_while_transcript_db_is_busy_is_durable_through_the_journal(capture: Capture) -> None:
+    """Found by a kill -9 right after turn_complete: with transcript.db's thread busy, a 10 ms turn
+    was acknowledged and lost, 2 of 2. Now the turn is durable, by the journal, before it may be."""
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
+    record = close_turn(capture, "a quick one")
+    assert await record.durable(budget=10) is True  # what the runtime waits for before turn_complete
+    [turn] = recover(journal_path(capture._layout))  # what a restart after a kill -9 right now finds
+    assert (turn.user_message, turn.agent_response) == ("a quick one", "the whole answer")  # whole, not cut short
+    BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+
+
+async def test_a_turn_closed_while_transcript_db_is_free_is_durable_by_its_commit_alone(capture: Capture) -> None:
+    record = close_turn(capture, "one")
+    assert await record.durable(budget=10) is True
+    rows = await capture.writer._db.call(lambda t: [(o.user_message, o.agent_response) for o in t.iter_all()])
+    assert rows == [("one", "the whole answer")]
+
+
+async def test_writes_waiting_together_land_in_one_transaction(capture: Capture) -> None:
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # sent at once, and held
+    records = [close_turn(capture, f"turn {n}") for n in range(10)]
+    groups = BusyDB.groups
+    BusyDB.hold.set()
+    assert all([await r.durable(budget=10) for r in records])
+    assert await capture.writer.drained(10)
+    assert BusyDB.groups - groups <= 2  # the held write, then the ten together: one fsync, not ten
+
+
+async def test_a_turn_neither_disk_way_takes_is_reported_not_durable_within_moments(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*_a: Any, **_k: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(JournalFile, "save", read_only)
+    monkeypatch.setattr("sprite_os.memory.capture.writer.append_lines", read_only)  # the spill file
+    monkeypatch.setattr(BusyDB, "_append", lambda *_a: (_ for _ in ()).throw(sqlite3.OperationalError(
+        "attempt to write a readonly database")))
+    record = close_turn(capture, "on a read-only disk")
+    assert await record.durable(budget=10) is False  # known at once, not after the budget
+    assert capture.writer.waiting()  # kept in memory, to land when the disk allows
+    monkeypatch.undo()
+    assert await capture.writer.drained(10)
+
+
+# ---------------------------------------------------------------- the databases sync every commit
+
+
+def test_both_databases_sync_every_commit(tmp_path: Path) -> None:
+    """synchronous=FULL under WAL: a commit that returned is on disk, power loss included."""
+    for db in (TranscriptDB(tmp_path / "transcript.db"), MemoryDB(tmp_path / "memory.db")):
+        assert db.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        db.close()
+    assert connect(tmp_path / "other.db").execute("PRAGMA synchronous").fetchone()[0] == 2
+
+
+def test_a_group_that_fails_rolls_back_every_write_in_it(tmp_path: Path) -> None:
+    db = TranscriptDB(tmp_path / "transcript.db")
+    with pytest.raises(RuntimeError), db.group():
+        db.append(obs(1))
+        ObservationWrite(obs(2)).apply(db)
+        raise RuntimeError("the disk")
+    assert not db.conn.in_transaction and list(db.iter_all()) == []
+    with db.group():
+        db.append(obs(1))
+        db.start_session("s2", 1.0)
+    assert [o.sequence_num for o in db.iter_all()] == [1] and db.session("s2") is not None
+    db.close()
+
+
+def test_an_import_commits_in_groups_and_what_it_reports_is_committed(tmp_path: Path) -> None:
+    """An import acknowledges what it added: each group of turns is one synced transaction (one
+    fsync), not one per turn, so a 1,200-turn file costs 4 and a long one stays fast under FULL."""
+    from sprite_os.memory.importer import IMPORT_GROUP, import_turns
+
+    BusyDB.hold, BusyDB.groups = None, 0
+    db = BusyDB(tmp_path / "transcript.db")
+    lines = [json.dumps({"session": f"s{n // 100}", "timestamp": 1_700_000_000 + n, "user": f"q{n}",
+                         "assistant": f"a{n}"}) for n in range(1200)]
+    report = import_turns(db, lines)
+    assert report.added == 1200 and BusyDB.groups == -(-1200 // IMPORT_GROUP) + 1  # the groups, then the sessions' ends
+    db.close()
+    reread = TranscriptDB(tmp_path / "transcript.db")  # what another process finds: all of it
+    assert reread.counts()["total"] == 1200
+    reread.close()

@@ -1,0 +1,36 @@
+"""/metrics' figures from a /healthz body and the published frames, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from sprite_os import protocol as p
+from sprite_os.metrics import Metrics
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text.decode()) for s in family.samples}
+
+
+def body(**agent: Any) -> dict[str, Any]:
+    return {"status": "failed" if agent.get("failure") else "ok", "uptime_s": 12.5, "clients": 1,
+            "agent": {"state": "idle", "queued_messages": 0, "failure": None, **agent}}
+
+
+def test_a_failing_agent_and_what_happened_are_both_in_the_scrape() -> None:
+    m = Metrics()
+    m.observe(p.TurnComplete(turn_id="t", status="error", duration_ms=2500, usage=p.Usage()))
+    m.observe(p.Error(code="agent_failed", message="The agent cannot start", turn_id="t"))
+    m.observe(p.ModelRetry(turn_id="t", attempt=1, max_retries=10, retry_delay_ms=500))
+    got = samples(m.render(body(failure={"reason": "Read-only file system", "failed_starts": 3})))
+    assert got[("sprite_up", ())] == 0 and got[("sprite_agent_failed", ())] == 1
+    assert got[("sprite_agent_failed_starts", ())] == 3
+    assert got[("sprite_turns_total", (("status", "error"),))] == 1
+    assert got[("sprite_turn_duration_seconds_bucket", (("le", "2.5"),))] == 1
+    assert got[("sprite_error_frames_total", (("code", "agent_failed"),))] == 1
+    assert got[("sprite_model_retries_total", ())] == 1
+    assert not any(name.startswith("sprite_capture") for name, _ in got)  # a server without memory
+    assert samples(m.render(body()))[("sprite_up", ())] == 1  # the state is read at each scrape, not kept
