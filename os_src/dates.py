@@ -15,6 +15,7 @@ import time
 FIRST = -62_135_596_800.0
 LAST = 253_402_300_799.0
 UNKNOWN = "unknown date"
+DAY = 86_400.0  # UTC days: epoch time has no leap seconds, so every day starts at a multiple of this
 
 
 def usable(ts: float | None) -> bool:

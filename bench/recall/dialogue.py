@@ -1,6 +1,6 @@
 """The dialogue benchmark: recall as hard as real conversations, generated from a seed.
 
-    python -m bench.recall.dialogue OUT_DIR [--seed 11]
+    python -m bench.recall.dialogue OUT_DIR [--seed N]
 
 writes OUT_DIR/turns.jsonl (`sprite-os memory import` form), OUT_DIR/questions.jsonl (question,
 asked_at, evidence as (session, 1-based turn) pairs, answer, category) and OUT_DIR/unrelated.jsonl

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 
 from ...config import DEFAULT_DAILY_USD
+from ...dates import DAY
 
-DAY = 86_400.0  # UTC days: epoch time has no leap seconds, so every day starts at a multiple of this
 BUDGET_KEY = "daemon_budget"  # memory.db meta: the running daemon's budget and its wait, for `memory status`
 
 

@@ -16,7 +16,7 @@ from .index import Kind
 from .timeparse import When
 
 RRF_K = 10.0
-NEIGHBOURS = 0.1  # a turn gains this share of the score of the best turn found either side of it
+NEIGHBOUR_SHARE = 0.1  # a turn gains this share of the score of the best turn found either side of it
 RECENCY = 0.5  # "now" questions: a hit from today gains up to half its score
 RECENCY_DAYS = 365.0
 
@@ -109,7 +109,7 @@ def never_below_words(ranked: Sequence[Candidate], lexical: Sequence[Candidate],
 
 
 def with_neighbours(ranked: Sequence[Candidate], places: Mapping[tuple[str, int], tuple[str, int]],
-                    share: float = NEIGHBOURS) -> list[Candidate]:
+                    share: float = NEIGHBOUR_SHARE) -> list[Candidate]:
     """Each turn gains `share` of the score of the better of the turns just before and after it in its
     session, when they were found too: a fact told over two turns comes back whole more often.
     `places`: each episode's (session, turn)."""

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from ...dates import usable
+from ...dates import DAY, usable
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
@@ -122,7 +122,6 @@ def time_cue(query: str, now: float) -> TimeCue:
 
 # ---------------------------------------------------------------- a time placed by another event
 
-DAY = 86_400.0
 # How long "the week", "the days"... before or after an event lasts, in days.
 SPANS = {"day": 1, "days": 5, "few days": 5, "couple of days": 3, "weekend": 7, "week": 7, "couple of weeks": 14,
          "fortnight": 14, "month": 31, "just": 3, "right": 3, "shortly": 3, "": 10}
