@@ -82,6 +82,24 @@ class VenvCache:
 _VENV_CACHE: dict[str, VenvCache] = {}
 
 
+DOWNLOAD_ATTEMPTS = 3  # the registry is the network: a read timeout mid-download ends pip with status 2
+
+
+def download(target: Path) -> None:
+    """pip download the lock's wheels into `target`, again after a failure; the last failure's
+    own words in the error (pip's stderr), not only its status."""
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+               "--no-deps", "--only-binary=:all:", "-r", str(LOCK), "-d", str(target)]
+    for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if attempt == DOWNLOAD_ATTEMPTS:
+            raise RuntimeError(f"pip download failed {attempt} times (exit {done.returncode}): "
+                               f"{done.stderr[-4000:]}")
+        time.sleep(5 * attempt)
+
+
 def wheelhouse(cache_root: Path) -> Path:
     """Wheels for the lock, downloaded once and kept (pip download, through the normal registry)."""
     target = cache_root / f"wheelhouse-{lock_hash()}"
@@ -90,9 +108,7 @@ def wheelhouse(cache_root: Path) -> Path:
             if not old.name.endswith(f".partial-{os.getpid()}"):
                 shutil.rmtree(old, ignore_errors=True)
         tmp = cache_root / f"wheelhouse-{lock_hash()}.partial-{os.getpid()}"
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--only-binary=:all:", "-r", str(LOCK), "-d", str(tmp)], check=True,
-                       capture_output=True)
+        download(tmp)
         (tmp / ".complete").write_text("ok\n")
         try:
             os.rename(tmp, target)

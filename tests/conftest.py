@@ -7,6 +7,7 @@ mock Bridge at the HTTP boundary.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import anthropic  # noqa: F401  (see below)
 import pytest
+import structlog
 
 from devkit.harness import (
     TOKEN,
@@ -49,6 +51,21 @@ HOST_MODULES = {"test_deploy.py"}
 # A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
 # `make test-fast` (-m "not e2e") never runs pip.
 E2E_FIXTURES = {"venv"}
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """What a test's configure_logging (a command's main, run in-process) changed, put back: its
+    root handlers, and structlog's cache-on-first-use, which would hide the events of loggers first
+    used after it from a later test's capture_logs (failures that depend on the tests' order)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.reset_defaults()
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:], root.level = handlers, level
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here

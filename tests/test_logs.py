@@ -1,23 +1,11 @@
 """Logging: key=value for development, JSON when deployed, a rotated file on a Sprite."""
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sprite_os import logs
-
-
-@pytest.fixture(autouse=True)
-def restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    for handler in root.handlers:
-        handler.close()
-    root.handlers[:], root.level = handlers, level
 
 
 def test_json_lines_when_deployed(tmp_path: Path) -> None:
