@@ -79,6 +79,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         by_cat[r["category"]].append(r)
     out = {"questions": len(rows), **{f"r@{k}": found_at(rows, k) for k in KS}, "all@10": found_at(rows, 10, True),
            "all@20": found_at(rows, 20, True),
+           # the questions whose evidence is 2 to 4 turns: every one of them must come back
+           "several_turns": sum(1 for r in rows if len(r["ranks"]) > 1),
+           "several_turns_all@10": found_at([r for r in rows if len(r["ranks"]) > 1], 10, True),
            "oldest_conversation_r@10": found_at(by_conv[min(by_conv)], 10),
            "newest_conversation_r@10": found_at(by_conv[max(by_conv)], 10),
            "by_category": {c: {"questions": len(v), "r@10": found_at(v, 10), "all@10": found_at(v, 10, True)}
