@@ -128,9 +128,11 @@ class Searcher:
         ranked = fuse(lexical, dense, seen, self.dense.weight if self.dense is not None else 1.0) if dense \
             else list(lexical)
         ranked = self._weighed(ranked)
+        # the floor is word search alone as it ranks on its own: weighed the same way
+        words = self._weighed(lexical) if dense else ranked
         if exclude_session is not None:
-            ranked, lexical = self._other_sessions(ranked, exclude_session), self._other_sessions(lexical, exclude_session)
-        return ranked, lexical, seen
+            ranked, words = self._other_sessions(ranked, exclude_session), self._other_sessions(words, exclude_session)
+        return ranked, words, seen
 
     def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
         """Each memory's score times the prior of how specific it is (rarity.py), then a share of the
