@@ -295,11 +295,14 @@ def test_a_learning_and_the_turn_it_came_from_are_one_memory_at_the_better_place
     fact = found("learning", 1, "The user's name is Dana.", 2.0, source=7)
     summary = found("learning", 2, "A session about names", 3.0, source=7, type_="SUMMARY")
     other = found("episode", 8, "Dana's sister called", 4.0)
-    out = fold_sources([turn, other, summary, fact])
-    # The turn's place goes to the best-ranked learning from it, which carries the person's words.
-    assert [(f.candidate.kind, f.candidate.id) for f in out] == [("learning", 2), ("episode", 8), ("learning", 1)]
-    assert out[0].text == "A session about names (said: My name is Dana and I live in Lisbon)"
-    assert out[2].text == "The user's name is Dana."
+    also = found("learning", 3, "The user lives in Lisbon.", 5.0, source=7)
+    out = fold_sources([turn, other, summary, fact, also])
+    # The turn's place goes to the best-ranked learning from it, which carries the person's words; a
+    # session's summary, which only names the turn as its last, folds nothing (whichever came first).
+    assert [(f.candidate.kind, f.candidate.id) for f in out] == [
+        ("learning", 1), ("episode", 8), ("learning", 2), ("learning", 3)]
+    assert out[0].text == "The user's name is Dana. (said: My name is Dana and I live in Lisbon)"
+    assert out[2].text == "A session about names" and out[3].text == "The user lives in Lisbon."
     assert fold_sources([other, fact]) == [other, fact]  # its turn not found: nothing to fold
 
 

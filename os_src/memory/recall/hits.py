@@ -84,10 +84,11 @@ def stems(text: str) -> set[str]:
 def fold_sources(found: Sequence[Found]) -> list[Found]:
     """A learning and the episode it came from, both found: the learning, at the better place,
     carrying the person's words of that turn (the best-ranked learning from a turn; others from it
-    stay as they are)."""
+    stay as they are). A session's summary names its last turn but was not learned from it: it
+    folds nothing, whichever of the two ranks first."""
     learned: dict[int, Found] = {}
     for f in found:
-        if f.candidate.kind == "learning" and f.observation_id is not None:
+        if f.candidate.kind == "learning" and f.observation_id is not None and f.type != "SUMMARY":
             learned.setdefault(f.observation_id, f)
     folded = {f.candidate.id: f for f in found if f.candidate.kind == "episode" and f.candidate.id in learned}
     out: list[Found] = []
