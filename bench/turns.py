@@ -15,6 +15,7 @@ Paths are interleaved turn by turn so that drift on the machine hits both alike.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import tempfile
@@ -29,8 +30,10 @@ from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, ResultMessage
 from bench.stats import percentile, ratio, summary_ms
 from devkit.harness import Client, client_factory, make_settings, running
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from sprite_os.agent.budget import AgentLimits
 from sprite_os.agent.environment import cli_environment
 from sprite_os.agent.model_relay import ModelRelay
+from sprite_os.agent.spend_book import SpendBook
 from sprite_os.runtime import BUILTIN_TOOLS, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CanvasStore, canvas_server
@@ -182,7 +185,9 @@ async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
     is all there is to see), then with `model_latency` seconds per model request."""
     out: dict[str, Any] = {}
     async for label, n, bridge, stack, tmp in _model_speeds(turns, model_latency):
-        model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key"))
+        # As the server configures it: with the agent's budget, which reads each reply's usage.
+        book = SpendBook(AgentLimits.of(make_settings(tmp, bridge.url)), tmp / "agent_spend.json")
+        model_relay = await stack.enter_async_context(ModelRelay(bridge.url, "bench-proxy-key", book=book))
         direct = await _sdk_path(stack, bridge, tmp / "direct",
                                  {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
         relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
@@ -198,13 +203,20 @@ async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
 async def isolation(turns: int) -> dict[str, Any]:
     """User isolation against none, side by side (workspaces in /tmp, which the agent's user can reach)."""
     import os
+    import pwd
     import shutil
 
-    from sprite_os.deploy_contract import AGENT_USER, ensure_agent_user
+    from devkit.host import remove_user
+    from sprite_os.deploy_contract import ensure_agent_user
 
     if os.geteuid() != 0:
         return {"skipped": "user isolation needs root"}
-    ensure_agent_user(AGENT_USER)
+    agent = os.environ.get("SPRITE_BENCH_AGENT_USER") or f"sprite-b{os.getpid()}"  # its own: see tests/conftest.py
+    try:
+        pwd.getpwnam(agent)
+    except KeyError:
+        ensure_agent_user(agent)
+        atexit.register(remove_user, agent)
     async with MockBridge() as bridge, AsyncExitStack() as stack:
         tmp = Path(tempfile.mkdtemp(prefix="sprite-os-bench-", dir="/tmp"))
         stack.callback(shutil.rmtree, tmp, True)
@@ -215,7 +227,7 @@ async def isolation(turns: int) -> dict[str, Any]:
         (tmp / "home").mkdir()
         stack.enter_context(_environ(HOME=str(tmp / "home")))
         user = await stack.enter_async_context(running(make_settings(
-            tmp / "user", bridge.url, memory_batch_turns=100_000, isolation="user", agent_user=AGENT_USER)))
+            tmp / "user", bridge.url, memory_batch_turns=100_000, isolation="user", agent_user=agent)))
         none = await stack.enter_async_context(running(make_settings(
             tmp / "none", bridge.url, memory_batch_turns=100_000, isolation="none")))
         assert user.launch.mode == "user" and none.launch.mode == "none"

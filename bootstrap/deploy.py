@@ -50,7 +50,8 @@ from typing import Any
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
 CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write",  # what this script uses
-                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "apply_ownership", "ensure_sysctls", "Workspace")
+                  "AGENT_USER", "SYSCTLS", "ensure_agent_user", "AgentUserRefused", "apply_ownership",
+                  "ensure_sysctls", "Workspace")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
@@ -698,16 +699,30 @@ def prepare(p: Paths) -> None:
         path.mkdir(exist_ok=True)
 
 
-def isolate(p: Paths, contract: types.ModuleType, version: str) -> None:
-    """The agent's CLI runs as its own user (SPRITE_AGENT_USER, default sprite-agent): create it,
-    give the workspace the owners and modes that keep it out of .os/ (fixing those of an existing
-    Sprite), and make the kernel refuse hard links to files it can't write, now and at every boot.
-    Not root: nothing to do; the server then uses the CLI's sandbox (docs/security.md)."""
+def agent_user(contract: types.ModuleType, version: str) -> tuple[str, int, int, Path] | None:
+    """The agent's own user (SPRITE_AGENT_USER, default sprite-agent), created if missing: right
+    after staging, before anything is switched, so that a name that is a service's or a person's
+    (refused: the agent would get its files, and every start would kill its processes) changes
+    nothing. Not root: None (the server then uses the CLI's sandbox, docs/security.md)."""
     if os.geteuid() != 0:
+        return None
+    name = os.environ.get("SPRITE_AGENT_USER", "").strip() or contract.AGENT_USER
+    try:
+        uid, gid, home = contract.ensure_agent_user(name)
+    except contract.AgentUserRefused as exc:
+        raise DeployError(str(exc)) from None
+    step("agent-user", version, agent_user=name, uid=uid)
+    return name, uid, gid, home
+
+
+def isolate(p: Paths, contract: types.ModuleType, version: str, agent: tuple[str, int, int, Path] | None) -> None:
+    """The agent's CLI runs as its own user: give the workspace the owners and modes that keep it
+    out of .os/ (fixing those of an existing Sprite), and make the kernel refuse hard links to files
+    it can't write, now and at every boot. Not root: nothing to do."""
+    if agent is None:
         step("isolate", version, skipped="not-root")
         return
-    name = os.environ.get("SPRITE_AGENT_USER", "").strip() or contract.AGENT_USER
-    uid, gid, home = contract.ensure_agent_user(name)
+    name, uid, gid, home = agent
     step("isolate", version, agent_user=name, uid=uid)
     contract.apply_ownership(p.root, uid, gid, deep=True)
     changed = contract.ensure_sysctls()
@@ -743,6 +758,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         step("stage", version, previous=previous or "none")
         release, contract = stage_release(p, source, version, args.force)
         p.use(contract)
+        agent = agent_user(contract, version)
         # Judged by the staged release's rule, as its server will judge it: so after staging, not before.
         if args.token_file:
             install_token(p, Path(args.token_file), contract)
@@ -768,7 +784,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
 
         step("links", version)
         ensure_links(p, contract)
-        isolate(p, contract, version)
+        isolate(p, contract, version, agent)
 
         pid = server_pid(p)
         if pid is None or args.no_restart:

@@ -43,7 +43,11 @@ def lock_hash(lock: Path = LOCK) -> str:
 
 
 def base_env(**extra: str) -> dict[str, str]:
+    """The environment of a deploy or a deployed server: none of this one's settings, and, in a test
+    run, the agent's user the run made for its deploys (tests/conftest.py), never the default one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_", "PYTHONPATH"))}
+    if user := os.environ.get("SPRITE_TEST_DEPLOY_USER"):
+        env["SPRITE_AGENT_USER"] = user
     env.update(extra)
     return env
 

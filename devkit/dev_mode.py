@@ -5,11 +5,16 @@ Bridge's demo model and demo curator as its model proxy, unless ANTHROPIC_BASE_U
 
 Dev mode is the kit's, not the product's: the `sprite-os` command a Sprite runs never imports it.
 
-Settings come from the environment as for `serve`, with two defaults of its own so a
-newcomer sees memory work within a minute: the workspace is ./.workspace, and memory is
-curated every 3 turns (and, as always, when a session ends). The workspace is shaped like
-/workspace (`.os/` inside); the release's templates are installed into it as a deploy
-would, and its token is created on first run and printed, with how to talk to the server.
+Settings come from the environment as for `serve`, with defaults of its own so a newcomer
+sees memory work within a minute: the workspace is ./.workspace, and memory is curated every 3
+turns (and, as always, when a session ends). The workspace is shaped like /workspace (`.os/`
+inside); the release's templates are installed into it as a deploy would, and its token is
+created on first run and printed, with how to talk to the server.
+
+Its isolation is the CLI's sandbox where it can run, else none, whatever the host has: `user`
+isolation gives the workspace to the agent's user (root:<user>, 1770), which a checkout's folder
+should not undergo unasked, so dev mode takes it only from SPRITE_ISOLATION. The banner says
+which, why, and what it changed.
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sprite_os.commands.main import guarded, settings_from
 from sprite_os.config import Settings, resolve_token
 from sprite_os.errors import SpriteOSError
 from sprite_os.logs import configure_logging
 from sprite_os.memory.files import install_templates
+
+if TYPE_CHECKING:
+    from sprite_os.server import SpriteOS
 
 DEV_DEFAULTS = {"SPRITE_WORKSPACE": ".workspace", "SPRITE_MEMORY_BATCH_TURNS": "3"}
 TEMPLATES = Path(__file__).resolve().parents[1] / "bootstrap" / "templates"  # in a checkout
@@ -41,7 +50,32 @@ class DevExtraMissing(SpriteOSError):
 
 def dev_environment(env: Mapping[str, str]) -> dict[str, str]:
     """`env` over dev mode's defaults; an empty value counts as unset, as in `load_settings`."""
-    return {**DEV_DEFAULTS, **{name: value for name, value in env.items() if value.strip()}}
+    given = {name: value for name, value in env.items() if value.strip()}
+    if "SPRITE_ISOLATION" not in given:
+        given["SPRITE_ISOLATION"] = dev_isolation()
+    return {**DEV_DEFAULTS, **given}
+
+
+def dev_isolation() -> str:
+    """Dev mode's own choice: the CLI's sandbox where it can run, else none; never `user` unasked."""
+    from sprite_os.isolation.probe import sandbox_problem
+
+    return "sandbox" if sandbox_problem() is None else "none"
+
+
+def isolation_line(app: SpriteOS, asked: str | None) -> str:
+    """The banner's word on isolation: the mode, why, and what it did to the workspace."""
+    iso, ws = app.launch.isolation, app.settings.workspace
+    if iso.mode == "user" and iso.agent_user is not None:
+        return (f"user ({iso.reason}): {ws} is now root:{iso.agent_user.name}, mode 1770, and its folders "
+                f"the agent's, so the kernel keeps it out of .os/")
+    if iso.mode == "sandbox":
+        why = iso.reason if asked else "dev mode's choice, which changes no owner in the workspace"
+        return f"sandbox ({why}): the CLI's bubblewrap sandbox; SPRITE_ISOLATION=user (as root) runs it as its own user"
+    from sprite_os.isolation.probe import sandbox_problem
+
+    why = iso.reason if asked else f"the CLI's sandbox cannot run: {sandbox_problem()}"
+    return f"none -- NOT ISOLATED ({why}): the agent's commands can change .os/"
 
 
 def require_dev_extra() -> None:
@@ -89,7 +123,8 @@ async def _serve(settings: Settings, token: str) -> int:
 
     async def announce() -> None:
         await ready.wait()
-        print(banner(settings, app.port, token, bridge.url if bridge else None), flush=True)
+        asked = os.environ.get("SPRITE_ISOLATION", "").strip() or None
+        print(banner(settings, app.port, token, bridge.url if bridge else None, isolation_line(app, asked)), flush=True)
 
     announcing = asyncio.create_task(announce())
     try:
@@ -101,7 +136,7 @@ async def _serve(settings: Settings, token: str) -> int:
     return 0
 
 
-def banner(settings: Settings, port: int, token: str, mock_url: str | None) -> str:
+def banner(settings: Settings, port: int, token: str, mock_url: str | None, isolation: str = "") -> str:
     """What `make run` prints once the server listens: where, the token, and how to talk to it."""
     url = f"ws://{settings.host}:{port}"
     script = Path(sys.executable).with_name("sprite-os")
@@ -115,6 +150,7 @@ Sprite OS (dev mode) is serving on {url}
   token      {token}
   model      {model}
   memory     curated every {settings.memory_batch_turns} turns and when a session ends
+  isolation  {isolation or settings.isolation}
   health     curl http://{settings.host}:{port}/healthz
   talk       SPRITE_WORKSPACE={shlex.quote(str(settings.workspace))} {command} chat --url {url}
 

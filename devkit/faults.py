@@ -92,7 +92,7 @@ def fuse_refusal() -> str | None:
     try:
         import pyfuse3  # noqa: F401
     except ImportError:
-        return "pyfuse3 is not installed (the dev extra; it builds against libfuse3-dev)"
+        return "pyfuse3 is not installed (the test extra; it builds against libfuse3-dev)"
     return None
 
 

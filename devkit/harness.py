@@ -24,11 +24,17 @@ TOKEN = "test-token-0123456789abcdef"
 FRAME_TIMEOUT = 30.0
 
 
+TEST_RATE = 100_000  # the agent's model calls a minute, in tests (see make_settings)
+
+
 def make_settings(workspace: Path, base_url: str, **overrides: Any) -> Settings:
     # isolation "none" unless asked: a test's workspace under pytest's tmp_path (0700) can't be reached by the
     # agent's user; tests of the isolation itself use tests/conftest.py's agent_* fixtures.
+    # A zero-latency model answers far faster than the agent's default rate (60 calls a minute) allows:
+    # tests of the rate set their own.
     values: dict[str, Any] = dict(workspace=workspace, host="127.0.0.1", port=0, token=TOKEN,
-                                  anthropic_base_url=base_url, precompact_budget=15.0, isolation="none")
+                                  anthropic_base_url=base_url, precompact_budget=15.0, isolation="none",
+                                  agent_requests_per_minute=TEST_RATE)
     values.update(overrides)
     return Settings(**values)
 

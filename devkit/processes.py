@@ -14,7 +14,7 @@ from pathlib import Path
 from sprite_os import procfs
 from sprite_os.errors import SpriteOSError
 
-from .harness import TOKEN
+from .harness import TEST_RATE, TOKEN
 
 
 class ServerDied(SpriteOSError):
@@ -86,7 +86,7 @@ class ServerProcess:
         self.new_session = new_session
         self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
                     "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
-                    "SPRITE_ISOLATION": "none", **env}
+                    "SPRITE_ISOLATION": "none", "SPRITE_AGENT_REQUESTS_PER_MINUTE": str(TEST_RATE), **env}
         self.log = workspace.parent / f"server-{self.port}.log"
         self.proc: asyncio.subprocess.Process | None = None
 

@@ -14,8 +14,8 @@ JITTER = 0.2  # +-20 %: many Sprites must not retry in lockstep
 
 @dataclass(frozen=True)
 class Backoff:
-    first: float = 2.0
-    max: float = 300.0
+    first: float  # each user says its own: a disk, a proxy and an agent's start differ
+    max: float
     jitter: float = JITTER
 
     def delay(self, failures: int, rand: float) -> float:

@@ -28,6 +28,15 @@ DEFAULT_BATCH_TOKENS = 60_000  # one curator call's estimated input, at most (me
 Requested = Literal["auto", "user", "sandbox", "none"]
 REQUESTS: tuple[str, ...] = get_args(Requested)
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The bundled CLI's own default (2.1.329), named here so that the relay's allow-list knows the model.
+DEFAULT_AGENT_MODEL = "claude-opus-5-5"
+# The agent's budget (agent/budget.py), enforced by the relay on every call the agent makes.
+DEFAULT_AGENT_DAILY_USD = 10.0
+DEFAULT_AGENT_MAX_TOKENS = 32_000  # ~128 KB of reply: a long file written in one go (the CLI's own default is 128,000)
+DEFAULT_AGENT_PER_MINUTE = 60
+# The agent's processes and threads at once, in user isolation (isolation/resources.py): the CLI runs
+# ~20 threads; a build or a test run may want hundreds.
+DEFAULT_MAX_PROCESSES = 512
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,11 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()  # web pages, besides the console's own, that may connect
     anthropic_base_url: str | None = None
     anthropic_api_key: str | None = None
-    agent_model: str | None = None
+    agent_model: str = DEFAULT_AGENT_MODEL
+    extra_agent_models: tuple[str, ...] = ()  # more models the agent's calls may name (the relay refuses others)
+    agent_daily_budget_usd: float = DEFAULT_AGENT_DAILY_USD  # the agent's model spending per UTC day
+    agent_max_tokens: int = DEFAULT_AGENT_MAX_TOKENS  # the longest reply one agent call may ask for
+    agent_requests_per_minute: int = DEFAULT_AGENT_PER_MINUTE  # agent calls to the model in any minute
     memory_model: str = DEFAULT_MEMORY_MODEL
     memory_batch_turns: int = 25
     memory_daily_budget_usd: float = DEFAULT_DAILY_USD  # curator spending per UTC day
@@ -55,6 +68,8 @@ class Settings:
     log_file: Path | None = None
     isolation: str = "auto"  # how the agent's CLI is kept out of .os/ (isolation/policy.py): auto, user, sandbox, none
     agent_user: str = AGENT_USER  # the user the CLI runs as in `user` isolation
+    agent_max_processes: int = DEFAULT_MAX_PROCESSES  # the agent's processes and threads at once (user isolation)
+    agent_memory_max: int | None = None  # bytes the agent's processes may hold; None: all but the server's reserve
 
     @property
     def layout(self) -> Layout:
@@ -64,6 +79,11 @@ class Settings:
         """Apply command-line flags; None means "not given"."""
         given = {k: v for k, v in overrides.items() if v is not None}
         return _validated(replace(self, **given))
+
+    def agent_models(self) -> frozenset[str]:
+        """The models the agent's calls may name: its own, the small one the CLI uses for side jobs
+        (the memory model), and the person's additions (SPRITE_AGENT_MODELS)."""
+        return frozenset({self.agent_model, self.memory_model, *self.extra_agent_models})
 
     def model_env(self) -> dict[str, str]:
         """What the curator needs to reach Bridge's model proxy. The agent's CLI never gets it: it
@@ -134,6 +154,25 @@ def _path(_name: str, raw: str) -> Path:
     return Path(raw).expanduser()
 
 
+_SIZES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(name: str, raw: str) -> int:
+    text = raw.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _SIZES else ""
+    try:
+        value = float(text[:-1] if unit else text) * _SIZES[unit]
+    except ValueError:
+        raise ConfigError(f"{name} must be a size like 4G, 512M or a number of bytes, got {raw!r}") from None
+    if not math.isfinite(value) or value < 64 * _SIZES["M"]:
+        raise ConfigError(f"{name} must be at least 64M (the CLI alone needs more), got {raw}")
+    return int(value)
+
+
+def _names(_name: str, raw: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(item.strip() for item in raw.split(",") if item.strip()))
+
+
 def normalize_origin(value: str) -> str | None:
     """`scheme://host:port` in lowercase with the port always written, or None if `value` is
     not an http(s) origin (a path, query, user or the literal `null` make it not one)."""
@@ -172,6 +211,10 @@ _ENV: dict[str, tuple[str, Any]] = {
     "ANTHROPIC_BASE_URL": ("anthropic_base_url", _text),
     "ANTHROPIC_API_KEY": ("anthropic_api_key", _text),
     "SPRITE_AGENT_MODEL": ("agent_model", _text),
+    "SPRITE_AGENT_MODELS": ("extra_agent_models", _names),
+    "SPRITE_AGENT_DAILY_BUDGET_USD": ("agent_daily_budget_usd", _usd),
+    "SPRITE_AGENT_MAX_TOKENS": ("agent_max_tokens", _positive_int),
+    "SPRITE_AGENT_REQUESTS_PER_MINUTE": ("agent_requests_per_minute", _positive_int),
     "SPRITE_MEMORY_MODEL": ("memory_model", _text),
     "SPRITE_MEMORY_BATCH_TURNS": ("memory_batch_turns", _positive_int),
     "SPRITE_MEMORY_DAILY_BUDGET_USD": ("memory_daily_budget_usd", _usd),
@@ -187,6 +230,8 @@ _ENV: dict[str, tuple[str, Any]] = {
     "SPRITE_LOG_FILE": ("log_file", _path),
     "SPRITE_ISOLATION": ("isolation", _text),
     "SPRITE_AGENT_USER": ("agent_user", _text),
+    "SPRITE_AGENT_MAX_PROCESSES": ("agent_max_processes", _positive_int),
+    "SPRITE_AGENT_MEMORY_MAX": ("agent_memory_max", _size),
 }
 
 ENV_VARS = tuple(_ENV)

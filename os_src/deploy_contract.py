@@ -158,6 +158,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
 # ---------------------------------------------------------------- owners and modes (user isolation)
 
 AGENT_USER = "sprite-agent"  # the agent's Unix user, unless SPRITE_AGENT_USER names another
+AGENT_MARK = "Sprite OS agent"  # the comment (GECOS) of a user made for the agent: no other user is one
 
 
 def _own(path: Path, uid: int, gid: int, mode: int | None = None) -> None:
@@ -276,9 +277,32 @@ def ensure_sysctls() -> list[str]:
     return changed
 
 
+class AgentUserRefused(ValueError):
+    """A user of that name exists and is not the agent's own: using it would give the agent its files
+    and groups, and every start would kill its processes."""
+
+
+NOLOGINS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
+
+
+def is_agent_user(gecos: str) -> bool:
+    return gecos.split(",", 1)[0] == AGENT_MARK
+
+
+def made_by_an_earlier_release(name: str, home: str, shell: str, uid: int, gecos: str) -> bool:
+    """An unmarked user with exactly the shape releases before the mark gave the agent's: the default
+    name, home /var/lib/<name>, no login shell, no comment. Anything else may be anyone's."""
+    return name == AGENT_USER and home == f"/var/lib/{name}" and shell in NOLOGINS and uid != 0 and not gecos
+
+
 def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
-    """Create the agent's user if missing (a system user, no login shell, a home of its own for the
-    CLI's state, outside the workspace): (uid, gid, home). Idempotent. Root only."""
+    """Create the agent's user if missing (a system user, no login shell, marked AGENT_MARK, and an
+    empty home outside the workspace: the mount point of each session's fresh one, isolation/launch.py):
+    (uid, gid, home). Idempotent. Root only.
+
+    A user of that name that is not marked is refused (AgentUserRefused): it may be a service's
+    (postgres, nobody) or a person's. One exception: the default name with exactly the shape an
+    earlier release gave its agent's user (home /var/lib/<name>, no login shell), which is marked."""
     import pwd
     import shutil
     import subprocess
@@ -286,13 +310,21 @@ def ensure_agent_user(name: str = AGENT_USER) -> tuple[int, int, Path]:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        nologin = next((s for s in ("/usr/sbin/nologin", "/sbin/nologin") if os.path.exists(s)), "/bin/false")
+        nologin = next((s for s in NOLOGINS[:2] if os.path.exists(s)), "/bin/false")
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         run = subprocess.run([useradd, "--system", "--user-group", "--shell", nologin, "--home-dir",
-                              f"/var/lib/{name}", "--create-home", name], capture_output=True, text=True, check=False)
+                              f"/var/lib/{name}", "--no-create-home", "--comment", AGENT_MARK, name],
+                             capture_output=True, text=True, check=False)
         if run.returncode not in (0, 9):  # 9: it exists (made meanwhile by another process)
             raise OSError(f"useradd {name} failed: {run.stderr.strip()[:300]}") from None
         entry = pwd.getpwnam(name)
+    if not is_agent_user(entry.pw_gecos):
+        if not made_by_an_earlier_release(name, entry.pw_dir, entry.pw_shell, entry.pw_uid, entry.pw_gecos):
+            raise AgentUserRefused(
+                f"the user {name!r} exists and was not made for the agent (its comment is not {AGENT_MARK!r}): "
+                "it may be a service's or a person's; set SPRITE_AGENT_USER to a new name and the deploy creates it")
+        usermod = shutil.which("usermod") or "/usr/sbin/usermod"
+        subprocess.run([usermod, "--comment", AGENT_MARK, name], capture_output=True, check=True)
     home = Path(entry.pw_dir)
     home.mkdir(parents=True, exist_ok=True)
     os.chown(home, entry.pw_uid, entry.pw_gid)

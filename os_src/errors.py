@@ -7,7 +7,7 @@ run (fix what the message names and run it again), 1 when it ran and failed.
 Standard library only.
 
 Two subclasses live with their types: `protocol.FrameError`, whose `code` is a
-`protocol.ErrorCode`, and `protocol_memory.RequestFailed`, the same for memory requests.
+`protocol.ErrorCode`, and `console.memory_frames.RequestFailed`, the same for memory requests.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class WriterLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise LockHeld(f"another process is curating this workspace's memory (lock: {self.path})") from None
+            raise LockHeld(f"another process holds this workspace (a running server, or a memory command): lock {self.path}") from None
         self._fd = fd
 
     def release(self) -> None:

@@ -5,7 +5,7 @@ Two kinds of figures, from one registry of this server's own (never the library'
 - what happens, counted as it happens: every frame the runtime publishes passes `observe` (turns
   by status and their latency, error frames by code, the model proxy's retries);
 - what is, read at each scrape from the same snapshot /healthz reports (`render(body)`): the agent's
-  state, capture's queue and spill, turns pending curation, the curator's calls, failures and
+  state, its spending today and its cap (the relay's), capture's queue and spill, turns pending curation, the curator's calls, failures and
   cost (memory.db's books), the recall index's backlog.
 """
 
@@ -89,6 +89,16 @@ def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("sprite_agent_failed", "1 while the agent cannot start (/healthz says why).", 1 if failure else 0)
     yield _gauge("sprite_agent_failed_starts", "Failed starts of the agent in a row.", failure.get("failed_starts", 0))
     yield _gauge("sprite_agent_queued_messages", "Messages waiting for the agent.", agent["queued_messages"])
+    if (budget := agent.get("budget")) is not None:
+        yield _gauge("sprite_agent_spent_today_usd", "The agent's model spending today (UTC), as the relay counts it.",
+                     budget["spent_today_usd"])
+        yield _gauge("sprite_agent_daily_budget_usd", "The agent's daily spend cap (SPRITE_AGENT_DAILY_BUDGET_USD).",
+                     budget["daily_usd"])
+        refused = GaugeMetricFamily("sprite_agent_refused_calls_today",
+                                    "The agent's model calls the relay refused today, by reason.", labels=["reason"])
+        for reason, count in sorted(budget["refused_today"].items()):
+            refused.add_metric([reason], count)
+        yield refused
 
 
 def _memory(memory: dict[str, Any]) -> Iterator[Metric]:

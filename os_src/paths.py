@@ -36,7 +36,8 @@ class Layout(Workspace):
 
     @property
     def memory_lock(self) -> Path:
-        """Held by the one process that may write memory (the server, or `memory rebuild`)."""
+        """Held by the one process that may write the workspace: a server from before its first change
+        (the lock comes first), or `memory rebuild`, `memory import`, `migrate-v1`."""
         return self.memory_dir / ".writer.lock"
 
     def user_dirs(self) -> list[Path]:

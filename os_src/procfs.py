@@ -57,6 +57,14 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
+def exe(pid: int) -> str:
+    """The program the process runs (its path); "" if it is gone or not ours to see."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
 def uid(pid: int) -> int | None:
     """The owner of /proc/<pid> (the process's effective uid, as the kernel shows it), or None."""
     try:

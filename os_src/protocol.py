@@ -85,6 +85,7 @@ ErrorCode = Literal[
     "nothing_to_interrupt",  # interrupt while the agent is idle
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
+    "agent_limit",  # the Sprite refused the agent's call: its daily budget, a model or size it may not use
     "not_saved",  # the turn is over but could not be saved to disk yet (sent before its turn_complete)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
@@ -295,6 +296,8 @@ def decode_client_frame(data: str | bytes) -> AnyClientFrame:
         return _raise("invalid_json", f"frame is not valid JSON: {exc}")
     except UnicodeDecodeError:
         return _raise("invalid_json", "frame is not valid UTF-8")
+    except RecursionError:  # msgspec recurses into what it skips: a value nested 100,000 deep
+        return _raise("invalid_frame", "frame is nested too deeply")
 
 
 def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
@@ -305,7 +308,7 @@ def request_id_of(data: str | bytes) -> str | None:
     """The `request_id` of a frame that failed validation, if it has a readable one."""
     try:
         return msgspec.json.decode(data, type=RequestIdOnly).request_id
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
 
 

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
 from claude_agent_sdk import (
     ClaudeAgentOptions,
     ClaudeSDKClient,
@@ -81,6 +82,8 @@ NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is fai
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
+# Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
+RetryReason = Callable[[], str | None]
 # The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
 ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
 
@@ -112,11 +115,13 @@ class AgentRuntime:
         memory: AgentMemory | None = None,
         client_factory: ClientFactory = ClaudeSDKClient,
         launch: AgentLaunch | None = None,
+        retry_reason: RetryReason | None = None,
         tool_servers: ToolServers | None = None,
     ) -> None:
         self._settings = settings
         self._tool_servers = tool_servers
         self._model_env = model_env
+        self._retry_reason = retry_reason
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
         self._canvas = canvas_store
@@ -350,7 +355,11 @@ class AgentRuntime:
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
-        for frame in frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted):
+        out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
+        if out and isinstance(out[0], p.ModelRetry) and out[0].error_status == 429 and self._retry_reason:
+            if reason := self._retry_reason():  # the Sprite's own rate, not the proxy's: say so
+                out = [msgspec.structs.replace(out[0], error=reason[:frames.ERROR_DETAIL_CHARS])]
+        for frame in out:
             self._publish(frame)
         if isinstance(message, SystemMessage) and message.subtype == "compact_boundary":
             log.info("context_compacted", session_id=self.session_id,
@@ -458,7 +467,7 @@ class AgentRuntime:
             hooks=hooks,
             include_partial_messages=True,
             model=self._settings.agent_model,
-            env={**cli_environment(os.environ, self._model_env()), **self._launch.env()},
+            env={**cli_environment(os.environ, {**self._model_env(), **self._side_models()}), **self._launch.env()},
             cli_path=self._launch.cli_path(),
             settings=self._launch.settings(),
             # The CLI keeps no transcript of its own (~/.claude/projects): memory keeps the record.
@@ -466,6 +475,12 @@ class AgentRuntime:
             stderr=_log_cli_stderr,
             max_buffer_size=MAX_CLI_MESSAGE_BYTES,
         )
+
+    def _side_models(self) -> dict[str, str]:
+        """The small model the CLI uses for side jobs (WebFetch's summaries), named, so the relay's
+        allow-list (Settings.agent_limits) lets it through: the memory model, a small one."""
+        small = self._settings.memory_model
+        return {"ANTHROPIC_SMALL_FAST_MODEL": small, "ANTHROPIC_DEFAULT_HAIKU_MODEL": small}
 
     async def _disconnect(self) -> None:
         cli, self._cli = self._cli, None

@@ -37,8 +37,10 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from . import __version__
+from .agent.budget import AgentLimits
 from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
+from .agent.spend_book import SPEND_FILE, SpendBook
 from .config import Settings, describe, resolve_token
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
@@ -47,7 +49,7 @@ from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .fsutil import WriterLock
 from .gateway import Gateway
-from .isolation.launch import AgentLaunch
+from .isolation.launch import AgentLaunch, Resources
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
@@ -95,13 +97,17 @@ class SpriteOS:
         # The workspace's one server: taken first at start, so a refused start changes nothing.
         self.lock = WriterLock(layout.memory_lock)
         self.memory = MemorySystem(settings, self.lock) if memory else None
-        # The agent's CLI reaches the model through it: the proxy's key stays in this process.
-        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key)
-        self.launch = AgentLaunch(layout)
+        # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
+        # the agent's budget is enforced there, on every call the agent can make.
+        self.spend = SpendBook(AgentLimits.of(settings), layout.state_dir / SPEND_FILE)
+        self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key, book=self.spend)
+        self.launch = AgentLaunch(layout, resources=Resources(settings.agent_max_processes, settings.agent_memory_max))
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
                                     model_env=self.relay.cli_env, launch=self.launch,
+                                    retry_reason=self.spend.retry_reason,
                                     tool_servers=self._memory_tools if self.memory is not None else None)
-        memory_requests = MemoryConsole(self.memory).handle if self.memory is not None else None
+        memory_requests = (MemoryConsole(self.memory, agent_spend=self.spend.report).handle
+                           if self.memory is not None else None)
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
@@ -174,6 +180,7 @@ class SpriteOS:
             self._server.close(close_connections=False)
         steps: list[Callable[[], Awaitable[None]]] = [
             functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
+            functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
             self.gateway.close_all, self._closed, self._stop_memory]
         for step in steps:
@@ -195,7 +202,7 @@ class SpriteOS:
     def _agent(self) -> dict[str, Any]:
         rt = self.runtime
         return {"state": rt.state, "session_id": rt.session_id, "cli_running": rt.cli_running,
-                "queued_messages": rt.queued, "failure": rt.health.report()}
+                "queued_messages": rt.queued, "failure": rt.health.report(), "budget": self.spend.report()}
 
     async def health(self, counts: bool = True) -> dict[str, Any]:
         """What /healthz shows with the token: counts and states, never user content or secrets. The
@@ -207,12 +214,19 @@ class SpriteOS:
             "agent": self._agent(),
             "clients": len(self.gateway.connections),
             "isolation": self.launch.mode,  # how the agent is kept out of .os/: user, sandbox or none
+            "isolation_reason": self.launch.isolation.reason,
+            "limits": self.launch.limits,  # what holds the agent's processes to their share, and by what
         }
         if self.memory is not None:
             body["memory"] = await self.memory.health() if counts else self.memory.status()
         return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if request.method != "GET":  # the console, /healthz and the upgrade all serve GET, nothing else
+            response = http_response(conn, HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n",
+                                     "text/plain; charset=utf-8")
+            response.headers["Allow"] = "GET"
+            return response
         if request.path.split("?", 1)[0] == "/healthz":
             # Without the token, only the status: nothing that helps anyone who may reach the port.
             if self._authorized(request):

@@ -11,6 +11,7 @@ console's figures) reckons text before a model has seen it.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 # English prose; denser text (code, tables, other languages) costs more tokens, and what a proxy
@@ -66,3 +67,13 @@ def safe_text(text: str) -> str:
 
 def _replacement(match: re.Match[str]) -> str:
     return "\ufffd" if match.group() >= "\ud800" else ""
+
+
+def utc(ts: float, fmt: str) -> str:
+    """Epoch seconds as UTC text in `fmt`, or "?" for a time no calendar holds: a row written before
+    timestamps were checked (1e17 fails gmtime with EOVERFLOW, 1e30 with OverflowError, NaN with
+    ValueError) must not stop search, the daemon or the boot prompt."""
+    try:
+        return time.strftime(fmt, time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "?"

@@ -29,6 +29,7 @@ from devkit.harness import (
     running,
     wait_for,
 )
+from devkit.host import HostLedger
 from devkit.mock_bridge import MockBridge
 from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_alive
 from sprite_os.config import Settings
@@ -114,13 +115,26 @@ async def client(server: SpriteOS) -> AsyncIterator[Connect]:
 # ---------------------------------------------------------------- the agent as its own user
 # CI runs as root on a fresh machine: these create the agent's user (as bootstrap/deploy.py does) and
 # a workspace the agent's user can reach. Without root they skip, saying why.
+#
+# The run's users are its own (a start on a deployed workspace kills every process of its agent's
+# user: two checkouts testing at once must not share one), and go at its end with whatever else it
+# changed on the host (devkit/host.py). SPRITE_TEST_AGENT_USER names the agent's user instead.
 
-AGENT_USER = os.environ.get("SPRITE_TEST_AGENT_USER", "sprite-agent")
+AGENT_USER = os.environ.get("SPRITE_TEST_AGENT_USER") or f"sprite-t{os.getpid()}"
+DEPLOY_USER = f"{AGENT_USER[:30]}-d"  # the deploy tests' (devkit.deploy_support.base_env passes it)
+os.environ["SPRITE_TEST_DEPLOY_USER"] = DEPLOY_USER
 AGENT_TESTS_ROOT = Path("/tmp/sprite-os-agent-tests")  # pytest's tmp_path is under a 0700 directory
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host() -> Iterator[HostLedger]:
+    """The host as this run found it, put back at its end: users, kernel settings, CLI copies."""
+    with HostLedger((AGENT_USER, DEPLOY_USER)) as ledger:
+        yield ledger
+
+
 @pytest.fixture(scope="session")
-def agent_user() -> AgentUser:
+def agent_user(host: HostLedger) -> AgentUser:
     """The agent's Unix user, created if missing (idempotent). Skips when the tests are not root."""
     if os.geteuid() != 0:
         pytest.skip("running the agent as its own user needs root (CI runs the suite as root)")

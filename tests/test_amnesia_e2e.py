@@ -76,7 +76,7 @@ async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path:
 async def test_correction_a_fact_corrected_midway_is_recalled_right_after_50_turns(
         bridge: MockBridge, settings: Settings) -> None:
     """Correction: a fact, 50+ turns with a correction in between, then the question in a fresh
-    session. The curator is scripted as the seed's rules ask: the correction is a CORRECTION
+    session. The curator is scripted as the design's rules ask: the correction is a CORRECTION
     learning and rewrites user.md."""
     settings = settings.with_overrides(memory_batch_turns=10)
 

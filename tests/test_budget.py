@@ -13,11 +13,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.mock_bridge import MockBridge
+from sprite_os import spending as pricing
 from sprite_os.config import DEFAULT_BATCH_TOKENS, DEFAULT_MEMORY_MODEL
+from sprite_os.dates import DAY
 from sprite_os.errors import BudgetSpent
 from sprite_os.memory.curation import daemon as daemon_module
-from sprite_os.memory.curation import pricing
-from sprite_os.memory.curation.budget import DAY, BudgetRecord, DailyBudget, day_start
+from sprite_os.memory.curation.budget import BudgetRecord
 from sprite_os.memory.curation.curator import (
     BATCH_CHARS,
     FIXED_MAX_CHARS,
@@ -31,11 +32,11 @@ from sprite_os.memory.curation.curator import (
     turn_chars,
 )
 from sprite_os.memory.curation.daemon import MemoryDaemon
-from sprite_os.memory.curation.pricing import MOST_EXPENSIVE, cost_usd
 from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
 from sprite_os.memory.transcript_store import NewObservation, Observation
+from sprite_os.spending import MOST_EXPENSIVE, DailyBudget, cost_usd, day_start
 from sprite_os.text import estimate_tokens
 from tests.conftest import make_settings, wait_for
 from tests.test_processor import Kit
@@ -117,7 +118,7 @@ def test_an_unknown_model_is_priced_as_the_most_expensive_known_one_and_logged_o
     with capture_logs() as logs:
         assert pricing.prices("some-proxy-alias") == MOST_EXPENSIVE
         assert cost_usd("some-proxy-alias", 1_000_000, 1_000_000) == 90.0
-    assert [x["event"] for x in logs] == ["memory_model_unpriced"]
+    assert [x["event"] for x in logs] == ["model_unpriced"]
     assert logs[0]["model"] == "some-proxy-alias" and logs[0]["log_level"] == "warning"
 
 

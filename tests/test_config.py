@@ -15,7 +15,7 @@ from sprite_os.memory.curation.curator import MIN_BATCH_TOKENS
 def test_defaults_and_environment(tmp_path: Path) -> None:
     defaults = load_settings({})
     assert (defaults.port, defaults.workspace, defaults.host) == (8765, Path("/workspace"), "127.0.0.1")
-    # The seed's batch of about 25 turns, curated by a small Haiku model.
+    # The design's batch of about 25 turns, curated by a small Haiku model.
     assert defaults.memory_batch_turns == 25 and defaults.memory_model.startswith("claude-haiku")
     s = load_settings({"SPRITE_WORKSPACE": str(tmp_path), "SPRITE_OS_PORT": "9001", "SPRITE_MEMORY_BATCH_TURNS": "5",
                        "ANTHROPIC_BASE_URL": "http://bridge:8080", "SPRITE_LOG_FORMAT": "json"})

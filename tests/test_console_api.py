@@ -278,6 +278,29 @@ async def test_health_counts_today_apart_from_all_time(console: MemoryConsole, s
     assert h.observations == {"pending": 2, "processed": 0, "stale": 0, "total": 2}
     assert (h.learnings, h.forgotten, h.pending_actions, h.failing, h.running) == (3, 0, 1, False, False)
     assert h.last_batch is not None and (h.last_batch.status, h.last_batch.error) == ("failed", "proxy down")
+    await system.recall.start()  # how far search has caught up, as the health view shows it
+    try:
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 20)
+        await asyncio.wait_for(system.recall.indexer.embedded_all.wait(), 60)
+        again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    finally:
+        await system.recall.stop()
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.recall is not None
+    r = again.health.recall
+    assert (r.turns, r.waiting_for_index, r.embedded, r.waiting_for_vectors, r.importing) == (2, 0, 2, 0, None)
+
+
+async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:
+    spend = {"daily_usd": 10.0, "spent_today_usd": 1.25, "in_flight_usd": 0.5, "calls_today": 7,
+             "refused_today": {"budget": 1}, "resets_at": day_start(NOW) + 86_400, "models": ["m"],
+             "max_tokens": 32_000, "requests_per_minute": 60}
+    reply = await ask(MemoryConsole(system, clock=lambda: NOW, agent_spend=lambda: spend),
+                      pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.agent is not None
+    agent = reply.health.agent
+    assert (agent.daily_usd, agent.spent_today_usd, agent.calls_today, agent.refused_today) == (10.0, 1.25, 7, {"budget": 1})
+    alone = await ask(MemoryConsole(system, clock=lambda: NOW), pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(alone, pm.MemoryHealthResult) and alone.health.agent is None
 
 
 def test_today_starts_at_midnight_utc() -> None:

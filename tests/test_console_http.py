@@ -46,6 +46,19 @@ async def get(port: int, path: str, **headers: str) -> tuple[int, dict[str, str]
     return await asyncio.to_thread(_get, port, path, headers)
 
 
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "BREW"])
+@pytest.mark.parametrize("path", ["/", "/console/js/app.js", "/console/auth", "/healthz", "/nope"])
+async def test_the_http_endpoints_answer_get_only(app: SpriteOS, method: str, path: str) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+    answer = await asyncio.wait_for(reader.read(4096), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 405 "), answer[:100]
+    assert b"\r\nAllow: GET\r\n" in answer
+    status, _, _ = await get(app.port, path)  # and GET still works
+    assert status in (200, 401, 404)
+
+
 async def test_the_page_is_served_with_a_strict_policy_and_no_token(app: SpriteOS) -> None:
     for path in ("/", "/console", "/console/"):
         status, headers, body = await get(app.port, path)

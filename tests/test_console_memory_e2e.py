@@ -102,6 +102,7 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         await expect(tab.by("memory-state")).to_contain_text("healthy")
         await expect(tab.by("memory-last-batch")).to_contain_text("done")
         await expect(tab.by("memory-audit")).to_contain_text("unforget")
+        await expect(tab.by("agent-spend")).to_contain_text(f"of ${settings.agent_daily_budget_usd:.4f}")
         await screenshot(tab, shots, "memory-health-light")
         await tab.memory("boot")
         await expect(tab.by("boot-prompt")).to_contain_text("- Name: Ada Lovelace")

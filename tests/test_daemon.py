@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from devkit.harness import wait_for
 from devkit.mock_bridge import Fault, RecordedRequest
+from sprite_os.backoff import Backoff
 from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.curation.curator import SYSTEM, fixed_chars
 from sprite_os.memory.curation.daemon import MemoryDaemon
@@ -20,7 +21,6 @@ from sprite_os.memory.curation.retry import (
     FAILING_KEY,
     STALE_MIN_FAILURES,
     UNUSABLE_LIMIT,
-    Backoff,
     Probe,
     Verdict,
 )

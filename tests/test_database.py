@@ -9,7 +9,7 @@ import pytest
 from sprite_os.db_worker import Worker
 from sprite_os.memory.memory_store import MemoryDB, NewLearning, content_key
 from sprite_os.memory.recall.learnings import search_learnings
-from sprite_os.memory.schema import PENDING, PROCESSED, STALE
+from sprite_os.memory.schema import MEMORY_SCHEMA, PENDING, PROCESSED, STALE
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
 
@@ -20,7 +20,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 1 and m.schema_version == 4
+    assert t.schema_version == 2 and m.schema_version == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000

@@ -90,7 +90,9 @@ def sprite_os(workspace: Path, *args: str, env: dict[str, str] | None = None,
 
 @pytest.fixture
 def service_env() -> Iterator[dict[str, str]]:
-    yield base_env(SPRITE_OS_PORT=str(free_port()), ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    # The workspace is under pytest's tmp (0700), where the agent's user cannot reach: a deployed
+    # Sprite would refuse to start rather than run weaker in silence, so the weaker mode is named.
+    yield base_env(SPRITE_OS_PORT=str(free_port()), ANTHROPIC_BASE_URL="http://127.0.0.1:9", SPRITE_ISOLATION="sandbox")
 
 
 def stop_and_check(workspace: Path, env: dict[str, str]) -> None:
@@ -110,8 +112,9 @@ def stop_and_check(workspace: Path, env: dict[str, str]) -> None:
 def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     ws, out = venv.first_workspace, venv.first_output
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("deploy: step=")]
-    assert steps == [f"step={s}" for s in ("stage", "venv", "migrate", "templates", "switch", "links", "isolate",
-                                                 "restart", "gc")]
+    made_user = ("agent-user",) if os.geteuid() == 0 else ()  # as root: before anything switches
+    assert steps == [f"step={s}" for s in ("stage", *made_user, "venv", "migrate", "templates", "switch", "links",
+                                                 "isolate", "restart", "gc")]
     h = lock_hash()
     assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
     log = (ws / ".os" / "logs" / "deploy.log").read_text().splitlines()
@@ -132,7 +135,7 @@ def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     if os.geteuid() == 0:  # the agent's user exists and owns user space; .os/ and the root are root's
         import pwd
 
-        agent = pwd.getpwnam("sprite-agent")
+        agent = pwd.getpwnam(base_env()["SPRITE_AGENT_USER"])  # the run's own (tests/conftest.py)
         assert (ws.stat().st_uid, ws.stat().st_gid, ws.stat().st_mode & 0o7777) == (0, agent.pw_gid, 0o1770)
         assert (ws / "documents").stat().st_uid == agent.pw_uid
         assert all(p.lstat().st_uid == 0 for p in (osd / "memory").rglob("*"))
@@ -456,6 +459,18 @@ def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     assert list(ws.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the agent's user is made by a deploy as root")
+@pytest.mark.parametrize("user", ["nobody", "root", "daemon"])
+def test_a_service_or_a_persons_user_is_refused_before_anything_switches(tmp_path: Path, user: str) -> None:
+    """Named the agent's user, a service's user would lend the agent its files and groups, and each
+    start would kill its processes: refused right after staging, with the previous state serving."""
+    ws = tmp_path / "ws"
+    done = run_deploy(ws, "--from-checkout", str(REPO), env=base_env(SPRITE_AGENT_USER=user))
+    assert done.returncode == 1
+    assert f"the user {user!r} exists and was not made for the agent" in done.stderr, done.stderr
+    assert not (ws / ".os" / "current").exists() and not list((ws / ".os" / "venvs").iterdir())  # no switch, no venv
+
+
 def test_a_restart_never_passes_a_stale_token_from_the_deploying_shell(tmp_path: Path) -> None:
     """The service writes SPRITE_OS_TOKEN into .os/token; passed by a deploy's restart, a stale
     export would overwrite the token --token-file just installed."""
@@ -643,8 +658,8 @@ async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, ag
     ws = agent_workspace  # the agent's user must reach it: the deployed server runs its CLI as that user
     token = token_file(tmp_path)
     # A user of its own: a deployed server's start kills every process of its agent's uid (leftovers),
-    # and other tests' agents run as the default one.
-    user = {"SPRITE_AGENT_USER": "sprite-agent-deploy"}
+    # and other tests' agents run as the run's agent user.
+    user = {"SPRITE_AGENT_USER": base_env()["SPRITE_AGENT_USER"]}
     await asyncio.to_thread(deploy_ok, ws, venv, "--from-checkout", str(REPO), "--token-file", str(token),
                             env=base_env(**user))
     port = free_port()

@@ -247,6 +247,41 @@ def test_without_the_dev_extra_dev_mode_says_how_to_install_it(tmp_path: Path) -
     assert not (tmp_path / "ws").exists()  # refused before touching anything
 
 
+def test_dev_mode_takes_the_sandbox_or_none_and_user_isolation_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the host has an agent's user, `auto` would take `user` and give ./.workspace to it: dev
+    mode never asks for `auto` unless told to."""
+    from sprite_os.isolation import probe
+
+    monkeypatch.setattr(probe, "sandbox_problem", lambda: None)
+    assert command.dev_environment({"SPRITE_AGENT_USER": "sprite-agent"})["SPRITE_ISOLATION"] == "sandbox"
+    monkeypatch.setattr(probe, "sandbox_problem", lambda: "bwrap not installed")
+    assert command.dev_environment({})["SPRITE_ISOLATION"] == "none"
+    for asked in ("user", "auto", "sandbox"):
+        assert command.dev_environment({"SPRITE_ISOLATION": asked})["SPRITE_ISOLATION"] == asked
+
+
+@pytest.mark.parametrize(("mode", "asked", "says"), [
+    ("sandbox", None, "sandbox (dev mode's choice, which changes no owner in the workspace)"),
+    ("sandbox", "sandbox", "sandbox (SPRITE_ISOLATION=sandbox)"),
+    ("none", None, "none -- NOT ISOLATED (the CLI's sandbox cannot run: bwrap not installed)"),
+    ("user", "user", "user (SPRITE_ISOLATION=user, as agent7): /tmp/ws is now root:agent7, mode 1770"),
+])
+def test_the_banner_says_the_isolation_why_and_what_it_changed(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                               asked: str | None, says: str) -> None:
+    from types import SimpleNamespace
+
+    from sprite_os.isolation import probe
+    from sprite_os.isolation.policy import AgentUser, Isolation
+
+    monkeypatch.setattr(probe, "sandbox_problem", lambda: "bwrap not installed")
+    user = AgentUser("agent7", 4000, 4000, Path("/var/lib/agent7")) if mode == "user" else None
+    isolation = Isolation(mode, user, f"SPRITE_ISOLATION={mode}" + (", as agent7" if user else ""))  # type: ignore[arg-type]
+    app = SimpleNamespace(launch=SimpleNamespace(isolation=isolation), settings=Settings(workspace=Path("/tmp/ws")))
+    line = command.isolation_line(app, asked)  # type: ignore[arg-type]
+    assert line.startswith(says), line
+    assert f"  isolation  {line}\n" in command.banner(Settings(), 1, "t", None, line)
+
+
 def test_the_banner_says_where_with_what_and_how_to_talk() -> None:
     settings = Settings(workspace=Path("/tmp/my ws"), memory_batch_turns=3)
     text = command.banner(settings, 8765, "tok-0123456789abcdef", "http://127.0.0.1:4000")
@@ -355,6 +390,10 @@ async def test_the_readmes_walkthrough_runs_as_it_says(tmp_path: Path) -> None:
         token = (await _read_until(server.stdout, "token ", banner)).split()[-1]
         talk = (await _read_until(server.stdout, "talk ", banner)).split()
         assert f"SPRITE_WORKSPACE={workspace}" in talk and talk[-1] == f"ws://127.0.0.1:{port}"
+        [isolation] = [line for line in banner if line.startswith("  isolation  ")]
+        assert "dev mode's choice" in isolation or "the CLI's sandbox cannot run" in isolation, isolation
+        st = workspace.stat()  # whatever users the host has, dev mode gave the checkout's folder to no one
+        assert (st.st_uid, st.st_mode & 0o7777) == (os.geteuid(), 0o755), oct(st.st_mode)
         assert (workspace / ".os" / "token").read_text().strip() == token
 
         chat = await asyncio.create_subprocess_exec(*sprite_os, "chat", env=env, stdin=asyncio.subprocess.PIPE,

@@ -240,3 +240,6 @@ async def test_metrics_in_the_prometheus_text_format_for_the_token_holder(
     assert samples[("sprite_turns_recorded", (("state", "processed"),))] == 2
     assert samples[("sprite_curator_calls_total", ())] == 1 and samples[("sprite_curator_failed_calls_total", ())] == 0
     assert ("sprite_curator_cost_usd_total", ()) in samples and ("sprite_recall_index_backlog", ()) in samples
+    # the agent's spending as the relay counted it from the two replies' usage, and its cap
+    assert samples[("sprite_agent_spent_today_usd", ())] > 0
+    assert samples[("sprite_agent_daily_budget_usd", ())] == settings.agent_daily_budget_usd

@@ -101,6 +101,12 @@ def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None
      "The model proxy could not be reached: API Error: Connection refused"),
     ({"errors": ["max turns reached", "gave up"]}, "agent_failed", "The turn failed: max turns reached; gave up"),
     ({"subtype": "error_max_turns"}, "agent_failed", "The turn failed: error_max_turns"),
+    # The relay's own refusal, in the CLI's wrapping: said in the Sprite's words, not as the proxy's.
+    ({"api_error_status": 429, "result": "API Error: Request rejected (429) · Sprite OS refused the agent's call: "
+                                         "its daily budget of $10.00 is spent"}, "agent_limit",
+     "Sprite OS refused the agent's call: its daily budget of $10.00 is spent"),
+    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call: no"}, "agent_limit", "Sprite OS refused"),
+    ({"result": "Sprite OS refused the agent's call"}, "agent_failed", "The turn failed: Sprite OS"),  # no HTTP error
 ])
 def test_a_failed_result_says_why_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str) -> None:
     error, done = message_frames("t1", result(is_error=True, **fields))

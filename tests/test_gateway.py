@@ -59,6 +59,19 @@ async def send(ws: ClientConnection, **frame: Any) -> dict[str, Any]:
     return json.loads(await ws.recv())
 
 
+@pytest.mark.parametrize("frame", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"type": "ping", "nonce": "a", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"type": "user_message", "text": ' + '{"a":' * 100_000 + "1" + "}" * 100_000 + "}",
+])
+async def test_a_frame_nested_100k_deep_is_an_invalid_frame_not_a_bug(ws: ClientConnection, frame: str) -> None:
+    assert (await send(ws, type="hello"))["type"] == "ready"
+    await ws.send(frame)
+    answer = json.loads(await ws.recv())
+    assert answer["type"] == "error" and answer["code"] == "invalid_frame", answer
+    assert (await send(ws, type="ping", nonce="still"))["type"] == "pong"  # and the connection serves on
+
+
 async def test_a_bug_handling_a_frame_is_internal_error_and_the_connection_stays(
         ws: ClientConnection, runtime: FakeRuntime) -> None:
     assert (await send(ws, type="hello"))["type"] == "ready"

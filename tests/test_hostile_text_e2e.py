@@ -41,7 +41,7 @@ def assert_plain(text: str) -> None:
 
 
 async def test_a_nul_in_a_curator_reply_does_not_stop_the_next_session(bridge: MockBridge, settings: Settings) -> None:
-    """The issue's reproduction: the curator writes a NUL into user.md, then the next session starts."""
+    """As it was found: the curator writes a NUL into user.md, then the next session starts."""
     bridge.curator.script("USER_MD_UPDATE:\n# User\n- Name: Ada\x00Lovelace\n")
     done = await told_then_asked(settings, "I'm Ada Lovelace.", "Who am I?")
     assert done["status"] == "completed"

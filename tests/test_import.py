@@ -1,18 +1,30 @@
-"""`memory import`: past conversations in through transcript.db's writer, bad lines reported and
-skipped, idempotent; then `memory rebuild --index` and `memory search --json`, one query or many."""
+"""`memory import`: lines checked one by one (a bad line reported by number and skipped, never a
+traceback), turns identified by session, time and text so that importing again adds exactly what is
+missing, and the turns recorded through the workspace's one writer and searchable when it returns."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sprite_os.commands.main import main as cli
-from sprite_os.memory.importer import BadLine, import_turns, parse, timestamp
+from sprite_os.config import Settings
+from sprite_os.memory import import_inbox
+from sprite_os.memory.importer import BadLine, ReadReport, apply, parse, read_turns, timestamp
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import TranscriptDB
+from tests.test_recall import lexical
 
+NOW = 1_800_000_000.0
 LINES = [
     {"session": "v1-a", "timestamp": 1_600_000_000, "user": "We adopted a dog called Biscuit", "assistant": "Lovely!"},
     {"session": "v1-a", "timestamp": "2020-09-13T12:30:00Z", "user": "Biscuit hates the vacuum cleaner"},
@@ -31,76 +43,227 @@ def jsonl(path: Path, bad: bool = True) -> Path:
     return path
 
 
-def test_timestamps_are_epoch_seconds_or_iso_8601() -> None:
-    assert timestamp(1_600_000_000) == 1_600_000_000.0
-    assert timestamp("2020-09-13T12:26:40Z") == 1_600_000_000.0
-    assert timestamp("2020-09-13T12:26:40") == 1_600_000_000.0  # no offset: UTC
-    assert timestamp("2020-09-13T14:26:40+02:00") == 1_600_000_000.0
-    for bad in ("yesterday", True, None, float("nan"), -5, [1]):
-        with pytest.raises(BadLine):
-            timestamp(bad)
+def turns_of(lines: list[str], now: float = NOW) -> tuple[list, ReadReport]:  # type: ignore[type-arg]
+    report = ReadReport()
+    return list(read_turns(io.StringIO("\n".join(lines) + "\n"), report, now)), report
 
 
-def test_a_line_becomes_a_turn_numbered_within_its_session() -> None:
-    numbers: dict[str, int] = {}
-    first = parse(json.dumps(LINES[0]), numbers)
-    second = parse(json.dumps(LINES[1]), numbers)
-    private = parse(json.dumps(LINES[2]), numbers)
-    assert (first.session_id, first.sequence_num, second.sequence_num, private.sequence_num) == ("v1-a", 1, 2, 1)
+def test_timestamps_are_epoch_seconds_or_iso_8601_from_1970_to_tomorrow() -> None:
+    assert timestamp(1_600_000_000, NOW) == 1_600_000_000.0
+    assert timestamp("2020-09-13T12:26:40Z", NOW) == 1_600_000_000.0
+    assert timestamp("2020-09-13T12:26:40", NOW) == 1_600_000_000.0  # no offset: UTC
+    assert timestamp("2020-09-13T14:26:40+02:00", NOW) == 1_600_000_000.0
+    assert timestamp(NOW + 3600, NOW) == NOW + 3600  # a clock a little ahead
+    for bad in ("yesterday", True, None, float("nan"), [1]):
+        with pytest.raises(BadLine, match=r"epoch seconds|ISO 8601|out of range"):
+            timestamp(bad, NOW)
+    for far in (-5, 1e17, 1e30, float("inf"), 10 ** 400, NOW + 2 * 86_400, "9999-12-31T00:00:00Z", "0001-01-01"):
+        with pytest.raises(BadLine, match="out of range: it must fall between 1970-01-01 and 2027-01-16"):
+            timestamp(far, NOW)
+
+
+def test_a_bad_line_says_why_and_never_raises_anything_else() -> None:
+    deep = '{"session": "s", "timestamp": 1, "user": "x", "tool_calls": [{"input": ' + "[" * 3000 + "]" * 3000 + "}]}"
+    deeper = '{"session": "s", "timestamp": 1, "user": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    cases = {
+        '{"session": "s", "timestamp": 1e17, "user": "x"}': "out of range",
+        '{"session": "s", "timestamp": 1e30, "user": "x"}': "out of range",
+        '{"session": "s", "timestamp": ' + "9" * 400 + ', "user": "x"}': "out of range",
+        '{"session": "s", "timestamp": 1e400, "user": "x"}': "number out of range",
+        '{"session": "s", "timestamp": ' + "9" * 5000 + ', "user": "x"}': "out of range",
+        '{"session": ' + "7" * 5000 + ', "timestamp": 1, "user": "x"}': "out of range",
+        deep: "nested too deeply",
+        deeper: "nested too deeply",
+        "{not json": "not JSON",
+        '"just a string"': "not a JSON object",
+        '{"session": "s", "user": "x"}': "timestamp is missing",
+        '{"session": "s", "timestamp": 1, "user": 5}': "user must be a string",
+    }
+    for line, why in cases.items():
+        with pytest.raises(BadLine, match=why):
+            parse(line, NOW)
+    turns, report = turns_of(list(cases))
+    assert turns == [] and [n for n, _ in report.bad] == list(range(1, len(cases) + 1))
+
+
+def test_an_endless_line_is_read_past_not_held() -> None:
+    endless = '{"session": "s", "timestamp": 1, "user": "' + "x" * 2_500_000 + '"}'
+    turns, report = turns_of([endless, json.dumps(LINES[0])])
+    assert [t.user_message for t in turns] == [LINES[0]["user"]]
+    assert report.bad == [(1, "longer than 1,000,000 characters")]
+
+
+def test_a_line_becomes_a_clean_turn() -> None:
+    first, second, private = (parse(json.dumps(x), NOW) for x in LINES)
+    assert (first.session_id, second.session_id, private.session_id) == ("v1-a", "v1-a", "v1-b")
     assert second.agent_response == "" and "4321" not in private.user_message and "[private]" in private.user_message
     assert json.loads(private.tool_calls_json)[0]["name"] == "Bash"
-    with pytest.raises(BadLine, match="user must be a string"):
-        parse(json.dumps({"session": "s", "timestamp": 1, "user": 5}), numbers)
-    assert numbers == {"v1-a": 2, "v1-b": 1}  # a bad line numbers nothing
 
 
-def test_import_reports_bad_lines_by_number_keeps_the_rest_and_twice_adds_nothing(tmp_path: Path) -> None:
+def test_importing_again_adds_exactly_the_missing_turns(tmp_path: Path) -> None:
     db = TranscriptDB(tmp_path / "t.db")
-    source = jsonl(tmp_path / "past.jsonl").read_text().splitlines()
-    report = import_turns(db, source)
-    assert (report.added, report.already) == (3, 0)
-    assert [n for n, _ in report.bad] == [2, 3, 7, 8]
-    assert "not JSON" in report.bad[0][1] and "timestamp is missing" in report.bad[1][1]
-    assert [(o.session_id, o.sequence_num) for o in db.iter_all()] == [("v1-a", 1), ("v1-a", 2), ("v1-b", 1)]
-    assert all(o.processed == 0 for o in db.iter_all())  # pending: the daemon curates them like any turn
-    session = db.session("v1-a")
-    assert session is not None and session.ended_at == 1_600_000_200.0 and session.observation_count == 2
-    again = import_turns(db, source)
-    assert (again.added, again.already) == (0, 3) and db.counts()["total"] == 3
+    chat = [{"session": "s", "timestamp": 1_600_000_000 + 60 * i, "user": f"message {i}", "assistant": f"answer {i}"}
+            for i in range(6)]
+    broken = [json.dumps(x) for x in chat]
+    broken[2] = broken[2].replace('"timestamp"', '"timestmp"')  # a broken line: skipped
+    turns, report = turns_of(broken)
+    assert [n for n, _ in report.bad] == [3]
+    first = apply(db, turns)
+    assert (first.added, first.already) == (5, 0)
+    fixed = [json.dumps(x) for x in chat]
+    turns, _ = turns_of(fixed)
+    again = apply(db, turns)
+    assert (again.added, again.already) == (1, 5)  # the fixed line, and nothing twice
+    extended = fixed + [json.dumps({"session": "s", "timestamp": 1_600_001_000 + i, "user": f"later {i}"})
+                        for i in range(3)]
+    turns, _ = turns_of(extended)
+    more = apply(db, turns)
+    assert (more.added, more.already) == (3, 6)  # a session's new turns: all three
+    assert [o.user_message for o in db.iter_all()] == [
+        "message 0", "message 1", "message 3", "message 4", "message 5", "message 2", "later 0", "later 1", "later 2"]
+    assert len({o.sequence_num for o in db.iter_all()}) == 9  # numbers identify, they do not place
+    turns, _ = turns_of(extended)
+    assert apply(db, turns).added == 0
+    # the fixed turn is placed by its time among its session's episodes
+    memory = MemoryDB(tmp_path / "m.db")
+    ep.add(memory.conn, [ep.from_observation(o) for o in db.iter_all()][:5])
+    ep.add(memory.conn, [ep.from_observation(o) for o in db.iter_all()][5:])
+    places = {e.text.split("\n")[0]: e.turn for e in ep.get(memory.conn, range(1, 10)).values()}
+    assert places == {"message 0": 1, "message 1": 2, "message 2": 3, "message 3": 4, "message 4": 5,
+                      "message 5": 6, "later 0": 7, "later 1": 8, "later 2": 9}
+    memory.close()
+    db.close()
 
 
-def test_import_rebuild_and_search_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    workspace = tmp_path / "ws"
-    (workspace / ".os" / "memory").mkdir(parents=True)
-    monkeypatch.setenv("SPRITE_WORKSPACE", str(workspace))
+def test_a_turn_a_file_repeats_is_kept_as_often_as_the_file_holds_it(tmp_path: Path) -> None:
+    db = TranscriptDB(tmp_path / "t.db")
+    ok = json.dumps({"session": "s", "timestamp": 1_600_000_000, "user": "ok", "assistant": "ok"})
+    turns, _ = turns_of([ok, ok])
+    assert (apply(db, turns).added, db.counts()["total"]) == (2, 2)
+    turns, _ = turns_of([ok, ok, ok])
+    assert (apply(db, turns).added, db.counts()["total"]) == (1, 3)
+    db.close()
+
+
+def _cli(settings: Settings, *args: str) -> int:
+    return cli(["--workspace", str(settings.workspace), "memory", *args])
+
+
+@pytest.fixture
+def workspace_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
-    source = jsonl(tmp_path / "past.jsonl")
-    assert cli(["memory", "import", str(source)]) == 1  # bad lines: reported, and said by the status
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_import_makes_the_memory_folder_and_leaves_the_turns_searchable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = lexical(tmp_path)  # a workspace that never served: no .os/ at all
+    source = tmp_path / "past.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + jsonl(tmp_path / "plain.jsonl").read_bytes())  # with a BOM
+    assert not settings.layout.memory_dir.exists()
+    assert _cli(settings, "import", str(source)) == 1  # bad lines: reported, and said by the status
     out = capsys.readouterr()
     assert f"{source}:2: skipped: not JSON" in out.err and f"{source}:8: skipped" in out.err
-    assert "imported 3 turns from 2 sessions" in out.out
-    assert cli(["memory", "import", str(jsonl(tmp_path / "good.jsonl", bad=False))]) == 0
-    assert "imported 0 turns" in capsys.readouterr().out
-    assert cli(["memory", "search", "vacuum", "--json"]) == 0  # no index yet: learnings only, nothing found
-    assert json.loads(capsys.readouterr().out)["hits"] == []
-    assert cli(["memory", "rebuild", "--index", "--yes"]) == 0
-    assert "3 turns and 3 documents indexed" in capsys.readouterr().out
-    assert cli(["memory", "search", "what does Biscuit hate?", "--json", "--limit", "2"]) == 0
+    assert f"{source}:1:" not in out.err  # the BOM is not part of the first line
+    assert "imported 3 turns from 2 sessions (0 already recorded, 4 bad lines); searchable now" in out.out
+    assert _cli(settings, "search", "what does Biscuit hate?", "--json", "--limit", "2") == 0
     found = json.loads(capsys.readouterr().out)
     first = found["hits"][0]
-    assert len(found["hits"]) == 2 and first["kind"] == "episode" and first["type"] == "EPISODE"
-    assert first["source"] == {"session": "v1-a", "turn": 2, "observation_id": 2}
-    assert first["date"] == "2020-09-13T12:30:00Z" and "vacuum" in first["snippet"] and first["score"] > 0
-    queries = ["vacuum", "", "PIN", json.dumps({"query": "what happened in September 2020?", "now": 1_650_000_000})]
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(queries) + "\n"))
-    assert cli(["memory", "search", "-", "--json"]) == 0
-    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [a["query"] for a in answers] == ["vacuum", "", "PIN", "what happened in September 2020?"]
-    assert answers[0]["hits"][0]["source"]["turn"] == 2 and answers[1]["hits"] == []
-    assert "4321" not in json.dumps(answers[2])  # private text never reached the index or the snippets
-    assert {h["source"]["session"] for h in answers[3]["hits"][:2]} == {"v1-a"}
-    assert cli(["memory", "status", "--json"]) == 0
+    assert first["kind"] == "episode" and first["source"] == {"session": "v1-a", "turn": 2, "observation_id": 2}
+    assert first["date"] == "2020-09-13T12:30:00Z" and "vacuum" in first["snippet"]
+    assert _cli(settings, "import", str(jsonl(tmp_path / "good.jsonl", bad=False))) == 0
+    assert "imported 0 turns from 2 sessions (3 already recorded" in capsys.readouterr().out
+    assert not import_inbox.waiting(settings.layout)  # applied and gone
+    assert _cli(settings, "status", "--json") == 0
     recall = json.loads(capsys.readouterr().out)["recall"]
-    assert recall["episodes"] == 3 and recall["index_documents"] == 3
-    assert not recall["dense"]["available"] and "off" in recall["dense"]["detail"]
+    assert (recall["turns"], recall["episodes"], recall["turns_waiting_for_index"], recall["index_documents"]) == (
+        3, 3, 0, 3)
+
+
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_fifo_a_device_or_a_folder_is_refused_at_once(tmp_path: Path, kind: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    settings = lexical(tmp_path)
+    path = tmp_path / "named"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it to read would wait for a writer forever
+    elif kind == "device":
+        path = Path("/dev/zero")  # reading it would never end
+    else:
+        path.mkdir()
+    started = time.monotonic()
+    assert _cli(settings, "import", str(path)) == 2
+    assert time.monotonic() - started < 5
+    assert f"is a {'FIFO' if kind == 'fifo' else kind}, not a file" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("workspace_env")
+async def test_while_the_server_runs_it_records_the_import_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = lexical(tmp_path)
+    system = MemorySystem(settings)  # holds the writer lock, as the server does
+    await system.start()
+    try:
+        source = jsonl(tmp_path / "past.jsonl", bad=False)
+        result: list[int] = []
+        cli_thread = threading.Thread(target=lambda: result.append(_cli(settings, "import", str(source))))
+        cli_thread.start()
+        while cli_thread.is_alive():
+            await asyncio.sleep(0.05)
+        assert result == [0]
+        out = capsys.readouterr()
+        assert "the running server is recording the turns" in out.err
+        assert "imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); the server indexes" in out.out
+        # through the server's own transcript.db thread: the indexer took them, search finds them
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+        hits = await system.search("what does Biscuit hate?", 3)
+        assert hits and hits[0].session_id == "v1-a" and hits[0].turn == 2
+        assert not import_inbox.waiting(settings.layout)
+        assert not list(import_inbox.inbox_dir(settings.layout).iterdir())  # no progress file left behind
+    finally:
+        await system.stop()
+
+
+def test_an_inbox_file_a_writer_was_killed_in_is_applied_again_without_doubles(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES])
+    path, n = import_inbox.write(settings.layout, turns)
+    assert n == 3 and import_inbox.waiting(settings.layout) == [path]
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.import_turns(turns[:2])  # a writer killed after its first chunk: the file is still there
+    done = import_inbox.apply_file(db, path)
+    assert (done.applied, done.added, done.already, done.done) == (3, 1, 2, True)
+    assert db.counts()["total"] == 3 and not path.exists()
+    db.close()
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_a_bad_time_already_stored_stops_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.memory.curation.curator import render_observation
+    from sprite_os.memory.loader import turns_section
+    from sprite_os.memory.transcript_store import NewObservation
+    from sprite_os.text import utc
+
+    settings = lexical(tmp_path)  # rows written before timestamps were checked
+    settings.layout.ensure()
+    db = TranscriptDB(settings.layout.transcript_db)
+    for n, at in enumerate((1e17, 1e30, -1e30, 1_600_000_000.0), 1):
+        db.append(NewObservation(timestamp=at, session_id="s", sequence_num=n, user_message=f"garden note {n}",
+                                 tool_calls_json="[]", agent_response="ok"))
+    stored = list(db.iter_all())
+    db.close()
+    assert [utc(o.timestamp, "%Y") for o in stored] == ["?", "?", "?", "2020"]
+    assert all("?" in render_observation(o) for o in stored[:3])  # the daemon's prompt
+    assert "garden note 1" in (turns_section(stored) or "")  # the boot prompt's turns not yet curated
+    assert _cli(settings, "rebuild", "--index", "--yes") == 0
+    capsys.readouterr()
+    assert _cli(settings, "search", "garden note", "--json") == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert len(hits) == 4 and {h["date"] for h in hits} >= {"?", "2020-09-13T12:26:40Z"}
+    monkeypatch.setattr("sys.stdin", io.StringIO("garden\nnote 2\n"))
+    assert _cli(settings, "search", "-", "--json") == 0  # batch mode answers every line
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert _cli(settings, "status") == 0

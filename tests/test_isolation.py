@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -38,13 +39,15 @@ NOTHING = replace(NOT_ROOT, sandbox_problem="bwrap not installed")
     ("sandbox", ROOT_WITH_USER, "sandbox"),
     ("none", ROOT_WITH_USER, "none"),
     ("auto", replace(ROOT_WITH_USER, deployed=True), "user"),
-    ("auto", replace(NOT_ROOT, deployed=True), "sandbox"),
+    ("sandbox", replace(ROOT_WITH_USER, deployed=True), "sandbox"),  # weaker, as the operator named
 ])
 def test_the_mode_is_the_first_the_machine_allows(requested: str, facts: Facts, mode: str) -> None:
     chosen = choose(requested, "sprite-agent", facts)
     assert chosen.mode == mode
     assert (chosen.agent_user is not None) == (mode == "user")
-    assert bool(chosen.note) == (requested == "auto" and mode != "user")  # the log says why not user
+    assert chosen.reason.startswith("SPRITE_ISOLATION=" if requested != "auto" else "auto: ")
+    if requested == "auto" and mode != "user":
+        assert "not user, as" in chosen.reason  # the log, /healthz and the banner say why not user
 
 
 @pytest.mark.parametrize(("requested", "facts", "says"), [
@@ -54,7 +57,14 @@ def test_the_mode_is_the_first_the_machine_allows(requested: str, facts: Facts, 
     ("user", replace(ROOT_WITH_USER, unreachable="/root (mode 700)"), "can't reach the workspace: /root"),
     ("sandbox", NOTHING, "bwrap not installed"),
     ("none", replace(ROOT_WITH_USER, deployed=True), "never runs its agent without isolation: SPRITE_ISOLATION=none"),
-    ("auto", replace(NOTHING, deployed=True), "no isolation is possible"),
+    ("auto", replace(NOTHING, deployed=True), "runs its agent as its own user, and cannot: the server is not root"),
+    # never weaker in silence: a deployed Sprite that could run its CLI's sandbox still refuses
+    ("auto", replace(NOT_ROOT, deployed=True), "runs its agent as its own user, and cannot"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, agent_user=None), "does not exist"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, unreachable="/srv (mode 700)"), "can't reach the workspace"),
+    # never a service's or a person's user
+    ("user", replace(ROOT_WITH_USER, agent_user=replace(AGENT, marked=False)), "was not made for the agent"),
+    ("auto", replace(ROOT_WITH_USER, deployed=True, agent_user=replace(AGENT, marked=False)), "not made for the agent"),
     ("nope", ROOT_WITH_USER, "must be one of auto, user, sandbox, none"),
 ])
 def test_what_cannot_be_had_is_refused_with_the_reason(requested: str, facts: Facts, says: str) -> None:
@@ -73,10 +83,20 @@ def test_settings_read_the_mode_and_the_user_and_refuse_bad_ones() -> None:
         load_settings({"SPRITE_AGENT_USER": "a:b"})
 
 
+def test_an_unmarked_user_under_auto_off_a_deployed_sprite_falls_back_saying_why() -> None:
+    chosen = choose("auto", "postgres", replace(ROOT_WITH_USER, agent_user=replace(AGENT, name="postgres", marked=False)))
+    assert chosen.mode == "sandbox" and "'postgres' was not made for the agent" in chosen.reason
+
+
 def test_the_launcher_drops_to_the_user_after_asking_for_the_death_signal_again(tmp_path: Path) -> None:
-    script = launcher_script(Path("/cache/claude"), 999, 995)
-    assert script.startswith("#!/bin/sh\n") and script.rstrip().endswith('/cache/claude "$@"')
-    words = script.split()
+    import shlex
+
+    script = launcher_script(Path("/cache/claude"), AGENT, workspace=Path("/workspace"))
+    assert script.startswith("#!/bin/sh\n") and script.rstrip().endswith('"$@"')
+    words = shlex.split(script.split("/proc/self/oom_score_adj\n", 1)[1])
+    inner = words[words.index("-c") + 1]
+    assert inner.splitlines()[-1].endswith('/cache/claude "$@"')
+    words = words[:words.index("-c")] + inner.split()
     # outer setpriv (root) keeps a KILL for the server's death; unshare's child loses its own across the
     # uid switch (the kernel clears it), so the setpriv that switches sets it again (after switching).
     setprivs = [i for i, w in enumerate(words) if w.endswith("/setpriv") or w == "setpriv"]
@@ -279,3 +299,63 @@ def test_the_sandbox_names_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> Non
     assert probe.sandbox_problem() == "socat not installed (Debian: apt-get install bubblewrap socat)"
     monkeypatch.setattr(probe.sys, "platform", "win32")
     assert probe.sandbox_problem() == "the CLI has no sandbox on win32"
+
+
+@pytest.mark.parametrize(("name", "home", "shell", "uid", "gecos", "adopted"), [
+    ("sprite-agent", "/var/lib/sprite-agent", "/usr/sbin/nologin", 999, "", True),  # as an earlier release made it
+    ("sprite-agent", "/var/lib/sprite-agent", "/bin/bash", 999, "", False),  # someone logs in as it
+    ("sprite-agent", "/home/sprite-agent", "/usr/sbin/nologin", 999, "", False),
+    ("sprite-agent", "/var/lib/sprite-agent", "/usr/sbin/nologin", 999, "Sprite Agent Co.", False),
+    ("postgres", "/var/lib/postgres", "/usr/sbin/nologin", 105, "", False),  # a service with the same shape
+    ("nobody", "/nonexistent", "/usr/sbin/nologin", 65534, "nobody", False),
+])
+def test_only_the_old_default_agent_user_is_adopted_unmarked(name: str, home: str, shell: str, uid: int,
+                                                             gecos: str, adopted: bool) -> None:
+    from sprite_os.deploy_contract import made_by_an_earlier_release
+
+    assert made_by_an_earlier_release(name, home, shell, uid, gecos) is adopted
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="users are made by root")
+def test_the_agents_user_is_made_marked_with_an_empty_home_and_a_persons_is_refused() -> None:
+    import pwd
+    import subprocess
+
+    from devkit.host import remove_user
+    from sprite_os.deploy_contract import AGENT_MARK, AgentUserRefused, ensure_agent_user
+
+    made, person = f"sprite-m{os.getpid()}", f"sprite-p{os.getpid()}"
+    try:
+        uid, _gid, home = ensure_agent_user(made)
+        entry = pwd.getpwnam(made)
+        assert entry.pw_gecos == AGENT_MARK and entry.pw_uid == uid and entry.pw_shell.endswith("nologin")
+        assert list(home.iterdir()) == [] and stat.S_IMODE(home.stat().st_mode) == 0o700  # no /etc/skel
+        assert ensure_agent_user(made)[0] == uid  # idempotent
+        subprocess.run(["useradd", "--system", "--shell", "/bin/bash", person], check=True)
+        with pytest.raises(AgentUserRefused, match=f"the user '{person}' exists and was not made for the agent"):
+            ensure_agent_user(person)
+        assert pwd.getpwnam(person).pw_gecos == ""  # left as it was
+    finally:
+        for name in (made, person):
+            with contextlib.suppress(KeyError):
+                remove_user(name)
+
+
+def test_old_cli_copies_no_process_runs_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os.isolation import launch
+
+    cache = tmp_path / "cli"
+    for name in ("1-old", "2-old-running", "3-recent", "4-current"):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "claude").write_text("#!/bin/sh\n")
+    import time
+
+    now = time.time()
+    day_ago = now - launch.CLI_KEPT - 60
+    for name in ("1-old", "2-old-running", "4-current"):
+        os.utime(cache / name, (day_ago, day_ago))
+    monkeypatch.setattr(launch.procfs, "pids", lambda: iter([1]))
+    monkeypatch.setattr(launch.procfs, "exe", lambda pid: str(cache / "2-old-running" / "claude"))
+    removed = launch.prune_cli_copies(cache / "4-current" / "claude", cache, now=now)
+    assert removed == ["1-old"]
+    assert sorted(p.name for p in cache.iterdir()) == ["2-old-running", "3-recent", "4-current"]

@@ -393,7 +393,8 @@ async def test_the_memory_files_are_readable_only_as_docs_security_says(sprite: 
 async def test_what_the_agent_plants_outside_os_does_not_reach_its_next_session(sprite: Sprite) -> None:
     """False memories need not be in .os/: the CLI's own CLAUDE.md and settings (in the workspace or
     in the agent's home, both the agent's to write) would put text, and hooks, into every later
-    session. The CLI is started with no setting sources, so none of it may."""
+    session. The CLI is started with no setting sources, so none of it may; and each session's home
+    is a fresh one (its own mount namespace), so what is planted there is gone with it."""
     if sprite.mode != "user":
         pytest.skip("the agent's home is the server's in this mode: planting there would change this machine")
     home = Path(pwd.getpwnam(AGENT_USER).pw_dir) / ".claude"
@@ -413,7 +414,9 @@ async def test_what_the_agent_plants_outside_os_does_not_reach_its_next_session(
         for i in ids:
             result = tool_result(sprite.bridge, i)
             assert result is not None and not result.is_error, result  # all of it is the agent's to write
-        assert planted in (home / "CLAUDE.md").read_text()
+        [cli] = agent_processes(sprite.layout.root)[:1]  # the home as the agent's CLI sees it
+        assert planted in Path(f"/proc/{cli}/root{home}/CLAUDE.md").read_text()
+        assert not (home / "CLAUDE.md").exists()  # ... which is not the one on the disk
         c = sprite.client
         await c.send(type="new_session")
         sprite.session_id = (await c.until("session_started", timeout=TURN_TIMEOUT))["session_id"]

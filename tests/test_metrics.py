@@ -34,3 +34,17 @@ def test_a_failing_agent_and_what_happened_are_both_in_the_scrape() -> None:
     assert got[("sprite_model_retries_total", ())] == 1
     assert not any(name.startswith("sprite_capture") for name, _ in got)  # a server without memory
     assert samples(m.render(body()))[("sprite_up", ())] == 1  # the state is read at each scrape, not kept
+
+
+def test_the_agents_spending_its_cap_and_its_refusals_are_gauges() -> None:
+    from sprite_os.agent.budget import AgentLimits, Call, SpendDay, refused, report, settle
+    from sprite_os.spending import day_start
+
+    limits = AgentLimits(models=frozenset({"claude-sonnet-4-5"}), daily_usd=2.0, max_tokens=8192, per_minute=30)
+    now = 1_750_000_000.0
+    call = Call(counts_tokens=False, model="claude-sonnet-4-5", max_tokens=1024, body_bytes=2000)
+    account = refused(settle(SpendDay(day_start(now)), now, call, 1.25), now, "budget")
+    got = samples(Metrics().render(body(budget=report(limits, account, now))))
+    assert got[("sprite_agent_daily_budget_usd", ())] == 2.0 and got[("sprite_agent_spent_today_usd", ())] == 1.25
+    assert got[("sprite_agent_refused_calls_today", (("reason", "budget"),))] == 1
+    assert ("sprite_agent_spent_today_usd", ()) not in samples(Metrics().render(body()))  # no budget, no gauge

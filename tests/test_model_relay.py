@@ -149,11 +149,33 @@ async def test_anything_but_the_messages_api_gets_404(
     assert bridge.requests == []
 
 
-def test_routes_are_exact_paths_with_any_query() -> None:
-    assert route(b"POST", b"/v1/messages?beta=true") is None
-    assert route(b"POST", b"/v1/messages/count_tokens?beta=true") is None
-    assert route(b"POST", b"http://elsewhere/v1/messages") is not None  # absolute-form: not ours to fetch
-    assert route(b"POST", b"/v1/messages%2f..") is not None
+@pytest.mark.parametrize("target", [
+    b"//evil.example/v1/messages", b"//../v1/files/v1/messages", b"/v1/messages/", b"/v1//messages",
+    b"/v1/messages%2f..", b"/v1/%6dessages", b"http://elsewhere/v1/messages", b"/./v1/messages",
+    b"/v1/messages/../messages", b"/v1/messages?beta=true&x=1", b"/v1/messages?target=//evil.example",
+    b"/v1/messages#frag", b"*", b"",
+])
+def test_only_the_exact_paths_are_routes_and_nothing_is_resolved(target: bytes) -> None:
+    assert route(b"POST", target)[0] == 404  # type: ignore[index]
+
+
+def test_what_is_forwarded_is_the_route_itself() -> None:
+    assert route(b"POST", b"/v1/messages?beta=true") == b"/v1/messages?beta=true"
+    assert route(b"POST", b"/v1/messages/count_tokens") == b"/v1/messages/count_tokens"
+    assert route(b"GET", b"/v1/messages") == (404, route(b"GET", b"/v1/messages")[1])  # type: ignore[index]
+
+
+async def test_odd_paths_never_reach_the_proxy(bridge: MockBridge, relay: ModelRelay) -> None:
+    """The red team's two: a path that begins `//` read as an authority, and one that walks up."""
+    for target in (b"//evil.example/v1/messages", b"//../v1/files/v1/messages", b"/v1/messages/../../v1/files"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        body = json.dumps(BODY).encode()
+        writer.write(b"POST " + target + b" HTTP/1.1\r\nhost: x\r\nx-api-key: " + relay.client_key.encode() +
+                     b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await asyncio.wait_for(reader.read(100), 5)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 404 "), (target, head)
+    assert bridge.requests == []
 
 
 async def test_an_oversize_body_is_refused_before_it_is_read_and_chunked_ones_when_they_pass_the_limit(
@@ -329,3 +351,149 @@ async def test_a_request_head_that_dribbles_in_is_dropped_and_frees_its_place(br
         async with cli(relay) as c:
             answer = await c.post("/v1/messages/count_tokens", json=BODY)
     assert answer.status_code == 200  # its place is free again
+
+
+# ---------------------------------------------------------------- only the key counts
+
+
+async def test_silent_connections_without_the_key_never_keep_the_cli_out(bridge: MockBridge) -> None:
+    """Another local user's silent connections, more than the relay serves: the cap counts only
+    connections that presented the key, and the oldest silent one makes room for a newer one."""
+    limits = RelayLimits(max_connections=2, max_unverified=4, head_timeout=60)  # silence alone never ends them
+    async with ModelRelay(bridge.url, PROXY_KEY, limits) as relay:
+        silent = [await asyncio.open_connection("127.0.0.1", relay.port) for _ in range(16)]
+        try:
+            await wait_for(lambda: len(relay._connections) <= 4, timeout=5, what="the oldest silent ones closed")
+            async with cli(relay) as c:
+                answers = [await c.post("/v1/messages/count_tokens", json=BODY) for _ in range(3)]
+            closed = [await asyncio.wait_for(reader.read(1), 5) == b"" for reader, _ in silent[:12]]
+        finally:
+            for _, writer in silent:
+                writer.close()
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert all(closed)  # the twelve oldest made room
+
+
+async def test_keyed_connections_beyond_the_cap_get_503(bridge: MockBridge) -> None:
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(max_connections=1)) as relay, \
+            cli(relay) as first, cli(relay) as second, cli(relay, key="wrong") as stranger:
+        assert (await first.post("/v1/messages/count_tokens", json=BODY)).status_code == 200  # kept alive: counted
+        assert (await stranger.post("/v1/messages/count_tokens", json=BODY)).status_code == 401
+        busy = await second.post("/v1/messages/count_tokens", json=BODY)
+    assert busy.status_code == 503 and busy.headers["x-should-retry"] == "true"
+
+
+# ---------------------------------------------------------------- bodies are bounded
+
+
+async def test_slow_bodies_together_stay_within_the_relays_memory_budget(bridge: MockBridge) -> None:
+    """Sixteen bodies sent slowly, each as large as the relay takes: what it holds of them together
+    stays within max_buffered_bytes; those that do not fit are told to come back (503)."""
+    limits = RelayLimits(max_body_bytes=1_000_000, max_buffered_bytes=3_000_000, body_timeout=30)
+    async with ModelRelay(bridge.url, PROXY_KEY, limits) as relay:
+        peak = 0
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, relay.buffered)
+                await asyncio.sleep(0.005)
+
+        async def slow_body(c: httpx2.AsyncClient) -> int:
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(10):
+                    yield b" " * 99_000
+                    await asyncio.sleep(0.05)
+            response = await c.post("/v1/messages", content=chunks(), headers={"content-type": "application/json"})
+            return response.status_code
+
+        watcher = asyncio.create_task(watch())
+        clients = [cli(relay) for _ in range(16)]
+        try:
+            statuses = await asyncio.gather(*(slow_body(c) for c in clients))
+        finally:
+            stop.set()
+            await watcher
+            for c in clients:
+                await c.aclose()
+    assert peak <= 3_000_000 and relay.buffered == 0
+    assert 503 in statuses and set(statuses) <= {503, 200, 400}
+
+
+async def test_a_body_that_never_finishes_is_dropped_at_its_deadline(bridge: MockBridge) -> None:
+    async with ModelRelay(bridge.url, PROXY_KEY, RelayLimits(body_timeout=0.5)) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: " + relay.client_key.encode() +
+                     b"\r\ncontent-length: 1000\r\n\r\n{\"model\"")
+        head = await asyncio.wait_for(reader.read(100), 5)
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ") and relay.buffered == 0
+
+
+# ---------------------------------------------------------------- the agent's budget
+
+
+def booked(bridge: MockBridge, tmp_path: Any, **limits: Any) -> ModelRelay:
+    from sprite_os.agent.budget import AgentLimits
+    from sprite_os.agent.spend_book import SpendBook
+
+    settings = {"models": frozenset({"claude-test"}), "daily_usd": 1.0, "max_tokens": 1000, "per_minute": 100} | limits
+    return ModelRelay(bridge.url, PROXY_KEY, book=SpendBook(AgentLimits(**settings), tmp_path / "spend.json"))
+
+
+async def test_calls_the_budget_refuses_never_reach_the_proxy(bridge: MockBridge, tmp_path: Any) -> None:
+    async with booked(bridge, tmp_path, per_minute=3) as relay, cli(relay) as c:
+        model = await c.post("/v1/messages", json=BODY | {"model": "claude-opus-4-1"})
+        size = await c.post("/v1/messages", json=BODY | {"max_tokens": 100_000})
+        junk = await c.post("/v1/messages", content=b"[1, 2]")
+        fine = [await c.post("/v1/messages", json=BODY) for _ in range(3)]
+        burst = await c.post("/v1/messages", json=BODY)
+        report = relay.book.report() if relay.book else {}
+    assert (model.status_code, model.json()["error"]["type"]) == (403, "permission_error")
+    assert (size.status_code, size.json()["error"]["type"]) == (400, "invalid_request_error")
+    assert junk.status_code == 400 and [f.status_code for f in fine] == [200, 200, 200]
+    assert (burst.status_code, burst.headers["x-should-retry"]) == (429, "true") and int(burst.headers["retry-after"]) >= 1
+    for refused in (model, size, junk):
+        assert refused.headers["x-should-retry"] == "false"
+        assert refused.json()["error"]["message"].startswith("Sprite OS refused the agent's call:")
+    assert len(bridge.requests) == 3  # only the three allowed
+    assert report["refused_today"] == {"model": 1, "max_tokens": 1, "invalid": 1, "rate": 1}
+
+
+async def test_a_call_costs_what_its_reply_reports_and_the_day_stops_at_the_cap(
+        bridge: MockBridge, tmp_path: Any) -> None:
+    from sprite_os.spending import cost_usd
+
+    bridge.agent.script(Turn(Text("expensive"), input_tokens=400_000, output_tokens=100))
+    async with booked(bridge, tmp_path, daily_usd=6.01) as relay, cli(relay) as c:
+        status, _, _ = await stream_bytes(c, BODY)
+        assert relay.book is not None
+        spent = relay.book.report()["spent_today_usd"]
+        after = await c.post("/v1/messages", json=BODY)
+    assert status == 200
+    assert spent == pytest.approx(cost_usd("claude-test", 400_000, 100), abs=1e-6)  # priced as the dearest: $6.0075
+    assert after.status_code == 429 and "daily budget of $6.01 is spent" in after.json()["error"]["message"]
+    assert after.headers["x-should-retry"] == "false" and len(bridge.requests) == 1
+
+
+async def test_a_reply_the_proxy_refused_costs_nothing_and_a_cut_one_its_input(
+        bridge: MockBridge, tmp_path: Any) -> None:
+    async with booked(bridge, tmp_path) as relay, cli(relay) as c:
+        assert relay.book is not None
+        bridge.faults.add(Fault("status", status=500, times=1))
+        assert (await c.post("/v1/messages", json=BODY)).status_code == 500
+        assert relay.book.report()["spent_today_usd"] == 0.0
+        bridge.faults.add(Fault("cut", after_events=2, times=1))
+        bridge.agent.script(Turn(Text("never finished"), input_tokens=1000))
+        with pytest.raises(httpx2.RemoteProtocolError):
+            await stream_bytes(c, BODY)
+        await wait_for(lambda: relay.book is not None and relay.book.report()["in_flight_usd"] == 0.0, timeout=5)
+        spent = relay.book.report()["spent_today_usd"]
+    assert 0.0 < spent < 0.1  # 1,000 input tokens and a few bytes of output, not the worst case
+
+
+def test_the_cli_is_told_the_ceiling(bridge: MockBridge, tmp_path: Any) -> None:
+    relay = booked(bridge, tmp_path, max_tokens=777)
+    relay._server = type("S", (), {"sockets": [type("K", (), {"getsockname": lambda self: ("127.0.0.1", 1)})()]})()
+    assert relay.cli_env()["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "777"

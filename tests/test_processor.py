@@ -342,7 +342,7 @@ async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
     """One retry policy: the rebuild waits between its calls as the daemon does (retry.Backoff's
     doubling, with jitter), and stops after ATTEMPTS calls of one batch."""
     from sprite_os.memory.curation import rebuild as module
-    from sprite_os.memory.curation.retry import Backoff
+    from sprite_os.memory.curation.retry import CURATOR_BACKOFF
 
     settings = make_settings(tmp_path, bridge.url)
     db = TranscriptDB(settings.layout.transcript_db)
@@ -361,7 +361,7 @@ async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
     bridge.curator.script("FACT: Has a cat named Miso [#1]")
     report = await module.rebuild(settings)
     assert (report.batches, report.learnings) == (1, 1)
-    assert waits == [Backoff().delay(1, 0.0), Backoff().delay(2, 0.0)] == [1.6, 3.2]  # 2 s and 4 s, less 20 %
+    assert waits == [CURATOR_BACKOFF.delay(1, 0.0), CURATOR_BACKOFF.delay(2, 0.0)] == [1.6, 3.2]  # 2 s and 4 s, less 20 %
     waits.clear()
     bridge.faults.add(Fault("status", status=529, target="curator"))  # until removed
     with pytest.raises(CuratorError, match="rebuild stopped at turn #1"):

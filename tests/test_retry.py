@@ -4,11 +4,11 @@ import pytest
 
 from sprite_os.memory.curation.retry import (
     BACKOFF_MAX,
+    CURATOR_BACKOFF,
     FAILING_GAP,
     STALE_AFTER,
     STALE_MIN_FAILURES,
     UNUSABLE_LIMIT,
-    Backoff,
     FailureClock,
     PoisonTurns,
     Probe,
@@ -22,15 +22,15 @@ HOUR = 3600.0
 
 
 def test_backoff_doubles_from_two_seconds_to_five_minutes() -> None:
-    middle = [Backoff().delay(n, 0.5) for n in range(1, 12)]  # rand 0.5: the jitter's centre
+    middle = [CURATOR_BACKOFF.delay(n, 0.5) for n in range(1, 12)]  # rand 0.5: the jitter's centre
     # Near the top the jitter is cut at the maximum, so its centre moves down.
     assert middle == pytest.approx([2, 4, 8, 16, 32, 64, 128, (0.8 * 256 + 300) / 2] + [(0.8 * 300 + 300) / 2] * 3)
-    assert Backoff().delay(10_000, 0.5) == pytest.approx(270)  # no overflow after days of failing
+    assert CURATOR_BACKOFF.delay(10_000, 0.5) == pytest.approx(270)  # no overflow after days of failing
 
 
 @pytest.mark.parametrize("failures", [1, 5, 8, 9, 10, 50])
 def test_jitter_spreads_retries_and_never_announces_one_beyond_the_maximum(failures: int) -> None:
-    backoff = Backoff()
+    backoff = CURATOR_BACKOFF
     low, high = backoff.delay(failures, 0.0), backoff.delay(failures, 0.999999)
     assert high <= BACKOFF_MAX
     assert high - low > 0.1 * min(high, BACKOFF_MAX)  # spread, even at the top
@@ -40,7 +40,7 @@ def test_jitter_spreads_retries_and_never_announces_one_beyond_the_maximum(failu
 
 def test_the_longest_wait_between_failed_calls_is_shorter_than_the_failing_gap() -> None:
     call_timeout = 120.0  # processor.CALL_TIMEOUT
-    assert max(Backoff().delay(n, 0.999999) for n in range(1, 30)) + call_timeout < FAILING_GAP
+    assert max(CURATOR_BACKOFF.delay(n, 0.999999) for n in range(1, 30)) + call_timeout < FAILING_GAP
 
 # ---------------------------------------------------------------- FailureClock
 

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 
+from sprite_os.backoff import Backoff
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.memory.capture.spill import (
@@ -27,7 +28,6 @@ from sprite_os.memory.capture.spill import (
     status_path,
 )
 from sprite_os.memory.capture.writer import TranscriptWriter
-from sprite_os.memory.curation.retry import Backoff
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.paths import Layout
 from tests.conftest import wait_for

@@ -2,7 +2,8 @@
 
 - small: the generated benchmark (generate.py) imported with `memory import`'s code into
   transcript.db, then `memory rebuild --index`'s code: episodes, the tantivy index, the
-  embeddings (cached as .npy by the texts' hash: embedding 6,400 turns takes minutes).
+  embeddings in the vector store (each turn's vector cached by what it depends on: embedding
+  thousands of turns takes minutes).
 - scale: N filler turns and N filler learnings (generate.py) written straight into memory.db,
   with the benchmark's turns added as the OLDEST rows (ids below the filler's) or the NEWEST
   (ids above); the same questions are asked of both. The filler is built once and copied.
@@ -11,9 +12,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
-import sqlite3
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -24,14 +25,15 @@ import numpy as np
 
 from bench.recall import dialogue, generate
 from sprite_os.config import Settings
-from sprite_os.memory.importer import import_turns
+from sprite_os.memory.importer import ReadReport, apply, chunks, read_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.recall import episodes as ep
-from sprite_os.memory.recall.dense import model_name, to_blob
+from sprite_os.memory.recall.dense import model_name
 from sprite_os.memory.recall.documents import build as build_index
 from sprite_os.memory.recall.documents import write_marks
 from sprite_os.memory.recall.rebuild import rebuild_recall
-from sprite_os.memory.recall.service import index_path
+from sprite_os.memory.recall.service import index_path, vectors_path
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 from sprite_os.memory.transcript_store import TranscriptDB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +48,8 @@ DIALOGUE_SEED = 11
 # each): the size at which the ranking shipped before it read what it read on the real benchmark
 # of long conversations (docs/benchmarks.md).
 DIALOGUE_GROUPS = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
-MODEL = model_name(None)  # the bundled model, as the server names its vectors
+MODEL = model_name(None)  # the bundled model and what of a turn it embeds, as the server names its vectors
+LAYOUT = "store"  # vectors in .os/memory/vectors/ (a workspace cached before kept them in memory.db)
 
 
 def settings_for(path: Path, **overrides: object) -> Settings:
@@ -98,17 +101,20 @@ def dialogue_workspace(eras: Sequence[int]) -> tuple[Settings, list[generate.Que
 
 def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:
     """`turns` imported into a workspace of their own with `memory import`'s code, then indexed and embedded
-    with `memory rebuild --index`'s; cached (by name and content) under CACHE, each turn's vector too."""
-    digest = hashlib.sha256("\n".join([MODEL, *(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
-                                               for t in turns)]).encode()).hexdigest()[:8]
+    with `memory rebuild --index`'s; cached (by name, layout and content) under CACHE, each turn's vector too."""
+    digest = hashlib.sha256("\n".join([LAYOUT, MODEL, *(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
+                                                       for t in turns)]).encode()).hexdigest()[:8]
     path = CACHE / f"{name}-{digest}"
     settings = settings_for(path)
     if not (path / "built").exists():
         shutil.rmtree(path, ignore_errors=True)
         settings.layout.ensure()
         transcript = TranscriptDB(settings.layout.transcript_db)
-        import_turns(transcript, (json.dumps(asdict(t)) for t in turns))
+        read = ReadReport()
+        made = apply(transcript, read_turns(io.StringIO("".join(json.dumps(asdict(t)) + "\n" for t in turns)), read,
+                                            now=max(t.timestamp for t in turns) + 1))
         transcript.close()
+        assert not read.bad and made.added == len(turns), (read.bad[:3], made)  # ids 1..n, in order
         _vectors_from_cache(settings, turns)
         rebuild_recall(settings, _progress)
         _vectors_to_cache(settings, turns)
@@ -137,22 +143,24 @@ def _cached_vectors() -> dict[str, np.ndarray]:
 
 
 def _vectors_from_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
-    """The vectors an earlier run computed for the same turns (ids 1..n, in order)."""
+    """The vectors an earlier run computed for the same turns (ids 1..n, in order), into the store."""
     cached = _cached_vectors()
     found = [(i, cached[k]) for i, k in enumerate(turn_keys(turns), 1) if k in cached]
     if not found:
         return
-    memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
-    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, len(turns))])
-    ep.put_vectors(memory.conn, MODEL, [(i, to_blob(v)) for i, v in found])
-    memory.close()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    at = [o.timestamp for o in transcript.after(0, len(turns))]
     transcript.close()
+    writer = VectorWriter(vectors_path(settings.layout.memory_dir, MODEL), MODEL)
+    writer.add([i for i, _ in found], [at[i - 1] for i, _ in found], np.stack([v for _, v in found]))
+    writer.close()
 
 
 def _vectors_to_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
-    conn = sqlite3.connect(settings.layout.memory_db)
-    found = {i: np.frombuffer(v, dtype=np.float32) for i, _, v in ep.vectors(conn, MODEL, 0, len(turns) + 1)}
-    conn.close()
+    reader = VectorReader(vectors_path(settings.layout.memory_dir, MODEL))
+    ids = list(range(1, len(turns) + 1))
+    present = [i for i, has in zip(ids, reader.has(ids), strict=True) if has]
+    found = dict(zip(present, reader.matrix(present), strict=True)) if present else {}
     cached = _cached_vectors()
     cached.update({k: found[i] for i, k in enumerate(turn_keys(turns), 1) if i in found})
     keys = sorted(cached)
@@ -169,17 +177,6 @@ def _filler_episodes(n: int) -> Iterator[ep.Episode]:
         yield ep.Episode(FILLER_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
 
 
-def _chunks(items: Iterator[ep.Episode], size: int = 20_000) -> Iterator[list[ep.Episode]]:
-    chunk: list[ep.Episode] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _filler(n: int) -> Path:
     path = CACHE / f"filler-{n}.db"
     if path.exists():
@@ -188,7 +185,7 @@ def _filler(n: int) -> Path:
     tmp.unlink(missing_ok=True)
     memory = MemoryDB(tmp)
     done = 0
-    for chunk in _chunks(_filler_episodes(n)):
+    for chunk in chunks(_filler_episodes(n), 20_000):
         ep.add(memory.conn, chunk)
         done += len(chunk)
         if done % 200_000 < len(chunk):

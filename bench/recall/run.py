@@ -17,8 +17,7 @@ fairness while vectors catch up, and what auto-recall brings.
   and against word search alone.
 - scale: 1M turns + 1M learnings (--quick: 20k + 20k), the first benchmark placed as the oldest
   and as the newest rows, the same questions asked of both: lexical recall and latency. The dense
-  half is not embedded at that size (1M turns is hours of CPU here): its latency is measured
-  with the real model over a sample, scanning as many random unit vectors as there are turns.
+  half at that size is bench/vectors.py's.
 
 A question is found at k ("any@k", recall@k) when one of its evidence turns is among the first k
 hits, and wholly ("all@k") when every one is. Latency is the searching thread's CPU time (what a
@@ -28,10 +27,12 @@ free core would take: the machine is shared) and wall time.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,9 +40,9 @@ import numpy as np
 from bench.recall import build, dialogue, reference
 from bench.recall.generate import Question
 from sprite_os.commands.memory_search import open_searcher
-from sprite_os.memory.recall.dense import VectorIndex
 from sprite_os.memory.recall.searcher import Dense, Searcher
 from sprite_os.memory.recall.service import auto_recalled
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 
 KS = (1, 5, 10, 20)
 BLOCK = 1_000  # "found at" this rank: anywhere in the recalled block
@@ -178,40 +179,10 @@ def scale(quick: bool) -> dict[str, Any]:
         searcher = open_searcher(settings, lexical=True)
         try:
             out[where] = evaluate(searcher, questions, ids, use_dense=False) | {"index_build_s": build_s}
-            if where == "new":
-                out["dense_latency"] = _dense_latency(searcher, questions[:200], n)
         finally:
             searcher.close()
     out["gap_points"] = round(100 * abs(out["old"]["r@10"] - out["new"]["r@10"]), 1)
     return out
-
-
-def _dense_latency(searcher: Searcher, questions: Sequence[Question], n: int) -> dict[str, Any]:
-    """The fused search's cost at this size: the real query model, and n random unit vectors to scan."""
-    from sprite_os.memory.recall.dense import load
-
-    embedder, status = load(None)
-    if embedder is None:
-        return {"unavailable": status.detail}
-    rng = np.random.default_rng(1)
-    vectors = VectorIndex()
-    for start in range(0, n, 100_000):
-        block = rng.standard_normal((min(100_000, n - start), 384)).astype(np.float32)
-        block /= np.linalg.norm(block, axis=1, keepdims=True)
-        vectors.add(range(start + 1, start + 1 + len(block)), [0.0] * len(block), block)
-    searcher.dense = Dense(embedder, vectors)
-    embed, total = [], []
-    for q in questions:
-        started = time.thread_time()
-        embedder.query(q.question)
-        embed.append((time.thread_time() - started) * 1000)
-        started = time.thread_time()
-        searcher.search(q.question, q.asked_at, 10)
-        total.append((time.thread_time() - started) * 1000)
-    searcher.dense = None
-    return {"questions": len(questions), "vectors": n, "query_embed_cpu_p50_ms": _pct(embed, 0.5),
-            "query_embed_cpu_p95_ms": _pct(embed, 0.95), "fused_cpu_p50_ms": _pct(total, 0.5),
-            "fused_cpu_p95_ms": _pct(total, 0.95)}
 
 
 def auto_recall_bench(quick: bool) -> dict[str, Any]:
@@ -305,11 +276,15 @@ def backfill(quick: bool) -> dict[str, Any]:
         dense = searcher.dense
         if dense is None:
             return {"unavailable": "no dense retriever"}
-        stored = ep.vectors(searcher.conn, build.MODEL, 0, len(ids) + 1)
+        every = list(range(1, len(ids) + 1))
+        embedded = [i for i, has in zip(every, dense.vectors.has(every), strict=True) if has]
+        found = ep.get(searcher.conn, embedded)
+        stored = list(zip(embedded, [found[i].at for i in embedded], dense.vectors.matrix(embedded), strict=True))
         try:
             for moment in MOMENTS:
                 n = int(moment * len(stored))
-                newest, oldest = _index(stored[len(stored) - n:]), _index(stored[:n])
+                newest = _store(settings.workspace / "backfill" / f"newest-{moment}", stored[len(stored) - n:])
+                oldest = _store(settings.workspace / "backfill" / f"oldest-{moment}", stored[:n])
                 cut = stored[len(stored) - n][0]  # newest first: everything below lacks a vector
                 lacking = [q for q in questions if all(ids[e] < cut for e in map(tuple, q.evidence))]
                 lexical = _rows(searcher, lacking, ids, use_dense=False)
@@ -335,12 +310,14 @@ def backfill(quick: bool) -> dict[str, Any]:
     return out
 
 
-def _index(stored: Sequence[tuple[int, float, bytes]]) -> VectorIndex:
-    index = VectorIndex()
+def _store(path: Path, stored: Sequence[tuple[int, float, Any]]) -> VectorReader:
+    """A vector store holding just `stored` (id, date, vector), made again each run."""
+    shutil.rmtree(path, ignore_errors=True)
+    writer = VectorWriter(path, build.MODEL)
     if stored:
-        matrix = np.frombuffer(b"".join(v for _, _, v in stored), dtype=np.float32).reshape(len(stored), -1)
-        index.add([i for i, _, _ in stored], [a for _, a, _ in stored], matrix)
-    return index
+        writer.add([i for i, _, _ in stored], [a for _, a, _ in stored], np.stack([v for _, _, v in stored]))
+    writer.close()
+    return VectorReader(path)
 
 
 async def recall(quick: bool) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from claude_agent_sdk import (
 
 from .. import protocol as p
 from ..text import clean_text
+from .budget import REFUSED_BY
 from .memory_port import Recalled
 
 SUMMARY_CHARS = 300
@@ -113,8 +114,12 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
 
 
 def result_error(turn_id: str, result: ResultMessage) -> p.Error:
-    """Why the CLI failed a turn: the model proxy (an HTTP error, unreachable), or the agent."""
-    detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)[:ERROR_DETAIL_CHARS]
+    """Why the CLI failed a turn: the Sprite's limits on the agent (the relay refused the call: it
+    says so in its own words), the model proxy (an HTTP error, unreachable), or the agent."""
+    detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)
+    if result.api_error_status and (limit := _relay_refusal(detail)):
+        return p.Error(code="agent_limit", turn_id=turn_id, message=limit)
+    detail = detail[:ERROR_DETAIL_CHARS]
     if result.api_error_status:
         return p.Error(code="model_unavailable", turn_id=turn_id,
                        message=f"The model proxy answered HTTP {result.api_error_status}: {detail}")
@@ -122,6 +127,13 @@ def result_error(turn_id: str, result: ResultMessage) -> p.Error:
         return p.Error(code="model_unavailable", turn_id=turn_id,
                        message=f"The model proxy could not be reached: {detail}")
     return p.Error(code="agent_failed", turn_id=turn_id, message=f"The turn failed: {detail}")
+
+
+def _relay_refusal(detail: str) -> str | None:
+    """The relay's refusal as it wrote it (it begins with REFUSED_BY), out of the CLI's wrapping
+    ("API Error: Request rejected (429) · ..."), or None when the proxy refused."""
+    at = detail.find(REFUSED_BY)
+    return detail[at:][:ERROR_DETAIL_CHARS * 2] if at >= 0 else None
 
 
 def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:

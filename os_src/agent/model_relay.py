@@ -1,15 +1,24 @@
 """The model relay: the agent's CLI reaches the model proxy through the server, which adds the key.
 
 Whatever is in the CLI's environment, the agent can read (`printenv`, /proc/$PPID/environ), and
-with isolation the agent runs as the CLI's user. So the CLI never gets the proxy's key:
-it gets ANTHROPIC_BASE_URL=http://127.0.0.1:<port> of this relay and a key of the relay's own,
-made at start. The relay checks that key, swaps in the real one, and forwards:
+with isolation the agent runs as the CLI's user. So the CLI never gets the proxy's key: it gets
+ANTHROPIC_BASE_URL=http://127.0.0.1:<port> of this relay and a key of the relay's own, made at
+start. The relay checks that key, swaps in the real one, and forwards:
 
-- only the Messages API paths the CLI calls (`ROUTES`); anything else gets 404;
+- only the Messages API calls the CLI makes (`ROUTES`), by their exact paths: anything else gets
+  404, and what goes to the proxy is the route's own path, never the bytes the client sent;
+- only calls the agent's budget allows (agent/budget.py: the models, max_tokens, the rate, the
+  day's spending), whose cost it then reads from the reply's usage (agent/usage.py);
 - the response as it comes (SSE included), status and headers (retry-after, x-should-retry,
   request-id) untouched, so the CLI retries as it would against the proxy itself;
 - with backpressure: the next chunk is read from the proxy only once the CLI has taken the last,
   and a CLI that goes away (an interrupt) closes its request to the proxy at once.
+
+It is bounded, since any local user can connect to it and the agent can send it anything: a body
+of 8 MiB at most, all bodies being read together within a memory budget, every request head and
+body within a deadline, and at most 16 connections that presented the key. Connections that have
+not yet presented it are counted apart, the oldest making room for the newest, so that silent
+connections from another user cannot keep the CLI out.
 
 When the proxy can't be reached, or says nothing in time, the CLI gets 502 or 504 with an
 Anthropic-style error body (and `x-should-retry: true`), which it retries like any 5xx.
@@ -25,7 +34,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -35,21 +44,30 @@ import httpx2 as httpx
 
 from ..errors import SpriteOSError
 from ..logs import get_logger
+from .budget import REFUSED_BY, Call, read_call
+from .spend_book import SpendBook
+from .usage import UsageMeter
 
 log = get_logger(__name__)
 
-ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})  # all the CLI calls (mock Bridge records)
+# All the CLI calls (the mock Bridge records), by exact path. What goes to the proxy is the path here.
+MESSAGES, COUNT_TOKENS = b"/v1/messages", b"/v1/messages/count_tokens"
+ROUTES = frozenset({MESSAGES, COUNT_TOKENS})
+QUERIES = frozenset({b"", b"beta=true"})  # the CLI sends ?beta=true
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
 PLACEHOLDER_KEY = "sprite-os"  # what the proxy got before there was a relay, when no key is set
 READ_CHUNK = 64 * 1024
 LINGER_SECONDS = 2.0
 WRITE_BUFFER_BYTES = 64 * 1024  # unsent bytes held for a slow CLI before the relay waits for it
+SEND_CHUNK = 256 * 1024  # a held body goes to the proxy in slices of this (no copy of it whole)
 
-# Framing and connection headers belong to each hop; credentials are the relay's to set.
+# Framing and connection headers belong to each hop; credentials are the relay's to set; the reply
+# comes unencoded, so its usage can be read (agent/usage.py).
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                          b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # The relay holds the body whole, so `expect: 100-continue` was answered here.
-_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-api-key", b"authorization"}
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-api-key", b"authorization",
+                                b"accept-encoding"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                 429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
@@ -62,11 +80,14 @@ class RelayError(SpriteOSError):
 
 @dataclass(frozen=True)
 class RelayLimits:
-    max_body_bytes: int = 32 * 1024 * 1024  # the Messages API's own request limit
-    max_connections: int = 16  # the CLI uses a few; bodies are held whole, so this bounds memory too
+    max_body_bytes: int = 8 * 1024 * 1024  # a long turn's request is a few hundred KiB; the API allows 32 MiB
+    max_buffered_bytes: int = 16 * 1024 * 1024  # all bodies being read or sent, together: two at the limit
+    max_connections: int = 16  # connections that presented the key (the CLI uses a few)
+    max_unverified: int = 32  # connections yet to present it: the oldest is closed to make room
     max_header_bytes: int = 64 * 1024
-    idle_timeout: float = 75.0  # a kept-alive connection's wait for the next request, and between its bytes
-    head_timeout: float = 10.0  # a request's head, from its first byte to its last (the CLI's takes microseconds)
+    idle_timeout: float = 75.0  # a kept-alive connection's wait for the next request
+    head_timeout: float = 10.0  # a request's head, from the connection (or its first byte) to its end
+    body_timeout: float = 60.0  # a request's body, whole (the CLI's arrives in milliseconds)
     connect_timeout: float = 5.0  # to the proxy: a proxy that is down is told within seconds
     upstream_read_timeout: float = 600.0  # silence from the proxy, as long as the CLI itself waits
     write_timeout: float = 60.0  # a CLI that takes nothing for this long is dropped, with its upstream
@@ -81,12 +102,15 @@ def error_body(status: int, message: str) -> bytes:
     return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
 
 
-def route(method: bytes, target: bytes) -> tuple[int, str] | None:
-    """Why a request is refused ((status, message)), or None if it is forwarded."""
-    path = urlsplit(target).path if target.startswith(b"/") else b""
-    if method != b"POST" or path.decode("latin-1") not in ROUTES:
-        return 404, f"the model relay forwards only POST {', '.join(sorted(ROUTES))}"
-    return None
+def route(method: bytes, target: bytes) -> bytes | tuple[int, str]:
+    """The target to forward (the route's own path, and the one query the CLI sends), or why the
+    request is refused: (status, message). Exact bytes, nothing decoded or resolved: `//host/...`,
+    `/../`, `%2f` and absolute URLs match no route."""
+    path, _, query = target.partition(b"?")
+    if method != b"POST" or path not in ROUTES or query not in QUERIES:
+        names = ", ".join(r.decode() for r in sorted(ROUTES))
+        return 404, f"the model relay forwards only POST {names} (with ?beta=true at most)"
+    return target
 
 
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
@@ -101,7 +125,7 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
 def upstream_headers(headers: Iterable[tuple[bytes, bytes]], api_key: str) -> list[tuple[bytes, bytes]]:
     """The CLI's headers, minus each hop's own and the credentials, plus the real key."""
     out = [(name, value) for name, value in headers if name not in _NOT_FORWARDED]
-    out.append((b"x-api-key", api_key.encode()))
+    out += [(b"x-api-key", api_key.encode()), (b"accept-encoding", b"identity")]
     return out
 
 
@@ -121,24 +145,40 @@ def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float | None = None,
+                 should_retry: bool | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
+        self.should_retry = status >= 500 if should_retry is None else should_retry
+
+
+@dataclass
+class _Forwarded:
+    call: Call | None  # what the budget let out (None: no budget)
+    status: int | None = None  # the proxy's, once it answered
+    meter: UsageMeter | None = None
+    settled: bool = False
 
 
 class ModelRelay:
-    """`async with ModelRelay(upstream, key) as relay:` listens on 127.0.0.1 (a free port);
-    `relay.cli_env()` is what the CLI needs to reach the model through it."""
+    """`async with ModelRelay(upstream, key, book=...) as relay:` listens on 127.0.0.1 (a free
+    port); `relay.cli_env()` is what the CLI needs to reach the model through it. With a `book`
+    (agent/spend_book.py), every call is judged by the agent's budget and its cost counted."""
 
-    def __init__(self, upstream: str | None, api_key: str | None, limits: RelayLimits | None = None) -> None:
+    def __init__(self, upstream: str | None, api_key: str | None, limits: RelayLimits | None = None,
+                 book: SpendBook | None = None) -> None:
         self._upstream = (upstream or DEFAULT_UPSTREAM).rstrip("/")
         self._api_key = api_key or PLACEHOLDER_KEY
         self._limits = limits or RelayLimits()
+        self.book = book
         # The CLI's key: the agent can read it, and it opens this relay only, while it runs.
         self.client_key = "sprite-relay-" + secrets.token_urlsafe(24)
         self._server: asyncio.Server | None = None
         self._client: httpx.AsyncClient | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[asyncio.Task[None]] = set()  # every one, to end at stop
+        self._verified: set[asyncio.Task[None]] = set()  # those that presented the key
+        self._unverified: dict[asyncio.Task[None], None] = {}  # the others, oldest first
+        self.buffered = 0  # bytes of request bodies held now
         self.upstream_open = 0  # requests to the proxy not yet closed
 
     @property
@@ -151,9 +191,13 @@ class ModelRelay:
         return f"http://127.0.0.1:{self.port}"
 
     def cli_env(self) -> dict[str, str]:
-        """The CLI's model settings: this relay, and its key. ANTHROPIC_AUTH_TOKEN is blanked: the
-        CLI would send it as a bearer token in place of the key."""
-        return {"ANTHROPIC_BASE_URL": self.url, "ANTHROPIC_API_KEY": self.client_key, "ANTHROPIC_AUTH_TOKEN": ""}
+        """The CLI's model settings: this relay, and its key; and, with a budget, the ceiling on a
+        reply, so that the CLI asks for no more than the relay lets through. ANTHROPIC_AUTH_TOKEN is
+        blanked: the CLI would send it as a bearer token in place of the key."""
+        env = {"ANTHROPIC_BASE_URL": self.url, "ANTHROPIC_API_KEY": self.client_key, "ANTHROPIC_AUTH_TOKEN": ""}
+        if self.book is not None:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.book.limits.max_tokens)
+        return env
 
     async def start(self) -> None:
         lim = self._limits
@@ -162,10 +206,14 @@ class ModelRelay:
                                   write=lim.write_timeout, pool=lim.connect_timeout),
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
             follow_redirects=False)
+        if self.book is not None:
+            await self.book.start()
         try:
             self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         except OSError as exc:
             await self._client.aclose()
+            if self.book is not None:
+                await self.book.stop()
             raise RelayError(f"the model relay cannot listen on 127.0.0.1: {exc.strerror}") from None
         upstream = urlsplit(self._upstream)
         log.info("model_relay_started", url=self.url, upstream=f"{upstream.scheme}://{upstream.hostname}")
@@ -182,6 +230,8 @@ class ModelRelay:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self.book is not None:
+            await self.book.stop()
 
     async def __aenter__(self) -> ModelRelay:
         await self.start()
@@ -197,54 +247,90 @@ class ModelRelay:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._unverified[task] = None
+        if len(self._unverified) > self._limits.max_unverified:
+            oldest = next(iter(self._unverified))
+            self._unverified.pop(oldest)
+            oldest.cancel()  # it has sent no whole request in all this time: the newest may be the CLI
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         try:
-            if len(self._connections) > self._limits.max_connections:
-                log.warning("model_relay_busy", connections=len(self._connections))
-                busy = _Refused(503, f"the model relay serves {self._limits.max_connections} connections at most")
-                await self._refuse(conn, writer, busy, reader)
-                return
-            while await self._exchange(conn, reader, writer):
+            first = True
+            while await self._exchange(conn, reader, writer, first=first):
                 conn.start_next_cycle()
+                first = False
         except (ConnectionError, TimeoutError, h11.ProtocolError):
             pass  # the CLI went away, or stopped reading: its connection closes below
         except asyncio.CancelledError:
-            pass  # the relay is stopping
+            pass  # the relay is stopping, or this connection made room for a newer one
         finally:
             self._connections.discard(task)
+            self._verified.discard(task)
+            self._unverified.pop(task, None)
             writer.close()
 
+    def _verify(self) -> None:
+        """The connection presented the key: it counts against max_connections from now on."""
+        task = asyncio.current_task()
+        assert task is not None
+        if task in self._verified:
+            return
+        if len(self._verified) >= self._limits.max_connections:
+            log.warning("model_relay_busy", connections=len(self._verified))
+            raise _Refused(503, f"the model relay serves {self._limits.max_connections} connections at most")
+        self._unverified.pop(task, None)
+        self._verified.add(task)
+
     async def _exchange(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> bool:
+                        writer: asyncio.StreamWriter, *, first: bool) -> bool:
         """Serve one request; whether the connection may carry another."""
         try:
-            event = await self._next_event(conn, reader, head=True)
+            event = await self._read_head(conn, reader, first=first)
         except TimeoutError:
-            return False  # idle, or a request head that dribbles in (a byte every few seconds)
+            return False  # idle, silent, or a request head that dribbles in (a byte every few seconds)
         except h11.RemoteProtocolError as exc:
             await self._refuse(conn, writer, _Refused(exc.error_status_hint, f"bad HTTP request: {exc}"), reader)
             return False
         if not isinstance(event, h11.Request):
             return False  # the CLI closed a kept-alive connection
+        call: Call | None = None
         try:
-            if (refused := route(event.method, event.target)) is not None:
-                raise _Refused(*refused)
+            target = route(event.method, event.target)
+            if isinstance(target, tuple):
+                raise _Refused(*target)
             if not hmac.compare_digest(presented_key(event.headers) or b"", self.client_key.encode()):
                 raise _Refused(401, "the model relay's key is missing or wrong")
+            self._verify()
             body = await self._read_body(conn, reader, writer, event)
+            try:
+                call = self._judge(target, body)
+                return await self._relay(conn, reader, writer, event, target, body, call)
+            finally:
+                self.buffered -= len(body)
         except _Refused as refused:
             log.info("model_relay_refused", status=refused.status, method=event.method.decode("latin-1"),
                      path=event.target[:100].decode("latin-1"))
             await self._refuse(conn, writer, refused, reader)
             return False
-        return await self._relay(conn, reader, writer, event, body)
 
-    async def _next_event(self, conn: h11.Connection, reader: asyncio.StreamReader, *, head: bool = False) -> h11.Event:
-        """The next event; each read waits `idle_timeout` at most. For a request's `head`, the
-        whole of it must also arrive within `head_timeout` of its first byte, so that a peer
-        sending a byte now and then cannot hold a connection (and the cap on them) for long."""
+    def _judge(self, target: bytes, body: bytearray) -> Call | None:
+        """The call, once the agent's budget lets it out (None with no budget); else _Refused."""
+        if self.book is None:
+            return None
+        call = read_call(body, counts_tokens=target.startswith(COUNT_TOKENS))
+        if isinstance(call, str):
+            self.book.refuse("invalid")
+            raise _Refused(400, f"{REFUSED_BY} {call}")
+        if (refusal := self.book.admit(call)) is not None:
+            raise _Refused(refusal.status, refusal.message, refusal.retry_after, should_retry=refusal.retry)
+        return call
+
+    async def _read_head(self, conn: h11.Connection, reader: asyncio.StreamReader, *, first: bool) -> h11.Event:
+        """The next request's head. The first on a connection must be whole within head_timeout
+        of the connection; a later one within head_timeout of its first byte, which may take
+        idle_timeout to come. So a peer that connects and says nothing, or sends a byte now and
+        then, holds its place for seconds only."""
         loop = asyncio.get_running_loop()
-        deadline: float | None = None
+        deadline = loop.time() + self._limits.head_timeout if first else None
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
@@ -253,40 +339,55 @@ class ModelRelay:
             wait = self._limits.idle_timeout if deadline is None else max(0.0, deadline - loop.time())
             async with asyncio.timeout(wait):
                 data = await reader.read(READ_CHUNK)
-            if head and deadline is None:
+            if deadline is None:
                 deadline = loop.time() + self._limits.head_timeout
             conn.receive_data(data)  # b"": the CLI closed its side
 
     async def _read_body(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter, request: h11.Request) -> bytes:
-        limit = self._limits.max_body_bytes
-        too_large = _Refused(413, f"the request body is larger than the model relay's limit ({limit} bytes)")
+                         writer: asyncio.StreamWriter, request: h11.Request) -> bytearray:
+        """The body, whole, within body_timeout; counted in `buffered` (the caller gives it back)."""
+        lim = self._limits
+        too_large = _Refused(413, f"the request body is larger than the model relay's limit ({lim.max_body_bytes} bytes)")
         declared = _declared_length(request.headers)
-        if declared is not None and declared > limit:
+        if declared is not None and declared > lim.max_body_bytes:
             raise too_large  # refused before a byte of it is read
         if conn.they_are_waiting_for_100_continue:
             writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            try:
-                event = await self._next_event(conn, reader)
-            except TimeoutError:
-                raise _Refused(408, "the request body did not arrive in time") from None
-            if isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > limit:
-                    raise too_large
-                parts.append(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                return b"".join(parts)
-            else:  # ConnectionClosed mid-body
-                raise ConnectionResetError("the CLI closed the connection mid-request")
+        body = bytearray()
+        try:
+            async with asyncio.timeout(lim.body_timeout):
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await reader.read(READ_CHUNK))
+                    elif isinstance(event, h11.Data):
+                        if len(body) + len(event.data) > lim.max_body_bytes:
+                            raise too_large
+                        self._hold(len(event.data))
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        return body
+                    else:  # ConnectionClosed mid-body
+                        raise ConnectionResetError("the CLI closed the connection mid-request")
+        except TimeoutError:
+            self.buffered -= len(body)
+            raise _Refused(408, "the request body did not arrive in time") from None
+        except BaseException:
+            self.buffered -= len(body)
+            raise
+
+    def _hold(self, size: int) -> None:
+        if self.buffered + size > self._limits.max_buffered_bytes:
+            log.warning("model_relay_bodies_full", buffered=self.buffered)
+            raise _Refused(503, "the model relay holds as many request bodies as it may; try again")
+        self.buffered += size
 
     async def _relay(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     request: h11.Request, body: bytes) -> bool:
-        """Forward the request, and stop the moment the CLI goes away: its upstream request closes."""
-        forward = asyncio.create_task(self._forward(conn, writer, request, body))
+                     request: h11.Request, target: bytes, body: bytearray, call: Call | None) -> bool:
+        """Forward the request, and stop the moment the CLI goes away: its upstream request closes.
+        The call's cost is counted whatever happens: what the reply reported, or its worst case."""
+        outcome = _Forwarded(call)
+        forward = asyncio.create_task(self._forward(conn, writer, request, target, body, outcome))
         gone = asyncio.create_task(self._client_gone(conn, reader))
         try:
             await asyncio.wait((forward, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -294,10 +395,24 @@ class ModelRelay:
             for task in (forward, gone):
                 task.cancel()
             await asyncio.gather(forward, gone, return_exceptions=True)
+            self._settle(outcome)
         if forward.cancelled():
-            log.info("model_relay_client_gone", path=request.target[:100].decode("latin-1"))
+            log.info("model_relay_client_gone", path=target.decode("latin-1"))
             return False
         return forward.result()
+
+    def _settle(self, outcome: _Forwarded) -> None:
+        """Count what the call cost, once: what the reply reported, or (cut short) the most it can
+        have. Only a reply the proxy accepted (2xx) costs anything; the API bills no refusal."""
+        call = outcome.call
+        if outcome.settled or call is None or self.book is None:
+            return
+        outcome.settled = True
+        cost = 0.0
+        if outcome.status is not None and 200 <= outcome.status < 300 and outcome.meter is not None:
+            outcome.meter.finish()
+            cost = outcome.meter.cost(call.model, call.worst_case_usd())
+        self.book.settle(call, cost)
 
     @staticmethod
     async def _client_gone(conn: h11.Connection, reader: asyncio.StreamReader) -> None:
@@ -307,34 +422,38 @@ class ModelRelay:
             conn.receive_data(data)
 
     async def _forward(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
-                       body: bytes) -> bool:
+                       target: bytes, body: bytearray, outcome: _Forwarded) -> bool:
         assert self._client is not None
         started = time.monotonic()
-        upstream = self._client.build_request(
-            request.method.decode("ascii"), self._upstream + request.target.decode("ascii"),
-            headers=upstream_headers(request.headers, self._api_key), content=body)
+        headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
+        upstream = self._client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
+                                              headers=headers, content=_slices(body))
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.TransportError as exc:
             await self._refuse(conn, writer, _unreachable(exc))  # the request was read whole
             return False
         self.upstream_open += 1
+        outcome.status = response.status_code
+        outcome.meter = meter = UsageMeter(stream="text/event-stream" in response.headers.get("content-type", ""))
         try:
             head = h11.Response(status_code=response.status_code, headers=downstream_headers(response.headers.raw),
                                 reason=response.reason_phrase.encode("latin-1"))
             await self._send(writer, conn.send(head))
             try:
                 async for chunk in response.aiter_raw():
+                    meter.feed(chunk)
                     await self._send(writer, conn.send(h11.Data(data=chunk)))
             except httpx.TransportError as exc:  # the proxy cut the body: the CLI's is cut the same way
                 log.warning("model_relay_upstream_cut", error=_describe(exc), status=response.status_code)
                 return False
+            self._settle(outcome)  # before the CLI sees the end: its next call is judged with this one paid
             await self._send(writer, conn.send(h11.EndOfMessage()))
         finally:
             self.upstream_open -= 1
             await response.aclose()
-        log.debug("model_relay_forwarded", path=request.target[:100].decode("latin-1"),
-                  status=response.status_code, ms=int((time.monotonic() - started) * 1000))
+        log.debug("model_relay_forwarded", path=target.decode("latin-1"), status=response.status_code,
+                  ms=int((time.monotonic() - started) * 1000))
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:
@@ -353,9 +472,9 @@ class ModelRelay:
             return
         body = error_body(refused.status, refused.message)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        if refused.status >= 500:
-            headers.append((b"x-should-retry", b"true"))
+                   (b"connection", b"close"), (b"x-should-retry", b"true" if refused.should_retry else b"false")]
+        if refused.retry_after is not None:
+            headers.append((b"retry-after", str(int(refused.retry_after)).encode()))
         with contextlib.suppress(ConnectionError, TimeoutError):
             await self._send(writer, conn.send(h11.Response(status_code=refused.status, headers=headers)))
             await self._send(writer, conn.send(h11.Data(data=body)))
@@ -372,6 +491,16 @@ class ModelRelay:
         async with asyncio.timeout(LINGER_SECONDS):
             while await reader.read(READ_CHUNK):
                 pass
+
+
+async def _slices(body: bytearray) -> AsyncIterator[bytes]:
+    """The held body for httpx, a slice at a time: never a second copy of it whole."""
+    view = memoryview(body)
+    try:
+        for start in range(0, len(view), SEND_CHUNK):
+            yield bytes(view[start:start + SEND_CHUNK])
+    finally:
+        view.release()
 
 
 def _describe(exc: BaseException) -> str:

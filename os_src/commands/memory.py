@@ -11,9 +11,9 @@
     sprite-os memory show FILE [VERSION]
     sprite-os memory rollback FILE VERSION
 
-Search, recall and status only read, so they work while the server runs; import writes turns the
-way the server does (transcript.db takes writers one at a time); rebuild needs the server
-stopped.
+Search, recall and status only read, so they work while the server runs; import hands its turns
+to the workspace's one writer (the running server, or itself under the writer lock: see
+memory_import.py); rebuild needs the server stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,10 @@ def memory_main(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import SPECS
 
     layout = settings.layout
+    if args.memory_command == "import":  # makes the memory folder of a workspace that never served
+        from .memory_import import import_main
+
+        return import_main(settings, Path(args.file))
     if not layout.memory_dir.is_dir():
         raise ConfigError(f"no memory at {layout.memory_dir}: is SPRITE_WORKSPACE right?")
     command = args.memory_command
@@ -79,8 +84,6 @@ def memory_main(args: argparse.Namespace, settings: Settings) -> int:
         from .memory_search import recall_main
 
         return recall_main(settings, args.message, args.json, args.lexical, args.session)
-    if command == "import":
-        return _import(settings, Path(args.file))
     if command == "rebuild":
         return _rebuild(args, settings)
     return _files(args, settings)
@@ -95,7 +98,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     layout = settings.layout
     transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
     report = status(transcript, memory, MemoryFiles(layout), settings.memory_daily_budget_usd)
-    report["recall"] = recall_status(settings, memory)
+    report["recall"] = recall_status(settings, memory, transcript)
     from ..memory.capture.spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes
@@ -103,6 +106,9 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..isolation.probe import read_mode
 
     report["isolation"] = read_mode(layout)  # as the server chose it at its last start
+    from ..agent.spend_book import SPEND_FILE, status_report
+
+    report["agent_budget"] = status_report(layout.state_dir / SPEND_FILE, time.time())  # as the relay keeps it
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -113,28 +119,6 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
 def _progress(what: str, done: int, of: int) -> None:
     print(f"  {what}: {done:,} of {of:,}", file=sys.stderr, flush=True)
-
-
-def _import(settings: Settings, path: Path) -> int:
-    from ..memory.importer import import_turns
-    from ..memory.transcript_store import TranscriptDB
-
-    try:
-        source = path.open(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    transcript = TranscriptDB(settings.layout.transcript_db)
-    try:
-        with source:
-            report = import_turns(transcript, source)
-    finally:
-        transcript.close()
-    for number, why in report.bad:
-        print(f"{path}:{number}: skipped: {why}", file=sys.stderr)
-    print(f"imported {report.added} turns from {len(report.sessions)} sessions ({report.already} already "
-          f"recorded, {len(report.bad)} bad lines); they are curated with the next batch and searchable "
-          "once the server indexes them (`memory rebuild --index` with the server stopped does it now)")
-    return 1 if report.bad else 0
 
 
 def _rebuild(args: argparse.Namespace, settings: Settings) -> int:

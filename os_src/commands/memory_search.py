@@ -1,8 +1,8 @@
 """`sprite-os memory search`: the agent's search, from a shell, as text or JSON, one query or thousands.
 
 It opens the workspace's memory read-only (memory.db, the recall index and, unless
---lexical, the embedding model and the stored vectors), so it works while the server runs:
-each commit of the server's indexer is visible to it. `-` as the query reads one query a
+--lexical, the embedding model and the vector store, mapped: nothing is loaded), so it works
+while the server runs: each commit of the server's indexer and embedder is visible to it. `-` as the query reads one query a
 line from stdin and answers each, in order, with one JSON line: the model and the vectors
 load once for all of them.
 """
@@ -15,23 +15,20 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-import numpy as np
-
 from ..config import Settings
-from ..dates import usable, utc
+from ..dates import usable
 from ..memory.files import MemoryFiles
 from ..memory.loader import boot_prompt_now
 from ..memory.memory_store import MemoryDB
 from ..memory.recall import auto
-from ..memory.recall import episodes as ep
-from ..memory.recall.dense import VectorIndex, load
+from ..memory.recall.dense import load
 from ..memory.recall.index import RecallIndex, exists
 from ..memory.recall.learnings import clamp_limit
 from ..memory.recall.searcher import Dense, RecallHit, Searcher
-from ..memory.recall.service import auto_recalled, index_path, read_connection
+from ..memory.recall.service import auto_recalled, index_path, read_connection, vectors_path
+from ..memory.recall.vectors import VectorReader
 from ..memory.transcript_store import TranscriptDB
-
-PAGE = 10_000
+from ..text import utc
 
 
 def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
@@ -45,26 +42,18 @@ def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
     if not lexical and settings.recall_dense_weight > 0:
         embedder, status = load(settings.embedding_model)
         if embedder is not None and status.model is not None:
-            dense = Dense(embedder, _vectors(conn, status.model), settings.recall_dense_weight)
+            reader = VectorReader(vectors_path(settings.layout.memory_dir, status.model))
+            dense = Dense(embedder, reader, settings.recall_dense_weight)
         else:
             print(f"sprite-os: meaning unavailable, lexical search only: {status.detail}", file=sys.stderr)
     return Searcher(conn, RecallIndex(path), dense)
 
 
-def _vectors(conn: Any, model: str) -> VectorIndex:
-    index, after = VectorIndex(), 0
-    while page := ep.vectors(conn, model, after, PAGE):
-        matrix = np.frombuffer(b"".join(p[2] for p in page), dtype=np.float32).reshape(len(page), -1)
-        index.add([p[0] for p in page], [p[1] for p in page], matrix)
-        after = page[-1][0]
-    return index
-
-
 def as_json(hit: RecallHit) -> dict[str, Any]:
     return {
         "kind": hit.kind, "id": hit.id, "type": hit.type, "score": round(hit.score, 6),
-        "date": utc(hit.at, "%Y-%m-%dT%H:%M:%SZ") if usable(hit.at) else None,
-        "at": hit.at if usable(hit.at) else None,
+        "date": utc(hit.at, "%Y-%m-%dT%H:%M:%SZ"),
+        "at": hit.at if usable(hit.at) else None,  # JSON has no NaN or infinity
         "source": {"session": hit.session_id, "turn": hit.turn, "observation_id": hit.observation_id},
         "snippet": hit.snippet,
     }

@@ -7,20 +7,26 @@ import os
 import time
 from typing import Any
 
+from ..memory.import_inbox import count, read_progress, waiting
 from ..memory.recall import episodes as ep
+from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
+from ..memory.recall.documents import read_marks
 from ..memory.recall.index import RecallIndex, exists
-from ..memory.recall.service import index_path
+from ..memory.recall.service import index_path, published, vectors_path
+from ..memory.recall.vectors import read_meta
+from ..text import utc
 
 
 def when(ts: float | None, seconds: bool = False) -> str:
-    return time.strftime(f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC", time.gmtime(ts)) if ts else "never"
+    return utc(ts, f"%Y-%m-%d %H:%M{':%S' if seconds else ''} UTC") if ts else "never"
 
 
 def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[str, Any]:
-    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+    from ..memory.curation.budget import BUDGET_KEY, BudgetRecord
     from ..memory.curation.retry import FAILING_KEY, FailureClock
     from ..memory.files import SPECS
+    from ..spending import DailyBudget, day_start
 
     # The server's budget as it saved it (its environment may not be this shell's), else the setting.
     record = BudgetRecord.loads(memory.get_meta(BUDGET_KEY)) or BudgetRecord(daily_usd)
@@ -67,6 +73,12 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     mode = isolation.get("mode", "unknown (the server has not started since it records it)")
     loud = "  -- NOT ISOLATED: the agent's commands can change .os/" if mode == "none" else ""
     print(f"  agent isolation  {mode}{loud}")
+    if (agent := r.get("agent_budget")) is not None:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(agent["refused_today"].items()))
+        print(f"  agent spending   ${agent['spent_today_usd']:.4f} of ${agent['daily_usd']:.2f} today (UTC), "
+              f"{agent['calls_today']} calls" + (f"; refused: {refused}" if refused else ""))
+    else:
+        print("  agent spending   unknown (the server has not started since it records it)")
     print(f"  turns recorded   {o['total']}: {o['processed']} processed, {o['pending']} pending, {o['stale']} stale")
     if o["pending"]:
         print(f"  oldest pending   {when(r['oldest_pending_at'])}")
@@ -98,30 +110,66 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")
 
 
-def recall_status(settings: Any, memory: Any) -> dict[str, Any]:
-    """The episodes, the index and the dense retriever, as this process finds them (the model is loaded
-    to see that it loads: a model that cannot means lexical-only search, here and in the server)."""
-    path = index_path(settings.layout.memory_dir)
+def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]:
+    """The turns, the index, the vectors and any import under way, as this process finds them (the model
+    is loaded to see that it loads: a model that cannot means lexical-only search, here and in the
+    server), with the server's own progress when it published it lately (rate, time left)."""
+    layout = settings.layout
+    path = index_path(layout.memory_dir)
     documents = None
     if exists(path):
         with contextlib.suppress(Exception):
             documents = RecallIndex(path).documents
+    turns = transcript.counts()["total"]
+    waiting = unseen(read_marks(memory.conn).seen(), transcript.max_id()) if documents is not None else turns
     dense, info = load(settings.embedding_model) if settings.recall_dense_weight > 0 else (None, None)
-    total, embedded = ep.count(memory.conn, info.model if info else None)
-    return {"episodes": total, "index": str(path), "index_documents": documents,
+    meta = read_meta(vectors_path(layout.memory_dir, info.model)) if info and info.model else None
+    embedded = meta.count if meta else 0
+    server = published(layout)
+    return {"turns": turns, "episodes": ep.count(memory.conn), "turns_waiting_for_index": waiting,
+            "index": str(path), "index_documents": documents,
             "dense": {"available": dense is not None, "model": info.model if info else None,
                       "detail": info.detail if info else "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)",
-                      "embedded": embedded},
-            "auto_recall": settings.auto_recall}
+                      "embedded": embedded, "waiting": max(0, turns - embedded),
+                      "per_second": (server.get("embedding") or {}).get("per_second") if server else None},
+            "imports": imports(layout), "auto_recall": settings.auto_recall}
+
+
+def imports(layout: Any) -> list[dict[str, Any]]:
+    """Inbox files waiting for the writer, with what it reported."""
+    out = []
+    for path in waiting(layout):
+        p = read_progress(path)
+        out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
+                    "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None})
+    return out
 
 
 def print_recall(r: dict[str, Any]) -> None:
     dense = r["dense"]
     docs = "missing: start the server or run `memory rebuild --index`" if r["index_documents"] is None \
         else f"{r['index_documents']:,} documents"
-    print(f"  recall           {r['episodes']:,} turns searchable; index {docs}")
+    behind = f" ({r['turns_waiting_for_index']:,} waiting to be indexed)" if r["turns_waiting_for_index"] else ""
+    print(f"  recall           {r['turns'] - r['turns_waiting_for_index']:,} of {r['turns']:,} turns searchable"
+          f"{behind}; index {docs}")
     if dense["available"]:
-        print(f"  meaning          {dense['model']}: {dense['embedded']:,} of {r['episodes']:,} turns embedded")
+        rate = f", embedding {dense['per_second']:.1f} a second (about {_duration(dense['waiting'] / dense['per_second'])} "\
+               "left)" if dense["waiting"] and dense["per_second"] else ""
+        wait = f"; {dense['waiting']:,} waiting, newest first{rate}" if dense["waiting"] else ""
+        print(f"  meaning          {dense['model']}: {dense['embedded']:,} of {r['turns']:,} turns embedded{wait}")
     else:
         print(f"  meaning          unavailable, search is lexical only: {dense['detail']}")
+    for i in r["imports"]:
+        state = f"the writer has applied {i['applied']:,} ({i['added']:,} new)" if i["applied"] \
+            else "waiting for the workspace's writer (the server)"
+        print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"
+              + (f"; failing: {i['error']}" if i["error"] else ""))
     print(f"  auto-recall      {'on' if r['auto_recall'] else 'off'}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

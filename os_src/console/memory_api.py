@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from ..text import CHARS_PER_TOKEN, estimate_tokens
@@ -28,8 +30,10 @@ TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule o
 
 
 class MemoryConsole:
-    def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, system: MemorySystem, clock: Callable[[], float] = time.time,
+                 agent_spend: Callable[[], dict[str, Any]] | None = None) -> None:
         self._system = system
+        self._agent_spend = agent_spend
         self._memory = system.memory_reads  # memory.db is read here; its changes go through the daemon
         self._files = system.files
         self._clock = clock
@@ -153,9 +157,19 @@ class MemoryConsole:
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
             next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
             today=today, total=total, observations=observations, learnings=totals["learnings"],
-            forgotten=forgotten, pending_actions=totals["pending_actions"],
+            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=self._recall(),
+            agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
+
+    def _recall(self) -> pm.RecallProgress:
+        status, importing = self._system.recall.status(), self._system.imports.status()
+        vectors = status.get("embedding")
+        return pm.RecallProgress(
+            turns=status["turns"], waiting_for_index=status["turns_waiting_for_index"],
+            embedded=vectors["embedded"] if vectors else None, waiting_for_vectors=vectors["waiting"] if vectors else 0,
+            per_second=vectors["per_second"] if vectors else None, eta_s=vectors["eta_s"] if vectors else None,
+            importing=importing["turns"] if importing else None, imported=importing["applied"] if importing else 0)
 
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session

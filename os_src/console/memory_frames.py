@@ -201,6 +201,31 @@ class Spend(msgspec.Struct, frozen=True):
     cost_usd: float
 
 
+class RecallProgress(msgspec.Struct, frozen=True):
+    """How far search has caught up with the turns: indexed (found by their words) and embedded (found
+    by meaning, newest first, in the background), and an import the server is applying."""
+
+    turns: int  # recorded turns made searchable episodes
+    waiting_for_index: int
+    embedded: int | None = None  # None: no dense retriever
+    waiting_for_vectors: int = 0
+    per_second: float | None = None  # turns embedded a second, lately
+    eta_s: float | None = None
+    importing: int | None = None  # turns in the import being applied (None: no import)
+    imported: int = 0  # of them, applied so far
+
+
+class AgentSpend(msgspec.Struct, frozen=True):
+    """The agent's own model calls today, as the relay counts them against its daily cap."""
+
+    daily_usd: float
+    spent_today_usd: float
+    in_flight_usd: float
+    calls_today: int
+    refused_today: dict[str, int]  # by reason: model, max_tokens, rate, budget, invalid
+    resets_at: float
+
+
 class MemoryHealth(msgspec.Struct, frozen=True):
     running: bool  # a batch is running now
     failing: bool  # three or more batches failed in a row (/healthz says degraded)
@@ -215,6 +240,8 @@ class MemoryHealth(msgspec.Struct, frozen=True):
     learnings: int
     forgotten: int
     pending_actions: int
+    recall: RecallProgress | None = None
+    agent: AgentSpend | None = None  # the agent's spending beside the curator's (None: no relay to ask)
 
 
 # ---------------------------------------------------------------- server -> client

@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..deploy_contract import is_agent_user
 from ..paths import Layout
 from .policy import AgentUser, Facts, Isolation, choose
 
 SANDBOX_TOOLS = ("bwrap", "socat")  # what the CLI's sandbox runs on Linux (bubblewrap, its network proxy)
-SWITCH_TOOLS = ("setpriv", "unshare")  # util-linux: the user switch and the pid namespace (isolation/launch.py)
+# util-linux: the user switch, the pid and mount namespaces, the private mounts, the rlimits (isolation/launch.py)
+SWITCH_TOOLS = ("setpriv", "unshare", "mount", "prlimit")
 MODE_FILE = "isolation.json"  # in .os/state: the mode the server chose at its start (memory status reads it)
 
 
@@ -24,7 +26,7 @@ def agent_user(name: str) -> AgentUser | None:
         entry = pwd.getpwnam(name)
     except KeyError:
         return None
-    return AgentUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+    return AgentUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir), is_agent_user(entry.pw_gecos))
 
 
 def unreachable(workspace: Path, user: AgentUser | None) -> str | None:

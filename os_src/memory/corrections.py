@@ -18,8 +18,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from ..dates import utc
-from ..text import safe_text
+from ..text import safe_text, utc
 from .recall.learnings import search_learnings, search_terms
 
 MIN_SHARED = 2
@@ -86,7 +85,7 @@ def link_all(conn: sqlite3.Connection) -> int:
 
 def was(old: str, until: float) -> str:
     """What a correction shows of the learning it replaced."""
-    return f"(was: {safe_text(' '.join(old.split()))} until {utc(until)})"
+    return f"(was: {safe_text(' '.join(old.split()))} until {utc(until, '%Y-%m-%d')})"
 
 
 def replaced_learnings(conn: sqlite3.Connection, correction_ids: Sequence[int]) -> dict[int, tuple[str, float]]:

@@ -18,10 +18,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..dates import utc
 from ..db_worker import Worker
 from ..logs import get_logger
-from ..text import safe_text
+from ..text import safe_text, utc
 from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
@@ -74,7 +73,7 @@ def cap(name: str, text: str) -> Capped:
 
 
 def _date(ts: float) -> str:
-    return utc(ts)
+    return utc(ts, "%Y-%m-%d")
 
 
 def recent_sessions(summaries: Sequence[Learning]) -> str:

@@ -33,6 +33,7 @@ from ..config import Settings
 from ..db_worker import Worker
 from ..errors import BudgetSpent, CuratorError, EditConflict, FileChanged, UnusableReply
 from ..logs import get_logger
+from ..spending import cost_usd
 from ..text import estimate_tokens
 from .curation.curator import (
     PROMPT_ACTIONS,
@@ -43,7 +44,6 @@ from .curation.curator import (
     shorten_request,
     turn_chars,
 )
-from .curation.pricing import cost_usd
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .memory_store import Batch, MemoryDB

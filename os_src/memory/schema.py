@@ -65,7 +65,13 @@ def create_observation_triggers(conn: sqlite3.Connection) -> None:
     )
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1,)
+def _transcript_v2(db: sqlite_utils.Database) -> None:
+    """A turn's identity is its session, its time and its text (memory import looks a turn up by them
+    before adding it), so a session's turns are found by time."""
+    _table(db, "observations").create_index(["session_id", "timestamp"], if_not_exists=True)
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:
@@ -171,6 +177,13 @@ def _memory_v3(db: sqlite_utils.Database) -> None:
 
 
 def _memory_v4(db: sqlite_utils.Database) -> None:
+    """An episode's `turn` is its place in its session by time, so a session's episodes are found by
+    time too. (The vectors moved out of `episode_vectors` into .os/memory/vectors/: the table stays,
+    emptied as its rows move.)"""
+    _table(db, "episodes").create_index(["session_id", "at", "id"], if_not_exists=True)
+
+
+def _memory_v6(db: sqlite_utils.Database) -> None:
     """Facts that change: a CORRECTION marks the older learning it replaces (memory/corrections.py),
     and corrections already stored are linked now. And an episode knows where the agent's answer
     begins in its text (`answer_at`), so an answer that only repeats a memory is not found as one
@@ -189,4 +202,8 @@ def _memory_v4(db: sqlite_utils.Database) -> None:
     link_all(db.conn)
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4)
+MEMORY_SCHEMA = (
+    _memory_v1, _memory_v2, _memory_v3, _memory_v4,
+    # v5 (forget_jobs) arrives with the console's merge
+    _memory_v6,
+)

@@ -3,8 +3,8 @@ tool, auto-recall, the boot prompt, health.
 
 It owns the two database threads, the transcript writer and the turn journal (and the
 thread that writes their files), the daemon task and the curator client, the recall
-index and its indexer (memory/recall/service.py), and holds the writer lock so that only one
-process curates a workspace's memory.
+index and its indexer (memory/recall/service.py), the import inbox's task, and holds the
+writer lock so that only one process writes a workspace's memory.
 """
 
 from __future__ import annotations
@@ -23,15 +23,16 @@ from ..db_worker import Reads, Worker
 from ..errors import log_expected
 from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
+from ..spending import DailyBudget, day_start
 from .capture.journal import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME
-from .curation.budget import DailyBudget, day_start
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .hooks import CompactionHooks, HookTimings
+from .import_inbox import ImportInbox
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -75,12 +76,12 @@ class MemorySystem:
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
+        self.imports = ImportInbox(layout, self.transcript, self.recall.indexer.nudge)
         self._lock = lock or WriterLock(layout.memory_lock)
         self._started = False
         self._counts: dict[str, int] = {}
         self._spent = 0.0  # today's spending, as last counted
         self._totals: dict[str, Any] | None = None
-        self._max_id = 0
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
         self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
         self._counting: asyncio.Task[None] | None = None
@@ -93,6 +94,7 @@ class MemorySystem:
             log.warning("temp_files_swept", files=[str(p.relative_to(self.settings.layout.os_dir)) for p in swept])
         await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
+        self.imports.start()  # what `memory import` hands over, applied through transcript.db's thread
         await self.daemon.start()
         await self._count()  # what /healthz shows until it is counted again (at its first call)
         self._fresh_until = -1e18
@@ -116,6 +118,7 @@ class MemorySystem:
         if self._counting is not None:
             self._counting.cancel()
         await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
+        await self.imports.stop()  # what it has not applied stays in the inbox, for the next start
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
         await self.recall.stop()
         await self.curator.close()
@@ -181,7 +184,7 @@ class MemorySystem:
         daemon, capture = self.daemon.status(), self.writer.status()
         return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"]),
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
-                "recall": self.recall.status()}
+                "recall": {**self.recall.status(), "import": self.imports.status()}}
 
     async def health(self) -> dict[str, Any]:
         """status(), with the turns' counts and the day's budget: counted at most once a second, and
@@ -195,17 +198,17 @@ class MemorySystem:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
         status = self.status()
-        backlog = max(0, self._max_id - status["recall"]["indexed_through"]) if self._counted_at else None
+        backlog = status["recall"]["turns_waiting_for_index"]
         budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
         return {**status, "observations": self._counts, "budget": budget, "totals": self._totals,
                 "index_backlog": backlog, "counted_at": self._counted_at}
 
     async def _count(self) -> None:
         try:
-            counts, max_id = await self.transcript.call(lambda t: (t.counts(), t.max_id()))
+            counts = await self.transcript.call(lambda t: t.counts())
             since = day_start(time.time())
             spent, totals = await self.memory.call(lambda m: (m.cost_since(since), m.totals()))
-            self._counts, self._spent, self._totals, self._max_id = counts, spent, totals, max_id
+            self._counts, self._spent, self._totals = counts, spent, totals
             self._counted_at = time.time()
         except Exception as exc:  # a locked or failing database: the last counts stand
             log_expected(log, "memory_health_count_failed", exc)

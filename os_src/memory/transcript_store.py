@@ -39,6 +39,19 @@ class NewObservation(msgspec.Struct, frozen=True):
     agent_response: str
 
 
+class ImportedTurn(msgspec.Struct, frozen=True, array_like=True):
+    """A past turn brought in by `memory import`. Its identity is (session, timestamp, user message,
+    answer); `occurrence` says which copy of that turn in its file it is (1 for the first), so a file
+    that repeats a turn gets it as often as it holds it, and importing the file again adds nothing."""
+
+    session_id: str
+    timestamp: float
+    user_message: str
+    tool_calls_json: str
+    agent_response: str
+    occurrence: int = 1
+
+
 class SessionRow(msgspec.Struct, frozen=True):
     id: str
     started_at: float
@@ -106,6 +119,31 @@ class TranscriptDB:
         )
         return cur.lastrowid
 
+    def import_turns(self, turns: Iterable[ImportedTurn]) -> list[int | None]:
+        """Record past turns in one transaction: each turn's id, or None for a turn already recorded
+        (as many copies of it as its `occurrence`). A new turn is numbered after its session's last."""
+        with self.group():  # one synced transaction, rolled back whole if it fails
+            return [self._import_one(self.conn, t) for t in turns]
+
+    def _import_one(self, c: sqlite3.Connection, t: ImportedTurn) -> int | None:
+        copies = sum(1 for user, answer in c.execute(
+            "SELECT user_message, agent_response FROM observations WHERE session_id = ? AND timestamp = ?",
+            (t.session_id, t.timestamp)) if user == t.user_message and answer == t.agent_response)
+        if copies >= t.occurrence:
+            return None
+        number = c.execute("SELECT coalesce(max(sequence_num), 0) + 1 FROM observations WHERE session_id = ?",
+                           (t.session_id,)).fetchone()[0]
+        cur = c.execute(
+            """INSERT INTO observations (timestamp, session_id, sequence_num, user_message, tool_calls_json,
+            agent_response) VALUES (?, ?, ?, ?, ?, ?)""",
+            (t.timestamp, t.session_id, number, t.user_message, t.tool_calls_json, t.agent_response))
+        c.execute(
+            """INSERT INTO sessions (id, started_at, message_count, observation_count) VALUES (?, ?, 1, 1)
+            ON CONFLICT(id) DO UPDATE SET message_count = message_count + 1,
+                observation_count = observation_count + 1, started_at = min(started_at, excluded.started_at)""",
+            (t.session_id, t.timestamp))
+        return cur.lastrowid
+
     @contextlib.contextmanager
     def busy_timeout(self, ms: int) -> Iterator[None]:
         """Wait at most `ms` for another writer's lock, for the writes inside."""
@@ -163,6 +201,14 @@ class TranscriptDB:
         """The turns recorded after `last_id`, oldest first."""
         return rows(
             self.conn.execute("SELECT * FROM observations WHERE id > ? ORDER BY id LIMIT ?", (last_id, limit)),
+            Observation,
+        )
+
+    def between(self, lo: int, hi: int, limit: int) -> list[Observation]:
+        """The turns with ids in [lo, hi], newest first, at most `limit`."""
+        return rows(
+            self.conn.execute("SELECT * FROM observations WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
+                              (lo, hi, limit)),
             Observation,
         )
 

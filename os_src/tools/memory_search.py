@@ -9,10 +9,10 @@ from typing import Any
 from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
 from claude_agent_sdk.types import McpSdkServerConfig
 
-from ..dates import utc
 from ..logs import get_logger
 from ..memory.recall.learnings import MAX_LIMIT, clamp_limit
 from ..memory.recall.searcher import RecallHit
+from ..text import utc
 
 log = get_logger(__name__)
 
@@ -43,7 +43,7 @@ def render(query: str, hits: list[RecallHit]) -> str:
         return f"No memories match {query[:100]!r}."
     lines = [f"{len(hits)} memories, best match first:"]
     for n, hit in enumerate(hits, 1):
-        day = utc(hit.at)
+        day = utc(hit.at, "%Y-%m-%d")
         if hit.kind == "episode":
             lines.append(f"{n}. [turn, {day}, {source(hit)}] {hit.snippet}")
         else:

@@ -5,7 +5,7 @@ to `TranscriptWriter.submit`, which never waits. One owner task writes them, old
 first, on transcript.db's thread (a write submitted while nothing waits goes to that
 thread at once, so a batch triggered after it reads it). A write that fails (the
 database locked past a short busy timeout, busy, the disk full) is retried with backoff
-(retry.Backoff) until it lands, and the writes behind it wait: turns land in order.
+(backoff.Backoff) until it lands, and the writes behind it wait: turns land in order.
 Between attempts the thread is free, so readers (the daemon, /healthz) are not held up
 for long by a lock only writers wait on. A replay is harmless: the unique (session_id, sequence_num) key
 makes a second insert of a turn a no-op, so "exactly once" holds across retries and
@@ -32,10 +32,10 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
+from ...backoff import Backoff
 from ...db_worker import Worker
 from ...logs import get_logger
 from ...paths import Layout
-from ..curation.retry import Backoff
 from ..transcript_store import NewObservation, TranscriptDB
 from .spill import (
     CaptureHealth,

@@ -11,9 +11,8 @@ import json
 from collections.abc import Collection
 from typing import Protocol
 
-from ...dates import utc
 from ...errors import ConfigError
-from ...text import CHARS_PER_TOKEN, estimate_tokens
+from ...text import CHARS_PER_TOKEN, estimate_tokens, utc
 from ..files import MAX_FILE_BYTES, SPECS
 from ..memory_store import PendingAction
 from ..transcript_store import Observation

@@ -22,22 +22,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...config import DEFAULT_BATCH_TOKENS
+from ...backoff import Backoff
+from ...config import DEFAULT_BATCH_TOKENS, DEFAULT_DAILY_USD
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
+from ...spending import DailyBudget, cost_usd, day_start
 from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
 from ..transcript_store import Observation
-from .budget import BUDGET_KEY, BudgetRecord, DailyBudget, day_start
+from .budget import BUDGET_KEY, BudgetRecord
 from .curator import split_batch
-from .pricing import cost_usd
 from .retry import (
     BACKOFF_FIRST,
     BACKOFF_MAX,
     FAILING_KEY,
     STALE_AFTER,
-    Backoff,
     FailureClock,
     PoisonTurns,
     Probe,
@@ -69,7 +69,7 @@ class MemoryDaemon:
         self.processor = processor
         self.batch_turns = batch_turns
         self.batch_tokens = batch_tokens  # estimated input tokens of one call, at most
-        self.budget = budget or DailyBudget()
+        self.budget = budget or DailyBudget(DEFAULT_DAILY_USD)
         self.resumes_at: float | None = None  # waiting for the budget until then (wall clock)
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # read here: tests shorten it by patching this module
         self.clock = FailureClock(stale_after=stale_after)

@@ -32,12 +32,12 @@ from ..processor import BatchProcessor, CuratorClient
 from ..schema import PENDING
 from ..transcript_store import Observation, TranscriptDB
 from .curator import split_batch
-from .retry import Backoff
+from .retry import CURATOR_BACKOFF
 
 log = get_logger(__name__)
 
 ATTEMPTS = 4  # calls per batch, then the rebuild stops (it can be run again)
-CURATOR_RETRY = Backoff()  # the daemon's policy (memory/curation/retry.py): the same curator, the same waits
+CURATOR_RETRY = CURATOR_BACKOFF  # the same curator as the daemon's, the same waits
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Reading the curator's reply: strict about structure, forgiving about decoration, never guessing.
 
-The format is the seed's: learning lines (`FACT: ...`), or `NONE`, `DONE: A<id>` lines, then
+The format is the design's: learning lines (`FACT: ...`), or `NONE`, `DONE: A<id>` lines, then
 `<NAME>_MD_UPDATE:` blocks that each hold a whole file. A marker starts its line (a label
 after it that names its file, like `(user.md)`, is ignored; any other text after it, like
 `(no changes needed)`, means the line opens no block); a line inside a file block is file

@@ -4,7 +4,8 @@ Nothing here sleeps, reads a clock or touches a database: time comes in as `now`
 (epoch seconds), randomness as a number in [0, 1), so every rule is tested
 without asyncio.
 
-- `Backoff` (backoff.py, which the runtime shares): how long to wait after the n-th failed call.
+- `CURATOR_BACKOFF` (backoff.py's policy, which capture and the runtime share with their own
+  steps): how long to wait after the n-th failed call.
 - `FailureClock`: the failing spell (since when, how many calls, the last one),
   the six-hour rule, and the spell's record in memory.db's `meta` table.
 - `PoisonTurns`: what an unusable reply means for the turns that got it.
@@ -20,10 +21,11 @@ from typing import Any
 
 import msgspec
 
-from ...backoff import Backoff as Backoff
+from ...backoff import Backoff
 
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
+CURATOR_BACKOFF = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # every curator call waits by it (the daemon, rebuild)
 STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
 # More time than this since the last failed call was no backoff (at most BACKOFF_MAX, plus one call

@@ -15,8 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ...dates import utc
-from ...text import CHARS_PER_TOKEN, estimate_tokens
+from ...text import CHARS_PER_TOKEN, estimate_tokens, utc
 from .searcher import RecallHit
 
 MAX_MEMORIES = 5
@@ -59,7 +58,7 @@ def held(hit: RecallHit, boot: str) -> bool:
 
 
 def line(hit: RecallHit) -> str:
-    day = utc(hit.at)
+    day = utc(hit.at, "%Y-%m-%d")
     if hit.kind == "episode":
         where = f"turn {hit.turn} of session {hit.session_id}"
         return f"- [{day}, {where}] {hit.snippet}"

@@ -11,6 +11,7 @@ an imported or older row can never carry it into the index either.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,7 +34,7 @@ EMBED_RECIPE = "said-before"  # what embed_text embeds: vectors of another recip
 class Episode(msgspec.Struct, frozen=True):
     id: int  # the observation's id in transcript.db
     session_id: str
-    turn: int  # 1-based within the session
+    turn: int  # 1-based place within the session, by time (`add` sets it)
     at: float
     text: str
     answer_at: int | None = None  # where the agent's words begin in `text` (None: not known, older rows)
@@ -104,16 +105,37 @@ def max_id(conn: sqlite3.Connection) -> int:
 
 
 def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
-    """Store episodes. A known id is left as it is, but for where its answer begins, filled in if
-    it was not known (a row from before that was stored). Returns how many rows changed."""
+    """Store episodes, each at its place in its session by time: its `turn` is 1 + the number of the
+    session's episodes before it by (date, id). A turn that lands before others of its session (a past
+    turn imported later) moves them down one. A known id is left as it is, but for where its answer
+    begins, filled in if it was not known (a row from before). Returns how many were new."""
     if not episodes:
         return 0
     with transaction(conn) as c:
-        before = c.total_changes
-        c.executemany(f"INSERT INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
-                      "SET answer_at = excluded.answer_at WHERE answer_at IS NULL AND excluded.answer_at IS NOT NULL",
-                      [(e.id, e.session_id, e.turn, e.at, e.text, e.answer_at) for e in episodes])
-        return c.total_changes - before
+        known = {r for (r,) in c.execute(f"SELECT id FROM episodes WHERE id IN ({marks(episodes)})",
+                                         [e.id for e in episodes])}
+        fresh = sorted((e for e in episodes if e.id not in known), key=lambda e: (e.session_id, e.at, e.id))
+        for session, group in itertools.groupby(fresh, key=lambda e: e.session_id):
+            new = list(group)
+            last = c.execute("SELECT turn, at, id FROM episodes WHERE session_id = ? ORDER BY at DESC, id DESC "
+                             "LIMIT 1", (session,)).fetchone()
+            after = last is None or (new[0].at, new[0].id) > (last[1], last[2])
+            base = last[0] if last is not None else 0
+            c.executemany(f"INSERT OR IGNORE INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                          [(e.id, e.session_id, base + i + 1 if after else 0, e.at, e.text, e.answer_at)
+                           for i, e in enumerate(new)])
+            if not after:
+                renumber(c, session)
+        c.executemany("UPDATE episodes SET answer_at = ? WHERE id = ? AND answer_at IS NULL",
+                      [(e.answer_at, e.id) for e in episodes if e.id in known and e.answer_at is not None])
+        return len(fresh)
+
+
+def renumber(conn: sqlite3.Connection, session_id: str) -> None:
+    """Each of the session's episodes at its place by (date, id)."""
+    conn.execute("UPDATE episodes SET turn = p.place FROM (SELECT id, row_number() OVER (ORDER BY at, id) AS place "
+                 "FROM episodes WHERE session_id = ?) AS p WHERE episodes.id = p.id AND episodes.turn != p.place",
+                 (session_id,))
 
 
 def get(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, Episode]:
@@ -167,19 +189,23 @@ def embed_text(previous: Episode | None, episode: Episode) -> str:
     """What the dense retriever embeds: the turn, after what the person said in the turn before it
     (an answer often follows its cue, a "she" names whom the turn before named; the agent's answer
     before it was mostly noise: measured on the dialogue benchmark, docs/benchmarks.md), the newest
-    text kept when it must be cut. EMBED_RECIPE names this choice in the vectors' model name."""
+    text kept when it must be cut. EMBED_RECIPE names this choice in the vectors' model name, so
+    the store of another recipe's vectors is not searched (vectors.py)."""
     before = previous.persons_part.strip() if previous is not None else ""
     text = f"{before}\n{episode.text}" if before else episode.text
     return text[-EMBED_CHARS:]
 
 
-def missing_vectors(conn: sqlite3.Connection, model: str, above: int, below: int, limit: int) -> list[Episode]:
-    """Episodes with ids in (above, below) that have no vector from `model`, newest first."""
-    return rows(conn.execute(
-        "SELECT e.id, e.session_id, e.turn, e.at, e.text, e.answer_at FROM episodes e "
-        "LEFT JOIN episode_vectors v ON v.id = e.id AND v.model = ? "
-        "WHERE v.id IS NULL AND e.id > ? AND e.id < ? ORDER BY e.id DESC LIMIT ?",
-        (model, above, below, limit)), Episode)
+def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int) -> list[int]:
+    """Episode ids in [lo, hi], newest first, at most `limit`."""
+    return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
+                                       (lo, hi, limit))]
+
+
+def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
+    """(id, date, text to embed) of the episodes `ids`, in that order."""
+    found = get(conn, ids)
+    return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None]
 
 
 def previous(conn: sqlite3.Connection, episode: Episode) -> Episode | None:
@@ -187,22 +213,23 @@ def previous(conn: sqlite3.Connection, episode: Episode) -> Episode | None:
     return found[0] if found else None
 
 
-def put_vectors(conn: sqlite3.Connection, model: str, items: Sequence[tuple[int, bytes]]) -> None:
-    with transaction(conn) as c:
-        c.executemany("INSERT OR REPLACE INTO episode_vectors (id, model, vector) VALUES (?, ?, ?)",
-                      [(item, model, blob) for item, blob in items])
-
-
-def vectors(conn: sqlite3.Connection, model: str, after_id: int, limit: int) -> list[tuple[int, float, bytes]]:
-    """(id, date, vector) of the episodes embedded by `model`, by id, a page at a time."""
+def legacy_vectors(conn: sqlite3.Connection, model: str, limit: int) -> list[tuple[int, float, bytes]]:
+    """(id, date, float32 vector) of vectors still in memory.db's `episode_vectors` (where they were
+    kept before .os/memory/vectors/), a page at a time; `drop_legacy` takes them out once moved."""
     return [(int(r[0]), float(r[1]), bytes(r[2])) for r in conn.execute(
         "SELECT v.id, e.at, v.vector FROM episode_vectors v JOIN episodes e ON e.id = v.id "
-        "WHERE v.model = ? AND v.id > ? ORDER BY v.id LIMIT ?", (model, after_id, limit))]
+        "WHERE v.model = ? ORDER BY v.id LIMIT ?", (model, limit))]
 
 
-def count(conn: sqlite3.Connection, model: str | None) -> tuple[int, int]:
-    """(episodes, episodes embedded by `model`)."""
-    total = int(conn.execute("SELECT count(*) FROM episodes").fetchone()[0])
-    if model is None:
-        return total, 0
-    return total, int(conn.execute("SELECT count(*) FROM episode_vectors WHERE model = ?", (model,)).fetchone()[0])
+def drop_legacy(conn: sqlite3.Connection, model: str, through: int | None) -> None:
+    """Take moved vectors out of `episode_vectors` (through an id, or all of them, those of other models
+    and of episodes gone included, when `through` is None)."""
+    if through is None:
+        conn.execute("DELETE FROM episode_vectors")
+    else:
+        conn.execute("DELETE FROM episode_vectors WHERE model = ? AND id <= ?", (model, through))
+
+
+def count(conn: sqlite3.Connection) -> int:
+    """How many episodes there are."""
+    return int(conn.execute("SELECT count(*) FROM episodes").fetchone()[0])

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from ...database import marks
-from ...dates import utc
 from .. import corrections
 from . import episodes as ep
 from .learnings import search_terms
@@ -218,7 +217,3 @@ def _hit(f: Found, words: Sequence[str], was: dict[int, tuple[str, float]]) -> R
             text += " (replaced by the correction above)"
     return RecallHit(c.kind, c.id, c.score, c.at, f.session_id, f.turn, f.observation_id, f.type, text, c.bm25,
                      c.cosine, f.replaced_by is not None)
-
-
-def day(hit: RecallHit) -> str:
-    return utc(hit.at)

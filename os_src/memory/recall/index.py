@@ -10,9 +10,10 @@ kind and at is stored.
 Why tantivy, not FTS5 (docs/memory.md has the figures): FTS5's exact bm25() costs time per
 matching row, about 100-270 ms a query at a million rows, and capping the rows it reads (as
 memory search used to) made old memories unfindable: 5% of the oldest found against 51% of
-the newest. tantivy keeps document frequencies in its term dictionary and skips blocks that
-cannot reach the top k (block-max WAND), so exact BM25 over 2M documents takes a few
-milliseconds, whatever a memory's age. `count=False` keeps that pruning on.
+the newest. tantivy keeps document frequencies in its term dictionary, so exact BM25 over 2M
+documents takes a few milliseconds, whatever a memory's age. (tantivy-py's `search` collects
+through a MultiCollector, which tantivy never prunes for: each word's whole posting list is
+read, so a word most documents hold costs its full list: docs/memory.md.)
 
 One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
 the server is stopped. Any number of readers, in any process, see each commit after `reload`.

@@ -1,19 +1,23 @@
-"""The indexer: keeps episodes, the recall index and the turns' embeddings current, off the agent's path.
+"""The indexer: keeps episodes, the recall index and the turns' vectors current, off the agent's path.
 
 One task owns the index. Capture records a turn (on transcript.db's thread) and nudges it;
-it then reads every turn recorded since the last episode, stores the new episodes in
-memory.db, and writes their documents (and the two turns before each, whose context they
-join) to the index, committing at most once every COMMIT_EVERY seconds: a turn is searchable
-within about a second. It also looks every POLL seconds, for learnings a batch added and for
-turns another process imported, and applies forgettings as the console reports them.
+it takes the newest turns the index lacks (memory/recall/backlog.py: a turn recorded during
+a long catch-up jumps the queue), stores them as episodes in memory.db, and writes their
+documents (and the turns' around them, whose context they join) to the index, committing at
+most once every COMMIT_EVERY seconds: a turn is searchable within about a second. It also
+looks every POLL seconds, for learnings a batch added and for turns imported, and applies
+forgettings as the console reports them.
 
-A second task embeds episodes for the dense retriever, newest first, a few at a time, on a
-thread and model instance of its own: its backlog (a first start on a long transcript) is a
-query on memory.db, not a queue in memory, and never holds up anything else.
+A second task embeds episodes for the dense retriever the same way, newest first, a few at a
+time, on a thread and model instance of its own that also owns the vector store's writer
+(memory/recall/vectors.py): a new turn gets its vector within seconds, ahead of any backlog
+(the first start on a long transcript, an import), and the backlog is a walk over memory.db,
+not a queue in memory. Its progress (how many wait, at what rate) is in `status`.
 
-Threads: SQL runs on memory.db's thread (`Worker[MemoryDB]`, shared with the daemon, so
-memory keeps one writer); index writes on the index's thread; embedding on the embedder's;
-vectors join the dense index on the recall thread, which owns it.
+Threads: SQL runs on the databases' threads (`Worker[MemoryDB]`, shared with the daemon, so
+memory keeps one writer; `Worker[TranscriptDB]`); index writes on the index's thread;
+embedding and the vector store on the embedder's. Searchers read the store's files and see
+each commit.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -34,32 +38,85 @@ from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import Observation, TranscriptDB
 from . import episodes as ep
-from .dense import Embedder, to_blob
-from .documents import CHUNK, Marks, Staged, learning_changes, stage, write_marks
+from .backlog import Range, highest_gap, mark, unseen
+from .dense import Embedder
+from .documents import (
+    Marks,
+    Staged,
+    learning_changes,
+    next_turns,
+    read_marks,
+    stage_learnings,
+    stage_turns,
+    write_marks,
+)
 from .index import RecallIndex
-from .searcher import Searcher
+from .vectors import VectorWriter
 
 log = get_logger(__name__)
 
 POLL = 2.0
 COMMIT_EVERY = 1.0
 EMBED_BATCH = 8
+SCAN = 4_096  # episode ids the embedder looks at a step, for those without a vector
 RETRY = 5.0
-VECTOR_PAGE = 5_000
+GIVE_UP = 3  # failures in a row of one batch before its turns are passed over (a restart tries again)
+LEGACY_PAGE = 5_000
+EMBED_RATE_WINDOW = 60.0  # seconds of embedding the rate is measured over
 
 
 @dataclass
 class IndexerHealth:
-    episodes: int = 0
-    indexed_through: int = 0
-    embedded: int = 0
+    turns_waiting: int = 0  # recorded, not yet in the index
+    embedded: int = 0  # turns with a vector
     last_error: str | None = None
+
+
+class Station:
+    """The embedder's thread's own: the passage model and the vector store's writer."""
+
+    def __init__(self, model: Embedder, writer: VectorWriter) -> None:
+        self.model, self.writer = model, writer
+
+    def without_vector(self, ids: list[int]) -> list[int]:
+        return [i for i, has in zip(ids, self.writer.has(ids), strict=True) if not has]
+
+    def embed(self, batch: list[tuple[int, float, str]]) -> int:
+        if not batch:
+            return 0
+        vectors = self.model.passages([text for _, _, text in batch])
+        return self.writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
+
+    def adopt(self, page: list[tuple[int, float, bytes]]) -> None:
+        matrix = np.frombuffer(b"".join(v for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
+        self.writer.add([i for i, _, _ in page], [at for _, at, _ in page], matrix)
+
+    def close(self) -> None:
+        self.writer.close()
+        self.model.close()
+
+
+@dataclass
+class Rate:
+    """Turns embedded per second over the last EMBED_RATE_WINDOW seconds."""
+
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, now: float, n: int) -> None:
+        self.samples = [s for s in self.samples if now - s[0] <= EMBED_RATE_WINDOW] + [(now, n)]
+
+    def per_second(self, now: float) -> float | None:
+        recent = [s for s in self.samples if now - s[0] <= EMBED_RATE_WINDOW]
+        if len(recent) < 2:
+            return None
+        span = recent[-1][0] - recent[0][0]
+        return sum(n for _, n in recent[1:]) / span if span > 0 else None
 
 
 class Indexer:
     def __init__(self, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB], index: Worker[RecallIndex],
-                 recall: Worker[Searcher], embed: Worker[Embedder] | None = None, model: str | None = None) -> None:
-        self.transcript, self.memory, self.index, self.recall = transcript, memory, index, recall
+                 embed: Worker[Station] | None = None, model: str | None = None) -> None:
+        self.transcript, self.memory, self.index = transcript, memory, index
         self.embed, self.model = embed, model
         self.health = IndexerHealth()
         self._wake = asyncio.Event()
@@ -67,7 +124,11 @@ class Indexer:
         self._changed: set[int] = set()
         self._last_commit = -math.inf
         self._tasks: list[asyncio.Task[None]] = []
+        self._episodes = 0
+        self._rate = Rate()
+        self._adopting = False
         self.current = asyncio.Event()  # set whenever the index holds every recorded turn (tests wait on it)
+        self.embedded_all = asyncio.Event()  # set whenever every episode has a vector (or was passed over)
 
     # ------------------------------------------------------------ triggers (never block)
 
@@ -85,6 +146,7 @@ class Indexer:
     async def start(self, fresh_index: bool) -> None:
         if fresh_index:  # a new, empty directory: whatever the marks said, it holds nothing
             await self.memory.call(lambda m: write_marks(m.conn, Marks()))
+        self._episodes = await self.memory.call(lambda m: ep.count(m.conn))  # then counted as they come
         self._tasks.append(asyncio.create_task(self._run(), name="recall-indexer"))
         if self.embed is not None and self.model is not None:
             self._tasks.append(asyncio.create_task(self._embed_run(), name="recall-embedder"))
@@ -103,8 +165,7 @@ class Indexer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL)
+            await _wait(self._wake, POLL)
             self._wake.clear()
             try:
                 await self._catch_up(loop)
@@ -117,20 +178,23 @@ class Indexer:
                 await asyncio.sleep(RETRY)
 
     async def _catch_up(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:  # turns -> episodes
-            last = await self.memory.call(lambda m: ep.max_id(m.conn))
-            new = await self.transcript.call(partial(TranscriptDB.after, last_id=last, limit=CHUNK))
-            if new:
-                await self.memory.call(partial(_add_episodes, new=new))
-                self.health.episodes = new[-1].id
-            if len(new) < CHUNK:
-                break
         if self._changed:
             changed, self._changed = sorted(self._changed), set()
             await self._commit(loop, await self.memory.call(lambda m: learning_changes(m.conn, changed)))
-        while (staged := await self.memory.call(lambda m: stage(m.conn))) is not None:
+        while True:  # the newest turns the index lacks, then learnings
+            held: Marks = await self.memory.call(lambda m: read_marks(m.conn))
+            step = await self.transcript.call(partial(next_turns, marks=held))
+            if step is not None:
+                staged: Staged | None = await self.memory.call(partial(_stage_turns, step=step, held=held))
+                self._embed_wake.set()
+            else:
+                staged = await self.memory.call(partial(_stage_learnings, held=held))
+            if staged is None:
+                break
             await self._commit(loop, staged)
-            self._embed_wake.set()
+            self._episodes += staged.added
+            top = await self.transcript.call(lambda t: t.max_id())
+            self.health.turns_waiting = unseen(staged.marks.seen(), top)
 
     async def _commit(self, loop: asyncio.AbstractEventLoop, staged: Staged) -> None:
         if (hold := self._last_commit + COMMIT_EVERY - loop.time()) > 0:
@@ -142,77 +206,98 @@ class Indexer:
 
         await self.index.call(write)
         self._last_commit = loop.time()
-        reached = Marks(staged.episodes_through, staged.learnings_through)
-        await self.memory.call(lambda m: write_marks(m.conn, reached))
-        self.health.indexed_through = staged.episodes_through
+        await self.memory.call(lambda m: write_marks(m.conn, staged.marks))
 
     # ------------------------------------------------------------ embeddings
 
     async def _embed_run(self) -> None:
-        model = self.model
-        assert model is not None and self.embed is not None
+        assert self.embed is not None and self.model is not None
+        model, station = self.model, self.embed
         try:
-            await self._load_vectors(model)
-        except Exception as exc:
-            log.exception("recall_vectors_unreadable", error=repr(exc)[:300])
-        done_below, cursor, pass_top = 0, math.inf, 0
+            await self._adopt_legacy(model, station)
+        except Exception as exc:  # the rows stay in memory.db: moved at the next start
+            log_expected(log, "recall_vectors_unmoved", exc)
+        self.health.embedded = await station.call(lambda s: len(s.writer))
+        seen: list[Range] = []
+        failures = 0
         while True:
+            gap: Range | None = None
             try:
-                if cursor == math.inf:
-                    pass_top = await self.memory.call(lambda m: ep.max_id(m.conn))
-                below = cursor if cursor != math.inf else pass_top + 1
-                batch = await self.memory.call(partial(_unembedded, model=model, above=done_below, below=int(below)))
-                if not batch:
-                    done_below, cursor = pass_top, math.inf
-                    await self._embed_wake.wait()
+                top = await self.memory.call(lambda m: ep.max_id(m.conn))
+                if (gap := highest_gap(seen, top)) is None:
+                    self.embedded_all.set()
+                    await _wait(self._embed_wake, POLL)
                     self._embed_wake.clear()
                     continue
-                await self._embed(model, batch)
-                cursor = min(e.id for e, _ in batch)
+                self.embedded_all.clear()
+                taken, batch = await self._next_batch(gap, station)
+                if batch:
+                    added = await station.call(partial(Station.embed, batch=batch))
+                    self._rate.add(time.monotonic(), added)
+                    self.health.embedded += added
+                seen, failures = mark(seen, *taken), 0
             except Exception as exc:
-                log_expected(log, "recall_embedding_failed", exc)
+                failures += 1
+                log_expected(log, "recall_embedding_failed", exc, failures=failures)
                 self.health.last_error = repr(exc)[:500]
+                if failures >= GIVE_UP and gap is not None:  # passed over until the next start
+                    seen, failures = mark(seen, *gap), 0
                 await asyncio.sleep(RETRY)
 
-    async def _embed(self, model: str, batch: list[tuple[ep.Episode, ep.Episode | None]]) -> None:
-        assert self.embed is not None
-        texts = [ep.embed_text(prev, e) for e, prev in batch]
-        vectors = await self.embed.call(lambda m: m.passages(texts))
-        ids, at = [e.id for e, _ in batch], [e.at for e, _ in batch]
-        await self.memory.call(lambda m: ep.put_vectors(m.conn, model, [(i, to_blob(v)) for i, v in zip(
-            ids, vectors, strict=True)]))
-        await self.recall.call(lambda s: _add_vectors(s, ids, at, vectors))
-        self.health.embedded += len(batch)
+    async def _next_batch(self, gap: Range, station: Worker[Station]) -> tuple[Range, list[tuple[int, float, str]]]:
+        """The newest episodes in `gap` without a vector (at most EMBED_BATCH), with the range of ids this
+        step has dealt with."""
+        ids = await self.memory.call(lambda m: ep.ids_between(m.conn, gap[0], gap[1], SCAN))
+        todo = (await station.call(lambda s: s.without_vector(ids)))[:EMBED_BATCH]
+        low = todo[-1] if len(todo) == EMBED_BATCH else ids[-1] if len(ids) == SCAN else gap[0]
+        batch = await self.memory.call(lambda m: ep.to_embed(m.conn, todo)) if todo else []
+        return (low, gap[1]), batch
 
-    async def _load_vectors(self, model: str) -> None:
-        """The stored vectors into the dense index, a page at a time."""
-        started, after, n = time.monotonic(), 0, 0
-        while page := await self.memory.call(partial(_vectors, model=model, after=after)):
-            ids, at = [p[0] for p in page], [p[1] for p in page]
-            matrix = np.frombuffer(b"".join(p[2] for p in page), dtype=np.float32).reshape(len(page), -1)
-            await self.recall.call(partial(_add_vectors, ids=ids, at=at, vectors=matrix))
-            after, n = ids[-1], n + len(page)
-        self.health.embedded = n
-        log.info("recall_vectors_loaded", vectors=n, seconds=round(time.monotonic() - started, 2))
+    async def _adopt_legacy(self, model: str, station: Worker[Station]) -> None:
+        """Vectors kept in memory.db (before the store) move into it, a page at a time, then leave it."""
+        self._adopting = True
+        try:
+            moved, started = 0, time.monotonic()
+            while page := await self.memory.call(partial(_legacy, model=model)):
+                await station.call(lambda s: s.adopt(page))
+                await self.memory.call(lambda m: ep.drop_legacy(m.conn, model, page[-1][0]))
+                moved += len(page)
+            await self.memory.call(lambda m: ep.drop_legacy(m.conn, model, None))
+            if moved:
+                log.info("recall_vectors_moved", vectors=moved, seconds=round(time.monotonic() - started, 1))
+        finally:
+            self._adopting = False
 
     def status(self) -> dict[str, Any]:
+        """How far the index and the vectors are behind the turns."""
         h = self.health
-        return {"episodes_seen": h.episodes, "indexed_through": h.indexed_through, "embedded": h.embedded,
-                "last_error": h.last_error}
+        out: dict[str, Any] = {"turns": self._episodes, "turns_waiting_for_index": h.turns_waiting,
+                               "last_error": h.last_error}
+        if self.embed is not None:
+            waiting = max(0, self._episodes - h.embedded)
+            rate = self._rate.per_second(time.monotonic())
+            out["embedding"] = {"embedded": h.embedded, "waiting": waiting,
+                                "per_second": None if rate is None else round(rate, 2),
+                                "eta_s": None if not rate or not waiting else round(waiting / rate),
+                                "moving_old_vectors": self._adopting}
+        return out
 
 
-def _add_episodes(memory: MemoryDB, new: list[Observation]) -> int:
-    return ep.add(memory.conn, [ep.from_observation(o) for o in new])
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Until `event` is set, or `seconds` pass. (asyncio.timeout, not wait_for: on 3.11 a cancel that meets
+    wait_for's own timeout can be swallowed, and a task stopped then never ends.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
-def _unembedded(memory: MemoryDB, model: str, above: int, below: int) -> list[tuple[ep.Episode, ep.Episode | None]]:
-    return [(e, ep.previous(memory.conn, e)) for e in ep.missing_vectors(memory.conn, model, above, below, EMBED_BATCH)]
+def _stage_turns(memory: MemoryDB, step: tuple[list[Observation], Range], held: Marks) -> Staged:
+    return stage_turns(memory.conn, *step, held)
 
 
-def _vectors(memory: MemoryDB, model: str, after: int) -> list[tuple[int, float, bytes]]:
-    return ep.vectors(memory.conn, model, after, VECTOR_PAGE)
+def _stage_learnings(memory: MemoryDB, held: Marks) -> Staged | None:
+    return stage_learnings(memory.conn, held)
 
 
-def _add_vectors(searcher: Searcher, ids: list[int], at: list[float], vectors: Any) -> None:
-    if searcher.dense is not None:
-        searcher.dense.vectors.add(ids, at, vectors)
+def _legacy(memory: MemoryDB, model: str) -> list[tuple[int, float, bytes]]:
+    return ep.legacy_vectors(memory.conn, model, LEGACY_PAGE)

@@ -2,15 +2,14 @@
 
 Part of `memory rebuild` (after the curator has made the learnings again) and all of `memory
 rebuild --index` (no curator call). The server must be stopped: it holds the index's writer.
-Embeddings are stored, not derived: vectors of the same model are kept (or copied from the
-memory.db a full rebuild set aside), and only the turns without one are embedded, in batches,
-reporting progress.
+Embeddings are stored, not derived: the vector store (.os/memory/vectors/) is kept (a full
+rebuild replaces memory.db, not the store; vectors an older memory.db still held move into
+it), and only the turns without one are embedded, newest first, in batches, reporting progress.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import shutil
 import sqlite3
 import time
@@ -21,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from ...config import Settings
-from ...database import transaction
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import episodes as ep
-from .dense import Embedder, load, to_blob
+from .dense import Embedder, load
 from .documents import build, write_marks
 from .index import swap_in
-from .service import index_path
+from .service import index_path, vectors_path
+from .vectors import VectorWriter
 
 REBUILD_EMBED_BATCH = 32  # turns embedded at once offline (the live indexer's batch is smaller)
 Progress = Callable[[str, int, int], None]
@@ -49,23 +48,28 @@ def _episodes(memory: MemoryDB, transcript: TranscriptDB) -> int:
     while found := transcript.after(last, 2_000):
         ep.add(memory.conn, [ep.from_observation(o) for o in found])
         last = found[-1].id
-    return ep.count(memory.conn, None)[0]
+    return ep.count(memory.conn)
 
 
-def _copy_vectors(memory: MemoryDB, backup: Path, model: str) -> None:
-    """Keep the vectors the set-aside memory.db holds for the same model (ids are the turns'). It was
-    checkpointed when it was set aside, so it is read as immutable: no lock, no -wal or -shm beside it."""
+def _adopt(conn: sqlite3.Connection, writer: VectorWriter, model: str) -> None:
+    """Vectors a memory.db still holds (from before the store) into the store, ids the turns'."""
+    with contextlib.suppress(sqlite3.Error):  # an old memory.db without the table: nothing to keep
+        cursor = conn.execute("SELECT v.id, coalesce(e.at, 0), v.vector FROM episode_vectors v "
+                              "LEFT JOIN episodes e ON e.id = v.id WHERE v.model = ? ORDER BY v.id", (model,))
+        while page := cursor.fetchmany(5_000):
+            matrix = np.frombuffer(b"".join(bytes(v) for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
+            writer.add([int(i) for i, _, _ in page], [float(at) for _, at, _ in page], matrix)
+
+
+def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
+    """The memory.db a full rebuild set aside was checkpointed then, so it is read as immutable: no lock,
+    no -wal or -shm beside it."""
     try:
         old = sqlite3.connect(f"file:{backup}?immutable=1", uri=True)
     except sqlite3.Error:
         return
-    with contextlib.closing(old), contextlib.suppress(sqlite3.Error):
-        cursor = old.execute("SELECT id, vector FROM episode_vectors WHERE model = ?", (model,))
-        while page := cursor.fetchmany(5_000):
-            with transaction(memory.conn) as c:
-                c.executemany("INSERT OR IGNORE INTO episode_vectors (id, model, vector) SELECT ?, ?, ? "
-                              "WHERE EXISTS (SELECT 1 FROM episodes WHERE id = ?)",
-                              [(i, model, v, i) for i, v in page])
+    with contextlib.closing(old):
+        _adopt(old, writer, model)
 
 
 def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None = None) -> RecallReport:
@@ -81,12 +85,15 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
         swap_in(fresh, target)
         write_marks(memory.conn, reached)
         embedder, status = load(settings.embedding_model) if settings.recall_dense_weight > 0 else (None, None)
-        embedded = 0
+        embedded = vectors = 0
         if embedder is not None and status is not None and status.model is not None:
+            writer = VectorWriter(vectors_path(layout.memory_dir, status.model), status.model)
+            _adopt(memory.conn, writer, status.model)
             if backup is not None:
-                _copy_vectors(memory, backup, status.model)
-            embedded = _embed_missing(memory, embedder, status.model, progress)
-        vectors = ep.count(memory.conn, status.model if status else None)[1]
+                _adopt_backup(backup, writer, status.model)
+            ep.drop_legacy(memory.conn, status.model, None)
+            embedded = _embed_missing(memory, embedder, writer, progress)
+            vectors = len(writer)
         dense = (status.model or status.detail) if status else "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)"
         return RecallReport(episodes, episodes + reached.learnings, embedded, vectors, dense or "",
                             time.monotonic() - started)
@@ -95,14 +102,16 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
         transcript.close()
 
 
-def _embed_missing(memory: MemoryDB, embedder: Embedder, model: str, progress: Progress) -> int:
-    total, have = ep.count(memory.conn, model)
-    missing, done, below = total - have, 0, math.inf
-    while batch := ep.missing_vectors(memory.conn, model, 0, int(min(below, 1 << 62)), REBUILD_EMBED_BATCH):
-        texts = [ep.embed_text(ep.previous(memory.conn, e), e) for e in batch]
-        vectors = np.asarray(embedder.passages(texts), dtype=np.float32)
-        ep.put_vectors(memory.conn, model, [(e.id, to_blob(v)) for e, v in zip(batch, vectors, strict=True)])
-        done += len(batch)
-        below = batch[-1].id
-        progress("embedded turns", done, missing)
+def _embed_missing(memory: MemoryDB, embedder: Embedder, writer: VectorWriter, progress: Progress) -> int:
+    """Embed the episodes without a vector, newest first."""
+    total = ep.count(memory.conn)
+    missing, done, below = max(0, total - len(writer)), 0, ep.max_id(memory.conn)
+    while below > 0 and (ids := ep.ids_between(memory.conn, 1, below, 4_096)):
+        todo = [i for i, has in zip(ids, writer.has(ids), strict=True) if not has]
+        for start in range(0, len(todo), REBUILD_EMBED_BATCH):
+            batch = ep.to_embed(memory.conn, todo[start:start + REBUILD_EMBED_BATCH])
+            vectors = embedder.passages([text for _, _, text in batch])
+            done += writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
+            progress("embedded turns", done, missing)
+        below = ids[-1] - 1
     return done

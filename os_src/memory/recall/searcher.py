@@ -23,13 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ...database import marks
-from .dense import Embedder, VectorIndex
+from .dense import Embedder
 from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
 from .index import RecallIndex, Window
 from .learnings import MAX_QUERY_CHARS, search_learnings, search_terms
 from .ranking import Candidate, fuse, lifted, never_below_words, order_by_time, with_neighbours
 from .rarity import Rarity, prior
 from .timeparse import anchor_cue, time_cue
+from .vectors import VectorReader
 
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
@@ -43,10 +44,11 @@ ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this shar
 
 @dataclass
 class Dense:
-    """The dense half: the query model and the episodes' vectors (owned by the searcher's thread)."""
+    """The dense half: the query model and the episodes' vectors (a reader of the store, owned by the
+    searcher's thread)."""
 
     embedder: Embedder
-    vectors: VectorIndex
+    vectors: VectorReader
     weight: float = DENSE_WEIGHT
 
     def look(self, query: str, limit: int, also: Sequence[int], window: Window | None = None

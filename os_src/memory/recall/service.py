@@ -1,14 +1,17 @@
 """Recall in the server: the index, its indexer, the searcher's thread, the dense retriever.
 
-The searcher owns a read connection to memory.db, the recall index and the dense index on a
-thread of its own ("recall"), so a search never waits behind the daemon's writes; the
-index's writer has its own thread, the turns' embedder its own (memory/recall/indexer.py).
-If the dense retriever cannot load, search is lexical only and `status` says why.
+The searcher owns a read connection to memory.db, the recall index and a reader of the vector
+store on a thread of its own ("recall"), so a search never waits behind the daemon's writes;
+the index's writer has its own thread, the turns' embedder its own, with the store's writer
+(memory/recall/indexer.py). If the dense retriever cannot load, search is lexical only and
+`status` says why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -19,25 +22,48 @@ from ...config import Settings
 from ...database import connect
 from ...db_worker import Worker
 from ...errors import log_expected
+from ...fsutil import atomic_write
 from ...logs import get_logger
+from ...paths import Layout
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
-from .dense import DenseStatus, Embedder, VectorIndex, load
+from .dense import DenseStatus, Embedder, load
 from .index import RecallIndex, exists
-from .indexer import Indexer
+from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
 from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
+from .vectors import VectorReader, VectorWriter, store_dir
 
 log = get_logger(__name__)
 
 INDEX_DIR = "index"
+VECTORS_DIR = "vectors"
+PROGRESS_FILE = "recall.json"  # in .os/state/: the server's recall status, for `memory status` in a shell
+PUBLISH_EVERY = 5.0
+FRESH = 30.0  # a published status older than this is the last word of a server that is gone
 AUTO_RECALL_TIMEOUT = 0.5
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable  # a recall slower than this is skipped: the message goes as it is
 
 
 def index_path(memory_dir: Path) -> Path:
     return memory_dir / INDEX_DIR
+
+
+def vectors_path(memory_dir: Path, model: str) -> Path:
+    """The vector store of `model`'s vectors (a store per model: another model's are embedded again)."""
+    return store_dir(memory_dir / VECTORS_DIR, model)
+
+
+def published(layout: Layout, now: float | None = None) -> dict[str, Any] | None:
+    """What the running server last said about recall (its embedding rate...), if it said it lately."""
+    try:
+        found = json.loads((layout.state_dir / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    at = found.get("at") if isinstance(found, dict) else None
+    fresh = isinstance(at, (int, float)) and abs((time.time() if now is None else now) - at) <= FRESH
+    return found if fresh else None
 
 
 def read_connection(path: Path) -> sqlite3.Connection:
@@ -77,23 +103,28 @@ class RecallService:
         self._embed_model: Embedder | None = None
         self.index = Worker("recall-index", self._the_index)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
-        self.embedder: Worker[Embedder] = Worker("recall-embed", self._the_embedder)
-        self.indexer = Indexer(transcript, memory, self.index, self.searcher)
+        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station)
+        self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
+        self._publisher: asyncio.Task[None] | None = None
 
     def _the_index(self) -> RecallIndex:
         assert self._index is not None
         return self._index
 
-    def _the_embedder(self) -> Embedder:
-        assert self._embed_model is not None
-        return self._embed_model
+    def _vectors(self) -> Path:
+        assert self._dense_status.model is not None
+        return vectors_path(self.settings.layout.memory_dir, self._dense_status.model)
+
+    def _the_station(self) -> Station:
+        assert self._embed_model is not None and self._dense_status.model is not None
+        return Station(self._embed_model, VectorWriter(self._vectors(), self._dense_status.model))
 
     def _open_searcher(self) -> Searcher:
         dense = None
         if self._query_model is not None:
-            dense = Dense(self._query_model, VectorIndex(), self.settings.recall_dense_weight)
+            dense = Dense(self._query_model, VectorReader(self._vectors()), self.settings.recall_dense_weight)
         return Searcher(read_connection(self.settings.layout.memory_db), self._the_index(), dense)
 
     async def start(self) -> None:
@@ -116,10 +147,26 @@ class RecallService:
         if self._embed_model is not None:
             self.indexer.embed, self.indexer.model = self.embedder, self._dense_status.model
         await self.indexer.start(fresh_index=fresh)
+        self._publisher = asyncio.create_task(self._publish(), name="recall-progress")
         log.info("recall_started", index=str(self.path), fresh=fresh, dense=self._dense_status.available,
                  dense_detail=self._dense_status.detail)
 
+    async def _publish(self) -> None:
+        """The status, for `memory status` run in a shell, every PUBLISH_EVERY seconds."""
+        path = self.settings.layout.state_dir / PROGRESS_FILE
+        while True:
+            await asyncio.sleep(PUBLISH_EVERY)
+            try:
+                body = json.dumps({**self.status(), "at": time.time()}).encode()
+                await asyncio.to_thread(atomic_write, path, body)
+            except OSError as exc:  # a full disk: the status waits, nothing else does
+                log.warning("recall_progress_unwritten", error=repr(exc)[:200])
+
     async def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
         await self.indexer.stop()
         await asyncio.gather(self.searcher.close(), self.embedder.close())
         await self.index.close()  # the writer finishes its merges and lets go of the directory

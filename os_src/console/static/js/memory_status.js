@@ -14,6 +14,37 @@ function spend(label, s) {
     el("div", { class: "sub", text: `${plural(s.batches, "batch", "batches")}${s.failed_batches ? ` (${s.failed_batches} failed)` : ""} · ${count(s.input_tokens)} in · ${count(s.output_tokens)} out tokens` }));
 }
 
+function duration(seconds) {
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+// How far search has caught up: turns indexed by their words, embedded for meaning (newest first, in
+// the background), and an import the server is applying.
+function recall(r) {
+  if (!r) return [];
+  const searchable = r.turns - r.waiting_for_index;
+  const out = [stat("Turns searchable", `${count(searchable)} of ${count(r.turns)}`, "memory-searchable")];
+  if (r.embedded !== null) {
+    const rate = r.waiting_for_vectors && r.per_second ? ` · ${r.per_second}/s, about ${duration(r.eta_s)} left` : "";
+    out.push(el("div", { class: "stat wide", testid: "memory-embedding" },
+      el("div", { class: "label", text: "Found by meaning (embedded)" }),
+      el("div", { class: "value", text: `${count(r.embedded)} of ${count(r.turns)}` }),
+      el("div", { class: "sub", text: r.waiting_for_vectors ? `${count(r.waiting_for_vectors)} waiting, newest first${rate}` : "all embedded" })));
+  }
+  if (r.importing !== null) out.push(stat("Importing", `${count(r.imported)} of ${count(r.importing)} turns`, "memory-importing"));
+  return out;
+}
+
+// The agent's own calls today against its daily cap (the relay refuses them past it).
+function agentSpend(a) {
+  const refused = Object.entries(a.refused_today).map(([why, n]) => `${n} ${why}`).join(", ");
+  return el("div", { class: "stat wide", testid: "agent-spend" }, el("div", { class: "label", text: "Agent spent today (UTC)" }),
+    el("div", { class: "value", text: `${dollars(a.spent_today_usd)} of ${dollars(a.daily_usd)}` }),
+    el("div", { class: "sub", text: `${plural(a.calls_today, "model call")}${refused ? ` · refused: ${refused}` : ""} · starts again ${when(a.resets_at)}` }));
+}
+
 export class HealthPanel {
   constructor(root, connection) {
     this.conn = connection;
@@ -39,9 +70,11 @@ export class HealthPanel {
         el("div", { class: "value", text: b ? `#${b.id} ${b.status}` : "none yet" }),
         el("div", { class: "sub", text: b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "" })),
       spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
+      ...(h.agent ? [agentSpend(h.agent)] : []),
       stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
-      stat("Pending actions", count(h.pending_actions)));
+      stat("Pending actions", count(h.pending_actions)),
+      ...recall(h.recall));
     clear(this.audit).append(...entries.map((e) => el("li", {},
       el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail)));
     if (!entries.length) this.audit.append(el("li", { class: "empty", text: "No edits, rollbacks or forgettings yet." }));

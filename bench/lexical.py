@@ -1,0 +1,80 @@
+"""Word search at scale when every question names someone half the memory mentions.
+
+    python -m bench --only lexical [--quick]
+
+The recall benchmark's questions among N filler turns and N filler learnings (bench/recall/build.py's
+filler, N = 1,000,000; --quick: 20,000), with "Dana" added to every other document and to every
+question: a name that half the documents hold, as a person's partner or child is in a real
+memory. Each question is asked through `recall.Searcher` (lexical: tantivy BM25 with neighbours,
+what search_memory runs first), and also without the name, side by side. Latency is the searching
+thread's CPU time (the machine is shared), p50 / p95.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.recall import build
+from bench.recall.run import _pct
+from sprite_os.commands.memory_search import open_searcher
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.documents import build as build_index
+from sprite_os.memory.recall.documents import write_marks
+from sprite_os.memory.recall.service import index_path
+
+NAME = "Dana"
+QUESTIONS = 1_000
+
+
+def workspace(n: int) -> Path:
+    """The benchmark's turns as the newest among n filler turns and n learnings, half of everything
+    naming NAME; built once and cached."""
+    turns, _ = build.benchmark()
+    path = build.CACHE / f"lexical-name-{n}"
+    built = path / "built"
+    if built.exists():
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    settings = build.settings_for(path)
+    settings.layout.ensure()
+    shutil.copyfile(build._filler(n), settings.layout.memory_db)
+    memory = MemoryDB(settings.layout.memory_db)
+    ep.add(memory.conn, [ep.Episode(build.NEW_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
+                         for i, t in enumerate(turns)])
+    memory.conn.execute(f"UPDATE episodes SET text = text || ' {NAME}' WHERE id % 2 = 0")
+    memory.conn.execute(f"UPDATE learnings SET content = content || ' {NAME}' WHERE id % 2 = 0")
+    write_marks(memory.conn, build_index(memory.conn, index_path(settings.layout.memory_dir), build._progress))
+    memory.close()
+    built.write_text("ok\n")
+    return path
+
+
+def lexical(quick: bool) -> dict[str, Any]:
+    n = 20_000 if quick else 1_000_000
+    _, questions = build.benchmark()
+    questions = questions[:: max(1, len(questions) // QUESTIONS)][:QUESTIONS]
+    settings = build.settings_for(workspace(n))
+    searcher = open_searcher(settings, lexical=True)
+    index = searcher.index
+    assert index is not None
+    docs = index.documents
+    out: dict[str, Any] = {"documents": docs, "questions": len(questions)}
+    try:
+        for label, suffix in (("with_name", f" {NAME}?"), ("without", "")):
+            for q in questions[:20]:  # warm the page cache
+                searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
+            cpu = []
+            for q in questions:
+                started = time.thread_time()
+                searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
+                cpu.append((time.thread_time() - started) * 1000)
+            out[label] = {"cpu_p50_ms": _pct(cpu, 0.5), "cpu_p95_ms": _pct(cpu, 0.95), "cpu_max_ms": _pct(cpu, 1.0)}
+        name_docs = index.index.searcher().doc_freq("text", NAME.lower())
+        out["name_share"] = round(name_docs / docs, 3)
+    finally:
+        searcher.close()
+    return out

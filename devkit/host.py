@@ -1,0 +1,157 @@
+"""What a test run changes on the host, put back when it ends (tests/conftest.py holds one).
+
+Tests that run the agent as its own user, as root, change the machine: they make Unix users, set
+kernel settings (deploy_contract.SYSCTLS) and their /etc/sysctl.d file, and copy the CLI under
+/var/lib/sprite-os/cli. A run's users are its own (named for it), and removed at its end if it
+made them; so is the copy of its own venv's CLI (another checkout's is that run's to remove). The
+kernel settings are shared by every run on the machine, and two checkouts may test at once: the
+first run in records how the host was, and the last one out restores it (runs find each other by
+their pid files under RUNS, under a lock). Root only; without root a run changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sprite_os import procfs
+from sprite_os.deploy_contract import SYSCTLS
+from sprite_os.isolation import cgroups
+from sprite_os.isolation.launch import CLI_CACHE, cli_copy, kill_processes_of
+
+RUNS = Path("/run/sprite-os-test-runs")
+SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")  # what bootstrap/deploy.py writes
+BASELINE = "baseline.json"
+
+
+def _sysctl(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")
+
+
+def snapshot() -> dict[str, Any]:
+    """How the host is now, in what test runs share."""
+    conf = SYSCTL_CONF.read_text() if SYSCTL_CONF.is_file() else None
+    return {"sysctls": {name: _sysctl(name).read_text().strip() for name in SYSCTLS}, "sysctl_conf": conf,
+            "cli_cache": CLI_CACHE.exists(), "cli_cache_parent": CLI_CACHE.parent.exists()}
+
+
+def restore(baseline: dict[str, Any]) -> list[str]:
+    """Put the host back as `baseline` found it; what was changed back."""
+    done = []
+    for name, value in baseline["sysctls"].items():
+        if _sysctl(name).read_text().strip() != value:
+            _sysctl(name).write_text(value + "\n")
+            done.append(f"{name}={value}")
+    conf = baseline["sysctl_conf"]
+    if conf is None and SYSCTL_CONF.exists():
+        SYSCTL_CONF.unlink()
+        done.append(f"removed {SYSCTL_CONF}")
+    elif conf is not None and (not SYSCTL_CONF.is_file() or SYSCTL_CONF.read_text() != conf):
+        SYSCTL_CONF.write_text(conf)
+        done.append(f"restored {SYSCTL_CONF}")
+    for directory, existed in ((CLI_CACHE, baseline["cli_cache"]), (CLI_CACHE.parent, baseline["cli_cache_parent"])):
+        if not existed:
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty: another run's or program's files stay
+                done.append(f"removed {directory}")
+    return done
+
+
+def own_cli_copy() -> Path | None:
+    """Where this venv's CLI is copied for the agent's user (isolation/launch.py), if it bundles
+    one; found without importing the SDK (seconds), which a unit-test run never needs."""
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        return cli_copy((Path(spec.origin).parent / "_bundled" / "claude").resolve(), CLI_CACHE).parent
+    except OSError:
+        return None
+
+
+def remove_copy(copy: Path) -> bool:
+    """Remove a CLI copy no process runs."""
+    if not copy.is_dir() or str(copy / "claude") in {procfs.exe(pid) for pid in procfs.pids()}:
+        return False
+    shutil.rmtree(copy, ignore_errors=True)
+    return True
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    RUNS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(RUNS / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _live_runs() -> list[int]:
+    return [int(p.stem) for p in RUNS.glob("*.run") if p.stem.isdigit() and procfs.alive(int(p.stem))]
+
+
+class HostLedger:
+    """`with HostLedger(users) as host:` around a test run; `users`: the names the run may make."""
+
+    def __init__(self, users: tuple[str, ...]) -> None:
+        self.users = users
+        self._existed: set[str] = set()
+        self._copy: Path | None = None
+        self._copy_existed = True
+        self.restored: list[str] = []
+        self.active = os.geteuid() == 0
+
+    def __enter__(self) -> HostLedger:
+        if not self.active:
+            return self
+        self._existed = {name for name in self.users if _exists(name)}
+        self._copy = own_cli_copy()
+        self._copy_existed = self._copy is not None and self._copy.exists()
+        with _locked():
+            if not (RUNS / BASELINE).exists():  # else another run's, or one that died before it could restore
+                (RUNS / BASELINE).write_text(json.dumps(snapshot()))
+            (RUNS / f"{os.getpid()}.run").touch()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if not self.active:
+            return
+        for name in self.users:
+            if name not in self._existed and _exists(name):
+                remove_user(name)
+                self.restored.append(f"removed user {name}")
+        cgroups.remove_groups_of(os.getpid())
+        if self._copy is not None and not self._copy_existed and remove_copy(self._copy):
+            self.restored.append(f"removed {self._copy}")
+        with _locked():
+            (RUNS / f"{os.getpid()}.run").unlink(missing_ok=True)
+            if not _live_runs():  # the last run out
+                with contextlib.suppress(OSError, ValueError):
+                    self.restored += restore(json.loads((RUNS / BASELINE).read_text()))
+                (RUNS / BASELINE).unlink(missing_ok=True)
+
+
+def _exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def remove_user(name: str) -> None:
+    """End the user's processes, then remove it, its group and its home. Root only."""
+    entry = pwd.getpwnam(name)
+    for _ in range(3):
+        if not kill_processes_of(entry.pw_uid):
+            break
+    subprocess.run(["userdel", name], capture_output=True, check=False)
+    shutil.rmtree(entry.pw_dir, ignore_errors=True)

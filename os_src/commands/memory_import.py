@@ -1,0 +1,158 @@
+"""`sprite-os memory import FILE.jsonl`: past conversations in, through the workspace's one writer.
+
+The file's lines are checked here (a bad line is reported with its number and skipped) and the
+good ones written to the import inbox (memory/import_inbox.py). Then whoever writes the
+workspace's memory applies them:
+
+- no server runs: this command takes the writer lock, records the turns, and indexes them
+  (newest first), so they are searchable when it returns; their vectors are made by the
+  server, in the background, newest first, from its next start;
+- a server runs (it holds the lock): the server applies the inbox and indexes and embeds the
+  turns as it does live ones; this command waits for it and prints its progress;
+- another holder that takes no imports (`memory rebuild`): the turns wait in the inbox for
+  the server's next start, and this command says so.
+
+Only a regular file is read: a FIFO or a device named by mistake is refused at once rather than
+read forever.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from ..config import Settings
+from ..errors import LockHeld, UsageError
+from ..fsutil import WriterLock
+
+TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
+WAIT_POLL = 0.2  # how often the command looks at the writer's progress
+SHOW_EVERY = 2.0
+
+
+def open_regular(path: Path) -> TextIO:
+    """The file, for reading text (a BOM is skipped), if it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open would wait for a writer
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise UsageError(f"{path} is {kind}, not a file: memory import reads a JSONL file")
+    os.set_blocking(fd, True)
+    return open(fd, encoding="utf-8-sig", errors="replace")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def import_main(settings: Settings, path: Path) -> int:
+    from ..memory.import_inbox import write
+    from ..memory.importer import ReadReport, read_turns
+
+    source = open_regular(path)
+    layout = settings.layout
+    layout.ensure()  # a workspace that never served: its memory folder is made here
+    found = ReadReport()
+    with source:
+        inbox, n = write(layout, read_turns(source, found))
+    for number, why in found.bad:
+        _say(f"{path}:{number}: skipped: {why}")
+    status = 1 if found.bad else 0
+    if n == 0:
+        inbox.unlink(missing_ok=True)
+        print(f"imported 0 turns: no line of {path} holds one ({len(found.bad)} bad lines)")
+        return status
+    lock = WriterLock(layout.memory_lock)
+    try:
+        lock.acquire()
+    except LockHeld:
+        return _through_server(inbox, found.sessions, len(found.bad)) or status
+    try:
+        _apply_here(settings, inbox, found.sessions, len(found.bad))
+    finally:
+        lock.release()
+    return status
+
+
+def _summary(added: int, already: int, sessions: int, bad: int) -> str:
+    return f"imported {added} turns from {sessions} sessions ({already} already recorded, {bad} bad lines)"
+
+
+def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -> None:
+    """No server runs: this process is the writer. Every inbox file is applied (this one, and any an
+    earlier import left), then the new turns indexed."""
+    from ..memory.import_inbox import DONE, apply_file, progress_path, waiting
+    from ..memory.memory_store import MemoryDB
+    from ..memory.recall.documents import catch_up
+    from ..memory.recall.index import RecallIndex
+    from ..memory.recall.service import index_path
+    from ..memory.transcript_store import TranscriptDB
+
+    layout = settings.layout
+    transcript, mine, show = TranscriptDB(layout.transcript_db), None, Progress()
+    try:
+        for path in waiting(layout):
+            done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
+            progress_path(path, DONE).unlink(missing_ok=True)  # said below, not left for a waiting CLI
+            mine = done if path == inbox else mine
+        memory = MemoryDB(layout.memory_db)
+        try:
+            index = RecallIndex(index_path(layout.memory_dir), writable=True)
+            try:
+                catch_up(transcript, memory.conn, index, show)
+            finally:
+                index.close()
+        finally:
+            memory.close()
+    finally:
+        transcript.close()
+    assert mine is not None
+    print(_summary(mine.added, mine.already, len(sessions), bad) + "; searchable now. The server embeds them "
+          "from its next start, newest first (`memory status` shows how many wait).")
+
+
+class Progress:
+    """Progress lines on stderr, one every SHOW_EVERY seconds, and the last."""
+
+    def __init__(self) -> None:
+        self.shown = 0.0
+
+    def __call__(self, what: str, done: int, of: int) -> None:
+        now = time.monotonic()
+        if done >= of or now - self.shown >= SHOW_EVERY:
+            self.shown = now
+            _say(f"  {what}: {done:,} of {of:,}")
+
+
+def _through_server(inbox: Path, sessions: set[str], bad: int) -> int:
+    """The lock is held, by the server if it takes the file: wait for it to apply it. Returns 0 when it
+    did, 3 when nobody took it (it stays queued)."""
+    from ..memory.import_inbox import DONE, progress_path, read_progress
+
+    started, show = time.monotonic(), Progress()
+    while (p := read_progress(inbox)) is None:
+        if time.monotonic() - started > TAKE_WAIT:
+            print(f"the workspace's memory is held by a process that takes no imports (`memory rebuild`?): the "
+                  f"turns wait in {inbox} and are imported when the server next starts")
+            return 3
+        time.sleep(WAIT_POLL)
+    _say("the running server is recording the turns")
+    while not p.done:
+        if p.error:
+            _say(f"  the server failed to apply them ({p.error}); it tries again")
+        show("recorded", p.applied, p.turns)
+        time.sleep(WAIT_POLL)
+        p = read_progress(inbox) or p
+    print(_summary(p.added, p.already, len(sessions), bad) + "; the server indexes them now and embeds them in "
+          "the background, newest first (`memory status` shows how many wait).")
+    progress_path(inbox, DONE).unlink(missing_ok=True)
+    return 0

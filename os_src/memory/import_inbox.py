@@ -1,0 +1,212 @@
+"""The import inbox: how `memory import` hands its turns to the workspace's one writer.
+
+transcript.db has one writer: the running server, or whoever holds the writer lock. So the
+CLI never writes beside a server: it checks the file's lines and writes the good ones, as
+fsync'd JSON lines, to `.os/state/imports/<name>.jsonl` (renamed into place once whole),
+and the writer applies it:
+
+- the server looks for inbox files every INBOX_POLL seconds and applies one at a time, a chunk a
+  transaction on transcript.db's thread (capture's writes go between chunks), writing
+  `<name>.progress.json` as it goes and `<name>.done.json` when it is over; the CLI waits
+  for that and prints it;
+- a CLI that holds the writer lock (no server runs) applies the inbox itself, the same way.
+
+A writer killed mid-file applies it again from the start at its next start: a turn's identity
+makes the second pass add only what the first did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..db_worker import Worker
+from ..fsutil import atomic_write
+from ..logs import get_logger
+from ..paths import Layout
+from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
+from .transcript_store import ImportedTurn, TranscriptDB
+
+log = get_logger(__name__)
+
+INBOX = "imports"
+INBOX_POLL = 1.0
+SUFFIX, PROGRESS, DONE = ".jsonl", ".progress.json", ".done.json"
+
+
+class Progress(msgspec.Struct):
+    """An inbox file as its writer reports it."""
+
+    name: str
+    turns: int  # in the file
+    applied: int = 0
+    added: int = 0
+    already: int = 0
+    done: bool = False
+    error: str | None = None
+    at: float = 0.0
+
+
+def inbox_dir(layout: Layout) -> Path:
+    return layout.state_dir / INBOX
+
+
+def waiting(layout: Layout) -> list[Path]:
+    """Inbox files not yet applied, oldest first."""
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX))
+    return []
+
+
+def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
+    """The turns as a new inbox file (whole or not at all). Returns its path and how many it holds."""
+    folder = inbox_dir(layout)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
+    partial, final = folder / f".{name}.partial", folder / f"{name}{SUFFIX}"
+    encoder, n = msgspec.json.Encoder(), 0
+    try:
+        with partial.open("wb") as f:
+            for turn in turns:
+                f.write(encoder.encode(turn) + b"\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(partial, 0o600)
+        os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return final, n
+
+
+def read(path: Path) -> Iterator[ImportedTurn]:
+    decoder = msgspec.json.Decoder(ImportedTurn)
+    with path.open("rb") as f:
+        for line in f:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):  # a torn line: never written whole
+                yield decoder.decode(line)
+
+
+def count(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+def progress_path(path: Path, kind: str) -> Path:
+    return path.with_name(path.name.removesuffix(SUFFIX) + kind)
+
+
+def report(path: Path, p: Progress) -> None:
+    atomic_write(progress_path(path, DONE if p.done else PROGRESS), msgspec.json.encode(p))
+
+
+def finish(path: Path, p: Progress) -> None:
+    """The file is applied: say so, and take it out of the inbox."""
+    p.done, p.at = True, time.time()
+    report(path, p)
+    path.unlink(missing_ok=True)
+    progress_path(path, PROGRESS).unlink(missing_ok=True)
+
+
+def read_progress(path: Path) -> Progress | None:
+    """The writer's last word on an inbox file: done, in progress, or nothing yet."""
+    for kind in (DONE, PROGRESS):
+        with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return msgspec.json.decode(progress_path(path, kind).read_bytes(), type=Progress)
+    return None
+
+
+class Tally:
+    """One inbox file's application, chunk by chunk: its progress, and each session's last turn."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.progress = Progress(path.name, count(path))
+        self.totals = ApplyReport()
+        self.last: dict[str, float] = {}
+
+    def chunks(self) -> Iterator[list[ImportedTurn]]:
+        return chunks(read(self.path), APPLY_CHUNK)
+
+    def applied(self, chunk: list[ImportedTurn], ids: list[int | None]) -> Progress:
+        record(self.totals, chunk, ids, self.last)
+        p = self.progress
+        p.applied, p.added, p.already, p.at = self.totals.turns, self.totals.added, self.totals.already, time.time()
+        report(self.path, p)
+        return p
+
+
+def apply_file(transcript: TranscriptDB, path: Path, on_progress: Callable[[Progress], None] | None = None) -> Progress:
+    """Apply one inbox file here (the caller is the writer: it holds the lock)."""
+    tally = Tally(path)
+    for chunk in tally.chunks():
+        p = tally.applied(chunk, transcript.import_turns(chunk))
+        if on_progress:
+            on_progress(p)
+    end_sessions(transcript, tally.last)
+    finish(path, tally.progress)
+    return tally.progress
+
+
+class ImportInbox:
+    """The server's side: one task applies inbox files through transcript.db's thread, and tells the
+    indexer each time turns land."""
+
+    def __init__(self, layout: Layout, transcript: Worker[TranscriptDB], landed: Callable[[], None]) -> None:
+        self.layout, self.transcript, self.landed = layout, transcript, landed
+        self.current: Progress | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="import-inbox")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            for path in await asyncio.to_thread(waiting, self.layout):
+                try:
+                    await self._apply(path)
+                except Exception as exc:  # the file stays: applied again (idempotently) at the next look
+                    log.exception("import_failed", file=path.name, error=repr(exc)[:300])
+                    if self.current is not None:
+                        self.current.error = repr(exc)[:300]
+                        await asyncio.to_thread(report, path, self.current)
+                    await asyncio.sleep(5 * INBOX_POLL)
+                finally:
+                    self.current = None
+            await asyncio.sleep(INBOX_POLL)
+
+    async def _apply(self, path: Path) -> None:
+        tally = await asyncio.to_thread(Tally, path)
+        self.current = tally.progress
+        await asyncio.to_thread(report, path, tally.progress)  # taken: the CLI stops waiting for a writer
+        chunks = await asyncio.to_thread(tally.chunks)
+        while chunk := await asyncio.to_thread(next, chunks, None):
+            ids = await self.transcript.call(partial(TranscriptDB.import_turns, turns=chunk))
+            await asyncio.to_thread(tally.applied, chunk, ids)
+            if any(i is not None for i in ids):
+                self.landed()
+        await self.transcript.call(partial(end_sessions, last=tally.last))
+        p = tally.progress
+        await asyncio.to_thread(finish, path, p)
+        log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
+
+    def status(self) -> dict[str, Any] | None:
+        p = self.current
+        return None if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied, "added": p.added,
+                                       "already": p.already}

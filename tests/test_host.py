@@ -1,0 +1,102 @@
+"""A test run leaves the host as it found it (devkit/host.py), with the host's paths faked: the first
+run in records the kernel settings, their /etc file and the CLI copies; the last one out restores
+them; a run removes the users it made, and only those."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devkit import host
+
+
+@pytest.fixture
+def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    sysctls = tmp_path / "proc-sys"
+    for name in host.SYSCTLS:
+        path = sysctls / name.replace(".", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("0\n")
+    monkeypatch.setattr(host, "_sysctl", lambda name: sysctls / name.replace(".", "/"))
+    monkeypatch.setattr(host, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(host, "SYSCTL_CONF", tmp_path / "60-sprite-os.conf")
+    monkeypatch.setattr(host, "CLI_CACHE", tmp_path / "lib" / "cli")
+    monkeypatch.setattr(host, "own_cli_copy", lambda: tmp_path / "lib" / "cli" / "2.0-new")
+    monkeypatch.setattr(host.os, "geteuid", lambda: 0)
+    (tmp_path / "lib" / "cli" / "1.0-old").mkdir(parents=True)
+    return tmp_path
+
+
+def change_the_host(root: Path) -> None:
+    """What a run's user-mode servers and deploys do."""
+    for name in host.SYSCTLS:
+        host._sysctl(name).write_text("1\n")
+    (root / "60-sprite-os.conf").write_text("fs.protected_hardlinks = 1\n")
+    (root / "lib" / "cli" / "2.0-new").mkdir()
+    (root / "lib" / "cli" / "2.0-new" / "claude").write_text("#!/bin/sh\n")
+
+
+def test_the_last_run_out_puts_the_host_back(fake_host: Path) -> None:
+    with host.HostLedger(()) as run:
+        change_the_host(fake_host)
+    assert all(host._sysctl(name).read_text() == "0\n" for name in host.SYSCTLS)
+    assert not (fake_host / "60-sprite-os.conf").exists()
+    assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old"]  # what was there stays
+    assert len(run.restored) == len(host.SYSCTLS) + 2  # the settings, the file, the copy
+    assert not (fake_host / "runs" / host.BASELINE).exists()
+
+
+def test_while_another_run_goes_on_nothing_is_put_back_and_it_restores_what_the_first_found(fake_host: Path) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # another checkout's run
+    try:
+        (fake_host / "runs").mkdir()
+        with host.HostLedger(()):
+            (fake_host / "runs" / f"{other.pid}.run").touch()  # it started after this one
+            change_the_host(fake_host)
+        assert host._sysctl("fs.protected_symlinks").read_text() == "1\n"  # still in use by the other run
+        assert (fake_host / "runs" / host.BASELINE).exists()
+        with host.HostLedger(()):  # a third run, while the other goes on: the first baseline stands
+            pass
+        (fake_host / "runs" / f"{other.pid}.run").unlink()
+        with host.HostLedger(()):
+            pass  # the last one out
+        assert host._sysctl("fs.protected_symlinks").read_text() == "0\n"
+        assert not (fake_host / "60-sprite-os.conf").exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_copy_of_another_runs_cli_is_that_runs_to_remove(fake_host: Path) -> None:
+    with host.HostLedger(()):
+        change_the_host(fake_host)
+        (fake_host / "lib" / "cli" / "3.0-another-checkout").mkdir()
+    assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old", "3.0-another-checkout"]
+
+
+def test_a_copy_some_process_runs_is_kept(fake_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with host.HostLedger(()):
+        change_the_host(fake_host)
+        running = str(fake_host / "lib" / "cli" / "2.0-new" / "claude")
+        monkeypatch.setattr(host.procfs, "exe", lambda pid: running if pid == os.getpid() else "")
+    assert (fake_host / "lib" / "cli" / "2.0-new").is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="users are made and removed by root")
+def test_a_run_removes_the_users_it_made_and_no_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from sprite_os.deploy_contract import ensure_agent_user
+
+    monkeypatch.setattr(host, "RUNS", tmp_path / "runs")
+    made = f"sprite-h{os.getpid()}"
+    try:
+        with host.HostLedger((made, "root")):
+            ensure_agent_user(made)
+        assert not host._exists(made) and host._exists("root")
+        assert not Path(f"/var/lib/{made}").exists()
+    finally:
+        if host._exists(made):
+            host.remove_user(made)

