@@ -50,6 +50,7 @@ from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
     AgentHealth,
     Command,
+    CostMeter,
     EndSession,
     Inbox,
     SessionState,
@@ -70,6 +71,7 @@ log = get_logger(__name__)
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
+MAX_NOTES = 20  # things the person did outside the conversation, told with their next message
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -133,9 +135,11 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
+        self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
+        self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
+        self._costs = CostMeter()
         self.health = AgentHealth()
         self.session_id = new_session_id()
 
@@ -154,6 +158,11 @@ class AgentRuntime:
     def new_session(self) -> None:
         self._refuse_if_closing()
         self._put(EndSession("new_session"))
+
+    def note(self, text: str) -> None:
+        """Something the person did outside the conversation (an upload): the agent is told with their
+        next message, as context before it."""
+        self._notes = [*self._notes, text][-MAX_NOTES:]
 
     def _refuse_if_closing(self) -> None:
         if not self._session.accepting:
@@ -177,6 +186,10 @@ class AgentRuntime:
     @property
     def turn_id(self) -> str | None:
         return self._running.turn_id if self._running else None
+
+    @property
+    def turn_text(self) -> str | None:
+        return self._running.text if self._running else None
 
     @property
     def cli_running(self) -> bool:
@@ -273,7 +286,7 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text) if self._memory is not None else NoRecord()
+        record = self._memory.turn_started(turn.text, turn.turn_id) if self._memory is not None else NoRecord()
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
@@ -286,8 +299,8 @@ class AgentRuntime:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
-                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
-                record.close(result)
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
                 await self._saved(turn, record)
                 self._publish_result(turn, result, out)
         finally:
@@ -336,6 +349,7 @@ class AgentRuntime:
             record.observe(message)
             if isinstance(message, ResultMessage):
                 result = message  # its frames wait until the turn is durable (_run_turn)
+                turn.cost = self._costs.charge(message.total_cost_usd)
             else:
                 self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
@@ -343,15 +357,20 @@ class AgentRuntime:
         return result
 
     async def _recalled(self, turn: Turn) -> str | None:
-        """The memories auto-recall found for `turn`, sent before the person's message (looked up
-        once per turn: a resend sends the same). Capture records the message alone."""
-        if self._memory is None:
-            return None
+        """The context sent before the person's message: what they did meanwhile (the notes), then
+        the memories auto-recall found for `turn` (looked up once per turn: a resend sends the
+        same). Capture records the message alone."""
         if self._prompted is None or self._prompted[0] != turn.turn_id:
-            recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+            notes, self._notes = self._notes, []
+            recalled = None
+            if self._memory is not None:
+                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
-            self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
+            said = "\n".join(f"- {n}" for n in notes)
+            parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
+                     recalled.context if recalled is not None else None]
+            self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
@@ -372,7 +391,7 @@ class AgentRuntime:
                 log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
             elif isinstance(frame, p.TurnComplete):
                 log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                         duration_ms=result.duration_ms, cost_usd=result.total_cost_usd, turns=result.num_turns)
+                         duration_ms=result.duration_ms, cost_usd=frame.cost_usd, turns=result.num_turns)
 
     async def _cli_lost(self) -> None:
         """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
@@ -402,6 +421,7 @@ class AgentRuntime:
 
     def _begin_session(self) -> None:
         self._session.began()
+        self._costs.new_session()
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
@@ -434,6 +454,7 @@ class AgentRuntime:
             system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
             # Owned from before connect: a connect that fails half-way still gets its process ended.
             self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+            self._costs.new_process()  # its running total starts from zero
             await cli.connect()
         except Exception as exc:  # a disk, a CLI missing or failing at its start, memory: not this turn's fault
             reason = _reason(exc)

@@ -27,7 +27,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -42,9 +42,13 @@ from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
 from .agent.spend_book import SPEND_FILE, SpendBook
 from .config import Settings, describe, resolve_token
+from .console import requests as rq
+from .console.cards import CardsConsole
+from .console.files_api import FilesConsole
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
-from .console.pages import ConsolePages, http_response
+from .console.pages import DOWNLOAD_PATH, ConsolePages, http_response, is_upgrade
+from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .fsutil import WriterLock
@@ -92,7 +96,7 @@ class SpriteOS:
         layout = settings.layout
         self.hub = EventHub()
         self.metrics = Metrics()
-        publish = DeltaCoalescer(self._publish)  # the runtime and the canvas share it: one order
+        publish = DeltaCoalescer(self._publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
         self.lock = WriterLock(layout.memory_lock)
@@ -106,9 +110,10 @@ class SpriteOS:
                                     model_env=self.relay.cli_env, launch=self.launch,
                                     retry_reason=self.spend.retry_reason,
                                     tool_servers=self._memory_tools if self.memory is not None else None)
-        memory_requests = (MemoryConsole(self.memory, agent_spend=self.spend.report).handle
-                           if self.memory is not None else None)
-        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
+        self._coalesced = publish  # what the console's requests publish through, in the same order
+        self.files = FilesConsole(layout, publish, self.runtime.note)
+        self.api = rq.ConsoleApi(*self._request_handlers())
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
@@ -120,6 +125,15 @@ class SpriteOS:
         """search_memory, over what memory holds: the agent's one way into it, read-only."""
         assert self.memory is not None
         return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
+
+    def _request_handlers(self) -> list[Mapping[type[rq.Request], rq.Handler]]:
+        """Who answers each request on the socket: memory's and past sessions' need memory."""
+        handlers = [CardsConsole(self.canvas).handlers, self.files.handlers]
+        if self.memory is not None:
+            handlers += [MemoryConsole(self.memory, agent_spend=self.spend.report).handlers,
+                         SessionsConsole(self.memory, lambda: self.runtime.session_id, self._coalesced,
+                                         self.runtime.new_session).handlers]
+        return handlers
 
     @property
     def port(self) -> int:
@@ -141,6 +155,7 @@ class SpriteOS:
             # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
             await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
         await self.relay.start()
+        await self.files.start()
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -182,7 +197,7 @@ class SpriteOS:
             functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
             functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
-            self.gateway.close_all, self._closed, self._stop_memory]
+            self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
         for step in steps:
             try:
                 await step()
@@ -234,6 +249,8 @@ class SpriteOS:
             else:
                 body = {"status": (await self.health(counts=False))["status"]}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if request.path.split("?", 1)[0] == DOWNLOAD_PATH and not is_upgrade(request):
+            return await self._download(conn, request)
         if request.path.split("?", 1)[0] == "/metrics":
             if not self._authorized(request):
                 return self._unauthorized(conn)
@@ -249,6 +266,14 @@ class SpriteOS:
             log.info("auth_rejected", remote=remote, presented=bearer_token(request) is not None)
             return self._unauthorized(conn)
         return None
+
+    async def _download(self, conn: ServerConnection, request: Request) -> Response:
+        """A file of the person's, with the token (an Authorization header: the page fetches it)."""
+        if not self._authorized(request):
+            return http_response(conn, HTTPStatus.UNAUTHORIZED, b"", "text/plain; charset=utf-8", request)
+        status, body, headers = await self.files.download(request.path.partition("?")[2])
+        kind = "application/octet-stream" if status is HTTPStatus.OK else "text/plain; charset=utf-8"
+        return http_response(conn, status, body, kind, request, headers=headers)
 
     @staticmethod
     def _unauthorized(conn: ServerConnection) -> Response:

@@ -287,15 +287,18 @@ def test_a_group_that_fails_rolls_back_every_write_in_it(tmp_path: Path) -> None
 
 def test_an_import_commits_in_groups_and_what_it_reports_is_committed(tmp_path: Path) -> None:
     """An import acknowledges what it added: each group of turns is one synced transaction (one
-    fsync), not one per turn, so a 1,200-turn file costs 4 and a long one stays fast under FULL."""
-    from sprite_os.memory.importer import IMPORT_GROUP, import_turns
+    fsync), not one per turn, so a 1,200-turn file costs 4 (three chunks, then the sessions' ends) and a long one stays
+    fast under FULL."""
+    import io
+
+    from sprite_os.memory.importer import APPLY_CHUNK, ReadReport, apply, read_turns
 
     BusyDB.hold, BusyDB.groups = None, 0
     db = BusyDB(tmp_path / "transcript.db")
     lines = [json.dumps({"session": f"s{n // 100}", "timestamp": 1_700_000_000 + n, "user": f"q{n}",
                          "assistant": f"a{n}"}) for n in range(1200)]
-    report = import_turns(db, lines)
-    assert report.added == 1200 and BusyDB.groups == -(-1200 // IMPORT_GROUP) + 1  # the groups, then the sessions' ends
+    report = apply(db, read_turns(io.StringIO("\n".join(lines)), ReadReport(), now=1_700_100_000))
+    assert report.added == 1200 and BusyDB.groups == -(-1200 // APPLY_CHUNK) + 1  # the groups, then the sessions' ends
     db.close()
     reread = TranscriptDB(tmp_path / "transcript.db")  # what another process finds: all of it
     assert reread.counts()["total"] == 1200

@@ -85,6 +85,11 @@ def test_a_correction_replaces_the_fact_in_the_boot_prompt_and_below_it_in_searc
     assert [x.id for x in remembered_now(memory, time.time()).recent] == [tea.id, old.id]
     assert [(h.id, h.replaced) for h in open_searcher(settings, lexical=True).search("Lisbon", time.time(), 10)] \
         == [(old.id, False)]
+    # So does forgetting the turn it came from, which deletes the correction's row.
+    set_forgotten(memory, fix.id, False, time.time())
+    assert [x.id for x in remembered_now(memory, time.time()).recent] == [fix.id, tea.id]
+    memory.conn.execute("DELETE FROM learnings WHERE id = ?", (fix.id,))
+    assert [x.id for x in remembered_now(memory, time.time()).recent] == [tea.id, old.id]
 
 
 def test_corrections_stored_before_the_upgrade_are_linked_by_the_migration(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ class FakeRecord:
     def observe(self, message: Any) -> None:
         self.seen.append(type(message).__name__)
 
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
 
     async def durable(self) -> bool:
@@ -126,7 +126,7 @@ class FakeMemory:
     def session_ended(self, session_id: str, reason: str) -> None:
         self.events.append(("session_ended", session_id, reason))
 
-    def turn_started(self, prompt: str) -> FakeRecord:
+    def turn_started(self, prompt: str, turn_id: str) -> FakeRecord:
         self.records.append(FakeRecord(self, prompt))
         return self.records[-1]
 
@@ -372,6 +372,19 @@ async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: 
     assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution"),
                                      ("session_ended", hm.rt.session_id, "shutdown")]
     assert hm.of(p.TurnComplete)[-1].status == "interrupted"
+
+
+async def test_what_the_person_did_meanwhile_goes_with_their_next_message_once(h: Harness) -> None:
+    h.rt.note("The person uploaded documents/a.pdf (1.0 KB) through the console.")
+    await h.turn("what did I upload?")
+    await h.turn("and now?")
+    first, second = h.clis[0].queries
+    [message] = [m async for m in first]  # type: ignore[attr-defined]
+    context, prompt = message["message"]["content"]
+    assert context["text"] == ("Since the last message, outside this conversation:\n"
+                               "- The person uploaded documents/a.pdf (1.0 KB) through the console.")
+    assert prompt["text"] == "what did I upload?"  # the message itself, as typed
+    assert second == "and now?"  # told once
 
 
 # ---------------------------------------------------------------- durable, then acknowledged

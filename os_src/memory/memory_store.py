@@ -231,8 +231,8 @@ class MemoryDB:
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND created_at <= ?
-                    AND forgotten_at IS NULL AND (replaced_by IS NULL OR replaced_by IN
-                        (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL))
+                    AND forgotten_at IS NULL AND (replaced_by IS NULL OR replaced_by NOT IN
+                        (SELECT id FROM learnings WHERE forgotten_at IS NULL))
                     ORDER BY id DESC LIMIT ?""",
                 (since, until, limit),
             ),

@@ -193,6 +193,10 @@ class BatchProcessor:
         ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
         call = _Call(self, observations, trigger, gate, build_prompt(before, observations, actions, ended))
         reply = await self._usable_reply(call)
+        if forgotten := await self.transcript.call(lambda t: t.forgotten_among(call.ids)):
+            # a person forgot a turn of it during the call: nothing it learned may stand; the rest runs again
+            await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
+            raise EditConflict("a turn was forgotten during the call")
         updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,6 +55,10 @@ BUDGET_RECHECK = 300.0
 MAX_CHUNK_TURNS = 100  # turns one call may carry when the token cap allows (a backlog's catch-up)
 
 
+async def _nothing() -> None:
+    pass
+
+
 @dataclass
 class DaemonHealth:
     last_success_at: float | None = None
@@ -88,6 +92,8 @@ class MemoryDaemon:
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+        # Run first in each pass: what a person's forget left for the files' one writer to do.
+        self.before_batches: Callable[[], Awaitable[object]] = _nothing
 
     # ------------------------------------------------------------ memory.db's one writer
 
@@ -242,6 +248,7 @@ class MemoryDaemon:
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
         self._proxy_down = False
+        await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             chunk = await self._next_chunk()

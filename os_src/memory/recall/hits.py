@@ -146,7 +146,8 @@ def _place_of(out: Sequence[Found], found: Sequence[Found], f: Found) -> int:
 
 
 def read(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> list[Found]:
-    """What memory.db holds of each ranked memory, in order; forgotten and vanished ones dropped."""
+    """What memory.db holds of each ranked memory, in order; forgotten (a turn's text is gone, a learning
+    is marked) and vanished ones dropped."""
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
     episodes = ep.get(conn, episode_ids) if episode_ids else {}
@@ -154,7 +155,7 @@ def read(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> list[Found]:
     replaced = corrections.replacements(conn, learning_ids)
     out = []
     for c in ranked:
-        if c.kind == "episode" and (e := episodes.get(c.id)) is not None:
+        if c.kind == "episode" and (e := episodes.get(c.id)) is not None and e.text:  # no text: forgotten
             out.append(Found(c, e.session_id, e.turn, e.id, "EPISODE", e.text, e.persons_part, e.agents_part))
         elif c.kind == "learning" and (row := learnings.get(c.id)) is not None:
             out.append(replace(row, candidate=c, replaced_by=replaced.get(c.id)))

@@ -26,8 +26,10 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,7 @@ from .documents import (
     write_marks,
 )
 from .index import RecallIndex
-from .vectors import VectorWriter
+from .vectors import VectorWriter, forget_everywhere
 
 log = get_logger(__name__)
 
@@ -86,6 +88,10 @@ class Station:
             return 0
         vectors = self.model.passages([text for _, _, text in batch])
         return self.writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
+
+    def forget(self, root: Path, ids: Sequence[int]) -> int:
+        """Turns a person forgot, out of this store and any other under `root` (this thread writes them)."""
+        return forget_everywhere(root, ids, self.writer)
 
     def adopt(self, page: list[tuple[int, float, bytes]]) -> None:
         matrix = np.frombuffer(b"".join(v for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
