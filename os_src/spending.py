@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .dates import DAY
 from .logs import get_logger
 
 log = get_logger(__name__)
@@ -32,8 +33,6 @@ PRICES: dict[str, tuple[float, float]] = {
 MOST_EXPENSIVE = max(PRICES.values(), key=lambda p: p[0] + p[1])
 # Prompt caching, as multiples of the input price: writing the cache costs more, reading it far less.
 CACHE_WRITE, CACHE_READ = 1.25, 0.1
-
-DAY = 86_400.0  # UTC days: epoch time has no leap seconds, so every day starts at a multiple of this
 
 _warned: set[str] = set()
 

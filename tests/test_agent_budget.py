@@ -24,7 +24,8 @@ from sprite_os.agent.budget import (
 from sprite_os.agent.spend_book import SpendBook, read_record, status_report
 from sprite_os.agent.usage import MAX_USAGE_EVENT, UsageMeter
 from sprite_os.config import ConfigError, load_settings
-from sprite_os.spending import DAY, cost_usd
+from sprite_os.dates import DAY
+from sprite_os.spending import cost_usd
 
 JAN_1_2030 = 1_893_456_000.0  # 2030-01-01 00:00:00 UTC
 NOON = JAN_1_2030 + DAY / 2

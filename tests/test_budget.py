@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from devkit.mock_bridge import MockBridge
 from sprite_os import spending as pricing
 from sprite_os.config import DEFAULT_BATCH_TOKENS, DEFAULT_MEMORY_MODEL
+from sprite_os.dates import DAY
 from sprite_os.errors import BudgetSpent
 from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.curation.budget import BudgetRecord
@@ -35,7 +36,7 @@ from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
 from sprite_os.memory.transcript_store import NewObservation, Observation
-from sprite_os.spending import DAY, MOST_EXPENSIVE, DailyBudget, cost_usd, day_start
+from sprite_os.spending import MOST_EXPENSIVE, DailyBudget, cost_usd, day_start
 from sprite_os.text import estimate_tokens
 from tests.conftest import make_settings, wait_for
 from tests.test_processor import Kit

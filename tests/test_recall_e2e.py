@@ -3,12 +3,16 @@ kept, is found by search_memory sessions later, and comes to the agent unasked w
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
 from sprite_os.memory.files import CURATED, MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.recall import service
 from tests.conftest import client_factory, running, wait_for
 from tests.test_memory_e2e import observations, turn
 
@@ -19,7 +23,11 @@ QUESTION = "Where did I leave the spare key for the shed?"
 
 
 async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(
-        bridge: MockBridge, settings: Settings) -> None:
+        bridge: MockBridge, settings: Settings, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what is recalled is the point here, not how fast (benchmarks.md): a loaded machine must not
+    # make auto-recall give up and send the message alone
+    monkeypatch.setattr(service, "AUTO_RECALL_TIMEOUT", 60.0)
     # the curator keeps nothing: the fact is in no curated file and no learning
     async with running(settings) as app, client_factory(app.port) as client:
         c = await client(hello={})
@@ -58,6 +66,14 @@ async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(
     context = next(t for t in texts if t.startswith("<recalled-memories>"))
     assert "blue flowerpot" in context and texts.index(context) < texts.index(QUESTION)
     assert observations(settings)[-1].user_message == QUESTION
+    # `sprite-os memory recall` shows the block and the memories the runtime sent, through its path
+    capsys.readouterr()
+    session = observations(settings)[-1].session_id
+    assert cli(["--workspace", str(settings.workspace), "memory", "recall", QUESTION, "--json",
+                "--session", session]) == 0
+    [shown] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(h["kind"], h["id"]) for h in shown["hits"]] == [(m["kind"], m["id"]) for m in frame["memories"]]
+    assert shown["block"] == context and shown["tokens"] == frame["tokens"]
 
 
 async def test_auto_recall_off_sends_the_message_alone(bridge: MockBridge, settings: Settings) -> None:

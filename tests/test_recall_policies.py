@@ -8,20 +8,31 @@ from datetime import UTC, datetime
 import pytest
 
 from devkit.mock_bridge.demo_curator import curate
+from sprite_os.memory.corrections import corrected
 from sprite_os.memory.curation.curator import SESSIONS_ENDED, build_prompt
 from sprite_os.memory.curation.reply import parse_reply
 from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import Learning
 from sprite_os.memory.recall import auto
-from sprite_os.memory.recall.searcher import (
-    Candidate,
+from sprite_os.memory.recall.hits import (
+    Found,
     RecallHit,
-    corrections_first,
-    order_by_time,
+    below_corrections,
+    drop_echoes,
+    fold_sources,
     snippet,
-    weighted_rrf,
 )
-from sprite_os.memory.recall.timeparse import time_cue
+from sprite_os.memory.recall.ranking import (
+    Candidate,
+    fuse,
+    lifted,
+    never_below_words,
+    order_by_time,
+    weighted_rrf,
+    with_neighbours,
+)
+from sprite_os.memory.recall.rarity import prior
+from sprite_os.memory.recall.timeparse import When, anchor_cue, time_cue
 from sprite_os.memory.transcript_store import Observation
 
 
@@ -51,6 +62,7 @@ def test_time_cue_finds_the_period_and_drops_its_words(query: str, start: float,
 
 def test_time_cue_current_and_none() -> None:
     assert time_cue("where does Tom live now?", NOW).current
+    assert time_cue("where does Tom work at present?", NOW).current
     plain = time_cue("which restaurant did Maya recommend?", NOW)
     assert plain.when is None and not plain.current and plain.rest == "which restaurant did Maya recommend?"
 
@@ -90,20 +102,87 @@ def test_order_by_time_puts_the_period_first_and_never_boosts_the_future() -> No
     assert [h.id for h in order_by_time([new, old], cue, False, NOW)] == [1, 2]
 
 
+def test_a_memory_meaning_cannot_see_counts_as_if_meaning_agreed_with_words() -> None:
+    """A turn without a vector yet (or a learning) is fused as if the dense retriever had ranked it where
+    words did; without that, the first of words fell to last behind three with vectors."""
+    lexical = [c(1), c(2), c(3), c(4)]
+    dense = [c(4), c(2), c(3)]  # 1 has no vector
+    plain = weighted_rrf([lexical, dense], [1.0, 1.0])
+    assert [x.id for x in plain] == [2, 4, 3, 1]  # what fusion did
+    fair = fuse(lexical, dense, lambda x: x.id != 1)
+    assert fair[0].id == 1 and fair[0].score == pytest.approx(2 / 11)
+    assert [x.id for x in fuse(lexical, dense, lambda x: True)] == [x.id for x in plain]  # all seen: plain RRF
+
+
+def test_a_memory_meaning_cannot_see_is_never_ranked_below_its_place_in_words_alone() -> None:
+    lexical = [c(1), c(2), c(3), c(4)]
+    ranked = [c(5), c(6), c(7), c(2), c(1), c(8)]  # 1 and 2 have no vector
+    out = never_below_words(ranked, lexical, lambda x: x.id not in (1, 2))
+    assert [x.id for x in out] == [1, 2, 5, 6, 7, 8]
+    assert [x.id for x in never_below_words(ranked, lexical, lambda x: True)] == [5, 6, 7, 2, 1, 8]
+    # Already above its place: it stays; a list that holds a memory twice shows it once.
+    assert [x.id for x in never_below_words([c(2), c(9), c(2), c(1)], lexical, lambda x: x.id != 1)] == [1, 2, 9]
+
+
+@pytest.mark.parametrize(("query", "event", "before", "days", "rest"), [
+    ("What did I buy the week before Mags's wedding?", "Mags's wedding", True, 7, "What did I buy  ?"),
+    ("Where did we eat in the days after the move", "the move", False, 5, "Where did we eat"),
+    ("what happened just before my operation?", "my operation", True, 3, "what happened  ?"),
+    ("the month following Dad's birthday, what did I read?", "Dad's birthday", False, 31, ", what did I read?"),
+])
+def test_a_time_placed_by_another_event_names_the_event(query: str, event: str, before: bool, days: int,
+                                                         rest: str) -> None:
+    anchor = anchor_cue(query)
+    assert anchor is not None and (anchor.event, anchor.before, anchor.days) == (event, before, days)
+    assert anchor.rest == rest
+
+
+def test_the_period_an_event_places_allows_a_week_either_side_of_when_it_was_told() -> None:
+    day = 86_400.0
+    week_before = anchor_cue("what did I cook the week before the wedding?")
+    assert week_before is not None and week_before.window(100 * day) == When(86 * day, 107 * day, "the wedding")
+    after = anchor_cue("what did I cook the day after the wedding?")
+    assert after is not None and after.window(100 * day) == When(93 * day, 108 * day, "the wedding")
+    assert anchor_cue("Have I been to Porto before?") is None and anchor_cue("before, after") is None
+
+
+def test_a_specific_memory_weighs_more_up_to_a_bound() -> None:
+    assert prior(0) == 1.0 and prior(1) == pytest.approx(1.4) and prior(6) == prior(60) == pytest.approx(3.4)
+
+
+def test_a_turn_gains_a_share_of_the_better_turn_found_beside_it_in_its_session() -> None:
+    """A fact told over two turns: the turn after the one that matched best comes up with it."""
+    ranked = [c(1, 1.0), c(7, 0.5), c(2, 0.45), c(9, 0.44)]
+    places = {("episode", 1): ("s", 3), ("episode", 2): ("s", 4), ("episode", 7): ("t", 1),
+              ("episode", 9): ("s", 9)}
+    out = with_neighbours(ranked, places, share=0.1)
+    assert [x.id for x in out] == [1, 2, 7, 9]
+    assert out[1].score == pytest.approx(0.45 + 0.1 * 1.0)  # the better of its two neighbours
+    assert out[0].score == pytest.approx(1.0 + 0.1 * 0.45)
+    assert out[3].score == pytest.approx(0.44)  # nothing found beside it, or another session: unchanged
+    assert [x.id for x in with_neighbours(ranked, {}, share=0.1)] == [1, 7, 2, 9]  # learnings have no place
+
+
+def test_a_period_placed_by_an_uncertain_event_lifts_its_memories_without_putting_them_first() -> None:
+    week = When(ts(2023, 5, 1), ts(2023, 5, 8), "the wedding")
+    inside, outside, far = c(1, 0.5, ts(2023, 5, 3)), c(2, 0.6, ts(2023, 1, 1)), c(3, 1.0, ts(2022, 1, 1))
+    out = lifted([far, outside, inside], week, 0.3)
+    assert [x.id for x in out] == [3, 1, 2] and out[1].score == pytest.approx(0.65)
+
+
 def hit(kind: str, item: int, type_: str, text: str, at: float = 0.0, cosine: float | None = None,
         bm25: float | None = None, session: str | None = "s1", turn: int | None = 1) -> RecallHit:
     return RecallHit(kind, item, 1.0, at, session, turn, item, type_, text, bm25, cosine)
 
 
-def test_a_correction_moves_above_what_it_corrects_and_nothing_else_moves() -> None:
-    hits = [hit("episode", 9, "EPISODE", "we talked about dates"),
-            hit("learning", 1, "FACT", "Dates are written MM/DD/YYYY", at=1.0),
-            hit("learning", 2, "PREFERENCE", "Likes green tea", at=2.0),
-            hit("learning", 3, "CORRECTION", "Dates are DD/MM/YYYY, not MM/DD/YYYY", at=5.0)]
-    ordered = corrections_first(hits, ["dates", "format", "written"])
-    assert [h.id for h in ordered] == [9, 3, 1, 2]
-    older_correction = [*hits[:3], hit("learning", 4, "CORRECTION", "Dates are DD/MM/YYYY", at=0.5)]
-    assert [h.id for h in corrections_first(older_correction, ["dates", "written"])] == [9, 1, 2, 4]
+def test_a_correction_replaces_the_older_learning_it_restates_and_nothing_else() -> None:
+    older = [(1, "Dates are written MM/DD/YYYY"), (2, "Likes green tea"), (3, "The user's name is Dana.")]
+    assert corrected("Dates are DD/MM/YYYY, not MM/DD/YYYY", older) == 1
+    assert corrected("The user's name is Daniela, not Dana.", older) == 3
+    assert corrected("Prefers coffee in the morning", older) is None  # shares nothing with any of them
+    assert corrected("The user's dog is called Rex", older) is None  # "user" alone says nothing
+    # Of two candidates, the one it covers best.
+    assert corrected("Lives in Porto now, not Lisbon", [(4, "Works in Lisbon at a bank"), (5, "Lives in Lisbon")]) == 5
 
 
 def test_snippet_is_one_line_around_the_match() -> None:
@@ -199,3 +278,54 @@ def test_the_recalled_context_lists_memories_oldest_first_so_a_correction_follow
     context = auto.render([correction, statement])  # best first, as select() returns them
     assert context.index("My dog is called Rex") < context.index("my dog is called Max, not Rex")
     assert "the later one holds" in context
+
+
+# ---------------------------------------------------------------- what hits show
+
+
+def found(kind: str, item: int, text: str, at: float, source: int | None = None, type_: str = "FACT",
+          persons: str | None = None, agents: str = "", replaced_by: int | None = None) -> Found:
+    return Found(Candidate(kind, item, 1.0, at), "s", 1, source if kind == "learning" else item,  # type: ignore[arg-type]
+                 "EPISODE" if kind == "episode" else type_, text, text if persons is None else persons, agents,
+                 replaced_by)
+
+
+def test_a_learning_and_the_turn_it_came_from_are_one_memory_at_the_better_place() -> None:
+    turn = found("episode", 7, "My name is Dana and I live in Lisbon", 1.0)
+    fact = found("learning", 1, "The user's name is Dana.", 2.0, source=7)
+    summary = found("learning", 2, "A session about names", 3.0, source=7, type_="SUMMARY")
+    other = found("episode", 8, "Dana's sister called", 4.0)
+    also = found("learning", 3, "The user lives in Lisbon.", 5.0, source=7)
+    out = fold_sources([turn, other, summary, fact, also])
+    # The turn's place goes to the best-ranked learning from it, which carries the person's words; a
+    # session's summary, which only names the turn as its last, folds nothing (whichever came first).
+    assert [(f.candidate.kind, f.candidate.id) for f in out] == [
+        ("learning", 1), ("episode", 8), ("learning", 2), ("learning", 3)]
+    assert out[0].text == "The user's name is Dana. (said: My name is Dana and I live in Lisbon)"
+    assert out[2].text == "A session about names" and out[3].text == "The user lives in Lisbon."
+    assert fold_sources([other, fact]) == [other, fact]  # its turn not found: nothing to fold
+
+
+def test_an_answer_found_only_by_its_words_repeating_an_older_memory_is_left_out() -> None:
+    said = found("episode", 1, "My name is Dana", 1.0)
+    echo = found("episode", 2, "What is my name?\nYour name is Dana.", 2.0, persons="What is my name?\n",
+                 agents="Your name is Dana.")
+    assert drop_echoes([said, echo], ["dana"]) == [said]
+    assert drop_echoes([echo], ["dana"]) == [echo]  # nothing older says it: the answer is all there is
+    assert drop_echoes([echo, said], ["name"]) == [echo, said]  # the person's own words match too
+    told_later = found("episode", 3, "My name is Dana", 3.0)
+    assert drop_echoes([told_later, echo], ["dana"]) == [told_later, echo]  # the memory is newer than the answer
+    unknown = found("episode", 4, "What is my name?\nYour name is Dana.", 2.0)  # a row from before answer_at
+    assert drop_echoes([said, unknown], ["dana"]) == [said, unknown]
+
+
+def test_a_replaced_learning_sits_just_below_its_correction_which_is_brought_in_if_missing() -> None:
+    old = found("learning", 1, "Lives in Lisbon", 1.0, replaced_by=3)
+    tea = found("learning", 2, "Likes tea", 2.0)
+    fix = found("learning", 3, "Lives in Porto now, not Lisbon", 3.0, type_="CORRECTION")
+    turn = found("episode", 9, "Lisbon was sunny", 0.5)
+    assert [f.candidate.id for f in below_corrections([old, tea, fix, turn], {})] == [2, 3, 1, 9]
+    brought = below_corrections([turn, old, tea], {1: fix})
+    assert [f.candidate.id for f in brought] == [9, 3, 1, 2]
+    assert brought[1].candidate.score == old.candidate.score  # at the replaced learning's place
+    assert [f.candidate.id for f in below_corrections([old, tea], {})] == [1, 2]  # correction gone (forgotten)

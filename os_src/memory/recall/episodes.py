@@ -28,6 +28,7 @@ TOOL_CALLS = 6  # the first few calls say what was done; outputs are left out
 EPISODE_TOOL_INPUT_CHARS = 80  # an episode names a call's input; the transcript keeps more of it
 NEIGHBOURS = 2  # turns either side, indexed as the episode's context
 EMBED_CHARS = 2_000  # of the previous turn plus this one, for the dense retriever
+EMBED_RECIPE = "said-before"  # what embed_text embeds: vectors of another recipe are made again
 
 
 class Episode(msgspec.Struct, frozen=True):
@@ -36,6 +37,16 @@ class Episode(msgspec.Struct, frozen=True):
     turn: int  # 1-based place within the session, by time (`add` sets it)
     at: float
     text: str
+    answer_at: int | None = None  # where the agent's words begin in `text` (None: not known, older rows)
+
+    @property
+    def persons_part(self) -> str:
+        """What the person said (and the tools run): the text before the agent's answer."""
+        return self.text if self.answer_at is None else self.text[:self.answer_at]
+
+    @property
+    def agents_part(self) -> str:
+        return "" if self.answer_at is None else self.text[self.answer_at:]
 
 
 def _cut(text: str, limit: int) -> str:
@@ -58,17 +69,35 @@ def _tools(tool_calls_json: str) -> str:
 
 def render(obs: Observation) -> str:
     """The episode's text: message, tools, answer; bounded, clean, without private text."""
-    parts = [_cut(obs.user_message, USER_CHARS), _tools(obs.tool_calls_json), _cut(obs.agent_response, EPISODE_RESPONSE_CHARS)]
-    return strip_private(clean_text("\n".join(p for p in parts if p.strip())))
+    return _rendered(obs)[0]
+
+
+def _rendered(obs: Observation) -> tuple[str, int | None]:
+    """The text, and where the agent's answer begins in it (its length when there is none; None when
+    private text left open in the person's part hides the answer too)."""
+    said = "\n".join(p for p in (_cut(obs.user_message, USER_CHARS), _tools(obs.tool_calls_json)) if p.strip())
+    answer = _cut(obs.agent_response, EPISODE_RESPONSE_CHARS)
+    text = _clean("\n".join(p for p in (said, answer) if p.strip()))
+    if not answer.strip():
+        return text, len(text)
+    if not said.strip():
+        return text, 0
+    persons = _clean(said)
+    return text, (len(persons) + 1 if text.startswith(persons + "\n") else None)
+
+
+def _clean(text: str) -> str:
+    return strip_private(clean_text(text))
 
 
 def from_observation(obs: Observation) -> Episode:
-    return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, render(obs))
+    text, answer_at = _rendered(obs)
+    return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, text, answer_at)
 
 
 # ---------------------------------------------------------------- memory.db's episodes table
 
-_COLUMNS = "id, session_id, turn, at, text"
+_COLUMNS = "id, session_id, turn, at, text, answer_at"
 
 
 def max_id(conn: sqlite3.Connection) -> int:
@@ -76,10 +105,10 @@ def max_id(conn: sqlite3.Connection) -> int:
 
 
 def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
-    """Store episodes (a known id is left as it is), each at its place in its session by time: its
-    `turn` is 1 + the number of the session's episodes before it by (date, id). A turn that lands
-    before others of its session (a past turn imported later) moves them down one. Returns how
-    many were new."""
+    """Store episodes, each at its place in its session by time: its `turn` is 1 + the number of the
+    session's episodes before it by (date, id). A turn that lands before others of its session (a past
+    turn imported later) moves them down one. A known id is left as it is, but for where its answer
+    begins, filled in if it was not known (a row from before). Returns how many were new."""
     if not episodes:
         return 0
     with transaction(conn) as c:
@@ -92,10 +121,13 @@ def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
                              "LIMIT 1", (session,)).fetchone()
             after = last is None or (new[0].at, new[0].id) > (last[1], last[2])
             base = last[0] if last is not None else 0
-            c.executemany(f"INSERT OR IGNORE INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                          [(e.id, e.session_id, base + i + 1 if after else 0, e.at, e.text) for i, e in enumerate(new)])
+            c.executemany(f"INSERT OR IGNORE INTO episodes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                          [(e.id, e.session_id, base + i + 1 if after else 0, e.at, e.text, e.answer_at)
+                           for i, e in enumerate(new)])
             if not after:
                 renumber(c, session)
+        c.executemany("UPDATE episodes SET answer_at = ? WHERE id = ? AND answer_at IS NULL",
+                      [(e.answer_at, e.id) for e in episodes if e.id in known and e.answer_at is not None])
         return len(fresh)
 
 
@@ -154,9 +186,13 @@ def context(window: Sequence[Episode], turn: int) -> str:
 
 
 def embed_text(previous: Episode | None, episode: Episode) -> str:
-    """What the dense retriever embeds: the turn after the one before it (an answer often
-    follows its cue), the newest text kept when it must be cut."""
-    text = f"{previous.text}\n{episode.text}" if previous is not None else episode.text
+    """What the dense retriever embeds: the turn, after what the person said in the turn before it
+    (an answer often follows its cue, a "she" names whom the turn before named; the agent's answer
+    before it was mostly noise: measured on the dialogue benchmark, docs/benchmarks.md), the newest
+    text kept when it must be cut. EMBED_RECIPE names this choice in the vectors' model name, so
+    the store of another recipe's vectors is not searched (vectors.py)."""
+    before = previous.persons_part.strip() if previous is not None else ""
+    text = f"{before}\n{episode.text}" if before else episode.text
     return text[-EMBED_CHARS:]
 
 

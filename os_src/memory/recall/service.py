@@ -85,6 +85,18 @@ class Recalled:
     tokens: int  # the context's estimated size
 
 
+def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str | None, boot: str,
+                  budget_tokens: int) -> list[RecallHit]:
+    """The memories auto-recall sends with `message`: the one path the runtime (on the recall
+    thread) and `sprite-os memory recall` both take. Nothing for a slash command (the CLI must see
+    it first) or a message with no word to search for; never the turns of `session_id` (the
+    current session: the agent has them), never what the boot prompt (`boot`, normalised) says."""
+    if message.startswith("/") or not search_terms(message):
+        return []
+    hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id)
+    return auto_recall.select(hits, boot, budget_tokens, searcher.dense is not None)
+
+
 class RecallService:
     def __init__(self, settings: Settings, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB]) -> None:
         self.settings = settings
@@ -264,10 +276,6 @@ class RecallService:
             await asyncio.wait_for(asyncio.shield(self._purge), budget)
         return self._purge.done() and self._purge_done >= self._purge_wanted
 
-    @property
-    def dense_available(self) -> bool:
-        return self._query_model is not None
-
     def booted_with(self, prompt: str) -> None:
         self._boot = auto_recall.normalise(prompt)
 
@@ -293,16 +301,21 @@ class RecallService:
         raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
         if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
             return None
+        now, boot, budget = time.time(), self._boot, self.settings.auto_recall_tokens
         try:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
-                hits = await self.search(message, auto_recall.SEARCHED, exclude_session=session_id)
+                if self._index is None:  # not started: learnings alone, through the same floor
+                    found = await self._learnings(message, auto_recall.SEARCHED)
+                    chosen = auto_recall.select(found, boot, budget, dense=False)
+                else:
+                    chosen = await self.searcher.call(
+                        lambda s: auto_recalled(s, message, now, session_id, boot, budget))
         except TimeoutError:
             log.warning("auto_recall_slow", timeout_s=AUTO_RECALL_TIMEOUT)
             return None
         except Exception as exc:
             log_expected(log, "auto_recall_failed", exc)
             return None
-        chosen = auto_recall.select(hits, self._boot, self.settings.auto_recall_tokens, self.dense_available)
         if not chosen:
             return None
         log.info("auto_recall", turn_id=turn_id, memories=len(chosen), tokens=auto_recall.tokens(chosen))

@@ -1,8 +1,11 @@
-"""When a question is about: "last spring", "in March 2023", "about 4 months ago", "now".
+"""When a question is about: "last spring", "in March 2023", "about 4 months ago", "now", or a
+time placed by another event: "the week before my sister's wedding".
 
 Pure: takes the query and `now`, returns the period meant (or None) and whether the
 query asks for the current state. The ranking keeps its lexical order within the period
-first; the words of the expression are dropped from the lexical query.
+first; the words of the expression are dropped from the lexical query. An event-relative time
+(`anchor_cue`) names the event to search for; once its date is known, `Anchor.window` says the
+period.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import calendar
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from ...dates import DAY, usable
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
@@ -31,7 +36,7 @@ _PATTERNS = [
     ("month", re.compile(rf"\b(?:in|during|around|back in|early|late) ({_MONTH})\b", re.I)),
     ("year", re.compile(r"\b(?:in|during|back in) ((?:19|20)\d\d)\b", re.I)),
 ]
-_NOW = re.compile(r"\b(now|currently|current|these days|at the moment|nowadays|latest|most recent(?:ly)?)\b", re.I)
+_NOW = re.compile(r"\b(now|currently|current|these days|at the moment|at present|presently|nowadays|latest|most recent(?:ly)?)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ def _resolve(kind: str, m: re.Match[str], now: datetime) -> tuple[datetime, date
 
 
 def time_cue(query: str, now: float) -> TimeCue:
+    if not usable(now):  # no calendar holds it: nothing is read as a date
+        return TimeCue(None, False, query)
     when_at = datetime.fromtimestamp(now, UTC)
     for kind, pattern in _PATTERNS:
         m = pattern.search(query)
@@ -111,3 +118,42 @@ def time_cue(query: str, now: float) -> TimeCue:
     current = _NOW.search(query)
     rest = (query[:current.start()] + " " + query[current.end():]).strip() if current else query
     return TimeCue(None, bool(current), rest)
+
+
+# ---------------------------------------------------------------- a time placed by another event
+
+# How long "the week", "the days"... before or after an event lasts, in days.
+SPANS = {"day": 1, "days": 5, "few days": 5, "couple of days": 3, "weekend": 7, "week": 7, "couple of weeks": 14,
+         "fortnight": 14, "month": 31, "just": 3, "right": 3, "shortly": 3, "": 10}
+# When the event was, against the turn that told it: people tell of an event before it happens and after.
+TOLD = 7.0
+_ANCHOR = re.compile(
+    r"\b(?:(?:in|during) )?(?:(?:the|a) )?(?P<span>few days|couple of days|couple of weeks|days?|weekend|week|fortnight"
+    r"|month|just|right|shortly)?\s*(?P<rel>before|after|leading up to|following)\s+(?P<event>[^?.!,;]+)", re.I)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    event: str  # what to search for to date it ("my sister's wedding")
+    before: bool
+    days: float
+    rest: str  # the query without the expression
+
+    def window(self, told_at: float) -> When:
+        """The period meant, given when the event was told of (within TOLD days of it, either way)."""
+        if self.before:
+            start, end = told_at - (self.days + TOLD) * DAY, told_at + TOLD * DAY
+        else:
+            start, end = told_at - TOLD * DAY, told_at + (self.days + TOLD) * DAY
+        return When(start, end, self.event)
+
+
+def anchor_cue(query: str) -> Anchor | None:
+    """"What did I buy the week before Mags's wedding?": the event ("Mags's wedding"), which side, how
+    long. None when the query places nothing by an event."""
+    m = _ANCHOR.search(query)
+    if m is None or not re.search(r"\w", m["event"]):
+        return None
+    span = (m["span"] or "").lower()
+    rest = (query[:m.start()] + " " + query[m.end():]).strip()
+    return Anchor(m["event"].strip(), m["rel"].lower() in ("before", "leading up to"), float(SPANS[span]), rest)

@@ -1,6 +1,7 @@
 """The turns' vectors on disk, memory-mapped: compact, searched without loading them, shared by processes.
 
-One directory per model (`.os/memory/vectors/<model>/`), written by the workspace's one
+One directory per model (`.os/memory/vectors/<model>/`; the name also says what of a turn is
+embedded, dense.model_name, so vectors made another way are made again, not mixed), written by the workspace's one
 writer (the server's embedder, or `memory rebuild`), read by any number of searchers in any
 process (the server's recall thread, `memory search`), which see each commit at their next
 search. Columns, one file each, a record per embedded turn, in the order they were embedded:
@@ -20,7 +21,8 @@ So a turn costs about 0.9 KB on disk (it was 4.1 KB in memory.db: a 1.5 KB blob 
 never the whole matrix.
 
 The search: up to RESCORE records, every record is scored exactly. Above that, the sketch
-chooses RESCORE candidates by Hamming distance and those are scored exactly. The sketch is
+chooses RESCORE candidates by Hamming distance and those are scored exactly. A search within a
+period (a question that names one) keeps only the records dated in it first, by the dates column. The sketch is
 the sign of a random projection of the vector minus the mean of the first vectors: raw sign
 bits of an embedding model's vectors carry little (they crowd around one direction: the
 model's cosines sit between 0.80 and 0.87), centred and projected they keep the angles
@@ -126,33 +128,50 @@ def _load_basis(path: Path) -> tuple[Matrix, Matrix]:
 
 
 class SortedIds:
-    """The ids of an append-only column, for membership: sorted, plus the latest few in a set (merged in
-    when they pass MERGE_AT, so a commit of a few records costs no sort of a million)."""
+    """The ids of an append-only column and the record each is at: sorted, plus the latest few in a dict
+    (merged in when they pass MERGE_AT, so a commit of a few records costs no sort of a million)."""
 
     MERGE_AT = 4_096
 
     def __init__(self) -> None:
         self.ids: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self.recent: set[int] = set()
+        self.rows: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.recent: dict[int, int] = {}
         self.through = 0  # records taken in
 
     def update(self, column: Any, n: int) -> None:
         if n <= self.through:
             return
-        self.recent.update(np.asarray(column[self.through:n], dtype=np.int64).tolist())
+        ids = np.asarray(column[self.through:n], dtype=np.int64)
+        rows = np.arange(self.through, n, dtype=np.int64)
         self.through = n
-        if len(self.recent) > self.MERGE_AT:
-            self.ids = np.sort(np.concatenate([self.ids, np.fromiter(self.recent, dtype=np.int64)]))
-            self.recent = set()
+        if len(ids) + len(self.recent) <= self.MERGE_AT:
+            self.recent.update(zip(ids.tolist(), rows.tolist(), strict=True))
+            return
+        if self.recent:
+            ids = np.concatenate([ids, np.fromiter(self.recent.keys(), dtype=np.int64, count=len(self.recent))])
+            rows = np.concatenate([rows, np.fromiter(self.recent.values(), dtype=np.int64, count=len(self.recent))])
+            self.recent = {}
+        ids, rows = np.concatenate([self.ids, ids]), np.concatenate([self.rows, rows])
+        order = np.argsort(ids, kind="stable")
+        self.ids, self.rows = ids[order], rows[order]
+
+    def rows_of(self, ids: Sequence[int]) -> npt.NDArray[np.int64]:
+        """The record of each of `ids`, or -1 for one that has none."""
+        wanted = np.asarray(ids, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.ids, wanted), max(len(self.ids) - 1, 0))
+        out = np.full(len(wanted), -1, dtype=np.int64)
+        if len(self.ids):
+            found = self.ids[at] == wanted
+            out[found] = self.rows[at[found]]
+        if self.recent:
+            for i, item in enumerate(wanted.tolist()):
+                if (row := self.recent.get(item)) is not None:
+                    out[i] = row
+        return out
 
     def has(self, ids: Sequence[int]) -> npt.NDArray[np.bool_]:
-        wanted = np.asarray(ids, dtype=np.int64)
-        at = np.searchsorted(self.ids, wanted)
-        found = at < len(self.ids)
-        found[found] = self.ids[at[found]] == wanted[found]
-        if self.recent:
-            found |= np.fromiter((int(i) in self.recent for i in wanted), dtype=bool, count=len(wanted))
-        return found
+        return self.rows_of(ids) >= 0
 
 
 class VectorReader:
@@ -187,48 +206,78 @@ class VectorReader:
 
     def has(self, ids: Sequence[int]) -> npt.NDArray[np.bool_]:
         """Which of `ids` have a vector."""
+        return self._rows_of(ids) >= 0
+
+    def _rows_of(self, ids: Sequence[int]) -> npt.NDArray[np.int64]:
         self.refresh()
         if self._cols is not None:
             self._sorted.update(self._cols.ids, self._cols.n)
-        return self._sorted.has(ids)
+        return self._sorted.rows_of(ids)
 
     def matrix(self, ids: Sequence[int]) -> Matrix:
         """The vectors of `ids` (each must have one), as float32 rows in that order."""
-        self.refresh()
-        assert self._cols is not None
-        order = np.argsort(self._cols.ids, kind="stable")
-        rows = order[np.searchsorted(self._cols.ids[order], np.asarray(ids, dtype=np.int64))]
+        rows = self._rows_of(ids)
+        assert self._cols is not None and bool((rows >= 0).all())
         return np.asarray(self._cols.vectors[rows], dtype=np.float32)
 
-    def search(self, query: Matrix, limit: int, rescore: int = RESCORE) -> list[Hit]:
-        """The `limit` nearest (cosine), nearest first."""
+    def similarities(self, query: Matrix, ids: Sequence[int]) -> dict[int, float]:
+        """The cosine of each of `ids` that has a vector (an id missing from the answer has none yet:
+        ranking must not hold that against it; a forgotten turn has none either)."""
+        if not len(ids):
+            return {}
+        rows = self._rows_of(ids)
+        if self._cols is None:
+            return {}
+        forgotten = set(self._cols.skip.tolist())
+        kept = [(int(item), int(row)) for item, row in zip(ids, rows.tolist(), strict=True)
+                if row >= 0 and row not in forgotten]
+        if not kept:
+            return {}
+        scores = np.asarray(self._cols.vectors[[row for _, row in kept]], dtype=np.float32) \
+            @ np.asarray(query, dtype=np.float32).reshape(-1)
+        return {item: float(score) for (item, _), score in zip(kept, scores, strict=True)}
+
+    def search(self, query: Matrix, limit: int, within: tuple[float, float] | None = None,
+               rescore: int = RESCORE) -> list[Hit]:
+        """The `limit` nearest (cosine), nearest first; `within` (from, to): of those dated in that period."""
         self.refresh()
         cols = self._cols
         if cols is None or cols.n == 0 or limit <= 0:
             return []
         q = np.asarray(query, dtype=np.float32).reshape(-1)
-        rows = self.candidates(q, rescore)
+        rows = self.candidates(q, rescore, within)
         if len(cols.skip):  # forgotten turns: never returned
             rows = rows[~np.isin(rows, cols.skip)]
-            if not len(rows):
-                return []
+        if not len(rows):
+            return []
         scores = np.asarray(cols.vectors[rows], dtype=np.float32) @ q
         top = min(limit, len(rows))
         best = np.argpartition(-scores, top - 1)[:top]
         best = best[np.argsort(-scores[best], kind="stable")]
         return [(int(cols.ids[rows[i]]), float(scores[i]), float(cols.at[rows[i]])) for i in best]
 
-    def candidates(self, query: Matrix, rescore: int) -> npt.NDArray[np.intp]:
-        """The records to score exactly: all of them, or the `rescore` nearest by the sketch (sorted, so the
-        vectors are read in file order)."""
+    def candidates(self, query: Matrix, rescore: int, within: tuple[float, float] | None = None
+                   ) -> npt.NDArray[np.intp]:
+        """The records to score exactly: all of them (of the period `within`, if given), or the `rescore`
+        nearest of those by the sketch (sorted, so the vectors are read in file order). A period is found
+        by its dates (8 bytes a record), so a short one is scored exactly without the sketch."""
         cols = self._cols
         assert cols is not None
-        if cols.n <= rescore or cols.bits is None or self._basis is None:
+        rows: npt.NDArray[np.intp] | None = None
+        if within is not None:
+            at = np.asarray(cols.at)
+            rows = np.flatnonzero((at >= within[0]) & (at <= within[1]))
+            if len(rows) <= rescore:
+                return rows
+        elif cols.n <= rescore:
             return np.arange(cols.n)
-        q = sketch(query.reshape(1, -1), *self._basis)[0]
-        distance = hamming(cols.bits, q, cols.n)
+        if cols.bits is None or self._basis is None:
+            return np.arange(cols.n) if rows is None else rows
+        distance = hamming(cols.bits, sketch(query.reshape(1, -1), *self._basis)[0], cols.n)
         distance[cols.skip] = BITS  # a forgotten record takes no candidate's place
-        return nearest(distance, rescore)
+        if rows is None:
+            return nearest(distance, rescore)
+        return rows[nearest(distance[rows], rescore)]
 
 
 def hamming(blocks: npt.NDArray[np.uint64], q: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.uint16]:
