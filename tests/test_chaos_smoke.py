@@ -9,6 +9,8 @@ import errno
 import mmap
 import os
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,15 +143,21 @@ def test_the_power_loss_file_system_behaves_as_a_file_system(disk: LazyDisk) -> 
 def test_sqlite_commits_survive_a_power_cut_only_when_synchronous_is_full(disk: LazyDisk) -> None:
     """What the file system is for: WAL with synchronous=NORMAL does not fsync at commit, FULL
     does; with one the commits since the last checkpoint go with the power, with the other none do."""
-    for mode in ("NORMAL", "FULL"):
-        db = sqlite3.connect(disk.mount / f"{mode}.db", isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={mode}")
-        db.execute("CREATE TABLE t (x)")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        for i in range(20):
-            db.execute("INSERT INTO t VALUES (?)", (i,))
-        # left open, as a killed process leaves it
+    # Written by a process that then dies without closing (as a killed server does): a close would
+    # checkpoint the WAL, and fsync it, whatever `synchronous` says.
+    writer = (
+        "import os, sqlite3, sys\n"
+        "for mode in ('NORMAL', 'FULL'):\n"
+        "    db = sqlite3.connect(os.path.join(sys.argv[1], mode + '.db'), isolation_level=None)\n"
+        "    db.execute('PRAGMA journal_mode=WAL')\n"
+        "    db.execute('PRAGMA synchronous=' + mode)\n"
+        "    db.execute('CREATE TABLE t (x)')\n"
+        "    db.execute('PRAGMA wal_checkpoint(TRUNCATE)')\n"
+        "    for i in range(20):\n"
+        "        db.execute('INSERT INTO t VALUES (?)', (i,))\n"
+        "    globals().setdefault('kept', []).append(db)\n"
+        "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", writer, str(disk.mount)], check=True, timeout=60)
     disk.power_off()
     disk.power_on()
     counts = {}
