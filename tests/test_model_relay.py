@@ -497,3 +497,55 @@ def test_the_cli_is_told_the_ceiling(bridge: MockBridge, tmp_path: Any) -> None:
     relay = booked(bridge, tmp_path, max_tokens=777)
     relay._server = type("S", (), {"sockets": [type("K", (), {"getsockname": lambda self: ("127.0.0.1", 1)})()]})()
     assert relay.cli_env()["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "777"
+
+
+async def test_calls_abandoned_before_the_reply_or_timed_out_cost_their_worst_case(
+        bridge: MockBridge, tmp_path: Any) -> None:
+    """The proxy bills a call it received whatever became of its reply: one the CLI gave up on before
+    the reply's head, or one the proxy went silent on, is counted at its worst case."""
+    from sprite_os.agent.budget import read_call
+
+    body = json.dumps(BODY | {"max_tokens": 1000}).encode()
+    worst = read_call(body, counts_tokens=False)
+    assert not isinstance(worst, str)
+    bridge.faults.add(Fault("latency", seconds=3, times=8))
+    async with booked(bridge, tmp_path, daily_usd=8.5 * worst.worst_case_usd()) as relay, cli(relay) as c:
+        assert relay.book is not None
+        for _ in range(8):  # curl --max-time 1, non-streaming
+            with pytest.raises(httpx2.ReadTimeout):
+                await c.post("/v1/messages", content=body, timeout=0.3)
+        await wait_for(lambda: relay.book is not None and relay.book.report()["in_flight_usd"] == 0.0, timeout=10,
+                       what="the abandoned calls settled")
+        spent = relay.book.report()["spent_today_usd"]
+        refused = await c.post("/v1/messages", content=body)
+    assert spent == pytest.approx(8 * worst.worst_case_usd(), rel=1e-6)
+    assert refused.status_code == 429 and "daily budget" in refused.json()["error"]["message"]
+    assert len(bridge.requests) == 8
+
+
+async def test_a_call_the_proxy_went_silent_on_costs_its_worst_case_and_one_never_sent_nothing(
+        tmp_path: Any) -> None:
+    from sprite_os.agent.budget import AgentLimits
+    from sprite_os.agent.spend_book import SpendBook
+
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, then says nothing
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: refused
+    limits = AgentLimits(frozenset({"claude-test"}), 10.0, 1000, 100)
+    try:
+        async with ModelRelay(url, PROXY_KEY, RelayLimits(upstream_read_timeout=0.5),
+                              book=SpendBook(limits, tmp_path / "a.json")) as relay, cli(relay) as c:
+            timed_out = await c.post("/v1/messages", json=BODY)
+            assert relay.book is not None
+            silent_spent = relay.book.report()["spent_today_usd"]
+        async with ModelRelay(closed, PROXY_KEY, book=SpendBook(limits, tmp_path / "b.json")) as relay, \
+                cli(relay) as c:
+            unreachable = await c.post("/v1/messages", json=BODY)
+            assert relay.book is not None
+            unreachable_spent = relay.book.report()["spent_today_usd"]
+    finally:
+        silent.close()
+    assert (timed_out.status_code, unreachable.status_code) == (504, 502)
+    assert silent_spent > 0.0 and unreachable_spent == 0.0

@@ -68,6 +68,8 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"
 # The relay holds the body whole, so `expect: 100-continue` was answered here.
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-api-key", b"authorization",
                                 b"accept-encoding"}
+# What httpx raises when no connection to the proxy was made: the request never left.
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                 429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
@@ -155,6 +157,7 @@ class _Refused(Exception):
 @dataclass
 class _Forwarded:
     call: Call | None  # what the budget let out (None: no budget)
+    sent: bool = False  # the request may have reached the proxy (it was connected to): it may bill it
     status: int | None = None  # the proxy's, once it answered
     meter: UsageMeter | None = None
     settled: bool = False
@@ -403,12 +406,14 @@ class ModelRelay:
 
     def _settle(self, outcome: _Forwarded) -> None:
         """Count what the call cost, once: what the reply reported, or (cut short) the most it can
-        have. Only a reply the proxy accepted (2xx) costs anything; the API bills no refusal."""
+        have. A refusal by the proxy (not 2xx) costs nothing, nor does a call that never reached it
+        (no connection); one that did and ended before the reply's head (the CLI gave up, the proxy
+        went silent) may still be billed in full: its worst case."""
         call = outcome.call
         if outcome.settled or call is None or self.book is None:
             return
         outcome.settled = True
-        cost = 0.0
+        cost = call.worst_case_usd() if outcome.status is None and outcome.sent else 0.0
         if outcome.status is not None and 200 <= outcome.status < 300 and outcome.meter is not None:
             outcome.meter.finish()
             cost = outcome.meter.cost(call.model, call.worst_case_usd())
@@ -428,9 +433,12 @@ class ModelRelay:
         headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
         upstream = self._client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
                                               headers=headers, content=_slices(body))
+        outcome.sent = True
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.TransportError as exc:
+            outcome.sent = not isinstance(exc, _NEVER_SENT)
+            self._settle(outcome)  # before the CLI hears of it, as for a reply
             await self._refuse(conn, writer, _unreachable(exc))  # the request was read whole
             return False
         self.upstream_open += 1
