@@ -549,3 +549,32 @@ async def test_a_call_the_proxy_went_silent_on_costs_its_worst_case_and_one_neve
         silent.close()
     assert (timed_out.status_code, unreachable.status_code) == (504, 502)
     assert silent_spent > 0.0 and unreachable_spent == 0.0
+
+
+async def test_a_client_that_pipelines_megabytes_during_a_call_is_dropped_not_buffered(bridge: MockBridge) -> None:
+    """What a client sends during a call waits in the relay's memory: past a small bound its connection is
+    dropped (and its call with it), so writing megabytes during a slow reply grows nothing."""
+    bridge.faults.add(Fault("latency", seconds=5, times=1))
+    async with ModelRelay(bridge.url, PROXY_KEY) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        body = json.dumps(BODY).encode()
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: " + relay.client_key.encode() +
+                     b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        await wait_for(lambda: relay.upstream_open == 0 and len(bridge.requests) == 1, timeout=5,
+                       what="the call reached the proxy")
+        sent, chunk = 0, b"x" * (1 << 20)
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            while sent < 32 << 20 and time.monotonic() - started < 4:
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 4)
+                sent += len(chunk)
+        try:
+            dropped = await asyncio.wait_for(reader.read(), 5)  # EOF, or a reset: the reply is still 5 s away
+        except ConnectionResetError:
+            dropped = b""
+        took = time.monotonic() - started
+        writer.close()
+    assert dropped == b"" and took < 4.5
+    assert sent < 32 << 20  # the relay stopped taking them: nothing held them for it

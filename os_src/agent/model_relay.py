@@ -12,7 +12,8 @@ start. The relay checks that key, swaps in the real one, and forwards:
 - the response as it comes (SSE included), status and headers (retry-after, x-should-retry,
   request-id) untouched, so the CLI retries as it would against the proxy itself;
 - with backpressure: the next chunk is read from the proxy only once the CLI has taken the last,
-  and a CLI that goes away (an interrupt) closes its request to the proxy at once.
+  and a CLI that goes away (an interrupt) closes its request to the proxy at once, as does one that
+  sends more than 64 KiB during a call (held, it would grow the relay without bound).
 
 It is bounded, since any local user can connect to it and the agent can send it anything: a body
 of 8 MiB at most, all bodies being read together within a memory budget, every request head and
@@ -59,6 +60,7 @@ PLACEHOLDER_KEY = "sprite-os"  # what the proxy got before there was a relay, wh
 READ_CHUNK = 64 * 1024
 LINGER_SECONDS = 2.0
 WRITE_BUFFER_BYTES = 64 * 1024  # unsent bytes held for a slow CLI before the relay waits for it
+PIPELINED_BYTES = 64 * 1024  # what a client may send during a call, before its connection is dropped
 SEND_CHUNK = 256 * 1024  # a held body goes to the proxy in slices of this (no copy of it whole)
 
 # Framing and connection headers belong to each hop; credentials are the relay's to set; the reply
@@ -421,9 +423,15 @@ class ModelRelay:
 
     @staticmethod
     async def _client_gone(conn: h11.Connection, reader: asyncio.StreamReader) -> None:
-        """Returns when the CLI closes its connection. Anything it sends meanwhile (a pipelined
-        request) waits in h11's buffer."""
+        """Returns when the CLI closes its connection, or sends more during the call than a pipelined
+        request's head and a small body (PIPELINED_BYTES): the relay would hold it all, and the
+        connection is dropped instead. What it may send waits in h11's buffer."""
+        held = 0
         while data := await reader.read(READ_CHUNK):
+            held += len(data)
+            if held > PIPELINED_BYTES:
+                log.warning("model_relay_pipelined_too_much", held=held)
+                return
             conn.receive_data(data)
 
     async def _forward(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
