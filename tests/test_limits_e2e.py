@@ -112,6 +112,33 @@ async def test_a_setuid_file_left_in_tmp_is_no_one_elses_to_run(
         await c.until("turn_complete", timeout=TURN)
 
 
+async def test_a_setuid_shell_left_in_run_lock_or_any_world_writable_folder_stays_in_the_session(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """/run/lock (and /var/lock, its link) is world-writable on the root file system, which is not
+    nosuid: a set-uid, set-gid copy of sh left there ran as the agent for any local user. Every
+    world-writable folder the agent can reach is a private tmpfs of its session."""
+    name = f"sush-{agent_workspace.parent.name}"
+    bridge.agent.script(Turn(bash(f"cp /bin/sh /run/lock/{name} && chmod 6755 /run/lock/{name} && "
+                                  f"ls -l /run/lock/{name} > documents/ls; echo done > documents/done"), Text("Left.")))
+    async with running(agent_settings) as app, client_factory(app.port) as connect:
+        private = (await app.health())["limits"]["tmp"]["private"]
+        c = await connect(hello={})
+        await c.send(type="user_message", text="leave a door open")
+        assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+    left = Path("/run/lock", name)
+    try:
+        assert (agent_workspace / "documents" / "done").exists()
+        assert (agent_workspace / "documents" / "ls").read_text().startswith("-rwsr-sr-x")  # made, in its session
+        assert not left.exists()  # ... and not on the host
+        stranger = await asyncio.to_thread(subprocess.run, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                            "--", str(left), "-c", "id -u"],
+                                           capture_output=True, text=True, check=False)
+    finally:
+        left.unlink(missing_ok=True)  # what the old launcher let through: the test leaves no door open
+    assert stranger.returncode != 0 and stranger.stdout == "", stranger
+    assert "/run/lock" in private and "/tmp" in private
+
+
 async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
         agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser) -> None:
     """The CLI keeps its temporary files in /tmp/claude-<uid> and refuses one it does not own: any

@@ -9,7 +9,8 @@ User mode: the SDK runs a launcher (written at each start into `.os/state/`, roo
 - makes a pid namespace (`unshare --pid --fork --kill-child --mount-proc`): when the CLI, its
   init, ends, the kernel kills everything in it, daemons that called setsid too; and its /proc
   shows only its own processes;
-- and a mount namespace of its own, where /tmp, /var/tmp, /dev/shm and the agent's home are fresh
+- and a mount namespace of its own, where /tmp, /var/tmp, /dev/shm, every other world-writable
+  folder the agent can reach (/run/lock: world_writable_dirs) and the agent's home are fresh
   tmpfs mounts (nosuid, nodev): nothing the agent leaves there outlives the session (an rc file
   that would run in the next one), nor is anyone else's to run (a set-uid shell), and no other
   user's /tmp/claude-<uid> is in its way; a workspace that lies under /tmp is bound back in;
@@ -64,6 +65,7 @@ CLI_KEPT = 86_400.0  # a copy no server has used for this long, and no process r
 LAUNCHER = "agent-cli.sh"
 PROMPT = "boot-prompt.md"
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # each a fresh tmpfs in the CLI's mount namespace
+NOT_SCANNED = ("/proc", "/sys")  # no files: writing there is the kernel's business, not a place to leave one
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,28 @@ def prune_cli_copies(keep: Path, cache: Path = CLI_CACHE, now: float | None = No
             shutil.rmtree(entry)
             removed.append(entry.name)
     return removed
+
+
+def world_writable_dirs(skip: Sequence[Path] = (), root: Path = Path("/")) -> list[str]:
+    """Every directory anyone may write in (o+w, sticky or not) that any user can reach from `root`
+    (each folder above it o+x), not descending into one found, nor into `skip` (the workspace), nor
+    /proc and /sys: where the agent could leave a file for others (a set-uid shell in /run/lock).
+    Each gets a private tmpfs in the CLI's namespace. Blocking: a walk of the file tree (about 1 s
+    for 30,000 folders)."""
+    pruned = {str(p) for p in skip} | set(NOT_SCANNED)
+    found, stack = [], [str(root)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.path in pruned or not entry.is_dir(follow_symlinks=False):
+                        continue
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    if mode & 0o002:
+                        found.append(entry.path)
+                    elif mode & 0o001:
+                        stack.append(entry.path)
+    return sorted(found)
 
 
 def launcher_script(cli: Path, user: AgentUser, *, workspace: Path, cgroups: Sequence[Path] = (),
@@ -229,8 +253,10 @@ class AgentLaunch:
         memory = res.memory_max or default_memory(memory_total(Path("/proc/meminfo").read_text()) or 0) or (1 << 30)
         self._group.remove()  # a second prepare (tests) makes a new one
         self._group = AgentGroup.create(res.max_processes, memory)
+        workspace = self.layout.root.resolve()
         tmp = [d for d in PRIVATE_TMP if os.path.isdir(d) and not os.path.islink(d)]
-        script = launcher_script(cli, user, workspace=self.layout.root.resolve(), cgroups=self._group.procs_files,
+        tmp += [d for d in world_writable_dirs(skip=(workspace, user.home)) if d not in tmp]
+        script = launcher_script(cli, user, workspace=workspace, cgroups=self._group.procs_files,
                                  max_processes=res.max_processes, tmp_bytes=memory, private_tmp=tuple(tmp))
         atomic_write(self._launcher, script.encode(), mode=0o700)
         self.limits = self._limits_in_force(user, memory, tmp)
