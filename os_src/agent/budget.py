@@ -29,7 +29,7 @@ from ..config import Settings
 from ..spending import DAY, DailyBudget, cost_usd, day_start
 from ..text import CHARS_PER_TOKEN
 
-RATE_WINDOW = 60.0  # the rate is counted over any such span
+CALL_RATE_WINDOW = 60.0  # the rate is counted over any such span
 REFUSED_BY = "Sprite OS refused the agent's call:"  # every refusal begins so: the turn's error names the Sprite
 
 Reason = Literal["model", "max_tokens", "rate", "budget", "invalid"]
@@ -41,7 +41,7 @@ class AgentLimits:
     daily_usd: float
     max_tokens: int
     per_minute: int
-    window: float = RATE_WINDOW  # seconds in which `per_minute` calls may go (a minute; tests shorten it)
+    window: float = CALL_RATE_WINDOW  # seconds in which `per_minute` calls may go (a minute; tests shorten it)
 
     @classmethod
     def of(cls, settings: Settings) -> AgentLimits:
@@ -107,7 +107,7 @@ class SpendDay:
     reserved: float = 0.0  # the worst case of calls in flight
     calls: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # by reason
-    recent: tuple[float, ...] = ()  # when each call of the last RATE_WINDOW went out
+    recent: tuple[float, ...] = ()  # when each call of the last CALL_RATE_WINDOW went out
 
     def on(self, now: float) -> SpendDay:
         """This account as of `now`: a new UTC day starts at 0 (calls in flight stay reserved)."""
