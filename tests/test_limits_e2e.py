@@ -139,6 +139,37 @@ async def test_a_setuid_shell_left_in_run_lock_or_any_world_writable_folder_stay
     assert "/run/lock" in private and "/tmp" in private
 
 
+def shm_segments(uid: int, table: str) -> list[str]:
+    """The SysV shared memory segments owned by `uid` in a /proc/sysvipc/shm listing."""
+    return [line for line in table.splitlines()[1:] if line.split()[7] == str(uid)]
+
+
+async def test_shared_memory_made_in_one_session_is_gone_in_the_next_and_on_the_host(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """SysV shared memory and POSIX message queues belong to an IPC namespace, not to a process: a
+    segment the agent made outlived its session (read back in the next, listed by ipcs after the
+    server stopped). Each CLI has an IPC namespace of its own."""
+    docs = agent_workspace / "documents"
+    bridge.agent.script(Turn(bash("ipcmk -M 1048576 > documents/made; cat /proc/sysvipc/shm > documents/shm1"),
+                             Text("Planted.")),
+                        Turn(bash("cat /proc/sysvipc/shm > documents/shm2"), Text("Looked.")))
+    try:
+        async with running(agent_settings) as app, client_factory(app.port) as connect:
+            c = await connect(hello={})
+            await c.send(type="user_message", text="plant")
+            assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+            assert shm_segments(agent_user.uid, (docs / "shm1").read_text()), (docs / "made").read_text()
+            await c.send(type="new_session")
+            await c.until("session_started", timeout=TURN)
+            await c.send(type="user_message", text="look")
+            assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+        assert shm_segments(agent_user.uid, (docs / "shm2").read_text()) == []  # not in the next session
+        assert shm_segments(agent_user.uid, Path("/proc/sysvipc/shm").read_text()) == []  # nor on the host
+    finally:
+        for line in shm_segments(agent_user.uid, Path("/proc/sysvipc/shm").read_text()):  # what the old launcher left
+            await asyncio.to_thread(subprocess.run, ["ipcrm", "-m", line.split()[1]], check=False)
+
+
 async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
         agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser) -> None:
     """The CLI keeps its temporary files in /tmp/claude-<uid> and refuses one it does not own: any

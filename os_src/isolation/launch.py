@@ -9,6 +9,7 @@ User mode: the SDK runs a launcher (written at each start into `.os/state/`, roo
 - makes a pid namespace (`unshare --pid --fork --kill-child --mount-proc`): when the CLI, its
   init, ends, the kernel kills everything in it, daemons that called setsid too; and its /proc
   shows only its own processes;
+- an IPC namespace: SysV shared memory, semaphores and POSIX queues the agent makes go with it;
 - and a mount namespace of its own, where /tmp, /var/tmp, /dev/shm, every other world-writable
   folder the agent can reach (/run/lock: world_writable_dirs) and the agent's home are fresh
   tmpfs mounts (nosuid, nodev): nothing the agent leaves there outlives the session (an rc file
@@ -167,7 +168,7 @@ def launcher_script(cli: Path, user: AgentUser, *, workspace: Path, cgroups: Seq
               f"exec {q(tool['prlimit'])} --nproc={max_processes}:{max_processes} --core=0 -- "
               f"{q(tool['nice'])} -n {AGENT_NICE} {q(tool['setpriv'])} --reuid={uid} --regid={gid} --init-groups "
               f'--no-new-privs --pdeathsig KILL -- {q(str(cli))} "$@"']
-    outer = [tool["setpriv"], "--pdeathsig", "KILL", "--", tool["unshare"], "--pid", "--fork", "--kill-child=SIGKILL",
+    outer = [tool["setpriv"], "--pdeathsig", "KILL", "--", tool["unshare"], "--pid", "--ipc", "--fork", "--kill-child=SIGKILL",
              "--mount-proc", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(inner), "sprite-agent-cli"]
     join = "".join(f"echo $$ > {q(str(p))} || exit 1\n" for p in cgroups)
     return ("#!/bin/sh\n# Written by Sprite OS at start (isolation/launch.py): the agent's CLI, as its own user, in its\n"
