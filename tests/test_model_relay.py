@@ -578,3 +578,24 @@ async def test_a_client_that_pipelines_megabytes_during_a_call_is_dropped_not_bu
         writer.close()
     assert dropped == b"" and took < 4.5
     assert sent < 32 << 20  # the relay stopped taking them: nothing held them for it
+
+
+async def test_calls_the_budget_cannot_bound_are_refused_before_the_proxy(bridge: MockBridge, tmp_path: Any) -> None:
+    """An input by URL, a server tool, a premium beta or a key given twice: each could cost more than
+    the budget reckons (16 such small calls reached $36 against a $10 cap). None reaches the proxy."""
+    async with booked(bridge, tmp_path) as relay, cli(relay) as c:
+        by_url = await c.post("/v1/messages", json=BODY | {"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "url", "url": "https://example.com/big.pdf"}}]}]})
+        search = await c.post("/v1/messages", json=BODY | {"tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+        long_context = await c.post("/v1/messages", json=BODY, headers={"anthropic-beta": "context-1m-2025-08-07"})
+        twice = await c.post("/v1/messages", content=b'{"model": "claude-test", "max_tokens": 64, "max_tokens": 64, '
+                                                     b'"messages": []}')
+        fine = await c.post("/v1/messages", json=BODY, headers={"anthropic-beta": "claude-code-20250219,effort-2025-11-24"})
+        assert relay.book is not None
+        report = relay.book.report()
+    for refused in (by_url, search, long_context, twice):
+        assert (refused.status_code, refused.headers["x-should-retry"]) == (400, "false")
+        assert refused.json()["error"]["message"].startswith("Sprite OS refused the agent's call:")
+    assert "could not bound" in long_context.json()["error"]["message"]
+    assert fine.status_code == 200 and len(bridge.requests) == 1
+    assert report["refused_today"] == {"unbounded": 3, "invalid": 1}

@@ -45,7 +45,7 @@ import httpx2 as httpx
 
 from ..errors import SpriteOSError
 from ..logs import get_logger
-from .budget import REFUSED_BY, Call, read_call
+from .budget import Call, Refusal, read_call
 from .spend_book import SpendBook
 from .usage import UsageMeter
 
@@ -307,7 +307,7 @@ class ModelRelay:
             self._verify()
             body = await self._read_body(conn, reader, writer, event)
             try:
-                call = self._judge(target, body)
+                call = await self._judge(target, event.headers, body)
                 return await self._relay(conn, reader, writer, event, target, body, call)
             finally:
                 self.buffered -= len(body)
@@ -317,14 +317,16 @@ class ModelRelay:
             await self._refuse(conn, writer, refused, reader)
             return False
 
-    def _judge(self, target: bytes, body: bytearray) -> Call | None:
+    async def _judge(self, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytearray) -> Call | None:
         """The call, once the agent's budget lets it out (None with no budget); else _Refused."""
         if self.book is None:
             return None
-        call = read_call(body, counts_tokens=target.startswith(COUNT_TOKENS))
-        if isinstance(call, str):
-            self.book.refuse("invalid")
-            raise _Refused(400, f"{REFUSED_BY} {call}")
+        betas = [value for name, value in headers if name == b"anthropic-beta"]
+        # Parsed in a thread: 8 MiB of JSON, read twice (duplicate keys, then the facts), takes ~100 ms.
+        call = await asyncio.to_thread(read_call, body, target.startswith(COUNT_TOKENS), betas)
+        if isinstance(call, Refusal):
+            self.book.refuse(call.reason)
+            raise _Refused(call.status, call.message, should_retry=False)
         if (refusal := self.book.admit(call)) is not None:
             raise _Refused(refusal.status, refusal.message, refusal.retry_after, should_retry=refusal.retry)
         return call
