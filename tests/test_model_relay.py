@@ -599,3 +599,29 @@ async def test_calls_the_budget_cannot_bound_are_refused_before_the_proxy(bridge
     assert "could not bound" in long_context.json()["error"]["message"]
     assert fine.status_code == 200 and len(bridge.requests) == 1
     assert report["refused_today"] == {"unbounded": 3, "invalid": 1}
+
+
+async def test_a_flood_of_empty_connections_never_closes_one_that_sent_its_head(bridge: MockBridge) -> None:
+    """Any local user can open connections faster than the CLI sends its request: closing the oldest
+    unverified one closed the CLI's (0 of 7 through, 130,000 connections in 20 s). The one to make
+    room is the oldest that has said nothing."""
+    limits = RelayLimits(max_unverified=4, head_timeout=60)
+    body = json.dumps(BODY).encode()
+    head = (b"POST /v1/messages/count_tokens HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n")
+    async with ModelRelay(bridge.url, PROXY_KEY, limits) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(head)  # the CLI's head, its key still on the way
+        await writer.drain()  # read by the relay, or waiting in its socket: either way, it has said something
+        flood = []
+        try:
+            for _ in range(40):
+                flood.append(await asyncio.open_connection("127.0.0.1", relay.port))
+            await wait_for(lambda: len(relay._unverified) <= 4, timeout=5, what="room made")
+            writer.write(b"x-api-key: " + relay.client_key.encode() + b"\r\n\r\n" + body)
+            answer = await asyncio.wait_for(reader.read(100), 10)
+        finally:
+            writer.close()
+            for _, w in flood:
+                w.close()
+    assert answer.startswith(b"HTTP/1.1 200 ")

@@ -18,8 +18,9 @@ start. The relay checks that key, swaps in the real one, and forwards:
 It is bounded, since any local user can connect to it and the agent can send it anything: a body
 of 8 MiB at most, all bodies being read together within a memory budget, every request head and
 body within a deadline, and at most 16 connections that presented the key. Connections that have
-not yet presented it are counted apart, the oldest making room for the newest, so that silent
-connections from another user cannot keep the CLI out.
+not yet presented it are counted apart, the oldest that has said nothing making room for the
+newest, so that silent connections from another user, or a flood of new ones, cannot keep the CLI
+out once it has sent its request's head.
 
 When the proxy can't be reached, or says nothing in time, the CLI gets 502 or 504 with an
 Anthropic-style error body (and `x-should-retry: true`), which it retries like any 5xx.
@@ -30,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hmac
 import json
 import os
 import secrets
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -165,6 +169,30 @@ class _Forwarded:
     settled: bool = False
 
 
+@dataclass
+class _Unverified:
+    """A connection yet to present the key: whether it has said anything."""
+
+    fd: int
+    heard: bool = False  # bytes of it were read
+
+    def silent(self) -> bool:
+        """Nothing read of it, nor waiting to be (a flood keeps the loop from reading the CLI's head)."""
+        if self.heard:
+            return False
+        try:
+            pending = int(struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+        except OSError:
+            return True  # closed meanwhile
+        return pending == 0
+
+
+def _victim(unverified: dict[asyncio.Task[None], _Unverified]) -> asyncio.Task[None]:
+    """The connection to close for a new one: the oldest that has said nothing, so that a flood of empty
+    connections never closes one that sent its head (the CLI's); the oldest of all if every one has."""
+    return next((task for task, conn in unverified.items() if conn.silent()), next(iter(unverified)))
+
+
 class ModelRelay:
     """`async with ModelRelay(upstream, key, book=...) as relay:` listens on 127.0.0.1 (a free
     port); `relay.cli_env()` is what the CLI needs to reach the model through it. With a `book`
@@ -182,7 +210,7 @@ class ModelRelay:
         self._client: httpx.AsyncClient | None = None
         self._connections: set[asyncio.Task[None]] = set()  # every one, to end at stop
         self._verified: set[asyncio.Task[None]] = set()  # those that presented the key
-        self._unverified: dict[asyncio.Task[None], None] = {}  # the others, oldest first
+        self._unverified: dict[asyncio.Task[None], _Unverified] = {}  # the others, oldest first
         self.buffered = 0  # bytes of request bodies held now
         self.upstream_open = 0  # requests to the proxy not yet closed
 
@@ -252,11 +280,12 @@ class ModelRelay:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        self._unverified[task] = None
+        sock = writer.get_extra_info("socket")
+        self._unverified[task] = _Unverified(sock.fileno() if sock is not None else -1)
         if len(self._unverified) > self._limits.max_unverified:
-            oldest = next(iter(self._unverified))
-            self._unverified.pop(oldest)
-            oldest.cancel()  # it has sent no whole request in all this time: the newest may be the CLI
+            victim = _victim(self._unverified)
+            self._unverified.pop(victim)
+            victim.cancel()  # it has sent no whole request in all this time: the newest may be the CLI
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         try:
             first = True
@@ -348,6 +377,8 @@ class ModelRelay:
                 data = await reader.read(READ_CHUNK)
             if deadline is None:
                 deadline = loop.time() + self._limits.head_timeout
+            if data and (task := asyncio.current_task()) and (unverified := self._unverified.get(task)):
+                unverified.heard = True
             conn.receive_data(data)  # b"": the CLI closed its side
 
     async def _read_body(self, conn: h11.Connection, reader: asyncio.StreamReader,
