@@ -170,6 +170,30 @@ async def test_shared_memory_made_in_one_session_is_gone_in_the_next_and_on_the_
             await asyncio.to_thread(subprocess.run, ["ipcrm", "-m", line.split()[1]], check=False)
 
 
+async def test_the_agents_oom_score_is_held_where_the_kernel_allows_and_said_where_not(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """The agent's processes are the OOM killer's first choice (oom_score_adj 1000), and it tried to
+    lower its own to 0. Root's write sets the kernel's floor as well, if root holds CAP_SYS_RESOURCE;
+    where a container dropped it, /healthz says the floor does not hold, and why."""
+    bridge.agent.script(Turn(bash("cat /proc/self/oom_score_adj > documents/before; "
+                                  "(echo 0 > /proc/self/oom_score_adj) 2>/dev/null; "
+                                  "cat /proc/self/oom_score_adj > documents/after"), Text("Tried.")))
+    async with running(agent_settings) as app, client_factory(app.port) as connect:
+        oom = (await app.health())["limits"]["oom"]
+        c = await connect(hello={})
+        await c.send(type="user_message", text="lower it")
+        assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+    docs = agent_workspace / "documents"
+    capable = "CapEff" in (status := Path("/proc/self/status").read_text()) and bool(
+        int(next(line for line in status.splitlines() if line.startswith("CapEff:")).split()[1], 16) >> 24 & 1)
+    assert (docs / "before").read_text() == "1000\n"
+    assert oom["score_adj"] == 1000 and oom["floor"] is capable
+    if capable:
+        assert (docs / "after").read_text() == "1000\n"  # the kernel's floor: the agent cannot lower it
+    else:
+        assert "CAP_SYS_RESOURCE" in oom["why"] and "can lower" in oom["why"]  # not in force, and said so
+
+
 async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
         agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser) -> None:
     """The CLI keeps its temporary files in /tmp/claude-<uid> and refuses one it does not own: any

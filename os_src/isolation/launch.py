@@ -173,8 +173,25 @@ def launcher_script(cli: Path, user: AgentUser, *, workspace: Path, cgroups: Seq
     join = "".join(f"echo $$ > {q(str(p))} || exit 1\n" for p in cgroups)
     return ("#!/bin/sh\n# Written by Sprite OS at start (isolation/launch.py): the agent's CLI, as its own user, in its\n"
             "# own control group, pid and mount namespaces, with a private /tmp and a fresh home.\n"
-            f"{join}echo 1000 > /proc/self/oom_score_adj\n"
+            f"{join}echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj\n"
             f'exec {shlex.join(outer)} "$@"\n')
+
+
+CAP_SYS_RESOURCE = 24
+OOM_SCORE_ADJ = 1000  # the agent's processes: the OOM killer's first choice
+
+
+def oom_floor(status: str) -> dict[str, Any]:
+    """Whether the agent can lower its oom_score_adj, from this process's /proc/self/status. Root's
+    write in the launcher sets the kernel's floor too (oom_score_adj_min, kept across fork and
+    exec; below it only CAP_SYS_RESOURCE may go), but only when root holds CAP_SYS_RESOURCE: a
+    container that drops it leaves the floor at the server's own value, and the agent free to lower
+    its score to that."""
+    effective = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("CapEff:")), 0)
+    holds = bool(effective >> CAP_SYS_RESOURCE & 1)
+    return {"score_adj": OOM_SCORE_ADJ, "floor": holds,
+            "why": "set by root with CAP_SYS_RESOURCE: the agent cannot lower it" if holds else
+                   "the server lacks CAP_SYS_RESOURCE (dropped by its container): the agent can lower it"}
 
 
 def kill_processes_of(uid: int) -> list[int]:
@@ -279,6 +296,7 @@ class AgentLaunch:
             "disk": {"reserved_bytes": disk.reserved_bytes, "holds": disk.holds, "why": disk.why},
             "tmp": {"private": tmp, "options": "tmpfs nosuid,nodev, fresh each session", "max_bytes": memory},
             "home": {"path": str(user.home), "fresh": "a tmpfs each session: nothing in it outlives the session"},
+            "oom": oom_floor(Path("/proc/self/status").read_text()),
         }
 
     def close(self) -> None:
