@@ -65,7 +65,9 @@ $(FAULT_TOOLS):
 
 ## The console's screenshots in docs/console/ (the browser tests take them).
 screenshots: $(TEST_STAMP) $(CHROMIUM)
-	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py tests/test_console_memory_e2e.py
+	SPRITE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/test_console_chat_e2e.py \
+		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
+		tests/test_console_forget_e2e.py
 
 ## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
 test-fast: $(TEST_STAMP)

@@ -114,8 +114,9 @@ async def _serve(settings: Settings, token: str) -> int:
     bridge = None
     if not settings.anthropic_base_url:
         from .mock_bridge import MockBridge
+        from .mock_bridge.demo import DEV_WORD_DELAY
 
-        bridge = MockBridge(demo_curator=True)
+        bridge = MockBridge(demo_curator=True, demo_word_delay=DEV_WORD_DELAY)
         await bridge.start()
         settings = settings.with_overrides(anthropic_base_url=bridge.url)
     app = SpriteOS(settings, token)

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from sprite_os import procfs
@@ -59,15 +60,40 @@ def workspace_clis(workspace: Path) -> list[int]:
     return found
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of one process (not its children), in KiB; 0 if it is gone."""
+@dataclass(frozen=True)
+class Memory:
+    """A process's resident memory (not its children's), in KiB: all 0 if it is gone.
+
+    `anon` is its own memory (the C heap, malloc arenas, Python's objects): what a leak grows.
+    `file` is pages of files it maps: the embedding model's weights above all (68 MiB, mapped
+    once by each of the two model instances), faulted in as text with new tokens reaches rows
+    of the embedding table not read before, and the recall index's vectors (the memory's own
+    data). Clean pages of the page cache, never more than the mapped files' size, and the
+    kernel's to take back under pressure."""
+
+    rss: int
+    anon: int
+    file: int
+
+
+_STATUS_FIELDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
+
+
+def memory_kib(pid: int) -> Memory:
+    values = dict.fromkeys(_STATUS_FIELDS.values(), 0)
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+            name, _, rest = line.partition("\t")
+            if name in _STATUS_FIELDS:
+                values[_STATUS_FIELDS[name]] = int(rest.split()[0])
     except OSError:
         pass
-    return 0
+    return Memory(**values)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of one process (not its children), in KiB; 0 if it is gone."""
+    return memory_kib(pid).rss
 
 
 class ServerProcess:

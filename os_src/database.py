@@ -31,13 +31,23 @@ SchemaStep = Callable[[sqlite_utils.Database], None]
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open a database with WAL, durable commits and a busy timeout, as both databases need."""
+    """Open a database with WAL, durable commits and a busy timeout, as both databases need.
+    secure_delete: what a write frees (a forgotten turn's words, a deleted learning) is overwritten
+    with zeros, not left in free pages for anyone who reads the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
+    conn.execute("PRAGMA secure_delete=ON")
     return conn
+
+
+def checkpoint(conn: sqlite3.Connection) -> bool:
+    """Copy the WAL into the database and empty it (it holds old copies of changed pages: after a
+    forget, the words). False when a reader kept part of it; the next checkpoint takes the rest."""
+    busy, _log, _moved = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return not busy
 
 
 @contextmanager

@@ -5,9 +5,9 @@ A connection's first frame is `hello` (any other frame implies a hello without
 and from then on the connection receives every broadcast event through its own
 bounded queue, drained by its own writer task. Frames the client sends are
 validated, rate-limited and dispatched to the runtime; each bad frame gets an
-`error` reply and the connection stays open unless the client floods it. Memory
-requests (console/memory_frames.py) are answered to their connection alone, by the
-`memory_requests` callable the server passes in (console/memory_api.py).
+`error` reply and the connection stays open unless the client floods it. Requests
+(memory, past sessions: console/requests.py) are answered to their connection alone,
+by the `requests` callable the server passes in (console/requests.ConsoleApi).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from . import protocol as p
-from .console import memory_frames as pm
+from .console import requests as rq
 from .errors import QueueFull, ShuttingDown
 from .events import EventHub, Subscriber
 from .logs import get_logger
@@ -58,17 +58,17 @@ class _TokenBucket:
         return False
 
 
-MemoryRequests = Callable[[pm.MemoryRequest], Awaitable[pm.MemoryReply]]
+Requests = Callable[[rq.Request], Awaitable[rq.Reply]]
 
 
 class Gateway:
     def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str,
-                 memory_requests: MemoryRequests | None = None) -> None:
+                 requests: Requests | None = None) -> None:
         self.hub = hub
         self.runtime = runtime
         self.canvas = canvas
         self.server_version = server_version
-        self.memory_requests = memory_requests  # None when the server runs without memory
+        self.requests = requests  # None: every request is answered memory_unavailable
         self.connections: set[_Connection] = set()
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -145,7 +145,7 @@ class _Connection:
         except (TimeoutError, ConnectionClosed):
             self.ws.transport.abort()
 
-    def _reply(self, frame: p.ServerFrame | pm.MemoryReply) -> None:
+    def _reply(self, frame: p.ServerFrame | rq.Reply) -> None:
         """A frame for this client alone. It repeats the last seq this client was sent."""
         self.sub.push_direct(p.encode(p.with_seq(frame, self.sub.last_seq)))
 
@@ -214,6 +214,7 @@ class _Connection:
             last_seq=hub.seq,
             agent=rt.state,
             turn_id=rt.turn_id,
+            turn_text=rt.turn_text,
             cards=self.gw.canvas.cards(),
             replayed=len(replay or ()),
             resync=hello.last_seq is not None and replay is None,
@@ -247,24 +248,24 @@ class _Connection:
                     self._error("shutting_down", str(exc))
             case p.Ping(nonce=nonce):
                 self._reply(p.Pong(nonce=nonce))
-            case pm.MemoryRequest():
-                await self._memory_request(frame)
+            case rq.Request():
+                await self._request(frame)
             case p.Hello():
                 self._error("invalid_frame", "hello is only valid as a connection's first frame")
 
-    async def _memory_request(self, frame: pm.MemoryRequest) -> None:
-        answer, request_id = self.gw.memory_requests, frame.request_id
+    async def _request(self, frame: rq.Request) -> None:
+        answer, request_id = self.gw.requests, frame.request_id
         if answer is None:
             self._error("memory_unavailable", "this server runs without memory", request_id)
             return
         try:
             self._reply(await answer(frame))
-        except pm.RequestFailed as exc:
+        except rq.RequestFailed as exc:
             self._error(exc.code, exc.message, request_id)
         except ConnectionClosed:
             raise
         except Exception as exc:  # as in _receive_safely, but the error names the request it answers
-            log.error("memory_request_failed", client=self.name, request=frame.__struct_config__.tag,
+            log.error("request_failed", client=self.name, request=frame.__struct_config__.tag,
                       error=type(exc).__name__)
-            log.debug("memory_request_failed_detail", client=self.name, exc_info=True)
+            log.debug("request_failed_detail", client=self.name, exc_info=True)
             self._error("internal_error", "the server failed to answer this request; it keeps serving", request_id)

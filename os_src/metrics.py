@@ -37,6 +37,8 @@ class Metrics:
                                   buckets=TURN_BUCKETS, registry=self.registry)
         self._errors = Counter("sprite_error_frames", "Error frames about turns sent to every client, by code.",
                                ["code"], registry=self.registry)
+        self._not_saved = Counter("sprite_turns_not_saved", "Turns that ended before they could be made durable "
+                                  "(turn_complete's saved: false), whatever their status.", registry=self.registry)
         self._retries = Counter("sprite_model_retries", "Retries of the agent's requests to the model proxy.",
                                 registry=self.registry)
         self._state = _State()
@@ -47,6 +49,8 @@ class Metrics:
         if isinstance(frame, p.TurnComplete):
             self._turns.labels(frame.status).inc()
             self._latency.observe(frame.duration_ms / 1000)
+            if not frame.saved:
+                self._not_saved.inc()
         elif isinstance(frame, p.Error):
             self._errors.labels(frame.code).inc()
         elif isinstance(frame, p.ModelRetry):
@@ -109,6 +113,10 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("sprite_capture_spilled", "Capture's writes waiting in the spill file.", capture["spilled"])
     yield _gauge("sprite_capture_consecutive_failures", "Capture's failed writes in a row.",
                  capture["consecutive_failures"])
+    yield _gauge("sprite_capture_oldest_write_seconds", "How long capture's oldest queued write has waited.",
+                 capture.get("oldest_queued_s", 0))
+    yield _gauge("sprite_capture_unsaved_turns", "Turns told not saved that are still not durable.",
+                 capture.get("not_saved", 0))
     observations = GaugeMetricFamily("sprite_turns_recorded", "Turns in transcript.db, by curation state.",
                                      labels=["state"])
     for state in ("pending", "processed", "stale"):

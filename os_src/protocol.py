@@ -17,7 +17,11 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
-from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest, RequestIdOnly
+from .console.card_frames import CardCloseRequest, CardCloseResult
+from .console.files_frames import AnyFilesReply, AnyFilesRequest
+from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest
+from .console.requests import RequestErrorCode, RequestIdOnly
+from .console.session_frames import AnySessionReply, AnySessionRequest
 from .errors import SpriteOSError
 
 PROTOCOL_VERSION = 1
@@ -63,7 +67,9 @@ class Ping(ClientFrame, tag="ping", frozen=True):
     nonce: ShortText | None = None
 
 
-AnyClientFrame = Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest  # memory: console/memory_frames.py
+# Requests answered to their connection alone (console/requests.py): memory, past sessions, cards, files.
+AnyClientFrame = (Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemoryRequest | AnySessionRequest
+                  | CardCloseRequest | AnyFilesRequest)
 
 
 # ---------------------------------------------------------------- server -> client
@@ -89,12 +95,7 @@ ErrorCode = Literal[
     "not_saved",  # the turn is over but could not be saved to disk yet (sent before its turn_complete)
     "shutting_down",  # the server is stopping: a message or new_session was not accepted
     "internal_error",  # a bug handling the frame; the connection stays open
-    # answers to memory requests (console/memory_frames.py); these errors carry the request_id
-    "not_found",  # no such memory file, version, learning or turn
-    "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
-    "over_limit",  # the edit is over the file's line or byte limit; nothing was written
-    "file_changed",  # the file changed since the edit began (the daemon rewrote it); nothing was written
-    "memory_unavailable",  # this server runs without memory
+    RequestErrorCode,  # answers to requests (console/requests.py); these errors carry the request_id
 ]
 
 
@@ -133,6 +134,7 @@ class Ready(ServerFrame, tag="ready", frozen=True):
     cards: list[Card]
     replayed: int = 0
     resync: bool = False
+    turn_text: str | None = None  # the running turn's message, so a client joining mid-turn can show it
 
 
 class SessionStarted(ServerFrame, tag="session_started", frozen=True):
@@ -210,12 +212,33 @@ class CardClosed(ServerFrame, tag="card_closed", frozen=True):
     card_id: str
 
 
+class TurnsForgotten(ServerFrame, tag="turns_forgotten", frozen=True):
+    """A person forgot these turns of `session_id` (by their number in it, and their wire ids): their
+    words are gone; show a tombstone where they were."""
+
+    session_id: str
+    turns: list[int]
+    turn_ids: list[str]
+    forgotten_at: float
+
+
+class FileUploaded(ServerFrame, tag="file_uploaded", frozen=True):
+    """A person uploaded a file through the console: it is in their files, at `path`."""
+
+    path: str
+    size: int
+
+
 class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     turn_id: str
     status: TurnStatus
     duration_ms: int
     usage: Usage
-    cost_usd: float | None = None
+    cost_usd: float | None = None  # this turn's own cost (None: the CLI reported none)
+    session_cost_usd: float | None = None  # the session's turns so far, this one included
+    # False: the turn could not be made durable yet (an `error` with code not_saved came first).
+    # A default, so clients that predate it read every frame the same.
+    saved: bool = True
 
 
 class ModelRetry(ServerFrame, tag="model_retry", frozen=True):
@@ -235,9 +258,10 @@ class ModelRetry(ServerFrame, tag="model_retry", frozen=True):
 
 class Error(ServerFrame, tag="error", frozen=True):
     code: ErrorCode
-    message: str
+    message: str  # plain words for a person
     turn_id: str | None = None
-    request_id: str | None = None  # set when the error answers a memory request
+    request_id: str | None = None  # set when the error answers a request (memory, sessions, files)
+    detail: str | None = None  # what the agent's CLI said, for a details view: addresses, codes
 
 
 class Pong(ServerFrame, tag="pong", frozen=True):
@@ -257,11 +281,16 @@ AnyServerFrame = (
     | CardCreated
     | CardUpdated
     | CardClosed
+    | FileUploaded
+    | TurnsForgotten
     | TurnComplete
     | ModelRetry
     | Error
     | Pong
     | AnyMemoryReply
+    | AnySessionReply
+    | CardCloseResult
+    | AnyFilesReply
 )
 
 
@@ -321,7 +350,7 @@ def decode_server_frame(data: str | bytes) -> AnyServerFrame:
     return _server_decoder.decode(data)
 
 
-Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a MemoryReply
+Reply = TypeVar("Reply", bound=msgspec.Struct)  # a ServerFrame, or a request's answer
 
 
 def with_seq(frame: Reply, seq: int) -> Reply:

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -50,6 +52,7 @@ from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
     AgentHealth,
     Command,
+    CostMeter,
     EndSession,
     Inbox,
     SessionState,
@@ -70,6 +73,7 @@ log = get_logger(__name__)
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
 MAX_QUEUED_MESSAGES = 16
+MAX_NOTES = 20  # things the person did outside the conversation, told with their next message
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -133,9 +137,11 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str | None] | None = None  # (turn id, the recalled context sent with it)
+        self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
+        self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
+        self._costs = CostMeter()
         self.health = AgentHealth()
         self.session_id = new_session_id()
 
@@ -154,6 +160,11 @@ class AgentRuntime:
     def new_session(self) -> None:
         self._refuse_if_closing()
         self._put(EndSession("new_session"))
+
+    def note(self, text: str) -> None:
+        """Something the person did outside the conversation (an upload): the agent is told with their
+        next message, as context before it."""
+        self._notes = [*self._notes, text][-MAX_NOTES:]
 
     def _refuse_if_closing(self) -> None:
         if not self._session.accepting:
@@ -177,6 +188,10 @@ class AgentRuntime:
     @property
     def turn_id(self) -> str | None:
         return self._running.turn_id if self._running else None
+
+    @property
+    def turn_text(self) -> str | None:
+        return self._running.text if self._running else None
 
     @property
     def cli_running(self) -> bool:
@@ -273,7 +288,7 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text) if self._memory is not None else NoRecord()
+        record = self._memory.turn_started(turn.text, turn.turn_id) if self._memory is not None else NoRecord()
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
@@ -286,21 +301,26 @@ class AgentRuntime:
             if result is None:  # interrupted while the CLI was starting: never sent
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
-                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted)
-                record.close(result)
-                await self._saved(turn, record)
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
+                if not await self._saved(turn, record):
+                    out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
+                           for f in out]
                 self._publish_result(turn, result, out)
         finally:
             self._running = None
             self._turn.end()
 
-    async def _saved(self, turn: Turn, record: TurnRecord) -> None:
+    async def _saved(self, turn: Turn, record: TurnRecord) -> bool:
         """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it
-        can't be (the disk is full, read-only, failing), the person is told so beside it."""
+        can't be (the disk is full, read-only, failing), the person is told so beside it (False:
+        its turn_complete says `saved: false`)."""
         self._turn.saving()
-        if not await record.durable():
-            log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
-            self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        if await record.durable():
+            return True
+        log.warning("turn_not_saved", turn_id=turn.turn_id, session_id=self.session_id)
+        self._publish(p.Error(code="not_saved", turn_id=turn.turn_id, message=NOT_SAVED))
+        return False
 
     async def _exchange(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         """Send the prompt and stream the reply: the result, or None if interrupted before sending.
@@ -322,6 +342,7 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
+            self._refuse_if_failing()
             await self._connect()
             if not self._turn.connected():
                 return None
@@ -336,6 +357,7 @@ class AgentRuntime:
             record.observe(message)
             if isinstance(message, ResultMessage):
                 result = message  # its frames wait until the turn is durable (_run_turn)
+                turn.cost = self._costs.charge(message.total_cost_usd)
             else:
                 self._publish_message(turn, message)
         if result is None:  # the stream ended early: the CLI exited (with status 0) under the turn
@@ -343,15 +365,20 @@ class AgentRuntime:
         return result
 
     async def _recalled(self, turn: Turn) -> str | None:
-        """The memories auto-recall found for `turn`, sent before the person's message (looked up
-        once per turn: a resend sends the same). Capture records the message alone."""
-        if self._memory is None:
-            return None
+        """The context sent before the person's message: what they did meanwhile (the notes), then
+        the memories auto-recall found for `turn` (looked up once per turn: a resend sends the
+        same). Capture records the message alone."""
         if self._prompted is None or self._prompted[0] != turn.turn_id:
-            recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+            notes, self._notes = self._notes, []
+            recalled = None
+            if self._memory is not None:
+                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
-            self._prompted = (turn.turn_id, recalled.context if recalled is not None else None)
+            said = "\n".join(f"- {n}" for n in notes)
+            parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
+                     recalled.context if recalled is not None else None]
+            self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
@@ -372,7 +399,7 @@ class AgentRuntime:
                 log.warning("turn_error", turn_id=turn.turn_id, code=frame.code, detail=frame.message)
             elif isinstance(frame, p.TurnComplete):
                 log.info("turn_complete", turn_id=turn.turn_id, status=frame.status,
-                         duration_ms=result.duration_ms, cost_usd=result.total_cost_usd, turns=result.num_turns)
+                         duration_ms=result.duration_ms, cost_usd=frame.cost_usd, turns=result.num_turns)
 
     async def _cli_lost(self) -> None:
         """The CLI exited between turns: tell clients, as for a crash mid-turn, and end its session."""
@@ -387,21 +414,22 @@ class AgentRuntime:
             self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                                   message=f"The agent cannot start: {self.health.reason}. Sprite OS tries again "
                                           "on its own; send your message again in a moment."))
-            await self._saved(turn, record)
-            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+            saved = await self._saved(turn, record)
+            self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
             await self._disconnect()
             return
         log.error("turn_failed", turn_id=turn.turn_id, session_id=self.session_id, error=repr(exc))
         self._publish(p.Error(code="agent_failed", turn_id=turn.turn_id,
                               message="The agent stopped unexpectedly; your next message starts a fresh session."))
-        await self._saved(turn, record)
-        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started)))
+        saved = await self._saved(turn, record)
+        self._publish(frames.ended_frame(turn.turn_id, "error", _ms_since(started), saved))
         await self._end_session("crash")
 
     # ------------------------------------------------------------ sessions and the CLI
 
     def _begin_session(self) -> None:
         self._session.began()
+        self._costs.new_session()
         self._publish(p.SessionStarted(session_id=self.session_id))
         if self._memory is not None:
             self._memory.session_started(self.session_id)
@@ -426,14 +454,29 @@ class AgentRuntime:
             self.session_id = new_session_id()
             self._begin_session()
 
+    def _refuse_if_failing(self) -> None:
+        """A message while the agent is known to be failing, before its next attempt is due, is
+        answered at once: the runtime tries again on its own (_try_start), not per message."""
+        wait = self.health.retry_in(time.monotonic())
+        if wait is not None and wait > 0 and self.health.reason is not None:
+            raise _StartFailed(self.health.reason)
+
     async def _connect(self) -> None:
-        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing)."""
+        """Start the agent's CLI. _StartFailed: it could not be started (the agent is failing).
+
+        A disk that can't take the boot prompt is found before memory is waited for (a new
+        session waits up to 15 s for the last batch); and while the agent is failing, a start
+        does not wait for memory at all: it boots with what memory holds, so that nothing (no
+        message, no retry) waits on memory only to find the agent still cannot start."""
         started = time.monotonic()
         try:
-            prompt = await self._memory.boot_prompt() if self._memory is not None else DEFAULT_PROMPT
+            await asyncio.to_thread(_check_writable, self._launch.prompt_file)
+            settle = not self.health.failed
+            prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT
             system_prompt = await asyncio.to_thread(self._launch.write_prompt, prompt)
             # Owned from before connect: a connect that fails half-way still gets its process ended.
             self._cli = cli = AgentProcess(self._options(system_prompt), self._client_factory)
+            self._costs.new_process()  # its running total starts from zero
             await cli.connect()
         except Exception as exc:  # a disk, a CLI missing or failing at its start, memory: not this turn's fault
             reason = _reason(exc)
@@ -489,6 +532,16 @@ class AgentRuntime:
                 await cli.close()
             finally:
                 self._launch.discard_prompt()  # a small unlink: done in place, even when cancelled
+
+
+def _check_writable(path: Path) -> None:
+    """OSError(EROFS) when `path`'s file system is read-only (an I/O error remounts it so): known
+    from its flags, without writing anything."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # made at the write, if it must be
+        folder = folder.parent
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
 
 def _reason(exc: BaseException) -> str:

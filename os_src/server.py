@@ -8,7 +8,8 @@ own origin or an allow-listed one (console/origin.py), or it gets HTTP 403.
 
 Authentication: `Authorization: Bearer <token>`, or, for browsers (which cannot
 set headers on a WebSocket), the subprotocol pair `sprite-os.v1, bearer.<token>`.
-A missing or wrong token gets HTTP 401 with an empty body. `/healthz` answers
+A missing or wrong token gets HTTP 401 with an empty body; a request with two Authorization (or
+Origin, Host) headers gets 400. `/healthz` answers
 anyone, but says only its status (`ok`, `degraded` or `failed`) without the token (a
 Sprite listens on 0.0.0.0); with it, everything. `/metrics` (metrics.py, the Prometheus
 text format) needs the token.
@@ -27,7 +28,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -42,9 +43,13 @@ from .agent.ledger import CliLedger
 from .agent.model_relay import ModelRelay
 from .agent.spend_book import SPEND_FILE, SpendBook
 from .config import Settings, describe, resolve_token
+from .console import requests as rq
+from .console.cards import CardsConsole
+from .console.files_api import FilesConsole
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
-from .console.pages import ConsolePages, http_response
+from .console.pages import DOWNLOAD_PATH, ConsolePages, http_response, is_upgrade
+from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
 from .fsutil import WriterLock
@@ -85,17 +90,18 @@ def _select_subprotocol(_conn: ServerConnection, offered: Sequence[Subprotocol])
 
 
 class SpriteOS:
-    def __init__(self, settings: Settings, token: str, *, memory: bool = True) -> None:
+    def __init__(self, settings: Settings, token: str, *, memory: bool = True, lock: WriterLock | None = None) -> None:
+        """`lock`: the workspace's writer lock, if the caller took it already (serve_main)."""
         self.settings = settings
         self._token = token.encode()
         self.started_at = time.monotonic()
         layout = settings.layout
         self.hub = EventHub()
         self.metrics = Metrics()
-        publish = DeltaCoalescer(self._publish)  # the runtime and the canvas share it: one order
+        publish = DeltaCoalescer(self._publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
-        self.lock = WriterLock(layout.memory_lock)
+        self.lock = lock or WriterLock(layout.memory_lock)
         self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
         # the agent's budget is enforced there, on every call the agent can make.
@@ -106,9 +112,10 @@ class SpriteOS:
                                     model_env=self.relay.cli_env, launch=self.launch,
                                     retry_reason=self.spend.retry_reason,
                                     tool_servers=self._memory_tools if self.memory is not None else None)
-        memory_requests = (MemoryConsole(self.memory, agent_spend=self.spend.report).handle
-                           if self.memory is not None else None)
-        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, memory_requests)
+        self._coalesced = publish  # what the console's requests publish through, in the same order
+        self.files = FilesConsole(layout, publish, self.runtime.note)
+        self.api = rq.ConsoleApi(*self._request_handlers())
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
@@ -120,6 +127,15 @@ class SpriteOS:
         """search_memory, over what memory holds: the agent's one way into it, read-only."""
         assert self.memory is not None
         return {memory_search.SERVER_NAME: memory_search.memory_search_server(self.memory.search)}
+
+    def _request_handlers(self) -> list[Mapping[type[rq.Request], rq.Handler]]:
+        """Who answers each request on the socket: memory's and past sessions' need memory."""
+        handlers = [CardsConsole(self.canvas).handlers, self.files.handlers]
+        if self.memory is not None:
+            handlers += [MemoryConsole(self.memory, agent_spend=self.spend.report).handlers,
+                         SessionsConsole(self.memory, lambda: self.runtime.session_id, self._coalesced,
+                                         self.runtime.new_session).handlers]
+        return handlers
 
     @property
     def port(self) -> int:
@@ -141,6 +157,7 @@ class SpriteOS:
             # Holding the workspace's lock: a CLI left by a server killed with -9 is no live server's.
             await asyncio.to_thread(CliLedger.for_workspace(self.settings.layout.root).reap)
         await self.relay.start()
+        await self.files.start()
         await self.runtime.start()
         self._server = await self._listen()
         # The SDKs leave ~240k long-lived objects from import; full collections traversing them
@@ -182,7 +199,7 @@ class SpriteOS:
             functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
             functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
-            self.gateway.close_all, self._closed, self._stop_memory]
+            self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
         for step in steps:
             try:
                 await step()
@@ -222,6 +239,10 @@ class SpriteOS:
         return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        if (name := _repeated_header(request)) is not None:  # ambiguous: which token, which origin?
+            remote = str(conn.remote_address[0] if conn.remote_address else "?")
+            log.info("request_rejected", remote=remote, reason=f"more than one {name} header")
+            return conn.respond(HTTPStatus.BAD_REQUEST, f"Only one {name} header is allowed.\n")
         if request.method != "GET":  # the console, /healthz and the upgrade all serve GET, nothing else
             response = http_response(conn, HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n",
                                      "text/plain; charset=utf-8")
@@ -234,6 +255,8 @@ class SpriteOS:
             else:
                 body = {"status": (await self.health(counts=False))["status"]}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if request.path.split("?", 1)[0] == DOWNLOAD_PATH and not is_upgrade(request):
+            return await self._download(conn, request)
         if request.path.split("?", 1)[0] == "/metrics":
             if not self._authorized(request):
                 return self._unauthorized(conn)
@@ -250,6 +273,14 @@ class SpriteOS:
             return self._unauthorized(conn)
         return None
 
+    async def _download(self, conn: ServerConnection, request: Request) -> Response:
+        """A file of the person's, with the token (an Authorization header: the page fetches it)."""
+        if not self._authorized(request):
+            return http_response(conn, HTTPStatus.UNAUTHORIZED, b"", "text/plain; charset=utf-8", request)
+        status, body, headers = await self.files.download(request.path.partition("?")[2])
+        kind = "application/octet-stream" if status is HTTPStatus.OK else "text/plain; charset=utf-8"
+        return http_response(conn, status, body, kind, request, headers=headers)
+
     @staticmethod
     def _unauthorized(conn: ServerConnection) -> Response:
         response = conn.respond(HTTPStatus.UNAUTHORIZED, "")
@@ -259,6 +290,15 @@ class SpriteOS:
     def _authorized(self, request: Request) -> bool:
         given = bearer_token(request)
         return given is not None and hmac.compare_digest(given.encode(), self._token)
+
+
+# The headers read as one value each: a request with two of any of them is refused (400), never
+# answered by whichever one a lookup would pick (websockets raises on a repeated one).
+SINGLE_HEADERS = ("Authorization", "Origin", "Host", "X-Sprite-Origin", "If-None-Match")
+
+
+def _repeated_header(request: Request) -> str | None:
+    return next((name for name in SINGLE_HEADERS if len(request.headers.get_all(name)) > 1), None)
 
 
 def overall_status(body: dict[str, Any]) -> str:
@@ -291,7 +331,13 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
 def serve_main(settings: Settings) -> int:
     """Entry point of `sprite-os serve`."""
     limit_arenas()  # before any thread starts: see malloc_arenas.py
-    configure_logging(settings.log_format, settings.log_level, settings.log_file)
-    token = resolve_token(settings, create=True)  # the rest of the workspace is made once the lock is held
-    asyncio.run(run_until_signalled(SpriteOS(settings, token)))
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
+    lock = WriterLock(settings.layout.memory_lock)
+    lock.acquire()  # first: a refused start (LockHeld) writes nothing, not even its log file or a token
+    try:
+        configure_logging(settings.log_format, settings.log_level, settings.log_file)
+        token = resolve_token(settings, create=True)
+        asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock)))
+    finally:
+        lock.release()
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sprite_os.agent.state import (
+    CostMeter,
     EndSession,
     IllegalTransition,
     Inbox,
@@ -13,6 +14,7 @@ from sprite_os.agent.state import (
     Shutdown,
     Stop,
     Turn,
+    TurnCost,
     TurnPhase,
     TurnState,
 )
@@ -148,3 +150,24 @@ def test_back_to_back_new_sessions_queue_once() -> None:
 
 def test_each_turn_has_its_own_id() -> None:
     assert Turn("a", None).turn_id != Turn("a", None).turn_id
+
+
+def test_a_turns_cost_is_the_difference_of_the_clis_running_totals() -> None:
+    meter = CostMeter()
+    meter.new_session()
+    meter.new_process()
+    # the CLI's totals over three turns of one process: 0.0001, 0.0004, 0.0007
+    assert [meter.charge(total) for total in (0.0001, 0.0004, 0.0007)] == [
+        TurnCost(0.0001, 0.0001), TurnCost(0.0003, 0.0004), TurnCost(0.0003, 0.0007)]
+    assert meter.charge(None) == TurnCost(None, 0.0007)  # no figure: unknown, the session unchanged
+    meter.new_session()  # /new: a new session, a new CLI whose total starts from zero
+    meter.new_process()
+    assert meter.charge(0.0002) == TurnCost(0.0002, 0.0002)
+
+
+def test_a_process_the_meter_was_not_told_about_counts_from_zero() -> None:
+    meter = CostMeter()
+    meter.charge(0.005)
+    assert meter.charge(0.001) == TurnCost(0.001, 0.006)  # a lower total: a fresh process's first turn
+    meter.new_process()  # a resend to a fresh CLI within the session: the session keeps adding
+    assert meter.charge(0.002) == TurnCost(0.002, 0.008)

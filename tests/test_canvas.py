@@ -96,3 +96,18 @@ async def test_a_failed_save_changes_nothing(store: CanvasStore, published: list
     result = await call(store, "create_card", {"title": "Groceries \ud83d"})  # a lone surrogate, too
     assert result["is_error"] is True
     assert store.cards() == [] and published == []
+
+
+async def test_a_person_closes_a_card_from_the_console(store: CanvasStore, published: list[p.ServerFrame]) -> None:
+    from sprite_os.console.card_frames import CardCloseRequest
+    from sprite_os.console.cards import CardsConsole
+    from sprite_os.console.requests import RequestFailed
+
+    await call(store, "create_card", {"title": "Groceries"})
+    close = CardsConsole(store).handlers[CardCloseRequest]
+    done = await close(CardCloseRequest(request_id="r", card_id="groceries"))
+    assert done.card_id == "groceries" and store.cards() == []  # type: ignore[attr-defined]
+    assert published[-1] == p.CardClosed(card_id="groceries")  # every client sees it close
+    with pytest.raises(RequestFailed) as gone:
+        await close(CardCloseRequest(request_id="r", card_id="groceries"))
+    assert gone.value.code == "not_found"

@@ -35,9 +35,11 @@ from sprite_os.memory.transcript_store import Observation, TranscriptDB
 from sprite_os.paths import Layout
 
 
-def result(subtype: str = "success", text: str | None = "final answer", num_turns: int = 1) -> ResultMessage:
-    return ResultMessage(subtype=subtype, duration_ms=1, duration_api_ms=1, is_error=subtype != "success",
-                         num_turns=num_turns, session_id="cli", result=text)
+def result(subtype: str = "success", text: str | None = "final answer", num_turns: int = 1,
+           **fields: Any) -> ResultMessage:
+    values: dict[str, Any] = dict(subtype=subtype, duration_ms=1, duration_api_ms=1, is_error=subtype != "success",
+                                  num_turns=num_turns, session_id="cli", result=text)
+    return ResultMessage(**(values | fields))
 
 
 def says(text: str, parent: str | None = None) -> AssistantMessage:
@@ -103,13 +105,25 @@ async def test_one_observation_per_turn(kit: Kit) -> None:
 async def test_interrupted_turn_is_closed_from_the_result(kit: Kit) -> None:
     kit.recorder.open("write a long essay").close(result("error_during_execution", text=""))
     [obs] = await kit.rows()
-    assert "interrupted" in obs.agent_response
+    assert "interrupted" in obs.agent_response and obs.status == "interrupted"
 
 
 async def test_failed_cli_still_records_the_prompt(kit: Kit) -> None:
     kit.recorder.open("hello?").close(None, "CLIConnectionError()")
     [obs] = await kit.rows()
-    assert obs.user_message == "hello?" and "failed" in obs.agent_response
+    assert obs.user_message == "hello?" and "failed" in obs.agent_response and obs.status == "error"
+
+
+async def test_a_turn_keeps_its_wire_id_its_status_and_its_own_cost(kit: Kit) -> None:
+    kit.recorder.open("hello", "turn-7f3a").close(result(text="hi"), cost_usd=0.0003)
+    failed = kit.recorder.open("again", "turn-8b1c")
+    failed.observe(AssistantMessage(model="<synthetic>", error="server_error",
+                                    content=[TextBlock(text="API Error: 502 Bad Gateway")]))
+    failed.close(result(text="", is_error=True, api_error_status=502))
+    ok, bad = await kit.rows()
+    assert (ok.turn_id, ok.status, ok.cost_usd) == ("turn-7f3a", "completed", 0.0003)
+    assert (bad.turn_id, bad.status, bad.cost_usd) == ("turn-8b1c", "error", None)
+    assert "API Error" not in bad.agent_response  # the CLI's notice is not the agent's words
 
 
 async def test_turns_are_numbered_as_they_close_and_one_never_closed_leaves_nothing(kit: Kit) -> None:

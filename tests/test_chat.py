@@ -105,6 +105,23 @@ async def test_a_wrong_token_says_so() -> None:
     assert proc.returncode == 1 and b"HTTP 401 (wrong token" in out
 
 
+def test_a_turn_shows_its_own_cost_and_the_sessions_and_a_failure_its_details() -> None:
+    import io
+
+    from sprite_os import protocol as p
+    from sprite_os.commands.chat import Renderer
+
+    out = io.StringIO()
+    show = Renderer(out).show
+    show(p.TurnComplete(turn_id="t", status="completed", duration_ms=1200, usage=p.Usage(), cost_usd=0.0003,
+                        session_cost_usd=0.0009))
+    show(p.Error(code="model_unavailable", message="The model proxy can't be reached.", turn_id="t",
+                 detail="HTTP 502: API Error: 502 Bad Gateway"))
+    assert out.getvalue() == ("· completed in 1.2s, $0.0003 (session $0.0009)\n"
+                              "! model_unavailable: The model proxy can't be reached.\n"
+                              "  (HTTP 502: API Error: 502 Bad Gateway)\n")
+
+
 async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_gave(
         fake_server: int, tmp_path: Path) -> None:
     """SPRITE_OS_PORT, or what `sprite-os service start` remembered of it (a shell that never set

@@ -18,6 +18,7 @@ from sprite_os.console.memory_api import MemoryConsole
 from sprite_os.console.memory_queries import day_start
 from sprite_os.memory.forgetting import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.recall.searcher import RecallHit
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
@@ -128,8 +129,20 @@ async def test_an_edit_begun_before_the_daemons_rewrite_is_refused(console: Memo
     error = await failure(console, pm.MemoryEditRequest(request_id="e", name="user.md", text="# Mine\n",
                                                         base_sha256=started_from))
     assert error.code == "file_changed" and "nothing was saved" in error.message
+    assert "the memory daemon rewrote it" in error.message
     assert system.files.read("user.md") == "# User\n- Name: Ada\n"
     assert len(system.files.history("user.md")) == 2
+
+
+async def test_an_edit_overtaken_by_the_persons_own_other_tab_does_not_blame_the_daemon(
+        console: MemoryConsole, system: MemorySystem) -> None:
+    system.files.write("user.md", "# User\n", source="batch-1")
+    await ask(console, pm.MemoryEditRequest(request_id="e1", name="user.md", text="# From tab one\n",
+                                            base_sha256=sha("# User\n")))
+    error = await failure(console, pm.MemoryEditRequest(request_id="e2", name="user.md", text="# From tab two\n",
+                                                        base_sha256=sha("# User\n")))
+    assert error.code == "file_changed" and "another tab or device" in error.message
+    assert "daemon" not in error.message
 
 
 @pytest.mark.parametrize(("name", "text", "code"), [
@@ -182,6 +195,24 @@ async def test_search_shows_type_date_confidence_and_the_source_turn(console: Me
     assert listed.hits[0].turn is None and listed.hits[0].score is None  # the curator cited no turn
     typed = await ask(console, pm.MemorySearchRequest(request_id="s", query="Ada", types=["PREFERENCE"]))
     assert isinstance(typed, pm.MemorySearchResult) and [h.type for h in typed.hits] == ["PREFERENCE"]
+
+
+async def test_past_turns_follow_the_learnings_and_never_crowd_them_out(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = await seed(system)
+    episodes = [RecallHit("episode", 100 + n, 1.0 - n / 100, NOW, "s1", n + 1, 100 + n, "EPISODE", f"turn {n} about Ada")
+                for n in range(30)]  # raw turns match many words: they rank first
+    learning = RecallHit("learning", 1, 0.1, NOW, "s1", 1, ids[0], "FACT", "The user's name is Ada Lovelace")
+
+    async def found(query: str, limit: int) -> list[RecallHit]:
+        return [*episodes, learning][:limit]
+
+    monkeypatch.setattr(system, "search", found)
+    reply = await ask(console, pm.MemorySearchRequest(request_id="s", query="Ada", limit=20))
+    assert isinstance(reply, pm.MemorySearchResult)
+    assert [h.kind for h in reply.hits] == ["learning"] + ["episode"] * 5
+    only_turns = await ask(console, pm.MemorySearchRequest(request_id="s", query="Ada", types=["EPISODE"], limit=20))
+    assert isinstance(only_turns, pm.MemorySearchResult) and len(only_turns.hits) == 20
 
 
 async def test_a_learnings_turn_opens_from_the_transcript(console: MemoryConsole, system: MemorySystem) -> None:
@@ -317,6 +348,18 @@ async def test_the_boot_prompt_is_exactly_the_next_sessions(console: MemoryConso
     assert reply.text.startswith("# Soul\nYou are Sprite.") and "The user's name is Ada Lovelace" in reply.text
     assert reply.chars == len(reply.text) and reply.tokens_estimate == -(-len(reply.text) // 4)
     assert "characters / 4" in reply.estimate
+
+
+@pytest.mark.parametrize(("source", "said"), [
+    ("person-edit", "another tab or device"), ("rollback-to-3", "another tab or device"),
+    ("batch-7", "the memory daemon rewrote it"), ("rebuild-batch-2", "the memory daemon rewrote it"),
+    ("forget", "a forget took text out of it"), ("deploy", "a deploy replaced it"), ("on-disk", "edited on disk"),
+])
+def test_an_overtaken_edit_names_who_changed_the_file(source: str, said: str) -> None:
+    from sprite_os.console.memory_files import changed_by
+    from sprite_os.memory.files import Version
+
+    assert said in changed_by(Version(3, NOW, source, Path("x")))
 
 
 async def test_the_console_reads_memory_db_and_changes_it_only_through_the_daemon(

@@ -69,6 +69,7 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         await tab.memory("learnings")
         await tab.by("learning-search").fill("Ada")
         await tab.by("learning-search-button").click()
+        await expect(tab.by("memory-panel-learnings")).to_contain_text("found for “Ada”")  # not the listing before it
         learning = tab.by("learning").filter(has_text="The user's name is Ada Lovelace")
         await expect(learning).to_have_count(1)
         await expect(learning).to_contain_text("FACT")
@@ -165,9 +166,15 @@ async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_r
         await seed.get_by_role("button").click()
         await expect(tab.by("file-diff")).to_contain_text("+- Name: Ada")
         await screenshot(tab, shots, "memory-files-light")
+        await expect(seed.get_by_role("button")).to_have_attribute("aria-current", "true")  # the one shown
         await tab.by("file-rollback").click()
         await expect(tab.by("memory-flash")).to_contain_text("is version 1's text again")
         assert files.read("user.md") == "# User\n- Name: Ada\n"
         await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n")
         assert files.history("user.md")[-1].source == "rollback-to-1"
+        current = tab.by("file-version").first  # newest first
+        await expect(current).to_contain_text("current")
+        await current.get_by_role("button").click()
+        await expect(tab.by("file-is-current")).to_be_visible()  # nothing to make current again
+        await expect(tab.by("file-rollback")).to_have_count(0)
         tab.assert_clean()

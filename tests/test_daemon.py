@@ -133,6 +133,16 @@ async def test_a_settle_that_races_the_end_of_a_run_is_answered(kit: Kit) -> Non
     assert await settling is True  # everything is curated: not a timeout
 
 
+async def test_the_reasons_for_a_run_stay_few_however_many_turns_wait_for_it(kit: Kit) -> None:
+    """While a backoff holds the run (the proxy down for hours), every turn asks for a batch again:
+    what is kept until the run starts is the kinds of reason, not one entry a turn."""
+    d = MemoryDaemon(kit.processor, batch_turns=3)  # not started: the run never comes
+    for _ in range(10_000):
+        d.note_turn()
+    d.trigger("session-end")
+    assert sorted(d._reasons) == ["batch", "session-end"]
+
+
 async def test_settle_waits_for_requested_work_without_asking_for_more(kit: Kit, daemon: MemoryDaemon) -> None:
     assert await daemon.settle(60) is True  # nothing requested: at once
     await kit.turns("end of a session")

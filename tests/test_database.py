@@ -9,7 +9,7 @@ import pytest
 from sprite_os.db_worker import Worker
 from sprite_os.memory.memory_store import MemoryDB, NewLearning, content_key
 from sprite_os.memory.recall.learnings import search_learnings
-from sprite_os.memory.schema import PENDING, PROCESSED, STALE
+from sprite_os.memory.schema import MEMORY_SCHEMA, PENDING, PROCESSED, STALE, TRANSCRIPT_SCHEMA
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
 
@@ -20,7 +20,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 2 and m.schema_version == 4
+    assert t.schema_version == 3 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 5 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
@@ -124,3 +124,30 @@ async def test_worker_runs_every_call_on_its_one_thread(tmp_path: Path) -> None:
     assert all(f.result() for f in futures)
     assert await worker.call(lambda db: db.counts()["total"]) == 50
     await worker.close()
+
+
+def test_a_transcript_from_before_forgetting_migrates_and_keeps_its_turns(tmp_path: Path) -> None:
+    """A transcript.db at schema 1 (as shipped) gains the turn columns, tombstones and the new trigger."""
+    import sqlite_utils
+
+    from sprite_os.database import connect
+    from sprite_os.memory.schema import _transcript_v1
+
+    path = tmp_path / "old.db"
+    conn = connect(path)
+    _transcript_v1(sqlite_utils.Database(conn))
+    conn.execute("PRAGMA user_version=1")
+    conn.execute("INSERT INTO observations (timestamp, session_id, sequence_num, user_message, tool_calls_json, "
+                 "agent_response) VALUES (1.0, 's', 1, 'I live in Lisbon', '[]', 'Noted')")
+    conn.close()
+    t = TranscriptDB(path)
+    try:
+        [old] = t.get([1])
+        assert (old.user_message, old.turn_id, old.status, old.cost_usd) == ("I live in Lisbon", None, None, None)
+        [gone] = t.forget([1], 2.0, "test")
+        assert gone.user_message == "I live in Lisbon"
+        assert t.get([1])[0].user_message == "" and t.tombstones("s")[1].forgotten_by == "test"
+        with pytest.raises(sqlite3.IntegrityError):
+            t.conn.execute("DELETE FROM observations")
+    finally:
+        t.close()

@@ -4,6 +4,7 @@ writes waiting together commit together; both databases sync every commit."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -21,6 +22,7 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
+from sprite_os.memory.capture import pipeline as pipeline_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -31,7 +33,13 @@ from sprite_os.memory.capture.journal import (
     recover,
 )
 from sprite_os.memory.capture.pipeline import Capture
-from sprite_os.memory.capture.spill import ObservationWrite, SessionWrite
+from sprite_os.memory.capture.spill import (
+    ObservationWrite,
+    SessionWrite,
+    append_lines,
+    read_spill,
+    spill_path,
+)
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.paths import Layout
@@ -112,6 +120,33 @@ def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_
     assert f.path.read_bytes() == b"" and syncs == ["fdatasync", "fdatasync"]
     f.save(entries((3, False)))
     assert state(f.path) == [(3, False)] and syncs[-1] == "fdatasync"
+
+
+def test_the_spill_files_first_append_syncs_its_folder_too(tmp_path: Path, syncs: list[str]) -> None:
+    """A new spill file's lines were fsync'd, its name was not: a power cut could lose the file."""
+    path = tmp_path / "capture-spill.jsonl"
+    append_lines(path, [SessionWrite("s", "start", 1.0)])
+    assert syncs == ["fsync", "fsync"]  # the file, then its folder
+    syncs.clear()
+    append_lines(path, [SessionWrite("s", "end", 2.0)])
+    assert syncs == ["fsync"]  # its name is durable already
+
+
+async def test_a_cancelled_journal_save_is_not_taken_for_a_save(tmp_path: Path) -> None:
+    """A save future cancelled before it ran was reported as on disk, acknowledging its turns."""
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    busy = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as files:
+        files.submit(busy.wait, 10)  # the save waits behind this
+        journal = TurnJournal(tmp_path / "j.json", files, on_saved=lambda k, e: saved.append((k, e)))
+        journal.closed(obs(1), urgent=True)
+        await wait_for(lambda: journal._written is not None, what="the save handed out")
+        assert journal._written is not None
+        journal._written.cancel()
+        await wait_for(lambda: bool(saved), what="the save's end reported")
+        busy.set()
+    [(keys, error)] = saved
+    assert keys == [("s1", 1)] and error is not None
 
 
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
@@ -232,6 +267,85 @@ async def test_a_turn_closed_while_transcript_db_is_free_is_durable_by_its_commi
     assert rows == [("one", "the whole answer")]
 
 
+def on_disk(layout: Layout) -> set[str]:
+    """The turns a kill -9 now leaves, by message: the journal, the spill file, transcript.db."""
+    found = {o.user_message for o in recover(journal_path(layout))}
+    found |= {w.observation.user_message for w in read_spill(spill_path(layout)) if isinstance(w, ObservationWrite)}
+    conn = sqlite3.connect(f"file:{layout.transcript_db}?mode=ro", uri=True, timeout=0.1)
+    try:
+        found |= {m for (m,) in conn.execute("SELECT user_message FROM observations")}
+    finally:
+        conn.close()
+    return found
+
+
+async def test_more_closed_turns_than_the_journal_keeps_are_spilled_never_dropped(capture: Capture) -> None:
+    """With transcript.db's thread held, each turn is durable by the journal alone; the journal
+    dropped its oldest past MAX_CLOSED while the writer held it in memory only: acknowledged, on no disk."""
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
+    acknowledged = []
+    for n in range(journal_mod.MAX_CLOSED + 8):
+        record = close_turn(capture, f"turn {n}")
+        assert await record.durable(budget=10) is True
+        acknowledged.append(f"turn {n}")
+        missing = [m for m in acknowledged if m not in on_disk(capture._layout)]
+        assert not missing, f"acknowledged, then on no disk: {missing}"
+    BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+    assert set(acknowledged) <= on_disk(capture._layout)
+
+
+async def test_a_turn_resent_to_a_fresh_session_leaves_no_entry_under_its_old_key(capture: Capture) -> None:
+    """A turn opened in one session and closed in the next (the reused CLI was found dead, the turn
+    resent to a fresh one) stayed in the journal under its first key, unfinished: a kill -9 after
+    its turn_complete replayed it as a second, cut-short copy."""
+    record = capture.recorder.open("resent")
+    await wait_for(lambda: [o.session_id for o in recover(journal_path(capture._layout))] == ["s1"],
+                   what="the open turn saved")
+    files = threading.Event()
+    capture._files.submit(files.wait, 30)  # the journal's saves wait (a slow disk): transcript.db is free
+    try:
+        capture.recorder.end_session("s1")
+        capture.recorder.start_session("s2")  # the fresh CLI's session
+        await asyncio.sleep(0.3)  # its connect
+        record.close(result("the answer"))
+        durable = asyncio.ensure_future(record.durable(budget=10))
+        await asyncio.sleep(0.5)  # time enough for transcript.db's commit
+        left = recover(journal_path(capture._layout))
+        assert not durable.done() or ("s1", 1) not in [(o.session_id, o.sequence_num) for o in left]
+    finally:
+        files.set()
+    assert await durable is True
+    left = recover(journal_path(capture._layout))  # what a kill -9 right after turn_complete replays
+    assert [(o.session_id, o.sequence_num, o.user_message) for o in left] in ([], [("s2", 1, "resent")])
+
+
+async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or_a_write_stalls(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that hangs fails nothing: capture said it was fine while every turn was not_saved."""
+    BusyDB.hold = threading.Event()
+    files = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # transcript.db's commit hangs
+    capture._files.submit(files.wait, 30)  # so does the journal's fsync
+    try:
+        record = close_turn(capture, "during the hang")
+        assert await record.durable(budget=0.2) is False  # what the runtime tells the person
+        status = capture.status()
+        assert status["degraded"] and status["not_saved"] == 1 and status["not_saved_total"] == 1
+        assert status["failing_since"] is None  # nothing failed: only hung
+        monkeypatch.setattr(pipeline_mod, "STALLED_AFTER", 0.0)
+        capture.acks.unsaved.clear()
+        assert capture.status()["degraded"]  # the oldest queued write is past the bound
+        monkeypatch.undo()
+    finally:
+        files.set()
+        BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+    status = capture.status()
+    assert not status["degraded"] and status["not_saved"] == 0 and status["not_saved_total"] == 1
+
+
 async def test_writes_waiting_together_land_in_one_transaction(capture: Capture) -> None:
     BusyDB.hold = threading.Event()
     capture.writer.submit(SessionWrite("s0", "end", 1.0))  # sent at once, and held
@@ -287,15 +401,18 @@ def test_a_group_that_fails_rolls_back_every_write_in_it(tmp_path: Path) -> None
 
 def test_an_import_commits_in_groups_and_what_it_reports_is_committed(tmp_path: Path) -> None:
     """An import acknowledges what it added: each group of turns is one synced transaction (one
-    fsync), not one per turn, so a 1,200-turn file costs 4 and a long one stays fast under FULL."""
-    from sprite_os.memory.importer import IMPORT_GROUP, import_turns
+    fsync), not one per turn, so a 1,200-turn file costs 4 (three chunks, then the sessions' ends) and a long one stays
+    fast under FULL."""
+    import io
+
+    from sprite_os.memory.importer import APPLY_CHUNK, ReadReport, apply, read_turns
 
     BusyDB.hold, BusyDB.groups = None, 0
     db = BusyDB(tmp_path / "transcript.db")
     lines = [json.dumps({"session": f"s{n // 100}", "timestamp": 1_700_000_000 + n, "user": f"q{n}",
                          "assistant": f"a{n}"}) for n in range(1200)]
-    report = import_turns(db, lines)
-    assert report.added == 1200 and BusyDB.groups == -(-1200 // IMPORT_GROUP) + 1  # the groups, then the sessions' ends
+    report = apply(db, read_turns(io.StringIO("\n".join(lines)), ReadReport(), now=1_700_100_000))
+    assert report.added == 1200 and BusyDB.groups == -(-1200 // APPLY_CHUNK) + 1  # the groups, then the sessions' ends
     db.close()
     reread = TranscriptDB(tmp_path / "transcript.db")  # what another process finds: all of it
     assert reread.counts()["total"] == 1200

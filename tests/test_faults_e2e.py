@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +21,15 @@ from typing import Any
 import pytest
 
 from devkit.mock_bridge import MockBridge, Text, Turn
+from devkit.mock_bridge.script import Fault
+from sprite_os import runtime as runtime_mod
 from sprite_os.config import Settings
 from sprite_os.errors import LockHeld
 from sprite_os.isolation.launch import AgentLaunch
 from sprite_os.isolation.policy import AgentUser
 from sprite_os.isolation.probe import MODE_FILE
 from sprite_os.memory.capture.spill import status_path
+from sprite_os.memory.system import BOOT_SETTLE_BUDGET
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, client_factory, running, wait_for
 from tests.test_memory_e2e import turn
@@ -56,8 +60,13 @@ def read_only_prompt(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Even
             raise OSError(errno.EROFS, "Read-only file system", str(path))
         unlink(path, missing_ok=missing_ok)
 
+    def check_writable(path: Path) -> None:  # the file system's read-only flag, as a remount sets it
+        if not fixed.is_set():
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
     monkeypatch.setattr(AgentLaunch, "write_prompt", write_prompt)
     monkeypatch.setattr(Path, "unlink", guarded_unlink)
+    monkeypatch.setattr(runtime_mod, "_check_writable", check_writable)
     yield fixed
     fixed.set()
 
@@ -81,7 +90,7 @@ async def test_a_read_only_disk_answers_each_message_at_once_says_why_and_recove
         health = await asyncio.to_thread(healthz, app.port)
         assert health["status"] == "failed"
         failure = health["agent"]["failure"]
-        assert "Read-only file system" in failure["reason"] and failure["failed_starts"] >= 2
+        assert "Read-only file system" in failure["reason"] and failure["failed_starts"] >= 1  # a message while failing is refused, not tried
         assert (await asyncio.to_thread(healthz, app.port, None)) == {"status": "failed"}
         read_only_prompt.set()  # the cause is gone: the runtime tries again on its own, no message needed
         await wait_for(lambda: not app.runtime.health.failed and app.runtime.cli_running, timeout=120,
@@ -89,6 +98,26 @@ async def test_a_read_only_disk_answers_each_message_at_once_says_why_and_recove
         assert (await asyncio.to_thread(healthz, app.port))["status"] == "ok"
         bridge.agent.script(Turn(Text("Back.")))
         assert (await turn(c, "after"))["status"] == "completed"
+
+
+async def test_a_read_only_disk_answers_at_once_while_the_last_sessions_batch_is_still_curated(
+        bridge: MockBridge, settings: Settings, read_only_prompt: threading.Event) -> None:
+    """Each message went through the new session's wait for memory (15 s, the batch its end asked
+    for still with the model) before finding that the agent could not start."""
+    read_only_prompt.set()
+    async with running(settings) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        assert (await turn(c, "before"))["status"] == "completed"
+        bridge.faults.add(Fault("latency", seconds=60, target="curator", times=1))  # a slow model
+        read_only_prompt.clear()  # the disk goes read-only
+        await c.send(type="new_session")  # its end asks for a batch, which the model holds
+        await c.until("session_started")
+        for n in range(2):
+            started = time.monotonic()
+            assert (await turn(c, f"while read-only {n}"))["status"] == "error"
+            assert time.monotonic() - started < BOOT_SETTLE_BUDGET / 2  # not after memory's wait
+        read_only_prompt.set()
+        bridge.faults.clear()
 
 
 async def test_a_stop_flushes_memory_whatever_failed_before(bridge: MockBridge, settings: Settings,

@@ -20,6 +20,7 @@ from claude_agent_sdk import (
 
 from sprite_os import protocol as p
 from sprite_os.agent.frames import ended_frame, message_frames, recall_frame, summarize
+from sprite_os.agent.state import TurnCost
 from sprite_os.memory.recall.searcher import RecallHit
 from sprite_os.memory.recall.service import Recalled
 
@@ -82,11 +83,13 @@ def test_tool_results_become_tool_result_frames() -> None:
     assert message_frames("t1", UserMessage(content="a prompt echoed back")) == []
 
 
-def test_a_successful_result_completes_the_turn_with_its_usage() -> None:
-    assert message_frames("t1", result()) == [p.TurnComplete(
-        turn_id="t1", status="completed", duration_ms=42, cost_usd=0.01,
+def test_a_successful_result_completes_the_turn_with_its_usage_and_its_own_cost() -> None:
+    assert message_frames("t1", result(total_cost_usd=0.07), cost=TurnCost(0.01, 0.07)) == [p.TurnComplete(
+        turn_id="t1", status="completed", duration_ms=42, cost_usd=0.01, session_cost_usd=0.07,
         usage=p.Usage(input_tokens=12, output_tokens=3, cache_read_input_tokens=0, cache_creation_input_tokens=0))]
     assert message_frames("t1", result(usage=None))[0].usage == p.Usage()  # type: ignore[attr-defined]
+    # without the meter's figure the cost is unknown, never the CLI's running total
+    assert message_frames("t1", result(total_cost_usd=0.07))[0].cost_usd is None  # type: ignore[attr-defined]
 
 
 def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None:
@@ -95,29 +98,48 @@ def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None
     assert isinstance(done, p.TurnComplete) and done.status == "interrupted"
 
 
-@pytest.mark.parametrize(("fields", "code", "says"), [
-    ({"api_error_status": 529, "result": "Overloaded"}, "model_unavailable", "The model proxy answered HTTP 529: Overloaded"),
+@pytest.mark.parametrize(("fields", "code", "says", "detail"), [
+    ({"api_error_status": 529, "result": "Overloaded"}, "model_unavailable", "The model is overloaded right now.",
+     "HTTP 529: Overloaded"),
+    ({"api_error_status": 502, "result": "API Error: 502 Bad Gateway (127.0.0.1:34179)"}, "model_unavailable",
+     "The model proxy can't be reached.", "HTTP 502: API Error: 502 Bad Gateway (127.0.0.1:34179)"),
+    ({"api_error_status": 500, "result": "boom"}, "model_unavailable", "The model proxy failed (HTTP 500).",
+     "HTTP 500: boom"),
+    ({"api_error_status": 400, "result": "bad"}, "model_unavailable",
+     "The model proxy refused the request (HTTP 400).", "HTTP 400: bad"),
     ({"result": "API Error: Connection refused (ECONNREFUSED)"}, "model_unavailable",
-     "The model proxy could not be reached: API Error: Connection refused"),
-    ({"errors": ["max turns reached", "gave up"]}, "agent_failed", "The turn failed: max turns reached; gave up"),
-    ({"subtype": "error_max_turns"}, "agent_failed", "The turn failed: error_max_turns"),
+     "The model proxy can't be reached.", "API Error: Connection refused (ECONNREFUSED)"),
+    ({"errors": ["max turns reached", "gave up"]}, "agent_failed", "The turn failed before the agent finished.",
+     "max turns reached; gave up"),
+    ({"subtype": "error_max_turns"}, "agent_failed", "The turn failed before the agent finished.", "error_max_turns"),
     # The relay's own refusal, in the CLI's wrapping: said in the Sprite's words, not as the proxy's.
     ({"api_error_status": 429, "result": "API Error: Request rejected (429) · Sprite OS refused the agent's call: "
                                          "its daily budget of $10.00 is spent"}, "agent_limit",
-     "Sprite OS refused the agent's call: its daily budget of $10.00 is spent"),
-    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call: no"}, "agent_limit", "Sprite OS refused"),
-    ({"result": "Sprite OS refused the agent's call"}, "agent_failed", "The turn failed: Sprite OS"),  # no HTTP error
+     "Sprite OS refused the agent's call: its daily budget of $10.00 is spent",
+     "HTTP 429: API Error: Request rejected (429) · Sprite OS refused the agent's call: its daily budget of $10.00 "
+     "is spent"),
+    ({"api_error_status": 500, "result": "Sprite OS refused the agent's call: no"}, "agent_limit",
+     "Sprite OS refused the agent's call: no", "HTTP 500: Sprite OS refused the agent's call: no"),
+    ({"result": "Sprite OS refused the agent's call"}, "agent_failed",  # no HTTP error: not the relay's refusal
+     "The turn failed before the agent finished.", "Sprite OS refused the agent's call"),
 ])
-def test_a_failed_result_says_why_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str) -> None:
+def test_a_failed_result_says_why_plainly_then_completes_as_an_error(fields: dict[str, Any], code: str, says: str,
+                                                                      detail: str) -> None:
     error, done = message_frames("t1", result(is_error=True, **fields))
-    assert isinstance(error, p.Error) and error.code == code and error.message.startswith(says)
+    assert isinstance(error, p.Error) and (error.code, error.message, error.detail) == (code, says, detail)
     assert error.turn_id == "t1"
     assert isinstance(done, p.TurnComplete) and done.status == "error"
 
 
+def test_the_clis_notice_of_a_failed_model_call_is_no_reply() -> None:
+    notice = AssistantMessage(model="<synthetic>", error="server_error",
+                              content=[TextBlock(text="API Error: 502 Bad Gateway (127.0.0.1:34179)")])
+    assert message_frames("t1", notice) == []
+
+
 def test_the_cli_error_detail_is_bounded() -> None:
     error, _ = message_frames("t1", result(is_error=True, result="x" * 10_000))
-    assert isinstance(error, p.Error) and len(error.message) < 400
+    assert isinstance(error, p.Error) and len(error.message) < 100 and len(error.detail or "") <= 300
 
 
 def test_lone_surrogates_from_the_cli_become_encodable_text() -> None:

@@ -20,6 +20,7 @@ class FakeRuntime:
     session_id = "session-1"
     state = "idle"
     turn_id = None
+    turn_text = None
 
     def __init__(self) -> None:
         self.fail: Exception | None = None

@@ -26,7 +26,10 @@ FLOORS: dict[str, int] = {
     "runtime": 2,
     "agent": 1, "isolation": 1, "tools": 1, "memory": 1,
     # the stores and shared facts
-    "config": 0, "protocol": 0, "console.memory_frames": 0, "events": 0, "database": 0, "db_worker": 0,
+    "config": 0, "protocol": 0, "events": 0, "database": 0, "db_worker": 0,
+    # the wire format's parts that protocol.py gathers (requests and their answers)
+    "console.requests": 0, "console.memory_frames": 0, "console.session_frames": 0, "console.files_frames": 0,
+    "console.card_frames": 0,
     "errors": 0, "logs": 0, "text": 0, "fsutil": 0, "paths": 0, "procfs": 0, "malloc_arenas": 0,
     "deploy_contract": 0, "spending": 0, "backoff": 0, "metrics": 0, "": 0,
 }

@@ -36,6 +36,15 @@ def test_a_failing_agent_and_what_happened_are_both_in_the_scrape() -> None:
     assert samples(m.render(body()))[("sprite_up", ())] == 1  # the state is read at each scrape, not kept
 
 
+def test_turns_that_could_not_be_saved_are_counted_apart() -> None:
+    m = Metrics()
+    m.observe(p.TurnComplete(turn_id="a", status="completed", duration_ms=100, usage=p.Usage()))
+    m.observe(p.TurnComplete(turn_id="b", status="completed", duration_ms=100, usage=p.Usage(), saved=False))
+    got = samples(m.render(body()))
+    assert got[("sprite_turns_total", (("status", "completed"),))] == 2
+    assert got[("sprite_turns_not_saved_total", ())] == 1
+
+
 def test_the_agents_spending_its_cap_and_its_refusals_are_gauges() -> None:
     from sprite_os.agent.budget import AgentLimits, Call, SpendDay, refused, report, settle
     from sprite_os.spending import day_start

@@ -20,6 +20,7 @@ import pytest
 
 from devkit.harness import wait_for
 from devkit.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
+from devkit.mock_bridge.demo import DEV_WORD_DELAY
 
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"
 MODEL = "claude-test"
@@ -314,6 +315,20 @@ async def test_demo_search_and_echo_and_missing_tool(agent: anthropic.AsyncAnthr
     assert unavailable.stop_reason == "end_turn" and "not available" in unavailable.content[0].text
     msg, deltas = await stream(agent, "hello there friend")
     assert msg.content[0].text == "You said: hello there friend" and len(deltas) == 5
+
+
+async def test_in_dev_mode_the_demo_model_streams_its_reply_a_word_at_a_time() -> None:
+    """Dev mode's pace: each word a delta of its own, arriving over time as from a real model."""
+    async with MockBridge(demo_word_delay=DEV_WORD_DELAY) as paced, make_client(paced, CLI_UA) as client:
+        arrived: list[float] = []
+        async with client.messages.stream(model=MODEL, max_tokens=100,
+                                          messages=[{"role": "user", "content": "one two three four"}]) as s:
+            async for event in s:
+                if event.type == "text":
+                    arrived.append(time.monotonic())
+        assert (await s.get_final_message()).content[0].text == "You said: one two three four"
+    assert len(arrived) == 6  # "You ", "said: ", "one ", ...
+    assert arrived[-1] - arrived[0] >= 5 * DEV_WORD_DELAY * 0.9  # spread over the reply, not one burst
 
 
 # --- faults --------------------------------------------------------------------------------

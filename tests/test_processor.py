@@ -367,3 +367,35 @@ async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
     with pytest.raises(CuratorError, match="rebuild stopped at turn #1"):
         await module.rebuild(settings)
     assert len(waits) == module.ATTEMPTS - 1
+
+
+async def test_the_probe_counts_any_http_answer_as_up_and_only_no_answer_as_down(tmp_path: Path) -> None:
+    """A proxy that is back but lacks the token-count endpoint (404), or is busy (429), answered
+    the probe, yet was taken as down: catch-up waited out its backoff step, up to 300 s."""
+    from aiohttp import web
+
+    status = {"code": 404}
+
+    async def count_tokens(_request: web.Request) -> web.Response:
+        return web.json_response({"type": "error", "error": {"type": "x", "message": "no"}}, status=status["code"])
+
+    app = web.Application()
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    client = CuratorClient(make_settings(tmp_path / "ws", f"http://127.0.0.1:{port}"))
+    try:
+        for code in (404, 405, 429, 500):
+            status["code"] = code
+            assert await client.probe() is True, code
+    finally:
+        await client.close()
+        await runner.cleanup()
+    down = CuratorClient(make_settings(tmp_path / "ws2", f"http://127.0.0.1:{port}"))  # nothing listens now
+    try:
+        assert await down.probe() is False
+    finally:
+        await down.close()

@@ -4,6 +4,9 @@ import msgspec
 import pytest
 
 from sprite_os import protocol as p
+from sprite_os.console.card_frames import CardCloseResult
+from tests.test_console_files import FILES_REPLIES
+from tests.test_console_sessions import SESSION_REPLIES
 from tests.test_protocol_memory import MEMORY_REPLIES
 
 
@@ -46,8 +49,8 @@ def test_client_frames_decode_and_ignore_unknown_fields() -> None:
 
 
 SERVER_FRAMES = [
-    p.Ready(protocol=1, server_version="1", stream="s", session_id="x", last_seq=3, agent="idle", turn_id=None,
-            cards=[p.Card(id="a", title="A", body="", kind="note", created_at=1.0, updated_at=2.0)]),
+    p.Ready(protocol=1, server_version="1", stream="s", session_id="x", last_seq=3, agent="running", turn_id="t",
+            cards=[p.Card(id="a", title="A", body="", kind="note", created_at=1.0, updated_at=2.0)], turn_text="hi"),
     p.SessionStarted(session_id="x"), p.SessionEnded(session_id="x", reason="idle"),
     p.TurnStarted(turn_id="t", text="hi"), p.TextDelta(turn_id="t", text="h"),
     p.AssistantMessage(turn_id="t", text="hello"), p.ToolUse(turn_id="t", tool_use_id="u", name="Read", summary="s"),
@@ -60,11 +63,16 @@ SERVER_FRAMES = [
     p.CardCreated(card=p.Card(id="a", title="A", body="b", kind="task", created_at=1.0, updated_at=1.0)),
     p.CardUpdated(card=p.Card(id="a", title="A2", body="b", kind="task", created_at=1.0, updated_at=2.0)),
     p.CardClosed(card_id="a"),
-    p.TurnComplete(turn_id="t", status="completed", duration_ms=5, usage=p.Usage(input_tokens=3), cost_usd=0.1),
+    p.TurnComplete(turn_id="t", status="completed", duration_ms=5, usage=p.Usage(input_tokens=3), cost_usd=0.1,
+                   session_cost_usd=0.3),
     p.ModelRetry(turn_id="t", attempt=1, max_retries=10, retry_delay_ms=560, error_status=529, error="overloaded"),
     p.Error(code="invalid_json", message="m"), p.Pong(nonce="n"),
     p.Error(code="not_found", message="m", request_id="r1"),
+    p.Error(code="model_unavailable", message="The model proxy can't be reached.", turn_id="t", detail="HTTP 502"),
     *MEMORY_REPLIES,
+    *SESSION_REPLIES,  # type: ignore[list-item]
+    *FILES_REPLIES,  # type: ignore[list-item]
+    CardCloseResult(request_id="r", card_id="a"),
 ]
 
 

@@ -7,6 +7,7 @@ made to do on cue: exit cleanly in the middle of a turn, or die unseen between t
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,7 +24,9 @@ from claude_agent_sdk import (
 )
 
 from sprite_os import protocol as p
+from sprite_os import runtime as runtime_mod
 from sprite_os.agent.state import TurnPhase
+from sprite_os.backoff import Backoff
 from sprite_os.errors import ShuttingDown
 from sprite_os.runtime import AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
@@ -91,7 +94,7 @@ class FakeRecord:
     def observe(self, message: Any) -> None:
         self.seen.append(type(message).__name__)
 
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
 
     async def durable(self) -> bool:
@@ -111,12 +114,14 @@ class FakeMemory:
         self.saving: asyncio.Event | None = None  # when set, a closed turn is durable once it is set
         self.saves = True  # what durable() says: False when the disk can't take the turn
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
+        self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
 
     def hooks(self) -> dict[Any, Any]:
         return {}
 
-    async def boot_prompt(self) -> str:
-        if self.booting is not None:
+    async def boot_prompt(self, settle: bool = True) -> str:
+        self.boots.append(settle)
+        if self.booting is not None and settle:  # the last session's batch, still being curated
             await self.booting.wait()
         return "boot"
 
@@ -126,7 +131,7 @@ class FakeMemory:
     def session_ended(self, session_id: str, reason: str) -> None:
         self.events.append(("session_ended", session_id, reason))
 
-    def turn_started(self, prompt: str) -> FakeRecord:
+    def turn_started(self, prompt: str, turn_id: str) -> FakeRecord:
         self.records.append(FakeRecord(self, prompt))
         return self.records[-1]
 
@@ -374,6 +379,19 @@ async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: 
     assert hm.of(p.TurnComplete)[-1].status == "interrupted"
 
 
+async def test_what_the_person_did_meanwhile_goes_with_their_next_message_once(h: Harness) -> None:
+    h.rt.note("The person uploaded documents/a.pdf (1.0 KB) through the console.")
+    await h.turn("what did I upload?")
+    await h.turn("and now?")
+    first, second = h.clis[0].queries
+    [message] = [m async for m in first]  # type: ignore[attr-defined]
+    context, prompt = message["message"]["content"]
+    assert context["text"] == ("Since the last message, outside this conversation:\n"
+                               "- The person uploaded documents/a.pdf (1.0 KB) through the console.")
+    assert prompt["text"] == "what did I upload?"  # the message itself, as typed
+    assert second == "and now?"  # told once
+
+
 # ---------------------------------------------------------------- durable, then acknowledged
 
 
@@ -397,10 +415,15 @@ async def test_a_turn_that_cannot_be_saved_says_so_before_its_turn_complete(hm: 
     assert hm.memory is not None
     hm.memory.saves = False
     done = await hm.turn("on a full disk")
-    assert done.status == "completed"
+    assert done.status == "completed" and done.saved is False  # completed, yet not on disk: it says so
     error = hm.of(p.Error)[-1]
     assert error.code == "not_saved" and error.turn_id == done.turn_id
     assert hm.kinds()[-2:] == ["Error", "TurnComplete"]
+    hm.clis[-1].crash_after = 1  # a turn that fails, not saved either
+    failed = await hm.turn("and a failing one")
+    assert failed.status == "error" and failed.saved is False
+    hm.memory.saves = True
+    assert (await hm.turn("the disk is back")).saved is True
 
 
 async def test_a_failed_turn_is_acknowledged_only_once_durable_too(hm: Harness) -> None:
@@ -414,3 +437,27 @@ async def test_a_failed_turn_is_acknowledged_only_once_durable_too(hm: Harness) 
     hm.memory.saving.set()
     await hm.until(lambda: len(hm.of(p.TurnComplete)) == 2)
     assert hm.of(p.TurnComplete)[-1].status == "error" and hm.memory.durable == ["one", "two"]
+
+
+async def test_a_failing_agent_answers_each_message_at_once_and_retries_without_waiting_for_memory(
+        hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each message while the disk was read-only waited for memory's settle (15 s, a batch in
+    flight) before finding the agent could not start; so did the runtime's own retry, and the
+    messages queued behind it."""
+    assert hm.memory is not None
+    hm.memory.booting = asyncio.Event()  # a batch in flight, never done in this test
+
+    def read_only(path: Path) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(runtime_mod, "_check_writable", read_only)
+    hm.rt.health.backoff = Backoff(first=0.2, max=0.2)
+    for n in range(3):  # each answered, none waiting for the batch
+        done = await hm.turn(f"while read-only {n}")
+        assert done.status == "error"
+        assert "Read-only file system" in hm.of(p.Error)[-1].message
+    assert hm.rt.health.failed
+    monkeypatch.undo()  # the disk is back: the runtime starts the agent on its own, not waiting either
+    await hm.until(lambda: not hm.rt.health.failed and hm.rt.cli_running)
+    assert hm.memory.boots[-1] is False
+    assert (await hm.turn("after")).status == "completed"

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
 from pathlib import Path
 
-from tests.conftest import TOKEN
+import pytest
+from structlog.testing import capture_logs
+
+from sprite_os.config import Settings
+from tests.conftest import TOKEN, running
 
 
 async def test_a_port_in_use_is_one_line_and_exit_status_2(tmp_path: Path) -> None:
@@ -61,3 +66,65 @@ def test_the_command_line_imports_no_sdk_until_a_command_needs_one() -> None:
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'anthropic', 'mcp', 'numpy'}))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+async def raw_request(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(4000), 30)
+    finally:
+        writer.close()
+
+
+async def test_a_repeated_authorization_or_origin_header_is_a_400_without_a_traceback(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """websockets' headers.get raises on a repeated header: each such request was a 500 and an
+    error-level traceback in the log."""
+    auth = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+    upgrade = (b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+    async with running(settings) as app:
+        caplog.set_level(logging.INFO)
+        with capture_logs() as logs:
+            for request in (
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n" + auth + b"\r\n",
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + auth + auth + b"\r\n",
+                b"GET / HTTP/1.1\r\nHost: x\r\n" + upgrade + auth
+                + b"Origin: http://x\r\nOrigin: http://evil.example\r\n\r\n",
+            ):
+                answer = await raw_request(app.port, request)
+                assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert not [e for e in logs if e["log_level"] in ("error", "critical")], logs
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text  # websockets' own
+        ok = await raw_request(app.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+        assert ok.startswith(b"HTTP/1.1 200 ")  # one of each: served as before
+
+
+async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_path: Path) -> None:
+    """`sprite-os serve` created the token file and opened its log file before it found the
+    workspace's lock held by the server already running there."""
+    from sprite_os.fsutil import WriterLock
+    from sprite_os.paths import Layout
+
+    workspace = tmp_path / "workspace"
+    layout = Layout(workspace)
+    layout.memory_dir.mkdir(parents=True)
+
+    def tree() -> dict[str, int | None]:
+        return {str(p.relative_to(workspace)): p.stat().st_mtime_ns if p.is_file() else None
+                for p in workspace.rglob("*")}
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
+    env.update(SPRITE_WORKSPACE=str(workspace), SPRITE_OS_PORT="0", SPRITE_OS_HOST="127.0.0.1",
+               SPRITE_ISOLATION="none", SPRITE_LOG_FILE=str(layout.state_dir / "server.log"),
+               ANTHROPIC_BASE_URL="http://127.0.0.1:9")
+    with WriterLock(layout.memory_lock):  # the first server
+        before = tree()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sprite_os", "serve", env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode != 0 and "another process holds this workspace" in err.decode()
+    assert tree() == before

@@ -241,6 +241,20 @@ async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Conn
     assert "PELICAN" not in json.dumps(last.messages)  # the old conversation is gone from the context
 
 
+async def test_each_turn_costs_its_own_and_the_session_adds_them_up(server: SpriteOS, client: Connect) -> None:
+    """The CLI reports a running total per process; a turn's cost_usd is its own (three alike turns cost
+    alike, not 1x, 2x, 3x), session_cost_usd the sum so far, and both start again after /new."""
+    c = await client(hello={})
+    done = [await turn_of(c, f"turn {n}") for n in range(3)]
+    costs, totals = [d["cost_usd"] for d in done], [d["session_cost_usd"] for d in done]
+    assert costs[0] > 0 and costs[1] == pytest.approx(costs[0]) and costs[2] == pytest.approx(costs[0]), costs
+    assert totals == pytest.approx([costs[0], costs[0] + costs[1], sum(costs)])
+    await c.send(type="new_session")
+    await c.until("session_started")
+    fresh = await turn_of(c, "a new session")
+    assert fresh["cost_usd"] == pytest.approx(costs[0]) and fresh["session_cost_usd"] == pytest.approx(costs[0])
+
+
 async def test_idle_timeout_ends_the_session_and_frees_the_cli(settings: Settings, bridge: MockBridge) -> None:
     async with running(settings.with_overrides(idle_timeout=1.0)) as app, client_factory(app.port) as client:
         c = await client(hello={})
@@ -453,7 +467,9 @@ async def test_a_failing_model_proxy_fails_the_turn_clearly_and_serving_goes_on(
     failed = await turn_of(c, "hello?")
     error = next(f for f in c.frames if f["type"] == "error")
     assert failed["status"] == "error"
-    assert error["code"] == "model_unavailable" and "HTTP 500" in error["message"]
+    assert error["code"] == "model_unavailable" and error["message"] == "The model proxy failed (HTTP 500)."
+    assert error["detail"].startswith("HTTP 500")  # the CLI's own words, for the details
+    assert not c.of("assistant_message")  # the CLI's "API Error: ..." notice is not shown as the agent's reply
     bridge.faults.clear()
     assert (await turn_of(c, "and now?"))["status"] == "completed"
 
@@ -469,7 +485,7 @@ async def test_an_unreachable_model_proxy_is_model_unavailable(
         failed = await turn_of(c, "hello?")
         [error] = c.of("error")
         assert failed["status"] == "error"
-        assert error["code"] == "model_unavailable" and "could not be reached" in error["message"], error
+        assert error["code"] == "model_unavailable" and error["message"] == "The model proxy can't be reached.", error
 
 
 async def turn_of(c: Client, text: str) -> dict:  # type: ignore[type-arg]

@@ -61,6 +61,42 @@ def test_a_torn_tail_is_ignored_and_cut(tmp_path: Path) -> None:
     assert [h[0] for h in reader.search(x[10], 1)] == [11]
 
 
+def test_a_forgotten_turns_vector_is_zeros_on_disk_never_found_and_never_added_again(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    x = unit(rng, 1_300)
+    writer = VectorWriter(tmp_path / "m", "model")
+    writer.add(range(1, 1_201), [float(i) for i in range(1_200)], x[:1_200])  # past BASIS_FROM: sketched
+    reader = VectorReader(tmp_path / "m")
+    assert reader.search(x[41], 1)[0][0] == 42
+    assert writer.forget([42, 43, 5_000]) == 2  # 5,000 has no vector yet: recorded all the same
+    assert writer.forget([42]) == 0  # once
+    ids = np.fromfile(tmp_path / "m" / "ids.i64", dtype=np.int64)
+    on_disk = np.fromfile(tmp_path / "m" / "vectors.f16", dtype=np.float16).reshape(len(ids), v.DIM)
+    assert not on_disk[np.isin(ids, [42, 43])].any() and on_disk[ids == 44].any()
+    bits = np.memmap(tmp_path / "m" / "bits.u64", dtype=np.uint64, mode="r").reshape(-1, v.WORDS, v.BLOCK)
+    assert not bits[0, :, [41, 42]].any() and bits[0, :, 43].any()
+    for rescore in (v.RESCORE, 100):  # scored exactly, and chosen by the sketch
+        for query in (x[41], x[42], -x[41]):
+            assert not {42, 43} & {h[0] for h in reader.search(query, 1_200, rescore=rescore)}
+    assert len(reader.search(x[0], 2_000)) == 1_198
+    assert writer.has([42, 5_000, 5_001]).tolist() == [True, True, False]
+    assert writer.add([42, 5_000, 5_001], [0.0] * 3, x[1_200:1_203]) == 1  # a forgotten turn gets no vector again
+    again = VectorWriter(tmp_path / "m", "model")  # after a reopen too
+    assert again.has([43, 5_000]).all() and again.add([43], [0.0], x[42:43]) == 0
+    assert 43 not in {h[0] for h in VectorReader(tmp_path / "m").search(x[42], 10)}
+
+
+def test_forgetting_reaches_every_models_store(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    x = unit(rng, 10)
+    current, older = VectorWriter(tmp_path / "a", "model-a"), VectorWriter(tmp_path / "b", "model-b")
+    current.add(range(1, 11), [0.0] * 10, x)
+    older.add(range(1, 11), [0.0] * 10, x)
+    assert v.forget_everywhere(tmp_path, [3], current) == 2
+    for store in ("a", "b"):
+        assert 3 not in {h[0] for h in VectorReader(tmp_path / store).search(x[2], 10)}
+
+
 def test_a_turn_costs_under_a_kilobyte_on_disk(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     writer = VectorWriter(tmp_path / "m", "model")

@@ -7,11 +7,12 @@ import argparse
 import asyncio
 import signal
 
+from .demo import DEV_WORD_DELAY
 from .server import MockBridge
 
 
 async def _serve(host: str, port: int) -> None:
-    bridge = MockBridge(host, port, demo_curator=True)
+    bridge = MockBridge(host, port, demo_curator=True, demo_word_delay=DEV_WORD_DELAY)
     await bridge.start()
     print(f"mock bridge listening on {bridge.url}", flush=True)
     stop = asyncio.Event()

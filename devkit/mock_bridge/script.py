@@ -235,6 +235,7 @@ class AgentScript:
     def __init__(self, ids: Ids, demo: DemoModel) -> None:
         self._ids = ids
         self._demo = demo
+        self.demo_word_delay = 0.0  # seconds between the demo model's words (0: as fast as it can)
         self._queue: deque[Turn] = deque()
         # Issued, not yet answered tool_use id -> what to answer its tool_result with.
         self._pending: dict[str, Continuation] = {}

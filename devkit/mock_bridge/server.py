@@ -40,14 +40,17 @@ class MockBridge:
     `async with MockBridge() as bridge:` binds 127.0.0.1 on a free port; `bridge.url` is the
     ANTHROPIC_BASE_URL to hand to the CLI or to `anthropic.AsyncAnthropic`. Unscripted, the
     agent side is the demo model, and the curator side answers "NONE", or with
-    `demo_curator=True` (dev mode) is the demo curator.
+    `demo_curator=True` (dev mode) is the demo curator. `demo_word_delay` (dev mode sets it)
+    streams the demo model's replies a word at a time at that pace, as a real model does.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, demo_curator: bool = False) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, demo_curator: bool = False,
+                 demo_word_delay: float = 0.0) -> None:
         self.host = host
         self.port = port
         self._ids = Ids()
         self.agent = AgentScript(self._ids, demo.respond)
+        self.agent.demo_word_delay = demo_word_delay
         # Tests script the curator and expect "NONE" otherwise; dev mode curates for real.
         self.curator = CuratorScript(demo_curator_reply if demo_curator else "NONE")
         self.faults = FaultSet()

@@ -25,6 +25,7 @@ from .. import protocol as p
 from ..text import clean_text
 from .budget import REFUSED_BY
 from .memory_port import Recalled
+from .state import TurnCost
 
 SUMMARY_CHARS = 300
 ERROR_DETAIL_CHARS = 300
@@ -47,21 +48,27 @@ def assistant_text(message: AssistantMessage) -> str:
     return clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
 
 
-def message_frames(turn_id: str, message: Any, *, interrupted: bool = False) -> list[p.ServerFrame]:
-    """The frames one SDK message of a turn becomes (often none)."""
+def message_frames(turn_id: str, message: Any, *, interrupted: bool = False,
+                   cost: TurnCost | None = None) -> list[p.ServerFrame]:
+    """The frames one SDK message of a turn becomes (often none). `cost` is the turn's own (the
+    CLI's `total_cost_usd` is its process's running total: state.CostMeter takes the difference)."""
     if isinstance(message, StreamEvent):
         event = message.event
         if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
                 and event.get("delta", {}).get("type") == "text_delta"):
             return [p.TextDelta(turn_id=turn_id, text=clean_text(event["delta"].get("text", "")))]
     elif isinstance(message, AssistantMessage):
-        return [] if message.parent_tool_use_id is not None else _assistant_frames(turn_id, message)
+        # A message with `error` is the CLI's notice of a failed model call ("API Error: 502 ..."), not
+        # the agent's reply: the result's error frame says it, plainly, with those words as its detail.
+        if message.parent_tool_use_id is not None or message.error is not None:
+            return []
+        return _assistant_frames(turn_id, message)
     elif isinstance(message, UserMessage) and isinstance(message.content, list):
         return [p.ToolResult(turn_id=turn_id, tool_use_id=block.tool_use_id, is_error=bool(block.is_error),
                              summary=summarize(block.content))
                 for block in message.content if isinstance(block, ToolResultBlock)]
     elif isinstance(message, ResultMessage):
-        return result_frames(turn_id, message, interrupted=interrupted)
+        return result_frames(turn_id, message, interrupted=interrupted, cost=cost)
     elif isinstance(message, SystemMessage) and message.subtype == "api_retry":
         return [retry_frame(turn_id, message.data)]
     return []
@@ -93,8 +100,10 @@ def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerF
     return frames
 
 
-def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False) -> list[p.ServerFrame]:
-    """turn_complete, after an error frame saying why when the turn failed (not when interrupted)."""
+def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False,
+                  cost: TurnCost | None = None) -> list[p.ServerFrame]:
+    """turn_complete, after an error frame saying why when the turn failed (not when interrupted).
+    Without `cost`, the turn's cost is unknown (None), never the CLI's running total."""
     frames: list[p.ServerFrame] = []
     status: p.TurnStatus = "completed"
     if interrupted:
@@ -108,25 +117,52 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
         status=status,
         duration_ms=result.duration_ms,
         usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
-        cost_usd=result.total_cost_usd,
+        cost_usd=cost.turn if cost is not None else None,
+        session_cost_usd=cost.session if cost is not None else None,
     ))
     return frames
 
 
+# What a person is told when the model proxy fails a turn, by the HTTP status the CLI saw: plain
+# words they can act on (a Retry, waiting, telling the operator). The CLI's own text, with its
+# addresses and codes, goes in the error's `detail`.
+CANT_BE_REACHED = "The model proxy can't be reached."
+_PROXY_FAILURES = {
+    401: "The model proxy refused the Sprite's key.",
+    403: "The model proxy refused the Sprite's key.",
+    429: "The model proxy is limiting requests right now.",
+    502: CANT_BE_REACHED,  # the relay answers 502 for a proxy it cannot connect to
+    503: "The model proxy is unavailable right now.",
+    504: "The model proxy did not answer in time.",
+    529: "The model is overloaded right now.",
+}
+
+
+def proxy_failure(status: int | None) -> str:
+    """The plain sentence for a model proxy that failed a turn with `status` (None: unreachable)."""
+    if status is None:
+        return CANT_BE_REACHED
+    if status in _PROXY_FAILURES:
+        return _PROXY_FAILURES[status]
+    return f"The model proxy failed (HTTP {status})." if status >= 500 else f"The model proxy refused the request (HTTP {status})."
+
+
 def result_error(turn_id: str, result: ResultMessage) -> p.Error:
     """Why the CLI failed a turn: the Sprite's limits on the agent (the relay refused the call: it
-    says so in its own words), the model proxy (an HTTP error, unreachable), or the agent."""
+    says so in its own words), the model proxy (an HTTP error, unreachable), or the agent. The
+    message is a plain sentence; the CLI's own words are the `detail`."""
     detail = clean_text("; ".join(result.errors or []) or result.result or result.subtype)
     if result.api_error_status and (limit := _relay_refusal(detail)):
-        return p.Error(code="agent_limit", turn_id=turn_id, message=limit)
+        return p.Error(code="agent_limit", turn_id=turn_id, message=limit,
+                       detail=f"HTTP {result.api_error_status}: {detail[:ERROR_DETAIL_CHARS]}")
     detail = detail[:ERROR_DETAIL_CHARS]
     if result.api_error_status:
-        return p.Error(code="model_unavailable", turn_id=turn_id,
-                       message=f"The model proxy answered HTTP {result.api_error_status}: {detail}")
+        return p.Error(code="model_unavailable", turn_id=turn_id, message=proxy_failure(result.api_error_status),
+                       detail=f"HTTP {result.api_error_status}: {detail}")
     if _UNREACHABLE.search(detail):
-        return p.Error(code="model_unavailable", turn_id=turn_id,
-                       message=f"The model proxy could not be reached: {detail}")
-    return p.Error(code="agent_failed", turn_id=turn_id, message=f"The turn failed: {detail}")
+        return p.Error(code="model_unavailable", turn_id=turn_id, message=proxy_failure(None), detail=detail)
+    return p.Error(code="agent_failed", turn_id=turn_id, message="The turn failed before the agent finished.",
+                   detail=detail)
 
 
 def _relay_refusal(detail: str) -> str | None:
@@ -136,9 +172,9 @@ def _relay_refusal(detail: str) -> str | None:
     return detail[at:][:ERROR_DETAIL_CHARS * 2] if at >= 0 else None
 
 
-def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int) -> p.TurnComplete:
+def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int, saved: bool = True) -> p.TurnComplete:
     """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
-    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage())
+    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage(), saved=saved)
 
 
 def recall_frame(turn_id: str, recalled: Recalled) -> p.Recall:

@@ -234,6 +234,43 @@ class AgentHealth:
                 "next_attempt_at": self.retry_wall}
 
 
+@dataclass(frozen=True)
+class TurnCost:
+    """What one turn cost, and its session so far (USD; None when the CLI reported no cost)."""
+
+    turn: float | None
+    session: float
+
+
+COST_DIGITS = 10  # a difference of running totals, rounded: 0.0003 - 0.0001 is 0.0002, not 0.00019999...
+
+
+class CostMeter:
+    """A turn's own cost. The CLI reports `total_cost_usd` as its process's running total (the turns
+    of one session read $0.0001, $0.0004, $0.0007 ...), so a turn's cost is the difference from the
+    process's total at its previous result. A new CLI process starts again from zero; a session's
+    total adds up its turns, whichever processes ran them."""
+
+    def __init__(self) -> None:
+        self._process = 0.0  # the running CLI's total at its last result
+        self._session = 0.0
+
+    def new_process(self) -> None:
+        self._process = 0.0
+
+    def new_session(self) -> None:
+        self._session = 0.0
+
+    def charge(self, running_total: float | None) -> TurnCost:
+        if running_total is None:
+            return TurnCost(None, round(self._session, COST_DIGITS))
+        # Below the last total: a process this meter was not told about; its total is all this turn's.
+        turn = running_total - self._process if running_total >= self._process else running_total
+        self._process = running_total
+        self._session += turn
+        return TurnCost(round(turn, COST_DIGITS), round(self._session, COST_DIGITS))
+
+
 @dataclass
 class Turn:
     """A user message, queued for the agent."""
@@ -241,6 +278,7 @@ class Turn:
     text: str
     client_id: str | None
     turn_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    cost: TurnCost | None = None  # once the CLI reported its result
 
 
 @dataclass(frozen=True)

@@ -78,12 +78,14 @@ class Renderer:
                 self._line(f"  ▣ card {verb}: {card.title} [{card.id}]")
             case p.CardClosed(card_id=cid):
                 self._line(f"  ▣ card closed: {cid}")
-            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, turn_id=turn_id):
+            case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, session_cost_usd=total,
+                                turn_id=turn_id):
                 self.running = False
                 self.outstanding.discard(self._turns.pop(turn_id, ""))
                 if not self.outstanding:
                     self.settled.set()
                 price = f", ${cost:.4f}" if cost else ""
+                price += f" (session ${total:.4f})" if total else ""
                 self._line(f"· {status} in {ms / 1000:.1f}s{price}")
             case p.SessionStarted(session_id=sid):
                 self._line(f"· session {sid} started")
@@ -92,8 +94,8 @@ class Renderer:
             case p.ModelRetry(attempt=n, max_retries=most, retry_delay_ms=ms, error_status=status):
                 self._line(f"· the model proxy failed ({f'HTTP {status}' if status else 'no answer'}); "
                            f"retry {n} of {most} in {ms / 1000:.1f}s")
-            case p.Error(code=code, message=message):
-                self._line(f"! {code}: {message}")
+            case p.Error(code=code, message=message, detail=detail):
+                self._line(f"! {code}: {message}" + (f"\n  ({detail})" if detail else ""))
         self.out.flush()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -21,10 +21,13 @@ from ..text import CHARS_PER_TOKEN, estimate_tokens
 from . import memory_files
 from . import memory_frames as pm
 from . import memory_queries as q
+from . import requests as rq
+from .requests import Handler, Request
 
 if TYPE_CHECKING:
     from ..memory.system import MemorySystem
 
+EPISODES_SHOWN = 5  # past turns listed after the learnings a search found
 TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
                   "with Claude's tokenizer; code, tables and other languages take more tokens")
 
@@ -37,7 +40,7 @@ class MemoryConsole:
         self._memory = system.memory_reads  # memory.db is read here; its changes go through the daemon
         self._files = system.files
         self._clock = clock
-        handlers: dict[type[pm.MemoryRequest], Callable[[Any], Awaitable[pm.MemoryReply]]] = {
+        handlers: dict[type[Request], Handler] = {
             pm.MemoryFilesRequest: self._list_files, pm.MemoryFileRequest: self._file,
             pm.MemoryVersionRequest: self._version, pm.MemoryEditRequest: self._edit,
             pm.MemoryRollbackRequest: self._rollback, pm.MemorySearchRequest: self._search,
@@ -47,7 +50,11 @@ class MemoryConsole:
         }
         self._handlers = handlers
 
-    async def handle(self, request: pm.MemoryRequest) -> pm.MemoryReply:
+    @property
+    def handlers(self) -> Mapping[type[Request], Handler]:
+        return self._handlers
+
+    async def handle(self, request: pm.MemoryRequest) -> rq.Reply:
         return await self._handlers[type(request)](request)
 
     # ------------------------------------------------------------ files
@@ -87,22 +94,20 @@ class MemoryConsole:
     async def search(self, query: str, types: Sequence[str], forgotten: bool, limit: int) -> list[pm.LearningHit]:
         """The console's one seam to memory search: the same MemorySystem.search the agent's tool
         uses, over episodes and learnings. An episode maps to a hit of kind "episode" (type
-        EPISODE, its id the turn's). Without a query (or for the forgotten ones) it lists the newest
-        learnings."""
+        EPISODE, its id the turn's). Learnings come first, best first, then at most
+        EPISODES_SHOWN past turns (unless only EPISODE is asked for): raw turns, which match many
+        words, would otherwise crowd the facts out. Without a query (or for the forgotten ones) it
+        lists the newest learnings."""
         if forgotten or not search_terms(query):
             ids = await self._memory.call(lambda m: q.listed_learnings(m, types, forgotten, limit))
             return await self._hits([(i, None) for i in ids])
-        found = await self._system.search(query, MAX_LIMIT if types else limit)
-        found = [h for h in found if not types or h.type in types][:limit]
-        learned = await self._hits([(h.id, h.score) for h in found if h.kind == "learning"])
-        by_id = {h.id: h for h in learned}
-        out = []
-        for h in found:
-            if h.kind == "episode":
-                out.append(q.episode_hit(h))
-            elif (hit := by_id.get(h.id)) is not None:
-                out.append(hit)
-        return out
+        found = await self._system.search(query, MAX_LIMIT)
+        found = [h for h in found if not types or h.type in types]
+        episodes_shown = limit if list(types) == ["EPISODE"] else min(limit, EPISODES_SHOWN)
+        learned_found = [h for h in found if h.kind == "learning"][:limit]
+        learned = await self._hits([(h.id, h.score) for h in learned_found])
+        episodes = [q.episode_hit(h) for h in found if h.kind == "episode"][:episodes_shown]
+        return [*learned, *episodes]
 
     async def _hits(self, scored: list[tuple[int, float | None]]) -> list[pm.LearningHit]:
         if not scored:

@@ -87,9 +87,24 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[Fi
     except ValueError as exc:
         raise RequestFailed("over_limit", f"{exc}; nothing was saved") from None
     except FileChanged:
-        raise RequestFailed("file_changed", f"{name} changed since you began editing (the memory daemon "
-                            "rewrote it); nothing was saved: reload it and edit again") from None
+        latest = files.latest_version(name)
+        raise RequestFailed("file_changed", f"{name} changed since you began editing ({changed_by(latest)}); "
+                            "nothing was saved: reload it and edit again") from None
     return file_info(files, name, text), version_info(version, text)
+
+
+def changed_by(version: Version | None) -> str:
+    """Who made `version`, in words, for a person whose edit it overtook."""
+    source = version.source if version is not None else ""
+    if source == PERSON_EDIT or source.startswith("rollback"):
+        return "saved from another tab or device, or by you in another window"
+    if source.startswith(("batch", "rebuild")):
+        return "the memory daemon rewrote it"
+    if source == "forget":
+        return "a forget took text out of it"
+    if source == "deploy":
+        return "a deploy replaced it"
+    return "it was edited on disk"
 
 
 def rollback(files: MemoryFiles, name: str, number: int) -> tuple[FileInfo, VersionInfo]:

@@ -1,13 +1,6 @@
 """The memory frames of the wire format: what a client (the console) asks about memory, and
-the answers. docs/protocol.md documents each with an example; keep the two in step.
-
-Each request carries a client-chosen `request_id`. The answer goes to that connection only,
-is the request's type with `_result` appended, and repeats the `request_id`; like `pong`, its
-`seq` repeats the last event number the connection was sent. A request that fails gets an
-`error` frame carrying the same `request_id`.
-
-These Structs share protocol.py's tag field (`type`) but not its base classes, so that
-protocol.py can add them to its unions without an import cycle.
+the answers. docs/protocol.md documents each with an example; keep the two in step. How a
+request and its answer work (request_id, errors) is console/requests.py's.
 """
 
 from __future__ import annotations
@@ -16,14 +9,14 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from ..errors import SpriteOSError
+from .requests import Reply, Request, RequestFailed, RequestIdOnly
 
-MAX_REQUEST_ID = 128
+__all__ = ["RequestFailed", "RequestIdOnly"]  # kept here too: the memory requests' callers raise and read them
+
 MAX_QUERY = 2_000  # characters of a search query (search looks at no more)
 MAX_EDIT = 100_000  # characters of an edited file; the file's own limits are checked after
 MAX_RESULTS = 50
 
-RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 VersionNumber = Annotated[int, msgspec.Meta(ge=1)]
 RowId = Annotated[int, msgspec.Meta(ge=1)]
@@ -33,8 +26,8 @@ LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", 
 # ---------------------------------------------------------------- client -> server
 
 
-class MemoryRequest(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
-    request_id: RequestId
+class MemoryRequest(Request, frozen=True, kw_only=True):
+    pass
 
 
 class MemoryFilesRequest(MemoryRequest, tag="memory_files", frozen=True):
@@ -176,7 +169,7 @@ class TurnRecord(msgspec.Struct, frozen=True):
 class AuditEntry(msgspec.Struct, frozen=True):
     id: int
     at: float
-    action: Literal["forget", "unforget", "edit", "rollback"]
+    action: Literal["forget", "unforget", "edit", "rollback", "forget_turns"]
     learning_id: int | None
     file: str | None
     detail: str
@@ -247,9 +240,8 @@ class MemoryHealth(msgspec.Struct, frozen=True):
 # ---------------------------------------------------------------- server -> client
 
 
-class MemoryReply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
-    seq: int = 0
-    request_id: str
+class MemoryReply(Reply, frozen=True, kw_only=True):
+    pass
 
 
 class MemoryFilesResult(MemoryReply, tag="memory_files_result", frozen=True):
@@ -316,22 +308,3 @@ AnyMemoryReply = (
     | MemorySearchResult | MemoryTurnResult | MemoryForgetResult | MemoryUnforgetResult
     | MemoryAuditResult | MemoryHealthResult | MemoryBootPromptResult
 )
-
-
-# The error codes of memory requests (protocol.ErrorCode holds them too, with the rest).
-MemoryErrorCode = Literal["not_found", "not_editable", "over_limit", "file_changed", "memory_unavailable"]
-
-
-class RequestFailed(SpriteOSError):
-    """A memory request that cannot be answered: an `error` frame with its request_id."""
-
-    def __init__(self, code: MemoryErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code: MemoryErrorCode = code
-        self.message = message
-
-
-class RequestIdOnly(msgspec.Struct):
-    """What is read of a request that failed validation, to tag its error."""
-
-    request_id: str | None = None

@@ -28,6 +28,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/", "/console", "/console/")
 ASSET_PREFIX = "/console/"
 AUTH_PATH = "/console/auth"
+DOWNLOAD_PATH = "/console/download"  # ?path=<a file of the person's>, with the token (server.py answers it)
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -103,20 +104,22 @@ class ConsolePages:
 
 
 def http_response(conn: ServerConnection, status: HTTPStatus, body: bytes, content_type: str,
-                  request: Request | None = None, etag: str | None = None) -> Response:
+                  request: Request | None = None, etag: str | None = None,
+                  headers: dict[str, str] | None = None) -> Response:
     """A response with `body`, keeping websockets' own headers (Date, Server, Connection)."""
     base = conn.respond(status, "")
-    headers = Headers((k, v) for k, v in base.headers.raw_items()
-                      if k.lower() not in ("content-type", "content-length"))
+    out = Headers((k, v) for k, v in base.headers.raw_items() if k.lower() not in ("content-type", "content-length"))
     # Headers is a multi-dict: each header is set once, never overwritten.
-    headers["Content-Type"] = content_type
-    headers["Content-Length"] = str(len(body))
+    out["Content-Type"] = content_type
+    out["Content-Length"] = str(len(body))
     if request is not None:
-        headers["Content-Security-Policy"] = content_security_policy(request.headers.get("Host"))
-        headers["X-Content-Type-Options"] = "nosniff"
-        headers["X-Frame-Options"] = "DENY"
-        headers["Referrer-Policy"] = "no-referrer"
-        headers["Cache-Control"] = "no-cache"
+        out["Content-Security-Policy"] = content_security_policy(request.headers.get("Host"))
+        out["X-Content-Type-Options"] = "nosniff"
+        out["X-Frame-Options"] = "DENY"
+        out["Referrer-Policy"] = "no-referrer"
+        out["Cache-Control"] = "no-cache"
     if etag is not None:
-        headers["ETag"] = etag
-    return Response(base.status_code, base.reason_phrase, headers, body)
+        out["ETag"] = etag
+    for name, value in (headers or {}).items():
+        out[name] = value
+    return Response(base.status_code, base.reason_phrase, out, body)

@@ -14,7 +14,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +159,21 @@ class MemoryFiles:
             if version.number == number:
                 return self.write(name, version.text, f"rollback-to-{number}")
         raise KeyError(f"{name} has no version {number}")
+
+    def redact_history(self, name: str, change: Callable[[str], str]) -> int:
+        """Rewrite every kept version of `name` through `change` (a forget takes text out of them),
+        in place: a version keeps its number, date and source. Returns how many changed."""
+        changed = 0
+        with self._history_lock():
+            for version in self.history(name):
+                try:
+                    text = version.text
+                except OSError:
+                    continue
+                if (new := change(text)) != text:
+                    atomic_write(version.path, new.encode("utf-8"), mode=0o600)
+                    changed += 1
+        return changed
 
     def _keep(self, name: str, text: str, source: str) -> Version:
         folder = self.history_dir / name

@@ -21,7 +21,7 @@ import msgspec
 from ..database import rows, transaction
 from .memory_store import MemoryDB
 
-AuditAction = Literal["forget", "unforget", "edit", "rollback"]
+AuditAction = Literal["forget", "unforget", "edit", "rollback", "forget_turns"]
 DETAIL_CHARS = 200
 
 

@@ -23,6 +23,7 @@ from ..logs import get_logger
 from ..text import safe_text, utc
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
+from .forget_turns import without
 from .memory_store import Learning, MemoryDB, PendingAction
 
 log = get_logger(__name__)
@@ -141,20 +142,33 @@ def assemble(files: dict[str, str], actions: list[PendingAction], recent: list[L
 
 
 PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated, as recorded
+HiddenLines = Callable[[], Awaitable[set[str]]]  # file lines (by hash) a forget is taking out
 
 
 async def _no_turns(_limit: int) -> Sequence[Turn]:
     return ()
 
 
+async def _none_hidden() -> set[str]:
+    return set()
+
+
 class BootLoader:
-    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB], pending: PendingTurns = _no_turns) -> None:
+    def __init__(self, files: MemoryFiles, memory: Worker[MemoryDB], pending: PendingTurns = _no_turns,
+                 hidden: HiddenLines = _none_hidden) -> None:
         self._files = files
         self._memory = memory
         self._pending = pending
+        self._hidden = hidden
 
     async def _inputs(self) -> tuple[dict[str, str], list[PendingAction], list[Learning], list[Learning]]:
         files = await asyncio.to_thread(self._files.read_all)
+        try:  # lines a person's forget takes out, until the daemon has rewritten the files
+            hidden = await self._hidden()
+        except Exception as exc:
+            log.error("boot_forget_jobs_unreadable", error=repr(exc)[:300])
+            hidden = set()
+        files = {name: without(text, hidden) for name, text in files.items()} if hidden else files
         # The last 48 hours by the clock now. A clock set back keeps what was learned "later" in the
         # window (it is stamped after `since`), newest first by the order it was learned in.
         since = time.time() - RECENT_HOURS * 3600

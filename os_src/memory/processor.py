@@ -125,12 +125,18 @@ class CuratorClient:
             raise CuratorError(f"{type(exc).__name__}: {exc}") from exc
 
     async def probe(self) -> bool:
-        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly."""
+        """Whether the proxy answers now: a token count (no model call, nothing billed), quickly.
+        Any HTTP answer counts, an error status too (a proxy that lacks the endpoint, or is busy,
+        is up: the batch's own call says the rest); only no answer (refused, reset, timed out) is down."""
         try:
             client = await self._the_client()
             await client.messages.count_tokens(model=self.model, messages=[{"role": "user", "content": "ping"}],
                                                timeout=PROBE_TIMEOUT)
-        except Exception as exc:  # down, refusing, or answering with an error: not yet
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)  # anthropic.APIStatusError: the proxy answered
+            if isinstance(status, int):
+                log.info("curator_probe_answered", status=status)
+                return True
             log.info("curator_probe_unanswered", error=type(exc).__name__)
             return False
         return True
@@ -193,6 +199,10 @@ class BatchProcessor:
         ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
         call = _Call(self, observations, trigger, gate, build_prompt(before, observations, actions, ended))
         reply = await self._usable_reply(call)
+        if forgotten := await self.transcript.call(lambda t: t.forgotten_among(call.ids)):
+            # a person forgot a turn of it during the call: nothing it learned may stand; the rest runs again
+            await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
+            raise EditConflict("a turn was forgotten during the call")
         updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:

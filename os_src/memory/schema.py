@@ -11,8 +11,8 @@ import sqlite3
 import sqlite_utils
 from sqlite_utils.db import Table
 
-# observations.processed
-PENDING, PROCESSED, STALE = 0, 1, 2
+# observations.processed (FORGOTTEN: a person forgot the turn; its words are gone, its tombstone stays)
+PENDING, PROCESSED, STALE, FORGOTTEN = 0, 1, 2, 3
 
 OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
 
@@ -47,22 +47,44 @@ def _transcript_v1(db: sqlite_utils.Database) -> None:
         defaults={"message_count": 0, "observation_count": 0},
         if_not_exists=True,
     )
-    create_observation_triggers(db.conn)
+    _v1_triggers(db.conn)
 
 
-def create_observation_triggers(conn: sqlite3.Connection) -> None:
-    """A recorded turn is never changed or deleted (only `processed` moves). Shared with
-    migrate-v1, which drops them for one transaction to clear its own partial copy."""
+def _v1_triggers(conn: sqlite3.Connection) -> None:
+    """A recorded turn is never changed or deleted (only `processed` moves): as first shipped."""
     conn.execute(
         """CREATE TRIGGER IF NOT EXISTS main.observations_append_only
         BEFORE UPDATE OF id, timestamp, session_id, sequence_num, user_message, tool_calls_json,
             agent_response ON observations
         BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
     )
+    _no_delete(conn)
+
+
+def _no_delete(conn: sqlite3.Connection) -> None:
     conn.execute(
         """CREATE TRIGGER IF NOT EXISTS main.observations_no_delete BEFORE DELETE ON observations
         BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
     )
+
+
+def create_observation_triggers(conn: sqlite3.Connection) -> None:
+    """A recorded turn is never changed or deleted (only `processed` moves), with one exception: a
+    turn a person forgot, which has its tombstone in `forgotten_turns`, loses its words (its
+    message, tool calls and answer become empty) and nothing else. Shared with migrate-v1, which
+    drops them for one transaction to clear its own partial copy."""
+    conn.execute(
+        """CREATE TRIGGER IF NOT EXISTS main.observations_append_only
+        BEFORE UPDATE OF id, timestamp, session_id, sequence_num, user_message, tool_calls_json,
+            agent_response, turn_id, status, cost_usd ON observations
+        WHEN NOT (NEW.id = OLD.id AND NEW.timestamp = OLD.timestamp AND NEW.session_id = OLD.session_id
+                  AND NEW.sequence_num = OLD.sequence_num AND NEW.turn_id IS OLD.turn_id
+                  AND NEW.status IS OLD.status AND NEW.cost_usd IS OLD.cost_usd
+                  AND NEW.user_message = '' AND NEW.tool_calls_json = '[]' AND NEW.agent_response = ''
+                  AND EXISTS (SELECT 1 FROM forgotten_turns f WHERE f.observation_id = OLD.id))
+        BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
+    )
+    _no_delete(conn)
 
 
 def _transcript_v2(db: sqlite_utils.Database) -> None:
@@ -71,7 +93,28 @@ def _transcript_v2(db: sqlite_utils.Database) -> None:
     _table(db, "observations").create_index(["session_id", "timestamp"], if_not_exists=True)
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2)
+def _transcript_v3(db: sqlite_utils.Database) -> None:
+    """What the console shows of a past turn beside its words: its id on the wire (`turn_id`, as in
+    turn_started), how it ended (`status`: completed, interrupted or error) and its own cost (older
+    turns have none: NULL). And forgetting: a turn a person forgot keeps a tombstone (who, when,
+    which turn, never the words) in `forgotten_turns`, and its row loses its words."""
+    columns = db["observations"].columns_dict
+    for name, kind in (("turn_id", str), ("status", str), ("cost_usd", float)):
+        if name not in columns:
+            db["observations"].add_column(name, kind)  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS observations_turn_id ON observations(turn_id) "
+                    "WHERE turn_id IS NOT NULL")
+    _table(db, "forgotten_turns").create(
+        {"observation_id": int, "session_id": str, "sequence_num": int, "forgotten_at": float, "forgotten_by": str},
+        pk="observation_id", not_null={"session_id", "sequence_num", "forgotten_at", "forgotten_by"},
+        if_not_exists=True,
+    )
+    _table(db, "forgotten_turns").create_index(["session_id", "sequence_num"], if_not_exists=True)
+    db.conn.execute("DROP TRIGGER IF EXISTS main.observations_append_only")
+    create_observation_triggers(db.conn)
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:
@@ -183,4 +226,14 @@ def _memory_v4(db: sqlite_utils.Database) -> None:
     _table(db, "episodes").create_index(["session_id", "at", "id"], if_not_exists=True)
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4)
+def _memory_v5(db: sqlite_utils.Database) -> None:
+    """Forgetting turns: what the memory daemon's next pass still has to take out of the memory
+    files, their history and backups. A job names the turns (their ids and sessions) and the sha256
+    of each file line that came from them, never the words; it is deleted once done."""
+    _table(db, "forget_jobs").create(
+        {"id": int, "created_at": float, "observation_ids": str, "sessions": str, "line_hashes": str},
+        pk="id", not_null={"created_at", "observation_ids", "sessions", "line_hashes"}, if_not_exists=True,
+    )
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5)

@@ -31,6 +31,7 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
+from .forget_turns import Forgotten, TurnForgetting, hidden_lines
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -49,6 +50,7 @@ BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the las
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
+FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
 
 
 class MemorySystem:
@@ -74,6 +76,10 @@ class MemorySystem:
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
         self.loader = BootLoader(self.files, self.memory, self._pending_turns)
+        self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
+                                         self.daemon.trigger, self.daemon.apply)
+        self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
+        self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self.imports = ImportInbox(layout, self.transcript, self.recall.indexer.nudge)
@@ -131,6 +137,22 @@ class MemorySystem:
         await self.writer.drained(budget / 2)
         return await self.daemon.flush(reason, budget - (time.monotonic() - started))
 
+    async def _hidden_lines(self) -> set[str]:
+        return await self.memory.call(hidden_lines)
+
+    async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
+                           session_id: str | None = None, by: str) -> Forgotten:
+        """A person forgets turns (by id, by their id on the wire, or a whole session): their words
+        leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
+        The turns still being written land first."""
+        await self.writer.drained(FORGET_DRAIN_BUDGET)
+        wanted = list(ids)
+        if turn_ids:
+            wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
+        if session_id is not None:
+            wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
+        return await self.forgetting.forget(wanted, by)
+
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
         then those still on their way to it."""
@@ -150,12 +172,15 @@ class MemorySystem:
             "SessionStart": [HookMatcher(hooks=[self.compaction.on_session_start])],
         }
 
-    async def boot_prompt(self) -> str:
-        if not await self.daemon.settle(BOOT_SETTLE_BUDGET):
+    async def boot_prompt(self, settle: bool = True) -> str:
+        """The new session's prompt. `settle`: first wait (within budgets) for the last session's
+        batch and what it learned; False: what memory holds now (an agent that is failing to start)."""
+        if settle and not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
-        await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
+        if settle:
+            await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
         return prompt
 
     def session_started(self, session_id: str) -> None:
@@ -165,9 +190,9 @@ class MemorySystem:
         self.capture.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
-    def turn_started(self, prompt: str) -> TurnRecord:
+    def turn_started(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
         self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
-        return self.capture.recorder.open(prompt)
+        return self.capture.recorder.open(prompt, turn_id)
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""
@@ -180,8 +205,8 @@ class MemorySystem:
     def status(self) -> dict[str, Any]:
         """What memory's state is now, from memory alone (no database is read): the daemon's
         failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
-        calls in a row, or capture's writes are failing."""
-        daemon, capture = self.daemon.status(), self.writer.status()
+        calls in a row, or capture is (its writes failing or stalled, or a turn not saved yet)."""
+        daemon, capture = self.daemon.status(), self.capture.status()
         return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"]),
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
                 "recall": {**self.recall.status(), "import": self.imports.status()}}

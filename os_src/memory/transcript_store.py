@@ -13,8 +13,17 @@ from pathlib import Path
 
 import msgspec
 
-from ..database import BUSY_TIMEOUT_MS, connect, marks, migrate, rows, transaction, user_version
-from .schema import PENDING, PROCESSED, STALE, TRANSCRIPT_SCHEMA
+from ..database import (
+    BUSY_TIMEOUT_MS,
+    checkpoint,
+    connect,
+    marks,
+    migrate,
+    rows,
+    transaction,
+    user_version,
+)
+from .schema import FORGOTTEN, PENDING, PROCESSED, STALE, TRANSCRIPT_SCHEMA
 
 
 class Observation(msgspec.Struct, frozen=True):
@@ -28,6 +37,9 @@ class Observation(msgspec.Struct, frozen=True):
     tool_calls_json: str
     agent_response: str
     processed: int = PENDING
+    turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
+    status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
+    cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
 
 
 class NewObservation(msgspec.Struct, frozen=True):
@@ -37,6 +49,9 @@ class NewObservation(msgspec.Struct, frozen=True):
     user_message: str
     tool_calls_json: str
     agent_response: str
+    turn_id: str | None = None
+    status: str | None = None
+    cost_usd: float | None = None
 
 
 class ImportedTurn(msgspec.Struct, frozen=True, array_like=True):
@@ -58,6 +73,16 @@ class SessionRow(msgspec.Struct, frozen=True):
     ended_at: float | None
     message_count: int
     observation_count: int
+
+
+class Tombstone(msgspec.Struct, frozen=True):
+    """A turn a person forgot: which, when and by whom; never its words."""
+
+    observation_id: int
+    session_id: str
+    sequence_num: int
+    forgotten_at: float
+    forgotten_by: str
 
 
 class TranscriptDB:
@@ -103,10 +128,11 @@ class TranscriptDB:
         c = self.conn
         cur = c.execute(
             """INSERT OR IGNORE INTO observations
-            (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response)
-            VALUES (?, ?, ?, ?, ?, ?)""",
+            (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response,
+             turn_id, status, cost_usd)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-             obs.tool_calls_json, obs.agent_response),
+             obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd),
         )
         if cur.rowcount == 0:
             return None
@@ -222,9 +248,9 @@ class TranscriptDB:
         wanted = list(ids)
         if not wanted:
             return 0
-        with transaction(self.conn) as c:
-            return c.execute(f"UPDATE observations SET processed = ? WHERE id IN ({marks(wanted)})",
-                             [state, *wanted]).rowcount
+        with transaction(self.conn) as c:  # a forgotten turn stays forgotten, whatever a batch says
+            return c.execute(f"UPDATE observations SET processed = ? WHERE id IN ({marks(wanted)}) AND processed != ?",
+                             [state, *wanted, FORGOTTEN]).rowcount
 
     def mark_stale_before(self, cutoff: float) -> int:
         """Pending turns older than `cutoff` stop being retried; `memory rebuild` still uses them."""
@@ -234,12 +260,52 @@ class TranscriptDB:
         ).rowcount
 
     def reset_all_pending(self) -> int:
-        return self.conn.execute("UPDATE observations SET processed = ? WHERE processed != ?",
-                                 (PENDING, PENDING)).rowcount
+        """Every turn pending again (a rebuild), but a forgotten one: it has no words to curate."""
+        return self.conn.execute("UPDATE observations SET processed = ? WHERE processed NOT IN (?, ?)",
+                                 (PENDING, PENDING, FORGOTTEN)).rowcount
+
+    # -- forgetting
+
+    def forget(self, ids: Iterable[int], at: float, by: str) -> list[Observation]:
+        """Take the words out of these turns, each keeping a tombstone (which turn, when, by whom).
+        Returns the turns as they were (their words, for the caller to find what came from them),
+        leaving out those already forgotten. The freed pages are zeroed (secure_delete) and the
+        WAL, which held copies of them, is checkpointed and emptied."""
+        wanted = list(ids)
+        with transaction(self.conn) as c:
+            found = rows(c.execute(f"SELECT * FROM observations WHERE id IN ({marks(wanted)}) AND processed != ? "
+                                   "ORDER BY id", [*wanted, FORGOTTEN]), Observation)
+            c.executemany("INSERT OR IGNORE INTO forgotten_turns (observation_id, session_id, sequence_num, "
+                          "forgotten_at, forgotten_by) VALUES (?, ?, ?, ?, ?)",
+                          [(o.id, o.session_id, o.sequence_num, at, by) for o in found])
+            c.execute(f"UPDATE observations SET user_message = '', tool_calls_json = '[]', agent_response = '', "
+                      f"processed = ? WHERE id IN ({marks(found)})", [FORGOTTEN, *(o.id for o in found)])
+        checkpoint(self.conn)
+        return found
+
+    def tombstones(self, session_id: str) -> dict[int, Tombstone]:
+        """The forgotten turns of a session, by their number in it."""
+        found = rows(self.conn.execute("SELECT * FROM forgotten_turns WHERE session_id = ?", (session_id,)),
+                     Tombstone)
+        return {t.sequence_num: t for t in found}
+
+    def forgotten_among(self, ids: Iterable[int]) -> list[int]:
+        wanted = list(ids)
+        return [r for (r,) in self.conn.execute(
+            f"SELECT observation_id FROM forgotten_turns WHERE observation_id IN ({marks(wanted)})", wanted)]
+
+    def ids_of(self, *, session_id: str | None = None, turn_ids: Iterable[str] = ()) -> list[int]:
+        """The recorded turns of a session, or those with these wire ids."""
+        if session_id is not None:
+            return [r for (r,) in self.conn.execute("SELECT id FROM observations WHERE session_id = ? ORDER BY id",
+                                                    (session_id,))]
+        wanted = list(turn_ids)
+        return [r for (r,) in self.conn.execute(
+            f"SELECT id FROM observations WHERE turn_id IN ({marks(wanted)}) ORDER BY id", wanted)]
 
     def counts(self) -> dict[str, int]:
         out = {"pending": 0, "processed": 0, "stale": 0}
-        names = {PENDING: "pending", PROCESSED: "processed", STALE: "stale"}
+        names = {PENDING: "pending", PROCESSED: "processed", STALE: "stale", FORGOTTEN: "forgotten"}
         for state, n in self.conn.execute("SELECT processed, count(*) FROM observations GROUP BY processed"):
             out[names.get(state, f"state_{state}")] = n
         out["total"] = sum(out.values())

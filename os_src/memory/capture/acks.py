@@ -35,6 +35,14 @@ class Acks:
 
     def __init__(self) -> None:
         self._waiting: dict[Key, _Ack] = {}
+        self.unsaved: set[Key] = set()  # turns the person was told are not saved, until they are durable
+        self.unsaved_total = 0
+
+    def not_saved(self, key: Key) -> None:
+        """The runtime told the person this turn is not saved (it was not durable in time)."""
+        if key in self._waiting and key not in self.unsaved:
+            self.unsaved.add(key)
+            self.unsaved_total += 1
 
     def expect(self, key: Key) -> asyncio.Future[bool]:
         """A turn just closed as `key`: the future is True once it is durable, False once it can't
@@ -45,6 +53,7 @@ class Acks:
         return ack.done
 
     def durable(self, key: Key) -> None:
+        self.unsaved.discard(key)
         if (ack := self._waiting.pop(key, None)) is not None and not ack.done.done():
             ack.done.set_result(True)
 

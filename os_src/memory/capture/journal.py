@@ -46,7 +46,10 @@ DELAY = 0.05  # seconds: a tool call's events within it cost one save
 # durable there within this (the thread is busy with a long read, say): one fsync, not two.
 CLOSE_GRACE = 0.02
 COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
-MAX_CLOSED = 32  # closed turns kept while their writes wait; more wait in the writer's memory only
+# Past this many closed turns waiting, the journal asks for them to be spilled (the writer's fsync'd
+# file), which makes them durable there and lets the journal forget them. It never drops one itself:
+# it may be the turn's only copy on disk.
+MAX_CLOSED = 32
 JOURNAL_NAME = "turn-journal.json"
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 
@@ -162,13 +165,17 @@ class TurnJournal:
     """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
-                 on_saved: Saved | None = None) -> None:
+                 on_saved: Saved | None = None, on_full: Callable[[], None] | None = None) -> None:
+        """`on_full()`: more than MAX_CLOSED closed turns wait; spill them (each then comes back
+        through `durable`)."""
         self._file = JournalFile(path)
         self._executor = executor
         self._delay = delay
         self._on_saved = on_saved or (lambda _keys, _exc: None)
+        self._on_full = on_full or (lambda: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now
         self._closed: dict[Key, NewObservation] = {}
+        self._after: dict[Key, Callable[[], None]] = {}  # called once a save holding that closed turn ends
         self._timer: asyncio.TimerHandle | None = None
         self._written: asyncio.Future[None] | None = None
 
@@ -189,15 +196,25 @@ class TurnJournal:
         if self._open is not None:
             self._changed(self._delay)
 
+    def moved(self) -> None:
+        """The session changed: an open turn's saved entry holds its old key. Saved again at once, so
+        that a replay never finds it under that key beside the turn it closes as (a duplicate)."""
+        if self._open is not None:
+            self._changed(0.0)
+
     def closed(self, obs: NewObservation | None, urgent: bool = False) -> None:
         """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
         `urgent`: transcript.db can't take it at once, so it is saved here now."""
         self._open = None
         if obs is not None:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
-            while len(self._closed) > MAX_CLOSED:
-                self._closed.pop(next(iter(self._closed)))
+            if len(self._closed) > MAX_CLOSED:
+                self._on_full()
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
+
+    def after_save(self, key: Key, then: Callable[[], None]) -> None:
+        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed."""
+        self._after[key] = then
 
     def durable(self, key: Key) -> None:
         if self._closed.pop(key, None) is not None:
@@ -246,7 +263,11 @@ class TurnJournal:
         self._written = written
 
     def _saved(self, future: asyncio.Future[None], keys: list[Key]) -> None:
-        exc = None if future.cancelled() else future.exception()
+        # A cancelled save (the loop or the files' thread shutting down) may never have run: not saved.
+        exc = asyncio.CancelledError("the save was cancelled") if future.cancelled() else future.exception()
         if exc is not None:
             log.warning("turn_journal_write_failed", error=repr(exc)[:200])
         self._on_saved(keys, exc)
+        for key in keys:
+            if (then := self._after.pop(key, None)) is not None:
+                then()

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ...db_worker import Worker
 from ...paths import Layout
@@ -24,6 +25,9 @@ from .recorder import TurnRecorder
 from .spill import ObservationWrite, Write
 from .writer import TranscriptWriter
 
+# A write queued this long has not landed (a disk that hangs rather than fails): capture is degraded.
+STALLED_AFTER = 30.0
+
 
 class Capture:
     def __init__(self, transcript: Worker[TranscriptDB], layout: Layout, *, on_recorded: Callable[[], None],
@@ -34,9 +38,10 @@ class Capture:
         self._on_landed = on_landed
         self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-files")
         self.acks = Acks()
-        self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved)
         self.writer = TranscriptWriter(transcript, layout, self._files, on_durable=self._durable,
                                        on_failed=self._refused)
+        self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved,
+                                   on_full=self.writer.spill_waiting)
         self.recorder = TurnRecorder(self.writer, on_recorded, timings, self.journal, self.acks, clock)
 
     async def start(self, replay_budget: float) -> None:
@@ -54,6 +59,16 @@ class Capture:
         await self.writer.stop(budget)
         await self.journal.flush()
         self._files.shutdown(wait=False)  # idle by now: the journal and the writer are done
+
+    def status(self) -> dict[str, Any]:
+        """The writer's state, and the turns the person was told are not saved. `degraded`: writes
+        failing or spilled, the oldest write queued past STALLED_AFTER, or a turn not saved that is
+        still not durable (a hung disk fails nothing, yet no turn lands)."""
+        report = self.writer.status()
+        report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
+        report["degraded"] = bool(report["degraded"] or report["oldest_queued_s"] > STALLED_AFTER
+                                  or self.acks.unsaved)
+        return report
 
     def _refused(self, writes: list[Write]) -> None:
         self.acks.transcript_failed(_turn_key(w) for w in writes if isinstance(w, ObservationWrite))

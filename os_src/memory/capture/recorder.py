@@ -41,7 +41,7 @@ from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
-from .acks import Acks
+from .acks import Acks, Key
 from .journal import TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
@@ -109,6 +109,8 @@ class _Turn:
     user_message: str
     started: float
     command: bool  # a slash command, which the CLI may run itself (/compact)
+    turn_id: str | None = None  # its id on the wire, so a client can match a record to what it saw
+    session: str | None = None  # the session it was opened in
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
     last_text: str = ""
@@ -137,7 +139,7 @@ class TurnRecord:
     def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
         self._recorder = recorder
         self._turn = turn
-        self._durable: asyncio.Future[bool] | None = None  # set once the turn is recorded
+        self._durable: tuple[Key, asyncio.Future[bool]] | None = None  # set once the turn is recorded
 
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
@@ -146,6 +148,8 @@ class TurnRecord:
         if turn is None or getattr(message, "parent_tool_use_id", None) is not None:
             return
         if isinstance(message, AssistantMessage):
+            if message.error is not None:  # the CLI's notice of a failed model call, not the agent's words
+                return
             with self._recorder.timings.guard("observe"):
                 texts = []
                 for block in message.content:
@@ -163,21 +167,24 @@ class TurnRecord:
                         turn.tool_result(block)
                 self._recorder.touched()
 
-    def close(self, result: ResultMessage | None, error: str | None = None) -> None:
-        """The turn ended: with the CLI's result, or with `error` when it failed without one.
-        Only the first close records."""
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
+        """The turn ended: with the CLI's result, or with `error` when it failed without one;
+        `cost_usd` is the turn's own cost. Only the first close records."""
         turn, self._turn = self._turn, None
         if turn is not None:
             with self._recorder.timings.guard("close"):
-                self._durable = self._recorder.record(turn, result, error)
+                self._durable = self._recorder.record(turn, result, error, cost_usd)
 
     async def durable(self, budget: float = DURABLE_WAIT) -> bool:
         """Once closed: True when the turn is on disk (or was not recorded at all), False when it
         can't be for now, or not within `budget` seconds."""
         if self._durable is None:
             return True
+        key, done = self._durable
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(self._durable), budget)
+            if await asyncio.wait_for(asyncio.shield(done), budget):
+                return True
+        self._recorder.not_saved(key)
         return False
 
 
@@ -199,57 +206,84 @@ class TurnRecorder:
     def start_session(self, session_id: str) -> None:
         self.session_id, self._sequence = session_id, 0
         self._writer.submit(SessionWrite(session_id, "start", self._clock()))
+        if self._journal is not None:  # an open turn moves to this session: its old key leaves the file now
+            self._journal.moved()
 
     def end_session(self, session_id: str) -> None:
         self._writer.submit(SessionWrite(session_id, "end", self._clock()))
 
-    def open(self, prompt: str) -> TurnRecord:
+    def open(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
-            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"))
+            turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"), turn_id,
+                         self.session_id)
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
-                key = (self.session_id, self._sequence + 1)  # its number if it closes in this session
-                self._journal.opened(lambda: self._observation(turn, key, None))
+                self._journal.opened(lambda: self._observation(turn, self._open_key(), None))
         return TurnRecord(self, turn)
+
+    def _open_key(self) -> tuple[str, int]:
+        """The open turn's number if it closed now: taken at each save, never at open, since a turn
+        resent to a fresh CLI closes in the session that CLI starts."""
+        assert self.session_id is not None
+        return self.session_id, self._sequence + 1
 
     def touched(self) -> None:
         if self._journal is not None:
             self._journal.touched()
 
-    def _observation(self, turn: _Turn, key: tuple[str, int], text: str | None) -> NewObservation:
+    def _observation(self, turn: _Turn, key: tuple[str, int], text: str | None, status: str | None = None,
+                     cost_usd: float | None = None) -> NewObservation:
         """The turn as recorded: `text` is its response (None: what the agent said last, so far)."""
         return NewObservation(
             timestamp=turn.started, session_id=key[0], sequence_num=key[1], user_message=turn.user_message,
             tool_calls_json=turn.calls_json(),
             agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
+            turn_id=turn.turn_id, status=status, cost_usd=cost_usd,
         )
 
-    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> asyncio.Future[bool] | None:
-        """Queue the turn's observation; returns what says when it is durable (None: not recorded)."""
-        obs = self._closed_turn(turn, result, error)
+    def not_saved(self, key: Key) -> None:
+        self._acks.not_saved(key)
+
+    def record(self, turn: _Turn, result: ResultMessage | None, error: str | None,
+               cost_usd: float | None = None) -> tuple[Key, asyncio.Future[bool]] | None:
+        """Queue the turn's observation; returns its key and what says when it is durable (None: not
+        recorded)."""
+        obs = self._closed_turn(turn, result, error, cost_usd)
         durable = None
         if obs is not None:
-            durable = self._acks.expect((obs.session_id, obs.sequence_num))
+            key = (obs.session_id, obs.sequence_num)
+            durable = key, self._acks.expect(key)
+        # Resent to a fresh CLI, it closes in a session it was not opened in: its open entry may be on
+        # disk under its first key, and transcript.db gets it only once a journal save without that
+        # entry has ended, so that no acknowledgement comes before it (a replay would duplicate it).
+        moved = obs is not None and self._journal is not None and turn.session != obs.session_id
         if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
-            self._journal.closed(obs, urgent=not self._writer.takes_at_once)
+            self._journal.closed(obs, urgent=moved or not self._writer.takes_at_once)
         if obs is not None:
-            self._writer.submit(ObservationWrite(obs))
+            write = ObservationWrite(obs)
+            if moved and self._journal is not None:
+                self._journal.after_save((obs.session_id, obs.sequence_num), lambda: self._writer.submit(write))
+            else:
+                self._writer.submit(write)
             self._on_recorded()
         return durable
 
-    def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None) -> NewObservation | None:
+    def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
+                     cost_usd: float | None) -> NewObservation | None:
         if self.session_id is None:
             return None
         if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
             return None  # the CLI ran the command itself, with no model turn: not part of the conversation
-        note = None
+        note, status = None, "completed"
         if error is not None:
-            note = "(the turn failed before the agent finished)"
+            note, status = "(the turn failed before the agent finished)", "error"
         elif result is not None and result.subtype == "error_during_execution":
-            note = "(interrupted by the user)"
+            note, status = "(interrupted by the user)", "interrupted"
+        elif result is not None and result.is_error:
+            status = "error"  # its text is the CLI's account of the failure
         text = _bounded((result.result if result is not None else None) or turn.last_text, RESPONSE_CHARS)
         if note:
             text = f"{text}\n{note}".strip()
         self._sequence += 1
-        return self._observation(turn, (self.session_id, self._sequence), text)
+        return self._observation(turn, (self.session_id, self._sequence), text, status, cost_usd)

@@ -91,7 +91,8 @@ def spill_count(path: Path) -> int:
 
 def append_lines(path: Path, writes: list[Write]) -> None:
     """Append, fsync'd. An append that fails (a full disk) is cut off again, so that no torn line
-    runs into the next one."""
+    runs into the next one. The first append to a new (or empty) file also syncs its folder: until
+    then a power cut may lose the file's name, and with it every line the fsync made durable."""
     with path.open("ab") as f:
         size = f.tell()
         try:
@@ -102,6 +103,12 @@ def append_lines(path: Path, writes: list[Write]) -> None:
             with contextlib.suppress(OSError):
                 f.truncate(size)
             raise
+    if size == 0:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_key(write: Write) -> tuple[str, int | str]:

@@ -12,7 +12,8 @@ makes a second insert of a turn a no-op, so "exactly once" holds across retries 
 restarts.
 
 While writes fail, every write waiting is also appended to the spill file
-(memory/capture/spill.py: JSON lines, fsync'd), so a kill -9 loses none of them. The queue holds at most MAX_QUEUED writes in
+(memory/capture/spill.py: JSON lines, fsync'd), so a kill -9 loses none of them; so is every
+write waiting when the turn journal holds more closed turns than it keeps. The queue holds at most MAX_QUEUED writes in
 memory; beyond that only the file holds them, and they are read back, in order, as the
 queue drains. The spill file is replayed at the next start before anything else, and
 removed once everything in it has landed.
@@ -77,6 +78,7 @@ class _Queued:
     spilled: bool = False  # being appended to the spill file, or appended
     durable: bool = False  # appended and fsync'd: the payload may be let go
     sent: Future[None] | None = None  # already handed to the database thread
+    at: float = dataclasses.field(default_factory=time.monotonic)  # when it was queued
 
     @staticmethod
     def of(write: Write, spilled: bool = False) -> _Queued:
@@ -138,7 +140,7 @@ class TranscriptWriter:
         self._empty.clear()
         self._wake.set()
         if self.failing or self._lines or len(self._queue) > self.max_queued:
-            self._spill_waiting()  # failing, behind writes that did, or overflowing: into the file
+            self.spill_waiting()  # failing, behind writes that did, or overflowing: into the file
 
     @property
     def failing(self) -> bool:
@@ -154,7 +156,8 @@ class TranscriptWriter:
         return [q.write.observation for q in self._queue if isinstance(q.write, ObservationWrite)]
 
     def status(self) -> dict[str, Any]:
-        return self.health.report(len(self._queue), self._lines)
+        oldest = round(time.monotonic() - self._queue[0].at, 1) if self._queue else 0.0
+        return {**self.health.report(len(self._queue), self._lines), "oldest_queued_s": oldest}
 
     async def drained(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, until every write submitted so far has landed."""
@@ -195,7 +198,7 @@ class TranscriptWriter:
             await self._task
         self._task = None
         self._stopped = True
-        self._spill_waiting()
+        self.spill_waiting()
         await asyncio.get_running_loop().run_in_executor(self._files, lambda: None)  # the appends are done
 
     # ------------------------------------------------------------ the owner task
@@ -246,7 +249,7 @@ class TranscriptWriter:
         h = self.health
         if h.failing_since is None:
             h.failing_since = now
-            self._spill_waiting()  # durable while it lasts
+            self.spill_waiting()  # durable while it lasts
         h.failures += 1
         h.last_error = f"{type(exc).__name__}: {exc}"[:300]
         delay = self.backoff.delay(h.failures, random.random())
@@ -265,8 +268,9 @@ class TranscriptWriter:
 
     # ------------------------------------------------------------ the spill file (on its own thread, in order)
 
-    def _spill_waiting(self) -> None:
-        """Append every queued write the spill file does not hold yet, in queue order."""
+    def spill_waiting(self) -> None:
+        """Append every queued write the spill file does not hold yet, in queue order (also when the
+        turn journal holds too many: the spill file takes them, and the journal lets them go)."""
         items = [q for q in self._queue if not q.spilled and q.write is not None]
         if not items:
             return

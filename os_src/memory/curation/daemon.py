@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,6 +55,10 @@ BUDGET_RECHECK = 300.0
 MAX_CHUNK_TURNS = 100  # turns one call may carry when the token cap allows (a backlog's catch-up)
 
 
+async def _nothing() -> None:
+    pass
+
+
 @dataclass
 class DaemonHealth:
     last_success_at: float | None = None
@@ -82,12 +86,16 @@ class MemoryDaemon:
         self._idle = asyncio.Event()  # no batch running, requested or scheduled
         self._idle.set()
         self._not_before = 0.0  # loop time before which no run starts (a backoff)
-        self._reasons: list[str] = []
+        # Why a run was asked for, until it starts: a set, as every turn past `batch_turns` asks
+        # again while a backoff holds the run (hours, with the proxy down).
+        self._reasons: set[str] = set()
         # (observation id, future): resolved once every turn up to that id is curated, or a run fails.
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
+        # Run first in each pass: what a person's forget left for the files' one writer to do.
+        self.before_batches: Callable[[], Awaitable[object]] = _nothing
 
     # ------------------------------------------------------------ memory.db's one writer
 
@@ -105,7 +113,7 @@ class MemoryDaemon:
             self.trigger("batch")
 
     def trigger(self, reason: str) -> None:
-        self._reasons.append(reason)
+        self._reasons.add(reason)
         self._idle.clear()
         self._wake.set()
         self.probe.asked = True
@@ -200,10 +208,10 @@ class MemoryDaemon:
             await self._wake.wait()
             await self._until_retry(loop)  # the backoff holds, whatever triggers arrive meanwhile
             self._wake.clear()
-            reasons, self._reasons = self._reasons or ["retry"], []
+            reasons, self._reasons = self._reasons or {"retry"}, set()
             self.health.running = True
             try:
-                ok, delay = await self._attempt("+".join(sorted(set(reasons))))
+                ok, delay = await self._attempt("+".join(sorted(reasons)))
             finally:
                 self.health.running = False
             if delay is not None:
@@ -242,6 +250,7 @@ class MemoryDaemon:
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
         self._proxy_down = False
+        await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             chunk = await self._next_chunk()

@@ -7,9 +7,11 @@ a model fetched at deploy time loads through the same code. If the package or th
 load, `load` says why and recall is lexical only: nothing else changes.
 
 ctypes releases the GIL while the engine runs, so embedding in a thread leaves the event loop
-free. Queries and passages get separate model instances (the file is mapped once), so a
-backlog of turns being embedded never delays a query. The vectors live on disk, mapped
-(memory/recall/vectors.py).
+free. Queries and passages get separate model instances, so a backlog of turns being embedded
+never delays a query. Each instance maps the model file (68 MiB; the page cache holds it once):
+pages of its embedding table are read in as text brings tokens not seen before, so the server's
+RSS grows with them, up to twice the file's size, while its own memory stays flat
+(docs/reliability.md). The vectors live on disk, mapped (memory/recall/vectors.py).
 """
 
 from __future__ import annotations

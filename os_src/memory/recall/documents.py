@@ -81,8 +81,9 @@ def episode_docs(conn: sqlite3.Connection, ids: Sequence[int]) -> tuple[list[tan
         window = ep.session_window(conn, session, first - ep.NEIGHBOURS, last + ep.NEIGHBOURS)
         for e in window:
             if first <= e.turn <= last:
-                docs.append(episode_doc(e.id, e.at, e.text, ep.context(window, e.turn)))
                 out.append(e.id)
+                if e.text:  # a forgotten turn's episode has no text: its document goes, none comes
+                    docs.append(episode_doc(e.id, e.at, e.text, ep.context(window, e.turn)))
     return docs, out
 
 
@@ -112,6 +113,13 @@ def stage_learnings(conn: sqlite3.Connection, at: Marks, limit: int = CHUNK) -> 
     docs = [learning_doc(lid, created, content) for lid, created, content, forgotten in learned if forgotten is None]
     return Staged(docs, [doc_id("learning", r[0]) for r in learned],
                   Marks(0, learned[-1][0], at.seen()))
+
+
+def forgotten(conn: sqlite3.Connection, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> Staged:
+    """Turns a person forgot (their episodes have no text now) and the learnings deleted with them:
+    their documents go, and their neighbours' come back with a context that no longer holds them."""
+    docs, ids = episode_docs(conn, episode_ids)
+    return Staged(docs, [*ids, *(doc_id("learning", i) for i in learning_ids)], read_marks(conn))
 
 
 def learning_changes(conn: sqlite3.Connection, ids: Sequence[int]) -> Staged:
@@ -151,21 +159,40 @@ def build(conn: sqlite3.Connection, path: Path, progress: Progress | None = None
     index = RecallIndex(path, writable=True)
     try:
         top_turn = ep.max_id(conn)
-        top = Marks(0, int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0]),
-                    [(1, top_turn)] if top_turn else [])
-        total, done, last_report = ep.count(conn), 0, time.monotonic()
-        for session in ep.by_session(conn):
-            index.put(episode_doc(e.id, e.at, e.text, ep.context(session, e.turn)) for e in session)
-            done += len(session)
-            if progress and time.monotonic() - last_report > 2:
-                progress("indexed turns", done, total)
-                last_report = time.monotonic()
-        if progress:
-            progress("indexed turns", done, total)
-        learned = conn.execute("SELECT id, created_at, content FROM learnings WHERE forgotten_at IS NULL "
-                               "AND id <= ?", (top.learnings,))
-        index.put(learning_doc(lid, created, content) for lid, created, content in learned)
+        top = fill(conn, index, [(1, top_turn)] if top_turn else [], progress)
         index.commit()
         return top
     finally:
         index.close()
+
+
+def rewrite(conn: sqlite3.Connection, index: RecallIndex) -> Marks:
+    """The index written anew in place, from memory.db, and the files of its old segments deleted:
+    after a person forgot turns, no segment on disk keeps their words (a deletion alone only marks
+    them). Readers see the old index until the commit. Returns the marks it reached."""
+    index.clear()
+    top = fill(conn, index, read_marks(conn).seen())  # what it held, read before its episodes: each has one
+    index.commit()
+    index.collect_garbage()
+    return top
+
+
+def fill(conn: sqlite3.Connection, index: RecallIndex, turns: Sequence[Range],
+         progress: Progress | None = None) -> Marks:
+    """Every episode with text, with its neighbours, and every learning not forgotten, into `index`.
+    Returns the marks it reached: the turns taken (`turns`, whose episodes memory.db holds: an
+    episode is stored before its turn is marked taken) and the last learning."""
+    top = Marks(0, int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0]), list(turns))
+    total, done, last_report = ep.count(conn), 0, time.monotonic()
+    for session in ep.by_session(conn):
+        index.put(episode_doc(e.id, e.at, e.text, ep.context(session, e.turn)) for e in session if e.text)
+        done += len(session)
+        if progress and time.monotonic() - last_report > 2:
+            progress("indexed turns", done, total)
+            last_report = time.monotonic()
+    if progress:
+        progress("indexed turns", done, total)
+    learned = conn.execute("SELECT id, created_at, content FROM learnings WHERE forgotten_at IS NULL "
+                           "AND id <= ?", (top.learnings,))
+    index.put(learning_doc(lid, created, content) for lid, created, content in learned)
+    return top

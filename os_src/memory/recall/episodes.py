@@ -167,9 +167,14 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int) -> list[
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
-    """(id, date, text to embed) of the episodes `ids`, in that order."""
+    """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left out."""
     found = get(conn, ids)
-    return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None]
+    return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None and e.text]
+
+
+def forgotten_ids(conn: sqlite3.Connection) -> list[int]:
+    """The episodes of turns a person forgot (their text is gone)."""
+    return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE text = '' ORDER BY id")]
 
 
 def previous(conn: sqlite3.Connection, episode: Episode) -> Episode | None:

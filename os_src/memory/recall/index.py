@@ -108,6 +108,14 @@ class RecallIndex:
         self._w().commit()
         self.index.reload()
 
+    def clear(self) -> None:
+        """Stage the deletion of every document (visible after `commit`)."""
+        self._w().delete_all_documents()
+
+    def collect_garbage(self) -> None:
+        """Delete the files of segments the last commit no longer uses."""
+        self._w().garbage_collect_files()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.wait_merging_threads()  # also releases the directory's lock

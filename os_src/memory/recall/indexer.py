@@ -26,8 +26,10 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,7 @@ from .documents import (
     write_marks,
 )
 from .index import RecallIndex
-from .vectors import VectorWriter
+from .vectors import VectorWriter, forget_everywhere
 
 log = get_logger(__name__)
 
@@ -62,7 +64,7 @@ SCAN = 4_096  # episode ids the embedder looks at a step, for those without a ve
 RETRY = 5.0
 GIVE_UP = 3  # failures in a row of one batch before its turns are passed over (a restart tries again)
 LEGACY_PAGE = 5_000
-RATE_WINDOW = 60.0  # seconds of embedding the rate is measured over
+EMBED_RATE_WINDOW = 60.0  # seconds of embedding the rate is measured over
 
 
 @dataclass
@@ -87,6 +89,10 @@ class Station:
         vectors = self.model.passages([text for _, _, text in batch])
         return self.writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
 
+    def forget(self, root: Path, ids: Sequence[int]) -> int:
+        """Turns a person forgot, out of this store and any other under `root` (this thread writes them)."""
+        return forget_everywhere(root, ids, self.writer)
+
     def adopt(self, page: list[tuple[int, float, bytes]]) -> None:
         matrix = np.frombuffer(b"".join(v for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
         self.writer.add([i for i, _, _ in page], [at for _, at, _ in page], matrix)
@@ -98,15 +104,15 @@ class Station:
 
 @dataclass
 class Rate:
-    """Turns embedded per second over the last RATE_WINDOW seconds."""
+    """Turns embedded per second over the last EMBED_RATE_WINDOW seconds."""
 
     samples: list[tuple[float, int]] = field(default_factory=list)
 
     def add(self, now: float, n: int) -> None:
-        self.samples = [s for s in self.samples if now - s[0] <= RATE_WINDOW] + [(now, n)]
+        self.samples = [s for s in self.samples if now - s[0] <= EMBED_RATE_WINDOW] + [(now, n)]
 
     def per_second(self, now: float) -> float | None:
-        recent = [s for s in self.samples if now - s[0] <= RATE_WINDOW]
+        recent = [s for s in self.samples if now - s[0] <= EMBED_RATE_WINDOW]
         if len(recent) < 2:
             return None
         span = recent[-1][0] - recent[0][0]

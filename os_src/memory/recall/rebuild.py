@@ -110,6 +110,8 @@ def _embed_missing(memory: MemoryDB, embedder: Embedder, writer: VectorWriter, p
         todo = [i for i, has in zip(ids, writer.has(ids), strict=True) if not has]
         for start in range(0, len(todo), REBUILD_EMBED_BATCH):
             batch = ep.to_embed(memory.conn, todo[start:start + REBUILD_EMBED_BATCH])
+            if not batch:  # forgotten turns only
+                continue
             vectors = embedder.passages([text for _, _, text in batch])
             done += writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
             progress("embedded turns", done, missing)

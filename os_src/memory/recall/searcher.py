@@ -211,7 +211,7 @@ class Searcher:
 
 
 def hydrate(conn: sqlite3.Connection, hits: Sequence[Candidate], words: Sequence[str]) -> list[RecallHit]:
-    """What each hit shows, from memory.db. Forgotten learnings, and rows gone since, are dropped."""
+    """What each hit shows, from memory.db. Forgotten learnings and turns, and rows gone since, are dropped."""
     episode_ids = [h.id for h in hits if h.kind == "episode"]
     learning_ids = [h.id for h in hits if h.kind == "learning"]
     episodes = ep.get(conn, episode_ids) if episode_ids else {}
@@ -221,7 +221,7 @@ def hydrate(conn: sqlite3.Connection, hits: Sequence[Candidate], words: Sequence
         f"WHERE l.id IN ({marks(learning_ids)}) AND l.forgotten_at IS NULL", learning_ids)} if learning_ids else {}
     out = []
     for h in hits:
-        if h.kind == "episode" and (e := episodes.get(h.id)) is not None:
+        if h.kind == "episode" and (e := episodes.get(h.id)) is not None and e.text:
             out.append(RecallHit(h.kind, h.id, h.score, h.at, e.session_id, e.turn, e.id, "EPISODE",
                                  snippet(e.text, words), h.bm25, h.cosine))
         elif h.kind == "learning" and (row := learnings.get(h.id)) is not None:

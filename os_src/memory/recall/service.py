@@ -14,6 +14,7 @@ import contextlib
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,16 +29,19 @@ from ...paths import Layout
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
+from . import episodes as ep
 from .dense import DenseStatus, Embedder, load
+from .documents import Marks, forgotten, rewrite, write_marks
 from .index import RecallIndex, exists
 from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
 from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
-from .vectors import VectorReader, VectorWriter, store_dir
+from .vectors import VectorReader, VectorWriter, forget_everywhere, store_dir
 
 log = get_logger(__name__)
 
 INDEX_DIR = "index"
+PURGE_KEY = "recall_purge"  # in memory.db's meta while the index must be written anew (a forget)
 VECTORS_DIR = "vectors"
 PROGRESS_FILE = "recall.json"  # in .os/state/: the server's recall status, for `memory status` in a shell
 PUBLISH_EVERY = 5.0
@@ -95,6 +99,8 @@ class RecallService:
         self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
+        self._purge: asyncio.Task[None] | None = None  # the index written anew after a forget
+        self._purge_wanted = self._purge_done = 0
         self._publisher: asyncio.Task[None] | None = None
 
     def _the_index(self) -> RecallIndex:
@@ -135,6 +141,13 @@ class RecallService:
         if self._embed_model is not None:
             self.indexer.embed, self.indexer.model = self.embedder, self._dense_status.model
         await self.indexer.start(fresh_index=fresh)
+        if await self._memory.call(lambda m: m.get_meta(PURGE_KEY)):  # a forget's purge, cut short
+            await self._forget_vectors(await self._memory.call(lambda m: ep.forgotten_ids(m.conn)))
+            if fresh:  # a new index is filled from memory.db, which has none of their words
+                await self._memory.call(lambda m: m.conn.execute("DELETE FROM meta WHERE key = ?", (PURGE_KEY,)))
+            else:
+                self._purge_wanted += 1
+                self._start_purge()
         self._publisher = asyncio.create_task(self._publish(), name="recall-progress")
         log.info("recall_started", index=str(self.path), fresh=fresh, dense=self._dense_status.available,
                  dense_detail=self._dense_status.detail)
@@ -151,6 +164,10 @@ class RecallService:
                 log.warning("recall_progress_unwritten", error=repr(exc)[:200])
 
     async def stop(self) -> None:
+        if self._purge is not None:  # a rewrite under way finishes on the index's thread; its marks, next start
+            self._purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._purge
         if self._publisher is not None:
             self._publisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -173,6 +190,79 @@ class RecallService:
             return True
         except TimeoutError:
             return False
+
+    async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
+        """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
+        them): their vectors are zeroed in the store (every model's) and their documents leave the
+        word index, now. A deletion only marks a document, its words stay in the segment until a
+        merge, so the index is then written anew in the background (`purge`), its old segment files
+        deleted. A flag in memory.db's meta, set first, makes a restart finish both."""
+        if self._index is None:  # not started (a tool that only reads): the server does it
+            return
+        await self._memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))
+        await self._forget_vectors(episode_ids)
+        staged = await self._memory.call(lambda m: forgotten(m.conn, episode_ids, learning_ids))
+
+        def write(index: RecallIndex) -> None:
+            index.put(staged.docs, staged.replace)
+            index.commit()
+
+        await self.index.call(write)
+        self._purge_wanted += 1
+        self._start_purge()
+
+    async def _forget_vectors(self, ids: Sequence[int]) -> None:
+        """Through the embedder's thread, the store's one writer; with no embedder, no writer runs."""
+        wanted = list(ids)
+        if not wanted:
+            return
+        root = self.settings.layout.memory_dir / VECTORS_DIR
+        if self._embed_model is not None:
+            zeroed = await self.embedder.call(lambda s: s.forget(root, wanted))
+        else:
+            zeroed = await asyncio.to_thread(forget_everywhere, root, wanted)
+        log.info("recall_vectors_forgotten", turns=len(wanted), zeroed=zeroed)
+
+    def _start_purge(self) -> None:
+        if self._purge is None or self._purge.done():
+            self._purge = asyncio.create_task(self._purging(), name="recall-purge")
+
+    async def _purging(self) -> None:
+        path = self.settings.layout.memory_db
+
+        def write(index: RecallIndex) -> Marks:
+            conn = read_connection(path)
+            try:
+                return rewrite(conn, index)
+            finally:
+                conn.close()
+
+        while self._purge_done < self._purge_wanted:
+            wanted = self._purge_wanted
+            started = time.monotonic()
+            try:
+                reached = await self.index.call(write)
+            except Exception as exc:  # retried at the next forget or start: the flag stays
+                log.exception("recall_purge_failed", error=repr(exc)[:300])
+                return
+            self._purge_done = wanted
+            done = self._purge_done >= self._purge_wanted
+
+            def mark(m: MemoryDB, reached: Marks = reached, done: bool = done) -> None:
+                write_marks(m.conn, reached)
+                if done:
+                    m.conn.execute("DELETE FROM meta WHERE key = ?", (PURGE_KEY,))
+
+            await self._memory.call(mark)
+            log.info("recall_index_purged", seconds=round(time.monotonic() - started, 2))
+
+    async def purged(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until no forgotten word is left in the index's files."""
+        if self._purge is None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._purge), budget)
+        return self._purge.done() and self._purge_done >= self._purge_wanted
 
     @property
     def dense_available(self) -> bool:
@@ -221,4 +311,4 @@ class RecallService:
     def status(self) -> dict[str, Any]:
         d = self._dense_status
         return {"index": str(self.path), "dense": {"available": d.available, "model": d.model, "detail": d.detail},
-                **self.indexer.status()}
+                "purge_pending": self._purge_done < self._purge_wanted, **self.indexer.status()}

@@ -9,7 +9,10 @@ search. Columns, one file each, a record per embedded turn, in the order they we
     ids.i64       the episode (the turn's id)       at.f64   its date
     bits.u64      a 1,024-bit sketch (128 bytes), in blocks of BLOCK records stored word by word
     basis.npy     the sketch's centre and projection, fixed once BASIS_FROM vectors exist
-    meta.json     how many records are committed (written last, atomically: a torn tail is ignored)
+    forgotten.i64 turns a person forgot: (episode, its record or -1) pairs; their records' vector
+                  and sketch are zeros, readers skip them, and the writer never adds them again
+    meta.json     how many records (and forgotten pairs) are committed (written last, atomically:
+                  a torn tail is ignored)
 
 So a turn costs about 0.9 KB on disk (it was 4.1 KB in memory.db: a 1.5 KB blob alone in each
 4 KB page, from inserting newest first), a search process starts by mapping the files
@@ -59,6 +62,7 @@ class Meta(msgspec.Struct):
     dim: int
     count: int = 0  # records committed
     basis: bool = False  # basis.npy holds the sketch's basis, and every committed record has its bits
+    forgotten: int = 0  # (episode, record) pairs committed in forgotten.i64
 
 
 def store_dir(vectors_root: Path, model: str) -> Path:
@@ -98,6 +102,16 @@ class _Columns:
         self.at = _map(path / "at.f64", np.float64, (n,))
         blocks = -(-n // BLOCK)
         self.bits = _map(path / "bits.u64", np.uint64, (blocks, WORDS, BLOCK)) if meta.basis and n else None
+        self.forgotten = _read_forgotten(path, meta)
+        rows = self.forgotten[:, 1]
+        self.skip = np.sort(rows[(rows >= 0) & (rows < n)])  # the records no reader returns
+
+
+def _read_forgotten(path: Path, meta: Meta) -> npt.NDArray[np.int64]:
+    """The committed (episode, record) pairs of forgotten turns."""
+    if not meta.forgotten:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.fromfile(path / "forgotten.i64", dtype=np.int64, count=2 * meta.forgotten).reshape(-1, 2)
 
 
 def _map(path: Path, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -194,6 +208,10 @@ class VectorReader:
             return []
         q = np.asarray(query, dtype=np.float32).reshape(-1)
         rows = self.candidates(q, rescore)
+        if len(cols.skip):  # forgotten turns: never returned
+            rows = rows[~np.isin(rows, cols.skip)]
+            if not len(rows):
+                return []
         scores = np.asarray(cols.vectors[rows], dtype=np.float32) @ q
         top = min(limit, len(rows))
         best = np.argpartition(-scores, top - 1)[:top]
@@ -208,7 +226,9 @@ class VectorReader:
         if cols.n <= rescore or cols.bits is None or self._basis is None:
             return np.arange(cols.n)
         q = sketch(query.reshape(1, -1), *self._basis)[0]
-        return nearest(hamming(cols.bits, q, cols.n), rescore)
+        distance = hamming(cols.bits, q, cols.n)
+        distance[cols.skip] = BITS  # a forgotten record takes no candidate's place
+        return nearest(distance, rescore)
 
 
 def hamming(blocks: npt.NDArray[np.uint64], q: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.uint16]:
@@ -252,14 +272,20 @@ class VectorWriter:
         self.meta = meta
         self._truncate()
         self._sorted = SortedIds()
-        self._sorted.update(_Columns(path, meta).ids, meta.count)
+        columns = _Columns(path, meta)
+        self._sorted.update(columns.ids, meta.count)
+        self._forgotten = np.unique(columns.forgotten[:, 0])  # episodes never added again
         self._basis = _load_basis(path) if meta.basis else None
 
     def __len__(self) -> int:
         return self.meta.count
 
     def has(self, ids: Sequence[int]) -> npt.NDArray[np.bool_]:
-        return self._sorted.has(ids)
+        """Which of `ids` are done with: stored, or forgotten (a forgotten turn gets no vector again)."""
+        found = self._sorted.has(ids)
+        if len(self._forgotten):
+            found |= np.isin(np.asarray(ids, dtype=np.int64), self._forgotten)
+        return found
 
     def _truncate(self) -> None:
         """Cut what a crash left past the committed records."""
@@ -269,6 +295,8 @@ class VectorWriter:
                 f.truncate(n * size)
         with open(self.path / "bits.u64", "ab") as f:
             f.truncate(-(-n // BLOCK) * WORDS * BLOCK * 8 if self.meta.basis else 0)
+        with open(self.path / "forgotten.i64", "ab") as f:
+            f.truncate(self.meta.forgotten * 16)
 
     def add(self, ids: Sequence[int], at: Sequence[float], vectors: Matrix) -> int:
         """Append the vectors of episodes not stored yet, and commit. Returns how many were new."""
@@ -293,6 +321,33 @@ class VectorWriter:
         self._commit(count)
         return len(keep)
 
+    def forget(self, ids: Sequence[int]) -> int:
+        """Turns a person forgot: their records' vector and sketch become zeros, in place and synced, then
+        the episodes are recorded (with their records) and committed, so no reader returns them and
+        no `add` stores them again (a turn forgotten before it was embedded included). Returns how
+        many records were zeroed."""
+        wanted = np.unique(np.asarray(list(ids), dtype=np.int64))
+        new = wanted[~np.isin(wanted, self._forgotten)]
+        if not len(new):
+            return 0
+        n = self.meta.count
+        column = _map(self.path / "ids.i64", np.int64, (n,))
+        rows = np.flatnonzero(np.isin(column, new))
+        if len(rows):  # zeros first: a crash before the commit leaves nothing of them, only unlisted zeros
+            vectors = np.memmap(self.path / "vectors.f16", dtype=np.float16, mode="r+", shape=(n, self.meta.dim))
+            vectors[rows] = 0
+            vectors.flush()  # msync
+            del vectors
+            if self.meta.basis:
+                self._put_bits_at(rows, np.zeros((len(rows), WORDS), dtype=np.uint64))
+        record = dict.fromkeys(new.tolist(), -1)
+        record.update({int(column[r]): int(r) for r in rows})
+        self._append("forgotten.i64", np.asarray(sorted(record.items()), dtype=np.int64).tobytes())
+        self.meta.forgotten += len(record)
+        self._forgotten = np.union1d(self._forgotten, new)
+        self._commit(n)
+        return len(rows)
+
     def _append(self, name: str, data: bytes) -> None:
         with open(self.path / name, "ab") as f:
             f.write(data)
@@ -300,14 +355,15 @@ class VectorWriter:
             os.fsync(f.fileno())
 
     def _put_bits(self, start: int, bits: npt.NDArray[np.uint64]) -> None:
-        end = start + len(bits)
-        blocks = -(-end // BLOCK)
+        self._put_bits_at(np.arange(start, start + len(bits)), bits)
+
+    def _put_bits_at(self, rows: npt.NDArray[np.intp], bits: npt.NDArray[np.uint64]) -> None:
+        blocks = -(-(int(rows.max()) + 1) // BLOCK)
         path = self.path / "bits.u64"
         with open(path, "r+b") as f:
             if os.fstat(f.fileno()).st_size < blocks * WORDS * BLOCK * 8:
                 f.truncate(blocks * WORDS * BLOCK * 8)
         mm = np.memmap(path, dtype=np.uint64, mode="r+", shape=(blocks, WORDS, BLOCK))
-        rows = np.arange(start, end)
         mm[rows // BLOCK, :, rows % BLOCK] = bits
         mm.flush()  # msync: on disk before the commit that counts these records
         del mm
@@ -326,12 +382,31 @@ class VectorWriter:
         for start in range(0, count, BLOCK):
             chunk = np.asarray(vectors[start:start + BLOCK], dtype=np.float32)
             self._put_bits(start, sketch(chunk, center, projection))
+        if len(self._forgotten):  # a forgotten record's sketch stays zeros
+            gone = np.flatnonzero(np.isin(_map(self.path / "ids.i64", np.int64, (count,)), self._forgotten))
+            if len(gone):
+                self._put_bits_at(gone, np.zeros((len(gone), WORDS), dtype=np.uint64))
         self.meta.basis = True
 
     def _commit(self, count: int) -> None:
         self.meta.count = count
         atomic_write(_meta_path(self.path), msgspec.json.encode(self.meta))
-        self._sorted.update(np.memmap(self.path / "ids.i64", dtype=np.int64, mode="r", shape=(count,)), count)
+        self._sorted.update(_map(self.path / "ids.i64", np.int64, (count,)), count)
 
     def close(self) -> None:
         pass
+
+
+def forget_everywhere(root: Path, ids: Sequence[int], writer: VectorWriter | None = None) -> int:
+    """Forget `ids` in every store under `root` (another model's too: its vectors came from the same
+    turns), through `writer` for its own. The caller is the stores' one writer. Returns the records
+    zeroed."""
+    zeroed = writer.forget(ids) if writer is not None else 0
+    for meta_file in sorted(root.glob("*/meta.json")):
+        path = meta_file.parent
+        if writer is not None and path == writer.path:
+            continue
+        meta = read_meta(path)
+        if meta is not None and meta.format == FORMAT:
+            zeroed += VectorWriter(path, meta.model, meta.dim).forget(ids)
+    return zeroed

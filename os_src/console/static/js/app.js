@@ -4,23 +4,32 @@
 import { CanvasView } from "./canvas.js";
 import { ChatView } from "./chat.js";
 import { Connection } from "./connection.js";
+import { FilesView } from "./files.js";
 import { MemoryView } from "./memory.js";
+import { PastSessions } from "./sessions.js";
 
 const TOKEN_KEY = "sprite-os.token";
 const THEME_KEY = "sprite-os.theme";
+const DRAFT_KEY = "sprite-os.draft";
 const $ = (id) => document.getElementById(id);
 
 const connection = new Connection({ onFrame, onStatus, onAuthFailed });
 const chat = new ChatView({
   list: $("messages"), form: $("composer-form"), composer: $("composer"), send: $("send"),
-  interrupt: $("interrupt"), newSession: $("new-session"), agentState: $("agent-state"),
+  interrupt: $("interrupt"), newSession: $("new-session"), agentState: $("agent-state"), jump: $("jump"),
+  sessionCost: $("session-cost"),
 }, connection);
-const canvas = new CanvasView($("cards"), $("card-count"));
+const canvas = new CanvasView($("cards"), $("card-count"), connection, (text) => chat.notice(text, "error"));
 const memory = new MemoryView($("view-memory"), connection);
+const files = new FilesView($("view-files"), connection);
+const past = new PastSessions($("past-sessions"), $("past-toggle"), connection, () => { $("conversation").hidden = false; });
+$("past-toggle").addEventListener("click", () => { $("conversation").hidden = past.open; });
 
 function onFrame(frame) {
   chat.handle(frame);
   canvas.handle(frame);
+  files.handle(frame);
+  past.handle(frame);
 }
 
 function onStatus({ state, attempt, delay, resumed, replayed, resync }) {
@@ -29,9 +38,8 @@ function onStatus({ state, attempt, delay, resumed, replayed, resync }) {
   status.dataset.attempt = String(attempt ?? 0);
   if (state === "connected") {
     status.textContent = "connected";
-    if (resumed) {
-      chat.notice(resync ? "Reconnected. The server restarted meanwhile: what happened before is not shown here, the canvas is current."
-        : `Reconnected and resumed${replayed ? `: ${replayed} missed event${replayed === 1 ? "" : "s"} shown below` : ""}.`, "reconnected");
+    if (resumed && !resync) { // a snapshot (a restart, a long gap) is the chat view's to say: it rebuilds
+      chat.notice(`Reconnected and resumed${replayed ? `: ${replayed} missed event${replayed === 1 ? "" : "s"} shown below` : ""}.`, "reconnected");
     }
   } else if (state === "waiting") {
     status.textContent = `offline: retrying in ${delay.toFixed(1)} s (attempt ${attempt})`;
@@ -60,6 +68,7 @@ function start(token) {
   $("login").hidden = true;
   $("app").hidden = false;
   connection.start(token);
+  showView(document.body.dataset.view || "chat");
 }
 
 $("login-form").addEventListener("submit", (event) => {
@@ -73,27 +82,47 @@ $("login-form").addEventListener("submit", (event) => {
 $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(DRAFT_KEY);
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   showLogin();
 });
 
+const tabs = [...document.querySelectorAll("nav.tabs [data-view]")];
+
 function showView(name) {
   document.body.dataset.view = name;
   $("view-memory").hidden = name !== "memory";
-  $("view-chat").hidden = name === "memory";
-  for (const tab of document.querySelectorAll("[data-view]")) tab.setAttribute("aria-selected", String(tab.dataset.view === name));
+  $("view-files").hidden = name !== "files";
+  $("view-chat").hidden = name === "memory" || name === "files";
+  for (const tab of tabs) {
+    const selected = tab.dataset.view === name;
+    tab.setAttribute("aria-selected", String(selected));
+    tab.tabIndex = selected ? 0 : -1; // one tab stop for the tab list; arrows move between tabs
+  }
   if (name === "memory") memory.show();
+  if (name === "files") files.show();
+  if (name === "chat" && !$("app").hidden) $("composer").focus();
 }
 
-for (const tab of document.querySelectorAll("nav.tabs [data-view]")) {
+for (const [index, tab] of tabs.entries()) {
   tab.addEventListener("click", () => showView(tab.dataset.view));
+  tab.addEventListener("keydown", (event) => {
+    const step = { ArrowRight: 1, ArrowLeft: -1 }[event.key];
+    const to = event.key === "Home" ? 0 : event.key === "End" ? tabs.length - 1 : step ? (index + step + tabs.length) % tabs.length : null;
+    if (to === null) return;
+    event.preventDefault();
+    tabs[to].focus();
+    showView(tabs[to].dataset.view);
+  });
 }
 
 const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
 function applyTheme() {
   const chosen = localStorage.getItem(THEME_KEY);
-  document.documentElement.dataset.theme = chosen || (systemDark.matches ? "dark" : "light");
+  const theme = chosen || (systemDark.matches ? "dark" : "light");
+  document.documentElement.dataset.theme = theme;
+  $("theme-toggle").setAttribute("aria-pressed", String(theme === "dark"));
 }
 systemDark.addEventListener("change", applyTheme);
 $("theme-toggle").addEventListener("click", () => {
@@ -102,7 +131,7 @@ $("theme-toggle").addEventListener("click", () => {
 });
 
 applyTheme();
-showView("chat");
+document.body.dataset.view = "chat";
 const saved = sessionStorage.getItem(TOKEN_KEY);
 if (saved) start(saved);
 else showLogin();

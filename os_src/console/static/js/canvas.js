@@ -1,15 +1,18 @@
 // The canvas: the cards the agent keeps beside the conversation. `ready` carries every
 // open card (so a reload shows them again); card_created / card_updated / card_closed
-// keep the view current, applied as upsert and remove by card id.
+// keep the view current, applied as upsert and remove by card id. The person can open a
+// card large, copy it, and close it (every device sees it close).
 
 import { clear, el, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 export class CanvasView {
-  constructor(root, counter) {
-    this.root = root;
-    this.counter = counter;
+  constructor(root, counter, connection, onError) {
+    Object.assign(this, { root, counter, conn: connection, onError });
     this.cards = new Map(); // id -> {card, node}
+    this.dialog = el("dialog", { class: "card-dialog", testid: "card-dialog", "aria-labelledby": "card-dialog-title" });
+    this.dialog.addEventListener("click", (event) => { if (event.target === this.dialog) this.dialog.close(); });
+    document.body.append(this.dialog);
   }
 
   handle(frame) {
@@ -17,7 +20,7 @@ export class CanvasView {
       case "ready": return this.reset(frame.cards);
       case "card_created":
       case "card_updated": return this.upsert(frame.card, true);
-      case "card_closed": return this.close(frame.card_id);
+      case "card_closed": return this.remove(frame.card_id);
       default: return undefined;
     }
   }
@@ -36,14 +39,18 @@ export class CanvasView {
     if (known) known.node.replaceWith(node);
     this.cards.set(card.id, { card, node });
     this.update();
+    if (this.dialog.open && this.dialog.dataset.cardId === card.id) this.expand(card);
   }
 
-  close(id) {
+  remove(id) {
     const known = this.cards.get(id);
     if (!known) return;
+    const hadFocus = known.node.contains(document.activeElement);
     known.node.remove();
     this.cards.delete(id);
     this.update();
+    if (this.dialog.open && this.dialog.dataset.cardId === id) this.dialog.close();
+    if (hadFocus) (this.root.querySelector("button") || document.getElementById("composer"))?.focus();
   }
 
   /** Newest change first; the DOM order follows. */
@@ -56,11 +63,68 @@ export class CanvasView {
   }
 
   render(card) {
-    return el("article", { class: `card kind-${card.kind}`, testid: "card", dataset: { cardId: card.id, kind: card.kind } },
+    const titleId = `card-title-${card.id}`;
+    const action = (label, testid, onclick) => el("button", { type: "button", class: "card-action", testid,
+      "aria-label": `${label}: ${card.title}`, title: `${label} this card`, onclick, text: label });
+    return el("article", { class: `card kind-${card.kind}`, testid: "card", "aria-labelledby": titleId, dataset: { cardId: card.id, kind: card.kind } },
       el("header", {},
-        el("h3", { class: "title", text: card.title }),
-        el("span", { class: "badge", text: card.kind })),
-      el("div", { class: "body markdown" }, renderMarkdown(card.body)),
+        el("h3", { class: "title", id: titleId, dir: "auto", text: card.title }),
+        el("span", { class: "badge", text: card.kind }),
+        el("span", { class: "card-actions" },
+          action("Open", "card-expand", () => this.expand(card)),
+          action("Copy", "card-copy", (event) => this.copy(card, event.currentTarget)),
+          action("Close", "card-close", () => this.close(card)))),
+      el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)),
       el("footer", { text: `updated ${when(card.updated_at)}` }));
   }
+
+  expand(card) {
+    clear(this.dialog).append(
+      el("header", {},
+        el("h2", { id: "card-dialog-title", dir: "auto", text: card.title }),
+        el("span", { class: "badge", text: card.kind }),
+        el("button", { type: "button", testid: "card-dialog-close", text: "Close view", onclick: () => this.dialog.close() })),
+      el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)));
+    this.dialog.dataset.cardId = card.id;
+    if (!this.dialog.open) this.dialog.showModal();
+  }
+
+  async copy(card, button) {
+    const text = card.body ? `${card.title}\n\n${card.body}` : card.title;
+    let copied = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      copied = true;
+    } catch {
+      copied = copyByHand(text); // no clipboard API on a plain-http address other than localhost
+    }
+    button.dataset.copied = String(copied);
+    button.textContent = copied ? "Copied" : "Copy failed";
+    button.setAttribute("aria-label", copied ? `Copied: ${card.title}` : `Copy failed: ${card.title}`);
+    button.title = copied ? "Copied to the clipboard" : "Copy failed: select the text instead";
+    setTimeout(() => { button.textContent = "Copy"; button.setAttribute("aria-label", `Copy: ${card.title}`); }, 3000);
+  }
+
+  async close(card) {
+    try {
+      await this.conn.request("card_close", { card_id: card.id });
+    } catch (error) {
+      this.onError(`The card "${card.title}" was not closed: ${error.message}`);
+    }
+  }
+}
+
+function copyByHand(text) {
+  const area = el("textarea", { class: "visually-hidden", "aria-hidden": "true", readonly: true });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  let done = false;
+  try {
+    done = document.execCommand("copy");
+  } catch {
+    done = false;
+  }
+  area.remove();
+  return done;
 }

@@ -1,37 +1,59 @@
-// The conversation: messages as they stream, tool calls folded to one line, each turn's
-// status and cost, and notices (sessions, reconnections, errors).
+// The conversation: what Sprite OS recorded of the current session (asked for on every fresh
+// `ready`, so a reload or a second device shows the same), then the live events: messages as
+// they stream, tool calls folded to one line, each turn's status and cost, one retry line per
+// turn that updates in place, failures with a Retry, and notices (sessions, reconnections).
 
-import { clear, count, dollars, el } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
+import { clear, dollars, el, size } from "./dom.js";
+import { answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
-const TOOL_LINE = 90; // characters of a tool call's summary shown folded
+const DRAFT_KEY = "sprite-os.draft";
+const STICK = 48; // px from the bottom that still counts as "at the latest"
+const PAGE = 30; // turns asked for at a time
 
 export class ChatView {
-  constructor({ list, form, composer, send, interrupt, newSession, agentState }, connection) {
-    Object.assign(this, { list, form, composer, sendButton: send, interruptButton: interrupt, agentState });
+  constructor({ list, form, composer, send, interrupt, newSession, agentState, jump, sessionCost }, connection) {
+    Object.assign(this, { list, form, composer, sendButton: send, interruptButton: interrupt, agentState, jump, sessionCost });
     this.conn = connection;
+    this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
+    list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
-    this.turns = new Map(); // turn_id -> {stream: element being streamed into, tools: Map}
+    this.turns = new Map(); // turn_id -> {stream, tools, retry}
+    this.texts = new Map(); // turn_id -> the person's message (for Retry)
+    this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
     this.sent = 0;
     this.running = null; // the running turn's id
+    this.stream = null; // the server run the view is current with (ready.stream)
+    this.history = null; // {session, first: the earliest turn number shown, more, button}
+    this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
     });
+    composer.value = sessionStorage.getItem(DRAFT_KEY) || ""; // a draft survives a reload
+    composer.addEventListener("input", () => this.keepDraft());
     interrupt.addEventListener("click", () => this.command({ type: "interrupt" }));
     newSession.addEventListener("click", () => this.command({ type: "new_session" }));
+    list.addEventListener("scroll", () => {
+      this.stick = list.scrollHeight - list.scrollTop - list.clientHeight < STICK;
+      if (this.stick) this.jump.hidden = true;
+    });
+    jump.addEventListener("click", () => { this.toLatest(); this.composer.focus(); });
   }
 
-  submit() {
-    const text = this.composer.value;
+  keepDraft() {
+    if (this.composer.value) sessionStorage.setItem(DRAFT_KEY, this.composer.value);
+    else sessionStorage.removeItem(DRAFT_KEY);
+  }
+
+  submit(text = this.composer.value) {
     if (!text.trim()) return;
     const clientId = `web-${Date.now().toString(36)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
       this.notice("Not connected: your message was not sent. It is still in the box.", "error");
       return;
     }
-    this.composer.value = "";
-    const message = this.message("user", el("div", { class: "text", text }), "waiting for the agent…");
+    if (text === this.composer.value) { this.composer.value = ""; this.keepDraft(); }
+    const message = this.add(messageItem("user", userText(text), "waiting for the agent…"));
     message.dataset.state = "queued";
     this.queued.set(clientId, message);
   }
@@ -40,21 +62,31 @@ export class ChatView {
     if (!this.conn.send(frame)) this.notice("Not connected right now.", "error");
   }
 
-  message(role, body, meta) {
-    const item = el("li", { class: `msg ${role}`, testid: "message", dataset: { role } },
-      el("div", { class: "body" }, body), meta ? el("div", { class: "meta", text: meta }) : null);
-    return this.add(item);
+  /** Said to screen readers (a live region of its own: the conversation itself is not read out as it streams). */
+  announce(text) {
+    this.announcer.textContent = text;
   }
 
   notice(text, kind = "info") {
     return this.add(el("li", { class: `notice ${kind}`, testid: "notice", dataset: { kind }, text }));
   }
 
+  /** Appends to the conversation, following it if the person is at the latest. */
   add(item) {
-    const atBottom = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 80;
     this.list.append(item);
-    if (atBottom) item.scrollIntoView({ block: "end" });
+    this.grew();
     return item;
+  }
+
+  grew() {
+    if (this.stick) this.list.scrollTop = this.list.scrollHeight;
+    else this.jump.hidden = false;
+  }
+
+  toLatest() {
+    this.stick = true;
+    this.jump.hidden = true;
+    this.list.scrollTop = this.list.scrollHeight;
   }
 
   setAgent(state, turnId) {
@@ -65,13 +97,13 @@ export class ChatView {
   }
 
   turn(turnId) {
-    if (!this.turns.has(turnId)) this.turns.set(turnId, { stream: null, tools: new Map() });
+    if (!this.turns.has(turnId)) this.turns.set(turnId, { stream: null, tools: new Map(), retry: null });
     return this.turns.get(turnId);
   }
 
   handle(frame) {
     switch (frame.type) {
-      case "ready": return this.setAgent(frame.agent, frame.turn_id);
+      case "ready": return this.ready(frame);
       case "turn_started": return this.started(frame);
       case "text_delta": return this.delta(frame);
       case "assistant_message": return this.assistant(frame);
@@ -81,83 +113,186 @@ export class ChatView {
       case "session_started": return this.notice("A new session started: the agent remembers what memory kept.", "session");
       case "session_ended": return this.notice(`The session ended (${frame.reason.replace("_", " ")}).`, "session");
       case "error": return this.error(frame);
-      case "model_retry": return this.notice(`The model proxy failed (${frame.error_status ? `HTTP ${frame.error_status}` : "no answer"}); retry ${frame.attempt} of ${frame.max_retries} in ${Math.round(frame.retry_delay_ms / 100) / 10} s.`, "retry");
+      case "model_retry": return this.retrying(frame);
+      case "turns_forgotten": return buryTurns(this.list, frame);
+      case "file_uploaded": return this.notice(`${frame.path} was uploaded (${size(frame.size)}): the agent hears of it with the next message.`, "upload");
       default: return undefined;
     }
   }
 
+  /** A fresh snapshot (a first connection, a reload, a server that restarted): the view is rebuilt
+   * from the record; a resume keeps it, and the missed events follow. */
+  ready(frame) {
+    const fresh = frame.resync || frame.stream !== this.stream;
+    const before = this.stream;
+    this.stream = frame.stream;
+    if (fresh) {
+      clear(this.list);
+      this.turns.clear();
+      this.shown.clear();
+      this.queued.clear();
+      this.history = null;
+      this.sessionCost.textContent = "";
+      if (before !== null) {
+        this.notice(before !== frame.stream
+          ? "Reconnected. The server restarted meanwhile: the conversation above is what it recorded, the canvas is current."
+          : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
+      }
+      if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
+      this.loadHistory(null);
+    }
+    this.setAgent(frame.agent, frame.turn_id);
+  }
+
+  async loadHistory(before) {
+    let page;
+    try {
+      page = await this.conn.request("session_turns", before ? { before, limit: PAGE } : { limit: PAGE });
+    } catch (error) {
+      if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
+      return;
+    }
+    if (this.history && this.history.session !== page.session.id) return; // a newer snapshot took over
+    const top = this.history?.button ?? this.list.firstChild;
+    this.history?.button?.remove();
+    const items = [];
+    for (const turn of page.turns) {
+      if (turn.turn_id && this.shown.has(turn.turn_id)) continue; // shown live already
+      if (turn.turn_id) { this.shown.add(turn.turn_id); this.texts.set(turn.turn_id, turn.user_message); }
+      items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text), forget: (which) => this.forget(which),
+        session: page.session.id }));
+    }
+    const button = page.more ? el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
+      text: "Show earlier turns", onclick: () => this.loadHistory(page.turns[0].turn) })) : null;
+    const anchor = top && top.isConnected ? top : this.list.firstChild;
+    for (const item of [button, ...items].filter(Boolean)) this.list.insertBefore(item, anchor);
+    this.history = { session: page.session.id, more: page.more, button };
+    if (page.session.cost_usd && !this.sessionCost.textContent) this.sessionCost.textContent = `This session: ${dollars(page.session.cost_usd)}`;
+    this.list.dataset.history = "loaded";
+    if (!before) this.toLatest();
+  }
+
+  startedItem(turnId, text, meta) {
+    this.shown.add(turnId);
+    this.texts.set(turnId, text);
+    const item = this.add(messageItem("user", userText(text), meta));
+    item.dataset.state = "started";
+    item.dataset.turnId = turnId;
+    return item;
+  }
+
   started(frame) {
     const mine = frame.client_id ? this.queued.get(frame.client_id) : undefined;
+    this.setAgent("running", frame.turn_id);
     if (mine) {
       this.queued.delete(frame.client_id);
       mine.dataset.state = "started";
+      mine.dataset.turnId = frame.turn_id;
       mine.querySelector(".meta")?.remove();
-    } else {
-      this.message("user", el("div", { class: "text", text: frame.text }), "from another device").dataset.state = "started";
+      this.shown.add(frame.turn_id);
+      this.texts.set(frame.turn_id, frame.text);
+    } else if (!this.shown.has(frame.turn_id)) {
+      this.startedItem(frame.turn_id, frame.text, "from another device");
     }
-    this.setAgent("running", frame.turn_id);
   }
 
   delta(frame) {
     const turn = this.turn(frame.turn_id);
+    this.settleRetry(turn);
     if (!turn.stream) {
-      turn.stream = this.message("assistant", el("div", { class: "text streaming" }));
+      turn.stream = this.add(messageItem("assistant", el("div", { class: "text streaming", dir: "auto" })));
       turn.stream.dataset.state = "streaming";
+      turn.stream.dataset.turnId = frame.turn_id;
     }
     turn.stream.querySelector(".text").append(frame.text);
-    if (this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 160) turn.stream.scrollIntoView({ block: "end" });
+    this.grew();
   }
 
   assistant(frame) {
     const turn = this.turn(frame.turn_id);
-    const body = el("div", { class: "text markdown" }, renderMarkdown(frame.text));
+    this.settleRetry(turn);
+    const body = answerBody(frame.text);
     if (turn.stream) {
       clear(turn.stream.querySelector(".body")).append(body);
       turn.stream.dataset.state = "complete";
       turn.stream = null;
+      this.grew();
     } else {
-      this.message("assistant", body).dataset.state = "complete";
+      const item = this.add(messageItem("assistant", body));
+      item.dataset.state = "complete";
+      item.dataset.turnId = frame.turn_id;
     }
   }
 
   toolUse(frame) {
-    const line = frame.summary.length > TOOL_LINE ? `${frame.summary.slice(0, TOOL_LINE)}…` : frame.summary;
-    const mark = el("span", { class: "mark", text: "⋯" });
-    const details = el("details", {},
-      el("summary", {}, mark, el("strong", { text: ` ${frame.name} ` }), el("span", { class: "summary", text: line })),
-      el("div", { class: "label", text: "call" }), el("pre", { text: frame.summary }));
-    this.turn(frame.turn_id).tools.set(frame.tool_use_id, { details, mark });
-    this.message("tool", details).dataset.toolUseId = frame.tool_use_id;
+    const tool = toolItem(frame.name, frame.summary);
+    this.turn(frame.turn_id).tools.set(frame.tool_use_id, tool);
+    tool.item.dataset.toolUseId = frame.tool_use_id;
+    tool.item.dataset.turnId = frame.turn_id;
+    this.add(tool.item);
   }
 
   toolResult(frame) {
-    const tool = this.turn(frame.turn_id).tools.get(frame.tool_use_id);
-    const result = [el("div", { class: "label", text: frame.is_error ? "error" : "result" }), el("pre", { text: frame.summary })];
-    if (!tool) {
-      this.message("tool", el("details", {}, el("summary", { text: frame.is_error ? "✗ a tool failed" : "✓ a tool's result" }), result));
-      return;
+    let tool = this.turn(frame.turn_id).tools.get(frame.tool_use_id);
+    if (!tool) { tool = toolItem("a tool", ""); this.add(tool.item); }
+    tool.result(frame.is_error, frame.summary);
+    this.grew();
+  }
+
+  /** One line per turn while the model proxy fails, updated at each retry. */
+  retrying(frame) {
+    const turn = this.turn(frame.turn_id);
+    const text = `${proxyTrouble(frame.error_status)}: trying again (attempt ${frame.attempt} of ${frame.max_retries}) in ${(frame.retry_delay_ms / 1000).toFixed(1)} s…`;
+    if (!turn.retry) {
+      turn.retry = this.add(el("li", { class: "notice retry", testid: "retry-line", dataset: { kind: "retry" } }));
+      turn.retry.dataset.turnId = frame.turn_id;
     }
-    tool.mark.textContent = frame.is_error ? "✗" : "✓";
-    tool.details.closest(".msg").dataset.state = frame.is_error ? "error" : "done";
-    tool.details.append(...result);
+    turn.retry.textContent = text;
+    turn.retry.dataset.attempt = String(frame.attempt);
+    this.announce(text);
+  }
+
+  settleRetry(turn) {
+    if (turn.retry && !turn.retry.dataset.settled) {
+      turn.retry.textContent = `The model answered after ${turn.retry.dataset.attempt} ${turn.retry.dataset.attempt === "1" ? "retry" : "retries"}.`;
+      turn.retry.dataset.settled = "true";
+    }
   }
 
   completed(frame) {
     const turn = this.turn(frame.turn_id);
     if (turn.stream) { turn.stream.dataset.state = "complete"; turn.stream = null; }
-    const u = frame.usage || {};
-    const parts = [`${frame.status} in ${(frame.duration_ms / 1000).toFixed(1)} s`];
-    if (frame.cost_usd) parts.push(dollars(frame.cost_usd));
-    if (u.input_tokens || u.output_tokens) parts.push(`${count(u.input_tokens)} in · ${count(u.output_tokens)} out tokens`);
-    const item = this.add(el("li", { class: `turn-status ${frame.status}`, testid: "turn-status", dataset: { status: frame.status }, text: parts.join(" · ") }));
+    if (turn.retry && frame.status === "completed") this.settleRetry(turn);
+    const item = this.add(statusItem(frame));
     item.dataset.turnId = frame.turn_id;
+    item.append(" · ", forgetControl("this turn", () => this.forget({ turn_ids: [frame.turn_id] })));
+    if (frame.session_cost_usd) this.sessionCost.textContent = `This session: ${dollars(frame.session_cost_usd)}`;
+    this.announce(`The agent's turn ${frame.status}.`);
     this.turns.delete(frame.turn_id);
     if (this.running === frame.turn_id) this.setAgent("idle", null);
   }
 
+  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). */
+  async forget(which) {
+    try {
+      const done = await this.conn.request("forget_turns", which);
+      this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
+        ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
+    } catch (error) {
+      this.notice(`Not forgotten: ${error.message}`, "error");
+    }
+  }
+
   error(frame) {
-    this.add(el("li", { class: "notice error", testid: "notice", dataset: { kind: "error", code: frame.code } },
-      el("strong", { text: `${frame.code.replaceAll("_", " ")}: ` }), frame.message));
+    const text = frame.turn_id ? this.texts.get(frame.turn_id) : undefined;
+    const retry = text && (frame.code === "model_unavailable" || frame.code === "agent_failed") ? () => this.submit(text) : null;
+    const item = this.add(failureItem({ code: frame.code, message: frame.turn_id ? frame.message : `${frame.code.replaceAll("_", " ")}: ${frame.message}`, detail: frame.detail }, retry));
+    const retries = frame.turn_id ? this.turn(frame.turn_id).retry : null;
+    if (frame.turn_id) item.dataset.turnId = frame.turn_id;
+    if (retries) {
+      retries.textContent = `Gave up after ${retries.dataset.attempt} ${retries.dataset.attempt === "1" ? "retry" : "retries"}.`;
+      retries.dataset.settled = "true";
+    }
     if (frame.code === "queue_full" || frame.code === "shutting_down") {
       const newest = [...this.queued.values()].at(-1);
       if (newest) { newest.dataset.state = "refused"; newest.querySelector(".meta").textContent = "not accepted: send it again"; }

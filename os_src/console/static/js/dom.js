@@ -64,3 +64,13 @@ export function dollars(n) {
 export function plural(n, word, many = `${word}s`) {
   return `${count(n)} ${n === 1 ? word : many}`;
 }
+
+/** 512 bytes, 1.5 KB, 3.0 MB: as the server words sizes. */
+export function size(bytes) {
+  if (bytes < 1024) return `${bytes} bytes`;
+  const units = ["KB", "MB", "GB", "TB"];
+  let value = bytes / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${value.toFixed(1)} ${units[unit]}`;
+}

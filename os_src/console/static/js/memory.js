@@ -16,18 +16,29 @@ const SECTIONS = [
 export class MemoryView {
   constructor(root, connection) {
     this.flashBox = el("div", { class: "flash", testid: "memory-flash", role: "status" });
-    this.nav = el("nav", { class: "subtabs" });
+    this.nav = el("div", { class: "subtabs", role: "tablist", "aria-label": "Memory" });
     this.panels = new Map();
     const body = el("div", { class: "memory-body" });
     for (const [key, label, Panel] of SECTIONS) {
-      const section = el("section", { class: "panel", testid: `memory-panel-${key}`, hidden: true });
+      const section = el("section", { class: "panel", testid: `memory-panel-${key}`, hidden: true, role: "tabpanel",
+        id: `memory-panel-${key}`, "aria-labelledby": `memory-tab-${key}` });
       this.panels.set(key, { section, panel: new Panel(section, connection, (text, kind) => this.flash(text, kind)) });
-      this.nav.append(el("button", { type: "button", testid: `memory-section-${key}`, dataset: { section: key }, text: label,
-        onclick: () => this.show(key) }));
+      this.nav.append(el("button", { type: "button", role: "tab", id: `memory-tab-${key}`, "aria-controls": `memory-panel-${key}`,
+        testid: `memory-section-${key}`, dataset: { section: key }, text: label, onclick: () => this.show(key) }));
       body.append(section);
     }
-    this.nav.append(el("button", { type: "button", class: "refresh", text: "Refresh", onclick: () => this.show(this.current) }));
-    root.append(this.nav, this.flashBox, body);
+    const tabs = [...this.nav.querySelectorAll("[role=tab]")];
+    this.nav.addEventListener("keydown", (event) => {
+      const at = tabs.indexOf(document.activeElement);
+      const step = { ArrowRight: 1, ArrowLeft: -1 }[event.key];
+      if (at < 0 || !step) return;
+      event.preventDefault();
+      const next = tabs[(at + step + tabs.length) % tabs.length];
+      next.focus();
+      this.show(next.dataset.section);
+    });
+    const refresh = el("button", { type: "button", class: "refresh", text: "Refresh", onclick: () => this.show(this.current) });
+    root.append(el("div", { class: "subtabs-bar" }, this.nav, refresh), this.flashBox, body);
     this.current = "files";
   }
 
@@ -35,7 +46,11 @@ export class MemoryView {
     this.flash("");
     this.current = key;
     for (const [name, { section }] of this.panels) section.hidden = name !== key;
-    for (const button of this.nav.querySelectorAll("[data-section]")) button.classList.toggle("selected", button.dataset.section === key);
+    for (const button of this.nav.querySelectorAll("[data-section]")) {
+      const selected = button.dataset.section === key;
+      button.setAttribute("aria-selected", String(selected));
+      button.tabIndex = selected ? 0 : -1;
+    }
     const { section, panel } = this.panels.get(key);
     section.dataset.loading = "true";
     try {

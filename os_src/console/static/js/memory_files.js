@@ -26,7 +26,8 @@ export class FilesPanel {
     const fill = el("span");
     fill.style.width = `${Math.round(share * 100)}%`; // through CSSOM: the CSP forbids style attributes
     return el("li", { testid: "memory-file", dataset: { name: f.name, owner: f.owner } },
-      el("button", { type: "button", class: f.name === this.selected ? "selected" : "", onclick: () => this.open(f.name) },
+      el("button", { type: "button", class: f.name === this.selected ? "selected" : "", "aria-pressed": String(f.name === this.selected),
+        onclick: () => this.open(f.name, true) },
         el("span", { class: "name", text: f.name }),
         el("span", { class: "badge", text: f.owner === "daemon" ? "curated" : "deploy" }),
         el("span", { class: "lines", testid: "file-lines", text: `${f.lines} / ${f.max_lines} lines` }),
@@ -34,13 +35,17 @@ export class FilesPanel {
         el("span", { class: "versions", text: plural(f.versions, "version") })));
   }
 
-  async open(name) {
+  async open(name, chosen = false) {
     this.selected = name;
     for (const button of this.list.querySelectorAll("button")) {
-      button.classList.toggle("selected", button.closest("li").dataset.name === name);
+      const selected = button.closest("li").dataset.name === name;
+      button.classList.toggle("selected", selected);
+      button.setAttribute("aria-pressed", String(selected));
     }
     this.current = await this.conn.request("memory_file", { name });
     this.renderFile();
+    // On a phone the file opens below the list: bring it into view.
+    if (chosen && window.matchMedia("(max-width: 760px)").matches) this.detail.scrollIntoView({ block: "start" });
   }
 
   renderFile(editing = false) {
@@ -50,12 +55,15 @@ export class FilesPanel {
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
       file.editable && !editing ? el("button", { type: "button", testid: "file-edit", onclick: () => this.renderFile(true), text: "Edit" }) : null);
     const body = editing ? this.editor(file, text)
-      : el("pre", { class: "file-text", testid: "file-text", text: text || "(empty: the boot prompt shows a default)" });
-    const versions = el("ol", { class: "versions", reversed: true },
+      : el("pre", { class: "file-text", testid: "file-text", dir: "auto", tabindex: "0", "aria-label": `Text of ${file.name}`,
+        text: text || "(empty: the boot prompt shows a default)" });
+    this.latest = history.length ? history[history.length - 1].number : null;
+    const versions = el("ol", { class: "versions", reversed: true, "aria-label": `Versions of ${file.name}` },
       [...history].reverse().map((v) => el("li", { testid: "file-version", dataset: { number: v.number } },
         el("button", { type: "button", onclick: () => this.showVersion(v.number) },
           el("strong", { text: `#${v.number}` }), ` ${when(v.created_at)} · `,
-          el("span", { class: `source source-${v.source.split("-")[0]}`, text: v.source }), ` · ${plural(v.lines, "line")}`))));
+          el("span", { class: `source source-${v.source.split("-")[0]}`, text: v.source }), ` · ${plural(v.lines, "line")}`,
+          v.number === this.latest ? el("span", { class: "badge", text: "current" }) : null))));
     this.versionView = el("div", { class: "version-view" });
     const note = file.editable
       ? "Curated by the memory daemon. Your edit is kept as a version and the daemon builds on it; it never overwrites an edit it did not see."
@@ -65,7 +73,8 @@ export class FilesPanel {
   }
 
   editor(file, text) {
-    const area = el("textarea", { class: "file-editor", testid: "file-editor", spellcheck: "false", rows: 16 });
+    const area = el("textarea", { class: "file-editor", testid: "file-editor", spellcheck: "false", rows: 16, dir: "auto",
+      "aria-label": `Your edit of ${file.name}` });
     area.value = text;
     const counter = el("span", { class: "counter" });
     const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit" });
@@ -96,12 +105,21 @@ export class FilesPanel {
   async showVersion(number) {
     const v = await this.conn.request("memory_version", { name: this.selected, number });
     const lines = v.diff ? v.diff.split("\n") : ["(no change from the version before)"];
-    const rollback = el("button", { type: "button", testid: "file-rollback", dataset: { number },
-      text: `Make version ${number} current again`, onclick: () => this.rollback(number) });
+    for (const item of this.detail.querySelectorAll("[data-testid=file-version]")) {
+      const shown = item.dataset.number === String(number);
+      item.classList.toggle("shown", shown);
+      if (shown) item.querySelector("button").setAttribute("aria-current", "true");
+      else item.querySelector("button").removeAttribute("aria-current");
+    }
+    const current = number === this.latest;
+    const rollback = current
+      ? el("p", { class: "hint", testid: "file-is-current", text: `Version ${number} is the current text.` })
+      : el("button", { type: "button", testid: "file-rollback", dataset: { number },
+        text: `Make version ${number} current again`, onclick: () => this.rollback(number) });
     clear(this.versionView).append(
-      el("h3", { text: `Version ${number}: ${v.version.source}, ${when(v.version.created_at)}` }),
+      el("h3", { text: `Version ${number}${current ? " (current)" : ""}: ${v.version.source}, ${when(v.version.created_at)}` }),
       el("p", { class: "hint", text: v.previous ? `Changes since version ${v.previous}:` : "The first version:" }),
-      el("pre", { class: "diff", testid: "file-diff" }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
+      el("pre", { class: "diff", testid: "file-diff", dir: "auto", tabindex: "0", "aria-label": `Changes in version ${number}` }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
       rollback);
     this.versionView.scrollIntoView({ block: "nearest" });
   }

@@ -1,7 +1,8 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { clear, day, el, when } from "./dom.js";
+import { append, clear, day, el, plural, when } from "./dom.js";
+import { forgetControl } from "./turns.js";
 
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
@@ -12,26 +13,35 @@ export class LearningsPanel {
     this.query = el("input", { type: "search", testid: "learning-search", placeholder: "Search what the Sprite learned", "aria-label": "Search learnings" });
     this.type = el("select", { testid: "learning-type", "aria-label": "Type" },
       el("option", { value: "", text: "All types" }), TYPES.map((t) => el("option", { value: t, text: t })));
-    this.forgotten = el("input", { type: "checkbox", testid: "learning-forgotten" });
-    this.results = el("ol", { class: "learnings", testid: "learnings" });
+    this.forgotten = el("input", { type: "checkbox", testid: "learning-forgotten", id: "learning-forgotten" });
+    this.results = el("ol", { class: "learnings", testid: "learnings", "aria-label": "Learnings" });
+    this.turnsHeading = el("h3", { text: "From past turns", hidden: true });
+    this.episodes = el("ol", { class: "learnings", testid: "episodes", "aria-label": "Past turns", hidden: true });
     this.summary = el("p", { class: "hint" });
     const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); this.load(); } },
-      this.query, this.type, el("label", { class: "check" }, this.forgotten, " forgotten"),
+      this.query, this.type, el("label", { class: "check", for: "learning-forgotten" }, this.forgotten, " forgotten"),
       el("button", { type: "submit", class: "primary", testid: "learning-search-button", text: "Search" }));
     this.type.addEventListener("change", () => this.load());
     this.forgotten.addEventListener("change", () => this.load());
-    root.append(form, this.summary, this.results);
+    root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
   }
 
   async load() {
     const query = this.query.value.trim();
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
+    const asked = (this.asked = (this.asked || 0) + 1);
     const { hits } = await this.conn.request("memory_search", fields);
+    if (asked !== this.asked) return; // a newer search was sent meanwhile: its answer is the one to show
+    const learned = hits.filter((h) => h.kind !== "episode");
+    const turns = hits.filter((h) => h.kind === "episode");
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
-      : query ? `${hits.length} found for “${query}”, best first.` : `The ${hits.length} newest.`;
-    clear(this.results).append(...hits.map((hit) => this.item(hit)));
-    if (!hits.length) this.results.append(el("li", { class: "empty", text: "Nothing here." }));
+      : query ? `${plural(learned.length, "learning")} found for “${query}”, best first${turns.length ? `, and ${plural(turns.length, "past turn")}` : ""}.`
+        : `The ${hits.length} newest.`;
+    clear(this.results).append(...learned.map((hit) => this.item(hit)));
+    if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
+    clear(this.episodes).append(...turns.map((hit) => this.item(hit)));
+    this.episodes.hidden = this.turnsHeading.hidden = !turns.length;
   }
 
   item(hit) {
@@ -53,11 +63,15 @@ export class LearningsPanel {
       ? [el("span", { class: "forgotten", text: `Forgotten ${when(hit.forgotten_at)}` }),
         el("button", { type: "button", testid: "learning-undo", text: "Undo", onclick: () => this.setForgotten(node, hit, false) })]
       : [el("button", { type: "button", testid: "learning-forget", text: "Forget", title: "Leaves search and the boot prompt; the transcript keeps the turn", onclick: () => this.setForgotten(node, hit, true) })];
-    clear(node).append(
+    // A forgotten learning still has the turn it came from in the transcript: offer to forget that too.
+    const offer = hit.forgotten_at && hit.turn ? el("div", { class: "offer", testid: "learning-offer" },
+      "The turn it came from is still in the transcript. ",
+      forgetControl(`turn ${hit.turn.sequence_num} of session ${hit.turn.session_id}`, () => this.forgetTurn(node, hit))) : null;
+    append(clear(node), [
       el("div", { class: "line" }, el("span", { class: `badge type-${hit.type.toLowerCase()}`, text: hit.type }),
-        el("span", { class: "content", testid: "learning-content", text: hit.content })),
+        el("span", { class: "content", testid: "learning-content", dir: "auto", text: hit.content })),
       el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
-      el("div", { class: "turn-view" }));
+      offer, el("div", { class: "turn-view" })]);
   }
 
   async setForgotten(node, hit, forget) {
@@ -70,6 +84,17 @@ export class LearningsPanel {
     }
   }
 
+  async forgetTurn(node, hit) {
+    try {
+      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] });
+      node.querySelector(".offer")?.remove();
+      this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
+      await this.load();
+    } catch (error) {
+      this.flash(error.message, "error");
+    }
+  }
+
   async openTurn(node, observationId) {
     const view = node.querySelector(".turn-view");
     if (view.childElementCount) { clear(view); return; }
@@ -77,10 +102,10 @@ export class LearningsPanel {
       const { turn } = await this.conn.request("memory_turn", { observation_id: observationId });
       view.append(el("div", { class: "turn", testid: "turn" },
         el("div", { class: "who", text: `Turn ${turn.sequence_num} of session ${turn.session_id}, ${when(turn.timestamp)} (${turn.processed})` }),
-        el("div", { class: "said" }, el("strong", { text: "They said: " }), turn.user_message),
+        el("div", { class: "said" }, el("strong", { text: "They said: " }), el("span", { dir: "auto", text: turn.user_message })),
         turn.tool_calls.map((c) => el("details", { class: "tool" },
-          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { text: c.input }), el("pre", { text: c.output }))),
-        el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), turn.agent_response)));
+          el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", tabindex: "0", text: c.input }), el("pre", { dir: "auto", tabindex: "0", text: c.output }))),
+        el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), el("span", { dir: "auto", text: turn.agent_response }))));
     } catch (error) {
       this.flash(error.message, "error");
     }

@@ -85,7 +85,7 @@ export class BootPromptPanel {
   constructor(root, connection) {
     this.conn = connection;
     this.facts = el("p", { class: "facts", testid: "boot-prompt-size" });
-    this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt" });
+    this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt", tabindex: "0", "aria-label": "The boot prompt" });
     root.append(el("p", { class: "hint", text: "Exactly the system prompt the next session will boot with: the deploy's files, then the curated memory, pending actions and the last 48 hours of learnings." }),
       this.facts, this.text);
   }

@@ -1,0 +1,216 @@
+"""The person's files, answered: listing, reading, uploads (on the socket), and downloads over
+HTTP. The file system work is console/user_files.py's, run in a thread.
+
+An upload is written, chunk by chunk, to Sprite OS's own uploads folder, checked (size, and the
+sha256 when the client sends one), then put in documents/; every client is told (`file_uploaded`)
+and so is the agent, with the person's next message. An upload nobody sends to for
+UPLOAD_IDLE seconds is dropped; so are those a stopped server left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+from .. import protocol as p
+from ..logs import get_logger
+from ..paths import Layout
+from . import files_frames as pf
+from .requests import Handler, Request, RequestFailed
+from .user_files import NotThere, PathRefused, UserFiles, upload_name
+
+log = get_logger(__name__)
+
+UPLOAD_IDLE = 120.0  # seconds without a chunk before an upload is dropped
+MAX_UPLOADS = 4  # at once, over every connection
+DISK_RESERVE = 256 * 1024 * 1024  # an upload never takes the disk below this much free space
+
+Publish = Callable[[p.ServerFrame], None]
+Note = Callable[[str], None]  # tells the agent, with the person's next message
+
+
+@dataclass
+class _Upload:
+    temp: str  # its name in the uploads folder
+    fd: int
+    name: str  # the name it will have in documents/
+    size: int
+    received: int = 0
+    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    touched: float = field(default_factory=time.monotonic)
+
+
+def _refused(exc: Exception) -> RequestFailed:
+    if isinstance(exc, PathRefused):
+        return RequestFailed("bad_path", str(exc))
+    if isinstance(exc, NotThere):
+        return RequestFailed("not_found", str(exc))
+    raise exc
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
+
+
+class FilesConsole:
+    def __init__(self, layout: Layout, publish: Publish, note: Note) -> None:
+        self.files = UserFiles(layout)
+        self._publish = publish
+        self._note = note
+        self._uploads: dict[str, _Upload] = {}
+
+    @property
+    def handlers(self) -> Mapping[type[Request], Handler]:
+        return {pf.FilesListRequest: self._list, pf.FileReadRequest: self._read,
+                pf.UploadStartRequest: self._start, pf.UploadChunkRequest: self._chunk,
+                pf.UploadFinishRequest: self._finish, pf.UploadCancelRequest: self._cancel}
+
+    async def start(self) -> None:
+        """Uploads a stopped server left unfinished are dropped."""
+        removed = await asyncio.to_thread(self.files.sweep_uploads, time.time())
+        if removed:
+            log.info("uploads_swept", removed=removed)
+
+    async def stop(self) -> None:
+        for upload_id in list(self._uploads):
+            await self._drop(upload_id)
+
+    # ------------------------------------------------------------ browsing and reading
+
+    async def _list(self, req: pf.FilesListRequest) -> pf.FilesListResult:
+        try:
+            entries, total = await asyncio.to_thread(self.files.listing, req.path)
+        except (PathRefused, NotThere) as exc:
+            raise _refused(exc) from None
+        return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[
+            pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified) for e in entries])
+
+    async def _read(self, req: pf.FileReadRequest) -> pf.FileReadResult:
+        try:
+            data, size = await asyncio.to_thread(self.files.read, req.path, req.offset, req.length)
+        except (PathRefused, NotThere) as exc:
+            raise _refused(exc) from None
+        return pf.FileReadResult(request_id=req.request_id, path=req.path, offset=req.offset, size=size, data=data,
+                                 eof=req.offset + len(data) >= size)
+
+    async def download(self, query: str) -> tuple[HTTPStatus, bytes, dict[str, str]]:
+        """`GET /console/download?path=...` (the token checked by the caller): the file as an
+        attachment, or a status with a plain reason."""
+        path = urllib.parse.parse_qs(query).get("path", [""])[0]
+        try:
+            body, name = await asyncio.to_thread(self.files.read_all, path, pf.MAX_TRANSFER_BYTES)
+        except PathRefused as exc:
+            return HTTPStatus.FORBIDDEN, f"{exc}\n".encode(), {}
+        except NotThere as exc:
+            return HTTPStatus.NOT_FOUND, f"{exc}\n".encode(), {}
+        except ValueError:
+            return (HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"over {_size(pf.MAX_TRANSFER_BYTES)}: too large to download through the console\n".encode(), {})
+        quoted = urllib.parse.quote(name, safe="")
+        return HTTPStatus.OK, body, {"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"}
+
+    # ------------------------------------------------------------ uploads
+
+    async def _start(self, req: pf.UploadStartRequest) -> pf.UploadStartResult:
+        await self._drop_idle()
+        if req.size > pf.MAX_TRANSFER_BYTES:
+            raise RequestFailed("too_large", f"{_size(req.size)} is over the upload limit of "
+                                f"{_size(pf.MAX_TRANSFER_BYTES)}; nothing was uploaded")
+        if len(self._uploads) >= MAX_UPLOADS:
+            raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
+        try:
+            name = upload_name(req.name)
+        except PathRefused as exc:
+            raise RequestFailed("bad_path", str(exc)) from None
+        free = await asyncio.to_thread(_free_bytes, self.files.root)
+        if req.size > free - DISK_RESERVE:
+            raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(free, 0))} free: not enough for "
+                                f"{_size(req.size)}; nothing was uploaded")
+        temp, fd = await asyncio.to_thread(self.files.begin_upload)
+        upload_id = secrets.token_hex(8)
+        self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
+        return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
+                                    max_bytes=pf.MAX_TRANSFER_BYTES)
+
+    def _upload(self, upload_id: str) -> _Upload:
+        try:
+            return self._uploads[upload_id]
+        except KeyError:
+            raise RequestFailed("not_found", "no such upload (it finished, was cancelled, or sat idle "
+                                f"for {UPLOAD_IDLE:.0f} s)") from None
+
+    async def _chunk(self, req: pf.UploadChunkRequest) -> pf.UploadChunkResult:
+        up = self._upload(req.upload_id)
+        if req.offset != up.received:
+            raise RequestFailed("upload_failed", f"a chunk at {req.offset} came after {up.received} bytes: "
+                                "chunks go in order")
+        if up.received + len(req.data) > up.size:
+            await self._drop(req.upload_id)
+            raise RequestFailed("too_large", f"more than the {up.size:,} bytes announced; the upload was dropped")
+        try:
+            await asyncio.to_thread(os.pwrite, up.fd, req.data, up.received)
+        except OSError as exc:
+            await self._drop(req.upload_id)
+            raise RequestFailed("upload_failed", f"the upload could not be written ({exc.strerror}); "
+                                "nothing was kept") from None
+        up.digest.update(req.data)
+        up.received += len(req.data)
+        up.touched = time.monotonic()
+        return pf.UploadChunkResult(request_id=req.request_id, upload_id=req.upload_id, received=up.received)
+
+    async def _finish(self, req: pf.UploadFinishRequest) -> pf.UploadFinishResult:
+        up = self._upload(req.upload_id)
+        if up.received != up.size:
+            raise RequestFailed("upload_failed", f"{up.received:,} of {up.size:,} bytes arrived; send the rest first")
+        if req.sha256 is not None and req.sha256 != up.digest.hexdigest():
+            await self._drop(req.upload_id)
+            raise RequestFailed("upload_failed", "the file arrived changed (its sha256 differs); nothing was kept")
+        del self._uploads[req.upload_id]
+        try:
+            path = await asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name)
+        except PathRefused as exc:
+            raise RequestFailed("bad_path", f"{exc}; nothing was uploaded") from None
+        except OSError as exc:
+            raise RequestFailed("upload_failed", f"the upload could not be put in documents/ "
+                                f"({exc.strerror or exc}); nothing was kept") from None
+        finally:
+            os.close(up.fd)
+            await asyncio.to_thread(self.files.discard_upload, up.temp)
+        log.info("file_uploaded", bytes=up.size)  # no name at info: it can say what the file is about
+        self._publish(p.FileUploaded(path=path, size=up.size))
+        self._note(f"The person uploaded {path} ({_size(up.size)}) through the console.")
+        return pf.UploadFinishResult(request_id=req.request_id, path=path, size=up.size)
+
+    async def _cancel(self, req: pf.UploadCancelRequest) -> pf.UploadCancelResult:
+        self._upload(req.upload_id)
+        await self._drop(req.upload_id)
+        return pf.UploadCancelResult(request_id=req.request_id, upload_id=req.upload_id)
+
+    async def _drop(self, upload_id: str) -> None:
+        up = self._uploads.pop(upload_id, None)
+        if up is not None:
+            os.close(up.fd)
+            await asyncio.to_thread(self.files.discard_upload, up.temp)
+
+    async def _drop_idle(self) -> None:
+        now = time.monotonic()
+        for upload_id, up in list(self._uploads.items()):
+            if now - up.touched > UPLOAD_IDLE:
+                log.info("upload_dropped_idle", received=up.received, size=up.size)
+                await self._drop(upload_id)
+
+
+def _free_bytes(path: os.PathLike[str] | str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize

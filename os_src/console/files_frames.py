@@ -1,0 +1,110 @@
+"""The person's files on the socket: list a folder, read a file a chunk at a time, upload a file
+in chunks (it lands in documents/). Only user space: a path is relative to the workspace root
+and never reaches `.os/`, never follows a link (console/user_files.py). docs/protocol.md
+documents each frame; requests and answers work as console/requests.py says.
+
+File contents travel as base64 (msgspec encodes `bytes` so), in chunks of at most CHUNK_BYTES,
+so that every frame stays under the socket's 1 MiB limit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .requests import Reply, Request
+
+CHUNK_BYTES = 512 * 1024
+MAX_TRANSFER_BYTES = 100 * 1024 * 1024  # an upload, or a download over HTTP, at most
+
+FilePath = Annotated[str, msgspec.Meta(max_length=4096)]
+UploadId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+Chunk = Annotated[bytes, msgspec.Meta(max_length=CHUNK_BYTES)]
+
+
+class FilesListRequest(Request, tag="files_list", frozen=True):
+    """A folder's entries; `path` "" is the top of the person's files."""
+
+    path: FilePath = ""
+
+
+class FileReadRequest(Request, tag="file_read", frozen=True):
+    path: FilePath
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    length: Annotated[int, msgspec.Meta(ge=1, le=CHUNK_BYTES)] = CHUNK_BYTES
+
+
+class UploadStartRequest(Request, tag="upload_start", frozen=True):
+    """A file to upload to documents/: its name (as the person's browser gives it) and size."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    size: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class UploadChunkRequest(Request, tag="upload_chunk", frozen=True):
+    """The next bytes of an upload: `offset` must be what was received so far."""
+
+    upload_id: UploadId
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    data: Chunk
+
+
+class UploadFinishRequest(Request, tag="upload_finish", frozen=True):
+    """Every byte was sent: check the size (and `sha256`, if given) and put the file in documents/."""
+
+    upload_id: UploadId
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
+
+
+class UploadCancelRequest(Request, tag="upload_cancel", frozen=True):
+    upload_id: UploadId
+
+
+AnyFilesRequest = (FilesListRequest | FileReadRequest | UploadStartRequest | UploadChunkRequest
+                   | UploadFinishRequest | UploadCancelRequest)
+
+
+class FileEntry(msgspec.Struct, frozen=True):
+    name: str
+    kind: str  # file | folder | link | other: a link is listed, never followed
+    size: int  # bytes, for a file
+    modified: float
+
+
+class FilesListResult(Reply, tag="files_list_result", frozen=True):
+    path: str
+    entries: list[FileEntry]  # folders first, then by name
+    total: int  # entries in the folder; more than listed when it holds over 2,000
+
+
+class FileReadResult(Reply, tag="file_read_result", frozen=True):
+    path: str
+    offset: int
+    size: int  # the whole file's
+    data: bytes
+    eof: bool
+
+
+class UploadStartResult(Reply, tag="upload_start_result", frozen=True):
+    upload_id: str
+    chunk_bytes: int  # send chunks of at most this many bytes
+    max_bytes: int
+
+
+class UploadChunkResult(Reply, tag="upload_chunk_result", frozen=True):
+    upload_id: str
+    received: int
+
+
+class UploadFinishResult(Reply, tag="upload_finish_result", frozen=True):
+    path: str  # where it landed: documents/<name>, or "<name> (2)" and so on beside a file of that name
+    size: int
+
+
+class UploadCancelResult(Reply, tag="upload_cancel_result", frozen=True):
+    upload_id: str
+
+
+AnyFilesReply = (FilesListResult | FileReadResult | UploadStartResult | UploadChunkResult | UploadFinishResult
+                 | UploadCancelResult)

@@ -1,0 +1,82 @@
+"""The console's requests on the WebSocket, and their routing.
+
+A client asks with a `request_id` of its choosing; the answer goes to that connection alone,
+is the request's type with `_result` appended, and repeats the `request_id` (its `seq`, as a
+`pong`'s, repeats the last event number the connection was sent). A request that cannot be
+answered raises `RequestFailed`, which the gateway sends as an `error` frame carrying the
+same `request_id`. Memory (memory_frames.py), past sessions (session_frames.py) and the
+person's files (files_frames.py) each define their requests on these bases; `ConsoleApi`
+hands each to its handler.
+
+These Structs share protocol.py's tag field (`type`) but not its base classes, so that
+protocol.py can add them to its unions without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from ..errors import SpriteOSError
+
+MAX_REQUEST_ID = 128
+
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
+
+
+class Request(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    request_id: RequestId
+
+
+class Reply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    seq: int = 0
+    request_id: str
+
+
+# The error codes of requests (protocol.ErrorCode holds them too, with the rest).
+RequestErrorCode = Literal[
+    "not_found",  # no such memory file, version, learning, turn, session, file or folder
+    "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
+    "over_limit",  # the edit is over the file's line or byte limit; nothing was written
+    "file_changed",  # the file changed since the edit began; nothing was written
+    "memory_unavailable",  # this server runs without memory
+    "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
+    "too_large",  # an upload over the size limit, or a file too large to download here
+    "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
+]
+
+
+class RequestFailed(SpriteOSError):
+    """A request that cannot be answered: an `error` frame with its request_id."""
+
+    def __init__(self, code: RequestErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code: RequestErrorCode = code
+        self.message = message
+
+
+class RequestIdOnly(msgspec.Struct):
+    """What is read of a request that failed validation, to tag its error."""
+
+    request_id: str | None = None
+
+
+Handler = Callable[[Any], Awaitable[Reply]]
+
+
+class ConsoleApi:
+    """Every request type, to its handler. A type with none (memory's and past sessions', on a
+    server that runs without memory) is answered `memory_unavailable`."""
+
+    def __init__(self, *handlers: Mapping[type[Request], Handler]) -> None:
+        self._handlers: dict[type[Request], Handler] = {}
+        for group in handlers:
+            self._handlers.update(group)
+
+    async def handle(self, request: Request) -> Reply:
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise RequestFailed("memory_unavailable", "this server runs without memory")
+        return await handler(request)

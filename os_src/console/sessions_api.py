@@ -1,0 +1,90 @@
+"""Past sessions and a session's turns, answered from what Sprite OS recorded: transcript.db,
+the turns still on their way to it (the current session's newest), and memory.db's summaries.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from .. import protocol as p
+from ..errors import ShuttingDown
+from . import session_frames as ps
+from . import session_queries as q
+from .requests import Handler, Request, RequestFailed
+
+if TYPE_CHECKING:
+    from ..memory.system import MemorySystem
+
+
+FORGOTTEN_BY = "the person, in the console"
+WRITES_BUDGET = 2.0  # seconds a listing waits, at most, for the turns still on their way to transcript.db
+
+
+class SessionsConsole:
+    def __init__(self, system: MemorySystem, current_session: Callable[[], str],
+                 publish: Callable[[p.ServerFrame], None] = lambda _f: None,
+                 restart: Callable[[], None] = lambda: None) -> None:
+        self._system = system
+        self._current = current_session
+        self._publish = publish
+        self._restart = restart  # a new session for the agent: its context lets go of a forgotten turn
+
+    @property
+    def handlers(self) -> Mapping[type[Request], Handler]:
+        return {ps.SessionsRequest: self._sessions, ps.SessionTurnsRequest: self._turns,
+                ps.ForgetTurnsRequest: self._forget}
+
+    async def _sessions(self, req: ps.SessionsRequest) -> ps.SessionsResult:
+        await self._system.writer.drained(WRITES_BUDGET)  # a turn that just ended counts its session in
+        found, more = await self._system.transcript.call(lambda t: q.sessions_page(t, req.before, req.limit))
+        ids = [row.id for row in found]
+        summaries = await self._system.memory_reads.call(lambda m: q.summaries(m, ids))
+        current = self._current()
+        return ps.SessionsResult(request_id=req.request_id, more=more, sessions=[
+            q.info(row, summaries.get(row.id), row.id == current) for row in found])
+
+    async def _forget(self, req: ps.ForgetTurnsRequest) -> ps.ForgetTurnsResult:
+        if not (req.observation_ids or req.turn_ids or req.session_id):
+            raise RequestFailed("not_found", "name the turns to forget: observation_ids, turn_ids or session_id")
+        done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids, session_id=req.session_id,
+                                               by=FORGOTTEN_BY)
+        if not done.turns and not req.session_id:
+            raise RequestFailed("not_found", "no recorded turn matches (or it was forgotten already)")
+        sessions = sorted({o.session_id for o in done.turns})
+        for sid, group in itertools.groupby(sorted(done.turns, key=lambda o: (o.session_id, o.sequence_num)),
+                                            key=lambda o: o.session_id):
+            turns = list(group)
+            self._publish(p.TurnsForgotten(session_id=sid, turns=[o.sequence_num for o in turns],
+                                           turn_ids=[o.turn_id for o in turns if o.turn_id], forgotten_at=done.at))
+        restarted = self._current() in sessions
+        if restarted:
+            try:
+                self._restart()
+            except ShuttingDown:  # the server is stopping: the session ends anyway
+                restarted = False
+        return ps.ForgetTurnsResult(request_id=req.request_id, forgotten=len(done.turns), learnings=done.learnings,
+                                    sessions=sessions, restarted=restarted)
+
+    async def _turns(self, req: ps.SessionTurnsRequest) -> ps.SessionTurnsResult:
+        current = self._current()
+        sid = req.session_id or current
+        row, (recorded, more), tombstones = await self._system.transcript.call(
+            lambda t: (q.session_row(t, sid), q.turns_page(t, sid, req.before, req.limit), t.tombstones(sid)))
+        # The current session's newest turns may still be on their way to transcript.db.
+        seen = {o.sequence_num for o in recorded}
+        waiting = [o for o in self._system.writer.waiting()
+                   if o.session_id == sid and o.sequence_num not in seen and (req.before is None or o.sequence_num < req.before)]
+        if row is None and sid != current:
+            raise RequestFailed("not_found", f"no recorded session {sid!r}")
+        turns = sorted([*(q.past_turn(o, tombstones.get(o.sequence_num)) for o in recorded),
+                        *map(q.past_turn, waiting)], key=lambda t: t.turn)
+        more = more or len(turns) > req.limit
+        turns, more = q.within_budget(turns[-req.limit:], more)
+        summary = await self._system.memory_reads.call(lambda m: q.summaries(m, [sid])) if row is not None else {}
+        session = (q.info(row, summary.get(sid), sid == current, len(waiting), len(tombstones)) if row is not None
+                   else ps.SessionInfo(id=sid, started_at=turns[0].at if turns else 0.0, ended_at=None,
+                                       turns=len(waiting), first_line=q.first_line(turns[0].user_message) if turns else "",
+                                       summary=None, cost_usd=None, current=True, forgotten=0))
+        return ps.SessionTurnsResult(request_id=req.request_id, session=session, turns=turns, more=more)

@@ -1,0 +1,154 @@
+// The person's files: browse their workspace (never .os/, never through a link), download a
+// file, and upload by picking or dropping files (they land in documents/, and the agent is told
+// with the next message). Uploads go over the socket in chunks; downloads over HTTP with the token.
+
+import { clear, el, size, when } from "./dom.js";
+
+const UPLOADS = "documents";
+
+function base64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(text);
+}
+
+async function sha256(file) {
+  if (!globalThis.crypto?.subtle) return null; // only on https or localhost; the size is still checked
+  const digest = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+export class FilesView {
+  constructor(root, connection) {
+    this.root = root;
+    this.conn = connection;
+    this.path = "";
+    this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
+    this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
+      tabindex: "-1", "aria-label": "Files to upload" });
+    this.picker.addEventListener("change", () => { this.uploadAll([...this.picker.files]); this.picker.value = ""; });
+    const pick = el("button", { type: "button", class: "primary", testid: "upload-button", text: "Upload files…", onclick: () => this.picker.click() });
+    this.flash = el("p", { class: "flash", testid: "files-flash", role: "status" });
+    this.progress = el("ul", { class: "uploads", testid: "uploads", "aria-label": "Uploads" });
+    this.table = el("div", { class: "file-table" });
+    this.drop = el("div", { class: "drop", testid: "drop-zone" },
+      el("div", { class: "files-head" }, el("h2", { text: "Your files" }), pick, this.picker),
+      el("p", { class: "hint", text: "Everything in your Sprite's workspace but its system folder (.os). Uploads, picked or dropped here, go to documents/ and the agent hears of them with your next message." }),
+      this.crumbs, this.flash, this.progress, this.table);
+    for (const kind of ["dragenter", "dragover"]) {
+      this.drop.addEventListener(kind, (event) => { event.preventDefault(); this.drop.classList.add("dropping"); });
+    }
+    this.drop.addEventListener("dragleave", (event) => { if (!this.drop.contains(event.relatedTarget)) this.drop.classList.remove("dropping"); });
+    this.drop.addEventListener("drop", (event) => {
+      event.preventDefault();
+      this.drop.classList.remove("dropping");
+      this.uploadAll([...(event.dataTransfer?.files || [])]);
+    });
+    root.append(this.drop);
+  }
+
+  handle(frame) {
+    if (frame.type === "file_uploaded" && !this.root.hidden && (this.path === "" || this.path === UPLOADS)) this.show(this.path);
+  }
+
+  say(text, kind = "ok") {
+    this.flash.textContent = text;
+    this.flash.dataset.kind = kind;
+    this.flash.setAttribute("role", kind === "error" ? "alert" : "status");
+  }
+
+  async show(path = this.path) {
+    let answer;
+    try {
+      answer = await this.conn.request("files_list", { path });
+    } catch (error) {
+      this.say(error.message, "error");
+      return;
+    }
+    this.path = answer.path;
+    this.renderCrumbs();
+    const rows = answer.entries.map((entry) => this.row(entry));
+    const head = el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Size" }),
+      el("th", { scope: "col", text: "Changed" }), el("th", { scope: "col", text: "" }, el("span", { class: "visually-hidden", text: "Actions" })));
+    clear(this.table).append(el("table", { testid: "file-list" },
+      el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
+      el("thead", {}, head), el("tbody", {}, rows)));
+    if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
+    if (answer.total > answer.entries.length) this.table.append(el("p", { class: "hint", text: `Showing ${answer.entries.length} of ${answer.total}.` }));
+    this.root.dataset.path = this.path;
+  }
+
+  renderCrumbs() {
+    const parts = this.path ? this.path.split("/") : [];
+    const crumb = (label, to) => el("button", { type: "button", class: "link", text: label, onclick: () => this.show(to) });
+    clear(this.crumbs).append(crumb("workspace", ""),
+      ...parts.flatMap((part, i) => [" / ", i === parts.length - 1
+        ? el("span", { "aria-current": "location", dir: "auto", text: part })
+        : crumb(part, parts.slice(0, i + 1).join("/"))]));
+  }
+
+  row(entry) {
+    const path = this.path ? `${this.path}/${entry.name}` : entry.name;
+    const name = entry.kind === "folder"
+      ? el("button", { type: "button", class: "link", testid: "open-folder", dir: "auto", text: `${entry.name}/`, onclick: () => this.show(path) })
+      : el("span", { dir: "auto", text: entry.name });
+    const action = entry.kind === "file"
+      ? el("button", { type: "button", testid: "download", text: "Download", "aria-label": `Download ${entry.name}`, onclick: () => this.download(path, entry.name) })
+      : el("span", { class: "muted", text: entry.kind === "link" ? "a link: not followed" : entry.kind === "other" ? "not a file" : "" });
+    return el("tr", { testid: "file-entry", dataset: { name: entry.name, kind: entry.kind } },
+      el("td", { class: "name" }, name), el("td", { text: entry.kind === "file" ? size(entry.size) : "" }),
+      el("td", { text: when(entry.modified) }), el("td", {}, action));
+  }
+
+  async download(path, name) {
+    let answer;
+    try {
+      answer = await fetch(`/console/download?path=${encodeURIComponent(path)}`,
+        { headers: { Authorization: `Bearer ${this.conn.token}` }, cache: "no-store" });
+    } catch {
+      this.say("The Sprite could not be reached for the download.", "error");
+      return;
+    }
+    if (!answer.ok) {
+      this.say(`${name} was not downloaded: ${(await answer.text()).trim() || answer.statusText}`, "error");
+      return;
+    }
+    const url = URL.createObjectURL(await answer.blob());
+    const link = el("a", { href: url, download: name, class: "visually-hidden" });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    this.say(`Downloaded ${name}.`);
+  }
+
+  async uploadAll(files) {
+    for (const file of files) await this.upload(file);
+  }
+
+  async upload(file) {
+    const bar = el("progress", { max: String(file.size || 1), value: "0", "aria-label": `Uploading ${file.name}` });
+    const label = el("span", { dir: "auto", text: file.name });
+    const state = el("span", { class: "state", text: "starting…" });
+    const item = el("li", { testid: "upload", dataset: { state: "running" } }, label, bar, state);
+    this.progress.prepend(item);
+    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
+    try {
+      const start = await this.conn.request("upload_start", { name: file.name, size: file.size });
+      for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
+        const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
+        const { received } = await this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data });
+        bar.value = received;
+        state.textContent = `${Math.round((100 * received) / (file.size || 1))} %`;
+      }
+      const digest = await sha256(file);
+      const finished = await this.conn.request("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) });
+      done("done", `in ${finished.path}`);
+      this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
+    } catch (error) {
+      done("error", error.message);
+      this.say(`${file.name} was not uploaded: ${error.message}`, "error");
+    }
+  }
+}

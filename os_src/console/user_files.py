@@ -1,0 +1,294 @@
+"""The person's files, as the console reaches them: list a folder, read a file, take in an upload.
+
+Only user space: everything under the workspace root but `.os/`. The server may run as root
+(user isolation) while the agent's user owns user space and can change it at any moment: swap a
+folder for a symlink to `/etc` or to `.os/`, plant a symlink where an upload will land. So nothing
+here goes by path. Each operation opens the root, then each folder of the path relative to the
+one before with O_NOFOLLOW (a symlink anywhere fails the walk: ELOOP, or ENOTDIR for a file), and
+opens the file itself the same way (O_NONBLOCK too: a FIFO must not hang a read), checking what
+it opened with fstat. An upload is written to a folder of Sprite OS's own (`.os/state/uploads`,
+root's, 0700) that the agent cannot touch, then linked into `documents/` under a name no file has
+yet (link() never replaces one), relative to a descriptor of `documents/` opened the same way, and
+given to whoever owns `documents/` (the agent's user, in user isolation).
+
+Blocking I/O: the console's file API runs these in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..paths import Layout
+
+UPLOAD_DIR = "documents"  # the design's place for a person's raw uploads
+SYSTEM_DIR = ".os"
+MAX_PATH = 4096
+MAX_NAME_BYTES = 255
+MAX_ENTRIES = 2_000  # listed per folder; more are counted, not listed
+
+
+class PathRefused(Exception):
+    """The path leads outside user space: `..`, absolute, into `.os/`, through a symlink, not a file."""
+
+
+class NotThere(Exception):
+    """Nothing by that name (or the folder it names is gone)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str  # file | folder | link | other (a link is shown, never followed)
+    size: int
+    modified: float
+
+
+def parts(path: str) -> list[str]:
+    """The folders and name of a path relative to the workspace root, or PathRefused.
+
+    "" is the root. No empty, `.` or `..` part, no NUL, no absolute path, and never `.os`."""
+    if len(path) > MAX_PATH or "\0" in path or path.startswith("/"):
+        raise PathRefused("paths are relative to your files, without NUL")
+    found = [p for p in path.split("/") if p != ""] if path else []
+    if path and not found:
+        raise PathRefused("an empty path")
+    for part in found:
+        if part in (".", ".."):
+            raise PathRefused("a path may not contain . or ..")
+        if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+            raise PathRefused("a name in the path is too long")
+    if found and found[0] == SYSTEM_DIR:
+        raise PathRefused(".os/ is Sprite OS's own: it is not among your files")
+    return found
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def upload_name(name: str) -> str:
+    """A file name for an upload: the last part of what the browser sent, without control, format
+    (bidi overrides such as U+202E, which can make `gnp.exe` read as `exe.png`) or path characters,
+    and not hidden. PathRefused if nothing usable is left."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = "".join(c for c in unicodedata.normalize("NFC", base) if unicodedata.category(c) != "Cf")
+    base = _UNSAFE.sub("_", base).strip().lstrip(".").strip()
+    if not base:
+        raise PathRefused("the file needs a name")
+    while len(base.encode()) > MAX_NAME_BYTES - 16:  # room for " (999)" and the extension
+        stem, dot, ext = base.rpartition(".")
+        base = f"{stem[:-1]}{dot}{ext}" if dot and stem else base[:-1]
+    return base
+
+
+def numbered(name: str) -> Iterator[str]:
+    """name, then "name (2).ext", "name (3).ext" ...: an upload never replaces a file."""
+    yield name
+    stem, dot, ext = name.rpartition(".")
+    if not dot or not stem:
+        stem, dot, ext = name, "", ""
+    for n in range(2, 1000):
+        yield f"{stem} ({n}){dot}{ext}"
+
+
+class UserFiles:
+    """User space under `layout.root`, and the folder uploads wait in until they are whole."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.root = layout.root
+        self.incoming = layout.state_dir / "uploads"
+
+    # ------------------------------------------------------------ walking without following
+
+    @contextlib.contextmanager
+    def folder(self, path: list[str], create_last: bool = False) -> Iterator[int]:
+        """A descriptor of the folder `path` (parts), opened a part at a time, never through a link."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for n, part in enumerate(path):
+                try:
+                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except FileNotFoundError:
+                    if not (create_last and n == len(path) - 1):
+                        raise NotThere(f"no folder {'/'.join(path[:n + 1])}") from None
+                    os.mkdir(part, 0o700, dir_fd=fd)  # opened below without following, then given
+                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    _give_like(nfd, fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise PathRefused(f"{'/'.join(path[:n + 1])} is a link or not a folder: "
+                                          "Sprite OS does not follow links out of your files") from None
+                    raise
+                os.close(fd)
+                fd = nfd
+            yield fd
+        finally:
+            os.close(fd)
+
+    def listing(self, path: str) -> tuple[list[Entry], int]:
+        """The folder's entries (folders first, then by name) and how many there are in all."""
+        found = parts(path)
+        with self.folder(found) as fd:
+            entries: list[Entry] = []
+            total = 0
+            with os.scandir(fd) as it:
+                for item in it:
+                    if not found and item.name == SYSTEM_DIR:
+                        continue
+                    total += 1
+                    if len(entries) >= MAX_ENTRIES:
+                        continue
+                    try:
+                        st = item.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    entries.append(Entry(item.name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                                         st.st_mtime))
+        entries.sort(key=lambda e: (e.kind != "folder", e.name.casefold(), e.name))
+        return entries, total
+
+    @contextlib.contextmanager
+    def open_file(self, path: str) -> Iterator[tuple[int, os.stat_result]]:
+        """A read descriptor of a regular file in user space, and its stat."""
+        found = parts(path)
+        if not found:
+            raise PathRefused("that is your files' folder, not a file")
+        with self.folder(found[:-1]) as dir_fd:
+            try:
+                fd = os.open(found[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise NotThere(f"no file {path}") from None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise PathRefused(f"{path} is a link: Sprite OS does not follow links out of your files") from None
+                raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PathRefused(f"{path} is not a file ({_kind(st.st_mode)})")
+            yield fd, st
+        finally:
+            os.close(fd)
+
+    def read(self, path: str, offset: int, length: int) -> tuple[bytes, int]:
+        """`length` bytes of a file from `offset`, and the file's size."""
+        with self.open_file(path) as (fd, st):
+            return os.pread(fd, length, offset), st.st_size
+
+    def read_all(self, path: str, limit: int) -> tuple[bytes, str]:
+        """A whole file (ValueError if it is over `limit` bytes), and its name."""
+        with self.open_file(path) as (fd, st):
+            if st.st_size > limit:
+                raise ValueError(st.st_size)
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                if sum(map(len, chunks)) > limit:
+                    raise ValueError(st.st_size)
+            return b"".join(chunks), parts(path)[-1]
+
+    # ------------------------------------------------------------ uploads
+
+    def begin_upload(self) -> tuple[str, int]:
+        """A new, empty file in Sprite OS's own uploads folder: (its name, a write descriptor)."""
+        self.incoming.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = f"{secrets.token_hex(8)}.part"
+        fd = os.open(self.incoming / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return name, fd
+
+    def discard_upload(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.incoming / name)
+
+    def sweep_uploads(self, older_than: float) -> int:
+        """Remove uploads left unfinished (a server stopped mid-upload) older than `older_than`."""
+        removed = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.incoming):
+                if entry.name.endswith(".part") and entry.stat(follow_symlinks=False).st_mtime < older_than:
+                    self.discard_upload(entry.name)
+                    removed += 1
+        return removed
+
+    def finish_upload(self, name: str, fd: int, wanted: str) -> str:
+        """Link the whole upload into documents/ under `wanted` (or "wanted (2)" ...), never replacing
+        a file and never through a link; give it to documents/' owner. Returns its path."""
+        os.fsync(fd)
+        with self.folder([UPLOAD_DIR], create_last=True) as docs, \
+                _directory(self.incoming) as incoming:
+            for candidate in numbered(wanted):
+                try:
+                    os.link(name, candidate, src_dir_fd=incoming, dst_dir_fd=docs, follow_symlinks=False)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=incoming)
+                    try:
+                        if not _copy_into(source, docs, candidate):
+                            continue
+                    finally:
+                        os.close(source)
+                    break
+                _give_like(fd, docs)
+                break
+            else:
+                raise FileExistsError(f"documents/ already has {wanted} and 998 numbered copies")
+            os.fsync(docs)
+        self.discard_upload(name)
+        return f"{UPLOAD_DIR}/{candidate}"
+
+
+@contextlib.contextmanager
+def _directory(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _copy_into(src: int, dir_fd: int, name: str) -> bool:
+    """Across file systems (no link): copy to a new file; False if the name is taken."""
+    try:
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    try:
+        offset, size = 0, os.fstat(src).st_size
+        while offset < size:
+            offset += os.sendfile(out, src, offset, size - offset)
+        os.fsync(out)
+        _give_like(out, dir_fd)
+    finally:
+        os.close(out)
+    return True
+
+
+def _give_like(fd: int, folder_fd: int) -> None:
+    """Make what `fd` opened belong to its folder's owner and group (a server running as root writes
+    for the agent's user, who owns user space), writable by them: a file 0664, a folder 0775."""
+    folder, st = os.fstat(folder_fd), os.fstat(fd)
+    if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (folder.st_uid, folder.st_gid):
+        os.fchown(fd, folder.st_uid, folder.st_gid)
+    os.fchmod(fd, 0o775 if stat.S_ISDIR(st.st_mode) else 0o664)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "other"
+

@@ -1,0 +1,392 @@
+"""Forgetting turns: a person forgets what they said (a turn, or a whole session), and the words go.
+
+At once (`TurnForgetting.forget`):
+- transcript.db: each turn keeps a tombstone (which turn, when, by whom) and its row loses its words;
+- memory.db: the turn's episode loses its text and its vector, the learnings that came from it (and
+  the summary of its session, which may repeat it) are deleted with their pending actions, and
+  the audit keeps no word of them; free pages zeroed (secure_delete), the FTS index merged, the WAL
+  emptied;
+- recall: the vectors become zeros in the vector store (which then never returns nor adds them) and
+  the documents leave the word index, which is then written anew in the background, so that no
+  segment on disk keeps their words;
+- the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
+  has rewritten the files.
+
+Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
+writer) takes those lines out of the files (a new version, source `forget`), out of every older
+version and every batch's record (a note stands where they were), and out of the backups (older
+memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which keeps
+a note that a forget removed text. Which lines came from a turn is decided by the words they share
+with it (`came_from`): a pure rule, tested on its own. Between the two steps, memory.db's
+`forget_jobs` holds the turns' ids and the sha256 of each such line, never a word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import sqlite3
+import time
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..database import checkpoint, marks, transaction
+from ..db_worker import Worker
+from ..fsutil import atomic_write
+from ..logs import get_logger
+from ..paths import Layout
+from .files import CURATED, SPECS, MemoryFiles
+from .forgetting import record
+from .memory_store import MemoryDB
+from .recall import episodes as ep
+from .recall.learnings import STOPWORDS
+from .transcript_store import Observation, TranscriptDB
+
+log = get_logger(__name__)
+
+REMOVED = "(text removed here: a person forgot the turn it came from, on {day})"
+AUDIT_REMOVED = "(its text was removed when a person forgot the turn it came from)"
+
+# ---------------------------------------------------------------- which lines came from the turns (pure)
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Search's stop words, and the words every memory file says of whoever it is about: they tell nothing
+# of where a line came from.
+COMMON_WORDS = STOPWORDS | {"user", "person", "agent", "sprite"}
+
+
+def content_words(text: str) -> set[str]:
+    """The words that carry meaning, folded: case, plural s, common words left out."""
+    out = set()
+    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if len(word) < 2 or word in COMMON_WORDS:
+            continue
+        out.add(word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word)
+    return out
+
+
+def turn_text(obs: Observation) -> str:
+    """What a turn said, for its words: the message, the answer, each tool call's input and output."""
+    parts = [obs.user_message, obs.agent_response]
+    with contextlib.suppress(ValueError, TypeError):
+        for call in json.loads(obs.tool_calls_json):
+            if isinstance(call, dict):
+                parts += [str(call.get("input", "")), str(call.get("output", ""))]
+    return "\n".join(parts)
+
+
+def came_from(line: str, forgotten: set[str]) -> bool:
+    """A file line came from the forgotten turns when more than half of its meaningful words were
+    in them ("- Lives in: Lisbon" after "I live in Lisbon"); a heading, a note or a line of common
+    words alone never does."""
+    text = line.strip()
+    if not text or text.startswith("#") or text.startswith("(text removed here"):
+        return False
+    words = content_words(text)
+    return bool(words) and len(words & forgotten) * 2 > len(words)
+
+
+def line_hash(line: str) -> str:
+    return hashlib.sha256(line.strip().encode()).hexdigest()
+
+
+def lines_to_remove(text: str, forgotten: set[str]) -> set[str]:
+    return {line_hash(line) for line in text.splitlines() if came_from(line, forgotten)}
+
+
+def without(text: str, hashes: set[str], note: str | None = None) -> str:
+    """`text` without the lines whose hash is in `hashes`; with `note`, one note stands for each run
+    of removed lines."""
+    out: list[str] = []
+    removing = False
+    for line in text.splitlines(keepends=True):
+        if line.strip() and line_hash(line) in hashes:
+            if note is not None and not removing:
+                out.append(note + "\n")
+            removing = True
+            continue
+        removing = False
+        out.append(line)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- memory.db
+
+
+@dataclass
+class Purged:
+    learning_ids: list[int]
+
+
+def purge_memory(db: MemoryDB, turns: Sequence[Observation]) -> Purged:
+    """Delete from memory.db what came from these turns: their episodes' text and vectors, the
+    learnings cited from them and their sessions' summaries, those learnings' actions; the audit
+    keeps no word of them. Returns which learnings were deleted."""
+    ids, sessions = [o.id for o in turns], sorted({o.session_id for o in turns})
+    # A turn not indexed yet gets its episode now, without text: the indexer may hold the turn as it was
+    # read before the forget, and adding an episode leaves a known one as it is.
+    ep.add(db.conn, [ep.Episode(o.id, o.session_id, o.sequence_num, o.timestamp, "") for o in turns])
+    with transaction(db.conn) as c:
+        learning_ids = [lid for (lid,) in c.execute(
+            f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
+            f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions])]
+        c.execute(f"UPDATE episodes SET text = '' WHERE id IN ({marks(ids)})", list(ids))
+        c.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
+        c.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(learning_ids)})", learning_ids)
+        c.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(learning_ids)})",
+                  [AUDIT_REMOVED, *learning_ids])
+        c.execute(f"DELETE FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)
+    tidy(db.conn)
+    return Purged(learning_ids)
+
+
+def tidy(conn: sqlite3.Connection) -> None:
+    """After deleting words: the FTS index merged (its segments keep a deleted row's words until
+    then), the WAL emptied."""
+    conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('optimize')")
+    checkpoint(conn)
+
+
+class Job(msgspec.Struct, frozen=True):
+    id: int
+    created_at: float
+    observation_ids: list[int]
+    sessions: list[str]
+    line_hashes: list[str]
+
+
+def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
+    cur = db.conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes) "
+                          "VALUES (?, ?, ?, ?)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
+                                                  json.dumps(sorted(hashes))))
+    return int(cur.lastrowid or 0)
+
+
+def jobs(db: MemoryDB) -> list[Job]:
+    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes FROM forget_jobs "
+                            "ORDER BY id").fetchall()
+    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4])) for r in found]
+
+
+def hidden_lines(db: MemoryDB) -> set[str]:
+    """The hashes of file lines a pending job will remove: the boot prompt leaves them out now."""
+    return {h for job in jobs(db) for h in job.line_hashes}
+
+
+def strip_batches(db: MemoryDB, hashes: set[str]) -> int:
+    """Each batch's record of the files it wrote, without those lines (a batch not yet applied will
+    write its record as the file: no note in it)."""
+    changed = 0
+    with transaction(db.conn) as c:
+        for bid, updates in c.execute("SELECT id, file_updates FROM batches WHERE file_updates != '{}'").fetchall():
+            files = json.loads(updates)
+            kept = {name: without(text, hashes) for name, text in files.items()}
+            if kept != files:
+                c.execute("UPDATE batches SET file_updates = ? WHERE id = ?", (json.dumps(kept), bid))
+                changed += 1
+    return changed
+
+
+def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
+    with transaction(db.conn) as c:
+        c.execute("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
+    record(db, "forget_turns", now, detail=f"{turns} turn{'s' if turns != 1 else ''} of "
+           f"{', '.join(job.sessions)}: their words removed from the files, their history and backups")
+    tidy(db.conn)
+
+
+# ---------------------------------------------------------------- the files and their history
+
+
+def file_lines(files: MemoryFiles, forgotten: set[str]) -> set[str]:
+    """The hashes of the lines, in the six files and every version of them, that came from the turns."""
+    found: set[str] = set()
+    for name in SPECS:
+        found |= lines_to_remove(files.read(name), forgotten)
+        for version in files.history(name):
+            with contextlib.suppress(OSError):
+                found |= lines_to_remove(version.text, forgotten)
+    return found
+
+
+def _backup_files(layout: Layout) -> list[Path]:
+    """Memory files kept by `migrate-v1` (v1's memory/*.md) under `.os/backup/`."""
+    return [p for p in (layout.os_dir / "backup").glob("*/memory/*.md") if p.is_file() and not p.is_symlink()]
+
+
+def backup_lines(layout: Layout, forgotten: set[str]) -> set[str]:
+    found: set[str] = set()
+    for path in _backup_files(layout):
+        found |= lines_to_remove(path.read_text(encoding="utf-8", errors="replace"), forgotten)
+    return found
+
+
+def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
+    """The curated files without those lines (each a new version, `forget`), then every version of
+    the six files rewritten in place with a note where the lines were. Returns the files changed."""
+    changed = []
+    for name in CURATED:
+        text = files.read(name)
+        kept = without(text, hashes)
+        if kept != text:
+            files.write(name, kept, "forget")
+            changed.append(name)
+    for name in SPECS:
+        files.redact_history(name, lambda old: without(old, hashes, note))
+    return changed
+
+
+# ---------------------------------------------------------------- backups
+
+
+def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> bool:
+    """An older copy of memory.db (kept by `memory rebuild`) or v1's agent.db (kept by `migrate-v1`):
+    the same rows removed, the file rewritten without free pages (VACUUM), and a note left in it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA secure_delete=ON")
+        tables = {r for (r,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "observations" in tables:  # v1's agent.db: its turns, under the same ids
+            conn.execute("DROP TRIGGER IF EXISTS observations_append_only")
+            conn.execute(f"UPDATE observations SET user_message = '', tool_calls_json = '[]', agent_response = '' "
+                         f"WHERE id IN ({marks(ids)})", list(ids))
+        if "learnings" in tables:
+            gone = [r for (r,) in conn.execute(
+                f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
+                f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions])]
+            if "pending_actions" in tables:
+                conn.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(gone)})", gone)
+            if "memory_audit" in tables:
+                conn.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(gone)})",
+                             [AUDIT_REMOVED, *gone])
+            conn.execute(f"DELETE FROM learnings WHERE id IN ({marks(gone)})", gone)
+            if "learnings_fts" in tables:
+                conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('rebuild')")
+        if "episodes" in tables:
+            conn.execute(f"DELETE FROM episodes WHERE id IN ({marks(ids)})", list(ids))
+        if "episode_vectors" in tables:
+            conn.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
+        if "batches" in tables:
+            for bid, updates in conn.execute("SELECT id, file_updates FROM batches").fetchall():
+                with contextlib.suppress(ValueError, TypeError):
+                    files = json.loads(updates or "{}")
+                    conn.execute("UPDATE batches SET file_updates = ? WHERE id = ?",
+                                 (json.dumps({n: without(t, hashes, note) for n, t in files.items()}), bid))
+        conn.execute("CREATE TABLE IF NOT EXISTS forget_notes (at REAL NOT NULL, note TEXT NOT NULL)")
+        conn.execute("INSERT INTO forget_notes (at, note) VALUES (?, ?)", (time.time(), note))
+        conn.execute("VACUUM")
+        return True
+    except sqlite3.DatabaseError as exc:
+        log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
+        return False
+    finally:
+        conn.close()
+
+
+def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> int:
+    """Every backup under `.os/`: older memory.db copies, v1's data and files. Returns how many changed."""
+    done = 0
+    copies = [*layout.memory_dir.glob("memory.db.before-rebuild-*"), *(layout.os_dir / "backup").glob("*/agent.db")]
+    for path in copies:
+        if path.is_file() and not path.is_symlink() and _purge_copy(path, ids, sessions, hashes, note):
+            for suffix in ("-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            done += 1
+    for md in _backup_files(layout):
+        text = md.read_text(encoding="utf-8", errors="replace")
+        if (kept := without(text, hashes, note)) != text:
+            atomic_write(md, kept.encode("utf-8"))
+            done += 1
+    for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside, ignore_errors=True)
+            done += 1
+    return done
+
+
+# ---------------------------------------------------------------- the whole of it
+
+
+@dataclass
+class Forgotten:
+    turns: list[Observation]  # as they were recorded (the caller uses their ids, sessions and numbers)
+    learnings: int
+    at: float
+
+
+Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
+Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
+
+
+@dataclass
+class TurnForgetting:
+    """Owns forgetting: the at-once part for whoever asks (the console), the file pass for the daemon."""
+
+    layout: Layout
+    transcript: Worker[TranscriptDB]
+    memory: Worker[MemoryDB]
+    files: MemoryFiles
+    purge_recall: Purge
+    wake_daemon: Callable[[str], None]
+    apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
+    clock: Callable[[], float] = time.time
+    _words: dict[int, set[str]] = field(default_factory=dict)  # job id -> the words, in memory only
+
+    async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
+        now = self.clock()
+        wanted = list(ids)
+        turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
+        if not turns:
+            return Forgotten([], 0, now)
+        done = [o.id for o in turns]
+        sessions = sorted({o.session_id for o in turns})
+        purged = await self.apply(lambda m: purge_memory(m, turns))
+        words: set[str] = set()
+        for o in turns:  # the turns' own words: a learning may also name things from other turns
+            words |= content_words(turn_text(o))
+        hashes = await asyncio.to_thread(file_lines, self.files, words)
+        hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
+        hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
+        job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
+        self._words[job] = words
+        await self.purge_recall(done, purged.learning_ids)
+        log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
+        self.wake_daemon("forget")
+        return Forgotten(turns, len(purged.learning_ids), now)
+
+    async def rewrite_files(self) -> int:
+        """The daemon's pass: each pending job's lines out of the files, their history, the batches'
+        records and the backups. Returns the jobs done."""
+        pending = await self.memory.call(jobs)
+        for job in pending:
+            words = self._words.pop(job.id, None)
+            hashes = set(job.line_hashes)
+            if words is not None:  # lines written since the forget (a batch already under way) count too
+                hashes |= await asyncio.to_thread(file_lines, self.files, words)
+                hashes |= await self.memory.call(lambda m, w=words: _batch_lines(m, w))  # type: ignore[misc]
+            note = REMOVED.format(day=time.strftime("%Y-%m-%d", time.gmtime(job.created_at)))
+            changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
+            await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
+            backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,
+                                              note)
+            await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
+            log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
+        return len(pending)
+
+
+def _batch_lines(db: MemoryDB, words: set[str]) -> set[str]:
+    found: set[str] = set()
+    for (updates,) in db.conn.execute("SELECT file_updates FROM batches WHERE file_updates != '{}'"):
+        with contextlib.suppress(ValueError, TypeError):
+            for text in json.loads(updates).values():
+                found |= lines_to_remove(text, words)
+    return found

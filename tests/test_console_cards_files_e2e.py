@@ -1,0 +1,156 @@
+"""Cards the person controls and files in and out, in a real Chromium: a 3,000-character word
+wraps inside its card (desktop and phone), a card opens large, copies and closes (on every
+device); files are browsed and downloaded, uploads (picked or dropped) land in documents/ and
+the agent's next turn, through the real CLI, is told; a path out of user space is refused over
+HTTP and over the socket. Real server, real CLI, the mock Bridge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from playwright.async_api import expect
+
+from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os.console import files_frames
+from sprite_os.server import SpriteOS
+from tests.conftest import TOKEN
+from tests.console_browser import PHONE, Tab, chromium, open_tab, screenshot, screenshot_dir
+
+pytestmark = pytest.mark.e2e
+
+WORD = "Scan_2026_11_25_ACME_Corporation_Invoice_" + "0042" * 740  # 3,001 characters, no break
+URL = "https://files.example/" + "a" * 600
+
+
+async def fits(tab: Tab, card_id: str) -> None:
+    """The card is no wider than its column, nothing in it overflows, and its badge is inside it."""
+    box = await tab.page.evaluate("""(id) => {
+        const card = document.querySelector(`[data-card-id="${id}"]`);
+        const column = card.parentElement.getBoundingClientRect();
+        const c = card.getBoundingClientRect(), b = card.querySelector(".badge").getBoundingClientRect();
+        return {card: c.width, column: column.width, over: card.scrollWidth - card.clientWidth,
+                badgeInside: b.left >= c.left && b.right <= c.right + 0.5 && b.width > 0};
+    }""", card_id)
+    assert box["card"] <= box["column"] + 0.5 and box["over"] <= 0 and box["badgeInside"], box
+
+
+async def test_a_long_word_wraps_and_a_card_opens_copies_and_closes_everywhere(
+        server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
+    shots = screenshot_dir(tmp_path)
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {
+        "id": "scan", "title": f"File {WORD[:180]}", "kind": "document", "body": f"Saved as {WORD}\n\nSee {URL}"}),
+        Text("The scan is on the canvas.")))
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        await tab.sign_in()
+        await tab.connected()
+        await tab.send("Put the scan on a card")
+        card = tab.page.locator('[data-card-id="scan"]')
+        await expect(card).to_contain_text(WORD)
+        await fits(tab, "scan")
+        phone = await open_tab(browser, tab.base, viewport=PHONE)
+        await phone.sign_in()
+        await phone.connected()
+        await phone.by("canvas-tab").click()
+        await expect(phone.by("card")).to_have_count(1)
+        await fits(phone, "scan")
+        await screenshot(phone, shots, "phone-canvas-long-word-light")
+
+        await card.get_by_test_id("card-copy").click()
+        await expect(card.get_by_test_id("card-copy")).to_have_attribute("data-copied", "true")
+        copied = await tab.page.evaluate("navigator.clipboard.readText()")
+        assert copied.startswith(f"File {WORD[:180]}\n\nSaved as {WORD}")
+
+        await card.get_by_test_id("card-expand").click()
+        dialog = tab.by("card-dialog")
+        await expect(dialog).to_be_visible()
+        await expect(dialog).to_contain_text(URL)
+        await screenshot(tab, shots, "canvas-card-open-light")
+        await tab.page.keyboard.press("Escape")
+        await expect(dialog).to_be_hidden()
+
+        await card.get_by_test_id("card-close").focus()  # the keyboard alone closes it
+        await tab.page.keyboard.press("Enter")
+        await expect(tab.by("card")).to_have_count(0)
+        await expect(phone.by("card")).to_have_count(0)  # on every device
+        await expect(tab.by("card-count")).to_have_text("")
+        tab.assert_clean()
+        phone.assert_clean()
+
+
+async def test_files_browse_download_upload_and_the_agent_is_told(
+        server: SpriteOS, bridge: MockBridge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shots = screenshot_dir(tmp_path)
+    root = server.settings.layout.root
+    (root / "documents" / "lease.txt").write_text("The lease ends on 2027-03-31.\n")
+    (root / "artifacts" / "summary.md").write_text("# Summary\n")
+    pdf = bytes(range(256)) * 5000  # 1.2 MB: three chunks
+    picked = tmp_path / "invoice march.pdf"
+    picked.write_bytes(pdf)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.by("files-tab").click()
+        entries = tab.by("file-entry")
+        await expect(entries.first).to_have_attribute("data-name", "artifacts")
+        assert ".os" not in [await e.get_attribute("data-name") for e in await entries.all()]
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        async with tab.page.expect_download() as waiting:
+            await tab.page.locator('[data-name="lease.txt"]').get_by_test_id("download").click()
+        download = await waiting.value
+        assert download.suggested_filename == "lease.txt"
+        assert Path(await download.path()).read_text() == "The lease ends on 2027-03-31.\n"
+
+        await tab.by("upload-input").set_input_files(str(picked))  # picked
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        await tab.page.evaluate("""() => {  // dropped
+            const data = new DataTransfer();
+            data.items.add(new File(["notes from the meeting"], "meeting notes.txt", {type: "text/plain"}));
+            const zone = document.querySelector('[data-testid="drop-zone"]');
+            zone.dispatchEvent(new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
+        }""")
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        assert (root / "documents" / "invoice march.pdf").read_bytes() == pdf
+        assert (root / "documents" / "meeting notes.txt").read_text() == "notes from the meeting"
+        await expect(tab.page.locator('[data-name="meeting notes.txt"]')).to_have_count(1)  # the list is current
+        await screenshot(tab, shots, "files-light")
+
+        monkeypatch.setattr(files_frames, "MAX_TRANSFER_BYTES", 1000)
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
+        await expect(tab.by("files-flash")).to_contain_text("over the upload limit")
+        assert sorted(p.name for p in (root / "documents").iterdir()) == [
+            "invoice march.pdf", "lease.txt", "meeting notes.txt"]
+
+        refused = await tab.page.evaluate("""async (token) => {
+            const http = await fetch("/console/download?path=.os/token", {headers: {Authorization: `Bearer ${token}`}});
+            const escape = await fetch("/console/download?path=documents/../.os/token", {headers: {Authorization: `Bearer ${token}`}});
+            const socket = new WebSocket(`ws://${location.host}/`, ["sprite-os.v1", `bearer.${token}`]);
+            const answers = await new Promise((resolve) => {
+                const got = [];
+                socket.onopen = () => {
+                    socket.send(JSON.stringify({type: "file_read", request_id: "a", path: ".os/token"}));
+                    socket.send(JSON.stringify({type: "upload_start", request_id: "b", name: "../.os/x", size: 1}));
+                };
+                socket.onmessage = (m) => { const f = JSON.parse(m.data); if (f.request_id) got.push(f); if (got.length === 2) resolve(got); };
+            });
+            socket.close();
+            return {http: http.status, escape: escape.status, socket: answers.map((f) => [f.request_id, f.type, f.code || f.upload_id])};
+        }""", TOKEN)
+        assert refused["http"] == 403 and refused["escape"] == 403
+        assert refused["socket"][0] == ["a", "error", "bad_path"]
+        assert refused["socket"][1][:2] == ["b", "upload_start_result"]  # named "x", in documents/ if sent
+
+        await tab.by("chat-tab").click()
+        await expect(tab.page.locator('[data-kind="upload"]')).to_have_count(2)
+        await tab.send("What did I just upload?")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: What did I just upload?")
+        told = json.dumps(bridge.agent_requests()[-1].messages)
+        assert "The person uploaded documents/invoice march.pdf (1.2 MB) through the console." in told
+        assert "documents/meeting notes.txt" in told
+        tab.assert_clean("403")

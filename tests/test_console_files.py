@@ -1,0 +1,267 @@
+"""The person's files through the console, without a browser: browsing, reading and uploading
+only inside user space (no `..`, no absolute path, nothing of `.os/`, no link followed, not even
+one the agent plants mid-upload), the size limit, uploads that land in documents/ under a name no
+file has, and downloads over HTTP with the token."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from devkit.harness import make_settings
+from sprite_os import protocol as p
+from sprite_os.console import files_api
+from sprite_os.console import files_frames as pf
+from sprite_os.console.files_api import FilesConsole
+from sprite_os.console.requests import RequestFailed
+from sprite_os.console.user_files import PathRefused, parts, upload_name
+from sprite_os.paths import Layout
+from sprite_os.server import SpriteOS
+from tests.conftest import TOKEN, running
+from tests.test_console_http import get
+
+
+class Kit:
+    def __init__(self, root: Path) -> None:
+        self.layout = Layout(root)
+        self.layout.ensure()
+        self.published: list[p.ServerFrame] = []
+        self.notes: list[str] = []
+        self.api = FilesConsole(self.layout, self.published.append, self.notes.append)
+
+    async def ask(self, request: object) -> object:
+        return await self.api.handlers[type(request)](request)  # type: ignore[index]
+
+    async def refused(self, request: object) -> RequestFailed:
+        with pytest.raises(RequestFailed) as info:
+            await self.ask(request)
+        return info.value
+
+    async def upload(self, name: str, data: bytes, chunk: int = pf.CHUNK_BYTES) -> str:
+        start = await self.ask(pf.UploadStartRequest(request_id="s", name=name, size=len(data)))
+        upload_id = start.upload_id  # type: ignore[attr-defined]
+        for offset in range(0, len(data), chunk):
+            await self.ask(pf.UploadChunkRequest(request_id="c", upload_id=upload_id, offset=offset,
+                                                 data=data[offset:offset + chunk]))
+        done = await self.ask(pf.UploadFinishRequest(request_id="f", upload_id=upload_id,
+                                                     sha256=hashlib.sha256(data).hexdigest()))
+        return done.path  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
+    k = Kit(tmp_path / "workspace")
+    (k.layout.os_dir / "token").write_text("secret-token")
+    yield k
+    await k.api.stop()
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", ".os", ".os/token", "documents/../.os/token", "./x",
+                                  "a/./b", "x\0y", "/", "a" * 300])
+def test_paths_outside_user_space_are_refused(path: str) -> None:
+    with pytest.raises(PathRefused):
+        parts(path)
+
+
+def test_paths_inside_are_their_parts() -> None:
+    assert parts("") == [] and parts("documents//scans/") == ["documents", "scans"]
+    assert parts("documents/.os/x") == ["documents", ".os", "x"]  # only the top-level .os is the system's
+
+
+@pytest.mark.parametrize(("given", "kept"), [
+    ("invoice.pdf", "invoice.pdf"), ("../../etc/passwd", "passwd"), ("C:\\Users\\ada\\scan.png", "scan.png"),
+    ("invoice\u202egnp.exe", "invoicegnp.exe"), (".bashrc", "bashrc"), ("a\nb\tc.txt", "a_b_c.txt"),
+    ("x" * 400 + ".pdf", "x" * 235 + ".pdf"),
+])
+def test_upload_names_are_one_plain_visible_name(given: str, kept: str) -> None:
+    assert upload_name(given) == kept
+
+
+def test_an_upload_name_of_nothing_usable_is_refused() -> None:
+    for name in ("..", "/", "\u202e", "  "):
+        with pytest.raises(PathRefused):
+            upload_name(name)
+
+
+async def test_browse_and_read_only_user_space(kit: Kit) -> None:
+    root = kit.layout.root
+    (root / "documents" / "notes.txt").write_text("hello")
+    (root / "notes-link").symlink_to(root / ".os" / "token")
+    (root / "os-link").symlink_to(root / ".os")
+    os.mkfifo(root / "documents" / "pipe")
+    listing = await kit.ask(pf.FilesListRequest(request_id="l"))
+    names = {e.name: e.kind for e in listing.entries}  # type: ignore[attr-defined]
+    assert ".os" not in names and names["documents"] == "folder" and names["notes-link"] == "link"
+    inside = await kit.ask(pf.FilesListRequest(request_id="l", path="documents"))
+    assert [(e.name, e.kind, e.size) for e in inside.entries] == [  # type: ignore[attr-defined]
+        ("notes.txt", "file", 5), ("pipe", "other", 0)]
+    read = await kit.ask(pf.FileReadRequest(request_id="r", path="documents/notes.txt", offset=1, length=2))
+    assert (read.data, read.size, read.eof) == (b"el", 5, False)  # type: ignore[attr-defined]
+    for path in ("notes-link", "os-link/token", ".os/token", "documents/pipe", "../workspace/.os/token"):
+        assert (await kit.refused(pf.FileReadRequest(request_id="r", path=path))).code == "bad_path", path
+    assert (await kit.refused(pf.FilesListRequest(request_id="l", path="os-link"))).code == "bad_path"
+    assert (await kit.refused(pf.FileReadRequest(request_id="r", path="documents/nope"))).code == "not_found"
+
+
+async def test_an_upload_lands_in_documents_under_a_free_name_and_everyone_is_told(kit: Kit) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks
+    assert await kit.upload("Scan 2026.pdf", data, chunk=1024 * 1024) == "documents/Scan 2026.pdf"
+    assert (kit.layout.root / "documents" / "Scan 2026.pdf").read_bytes() == data
+    assert await kit.upload("Scan 2026.pdf", b"again") == "documents/Scan 2026 (2).pdf"  # never replaced
+    assert await kit.upload("../../.os/token", b"not the token") == "documents/token"
+    assert (kit.layout.os_dir / "token").read_text() == "secret-token"
+    assert [f.path for f in kit.published] == [  # type: ignore[attr-defined]
+        "documents/Scan 2026.pdf", "documents/Scan 2026 (2).pdf", "documents/token"]
+    assert kit.notes[0] == "The person uploaded documents/Scan 2026.pdf (3.0 MB) through the console."
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []  # nothing left half-way
+    mode = stat.S_IMODE((kit.layout.root / "documents" / "token").stat().st_mode)
+    assert mode == 0o664
+
+
+async def test_a_documents_folder_swapped_for_a_link_takes_no_upload(kit: Kit) -> None:
+    docs = kit.layout.root / "documents"
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="x.txt", size=3))
+    await kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=start.upload_id, offset=0, data=b"abc"))  # type: ignore[attr-defined]
+    docs.rmdir()
+    docs.symlink_to(kit.layout.memory_dir)  # the agent plants a link to .os/memory mid-upload
+    failed = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=start.upload_id))  # type: ignore[attr-defined]
+    assert failed.code == "bad_path"
+    assert not (kit.layout.memory_dir / "x.txt").exists() and list((kit.layout.state_dir / "uploads").iterdir()) == []
+    docs.unlink()  # and a documents/ the agent removed comes back as a folder
+    assert await kit.upload("x.txt", b"abc") == "documents/x.txt" and docs.is_dir() and not docs.is_symlink()
+
+
+async def test_a_planted_file_name_is_not_written_through(kit: Kit) -> None:
+    target = kit.layout.os_dir / "token"
+    (kit.layout.root / "documents" / "report.txt").symlink_to(target)  # a link where the upload would land
+    assert await kit.upload("report.txt", b"mine") == "documents/report (2).txt"
+    assert target.read_text() == "secret-token"
+
+
+async def test_the_size_limit_order_of_chunks_and_a_changed_file_are_clear_errors(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pf, "MAX_TRANSFER_BYTES", 1000)
+    big = await kit.refused(pf.UploadStartRequest(request_id="s", name="big.bin", size=1001))
+    assert big.code == "too_large" and big.message == "1,001 bytes is over the upload limit of 1,000 bytes; nothing was uploaded"
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="a.bin", size=10))
+    uid = start.upload_id  # type: ignore[attr-defined]
+    late = await kit.refused(pf.UploadChunkRequest(request_id="c", upload_id=uid, offset=5, data=b"x"))
+    assert late.code == "upload_failed" and "in order" in late.message
+    await kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=uid, offset=0, data=b"0123456789"))
+    changed = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=uid, sha256="0" * 64))
+    assert changed.code == "upload_failed" and "sha256" in changed.message
+    gone = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=uid))
+    assert gone.code == "not_found"
+    short = await kit.ask(pf.UploadStartRequest(request_id="s", name="b.bin", size=10))
+    early = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=short.upload_id))  # type: ignore[attr-defined]
+    assert early.code == "upload_failed" and "0 of 10 bytes" in early.message
+    over = await kit.refused(pf.UploadChunkRequest(request_id="c", upload_id=short.upload_id, offset=0,  # type: ignore[attr-defined]
+                                                   data=b"x" * 11))
+    assert over.code == "too_large"
+    assert kit.published == [] and not any((kit.layout.root / "documents").iterdir())
+
+
+async def test_idle_and_cancelled_uploads_and_those_a_stopped_server_left_are_dropped(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    incoming = kit.layout.state_dir / "uploads"
+    incoming.mkdir(exist_ok=True)
+    (incoming / "left-by-a-kill.part").write_bytes(b"half")
+    await kit.api.start()
+    assert list(incoming.iterdir()) == []
+    first = await kit.ask(pf.UploadStartRequest(request_id="s", name="a", size=1))
+    second = await kit.ask(pf.UploadStartRequest(request_id="s", name="b", size=1))
+    await kit.ask(pf.UploadCancelRequest(request_id="x", upload_id=second.upload_id))  # type: ignore[attr-defined]
+    monkeypatch.setattr(files_api, "UPLOAD_IDLE", -1.0)
+    await kit.ask(pf.UploadStartRequest(request_id="s", name="c", size=1))  # sweeps the idle one
+    assert (await kit.refused(pf.UploadChunkRequest(request_id="c", upload_id=first.upload_id,  # type: ignore[attr-defined]
+                                                    offset=0, data=b"x"))).code == "not_found"
+    assert len(list(incoming.iterdir())) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (CI runs as root)")
+async def test_as_root_an_upload_belongs_to_whoever_owns_documents(kit: Kit) -> None:
+    docs = kit.layout.root / "documents"
+    os.chown(docs, 54321, 54322)  # the agent's user, in user isolation
+    await kit.upload("mine.txt", b"x")
+    st = (docs / "mine.txt").stat()
+    assert (st.st_uid, st.st_gid) == (54321, 54322)
+
+
+async def test_downloads_over_http_need_the_token_and_stay_in_user_space(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings) as app:
+        await download_checks(app, monkeypatch)
+
+
+async def download_checks(app: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = app.settings.layout.root
+    (root / "documents" / "résumé 1.pdf").write_bytes(b"%PDF-1.7 ...")
+    (root / "documents" / "link").symlink_to(root / ".os" / "token")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, headers, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
+    assert (status, body) == (200, b"%PDF-1.7 ...")
+    assert headers["Content-Disposition"] == "attachment; filename*=UTF-8''r%C3%A9sum%C3%A9%201.pdf"
+    assert headers["Content-Type"] == "application/octet-stream" and headers["X-Content-Type-Options"] == "nosniff"
+    assert (await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf"))[0] == 401
+    for path in (".os/token", "..%2F..%2Fetc%2Fpasswd", "/etc/passwd", "documents/link", "documents/..%2F.os%2Ftoken"):
+        status, _, body = await get(app.port, f"/console/download?path={path}", **auth)
+        assert status == 403 and b"secret" not in body, (path, status, body)
+    assert (await get(app.port, "/console/download?path=documents/nope", **auth))[0] == 404
+    monkeypatch.setattr(pf, "MAX_TRANSFER_BYTES", 4)
+    status, _, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
+    assert status == 413 and b"too large to download" in body
+
+
+async def test_the_protocol_refuses_the_same_through_the_real_socket(tmp_path: Path) -> None:
+    from tests.conftest import client_factory
+
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings) as app, client_factory(app.port) as connect:
+        c = await connect(hello={})
+        await c.send(type="file_read", request_id="r1", path=".os/token")
+        await c.send(type="files_list", request_id="r2", path="../")
+        await c.send(type="upload_start", request_id="r3", name="..", size=1)
+        errors = [await c.until("error") for _ in range(3)]
+        assert [(e["request_id"], e["code"]) for e in errors] == [("r1", "bad_path"), ("r2", "bad_path"),
+                                                                  ("r3", "bad_path")]
+        await c.send(type="files_list", request_id="r4")
+        listing = await c.until("files_list_result")
+        assert ".os" not in [e["name"] for e in listing["entries"]] and "documents" in [e["name"] for e in listing["entries"]]
+
+
+
+
+
+FILES_REPLIES: list[object] = [  # test_protocol round-trips each
+    pf.FilesListResult(request_id="r", path="documents", total=1,
+                       entries=[pf.FileEntry(name="a.pdf", kind="file", size=3, modified=1.0)]),
+    pf.FileReadResult(request_id="r", path="documents/a.pdf", offset=0, size=3, data=b"\x00\xffa", eof=True),
+    pf.UploadStartResult(request_id="r", upload_id="u", chunk_bytes=pf.CHUNK_BYTES, max_bytes=pf.MAX_TRANSFER_BYTES),
+    pf.UploadChunkResult(request_id="r", upload_id="u", received=3),
+    pf.UploadFinishResult(request_id="r", path="documents/a.pdf", size=3),
+    pf.UploadCancelResult(request_id="r", upload_id="u"),
+    p.FileUploaded(path="documents/a.pdf", size=3),
+]
+
+
+async def test_across_file_systems_an_upload_is_copied_in_and_still_never_replaces(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from sprite_os.console import user_files
+
+    def no_link(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(user_files.os, "link", no_link)
+    (kit.layout.root / "documents" / "scan.pdf").write_bytes(b"older")
+    assert await kit.upload("scan.pdf", b"newer" * 1000) == "documents/scan (2).pdf"
+    assert (kit.layout.root / "documents" / "scan.pdf").read_bytes() == b"older"
+    assert (kit.layout.root / "documents" / "scan (2).pdf").read_bytes() == b"newer" * 1000
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []

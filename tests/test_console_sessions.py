@@ -1,0 +1,155 @@
+"""Past sessions and a session's turns, answered from what Sprite OS recorded (no server, no
+browser): newest first, paged back, each session's first line, summary and cost, the current
+session's turns still on their way to transcript.db, and bad requests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sprite_os import protocol as p
+from sprite_os.console import session_frames as ps
+from sprite_os.console import session_queries
+from sprite_os.console.requests import ConsoleApi, RequestFailed
+from sprite_os.console.sessions_api import SessionsConsole
+from sprite_os.memory.capture.spill import ObservationWrite
+from sprite_os.memory.capture.writer import _Queued
+from sprite_os.memory.memory_store import NewLearning
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from tests.test_console_api import system
+
+__all__ = ["system"]  # the fixture: a MemorySystem on a fresh workspace
+
+NOW = 1_800_000_000.0
+
+
+def turn(session: str, n: int, text: str, **fields: object) -> NewObservation:
+    return NewObservation(timestamp=NOW + n, session_id=session, sequence_num=n, user_message=text,
+                          agent_response=f"answer to {text}", tool_calls_json=json.dumps(
+                              [{"name": "Read", "input": {"file_path": "x" * 1000}, "output": "y", "is_error": False}]),
+                          **fields)  # type: ignore[arg-type]
+
+
+async def seed(system: MemorySystem) -> None:
+    def write(t: TranscriptDB) -> None:
+        t.start_session("s1", NOW)
+        t.append(turn("s1", 1, "\n  Plan my week\nand more", turn_id="a1", status="completed", cost_usd=0.0002))
+        t.append(turn("s1", 2, "Thanks", turn_id="a2", status="completed", cost_usd=0.0003))
+        t.end_session("s1", NOW + 10)
+        t.start_session("s2", NOW + 100)
+        t.start_session("empty", NOW + 150)  # never had a turn: not listed
+        for n in range(1, 6):
+            t.append(turn("s3", n, f"message {n}", turn_id=f"c{n}", status="completed", cost_usd=0.0001))
+        t.conn.execute("UPDATE sessions SET started_at = ? WHERE id = 's3'", (NOW + 200,))
+
+    await system.transcript.call(write)
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=[1, 2], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[NewLearning("SUMMARY", "Planned the week; the bank call is still open.", "s1", 2)],
+        file_updates={}, base_hashes={}))
+
+
+async def test_sessions_newest_first_with_first_line_summary_cost_and_paging(system: MemorySystem) -> None:
+    await seed(system)
+    api = SessionsConsole(system, lambda: "s3")
+    first = await api.handlers[ps.SessionsRequest](ps.SessionsRequest(request_id="r", limit=1))
+    assert [s.id for s in first.sessions] == ["s3"] and first.more
+    assert first.sessions[0].current and first.sessions[0].turns == 5
+    rest = await api.handlers[ps.SessionsRequest](ps.SessionsRequest(request_id="r", before="s3"))
+    assert [s.id for s in rest.sessions] == ["s1"] and not rest.more  # s2 and "empty" had no turn
+    [s1] = rest.sessions
+    assert (s1.first_line, s1.summary, s1.cost_usd, s1.current, s1.turns) == (
+        "Plan my week", "Planned the week; the bank call is still open.", 0.0005, False, 2)
+    assert s1.ended_at == NOW + 10
+
+
+async def test_a_sessions_turns_page_back_oldest_first_within_each_page(system: MemorySystem) -> None:
+    await seed(system)
+    api = SessionsConsole(system, lambda: "s3")
+    newest = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=2))
+    assert newest.session.id == "s3" and [t.turn for t in newest.turns] == [4, 5] and newest.more
+    older = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", before=4, limit=10))
+    assert [t.turn for t in older.turns] == [1, 2, 3] and not older.more
+    t = older.turns[0]
+    assert (t.turn_id, t.user_message, t.agent_response, t.status, t.cost_usd) == (
+        "c1", "message 1", "answer to message 1", "completed", 0.0001)
+    assert t.observation_id is not None and len(t.tool_calls[0].input) == 300  # cut as a live turn shows it
+    past = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", session_id="s1"))
+    assert [x.user_message for x in past.turns] == ["\n  Plan my week\nand more", "Thanks"]
+    assert not past.session.current and past.session.summary is not None
+
+
+async def test_the_current_sessions_newest_turns_come_before_they_are_written(system: MemorySystem) -> None:
+    await seed(system)
+    on_the_way = turn("s3", 6, "just now", turn_id="c6", status="completed")
+    system.writer._queue.append(_Queued.of(ObservationWrite(on_the_way)))  # as if transcript.db were locked
+    api = SessionsConsole(system, lambda: "s3")
+    page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=2))
+    assert [(t.turn, t.observation_id) for t in page.turns][-1] == (6, None)
+    assert page.session.turns == 6
+
+
+async def test_a_huge_page_stops_short_and_an_unknown_session_is_not_found(system: MemorySystem,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    await seed(system)
+    monkeypatch.setattr(session_queries, "PAGE_CHARS", 1_000)  # about three turns
+    api = SessionsConsole(system, lambda: "s3")
+    page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=5))
+    assert 1 <= len(page.turns) < 5 and page.more and page.turns[-1].turn == 5
+    with pytest.raises(RequestFailed) as failed:
+        await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", session_id="nope"))
+    assert failed.value.code == "not_found"
+
+
+async def test_without_memory_sessions_are_unavailable_and_bad_requests_are_refused() -> None:
+    with pytest.raises(RequestFailed) as failed:
+        await ConsoleApi().handle(ps.SessionsRequest(request_id="r"))
+    assert failed.value.code == "memory_unavailable"
+    for bad in ('{"type": "sessions", "request_id": "r", "limit": 0}',
+                '{"type": "session_turns", "request_id": "r", "before": 0}',
+                '{"type": "session_turns", "request_id": "r", "session_id": ""}'):
+        with pytest.raises(p.FrameError) as refused:
+            p.decode_client_frame(bad)
+        assert refused.value.code == "invalid_frame"
+
+
+INFO = ps.SessionInfo(id="s1", started_at=1.0, ended_at=None, turns=2, first_line="Plan my week", summary=None,
+                      cost_usd=0.0005, current=True, forgotten=0)
+SESSION_REPLIES: list[object] = [  # test_protocol round-trips each
+    ps.SessionsResult(request_id="r", sessions=[INFO], more=False),
+    ps.SessionTurnsResult(request_id="r", session=INFO, more=True, turns=[ps.PastTurn(
+        observation_id=3, turn_id="t", turn=1, at=2.0, user_message="hi", agent_response="hello", tool_calls=[],
+        status="completed", cost_usd=0.0001)]),
+    ps.ForgetTurnsResult(request_id="r", forgotten=2, learnings=1, sessions=["s1"], restarted=False),
+    p.TurnsForgotten(session_id="s1", turns=[2, 3], turn_ids=["t2"], forgotten_at=3.0),
+]
+
+
+async def test_forgetting_turns_by_wire_id_or_a_whole_session_leaves_tombstones_for_every_client(
+        system: MemorySystem) -> None:
+    await seed(system)
+    published: list[p.ServerFrame] = []
+    restarts: list[str] = []
+    api = SessionsConsole(system, lambda: "s3", published.append, lambda: restarts.append("new"))
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    done = await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))
+    assert (done.forgotten, done.sessions, done.restarted) == (1, ["s3"], True)  # type: ignore[attr-defined]
+    assert restarts == ["new"]  # the agent's context lets go of it: a new session
+    [event] = published
+    assert isinstance(event, p.TurnsForgotten) and (event.session_id, event.turns, event.turn_ids) == ("s3", [2], ["c2"])
+    page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=10))
+    two = page.turns[1]
+    assert (two.turn, two.user_message, two.agent_response, two.tool_calls) == (2, "", "", [])
+    assert two.forgotten_at is not None and page.session.forgotten == 1
+    whole = await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))
+    assert (whole.forgotten, whole.restarted) == (2, False)  # type: ignore[attr-defined]
+    listed = await api.handlers[ps.SessionsRequest](ps.SessionsRequest(request_id="r"))
+    s1 = next(s for s in listed.sessions if s.id == "s1")
+    assert (s1.first_line, s1.summary, s1.forgotten) == ("", None, 2)  # its summary went with it
+    with pytest.raises(RequestFailed) as nothing:
+        await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))  # already forgotten
+    assert nothing.value.code == "not_found"
+    with pytest.raises(RequestFailed):
+        await forget(ps.ForgetTurnsRequest(request_id="f"))

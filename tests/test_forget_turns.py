@@ -1,0 +1,281 @@
+"""Forgetting a turn means gone: which file lines came from it (a pure rule), and, on a real memory
+system with the dense retriever on, the words leaving search, auto-recall, the boot prompt, the
+vectors, the word index (its segments on disk), the raw bytes of both databases and their WALs,
+every version of the memory files, the curator's batch records and the backups, each with a note;
+the transcript keeps a tombstone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from devkit.harness import make_settings, wait_for
+from sprite_os.memory.forget_turns import came_from, content_words, jobs, purge_memory, without
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.documents import Marks, stage_turns
+from sprite_os.memory.recall.service import vectors_path
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
+from sprite_os.memory.schema import FORGOTTEN
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+
+T0 = 1_800_000_000.0
+WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them
+
+
+@pytest.mark.parametrize(("line", "came"), [
+    ("- Lives in: Lisbon, by the Tagus", True),
+    ("- Lisbon", True),
+    ("- Name: Ada", False),
+    ("- Likes green tea in the morning", False),  # "morning" alone is not more than half
+    ("# User", False),  # headings stay
+    ("", False),
+    ("(text removed here: a person forgot the turn it came from, on 2026-11-25)", False),
+    ("- The user lives in Lisbon", True),  # common words ("the", "user") count for nothing
+])
+def test_a_line_came_from_the_turn_when_most_of_its_words_did(line: str, came: bool) -> None:
+    forgotten = content_words("I live in Lisbon, near the river Tagus, every morning")
+    assert came_from(line, forgotten) is came
+
+
+def test_removed_lines_leave_one_note_per_run() -> None:
+    from sprite_os.memory.forget_turns import line_hash
+
+    text = "# User\n- a\n- b\n- c\n- d\n"
+    hashes = {line_hash("- b"), line_hash("- c")}
+    assert without(text, hashes) == "# User\n- a\n- d\n"
+    assert without(text, hashes, "(gone)") == "# User\n- a\n(gone)\n- d\n"
+
+
+def turn(n: int, user: str, answer: str, tools: str = "[]") -> NewObservation:
+    return NewObservation(timestamp=T0 + n, session_id="s1", sequence_num=n, user_message=user,
+                          tool_calls_json=tools, agent_response=answer, turn_id=f"t{n}", status="completed")
+
+
+@pytest.fixture
+async def system(tmp_path: Path) -> AsyncIterator[MemorySystem]:
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")  # the dense retriever on: vectors too
+    settings.layout.ensure()
+    memory = MemorySystem(settings)
+    await memory.start()
+    yield memory
+    await memory.stop()
+
+
+def raw(path: Path) -> bytes:
+    """A file's bytes and its WAL's, case folded."""
+    out = b""
+    for p in (path, Path(f"{path}-wal")):
+        with contextlib.suppress(FileNotFoundError):
+            out += p.read_bytes()
+    return out.lower()
+
+
+def stored_vector(store: Path, episode: int) -> np.ndarray:
+    """The episode's vector as the store's file holds it."""
+    ids = np.fromfile(store / "ids.i64", dtype=np.int64)
+    [row] = np.flatnonzero(ids == episode)
+    return np.fromfile(store / "vectors.f16", dtype=np.float16).reshape(len(ids), -1)[row].astype(np.float32)
+
+
+def said(path: Path) -> list[bytes]:
+    return [w for w in WORDS if w in raw(path)]
+
+
+async def seed(system: MemorySystem, tmp_path: Path) -> list[int]:
+    layout = system.settings.layout
+
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        return [t.append(o) or 0 for o in (
+            turn(1, "My name is Ada", "Nice to meet you, Ada."),
+            turn(2, "I live in Lisbon, in Alfama, near the river Tagus", "Lisbon by the Tagus, noted.",
+                 json.dumps([{"name": "Bash", "input": "echo Alfama", "output": "Alfama", "is_error": False}])),
+            turn(3, "I like green tea in the morning", "Green tea it is."))]
+
+    ids = await system.transcript.call(write)
+    user_md = "# User\n- Name: Ada\n- Lives in: Lisbon (Alfama), by the Tagus\n- Likes green tea in the morning\n"
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[NewLearning("FACT", "The user's name is Ada", "s1", ids[0]),
+                   NewLearning("FACT", "The user lives in Lisbon, in Alfama", "s1", ids[1]),
+                   NewLearning("ACTION", "Send Ada a map of the Tagus walk", "s1", ids[1]),
+                   NewLearning("PREFERENCE", "Likes green tea", "s1", ids[2])],
+        file_updates={"user.md": user_md}, base_hashes={}))
+    system.files.write("user.md", "# User\n- Lives in: Lisbon\n", "batch-0")  # an older version says it too
+    system.files.write("user.md", user_md, "batch-1")
+    # the backups: an older memory.db (memory rebuild keeps one), and v1's data (migrate-v1 keeps it)
+    await system.memory.call(lambda m: m.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+    shutil.copy(layout.memory_db, layout.memory_dir / "memory.db.before-rebuild-20260101T000000")
+    v1 = layout.os_dir / "backup" / "v1-20260101T000000Z"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "user.md").write_text("# User\n- Home: Lisbon, Alfama\n- Name: Ada\n")
+    with contextlib.closing(sqlite3.connect(v1 / "agent.db")) as old:
+        old.execute("CREATE TABLE observations (id INTEGER PRIMARY KEY, user_message TEXT, tool_calls_json TEXT, "
+                    "agent_response TEXT)")
+        old.execute("INSERT INTO observations VALUES (?, 'I live in Lisbon, in Alfama', '[]', 'Noted, the Tagus')",
+                    (ids[1],))
+        old.commit()
+    system.recall.indexer.nudge()
+    await wait_for(lambda: system.recall.indexer.health.embedded >= 3, timeout=60, what="three vectors")
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 30)
+    return ids
+
+
+async def test_a_forgotten_turns_words_leave_every_store_and_keep_a_tombstone(
+        system: MemorySystem, tmp_path: Path) -> None:
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    # before: the words are there (so that each check below can fail)
+    assert [h.kind for h in await system.search("Lisbon Tagus", 10)]
+    assert said(layout.transcript_db) and said(layout.memory_db)
+    assert "Lisbon" in await system.boot_prompt()
+    doc_freq = lambda: system.recall.index.call(lambda i: i.index.searcher().doc_freq("text", "lisbon"))  # noqa: E731
+    assert await doc_freq() > 0
+    store = vectors_path(layout.memory_dir, system.recall.status()["dense"]["model"])
+    its_vector = stored_vector(store, ids[1])
+    assert its_vector.any() and ids[1] in {h[0] for h in VectorReader(store).search(its_vector, 3)}
+
+    done = await system.forget_turns([ids[1]], by="the person, in the console")
+    assert [o.id for o in done.turns] == [ids[1]] and done.learnings == 2  # the fact and the action from it
+
+    # at once: search, auto-recall, the boot prompt, the vectors, the index on disk
+    for hit in await system.search("Lisbon Tagus Alfama", 10):  # the dense half still finds the nearest others
+        assert hit.observation_id != ids[1] and not any(w.decode() in hit.snippet.lower() for w in WORDS), hit
+    recalled = await system.recall_for("Do you remember Lisbon and the Tagus?", "s2", "t9")
+    assert recalled is None or not any(w.decode() in recalled.context.lower() for w in WORDS)
+    prompt = await system.boot_prompt()
+    assert not any(w.decode() in prompt.lower() for w in WORDS), prompt
+    assert "Name: Ada" in prompt and "green tea" in prompt, prompt  # what else was said stays
+    assert not stored_vector(store, ids[1]).any()  # zeros on disk, in place
+    assert [h[0] for h in VectorReader(store).search(its_vector, 3)] != [] and \
+        ids[1] not in {h[0] for h in VectorReader(store).search(its_vector, 3)}
+    assert await system.recall.purged(60)  # the index written anew, in the background
+    assert await doc_freq() == 0  # a deletion alone leaves the term in old segments; the index was rewritten
+    assert [h.kind for h in await system.search("green tea", 5)]
+
+    # the daemon's next pass: the files, their history, the batch records and the backups
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=30, what="the daemon's forget pass")
+    assert system.files.read("user.md") == "# User\n- Name: Ada\n- Likes green tea in the morning\n"
+    history = system.files.history("user.md")
+    assert history[-1].source == "forget"
+    for version in history:
+        assert not any(w.decode() in version.text.lower() for w in WORDS), version
+    assert any("(text removed here: a person forgot the turn it came from" in v.text for v in history)
+    for db in (layout.transcript_db, layout.memory_db):
+        assert said(db) == [], db
+    backup = layout.memory_dir / "memory.db.before-rebuild-20260101T000000"
+    assert said(backup) == []
+    with contextlib.closing(sqlite3.connect(backup)) as b:
+        assert b.execute("SELECT count(*) FROM forget_notes").fetchone()[0] == 1
+    v1 = layout.os_dir / "backup" / "v1-20260101T000000Z"
+    assert said(v1 / "agent.db") == []
+    assert (v1 / "memory" / "user.md").read_text().startswith("# User\n(text removed here")
+
+    # the tombstone: which turn, when, by whom; never the words. The other turns are as they were.
+    t = TranscriptDB(layout.transcript_db)
+    try:
+        [stone] = t.tombstones("s1").values()
+        assert (stone.observation_id, stone.sequence_num, stone.forgotten_by) == (ids[1], 2, "the person, in the console")
+        first, second, third = t.get(ids)
+        assert (second.user_message, second.agent_response, second.processed) == ("", "", FORGOTTEN)
+        assert first.user_message == "My name is Ada" and third.agent_response == "Green tea it is."
+        with pytest.raises(sqlite3.IntegrityError):  # still append-only for everything else
+            t.conn.execute("UPDATE observations SET user_message = 'back' WHERE id = ?", (ids[1],))
+        with pytest.raises(sqlite3.IntegrityError):
+            t.conn.execute("UPDATE observations SET user_message = '' WHERE id = ?", (ids[0],))  # no tombstone
+    finally:
+        t.close()
+    m = MemoryDB(layout.memory_db)
+    try:
+        entry = m.conn.execute("SELECT action, detail FROM memory_audit ORDER BY id DESC LIMIT 1").fetchone()
+        assert entry[0] == "forget_turns" and "1 turn of s1" in entry[1]
+    finally:
+        m.close()
+    again = await system.forget_turns([ids[1]], by="again")
+    assert again.turns == []  # forgotten once: nothing more to do
+
+
+async def test_a_batch_under_way_when_its_turn_is_forgotten_learns_nothing_from_it(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os.errors import EditConflict
+
+    ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
+    observations = await system.transcript.call(lambda t: t.get(ids))
+
+    async def reply(messages: object) -> object:
+        from sprite_os.memory.processor import Completion
+
+        await system.forgetting.forget(ids, by="test")  # forgotten while the curator call is out
+        return Completion("FACT: The user lives in Lisbon [#1]\nUSER_MD_UPDATE:\n# User\n- Lisbon\n", 10, 10)
+
+    monkeypatch.setattr(system.curator, "complete", reply)
+    with pytest.raises(EditConflict):
+        await system.processor.process(observations, "test")
+    assert await system.memory.call(lambda m: m.all_learnings()) == []
+    assert "Lisbon" not in system.files.read("user.md")
+
+
+async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(system: MemorySystem,
+                                                                         tmp_path: Path) -> None:
+    async def busy() -> None:  # the daemon is in a long curator call: its pass waits
+        pass
+
+    system.daemon.before_batches = busy
+    ids = await seed(system, tmp_path)
+    await system.forget_turns([ids[1]], by="test")
+    assert "Lisbon" in system.files.read("user.md")  # not rewritten yet
+    prompt = await system.boot_prompt()
+    assert "Lisbon" not in prompt and "- Name: Ada" in prompt
+    assert await system.forgetting.rewrite_files() == 1  # the pass, when it comes
+    assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
+
+
+async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: Path) -> None:
+    from sprite_os.memory.recall.service import PURGE_KEY
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
+    first = MemorySystem(settings)
+    await first.start()
+    await first.memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))  # as a forget leaves it, before its rewrite
+    # a turn forgotten (its episode has no text) whose vector the stop left in a store; one not forgotten
+    await first.memory.call(lambda m: ep.add(m.conn, [ep.Episode(1, "s1", 1, T0, ""),
+                                                      ep.Episode(2, "s1", 2, T0 + 1, "kept")]))
+    await first.stop()
+    store = vectors_path(settings.layout.memory_dir, "an-earlier-model")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 384)).astype(np.float32)
+    VectorWriter(store, "an-earlier-model").add([1, 2], [T0, T0 + 1], x / np.linalg.norm(x, axis=1, keepdims=True))
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        assert again.recall._purge is not None  # the start took the rewrite up
+        assert await again.recall.purged(30)
+        assert await again.memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
+        assert not stored_vector(store, 1).any() and stored_vector(store, 2).any()  # with no embedder running
+        assert [h[0] for h in VectorReader(store).search(x[0], 5)] == [2]
+    finally:
+        await again.stop()
+
+
+async def test_a_turn_forgotten_before_it_was_indexed_stays_without_words(tmp_path: Path) -> None:
+    """The indexer may hold a turn as it read it before the forget: staging it afterwards brings nothing back."""
+    t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
+    try:
+        t.append(turn(1, "I live in Lisbon", "Noted, Lisbon."))
+        held = t.between(1, 1, 10)  # read by the indexer, not staged yet
+        purge_memory(m, t.forget([held[0].id], T0 + 5, "test"))
+        staged = stage_turns(m.conn, held, (1, 1), Marks())
+        assert staged.docs == [] and ep.get(m.conn, [held[0].id])[held[0].id].text == ""
+    finally:
+        t.close()
+        m.close()
