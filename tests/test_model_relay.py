@@ -571,12 +571,11 @@ async def test_a_client_that_pipelines_megabytes_during_a_call_is_dropped_not_bu
                 await asyncio.wait_for(writer.drain(), 4)
                 sent += len(chunk)
         try:
-            dropped = await asyncio.wait_for(reader.read(), 5)  # EOF, or a reset: the reply is still 5 s away
+            dropped = await asyncio.wait_for(reader.read(), 10)  # EOF, or a reset: never the reply
         except ConnectionResetError:
             dropped = b""
-        took = time.monotonic() - started
         writer.close()
-    assert dropped == b"" and took < 4.5
+    assert dropped == b""  # held, the bytes waited for the reply (a 200) and then made a 400
     assert sent < 32 << 20  # the relay stopped taking them: nothing held them for it
 
 
