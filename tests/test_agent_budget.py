@@ -14,6 +14,7 @@ from sprite_os.agent.budget import (
     REFUSED_BY,
     AgentLimits,
     Call,
+    Refusal,
     SpendDay,
     check,
     read_call,
@@ -118,7 +119,69 @@ def test_the_report_says_the_cap_the_spend_and_when_it_starts_again() -> None:
 ])
 def test_a_body_that_makes_no_call_says_why(body: bytes, says: str) -> None:
     found = read_call(body, counts_tokens=False)
-    assert isinstance(found, str) and says in found
+    assert isinstance(found, Refusal) and says in found.message and found.reason == "invalid"
+    assert found.message.startswith(REFUSED_BY) and found.status == 400 and not found.retry
+
+
+def test_a_key_given_twice_is_refused_whatever_the_proxy_would_read() -> None:
+    """JSON parsers differ on which of two equal keys wins: the budget read the last max_tokens, a
+    proxy reading the first would bill 90,000."""
+    for body in (b'{"model": "m", "max_tokens": 90000, "max_tokens": 5, "messages": []}',
+                 b'{"model": "claude-opus-4-1", "model": "m", "max_tokens": 5, "messages": []}',
+                 b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": '
+                 b'[{"type": "image", "source": {"type": "url", "type": "base64"}}]}]}'):
+        found = read_call(body, counts_tokens=False)
+        assert isinstance(found, Refusal) and "twice in one object" in found.message, body
+
+
+BASE = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def nested(block: dict[str, object]) -> dict[str, object]:
+    """`block` inside a tool result, as a turn carries it."""
+    return BASE | {"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "x"}, block]}]}]}
+
+
+@pytest.mark.parametrize(("body", "betas", "says"), [
+    (BASE | {"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}]}]},
+     (), "input (document) by URL or file id"),
+    (nested({"type": "image", "source": {"type": "url", "url": "https://x/a.png"}}), (), "input (image) by URL"),
+    (nested({"type": "image", "source": {"type": "file", "file_id": "file_1"}}), (), "by URL or file id"),
+    (BASE | {"system": [{"type": "container_upload", "file_id": "file_1"}]}, (), "by URL or file id"),
+    (BASE | {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}, (), "server tool 'web_fetch_20250910'"),
+    (BASE | {"tools": [{"name": "mine", "input_schema": {}}, {"type": "web_search_20250305", "name": "s"}]}, (),
+     "server tool 'web_search_20250305'"),
+    (BASE | {"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, (), "MCP servers"),
+    (BASE | {"service_tier": "auto"}, (), "service_tier='auto'"),
+    (BASE | {"speed": "fast"}, (), "speed='fast'"),
+    (BASE | {"inference_geo": "us"}, (), "inference_geo='us'"),
+    (BASE, (b"claude-code-20250219,context-1m-2025-08-07",), "the beta 'context-1m-2025-08-07'"),
+    (BASE, (b"effort-2025-11-24", b"fast-mode-2026-02-01"), "the beta 'fast-mode-2026-02-01'"),
+    (BASE, (b"extended-cache-ttl-2025-04-11",), "the beta 'extended-cache-ttl-2025-04-11'"),
+])
+def test_a_call_whose_cost_its_body_does_not_bound_is_refused_saying_why(
+        body: dict[str, object], betas: tuple[bytes, ...], says: str) -> None:
+    found = read_call(json.dumps(body).encode(), counts_tokens=False, betas=betas)
+    assert isinstance(found, Refusal) and found.reason == "unbounded" and found.status == 400, found
+    assert says in found.message and found.message.startswith(REFUSED_BY)
+
+
+def test_what_the_cli_sends_is_bounded() -> None:
+    """The betas and fields the bundled CLI sends (as the mock Bridge saw them), inline images and
+    documents, the agent's own tools, and a search result's URL: all go."""
+    cli_betas = (b"claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"
+                 b"per-turn-control-2026-07-01,mid-conversation-tool-changes-2026-07-01,"
+                 b"thinking-token-count-2026-05-13,effort-2025-11-24,thinking-display-updates-2026-08-18")
+    body = BASE | {"thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "medium"},
+                   "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                   "metadata": {"user_id": "u"}, "system": [{"type": "text", "text": "s"}], "service_tier": "standard_only",
+                   "tools": [{"name": "Bash", "input_schema": {}}, {"type": "custom", "name": "x", "input_schema": {}}]}
+    assert isinstance(read_call(json.dumps(body).encode(), counts_tokens=False, betas=(cli_betas,)), Call)
+    for block in ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+                  {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}},
+                  {"type": "search_result", "source": "https://x", "title": "t", "content": [{"type": "text", "text": "x"}]}):
+        assert isinstance(read_call(json.dumps(nested(block)).encode(), counts_tokens=False), Call), block
 
 
 def test_a_call_is_read_from_its_body_and_the_rest_is_skipped() -> None:

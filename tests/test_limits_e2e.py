@@ -112,6 +112,88 @@ async def test_a_setuid_file_left_in_tmp_is_no_one_elses_to_run(
         await c.until("turn_complete", timeout=TURN)
 
 
+async def test_a_setuid_shell_left_in_run_lock_or_any_world_writable_folder_stays_in_the_session(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """/run/lock (and /var/lock, its link) is world-writable on the root file system, which is not
+    nosuid: a set-uid, set-gid copy of sh left there ran as the agent for any local user. Every
+    world-writable folder the agent can reach is a private tmpfs of its session."""
+    name = f"sush-{agent_workspace.parent.name}"
+    bridge.agent.script(Turn(bash(f"cp /bin/sh /run/lock/{name} && chmod 6755 /run/lock/{name} && "
+                                  f"ls -l /run/lock/{name} > documents/ls; echo done > documents/done"), Text("Left.")))
+    async with running(agent_settings) as app, client_factory(app.port) as connect:
+        private = (await app.health())["limits"]["tmp"]["private"]
+        c = await connect(hello={})
+        await c.send(type="user_message", text="leave a door open")
+        assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+    left = Path("/run/lock", name)
+    try:
+        assert (agent_workspace / "documents" / "done").exists()
+        assert (agent_workspace / "documents" / "ls").read_text().startswith("-rwsr-sr-x")  # made, in its session
+        assert not left.exists()  # ... and not on the host
+        stranger = await asyncio.to_thread(subprocess.run, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                                            "--", str(left), "-c", "id -u"],
+                                           capture_output=True, text=True, check=False)
+    finally:
+        left.unlink(missing_ok=True)  # what the old launcher let through: the test leaves no door open
+    assert stranger.returncode != 0 and stranger.stdout == "", stranger
+    assert "/run/lock" in private and "/tmp" in private
+
+
+def shm_segments(uid: int, table: str) -> list[str]:
+    """The SysV shared memory segments owned by `uid` in a /proc/sysvipc/shm listing."""
+    return [line for line in table.splitlines()[1:] if line.split()[7] == str(uid)]
+
+
+async def test_shared_memory_made_in_one_session_is_gone_in_the_next_and_on_the_host(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """SysV shared memory and POSIX message queues belong to an IPC namespace, not to a process: a
+    segment the agent made outlived its session (read back in the next, listed by ipcs after the
+    server stopped). Each CLI has an IPC namespace of its own."""
+    docs = agent_workspace / "documents"
+    bridge.agent.script(Turn(bash("ipcmk -M 1048576 > documents/made; cat /proc/sysvipc/shm > documents/shm1"),
+                             Text("Planted.")),
+                        Turn(bash("cat /proc/sysvipc/shm > documents/shm2"), Text("Looked.")))
+    try:
+        async with running(agent_settings) as app, client_factory(app.port) as connect:
+            c = await connect(hello={})
+            await c.send(type="user_message", text="plant")
+            assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+            assert shm_segments(agent_user.uid, (docs / "shm1").read_text()), (docs / "made").read_text()
+            await c.send(type="new_session")
+            await c.until("session_started", timeout=TURN)
+            await c.send(type="user_message", text="look")
+            assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+        assert shm_segments(agent_user.uid, (docs / "shm2").read_text()) == []  # not in the next session
+        assert shm_segments(agent_user.uid, Path("/proc/sysvipc/shm").read_text()) == []  # nor on the host
+    finally:
+        for line in shm_segments(agent_user.uid, Path("/proc/sysvipc/shm").read_text()):  # what the old launcher left
+            await asyncio.to_thread(subprocess.run, ["ipcrm", "-m", line.split()[1]], check=False)
+
+
+async def test_the_agents_oom_score_is_held_where_the_kernel_allows_and_said_where_not(
+        agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser, agent_workspace: Path) -> None:
+    """The agent's processes are the OOM killer's first choice (oom_score_adj 1000), and it tried to
+    lower its own to 0. Root's write sets the kernel's floor as well, if root holds CAP_SYS_RESOURCE;
+    where a container dropped it, /healthz says the floor does not hold, and why."""
+    bridge.agent.script(Turn(bash("cat /proc/self/oom_score_adj > documents/before; "
+                                  "(echo 0 > /proc/self/oom_score_adj) 2>/dev/null; "
+                                  "cat /proc/self/oom_score_adj > documents/after"), Text("Tried.")))
+    async with running(agent_settings) as app, client_factory(app.port) as connect:
+        oom = (await app.health())["limits"]["oom"]
+        c = await connect(hello={})
+        await c.send(type="user_message", text="lower it")
+        assert (await c.until("turn_complete", timeout=TURN))["status"] == "completed"
+    docs = agent_workspace / "documents"
+    capable = "CapEff" in (status := Path("/proc/self/status").read_text()) and bool(
+        int(next(line for line in status.splitlines() if line.startswith("CapEff:")).split()[1], 16) >> 24 & 1)
+    assert (docs / "before").read_text() == "1000\n"
+    assert oom["score_adj"] == 1000 and oom["floor"] is capable
+    if capable:
+        assert (docs / "after").read_text() == "1000\n"  # the kernel's floor: the agent cannot lower it
+    else:
+        assert "CAP_SYS_RESOURCE" in oom["why"] and "can lower" in oom["why"]  # not in force, and said so
+
+
 async def test_another_users_tmp_claude_folder_does_not_stop_the_agent(
         agent_settings: Settings, bridge: MockBridge, agent_user: AgentUser) -> None:
     """The CLI keeps its temporary files in /tmp/claude-<uid> and refuses one it does not own: any

@@ -497,3 +497,130 @@ def test_the_cli_is_told_the_ceiling(bridge: MockBridge, tmp_path: Any) -> None:
     relay = booked(bridge, tmp_path, max_tokens=777)
     relay._server = type("S", (), {"sockets": [type("K", (), {"getsockname": lambda self: ("127.0.0.1", 1)})()]})()
     assert relay.cli_env()["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "777"
+
+
+async def test_calls_abandoned_before_the_reply_or_timed_out_cost_their_worst_case(
+        bridge: MockBridge, tmp_path: Any) -> None:
+    """The proxy bills a call it received whatever became of its reply: one the CLI gave up on before
+    the reply's head, or one the proxy went silent on, is counted at its worst case."""
+    from sprite_os.agent.budget import read_call
+
+    body = json.dumps(BODY | {"max_tokens": 1000}).encode()
+    worst = read_call(body, counts_tokens=False)
+    assert not isinstance(worst, str)
+    bridge.faults.add(Fault("latency", seconds=3, times=8))
+    async with booked(bridge, tmp_path, daily_usd=8.5 * worst.worst_case_usd()) as relay, cli(relay) as c:
+        assert relay.book is not None
+        for _ in range(8):  # curl --max-time 1, non-streaming
+            with pytest.raises(httpx2.ReadTimeout):
+                await c.post("/v1/messages", content=body, timeout=0.3)
+        await wait_for(lambda: relay.book is not None and relay.book.report()["in_flight_usd"] == 0.0, timeout=10,
+                       what="the abandoned calls settled")
+        spent = relay.book.report()["spent_today_usd"]
+        refused = await c.post("/v1/messages", content=body)
+    assert spent == pytest.approx(8 * worst.worst_case_usd(), rel=1e-6)
+    assert refused.status_code == 429 and "daily budget" in refused.json()["error"]["message"]
+    assert len(bridge.requests) == 8
+
+
+async def test_a_call_the_proxy_went_silent_on_costs_its_worst_case_and_one_never_sent_nothing(
+        tmp_path: Any) -> None:
+    from sprite_os.agent.budget import AgentLimits
+    from sprite_os.agent.spend_book import SpendBook
+
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, then says nothing
+    url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: refused
+    limits = AgentLimits(frozenset({"claude-test"}), 10.0, 1000, 100)
+    try:
+        async with ModelRelay(url, PROXY_KEY, RelayLimits(upstream_read_timeout=0.5),
+                              book=SpendBook(limits, tmp_path / "a.json")) as relay, cli(relay) as c:
+            timed_out = await c.post("/v1/messages", json=BODY)
+            assert relay.book is not None
+            silent_spent = relay.book.report()["spent_today_usd"]
+        async with ModelRelay(closed, PROXY_KEY, book=SpendBook(limits, tmp_path / "b.json")) as relay, \
+                cli(relay) as c:
+            unreachable = await c.post("/v1/messages", json=BODY)
+            assert relay.book is not None
+            unreachable_spent = relay.book.report()["spent_today_usd"]
+    finally:
+        silent.close()
+    assert (timed_out.status_code, unreachable.status_code) == (504, 502)
+    assert silent_spent > 0.0 and unreachable_spent == 0.0
+
+
+async def test_a_client_that_pipelines_megabytes_during_a_call_is_dropped_not_buffered(bridge: MockBridge) -> None:
+    """What a client sends during a call waits in the relay's memory: past a small bound its connection is
+    dropped (and its call with it), so writing megabytes during a slow reply grows nothing."""
+    bridge.faults.add(Fault("latency", seconds=5, times=1))
+    async with ModelRelay(bridge.url, PROXY_KEY) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        body = json.dumps(BODY).encode()
+        writer.write(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: " + relay.client_key.encode() +
+                     b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        await wait_for(lambda: relay.upstream_open == 0 and len(bridge.requests) == 1, timeout=5,
+                       what="the call reached the proxy")
+        sent, chunk = 0, b"x" * (1 << 20)
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionError):
+            while sent < 32 << 20 and time.monotonic() - started < 4:
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 4)
+                sent += len(chunk)
+        try:
+            dropped = await asyncio.wait_for(reader.read(), 10)  # EOF, or a reset: never the reply
+        except ConnectionResetError:
+            dropped = b""
+        writer.close()
+    assert dropped == b""  # held, the bytes waited for the reply (a 200) and then made a 400
+    assert sent < 32 << 20  # the relay stopped taking them: nothing held them for it
+
+
+async def test_calls_the_budget_cannot_bound_are_refused_before_the_proxy(bridge: MockBridge, tmp_path: Any) -> None:
+    """An input by URL, a server tool, a premium beta or a key given twice: each could cost more than
+    the budget reckons (16 such small calls reached $36 against a $10 cap). None reaches the proxy."""
+    async with booked(bridge, tmp_path) as relay, cli(relay) as c:
+        by_url = await c.post("/v1/messages", json=BODY | {"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "url", "url": "https://example.com/big.pdf"}}]}]})
+        search = await c.post("/v1/messages", json=BODY | {"tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+        long_context = await c.post("/v1/messages", json=BODY, headers={"anthropic-beta": "context-1m-2025-08-07"})
+        twice = await c.post("/v1/messages", content=b'{"model": "claude-test", "max_tokens": 64, "max_tokens": 64, '
+                                                     b'"messages": []}')
+        fine = await c.post("/v1/messages", json=BODY, headers={"anthropic-beta": "claude-code-20250219,effort-2025-11-24"})
+        assert relay.book is not None
+        report = relay.book.report()
+    for refused in (by_url, search, long_context, twice):
+        assert (refused.status_code, refused.headers["x-should-retry"]) == (400, "false")
+        assert refused.json()["error"]["message"].startswith("Sprite OS refused the agent's call:")
+    assert "could not bound" in long_context.json()["error"]["message"]
+    assert fine.status_code == 200 and len(bridge.requests) == 1
+    assert report["refused_today"] == {"unbounded": 3, "invalid": 1}
+
+
+async def test_a_flood_of_empty_connections_never_closes_one_that_sent_its_head(bridge: MockBridge) -> None:
+    """Any local user can open connections faster than the CLI sends its request: closing the oldest
+    unverified one closed the CLI's (0 of 7 through, 130,000 connections in 20 s). The one to make
+    room is the oldest that has said nothing."""
+    limits = RelayLimits(max_unverified=4, head_timeout=60)
+    body = json.dumps(BODY).encode()
+    head = (b"POST /v1/messages/count_tokens HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n")
+    async with ModelRelay(bridge.url, PROXY_KEY, limits) as relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(head)  # the CLI's head, its key still on the way
+        await writer.drain()  # read by the relay, or waiting in its socket: either way, it has said something
+        flood = []
+        try:
+            for _ in range(40):
+                flood.append(await asyncio.open_connection("127.0.0.1", relay.port))
+            await wait_for(lambda: len(relay._unverified) <= 4, timeout=5, what="room made")
+            writer.write(b"x-api-key: " + relay.client_key.encode() + b"\r\n\r\n" + body)
+            answer = await asyncio.wait_for(reader.read(100), 10)
+        finally:
+            writer.close()
+            for _, w in flood:
+                w.close()
+    assert answer.startswith(b"HTTP/1.1 200 ")

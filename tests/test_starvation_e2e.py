@@ -180,29 +180,87 @@ async def test_control_an_allocation_under_the_memory_limit_succeeds(limited: Se
 # ---------------------------------------------------------------- a full disk
 
 
+def mounted_at(mount: Path) -> bool:
+    """Whether anything is mounted at `mount` (as /proc/self/mountinfo escapes its path)."""
+    escaped = str(mount).replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+    return any(line.split()[4] == escaped for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def holders(mount: Path) -> list[int]:
+    """The processes with their directory, root, or a file in the file system at `mount`."""
+    found = []
+    for pid in procfs.pids():
+        base = Path(f"/proc/{pid}")
+        with contextlib.suppress(OSError):
+            links = [os.readlink(base / "cwd"), os.readlink(base / "root"),
+                     *(os.readlink(fd) for fd in (base / "fd").iterdir())]
+            if any(link == str(mount) or link.startswith(f"{mount}/") for link in links):
+                found.append(pid)
+    return found
+
+
+def unmount(mount: Path, image: Path | None = None) -> None:
+    """Unmount for certain: end what holds the file system (an agent's leftover `dd`), unmount, lazily if
+    it is still busy, and free the image's loop device. An unmount that failed silently left loop-mounted
+    images behind, their files deleted."""
+    for _ in range(3):
+        if not mounted_at(mount):
+            break
+        for pid in holders(mount):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        if subprocess.run(["umount", str(mount)], capture_output=True, check=False).returncode != 0:
+            time.sleep(0.5)
+    if mounted_at(mount):
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False)
+    if image is not None:
+        looped = subprocess.run(["losetup", "-n", "-O", "NAME", "-j", str(image)], capture_output=True, text=True,
+                                check=False).stdout.split()
+        for device in looped:
+            subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
+    assert not mounted_at(mount), f"{mount} is still mounted"
+
+
 @pytest.fixture
 def small_disk(agent_workspace: Path) -> Iterator[Callable[[int], Path]]:
     """A small ext4 file system, loop-mounted, with `reserved` percent of it kept for root; the
     workspace goes inside it. Never the machine's own disk."""
     if shutil.which("mkfs.ext4") is None or shutil.which("losetup") is None:
         pytest.skip("a loop-mounted ext4 needs e2fsprogs and util-linux")
-    mounted: list[Path] = []
+    mounted: list[tuple[Path, Path]] = []
 
     def make(reserved: int) -> Path:
         image, mount = agent_workspace.parent / "disk.img", agent_workspace.parent / "disk"
         subprocess.run(["truncate", "-s", "128M", str(image)], check=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", "-m", str(reserved), str(image)], check=True)
         mount.mkdir()
+        mounted.append((mount, image))
         subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-        mounted.append(mount)
         os.chmod(mount, 0o755)
         return mount / "workspace"
 
     try:
         yield make
     finally:
-        for mount in mounted:
-            subprocess.run(["umount", str(mount)], check=False)
+        for mount, image in mounted:
+            unmount(mount, image)
+
+
+def test_a_busy_test_disk_is_unmounted_for_certain(tmp_path: Path) -> None:
+    """The disk tests' teardown: a plain umount failed (busy: the agent's `dd` still in it) and left the
+    image loop-mounted. What holds it is ended, and the teardown checks nothing is left mounted."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "sprite-test-busy", str(mount)], check=True)
+    holder = subprocess.Popen(["sleep", "600"], cwd=mount)
+    try:
+        assert subprocess.run(["umount", str(mount)], capture_output=True, check=False).returncode != 0  # busy
+        unmount(mount)
+        assert holder.wait(timeout=10) == -9 and not mounted_at(mount)
+    finally:
+        holder.kill()
+        holder.wait()
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False)
 
 
 FILL = "dd if=/dev/zero of=documents/fill bs=1M 2> documents/dd.err; echo $? > documents/dd.rc"
@@ -242,7 +300,7 @@ async def test_control_without_a_reserve_a_full_disk_costs_capture_its_record(
         outcome = await attack_during_a_turn(settings, bridge, FILL, lambda app: rc.exists())
         assert outcome.recorded != ["the attack", "the next turn"], outcome.recorded
     finally:
-        await asyncio.to_thread(subprocess.run, ["umount", "--lazy", str(mount)], check=False)
+        await asyncio.to_thread(unmount, mount)
 
 
 # ---------------------------------------------------------------- every core

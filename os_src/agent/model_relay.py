@@ -12,13 +12,15 @@ start. The relay checks that key, swaps in the real one, and forwards:
 - the response as it comes (SSE included), status and headers (retry-after, x-should-retry,
   request-id) untouched, so the CLI retries as it would against the proxy itself;
 - with backpressure: the next chunk is read from the proxy only once the CLI has taken the last,
-  and a CLI that goes away (an interrupt) closes its request to the proxy at once.
+  and a CLI that goes away (an interrupt) closes its request to the proxy at once, as does one that
+  sends more than 64 KiB during a call (held, it would grow the relay without bound).
 
 It is bounded, since any local user can connect to it and the agent can send it anything: a body
 of 8 MiB at most, all bodies being read together within a memory budget, every request head and
 body within a deadline, and at most 16 connections that presented the key. Connections that have
-not yet presented it are counted apart, the oldest making room for the newest, so that silent
-connections from another user cannot keep the CLI out.
+not yet presented it are counted apart, the oldest that has said nothing making room for the
+newest, so that silent connections from another user, or a flood of new ones, cannot keep the CLI
+out once it has sent its request's head.
 
 When the proxy can't be reached, or says nothing in time, the CLI gets 502 or 504 with an
 Anthropic-style error body (and `x-should-retry: true`), which it retries like any 5xx.
@@ -29,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hmac
 import json
 import os
 import secrets
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -44,7 +49,7 @@ import httpx2 as httpx
 
 from ..errors import SpriteOSError
 from ..logs import get_logger
-from .budget import REFUSED_BY, Call, read_call
+from .budget import Call, Refusal, read_call
 from .spend_book import SpendBook
 from .usage import UsageMeter
 
@@ -59,6 +64,7 @@ PLACEHOLDER_KEY = "sprite-os"  # what the proxy got before there was a relay, wh
 READ_CHUNK = 64 * 1024
 LINGER_SECONDS = 2.0
 WRITE_BUFFER_BYTES = 64 * 1024  # unsent bytes held for a slow CLI before the relay waits for it
+PIPELINED_BYTES = 64 * 1024  # what a client may send during a call, before its connection is dropped
 SEND_CHUNK = 256 * 1024  # a held body goes to the proxy in slices of this (no copy of it whole)
 
 # Framing and connection headers belong to each hop; credentials are the relay's to set; the reply
@@ -68,6 +74,8 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"
 # The relay holds the body whole, so `expect: 100-continue` was answered here.
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-api-key", b"authorization",
                                 b"accept-encoding"}
+# What httpx raises when no connection to the proxy was made: the request never left.
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                 429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
@@ -155,9 +163,34 @@ class _Refused(Exception):
 @dataclass
 class _Forwarded:
     call: Call | None  # what the budget let out (None: no budget)
+    sent: bool = False  # the request may have reached the proxy (it was connected to): it may bill it
     status: int | None = None  # the proxy's, once it answered
     meter: UsageMeter | None = None
     settled: bool = False
+
+
+@dataclass
+class _Unverified:
+    """A connection yet to present the key: whether it has said anything."""
+
+    fd: int
+    heard: bool = False  # bytes of it were read
+
+    def silent(self) -> bool:
+        """Nothing read of it, nor waiting to be (a flood keeps the loop from reading the CLI's head)."""
+        if self.heard:
+            return False
+        try:
+            pending = int(struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+        except OSError:
+            return True  # closed meanwhile
+        return pending == 0
+
+
+def _victim(unverified: dict[asyncio.Task[None], _Unverified]) -> asyncio.Task[None]:
+    """The connection to close for a new one: the oldest that has said nothing, so that a flood of empty
+    connections never closes one that sent its head (the CLI's); the oldest of all if every one has."""
+    return next((task for task, conn in unverified.items() if conn.silent()), next(iter(unverified)))
 
 
 class ModelRelay:
@@ -177,7 +210,7 @@ class ModelRelay:
         self._client: httpx.AsyncClient | None = None
         self._connections: set[asyncio.Task[None]] = set()  # every one, to end at stop
         self._verified: set[asyncio.Task[None]] = set()  # those that presented the key
-        self._unverified: dict[asyncio.Task[None], None] = {}  # the others, oldest first
+        self._unverified: dict[asyncio.Task[None], _Unverified] = {}  # the others, oldest first
         self.buffered = 0  # bytes of request bodies held now
         self.upstream_open = 0  # requests to the proxy not yet closed
 
@@ -247,11 +280,12 @@ class ModelRelay:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        self._unverified[task] = None
+        sock = writer.get_extra_info("socket")
+        self._unverified[task] = _Unverified(sock.fileno() if sock is not None else -1)
         if len(self._unverified) > self._limits.max_unverified:
-            oldest = next(iter(self._unverified))
-            self._unverified.pop(oldest)
-            oldest.cancel()  # it has sent no whole request in all this time: the newest may be the CLI
+            victim = _victim(self._unverified)
+            self._unverified.pop(victim)
+            victim.cancel()  # it has sent no whole request in all this time: the newest may be the CLI
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         try:
             first = True
@@ -302,7 +336,7 @@ class ModelRelay:
             self._verify()
             body = await self._read_body(conn, reader, writer, event)
             try:
-                call = self._judge(target, body)
+                call = await self._judge(target, event.headers, body)
                 return await self._relay(conn, reader, writer, event, target, body, call)
             finally:
                 self.buffered -= len(body)
@@ -312,14 +346,16 @@ class ModelRelay:
             await self._refuse(conn, writer, refused, reader)
             return False
 
-    def _judge(self, target: bytes, body: bytearray) -> Call | None:
+    async def _judge(self, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytearray) -> Call | None:
         """The call, once the agent's budget lets it out (None with no budget); else _Refused."""
         if self.book is None:
             return None
-        call = read_call(body, counts_tokens=target.startswith(COUNT_TOKENS))
-        if isinstance(call, str):
-            self.book.refuse("invalid")
-            raise _Refused(400, f"{REFUSED_BY} {call}")
+        betas = [value for name, value in headers if name == b"anthropic-beta"]
+        # Parsed in a thread: 8 MiB of JSON, read twice (duplicate keys, then the facts), takes ~100 ms.
+        call = await asyncio.to_thread(read_call, body, target.startswith(COUNT_TOKENS), betas)
+        if isinstance(call, Refusal):
+            self.book.refuse(call.reason)
+            raise _Refused(call.status, call.message, should_retry=False)
         if (refusal := self.book.admit(call)) is not None:
             raise _Refused(refusal.status, refusal.message, refusal.retry_after, should_retry=refusal.retry)
         return call
@@ -341,6 +377,8 @@ class ModelRelay:
                 data = await reader.read(READ_CHUNK)
             if deadline is None:
                 deadline = loop.time() + self._limits.head_timeout
+            if data and (task := asyncio.current_task()) and (unverified := self._unverified.get(task)):
+                unverified.heard = True
             conn.receive_data(data)  # b"": the CLI closed its side
 
     async def _read_body(self, conn: h11.Connection, reader: asyncio.StreamReader,
@@ -403,12 +441,14 @@ class ModelRelay:
 
     def _settle(self, outcome: _Forwarded) -> None:
         """Count what the call cost, once: what the reply reported, or (cut short) the most it can
-        have. Only a reply the proxy accepted (2xx) costs anything; the API bills no refusal."""
+        have. A refusal by the proxy (not 2xx) costs nothing, nor does a call that never reached it
+        (no connection); one that did and ended before the reply's head (the CLI gave up, the proxy
+        went silent) may still be billed in full: its worst case."""
         call = outcome.call
         if outcome.settled or call is None or self.book is None:
             return
         outcome.settled = True
-        cost = 0.0
+        cost = call.worst_case_usd() if outcome.status is None and outcome.sent else 0.0
         if outcome.status is not None and 200 <= outcome.status < 300 and outcome.meter is not None:
             outcome.meter.finish()
             cost = outcome.meter.cost(call.model, call.worst_case_usd())
@@ -416,9 +456,15 @@ class ModelRelay:
 
     @staticmethod
     async def _client_gone(conn: h11.Connection, reader: asyncio.StreamReader) -> None:
-        """Returns when the CLI closes its connection. Anything it sends meanwhile (a pipelined
-        request) waits in h11's buffer."""
+        """Returns when the CLI closes its connection, or sends more during the call than a pipelined
+        request's head and a small body (PIPELINED_BYTES): the relay would hold it all, and the
+        connection is dropped instead. What it may send waits in h11's buffer."""
+        held = 0
         while data := await reader.read(READ_CHUNK):
+            held += len(data)
+            if held > PIPELINED_BYTES:
+                log.warning("model_relay_pipelined_too_much", held=held)
+                return
             conn.receive_data(data)
 
     async def _forward(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
@@ -428,9 +474,12 @@ class ModelRelay:
         headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
         upstream = self._client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
                                               headers=headers, content=_slices(body))
+        outcome.sent = True
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.TransportError as exc:
+            outcome.sent = not isinstance(exc, _NEVER_SENT)
+            self._settle(outcome)  # before the CLI hears of it, as for a reply
             await self._refuse(conn, writer, _unreachable(exc))  # the request was read whole
             return False
         self.upstream_open += 1

@@ -9,7 +9,9 @@ User mode: the SDK runs a launcher (written at each start into `.os/state/`, roo
 - makes a pid namespace (`unshare --pid --fork --kill-child --mount-proc`): when the CLI, its
   init, ends, the kernel kills everything in it, daemons that called setsid too; and its /proc
   shows only its own processes;
-- and a mount namespace of its own, where /tmp, /var/tmp, /dev/shm and the agent's home are fresh
+- an IPC namespace: SysV shared memory, semaphores and POSIX queues the agent makes go with it;
+- and a mount namespace of its own, where /tmp, /var/tmp, /dev/shm, every other world-writable
+  folder the agent can reach (/run/lock: world_writable_dirs) and the agent's home are fresh
   tmpfs mounts (nosuid, nodev): nothing the agent leaves there outlives the session (an rc file
   that would run in the next one), nor is anyone else's to run (a set-uid shell), and no other
   user's /tmp/claude-<uid> is in its way; a workspace that lies under /tmp is bound back in;
@@ -64,6 +66,7 @@ CLI_KEPT = 86_400.0  # a copy no server has used for this long, and no process r
 LAUNCHER = "agent-cli.sh"
 PROMPT = "boot-prompt.md"
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # each a fresh tmpfs in the CLI's mount namespace
+NOT_SCANNED = ("/proc", "/sys")  # no files: writing there is the kernel's business, not a place to leave one
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,28 @@ def prune_cli_copies(keep: Path, cache: Path = CLI_CACHE, now: float | None = No
     return removed
 
 
+def world_writable_dirs(skip: Sequence[Path] = (), root: Path = Path("/")) -> list[str]:
+    """Every directory anyone may write in (o+w, sticky or not) that any user can reach from `root`
+    (each folder above it o+x), not descending into one found, nor into `skip` (the workspace), nor
+    /proc and /sys: where the agent could leave a file for others (a set-uid shell in /run/lock).
+    Each gets a private tmpfs in the CLI's namespace. Blocking: a walk of the file tree (about 1 s
+    for 30,000 folders)."""
+    pruned = {str(p) for p in skip} | set(NOT_SCANNED)
+    found, stack = [], [str(root)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.path in pruned or not entry.is_dir(follow_symlinks=False):
+                        continue
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    if mode & 0o002:
+                        found.append(entry.path)
+                    elif mode & 0o001:
+                        stack.append(entry.path)
+    return sorted(found)
+
+
 def launcher_script(cli: Path, user: AgentUser, *, workspace: Path, cgroups: Sequence[Path] = (),
                     max_processes: int = DEFAULT_MAX_PROCESSES, tmp_bytes: int = 1 << 30,
                     private_tmp: tuple[str, ...] = PRIVATE_TMP) -> str:
@@ -143,13 +168,30 @@ def launcher_script(cli: Path, user: AgentUser, *, workspace: Path, cgroups: Seq
               f"exec {q(tool['prlimit'])} --nproc={max_processes}:{max_processes} --core=0 -- "
               f"{q(tool['nice'])} -n {AGENT_NICE} {q(tool['setpriv'])} --reuid={uid} --regid={gid} --init-groups "
               f'--no-new-privs --pdeathsig KILL -- {q(str(cli))} "$@"']
-    outer = [tool["setpriv"], "--pdeathsig", "KILL", "--", tool["unshare"], "--pid", "--fork", "--kill-child=SIGKILL",
+    outer = [tool["setpriv"], "--pdeathsig", "KILL", "--", tool["unshare"], "--pid", "--ipc", "--fork", "--kill-child=SIGKILL",
              "--mount-proc", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(inner), "sprite-agent-cli"]
     join = "".join(f"echo $$ > {q(str(p))} || exit 1\n" for p in cgroups)
     return ("#!/bin/sh\n# Written by Sprite OS at start (isolation/launch.py): the agent's CLI, as its own user, in its\n"
             "# own control group, pid and mount namespaces, with a private /tmp and a fresh home.\n"
-            f"{join}echo 1000 > /proc/self/oom_score_adj\n"
+            f"{join}echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj\n"
             f'exec {shlex.join(outer)} "$@"\n')
+
+
+CAP_SYS_RESOURCE = 24
+OOM_SCORE_ADJ = 1000  # the agent's processes: the OOM killer's first choice
+
+
+def oom_floor(status: str) -> dict[str, Any]:
+    """Whether the agent can lower its oom_score_adj, from this process's /proc/self/status. Root's
+    write in the launcher sets the kernel's floor too (oom_score_adj_min, kept across fork and
+    exec; below it only CAP_SYS_RESOURCE may go), but only when root holds CAP_SYS_RESOURCE: a
+    container that drops it leaves the floor at the server's own value, and the agent free to lower
+    its score to that."""
+    effective = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("CapEff:")), 0)
+    holds = bool(effective >> CAP_SYS_RESOURCE & 1)
+    return {"score_adj": OOM_SCORE_ADJ, "floor": holds,
+            "why": "set by root with CAP_SYS_RESOURCE: the agent cannot lower it" if holds else
+                   "the server lacks CAP_SYS_RESOURCE (dropped by its container): the agent can lower it"}
 
 
 def kill_processes_of(uid: int) -> list[int]:
@@ -229,8 +271,10 @@ class AgentLaunch:
         memory = res.memory_max or default_memory(memory_total(Path("/proc/meminfo").read_text()) or 0) or (1 << 30)
         self._group.remove()  # a second prepare (tests) makes a new one
         self._group = AgentGroup.create(res.max_processes, memory)
+        workspace = self.layout.root.resolve()
         tmp = [d for d in PRIVATE_TMP if os.path.isdir(d) and not os.path.islink(d)]
-        script = launcher_script(cli, user, workspace=self.layout.root.resolve(), cgroups=self._group.procs_files,
+        tmp += [d for d in world_writable_dirs(skip=(workspace, user.home)) if d not in tmp]
+        script = launcher_script(cli, user, workspace=workspace, cgroups=self._group.procs_files,
                                  max_processes=res.max_processes, tmp_bytes=memory, private_tmp=tuple(tmp))
         atomic_write(self._launcher, script.encode(), mode=0o700)
         self.limits = self._limits_in_force(user, memory, tmp)
@@ -252,6 +296,7 @@ class AgentLaunch:
             "disk": {"reserved_bytes": disk.reserved_bytes, "holds": disk.holds, "why": disk.why},
             "tmp": {"private": tmp, "options": "tmpfs nosuid,nodev, fresh each session", "max_bytes": memory},
             "home": {"path": str(user.home), "fresh": "a tmpfs each session: nothing in it outlives the session"},
+            "oom": oom_floor(Path("/proc/self/status").read_text()),
         }
 
     def close(self) -> None:
