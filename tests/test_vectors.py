@@ -61,6 +61,19 @@ def test_a_torn_tail_is_ignored_and_cut(tmp_path: Path) -> None:
     assert [h[0] for h in reader.search(x[10], 1)] == [11]
 
 
+def test_a_kill_mid_commit_leaves_no_temp_file_once_the_writer_opens_again(tmp_path: Path) -> None:
+    """A kill -9 between meta.json's temp file and its rename (the chaos suite's slow disk found
+    dozens) left `.meta.json.*.tmp` for good; the store's one writer sweeps them when it opens."""
+    rng = np.random.default_rng(3)
+    VectorWriter(tmp_path / "m", "model").add(range(1, 4), [0.0] * 3, unit(rng, 3))
+    debris = [tmp_path / "m" / ".meta.json.ab12cd34.tmp", tmp_path / "m" / ".basis.npy.tmp"]
+    other = tmp_path / "m" / ".notes.txt.ab12cd34.tmp"  # not the store's: stays
+    for path in [*debris, other]:
+        path.write_bytes(b"{")
+    writer = VectorWriter(tmp_path / "m", "model")
+    assert len(writer) == 3 and not any(p.exists() for p in debris) and other.exists()
+
+
 def test_a_forgotten_turns_vector_is_zeros_on_disk_never_found_and_never_added_again(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     x = unit(rng, 1_300)

@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ...fsutil import atomic_write
+from ...fsutil import atomic_write, sweep_temp_files
 
 DIM = 384
 BITS = 1024
@@ -315,6 +315,9 @@ class VectorWriter:
     def __init__(self, path: Path, model: str, dim: int = DIM) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
+        # What a kill between a temp file and its rename left: the store's one writer sweeps it.
+        sweep_temp_files(path, lambda name: name == "meta.json")
+        (path / ".basis.npy.tmp").unlink(missing_ok=True)
         meta = read_meta(path)
         if meta is None or meta.format != FORMAT or meta.dim != dim:
             meta = Meta(FORMAT, model, dim)
