@@ -110,9 +110,11 @@ async def test_correction_a_fact_corrected_midway_is_recalled_right_after_50_tur
     assert "- Dog: Max" in user_md and "Rex" not in user_md
     assert "- Dog: Rex" not in prompt  # the old statement is in no file
     learned = prompt[prompt.index("## Learned in the last"):]
-    # The old fact is still a learning of the last 48 hours (learnings are never rewritten); the
-    # correction is listed before it (newest first), and the list says a correction overrides it.
-    assert learned.index("CORRECTION: The user's dog is called Max") < learned.index("FACT: The user's dog is called Rex")
+    # The fact a correction replaces leaves the recent learnings; the correction keeps where it came
+    # from ("was: ... until <date>"), and the list says a correction overrides what it contradicts.
+    assert "FACT: The user's dog is called Rex" not in learned
+    line = next(x for x in learned.splitlines() if "CORRECTION: The user's dog is called Max" in x)
+    assert "(was: The user's dog is called Rex until " in line
     assert "a CORRECTION overrides any older learning it contradicts" in learned
     # Not in this session's conversation, except as a memory auto-recall brought back, before the
     # correction that overrides it.

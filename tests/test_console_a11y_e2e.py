@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from axe_playwright_python.async_playwright import Axe
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 from playwright.async_api import expect
 
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
@@ -157,9 +158,15 @@ async def test_every_action_works_from_the_keyboard_alone(server: SpriteOS, brid
         await keys.press("ArrowRight")  # the tabs: arrows move between them
         await keys.press("ArrowRight")
         await expect(tab.by("files-view")).to_be_visible()
-        await tab_to(tab, "upload-button")
-        async with tab.page.expect_file_chooser() as chooser:
-            await keys.press("Enter")
+        for attempt in range(3):  # the files view may re-render (a listing lands) between focus and Enter
+            await tab_to(tab, "upload-button")
+            try:
+                async with tab.page.expect_file_chooser(timeout=10_000) as chooser:
+                    await keys.press("Enter")
+                break
+            except PlaywrightTimeout:
+                if attempt == 2:
+                    raise
         await (await chooser.value).set_files(str(upload))
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
         await tab_to(tab, "open-folder")
