@@ -45,6 +45,7 @@ RequestErrorCode = Literal[
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
     "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
+    "busy",  # a turn is running in the session to forget: interrupt it or wait, then forget
 ]
 
 
