@@ -11,6 +11,7 @@ import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from devkit.harness import make_settings
@@ -106,6 +107,17 @@ async def test_browse_and_read_only_user_space(kit: Kit) -> None:
         assert (await kit.refused(pf.FileReadRequest(request_id="r", path=path))).code == "bad_path", path
     assert (await kit.refused(pf.FilesListRequest(request_id="l", path="os-link"))).code == "bad_path"
     assert (await kit.refused(pf.FileReadRequest(request_id="r", path="documents/nope"))).code == "not_found"
+
+
+async def test_a_name_that_is_not_utf8_is_listed_escaped_and_never_fails_the_folder(kit: Kit) -> None:
+    docs = os.fsencode(kit.layout.root / "documents")
+    (Path(os.fsdecode(docs)) / "fine.txt").write_text("ok")
+    with open(docs + b"/caf\xe9-\xff.txt", "wb") as f:
+        f.write(b"abc")
+    listing = await kit.ask(pf.FilesListRequest(request_id="l", path="documents"))
+    decoded = msgspec.json.decode(p.encode(listing))  # what the gateway sends
+    assert [(e["name"], e["size"], e["openable"]) for e in decoded["entries"]] == [
+        ("caf\ufffd-\ufffd.txt", 3, False), ("fine.txt", 2, True)]
 
 
 async def test_an_upload_lands_in_documents_under_a_free_name_and_everyone_is_told(kit: Kit) -> None:

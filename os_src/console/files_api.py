@@ -94,7 +94,8 @@ class FilesConsole:
         except (PathRefused, NotThere) as exc:
             raise _refused(exc) from None
         return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[
-            pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified) for e in entries])
+            pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified, openable=e.openable)
+            for e in entries])
 
     async def _read(self, req: pf.FileReadRequest) -> pf.FileReadResult:
         try:

@@ -70,6 +70,9 @@ class FileEntry(msgspec.Struct, frozen=True):
     kind: str  # file | folder | link | other: a link is listed, never followed
     size: int  # bytes, for a file
     modified: float
+    # False: the name on disk is not valid UTF-8; `name` shows it with U+FFFD in place of each bad
+    # byte, so it can't be opened, listed into or downloaded by that name (rename it on the Sprite)
+    openable: bool = True
 
 
 class FilesListResult(Reply, tag="files_list_result", frozen=True):

@@ -90,10 +90,13 @@ export class FilesView {
 
   row(entry) {
     const path = this.path ? `${this.path}/${entry.name}` : entry.name;
-    const name = entry.kind === "folder"
+    const openable = entry.openable !== false;  // false: the name is not UTF-8 (shown with U+FFFD)
+    const name = entry.kind === "folder" && openable
       ? el("button", { type: "button", class: "link", testid: "open-folder", dir: "auto", text: `${entry.name}/`, onclick: () => this.show(path) })
-      : el("span", { dir: "auto", text: entry.name });
-    const action = entry.kind === "file"
+      : el("span", { dir: "auto", text: entry.kind === "folder" ? `${entry.name}/` : entry.name });
+    const action = !openable
+      ? el("span", { class: "muted", text: "its name is not UTF-8: rename it to open it here" })
+      : entry.kind === "file"
       ? el("button", { type: "button", testid: "download", text: "Download", "aria-label": `Download ${entry.name}`, onclick: () => this.download(path, entry.name) })
       : el("span", { class: "muted", text: entry.kind === "link" ? "a link: not followed" : entry.kind === "other" ? "not a file" : "" });
     return el("tr", { testid: "file-entry", dataset: { name: entry.name, kind: entry.kind } },
