@@ -5,9 +5,11 @@ file has, and downloads over HTTP with the token."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -193,6 +195,38 @@ async def test_idle_and_cancelled_uploads_and_those_a_stopped_server_left_are_dr
     assert (await kit.refused(pf.UploadChunkRequest(request_id="c", upload_id=first.upload_id,  # type: ignore[attr-defined]
                                                     offset=0, data=b"x"))).code == "not_found"
     assert len(list(incoming.iterdir())) == 1
+
+
+async def test_a_cancel_waits_for_the_chunk_being_written_so_no_other_file_gets_its_bytes(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed under a write still in its thread, the upload's descriptor number could be reused by
+    the next file opened, and the chunk written into that one."""
+    writing, go_on = threading.Event(), threading.Event()
+    real_pwrite = os.pwrite
+
+    def held_pwrite(fd: int, data: bytes, offset: int) -> int:
+        writing.set()
+        go_on.wait(30)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", held_pwrite)
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="a.bin", size=5))
+    uid = start.upload_id  # type: ignore[attr-defined]
+    chunk = asyncio.create_task(kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=uid, offset=0, data=b"bytes")))
+    await asyncio.to_thread(writing.wait, 30)
+    cancel = asyncio.create_task(kit.ask(pf.UploadCancelRequest(request_id="x", upload_id=uid)))
+    await asyncio.sleep(0)  # the cancel runs up to where it waits
+    victim = kit.layout.root / "victim.txt"
+    fd = os.open(victim, os.O_WRONLY | os.O_CREAT, 0o600)  # the lowest free number: the upload's, if it was closed
+    try:
+        go_on.set()
+        assert (await chunk).received == 5  # type: ignore[attr-defined]
+        await cancel
+    finally:
+        os.close(fd)
+    assert victim.read_bytes() == b""
+    assert (await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=uid))).code == "not_found"
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (CI runs as root)")
