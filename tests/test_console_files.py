@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 import stat
 import threading
 from collections.abc import AsyncIterator
@@ -259,9 +260,19 @@ async def download_checks(app: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> Non
         status, _, body = await get(app.port, f"/console/download?path={path}", **auth)
         assert status == 403 and b"secret" not in body, (path, status, body)
     assert (await get(app.port, "/console/download?path=documents/nope", **auth))[0] == 404
+    status, _, body = await get(app.port, f"/console/download?path=documents/{unix_socket(root, monkeypatch)}", **auth)
+    assert status == 403 and b"not a file (a socket)" in body  # opening one fails with ENXIO
     monkeypatch.setattr(pf, "MAX_TRANSFER_BYTES", 4)
     status, _, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
     assert status == 413 and b"too large to download" in body
+
+
+def unix_socket(root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A Unix socket in documents/ (bound from there: a socket's path has a short length limit)."""
+    monkeypatch.chdir(root / "documents")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("a.sock")
+    return "a.sock"
 
 
 async def test_the_protocol_refuses_the_same_through_the_real_socket(tmp_path: Path) -> None:
@@ -279,6 +290,31 @@ async def test_the_protocol_refuses_the_same_through_the_real_socket(tmp_path: P
         await c.send(type="files_list", request_id="r4")
         listing = await c.until("files_list_result")
         assert ".os" not in [e["name"] for e in listing["entries"]] and "documents" in [e["name"] for e in listing["entries"]]
+
+
+async def test_numbers_past_64_bits_and_a_socket_are_clear_errors_not_internal_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import client_factory
+
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings) as app, client_factory(app.port) as connect:
+        c = await connect(hello={})
+        (app.settings.layout.root / "documents" / "a.txt").write_text("abc")
+        name = unix_socket(app.settings.layout.root, monkeypatch)
+        for n, frame in enumerate([
+                {"type": "file_read", "path": "documents/a.txt", "offset": 2**63},
+                {"type": "session_turns", "before": 2**63},
+                {"type": "forget_turns", "observation_ids": [2**63]},
+                {"type": "upload_start", "name": "a", "size": 2**63},
+                {"type": "memory_version", "name": "user.md", "number": 2**63}]):
+            await c.send(request_id=f"big{n}", **frame)
+            error = await c.until("error")
+            assert (error["request_id"], error["code"]) == (f"big{n}", "invalid_frame"), error
+        await c.send(type="file_read", request_id="near", path="documents/a.txt", offset=2**63 - 1)
+        assert (await c.until("file_read_result"))["data"] == ""  # past the end: nothing, as at any offset
+        await c.send(type="file_read", request_id="sock", path=f"documents/{name}")
+        error = await c.until("error")
+        assert (error["request_id"], error["code"]) == ("sock", "bad_path") and "a socket" in error["message"]
 
 
 

@@ -35,6 +35,10 @@ class Reply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     request_id: str
 
 
+# The largest number a request may carry where one is stored or seeked: SQLite's integers and
+# the kernel's file offsets are 64-bit signed; beyond it, a bad_request, never an internal_error.
+MAX_INT64 = 2**63 - 1
+
 # The error codes of requests (protocol.ErrorCode holds them too, with the rest).
 RequestErrorCode = Literal[
     "not_found",  # no such memory file, version, learning, turn, session, file or folder

@@ -182,6 +182,10 @@ class UserFiles:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise PathRefused(f"{path} is a link: Sprite OS does not follow links out of your files") from None
+                if exc.errno == errno.ENXIO:  # a Unix socket (or a device with nothing behind it)
+                    raise PathRefused(f"{path} is not a file (a socket)") from None
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise PathRefused(f"{path} can't be read: Sprite OS is not allowed to") from None
                 raise
         try:
             st = os.fstat(fd)
@@ -194,7 +198,8 @@ class UserFiles:
     def read(self, path: str, offset: int, length: int) -> tuple[bytes, int]:
         """`length` bytes of a file from `offset`, and the file's size."""
         with self.open_file(path) as (fd, st):
-            return os.pread(fd, length, offset), st.st_size
+            # Past the end: nothing (pread refuses an offset near 2**63 with EINVAL).
+            return (os.pread(fd, length, offset) if offset < st.st_size else b""), st.st_size
 
     def read_all(self, path: str, limit: int) -> tuple[bytes, str]:
         """A whole file (ValueError if it is over `limit` bytes), and its name."""
