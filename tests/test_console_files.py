@@ -230,6 +230,21 @@ async def test_a_cancel_waits_for_the_chunk_being_written_so_no_other_file_gets_
     assert list((kit.layout.state_dir / "uploads").iterdir()) == []
 
 
+async def test_uploads_under_way_keep_the_room_they_announced(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each upload checks the free space counting what the others will still write, or four
+    started at once could each see room for itself and fill the disk together."""
+    written: list[int] = [0]
+    monkeypatch.setattr(files_api, "_free_bytes", lambda _path: files_api.DISK_RESERVE + 100 - written[0])
+    first = await kit.ask(pf.UploadStartRequest(request_id="s", name="a", size=60))
+    refused = await kit.refused(pf.UploadStartRequest(request_id="s", name="b", size=60))
+    assert refused.code == "too_large" and "uploads under way counted" in refused.message
+    await kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=first.upload_id, offset=0,  # type: ignore[attr-defined]
+                                        data=b"x" * 30))
+    written[0] = 30  # on the disk now: the first still needs 30 of what is left
+    await kit.ask(pf.UploadStartRequest(request_id="s", name="b", size=40))
+    assert (await kit.refused(pf.UploadStartRequest(request_id="s", name="c", size=1))).code == "too_large"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (CI runs as root)")
 async def test_as_root_an_upload_belongs_to_whoever_owns_documents(kit: Kit) -> None:
     docs = kit.layout.root / "documents"

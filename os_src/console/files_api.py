@@ -77,6 +77,7 @@ class FilesConsole:
         self._publish = publish
         self._note = note
         self._uploads: dict[str, _Upload] = {}
+        self._starting = asyncio.Lock()  # one start at a time: each counts the room the others took
 
     @property
     def handlers(self) -> Mapping[type[Request], Handler]:
@@ -136,19 +137,22 @@ class FilesConsole:
         if req.size > pf.MAX_TRANSFER_BYTES:
             raise RequestFailed("too_large", f"{_size(req.size)} is over the upload limit of "
                                 f"{_size(pf.MAX_TRANSFER_BYTES)}; nothing was uploaded")
-        if len(self._uploads) >= MAX_UPLOADS:
-            raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
         try:
             name = upload_name(req.name)
         except PathRefused as exc:
             raise RequestFailed("bad_path", str(exc)) from None
-        free = await asyncio.to_thread(_free_bytes, self.files.root)
-        if req.size > free - DISK_RESERVE:
-            raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(free, 0))} free: not enough for "
-                                f"{_size(req.size)}; nothing was uploaded")
-        temp, fd = await asyncio.to_thread(self.files.begin_upload)
-        upload_id = secrets.token_hex(8)
-        self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
+        async with self._starting:
+            if len(self._uploads) >= MAX_UPLOADS:
+                raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
+            free = await asyncio.to_thread(_free_bytes, self.files.root)
+            # The uploads under way will take the rest of what they announced: that room is theirs.
+            room = free - sum(up.size - up.received for up in self._uploads.values())
+            if req.size > room - DISK_RESERVE:
+                raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(room, 0))} free (uploads under "
+                                    f"way counted): not enough for {_size(req.size)}; nothing was uploaded")
+            temp, fd = await asyncio.to_thread(self.files.begin_upload)
+            upload_id = secrets.token_hex(8)
+            self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
         return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
                                     max_bytes=pf.MAX_TRANSFER_BYTES)
 
