@@ -14,7 +14,17 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 
-from .protocol import ServerFrame, TextDelta, encode, with_seq
+import msgspec
+
+from .protocol import (
+    ServerFrame,
+    TextDelta,
+    TurnComplete,
+    TurnsForgotten,
+    TurnStarted,
+    encode,
+    with_seq,
+)
 
 DELTA_INTERVAL = 0.02  # at most one text_delta per turn this often: 50 a second is plenty for any UI
 REPLAY_BUFFER = 2000  # broadcast events kept for resume...
@@ -25,6 +35,10 @@ SUBSCRIBER_BYTES = 16 * 1024 * 1024  # ...or bytes: a few huge messages are as h
 # Streamed text is superseded by the assistant_message that follows it, so it is
 # not kept for replay: that would push the events that matter out of the buffer.
 _TRANSIENT = (TextDelta,)
+# What a forgotten turn keeps in the replay buffer: that it started (its words gone) and ended, so
+# a client resuming sees the agent's state as it was, then the turns_forgotten that follows puts
+# the tombstone there. Its messages, tool calls, recalls and errors are dropped.
+_KEPT_WHEN_FORGOTTEN = {TurnStarted.__struct_config__.tag, TurnComplete.__struct_config__.tag}
 
 
 class Subscriber:
@@ -94,7 +108,7 @@ class EventHub:
     def __init__(self, buffer: int = REPLAY_BUFFER, max_bytes: int = REPLAY_BYTES) -> None:
         self.stream = secrets.token_hex(6)  # changes at every start: seqs from another run can't resume
         self.seq = 0
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
+        self._buffer: deque[tuple[int, bytes, str | None]] = deque(maxlen=buffer)  # seq, frame, its turn_id
         self._evicted_through = 0  # highest seq dropped from the buffer
         self._bytes = 0
         self._max_bytes = max_bytes
@@ -103,12 +117,14 @@ class EventHub:
     def publish(self, frame: ServerFrame) -> None:
         self.seq += 1
         data = encode(with_seq(frame, self.seq))
+        if isinstance(frame, TurnsForgotten):
+            self._scrub(set(frame.turn_ids))
         if not isinstance(frame, _TRANSIENT):
             while self._buffer and (len(self._buffer) == self._buffer.maxlen
                                     or self._bytes + len(data) > self._max_bytes):
-                seq, old = self._buffer.popleft()
+                seq, old, _turn = self._buffer.popleft()
                 self._evicted_through, self._bytes = seq, self._bytes - len(old)
-            self._buffer.append((self.seq, data))
+            self._buffer.append((self.seq, data, getattr(frame, "turn_id", None)))
             self._bytes += len(data)
         for sub in self._subscribers:
             sub.offer(self.seq, data)
@@ -118,7 +134,24 @@ class EventHub:
         (or `last_seq` is from the future: the client saw another run's stream)."""
         if last_seq > self.seq or last_seq < self._evicted_through:
             return None
-        return [data for seq, data in self._buffer if seq > last_seq]
+        return [data for seq, data, _turn in self._buffer if seq > last_seq]
+
+    def _scrub(self, turn_ids: set[str]) -> None:
+        """Forgotten turns' words leave the replay buffer too: a client resuming from before the
+        forget must not get them back. Seqs stay as they were (a dropped one is simply skipped)."""
+        kept: list[tuple[int, bytes, str | None]] = []
+        for seq, data, turn in self._buffer:
+            if turn in turn_ids:
+                fields = msgspec.json.decode(data)
+                if fields.get("type") not in _KEPT_WHEN_FORGOTTEN:
+                    continue
+                if "text" in fields:
+                    fields["text"] = ""
+                data = msgspec.json.encode(fields)
+            kept.append((seq, data, turn))
+        self._buffer.clear()
+        self._buffer.extend(kept)
+        self._bytes = sum(len(data) for _seq, data, _turn in kept)
 
     def subscribe(self, sub: Subscriber) -> None:
         sub.last_seq = self.seq

@@ -166,7 +166,7 @@ class _Connection:
     async def _receive(self, message: str | bytes) -> None:
         now = time.monotonic()
         if not self._bucket.take(now):
-            await self._rate_limited(now)
+            await self._rate_limited(now, message)
             return
         if isinstance(message, bytes):
             self._error("binary_not_supported", "frames must be JSON text, not binary")
@@ -185,14 +185,19 @@ class _Connection:
                 return
         await self._dispatch(frame)
 
-    async def _rate_limited(self, now: float) -> None:
+    async def _rate_limited(self, now: float, message: str | bytes) -> None:
         self._dropped = [t for t in self._dropped if now - t < 60.0]
         self._dropped.append(now)
         if len(self._dropped) > FLOOD_LIMIT:
             log.warning("client_flooding", client=self.name)
             await self.ws.close(CLOSE_POLICY, "too many frames")
             return
-        if now - self._last_rate_error >= 1.0:  # one notice per second, not one per dropped frame
+        # A dropped request (an upload's chunk) is answered, or its sender would wait for ever.
+        request_id = p.request_id_of(message) if len(message) <= MAX_FRAME_CHARS else None
+        if request_id is not None:
+            self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; this request was "
+                        "dropped: send it again", request_id)
+        elif now - self._last_rate_error >= 1.0:  # one notice per second, not one per dropped frame
             self._last_rate_error = now
             self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; frames were dropped")
 

@@ -7,6 +7,7 @@ HTTP and over the socket. Real server, real CLI, the mock Bridge."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,9 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
     root = server.settings.layout.root
     (root / "documents" / "lease.txt").write_text("The lease ends on 2027-03-31.\n")
     (root / "artifacts" / "summary.md").write_text("# Summary\n")
+    (root / "report\u202efdp.exe").write_text("spoof")  # reads as "reportexe.pdf" if shown as it is
+    with open(os.fsencode(root) + b"/bad\xff", "wb"):  # not UTF-8: listed escaped, never failing the list
+        pass
     pdf = bytes(range(256)) * 5000  # 1.2 MB: three chunks
     picked = tmp_path / "invoice march.pdf"
     picked.write_bytes(pdf)
@@ -98,6 +102,10 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         entries = tab.by("file-entry")
         await expect(entries.first).to_have_attribute("data-name", "artifacts")
         assert ".os" not in [await e.get_attribute("data-name") for e in await entries.all()]
+        await expect(tab.page.locator('[data-name="report\u202efdp.exe"]')).to_contain_text("report[U+202E]fdp.exe")
+        bad = tab.page.locator('[data-name="bad\ufffd"]')
+        await expect(bad).to_contain_text("its name is not UTF-8: rename it")
+        await expect(bad.get_by_test_id("download")).to_have_count(0)
         await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
         await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
         async with tab.page.expect_download() as waiting:

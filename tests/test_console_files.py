@@ -5,12 +5,16 @@ file has, and downloads over HTTP with the token."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import socket
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from devkit.harness import make_settings
@@ -108,6 +112,17 @@ async def test_browse_and_read_only_user_space(kit: Kit) -> None:
     assert (await kit.refused(pf.FileReadRequest(request_id="r", path="documents/nope"))).code == "not_found"
 
 
+async def test_a_name_that_is_not_utf8_is_listed_escaped_and_never_fails_the_folder(kit: Kit) -> None:
+    docs = os.fsencode(kit.layout.root / "documents")
+    (Path(os.fsdecode(docs)) / "fine.txt").write_text("ok")
+    with open(docs + b"/caf\xe9-\xff.txt", "wb") as f:
+        f.write(b"abc")
+    listing = await kit.ask(pf.FilesListRequest(request_id="l", path="documents"))
+    decoded = msgspec.json.decode(p.encode(listing))  # what the gateway sends
+    assert [(e["name"], e["size"], e["openable"]) for e in decoded["entries"]] == [
+        ("caf\ufffd-\ufffd.txt", 3, False), ("fine.txt", 2, True)]
+
+
 async def test_an_upload_lands_in_documents_under_a_free_name_and_everyone_is_told(kit: Kit) -> None:
     data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks
     assert await kit.upload("Scan 2026.pdf", data, chunk=1024 * 1024) == "documents/Scan 2026.pdf"
@@ -183,6 +198,53 @@ async def test_idle_and_cancelled_uploads_and_those_a_stopped_server_left_are_dr
     assert len(list(incoming.iterdir())) == 1
 
 
+async def test_a_cancel_waits_for_the_chunk_being_written_so_no_other_file_gets_its_bytes(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed under a write still in its thread, the upload's descriptor number could be reused by
+    the next file opened, and the chunk written into that one."""
+    writing, go_on = threading.Event(), threading.Event()
+    real_pwrite = os.pwrite
+
+    def held_pwrite(fd: int, data: bytes, offset: int) -> int:
+        writing.set()
+        go_on.wait(30)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", held_pwrite)
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="a.bin", size=5))
+    uid = start.upload_id  # type: ignore[attr-defined]
+    chunk = asyncio.create_task(kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=uid, offset=0, data=b"bytes")))
+    await asyncio.to_thread(writing.wait, 30)
+    cancel = asyncio.create_task(kit.ask(pf.UploadCancelRequest(request_id="x", upload_id=uid)))
+    await asyncio.sleep(0)  # the cancel runs up to where it waits
+    victim = kit.layout.root / "victim.txt"
+    fd = os.open(victim, os.O_WRONLY | os.O_CREAT, 0o600)  # the lowest free number: the upload's, if it was closed
+    try:
+        go_on.set()
+        assert (await chunk).received == 5  # type: ignore[attr-defined]
+        await cancel
+    finally:
+        os.close(fd)
+    assert victim.read_bytes() == b""
+    assert (await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=uid))).code == "not_found"
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []
+
+
+async def test_uploads_under_way_keep_the_room_they_announced(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each upload checks the free space counting what the others will still write, or four
+    started at once could each see room for itself and fill the disk together."""
+    written: list[int] = [0]
+    monkeypatch.setattr(files_api, "_free_bytes", lambda _path: files_api.DISK_RESERVE + 100 - written[0])
+    first = await kit.ask(pf.UploadStartRequest(request_id="s", name="a", size=60))
+    refused = await kit.refused(pf.UploadStartRequest(request_id="s", name="b", size=60))
+    assert refused.code == "too_large" and "uploads under way counted" in refused.message
+    await kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=first.upload_id, offset=0,  # type: ignore[attr-defined]
+                                        data=b"x" * 30))
+    written[0] = 30  # on the disk now: the first still needs 30 of what is left
+    await kit.ask(pf.UploadStartRequest(request_id="s", name="b", size=40))
+    assert (await kit.refused(pf.UploadStartRequest(request_id="s", name="c", size=1))).code == "too_large"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (CI runs as root)")
 async def test_as_root_an_upload_belongs_to_whoever_owns_documents(kit: Kit) -> None:
     docs = kit.layout.root / "documents"
@@ -213,9 +275,19 @@ async def download_checks(app: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> Non
         status, _, body = await get(app.port, f"/console/download?path={path}", **auth)
         assert status == 403 and b"secret" not in body, (path, status, body)
     assert (await get(app.port, "/console/download?path=documents/nope", **auth))[0] == 404
+    status, _, body = await get(app.port, f"/console/download?path=documents/{unix_socket(root, monkeypatch)}", **auth)
+    assert status == 403 and b"not a file (a socket)" in body  # opening one fails with ENXIO
     monkeypatch.setattr(pf, "MAX_TRANSFER_BYTES", 4)
     status, _, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
     assert status == 413 and b"too large to download" in body
+
+
+def unix_socket(root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A Unix socket in documents/ (bound from there: a socket's path has a short length limit)."""
+    monkeypatch.chdir(root / "documents")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind("a.sock")
+    return "a.sock"
 
 
 async def test_the_protocol_refuses_the_same_through_the_real_socket(tmp_path: Path) -> None:
@@ -233,6 +305,31 @@ async def test_the_protocol_refuses_the_same_through_the_real_socket(tmp_path: P
         await c.send(type="files_list", request_id="r4")
         listing = await c.until("files_list_result")
         assert ".os" not in [e["name"] for e in listing["entries"]] and "documents" in [e["name"] for e in listing["entries"]]
+
+
+async def test_numbers_past_64_bits_and_a_socket_are_clear_errors_not_internal_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import client_factory
+
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings) as app, client_factory(app.port) as connect:
+        c = await connect(hello={})
+        (app.settings.layout.root / "documents" / "a.txt").write_text("abc")
+        name = unix_socket(app.settings.layout.root, monkeypatch)
+        for n, frame in enumerate([
+                {"type": "file_read", "path": "documents/a.txt", "offset": 2**63},
+                {"type": "session_turns", "before": 2**63},
+                {"type": "forget_turns", "observation_ids": [2**63]},
+                {"type": "upload_start", "name": "a", "size": 2**63},
+                {"type": "memory_version", "name": "user.md", "number": 2**63}]):
+            await c.send(request_id=f"big{n}", **frame)
+            error = await c.until("error")
+            assert (error["request_id"], error["code"]) == (f"big{n}", "invalid_frame"), error
+        await c.send(type="file_read", request_id="near", path="documents/a.txt", offset=2**63 - 1)
+        assert (await c.until("file_read_result"))["data"] == ""  # past the end: nothing, as at any offset
+        await c.send(type="file_read", request_id="sock", path=f"documents/{name}")
+        error = await c.until("error")
+        assert (error["request_id"], error["code"]) == ("sock", "bad_path") and "a socket" in error["message"]
 
 
 

@@ -153,3 +153,27 @@ async def test_forgetting_turns_by_wire_id_or_a_whole_session_leaves_tombstones_
     assert nothing.value.code == "not_found"
     with pytest.raises(RequestFailed):
         await forget(ps.ForgetTurnsRequest(request_id="f"))
+
+
+async def test_forgetting_a_session_with_a_turn_running_is_busy_and_an_unknown_session_is_not_found(
+        system: MemorySystem) -> None:
+    """A running turn is recorded, words and all, when it ends: forgetting its session now would miss it."""
+    await seed(system)
+    running: list[str | None] = ["c9"]
+    api = SessionsConsole(system, lambda: "s3", running_turn=lambda: running[0])
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    for req in (ps.ForgetTurnsRequest(request_id="f", session_id="s3"),
+                ps.ForgetTurnsRequest(request_id="f", turn_ids=["c9"])):
+        with pytest.raises(RequestFailed) as busy:
+            await forget(req)
+        assert busy.value.code == "busy" and "interrupt it or wait" in str(busy.value)
+    assert len((await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r"))).turns) == 5
+    past = await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))  # another session: fine
+    assert past.forgotten == 2  # type: ignore[attr-defined]
+    with pytest.raises(RequestFailed) as unknown:
+        await forget(ps.ForgetTurnsRequest(request_id="f", session_id="never"))
+    assert unknown.value.code == "not_found"
+    again = await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))  # forgotten already: known
+    assert again.forgotten == 0  # type: ignore[attr-defined]
+    running[0] = None
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s3"))).forgotten == 5  # type: ignore[attr-defined]

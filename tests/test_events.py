@@ -28,6 +28,25 @@ def test_streamed_text_is_not_kept_for_replay_but_still_numbered() -> None:
     assert seqs(hub.replay_since(0) or []) == [1, 3]
 
 
+def test_a_forgotten_turns_words_leave_the_replay_buffer() -> None:
+    """A client resuming from before a forget gets the turn's start and end, its words gone, then
+    the tombstone; another turn's frames are replayed as they were."""
+    hub = EventHub(buffer=20)
+    for turn in ("gone", "kept"):
+        hub.publish(p.TurnStarted(turn_id=turn, text=f"secret {turn}"))
+        hub.publish(p.ToolUse(turn_id=turn, tool_use_id="u", name="Read", summary=f"secret {turn} file"))
+        hub.publish(p.AssistantMessage(turn_id=turn, text=f"secret {turn} answer"))
+        hub.publish(p.TurnComplete(turn_id=turn, status="completed", duration_ms=1, usage=p.Usage()))
+    hub.publish(p.TurnsForgotten(session_id="s", turns=[1], turn_ids=["gone"], forgotten_at=1.0))
+    replayed = [json.loads(f) for f in hub.replay_since(0) or []]
+    assert "secret gone" not in json.dumps(replayed)
+    assert [(f["type"], f["seq"]) for f in replayed[:2]] == [("turn_started", 1), ("turn_complete", 4)]
+    assert replayed[0]["text"] == "" and replayed[-1]["type"] == "turns_forgotten"
+    assert [f["seq"] for f in replayed[2:]] == [5, 6, 7, 8, 9]
+    assert "secret kept answer" in json.dumps(replayed)
+    assert seqs(hub.replay_since(4) or []) == [5, 6, 7, 8, 9]
+
+
 def test_a_gap_older_than_the_buffer_cannot_be_replayed() -> None:
     hub = EventHub(buffer=3)
     for n in range(6):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,7 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import serve
 
+from sprite_os import gateway
 from sprite_os.errors import ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
@@ -84,6 +86,20 @@ async def test_a_bug_handling_a_frame_is_internal_error_and_the_connection_stays
     assert failed["log_level"] == "error" and failed["error"] == "RuntimeError"
     assert "SECRET" not in repr([e for e in logs if e["log_level"] != "debug"])
     assert await send(ws, type="ping", nonce="still-here") == {"type": "pong", "seq": 0, "nonce": "still-here"}
+
+
+async def test_a_request_dropped_for_rate_is_answered_so_its_sender_never_waits(ws: ClientConnection) -> None:
+    assert (await send(ws, type="hello"))["type"] == "ready"
+    for n in range(gateway.RATE_BURST + 40):  # past the burst: the rest are dropped (20 a second come back)
+        await ws.send(json.dumps({"type": "ping", "nonce": str(n)}))
+    await ws.send(json.dumps({"type": "upload_chunk", "request_id": "chunk-9", "upload_id": "u", "offset": 0,
+                              "data": ""}))
+    async with asyncio.timeout(10):
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame.get("request_id") == "chunk-9":
+                break
+    assert (frame["type"], frame["code"]) == ("error", "rate_limited") and "send it again" in frame["message"]
 
 
 async def test_work_sent_while_shutting_down_gets_an_error(ws: ClientConnection, runtime: FakeRuntime) -> None:

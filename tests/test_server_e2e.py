@@ -224,6 +224,25 @@ async def test_interrupt_while_the_cli_is_starting_ends_the_turn_unsent(
     assert (await c.until("turn_complete", lambda f: f["turn_id"] != done["turn_id"]))["status"] == "completed"
 
 
+async def test_a_session_with_a_turn_running_is_not_forgotten_and_a_replay_after_a_forget_has_no_words(
+        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("the vault code is 4711. " * 40, chunk_delay=0.05)))
+    c = await client(hello={})
+    ready = c.frames[0]
+    await c.send(type="user_message", text="keep my vault code safe")
+    await c.until("text_delta")  # running: it is recorded, words and all, when it ends
+    await c.send(type="forget_turns", request_id="f1", session_id=ready["session_id"])
+    busy = await c.until("error", lambda f: f.get("request_id") == "f1")
+    assert busy["code"] == "busy" and "interrupt it or wait" in busy["message"]
+    await c.until("turn_complete", timeout=30)
+    await c.send(type="forget_turns", request_id="f2", session_id=ready["session_id"])
+    assert (await c.until("forget_turns_result"))["forgotten"] == 1
+    back = await client(hello={"last_seq": ready["last_seq"], "stream": ready["stream"]})  # a device resuming
+    await back.until("turns_forgotten")
+    replayed = json.dumps(back.frames).lower()
+    assert "vault" not in replayed and back.of("turn_started")[0]["text"] == ""
+
+
 async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
     c = await client(hello={})
     first_session = c.frames[0]["session_id"]

@@ -10,14 +10,16 @@ UPLOAD_IDLE seconds is dropped; so are those a stopped server left behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import TypeVar
 
 from .. import protocol as p
 from ..logs import get_logger
@@ -34,10 +36,15 @@ DISK_RESERVE = 256 * 1024 * 1024  # an upload never takes the disk below this mu
 
 Publish = Callable[[p.ServerFrame], None]
 Note = Callable[[str], None]  # tells the agent, with the person's next message
+_T = TypeVar("_T")
 
 
 @dataclass
 class _Upload:
+    """One upload's descriptor has one owner at a time: whoever holds `lock` (a chunk's write, the
+    finish, a cancel, a drop). So it is never closed under a write still running in a thread, which
+    would let the number be reused and another file be written."""
+
     temp: str  # its name in the uploads folder
     fd: int
     name: str  # the name it will have in documents/
@@ -45,6 +52,7 @@ class _Upload:
     received: int = 0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     touched: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _refused(exc: Exception) -> RequestFailed:
@@ -69,6 +77,7 @@ class FilesConsole:
         self._publish = publish
         self._note = note
         self._uploads: dict[str, _Upload] = {}
+        self._starting = asyncio.Lock()  # one start at a time: each counts the room the others took
 
     @property
     def handlers(self) -> Mapping[type[Request], Handler]:
@@ -94,7 +103,8 @@ class FilesConsole:
         except (PathRefused, NotThere) as exc:
             raise _refused(exc) from None
         return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[
-            pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified) for e in entries])
+            pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified, openable=e.openable)
+            for e in entries])
 
     async def _read(self, req: pf.FileReadRequest) -> pf.FileReadResult:
         try:
@@ -127,41 +137,53 @@ class FilesConsole:
         if req.size > pf.MAX_TRANSFER_BYTES:
             raise RequestFailed("too_large", f"{_size(req.size)} is over the upload limit of "
                                 f"{_size(pf.MAX_TRANSFER_BYTES)}; nothing was uploaded")
-        if len(self._uploads) >= MAX_UPLOADS:
-            raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
         try:
             name = upload_name(req.name)
         except PathRefused as exc:
             raise RequestFailed("bad_path", str(exc)) from None
-        free = await asyncio.to_thread(_free_bytes, self.files.root)
-        if req.size > free - DISK_RESERVE:
-            raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(free, 0))} free: not enough for "
-                                f"{_size(req.size)}; nothing was uploaded")
-        temp, fd = await asyncio.to_thread(self.files.begin_upload)
-        upload_id = secrets.token_hex(8)
-        self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
+        async with self._starting:
+            if len(self._uploads) >= MAX_UPLOADS:
+                raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
+            free = await asyncio.to_thread(_free_bytes, self.files.root)
+            # The uploads under way will take the rest of what they announced: that room is theirs.
+            room = free - sum(up.size - up.received for up in self._uploads.values())
+            if req.size > room - DISK_RESERVE:
+                raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(room, 0))} free (uploads under "
+                                    f"way counted): not enough for {_size(req.size)}; nothing was uploaded")
+            temp, fd = await asyncio.to_thread(self.files.begin_upload)
+            upload_id = secrets.token_hex(8)
+            self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
         return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
                                     max_bytes=pf.MAX_TRANSFER_BYTES)
 
-    def _upload(self, upload_id: str) -> _Upload:
-        try:
-            return self._uploads[upload_id]
-        except KeyError:
-            raise RequestFailed("not_found", "no such upload (it finished, was cancelled, or sat idle "
-                                f"for {UPLOAD_IDLE:.0f} s)") from None
+    @contextlib.asynccontextmanager
+    async def _owned(self, upload_id: str) -> AsyncIterator[_Upload]:
+        """The upload, held: its other operations wait until this one is done."""
+        gone = RequestFailed("not_found", "no such upload (it finished, was cancelled, or sat idle "
+                             f"for {UPLOAD_IDLE:.0f} s)")
+        up = self._uploads.get(upload_id)
+        if up is None:
+            raise gone
+        async with up.lock:
+            if self._uploads.get(upload_id) is not up:  # finished or dropped while this one waited
+                raise gone
+            yield up
 
     async def _chunk(self, req: pf.UploadChunkRequest) -> pf.UploadChunkResult:
-        up = self._upload(req.upload_id)
+        async with self._owned(req.upload_id) as up:
+            return await self._write(req, up)
+
+    async def _write(self, req: pf.UploadChunkRequest, up: _Upload) -> pf.UploadChunkResult:
         if req.offset != up.received:
             raise RequestFailed("upload_failed", f"a chunk at {req.offset} came after {up.received} bytes: "
                                 "chunks go in order")
         if up.received + len(req.data) > up.size:
-            await self._drop(req.upload_id)
+            await self._discard(req.upload_id, up)
             raise RequestFailed("too_large", f"more than the {up.size:,} bytes announced; the upload was dropped")
         try:
-            await asyncio.to_thread(os.pwrite, up.fd, req.data, up.received)
+            await _settled(asyncio.to_thread(os.pwrite, up.fd, req.data, up.received))
         except OSError as exc:
-            await self._drop(req.upload_id)
+            await self._discard(req.upload_id, up)
             raise RequestFailed("upload_failed", f"the upload could not be written ({exc.strerror}); "
                                 "nothing was kept") from None
         up.digest.update(req.data)
@@ -170,15 +192,22 @@ class FilesConsole:
         return pf.UploadChunkResult(request_id=req.request_id, upload_id=req.upload_id, received=up.received)
 
     async def _finish(self, req: pf.UploadFinishRequest) -> pf.UploadFinishResult:
-        up = self._upload(req.upload_id)
+        async with self._owned(req.upload_id) as up:
+            path = await self._put_in_place(req, up)
+        log.info("file_uploaded", bytes=up.size)  # no name at info: it can say what the file is about
+        self._publish(p.FileUploaded(path=path, size=up.size))
+        self._note(f"The person uploaded {path} ({_size(up.size)}) through the console.")
+        return pf.UploadFinishResult(request_id=req.request_id, path=path, size=up.size)
+
+    async def _put_in_place(self, req: pf.UploadFinishRequest, up: _Upload) -> str:
         if up.received != up.size:
             raise RequestFailed("upload_failed", f"{up.received:,} of {up.size:,} bytes arrived; send the rest first")
         if req.sha256 is not None and req.sha256 != up.digest.hexdigest():
-            await self._drop(req.upload_id)
+            await self._discard(req.upload_id, up)
             raise RequestFailed("upload_failed", "the file arrived changed (its sha256 differs); nothing was kept")
         del self._uploads[req.upload_id]
         try:
-            path = await asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name)
+            return await _settled(asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name))
         except PathRefused as exc:
             raise RequestFailed("bad_path", f"{exc}; nothing was uploaded") from None
         except OSError as exc:
@@ -187,21 +216,23 @@ class FilesConsole:
         finally:
             os.close(up.fd)
             await asyncio.to_thread(self.files.discard_upload, up.temp)
-        log.info("file_uploaded", bytes=up.size)  # no name at info: it can say what the file is about
-        self._publish(p.FileUploaded(path=path, size=up.size))
-        self._note(f"The person uploaded {path} ({_size(up.size)}) through the console.")
-        return pf.UploadFinishResult(request_id=req.request_id, path=path, size=up.size)
 
     async def _cancel(self, req: pf.UploadCancelRequest) -> pf.UploadCancelResult:
-        self._upload(req.upload_id)
-        await self._drop(req.upload_id)
+        async with self._owned(req.upload_id) as up:
+            await self._discard(req.upload_id, up)
         return pf.UploadCancelResult(request_id=req.request_id, upload_id=req.upload_id)
 
     async def _drop(self, upload_id: str) -> None:
-        up = self._uploads.pop(upload_id, None)
-        if up is not None:
-            os.close(up.fd)
-            await asyncio.to_thread(self.files.discard_upload, up.temp)
+        """Drop an upload once whatever holds it is done (a stop, or one sitting idle)."""
+        with contextlib.suppress(RequestFailed):
+            async with self._owned(upload_id) as up:
+                await self._discard(upload_id, up)
+
+    async def _discard(self, upload_id: str, up: _Upload) -> None:
+        """Close and remove an upload its caller holds."""
+        del self._uploads[upload_id]
+        os.close(up.fd)
+        await asyncio.to_thread(self.files.discard_upload, up.temp)
 
     async def _drop_idle(self) -> None:
         now = time.monotonic()
@@ -209,6 +240,17 @@ class FilesConsole:
             if now - up.touched > UPLOAD_IDLE:
                 log.info("upload_dropped_idle", received=up.received, size=up.size)
                 await self._drop(upload_id)
+
+
+async def _settled(work: Awaitable[_T]) -> _T:
+    """Await work running in a thread; if the caller is cancelled, still wait for the thread to be
+    done with the upload's descriptor before the cancellation lets go of the upload's lock."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
 
 
 def _free_bytes(path: os.PathLike[str] | str) -> int:

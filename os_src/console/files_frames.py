@@ -13,7 +13,7 @@ from typing import Annotated
 
 import msgspec
 
-from .requests import Reply, Request
+from .requests import MAX_INT64, Reply, Request
 
 CHUNK_BYTES = 512 * 1024
 MAX_TRANSFER_BYTES = 100 * 1024 * 1024  # an upload, or a download over HTTP, at most
@@ -31,7 +31,7 @@ class FilesListRequest(Request, tag="files_list", frozen=True):
 
 class FileReadRequest(Request, tag="file_read", frozen=True):
     path: FilePath
-    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)] = 0
     length: Annotated[int, msgspec.Meta(ge=1, le=CHUNK_BYTES)] = CHUNK_BYTES
 
 
@@ -39,14 +39,14 @@ class UploadStartRequest(Request, tag="upload_start", frozen=True):
     """A file to upload to documents/: its name (as the person's browser gives it) and size."""
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
-    size: Annotated[int, msgspec.Meta(ge=0)]
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
 
 
 class UploadChunkRequest(Request, tag="upload_chunk", frozen=True):
     """The next bytes of an upload: `offset` must be what was received so far."""
 
     upload_id: UploadId
-    offset: Annotated[int, msgspec.Meta(ge=0)]
+    offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
     data: Chunk
 
 
@@ -70,6 +70,9 @@ class FileEntry(msgspec.Struct, frozen=True):
     kind: str  # file | folder | link | other: a link is listed, never followed
     size: int  # bytes, for a file
     modified: float
+    # False: the name on disk is not valid UTF-8; `name` shows it with U+FFFD in place of each bad
+    # byte, so it can't be opened, listed into or downloaded by that name (rename it on the Sprite)
+    openable: bool = True
 
 
 class FilesListResult(Reply, tag="files_list_result", frozen=True):

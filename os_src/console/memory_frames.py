@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .requests import Reply, Request, RequestFailed, RequestIdOnly
+from .requests import MAX_INT64, Reply, Request, RequestFailed, RequestIdOnly
 
 __all__ = ["RequestFailed", "RequestIdOnly"]  # kept here too: the memory requests' callers raise and read them
 
@@ -18,8 +18,8 @@ MAX_EDIT = 100_000  # characters of an edited file; the file's own limits are ch
 MAX_RESULTS = 50
 
 FileName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-VersionNumber = Annotated[int, msgspec.Meta(ge=1)]
-RowId = Annotated[int, msgspec.Meta(ge=1)]
+VersionNumber = Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]
+RowId = Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]
 LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"]
 
 

@@ -35,6 +35,10 @@ class Reply(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
     request_id: str
 
 
+# The largest number a request may carry where one is stored or seeked: SQLite's integers and
+# the kernel's file offsets are 64-bit signed; beyond it, a bad_request, never an internal_error.
+MAX_INT64 = 2**63 - 1
+
 # The error codes of requests (protocol.ErrorCode holds them too, with the rest).
 RequestErrorCode = Literal[
     "not_found",  # no such memory file, version, learning, turn, session, file or folder
@@ -45,6 +49,7 @@ RequestErrorCode = Literal[
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
     "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
+    "busy",  # a turn is running in the session to forget: interrupt it or wait, then forget
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 
 from .memory_frames import ToolCall
-from .requests import Reply, Request
+from .requests import MAX_INT64, Reply, Request
 
 SessionId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 MAX_SESSIONS = 50
@@ -30,7 +30,7 @@ class SessionTurnsRequest(Request, tag="session_turns", frozen=True):
     the current session; `before` (a turn number from the last page) pages back."""
 
     session_id: SessionId | None = None
-    before: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    before: Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)] | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=TURNS_PER_PAGE)] = 30
 
 
@@ -38,7 +38,7 @@ class ForgetTurnsRequest(Request, tag="forget_turns", frozen=True):
     """Forget turns for good: by their `observation_ids` (a past turn's), their `turn_ids` (as in
     turn_started), or a whole `session_id`. Their words leave every store; each keeps a tombstone."""
 
-    observation_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=1)]], msgspec.Meta(max_length=MAX_FORGET)] = (
+    observation_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]], msgspec.Meta(max_length=MAX_FORGET)] = (
         msgspec.field(default_factory=list))
     turn_ids: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]],
                         msgspec.Meta(max_length=MAX_FORGET)] = msgspec.field(default_factory=list)

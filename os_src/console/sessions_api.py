@@ -25,9 +25,11 @@ WRITES_BUDGET = 2.0  # seconds a listing waits, at most, for the turns still on 
 class SessionsConsole:
     def __init__(self, system: MemorySystem, current_session: Callable[[], str],
                  publish: Callable[[p.ServerFrame], None] = lambda _f: None,
-                 restart: Callable[[], None] = lambda: None) -> None:
+                 restart: Callable[[], None] = lambda: None,
+                 running_turn: Callable[[], str | None] = lambda: None) -> None:
         self._system = system
         self._current = current_session
+        self._running = running_turn  # the wire id of the turn running now (always in the current session)
         self._publish = publish
         self._restart = restart  # a new session for the agent: its context lets go of a forgotten turn
 
@@ -48,10 +50,18 @@ class SessionsConsole:
     async def _forget(self, req: ps.ForgetTurnsRequest) -> ps.ForgetTurnsResult:
         if not (req.observation_ids or req.turn_ids or req.session_id):
             raise RequestFailed("not_found", "name the turns to forget: observation_ids, turn_ids or session_id")
+        # A running turn is recorded when it ends, words and all: forgetting it now would miss it.
+        running = self._running()
+        if running is not None and (req.session_id == self._current() or running in req.turn_ids):
+            raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
         done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids, session_id=req.session_id,
                                                by=FORGOTTEN_BY)
         if not done.turns and not req.session_id:
             raise RequestFailed("not_found", "no recorded turn matches (or it was forgotten already)")
+        if not done.turns and req.session_id:
+            sid = req.session_id
+            if await self._system.transcript.call(lambda t: q.session_row(t, sid)) is None:
+                raise RequestFailed("not_found", f"no recorded session {sid!r}")
         sessions = sorted({o.session_id for o in done.turns})
         for sid, group in itertools.groupby(sorted(done.turns, key=lambda o: (o.session_id, o.sequence_num)),
                                             key=lambda o: o.session_id):

@@ -50,6 +50,18 @@ class Entry:
     kind: str  # file | folder | link | other (a link is shown, never followed)
     size: int
     modified: float
+    openable: bool = True  # False: the name is not valid UTF-8; `name` shows it with U+FFFD for each bad byte
+
+
+def _shown(name: str) -> tuple[str, bool]:
+    """A name as the wire can carry it, and whether it can be asked for by that name. Names are
+    bytes on Linux: one that is not UTF-8 (os.scandir keeps its bytes as surrogates, which no JSON
+    encoder takes) is shown with U+FFFD in place of each bad byte, and can't be opened by it."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode(errors="replace"), False
+    return name, True
 
 
 def parts(path: str) -> list[str]:
@@ -150,8 +162,9 @@ class UserFiles:
                         st = item.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    entries.append(Entry(item.name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
-                                         st.st_mtime))
+                    name, openable = _shown(item.name)
+                    entries.append(Entry(name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                                         st.st_mtime, openable))
         entries.sort(key=lambda e: (e.kind != "folder", e.name.casefold(), e.name))
         return entries, total
 
@@ -169,6 +182,10 @@ class UserFiles:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise PathRefused(f"{path} is a link: Sprite OS does not follow links out of your files") from None
+                if exc.errno == errno.ENXIO:  # a Unix socket (or a device with nothing behind it)
+                    raise PathRefused(f"{path} is not a file (a socket)") from None
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise PathRefused(f"{path} can't be read: Sprite OS is not allowed to") from None
                 raise
         try:
             st = os.fstat(fd)
@@ -181,7 +198,8 @@ class UserFiles:
     def read(self, path: str, offset: int, length: int) -> tuple[bytes, int]:
         """`length` bytes of a file from `offset`, and the file's size."""
         with self.open_file(path) as (fd, st):
-            return os.pread(fd, length, offset), st.st_size
+            # Past the end: nothing (pread refuses an offset near 2**63 with EINVAL).
+            return (os.pread(fd, length, offset) if offset < st.st_size else b""), st.st_size
 
     def read_all(self, path: str, limit: int) -> tuple[bytes, str]:
         """A whole file (ValueError if it is over `limit` bytes), and its name."""

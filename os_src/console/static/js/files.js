@@ -5,6 +5,14 @@
 import { clear, el, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
+// Bidi controls (U+202E can make "gnp.exe" read as "exe.png") and the marks that steer them: shown
+// as their code in a name, so a name reads as the characters it has.
+const BIDI = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+
+/** A file or folder name as shown: every bidi control visible as [U+XXXX]. */
+export function shownName(name) {
+  return name.replace(BIDI, (c) => `[U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}]`);
+}
 
 function base64(buffer) {
   const bytes = new Uint8Array(buffer);
@@ -84,17 +92,20 @@ export class FilesView {
     const crumb = (label, to) => el("button", { type: "button", class: "link", text: label, onclick: () => this.show(to) });
     clear(this.crumbs).append(crumb("workspace", ""),
       ...parts.flatMap((part, i) => [" / ", i === parts.length - 1
-        ? el("span", { "aria-current": "location", dir: "auto", text: part })
-        : crumb(part, parts.slice(0, i + 1).join("/"))]));
+        ? el("span", { "aria-current": "location", dir: "auto", text: shownName(part) })
+        : crumb(shownName(part), parts.slice(0, i + 1).join("/"))]));
   }
 
   row(entry) {
     const path = this.path ? `${this.path}/${entry.name}` : entry.name;
-    const name = entry.kind === "folder"
-      ? el("button", { type: "button", class: "link", testid: "open-folder", dir: "auto", text: `${entry.name}/`, onclick: () => this.show(path) })
-      : el("span", { dir: "auto", text: entry.name });
-    const action = entry.kind === "file"
-      ? el("button", { type: "button", testid: "download", text: "Download", "aria-label": `Download ${entry.name}`, onclick: () => this.download(path, entry.name) })
+    const openable = entry.openable !== false;  // false: the name is not UTF-8 (shown with U+FFFD)
+    const name = entry.kind === "folder" && openable
+      ? el("button", { type: "button", class: "link", testid: "open-folder", dir: "auto", text: `${shownName(entry.name)}/`, onclick: () => this.show(path) })
+      : el("span", { dir: "auto", text: entry.kind === "folder" ? `${shownName(entry.name)}/` : shownName(entry.name) });
+    const action = !openable
+      ? el("span", { class: "muted", text: "its name is not UTF-8: rename it to open it here" })
+      : entry.kind === "file"
+      ? el("button", { type: "button", testid: "download", text: "Download", "aria-label": `Download ${shownName(entry.name)}`, onclick: () => this.download(path, entry.name) })
       : el("span", { class: "muted", text: entry.kind === "link" ? "a link: not followed" : entry.kind === "other" ? "not a file" : "" });
     return el("tr", { testid: "file-entry", dataset: { name: entry.name, kind: entry.kind } },
       el("td", { class: "name" }, name), el("td", { text: entry.kind === "file" ? size(entry.size) : "" }),
