@@ -10,6 +10,7 @@ semantics the stores rely on.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,10 @@ from typing import Any, TypeVar
 
 import msgspec
 import sqlite_utils
+
+from .logs import get_logger
+
+log = get_logger(__name__)
 
 BUSY_TIMEOUT_MS = 5000
 # Under WAL, FULL syncs the WAL at every commit: a commit that returned survives a power loss or
@@ -43,11 +48,22 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def checkpoint(conn: sqlite3.Connection) -> bool:
+CHECKPOINT_TRIES = 50  # 20 ms apart: a reader's transaction (a search, a page of turns) is shorter
+
+
+def checkpoint(conn: sqlite3.Connection, tries: int = CHECKPOINT_TRIES) -> bool:
     """Copy the WAL into the database and empty it (it holds old copies of changed pages: after a
-    forget, the words). False when a reader kept part of it; the next checkpoint takes the rest."""
-    busy, _log, _moved = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-    return not busy
+    forget, the words). A reader in the middle of a transaction keeps part of it: tried again for
+    up to a second (on the database's own thread, never the event loop). False when a reader kept
+    it that long; the next checkpoint takes the rest."""
+    for attempt in range(tries):
+        busy, _log, _moved = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if not busy:
+            return True
+        if attempt + 1 < tries:
+            time.sleep(0.02)
+    log.warning("wal_not_emptied", detail="a reader held the WAL through every try; the next checkpoint empties it")
+    return False
 
 
 @contextmanager

@@ -151,3 +151,24 @@ def test_a_transcript_from_before_forgetting_migrates_and_keeps_its_turns(tmp_pa
             t.conn.execute("DELETE FROM observations")
     finally:
         t.close()
+
+
+def test_a_checkpoint_waits_out_a_readers_short_transaction_and_says_when_it_could_not(tmp_path: Path) -> None:
+    """After a forget the WAL holds the words: a reader mid-transaction (a search run at that moment)
+    kept them there for good when the one checkpoint found it busy. Now it is tried again."""
+    from sprite_os.database import checkpoint, connect
+
+    path = tmp_path / "x.db"
+    writer = connect(path)
+    writer.execute("CREATE TABLE t (x TEXT)")
+    writer.execute("INSERT INTO t VALUES ('before')")
+    reader = connect(path)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()  # a read transaction pins the WAL
+    writer.execute("UPDATE t SET x = 'Zanzibarquux'")
+    assert checkpoint(writer, tries=2) is False  # held through every try: said, not assumed
+    threading.Timer(0.1, reader.commit).start()  # the reader ends its transaction soon
+    assert checkpoint(writer) is True
+    assert (tmp_path / "x.db-wal").stat().st_size == 0
+    reader.close()
+    writer.close()
