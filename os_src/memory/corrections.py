@@ -2,7 +2,7 @@
 
 When the curator records a CORRECTION ("The user's name is Daniela, not Dana"), the older
 learning it corrects ("The user's name is Dana") is found and marked replaced
-(`learnings.replaced_by`, `replaced_at`: schema step 4). A replaced learning leaves the boot
+(`learnings.replaced_by`, `replaced_at`: schema step 6). A replaced learning leaves the boot
 prompt's recent learnings, ranks just below its correction in every search and is never sent
 by auto-recall; the correction shows "was: <old> until <date>", so where the change came from
 stays visible. The row itself stays, like every learning; forgetting the correction brings the
@@ -74,7 +74,7 @@ def link(conn: sqlite3.Connection, correction_id: int, content: str, at: float) 
 
 
 def link_all(conn: sqlite3.Connection) -> int:
-    """Link every CORRECTION not linked yet, oldest first (a database from before step 4)."""
+    """Link every CORRECTION not linked yet, oldest first (a database from before step 6)."""
     linked = 0
     for cid, content, at in conn.execute(
             "SELECT id, content, created_at FROM learnings WHERE type = 'CORRECTION' AND forgotten_at IS NULL "
