@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..text import safe_text, utc
-from .recall.learnings import search_learnings, search_terms
+from .recall.learnings import search_learnings, search_terms, stems
 
 MIN_SHARED = 2
 MIN_COVERED = 0.5  # of the older learning's words
@@ -34,17 +34,12 @@ class _Conn:
         self.conn = conn
 
 
-def stems(text: str) -> set[str]:
-    """A learning's words, by their first five letters (a rough stem), the generic ones left out."""
-    return {w[:5] for w in search_terms(text)} - GENERIC
-
-
 def corrected(correction: str, candidates: Sequence[tuple[int, str]]) -> int | None:
     """The id of the candidate (older learnings, best match first) that `correction` replaces, or None."""
-    mine = stems(correction)
+    mine = stems(correction, GENERIC)
     best: tuple[float, int] | None = None
     for learning_id, content in candidates:
-        theirs = stems(content)
+        theirs = stems(content, GENERIC)
         shared = len(mine & theirs)
         if not theirs or shared < MIN_SHARED or shared < MIN_COVERED * len(theirs):
             continue
