@@ -292,6 +292,18 @@ async def test_the_days_spending_survives_a_restart_and_memory_status_shows_it(t
     assert record is not None and record.day == JAN_1_2030 + DAY
 
 
+def test_a_kill_mid_write_leaves_no_temp_file_once_the_book_loads_again(tmp_path: Path) -> None:
+    """The chaos suite's kills found `.agent_spend.json.*.tmp` left for good after a kill between
+    the temp file and its rename; the book, the file's one writer, sweeps them when it loads."""
+    path = tmp_path / "agent_spend.json"
+    debris = tmp_path / ".agent_spend.json.ab12cd34.tmp"
+    other = tmp_path / ".capture.json.ab12cd34.tmp"  # not the book's: stays
+    debris.write_text("{")
+    other.write_text("{")
+    SpendBook(LIMITS, path, clock=lambda: NOON).load()
+    assert not debris.exists() and other.exists()
+
+
 async def test_a_file_that_cannot_be_read_starts_the_day_at_nought_and_a_full_disk_loses_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "agent_spend.json"

@@ -267,3 +267,28 @@ def test_a_bad_time_already_stored_stops_nothing(tmp_path: Path, monkeypatch: py
     assert _cli(settings, "search", "-", "--json") == 0  # batch mode answers every line
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert _cli(settings, "status") == 0
+
+
+async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_path: Path) -> None:
+    """A kill between a progress report's temp file and its rename left `.x.progress.json.*.tmp`
+    for good; the server's inbox, the one applier, sweeps its own on start and nothing else."""
+    from sprite_os.paths import Layout
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    debris = inbox / ".a.progress.json.ab12cd34.tmp"
+    other = inbox / ".notes.txt.ab12cd34.tmp"
+    debris.write_text("{")
+    other.write_text("{")
+    applier = import_inbox.ImportInbox(layout, None, lambda: None)  # type: ignore[arg-type]  # no file to apply
+    applier.start()
+    try:
+        for _ in range(200):
+            if not debris.exists():
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await applier.stop()
+    assert not debris.exists() and other.exists()

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ..deploy_contract import atomic_write
+from ..fsutil import atomic_write, sweep_temp_files
 from ..logs import get_logger
 from .budget import (
     AgentLimits,
@@ -81,7 +81,9 @@ class SpendBook:
         self._last_retryable: tuple[float, str] | None = None  # (when, why): a refusal the CLI retries
 
     def load(self) -> None:
-        """Today's account from the file, if it counts today. Blocking."""
+        """Today's account from the file, if it counts today. Blocking. Called at start, under the
+        workspace's lock: what a kill between the file's temp copy and its rename left goes first."""
+        sweep_temp_files(self._path.parent, lambda name: name == self._path.name)
         record = read_record(self._path)
         if record is not None:
             self._account = SpendDay(record.day, record.spent_usd, calls=record.calls, refused=record.refused)

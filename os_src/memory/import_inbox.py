@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from ..db_worker import Worker
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, sweep_temp_files
 from ..logs import get_logger
 from ..paths import Layout
 from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
@@ -177,6 +177,9 @@ class ImportInbox:
             self._task = None
 
     async def _run(self) -> None:
+        # What a kill between a progress report's temp file and its rename left (the server, holding
+        # the workspace's lock, is the inbox's one applier).
+        await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout), lambda n: n.endswith((PROGRESS, DONE)))
         while True:
             for path in await asyncio.to_thread(waiting, self.layout):
                 try:
