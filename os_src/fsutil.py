@@ -17,7 +17,7 @@ from .errors import LockHeld
 
 class WriterLock:
     """A non-blocking flock on one file, held for as long as the holder runs (the server), or for
-    one operation (`with WriterLock(path):` in `memory rebuild` and `migrate-v1`)."""
+    one operation (`memory rebuild`, `memory import` when no server runs, `migrate-v1`)."""
 
     def __init__(self, path: os.PathLike[str] | str) -> None:
         self.path = path

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deploy_contract import USER_SPACE_DIRS, Workspace, make_user_space
+from .deploy_contract import Workspace, make_user_space
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,6 @@ class Layout(Workspace):
         """Held by the one process that may write the workspace: a server from before its first change
         (the lock comes first), or `memory rebuild`, `memory import`, `migrate-v1`."""
         return self.memory_dir / ".writer.lock"
-
-    def user_dirs(self) -> list[Path]:
-        return [self.root / name for name in USER_SPACE_DIRS]
 
     def ensure(self) -> None:
         """Create the directories the server needs, with their modes; idempotent."""

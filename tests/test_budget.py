@@ -35,6 +35,7 @@ from sprite_os.memory.curation.daemon import MemoryDaemon
 from sprite_os.memory.files import MAX_FILE_BYTES, SPECS
 from sprite_os.memory.memory_store import PendingAction
 from sprite_os.memory.processor import MAX_REPLY_TOKENS, Completion, CuratorClient, input_tokens
+from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, Observation
 from sprite_os.spending import MOST_EXPENSIVE, DailyBudget, cost_usd, day_start
 from sprite_os.text import estimate_tokens
@@ -287,7 +288,12 @@ async def test_the_budget_caps_spending_and_loses_nothing(
         assert report["budget"] == {"daily_usd": d.budget.daily_usd, "spent_today_usd": round(spent, 6),
                                     "waiting": True, "resumes_at": JAN_1_2030 + DAY}
         assert f"of ${d.budget.daily_usd:.2f} spent today (UTC); spent: batches wait until 2030-01-02 00:00 UTC" in text
-        assert report["budget"] == await d.budget_status()  # what /healthz shows
+        system = MemorySystem(make_settings(tmp_path, kit.bridge.url))  # what /healthz shows: the same
+        system.daemon = d
+        try:
+            assert report["budget"] == (await system.health())["budget"]
+        finally:
+            await asyncio.gather(system.transcript.close(), system.memory.close(), system.curator.close())
 
         # Seven hours on, the same day: the wait is no failure, so nothing is marked stale.
         clock.advance_to(JAN_1_2030 + 8 * HOUR)

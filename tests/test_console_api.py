@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,12 +14,12 @@ from devkit.harness import make_settings
 from sprite_os.commands.main import main as cli
 from sprite_os.console import memory_frames as pm
 from sprite_os.console.memory_api import MemoryConsole
-from sprite_os.console.memory_queries import day_start
 from sprite_os.memory.forgetting import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall.searcher import RecallHit
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.spending import day_start
 
 NOW = 1_800_000_000.0  # a fixed clock: "today" starts at day_start(NOW)
 
@@ -226,6 +225,18 @@ async def test_a_learnings_turn_opens_from_the_transcript(console: MemoryConsole
     assert (await failure(console, pm.MemoryTurnRequest(request_id="t", observation_id=999))).code == "not_found"
 
 
+async def test_a_turn_whose_tool_calls_are_no_list_opens_without_them(console: MemoryConsole, system: MemorySystem) -> None:
+    """An older import or a hand-made row may hold any JSON in tool_calls_json: a number, text, an object."""
+    def turns(t: TranscriptDB) -> list[int]:
+        return [t.append(NewObservation(timestamp=NOW, session_id="s9", sequence_num=n, user_message="hi",
+                                        agent_response="hello", tool_calls_json=bad)) or 0
+                for n, bad in enumerate(["5", '"text"', '{"name": "Bash"}', "not json"], 1)]
+
+    for observation_id in await system.transcript.call(turns):
+        reply = await ask(console, pm.MemoryTurnRequest(request_id="t", observation_id=observation_id))
+        assert isinstance(reply, pm.MemoryTurnResult) and reply.turn.tool_calls == []
+
+
 async def search_ids(console: MemoryConsole, query: str, **kwargs: object) -> list[int]:
     reply = await console.handle(pm.MemorySearchRequest(request_id="s", query=query, **kwargs))  # type: ignore[arg-type]
     assert isinstance(reply, pm.MemorySearchResult)
@@ -332,11 +343,6 @@ async def test_health_shows_the_agents_spending_beside_the_curators(system: Memo
     assert (agent.daily_usd, agent.spent_today_usd, agent.calls_today, agent.refused_today) == (10.0, 1.25, 7, {"budget": 1})
     alone = await ask(MemoryConsole(system, clock=lambda: NOW), pm.MemoryHealthRequest(request_id="h2"))
     assert isinstance(alone, pm.MemoryHealthResult) and alone.health.agent is None
-
-
-def test_today_starts_at_midnight_utc() -> None:
-    noon = time.mktime((2027, 3, 4, 12, 0, 0, 0, 0, 0)) - time.timezone
-    assert time.gmtime(day_start(noon))[:6] == (2027, 3, 4, 0, 0, 0)
 
 
 async def test_the_boot_prompt_is_exactly_the_next_sessions(console: MemoryConsole, system: MemorySystem) -> None:

@@ -560,7 +560,7 @@ print(json.dumps({{"new": sorted(set(sys.modules) - before - {{c.__name__}}), "d
     from sprite_os import config, deploy_contract, fsutil, paths
     from sprite_os.memory import files
     assert fsutil.atomic_write is deploy_contract.atomic_write
-    assert paths.USER_SPACE_DIRS is deploy_contract.USER_SPACE_DIRS
+    assert paths.make_user_space is deploy_contract.make_user_space
     assert files.SPECS is deploy_contract.MEMORY_FILES
     assert config.token_problem is deploy_contract.token_problem
     assert config.MIN_TOKEN_LENGTH == deploy_contract.MIN_TOKEN_LENGTH

@@ -50,3 +50,12 @@ def test_every_link_and_file_a_page_names_exists(page: Path) -> None:
     missing += [f"file {name}" for name in PATH.findall(text)
                 if not any((root / name).exists() for root in ROOTS) and "<" not in name and "*" not in name]
     assert missing == []
+
+
+def test_the_architecture_tree_names_every_module() -> None:
+    """docs/architecture.md's tree is where a newcomer looks for a module: each one is there."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    tree = page.split("## The tree", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"[\w]+\.py\b", tree))
+    modules = {p.name for p in (REPO / "os_src").rglob("*.py") if not p.name.startswith("__")}
+    assert sorted(modules - named) == []

@@ -220,7 +220,8 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
     history.mkdir(parents=True)
     (layout.os_dir / "agent").mkdir(parents=True, exist_ok=True)
     debris = [history / ".000039_1795483438_batch-35.md.g2je4zm4.tmp", layout.memory_dir / ".user.md.x1abcdef.tmp",
-              layout.state_dir / ".capture.json.abc_1234.tmp", layout.state_dir / ".isolation.json.q9w8e7r6.tmp",
+              layout.state_dir / ".capture.json.abc_1234.tmp", layout.state_dir / ".turn-journal.json.k3j4h5g6.tmp",
+              layout.state_dir / ".isolation.json.q9w8e7r6.tmp",
               layout.state_dir / ".cli.json.a1b2c3d4.tmp", layout.os_dir / "agent" / ".boot-prompt.md.zzzzzzzz.tmp"]
     kept = [layout.memory_dir / "notes.tmp", layout.memory_dir / ".notes.md.abcdefgh.tmp",  # not Sprite OS's
             history / "000001_1_seed.md", layout.state_dir / ".service.env.abcdefgh.tmp",  # another process's

@@ -66,7 +66,7 @@ def test_a_kill_mid_commit_leaves_no_temp_file_once_the_writer_opens_again(tmp_p
     dozens) left `.meta.json.*.tmp` for good; the store's one writer sweeps them when it opens."""
     rng = np.random.default_rng(3)
     VectorWriter(tmp_path / "m", "model").add(range(1, 4), [0.0] * 3, unit(rng, 3))
-    debris = [tmp_path / "m" / ".meta.json.ab12cd34.tmp", tmp_path / "m" / ".basis.npy.tmp"]
+    debris = [tmp_path / "m" / ".meta.json.ab12cd34.tmp", tmp_path / "m" / ".basis.npy.x9_y8z7w.tmp"]
     other = tmp_path / "m" / ".notes.txt.ab12cd34.tmp"  # not the store's: stays
     for path in [*debris, other]:
         path.write_bytes(b"{")

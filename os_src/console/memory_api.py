@@ -17,6 +17,7 @@ import msgspec
 
 from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
+from ..spending import day_start
 from ..text import CHARS_PER_TOKEN, estimate_tokens
 from . import memory_files
 from . import memory_frames as pm
@@ -150,7 +151,7 @@ class MemoryConsole:
 
     async def _health(self, req: pm.MemoryHealthRequest) -> pm.MemoryHealthResult:
         status = self._system.daemon.status()
-        since = q.day_start(self._clock())
+        since = day_start(self._clock())
         observations = await self._system.transcript.call(lambda t: t.counts())
 
         def read(m: Any) -> tuple[Any, ...]:

@@ -5,9 +5,8 @@ worker thread (`Worker.call`), so the event loop never waits on SQLite.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -16,7 +15,8 @@ from ..memory.memory_store import MemoryDB
 from ..memory.recall.searcher import RecallHit
 from ..memory.schema import PENDING, PROCESSED
 from ..memory.transcript_store import TranscriptDB
-from .memory_frames import BatchInfo, LearningHit, Spend, ToolCall, TurnRecord, TurnRef
+from .memory_frames import BatchInfo, LearningHit, Spend, TurnRecord, TurnRef
+from .session_queries import tool_calls
 
 TOOL_TEXT_CHARS = 2_000  # of each tool call's input and output shown with a turn
 
@@ -72,23 +72,12 @@ def episode_hit(h: RecallHit) -> LearningHit:
                        score=h.score, session_id=h.session_id, turn=turn, forgotten_at=None)
 
 
-def _bounded(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= TOOL_TEXT_CHARS else text[:TOOL_TEXT_CHARS] + "…"
-
-
 def turn_record(db: TranscriptDB, observation_id: int) -> TurnRecord | None:
     found = db.get([observation_id])
     if not found:
         return None
     obs = found[0]
-    try:
-        calls = json.loads(obs.tool_calls_json)
-    except ValueError:
-        calls = []
-    tools = [ToolCall(name=str(c.get("name", "?")), input=_bounded(c.get("input", "")),
-                      output=_bounded(c.get("output", "")), is_error=bool(c.get("is_error")))
-             for c in calls if isinstance(c, dict)]
+    tools = tool_calls(obs.tool_calls_json, TOOL_TEXT_CHARS)
     state: Literal["pending", "processed", "stale"] = (
         "pending" if obs.processed == PENDING else "processed" if obs.processed == PROCESSED else "stale")
     return TurnRecord(observation_id=obs.id, session_id=obs.session_id, sequence_num=obs.sequence_num,
@@ -96,18 +85,8 @@ def turn_record(db: TranscriptDB, observation_id: int) -> TurnRecord | None:
                       agent_response=obs.agent_response, processed=state)
 
 
-def day_start(now: float) -> float:
-    """Midnight UTC of the day `now` falls in: "today" for the curator's spend."""
-    return now - now % 86_400
-
-
 def spend_since(db: MemoryDB, since: float) -> Spend:
-    row = db.conn.execute(
-        """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
-           coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches WHERE created_at >= ?""",
-        (since,)).fetchone()
-    return Spend(batches=row[0], failed_batches=row[1], input_tokens=row[2], output_tokens=row[3],
-                 cost_usd=round(row[4], 6))
+    return Spend(**msgspec.structs.asdict(db.batch_totals(since)))
 
 
 def last_batch(db: MemoryDB) -> BatchInfo | None:

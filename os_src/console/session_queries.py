@@ -91,20 +91,23 @@ def info(row: SessionRow, summary: str | None, current: bool, waiting: int = 0, 
                        forgotten=forgotten or row.forgotten)
 
 
-def _cut(value: Any) -> str:
+def _cut(value: Any, chars: int) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= TOOL_CHARS else text[: TOOL_CHARS - 1] + "…"
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
-def tool_calls(tool_calls_json: str) -> list[ToolCall]:
+def tool_calls(tool_calls_json: str, chars: int = TOOL_CHARS) -> list[ToolCall]:
+    """A turn's recorded tool calls, each input and output cut to `chars`. Whatever the column
+    holds (an older import, a hand-made row): what is not a JSON list of objects shows no call."""
     try:
         calls = json.loads(tool_calls_json)
     except ValueError:
         return []
     if not isinstance(calls, list):
         return []
-    return [ToolCall(name=str(c.get("name", "?")), input=_cut(c.get("input", "")), output=_cut(c.get("output", "")),
-                     is_error=bool(c.get("is_error"))) for c in calls if isinstance(c, dict)]
+    return [ToolCall(name=str(c.get("name", "?")), input=_cut(c.get("input", ""), chars),
+                     output=_cut(c.get("output", ""), chars), is_error=bool(c.get("is_error")))
+            for c in calls if isinstance(c, dict)]
 
 
 def past_turn(obs: Observation | NewObservation, tombstone: Tombstone | None = None) -> PastTurn:

@@ -2,7 +2,7 @@
 
 When the curator records a CORRECTION ("The user's name is Daniela, not Dana"), the older
 learning it corrects ("The user's name is Dana") is found and marked replaced
-(`learnings.replaced_by`, `replaced_at`: schema step 4). A replaced learning leaves the boot
+(`learnings.replaced_by`, `replaced_at`: schema step 6). A replaced learning leaves the boot
 prompt's recent learnings, ranks just below its correction in every search and is never sent
 by auto-recall; the correction shows "was: <old> until <date>", so where the change came from
 stays visible. The row itself stays, like every learning; forgetting the correction brings the
@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..text import safe_text, utc
-from .recall.learnings import search_learnings, search_terms
+from .recall.learnings import search_learnings, search_terms, stems
 
 MIN_SHARED = 2
 MIN_COVERED = 0.5  # of the older learning's words
@@ -34,17 +34,12 @@ class _Conn:
         self.conn = conn
 
 
-def stems(text: str) -> set[str]:
-    """A learning's words, by their first five letters (a rough stem), the generic ones left out."""
-    return {w[:5] for w in search_terms(text)} - GENERIC
-
-
 def corrected(correction: str, candidates: Sequence[tuple[int, str]]) -> int | None:
     """The id of the candidate (older learnings, best match first) that `correction` replaces, or None."""
-    mine = stems(correction)
+    mine = stems(correction, GENERIC)
     best: tuple[float, int] | None = None
     for learning_id, content in candidates:
-        theirs = stems(content)
+        theirs = stems(content, GENERIC)
         shared = len(mine & theirs)
         if not theirs or shared < MIN_SHARED or shared < MIN_COVERED * len(theirs):
             continue
@@ -74,7 +69,7 @@ def link(conn: sqlite3.Connection, correction_id: int, content: str, at: float) 
 
 
 def link_all(conn: sqlite3.Connection) -> int:
-    """Link every CORRECTION not linked yet, oldest first (a database from before step 4)."""
+    """Link every CORRECTION not linked yet, oldest first (a database from before step 6)."""
     linked = 0
     for cid, content, at in conn.execute(
             "SELECT id, content, created_at FROM learnings WHERE type = 'CORRECTION' AND forgotten_at IS NULL "

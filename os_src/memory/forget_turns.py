@@ -44,6 +44,7 @@ from ..db_worker import Worker
 from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..paths import Layout
+from ..text import utc
 from .files import CURATED, SPECS, MemoryFiles
 from .forgetting import record
 from .memory_store import MemoryDB
@@ -373,7 +374,7 @@ class TurnForgetting:
             if words is not None:  # lines written since the forget (a batch already under way) count too
                 hashes |= await asyncio.to_thread(file_lines, self.files, words)
                 hashes |= await self.memory.call(lambda m, w=words: _batch_lines(m, w))  # type: ignore[misc]
-            note = REMOVED.format(day=time.strftime("%Y-%m-%d", time.gmtime(job.created_at)))
+            note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
             backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,

@@ -31,7 +31,7 @@ from typing import Any, TextIO, TypeVar
 
 import msgspec
 
-from ..text import clean_text
+from ..text import clean_text, utc
 from .capture.recorder import (
     MAX_TOOL_CALLS,
     RESPONSE_CHARS,
@@ -76,10 +76,6 @@ def _text(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…[more]"
 
 
-def _day(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
-
-
 def timestamp(value: Any, now: float) -> float:
     """Epoch seconds from a number or an ISO 8601 string, between 1970 and a day past `now`."""
     if isinstance(value, bool):
@@ -97,7 +93,7 @@ def timestamp(value: Any, now: float) -> float:
         raise BadLine("timestamp must be epoch seconds or ISO 8601")
     if not math.isfinite(at) or not 0 <= at <= now + AHEAD:
         raise BadLine(f"timestamp {shown} is out of range: it must fall between 1970-01-01 and "
-                      f"{_day(now + AHEAD)}")
+                      f"{utc(now + AHEAD, '%Y-%m-%d')}")
     return at
 
 

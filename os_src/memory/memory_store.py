@@ -92,6 +92,15 @@ _BATCH_COLUMNS = ("id, created_at, trigger, status, observation_ids, model, inpu
 _LEARNING_COLUMNS = "id, created_at, session_id, type, content, source_observation_id, confidence"
 
 
+class BatchTotals(msgspec.Struct, frozen=True):
+    """The curator's calls recorded in `batches`, summed."""
+    batches: int
+    failed_batches: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
 class MemoryDB:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -207,20 +216,21 @@ class MemoryDB:
                                   (since,)).fetchone()[0]
         return float(value)
 
-    def totals(self) -> dict[str, Any]:
+    def batch_totals(self, since: float = -math.inf) -> BatchTotals:
+        """The calls recorded since `since` (all of them by default), failed ones included."""
         row = self.conn.execute(
             """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
-               coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches"""
-        ).fetchone()
+               coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches WHERE created_at >= ?""",
+            (since,)).fetchone()
+        return BatchTotals(row[0], row[1], row[2], row[3], round(row[4], 6))
+
+    def totals(self) -> dict[str, Any]:
         last_ok = self.conn.execute(
             "SELECT max(created_at) FROM batches WHERE status NOT IN ('failed', 'superseded')").fetchone()[0]
         learnings = self.conn.execute("SELECT count(*) FROM learnings").fetchone()[0]
         actions = self.conn.execute("SELECT count(*) FROM pending_actions WHERE status = 'pending'").fetchone()[0]
-        return {
-            "batches": row[0], "failed_batches": row[1], "input_tokens": row[2], "output_tokens": row[3],
-            "cost_usd": round(row[4], 6), "last_success_at": last_ok, "learnings": learnings,
-            "pending_actions": actions,
-        }
+        return {**msgspec.structs.asdict(self.batch_totals()), "last_success_at": last_ok, "learnings": learnings,
+                "pending_actions": actions}
 
     # -- reading
 

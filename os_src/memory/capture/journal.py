@@ -86,10 +86,7 @@ def _last_state(data: bytes, path: Path) -> list[Entry]:
 def recover(path: Path) -> list[NewObservation]:
     """The turns an earlier run left in its journal, as observations to record, in the order
     they were taken (never by their clocks, which may have jumped). An unreadable journal is
-    logged and costs only what it held; temp files a kill left are removed."""
-    for debris in path.parent.glob(f".{path.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            debris.unlink()
+    logged and costs only what it held. (Temp files a kill left are the start's sweep's: memory/system.py.)"""
     try:
         data = path.read_bytes()
     except FileNotFoundError:

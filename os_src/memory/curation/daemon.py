@@ -320,12 +320,6 @@ class MemoryDaemon:
         value = BudgetRecord(self.budget.daily_usd, self.resumes_at).dumps()
         await self.processor.memory.call(lambda m: m.set_meta(BUDGET_KEY, value))
 
-    async def budget_status(self) -> dict[str, Any]:
-        """What /healthz shows about the budget: today's spending, the budget, any wait."""
-        now = time.time()
-        spent = await self.processor.memory.call(lambda m: m.cost_since(day_start(now)))
-        return self.budget.report(now, spent, self.resumes_at)
-
     async def _on_unusable(self, verdict: Verdict, ids: list[int], error: str) -> float:
         """Act on the isolation's verdict on an unusable reply; returns the backoff, 0 if it goes on."""
         log.warning("memory_reply_unusable", first_id=ids[0], last_id=ids[-1], verdict=verdict.value)

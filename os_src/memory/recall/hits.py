@@ -23,7 +23,7 @@ import msgspec
 from ...database import marks
 from .. import corrections
 from . import episodes as ep
-from .learnings import search_terms
+from .learnings import stems
 from .ranking import Candidate
 
 SNIPPET_CHARS = 240
@@ -71,10 +71,6 @@ def snippet(text: str, words: Sequence[str], width: int = SNIPPET_CHARS) -> str:
     start = max(0, at - width // 3)
     piece = flat[start:start + width]
     return ("…" if start else "") + piece + ("…" if start + width < len(flat) else "")
-
-
-def stems(text: str) -> set[str]:
-    return {w[:5] for w in search_terms(text)}
 
 
 # ---------------------------------------------------------------- the rules (pure)

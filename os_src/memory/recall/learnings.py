@@ -64,6 +64,11 @@ def search_terms(text: str) -> list[str]:
     return list(dict.fromkeys(w[:MAX_TERM_CHARS] for w in meaningful))[:MAX_TERMS]
 
 
+def stems(text: str, drop: frozenset[str] = frozenset()) -> set[str]:
+    """The search terms of `text` by their first five letters (a rough stem), those in `drop` left out."""
+    return {w[:5] for w in search_terms(text)} - drop
+
+
 def clamp_limit(limit: object) -> int:
     try:
         value = int(str(limit))

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ...dates import usable
+from ...dates import DAY, usable
 from .index import Kind
 from .timeparse import When
 
@@ -58,7 +58,7 @@ def order_by_time(hits: Sequence[Candidate], when: When | None, current: bool, n
     def boosted(h: Candidate) -> float:
         if not usable(h.at) or h.at > now:
             return h.score
-        return h.score * (1 + RECENCY * math.exp(-(now - h.at) / 86400 / RECENCY_DAYS))
+        return h.score * (1 + RECENCY * math.exp(-(now - h.at) / DAY / RECENCY_DAYS))
 
     return sorted(hits, key=lambda h: -boosted(h))
 

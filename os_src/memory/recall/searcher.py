@@ -7,7 +7,7 @@ What `search_memory`, `sprite-os memory search`, the console and auto-recall all
 3. The recall index ranks episodes and learnings together by BM25 (recall_index), the period
    asked about first.
 4. If a dense retriever is loaded, it ranks episodes by meaning, and the two lists are fused by
-   weighted reciprocal rank (k = 10, equal weights by default: measured best, docs/memory.md).
+   weighted reciprocal rank (k = 10; by default the dense list weighs 1.2, the lexical list 1: docs/memory.md).
 5. Hits in the period come first; for a question about the current state, newer hits gain.
 6. memory.db says what each hit shows: kind, date, source (session and 1-based turn; for a
    learning, the turn it came from), a snippet. A forgotten learning is dropped here, whatever
@@ -22,6 +22,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from ...config import DEFAULT_DENSE_WEIGHT
 from ...database import marks
 from .dense import Embedder
 from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
@@ -35,7 +36,6 @@ from .vectors import VectorReader
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
 POOL = 50  # candidates each retriever hands to fusion
-DENSE_WEIGHT = 1.2
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
 
 
@@ -49,7 +49,7 @@ class Dense:
 
     embedder: Embedder
     vectors: VectorReader
-    weight: float = DENSE_WEIGHT
+    weight: float = DEFAULT_DENSE_WEIGHT
 
     def look(self, query: str, limit: int, also: Sequence[int], window: Window | None = None
              ) -> tuple[list[Candidate], dict[int, float]]:

@@ -46,8 +46,8 @@ VECTORS_DIR = "vectors"
 PROGRESS_FILE = "recall.json"  # in .os/state/: the server's recall status, for `memory status` in a shell
 PUBLISH_EVERY = 5.0
 FRESH = 30.0  # a published status older than this is the last word of a server that is gone
-AUTO_RECALL_TIMEOUT = 0.5
-LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable  # a recall slower than this is skipped: the message goes as it is
+AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
+LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable
 
 
 def index_path(memory_dir: Path) -> Path:

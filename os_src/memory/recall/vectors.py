@@ -33,6 +33,7 @@ docs/benchmarks.md).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -316,8 +317,7 @@ class VectorWriter:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         # What a kill between a temp file and its rename left: the store's one writer sweeps it.
-        sweep_temp_files(path, lambda name: name == "meta.json")
-        (path / ".basis.npy.tmp").unlink(missing_ok=True)
+        sweep_temp_files(path, lambda name: name in ("meta.json", "basis.npy"))
         meta = read_meta(path)
         if meta is None or meta.format != FORMAT or meta.dim != dim:
             meta = Meta(FORMAT, model, dim)
@@ -424,12 +424,9 @@ class VectorWriter:
         """Centre the sketch on the first vectors, and sketch every record so far."""
         vectors = np.memmap(self.path / "vectors.f16", dtype=np.float16, mode="r", shape=(count, self.meta.dim))
         center, projection = make_basis(np.asarray(vectors[:BASIS_FROM], dtype=np.float32))
-        tmp = self.path / ".basis.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, np.vstack([center[None, :], projection.T]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / "basis.npy")
+        data = io.BytesIO()
+        np.save(data, np.vstack([center[None, :], projection.T]))
+        atomic_write(self.path / "basis.npy", data.getvalue())
         self._basis = center, projection
         for start in range(0, count, BLOCK):
             chunk = np.asarray(vectors[start:start + BLOCK], dtype=np.float32)
