@@ -114,10 +114,10 @@ async def next_session(c: Client) -> str:
     return str((await c.until("turn_complete", timeout=TURN))["status"])
 
 
-def assert_the_server_held(outcome: Outcome) -> None:
+def assert_the_server_held(outcome: Outcome, ended: tuple[str, ...] = ("interrupted",)) -> None:
     print(f"healthz max {max(outcome.healthz):.3f} s; interrupted in {outcome.interrupted_in:.3f} s")  # for -s
     assert max(outcome.healthz) < HEALTHZ_WITHIN, outcome.healthz
-    assert outcome.status == "interrupted" and outcome.interrupted_in < INTERRUPT_WITHIN, outcome
+    assert outcome.status in ended and outcome.interrupted_in < INTERRUPT_WITHIN, outcome
     assert outcome.next_turn == "completed"
     assert outcome.recorded == ["the attack", "the next turn"]  # capture recorded every turn
 
@@ -140,7 +140,10 @@ async def test_a_fork_bomb_ends_at_the_limit_and_the_server_holds(
     bomb = "bomb() { bomb | bomb & }; bomb"
     outcome = await attack_during_a_turn(limited, bridge, bomb,
                                          lambda app: agent_processes(app, agent_user.uid) >= 90)
-    assert_the_server_held(outcome)
+    # The CLI shares the agent's process limit: when the bomb holds every pid, the CLI may fail to
+    # start a thread of its own and die (SIGILL), and the turn ends `error` at once instead of
+    # `interrupted`. Either way the turn ends in time, is recorded, and the next session is normal.
+    assert_the_server_held(outcome, ended=("interrupted", "error"))
 
 
 async def test_control_forks_under_the_limit_all_run(limited: Settings, bridge: MockBridge,
