@@ -95,7 +95,15 @@ def _locked() -> Iterator[None]:
 
 
 def _live_runs() -> list[int]:
-    return [int(p.stem) for p in RUNS.glob("*.run") if p.stem.isdigit() and procfs.alive(int(p.stem))]
+    """The runs still going; the marks of runs that died without their exit (a killed `make test`)
+    are removed, so they neither count nor stay behind."""
+    live = []
+    for mark in RUNS.glob("*.run"):
+        if mark.stem.isdigit() and procfs.alive(int(mark.stem)):
+            live.append(int(mark.stem))
+        else:
+            mark.unlink(missing_ok=True)
+    return live
 
 
 class HostLedger:

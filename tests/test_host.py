@@ -100,3 +100,15 @@ def test_a_run_removes_the_users_it_made_and_no_other(monkeypatch: pytest.Monkey
     finally:
         if host._exists(made):
             host.remove_user(made)
+
+
+def test_a_run_that_died_without_its_exit_neither_counts_nor_stays(fake_host: Path) -> None:
+    """A killed run's mark stayed in the ledger for good; the next run's exit removes it, and restores."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (fake_host / "runs").mkdir()
+    (fake_host / "runs" / f"{dead.pid}.run").touch()
+    with host.HostLedger(()):
+        change_the_host(fake_host)
+    assert not (fake_host / "runs" / f"{dead.pid}.run").exists()
+    assert all(host._sysctl(name).read_text() == "0\n" for name in host.SYSCTLS)  # the last live run out
