@@ -3,7 +3,8 @@
 Tests that run the agent as its own user, as root, change the machine: they make Unix users, set
 kernel settings (deploy_contract.SYSCTLS) and their /etc/sysctl.d file, and copy the CLI under
 /var/lib/sprite-os/cli. A run's users are its own (named for it), and removed at its end if it
-made them; so is the copy of its own venv's CLI (another checkout's is that run's to remove). The
+made them; so is the copy of its own venv's CLI, and the last run out removes every copy made while
+runs went on (a deploy test's venv has its own) that no process runs. The
 kernel settings are shared by every run on the machine, and two checkouts may test at once: the
 first run in records how the host was, and the last one out restores it (runs find each other by
 their pid files under RUNS, under a lock). Root only; without root a run changes nothing.
@@ -41,7 +42,8 @@ def snapshot() -> dict[str, Any]:
     """How the host is now, in what test runs share."""
     conf = SYSCTL_CONF.read_text() if SYSCTL_CONF.is_file() else None
     return {"sysctls": {name: _sysctl(name).read_text().strip() for name in SYSCTLS}, "sysctl_conf": conf,
-            "cli_cache": CLI_CACHE.exists(), "cli_cache_parent": CLI_CACHE.parent.exists()}
+            "cli_cache": CLI_CACHE.exists(), "cli_cache_parent": CLI_CACHE.parent.exists(),
+            "cli_copies": sorted(p.name for p in CLI_CACHE.iterdir()) if CLI_CACHE.is_dir() else []}
 
 
 def restore(baseline: dict[str, Any]) -> list[str]:
@@ -58,6 +60,12 @@ def restore(baseline: dict[str, Any]) -> list[str]:
     elif conf is not None and (not SYSCTL_CONF.is_file() or SYSCTL_CONF.read_text() != conf):
         SYSCTL_CONF.write_text(conf)
         done.append(f"restored {SYSCTL_CONF}")
+    # Copies made while the runs went on, of other venvs' CLIs too (a deploy test's own venv): the
+    # last run out removes those no process runs, as it puts the settings back.
+    if CLI_CACHE.is_dir():
+        for copy in CLI_CACHE.iterdir():
+            if copy.name not in baseline.get("cli_copies", []) and remove_copy(copy):
+                done.append(f"removed {copy}")
     for directory, existed in ((CLI_CACHE, baseline["cli_cache"]), (CLI_CACHE.parent, baseline["cli_cache_parent"])):
         if not existed:
             with contextlib.suppress(OSError):

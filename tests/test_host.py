@@ -71,11 +71,18 @@ def test_while_another_run_goes_on_nothing_is_put_back_and_it_restores_what_the_
         other.wait()
 
 
-def test_the_copy_of_another_runs_cli_is_that_runs_to_remove(fake_host: Path) -> None:
-    with host.HostLedger(()):
-        change_the_host(fake_host)
-        (fake_host / "lib" / "cli" / "3.0-another-checkout").mkdir()
-    assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old", "3.0-another-checkout"]
+def test_the_copy_of_another_runs_cli_stays_while_that_run_goes_on(fake_host: Path) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # another checkout's run
+    try:
+        (fake_host / "runs").mkdir()
+        with host.HostLedger(()):
+            (fake_host / "runs" / f"{other.pid}.run").touch()
+            change_the_host(fake_host)
+            (fake_host / "lib" / "cli" / "3.0-another-checkout").mkdir()
+        assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old", "3.0-another-checkout"]
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_copy_some_process_runs_is_kept(fake_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,3 +119,13 @@ def test_a_run_that_died_without_its_exit_neither_counts_nor_stays(fake_host: Pa
         change_the_host(fake_host)
     assert not (fake_host / "runs" / f"{dead.pid}.run").exists()
     assert all(host._sysctl(name).read_text() == "0\n" for name in host.SYSCTLS)  # the last live run out
+
+
+def test_the_last_run_out_removes_every_cli_copy_made_while_runs_went_on(fake_host: Path) -> None:
+    """A deploy test's venv has a CLI of its own, copied under another name than this checkout's:
+    it stayed under /var/lib/sprite-os/cli after every run. Copies that were there before stay."""
+    with host.HostLedger(()):
+        change_the_host(fake_host)
+        (fake_host / "lib" / "cli" / "2.0-deployed").mkdir()
+        (fake_host / "lib" / "cli" / "2.0-deployed" / "claude").write_text("#!/bin/sh\n")
+    assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old"]
