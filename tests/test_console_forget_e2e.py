@@ -56,7 +56,10 @@ def processed(settings: Settings) -> int:
 
 async def say(tab: Tab, text: str) -> None:
     await tab.send(text)
-    await expect(tab.messages("assistant").last).to_contain_text(text)
+    answer = tab.messages("assistant").last
+    await expect(answer).to_contain_text(text)
+    # the words stream in before turn_complete, and the turn's line (with its Forget) comes with it
+    await expect(answer).to_have_attribute("data-state", "complete")
 
 
 async def test_forget_a_turn_then_search_recall_the_boot_prompt_and_the_bytes_are_without_it(
