@@ -94,7 +94,7 @@ def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str 
     if message.startswith("/") or not search_terms(message):
         return []
     hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id)
-    return auto_recall.select(hits, boot, budget_tokens, searcher.dense is not None)
+    return auto_recall.select(hits, boot, budget_tokens, auto_recall.cues(message, searcher.spread, searcher.known))
 
 
 class RecallService:
@@ -306,7 +306,7 @@ class RecallService:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
                 if self._index is None:  # not started: learnings alone, through the same floor
                     found = await self._learnings(message, auto_recall.SEARCHED)
-                    chosen = auto_recall.select(found, boot, budget, dense=False)
+                    chosen = auto_recall.select(found, boot, budget, auto_recall.cues(message, None, lambda _: False))
                 else:
                     chosen = await self.searcher.call(
                         lambda s: auto_recalled(s, message, now, session_id, boot, budget))
