@@ -163,9 +163,11 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
                     f"{fused['r@10']:.3f} / {lexical['r@10']:.3f} ({fused['r@1']:.3f} / {fused['r@5']:.3f} / "
                     f"{fused['r@20']:.3f})", "fused at least 0.85", ok(fused["r@10"] >= 0.85)))
     if a := rc.get("auto_recall"):
+        words = a.get("lexical")
+        alone = f"; words alone: {words['evidence_in_block']:.3f} / {words['unrelated_with_block']:.3f}" if words else ""
         out.append(("auto-recall: evidence in the block (dialogue questions) / unrelated messages given a block",
                     f"{a['evidence_in_block']:.3f} / {a['unrelated_with_block']:.3f} ({a['tokens_mean']:.0f} tokens on "
-                    f"average, at most {a['tokens_max']})", "at least 0.75 / at most 0.10",
+                    f"average, at most {a['tokens_max']}{alone})", "at least 0.75 / at most 0.10",
                     ok(a["evidence_in_block"] >= 0.75 and a["unrelated_with_block"] <= 0.10)))
     if b := rc.get("backfill"):
         moments = [k for k in b if k.endswith("%")]
