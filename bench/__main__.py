@@ -28,7 +28,17 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 
 
 def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
-    from bench import boot, downloads, durable, fanout, lexical, search, turns, vectors
+    from bench import (
+        boot,
+        downloads,
+        durable,
+        fanout,
+        forget_lines,
+        lexical,
+        search,
+        turns,
+        vectors,
+    )
 
     n = 10 if quick else 60
 
@@ -57,6 +67,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "vectors": lambda: asyncio.to_thread(vectors.vectors, quick),
         "deploy": deploy,
         "downloads": lambda: downloads.downloads(16, (16 if quick else 99) * downloads.MIB),
+        "forget_lines": lambda: asyncio.to_thread(forget_lines.forget_lines),
     }
 
 
@@ -135,6 +146,14 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     "file at once over the socket (permessage-deflate on, as a browser asks)",
                     f"{dl['peak_growth_mib']:.1f} MiB ({dl['mib_per_s']:.1f} MiB/s in all)", "under 100 MiB",
                     ok(dl["peak_growth_mib"] < 100)))
+    if fl := r.get("forget_lines"):
+        from sprite_os.memory.forget_turns import DENSE_THRESHOLD
+
+        words, both = fl["words_alone"], fl[f"words_or_dense_{DENSE_THRESHOLD:.2f}"]
+        out.append((f"memory-file lines the curator reworded from a forgotten turn, found ({fl['reworded_lines']} "
+                    f"lines, {fl['pairs']} pairs): words and dense at {DENSE_THRESHOLD} / words alone (precision, recall)",
+                    f"{both['precision']:.3f}, {both['recall']:.3f} / {words['precision']:.3f}, {words['recall']:.3f}",
+                    "precision 1.0", ok(both["precision"] >= 1.0)))
     if d := r.get("deploy"):
         for key, label, target in (
                 ("fresh_deploy_s", "fresh deploy (venv built from a local wheelhouse)", ""),
