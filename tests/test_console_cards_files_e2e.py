@@ -2,8 +2,9 @@
 wraps inside its card (desktop and phone), a card opens large, copies and closes (on every
 device); files are browsed and downloaded (in chunks over the socket, byte for byte), uploads
 (picked or dropped) land in documents/, a chunk the server drops for rate is sent again while the
-person sees it retrying, and the agent's next turn, through the real CLI, is told; a path out of
-user space is refused over the socket. Real server, real CLI, the mock Bridge."""
+person sees it retrying, an upload whose answer is lost with the connection goes on once the page
+reconnects without a chunk written twice, and the agent's next turn, through the real CLI, is told;
+a path out of user space is refused over the socket. Real server, real CLI, the mock Bridge."""
 
 from __future__ import annotations
 
@@ -199,3 +200,44 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         assert "The person uploaded documents/invoice march.pdf (1.2 MB) through the console." in told
         assert "documents/meeting notes.txt" in told
         tab.assert_clean()
+
+
+async def test_an_upload_goes_on_after_a_dropped_connection_and_no_chunk_is_written_twice(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from sprite_os.console import files_api
+
+    data = os.urandom(3 * files_frames.CHUNK_BYTES - 1000)  # three chunks
+    picked = tmp_path / "contract.pdf"
+    picked.write_bytes(data)
+    writes: list[int] = []
+    pwrite = os.pwrite
+
+    def counted(fd: int, chunk: bytes, offset: int) -> int:
+        writes.append(offset)
+        return pwrite(fd, chunk, offset)
+
+    monkeypatch.setattr(files_api.os, "pwrite", counted)
+    dropped: list[int] = []
+    request = gateway._Connection._request
+
+    async def lose_one_answer(conn: gateway._Connection, frame: object) -> None:
+        if isinstance(frame, files_frames.UploadChunkRequest) and frame.offset > 0 and not dropped:
+            dropped.append(frame.offset)
+            assert conn.gw.requests is not None
+            await conn.gw.requests(frame)  # the chunk is written...
+            conn.ws.transport.abort()  # ...and its answer is lost with the connection
+            return
+        await request(conn, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Connection, "_request", lose_one_answer)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.by("files-tab").click()
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done", timeout=60_000)
+        assert (server.settings.layout.root / "documents" / "contract.pdf").read_bytes() == data
+        assert dropped == [files_frames.CHUNK_BYTES]
+        assert writes == [0, files_frames.CHUNK_BYTES, 2 * files_frames.CHUNK_BYTES]  # each chunk once
+        tab.assert_clean("WebSocket")
