@@ -32,8 +32,8 @@ function unbase64(text) {
 // What a chunk is asked for again after: the server dropped it for rate (it was never handled), or
 // the connection went (the connection reconnects by itself meanwhile).
 const RETRYABLE = new Set(["rate_limited", "connection_lost", "not_connected", "timeout"]);
-// A request that changes something when handled (finishing an upload) is asked again only when it
-// was never handled: a lost answer could hide that it was.
+// A request that changes something when handled (starting or finishing a transfer) is asked again
+// only when it was never handled: a lost answer could hide that it was.
 const DROPPED = new Set(["rate_limited"]);
 const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 45 s in all
 
@@ -166,17 +166,16 @@ export class FilesView {
   async download(path, name) {
     let line = null;
     try {
-      const start = await this.conn.request("download_start", { path });
+      const start = await retried(() => this.conn.request("download_start", { path }), () => {}, DROPPED);
       line = this.transfer("download-progress", "Downloading", shownName(name), start.size);
       const parts = [];
-      for (let offset = 0, eof = start.size === 0; !eof;) {
+      for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
         const chunk = await retried(() => this.conn.request("download_chunk", { download_id: start.download_id, offset }), line.retrying);
         parts.push(unbase64(chunk.data));
         offset += parts[parts.length - 1].length;
         eof = chunk.eof;
         line.step(offset);
       }
-      if (start.size === 0) await this.conn.request("download_cancel", { download_id: start.download_id }).catch(() => {});
       const url = URL.createObjectURL(new Blob(parts));
       const link = el("a", { href: url, download: start.name, class: "visually-hidden" });
       document.body.append(link);
@@ -198,7 +197,7 @@ export class FilesView {
   async upload(file) {
     const line = this.transfer("upload", "Uploading", file.name, file.size);
     try {
-      const start = await retried(() => this.conn.request("upload_start", { name: file.name, size: file.size }), line.retrying);
+      const start = await retried(() => this.conn.request("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED);
       for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
         const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
         const { received } = await retried(() => this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying);
