@@ -28,7 +28,17 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 
 
 def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]]]:
-    from bench import boot, durable, fanout, lexical, search, turns, vectors
+    from bench import (
+        boot,
+        downloads,
+        durable,
+        fanout,
+        forget_lines,
+        lexical,
+        search,
+        turns,
+        vectors,
+    )
 
     n = 10 if quick else 60
 
@@ -56,6 +66,8 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "lexical": lambda: asyncio.to_thread(lexical.lexical, quick),
         "vectors": lambda: asyncio.to_thread(vectors.vectors, quick),
         "deploy": deploy,
+        "downloads": lambda: downloads.downloads(16, (16 if quick else 99) * downloads.MIB),
+        "forget_lines": lambda: asyncio.to_thread(forget_lines.forget_lines),
     }
 
 
@@ -129,6 +141,19 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             out.append((f"approximate vector scan against the exact one, {int(n):,} vectors (recall@10 / @50); "
                         "bytes a turn; open + first search in a new process", f"{row['recall@10']:.3f} / "
                         f"{row['recall@50']:.3f}; {row['bytes_per_vector']} B; {row['open_and_first_search_s']:.2f} s", "", ""))
+    if dl := r.get("downloads"):
+        out.append((f"the server's peak memory growth while {dl['clients']} clients download a {dl['file_mib']} MiB "
+                    "file at once over the socket (permessage-deflate on, as a browser asks)",
+                    f"{dl['peak_growth_mib']:.1f} MiB ({dl['mib_per_s']:.1f} MiB/s in all)", "under 100 MiB",
+                    ok(dl["peak_growth_mib"] < 100)))
+    if fl := r.get("forget_lines"):
+        from sprite_os.memory.forget_turns import DENSE_THRESHOLD
+
+        words, both = fl["words_alone"], fl[f"words_or_dense_{DENSE_THRESHOLD:.2f}"]
+        out.append((f"memory-file lines the curator reworded from a forgotten turn, found ({fl['reworded_lines']} "
+                    f"lines, {fl['pairs']} pairs): words and dense at {DENSE_THRESHOLD} / words alone (precision, recall)",
+                    f"{both['precision']:.3f}, {both['recall']:.3f} / {words['precision']:.3f}, {words['recall']:.3f}",
+                    "precision 1.0", ok(both["precision"] >= 1.0)))
     if d := r.get("deploy"):
         for key, label, target in (
                 ("fresh_deploy_s", "fresh deploy (venv built from a local wheelhouse)", ""),

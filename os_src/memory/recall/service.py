@@ -36,7 +36,7 @@ from .index import RecallIndex, exists
 from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
 from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
-from .vectors import VectorReader, VectorWriter, forget_everywhere, store_dir
+from .vectors import Matrix, VectorReader, VectorWriter, forget_everywhere, store_dir
 
 log = get_logger(__name__)
 
@@ -203,6 +203,13 @@ class RecallService:
             return True
         except TimeoutError:
             return False
+
+    async def embed_passages(self, texts: Sequence[str]) -> Matrix | None:
+        """`texts`' vectors as passages, on the embedder's thread; None without a dense model."""
+        if self._embed_model is None:
+            return None
+        wanted = list(texts)
+        return await self.embedder.call(lambda station: station.model.passages(wanted))
 
     async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
         """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
