@@ -112,7 +112,7 @@ class _Connection:
         self._last_rate_error = 0.0
         self._writer: asyncio.Task[None] | None = None
         self.key = f"c{next(_keys)}"  # what the console's requests know this connection by (rq.client)
-        self._requests: asyncio.Queue[rq.Request] = asyncio.Queue(REQUEST_QUEUE)
+        self._requests: asyncio.Queue[rq.Request | None] = asyncio.Queue(REQUEST_QUEUE)  # None: the end
 
     async def run(self) -> None:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
@@ -126,10 +126,19 @@ class _Connection:
             pass
         finally:
             self.gw.hub.unsubscribe(self.sub)
-            for task in (answering, self._writer):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            # The request being answered is answered (never cut mid-way, as an upload's write);
+            # those still waiting are dropped: nobody is left to read their answers.
+            while not self._requests.empty():
+                self._requests.get_nowait()
+            self._requests.put_nowait(None)
+            try:
+                await answering
+            except asyncio.CancelledError:  # the server's hard stop: it goes too
+                answering.cancel()
+                raise
             if self.gw.left is not None:
                 self.gw.left(self.key)
 
@@ -301,8 +310,7 @@ class _Connection:
     async def _answer(self) -> None:
         """The connection's request task: each request in turn, the next one only once the answers
         still queued are back under REPLY_BACKLOG."""
-        while True:
-            frame = await self._requests.get()
+        while (frame := await self._requests.get()) is not None:
             await self._backlog_room()
             await self._request(frame)
 

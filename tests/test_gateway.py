@@ -178,3 +178,33 @@ async def test_requests_are_answered_in_order_by_their_own_task_and_past_the_que
             answered = [json.loads(await ws.recv())["request_id"] for _ in range(gateway.REQUEST_QUEUE + 1)]
             assert answered == handled == [f"q{n}" for n in range(gateway.REQUEST_QUEUE + 1)]
     assert len(set(clients)) == 1 and clients[0] and left == clients[:1]
+
+
+async def test_a_request_being_answered_when_its_connection_ends_is_finished_not_cut(runtime: FakeRuntime) -> None:
+    # An upload's chunk half-handled when the tab closes is finished (its write and its books agree);
+    # the requests still waiting are dropped, and only then are the connection's downloads let go.
+    started, release = asyncio.Event(), asyncio.Event()
+    events: list[str] = []
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        events.append(f"start {request.request_id}")
+        started.set()
+        await release.wait()
+        events.append(f"end {request.request_id}")
+        raise rq.RequestFailed("not_found", "nothing here")
+
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer,  # type: ignore[arg-type]
+                 left=lambda key: events.append("left"))
+    async with serve(gw.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            for n in range(3):
+                await ws.send(json.dumps({"type": "memory_files", "request_id": f"q{n}"}))
+            await started.wait()
+        await asyncio.sleep(0.1)  # the connection is gone
+        assert events == ["start q0"]
+        release.set()
+        async with asyncio.timeout(10):
+            while "left" not in events:
+                await asyncio.sleep(0.01)
+    assert events == ["start q0", "end q0", "left"]
