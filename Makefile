@@ -29,10 +29,10 @@ $(TEST_STAMP): pyproject.toml | $(FAULT_TOOLS)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(TEST_STAMP) $(DEV_STAMP)
 
-## Dev mode (`sprite-os-dev`, from devkit/): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the
-## embedded demo model (or ANTHROPIC_BASE_URL when set).
+## Dev mode (devkit/dev_mode.py, run from the checkout: devkit/ is not in the package): serve
+## ./.workspace (or SPRITE_WORKSPACE) on :8765 with the embedded demo model (or ANTHROPIC_BASE_URL when set).
 run: $(DEV_STAMP)
-	$(VENV)/bin/sprite-os-dev
+	$(PY) -m devkit.dev_mode
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
 ## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import subprocess
 import sys
@@ -21,10 +20,10 @@ import pytest
 from devkit.harness import wait_for
 from devkit.mock_bridge import Fault, MockBridge, RecordedRequest, Step, Text, ToolCall, Turn
 from devkit.mock_bridge.demo import DEV_WORD_DELAY
+from devkit.processes import kit_env
 
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"
 MODEL = "claude-test"
-REPO = Path(__file__).resolve().parents[1]
 # The bridge is plain http; an empty TLS context skips loading CA certificates (~0.1 s per client).
 NO_CA = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
@@ -515,10 +514,9 @@ async def test_start_stop_explicitly() -> None:
 def test_standalone_run_prints_url_and_serves() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "devkit.mock_bridge", "--host", "127.0.0.1", "--port", "0"],
-        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=kit_env(),
     )
     try:
         assert proc.stdout is not None
