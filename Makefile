@@ -69,9 +69,12 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
 		tests/test_console_forget_e2e.py
 
-## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage. Two workers a
+## core (FAST_JOBS): these tests spend half their time waiting (backoffs, budgets, child processes),
+## so a second worker a core fills that time.
+FAST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -m "not e2e" $(PYTEST_PARALLEL)
+	$(PY) -m pytest -m "not e2e" -n $(FAST_JOBS) --dist loadgroup
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap
