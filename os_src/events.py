@@ -95,6 +95,11 @@ class Subscriber:
         self._bytes = 0
         return batch
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued and not yet taken by the writer."""
+        return self._bytes
+
     def batch_sent(self) -> None:
         """The writer sent the batch it took."""
         if not self._frames:

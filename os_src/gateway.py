@@ -35,6 +35,9 @@ MAX_FRAME_CHARS = 1024 * 1024  # larger frames get frame_too_large (the socket's
 RATE_PER_SECOND = 20.0
 RATE_BURST = 60
 FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connection is closed
+# Answers to requests waiting to go out before this client's next frame is read: a client that asks
+# for file chunks faster than it reads them is held back by TCP, not by the server's memory.
+REPLY_BACKLOG = 1024 * 1024
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
@@ -201,6 +204,16 @@ class _Connection:
             self._last_rate_error = now
             self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; frames were dropped")
 
+    async def _backlog_sent(self) -> None:
+        """Over REPLY_BACKLOG queued: wait until the writer has sent it (or has stopped)."""
+        if self.sub.queued_bytes <= REPLY_BACKLOG or self._writer is None or self._writer.done():
+            return
+        drained = asyncio.ensure_future(self.sub.drained.wait())
+        try:
+            await asyncio.wait([drained, self._writer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+
     def _hello(self, hello: p.Hello) -> None:
         hub, rt = self.gw.hub, self.gw.runtime
         if hello.protocol > p.PROTOCOL_VERSION:
@@ -265,6 +278,7 @@ class _Connection:
             return
         try:
             self._reply(await answer(frame))
+            await self._backlog_sent()
         except rq.RequestFailed as exc:
             self._error(exc.code, exc.message, request_id)
         except ConnectionClosed:

@@ -48,7 +48,7 @@ from .console.cards import CardsConsole
 from .console.files_api import FilesConsole
 from .console.memory_api import MemoryConsole
 from .console.origin import origin_allowed
-from .console.pages import DOWNLOAD_PATH, ConsolePages, http_response, is_upgrade
+from .console.pages import ConsolePages, http_response
 from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
@@ -255,8 +255,6 @@ class SpriteOS:
             else:
                 body = {"status": (await self.health(counts=False))["status"]}
             return http_response(conn, HTTPStatus.OK, json.dumps(body).encode(), "application/json")
-        if request.path.split("?", 1)[0] == DOWNLOAD_PATH and not is_upgrade(request):
-            return await self._download(conn, request)
         if request.path.split("?", 1)[0] == "/metrics":
             if not self._authorized(request):
                 return self._unauthorized(conn)
@@ -272,14 +270,6 @@ class SpriteOS:
             log.info("auth_rejected", remote=remote, presented=bearer_token(request) is not None)
             return self._unauthorized(conn)
         return None
-
-    async def _download(self, conn: ServerConnection, request: Request) -> Response:
-        """A file of the person's, with the token (an Authorization header: the page fetches it)."""
-        if not self._authorized(request):
-            return http_response(conn, HTTPStatus.UNAUTHORIZED, b"", "text/plain; charset=utf-8", request)
-        status, body, headers = await self.files.download(request.path.partition("?")[2])
-        kind = "application/octet-stream" if status is HTTPStatus.OK else "text/plain; charset=utf-8"
-        return http_response(conn, status, body, kind, request, headers=headers)
 
     @staticmethod
     def _unauthorized(conn: ServerConnection) -> Response:

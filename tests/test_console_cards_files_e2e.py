@@ -1,11 +1,14 @@
 """Cards the person controls and files in and out, in a real Chromium: a 3,000-character word
 wraps inside its card (desktop and phone), a card opens large, copies and closes (on every
-device); files are browsed and downloaded, uploads (picked or dropped) land in documents/ and
-the agent's next turn, through the real CLI, is told; a path out of user space is refused over
-HTTP and over the socket. Real server, real CLI, the mock Bridge."""
+device); files are browsed and downloaded (in chunks over the socket, byte for byte), uploads
+(picked or dropped) land in documents/, a chunk the server drops for rate is sent again while the
+person sees it retrying, an upload whose answer is lost with the connection goes on once the page
+reconnects without a chunk written twice, and the agent's next turn, through the real CLI, is told;
+a path out of user space is refused over the socket. Real server, real CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 from playwright.async_api import expect
 
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from sprite_os import gateway
 from sprite_os.console import files_frames
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN
@@ -92,6 +96,8 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
     with open(os.fsencode(root) + b"/bad\xff", "wb"):  # not UTF-8: listed escaped, never failing the list
         pass
     pdf = bytes(range(256)) * 5000  # 1.2 MB: three chunks
+    scan = os.urandom(1_300_000)  # three chunks of a download
+    (root / "documents" / "scan.bin").write_bytes(scan)
     picked = tmp_path / "invoice march.pdf"
     picked.write_bytes(pdf)
     async with chromium() as browser:
@@ -113,6 +119,33 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         download = await waiting.value
         assert download.suggested_filename == "lease.txt"
         assert Path(await download.path()).read_text() == "The lease ends on 2027-03-31.\n"
+        async with tab.page.expect_download() as waiting:
+            await tab.page.locator('[data-name="scan.bin"]').get_by_test_id("download").click()
+        download = await waiting.value
+        assert hashlib.sha256(Path(await download.path()).read_bytes()).digest() == hashlib.sha256(scan).digest()
+        await expect(tab.by("download-progress").first).to_have_attribute("data-state", "done")
+        assert server.files.downloads.open == 0  # closed at its last chunk
+
+        # The server drops the first chunk of the next upload for rate, as if the person sent too fast.
+        dropped: list[str] = []
+        receive = gateway._Connection._receive
+
+        async def drop_one_chunk(conn: gateway._Connection, message: str | bytes) -> None:
+            if not dropped and isinstance(message, str) and '"upload_chunk"' in message:
+                dropped.append(message)
+                await conn._rate_limited(0.0, message)
+                return
+            await receive(conn, message)
+
+        monkeypatch.setattr(gateway._Connection, "_receive", drop_one_chunk)
+        await tab.page.evaluate("""() => {  // every state an upload line goes through, however brief
+            window.transferStates = [];
+            new MutationObserver((changes) => { for (const c of changes) {
+                const line = c.target.closest?.('[data-testid="upload"]');
+                if (line) window.transferStates.push(`${line.dataset.state}: ${line.querySelector(".state")?.textContent}`);
+            } }).observe(document.querySelector('[data-testid="uploads"]'),
+                         {subtree: true, childList: true, characterData: true, attributes: true});
+        }""")
 
         await tab.by("upload-input").set_input_files(str(picked))  # picked
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
@@ -123,7 +156,12 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
             zone.dispatchEvent(new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
         }""")
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
-        assert (root / "documents" / "invoice march.pdf").read_bytes() == pdf
+        assert (root / "documents" / "invoice march.pdf").read_bytes() == pdf  # the dropped chunk, sent again
+        assert len(dropped) == 1 and '"offset":0' in dropped[0].replace(" ", "")
+        states = await tab.page.evaluate("window.transferStates")
+        assert any(s.startswith("retrying: retrying (1)") for s in states), states
+        assert states.index(next(s for s in states if s.startswith("retrying"))) < states.index(
+            next(s for s in states if s.startswith("done")))
         assert (root / "documents" / "meeting notes.txt").read_text() == "notes from the meeting"
         await expect(tab.page.locator('[data-name="meeting notes.txt"]')).to_have_count(1)  # the list is current
         await screenshot(tab, shots, "files-light")
@@ -133,26 +171,26 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
         await expect(tab.by("files-flash")).to_contain_text("over the upload limit")
         assert sorted(p.name for p in (root / "documents").iterdir()) == [
-            "invoice march.pdf", "lease.txt", "meeting notes.txt"]
+            "invoice march.pdf", "lease.txt", "meeting notes.txt", "scan.bin"]
 
         refused = await tab.page.evaluate("""async (token) => {
-            const http = await fetch("/console/download?path=.os/token", {headers: {Authorization: `Bearer ${token}`}});
-            const escape = await fetch("/console/download?path=documents/../.os/token", {headers: {Authorization: `Bearer ${token}`}});
             const socket = new WebSocket(`ws://${location.host}/`, ["sprite-os.v1", `bearer.${token}`]);
             const answers = await new Promise((resolve) => {
                 const got = [];
                 socket.onopen = () => {
                     socket.send(JSON.stringify({type: "file_read", request_id: "a", path: ".os/token"}));
                     socket.send(JSON.stringify({type: "upload_start", request_id: "b", name: "../.os/x", size: 1}));
+                    socket.send(JSON.stringify({type: "download_start", request_id: "c", path: ".os/token"}));
+                    socket.send(JSON.stringify({type: "download_start", request_id: "d", path: "documents/../.os/token"}));
                 };
-                socket.onmessage = (m) => { const f = JSON.parse(m.data); if (f.request_id) got.push(f); if (got.length === 2) resolve(got); };
+                socket.onmessage = (m) => { const f = JSON.parse(m.data); if (f.request_id) got.push(f); if (got.length === 4) resolve(got); };
             });
             socket.close();
-            return {http: http.status, escape: escape.status, socket: answers.map((f) => [f.request_id, f.type, f.code || f.upload_id])};
+            return answers.map((f) => [f.request_id, f.type, f.code || f.upload_id]);
         }""", TOKEN)
-        assert refused["http"] == 403 and refused["escape"] == 403
-        assert refused["socket"][0] == ["a", "error", "bad_path"]
-        assert refused["socket"][1][:2] == ["b", "upload_start_result"]  # named "x", in documents/ if sent
+        assert refused[0] == ["a", "error", "bad_path"]
+        assert refused[1][:2] == ["b", "upload_start_result"]  # named "x", in documents/ if sent
+        assert refused[2:] == [["c", "error", "bad_path"], ["d", "error", "bad_path"]]
 
         await tab.by("chat-tab").click()
         await expect(tab.page.locator('[data-kind="upload"]')).to_have_count(2)
@@ -161,4 +199,45 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         told = json.dumps(bridge.agent_requests()[-1].messages)
         assert "The person uploaded documents/invoice march.pdf (1.2 MB) through the console." in told
         assert "documents/meeting notes.txt" in told
-        tab.assert_clean("403")
+        tab.assert_clean()
+
+
+async def test_an_upload_goes_on_after_a_dropped_connection_and_no_chunk_is_written_twice(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from sprite_os.console import files_api
+
+    data = os.urandom(3 * files_frames.CHUNK_BYTES - 1000)  # three chunks
+    picked = tmp_path / "contract.pdf"
+    picked.write_bytes(data)
+    writes: list[int] = []
+    pwrite = os.pwrite
+
+    def counted(fd: int, chunk: bytes, offset: int) -> int:
+        writes.append(offset)
+        return pwrite(fd, chunk, offset)
+
+    monkeypatch.setattr(files_api.os, "pwrite", counted)
+    dropped: list[int] = []
+    request = gateway._Connection._request
+
+    async def lose_one_answer(conn: gateway._Connection, frame: object) -> None:
+        if isinstance(frame, files_frames.UploadChunkRequest) and frame.offset > 0 and not dropped:
+            dropped.append(frame.offset)
+            assert conn.gw.requests is not None
+            await conn.gw.requests(frame)  # the chunk is written...
+            conn.ws.transport.abort()  # ...and its answer is lost with the connection
+            return
+        await request(conn, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Connection, "_request", lose_one_answer)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.by("files-tab").click()
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done", timeout=60_000)
+        assert (server.settings.layout.root / "documents" / "contract.pdf").read_bytes() == data
+        assert dropped == [files_frames.CHUNK_BYTES]
+        assert writes == [0, files_frames.CHUNK_BYTES, 2 * files_frames.CHUNK_BYTES]  # each chunk once
+        tab.assert_clean("WebSocket")

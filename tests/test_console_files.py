@@ -1,7 +1,8 @@
 """The person's files through the console, without a browser: browsing, reading and uploading
 only inside user space (no `..`, no absolute path, nothing of `.os/`, no link followed, not even
-one the agent plants mid-upload), the size limit, uploads that land in documents/ under a name no
-file has, and downloads over HTTP with the token."""
+one the agent plants mid-upload), the size limit, and uploads that land in documents/ under a name
+no file has, with a chunk sent again after its answer was lost written once. Downloads:
+test_console_downloads.py."""
 
 from __future__ import annotations
 
@@ -25,9 +26,7 @@ from sprite_os.console.files_api import FilesConsole
 from sprite_os.console.requests import RequestFailed
 from sprite_os.console.user_files import PathRefused, parts, upload_name
 from sprite_os.paths import Layout
-from sprite_os.server import SpriteOS
-from tests.conftest import TOKEN, running
-from tests.test_console_http import get
+from tests.conftest import running
 
 
 class Kit:
@@ -181,6 +180,21 @@ async def test_the_size_limit_order_of_chunks_and_a_changed_file_are_clear_error
     assert kit.published == [] and not any((kit.layout.root / "documents").iterdir())
 
 
+async def test_a_chunk_sent_again_after_its_answer_was_lost_is_written_once(kit: Kit) -> None:
+    data = b"first half|second half"
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="twice.txt", size=len(data)))
+    uid = start.upload_id  # type: ignore[attr-defined]
+    first = pf.UploadChunkRequest(request_id="c1", upload_id=uid, offset=0, data=data[:11])
+    assert (await kit.ask(first)).received == 11  # type: ignore[attr-defined]
+    again = await kit.ask(pf.UploadChunkRequest(request_id="c2", upload_id=uid, offset=0, data=data[:11]))
+    assert again.received == 11  # type: ignore[attr-defined]  # answered, not written a second time
+    await kit.ask(pf.UploadChunkRequest(request_id="c3", upload_id=uid, offset=11, data=data[11:]))
+    older = await kit.refused(pf.UploadChunkRequest(request_id="c4", upload_id=uid, offset=0, data=data[:11]))
+    assert older.code == "upload_failed" and "in order" in older.message  # only the last one is repeatable
+    done = await kit.ask(pf.UploadFinishRequest(request_id="f", upload_id=uid, sha256=hashlib.sha256(data).hexdigest()))
+    assert (kit.layout.root / done.path).read_bytes() == data  # type: ignore[attr-defined]
+
+
 async def test_idle_and_cancelled_uploads_and_those_a_stopped_server_left_are_dropped(
         kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     incoming = kit.layout.state_dir / "uploads"
@@ -254,34 +268,6 @@ async def test_as_root_an_upload_belongs_to_whoever_owns_documents(kit: Kit) -> 
     assert (st.st_uid, st.st_gid) == (54321, 54322)
 
 
-async def test_downloads_over_http_need_the_token_and_stay_in_user_space(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
-    async with running(settings) as app:
-        await download_checks(app, monkeypatch)
-
-
-async def download_checks(app: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = app.settings.layout.root
-    (root / "documents" / "résumé 1.pdf").write_bytes(b"%PDF-1.7 ...")
-    (root / "documents" / "link").symlink_to(root / ".os" / "token")
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    status, headers, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
-    assert (status, body) == (200, b"%PDF-1.7 ...")
-    assert headers["Content-Disposition"] == "attachment; filename*=UTF-8''r%C3%A9sum%C3%A9%201.pdf"
-    assert headers["Content-Type"] == "application/octet-stream" and headers["X-Content-Type-Options"] == "nosniff"
-    assert (await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf"))[0] == 401
-    for path in (".os/token", "..%2F..%2Fetc%2Fpasswd", "/etc/passwd", "documents/link", "documents/..%2F.os%2Ftoken"):
-        status, _, body = await get(app.port, f"/console/download?path={path}", **auth)
-        assert status == 403 and b"secret" not in body, (path, status, body)
-    assert (await get(app.port, "/console/download?path=documents/nope", **auth))[0] == 404
-    status, _, body = await get(app.port, f"/console/download?path=documents/{unix_socket(root, monkeypatch)}", **auth)
-    assert status == 403 and b"not a file (a socket)" in body  # opening one fails with ENXIO
-    monkeypatch.setattr(pf, "MAX_TRANSFER_BYTES", 4)
-    status, _, body = await get(app.port, "/console/download?path=documents/r%C3%A9sum%C3%A9%201.pdf", **auth)
-    assert status == 413 and b"too large to download" in body
-
-
 def unix_socket(root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A Unix socket in documents/ (bound from there: a socket's path has a short length limit)."""
     monkeypatch.chdir(root / "documents")
@@ -343,6 +329,9 @@ FILES_REPLIES: list[object] = [  # test_protocol round-trips each
     pf.UploadChunkResult(request_id="r", upload_id="u", received=3),
     pf.UploadFinishResult(request_id="r", path="documents/a.pdf", size=3),
     pf.UploadCancelResult(request_id="r", upload_id="u"),
+    pf.DownloadStartResult(request_id="r", download_id="d", name="a.pdf", size=3, chunk_bytes=pf.CHUNK_BYTES),
+    pf.DownloadChunkResult(request_id="r", download_id="d", offset=0, data=b"\x00\xffa", eof=True),
+    pf.DownloadCancelResult(request_id="r", download_id="d"),
     p.FileUploaded(path="documents/a.pdf", size=3),
 ]
 

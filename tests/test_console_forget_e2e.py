@@ -1,7 +1,7 @@
 """Forget means gone, in a real Chromium through the real CLI: a person forgets a turn of a past
 session, and its words leave the conversation on every device, the agent's search_memory,
-auto-recall, the boot prompt, the memory files and their history, and the raw bytes of both
-databases; forgetting a learning offers to forget the turn it came from; forgetting a turn of
+auto-recall, the boot prompt, the memory files and their history (a line the curator reworded
+too, an unrelated one stays), and the raw bytes of both databases; forgetting a learning offers to forget the turn it came from; forgetting a turn of
 the current session restarts it. Real server, real CLI, the mock Bridge as model and curator."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from playwright.async_api import expect
 
 from devkit.mock_bridge import MockBridge
 from sprite_os.config import Settings
+from sprite_os.memory.forget_turns import jobs
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.e2e
 WORDS = ("lisbon", "alfama")
 CURATED = ("FACT: The user's name is Ada [#1]\nFACT: The user lives in Lisbon, in Alfama [#2]\n"
            "SUMMARY: Ada said who she is and where she lives [#2]\n"
-           "USER_MD_UPDATE:\n# User\n- Name: Ada\n- Lives in: Lisbon (Alfama)\n")
+           "USER_MD_UPDATE:\n# User\n- Name: Ada\n- Lives in: Lisbon (Alfama)\n"
+           "- Home: the Alfama district, in Portugal's capital city\n"  # reworded: few of the turn's words
+           "- Visiting Porto in May for a conference\n")  # of no turn forgotten here: it stays
 
 
 def raw(settings: Settings) -> dict[str, list[str]]:
@@ -107,9 +110,10 @@ async def test_forget_a_turn_then_search_recall_the_boot_prompt_and_the_bytes_ar
         await expect(tab.by("boot-prompt")).to_contain_text("- Name: Ada")
         await expect(tab.by("boot-prompt")).not_to_contain_text("Lisbon")
         # the daemon's pass: the files, their history; the raw bytes of both databases and their WALs
-        await wait_for(lambda: "Lisbon" not in memory.files.read("user.md"), timeout=30, what="the daemon's pass")
+        await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+        assert memory.files.read("user.md") == "# User\n- Name: Ada\n- Visiting Porto in May for a conference\n"
         for version in memory.files.history("user.md"):
-            assert "lisbon" not in version.text.lower(), version
+            assert not any(w in version.text.lower() for w in WORDS), version.text
         assert any("text removed here" in v.text for v in memory.files.history("user.md"))
         await wait_for(lambda: raw(settings) == {"transcript.db": [], "memory.db": []}, timeout=30,
                        what=f"no word left on disk: {raw(settings)}")

@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.forget_turns import came_from, content_words, jobs, purge_memory, without
+from sprite_os.memory.forget_turns import (
+    DENSE_THRESHOLD,
+    came_from,
+    close_lines,
+    content_words,
+    jobs,
+    purge_memory,
+    without,
+)
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
@@ -54,6 +62,20 @@ def test_removed_lines_leave_one_note_per_run() -> None:
     hashes = {line_hash("- b"), line_hash("- c")}
     assert without(text, hashes) == "# User\n- a\n- d\n"
     assert without(text, hashes, "(gone)") == "# User\n- a\n(gone)\n- d\n"
+
+
+def test_a_line_is_close_when_its_vector_is_near_any_anchor() -> None:
+    def unit(*v: float) -> np.ndarray:
+        a = np.asarray(v, dtype=np.float32)
+        return a / np.linalg.norm(a)
+
+    anchors = np.stack([unit(1, 0, 0), unit(0, 1, 0)])
+    near_second = unit(0.1, 1, 0.1)  # cosine 0.990
+    between = unit(1, 1, 1.2)  # 0.53 to each
+    at_threshold = np.asarray([DENSE_THRESHOLD, np.sqrt(1 - DENSE_THRESHOLD**2), 0], dtype=np.float32)
+    assert close_lines(anchors, np.stack([near_second, between, at_threshold])) == [True, False, True]
+    assert close_lines(anchors[:0], np.stack([near_second])) == [False]  # nothing to be near
+    assert close_lines(anchors, np.zeros((0, 3), dtype=np.float32)) == []
 
 
 def turn(n: int, user: str, answer: str, tools: str = "[]") -> NewObservation:
@@ -238,6 +260,36 @@ async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(syste
     assert "Lisbon" not in prompt and "- Name: Ada" in prompt
     assert await system.forgetting.rewrite_files() == 1  # the pass, when it comes
     assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
+
+
+REWORDED = "- Home: the Alfama district, in Portugal's capital city"  # the curator's words, not the turn's
+UNRELATED = "- Visiting Porto in May for a conference"
+
+
+async def test_a_line_the_curator_reworded_leaves_the_file_and_an_unrelated_one_stays(system: MemorySystem) -> None:
+    said_it = "I live in Lisbon, in Alfama, since last spring"
+    assert not came_from(REWORDED, content_words(said_it))  # the words alone would keep it
+
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        return [t.append(o) or 0 for o in (turn(1, "My name is Ada", "Hello Ada."),
+                                           turn(2, said_it, "Alfama, noted."),
+                                           turn(3, "I'm going to a conference in Porto in May", "Noted."))]
+
+    ids = await system.transcript.call(write)
+    user_md = f"# User\n- Name: Ada\n{REWORDED}\n{UNRELATED}\n"
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[NewLearning("FACT", "The user lives in Alfama, Lisbon", "s1", ids[1])],
+        file_updates={"user.md": user_md}, base_hashes={}))
+    system.files.write("user.md", user_md, "batch-1")
+    await system.forget_turns([ids[1]], by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's forget pass")
+    assert system.files.read("user.md") == f"# User\n- Name: Ada\n{UNRELATED}\n"
+    for version in system.files.history("user.md"):
+        assert "Alfama" not in version.text, version
+    batches = await system.memory.call(lambda m: m.conn.execute("SELECT file_updates FROM batches").fetchall())
+    assert "Alfama" not in json.dumps(batches) and UNRELATED in json.loads(batches[0][0])["user.md"]
 
 
 async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: Path) -> None:

@@ -229,8 +229,12 @@ def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
                         Dense(embedder, VectorReader(store)))
     question = "Which documentary did my friend recommend that I began watching?"
     assert 2 not in [h.id for h in searcher.search(question, time.time(), 1, use_dense=False)]
+    assert searcher.spread is None  # meaning had no say: auto-recall's gate weighs words alone
     fused = searcher.search(question, time.time(), 2)
     assert 2 in [h.id for h in fused] and fused[0].cosine is not None
+    # how far the nearest memory stands out from the rest (the SPREAD_RANK-th nearest; here, the last)
+    cosines = embedder.passages(texts) @ embedder.query(question)
+    assert searcher.spread == pytest.approx(float(cosines.max() - cosines.min()), abs=1e-4) and searcher.spread > 0
 
 
 async def test_an_unreadable_index_is_set_aside_and_made_again(tmp_path: Path) -> None:

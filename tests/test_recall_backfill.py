@@ -40,6 +40,18 @@ class SlowModel:
         return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
+def with_turns(tmp_path: Path, n: int, words: str) -> Layout:
+    """A workspace whose transcript holds `n` turns (ten a session), oldest first: "`words`<i>"."""
+    layout = lexical(tmp_path).layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    with db.group():
+        for i in range(1, n + 1):
+            db.append(turn(f"s{i // 10}", i % 10 + 1, f"{words}{i}", at=1_600_000_000.0 + i))
+    db.close()
+    return layout
+
+
 def indexer_for(layout: Layout) -> tuple[SlowModel, Path, Indexer, list[Worker[Any]]]:
     """An indexer with its own threads, embedding with SlowModel into the workspace's store."""
     model = SlowModel()
@@ -72,13 +84,7 @@ def test_the_index_takes_the_newest_turns_first_and_new_ones_before_the_rest(tmp
 async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(tmp_path: Path) -> None:
     """The index commits at most once a second, 2,000 turns a step: a 10,000-turn backlog takes five
     steps, and a turn recorded after the first is searchable from the next, before the oldest."""
-    layout = lexical(tmp_path).layout
-    layout.ensure()
-    db = TranscriptDB(layout.transcript_db)
-    with db.group():
-        for n in range(1, 10_001):
-            db.append(turn(f"s{n // 10}", n % 10 + 1, f"backlog w{n}", at=1_600_000_000.0 + n))
-    db.close()
+    layout = with_turns(tmp_path, 10_000, "backlog w")
     transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
     memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
     index = Worker("index", lambda: RecallIndex(index_path(layout.memory_dir), writable=True))
@@ -108,13 +114,7 @@ async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(
 
 
 async def test_vectors_come_newest_first_and_a_new_turn_gets_one_within_seconds(tmp_path: Path) -> None:
-    settings = lexical(tmp_path)
-    layout = settings.layout
-    layout.ensure()
-    db = TranscriptDB(layout.transcript_db)
-    for n in range(1, 201):
-        db.append(turn(f"s{n // 10}", n % 10 + 1, f"backlog turn {n}", at=1_600_000_000.0 + n))
-    db.close()
+    layout = with_turns(tmp_path, 200, "backlog turn ")
     model, store, indexer, workers = indexer_for(layout)
     transcript = workers[0]
     await indexer.start(fresh_index=True)

@@ -44,6 +44,11 @@ async def test_an_early_fact_is_searched_and_auto_recalled_sessions_later(
         await turn(c, "Search your memory: the shed key.")
         result = next(f for f in c.frames if f["type"] == "tool_result")
         assert not result["is_error"] and "blue flowerpot" in result["summary"] and "turn" in result["summary"]
+        # the person comes back once the past turns have their vectors (the embedder steps aside while
+        # turns run): auto-recall's gate weighs how far the nearest memory stands out by meaning
+        assert app.memory is not None
+        recall = app.memory.recall
+        await wait_for(lambda: recall.indexer.health.embedded >= 6, timeout=120, what="the turns' vectors")
         recall_frames_before = sum(1 for f in c.frames if f["type"] == "recall")
         done = await turn(c, QUESTION)
         recalled = [f for f in c.frames if f["type"] == "recall"][recall_frames_before:]

@@ -20,7 +20,7 @@ from sprite_os.memory.recall import auto
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import build, write_marks
 from sprite_os.memory.recall.index import swap_in
-from sprite_os.memory.recall.service import index_path
+from sprite_os.memory.recall.service import auto_recalled, index_path
 from sprite_os.memory.transcript_store import Observation, TranscriptDB
 from sprite_os.tools.memory_search import render
 
@@ -46,6 +46,29 @@ def indexed(settings: Settings, memory: MemoryDB, observations: list[Observation
     fresh = index_path(settings.layout.memory_dir).with_name("index.new")
     write_marks(memory.conn, build(memory.conn, fresh))
     swap_in(fresh, index_path(settings.layout.memory_dir))
+
+
+# ---------------------------------------------------------------- auto-recall
+
+
+def test_auto_recall_answers_a_message_about_what_memory_holds_and_leaves_the_rest_alone(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    memory = MemoryDB(settings.layout.memory_db)
+    indexed(settings, memory, [observation(1, "s1", 1, "Kasia lent me The Ninth Room, a novel", "Enjoy it!", T0),
+                               observation(2, "s1", 2, "Talked about the capital for a while", "Nice.", T0 + 1),
+                               observation(3, "s1", 3, "How do I cook quinoa?", "Rinse it, then simmer.", T0 + 2)])
+    memory.close()
+    searcher = open_searcher(settings, lexical=True)
+    try:
+        assert searcher.known(["Kasia"]) and searcher.known(["kasia's"]) and not searcher.known(["Australia"])
+        asked = auto_recalled(searcher, "Which book did Kasia lend me?", T0 + 100, None, "", 1500)
+        assert [h.id for h in asked][:1] == [1]
+        # words memory holds, but nothing asked of it: the message goes alone
+        assert auto_recalled(searcher, "What's the capital of Australia?", T0 + 100, None, "", 1500) == []
+        assert auto_recalled(searcher, "How do I cook rice?", T0 + 100, None, "", 1500) == []
+    finally:
+        searcher.close()
 
 
 # ---------------------------------------------------------------- facts that change

@@ -3,6 +3,7 @@ and budget, the session summary in the curator's format, the boot prompt's recen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
@@ -195,31 +196,58 @@ def test_snippet_is_one_line_around_the_match() -> None:
 # ---------------------------------------------------------------- auto-recall
 
 
-def test_auto_recall_floor_keeps_what_a_retriever_vouches_for() -> None:
-    both = hit("episode", 1, "EPISODE", "a", cosine=0.84, bm25=7.0)
-    weak_both = hit("episode", 2, "EPISODE", "b", cosine=0.82, bm25=7.0)
-    sure_dense = hit("episode", 3, "EPISODE", "c", cosine=0.9)
-    sure_words = hit("learning", 4, "FACT", "d", bm25=15.0)
-    everyday = hit("episode", 5, "EPISODE", "e", bm25=9.0)
-    picked = auto.select([both, weak_both, sure_dense, sure_words, everyday], "", 1500, dense=True)
-    assert [h.id for h in picked] == [1, 3, 4]
-    # without the dense retriever, words alone decide, at their own floor
-    assert [h.id for h in auto.select([everyday, sure_words], "", 1500, dense=False)] == [4]
-    assert auto.select([hit("episode", 6, "EPISODE", "f", bm25=9.9)], "", 1500, dense=False) == []
+ASKS = auto.Cues(named=True, personal=True, spread=0.05)  # a message that asks for memory
+
+
+def test_auto_recall_reads_a_name_memory_holds_and_the_person_in_a_message() -> None:
+    held = {"Kasia", "Utrecht"}
+
+    def known(words: Sequence[str]) -> bool:
+        return any(w in held for w in words)
+
+    assert auto.cues("What did Kasia recommend to me?", 0.04, known) == auto.Cues(True, True, 0.04)
+    # a name memory has never seen, and the first word (capitalised in any sentence), name nothing held
+    assert auto.cues("What's the capital of Australia?", None, known) == auto.Cues(False, False, None)
+    assert not auto.cues("Kasia", None, known).named
+    assert auto.cues("When was I in Utrecht?", None, known).named
+    # the person: I (and I'm, I've), my, we, us...; not as part of another word
+    assert not auto.cues("I'm back", None, known).named
+    assert [auto.cues(m, None, known).personal for m in ("I'm back", "How much will it cost us?",
+                                                         "Is a tomato a fruit?", "Mind the gap")] == [
+        True, True, False, False]
+
+
+def test_auto_recall_sends_nothing_unless_the_message_asks_for_memory() -> None:
+    found = [hit("episode", 1, "EPISODE", "Kasia recommended The Ninth Room", cosine=0.86, bm25=6.0),
+             hit("episode", 2, "EPISODE", "cooked quinoa", cosine=0.85, bm25=3.0)]
+    # a name memory holds, the person, a hit that stands out: every hit goes, best first
+    assert [h.id for h in auto.select(found, "", 1500, ASKS)] == [1, 2]
+    # an everyday how-to: the person, but no name, words that earn little, and nothing that stands out
+    how_to = auto.Cues(named=False, personal=True, spread=0.02)
+    assert not auto.asks(found, how_to) and auto.select(found, "", 1500, how_to) == []
+    # ...unless a memory stands out from the rest by meaning, or matches many of its words
+    assert auto.asks(found, auto.Cues(named=False, personal=True, spread=0.06))
+    assert auto.asks([hit("episode", 3, "EPISODE", "quinoa", bm25=12.0)], how_to)
+    # with words alone (no meaning: spread None), their own weights decide
+    words_only = auto.Cues(named=True, personal=False, spread=None)
+    assert auto.asks([hit("episode", 4, "EPISODE", "x", bm25=4.0)], words_only)
+    assert not auto.asks([hit("episode", 4, "EPISODE", "x", bm25=2.0)], words_only)
+    assert not auto.asks([], auto.Cues(named=False, personal=True, spread=None))
+    assert auto.select([], "", 1500, ASKS) == []
 
 
 def test_auto_recall_stays_within_its_budget_and_skips_what_the_boot_prompt_holds() -> None:
     long = [hit("episode", i, "EPISODE", f"memory {i} " + "word " * 60, cosine=0.9) for i in range(10)]
-    picked = auto.select(long, "", 200, dense=True)
+    picked = auto.select(long, "", 200, ASKS)
     assert 0 < len(picked) < 10
     assert len(auto.render(picked)) <= 200 * auto.CHARS_PER_TOKEN
     assert auto.tokens(picked) <= 200
-    assert len(auto.select(long, "", 100_000, dense=True)) == auto.MAX_MEMORIES
+    assert len(auto.select(long, "", 100_000, ASKS)) == auto.MAX_MEMORIES
     boot = auto.normalise("## What you know\n- The user's name is Ada Lovelace\n")
     known = hit("learning", 1, "FACT", "The user's  name is Ada Lovelace", cosine=0.95)
     new = hit("learning", 2, "FACT", "Ada lives in Lyon", cosine=0.95)
-    assert auto.select([known, new], boot, 1500, dense=True) == [new]
-    assert auto.select([], boot, 1500, dense=True) == []
+    assert auto.select([known, new], boot, 1500, ASKS) == [new]
+    assert auto.select([], boot, 1500, ASKS) == []
 
 
 def test_the_recalled_context_names_each_memory_and_its_source() -> None:

@@ -188,7 +188,14 @@ def scale(quick: bool) -> dict[str, Any]:
 def auto_recall_bench(quick: bool) -> dict[str, Any]:
     """What auto-recall sends, through the runtime's own path (`service.auto_recalled`) against each
     workspace's boot prompt: for each question (asked in a new session), whether its evidence is in
-    the block; for each message with nothing to recall, whether a block is sent at all."""
+    the block; for each message with nothing to recall, whether a block is sent at all. With both
+    retrievers, and (under "lexical") with words alone."""
+    fused = _auto_recall(quick, lexical=False)
+    words = _auto_recall(quick, lexical=True)
+    return {**fused, "lexical": {k: words[k] for k in ("evidence_in_block", "unrelated_with_block", "tokens_mean")}}
+
+
+def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
     from sprite_os.memory.files import MemoryFiles
     from sprite_os.memory.loader import boot_prompt_now
     from sprite_os.memory.memory_store import MemoryDB
@@ -204,7 +211,7 @@ def auto_recall_bench(quick: bool) -> dict[str, Any]:
         boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, time.time()))
         memory.close()
         transcript.close()
-        searcher = open_searcher(settings)
+        searcher = open_searcher(settings, lexical=lexical)
         budget = settings.auto_recall_tokens
         try:
             for q in questions:

@@ -1,5 +1,5 @@
-"""The person's files, answered: listing, reading, uploads (on the socket), and downloads over
-HTTP. The file system work is console/user_files.py's, run in a thread.
+"""The person's files, answered on the socket: listing, reading, downloads (console/downloads.py)
+and uploads. The file system work is console/user_files.py's, run in a thread.
 
 An upload is written, chunk by chunk, to Sprite OS's own uploads folder, checked (size, and the
 sha256 when the client sends one), then put in documents/; every client is told (`file_uploaded`)
@@ -15,16 +15,14 @@ import hashlib
 import os
 import secrets
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import TypeVar
 
 from .. import protocol as p
 from ..logs import get_logger
 from ..paths import Layout
 from . import files_frames as pf
+from .downloads import Downloads, refused, settled
 from .requests import Handler, Request, RequestFailed
 from .user_files import NotThere, PathRefused, UserFiles, upload_name
 
@@ -36,7 +34,6 @@ DISK_RESERVE = 256 * 1024 * 1024  # an upload never takes the disk below this mu
 
 Publish = Callable[[p.ServerFrame], None]
 Note = Callable[[str], None]  # tells the agent, with the person's next message
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -50,17 +47,10 @@ class _Upload:
     name: str  # the name it will have in documents/
     size: int
     received: int = 0
+    last: tuple[int, int] = (-1, 0)  # the last chunk written: (its offset, its length)
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     touched: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def _refused(exc: Exception) -> RequestFailed:
-    if isinstance(exc, PathRefused):
-        return RequestFailed("bad_path", str(exc))
-    if isinstance(exc, NotThere):
-        return RequestFailed("not_found", str(exc))
-    raise exc
 
 
 def _size(n: int) -> str:
@@ -74,6 +64,7 @@ def _size(n: int) -> str:
 class FilesConsole:
     def __init__(self, layout: Layout, publish: Publish, note: Note) -> None:
         self.files = UserFiles(layout)
+        self.downloads = Downloads(self.files)
         self._publish = publish
         self._note = note
         self._uploads: dict[str, _Upload] = {}
@@ -83,7 +74,8 @@ class FilesConsole:
     def handlers(self) -> Mapping[type[Request], Handler]:
         return {pf.FilesListRequest: self._list, pf.FileReadRequest: self._read,
                 pf.UploadStartRequest: self._start, pf.UploadChunkRequest: self._chunk,
-                pf.UploadFinishRequest: self._finish, pf.UploadCancelRequest: self._cancel}
+                pf.UploadFinishRequest: self._finish, pf.UploadCancelRequest: self._cancel,
+                **self.downloads.handlers}
 
     async def start(self) -> None:
         """Uploads a stopped server left unfinished are dropped."""
@@ -92,6 +84,7 @@ class FilesConsole:
             log.info("uploads_swept", removed=removed)
 
     async def stop(self) -> None:
+        await self.downloads.stop()
         for upload_id in list(self._uploads):
             await self._drop(upload_id)
 
@@ -101,7 +94,7 @@ class FilesConsole:
         try:
             entries, total = await asyncio.to_thread(self.files.listing, req.path)
         except (PathRefused, NotThere) as exc:
-            raise _refused(exc) from None
+            raise refused(exc) from None
         return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[
             pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified, openable=e.openable)
             for e in entries])
@@ -110,25 +103,9 @@ class FilesConsole:
         try:
             data, size = await asyncio.to_thread(self.files.read, req.path, req.offset, req.length)
         except (PathRefused, NotThere) as exc:
-            raise _refused(exc) from None
+            raise refused(exc) from None
         return pf.FileReadResult(request_id=req.request_id, path=req.path, offset=req.offset, size=size, data=data,
                                  eof=req.offset + len(data) >= size)
-
-    async def download(self, query: str) -> tuple[HTTPStatus, bytes, dict[str, str]]:
-        """`GET /console/download?path=...` (the token checked by the caller): the file as an
-        attachment, or a status with a plain reason."""
-        path = urllib.parse.parse_qs(query).get("path", [""])[0]
-        try:
-            body, name = await asyncio.to_thread(self.files.read_all, path, pf.MAX_TRANSFER_BYTES)
-        except PathRefused as exc:
-            return HTTPStatus.FORBIDDEN, f"{exc}\n".encode(), {}
-        except NotThere as exc:
-            return HTTPStatus.NOT_FOUND, f"{exc}\n".encode(), {}
-        except ValueError:
-            return (HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                    f"over {_size(pf.MAX_TRANSFER_BYTES)}: too large to download through the console\n".encode(), {})
-        quoted = urllib.parse.quote(name, safe="")
-        return HTTPStatus.OK, body, {"Content-Disposition": f"attachment; filename*=UTF-8''{quoted}"}
 
     # ------------------------------------------------------------ uploads
 
@@ -174,6 +151,9 @@ class FilesConsole:
             return await self._write(req, up)
 
     async def _write(self, req: pf.UploadChunkRequest, up: _Upload) -> pf.UploadChunkResult:
+        if req.data and up.last == (req.offset, len(req.data)):
+            # The last chunk again: its answer was lost with the connection. It was written once.
+            return pf.UploadChunkResult(request_id=req.request_id, upload_id=req.upload_id, received=up.received)
         if req.offset != up.received:
             raise RequestFailed("upload_failed", f"a chunk at {req.offset} came after {up.received} bytes: "
                                 "chunks go in order")
@@ -181,12 +161,13 @@ class FilesConsole:
             await self._discard(req.upload_id, up)
             raise RequestFailed("too_large", f"more than the {up.size:,} bytes announced; the upload was dropped")
         try:
-            await _settled(asyncio.to_thread(os.pwrite, up.fd, req.data, up.received))
+            await settled(asyncio.to_thread(os.pwrite, up.fd, req.data, up.received))
         except OSError as exc:
             await self._discard(req.upload_id, up)
             raise RequestFailed("upload_failed", f"the upload could not be written ({exc.strerror}); "
                                 "nothing was kept") from None
         up.digest.update(req.data)
+        up.last = (up.received, len(req.data))
         up.received += len(req.data)
         up.touched = time.monotonic()
         return pf.UploadChunkResult(request_id=req.request_id, upload_id=req.upload_id, received=up.received)
@@ -207,7 +188,7 @@ class FilesConsole:
             raise RequestFailed("upload_failed", "the file arrived changed (its sha256 differs); nothing was kept")
         del self._uploads[req.upload_id]
         try:
-            return await _settled(asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name))
+            return await settled(asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name))
         except PathRefused as exc:
             raise RequestFailed("bad_path", f"{exc}; nothing was uploaded") from None
         except OSError as exc:
@@ -240,17 +221,6 @@ class FilesConsole:
             if now - up.touched > UPLOAD_IDLE:
                 log.info("upload_dropped_idle", received=up.received, size=up.size)
                 await self._drop(upload_id)
-
-
-async def _settled(work: Awaitable[_T]) -> _T:
-    """Await work running in a thread; if the caller is cancelled, still wait for the thread to be
-    done with the upload's descriptor before the cancellation lets go of the upload's lock."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
 
 
 def _free_bytes(path: os.PathLike[str] | str) -> int:

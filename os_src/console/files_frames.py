@@ -1,5 +1,5 @@
-"""The person's files on the socket: list a folder, read a file a chunk at a time, upload a file
-in chunks (it lands in documents/). Only user space: a path is relative to the workspace root
+"""The person's files on the socket: list a folder, read a file a chunk at a time, download a
+whole file in chunks from one opened descriptor, upload a file in chunks (it lands in documents/). Only user space: a path is relative to the workspace root
 and never reaches `.os/`, never follows a link (console/user_files.py). docs/protocol.md
 documents each frame; requests and answers work as console/requests.py says.
 
@@ -16,10 +16,10 @@ import msgspec
 from .requests import MAX_INT64, Reply, Request
 
 CHUNK_BYTES = 512 * 1024
-MAX_TRANSFER_BYTES = 100 * 1024 * 1024  # an upload, or a download over HTTP, at most
+MAX_TRANSFER_BYTES = 100 * 1024 * 1024  # an upload, or a download, at most
 
 FilePath = Annotated[str, msgspec.Meta(max_length=4096)]
-UploadId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+TransferId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 Chunk = Annotated[bytes, msgspec.Meta(max_length=CHUNK_BYTES)]
 
 
@@ -45,7 +45,7 @@ class UploadStartRequest(Request, tag="upload_start", frozen=True):
 class UploadChunkRequest(Request, tag="upload_chunk", frozen=True):
     """The next bytes of an upload: `offset` must be what was received so far."""
 
-    upload_id: UploadId
+    upload_id: TransferId
     offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
     data: Chunk
 
@@ -53,16 +53,36 @@ class UploadChunkRequest(Request, tag="upload_chunk", frozen=True):
 class UploadFinishRequest(Request, tag="upload_finish", frozen=True):
     """Every byte was sent: check the size (and `sha256`, if given) and put the file in documents/."""
 
-    upload_id: UploadId
+    upload_id: TransferId
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
 class UploadCancelRequest(Request, tag="upload_cancel", frozen=True):
-    upload_id: UploadId
+    upload_id: TransferId
+
+
+class DownloadStartRequest(Request, tag="download_start", frozen=True):
+    """Open a file to download: it is read from this one opening to the end, whatever is done to
+    its path meanwhile (renamed, replaced, swapped for a link)."""
+
+    path: FilePath
+
+
+class DownloadChunkRequest(Request, tag="download_chunk", frozen=True):
+    """The bytes of an open download from `offset` (at most `chunk_bytes`); asking again for the
+    same offset gets the same bytes."""
+
+    download_id: TransferId
+    offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)]
+
+
+class DownloadCancelRequest(Request, tag="download_cancel", frozen=True):
+    download_id: TransferId
 
 
 AnyFilesRequest = (FilesListRequest | FileReadRequest | UploadStartRequest | UploadChunkRequest
-                   | UploadFinishRequest | UploadCancelRequest)
+                   | UploadFinishRequest | UploadCancelRequest | DownloadStartRequest | DownloadChunkRequest
+                   | DownloadCancelRequest)
 
 
 class FileEntry(msgspec.Struct, frozen=True):
@@ -109,5 +129,23 @@ class UploadCancelResult(Reply, tag="upload_cancel_result", frozen=True):
     upload_id: str
 
 
+class DownloadStartResult(Reply, tag="download_start_result", frozen=True):
+    download_id: str
+    name: str  # the file's name, to save it by
+    size: int  # bytes, as the file was when it was opened: the download is exactly this many
+    chunk_bytes: int  # each download_chunk answers at most this many
+
+
+class DownloadChunkResult(Reply, tag="download_chunk_result", frozen=True):
+    download_id: str
+    offset: int
+    data: bytes
+    eof: bool  # the last chunk: the download is closed
+
+
+class DownloadCancelResult(Reply, tag="download_cancel_result", frozen=True):
+    download_id: str
+
+
 AnyFilesReply = (FilesListResult | FileReadResult | UploadStartResult | UploadChunkResult | UploadFinishResult
-                 | UploadCancelResult)
+                 | UploadCancelResult | DownloadStartResult | DownloadChunkResult | DownloadCancelResult)

@@ -28,7 +28,6 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_PATHS = ("/", "/console", "/console/")
 ASSET_PREFIX = "/console/"
 AUTH_PATH = "/console/auth"
-DOWNLOAD_PATH = "/console/download"  # ?path=<a file of the person's>, with the token (server.py answers it)
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",

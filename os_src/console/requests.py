@@ -44,12 +44,12 @@ RequestErrorCode = Literal[
     "not_found",  # no such memory file, version, learning, turn, session, file or folder
     "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
     "over_limit",  # the edit is over the file's line or byte limit; nothing was written
-    "file_changed",  # the file changed since the edit began; nothing was written
+    "file_changed",  # the file changed since the edit began (nothing was written), or a download's got shorter
     "memory_unavailable",  # this server runs without memory
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
     "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
-    "busy",  # a turn is running in the session to forget: interrupt it or wait, then forget
+    "busy",  # a turn is running in the session to forget, or as many downloads as allowed are open
 ]
 
 

@@ -171,6 +171,14 @@ class UserFiles:
     @contextlib.contextmanager
     def open_file(self, path: str) -> Iterator[tuple[int, os.stat_result]]:
         """A read descriptor of a regular file in user space, and its stat."""
+        fd, st = self.open_held(path)
+        try:
+            yield fd, st
+        finally:
+            os.close(fd)
+
+    def open_held(self, path: str) -> tuple[int, os.stat_result]:
+        """A read descriptor of a regular file in user space, and its stat: the caller closes it."""
         found = parts(path)
         if not found:
             raise PathRefused("that is your files' folder, not a file")
@@ -191,27 +199,16 @@ class UserFiles:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise PathRefused(f"{path} is not a file ({_kind(st.st_mode)})")
-            yield fd, st
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd, st
 
     def read(self, path: str, offset: int, length: int) -> tuple[bytes, int]:
         """`length` bytes of a file from `offset`, and the file's size."""
         with self.open_file(path) as (fd, st):
             # Past the end: nothing (pread refuses an offset near 2**63 with EINVAL).
             return (os.pread(fd, length, offset) if offset < st.st_size else b""), st.st_size
-
-    def read_all(self, path: str, limit: int) -> tuple[bytes, str]:
-        """A whole file (ValueError if it is over `limit` bytes), and its name."""
-        with self.open_file(path) as (fd, st):
-            if st.st_size > limit:
-                raise ValueError(st.st_size)
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-                if sum(map(len, chunks)) > limit:
-                    raise ValueError(st.st_size)
-            return b"".join(chunks), parts(path)[-1]
 
     # ------------------------------------------------------------ uploads
 

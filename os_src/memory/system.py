@@ -72,12 +72,11 @@ class MemorySystem:
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
         self.processor.on_commit = self.recall.learned
-        self.capture = Capture(self.transcript, layout, on_recorded=self.daemon.note_turn,
+        self.capture = Capture(self.transcript, layout, on_recorded=self._turn_recorded,
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
-        self.loader = BootLoader(self.files, self.memory, self._pending_turns)
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
-                                         self.daemon.trigger, self.daemon.apply)
+                                         self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages)
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
@@ -192,7 +191,13 @@ class MemorySystem:
 
     def turn_started(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
         self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
+        self.recall.indexer.turn_started()
         return self.capture.recorder.open(prompt, turn_id)
+
+    def _turn_recorded(self) -> None:
+        """A turn ended and was queued for the disk."""
+        self.recall.indexer.turn_ended()
+        self.daemon.note_turn()
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""

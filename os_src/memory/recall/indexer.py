@@ -53,6 +53,7 @@ from .documents import (
     write_marks,
 )
 from .index import RecallIndex
+from .pacing import AgentActivity, embed_delay
 from .vectors import VectorWriter, forget_everywhere
 
 log = get_logger(__name__)
@@ -133,6 +134,8 @@ class Indexer:
         self._episodes = 0
         self._rate = Rate()
         self._adopting = False
+        self.activity = AgentActivity()  # the embedder steps aside for the agent's turns (pacing.py)
+        self._activity_changed = asyncio.Event()
         self.current = asyncio.Event()  # set whenever the index holds every recorded turn (tests wait on it)
         self.embedded_all = asyncio.Event()  # set whenever every episode has a vector (or was passed over)
 
@@ -141,6 +144,14 @@ class Indexer:
     def nudge(self) -> None:
         self.current.clear()
         self._wake.set()
+
+    def turn_started(self) -> None:
+        self.activity.started(time.monotonic())
+        self._activity_changed.set()
+
+    def turn_ended(self) -> None:
+        self.activity.ended(time.monotonic())
+        self._activity_changed.set()
 
     def learning_changed(self, learning_id: int) -> None:
         """A person forgot a learning, or undid it: its document goes, or comes back."""
@@ -236,6 +247,7 @@ class Indexer:
                     self._embed_wake.clear()
                     continue
                 self.embedded_all.clear()
+                await self._agent_first()
                 taken, batch = await self._next_batch(gap, station)
                 if batch:
                     added = await station.call(partial(Station.embed, batch=batch))
@@ -249,6 +261,13 @@ class Indexer:
                 if failures >= GIVE_UP and gap is not None:  # passed over until the next start
                     seen, failures = mark(seen, *gap), 0
                 await asyncio.sleep(RETRY)
+
+    async def _agent_first(self) -> None:
+        """Wait while the agent's turn needs the CPU (pacing.py), at most MAX_DEFER."""
+        wanted = time.monotonic()
+        while (delay := embed_delay(self.activity, wanted, time.monotonic())) > 0:
+            self._activity_changed.clear()
+            await _wait(self._activity_changed, delay)
 
     async def _next_batch(self, gap: Range, station: Worker[Station]) -> tuple[Range, list[tuple[int, float, str]]]:
         """The newest episodes in `gap` without a vector (at most EMBED_BATCH), with the range of ids this

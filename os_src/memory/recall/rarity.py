@@ -12,6 +12,7 @@ frequencies, stemmed as the index stems them. Measured on the dialogue benchmark
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import tantivy
 
@@ -42,6 +43,11 @@ class Rarity:
         self._analyze = analyzer()
         self._df: dict[str, int] = {}
         self._docs = -1
+
+    def held(self, words: Sequence[str]) -> bool:
+        """Does any memory hold one of `words` (as the index stems them)?"""
+        searcher = self.index.index.searcher()
+        return any(searcher.doc_freq("text", token) > 0 for word in words for token in self._analyze.analyze(word))
 
     def counts(self, texts: list[str]) -> list[int]:
         """The rare words in each of `texts`."""

@@ -36,6 +36,7 @@ from .vectors import VectorReader
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
 POOL = 50  # candidates each retriever hands to fusion
+SPREAD_RANK = POOL  # the spread: the nearest memory's cosine above this nearest's (auto-recall's gate)
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
 
 
@@ -63,6 +64,13 @@ class Dense:
                 self.vectors.similarities(vector, also))
 
 
+def spread(nearest: Sequence[Candidate]) -> float | None:
+    """How far the nearest memory stands out: its cosine above the SPREAD_RANK-th nearest's (the
+    last's, in a smaller memory). None without meaning's list."""
+    cosines = [c.cosine for c in nearest[:SPREAD_RANK] if c.cosine is not None]
+    return cosines[0] - cosines[-1] if cosines else None
+
+
 class Searcher:
     """Searches one workspace's memory: memory.db (read), the recall index, the dense half if any.
     Without an index (none built yet) it finds learnings alone, by FTS5. Not thread-safe: one
@@ -76,6 +84,11 @@ class Searcher:
         # off: fusion and the time cue alone, without the specificity prior, the neighbours' share and the
         # period another event places (the benchmark measures them side by side)
         self.policies = True
+        self.spread: float | None = None  # the last search's (auto.Cues), None when meaning had no say
+
+    def known(self, words: Sequence[str]) -> bool:
+        """Does any memory hold one of `words`?"""
+        return self.rarity is not None and self.rarity.held(words)
 
     def close(self) -> None:
         self.conn.close()
@@ -92,7 +105,7 @@ class Searcher:
         cue = time_cue(query[:MAX_QUERY_CHARS], now)
         period = cue.when
         window = Window(period.start, period.end) if period else None
-        ranked, words_alone, seen = self._retrieve_all(cue.rest, window, use_dense, exclude_session)
+        ranked, words_alone, seen, self.spread = self._retrieve_all(cue.rest, window, use_dense, exclude_session)
         event = None
         if period is None and self.policies and (anchor := anchor_cue(cue.rest)) is not None:
             # "the week before my sister's wedding": the wedding's turn dates the week. Which turn that is
@@ -112,9 +125,9 @@ class Searcher:
         return self._retrieve_all(text, window, use_dense, exclude_session)[0]
 
     def _retrieve_all(self, text: str, window: Window | None, use_dense: bool, exclude_session: str | None
-                      ) -> tuple[list[Candidate], list[Candidate], Callable[[Candidate], bool]]:
-        """Words and meaning, fused and weighed by how specific each memory is; and what words alone
-        found, and whether meaning can see a memory, for never_below_words."""
+                      ) -> tuple[list[Candidate], list[Candidate], Callable[[Candidate], bool], float | None]:
+        """Words and meaning, fused and weighed by how specific each memory is; what words alone
+        found, and whether meaning can see a memory, for never_below_words; and the spread."""
         pool = POOL + (POOL if exclude_session else 0)
         lexical = self._lexical(search_terms(text), pool, window)
         dense: list[Candidate] = []
@@ -134,7 +147,7 @@ class Searcher:
         words = self._weighed(lexical) if dense else ranked
         if exclude_session is not None:
             ranked, words = self._other_sessions(ranked, exclude_session), self._other_sessions(words, exclude_session)
-        return ranked, words, seen
+        return ranked, words, seen, spread(dense)
 
     def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
         """Each memory's score times the prior of how specific it is (rarity.py), then a share of the
@@ -161,6 +174,7 @@ class Searcher:
 
     def search(self, query: str, now: float, limit: int, exclude_session: str | None = None,
                use_dense: bool = True) -> list[RecallHit]:
+        self.spread = None
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
         ranked = self.rank(query, now, limit, exclude_session, use_dense)

@@ -36,7 +36,7 @@ from .index import RecallIndex, exists
 from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
 from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
-from .vectors import VectorReader, VectorWriter, forget_everywhere, store_dir
+from .vectors import Matrix, VectorReader, VectorWriter, forget_everywhere, store_dir
 
 log = get_logger(__name__)
 
@@ -94,7 +94,7 @@ def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str 
     if message.startswith("/") or not search_terms(message):
         return []
     hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id)
-    return auto_recall.select(hits, boot, budget_tokens, searcher.dense is not None)
+    return auto_recall.select(hits, boot, budget_tokens, auto_recall.cues(message, searcher.spread, searcher.known))
 
 
 class RecallService:
@@ -107,7 +107,8 @@ class RecallService:
         self._embed_model: Embedder | None = None
         self.index = Worker("recall-index", self._the_index)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
-        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station)
+        # embedding costs ~80 ms of CPU a turn, and nobody waits on it (word search has the turn)
+        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station, background=True)
         self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
@@ -202,6 +203,13 @@ class RecallService:
             return True
         except TimeoutError:
             return False
+
+    async def embed_passages(self, texts: Sequence[str]) -> Matrix | None:
+        """`texts`' vectors as passages, on the embedder's thread; None without a dense model."""
+        if self._embed_model is None:
+            return None
+        wanted = list(texts)
+        return await self.embedder.call(lambda station: station.model.passages(wanted))
 
     async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
         """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
@@ -306,7 +314,7 @@ class RecallService:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
                 if self._index is None:  # not started: learnings alone, through the same floor
                     found = await self._learnings(message, auto_recall.SEARCHED)
-                    chosen = auto_recall.select(found, boot, budget, dense=False)
+                    chosen = auto_recall.select(found, boot, budget, auto_recall.cues(message, None, lambda _: False))
                 else:
                     chosen = await self.searcher.call(
                         lambda s: auto_recalled(s, message, now, session_id, boot, budget))

@@ -1,6 +1,7 @@
 // The person's files: browse their workspace (never .os/, never through a link), download a
 // file, and upload by picking or dropping files (they land in documents/, and the agent is told
-// with the next message). Uploads go over the socket in chunks; downloads over HTTP with the token.
+// with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
+// the connection, is sent again after a pause that doubles, and the person sees it retrying.
 
 import { clear, el, size, when } from "./dom.js";
 
@@ -21,6 +22,35 @@ function base64(buffer) {
   return btoa(text);
 }
 
+function unbase64(text) {
+  const raw = atob(text);
+  const bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i += 1) bytes[i] = raw.charCodeAt(i);
+  return bytes;
+}
+
+// What a chunk is asked for again after: the server dropped it for rate (it was never handled), or
+// the connection went (the connection reconnects by itself meanwhile).
+const RETRYABLE = new Set(["rate_limited", "connection_lost", "not_connected", "timeout"]);
+// A request that changes something when handled (starting or finishing a transfer) is asked again
+// only when it was never handled: a lost answer could hide that it was.
+const DROPPED = new Set(["rate_limited"]);
+const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 45 s in all
+
+/** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait. */
+export async function retried(ask, onRetry, codes = RETRYABLE) {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await ask();
+    } catch (error) {
+      if (!codes.has(error.code) || attempt > RETRIES) throw error;
+      onRetry(attempt, error);
+      const delay = Math.min(8, 0.5 * 2 ** (attempt - 1)) * (0.8 + Math.random() * 0.4);
+      await new Promise((resolve) => setTimeout(resolve, delay * 1000));
+    }
+  }
+}
+
 async function sha256(file) {
   if (!globalThis.crypto?.subtle) return null; // only on https or localhost; the size is still checked
   const digest = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
@@ -38,7 +68,7 @@ export class FilesView {
     this.picker.addEventListener("change", () => { this.uploadAll([...this.picker.files]); this.picker.value = ""; });
     const pick = el("button", { type: "button", class: "primary", testid: "upload-button", text: "Upload files…", onclick: () => this.picker.click() });
     this.flash = el("p", { class: "flash", testid: "files-flash", role: "status" });
-    this.progress = el("ul", { class: "uploads", testid: "uploads", "aria-label": "Uploads" });
+    this.progress = el("ul", { class: "uploads", testid: "uploads", "aria-label": "Uploads and downloads" });
     this.table = el("div", { class: "file-table" });
     this.drop = el("div", { class: "drop", testid: "drop-zone" },
       el("div", { class: "files-head" }, el("h2", { text: "Your files" }), pick, this.picker),
@@ -112,26 +142,52 @@ export class FilesView {
       el("td", { text: when(entry.modified) }), el("td", {}, action));
   }
 
+  /** A line in the transfers list: its bar, and `done(kind, text)` to end it. */
+  transfer(testid, verb, name, total) {
+    const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
+    const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
+    const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
+    this.progress.prepend(item);
+    return {
+      bar,
+      step: (done) => {
+        bar.value = done;
+        item.dataset.state = "running";
+        state.textContent = `${Math.round((100 * done) / (total || 1))} %`;
+      },
+      retrying: (attempt) => {
+        item.dataset.state = "retrying";
+        state.textContent = `retrying (${attempt})…`;
+      },
+      done: (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); },
+    };
+  }
+
   async download(path, name) {
-    let answer;
+    let line = null;
     try {
-      answer = await fetch(`/console/download?path=${encodeURIComponent(path)}`,
-        { headers: { Authorization: `Bearer ${this.conn.token}` }, cache: "no-store" });
-    } catch {
-      this.say("The Sprite could not be reached for the download.", "error");
-      return;
+      const start = await retried(() => this.conn.request("download_start", { path }), () => {}, DROPPED);
+      line = this.transfer("download-progress", "Downloading", shownName(name), start.size);
+      const parts = [];
+      for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
+        const chunk = await retried(() => this.conn.request("download_chunk", { download_id: start.download_id, offset }), line.retrying);
+        parts.push(unbase64(chunk.data));
+        offset += parts[parts.length - 1].length;
+        eof = chunk.eof;
+        line.step(offset);
+      }
+      const url = URL.createObjectURL(new Blob(parts));
+      const link = el("a", { href: url, download: start.name, class: "visually-hidden" });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      line.done("done", "downloaded");
+      this.say(`Downloaded ${name}.`);
+    } catch (error) {
+      line?.done("error", error.message);
+      this.say(`${name} was not downloaded: ${error.message}`, "error");
     }
-    if (!answer.ok) {
-      this.say(`${name} was not downloaded: ${(await answer.text()).trim() || answer.statusText}`, "error");
-      return;
-    }
-    const url = URL.createObjectURL(await answer.blob());
-    const link = el("a", { href: url, download: name, class: "visually-hidden" });
-    document.body.append(link);
-    link.click();
-    link.remove();
-    setTimeout(() => URL.revokeObjectURL(url), 60_000);
-    this.say(`Downloaded ${name}.`);
   }
 
   async uploadAll(files) {
@@ -139,26 +195,20 @@ export class FilesView {
   }
 
   async upload(file) {
-    const bar = el("progress", { max: String(file.size || 1), value: "0", "aria-label": `Uploading ${file.name}` });
-    const label = el("span", { dir: "auto", text: file.name });
-    const state = el("span", { class: "state", text: "starting…" });
-    const item = el("li", { testid: "upload", dataset: { state: "running" } }, label, bar, state);
-    this.progress.prepend(item);
-    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
+    const line = this.transfer("upload", "Uploading", file.name, file.size);
     try {
-      const start = await this.conn.request("upload_start", { name: file.name, size: file.size });
+      const start = await retried(() => this.conn.request("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED);
       for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
         const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
-        const { received } = await this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data });
-        bar.value = received;
-        state.textContent = `${Math.round((100 * received) / (file.size || 1))} %`;
+        const { received } = await retried(() => this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying);
+        line.step(received);
       }
       const digest = await sha256(file);
-      const finished = await this.conn.request("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) });
-      done("done", `in ${finished.path}`);
+      const finished = await retried(() => this.conn.request("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED);
+      line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
-      done("error", error.message);
+      line.done("error", error.message);
       this.say(`${file.name} was not uploaded: ${error.message}`, "error");
     }
   }

@@ -1,0 +1,76 @@
+"""The embedder steps aside for the agent's turns, never for long, and runs at the lowest CPU
+priority: the pure policy, the indexer that follows it, and the background worker's thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sprite_os.db_worker import BACKGROUND_NICE, Worker
+from sprite_os.memory.recall.pacing import MAX_DEFER, QUIET_AFTER_TURN, AgentActivity, embed_delay
+from sprite_os.memory.recall.vectors import VectorReader
+from tests.test_recall_backfill import indexer_for, with_turns
+
+
+def test_an_idle_agent_never_holds_the_embedder_back() -> None:
+    assert embed_delay(AgentActivity(), wanted_since=100.0, now=100.0) == 0.0
+
+
+def test_a_running_turn_holds_it_until_the_turn_ends_or_max_defer_is_up() -> None:
+    busy = AgentActivity()
+    busy.started(now=99.0)
+    assert embed_delay(busy, wanted_since=100.0, now=100.0) == MAX_DEFER
+    assert embed_delay(busy, wanted_since=100.0, now=104.0) == pytest.approx(MAX_DEFER - 4)
+    assert embed_delay(busy, wanted_since=100.0, now=100.0 + MAX_DEFER) == 0.0  # the agent never stops: go anyway
+
+
+def test_a_turn_that_just_ended_holds_it_for_a_quiet_spell() -> None:
+    after = AgentActivity()
+    after.started(now=90.0)
+    after.ended(now=100.0)
+    assert after.running_since is None
+    assert embed_delay(after, wanted_since=95.0, now=100.0) == pytest.approx(QUIET_AFTER_TURN)
+    assert embed_delay(after, wanted_since=95.0, now=100.0 + QUIET_AFTER_TURN) == 0.0
+    # back-to-back turns: the quiet spell never outlasts MAX_DEFER from when the work was there
+    assert embed_delay(after, wanted_since=100.2 - MAX_DEFER, now=100.0) == pytest.approx(0.2)
+
+
+async def test_a_background_worker_runs_at_the_lowest_priority_and_a_database_worker_does_not() -> None:
+    background = Worker("bg", lambda: _Nothing(), background=True)
+    foreground = Worker("fg", lambda: _Nothing())
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert await background.call(lambda _: os.getpriority(os.PRIO_PROCESS, 0)) == BACKGROUND_NICE
+        assert await foreground.call(lambda _: os.getpriority(os.PRIO_PROCESS, 0)) == mine
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the event loop's thread is untouched
+    finally:
+        await background.close()
+        await foreground.close()
+
+
+class _Nothing:
+    def close(self) -> None:
+        pass
+
+
+async def test_the_indexer_embeds_nothing_while_a_turn_runs_and_catches_up_once_it_ends(tmp_path: Path) -> None:
+    layout = with_turns(tmp_path, 10, "an earlier turn ")
+    model, store, indexer, workers = indexer_for(layout)
+    indexer.turn_started()  # the agent is in a turn as the server starts
+    await indexer.start(fresh_index=True)
+    try:
+        await asyncio.wait_for(indexer.current.wait(), 30)  # words are not held back: the index is current
+        await asyncio.sleep(1.0)
+        assert model.calls == 0, "embedded during the agent's turn"
+        ended = time.monotonic()
+        indexer.turn_ended()
+        await asyncio.wait_for(indexer.embedded_all.wait(), 30)
+        assert time.monotonic() - ended >= QUIET_AFTER_TURN
+        assert model.calls == 10 and len(VectorReader(store)) == 10
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
