@@ -37,7 +37,7 @@ const RETRYABLE = new Set(["rate_limited", "busy", "connection_lost", "not_conne
 // A request that changes something when handled (starting or finishing a transfer) is asked again
 // only when it was never handled: a lost answer could hide that it was.
 const DROPPED = new Set(["rate_limited"]);
-const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 45 s in all
+const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
 /** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait. */
 export async function retried(ask, onRetry, codes = RETRYABLE) {
