@@ -144,8 +144,10 @@ async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
             running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
         off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
         c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
+        # alternate: the turn after memory on's otherwise always pays for its indexing, not its own
         samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
-                                     "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n)
+                                     "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n,
+                                    alternate=True)
         assert on.memory is not None
         inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
         recorded = (await on.memory.transcript.call(lambda t: t.counts()))["total"]
