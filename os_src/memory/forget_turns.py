@@ -13,15 +13,17 @@ At once (`TurnForgetting.forget`):
   has rewritten the files.
 
 Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
-writer) takes those lines out of the files (a new version, source `forget`), out of every older
-version and every batch's record (a note stands where they were), and out of the backups (older
-memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which keeps
-a note that a forget removed text. Which lines came from a turn: those most of whose words it said
+writer) takes those lines out of the curated files (a new version, source `forget`), out of every
+older version and every batch's record (a note stands where they were), and out of the backups
+(older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
+keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
+Which lines came from a turn is decided at the forget: those most of whose words it said
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
-came from: `close_lines`, at DENSE_THRESHOLD, chosen on bench/forget_lines.py's labelled set). The
-words and those vectors are kept in memory only, for the daemon's pass; between the two steps,
-memory.db's `forget_jobs` holds the turns' ids and the sha256 of each line found, never a word.
+came from) and closer to it by a margin than to any kept turn or learning recall finds near the
+line (`reworded`, chosen on bench/forget_lines.py's labelled set). `forget_jobs` in memory.db holds
+the turns' ids and the sha256 of each line found, never a word; the turns' words stay in memory
+only, for lines a batch under way writes before the pass.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..paths import Layout
 from ..text import utc
-from .files import CURATED, SPECS, MemoryFiles
+from .files import CURATED, MemoryFiles
 from .forgetting import record
 from .memory_store import MemoryDB
 from .recall import episodes as ep
@@ -105,19 +107,28 @@ def meaningful(line: str) -> bool:
     return bool(text) and not text.startswith("#") and not text.startswith("(text removed here")
 
 
-# Cosine of two passages' embeddings (multilingual-e5-small) from which a line counts as the curator's
-# rewording of a forgotten turn or of a learning drawn from it. bench/forget_lines.py's labelled set
-# (12 turns, 24 reworded lines, 504 other pairs): with the word rule, precision 1.0 and recall 0.92
-# here; 0.86 let an unrelated line in, 0.88 missed two more.
+# The meaning rule (multilingual-e5-small passages' cosine). A line counts as the curator's rewording of
+# a forgotten turn (or of a learning drawn from it) when its cosine to them is at least DENSE_THRESHOLD
+# and exceeds its cosine to every kept turn and learning near it by DENSE_MARGIN: a line another, kept
+# turn still says stays. Chosen on bench/forget_lines.py's tuning part (near misses on the same subject
+# included) for precision 1.0; docs/memory.md gives both parts' precision and recall.
 DENSE_THRESHOLD = 0.87
+DENSE_MARGIN = 0.03
 
 
-def close_lines(anchors: np.ndarray, lines: np.ndarray, threshold: float = DENSE_THRESHOLD) -> list[bool]:
-    """For each line's vector (rows of `lines`), whether it is within `threshold` of any anchor's
-    (the forgotten turns and their learnings). Vectors are unit length: the dot is the cosine."""
+def reworded(to_forgotten: float, to_kept: float, threshold: float = DENSE_THRESHOLD,
+             margin: float = DENSE_MARGIN) -> bool:
+    """Whether a line whose nearest forgotten anchor is at cosine `to_forgotten`, and nearest kept turn
+    or learning at `to_kept` (-1 when none is known), came from the forgotten turns."""
+    return to_forgotten >= threshold and to_forgotten - to_kept > margin
+
+
+def nearest(anchors: np.ndarray, lines: np.ndarray) -> list[float]:
+    """For each line's vector (rows of `lines`), its cosine to the nearest anchor; -1 with no anchor.
+    Vectors are unit length: the dot is the cosine."""
     if not len(anchors) or not len(lines):
-        return [False] * len(lines)
-    return [bool(s >= threshold) for s in (lines @ anchors.T).max(axis=1)]
+        return [-1.0] * len(lines)
+    return [float(s) for s in (lines @ anchors.T).max(axis=1)]
 
 
 def line_hash(line: str) -> str:
@@ -237,14 +248,15 @@ def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
 
 
 def file_lines(files: MemoryFiles, forgotten: set[str]) -> set[str]:
-    """The hashes of the lines, in the six files and every version of them, that came from the turns."""
+    """The hashes of the lines, in the curated files and every version of them, that came from the turns."""
     return {h for h, text in file_candidates(files).items() if came_from(text, forgotten)}
 
 
 def file_candidates(files: MemoryFiles) -> dict[str, str]:
-    """Every meaningful line of the six files and their versions, once each: its hash, its text."""
+    """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
+    deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
     out: dict[str, str] = {}
-    for name in SPECS:
+    for name in CURATED:
         texts = [files.read(name)]
         for version in files.history(name):
             with contextlib.suppress(OSError):
@@ -267,7 +279,7 @@ def backup_lines(layout: Layout, forgotten: set[str]) -> set[str]:
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
     """The curated files without those lines (each a new version, `forget`), then every version of
-    the six files rewritten in place with a note where the lines were. Returns the files changed."""
+    them rewritten in place with a note where the lines were. Returns the files changed."""
     changed = []
     for name in CURATED:
         text = files.read(name)
@@ -275,7 +287,7 @@ def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
         if kept != text:
             files.write(name, kept, "forget")
             changed.append(name)
-    for name in SPECS:
+    for name in CURATED:
         files.redact_history(name, lambda old: without(old, hashes, note))
     return changed
 
@@ -360,6 +372,9 @@ class Forgotten:
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' unit vectors; None: no dense model
+# For each line, what the kept turns and learnings nearest to it say (recall's search, which no longer
+# finds the forgotten ones).
+KeptNear = Callable[[Sequence[str]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 
@@ -377,8 +392,8 @@ class TurnForgetting:
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
+    kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     _words: dict[int, set[str]] = field(default_factory=dict)  # job id -> the words, in memory only
-    _anchors: dict[int, np.ndarray] = field(default_factory=dict)  # job id -> the turns' and learnings' vectors
 
     async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         now = self.clock()
@@ -395,12 +410,12 @@ class TurnForgetting:
         hashes = await asyncio.to_thread(file_lines, self.files, words)
         hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
         hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
+        await self.purge_recall(done, purged.learning_ids)
+        # The meaning, decided now and kept as hashes with the words' lines: the job the daemon's pass
+        # sees is whole from the start, and survives a restart.
+        hashes |= await self._reworded([turn_text(o) for o in turns] + purged.contents, hashes)
         job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
         self._words[job] = words
-        anchors = await self._vectors([turn_text(o) for o in turns] + purged.contents)
-        if anchors is not None:
-            self._anchors[job] = anchors
-        await self.purge_recall(done, purged.learning_ids)
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
         self.wake_daemon("forget")
         return Forgotten(turns, len(purged.learning_ids), now)
@@ -415,9 +430,6 @@ class TurnForgetting:
             if words is not None:  # lines written since the forget (a batch already under way) count too
                 hashes |= await asyncio.to_thread(file_lines, self.files, words)
                 hashes |= await self.memory.call(lambda m, w=words: _batch_lines(m, w))  # type: ignore[misc]
-            anchors = self._anchors.pop(job.id, None)
-            if anchors is not None:
-                hashes |= await self._reworded(anchors, hashes)
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
@@ -441,17 +453,45 @@ class TurnForgetting:
             return None
         return np.concatenate([p for p in parts if p is not None])
 
-    async def _reworded(self, anchors: np.ndarray, found: set[str]) -> set[str]:
-        """The lines, in the files, their history and the batches' records, close to the anchors."""
+    async def _reworded(self, anchor_texts: Sequence[str], found: set[str]) -> set[str]:
+        """The lines, in the curated files, their history and the batches' records, that the curator
+        reworded from the forgotten turns: close to them (`anchor_texts`: the turns and their learnings)
+        and no kept turn or learning says them as well (`reworded`)."""
+        anchors = await self._vectors(anchor_texts)
+        if anchors is None:
+            return set()
         candidates = await asyncio.to_thread(file_candidates, self.files)
         candidates.update(await self.memory.call(_batch_candidates))
         todo = [(h, text) for h, text in candidates.items() if h not in found]
         vectors = await self._vectors([text for _, text in todo])
         if vectors is None:
             return set()
-        close = {h for (h, _), near in zip(todo, close_lines(anchors, vectors), strict=True) if near}
-        log.info("forget_reworded_lines", candidates=len(todo), found=len(close))
-        return close
+        to_forgotten = nearest(anchors, vectors)
+        close = [i for i, score in enumerate(to_forgotten) if score >= DENSE_THRESHOLD]
+        to_kept = await self._kept_scores([todo[i][1] for i in close], vectors[close]) if close else []
+        out = {todo[i][0] for i, kept in zip(close, to_kept, strict=True) if reworded(to_forgotten[i], kept)}
+        log.info("forget_reworded_lines", candidates=len(todo), close=len(close), found=len(out))
+        return out
+
+    async def _kept_scores(self, lines: Sequence[str], vectors: np.ndarray) -> list[float]:
+        """Each line's cosine to the nearest kept turn or learning recall finds for it; +1 when that
+        search fails (precision first: a line that can't be checked stays)."""
+        if self.kept_near is None:
+            return [-1.0] * len(lines)
+        try:
+            near = await self.kept_near(lines)
+        except Exception as exc:
+            log.error("forget_kept_search_failed", error=type(exc).__name__)
+            return [1.0] * len(lines)
+        texts = [text for found in near for text in found]
+        kept = await self._vectors(texts) if texts else np.zeros((0, vectors.shape[1]), dtype=np.float32)
+        if kept is None:
+            return [1.0] * len(lines)
+        out, at = [], 0
+        for i, found in enumerate(near):
+            out.append(nearest(kept[at:at + len(found)], vectors[i:i + 1])[0])
+            at += len(found)
+        return out
 
 
 def _batch_candidates(db: MemoryDB) -> dict[str, str]:
