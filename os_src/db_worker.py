@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sqlite3
-import sys
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar
@@ -29,28 +25,13 @@ S = TypeVar("S", bound=Store)
 R = TypeVar("R")
 
 
-BACKGROUND_NICE = 19
-
-
-def _lowest_priority() -> None:
-    """Runs first on a background worker's thread. Linux gives each thread its own nice value (a
-    thread id is a pid to setpriority); elsewhere a native id is not a pid, so nothing is changed."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-
-
 class Worker(Generic[T]):
     """Owns one database object on one thread. Coroutines await `call`; callers that must
     never wait use `submit` and go on. The database is opened on first use, in that thread,
-    so constructing a Worker touches nothing (the owner may still have a lock to take).
+    so constructing a Worker touches nothing (the owner may still have a lock to take)."""
 
-    `background`: the thread runs at the lowest CPU priority. For work nobody waits on (embedding
-    the backlog): on a 2-core Sprite it would otherwise take a core from the agent's turn."""
-
-    def __init__(self, name: str, opener: Callable[[], T], *, background: bool = False) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"db-{name}",
-                                            initializer=_lowest_priority if background else None)
+    def __init__(self, name: str, opener: Callable[[], T]) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"db-{name}")
         self._opener = opener
         self._obj: T | None = None
         self.name = name

@@ -310,6 +310,8 @@ class AgentRuntime:
         finally:
             self._running = None
             self._turn.end()
+            if self._memory is not None:  # however it ended: recorded, unsent, a slash command, failed
+                self._memory.turn_ended()
 
     async def _saved(self, turn: Turn, record: TurnRecord) -> bool:
         """Durable, then acknowledged: turn_complete waits until the closed turn is on disk. When it

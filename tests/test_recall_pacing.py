@@ -1,16 +1,14 @@
-"""The embedder steps aside for the agent's turns, never for long, and runs at the lowest CPU
-priority: the pure policy, the indexer that follows it, and the background worker's thread."""
+"""The embedder steps aside for the agent's turns, never for long: the pure policy, and the
+indexer that follows it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from sprite_os.db_worker import BACKGROUND_NICE, Worker
 from sprite_os.memory.recall.pacing import MAX_DEFER, QUIET_AFTER_TURN, AgentActivity, embed_delay
 from sprite_os.memory.recall.vectors import VectorReader
 from tests.test_recall_backfill import indexer_for, with_turns
@@ -37,24 +35,6 @@ def test_a_turn_that_just_ended_holds_it_for_a_quiet_spell() -> None:
     assert embed_delay(after, wanted_since=95.0, now=100.0 + QUIET_AFTER_TURN) == 0.0
     # back-to-back turns: the quiet spell never outlasts MAX_DEFER from when the work was there
     assert embed_delay(after, wanted_since=100.2 - MAX_DEFER, now=100.0) == pytest.approx(0.2)
-
-
-async def test_a_background_worker_runs_at_the_lowest_priority_and_a_database_worker_does_not() -> None:
-    background = Worker("bg", lambda: _Nothing(), background=True)
-    foreground = Worker("fg", lambda: _Nothing())
-    try:
-        mine = os.getpriority(os.PRIO_PROCESS, 0)
-        assert await background.call(lambda _: os.getpriority(os.PRIO_PROCESS, 0)) == BACKGROUND_NICE
-        assert await foreground.call(lambda _: os.getpriority(os.PRIO_PROCESS, 0)) == mine
-        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the event loop's thread is untouched
-    finally:
-        await background.close()
-        await foreground.close()
-
-
-class _Nothing:
-    def close(self) -> None:
-        pass
 
 
 async def test_the_indexer_embeds_nothing_while_a_turn_runs_and_catches_up_once_it_ends(tmp_path: Path) -> None:

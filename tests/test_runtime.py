@@ -115,6 +115,7 @@ class FakeMemory:
         self.saves = True  # what durable() says: False when the disk can't take the turn
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
+        self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -134,6 +135,9 @@ class FakeMemory:
     def turn_started(self, prompt: str, turn_id: str) -> FakeRecord:
         self.records.append(FakeRecord(self, prompt))
         return self.records[-1]
+
+    def turn_ended(self) -> None:
+        self.turns_ended += 1
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
@@ -351,8 +355,10 @@ async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harne
     await hm.until(lambda: bool(hm.of(p.TurnComplete)))
     assert hm.of(p.TurnComplete)[-1].status == "interrupted" and hm.clis[0].queries == []
     assert hm.memory.closed() == []  # nothing happened: nothing to record
+    assert hm.memory.turns_ended == 1  # yet the turn is over: the embedder must not wait for a record
     assert (await hm.turn("hello")).status == "completed"
     assert hm.memory.closed() == [("closed", "hello", "success")]
+    assert hm.memory.turns_ended == 2
 
 
 async def test_a_resent_turn_is_closed_once_in_the_fresh_session(hm: Harness) -> None:

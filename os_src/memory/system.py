@@ -72,7 +72,7 @@ class MemorySystem:
         self.timings = HookTimings()
         self.recall = RecallService(settings, self.transcript, self.memory)
         self.processor.on_commit = self.recall.learned
-        self.capture = Capture(self.transcript, layout, on_recorded=self._turn_recorded,
+        self.capture = Capture(self.transcript, layout, on_recorded=self.daemon.note_turn,
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
@@ -195,10 +195,9 @@ class MemorySystem:
         self.recall.indexer.turn_started()
         return self.capture.recorder.open(prompt, turn_id)
 
-    def _turn_recorded(self) -> None:
-        """A turn ended and was queued for the disk."""
+    def turn_ended(self) -> None:
+        """The agent's turn is over, however it ended (the embedder may have the CPU again)."""
         self.recall.indexer.turn_ended()
-        self.daemon.note_turn()
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""

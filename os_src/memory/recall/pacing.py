@@ -1,6 +1,6 @@
 """When the embedder may take the CPU: the agent's turn comes first.
 
-Embedding a turn costs about 80 ms of CPU, and nobody waits on it: word search finds a turn
+Embedding a turn costs 30-150 ms of CPU by its length (dense.py), and nobody waits on it: word search finds a turn
 within a second of its recording, and ranking is fair to a turn without a vector. On a Sprite's
 two cores, embedding during a turn slows the turn (the CLI, the event loop and the embedder want
 the CPU at once). So the embedder waits while a turn runs, and for a short quiet spell after one

@@ -109,8 +109,7 @@ class RecallService:
         self._embed_model: Embedder | None = None
         self.index = Worker("recall-index", self._the_index)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
-        # embedding costs ~80 ms of CPU a turn, and nobody waits on it (word search has the turn)
-        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station, background=True)
+        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station)
         self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
