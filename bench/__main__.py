@@ -149,7 +149,8 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if fl := r.get("forget_lines"):
         tune, held = fl["tune"]["chosen"], fl["held_out"]["chosen"]
         out.append((f"memory-file lines the curator reworded from a forgotten turn, found: words, or meaning at "
-                    f"{fl['threshold']} with a {fl['margin']} margin to kept turns (precision, recall), "
+                    f"{fl['threshold']} with a {fl['margin']} margin to kept turns, and no kept turn saying most of the "
+                    f"line's words (precision, recall), "
                     f"tuning part ({fl['tune']['pairs']} pairs) / held out ({fl['held_out']['pairs']} pairs)",
                     f"{tune['precision']:.3f}, {tune['recall']:.3f} / {held['precision']:.3f}, {held['recall']:.3f}",
                     "precision 1.0", ok(held["precision"] >= 1.0)))

@@ -25,6 +25,7 @@ from sprite_os.memory.forget_turns import (
     came_from,
     content_words,
     jobs,
+    kept_holds,
     line_hash,
     nearest,
     purge_memory,
@@ -80,6 +81,15 @@ def test_a_line_is_reworded_when_close_to_the_forgotten_and_closer_to_them_than_
     assert not reworded(t - 0.001, -1.0)  # not close enough to the forgotten turn
     assert not reworded(0.95, 0.95 - m + 0.005)  # a kept turn says it nearly as well: it stays
     assert not reworded(0.90, 0.97)  # a kept turn says it better
+
+
+def test_a_line_a_kept_turn_says_as_well_is_that_turns_too() -> None:
+    father = ["Noted.", "My father's birthday is on 9 May."]
+    assert came_from("- Father's birthday: 9 May", content_words("My mother Rosa's birthday is on 3 May."))
+    assert kept_holds("- Father's birthday: 9 May", father)
+    assert not kept_holds("- Mother Rosa's birthday: 3 May", father)  # "birthday", "may": not most of it
+    assert not kept_holds("- Lives in: Lisbon", ["I'm visiting Porto in May"])
+    assert not kept_holds("- Lives in: Lisbon", [])
 
 
 def turn(n: int, user: str, answer: str, tools: str = "[]") -> NewObservation:
@@ -373,6 +383,16 @@ async def test_forgetting_a_turn_keeps_other_turns_facts_on_the_same_subject(sys
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
     assert [line for line in KEPT if line not in system.files.read("user.md")] == []
     assert not any("text removed" in v.text for v in system.files.history("user.md"))
+
+
+async def test_a_line_of_the_forgotten_turns_words_that_a_kept_turn_says_too_stays(system: MemorySystem) -> None:
+    mum, dad = "- Mother Rosa's birthday: 3 May", "- Father's birthday: 9 May"
+    ids = await _seed(system, (turn(1, "My mother Rosa's birthday is on 3 May.", "I'll remind you."),
+                               turn(2, "My father's birthday is on 9 May.", "Noted.")),
+                      f"# User\n{mum}\n{dad}\n", [])
+    await system.forget_turns([ids[0]], by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert system.files.read("user.md") == f"# User\n{dad}\n"  # most of its words were the forgotten turn's
 
 
 async def test_a_fact_another_kept_turn_also_says_stays(system: MemorySystem) -> None:

@@ -21,7 +21,8 @@ Which lines came from a turn is decided at the forget: those most of whose words
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
 came from) and closer to it by a margin than to any kept turn or learning recall finds near the
-line (`reworded`, chosen on bench/forget_lines.py's labelled set). `forget_jobs` in memory.db holds
+line (`reworded`, chosen on bench/forget_lines.py's labelled set); either way, not a line a kept
+turn or learning near it says as well (`kept_holds`). `forget_jobs` in memory.db holds
 the turns' ids and the sha256 of each line found, never a word; the turns' words stay in memory
 only, for lines a batch under way writes before the pass.
 """
@@ -99,6 +100,15 @@ def came_from(line: str, forgotten: set[str]) -> bool:
         return False
     words = content_words(line)
     return bool(words) and len(words & forgotten) * 2 > len(words)
+
+
+def kept_holds(line: str, kept: Sequence[str]) -> bool:
+    """Whether a kept turn or learning near the line (`kept`: what recall finds) says most of its words
+    too: then the line is as much that turn's, and it stays, however much of it the forgotten turns
+    said (precision first: a kept fact removed is removed from every version, for good). "- Father's
+    birthday: 9 May" stays after forgetting "My mother's birthday is on 3 May" when another turn said
+    the father's; so does a fact two turns said, when one of them is forgotten."""
+    return any(came_from(line, content_words(text)) for text in kept)
 
 
 def meaningful(line: str) -> bool:
@@ -247,11 +257,6 @@ def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
 # ---------------------------------------------------------------- the files and their history
 
 
-def file_lines(files: MemoryFiles, forgotten: set[str]) -> set[str]:
-    """The hashes of the lines, in the curated files and every version of them, that came from the turns."""
-    return {h for h, text in file_candidates(files).items() if came_from(text, forgotten)}
-
-
 def file_candidates(files: MemoryFiles) -> dict[str, str]:
     """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
     deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
@@ -393,7 +398,8 @@ class TurnForgetting:
     clock: Callable[[], float] = time.time
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
-    _words: dict[int, set[str]] = field(default_factory=dict)  # job id -> the words, in memory only
+    # job id -> the turns' words and the lines already judged at the forget, in memory only
+    _words: dict[int, tuple[set[str], set[str]]] = field(default_factory=dict)
 
     async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         now = self.clock()
@@ -407,15 +413,15 @@ class TurnForgetting:
         words: set[str] = set()
         for o in turns:  # the turns' own words: a learning may also name things from other turns
             words |= content_words(turn_text(o))
-        hashes = await asyncio.to_thread(file_lines, self.files, words)
+        candidates = await asyncio.to_thread(file_candidates, self.files)
+        candidates.update(await self.memory.call(_batch_candidates))
+        await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+        # Both rules decided now and kept as hashes: the job the daemon's pass sees is whole from the
+        # start, and survives a restart.
+        hashes = await self._found(words, [turn_text(o) for o in turns] + purged.contents, candidates)
         hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
-        hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
-        await self.purge_recall(done, purged.learning_ids)
-        # The meaning, decided now and kept as hashes with the words' lines: the job the daemon's pass
-        # sees is whole from the start, and survives a restart.
-        hashes |= await self._reworded([turn_text(o) for o in turns] + purged.contents, hashes)
         job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
-        self._words[job] = words
+        self._words[job] = (words, set(candidates))
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
         self.wake_daemon("forget")
         return Forgotten(turns, len(purged.learning_ids), now)
@@ -425,11 +431,13 @@ class TurnForgetting:
         records and the backups. Returns the jobs done."""
         pending = await self.memory.call(jobs)
         for job in pending:
-            words = self._words.pop(job.id, None)
+            kept = self._words.pop(job.id, None)
             hashes = set(job.line_hashes)
-            if words is not None:  # lines written since the forget (a batch already under way) count too
-                hashes |= await asyncio.to_thread(file_lines, self.files, words)
-                hashes |= await self.memory.call(lambda m, w=words: _batch_lines(m, w))  # type: ignore[misc]
+            if kept is not None:  # lines written since the forget (a batch already under way), by their words
+                words, judged = kept
+                later = await asyncio.to_thread(file_candidates, self.files)
+                later.update(await self.memory.call(_batch_candidates))
+                hashes |= {h for h, text in later.items() if h not in judged and came_from(text, words)}
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
@@ -453,40 +461,59 @@ class TurnForgetting:
             return None
         return np.concatenate([p for p in parts if p is not None])
 
-    async def _reworded(self, anchor_texts: Sequence[str], found: set[str]) -> set[str]:
-        """The lines, in the curated files, their history and the batches' records, that the curator
-        reworded from the forgotten turns: close to them (`anchor_texts`: the turns and their learnings)
-        and no kept turn or learning says them as well (`reworded`)."""
-        anchors = await self._vectors(anchor_texts)
-        if anchors is None:
+    async def _found(self, words: set[str], anchor_texts: Sequence[str], candidates: dict[str, str]) -> set[str]:
+        """The candidate lines (hash: text) that came from the forgotten turns: most of their words are
+        the turns' (`came_from`), or, with the dense retriever, the curator reworded them (close to the
+        turns and their learnings, `anchor_texts`, and closer to them than to what is kept: `reworded`);
+        and no kept turn or learning near the line says it as well (`kept_holds`)."""
+        by_words = {h for h, text in candidates.items() if came_from(text, words)}
+        scored = await self._scored(list(candidates.items()), anchor_texts)
+        check = [h for h in candidates if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
+        if not check:
             return set()
-        candidates = await asyncio.to_thread(file_candidates, self.files)
-        candidates.update(await self.memory.call(_batch_candidates))
-        todo = [(h, text) for h, text in candidates.items() if h not in found]
-        vectors = await self._vectors([text for _, text in todo])
-        if vectors is None:
-            return set()
-        to_forgotten = nearest(anchors, vectors)
-        close = [i for i, score in enumerate(to_forgotten) if score >= DENSE_THRESHOLD]
-        to_kept = await self._kept_scores([todo[i][1] for i in close], vectors[close]) if close else []
-        out = {todo[i][0] for i, kept in zip(close, to_kept, strict=True) if reworded(to_forgotten[i], kept)}
-        log.info("forget_reworded_lines", candidates=len(todo), close=len(close), found=len(out))
+        near = await self._kept_near([candidates[h] for h in check])
+        if near is None:  # the search failed: the words' lines go as the words say, the meaning's stay
+            return by_words
+        to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check])) if scored \
+            else [-1.0] * len(check)
+        out = set()
+        for h, found, kept in zip(check, near, to_kept, strict=True):
+            came = h in by_words or (h in scored and reworded(scored[h][0], kept))
+            if came and not kept_holds(candidates[h], found):
+                out.add(h)
+        log.info("forget_lines_found", candidates=len(candidates), checked=len(check), by_words=len(by_words),
+                 found=len(out))
         return out
 
-    async def _kept_scores(self, lines: Sequence[str], vectors: np.ndarray) -> list[float]:
-        """Each line's cosine to the nearest kept turn or learning recall finds for it; +1 when that
-        search fails (precision first: a line that can't be checked stays)."""
+    async def _scored(self, todo: list[tuple[str, str]], anchor_texts: Sequence[str]
+                      ) -> dict[str, tuple[float, np.ndarray]]:
+        """With the dense retriever, each line of `todo` (hash, text): its cosine to the nearest anchor
+        and its vector; without it (or when it fails), nothing."""
+        anchors = await self._vectors(anchor_texts) if todo else None
+        if anchors is None:
+            return {}
+        vectors = await self._vectors([text for _, text in todo])
+        if vectors is None:
+            return {}
+        scores = nearest(anchors, vectors)
+        return {h: (scores[i], vectors[i]) for i, (h, _) in enumerate(todo)}
+
+    async def _kept_near(self, lines: Sequence[str]) -> list[list[str]] | None:
         if self.kept_near is None:
-            return [-1.0] * len(lines)
+            return [[] for _ in lines]
         try:
-            near = await self.kept_near(lines)
+            return await self.kept_near(lines)
         except Exception as exc:
             log.error("forget_kept_search_failed", error=type(exc).__name__)
-            return [1.0] * len(lines)
+            return None
+
+    async def _kept_scores(self, near: Sequence[Sequence[str]], vectors: np.ndarray) -> list[float]:
+        """Each line's cosine to the nearest of the kept turns and learnings found for it (`near`); +1
+        when they can't be embedded (precision first: a line that can't be checked stays)."""
         texts = [text for found in near for text in found]
         kept = await self._vectors(texts) if texts else np.zeros((0, vectors.shape[1]), dtype=np.float32)
         if kept is None:
-            return [1.0] * len(lines)
+            return [1.0] * len(near)
         out, at = [], 0
         for i, found in enumerate(near):
             out.append(nearest(kept[at:at + len(found)], vectors[i:i + 1])[0])
@@ -502,6 +529,3 @@ def _batch_candidates(db: MemoryDB) -> dict[str, str]:
                 out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
     return out
 
-
-def _batch_lines(db: MemoryDB, words: set[str]) -> set[str]:
-    return {h for h, text in _batch_candidates(db).items() if came_from(text, words)}
