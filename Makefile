@@ -29,10 +29,10 @@ $(TEST_STAMP): pyproject.toml | $(FAULT_TOOLS)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	@touch $(TEST_STAMP) $(DEV_STAMP)
 
-## Dev mode (`sprite-os-dev`, from devkit/): serve ./.workspace (or SPRITE_WORKSPACE) on :8765 with the
-## embedded demo model (or ANTHROPIC_BASE_URL when set).
+## Dev mode (devkit/dev_mode.py, run from the checkout: devkit/ is not in the package): serve
+## ./.workspace (or SPRITE_WORKSPACE) on :8765 with the embedded demo model (or ANTHROPIC_BASE_URL when set).
 run: $(DEV_STAMP)
-	$(VENV)/bin/sprite-os-dev
+	$(PY) -m devkit.dev_mode
 
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
 ## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.
@@ -69,9 +69,12 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
 		tests/test_console_forget_e2e.py
 
-## Unit tests only: no Claude Code CLI, no browser, no pip, no network; on every core, no coverage.
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage. Two workers a
+## core (FAST_JOBS): these tests spend half their time waiting (backoffs, budgets, child processes),
+## so a second worker a core fills that time.
+FAST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -m "not e2e" $(PYTEST_PARALLEL)
+	$(PY) -m pytest -m "not e2e" -n $(FAST_JOBS) --dist loadgroup
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap

@@ -16,6 +16,7 @@ from typing import Any
 from bench.stats import percentile, ratio
 from devkit.harness import TOKEN, client_factory, make_settings, running
 from devkit.mock_bridge import MockBridge, Text, Turn
+from devkit.processes import kit_env
 from sprite_os import protocol
 from sprite_os.events import EventHub
 
@@ -43,7 +44,7 @@ async def _run(clients: int, bridge: MockBridge, workspace: Path, published: dic
     async with running(make_settings(workspace, bridge.url, memory_batch_turns=100_000)) as app:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.fanout_clients", str(app.port), TOKEN, str(clients),
-            stdout=asyncio.subprocess.PIPE, limit=64 * 1024 * 1024)  # one long JSON line of results
+            stdout=asyncio.subprocess.PIPE, env=kit_env(), limit=64 * 1024 * 1024)  # one long JSON line of results
         assert proc.stdout is not None
         assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
         async with client_factory(app.port) as client:

@@ -1,9 +1,10 @@
-"""`sprite-os-dev` (what `make run` runs): Sprite OS on a local workspace, with the embedded mock
+"""Dev mode (what `make run` runs): Sprite OS on a local workspace, with the embedded mock
 Bridge's demo model and demo curator as its model proxy, unless ANTHROPIC_BASE_URL names one.
 
-    sprite-os-dev [--workspace W] [--host H] [--port P]
+    python -m devkit.dev_mode [--workspace W] [--host H] [--port P]    (from the checkout's root)
 
-Dev mode is the kit's, not the product's: the `sprite-os` command a Sprite runs never imports it.
+Dev mode is the checkout's, not the product's: it is not in the wheel, and the `sprite-os`
+command a Sprite runs never imports it.
 
 Settings come from the environment as for `serve`, with defaults of its own so a newcomer
 sees memory work within a minute: the workspace is ./.workspace, and memory is curated every 3
@@ -86,8 +87,8 @@ def require_dev_extra() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `sprite-os-dev` command."""
-    parser = argparse.ArgumentParser(prog="sprite-os-dev", description="Sprite OS on a local workspace "
+    """`python -m devkit.dev_mode`."""
+    parser = argparse.ArgumentParser(prog="python -m devkit.dev_mode", description="Sprite OS on a local workspace "
                                      "(default ./.workspace) with the demo model, as `make run` starts it.")
     parser.add_argument("--workspace", help="env SPRITE_WORKSPACE, default ./.workspace")
     parser.add_argument("--host", help="address to listen on (env SPRITE_OS_HOST)")
@@ -102,8 +103,7 @@ def dev_main(settings: Settings) -> int:
         require_dev_extra()
     configure_logging(settings.log_format, settings.log_level, settings.log_file)
     settings.layout.ensure()
-    if TEMPLATES.is_dir():  # an installed wheel has none: the boot prompt then uses its defaults
-        install_templates(settings.layout, TEMPLATES, "dev")
+    install_templates(settings.layout, TEMPLATES, "dev")
     token = resolve_token(settings, create=True)
     return asyncio.run(_serve(settings, token))
 
@@ -159,3 +159,7 @@ Try: "My name is Dana and I live in Lisbon", then /new (a fresh session), then
 "What is my name?" and "search: Dana". "card: Groceries" makes a canvas card.
 Ctrl-C stops the server.
 """
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from sprite_os.errors import SpriteOSError
 
+from .processes import kit_env
+
 
 class FaultSetupFailed(SpriteOSError):
     """A fault could not be put in place (no sqlite3 shell, no permission to mount)."""
@@ -115,7 +117,7 @@ class LazyDisk:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "devkit.lazyfs", str(self.backing), str(self.mount),
              "--fsync-delay", str(self.fsync_delay), "--stats", str(self._stats)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=kit_env())
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != b"ready":
             error = self.proc.communicate(timeout=10)[1].decode(errors="replace")

@@ -3,7 +3,9 @@
 Tests that run the agent as its own user, as root, change the machine: they make Unix users, set
 kernel settings (deploy_contract.SYSCTLS) and their /etc/sysctl.d file, and copy the CLI under
 /var/lib/sprite-os/cli. A run's users are its own (named for it), and removed at its end if it
-made them; so is the copy of its own venv's CLI, and the last run out removes every copy made while
+made them: its workers (pytest-xdist's, each a run here) may share them (SPRITE_TEST_AGENT_USER),
+so the first in records whether each existed and the last one out of those that name it removes
+it, never one while another worker uses it. So is the copy of its own venv's CLI, and the last run out removes every copy made while
 runs went on (a deploy test's venv has its own) that no process runs. The
 kernel settings are shared by every run on the machine, and two checkouts may test at once: the
 first run in records how the host was, and the last one out restores it (runs find each other by
@@ -102,6 +104,19 @@ def _locked() -> Iterator[None]:
         yield
 
 
+def _users_of(runs: list[int]) -> set[str]:
+    """The users the live `runs` may make (each run's mark lists them)."""
+    names: set[str] = set()
+    for pid in runs:
+        with contextlib.suppress(OSError, ValueError):
+            names.update(json.loads((RUNS / f"{pid}.run").read_text() or "[]"))
+    return names
+
+
+def _user_mark(name: str) -> Path:
+    return RUNS / f"user-{name}"
+
+
 def _live_runs() -> list[int]:
     """The runs still going; the marks of runs that died without their exit (a killed `make test`)
     are removed, so they neither count nor stay behind."""
@@ -134,22 +149,33 @@ class HostLedger:
         with _locked():
             if not (RUNS / BASELINE).exists():  # else another run's, or one that died before it could restore
                 (RUNS / BASELINE).write_text(json.dumps(snapshot()))
-            (RUNS / f"{os.getpid()}.run").touch()
+            shared = _users_of(_live_runs())
+            for name in self.users:
+                if name not in shared:  # the first in of the runs that name it: how it found the user
+                    _user_mark(name).write_text("existed" if name in self._existed else "made")
+            (RUNS / f"{os.getpid()}.run").write_text(json.dumps(list(self.users)))
         return self
 
     def __exit__(self, *_: object) -> None:
         if not self.active:
             return
-        for name in self.users:
-            if name not in self._existed and _exists(name):
-                remove_user(name)
-                self.restored.append(f"removed user {name}")
         cgroups.remove_groups_of(os.getpid())
         if self._copy is not None and not self._copy_existed and remove_copy(self._copy):
             self.restored.append(f"removed {self._copy}")
         with _locked():
             (RUNS / f"{os.getpid()}.run").unlink(missing_ok=True)
-            if not _live_runs():  # the last run out
+            live = _live_runs()
+            in_use = _users_of(live)
+            for name in self.users:
+                if name in in_use:  # another worker of this run goes on with it: the last one out removes it
+                    continue
+                mark = _user_mark(name)
+                made = mark.read_text() == "made" if mark.is_file() else name not in self._existed
+                mark.unlink(missing_ok=True)
+                if made and _exists(name):
+                    remove_user(name)
+                    self.restored.append(f"removed user {name}")
+            if not live:  # the last run out
                 with contextlib.suppress(OSError, ValueError):
                     self.restored += restore(json.loads((RUNS / BASELINE).read_text()))
                 (RUNS / BASELINE).unlink(missing_ok=True)

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,17 @@ from sprite_os import procfs
 from sprite_os.errors import SpriteOSError
 
 from .harness import TEST_RATE, TOKEN
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def kit_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the checkout first on PYTHONPATH. devkit/, tests/, bench/
+    and chaos/ are not installed (the package ships the product only): a child that runs one of
+    them (`python -m devkit.lazyfs`, `-m tests.redteam_server`) finds it here, whatever its cwd."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 class ServerDied(SpriteOSError):
@@ -110,7 +122,7 @@ class ServerProcess:
         self.args = ("-m", module) if module != "sprite_os" else ("-m", module, "serve")
         self.port = free_port()
         self.new_session = new_session
-        self.env = {**os.environ, "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
+        self.env = {**(kit_env() if module != "sprite_os" else os.environ), "SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(self.port),
                     "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": base_url, "SPRITE_LOG_FORMAT": "json",
                     "SPRITE_ISOLATION": "none", "SPRITE_AGENT_REQUESTS_PER_MINUTE": str(TEST_RATE), **env}
         self.log = workspace.parent / f"server-{self.port}.log"

@@ -101,6 +101,7 @@ class _Connection:
         self._dropped: list[float] = []
         self._last_rate_error = 0.0
         self._writer: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None  # a flooder's close, under way
 
     async def run(self) -> None:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
@@ -114,6 +115,9 @@ class _Connection:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
+            if self._closing is not None:
+                with contextlib.suppress(ConnectionClosed):
+                    await self._closing
 
     async def close(self, code: int, reason: str) -> None:
         # What is queued goes out before the close frame; a client that stopped reading can't
@@ -167,6 +171,8 @@ class _Connection:
             self._error("internal_error", "the server failed to handle this frame; it keeps serving")
 
     async def _receive(self, message: str | bytes) -> None:
+        if self._closing is not None:  # closed for flooding: what it sent meanwhile is read and dropped
+            return
         now = time.monotonic()
         if not self._bucket.take(now):
             await self._rate_limited(now, message)
@@ -193,7 +199,9 @@ class _Connection:
         self._dropped.append(now)
         if len(self._dropped) > FLOOD_LIMIT:
             log.warning("client_flooding", client=self.name)
-            await self.ws.close(CLOSE_POLICY, "too many frames")
+            # Not awaited here: the close waits for the client's answer, which comes after the frames it
+            # flooded with, and only this loop reads them (awaited, it waited out the 10 s close timeout).
+            self._closing = asyncio.create_task(self.ws.close(CLOSE_POLICY, "too many frames"))
             return
         # A dropped request (an upload's chunk) is answered, or its sender would wait for ever.
         request_id = p.request_id_of(message) if len(message) <= MAX_FRAME_CHARS else None

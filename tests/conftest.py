@@ -44,11 +44,13 @@ if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only te
 # ---------------------------------------------------------------- running in parallel (pytest-xdist)
 # `make test` runs the suite on every core (-n auto --dist loadgroup). Tests that share something of
 # the host's run one after another in one worker: those that run the agent as its own Unix user
-# (a start in `user` mode ends every process of that user, another test's agent included), deploy
-# as root (users, sysctls, services), or are marked `host`. tests/README.md says how to write a
-# test that runs well beside others.
+# (a start in `user` mode ends every process of that user, another test's agent included) or are
+# marked `host`, in the group `host`; the deploys as root, in the group `deploy`. The two groups
+# run beside each other, as two checkouts' runs do: a deploy's agent is the run's deploy user
+# (DEPLOY_USER), never the agent's user, and the kernel settings both set are the same.
+# tests/README.md says how to write a test that runs well beside others.
 HOST_FIXTURES = {"agent_user"}
-HOST_MODULES = {"test_deploy.py"}
+DEPLOY_MODULES = {"test_deploy.py"}
 # A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
 # `make test-fast` (-m "not e2e") never runs pip.
 E2E_FIXTURES = {"venv"}
@@ -73,8 +75,10 @@ def restore_logging() -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & HOST_FIXTURES or item.path.name in HOST_MODULES or item.get_closest_marker("host"):
+        if fixtures & HOST_FIXTURES or item.get_closest_marker("host"):
             item.add_marker(pytest.mark.xdist_group("host"))
+        elif item.path.name in DEPLOY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("deploy"))
         if fixtures & E2E_FIXTURES:
             item.add_marker(pytest.mark.e2e)
 

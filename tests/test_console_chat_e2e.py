@@ -202,6 +202,9 @@ async def test_a_dropped_connection_resumes_and_a_server_away_is_retried_with_ba
 
             app = SpriteOS(settings.with_overrides(port=port), TOKEN)
             await app.start()
+            # Its next attempt would come on its own some 8 s later (the backoff, checked above); the
+            # network coming back (`online`) makes the page try at once.
+            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
             await tab.connected()
             await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
             await expect(tab.by("card")).to_have_count(1)  # the canvas is current after the restart

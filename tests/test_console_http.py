@@ -9,9 +9,11 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -23,12 +25,24 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, client_factory, make_settings, running
 
+# The tests that only ask the server things share one (55 starts were ten seconds of this module);
+# a test that changes what it serves starts its own (`own_app`).
+shared = pytest.mark.asyncio(loop_scope="module")
+
+
+def _app(workspace: Path) -> AbstractAsyncContextManager[SpriteOS]:
+    return running(make_settings(workspace, "http://127.0.0.1:9", allowed_origins=("https://console.example:8443",)))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SpriteOS]:
+    async with _app(tmp_path_factory.mktemp("console-http") / "workspace") as server:
+        yield server
+
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[SpriteOS]:
-    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9",
-                             allowed_origins=("https://console.example:8443",))
-    async with running(settings) as server:
+async def own_app(tmp_path: Path) -> AsyncIterator[SpriteOS]:
+    async with _app(tmp_path / "workspace") as server:
         yield server
 
 
@@ -48,6 +62,7 @@ async def get(port: int, path: str, **headers: str) -> tuple[int, dict[str, str]
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "BREW"])
 @pytest.mark.parametrize("path", ["/", "/console/js/app.js", "/console/auth", "/healthz", "/nope"])
+@shared
 async def test_the_http_endpoints_answer_get_only(app: SpriteOS, method: str, path: str) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", app.port)
     writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
@@ -59,6 +74,7 @@ async def test_the_http_endpoints_answer_get_only(app: SpriteOS, method: str, pa
     assert status in (200, 401, 404)
 
 
+@shared
 async def test_the_page_is_served_with_a_strict_policy_and_no_token(app: SpriteOS) -> None:
     for path in ("/", "/console", "/console/"):
         status, headers, body = await get(app.port, path)
@@ -81,6 +97,7 @@ async def test_the_page_is_served_with_a_strict_policy_and_no_token(app: SpriteO
     assert "eval(" not in scripts and "document.write" not in scripts
 
 
+@shared
 async def test_every_asset_is_served_with_its_type_and_a_validator(app: SpriteOS) -> None:
     assets = sorted(p.relative_to(STATIC_DIR).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file())
     assert {"index.html", "console.css", "favicon.svg", "js/app.js", "js/connection.js", "js/markdown.js"} <= set(assets)
@@ -97,6 +114,7 @@ async def test_every_asset_is_served_with_its_type_and_a_validator(app: SpriteOS
         assert (await get(app.port, missing))[0] == 404, missing
 
 
+@shared
 async def test_the_token_check_answers_204_401_or_403_for_the_pages_origin(app: SpriteOS) -> None:
     assert (await get(app.port, "/console/auth", Authorization=f"Bearer {TOKEN}"))[0] == 204
     assert (await get(app.port, "/console/auth", Authorization="Bearer wrong-token-0123456789"))[0] == 401
@@ -118,6 +136,7 @@ async def test_the_token_check_answers_204_401_or_403_for_the_pages_origin(app: 
     ("http://localhost:{port}", False),  # another name for the same host is another origin
     ("null", False),  # a sandboxed frame or a file:// page
 ])
+@shared
 async def test_an_upgrade_from_another_origin_is_refused_with_403(app: SpriteOS, origin: str | None,
                                                                   allowed: bool) -> None:
     origin = origin.format(port=app.port) if origin else None
@@ -155,7 +174,8 @@ def test_allowed_origins_setting_is_validated() -> None:
     assert "ws://" not in content_security_policy("evil.example; script-src *")
 
 
-async def test_memory_requests_are_answered_to_their_connection_only(app: SpriteOS) -> None:
+async def test_memory_requests_are_answered_to_their_connection_only(own_app: SpriteOS) -> None:
+    app = own_app
     MemoryFiles(app.settings.layout).write("user.md", "# User\n- Name: Ada\n", source="seed")
     async with client_factory(app.port) as open_client:
         asking, watching = await open_client(hello={}), await open_client(hello={})

@@ -2,6 +2,7 @@
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_a_transcript_from_before_forgetting_migrates_and_keeps_its_turns(tmp_pa
 def test_a_checkpoint_waits_out_a_readers_short_transaction_and_says_when_it_could_not(tmp_path: Path) -> None:
     """After a forget the WAL holds the words: a reader mid-transaction (a search run at that moment)
     kept them there for good when the one checkpoint found it busy. Now it is tried again."""
-    from sprite_os.database import checkpoint, connect
+    from sprite_os.database import BUSY_TIMEOUT_MS, checkpoint, connect
 
     path = tmp_path / "x.db"
     writer = connect(path)
@@ -166,7 +167,10 @@ def test_a_checkpoint_waits_out_a_readers_short_transaction_and_says_when_it_cou
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM t").fetchone()  # a read transaction pins the WAL
     writer.execute("UPDATE t SET x = 'Zanzibarquux'")
+    started = time.monotonic()
     assert checkpoint(writer, tries=2) is False  # held through every try: said, not assumed
+    assert time.monotonic() - started < 5  # each try answers at once, not at the busy timeout (5 s)
+    assert writer.execute("PRAGMA busy_timeout").fetchone() == (BUSY_TIMEOUT_MS,)  # put back
     threading.Timer(0.1, reader.commit).start()  # the reader ends its transaction soon
     assert checkpoint(writer) is True
     assert (tmp_path / "x.db-wal").stat().st_size == 0

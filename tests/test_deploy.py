@@ -170,6 +170,7 @@ def test_release_tarball_deploys_and_same_version_is_a_noop(venv: VenvCache, tmp
     assert names[0] == "VERSION" and "requirements.lock" in names and "src/__init__.py" in names
     assert "bootstrap/deploy.py" in names and "bootstrap/templates/os.md" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if n.split("/")[0] in ("devkit", "tests", "bench", "chaos")]  # the product only
 
     ws = tmp_path / "ws"
     token = token_file(tmp_path)

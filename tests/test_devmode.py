@@ -1,8 +1,8 @@
-"""Dev mode: `sprite-os-dev`, its demo curator and demo model, and the one template installer.
+"""Dev mode (`make run`), its demo curator and demo model, and the one template installer.
 
 The demo curator's replies are read by the real parser, from prompts the real prompt builder
 makes; the demo model reads boot prompts the real loader assembles. The end-to-end test is a
-newcomer's first minute: `sprite-os-dev`, then `sprite-os chat`, the real Claude Code CLI between.
+newcomer's first minute: `make run`'s dev mode, then `sprite-os chat`, the real Claude Code CLI between.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from devkit.mock_bridge.demo import SEARCH_MEMORY, UNKNOWN, respond
 from devkit.mock_bridge.demo_curator import curate
 from devkit.mock_bridge.profile import Profile
 from devkit.mock_bridge.script import AgentScript, Ids, Plan, ToolUse
+from devkit.processes import free_port, kit_env
 from sprite_os.commands import main
 from sprite_os.config import Settings
 from sprite_os.errors import ConfigError
@@ -36,7 +37,6 @@ from sprite_os.memory.loader import assemble
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.transcript_store import Observation
 from sprite_os.paths import Layout
-from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "bootstrap" / "templates"
@@ -179,12 +179,12 @@ def test_what_do_you_remember_searches_memory() -> None:
     assert isinstance(plan.reply.blocks[0], ToolUse) and plan.reply.blocks[0].input == {"query": "Dana"}
 
 
-# ---------------------------------------------------------------- sprite-os-dev
+# ---------------------------------------------------------------- dev mode's command
 
 
 @pytest.fixture
 def dev_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Settings]:
-    """What `sprite-os-dev` would serve with: its settings, recorded instead of serving."""
+    """What dev mode would serve with: its settings, recorded instead of serving."""
     for name in [n for n in os.environ if n.startswith(("SPRITE_", "ANTHROPIC_"))]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
@@ -225,22 +225,23 @@ def test_the_product_command_has_no_dev_mode_and_never_imports_the_kit() -> None
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "invalid choice: 'dev'" in done.stderr  # argparse's refusal
     assert done.stdout == "[]\n"
-    script = Path(sys.executable).with_name("sprite-os-dev")
-    assert os.access(script, os.X_OK)  # dev mode is the kit's own command, which `make run` runs
+    # Dev mode is the checkout's, run from it (`make run`): the installed package has no command for it.
+    assert not Path(sys.executable).with_name("sprite-os-dev").exists()
 
 
-def test_make_run_leaves_the_workspace_to_sprite_os_dev() -> None:
+def test_make_run_runs_dev_mode_from_the_checkout_and_leaves_it_the_workspace() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     recipe = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO, capture_output=True,
                             text=True, check=True, env=env).stdout.strip().splitlines()[-1]
-    assert recipe.endswith("/bin/sprite-os-dev") and "--workspace" not in recipe
+    assert recipe == ".venv/bin/python -m devkit.dev_mode"  # make runs it in the checkout's root
 
 
 def test_without_the_dev_extra_dev_mode_says_how_to_install_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
     blocked = ("import sys; sys.modules['aiohttp'] = None; from devkit.dev_mode import main; "
                f"raise SystemExit(main(['--workspace', {str(tmp_path / 'ws')!r}]))")
-    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=kit_env(env),
+                          timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("sprite-os: error: dev mode's mock model needs ")
     assert "pip install -e '.[dev]'" in done.stderr and "ANTHROPIC_BASE_URL" in done.stderr
@@ -373,7 +374,7 @@ def test_the_walkthrough_is_read_from_the_readme() -> None:
 
 @pytest.mark.e2e
 async def test_the_readmes_walkthrough_runs_as_it_says(tmp_path: Path) -> None:
-    """`make run` (sprite-os-dev), then `sprite-os chat`, the real Claude Code CLI between, dev
+    """`make run` (dev mode), then `sprite-os chat`, the real Claude Code CLI between, dev
     mode's demo model and demo curator: each line of the README's walkthrough is typed, and what it
     shows coming back must come back, in order (ids, dates, times and costs aside)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPRITE_", "ANTHROPIC_"))}
@@ -381,7 +382,7 @@ async def test_the_readmes_walkthrough_runs_as_it_says(tmp_path: Path) -> None:
     env |= {"SPRITE_WORKSPACE": str(workspace), "SPRITE_OS_PORT": str(port)}
     sprite_os = [sys.executable, "-m", "sprite_os"]
     with open(tmp_path / "server.log", "wb") as log:
-        server = await asyncio.create_subprocess_exec(Path(sys.executable).with_name("sprite-os-dev"), env=env,
+        server = await asyncio.create_subprocess_exec(sys.executable, "-m", "devkit.dev_mode", env=kit_env(env),
                                                       stdout=asyncio.subprocess.PIPE, stderr=log)
     chat: asyncio.subprocess.Process | None = None
     try:

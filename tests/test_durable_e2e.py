@@ -17,6 +17,7 @@ from sprite_os import protocol as p
 from sprite_os.config import Settings
 from sprite_os.events import EventHub
 from sprite_os.memory.capture import journal as journal_mod
+from sprite_os.memory.capture import recorder as recorder_mod
 from sprite_os.memory.capture.journal import journal_path
 from sprite_os.memory.capture.spill import ObservationWrite, read_spill, spill_path
 from tests.conftest import client_factory, running, wait_for
@@ -86,9 +87,11 @@ async def test_a_turn_is_on_disk_whole_when_turn_complete_goes_out(
 
 
 async def test_healthz_is_degraded_while_a_turn_could_not_be_saved_on_a_disk_that_hangs(
-        bridge: MockBridge, settings: Settings) -> None:
+        bridge: MockBridge, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that hangs (a dead network volume) fails no write: /healthz said ok while every turn
     was acknowledged as not saved."""
+    # The disk hangs until the test lets it go: how long a turn waits for it is no margin (5 s deployed).
+    monkeypatch.setattr(recorder_mod, "DURABLE_WAIT", 1.0)
     async with running(settings) as app, client_factory(app.port) as client:
         c = await client(hello={})
         assert (await turn(c, "before"))["status"] == "completed"

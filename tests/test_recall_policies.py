@@ -215,6 +215,12 @@ def test_auto_recall_reads_a_name_memory_holds_and_the_person_in_a_message() -> 
     assert [auto.cues(m, None, known).personal for m in ("I'm back", "How much will it cost us?",
                                                          "Is a tomato a fruit?", "Mind the gap")] == [
         True, True, False, False]
+    # a sentence's first word names nothing, whichever sentence; "US" the country is not "us"
+    held.add("Can")
+    assert not auto.cues("Thanks. Can you run the tests again?", None, known).named
+    assert auto.cues("Thanks. Then ask Kasia?", None, known).named
+    assert not auto.cues("What is the US GDP?", None, known).personal
+    assert auto.cues("Us? Never.", None, known).personal
 
 
 def test_auto_recall_sends_nothing_unless_the_message_asks_for_memory() -> None:

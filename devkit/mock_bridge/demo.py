@@ -1,4 +1,4 @@
-"""The demo model: what the agent answers when no Turn is scripted (`sprite-os-dev` relies on it).
+"""The demo model: what the agent answers when no Turn is scripted (dev mode relies on it).
 
 - `card: <title>` -> calls mcp__canvas__create_card, then confirms.
 - `search: <query>` -> calls mcp__memory__search_memory, then summarises the result.

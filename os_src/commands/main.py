@@ -14,7 +14,7 @@
 
 Settings come from the environment (see config.py); flags override them.
 A bad setting fails at once with one line on stderr and exit status 2.
-Dev mode (a local workspace with the demo model) is not the product's: `sprite-os-dev`, from devkit/.
+Dev mode (a local workspace with the demo model) is not the product's: `make run`, from devkit/.
 """
 
 from __future__ import annotations

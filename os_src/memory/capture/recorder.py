@@ -175,14 +175,14 @@ class TurnRecord:
             with self._recorder.timings.guard("close"):
                 self._durable = self._recorder.record(turn, result, error, cost_usd)
 
-    async def durable(self, budget: float = DURABLE_WAIT) -> bool:
+    async def durable(self, budget: float | None = None) -> bool:
         """Once closed: True when the turn is on disk (or was not recorded at all), False when it
-        can't be for now, or not within `budget` seconds."""
+        can't be for now, or not within `budget` seconds (DURABLE_WAIT, read at the call)."""
         if self._durable is None:
             return True
         key, done = self._durable
         with contextlib.suppress(TimeoutError):
-            if await asyncio.wait_for(asyncio.shield(done), budget):
+            if await asyncio.wait_for(asyncio.shield(done), DURABLE_WAIT if budget is None else budget):
                 return True
         self._recorder.not_saved(key)
         return False

@@ -27,7 +27,7 @@ SEARCHED = 12  # hits looked at for the few that go
 class Cues:
     """What says a message asks something of memory, beside its hits' BM25."""
 
-    named: bool  # it names something memory holds: a capitalised word, past its first, found in the index
+    named: bool  # it names something memory holds: a capitalised word, not a sentence's first, found in the index
     personal: bool  # it speaks of the person: I, my, we, us...
     spread: float | None  # the nearest memory's cosine above the 50th nearest's (searcher.py; None: no meaning)
 
@@ -58,7 +58,9 @@ HEADER = ("<recalled-memories>\nSprite OS found these in your memory of earlier 
 FOOTER = "</recalled-memories>"
 
 _SPACE = re.compile(r"\s+")
-_PERSONAL = re.compile(r"\b(i|my|me|mine|we|us|our|ours)\b", re.IGNORECASE)
+# The person's own words, as written: "US" (the country) and "IT" are not "us" and "it".
+_PERSONAL = re.compile(r"\b(?:[Ii]|[Mm]y|[Mm]e|[Mm]ine|[Ww]e|[Uu]s|[Oo]ur|[Oo]urs)\b")
+_SENTENCES = re.compile(r"(?<=[.!?…])\s+")
 _WORD = re.compile(r"\w[\w'’]*")
 _SELF = re.compile(r"I(['’]\w+)?")
 
@@ -69,8 +71,9 @@ def normalise(text: str) -> str:
 
 def cues(message: str, spread: float | None, known: Callable[[Sequence[str]], bool]) -> Cues:
     """The message's cues; `known(words)`: does memory hold any of these words (the index's own counts)."""
-    words = _WORD.findall(message)
-    names = [w for w in words[1:] if w[0].isupper() and not _SELF.fullmatch(w)]
+    # a capital that starts a sentence names nothing ("Thanks. Can you run the tests again?")
+    names = [w for sentence in _SENTENCES.split(message) for w in _WORD.findall(sentence)[1:]
+             if w[0].isupper() and not _SELF.fullmatch(w)]
     return Cues(named=bool(names) and known(names), personal=_PERSONAL.search(message) is not None, spread=spread)
 
 

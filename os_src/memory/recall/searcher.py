@@ -36,7 +36,9 @@ from .vectors import VectorReader
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
 POOL = 50  # candidates each retriever hands to fusion
-SPREAD_RANK = POOL  # the spread: the nearest memory's cosine above this nearest's (auto-recall's gate)
+# The spread: the nearest memory's cosine above this nearest's. auto.py's gate weights were fitted with 50:
+# a literal, so that a change of POOL does not move a fitted input.
+SPREAD_RANK = 50
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
 
 
@@ -145,8 +147,9 @@ class Searcher:
         ranked = self._weighed(ranked)
         # the floor is word search alone as it ranks on its own: weighed the same way
         words = self._weighed(lexical) if dense else ranked
-        if exclude_session is not None:
+        if exclude_session is not None:  # the spread too: the current session's turns say nothing of memory
             ranked, words = self._other_sessions(ranked, exclude_session), self._other_sessions(words, exclude_session)
+            dense = self._other_sessions(dense, exclude_session)
         return ranked, words, seen, spread(dense)
 
     def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
