@@ -377,10 +377,13 @@ class Forgotten:
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' unit vectors; None: no dense model
-# For each line, what the kept turns and learnings nearest to it say (recall's search, which no longer
-# finds the forgotten ones).
-KeptNear = Callable[[Sequence[str]], Awaitable[list[list[str]]]]
+# For each line (its text; whether by meaning too, or by words alone), what the kept turns and
+# learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
+KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
+# Line vectors kept in memory between forgets (1.5 KiB each): embedding a line costs ~20 ms, and a
+# person often forgets several turns one after the other while the person waits for each answer.
+LINE_VECTORS_KEPT = 5_000
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 
 
@@ -400,6 +403,7 @@ class TurnForgetting:
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     # job id -> the turns' words and the lines already judged at the forget, in memory only
     _words: dict[int, tuple[set[str], set[str]]] = field(default_factory=dict)
+    _line_vectors: dict[str, np.ndarray] = field(default_factory=dict)  # line hash -> its vector, in memory only
 
     async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         now = self.clock()
@@ -471,7 +475,7 @@ class TurnForgetting:
         check = [h for h in candidates if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
         if not check:
             return set()
-        near = await self._kept_near([candidates[h] for h in check])
+        near = await self._kept_near([(candidates[h], h not in by_words) for h in check])
         if near is None:  # the search failed: the words' lines go as the words say, the meaning's stay
             return by_words
         to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check])) if scored \
@@ -481,6 +485,8 @@ class TurnForgetting:
             came = h in by_words or (h in scored and reworded(scored[h][0], kept))
             if came and not kept_holds(candidates[h], found):
                 out.add(h)
+        for h in out:  # they leave every file: no forget needs them again
+            self._line_vectors.pop(h, None)
         log.info("forget_lines_found", candidates=len(candidates), checked=len(check), by_words=len(by_words),
                  found=len(out))
         return out
@@ -492,13 +498,21 @@ class TurnForgetting:
         anchors = await self._vectors(anchor_texts) if todo else None
         if anchors is None:
             return {}
-        vectors = await self._vectors([text for _, text in todo])
-        if vectors is None:
+        known = self._line_vectors
+        new = [(h, text) for h, text in todo if h not in known]
+        fresh = await self._vectors([text for _, text in new]) if new else np.zeros((0, anchors.shape[1]))
+        if fresh is None:
             return {}
+        found = {h: fresh[i] for i, (h, _) in enumerate(new)}
+        vectors = np.stack([found[h] if h in found else known[h] for h, _ in todo]).astype(np.float32)
+        if len(known) + len(found) > LINE_VECTORS_KEPT:
+            known.clear()
+        if len(found) <= LINE_VECTORS_KEPT:
+            known.update(found)
         scores = nearest(anchors, vectors)
         return {h: (scores[i], vectors[i]) for i, (h, _) in enumerate(todo)}
 
-    async def _kept_near(self, lines: Sequence[str]) -> list[list[str]] | None:
+    async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]] | None:
         if self.kept_near is None:
             return [[] for _ in lines]
         try:

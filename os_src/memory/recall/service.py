@@ -212,13 +212,22 @@ class RecallService:
         wanted = list(texts)
         return await self.embedder.call(lambda station: station.model.passages(wanted))
 
-    async def kept_near(self, lines: Sequence[str]) -> list[list[str]]:
-        """For each memory-file line, what the turns and learnings search finds nearest to it say (after
-        a forget: only kept ones), so that a line another turn still supports stays. Waits briefly for
-        the index to hold what is recorded (a turn not yet searchable can't keep a line)."""
+    async def kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        """For each memory-file line (its text, and whether to search by meaning too, not by words
+        alone), what the turns and learnings search finds nearest to it say (after a forget: only kept
+        ones), so that a line another turn still supports stays. Waits briefly for the index to hold
+        what is recorded (a turn not yet searchable can't keep a line)."""
+        if self._index is None:
+            return [[] for _ in lines]
         self.indexer.nudge()
         await self.settle(KEPT_NEAR_SETTLE)
-        return [[hit.snippet for hit in await self.search(line, KEPT_NEAR)] for line in lines]
+        now, wanted = time.time(), list(lines)
+
+        def look(s: Searcher) -> list[list[str]]:
+            return [[hit.snippet for hit in s.search(line, now, KEPT_NEAR, use_dense=meaning)]
+                    for line, meaning in wanted]
+
+        return await self.searcher.call(look)
 
     async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
         """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
