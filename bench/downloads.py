@@ -1,7 +1,8 @@
 """Downloads: the server's peak memory while 16 clients download a 99 MiB file at once.
 
-A download is read a chunk at a time from one descriptor and the gateway stops reading a client
-whose answers pile up, so the server's memory grows by a few chunks per download, not by the file.
+A download is read a chunk at a time from one descriptor and the gateway handles a client's next
+request only once its unread answers are back under a bound, so the server's memory grows by a few
+chunks per download, not by the file.
 The clients run in their own process (bench/download_clients.py); the server's peak resident set
 (VmHWM, reset just before through /proc/self/clear_refs) is measured against its resident set
 before they start.

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 
@@ -54,6 +55,7 @@ class Subscriber:
         self._ready = asyncio.Event()
         self.drained = asyncio.Event()  # set while nothing queued is unsent (a close waits on it)
         self.drained.set()
+        self._taken = asyncio.Event()  # set when the writer takes what is queued
         self.overflowed = False
         self.last_seq = 0  # seq of the last broadcast event queued to this client
 
@@ -66,6 +68,7 @@ class Subscriber:
             self._frames.clear()
             self._bytes = 0
             self.drained.set()  # nothing more will be sent
+            self._taken.set()
             if self._on_overflow is not None:
                 self._on_overflow()
         else:
@@ -93,7 +96,15 @@ class Subscriber:
         batch = list(self._frames)
         self._frames.clear()
         self._bytes = 0
+        self._taken.set()
         return batch
+
+    def taken(self) -> Coroutine[Any, Any, object]:
+        """What to await for the writer's next take of what is queued (or an overflow); armed now,
+        so a take before it is awaited still counts."""
+        if not self.overflowed:
+            self._taken.clear()
+        return self._taken.wait()
 
     @property
     def queued_bytes(self) -> int:

@@ -6,14 +6,17 @@ and from then on the connection receives every broadcast event through its own
 bounded queue, drained by its own writer task. Frames the client sends are
 validated, rate-limited and dispatched to the runtime; each bad frame gets an
 `error` reply and the connection stays open unless the client floods it. Requests
-(memory, past sessions: console/requests.py) are answered to their connection alone,
-by the `requests` callable the server passes in (console/requests.ConsoleApi).
+(memory, past sessions, files: console/requests.py) are answered to their connection alone,
+by the `requests` callable the server passes in (console/requests.ConsoleApi), one at a time
+and in order by the connection's own request task, so that a slow answer, or a client that
+does not read its answers, never holds up its messages and interrupts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,9 +38,13 @@ MAX_FRAME_CHARS = 1024 * 1024  # larger frames get frame_too_large (the socket's
 RATE_PER_SECOND = 20.0
 RATE_BURST = 60
 FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connection is closed
-# Answers to requests waiting to go out before this client's next frame is read: a client that asks
-# for file chunks faster than it reads them is held back by TCP, not by the server's memory.
+# Answers to requests waiting to go out before this client's next request is handled: a client that
+# asks for file chunks faster than it reads them gets its answers as fast as it reads them, and the
+# server holds at most this much of them (plus the batch its writer is sending).
 REPLY_BACKLOG = 1024 * 1024
+# Requests read and waiting for their turn; past this, a request is answered `busy` (never handled:
+# send it again). The frames themselves are at most MAX_FRAME_CHARS each.
+REQUEST_QUEUE = 4
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
@@ -62,16 +69,19 @@ class _TokenBucket:
 
 
 Requests = Callable[[rq.Request], Awaitable[rq.Reply]]
+Left = Callable[[str], None]  # told a connection's client key when the connection ends
+_keys = itertools.count(1)
 
 
 class Gateway:
     def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str,
-                 requests: Requests | None = None) -> None:
+                 requests: Requests | None = None, left: Left | None = None) -> None:
         self.hub = hub
         self.runtime = runtime
         self.canvas = canvas
         self.server_version = server_version
         self.requests = requests  # None: every request is answered memory_unavailable
+        self.left = left
         self.connections: set[_Connection] = set()
 
     async def handle(self, ws: ServerConnection) -> None:
@@ -102,9 +112,14 @@ class _Connection:
         self._last_rate_error = 0.0
         self._writer: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None  # a flooder's close, under way
+        self.key = f"c{next(_keys)}"  # what the console's requests know this connection by (rq.client)
+        self._requests: asyncio.Queue[rq.Request | None] = asyncio.Queue(REQUEST_QUEUE)  # None: the end
 
     async def run(self) -> None:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
+        token = rq.client.set(self.key)  # the request task's context copies it
+        answering = asyncio.create_task(self._answer(), name=f"ws-requests-{self.name}")
+        rq.client.reset(token)
         try:
             async for message in self.ws:
                 await self._receive_safely(message)
@@ -118,6 +133,18 @@ class _Connection:
             if self._closing is not None:
                 with contextlib.suppress(ConnectionClosed):
                     await self._closing
+            # The request being answered is answered (never cut mid-way, as an upload's write);
+            # those still waiting are dropped: nobody is left to read their answers.
+            while not self._requests.empty():
+                self._requests.get_nowait()
+            self._requests.put_nowait(None)
+            try:
+                await answering
+            except asyncio.CancelledError:  # the server's hard stop: it goes too
+                answering.cancel()
+                raise
+            if self.gw.left is not None:
+                self.gw.left(self.key)
 
     async def close(self, code: int, reason: str) -> None:
         # What is queued goes out before the close frame; a client that stopped reading can't
@@ -212,15 +239,14 @@ class _Connection:
             self._last_rate_error = now
             self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; frames were dropped")
 
-    async def _backlog_sent(self) -> None:
-        """Over REPLY_BACKLOG queued: wait until the writer has sent it (or has stopped)."""
-        if self.sub.queued_bytes <= REPLY_BACKLOG or self._writer is None or self._writer.done():
-            return
-        drained = asyncio.ensure_future(self.sub.drained.wait())
-        try:
-            await asyncio.wait([drained, self._writer], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            drained.cancel()
+    async def _backlog_room(self) -> None:
+        """Over REPLY_BACKLOG queued: wait until the writer has taken it to send (or has stopped)."""
+        while self.sub.queued_bytes > REPLY_BACKLOG and self._writer is not None and not self._writer.done():
+            taken = asyncio.ensure_future(self.sub.taken())
+            try:
+                await asyncio.wait([taken, self._writer], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                taken.cancel()
 
     def _hello(self, hello: p.Hello) -> None:
         hub, rt = self.gw.hub, self.gw.runtime
@@ -275,22 +301,34 @@ class _Connection:
             case p.Ping(nonce=nonce):
                 self._reply(p.Pong(nonce=nonce))
             case rq.Request():
-                await self._request(frame)
+                self._queue_request(frame)
             case p.Hello():
                 self._error("invalid_frame", "hello is only valid as a connection's first frame")
 
-    async def _request(self, frame: rq.Request) -> None:
-        answer, request_id = self.gw.requests, frame.request_id
-        if answer is None:
-            self._error("memory_unavailable", "this server runs without memory", request_id)
+    def _queue_request(self, frame: rq.Request) -> None:
+        if self.gw.requests is None:
+            self._error("memory_unavailable", "this server runs without memory", frame.request_id)
             return
         try:
+            self._requests.put_nowait(frame)
+        except asyncio.QueueFull:
+            self._error("busy", f"{REQUEST_QUEUE} requests are waiting for their answers; this one was dropped: "
+                        "send it again once they are answered", frame.request_id)
+
+    async def _answer(self) -> None:
+        """The connection's request task: each request in turn, the next one only once the answers
+        still queued are back under REPLY_BACKLOG."""
+        while (frame := await self._requests.get()) is not None:
+            await self._backlog_room()
+            await self._request(frame)
+
+    async def _request(self, frame: rq.Request) -> None:
+        answer, request_id = self.gw.requests, frame.request_id
+        assert answer is not None  # _queue_request queues none without it
+        try:
             self._reply(await answer(frame))
-            await self._backlog_sent()
         except rq.RequestFailed as exc:
             self._error(exc.code, exc.message, request_id)
-        except ConnectionClosed:
-            raise
         except Exception as exc:  # as in _receive_safely, but the error names the request it answers
             log.error("request_failed", client=self.name, request=frame.__struct_config__.tag,
                       error=type(exc).__name__)

@@ -115,7 +115,8 @@ class SpriteOS:
         self._coalesced = publish  # what the console's requests publish through, in the same order
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
-        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle)
+        self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle,
+                               left=self.files.downloads.left)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 

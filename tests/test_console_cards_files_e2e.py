@@ -119,12 +119,33 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         download = await waiting.value
         assert download.suggested_filename == "lease.txt"
         assert Path(await download.path()).read_text() == "The lease ends on 2027-03-31.\n"
+        await tab.page.evaluate("""() => {  // the type of every Blob the page saves
+            const make = URL.createObjectURL;
+            window.blobTypes = [];
+            URL.createObjectURL = (blob) => { window.blobTypes.push(blob.type); return make.call(URL, blob); };
+        }""")
         async with tab.page.expect_download() as waiting:
             await tab.page.locator('[data-name="scan.bin"]').get_by_test_id("download").click()
         download = await waiting.value
         assert hashlib.sha256(Path(await download.path()).read_bytes()).digest() == hashlib.sha256(scan).digest()
         await expect(tab.by("download-progress").first).to_have_attribute("data-state", "done")
-        assert server.files.downloads.open == 0  # closed at its last chunk
+        assert await tab.page.evaluate("window.blobTypes") == ["application/octet-stream"]
+        assert server.files.downloads.under_way == 0  # finished at its last chunk
+        # A chunk that timed out is not asked again: its answer may still come, behind the others.
+        asked = await tab.page.evaluate("""async () => {
+            const { retried } = await import("/console/js/files.js");
+            let calls = 0;
+            const fail = (code) => () => { calls += 1; return Promise.reject(Object.assign(new Error(code), { code })); };
+            const codes = [];
+            for (const code of ["timeout", "busy"]) {
+                calls = 0;
+                await retried(fail(code), () => { if (calls > 1) throw Object.assign(new Error("enough"), { code: "x" }); })
+                    .catch(() => {});
+                codes.push([code, calls]);
+            }
+            return codes;
+        }""")
+        assert asked == [["timeout", 1], ["busy", 2]], asked  # busy: dropped unhandled, so asked again
 
         # The server drops the first chunk of the next upload for rate, as if the person sent too fast.
         dropped: list[str] = []

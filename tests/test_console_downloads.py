@@ -1,24 +1,44 @@
 """Downloads over the socket: the bytes of the file that was opened, exactly, a chunk at a time read
-in a thread from one descriptor (a link swapped in mid-way is never followed), only in user space,
-at most MAX_DOWNLOADS open at once with a clear error past it, and a client that asks for chunks
-without reading the answers is held back instead of piling them up in the server's memory."""
+in a thread from one descriptor (a link swapped in mid-way is never followed, a file written to
+mid-way is file_changed), only in user space, at most MAX_DOWNLOADS open at once and PER_CLIENT on
+one connection with a clear error past it, closed when idle by a sweep of their own or lingering
+for a while once finished or their connection gone, and a client that asks for chunks without
+reading the answers is held back instead of piling them up in the server's memory."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import os
 import threading
+import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from devkit.harness import make_settings
 from sprite_os.console import downloads as dl
 from sprite_os.console import files_frames as pf
+from sprite_os.console import requests as rq
 from tests.conftest import client_factory, running
 from tests.test_console_files import Kit, unix_socket
 from tests.test_console_files import kit as kit  # the fixture, shared
+
+_T = TypeVar("_T")
+
+
+async def on(client: str, work: Awaitable[_T]) -> _T:
+    """`work` as asked on the connection `client` (what the gateway's request task sets)."""
+    context = contextvars.copy_context()
+    context.run(rq.client.set, client)
+    return await asyncio.create_task(_awaited(work), context=context)
+
+
+async def _awaited(work: Awaitable[_T]) -> _T:
+    return await work
 
 
 async def start(kit: Kit, path: str) -> pf.DownloadStartResult:
@@ -63,9 +83,10 @@ async def test_a_download_is_the_file_byte_for_byte_read_in_a_thread(kit: Kit, m
     got += part.data
     assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest()
     assert len(readers) == 4 and threading.main_thread().name not in readers  # never on the event loop
-    assert kit.api.downloads.open == 0  # the last chunk closed it
+    assert kit.api.downloads.under_way == 0  # the last chunk finished it
+    await kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened.download_id))
     gone = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id, offset=0))
-    assert gone.code == "not_found"
+    assert gone.code == "not_found" and kit.api.downloads.open == 0
     (kit.layout.root / "empty.txt").write_bytes(b"")
     assert await whole(kit, "empty.txt") == b""
 
@@ -107,7 +128,7 @@ async def test_a_file_that_gets_shorter_mid_way_is_a_clear_error(kit: Kit) -> No
     os.truncate(path, 50)
     shorter = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
                                                         offset=pf.CHUNK_BYTES))
-    assert shorter.code == "file_changed" and "shorter" in shorter.message
+    assert shorter.code == "file_changed" and "written to" in shorter.message
     assert kit.api.downloads.open == 0
 
 
@@ -130,27 +151,192 @@ async def test_only_user_space_files_and_the_size_limit(kit: Kit, monkeypatch: p
 
 async def test_past_the_cap_a_download_waits_its_turn_with_a_clear_error(kit: Kit) -> None:
     (kit.layout.root / "a.txt").write_bytes(b"abc")
-    opened = [await start(kit, "a.txt") for _ in range(dl.MAX_DOWNLOADS)]
-    busy = await kit.refused(pf.DownloadStartRequest(request_id="s", path="a.txt"))
-    assert busy.code == "busy" and busy.message.startswith(f"{dl.MAX_DOWNLOADS} downloads are under way")
+    clients = [f"c{n}" for n in range(dl.MAX_DOWNLOADS // dl.PER_CLIENT)]
+    opened = [await on(c, start(kit, "a.txt")) for c in clients for _ in range(dl.PER_CLIENT)]
+    mine = await on("c0", kit.refused(pf.DownloadStartRequest(request_id="s", path="a.txt")))
+    assert mine.code == "busy" and mine.message.startswith(f"{dl.PER_CLIENT} downloads are under way on this "
+                                                           "connection")
+    busy = await on("other", kit.refused(pf.DownloadStartRequest(request_id="s", path="a.txt")))
+    assert busy.code == "busy" and busy.message.startswith(f"{dl.MAX_DOWNLOADS} downloads are under way;")
     await kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened[0].download_id))
-    assert await whole(kit, "a.txt") == b"abc"  # a place was free again
-    assert (await chunk(kit, opened[1].download_id, 0)).data == b"abc"  # it finishes: one more place
+    assert await on("other", whole(kit, "a.txt")) == b"abc"  # a place was free again
+    assert (await chunk(kit, opened[1].download_id, 0)).data == b"abc"  # it finishes: c0 may start one more
+    assert await on("c0", whole(kit, "a.txt")) == b"abc"
 
 
-async def test_a_download_nobody_reads_is_closed_and_a_stop_closes_all(tmp_path: Path) -> None:
-    kit = Kit(tmp_path / "workspace")
-    kit.api.downloads.idle = 0.0
+async def test_concurrent_starts_never_open_more_than_the_cap(kit: Kit) -> None:
+    # Each start counts the ones before it: without the starts' lock, all of them see room.
     (kit.layout.root / "a.txt").write_bytes(b"abc")
-    first = await start(kit, "a.txt")
-    await asyncio.sleep(0.01)
-    await start(kit, "a.txt")  # a start closes the idle ones first
-    gone = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=first.download_id, offset=0))
-    assert gone.code == "not_found" and "idle" in gone.message
+    kit.api.downloads.per_client = dl.MAX_DOWNLOADS
+    answers = await asyncio.gather(*(kit.ask(pf.DownloadStartRequest(request_id=f"s{n}", path="a.txt"))
+                                     for n in range(dl.MAX_DOWNLOADS + 4)), return_exceptions=True)
+    assert kit.api.downloads.open == dl.MAX_DOWNLOADS
+    assert sum(isinstance(a, pf.DownloadStartResult) for a in answers) == dl.MAX_DOWNLOADS
+
+
+async def test_the_last_chunk_asked_again_after_its_answer_was_lost_gets_the_same_bytes(kit: Kit) -> None:
+    # The page asks again for a chunk whose answer was lost with the connection, the last one too.
+    data = os.urandom(pf.CHUNK_BYTES + 10)
+    (kit.layout.root / "a.bin").write_bytes(data)
+    opened = await on("tab", start(kit, "a.bin"))
+    await chunk(kit, opened.download_id, 0)
+    last = await on("tab", chunk(kit, opened.download_id, pf.CHUNK_BYTES))
+    assert last.eof and kit.api.downloads.under_way == 0  # finished: its place on the connection is free
+    kit.api.downloads.left("tab")  # the answer was lost with the connection: the page asks on a new one
+    again = await on("tab-2", chunk(kit, opened.download_id, pf.CHUNK_BYTES))
+    assert again.eof and again.data == last.data == data[pf.CHUNK_BYTES:]
+    await kit.api.downloads.close_idle(time.monotonic() + dl.LINGER + 1)  # then it lingers no more
+    assert kit.api.downloads.open == 0
+
+
+async def test_a_client_gone_leaves_its_downloads_lingering_and_they_give_their_places_up(kit: Kit) -> None:
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
+    clients = [f"c{n}" for n in range(dl.MAX_DOWNLOADS // dl.PER_CLIENT)]
+    opened = {c: [await on(c, start(kit, "a.txt")) for _ in range(dl.PER_CLIENT)] for c in clients}
+    for c in clients:  # every tab closed mid-way
+        kit.api.downloads.left(c)
+    assert kit.api.downloads.under_way == 0 and kit.api.downloads.open == dl.MAX_DOWNLOADS
+    # A page come back on a new connection goes on with its download: that connection owns it now.
+    assert (await on("c0-again", chunk(kit, opened["c0"][0].download_id, 0))).data == b"abc"
+    # A new client gets a place at once: the lingering ones give theirs up, the longest untouched first.
+    assert await on("new", whole(kit, "a.txt")) == b"abc"
+    assert kit.api.downloads.open == dl.MAX_DOWNLOADS  # one lingering download was closed for it
+    resumed = opened["c0"][0].download_id
+    lingering = [o.download_id for c in clients for o in opened[c] if o.download_id != resumed]
+    assert sum(d not in kit.api.downloads._open for d in lingering) == 1
+    assert resumed in kit.api.downloads._open  # not the one asked for again
+
+
+async def test_a_connection_that_ends_leaves_its_downloads_to_linger(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings, memory=False) as app, client_factory(app.port) as connect:
+        (app.settings.layout.root / "a.txt").write_bytes(b"x" * (pf.CHUNK_BYTES + 3))
+        a = await connect(hello={})
+        frames = []
+        for n in range(dl.PER_CLIENT + 1):
+            await a.send(type="download_start", request_id=f"s{n}", path="a.txt")
+            frames.append(await a.recv())
+        assert [f["type"] for f in frames] == ["download_start_result"] * dl.PER_CLIENT + ["error"]
+        assert frames[-1]["code"] == "busy"
+        downloads = app.files.downloads
+        assert downloads.under_way == dl.PER_CLIENT
+        await a.ws.close()  # the tab is closed mid-way
+        async with asyncio.timeout(10):
+            while downloads.under_way:
+                await asyncio.sleep(0.05)
+        b = await connect(hello={})
+        await b.send(type="download_chunk", request_id="c", download_id=frames[0]["download_id"], offset=0)
+        assert (await b.until("download_chunk_result"))["eof"] is False  # the page goes on, on a new connection
+        assert downloads.under_way == 1
+
+
+async def test_idle_downloads_are_closed_by_a_sweep_of_their_own_stopped_with_the_rest(tmp_path: Path) -> None:
+    kit = Kit(tmp_path / "workspace")
+    downloads = kit.api.downloads
+    downloads.idle, downloads.sweep_every = 0.0, 0.01
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
     fds = len(os.listdir("/proc/self/fd"))
+    first = await start(kit, "a.txt")
+    await kit.api.start()  # the sweep
+    async with asyncio.timeout(10):  # closed with no other request coming
+        while downloads.open:
+            await asyncio.sleep(0.01)
+    gone = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=first.download_id, offset=0))
+    assert gone.code == "not_found" and "idle" in gone.message and len(os.listdir("/proc/self/fd")) == fds
+    sweeper = downloads._sweeper
+    downloads.idle = 60.0
     await start(kit, "a.txt")
     await kit.api.stop()
-    assert kit.api.downloads.open == 0 and len(os.listdir("/proc/self/fd")) < fds
+    assert sweeper is not None and sweeper.done()
+    assert downloads.open == 0 and len(os.listdir("/proc/self/fd")) == fds
+
+
+async def test_a_file_rewritten_in_place_mid_way_is_file_changed_not_half_old_half_new(kit: Kit) -> None:
+    # The agent rewrites it in place (`cat new > report.pdf`: truncated, then written to the same size).
+    path = kit.layout.root / "report.pdf"
+    old, new = b"A" * (pf.CHUNK_BYTES + 100), b"B" * (pf.CHUNK_BYTES + 100)
+    path.write_bytes(old)
+    os.utime(path, ns=(time.time_ns() - 10**9, time.time_ns() - 10**9))  # written a second ago
+    opened = await start(kit, "report.pdf")
+    assert (await chunk(kit, opened.download_id, 0)).data == old[:pf.CHUNK_BYTES]
+    with open(path, "r+b") as f:  # same inode
+        f.truncate(0)
+        f.write(new)
+    changed = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                        offset=pf.CHUNK_BYTES))
+    assert changed.code == "file_changed" and kit.api.downloads.open == 0
+
+
+async def test_a_file_that_grows_mid_way_is_file_changed(kit: Kit) -> None:
+    path = kit.layout.root / "log.txt"
+    path.write_bytes(b"x" * (pf.CHUNK_BYTES + 100))
+    opened = await start(kit, "log.txt")
+    with open(path, "ab") as f:
+        f.write(b"more")
+    changed = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id, offset=0))
+    assert changed.code == "file_changed"
+
+
+async def test_a_chunk_cancelled_mid_read_keeps_its_descriptor_until_the_read_is_done(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The read runs in a thread a cancellation can't stop: the descriptor stays open under it (a
+    # descriptor closed there could be reused by another file, and that file's bytes sent).
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
+    opened = await start(kit, "a.txt")
+    reading, go = threading.Event(), threading.Event()
+    still_open: list[bool] = []
+    pread = os.pread
+
+    def slow(fd: int, n: int, offset: int) -> bytes:
+        reading.set()
+        go.wait(10)
+        try:
+            os.fstat(fd)
+            still_open.append(True)
+        except OSError:
+            still_open.append(False)
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(dl.os, "pread", slow)
+    asking = asyncio.ensure_future(chunk(kit, opened.download_id, 0))
+    await asyncio.to_thread(reading.wait, 10)
+    asking.cancel()
+    cancel = asyncio.ensure_future(kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened.download_id)))
+    await asyncio.sleep(0.05)
+    assert not cancel.done()  # the cancel waits for the read
+    go.set()
+    await cancel
+    assert still_open == [True] and kit.api.downloads.open == 0
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+
+
+async def test_a_chunk_that_waited_for_a_cancel_is_not_found_not_a_read_of_a_closed_descriptor(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
+    opened = await start(kit, "a.txt")
+    reading, go = threading.Event(), threading.Event()
+    pread = os.pread
+
+    def slow(fd: int, n: int, offset: int) -> bytes:
+        reading.set()
+        go.wait(10)
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(dl.os, "pread", slow)
+    first = asyncio.ensure_future(chunk(kit, opened.download_id, 0))
+    await asyncio.to_thread(reading.wait, 10)
+    cancel = asyncio.ensure_future(kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened.download_id)))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(kit.ask(pf.DownloadChunkRequest(request_id="c2", download_id=opened.download_id,
+                                                                   offset=0)))
+    await asyncio.sleep(0.05)  # both wait for the read's lock, the cancel first
+    go.set()
+    assert (await first).data == b"abc"
+    await cancel
+    with pytest.raises(dl.RequestFailed) as gone:
+        await second
+    assert gone.value.code == "not_found"
 
 
 async def test_a_client_that_does_not_read_its_chunks_is_held_back(
@@ -180,5 +366,12 @@ async def test_a_client_that_does_not_read_its_chunks_is_held_back(
             await asyncio.sleep(1.0)
         assert asked < sent, asked  # held back, not queued up
         c.ws.transport.resume_reading()
-        got = {(await c.until("download_chunk_result"))["request_id"] for _ in range(sent)}
-        assert got == {f"c{n}" for n in range(sent)}  # and every answer came, once read
+        got: dict[str, dict[str, object]] = {}
+        async with asyncio.timeout(60):
+            while len(got) < sent:
+                if (frame := await c.recv(timeout=60)).get("request_id", "").startswith("c"):
+                    got[frame["request_id"]] = frame
+        assert set(got) == {f"c{n}" for n in range(sent)}  # every request was answered, once read:
+        answered = [f for f in got.values() if f["type"] == "download_chunk_result"]
+        busy = [f for f in got.values() if f["type"] == "error"]
+        assert len(answered) == asked and all(f["code"] == "busy" for f in busy)  # those past the queue: busy

@@ -188,6 +188,9 @@ async def test_a_chunk_sent_again_after_its_answer_was_lost_is_written_once(kit:
     assert (await kit.ask(first)).received == 11  # type: ignore[attr-defined]
     again = await kit.ask(pf.UploadChunkRequest(request_id="c2", upload_id=uid, offset=0, data=data[:11]))
     assert again.received == 11  # type: ignore[attr-defined]  # answered, not written a second time
+    # Only the same offset *and* length is a repeat: a chunk of another length there is out of order.
+    other = await kit.refused(pf.UploadChunkRequest(request_id="c2", upload_id=uid, offset=0, data=data[:5]))
+    assert other.code == "upload_failed" and "in order" in other.message
     await kit.ask(pf.UploadChunkRequest(request_id="c3", upload_id=uid, offset=11, data=data[11:]))
     older = await kit.refused(pf.UploadChunkRequest(request_id="c4", upload_id=uid, offset=0, data=data[:11]))
     assert older.code == "upload_failed" and "in order" in older.message  # only the last one is repeatable

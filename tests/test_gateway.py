@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,10 +14,14 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import serve
 
+from devkit.harness import make_settings
 from sprite_os import gateway
+from sprite_os.console import files_frames as pf
+from sprite_os.console import requests as rq
 from sprite_os.errors import ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
+from tests.conftest import client_factory, running
 
 
 class FakeRuntime:
@@ -113,3 +119,92 @@ async def test_work_sent_while_shutting_down_gets_an_error(ws: ClientConnection,
 async def test_an_error_before_ready_carries_seq_0(ws: ClientConnection) -> None:
     error = await send(ws, type="teleport")  # no hello yet, and not a frame that implies one
     assert (error["code"], error["seq"]) == ("unknown_type", 0)
+
+
+async def test_a_client_stalled_with_answers_queued_still_has_its_message_handled(tmp_path: Path) -> None:
+    # A person on a stalled link (a train tunnel) with file chunks queued can still stop the agent or
+    # send a message: only its requests wait for the answers queued to go out.
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    async with running(settings, memory=False) as app, client_factory(app.port) as connect:
+        (app.settings.layout.root / "big.bin").write_bytes(os.urandom(pf.CHUNK_BYTES))
+        a = await connect(hello={})
+        b = await connect(hello={})
+        a.ws.transport.pause_reading()
+        for n in range(30):  # past what the socket buffers and REPLY_BACKLOG hold
+            await a.send(type="file_read", request_id=f"r{n}", path="big.bin")
+        await asyncio.sleep(1.0)
+        await a.send(type="user_message", text="stop what you're doing", client_id="m1")
+        async with asyncio.timeout(10):  # the other device sees it: A's frames are still read
+            while (await b.recv(timeout=10))["type"] not in ("user_message", "turn_started", "message_queued"):
+                pass
+        a.ws.transport.resume_reading()
+        answers = []
+        async with asyncio.timeout(30):
+            while len(answers) < 30:
+                if (frame := await a.recv(timeout=30)).get("request_id", "").startswith("r"):
+                    answers.append(frame)
+        busy = [f for f in answers if f["type"] == "error"]
+        assert busy and all(f["code"] == "busy" and "send it again" in f["message"] for f in busy), busy
+        assert len(answers) - len(busy) >= gateway.REQUEST_QUEUE  # the ones queued were answered
+
+
+async def test_requests_are_answered_in_order_by_their_own_task_and_past_the_queue_are_busy(
+        runtime: FakeRuntime) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    handled: list[str] = []
+    clients: list[str] = []
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        handled.append(request.request_id)
+        clients.append(rq.client.get())
+        started.set()
+        await release.wait()
+        raise rq.RequestFailed("not_found", "nothing here")
+
+    left: list[str] = []
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer, left=left.append)  # type: ignore[arg-type]
+    async with serve(gw.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            for n in range(gateway.REQUEST_QUEUE + 3):  # q0 being answered, REQUEST_QUEUE waiting, 2 dropped
+                await ws.send(json.dumps({"type": "memory_files", "request_id": f"q{n}"}))
+                if n == 0:
+                    await started.wait()
+            dropped = [json.loads(await ws.recv()) for _ in range(2)]
+            assert [(f["code"], f["request_id"]) for f in dropped] == [("busy", "q5"), ("busy", "q6")]
+            # while a request is being answered, the connection's other frames are handled
+            assert await send(ws, type="ping", nonce="p") == {"type": "pong", "seq": 0, "nonce": "p"}
+            release.set()
+            answered = [json.loads(await ws.recv())["request_id"] for _ in range(gateway.REQUEST_QUEUE + 1)]
+            assert answered == handled == [f"q{n}" for n in range(gateway.REQUEST_QUEUE + 1)]
+    assert len(set(clients)) == 1 and clients[0] and left == clients[:1]
+
+
+async def test_a_request_being_answered_when_its_connection_ends_is_finished_not_cut(runtime: FakeRuntime) -> None:
+    # An upload's chunk half-handled when the tab closes is finished (its write and its books agree);
+    # the requests still waiting are dropped, and only then are the connection's downloads let go.
+    started, release = asyncio.Event(), asyncio.Event()
+    events: list[str] = []
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        events.append(f"start {request.request_id}")
+        started.set()
+        await release.wait()
+        events.append(f"end {request.request_id}")
+        raise rq.RequestFailed("not_found", "nothing here")
+
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer,  # type: ignore[arg-type]
+                 left=lambda key: events.append("left"))
+    async with serve(gw.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            for n in range(3):
+                await ws.send(json.dumps({"type": "memory_files", "request_id": f"q{n}"}))
+            await started.wait()
+        await asyncio.sleep(0.1)  # the connection is gone
+        assert events == ["start q0"]
+        release.set()
+        async with asyncio.timeout(10):
+            while "left" not in events:
+                await asyncio.sleep(0.01)
+    assert events == ["start q0", "end q0", "left"]

@@ -78,7 +78,8 @@ class FilesConsole:
                 **self.downloads.handlers}
 
     async def start(self) -> None:
-        """Uploads a stopped server left unfinished are dropped."""
+        """Uploads a stopped server left unfinished are dropped; downloads' sweep starts."""
+        self.downloads.start()
         removed = await asyncio.to_thread(self.files.sweep_uploads, time.time())
         if removed:
             log.info("uploads_swept", removed=removed)

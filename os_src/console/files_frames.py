@@ -140,7 +140,7 @@ class DownloadChunkResult(Reply, tag="download_chunk_result", frozen=True):
     download_id: str
     offset: int
     data: bytes
-    eof: bool  # the last chunk: the download is closed
+    eof: bool  # the last chunk: the download is finished (and closed 30 s later: this chunk can be asked again)
 
 
 class DownloadCancelResult(Reply, tag="download_cancel_result", frozen=True):

@@ -103,8 +103,7 @@ class ConsolePages:
 
 
 def http_response(conn: ServerConnection, status: HTTPStatus, body: bytes, content_type: str,
-                  request: Request | None = None, etag: str | None = None,
-                  headers: dict[str, str] | None = None) -> Response:
+                  request: Request | None = None, etag: str | None = None) -> Response:
     """A response with `body`, keeping websockets' own headers (Date, Server, Connection)."""
     base = conn.respond(status, "")
     out = Headers((k, v) for k, v in base.headers.raw_items() if k.lower() not in ("content-type", "content-length"))
@@ -119,6 +118,4 @@ def http_response(conn: ServerConnection, status: HTTPStatus, body: bytes, conte
         out["Cache-Control"] = "no-cache"
     if etag is not None:
         out["ETag"] = etag
-    for name, value in (headers or {}).items():
-        out[name] = value
     return Response(base.status_code, base.reason_phrase, out, body)

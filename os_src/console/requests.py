@@ -15,6 +15,7 @@ protocol.py can add them to its unions without an import cycle.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -22,6 +23,9 @@ import msgspec
 from ..errors import SpriteOSError
 
 MAX_REQUEST_ID = 128
+# The connection a request came on, as the gateway's request task sets it: what a download is owned
+# by ("" outside a connection, as in unit tests).
+client: ContextVar[str] = ContextVar("console_client", default="")
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
 
@@ -49,7 +53,8 @@ RequestErrorCode = Literal[
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
     "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
-    "busy",  # a turn is running in the session to forget, or as many downloads as allowed are open
+    "busy",  # a turn is running in the session to forget, as many downloads as allowed are open, or the
+    # connection has as many requests waiting as it may (this one was dropped: send it again)
 ]
 
 

@@ -29,13 +29,15 @@ function unbase64(text) {
   return bytes;
 }
 
-// What a chunk is asked for again after: the server dropped it for rate (it was never handled), or
-// the connection went (the connection reconnects by itself meanwhile).
-const RETRYABLE = new Set(["rate_limited", "connection_lost", "not_connected", "timeout"]);
+// What a chunk is asked for again after: the server dropped it for rate or because the connection's
+// requests queue was full (it was never handled), or the connection went (it reconnects by itself
+// meanwhile). Not a timeout: its answer may still be on the way, behind the others queued on a slow
+// link, and asking again would queue another ~700 KB answer behind it.
+const RETRYABLE = new Set(["rate_limited", "busy", "connection_lost", "not_connected"]);
 // A request that changes something when handled (starting or finishing a transfer) is asked again
 // only when it was never handled: a lost answer could hide that it was.
 const DROPPED = new Set(["rate_limited"]);
-const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 45 s in all
+const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
 /** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait. */
 export async function retried(ask, onRetry, codes = RETRYABLE) {
@@ -176,7 +178,7 @@ export class FilesView {
         eof = chunk.eof;
         line.step(offset);
       }
-      const url = URL.createObjectURL(new Blob(parts));
+      const url = URL.createObjectURL(new Blob(parts, { type: "application/octet-stream" }));
       const link = el("a", { href: url, download: start.name, class: "visually-hidden" });
       document.body.append(link);
       link.click();
