@@ -147,13 +147,13 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"{dl['peak_growth_mib']:.1f} MiB ({dl['mib_per_s']:.1f} MiB/s in all)", "under 100 MiB",
                     ok(dl["peak_growth_mib"] < 100)))
     if fl := r.get("forget_lines"):
-        from sprite_os.memory.forget_turns import DENSE_THRESHOLD
-
-        words, both = fl["words_alone"], fl[f"words_or_dense_{DENSE_THRESHOLD:.2f}"]
-        out.append((f"memory-file lines the curator reworded from a forgotten turn, found ({fl['reworded_lines']} "
-                    f"lines, {fl['pairs']} pairs): words and dense at {DENSE_THRESHOLD} / words alone (precision, recall)",
-                    f"{both['precision']:.3f}, {both['recall']:.3f} / {words['precision']:.3f}, {words['recall']:.3f}",
-                    "precision 1.0", ok(both["precision"] >= 1.0)))
+        tune, held = fl["tune"]["chosen"], fl["held_out"]["chosen"]
+        out.append((f"memory-file lines the curator reworded from a forgotten turn, found: words, or meaning at "
+                    f"{fl['threshold']} with a {fl['margin']} margin to kept turns, and no kept turn saying most of the "
+                    f"line's words (precision, recall), "
+                    f"tuning part ({fl['tune']['pairs']} pairs) / held out ({fl['held_out']['pairs']} pairs)",
+                    f"{tune['precision']:.3f}, {tune['recall']:.3f} / {held['precision']:.3f}, {held['recall']:.3f}",
+                    "precision 1.0", ok(held["precision"] >= 1.0)))
     if d := r.get("deploy"):
         for key, label, target in (
                 ("fresh_deploy_s", "fresh deploy (venv built from a local wheelhouse)", ""),

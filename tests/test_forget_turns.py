@@ -11,20 +11,25 @@ import contextlib
 import json
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from devkit.harness import make_settings, wait_for
+from sprite_os.memory.files import SPECS
 from sprite_os.memory.forget_turns import (
+    DENSE_MARGIN,
     DENSE_THRESHOLD,
     came_from,
-    close_lines,
     content_words,
     jobs,
+    kept_holds,
+    line_hash,
+    nearest,
     purge_memory,
+    reworded,
     without,
 )
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
@@ -56,26 +61,35 @@ def test_a_line_came_from_the_turn_when_most_of_its_words_did(line: str, came: b
 
 
 def test_removed_lines_leave_one_note_per_run() -> None:
-    from sprite_os.memory.forget_turns import line_hash
-
     text = "# User\n- a\n- b\n- c\n- d\n"
     hashes = {line_hash("- b"), line_hash("- c")}
     assert without(text, hashes) == "# User\n- a\n- d\n"
     assert without(text, hashes, "(gone)") == "# User\n- a\n(gone)\n- d\n"
 
 
-def test_a_line_is_close_when_its_vector_is_near_any_anchor() -> None:
+def test_a_line_is_reworded_when_close_to_the_forgotten_and_closer_to_them_than_to_what_is_kept() -> None:
     def unit(*v: float) -> np.ndarray:
         a = np.asarray(v, dtype=np.float32)
         return a / np.linalg.norm(a)
 
     anchors = np.stack([unit(1, 0, 0), unit(0, 1, 0)])
-    near_second = unit(0.1, 1, 0.1)  # cosine 0.990
-    between = unit(1, 1, 1.2)  # 0.53 to each
-    at_threshold = np.asarray([DENSE_THRESHOLD, np.sqrt(1 - DENSE_THRESHOLD**2), 0], dtype=np.float32)
-    assert close_lines(anchors, np.stack([near_second, between, at_threshold])) == [True, False, True]
-    assert close_lines(anchors[:0], np.stack([near_second])) == [False]  # nothing to be near
-    assert close_lines(anchors, np.zeros((0, 3), dtype=np.float32)) == []
+    assert nearest(anchors, np.stack([unit(0.1, 1, 0.1), unit(1, 1, 1.2)])) == pytest.approx([0.990, 0.539], abs=1e-3)
+    assert nearest(anchors[:0], np.stack([unit(1, 0, 0)])) == [-1.0]  # nothing to be near
+    assert nearest(anchors, np.zeros((0, 3), dtype=np.float32)) == []
+    t, m = DENSE_THRESHOLD, DENSE_MARGIN
+    assert reworded(t, -1.0) and reworded(0.95, 0.95 - m - 0.005)
+    assert not reworded(t - 0.001, -1.0)  # not close enough to the forgotten turn
+    assert not reworded(0.95, 0.95 - m + 0.005)  # a kept turn says it nearly as well: it stays
+    assert not reworded(0.90, 0.97)  # a kept turn says it better
+
+
+def test_a_line_a_kept_turn_says_as_well_is_that_turns_too() -> None:
+    father = ["Noted.", "My father's birthday is on 9 May."]
+    assert came_from("- Father's birthday: 9 May", content_words("My mother Rosa's birthday is on 3 May."))
+    assert kept_holds("- Father's birthday: 9 May", father)
+    assert not kept_holds("- Mother Rosa's birthday: 3 May", father)  # "birthday", "may": not most of it
+    assert not kept_holds("- Lives in: Lisbon", ["I'm visiting Porto in May"])
+    assert not kept_holds("- Lives in: Lisbon", [])
 
 
 def turn(n: int, user: str, answer: str, tools: str = "[]") -> NewObservation:
@@ -331,3 +345,109 @@ async def test_a_turn_forgotten_before_it_was_indexed_stays_without_words(tmp_pa
     finally:
         t.close()
         m.close()
+
+
+# ---------------------------------------------------------------- near misses: what a kept turn says stays
+
+async def _seed(system: MemorySystem, turns: Sequence[NewObservation], user_md: str,
+                learnings: Sequence[tuple[int, str]]) -> list[int]:
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        return [t.append(o) or 0 for o in turns]
+
+    ids = await system.transcript.call(write)
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[NewLearning("FACT", text, "s1", ids[i]) for i, text in learnings],
+        file_updates={"user.md": user_md}, base_hashes={}))
+    system.files.write("user.md", user_md, "batch-1")
+    return ids
+
+
+KEPT = ("- Doctor appointment on 5 April at 10am", "- Brother Rui lives in Porto",
+        "- Daughter Ana plays tennis on Sundays")
+
+
+async def test_forgetting_a_turn_keeps_other_turns_facts_on_the_same_subject(system: MemorySystem) -> None:
+    turns = (turn(1, "My dentist appointment is on 3 March at 9am.", "Saved."),
+             turn(2, "I also have a doctor appointment on 5 April at 10am.", "Saved too."),
+             turn(3, "My sister Bea lives in Porto.", "Noted."),
+             turn(4, "And my brother Rui lives in Porto too.", "Noted."),
+             turn(5, "My son Pedro plays football on Saturdays.", "Nice."),
+             turn(6, "My daughter Ana plays tennis on Sundays.", "Nice."))
+    user_md = "# User\n" + "\n".join(KEPT) + "\n"
+    ids = await _seed(system, turns, user_md, [(1, "The user has a doctor appointment on 5 April."),
+                                               (3, "The user's brother Rui lives in Porto."),
+                                               (5, "The user's daughter Ana plays tennis on Sundays.")])
+    await system.forget_turns([ids[0], ids[2], ids[4]], by="test")  # the dentist, the sister, the son
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert [line for line in KEPT if line not in system.files.read("user.md")] == []
+    assert not any("text removed" in v.text for v in system.files.history("user.md"))
+
+
+async def test_a_line_of_the_forgotten_turns_words_that_a_kept_turn_says_too_stays(system: MemorySystem) -> None:
+    mum, dad = "- Mother Rosa's birthday: 3 May", "- Father's birthday: 9 May"
+    ids = await _seed(system, (turn(1, "My mother Rosa's birthday is on 3 May.", "I'll remind you."),
+                               turn(2, "My father's birthday is on 9 May.", "Noted.")),
+                      f"# User\n{mum}\n{dad}\n", [])
+    await system.forget_turns([ids[0]], by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert system.files.read("user.md") == f"# User\n{dad}\n"  # most of its words were the forgotten turn's
+
+
+async def test_a_fact_another_kept_turn_also_says_stays(system: MemorySystem) -> None:
+    user_md = f"# User\n- Name: Ada\n{REWORDED}\n"
+    ids = await _seed(system, (turn(1, "I live in Lisbon, in Alfama, since last spring", "Alfama, noted."),
+                               turn(2, "Still loving my flat in Alfama, Lisbon is home now.", "Glad to hear.")),
+                      user_md, [(0, "The user lives in Alfama, Lisbon"), (1, "The user lives in Alfama, Lisbon")])
+    await system.forget_turns([ids[0]], by="test")  # the second turn, which says the same, is kept
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert REWORDED in system.files.read("user.md")
+
+
+async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_nothing(system: MemorySystem) -> None:
+    user_md = f"# User\n- Name: Ada\n{REWORDED}\n"
+    ids = await _seed(system, (turn(1, "My name is Ada", "Hello Ada."),
+                               turn(2, "I live in Lisbon, in Alfama, since last spring", "Alfama, noted.")),
+                      user_md, [(1, "The user lives in Alfama, Lisbon")])
+    forgetting = system.forgetting
+    real_embed = forgetting.embed
+    assert real_embed is not None
+    passes: list[int] = []
+
+    async def slow_embed(texts: Sequence[str]) -> np.ndarray | None:  # the daemon's pass runs meanwhile
+        if not passes:
+            passes.append(await forgetting.rewrite_files())
+        return await real_embed(texts)
+
+    forgetting.embed = slow_embed
+    wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
+    await system.forget_turns([ids[1]], by="test")
+    assert passes == [0]  # no job yet: it is written once the lines are all known
+    found = (await system.memory.call(jobs))[0].line_hashes
+    assert line_hash(REWORDED) in found  # kept as a hash: a restart before the pass loses nothing
+    wake("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert REWORDED not in system.files.read("user.md") and "- Name: Ada" in system.files.read("user.md")
+
+
+SOUL = Path(__file__).resolve().parents[1] / "bootstrap" / "templates" / "soul.md"
+
+
+async def test_forgetting_a_preference_leaves_the_deploys_files_and_their_history_whole(system: MemorySystem) -> None:
+    assert {n for n, spec in SPECS.items() if spec.owner == "deploy"} == {"soul.md", "os.md"}
+    soul = SOUL.read_text()
+    system.files.write("soul.md", soul, "deploy")
+    system.files.write("soul.md", soul + "\n", "deploy")  # a second deploy: the first is a version now
+    before = [v.text for v in system.files.history("soul.md")]
+
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        return [t.append(turn(1, "Please ask me before you delete any of my files, and never share my personal "
+                                 "details.", "I'll ask first and keep your details private.")) or 0]
+
+    ids = await system.transcript.call(write)
+    await system.forget_turns(ids, by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert system.files.read("soul.md") == soul + "\n"
+    assert [v.text for v in system.files.history("soul.md")] == before

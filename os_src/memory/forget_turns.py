@@ -13,15 +13,18 @@ At once (`TurnForgetting.forget`):
   has rewritten the files.
 
 Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
-writer) takes those lines out of the files (a new version, source `forget`), out of every older
-version and every batch's record (a note stands where they were), and out of the backups (older
-memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which keeps
-a note that a forget removed text. Which lines came from a turn: those most of whose words it said
+writer) takes those lines out of the curated files (a new version, source `forget`), out of every
+older version and every batch's record (a note stands where they were), and out of the backups
+(older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
+keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
+Which lines came from a turn is decided at the forget: those most of whose words it said
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
-came from: `close_lines`, at DENSE_THRESHOLD, chosen on bench/forget_lines.py's labelled set). The
-words and those vectors are kept in memory only, for the daemon's pass; between the two steps,
-memory.db's `forget_jobs` holds the turns' ids and the sha256 of each line found, never a word.
+came from) and closer to it by a margin than to any kept turn or learning recall finds near the
+line (`reworded`, chosen on bench/forget_lines.py's labelled set); either way, not a line a kept
+turn or learning near it says as well (`kept_holds`). `forget_jobs` in memory.db holds
+the turns' ids and the sha256 of each line found, never a word; the turns' words stay in memory
+only, for lines a batch under way writes before the pass.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..paths import Layout
 from ..text import utc
-from .files import CURATED, SPECS, MemoryFiles
+from .files import CURATED, MemoryFiles
 from .forgetting import record
 from .memory_store import MemoryDB
 from .recall import episodes as ep
@@ -99,25 +102,43 @@ def came_from(line: str, forgotten: set[str]) -> bool:
     return bool(words) and len(words & forgotten) * 2 > len(words)
 
 
+def kept_holds(line: str, kept: Sequence[str]) -> bool:
+    """Whether a kept turn or learning near the line (`kept`: what recall finds) says most of its words
+    too: then the line is as much that turn's, and it stays, however much of it the forgotten turns
+    said (precision first: a kept fact removed is removed from every version, for good). "- Father's
+    birthday: 9 May" stays after forgetting "My mother's birthday is on 3 May" when another turn said
+    the father's; so does a fact two turns said, when one of them is forgotten."""
+    return any(came_from(line, content_words(text)) for text in kept)
+
+
 def meaningful(line: str) -> bool:
     """A line that can have come from a turn: not empty, not a heading, not a forget's note."""
     text = line.strip()
     return bool(text) and not text.startswith("#") and not text.startswith("(text removed here")
 
 
-# Cosine of two passages' embeddings (multilingual-e5-small) from which a line counts as the curator's
-# rewording of a forgotten turn or of a learning drawn from it. bench/forget_lines.py's labelled set
-# (12 turns, 24 reworded lines, 504 other pairs): with the word rule, precision 1.0 and recall 0.92
-# here; 0.86 let an unrelated line in, 0.88 missed two more.
+# The meaning rule (multilingual-e5-small passages' cosine). A line counts as the curator's rewording of
+# a forgotten turn (or of a learning drawn from it) when its cosine to them is at least DENSE_THRESHOLD
+# and exceeds its cosine to every kept turn and learning near it by DENSE_MARGIN: a line another, kept
+# turn still says stays. Chosen on bench/forget_lines.py's tuning part (near misses on the same subject
+# included) for precision 1.0; docs/memory.md gives both parts' precision and recall.
 DENSE_THRESHOLD = 0.87
+DENSE_MARGIN = 0.03
 
 
-def close_lines(anchors: np.ndarray, lines: np.ndarray, threshold: float = DENSE_THRESHOLD) -> list[bool]:
-    """For each line's vector (rows of `lines`), whether it is within `threshold` of any anchor's
-    (the forgotten turns and their learnings). Vectors are unit length: the dot is the cosine."""
+def reworded(to_forgotten: float, to_kept: float, threshold: float = DENSE_THRESHOLD,
+             margin: float = DENSE_MARGIN) -> bool:
+    """Whether a line whose nearest forgotten anchor is at cosine `to_forgotten`, and nearest kept turn
+    or learning at `to_kept` (-1 when none is known), came from the forgotten turns."""
+    return to_forgotten >= threshold and to_forgotten - to_kept > margin
+
+
+def nearest(anchors: np.ndarray, lines: np.ndarray) -> list[float]:
+    """For each line's vector (rows of `lines`), its cosine to the nearest anchor; -1 with no anchor.
+    Vectors are unit length: the dot is the cosine."""
     if not len(anchors) or not len(lines):
-        return [False] * len(lines)
-    return [bool(s >= threshold) for s in (lines @ anchors.T).max(axis=1)]
+        return [-1.0] * len(lines)
+    return [float(s) for s in (lines @ anchors.T).max(axis=1)]
 
 
 def line_hash(line: str) -> str:
@@ -236,15 +257,11 @@ def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
 # ---------------------------------------------------------------- the files and their history
 
 
-def file_lines(files: MemoryFiles, forgotten: set[str]) -> set[str]:
-    """The hashes of the lines, in the six files and every version of them, that came from the turns."""
-    return {h for h, text in file_candidates(files).items() if came_from(text, forgotten)}
-
-
 def file_candidates(files: MemoryFiles) -> dict[str, str]:
-    """Every meaningful line of the six files and their versions, once each: its hash, its text."""
+    """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
+    deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
     out: dict[str, str] = {}
-    for name in SPECS:
+    for name in CURATED:
         texts = [files.read(name)]
         for version in files.history(name):
             with contextlib.suppress(OSError):
@@ -267,7 +284,7 @@ def backup_lines(layout: Layout, forgotten: set[str]) -> set[str]:
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
     """The curated files without those lines (each a new version, `forget`), then every version of
-    the six files rewritten in place with a note where the lines were. Returns the files changed."""
+    them rewritten in place with a note where the lines were. Returns the files changed."""
     changed = []
     for name in CURATED:
         text = files.read(name)
@@ -275,7 +292,7 @@ def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
         if kept != text:
             files.write(name, kept, "forget")
             changed.append(name)
-    for name in SPECS:
+    for name in CURATED:
         files.redact_history(name, lambda old: without(old, hashes, note))
     return changed
 
@@ -360,7 +377,13 @@ class Forgotten:
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' unit vectors; None: no dense model
+# For each line (its text; whether by meaning too, or by words alone), what the kept turns and
+# learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
+KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
+# Line vectors kept in memory between forgets (1.5 KiB each): embedding a line costs ~20 ms, and a
+# person often forgets several turns one after the other while the person waits for each answer.
+LINE_VECTORS_KEPT = 5_000
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 
 
@@ -377,8 +400,10 @@ class TurnForgetting:
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
-    _words: dict[int, set[str]] = field(default_factory=dict)  # job id -> the words, in memory only
-    _anchors: dict[int, np.ndarray] = field(default_factory=dict)  # job id -> the turns' and learnings' vectors
+    kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
+    # job id -> the turns' words and the lines already judged at the forget, in memory only
+    _words: dict[int, tuple[set[str], set[str]]] = field(default_factory=dict)
+    _line_vectors: dict[str, np.ndarray] = field(default_factory=dict)  # line hash -> its vector, in memory only
 
     async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         now = self.clock()
@@ -392,15 +417,15 @@ class TurnForgetting:
         words: set[str] = set()
         for o in turns:  # the turns' own words: a learning may also name things from other turns
             words |= content_words(turn_text(o))
-        hashes = await asyncio.to_thread(file_lines, self.files, words)
+        candidates = await asyncio.to_thread(file_candidates, self.files)
+        candidates.update(await self.memory.call(_batch_candidates))
+        await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+        # Both rules decided now and kept as hashes: the job the daemon's pass sees is whole from the
+        # start, and survives a restart.
+        hashes = await self._found(words, [turn_text(o) for o in turns] + purged.contents, candidates)
         hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
-        hashes |= await self.memory.call(lambda m: _batch_lines(m, words))
         job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
-        self._words[job] = words
-        anchors = await self._vectors([turn_text(o) for o in turns] + purged.contents)
-        if anchors is not None:
-            self._anchors[job] = anchors
-        await self.purge_recall(done, purged.learning_ids)
+        self._words[job] = (words, set(candidates))
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
         self.wake_daemon("forget")
         return Forgotten(turns, len(purged.learning_ids), now)
@@ -410,14 +435,13 @@ class TurnForgetting:
         records and the backups. Returns the jobs done."""
         pending = await self.memory.call(jobs)
         for job in pending:
-            words = self._words.pop(job.id, None)
+            kept = self._words.pop(job.id, None)
             hashes = set(job.line_hashes)
-            if words is not None:  # lines written since the forget (a batch already under way) count too
-                hashes |= await asyncio.to_thread(file_lines, self.files, words)
-                hashes |= await self.memory.call(lambda m, w=words: _batch_lines(m, w))  # type: ignore[misc]
-            anchors = self._anchors.pop(job.id, None)
-            if anchors is not None:
-                hashes |= await self._reworded(anchors, hashes)
+            if kept is not None:  # lines written since the forget (a batch already under way), by their words
+                words, judged = kept
+                later = await asyncio.to_thread(file_candidates, self.files)
+                later.update(await self.memory.call(_batch_candidates))
+                hashes |= {h for h, text in later.items() if h not in judged and came_from(text, words)}
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
@@ -441,17 +465,74 @@ class TurnForgetting:
             return None
         return np.concatenate([p for p in parts if p is not None])
 
-    async def _reworded(self, anchors: np.ndarray, found: set[str]) -> set[str]:
-        """The lines, in the files, their history and the batches' records, close to the anchors."""
-        candidates = await asyncio.to_thread(file_candidates, self.files)
-        candidates.update(await self.memory.call(_batch_candidates))
-        todo = [(h, text) for h, text in candidates.items() if h not in found]
-        vectors = await self._vectors([text for _, text in todo])
-        if vectors is None:
+    async def _found(self, words: set[str], anchor_texts: Sequence[str], candidates: dict[str, str]) -> set[str]:
+        """The candidate lines (hash: text) that came from the forgotten turns: most of their words are
+        the turns' (`came_from`), or, with the dense retriever, the curator reworded them (close to the
+        turns and their learnings, `anchor_texts`, and closer to them than to what is kept: `reworded`);
+        and no kept turn or learning near the line says it as well (`kept_holds`)."""
+        by_words = {h for h, text in candidates.items() if came_from(text, words)}
+        scored = await self._scored(list(candidates.items()), anchor_texts)
+        check = [h for h in candidates if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
+        if not check:
             return set()
-        close = {h for (h, _), near in zip(todo, close_lines(anchors, vectors), strict=True) if near}
-        log.info("forget_reworded_lines", candidates=len(todo), found=len(close))
-        return close
+        near = await self._kept_near([(candidates[h], h not in by_words) for h in check])
+        if near is None:  # the search failed: the words' lines go as the words say, the meaning's stay
+            return by_words
+        to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check])) if scored \
+            else [-1.0] * len(check)
+        out = set()
+        for h, found, kept in zip(check, near, to_kept, strict=True):
+            came = h in by_words or (h in scored and reworded(scored[h][0], kept))
+            if came and not kept_holds(candidates[h], found):
+                out.add(h)
+        for h in out:  # they leave every file: no forget needs them again
+            self._line_vectors.pop(h, None)
+        log.info("forget_lines_found", candidates=len(candidates), checked=len(check), by_words=len(by_words),
+                 found=len(out))
+        return out
+
+    async def _scored(self, todo: list[tuple[str, str]], anchor_texts: Sequence[str]
+                      ) -> dict[str, tuple[float, np.ndarray]]:
+        """With the dense retriever, each line of `todo` (hash, text): its cosine to the nearest anchor
+        and its vector; without it (or when it fails), nothing."""
+        anchors = await self._vectors(anchor_texts) if todo else None
+        if anchors is None:
+            return {}
+        known = self._line_vectors
+        new = [(h, text) for h, text in todo if h not in known]
+        fresh = await self._vectors([text for _, text in new]) if new else np.zeros((0, anchors.shape[1]))
+        if fresh is None:
+            return {}
+        found = {h: fresh[i] for i, (h, _) in enumerate(new)}
+        vectors = np.stack([found[h] if h in found else known[h] for h, _ in todo]).astype(np.float32)
+        if len(known) + len(found) > LINE_VECTORS_KEPT:
+            known.clear()
+        if len(found) <= LINE_VECTORS_KEPT:
+            known.update(found)
+        scores = nearest(anchors, vectors)
+        return {h: (scores[i], vectors[i]) for i, (h, _) in enumerate(todo)}
+
+    async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]] | None:
+        if self.kept_near is None:
+            return [[] for _ in lines]
+        try:
+            return await self.kept_near(lines)
+        except Exception as exc:
+            log.error("forget_kept_search_failed", error=type(exc).__name__)
+            return None
+
+    async def _kept_scores(self, near: Sequence[Sequence[str]], vectors: np.ndarray) -> list[float]:
+        """Each line's cosine to the nearest of the kept turns and learnings found for it (`near`); +1
+        when they can't be embedded (precision first: a line that can't be checked stays)."""
+        texts = [text for found in near for text in found]
+        kept = await self._vectors(texts) if texts else np.zeros((0, vectors.shape[1]), dtype=np.float32)
+        if kept is None:
+            return [1.0] * len(near)
+        out, at = [], 0
+        for i, found in enumerate(near):
+            out.append(nearest(kept[at:at + len(found)], vectors[i:i + 1])[0])
+            at += len(found)
+        return out
 
 
 def _batch_candidates(db: MemoryDB) -> dict[str, str]:
@@ -462,6 +543,3 @@ def _batch_candidates(db: MemoryDB) -> dict[str, str]:
                 out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
     return out
 
-
-def _batch_lines(db: MemoryDB, words: set[str]) -> set[str]:
-    return {h for h, text in _batch_candidates(db).items() if came_from(text, words)}

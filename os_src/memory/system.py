@@ -76,7 +76,8 @@ class MemorySystem:
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
-                                         self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages)
+                                         self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages,
+                                         kept_near=self.recall.kept_near)
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,

@@ -48,6 +48,8 @@ PUBLISH_EVERY = 5.0
 FRESH = 30.0  # a published status older than this is the last word of a server that is gone
 AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable
+KEPT_NEAR = 5  # kept turns and learnings a forget compares a reworded line with
+KEPT_NEAR_SETTLE = 5.0  # seconds a forget waits, at most, for the turns recorded so far to be searchable
 
 
 def index_path(memory_dir: Path) -> Path:
@@ -209,6 +211,23 @@ class RecallService:
             return None
         wanted = list(texts)
         return await self.embedder.call(lambda station: station.model.passages(wanted))
+
+    async def kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        """For each memory-file line (its text, and whether to search by meaning too, not by words
+        alone), what the turns and learnings search finds nearest to it say (after a forget: only kept
+        ones), so that a line another turn still supports stays. Waits briefly for the index to hold
+        what is recorded (a turn not yet searchable can't keep a line)."""
+        if self._index is None:
+            return [[] for _ in lines]
+        self.indexer.nudge()
+        await self.settle(KEPT_NEAR_SETTLE)
+        now, wanted = time.time(), list(lines)
+
+        def look(s: Searcher) -> list[list[str]]:
+            return [[hit.snippet for hit in s.search(line, now, KEPT_NEAR, use_dense=meaning)]
+                    for line, meaning in wanted]
+
+        return await self.searcher.call(look)
 
     async def forget(self, episode_ids: Sequence[int], learning_ids: Sequence[int]) -> None:
         """Turns a person forgot (memory.db no longer has their text, nor the learnings deleted with
