@@ -4,7 +4,7 @@
 // turn that updates in place, failures with a Retry, and notices (sessions, reconnections).
 
 import { clear, dollars, el, size } from "./dom.js";
-import { answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
+import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
@@ -275,7 +275,7 @@ export class ChatView {
   /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). */
   async forget(which) {
     try {
-      const done = await this.conn.request("forget_turns", which);
+      const done = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
       this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
         ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
     } catch (error) {

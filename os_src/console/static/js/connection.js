@@ -149,7 +149,7 @@ export class Connection {
   }
 
   /** A memory request: resolves with its `<type>_result` frame, rejects with a RequestError. */
-  request(type, fields = {}) {
+  request(type, fields = {}, timeout = REQUEST_TIMEOUT) {
     const id = `r${this.nextRequest++}`;
     return new Promise((resolve, reject) => {
       if (!this.send({ type, request_id: id, ...fields })) {
@@ -159,7 +159,7 @@ export class Connection {
       const timer = setTimeout(() => {
         this.pending.delete(id);
         reject(new RequestError("timeout", "The Sprite did not answer in time."));
-      }, REQUEST_TIMEOUT);
+      }, timeout);
       this.pending.set(id, { resolve, reject, timer });
     });
   }

@@ -2,7 +2,7 @@
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
 import { append, clear, day, el, plural, when } from "./dom.js";
-import { forgetControl } from "./turns.js";
+import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
@@ -86,7 +86,7 @@ export class LearningsPanel {
 
   async forgetTurn(node, hit) {
     try {
-      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] });
+      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] }, FORGET_TIMEOUT);
       node.querySelector(".offer")?.remove();
       this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
       await this.load();

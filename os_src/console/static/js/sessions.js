@@ -2,7 +2,7 @@
 // curator's summary, its turns and cost), each opened read-only from what Sprite OS recorded.
 
 import { clear, dollars, el, plural, when } from "./dom.js";
-import { buryTurns, forgetControl, pastTurnItems } from "./turns.js";
+import { FORGET_TIMEOUT, buryTurns, forgetControl, pastTurnItems } from "./turns.js";
 
 const PAGE = 20;
 
@@ -76,7 +76,7 @@ export class PastSessions {
 
   async forget(which, done) {
     try {
-      const answer = await this.conn.request("forget_turns", which);
+      const answer = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
       done.textContent = `Forgotten: ${answer.forgotten} turn${answer.forgotten === 1 ? "" : "s"}, and ${answer.learnings} learning${answer.learnings === 1 ? "" : "s"} that came from them.`;
     } catch (error) {
       done.textContent = `Not forgotten: ${error.message}`;

@@ -6,6 +6,10 @@ import { clear, count, dollars, el, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 const TOOL_LINE = 90; // characters of a tool call's summary shown folded
+// How long the page waits for forget_turns: a forget decides, before it answers, which memory-file
+// lines came from the turns (their meaning against every line of the files' history: 15-30 s for a
+// thousand lines), so the usual request timeout is too short.
+export const FORGET_TIMEOUT = 180_000;
 
 /** A message of the conversation: role is "user", "assistant" or "tool". */
 export function messageItem(role, body, meta) {
