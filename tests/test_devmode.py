@@ -8,6 +8,7 @@ newcomer's first minute: `make run`'s dev mode, then `sprite-os chat`, the real 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import re
@@ -225,8 +226,11 @@ def test_the_product_command_has_no_dev_mode_and_never_imports_the_kit() -> None
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and "invalid choice: 'dev'" in done.stderr  # argparse's refusal
     assert done.stdout == "[]\n"
-    # Dev mode is the checkout's, run from it (`make run`): the installed package has no command for it.
-    assert not Path(sys.executable).with_name("sprite-os-dev").exists()
+    # Dev mode is the checkout's, run from it (`make run`): the installed package has no command for it
+    # (asked of the package's metadata: a venv made before this may still hold an old script).
+    commands = [e.name for e in importlib.metadata.distribution("sprite-os").entry_points
+                if e.group == "console_scripts"]
+    assert commands == ["sprite-os"]
 
 
 def test_make_run_runs_dev_mode_from_the_checkout_and_leaves_it_the_workspace() -> None:
