@@ -42,7 +42,7 @@ FLOOD_LIMIT = 200  # frames dropped for rate within one minute before the connec
 # asks for file chunks faster than it reads them gets its answers as fast as it reads them, and the
 # server holds at most this much of them (plus the batch its writer is sending).
 REPLY_BACKLOG = 1024 * 1024
-# Requests read and waiting for their turn; past this, a request is answered `busy` (never handled:
+# Requests read and waiting for their turn; past this, a request is answered `queue_full` (never handled:
 # send it again). The frames themselves are at most MAX_FRAME_CHARS each.
 REQUEST_QUEUE = 4
 
@@ -312,7 +312,7 @@ class _Connection:
         try:
             self._requests.put_nowait(frame)
         except asyncio.QueueFull:
-            self._error("busy", f"{REQUEST_QUEUE} requests are waiting for their answers; this one was dropped: "
+            self._error("queue_full", f"{REQUEST_QUEUE} requests are waiting for their answers; this one was dropped: "
                         "send it again once they are answered", frame.request_id)
 
     async def _answer(self) -> None:

@@ -374,4 +374,4 @@ async def test_a_client_that_does_not_read_its_chunks_is_held_back(
         assert set(got) == {f"c{n}" for n in range(sent)}  # every request was answered, once read:
         answered = [f for f in got.values() if f["type"] == "download_chunk_result"]
         busy = [f for f in got.values() if f["type"] == "error"]
-        assert len(answered) == asked and all(f["code"] == "busy" for f in busy)  # those past the queue: busy
+        assert len(answered) == asked and all(f["code"] == "queue_full" for f in busy)  # past the queue

@@ -451,3 +451,30 @@ async def test_forgetting_a_preference_leaves_the_deploys_files_and_their_histor
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
     assert system.files.read("soul.md") == soul + "\n"
     assert [v.text for v in system.files.history("soul.md")] == before
+
+
+async def test_a_forget_cut_short_still_takes_the_lines_its_words_find(system: MemorySystem) -> None:
+    """The transcript loses the words first: a stop, a kill or an error while the lines are decided
+    (the kept-turn search, the embedding) must not leave the turn's lines in the files for good."""
+    line = "- Lives in Alfama, Lisbon"
+    ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),), f"# User\n{line}\n", [])
+    stuck = asyncio.Event()
+
+    async def hung(lines: object) -> list[list[str]]:
+        stuck.set()
+        await asyncio.sleep(3600)  # the index lagging, the embedder busy: a stop meanwhile
+        return []
+
+    system.forgetting.kept_near = hung
+    task = asyncio.create_task(system.forget_turns([ids[0]], by="test"))
+    await asyncio.wait_for(stuck.wait(), 30)
+    assert await system.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row = await system.transcript.call(lambda t: t.conn.execute(
+        "SELECT processed FROM observations WHERE id = ?", (ids[0],)).fetchone())
+    assert row[0] == FORGOTTEN  # the words are gone from the transcript...
+    assert await system.memory.call(jobs), "...and the job that takes its lines out is on disk"
+    assert await system.forgetting.rewrite_files() == 1
+    assert line not in system.files.read("user.md")

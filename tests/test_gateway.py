@@ -144,7 +144,7 @@ async def test_a_client_stalled_with_answers_queued_still_has_its_message_handle
                 if (frame := await a.recv(timeout=30)).get("request_id", "").startswith("r"):
                     answers.append(frame)
         busy = [f for f in answers if f["type"] == "error"]
-        assert busy and all(f["code"] == "busy" and "send it again" in f["message"] for f in busy), busy
+        assert busy and all(f["code"] == "queue_full" and "send it again" in f["message"] for f in busy), busy
         assert len(answers) - len(busy) >= gateway.REQUEST_QUEUE  # the ones queued were answered
 
 
@@ -171,7 +171,7 @@ async def test_requests_are_answered_in_order_by_their_own_task_and_past_the_que
                 if n == 0:
                     await started.wait()
             dropped = [json.loads(await ws.recv()) for _ in range(2)]
-            assert [(f["code"], f["request_id"]) for f in dropped] == [("busy", "q5"), ("busy", "q6")]
+            assert [(f["code"], f["request_id"]) for f in dropped] == [("queue_full", "q5"), ("queue_full", "q6")]
             # while a request is being answered, the connection's other frames are handled
             assert await send(ws, type="ping", nonce="p") == {"type": "pong", "seq": 0, "nonce": "p"}
             release.set()

@@ -221,6 +221,11 @@ def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: s
     return int(cur.lastrowid or 0)
 
 
+def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
+    """The job's lines, once decided (they replace the words' first guess)."""
+    db.conn.execute("UPDATE forget_jobs SET line_hashes = ? WHERE id = ?", (json.dumps(sorted(hashes)), job_id))
+
+
 def jobs(db: MemoryDB) -> list[Job]:
     found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes FROM forget_jobs "
                             "ORDER BY id").fetchall()
@@ -404,6 +409,7 @@ class TurnForgetting:
     # job id -> the turns' words and the lines already judged at the forget, in memory only
     _words: dict[int, tuple[set[str], set[str]]] = field(default_factory=dict)
     _line_vectors: dict[str, np.ndarray] = field(default_factory=dict)  # line hash -> its vector, in memory only
+    _deciding: set[int] = field(default_factory=set)  # jobs whose lines are being decided: the pass waits
 
     async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         now = self.clock()
@@ -419,12 +425,19 @@ class TurnForgetting:
             words |= content_words(turn_text(o))
         candidates = await asyncio.to_thread(file_candidates, self.files)
         candidates.update(await self.memory.call(_batch_candidates))
-        await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-        # Both rules decided now and kept as hashes: the job the daemon's pass sees is whole from the
-        # start, and survives a restart.
-        hashes = await self._found(words, [turn_text(o) for o in turns] + purged.contents, candidates)
-        hashes |= await asyncio.to_thread(backup_lines, self.layout, words)
-        job = await self.apply(lambda m: add_job(m, done, sessions, hashes, now))
+        backups = await asyncio.to_thread(backup_lines, self.layout, words)
+        # The words are gone from the transcript: the job goes on disk at once, with the lines the words
+        # find, so that a forget cut short (a stop, a kill, an error in what follows) still takes those
+        # out; the meaning's lines and the kept-turn check then decide the job's final lines.
+        by_words = {h for h, text in candidates.items() if came_from(text, words)}
+        job = await self.apply(lambda m: add_job(m, done, sessions, by_words | backups, now))
+        self._deciding.add(job)
+        try:
+            await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+            hashes = await self._found(words, [turn_text(o) for o in turns] + purged.contents, candidates)
+            await self.apply(lambda m: set_job_lines(m, job, hashes | backups))
+        finally:
+            self._deciding.discard(job)
         self._words[job] = (words, set(candidates))
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
         self.wake_daemon("forget")
@@ -433,7 +446,7 @@ class TurnForgetting:
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
         records and the backups. Returns the jobs done."""
-        pending = await self.memory.call(jobs)
+        pending = [job for job in await self.memory.call(jobs) if job.id not in self._deciding]
         for job in pending:
             kept = self._words.pop(job.id, None)
             hashes = set(job.line_hashes)

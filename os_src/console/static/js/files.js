@@ -33,10 +33,10 @@ function unbase64(text) {
 // requests queue was full (it was never handled), or the connection went (it reconnects by itself
 // meanwhile). Not a timeout: its answer may still be on the way, behind the others queued on a slow
 // link, and asking again would queue another ~700 KB answer behind it.
-const RETRYABLE = new Set(["rate_limited", "busy", "connection_lost", "not_connected"]);
+const RETRYABLE = new Set(["rate_limited", "queue_full", "busy", "connection_lost", "not_connected"]);
 // A request that changes something when handled (starting or finishing a transfer) is asked again
 // only when it was never handled: a lost answer could hide that it was.
-const DROPPED = new Set(["rate_limited"]);
+const DROPPED = new Set(["rate_limited", "queue_full"]);
 const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
 /** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait. */
