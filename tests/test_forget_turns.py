@@ -478,3 +478,25 @@ async def test_a_forget_cut_short_still_takes_the_lines_its_words_find(system: M
     assert await system.memory.call(jobs), "...and the job that takes its lines out is on disk"
     assert await system.forgetting.rewrite_files() == 1
     assert line not in system.files.read("user.md")
+
+
+async def test_the_agents_echo_in_a_kept_turn_does_not_keep_a_forgotten_line(system: MemorySystem) -> None:
+    line = "- Lives in Alfama, Lisbon"
+    ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),
+                               turn(2, "What's the weather like today?",
+                                    "Sunny in Lisbon today, a fine day to live in Alfama.")),
+                      f"# User\n{line}\n", [])
+    await system.forget_turns([ids[0]], by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert line not in system.files.read("user.md")  # the person never said it again; only the agent echoed it
+
+
+async def test_a_long_kept_turn_that_says_the_fact_keeps_it(system: MemorySystem) -> None:
+    line = "- Brother Rui lives in Porto"
+    filler = "we talked about the weather, the garden, the old car and the new kitchen tiles at length; " * 4
+    ids = await _seed(system, (turn(1, "Rui lives in Porto.", "Noted."),
+                               turn(2, f"My brother Rui, {filler} he lives in Porto.", "Noted.")),
+                      f"# User\n{line}\n", [])
+    await system.forget_turns([ids[0]], by="test")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
+    assert line in system.files.read("user.md")  # turn 2, kept, says every word of it

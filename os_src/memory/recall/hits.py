@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import msgspec
 
@@ -181,8 +182,18 @@ class Said:
     place: tuple[str, int] | None  # an episode's session and turn
 
 
-def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> dict[tuple[str, int], Said]:
-    """What each ranked memory says, and where an episode sits in its session."""
+class Keyed(Protocol):
+    """A memory by its key: a Candidate or a RecallHit."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+
+
+def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Keyed]) -> dict[tuple[str, int], Said]:
+    """What each ranked memory says (an episode: the person's part, not the agent's answer), and
+    where an episode sits in its session."""
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
     out = {("episode", e.id): Said(e.persons_part, (e.session_id, e.turn))

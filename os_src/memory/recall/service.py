@@ -32,6 +32,7 @@ from . import auto as auto_recall
 from . import episodes as ep
 from .dense import DenseStatus, Embedder, load
 from .documents import Marks, forgotten, rewrite, write_marks
+from .hits import memory_texts
 from .index import RecallIndex, exists
 from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
@@ -224,8 +225,14 @@ class RecallService:
         now, wanted = time.time(), list(lines)
 
         def look(s: Searcher) -> list[list[str]]:
-            return [[hit.snippet for hit in s.search(line, now, KEPT_NEAR, use_dense=meaning)]
-                    for line, meaning in wanted]
+            # whole texts, not snippets (a long turn says a fact past its first 240 characters), and of a
+            # turn only the person's part: the agent's answer echoes memory, and can't keep what was forgotten
+            out = []
+            for line, meaning in wanted:
+                hits = s.search(line, now, KEPT_NEAR, use_dense=meaning)
+                said = memory_texts(s.conn, hits)
+                out.append([said[(h.kind, h.id)].text if (h.kind, h.id) in said else h.snippet for h in hits])
+            return out
 
         return await self.searcher.call(look)
 
