@@ -326,7 +326,15 @@ class _Connection:
         answer, request_id = self.gw.requests, frame.request_id
         assert answer is not None  # _queue_request queues none without it
         try:
-            self._reply(await answer(frame))
+            try:
+                self._reply(await answer(frame))
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the connection is ending
+                # a future the handler awaited was cancelled, not this task: a failed request, and the
+                # connection's request task must go on answering the next ones
+                raise RuntimeError("the request's work was cancelled") from None
         except rq.RequestFailed as exc:
             self._error(exc.code, exc.message, request_id)
         except Exception as exc:  # as in _receive_safely, but the error names the request it answers

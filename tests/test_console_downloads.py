@@ -375,3 +375,28 @@ async def test_a_client_that_does_not_read_its_chunks_is_held_back(
         answered = [f for f in got.values() if f["type"] == "download_chunk_result"]
         busy = [f for f in got.values() if f["type"] == "error"]
         assert len(answered) == asked and all(f["code"] == "queue_full" for f in busy)  # past the queue
+
+
+async def test_a_sweep_that_fails_once_goes_on_sweeping(tmp_path: Path) -> None:
+    kit = Kit(tmp_path / "workspace")
+    downloads = kit.api.downloads
+    downloads.idle, downloads.sweep_every = 0.0, 0.01
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
+    real, failed = downloads.close_idle, []
+
+    async def once_broken(now: float) -> None:
+        if not failed:
+            failed.append(now)
+            raise OSError("a close failed")
+        await real(now)
+
+    downloads.close_idle = once_broken  # type: ignore[method-assign]
+    await start(kit, "a.txt")
+    await kit.api.start()
+    try:
+        async with asyncio.timeout(10):
+            while downloads.open:
+                await asyncio.sleep(0.01)
+        assert failed  # it failed once, and the next sweep closed the idle download
+    finally:
+        await kit.api.stop()

@@ -208,3 +208,23 @@ async def test_a_request_being_answered_when_its_connection_ends_is_finished_not
             while "left" not in events:
                 await asyncio.sleep(0.01)
     assert events == ["start q0", "end q0", "left"]
+
+
+async def test_a_request_whose_work_was_cancelled_fails_alone_and_the_next_is_answered(runtime: FakeRuntime) -> None:
+    """A handler's awaited future cancelled elsewhere (a worker stopped, a shield let go) raises
+    CancelledError inside the connection's request task: that request fails; the task goes on."""
+    async def answer(request: rq.Request) -> rq.Reply:
+        if request.request_id == "first":
+            never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            never.cancel()
+            await never
+        raise rq.RequestFailed("not_found", "nothing here")
+
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer)  # type: ignore[arg-type]
+    async with serve(gw.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            for request_id in ("first", "second"):
+                await ws.send(json.dumps({"type": "memory_files", "request_id": request_id}))
+            got = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(2)]
+    assert [(f["code"], f["request_id"]) for f in got] == [("internal_error", "first"), ("not_found", "second")]

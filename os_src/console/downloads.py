@@ -213,7 +213,10 @@ class Downloads:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_every)
-            await self.close_idle(time.monotonic())
+            try:
+                await self.close_idle(time.monotonic())
+            except Exception as exc:  # one bad close must not end the sweep: the next one tries again
+                log.error("download_sweep_failed", error=type(exc).__name__)
 
     async def close_idle(self, now: float) -> None:
         """Close the downloads idle for longer than `idle`, and the lingering ones for longer than `linger`."""
