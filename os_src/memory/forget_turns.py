@@ -434,7 +434,7 @@ class TurnForgetting:
         self._deciding.add(job)
         try:
             await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-            hashes = await self._found(words, [turn_text(o) for o in turns] + purged.contents, candidates)
+            hashes = await self._found(by_words, [turn_text(o) for o in turns] + purged.contents, candidates)
             await self.apply(lambda m: set_job_lines(m, job, hashes | backups))
         finally:
             self._deciding.discard(job)
@@ -464,7 +464,6 @@ class TurnForgetting:
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
         return len(pending)
 
-
     async def _vectors(self, texts: Sequence[str]) -> np.ndarray | None:
         if self.embed is None or not texts:
             return None
@@ -478,12 +477,11 @@ class TurnForgetting:
             return None
         return np.concatenate([p for p in parts if p is not None])
 
-    async def _found(self, words: set[str], anchor_texts: Sequence[str], candidates: dict[str, str]) -> set[str]:
+    async def _found(self, by_words: set[str], anchor_texts: Sequence[str], candidates: dict[str, str]) -> set[str]:
         """The candidate lines (hash: text) that came from the forgotten turns: most of their words are
-        the turns' (`came_from`), or, with the dense retriever, the curator reworded them (close to the
+        the turns' (`by_words`, found by `came_from`), or, with the dense retriever, the curator reworded them (close to the
         turns and their learnings, `anchor_texts`, and closer to them than to what is kept: `reworded`);
         and no kept turn or learning near the line says it as well (`kept_holds`)."""
-        by_words = {h for h, text in candidates.items() if came_from(text, words)}
         scored = await self._scored(list(candidates.items()), anchor_texts)
         check = [h for h in candidates if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
         if not check:
