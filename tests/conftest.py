@@ -34,6 +34,7 @@ from devkit.mock_bridge import MockBridge
 from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_alive
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
+from tests import xdist_groups
 
 # The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
 # tests import it here, once per worker, so that no test's first batch spends its deadline on it.
@@ -69,6 +70,10 @@ def restore_logging() -> Iterator[None]:
         if handler not in handlers:
             handler.close()
     root.handlers[:], root.level = handlers, level
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(xdist_groups, "sprite-os-xdist-groups")  # the groups below, held on pytest 9
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
