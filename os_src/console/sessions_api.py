@@ -5,7 +5,7 @@ the turns still on their way to it (the current session's newest), and memory.db
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .. import protocol as p
@@ -54,8 +54,20 @@ class SessionsConsole:
         running = self._running()
         if running is not None and (req.session_id == self._current() or running in req.turn_ids):
             raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
+        restarted = False
+
+        def restart(sessions: Sequence[str]) -> None:
+            # Before any turn may start again: the agent's context lets go of the forgotten turn first.
+            nonlocal restarted
+            if self._current() in sessions:
+                try:
+                    self._restart()
+                    restarted = True
+                except ShuttingDown:  # the server is stopping: the session ends anyway
+                    pass
+
         done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids, session_id=req.session_id,
-                                               by=FORGOTTEN_BY)
+                                               by=FORGOTTEN_BY, then=restart)
         if not done.turns and not req.session_id:
             raise RequestFailed("not_found", "no recorded turn matches (or it was forgotten already)")
         if not done.turns and req.session_id:
@@ -68,12 +80,6 @@ class SessionsConsole:
             turns = list(group)
             self._publish(p.TurnsForgotten(session_id=sid, turns=[o.sequence_num for o in turns],
                                            turn_ids=[o.turn_id for o in turns if o.turn_id], forgotten_at=done.at))
-        restarted = self._current() in sessions
-        if restarted:
-            try:
-                self._restart()
-            except ShuttingDown:  # the server is stopping: the session ends anyway
-                restarted = False
         return ps.ForgetTurnsResult(request_id=req.request_id, forgotten=len(done.turns), learnings=done.learnings,
                                     sessions=sessions, restarted=restarted)
 
