@@ -278,6 +278,10 @@ async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(syste
     assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
 
 
+async def _no_pass() -> None:
+    pass
+
+
 REWORDED = "- Home: the Alfama district, in Portugal's capital city"  # the curator's words, not the turn's
 UNRELATED = "- Visiting Porto in May for a conference"
 
@@ -299,7 +303,12 @@ async def test_a_line_the_curator_reworded_leaves_the_file_and_an_unrelated_one_
         learnings=[NewLearning("FACT", "The user lives in Alfama, Lisbon", "s1", ids[1])],
         file_updates={"user.md": user_md}, base_hashes={}))
     system.files.write("user.md", user_md, "batch-1")
+    system.daemon.before_batches = _no_pass  # the pass comes later: the prompt hides the lines alone
     await system.forget_turns([ids[1]], by="test")
+    prompt = await system.boot_prompt()  # a new session (one the forget restarted) waits for the decision
+    assert "Alfama" not in prompt and UNRELATED in prompt
+    system.daemon.before_batches = system.forgetting.rewrite_files
+    system.daemon.trigger("test")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's forget pass")
     assert system.files.read("user.md") == f"# User\n- Name: Ada\n{UNRELATED}\n"
     for version in system.files.history("user.md"):

@@ -140,10 +140,6 @@ class MemorySystem:
         return await self.daemon.flush(reason, budget - (time.monotonic() - started))
 
     async def _hidden_lines(self) -> set[str]:
-        # A forget deciding which lines came from its turns (the curator's rewordings among them): the
-        # prompt waits for it, so that a session the forget restarted never boots with them.
-        if not await self.forgetting.decided(BOOT_DECIDE_BUDGET):
-            log.warning("boot_before_forget_decided", budget=BOOT_DECIDE_BUDGET)
         return await self.memory.call(hidden_lines)
 
     async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
@@ -190,6 +186,10 @@ class MemorySystem:
         batch and what it learned; False: what memory holds now (an agent that is failing to start)."""
         if settle and not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
+        # A forget deciding which lines came from its turns (the curator's rewordings among them): a new
+        # session waits for it, so that one the forget restarted never boots with them.
+        if settle and not await self.forgetting.decided(BOOT_DECIDE_BUDGET):
+            log.warning("boot_before_forget_decided", budget=BOOT_DECIDE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
         if settle:
