@@ -51,8 +51,11 @@ class SessionsConsole:
         if not (req.observation_ids or req.turn_ids or req.session_id):
             raise RequestFailed("not_found", "name the turns to forget: observation_ids, turn_ids or session_id")
         # A running turn is recorded when it ends, words and all: forgetting it now would miss it.
+        # And a turn running while an earlier turn of its session is forgotten has that turn in its context:
+        # its answer (recorded, and kept) could quote it.
         running = self._running()
-        if running is not None and (req.session_id == self._current() or running in req.turn_ids):
+        if running is not None and (req.session_id == self._current() or running in req.turn_ids
+                                    or await self._in_current(req)):
             raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
         restarted = False
 
@@ -82,6 +85,16 @@ class SessionsConsole:
                                            turn_ids=[o.turn_id for o in turns if o.turn_id], forgotten_at=done.at))
         return ps.ForgetTurnsResult(request_id=req.request_id, forgotten=len(done.turns), learnings=done.learnings,
                                     sessions=sessions, restarted=restarted)
+
+    async def _in_current(self, req: ps.ForgetTurnsRequest) -> bool:
+        """Whether a turn named is of the current session (the newest may still be on their way)."""
+        if not (req.observation_ids or req.turn_ids):
+            return False
+        current, wire = self._current(), set(req.turn_ids)
+        if any(o.session_id == current and o.turn_id in wire for o in self._system.writer.waiting()):
+            return True
+        ids, turn_ids = req.observation_ids, req.turn_ids
+        return current in await self._system.transcript.call(lambda t: q.sessions_of(t, ids, turn_ids))
 
     async def _turns(self, req: ps.SessionTurnsRequest) -> ps.SessionTurnsResult:
         current = self._current()
