@@ -670,13 +670,15 @@ class TurnForgetting:
         kept: `reworded`); and no kept turn or learning near the line says it as well (`kept_holds`).
         CheckFailed when the kept-turn search fails: no line is taken out unchecked."""
         texts = lines.texts()
-        scored = await self._scored(list(lines.files.items()), anchor_texts) if anchor_texts else {}
+        # The words' lines need no vector: the meaning only adds lines, and only the kept-turn check takes away.
+        by_meaning = [(h, text) for h, text in lines.files.items() if h not in by_words]
+        scored = await self._scored(by_meaning, anchor_texts) if anchor_texts else {}
         check = [h for h in texts if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
         if not check:
             return set()
         near = await self._kept_near([(texts[h], h not in by_words) for h in check])
         to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check if h in scored])
-                                          if scored else None, [h in scored for h in check])
+                                          if any(h in scored for h in check) else None, [h in scored for h in check])
         out = set()
         for h, found, kept in zip(check, near, to_kept, strict=True):
             came = h in by_words or (h in scored and reworded(scored[h][0], kept))
