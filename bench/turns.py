@@ -2,8 +2,9 @@
 
 - overhead: a turn through Sprite OS (WebSocket in, frames out, memory on)
   against the same turn driven through the SDK directly, on the same mock Bridge;
-- hooks: memory on against memory off, and the time memory spends on the agent's path
-  (capturing the turn from the runtime's stream; the compaction hooks never fire here);
+- hooks: memory on against memory off, as paired turns with an A/A check (memory off against
+  itself), and the time memory spends on the agent's path (capturing the turn from the runtime's
+  stream; the compaction hooks never fire here);
 - curator: turn latency while the curator's proxy takes 5 s, against 0 s;
 - relay: a turn through the SDK with the CLI reaching the mock Bridge through the model relay,
   against the same with the CLI connected to it directly;
