@@ -34,6 +34,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         durable,
         fanout,
         forget_lines,
+        forget_speed,
         lexical,
         search,
         turns,
@@ -68,6 +69,7 @@ def _benchmarks(quick: bool) -> dict[str, Callable[[], Awaitable[dict[str, Any]]
         "deploy": deploy,
         "downloads": lambda: downloads.downloads(16, (16 if quick else 99) * downloads.MIB),
         "forget_lines": lambda: asyncio.to_thread(forget_lines.forget_lines),
+        "forget_speed": lambda: forget_speed.forget_speed(quick),
     }
 
 
@@ -154,6 +156,13 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     f"tuning part ({fl['tune']['pairs']} pairs) / held out ({fl['held_out']['pairs']} pairs)",
                     f"{tune['precision']:.3f}, {tune['recall']:.3f} / {held['precision']:.3f}, {held['recall']:.3f}",
                     "precision 1.0", ok(held["precision"] >= 1.0)))
+    if fs := r.get("forget_speed"):
+        first, second = fs["first"], fs["second"]
+        out.append((f"a forget with {fs['lines']:,} distinct memory-file lines ({fs['versions']} versions): the "
+                    "answer (words out, job on disk), then the lines decided, CPU time of the process; a second "
+                    "forget after it (line vectors kept)",
+                    f"answered in {first['answered_s']:.2f} s; decided in {first['cpu_s']:.1f} s CPU; second "
+                    f"{second['cpu_s']:.1f} s CPU", "", ""))
     if d := r.get("deploy"):
         for key, label, target in (
                 ("fresh_deploy_s", "fresh deploy (venv built from a local wheelhouse)", ""),

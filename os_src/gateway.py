@@ -10,7 +10,7 @@ validated, rate-limited and dispatched to the runtime; each bad frame gets an
 by the `requests` callable the server passes in (console/requests.ConsoleApi), one at a time
 and in order by the connection's own request task, so that a slow answer, or a client that
 does not read its answers, never holds up its messages and interrupts. A request whose type is
-`aside` (a forget, which takes tens of seconds) is answered by a second task of the connection's,
+`aside` (a forget, which can take seconds) is answered by a second task of the connection's,
 in order with the other aside ones, so the quick ones (a listing, a download's chunks) never wait
 behind it. At shutdown the gateway takes no more requests and lets those in flight end (bounded)
 before the server stops what answers them.

@@ -31,7 +31,7 @@ RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)
 
 
 class Request(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
-    # A slow request (a forget: tens of seconds) is answered aside: by a task of its own on the
+    # A slow request (a forget: seconds) is answered aside: by a task of its own on the
     # connection, in order with the other aside ones, while the quick ones go on being answered.
     aside: ClassVar[bool] = False
 

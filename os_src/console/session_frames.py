@@ -37,8 +37,9 @@ class SessionTurnsRequest(Request, tag="session_turns", frozen=True):
 class ForgetTurnsRequest(Request, tag="forget_turns", frozen=True):
     """Forget turns for good: by their `observation_ids` (a past turn's), their `turn_ids` (as in
     turn_started), or a whole `session_id`. Their words leave every store; each keeps a tombstone.
-    It takes seconds to tens of seconds (it decides which memory-file lines came from the turns):
-    answered aside, so the connection's file listings and download chunks don't wait for it."""
+    It can take seconds (it waits for the turns still on their way to the transcript, then takes
+    the words out of every store): answered aside, so the connection's file listings and download
+    chunks don't wait for it."""
 
     aside: ClassVar[bool] = True
 
