@@ -634,3 +634,109 @@ async def test_a_long_kept_turn_that_says_the_fact_keeps_it(system: MemorySystem
     await system.forget_turns([ids[0]], by="test")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's pass")
     assert line in system.files.read("user.md")  # turn 2, kept, says every word of it
+
+
+async def _left(memory: MemorySystem) -> list[str]:
+    """Where 'Lisbon' can still be found, by the agent or a person."""
+    left = []
+    if "Lisbon" in memory.files.read("user.md"):
+        left.append("user.md")
+    if "Lisbon" in await memory.boot_prompt(settle=False):
+        left.append("boot prompt")
+    if any("Lisbon" in h.snippet or "Tagus" in h.snippet for h in await memory.search("Lisbon Tagus", limit=10)):
+        left.append("search")
+    if any("Lisbon" in lr.content for lr in await memory.memory.call(lambda m: m.all_learnings())):
+        left.append("learnings")
+    return left
+
+
+class _Killed(Exception):
+    """A step of the forget fails: what it leaves on disk is what a kill there leaves."""
+
+
+@pytest.mark.parametrize("killed_after", ["the job", "memory.db", "recall", "the tombstone, before the job"])
+async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
+        tmp_path: Path, killed_after: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job goes on disk before any store loses the words, the transcript's tombstone last: a forget cut
+    short at any step is finished at the next start (every step again), and forgetting the turn again
+    finds nothing left to forget. 'the tombstone, before the job': the order of steps before (the
+    tombstone first, nothing else), which memory.db's words still allow to finish."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    if killed_after == "the tombstone, before the job":
+        await first.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))
+    else:
+        forgetting = first.forgetting
+        if killed_after == "the job":
+            real_apply, calls = forgetting.apply, []
+
+            async def apply(change: object) -> object:
+                calls.append(1)
+                if len(calls) == 2:  # purge_memory
+                    raise _Killed
+                return await real_apply(change)  # type: ignore[arg-type]
+
+            forgetting.apply = apply  # type: ignore[assignment]
+        elif killed_after == "memory.db":
+            async def purge(*_: object) -> None:
+                raise _Killed
+
+            forgetting.purge_recall = purge
+        else:
+            def tombstone(*_: object) -> None:
+                raise _Killed
+
+            monkeypatch.setattr(TranscriptDB, "forget", tombstone)
+        with pytest.raises(_Killed):
+            await first.forget_turns([ids[1]], by="test")
+        monkeypatch.undo()
+        assert len(await first.memory.call(jobs)) == 1
+    await first.stop()
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        assert await again.transcript.call(lambda t: t.forgotten_among(ids)) == [ids[1]]
+        assert await again.forgetting.decided(60)
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass")
+        assert await again.recall.purged(30)
+        redo = await again.forget_turns([ids[1]], by="test")  # the person tries again: nothing left
+        assert (await _left(again), len(redo.turns)) == ([], 0)
+        assert "Green tea" in again.files.read("user.md") or "green tea" in again.files.read("user.md")
+    finally:
+        await again.stop()
+
+
+async def test_forgetting_again_a_turn_whose_words_memory_still_holds_takes_them_out(system: MemorySystem,
+                                                                                     tmp_path: Path) -> None:
+    """A turn forgotten under the order of steps before, cut short after its tombstone: forgetting it
+    again takes out what memory.db, recall and the files still hold, instead of answering not found."""
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))
+    redo = await system.forget_turns([ids[1]], by="test")
+    assert [o.id for o in redo.turns] == [ids[1]]
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass")
+    assert await system.recall.purged(30)
+    assert await _left(system) == []
+
+
+def test_migration_7_leaves_a_job_in_flight_undecided(tmp_path: Path) -> None:
+    """A job a kill left with the words' unchecked guess, from the code before step 7: undecided, so the
+    pass gives it the kept-turn check."""
+    import sqlite_utils
+
+    from sprite_os.memory.schema import MEMORY_SCHEMA
+
+    path = tmp_path / "memory.db"
+    db = sqlite_utils.Database(sqlite3.connect(path, isolation_level=None))
+    for version, step in enumerate(MEMORY_SCHEMA[:6], start=1):
+        step(db)
+        db.conn.execute(f"PRAGMA user_version={version}")
+    db.conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes) "
+                    "VALUES (1, '[1]', '[\"s1\"]', '[]')")
+    db.conn.close()
+    [job] = _jobs(path)
+    assert not job.decided

@@ -1,6 +1,6 @@
 """Forgetting turns: a person forgets what they said (a turn, or a whole session), and the words go.
 
-At once (`TurnForgetting.forget`):
+At once (`TurnForgetting.forget`), the job on disk first (below), the tombstone last:
 - transcript.db: each turn keeps a tombstone (which turn, when, by whom) and its row loses its words;
 - memory.db: the turn's episode loses its text and its vector, the learnings that came from it (and
   the summary of its session, which may repeat it) are deleted with their pending actions, and
@@ -28,7 +28,9 @@ line (`reworded`, chosen on bench/forget_lines.py's labelled set); either way, n
 turn or learning near it says as well (`kept_holds`); a line that check can't judge (the search
 fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and the sha256 of each
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
-left undecided is decided at the pass. The turns' words stay in memory only, for lines a batch
+left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
+transcript's tombstone is written last: a forget a kill cuts short is run again at the next start
+(`resume`), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
 
@@ -64,6 +66,8 @@ from .forgetting import record
 from .memory_store import MemoryDB
 from .recall import episodes as ep
 from .recall.learnings import STOPWORDS
+from .recall.service import PURGE_KEY
+from .schema import FORGOTTEN
 from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
@@ -219,11 +223,37 @@ class Job(msgspec.Struct, frozen=True):
 
 
 def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
-    """A job whose lines are the words' first guess: undecided until `set_job_lines`."""
-    cur = db.conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
-                          "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
-                                                     json.dumps(sorted(hashes))))
+    """A job whose lines are the words' first guess: undecided until `set_job_lines`. Written before any
+    store loses the words, with recall's flag that the index must be written anew: a forget cut short
+    anywhere after this is finished at the next start (`TurnForgetting.resume`)."""
+    with transaction(db.conn) as c:
+        cur = c.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
+                        "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
+                                                   json.dumps(sorted(hashes))))
+        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (PURGE_KEY,))
     return int(cur.lastrowid or 0)
+
+
+def left_over(db: MemoryDB, ids: Sequence[int]) -> dict[int, list[str]]:
+    """Of these forgotten turns, those memory.db still holds words of (a forget cut short by a kill, under
+    the order of steps before the job went first): each one's episode text and its learnings' contents."""
+    out: dict[int, list[str]] = {}
+    for i in range(0, len(ids), 500):
+        part = list(ids[i:i + 500])
+        for oid, text in db.conn.execute(
+                f"SELECT id, text FROM episodes WHERE text != '' AND id IN ({marks(part)})", part):
+            out.setdefault(oid, []).append(text)
+        for oid, content in db.conn.execute(
+                f"SELECT source_observation_id, content FROM learnings WHERE type != 'SUMMARY' "
+                f"AND source_observation_id IN ({marks(part)})", part):
+            out.setdefault(oid, []).append(content)
+    return out
+
+
+def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
+    """Which of these turns a forget job names (a forget under way, its tombstone not yet written)."""
+    wanted = set(ids)
+    return sorted({i for job in jobs(db) for i in job.observation_ids if i in wanted})
 
 
 def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
@@ -492,42 +522,89 @@ class TurnForgetting:
     # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
+    _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
 
     async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
         lines are then decided by a task of their own (`decided` waits for it). `then` is told the
-        sessions forgotten while turns still wait (a restart of the current session comes first)."""
+        sessions forgotten while turns still wait (a restart of the current session comes first). A
+        turn forgotten already whose words memory.db still holds (a forget cut short) is taken out again."""
         now = self.clock()
         wanted = list(ids)
         with self.gate.hold():
-            turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
+            turns = await self.transcript.call(lambda t: t.get(wanted))
+            old = [o.id for o in turns if o.processed == FORGOTTEN]
+            left = await self.memory.call(lambda m: left_over(m, old)) if old else {}
+            turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
             if not turns:
                 return Forgotten([], 0, now)
-            done = [o.id for o in turns]
-            sessions = sorted({o.session_id for o in turns})
-            purged = await self.apply(lambda m: purge_memory(m, turns))
-            words: set[str] = set()
-            for o in turns:  # the turns' own words: a learning may also name things from other turns
-                words |= content_words(turn_text(o))
+            texts = [turn_text(o) for o in turns if o.id not in left] + [t for o in turns for t in left.get(o.id, [])]
+            job, decision, learnings = await self._take_out(turns, texts, now, by, None, then)
+        self._start_decision(job, decision)
+        log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
+        return Forgotten(turns, learnings, now)
+
+    async def resume(self) -> int:
+        """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
+        have their words in the transcript (its tombstone is written last) has every step run again, and
+        so has a forgotten turn memory.db still holds words of (cut short under the order of steps
+        before); each step is idempotent. Returns the forgets finished."""
+        done = 0
+        with self.gate.hold():
+            for job in await self.memory.call(jobs):
+                turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
+                if any(o.processed != FORGOTTEN for o in turns):
+                    await self._resumed(turns, [turn_text(o) for o in turns if o.processed != FORGOTTEN], job.id)
+                    done += 1
+            old = await self.transcript.call(lambda t: t.forgotten_ids())
+            if left := await self.memory.call(lambda m: left_over(m, old)):
+                turns = await self.transcript.call(lambda t: t.get(sorted(left)))
+                await self._resumed(turns, [text for texts in left.values() for text in texts], None)
+                done += 1
+        return done
+
+    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> None:
+        job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job, None)
+        self._start_decision(job, decision)
+        log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
+
+    async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str, job: int | None,
+                        then: Then | None) -> tuple[int, _Decision, int]:
+        """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
+        words find, undecided; recall's flag set), then memory.db, then recall, and the transcript's
+        tombstones last, so that until then a start finds the words and runs every step again. The gate
+        is held by the caller."""
+        done = [o.id for o in turns]
+        sessions = sorted({o.session_id for o in turns})
+        words: set[str] = set()
+        for text in texts:  # the turns' own words: a learning may also name things from other turns
+            words |= content_words(text)
+        self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
+        try:
             lines = await self._lines()
-            # The words are gone from the transcript: the job goes on disk at once, undecided, with the lines
-            # the words find, so that a forget cut short (a stop, a kill, an error in what follows) is decided
-            # at the daemon's pass; meanwhile the boot prompt leaves those lines out.
             by_words = {h for h, text in lines.texts().items() if came_from(text, words)}
-            job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
-            decision = _Decision(words, [turn_text(o) for o in turns] + purged.contents, lines, by_words)
-            self._decisions[job] = decision
+            if job is None:
+                job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
             try:
+                purged = await self.apply(lambda m: purge_memory(m, turns))
                 await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+                fresh = [o.id for o in turns if o.processed != FORGOTTEN]
+                if fresh:
+                    await self.transcript.call(lambda t: t.forget(fresh, now, by))
                 if then is not None:
                     then(sessions)
             except BaseException:
-                del self._deciding[job]  # the daemon's pass decides it
+                del self._deciding[job]  # the next start, or the daemon's pass, finishes it
                 raise
+        finally:
+            self._taking_out -= 1
+        decision = _Decision(words, texts + purged.contents, lines, by_words)
+        self._decisions[job] = decision
+        return job, decision, len(purged.learning_ids)
+
+    def _start_decision(self, job: int, decision: _Decision) -> None:
         self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
-        log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), by_words=len(by_words), by=by)
-        return Forgotten(turns, len(purged.learning_ids), now)
 
     async def decided(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, for the forgets deciding their lines. True if none is left."""
@@ -576,7 +653,7 @@ class TurnForgetting:
         decided now. Returns the jobs done."""
         done = 0
         for job in await self.memory.call(jobs):
-            if job.id in self._deciding or (self._stopping and not job.decided):
+            if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
                 continue
             try:
                 hashes = await self._settled(job)

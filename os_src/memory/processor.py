@@ -46,6 +46,7 @@ from .curation.curator import (
 )
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
+from .forget_turns import being_forgotten
 from .memory_store import Batch, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
@@ -199,7 +200,8 @@ class BatchProcessor:
         ended = await self.transcript.call(lambda t: t.ended_sessions(o.session_id for o in observations))
         call = _Call(self, observations, trigger, gate, build_prompt(before, observations, actions, ended))
         reply = await self._usable_reply(call)
-        if forgotten := await self.transcript.call(lambda t: t.forgotten_among(call.ids)):
+        forgotten = await self.transcript.call(lambda t: t.forgotten_among(call.ids))
+        if forgotten := forgotten or await self.memory.call(lambda m: being_forgotten(m, call.ids)):
             # a person forgot a turn of it during the call: nothing it learned may stand; the rest runs again
             await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
             raise EditConflict("a turn was forgotten during the call")

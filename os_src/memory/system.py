@@ -101,6 +101,8 @@ class MemorySystem:
             log.warning("temp_files_swept", files=[str(p.relative_to(self.settings.layout.os_dir)) for p in swept])
         await self.capture.start(REPLAY_BUDGET)
         await self.recall.start()
+        if resumed := await self.forgetting.resume():  # a forget a stop or kill cut short, finished first
+            log.warning("forgets_resumed", forgets=resumed)
         self.imports.start()  # what `memory import` hands over, applied through transcript.db's thread
         await self.daemon.start()
         await self._count()  # what /healthz shows until it is counted again (at its first call)

@@ -289,6 +289,10 @@ class TranscriptDB:
                      Tombstone)
         return {t.sequence_num: t for t in found}
 
+    def forgotten_ids(self) -> list[int]:
+        """Every forgotten turn's id (a start checks memory.db holds none of their words)."""
+        return [r for (r,) in self.conn.execute("SELECT observation_id FROM forgotten_turns ORDER BY observation_id")]
+
     def forgotten_among(self, ids: Iterable[int]) -> list[int]:
         wanted = list(ids)
         return [r for (r,) in self.conn.execute(
