@@ -263,6 +263,27 @@ async def test_a_batch_under_way_when_its_turn_is_forgotten_learns_nothing_from_
     assert "Lisbon" not in system.files.read("user.md")
 
 
+async def test_a_batch_whose_reply_lands_while_a_forget_takes_its_turn_out_learns_nothing(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forget's job is on disk, its tombstone not yet written (it comes last): the batch is discarded."""
+    from sprite_os.errors import EditConflict
+    from sprite_os.memory.forget_turns import add_job
+
+    ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
+    observations = await system.transcript.call(lambda t: t.get(ids))
+
+    async def reply(messages: object) -> object:
+        from sprite_os.memory.processor import Completion
+
+        await system.memory.call(lambda m: add_job(m, ids, ["s1"], set(), T0))  # a forget's first step
+        return Completion("FACT: The user lives in Lisbon [#1]\nUSER_MD_UPDATE:\n# User\n- Lisbon\n", 10, 10)
+
+    monkeypatch.setattr(system.curator, "complete", reply)
+    with pytest.raises(EditConflict):
+        await system.processor.process(observations, "test")
+    assert await system.memory.call(lambda m: m.all_learnings()) == []
+
+
 async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(system: MemorySystem,
                                                                          tmp_path: Path) -> None:
     async def busy() -> None:  # the daemon is in a long curator call: its pass waits
