@@ -137,6 +137,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
+        self._taken: Turn | None = None  # out of the inbox: waiting for a forget or a new session, then running
         self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
         self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
@@ -188,6 +189,11 @@ class AgentRuntime:
     @property
     def turn_id(self) -> str | None:
         return self._running.turn_id if self._running else None
+
+    @property
+    def taken_turn_id(self) -> str | None:
+        """The turn out of the inbox (waiting to start, or running): a forget of its session is busy."""
+        return self._taken.turn_id if self._taken else self.turn_id
 
     @property
     def turn_text(self) -> str | None:
@@ -253,13 +259,19 @@ class AgentRuntime:
         if isinstance(command, EndSession):
             await self._new_session()
             return False
-        # A forget taking words out of the transcript and search holds the turn until they are out; one
-        # of this session's turns forgotten asks for a new session meanwhile, which comes first.
-        if self._memory is not None and await self._memory.turn_may_start() and self._inbox.take_end_session():
-            await self._new_session()
-        if self._cli is not None and self._cli.exited:
-            await self._cli_lost()
-        await self._run_turn(command)
+        self._taken = command
+        try:
+            if self._cli is not None and self._cli.exited:
+                await self._cli_lost()
+            # A forget taking words out of the transcript and search holds the turn until they are out; one
+            # of this session's turns forgotten asks for a new session meanwhile, which comes first. Checked
+            # again after that session's boot: another forget may have begun meanwhile.
+            while self._memory is not None and await self._memory.turn_may_start():
+                if self._inbox.take_end_session():
+                    await self._new_session()
+            await self._run_turn(command)
+        finally:
+            self._taken = None
         return False
 
     async def _next_command(self) -> Command | None:
@@ -352,6 +364,8 @@ class AgentRuntime:
             await self._connect()
             if not self._turn.connected():
                 return None
+            if self._memory is not None:  # a forget that began during the boot: its words out first
+                await self._memory.turn_may_start()
         cli = self._cli
         assert cli is not None
         await cli.send(turn.text, await self._recalled(turn))

@@ -141,7 +141,7 @@ class FakeMemory:
         self.turns_ended += 1
 
     async def turn_may_start(self) -> bool:
-        if self.forgetting is None:
+        if self.forgetting is None or self.forgetting.is_set():
             return False
         await self.forgetting.wait()  # a forget taking words out of the transcript and search
         return True
@@ -369,6 +369,44 @@ async def test_a_turn_waits_for_a_forget_and_runs_in_the_new_session_it_asked_fo
     ended = hm.memory.events.index(("session_ended", first, "new_session"))
     assert ended < hm.memory.events.index(("closed", "two", "success"))
     assert hm.of(p.TurnStarted)[-1].text == "two" and hm.rt.session_id != first and hm.rt.queued == 0
+
+
+async def test_a_forget_that_begins_during_the_new_sessions_boot_holds_the_turn(hm: Harness) -> None:
+    """The gate is checked again once the CLI has booted: a forget (of a past session's turn) that took it
+    meanwhile holds the turn before auto-recall looks anything up or the prompt is sent."""
+    assert hm.memory is not None
+    memory = hm.memory
+    await hm.turn("one")
+    hm.rt.new_session()
+    memory.booting = asyncio.Event()
+    recalled: list[str] = []
+
+    async def recall_for(message: str, session_id: str, turn_id: str) -> None:
+        recalled.append(message)
+
+    memory.recall_for = recall_for  # type: ignore[method-assign]
+    hm.rt.submit("two")
+    await hm.until(lambda: hm.rt.state == "starting")  # the new session's boot
+    memory.forgetting = asyncio.Event()  # a forget takes the gate
+    memory.booting.set()
+    await asyncio.sleep(0.2)
+    assert recalled == [] and len(hm.of(p.TurnComplete)) == 1
+    memory.forgetting.set()
+    await hm.until(lambda: len(hm.of(p.TurnComplete)) == 2)
+    assert recalled == ["two"]
+
+
+async def test_a_turn_taken_from_the_inbox_and_waiting_for_a_forget_counts_as_taken(hm: Harness) -> None:
+    """A forget of the current session is busy from when the turn leaves the inbox, not only once it runs."""
+    assert hm.memory is not None
+    await hm.turn("one")
+    hm.memory.forgetting = asyncio.Event()
+    hm.rt.submit("two")
+    await hm.until(lambda: hm.rt.queued == 0)
+    assert hm.rt.turn_id is None and hm.rt.taken_turn_id is not None  # waiting at the gate
+    hm.memory.forgetting.set()
+    await hm.until(lambda: len(hm.of(p.TurnComplete)) == 2)
+    assert hm.rt.taken_turn_id is None
 
 
 async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harness) -> None:
