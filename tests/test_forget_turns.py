@@ -511,7 +511,7 @@ async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_tur
     await asyncio.wait_for(first.forget_turns([ids[0]], by="test"), 60)  # answers once the words are out
     await asyncio.wait_for(stuck.wait(), 60)
     assert await first.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
-    await asyncio.wait_for(first.stop(), 60)  # the stop does not wait for the decision
+    await asyncio.wait_for(first.stop(), 60)  # the stop waits for the decision a while, then cuts it short
     row = await asyncio.to_thread(lambda: sqlite3.connect(settings.layout.transcript_db).execute(
         "SELECT processed FROM observations WHERE id = ?", (ids[0],)).fetchone())
     assert row[0] == FORGOTTEN
@@ -761,3 +761,38 @@ def test_migration_7_leaves_a_job_in_flight_undecided(tmp_path: Path) -> None:
     db.conn.close()
     [job] = _jobs(path)
     assert not job.decided
+
+
+async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judges_later_lines(tmp_path: Path) -> None:
+    """The turns' words (which judge a line a batch writes after the forget) are in memory only: a stop
+    while the lines are decided gives the decision the flush's budget, and the shutdown's last pass
+    takes out the line written after the forget, instead of the next start missing it for good."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await _seed(first, BIRTHDAYS, f"# User\n- Name: Ada\n{DAD}\n", [])  # the words find DAD: checked
+    real = first.forgetting.kept_near
+    assert real is not None
+    checking, go = asyncio.Event(), asyncio.Event()
+
+    async def slow(lines: object) -> list[list[str]]:
+        checking.set()
+        await go.wait()  # the check under way when the stop comes
+        return await real(lines)  # type: ignore[arg-type]
+
+    first.forgetting.kept_near = slow
+    await first.forget_turns([ids[0]], by="test")
+    await asyncio.wait_for(checking.wait(), 60)
+    later = f"# User\n- Name: Ada\n{MUM}\n{DAD}\n"  # a batch under way lands (it read turn 2 before the forget)
+    await first.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=[ids[1]], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[], file_updates={"user.md": later}, base_hashes={}))
+    first.files.write("user.md", later, "batch-2")
+    stopping = asyncio.create_task(first.stop())
+    await asyncio.sleep(0.2)
+    go.set()
+    await asyncio.wait_for(stopping, 60)
+    assert not _jobs(settings.layout.memory_db)  # the shutdown's last pass did it
+    assert "Rosa" not in (settings.layout.memory_dir / "user.md").read_text() and DAD in (
+        settings.layout.memory_dir / "user.md").read_text()

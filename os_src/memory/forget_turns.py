@@ -20,7 +20,7 @@ older version and every batch's record (a note stands where they were), and out 
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
-and a new session's boot prompt wait for it; a stop cancels it): those most of whose words it said
+and a new session's boot prompt wait for it; a stop gives it the flush's budget, then cancels it): those most of whose words it said
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
 came from) and closer to it by a margin than to any kept turn or learning recall finds near the
@@ -614,9 +614,13 @@ class TurnForgetting:
         _, pending = await asyncio.wait(running, timeout=budget)
         return not pending
 
-    async def stop(self) -> None:
-        """A stop cancels the decisions under way: their jobs are on disk, undecided, and the daemon's
-        pass at the next start decides them."""
+    async def stop(self, budget: float) -> None:
+        """A stop lets the decisions under way finish within `budget` seconds (the turns' words, which
+        judge the lines a batch writes after the forget, and the meaning's anchors are in memory only:
+        the shutdown's last pass uses them), then cancels the rest: their jobs are on disk, undecided,
+        and the daemon's pass at the next start decides them by the words the job found."""
+        if not await self.decided(budget):
+            log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
         self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
         running = [task for task in self._deciding.values() if task is not None]
         for task in running:

@@ -126,7 +126,9 @@ class MemorySystem:
             return
         if self._counting is not None:
             self._counting.cancel()
-        await self.forgetting.stop()  # a forget deciding its lines: its job is on disk, the next start decides it
+        # A forget deciding its lines: given the flush's budget (what it keeps in memory judges lines at the
+        # last pass), then cut short: its job is on disk, the next start decides it.
+        await self.forgetting.stop(SHUTDOWN_FLUSH_BUDGET)
         await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.imports.stop()  # what it has not applied stays in the inbox, for the next start
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
