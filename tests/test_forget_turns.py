@@ -295,6 +295,7 @@ async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(syste
     assert "Lisbon" in system.files.read("user.md")  # not rewritten yet
     prompt = await system.boot_prompt()
     assert "Lisbon" not in prompt and "- Name: Ada" in prompt
+    assert await system.forgetting.decided(60)  # the boot waited for the current files' lines alone
     assert await system.forgetting.rewrite_files() == 1  # the pass, when it comes
     assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
 
@@ -616,12 +617,15 @@ async def test_a_new_turn_waits_while_a_forget_takes_the_words_out(system: Memor
     purge, release = forgetting.purge_recall, asyncio.Event()
     told: list[Sequence[str]] = []
 
+    def tell(sessions: Sequence[str], held: bool) -> None:
+        told.append(sessions)
+
     async def slow_purge(episodes: Sequence[int], learnings: Sequence[int]) -> None:
         await release.wait()  # search still finds the words
         await purge(episodes, learnings)
 
     forgetting.purge_recall = slow_purge
-    forget = asyncio.create_task(system.forget_turns([ids[0]], by="test", then=told.append))
+    forget = asyncio.create_task(system.forget_turns([ids[0]], by="test", then=tell))
     await asyncio.sleep(0)
     waiting = asyncio.create_task(system.turn_may_start())
     await asyncio.sleep(0.2)
@@ -796,3 +800,66 @@ async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judge
     assert not _jobs(settings.layout.memory_db)  # the shutdown's last pass did it
     assert "Rosa" not in (settings.layout.memory_dir / "user.md").read_text() and DAD in (
         settings.layout.memory_dir / "user.md").read_text()
+
+
+async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_only(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision takes the current files' lines first: a new session's boot prompt waits for those
+    (tens of lines) alone, not for the history's (up to thousands), and holds what they decided: the
+    forgotten turn's line out, the line a kept turn says in."""
+    old = "- Rosa, the mother: 3 May birthday"  # in an older version only
+    ids = await _seed(system, BIRTHDAYS, f"# User\n{old}\n", [])
+    now = f"# User\n{MUM}\n{DAD}\n"
+    await system.memory.call(lambda m: m.commit_batch(
+        trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[], file_updates={"user.md": now}, base_hashes={}))
+    system.files.write("user.md", now, "batch-2")
+    real = system.forgetting.kept_near
+    assert real is not None
+    history = asyncio.Event()
+
+    async def slow_history(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        if any(text == old for text, _ in lines):
+            history.set()
+            await asyncio.sleep(3600)  # the history's thousand lines
+        return await real(lines)
+
+    system.forgetting.kept_near = slow_history
+    monkeypatch.setattr("sprite_os.memory.system.BOOT_DECIDE_BUDGET", 60.0)  # however slow the first embedding
+    await system.forget_turns([ids[0]], by="test")
+    prompt = await asyncio.wait_for(system.boot_prompt(), 45)
+    assert history.is_set() and not await system.forgetting.decided(0)  # the history still being decided
+    assert MUM not in prompt and DAD in prompt
+
+
+async def test_forgetting_a_past_turn_the_current_boot_prompt_holds_restarts_the_session(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """The current session booted with '- Lives in: Lisbon' from a past session's turn: forgetting that turn
+    restarts it too, so the agent's context lets go of the line (its answer could say it, in a kept turn)."""
+    from sprite_os.console import session_frames as ps
+    from sprite_os.console.sessions_api import SessionsConsole
+
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.start_session("s2", T0 + 100))
+    assert "Lisbon" in await system.boot_prompt(settle=False)  # the current session, s2, boots with it
+    restarts: list[str] = []
+    api = SessionsConsole(system, lambda: "s2", restart=lambda: restarts.append("new"))
+    done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
+    assert done.restarted and restarts == ["new"]  # type: ignore[attr-defined]
+
+
+async def test_forgetting_a_past_turn_auto_recall_brought_restarts_the_session(
+        system: MemorySystem, tmp_path: Path) -> None:
+    from sprite_os.console import session_frames as ps
+    from sprite_os.console.sessions_api import SessionsConsole
+
+    ids = await seed(system, tmp_path)
+    system.files.write("user.md", "# User\n", "batch-2")  # the boot prompt holds nothing of it
+    await system.transcript.call(lambda t: t.start_session("s2", T0 + 100))
+    await system.boot_prompt(settle=False)
+    recalled = await system.recall_for("Do you remember where I said I live, near which river?", "s2", "t9")
+    assert recalled is not None and ids[1] in {m.observation_id for m in recalled.memories}
+    restarts: list[str] = []
+    api = SessionsConsole(system, lambda: "s2", restart=lambda: restarts.append("new"))
+    done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
+    assert done.restarted and restarts == ["new"]  # type: ignore[attr-defined]

@@ -59,10 +59,11 @@ class SessionsConsole:
             raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
         restarted = False
 
-        def restart(sessions: Sequence[str]) -> None:
-            # Before any turn may start again: the agent's context lets go of the forgotten turn first.
+        def restart(sessions: Sequence[str], held: bool) -> None:
+            # Before any turn may start again: the agent's context lets go of the forgotten turn first (one of
+            # its session's, or of a past session's its boot prompt or auto-recall brought it).
             nonlocal restarted
-            if self._current() in sessions:
+            if held or self._current() in sessions:
                 try:
                     self._restart()
                     restarted = True

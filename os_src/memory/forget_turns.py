@@ -262,6 +262,15 @@ def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
                     (json.dumps(sorted(hashes)), job_id))
 
 
+def decide_current(db: MemoryDB, job_id: int, checked: set[str], found: set[str]) -> None:
+    """An undecided job's current files' lines decided (`checked`, of which `found` came from the turns):
+    they replace the words' guess there, for the boot prompt and for its pass if it is decided there."""
+    row = db.conn.execute("SELECT line_hashes FROM forget_jobs WHERE id = ? AND decided = 0", (job_id,)).fetchone()
+    if row is not None:
+        db.conn.execute("UPDATE forget_jobs SET line_hashes = ? WHERE id = ?",
+                        (json.dumps(sorted((set(json.loads(row[0])) - checked) | found)), job_id))
+
+
 def jobs(db: MemoryDB) -> list[Job]:
     found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
                             "ORDER BY id").fetchall()
@@ -438,7 +447,11 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 # daemon's passes try it, and until one succeeds its lines stay in the files (out of the boot prompt).
 DECIDE_RETRIES = (2.0, 10.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-Then = Callable[[Sequence[str]], None]  # told the sessions forgotten, before any turn may start again
+# Told the sessions forgotten, and whether the current session holds them otherwise (its boot prompt a line
+# the words find, or auto-recall one of the turns), before any turn may start again.
+Then = Callable[[Sequence[str], bool], None]
+# Whether the current session holds lines (their hashes) or turns (their ids) in its context.
+Holds = Callable[[set[str], Sequence[int]], bool]
 
 
 class CheckFailed(Exception):
@@ -487,6 +500,13 @@ class Lines:
     def texts(self) -> dict[str, str]:
         return {**self.backups, **self.files}
 
+    def split(self) -> tuple[Lines, Lines]:
+        """The current files' lines, and the others (their history, the batches' records, the backups)."""
+        now = self.current
+        return (Lines({h: t for h, t in self.files.items() if h in now}, {}, now),
+                Lines({h: t for h, t in self.files.items() if h not in now},
+                      {h: t for h, t in self.backups.items() if h not in now}, now))
+
 
 @dataclass
 class _Decision:
@@ -515,6 +535,7 @@ class TurnForgetting:
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     retries: Sequence[float] = DECIDE_RETRIES
+    holds: Holds = lambda lines, ids: False
     gate: TurnGate = field(default_factory=TurnGate)
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # line hash -> its vector, in memory only, least recently used first
@@ -522,6 +543,7 @@ class TurnForgetting:
     # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
+    _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
 
     async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
@@ -593,7 +615,7 @@ class TurnForgetting:
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
                 if then is not None:
-                    then(sessions)
+                    then(sessions, self.holds(by_words, done))
             except BaseException:
                 del self._deciding[job]  # the next start, or the daemon's pass, finishes it
                 raise
@@ -604,6 +626,7 @@ class TurnForgetting:
         return job, decision, len(purged.learning_ids)
 
     def _start_decision(self, job: int, decision: _Decision) -> None:
+        self._current[job] = asyncio.Event()
         self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
 
     async def decided(self, budget: float) -> bool:
@@ -628,10 +651,21 @@ class TurnForgetting:
         await asyncio.gather(*running, return_exceptions=True)
 
     async def _decide(self, job: int, decision: _Decision) -> None:
+        """The current files' lines first (tens of them: a new session's boot waits for those alone, and
+        the boot prompt leaves out what they find from then on), then the rest: their history, the
+        batches' records, the backups."""
+        now, rest = decision.lines.split()
+        found_now: set[str] | None = None
         try:
             for attempt, pause in enumerate([*self.retries, None]):
                 try:
-                    hashes = await self._found(decision.by_words, decision.anchors, decision.lines)
+                    if found_now is None:
+                        found_now = await self._found(decision.by_words & set(now.files), decision.anchors, now)
+                        await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
+                                         decide_current(m, job, c, f))
+                        self._current_ready(job)
+                    hashes = found_now | await self._found(decision.by_words - set(now.files), decision.anchors,
+                                                           rest)
                 except CheckFailed as exc:
                     # Precision first: a line the check could not judge stays in the files until it can.
                     log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
@@ -649,7 +683,23 @@ class TurnForgetting:
         except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
             log_expected(log, "forget_decision_failed", exc)
         finally:
+            self._current_ready(job)
             self._deciding.pop(job, None)
+
+    def _current_ready(self, job: int) -> None:
+        if (ready := self._current.pop(job, None)) is not None:
+            ready.set()
+
+    async def current_decided(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until the forgets deciding their lines have decided the current
+        files' (what a new session's boot prompt holds). True if none is left."""
+        waiting = [asyncio.create_task(ready.wait()) for ready in self._current.values()]
+        if not waiting:
+            return True
+        _, pending = await asyncio.wait(waiting, timeout=budget)
+        for task in pending:
+            task.cancel()
+        return not pending
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'

@@ -31,7 +31,7 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, Then, TurnForgetting, hidden_lines
+from .forget_turns import Forgotten, Then, TurnForgetting, hidden_lines, line_hash
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -51,7 +51,7 @@ RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
-BOOT_DECIDE_BUDGET = 60.0  # a boot prompt waits this long, at most, for a forget deciding its file lines
+BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
 
 
 class MemorySystem:
@@ -80,6 +80,9 @@ class MemorySystem:
                                          self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages,
                                          kept_near=self.recall.kept_near)
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
+        self.forgetting.holds = self._holds
+        self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
+        self._recalled: tuple[str, set[int]] = ("", set())  # the turns auto-recall brought a session
         self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
@@ -191,11 +194,12 @@ class MemorySystem:
         if settle and not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
         # A forget deciding which lines came from its turns (the curator's rewordings among them): a new
-        # session waits for it, so that one the forget restarted never boots with them.
-        if settle and not await self.forgetting.decided(BOOT_DECIDE_BUDGET):
+        # session waits for the current files' part, so that one the forget restarted never boots with them.
+        if settle and not await self.forgetting.current_decided(BOOT_DECIDE_BUDGET):
             log.warning("boot_before_forget_decided", budget=BOOT_DECIDE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
+        self._booted = {line_hash(line) for line in prompt.splitlines() if line.strip()}
         if settle:
             await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
         return prompt
@@ -222,7 +226,17 @@ class MemorySystem:
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None:
         """Auto-recall for a person's message: the prompt to send and what was added, or None."""
-        return await self.recall.auto_recall(message, session_id, turn_id)
+        recalled = await self.recall.auto_recall(message, session_id, turn_id)
+        if recalled is not None:
+            seen = self._recalled[1] if self._recalled[0] == session_id else set()
+            seen |= {m.observation_id for m in recalled.memories if m.observation_id is not None}
+            self._recalled = (session_id, seen)
+        return recalled
+
+    def _holds(self, lines: set[str], ids: Sequence[int]) -> bool:
+        """Whether the current session's context holds a forget's lines or turns: its boot prompt, or
+        what auto-recall brought it (a forget of a past session's turn restarts it then too)."""
+        return bool(lines & self._booted) or bool(set(ids) & self._recalled[1])
 
     def status(self) -> dict[str, Any]:
         """What memory's state is now, from memory alone (no database is read): the daemon's
