@@ -48,6 +48,7 @@ log = get_logger(__name__)
 
 R = TypeVar("R")
 
+FORGET_PASS = "forget"  # the reason a forget wakes the daemon with (memory/forget_turns.py): its pass alone
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
 # still, so one long sleep until midnight could oversleep it by the length of the suspend.
@@ -96,6 +97,7 @@ class MemoryDaemon:
         self._task: asyncio.Task[None] | None = None
         # Run first in each pass: what a person's forget left for the files' one writer to do.
         self.before_batches: Callable[[], Awaitable[object]] = _nothing
+        self._pass_wanted = asyncio.Event()  # a forget's pass asked for: it needs no model, no backoff holds it
 
     # ------------------------------------------------------------ memory.db's one writer
 
@@ -113,6 +115,8 @@ class MemoryDaemon:
             self.trigger("batch")
 
     def trigger(self, reason: str) -> None:
+        if reason == FORGET_PASS:
+            self._pass_wanted.set()
         self._reasons.add(reason)
         self._idle.clear()
         self._wake.set()
@@ -225,14 +229,20 @@ class MemoryDaemon:
         """Wait out the backoff. While the proxy is down, ask it now and then whether it answers;
         once it does, the retry is now."""
         while (hold := self._not_before - loop.time()) > 0:
+            if self._pass_wanted.is_set():  # a forget's pass, meanwhile: on this task, the files' one writer
+                self._pass_wanted.clear()
+                try:
+                    await self.before_batches()
+                except Exception as exc:  # the next run does it again
+                    log_expected(log, "memory_forget_pass_failed", exc)
+                continue
             due = self.probe.due(loop.time(), self._not_before) if self._proxy_down else None
             if due is None:
-                await asyncio.sleep(hold)
-                return
+                await _first(hold, self._pass_wanted)
+                continue
             if (wait := due - loop.time()) > 0:
                 self._asked.clear()
-                with contextlib.suppress(TimeoutError):  # a trigger may bring the question forward
-                    await asyncio.wait_for(self._asked.wait(), wait)
+                await _first(wait, self._asked, self._pass_wanted)  # a trigger may bring the question forward
                 continue
             self.probe.probed(loop.time())
             if await self.processor.curator.probe():
@@ -250,6 +260,7 @@ class MemoryDaemon:
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
         self._proxy_down = False
+        self._pass_wanted.clear()
         await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
@@ -368,3 +379,13 @@ class MemoryDaemon:
         h = self.health
         return {"running": h.running, "batches_run": h.batches_run, "last_success_at": h.last_success_at,
                 "last_error": h.last_error, **self.clock.report()}
+
+
+async def _first(seconds: float, *events: asyncio.Event) -> None:
+    """Until one of `events` is set, or `seconds` have passed."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
