@@ -535,38 +535,48 @@ def _jobs(path: Path) -> list[Job]:
         db.close()
 
 
-@pytest.mark.parametrize("failure", ["raises", "times out"])
+@pytest.mark.parametrize(("failure", "said"), [("raises", "failed: OSError"), ("times out", "took over 0.2 s"),
+                                              ("gives up", "gave up: the word index is still behind")])
 async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
-        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str, said: str) -> None:
+    """A check that fails leaves the lines in the files (out of the boot prompt), and the decision tries
+    again on its own timer, the last pause again and again, with no new turn or daemon pass to wake it."""
     import sprite_os.memory.forget_turns as ft
 
     ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     forgetting = system.forgetting
-    real, forgetting.retries = forgetting.kept_near, (0.01,)
+    real, forgetting.retries = forgetting.kept_near, (0.01, 0.05)
     assert real is not None
     tries: list[int] = []
+    checked = asyncio.Event()
 
     async def failing(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
         tries.append(len(lines))
+        if len(tries) > 4:
+            return await real(lines)
+        if len(tries) == 4:
+            checked.set()
+            await asyncio.sleep(0.5)  # the file and the boot prompt, looked at meanwhile
         if failure == "raises":
             raise OSError("the vector store is unreadable")
+        if failure == "gives up":
+            raise TimeoutError("the word index is still behind what is recorded after 30 s")
         await asyncio.sleep(3600)
         return []
 
     monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 0.2)
     forgetting.kept_near = failing
-    wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
+    forgetting.wake_daemon = lambda reason: None  # no pass: the decision's own timer alone
     with capture_logs() as logs:
         await system.forget_turns([ids[0]], by="test")
+        await asyncio.wait_for(checked.wait(), 60)
+        assert system.files.read("user.md") == f"# User\n{MUM}\n{DAD}\n"  # nothing unchecked left the file
+        prompt = await system.boot_prompt(settle=False)
+        assert "Rosa" not in prompt and "Father" not in prompt  # both out of the boot prompt until decided
+        monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 120.0)
         assert await forgetting.decided(60)
-        assert await forgetting.rewrite_files() == 0  # the daemon's pass tries again, and fails again
-    assert len(tries) == 3
-    assert [e["lines_kept_for_now"] for e in logs if e["event"] == "forget_check_failed"] == [2, 2, 2]
-    assert system.files.read("user.md") == f"# User\n{MUM}\n{DAD}\n"  # nothing unchecked left the file
-    prompt = await system.boot_prompt(settle=False)
-    assert "Rosa" not in prompt and "Father" not in prompt  # both out of the boot prompt until decided
-    forgetting.kept_near, forgetting.wake_daemon = real, wake
-    monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 120.0)
+    failed = [e for e in logs if e["event"] == "forget_check_failed"]
+    assert [e["next_try_s"] for e in failed] == [0.01, 0.05, 0.05, 0.05] and said in failed[0]["error"]
     assert await forgetting.rewrite_files() == 1
     assert system.files.read("user.md") == f"# User\n{DAD}\n"
 
@@ -863,3 +873,18 @@ async def test_forgetting_a_past_turn_auto_recall_brought_restarts_the_session(
     api = SessionsConsole(system, lambda: "s2", restart=lambda: restarts.append("new"))
     done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
     assert done.restarted and restarts == ["new"]  # type: ignore[attr-defined]
+
+
+async def test_the_forgets_file_pass_does_not_wait_out_the_curators_backoff(system: MemorySystem) -> None:
+    """The pass needs no model: a forget's wake runs it while the curator's backoff holds the batches (a
+    spent budget: 300 s at a time)."""
+    ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
+    loop = asyncio.get_running_loop()
+    system.daemon._not_before = loop.time() + 300  # as a spent budget leaves it
+    try:
+        await system.forget_turns([ids[0]], by="test")
+        assert await system.forgetting.decided(60)
+        await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the forget's pass")
+    finally:
+        system.daemon._not_before = 0.0
+    assert "Rosa" not in system.files.read("user.md")

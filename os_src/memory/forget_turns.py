@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import re
 import shutil
@@ -443,9 +444,10 @@ LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
 # embedding a line costs ~20 ms, and a person often forgets several turns one after the other.
 LINE_VECTORS_KEPT = 5_000
 KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it counts as failed
-# A decision whose kept-turn check failed is tried again after these pauses (seconds); then the
-# daemon's passes try it, and until one succeeds its lines stay in the files (out of the boot prompt).
-DECIDE_RETRIES = (2.0, 10.0)
+# A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
+# again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
+# (out of the boot prompt) meanwhile.
+DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 # Told the sessions forgotten, and whether the current session holds them otherwise (its boot prompt a line
 # the words find, or auto-recall one of the turns), before any turn may start again.
@@ -657,7 +659,8 @@ class TurnForgetting:
         now, rest = decision.lines.split()
         found_now: set[str] | None = None
         try:
-            for attempt, pause in enumerate([*self.retries, None]):
+            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else 300.0))
+            for attempt, pause in enumerate(pauses):
                 try:
                     if found_now is None:
                         found_now = await self._found(decision.by_words & set(now.files), decision.anchors, now)
@@ -669,11 +672,7 @@ class TurnForgetting:
                 except CheckFailed as exc:
                     # Precision first: a line the check could not judge stays in the files until it can.
                     log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
-                                lines_kept_for_now=len(decision.by_words),
-                                next_try_s=pause if pause is not None else "the daemon's next pass")
-                    if pause is None:
-                        self.wake_daemon("forget")  # its pass tries once more, then every pass after
-                        return
+                                lines_kept_for_now=len(decision.by_words), next_try_s=pause)
                     await asyncio.sleep(pause)
                     continue
                 await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
@@ -837,10 +836,14 @@ class TurnForgetting:
     async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
         if self.kept_near is None:
             return [[] for _ in lines]
+        limit = asyncio.timeout(KEPT_CHECK_TIMEOUT)
         try:
-            return await asyncio.wait_for(self.kept_near(lines), KEPT_CHECK_TIMEOUT)
+            async with limit:
+                return await self.kept_near(lines)
         except TimeoutError as exc:
-            raise CheckFailed(f"the kept-turn search took over {KEPT_CHECK_TIMEOUT:g} s") from exc
+            if limit.expired():
+                raise CheckFailed(f"the kept-turn search took over {KEPT_CHECK_TIMEOUT:g} s") from exc
+            raise CheckFailed(f"the kept-turn search gave up: {exc}") from exc  # the word index behind, say
         except Exception as exc:
             raise CheckFailed(f"the kept-turn search failed: {type(exc).__name__}: {exc}") from exc
 
