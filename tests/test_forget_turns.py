@@ -888,3 +888,28 @@ async def test_the_forgets_file_pass_does_not_wait_out_the_curators_backoff(syst
     finally:
         system.daemon._not_before = 0.0
     assert "Rosa" not in system.files.read("user.md")
+
+
+async def test_two_forgets_in_a_row_embed_the_files_lines_once(system: MemorySystem) -> None:
+    """Decisions take turns: the second finds the line vectors the first kept, instead of both embedding
+    every line of the files and their history at once (about 20 ms of CPU a line)."""
+    lines = [f"- Note {i}: item{i} alpha{i} beta{i}" for i in range(150)]
+    ids = await _seed(system, (turn(1, "item0 alpha0", "ok"), turn(2, "item1 alpha1", "ok"),
+                               turn(3, "something else entirely", "ok")),
+                      "# User\n" + "\n".join(lines) + "\n", [])
+    embedded: list[str] = []
+    rng = np.random.default_rng(0)
+
+    async def embed(texts: Sequence[str]) -> np.ndarray:
+        batch = list(texts)
+        embedded.extend(batch)
+        await asyncio.sleep(0.02)  # the embedder's thread
+        x = rng.standard_normal((len(batch), 8)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    system.forgetting.embed = embed
+    await system.forget_turns([ids[0]], by="test")
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    line_embeds = [t for t in embedded if t.startswith("- Note")]
+    assert len(line_embeds) <= len(lines) + 10, f"{len(line_embeds)} line embeddings for {len(lines)} lines"

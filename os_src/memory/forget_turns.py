@@ -546,7 +546,10 @@ class TurnForgetting:
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
-    _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
+    _taking_out: int = 0
+    # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
+    # embed each line once, the next finding the vectors the one before kept.
+    _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
 
     async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
@@ -663,12 +666,14 @@ class TurnForgetting:
             for attempt, pause in enumerate(pauses):
                 try:
                     if found_now is None:
-                        found_now = await self._found(decision.by_words & set(now.files), decision.anchors, now)
+                        async with self._one_at_a_time:
+                            found_now = await self._found(decision.by_words & set(now.files), decision.anchors, now)
                         await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
                                          decide_current(m, job, c, f))
                         self._current_ready(job)
-                    hashes = found_now | await self._found(decision.by_words - set(now.files), decision.anchors,
-                                                           rest)
+                    async with self._one_at_a_time:
+                        hashes = found_now | await self._found(decision.by_words - set(now.files), decision.anchors,
+                                                               rest)
                 except CheckFailed as exc:
                     # Precision first: a line the check could not judge stays in the files until it can.
                     log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
