@@ -196,7 +196,7 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
                     ok(a["evidence_in_block"] >= 0.75 and a["unrelated_with_block"] <= 0.10)))
     if b := rc.get("backfill"):
         moments = [k for k in b if k.endswith("%")]
-        out.append(("while vectors catch up (newest first; at " + " / ".join(moments) + " embedded): recall@10 of the "
+        out.append(("while vectors catch up (every other turn first, each pass newest first; at " + " / ".join(moments) + " embedded): recall@10 of the "
                     "questions whose evidence has no vector yet, against the same with vectors",
                     " / ".join(f"{b[m]['r@10_without_vector']:.3f} vs {b[m]['r@10_with_vector']:.3f}" for m in moments),
                     "within 2 points", ok(all(abs(b[m]["gap_points"]) <= 2 for m in moments))))

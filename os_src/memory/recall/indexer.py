@@ -12,7 +12,8 @@ A second task embeds episodes for the dense retriever the same way, newest first
 time, on a thread and model instance of its own that also owns the vector store's writer
 (memory/recall/vectors.py): a new turn gets its vector within seconds, ahead of any backlog
 (the first start on a long transcript, an import), and the backlog is a walk over memory.db,
-not a queue in memory. Its progress (how many wait, at what rate) is in `status`.
+not a queue in memory, in two passes: every other turn first, then the rest (backlog.first_pass).
+Its progress (how many wait, at what rate) is in `status`.
 
 Threads: SQL runs on the databases' threads (`Worker[MemoryDB]`, shared with the daemon, so
 memory keeps one writer; `Worker[TranscriptDB]`); index writes on the index's thread;
