@@ -162,25 +162,26 @@ class Searcher:
             dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"], window)
             lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
         vectors = {c.id for c in dense} | set(cosines)
-        dense = self._lent(dense, self.dense.vectors) if dense and self.dense is not None else dense
-        placed = {c.id for c in dense}
+        meaning = bool(dense)
+        lent = self._lent(dense, self.dense.vectors) if dense and self.dense is not None else dense
+        placed = {c.id for c in lent}
 
         def seen(c: Keyed) -> bool:  # without meaning there is nothing to be fair about
-            return not dense or (c.kind == "episode" and c.id in vectors)
+            return not meaning or (c.kind == "episode" and c.id in vectors)
 
         def ranked_by_meaning(c: Keyed) -> bool:  # its own vector, or the one that holds its words
             return seen(c) or (c.kind == "episode" and c.id in placed)
 
-        ranked = fuse(lexical, dense, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
-            if dense else list(lexical)
+        ranked = fuse(lexical, lent, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
+            if meaning else list(lexical)
         ranked = self._weighed(ranked)
         # the floor is word search alone as it ranks on its own: weighed the same way
-        words = self._weighed(lexical) if dense else None
+        words = self._weighed(lexical) if meaning else None
         if exclude_session is not None:  # the spread too: the current session's turns say nothing of memory
             ranked = self._other_sessions(ranked, exclude_session)
             words = self._other_sessions(words, exclude_session) if words is not None else None
             dense = self._other_sessions(dense, exclude_session)
-        return ranked, words, seen, spread(dense)
+        return ranked, words, seen, spread(dense)  # the spread: of the vectors themselves, none lent
 
     def _lent(self, nearest: list[Candidate], vectors: VectorReader) -> list[Candidate]:
         """Meaning's list, each turn without a vector yet placed just after the turn that follows it in
@@ -189,6 +190,8 @@ class Searcher:
         turn first (indexer.py), so that half-way through, every turn's words are in some vector."""
         before = ep.turns_before(self.conn, [c.id for c in nearest if c.kind == "episode"])
         wanted = [b for b, _ in before.values()]
+        if not wanted:
+            return nearest
         lacking = {b for b, has in zip(wanted, vectors.has(wanted), strict=True) if not has}
         out: list[Candidate] = []
         taken = {c.id for c in nearest}
