@@ -33,6 +33,7 @@ from sprite_os.memory.recall.ranking import (
     with_neighbours,
 )
 from sprite_os.memory.recall.rarity import prior
+from sprite_os.memory.recall.searcher import _fused_scores
 from sprite_os.memory.recall.timeparse import When, anchor_cue, time_cue
 from sprite_os.memory.transcript_store import Observation
 
@@ -139,6 +140,11 @@ def test_the_floor_brings_in_a_memory_the_fused_list_lacks_and_holds_on_shown_hi
     hit = lambda i: RecallHit("episode", i, 0.0, 0.0, "s", i, i, "EPISODE", "")  # noqa: E731
     shown_hits = never_below_words([hit(5), hit(2), hit(6)], [hit(2), hit(9)], lambda x: x.id != 2)
     assert [h.id for h in shown_hits] == [2, 5, 6]
+    # one brought in from word search alone carries BM25: it takes the fused score of the hit it went above
+    scored = lambda i, s: RecallHit("episode", i, s, 0.0, "s", i, i, "EPISODE", "")  # noqa: E731
+    out = _fused_scores([scored(1, 9.5), scored(5, 0.2), scored(3, 7.0), scored(6, 0.1)], {("episode", 5),
+                                                                                       ("episode", 6)})
+    assert [h.score for h in out] == [0.2, 0.2, 0.1, 0.1]
 
 
 @pytest.mark.parametrize(("query", "event", "before", "days", "rest"), [

@@ -22,6 +22,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from ...config import DEFAULT_DENSE_WEIGHT
 from ...database import marks
 from . import episodes as ep
@@ -90,6 +92,17 @@ def _first(ranked: list[Candidate], event: Candidate | None) -> list[Candidate]:
     if event is None:
         return ranked
     return [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
+
+
+def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]]) -> list[RecallHit]:
+    """A hit the floor brought in from word search alone carries a BM25 score: it takes the fused score
+    of the hit it went above, so that every score is of one kind."""
+    out = list(hits)
+    for i in range(len(out) - 1, -1, -1):
+        if (out[i].kind, out[i].id) not in fused:
+            below = out[i + 1].score if i + 1 < len(out) else 0.0
+            out[i] = msgspec.structs.replace(out[i], score=below)
+    return out
 
 
 def spread(nearest: Sequence[Candidate]) -> float | None:
@@ -238,5 +251,6 @@ class Searcher:
             # hydration left out on purpose (an echo, a turn shown as its learning) stays out.
             kept = {(h.kind, h.id) for h in hits}
             dropped = {(c.kind, c.id) for c in found.ranked} - kept
-            hits = never_below_words(hits, shown(self.conn, found.words_alone, words), found.seen, dropped)
+            floored = never_below_words(hits, shown(self.conn, found.words_alone, words), found.seen, dropped)
+            hits = _fused_scores(floored, kept)
         return hits[:limit]
