@@ -133,11 +133,20 @@ async def test_vectors_come_every_other_turn_first_newest_first_and_a_new_turn_g
             assert time.monotonic() - said < 10
             await asyncio.sleep(0.05)
         await asyncio.wait_for(indexer.embedded_all.wait(), 60)
+        backlog = np.fromfile(store / "ids.i64", dtype=np.int64).tolist()
+        # Turns said once all is embedded, odd and even: each gets its vector (the second pass takes the odd)
+        for n in (2, 3):
+            await transcript.call(lambda t, n=n: t.append(turn("live", n, f"said later {n}", at=time.time() + n)))
+        indexer.nudge()
+        said = time.monotonic()
+        while not reader.has([202, 203]).all():
+            assert time.monotonic() - said < 10
+            await asyncio.sleep(0.05)
     finally:
         await indexer.stop()
         await asyncio.gather(*(w.close() for w in workers))
-    order = np.fromfile(store / "ids.i64", dtype=np.int64).tolist()
-    assert sorted(order) == list(range(1, 202)) and model.calls == 201  # each turn once
+    order = backlog
+    assert sorted(order) == list(range(1, 202)) and model.calls == 203  # each turn once
     live = order.index(201)
     assert live < 60  # the new turn (the first of its session) did not wait for the backlog's first pass
     # The backlog in two passes, each newest first: every other turn of each session (its 2nd, 4th...),
