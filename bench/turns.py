@@ -2,8 +2,9 @@
 
 - overhead: a turn through Sprite OS (WebSocket in, frames out, memory on)
   against the same turn driven through the SDK directly, on the same mock Bridge;
-- hooks: memory on against memory off, and the time memory spends on the agent's path
-  (capturing the turn from the runtime's stream; the compaction hooks never fire here);
+- hooks: memory on against memory off, as paired turns with an A/A check (memory off against
+  itself), and the time memory spends on the agent's path (capturing the turn from the runtime's
+  stream; the compaction hooks never fire here);
 - curator: turn latency while the curator's proxy takes 5 s, against 0 s;
 - relay: a turn through the SDK with the CLI reaching the mock Bridge through the model relay,
   against the same with the CLI connected to it directly;
@@ -17,17 +18,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
+import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, ResultMessage
 
-from bench.stats import percentile, ratio, summary_ms
+from bench.stats import paired, percentile, ratio, summary_ms
 from devkit.harness import Client, client_factory, make_settings, running
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.agent.budget import AgentLimits
@@ -63,17 +67,66 @@ async def _server_turn(bridge: MockBridge, c: Client, n: int,
     return time.perf_counter() - started
 
 
-async def _interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False) -> dict[str, list[float]]:
-    """`alternate`: every other round runs the paths in reverse order, so that what one path's turn
-    leaves running (memory's capture and indexing) falls on the other's next turn as often."""
+async def _interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False,
+                      orders: Sequence[Sequence[str]] | None = None) -> dict[str, list[float]]:
+    """One turn of each path a round; samples[name][i] is round i's. `alternate`: the rounds cycle
+    through every order of the paths (two paths: AB, BA, AB, ...), so that what one path's turn
+    leaves running (memory's capture and indexing) falls on the other's next turn as often.
+    `orders`: the rounds cycle through these orders instead."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
+    if orders is None:
+        orders = list(itertools.permutations(paths)) if alternate else [tuple(paths)]
     for n in range(turns + WARMUP):
-        order = list(paths.items())
-        for name, fn in (order[::-1] if alternate and n % 2 else order):
-            took = await fn(n)
+        for name in orders[n % len(orders)]:
+            took = await paths[name](n)
             if n >= WARMUP:
                 samples[name].append(took)
     return samples
+
+
+def carry_balanced(a: str, b: str, c: str) -> list[tuple[str, str, str]]:
+    """Rounds of three paths, run back to back (a b c a c b a b c ...), in which each path's turn
+    follows each other path's equally often and never its own: whatever a turn leaves running
+    (the CLI's own after-turn work, memory's indexing) falls on the others alike. A turn right
+    after the same server's previous one is slower (225 ms against 153-169 ms, loaded machine):
+    the cycle of all six orders did that to one path in six rounds and not to another, and an
+    A/A pair read 0.85."""
+    return [(a, b, c), (a, c, b)]
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process (every thread) and its living descendants (the CLIs),
+    read from the scheduler's nanosecond counters: a turn's CPU is the difference across it, which
+    other work on the machine slows but does not add to, unlike its wall time."""
+    total = time.process_time()
+    todo = _children(os.getpid())
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError, ValueError):  # it exited meanwhile
+            for task in os.listdir(f"/proc/{pid}/task"):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0]) / 1e9
+            todo += _children(pid)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return out
+
+
+def _with_cpu(fn: TurnFn, into: list[float]) -> TurnFn:
+    """`fn`, also noting each turn's CPU (tree_cpu_s) in `into`."""
+    async def turn(n: int) -> float:
+        before = tree_cpu_s()
+        took = await fn(n)
+        into.append(tree_cpu_s() - before)
+        return took
+
+    return turn
 
 
 async def _server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
@@ -121,39 +174,82 @@ async def overhead(turns: int) -> dict[str, Any]:
             "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
 
 
-async def _model_speeds(turns: int, model_latency: float
+async def _model_speeds(turns: int, model_latency: float | None
                         ) -> AsyncIterator[tuple[str, int, MockBridge, AsyncExitStack, Path]]:
     """A fixed cost per turn, measured twice, each on a fresh mock Bridge and scratch folder: with a
     zero-latency model (the cost is all there is to see), then with `model_latency` seconds per
-    model request (closer to life), on a third as many turns. Yields (label, turns, bridge, the
-    exit stack to enter servers on, the folder)."""
-    for label, latency, n in (("zero_latency", 0.0, turns), (f"model_{model_latency:g}s", model_latency, turns // 3)):
+    model request (closer to life; None: not measured), on a third as many turns. Yields (label,
+    turns, bridge, the exit stack to enter servers on, the folder)."""
+    speeds = [("zero_latency", 0.0, turns)]
+    if model_latency is not None:
+        speeds.append((f"model_{model_latency:g}s", model_latency, turns // 3))
+    for label, latency, n in speeds:
         async with MockBridge() as bridge, AsyncExitStack() as stack:
             if latency:
                 bridge.faults.add(Fault("latency", seconds=latency, target="agent"))
             yield label, n, bridge, stack, Path(stack.enter_context(tempfile.TemporaryDirectory()))
 
 
-async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
+BLOCK_ROUNDS = 30  # rounds per set of fresh servers (memory on / off / off again)
+PATHS = ("memory_on", "memory_off", "memory_off_again")
+
+
+async def hooks(turns: int, model_latency: float | None = 0.3) -> dict[str, Any]:
     """Memory on against off, first with a zero-latency model (any fixed cost per turn, such as the
-    CLI's ~4 ms per hook event, is all there is to see), then with `model_latency` seconds per
-    model request (closer to life)."""
+    durable commit's wait before turn_complete, is all there is to see), then with `model_latency`
+    seconds per model request (closer to life).
+
+    Three servers run at once on one mock Bridge, each in a fresh workspace (its first session):
+    memory on, memory off, and memory off again. Each round sends one turn to each, in orders that
+    balance what a turn leaves behind (carry_balanced), and times it from the client's send to its
+    turn_complete. The cost is the median of the rounds' paired ratios on / off (and differences),
+    with a bootstrap 95% interval: a round's turns see the same machine, so its drift leaves the
+    comparison. Two identical servers also differ for as long as they live (their CLIs' JIT, where
+    their memory lies: an A/A pair read 0.87 in one run and 1.00 in the next), so every
+    BLOCK_ROUNDS rounds all three are replaced by fresh ones, and the interval draws whole blocks
+    first. The second memory-off server is the A/A check in the same run: off again / off must
+    read 1.00 within its interval, or the run shows noise, not memory."""
     out: dict[str, Any] = {}
-    async for label, n, bridge, stack, tmp in _model_speeds(turns, model_latency):
-        on = await stack.enter_async_context(
-            running(make_settings(tmp / "on", bridge.url, memory_batch_turns=100_000)))
-        off = await stack.enter_async_context(running(make_settings(tmp / "off", bridge.url), memory=False))
-        c_on, c_off = await _server_client(stack, on), await _server_client(stack, off)
-        # alternate: the turn after memory on's otherwise always pays for its indexing, not its own
-        samples = await _interleave({"memory_on": lambda n, c=c_on, b=bridge: _server_turn(b, c, n),
-                                     "memory_off": lambda n, c=c_off, b=bridge: _server_turn(b, c, n)}, n,
-                                    alternate=True)
-        assert on.memory is not None
-        inside_us = [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
-        recorded = (await on.memory.transcript.call(lambda t: t.counts()))["total"]
+    async for label, n, bridge, _stack, tmp in _model_speeds(turns, model_latency):
+        samples: dict[str, list[float]] = {name: [] for name in PATHS}
+        cpu: dict[str, list[float]] = {name: [] for name in PATHS}
+        blocks: list[int] = []
+        inside_us: list[float] = []
+        recorded = 0
+        for block, rounds in enumerate(_blocks(n)):
+            async with AsyncExitStack() as servers:
+                on = await servers.enter_async_context(
+                    running(make_settings(tmp / f"{block}-on", bridge.url, memory_batch_turns=100_000)))
+                offs = [await servers.enter_async_context(
+                    running(make_settings(tmp / f"{block}-{name}", bridge.url), memory=False))
+                    for name in ("off", "off_again")]
+                clients = {name: await _server_client(servers, app)
+                           for name, app in zip(PATHS, (on, *offs), strict=True)}
+                used: dict[str, list[float]] = {name: [] for name in PATHS}
+                got = await _interleave({name: _with_cpu(partial(_server_turn, bridge, c), used[name])
+                                         for name, c in clients.items()}, rounds, orders=carry_balanced(*PATHS))
+                for name in PATHS:
+                    samples[name] += got[name]
+                    cpu[name] += used[name][WARMUP:]
+                blocks += [block] * rounds
+                assert on.memory is not None
+                inside_us += [ns / 1000 for ns in on.memory.timings.samples_ns]  # capture's steps, per call
+                recorded += (await on.memory.transcript.call(lambda t: t.counts()))["total"]
         a, b = summary_ms(samples["memory_on"]), summary_ms(samples["memory_off"])
-        out[label] = {"memory_on": a, "memory_off": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
-                      "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}
+        cost = paired(samples["memory_on"], samples["memory_off"], blocks)
+        out[label] = {"memory_on": a, "memory_off": b, "memory_off_again": summary_ms(samples["memory_off_again"]),
+                      "ratio_median": cost["ratio"], "ratio_ci95": cost["ratio_ci95"],
+                      "added_median_ms": cost["diff_ms"], "added_ci95_ms": cost["diff_ci95_ms"],
+                      "pairs": cost["pairs"], "blocks": len(set(blocks)),
+                      "ratio_of_medians": ratio(a["median_ms"], b["median_ms"]),
+                      "aa": paired(samples["memory_off_again"], samples["memory_off"], blocks),
+                      "cpu": {"memory_on_ms": round(1000 * statistics.median(cpu["memory_on"]), 2),
+                              "memory_off_ms": round(1000 * statistics.median(cpu["memory_off"]), 2),
+                              "on_off": paired(cpu["memory_on"], cpu["memory_off"], blocks),
+                              "aa": paired(cpu["memory_off_again"], cpu["memory_off"], blocks)},
+                      "rounds_ms": {name: [round(1000 * x, 2) for x in xs] for name, xs in samples.items()},
+                      "rounds_cpu_ms": {name: [round(1000 * x, 2) for x in xs] for name, xs in cpu.items()},
+                      "rounds_block": blocks}
         if label == "zero_latency":
             out["inside_hooks_us"] = {"p50": round(percentile(inside_us, 50), 1),
                                       "p99": round(percentile(inside_us, 99), 1), "max": round(max(inside_us), 1),
@@ -161,6 +257,12 @@ async def hooks(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
                                       "per_turn": round(sum(inside_us) / max(1, recorded), 1)}
             out["turns_recorded"] = recorded
     return out
+
+
+def _blocks(rounds: int) -> list[int]:
+    """`rounds` measured rounds as blocks of about BLOCK_ROUNDS (each has its own warm-up)."""
+    count = max(1, round(rounds / BLOCK_ROUNDS))
+    return [rounds // count + (1 if i < rounds % count else 0) for i in range(count)]
 
 
 async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:

@@ -9,7 +9,11 @@ validated, rate-limited and dispatched to the runtime; each bad frame gets an
 (memory, past sessions, files: console/requests.py) are answered to their connection alone,
 by the `requests` callable the server passes in (console/requests.ConsoleApi), one at a time
 and in order by the connection's own request task, so that a slow answer, or a client that
-does not read its answers, never holds up its messages and interrupts.
+does not read its answers, never holds up its messages and interrupts. A request whose type is
+`aside` (a forget, which can take seconds) is answered by a second task of the connection's,
+in order with the other aside ones, so the quick ones (a listing, a download's chunks) never wait
+behind it. At shutdown the gateway takes no more requests and lets those in flight end (bounded)
+before the server stops what answers them.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ REPLY_BACKLOG = 1024 * 1024
 # Requests read and waiting for their turn; past this, a request is answered `queue_full` (never handled:
 # send it again). The frames themselves are at most MAX_FRAME_CHARS each.
 REQUEST_QUEUE = 4
+ASIDE_QUEUE = 2  # the same, for the aside requests (forgets) waiting behind the one being answered
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
@@ -83,6 +88,7 @@ class Gateway:
         self.requests = requests  # None: every request is answered memory_unavailable
         self.left = left
         self.connections: set[_Connection] = set()
+        self.stopping = False  # stop_requests was called: no request is taken any more
 
     async def handle(self, ws: ServerConnection) -> None:
         conn = _Connection(ws, self)
@@ -99,6 +105,25 @@ class Gateway:
         """Send what is queued, then close every connection."""
         await asyncio.gather(*(c.close(code, reason) for c in list(self.connections)), return_exceptions=True)
 
+    def stop_requests(self) -> None:
+        """The server is stopping: every request from now on, and each one still waiting its turn,
+        is answered shutting_down; the ones being answered go on (requests_done waits for them)."""
+        self.stopping = True
+        for conn in list(self.connections):
+            conn.stop_requests()
+
+    async def requests_done(self, grace: float) -> None:
+        """Wait for the requests being answered to end; past `grace` seconds, cut them (shutting_down)."""
+        tasks = [task for conn in list(self.connections) for task in conn.request_tasks()]
+        if not tasks:
+            return
+        _, cut = await asyncio.wait(tasks, timeout=grace)
+        if cut:
+            log.warning("requests_cut_at_shutdown", requests=len(cut), after_s=grace)
+            for task in cut:
+                task.cancel()
+            await asyncio.wait(cut)
+
 
 class _Connection:
     def __init__(self, ws: ServerConnection, gateway: Gateway) -> None:
@@ -113,12 +138,14 @@ class _Connection:
         self._writer: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None  # a flooder's close, under way
         self.key = f"c{next(_keys)}"  # what the console's requests know this connection by (rq.client)
-        self._requests: asyncio.Queue[rq.Request | None] = asyncio.Queue(REQUEST_QUEUE)  # None: the end
+        self._quick = _Lane(REQUEST_QUEUE)
+        self._aside = _Lane(ASIDE_QUEUE)
 
     async def run(self) -> None:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
-        token = rq.client.set(self.key)  # the request task's context copies it
-        answering = asyncio.create_task(self._answer(), name=f"ws-requests-{self.name}")
+        token = rq.client.set(self.key)  # the request tasks' contexts copy it
+        for lane, name in ((self._quick, "requests"), (self._aside, "requests-aside")):
+            lane.task = asyncio.create_task(self._answer(lane), name=f"ws-{name}-{self.name}")
         rq.client.reset(token)
         try:
             async for message in self.ws:
@@ -133,18 +160,29 @@ class _Connection:
             if self._closing is not None:
                 with contextlib.suppress(ConnectionClosed):
                     await self._closing
-            # The request being answered is answered (never cut mid-way, as an upload's write);
+            # The requests being answered are answered (never cut mid-way, as an upload's write);
             # those still waiting are dropped: nobody is left to read their answers.
-            while not self._requests.empty():
-                self._requests.get_nowait()
-            self._requests.put_nowait(None)
+            for lane in (self._quick, self._aside):
+                lane.end()
             try:
-                await answering
-            except asyncio.CancelledError:  # the server's hard stop: it goes too
-                answering.cancel()
+                await asyncio.wait([self._quick.answering])
+                # The downloads were the quick lane's: they linger now, while a forget may still run.
+                if self.gw.left is not None:
+                    self.gw.left(self.key)
+                await asyncio.wait([self._aside.answering])
+            except asyncio.CancelledError:  # the server's hard stop: they go too
+                for lane in (self._quick, self._aside):
+                    lane.answering.cancel()
                 raise
-            if self.gw.left is not None:
-                self.gw.left(self.key)
+
+    def stop_requests(self) -> None:
+        for lane in (self._quick, self._aside):
+            for frame in lane.end():
+                self._error("shutting_down", "the server is stopping; this request was not handled: send it again "
+                            "after reconnecting", frame.request_id)
+
+    def request_tasks(self) -> list[asyncio.Task[None]]:
+        return [lane.answering for lane in (self._quick, self._aside) if lane.task is not None]
 
     async def close(self, code: int, reason: str) -> None:
         # What is queued goes out before the close frame; a client that stopped reading can't
@@ -309,16 +347,22 @@ class _Connection:
         if self.gw.requests is None:
             self._error("memory_unavailable", "this server runs without memory", frame.request_id)
             return
+        if self.gw.stopping:
+            self._error("shutting_down", "the server is stopping; this request was not handled: send it again after "
+                        "reconnecting", frame.request_id)
+            return
+        lane = self._aside if frame.aside else self._quick
         try:
-            self._requests.put_nowait(frame)
+            lane.queue.put_nowait(frame)
         except asyncio.QueueFull:
-            self._error("queue_full", f"{REQUEST_QUEUE} requests are waiting for their answers; this one was dropped: "
+            waiting = lane.queue.maxsize
+            self._error("queue_full", f"{waiting} requests are waiting for their answers; this one was dropped: "
                         "send it again once they are answered", frame.request_id)
 
-    async def _answer(self) -> None:
-        """The connection's request task: each request in turn, the next one only once the answers
-        still queued are back under REPLY_BACKLOG."""
-        while (frame := await self._requests.get()) is not None:
+    async def _answer(self, lane: _Lane) -> None:
+        """One of the connection's request tasks: each request of its lane in turn, the next one only
+        once the answers still queued are back under REPLY_BACKLOG."""
+        while (frame := await lane.queue.get()) is not None:
             await self._backlog_room()
             await self._request(frame)
 
@@ -331,7 +375,10 @@ class _Connection:
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
-                    raise  # the connection is ending
+                    if self.gw.stopping:  # cut at shutdown, past the requests' grace: the client is told
+                        self._error("shutting_down", "the server stopped before this request was answered",
+                                    request_id)
+                    raise  # the connection or the server is ending
                 # a future the handler awaited was cancelled, not this task: a failed request, and the
                 # connection's request task must go on answering the next ones
                 raise RuntimeError("the request's work was cancelled") from None
@@ -342,3 +389,26 @@ class _Connection:
                       error=type(exc).__name__)
             log.debug("request_failed_detail", client=self.name, exc_info=True)
             self._error("internal_error", "the server failed to answer this request; it keeps serving", request_id)
+
+
+class _Lane:
+    """Requests answered one at a time, in order, by one task of the connection's."""
+
+    def __init__(self, waiting: int) -> None:
+        self.queue: asyncio.Queue[rq.Request | None] = asyncio.Queue(waiting)  # None: the end
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def answering(self) -> asyncio.Task[None]:
+        assert self.task is not None  # run() starts it first
+        return self.task
+
+    def end(self) -> list[rq.Request]:
+        """Take the requests still waiting (never handled) and let the task end after the one it
+        is answering."""
+        dropped: list[rq.Request] = []
+        while not self.queue.empty():
+            if (frame := self.queue.get_nowait()) is not None:
+                dropped.append(frame)
+        self.queue.put_nowait(None)  # room: it was just emptied
+        return dropped

@@ -253,6 +253,10 @@ class AgentRuntime:
         if isinstance(command, EndSession):
             await self._new_session()
             return False
+        # A forget taking words out of the transcript and search holds the turn until they are out; one
+        # of this session's turns forgotten asks for a new session meanwhile, which comes first.
+        if self._memory is not None and await self._memory.turn_may_start() and self._inbox.take_end_session():
+            await self._new_session()
         if self._cli is not None and self._cli.exited:
             await self._cli_lost()
         await self._run_turn(command)

@@ -69,6 +69,9 @@ log = get_logger(__name__)
 
 HARD_FRAME_LIMIT = 4 * 1024 * 1024  # beyond this the socket closes with 1009
 SHUTDOWN_GRACE = 30.0
+# How long the console's requests in flight at a stop may take to end (beside the running turn's
+# grace, not after it): an upload's chunk, a forget deciding. Past it they are cut, shutting_down.
+REQUEST_GRACE = 30.0
 
 
 def bearer_token(request: Request) -> str | None:
@@ -191,16 +194,24 @@ class SpriteOS:
             raise PortUnavailable(f"cannot listen on {host}:{port}: {reason}") from None
 
     async def stop(self) -> None:
-        """Stop accepting, end the running turn, tell clients, flush memory, close the databases.
-        Each step runs whatever failed before it: memory's flush above all."""
+        """Stop accepting connections and requests, end the running turn while the requests in flight
+        end, tell clients, stop the files' transfers, flush memory, close the databases. Each step
+        runs whatever failed before it: memory's flush above all."""
         log.info("server_stopping")
         if self._server is not None:
             self._server.close(close_connections=False)
+        try:
+            self.gateway.stop_requests()
+        except Exception as exc:  # never in the way of the steps below: the CLI's end above all
+            log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        # Beside the turn's end (which must never wait for a request: the CLI goes in its grace),
+        # and before what answers them stops: files' transfers, then memory.
+        requests = asyncio.create_task(self.gateway.requests_done(REQUEST_GRACE), name="requests-done")
         steps: list[Callable[[], Awaitable[None]]] = [
             functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
             functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
-            self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
+            lambda: requests, self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
         for step in steps:
             try:
                 await step()

@@ -1,7 +1,7 @@
 """Downloads over the socket: the bytes of the file that was opened, exactly, a chunk at a time read
 in a thread from one descriptor (a link swapped in mid-way is never followed, a file written to
 mid-way is file_changed), only in user space, at most MAX_DOWNLOADS open at once and PER_CLIENT on
-one connection with a clear error past it, closed when idle by a sweep of their own or lingering
+one connection with a clear error past it (a takeover counted in), each its connection's alone, closed when idle by a sweep of their own or lingering
 for a while once finished or their connection gone, and a client that asks for chunks without
 reading the answers is held back instead of piling them up in the server's memory."""
 
@@ -158,9 +158,9 @@ async def test_past_the_cap_a_download_waits_its_turn_with_a_clear_error(kit: Ki
                                                            "connection")
     busy = await on("other", kit.refused(pf.DownloadStartRequest(request_id="s", path="a.txt")))
     assert busy.code == "busy" and busy.message.startswith(f"{dl.MAX_DOWNLOADS} downloads are under way;")
-    await kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened[0].download_id))
+    await on("c0", kit.ask(pf.DownloadCancelRequest(request_id="x", download_id=opened[0].download_id)))
     assert await on("other", whole(kit, "a.txt")) == b"abc"  # a place was free again
-    assert (await chunk(kit, opened[1].download_id, 0)).data == b"abc"  # it finishes: c0 may start one more
+    assert (await on("c0", chunk(kit, opened[1].download_id, 0))).data == b"abc"  # it finishes: c0 may start one more
     assert await on("c0", whole(kit, "a.txt")) == b"abc"
 
 
@@ -179,7 +179,7 @@ async def test_the_last_chunk_asked_again_after_its_answer_was_lost_gets_the_sam
     data = os.urandom(pf.CHUNK_BYTES + 10)
     (kit.layout.root / "a.bin").write_bytes(data)
     opened = await on("tab", start(kit, "a.bin"))
-    await chunk(kit, opened.download_id, 0)
+    await on("tab", chunk(kit, opened.download_id, 0))
     last = await on("tab", chunk(kit, opened.download_id, pf.CHUNK_BYTES))
     assert last.eof and kit.api.downloads.under_way == 0  # finished: its place on the connection is free
     kit.api.downloads.left("tab")  # the answer was lost with the connection: the page asks on a new one
@@ -400,3 +400,74 @@ async def test_a_sweep_that_fails_once_goes_on_sweeping(tmp_path: Path) -> None:
         assert failed  # it failed once, and the next sweep closed the idle download
     finally:
         await kit.api.stop()
+
+
+async def test_a_download_is_its_connections_and_its_id_is_no_key_on_another(kit: Kit) -> None:
+    (kit.layout.root / "a.txt").write_bytes(b"abc")
+    opened = await on("a", start(kit, "a.txt"))
+    ids = {opened.download_id, *[(await on("a", start(kit, "a.txt"))).download_id for _ in range(2)]}
+    assert len(ids) == 3 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)  # 128 random bits each
+    for request in (pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id, offset=0),
+                    pf.DownloadCancelRequest(request_id="x", download_id=opened.download_id)):
+        refused = await on("b", kit.refused(request))
+        assert refused.code == "busy" and "another connection's" in refused.message
+    assert (await on("a", chunk(kit, opened.download_id, 0))).data == b"abc"  # still a's, still open
+    kit.api.downloads.left("a")  # a's connection ended: the next to ask goes on with it
+    assert (await on("b", chunk(kit, opened.download_id, 0))).data == b"abc"
+    refused = await on("c", kit.refused(pf.DownloadCancelRequest(request_id="x", download_id=opened.download_id)))
+    assert refused.code == "busy"  # b's now
+
+
+async def test_a_takeover_counts_in_the_connections_share(kit: Kit) -> None:
+    # A page that reconnects and goes on with its downloads while starting new ones: at most PER_CLIENT.
+    (kit.layout.root / "a.txt").write_bytes(b"x" * (pf.CHUNK_BYTES + 1))
+    old = [await on("old", start(kit, "a.txt")) for _ in range(dl.PER_CLIENT)]
+    kit.api.downloads.left("old")
+    new = [await on("new", start(kit, "a.txt")) for _ in range(dl.PER_CLIENT)]  # the lingering ones don't count
+    refused = await on("new", kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=old[0].download_id,
+                                                                   offset=0)))
+    assert refused.code == "busy" and refused.message.startswith(f"{dl.PER_CLIENT} downloads are under way on this")
+    assert kit.api.downloads.under_way == dl.PER_CLIENT
+    await on("new", chunk(kit, new[0].download_id, pf.CHUNK_BYTES))  # one finishes: a place on "new" is free
+    assert (await on("new", chunk(kit, old[0].download_id, 0))).eof is False  # taken over, in its share
+    refused = await on("new", kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=old[1].download_id,
+                                                                   offset=0)))
+    assert refused.code == "busy" and kit.api.downloads.under_way == dl.PER_CLIENT
+
+
+async def test_a_finished_download_sends_only_its_last_chunk_again(kit: Kit) -> None:
+    # Finished, it no longer counts in its connection's share: it must not be a free download of the rest.
+    data = os.urandom(2 * pf.CHUNK_BYTES + 5)
+    (kit.layout.root / "a.bin").write_bytes(data)
+    opened = await start(kit, "a.bin")
+    last = await chunk(kit, opened.download_id, 2 * pf.CHUNK_BYTES)  # the end first: finished at once
+    assert last.eof and kit.api.downloads.under_way == 0
+    assert (await chunk(kit, opened.download_id, 2 * pf.CHUNK_BYTES)).data == last.data == data[-5:]
+    refused = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id, offset=0))
+    assert refused.code == "not_found" and "only its last chunk" in refused.message
+    # and it lingers LINGER from its end, however often it is asked for again
+    await chunk(kit, opened.download_id, 2 * pf.CHUNK_BYTES)
+    down = kit.api.downloads._open[opened.download_id]
+    down.touched -= dl.LINGER + 1
+    await chunk(kit, opened.download_id, 2 * pf.CHUNK_BYTES)
+    await kit.api.downloads.close_idle(time.monotonic())
+    assert kit.api.downloads.open == 0
+
+
+async def test_a_file_rewritten_in_place_with_its_mtime_set_back_is_file_changed(kit: Kit) -> None:
+    # Same size, same modification time (set back, as `cp -p`, `tar` or `rsync -t` do, or within one tick
+    # of a coarse clock): the change time still moves, and no one can set it back.
+    path = kit.layout.root / "report.pdf"
+    old, new = b"A" * (pf.CHUNK_BYTES + 100), b"B" * (pf.CHUNK_BYTES + 100)
+    path.write_bytes(old)
+    before = path.stat()
+    opened = await start(kit, "report.pdf")
+    assert (await chunk(kit, opened.download_id, 0)).data == old[:pf.CHUNK_BYTES]
+    with open(path, "r+b") as f:  # same inode, same size
+        f.write(new)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    changed = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                        offset=pf.CHUNK_BYTES))
+    assert changed.code == "file_changed" and kit.api.downloads.open == 0

@@ -155,6 +155,24 @@ async def test_forgetting_turns_by_wire_id_or_a_whole_session_leaves_tombstones_
         await forget(ps.ForgetTurnsRequest(request_id="f"))
 
 
+async def test_forgetting_an_earlier_turn_of_the_session_a_turn_is_running_in_is_busy(system: MemorySystem) -> None:
+    """The running turn has the earlier turn in its context: its answer, recorded and kept, could quote
+    what is being forgotten."""
+    await seed(system)
+    running: list[str | None] = ["c9"]
+    api = SessionsConsole(system, lambda: "s3", running_turn=lambda: running[0])
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    s3 = await system.transcript.call(lambda t: t.ids_of(session_id="s3"))
+    for req in (ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]),
+                ps.ForgetTurnsRequest(request_id="f", observation_ids=[s3[0]])):
+        with pytest.raises(RequestFailed) as busy:
+            await forget(req)
+        assert busy.value.code == "busy"
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
+    running[0] = None
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))).forgotten == 1  # type: ignore[attr-defined]
+
+
 async def test_forgetting_a_session_with_a_turn_running_is_busy_and_an_unknown_session_is_not_found(
         system: MemorySystem) -> None:
     """A running turn is recorded, words and all, when it ends: forgetting its session now would miss it."""

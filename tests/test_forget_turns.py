@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS
 from sprite_os.memory.forget_turns import (
     DENSE_MARGIN,
     DENSE_THRESHOLD,
+    Job,
     came_from,
     content_words,
     jobs,
@@ -276,6 +278,10 @@ async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(syste
     assert "Lisbon" not in system.files.read("user.md") and await system.memory.call(jobs) == []
 
 
+async def _no_pass() -> None:
+    pass
+
+
 REWORDED = "- Home: the Alfama district, in Portugal's capital city"  # the curator's words, not the turn's
 UNRELATED = "- Visiting Porto in May for a conference"
 
@@ -297,7 +303,12 @@ async def test_a_line_the_curator_reworded_leaves_the_file_and_an_unrelated_one_
         learnings=[NewLearning("FACT", "The user lives in Alfama, Lisbon", "s1", ids[1])],
         file_updates={"user.md": user_md}, base_hashes={}))
     system.files.write("user.md", user_md, "batch-1")
+    system.daemon.before_batches = _no_pass  # the pass comes later: the prompt hides the lines alone
     await system.forget_turns([ids[1]], by="test")
+    prompt = await system.boot_prompt()  # a new session (one the forget restarted) waits for the decision
+    assert "Alfama" not in prompt and UNRELATED in prompt
+    system.daemon.before_batches = system.forgetting.rewrite_files
+    system.daemon.trigger("test")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the daemon's forget pass")
     assert system.files.read("user.md") == f"# User\n- Name: Ada\n{UNRELATED}\n"
     for version in system.files.history("user.md"):
@@ -423,7 +434,8 @@ async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_n
     forgetting.embed = slow_embed
     wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
     await system.forget_turns([ids[1]], by="test")
-    assert passes == [0]  # no job yet: it is written once the lines are all known
+    assert await system.forgetting.decided(60)
+    assert passes == [0]  # the job is being decided: the pass leaves it alone
     found = (await system.memory.call(jobs))[0].line_hashes
     assert line_hash(REWORDED) in found  # kept as a hash: a restart before the pass loses nothing
     wake("forget")
@@ -453,11 +465,20 @@ async def test_forgetting_a_preference_leaves_the_deploys_files_and_their_histor
     assert [v.text for v in system.files.history("soul.md")] == before
 
 
-async def test_a_forget_cut_short_still_takes_the_lines_its_words_find(system: MemorySystem) -> None:
-    """The transcript loses the words first: a stop, a kill or an error while the lines are decided
-    (the kept-turn search, the embedding) must not leave the turn's lines in the files for good."""
-    line = "- Lives in Alfama, Lisbon"
-    ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),), f"# User\n{line}\n", [])
+MUM, DAD = "- Mother Rosa's birthday: 3 May", "- Father's birthday: 9 May"  # the father's: most words the mother's turn's
+BIRTHDAYS = (turn(1, "My mother Rosa's birthday is on 3 May.", "I'll remind you."),
+             turn(2, "My father's birthday is on 9 May.", "Noted."))
+
+
+async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_turn_check(tmp_path: Path) -> None:
+    """The transcript loses the words first, and the job is on disk, undecided: a stop while the lines
+    are decided (the kept-turn search, the embedding) cancels the decision at once, and the pass at the
+    next start decides it: the forgotten turn's line goes, the line a kept turn says stays."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await _seed(first, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     stuck = asyncio.Event()
 
     async def hung(lines: object) -> list[list[str]]:
@@ -465,19 +486,132 @@ async def test_a_forget_cut_short_still_takes_the_lines_its_words_find(system: M
         await asyncio.sleep(3600)  # the index lagging, the embedder busy: a stop meanwhile
         return []
 
-    system.forgetting.kept_near = hung
-    task = asyncio.create_task(system.forget_turns([ids[0]], by="test"))
-    await asyncio.wait_for(stuck.wait(), 30)
-    assert await system.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    row = await system.transcript.call(lambda t: t.conn.execute(
+    first.forgetting.kept_near = hung
+    await asyncio.wait_for(first.forget_turns([ids[0]], by="test"), 60)  # answers once the words are out
+    await asyncio.wait_for(stuck.wait(), 60)
+    assert await first.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
+    await asyncio.wait_for(first.stop(), 60)  # the stop does not wait for the decision
+    row = await asyncio.to_thread(lambda: sqlite3.connect(settings.layout.transcript_db).execute(
         "SELECT processed FROM observations WHERE id = ?", (ids[0],)).fetchone())
-    assert row[0] == FORGOTTEN  # the words are gone from the transcript...
-    assert await system.memory.call(jobs), "...and the job that takes its lines out is on disk"
-    assert await system.forgetting.rewrite_files() == 1
-    assert line not in system.files.read("user.md")
+    assert row[0] == FORGOTTEN
+    [job] = _jobs(settings.layout.memory_db)
+    assert not job.decided and line_hash(MUM) in job.line_hashes and line_hash(DAD) in job.line_hashes
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass at the start")
+        assert again.files.read("user.md") == f"# User\n{DAD}\n"
+    finally:
+        await again.stop()
+
+
+def _jobs(path: Path) -> list[Job]:
+    db = MemoryDB(path)
+    try:
+        return jobs(db)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("failure", ["raises", "times out"])
+async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    import sprite_os.memory.forget_turns as ft
+
+    ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
+    forgetting = system.forgetting
+    real, forgetting.retries = forgetting.kept_near, (0.01,)
+    assert real is not None
+    tries: list[int] = []
+
+    async def failing(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        tries.append(len(lines))
+        if failure == "raises":
+            raise OSError("the vector store is unreadable")
+        await asyncio.sleep(3600)
+        return []
+
+    monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 0.2)
+    forgetting.kept_near = failing
+    wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
+    with capture_logs() as logs:
+        await system.forget_turns([ids[0]], by="test")
+        assert await forgetting.decided(60)
+        assert await forgetting.rewrite_files() == 0  # the daemon's pass tries again, and fails again
+    assert len(tries) == 3
+    assert [e["lines_kept_for_now"] for e in logs if e["event"] == "forget_check_failed"] == [2, 2, 2]
+    assert system.files.read("user.md") == f"# User\n{MUM}\n{DAD}\n"  # nothing unchecked left the file
+    prompt = await system.boot_prompt(settle=False)
+    assert "Rosa" not in prompt and "Father" not in prompt  # both out of the boot prompt until decided
+    forgetting.kept_near, forgetting.wake_daemon = real, wake
+    monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 120.0)
+    assert await forgetting.rewrite_files() == 1
+    assert system.files.read("user.md") == f"# User\n{DAD}\n"
+
+
+async def test_a_line_the_curator_writes_after_the_forget_gets_the_kept_turn_check(system: MemorySystem) -> None:
+    """A batch under way writes lines after the forget decided: the pass judges them as the forget
+    would have, the kept-turn check included."""
+    ids = await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    forgetting = system.forgetting
+    forgetting.wake_daemon = lambda reason: None
+
+    async def no_pass() -> None:  # no pass of the daemon's own meanwhile
+        pass
+
+    system.daemon.before_batches = no_pass
+    await system.forget_turns([ids[0]], by="test")
+    assert await forgetting.decided(60)
+    assert (await system.memory.call(jobs))[0].line_hashes == []  # nothing in the files came from it yet
+    system.files.write("user.md", f"# User\n- Name: Ada\n{MUM}\n{DAD}\n", "batch-2")  # the batch under way
+    assert await forgetting.rewrite_files() == 1
+    assert system.files.read("user.md") == f"# User\n- Name: Ada\n{DAD}\n"
+
+
+async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sprite_os.memory.forget_turns as ft
+
+    embedded: list[str] = []
+
+    async def embed(texts: Sequence[str]) -> np.ndarray:
+        embedded.extend(texts)
+        return np.ones((len(texts), 4), dtype=np.float32) / 2
+
+    monkeypatch.setattr(ft, "LINE_VECTORS_KEPT", 3)
+    forgetting = system.forgetting
+    forgetting.embed = embed
+    await forgetting._vectors(["a", "b", "c"])
+    await forgetting._vectors(["a", "d"])  # "a" used again: "b" is the oldest
+    assert embedded == ["a", "b", "c", "d"]
+    embedded.clear()
+    out = await forgetting._vectors(["a", "b", "c", "d"])
+    assert out is not None and out.shape == (4, 4) and embedded == ["b"]  # only the one let go, not all
+
+
+async def test_a_new_turn_waits_while_a_forget_takes_the_words_out(system: MemorySystem) -> None:
+    ids = await _seed(system, BIRTHDAYS, "# User\n", [])
+    forgetting = system.forgetting
+    purge, release = forgetting.purge_recall, asyncio.Event()
+    told: list[Sequence[str]] = []
+
+    async def slow_purge(episodes: Sequence[int], learnings: Sequence[int]) -> None:
+        await release.wait()  # search still finds the words
+        await purge(episodes, learnings)
+
+    forgetting.purge_recall = slow_purge
+    forget = asyncio.create_task(system.forget_turns([ids[0]], by="test", then=told.append))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(system.turn_may_start())
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and told == []
+    release.set()
+    assert await asyncio.wait_for(waiting, 30) is True
+    assert told == [["s1"]]  # told before the turn went on: a restart comes first
+    hits = await system.search("Rosa birthday", limit=5)
+    assert not any("Rosa" in h.snippet for h in hits)
+    await forget
+    assert await system.turn_may_start() is False  # no forget under way: no wait
 
 
 async def test_the_agents_echo_in_a_kept_turn_does_not_keep_a_forgotten_line(system: MemorySystem) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -228,3 +229,38 @@ async def test_a_request_whose_work_was_cancelled_fails_alone_and_the_next_is_an
                 await ws.send(json.dumps({"type": "memory_files", "request_id": request_id}))
             got = [json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(2)]
     assert [(f["code"], f["request_id"]) for f in got] == [("internal_error", "first"), ("not_found", "second")]
+
+
+async def test_a_slow_aside_request_holds_up_none_of_the_quick_ones(runtime: FakeRuntime) -> None:
+    """A forget runs for tens of seconds: the connection's listings and download chunks are
+    answered meanwhile, in their order; forgets wait for each other, in theirs, and are bounded."""
+    started, release = asyncio.Event(), asyncio.Event()
+    forgets: list[str] = []
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        if request.aside:
+            forgets.append(request.request_id)
+            started.set()
+            await release.wait()
+        raise rq.RequestFailed("not_found", f"answered {request.request_id}")
+
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer)  # type: ignore[arg-type]
+    async with serve(gw.handle, "127.0.0.1", 0) as server, contextlib.AsyncExitStack() as stack:
+        stack.callback(release.set)  # whatever fails: a connection ends only once its forget has
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            for n in range(1 + gateway.ASIDE_QUEUE + 1):  # one answered, ASIDE_QUEUE waiting, one dropped
+                await ws.send(json.dumps({"type": "forget_turns", "request_id": f"f{n}", "turn_ids": ["t"]}))
+                if n == 0:
+                    await asyncio.wait_for(started.wait(), 5)
+            dropped = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert (dropped["code"], dropped["request_id"]) == ("queue_full", f"f{gateway.ASIDE_QUEUE + 1}")
+            quick = []
+            for n in range(2 * gateway.REQUEST_QUEUE):  # more than the quick queue holds: each is answered
+                await ws.send(json.dumps({"type": "memory_files", "request_id": f"q{n}"}))
+                quick.append(json.loads(await asyncio.wait_for(ws.recv(), 5))["request_id"])
+            assert quick == [f"q{n}" for n in range(2 * gateway.REQUEST_QUEUE)] and forgets == ["f0"]
+            release.set()
+            answered = [json.loads(await asyncio.wait_for(ws.recv(), 5))["request_id"]
+                        for _ in range(1 + gateway.ASIDE_QUEUE)]
+            assert answered == forgets == [f"f{n}" for n in range(1 + gateway.ASIDE_QUEUE)]

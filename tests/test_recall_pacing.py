@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sprite_os.memory.recall import indexer as indexer_module
 from sprite_os.memory.recall.pacing import MAX_DEFER, QUIET_AFTER_TURN, AgentActivity, embed_delay
 from sprite_os.memory.recall.vectors import VectorReader
 from tests.test_recall_backfill import indexer_for, with_turns
@@ -43,7 +44,7 @@ async def test_the_indexer_embeds_nothing_while_a_turn_runs_and_catches_up_once_
     indexer.turn_started()  # the agent is in a turn as the server starts
     await indexer.start(fresh_index=True)
     try:
-        await asyncio.wait_for(indexer.current.wait(), 30)  # words are not held back: the index is current
+        await asyncio.wait_for(indexer.current.wait(), 30)  # words are held back a second at most: current
         await asyncio.sleep(1.0)
         assert model.calls == 0, "embedded during the agent's turn"
         ended = time.monotonic()
@@ -51,6 +52,25 @@ async def test_the_indexer_embeds_nothing_while_a_turn_runs_and_catches_up_once_
         await asyncio.wait_for(indexer.embedded_all.wait(), 30)
         assert time.monotonic() - ended >= QUIET_AFTER_TURN
         assert model.calls == 10 and len(VectorReader(store)) == 10
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
+
+
+async def test_a_landed_turn_is_indexed_once_the_turn_is_over_not_while_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A nudge comes as the turn lands, before its turn_complete is out: the catch-up waits for the
+    turn's end (bounded by AFTER_TURN_WAIT, long here), so it never races the turn's last step."""
+    monkeypatch.setattr(indexer_module, "AFTER_TURN_WAIT", 30.0)
+    layout = with_turns(tmp_path, 10, "an earlier turn ")
+    _model, _store, indexer, workers = indexer_for(layout)
+    indexer.turn_started()
+    await indexer.start(fresh_index=True)
+    try:
+        await asyncio.sleep(1.5)
+        assert not indexer.current.is_set(), "the index caught up while the turn was ending"
+        indexer.turn_ended()
+        await asyncio.wait_for(indexer.current.wait(), 30)
     finally:
         await indexer.stop()
         await asyncio.gather(*(w.close() for w in workers))

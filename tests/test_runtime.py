@@ -116,6 +116,7 @@ class FakeMemory:
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
         self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
+        self.forgetting: asyncio.Event | None = None  # when set, a turn waits for it (a forget under way)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -138,6 +139,12 @@ class FakeMemory:
 
     def turn_ended(self) -> None:
         self.turns_ended += 1
+
+    async def turn_may_start(self) -> bool:
+        if self.forgetting is None:
+            return False
+        await self.forgetting.wait()  # a forget taking words out of the transcript and search
+        return True
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
@@ -343,6 +350,25 @@ async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(h
     await hm.until(lambda: len(hm.memory.events) > after)
     assert hm.memory.events[after] == ("session_ended", first, "crash")
     assert hm.memory.records[-1].seen == ["AssistantMessage"]  # what the CLI said before it died
+
+
+async def test_a_turn_waits_for_a_forget_and_runs_in_the_new_session_it_asked_for(hm: Harness) -> None:
+    """A forget of this session's turns: a message sent meanwhile waits until the words are out of the
+    transcript and search, and runs in the new session the forget asked for, never in the old one
+    (whose context still holds what was forgotten)."""
+    assert hm.memory is not None
+    await hm.turn("one")
+    first = hm.rt.session_id
+    hm.memory.forgetting = asyncio.Event()
+    hm.rt.submit("two")
+    await asyncio.sleep(0.05)
+    assert hm.rt.state == "idle" and [r.prompt for r in hm.memory.records] == ["one"]  # it waits
+    hm.rt.new_session()  # the forget's restart, asked for while the turn waits
+    hm.memory.forgetting.set()
+    await hm.until(lambda: len(hm.memory.closed()) == 2 if hm.memory else False)
+    ended = hm.memory.events.index(("session_ended", first, "new_session"))
+    assert ended < hm.memory.events.index(("closed", "two", "success"))
+    assert hm.of(p.TurnStarted)[-1].text == "two" and hm.rt.session_id != first and hm.rt.queued == 0
 
 
 async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harness) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -128,3 +130,73 @@ async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_pa
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode != 0 and "another process holds this workspace" in err.decode()
     assert tree() == before
+
+
+
+async def _stopped_with_a_request_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+                                            hangs: bool) -> tuple[list[str], list[tuple[str, str, str | None]]]:
+    """A files_list being answered when the server is told to stop (it ends 0.3 s later, or never),
+    and one sent after: what happened in which order, and what the client got."""
+    from sprite_os.console.files_api import FilesConsole
+    from sprite_os.server import SpriteOS
+    from tests.conftest import client_factory, make_settings
+
+    events: list[str] = []
+    started, release = asyncio.Event(), asyncio.Event()
+    listing, stop_files = FilesConsole._list, FilesConsole.stop
+
+    async def slow_list(self: FilesConsole, req: Any) -> Any:
+        events.append("request start")
+        started.set()
+        await (asyncio.Event() if hangs else release).wait()
+        answer = await listing(self, req)  # the files are still there to answer it
+        events.append("request end")
+        return answer
+
+    async def stopped(self: FilesConsole) -> None:
+        events.append("files stop")
+        await stop_files(self)
+
+    monkeypatch.setattr(FilesConsole, "_list", slow_list)
+    monkeypatch.setattr(FilesConsole, "stop", stopped)
+    app = SpriteOS(make_settings(tmp_path / "workspace", "http://127.0.0.1:9"), TOKEN, memory=False)
+    await app.start()
+    frames: list[dict[str, Any]] = []
+    stopping: asyncio.Task[None] | None = None
+    try:
+        async with client_factory(app.port) as connect:
+            c = await connect(hello={})
+            await c.send(type="files_list", request_id="l1", path="")
+            await asyncio.wait_for(started.wait(), 10)
+            stopping = asyncio.create_task(app.stop())
+            while not app.gateway.stopping:
+                await asyncio.sleep(0.01)
+            await c.send(type="files_list", request_id="l2", path="")  # too late: not taken
+            await asyncio.sleep(0.3)
+            events.append("waited")
+            release.set()
+            await asyncio.wait_for(stopping, 30)
+            with contextlib.suppress(Exception):  # until the server's close
+                while True:
+                    frames.append(await c.recv(timeout=5))
+    finally:
+        if stopping is None:
+            await app.stop()
+    return events, sorted((f["request_id"], f["type"], f.get("code")) for f in frames if "request_id" in f)
+
+
+async def test_a_stop_lets_the_requests_in_flight_end_before_it_stops_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=False)
+    assert events == ["request start", "waited", "request end", "files stop"]
+    assert answers == [("l1", "files_list_result", None), ("l2", "error", "shutting_down")]
+
+
+async def test_a_request_that_outlasts_the_stops_grace_is_cut_and_its_client_told(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sprite_os import server
+
+    monkeypatch.setattr(server, "REQUEST_GRACE", 0.1)
+    events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=True)
+    assert events == ["request start", "files stop", "waited"]  # the stop did not wait for ever
+    assert answers == [("l1", "error", "shutting_down"), ("l2", "error", "shutting_down")]

@@ -314,5 +314,13 @@ class Inbox:
     def take(self) -> Command:
         return self._commands.popleft()
 
+    def take_end_session(self) -> bool:
+        """Take the first new_session request out of the queue, wherever it is. False: none."""
+        for command in self._commands:
+            if isinstance(command, EndSession):
+                self._commands.remove(command)
+                return True
+        return False
+
     def clear(self) -> None:
         self._commands.clear()

@@ -3,23 +3,27 @@
 A download opens its file once (console/user_files.py's walk, which never follows a link) and keeps
 that descriptor: every chunk is read from it, in a thread, so what is sent is the file that was
 opened, byte for byte, even if the agent renames it, replaces it or swaps a link in mid-way; if the
-file itself is written to (its size or modification time differ from the start's, checked around
-every read), the download ends with file_changed rather than send half the old file and half the new.
-The server holds at most one chunk per download in memory (the gateway handles a connection's next
-request only once its queued answers are under a bound). At most MAX_DOWNLOADS are open at once over
-every connection, PER_CLIENT on one; one nobody asks anything of for DOWNLOAD_IDLE seconds is closed
-by the sweep, a task of its own that runs every SWEEP_EVERY seconds.
+file itself is written to (its size, modification time or change time differ from the start's,
+checked around every read), the download ends with file_changed rather than send half the old file
+and half the new. The server holds at most one chunk per download in memory (the gateway handles a
+connection's next request only once its queued answers are under a bound). At most MAX_DOWNLOADS are
+open at once over every connection, PER_CLIENT under way on one; one nobody asks anything of for
+DOWNLOAD_IDLE seconds is closed by the sweep, a task of its own that runs every SWEEP_EVERY seconds.
 
-A download whose last chunk was sent, or whose connection ended, lingers LINGER seconds without
-counting against its connection's share: its last chunk's answer may have been lost with the
-connection, and the page asks again, on the same or a new connection (which then owns it). A start
-that finds every place taken closes lingering ones first.
+A download is its connection's: its id (128 random bits) is no key on another connection, which is
+answered busy, until the download lingers. A download whose last chunk was sent, or whose connection
+ended, lingers LINGER seconds without counting against its connection's share: its last chunk's
+answer may have been lost with the connection, and the page asks again, on the same or a new
+connection. A finished one sends only that last chunk again; one whose connection ended goes on on
+the connection that asks for it next, which then owns it, and counts it in its share (a page can't
+reconnect its way past PER_CLIENT). A start that finds every place taken closes lingering ones first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import time
@@ -45,7 +49,7 @@ _T = TypeVar("_T")
 
 
 class _Changed(Exception):
-    """The file's size or modification time is no longer the start's."""
+    """The file's size, modification time or change time is no longer the start's."""
 
 
 @dataclass
@@ -54,13 +58,18 @@ class _Download:
     read still running in a thread (the number could be reused by another file)."""
 
     fd: int
-    size: int
-    mtime_ns: int
+    stamp: tuple[int, int, int]  # the file's size, mtime_ns and ctime_ns when it was opened (_stamp)
     owner: str  # the connection it is under way on (requests.client)
     touched: float = field(default_factory=time.monotonic)
     finished: bool = False  # its last chunk was sent: kept only to send that again
+    last: int = 0  # the offset of the chunk that finished it
+    sent: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # offset: the length and sha256 of what was read there
     left: bool = False  # its connection ended: kept for the page to ask again on a new one
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def size(self) -> int:
+        return self.stamp[0]
 
     @property
     def lingering(self) -> bool:
@@ -70,15 +79,33 @@ class _Download:
         """In a thread: the bytes at offset, if the file is still as it was when it was opened."""
         self.check()
         data = os.pread(self.fd, length, offset)
-        self.check()
         if len(data) < length:
             raise _Changed
+        self.sent[offset] = (length, hashlib.sha256(data).digest())
+        self.check()  # this chunk counted in: a write during its read is told
         return data
 
     def check(self) -> None:
-        st = os.fstat(self.fd)
-        if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
+        stamp = _stamp(os.fstat(self.fd))
+        if stamp == self.stamp:
+            return
+        if stamp[:2] != self.stamp[:2]:
             raise _Changed
+        # Only its change time moved: a rename, a chmod, a new link (the download goes on), or a
+        # rewrite of the same size with its modification time set back. Then every byte sent so far
+        # must still be the file's: if so, what is sent is one file (the new one), never two halves.
+        for offset, (length, digest) in list(self.sent.items()):
+            if hashlib.sha256(os.pread(self.fd, length, offset)).digest() != digest:
+                raise _Changed
+        self.stamp = stamp
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells a file written to since: its size, its modification time, and its change time, which
+    every write sets too and which no one can set back (`touch -d`, `cp -p`, `tar` and `rsync -t` set
+    the modification time back), but which a rename, a chmod or a link sets as well. Its inode and
+    device can't change under a held descriptor, and its name is not what is sent."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def refused(exc: PathRefused | NotThere) -> RequestFailed:
@@ -134,13 +161,16 @@ class Downloads:
             if down.owner == client:
                 down.left, down.touched = True, now
 
+    def _room_on(self, client: str) -> None:
+        """Refuse a download's start, or its takeover, by a connection with its share under way."""
+        if sum(down.owner == client and not down.lingering for down in self._open.values()) >= self.per_client:
+            raise RequestFailed("busy", f"{self.per_client} downloads are under way on this connection; wait for "
+                                "one to finish, then download this again")
+
     async def _start(self, req: pf.DownloadStartRequest) -> pf.DownloadStartResult:
         client = rq.client.get()
         async with self._starting:
-            mine = sum(down.owner == client and not down.lingering for down in self._open.values())
-            if mine >= self.per_client:
-                raise RequestFailed("busy", f"{self.per_client} downloads are under way on this connection; wait for "
-                                    "one to finish, then download this again")
+            self._room_on(client)
             await self._make_room()
             if len(self._open) >= self.limit:
                 raise RequestFailed("busy", f"{self.limit} downloads are under way; wait for one to finish, "
@@ -153,8 +183,8 @@ class Downloads:
                 os.close(fd)
                 raise RequestFailed("too_large", f"{st.st_size:,} bytes is over the console's download limit of "
                                     f"{pf.MAX_TRANSFER_BYTES:,}")
-            download_id = secrets.token_hex(8)
-            self._open[download_id] = _Download(fd, st.st_size, st.st_mtime_ns, client)
+            download_id = secrets.token_hex(16)  # 128 bits: never guessed, and no key on another connection
+            self._open[download_id] = _Download(fd, _stamp(st), client)
         return pf.DownloadStartResult(request_id=req.request_id, download_id=download_id,
                                       name=parts(req.path)[-1], size=st.st_size,
                                       chunk_bytes=self.chunk_bytes)
@@ -174,26 +204,49 @@ class Downloads:
         async with down.lock:
             if self._open.get(req.download_id) is not down:  # closed while this one waited
                 raise _gone(self.idle)
-            down.touched = time.monotonic()
-            if down.left:  # the page came back on a new connection: it is that one's now
-                down.owner, down.left = rq.client.get(), False
+            self._own(down)
+            if down.finished and req.offset < down.last:
+                raise RequestFailed("not_found", "this download has finished: only its last chunk can be asked "
+                                    "again; download the file again for the rest")
+            if not down.finished:  # a finished one lingers LINGER from its end, however often it is asked
+                down.touched = time.monotonic()
             want = max(0, min(self.chunk_bytes, down.size - req.offset))
             try:
                 data = await settled(asyncio.to_thread(down.read, want, req.offset)) if want else b""
             except _Changed:
                 self._forget(req.download_id, down)
-                raise RequestFailed("file_changed", "the file was written to while it was downloading (its size or "
-                                    "modification time changed); nothing more can be sent of it: download it "
-                                    "again") from None
+                raise RequestFailed("file_changed", "the file was written to while it was downloading (its size, "
+                                    "modification time or bytes already sent changed); nothing more can be sent of "
+                                    "it: download it again") from None
             eof = req.offset + len(data) >= down.size
-            down.finished = down.finished or eof
+            if eof and not down.finished:
+                down.finished, down.last = True, req.offset
         return pf.DownloadChunkResult(request_id=req.request_id, download_id=req.download_id, offset=req.offset,
                                       data=data, eof=eof)
 
+    def _own(self, down: _Download) -> None:
+        """Check that the connection asking owns the download, or takes it over now: one whose
+        connection ended is the next one's that asks, within that one's share. Its caller holds it."""
+        client = rq.client.get()
+        if down.owner != client:
+            if not down.left:
+                raise RequestFailed("busy", "this download is another connection's: it goes on on this one only "
+                                    "once that connection has ended; ask again")
+            if not down.finished:
+                self._room_on(client)
+            down.owner = client
+        down.left = False
+
     async def _cancel(self, req: pf.DownloadCancelRequest) -> pf.DownloadCancelResult:
-        if req.download_id not in self._open:
+        down = self._open.get(req.download_id)
+        if down is None:
             raise _gone(self.idle)
-        await self._close(req.download_id)
+        async with down.lock:
+            if self._open.get(req.download_id) is not down:
+                raise _gone(self.idle)
+            if down.owner != rq.client.get() and not down.left:
+                raise RequestFailed("busy", "this download is another connection's: only that one can cancel it")
+            self._forget(req.download_id, down)
         return pf.DownloadCancelResult(request_id=req.request_id, download_id=req.download_id)
 
     async def _close(self, download_id: str) -> None:

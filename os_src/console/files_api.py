@@ -129,7 +129,7 @@ class FilesConsole:
                 raise RequestFailed("too_large", f"the Sprite's disk has {_size(max(room, 0))} free (uploads under "
                                     f"way counted): not enough for {_size(req.size)}; nothing was uploaded")
             temp, fd = await asyncio.to_thread(self.files.begin_upload)
-            upload_id = secrets.token_hex(8)
+            upload_id = secrets.token_hex(16)  # 128 bits: never guessed
             self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
         return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
                                     max_bytes=pf.MAX_TRANSFER_BYTES)

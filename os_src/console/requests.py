@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -31,6 +31,10 @@ RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)
 
 
 class Request(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    # A slow request (a forget: seconds) is answered aside: by a task of its own on the
+    # connection, in order with the other aside ones, while the quick ones go on being answered.
+    aside: ClassVar[bool] = False
+
     request_id: RequestId
 
 
@@ -48,13 +52,13 @@ RequestErrorCode = Literal[
     "not_found",  # no such memory file, version, learning, turn, session, file or folder
     "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
     "over_limit",  # the edit is over the file's line or byte limit; nothing was written
-    "file_changed",  # the file changed since the edit began (nothing was written), or a download's got shorter
+    "file_changed",  # the file changed since the edit began (nothing was written), or a download's was written to
     "memory_unavailable",  # this server runs without memory
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
     "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
     "busy",  # a turn is running in the session to forget, as many downloads as allowed are open, or the
-    # connection has as many requests waiting as it may (this one was dropped: send it again)
+    # download asked for is another connection's (until that one ends)
 ]
 
 

@@ -5,7 +5,7 @@ documents each frame; requests and answers work as console/requests.py says.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import msgspec
 
@@ -36,7 +36,12 @@ class SessionTurnsRequest(Request, tag="session_turns", frozen=True):
 
 class ForgetTurnsRequest(Request, tag="forget_turns", frozen=True):
     """Forget turns for good: by their `observation_ids` (a past turn's), their `turn_ids` (as in
-    turn_started), or a whole `session_id`. Their words leave every store; each keeps a tombstone."""
+    turn_started), or a whole `session_id`. Their words leave every store; each keeps a tombstone.
+    It can take seconds (it waits for the turns still on their way to the transcript, then takes
+    the words out of every store): answered aside, so the connection's file listings and download
+    chunks don't wait for it."""
+
+    aside: ClassVar[bool] = True
 
     observation_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=MAX_INT64)]], msgspec.Meta(max_length=MAX_FORGET)] = (
         msgspec.field(default_factory=list))

@@ -58,6 +58,14 @@ def session_row(db: TranscriptDB, session_id: str) -> SessionRow | None:
     return found[0] if found else None
 
 
+def sessions_of(db: TranscriptDB, observation_ids: Sequence[int], turn_ids: Sequence[str]) -> set[str]:
+    """The sessions the turns named (by id, or by their wire id) were recorded in."""
+    ids, wire = list(observation_ids), list(turn_ids)
+    return {sid for (sid,) in db.conn.execute(
+        f"SELECT DISTINCT session_id FROM observations WHERE id IN ({marks(ids)}) OR turn_id IN ({marks(wire)})",
+        [*ids, *wire])}
+
+
 def turns_page(db: TranscriptDB, session_id: str, before: int | None, limit: int) -> tuple[list[Observation], bool]:
     """The session's turns before turn `before` (None: its newest), oldest first, and whether more precede."""
     where = "session_id = ?"

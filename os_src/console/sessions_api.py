@@ -5,7 +5,7 @@ the turns still on their way to it (the current session's newest), and memory.db
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .. import protocol as p
@@ -51,11 +51,26 @@ class SessionsConsole:
         if not (req.observation_ids or req.turn_ids or req.session_id):
             raise RequestFailed("not_found", "name the turns to forget: observation_ids, turn_ids or session_id")
         # A running turn is recorded when it ends, words and all: forgetting it now would miss it.
+        # And a turn running while an earlier turn of its session is forgotten has that turn in its context:
+        # its answer (recorded, and kept) could quote it.
         running = self._running()
-        if running is not None and (req.session_id == self._current() or running in req.turn_ids):
+        if running is not None and (req.session_id == self._current() or running in req.turn_ids
+                                    or await self._in_current(req)):
             raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
+        restarted = False
+
+        def restart(sessions: Sequence[str]) -> None:
+            # Before any turn may start again: the agent's context lets go of the forgotten turn first.
+            nonlocal restarted
+            if self._current() in sessions:
+                try:
+                    self._restart()
+                    restarted = True
+                except ShuttingDown:  # the server is stopping: the session ends anyway
+                    pass
+
         done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids, session_id=req.session_id,
-                                               by=FORGOTTEN_BY)
+                                               by=FORGOTTEN_BY, then=restart)
         if not done.turns and not req.session_id:
             raise RequestFailed("not_found", "no recorded turn matches (or it was forgotten already)")
         if not done.turns and req.session_id:
@@ -68,14 +83,18 @@ class SessionsConsole:
             turns = list(group)
             self._publish(p.TurnsForgotten(session_id=sid, turns=[o.sequence_num for o in turns],
                                            turn_ids=[o.turn_id for o in turns if o.turn_id], forgotten_at=done.at))
-        restarted = self._current() in sessions
-        if restarted:
-            try:
-                self._restart()
-            except ShuttingDown:  # the server is stopping: the session ends anyway
-                restarted = False
         return ps.ForgetTurnsResult(request_id=req.request_id, forgotten=len(done.turns), learnings=done.learnings,
                                     sessions=sessions, restarted=restarted)
+
+    async def _in_current(self, req: ps.ForgetTurnsRequest) -> bool:
+        """Whether a turn named is of the current session (the newest may still be on their way)."""
+        if not (req.observation_ids or req.turn_ids):
+            return False
+        current, wire = self._current(), set(req.turn_ids)
+        if any(o.session_id == current and o.turn_id in wire for o in self._system.writer.waiting()):
+            return True
+        ids, turn_ids = req.observation_ids, req.turn_ids
+        return current in await self._system.transcript.call(lambda t: q.sessions_of(t, ids, turn_ids))
 
     async def _turns(self, req: ps.SessionTurnsRequest) -> ps.SessionTurnsResult:
         current = self._current()

@@ -10,21 +10,26 @@ At once (`TurnForgetting.forget`):
   the documents leave the word index, which is then written anew in the background, so that no
   segment on disk keeps their words;
 - the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
-  has rewritten the files.
+  has rewritten the files;
+- meanwhile no turn starts (`TurnGate`): the agent could search for, or be reminded of, what is
+  being forgotten.
 
 Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
 writer) takes those lines out of the curated files (a new version, source `forget`), out of every
 older version and every batch's record (a note stands where they were), and out of the backups
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
-Which lines came from a turn is decided at the forget: those most of whose words it said
+Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
+and a new session's boot prompt wait for it; a stop cancels it): those most of whose words it said
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
 came from) and closer to it by a margin than to any kept turn or learning recall finds near the
 line (`reworded`, chosen on bench/forget_lines.py's labelled set); either way, not a line a kept
-turn or learning near it says as well (`kept_holds`). `forget_jobs` in memory.db holds
-the turns' ids and the sha256 of each line found, never a word; the turns' words stay in memory
-only, for lines a batch under way writes before the pass.
+turn or learning near it says as well (`kept_holds`); a line that check can't judge (the search
+fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and the sha256 of each
+line found, never a word: first the lines the words find, undecided, then the decided lines; a job
+left undecided is decided at the pass. The turns' words stay in memory only, for lines a batch
+under way writes before the pass, which get the same check.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import shutil
 import sqlite3
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +54,7 @@ import numpy as np
 
 from ..database import checkpoint, marks, transaction
 from ..db_worker import Worker
+from ..errors import log_expected
 from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..paths import Layout
@@ -145,10 +152,6 @@ def line_hash(line: str) -> str:
     return hashlib.sha256(line.strip().encode()).hexdigest()
 
 
-def lines_to_remove(text: str, forgotten: set[str]) -> set[str]:
-    return {line_hash(line) for line in text.splitlines() if came_from(line, forgotten)}
-
-
 def without(text: str, hashes: set[str], note: str | None = None) -> str:
     """`text` without the lines whose hash is in `hashes`; with `note`, one note stands for each run
     of removed lines."""
@@ -212,28 +215,32 @@ class Job(msgspec.Struct, frozen=True):
     observation_ids: list[int]
     sessions: list[str]
     line_hashes: list[str]
+    decided: bool = True  # False: the lines the words found, not yet checked against what is kept
 
 
 def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
-    cur = db.conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes) "
-                          "VALUES (?, ?, ?, ?)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
-                                                  json.dumps(sorted(hashes))))
+    """A job whose lines are the words' first guess: undecided until `set_job_lines`."""
+    cur = db.conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
+                          "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
+                                                     json.dumps(sorted(hashes))))
     return int(cur.lastrowid or 0)
 
 
 def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
     """The job's lines, once decided (they replace the words' first guess)."""
-    db.conn.execute("UPDATE forget_jobs SET line_hashes = ? WHERE id = ?", (json.dumps(sorted(hashes)), job_id))
+    db.conn.execute("UPDATE forget_jobs SET line_hashes = ?, decided = 1 WHERE id = ?",
+                    (json.dumps(sorted(hashes)), job_id))
 
 
 def jobs(db: MemoryDB) -> list[Job]:
-    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes FROM forget_jobs "
+    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
                             "ORDER BY id").fetchall()
-    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4])) for r in found]
+    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
 
 
 def hidden_lines(db: MemoryDB) -> set[str]:
-    """The hashes of file lines a pending job will remove: the boot prompt leaves them out now."""
+    """The hashes of file lines a pending job may remove (an undecided job's first guess included): the
+    boot prompt leaves them out now."""
     return {h for job in jobs(db) for h in job.line_hashes}
 
 
@@ -280,11 +287,18 @@ def _backup_files(layout: Layout) -> list[Path]:
     return [p for p in (layout.os_dir / "backup").glob("*/memory/*.md") if p.is_file() and not p.is_symlink()]
 
 
-def backup_lines(layout: Layout, forgotten: set[str]) -> set[str]:
-    found: set[str] = set()
+def backup_candidates(layout: Layout) -> dict[str, str]:
+    """Every meaningful line of the backups' memory files (v1's, kept by `migrate-v1`): hash, text."""
+    out: dict[str, str] = {}
     for path in _backup_files(layout):
-        found |= lines_to_remove(path.read_text(encoding="utf-8", errors="replace"), forgotten)
-    return found
+        text = path.read_text(encoding="utf-8", errors="replace")
+        out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
+    return out
+
+
+def current_lines(files: MemoryFiles) -> set[str]:
+    """The hashes of the curated files' meaningful lines as they are now."""
+    return {line_hash(line) for name in CURATED for line in files.read(name).splitlines() if meaningful(line)}
 
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
@@ -386,15 +400,79 @@ Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' u
 # learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
 KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
-# Line vectors kept in memory between forgets (1.5 KiB each): embedding a line costs ~20 ms, and a
-# person often forgets several turns one after the other while the person waits for each answer.
+# Line vectors kept in memory between forgets (1.5 KiB each), the least recently used let go first:
+# embedding a line costs ~20 ms, and a person often forgets several turns one after the other.
 LINE_VECTORS_KEPT = 5_000
+KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it counts as failed
+# A decision whose kept-turn check failed is tried again after these pauses (seconds); then the
+# daemon's passes try it, and until one succeeds its lines stay in the files (out of the boot prompt).
+DECIDE_RETRIES = (2.0, 10.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
+Then = Callable[[Sequence[str]], None]  # told the sessions forgotten, before any turn may start again
+
+
+class CheckFailed(Exception):
+    """The kept-turn check could not be made: no line it would judge leaves."""
+
+
+class TurnGate:
+    """While a forget takes the words out of the transcript and search, no turn starts: the agent
+    could search, be reminded of, or (in the session the forget restarts) still hold what is being
+    forgotten. Turns wait (`wait`); deciding the file lines afterwards holds nobody."""
+
+    def __init__(self) -> None:
+        self._holders = 0
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        self._holders += 1
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._holders -= 1
+            if not self._holders:
+                self._open.set()
+
+    async def wait(self) -> bool:
+        """Until no forget holds the gate. True when it had to wait."""
+        if self._open.is_set():
+            return False
+        await self._open.wait()
+        return True
+
+
+@dataclass
+class Lines:
+    """The lines a forget judges, by hash. `files`: the curated files', their versions' and the batches'
+    records' (the meaning judges them too); `backups`: v1's memory files' (the words alone); `current`:
+    those in the curated files as they are now."""
+
+    files: dict[str, str]
+    backups: dict[str, str]
+    current: set[str]
+
+    def texts(self) -> dict[str, str]:
+        return {**self.backups, **self.files}
+
+
+@dataclass
+class _Decision:
+    """What a forget keeps in memory (never on disk) until the daemon's pass: the turns' words, what
+    they and their learnings said (the meaning's anchors), the lines judged and the words' guess."""
+
+    words: set[str]
+    anchors: list[str]
+    lines: Lines
+    by_words: set[str]
 
 
 @dataclass
 class TurnForgetting:
-    """Owns forgetting: the at-once part for whoever asks (the console), the file pass for the daemon."""
+    """Owns forgetting: the at-once part for whoever asks (the console), the decision of which file
+    lines go (a task of its own), the file pass for the daemon."""
 
     layout: Layout
     transcript: Worker[TranscriptDB]
@@ -406,99 +484,209 @@ class TurnForgetting:
     clock: Callable[[], float] = time.time
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
-    # job id -> the turns' words and the lines already judged at the forget, in memory only
-    _words: dict[int, tuple[set[str], set[str]]] = field(default_factory=dict)
-    _line_vectors: dict[str, np.ndarray] = field(default_factory=dict)  # line hash -> its vector, in memory only
-    _deciding: set[int] = field(default_factory=set)  # jobs whose lines are being decided: the pass waits
+    retries: Sequence[float] = DECIDE_RETRIES
+    gate: TurnGate = field(default_factory=TurnGate)
+    _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
+    # line hash -> its vector, in memory only, least recently used first
+    _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
+    _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
+    _stopping: bool = False
 
-    async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
+    async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
+        """The words out of every store at once, and the job that takes the file lines out on disk; the
+        lines are then decided by a task of their own (`decided` waits for it). `then` is told the
+        sessions forgotten while turns still wait (a restart of the current session comes first)."""
         now = self.clock()
         wanted = list(ids)
-        turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
-        if not turns:
-            return Forgotten([], 0, now)
-        done = [o.id for o in turns]
-        sessions = sorted({o.session_id for o in turns})
-        purged = await self.apply(lambda m: purge_memory(m, turns))
-        words: set[str] = set()
-        for o in turns:  # the turns' own words: a learning may also name things from other turns
-            words |= content_words(turn_text(o))
-        candidates = await asyncio.to_thread(file_candidates, self.files)
-        candidates.update(await self.memory.call(_batch_candidates))
-        backups = await asyncio.to_thread(backup_lines, self.layout, words)
-        # The words are gone from the transcript: the job goes on disk at once, with the lines the words
-        # find, so that a forget cut short (a stop, a kill, an error in what follows) still takes those
-        # out; the meaning's lines and the kept-turn check then decide the job's final lines.
-        by_words = {h for h, text in candidates.items() if came_from(text, words)}
-        job = await self.apply(lambda m: add_job(m, done, sessions, by_words | backups, now))
-        self._deciding.add(job)
-        try:
-            await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-            hashes = await self._found(by_words, [turn_text(o) for o in turns] + purged.contents, candidates)
-            await self.apply(lambda m: set_job_lines(m, job, hashes | backups))
-        finally:
-            self._deciding.discard(job)
-        self._words[job] = (words, set(candidates))
-        log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), lines=len(hashes), by=by)
-        self.wake_daemon("forget")
+        with self.gate.hold():
+            turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
+            if not turns:
+                return Forgotten([], 0, now)
+            done = [o.id for o in turns]
+            sessions = sorted({o.session_id for o in turns})
+            purged = await self.apply(lambda m: purge_memory(m, turns))
+            words: set[str] = set()
+            for o in turns:  # the turns' own words: a learning may also name things from other turns
+                words |= content_words(turn_text(o))
+            lines = await self._lines()
+            # The words are gone from the transcript: the job goes on disk at once, undecided, with the lines
+            # the words find, so that a forget cut short (a stop, a kill, an error in what follows) is decided
+            # at the daemon's pass; meanwhile the boot prompt leaves those lines out.
+            by_words = {h for h, text in lines.texts().items() if came_from(text, words)}
+            job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
+            decision = _Decision(words, [turn_text(o) for o in turns] + purged.contents, lines, by_words)
+            self._decisions[job] = decision
+            self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
+            try:
+                await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+                if then is not None:
+                    then(sessions)
+            except BaseException:
+                del self._deciding[job]  # the daemon's pass decides it
+                raise
+        self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
+        log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), by_words=len(by_words), by=by)
         return Forgotten(turns, len(purged.learning_ids), now)
+
+    async def decided(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, for the forgets deciding their lines. True if none is left."""
+        running = [task for task in self._deciding.values() if task is not None]
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=budget)
+        return not pending
+
+    async def stop(self) -> None:
+        """A stop cancels the decisions under way: their jobs are on disk, undecided, and the daemon's
+        pass at the next start decides them."""
+        self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
+        running = [task for task in self._deciding.values() if task is not None]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _decide(self, job: int, decision: _Decision) -> None:
+        try:
+            for attempt, pause in enumerate([*self.retries, None]):
+                try:
+                    hashes = await self._found(decision.by_words, decision.anchors, decision.lines)
+                except CheckFailed as exc:
+                    # Precision first: a line the check could not judge stays in the files until it can.
+                    log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
+                                lines_kept_for_now=len(decision.by_words),
+                                next_try_s=pause if pause is not None else "the daemon's next pass")
+                    if pause is None:
+                        self.wake_daemon("forget")  # its pass tries once more, then every pass after
+                        return
+                    await asyncio.sleep(pause)
+                    continue
+                await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
+                log.info("forget_lines_decided", job=job, lines=len(hashes))
+                self.wake_daemon("forget")
+                return
+        except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
+            log_expected(log, "forget_decision_failed", exc)
+        finally:
+            self._deciding.pop(job, None)
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
-        records and the backups. Returns the jobs done."""
-        pending = [job for job in await self.memory.call(jobs) if job.id not in self._deciding]
-        for job in pending:
-            kept = self._words.pop(job.id, None)
-            hashes = set(job.line_hashes)
-            if kept is not None:  # lines written since the forget (a batch already under way), by their words
-                words, judged = kept
-                later = await asyncio.to_thread(file_candidates, self.files)
-                later.update(await self.memory.call(_batch_candidates))
-                hashes |= {h for h, text in later.items() if h not in judged and came_from(text, words)}
+        records and the backups. A job whose decision is under way waits for it; one left undecided is
+        decided now. Returns the jobs done."""
+        done = 0
+        for job in await self.memory.call(jobs):
+            if job.id in self._deciding or (self._stopping and not job.decided):
+                continue
+            try:
+                hashes = await self._settled(job)
+            except CheckFailed as exc:
+                log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
+                            lines_kept_for_now=len(job.line_hashes), next_try_s="the daemon's next pass")
+                continue
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
             backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,
                                               note)
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
+            self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
-        return len(pending)
+            done += 1
+        return done
 
-    async def _vectors(self, texts: Sequence[str]) -> np.ndarray | None:
+    async def _settled(self, job: Job) -> set[str]:
+        """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
+        decided now (after a restart, by the words alone: the meaning's anchors were in memory); and the
+        lines written since the forget that the turns' words find, with the same kept-turn check.
+        CheckFailed: the check could not be made, and the job waits for the next pass."""
+        decision = self._decisions.get(job.id)
+        hashes = set(job.line_hashes)
+        if not job.decided:
+            if decision is not None:
+                hashes = await self._found(decision.by_words, decision.anchors, decision.lines)
+            else:
+                now = await self._lines()
+                texts = now.texts()
+                mine = {h: texts[h] for h in hashes if h in texts}
+                hashes = await self._found(set(mine), [], Lines(mine, {}, set()))
+            await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
+        if decision is None:
+            return hashes
+        now = await self._lines()
+        judged = decision.lines
+        # New since the forget: a line not judged then, or one judged then but written into the current
+        # files since (a kept turn may say it now). Only those the words find.
+        rewritten = now.current - judged.current
+        new = {h: text for h, text in now.texts().items()
+               if (h in rewritten or (h not in judged.files and h not in judged.backups))
+               and came_from(text, decision.words)}
+        if not new:
+            return hashes
+        checked = await self._found(set(new), [], Lines(new, {}, set()))
+        log.info("forget_later_lines", job=job.id, new=len(new), found=len(checked))
+        return (hashes - set(new)) | checked
+
+    async def _lines(self) -> Lines:
+        files = await asyncio.to_thread(file_candidates, self.files)
+        files.update(await self.memory.call(_batch_candidates))
+        backups = await asyncio.to_thread(backup_candidates, self.layout)
+        current = await asyncio.to_thread(current_lines, self.files)
+        return Lines(files, backups, current)
+
+    async def _vectors(self, texts: Sequence[str], keep: bool = True) -> np.ndarray | None:
+        """The texts' vectors: those kept from before, the others embedded (in batches, on the embedder's
+        thread) and kept (`keep`: never a forgotten turn's); None without the dense model or when it fails."""
         if self.embed is None or not texts:
             return None
+        keys = [line_hash(text) for text in texts]
+        cache = self._line_vectors
+        todo = list({k: text for k, text in zip(keys, texts, strict=True) if k not in cache}.items())
+        step = LINES_EMBEDDED_AT_ONCE
+        found: dict[str, np.ndarray] = {}
         try:
-            step = LINES_EMBEDDED_AT_ONCE
-            parts = [await self.embed(texts[i:i + step]) for i in range(0, len(texts), step)]
+            for i in range(0, len(todo), step):
+                part = await self.embed([text for _, text in todo[i:i + step]])
+                if part is None:
+                    return None
+                found.update((k, part[j]) for j, (k, _) in enumerate(todo[i:i + step]))
         except Exception as exc:  # the model failed: the words still find what they find
             log.error("forget_embedding_failed", error=type(exc).__name__)
             return None
-        if any(p is None for p in parts):
-            return None
-        return np.concatenate([p for p in parts if p is not None])
+        out = np.stack([found[k] if k in found else cache[k] for k in keys]).astype(np.float32)
+        for k in keys:  # used now: the last to be let go
+            if k in cache:
+                cache.move_to_end(k)
+        if keep:
+            cache.update(found)
+        while len(cache) > LINE_VECTORS_KEPT:
+            cache.popitem(last=False)
+        return out
 
-    async def _found(self, by_words: set[str], anchor_texts: Sequence[str], candidates: dict[str, str]) -> set[str]:
-        """The candidate lines (hash: text) that came from the forgotten turns: most of their words are
-        the turns' (`by_words`, found by `came_from`), or, with the dense retriever, the curator reworded them (close to the
-        turns and their learnings, `anchor_texts`, and closer to them than to what is kept: `reworded`);
-        and no kept turn or learning near the line says it as well (`kept_holds`)."""
-        scored = await self._scored(list(candidates.items()), anchor_texts)
-        check = [h for h in candidates if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
+    async def _found(self, by_words: set[str], anchor_texts: Sequence[str], lines: Lines) -> set[str]:
+        """The lines (hash: text) that came from the forgotten turns: most of their words are the
+        turns' (`by_words`, found by `came_from`), or, with the dense retriever, the curator reworded
+        them (close to the turns and their learnings, `anchor_texts`, and closer to them than to what is
+        kept: `reworded`); and no kept turn or learning near the line says it as well (`kept_holds`).
+        CheckFailed when the kept-turn search fails: no line is taken out unchecked."""
+        texts = lines.texts()
+        # The words' lines need no vector: the meaning only adds lines, and only the kept-turn check takes away.
+        by_meaning = [(h, text) for h, text in lines.files.items() if h not in by_words]
+        scored = await self._scored(by_meaning, anchor_texts) if anchor_texts else {}
+        check = [h for h in texts if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
         if not check:
             return set()
-        near = await self._kept_near([(candidates[h], h not in by_words) for h in check])
-        if near is None:  # the search failed: the words' lines go as the words say, the meaning's stay
-            return by_words
-        to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check])) if scored \
-            else [-1.0] * len(check)
+        near = await self._kept_near([(texts[h], h not in by_words) for h in check])
+        to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check if h in scored])
+                                          if any(h in scored for h in check) else None, [h in scored for h in check])
         out = set()
         for h, found, kept in zip(check, near, to_kept, strict=True):
             came = h in by_words or (h in scored and reworded(scored[h][0], kept))
-            if came and not kept_holds(candidates[h], found):
+            if came and not kept_holds(texts[h], found):
                 out.add(h)
         for h in out:  # they leave every file: no forget needs them again
             self._line_vectors.pop(h, None)
-        log.info("forget_lines_found", candidates=len(candidates), checked=len(check), by_words=len(by_words),
+        log.info("forget_lines_found", candidates=len(texts), checked=len(check), by_words=len(by_words),
                  found=len(out))
         return out
 
@@ -506,43 +694,44 @@ class TurnForgetting:
                       ) -> dict[str, tuple[float, np.ndarray]]:
         """With the dense retriever, each line of `todo` (hash, text): its cosine to the nearest anchor
         and its vector; without it (or when it fails), nothing."""
-        anchors = await self._vectors(anchor_texts) if todo else None
+        anchors = await self._vectors(anchor_texts, keep=False) if todo else None
         if anchors is None:
             return {}
-        known = self._line_vectors
-        new = [(h, text) for h, text in todo if h not in known]
-        fresh = await self._vectors([text for _, text in new]) if new else np.zeros((0, anchors.shape[1]))
-        if fresh is None:
+        vectors = await self._vectors([text for _, text in todo])
+        if vectors is None:
             return {}
-        found = {h: fresh[i] for i, (h, _) in enumerate(new)}
-        vectors = np.stack([found[h] if h in found else known[h] for h, _ in todo]).astype(np.float32)
-        if len(known) + len(found) > LINE_VECTORS_KEPT:
-            known.clear()
-        if len(found) <= LINE_VECTORS_KEPT:
-            known.update(found)
         scores = nearest(anchors, vectors)
         return {h: (scores[i], vectors[i]) for i, (h, _) in enumerate(todo)}
 
-    async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]] | None:
+    async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
         if self.kept_near is None:
             return [[] for _ in lines]
         try:
-            return await self.kept_near(lines)
+            return await asyncio.wait_for(self.kept_near(lines), KEPT_CHECK_TIMEOUT)
+        except TimeoutError as exc:
+            raise CheckFailed(f"the kept-turn search took over {KEPT_CHECK_TIMEOUT:g} s") from exc
         except Exception as exc:
-            log.error("forget_kept_search_failed", error=type(exc).__name__)
-            return None
+            raise CheckFailed(f"the kept-turn search failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _kept_scores(self, near: Sequence[Sequence[str]], vectors: np.ndarray) -> list[float]:
-        """Each line's cosine to the nearest of the kept turns and learnings found for it (`near`); +1
-        when they can't be embedded (precision first: a line that can't be checked stays)."""
-        texts = [text for found in near for text in found]
+    async def _kept_scores(self, near: Sequence[Sequence[str]], vectors: np.ndarray | None,
+                           scored: Sequence[bool]) -> list[float]:
+        """Each line's cosine to the nearest of the kept turns and learnings found for it (`near`), for
+        the lines with a vector (`scored`; `vectors` in their order); +1 when they can't be embedded
+        (precision first: a line that can't be checked by meaning stays), -1 for the others."""
+        if vectors is None or not any(scored):
+            return [-1.0] * len(near)
+        texts = [text for found, has in zip(near, scored, strict=True) if has for text in found]
         kept = await self._vectors(texts) if texts else np.zeros((0, vectors.shape[1]), dtype=np.float32)
         if kept is None:
-            return [1.0] * len(near)
-        out, at = [], 0
-        for i, found in enumerate(near):
-            out.append(nearest(kept[at:at + len(found)], vectors[i:i + 1])[0])
+            return [1.0 if has else -1.0 for has in scored]
+        out, at, row = [], 0, 0
+        for found, has in zip(near, scored, strict=True):
+            if not has:
+                out.append(-1.0)
+                continue
+            out.append(nearest(kept[at:at + len(found)], vectors[row:row + 1])[0])
             at += len(found)
+            row += 1
         return out
 
 

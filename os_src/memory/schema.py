@@ -255,4 +255,12 @@ def _memory_v6(db: sqlite_utils.Database) -> None:
     link_all(db.conn)
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6)
+def _memory_v7(db: sqlite_utils.Database) -> None:
+    """A forget job says whether its lines are decided: written first with the lines the words find,
+    unchecked (0), then decided (1). A job left undecided (a stop, a failed check) is decided at the
+    daemon's pass, never applied unchecked. Jobs from before were decided at the forget."""
+    if "decided" not in db["forget_jobs"].columns_dict:
+        db.conn.execute("ALTER TABLE forget_jobs ADD COLUMN decided INTEGER NOT NULL DEFAULT 1")
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7)

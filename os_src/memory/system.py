@@ -31,7 +31,7 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, TurnForgetting, hidden_lines
+from .forget_turns import Forgotten, Then, TurnForgetting, hidden_lines
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -51,6 +51,7 @@ RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
+BOOT_DECIDE_BUDGET = 60.0  # a boot prompt waits this long, at most, for a forget deciding its file lines
 
 
 class MemorySystem:
@@ -123,6 +124,7 @@ class MemorySystem:
             return
         if self._counting is not None:
             self._counting.cancel()
+        await self.forgetting.stop()  # a forget deciding its lines: its job is on disk, the next start decides it
         await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
         await self.imports.stop()  # what it has not applied stays in the inbox, for the next start
         await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
@@ -141,17 +143,24 @@ class MemorySystem:
         return await self.memory.call(hidden_lines)
 
     async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
-                           session_id: str | None = None, by: str) -> Forgotten:
+                           session_id: str | None = None, by: str, then: Then | None = None) -> Forgotten:
         """A person forgets turns (by id, by their id on the wire, or a whole session): their words
         leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
-        The turns still being written land first."""
-        await self.writer.drained(FORGET_DRAIN_BUDGET)
-        wanted = list(ids)
-        if turn_ids:
-            wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
-        if session_id is not None:
-            wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
-        return await self.forgetting.forget(wanted, by)
+        The turns still being written land first. No turn starts until the words are out of the
+        transcript and search (`turn_may_start`); `then` is told the sessions forgotten before that."""
+        with self.forgetting.gate.hold():
+            await self.writer.drained(FORGET_DRAIN_BUDGET)
+            wanted = list(ids)
+            if turn_ids:
+                wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
+            if session_id is not None:
+                wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
+            return await self.forgetting.forget(wanted, by, then)
+
+    async def turn_may_start(self) -> bool:
+        """Before a turn starts: wait while a forget takes words out of the transcript and search.
+        True when it waited."""
+        return await self.forgetting.gate.wait()
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
@@ -177,6 +186,10 @@ class MemorySystem:
         batch and what it learned; False: what memory holds now (an agent that is failing to start)."""
         if settle and not await self.daemon.settle(BOOT_SETTLE_BUDGET):
             log.warning("boot_without_latest_memory", budget=BOOT_SETTLE_BUDGET)
+        # A forget deciding which lines came from its turns (the curator's rewordings among them): a new
+        # session waits for it, so that one the forget restarted never boots with them.
+        if settle and not await self.forgetting.decided(BOOT_DECIDE_BUDGET):
+            log.warning("boot_before_forget_decided", budget=BOOT_DECIDE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
         if settle:

@@ -61,6 +61,11 @@ log = get_logger(__name__)
 
 POLL = 2.0
 COMMIT_EVERY = 1.0
+# A nudge comes as a turn lands in transcript.db, before the runtime has told the person it is done:
+# the catch-up waits until that turn is over, so its database calls and index writes never race the
+# turn's last step (turn_complete) for the event loop and the GIL. At most this long, for a turn
+# that goes on (an import's nudge during a long turn): words stay searchable within about a second.
+AFTER_TURN_WAIT = 1.0
 EMBED_BATCH = 8
 SCAN = 4_096  # episode ids the embedder looks at a step, for those without a vector
 RETRY = 5.0
@@ -137,6 +142,8 @@ class Indexer:
         self._adopting = False
         self.activity = AgentActivity()  # the embedder steps aside for the agent's turns (pacing.py)
         self._activity_changed = asyncio.Event()
+        self._agent_idle = asyncio.Event()  # clear while the agent's turn runs (AFTER_TURN_WAIT)
+        self._agent_idle.set()
         self.current = asyncio.Event()  # set whenever the index holds every recorded turn (tests wait on it)
         self.embedded_all = asyncio.Event()  # set whenever every episode has a vector (or was passed over)
 
@@ -149,10 +156,12 @@ class Indexer:
     def turn_started(self) -> None:
         self.activity.started(time.monotonic())
         self._activity_changed.set()
+        self._agent_idle.clear()
 
     def turn_ended(self) -> None:
         self.activity.ended(time.monotonic())
         self._activity_changed.set()
+        self._agent_idle.set()
 
     def learning_changed(self, learning_id: int) -> None:
         """A person forgot a learning, or undid it: its document goes, or comes back."""
@@ -184,6 +193,7 @@ class Indexer:
         loop = asyncio.get_running_loop()
         while True:
             await _wait(self._wake, POLL)
+            await _wait(self._agent_idle, AFTER_TURN_WAIT)
             self._wake.clear()
             try:
                 await self._catch_up(loop)

@@ -50,7 +50,7 @@ FRESH = 30.0  # a published status older than this is the last word of a server 
 AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable
 KEPT_NEAR = 5  # kept turns and learnings a forget compares a reworded line with
-KEPT_NEAR_SETTLE = 5.0  # seconds a forget waits, at most, for the turns recorded so far to be searchable
+KEPT_NEAR_SETTLE = 30.0  # seconds a forget's check waits, at most, for the turns recorded so far to be searchable
 
 
 def index_path(memory_dir: Path) -> Path:
@@ -217,11 +217,12 @@ class RecallService:
         """For each memory-file line (its text, and whether to search by meaning too, not by words
         alone), what the turns and learnings search finds nearest to it say (after a forget: only kept
         ones), so that a line another turn still supports stays. Waits briefly for the index to hold
-        what is recorded (a turn not yet searchable can't keep a line)."""
+        what is recorded (a turn not yet searchable can't keep a line: past that wait, TimeoutError)."""
         if self._index is None:
-            return [[] for _ in lines]
+            raise RuntimeError("recall is not started: no kept turn can be searched")
         self.indexer.nudge()
-        await self.settle(KEPT_NEAR_SETTLE)
+        if not await self.settle(KEPT_NEAR_SETTLE):  # a kept turn not searchable yet could not keep its line
+            raise TimeoutError(f"the word index is still behind what is recorded after {KEPT_NEAR_SETTLE:.0f} s")
         now, wanted = time.time(), list(lines)
 
         def look(s: Searcher) -> list[list[str]]:

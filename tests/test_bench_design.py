@@ -1,0 +1,65 @@
+"""The memory on / off benchmark's design: paired statistics and an order that balances carry-over."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections import Counter
+
+import pytest
+
+from bench.stats import bootstrap_median_ci, paired
+from bench.turns import WARMUP, TurnFn, _interleave, carry_balanced
+
+
+def _sequence(orders: list[tuple[str, str, str]], rounds: int) -> list[str]:
+    ran: list[str] = []
+
+    def path(name: str) -> TurnFn:
+        async def turn(_n: int) -> float:
+            ran.append(name)
+            return 0.0
+        return turn
+
+    samples = asyncio.run(_interleave({name: path(name) for name in "abc"}, rounds, orders=orders))
+    assert all(len(s) == rounds for s in samples.values())
+    return ran[WARMUP * 3:]
+
+
+def test_each_path_follows_each_other_path_equally_and_never_itself() -> None:
+    ran = _sequence(carry_balanced("a", "b", "c"), 180)
+    follows = Counter(itertools.pairwise(ran))
+    assert not [pair for pair in follows if pair[0] == pair[1]]  # no turn right after its own server's
+    counts = sorted(follows.values())
+    assert len(follows) == 6 and counts[-1] - counts[0] <= 1
+
+
+def test_the_cycle_of_all_orders_is_not_balanced() -> None:
+    """What the benchmark did before: one path followed itself once in six rounds, another never."""
+    ran = _sequence([("a", "b", "c"), ("a", "c", "b"), ("b", "a", "c"), ("b", "c", "a"), ("c", "a", "b"),
+                     ("c", "b", "a")], 180)
+    itself = Counter(x for x, y in itertools.pairwise(ran) if x == y)
+    assert len(itself) == 2  # two of the three paths follow themselves, the third never
+
+
+def test_paired_reads_the_per_round_ratio_not_the_drift() -> None:
+    # Both sides drift by a factor of 2 across the run; b is 2% slower than a in every round.
+    a = [0.050 * (1 + i / 100) for i in range(100)]
+    b = [x * 1.02 for x in a]
+    out = paired(b, a)
+    assert out["ratio"] == pytest.approx(1.02)
+    assert out["ratio_ci95"][0] == pytest.approx(1.02) and out["ratio_ci95"][1] == pytest.approx(1.02)
+    assert out["pairs"] == 100 and out["diff_ms"] > 0
+
+
+def test_bootstrap_interval_holds_the_median_and_narrows_with_more_samples() -> None:
+    few = [float(i % 7) for i in range(21)]
+    many = few * 20
+    lo, hi = bootstrap_median_ci(few)
+    assert lo <= 3.0 <= hi
+    lo_many, hi_many = bootstrap_median_ci(many)
+    assert hi_many - lo_many <= hi - lo
+    assert all(math.isnan(x) for x in bootstrap_median_ci([]))
+    with pytest.raises(ValueError):
+        paired([1.0], [1.0, 2.0])
