@@ -34,9 +34,14 @@ $(TEST_STAMP): pyproject.toml | $(FAULT_TOOLS)
 run: $(DEV_STAMP)
 	$(PY) -m devkit.dev_mode
 
+## Two workers a core: most tests wait more than they compute (on the Claude Code CLI, the browser,
+## child processes, backoffs), so a second worker a core fills that time.
+WORKERS := $(shell echo $$(( $$(nproc) * 2 )))
+
 ## The whole suite, end-to-end tests included (they drive the real Claude Code CLI, and the
-## console's in a headless Chromium), on every core (JOBS=1 for one), under coverage.
-JOBS ?= auto
+## console's in a headless Chromium), on two workers a core (JOBS=1 for one), under coverage.
+## The tests that share the host run one after another in their group's worker (tests/README.md).
+JOBS ?= $(WORKERS)
 PYTEST_PARALLEL := -n $(JOBS) --dist loadgroup
 test: $(TEST_STAMP) $(CHROMIUM) $(SANDBOX)
 	@rm -f .coverage .coverage.*
@@ -69,10 +74,9 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
 		tests/test_console_forget_e2e.py
 
-## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage. Two workers a
-## core (FAST_JOBS): these tests spend half their time waiting (backoffs, budgets, child processes),
-## so a second worker a core fills that time.
-FAST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage; two workers a
+## core (FAST_JOBS).
+FAST_JOBS ?= $(WORKERS)
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -m "not e2e" -n $(FAST_JOBS) --dist loadgroup
 

@@ -34,6 +34,7 @@ from devkit.mock_bridge import MockBridge
 from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_alive
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
+from tests import xdist_groups
 
 # The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
 # tests import it here, once per worker, so that no test's first batch spends its deadline on it.
@@ -69,6 +70,10 @@ def restore_logging() -> Iterator[None]:
         if handler not in handlers:
             handler.close()
     root.handlers[:], root.level = handlers, level
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(xdist_groups, "sprite-os-xdist-groups")  # the groups below, held on pytest 9
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers added here
@@ -152,9 +157,19 @@ def agent_user(host: HostLedger) -> AgentUser:
 
 
 @pytest.fixture
-def agent_workspace(agent_user: AgentUser, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """A fresh workspace path (not yet created) in a directory the agent's user can pass through
-    (/tmp/sprite-os-agent-tests/<unique>/workspace); removed afterwards."""
+def agent_workspace(agent_user: AgentUser, reachable_workspace: Path) -> Path:
+    """A fresh workspace path (not yet created) that the agent's user can reach."""
+    return reachable_workspace
+
+
+@pytest.fixture
+def reachable_workspace(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh workspace path (not yet created) in a directory every user can pass through
+    (/tmp/sprite-os-agent-tests/<unique>/workspace); removed afterwards. Skips when the tests are
+    not root. A deploy's test takes it without `agent_user`: its agent is the deploy's user, and the
+    fixture would put it in the `host` group, building the deploys' real venv in a second worker."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace another user can reach is made as root (CI runs the suite as root)")
     AGENT_TESTS_ROOT.mkdir(mode=0o755, exist_ok=True)
     st = AGENT_TESTS_ROOT.stat()
     assert st.st_uid == 0 and not st.st_mode & 0o022, f"{AGENT_TESTS_ROOT} must be root's and 0755"

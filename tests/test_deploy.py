@@ -653,10 +653,10 @@ def test_lock_check_names_a_missing_or_drifted_pin(tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.e2e
-async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, agent_workspace: Path) -> None:
+async def test_deployed_server_serves_a_turn(venv: VenvCache, tmp_path: Path, reachable_workspace: Path) -> None:
     from devkit.mock_bridge import MockBridge
 
-    ws = agent_workspace  # the agent's user must reach it: the deployed server runs its CLI as that user
+    ws = reachable_workspace  # the deploy's user must reach it: the deployed server runs its CLI as that user
     token = token_file(tmp_path)
     # A user of its own: a deployed server's start kills every process of its agent's uid (leftovers),
     # and other tests' agents run as the run's agent user.

@@ -118,6 +118,8 @@ async def test_a_full_disk_loses_no_turn(tmp_path: Path, bridge: MockBridge) -> 
             assert (await app.health())["status"] == "degraded"
             filler.unlink()
             await wait_for(lambda: len(observations(settings)) == 5, timeout=60)
-            assert not app.memory.writer.failing
+            # The rows are visible once committed; the writer says it recovered a moment later, on the loop.
+            await wait_for(lambda: app.memory is not None and not app.memory.writer.failing, timeout=60,
+                           what="the transcript writer recovered")
         recorded = observations(settings)
         assert [o.user_message.split()[1] for o in recorded] == ["1", "2", "3", "4", "5"]

@@ -1,0 +1,71 @@
+"""The suite's xdist groups hold: every test of a group runs on one worker (tests/xdist_groups.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from devkit.processes import CHECKOUT as REPO
+from devkit.processes import kit_env
+
+TOY = '''
+import os, pathlib, pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("i", range(8))
+def test_grouped(i):
+    pathlib.Path(os.environ["SEEN"], f"grouped-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.parametrize("i", range(8))
+def test_free(i):
+    pathlib.Path(os.environ["SEEN"], f"free-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_a_groups_tests_all_run_on_one_worker_and_the_rest_spread(tmp_path: Path) -> None:
+    (tmp_path / "test_toy.py").write_text(TOY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.xdist_groups",
+         "-n", "2", "--dist", "loadgroup", str(tmp_path)],
+        cwd=tmp_path, env={**kit_env(), "SEEN": str(seen)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {path.name: path.read_text() for path in seen.iterdir()}
+    assert len(workers) == 16
+    grouped = Counter(w for name, w in workers.items() if name.startswith("grouped-"))
+    assert len(grouped) == 1, f"the group was spread over workers: {grouped}"
+    assert set(workers.values()) == {"gw0", "gw1"}, "both workers ran tests"
+
+
+GROUPS = '''
+import os, pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    with open(os.environ["GROUPS_OUT"], "w") as out:
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            out.write(f"{item.name}\\t{mark.args[0] if mark else ''}\\t{' '.join(item.fixturenames)}\\n")
+'''
+
+
+def test_the_deploys_real_venv_is_built_in_one_worker(tmp_path: Path) -> None:
+    """Every test of the session's real venv (pip installs the lock: the costliest fixture) is in the
+    `deploy` group: one in another group would build a second venv in its own worker."""
+    (tmp_path / "dump_groups.py").write_text(GROUPS)
+    out = tmp_path / "groups.tsv"
+    env = {**kit_env(), "GROUPS_OUT": str(out)}
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                           "-p", "dump_groups", str(REPO / "tests" / "test_deploy.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    of_the_venv = {name: group for name, group, fixtures in rows if "venv" in fixtures.split()}
+    assert len(of_the_venv) >= 10
+    assert {name: group for name, group in of_the_venv.items() if group != "deploy"} == {}
