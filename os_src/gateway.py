@@ -50,6 +50,7 @@ REPLY_BACKLOG = 1024 * 1024
 # send it again). The frames themselves are at most MAX_FRAME_CHARS each.
 REQUEST_QUEUE = 4
 ASIDE_QUEUE = 2  # the same, for the aside requests (forgets) waiting behind the one being answered
+NOT_TAKEN = "the server is stopping; this request was not handled: send it again after reconnecting"
 
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
@@ -167,9 +168,11 @@ class _Connection:
             try:
                 await asyncio.wait([self._quick.answering])
                 # The downloads were the quick lane's: they linger now, while a forget may still run.
-                if self.gw.left is not None:
-                    self.gw.left(self.key)
-                await asyncio.wait([self._aside.answering])
+                try:
+                    if self.gw.left is not None:
+                        self.gw.left(self.key)
+                finally:  # the aside lane's task is awaited whatever the console did
+                    await asyncio.wait([self._aside.answering])
             except asyncio.CancelledError:  # the server's hard stop: they go too
                 for lane in (self._quick, self._aside):
                     lane.answering.cancel()
@@ -178,8 +181,7 @@ class _Connection:
     def stop_requests(self) -> None:
         for lane in (self._quick, self._aside):
             for frame in lane.end():
-                self._error("shutting_down", "the server is stopping; this request was not handled: send it again "
-                            "after reconnecting", frame.request_id)
+                self._error("shutting_down", NOT_TAKEN, frame.request_id)
 
     def request_tasks(self) -> list[asyncio.Task[None]]:
         return [lane.answering for lane in (self._quick, self._aside) if lane.task is not None]
@@ -348,8 +350,7 @@ class _Connection:
             self._error("memory_unavailable", "this server runs without memory", frame.request_id)
             return
         if self.gw.stopping:
-            self._error("shutting_down", "the server is stopping; this request was not handled: send it again after "
-                        "reconnecting", frame.request_id)
+            self._error("shutting_down", NOT_TAKEN, frame.request_id)
             return
         lane = self._aside if frame.aside else self._quick
         try:

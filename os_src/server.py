@@ -212,11 +212,14 @@ class SpriteOS:
             functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
             lambda: requests, self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
-        for step in steps:
-            try:
-                await step()
-            except Exception as exc:
-                log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        try:
+            for step in steps:
+                try:
+                    await step()
+                except Exception as exc:
+                    log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        finally:  # a stop that is itself cancelled leaves no task of its own behind
+            requests.cancel()
         self.lock.release()
         log.info("server_stopped")
 
