@@ -119,7 +119,7 @@ class SpriteOS:
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle,
-                               left=self.files.downloads.left)
+                               left=self.files.left)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
