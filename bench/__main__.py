@@ -198,6 +198,10 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
                     "at least 0.87 / 0.75", ok(fused["r@10"] >= 0.87 and fused["all@10"] >= 0.75)))
         out.append((f"...its {fused['several_turns']} questions whose evidence is 2 to 4 turns (all@10, fused)",
                     f"{fused['several_turns_all@10']:.3f}", "", ""))
+        if "fused_tuning" in d:
+            out.append(("...the same, fused, on a seeded half of the questions / the other half (held out: "
+                        "any@10 / all@10)", " / ".join(f"{d[k]['r@10']:.3f} / {d[k]['all@10']:.3f}"
+                                                       for k in ("fused_tuning", "fused_held_out")), "", ""))
         rows = [("fused without the ranking policies", "fused_plain"), ("words only", "lexical"),
                 ("the reference FTS5 method", "reference_fts5"), ("the reference RRF method", "reference_rrf")]
         out += [(f"...the same, {label} (any@10 / all@10; several turns all@10)",
@@ -217,7 +221,7 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
                     ok(a["evidence_in_block"] >= 0.75 and a["unrelated_with_block"] <= 0.10)))
     if b := rc.get("backfill"):
         moments = [k for k in b if k.endswith("%")]
-        out.append(("while vectors catch up (newest first; at " + " / ".join(moments) + " embedded): recall@10 of the "
+        out.append(("while vectors catch up (every other turn first, each pass newest first; at " + " / ".join(moments) + " embedded): recall@10 of the "
                     "questions whose evidence has no vector yet, against the same with vectors",
                     " / ".join(f"{b[m]['r@10_without_vector']:.3f} vs {b[m]['r@10_with_vector']:.3f}" for m in moments),
                     "within 2 points", ok(all(abs(b[m]["gap_points"]) <= 2 for m in moments))))

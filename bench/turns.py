@@ -69,12 +69,15 @@ async def _server_turn(bridge: MockBridge, c: Client, n: int,
 
 async def _interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False,
                       orders: Sequence[Sequence[str]] | None = None) -> dict[str, list[float]]:
-    """One turn of each path a round; samples[name][i] is round i's. `alternate`: the rounds cycle
-    through every order of the paths (two paths: AB, BA, AB, ...), so that what one path's turn
-    leaves running (memory's capture and indexing) falls on the other's next turn as often.
-    `orders`: the rounds cycle through these orders instead."""
+    """One turn of each path a round; samples[name][i] is round i's. `alternate` (two paths): the
+    rounds go AB, BA, AB, ..., so that what one path's turn leaves running (memory's capture and
+    indexing) falls on the other's next turn as often. Three paths need `carry_balanced`'s orders:
+    cycling all six orders makes one path follow itself and another never. `orders`: the rounds
+    cycle through these orders instead."""
     samples: dict[str, list[float]] = {name: [] for name in paths}
     if orders is None:
+        if alternate and len(paths) != 2:
+            raise ValueError("alternate takes two paths; give three carry_balanced's orders")
         orders = list(itertools.permutations(paths)) if alternate else [tuple(paths)]
     for n in range(turns + WARMUP):
         for name in orders[n % len(orders)]:

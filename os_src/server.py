@@ -119,7 +119,7 @@ class SpriteOS:
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle,
-                               left=self.files.downloads.left)
+                               left=self.files.left)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
@@ -138,7 +138,7 @@ class SpriteOS:
         if self.memory is not None:
             handlers += [MemoryConsole(self.memory, agent_spend=self.spend.report).handlers,
                          SessionsConsole(self.memory, lambda: self.runtime.session_id, self._coalesced,
-                                         self.runtime.new_session, lambda: self.runtime.taken_turn_id).handlers]
+                                         self.runtime.holding_turns).handlers]
         return handlers
 
     @property
@@ -212,11 +212,14 @@ class SpriteOS:
             functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
             self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
             lambda: requests, self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
-        for step in steps:
-            try:
-                await step()
-            except Exception as exc:
-                log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        try:
+            for step in steps:
+                try:
+                    await step()
+                except Exception as exc:
+                    log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+        finally:  # a stop that is itself cancelled leaves no task of its own behind
+            requests.cancel()
         self.lock.release()
         log.info("server_stopped")
 

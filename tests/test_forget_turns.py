@@ -621,34 +621,6 @@ async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
     assert out is not None and out.shape == (4, 4) and embedded == ["b"]  # only the one let go, not all
 
 
-async def test_a_new_turn_waits_while_a_forget_takes_the_words_out(system: MemorySystem) -> None:
-    ids = await _seed(system, BIRTHDAYS, "# User\n", [])
-    forgetting = system.forgetting
-    purge, release = forgetting.purge_recall, asyncio.Event()
-    told: list[Sequence[str]] = []
-
-    def tell(sessions: Sequence[str], held: bool) -> None:
-        told.append(sessions)
-
-    async def slow_purge(episodes: Sequence[int], learnings: Sequence[int]) -> None:
-        await release.wait()  # search still finds the words
-        await purge(episodes, learnings)
-
-    forgetting.purge_recall = slow_purge
-    forget = asyncio.create_task(system.forget_turns([ids[0]], by="test", then=tell))
-    await asyncio.sleep(0)
-    waiting = asyncio.create_task(system.turn_may_start())
-    await asyncio.sleep(0.2)
-    assert not waiting.done() and told == []
-    release.set()
-    assert await asyncio.wait_for(waiting, 30) is True
-    assert told == [["s1"]]  # told before the turn went on: a restart comes first
-    hits = await system.search("Rosa birthday", limit=5)
-    assert not any("Rosa" in h.snippet for h in hits)
-    await forget
-    assert await system.turn_may_start() is False  # no forget under way: no wait
-
-
 async def test_the_agents_echo_in_a_kept_turn_does_not_keep_a_forgotten_line(system: MemorySystem) -> None:
     line = "- Lives in Alfama, Lisbon"
     ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),
@@ -852,10 +824,12 @@ async def test_forgetting_a_past_turn_the_current_boot_prompt_holds_restarts_the
     ids = await seed(system, tmp_path)
     await system.transcript.call(lambda t: t.start_session("s2", T0 + 100))
     assert "Lisbon" in await system.boot_prompt(settle=False)  # the current session, s2, boots with it
-    restarts: list[str] = []
-    api = SessionsConsole(system, lambda: "s2", restart=lambda: restarts.append("new"))
+    from tests.test_console_sessions import FakeAgent
+
+    agent = FakeAgent()
+    api = SessionsConsole(system, lambda: "s2", holding_turns=agent.holding_turns)
     done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
-    assert done.restarted and restarts == ["new"]  # type: ignore[attr-defined]
+    assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
 
 
 async def test_forgetting_a_past_turn_auto_recall_brought_restarts_the_session(
@@ -869,10 +843,12 @@ async def test_forgetting_a_past_turn_auto_recall_brought_restarts_the_session(
     await system.boot_prompt(settle=False)
     recalled = await system.recall_for("Do you remember where I said I live, near which river?", "s2", "t9")
     assert recalled is not None and ids[1] in {m.observation_id for m in recalled.memories}
-    restarts: list[str] = []
-    api = SessionsConsole(system, lambda: "s2", restart=lambda: restarts.append("new"))
+    from tests.test_console_sessions import FakeAgent
+
+    agent = FakeAgent()
+    api = SessionsConsole(system, lambda: "s2", holding_turns=agent.holding_turns)
     done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
-    assert done.restarted and restarts == ["new"]  # type: ignore[attr-defined]
+    assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
 
 
 async def test_the_forgets_file_pass_does_not_wait_out_the_curators_backoff(system: MemorySystem) -> None:

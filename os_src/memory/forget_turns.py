@@ -11,8 +11,8 @@ At once (`TurnForgetting.forget`), the job on disk first (below), the tombstone 
   segment on disk keeps their words;
 - the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
   has rewritten the files;
-- meanwhile no turn starts (`TurnGate`): the agent could search for, or be reminded of, what is
-  being forgotten.
+- meanwhile no turn starts: the caller holds the agent's turns (the console, with the runtime's
+  `holding_turns`), since the agent could search for, or be reminded of, what is being forgotten.
 
 Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
 writer) takes those lines out of the curated files (a new version, source `forget`), out of every
@@ -47,7 +47,7 @@ import sqlite3
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,6 +432,9 @@ class Forgotten:
     turns: list[Observation]  # as they were recorded (the caller uses their ids, sessions and numbers)
     learnings: int
     at: float
+    # Whether the current session holds them otherwise (its boot prompt a line the words find, or auto-recall
+    # one of the turns or a learning from it): its context must let go of them too.
+    in_context: bool = False
 
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
@@ -449,44 +452,12 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 # (out of the boot prompt) meanwhile.
 DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-# Told the sessions forgotten, and whether the current session holds them otherwise (its boot prompt a line
-# the words find, or auto-recall one of the turns), before any turn may start again.
-Then = Callable[[Sequence[str], bool], None]
 # Whether the current session holds lines (their hashes) or turns (their ids) in its context.
 Holds = Callable[[set[str], Sequence[int]], bool]
 
 
 class CheckFailed(Exception):
     """The kept-turn check could not be made: no line it would judge leaves."""
-
-
-class TurnGate:
-    """While a forget takes the words out of the transcript and search, no turn starts: the agent
-    could search, be reminded of, or (in the session the forget restarts) still hold what is being
-    forgotten. Turns wait (`wait`); deciding the file lines afterwards holds nobody."""
-
-    def __init__(self) -> None:
-        self._holders = 0
-        self._open = asyncio.Event()
-        self._open.set()
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        self._holders += 1
-        self._open.clear()
-        try:
-            yield
-        finally:
-            self._holders -= 1
-            if not self._holders:
-                self._open.set()
-
-    async def wait(self) -> bool:
-        """Until no forget holds the gate. True when it had to wait."""
-        if self._open.is_set():
-            return False
-        await self._open.wait()
-        return True
 
 
 @dataclass
@@ -538,7 +509,6 @@ class TurnForgetting:
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     retries: Sequence[float] = DECIDE_RETRIES
     holds: Holds = lambda lines, ids: False
-    gate: TurnGate = field(default_factory=TurnGate)
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # line hash -> its vector, in memory only, least recently used first
     _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
@@ -546,30 +516,29 @@ class TurnForgetting:
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
-    _taking_out: int = 0
+    _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
-    _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
+    _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
+    async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
-        lines are then decided by a task of their own (`decided` waits for it). `then` is told the
-        sessions forgotten while turns still wait (a restart of the current session comes first). A
-        turn forgotten already whose words memory.db still holds (a forget cut short) is taken out again."""
+        lines are then decided by a task of their own (`decided` waits for it). A turn forgotten already
+        whose words memory.db still holds (a forget cut short) is taken out again. The caller holds the
+        agent's turns meanwhile."""
         now = self.clock()
         wanted = list(ids)
-        with self.gate.hold():
-            turns = await self.transcript.call(lambda t: t.get(wanted))
-            old = [o.id for o in turns if o.processed == FORGOTTEN]
-            left = await self.memory.call(lambda m: left_over(m, old)) if old else {}
-            turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
-            if not turns:
-                return Forgotten([], 0, now)
-            texts = [turn_text(o) for o in turns if o.id not in left] + [t for o in turns for t in left.get(o.id, [])]
-            job, decision, learnings = await self._take_out(turns, texts, now, by, None, then)
+        turns = await self.transcript.call(lambda t: t.get(wanted))
+        old = [o.id for o in turns if o.processed == FORGOTTEN]
+        left = await self.memory.call(lambda m: left_over(m, old)) if old else {}
+        turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
+        if not turns:
+            return Forgotten([], 0, now)
+        texts = [turn_text(o) for o in turns if o.id not in left] + [t for o in turns for t in left.get(o.id, [])]
+        job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
-        return Forgotten(turns, learnings, now)
+        return Forgotten(turns, learnings, now, self.holds(decision.by_words, [o.id for o in turns]))
 
     async def resume(self) -> int:
         """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
@@ -577,30 +546,28 @@ class TurnForgetting:
         so has a forgotten turn memory.db still holds words of (cut short under the order of steps
         before); each step is idempotent. Returns the forgets finished."""
         done = 0
-        with self.gate.hold():
-            for job in await self.memory.call(jobs):
-                turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
-                if any(o.processed != FORGOTTEN for o in turns):
-                    await self._resumed(turns, [turn_text(o) for o in turns if o.processed != FORGOTTEN], job.id)
-                    done += 1
-            old = await self.transcript.call(lambda t: t.forgotten_ids())
-            if left := await self.memory.call(lambda m: left_over(m, old)):
-                turns = await self.transcript.call(lambda t: t.get(sorted(left)))
-                await self._resumed(turns, [text for texts in left.values() for text in texts], None)
+        for job in await self.memory.call(jobs):
+            turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
+            if any(o.processed != FORGOTTEN for o in turns):
+                await self._resumed(turns, [turn_text(o) for o in turns if o.processed != FORGOTTEN], job.id)
                 done += 1
+        old = await self.transcript.call(lambda t: t.forgotten_ids())
+        if left := await self.memory.call(lambda m: left_over(m, old)):
+            turns = await self.transcript.call(lambda t: t.get(sorted(left)))
+            await self._resumed(turns, [text for texts in left.values() for text in texts], None)
+            done += 1
         return done
 
     async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> None:
-        job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job, None)
+        job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job)
         self._start_decision(job, decision)
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
 
-    async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str, job: int | None,
-                        then: Then | None) -> tuple[int, _Decision, int]:
+    async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
+                        job: int | None) -> tuple[int, _Decision, int]:
         """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
         words find, undecided; recall's flag set), then memory.db, then recall, and the transcript's
-        tombstones last, so that until then a start finds the words and runs every step again. The gate
-        is held by the caller."""
+        tombstones last, so that until then a start finds the words and runs every step again."""
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
         words: set[str] = set()
@@ -619,8 +586,6 @@ class TurnForgetting:
                 fresh = [o.id for o in turns if o.processed != FORGOTTEN]
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
-                if then is not None:
-                    then(sessions, self.holds(by_words, done))
             except BaseException:
                 del self._deciding[job]  # the next start, or the daemon's pass, finishes it
                 raise

@@ -50,3 +50,13 @@ def unseen(ranges: Sequence[Range], top: int) -> int:
     """How many ids in [1, top] are not seen yet (an upper bound on the work left: ids may have no turn)."""
     covered = sum(min(hi, top) - max(lo, 1) + 1 for lo, hi in normalise(ranges) if lo <= top and hi >= 1)
     return max(0, top - covered)
+
+
+COARSE = 2  # the backlog's first pass embeds every COARSE-th turn of a session
+
+
+def first_pass(turn: int) -> bool:
+    """Is a session's `turn` embedded in the backlog's first pass? A vector holds its turn and what
+    the person said in the turn before (episodes.embed_text), so a first pass over every other turn
+    puts every turn's words in some vector half-way through; the second pass embeds the rest."""
+    return turn % COARSE == 0

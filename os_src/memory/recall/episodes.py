@@ -21,6 +21,7 @@ import msgspec
 from ...database import marks, rows, transaction
 from ...text import clean_text, strip_private
 from ..transcript_store import Observation
+from .backlog import COARSE
 
 USER_CHARS = 2_000
 EPISODE_RESPONSE_CHARS = 2_000
@@ -196,16 +197,27 @@ def embed_text(previous: Episode | None, episode: Episode) -> str:
     return text[-EMBED_CHARS:]
 
 
-def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int) -> list[int]:
-    """Episode ids in [lo, hi], newest first, at most `limit`."""
-    return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT ?",
-                                       (lo, hi, limit))]
+def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_below: int = 0) -> list[int]:
+    """Episode ids in [lo, hi], newest first, at most `limit`; at or below `skim_below`, only the turns of a
+    backlog's first pass (backlog.first_pass)."""
+    return [r for (r,) in conn.execute(
+        f"SELECT id FROM episodes WHERE id BETWEEN ? AND ? AND (id > ? OR turn % {COARSE} = 0) "
+        "ORDER BY id DESC LIMIT ?", (lo, hi, skim_below, limit))]
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
     """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left out."""
     found = get(conn, ids)
     return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None and e.text]
+
+
+def turns_before(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, float]]:
+    """For each of `ids`, the turn just before it in its session (its id and date), if it has text."""
+    if not ids:
+        return {}
+    return {int(r[0]): (int(r[1]), float(r[2])) for r in conn.execute(
+        "SELECT e.id, p.id, p.at FROM episodes e JOIN episodes p ON p.session_id = e.session_id "
+        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != ''", list(ids))}
 
 
 def forgotten_ids(conn: sqlite3.Connection) -> list[int]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import msgspec
 
@@ -25,7 +24,7 @@ from ...database import marks
 from .. import corrections
 from . import episodes as ep
 from .learnings import stems
-from .ranking import Candidate
+from .ranking import Candidate, Keyed
 
 SNIPPET_CHARS = 240
 LEARNING_SNIPPET_CHARS = 600  # a learning is short: shown whole up to this
@@ -180,15 +179,6 @@ def _corrections_of(conn: sqlite3.Connection, found: Sequence[Found]) -> dict[in
 class Said:
     text: str  # what the person said in an episode (its whole text when not known apart); a learning
     place: tuple[str, int] | None  # an episode's session and turn
-
-
-class Keyed(Protocol):
-    """A memory by its key: a Candidate or a RecallHit."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def id(self) -> int: ...
 
 
 def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Keyed]) -> dict[tuple[str, int], Said]:

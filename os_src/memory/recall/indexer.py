@@ -12,7 +12,8 @@ A second task embeds episodes for the dense retriever the same way, newest first
 time, on a thread and model instance of its own that also owns the vector store's writer
 (memory/recall/vectors.py): a new turn gets its vector within seconds, ahead of any backlog
 (the first start on a long transcript, an import), and the backlog is a walk over memory.db,
-not a queue in memory. Its progress (how many wait, at what rate) is in `status`.
+not a queue in memory, in two passes: every other turn first, then the rest (backlog.first_pass).
+Its progress (how many wait, at what rate) is in `status`.
 
 Threads: SQL runs on the databases' threads (`Worker[MemoryDB]`, shared with the daemon, so
 memory keeps one writer; `Worker[TranscriptDB]`); index writes on the index's thread;
@@ -40,7 +41,7 @@ from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import Observation, TranscriptDB
 from . import episodes as ep
-from .backlog import Range, highest_gap, mark, unseen
+from .backlog import Range, highest_gap, mark, normalise, unseen
 from .dense import Embedder
 from .documents import (
     Marks,
@@ -245,31 +246,47 @@ class Indexer:
         except Exception as exc:  # the rows stay in memory.db: moved at the next start
             log_expected(log, "recall_vectors_unmoved", exc)
         self.health.embedded = await station.call(lambda s: len(s.writer))
-        seen: list[Range] = []
+        # Two passes over a backlog (backlog.first_pass): every other turn first, so that half-way through
+        # every turn's words are in some vector (the searcher lends it to the turn before), then the rest.
+        # A backlog is what waits when the embedder finds work after none (a start, an import); a turn
+        # recorded during its walk (above `walk_top`) is taken whole at once.
+        done: list[Range] = []  # every turn here has its vector (or was passed over)
+        skimmed: list[Range] = []  # the first pass has been over these
+        walk_top: int | None = None
         failures = 0
         while True:
             gap: Range | None = None
             try:
                 top = await self.memory.call(lambda m: ep.max_id(m.conn))
-                if (gap := highest_gap(seen, top)) is None:
+                first = highest_gap(normalise([*done, *skimmed]), top)
+                if (gap := first if first is not None else highest_gap(done, top)) is None:
+                    walk_top = None
                     self.embedded_all.set()
                     await _wait(self._embed_wake, POLL)
                     self._embed_wake.clear()
                     continue
+                if walk_top is None:
+                    walk_top = top
                 self.embedded_all.clear()
                 await self._agent_first()
-                taken, batch = await self._next_batch(gap, station)
+                taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
                 if batch:
                     added = await station.call(partial(Station.embed, batch=batch))
                     self._rate.add(time.monotonic(), added)
                     self.health.embedded += added
-                seen, failures = mark(seen, *taken), 0
+                if first is None:
+                    done = mark(done, *taken)
+                else:
+                    skimmed = mark(skimmed, *taken)
+                    if taken[1] > walk_top:  # above the backlog, the first pass took every turn
+                        done = mark(done, max(taken[0], walk_top + 1), taken[1])
+                failures = 0
             except Exception as exc:
                 failures += 1
                 log_expected(log, "recall_embedding_failed", exc, failures=failures)
                 self.health.last_error = repr(exc)[:500]
                 if failures >= GIVE_UP and gap is not None:  # passed over until the next start
-                    seen, failures = mark(seen, *gap), 0
+                    done, skimmed, failures = mark(done, *gap), mark(skimmed, *gap), 0
                 await asyncio.sleep(RETRY)
 
     async def _agent_first(self) -> None:
@@ -279,10 +296,11 @@ class Indexer:
             self._activity_changed.clear()
             await _wait(self._activity_changed, delay)
 
-    async def _next_batch(self, gap: Range, station: Worker[Station]) -> tuple[Range, list[tuple[int, float, str]]]:
-        """The newest episodes in `gap` without a vector (at most EMBED_BATCH), with the range of ids this
-        step has dealt with."""
-        ids = await self.memory.call(lambda m: ep.ids_between(m.conn, gap[0], gap[1], SCAN))
+    async def _next_batch(self, gap: Range, station: Worker[Station], skim_below: int
+                          ) -> tuple[Range, list[tuple[int, float, str]]]:
+        """The newest episodes in `gap` without a vector (at most EMBED_BATCH; at or below `skim_below`,
+        those of the first pass alone), with the range of ids this step has dealt with."""
+        ids = await self.memory.call(lambda m: ep.ids_between(m.conn, gap[0], gap[1], SCAN, skim_below))
         todo = (await station.call(lambda s: s.without_vector(ids)))[:EMBED_BATCH]
         low = todo[-1] if len(todo) == EMBED_BATCH else ids[-1] if len(ids) == SCAN else gap[0]
         batch = await self.memory.call(lambda m: ep.to_embed(m.conn, todo)) if todo else []

@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from ...dates import DAY, usable
 from .index import Kind
@@ -78,33 +79,53 @@ def fuse(lexical: Sequence[Candidate], dense: Sequence[Candidate], seen_by_meani
     return sorted(lifted, key=lambda c: -c.score)
 
 
-def never_below_words(ranked: Sequence[Candidate], lexical: Sequence[Candidate],
-                      seen_by_meaning: Callable[[Candidate], bool]) -> list[Candidate]:
+class Keyed(Protocol):
+    """A memory by its key: a Candidate or a hit."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+
+
+K = TypeVar("K", bound=Keyed)
+
+
+def never_below_words(ranked: Sequence[K], lexical: Sequence[K], seen_by_meaning: Callable[[K], bool],
+                      left_out: Collection[tuple[str, int]] = ()) -> list[K]:
     """`ranked`, with each memory meaning cannot see moved up, if need be, to its place in `lexical`:
-    a turn without a vector is never ranked below where word search alone would put it."""
-    floors = [(rank, (c.kind, c.id)) for rank, c in enumerate(lexical, 1) if not seen_by_meaning(c)]
-    by_key: dict[tuple[str, int], Candidate] = {}
+    a turn without a vector is never ranked below where word search alone would put it. One `ranked`
+    lacks is brought in from `lexical` at that place, unless it is in `left_out` (a memory the caller
+    dropped on purpose: an echo, a turn shown as the learning made from it)."""
+    by_key: dict[tuple[str, int], K] = {}
     for c in ranked:
         by_key.setdefault((c.kind, c.id), c)
     ranked = list(by_key.values())  # each memory once, whatever a list held twice
-    if not floors:
+    waiting: list[tuple[int, tuple[str, int]]] = []
+    floored: set[tuple[str, int]] = set()
+    for rank, c in enumerate(lexical, 1):
+        key = (c.kind, c.id)
+        if key not in floored and key not in left_out and not seen_by_meaning(c):
+            waiting.append((rank, key))
+            floored.add(key)
+            by_key.setdefault(key, c)
+    if not waiting:
         return ranked
-    waiting = [(rank, key) for rank, key in floors if key in by_key]
-    out: list[Candidate] = []
+    out: list[K] = []
     placed: set[tuple[str, int]] = set()
-    rest = iter(ranked)
-    while len(out) < len(ranked):
+    i = 0
+    while len(out) < len(by_key):
         while waiting and waiting[0][1] in placed:
             waiting.pop(0)
-        if waiting and waiting[0][0] <= len(out) + 1:
+        if waiting and (waiting[0][0] <= len(out) + 1 or i == len(ranked)):
             key = waiting.pop(0)[1]
-            out.append(by_key[key])
-            placed.add(key)
-            continue
-        c = next(rest)
-        if (c.kind, c.id) not in placed:
-            out.append(c)
-            placed.add((c.kind, c.id))
+        else:
+            key = (ranked[i].kind, ranked[i].id)
+            i += 1
+            if key in placed:
+                continue
+        out.append(by_key[key])
+        placed.add(key)
     return out
 
 

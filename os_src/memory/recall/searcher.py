@@ -22,13 +22,24 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from ...config import DEFAULT_DENSE_WEIGHT
 from ...database import marks
+from . import episodes as ep
 from .dense import Embedder
 from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
 from .index import RecallIndex, Window
 from .learnings import MAX_QUERY_CHARS, search_learnings, search_terms
-from .ranking import Candidate, fuse, lifted, never_below_words, order_by_time, with_neighbours
+from .ranking import (
+    Candidate,
+    Keyed,
+    fuse,
+    lifted,
+    never_below_words,
+    order_by_time,
+    with_neighbours,
+)
 from .rarity import Rarity, prior
 from .timeparse import anchor_cue, time_cue
 from .vectors import VectorReader
@@ -64,6 +75,34 @@ class Dense:
         found = self.vectors.search(vector, limit, (window.start, window.end) if window else None)
         return ([Candidate("episode", item, cos, at, cosine=cos) for item, cos, at in found],
                 self.vectors.similarities(vector, also))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A search's memories, best first, before hydration; `words_alone`: word search alone's (None when
+    meaning had no say); `seen(m)`: meaning can see `m` (it has a vector)."""
+
+    ranked: list[Candidate]
+    words_alone: list[Candidate] | None
+    seen: Callable[[Keyed], bool]
+
+
+def _first(ranked: list[Candidate], event: Candidate | None) -> list[Candidate]:
+    """`ranked` with `event` (the memory that told of the event a period was placed by) first."""
+    if event is None:
+        return ranked
+    return [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
+
+
+def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]]) -> list[RecallHit]:
+    """A hit the floor brought in from word search alone carries a BM25 score: it takes the fused score
+    of the hit it went above, so that every score is of one kind."""
+    out = list(hits)
+    for i in range(len(out) - 1, -1, -1):
+        if (out[i].kind, out[i].id) not in fused:
+            below = out[i + 1].score if i + 1 < len(out) else 0.0
+            out[i] = msgspec.structs.replace(out[i], score=below)
+    return out
 
 
 def spread(nearest: Sequence[Candidate]) -> float | None:
@@ -102,34 +141,32 @@ class Searcher:
                 for h in search_learnings(self, words, limit)] if words else []
 
     def rank(self, query: str, now: float, limit: int, exclude_session: str | None = None,
-             use_dense: bool = True) -> list[Candidate]:
-        """The best `limit` memories for `query`, before hydration."""
+             use_dense: bool = True) -> Ranked:
+        """The best `limit` memories for `query`, before hydration; beside them, when meaning had a
+        say, word search alone's ranking of the same query, made the same way (the floor)."""
         cue = time_cue(query[:MAX_QUERY_CHARS], now)
         period = cue.when
         window = Window(period.start, period.end) if period else None
         ranked, words_alone, seen, self.spread = self._retrieve_all(cue.rest, window, use_dense, exclude_session)
-        event = None
+        lists = [ranked] if words_alone is None else [ranked, words_alone]
+        events: list[Candidate | None] = [None] * len(lists)
         if period is None and self.policies and (anchor := anchor_cue(cue.rest)) is not None:
             # "the week before my sister's wedding": the wedding's turn dates the week. Which turn that is
             # may be wrong, so the week's memories gain rather than come first, and the turn itself leads.
-            told = self._retrieve(anchor.event, None, use_dense, exclude_session)
-            if told:
-                event = told[0]
-                ranked = lifted(ranked, anchor.window(event.at), ANCHOR_LIFT)
-        ranked = never_below_words(order_by_time(ranked, period, cue.current, now),
-                                   order_by_time(words_alone, period, cue.current, now), seen)
-        if event is not None:
-            ranked = [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
-        return ranked[: limit * 2]  # room for what hydration drops
-
-    def _retrieve(self, text: str, window: Window | None, use_dense: bool,
-                  exclude_session: str | None) -> list[Candidate]:
-        return self._retrieve_all(text, window, use_dense, exclude_session)[0]
+            # Word search alone finds the event by its own lights, as a search by words alone does.
+            told_fused, told_words, _, _ = self._retrieve_all(anchor.event, None, use_dense, exclude_session)
+            for i, told in enumerate([told_fused, told_words or []][: len(lists)]):
+                if told:
+                    events[i] = told[0]
+                    lists[i] = lifted(lists[i], anchor.window(told[0].at), ANCHOR_LIFT)
+        lists = [_first(order_by_time(found, period, cue.current, now), event)[: limit * 2]  # room for hydration
+                 for found, event in zip(lists, events, strict=True)]
+        return Ranked(lists[0], lists[1] if len(lists) > 1 else None, seen)
 
     def _retrieve_all(self, text: str, window: Window | None, use_dense: bool, exclude_session: str | None
-                      ) -> tuple[list[Candidate], list[Candidate], Callable[[Candidate], bool], float | None]:
-        """Words and meaning, fused and weighed by how specific each memory is; what words alone
-        found, and whether meaning can see a memory, for never_below_words; and the spread."""
+                      ) -> tuple[list[Candidate], list[Candidate] | None, Callable[[Keyed], bool], float | None]:
+        """Words and meaning, fused and weighed by how specific each memory is; what words alone found
+        (None when meaning had no say), and whether meaning can see a memory, for the floor; the spread."""
         pool = POOL + (POOL if exclude_session else 0)
         lexical = self._lexical(search_terms(text), pool, window)
         dense: list[Candidate] = []
@@ -138,19 +175,45 @@ class Searcher:
             dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"], window)
             lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
         vectors = {c.id for c in dense} | set(cosines)
+        meaning = bool(dense)
+        lent = self._lent(dense, self.dense.vectors) if dense and self.dense is not None else dense
+        placed = {c.id for c in lent}
 
-        def seen(c: Candidate) -> bool:  # without meaning there is nothing to be fair about
-            return not dense or (c.kind == "episode" and c.id in vectors)
+        def seen(c: Keyed) -> bool:  # without meaning there is nothing to be fair about
+            return not meaning or (c.kind == "episode" and c.id in vectors)
 
-        ranked = fuse(lexical, dense, seen, self.dense.weight if self.dense is not None else 1.0) if dense \
-            else list(lexical)
+        def ranked_by_meaning(c: Keyed) -> bool:  # its own vector, or the one that holds its words
+            return seen(c) or (c.kind == "episode" and c.id in placed)
+
+        ranked = fuse(lexical, lent, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
+            if meaning else list(lexical)
         ranked = self._weighed(ranked)
         # the floor is word search alone as it ranks on its own: weighed the same way
-        words = self._weighed(lexical) if dense else ranked
+        words = self._weighed(lexical) if meaning else None
         if exclude_session is not None:  # the spread too: the current session's turns say nothing of memory
-            ranked, words = self._other_sessions(ranked, exclude_session), self._other_sessions(words, exclude_session)
+            ranked = self._other_sessions(ranked, exclude_session)
+            words = self._other_sessions(words, exclude_session) if words is not None else None
             dense = self._other_sessions(dense, exclude_session)
-        return ranked, words, seen, spread(dense)
+        return ranked, words, seen, spread(dense)  # the spread: of the vectors themselves, none lent
+
+    def _lent(self, nearest: list[Candidate], vectors: VectorReader) -> list[Candidate]:
+        """Meaning's list, each turn without a vector yet placed just after the turn that follows it in
+        its session, when that one has a vector: what the person said is embedded with the turn after
+        it (episodes.embed_text), so that vector holds these words too. The backlog embeds every other
+        turn first (indexer.py), so that half-way through, every turn's words are in some vector."""
+        before = ep.turns_before(self.conn, [c.id for c in nearest if c.kind == "episode"])
+        wanted = [b for b, _ in before.values()]
+        if not wanted:
+            return nearest
+        lacking = {b for b, has in zip(wanted, vectors.has(wanted), strict=True) if not has}
+        out: list[Candidate] = []
+        taken = {c.id for c in nearest}
+        for c in nearest:
+            out.append(c)
+            if (b := before.get(c.id)) is not None and b[0] in lacking and b[0] not in taken:
+                taken.add(b[0])
+                out.append(Candidate("episode", b[0], c.score, b[1]))  # its own cosine is not known
+        return out
 
     def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
         """Each memory's score times the prior of how specific it is (rarity.py), then a share of the
@@ -180,6 +243,14 @@ class Searcher:
         self.spread = None
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
-        ranked = self.rank(query, now, limit, exclude_session, use_dense)
+        found = self.rank(query, now, limit, exclude_session, use_dense)
         words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
-        return shown(self.conn, ranked, words)[:limit]
+        hits = shown(self.conn, found.ranked, words)
+        if found.words_alone is not None:
+            # The floor is taken on what is shown, after hydration made each list's hits: a memory
+            # hydration left out on purpose (an echo, a turn shown as its learning) stays out.
+            kept = {(h.kind, h.id) for h in hits}
+            dropped = {(c.kind, c.id) for c in found.ranked} - kept
+            floored = never_below_words(hits, shown(self.conn, found.words_alone, words), found.seen, dropped)
+            hits = _fused_scores(floored, kept)
+        return hits[:limit]
