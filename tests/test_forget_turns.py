@@ -889,3 +889,20 @@ async def test_two_forgets_in_a_row_embed_the_files_lines_once(system: MemorySys
     assert await system.forgetting.decided(60)
     line_embeds = [t for t in embedded if t.startswith("- Note")]
     assert len(line_embeds) <= len(lines) + 10, f"{len(line_embeds)} line embeddings for {len(lines)} lines"
+
+
+async def test_a_fact_said_again_after_the_forget_keeps_its_line(system: MemorySystem) -> None:
+    """The person forgets 'I live in Alfama, Lisbon', then says it again before the daemon's pass: the pass
+    checks the decided lines still in the files against what is kept now, and the fact stays."""
+    line = "- Lives in Alfama, Lisbon"
+    ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),), f"# User\n{line}\n", [])
+    forgetting = system.forgetting
+    forgetting.wake_daemon = lambda reason: None
+    system.daemon.before_batches = _no_pass
+    await system.forget_turns([ids[0]], by="test")
+    assert await forgetting.decided(60)
+    await system.transcript.call(lambda t: t.append(turn(2, "Yes, I do live in Alfama, Lisbon.", "Noted again.")))
+    system.recall.indexer.nudge()
+    assert await system.recall.settle(30)
+    assert await forgetting.rewrite_files() == 1
+    assert line in system.files.read("user.md")

@@ -711,6 +711,8 @@ class TurnForgetting:
                 mine = {h: texts[h] for h in hashes if h in texts}
                 hashes = await self._found(set(mine), [], Lines(mine, {}, set()))
             await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
+        else:
+            hashes = await self._still_found(hashes)
         if decision is None:
             return hashes
         now = await self._lines()
@@ -726,6 +728,15 @@ class TurnForgetting:
         checked = await self._found(set(new), [], Lines(new, {}, set()))
         log.info("forget_later_lines", job=job.id, new=len(new), found=len(checked))
         return (hashes - set(new)) | checked
+
+    async def _still_found(self, hashes: set[str]) -> set[str]:
+        """Decided lines still in the current files, checked again against what is kept now: a person may
+        have said the fact again since the forget (a kept turn), and then the line stays."""
+        texts = await asyncio.to_thread(_current_texts, self.files)
+        now = {h: texts[h] for h in hashes if h in texts}
+        if not now:
+            return hashes
+        return (hashes - set(now)) | await self._found(set(now), [], Lines(now, {}, set()))
 
     async def _lines(self) -> Lines:
         files = await asyncio.to_thread(file_candidates, self.files)
@@ -837,6 +848,11 @@ class TurnForgetting:
             at += len(found)
             row += 1
         return out
+
+
+def _current_texts(files: MemoryFiles) -> dict[str, str]:
+    return {line_hash(line): line.strip() for name in CURATED for line in files.read(name).splitlines()
+            if meaningful(line)}
 
 
 def _batch_candidates(db: MemoryDB) -> dict[str, str]:
