@@ -201,8 +201,9 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_bel
     """Episode ids in [lo, hi], newest first, at most `limit`; at or below `skim_below`, only the turns of a
     backlog's first pass (backlog.first_pass)."""
     return [r for (r,) in conn.execute(
-        f"SELECT id FROM episodes WHERE id BETWEEN ? AND ? AND (id > ? OR turn % {COARSE} = 0) "
-        "ORDER BY id DESC LIMIT ?", (lo, hi, skim_below, limit))]
+        "SELECT id FROM episodes e WHERE id BETWEEN ? AND ? AND (id > ? OR ((SELECT max(turn) FROM episodes s "
+        f"WHERE s.session_id = e.session_id) - turn) % {COARSE} = 0) ORDER BY id DESC LIMIT ?",
+        (lo, hi, skim_below, limit))]
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:

@@ -94,13 +94,17 @@ def _first(ranked: list[Candidate], event: Candidate | None) -> list[Candidate]:
     return [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
 
 
-def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]]) -> list[RecallHit]:
-    """A hit the floor brought in from word search alone carries a BM25 score: it takes the fused score
-    of the hit it went above, so that every score is of one kind."""
+def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]], seen: Callable[[Keyed], bool]
+                  ) -> list[RecallHit]:
+    """Scores that never rise down the list, after the floor: a hit it brought in from word search alone
+    (a BM25 score) takes the fused score of the hit it went above, so that every score is of one kind;
+    a hit it moved up (meaning can't see it) takes at least that score. One pass from the bottom up."""
     out = list(hits)
     for i in range(len(out) - 1, -1, -1):
+        below = out[i + 1].score if i + 1 < len(out) else 0.0
         if (out[i].kind, out[i].id) not in fused:
-            below = out[i + 1].score if i + 1 < len(out) else 0.0
+            out[i] = msgspec.structs.replace(out[i], score=below)
+        elif out[i].score < below and not seen(out[i]):
             out[i] = msgspec.structs.replace(out[i], score=below)
     return out
 
@@ -252,5 +256,5 @@ class Searcher:
             kept = {(h.kind, h.id) for h in hits}
             dropped = {(c.kind, c.id) for c in found.ranked} - kept
             floored = never_below_words(hits, shown(self.conn, found.words_alone, words), found.seen, dropped)
-            hits = _fused_scores(floored, kept)
+            hits = _fused_scores(floored, kept, found.seen)
         return hits[:limit]
