@@ -221,6 +221,16 @@ def turns_before(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tupl
         f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != ''", list(ids))}
 
 
+def turns_after(conn: sqlite3.Connection, ids: Sequence[int]) -> list[int]:
+    """The turn just after each of `ids` in its session, when it has text (its vector holds what the
+    person said in the turn before it: embed_text)."""
+    if not ids:
+        return []
+    return sorted({int(r[0]) for r in conn.execute(
+        "SELECT n.id FROM episodes e JOIN episodes n ON n.session_id = e.session_id AND n.turn = e.turn + 1 "
+        f"WHERE e.id IN ({marks(ids)}) AND n.text != ''", list(ids))})
+
+
 def forgotten_ids(conn: sqlite3.Connection) -> list[int]:
     """The episodes of turns a person forgot (their text is gone)."""
     return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE text = '' ORDER BY id")]

@@ -96,9 +96,15 @@ class Station:
         vectors = self.model.passages([text for _, _, text in batch])
         return self.writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
 
-    def forget(self, root: Path, ids: Sequence[int]) -> int:
-        """Turns a person forgot, out of this store and any other under `root` (this thread writes them)."""
-        return forget_everywhere(root, ids, self.writer)
+    def forget(self, root: Path, ids: Sequence[int], after: list[tuple[int, float, str]]) -> tuple[int, int]:
+        """Turns a person forgot, out of this store and any other under `root` (this thread writes them);
+        `after`: the turns just after them (id, date, text to embed now), whose vectors held the forgotten
+        turns' words: made again here, dropped from another model's store (which this model can't make).
+        Returns the records zeroed and the vectors made again."""
+        zeroed = forget_everywhere(root, ids, self.writer, also_elsewhere=[i for i, _, _ in after])
+        renewed = self.writer.renew([i for i, _, _ in after], self.model.passages([t for _, _, t in after])) \
+            if after else 0
+        return zeroed, renewed
 
     def adopt(self, page: list[tuple[int, float, bytes]]) -> None:
         matrix = np.frombuffer(b"".join(v for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
@@ -146,6 +152,9 @@ class Indexer:
         self._agent_idle.set()
         self.current = asyncio.Event()  # set whenever the index holds every recorded turn (tests wait on it)
         self.embedded_all = asyncio.Event()  # set whenever every episode has a vector (or was passed over)
+        # held from reading a batch's texts to storing its vectors: a forget that makes vectors again
+        # (service.py) comes before the read or after the store, never between them with its words
+        self.embedding = asyncio.Lock()
 
     # ------------------------------------------------------------ triggers (never block)
 
@@ -269,9 +278,10 @@ class Indexer:
                     walk_top = top
                 self.embedded_all.clear()
                 await self._agent_first()
-                taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
-                if batch:
-                    added = await station.call(partial(Station.embed, batch=batch))
+                async with self.embedding:
+                    taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
+                    added = await station.call(partial(Station.embed, batch=batch)) if batch else 0
+                if added:
                     self._rate.add(time.monotonic(), added)
                     self.health.embedded += added
                 if first is None:
