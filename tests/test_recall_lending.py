@@ -108,15 +108,26 @@ async def test_a_forgotten_turns_words_leave_the_vector_of_the_turn_after_it(
 def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path: Path) -> None:
     """Lending assumes the next turn's vector holds this turn's words. A vector is made once, with the
     turn before it *at that time* (episodes.to_embed); a past turn imported later into the session lands
-    between them (episodes.add renumbers), and nothing makes the vector again. turns_before then lends
-    the imported turn a vector that holds another turn's words, and the turn whose words it does hold
-    is lent nothing. (The indexer's newest-first walk does the same: a session cut by a CHUNK boundary
-    gets its later turns first, and a vector made before the earlier turns arrive holds none of them.)"""
+    between them (episodes.add renumbers), and nothing makes the vector again: the imported turn is not
+    lent a vector that holds another turn's words. Nor is a turn whose next turn was embedded before it
+    arrived (the indexer's newest-first walk: a session cut by a chunk boundary gets its later turns
+    first), nor one that lands after a vector from before this was recorded."""
     s = [ep.Episode(1, "s", 1, T0, "My sister Margaret adopted a puppy called Biscuit."),
-         ep.Episode(3, "s", 2, T0 + 100, "What should I cook tonight?")]
+         ep.Episode(3, "s", 2, T0 + 100, "What should I cook tonight?"),
+         ep.Episode(11, "late", 1, T0 + 300, "And the tiles for the bathroom?"),
+         ep.Episode(21, "old", 1, T0 + 400, "The car needs new tyres."),
+         ep.Episode(23, "old", 2, T0 + 500, "Which brand?"),
+         ep.Episode(31, "kept", 1, T0 + 600, "We fly to Oslo on Friday."),
+         ep.Episode(32, "kept", 2, T0 + 700, "Book a taxi.")]
     _, memory = seeded(tmp_path, s)
     [(_, _, embedded_text)] = ep.to_embed(memory.conn, [3])  # turn 2's vector: turn 1's words in it
-    ep.add(memory.conn, [ep.Episode(2, "s", 0, T0 + 50, "The plumber comes on Tuesday.")])  # imported, between
-    lent_to = ep.turns_before(memory.conn, [3])[3][0]
-    said = ep.get(memory.conn, [lent_to])[lent_to].persons_part
-    assert said in embedded_text, f"turn {lent_to} is lent a vector made from: {embedded_text!r}"
+    ep.to_embed(memory.conn, [11, 32])  # 11: embedded before the turn before it arrived
+    assert "Oslo" in ep.to_embed(memory.conn, [32])[0][2]
+    memory.conn.execute("UPDATE episodes SET embedded_after = NULL WHERE id = 23")  # a vector from before
+    ep.add(memory.conn, [ep.Episode(2, "s", 0, T0 + 50, "The plumber comes on Tuesday."),  # imported, between
+                         ep.Episode(10, "late", 0, T0 + 250, "The builder quoted for the kitchen."),
+                         ep.Episode(22, "old", 0, T0 + 450, "A flat on the motorway.")])
+    lent = ep.turns_before(memory.conn, [3, 11, 23, 32])
+    said = {t: ep.get(memory.conn, [b])[b].persons_part for t, (b, _) in lent.items()}
+    assert 3 not in lent or said[3] in embedded_text, f"turn 2 is lent a vector made from: {embedded_text!r}"
+    assert lent.keys() == {32} and lent[32][0] == 31  # the one vector that holds the words of the turn before it

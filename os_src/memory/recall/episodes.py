@@ -126,10 +126,20 @@ def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
                           [(e.id, e.session_id, base + i + 1 if after else 0, e.at, e.text, e.answer_at)
                            for i, e in enumerate(new)])
             if not after:
+                _keep_embedded_after(c, session)
                 renumber(c, session)
         c.executemany("UPDATE episodes SET answer_at = ? WHERE id = ? AND answer_at IS NULL",
                       [(e.answer_at, e.id) for e in episodes if e.id in known and e.answer_at is not None])
         return len(fresh)
+
+
+def _keep_embedded_after(conn: sqlite3.Connection, session_id: str) -> None:
+    """Before a session's turns move down for one landing between them: a vector from before (its
+    `embedded_after` not known) was made after the turn then before it; say so, or a turn that lands
+    between would be lent its place (turns_before)."""
+    conn.execute("UPDATE episodes SET embedded_after = coalesce((SELECT p.id FROM episodes p WHERE "
+                 "p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) "
+                 "WHERE session_id = ? AND embedded_after IS NULL AND turn > 0", (session_id,))
 
 
 def renumber(conn: sqlite3.Connection, session_id: str) -> None:
@@ -207,18 +217,31 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_bel
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
-    """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left out."""
+    """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left
+    out. Each episode records which turn it is embedded after (`embedded_after`), read in this same call:
+    a turn that lands between later does not change what the vector holds (turns_before)."""
     found = get(conn, ids)
-    return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None and e.text]
+    out, after = [], []
+    for i in ids:
+        if (e := found.get(i)) is not None and e.text:
+            before = previous(conn, e)
+            out.append((e.id, e.at, embed_text(before, e)))
+            after.append((before.id if before is not None else 0, e.id))
+    if after:
+        with transaction(conn) as c:
+            c.executemany("UPDATE episodes SET embedded_after = ? WHERE id = ?", after)
+    return out
 
 
 def turns_before(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, float]]:
-    """For each of `ids`, the turn just before it in its session (its id and date), if it has text."""
+    """For each of `ids`, the turn just before it in its session (its id and date), if it has text and the
+    vector of the turn in `ids` was made after it (holds its words: embed_text)."""
     if not ids:
         return {}
     return {int(r[0]): (int(r[1]), float(r[2])) for r in conn.execute(
         "SELECT e.id, p.id, p.at FROM episodes e JOIN episodes p ON p.session_id = e.session_id "
-        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != ''", list(ids))}
+        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != '' "
+        "AND coalesce(e.embedded_after, p.id) = p.id", list(ids))}
 
 
 def turns_after(conn: sqlite3.Connection, ids: Sequence[int]) -> list[int]:
