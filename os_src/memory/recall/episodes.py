@@ -233,15 +233,22 @@ def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, fl
     return out
 
 
-def turns_before(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, float]]:
+def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:
     """For each of `ids`, the turn just before it in its session (its id and date), if it has text and the
-    vector of the turn in `ids` was made after it (holds its words: embed_text)."""
+    vector of the turn in `ids` was made after it (holds its words: embed_text). `recorded`: memory.db
+    says which turn each vector was made after (a read-only connection to a database not migrated yet
+    does not: a `memory search` in a shell before the server's first start on this version)."""
     if not ids:
         return {}
+    made_after = "AND coalesce(e.embedded_after, p.id) = p.id" if recorded else ""
     return {int(r[0]): (int(r[1]), float(r[2])) for r in conn.execute(
         "SELECT e.id, p.id, p.at FROM episodes e JOIN episodes p ON p.session_id = e.session_id "
-        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != '' "
-        "AND coalesce(e.embedded_after, p.id) = p.id", list(ids))}
+        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != '' {made_after}", list(ids))}
+
+
+def records_embedded_after(conn: sqlite3.Connection) -> bool:
+    """Does memory.db say which turn each vector was made after (schema 8 on)?"""
+    return any(r[1] == "embedded_after" for r in conn.execute("PRAGMA table_info(episodes)"))
 
 
 def turns_after(conn: sqlite3.Connection, ids: Sequence[int]) -> list[int]:
