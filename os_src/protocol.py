@@ -77,7 +77,7 @@ AnyClientFrame = (Hello | UserMessage | Interrupt | NewSession | Ping | AnyMemor
 AgentState = Literal["idle", "starting", "running", "stopping"]
 CardKind = Literal["note", "task", "document", "data", "alert"]
 TurnStatus = Literal["completed", "interrupted", "error"]
-SessionEndReason = Literal["new_session", "idle", "shutdown", "crash"]
+SessionEndReason = Literal["new_session", "forget", "idle", "shutdown", "crash"]
 
 ErrorCode = Literal[
     "invalid_json",  # the frame is not JSON

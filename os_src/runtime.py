@@ -2,9 +2,10 @@
 
 `AgentRuntime` owns the CLI (an `AgentProcess`). Every connect, prompt and disconnect
 happens in its owner task, fed by an inbox; only `interrupt` comes from outside, as the
-SDK documents. The rules it follows are pure code: the turn's and the session's phases
-and the inbox in agent/state.py, SDK message -> frame translation in agent/frames.py. This
-module does the I/O they call for. It tells the memory system where sessions begin and
+SDK documents, and `holding_turns`: a forget keeps turns from starting while it takes their
+words out (a message waits in the inbox meanwhile). The rules it follows are pure code: the
+turn's and the session's phases and the inbox in agent/state.py, SDK message -> frame
+translation in agent/frames.py. This module does the I/O they call for. It tells the memory system where sessions begin and
 end, and shows it every message of every turn (capture).
 
 A session is one CLI process and one context. It starts lazily at the first
@@ -25,7 +26,8 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ from .agent.guard import ToolGuard
 from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
 from .agent.process import AgentProcess, ClientFactory
 from .agent.state import (
+    PERSONS_NEW_SESSION,
     AgentHealth,
     Command,
     CostMeter,
@@ -77,6 +80,10 @@ MAX_NOTES = 20  # things the person did outside the conversation, told with thei
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
 MAX_CLI_MESSAGE_BYTES = 64 * 1024 * 1024
+# A message waits at most this long while turns are held (a forget taking words out of the transcript
+# and search: its steps take seconds at worst, each bounded by its store's budget); then it runs anyway,
+# said in the log, so that a stuck forget never silences the agent.
+TURN_HOLD_LIMIT = 60.0
 
 DEFAULT_PROMPT = "You are the agent of a Sprite: a small computer that belongs to one person."
 NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is failing or full). It is kept "
@@ -108,6 +115,17 @@ def _ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
+@dataclass(frozen=True)
+class TurnHold:
+    """What `AgentRuntime.holding_turns` gives its holder: the turn running when the hold began (its wire
+    id; None: none), the last to start until the hold ends, and `restart(session_id)`: end that session
+    (if it is still the current one) before any message waiting runs, so the agent's context lets go of
+    what it held; False when the server is stopping (the session ends anyway)."""
+
+    running: str | None
+    restart: Callable[[str], bool]
+
+
 class AgentRuntime:
     def __init__(
         self,
@@ -133,7 +151,9 @@ class AgentRuntime:
         self._client_factory = client_factory
         self._guard = ToolGuard(settings.layout)
         self._inbox = Inbox()
-        self._wake = asyncio.Event()  # set when the inbox gets a command
+        self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
+        self._holds = 0  # holding_turns under way: no turn starts
+        self._held: tuple[str, float] | None = None  # the turn waiting for them, since when (monotonic)
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
@@ -159,7 +179,29 @@ class AgentRuntime:
 
     def new_session(self) -> None:
         self._refuse_if_closing()
-        self._put(EndSession("new_session"))
+        self._put(PERSONS_NEW_SESSION)
+
+    @contextlib.asynccontextmanager
+    async def holding_turns(self) -> AsyncIterator[TurnHold]:
+        """No turn starts until this exits (a forget takes words out of the transcript and search);
+        a message sent meanwhile stays queued. The turn running already, if any, goes on: the holder
+        decides whether that makes it busy (`TurnHold.running`, fixed while it holds)."""
+        self._holds += 1
+        try:
+            yield TurnHold(self.turn_id, self._restart_first)
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._wake.set()
+
+    def _restart_first(self, session_id: str) -> bool:
+        try:
+            self._refuse_if_closing()
+        except ShuttingDown:
+            return False
+        self._inbox.put_first(EndSession("forget", session_id))
+        self._wake.set()
+        return True
 
     def note(self, text: str) -> None:
         """Something the person did outside the conversation (an upload): the agent is told with their
@@ -248,18 +290,41 @@ class AgentRuntime:
             await self._try_start()
             return False
         if isinstance(command, Shutdown):
+            self._inbox.take()
             await self._end_session("shutdown", restart=False)
             return True
         if isinstance(command, EndSession):
-            await self._new_session()
+            self._inbox.take()
+            await self._new_session(command)
             return False
-        # A forget taking words out of the transcript and search holds the turn until they are out; one
-        # of this session's turns forgotten asks for a new session meanwhile, which comes first.
-        if self._memory is not None and await self._memory.turn_may_start() and self._inbox.take_end_session():
-            await self._new_session()
+        # A message stays queued (interrupt, shutdown and `queued` see it) while turns are held, and
+        # each step below that awaits looks again, for a hold that began meanwhile.
+        if not await self._may_start(command):
+            return False
         if self._cli is not None and self._cli.exited:
             await self._cli_lost()
-        await self._run_turn(command)
+            return False
+        self._held = None
+        self._inbox.take()
+        await self._run_turn(command)  # running at once: no await between the check and the start
+        return False
+
+    async def _may_start(self, turn: Turn) -> bool:
+        """False: turns are held; wait until the hold ends or the inbox changes, then look again. A
+        message held over TURN_HOLD_LIMIT runs anyway."""
+        if not self._holds:
+            return True
+        now = time.monotonic()
+        if self._held is None or self._held[0] != turn.turn_id:
+            self._held = (turn.turn_id, now)
+        left = TURN_HOLD_LIMIT - (now - self._held[1])
+        if left <= 0:
+            log.warning("turn_hold_overdue", turn_id=turn.turn_id, limit_s=TURN_HOLD_LIMIT)
+            return True
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):
+                await self._wake.wait()
         return False
 
     async def _next_command(self) -> Command | None:
@@ -275,7 +340,7 @@ class AgentRuntime:
             if self._cli is None:
                 return None
             raise
-        return self._inbox.take()
+        return self._inbox.peek()  # taken when done: a message stays queued until it starts
 
     async def _try_start(self) -> None:
         """The agent could not start: try again, with no message waiting. Once it starts, the CLI
@@ -440,11 +505,13 @@ class AgentRuntime:
         if self._memory is not None:
             self._memory.session_started(self.session_id)
 
-    async def _new_session(self) -> None:
+    async def _new_session(self, command: EndSession) -> None:
+        if command.session_id is not None and command.session_id != self.session_id:
+            return  # a forget's restart of a session that has ended already
         if not self._session.worth_ending:  # already fresh: ending it would only churn clients and memory
             log.info("new_session_skipped", session_id=self.session_id)
             return
-        await self._end_session("new_session")
+        await self._end_session(command.reason)
 
     async def _end_session(self, reason: p.SessionEndReason, restart: bool = True) -> None:
         had_cli = self._cli is not None

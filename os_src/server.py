@@ -138,7 +138,7 @@ class SpriteOS:
         if self.memory is not None:
             handlers += [MemoryConsole(self.memory, agent_spend=self.spend.report).handlers,
                          SessionsConsole(self.memory, lambda: self.runtime.session_id, self._coalesced,
-                                         self.runtime.new_session, lambda: self.runtime.turn_id).handlers]
+                                         self.runtime.holding_turns).handlers]
         return handlers
 
     @property

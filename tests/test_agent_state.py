@@ -171,3 +171,18 @@ def test_a_process_the_meter_was_not_told_about_counts_from_zero() -> None:
     assert meter.charge(0.001) == TurnCost(0.001, 0.006)  # a lower total: a fresh process's first turn
     meter.new_process()  # a resend to a fresh CLI within the session: the session keeps adding
     assert meter.charge(0.002) == TurnCost(0.002, 0.008)
+
+
+def test_a_forgets_restart_goes_first_and_is_never_merged_with_a_persons_new_session() -> None:
+    inbox = Inbox()
+    waiting = Turn("hi", None)
+    assert inbox.put(waiting) and inbox.put(EndSession("new_session"))
+    inbox.put_first(EndSession("forget", "s1"))
+    assert inbox.peek() == EndSession("forget", "s1") and len(inbox) == 3
+    assert inbox.take() == EndSession("forget", "s1") and inbox.take() is waiting
+    assert len(inbox) == 1  # the person's new_session
+    inbox.put_first(EndSession("forget", "s2"))
+    assert not inbox.put(EndSession("new_session"))  # a person's twice in a row: still one
+    inbox.take()
+    assert inbox.put(EndSession("forget", "s3"))  # after the person's: not merged into it
+    assert [inbox.take() for _ in range(2)] == [EndSession("new_session"), EndSession("forget", "s3")]

@@ -162,6 +162,8 @@ async def test_forget_a_turn_then_search_recall_the_boot_prompt_and_the_bytes_ar
         await expect(tab.by("messages")).not_to_contain_text("Gazpacho")
         await expect(other.by("messages")).not_to_contain_text("Gazpacho")
         await expect(tab.page.locator('[data-kind="session"]').last).to_contain_text("A new session started")
+        await expect(tab.page.locator('[data-kind="session"]').filter(has_text="The session ended").last).to_contain_text(
+            "a turn of it was forgotten")
         assert not [h for h in await memory.search("Gazpacho", 10) if "gazpacho" in h.snippet.lower()]
         tab.assert_clean()
         other.assert_clean()

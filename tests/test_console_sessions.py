@@ -4,7 +4,10 @@ session's turns still on their way to transcript.db, and bad requests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -30,6 +33,30 @@ def turn(session: str, n: int, text: str, **fields: object) -> NewObservation:
                           agent_response=f"answer to {text}", tool_calls_json=json.dumps(
                               [{"name": "Read", "input": {"file_path": "x" * 1000}, "output": "y", "is_error": False}]),
                           **fields)  # type: ignore[arg-type]
+
+
+class FakeAgent:
+    """The runtime's `holding_turns`, as the console sees it: what happened, in order."""
+
+    def __init__(self, running: str | None = None) -> None:
+        self.running = running  # the wire id of the turn running now
+        self.events: list[Any] = []
+
+    @contextlib.asynccontextmanager
+    async def holding_turns(self) -> AsyncIterator[FakeAgent.Hold]:
+        self.events.append("held")
+        try:
+            yield FakeAgent.Hold(self, self.running)
+        finally:
+            self.events.append("released")
+
+    class Hold:
+        def __init__(self, agent: FakeAgent, running: str | None) -> None:
+            self.agent, self.running = agent, running
+
+        def restart(self, session_id: str) -> bool:
+            self.agent.events.append(("restart", session_id))
+            return True
 
 
 async def seed(system: MemorySystem) -> None:
@@ -131,12 +158,13 @@ async def test_forgetting_turns_by_wire_id_or_a_whole_session_leaves_tombstones_
         system: MemorySystem) -> None:
     await seed(system)
     published: list[p.ServerFrame] = []
-    restarts: list[str] = []
-    api = SessionsConsole(system, lambda: "s3", published.append, lambda: restarts.append("new"))
+    agent = FakeAgent()
+    api = SessionsConsole(system, lambda: "s3", published.append, agent.holding_turns)
     forget = api.handlers[ps.ForgetTurnsRequest]
     done = await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))
     assert (done.forgotten, done.sessions, done.restarted) == (1, ["s3"], True)  # type: ignore[attr-defined]
-    assert restarts == ["new"]  # the agent's context lets go of it: a new session
+    # The agent's context lets go of it: a new session, asked for while turns are held (it comes first).
+    assert agent.events == ["held", ("restart", "s3"), "released"]
     [event] = published
     assert isinstance(event, p.TurnsForgotten) and (event.session_id, event.turns, event.turn_ids) == ("s3", [2], ["c2"])
     page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=10))
@@ -159,8 +187,8 @@ async def test_forgetting_an_earlier_turn_of_the_session_a_turn_is_running_in_is
     """The running turn has the earlier turn in its context: its answer, recorded and kept, could quote
     what is being forgotten."""
     await seed(system)
-    running: list[str | None] = ["c9"]
-    api = SessionsConsole(system, lambda: "s3", running_turn=lambda: running[0])
+    agent = FakeAgent(running="c9")
+    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
     forget = api.handlers[ps.ForgetTurnsRequest]
     s3 = await system.transcript.call(lambda t: t.ids_of(session_id="s3"))
     for req in (ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]),
@@ -169,16 +197,44 @@ async def test_forgetting_an_earlier_turn_of_the_session_a_turn_is_running_in_is
             await forget(req)
         assert busy.value.code == "busy"
     assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
-    running[0] = None
+    agent.running = None
     assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))).forgotten == 1  # type: ignore[attr-defined]
+
+
+async def test_the_busy_check_and_the_forget_run_while_turns_are_held(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No turn may start between the busy check (which reads the transcript, on its thread) and the
+    forget: it would run with the forgotten turn in its context, or search for it."""
+    await seed(system)
+    agent = FakeAgent(running="c9")
+    sessions_of, forget_turns = session_queries.sessions_of, system.forget_turns
+
+    def checked(*args: Any) -> set[str]:
+        agent.events.append("busy_check")
+        return sessions_of(*args)
+
+    async def forgetting(*args: Any, **kwargs: Any) -> Any:
+        agent.events.append("forget")
+        return await forget_turns(*args, **kwargs)
+
+    monkeypatch.setattr(session_queries, "sessions_of", checked)
+    monkeypatch.setattr(system, "forget_turns", forgetting)
+    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
+    assert agent.events == ["held", "busy_check", "forget", "released"]
+    agent.events.clear()
+    with pytest.raises(RequestFailed):
+        await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))  # busy: the hold lets go
+    assert agent.events == ["held", "busy_check", "released"]
 
 
 async def test_forgetting_a_session_with_a_turn_running_is_busy_and_an_unknown_session_is_not_found(
         system: MemorySystem) -> None:
     """A running turn is recorded, words and all, when it ends: forgetting its session now would miss it."""
     await seed(system)
-    running: list[str | None] = ["c9"]
-    api = SessionsConsole(system, lambda: "s3", running_turn=lambda: running[0])
+    agent = FakeAgent(running="c9")
+    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
     forget = api.handlers[ps.ForgetTurnsRequest]
     for req in (ps.ForgetTurnsRequest(request_id="f", session_id="s3"),
                 ps.ForgetTurnsRequest(request_id="f", turn_ids=["c9"])):
@@ -193,5 +249,5 @@ async def test_forgetting_a_session_with_a_turn_running_is_busy_and_an_unknown_s
     assert unknown.value.code == "not_found"
     again = await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))  # forgotten already: known
     assert again.forgotten == 0  # type: ignore[attr-defined]
-    running[0] = None
+    agent.running = None
     assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s3"))).forgotten == 5  # type: ignore[attr-defined]

@@ -594,31 +594,6 @@ async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
     assert out is not None and out.shape == (4, 4) and embedded == ["b"]  # only the one let go, not all
 
 
-async def test_a_new_turn_waits_while_a_forget_takes_the_words_out(system: MemorySystem) -> None:
-    ids = await _seed(system, BIRTHDAYS, "# User\n", [])
-    forgetting = system.forgetting
-    purge, release = forgetting.purge_recall, asyncio.Event()
-    told: list[Sequence[str]] = []
-
-    async def slow_purge(episodes: Sequence[int], learnings: Sequence[int]) -> None:
-        await release.wait()  # search still finds the words
-        await purge(episodes, learnings)
-
-    forgetting.purge_recall = slow_purge
-    forget = asyncio.create_task(system.forget_turns([ids[0]], by="test", then=told.append))
-    await asyncio.sleep(0)
-    waiting = asyncio.create_task(system.turn_may_start())
-    await asyncio.sleep(0.2)
-    assert not waiting.done() and told == []
-    release.set()
-    assert await asyncio.wait_for(waiting, 30) is True
-    assert told == [["s1"]]  # told before the turn went on: a restart comes first
-    hits = await system.search("Rosa birthday", limit=5)
-    assert not any("Rosa" in h.snippet for h in hits)
-    await forget
-    assert await system.turn_may_start() is False  # no forget under way: no wait
-
-
 async def test_the_agents_echo_in_a_kept_turn_does_not_keep_a_forgotten_line(system: MemorySystem) -> None:
     line = "- Lives in Alfama, Lisbon"
     ids = await _seed(system, (turn(1, "I live in Alfama, Lisbon.", "Noted."),

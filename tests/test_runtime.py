@@ -83,7 +83,8 @@ class FakeCLI:
         self.interrupted.set()
 
     async def disconnect(self) -> None:
-        pass
+        if self.h.disconnect_gate is not None:  # a slow exit
+            await self.h.disconnect_gate.wait()
 
 
 class FakeRecord:
@@ -116,7 +117,6 @@ class FakeMemory:
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
         self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
-        self.forgetting: asyncio.Event | None = None  # when set, a turn waits for it (a forget under way)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -140,12 +140,6 @@ class FakeMemory:
     def turn_ended(self) -> None:
         self.turns_ended += 1
 
-    async def turn_may_start(self) -> bool:
-        if self.forgetting is None:
-            return False
-        await self.forgetting.wait()  # a forget taking words out of the transcript and search
-        return True
-
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
 
@@ -160,6 +154,7 @@ class Harness:
         self.reply: list[Any] = answer()
         self.hold = False  # replies wait for an interrupt
         self.write_gate: asyncio.Event | None = None  # when set, a prompt's write waits for it
+        self.disconnect_gate: asyncio.Event | None = None  # when set, a CLI's disconnect waits for it
         settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
         settings.layout.ensure()
         canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
@@ -352,23 +347,91 @@ async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(h
     assert hm.memory.records[-1].seen == ["AssistantMessage"]  # what the CLI said before it died
 
 
+def prompts(hm: Harness) -> list[str]:
+    return [f.text for f in hm.of(p.TurnStarted)]
+
+
 async def test_a_turn_waits_for_a_forget_and_runs_in_the_new_session_it_asked_for(hm: Harness) -> None:
-    """A forget of this session's turns: a message sent meanwhile waits until the words are out of the
-    transcript and search, and runs in the new session the forget asked for, never in the old one
-    (whose context still holds what was forgotten)."""
+    """A forget of this session's turns: a message sent meanwhile stays queued until the words are out
+    of the transcript and search, and runs in the new session the forget asked for (reason `forget`),
+    never in the old one (whose context still holds what was forgotten). A person's new_session sent
+    after the message still ends the session the message ran in: the two restarts are never merged."""
     assert hm.memory is not None
     await hm.turn("one")
     first = hm.rt.session_id
-    hm.memory.forgetting = asyncio.Event()
-    hm.rt.submit("two")
-    await asyncio.sleep(0.05)
-    assert hm.rt.state == "idle" and [r.prompt for r in hm.memory.records] == ["one"]  # it waits
-    hm.rt.new_session()  # the forget's restart, asked for while the turn waits
-    hm.memory.forgetting.set()
-    await hm.until(lambda: len(hm.memory.closed()) == 2 if hm.memory else False)
-    ended = hm.memory.events.index(("session_ended", first, "new_session"))
-    assert ended < hm.memory.events.index(("closed", "two", "success"))
-    assert hm.of(p.TurnStarted)[-1].text == "two" and hm.rt.session_id != first and hm.rt.queued == 0
+    async with hm.rt.holding_turns() as hold:
+        hm.rt.submit("two")
+        hm.rt.new_session()
+        await asyncio.sleep(0.05)
+        assert hm.rt.state == "idle" and hm.rt.queued == 2 and prompts(hm) == ["one"]  # it waits, queued
+        assert hold.running is None and hold.restart(first)
+    await hm.until(lambda: len(hm.of(p.SessionEnded)) == 2)
+    events = hm.memory.events
+    assert events.index(("session_ended", first, "forget")) < events.index(("closed", "two", "success"))
+    second = hm.of(p.SessionStarted)[1].session_id
+    assert events.index(("closed", "two", "success")) < events.index(("session_ended", second, "new_session"))
+    assert [e.reason for e in hm.of(p.SessionEnded)] == ["forget", "new_session"] and hm.rt.queued == 0
+
+
+async def test_a_persons_new_session_is_not_pulled_ahead_of_the_waiting_turn(hm: Harness) -> None:
+    """A forget of another session holds the turns: "two", new_session, "three" then run in the order sent."""
+    assert hm.memory is not None
+    await hm.turn("one")
+    first = hm.rt.session_id
+    async with hm.rt.holding_turns():
+        hm.rt.submit("two")
+        hm.rt.new_session()
+        hm.rt.submit("three")
+        await asyncio.sleep(0.05)
+        assert prompts(hm) == ["one"] and hm.rt.queued == 3
+    await hm.until(lambda: len(hm.memory.closed()) == 3 if hm.memory else False)
+    events = hm.memory.events
+    ended = events.index(("session_ended", first, "new_session"))
+    assert events.index(("closed", "two", "success")) < ended < events.index(("closed", "three", "success"))
+    assert prompts(hm) == ["one", "two", "three"]
+
+
+async def test_a_turn_waiting_at_the_gate_does_not_start_during_shutdown(hm: Harness) -> None:
+    """A message held by a forget is still queued: a shutdown drops it (it never starts), and the hold
+    ending during the shutdown starts nothing and connects no CLI."""
+    assert hm.memory is not None
+    await hm.turn("one")
+    async with hm.rt.holding_turns():
+        hm.rt.submit("two")
+        await asyncio.sleep(0.05)
+        assert hm.rt.queued == 1
+        stopping = asyncio.create_task(hm.rt.shutdown(5))
+        await hm.until(lambda: bool(hm.of(p.SessionEnded)))
+    await stopping
+    assert prompts(hm) == ["one"] and [r.prompt for r in hm.memory.records] == ["one"] and len(hm.clis) == 1
+    assert [e.reason for e in hm.of(p.SessionEnded)] == ["shutdown"]
+
+
+async def test_a_forget_begun_while_the_restarted_session_ends_still_holds_the_turn(hm: Harness) -> None:
+    """The hold is looked at again after each step that awaits: a second forget that begins while the
+    first one's restart is closing the CLI holds the message too."""
+    assert hm.memory is not None
+    await hm.turn("one")
+    first = hm.rt.session_id
+    hm.disconnect_gate = asyncio.Event()
+    async with hm.rt.holding_turns() as hold:
+        hm.rt.submit("two")
+        hold.restart(first)
+    await asyncio.sleep(0.05)  # the restart closes the CLI, slowly
+    assert not hm.of(p.SessionEnded)
+    async with hm.rt.holding_turns():
+        hm.disconnect_gate.set()
+        await hm.until(lambda: bool(hm.of(p.SessionStarted)[1:]))
+        await asyncio.sleep(0.05)
+        assert prompts(hm) == ["one"] and hm.rt.queued == 1
+    await hm.until(lambda: prompts(hm) == ["one", "two"])
+
+
+async def test_a_message_held_past_the_limit_runs_anyway(hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget that never ends (a bug, a store stuck) does not silence the agent for good."""
+    monkeypatch.setattr(runtime_mod, "TURN_HOLD_LIMIT", 0.1)
+    async with hm.rt.holding_turns():
+        assert (await hm.turn("one")).status == "completed"
 
 
 async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harness) -> None:

@@ -244,6 +244,25 @@ async def test_a_session_with_a_turn_running_is_not_forgotten_and_a_replay_after
     assert "vault" not in replayed and back.of("turn_started")[0]["text"] == ""
 
 
+async def test_forgetting_a_turn_of_the_current_session_restarts_it_before_the_next_message(
+        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+    """The session is ended for the forget (reason `forget`), and the next message runs in a new one
+    whose context never held the forgotten turn."""
+    c = await client(hello={})
+    first_session = c.frames[0]["session_id"]
+    said = await turn_of(c, "remember the word PELICAN")
+    await c.send(type="forget_turns", request_id="f1", turn_ids=[said["turn_id"]])
+    result = await c.until("forget_turns_result")
+    assert result["forgotten"] == 1 and result["restarted"] is True
+    await c.send(type="user_message", text="what was the word?")
+    await c.until("turn_complete", lambda f: f["turn_id"] != said["turn_id"])
+    [ended] = c.of("session_ended")
+    assert ended["session_id"] == first_session and ended["reason"] == "forget"
+    assert c.frames.index(ended) < c.frames.index(c.of("turn_started")[-1])
+    last = bridge.agent_requests()[-1]
+    assert last.last_user_text == "what was the word?" and "PELICAN" not in json.dumps(last.messages)
+
+
 async def test_new_session_starts_a_fresh_context(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
     c = await client(hello={})
     first_session = c.frames[0]["session_id"]

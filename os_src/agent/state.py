@@ -29,7 +29,7 @@ import enum
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..backoff import Backoff
 from ..errors import SpriteOSError
@@ -283,7 +283,11 @@ class Turn:
 
 @dataclass(frozen=True)
 class EndSession:
-    reason: str
+    """End the session: a person's `new_session`, or a forget's restart of `session_id` (skipped when
+    that session has ended already), so that the agent's context lets go of a forgotten turn."""
+
+    reason: Literal["new_session", "forget"]
+    session_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -296,7 +300,8 @@ Command = Turn | EndSession | Shutdown
 
 class Inbox:
     """What the owner task has yet to do, in order. Back-to-back new_session requests are one
-    request (the queue stays bounded); a new_session queued after it is taken counts again."""
+    request (the queue stays bounded); a new_session queued after it is taken counts again. A
+    forget's restart goes first and is never merged with a person's."""
 
     def __init__(self) -> None:
         self._commands: deque[Command] = deque()
@@ -306,21 +311,23 @@ class Inbox:
 
     def put(self, command: Command) -> bool:
         """Queue `command`; False when it adds nothing (a new_session right after another)."""
-        if isinstance(command, EndSession) and self._commands and isinstance(self._commands[-1], EndSession):
+        if command == PERSONS_NEW_SESSION and self._commands and self._commands[-1] == command:
             return False
         self._commands.append(command)
         return True
 
+    def put_first(self, command: Command) -> None:
+        """Before everything queued (a forget's restart comes before the messages it held)."""
+        self._commands.appendleft(command)
+
+    def peek(self) -> Command:
+        return self._commands[0]
+
     def take(self) -> Command:
         return self._commands.popleft()
 
-    def take_end_session(self) -> bool:
-        """Take the first new_session request out of the queue, wherever it is. False: none."""
-        for command in self._commands:
-            if isinstance(command, EndSession):
-                self._commands.remove(command)
-                return True
-        return False
-
     def clear(self) -> None:
         self._commands.clear()
+
+
+PERSONS_NEW_SESSION = EndSession("new_session")

@@ -4,12 +4,13 @@ the turns still on their way to it (the current session's newest), and memory.db
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Protocol
 
 from .. import protocol as p
-from ..errors import ShuttingDown
 from . import session_frames as ps
 from . import session_queries as q
 from .requests import Handler, Request, RequestFailed
@@ -22,16 +23,39 @@ FORGOTTEN_BY = "the person, in the console"
 WRITES_BUDGET = 2.0  # seconds a listing waits, at most, for the turns still on their way to transcript.db
 
 
+class TurnHold(Protocol):
+    """runtime.TurnHold: the turn running when the hold began, and a restart that comes before any held turn."""
+
+    @property
+    def running(self) -> str | None: ...
+    def restart(self, session_id: str) -> bool: ...
+
+
+HoldTurns = Callable[[], AbstractAsyncContextManager[TurnHold]]  # AgentRuntime.holding_turns
+
+
+class _NoAgent:
+    """No runtime (tests of the console alone): no turn runs, and a restart does nothing."""
+
+    running = None
+
+    def restart(self, session_id: str) -> bool:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def _no_agent() -> AsyncIterator[TurnHold]:
+    yield _NoAgent()
+
+
 class SessionsConsole:
     def __init__(self, system: MemorySystem, current_session: Callable[[], str],
                  publish: Callable[[p.ServerFrame], None] = lambda _f: None,
-                 restart: Callable[[], None] = lambda: None,
-                 running_turn: Callable[[], str | None] = lambda: None) -> None:
+                 holding_turns: HoldTurns = _no_agent) -> None:
         self._system = system
         self._current = current_session
-        self._running = running_turn  # the wire id of the turn running now (always in the current session)
         self._publish = publish
-        self._restart = restart  # a new session for the agent: its context lets go of a forgotten turn
+        self._holding_turns = holding_turns  # the runtime's: no turn starts while a forget takes the words out
 
     @property
     def handlers(self) -> Mapping[type[Request], Handler]:
@@ -50,27 +74,14 @@ class SessionsConsole:
     async def _forget(self, req: ps.ForgetTurnsRequest) -> ps.ForgetTurnsResult:
         if not (req.observation_ids or req.turn_ids or req.session_id):
             raise RequestFailed("not_found", "name the turns to forget: observation_ids, turn_ids or session_id")
-        # A running turn is recorded when it ends, words and all: forgetting it now would miss it.
-        # And a turn running while an earlier turn of its session is forgotten has that turn in its context:
-        # its answer (recorded, and kept) could quote it.
-        running = self._running()
-        if running is not None and (req.session_id == self._current() or running in req.turn_ids
-                                    or await self._in_current(req)):
-            raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
-        restarted = False
-
-        def restart(sessions: Sequence[str]) -> None:
-            # Before any turn may start again: the agent's context lets go of the forgotten turn first.
-            nonlocal restarted
-            if self._current() in sessions:
-                try:
-                    self._restart()
-                    restarted = True
-                except ShuttingDown:  # the server is stopping: the session ends anyway
-                    pass
-
-        done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids, session_id=req.session_id,
-                                               by=FORGOTTEN_BY, then=restart)
+        # No turn starts until the words are out of the transcript and search (the agent could search for,
+        # or be reminded of, them) and the session holding them in its context has been restarted.
+        async with self._holding_turns() as hold:
+            await self._refuse_if_busy(req, hold.running)
+            done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids,
+                                                   session_id=req.session_id, by=FORGOTTEN_BY)
+            current = self._current()
+            restarted = any(o.session_id == current for o in done.turns) and hold.restart(current)
         if not done.turns and not req.session_id:
             raise RequestFailed("not_found", "no recorded turn matches (or it was forgotten already)")
         if not done.turns and req.session_id:
@@ -85,6 +96,14 @@ class SessionsConsole:
                                            turn_ids=[o.turn_id for o in turns if o.turn_id], forgotten_at=done.at))
         return ps.ForgetTurnsResult(request_id=req.request_id, forgotten=len(done.turns), learnings=done.learnings,
                                     sessions=sessions, restarted=restarted)
+
+    async def _refuse_if_busy(self, req: ps.ForgetTurnsRequest, running: str | None) -> None:
+        """A running turn is recorded when it ends, words and all: forgetting it now would miss it. And a
+        turn running while an earlier turn of its session is forgotten has that turn in its context: its
+        answer (recorded, and kept) could quote it."""
+        if running is not None and (req.session_id == self._current() or running in req.turn_ids
+                                    or await self._in_current(req)):
+            raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
 
     async def _in_current(self, req: ps.ForgetTurnsRequest) -> bool:
         """Whether a turn named is of the current session (the newest may still be on their way)."""

@@ -11,8 +11,8 @@ At once (`TurnForgetting.forget`):
   segment on disk keeps their words;
 - the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
   has rewritten the files;
-- meanwhile no turn starts (`TurnGate`): the agent could search for, or be reminded of, what is
-  being forgotten.
+- meanwhile no turn starts: the caller holds the agent's turns (the console, with the runtime's
+  `holding_turns`), since the agent could search for, or be reminded of, what is being forgotten.
 
 Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
 writer) takes those lines out of the curated files (a new version, source `forget`), out of every
@@ -44,7 +44,7 @@ import sqlite3
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -408,40 +408,10 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 # daemon's passes try it, and until one succeeds its lines stay in the files (out of the boot prompt).
 DECIDE_RETRIES = (2.0, 10.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-Then = Callable[[Sequence[str]], None]  # told the sessions forgotten, before any turn may start again
 
 
 class CheckFailed(Exception):
     """The kept-turn check could not be made: no line it would judge leaves."""
-
-
-class TurnGate:
-    """While a forget takes the words out of the transcript and search, no turn starts: the agent
-    could search, be reminded of, or (in the session the forget restarts) still hold what is being
-    forgotten. Turns wait (`wait`); deciding the file lines afterwards holds nobody."""
-
-    def __init__(self) -> None:
-        self._holders = 0
-        self._open = asyncio.Event()
-        self._open.set()
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        self._holders += 1
-        self._open.clear()
-        try:
-            yield
-        finally:
-            self._holders -= 1
-            if not self._holders:
-                self._open.set()
-
-    async def wait(self) -> bool:
-        """Until no forget holds the gate. True when it had to wait."""
-        if self._open.is_set():
-            return False
-        await self._open.wait()
-        return True
 
 
 @dataclass
@@ -485,7 +455,6 @@ class TurnForgetting:
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     retries: Sequence[float] = DECIDE_RETRIES
-    gate: TurnGate = field(default_factory=TurnGate)
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # line hash -> its vector, in memory only, least recently used first
     _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
@@ -493,38 +462,34 @@ class TurnForgetting:
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
 
-    async def forget(self, ids: Iterable[int], by: str, then: Then | None = None) -> Forgotten:
+    async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
-        lines are then decided by a task of their own (`decided` waits for it). `then` is told the
-        sessions forgotten while turns still wait (a restart of the current session comes first)."""
+        lines are then decided by a task of their own (`decided` waits for it)."""
         now = self.clock()
         wanted = list(ids)
-        with self.gate.hold():
-            turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
-            if not turns:
-                return Forgotten([], 0, now)
-            done = [o.id for o in turns]
-            sessions = sorted({o.session_id for o in turns})
-            purged = await self.apply(lambda m: purge_memory(m, turns))
-            words: set[str] = set()
-            for o in turns:  # the turns' own words: a learning may also name things from other turns
-                words |= content_words(turn_text(o))
-            lines = await self._lines()
-            # The words are gone from the transcript: the job goes on disk at once, undecided, with the lines
-            # the words find, so that a forget cut short (a stop, a kill, an error in what follows) is decided
-            # at the daemon's pass; meanwhile the boot prompt leaves those lines out.
-            by_words = {h for h, text in lines.texts().items() if came_from(text, words)}
-            job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
-            decision = _Decision(words, [turn_text(o) for o in turns] + purged.contents, lines, by_words)
-            self._decisions[job] = decision
-            self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
-            try:
-                await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-                if then is not None:
-                    then(sessions)
-            except BaseException:
-                del self._deciding[job]  # the daemon's pass decides it
-                raise
+        turns = await self.transcript.call(lambda t: t.forget(wanted, now, by))
+        if not turns:
+            return Forgotten([], 0, now)
+        done = [o.id for o in turns]
+        sessions = sorted({o.session_id for o in turns})
+        purged = await self.apply(lambda m: purge_memory(m, turns))
+        words: set[str] = set()
+        for o in turns:  # the turns' own words: a learning may also name things from other turns
+            words |= content_words(turn_text(o))
+        lines = await self._lines()
+        # The words are gone from the transcript: the job goes on disk at once, undecided, with the lines
+        # the words find, so that a forget cut short (a stop, a kill, an error in what follows) is decided
+        # at the daemon's pass; meanwhile the boot prompt leaves those lines out.
+        by_words = {h for h, text in lines.texts().items() if came_from(text, words)}
+        job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
+        decision = _Decision(words, [turn_text(o) for o in turns] + purged.contents, lines, by_words)
+        self._decisions[job] = decision
+        self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
+        try:
+            await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+        except BaseException:
+            del self._deciding[job]  # the daemon's pass decides it
+            raise
         self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
         log.info("turns_forgotten", turns=len(done), learnings=len(purged.learning_ids), by_words=len(by_words), by=by)
         return Forgotten(turns, len(purged.learning_ids), now)

@@ -31,7 +31,7 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, Then, TurnForgetting, hidden_lines
+from .forget_turns import Forgotten, TurnForgetting, hidden_lines
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -143,24 +143,18 @@ class MemorySystem:
         return await self.memory.call(hidden_lines)
 
     async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
-                           session_id: str | None = None, by: str, then: Then | None = None) -> Forgotten:
+                           session_id: str | None = None, by: str) -> Forgotten:
         """A person forgets turns (by id, by their id on the wire, or a whole session): their words
         leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
-        The turns still being written land first. No turn starts until the words are out of the
-        transcript and search (`turn_may_start`); `then` is told the sessions forgotten before that."""
-        with self.forgetting.gate.hold():
-            await self.writer.drained(FORGET_DRAIN_BUDGET)
-            wanted = list(ids)
-            if turn_ids:
-                wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
-            if session_id is not None:
-                wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
-            return await self.forgetting.forget(wanted, by, then)
-
-    async def turn_may_start(self) -> bool:
-        """Before a turn starts: wait while a forget takes words out of the transcript and search.
-        True when it waited."""
-        return await self.forgetting.gate.wait()
+        The turns still being written land first. The caller holds the agent's turns meanwhile
+        (the console, with the runtime's `holding_turns`)."""
+        await self.writer.drained(FORGET_DRAIN_BUDGET)
+        wanted = list(ids)
+        if turn_ids:
+            wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
+        if session_id is not None:
+            wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
+        return await self.forgetting.forget(wanted, by)
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,

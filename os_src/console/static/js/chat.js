@@ -111,7 +111,8 @@ export class ChatView {
       case "tool_result": return this.toolResult(frame);
       case "turn_complete": return this.completed(frame);
       case "session_started": return this.notice("A new session started: the agent remembers what memory kept.", "session");
-      case "session_ended": return this.notice(`The session ended (${frame.reason.replace("_", " ")}).`, "session");
+      case "session_ended": return this.notice(`The session ended (${
+        frame.reason === "forget" ? "a turn of it was forgotten" : frame.reason.replace("_", " ")}).`, "session");
       case "error": return this.error(frame);
       case "model_retry": return this.retrying(frame);
       case "turns_forgotten": return buryTurns(this.list, frame);

@@ -6,10 +6,11 @@ import { clear, count, dollars, el, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 const TOOL_LINE = 90; // characters of a tool call's summary shown folded
-// How long the page waits for forget_turns: a forget decides, before it answers, which memory-file
-// lines came from the turns (their meaning against every line of the files' history: 15-30 s for a
-// thousand lines), so the usual request timeout is too short.
-export const FORGET_TIMEOUT = 180_000;
+// How long the page waits for forget_turns: a forget answers once the words are out of the transcript,
+// the databases and the index (under a second on a quiet Sprite; it first waits up to 5 s for turns
+// still being written, and a big index's purge takes longer), and deciding the memory-file lines
+// runs after the answer. A minute leaves room for a loaded machine; the usual timeout does not.
+export const FORGET_TIMEOUT = 60_000;
 
 /** A message of the conversation: role is "user", "assistant" or "tool". */
 export function messageItem(role, body, meta) {
