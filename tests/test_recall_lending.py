@@ -6,6 +6,7 @@ rise down the list."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,8 +18,10 @@ from sprite_os.memory.recall.index import RecallIndex
 from sprite_os.memory.recall.searcher import Dense, Searcher
 from sprite_os.memory.recall.service import index_path, vectors_path
 from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import TranscriptDB
 from tests.test_forget_turns import seed, stored_vector, system  # noqa: F401 (a fixture)
-from tests.test_recall import T0, seeded
+from tests.test_recall import T0, lexical, seeded, turn
+from tests.test_recall_backfill import indexer_for
 
 
 def test_half_way_through_a_backlog_every_turns_words_are_in_some_vector(tmp_path: Path) -> None:
@@ -131,3 +134,33 @@ def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path
     said = {t: ep.get(memory.conn, [b])[b].persons_part for t, (b, _) in lent.items()}
     assert 3 not in lent or said[3] in embedded_text, f"turn 2 is lent a vector made from: {embedded_text!r}"
     assert lent.keys() == {32} and lent[32][0] == 31  # the one vector that holds the words of the turn before it
+
+
+async def test_a_turn_landing_between_has_the_next_turns_vector_made_again_with_its_words(tmp_path: Path) -> None:
+    """A past turn imported into a session lands between two turns: the vector of the turn now after it
+    was made after another turn, so the embedder makes it again, with the new turn's words, and from
+    then on it lends its place to the new turn (and never before: it held other words)."""
+    layout = lexical(tmp_path).layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    db.append(turn("s", 1, "My sister Margaret adopted a puppy called Biscuit.", at=T0))
+    db.append(turn("s", 2, "What should I cook tonight?", at=T0 + 100))
+    db.close()
+    _, store, indexer, workers = indexer_for(layout)
+    await indexer.start(fresh_index=True)
+    try:
+        await asyncio.wait_for(indexer.embedded_all.wait(), 30)
+        before = stored_vector(store, 2)
+        # imported: an older turn of the same session, between the two (recorded later, so a higher id)
+        await indexer.memory.call(lambda m: ep.add(m.conn, [ep.Episode(3, "s", 0, T0 + 50, "The plumber comes on Tuesday.")]))
+        indexer._embed_wake.set()
+        started = time.monotonic()
+        while (await indexer.memory.call(lambda m: ep.turns_before(m.conn, [2]))).get(2, (0,))[0] != 3:
+            assert time.monotonic() - started < 30, "the next turn's vector was not made again"
+            await asyncio.sleep(0.05)
+        assert not np.allclose(before, stored_vector(store, 2))
+        [(_, _, text)] = await indexer.memory.call(lambda m: ep.to_embed(m.conn, [2]))
+        assert "plumber" in text
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))

@@ -128,6 +128,7 @@ def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
             if not after:
                 _keep_embedded_after(c, session)
                 renumber(c, session)
+                _embed_again_after(c, [e.id for e in new])
         c.executemany("UPDATE episodes SET answer_at = ? WHERE id = ? AND answer_at IS NULL",
                       [(e.answer_at, e.id) for e in episodes if e.id in known and e.answer_at is not None])
         return len(fresh)
@@ -140,6 +141,25 @@ def _keep_embedded_after(conn: sqlite3.Connection, session_id: str) -> None:
     conn.execute("UPDATE episodes SET embedded_after = coalesce((SELECT p.id FROM episodes p WHERE "
                  "p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) "
                  "WHERE session_id = ? AND embedded_after IS NULL AND turn > 0", (session_id,))
+
+
+def _embed_again_after(conn: sqlite3.Connection, ids: Sequence[int]) -> None:
+    """The turn now just after each of `ids` (new turns that landed between others) was embedded after
+    another turn: its vector is to be made again (`embed_again`), and lends nothing till then."""
+    conn.execute("UPDATE episodes SET embedded_after = -1 WHERE id IN (SELECT n.id FROM episodes e JOIN episodes n "
+                 "ON n.session_id = e.session_id AND n.turn = e.turn + 1 "
+                 f"WHERE e.id IN ({marks(ids)}) AND n.id NOT IN ({marks(ids)}))", [*ids, *ids])
+
+
+def embed_again(conn: sqlite3.Connection, limit: int) -> list[int]:
+    """Turns whose vector was made after a turn that is no longer the one before them (_embed_again_after)."""
+    return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE embedded_after = -1 AND text != '' "
+                                       "ORDER BY id DESC LIMIT ?", (limit,))]
+
+
+def never_lend(conn: sqlite3.Connection, ids: Sequence[int]) -> None:
+    """Vectors that could not be made again: they lend no turn their place (-2: no turn has that id)."""
+    conn.execute(f"UPDATE episodes SET embedded_after = -2 WHERE id IN ({marks(ids)})", list(ids))
 
 
 def renumber(conn: sqlite3.Connection, session_id: str) -> None:
