@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping
@@ -28,6 +29,19 @@ def kit_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+# `python -m sprite_os serve` (what __main__ runs), then which of the server's modules and the agent
+# SDK's it had imported: a start refused before the server's import (commands/main.py) lists none.
+_SERVE_THEN_LIST = ("import sys\nfrom sprite_os.commands.main import main\ncode = main(['serve'])\n"
+                    "print(sorted(m for m in sys.modules if m.startswith(('sprite_os.server', 'claude_agent_sdk'))))\n"
+                    "raise SystemExit(code)")
+
+
+def refused_serve(env: Mapping[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`sprite-os serve` that the test expects refused: its stdout is the list above."""
+    return subprocess.run([sys.executable, "-c", _SERVE_THEN_LIST], env=dict(env), capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 class ServerDied(SpriteOSError):

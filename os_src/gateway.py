@@ -52,6 +52,8 @@ REQUEST_QUEUE = 4
 ASIDE_QUEUE = 2  # the same, for the aside requests (forgets) waiting behind the one being answered
 NOT_TAKEN = "the server is stopping; this request was not handled: send it again after reconnecting"
 
+CUT_WAIT = 0.5  # seconds a stop waits for the requests it cut past their grace to end
+
 CLOSE_LAGGING = 4000  # fell too far behind; reconnect with hello.last_seq to resume
 LAGGING_CLOSE_TIMEOUT = 2.0
 CLOSE_DRAIN_TIMEOUT = 0.5  # at shutdown, how long queued frames may take to go out before the close frame
@@ -123,7 +125,11 @@ class Gateway:
             log.warning("requests_cut_at_shutdown", requests=len(cut), after_s=grace)
             for task in cut:
                 task.cancel()
-            await asyncio.wait(cut)
+            # A cut request may still wait for a thread (a file's read or write, which a cancel can't
+            # stop): the stop goes on without it after CUT_WAIT; what it holds goes with the process.
+            _, stuck = await asyncio.wait(cut, timeout=CUT_WAIT)
+            if stuck:
+                log.warning("requests_not_ended_at_shutdown", requests=len(stuck), after_s=CUT_WAIT)
 
 
 class _Connection:
@@ -364,8 +370,17 @@ class _Connection:
         """One of the connection's request tasks: each request of its lane in turn, the next one only
         once the answers still queued are back under REPLY_BACKLOG."""
         while (frame := await lane.queue.get()) is not None:
-            await self._backlog_room()
+            try:
+                await self._backlog_room()
+            except asyncio.CancelledError:
+                self._cut(frame)
+                raise
             await self._request(frame)
+
+    def _cut(self, frame: rq.Request) -> None:
+        """This task is being cancelled: at a stop, the client is told its request was cut."""
+        if self.gw.stopping:
+            self._error("shutting_down", "the server stopped before this request was answered", frame.request_id)
 
     async def _request(self, frame: rq.Request) -> None:
         answer, request_id = self.gw.requests, frame.request_id
@@ -376,9 +391,7 @@ class _Connection:
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
-                    if self.gw.stopping:  # cut at shutdown, past the requests' grace: the client is told
-                        self._error("shutting_down", "the server stopped before this request was answered",
-                                    request_id)
+                    self._cut(frame)  # cut at shutdown, past the requests' grace: the client is told
                     raise  # the connection or the server is ending
                 # a future the handler awaited was cancelled, not this task: a failed request, and the
                 # connection's request task must go on answering the next ones

@@ -55,6 +55,7 @@ from .events import DeltaCoalescer, EventHub
 from .fsutil import WriterLock
 from .gateway import Gateway
 from .isolation.launch import AgentLaunch, Resources
+from .isolation.policy import Isolation
 from .logs import configure_logging, get_logger
 from .malloc_arenas import limit_arenas
 from .memory.system import MemorySystem
@@ -93,8 +94,11 @@ def _select_subprotocol(_conn: ServerConnection, offered: Sequence[Subprotocol])
 
 
 class SpriteOS:
-    def __init__(self, settings: Settings, token: str, *, memory: bool = True, lock: WriterLock | None = None) -> None:
-        """`lock`: the workspace's writer lock, if the caller took it already (serve_main)."""
+    def __init__(self, settings: Settings, token: str, *, memory: bool = True, lock: WriterLock | None = None,
+                 isolation: Isolation | None = None) -> None:
+        """`lock`: the workspace's writer lock, if the caller took it already (serve_main); `isolation`:
+        the mode it chose already (serve_main), else chosen at start."""
+        self._isolation = isolation
         self.settings = settings
         self._token = token.encode()
         self.started_at = time.monotonic()
@@ -119,7 +123,7 @@ class SpriteOS:
         self.files = FilesConsole(layout, publish, self.runtime.note)
         self.api = rq.ConsoleApi(*self._request_handlers())
         self.gateway = Gateway(self.hub, self.runtime, self.canvas, __version__, self.api.handle,
-                               left=self.files.downloads.left)
+                               left=self.files.left)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
 
@@ -154,7 +158,8 @@ class SpriteOS:
         self.lock.acquire()
         layout.ensure()
         # A Sprite that can't isolate its agent as asked refuses to start (ConfigError).
-        await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user)
+        await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user,
+                                self._isolation)
         self.canvas.load()
         if self.memory is not None:
             await self.memory.start()
@@ -333,16 +338,11 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
         await app.stop()
 
 
-def serve_main(settings: Settings) -> int:
-    """Entry point of `sprite-os serve`."""
+def serve_main(settings: Settings, lock: WriterLock, isolation: Isolation) -> int:
+    """Entry point of `sprite-os serve` (commands/main.py), with the workspace's lock taken and the
+    agent's isolation chosen."""
     limit_arenas()  # before any thread starts: see malloc_arenas.py
-    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
-    lock = WriterLock(settings.layout.memory_lock)
-    lock.acquire()  # first: a refused start (LockHeld) writes nothing, not even its log file or a token
-    try:
-        configure_logging(settings.log_format, settings.log_level, settings.log_file)
-        token = resolve_token(settings, create=True)
-        asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock)))
-    finally:
-        lock.release()
+    configure_logging(settings.log_format, settings.log_level, settings.log_file)
+    token = resolve_token(settings, create=True)
+    asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock, isolation=isolation)))
     return 0

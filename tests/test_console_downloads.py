@@ -471,3 +471,130 @@ async def test_a_file_rewritten_in_place_with_its_mtime_set_back_is_file_changed
     changed = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
                                                         offset=pf.CHUNK_BYTES))
     assert changed.code == "file_changed" and kit.api.downloads.open == 0
+
+
+def _bump_ctime(path: Path) -> None:
+    """Move the file's change time only (a chmod, as a backup tool, `chown`, `ln` or the agent does),
+    waiting out a coarse clock tick so that it really moves."""
+    before = os.stat(path).st_ctime_ns
+    mode = os.stat(path).st_mode & 0o777
+    while os.stat(path).st_ctime_ns == before:
+        os.chmod(path, mode ^ 0o004)
+        os.chmod(path, mode)
+        if os.stat(path).st_ctime_ns == before:
+            time.sleep(0.002)
+
+
+def _counting_pread(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    read: list[int] = []
+    pread = os.pread
+
+    def counted(fd: int, n: int, offset: int) -> bytes:
+        data = pread(fd, n, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(dl.os, "pread", counted)
+    return read
+
+
+async def test_a_change_time_moving_every_chunk_costs_one_more_read_of_the_file(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent chmods the file in a loop, or a backup tool links it: re-reading what was sent at every
+    # move cost the file's size squared (40 chunks: 20x the file). What was sent is read again once.
+    chunks = 40
+    path = kit.layout.root / "big.bin"
+    data = os.urandom(chunks * pf.CHUNK_BYTES - 7)
+    path.write_bytes(data)
+    read = _counting_pread(monkeypatch)
+    opened = await start(kit, "big.bin")
+    got = []
+    for n in range(chunks):
+        _bump_ctime(path)
+        got.append(await chunk(kit, opened.download_id, n * pf.CHUNK_BYTES))
+    assert got[-1].eof and b"".join(c.data for c in got) == data
+    assert sum(read) == 2 * len(data), f"read {sum(read) / len(data):.1f}x the file to send it once"
+
+
+async def test_a_change_time_move_is_told_before_the_last_chunk_goes(kit: Kit) -> None:
+    # Its bytes rewritten, same size, its modification time set back, while chunks go: the earlier chunks
+    # went (the page keeps them in memory), the last one is file_changed, so the page saves nothing.
+    path = kit.layout.root / "r.bin"
+    path.write_bytes(b"A" * (3 * pf.CHUNK_BYTES))
+    before = path.stat()
+    opened = await start(kit, "r.bin")
+    await chunk(kit, opened.download_id, 0)
+    with open(path, "r+b") as f:
+        f.write(b"B" * 10)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    await chunk(kit, opened.download_id, pf.CHUNK_BYTES)  # the move is noted, not re-read yet
+    refused = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                        offset=2 * pf.CHUNK_BYTES))
+    assert refused.code == "file_changed" and kit.api.downloads.open == 0
+
+
+async def test_only_a_chunks_start_below_the_size_is_an_offset(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each distinct offset was recorded (and re-read at a change time's move): a client could grow the
+    # server's memory without bound, and make one chmod cost many times the file.
+    path = kit.layout.root / "a.bin"
+    path.write_bytes(os.urandom(2 * pf.CHUNK_BYTES))
+    opened = await start(kit, "a.bin")
+    for offset in (1, 7, pf.CHUNK_BYTES - 1, pf.CHUNK_BYTES + 1, 2 * pf.CHUNK_BYTES, 10 * pf.CHUNK_BYTES):
+        refused = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                            offset=offset))
+        assert refused.code == "not_found" and "no chunk of this download starts" in refused.message
+    for _ in range(3):
+        await chunk(kit, opened.download_id, 0)
+    assert len(kit.api.downloads._open[opened.download_id].sent) == 1
+    read = _counting_pread(monkeypatch)
+    _bump_ctime(path)
+    last = await chunk(kit, opened.download_id, pf.CHUNK_BYTES)
+    assert last.eof and sum(read) == 3 * pf.CHUNK_BYTES  # the last chunk, and the first read again once
+    empty = kit.layout.root / "empty"
+    empty.write_bytes(b"")
+    opened = await start(kit, "empty")
+    assert (await chunk(kit, opened.download_id, 0)).eof  # an empty file's one chunk
+
+
+async def test_a_finished_download_sends_nothing_but_its_last_chunk_again(kit: Kit) -> None:
+    (kit.layout.root / "a.bin").write_bytes(os.urandom(2 * pf.CHUNK_BYTES + 5))
+    opened = await start(kit, "a.bin")
+    assert (await chunk(kit, opened.download_id, 2 * pf.CHUNK_BYTES)).eof
+    refused = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                        offset=pf.CHUNK_BYTES))  # past its start, not the last
+    assert refused.code == "not_found" and "only its last chunk" in refused.message
+    refused = await kit.refused(pf.DownloadChunkRequest(request_id="c", download_id=opened.download_id,
+                                                        offset=2 * pf.CHUNK_BYTES + 1))
+    assert refused.code == "not_found"
+
+
+async def test_a_stop_cuts_a_read_going_over_what_was_sent(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server stops while a thread reads again what was sent: the read ends at its next chunk, and
+    # the stop does not wait for it beyond STOP_WAIT.
+    path = kit.layout.root / "a.bin"
+    path.write_bytes(os.urandom(8 * pf.CHUNK_BYTES))
+    opened = await start(kit, "a.bin")
+    for n in range(7):
+        await chunk(kit, opened.download_id, n * pf.CHUNK_BYTES)
+    reading, go_on = threading.Event(), threading.Event()
+    pread = os.pread
+    read: list[int] = []
+
+    def slow(fd: int, n: int, offset: int) -> bytes:
+        read.append(offset)
+        if len(read) == 2:  # the last chunk read, and the rehash's first: the stop comes now
+            reading.set()
+            go_on.wait(5)
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(dl.os, "pread", slow)
+    _bump_ctime(path)
+    last = asyncio.ensure_future(chunk(kit, opened.download_id, 7 * pf.CHUNK_BYTES))
+    await asyncio.to_thread(reading.wait, 5)
+    stopping = asyncio.ensure_future(kit.api.downloads.stop())
+    await asyncio.sleep(0.05)
+    go_on.set()
+    await stopping
+    with pytest.raises(rq.RequestFailed, match="the server is stopping"):
+        await last
+    assert len(read) == 2 and kit.api.downloads.open == 0  # no chunk read after the cut

@@ -354,3 +354,22 @@ async def test_across_file_systems_an_upload_is_copied_in_and_still_never_replac
     assert (kit.layout.root / "documents" / "scan.pdf").read_bytes() == b"older"
     assert (kit.layout.root / "documents" / "scan (2).pdf").read_bytes() == b"newer" * 1000
     assert list((kit.layout.state_dir / "uploads").iterdir()) == []
+
+
+async def test_an_upload_is_its_connections_as_a_download_is(kit: Kit) -> None:
+    # Another connection is answered busy until the owner's has ended; then the first to ask takes it over.
+    from tests.test_console_downloads import on
+    started = await on("a", kit.ask(pf.UploadStartRequest(request_id="u", name="x.txt", size=3)))
+    assert isinstance(started, pf.UploadStartResult)
+    for other in (pf.UploadCancelRequest(request_id="x", upload_id=started.upload_id),
+                  pf.UploadChunkRequest(request_id="x", upload_id=started.upload_id, offset=0, data=b"abc"),
+                  pf.UploadFinishRequest(request_id="x", upload_id=started.upload_id)):
+        refused = await on("b", kit.refused(other))
+        assert refused.code == "busy" and "upload is another connection's" in refused.message
+    await on("a", kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=started.upload_id, offset=0, data=b"ab")))
+    kit.api.left("a")
+    await on("b", kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=started.upload_id, offset=2, data=b"c")))
+    refused = await on("a", kit.refused(pf.UploadCancelRequest(request_id="x", upload_id=started.upload_id)))
+    assert refused.code == "busy"  # b's now
+    done = await on("b", kit.ask(pf.UploadFinishRequest(request_id="f", upload_id=started.upload_id)))
+    assert isinstance(done, pf.UploadFinishResult)

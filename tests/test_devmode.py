@@ -213,7 +213,7 @@ def test_dev_honours_the_environment_and_flags(dev_settings: list[Settings], mon
     assert command.main([]) == 2 and len(dev_settings) == 4  # a bad setting still fails at once
     # `serve` keeps its own defaults.
     monkeypatch.delenv("SPRITE_MEMORY_BATCH_TURNS")
-    monkeypatch.setattr("sprite_os.server.serve_main", lambda settings: dev_settings.append(settings) or 0)
+    monkeypatch.setattr(main, "_serve", lambda settings: dev_settings.append(settings) or 0)
     assert main.main(["serve"]) == 0 and dev_settings[-1].workspace == Path("/workspace")
     assert dev_settings[-1].memory_batch_turns == 25
 

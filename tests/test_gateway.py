@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from websockets.asyncio.server import serve
 
 from devkit.harness import make_settings
 from sprite_os import gateway
+from sprite_os.console import downloads as dl
 from sprite_os.console import files_frames as pf
 from sprite_os.console import requests as rq
 from sprite_os.errors import ShuttingDown
@@ -264,3 +266,56 @@ async def test_a_slow_aside_request_holds_up_none_of_the_quick_ones(runtime: Fak
             answered = [json.loads(await asyncio.wait_for(ws.recv(), 5))["request_id"]
                         for _ in range(1 + gateway.ASIDE_QUEUE)]
             assert answered == forgets == [f"f{n}" for n in range(1 + gateway.ASIDE_QUEUE)]
+
+
+
+@contextlib.asynccontextmanager
+async def _stopping_while_asked(gw: Gateway, asked: asyncio.Event) -> AsyncIterator[ClientConnection]:
+    """A client connected that sent a request; once `asked` is set, the server begins to stop."""
+    async with serve(gw.handle, "127.0.0.1", 0) as server:
+        async with connect(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}") as ws:
+            assert (await send(ws, type="hello"))["type"] == "ready"
+            await ws.send(json.dumps({"type": "memory_files", "request_id": "r"}))
+            await asyncio.wait_for(asked.wait(), 5)
+            gw.stop_requests()
+            yield ws
+
+
+async def test_a_stop_is_bounded_even_when_a_cut_request_waits_for_its_thread(runtime: FakeRuntime) -> None:
+    # A cut download chunk still waits for its read's thread (settled): the stop waits CUT_WAIT for it,
+    # not for the thread.
+    started, release = asyncio.Event(), threading.Event()
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        started.set()
+        await dl.settled(asyncio.to_thread(release.wait, 10))  # a thread that outlives the grace
+        raise rq.RequestFailed("not_found", "late")
+
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer)  # type: ignore[arg-type]
+    async with _stopping_while_asked(gw, started):
+        with capture_logs() as logs:
+            stop = asyncio.ensure_future(gw.requests_done(0.05))
+            await asyncio.wait_for(asyncio.shield(stop), 5)  # main: waits for the thread, ended below
+        release.set()
+    assert [e["event"] for e in logs] == ["requests_cut_at_shutdown", "requests_not_ended_at_shutdown"]
+
+
+async def test_a_request_cut_while_waiting_for_room_for_its_answer_is_answered(
+        runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client that doesn't read its answers: its next request waits for the backlog to go down when
+    # the stop cuts it; it is told shutting_down, as one cut while being answered is.
+    waiting = asyncio.Event()
+
+    async def no_room(self: object) -> None:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    async def answer(request: rq.Request) -> rq.Reply:
+        raise AssertionError("never handled")
+
+    monkeypatch.setattr(gateway._Connection, "_backlog_room", no_room)
+    gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer)  # type: ignore[arg-type]
+    async with _stopping_while_asked(gw, waiting) as ws:
+        await gw.requests_done(0.05)
+        got = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    assert (got["type"], got["code"], got["request_id"]) == ("error", "shutting_down", "r")

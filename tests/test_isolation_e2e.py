@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from devkit.processes import refused_serve
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 from sprite_os.server import SpriteOS
@@ -188,14 +189,10 @@ async def test_in_the_sandbox_a_command_cannot_write_os_but_honest_work_works(
 
 
 def test_a_deployed_sprite_refuses_to_start_without_isolation(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     ws = tmp_path / "ws"
     (ws / ".os").mkdir(parents=True)
     os.symlink("releases/1.0", ws / ".os" / "current")  # what bootstrap/deploy.py makes
     env = {**os.environ, "SPRITE_WORKSPACE": str(ws), "SPRITE_OS_PORT": "0", "SPRITE_ISOLATION": "none"}
-    run = subprocess.run([sys.executable, "-m", "sprite_os", "serve"], env=env, capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert run.returncode == 2
+    run = refused_serve(env, 60)
+    assert run.returncode == 2 and run.stdout == "[]\n"  # refused before the server's import
     assert run.stderr.strip().endswith("a deployed Sprite never runs its agent without isolation: SPRITE_ISOLATION=none")

@@ -11,13 +11,13 @@ import asyncio
 import os
 import pwd
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
+from devkit.processes import refused_serve
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 from tests.conftest import (
@@ -241,8 +241,9 @@ def start_deployed(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
     if not (ws / ".os" / "current").is_symlink():
         os.symlink("releases/1.0", ws / ".os" / "current")  # what bootstrap/deploy.py makes
     full = {**os.environ, "SPRITE_WORKSPACE": str(ws), "SPRITE_OS_PORT": "0", "SPRITE_ISOLATION": "", **env}
-    return subprocess.run([sys.executable, "-m", "sprite_os", "serve"], env=full, capture_output=True, text=True,
-                          timeout=120, check=False)
+    run = refused_serve(full)
+    assert run.stdout == "[]\n", run.stdout  # refused before the server's import: no agent SDK loaded
+    return run
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the agent's own user needs root")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from devkit.processes import refused_serve
 from sprite_os.config import Settings
 from tests.conftest import TOKEN, running
 
@@ -124,11 +125,9 @@ async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_pa
                ANTHROPIC_BASE_URL="http://127.0.0.1:9")
     with WriterLock(layout.memory_lock):  # the first server
         before = tree()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sprite_os", "serve", env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode != 0 and "another process holds this workspace" in err.decode()
+        run = await asyncio.to_thread(refused_serve, env, 60)
+    assert run.returncode != 0 and "another process holds this workspace" in run.stderr
+    assert run.stdout == "[]\n"  # refused before the server's import: the agent SDK was never loaded
     assert tree() == before
 
 

@@ -93,9 +93,7 @@ def guarded(run: Callable[[], int]) -> int:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     match args.command:
         case "serve" | None:
-            from ..server import serve_main
-
-            return serve_main(settings)
+            return _serve(settings)
         case "chat":
             from .chat import chat_main
 
@@ -118,6 +116,25 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             print(__version__)
             return 0
     return 2
+
+
+def _serve(settings: Settings) -> int:
+    """`sprite-os serve`. What refuses a start (another server on the workspace, an isolation that
+    can't be had) is asked before the server's import (the agent SDK, over a second of CPU), so a
+    refused start costs none of it, and writes nothing, not even its log file or a token."""
+    from ..fsutil import WriterLock
+    from ..isolation.probe import resolve
+
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
+    lock = WriterLock(settings.layout.memory_lock)
+    lock.acquire()  # first: LockHeld when another server runs here
+    try:
+        isolation = resolve(settings.layout, settings.isolation, settings.agent_user)  # ConfigError
+        from ..server import serve_main
+
+        return serve_main(settings, lock, isolation)
+    finally:
+        lock.release()
 
 
 def _install_templates(settings: Settings, directory: Path, source: str) -> int:

@@ -5,18 +5,25 @@ that descriptor: every chunk is read from it, in a thread, so what is sent is th
 opened, byte for byte, even if the agent renames it, replaces it or swaps a link in mid-way; if the
 file itself is written to (its size, modification time or change time differ from the start's,
 checked around every read), the download ends with file_changed rather than send half the old file
-and half the new. The server holds at most one chunk per download in memory (the gateway handles a
-connection's next request only once its queued answers are under a bound). At most MAX_DOWNLOADS are
+and half the new. A change time that alone moved (a rename, a chmod, a link; or a same-size rewrite
+with its modification time set back) is told once, before the last chunk goes: every chunk sent is
+read again and must hash as it did, so a file whose change time keeps moving costs one more read of
+what was sent, not one per move. Only a chunk's start (a multiple of chunk_bytes below the size) is an
+offset, so what a download records is one sha256 per chunk. The server holds at most one chunk per
+download in memory (the gateway handles a connection's next request only once its queued answers are
+under a bound). At most MAX_DOWNLOADS are
 open at once over every connection, PER_CLIENT under way on one; one nobody asks anything of for
 DOWNLOAD_IDLE seconds is closed by the sweep, a task of its own that runs every SWEEP_EVERY seconds.
 
-A download is its connection's: its id (128 random bits) is no key on another connection, which is
-answered busy, until the download lingers. A download whose last chunk was sent, or whose connection
-ended, lingers LINGER seconds without counting against its connection's share: its last chunk's
-answer may have been lost with the connection, and the page asks again, on the same or a new
+A download is its connection's (requests.Owner, as an upload is): its id (128 random bits) is no key
+on another connection, which is answered busy, until the download lingers. A download whose last
+chunk was sent, or whose connection ended, lingers LINGER seconds without counting against its
+connection's share: its last chunk's answer may have been lost with the connection, and the page asks again, on the same or a new
 connection. A finished one sends only that last chunk again; one whose connection ended goes on on
 the connection that asks for it next, which then owns it, and counts it in its share (a page can't
 reconnect its way past PER_CLIENT). A start that finds every place taken closes lingering ones first.
+At a stop, a read still going in a thread ends at its next chunk, and the stop waits at most STOP_WAIT
+for a download's lock.
 """
 
 from __future__ import annotations
@@ -44,12 +51,17 @@ PER_CLIENT = 4  # under way at once on one connection
 DOWNLOAD_IDLE = 60.0  # seconds without a chunk asked for before a download is closed
 LINGER = 30.0  # seconds a finished download, or one whose connection ended, waits to be asked again
 SWEEP_EVERY = 5.0  # seconds between two looks for idle and lingering downloads
+STOP_WAIT = 1.0  # seconds a stop waits for the reads or writes still holding a transfer
 
 _T = TypeVar("_T")
 
 
 class _Changed(Exception):
     """The file's size, modification time or change time is no longer the start's."""
+
+
+class _Cut(Exception):
+    """The server is stopping: a read in a thread lets go of its descriptor at once."""
 
 
 @dataclass
@@ -59,12 +71,14 @@ class _Download:
 
     fd: int
     stamp: tuple[int, int, int]  # the file's size, mtime_ns and ctime_ns when it was opened (_stamp)
-    owner: str  # the connection it is under way on (requests.client)
+    owner: rq.Owner  # the connection it is under way on
+    chunk_bytes: int
     touched: float = field(default_factory=time.monotonic)
     finished: bool = False  # its last chunk was sent: kept only to send that again
     last: int = 0  # the offset of the chunk that finished it
-    sent: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # offset: the length and sha256 of what was read there
-    left: bool = False  # its connection ended: kept for the page to ask again on a new one
+    sent: dict[int, bytes] = field(default_factory=dict)  # a chunk's offset: the sha256 of what was read there
+    moved: bool = False  # its change time alone moved since every byte sent was last read again
+    cut: bool = False  # the server is stopping: a read in a thread ends at its next chunk
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -73,16 +87,21 @@ class _Download:
 
     @property
     def lingering(self) -> bool:
-        return self.finished or self.left
+        return self.finished or self.owner.left
 
-    def read(self, length: int, offset: int) -> bytes:
-        """In a thread: the bytes at offset, if the file is still as it was when it was opened."""
+    def read(self, length: int, offset: int, last: bool) -> bytes:
+        """In a thread: the bytes at offset, if the file is still as it was when it was opened; the
+        `last` chunk goes only once every byte sent is still the file's."""
         self.check()
         data = os.pread(self.fd, length, offset)
         if len(data) < length:
             raise _Changed
-        self.sent[offset] = (length, hashlib.sha256(data).digest())
+        digest = hashlib.sha256(data).digest()
+        if self.sent.setdefault(offset, digest) != digest:  # a chunk asked again is the same bytes
+            raise _Changed
         self.check()  # this chunk counted in: a write during its read is told
+        if last and self.moved and not self.finished:  # once finished, its last chunk's digest is the check
+            self.verify()
         return data
 
     def check(self) -> None:
@@ -92,12 +111,26 @@ class _Download:
         if stamp[:2] != self.stamp[:2]:
             raise _Changed
         # Only its change time moved: a rename, a chmod, a new link (the download goes on), or a
-        # rewrite of the same size with its modification time set back. Then every byte sent so far
-        # must still be the file's: if so, what is sent is one file (the new one), never two halves.
-        for offset, (length, digest) in list(self.sent.items()):
-            if hashlib.sha256(os.pread(self.fd, length, offset)).digest() != digest:
+        # rewrite of the same size with its modification time set back. That is told before the
+        # last chunk goes (verify): re-reading what was sent at every move made a file whose change
+        # time keeps moving (a chmod loop, hard-link backups) cost its size squared.
+        self.stamp, self.moved = stamp, True
+
+    def verify(self) -> None:
+        """In a thread, before the last chunk goes: every byte sent is read again, once, and must
+        still be the file's, so what the page saves is one file (the new one), never two halves."""
+        for offset, digest in sorted(self.sent.items()):
+            if self.cut:
+                raise _Cut
+            if hashlib.sha256(os.pread(self.fd, self.chunk_length(offset), offset)).digest() != digest:
                 raise _Changed
-        self.stamp = stamp
+        stamp = _stamp(os.fstat(self.fd))
+        if stamp != self.stamp:  # moved again while it was read: no second pass, the download ends
+            raise _Changed
+        self.moved = False
+
+    def chunk_length(self, offset: int) -> int:
+        return min(self.chunk_bytes, self.size - offset)
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
@@ -151,19 +184,20 @@ class Downloads:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        for download_id in list(self._open):
-            await self._close(download_id)
+        for down in self._open.values():
+            down.cut = True  # a read in a thread ends at its next chunk
+        await bounded([self._close(download_id) for download_id in list(self._open)], "downloads")
 
     def left(self, client: str) -> None:
         """A connection ended: its downloads linger, for the page to ask again on a new one."""
         now = time.monotonic()
         for down in self._open.values():
-            if down.owner == client:
-                down.left, down.touched = True, now
+            if down.owner.ended(client):
+                down.touched = now
 
     def _room_on(self, client: str) -> None:
         """Refuse a download's start, or its takeover, by a connection with its share under way."""
-        if sum(down.owner == client and not down.lingering for down in self._open.values()) >= self.per_client:
+        if sum(down.owner.client == client and not down.lingering for down in self._open.values()) >= self.per_client:
             raise RequestFailed("busy", f"{self.per_client} downloads are under way on this connection; wait for "
                                 "one to finish, then download this again")
 
@@ -184,7 +218,7 @@ class Downloads:
                 raise RequestFailed("too_large", f"{st.st_size:,} bytes is over the console's download limit of "
                                     f"{pf.MAX_TRANSFER_BYTES:,}")
             download_id = secrets.token_hex(16)  # 128 bits: never guessed, and no key on another connection
-            self._open[download_id] = _Download(fd, _stamp(st), client)
+            self._open[download_id] = _Download(fd, _stamp(st), rq.Owner(client), self.chunk_bytes)
         return pf.DownloadStartResult(request_id=req.request_id, download_id=download_id,
                                       name=parts(req.path)[-1], size=st.st_size,
                                       chunk_bytes=self.chunk_bytes)
@@ -204,38 +238,36 @@ class Downloads:
         async with down.lock:
             if self._open.get(req.download_id) is not down:  # closed while this one waited
                 raise _gone(self.idle)
-            self._own(down)
-            if down.finished and req.offset < down.last:
-                raise RequestFailed("not_found", "this download has finished: only its last chunk can be asked "
-                                    "again; download the file again for the rest")
+            down.owner.take("download", lambda: None if down.finished else self._room_on(rq.client.get()))
+            self._offered(down, req.offset)
             if not down.finished:  # a finished one lingers LINGER from its end, however often it is asked
                 down.touched = time.monotonic()
-            want = max(0, min(self.chunk_bytes, down.size - req.offset))
+            want = min(self.chunk_bytes, down.size - req.offset)
+            eof = req.offset + want >= down.size
             try:
-                data = await settled(asyncio.to_thread(down.read, want, req.offset)) if want else b""
+                data = await settled(asyncio.to_thread(down.read, want, req.offset, eof)) if want else b""
             except _Changed:
                 self._forget(req.download_id, down)
                 raise RequestFailed("file_changed", "the file was written to while it was downloading (its size, "
                                     "modification time or bytes already sent changed); nothing more can be sent of "
                                     "it: download it again") from None
-            eof = req.offset + len(data) >= down.size
+            except _Cut:  # its request outlived the requests' grace at a stop (then it was cut too)
+                raise RequestFailed("not_found", "the server is stopping: this download was closed; download "
+                                    "the file again once it is back") from None
             if eof and not down.finished:
                 down.finished, down.last = True, req.offset
         return pf.DownloadChunkResult(request_id=req.request_id, download_id=req.download_id, offset=req.offset,
                                       data=data, eof=eof)
 
-    def _own(self, down: _Download) -> None:
-        """Check that the connection asking owns the download, or takes it over now: one whose
-        connection ended is the next one's that asks, within that one's share. Its caller holds it."""
-        client = rq.client.get()
-        if down.owner != client:
-            if not down.left:
-                raise RequestFailed("busy", "this download is another connection's: it goes on on this one only "
-                                    "once that connection has ended; ask again")
-            if not down.finished:
-                self._room_on(client)
-            down.owner = client
-        down.left = False
+    def _offered(self, down: _Download, offset: int) -> None:
+        """Only a chunk's start is asked for (so what a download records is bounded by its chunks), and
+        once it has finished, only its last chunk's."""
+        if down.finished and offset != down.last:
+            raise RequestFailed("not_found", "this download has finished: only its last chunk can be asked "
+                                "again; download the file again for the rest")
+        if offset % self.chunk_bytes or offset >= max(down.size, 1):
+            raise RequestFailed("not_found", f"no chunk of this download starts at {offset}: chunks start at "
+                                f"multiples of {self.chunk_bytes} below the file's {down.size} bytes")
 
     async def _cancel(self, req: pf.DownloadCancelRequest) -> pf.DownloadCancelResult:
         down = self._open.get(req.download_id)
@@ -244,8 +276,7 @@ class Downloads:
         async with down.lock:
             if self._open.get(req.download_id) is not down:
                 raise _gone(self.idle)
-            if down.owner != rq.client.get() and not down.left:
-                raise RequestFailed("busy", "this download is another connection's: only that one can cancel it")
+            down.owner.take("download")
             self._forget(req.download_id, down)
         return pf.DownloadCancelResult(request_id=req.request_id, download_id=req.download_id)
 
@@ -284,6 +315,22 @@ def _gone(idle: float) -> RequestFailed:
     return RequestFailed("not_found", f"no such download (it finished, was cancelled, or sat idle for {idle:.0f} s)")
 
 
+async def bounded(closes: list[Awaitable[None]], what: str) -> None:
+    """At a stop: run the closes, waiting at most STOP_WAIT for those whose lock a thread still holds
+    (its descriptor then goes with the process)."""
+    if not closes:
+        return
+    tasks = [asyncio.ensure_future(close) for close in closes]
+    _, left = await asyncio.wait(tasks, timeout=STOP_WAIT)
+    for task in left:
+        task.cancel()
+    if left:
+        log.warning("left_open_at_stop", what=what, count=len(left), after_s=STOP_WAIT)
+    for task in tasks:
+        if not task.cancelled() and task.done() and (exc := task.exception()) is not None:
+            log.error("close_at_stop_failed", what=what, error=type(exc).__name__)
+
+
 async def settled(work: Awaitable[_T]) -> _T:
     """Await work running in a thread; if the caller is cancelled, still wait for the thread to be
     done with the descriptor it uses before the cancellation lets go of that descriptor's lock."""
@@ -292,4 +339,6 @@ async def settled(work: Awaitable[_T]) -> _T:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller is gone, and a cut read's end is no news
         raise

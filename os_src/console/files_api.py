@@ -3,8 +3,10 @@ and uploads. The file system work is console/user_files.py's, run in a thread.
 
 An upload is written, chunk by chunk, to Sprite OS's own uploads folder, checked (size, and the
 sha256 when the client sends one), then put in documents/; every client is told (`file_uploaded`)
-and so is the agent, with the person's next message. An upload nobody sends to for
-UPLOAD_IDLE seconds is dropped; so are those a stopped server left behind.
+and so is the agent, with the person's next message. An upload is its connection's, as a download
+is (requests.Owner): another connection is answered busy until that one has ended, then the first to
+ask takes it over. An upload nobody sends to for UPLOAD_IDLE seconds is dropped; so are those a
+stopped server left behind.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from .. import protocol as p
 from ..logs import get_logger
 from ..paths import Layout
 from . import files_frames as pf
-from .downloads import Downloads, refused, settled
+from . import requests as rq
+from .downloads import Downloads, bounded, refused, settled
 from .requests import Handler, Request, RequestFailed
 from .user_files import NotThere, PathRefused, UserFiles, upload_name
 
@@ -46,6 +49,7 @@ class _Upload:
     fd: int
     name: str  # the name it will have in documents/
     size: int
+    owner: rq.Owner  # the connection it is under way on
     received: int = 0
     last: tuple[int, int] = (-1, 0)  # the last chunk written: (its offset, its length)
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -86,8 +90,13 @@ class FilesConsole:
 
     async def stop(self) -> None:
         await self.downloads.stop()
-        for upload_id in list(self._uploads):
-            await self._drop(upload_id)
+        await bounded([self._drop(upload_id) for upload_id in list(self._uploads)], "uploads")
+
+    def left(self, client: str) -> None:
+        """A connection ended: its downloads linger, and its uploads go on on the next connection to ask."""
+        self.downloads.left(client)
+        for up in self._uploads.values():
+            up.owner.ended(client)
 
     # ------------------------------------------------------------ browsing and reading
 
@@ -130,13 +139,14 @@ class FilesConsole:
                                     f"way counted): not enough for {_size(req.size)}; nothing was uploaded")
             temp, fd = await asyncio.to_thread(self.files.begin_upload)
             upload_id = secrets.token_hex(16)  # 128 bits: never guessed
-            self._uploads[upload_id] = _Upload(temp, fd, name, req.size)
+            self._uploads[upload_id] = _Upload(temp, fd, name, req.size, rq.Owner(rq.client.get()))
         return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
                                     max_bytes=pf.MAX_TRANSFER_BYTES)
 
     @contextlib.asynccontextmanager
-    async def _owned(self, upload_id: str) -> AsyncIterator[_Upload]:
-        """The upload, held: its other operations wait until this one is done."""
+    async def _owned(self, upload_id: str, *, server: bool = False) -> AsyncIterator[_Upload]:
+        """The upload, held (its other operations wait until this one is done), if the connection
+        asking owns it or takes it over (the server's own drops, `server`, ask no connection)."""
         gone = RequestFailed("not_found", "no such upload (it finished, was cancelled, or sat idle "
                              f"for {UPLOAD_IDLE:.0f} s)")
         up = self._uploads.get(upload_id)
@@ -145,6 +155,8 @@ class FilesConsole:
         async with up.lock:
             if self._uploads.get(upload_id) is not up:  # finished or dropped while this one waited
                 raise gone
+            if not server:
+                up.owner.take("upload")
             yield up
 
     async def _chunk(self, req: pf.UploadChunkRequest) -> pf.UploadChunkResult:
@@ -207,7 +219,7 @@ class FilesConsole:
     async def _drop(self, upload_id: str) -> None:
         """Drop an upload once whatever holds it is done (a stop, or one sitting idle)."""
         with contextlib.suppress(RequestFailed):
-            async with self._owned(upload_id) as up:
+            async with self._owned(upload_id, server=True) as up:
                 await self._discard(upload_id, up)
 
     async def _discard(self, upload_id: str, up: _Upload) -> None:

@@ -228,9 +228,10 @@ class AgentLaunch:
         """The agent's control group, one folder per hierarchy (none without cgroups or user mode)."""
         return tuple(self._group.dirs)
 
-    def resolve(self, requested: str, agent_user: str) -> Isolation:
-        """Choose the mode (ConfigError when what was asked can't be had), then prepare(). Blocking."""
-        self.isolation = isolation = resolve(self.layout, requested, agent_user)
+    def resolve(self, requested: str, agent_user: str, decided: Isolation | None = None) -> Isolation:
+        """Choose the mode (ConfigError when what was asked can't be had), then prepare(). Blocking.
+        `decided`: the mode `sprite-os serve` chose already, before the server's import."""
+        self.isolation = isolation = decided or resolve(self.layout, requested, agent_user)
         if isolation.mode == "none":
             log.warning("isolation_none", detail=NONE_WARNING, why=isolation.reason)
         else:
