@@ -346,22 +346,27 @@ async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: P
     first = MemorySystem(settings)
     await first.start()
     await first.memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))  # as a forget leaves it, before its rewrite
-    # a turn forgotten (its episode has no text) whose vector the stop left in a store; one not forgotten
+    # a turn forgotten (its episode has no text) whose vector the stop left in a store; the turn after it,
+    # whose vector holds the forgotten turn's words; one of another session
     await first.memory.call(lambda m: ep.add(m.conn, [ep.Episode(1, "s1", 1, T0, ""),
-                                                      ep.Episode(2, "s1", 2, T0 + 1, "kept")]))
+                                                      ep.Episode(2, "s1", 2, T0 + 1, "kept"),
+                                                      ep.Episode(3, "s2", 1, T0 + 2, "kept too")]))
     await first.stop()
     store = vectors_path(settings.layout.memory_dir, "an-earlier-model")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 384)).astype(np.float32)
-    VectorWriter(store, "an-earlier-model").add([1, 2], [T0, T0 + 1], x / np.linalg.norm(x, axis=1, keepdims=True))
+    x = rng.standard_normal((3, 384)).astype(np.float32)
+    VectorWriter(store, "an-earlier-model").add([1, 2, 3], [T0, T0 + 1, T0 + 2],
+                                                x / np.linalg.norm(x, axis=1, keepdims=True))
     again = MemorySystem(settings)
     await again.start()
     try:
         assert again.recall._purge is not None  # the start took the rewrite up
         assert await again.recall.purged(30)
         assert await again.memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
-        assert not stored_vector(store, 1).any() and stored_vector(store, 2).any()  # with no embedder running
-        assert [h[0] for h in VectorReader(store).search(x[0], 5)] == [2]
+        # with no embedder running: the turn after the forgotten one can't be embedded again, so its vector goes
+        assert not stored_vector(store, 1).any() and not stored_vector(store, 2).any()
+        assert stored_vector(store, 3).any()
+        assert [h[0] for h in VectorReader(store).search(x[0], 5)] == [3]
     finally:
         await again.stop()
 

@@ -149,11 +149,13 @@ async def test_vectors_come_every_other_turn_first_newest_first_and_a_new_turn_g
     assert sorted(order) == list(range(1, 202)) and model.calls == 203  # each turn once
     live = order.index(201)
     assert live < 60  # the new turn (the first of its session) did not wait for the backlog's first pass
-    # The backlog in two passes, each newest first: every other turn of each session (its 2nd, 4th...),
-    # whose vectors hold the words of the turn before too, then the rest.
+    # The backlog in two passes, each newest first: every other turn of each session counted from its last
+    # (the last, the one two before...), whose vectors hold the words of the turn before too, then the rest.
     turn_of = {i: i if i < 10 else i % 10 + 1 for i in range(1, 201)}  # with_turns: ten turns a session
-    first = [i for i in range(200, 0, -1) if turn_of[i] % 2 == 0]
-    assert order[:live] + order[live + 1:] == first + [i for i in range(200, 0, -1) if turn_of[i] % 2]
+    last_of = {i: 9 if i < 10 else 1 if i == 200 else 10 for i in range(1, 201)}  # the first 9, the last 1
+    first = [i for i in range(200, 0, -1) if (last_of[i] - turn_of[i]) % 2 == 0]
+    assert 200 in first and 9 in first and 1 in first  # a session's last turn, however many it has
+    assert order[:live] + order[live + 1:] == first + [i for i in range(200, 0, -1) if i not in first]
 
 
 async def test_vectors_an_older_version_kept_in_memory_db_move_into_the_store(tmp_path: Path) -> None:

@@ -143,8 +143,12 @@ def test_the_floor_brings_in_a_memory_the_fused_list_lacks_and_holds_on_shown_hi
     # one brought in from word search alone carries BM25: it takes the fused score of the hit it went above
     scored = lambda i, s: RecallHit("episode", i, s, 0.0, "s", i, i, "EPISODE", "")  # noqa: E731
     out = _fused_scores([scored(1, 9.5), scored(5, 0.2), scored(3, 7.0), scored(6, 0.1)], {("episode", 5),
-                                                                                       ("episode", 6)})
+                                                                                       ("episode", 6)}, lambda h: True)
     assert [h.score for h in out] == [0.2, 0.2, 0.1, 0.1]
+    # one it moved up (meaning can't see it) takes at least the score of the hit below it; a seen one keeps its own
+    out = _fused_scores([scored(1, 0.05), scored(5, 0.2), scored(6, 0.1), scored(7, 0.01)],
+                        {("episode", i) for i in (1, 5, 6, 7)}, lambda h: h.id != 1)
+    assert [h.score for h in out] == [0.2, 0.2, 0.1, 0.01]
 
 
 @pytest.mark.parametrize(("query", "event", "before", "days", "rest"), [

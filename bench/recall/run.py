@@ -295,7 +295,10 @@ def backfill(quick: bool) -> dict[str, Any]:
         found = ep.get(searcher.conn, embedded)
         stored = list(zip(embedded, [found[i].at for i in embedded], dense.vectors.matrix(embedded), strict=True))
         # the server's order (indexer.py): every other turn of the backlog, newest first, then the rest
-        order = sorted(stored, key=lambda s: (not first_pass(found[s[0]].turn), -s[0]))
+        last: dict[str, int] = defaultdict(int)
+        for e in found.values():
+            last[e.session_id] = max(last[e.session_id], e.turn)
+        order = sorted(stored, key=lambda s: (not first_pass(found[s[0]].turn, last[found[s[0]].session_id]), -s[0]))
         try:
             for moment in MOMENTS:
                 n = int(moment * len(stored))

@@ -265,4 +265,14 @@ def _memory_v7(db: sqlite_utils.Database) -> None:
         db.conn.execute("ALTER TABLE forget_jobs ADD COLUMN decided INTEGER NOT NULL DEFAULT 0")
 
 
-MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7)
+def _memory_v8(db: sqlite_utils.Database) -> None:
+    """Which turn an episode's vector was made after (`embedded_after`: the episode whose person's words it
+    holds, 0 for none; NULL for a vector from before, made after the turn then before it; -1 when a turn
+    landed before it since, so that its vector is made again), so that search lends a turn without a
+    vector only the place of a vector that holds its words (recall/searcher.py)."""
+    if "embedded_after" not in db["episodes"].columns_dict:
+        db["episodes"].add_column("embedded_after", int)  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS episodes_embed_again ON episodes(id) WHERE embedded_after = -1")
+
+
+MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7, _memory_v8)

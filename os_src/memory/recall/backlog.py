@@ -55,8 +55,10 @@ def unseen(ranges: Sequence[Range], top: int) -> int:
 COARSE = 2  # the backlog's first pass embeds every COARSE-th turn of a session
 
 
-def first_pass(turn: int) -> bool:
-    """Is a session's `turn` embedded in the backlog's first pass? A vector holds its turn and what
-    the person said in the turn before (episodes.embed_text), so a first pass over every other turn
-    puts every turn's words in some vector half-way through; the second pass embeds the rest."""
-    return turn % COARSE == 0
+def first_pass(turn: int, last_turn: int) -> bool:
+    """Is a session's `turn` (of `last_turn`) embedded in the backlog's first pass? A vector holds its turn
+    and what the person said in the turn before (episodes.embed_text), so a first pass over every other
+    turn, counted from the session's last, puts every turn's words in some vector half-way through: the
+    last turn is in it (no turn after it holds its words), and so is turn 1 or turn 2. The second pass
+    embeds the rest."""
+    return (last_turn - turn) % COARSE == 0

@@ -126,10 +126,40 @@ def add(conn: sqlite3.Connection, episodes: Sequence[Episode]) -> int:
                           [(e.id, e.session_id, base + i + 1 if after else 0, e.at, e.text, e.answer_at)
                            for i, e in enumerate(new)])
             if not after:
+                _keep_embedded_after(c, session)
                 renumber(c, session)
+                _embed_again_after(c, [e.id for e in new])
         c.executemany("UPDATE episodes SET answer_at = ? WHERE id = ? AND answer_at IS NULL",
                       [(e.answer_at, e.id) for e in episodes if e.id in known and e.answer_at is not None])
         return len(fresh)
+
+
+def _keep_embedded_after(conn: sqlite3.Connection, session_id: str) -> None:
+    """Before a session's turns move down for one landing between them: a vector from before (its
+    `embedded_after` not known) was made after the turn then before it; say so, or a turn that lands
+    between would be lent its place (turns_before)."""
+    conn.execute("UPDATE episodes SET embedded_after = coalesce((SELECT p.id FROM episodes p WHERE "
+                 "p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) "
+                 "WHERE session_id = ? AND embedded_after IS NULL AND turn > 0", (session_id,))
+
+
+def _embed_again_after(conn: sqlite3.Connection, ids: Sequence[int]) -> None:
+    """The turn now just after each of `ids` (new turns that landed between others) was embedded after
+    another turn: its vector is to be made again (`embed_again`), and lends nothing till then."""
+    conn.execute("UPDATE episodes SET embedded_after = -1 WHERE id IN (SELECT n.id FROM episodes e JOIN episodes n "
+                 "ON n.session_id = e.session_id AND n.turn = e.turn + 1 "
+                 f"WHERE e.id IN ({marks(ids)}) AND n.id NOT IN ({marks(ids)}))", [*ids, *ids])
+
+
+def embed_again(conn: sqlite3.Connection, limit: int) -> list[int]:
+    """Turns whose vector was made after a turn that is no longer the one before them (_embed_again_after)."""
+    return [r for (r,) in conn.execute("SELECT id FROM episodes WHERE embedded_after = -1 AND text != '' "
+                                       "ORDER BY id DESC LIMIT ?", (limit,))]
+
+
+def never_lend(conn: sqlite3.Connection, ids: Sequence[int]) -> None:
+    """Vectors that could not be made again: they lend no turn their place (-2: no turn has that id)."""
+    conn.execute(f"UPDATE episodes SET embedded_after = -2 WHERE id IN ({marks(ids)})", list(ids))
 
 
 def renumber(conn: sqlite3.Connection, session_id: str) -> None:
@@ -201,23 +231,54 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_bel
     """Episode ids in [lo, hi], newest first, at most `limit`; at or below `skim_below`, only the turns of a
     backlog's first pass (backlog.first_pass)."""
     return [r for (r,) in conn.execute(
-        f"SELECT id FROM episodes WHERE id BETWEEN ? AND ? AND (id > ? OR turn % {COARSE} = 0) "
-        "ORDER BY id DESC LIMIT ?", (lo, hi, skim_below, limit))]
+        "SELECT id FROM episodes e WHERE id BETWEEN ? AND ? AND (id > ? OR ((SELECT max(turn) FROM episodes s "
+        f"WHERE s.session_id = e.session_id) - turn) % {COARSE} = 0) ORDER BY id DESC LIMIT ?",
+        (lo, hi, skim_below, limit))]
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
-    """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left out."""
+    """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left
+    out. Each episode records which turn it is embedded after (`embedded_after`), read in this same call:
+    a turn that lands between later does not change what the vector holds (turns_before)."""
     found = get(conn, ids)
-    return [(e.id, e.at, embed_text(previous(conn, e), e)) for i in ids if (e := found.get(i)) is not None and e.text]
+    out, after = [], []
+    for i in ids:
+        if (e := found.get(i)) is not None and e.text:
+            before = previous(conn, e)
+            out.append((e.id, e.at, embed_text(before, e)))
+            after.append((before.id if before is not None else 0, e.id))
+    if after:
+        with transaction(conn) as c:
+            c.executemany("UPDATE episodes SET embedded_after = ? WHERE id = ?", after)
+    return out
 
 
-def turns_before(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, float]]:
-    """For each of `ids`, the turn just before it in its session (its id and date), if it has text."""
+def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:
+    """For each of `ids`, the turn just before it in its session (its id and date), if it has text and the
+    vector of the turn in `ids` was made after it (holds its words: embed_text). `recorded`: memory.db
+    says which turn each vector was made after (a read-only connection to a database not migrated yet
+    does not: a `memory search` in a shell before the server's first start on this version)."""
     if not ids:
         return {}
+    made_after = "AND coalesce(e.embedded_after, p.id) = p.id" if recorded else ""
     return {int(r[0]): (int(r[1]), float(r[2])) for r in conn.execute(
         "SELECT e.id, p.id, p.at FROM episodes e JOIN episodes p ON p.session_id = e.session_id "
-        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != ''", list(ids))}
+        f"AND p.turn = e.turn - 1 WHERE e.id IN ({marks(ids)}) AND p.text != '' {made_after}", list(ids))}
+
+
+def records_embedded_after(conn: sqlite3.Connection) -> bool:
+    """Does memory.db say which turn each vector was made after (schema 8 on)?"""
+    return any(r[1] == "embedded_after" for r in conn.execute("PRAGMA table_info(episodes)"))
+
+
+def turns_after(conn: sqlite3.Connection, ids: Sequence[int]) -> list[int]:
+    """The turn just after each of `ids` in its session, when it has text (its vector holds what the
+    person said in the turn before it: embed_text)."""
+    if not ids:
+        return []
+    return sorted({int(r[0]) for r in conn.execute(
+        "SELECT n.id FROM episodes e JOIN episodes n ON n.session_id = e.session_id AND n.turn = e.turn + 1 "
+        f"WHERE e.id IN ({marks(ids)}) AND n.text != ''", list(ids))})
 
 
 def forgotten_ids(conn: sqlite3.Connection) -> list[int]:

@@ -101,16 +101,25 @@ def fold_sources(found: Sequence[Found]) -> list[Found]:
     return out
 
 
-def drop_echoes(found: Sequence[Found], words: Sequence[str]) -> list[Found]:
+def drop_echoes(found: Sequence[Found], words: Sequence[str], said: dict[str, set[str]] | None = None
+                ) -> list[Found]:
     """Leave out a turn found only through the agent's words when an older memory found beside it
-    holds those words: the answer repeated a memory."""
+    holds those words: the answer repeated a memory. `said`: each text's stems, kept between calls of one
+    search."""
     asked = {w[:5] for w in words}
+    said = {} if said is None else said  # each text's stems, worked out once
+
+    def stems_of(text: str) -> set[str]:
+        if (known := said.get(text)) is None:
+            known = said[text] = stems(text)
+        return known
+
     out = []
     for f in found:
         if f.candidate.kind == "episode" and f.agents:
-            by_agent = (asked & stems(f.agents)) - stems(f.persons)
-            if by_agent and not asked & stems(f.persons) and any(
-                    o.candidate.at < f.candidate.at and by_agent <= stems(o.text) for o in found if o is not f):
+            by_agent = (asked & stems_of(f.agents)) - stems_of(f.persons)
+            if by_agent and not asked & stems_of(f.persons) and any(
+                    o.candidate.at < f.candidate.at and by_agent <= stems_of(o.text) for o in found if o is not f):
                 continue
         out.append(f)
     return out
@@ -194,10 +203,11 @@ def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Keyed]) -> dict[tupl
     return out
 
 
-def shown(conn: sqlite3.Connection, ranked: Sequence[Candidate], words: Sequence[str]) -> list[RecallHit]:
-    """The ranked memories as hits, after the three rules."""
+def shown(conn: sqlite3.Connection, ranked: Sequence[Candidate], words: Sequence[str],
+          said: dict[str, set[str]] | None = None) -> list[RecallHit]:
+    """The ranked memories as hits, after the three rules (`said`: as drop_echoes)."""
     found = read(conn, ranked)
-    found = below_corrections(fold_sources(drop_echoes(found, words)), _corrections_of(conn, found))
+    found = below_corrections(fold_sources(drop_echoes(found, words, said)), _corrections_of(conn, found))
     was = corrections.replaced_learnings(conn, [f.candidate.id for f in found if f.type == "CORRECTION"
                                                 and f.candidate.kind == "learning"])
     return [_hit(f, words, was) for f in found]

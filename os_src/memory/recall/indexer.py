@@ -96,9 +96,20 @@ class Station:
         vectors = self.model.passages([text for _, _, text in batch])
         return self.writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
 
-    def forget(self, root: Path, ids: Sequence[int]) -> int:
-        """Turns a person forgot, out of this store and any other under `root` (this thread writes them)."""
-        return forget_everywhere(root, ids, self.writer)
+    def forget(self, root: Path, ids: Sequence[int], after: list[tuple[int, float, str]]) -> tuple[int, int]:
+        """Turns a person forgot, out of this store and any other under `root` (this thread writes them);
+        `after`: the turns just after them (id, date, text to embed now), whose vectors held the forgotten
+        turns' words: made again here, dropped from another model's store (which this model can't make).
+        Returns the records zeroed and the vectors made again."""
+        zeroed = forget_everywhere(root, ids, self.writer, also_elsewhere=[i for i, _, _ in after])
+        return zeroed, self.renew(after) if after else 0
+
+    def renew(self, batch: list[tuple[int, float, str]]) -> int:
+        """Stored vectors made again from `batch`'s texts (those without a vector are left to the walk)."""
+        stored = [b for b, has in zip(batch, self.writer.has([i for i, _, _ in batch]), strict=True) if has]
+        if not stored:
+            return 0
+        return self.writer.renew([i for i, _, _ in stored], self.model.passages([t for _, _, t in stored]))
 
     def adopt(self, page: list[tuple[int, float, bytes]]) -> None:
         matrix = np.frombuffer(b"".join(v for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
@@ -146,6 +157,9 @@ class Indexer:
         self._agent_idle.set()
         self.current = asyncio.Event()  # set whenever the index holds every recorded turn (tests wait on it)
         self.embedded_all = asyncio.Event()  # set whenever every episode has a vector (or was passed over)
+        # held from reading a batch's texts to storing its vectors: a forget that makes vectors again
+        # (service.py) comes before the read or after the store, never between them with its words
+        self.embedding = asyncio.Lock()
 
     # ------------------------------------------------------------ triggers (never block)
 
@@ -260,6 +274,8 @@ class Indexer:
                 top = await self.memory.call(lambda m: ep.max_id(m.conn))
                 first = highest_gap(normalise([*done, *skimmed]), top)
                 if (gap := first if first is not None else highest_gap(done, top)) is None:
+                    if await self._embed_again(station):
+                        continue
                     walk_top = None
                     self.embedded_all.set()
                     await _wait(self._embed_wake, POLL)
@@ -269,9 +285,11 @@ class Indexer:
                     walk_top = top
                 self.embedded_all.clear()
                 await self._agent_first()
-                taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
-                if batch:
-                    added = await station.call(partial(Station.embed, batch=batch))
+                await self._embed_again(station)
+                async with self.embedding:
+                    taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
+                    added = await station.call(partial(Station.embed, batch=batch)) if batch else 0
+                if added:
                     self._rate.add(time.monotonic(), added)
                     self.health.embedded += added
                 if first is None:
@@ -288,6 +306,23 @@ class Indexer:
                 if failures >= GIVE_UP and gap is not None:  # passed over until the next start
                     done, skimmed, failures = mark(done, *gap), mark(skimmed, *gap), 0
                 await asyncio.sleep(RETRY)
+
+    async def _embed_again(self, station: Worker[Station]) -> bool:
+        """Vectors made after a turn that is no longer the one before theirs (a turn landed between: an
+        import, or the earlier turns of a session the walk reached after its later ones), made again
+        from the texts as they are now, a batch a step. One that fails lends nothing, and is not tried again."""
+        ids = await self.memory.call(lambda m: ep.embed_again(m.conn, EMBED_BATCH))
+        if not ids:
+            return False
+        await self._agent_first()
+        try:
+            async with self.embedding:
+                batch = await self.memory.call(lambda m: ep.to_embed(m.conn, ids))
+                await station.call(lambda s: s.renew(batch))
+        except Exception:
+            await self.memory.call(lambda m: ep.never_lend(m.conn, ids))
+            raise
+        return True
 
     async def _agent_first(self) -> None:
         """Wait while the agent's turn needs the CPU (pacing.py), at most MAX_DEFER."""

@@ -87,6 +87,14 @@ class Ranked:
     seen: Callable[[Keyed], bool]
 
 
+@dataclass(frozen=True)
+class Weights:
+    """What weighs a search's memories, worked out once for both lists (fused, and word search alone)."""
+
+    prior: dict[tuple[str, int], float]
+    places: dict[tuple[str, int], tuple[str, int]]
+
+
 def _first(ranked: list[Candidate], event: Candidate | None) -> list[Candidate]:
     """`ranked` with `event` (the memory that told of the event a period was placed by) first."""
     if event is None:
@@ -94,13 +102,17 @@ def _first(ranked: list[Candidate], event: Candidate | None) -> list[Candidate]:
     return [event, *(c for c in ranked if (c.kind, c.id) != (event.kind, event.id))]
 
 
-def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]]) -> list[RecallHit]:
-    """A hit the floor brought in from word search alone carries a BM25 score: it takes the fused score
-    of the hit it went above, so that every score is of one kind."""
+def _fused_scores(hits: list[RecallHit], fused: set[tuple[str, int]], seen: Callable[[Keyed], bool]
+                  ) -> list[RecallHit]:
+    """Scores that never rise down the list, after the floor: a hit it brought in from word search alone
+    (a BM25 score) takes the fused score of the hit it went above, so that every score is of one kind;
+    a hit it moved up (meaning can't see it) takes at least that score. One pass from the bottom up."""
     out = list(hits)
     for i in range(len(out) - 1, -1, -1):
+        below = out[i + 1].score if i + 1 < len(out) else 0.0
         if (out[i].kind, out[i].id) not in fused:
-            below = out[i + 1].score if i + 1 < len(out) else 0.0
+            out[i] = msgspec.structs.replace(out[i], score=below)
+        elif out[i].score < below and not seen(out[i]):
             out[i] = msgspec.structs.replace(out[i], score=below)
     return out
 
@@ -126,6 +138,7 @@ class Searcher:
         # period another event places (the benchmark measures them side by side)
         self.policies = True
         self.spread: float | None = None  # the last search's (auto.Cues), None when meaning had no say
+        self._recorded = ep.records_embedded_after(conn)  # which turn each vector was made after (lending)
 
     def known(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words`?"""
@@ -187,9 +200,10 @@ class Searcher:
 
         ranked = fuse(lexical, lent, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
             if meaning else list(lexical)
-        ranked = self._weighed(ranked)
+        weights = self._weights(ranked)  # of every memory found: word search's are among them
+        ranked = self._weighed(ranked, weights)
         # the floor is word search alone as it ranks on its own: weighed the same way
-        words = self._weighed(lexical) if meaning else None
+        words = self._weighed(lexical, weights) if meaning else None
         if exclude_session is not None:  # the spread too: the current session's turns say nothing of memory
             ranked = self._other_sessions(ranked, exclude_session)
             words = self._other_sessions(words, exclude_session) if words is not None else None
@@ -201,7 +215,7 @@ class Searcher:
         its session, when that one has a vector: what the person said is embedded with the turn after
         it (episodes.embed_text), so that vector holds these words too. The backlog embeds every other
         turn first (indexer.py), so that half-way through, every turn's words are in some vector."""
-        before = ep.turns_before(self.conn, [c.id for c in nearest if c.kind == "episode"])
+        before = ep.turns_before(self.conn, [c.id for c in nearest if c.kind == "episode"], self._recorded)
         wanted = [b for b, _ in before.values()]
         if not wanted:
             return nearest
@@ -215,15 +229,24 @@ class Searcher:
                 out.append(Candidate("episode", b[0], c.score, b[1]))  # its own cosine is not known
         return out
 
-    def _weighed(self, ranked: list[Candidate]) -> list[Candidate]:
-        """Each memory's score times the prior of how specific it is (rarity.py), then a share of the
-        best of the turns either side of it (ranking.with_neighbours)."""
+    def _weights(self, ranked: list[Candidate]) -> Weights | None:
+        """How specific each memory is (its prior: rarity.py) and where an episode sits in its session;
+        None when the policies are off."""
         if self.rarity is None or not self.policies or not ranked:
-            return ranked
+            return None
         said = memory_texts(self.conn, ranked)
         rare = self.rarity.counts([said[(c.kind, c.id)].text if (c.kind, c.id) in said else "" for c in ranked])
-        weighed = [replace(c, score=c.score * prior(n)) for c, n in zip(ranked, rare, strict=True)]
-        return with_neighbours(weighed, {key: s.place for key, s in said.items() if s.place is not None})
+        return Weights({(c.kind, c.id): prior(n) for c, n in zip(ranked, rare, strict=True)},
+                       {key: s.place for key, s in said.items() if s.place is not None})
+
+    @staticmethod
+    def _weighed(ranked: list[Candidate], weights: Weights | None) -> list[Candidate]:
+        """Each memory's score times its prior, then a share of the best of the turns either side of it
+        (ranking.with_neighbours)."""
+        if weights is None or not ranked:
+            return ranked
+        weighed = [replace(c, score=c.score * weights.prior[(c.kind, c.id)]) for c in ranked]
+        return with_neighbours(weighed, weights.places)
 
     def _anything_else(self, session_id: str) -> bool:
         """Does memory hold anything besides this session's turns?"""
@@ -245,12 +268,14 @@ class Searcher:
             return []  # a first session: nothing to find, and no query to embed
         found = self.rank(query, now, limit, exclude_session, use_dense)
         words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
-        hits = shown(self.conn, found.ranked, words)
+        said: dict[str, set[str]] = {}  # the stems of what memories say: the floor's list holds most of them too
+        hits = shown(self.conn, found.ranked, words, said)
         if found.words_alone is not None:
             # The floor is taken on what is shown, after hydration made each list's hits: a memory
             # hydration left out on purpose (an echo, a turn shown as its learning) stays out.
             kept = {(h.kind, h.id) for h in hits}
             dropped = {(c.kind, c.id) for c in found.ranked} - kept
-            floored = never_below_words(hits, shown(self.conn, found.words_alone, words), found.seen, dropped)
-            hits = _fused_scores(floored, kept)
+            floored = never_below_words(hits, shown(self.conn, found.words_alone, words, said), found.seen,
+                                        dropped)
+            hits = _fused_scores(floored, kept, found.seen)
         return hits[:limit]

@@ -258,16 +258,23 @@ class RecallService:
         self._start_purge()
 
     async def _forget_vectors(self, ids: Sequence[int]) -> None:
-        """Through the embedder's thread, the store's one writer; with no embedder, no writer runs."""
+        """The forgotten turns' vectors zeroed, and the vectors of the turns just after them made again
+        without their words (a vector holds the person's words of the turn before: episodes.embed_text),
+        before this returns. Through the embedder's thread, the store's one writer; with no embedder, no
+        writer runs, and the turns after lose their vectors (no model here can make them again)."""
         wanted = list(ids)
         if not wanted:
             return
         root = self.settings.layout.memory_dir / VECTORS_DIR
         if self._embed_model is not None:
-            zeroed = await self.embedder.call(lambda s: s.forget(root, wanted))
+            async with self.indexer.embedding:  # no batch read before the forget is stored after it
+                after = await self._memory.call(lambda m: ep.to_embed(m.conn, ep.turns_after(m.conn, wanted)))
+                zeroed, renewed = await self.embedder.call(lambda s: s.forget(root, wanted, after))
         else:
-            zeroed = await asyncio.to_thread(forget_everywhere, root, wanted)
-        log.info("recall_vectors_forgotten", turns=len(wanted), zeroed=zeroed)
+            after = await self._memory.call(lambda m: ep.to_embed(m.conn, ep.turns_after(m.conn, wanted)))
+            zeroed, renewed = await asyncio.to_thread(
+                forget_everywhere, root, wanted, None, [i for i, _, _ in after]), 0
+        log.info("recall_vectors_forgotten", turns=len(wanted), zeroed=zeroed, made_again=renewed)
 
     def _start_purge(self) -> None:
         if self._purge is None or self._purge.done():

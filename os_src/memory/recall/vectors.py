@@ -334,10 +334,7 @@ class VectorWriter:
 
     def has(self, ids: Sequence[int]) -> npt.NDArray[np.bool_]:
         """Which of `ids` are done with: stored, or forgotten (a forgotten turn gets no vector again)."""
-        found = self._sorted.has(ids)
-        if len(self._forgotten):
-            found |= np.isin(np.asarray(ids, dtype=np.int64), self._forgotten)
-        return found
+        return self._sorted.has(ids) | self.has_forgotten(ids)
 
     def _truncate(self) -> None:
         """Cut what a crash left past the committed records."""
@@ -400,6 +397,29 @@ class VectorWriter:
         self._commit(n)
         return len(rows)
 
+    def renew(self, ids: Sequence[int], vectors: Matrix) -> int:
+        """Episodes' vectors made again (a turn whose previous turn was forgotten: its vector held the
+        person's words of that turn): each stored record's vector and sketch overwritten in place and
+        synced, then committed so that readers map the store anew. An episode with no record here (or
+        forgotten) is left out: the backlog embeds it from its text as it is now. Returns how many."""
+        matrix = np.asarray(vectors, dtype=np.float32).reshape(len(ids), -1).astype(np.float16)
+        rows = self._sorted.rows_of(ids)
+        keep = np.flatnonzero((rows >= 0) & ~self.has_forgotten(ids))
+        if not len(keep):
+            return 0
+        n, at = self.meta.count, rows[keep]
+        stored = np.memmap(self.path / "vectors.f16", dtype=np.float16, mode="r+", shape=(n, self.meta.dim))
+        stored[at] = matrix[keep]
+        stored.flush()  # msync
+        del stored
+        if self._basis is not None:
+            self._put_bits_at(at, sketch(matrix[keep].astype(np.float32), *self._basis))
+        self._commit(n)
+        return len(keep)
+
+    def has_forgotten(self, ids: Sequence[int]) -> npt.NDArray[np.bool_]:
+        return np.isin(np.asarray(ids, dtype=np.int64), self._forgotten)
+
     def _append(self, name: str, data: bytes) -> None:
         with open(self.path / name, "ab") as f:
             f.write(data)
@@ -446,10 +466,12 @@ class VectorWriter:
         pass
 
 
-def forget_everywhere(root: Path, ids: Sequence[int], writer: VectorWriter | None = None) -> int:
+def forget_everywhere(root: Path, ids: Sequence[int], writer: VectorWriter | None = None,
+                      also_elsewhere: Sequence[int] = ()) -> int:
     """Forget `ids` in every store under `root` (another model's too: its vectors came from the same
-    turns), through `writer` for its own. The caller is the stores' one writer. Returns the records
-    zeroed."""
+    turns), through `writer` for its own; in the stores but `writer`'s, `also_elsewhere` too (the turns
+    after them, whose vectors held their words and which only `writer`'s model makes again). The caller
+    is the stores' one writer. Returns the records zeroed."""
     zeroed = writer.forget(ids) if writer is not None else 0
     for meta_file in sorted(root.glob("*/meta.json")):
         path = meta_file.parent
@@ -457,5 +479,5 @@ def forget_everywhere(root: Path, ids: Sequence[int], writer: VectorWriter | Non
             continue
         meta = read_meta(path)
         if meta is not None and meta.format == FORMAT:
-            zeroed += VectorWriter(path, meta.model, meta.dim).forget(ids)
+            zeroed += VectorWriter(path, meta.model, meta.dim).forget([*ids, *also_elsewhere])
     return zeroed

@@ -1,0 +1,166 @@
+"""Lending a turn the place of the vector that holds its words (the next turn's: each vector holds its
+turn and the person's words of the turn before), and what must stay true of it: the backlog's first
+pass covers every turn, a lent place is only the place of a vector that holds the turn's words, a
+forgotten turn's words leave the next turn's vector at once, and the scores a search shows never
+rise down the list."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.index import RecallIndex
+from sprite_os.memory.recall.searcher import Dense, Searcher
+from sprite_os.memory.recall.service import index_path, vectors_path
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import TranscriptDB
+from tests.test_forget_turns import seed, stored_vector, system  # noqa: F401 (a fixture)
+from tests.test_recall import T0, lexical, seeded, turn
+from tests.test_recall_backfill import indexer_for
+
+
+def test_half_way_through_a_backlog_every_turns_words_are_in_some_vector(tmp_path: Path) -> None:
+    """Claim (backlog.first_pass, docs/memory.md): a first pass over every other turn puts every turn's
+    words in some vector. A vector holds its turn and the person's words of the turn before, so turn t's
+    words are in t's vector or t+1's. The last turn of a session with an odd number of turns has no
+    turn after it, and the first pass (even turns) skips it: no vector holds its words until the
+    second pass, and search has nothing to lend it."""
+    turns = [ep.Episode(i, "s", i, T0 + i, f"turn {i} of five") for i in range(1, 6)]
+    turns += [ep.Episode(10 + i, "t", i, T0 + i, f"turn {i} of four") for i in range(1, 5)]
+    _, memory = seeded(tmp_path, turns)
+    first = set(ep.ids_between(memory.conn, 1, 20, 100, skim_below=20))
+    assert len(first) == 5  # every other turn: 3 of five, 2 of four
+    uncovered = [t.id for t in turns if t.id not in first and t.id + 1 not in first]
+    assert uncovered == [], f"after the first pass, no vector holds the words of turns {uncovered}"
+
+
+class FakeVectors:
+    """A vector store whose cosines are given: `cos[id]` for each embedded episode."""
+
+    def __init__(self, cos: dict[int, tuple[float, float]]) -> None:
+        self.cos = cos
+
+    def __len__(self) -> int:
+        return len(self.cos)
+
+    def search(self, vector: object, limit: int, within: tuple[float, float] | None = None
+               ) -> list[tuple[int, float, float]]:
+        found = [(i, c, at) for i, (c, at) in self.cos.items() if within is None or within[0] <= at <= within[1]]
+        return sorted(found, key=lambda x: -x[1])[:limit]
+
+    def similarities(self, vector: object, ids: Sequence[int]) -> dict[int, float]:
+        return {i: self.cos[i][0] for i in ids if i in self.cos}
+
+    def has(self, ids: Sequence[int]) -> np.ndarray:
+        return np.array([i in self.cos for i in ids], dtype=bool)
+
+
+class FakeEmbedder:
+    def query(self, text: str) -> np.ndarray:
+        return np.zeros(4, dtype=np.float32)
+
+
+def fake_dense_searcher(tmp_path: Path, turns: list[ep.Episode], cos: dict[int, float]) -> Searcher:
+    settings, memory = seeded(tmp_path, turns)
+    at = {t.id: t.at for t in turns}
+    dense = Dense(FakeEmbedder(), FakeVectors({i: (c, at[i]) for i, c in cos.items()}))
+    return Searcher(memory.conn, RecallIndex(index_path(settings.layout.memory_dir)), dense)
+
+
+def test_scores_a_search_shows_do_not_rise_down_the_list(tmp_path: Path) -> None:
+    """The floor moves a turn without a vector up to its place in word search alone but leaves it its own
+    (low) fused score: the list shows a hit scored below the hits it now sits above. `_fused_scores`
+    only rescores hits brought in, not hits moved up. (A search without a time cue: scores should be
+    non-increasing, as fusion sorted them.)"""
+    lonely = ep.Episode(1, "x", 1, T0, "the quokka sanctuary on Rottnest island")  # no vector; words rank it first
+    near = ep.Episode(2, "y", 1, T0 + 1, "we took the ferry to the island")  # words: second; meaning: first
+    after = ep.Episode(3, "y", 2, T0 + 2, "and swam at the beach all afternoon")  # meaning: second, its neighbour
+    filler = [ep.Episode(10 + i, f"f{i}", 1, T0 + 10 + i, f"notes on the garden shed roof number {i}")
+              for i in range(8)]
+    cos = {2: 0.95, 3: 0.94, **{f.id: 0.5 - 0.01 * k for k, f in enumerate(filler)}}
+    searcher = fake_dense_searcher(tmp_path, [lonely, near, after, *filler], cos)
+    hits = searcher.search("quokka Rottnest island", time.time(), 6)
+    print([(h.id, round(h.score, 4)) for h in hits])
+    assert hits[0].id == 1  # the floor put it first (word search alone ranks it first)
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True), [(h.id, round(h.score, 4)) for h in hits]
+
+
+async def test_a_forgotten_turns_words_leave_the_vector_of_the_turn_after_it(
+        system: MemorySystem, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
+    """Forget purges a turn's words from every store; but each vector holds its turn and the person's words
+    of the turn before (episodes.embed_text), and forget zeroes only the forgotten turn's own vector. The
+    next turn's vector still encodes them: meaning still finds the next turn by the forgotten words,
+    and search lends that place to whatever turn now precedes it. The word index rewrites the
+    neighbours' documents on a forget (documents.forgotten); the vectors should be made again too."""
+    ids = await seed(system, tmp_path)
+    store = vectors_path(system.settings.layout.memory_dir, system.recall.status()["dense"]["model"])
+    before = stored_vector(store, ids[2])  # "I like green tea", after "I live in Lisbon, in Alfama..."
+    await system.forget_turns([ids[1]], by="the person, in the console")
+    after = stored_vector(store, ids[2])
+    assert after.any()
+    cos = float(before @ after / np.linalg.norm(before) / np.linalg.norm(after))
+    assert cos < 0.999, "turn 3's vector still holds the forgotten turn's words (unchanged by the forget)"
+
+
+def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path: Path) -> None:
+    """Lending assumes the next turn's vector holds this turn's words. A vector is made once, with the
+    turn before it *at that time* (episodes.to_embed); a past turn imported later into the session lands
+    between them (episodes.add renumbers), and nothing makes the vector again: the imported turn is not
+    lent a vector that holds another turn's words. Nor is a turn whose next turn was embedded before it
+    arrived (the indexer's newest-first walk: a session cut by a chunk boundary gets its later turns
+    first), nor one that lands after a vector from before this was recorded."""
+    s = [ep.Episode(1, "s", 1, T0, "My sister Margaret adopted a puppy called Biscuit."),
+         ep.Episode(3, "s", 2, T0 + 100, "What should I cook tonight?"),
+         ep.Episode(11, "late", 1, T0 + 300, "And the tiles for the bathroom?"),
+         ep.Episode(21, "old", 1, T0 + 400, "The car needs new tyres."),
+         ep.Episode(23, "old", 2, T0 + 500, "Which brand?"),
+         ep.Episode(31, "kept", 1, T0 + 600, "We fly to Oslo on Friday."),
+         ep.Episode(32, "kept", 2, T0 + 700, "Book a taxi.")]
+    _, memory = seeded(tmp_path, s)
+    [(_, _, embedded_text)] = ep.to_embed(memory.conn, [3])  # turn 2's vector: turn 1's words in it
+    ep.to_embed(memory.conn, [11, 32])  # 11: embedded before the turn before it arrived
+    assert "Oslo" in ep.to_embed(memory.conn, [32])[0][2]
+    memory.conn.execute("UPDATE episodes SET embedded_after = NULL WHERE id = 23")  # a vector from before
+    ep.add(memory.conn, [ep.Episode(2, "s", 0, T0 + 50, "The plumber comes on Tuesday."),  # imported, between
+                         ep.Episode(10, "late", 0, T0 + 250, "The builder quoted for the kitchen."),
+                         ep.Episode(22, "old", 0, T0 + 450, "A flat on the motorway.")])
+    lent = ep.turns_before(memory.conn, [3, 11, 23, 32])
+    said = {t: ep.get(memory.conn, [b])[b].persons_part for t, (b, _) in lent.items()}
+    assert 3 not in lent or said[3] in embedded_text, f"turn 2 is lent a vector made from: {embedded_text!r}"
+    assert lent.keys() == {32} and lent[32][0] == 31  # the one vector that holds the words of the turn before it
+
+
+async def test_a_turn_landing_between_has_the_next_turns_vector_made_again_with_its_words(tmp_path: Path) -> None:
+    """A past turn imported into a session lands between two turns: the vector of the turn now after it
+    was made after another turn, so the embedder makes it again, with the new turn's words, and from
+    then on it lends its place to the new turn (and never before: it held other words)."""
+    layout = lexical(tmp_path).layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    db.append(turn("s", 1, "My sister Margaret adopted a puppy called Biscuit.", at=T0))
+    db.append(turn("s", 2, "What should I cook tonight?", at=T0 + 100))
+    db.close()
+    _, store, indexer, workers = indexer_for(layout)
+    await indexer.start(fresh_index=True)
+    try:
+        await asyncio.wait_for(indexer.embedded_all.wait(), 30)
+        before = stored_vector(store, 2)
+        # imported: an older turn of the same session, between the two (recorded later, so a higher id)
+        await indexer.memory.call(lambda m: ep.add(m.conn, [ep.Episode(3, "s", 0, T0 + 50, "The plumber comes on Tuesday.")]))
+        indexer._embed_wake.set()
+        started = time.monotonic()
+        while (await indexer.memory.call(lambda m: ep.turns_before(m.conn, [2]))).get(2, (0,))[0] != 3:
+            assert time.monotonic() - started < 30, "the next turn's vector was not made again"
+            await asyncio.sleep(0.05)
+        assert not np.allclose(before, stored_vector(store, 2))
+        [(_, _, text)] = await indexer.memory.call(lambda m: ep.to_embed(m.conn, [2]))
+        assert "plumber" in text
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
