@@ -201,6 +201,34 @@ async def test_forgetting_an_earlier_turn_of_the_session_a_turn_is_running_in_is
     assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))).forgotten == 1  # type: ignore[attr-defined]
 
 
+async def test_forgetting_a_past_turn_auto_recall_brought_the_running_session_is_busy(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auto-recall put a past session's turn into the current session: the turn running now has it in its
+    context, and its answer (recorded, and kept) could quote it."""
+    from types import SimpleNamespace
+
+    await seed(system)
+    a1 = (await system.transcript.call(lambda t: t.ids_of(session_id="s1")))[0]
+
+    async def recalling(message: str, session_id: str, turn_id: str) -> Any:
+        return SimpleNamespace(memories=[SimpleNamespace(observation_id=a1)])
+
+    monkeypatch.setattr(system.recall, "auto_recall", recalling)
+    await system.recall_for("What was my plan?", "s3", "c9")
+    agent = FakeAgent(running="c9")
+    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
+    forget = api.handlers[ps.ForgetTurnsRequest]
+    for req in (ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]),
+                ps.ForgetTurnsRequest(request_id="f", observation_ids=[a1]),
+                ps.ForgetTurnsRequest(request_id="f", session_id="s1")):
+        with pytest.raises(RequestFailed) as busy:
+            await forget(req)
+        assert busy.value.code == "busy"
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a2"]))).forgotten == 1  # type: ignore[attr-defined]
+    agent.running = None
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
+
+
 async def test_the_busy_check_and_the_forget_run_while_turns_are_held(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """No turn may start between the busy check (which reads the transcript, on its thread) and the

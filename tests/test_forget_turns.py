@@ -856,6 +856,49 @@ async def test_forgetting_a_past_turn_auto_recall_brought_restarts_the_session(
     assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
 
 
+async def test_forgetting_a_past_turn_not_yet_curated_that_the_boot_prompt_shows_restarts_the_session(
+        system: MemorySystem) -> None:
+    """A session ended before the curator ran: the next one boots with its turns word for word (no file
+    line came from them yet). Forgetting one of them restarts the new session, so it lets go of them."""
+    from sprite_os.console import session_frames as ps
+    from sprite_os.console.sessions_api import SessionsConsole
+    from tests.test_console_sessions import FakeAgent
+
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        ids = [t.append(turn(1, "My locker code at the Alcantara gym is 4471", "Noted: Alcantara gym locker 4471.")) or 0]
+        t.end_session("s1", T0 + 10)
+        t.start_session("s2", T0 + 100)
+        return ids
+
+    [kept_out] = await system.transcript.call(write)
+    assert "4471" in await system.boot_prompt(settle=False)  # the turn not yet curated, as it was said
+    agent = FakeAgent()
+    api = SessionsConsole(system, lambda: "s2", holding_turns=agent.holding_turns)
+    done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[kept_out]))
+    assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
+
+
+async def test_what_auto_recall_brought_an_earlier_session_does_not_restart_the_next(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """After a restart, the turns auto-recall brought the old session are no longer in the agent's context:
+    forgetting one of them restarts nothing."""
+    from sprite_os.console import session_frames as ps
+    from sprite_os.console.sessions_api import SessionsConsole
+    from tests.test_console_sessions import FakeAgent
+
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.start_session("s2", T0 + 100))
+    system.session_started("s2")  # no boot prompt taken: only auto-recall holds the turn
+    recalled = await system.recall_for("Do you remember where I said I live, near which river?", "s2", "t9")
+    assert recalled is not None and ids[1] in {m.observation_id for m in recalled.memories}
+    system.session_started("s3")  # a restart: s2's context is gone
+    agent = FakeAgent()
+    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
+    done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[ids[1]]))
+    assert done.forgotten == 1 and not done.restarted and agent.events == ["held", "released"]  # type: ignore[attr-defined]
+
+
 async def test_the_forgets_file_pass_does_not_wait_out_the_curators_backoff(system: MemorySystem) -> None:
     """The pass needs no model: a forget's wake runs it while the curator's backoff holds the batches (a
     spent budget: 300 s at a time)."""

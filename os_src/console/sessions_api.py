@@ -101,9 +101,9 @@ class SessionsConsole:
     async def _refuse_if_busy(self, req: ps.ForgetTurnsRequest, running: str | None) -> None:
         """A running turn is recorded when it ends, words and all: forgetting it now would miss it. And a
         turn running while an earlier turn of its session is forgotten has that turn in its context: its
-        answer (recorded, and kept) could quote it."""
+        answer (recorded, and kept) could quote it; so has one auto-recall brought the current session."""
         if running is not None and (req.session_id == self._current() or running in req.turn_ids
-                                    or await self._in_current(req)):
+                                    or await self._in_current(req) or await self._recalled_now(req)):
             raise RequestFailed("busy", "a turn is running in this session: interrupt it or wait, then forget")
 
     async def _in_current(self, req: ps.ForgetTurnsRequest) -> bool:
@@ -115,6 +115,19 @@ class SessionsConsole:
             return True
         ids, turn_ids = req.observation_ids, req.turn_ids
         return current in await self._system.transcript.call(lambda t: q.sessions_of(t, ids, turn_ids))
+
+    async def _recalled_now(self, req: ps.ForgetTurnsRequest) -> bool:
+        """Whether a turn named is one auto-recall brought the current session."""
+        recalled = self._system.recalled(self._current())
+        if not recalled:
+            return False
+        named = set(req.observation_ids)
+        sid, turn_ids = req.session_id, req.turn_ids
+        if turn_ids:
+            named |= set(await self._system.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids)))
+        if sid is not None:
+            named |= set(await self._system.transcript.call(lambda t: t.ids_of(session_id=sid)))
+        return bool(named & recalled)
 
     async def _turns(self, req: ps.SessionTurnsRequest) -> ps.SessionTurnsResult:
         current = self._current()

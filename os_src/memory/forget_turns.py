@@ -452,8 +452,9 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 # (out of the boot prompt) meanwhile.
 DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-# Whether the current session holds lines (their hashes) or turns (their ids) in its context.
-Holds = Callable[[set[str], Sequence[int]], bool]
+# Whether the current session holds lines (their hashes), lines the turns' words find, or turns (their ids)
+# in its context.
+Holds = Callable[[set[str], set[str], Sequence[int]], bool]
 
 
 class CheckFailed(Exception):
@@ -508,7 +509,7 @@ class TurnForgetting:
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     retries: Sequence[float] = DECIDE_RETRIES
-    holds: Holds = lambda lines, ids: False
+    holds: Holds = lambda lines, words, ids: False
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # line hash -> its vector, in memory only, least recently used first
     _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
@@ -538,7 +539,7 @@ class TurnForgetting:
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
-        return Forgotten(turns, learnings, now, self.holds(decision.by_words, [o.id for o in turns]))
+        return Forgotten(turns, learnings, now, self.holds(decision.by_words, decision.words, [o.id for o in turns]))
 
     async def resume(self) -> int:
         """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still

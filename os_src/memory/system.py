@@ -31,7 +31,7 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, TurnForgetting, hidden_lines, line_hash
+from .forget_turns import Forgotten, TurnForgetting, came_from, hidden_lines, line_hash
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -82,6 +82,7 @@ class MemorySystem:
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self.forgetting.holds = self._holds
         self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
+        self._booted_lines: list[str] = []  # and their texts (turns not yet curated, learnings, summaries too)
         self._recalled: tuple[str, set[int]] = ("", set())  # the turns auto-recall brought a session
         self.loader = BootLoader(self.files, self.memory, self._pending_turns, self._hidden_lines)
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
@@ -193,12 +194,15 @@ class MemorySystem:
             log.warning("boot_before_forget_decided", budget=BOOT_DECIDE_BUDGET)
         prompt = await self.loader.boot_prompt()
         self.recall.booted_with(prompt)  # auto-recall never repeats it
-        self._booted = {line_hash(line) for line in prompt.splitlines() if line.strip()}
+        self._booted_lines = [line for line in prompt.splitlines() if line.strip()]
+        self._booted = {line_hash(line) for line in self._booted_lines}
         if settle:
             await self.recall.settle(RECALL_SETTLE_BUDGET)  # what the last batch learned is searchable too
         return prompt
 
     def session_started(self, session_id: str) -> None:
+        if self._recalled[0] != session_id:  # what auto-recall brought the session before is not in this one
+            self._recalled = (session_id, set())
         self.capture.recorder.start_session(session_id)
 
     def session_ended(self, session_id: str, reason: str) -> None:
@@ -227,10 +231,17 @@ class MemorySystem:
             self._recalled = (session_id, seen)
         return recalled
 
-    def _holds(self, lines: set[str], ids: Sequence[int]) -> bool:
-        """Whether the current session's context holds a forget's lines or turns: its boot prompt, or
-        what auto-recall brought it (a forget of a past session's turn restarts it then too)."""
-        return bool(lines & self._booted) or bool(set(ids) & self._recalled[1])
+    def recalled(self, session_id: str) -> set[int]:
+        """The turns auto-recall brought the session (their ids)."""
+        return set(self._recalled[1]) if self._recalled[0] == session_id else set()
+
+    def _holds(self, lines: set[str], words: set[str], ids: Sequence[int]) -> bool:
+        """Whether the current session's context holds a forget's lines or turns: its boot prompt (a file
+        line found, or any of its lines most of whose words the turns said: a turn not yet curated, a
+        learning, a summary), or what auto-recall brought it (a forget of a past session's turn restarts
+        it then too)."""
+        return (bool(lines & self._booted) or bool(set(ids) & self._recalled[1])
+                or any(came_from(line, words) for line in self._booted_lines))
 
     def status(self) -> dict[str, Any]:
         """What memory's state is now, from memory alone (no database is read): the daemon's
