@@ -114,6 +114,19 @@ def came_from(line: str, forgotten: set[str]) -> bool:
     return bool(words) and len(words & forgotten) * 2 > len(words)
 
 
+def words_of(texts: Iterable[str]) -> set[str]:
+    """The words of all the texts (`content_words`)."""
+    out: set[str] = set()
+    for text in texts:
+        out |= content_words(text)
+    return out
+
+
+def lines_from(lines: dict[str, str], forgotten: set[str]) -> set[str]:
+    """The lines (hash: text) that came from the forgotten words (`came_from`): their hashes."""
+    return {h for h, text in lines.items() if came_from(text, forgotten)}
+
+
 def kept_holds(line: str, kept: Sequence[str]) -> bool:
     """Whether a kept turn or learning near the line (`kept`: what recall finds) says most of its words
     too: then the line is as much that turn's, and it stays, however much of it the forgotten turns
@@ -535,7 +548,8 @@ class TurnForgetting:
         turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
         if not turns:
             return Forgotten([], 0, now)
-        texts = [turn_text(o) for o in turns if o.id not in left] + [t for o in turns for t in left.get(o.id, [])]
+        texts = await asyncio.to_thread(lambda: [turn_text(o) for o in turns if o.id not in left]) + [
+            t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
@@ -571,13 +585,12 @@ class TurnForgetting:
         tombstones last, so that until then a start finds the words and runs every step again."""
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
-        words: set[str] = set()
-        for text in texts:  # the turns' own words: a learning may also name things from other turns
-            words |= content_words(text)
         self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
         try:
+            # A whole session's tool outputs are megabytes: their words, and the lines they find, off the loop.
+            words = await asyncio.to_thread(words_of, list(texts))
             lines = await self._lines()
-            by_words = {h for h, text in lines.texts().items() if came_from(text, words)}
+            by_words = await asyncio.to_thread(lines_from, lines.texts(), set(words))
             if job is None:
                 job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
@@ -721,9 +734,10 @@ class TurnForgetting:
         # New since the forget: a line not judged then, or one judged then but written into the current
         # files since (a kept turn may say it now). Only those the words find.
         rewritten = now.current - judged.current
-        new = {h: text for h, text in now.texts().items()
-               if (h in rewritten or (h not in judged.files and h not in judged.backups))
-               and came_from(text, decision.words)}
+        unjudged = {h: text for h, text in now.texts().items()
+                    if h in rewritten or (h not in judged.files and h not in judged.backups)}
+        found = await asyncio.to_thread(lines_from, unjudged, set(decision.words))
+        new = {h: unjudged[h] for h in found}
         if not new:
             return hashes
         checked = await self._found(set(new), [], Lines(new, {}, set()))
@@ -791,11 +805,11 @@ class TurnForgetting:
         near = await self._kept_near([(texts[h], h not in by_words) for h in check])
         to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check if h in scored])
                                           if any(h in scored for h in check) else None, [h in scored for h in check])
-        out = set()
-        for h, found, kept in zip(check, near, to_kept, strict=True):
-            came = h in by_words or (h in scored and reworded(scored[h][0], kept))
-            if came and not kept_holds(texts[h], found):
-                out.add(h)
+        came = [(h, texts[h], found) for h, found, kept in zip(check, near, to_kept, strict=True)
+                if h in by_words or (h in scored and reworded(scored[h][0], kept))]
+        # Each kept turn's whole text (its tool outputs too) folded into words: off the loop.
+        held = await asyncio.to_thread(lambda: [kept_holds(text, found) for _, text, found in came])
+        out = {h for (h, _, _), kept in zip(came, held, strict=True) if not kept}
         for h in out:  # they leave every file: no forget needs them again
             self._line_vectors.pop(h, None)
         log.info("forget_lines_found", candidates=len(texts), checked=len(check), by_words=len(by_words),
