@@ -20,7 +20,8 @@ older version and every batch's record (a note stands where they were), and out 
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
-and a new session's boot prompt wait for it; a stop gives it the flush's budget, then cancels it): those most of whose words it said
+skips a job being decided and decides one left undecided; a new session's boot prompt waits for
+the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
 (`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
 embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
 came from) and closer to it by a margin than to any kept turn or learning recall finds near the
@@ -73,6 +74,7 @@ from .transcript_store import Observation, TranscriptDB
 
 log = get_logger(__name__)
 
+FORGET_PASS = "forget"  # the reason a forget wakes the daemon with: its file pass alone, backoff or not
 REMOVED = "(text removed here: a person forgot the turn it came from, on {day})"
 AUDIT_REMOVED = "(its text was removed when a person forgot the turn it came from)"
 
@@ -139,7 +141,7 @@ def kept_holds(line: str, kept: Sequence[str]) -> bool:
 def meaningful(line: str) -> bool:
     """A line that can have come from a turn: not empty, not a heading, not a forget's note."""
     text = line.strip()
-    return bool(text) and not text.startswith("#") and not text.startswith("(text removed here")
+    return bool(text) and not text.startswith("#") and not text.startswith(REMOVED.split(":", 1)[0])
 
 
 # The meaning rule (multilingual-e5-small passages' cosine). A line counts as the curator's rewording of
@@ -641,7 +643,7 @@ class TurnForgetting:
         now, rest = decision.lines.split()
         found_now: set[str] | None = None
         try:
-            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else 300.0))
+            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else DECIDE_RETRIES[-1]))
             for attempt, pause in enumerate(pauses):
                 try:
                     if found_now is None:
@@ -661,7 +663,7 @@ class TurnForgetting:
                     continue
                 await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
                 log.info("forget_lines_decided", job=job, lines=len(hashes))
-                self.wake_daemon("forget")
+                self.wake_daemon(FORGET_PASS)
                 return
         except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
             log_expected(log, "forget_decision_failed", exc)
@@ -686,8 +688,8 @@ class TurnForgetting:
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
-        records and the backups. A job whose decision is under way waits for it; one left undecided is
-        decided now. Returns the jobs done."""
+        records and the backups. A job whose decision is under way is left to it (its end wakes the
+        daemon again); one left undecided is decided now. Returns the jobs done."""
         done = 0
         for job in await self.memory.call(jobs):
             if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):

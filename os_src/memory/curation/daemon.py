@@ -27,6 +27,7 @@ from ...config import DEFAULT_BATCH_TOKENS, DEFAULT_DAILY_USD
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
 from ...spending import DailyBudget, cost_usd, day_start
+from ..forget_turns import FORGET_PASS
 from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE
@@ -48,7 +49,6 @@ log = get_logger(__name__)
 
 R = TypeVar("R")
 
-FORGET_PASS = "forget"  # the reason a forget wakes the daemon with (memory/forget_turns.py): its pass alone
 CONFLICT_RETRY = 2.0  # a person is editing a memory file: soon again, and not a failure
 # During a budget wait, look at the wall clock this often: a suspended Sprite's loop clock stands
 # still, so one long sleep until midnight could oversleep it by the length of the suspend.
