@@ -62,6 +62,8 @@ async def test_reload_and_a_second_device_show_the_recorded_conversation_with_co
         await expect(tab.page.locator('[data-kind="session"]').last).to_contain_text("A new session started")
         await tab.send("A fresh start")
         await expect(tab.messages("assistant").last).to_contain_text("You said: A fresh start")
+        # the answer's words stream in before the turn is recorded: its status line says it is
+        await expect(statuses).to_have_count(5)
         await tab.by("past-sessions").click()
         sessions = tab.by("past-session")
         await expect(sessions).to_have_count(2)
