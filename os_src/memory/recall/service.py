@@ -342,6 +342,8 @@ class RecallService:
         raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
         if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
             return None
+        if self._index is not None and not self.indexer.reach.beyond(session_id):
+            return None  # a first session, nothing learned: nothing to find, and no trip to the recall thread
         now, boot, budget = time.time(), self._boot, self.settings.auto_recall_tokens
         try:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
