@@ -31,6 +31,7 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -91,9 +92,11 @@ def cpu_by_thread() -> dict[str, float]:
     """CPU seconds so far of this process's threads, by name (less its number: "db-recall-embed"), and
     of its children (the CLIs) as one."""
     out: dict[str, float] = {}
+    named = {t.native_id: t.name for t in threading.enumerate()}  # Python's names; the kernel's for the rest
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError, ValueError):
-            name = _DIGITS.sub("", open(f"/proc/self/task/{task}/comm").read().strip())
+            name = named.get(int(task)) or open(f"/proc/self/task/{task}/comm").read().strip()
+            name = _DIGITS.sub("", name)
             ran = int(open(f"/proc/self/task/{task}/schedstat").read().split()[0]) / 1e9
             out[name] = out.get(name, 0.0) + ran
     out["CLIs"] = turns.tree_cpu_s() - time.process_time()
