@@ -20,20 +20,19 @@ from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS
-from sprite_os.memory.forget_turns import (
+from sprite_os.memory.forget.jobs import Job, jobs
+from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
     DENSE_THRESHOLD,
-    Job,
     came_from,
     content_words,
-    jobs,
     kept_holds,
     line_hash,
     nearest,
-    purge_memory,
     reworded,
     without,
 )
+from sprite_os.memory.forget.purge import purge_memory
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
@@ -267,7 +266,7 @@ async def test_a_batch_whose_reply_lands_while_a_forget_takes_its_turn_out_learn
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """The forget's job is on disk, its tombstone not yet written (it comes last): the batch is discarded."""
     from sprite_os.errors import EditConflict
-    from sprite_os.memory.forget_turns import add_job
+    from sprite_os.memory.forget.jobs import add_job
 
     ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
     observations = await system.transcript.call(lambda t: t.get(ids))
@@ -546,7 +545,7 @@ async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str, said: str) -> None:
     """A check that fails leaves the lines in the files (out of the boot prompt), and the decision tries
     again on its own timer, the last pause again and again, with no new turn or daemon pass to wake it."""
-    import sprite_os.memory.forget_turns as ft
+    import sprite_os.memory.forget.turns as ft
 
     ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     forgetting = system.forgetting
@@ -607,7 +606,7 @@ async def test_a_line_the_curator_writes_after_the_forget_gets_the_kept_turn_che
 
 async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sprite_os.memory.forget_turns as ft
+    import sprite_os.memory.forget.turns as ft
 
     embedded: list[str] = []
 

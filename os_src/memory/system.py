@@ -31,7 +31,9 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, TurnForgetting, came_from, hidden_lines, line_hash
+from .forget.jobs import hidden_lines
+from .forget.lines import came_from, line_hash
+from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -153,7 +155,7 @@ class MemorySystem:
     async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
                            session_id: str | None = None, by: str) -> Forgotten:
         """A person forgets turns (by id, by their id on the wire, or a whole session): their words
-        leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
+        leave every store now, the memory files on the daemon's next pass (memory/forget/turns.py).
         The turns still being written land first. The caller holds the agent's turns meanwhile
         (the console, with the runtime's `holding_turns`)."""
         await self.writer.drained(FORGET_DRAIN_BUDGET)

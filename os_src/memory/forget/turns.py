@@ -38,408 +38,48 @@ under way writes before the pass, which get the same check.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import itertools
-import json
-import re
-import shutil
-import sqlite3
 import time
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
-from ..database import checkpoint, marks, transaction
-from ..db_worker import Worker
-from ..errors import log_expected
-from ..fsutil import atomic_write
-from ..logs import get_logger
-from ..paths import Layout
-from ..text import utc
-from .files import CURATED, MemoryFiles
-from .forgetting import record
-from .memory_store import MemoryDB
-from .recall import episodes as ep
-from .recall.learnings import STOPWORDS
-from .recall.service import PURGE_KEY
-from .schema import FORGOTTEN
-from .transcript_store import Observation, TranscriptDB
+from ...db_worker import Worker
+from ...errors import log_expected
+from ...logs import get_logger
+from ...paths import Layout
+from ...text import utc
+from ..files import MemoryFiles
+from ..memory_store import MemoryDB
+from ..schema import FORGOTTEN
+from ..transcript_store import Observation, TranscriptDB
+from .backups import backup_candidates, purge_backups
+from .history import (
+    batch_candidates,
+    current_lines,
+    current_texts,
+    file_candidates,
+    strip_batches,
+    strip_files,
+)
+from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
+from .lines import (
+    DENSE_THRESHOLD,
+    REMOVED,
+    kept_holds,
+    line_hash,
+    lines_from,
+    nearest,
+    reworded,
+    turn_text,
+    words_of,
+)
+from .purge import left_over, purge_memory
 
 log = get_logger(__name__)
-
-FORGET_PASS = "forget"  # the reason a forget wakes the daemon with: its file pass alone, backoff or not
-REMOVED = "(text removed here: a person forgot the turn it came from, on {day})"
-AUDIT_REMOVED = "(its text was removed when a person forgot the turn it came from)"
-
-# ---------------------------------------------------------------- which lines came from the turns (pure)
-
-_WORD = re.compile(r"\w+", re.UNICODE)
-# Search's stop words, and the words every memory file says of whoever it is about: they tell nothing
-# of where a line came from.
-COMMON_WORDS = STOPWORDS | {"user", "person", "agent", "sprite"}
-
-
-def content_words(text: str) -> set[str]:
-    """The words that carry meaning, folded: case, plural s, common words left out."""
-    out = set()
-    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
-        if len(word) < 2 or word in COMMON_WORDS:
-            continue
-        out.add(word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word)
-    return out
-
-
-def turn_text(obs: Observation) -> str:
-    """What a turn said, for its words: the message, the answer, each tool call's input and output."""
-    parts = [obs.user_message, obs.agent_response]
-    with contextlib.suppress(ValueError, TypeError):
-        for call in json.loads(obs.tool_calls_json):
-            if isinstance(call, dict):
-                parts += [str(call.get("input", "")), str(call.get("output", ""))]
-    return "\n".join(parts)
-
-
-def came_from(line: str, forgotten: set[str]) -> bool:
-    """A file line came from the forgotten turns when more than half of its meaningful words were
-    in them ("- Lives in: Lisbon" after "I live in Lisbon"); a heading, a note or a line of common
-    words alone never does."""
-    if not meaningful(line):
-        return False
-    words = content_words(line)
-    return bool(words) and len(words & forgotten) * 2 > len(words)
-
-
-def words_of(texts: Iterable[str]) -> set[str]:
-    """The words of all the texts (`content_words`)."""
-    out: set[str] = set()
-    for text in texts:
-        out |= content_words(text)
-    return out
-
-
-def lines_from(lines: dict[str, str], forgotten: set[str]) -> set[str]:
-    """The lines (hash: text) that came from the forgotten words (`came_from`): their hashes."""
-    return {h for h, text in lines.items() if came_from(text, forgotten)}
-
-
-def kept_holds(line: str, kept: Sequence[str]) -> bool:
-    """Whether a kept turn or learning near the line (`kept`: what recall finds) says most of its words
-    too: then the line is as much that turn's, and it stays, however much of it the forgotten turns
-    said (precision first: a kept fact removed is removed from every version, for good). "- Father's
-    birthday: 9 May" stays after forgetting "My mother's birthday is on 3 May" when another turn said
-    the father's; so does a fact two turns said, when one of them is forgotten."""
-    return any(came_from(line, content_words(text)) for text in kept)
-
-
-def meaningful(line: str) -> bool:
-    """A line that can have come from a turn: not empty, not a heading, not a forget's note."""
-    text = line.strip()
-    return bool(text) and not text.startswith("#") and not text.startswith(REMOVED.split(":", 1)[0])
-
-
-# The meaning rule (multilingual-e5-small passages' cosine). A line counts as the curator's rewording of
-# a forgotten turn (or of a learning drawn from it) when its cosine to them is at least DENSE_THRESHOLD
-# and exceeds its cosine to every kept turn and learning near it by DENSE_MARGIN: a line another, kept
-# turn still says stays. Chosen on bench/forget_lines.py's tuning part (near misses on the same subject
-# included) for precision 1.0; docs/memory.md gives both parts' precision and recall.
-DENSE_THRESHOLD = 0.87
-DENSE_MARGIN = 0.03
-
-
-def reworded(to_forgotten: float, to_kept: float, threshold: float = DENSE_THRESHOLD,
-             margin: float = DENSE_MARGIN) -> bool:
-    """Whether a line whose nearest forgotten anchor is at cosine `to_forgotten`, and nearest kept turn
-    or learning at `to_kept` (-1 when none is known), came from the forgotten turns."""
-    return to_forgotten >= threshold and to_forgotten - to_kept > margin
-
-
-def nearest(anchors: np.ndarray, lines: np.ndarray) -> list[float]:
-    """For each line's vector (rows of `lines`), its cosine to the nearest anchor; -1 with no anchor.
-    Vectors are unit length: the dot is the cosine."""
-    if not len(anchors) or not len(lines):
-        return [-1.0] * len(lines)
-    return [float(s) for s in (lines @ anchors.T).max(axis=1)]
-
-
-def line_hash(line: str) -> str:
-    return hashlib.sha256(line.strip().encode()).hexdigest()
-
-
-def without(text: str, hashes: set[str], note: str | None = None) -> str:
-    """`text` without the lines whose hash is in `hashes`; with `note`, one note stands for each run
-    of removed lines."""
-    out: list[str] = []
-    removing = False
-    for line in text.splitlines(keepends=True):
-        if line.strip() and line_hash(line) in hashes:
-            if note is not None and not removing:
-                out.append(note + "\n")
-            removing = True
-            continue
-        removing = False
-        out.append(line)
-    return "".join(out)
-
-
-# ---------------------------------------------------------------- memory.db
-
-
-@dataclass
-class Purged:
-    learning_ids: list[int]
-    contents: list[str]  # what those drawn from the turns said, for finding the file lines written from them
-
-
-def purge_memory(db: MemoryDB, turns: Sequence[Observation]) -> Purged:
-    """Delete from memory.db what came from these turns: their episodes' text and vectors, the
-    learnings cited from them and their sessions' summaries, those learnings' actions; the audit
-    keeps no word of them. Returns which learnings were deleted."""
-    ids, sessions = [o.id for o in turns], sorted({o.session_id for o in turns})
-    # A turn not indexed yet gets its episode now, without text: the indexer may hold the turn as it was
-    # read before the forget, and adding an episode leaves a known one as it is.
-    ep.add(db.conn, [ep.Episode(o.id, o.session_id, o.sequence_num, o.timestamp, "") for o in turns])
-    with transaction(db.conn) as c:
-        found = c.execute(
-            f"SELECT id, content, type FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
-            f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions]).fetchall()
-        learning_ids = [lid for lid, _, _ in found]
-        c.execute(f"UPDATE episodes SET text = '' WHERE id IN ({marks(ids)})", list(ids))
-        c.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
-        c.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(learning_ids)})", learning_ids)
-        c.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(learning_ids)})",
-                  [AUDIT_REMOVED, *learning_ids])
-        c.execute(f"DELETE FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)
-    tidy(db.conn)
-    # A session's summary goes too (it may repeat the turn), but it speaks of the session's other turns
-    # as well: what it says is no sign of where a line came from.
-    return Purged(learning_ids, [content for _, content, kind in found if kind != "SUMMARY"])
-
-
-def tidy(conn: sqlite3.Connection) -> None:
-    """After deleting words: the FTS index merged (its segments keep a deleted row's words until
-    then), the WAL emptied."""
-    conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('optimize')")
-    checkpoint(conn)
-
-
-class Job(msgspec.Struct, frozen=True):
-    id: int
-    created_at: float
-    observation_ids: list[int]
-    sessions: list[str]
-    line_hashes: list[str]
-    decided: bool = True  # False: the lines the words found, not yet checked against what is kept
-
-
-def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
-    """A job whose lines are the words' first guess: undecided until `set_job_lines`. Written before any
-    store loses the words, with recall's flag that the index must be written anew: a forget cut short
-    anywhere after this is finished at the next start (`TurnForgetting.resume`)."""
-    with transaction(db.conn) as c:
-        cur = c.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
-                        "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
-                                                   json.dumps(sorted(hashes))))
-        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (PURGE_KEY,))
-    return int(cur.lastrowid or 0)
-
-
-def left_over(db: MemoryDB, ids: Sequence[int]) -> dict[int, list[str]]:
-    """Of these forgotten turns, those memory.db still holds words of (a forget cut short by a kill, under
-    the order of steps before the job went first): each one's episode text and its learnings' contents."""
-    out: dict[int, list[str]] = {}
-    for i in range(0, len(ids), 500):
-        part = list(ids[i:i + 500])
-        for oid, text in db.conn.execute(
-                f"SELECT id, text FROM episodes WHERE text != '' AND id IN ({marks(part)})", part):
-            out.setdefault(oid, []).append(text)
-        for oid, content in db.conn.execute(
-                f"SELECT source_observation_id, content FROM learnings WHERE type != 'SUMMARY' "
-                f"AND source_observation_id IN ({marks(part)})", part):
-            out.setdefault(oid, []).append(content)
-    return out
-
-
-def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
-    """Which of these turns a forget job names (a forget under way, its tombstone not yet written)."""
-    wanted = set(ids)
-    return sorted({i for job in jobs(db) for i in job.observation_ids if i in wanted})
-
-
-def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
-    """The job's lines, once decided (they replace the words' first guess)."""
-    db.conn.execute("UPDATE forget_jobs SET line_hashes = ?, decided = 1 WHERE id = ?",
-                    (json.dumps(sorted(hashes)), job_id))
-
-
-def decide_current(db: MemoryDB, job_id: int, checked: set[str], found: set[str]) -> None:
-    """An undecided job's current files' lines decided (`checked`, of which `found` came from the turns):
-    they replace the words' guess there, for the boot prompt and for its pass if it is decided there."""
-    row = db.conn.execute("SELECT line_hashes FROM forget_jobs WHERE id = ? AND decided = 0", (job_id,)).fetchone()
-    if row is not None:
-        db.conn.execute("UPDATE forget_jobs SET line_hashes = ? WHERE id = ?",
-                        (json.dumps(sorted((set(json.loads(row[0])) - checked) | found)), job_id))
-
-
-def jobs(db: MemoryDB) -> list[Job]:
-    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
-                            "ORDER BY id").fetchall()
-    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
-
-
-def hidden_lines(db: MemoryDB) -> set[str]:
-    """The hashes of file lines a pending job may remove (an undecided job's first guess included): the
-    boot prompt leaves them out now."""
-    return {h for job in jobs(db) for h in job.line_hashes}
-
-
-def strip_batches(db: MemoryDB, hashes: set[str]) -> int:
-    """Each batch's record of the files it wrote, without those lines (a batch not yet applied will
-    write its record as the file: no note in it)."""
-    changed = 0
-    with transaction(db.conn) as c:
-        for bid, updates in c.execute("SELECT id, file_updates FROM batches WHERE file_updates != '{}'").fetchall():
-            files = json.loads(updates)
-            kept = {name: without(text, hashes) for name, text in files.items()}
-            if kept != files:
-                c.execute("UPDATE batches SET file_updates = ? WHERE id = ?", (json.dumps(kept), bid))
-                changed += 1
-    return changed
-
-
-def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
-    with transaction(db.conn) as c:
-        c.execute("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
-    record(db, "forget_turns", now, detail=f"{turns} turn{'s' if turns != 1 else ''} of "
-           f"{', '.join(job.sessions)}: their words removed from the files, their history and backups")
-    tidy(db.conn)
-
-
-# ---------------------------------------------------------------- the files and their history
-
-
-def file_candidates(files: MemoryFiles) -> dict[str, str]:
-    """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
-    deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
-    out: dict[str, str] = {}
-    for name in CURATED:
-        texts = [files.read(name)]
-        for version in files.history(name):
-            with contextlib.suppress(OSError):
-                texts.append(version.text)
-        out.update((line_hash(line), line.strip()) for text in texts for line in text.splitlines() if meaningful(line))
-    return out
-
-
-def _backup_files(layout: Layout) -> list[Path]:
-    """Memory files kept by `migrate-v1` (v1's memory/*.md) under `.os/backup/`."""
-    return [p for p in (layout.os_dir / "backup").glob("*/memory/*.md") if p.is_file() and not p.is_symlink()]
-
-
-def backup_candidates(layout: Layout) -> dict[str, str]:
-    """Every meaningful line of the backups' memory files (v1's, kept by `migrate-v1`): hash, text."""
-    out: dict[str, str] = {}
-    for path in _backup_files(layout):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
-    return out
-
-
-def current_lines(files: MemoryFiles) -> set[str]:
-    """The hashes of the curated files' meaningful lines as they are now."""
-    return {line_hash(line) for name in CURATED for line in files.read(name).splitlines() if meaningful(line)}
-
-
-def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
-    """The curated files without those lines (each a new version, `forget`), then every version of
-    them rewritten in place with a note where the lines were. Returns the files changed."""
-    changed = []
-    for name in CURATED:
-        text = files.read(name)
-        kept = without(text, hashes)
-        if kept != text:
-            files.write(name, kept, "forget")
-            changed.append(name)
-    for name in CURATED:
-        files.redact_history(name, lambda old: without(old, hashes, note))
-    return changed
-
-
-# ---------------------------------------------------------------- backups
-
-
-def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> bool:
-    """An older copy of memory.db (kept by `memory rebuild`) or v1's agent.db (kept by `migrate-v1`):
-    the same rows removed, the file rewritten without free pages (VACUUM), and a note left in it."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA secure_delete=ON")
-        tables = {r for (r,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "observations" in tables:  # v1's agent.db: its turns, under the same ids
-            conn.execute("DROP TRIGGER IF EXISTS observations_append_only")
-            conn.execute(f"UPDATE observations SET user_message = '', tool_calls_json = '[]', agent_response = '' "
-                         f"WHERE id IN ({marks(ids)})", list(ids))
-        if "learnings" in tables:
-            gone = [r for (r,) in conn.execute(
-                f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
-                f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions])]
-            if "pending_actions" in tables:
-                conn.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(gone)})", gone)
-            if "memory_audit" in tables:
-                conn.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(gone)})",
-                             [AUDIT_REMOVED, *gone])
-            conn.execute(f"DELETE FROM learnings WHERE id IN ({marks(gone)})", gone)
-            if "learnings_fts" in tables:
-                conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('rebuild')")
-        if "episodes" in tables:
-            conn.execute(f"DELETE FROM episodes WHERE id IN ({marks(ids)})", list(ids))
-        if "episode_vectors" in tables:
-            conn.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
-        if "batches" in tables:
-            for bid, updates in conn.execute("SELECT id, file_updates FROM batches").fetchall():
-                with contextlib.suppress(ValueError, TypeError):
-                    files = json.loads(updates or "{}")
-                    conn.execute("UPDATE batches SET file_updates = ? WHERE id = ?",
-                                 (json.dumps({n: without(t, hashes, note) for n, t in files.items()}), bid))
-        conn.execute("CREATE TABLE IF NOT EXISTS forget_notes (at REAL NOT NULL, note TEXT NOT NULL)")
-        conn.execute("INSERT INTO forget_notes (at, note) VALUES (?, ?)", (time.time(), note))
-        conn.execute("VACUUM")
-        return True
-    except sqlite3.DatabaseError as exc:
-        log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
-        return False
-    finally:
-        conn.close()
-
-
-def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> int:
-    """Every backup under `.os/`: older memory.db copies, v1's data and files. Returns how many changed."""
-    done = 0
-    copies = [*layout.memory_dir.glob("memory.db.before-rebuild-*"), *(layout.os_dir / "backup").glob("*/agent.db")]
-    for path in copies:
-        if path.is_file() and not path.is_symlink() and _purge_copy(path, ids, sessions, hashes, note):
-            for suffix in ("-wal", "-shm"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
-            done += 1
-    for md in _backup_files(layout):
-        text = md.read_text(encoding="utf-8", errors="replace")
-        if (kept := without(text, hashes, note)) != text:
-            atomic_write(md, kept.encode("utf-8"))
-            done += 1
-    for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
-        if aside.is_dir() and not aside.is_symlink():
-            shutil.rmtree(aside, ignore_errors=True)
-            done += 1
-    return done
-
-
-# ---------------------------------------------------------------- the whole of it
 
 
 @dataclass
@@ -749,7 +389,7 @@ class TurnForgetting:
     async def _still_found(self, hashes: set[str]) -> set[str]:
         """Decided lines still in the current files, checked again against what is kept now: a person may
         have said the fact again since the forget (a kept turn), and then the line stays."""
-        texts = await asyncio.to_thread(_current_texts, self.files)
+        texts = await asyncio.to_thread(current_texts, self.files)
         now = {h: texts[h] for h in hashes if h in texts}
         if not now:
             return hashes
@@ -757,7 +397,7 @@ class TurnForgetting:
 
     async def _lines(self) -> Lines:
         files = await asyncio.to_thread(file_candidates, self.files)
-        files.update(await self.memory.call(_batch_candidates))
+        files.update(await self.memory.call(batch_candidates))
         backups = await asyncio.to_thread(backup_candidates, self.layout)
         current = await asyncio.to_thread(current_lines, self.files)
         return Lines(files, backups, current)
@@ -865,18 +505,3 @@ class TurnForgetting:
             at += len(found)
             row += 1
         return out
-
-
-def _current_texts(files: MemoryFiles) -> dict[str, str]:
-    return {line_hash(line): line.strip() for name in CURATED for line in files.read(name).splitlines()
-            if meaningful(line)}
-
-
-def _batch_candidates(db: MemoryDB) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for (updates,) in db.conn.execute("SELECT file_updates FROM batches WHERE file_updates != '{}'"):
-        with contextlib.suppress(ValueError, TypeError):
-            for text in json.loads(updates).values():
-                out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
-    return out
-
