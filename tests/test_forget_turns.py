@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS
+from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
@@ -877,6 +878,26 @@ async def test_forgetting_a_past_turn_not_yet_curated_that_the_boot_prompt_shows
     done = await api.handlers[ps.ForgetTurnsRequest](ps.ForgetTurnsRequest(request_id="g", observation_ids=[kept_out]))
     assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
 
+
+
+def test_a_session_context_holds_a_forgets_lines_the_lines_its_words_make_or_its_turns() -> None:
+    """What the current session holds is a value the forget is given (memory calls nothing of the
+    runtime's): a boot prompt's line the turns' words found, a line most of whose words they said (a
+    turn not yet curated, a learning), or a turn auto-recall brought it."""
+    line = "- Lives in: Lisbon (Alfama)"
+    held = SessionContext(frozenset({line_hash(line)}), (line,), frozenset({7}))
+    assert held.holds({line_hash(line)}, set(), [])
+    assert held.holds(set(), content_words("I live in Lisbon, in Alfama"), [])
+    assert held.holds(set(), set(), [3, 7])
+    assert not held.holds({line_hash("- Name: Ada")}, content_words("My name is Ada"), [8])
+    assert not NOTHING.holds({line_hash(line)}, content_words("I live in Lisbon, in Alfama"), [7])
+
+
+async def test_the_forget_answers_whether_the_context_it_was_given_holds_the_turns(
+        system: MemorySystem, tmp_path: Path) -> None:
+    ids = await seed(system, tmp_path)
+    assert (await system.forgetting.forget([ids[1]], "test", SessionContext(recalled=frozenset({ids[1]})))).in_context
+    assert not (await system.forgetting.forget([ids[2]], "test")).in_context  # no context: it holds nothing
 
 async def test_what_auto_recall_brought_an_earlier_session_does_not_restart_the_next(
         system: MemorySystem, tmp_path: Path) -> None:

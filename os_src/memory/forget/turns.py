@@ -57,6 +57,7 @@ from ..memory_store import MemoryDB
 from ..schema import FORGOTTEN
 from ..transcript_store import Observation, TranscriptDB
 from .backups import backup_candidates, purge_backups
+from .context import NOTHING, SessionContext
 from .history import (
     batch_candidates,
     current_lines,
@@ -107,9 +108,6 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 # (out of the boot prompt) meanwhile.
 DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-# Whether the current session holds lines (their hashes), lines the turns' words find, or turns (their ids)
-# in its context.
-Holds = Callable[[set[str], set[str], Sequence[int]], bool]
 
 
 class CheckFailed(Exception):
@@ -164,7 +162,6 @@ class TurnForgetting:
     embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
     kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
     retries: Sequence[float] = DECIDE_RETRIES
-    holds: Holds = lambda lines, words, ids: False
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # line hash -> its vector, in memory only, least recently used first
     _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
@@ -177,11 +174,12 @@ class TurnForgetting:
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def forget(self, ids: Iterable[int], by: str) -> Forgotten:
+    async def forget(self, ids: Iterable[int], by: str, context: SessionContext = NOTHING) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
         lines are then decided by a task of their own (`decided` waits for it). A turn forgotten already
         whose words memory.db still holds (a forget cut short) is taken out again. The caller holds the
-        agent's turns meanwhile."""
+        agent's turns meanwhile, and says what the current session's context holds (`context`): the
+        answer says whether that holds the turns too."""
         now = self.clock()
         wanted = list(ids)
         turns = await self.transcript.call(lambda t: t.get(wanted))
@@ -195,7 +193,7 @@ class TurnForgetting:
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
-        return Forgotten(turns, learnings, now, self.holds(decision.by_words, decision.words, [o.id for o in turns]))
+        return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
 
     async def resume(self) -> int:
         """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
