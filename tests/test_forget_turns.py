@@ -449,7 +449,7 @@ async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_n
                                turn(2, "I live in Lisbon, in Alfama, since last spring", "Alfama, noted.")),
                       user_md, [(1, "The user lives in Alfama, Lisbon")])
     forgetting = system.forgetting
-    real_embed = forgetting.embed
+    real_embed = forgetting.judge.embed
     assert real_embed is not None
     passes: list[int] = []
 
@@ -458,7 +458,7 @@ async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_n
             passes.append(await forgetting.rewrite_files())
         return await real_embed(texts)
 
-    forgetting.embed = slow_embed
+    forgetting.judge.embed = slow_embed
     wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
     await system.forget_turns([ids[1]], by="test")
     assert await system.forgetting.decided(60)
@@ -513,7 +513,7 @@ async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_tur
         await asyncio.sleep(3600)  # the index lagging, the embedder busy: a stop meanwhile
         return []
 
-    first.forgetting.kept_near = hung
+    first.forgetting.judge.kept_near = hung
     await asyncio.wait_for(first.forget_turns([ids[0]], by="test"), 60)  # answers once the words are out
     await asyncio.wait_for(stuck.wait(), 60)
     assert await first.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
@@ -546,11 +546,11 @@ async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str, said: str) -> None:
     """A check that fails leaves the lines in the files (out of the boot prompt), and the decision tries
     again on its own timer, the last pause again and again, with no new turn or daemon pass to wake it."""
-    import sprite_os.memory.forget.turns as ft
+    import sprite_os.memory.forget.judge as ft
 
     ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     forgetting = system.forgetting
-    real, forgetting.retries = forgetting.kept_near, (0.01, 0.05)
+    real, forgetting.retries = forgetting.judge.kept_near, (0.01, 0.05)
     assert real is not None
     tries: list[int] = []
     checked = asyncio.Event()
@@ -570,7 +570,7 @@ async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
         return []
 
     monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 0.2)
-    forgetting.kept_near = failing
+    forgetting.judge.kept_near = failing
     forgetting.wake_daemon = lambda reason: None  # no pass: the decision's own timer alone
     with capture_logs() as logs:
         await system.forget_turns([ids[0]], by="test")
@@ -607,7 +607,7 @@ async def test_a_line_the_curator_writes_after_the_forget_gets_the_kept_turn_che
 
 async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sprite_os.memory.forget.turns as ft
+    import sprite_os.memory.forget.judge as ft
 
     embedded: list[str] = []
 
@@ -617,12 +617,12 @@ async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
 
     monkeypatch.setattr(ft, "LINE_VECTORS_KEPT", 3)
     forgetting = system.forgetting
-    forgetting.embed = embed
-    await forgetting._vectors(["a", "b", "c"])
-    await forgetting._vectors(["a", "d"])  # "a" used again: "b" is the oldest
+    forgetting.judge.embed = embed
+    await forgetting.judge._vectors(["a", "b", "c"])
+    await forgetting.judge._vectors(["a", "d"])  # "a" used again: "b" is the oldest
     assert embedded == ["a", "b", "c", "d"]
     embedded.clear()
-    out = await forgetting._vectors(["a", "b", "c", "d"])
+    out = await forgetting.judge._vectors(["a", "b", "c", "d"])
     assert out is not None and out.shape == (4, 4) and embedded == ["b"]  # only the one let go, not all
 
 
@@ -763,7 +763,7 @@ async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judge
     first = MemorySystem(settings)
     await first.start()
     ids = await _seed(first, BIRTHDAYS, f"# User\n- Name: Ada\n{DAD}\n", [])  # the words find DAD: checked
-    real = first.forgetting.kept_near
+    real = first.forgetting.judge.kept_near
     assert real is not None
     checking, go = asyncio.Event(), asyncio.Event()
 
@@ -772,7 +772,7 @@ async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judge
         await go.wait()  # the check under way when the stop comes
         return await real(lines)  # type: ignore[arg-type]
 
-    first.forgetting.kept_near = slow
+    first.forgetting.judge.kept_near = slow
     await first.forget_turns([ids[0]], by="test")
     await asyncio.wait_for(checking.wait(), 60)
     later = f"# User\n- Name: Ada\n{MUM}\n{DAD}\n"  # a batch under way lands (it read turn 2 before the forget)
@@ -801,7 +801,7 @@ async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_onl
         trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
         learnings=[], file_updates={"user.md": now}, base_hashes={}))
     system.files.write("user.md", now, "batch-2")
-    real = system.forgetting.kept_near
+    real = system.forgetting.judge.kept_near
     assert real is not None
     history = asyncio.Event()
 
@@ -811,7 +811,7 @@ async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_onl
             await asyncio.sleep(3600)  # the history's thousand lines
         return await real(lines)
 
-    system.forgetting.kept_near = slow_history
+    system.forgetting.judge.kept_near = slow_history
     monkeypatch.setattr("sprite_os.memory.system.BOOT_DECIDE_BUDGET", 60.0)  # however slow the first embedding
     await system.forget_turns([ids[0]], by="test")
     prompt = await asyncio.wait_for(system.boot_prompt(), 45)
@@ -951,7 +951,7 @@ async def test_two_forgets_in_a_row_embed_the_files_lines_once(system: MemorySys
         x = rng.standard_normal((len(batch), 8)).astype(np.float32)
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
-    system.forgetting.embed = embed
+    system.forgetting.judge.embed = embed
     await system.forget_turns([ids[0]], by="test")
     await system.forget_turns([ids[1]], by="test")
     assert await system.forgetting.decided(60)

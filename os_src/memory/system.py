@@ -33,6 +33,7 @@ from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .forget.context import SessionContext
 from .forget.jobs import hidden_lines
+from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
@@ -80,8 +81,8 @@ class MemorySystem:
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
-                                         self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages,
-                                         kept_near=self.recall.kept_near)
+                                         self.daemon.trigger, self.daemon.apply,
+                                         judge=LineJudge(self.recall.embed_passages, self.recall.kept_near))
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
         self._booted_lines: list[str] = []  # and their texts (turns not yet curated, learnings, summaries too)

@@ -40,12 +40,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from ...db_worker import Worker
 from ...errors import log_expected
@@ -67,17 +64,8 @@ from .history import (
     strip_files,
 )
 from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
-from .lines import (
-    DENSE_THRESHOLD,
-    REMOVED,
-    kept_holds,
-    line_hash,
-    lines_from,
-    nearest,
-    reworded,
-    turn_text,
-    words_of,
-)
+from .judge import CheckFailed, LineJudge, Lines
+from .lines import REMOVED, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
 
 log = get_logger(__name__)
@@ -94,45 +82,11 @@ class Forgotten:
 
 
 Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
-Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' unit vectors; None: no dense model
-# For each line (its text; whether by meaning too, or by words alone), what the kept turns and
-# learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
-KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
-LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
-# Line vectors kept in memory between forgets (1.5 KiB each), the least recently used let go first:
-# embedding a line costs ~20 ms, and a person often forgets several turns one after the other.
-LINE_VECTORS_KEPT = 5_000
-KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it counts as failed
 # A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
 # again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
 # (out of the boot prompt) meanwhile.
 DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
 Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
-
-
-class CheckFailed(Exception):
-    """The kept-turn check could not be made: no line it would judge leaves."""
-
-
-@dataclass
-class Lines:
-    """The lines a forget judges, by hash. `files`: the curated files', their versions' and the batches'
-    records' (the meaning judges them too); `backups`: v1's memory files' (the words alone); `current`:
-    those in the curated files as they are now."""
-
-    files: dict[str, str]
-    backups: dict[str, str]
-    current: set[str]
-
-    def texts(self) -> dict[str, str]:
-        return {**self.backups, **self.files}
-
-    def split(self) -> tuple[Lines, Lines]:
-        """The current files' lines, and the others (their history, the batches' records, the backups)."""
-        now = self.current
-        return (Lines({h: t for h, t in self.files.items() if h in now}, {}, now),
-                Lines({h: t for h, t in self.files.items() if h not in now},
-                      {h: t for h, t in self.backups.items() if h not in now}, now))
 
 
 @dataclass
@@ -159,12 +113,9 @@ class TurnForgetting:
     wake_daemon: Callable[[str], None]
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
-    embed: Embed | None = None  # the dense retriever's, to find reworded lines; None: by words alone
-    kept_near: KeptNear | None = None  # what still supports a line; None: the threshold alone decides
+    judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
     retries: Sequence[float] = DECIDE_RETRIES
     _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
-    # line hash -> its vector, in memory only, least recently used first
-    _line_vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
     # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
@@ -286,12 +237,12 @@ class TurnForgetting:
                 try:
                     if found_now is None:
                         async with self._one_at_a_time:
-                            found_now = await self._found(decision.by_words & set(now.files), decision.anchors, now)
+                            found_now = await self.judge.found(decision.by_words & set(now.files), decision.anchors, now)
                         await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
                                          decide_current(m, job, c, f))
                         self._current_ready(job)
                     async with self._one_at_a_time:
-                        hashes = found_now | await self._found(decision.by_words - set(now.files), decision.anchors,
+                        hashes = found_now | await self.judge.found(decision.by_words - set(now.files), decision.anchors,
                                                                rest)
                 except CheckFailed as exc:
                     # Precision first: a line the check could not judge stays in the files until it can.
@@ -358,12 +309,12 @@ class TurnForgetting:
         hashes = set(job.line_hashes)
         if not job.decided:
             if decision is not None:
-                hashes = await self._found(decision.by_words, decision.anchors, decision.lines)
+                hashes = await self.judge.found(decision.by_words, decision.anchors, decision.lines)
             else:
                 now = await self._lines()
                 texts = now.texts()
                 mine = {h: texts[h] for h in hashes if h in texts}
-                hashes = await self._found(set(mine), [], Lines(mine, {}, set()))
+                hashes = await self.judge.found(set(mine), [], Lines(mine, {}, set()))
             await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
         else:
             hashes = await self._still_found(hashes)
@@ -380,7 +331,7 @@ class TurnForgetting:
         new = {h: unjudged[h] for h in found}
         if not new:
             return hashes
-        checked = await self._found(set(new), [], Lines(new, {}, set()))
+        checked = await self.judge.found(set(new), [], Lines(new, {}, set()))
         log.info("forget_later_lines", job=job.id, new=len(new), found=len(checked))
         return (hashes - set(new)) | checked
 
@@ -391,7 +342,7 @@ class TurnForgetting:
         now = {h: texts[h] for h in hashes if h in texts}
         if not now:
             return hashes
-        return (hashes - set(now)) | await self._found(set(now), [], Lines(now, {}, set()))
+        return (hashes - set(now)) | await self.judge.found(set(now), [], Lines(now, {}, set()))
 
     async def _lines(self) -> Lines:
         files = await asyncio.to_thread(file_candidates, self.files)
@@ -399,107 +350,3 @@ class TurnForgetting:
         backups = await asyncio.to_thread(backup_candidates, self.layout)
         current = await asyncio.to_thread(current_lines, self.files)
         return Lines(files, backups, current)
-
-    async def _vectors(self, texts: Sequence[str], keep: bool = True) -> np.ndarray | None:
-        """The texts' vectors: those kept from before, the others embedded (in batches, on the embedder's
-        thread) and kept (`keep`: never a forgotten turn's); None without the dense model or when it fails."""
-        if self.embed is None or not texts:
-            return None
-        keys = [line_hash(text) for text in texts]
-        cache = self._line_vectors
-        todo = list({k: text for k, text in zip(keys, texts, strict=True) if k not in cache}.items())
-        step = LINES_EMBEDDED_AT_ONCE
-        found: dict[str, np.ndarray] = {}
-        try:
-            for i in range(0, len(todo), step):
-                part = await self.embed([text for _, text in todo[i:i + step]])
-                if part is None:
-                    return None
-                found.update((k, part[j]) for j, (k, _) in enumerate(todo[i:i + step]))
-        except Exception as exc:  # the model failed: the words still find what they find
-            log.error("forget_embedding_failed", error=type(exc).__name__)
-            return None
-        out = np.stack([found[k] if k in found else cache[k] for k in keys]).astype(np.float32)
-        for k in keys:  # used now: the last to be let go
-            if k in cache:
-                cache.move_to_end(k)
-        if keep:
-            cache.update(found)
-        while len(cache) > LINE_VECTORS_KEPT:
-            cache.popitem(last=False)
-        return out
-
-    async def _found(self, by_words: set[str], anchor_texts: Sequence[str], lines: Lines) -> set[str]:
-        """The lines (hash: text) that came from the forgotten turns: most of their words are the
-        turns' (`by_words`, found by `came_from`), or, with the dense retriever, the curator reworded
-        them (close to the turns and their learnings, `anchor_texts`, and closer to them than to what is
-        kept: `reworded`); and no kept turn or learning near the line says it as well (`kept_holds`).
-        CheckFailed when the kept-turn search fails: no line is taken out unchecked."""
-        texts = lines.texts()
-        # The words' lines need no vector: the meaning only adds lines, and only the kept-turn check takes away.
-        by_meaning = [(h, text) for h, text in lines.files.items() if h not in by_words]
-        scored = await self._scored(by_meaning, anchor_texts) if anchor_texts else {}
-        check = [h for h in texts if h in by_words or (h in scored and scored[h][0] >= DENSE_THRESHOLD)]
-        if not check:
-            return set()
-        near = await self._kept_near([(texts[h], h not in by_words) for h in check])
-        to_kept = await self._kept_scores(near, np.stack([scored[h][1] for h in check if h in scored])
-                                          if any(h in scored for h in check) else None, [h in scored for h in check])
-        came = [(h, texts[h], found) for h, found, kept in zip(check, near, to_kept, strict=True)
-                if h in by_words or (h in scored and reworded(scored[h][0], kept))]
-        # Each kept turn's whole text (its tool outputs too) folded into words: off the loop.
-        held = await asyncio.to_thread(lambda: [kept_holds(text, found) for _, text, found in came])
-        out = {h for (h, _, _), kept in zip(came, held, strict=True) if not kept}
-        for h in out:  # they leave every file: no forget needs them again
-            self._line_vectors.pop(h, None)
-        log.info("forget_lines_found", candidates=len(texts), checked=len(check), by_words=len(by_words),
-                 found=len(out))
-        return out
-
-    async def _scored(self, todo: list[tuple[str, str]], anchor_texts: Sequence[str]
-                      ) -> dict[str, tuple[float, np.ndarray]]:
-        """With the dense retriever, each line of `todo` (hash, text): its cosine to the nearest anchor
-        and its vector; without it (or when it fails), nothing."""
-        anchors = await self._vectors(anchor_texts, keep=False) if todo else None
-        if anchors is None:
-            return {}
-        vectors = await self._vectors([text for _, text in todo])
-        if vectors is None:
-            return {}
-        scores = nearest(anchors, vectors)
-        return {h: (scores[i], vectors[i]) for i, (h, _) in enumerate(todo)}
-
-    async def _kept_near(self, lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
-        if self.kept_near is None:
-            return [[] for _ in lines]
-        limit = asyncio.timeout(KEPT_CHECK_TIMEOUT)
-        try:
-            async with limit:
-                return await self.kept_near(lines)
-        except TimeoutError as exc:
-            if limit.expired():
-                raise CheckFailed(f"the kept-turn search took over {KEPT_CHECK_TIMEOUT:g} s") from exc
-            raise CheckFailed(f"the kept-turn search gave up: {exc}") from exc  # the word index behind, say
-        except Exception as exc:
-            raise CheckFailed(f"the kept-turn search failed: {type(exc).__name__}: {exc}") from exc
-
-    async def _kept_scores(self, near: Sequence[Sequence[str]], vectors: np.ndarray | None,
-                           scored: Sequence[bool]) -> list[float]:
-        """Each line's cosine to the nearest of the kept turns and learnings found for it (`near`), for
-        the lines with a vector (`scored`; `vectors` in their order); +1 when they can't be embedded
-        (precision first: a line that can't be checked by meaning stays), -1 for the others."""
-        if vectors is None or not any(scored):
-            return [-1.0] * len(near)
-        texts = [text for found, has in zip(near, scored, strict=True) if has for text in found]
-        kept = await self._vectors(texts) if texts else np.zeros((0, vectors.shape[1]), dtype=np.float32)
-        if kept is None:
-            return [1.0 if has else -1.0 for has in scored]
-        out, at, row = [], 0, 0
-        for found, has in zip(near, scored, strict=True):
-            if not has:
-                out.append(-1.0)
-                continue
-            out.append(nearest(kept[at:at + len(found)], vectors[row:row + 1])[0])
-            at += len(found)
-            row += 1
-        return out
