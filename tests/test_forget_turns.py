@@ -25,10 +25,12 @@ from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
     DENSE_THRESHOLD,
+    REMOVED,
     came_from,
     content_words,
     kept_holds,
     line_hash,
+    meaningful_lines,
     nearest,
     reworded,
     without,
@@ -61,6 +63,12 @@ def test_a_line_came_from_the_turn_when_most_of_its_words_did(line: str, came: b
     forgotten = content_words("I live in Lisbon, near the river Tagus, every morning")
     assert came_from(line, forgotten) is came
 
+
+
+def test_a_texts_meaningful_lines_are_each_there_once_by_hash_and_never_a_heading_or_a_note() -> None:
+    text = f"# User\n\n- Name: Ada\n  - Name: Ada  \n{REMOVED.format(day='2026-11-25')}\n- Lives in: Lisbon\n"
+    assert meaningful_lines(text) == {line_hash("- Name: Ada"): "- Name: Ada",
+                                      line_hash("- Lives in: Lisbon"): "- Lives in: Lisbon"}
 
 def test_removed_lines_leave_one_note_per_run() -> None:
     text = "# User\n- a\n- b\n- c\n- d\n"

@@ -16,7 +16,7 @@ from ...database import marks
 from ...fsutil import atomic_write
 from ...logs import get_logger
 from ...paths import Layout
-from .lines import line_hash, meaningful, without
+from .lines import meaningful_lines, without
 from .purge import AUDIT_REMOVED
 
 log = get_logger(__name__)
@@ -32,9 +32,8 @@ def backup_candidates(layout: Layout) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in _backup_files(layout):
         text = path.read_text(encoding="utf-8", errors="replace")
-        out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
+        out.update(meaningful_lines(text))
     return out
-
 
 
 def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> bool:

@@ -10,7 +10,7 @@ import json
 from ...database import transaction
 from ..files import CURATED, MemoryFiles
 from ..memory_store import MemoryDB
-from .lines import line_hash, meaningful, without
+from .lines import meaningful_lines, without
 
 
 def file_candidates(files: MemoryFiles) -> dict[str, str]:
@@ -22,14 +22,14 @@ def file_candidates(files: MemoryFiles) -> dict[str, str]:
         for version in files.history(name):
             with contextlib.suppress(OSError):
                 texts.append(version.text)
-        out.update((line_hash(line), line.strip()) for text in texts for line in text.splitlines() if meaningful(line))
+        for text in texts:
+            out.update(meaningful_lines(text))
     return out
-
 
 
 def current_lines(files: MemoryFiles) -> set[str]:
     """The hashes of the curated files' meaningful lines as they are now."""
-    return {line_hash(line) for name in CURATED for line in files.read(name).splitlines() if meaningful(line)}
+    return set(current_texts(files))
 
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
@@ -48,8 +48,11 @@ def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
 
 
 def current_texts(files: MemoryFiles) -> dict[str, str]:
-    return {line_hash(line): line.strip() for name in CURATED for line in files.read(name).splitlines()
-            if meaningful(line)}
+    """The curated files' meaningful lines as they are now: hash, text."""
+    out: dict[str, str] = {}
+    for name in CURATED:
+        out.update(meaningful_lines(files.read(name)))
+    return out
 
 
 def batch_candidates(db: MemoryDB) -> dict[str, str]:
@@ -57,7 +60,7 @@ def batch_candidates(db: MemoryDB) -> dict[str, str]:
     for (updates,) in db.conn.execute("SELECT file_updates FROM batches WHERE file_updates != '{}'"):
         with contextlib.suppress(ValueError, TypeError):
             for text in json.loads(updates).values():
-                out.update((line_hash(line), line.strip()) for line in text.splitlines() if meaningful(line))
+                out.update(meaningful_lines(text))
     return out
 
 

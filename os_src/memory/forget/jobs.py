@@ -72,7 +72,6 @@ def hidden_lines(db: MemoryDB) -> set[str]:
     return {h for job in jobs(db) for h in job.line_hashes}
 
 
-
 def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
     with transaction(db.conn) as c:
         c.execute("DELETE FROM forget_jobs WHERE id = ?", (job.id,))

@@ -115,6 +115,11 @@ def line_hash(line: str) -> str:
     return hashlib.sha256(line.strip().encode()).hexdigest()
 
 
+def meaningful_lines(text: str) -> dict[str, str]:
+    """The `meaningful` lines of a text, once each: hash, the line stripped."""
+    return {line_hash(line): line.strip() for line in text.splitlines() if meaningful(line)}
+
+
 def without(text: str, hashes: set[str], note: str | None = None) -> str:
     """`text` without the lines whose hash is in `hashes`; with `note`, one note stands for each run
     of removed lines."""
