@@ -23,8 +23,9 @@ class Store(Closable, Protocol):
     def conn(self) -> sqlite3.Connection: ...
 
 
-# A background thread's nice value, the lowest: against a thread at 0 it gets about 1/70 of a contested
-# core (weights 15 and 1024), and an idle core at full speed.
+# A background thread's nice value, the lowest: against a thread at 0 it weighs 15 to 1024 for a contested
+# core (measured, its work took 3-5 times as long beside busy processes: docs/benchmarks.md), and it has
+# an idle core at full speed.
 BACKGROUND_NICE = 19
 
 

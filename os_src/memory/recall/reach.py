@@ -2,9 +2,9 @@
 
 Auto-recall never returns the current session's own turns (the agent has them), so in a first
 session with nothing learned it can find nothing, yet its search went to the recall thread and
-back before every message (about 1-2 ms of the turn, more on a busy machine). The indexer keeps
-this: every turn it takes, by its session, before the turn's episode exists, and every learning
-it indexes; a start reads memory.db. It only grows: "something" may be wrong (a forget emptied
+back before every message (0.5-2 ms of the turn, by the machine's load: docs/benchmarks.md).
+The indexer keeps this: every turn it takes, by its session, before the turn's episode exists,
+and every learning it indexes; a start reads memory.db. It only grows: "something" may be wrong (a forget emptied
 memory), and costs one search that finds nothing; "nothing" never is.
 
 Pure: the indexer tells it what it takes; `sessions_and_learnings` reads memory.db at a start.
