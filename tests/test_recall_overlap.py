@@ -117,3 +117,28 @@ def test_a_failed_search_leaves_the_query_model_idle(tmp_path: Path, monkeypatch
         assert not running  # cancelled, or done: never left running
     assert searcher.search(QUERIES[0], time.time(), 3) and most[0] == 1
     searcher.close()
+
+
+def test_a_search_weighs_its_candidates_without_dataclasses_replace(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dataclasses.replace` costs five times a direct construction, and a search with a past makes hundreds
+    of candidates on the agent's path: the ranking makes them with `Candidate.scored` instead, which is
+    the same candidate."""
+    from dataclasses import replace
+
+    from sprite_os.memory.recall import ranking
+    from sprite_os.memory.recall import searcher as searcher_module
+    from sprite_os.memory.recall.ranking import Candidate
+
+    c = Candidate("episode", 7, 0.5, T0, bm25=3.0, cosine=0.8)
+    assert c.scored(0.25) == replace(c, score=0.25) and c.with_cosine(None) == replace(c, cosine=None)
+    searcher, _, _ = dense_searcher(tmp_path, TURNS)
+
+    def slow(*_: Any, **__: Any) -> Any:
+        raise AssertionError("dataclasses.replace on the search's path")
+
+    for module in (ranking, searcher_module):
+        monkeypatch.setattr(module, "replace", slow, raising=False)
+    assert searcher.search(QUERIES[0], T0 + 3_600, 5, exclude_session="now")
+    assert searcher.search("what did Maya recommend the week before the plumber came?", T0 + 3_600, 5)
+    searcher.close()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -216,7 +216,7 @@ class Searcher:
             cosines: dict[int, float] = {}
             if self.dense is not None and by_meaning:
                 dense, cosines = self.dense.look(asked, pool, [c.id for c in lexical if c.kind == "episode"], window)
-                lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
+                lexical = [c.with_cosine(cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
         finally:
             settled(asked)
         vectors = {c.id for c in dense} | set(cosines)
@@ -284,7 +284,7 @@ class Searcher:
         (ranking.with_neighbours)."""
         if weights is None or not ranked:
             return ranked
-        weighed = [replace(c, score=c.score * weights.prior[(c.kind, c.id)]) for c in ranked]
+        weighed = [c.scored(c.score * weights.prior[(c.kind, c.id)]) for c in ranked]
         return with_neighbours(weighed, weights.places)
 
     def _anything_else(self, session_id: str) -> bool:
