@@ -142,3 +142,34 @@ def test_a_search_weighs_its_candidates_without_dataclasses_replace(tmp_path: Pa
     assert searcher.search(QUERIES[0], T0 + 3_600, 5, exclude_session="now")
     assert searcher.search("what did Maya recommend the week before the plumber came?", T0 + 3_600, 5)
     searcher.close()
+
+
+def test_a_message_that_asks_nothing_of_memory_hydrates_no_hit(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate is looked at before the hits are read from memory.db: when no candidate's BM25 could lift
+    the message over it, none is hydrated; what auto-recall sends is what it sent before, message by message."""
+    from sprite_os.memory.recall import auto
+    from sprite_os.memory.recall import searcher as searcher_module
+
+    searcher, _, _ = dense_searcher(tmp_path, TURNS)
+    now = T0 + 3_600
+    messages = [*QUERIES, "thanks, that works", "ok", "run the tests again please"]
+    before = []
+    for q in messages:  # auto-recall as it was: every hit shown, then the gate
+        hits = searcher.search(q, now, auto.SEARCHED, exclude_session="now")
+        before.append(auto.select(hits, "", 1_500, auto.cues(q, searcher.spread, searcher.known)))
+    hydrated: list[str] = []
+    shown = searcher_module.shown
+
+    def counted(*args: Any) -> Any:
+        hydrated.append(asked)
+        return shown(*args)
+
+    monkeypatch.setattr(searcher_module, "shown", counted)
+    after = []
+    for asked in messages:
+        after.append(auto_recalled(searcher, asked, now, "now", "", 1_500))
+    assert after == before and any(after)
+    assert "thanks, that works" not in hydrated and "ok" not in hydrated  # the gate said no: nothing read
+    assert {m for m, sent in zip(messages, after, strict=True) if sent} <= set(hydrated)
+    searcher.close()

@@ -301,11 +301,17 @@ class Searcher:
         return [c for c in ranked if not (c.kind == "episode" and c.id in mine)]
 
     def search(self, query: str, now: float, limit: int, exclude_session: str | None = None,
-               use_dense: bool = True) -> list[RecallHit]:
+               use_dense: bool = True, worth: Callable[[float], bool] | None = None) -> list[RecallHit]:
+        """The best `limit` memories for `query`, as hits. `worth(best)`: whether hits whose best BM25 is
+        `best` could be shown at all (auto-recall's gate, which may read `self.spread`); when not, no hit
+        is read from memory.db and there are none. No hit scores above its candidates' best."""
         self.spread = None
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
         found = self.rank(query, now, limit, exclude_session, use_dense)
+        if worth is not None and not worth(max((c.bm25 for c in [*found.ranked, *(found.words_alone or [])]
+                                                if c.bm25 is not None), default=0.0)):
+            return []  # most messages ask nothing of memory: what would be dropped is never hydrated
         words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
         said: dict[str, set[str]] = {}  # the stems of what memories say: the floor's list holds most of them too
         hits = shown(self.conn, found.ranked, words, said)
