@@ -69,6 +69,7 @@ from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .isolation.launch import AgentLaunch
 from .logs import get_logger
+from .stopping import CLI_END, TURN_GRACE
 from .tools import canvas
 
 log = get_logger(__name__)
@@ -243,19 +244,24 @@ class AgentRuntime:
     def queued(self) -> int:
         return len(self._inbox)
 
-    async def shutdown(self, grace: float = 30.0) -> None:
-        """End the running turn cleanly, end the session, and disconnect the CLI."""
+    async def shutdown(self, grace: float = TURN_GRACE, cli_end: float = CLI_END) -> None:
+        """End the running turn cleanly, end the session, and disconnect the CLI: the turn's end (its
+        interrupt too) within `grace` seconds; past it the task is cancelled, and the CLI it leaves has
+        `cli_end` seconds to disconnect before it is killed."""
         if self._task is None:
             return
         self._session.close()
         self._inbox.clear()  # queued messages were never started, and the server is going away
         self._put(Shutdown())
-        await self.interrupt()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), grace)
+            async with asyncio.timeout(grace):
+                await self.interrupt()
+                await asyncio.shield(self._task)
         except TimeoutError:
-            log.error("runtime_shutdown_timeout", grace=grace)
-            self._task.cancel()
+            log.error("runtime_shutdown_timeout", grace=round(grace, 1))
+            self._task.cancel()  # the task's own end disconnects the CLI (`_run`'s finally)...
+            if not (await asyncio.wait({self._task}, timeout=cli_end))[0]:
+                self._task.cancel()  # ...and a second cancel, in the disconnect, kills it (process.py)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._disconnect()
