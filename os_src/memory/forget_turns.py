@@ -86,14 +86,31 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 COMMON_WORDS = STOPWORDS | {"user", "person", "agent", "sprite"}
 
 
+# Characters folded by one call into the regular expression engine, which holds the GIL throughout:
+# an 8 MB turn's words in one call held it (and so the event loop, while a thread folds them) 170 ms.
+FOLD_CHUNK = 65_536
+
+
 def content_words(text: str) -> set[str]:
     """The words that carry meaning, folded: case, plural s, common words left out."""
     out = set()
-    for word in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
-        if len(word) < 2 or word in COMMON_WORDS:
-            continue
-        out.add(word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word)
+    for chunk in _chunks(text):
+        for word in _WORD.findall(unicodedata.normalize("NFKC", chunk).casefold()):
+            if len(word) < 2 or word in COMMON_WORDS:
+                continue
+            out.add(word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word)
     return out
+
+
+def _chunks(text: str) -> Iterable[str]:
+    """`text` in pieces of about FOLD_CHUNK characters, cut after a space (a word is never cut, unless
+    one runs past a whole piece)."""
+    start = 0
+    while len(text) - start > FOLD_CHUNK:
+        end = text.rfind(" ", start + 1, start + FOLD_CHUNK) + 1 or start + FOLD_CHUNK
+        yield text[start:end]
+        start = end
+    yield text[start:]
 
 
 def turn_text(obs: Observation) -> str:
@@ -458,6 +475,10 @@ Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' u
 # learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
 KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
+# Of each text a forget embeds (a forgotten turn, a kept one near a line), its first characters: as
+# many as a turn's vector in recall holds (episodes.EMBED_CHARS). The model reads all it is given, in
+# time linear in its length: an 8 MB turn held the embedder's thread for hours (and a stop, for ever).
+EMBEDDED_CHARS = ep.EMBED_CHARS
 # Line vectors kept in memory between forgets (1.5 KiB each), the least recently used let go first:
 # embedding a line costs ~20 ms, and a person often forgets several turns one after the other.
 LINE_VECTORS_KEPT = 5_000
@@ -776,7 +797,7 @@ class TurnForgetting:
         found: dict[str, np.ndarray] = {}
         try:
             for i in range(0, len(todo), step):
-                part = await self.embed([text for _, text in todo[i:i + step]])
+                part = await self.embed([text[:EMBEDDED_CHARS] for _, text in todo[i:i + step]])
                 if part is None:
                     return None
                 found.update((k, part[j]) for j, (k, _) in enumerate(todo[i:i + step]))
