@@ -154,6 +154,10 @@ class AgentRuntime:
         self._inbox = Inbox()
         self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
         self._holds = 0  # holding_turns under way: no turn starts
+        self._unheld = asyncio.Event()  # set while no hold is under way: a started turn's auto-recall waits for it
+        self._unheld.set()
+        self._recall_done = asyncio.Event()  # clear while a turn's auto-recall runs: a hold waits for it
+        self._recall_done.set()
         self._held: tuple[str, float] | None = None  # the turn waiting for them, since when (monotonic)
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
@@ -186,13 +190,18 @@ class AgentRuntime:
     async def holding_turns(self) -> AsyncIterator[TurnHold]:
         """No turn starts until this exits (a forget takes words out of the transcript and search);
         a message sent meanwhile stays queued. The turn running already, if any, goes on: the holder
-        decides whether that makes it busy (`TurnHold.running`, fixed while it holds)."""
+        decides whether that makes it busy (`TurnHold.running`, fixed while it holds). A turn that began
+        before the hold (its CLI booting) takes its auto-recall only once the hold ends, and one under way
+        as it begins ends first: the holder then sees what it brought (memory's `recalled`)."""
         self._holds += 1
+        self._unheld.clear()
         try:
+            await self._recall_done.wait()
             yield TurnHold(self.turn_id, self._restart_first)
         finally:
             self._holds -= 1
             if not self._holds:
+                self._unheld.set()
                 self._wake.set()
 
     def _restart_first(self, session_id: str) -> bool:
@@ -449,7 +458,12 @@ class AgentRuntime:
             notes, self._notes = self._notes, []
             recalled = None
             if self._memory is not None:
-                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                await self._recall_unheld(turn)
+                self._recall_done.clear()  # no await since the look: a hold that begins now waits for it
+                try:
+                    recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                finally:
+                    self._recall_done.set()
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
             said = "\n".join(f"- {n}" for n in notes)
@@ -457,6 +471,18 @@ class AgentRuntime:
                      recalled.context if recalled is not None else None]
             self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
+
+    async def _recall_unheld(self, turn: Turn) -> None:
+        """A forget that began after this turn did (its CLI was booting) holds turns: the turn's auto-recall
+        waits until it ends, so it never brings the words being taken out, at most TURN_HOLD_LIMIT (as a
+        message waiting to start does)."""
+        if self._unheld.is_set():
+            return
+        try:
+            async with asyncio.timeout(TURN_HOLD_LIMIT):
+                await self._unheld.wait()
+        except TimeoutError:
+            log.warning("turn_hold_overdue", turn_id=turn.turn_id, limit_s=TURN_HOLD_LIMIT, step="auto_recall")
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
         out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
