@@ -17,7 +17,7 @@ import pytest
 from devkit.harness import make_settings
 from sprite_os.commands.memory_search import open_searcher
 from sprite_os.config import Settings
-from sprite_os.memory.forgetting import set_forgotten
+from sprite_os.memory.forget.learnings import set_forgotten
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.dense import load
