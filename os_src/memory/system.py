@@ -14,9 +14,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from claude_agent_sdk import HookMatcher
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Reads, Worker
@@ -44,6 +42,9 @@ from .processor import BatchProcessor, CuratorClient
 from .recall.searcher import RecallHit
 from .recall.service import Recalled, RecallService
 from .transcript_store import NewObservation, Observation, TranscriptDB
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookMatcher
 
 log = get_logger(__name__)
 
@@ -183,6 +184,8 @@ class MemorySystem:
 
     def hooks(self) -> dict[Any, list[HookMatcher]]:
         """Only what a hook alone can do: turns are captured from the runtime's stream."""
+        from claude_agent_sdk import HookMatcher
+
         budget = self.settings.precompact_budget
         return {
             "PreCompact": [HookMatcher(hooks=[self.compaction.on_pre_compact], timeout=budget + 10)],
