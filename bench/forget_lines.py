@@ -1,5 +1,5 @@
 """Which memory-file lines came from a forgotten turn, when the curator reworded it: a labelled set,
-and the precision and recall of the forget's rules (memory/forget_turns.py) on a tuning part and a
+and the precision and recall of the forget's rules (memory/forget/lines.py) on a tuning part and a
 held-out part.
 
     python -m bench.forget_lines
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sprite_os.memory.forget_turns import (
+from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
     DENSE_THRESHOLD,
     came_from,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.forget_turns import jobs
+from sprite_os.memory.forget.jobs import jobs
 from sprite_os.memory.memory_store import NewLearning
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB

@@ -16,6 +16,7 @@ Paths are interleaved turn by turn so that drift on the machine hits both alike.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import itertools
@@ -38,6 +39,7 @@ from sprite_os.agent.budget import AgentLimits
 from sprite_os.agent.environment import cli_environment
 from sprite_os.agent.model_relay import ModelRelay
 from sprite_os.agent.spend_book import SpendBook
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.runtime import BUILTIN_TOOLS, DEFAULT_PROMPT, MAX_CLI_MESSAGE_BYTES
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CanvasStore, canvas_server
@@ -177,13 +179,19 @@ async def overhead(turns: int) -> dict[str, Any]:
             "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
 
 
-async def _model_speeds(turns: int, model_latency: float | None
+PAST = "_with_past"  # the label's end for hooks' line whose memory-on workspace holds a past session
+
+
+async def _model_speeds(turns: int, model_latency: float | None, past_turns: int = 0
                         ) -> AsyncIterator[tuple[str, int, MockBridge, AsyncExitStack, Path]]:
     """A fixed cost per turn, measured twice, each on a fresh mock Bridge and scratch folder: with a
     zero-latency model (the cost is all there is to see), then with `model_latency` seconds per
-    model request (closer to life; None: not measured), on a third as many turns. Yields (label,
+    model request (closer to life; None: not measured), on a third as many turns; `past_turns`: also
+    with a zero-latency model, labelled for hooks' workspace with a past (0: not). Yields (label,
     turns, bridge, the exit stack to enter servers on, the folder)."""
     speeds = [("zero_latency", 0.0, turns)]
+    if past_turns:
+        speeds.append((f"zero_latency{PAST}", 0.0, past_turns))
     if model_latency is not None:
         speeds.append((f"model_{model_latency:g}s", model_latency, turns // 3))
     for label, latency, n in speeds:
@@ -195,14 +203,48 @@ async def _model_speeds(turns: int, model_latency: float | None
 
 BLOCK_ROUNDS = 30  # rounds per set of fresh servers (memory on / off / off again)
 PATHS = ("memory_on", "memory_off", "memory_off_again")
+PAST_TURNS = 40  # the past session a memory-on workspace holds in the "with a past" line
+PAST_SESSION = "20261125T090000-past00"
+CAUGHT_UP_WAIT = 300.0  # seconds, at most, for a workspace's past to be indexed and embedded
 
 
-async def hooks(turns: int, model_latency: float | None = 0.3) -> dict[str, Any]:
+def _with_past(workspace: Path) -> Path:
+    """`workspace` holding a past session of PAST_TURNS turns, a day old, like the bench's own: auto-recall
+    then searches for real (words and meaning) before every message, as it does after a first session."""
+    layout = make_settings(workspace, "http://127.0.0.1:9").layout
+    layout.ensure()
+    db = TranscriptDB(layout.transcript_db)
+    try:
+        day_ago = time.time() - 86_400
+        for n in range(1, PAST_TURNS + 1):
+            db.append(NewObservation(
+                timestamp=day_ago + n, session_id=PAST_SESSION, sequence_num=n, user_message=f"turn {n}: list my cards",
+                tool_calls_json='[{"name": "mcp__canvas__list_cards", "input": "{}", "output": "[]", "is_error": false}]',
+                agent_response="There are no cards open right now."))
+    finally:
+        db.close()
+    return workspace
+
+
+async def _caught_up(app: SpriteOS) -> None:
+    """Until the server's index and vectors hold what its workspace recorded before it started."""
+    assert app.memory is not None
+    indexer = app.memory.recall.indexer
+    async with asyncio.timeout(CAUGHT_UP_WAIT):
+        await indexer.current.wait()
+        if indexer.embed is not None:
+            await indexer.embedded_all.wait()
+
+
+async def hooks(turns: int, model_latency: float | None = 0.3, past_rounds: int | None = None) -> dict[str, Any]:
     """Memory on against off, first with a zero-latency model (any fixed cost per turn, such as the
-    durable commit's wait before turn_complete, is all there is to see), then with `model_latency`
-    seconds per model request (closer to life).
+    durable commit's wait before turn_complete, is all there is to see), then the same with the
+    memory-on workspace holding a past session (`past_rounds` rounds, by default half as many; 0: not
+    measured), then with `model_latency` seconds per model request (closer to life).
 
-    Three servers run at once on one mock Bridge, each in a fresh workspace (its first session):
+    Three servers run at once on one mock Bridge, each in a fresh workspace (its first session, but
+    in the line "with a past": memory on's holds an earlier session of PAST_TURNS turns, indexed and
+    embedded before the rounds begin, so auto-recall searches it before every message):
     memory on, memory off, and memory off again. Each round sends one turn to each, in orders that
     balance what a turn leaves behind (carry_balanced), and times it from the client's send to its
     turn_complete. The cost is the median of the rounds' paired ratios on / off (and differences),
@@ -213,7 +255,9 @@ async def hooks(turns: int, model_latency: float | None = 0.3) -> dict[str, Any]
     first. The second memory-off server is the A/A check in the same run: off again / off must
     read 1.00 within its interval, or the run shows noise, not memory."""
     out: dict[str, Any] = {}
-    async for label, n, bridge, _stack, tmp in _model_speeds(turns, model_latency):
+    async for label, n, bridge, _stack, tmp in _model_speeds(turns, model_latency,
+                                                             turns // 2 if past_rounds is None else past_rounds):
+        past = label.endswith(PAST)
         samples: dict[str, list[float]] = {name: [] for name in PATHS}
         cpu: dict[str, list[float]] = {name: [] for name in PATHS}
         blocks: list[int] = []
@@ -221,8 +265,11 @@ async def hooks(turns: int, model_latency: float | None = 0.3) -> dict[str, Any]
         recorded = 0
         for block, rounds in enumerate(_blocks(n)):
             async with AsyncExitStack() as servers:
-                on = await servers.enter_async_context(
-                    running(make_settings(tmp / f"{block}-on", bridge.url, memory_batch_turns=100_000)))
+                workspace = tmp / f"{block}-on"
+                on = await servers.enter_async_context(running(make_settings(
+                    _with_past(workspace) if past else workspace, bridge.url, memory_batch_turns=100_000)))
+                if past:
+                    await _caught_up(on)
                 offs = [await servers.enter_async_context(
                     running(make_settings(tmp / f"{block}-{name}", bridge.url), memory=False))
                     for name in ("off", "off_again")]

@@ -151,8 +151,8 @@ class _Connection:
     async def run(self) -> None:
         self._writer = asyncio.create_task(self._write(), name=f"ws-writer-{self.name}")
         token = rq.client.set(self.key)  # the request tasks' contexts copy it
-        for lane, name in ((self._quick, "requests"), (self._aside, "requests-aside")):
-            lane.task = asyncio.create_task(self._answer(lane), name=f"ws-{name}-{self.name}")
+        quick = self._quick.task = asyncio.create_task(self._answer(self._quick), name=f"ws-requests-{self.name}")
+        aside = self._aside.task = asyncio.create_task(self._answer(self._aside), name=f"ws-requests-aside-{self.name}")
         rq.client.reset(token)
         try:
             async for message in self.ws:
@@ -172,16 +172,16 @@ class _Connection:
             for lane in (self._quick, self._aside):
                 lane.end()
             try:
-                await asyncio.wait([self._quick.answering])
+                await asyncio.wait([quick])
                 # The downloads were the quick lane's: they linger now, while a forget may still run.
                 try:
                     if self.gw.left is not None:
                         self.gw.left(self.key)
                 finally:  # the aside lane's task is awaited whatever the console did
-                    await asyncio.wait([self._aside.answering])
+                    await asyncio.wait([aside])
             except asyncio.CancelledError:  # the server's hard stop: they go too
-                for lane in (self._quick, self._aside):
-                    lane.answering.cancel()
+                quick.cancel()
+                aside.cancel()
                 raise
 
     def stop_requests(self) -> None:
@@ -190,7 +190,7 @@ class _Connection:
                 self._error("shutting_down", NOT_TAKEN, frame.request_id)
 
     def request_tasks(self) -> list[asyncio.Task[None]]:
-        return [lane.answering for lane in (self._quick, self._aside) if lane.task is not None]
+        return [lane.task for lane in (self._quick, self._aside) if lane.task is not None]
 
     async def close(self, code: int, reason: str) -> None:
         # What is queued goes out before the close frame; a client that stopped reading can't
@@ -410,12 +410,7 @@ class _Lane:
 
     def __init__(self, waiting: int) -> None:
         self.queue: asyncio.Queue[rq.Request | None] = asyncio.Queue(waiting)  # None: the end
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def answering(self) -> asyncio.Task[None]:
-        assert self.task is not None  # run() starts it first
-        return self.task
+        self.task: asyncio.Task[None] | None = None  # the one answering them, from run()'s start
 
     def end(self) -> list[rq.Request]:
         """Take the requests still waiting (never handled) and let the task end after the one it

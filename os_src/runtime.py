@@ -29,20 +29,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from claude_agent_sdk import (
-    ClaudeAgentOptions,
-    ClaudeSDKClient,
-    CLIConnectionError,
-    HookMatcher,
-    Message,
-    ProcessError,
-    ResultMessage,
-    SystemMessage,
-)
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .agent import frames
@@ -72,6 +61,10 @@ from .logs import get_logger
 from .stopping import CLI_END, TURN_GRACE
 from .tools import canvas
 
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import ClaudeAgentOptions, HookMatcher, Message, ResultMessage
+    from claude_agent_sdk.types import McpSdkServerConfig
+
 log = get_logger(__name__)
 
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
@@ -97,7 +90,7 @@ ModelEnv = Callable[[], Mapping[str, str]]
 # Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
 RetryReason = Callable[[], str | None]
 # The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
-ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
+ToolServers = Callable[[], Mapping[str, "McpSdkServerConfig"]]
 
 
 class _NoResult(Exception):
@@ -136,7 +129,7 @@ class AgentRuntime:
         canvas_store: canvas.CanvasStore,
         model_env: ModelEnv,
         memory: AgentMemory | None = None,
-        client_factory: ClientFactory = ClaudeSDKClient,
+        client_factory: ClientFactory | None = None,  # None: the SDK's ClaudeSDKClient
         launch: AgentLaunch | None = None,
         retry_reason: RetryReason | None = None,
         tool_servers: ToolServers | None = None,
@@ -415,6 +408,8 @@ class AgentRuntime:
         prompt (a write to a dying pipe can succeed) and fails, or ends the stream, before saying
         anything. Nothing of the turn happened, so it is sent once more, to a fresh CLI, unless
         the person interrupted it or the server is stopping meanwhile."""
+        from claude_agent_sdk import CLIConnectionError, ProcessError
+
         reused = self._cli is not None
         try:
             return await self._attempt(turn, record)
@@ -426,6 +421,8 @@ class AgentRuntime:
         return await self._attempt(turn, record)
 
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
+        from claude_agent_sdk import ResultMessage
+
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
             self._refuse_if_failing()
@@ -485,6 +482,8 @@ class AgentRuntime:
             log.warning("turn_hold_overdue", turn_id=turn.turn_id, limit_s=TURN_HOLD_LIMIT, step="auto_recall")
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
+        from claude_agent_sdk import SystemMessage
+
         out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
         if out and isinstance(out[0], p.ModelRetry) and out[0].error_status == 429 and self._retry_reason:
             if reason := self._retry_reason():  # the Sprite's own rate, not the proxy's: say so
@@ -595,6 +594,8 @@ class AgentRuntime:
 
     def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
+        from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
+
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
         if self._tool_servers is not None:  # memory's search_memory: the composition root builds it
             mcp.update(self._tool_servers())

@@ -33,9 +33,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -73,6 +72,9 @@ from .stopping import (
 )
 from .tools import memory_search
 from .tools.canvas import CanvasStore
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk.types import McpSdkServerConfig
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ from sprite_os.agent.process import AgentProcess
 from sprite_os.commands.main import main
 from sprite_os.console.files_api import FilesConsole
 from sprite_os.memory import system
-from sprite_os.memory.forget_turns import TurnForgetting
+from sprite_os.memory.forget.turns import TurnForgetting
 
 NEVER = threading.Event()  # never set
 

@@ -1,4 +1,5 @@
-"""The memory on / off benchmark's design: paired statistics and an order that balances carry-over."""
+"""The memory on / off benchmark's design: paired statistics, an order that balances carry-over, and a
+line whose memory-on workspace has a past."""
 
 from __future__ import annotations
 
@@ -6,11 +7,22 @@ import asyncio
 import itertools
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from bench.stats import bootstrap_median_ci, paired
-from bench.turns import WARMUP, TurnFn, _interleave, carry_balanced
+from bench.turns import (
+    PAST_SESSION,
+    PAST_TURNS,
+    WARMUP,
+    TurnFn,
+    _interleave,
+    _with_past,
+    carry_balanced,
+)
+from devkit.harness import make_settings
+from sprite_os.memory.system import MemorySystem
 
 
 def _sequence(orders: list[tuple[str, str, str]], rounds: int) -> list[str]:
@@ -65,3 +77,19 @@ def test_bootstrap_interval_holds_the_median_and_narrows_with_more_samples() -> 
     assert all(math.isnan(x) for x in bootstrap_median_ci([]))
     with pytest.raises(ValueError):
         paired([1.0], [1.0, 2.0])
+
+
+async def test_the_line_with_a_past_gives_memory_on_a_past_session_that_auto_recall_searches(tmp_path: Path) -> None:
+    """A first session has nothing to recall (auto-recall returns at once): the line with a past
+    measures the cost of every later session, a search by words and meaning before each message."""
+    workspace = _with_past(tmp_path / "on")
+    settings = make_settings(workspace, "http://127.0.0.1:9").with_overrides(embedding_model="off")
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 30)
+        assert system.recall.indexer.reach.beyond("20261126T000000-bench0")
+        found = await system.search("list my cards", 50)
+        assert len(found) == PAST_TURNS and {h.session_id for h in found} == {PAST_SESSION}
+    finally:
+        await system.stop()

@@ -14,7 +14,7 @@ from devkit.harness import make_settings
 from sprite_os.commands.main import main as cli
 from sprite_os.console import memory_frames as pm
 from sprite_os.console.memory_api import MemoryConsole
-from sprite_os.memory.forgetting import forget_again, forgotten_keys
+from sprite_os.memory.forget.learnings import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall.searcher import RecallHit
 from sprite_os.memory.system import MemorySystem

@@ -14,7 +14,7 @@ from playwright.async_api import Locator, expect
 
 from devkit.mock_bridge import MockBridge
 from sprite_os.config import Settings
-from sprite_os.memory.forget_turns import jobs
+from sprite_os.memory.forget.jobs import jobs
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for

@@ -17,8 +17,9 @@ import pytest
 
 from devkit.harness import make_settings, wait_for
 from sprite_os.config import Settings
-from sprite_os.memory import forget_turns
-from sprite_os.memory.forget_turns import FOLD_CHUNK, content_words, jobs
+from sprite_os.memory.forget import lines
+from sprite_os.memory.forget.jobs import jobs
+from sprite_os.memory.forget.lines import FOLD_CHUNK, content_words
 from sprite_os.memory.system import MemorySystem
 from sprite_os.stopping import MEMORY_RESERVE
 from tests.test_forget_turns import _seed, turn
@@ -80,7 +81,7 @@ class Pings:
 def test_a_huge_texts_words_are_folded_a_piece_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The regular expression engine holds the GIL for a whole call: never one over the 8 MB text."""
     seen: list[int] = []
-    word = forget_turns._WORD
+    word = lines._WORD
 
     class Recording:
         def findall(self, text: str) -> list[str]:
@@ -88,7 +89,7 @@ def test_a_huge_texts_words_are_folded_a_piece_at_a_time(monkeypatch: pytest.Mon
             return word.findall(text)
 
     text = huge(8) + " Lisbon"
-    monkeypatch.setattr(forget_turns, "_WORD", Recording())
+    monkeypatch.setattr(lines, "_WORD", Recording())
     folded = content_words(text)
     assert max(seen) <= FOLD_CHUNK and sum(seen) == len(text)
     assert folded == {w for w in re.findall(r"\w+", text.casefold())}  # no word cut in two

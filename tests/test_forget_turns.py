@@ -20,25 +20,27 @@ from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS
-from sprite_os.memory.forget_turns import (
+from sprite_os.memory.forget.context import NOTHING, SessionContext
+from sprite_os.memory.forget.jobs import Job, jobs
+from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
     DENSE_THRESHOLD,
-    Job,
+    REMOVED,
     came_from,
     content_words,
-    jobs,
     kept_holds,
     line_hash,
+    meaningful_lines,
     nearest,
-    purge_memory,
     reworded,
     without,
 )
+from sprite_os.memory.forget.purge import purge_memory
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
 from sprite_os.memory.recall.service import vectors_path
-from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter, read_meta
 from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
@@ -61,6 +63,12 @@ def test_a_line_came_from_the_turn_when_most_of_its_words_did(line: str, came: b
     forgotten = content_words("I live in Lisbon, near the river Tagus, every morning")
     assert came_from(line, forgotten) is came
 
+
+
+def test_a_texts_meaningful_lines_are_each_there_once_by_hash_and_never_a_heading_or_a_note() -> None:
+    text = f"# User\n\n- Name: Ada\n  - Name: Ada  \n{REMOVED.format(day='2026-11-25')}\n- Lives in: Lisbon\n"
+    assert meaningful_lines(text) == {line_hash("- Name: Ada"): "- Name: Ada",
+                                      line_hash("- Lives in: Lisbon"): "- Lives in: Lisbon"}
 
 def test_removed_lines_leave_one_note_per_run() -> None:
     text = "# User\n- a\n- b\n- c\n- d\n"
@@ -119,10 +127,14 @@ def raw(path: Path) -> bytes:
 
 
 def stored_vector(store: Path, episode: int) -> np.ndarray:
-    """The episode's vector as the store's file holds it."""
-    ids = np.fromfile(store / "ids.i64", dtype=np.int64)
+    """The episode's vector as the store's files hold it, read up to the committed count as the store's
+    readers do: the embedder may be appending beside the test, one file after the other."""
+    meta = read_meta(store)
+    assert meta is not None
+    ids = np.fromfile(store / "ids.i64", dtype=np.int64, count=meta.count)
     [row] = np.flatnonzero(ids == episode)
-    return np.fromfile(store / "vectors.f16", dtype=np.float16).reshape(len(ids), -1)[row].astype(np.float32)
+    vectors = np.fromfile(store / "vectors.f16", dtype=np.float16, count=meta.count * meta.dim)
+    return vectors.reshape(meta.count, meta.dim)[row].astype(np.float32)
 
 
 def said(path: Path) -> list[bytes]:
@@ -267,7 +279,7 @@ async def test_a_batch_whose_reply_lands_while_a_forget_takes_its_turn_out_learn
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """The forget's job is on disk, its tombstone not yet written (it comes last): the batch is discarded."""
     from sprite_os.errors import EditConflict
-    from sprite_os.memory.forget_turns import add_job
+    from sprite_os.memory.forget.jobs import add_job
 
     ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
     observations = await system.transcript.call(lambda t: t.get(ids))
@@ -449,7 +461,7 @@ async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_n
                                turn(2, "I live in Lisbon, in Alfama, since last spring", "Alfama, noted.")),
                       user_md, [(1, "The user lives in Alfama, Lisbon")])
     forgetting = system.forgetting
-    real_embed = forgetting.embed
+    real_embed = forgetting.judge.embed
     assert real_embed is not None
     passes: list[int] = []
 
@@ -458,7 +470,7 @@ async def test_the_meaning_is_decided_at_the_forget_so_a_pass_meanwhile_misses_n
             passes.append(await forgetting.rewrite_files())
         return await real_embed(texts)
 
-    forgetting.embed = slow_embed
+    forgetting.judge.embed = slow_embed
     wake, forgetting.wake_daemon = forgetting.wake_daemon, lambda reason: None
     await system.forget_turns([ids[1]], by="test")
     assert await system.forgetting.decided(60)
@@ -513,7 +525,7 @@ async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_tur
         await asyncio.sleep(3600)  # the index lagging, the embedder busy: a stop meanwhile
         return []
 
-    first.forgetting.kept_near = hung
+    first.forgetting.judge.kept_near = hung
     await asyncio.wait_for(first.forget_turns([ids[0]], by="test"), 60)  # answers once the words are out
     await asyncio.wait_for(stuck.wait(), 60)
     assert await first.forgetting.rewrite_files() == 0  # a job being decided waits for its decision
@@ -546,11 +558,11 @@ async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch, failure: str, said: str) -> None:
     """A check that fails leaves the lines in the files (out of the boot prompt), and the decision tries
     again on its own timer, the last pause again and again, with no new turn or daemon pass to wake it."""
-    import sprite_os.memory.forget_turns as ft
+    import sprite_os.memory.forget.judge as ft
 
     ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     forgetting = system.forgetting
-    real, forgetting.retries = forgetting.kept_near, (0.01, 0.05)
+    real, forgetting.retries = forgetting.judge.kept_near, (0.01, 0.05)
     assert real is not None
     tries: list[int] = []
     checked = asyncio.Event()
@@ -570,7 +582,7 @@ async def test_a_failed_kept_turn_check_keeps_the_line_until_a_check_succeeds(
         return []
 
     monkeypatch.setattr(ft, "KEPT_CHECK_TIMEOUT", 0.2)
-    forgetting.kept_near = failing
+    forgetting.judge.kept_near = failing
     forgetting.wake_daemon = lambda reason: None  # no pass: the decision's own timer alone
     with capture_logs() as logs:
         await system.forget_turns([ids[0]], by="test")
@@ -607,7 +619,7 @@ async def test_a_line_the_curator_writes_after_the_forget_gets_the_kept_turn_che
 
 async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sprite_os.memory.forget_turns as ft
+    import sprite_os.memory.forget.judge as ft
 
     embedded: list[str] = []
 
@@ -617,12 +629,12 @@ async def test_a_line_vector_cache_lets_go_of_the_least_recently_used_only(
 
     monkeypatch.setattr(ft, "LINE_VECTORS_KEPT", 3)
     forgetting = system.forgetting
-    forgetting.embed = embed
-    await forgetting._vectors(["a", "b", "c"])
-    await forgetting._vectors(["a", "d"])  # "a" used again: "b" is the oldest
+    forgetting.judge.embed = embed
+    await forgetting.judge._vectors(["a", "b", "c"])
+    await forgetting.judge._vectors(["a", "d"])  # "a" used again: "b" is the oldest
     assert embedded == ["a", "b", "c", "d"]
     embedded.clear()
-    out = await forgetting._vectors(["a", "b", "c", "d"])
+    out = await forgetting.judge._vectors(["a", "b", "c", "d"])
     assert out is not None and out.shape == (4, 4) and embedded == ["b"]  # only the one let go, not all
 
 
@@ -763,7 +775,7 @@ async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judge
     first = MemorySystem(settings)
     await first.start()
     ids = await _seed(first, BIRTHDAYS, f"# User\n- Name: Ada\n{DAD}\n", [])  # the words find DAD: checked
-    real = first.forgetting.kept_near
+    real = first.forgetting.judge.kept_near
     assert real is not None
     checking, go = asyncio.Event(), asyncio.Event()
 
@@ -772,7 +784,7 @@ async def test_a_stop_during_the_decision_lets_it_finish_and_the_last_pass_judge
         await go.wait()  # the check under way when the stop comes
         return await real(lines)  # type: ignore[arg-type]
 
-    first.forgetting.kept_near = slow
+    first.forgetting.judge.kept_near = slow
     await first.forget_turns([ids[0]], by="test")
     await asyncio.wait_for(checking.wait(), 60)
     later = f"# User\n- Name: Ada\n{MUM}\n{DAD}\n"  # a batch under way lands (it read turn 2 before the forget)
@@ -801,7 +813,7 @@ async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_onl
         trigger="t", observation_ids=ids, model="m", input_tokens=0, output_tokens=0, cost_usd=0,
         learnings=[], file_updates={"user.md": now}, base_hashes={}))
     system.files.write("user.md", now, "batch-2")
-    real = system.forgetting.kept_near
+    real = system.forgetting.judge.kept_near
     assert real is not None
     history = asyncio.Event()
 
@@ -811,7 +823,7 @@ async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_onl
             await asyncio.sleep(3600)  # the history's thousand lines
         return await real(lines)
 
-    system.forgetting.kept_near = slow_history
+    system.forgetting.judge.kept_near = slow_history
     monkeypatch.setattr("sprite_os.memory.system.BOOT_DECIDE_BUDGET", 60.0)  # however slow the first embedding
     await system.forget_turns([ids[0]], by="test")
     prompt = await asyncio.wait_for(system.boot_prompt(), 45)
@@ -879,6 +891,26 @@ async def test_forgetting_a_past_turn_not_yet_curated_that_the_boot_prompt_shows
     assert done.restarted and ("restart", "s2") in agent.events  # type: ignore[attr-defined]
 
 
+
+def test_a_session_context_holds_a_forgets_lines_the_lines_its_words_make_or_its_turns() -> None:
+    """What the current session holds is a value the forget is given (memory calls nothing of the
+    runtime's): a boot prompt's line the turns' words found, a line most of whose words they said (a
+    turn not yet curated, a learning), or a turn auto-recall brought it."""
+    line = "- Lives in: Lisbon (Alfama)"
+    held = SessionContext(frozenset({line_hash(line)}), (line,), frozenset({7}))
+    assert held.holds({line_hash(line)}, set(), [])
+    assert held.holds(set(), content_words("I live in Lisbon, in Alfama"), [])
+    assert held.holds(set(), set(), [3, 7])
+    assert not held.holds({line_hash("- Name: Ada")}, content_words("My name is Ada"), [8])
+    assert not NOTHING.holds({line_hash(line)}, content_words("I live in Lisbon, in Alfama"), [7])
+
+
+async def test_the_forget_answers_whether_the_context_it_was_given_holds_the_turns(
+        system: MemorySystem, tmp_path: Path) -> None:
+    ids = await seed(system, tmp_path)
+    assert (await system.forgetting.forget([ids[1]], "test", SessionContext(recalled=frozenset({ids[1]})))).in_context
+    assert not (await system.forgetting.forget([ids[2]], "test")).in_context  # no context: it holds nothing
+
 async def test_what_auto_recall_brought_an_earlier_session_does_not_restart_the_next(
         system: MemorySystem, tmp_path: Path) -> None:
     """After a restart, the turns auto-recall brought the old session are no longer in the agent's context:
@@ -931,7 +963,7 @@ async def test_two_forgets_in_a_row_embed_the_files_lines_once(system: MemorySys
         x = rng.standard_normal((len(batch), 8)).astype(np.float32)
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
-    system.forgetting.embed = embed
+    system.forgetting.judge.embed = embed
     await system.forget_turns([ids[0]], by="test")
     await system.forget_turns([ids[1]], by="test")
     assert await system.forgetting.decided(60)

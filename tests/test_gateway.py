@@ -18,9 +18,9 @@ from websockets.asyncio.server import serve
 
 from devkit.harness import make_settings
 from sprite_os import gateway
-from sprite_os.console import downloads as dl
 from sprite_os.console import files_frames as pf
 from sprite_os.console import requests as rq
+from sprite_os.console import transfers
 from sprite_os.errors import ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
@@ -288,7 +288,7 @@ async def test_a_stop_is_bounded_even_when_a_cut_request_waits_for_its_thread(ru
 
     async def answer(request: rq.Request) -> rq.Reply:
         started.set()
-        await dl.settled(asyncio.to_thread(release.wait, 10))  # a thread that outlives the grace
+        await transfers.settled(asyncio.to_thread(release.wait, 10))  # a thread that outlives the grace
         raise rq.RequestFailed("not_found", "late")
 
     gw = Gateway(EventHub(), runtime, FakeCanvas(), "test", answer)  # type: ignore[arg-type]

@@ -15,17 +15,14 @@ from tests.conftest import Client, Connect, client_factory, make_settings, runni
 
 pytestmark = pytest.mark.e2e
 
-ANNOUNCED_WITHIN = 5.0  # seconds from the message to the first model_retry frame
-
 
 async def first_retry(c: Client, text: str) -> tuple[dict, float]:  # type: ignore[type-arg]
-    """Send `text`; the first model_retry frame, and how long after the message it came."""
+    """Send `text`; the first model_retry frame, and how long after the message it came (printed, not
+    asserted: a busy machine stretches the CLI's start, not the order of events the tests check)."""
     started = time.monotonic()
     await c.send(type="user_message", text=text)
-    first = await c.until("model_retry", timeout=30)
-    announced = time.monotonic() - started
-    assert announced < ANNOUNCED_WITHIN, announced
-    return first, announced
+    first = await c.until("model_retry", timeout=60)
+    return first, time.monotonic() - started
 
 
 async def test_an_overloaded_proxy_is_announced_at_each_retry_and_the_turn_completes_once_it_recovers(
@@ -33,6 +30,9 @@ async def test_an_overloaded_proxy_is_announced_at_each_retry_and_the_turn_compl
     overloaded = bridge.faults.add(Fault("status", status=529, target="agent"))
     c = await client(hello={})
     first, announced = await first_retry(c, "hello?")
+    # Announced at the CLI's first retry, not after its retries: the proxy has seen at most the failed
+    # request and the retry it announces (the CLI waits retry_delay_ms between them, longer each time).
+    assert len(bridge.agent_requests()) <= 2, len(bridge.agent_requests())
     assert (first["attempt"], first["error_status"], first["error"]) == (1, 529, "overloaded")
     assert first["max_retries"] >= 1 and first["retry_delay_ms"] > 0
     second = await c.until("model_retry", timeout=30)

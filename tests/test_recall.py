@@ -17,12 +17,13 @@ import pytest
 from devkit.harness import make_settings
 from sprite_os.commands.memory_search import open_searcher
 from sprite_os.config import Settings
-from sprite_os.memory.forgetting import set_forgotten
+from sprite_os.memory.forget.learnings import set_forgotten
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.dense import load
 from sprite_os.memory.recall.documents import build, write_marks
 from sprite_os.memory.recall.index import RecallIndex
+from sprite_os.memory.recall.reach import Reach
 from sprite_os.memory.recall.rebuild import rebuild_recall
 from sprite_os.memory.recall.searcher import Searcher
 from sprite_os.memory.recall.service import index_path, vectors_path
@@ -296,5 +297,62 @@ async def test_an_unreadable_index_is_set_aside_and_made_again(tmp_path: Path) -
         await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
         assert [h.turn for h in await system.search("dog Biscuit", 5)] == [1]
         assert len(list(settings.layout.memory_dir.glob("index.broken-*"))) == 1
+    finally:
+        await system.stop()
+
+
+def test_reach_says_nothing_outside_a_session_only_when_it_knows_so() -> None:
+    reach = Reach()
+    assert reach.beyond("s1"), "before memory.db is read, anything may be there"
+    reach.load([], learnings=False)
+    assert not reach.beyond("s1")
+    reach.turns(["s1"])
+    assert not reach.beyond("s1") and reach.beyond("s2")
+    reach.turns(["s2", "s3"])
+    assert reach.beyond("s1") and reach.beyond("s2") and reach.sessions == {"s1", "s2"}  # two are enough
+    learned = Reach()
+    learned.load(["s1"], learnings=True)
+    assert learned.beyond("s1")
+
+
+async def test_auto_recall_finds_nothing_in_a_first_session_without_leaving_the_event_loop(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing outside the current session can be recalled: no trip to the recall thread. Once a
+    past session's turn (or a learning) is indexed, the search runs, and finds it."""
+    trips: list[object] = []
+    search = system.recall.searcher.call
+
+    async def counted(fn: Any) -> Any:
+        trips.append(fn)
+        return await search(fn)
+
+    monkeypatch.setattr(system.recall.searcher, "call", counted)
+    now = time.time()
+    await record(system, turn("s2", 1, "My sister Maya loves the Thai place called Lotus Garden", at=now))
+    assert await system.recall_for("Where does my sister Maya like to eat?", "s2", "t1") is None
+    assert trips == []
+    await record(system, turn("s1", 1, "Maya says the Lotus Garden curry is the best in town", at=now - 3600))
+    found = await system.recall_for("Where does my sister Maya like to eat?", "s2", "t2")
+    assert len(trips) == 1
+    assert found is not None and [(m.session_id, m.turn) for m in found.memories] == [("s1", 1)]
+
+
+async def test_a_start_knows_what_memory_db_holds_beyond_a_session(tmp_path: Path) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    memory = MemoryDB(settings.layout.memory_db)
+    ep.add(memory.conn, [ep.Episode(1, "s1", 1, T0, "We adopted a dog called Biscuit")])
+    memory.close()
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        reach = system.recall.indexer.reach
+        assert reach.beyond("s2") and not reach.beyond("s1")
+        await system.memory.call(lambda m: m.commit_batch(
+            trigger="t", observation_ids=[], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+            learnings=[NewLearning("FACT", "The user has a dog")], file_updates={}, base_hashes={}))
+        system.recall.indexer.nudge()
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+        assert reach.beyond("s1")  # a learning is found in any session
     finally:
         await system.stop()

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall.backlog import first_pass
 from sprite_os.memory.recall.index import RecallIndex
 from sprite_os.memory.recall.searcher import Dense, Searcher
 from sprite_os.memory.recall.service import index_path, vectors_path
@@ -38,6 +40,28 @@ def test_half_way_through_a_backlog_every_turns_words_are_in_some_vector(tmp_pat
     uncovered = [t.id for t in turns if t.id not in first and t.id + 1 not in first]
     assert uncovered == [], f"after the first pass, no vector holds the words of turns {uncovered}"
 
+
+
+def test_the_embedders_scan_skims_by_the_backlogs_first_pass_rule_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One definition of the first pass (backlog.first_pass) serves the embedder's scan in SQL
+    (episodes.ids_between): on sessions of 1 to 12 turns it picks the turns the rule picks, above
+    `skim_below` every turn, and a changed rule changes what the scan picks."""
+    last = {f"s{n}": n for n in range(1, 13)}
+    turns = [ep.Episode(0, sid, t, T0, f"turn {t} of {sid}") for sid, n in last.items() for t in range(1, n + 1)]
+    turns = [ep.Episode(i, e.session_id, e.turn, T0 + i, e.text) for i, e in enumerate(turns, 1)]
+    _, memory = seeded(tmp_path, turns)
+    top = len(turns)
+
+    def scan(skim_below: int) -> list[int]:
+        return sorted(ep.ids_between(memory.conn, 1, top, 10_000, skim_below))
+
+    assert scan(top) == [e.id for e in turns if first_pass(e.turn, last[e.session_id])]
+    assert scan(0) == [e.id for e in turns]
+    half = top // 2
+    assert scan(half) == [e.id for e in turns if e.id > half or first_pass(e.turn, last[e.session_id])]
+    monkeypatch.setattr(ep, "first_pass", lambda turn, last_turn: turn == 1)
+    assert scan(top) == [e.id for e in turns if e.turn == 1]
 
 class FakeVectors:
     """A vector store whose cosines are given: `cos[id]` for each embedded episode."""

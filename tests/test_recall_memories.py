@@ -13,7 +13,7 @@ from devkit.harness import make_settings
 from sprite_os.commands.memory_search import as_json, open_searcher, search_main
 from sprite_os.config import Settings
 from sprite_os.memory.corrections import link_all
-from sprite_os.memory.forgetting import set_forgotten
+from sprite_os.memory.forget.learnings import set_forgotten
 from sprite_os.memory.loader import assemble_from, remembered_now, turns_section
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import auto

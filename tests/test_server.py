@@ -60,6 +60,31 @@ def test_the_server_starts_without_the_curators_sdk() -> None:
     assert done.stdout == "[]\n"
 
 
+def test_a_server_starts_serves_and_stops_without_the_agents_sdk(tmp_path: Path) -> None:
+    """The agent SDK (its MCP types: over a second of CPU) loads with the first agent, not with the
+    server: a start that serves no turn (a deploy's restart, a console visit) pays none of it. The
+    CLI it bundles (user isolation copies it) is found without importing it."""
+    import subprocess
+
+    from devkit.processes import kit_env
+
+    probe = ("import asyncio, json, sys, urllib.request\n"
+             "from pathlib import Path\n"
+             "from devkit.harness import make_settings, running\n"
+             "from sprite_os.agent.process import bundled_cli\n"
+             "async def main():\n"
+             "    async with running(make_settings(Path(sys.argv[1]), 'http://127.0.0.1:9')) as app:\n"
+             "        url = f'http://127.0.0.1:{app.port}/healthz'\n"
+             "        return json.load(await asyncio.to_thread(urllib.request.urlopen, url, None, 30))['status']\n"
+             "status = asyncio.run(main())\n"
+             "cli = bundled_cli()\n"
+             "print(status, cli.is_file(), sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'mcp'}))")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ws")], capture_output=True, text=True,
+                          timeout=120, check=False, env=kit_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "ok True []", done.stdout
+
+
 def test_the_command_line_imports_no_sdk_until_a_command_needs_one() -> None:
     """Every `sprite-os` run (service start/stop/status, a deploy's steps, version) builds the whole
     parser: building it imported the agent SDK through memory's modules (seconds each time)."""

@@ -15,15 +15,15 @@ under a bound). At most MAX_DOWNLOADS are
 open at once over every connection, PER_CLIENT under way on one; one nobody asks anything of for
 DOWNLOAD_IDLE seconds is closed by the sweep, a task of its own that runs every SWEEP_EVERY seconds.
 
-A download is its connection's (requests.Owner, as an upload is): its id (128 random bits) is no key
+A download is its connection's (transfers.Owner, as an upload is): its id (128 random bits) is no key
 on another connection, which is answered busy, until the download lingers. A download whose last
 chunk was sent, or whose connection ended, lingers LINGER seconds without counting against its
 connection's share: its last chunk's answer may have been lost with the connection, and the page asks again, on the same or a new
 connection. A finished one sends only that last chunk again; one whose connection ended goes on on
 the connection that asks for it next, which then owns it, and counts it in its share (a page can't
 reconnect its way past PER_CLIENT). A start that finds every place taken closes lingering ones first.
-At a stop, a read still going in a thread ends at its next chunk, and the stop waits at most STOP_WAIT
-for a download's lock.
+At a stop, a read still going in a thread ends at its next chunk, and the stop waits at most
+transfers.STOP_WAIT for a download's lock.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from ..logs import get_logger
 from . import files_frames as pf
 from . import requests as rq
 from .requests import Handler, Request, RequestFailed
+from .transfers import Owner, bounded, refused, settled
 from .user_files import NotThere, PathRefused, UserFiles, parts
 
 log = get_logger(__name__)
@@ -51,9 +51,6 @@ PER_CLIENT = 4  # under way at once on one connection
 DOWNLOAD_IDLE = 60.0  # seconds without a chunk asked for before a download is closed
 LINGER = 30.0  # seconds a finished download, or one whose connection ended, waits to be asked again
 SWEEP_EVERY = 5.0  # seconds between two looks for idle and lingering downloads
-STOP_WAIT = 1.0  # seconds a stop waits for the reads or writes still holding a transfer
-
-_T = TypeVar("_T")
 
 
 class _Changed(Exception):
@@ -71,7 +68,7 @@ class _Download:
 
     fd: int
     stamp: tuple[int, int, int]  # the file's size, mtime_ns and ctime_ns when it was opened (_stamp)
-    owner: rq.Owner  # the connection it is under way on
+    owner: Owner  # the connection it is under way on
     chunk_bytes: int
     touched: float = field(default_factory=time.monotonic)
     finished: bool = False  # its last chunk was sent: kept only to send that again
@@ -139,12 +136,6 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int]:
     the modification time back), but which a rename, a chmod or a link sets as well. Its inode and
     device can't change under a held descriptor, and its name is not what is sent."""
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def refused(exc: PathRefused | NotThere) -> RequestFailed:
-    if isinstance(exc, PathRefused):
-        return RequestFailed("bad_path", str(exc))
-    return RequestFailed("not_found", str(exc))
 
 
 class Downloads:
@@ -218,7 +209,7 @@ class Downloads:
                 raise RequestFailed("too_large", f"{st.st_size:,} bytes is over the console's download limit of "
                                     f"{pf.MAX_TRANSFER_BYTES:,}")
             download_id = secrets.token_hex(16)  # 128 bits: never guessed, and no key on another connection
-            self._open[download_id] = _Download(fd, _stamp(st), rq.Owner(client), self.chunk_bytes)
+            self._open[download_id] = _Download(fd, _stamp(st), Owner(client), self.chunk_bytes)
         return pf.DownloadStartResult(request_id=req.request_id, download_id=download_id,
                                       name=parts(req.path)[-1], size=st.st_size,
                                       chunk_bytes=self.chunk_bytes)
@@ -313,32 +304,3 @@ class Downloads:
 
 def _gone(idle: float) -> RequestFailed:
     return RequestFailed("not_found", f"no such download (it finished, was cancelled, or sat idle for {idle:.0f} s)")
-
-
-async def bounded(closes: list[Awaitable[None]], what: str) -> None:
-    """At a stop: run the closes, waiting at most STOP_WAIT for those whose lock a thread still holds
-    (its descriptor then goes with the process)."""
-    if not closes:
-        return
-    tasks = [asyncio.ensure_future(close) for close in closes]
-    _, left = await asyncio.wait(tasks, timeout=STOP_WAIT)
-    for task in left:
-        task.cancel()
-    if left:
-        log.warning("left_open_at_stop", what=what, count=len(left), after_s=STOP_WAIT)
-    for task in tasks:
-        if not task.cancelled() and task.done() and (exc := task.exception()) is not None:
-            log.error("close_at_stop_failed", what=what, error=type(exc).__name__)
-
-
-async def settled(work: Awaitable[_T]) -> _T:
-    """Await work running in a thread; if the caller is cancelled, still wait for the thread to be
-    done with the descriptor it uses before the cancellation lets go of that descriptor's lock."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller is gone, and a cut read's end is no news
-        raise

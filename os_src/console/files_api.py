@@ -4,7 +4,7 @@ and uploads. The file system work is console/user_files.py's, run in a thread.
 An upload is written, chunk by chunk, to Sprite OS's own uploads folder, checked (size, and the
 sha256 when the client sends one), then put in documents/; every client is told (`file_uploaded`)
 and so is the agent, with the person's next message. An upload is its connection's, as a download
-is (requests.Owner): another connection is answered busy until that one has ended, then the first to
+is (transfers.Owner): another connection is answered busy until that one has ended, then the first to
 ask takes it over. An upload nobody sends to for UPLOAD_IDLE seconds is dropped; so are those a
 stopped server left behind.
 """
@@ -25,8 +25,9 @@ from ..logs import get_logger
 from ..paths import Layout
 from . import files_frames as pf
 from . import requests as rq
-from .downloads import Downloads, bounded, refused, settled
+from .downloads import Downloads
 from .requests import Handler, Request, RequestFailed
+from .transfers import Owner, bounded, refused, settled
 from .user_files import NotThere, PathRefused, UserFiles, upload_name
 
 log = get_logger(__name__)
@@ -49,7 +50,7 @@ class _Upload:
     fd: int
     name: str  # the name it will have in documents/
     size: int
-    owner: rq.Owner  # the connection it is under way on
+    owner: Owner  # the connection it is under way on
     received: int = 0
     last: tuple[int, int] = (-1, 0)  # the last chunk written: (its offset, its length)
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -139,7 +140,7 @@ class FilesConsole:
                                     f"way counted): not enough for {_size(req.size)}; nothing was uploaded")
             temp, fd = await asyncio.to_thread(self.files.begin_upload)
             upload_id = secrets.token_hex(16)  # 128 bits: never guessed
-            self._uploads[upload_id] = _Upload(temp, fd, name, req.size, rq.Owner(rq.client.get()))
+            self._uploads[upload_id] = _Upload(temp, fd, name, req.size, Owner(rq.client.get()))
         return pf.UploadStartResult(request_id=req.request_id, upload_id=upload_id, chunk_bytes=pf.CHUNK_BYTES,
                                     max_bytes=pf.MAX_TRANSFER_BYTES)
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..memory.forgetting import AuditAction, audit, forgotten_count, record, set_forgotten
+from ..memory.audit import AuditAction, audit, record
+from ..memory.forget.learnings import forgotten_count, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from ..spending import day_start
 from ..text import CHARS_PER_TOKEN, estimate_tokens

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -70,33 +69,6 @@ class RequestFailed(SpriteOSError):
         super().__init__(message)
         self.code: RequestErrorCode = code
         self.message = message
-
-
-@dataclass
-class Owner:
-    """The connection a transfer (a download, an upload) is under way on. Another connection is
-    answered busy until that one has ended; then the first to ask takes the transfer over."""
-
-    client: str
-    left: bool = False  # its connection ended: the next connection to ask owns it
-
-    def ended(self, key: str) -> bool:
-        """Connection `key` ended: True if it owned this."""
-        if self.client == key:
-            self.left = True
-        return self.client == key
-
-    def take(self, what: str, room: Callable[[], None] = lambda: None) -> None:
-        """Check that the connection asking owns the transfer, or takes it over now (`room` refuses a
-        takeover past that connection's share by raising). Its caller holds the transfer."""
-        asking = client.get()
-        if self.client != asking:
-            if not self.left:
-                raise RequestFailed("busy", f"this {what} is another connection's: it goes on on this one only "
-                                    "once that connection has ended; ask again")
-            room()
-            self.client = asking
-        self.left = False
 
 
 class RequestIdOnly(msgspec.Struct):

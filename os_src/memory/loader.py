@@ -24,7 +24,7 @@ from ..text import safe_text, utc
 from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
-from .forget_turns import without
+from .forget.lines import without
 from .memory_store import Learning, MemoryDB, PendingAction
 from .transcript_store import TranscriptDB
 

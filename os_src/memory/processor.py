@@ -46,7 +46,7 @@ from .curation.curator import (
 )
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
-from .forget_turns import being_forgotten
+from .forget.jobs import being_forgotten
 from .memory_store import Batch, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB

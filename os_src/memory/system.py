@@ -14,9 +14,7 @@ import contextlib
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
-
-from claude_agent_sdk import HookMatcher
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Reads, Worker
@@ -32,7 +30,11 @@ from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
-from .forget_turns import Forgotten, TurnForgetting, came_from, hidden_lines, line_hash
+from .forget.context import SessionContext
+from .forget.jobs import hidden_lines
+from .forget.judge import LineJudge
+from .forget.lines import line_hash
+from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
 from .import_inbox import ImportInbox
 from .loader import BootLoader
@@ -41,6 +43,9 @@ from .processor import BatchProcessor, CuratorClient
 from .recall.searcher import RecallHit
 from .recall.service import Recalled, RecallService
 from .transcript_store import NewObservation, Observation, TranscriptDB
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookMatcher
 
 log = get_logger(__name__)
 
@@ -76,10 +81,9 @@ class MemorySystem:
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
         self.writer = self.capture.writer
         self.forgetting = TurnForgetting(layout, self.transcript, self.memory, self.files, self.recall.forget,
-                                         self.daemon.trigger, self.daemon.apply, embed=self.recall.embed_passages,
-                                         kept_near=self.recall.kept_near)
+                                         self.daemon.trigger, self.daemon.apply,
+                                         judge=LineJudge(self.recall.embed_passages, self.recall.kept_near))
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
-        self.forgetting.holds = self._holds
         self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
         self._booted_lines: list[str] = []  # and their texts (turns not yet curated, learnings, summaries too)
         self._recalled: tuple[str, set[int]] = ("", set())  # the turns auto-recall brought a session
@@ -165,7 +169,7 @@ class MemorySystem:
     async def forget_turns(self, ids: Sequence[int] = (), *, turn_ids: Sequence[str] = (),
                            session_id: str | None = None, by: str) -> Forgotten:
         """A person forgets turns (by id, by their id on the wire, or a whole session): their words
-        leave every store now, the memory files on the daemon's next pass (memory/forget_turns.py).
+        leave every store now, the memory files on the daemon's next pass (memory/forget/turns.py).
         The turns still being written land first. The caller holds the agent's turns meanwhile
         (the console, with the runtime's `holding_turns`)."""
         await self.writer.drained(FORGET_DRAIN_BUDGET)
@@ -174,7 +178,10 @@ class MemorySystem:
             wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
         if session_id is not None:
             wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
-        return await self.forgetting.forget(wanted, by)
+        # What the current session holds as the forget starts: the caller holds the agent's turns, so no turn
+        # (nor its auto-recall) adds to it meanwhile.
+        context = SessionContext(frozenset(self._booted), tuple(self._booted_lines), frozenset(self._recalled[1]))
+        return await self.forgetting.forget(wanted, by, context)
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
@@ -189,6 +196,8 @@ class MemorySystem:
 
     def hooks(self) -> dict[Any, list[HookMatcher]]:
         """Only what a hook alone can do: turns are captured from the runtime's stream."""
+        from claude_agent_sdk import HookMatcher
+
         budget = self.settings.precompact_budget
         return {
             "PreCompact": [HookMatcher(hooks=[self.compaction.on_pre_compact], timeout=budget + 10)],
@@ -246,14 +255,6 @@ class MemorySystem:
     def recalled(self, session_id: str) -> set[int]:
         """The turns auto-recall brought the session (their ids)."""
         return set(self._recalled[1]) if self._recalled[0] == session_id else set()
-
-    def _holds(self, lines: set[str], words: set[str], ids: Sequence[int]) -> bool:
-        """Whether the current session's context holds a forget's lines or turns: its boot prompt (a file
-        line found, or any of its lines most of whose words the turns said: a turn not yet curated, a
-        learning, a summary), or what auto-recall brought it (a forget of a past session's turn restarts
-        it then too)."""
-        return (bool(lines & self._booted) or bool(set(ids) & self._recalled[1])
-                or any(came_from(line, words) for line in self._booted_lines))
 
     def status(self) -> dict[str, Any]:
         """What memory's state is now, from memory alone (no database is read): the daemon's

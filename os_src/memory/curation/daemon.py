@@ -27,7 +27,7 @@ from ...config import DEFAULT_BATCH_TOKENS, DEFAULT_DAILY_USD
 from ...errors import BudgetSpent, CuratorError, EditConflict, UnusableReply, log_expected
 from ...logs import get_logger
 from ...spending import DailyBudget, cost_usd, day_start
-from ..forget_turns import FORGET_PASS
+from ..forget.jobs import FORGET_PASS
 from ..memory_store import MemoryDB
 from ..processor import MAX_REPLY_TOKENS, BatchProcessor
 from ..schema import STALE

@@ -26,7 +26,7 @@ from ...errors import CuratorError, LockHeld
 from ...fsutil import WriterLock
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
-from ..forgetting import forget_again, forgotten_keys
+from ..forget.learnings import forget_again, forgotten_keys
 from ..memory_store import MemoryDB
 from ..processor import BatchProcessor, CuratorClient
 from ..schema import PENDING

@@ -55,6 +55,7 @@ from .documents import (
 )
 from .index import RecallIndex
 from .pacing import AgentActivity, embed_delay
+from .reach import Reach, sessions_and_learnings
 from .vectors import VectorWriter, forget_everywhere
 
 log = get_logger(__name__)
@@ -151,6 +152,7 @@ class Indexer:
         self._episodes = 0
         self._rate = Rate()
         self._adopting = False
+        self.reach = Reach()  # whether a search could find anything outside a session (auto-recall asks)
         self.activity = AgentActivity()  # the embedder steps aside for the agent's turns (pacing.py)
         self._activity_changed = asyncio.Event()
         self._agent_idle = asyncio.Event()  # clear while the agent's turn runs (AFTER_TURN_WAIT)
@@ -188,6 +190,7 @@ class Indexer:
         if fresh_index:  # a new, empty directory: whatever the marks said, it holds nothing
             await self.memory.call(lambda m: write_marks(m.conn, Marks()))
         self._episodes = await self.memory.call(lambda m: ep.count(m.conn))  # then counted as they come
+        self.reach.load(*await self.memory.call(lambda m: sessions_and_learnings(m.conn)))  # then told as they come
         self._tasks.append(asyncio.create_task(self._run(), name="recall-indexer"))
         if self.embed is not None and self.model is not None:
             self._tasks.append(asyncio.create_task(self._embed_run(), name="recall-embedder"))
@@ -222,15 +225,21 @@ class Indexer:
     async def _catch_up(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._changed:
             changed, self._changed = sorted(self._changed), set()
-            await self._commit(loop, await self.memory.call(lambda m: learning_changes(m.conn, changed)))
+            staged_changes = await self.memory.call(lambda m: learning_changes(m.conn, changed))
+            if staged_changes.docs:  # a learning remembered again
+                self.reach.learned()
+            await self._commit(loop, staged_changes)
         while True:  # the newest turns the index lacks, then learnings
             held: Marks = await self.memory.call(lambda m: read_marks(m.conn))
             step = await self.transcript.call(partial(next_turns, marks=held))
             if step is not None:
+                self.reach.turns(o.session_id for o in step[0])  # before their episodes exist
                 staged: Staged | None = await self.memory.call(partial(_stage_turns, step=step, held=held))
                 self._embed_wake.set()
             else:
                 staged = await self.memory.call(partial(_stage_learnings, held=held))
+                if staged is not None and staged.docs:
+                    self.reach.learned()
             if staged is None:
                 break
             await self._commit(loop, staged)

@@ -29,7 +29,7 @@ SEARCH_CANDIDATES = 300  # matches read per query term (see search_learnings)
 BM25_MATCHES = 600  # up to this many matches in all, FTS5's bm25() ranks them
 
 _WORD = re.compile(r"\w+")
-# A learning a person forgot (memory/forgetting.py) is never found; the partial index keeps this cheap.
+# A learning a person forgot (memory/forget/learnings.py) is never found; the partial index keeps this cheap.
 _NOT_FORGOTTEN = "rowid NOT IN (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL)"
 STOPWORDS = frozenset(
     """a about after again all also am an and any are as at be been before being but by can could did do

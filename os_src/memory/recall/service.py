@@ -108,9 +108,11 @@ class RecallService:
         self._dense_status = DenseStatus(False, None, "not loaded yet")
         self._query_model: Embedder | None = None
         self._embed_model: Embedder | None = None
-        self.index = Worker("recall-index", self._the_index)
+        # Indexing and embedding wait for nobody on the agent's path: their threads run at the lowest
+        # priority. The searcher's is on it (auto-recall, before the message goes).
+        self.index = Worker("recall-index", self._the_index, background=True)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
-        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station)
+        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station, background=True)
         self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
@@ -342,6 +344,8 @@ class RecallService:
         raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
         if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
             return None
+        if self._index is not None and not self.indexer.reach.beyond(session_id):
+            return None  # a first session, nothing learned: nothing to find, and no trip to the recall thread
         now, boot, budget = time.time(), self._boot, self.settings.auto_recall_tokens
         try:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):

@@ -1,12 +1,11 @@
-"""Forgetting a learning, undoing it, and the audit of what a person changed in memory.
+"""Forgetting a learning, and undoing it.
 
 A forgotten learning keeps its row (with `forgotten_at`), so the forgetting can be undone;
 search, the boot prompt's recent learnings and its pending actions skip it, and the
 curator extracting the same text again adds nothing (learnings are deduplicated on their
 normalised text), so it does not come back. transcript.db is never touched: the turn the
 learning came from stays as it was. `memory rebuild` carries forgotten learnings over.
-
-Every forgetting, undo, edit and rollback a person makes is a row in `memory_audit`.
+Each forgetting and undo is a row in the audit (memory/audit.py).
 """
 
 from __future__ import annotations
@@ -14,30 +13,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Literal
 
-import msgspec
-
-from ..database import rows, transaction
-from .memory_store import MemoryDB
-
-AuditAction = Literal["forget", "unforget", "edit", "rollback", "forget_turns"]
-DETAIL_CHARS = 200
-
-
-class AuditRow(msgspec.Struct, frozen=True):
-    id: int
-    at: float
-    action: AuditAction
-    learning_id: int | None
-    file: str | None
-    detail: str
-
-
-def record(db: MemoryDB, action: AuditAction, now: float, *, learning_id: int | None = None,
-           file: str | None = None, detail: str = "") -> None:
-    db.conn.execute("INSERT INTO memory_audit (at, action, learning_id, file, detail) VALUES (?, ?, ?, ?, ?)",
-                    (now, action, learning_id, file, detail[:DETAIL_CHARS]))
+from ...database import transaction
+from ..audit import record
+from ..memory_store import MemoryDB
 
 
 def set_forgotten(db: MemoryDB, learning_id: int, forget: bool, now: float) -> float | None:
@@ -54,11 +33,6 @@ def set_forgotten(db: MemoryDB, learning_id: int, forget: bool, now: float) -> f
         c.execute("UPDATE learnings SET forgotten_at = ? WHERE id = ?", (stamp, learning_id))
         record(db, "forget" if forget else "unforget", now, learning_id=learning_id, detail=f"{kind}: {content}")
         return stamp
-
-
-def audit(db: MemoryDB, limit: int) -> list[AuditRow]:
-    return rows(db.conn.execute("SELECT id, at, action, learning_id, file, detail FROM memory_audit "
-                                "ORDER BY id DESC LIMIT ?", (limit,)), AuditRow)
 
 
 def forgotten_count(db: MemoryDB) -> int:

@@ -1,0 +1,101 @@
+"""The backups under `.os/` without the forgotten turns: older memory.db copies (kept by `memory
+rebuild`), v1's agent.db and memory files (kept by `migrate-v1`), each with a note that a forget removed
+text; a recall index set aside is derived data, and goes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...database import marks
+from ...fsutil import atomic_write
+from ...logs import get_logger
+from ...paths import Layout
+from .lines import meaningful_lines, without
+from .purge import AUDIT_REMOVED
+
+log = get_logger(__name__)
+
+
+def _backup_files(layout: Layout) -> list[Path]:
+    """Memory files kept by `migrate-v1` (v1's memory/*.md) under `.os/backup/`."""
+    return [p for p in (layout.os_dir / "backup").glob("*/memory/*.md") if p.is_file() and not p.is_symlink()]
+
+
+def backup_candidates(layout: Layout) -> dict[str, str]:
+    """Every meaningful line of the backups' memory files (v1's, kept by `migrate-v1`): hash, text."""
+    out: dict[str, str] = {}
+    for path in _backup_files(layout):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        out.update(meaningful_lines(text))
+    return out
+
+
+def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> bool:
+    """An older copy of memory.db (kept by `memory rebuild`) or v1's agent.db (kept by `migrate-v1`):
+    the same rows removed, the file rewritten without free pages (VACUUM), and a note left in it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA secure_delete=ON")
+        tables = {r for (r,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "observations" in tables:  # v1's agent.db: its turns, under the same ids
+            conn.execute("DROP TRIGGER IF EXISTS observations_append_only")
+            conn.execute(f"UPDATE observations SET user_message = '', tool_calls_json = '[]', agent_response = '' "
+                         f"WHERE id IN ({marks(ids)})", list(ids))
+        if "learnings" in tables:
+            gone = [r for (r,) in conn.execute(
+                f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
+                f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions])]
+            if "pending_actions" in tables:
+                conn.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(gone)})", gone)
+            if "memory_audit" in tables:
+                conn.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(gone)})",
+                             [AUDIT_REMOVED, *gone])
+            conn.execute(f"DELETE FROM learnings WHERE id IN ({marks(gone)})", gone)
+            if "learnings_fts" in tables:
+                conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('rebuild')")
+        if "episodes" in tables:
+            conn.execute(f"DELETE FROM episodes WHERE id IN ({marks(ids)})", list(ids))
+        if "episode_vectors" in tables:
+            conn.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
+        if "batches" in tables:
+            for bid, updates in conn.execute("SELECT id, file_updates FROM batches").fetchall():
+                with contextlib.suppress(ValueError, TypeError):
+                    files = json.loads(updates or "{}")
+                    conn.execute("UPDATE batches SET file_updates = ? WHERE id = ?",
+                                 (json.dumps({n: without(t, hashes, note) for n, t in files.items()}), bid))
+        conn.execute("CREATE TABLE IF NOT EXISTS forget_notes (at REAL NOT NULL, note TEXT NOT NULL)")
+        conn.execute("INSERT INTO forget_notes (at, note) VALUES (?, ?)", (time.time(), note))
+        conn.execute("VACUUM")
+        return True
+    except sqlite3.DatabaseError as exc:
+        log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
+        return False
+    finally:
+        conn.close()
+
+
+def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> int:
+    """Every backup under `.os/`: older memory.db copies, v1's data and files. Returns how many changed."""
+    done = 0
+    copies = [*layout.memory_dir.glob("memory.db.before-rebuild-*"), *(layout.os_dir / "backup").glob("*/agent.db")]
+    for path in copies:
+        if path.is_file() and not path.is_symlink() and _purge_copy(path, ids, sessions, hashes, note):
+            for suffix in ("-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            done += 1
+    for md in _backup_files(layout):
+        text = md.read_text(encoding="utf-8", errors="replace")
+        if (kept := without(text, hashes, note)) != text:
+            atomic_write(md, kept.encode("utf-8"))
+            done += 1
+    for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside, ignore_errors=True)
+            done += 1
+    return done

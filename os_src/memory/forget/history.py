@@ -1,0 +1,78 @@
+"""The curated memory files, their versions and the batches' records of what they wrote: their lines,
+as a forget judges them, and the forgotten lines taken out of each. The deploy's files (soul.md, os.md:
+templates bootstrap installs) say nothing a person said: never."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from ...database import transaction
+from ..files import CURATED, MemoryFiles
+from ..memory_store import MemoryDB
+from .lines import meaningful_lines, without
+
+
+def file_candidates(files: MemoryFiles) -> dict[str, str]:
+    """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
+    deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
+    out: dict[str, str] = {}
+    for name in CURATED:
+        texts = [files.read(name)]
+        for version in files.history(name):
+            with contextlib.suppress(OSError):
+                texts.append(version.text)
+        for text in texts:
+            out.update(meaningful_lines(text))
+    return out
+
+
+def current_lines(files: MemoryFiles) -> set[str]:
+    """The hashes of the curated files' meaningful lines as they are now."""
+    return set(current_texts(files))
+
+
+def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
+    """The curated files without those lines (each a new version, `forget`), then every version of
+    them rewritten in place with a note where the lines were. Returns the files changed."""
+    changed = []
+    for name in CURATED:
+        text = files.read(name)
+        kept = without(text, hashes)
+        if kept != text:
+            files.write(name, kept, "forget")
+            changed.append(name)
+    for name in CURATED:
+        files.redact_history(name, lambda old: without(old, hashes, note))
+    return changed
+
+
+def current_texts(files: MemoryFiles) -> dict[str, str]:
+    """The curated files' meaningful lines as they are now: hash, text."""
+    out: dict[str, str] = {}
+    for name in CURATED:
+        out.update(meaningful_lines(files.read(name)))
+    return out
+
+
+def batch_candidates(db: MemoryDB) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for (updates,) in db.conn.execute("SELECT file_updates FROM batches WHERE file_updates != '{}'"):
+        with contextlib.suppress(ValueError, TypeError):
+            for text in json.loads(updates).values():
+                out.update(meaningful_lines(text))
+    return out
+
+
+def strip_batches(db: MemoryDB, hashes: set[str]) -> int:
+    """Each batch's record of the files it wrote, without those lines (a batch not yet applied will
+    write its record as the file: no note in it)."""
+    changed = 0
+    with transaction(db.conn) as c:
+        for bid, updates in c.execute("SELECT id, file_updates FROM batches WHERE file_updates != '{}'").fetchall():
+            files = json.loads(updates)
+            kept = {name: without(text, hashes) for name, text in files.items()}
+            if kept != files:
+                c.execute("UPDATE batches SET file_updates = ? WHERE id = ?", (json.dumps(kept), bid))
+                changed += 1
+    return changed

@@ -1,0 +1,80 @@
+"""A forget's job in memory.db (`forget_jobs`): the turns' ids and the hashes of the file lines to take
+out, never a word. Written before any store loses the words, so that a forget a kill cuts short is
+finished at the next start; deleted once the daemon's pass has taken the lines out of every file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import msgspec
+
+from ...database import transaction
+from ..audit import record
+from ..memory_store import MemoryDB
+from ..recall.service import PURGE_KEY
+from .purge import tidy
+
+FORGET_PASS = "forget"  # the reason a forget wakes the daemon with: its file pass alone, backoff or not
+
+
+class Job(msgspec.Struct, frozen=True):
+    id: int
+    created_at: float
+    observation_ids: list[int]
+    sessions: list[str]
+    line_hashes: list[str]
+    decided: bool = True  # False: the lines the words found, not yet checked against what is kept
+
+
+def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
+    """A job whose lines are the words' first guess: undecided until `set_job_lines`. Written before any
+    store loses the words, with recall's flag that the index must be written anew: a forget cut short
+    anywhere after this is finished at the next start (`TurnForgetting.resume`)."""
+    with transaction(db.conn) as c:
+        cur = c.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
+                        "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
+                                                   json.dumps(sorted(hashes))))
+        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (PURGE_KEY,))
+    return int(cur.lastrowid or 0)
+
+
+def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
+    """Which of these turns a forget job names (a forget under way, its tombstone not yet written)."""
+    wanted = set(ids)
+    return sorted({i for job in jobs(db) for i in job.observation_ids if i in wanted})
+
+
+def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
+    """The job's lines, once decided (they replace the words' first guess)."""
+    db.conn.execute("UPDATE forget_jobs SET line_hashes = ?, decided = 1 WHERE id = ?",
+                    (json.dumps(sorted(hashes)), job_id))
+
+
+def decide_current(db: MemoryDB, job_id: int, checked: set[str], found: set[str]) -> None:
+    """An undecided job's current files' lines decided (`checked`, of which `found` came from the turns):
+    they replace the words' guess there, for the boot prompt and for its pass if it is decided there."""
+    row = db.conn.execute("SELECT line_hashes FROM forget_jobs WHERE id = ? AND decided = 0", (job_id,)).fetchone()
+    if row is not None:
+        db.conn.execute("UPDATE forget_jobs SET line_hashes = ? WHERE id = ?",
+                        (json.dumps(sorted((set(json.loads(row[0])) - checked) | found)), job_id))
+
+
+def jobs(db: MemoryDB) -> list[Job]:
+    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
+                            "ORDER BY id").fetchall()
+    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
+
+
+def hidden_lines(db: MemoryDB) -> set[str]:
+    """The hashes of file lines a pending job may remove (an undecided job's first guess included): the
+    boot prompt leaves them out now."""
+    return {h for job in jobs(db) for h in job.line_hashes}
+
+
+def finish_job(db: MemoryDB, job: Job, turns: int, now: float) -> None:
+    with transaction(db.conn) as c:
+        c.execute("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
+    record(db, "forget_turns", now, detail=f"{turns} turn{'s' if turns != 1 else ''} of "
+           f"{', '.join(job.sessions)}: their words removed from the files, their history and backups")
+    tidy(db.conn)

@@ -1,0 +1,354 @@
+"""Forgetting turns: a person forgets what they said (a turn, or a whole session), and the words go.
+
+At once (`TurnForgetting.forget`), the job on disk first (below), the tombstone last:
+- transcript.db: each turn keeps a tombstone (which turn, when, by whom) and its row loses its words;
+- memory.db: the turn's episode loses its text and its vector, the learnings that came from it (and
+  the summary of its session, which may repeat it) are deleted with their pending actions, and
+  the audit keeps no word of them; free pages zeroed (secure_delete), the FTS index merged, the WAL
+  emptied;
+- recall: the vectors become zeros in the vector store (which then never returns nor adds them) and
+  the documents leave the word index, which is then written anew in the background, so that no
+  segment on disk keeps their words;
+- the boot prompt: memory-file lines that came from the turns are left out of it until the daemon
+  has rewritten the files;
+- meanwhile no turn starts: the caller holds the agent's turns (the console, with the runtime's
+  `holding_turns`), since the agent could search for, or be reminded of, what is being forgotten.
+
+Then the memory daemon's next pass (`rewrite_files`, on the daemon's task, the memory files' one
+writer) takes those lines out of the curated files (a new version, source `forget`), out of every
+older version and every batch's record (a note stands where they were), and out of the backups
+(older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
+keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
+Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
+skips a job being decided and decides one left undecided; a new session's boot prompt waits for
+the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
+(`came_from`, a pure rule), and, with the dense retriever on, those the curator reworded, whose
+embedding is close to the turn's or to a learning drawn from it (the learnings keep the turn they
+came from) and closer to it by a margin than to any kept turn or learning recall finds near the
+line (`reworded`, chosen on bench/forget_lines.py's labelled set); either way, not a line a kept
+turn or learning near it says as well (`kept_holds`); a line that check can't judge (the search
+fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and the sha256 of each
+line found, never a word: first the lines the words find, undecided, then the decided lines; a job
+left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
+transcript's tombstone is written last: a forget a kill cuts short is run again at the next start
+(`resume`), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
+under way writes before the pass, which get the same check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...db_worker import Worker
+from ...errors import log_expected
+from ...logs import get_logger
+from ...paths import Layout
+from ...text import utc
+from ..files import MemoryFiles
+from ..memory_store import MemoryDB
+from ..schema import FORGOTTEN
+from ..transcript_store import Observation, TranscriptDB
+from .backups import backup_candidates, purge_backups
+from .context import NOTHING, SessionContext
+from .history import (
+    batch_candidates,
+    current_lines,
+    current_texts,
+    file_candidates,
+    strip_batches,
+    strip_files,
+)
+from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
+from .judge import CheckFailed, LineJudge, Lines
+from .lines import REMOVED, lines_from, turn_text, words_of
+from .purge import left_over, purge_memory
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Forgotten:
+    turns: list[Observation]  # as they were recorded (the caller uses their ids, sessions and numbers)
+    learnings: int
+    at: float
+    # Whether the current session holds them otherwise (its boot prompt a line the words find, or auto-recall
+    # one of the turns or a learning from it): its context must let go of them too.
+    in_context: bool = False
+
+
+Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
+# A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
+# again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
+# (out of the boot prompt) meanwhile.
+DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
+Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
+
+
+@dataclass
+class _Decision:
+    """What a forget keeps in memory (never on disk) until the daemon's pass: the turns' words, what
+    they and their learnings said (the meaning's anchors), the lines judged and the words' guess."""
+
+    words: set[str]
+    anchors: list[str]
+    lines: Lines
+    by_words: set[str]
+
+
+@dataclass
+class TurnForgetting:
+    """Owns forgetting: the at-once part for whoever asks (the console), the decision of which file
+    lines go (a task of its own), the file pass for the daemon."""
+
+    layout: Layout
+    transcript: Worker[TranscriptDB]
+    memory: Worker[MemoryDB]
+    files: MemoryFiles
+    purge_recall: Purge
+    wake_daemon: Callable[[str], None]
+    apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
+    clock: Callable[[], float] = time.time
+    judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
+    retries: Sequence[float] = DECIDE_RETRIES
+    _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
+    # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
+    _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
+    _stopping: bool = False
+    _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
+    _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
+    # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
+    # embed each line once, the next finding the vectors the one before kept.
+    _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def forget(self, ids: Iterable[int], by: str, context: SessionContext = NOTHING) -> Forgotten:
+        """The words out of every store at once, and the job that takes the file lines out on disk; the
+        lines are then decided by a task of their own (`decided` waits for it). A turn forgotten already
+        whose words memory.db still holds (a forget cut short) is taken out again. The caller holds the
+        agent's turns meanwhile, and says what the current session's context holds (`context`): the
+        answer says whether that holds the turns too."""
+        now = self.clock()
+        wanted = list(ids)
+        turns = await self.transcript.call(lambda t: t.get(wanted))
+        old = [o.id for o in turns if o.processed == FORGOTTEN]
+        left = await self.memory.call(lambda m: left_over(m, old)) if old else {}
+        turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
+        if not turns:
+            return Forgotten([], 0, now)
+        texts = await asyncio.to_thread(lambda: [turn_text(o) for o in turns if o.id not in left]) + [
+            t for o in turns for t in left.get(o.id, [])]
+        job, decision, learnings = await self._take_out(turns, texts, now, by, None)
+        self._start_decision(job, decision)
+        log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
+        return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
+
+    async def resume(self) -> int:
+        """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
+        have their words in the transcript (its tombstone is written last) has every step run again, and
+        so has a forgotten turn memory.db still holds words of (cut short under the order of steps
+        before); each step is idempotent. Returns the forgets finished."""
+        done = 0
+        for job in await self.memory.call(jobs):
+            turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
+            if any(o.processed != FORGOTTEN for o in turns):
+                await self._resumed(turns, [turn_text(o) for o in turns if o.processed != FORGOTTEN], job.id)
+                done += 1
+        old = await self.transcript.call(lambda t: t.forgotten_ids())
+        if left := await self.memory.call(lambda m: left_over(m, old)):
+            turns = await self.transcript.call(lambda t: t.get(sorted(left)))
+            await self._resumed(turns, [text for texts in left.values() for text in texts], None)
+            done += 1
+        return done
+
+    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> None:
+        job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job)
+        self._start_decision(job, decision)
+        log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
+
+    async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
+                        job: int | None) -> tuple[int, _Decision, int]:
+        """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
+        words find, undecided; recall's flag set), then memory.db, then recall, and the transcript's
+        tombstones last, so that until then a start finds the words and runs every step again."""
+        done = [o.id for o in turns]
+        sessions = sorted({o.session_id for o in turns})
+        self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
+        try:
+            # A whole session's tool outputs are megabytes: their words, and the lines they find, off the loop.
+            words = await asyncio.to_thread(words_of, list(texts))
+            lines = await self._lines()
+            by_words = await asyncio.to_thread(lines_from, lines.texts(), set(words))
+            if job is None:
+                job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
+            self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
+            try:
+                purged = await self.apply(lambda m: purge_memory(m, turns))
+                await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
+                fresh = [o.id for o in turns if o.processed != FORGOTTEN]
+                if fresh:
+                    await self.transcript.call(lambda t: t.forget(fresh, now, by))
+            except BaseException:
+                del self._deciding[job]  # the next start, or the daemon's pass, finishes it
+                raise
+        finally:
+            self._taking_out -= 1
+        decision = _Decision(words, texts + purged.contents, lines, by_words)
+        self._decisions[job] = decision
+        return job, decision, len(purged.learning_ids)
+
+    def _start_decision(self, job: int, decision: _Decision) -> None:
+        self._current[job] = asyncio.Event()
+        self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
+
+    async def decided(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, for the forgets deciding their lines. True if none is left."""
+        running = [task for task in self._deciding.values() if task is not None]
+        if not running:
+            return True
+        _, pending = await asyncio.wait(running, timeout=budget)
+        return not pending
+
+    async def stop(self, budget: float) -> None:
+        """A stop lets the decisions under way finish within `budget` seconds (the turns' words, which
+        judge the lines a batch writes after the forget, and the meaning's anchors are in memory only:
+        the shutdown's last pass uses them), then cancels the rest: their jobs are on disk, undecided,
+        and the daemon's pass at the next start decides them by the words the job found."""
+        try:
+            if not await self.decided(budget):
+                log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
+        finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
+            self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
+            running = [task for task in self._deciding.values() if task is not None]
+            for task in running:
+                task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _decide(self, job: int, decision: _Decision) -> None:
+        """The current files' lines first (tens of them: a new session's boot waits for those alone, and
+        the boot prompt leaves out what they find from then on), then the rest: their history, the
+        batches' records, the backups."""
+        now, rest = decision.lines.split()
+        found_now: set[str] | None = None
+        try:
+            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else DECIDE_RETRIES[-1]))
+            for attempt, pause in enumerate(pauses):
+                try:
+                    if found_now is None:
+                        async with self._one_at_a_time:
+                            found_now = await self.judge.found(decision.by_words & set(now.files), decision.anchors, now)
+                        await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
+                                         decide_current(m, job, c, f))
+                        self._current_ready(job)
+                    async with self._one_at_a_time:
+                        hashes = found_now | await self.judge.found(decision.by_words - set(now.files), decision.anchors,
+                                                               rest)
+                except CheckFailed as exc:
+                    # Precision first: a line the check could not judge stays in the files until it can.
+                    log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
+                                lines_kept_for_now=len(decision.by_words), next_try_s=pause)
+                    await asyncio.sleep(pause)
+                    continue
+                await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
+                log.info("forget_lines_decided", job=job, lines=len(hashes))
+                self.wake_daemon(FORGET_PASS)
+                return
+        except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
+            log_expected(log, "forget_decision_failed", exc)
+        finally:
+            self._current_ready(job)
+            self._deciding.pop(job, None)
+
+    def _current_ready(self, job: int) -> None:
+        if (ready := self._current.pop(job, None)) is not None:
+            ready.set()
+
+    async def current_decided(self, budget: float) -> bool:
+        """Wait, at most `budget` seconds, until the forgets deciding their lines have decided the current
+        files' (what a new session's boot prompt holds). True if none is left."""
+        waiting = [asyncio.create_task(ready.wait()) for ready in self._current.values()]
+        if not waiting:
+            return True
+        _, pending = await asyncio.wait(waiting, timeout=budget)
+        for task in pending:
+            task.cancel()
+        return not pending
+
+    async def rewrite_files(self) -> int:
+        """The daemon's pass: each pending job's lines out of the files, their history, the batches'
+        records and the backups. A job whose decision is under way is left to it (its end wakes the
+        daemon again); one left undecided is decided now. Returns the jobs done."""
+        done = 0
+        for job in await self.memory.call(jobs):
+            if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+                continue
+            try:
+                hashes = await self._settled(job)
+            except CheckFailed as exc:
+                log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
+                            lines_kept_for_now=len(job.line_hashes), next_try_s="the daemon's next pass")
+                continue
+            note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
+            changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
+            await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
+            backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,
+                                              note)
+            await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
+            self._decisions.pop(job.id, None)
+            log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
+            done += 1
+        return done
+
+    async def _settled(self, job: Job) -> set[str]:
+        """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
+        decided now (after a restart, by the words alone: the meaning's anchors were in memory); and the
+        lines written since the forget that the turns' words find, with the same kept-turn check.
+        CheckFailed: the check could not be made, and the job waits for the next pass."""
+        decision = self._decisions.get(job.id)
+        hashes = set(job.line_hashes)
+        if not job.decided:
+            if decision is not None:
+                hashes = await self.judge.found(decision.by_words, decision.anchors, decision.lines)
+            else:
+                now = await self._lines()
+                texts = now.texts()
+                mine = {h: texts[h] for h in hashes if h in texts}
+                hashes = await self.judge.found(set(mine), [], Lines(mine, {}, set()))
+            await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
+        else:
+            hashes = await self._still_found(hashes)
+        if decision is None:
+            return hashes
+        now = await self._lines()
+        judged = decision.lines
+        # New since the forget: a line not judged then, or one judged then but written into the current
+        # files since (a kept turn may say it now). Only those the words find.
+        rewritten = now.current - judged.current
+        unjudged = {h: text for h, text in now.texts().items()
+                    if h in rewritten or (h not in judged.files and h not in judged.backups)}
+        found = await asyncio.to_thread(lines_from, unjudged, set(decision.words))
+        new = {h: unjudged[h] for h in found}
+        if not new:
+            return hashes
+        checked = await self.judge.found(set(new), [], Lines(new, {}, set()))
+        log.info("forget_later_lines", job=job.id, new=len(new), found=len(checked))
+        return (hashes - set(new)) | checked
+
+    async def _still_found(self, hashes: set[str]) -> set[str]:
+        """Decided lines still in the current files, checked again against what is kept now: a person may
+        have said the fact again since the forget (a kept turn), and then the line stays."""
+        texts = await asyncio.to_thread(current_texts, self.files)
+        now = {h: texts[h] for h in hashes if h in texts}
+        if not now:
+            return hashes
+        return (hashes - set(now)) | await self.judge.found(set(now), [], Lines(now, {}, set()))
+
+    async def _lines(self) -> Lines:
+        files = await asyncio.to_thread(file_candidates, self.files)
+        files.update(await self.memory.call(batch_candidates))
+        backups = await asyncio.to_thread(backup_candidates, self.layout)
+        current = await asyncio.to_thread(current_lines, self.files)
+        return Lines(files, backups, current)
