@@ -58,6 +58,7 @@ from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .isolation.launch import AgentLaunch
 from .logs import get_logger
+from .stopping import CLI_END, TURN_GRACE
 from .tools import canvas
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -146,6 +147,10 @@ class AgentRuntime:
         self._inbox = Inbox()
         self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
         self._holds = 0  # holding_turns under way: no turn starts
+        self._unheld = asyncio.Event()  # set while no hold is under way: a started turn's auto-recall waits for it
+        self._unheld.set()
+        self._recall_done = asyncio.Event()  # clear while a turn's auto-recall runs: a hold waits for it
+        self._recall_done.set()
         self._held: tuple[str, float] | None = None  # the turn waiting for them, since when (monotonic)
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
@@ -178,13 +183,18 @@ class AgentRuntime:
     async def holding_turns(self) -> AsyncIterator[TurnHold]:
         """No turn starts until this exits (a forget takes words out of the transcript and search);
         a message sent meanwhile stays queued. The turn running already, if any, goes on: the holder
-        decides whether that makes it busy (`TurnHold.running`, fixed while it holds)."""
+        decides whether that makes it busy (`TurnHold.running`, fixed while it holds). A turn that began
+        before the hold (its CLI booting) takes its auto-recall only once the hold ends, and one under way
+        as it begins ends first: the holder then sees what it brought (memory's `recalled`)."""
         self._holds += 1
+        self._unheld.clear()
         try:
+            await self._recall_done.wait()
             yield TurnHold(self.turn_id, self._restart_first)
         finally:
             self._holds -= 1
             if not self._holds:
+                self._unheld.set()
                 self._wake.set()
 
     def _restart_first(self, session_id: str) -> bool:
@@ -236,19 +246,24 @@ class AgentRuntime:
     def queued(self) -> int:
         return len(self._inbox)
 
-    async def shutdown(self, grace: float = 30.0) -> None:
-        """End the running turn cleanly, end the session, and disconnect the CLI."""
+    async def shutdown(self, grace: float = TURN_GRACE, cli_end: float = CLI_END) -> None:
+        """End the running turn cleanly, end the session, and disconnect the CLI: the turn's end (its
+        interrupt too) within `grace` seconds; past it the task is cancelled, and the CLI it leaves has
+        `cli_end` seconds to disconnect before it is killed."""
         if self._task is None:
             return
         self._session.close()
         self._inbox.clear()  # queued messages were never started, and the server is going away
         self._put(Shutdown())
-        await self.interrupt()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), grace)
+            async with asyncio.timeout(grace):
+                await self.interrupt()
+                await asyncio.shield(self._task)
         except TimeoutError:
-            log.error("runtime_shutdown_timeout", grace=grace)
-            self._task.cancel()
+            log.error("runtime_shutdown_timeout", grace=round(grace, 1))
+            self._task.cancel()  # the task's own end disconnects the CLI (`_run`'s finally)...
+            if not (await asyncio.wait({self._task}, timeout=cli_end))[0]:
+                self._task.cancel()  # ...and a second cancel, in the disconnect, kills it (process.py)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._disconnect()
@@ -441,7 +456,12 @@ class AgentRuntime:
             notes, self._notes = self._notes, []
             recalled = None
             if self._memory is not None:
-                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                await self._recall_unheld(turn)
+                self._recall_done.clear()  # no await since the look: a hold that begins now waits for it
+                try:
+                    recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                finally:
+                    self._recall_done.set()
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
             said = "\n".join(f"- {n}" for n in notes)
@@ -449,6 +469,18 @@ class AgentRuntime:
                      recalled.context if recalled is not None else None]
             self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
+
+    async def _recall_unheld(self, turn: Turn) -> None:
+        """A forget that began after this turn did (its CLI was booting) holds turns: the turn's auto-recall
+        waits until it ends, so it never brings the words being taken out, at most TURN_HOLD_LIMIT (as a
+        message waiting to start does)."""
+        if self._unheld.is_set():
+            return
+        try:
+            async with asyncio.timeout(TURN_HOLD_LIMIT):
+                await self._unheld.wait()
+        except TimeoutError:
+            log.warning("turn_hold_overdue", turn_id=turn.turn_id, limit_s=TURN_HOLD_LIMIT, step="auto_recall")
 
     def _publish_message(self, turn: Turn, message: Message) -> None:
         from claude_agent_sdk import SystemMessage

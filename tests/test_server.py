@@ -287,9 +287,9 @@ async def test_a_stop_lets_the_requests_in_flight_end_before_it_stops_the_files(
 
 async def test_a_request_that_outlasts_the_stops_grace_is_cut_and_its_client_told(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sprite_os import server
+    from sprite_os import stopping
 
-    monkeypatch.setattr(server, "REQUEST_GRACE", 0.1)
+    monkeypatch.setattr(stopping, "REQUEST_GRACE", 0.1)
     events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=True)
     assert events == ["request start", "files stop", "waited"]  # the stop did not wait for ever
     assert answers == [("l1", "error", "shutting_down"), ("l2", "error", "shutting_down")]
