@@ -39,7 +39,7 @@ from .agent.environment import cli_environment
 from .agent.guard import MATCHER as GUARDED_TOOLS
 from .agent.guard import ToolGuard
 from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
-from .agent.process import AgentProcess, ClientFactory
+from .agent.process import AgentProcess, ClientFactory, load_sdk
 from .agent.state import (
     PERSONS_NEW_SESSION,
     AgentHealth,
@@ -408,6 +408,7 @@ class AgentRuntime:
         prompt (a write to a dying pipe can succeed) and fails, or ends the stream, before saying
         anything. Nothing of the turn happened, so it is sent once more, to a fresh CLI, unless
         the person interrupted it or the server is stopping meanwhile."""
+        await load_sdk()  # its names below, and the CLI's start, find it imported
         from claude_agent_sdk import CLIConnectionError, ProcessError
 
         reused = self._cli is not None
@@ -574,6 +575,7 @@ class AgentRuntime:
         message, no retry) waits on memory only to find the agent still cannot start."""
         started = time.monotonic()
         try:
+            await load_sdk()  # before _options, which builds the SDK's options (a retry's start comes here first)
             await asyncio.to_thread(_check_writable, self._launch.prompt_file)
             settle = not self.health.failed
             prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import importlib.util
 import shutil
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +41,13 @@ ClientFactory = Callable[["ClaudeAgentOptions"], "ClaudeSDKClient"]
 DISCONNECT_TIMEOUT = 10.0
 INTERRUPT_TIMEOUT = 5.0
 SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
+
+
+async def load_sdk() -> None:
+    """Import the agent SDK, once, on a thread. Its import is a second of CPU (mcp's pydantic types):
+    on the event loop, the first turn of every server would hold up every connection meanwhile."""
+    if "claude_agent_sdk" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "claude_agent_sdk")
 
 
 def bundled_cli() -> Path:
