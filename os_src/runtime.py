@@ -29,20 +29,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from claude_agent_sdk import (
-    ClaudeAgentOptions,
-    ClaudeSDKClient,
-    CLIConnectionError,
-    HookMatcher,
-    Message,
-    ProcessError,
-    ResultMessage,
-    SystemMessage,
-)
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from . import protocol as p
 from .agent import frames
@@ -50,7 +39,7 @@ from .agent.environment import cli_environment
 from .agent.guard import MATCHER as GUARDED_TOOLS
 from .agent.guard import ToolGuard
 from .agent.memory_port import AgentMemory, NoRecord, TurnRecord
-from .agent.process import AgentProcess, ClientFactory
+from .agent.process import AgentProcess, ClientFactory, load_sdk
 from .agent.state import (
     PERSONS_NEW_SESSION,
     AgentHealth,
@@ -69,7 +58,12 @@ from .config import Settings
 from .errors import QueueFull, ShuttingDown
 from .isolation.launch import AgentLaunch
 from .logs import get_logger
+from .stopping import CLI_END, TURN_GRACE
 from .tools import canvas
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import ClaudeAgentOptions, HookMatcher, Message, ResultMessage
+    from claude_agent_sdk.types import McpSdkServerConfig
 
 log = get_logger(__name__)
 
@@ -96,7 +90,7 @@ ModelEnv = Callable[[], Mapping[str, str]]
 # Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
 RetryReason = Callable[[], str | None]
 # The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
-ToolServers = Callable[[], Mapping[str, McpSdkServerConfig]]
+ToolServers = Callable[[], Mapping[str, "McpSdkServerConfig"]]
 
 
 class _NoResult(Exception):
@@ -135,7 +129,7 @@ class AgentRuntime:
         canvas_store: canvas.CanvasStore,
         model_env: ModelEnv,
         memory: AgentMemory | None = None,
-        client_factory: ClientFactory = ClaudeSDKClient,
+        client_factory: ClientFactory | None = None,  # None: the SDK's ClaudeSDKClient
         launch: AgentLaunch | None = None,
         retry_reason: RetryReason | None = None,
         tool_servers: ToolServers | None = None,
@@ -153,6 +147,10 @@ class AgentRuntime:
         self._inbox = Inbox()
         self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
         self._holds = 0  # holding_turns under way: no turn starts
+        self._unheld = asyncio.Event()  # set while no hold is under way: a started turn's auto-recall waits for it
+        self._unheld.set()
+        self._recall_done = asyncio.Event()  # clear while a turn's auto-recall runs: a hold waits for it
+        self._recall_done.set()
         self._held: tuple[str, float] | None = None  # the turn waiting for them, since when (monotonic)
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
@@ -185,13 +183,18 @@ class AgentRuntime:
     async def holding_turns(self) -> AsyncIterator[TurnHold]:
         """No turn starts until this exits (a forget takes words out of the transcript and search);
         a message sent meanwhile stays queued. The turn running already, if any, goes on: the holder
-        decides whether that makes it busy (`TurnHold.running`, fixed while it holds)."""
+        decides whether that makes it busy (`TurnHold.running`, fixed while it holds). A turn that began
+        before the hold (its CLI booting) takes its auto-recall only once the hold ends, and one under way
+        as it begins ends first: the holder then sees what it brought (memory's `recalled`)."""
         self._holds += 1
+        self._unheld.clear()
         try:
+            await self._recall_done.wait()
             yield TurnHold(self.turn_id, self._restart_first)
         finally:
             self._holds -= 1
             if not self._holds:
+                self._unheld.set()
                 self._wake.set()
 
     def _restart_first(self, session_id: str) -> bool:
@@ -243,19 +246,24 @@ class AgentRuntime:
     def queued(self) -> int:
         return len(self._inbox)
 
-    async def shutdown(self, grace: float = 30.0) -> None:
-        """End the running turn cleanly, end the session, and disconnect the CLI."""
+    async def shutdown(self, grace: float = TURN_GRACE, cli_end: float = CLI_END) -> None:
+        """End the running turn cleanly, end the session, and disconnect the CLI: the turn's end (its
+        interrupt too) within `grace` seconds; past it the task is cancelled, and the CLI it leaves has
+        `cli_end` seconds to disconnect before it is killed."""
         if self._task is None:
             return
         self._session.close()
         self._inbox.clear()  # queued messages were never started, and the server is going away
         self._put(Shutdown())
-        await self.interrupt()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), grace)
+            async with asyncio.timeout(grace):
+                await self.interrupt()
+                await asyncio.shield(self._task)
         except TimeoutError:
-            log.error("runtime_shutdown_timeout", grace=grace)
-            self._task.cancel()
+            log.error("runtime_shutdown_timeout", grace=round(grace, 1))
+            self._task.cancel()  # the task's own end disconnects the CLI (`_run`'s finally)...
+            if not (await asyncio.wait({self._task}, timeout=cli_end))[0]:
+                self._task.cancel()  # ...and a second cancel, in the disconnect, kills it (process.py)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._disconnect()
@@ -400,6 +408,9 @@ class AgentRuntime:
         prompt (a write to a dying pipe can succeed) and fails, or ends the stream, before saying
         anything. Nothing of the turn happened, so it is sent once more, to a fresh CLI, unless
         the person interrupted it or the server is stopping meanwhile."""
+        await load_sdk()  # its names below, and the CLI's start, find it imported
+        from claude_agent_sdk import CLIConnectionError, ProcessError
+
         reused = self._cli is not None
         try:
             return await self._attempt(turn, record)
@@ -411,6 +422,8 @@ class AgentRuntime:
         return await self._attempt(turn, record)
 
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
+        from claude_agent_sdk import ResultMessage
+
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
             self._refuse_if_failing()
@@ -443,7 +456,12 @@ class AgentRuntime:
             notes, self._notes = self._notes, []
             recalled = None
             if self._memory is not None:
-                recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                await self._recall_unheld(turn)
+                self._recall_done.clear()  # no await since the look: a hold that begins now waits for it
+                try:
+                    recalled = await self._memory.recall_for(turn.text, self.session_id, turn.turn_id)
+                finally:
+                    self._recall_done.set()
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
             said = "\n".join(f"- {n}" for n in notes)
@@ -452,7 +470,21 @@ class AgentRuntime:
             self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
         return self._prompted[1]
 
+    async def _recall_unheld(self, turn: Turn) -> None:
+        """A forget that began after this turn did (its CLI was booting) holds turns: the turn's auto-recall
+        waits until it ends, so it never brings the words being taken out, at most TURN_HOLD_LIMIT (as a
+        message waiting to start does)."""
+        if self._unheld.is_set():
+            return
+        try:
+            async with asyncio.timeout(TURN_HOLD_LIMIT):
+                await self._unheld.wait()
+        except TimeoutError:
+            log.warning("turn_hold_overdue", turn_id=turn.turn_id, limit_s=TURN_HOLD_LIMIT, step="auto_recall")
+
     def _publish_message(self, turn: Turn, message: Message) -> None:
+        from claude_agent_sdk import SystemMessage
+
         out = frames.message_frames(turn.turn_id, message, interrupted=self._turn.interrupted)
         if out and isinstance(out[0], p.ModelRetry) and out[0].error_status == 429 and self._retry_reason:
             if reason := self._retry_reason():  # the Sprite's own rate, not the proxy's: say so
@@ -543,6 +575,7 @@ class AgentRuntime:
         message, no retry) waits on memory only to find the agent still cannot start."""
         started = time.monotonic()
         try:
+            await load_sdk()  # before _options, which builds the SDK's options (a retry's start comes here first)
             await asyncio.to_thread(_check_writable, self._launch.prompt_file)
             settle = not self.health.failed
             prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT
@@ -563,6 +596,8 @@ class AgentRuntime:
 
     def _options(self, system_prompt: Any) -> ClaudeAgentOptions:
         """The one place the agent's capabilities are decided: tools, hooks, MCP servers."""
+        from claude_agent_sdk import ClaudeAgentOptions, HookMatcher
+
         mcp: dict[str, Any] = {canvas.SERVER_NAME: canvas.canvas_server(self._canvas)}
         if self._tool_servers is not None:  # memory's search_memory: the composition root builds it
             mcp.update(self._tool_servers())

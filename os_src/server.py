@@ -21,18 +21,20 @@ same workspace is refused before it can kill the first one's agent or rewrite it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import hmac
 import json
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from claude_agent_sdk.types import McpSdkServerConfig
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -63,16 +65,20 @@ from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .protocol import SUBPROTOCOL, ServerFrame
 from .runtime import AgentRuntime
+from .stopping import (
+    EXIT,
+    STOP_TIMEOUT,
+    StopDeadline,
+)
 from .tools import memory_search
 from .tools.canvas import CanvasStore
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk.types import McpSdkServerConfig
 
 log = get_logger(__name__)
 
 HARD_FRAME_LIMIT = 4 * 1024 * 1024  # beyond this the socket closes with 1009
-SHUTDOWN_GRACE = 30.0
-# How long the console's requests in flight at a stop may take to end (beside the running turn's
-# grace, not after it): an upload's chunk, a forget deciding. Past it they are cut, shutting_down.
-REQUEST_GRACE = 30.0
 
 
 def bearer_token(request: Request) -> str | None:
@@ -126,6 +132,8 @@ class SpriteOS:
                                left=self.files.left)
         self.pages = ConsolePages(self._authorized, settings.allowed_origins)
         self._server: Server | None = None
+        self.stop_timeout = STOP_TIMEOUT  # SIGTERM to the service's SIGKILL: the stop's one deadline
+        self.stopped = False  # the stop ended (memory flushed): what a process still alive then holds is no loss
 
     def _publish(self, frame: ServerFrame) -> None:
         self.metrics.observe(frame)
@@ -198,11 +206,14 @@ class SpriteOS:
             reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
             raise PortUnavailable(f"cannot listen on {host}:{port}: {reason}") from None
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: StopDeadline | None = None) -> None:
         """Stop accepting connections and requests, end the running turn while the requests in flight
-        end, tell clients, stop the files' transfers, flush memory, close the databases. Each step
-        runs whatever failed before it: memory's flush above all."""
-        log.info("server_stopping")
+        end, tell clients, stop the files' transfers, flush memory, close the databases: each step
+        within its share of the stop's one deadline (stopping.py), memory's share kept for it whatever
+        the steps before it do. Each step runs whatever failed before it: memory's flush above all."""
+        loop = asyncio.get_running_loop()
+        deadline = deadline or StopDeadline(loop.time(), self.stop_timeout)
+        log.info("server_stopping", budget_s=round(deadline.budget(loop.time()), 1))
         if self._server is not None:
             self._server.close(close_connections=False)
         try:
@@ -211,30 +222,42 @@ class SpriteOS:
             log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
         # Beside the turn's end (which must never wait for a request: the CLI goes in its grace),
         # and before what answers them stops: files' transfers, then memory.
-        requests = asyncio.create_task(self.gateway.requests_done(REQUEST_GRACE), name="requests-done")
-        steps: list[Callable[[], Awaitable[None]]] = [
-            functools.partial(self.runtime.shutdown, SHUTDOWN_GRACE),
-            functools.partial(asyncio.to_thread, self.launch.close),  # the agent's control group, empty now
-            self.relay.stop,  # after the CLI: a turn ending in the grace still reaches the model
-            lambda: requests, self.gateway.close_all, self.files.stop, self._closed, self._stop_memory]
+        requests = asyncio.create_task(self.gateway.requests_done(deadline.requests(loop.time())),
+                                       name="requests-done")
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("runtime", lambda: self.runtime.shutdown(deadline.turn(loop.time()), deadline.cli(loop.time()))),
+            ("agent_group", functools.partial(asyncio.to_thread, self.launch.close)),  # empty now
+            ("relay", self.relay.stop),  # after the CLI: a turn ending in the grace still reaches the model
+            ("requests", lambda: requests), ("connections", self.gateway.close_all), ("files", self.files.stop),
+            ("listener", self._closed)]
         try:
-            for step in steps:
-                try:
-                    await step()
-                except Exception as exc:
-                    log.error("server_stop_step_failed", error=repr(exc)[:300], exc_info=exc)
+            for name, step in steps:  # none of them takes memory's reserve
+                await self._step(name, step, deadline.before_memory(loop.time()))
+            # Memory bounds each of its own steps (the capture's and the flush's shares are kept for them).
+            await self._step("memory", lambda: self._stop_memory(deadline), deadline.stores(loop.time()))
         finally:  # a stop that is itself cancelled leaves no task of its own behind
             requests.cancel()
         self.lock.release()
-        log.info("server_stopped")
+        self.stopped = True
+        log.info("server_stopped", after_s=round(loop.time() - deadline.start, 1))
+
+    @staticmethod
+    async def _step(name: str, step: Callable[[], Awaitable[None]], budget: float) -> None:
+        try:
+            async with asyncio.timeout(budget):
+                await step()
+        except TimeoutError:
+            log.error("server_stop_step_cut", step=name, after_s=round(budget, 1))
+        except Exception as exc:
+            log.error("server_stop_step_failed", step=name, error=repr(exc)[:300], exc_info=exc)
 
     async def _closed(self) -> None:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _stop_memory(self) -> None:
+    async def _stop_memory(self, deadline: StopDeadline) -> None:
         if self.memory is not None:
-            await self.memory.stop()
+            await self.memory.stop(deadline)
 
     def _agent(self) -> dict[str, Any]:
         rt = self.runtime
@@ -321,8 +344,45 @@ def overall_status(body: dict[str, Any]) -> str:
     return "ok"
 
 
-async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+class ExitGuard:
+    """The process's end, bounded by the stop's deadline. A thread that never returns (a database
+    call stuck on a disk, a hung forget decision's thread) holds asyncio.run's end and the
+    interpreter's, which both wait for their threads, until the service's SIGKILL: then the stop
+    itself, memory's flush included, would be the one cut. Armed when the stop begins, for the
+    deadline's end; armed again, for EXIT, once the stop has ended (memory flushed): what a thread
+    still holds then is no loss. Exits 0 if the stop ended, else 1."""
+
+    def __init__(self, app: SpriteOS) -> None:
+        self._app = app
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(max(0.0, seconds), self._exit)
+        self._timer.daemon = True  # never what holds the exit up itself
+        self._timer.start()
+
+    def _exit(self) -> None:
+        code = 0 if self._app.stopped else 1
+        last = threading.Timer(LAST_WORD, os._exit, (code,))  # even if the log below can't be written
+        last.daemon = True
+        last.start()
+        held = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+        log.error("exit_forced", stopped=self._app.stopped, threads=held)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+LAST_WORD = 0.2  # seconds the forced exit's log line may take
+
+
+async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None,
+                              guard: ExitGuard | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully, within the stop's one deadline
+    (`guard`: and end the process by then, whatever a thread holds)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -335,7 +395,12 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        await app.stop()
+        deadline = StopDeadline(loop.time(), app.stop_timeout)
+        if guard is not None:
+            guard.arm(deadline.exit_at() - loop.time())
+        await app.stop(deadline)
+        if guard is not None:
+            guard.arm(min(deadline.exit_at() - loop.time(), deadline.seconds(EXIT)))
 
 
 def serve_main(settings: Settings, lock: WriterLock, isolation: Isolation) -> int:
@@ -344,5 +409,6 @@ def serve_main(settings: Settings, lock: WriterLock, isolation: Isolation) -> in
     limit_arenas()  # before any thread starts: see malloc_arenas.py
     configure_logging(settings.log_format, settings.log_level, settings.log_file)
     token = resolve_token(settings, create=True)
-    asyncio.run(run_until_signalled(SpriteOS(settings, token, lock=lock, isolation=isolation)))
+    app = SpriteOS(settings, token, lock=lock, isolation=isolation)
+    asyncio.run(run_until_signalled(app, guard=ExitGuard(app)))
     return 0

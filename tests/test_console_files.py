@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from devkit.harness import make_settings
+from devkit.harness import make_settings, wait_for
 from sprite_os import protocol as p
 from sprite_os.console import files_api
 from sprite_os.console import files_frames as pf
@@ -213,6 +213,31 @@ async def test_idle_and_cancelled_uploads_and_those_a_stopped_server_left_are_dr
     assert (await kit.refused(pf.UploadChunkRequest(request_id="c", upload_id=first.upload_id,  # type: ignore[attr-defined]
                                                     offset=0, data=b"x"))).code == "not_found"
     assert len(list(incoming.iterdir())) == 1
+
+
+async def test_an_idle_upload_is_dropped_by_the_sweep_with_no_other_upload_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page that went away mid-upload sends nothing more: its part file and descriptor go within
+    UPLOAD_IDLE and a sweep, not only when another upload starts (which may be never)."""
+    layout = Layout(tmp_path / "workspace")
+    layout.ensure()
+    api = FilesConsole(layout, lambda _frame: None, lambda _note: None, sweep_every=0.01)
+    await api.start()
+    try:
+        incoming = layout.state_dir / "uploads"
+        start = await api.handlers[pf.UploadStartRequest](pf.UploadStartRequest(request_id="s", name="a", size=4))
+        uid = start.upload_id  # type: ignore[attr-defined]
+        await api.handlers[pf.UploadChunkRequest](pf.UploadChunkRequest(request_id="c", upload_id=uid, offset=0,
+                                                                          data=b"ha"))
+        assert len(list(incoming.iterdir())) == 1
+        monkeypatch.setattr(files_api, "UPLOAD_IDLE", -1.0)
+        await wait_for(lambda: not list(incoming.iterdir()), timeout=10)
+        with pytest.raises(RequestFailed) as gone:
+            await api.handlers[pf.UploadChunkRequest](pf.UploadChunkRequest(request_id="c", upload_id=uid,
+                                                                              offset=2, data=b"lf"))
+        assert gone.value.code == "not_found"
+    finally:
+        await api.stop()
 
 
 async def test_a_cancel_waits_for_the_chunk_being_written_so_no_other_file_gets_its_bytes(

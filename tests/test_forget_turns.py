@@ -40,7 +40,7 @@ from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
 from sprite_os.memory.recall.service import vectors_path
-from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
+from sprite_os.memory.recall.vectors import VectorReader, VectorWriter, read_meta
 from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
@@ -127,10 +127,14 @@ def raw(path: Path) -> bytes:
 
 
 def stored_vector(store: Path, episode: int) -> np.ndarray:
-    """The episode's vector as the store's file holds it."""
-    ids = np.fromfile(store / "ids.i64", dtype=np.int64)
+    """The episode's vector as the store's files hold it, read up to the committed count as the store's
+    readers do: the embedder may be appending beside the test, one file after the other."""
+    meta = read_meta(store)
+    assert meta is not None
+    ids = np.fromfile(store / "ids.i64", dtype=np.int64, count=meta.count)
     [row] = np.flatnonzero(ids == episode)
-    return np.fromfile(store / "vectors.f16", dtype=np.float16).reshape(len(ids), -1)[row].astype(np.float32)
+    vectors = np.fromfile(store / "vectors.f16", dtype=np.float16, count=meta.count * meta.dim)
+    return vectors.reshape(meta.count, meta.dim)[row].astype(np.float32)
 
 
 def said(path: Path) -> list[bytes]:

@@ -434,6 +434,59 @@ async def test_a_message_held_past_the_limit_runs_anyway(hm: Harness, monkeypatc
         assert (await hm.turn("one")).status == "completed"
 
 
+async def test_a_turn_booting_its_cli_when_a_forget_begins_recalls_only_once_the_forget_is_done(
+        hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn began before the hold (so it is not held at the gate): its auto-recall, which could bring
+    the words being taken out, waits for the hold's end."""
+    assert hm.memory is not None
+    recalls: list[tuple[str, int]] = []
+
+    async def recall_for(message: str, session_id: str, turn_id: str) -> None:
+        recalls.append((message, hm.rt._holds))
+        return None
+
+    monkeypatch.setattr(hm.memory, "recall_for", recall_for)
+    hm.memory.booting = asyncio.Event()
+    hm.rt.submit("one")
+    await hm.until(lambda: hm.rt.state == "starting")  # booting its CLI: past the gate
+    async with hm.rt.holding_turns():
+        hm.memory.booting.set()
+        await hm.until(lambda: bool(hm.clis))
+        await asyncio.sleep(0.05)  # a moment in which a recall that did not wait would have run
+        assert recalls == []
+    assert (await hm.turn("two")).status == "completed"
+    assert recalls == [("one", 0), ("two", 0)]
+
+
+async def test_a_hold_begins_only_once_the_auto_recall_under_way_has_ended(
+        hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What that recall brings is then memory's `recalled` when the forget asks what the session holds."""
+    assert hm.memory is not None
+    steps: list[str] = []
+    gate = asyncio.Event()
+
+    async def recall_for(message: str, session_id: str, turn_id: str) -> None:
+        steps.append("recall")
+        await gate.wait()
+        steps.append("recalled")
+        return None
+
+    async def forget() -> None:
+        async with hm.rt.holding_turns():
+            steps.append("held")
+
+    monkeypatch.setattr(hm.memory, "recall_for", recall_for)
+    hm.rt.submit("one")
+    await hm.until(lambda: steps == ["recall"])
+    holding = asyncio.create_task(forget())
+    await asyncio.sleep(0.05)
+    assert steps == ["recall"]  # the hold waits
+    gate.set()
+    await asyncio.wait_for(holding, 5)
+    assert steps == ["recall", "recalled", "held"]
+    await hm.until(lambda: bool(hm.of(p.TurnComplete)))
+
+
 async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harness) -> None:
     assert hm.memory is not None
     hm.memory.booting = asyncio.Event()

@@ -60,6 +60,96 @@ def test_the_server_starts_without_the_curators_sdk() -> None:
     assert done.stdout == "[]\n"
 
 
+def test_a_server_starts_serves_and_stops_without_the_agents_sdk(tmp_path: Path) -> None:
+    """The agent SDK (its MCP types: over a second of CPU) loads with the first agent, not with the
+    server: a start that serves no turn (a deploy's restart, a console visit) pays none of it. The
+    CLI it bundles (user isolation copies it) is found without importing it."""
+    import subprocess
+
+    from devkit.processes import kit_env
+
+    probe = ("import asyncio, json, sys, urllib.request\n"
+             "from pathlib import Path\n"
+             "from devkit.harness import make_settings, running\n"
+             "from sprite_os.agent.process import bundled_cli\n"
+             "async def main():\n"
+             "    async with running(make_settings(Path(sys.argv[1]), 'http://127.0.0.1:9')) as app:\n"
+             "        url = f'http://127.0.0.1:{app.port}/healthz'\n"
+             "        return json.load(await asyncio.to_thread(urllib.request.urlopen, url, None, 30))['status']\n"
+             "status = asyncio.run(main())\n"
+             "cli = bundled_cli()\n"
+             "print(status, cli.is_file(), sorted({m.split('.')[0] for m in sys.modules} & {'claude_agent_sdk', 'mcp'}))")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ws")], capture_output=True, text=True,
+                          timeout=120, check=False, env=kit_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "ok True []", done.stdout
+
+
+# A runtime's first turn, in a fresh interpreter, with the SDK's client faked: which thread imported
+# the agent SDK (the loop's, or another), and the turn's status.
+_FIRST_TURN_PROBE = """
+import asyncio, sys, threading
+from pathlib import Path
+from types import SimpleNamespace
+from devkit.harness import make_settings
+from sprite_os import protocol as p
+from sprite_os.runtime import AgentRuntime
+from sprite_os.tools.canvas import CanvasStore
+
+importers = []
+
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "claude_agent_sdk":
+            importers.append("loop" if threading.current_thread() is threading.main_thread() else "thread")
+        return None
+
+sys.meta_path.insert(0, Spy())
+
+class FakeCLI:
+    def __init__(self, _options):
+        self._transport = SimpleNamespace(_process=SimpleNamespace(pid=4242, returncode=None))
+    async def connect(self): pass
+    async def query(self, text): pass
+    async def receive_response(self):
+        from claude_agent_sdk import ResultMessage
+        yield ResultMessage(subtype="success", duration_ms=1, duration_api_ms=1, is_error=False, num_turns=1,
+                            session_id="x", usage={"input_tokens": 1, "output_tokens": 1})
+    async def interrupt(self): pass
+    async def disconnect(self): pass
+
+async def main():
+    settings = make_settings(Path(sys.argv[1]), "http://127.0.0.1:9")
+    settings.layout.ensure()
+    frames = []
+    rt = AgentRuntime(settings, publish=frames.append, canvas_store=CanvasStore(settings.layout.canvas_file,
+                      frames.append), model_env=dict, client_factory=FakeCLI)
+    await rt.start()
+    rt.submit("hi")
+    async with asyncio.timeout(60):
+        while not any(isinstance(f, p.TurnComplete) for f in frames):
+            await asyncio.sleep(0.01)
+    await rt.shutdown(5)
+    return next(f for f in frames if isinstance(f, p.TurnComplete)).status
+
+status = asyncio.run(main())
+print(status, importers)
+"""
+
+
+def test_the_first_turn_imports_the_agents_sdk_off_the_event_loop(tmp_path: Path) -> None:
+    """The agent SDK's import (a second of CPU) waits for the first agent; made on the loop, it
+    would hold up every connection, the console and /healthz at every server's first turn."""
+    import subprocess
+
+    from devkit.processes import kit_env
+
+    done = subprocess.run([sys.executable, "-c", _FIRST_TURN_PROBE, str(tmp_path / "ws")], capture_output=True,
+                          text=True, timeout=120, check=False, env=kit_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "completed ['thread']", done.stdout
+
+
 def test_the_command_line_imports_no_sdk_until_a_command_needs_one() -> None:
     """Every `sprite-os` run (service start/stop/status, a deploy's steps, version) builds the whole
     parser: building it imported the agent SDK through memory's modules (seconds each time)."""
@@ -197,9 +287,9 @@ async def test_a_stop_lets_the_requests_in_flight_end_before_it_stops_the_files(
 
 async def test_a_request_that_outlasts_the_stops_grace_is_cut_and_its_client_told(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sprite_os import server
+    from sprite_os import stopping
 
-    monkeypatch.setattr(server, "REQUEST_GRACE", 0.1)
+    monkeypatch.setattr(stopping, "REQUEST_GRACE", 0.1)
     events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=True)
     assert events == ["request start", "files stop", "waited"]  # the stop did not wait for ever
     assert answers == [("l1", "error", "shutting_down"), ("l2", "error", "shutting_down")]

@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-from claude_agent_sdk import (
-    AssistantMessage,
-    ResultMessage,
-    StreamEvent,
-    SystemMessage,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    UserMessage,
-)
+from typing import TYPE_CHECKING, Any
 
 from .. import protocol as p
 from ..text import clean_text
 from .budget import REFUSED_BY
 from .memory_port import Recalled
 from .state import TurnCost
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import AssistantMessage, ResultMessage
 
 SUMMARY_CHARS = 300
 ERROR_DETAIL_CHARS = 300
@@ -45,6 +37,8 @@ def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
 
 
 def assistant_text(message: AssistantMessage) -> str:
+    from claude_agent_sdk import TextBlock
+
     return clean_text("".join(b.text for b in message.content if isinstance(b, TextBlock)))
 
 
@@ -52,6 +46,15 @@ def message_frames(turn_id: str, message: Any, *, interrupted: bool = False,
                    cost: TurnCost | None = None) -> list[p.ServerFrame]:
     """The frames one SDK message of a turn becomes (often none). `cost` is the turn's own (the
     CLI's `total_cost_usd` is its process's running total: state.CostMeter takes the difference)."""
+    from claude_agent_sdk import (
+        AssistantMessage,
+        ResultMessage,
+        StreamEvent,
+        SystemMessage,
+        ToolResultBlock,
+        UserMessage,
+    )
+
     if isinstance(message, StreamEvent):
         event = message.event
         if (message.parent_tool_use_id is None and event.get("type") == "content_block_delta"
@@ -91,6 +94,8 @@ def retry_frame(turn_id: str, data: dict[str, Any]) -> p.ModelRetry:
 
 
 def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerFrame]:
+    from claude_agent_sdk import ToolUseBlock
+
     frames: list[p.ServerFrame] = []
     if text := assistant_text(message):
         frames.append(p.AssistantMessage(turn_id=turn_id, text=text))

@@ -19,12 +19,13 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
-
-from claude_agent_sdk import HookContext, HookInput, HookJSONOutput
+from typing import TYPE_CHECKING, Any, cast
 
 from ..logs import get_logger
 from ..paths import Layout
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookContext, HookInput, HookJSONOutput
 
 log = get_logger(__name__)
 

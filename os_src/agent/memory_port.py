@@ -7,9 +7,10 @@ The runtime depends on these protocols, not on memory/system.py, so the data pat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from claude_agent_sdk import HookMatcher, Message, ResultMessage
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookMatcher, Message, ResultMessage
 
 
 class TurnRecord(Protocol):

@@ -20,29 +20,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import shutil
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
-
-import claude_agent_sdk
-from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, Message
+from typing import TYPE_CHECKING, Any
 
 from ..logs import get_logger
 from .ledger import CliLedger
 
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKClient, Message
+
 log = get_logger(__name__)
 
-ClientFactory = Callable[[ClaudeAgentOptions], ClaudeSDKClient]
+ClientFactory = Callable[["ClaudeAgentOptions"], "ClaudeSDKClient"]
 
 DISCONNECT_TIMEOUT = 10.0
 INTERRUPT_TIMEOUT = 5.0
 SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
 
 
+async def load_sdk() -> None:
+    """Import the agent SDK, once, on a thread. Its import is a second of CPU (mcp's pydantic types):
+    on the event loop, the first turn of every server would hold up every connection meanwhile."""
+    if "claude_agent_sdk" not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, "claude_agent_sdk")
+
+
 def bundled_cli() -> Path:
     """The SDK's own CLI (where this SDK version keeps it), or the `claude` on PATH if it bundles none."""
-    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    spec = importlib.util.find_spec("claude_agent_sdk")  # where it is, without importing it
+    package = Path(spec.origin).parent if spec is not None and spec.origin else Path("/nonexistent")
+    bundled = package / "_bundled" / "claude"
     found = bundled if bundled.is_file() else Path(shutil.which("claude") or bundled)
     return found.resolve()
 
@@ -51,7 +63,11 @@ class AgentProcess:
     """Owns one `ClaudeSDKClient` and the CLI process behind it. Drive it from one task
     (the SDK requires it), except `interrupt`, which the SDK allows from outside."""
 
-    def __init__(self, options: ClaudeAgentOptions, factory: ClientFactory = ClaudeSDKClient) -> None:
+    def __init__(self, options: ClaudeAgentOptions, factory: ClientFactory | None = None) -> None:
+        if factory is None:
+            from claude_agent_sdk import ClaudeSDKClient
+
+            factory = ClaudeSDKClient
         self._client = factory(options)
         self._ledger = CliLedger.for_workspace(Path(options.cwd)) if options.cwd else None
         self._recorded: int | None = None

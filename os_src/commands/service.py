@@ -41,10 +41,10 @@ from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
 from ..fsutil import atomic_write
 from ..paths import Layout
+from ..stopping import STOP_TIMEOUT  # the server stops, and exits, within it
 from .service_env import ServiceEnv
 
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
-STOP_TIMEOUT = 60.0  # above the server's worst graceful stop: 30 s turn + 10 s CLI + 10 s memory flush
 LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 

@@ -13,7 +13,7 @@ offset, so what a download records is one sha256 per chunk. The server holds at 
 download in memory (the gateway handles a connection's next request only once its queued answers are
 under a bound). At most MAX_DOWNLOADS are
 open at once over every connection, PER_CLIENT under way on one; one nobody asks anything of for
-DOWNLOAD_IDLE seconds is closed by the sweep, a task of its own that runs every SWEEP_EVERY seconds.
+DOWNLOAD_IDLE seconds is closed by the sweep, a task of its own that runs every transfers.SWEEP_EVERY seconds.
 
 A download is its connection's (transfers.Owner, as an upload is): its id (128 random bits) is no key
 on another connection, which is answered busy, until the download lingers. A download whose last
@@ -41,7 +41,7 @@ from ..logs import get_logger
 from . import files_frames as pf
 from . import requests as rq
 from .requests import Handler, Request, RequestFailed
-from .transfers import Owner, bounded, refused, settled
+from .transfers import SWEEP_EVERY, Owner, bounded, refused, settled, sweeping
 from .user_files import NotThere, PathRefused, UserFiles, parts
 
 log = get_logger(__name__)
@@ -50,7 +50,6 @@ MAX_DOWNLOADS = 16  # open at once, over every connection
 PER_CLIENT = 4  # under way at once on one connection
 DOWNLOAD_IDLE = 60.0  # seconds without a chunk asked for before a download is closed
 LINGER = 30.0  # seconds a finished download, or one whose connection ended, waits to be asked again
-SWEEP_EVERY = 5.0  # seconds between two looks for idle and lingering downloads
 
 
 class _Changed(Exception):
@@ -168,7 +167,8 @@ class Downloads:
         return sum(not down.lingering for down in self._open.values())
 
     def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweep(), name="downloads-sweep")
+        self._sweeper = asyncio.create_task(sweeping(self.sweep_every, self.close_idle, "downloads"),
+                                            name="downloads-sweep")
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -284,14 +284,6 @@ class Downloads:
         """Close a download its caller holds."""
         del self._open[download_id]
         os.close(down.fd)
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_every)
-            try:
-                await self.close_idle(time.monotonic())
-            except Exception as exc:  # one bad close must not end the sweep: the next one tries again
-                log.error("download_sweep_failed", error=type(exc).__name__)
 
     async def close_idle(self, now: float) -> None:
         """Close the downloads idle for longer than `idle`, and the lingering ones for longer than `linger`."""

@@ -5,8 +5,9 @@ An upload is written, chunk by chunk, to Sprite OS's own uploads folder, checked
 sha256 when the client sends one), then put in documents/; every client is told (`file_uploaded`)
 and so is the agent, with the person's next message. An upload is its connection's, as a download
 is (transfers.Owner): another connection is answered busy until that one has ended, then the first to
-ask takes it over. An upload nobody sends to for UPLOAD_IDLE seconds is dropped; so are those a
-stopped server left behind.
+ask takes it over. An upload nobody sends to for UPLOAD_IDLE seconds is dropped (by a sweep every
+transfers.SWEEP_EVERY seconds, and at the next upload's start); so are those a stopped server left
+behind.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from . import files_frames as pf
 from . import requests as rq
 from .downloads import Downloads
 from .requests import Handler, Request, RequestFailed
-from .transfers import Owner, bounded, refused, settled
+from .transfers import SWEEP_EVERY, Owner, bounded, refused, settled, sweeping
 from .user_files import NotThere, PathRefused, UserFiles, upload_name
 
 log = get_logger(__name__)
@@ -67,13 +68,15 @@ def _size(n: int) -> str:
 
 
 class FilesConsole:
-    def __init__(self, layout: Layout, publish: Publish, note: Note) -> None:
+    def __init__(self, layout: Layout, publish: Publish, note: Note, *, sweep_every: float = SWEEP_EVERY) -> None:
         self.files = UserFiles(layout)
-        self.downloads = Downloads(self.files)
+        self.downloads = Downloads(self.files, sweep_every=sweep_every)
+        self.sweep_every = sweep_every
         self._publish = publish
         self._note = note
         self._uploads: dict[str, _Upload] = {}
         self._starting = asyncio.Lock()  # one start at a time: each counts the room the others took
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def handlers(self) -> Mapping[type[Request], Handler]:
@@ -83,13 +86,19 @@ class FilesConsole:
                 **self.downloads.handlers}
 
     async def start(self) -> None:
-        """Uploads a stopped server left unfinished are dropped; downloads' sweep starts."""
+        """Uploads a stopped server left unfinished are dropped; the sweeps start (downloads', uploads')."""
         self.downloads.start()
+        self._sweeper = asyncio.create_task(sweeping(self.sweep_every, self._drop_idle, "uploads"),
+                                            name="uploads-sweep")
         removed = await asyncio.to_thread(self.files.sweep_uploads, time.time())
         if removed:
             log.info("uploads_swept", removed=removed)
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         await self.downloads.stop()
         await bounded([self._drop(upload_id) for upload_id in list(self._uploads)], "uploads")
 
@@ -121,7 +130,7 @@ class FilesConsole:
     # ------------------------------------------------------------ uploads
 
     async def _start(self, req: pf.UploadStartRequest) -> pf.UploadStartResult:
-        await self._drop_idle()
+        await self._drop_idle(time.monotonic())  # their room is the new one's
         if req.size > pf.MAX_TRANSFER_BYTES:
             raise RequestFailed("too_large", f"{_size(req.size)} is over the upload limit of "
                                 f"{_size(pf.MAX_TRANSFER_BYTES)}; nothing was uploaded")
@@ -229,8 +238,7 @@ class FilesConsole:
         os.close(up.fd)
         await asyncio.to_thread(self.files.discard_upload, up.temp)
 
-    async def _drop_idle(self) -> None:
-        now = time.monotonic()
+    async def _drop_idle(self, now: float) -> None:
         for upload_id, up in list(self._uploads.items()):
             if now - up.touched > UPLOAD_IDLE:
                 log.info("upload_dropped_idle", received=up.received, size=up.size)

@@ -1,10 +1,12 @@
 """What the transfers of the person's files (a download, an upload) share: the connection that owns
 one (`Owner`), a thread's work on a transfer's descriptor seen through to its end (`settled`), a path
-refused told as the request's error (`refused`), and a stop's bounded wait for them (`bounded`)."""
+refused told as the request's error (`refused`), the sweep that closes those left idle (`sweeping`),
+and a stop's bounded wait for them (`bounded`)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -16,6 +18,7 @@ from .user_files import NotThere, PathRefused
 log = get_logger(__name__)
 
 STOP_WAIT = 1.0  # seconds a stop waits for the reads or writes still holding a transfer
+SWEEP_EVERY = 5.0  # seconds between two looks for idle transfers
 
 _T = TypeVar("_T")
 
@@ -67,6 +70,17 @@ async def bounded(closes: list[Awaitable[None]], what: str) -> None:
     for task in tasks:
         if not task.cancelled() and task.done() and (exc := task.exception()) is not None:
             log.error("close_at_stop_failed", what=what, error=type(exc).__name__)
+
+
+async def sweeping(every: float, close_idle: Callable[[float], Awaitable[None]], what: str) -> None:
+    """Every `every` seconds, close the transfers left idle (`close_idle(now)`, monotonic): a page that
+    went away sends nothing more, and nothing else would free what its transfers hold."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await close_idle(time.monotonic())
+        except Exception as exc:  # one bad close must not end the sweep: the next one tries again
+            log.error("transfer_sweep_failed", what=what, error=type(exc).__name__)
 
 
 async def settled(work: Awaitable[_T]) -> _T:

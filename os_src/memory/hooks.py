@@ -15,11 +15,12 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-from claude_agent_sdk import HookCallback, HookContext, HookInput, HookJSONOutput
+from typing import TYPE_CHECKING, Any, cast
 
 from ..logs import get_logger
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookCallback, HookContext, HookInput, HookJSONOutput
 
 log = get_logger(__name__)
 
@@ -70,7 +71,7 @@ def fail_open(timings: HookTimings) -> Callable[[Hook], HookCallback]:
         @functools.wraps(fn)
         async def hook(data: HookInput, tool_use_id: str | None, context: HookContext) -> HookJSONOutput:
             with timings.guard(fn.__name__):
-                return cast(HookJSONOutput, await fn(cast(Mapping[str, Any], data), tool_use_id, context))
+                return cast("HookJSONOutput", await fn(cast(Mapping[str, Any], data), tool_use_id, context))
             return {}
 
         return hook

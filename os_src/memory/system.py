@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
-
-from claude_agent_sdk import HookMatcher
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Reads, Worker
@@ -24,6 +22,7 @@ from ..errors import log_expected
 from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..spending import DailyBudget, day_start
+from ..stopping import StopDeadline
 from .capture.journal import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
@@ -45,10 +44,11 @@ from .recall.searcher import RecallHit
 from .recall.service import Recalled, RecallService
 from .transcript_store import NewObservation, Observation, TranscriptDB
 
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import HookMatcher
+
 log = get_logger(__name__)
 
-SHUTDOWN_FLUSH_BUDGET = 10.0
-CAPTURE_STOP_BUDGET = 5.0  # to land the last turns at shutdown; what is left stays in the spill file
 REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land before the first batch
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
@@ -127,22 +127,35 @@ class MemorySystem:
             removed += sweep_temp_files(folder, VERSION_NAME.match)
         return removed + sweep_temp_files(layout.state_dir, lambda name: name in (JOURNAL_NAME, STATUS_NAME))
 
-    async def stop(self) -> None:
-        """Flush and close. A start that was refused (the lock is another's) touches nothing here."""
+    async def stop(self, deadline: StopDeadline | None = None) -> None:
+        """Flush and close, each step within its share of the stop's deadline (stopping.py; alone, a
+        whole stop's): the capture's and the flush's shares are kept for them whatever the steps before
+        do. A start that was refused (the lock is another's) touches nothing here."""
         if not self._started:
             return
+        loop = asyncio.get_running_loop()
+        deadline = deadline or StopDeadline(loop.time())
         if self._counting is not None:
             self._counting.cancel()
-        # A forget deciding its lines: given the flush's budget (what it keeps in memory judges lines at the
-        # last pass), then cut short: its job is on disk, the next start decides it.
-        await self.forgetting.stop(SHUTDOWN_FLUSH_BUDGET)
-        await self.capture.stop(CAPTURE_STOP_BUDGET)  # first: the flush below must see the last turns
-        await self.imports.stop()  # what it has not applied stays in the inbox, for the next start
-        await self.daemon.stop(flush_budget=SHUTDOWN_FLUSH_BUDGET)
+        # A forget deciding its lines: what is left before memory's reserve, at most DECISION (what it keeps
+        # in memory judges lines at the last pass), then cut short: its job is on disk, the next start decides it.
+        await _within("decision", deadline.before_memory(loop.time()),
+                      self.forgetting.stop(deadline.decision(loop.time())))
+        # First: the flush below must see the last turns. What does not land stays in the spill file; the
+        # journal's last state is synced after it.
+        landing, cut = deadline.capture(loop.time())
+        await _within("capture", cut, self.capture.stop(landing))
+        await _within("imports", deadline.stores(loop.time()), self.imports.stop())  # the rest: next start
+        flushing, cut = deadline.flush(loop.time())
+        await _within("flush", cut, self.daemon.stop(flush_budget=flushing))
+        # Cut: a thread still at work (a huge turn's index write) keeps its store; its work is redone at start.
+        await _within("stores", deadline.stores(loop.time()), self._close())
+        self._lock.release()
+
+    async def _close(self) -> None:
         await self.recall.stop()
         await self.curator.close()
         await asyncio.gather(self.transcript.close(), self.memory.close())
-        self._lock.release()
 
     async def _flush(self, reason: str, budget: float) -> bool:
         """Curate every turn so far (before a compaction): the turns still being written first."""
@@ -183,6 +196,8 @@ class MemorySystem:
 
     def hooks(self) -> dict[Any, list[HookMatcher]]:
         """Only what a hook alone can do: turns are captured from the runtime's stream."""
+        from claude_agent_sdk import HookMatcher
+
         budget = self.settings.precompact_budget
         return {
             "PreCompact": [HookMatcher(hooks=[self.compaction.on_pre_compact], timeout=budget + 10)],
@@ -278,3 +293,14 @@ class MemorySystem:
             log_expected(log, "memory_health_count_failed", exc)
         finally:
             self._counting = None
+
+
+async def _within(step: str, seconds: float, work: Coroutine[Any, Any, None]) -> None:
+    """A stop's step, cut past `seconds` (it bounds its own waits: this is for what hangs beyond them)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await work
+    except TimeoutError:
+        log.error("memory_stop_step_cut", step=step, after_s=round(seconds, 1))
+    except Exception as exc:  # the steps after it still run: the capture's and the flush's above all
+        log.exception("memory_stop_step_failed", step=step, error=repr(exc)[:300])

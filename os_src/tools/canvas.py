@@ -12,17 +12,19 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
-from claude_agent_sdk import SdkMcpTool, create_sdk_mcp_server, tool
-from claude_agent_sdk.types import McpSdkServerConfig
 
 from ..errors import CanvasError
 from ..fsutil import atomic_write
 from ..logs import get_logger
 from ..protocol import Card, CardClosed, CardCreated, CardKind, CardUpdated, ServerFrame
 from ..text import clean_json
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import SdkMcpTool
+    from claude_agent_sdk.types import McpSdkServerConfig
 
 log = get_logger(__name__)
 
@@ -174,6 +176,8 @@ def _handler(cls: type[msgspec.Struct], action: Callable[[Any], Any]) -> Callabl
 
 
 def canvas_tools(store: CanvasStore) -> list[SdkMcpTool[Any]]:
+    from claude_agent_sdk import tool
+
     async def list_cards(_: ListCards) -> list[Card]:
         return store.cards()
 
@@ -188,5 +192,7 @@ def canvas_tools(store: CanvasStore) -> list[SdkMcpTool[Any]]:
 
 
 def canvas_server(store: CanvasStore) -> McpSdkServerConfig:
+    from claude_agent_sdk import create_sdk_mcp_server
+
     return create_sdk_mcp_server(SERVER_NAME, tools=canvas_tools(store))
 

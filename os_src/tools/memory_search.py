@@ -4,15 +4,15 @@ sessions (episodes) and what was learned from them, in one ranking (memory/recal
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
-from claude_agent_sdk.types import McpSdkServerConfig
+from typing import TYPE_CHECKING, Any
 
 from ..logs import get_logger
 from ..memory.recall.learnings import MAX_LIMIT, clamp_limit
 from ..memory.recall.searcher import RecallHit
 from ..text import utc
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk.types import McpSdkServerConfig
 
 log = get_logger(__name__)
 
@@ -53,6 +53,8 @@ def render(query: str, hits: list[RecallHit]) -> str:
 
 
 def memory_search_server(search: Search) -> McpSdkServerConfig:
+    from claude_agent_sdk import ToolAnnotations, create_sdk_mcp_server, tool
+
     @tool("search_memory",
           "Search your memory of past sessions: what was said and done in each earlier turn, and what "
           "you learned from them (facts, preferences, corrections, procedures, session summaries). Read-only.",

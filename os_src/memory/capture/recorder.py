@@ -25,17 +25,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from claude_agent_sdk import (
-    AssistantMessage,
-    Message,
-    ResultMessage,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-    UserMessage,
-)
+from typing import TYPE_CHECKING, Any
 
 from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
@@ -45,6 +35,9 @@ from .acks import Acks, Key
 from .journal import TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
+
+if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
+    from claude_agent_sdk import Message, ResultMessage, ToolResultBlock, ToolUseBlock
 
 TOOL_INPUT_CHARS = 500
 TOOL_OUTPUT_CHARS = 1000
@@ -144,6 +137,14 @@ class TurnRecord:
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
         parent_tool_use_id) is not the user's turn; their tool call, seen by the main agent, is."""
+        from claude_agent_sdk import (
+            AssistantMessage,
+            TextBlock,
+            ToolResultBlock,
+            ToolUseBlock,
+            UserMessage,
+        )
+
         turn = self._turn
         if turn is None or getattr(message, "parent_tool_use_id", None) is not None:
             return

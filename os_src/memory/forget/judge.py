@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...logs import get_logger
+from ..recall.episodes import EMBED_CHARS
 from .lines import DENSE_THRESHOLD, kept_holds, line_hash, nearest, reworded
 
 log = get_logger(__name__)
@@ -22,6 +23,10 @@ Embed = Callable[[Sequence[str]], Awaitable["np.ndarray | None"]]  # passages' u
 # learnings nearest to it say (recall's search, which no longer finds the forgotten ones).
 KeptNear = Callable[[Sequence[tuple[str, bool]]], Awaitable[list[list[str]]]]
 LINES_EMBEDDED_AT_ONCE = 64  # on the embedder's thread, between its other work
+# Of each text a forget embeds (a forgotten turn, a kept one near a line), its first characters: as
+# many as a turn's vector in recall holds (episodes.EMBED_CHARS). The model reads all it is given, in
+# time linear in its length: an 8 MB turn held the embedder's thread for hours (and a stop, for ever).
+EMBEDDED_CHARS = EMBED_CHARS
 # Line vectors kept in memory between forgets (1.5 KiB each), the least recently used let go first:
 # embedding a line costs ~20 ms, and a person often forgets several turns one after the other.
 LINE_VECTORS_KEPT = 5_000
@@ -102,7 +107,7 @@ class LineJudge:
         found: dict[str, np.ndarray] = {}
         try:
             for i in range(0, len(todo), step):
-                part = await self.embed([text for _, text in todo[i:i + step]])
+                part = await self.embed([text[:EMBEDDED_CHARS] for _, text in todo[i:i + step]])
                 if part is None:
                     return None
                 found.update((k, part[j]) for j, (k, _) in enumerate(todo[i:i + step]))

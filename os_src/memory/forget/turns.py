@@ -217,12 +217,14 @@ class TurnForgetting:
         judge the lines a batch writes after the forget, and the meaning's anchors are in memory only:
         the shutdown's last pass uses them), then cancels the rest: their jobs are on disk, undecided,
         and the daemon's pass at the next start decides them by the words the job found."""
-        if not await self.decided(budget):
-            log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
-        self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
-        running = [task for task in self._deciding.values() if task is not None]
-        for task in running:
-            task.cancel()
+        try:
+            if not await self.decided(budget):
+                log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
+        finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
+            self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
+            running = [task for task in self._deciding.values() if task is not None]
+            for task in running:
+                task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
 
     async def _decide(self, job: int, decision: _Decision) -> None:

@@ -1,0 +1,67 @@
+"""A stop within the service's timeout, however its steps hang (stopping.py's one deadline).
+
+The server runs as its own process (tests/stop_server.py) with a request that never ends, a turn
+whose CLI ignores its interrupt, and a forget's decision stuck on a thread that never returns. A
+SIGTERM still lands the turns and flushes memory within the deadline, and the process is gone before
+the service's SIGKILL would come: the turn recorded just before is in transcript.db at the next start.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from signal import SIGTERM
+
+from devkit.harness import make_settings
+from devkit.mock_bridge import MockBridge, Text, Turn
+from devkit.processes import ServerProcess, pid_alive, workspace_clis
+from tests.conftest import client_factory
+
+STOP_TIMEOUT = 20.0  # a third of the service's: every share scales alike
+
+
+def _user_messages(workspace: Path, base_url: str) -> list[str]:
+    db = sqlite3.connect(make_settings(workspace, base_url).layout.transcript_db)
+    try:
+        return [row[0] for row in db.execute("SELECT user_message FROM observations")]
+    finally:
+        db.close()
+
+
+async def test_sigterm_with_every_step_hung_flushes_memory_and_exits_before_the_kill(
+        workspace: Path, bridge: MockBridge) -> None:
+    bridge.agent.script(Turn(Text("Noted.")), Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="forget this one: PLUM-41")
+            first = (await c.until("turn_complete"))["turn_id"]
+            await c.send(type="user_message", text="keep this one: KEPT-77")
+            await c.until("turn_complete", lambda f: f["turn_id"] != first)  # durable: the person was told
+            await c.send(type="forget_turns", request_id="f", turn_ids=[first])
+            assert (await c.until("forget_turns_result"))["forgotten"] == 1  # its decision now hangs
+            await c.send(type="files_list", request_id="l", path="")  # never answered
+            await c.send(type="user_message", text="a long one: FIG-93")
+            await c.until("text_delta")  # the turn that never ends
+            clis = workspace_clis(workspace)
+            assert clis
+            asked = time.monotonic()
+            proc.signal(SIGTERM)
+            code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+            took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT, f"stopped in {took:.1f} s: the service would have killed it\n{log[-3000:]}"
+        assert code == 0, log[-3000:]  # the stop ended: memory flushed, whatever a thread still held
+        assert '"server_stopped"' in log and '"exit_forced"' in log  # the stuck thread's exit was forced
+        assert not [pid for pid in clis if pid_alive(pid)]
+    finally:
+        await proc.stop()
+    again = await ServerProcess(workspace, bridge.url).start()  # the journal and spill file land at start
+    await again.stop()
+    said = _user_messages(workspace, bridge.url)
+    assert any("KEPT-77" in text for text in said)
+    assert any("FIG-93" in text for text in said)  # the turn cut by the stop, recorded as it stood
+    assert not any("PLUM-41" in text for text in said)
