@@ -6,7 +6,8 @@ What `search_memory`, `sprite-os memory search`, the console and auto-recall all
 2. Its words become plain search terms (search.search_terms): no query syntax survives.
 3. The recall index ranks episodes and learnings together by BM25 (recall_index), the period
    asked about first.
-4. If a dense retriever is loaded, it ranks episodes by meaning, and the two lists are fused by
+4. If a dense retriever is loaded, it ranks episodes by meaning (the query is embedded on a thread of
+   its own while words are searched), and the two lists are fused by
    weighted reciprocal rank (k = 10; by default the dense list weighs 1.2, the lexical list 1: docs/memory.md).
 5. Hits in the period come first; for a question about the current state, newer hits gain.
 6. memory.db says what each hit shows: kind, date, source (session and 1-based turn; for a
