@@ -1,0 +1,76 @@
+"""A hostile review of the stop path: a second signal during the stop, and a SIGTERM during start-up.
+The promise (docs/deploy.md, "What a stop does"): a SIGTERM starts one deadline; memory's flush runs
+whole within its share and the process is gone before the service's SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from signal import SIGINT, SIGTERM
+
+import pytest
+
+from devkit.mock_bridge import MockBridge, Text, Turn
+from devkit.processes import ServerProcess, pid_alive, workspace_clis
+from tests.conftest import client_factory
+
+STOP_TIMEOUT = 20.0
+
+
+@pytest.mark.parametrize("sig", [SIGTERM, SIGINT])
+async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, bridge: MockBridge,
+                                                               sig: int) -> None:
+    """An impatient operator (a second `service stop`, a second Ctrl-C): the stop already under way
+    must still flush memory and end the CLI, not die at once with the signal's default action."""
+    bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="keep this one: KEPT-77")
+            await c.until("turn_complete")
+            await c.send(type="user_message", text="a long one: FIG-93")
+            await c.until("text_delta")  # the CLI ignores its interrupt: the stop waits its turn grace
+            clis = workspace_clis(workspace)
+            assert clis
+            proc.signal(sig)
+            await asyncio.sleep(1.5)
+            proc.signal(sig)  # again, while the stop is under way
+            code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        log = proc.log.read_text()
+        left = [pid for pid in clis if pid_alive(pid)]
+        assert code == 0 and '"server_stopped"' in log, f"exit {code}; CLIs left {left}\n{log[-2500:]}"
+        assert not left
+    finally:
+        await proc.stop()
+        for pid in workspace_clis(workspace):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace: Path, bridge: MockBridge) -> None:
+    """A SIGTERM while memory starts (a forget's resume after a kill, a long replay) is the service's
+    stop too: its SIGKILL comes STOP_TIMEOUT after it, whatever the start was doing."""
+    slow = 3 * STOP_TIMEOUT
+    proc = await ServerProcess(workspace, bridge.url, module="tests.hostile_stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT), HOSTILE_SLOW_START=str(slow)).spawn()
+    try:
+        for _ in range(600):
+            if proc.log.exists() and "hostile_slow_resume" in proc.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(proc.log.read_text()[-2000:])
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=slow + STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT, f"gone {took:.1f} s after SIGTERM (exit {code}): the service's SIGKILL " \
+                                    f"came at {STOP_TIMEOUT:g} s\n{log[-2000:]}"
+    finally:
+        await proc.stop()
