@@ -393,12 +393,18 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None,
             ready.set()
         await stop.wait()
     finally:
+        # A second signal (another `service stop`, a second Ctrl-C) must not end the stop under way with
+        # the signal's default action: memory's flush unrun, the CLI left behind. The deadline still holds.
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+            loop.add_signal_handler(sig, functools.partial(log.warning, "stop_signal_repeated", signal=sig.name))
         deadline = StopDeadline(loop.time(), app.stop_timeout)
         if guard is not None:
             guard.arm(deadline.exit_at() - loop.time())
-        await app.stop(deadline)
+        try:
+            await app.stop(deadline)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
         if guard is not None:
             guard.arm(min(deadline.exit_at() - loop.time(), deadline.seconds(EXIT)))
 

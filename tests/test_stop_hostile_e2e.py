@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import time
 from pathlib import Path
 from signal import SIGINT, SIGTERM
 
 import pytest
 
-from devkit.mock_bridge import MockBridge, Text, Turn
+from devkit.harness import make_settings
+from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
+from sprite_os.memory.schema import PENDING, PROCESSED
 from tests.conftest import client_factory
 
 STOP_TIMEOUT = 20.0
@@ -74,3 +77,46 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
                                     f"came at {STOP_TIMEOUT:g} s\n{log[-2000:]}"
     finally:
         await proc.stop()
+
+
+def _states(workspace: Path, base_url: str) -> list[tuple[str, int]]:
+    db = sqlite3.connect(make_settings(workspace, base_url).layout.transcript_db)
+    try:
+        return list(db.execute("SELECT user_message, processed FROM observations"))
+    finally:
+        db.close()
+
+
+async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_start(
+        workspace: Path, bridge: MockBridge) -> None:
+    """The curator's proxy hangs during the stop's flush: the flush's share cuts it, the process is gone
+    before the SIGKILL, and the turns stay pending for the next start, which curates them."""
+    bridge.agent.script(Turn(Text("Noted.")))
+    bridge.curator.default = "FACT: the plum is called PLUM-41 [#1]"
+    proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
+                               module="tests.hostile_stop_server").start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="remember PLUM-41")
+            await c.until("turn_complete")
+        hang = bridge.faults.add(Fault("latency", seconds=3600, target="curator"))
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+    finally:
+        await proc.stop()
+    assert _states(workspace, bridge.url) == [("remember PLUM-41", PENDING)]
+    bridge.faults.remove(hang)
+    again = await ServerProcess(workspace, bridge.url).start()
+    try:
+        for _ in range(300):
+            if _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)]:
+                break
+            await asyncio.sleep(0.1)
+        assert _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)], again.log.read_text()[-2500:]
+    finally:
+        await again.stop()
