@@ -120,3 +120,33 @@ async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_
         assert _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)], again.log.read_text()[-2500:]
     finally:
         await again.stop()
+
+
+async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowledged_turn(
+        workspace: Path, bridge: MockBridge) -> None:
+    """Another process holds transcript.db's write lock (a `sqlite3` shell left open) across a turn and
+    the stop: the process is still gone before the SIGKILL, and the acknowledged turn lands at the next
+    start (from the spill file or the journal)."""
+    bridge.agent.script(Turn(Text("Noted.")))
+    proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
+                               module="tests.hostile_stop_server").start()
+    holder = sqlite3.connect(make_settings(workspace, bridge.url).layout.transcript_db, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="remember LOCKED-12")
+            await c.until("turn_complete")
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+    finally:
+        holder.rollback()
+        holder.close()
+        await proc.stop()
+    again = await ServerProcess(workspace, bridge.url).start()
+    await again.stop()
+    assert [m for m, _ in _states(workspace, bridge.url)] == ["remember LOCKED-12"]
