@@ -75,6 +75,9 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
         log = proc.log.read_text()
         assert took < STOP_TIMEOUT, f"gone {took:.1f} s after SIGTERM (exit {code}): the service's SIGKILL " \
                                     f"came at {STOP_TIMEOUT:g} s\n{log[-2000:]}"
+        # The start is not cut (it runs on, past the deadline): the guard ends the process, and says the
+        # stop did not finish.
+        assert code == 1 and '"exit_forced"' in log, log[-2000:]
     finally:
         await proc.stop()
 
