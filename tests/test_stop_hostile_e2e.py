@@ -153,3 +153,39 @@ async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowl
     again = await ServerProcess(workspace, bridge.url).start()
     await again.stop()
     assert [m for m, _ in _states(workspace, bridge.url)] == ["remember LOCKED-12"]
+
+
+@pytest.mark.parametrize("after", [1.0, 9.0])
+async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: Path, bridge: MockBridge,
+                                                                    after: float) -> None:
+    """SIGKILL to the server alone `after` seconds into its stop (in the turn's grace; past it, in
+    memory's steps): the CLI it leaves is reaped at the next start, and the acknowledged turn is there."""
+    bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="keep this one: KEPT-77")
+            await c.until("turn_complete")
+            await c.send(type="user_message", text="a long one: FIG-93")
+            await c.until("text_delta")
+            clis = workspace_clis(workspace)
+            assert clis
+            proc.signal(SIGTERM)
+            await asyncio.sleep(after)
+            proc.signal(9)
+            assert await proc.wait(timeout=30) == -9
+    finally:
+        await proc.stop()
+    again = await ServerProcess(workspace, bridge.url).start()
+    try:
+        left = [pid for pid in clis if pid_alive(pid)]
+        assert not left, again.log.read_text()[-2500:]
+    finally:
+        await again.stop()
+        for pid in clis:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    said = [m for m, _ in _states(workspace, bridge.url)]
+    assert any("KEPT-77" in m for m in said), said
