@@ -1,6 +1,6 @@
-"""`python -m tests.hostile_stop_server`: tests/stop_server.py's hung stop, and a start whose memory
+"""`python -m tests.stop_server_slow_start`: tests/stop_server.py's hung stop, and a start whose memory
 takes HOSTILE_SLOW_START seconds (a forget's resume at start, as after a kill mid-forget), for
-tests/test_stop_hostile_e2e.py."""
+tests/test_stop_faults_e2e.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def patch() -> None:
         resume = TurnForgetting.resume
 
         async def slow_resume(self: TurnForgetting) -> int:
-            log.warning("hostile_slow_resume", seconds=slow)
+            log.warning("slow_resume", seconds=slow)
             await asyncio.sleep(slow)
             return await resume(self)
 

@@ -1,4 +1,4 @@
-"""A hostile review of the stop path: a second signal during the stop, and a SIGTERM during start-up.
+"""The stop path under faults: a second signal during the stop, and a SIGTERM during start-up.
 The promise (docs/deploy.md, "What a stop does"): a SIGTERM starts one deadline; memory's flush runs
 whole within its share and the process is gone before the service's SIGKILL."""
 
@@ -59,11 +59,11 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
     """A SIGTERM while memory starts (a forget's resume after a kill, a long replay) is the service's
     stop too: its SIGKILL comes STOP_TIMEOUT after it, whatever the start was doing."""
     slow = 3 * STOP_TIMEOUT
-    proc = await ServerProcess(workspace, bridge.url, module="tests.hostile_stop_server",
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server_slow_start",
                                STOP_TEST_TIMEOUT=str(STOP_TIMEOUT), HOSTILE_SLOW_START=str(slow)).spawn()
     try:
         for _ in range(600):
-            if proc.log.exists() and "hostile_slow_resume" in proc.log.read_text():
+            if proc.log.exists() and "slow_resume" in proc.log.read_text():
                 break
             await asyncio.sleep(0.1)
         else:
@@ -97,7 +97,7 @@ async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_
     bridge.agent.script(Turn(Text("Noted.")))
     bridge.curator.default = "FACT: the plum is called PLUM-41 [#1]"
     proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
-                               module="tests.hostile_stop_server").start()
+                               module="tests.stop_server_slow_start").start()
     try:
         async with client_factory(proc.port) as client:
             c = await client(hello={})
@@ -132,7 +132,7 @@ async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowl
     start (from the spill file or the journal)."""
     bridge.agent.script(Turn(Text("Noted.")))
     proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
-                               module="tests.hostile_stop_server").start()
+                               module="tests.stop_server_slow_start").start()
     holder = sqlite3.connect(make_settings(workspace, bridge.url).layout.transcript_db, isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")
