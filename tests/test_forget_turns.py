@@ -352,7 +352,7 @@ async def test_a_line_the_curator_reworded_leaves_the_file_and_an_unrelated_one_
 
 
 async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: Path) -> None:
-    from sprite_os.memory.recall.service import PURGE_KEY
+    from sprite_os.memory.schema import PURGE_KEY
 
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
     first = MemorySystem(settings)
@@ -986,3 +986,26 @@ async def test_a_fact_said_again_after_the_forget_keeps_its_line(system: MemoryS
     assert await system.recall.settle(30)
     assert await forgetting.rewrite_files() == 1
     assert line in system.files.read("user.md")
+
+
+async def test_recall_sets_its_purge_flag_itself_even_with_no_index_open(tmp_path: Path) -> None:
+    """The flag has one writer, recall's forget, first thing: the job alone sets none, and a forget
+    with no index open here (a tool that only reads) leaves it for the server's start."""
+    from sprite_os.db_worker import Worker
+    from sprite_os.memory.forget.jobs import add_job
+    from sprite_os.memory.recall.service import RecallService
+    from sprite_os.memory.schema import PURGE_KEY
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)
+    memory: Worker[MemoryDB] = Worker("m", lambda: MemoryDB(settings.layout.memory_db))
+    transcript: Worker[TranscriptDB] = Worker("t", lambda: TranscriptDB(settings.layout.transcript_db))
+    try:
+        await memory.call(lambda m: add_job(m, [1], ["s1"], set(), T0))
+        assert await memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
+        await RecallService(settings, transcript, memory).forget([1], [])
+        assert await memory.call(lambda m: m.get_meta(PURGE_KEY)) == "1"
+    finally:
+        await memory.close()
+        await transcript.close()
+

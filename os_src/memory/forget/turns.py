@@ -172,8 +172,9 @@ class TurnForgetting:
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
                         job: int | None) -> tuple[int, _Decision, int]:
         """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
-        words find, undecided; recall's flag set), then memory.db, then recall, and the transcript's
-        tombstones last, so that until then a start finds the words and runs every step again."""
+        words find, undecided), then memory.db, then recall (its flag to write the index anew first), and
+        the transcript's tombstones last, so that until then a start finds the words and runs every step
+        again."""
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
         self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
