@@ -238,7 +238,7 @@ class Downloads:
             try:
                 data = await settled(asyncio.to_thread(down.read, want, req.offset, eof)) if want else b""
             except _Changed:
-                self._forget(req.download_id, down)
+                self._closed(req.download_id, down)
                 raise RequestFailed("file_changed", "the file was written to while it was downloading (its size, "
                                     "modification time or bytes already sent changed); nothing more can be sent of "
                                     "it: download it again") from None
@@ -268,7 +268,7 @@ class Downloads:
             if self._open.get(req.download_id) is not down:
                 raise _gone(self.idle)
             down.owner.take("download")
-            self._forget(req.download_id, down)
+            self._closed(req.download_id, down)
         return pf.DownloadCancelResult(request_id=req.request_id, download_id=req.download_id)
 
     async def _close(self, download_id: str) -> None:
@@ -278,9 +278,9 @@ class Downloads:
             return
         async with down.lock:
             if self._open.get(download_id) is down:
-                self._forget(download_id, down)
+                self._closed(download_id, down)
 
-    def _forget(self, download_id: str, down: _Download) -> None:
+    def _closed(self, download_id: str, down: _Download) -> None:
         """Close a download its caller holds."""
         del self._open[download_id]
         os.close(down.fd)

@@ -64,8 +64,8 @@ from .history import (
     strip_files,
 )
 from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
-from .judge import CheckFailed, LineJudge, Lines
-from .lines import REMOVED, lines_from, turn_text, words_of
+from .judge import CheckFailed, LineJudge
+from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
 
 log = get_logger(__name__)
@@ -81,7 +81,7 @@ class Forgotten:
     in_context: bool = False
 
 
-Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
+PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 # A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
 # again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
 # (out of the boot prompt) meanwhile.
@@ -109,7 +109,7 @@ class TurnForgetting:
     transcript: Worker[TranscriptDB]
     memory: Worker[MemoryDB]
     files: MemoryFiles
-    purge_recall: Purge
+    purge_recall: PurgeRecall
     wake_daemon: Callable[[str], None]
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
@@ -232,21 +232,22 @@ class TurnForgetting:
         """The current files' lines first (tens of them: a new session's boot waits for those alone, and
         the boot prompt leaves out what they find from then on), then the rest: their history, the
         batches' records, the backups."""
-        now, rest = decision.lines.split()
-        found_now: set[str] | None = None
+        current, rest = decision.lines.split()
+        found_current: set[str] | None = None
         try:
             pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else DECIDE_RETRIES[-1]))
             for attempt, pause in enumerate(pauses):
                 try:
-                    if found_now is None:
+                    if found_current is None:
                         async with self._one_at_a_time:
-                            found_now = await self.judge.found(decision.by_words & set(now.files), decision.anchors, now)
-                        await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
+                            found_current = await self.judge.found(decision.by_words & set(current.files),
+                                                                   decision.anchors, current)
+                        await self.apply(lambda m, c=set(current.files), f=found_current:  # type: ignore[misc]
                                          decide_current(m, job, c, f))
                         self._current_ready(job)
                     async with self._one_at_a_time:
-                        hashes = found_now | await self.judge.found(decision.by_words - set(now.files), decision.anchors,
-                                                               rest)
+                        hashes = found_current | await self.judge.found(decision.by_words - set(current.files),
+                                                                        decision.anchors, rest)
                 except CheckFailed as exc:
                     # Precision first: a line the check could not judge stays in the files until it can.
                     log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
@@ -314,8 +315,8 @@ class TurnForgetting:
             if decision is not None:
                 hashes = await self.judge.found(decision.by_words, decision.anchors, decision.lines)
             else:
-                now = await self._lines()
-                texts = now.texts()
+                current = await self._lines()
+                texts = current.texts()
                 mine = {h: texts[h] for h in hashes if h in texts}
                 hashes = await self.judge.found(set(mine), [], Lines(mine, {}, set()))
             await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
@@ -323,12 +324,12 @@ class TurnForgetting:
             hashes = await self._still_found(hashes)
         if decision is None:
             return hashes
-        now = await self._lines()
+        current = await self._lines()
         judged = decision.lines
         # New since the forget: a line not judged then, or one judged then but written into the current
         # files since (a kept turn may say it now). Only those the words find.
-        rewritten = now.current - judged.current
-        unjudged = {h: text for h, text in now.texts().items()
+        rewritten = current.current - judged.current
+        unjudged = {h: text for h, text in current.texts().items()
                     if h in rewritten or (h not in judged.files and h not in judged.backups)}
         found = await asyncio.to_thread(lines_from, unjudged, set(decision.words))
         new = {h: unjudged[h] for h in found}
@@ -342,10 +343,10 @@ class TurnForgetting:
         """Decided lines still in the current files, checked again against what is kept now: a person may
         have said the fact again since the forget (a kept turn), and then the line stays."""
         texts = await asyncio.to_thread(current_texts, self.files)
-        now = {h: texts[h] for h in hashes if h in texts}
-        if not now:
+        current = {h: texts[h] for h in hashes if h in texts}
+        if not current:
             return hashes
-        return (hashes - set(now)) | await self.judge.found(set(now), [], Lines(now, {}, set()))
+        return (hashes - set(current)) | await self.judge.found(set(current), [], Lines(current, {}, set()))
 
     async def _lines(self) -> Lines:
         files = await asyncio.to_thread(file_candidates, self.files)
