@@ -1009,3 +1009,22 @@ async def test_recall_sets_its_purge_flag_itself_even_with_no_index_open(tmp_pat
         await memory.close()
         await transcript.close()
 
+
+async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(system: MemorySystem) -> None:
+    """The decision wakes the daemon and stops counting as under way with no await between: the pass
+    it wakes (which leaves a job under way alone) runs only after, and takes the job."""
+    ids = await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    forgetting = system.forgetting
+    loop = asyncio.get_running_loop()
+    seen: list[set[int]] = []
+    forgetting.wake_daemon = lambda reason: loop.call_soon(lambda: seen.append(set(forgetting._deciding)))
+
+    async def no_pass() -> None:
+        pass
+
+    system.daemon.before_batches = no_pass
+    await system.forget_turns([ids[0]], by="test")
+    assert await forgetting.decided(60)
+    await asyncio.sleep(0)
+    assert seen == [set()]
+

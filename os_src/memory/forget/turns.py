@@ -256,6 +256,8 @@ class TurnForgetting:
                     continue
                 await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
                 log.info("forget_lines_decided", job=job, lines=len(hashes))
+                # No await from this wake to the pop in `finally`: the pass it wakes skips a job still in
+                # `_deciding`, and nothing would wake it again.
                 self.wake_daemon(FORGET_PASS)
                 return
         except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
