@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -19,7 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.files import SPECS
+from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
@@ -1028,3 +1029,17 @@ async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(s
     await asyncio.sleep(0)
     assert seen == [set()]
 
+
+async def test_the_lines_a_forget_judges_read_each_memory_file_once(system: MemorySystem) -> None:
+    await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    reads: list[str] = []
+
+    class Counted(MemoryFiles):
+        def read(self, name: str) -> str:
+            reads.append(name)
+            return super().read(name)
+
+    forgetting = dataclasses.replace(system.forgetting, files=Counted(system.settings.layout))
+    lines = await forgetting._lines()
+    assert "- Name: Ada" in lines.texts().values() and lines.current
+    assert reads and sorted(reads) == sorted(set(reads))

@@ -57,7 +57,6 @@ from .backups import backup_candidates, purge_backups
 from .context import NOTHING, SessionContext
 from .history import (
     batch_candidates,
-    current_lines,
     current_texts,
     file_candidates,
     strip_batches,
@@ -351,8 +350,7 @@ class TurnForgetting:
         return (hashes - set(current)) | await self.judge.found(set(current), [], Lines(current, {}, set()))
 
     async def _lines(self) -> Lines:
-        files = await asyncio.to_thread(file_candidates, self.files)
+        files, current = await asyncio.to_thread(file_candidates, self.files)
         files.update(await self.memory.call(batch_candidates))
         backups = await asyncio.to_thread(backup_candidates, self.layout)
-        current = await asyncio.to_thread(current_lines, self.files)
         return Lines(files, backups, current)
