@@ -1043,3 +1043,43 @@ async def test_the_lines_a_forget_judges_read_each_memory_file_once(system: Memo
     lines = await forgetting._lines()
     assert "- Name: Ada" in lines.texts().values() and lines.current
     assert reads and sorted(reads) == sorted(set(reads))
+
+
+def test_a_backup_loses_the_same_rows_as_the_live_db(tmp_path: Path) -> None:
+    """What a forget deletes is one list: an older memory.db kept as a backup comes out of the daemon's
+    pass as the live one comes out of the forget."""
+    from sprite_os.memory.forget.backups import _purge_copy
+    from sprite_os.memory.transcript_store import Observation
+
+    db = MemoryDB(tmp_path / "memory.db")
+    try:
+        db.commit_batch(
+            trigger="t", observation_ids=[1, 2, 3], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+            learnings=[NewLearning("FACT", "Lives in Lisbon", "s1", 1),
+                       NewLearning("ACTION", "Send a map of the Tagus walk", "s1", 1),
+                       NewLearning("SUMMARY", "A session about Lisbon and tea", "s1"),
+                       NewLearning("FACT", "Likes green tea", "s1", 2),
+                       NewLearning("FACT", "Has a cat", "s2", 3)],
+            file_updates={}, base_hashes={})
+        ep.add(db.conn, [ep.Episode(1, "s1", 1, T0, "I live in Lisbon"), ep.Episode(2, "s1", 2, T0 + 1, "tea"),
+                         ep.Episode(3, "s2", 1, T0 + 2, "a cat")])
+        db.conn.execute("INSERT INTO episode_vectors (id, model, vector) VALUES (1, 'm', x'00'), (3, 'm', x'00')")
+        db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        backup = tmp_path / "memory.db.before-rebuild-20260101T000000"
+        shutil.copy(tmp_path / "memory.db", backup)
+
+        purge_memory(db, [Observation(1, T0, "s1", 1, "I live in Lisbon", "[]", "Noted")])
+        assert _purge_copy(backup, [1], ["s1"], set(), "a note")
+
+        def rows(conn: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+            return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                    for table in ("episodes", "episode_vectors", "learnings", "pending_actions", "memory_audit")}
+
+        live = rows(db.conn)
+        assert [row[0] for row in live["episodes"]] == [1, 2, 3]
+        assert db.conn.execute("SELECT text FROM episodes WHERE id = 1").fetchone() == ("",)
+        assert len(live["learnings"]) == 2
+        with contextlib.closing(sqlite3.connect(backup)) as b:
+            assert rows(b) == live
+    finally:
+        db.close()
