@@ -46,8 +46,10 @@ class Worker(Generic[T]):
     """Owns one database object on one thread. Coroutines await `call`; callers that must
     never wait use `submit` and go on. The database is opened on first use, in that thread,
     so constructing a Worker touches nothing (the owner may still have a lock to take).
-    `background`: work nobody waits for on the agent's path (indexing, embedding): its thread
-    runs at the lowest priority (lower_priority), so it never takes a core a turn wants."""
+    `background`: work a turn does not wait for (indexing, embedding): its thread runs at the
+    lowest priority (lower_priority), so it never takes a core a turn wants. Some do wait on it: a
+    forget (holding the agent's turns) embeds on the embedder's thread, and a new session's boot
+    waits, 10 s at most, for a forget's decision that embeds there (memory/system.py)."""
 
     def __init__(self, name: str, opener: Callable[[], T], background: bool = False) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"db-{name}",
