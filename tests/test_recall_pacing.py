@@ -1,24 +1,17 @@
 """The embedder steps aside for the agent's turns, never for long: the pure policy, and the
-indexer that follows it; indexing and embedding run at the lowest priority."""
+indexer that follows it."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from devkit.harness import make_settings
-from sprite_os.db_worker import BACKGROUND_NICE, Worker
-from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import indexer as indexer_module
 from sprite_os.memory.recall.pacing import MAX_DEFER, QUIET_AFTER_TURN, AgentActivity, embed_delay
-from sprite_os.memory.recall.service import RecallService
 from sprite_os.memory.recall.vectors import VectorReader
-from sprite_os.memory.transcript_store import TranscriptDB
 from tests.test_recall_backfill import indexer_for, with_turns
 
 
@@ -81,36 +74,3 @@ async def test_a_landed_turn_is_indexed_once_the_turn_is_over_not_while_it_ends(
     finally:
         await indexer.stop()
         await asyncio.gather(*(w.close() for w in workers))
-
-
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-async def test_indexing_and_embedding_run_at_the_lowest_priority_and_search_does_not(tmp_path: Path) -> None:
-    """They wait for nobody on the agent's path: a turn that wants the core gets it (their threads'
-    nice value, and the threads they start, tantivy's writer's among them). Auto-recall's search is
-    on the path: its thread keeps the server's priority."""
-    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
-    service = RecallService(settings, Worker("t", lambda: TranscriptDB(tmp_path / "t.db")),
-                            Worker("m", lambda: MemoryDB(tmp_path / "m.db")))
-    assert service.index.background and service.embedder.background and not service.searcher.background
-    server = _nice()
-    if server == BACKGROUND_NICE:
-        pytest.skip("the tests run at the lowest priority already")
-    background = Worker("bg", lambda: TranscriptDB(tmp_path / "bg.db"), background=True)
-    foreground = Worker("fg", lambda: TranscriptDB(tmp_path / "fg.db"))
-    try:
-        assert await background.call(lambda _db: _nice()) == BACKGROUND_NICE != server
-        started: list[int] = []
-
-        def start_one(_db: TranscriptDB) -> None:
-            thread = threading.Thread(target=lambda: started.append(_nice()))
-            thread.start()
-            thread.join()
-
-        await background.call(start_one)
-        assert started == [BACKGROUND_NICE]
-        assert await foreground.call(lambda _db: _nice()) == server
-    finally:
-        await asyncio.gather(background.close(), foreground.close())

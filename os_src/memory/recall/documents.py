@@ -171,18 +171,23 @@ def rewrite(conn: sqlite3.Connection, index: RecallIndex) -> Marks:
     after a person forgot turns, no segment on disk keeps their words (a deletion alone only marks
     them). Readers see the old index until the commit. Returns the marks it reached."""
     index.clear()
-    top = fill(conn, index, read_marks(conn).seen())  # what it held, read before its episodes: each has one
+    held = read_marks(conn)  # what it held, read before its episodes and learnings: each has one
+    top = fill(conn, index, held.seen(), learnings=held.learnings)
     index.commit()
     index.collect_garbage()
     return top
 
 
 def fill(conn: sqlite3.Connection, index: RecallIndex, turns: Sequence[Range],
-         progress: Progress | None = None) -> Marks:
-    """Every episode with text, with its neighbours, and every learning not forgotten, into `index`.
-    Returns the marks it reached: the turns taken (`turns`, whose episodes memory.db holds: an
-    episode is stored before its turn is marked taken) and the last learning."""
-    top = Marks(0, int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0]), list(turns))
+         progress: Progress | None = None, learnings: int | None = None) -> Marks:
+    """Every episode with text, with its neighbours, and every learning not forgotten (up to the id
+    `learnings`, when given), into `index`. Returns the marks it reached: the turns taken (`turns`,
+    whose episodes memory.db holds: an episode is stored before its turn is marked taken) and the
+    last learning. A rewrite passes the learnings the index held: a newer one is the indexer's to
+    take, which tells auto-recall's reach that a learning can be found (reach.py)."""
+    if learnings is None:
+        learnings = int(conn.execute("SELECT coalesce(max(id), 0) FROM learnings").fetchone()[0])
+    top = Marks(0, learnings, list(turns))
     total, done, last_report = ep.count(conn), 0, time.monotonic()
     for session in ep.by_session(conn):
         index.put(episode_doc(e.id, e.at, e.text, ep.context(session, e.turn)) for e in session if e.text)

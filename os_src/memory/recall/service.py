@@ -108,12 +108,9 @@ class RecallService:
         self._dense_status = DenseStatus(False, None, "not loaded yet")
         self._query_model: Embedder | None = None
         self._embed_model: Embedder | None = None
-        # No turn waits for indexing and embedding (a forget and a new session's boot may: Worker's
-        # `background`): their threads run at the lowest priority. The searcher's is on the turn's path
-        # (auto-recall, before the message goes).
-        self.index = Worker("recall-index", self._the_index, background=True)
+        self.index = Worker("recall-index", self._the_index)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
-        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station, background=True)
+        self.embedder: Worker[Station] = Worker("recall-embed", self._the_station)
         self.indexer = Indexer(transcript, memory, self.index)
         self._memory = memory
         self._boot = ""
