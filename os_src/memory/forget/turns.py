@@ -38,14 +38,11 @@ under way writes before the pass, which get the same check.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...db_worker import Worker
-from ...errors import log_expected
 from ...logs import get_logger
 from ...paths import Layout
 from ...text import utc
@@ -55,6 +52,7 @@ from ..schema import FORGOTTEN
 from ..transcript_store import Observation, TranscriptDB
 from .backups import backup_candidates, purge_backups
 from .context import NOTHING, SessionContext
+from .decisions import DECIDE_RETRIES, Apply, Deciding, Decision
 from .history import (
     batch_candidates,
     current_texts,
@@ -62,7 +60,7 @@ from .history import (
     strip_batches,
     strip_files,
 )
-from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
+from .jobs import Job, add_job, finish_job, jobs, set_job_lines
 from .judge import CheckFailed, LineJudge
 from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
@@ -81,26 +79,10 @@ class Forgotten:
 
 
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
-# A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
-# again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
-# (out of the boot prompt) meanwhile.
-DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
-Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
 
 
 @dataclass
-class _Decision:
-    """What a forget keeps in memory (never on disk) until the daemon's pass: the turns' words, what
-    they and their learnings said (the meaning's anchors), the lines judged and the words' guess."""
-
-    words: set[str]
-    anchors: list[str]
-    lines: Lines
-    by_words: set[str]
-
-
-@dataclass
-class TurnForgetting:
+class TurnForgetting(Deciding):
     """Owns forgetting: the at-once part for whoever asks (the console), the decision of which file
     lines go (a task of its own), the file pass for the daemon."""
 
@@ -114,7 +96,7 @@ class TurnForgetting:
     clock: Callable[[], float] = time.time
     judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
     retries: Sequence[float] = DECIDE_RETRIES
-    _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
+    _decisions: dict[int, Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
@@ -169,7 +151,7 @@ class TurnForgetting:
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
-                        job: int | None) -> tuple[int, _Decision, int]:
+                        job: int | None) -> tuple[int, Decision, int]:
         """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
         words find, undecided), then memory.db, then recall (its flag to write the index anew first), and
         the transcript's tombstones last, so that until then a start finds the words and runs every step
@@ -196,21 +178,9 @@ class TurnForgetting:
                 raise
         finally:
             self._taking_out -= 1
-        decision = _Decision(words, texts + purged.contents, lines, by_words)
+        decision = Decision(words, texts + purged.contents, lines, by_words)
         self._decisions[job] = decision
         return job, decision, len(purged.learning_ids)
-
-    def _start_decision(self, job: int, decision: _Decision) -> None:
-        self._current[job] = asyncio.Event()
-        self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
-
-    async def decided(self, budget: float) -> bool:
-        """Wait, at most `budget` seconds, for the forgets deciding their lines. True if none is left."""
-        running = [task for task in self._deciding.values() if task is not None]
-        if not running:
-            return True
-        _, pending = await asyncio.wait(running, timeout=budget)
-        return not pending
 
     async def stop(self, budget: float) -> None:
         """A stop lets the decisions under way finish within `budget` seconds (the turns' words, which
@@ -226,59 +196,6 @@ class TurnForgetting:
             for task in running:
                 task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-
-    async def _decide(self, job: int, decision: _Decision) -> None:
-        """The current files' lines first (tens of them: a new session's boot waits for those alone, and
-        the boot prompt leaves out what they find from then on), then the rest: their history, the
-        batches' records, the backups."""
-        current, rest = decision.lines.split()
-        found_current: set[str] | None = None
-        try:
-            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else DECIDE_RETRIES[-1]))
-            for attempt, pause in enumerate(pauses):
-                try:
-                    if found_current is None:
-                        async with self._one_at_a_time:
-                            found_current = await self.judge.found(decision.by_words & set(current.files),
-                                                                   decision.anchors, current)
-                        await self.apply(lambda m, c=set(current.files), f=found_current:  # type: ignore[misc]
-                                         decide_current(m, job, c, f))
-                        self._current_ready(job)
-                    async with self._one_at_a_time:
-                        hashes = found_current | await self.judge.found(decision.by_words - set(current.files),
-                                                                        decision.anchors, rest)
-                except CheckFailed as exc:
-                    # Precision first: a line the check could not judge stays in the files until it can.
-                    log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
-                                lines_kept_for_now=len(decision.by_words), next_try_s=pause)
-                    await asyncio.sleep(pause)
-                    continue
-                await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
-                log.info("forget_lines_decided", job=job, lines=len(hashes))
-                # No await from this wake to the pop in `finally`: the pass it wakes skips a job still in
-                # `_deciding`, and nothing would wake it again.
-                self.wake_daemon(FORGET_PASS)
-                return
-        except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
-            log_expected(log, "forget_decision_failed", exc)
-        finally:
-            self._current_ready(job)
-            self._deciding.pop(job, None)
-
-    def _current_ready(self, job: int) -> None:
-        if (ready := self._current.pop(job, None)) is not None:
-            ready.set()
-
-    async def current_decided(self, budget: float) -> bool:
-        """Wait, at most `budget` seconds, until the forgets deciding their lines have decided the current
-        files' (what a new session's boot prompt holds). True if none is left."""
-        waiting = [asyncio.create_task(ready.wait()) for ready in self._current.values()]
-        if not waiting:
-            return True
-        _, pending = await asyncio.wait(waiting, timeout=budget)
-        for task in pending:
-            task.cancel()
-        return not pending
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
