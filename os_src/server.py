@@ -385,20 +385,35 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None,
     (`guard`: and end the process by then, whatever a thread holds)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    asked: list[StopDeadline] = []  # the service's SIGKILL counts from the signal, even one during the start
+
+    def signalled() -> None:
+        if not asked:
+            asked.append(StopDeadline(loop.time(), app.stop_timeout))
+            if guard is not None:  # a start that never ends can't hold the process past the deadline either
+                guard.arm(asked[0].exit_at() - loop.time())
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     try:
         await app.start()
         if ready is not None:
             ready.set()
         await stop.wait()
     finally:
+        # A second signal (another `service stop`, a second Ctrl-C) must not end the stop under way with
+        # the signal's default action: memory's flush unrun, the CLI left behind. The deadline still holds.
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        deadline = StopDeadline(loop.time(), app.stop_timeout)
+            loop.add_signal_handler(sig, functools.partial(log.warning, "stop_signal_repeated", signal=sig.name))
+        deadline = asked[0] if asked else StopDeadline(loop.time(), app.stop_timeout)
         if guard is not None:
             guard.arm(deadline.exit_at() - loop.time())
-        await app.stop(deadline)
+        try:
+            await app.stop(deadline)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
         if guard is not None:
             guard.arm(min(deadline.exit_at() - loop.time(), deadline.seconds(EXIT)))
 

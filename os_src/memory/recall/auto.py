@@ -79,9 +79,14 @@ def cues(message: str, spread: float | None, known: Callable[[Sequence[str]], bo
 
 def asks(hits: Sequence[RecallHit], cue: Cues) -> bool:
     """Does the message ask for memory, and do these hits answer it? (the gate; each hit then goes)"""
+    return could_ask(max((h.bm25 for h in hits if h.bm25 is not None), default=0.0), cue)
+
+
+def could_ask(best_bm25: float, cue: Cues) -> bool:
+    """The gate, when the message's best hit by words scores `best_bm25` (BM25, 0 for none): the score only
+    rises with it, so a search whose every candidate scores below the line need show none (searcher.py)."""
     gate = WORDS_ONLY if cue.spread is None else WITH_MEANING
-    best = max((h.bm25 for h in hits if h.bm25 is not None), default=0.0)
-    score = (gate.named * cue.named + gate.personal * cue.personal + gate.bm25 * best
+    score = (gate.named * cue.named + gate.personal * cue.personal + gate.bm25 * best_bm25
              + gate.spread * (cue.spread or 0.0))
     return score >= gate.threshold
 

@@ -6,7 +6,8 @@ What `search_memory`, `sprite-os memory search`, the console and auto-recall all
 2. Its words become plain search terms (search.search_terms): no query syntax survives.
 3. The recall index ranks episodes and learnings together by BM25 (recall_index), the period
    asked about first.
-4. If a dense retriever is loaded, it ranks episodes by meaning, and the two lists are fused by
+4. If a dense retriever is loaded, it ranks episodes by meaning (the query is embedded on a thread of
+   its own while words are searched), and the two lists are fused by
    weighted reciprocal rank (k = 10; by default the dense list weighs 1.2, the lexical list 1: docs/memory.md).
 5. Hits in the period come first; for a question about the current state, newer hits gain.
 6. memory.db says what each hit shows: kind, date, source (session and 1-based turn; for a
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -42,7 +44,7 @@ from .ranking import (
 )
 from .rarity import Rarity, prior
 from .timeparse import anchor_cue, time_cue
-from .vectors import VectorReader
+from .vectors import Matrix, VectorReader
 
 __all__ = ["LEARNING_SNIPPET_CHARS", "SNIPPET_CHARS", "Candidate", "Dense", "RecallHit", "Searcher", "snippet"]
 
@@ -59,22 +61,45 @@ ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this shar
 @dataclass
 class Dense:
     """The dense half: the query model and the episodes' vectors (a reader of the store, owned by the
-    searcher's thread)."""
+    searcher's thread). The query model runs on a thread of its own, one query at a time (`ask`)."""
 
     embedder: Embedder
     vectors: VectorReader
     weight: float = DEFAULT_DENSE_WEIGHT
+    _thread: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
-    def look(self, query: str, limit: int, also: Sequence[int], window: Window | None = None
-             ) -> tuple[list[Candidate], dict[int, float]]:
-        """The `limit` nearest episodes (dated in `window`, if given), and the cosine of each episode
-        among `also` that has a vector (one missing from it has none yet)."""
+    def ask(self, query: str) -> Future[Matrix] | None:
+        """The query's embedding, begun at once on the query model's thread: the engine releases the GIL,
+        so word search runs beside it (on a second core) and a search takes the longer of the two, not
+        their sum. None when there is nothing to look for. Wait for it (`look`, or `settled`) before
+        asking again: the model serves one query at a time."""
         if not len(self.vectors) or not query.strip():
+            return None
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="recall-query")
+        return self._thread.submit(self.embedder.query, query)
+
+    def look(self, asked: Future[Matrix] | None, limit: int, also: Sequence[int], window: Window | None = None
+             ) -> tuple[list[Candidate], dict[int, float]]:
+        """The `limit` nearest episodes to the query `asked` (dated in `window`, if given), and the cosine
+        of each episode among `also` that has a vector (one missing from it has none yet)."""
+        if asked is None:
             return [], {}
-        vector = self.embedder.query(query)
+        vector = asked.result()
         found = self.vectors.search(vector, limit, (window.start, window.end) if window else None)
         return ([Candidate("episode", item, cos, at, cosine=cos) for item, cos, at in found],
                 self.vectors.similarities(vector, also))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown()
+
+
+def settled(asked: Future[Matrix] | None) -> None:
+    """An embedding no longer wanted (the search failed before it was looked at) cancelled, or waited for:
+    the query model is never left busy for the next search."""
+    if asked is not None and not asked.cancel():
+        wait([asked])
 
 
 @dataclass(frozen=True)
@@ -145,6 +170,8 @@ class Searcher:
         return self.rarity is not None and self.rarity.held(words)
 
     def close(self) -> None:
+        if self.dense is not None:
+            self.dense.close()
         self.conn.close()
 
     def _lexical(self, words: list[str], limit: int, window: Window | None) -> list[Candidate]:
@@ -181,12 +208,18 @@ class Searcher:
         """Words and meaning, fused and weighed by how specific each memory is; what words alone found
         (None when meaning had no say), and whether meaning can see a memory, for the floor; the spread."""
         pool = POOL + (POOL if exclude_session else 0)
-        lexical = self._lexical(search_terms(text), pool, window)
-        dense: list[Candidate] = []
-        cosines: dict[int, float] = {}
-        if self.dense is not None and use_dense and self.index is not None:
-            dense, cosines = self.dense.look(text, pool, [c.id for c in lexical if c.kind == "episode"], window)
-            lexical = [replace(c, cosine=cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
+        by_meaning = self.dense is not None and use_dense and self.index is not None
+        asked = self.dense.ask(text) if self.dense is not None and by_meaning else None
+        try:
+            lexical = self._lexical(search_terms(text), pool, window)
+            known = self._weights(lexical)  # while the query is embedded: each memory's weight is its own
+            dense: list[Candidate] = []
+            cosines: dict[int, float] = {}
+            if self.dense is not None and by_meaning:
+                dense, cosines = self.dense.look(asked, pool, [c.id for c in lexical if c.kind == "episode"], window)
+                lexical = [c.with_cosine(cosines.get(c.id)) if c.kind == "episode" else c for c in lexical]
+        finally:
+            settled(asked)
         vectors = {c.id for c in dense} | set(cosines)
         meaning = bool(dense)
         lent = self._lent(dense, self.dense.vectors) if dense and self.dense is not None else dense
@@ -200,7 +233,7 @@ class Searcher:
 
         ranked = fuse(lexical, lent, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
             if meaning else list(lexical)
-        weights = self._weights(ranked)  # of every memory found: word search's are among them
+        weights = self._weights(ranked, known)  # of every memory found: word search's are among them
         ranked = self._weighed(ranked, weights)
         # the floor is word search alone as it ranks on its own: weighed the same way
         words = self._weighed(lexical, weights) if meaning else None
@@ -229,15 +262,22 @@ class Searcher:
                 out.append(Candidate("episode", b[0], c.score, b[1]))  # its own cosine is not known
         return out
 
-    def _weights(self, ranked: list[Candidate]) -> Weights | None:
+    def _weights(self, ranked: list[Candidate], known: Weights | None = None) -> Weights | None:
         """How specific each memory is (its prior: rarity.py) and where an episode sits in its session;
-        None when the policies are off."""
+        None when the policies are off. Those in `known` are not looked up again."""
         if self.rarity is None or not self.policies or not ranked:
-            return None
+            return known
+        if known is not None:
+            ranked = [c for c in ranked if (c.kind, c.id) not in known.prior]
+            if not ranked:
+                return known
         said = memory_texts(self.conn, ranked)
         rare = self.rarity.counts([said[(c.kind, c.id)].text if (c.kind, c.id) in said else "" for c in ranked])
-        return Weights({(c.kind, c.id): prior(n) for c, n in zip(ranked, rare, strict=True)},
-                       {key: s.place for key, s in said.items() if s.place is not None})
+        prior_of: dict[tuple[str, int], float] = {(c.kind, c.id): prior(n) for c, n in zip(ranked, rare, strict=True)}
+        places = {key: s.place for key, s in said.items() if s.place is not None}
+        if known is None:
+            return Weights(prior_of, places)
+        return Weights(known.prior | prior_of, known.places | places)
 
     @staticmethod
     def _weighed(ranked: list[Candidate], weights: Weights | None) -> list[Candidate]:
@@ -245,7 +285,7 @@ class Searcher:
         (ranking.with_neighbours)."""
         if weights is None or not ranked:
             return ranked
-        weighed = [replace(c, score=c.score * weights.prior[(c.kind, c.id)]) for c in ranked]
+        weighed = [c.scored(c.score * weights.prior[(c.kind, c.id)]) for c in ranked]
         return with_neighbours(weighed, weights.places)
 
     def _anything_else(self, session_id: str) -> bool:
@@ -262,11 +302,17 @@ class Searcher:
         return [c for c in ranked if not (c.kind == "episode" and c.id in mine)]
 
     def search(self, query: str, now: float, limit: int, exclude_session: str | None = None,
-               use_dense: bool = True) -> list[RecallHit]:
+               use_dense: bool = True, worth: Callable[[float], bool] | None = None) -> list[RecallHit]:
+        """The best `limit` memories for `query`, as hits. `worth(best)`: whether hits whose best BM25 is
+        `best` could be shown at all (auto-recall's gate, which may read `self.spread`); when not, no hit
+        is read from memory.db and there are none. No hit scores above its candidates' best."""
         self.spread = None
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
         found = self.rank(query, now, limit, exclude_session, use_dense)
+        if worth is not None and not worth(max((c.bm25 for c in [*found.ranked, *(found.words_alone or [])]
+                                                if c.bm25 is not None), default=0.0)):
+            return []  # most messages ask nothing of memory: what would be dropped is never hydrated
         words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
         said: dict[str, set[str]] = {}  # the stems of what memories say: the floor's list holds most of them too
         hits = shown(self.conn, found.ranked, words, said)

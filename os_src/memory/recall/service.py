@@ -96,8 +96,16 @@ def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str 
     current session: the agent has them), never what the boot prompt (`boot`, normalised) says."""
     if message.startswith("/") or not search_terms(message):
         return []
-    hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id)
-    return auto_recall.select(hits, boot, budget_tokens, auto_recall.cues(message, searcher.spread, searcher.known))
+    cue: list[auto_recall.Cues] = []  # worked out once the search knows its spread
+
+    def cues() -> auto_recall.Cues:
+        if not cue:
+            cue.append(auto_recall.cues(message, searcher.spread, searcher.known))
+        return cue[0]
+
+    hits = searcher.search(message, now, auto_recall.SEARCHED, exclude_session=session_id,
+                           worth=lambda best: auto_recall.could_ask(best, cues()))
+    return auto_recall.select(hits, boot, budget_tokens, cues())
 
 
 class RecallService:

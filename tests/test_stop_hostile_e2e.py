@@ -1,0 +1,191 @@
+"""A hostile review of the stop path: a second signal during the stop, and a SIGTERM during start-up.
+The promise (docs/deploy.md, "What a stop does"): a SIGTERM starts one deadline; memory's flush runs
+whole within its share and the process is gone before the service's SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+from signal import SIGINT, SIGTERM
+
+import pytest
+
+from devkit.harness import make_settings
+from devkit.mock_bridge import Fault, MockBridge, Text, Turn
+from devkit.processes import ServerProcess, pid_alive, workspace_clis
+from sprite_os.memory.schema import PENDING, PROCESSED
+from tests.conftest import client_factory
+
+STOP_TIMEOUT = 20.0
+
+
+@pytest.mark.parametrize("sig", [SIGTERM, SIGINT])
+async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, bridge: MockBridge,
+                                                               sig: int) -> None:
+    """An impatient operator (a second `service stop`, a second Ctrl-C): the stop already under way
+    must still flush memory and end the CLI, not die at once with the signal's default action."""
+    bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="keep this one: KEPT-77")
+            await c.until("turn_complete")
+            await c.send(type="user_message", text="a long one: FIG-93")
+            await c.until("text_delta")  # the CLI ignores its interrupt: the stop waits its turn grace
+            clis = workspace_clis(workspace)
+            assert clis
+            proc.signal(sig)
+            await asyncio.sleep(1.5)
+            proc.signal(sig)  # again, while the stop is under way
+            code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        log = proc.log.read_text()
+        left = [pid for pid in clis if pid_alive(pid)]
+        assert code == 0 and '"server_stopped"' in log, f"exit {code}; CLIs left {left}\n{log[-2500:]}"
+        assert not left
+    finally:
+        await proc.stop()
+        for pid in workspace_clis(workspace):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace: Path, bridge: MockBridge) -> None:
+    """A SIGTERM while memory starts (a forget's resume after a kill, a long replay) is the service's
+    stop too: its SIGKILL comes STOP_TIMEOUT after it, whatever the start was doing."""
+    slow = 3 * STOP_TIMEOUT
+    proc = await ServerProcess(workspace, bridge.url, module="tests.hostile_stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT), HOSTILE_SLOW_START=str(slow)).spawn()
+    try:
+        for _ in range(600):
+            if proc.log.exists() and "hostile_slow_resume" in proc.log.read_text():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(proc.log.read_text()[-2000:])
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=slow + STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT, f"gone {took:.1f} s after SIGTERM (exit {code}): the service's SIGKILL " \
+                                    f"came at {STOP_TIMEOUT:g} s\n{log[-2000:]}"
+        # The start is not cut (it runs on, past the deadline): the guard ends the process, and says the
+        # stop did not finish.
+        assert code == 1 and '"exit_forced"' in log, log[-2000:]
+    finally:
+        await proc.stop()
+
+
+def _states(workspace: Path, base_url: str) -> list[tuple[str, int]]:
+    db = sqlite3.connect(make_settings(workspace, base_url).layout.transcript_db)
+    try:
+        return list(db.execute("SELECT user_message, processed FROM observations"))
+    finally:
+        db.close()
+
+
+async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_start(
+        workspace: Path, bridge: MockBridge) -> None:
+    """The curator's proxy hangs during the stop's flush: the flush's share cuts it, the process is gone
+    before the SIGKILL, and the turns stay pending for the next start, which curates them."""
+    bridge.agent.script(Turn(Text("Noted.")))
+    bridge.curator.default = "FACT: the plum is called PLUM-41 [#1]"
+    proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
+                               module="tests.hostile_stop_server").start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="remember PLUM-41")
+            await c.until("turn_complete")
+        hang = bridge.faults.add(Fault("latency", seconds=3600, target="curator"))
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+    finally:
+        await proc.stop()
+    assert _states(workspace, bridge.url) == [("remember PLUM-41", PENDING)]
+    bridge.faults.remove(hang)
+    again = await ServerProcess(workspace, bridge.url).start()
+    try:
+        for _ in range(300):
+            if _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)]:
+                break
+            await asyncio.sleep(0.1)
+        assert _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)], again.log.read_text()[-2500:]
+    finally:
+        await again.stop()
+
+
+async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowledged_turn(
+        workspace: Path, bridge: MockBridge) -> None:
+    """Another process holds transcript.db's write lock (a `sqlite3` shell left open) across a turn and
+    the stop: the process is still gone before the SIGKILL, and the acknowledged turn lands at the next
+    start (from the spill file or the journal)."""
+    bridge.agent.script(Turn(Text("Noted.")))
+    proc = await ServerProcess(workspace, bridge.url, STOP_TEST_TIMEOUT=str(STOP_TIMEOUT),
+                               module="tests.hostile_stop_server").start()
+    holder = sqlite3.connect(make_settings(workspace, bridge.url).layout.transcript_db, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="remember LOCKED-12")
+            await c.until("turn_complete")
+        asked = time.monotonic()
+        proc.signal(SIGTERM)
+        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+        took = time.monotonic() - asked
+        log = proc.log.read_text()
+        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+    finally:
+        holder.rollback()
+        holder.close()
+        await proc.stop()
+    again = await ServerProcess(workspace, bridge.url).start()
+    await again.stop()
+    assert [m for m, _ in _states(workspace, bridge.url)] == ["remember LOCKED-12"]
+
+
+@pytest.mark.parametrize("after", [1.0, 9.0])
+async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: Path, bridge: MockBridge,
+                                                                    after: float) -> None:
+    """SIGKILL to the server alone `after` seconds into its stop (in the turn's grace; past it, in
+    memory's steps): the CLI it leaves is reaped at the next start, and the acknowledged turn is there."""
+    bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
+    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text="keep this one: KEPT-77")
+            await c.until("turn_complete")
+            await c.send(type="user_message", text="a long one: FIG-93")
+            await c.until("text_delta")
+            clis = workspace_clis(workspace)
+            assert clis
+            proc.signal(SIGTERM)
+            await asyncio.sleep(after)
+            proc.signal(9)
+            assert await proc.wait(timeout=30) == -9
+    finally:
+        await proc.stop()
+    again = await ServerProcess(workspace, bridge.url).start()
+    try:
+        left = [pid for pid in clis if pid_alive(pid)]
+        assert not left, again.log.read_text()[-2500:]
+    finally:
+        await again.stop()
+        for pid in clis:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    said = [m for m, _ in _states(workspace, bridge.url)]
+    assert any("KEPT-77" in m for m in said), said
