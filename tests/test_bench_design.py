@@ -93,3 +93,22 @@ async def test_the_line_with_a_past_gives_memory_on_a_past_session_that_auto_rec
         assert len(found) == PAST_TURNS and {h.session_id for h in found} == {PAST_SESSION}
     finally:
         await system.stop()
+
+
+def test_the_spans_bench_wraps_names_that_exist_and_puts_them_back() -> None:
+    """bench/spans.py wraps private names of the runtime, the CLI process, capture's writer, recall and
+    the SDK: each must still exist (a rename would leave a wrapper nobody calls), and leaving puts
+    every one back."""
+    from bench import spans
+
+    targets = (spans.rt.AgentRuntime, spans.process.AgentProcess, spans.writer, spans.service,
+               spans.sdk_query.Query)
+    before = [dict(vars(t)) for t in targets]
+    with spans.instrumented(spans.Recorder()):
+        during = [dict(vars(t)) for t in targets]
+    after = [dict(vars(t)) for t in targets]
+    wrapped = {(i, name) for i, (old, new) in enumerate(zip(before, during, strict=True))
+               for name in old.keys() | new.keys() if old.get(name) is not new.get(name)}
+    assert len(wrapped) >= 10
+    assert all(name in before[i] for i, name in wrapped), wrapped  # none added: each wraps one that exists
+    assert after == before

@@ -1,5 +1,6 @@
 """What downloads and uploads share (console/transfers.py): the connection that owns a transfer, a
-thread's work seen through to its end, a refused path told as the request's error."""
+thread's work seen through to its end, one held while still the same one, a refused path told as
+the request's error."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ async def test_a_cancelled_caller_still_waits_for_the_threads_work_to_end() -> N
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert done.is_set()
+
+
+async def test_a_transfer_held_is_the_one_still_open_once_its_lock_is_taken() -> None:
+    class Transfer:
+        def __init__(self) -> None:
+            self.lock = asyncio.Lock()
+
+    first, gone = Transfer(), rq.RequestFailed("not_found", "gone")
+    open_: dict[str, Transfer] = {"t": first}
+    taken: list[Transfer] = []
+    async with transfers.held(open_, "t", gone, taken.append) as held:
+        assert held is first and taken == [first]
+    with pytest.raises(rq.RequestFailed):
+        async with transfers.held(open_, "missing", gone):
+            pass
+    await first.lock.acquire()  # another operation holds it, and closes it (a new one under the same key)
+    waiting = asyncio.ensure_future(transfers.held(open_, "t", gone).__aenter__())
+    await asyncio.sleep(0)
+    open_["t"] = Transfer()
+    first.lock.release()
+    with pytest.raises(rq.RequestFailed):
+        await waiting

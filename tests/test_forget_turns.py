@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -19,7 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.files import SPECS
+from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
@@ -352,7 +353,7 @@ async def test_a_line_the_curator_reworded_leaves_the_file_and_an_unrelated_one_
 
 
 async def test_a_purge_cut_short_by_a_stop_is_done_at_the_next_start(tmp_path: Path) -> None:
-    from sprite_os.memory.recall.service import PURGE_KEY
+    from sprite_os.memory.schema import PURGE_KEY
 
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
     first = MemorySystem(settings)
@@ -986,3 +987,99 @@ async def test_a_fact_said_again_after_the_forget_keeps_its_line(system: MemoryS
     assert await system.recall.settle(30)
     assert await forgetting.rewrite_files() == 1
     assert line in system.files.read("user.md")
+
+
+async def test_recall_sets_its_purge_flag_itself_even_with_no_index_open(tmp_path: Path) -> None:
+    """The flag has one writer, recall's forget, first thing: the job alone sets none, and a forget
+    with no index open here (a tool that only reads) leaves it for the server's start."""
+    from sprite_os.db_worker import Worker
+    from sprite_os.memory.forget.jobs import add_job
+    from sprite_os.memory.recall.service import RecallService
+    from sprite_os.memory.schema import PURGE_KEY
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9").with_overrides(embedding_model="off")
+    settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)
+    memory: Worker[MemoryDB] = Worker("m", lambda: MemoryDB(settings.layout.memory_db))
+    transcript: Worker[TranscriptDB] = Worker("t", lambda: TranscriptDB(settings.layout.transcript_db))
+    try:
+        await memory.call(lambda m: add_job(m, [1], ["s1"], set(), T0))
+        assert await memory.call(lambda m: m.get_meta(PURGE_KEY)) is None
+        await RecallService(settings, transcript, memory).forget([1], [])
+        assert await memory.call(lambda m: m.get_meta(PURGE_KEY)) == "1"
+    finally:
+        await memory.close()
+        await transcript.close()
+
+
+async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(system: MemorySystem) -> None:
+    """The decision wakes the daemon and stops counting as under way with no await between: the pass
+    it wakes (which leaves a job under way alone) runs only after, and takes the job."""
+    ids = await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    forgetting = system.forgetting
+    loop = asyncio.get_running_loop()
+    seen: list[set[int]] = []
+    forgetting.wake_daemon = lambda reason: loop.call_soon(lambda: seen.append(set(forgetting._deciding)))
+
+    async def no_pass() -> None:
+        pass
+
+    system.daemon.before_batches = no_pass
+    await system.forget_turns([ids[0]], by="test")
+    assert await forgetting.decided(60)
+    await asyncio.sleep(0)
+    assert seen == [set()]
+
+
+async def test_the_lines_a_forget_judges_read_each_memory_file_once(system: MemorySystem) -> None:
+    await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    reads: list[str] = []
+
+    class Counted(MemoryFiles):
+        def read(self, name: str) -> str:
+            reads.append(name)
+            return super().read(name)
+
+    forgetting = dataclasses.replace(system.forgetting, files=Counted(system.settings.layout))
+    lines = await forgetting._lines()
+    assert "- Name: Ada" in lines.texts().values() and lines.current
+    assert reads and sorted(reads) == sorted(set(reads))
+
+
+def test_a_backup_loses_the_same_rows_as_the_live_db(tmp_path: Path) -> None:
+    """What a forget deletes is one list: an older memory.db kept as a backup comes out of the daemon's
+    pass as the live one comes out of the forget."""
+    from sprite_os.memory.forget.backups import _purge_copy
+    from sprite_os.memory.transcript_store import Observation
+
+    db = MemoryDB(tmp_path / "memory.db")
+    try:
+        db.commit_batch(
+            trigger="t", observation_ids=[1, 2, 3], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+            learnings=[NewLearning("FACT", "Lives in Lisbon", "s1", 1),
+                       NewLearning("ACTION", "Send a map of the Tagus walk", "s1", 1),
+                       NewLearning("SUMMARY", "A session about Lisbon and tea", "s1"),
+                       NewLearning("FACT", "Likes green tea", "s1", 2),
+                       NewLearning("FACT", "Has a cat", "s2", 3)],
+            file_updates={}, base_hashes={})
+        ep.add(db.conn, [ep.Episode(1, "s1", 1, T0, "I live in Lisbon"), ep.Episode(2, "s1", 2, T0 + 1, "tea"),
+                         ep.Episode(3, "s2", 1, T0 + 2, "a cat")])
+        db.conn.execute("INSERT INTO episode_vectors (id, model, vector) VALUES (1, 'm', x'00'), (3, 'm', x'00')")
+        db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        backup = tmp_path / "memory.db.before-rebuild-20260101T000000"
+        shutil.copy(tmp_path / "memory.db", backup)
+
+        purge_memory(db, [Observation(1, T0, "s1", 1, "I live in Lisbon", "[]", "Noted")])
+        assert _purge_copy(backup, [1], ["s1"], set(), "a note")
+
+        def rows(conn: sqlite3.Connection) -> dict[str, list[tuple[object, ...]]]:
+            return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                    for table in ("episodes", "episode_vectors", "learnings", "pending_actions", "memory_audit")}
+
+        live = rows(db.conn)
+        assert [row[0] for row in live["episodes"]] == [1, 2, 3]
+        assert db.conn.execute("SELECT text FROM episodes WHERE id = 1").fetchone() == ("",)
+        assert len(live["learnings"]) == 2
+        with contextlib.closing(sqlite3.connect(backup)) as b:
+            assert rows(b) == live
+    finally:
+        db.close()

@@ -41,7 +41,7 @@ from ..logs import get_logger
 from . import files_frames as pf
 from . import requests as rq
 from .requests import Handler, Request, RequestFailed
-from .transfers import SWEEP_EVERY, Owner, bounded, refused, settled, sweeping
+from .transfers import SWEEP_EVERY, Owner, bounded, held, refused, settled, sweeping
 from .user_files import NotThere, PathRefused, UserFiles, parts
 
 log = get_logger(__name__)
@@ -223,13 +223,10 @@ class Downloads:
             await self._close(download_id)
 
     async def _chunk(self, req: pf.DownloadChunkRequest) -> pf.DownloadChunkResult:
-        down = self._open.get(req.download_id)
-        if down is None:
-            raise _gone(self.idle)
-        async with down.lock:
-            if self._open.get(req.download_id) is not down:  # closed while this one waited
-                raise _gone(self.idle)
+        def take(down: _Download) -> None:
             down.owner.take("download", lambda: None if down.finished else self._room_on(rq.client.get()))
+
+        async with held(self._open, req.download_id, _gone(self.idle), take) as down:
             self._offered(down, req.offset)
             if not down.finished:  # a finished one lingers LINGER from its end, however often it is asked
                 down.touched = time.monotonic()
@@ -238,7 +235,7 @@ class Downloads:
             try:
                 data = await settled(asyncio.to_thread(down.read, want, req.offset, eof)) if want else b""
             except _Changed:
-                self._forget(req.download_id, down)
+                self._closed(req.download_id, down)
                 raise RequestFailed("file_changed", "the file was written to while it was downloading (its size, "
                                     "modification time or bytes already sent changed); nothing more can be sent of "
                                     "it: download it again") from None
@@ -261,26 +258,17 @@ class Downloads:
                                 f"multiples of {self.chunk_bytes} below the file's {down.size} bytes")
 
     async def _cancel(self, req: pf.DownloadCancelRequest) -> pf.DownloadCancelResult:
-        down = self._open.get(req.download_id)
-        if down is None:
-            raise _gone(self.idle)
-        async with down.lock:
-            if self._open.get(req.download_id) is not down:
-                raise _gone(self.idle)
-            down.owner.take("download")
-            self._forget(req.download_id, down)
+        async with held(self._open, req.download_id, _gone(self.idle), lambda down: down.owner.take("download")) as down:
+            self._closed(req.download_id, down)
         return pf.DownloadCancelResult(request_id=req.request_id, download_id=req.download_id)
 
     async def _close(self, download_id: str) -> None:
         """Close a download once whatever reads from it is done."""
-        down = self._open.get(download_id)
-        if down is None:
-            return
-        async with down.lock:
-            if self._open.get(download_id) is down:
-                self._forget(download_id, down)
+        with contextlib.suppress(RequestFailed):  # closed already
+            async with held(self._open, download_id, _gone(self.idle)) as down:
+                self._closed(download_id, down)
 
-    def _forget(self, download_id: str, down: _Download) -> None:
+    def _closed(self, download_id: str, down: _Download) -> None:
         """Close a download its caller holds."""
         del self._open[download_id]
         os.close(down.fd)

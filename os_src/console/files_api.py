@@ -28,7 +28,7 @@ from . import files_frames as pf
 from . import requests as rq
 from .downloads import Downloads
 from .requests import Handler, Request, RequestFailed
-from .transfers import SWEEP_EVERY, Owner, bounded, refused, settled, sweeping
+from .transfers import SWEEP_EVERY, Owner, bounded, held, refused, settled, sweeping
 from .user_files import NotThere, PathRefused, UserFiles, upload_name
 
 log = get_logger(__name__)
@@ -159,14 +159,7 @@ class FilesConsole:
         asking owns it or takes it over (the server's own drops, `server`, ask no connection)."""
         gone = RequestFailed("not_found", "no such upload (it finished, was cancelled, or sat idle "
                              f"for {UPLOAD_IDLE:.0f} s)")
-        up = self._uploads.get(upload_id)
-        if up is None:
-            raise gone
-        async with up.lock:
-            if self._uploads.get(upload_id) is not up:  # finished or dropped while this one waited
-                raise gone
-            if not server:
-                up.owner.take("upload")
+        async with held(self._uploads, upload_id, gone, None if server else lambda up: up.owner.take("upload")) as up:
             yield up
 
     async def _chunk(self, req: pf.UploadChunkRequest) -> pf.UploadChunkResult:

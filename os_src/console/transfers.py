@@ -1,15 +1,17 @@
 """What the transfers of the person's files (a download, an upload) share: the connection that owns
 one (`Owner`), a thread's work on a transfer's descriptor seen through to its end (`settled`), a path
-refused told as the request's error (`refused`), the sweep that closes those left idle (`sweeping`),
-and a stop's bounded wait for them (`bounded`)."""
+refused told as the request's error (`refused`), one held under its lock while still the same one
+(`held`), the sweep that closes those left idle (`sweeping`), and a stop's bounded wait for them
+(`bounded`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..logs import get_logger
 from .requests import RequestFailed, client
@@ -21,6 +23,13 @@ STOP_WAIT = 1.0  # seconds a stop waits for the reads or writes still holding a 
 SWEEP_EVERY = 5.0  # seconds between two looks for idle transfers
 
 _T = TypeVar("_T")
+
+
+class _Locked(Protocol):
+    lock: asyncio.Lock
+
+
+_L = TypeVar("_L", bound=_Locked)
 
 
 @dataclass
@@ -48,6 +57,23 @@ class Owner:
             room()
             self.client = asking
         self.left = False
+
+
+@contextlib.asynccontextmanager
+async def held(open_: Mapping[str, _L], key: str, gone: RequestFailed,
+               take: Callable[[_L], None] | None = None) -> AsyncIterator[_L]:
+    """The transfer `key` of `open_`, held under its lock (its other operations wait until this one is
+    done), once the lock is taken still the same one (`gone` if not: one closed or finished while this
+    waited); `take` checks the connection asking owns it (`Owner.take`)."""
+    transfer = open_.get(key)
+    if transfer is None:
+        raise gone
+    async with transfer.lock:
+        if open_.get(key) is not transfer:
+            raise gone
+        if take is not None:
+            take(transfer)
+        yield transfer
 
 
 def refused(exc: PathRefused | NotThere) -> RequestFailed:

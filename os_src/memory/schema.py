@@ -16,6 +16,10 @@ PENDING, PROCESSED, STALE, FORGOTTEN = 0, 1, 2, 3
 
 OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
 
+# memory.db meta: set while recall's word index must be written anew (a forget); one writer sets it,
+# RecallService.forget, first thing (a start finishes the rewrite it finds flagged)
+PURGE_KEY = "recall_purge"
+
 
 def _table(db: sqlite_utils.Database, name: str) -> Table:
     return db.table(name)

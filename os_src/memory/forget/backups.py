@@ -17,7 +17,7 @@ from ...fsutil import atomic_write
 from ...logs import get_logger
 from ...paths import Layout
 from .lines import meaningful_lines, without
-from .purge import AUDIT_REMOVED
+from .purge import delete_drawn
 
 log = get_logger(__name__)
 
@@ -47,22 +47,9 @@ def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes:
             conn.execute("DROP TRIGGER IF EXISTS observations_append_only")
             conn.execute(f"UPDATE observations SET user_message = '', tool_calls_json = '[]', agent_response = '' "
                          f"WHERE id IN ({marks(ids)})", list(ids))
-        if "learnings" in tables:
-            gone = [r for (r,) in conn.execute(
-                f"SELECT id FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
-                f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions])]
-            if "pending_actions" in tables:
-                conn.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(gone)})", gone)
-            if "memory_audit" in tables:
-                conn.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(gone)})",
-                             [AUDIT_REMOVED, *gone])
-            conn.execute(f"DELETE FROM learnings WHERE id IN ({marks(gone)})", gone)
-            if "learnings_fts" in tables:
-                conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('rebuild')")
-        if "episodes" in tables:
-            conn.execute(f"DELETE FROM episodes WHERE id IN ({marks(ids)})", list(ids))
-        if "episode_vectors" in tables:
-            conn.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
+        delete_drawn(conn, ids, sessions, tables)
+        if "learnings_fts" in tables:
+            conn.execute("INSERT INTO learnings_fts(learnings_fts) VALUES ('rebuild')")
         if "batches" in tables:
             for bid, updates in conn.execute("SELECT id, file_updates FROM batches").fetchall():
                 with contextlib.suppress(ValueError, TypeError):

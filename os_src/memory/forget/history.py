@@ -13,23 +13,16 @@ from ..memory_store import MemoryDB
 from .lines import meaningful_lines, without
 
 
-def file_candidates(files: MemoryFiles) -> dict[str, str]:
-    """Every meaningful line of the curated files and their versions, once each: its hash, its text. The
-    deploy's files (soul.md, os.md: templates bootstrap installs) say nothing a person said: never."""
-    out: dict[str, str] = {}
+def file_candidates(files: MemoryFiles) -> tuple[dict[str, str], set[str]]:
+    """Every meaningful line of the curated files and their versions, once each (its hash, its text),
+    and the hashes of the files' lines as they are now: each file read once."""
+    current = current_texts(files)
+    out = dict(current)
     for name in CURATED:
-        texts = [files.read(name)]
         for version in files.history(name):
             with contextlib.suppress(OSError):
-                texts.append(version.text)
-        for text in texts:
-            out.update(meaningful_lines(text))
-    return out
-
-
-def current_lines(files: MemoryFiles) -> set[str]:
-    """The hashes of the curated files' meaningful lines as they are now."""
-    return set(current_texts(files))
+                out.update(meaningful_lines(version.text))
+    return out, set(current)
 
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:

@@ -12,7 +12,6 @@ import msgspec
 from ...database import transaction
 from ..audit import record
 from ..memory_store import MemoryDB
-from ..recall.service import PURGE_KEY
 from .purge import tidy
 
 FORGET_PASS = "forget"  # the reason a forget wakes the daemon with: its file pass alone, backoff or not
@@ -29,13 +28,12 @@ class Job(msgspec.Struct, frozen=True):
 
 def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
     """A job whose lines are the words' first guess: undecided until `set_job_lines`. Written before any
-    store loses the words, with recall's flag that the index must be written anew: a forget cut short
-    anywhere after this is finished at the next start (`TurnForgetting.resume`)."""
+    store loses the words: a forget cut short anywhere after this is finished at the next start
+    (`TurnForgetting.resume`)."""
     with transaction(db.conn) as c:
         cur = c.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
                         "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
                                                    json.dumps(sorted(hashes))))
-        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (PURGE_KEY,))
     return int(cur.lastrowid or 0)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...logs import get_logger
 from ..recall.episodes import EMBED_CHARS
-from .lines import DENSE_THRESHOLD, kept_holds, line_hash, nearest, reworded
+from .lines import DENSE_THRESHOLD, Lines, kept_holds, line_hash, nearest, reworded
 
 log = get_logger(__name__)
 
@@ -35,27 +35,6 @@ KEPT_CHECK_TIMEOUT = 120.0  # seconds the kept-turn search may take before it co
 
 class CheckFailed(Exception):
     """The kept-turn check could not be made: no line it would judge leaves."""
-
-
-@dataclass
-class Lines:
-    """The lines a forget judges, by hash. `files`: the curated files', their versions' and the batches'
-    records' (the meaning judges them too); `backups`: v1's memory files' (the words alone); `current`:
-    those in the curated files as they are now."""
-
-    files: dict[str, str]
-    backups: dict[str, str]
-    current: set[str]
-
-    def texts(self) -> dict[str, str]:
-        return {**self.backups, **self.files}
-
-    def split(self) -> tuple[Lines, Lines]:
-        """The current files' lines, and the others (their history, the batches' records, the backups)."""
-        now = self.current
-        return (Lines({h: t for h, t in self.files.items() if h in now}, {}, now),
-                Lines({h: t for h, t in self.files.items() if h not in now},
-                      {h: t for h, t in self.backups.items() if h not in now}, now))
 
 
 @dataclass

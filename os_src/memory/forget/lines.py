@@ -3,7 +3,8 @@
 A line came from the turns when most of its meaningful words are theirs (`came_from`), or, with the
 dense retriever, when its vector is close to them and closer to them than to anything kept (`reworded`);
 either way not when a kept turn or learning near it says it as well (`kept_holds`). Lines are known by
-their hash (`line_hash`), which is all a forget's job keeps on disk, and leave a text by `without`.
+their hash (`line_hash`), which is all a forget's job keeps on disk, and leave a text by `without`;
+`Lines` is the set of them a forget judges.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -151,3 +153,24 @@ def without(text: str, hashes: set[str], note: str | None = None) -> str:
         removing = False
         out.append(line)
     return "".join(out)
+
+
+@dataclass
+class Lines:
+    """The lines a forget judges, by hash. `files`: the curated files', their versions' and the batches'
+    records' (the meaning judges them too); `backups`: v1's memory files' (the words alone); `current`:
+    those in the curated files as they are now."""
+
+    files: dict[str, str]
+    backups: dict[str, str]
+    current: set[str]
+
+    def texts(self) -> dict[str, str]:
+        return {**self.backups, **self.files}
+
+    def split(self) -> tuple[Lines, Lines]:
+        """The current files' lines, and the others (their history, the batches' records, the backups)."""
+        current = self.current
+        return (Lines({h: t for h, t in self.files.items() if h in current}, {}, current),
+                Lines({h: t for h, t in self.files.items() if h not in current},
+                      {h: t for h, t in self.backups.items() if h not in current}, current))

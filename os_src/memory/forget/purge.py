@@ -4,7 +4,7 @@ them (and their sessions' summaries) with their actions, and no word of them in 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from ...database import checkpoint, marks, transaction
@@ -30,20 +30,41 @@ def purge_memory(db: MemoryDB, turns: Sequence[Observation]) -> Purged:
     # read before the forget, and adding an episode leaves a known one as it is.
     ep.add(db.conn, [ep.Episode(o.id, o.session_id, o.sequence_num, o.timestamp, "") for o in turns])
     with transaction(db.conn) as c:
-        found = c.execute(
-            f"SELECT id, content, type FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
-            f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions]).fetchall()
-        learning_ids = [lid for lid, _, _ in found]
-        c.execute(f"UPDATE episodes SET text = '' WHERE id IN ({marks(ids)})", list(ids))
-        c.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
-        c.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(learning_ids)})", learning_ids)
-        c.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(learning_ids)})",
-                  [AUDIT_REMOVED, *learning_ids])
-        c.execute(f"DELETE FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)
+        found = delete_drawn(c, ids, sessions)
     tidy(db.conn)
     # A session's summary goes too (it may repeat the turn), but it speaks of the session's other turns
     # as well: what it says is no sign of where a line came from.
-    return Purged(learning_ids, [content for _, content, kind in found if kind != "SUMMARY"])
+    return Purged([lid for lid, _, _ in found], [content for _, content, kind in found if kind != "SUMMARY"])
+
+
+def delete_drawn(conn: sqlite3.Connection, ids: Sequence[int], sessions: Sequence[str],
+                 tables: Container[str] | None = None) -> list[tuple[int, str, str]]:
+    """What a forget deletes from a copy of memory.db, the live one (`purge_memory`) or a backup
+    (backups.py), one list for both: the episodes' text and vectors, the learnings cited from the
+    turns and their sessions' summaries, those learnings' actions, and their words in the audit.
+    `tables`: those the copy has (an older one may lack some); None: all. Returns the learnings
+    deleted: id, content, type."""
+    def has(table: str) -> bool:
+        return tables is None or table in tables
+
+    found: list[tuple[int, str, str]] = []
+    if has("learnings"):
+        found = conn.execute(
+            f"SELECT id, content, type FROM learnings WHERE source_observation_id IN ({marks(ids)}) "
+            f"OR (type = 'SUMMARY' AND session_id IN ({marks(sessions)}))", [*ids, *sessions]).fetchall()
+    gone = [lid for lid, _, _ in found]
+    if has("episodes"):
+        conn.execute(f"UPDATE episodes SET text = '' WHERE id IN ({marks(ids)})", list(ids))
+    if has("episode_vectors"):
+        conn.execute(f"DELETE FROM episode_vectors WHERE id IN ({marks(ids)})", list(ids))
+    if has("pending_actions"):
+        conn.execute(f"DELETE FROM pending_actions WHERE source_learning_id IN ({marks(gone)})", gone)
+    if has("memory_audit"):
+        conn.execute(f"UPDATE memory_audit SET detail = ? WHERE learning_id IN ({marks(gone)})",
+                     [AUDIT_REMOVED, *gone])
+    if has("learnings"):
+        conn.execute(f"DELETE FROM learnings WHERE id IN ({marks(gone)})", gone)
+    return found
 
 
 def tidy(conn: sqlite3.Connection) -> None:

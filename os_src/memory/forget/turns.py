@@ -38,14 +38,11 @@ under way writes before the pass, which get the same check.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...db_worker import Worker
-from ...errors import log_expected
 from ...logs import get_logger
 from ...paths import Layout
 from ...text import utc
@@ -55,17 +52,17 @@ from ..schema import FORGOTTEN
 from ..transcript_store import Observation, TranscriptDB
 from .backups import backup_candidates, purge_backups
 from .context import NOTHING, SessionContext
+from .decisions import DECIDE_RETRIES, Apply, Deciding, Decision
 from .history import (
     batch_candidates,
-    current_lines,
     current_texts,
     file_candidates,
     strip_batches,
     strip_files,
 )
-from .jobs import FORGET_PASS, Job, add_job, decide_current, finish_job, jobs, set_job_lines
-from .judge import CheckFailed, LineJudge, Lines
-from .lines import REMOVED, lines_from, turn_text, words_of
+from .jobs import Job, add_job, finish_job, jobs, set_job_lines
+from .judge import CheckFailed, LineJudge
+from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
 
 log = get_logger(__name__)
@@ -81,27 +78,11 @@ class Forgotten:
     in_context: bool = False
 
 
-Purge = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
-# A decision whose kept-turn check failed is tried again after these pauses (seconds), the last again and
-# again until one succeeds (with no new turn, nothing else would try it); its lines stay in the files
-# (out of the boot prompt) meanwhile.
-DECIDE_RETRIES = (2.0, 10.0, 60.0, 300.0)
-Apply = Callable[[Callable[[MemoryDB], Any]], Awaitable[Any]]  # MemoryDaemon.apply
+PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
 @dataclass
-class _Decision:
-    """What a forget keeps in memory (never on disk) until the daemon's pass: the turns' words, what
-    they and their learnings said (the meaning's anchors), the lines judged and the words' guess."""
-
-    words: set[str]
-    anchors: list[str]
-    lines: Lines
-    by_words: set[str]
-
-
-@dataclass
-class TurnForgetting:
+class TurnForgetting(Deciding):
     """Owns forgetting: the at-once part for whoever asks (the console), the decision of which file
     lines go (a task of its own), the file pass for the daemon."""
 
@@ -109,13 +90,13 @@ class TurnForgetting:
     transcript: Worker[TranscriptDB]
     memory: Worker[MemoryDB]
     files: MemoryFiles
-    purge_recall: Purge
+    purge_recall: PurgeRecall
     wake_daemon: Callable[[str], None]
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
     clock: Callable[[], float] = time.time
     judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
     retries: Sequence[float] = DECIDE_RETRIES
-    _decisions: dict[int, _Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
+    _decisions: dict[int, Decision] = field(default_factory=dict)  # job id -> in memory only, until its pass
     # the jobs being decided (None: until recall has lost the words), which the pass leaves alone
     _deciding: dict[int, asyncio.Task[None] | None] = field(default_factory=dict)
     _stopping: bool = False
@@ -170,10 +151,11 @@ class TurnForgetting:
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
-                        job: int | None) -> tuple[int, _Decision, int]:
+                        job: int | None) -> tuple[int, Decision, int]:
         """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
-        words find, undecided; recall's flag set), then memory.db, then recall, and the transcript's
-        tombstones last, so that until then a start finds the words and runs every step again."""
+        words find, undecided), then memory.db, then recall (its flag to write the index anew first), and
+        the transcript's tombstones last, so that until then a start finds the words and runs every step
+        again."""
         done = [o.id for o in turns]
         sessions = sorted({o.session_id for o in turns})
         self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
@@ -196,21 +178,9 @@ class TurnForgetting:
                 raise
         finally:
             self._taking_out -= 1
-        decision = _Decision(words, texts + purged.contents, lines, by_words)
+        decision = Decision(words, texts + purged.contents, lines, by_words)
         self._decisions[job] = decision
         return job, decision, len(purged.learning_ids)
-
-    def _start_decision(self, job: int, decision: _Decision) -> None:
-        self._current[job] = asyncio.Event()
-        self._deciding[job] = asyncio.create_task(self._decide(job, decision), name=f"forget-decide-{job}")
-
-    async def decided(self, budget: float) -> bool:
-        """Wait, at most `budget` seconds, for the forgets deciding their lines. True if none is left."""
-        running = [task for task in self._deciding.values() if task is not None]
-        if not running:
-            return True
-        _, pending = await asyncio.wait(running, timeout=budget)
-        return not pending
 
     async def stop(self, budget: float) -> None:
         """A stop lets the decisions under way finish within `budget` seconds (the turns' words, which
@@ -226,56 +196,6 @@ class TurnForgetting:
             for task in running:
                 task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-
-    async def _decide(self, job: int, decision: _Decision) -> None:
-        """The current files' lines first (tens of them: a new session's boot waits for those alone, and
-        the boot prompt leaves out what they find from then on), then the rest: their history, the
-        batches' records, the backups."""
-        now, rest = decision.lines.split()
-        found_now: set[str] | None = None
-        try:
-            pauses = itertools.chain(self.retries, itertools.repeat(self.retries[-1] if self.retries else DECIDE_RETRIES[-1]))
-            for attempt, pause in enumerate(pauses):
-                try:
-                    if found_now is None:
-                        async with self._one_at_a_time:
-                            found_now = await self.judge.found(decision.by_words & set(now.files), decision.anchors, now)
-                        await self.apply(lambda m, c=set(now.files), f=found_now:  # type: ignore[misc]
-                                         decide_current(m, job, c, f))
-                        self._current_ready(job)
-                    async with self._one_at_a_time:
-                        hashes = found_now | await self.judge.found(decision.by_words - set(now.files), decision.anchors,
-                                                               rest)
-                except CheckFailed as exc:
-                    # Precision first: a line the check could not judge stays in the files until it can.
-                    log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
-                                lines_kept_for_now=len(decision.by_words), next_try_s=pause)
-                    await asyncio.sleep(pause)
-                    continue
-                await self.apply(lambda m, h=hashes: set_job_lines(m, job, h))  # type: ignore[misc]
-                log.info("forget_lines_decided", job=job, lines=len(hashes))
-                self.wake_daemon(FORGET_PASS)
-                return
-        except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
-            log_expected(log, "forget_decision_failed", exc)
-        finally:
-            self._current_ready(job)
-            self._deciding.pop(job, None)
-
-    def _current_ready(self, job: int) -> None:
-        if (ready := self._current.pop(job, None)) is not None:
-            ready.set()
-
-    async def current_decided(self, budget: float) -> bool:
-        """Wait, at most `budget` seconds, until the forgets deciding their lines have decided the current
-        files' (what a new session's boot prompt holds). True if none is left."""
-        waiting = [asyncio.create_task(ready.wait()) for ready in self._current.values()]
-        if not waiting:
-            return True
-        _, pending = await asyncio.wait(waiting, timeout=budget)
-        for task in pending:
-            task.cancel()
-        return not pending
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
@@ -313,8 +233,8 @@ class TurnForgetting:
             if decision is not None:
                 hashes = await self.judge.found(decision.by_words, decision.anchors, decision.lines)
             else:
-                now = await self._lines()
-                texts = now.texts()
+                current = await self._lines()
+                texts = current.texts()
                 mine = {h: texts[h] for h in hashes if h in texts}
                 hashes = await self.judge.found(set(mine), [], Lines(mine, {}, set()))
             await self.memory.call(lambda m: set_job_lines(m, job.id, hashes))
@@ -322,12 +242,12 @@ class TurnForgetting:
             hashes = await self._still_found(hashes)
         if decision is None:
             return hashes
-        now = await self._lines()
+        current = await self._lines()
         judged = decision.lines
         # New since the forget: a line not judged then, or one judged then but written into the current
         # files since (a kept turn may say it now). Only those the words find.
-        rewritten = now.current - judged.current
-        unjudged = {h: text for h, text in now.texts().items()
+        rewritten = current.current - judged.current
+        unjudged = {h: text for h, text in current.texts().items()
                     if h in rewritten or (h not in judged.files and h not in judged.backups)}
         found = await asyncio.to_thread(lines_from, unjudged, set(decision.words))
         new = {h: unjudged[h] for h in found}
@@ -341,14 +261,13 @@ class TurnForgetting:
         """Decided lines still in the current files, checked again against what is kept now: a person may
         have said the fact again since the forget (a kept turn), and then the line stays."""
         texts = await asyncio.to_thread(current_texts, self.files)
-        now = {h: texts[h] for h in hashes if h in texts}
-        if not now:
+        current = {h: texts[h] for h in hashes if h in texts}
+        if not current:
             return hashes
-        return (hashes - set(now)) | await self.judge.found(set(now), [], Lines(now, {}, set()))
+        return (hashes - set(current)) | await self.judge.found(set(current), [], Lines(current, {}, set()))
 
     async def _lines(self) -> Lines:
-        files = await asyncio.to_thread(file_candidates, self.files)
+        files, current = await asyncio.to_thread(file_candidates, self.files)
         files.update(await self.memory.call(batch_candidates))
         backups = await asyncio.to_thread(backup_candidates, self.layout)
-        current = await asyncio.to_thread(current_lines, self.files)
         return Lines(files, backups, current)

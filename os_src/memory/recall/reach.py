@@ -7,7 +7,8 @@ The indexer keeps this: every turn it takes, by its session, before the turn's e
 and every learning it indexes; a start reads memory.db. It only grows: "something" may be wrong (a forget emptied
 memory), and costs one search that finds nothing; "nothing" never is.
 
-Pure: the indexer tells it what it takes; `sessions_and_learnings` reads memory.db at a start.
+`Reach` is pure, no I/O: the indexer tells it what it takes. `sessions_and_learnings` is not: its
+SQL reads memory.db, once, at a start.
 """
 
 from __future__ import annotations

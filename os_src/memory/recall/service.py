@@ -27,6 +27,7 @@ from ...fsutil import atomic_write
 from ...logs import get_logger
 from ...paths import Layout
 from ..memory_store import MemoryDB
+from ..schema import PURGE_KEY
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
 from . import episodes as ep
@@ -42,7 +43,6 @@ from .vectors import Matrix, VectorReader, VectorWriter, forget_everywhere, stor
 log = get_logger(__name__)
 
 INDEX_DIR = "index"
-PURGE_KEY = "recall_purge"  # in memory.db's meta while the index must be written anew (a forget)
 VECTORS_DIR = "vectors"
 PROGRESS_FILE = "recall.json"  # in .os/state/: the server's recall status, for `memory status` in a shell
 PUBLISH_EVERY = 5.0
@@ -251,9 +251,9 @@ class RecallService:
         word index, now. A deletion only marks a document, its words stay in the segment until a
         merge, so the index is then written anew in the background (`purge`), its old segment files
         deleted. A flag in memory.db's meta, set first, makes a restart finish both."""
-        if self._index is None:  # not started (a tool that only reads): the server does it
-            return
         await self._memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))
+        if self._index is None:  # not started (a tool that only reads): the server's start does it, by the flag
+            return
         await self._forget_vectors(episode_ids)
         staged = await self._memory.call(lambda m: forgotten(m.conn, episode_ids, learning_ids))
 
