@@ -84,7 +84,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("host"))
         elif item.path.name in DEPLOY_MODULES:
             item.add_marker(pytest.mark.xdist_group("deploy"))
-        if fixtures & E2E_FIXTURES:
+        # A test of a real server process or the real CLI is e2e by its fixtures, or by its file's name:
+        # a module named *_e2e.py that forgot its pytestmark would otherwise slow `make test-fast`.
+        if fixtures & E2E_FIXTURES or item.path.name.endswith("_e2e.py"):
             item.add_marker(pytest.mark.e2e)
 
 

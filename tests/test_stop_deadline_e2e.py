@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 from signal import SIGTERM
 
+import pytest
+
 from devkit.harness import make_settings
 from devkit.mock_bridge import MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from tests.conftest import client_factory
+
+pytestmark = pytest.mark.e2e
 
 STOP_TIMEOUT = 20.0  # a third of the service's: every share scales alike
 

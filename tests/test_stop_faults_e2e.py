@@ -20,6 +20,8 @@ from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
 from tests.conftest import client_factory
 
+pytestmark = pytest.mark.e2e
+
 STOP_TIMEOUT = 20.0
 
 
