@@ -18,11 +18,29 @@ from devkit.harness import make_settings
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
-from tests.conftest import client_factory
+from tests.conftest import Client, client_factory
 
 pytestmark = pytest.mark.e2e
 
 STOP_TIMEOUT = 20.0
+
+
+async def hung_stop_server(workspace: Path, bridge: MockBridge) -> ServerProcess:
+    """tests/stop_server.py's server (its CLI ignores interrupts), at this module's stop timeout."""
+    return await ServerProcess(workspace, bridge.url, module="tests.stop_server",
+                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+
+
+async def kept_then_streaming(c: Client, workspace: Path) -> list[int]:
+    """One turn acknowledged (KEPT-77), then a long one streaming (FIG-93) whose CLI ignores its
+    interrupt, so a stop waits out its turn's grace: the workspace's CLIs."""
+    await c.send(type="user_message", text="keep this one: KEPT-77")
+    await c.until("turn_complete")
+    await c.send(type="user_message", text="a long one: FIG-93")
+    await c.until("text_delta")
+    clis = workspace_clis(workspace)
+    assert clis
+    return clis
 
 
 @pytest.mark.parametrize("sig", [SIGTERM, SIGINT])
@@ -31,17 +49,10 @@ async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, 
     """An impatient operator (a second `service stop`, a second Ctrl-C): the stop already under way
     must still flush memory and end the CLI, not die at once with the signal's default action."""
     bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
-    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
-                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    proc = await hung_stop_server(workspace, bridge)
     try:
         async with client_factory(proc.port) as client:
-            c = await client(hello={})
-            await c.send(type="user_message", text="keep this one: KEPT-77")
-            await c.until("turn_complete")
-            await c.send(type="user_message", text="a long one: FIG-93")
-            await c.until("text_delta")  # the CLI ignores its interrupt: the stop waits its turn grace
-            clis = workspace_clis(workspace)
-            assert clis
+            clis = await kept_then_streaming(await client(hello={}), workspace)
             proc.signal(sig)
             await asyncio.sleep(1.5)
             proc.signal(sig)  # again, while the stop is under way
@@ -163,17 +174,10 @@ async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: 
     """SIGKILL to the server alone `after` seconds into its stop (in the turn's grace; past it, in
     memory's steps): the CLI it leaves is reaped at the next start, and the acknowledged turn is there."""
     bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
-    proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server",
-                               STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
+    proc = await hung_stop_server(workspace, bridge)
     try:
         async with client_factory(proc.port) as client:
-            c = await client(hello={})
-            await c.send(type="user_message", text="keep this one: KEPT-77")
-            await c.until("turn_complete")
-            await c.send(type="user_message", text="a long one: FIG-93")
-            await c.until("text_delta")
-            clis = workspace_clis(workspace)
-            assert clis
+            clis = await kept_then_streaming(await client(hello={}), workspace)
             proc.signal(SIGTERM)
             await asyncio.sleep(after)
             proc.signal(9)
