@@ -31,6 +31,15 @@ async def hung_stop_server(workspace: Path, bridge: MockBridge) -> ServerProcess
                                STOP_TEST_TIMEOUT=str(STOP_TIMEOUT)).start()
 
 
+async def stops_in_time(proc: ServerProcess) -> None:
+    """SIGTERM: the process exits 0 before the stop timeout (when the service's SIGKILL would come)."""
+    asked = time.monotonic()
+    proc.signal(SIGTERM)
+    code = await proc.wait(timeout=STOP_TIMEOUT + 30)
+    took = time.monotonic() - asked
+    assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{proc.log.read_text()[-2500:]}"
+
+
 async def kept_then_streaming(c: Client, workspace: Path) -> list[int]:
     """One turn acknowledged (KEPT-77), then a long one streaming (FIG-93) whose CLI ignores its
     interrupt, so a stop waits out its turn's grace: the workspace's CLIs."""
@@ -117,12 +126,7 @@ async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_
             await c.send(type="user_message", text="remember PLUM-41")
             await c.until("turn_complete")
         hang = bridge.faults.add(Fault("latency", seconds=3600, target="curator"))
-        asked = time.monotonic()
-        proc.signal(SIGTERM)
-        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
-        took = time.monotonic() - asked
-        log = proc.log.read_text()
-        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+        await stops_in_time(proc)
     finally:
         await proc.stop()
     assert _states(workspace, bridge.url) == [("remember PLUM-41", PENDING)]
@@ -153,12 +157,7 @@ async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowl
             c = await client(hello={})
             await c.send(type="user_message", text="remember LOCKED-12")
             await c.until("turn_complete")
-        asked = time.monotonic()
-        proc.signal(SIGTERM)
-        code = await proc.wait(timeout=STOP_TIMEOUT + 30)
-        took = time.monotonic() - asked
-        log = proc.log.read_text()
-        assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{log[-2500:]}"
+        await stops_in_time(proc)
     finally:
         holder.rollback()
         holder.close()
