@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import shutil
 import sys
@@ -97,6 +98,32 @@ def dialogue_workspace(eras: Sequence[int]) -> tuple[Settings, list[generate.Que
     turns = [t for t in turns if t.session[:3] in keep]
     settings, ids = workspace(f"dialogue-{'-'.join(map(str, eras))}", turns)
     return settings, [q for q in questions if q.conversation in eras], ids, turns
+
+
+Moment = tuple[Settings, list[generate.Question], dict[tuple[str, int], int], list[generate.Turn]]
+
+
+def dialogue_moments(eras: Sequence[int]) -> list[Moment]:
+    """The dialogue benchmark's `eras` as the memory was when each era's questions are asked: for each
+    era, a workspace of the turns (of `eras`) dated before its questions' `asked_at`, and those questions.
+    No one's memory holds the turns after a question (for a fact that changes, later states are wrong
+    answers then), and a word's rarity is the rarity it had then, so the memory is cut, not the hits.
+    The turns are in time order, so each is a prefix of the whole workspace's: the same episode ids,
+    each turn's vector from the cache (the workspace whose prefix is all of them is the whole one)."""
+    turns, questions = dialogue_benchmark()
+    keep = {f"d{c}-" for c in eras}
+    turns = [t for t in turns if t.session[:3] in keep]
+    assert all(a.timestamp < b.timestamp for a, b in itertools.pairwise(turns)), "turns out of time order"
+    out: list[Moment] = []
+    for era in eras:
+        asked = [q for q in questions if q.conversation == era]
+        moment = {q.asked_at for q in asked}
+        assert len(moment) == 1, f"era {era}: questions asked at {len(moment)} moments"
+        at = moment.pop()
+        then = [t for t in turns if t.timestamp < at]
+        settings, ids = workspace(f"dialogue-{'-'.join(map(str, eras))}", then)
+        out.append((settings, asked, ids, then))
+    return out
 
 
 def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:

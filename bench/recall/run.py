@@ -49,6 +49,7 @@ KS = (1, 5, 10, 20)
 BLOCK = 1_000  # "found at" this rank: anywhere in the recalled block
 QUICK_WORKSPACES = 1
 SPLIT_SEED = 2026  # the dialogue questions' tuning half and held-out half
+WHOLE = "fused_whole_workspace"  # the dialogue questions asked of the whole workspace, as before
 Ids = dict[tuple[str, int], int]
 
 
@@ -107,7 +108,10 @@ def groups(quick: bool) -> Sequence[Sequence[int]]:
 
 
 def dialogue_bench(quick: bool, fused_only: bool = False) -> dict[str, Any]:
-    """`fused_only`: the shipped ranking and its halves alone (a change's measure, in a third of the time)."""
+    """Each era's questions searched in the memory as it was when they are asked (`build.dialogue_moments`);
+    beside it, as before, every question against the whole workspace (the shipped ranking alone), which
+    also holds the years after it. `fused_only`: the shipped ranking and its halves alone (a change's
+    measure, in a third of the time)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     turns_n = 0
     for group in groups(quick):
@@ -115,26 +119,33 @@ def dialogue_bench(quick: bool, fused_only: bool = False) -> dict[str, Any]:
         turns_n += len(turns)
         searcher = open_searcher(settings)
         try:
-            for label, use_dense in (("lexical", False), ("fused", True)):
-                if label == "fused" or not fused_only:
-                    rows[label] += _rows(searcher, questions, ids, use_dense)
-            if fused_only:
-                continue
-            rows["fused_plain"] += _plain(searcher, questions, ids)
-            ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
-            vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
-                if searcher.dense is not None else None
-            for q_i, q in enumerate(questions):
-                rows["reference_fts5"].append(_row(q, ref.fts5(q.question), ids))
-                if vectors is not None:
-                    rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
+            rows[WHOLE] += _rows(searcher, questions, ids, True)
         finally:
             searcher.close()
-    # A constant changed to fit these questions is judged on the half it was not fitted on.
+        for settings, questions, ids, turns in build.dialogue_moments(group):
+            searcher = open_searcher(settings)
+            try:
+                for label, use_dense in (("lexical", False), ("fused", True)):
+                    if label == "fused" or not fused_only:
+                        rows[label] += _rows(searcher, questions, ids, use_dense)
+                if fused_only:
+                    continue
+                rows["fused_plain"] += _plain(searcher, questions, ids)
+                ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
+                vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
+                    if searcher.dense is not None else None
+                for q_i, q in enumerate(questions):
+                    rows["reference_fts5"].append(_row(q, ref.fts5(q.question), ids))
+                    if vectors is not None:
+                        rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
+            finally:
+                searcher.close()
+    # A constant changed to fit these questions is judged on the half it was not fitted on (the same
+    # questions in both rows: the moments keep the questions' order).
     tuning = set(random.Random(SPLIT_SEED).sample(range(len(rows["fused"])), len(rows["fused"]) // 2))
-    halves = {"fused_tuning": [r for i, r in enumerate(rows["fused"]) if i in tuning],
-              "fused_held_out": [r for i, r in enumerate(rows["fused"]) if i not in tuning]}
-    return {"turns": turns_n, "workspaces": len(groups(quick)),
+    halves = {f"{label}_{half}": [r for i, r in enumerate(rows[label]) if (i in tuning) == (half == "tuning")]
+              for label in ("fused", WHOLE) for half in ("tuning", "held_out")}
+    return {"turns": turns_n, "workspaces": len(groups(quick)), "asked": "in the memory as of each question's moment",
             **{label: summarise(r) for label, r in (rows | halves).items()}}
 
 
@@ -196,8 +207,8 @@ def scale(quick: bool) -> dict[str, Any]:
 
 
 def auto_recall_bench(quick: bool) -> dict[str, Any]:
-    """What auto-recall sends, through the runtime's own path (`service.auto_recalled`) against each
-    workspace's boot prompt: for each question (asked in a new session), whether its evidence is in
+    """What auto-recall sends, through the runtime's own path (`service.auto_recalled`) against the boot
+    prompt of the memory as it was when the question is asked (`build.dialogue_moments`): for each question (asked in a new session), whether its evidence is in
     the block; for each message with nothing to recall, whether a block is sent at all. With both
     retrievers, and (under "lexical") with words alone."""
     fused = _auto_recall(quick, lexical=False)
@@ -215,10 +226,11 @@ def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     tokens: list[int] = []
     unrelated: list[bool] = []
-    for group in groups(quick):
-        settings, questions, ids, _ = build.dialogue_workspace(group)
+    # each group's messages with nothing to recall shared among its moments, as many as before
+    moments = [(m, i, len(group)) for group in groups(quick) for i, m in enumerate(build.dialogue_moments(group))]
+    for (settings, questions, ids, _), i, n in moments:
         memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
-        boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, time.time()))
+        boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, questions[0].asked_at))
         memory.close()
         transcript.close()
         searcher = open_searcher(settings, lexical=lexical)
@@ -229,7 +241,7 @@ def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
                 rows.append(_row(q, [h.id for h in hits if h.kind == "episode"], ids))
                 tokens.append(auto.tokens(hits))
             unrelated += [bool(auto_recalled(searcher, m, questions[-1].asked_at, None, boot, budget))
-                          for m in dialogue.unrelated()]
+                          for m in dialogue.unrelated()[i::n]]
         finally:
             searcher.close()
     return {"questions": len(rows), "evidence_in_block": found_at(rows, BLOCK),
