@@ -4,13 +4,15 @@ fairness while vectors catch up, and what auto-recall brings.
     python -m bench --only recall [--quick]
 
 - dialogue: the dialogue benchmark (dialogue.py: 4,740 turns in two workspaces, 848 questions;
-  --quick: the first workspace alone), ranked lexically and fused, through `recall.Searcher`
-  (what search_memory runs); beside it the same fusion without the ranking policies
-  ("fused_plain") and the two reference methods (reference.py).
+  --quick: the first workspace alone), each era's questions asked of the memory as it was then
+  (build.dialogue_moments), ranked lexically and fused, through `recall.Searcher` (what
+  search_memory runs); beside it the same fusion without the ranking policies ("fused_plain"),
+  the two reference methods (reference.py), and the shipped ranking with every question against
+  the whole workspace, as it was measured before ("fused_whole_workspace").
 - small: the first benchmark (generate.py: 6,400 turns, 1,500 template questions; --quick: 2 of
   its 10 conversations), the same way: the gap between the two benchmarks is the point.
 - auto_recall: what auto-recall sends (`service.auto_recalled`, the runtime's own path) for the
-  dialogue benchmark's questions and for messages with nothing to recall; and what it adds to a
+  dialogue benchmark's questions (each of the memory as it was then) and for messages with nothing to recall; and what it adds to a
   turn (the server's own call: a thread hop, the search, the floor, the budget).
 - backfill: vectors embedded in the server's order (every other turn first, each pass newest
   first); at each moment, the questions whose evidence has no vector yet against the same
