@@ -14,7 +14,7 @@ from signal import SIGINT, SIGTERM
 
 import pytest
 
-from devkit.harness import make_settings
+from devkit.harness import make_settings, wait_for
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
@@ -22,7 +22,7 @@ from tests.conftest import Client, client_factory
 
 pytestmark = pytest.mark.e2e
 
-STOP_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0  # a sixth of the service's: every share scales alike (stopping.py)
 
 
 async def hung_stop_server(workspace: Path, bridge: MockBridge) -> ServerProcess:
@@ -38,6 +38,12 @@ async def stops_in_time(proc: ServerProcess) -> None:
     code = await proc.wait(timeout=STOP_TIMEOUT + 30)
     took = time.monotonic() - asked
     assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{proc.log.read_text()[-2500:]}"
+
+
+async def logged(proc: ServerProcess, event: str) -> None:
+    """The server has logged `event` (its log is written line by line): a moment of its start or stop."""
+    await wait_for(lambda: proc.log.exists() and f'"{event}"' in proc.log.read_text(), 60, interval=0.1,
+                   what=f"{event} in the server's log")
 
 
 async def kept_then_streaming(c: Client, workspace: Path) -> list[int]:
@@ -63,8 +69,8 @@ async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, 
         async with client_factory(proc.port) as client:
             clis = await kept_then_streaming(await client(hello={}), workspace)
             proc.signal(sig)
-            await asyncio.sleep(1.5)
-            proc.signal(sig)  # again, while the stop is under way
+            await logged(proc, "server_stopping")
+            proc.signal(sig)  # again, while the stop is under way (its turn's grace alone lasts 5 s)
             code = await proc.wait(timeout=STOP_TIMEOUT + 30)
         log = proc.log.read_text()
         left = [pid for pid in clis if pid_alive(pid)]
@@ -84,12 +90,7 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
     proc = await ServerProcess(workspace, bridge.url, module="tests.stop_server_slow_start",
                                STOP_TEST_TIMEOUT=str(STOP_TIMEOUT), HOSTILE_SLOW_START=str(slow)).spawn()
     try:
-        for _ in range(600):
-            if proc.log.exists() and "slow_resume" in proc.log.read_text():
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError(proc.log.read_text()[-2000:])
+        await logged(proc, "slow_resume")
         asked = time.monotonic()
         proc.signal(SIGTERM)
         code = await proc.wait(timeout=slow + STOP_TIMEOUT + 30)
@@ -167,18 +168,19 @@ async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowl
     assert [m for m, _ in _states(workspace, bridge.url)] == ["remember LOCKED-12"]
 
 
-@pytest.mark.parametrize("after", [1.0, 9.0])
+@pytest.mark.parametrize("moment", ["server_stopping", "memory_stopping"])
 async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: Path, bridge: MockBridge,
-                                                                    after: float) -> None:
-    """SIGKILL to the server alone `after` seconds into its stop (in the turn's grace; past it, in
-    memory's steps): the CLI it leaves is reaped at the next start, and the acknowledged turn is there."""
+                                                                    moment: str) -> None:
+    """SIGKILL to the server alone once its log says `moment` (the stop begun: in the turn's grace,
+    the CLI still running; memory's steps begun: past the grace and the CLI's end): the CLI it leaves
+    is reaped at the next start, and the acknowledged turn is there."""
     bridge.agent.script(Turn(Text("Kept.")), Turn(Text("word " * 3000, chunk_delay=0.1)))
     proc = await hung_stop_server(workspace, bridge)
     try:
         async with client_factory(proc.port) as client:
             clis = await kept_then_streaming(await client(hello={}), workspace)
             proc.signal(SIGTERM)
-            await asyncio.sleep(after)
+            await logged(proc, moment)
             proc.signal(9)
             assert await proc.wait(timeout=30) == -9
     finally:
