@@ -8,8 +8,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from devkit.processes import CHECKOUT as REPO
 from devkit.processes import kit_env
+from tests.xdist_groups import end_to_end_first, group_of
 
 TOY = '''
 import os, pathlib, pytest
@@ -69,3 +72,33 @@ def test_the_deploys_real_venv_is_built_in_one_worker(tmp_path: Path) -> None:
     of_the_venv = {name: group for name, group, fixtures in rows if "venv" in fixtures.split()}
     assert len(of_the_venv) >= 10
     assert {name: group for name, group in of_the_venv.items() if group != "deploy"} == {}
+
+
+class Marked:
+    """What the plugin reads of a test: its marks."""
+
+    def __init__(self, name: str, *marks: pytest.MarkDecorator) -> None:
+        self.name, self.marks = name, [decorator.mark for decorator in marks]
+
+    def iter_markers(self, name: str) -> list[pytest.Mark]:
+        return [mark for mark in self.marks if mark.name == name]
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return next(iter(self.iter_markers(name)), None)
+
+
+def test_a_test_that_shares_the_host_is_in_the_hosts_group_whatever_group_its_module_gives_it() -> None:
+    """A module's own group (test_migrate.py's `v1-workspace`) beside `host` made a group of the pair,
+    run in another worker beside the `host` group's tests."""
+    group = pytest.mark.xdist_group
+    both = Marked("t", group("v1-workspace"), group("host"))
+    assert group_of(both) == "host"
+    assert group_of(Marked("t", group(name="deploy"), group("v1-workspace"))) == "deploy"
+    assert group_of(Marked("t", group("b"), group("a"))) == "a_b"
+    assert group_of(Marked("t")) is None
+
+
+def test_the_end_to_end_tests_are_handed_out_first_each_side_in_its_order() -> None:
+    e2e = pytest.mark.e2e
+    items = [Marked("unit-1"), Marked("e2e-1", e2e), Marked("unit-2"), Marked("e2e-2", e2e)]
+    assert [item.name for item in end_to_end_first(items)] == ["e2e-1", "e2e-2", "unit-1", "unit-2"]
