@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -45,31 +44,14 @@ def test_a_groups_tests_all_run_on_one_worker_and_the_rest_spread(tmp_path: Path
     assert set(workers.values()) == {"gw0", "gw1"}, "both workers ran tests"
 
 
-GROUPS = '''
-import os, pytest
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    with open(os.environ["GROUPS_OUT"], "w") as out:
-        for item in items:
-            mark = item.get_closest_marker("xdist_group")
-            out.write(f"{item.name}\\t{mark.args[0] if mark else ''}\\t{' '.join(item.fixturenames)}\\n")
-'''
+pytest_plugins = ("pytester",)  # an in-process collection: a pytest process of its own costs 5 s of CPU under coverage
 
 
-def test_the_deploys_real_venv_is_built_in_one_worker(tmp_path: Path) -> None:
+def test_the_deploys_real_venv_is_built_in_one_worker(pytester: pytest.Pytester) -> None:
     """Every test of the session's real venv (pip installs the lock: the costliest fixture) is in the
     `deploy` group: one in another group would build a second venv in its own worker."""
-    (tmp_path / "dump_groups.py").write_text(GROUPS)
-    out = tmp_path / "groups.tsv"
-    env = {**kit_env(), "GROUPS_OUT": str(out)}
-    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                           "-p", "dump_groups", str(REPO / "tests" / "test_deploy.py")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line.split("\t") for line in out.read_text().splitlines()]
-    of_the_venv = {name: group for name, group, fixtures in rows if "venv" in fixtures.split()}
+    items, _ = pytester.inline_genitems(str(REPO / "tests" / "test_deploy.py"), "-p", "no:cacheprovider")
+    of_the_venv = {item.name: group_of(item) for item in items if "venv" in item.fixturenames}
     assert len(of_the_venv) >= 10
     assert {name: group for name, group in of_the_venv.items() if group != "deploy"} == {}
 
