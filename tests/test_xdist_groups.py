@@ -11,7 +11,7 @@ import pytest
 
 from devkit.processes import CHECKOUT as REPO
 from devkit.processes import kit_env
-from tests.xdist_groups import end_to_end_first, group_of
+from tests.xdist_groups import group_of, long_tests_first
 
 TOY = '''
 import os, pathlib, pytest
@@ -80,7 +80,7 @@ def test_a_test_that_shares_the_host_is_in_the_hosts_group_whatever_group_its_mo
     assert group_of(Marked("t")) is None
 
 
-def test_the_end_to_end_tests_are_handed_out_first_each_side_in_its_order() -> None:
-    e2e = pytest.mark.e2e
-    items = [Marked("unit-1"), Marked("e2e-1", e2e), Marked("unit-2"), Marked("e2e-2", e2e)]
-    assert [item.name for item in end_to_end_first(items)] == ["e2e-1", "e2e-2", "unit-1", "unit-2"]
+def test_the_end_to_end_and_long_tests_are_handed_out_first_each_side_in_its_order() -> None:
+    e2e, long = pytest.mark.e2e, pytest.mark.long
+    items = [Marked("unit-1"), Marked("e2e-1", e2e), Marked("unit-2"), Marked("long", long), Marked("e2e-2", e2e)]
+    assert [item.name for item in long_tests_first(items)] == ["e2e-1", "long", "e2e-2", "unit-1", "unit-2"]

@@ -11,7 +11,8 @@ A test in a group that shares the host (HOST_SHARING) is in that group alone, wh
 its module puts it in: xdist would name the pair a group of its own (`host_v1-workspace`), run
 beside the `host` group's tests in another worker.
 
-The end-to-end tests (seconds to a minute each) come before the unit tests (mostly milliseconds):
+The end-to-end tests (seconds to a minute each) and those marked `long` come before the unit tests
+(mostly milliseconds):
 xdist hands the tests out in this order (the groups first, the largest first), so the last tests
 every worker runs are short ones, and the workers end together rather than one finishing a long
 test alone.
@@ -37,16 +38,16 @@ def group_of(item: pytest.Item) -> str | None:
     return "_".join(sorted(names)) or None
 
 
-def end_to_end_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
-    """The end-to-end tests first, then the rest, each in the order it had."""
-    return sorted(items, key=lambda item: item.get_closest_marker("e2e") is None)
+def long_tests_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
+    """The end-to-end tests and those marked `long` first, then the rest, each in the order it had."""
+    return sorted(items, key=lambda item: not any(item.get_closest_marker(name) for name in ("e2e", "long")))
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own renaming, so that a fixed xdist makes this a no-op
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("loadgroup", default=False):  # set in xdist's workers under --dist loadgroup
         return
-    items[:] = end_to_end_first(items)
+    items[:] = long_tests_first(items)
     for item in items:
         if (group := group_of(item)) is None or "@" in item.nodeid:
             continue
