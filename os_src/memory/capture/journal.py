@@ -20,7 +20,8 @@ commit comes first pays that commit's fsync and no other. Reading takes the last
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
-coalesced), and within CLOSE_GRACE of a turn's end.
+coalesced), and within CLOSE_GRACE of a turn's end. Only a save someone waits on (it holds a closed
+turn) or one that failed calls back to the loop: a wake-up from a thread costs a turn in flight.
 """
 
 from __future__ import annotations
