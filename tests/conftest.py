@@ -7,6 +7,7 @@ mock Bridge at the HTTP boundary.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anthropic  # noqa: F401  (see below)
+import httpcore2
 import pytest
 import structlog
 
@@ -38,6 +40,11 @@ from tests import xdist_groups
 
 # The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
 # tests import it here, once per worker, so that no test's first batch spends its deadline on it.
+
+# One TLS context for the test process: httpx builds one for every client (an in-process server's model
+# relay and curator), reading the system's CA file each time, about 25 ms of CPU (190 times in the unit
+# tests alone); the tests reach the mock Bridge over plain HTTP. Clients share a context safely.
+httpcore2.default_ssl_context = functools.cache(httpcore2.default_ssl_context)
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
