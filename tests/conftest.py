@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anthropic  # noqa: F401  (see below)
 import pytest
 import structlog
 
@@ -36,9 +35,6 @@ from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 from tests import xdist_groups
 
-# The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
-# tests import it here, once per worker, so that no test's first batch spends its deadline on it.
-
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS
 
@@ -55,6 +51,15 @@ DEPLOY_MODULES = {"test_deploy.py"}
 # A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
 # `make test-fast` (-m "not e2e") never runs pip.
 E2E_FIXTURES = {"venv"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def anthropic_sdk() -> None:
+    """The curator imports the anthropic SDK at its first call (a server's start does not pay it): a
+    process that runs tests imports it before its first one (about 2 s of CPU), so that no test's first
+    batch spends its deadline on it. A fixture, not an import here: xdist's controller, which runs no
+    test, loads this file too."""
+    import anthropic  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
