@@ -79,10 +79,10 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 		tests/test_console_forget_e2e.py
 
 ## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage; two workers a
-## core (FAST_JOBS).
+## core (FAST_JOBS). The *_e2e.py modules are not even imported (-m would only deselect them).
 FAST_JOBS ?= $(WORKERS)
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -m "not e2e" -n $(FAST_JOBS) --dist loadgroup
+	$(PY) -m pytest -m "not e2e" --ignore-glob='*_e2e.py' -n $(FAST_JOBS) --dist loadgroup
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check os_src devkit tests bench chaos bootstrap

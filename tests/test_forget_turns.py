@@ -55,9 +55,11 @@ WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them
 @pytest.fixture(autouse=True)
 def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The curator's address here answers nothing (port 9): a stop's flush, or a trigger, waits for the
-    failed batch's retry, whose run makes the daemon's forget pass. 0.4 s, not the backoff's first 2 s."""
+    failed batch's retry (or a conflicted one's), whose run makes the daemon's forget pass. 0.4 s, not
+    the backoff's first 2 s."""
     monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.4)
     monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.4)
+    monkeypatch.setattr(daemon_module, "CONFLICT_RETRY", 0.4)
 
 
 @pytest.mark.parametrize(("line", "came"), [
