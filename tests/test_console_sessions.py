@@ -187,18 +187,25 @@ async def test_forgetting_an_earlier_turn_of_the_session_a_turn_is_running_in_is
     """The running turn has the earlier turn in its context: its answer, recorded and kept, could quote
     what is being forgotten."""
     await seed(system)
-    agent = FakeAgent(running="c9")
-    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
-    forget = api.handlers[ps.ForgetTurnsRequest]
     s3 = await system.transcript.call(lambda t: t.ids_of(session_id="s3"))
-    for req in (ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]),
-                ps.ForgetTurnsRequest(request_id="f", observation_ids=[s3[0]])):
+    await busy_while_c9_runs(system, [ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]),
+                                      ps.ForgetTurnsRequest(request_id="f", observation_ids=[s3[0]])],
+                             meanwhile="a1", after="c2")
+
+
+async def busy_while_c9_runs(system: MemorySystem, refused: list[ps.ForgetTurnsRequest], meanwhile: str,
+                             after: str) -> None:
+    """While turn c9 runs in session s3, each of `refused` is busy and turn `meanwhile` is forgotten;
+    once c9 ends, turn `after` is."""
+    agent = FakeAgent(running="c9")
+    forget = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns).handlers[ps.ForgetTurnsRequest]
+    for req in refused:
         with pytest.raises(RequestFailed) as busy:
             await forget(req)
         assert busy.value.code == "busy"
-    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=[meanwhile]))).forgotten == 1  # type: ignore[attr-defined]
     agent.running = None
-    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c2"]))).forgotten == 1  # type: ignore[attr-defined]
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=[after]))).forgotten == 1  # type: ignore[attr-defined]
 
 
 async def test_forgetting_a_past_turn_auto_recall_brought_the_running_session_is_busy(
@@ -215,18 +222,10 @@ async def test_forgetting_a_past_turn_auto_recall_brought_the_running_session_is
 
     monkeypatch.setattr(system.recall, "auto_recall", recalling)
     await system.recall_for("What was my plan?", "s3", "c9")
-    agent = FakeAgent(running="c9")
-    api = SessionsConsole(system, lambda: "s3", holding_turns=agent.holding_turns)
-    forget = api.handlers[ps.ForgetTurnsRequest]
-    for req in (ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]),
-                ps.ForgetTurnsRequest(request_id="f", observation_ids=[a1]),
-                ps.ForgetTurnsRequest(request_id="f", session_id="s1")):
-        with pytest.raises(RequestFailed) as busy:
-            await forget(req)
-        assert busy.value.code == "busy"
-    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a2"]))).forgotten == 1  # type: ignore[attr-defined]
-    agent.running = None
-    assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]))).forgotten == 1  # type: ignore[attr-defined]
+    await busy_while_c9_runs(system, [ps.ForgetTurnsRequest(request_id="f", turn_ids=["a1"]),
+                                      ps.ForgetTurnsRequest(request_id="f", observation_ids=[a1]),
+                                      ps.ForgetTurnsRequest(request_id="f", session_id="s1")],
+                             meanwhile="a2", after="a1")
 
 
 async def test_the_busy_check_and_the_forget_run_while_turns_are_held(

@@ -149,6 +149,36 @@ async def test_a_cancelled_journal_save_is_not_taken_for_a_save(tmp_path: Path) 
     assert keys == [("s1", 1)] and error is not None
 
 
+async def test_only_a_save_someone_waits_for_wakes_the_event_loop(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wake-up of the event loop from a thread costs a turn the GIL's hand-over. The open turn's
+    saves (one or two in every turn) woke it when they ended, for nothing: no one waits on them.
+    Now only a save holding a closed turn does, once (the turn's ack may wait on it), or a failed one."""
+    loop = asyncio.get_running_loop()
+    wakes: list[object] = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda cb, *a, **k: (wakes.append(cb), real(cb, *a, **k))[1])
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(tmp_path / "j.json", files, delay=0.0, on_saved=lambda k, e: saved.append((k, e)))
+        journal.opened(lambda: obs(1, text="so far"))
+        await wait_for(lambda: journal._written is not None and journal._written.done(), what="the open turn saved")
+        assert state(tmp_path / "j.json") == [(1, False)]
+        assert wakes == [] and saved == []
+        journal.closed(obs(1), urgent=True)
+        await wait_for(lambda: bool(saved), what="the closed turn's save reported")
+        assert saved == [([("s1", 1)], None)] and len(wakes) == 1
+
+        def full(_data: bytes | None, sync: bool = True) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(journal._file, "save", full)  # the next save fails: that is heard of too
+        journal.durable(("s1", 1))
+        journal.opened(lambda: obs(2, text="so far"))
+        await wait_for(lambda: len(saved) == 2, what="the failed save reported")
+        assert saved[1][0] == [] and isinstance(saved[1][1], OSError) and len(wakes) == 2
+
+
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
     path = tmp_path / "turn-journal.json"
     path.write_bytes(entries((1, True)) + b"\n" + entries((1, True), (2, False))[:-7])  # killed mid-append

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import shutil
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -141,11 +140,10 @@ def raw(path: Path) -> bytes:
 
 def stored_vector(store: Path, episode: int) -> np.ndarray:
     """The episode's vector as the store's files hold it, read up to the committed count as the store's
-    readers do: the embedder may be appending beside the test, one file after the other."""
-    deadline = time.monotonic() + 10
-    while (meta := read_meta(store)) is None:  # between a rewrite's swap of its files: read again
-        assert time.monotonic() < deadline, f"no vector store at {store}"
-        time.sleep(0.01)
+    readers do: the embedder may be appending beside the test, one file after the other. The caller waits
+    for the vector first (a store has no meta.json before its first commit)."""
+    meta = read_meta(store)
+    assert meta is not None, f"no vector committed at {store}"
     ids = np.fromfile(store / "ids.i64", dtype=np.int64, count=meta.count)
     [row] = np.flatnonzero(ids == episode)
     vectors = np.fromfile(store / "vectors.f16", dtype=np.float16, count=meta.count * meta.dim)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.harness import wait_for
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.backlog import first_pass
 from sprite_os.memory.recall.index import RecallIndex
@@ -173,7 +174,8 @@ async def test_a_turn_landing_between_has_the_next_turns_vector_made_again_with_
     _, store, indexer, workers = indexer_for(layout)
     await indexer.start(fresh_index=True)
     try:
-        await asyncio.wait_for(indexer.embedded_all.wait(), 30)
+        # Not `embedded_all`: it is also set while the turns are not episodes yet (nothing to embed then).
+        await wait_for(lambda: indexer.health.embedded >= 2, what="both turns' vectors")
         before = stored_vector(store, 2)
         # imported: an older turn of the same session, between the two (recorded later, so a higher id)
         await indexer.memory.call(lambda m: ep.add(m.conn, [ep.Episode(3, "s", 0, T0 + 50, "The plumber comes on Tuesday.")]))

@@ -379,6 +379,20 @@ def test_an_answer_found_only_by_its_words_repeating_an_older_memory_is_left_out
     assert drop_echoes([said, unknown], ["dana"]) == [said, unknown]
 
 
+def test_an_answer_sharing_only_a_common_word_of_the_question_with_an_older_turn_is_no_echo() -> None:
+    """"Would Rav enjoy a steakhouse dinner?": the turn that answers it says "He has stopped drinking"
+    (the name in the turn before) and the agent's "Noted for any dinner plans."; an older, unrelated
+    turn says "dinner" too. The answer repeats nothing of it: the turn stays."""
+    other = found("episode", 1, "Ravi came over for dinner, we just watched telly.", 1.0)
+    told = found("episode", 2, "He has stopped drinking.\nNoted for any dinner plans.", 2.0,
+                 persons="He has stopped drinking.\n", agents="Noted for any dinner plans.")
+    assert drop_echoes([other, told], ["rav", "enjoy", "steakhouse", "dinner"]) == [other, told]
+    # the same older turn, repeated by the answer beyond the question's word: an echo
+    repeat = found("episode", 3, "Any plans?\nRavi came over for dinner, you watched telly.", 3.0,
+                   persons="Any plans?\n", agents="Ravi came over for dinner, you watched telly.")
+    assert drop_echoes([other, repeat], ["steakhouse", "dinner"]) == [other]
+
+
 def test_a_replaced_learning_sits_just_below_its_correction_which_is_brought_in_if_missing() -> None:
     old = found("learning", 1, "Lives in Lisbon", 1.0, replaced_by=3)
     tea = found("learning", 2, "Likes tea", 2.0)

@@ -106,7 +106,8 @@ def groups(quick: bool) -> Sequence[Sequence[int]]:
     return build.DIALOGUE_GROUPS[:QUICK_WORKSPACES] if quick else build.DIALOGUE_GROUPS
 
 
-def dialogue_bench(quick: bool) -> dict[str, Any]:
+def dialogue_bench(quick: bool, fused_only: bool = False) -> dict[str, Any]:
+    """`fused_only`: the shipped ranking and its halves alone (a change's measure, in a third of the time)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     turns_n = 0
     for group in groups(quick):
@@ -115,7 +116,10 @@ def dialogue_bench(quick: bool) -> dict[str, Any]:
         searcher = open_searcher(settings)
         try:
             for label, use_dense in (("lexical", False), ("fused", True)):
-                rows[label] += _rows(searcher, questions, ids, use_dense)
+                if label == "fused" or not fused_only:
+                    rows[label] += _rows(searcher, questions, ids, use_dense)
+            if fused_only:
+                continue
             rows["fused_plain"] += _plain(searcher, questions, ids)
             ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
             vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
@@ -339,9 +343,32 @@ def _store(path: Path, stored: Sequence[tuple[int, float, Any]]) -> VectorReader
     return VectorReader(path)
 
 
+PARTS = {"dialogue": lambda quick: dialogue_bench(quick), "dialogue_fused": lambda quick: dialogue_bench(quick, True),
+         "small": small, "auto_recall": auto_recall_bench, "backfill": backfill, "scale": scale}
+
+
+def main(argv: Sequence[str]) -> None:
+    """`python -m bench.recall.run PART... [--quick]`: some parts alone, their results printed (nothing
+    written): dialogue, dialogue_fused (the shipped ranking and its halves alone), small, auto_recall,
+    backfill, scale."""
+    import json
+
+    quick = "--quick" in argv
+    wanted = [a for a in argv if a != "--quick"]
+    if not wanted or any(a not in PARTS for a in wanted):
+        raise SystemExit(f"usage: python -m bench.recall.run {{{','.join(PARTS)}}}... [--quick]")
+    print(json.dumps({part: PARTS[part](quick) for part in wanted}, indent=1))
+
+
 async def recall(quick: bool) -> dict[str, Any]:
     return {"dialogue": await asyncio.to_thread(dialogue_bench, quick), "small": await asyncio.to_thread(small, quick),
             "auto_recall": await asyncio.to_thread(auto_recall_bench, quick),
             "auto_recall_cost": await _auto_recall_cost(quick),
             "backfill": await asyncio.to_thread(backfill, quick),
             "scale": await asyncio.to_thread(scale, quick)}
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -20,7 +20,8 @@ commit comes first pays that commit's fsync and no other. Reading takes the last
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
-coalesced), and within CLOSE_GRACE of a turn's end.
+coalesced), and within CLOSE_GRACE of a turn's end. Only a save someone waits on (it holds a closed
+turn) or one that failed calls back to the loop: a wake-up from a thread costs a turn in flight.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -174,7 +176,7 @@ class TurnJournal:
         self._closed: dict[Key, NewObservation] = {}
         self._after: dict[Key, Callable[[], None]] = {}  # called once a save holding that closed turn ends
         self._timer: asyncio.TimerHandle | None = None
-        self._written: asyncio.Future[None] | None = None
+        self._written: Future[None] | None = None  # the last save handed out
 
     def restore(self, observations: list[NewObservation]) -> None:
         """Keep what `recover` found until it is durable again (a second crash must not lose it)."""
@@ -229,7 +231,7 @@ class TurnJournal:
             self._write()
         if self._written is not None:
             with contextlib.suppress(Exception):
-                await self._written
+                await asyncio.wrap_future(self._written)
         if not self._closed:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
@@ -255,11 +257,20 @@ class TurnJournal:
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
         data = msgspec.json.encode(entries) if entries else None
         keys = list(self._closed)  # synced only when a closed turn waits for it
-        written = asyncio.get_running_loop().run_in_executor(self._executor, self._file.save, data, bool(keys))
-        written.add_done_callback(lambda f: self._saved(f, keys))
+        written = self._executor.submit(self._file.save, data, bool(keys))
+        written.add_done_callback(partial(self._ended, asyncio.get_running_loop(), keys))
         self._written = written
 
-    def _saved(self, future: asyncio.Future[None], keys: list[Key]) -> None:
+    def _ended(self, loop: asyncio.AbstractEventLoop, keys: list[Key], future: Future[None]) -> None:
+        """On the files' thread: the loop hears of a save only when someone waits on it (a closed turn
+        in it) or it failed. The open turn's saves, one or two in every turn, wake it for nothing
+        otherwise, and each wake-up from a thread costs the loop the GIL's hand-over in the turn."""
+        if not keys and not future.cancelled() and future.exception() is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: no one is left to tell
+            loop.call_soon_threadsafe(self._saved, future, keys)
+
+    def _saved(self, future: Future[None], keys: list[Key]) -> None:
         # A cancelled save (the loop or the files' thread shutting down) may never have run: not saved.
         exc = asyncio.CancelledError("the save was cancelled") if future.cancelled() else future.exception()
         if exc is not None:

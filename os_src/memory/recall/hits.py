@@ -104,8 +104,11 @@ def fold_sources(found: Sequence[Found]) -> list[Found]:
 def drop_echoes(found: Sequence[Found], words: Sequence[str], said: dict[str, set[str]] | None = None
                 ) -> list[Found]:
     """Leave out a turn found only through the agent's words when an older memory found beside it
-    holds those words: the answer repeated a memory. `said`: each text's stems, kept between calls of one
-    search."""
+    holds those words and the answer says more of what that memory's person said than the question's
+    words: the answer repeated a memory ("Your name is Dana." after "My name is Dana"). A common word the
+    question used ("dinner", "go") shared with an unrelated older turn is no repeat: the answer is then
+    the only place the turn tells of, and it stays. `said`: each text's stems, kept between calls of
+    one search."""
     asked = {w[:5] for w in words}
     said = {} if said is None else said  # each text's stems, worked out once
 
@@ -119,7 +122,8 @@ def drop_echoes(found: Sequence[Found], words: Sequence[str], said: dict[str, se
         if f.candidate.kind == "episode" and f.agents:
             by_agent = (asked & stems_of(f.agents)) - stems_of(f.persons)
             if by_agent and not asked & stems_of(f.persons) and any(
-                    o.candidate.at < f.candidate.at and by_agent <= stems_of(o.text) for o in found if o is not f):
+                    o.candidate.at < f.candidate.at and by_agent <= stems_of(o.text)
+                    and (stems_of(f.agents) & stems_of(o.persons)) - asked for o in found if o is not f):
                 continue
         out.append(f)
     return out
