@@ -7,6 +7,7 @@ mock Bridge at the HTTP boundary.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpcore2
 import pytest
 import structlog
 
@@ -34,6 +36,11 @@ from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 from tests import xdist_groups
+
+# One TLS context for the test process: httpx builds one for every client (an in-process server's model
+# relay and curator), reading the system's CA file each time, about 25 ms of CPU (190 times in the unit
+# tests alone); the tests reach the mock Bridge over plain HTTP. Clients share a context safely.
+httpcore2.default_ssl_context = functools.cache(httpcore2.default_ssl_context)
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
     from sprite_os.server import SpriteOS

@@ -16,6 +16,7 @@ import pytest
 from devkit import faults
 from devkit.faults import FaultSetupFailed, exclusive_lock, fill
 from devkit.mock_bridge import MockBridge
+from sprite_os import database
 from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
 from sprite_os.memory.curation import daemon as daemon_module
@@ -24,6 +25,14 @@ from tests.conftest import Client, client_factory, make_settings, running, wait_
 from tests.test_memory_e2e import learnings, observations, turn
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def short_busy_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write waits 1 s for a lock here, not the product's 5 s: the spell each test holds until it has
+    seen the writes fail past the busy timeout and be retried comes five times sooner."""
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 1000)
+
 
 async def timed_turn(c: Client, text: str) -> float:
     started = time.monotonic()

@@ -56,6 +56,7 @@ def dead_pid() -> int:
     return proc.pid
 
 
+@pytest.mark.long  # the service's commands start and restart real servers
 def test_start_status_restart_stop(ws: Path, env: dict[str, str]) -> None:
     layout = load_settings(env).layout
     layout.state_dir.mkdir(parents=True)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long  # a wheel's build (pip)
+
 REPO = Path(__file__).resolve().parents[1]
 VERSION = (REPO / "VERSION").read_text().strip()
 # What a clone has that git does not (the venv, caches, results): the rest is copied as it is.

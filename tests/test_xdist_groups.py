@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from devkit.processes import CHECKOUT as REPO
 from devkit.processes import kit_env
+from tests.xdist_groups import group_of, long_tests_first
 
 TOY = '''
 import os, pathlib, pytest
@@ -42,30 +44,43 @@ def test_a_groups_tests_all_run_on_one_worker_and_the_rest_spread(tmp_path: Path
     assert set(workers.values()) == {"gw0", "gw1"}, "both workers ran tests"
 
 
-GROUPS = '''
-import os, pytest
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    with open(os.environ["GROUPS_OUT"], "w") as out:
-        for item in items:
-            mark = item.get_closest_marker("xdist_group")
-            out.write(f"{item.name}\\t{mark.args[0] if mark else ''}\\t{' '.join(item.fixturenames)}\\n")
-'''
+pytest_plugins = ("pytester",)  # an in-process collection: a pytest process of its own costs 5 s of CPU under coverage
 
 
-def test_the_deploys_real_venv_is_built_in_one_worker(tmp_path: Path) -> None:
+def test_the_deploys_real_venv_is_built_in_one_worker(pytester: pytest.Pytester) -> None:
     """Every test of the session's real venv (pip installs the lock: the costliest fixture) is in the
     `deploy` group: one in another group would build a second venv in its own worker."""
-    (tmp_path / "dump_groups.py").write_text(GROUPS)
-    out = tmp_path / "groups.tsv"
-    env = {**kit_env(), "GROUPS_OUT": str(out)}
-    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                           "-p", "dump_groups", str(REPO / "tests" / "test_deploy.py")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line.split("\t") for line in out.read_text().splitlines()]
-    of_the_venv = {name: group for name, group, fixtures in rows if "venv" in fixtures.split()}
+    items, _ = pytester.inline_genitems(str(REPO / "tests" / "test_deploy.py"), "-p", "no:cacheprovider")
+    of_the_venv = {item.name: group_of(item) for item in items if "venv" in item.fixturenames}
     assert len(of_the_venv) >= 10
     assert {name: group for name, group in of_the_venv.items() if group != "deploy"} == {}
+
+
+class Marked:
+    """What the plugin reads of a test: its marks."""
+
+    def __init__(self, name: str, *marks: pytest.MarkDecorator) -> None:
+        self.name, self.marks = name, [decorator.mark for decorator in marks]
+
+    def iter_markers(self, name: str) -> list[pytest.Mark]:
+        return [mark for mark in self.marks if mark.name == name]
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return next(iter(self.iter_markers(name)), None)
+
+
+def test_a_test_that_shares_the_host_is_in_the_hosts_group_whatever_group_its_module_gives_it() -> None:
+    """A module's own group (test_migrate.py's `v1-workspace`) beside `host` made a group of the pair,
+    run in another worker beside the `host` group's tests."""
+    group = pytest.mark.xdist_group
+    both = Marked("t", group("v1-workspace"), group("host"))
+    assert group_of(both) == "host"
+    assert group_of(Marked("t", group(name="deploy"), group("v1-workspace"))) == "deploy"
+    assert group_of(Marked("t", group("b"), group("a"))) == "a_b"
+    assert group_of(Marked("t")) is None
+
+
+def test_the_end_to_end_and_long_tests_are_handed_out_first_each_side_in_its_order() -> None:
+    e2e, long = pytest.mark.e2e, pytest.mark.long
+    items = [Marked("unit-1"), Marked("e2e-1", e2e), Marked("unit-2"), Marked("long", long), Marked("e2e-2", e2e)]
+    assert [item.name for item in long_tests_first(items)] == ["e2e-1", "long", "e2e-2", "unit-1", "unit-2"]

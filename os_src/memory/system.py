@@ -135,6 +135,7 @@ class MemorySystem:
             return
         loop = asyncio.get_running_loop()
         deadline = deadline or StopDeadline(loop.time())
+        log.info("memory_stopping", budget_s=round(deadline.stores(loop.time()), 1))
         if self._counting is not None:
             self._counting.cancel()
         # A forget deciding its lines: what is left before memory's reserve, at most DECISION (what it keeps
