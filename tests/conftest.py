@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anthropic  # noqa: F401  (see below)
 import httpcore2
 import pytest
 import structlog
@@ -37,9 +36,6 @@ from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_
 from sprite_os.config import Settings
 from sprite_os.isolation.policy import AgentUser
 from tests import xdist_groups
-
-# The curator imports the anthropic SDK at its first call (a server's start does not pay it). In-process
-# tests import it here, once per worker, so that no test's first batch spends its deadline on it.
 
 # One TLS context for the test process: httpx builds one for every client (an in-process server's model
 # relay and curator), reading the system's CA file each time, about 25 ms of CPU (190 times in the unit
@@ -62,6 +58,15 @@ DEPLOY_MODULES = {"test_deploy.py"}
 # A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
 # `make test-fast` (-m "not e2e") never runs pip.
 E2E_FIXTURES = {"venv"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def anthropic_sdk() -> None:
+    """The curator imports the anthropic SDK at its first call (a server's start does not pay it): a
+    process that runs tests imports it before its first one (about 2 s of CPU), so that no test's first
+    batch spends its deadline on it. A fixture, not an import here: xdist's controller, which runs no
+    test, loads this file too."""
+    import anthropic  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ from tests.test_processor import kit as kit
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.05)
     monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.2)
+    monkeypatch.setattr(daemon_module, "CONFLICT_RETRY", 0.05)  # a person's edit during a call: 2 s
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
+from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.jobs import Job, jobs
@@ -48,6 +49,16 @@ from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
 T0 = 1_800_000_000.0
 WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them
+
+
+@pytest.fixture(autouse=True)
+def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The curator's address here answers nothing (port 9): a stop's flush, or a trigger, waits for the
+    failed batch's retry (or a conflicted one's), whose run makes the daemon's forget pass. 0.4 s, not
+    the backoff's first 2 s."""
+    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.4)
+    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.4)
+    monkeypatch.setattr(daemon_module, "CONFLICT_RETRY", 0.4)
 
 
 @pytest.mark.parametrize(("line", "came"), [
@@ -511,10 +522,12 @@ BIRTHDAYS = (turn(1, "My mother Rosa's birthday is on 3 May.", "I'll remind you.
              turn(2, "My father's birthday is on 9 May.", "Noted."))
 
 
-async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_turn_check(tmp_path: Path) -> None:
+async def test_a_forget_cut_short_is_decided_at_the_next_start_with_the_kept_turn_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The transcript loses the words first, and the job is on disk, undecided: a stop while the lines
     are decided (the kept-turn search, the embedding) cancels the decision at once, and the pass at the
     next start decides it: the forgotten turn's line goes, the line a kept turn says stays."""
+    monkeypatch.setattr("sprite_os.stopping.DECISION", 0.5)  # the stop's wait for the hung decision: not 10 s
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
     settings.layout.ensure()
     first = MemorySystem(settings)
@@ -817,20 +830,23 @@ async def test_the_restarted_sessions_boot_waits_for_the_current_files_lines_onl
     system.files.write("user.md", now, "batch-2")
     real = system.forgetting.judge.kept_near
     assert real is not None
-    history = asyncio.Event()
+    history, done = asyncio.Event(), asyncio.Event()
 
     async def slow_history(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
         if any(text == old for text, _ in lines):
             history.set()
-            await asyncio.sleep(3600)  # the history's thousand lines
+            await done.wait()  # the history's thousand lines, until the test has its answer
         return await real(lines)
 
     system.forgetting.judge.kept_near = slow_history
     monkeypatch.setattr("sprite_os.memory.system.BOOT_DECIDE_BUDGET", 60.0)  # however slow the first embedding
     await system.forget_turns([ids[0]], by="test")
-    prompt = await asyncio.wait_for(system.boot_prompt(), 45)
-    assert history.is_set() and not await system.forgetting.decided(0)  # the history still being decided
-    assert MUM not in prompt and DAD in prompt
+    try:
+        prompt = await asyncio.wait_for(system.boot_prompt(), 45)
+        assert history.is_set() and not await system.forgetting.decided(0)  # the history still being decided
+        assert MUM not in prompt and DAD in prompt
+    finally:
+        done.set()  # else the fixture's stop waits out the decision's share of it (10 s)
 
 
 async def test_forgetting_a_past_turn_the_current_boot_prompt_holds_restarts_the_session(
@@ -938,13 +954,10 @@ async def test_the_forgets_file_pass_does_not_wait_out_the_curators_backoff(syst
     spent budget: 300 s at a time)."""
     ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
     loop = asyncio.get_running_loop()
-    system.daemon._not_before = loop.time() + 300  # as a spent budget leaves it
-    try:
-        await system.forget_turns([ids[0]], by="test")
-        assert await system.forgetting.decided(60)
-        await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the forget's pass")
-    finally:
-        system.daemon._not_before = 0.0
+    system.daemon._not_before = loop.time() + 300  # as a spent budget leaves it (the stop then skips its flush)
+    await system.forget_turns([ids[0]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the forget's pass")
     assert "Rosa" not in system.files.read("user.md")
 
 

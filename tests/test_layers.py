@@ -11,6 +11,7 @@ and nothing in the product imports the dev kit (devkit/ is not shipped).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,7 @@ def floor(module: str) -> int:
     return FLOORS[prefix]
 
 
+@functools.cache  # parsed once a process: the tests below only read it
 def graph(root: Path = SOURCE) -> dict[str, set[str]]:
     return {module_name(path, root): imports(path, root) for path in sorted(root.rglob("*.py"))}
 
