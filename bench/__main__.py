@@ -196,8 +196,10 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
     out: list[tuple[str, str, str, str]] = []
     if d := rc.get("dialogue"):
         fused = d["fused"]
-        out.append((f"recall on the dialogue benchmark, {d['turns']:,} turns in {d['workspaces']} workspaces, "
-                    f"{fused['questions']} questions, each asked of the memory as it was then (any@10 / all@10, fused)", f"{fused['r@10']:.3f} / {fused['all@10']:.3f}",
+        lo, hi = d["searched_turns"]
+        out.append((f"recall on the dialogue benchmark: one memory of its {d['eras']} eras ({d['turns']:,} turns), "
+                    f"{fused['questions']} questions, each searching the turns before it ({lo:,} to {hi:,}, "
+                    f"{d['searched_turns_mean']:,} on average) (any@10 / all@10, fused)", f"{fused['r@10']:.3f} / {fused['all@10']:.3f}",
                     "at least 0.87 / 0.75", ok(fused["r@10"] >= 0.87 and fused["all@10"] >= 0.75)))
         out.append((f"...its {fused['several_turns']} questions whose evidence is 2 to 4 turns (all@10, fused)",
                     f"{fused['several_turns_all@10']:.3f}", "", ""))
@@ -205,8 +207,15 @@ def _recall_rows(rc: dict[str, Any], ok: Callable[[bool], str]) -> list[tuple[st
             out.append(("...the same, fused, on a seeded half of the questions / the other half (held out: "
                         "any@10 / all@10)", " / ".join(f"{d[k]['r@10']:.3f} / {d[k]['all@10']:.3f}"
                                                        for k in ("fused_tuning", "fused_held_out")), "", ""))
+        if then := d.get("fused_groups_then"):
+            out.append(("...the same, fused, in two memories of five eras each, asked then, as measured before (any@10 / "
+                        "all@10; several turns all@10; the halves)",
+                        f"{then['r@10']:.3f} / {then['all@10']:.3f}; {then['several_turns_all@10']:.3f}; " + " / ".join(
+                            f"{d[k]['r@10']:.3f} / {d[k]['all@10']:.3f}"
+                            for k in ("fused_groups_then_tuning", "fused_groups_then_held_out")), "", ""))
         if whole := d.get("fused_whole_workspace"):
-            out.append(("...the same, fused, every question against the whole workspace, as before (any@10 / all@10; "
+            out.append(("...the same, fused, every question against its five eras' whole workspace, years after it too, as "
+                        "before (any@10 / all@10; "
                         "several turns all@10; the halves)",
                         f"{whole['r@10']:.3f} / {whole['all@10']:.3f}; {whole['several_turns_all@10']:.3f}; " + " / ".join(
                             f"{d[k]['r@10']:.3f} / {d[k]['all@10']:.3f}"

@@ -45,9 +45,10 @@ FILLER_BASE = 100_000  # filler episode ids start here: the oldest placement's b
 NEW_BASE = 100_000_000  # the newest placement's benchmark starts here
 SEED = 7
 DIALOGUE_SEED = 11
-# The dialogue benchmark's ten eras as two workspaces (two and a half years of one person's talk
-# each): the size at which the ranking shipped before it read what it read on the real benchmark
-# of long conversations (docs/benchmarks.md).
+# The dialogue benchmark's ten eras: one person's five years of talk, one memory (the headline:
+# each era's questions asked of the turns before them); and the two groups of five eras (two and a
+# half years each) the figures were measured on before, kept as labelled rows.
+DIALOGUE_ERAS = tuple(range(10))
 DIALOGUE_GROUPS = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
 MODEL = model_name(None)  # the bundled model and what of a turn it embeds, as the server names its vectors
 LAYOUT = "store"  # vectors in .os/memory/vectors/ (a workspace cached before kept them in memory.db)
@@ -106,8 +107,9 @@ Moment = tuple[Settings, list[generate.Question], dict[tuple[str, int], int], li
 def dialogue_moments(eras: Sequence[int]) -> list[Moment]:
     """The dialogue benchmark's `eras` as the memory was when each era's questions are asked: for each
     era, a workspace of the turns (of `eras`) dated before its questions' `asked_at`, and those questions.
-    No one's memory holds the turns after a question (for a fact that changes, later states are wrong
-    answers then), and a word's rarity is the rarity it had then, so the memory is cut, not the hits.
+    No one's memory holds the turns after a question (they are more distractors: other people's facts
+    and chatter; every fact is unique, dialogue.py `_key`), and a word's rarity is the rarity it had
+    then, so the memory is cut, not the hits.
     The turns are in time order, so each is a prefix of the whole workspace's: the same episode ids,
     each turn's vector from the cache (the workspace whose prefix is all of them is the whole one)."""
     turns, questions = dialogue_benchmark()

@@ -3,16 +3,18 @@ fairness while vectors catch up, and what auto-recall brings.
 
     python -m bench --only recall [--quick]
 
-- dialogue: the dialogue benchmark (dialogue.py: 4,740 turns in two workspaces, 848 questions;
-  --quick: the first workspace alone), each era's questions asked of the memory as it was then
-  (build.dialogue_moments), ranked lexically and fused, through `recall.Searcher` (what
-  search_memory runs); beside it the same fusion without the ranking policies ("fused_plain"),
-  the two reference methods (reference.py), and the shipped ranking with every question against
-  the whole workspace, as it was measured before ("fused_whole_workspace").
+- dialogue: the dialogue benchmark (dialogue.py: 4,740 turns, one memory of ten eras, 848
+  questions; --quick: the first five eras), each era's questions asked of that memory as it was
+  then (build.dialogue_moments: the turns before them), ranked lexically and fused, through
+  `recall.Searcher` (what search_memory runs); beside it the same fusion without the ranking
+  policies ("fused_plain"), the two reference methods (reference.py) on the same turns, and the
+  shipped ranking as it was measured before: in two memories of five eras asked then
+  ("fused_groups_then") and against those two whole workspaces ("fused_whole_workspace").
 - small: the first benchmark (generate.py: 6,400 turns, 1,500 template questions; --quick: 2 of
   its 10 conversations), the same way: the gap between the two benchmarks is the point.
 - auto_recall: what auto-recall sends (`service.auto_recalled`, the runtime's own path) for the
-  dialogue benchmark's questions (each of the memory as it was then) and for messages with nothing to recall; and what it adds to a
+  dialogue benchmark's questions (each of the one memory as it was then) and for messages with nothing to
+  recall (of the whole memory); and what it adds to a
   turn (the server's own call: a thread hop, the search, the floor, the budget).
 - backfill: vectors embedded in the server's order (every other turn first, each pass newest
   first); at each moment, the questions whose evidence has no vector yet against the same
@@ -51,7 +53,8 @@ KS = (1, 5, 10, 20)
 BLOCK = 1_000  # "found at" this rank: anywhere in the recalled block
 QUICK_WORKSPACES = 1
 SPLIT_SEED = 2026  # the dialogue questions' tuning half and held-out half
-WHOLE = "fused_whole_workspace"  # the dialogue questions asked of the whole workspace, as before
+WHOLE = "fused_whole_workspace"  # the dialogue questions asked of their group's whole workspace, as before
+GROUPS = "fused_groups_then"  # asked then within two groups of five eras, as measured before
 Ids = dict[tuple[str, int], int]
 
 
@@ -109,45 +112,59 @@ def groups(quick: bool) -> Sequence[Sequence[int]]:
     return build.DIALOGUE_GROUPS[:QUICK_WORKSPACES] if quick else build.DIALOGUE_GROUPS
 
 
+def eras(quick: bool) -> Sequence[int]:
+    """The headline's memory: all ten eras (--quick: the first group's five)."""
+    return groups(quick)[0] if quick else build.DIALOGUE_ERAS
+
+
 def dialogue_bench(quick: bool, fused_only: bool = False) -> dict[str, Any]:
-    """Each era's questions searched in the memory as it was when they are asked (`build.dialogue_moments`);
-    beside it, as before, every question against the whole workspace (the shipped ranking alone), which
-    also holds the years after it. `fused_only`: the shipped ranking and its halves alone (a change's
-    measure, in a third of the time)."""
+    """One memory of all the eras, each era's questions searched in it as it was when they are asked
+    (`build.dialogue_moments`: the turns before them); beside it, as labelled rows of the shipped
+    ranking, the two groups of five eras asked then ("fused_groups_then") and every question against
+    its group's whole workspace, which also holds the years after it (WHOLE), as measured before.
+    `fused_only`: the shipped ranking and its halves alone (a change's measure, in a third of the time)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    turns_n = 0
+    turns_n, searched = 0, []
     for group in groups(quick):
-        settings, questions, ids, turns = build.dialogue_workspace(group)
-        turns_n += len(turns)
+        settings, questions, ids, _ = build.dialogue_workspace(group)
         searcher = open_searcher(settings)
         try:
             rows[WHOLE] += _rows(searcher, questions, ids, True)
         finally:
             searcher.close()
-        for settings, questions, ids, turns in build.dialogue_moments(group):
+        for settings, questions, ids, _ in build.dialogue_moments(group):
             searcher = open_searcher(settings)
             try:
-                for label, use_dense in (("lexical", False), ("fused", True)):
-                    if label == "fused" or not fused_only:
-                        rows[label] += _rows(searcher, questions, ids, use_dense)
-                if fused_only:
-                    continue
-                rows["fused_plain"] += _plain(searcher, questions, ids)
-                ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
-                vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
-                    if searcher.dense is not None else None
-                for q_i, q in enumerate(questions):
-                    rows["reference_fts5"].append(_row(q, ref.fts5(q.question), ids))
-                    if vectors is not None:
-                        rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
+                rows[GROUPS] += _rows(searcher, questions, ids, True)
             finally:
                 searcher.close()
+    for settings, questions, ids, turns in build.dialogue_moments(eras(quick)):
+        turns_n = max(turns_n, len(turns))
+        searched += [len(turns)] * len(questions)
+        searcher = open_searcher(settings)
+        try:
+            for label, use_dense in (("lexical", False), ("fused", True)):
+                if label == "fused" or not fused_only:
+                    rows[label] += _rows(searcher, questions, ids, use_dense)
+            if fused_only:
+                continue
+            rows["fused_plain"] += _plain(searcher, questions, ids)
+            ref = reference.build(turns, build.CACHE, embed=searcher.dense is not None)
+            vectors = np.stack([searcher.dense.embedder.query(q.question) for q in questions]) \
+                if searcher.dense is not None else None
+            for q_i, q in enumerate(questions):
+                rows["reference_fts5"].append(_row(q, ref.fts5(q.question), ids))
+                if vectors is not None:
+                    rows["reference_rrf"].append(_row(q, ref.rrf(q.question, vectors[q_i]), ids))
+        finally:
+            searcher.close()
     # A constant changed to fit these questions is judged on the half it was not fitted on (the same
-    # questions in both rows: the moments keep the questions' order).
+    # questions in every row, in the same order: eras in order, each era's questions in order).
     tuning = set(random.Random(SPLIT_SEED).sample(range(len(rows["fused"])), len(rows["fused"]) // 2))
     halves = {f"{label}_{half}": [r for i, r in enumerate(rows[label]) if (i in tuning) == (half == "tuning")]
-              for label in ("fused", WHOLE) for half in ("tuning", "held_out")}
-    return {"turns": turns_n, "workspaces": len(groups(quick)), "asked": "in the memory as of each question's moment",
+              for label in ("fused", GROUPS, WHOLE) for half in ("tuning", "held_out")}
+    return {"turns": turns_n, "eras": len(eras(quick)), "searched_turns_mean": round(statistics.mean(searched)),
+            "searched_turns": [min(searched), max(searched)], "asked": "in one memory as of each question's moment",
             **{label: summarise(r) for label, r in (rows | halves).items()}}
 
 
@@ -210,8 +227,9 @@ def scale(quick: bool) -> dict[str, Any]:
 
 def auto_recall_bench(quick: bool) -> dict[str, Any]:
     """What auto-recall sends, through the runtime's own path (`service.auto_recalled`) against the boot
-    prompt of the memory as it was when the question is asked (`build.dialogue_moments`): for each question (asked in a new session), whether its evidence is in
-    the block; for each message with nothing to recall, whether a block is sent at all. With both
+    prompt of one memory of all the eras as it was when the question is asked (`build.dialogue_moments`): for each
+    question (asked in a new session), whether its evidence is in the block; for each message with nothing to
+    recall (asked of the whole memory), whether a block is sent at all. With both
     retrievers, and (under "lexical") with words alone."""
     fused = _auto_recall(quick, lexical=False)
     words = _auto_recall(quick, lexical=True)
@@ -228,9 +246,10 @@ def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     tokens: list[int] = []
     unrelated: list[bool] = []
-    # each group's messages with nothing to recall shared among its moments, as many as before
-    moments = [(m, i, len(group)) for group in groups(quick) for i, m in enumerate(build.dialogue_moments(group))]
-    for (settings, questions, ids, _), i, n in moments:
+    # one memory of all the eras; the messages with nothing to recall asked of it whole (its last moment:
+    # the most turns to match)
+    moments = build.dialogue_moments(eras(quick))
+    for i, (settings, questions, ids, _) in enumerate(moments):
         memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
         boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, questions[0].asked_at))
         memory.close()
@@ -243,7 +262,7 @@ def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
                 rows.append(_row(q, [h.id for h in hits if h.kind == "episode"], ids))
                 tokens.append(auto.tokens(hits))
             unrelated += [bool(auto_recalled(searcher, m, questions[-1].asked_at, None, boot, budget))
-                          for m in dialogue.unrelated()[i::n]]
+                          for m in (dialogue.unrelated() if i == len(moments) - 1 else [])]
         finally:
             searcher.close()
     return {"questions": len(rows), "evidence_in_block": found_at(rows, BLOCK),
