@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import itertools
@@ -86,7 +87,9 @@ def small(conversations: int | None = None) -> tuple[Settings, list[generate.Que
     return settings, questions, ids
 
 
+@functools.cache  # seeded, so the same every call, and 1.5 s to make: each moment's workspace reads it
 def dialogue_benchmark() -> Benchmark:
+    """The dialogue benchmark's turns and questions (shared between callers: read them, don't change them)."""
     return dialogue.benchmark(DIALOGUE_SEED)
 
 
