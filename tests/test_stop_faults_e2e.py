@@ -58,6 +58,15 @@ async def kept_then_streaming(c: Client, workspace: Path) -> list[int]:
     return clis
 
 
+async def stop_begun(proc: ServerProcess, c: Client, workspace: Path, sig: int, moment: str) -> list[int]:
+    """A turn acknowledged and a long one streaming, then `sig`, until the server's log says `moment`
+    (a moment of the stop): the workspace's CLIs."""
+    clis = await kept_then_streaming(c, workspace)
+    proc.signal(sig)
+    await logged(proc, moment)
+    return clis
+
+
 @pytest.mark.parametrize("sig", [SIGTERM, SIGINT])
 async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, bridge: MockBridge,
                                                                sig: int) -> None:
@@ -67,9 +76,7 @@ async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, 
     proc = await hung_stop_server(workspace, bridge)
     try:
         async with client_factory(proc.port) as client:
-            clis = await kept_then_streaming(await client(hello={}), workspace)
-            proc.signal(sig)
-            await logged(proc, "server_stopping")
+            clis = await stop_begun(proc, await client(hello={}), workspace, sig, "server_stopping")
             proc.signal(sig)  # again, while the stop is under way (its turn's grace alone lasts 5 s)
             code = await proc.wait(timeout=STOP_TIMEOUT + 30)
         log = proc.log.read_text()
@@ -181,9 +188,7 @@ async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: 
     proc = await hung_stop_server(workspace, bridge)
     try:
         async with client_factory(proc.port) as client:
-            clis = await kept_then_streaming(await client(hello={}), workspace)
-            proc.signal(SIGTERM)
-            await logged(proc, moment)
+            clis = await stop_begun(proc, await client(hello={}), workspace, SIGTERM, moment)
             proc.signal(9)
             assert await proc.wait(timeout=30) == -9
     finally:
