@@ -31,6 +31,7 @@ free core would take: the machine is shared) and wall time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import statistics
@@ -126,18 +127,10 @@ def dialogue_bench(quick: bool, fused_only: bool = False) -> dict[str, Any]:
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     turns_n, searched = 0, []
     for group in groups(quick):
-        settings, questions, ids, _ = build.dialogue_workspace(group)
-        searcher = open_searcher(settings)
-        try:
-            rows[WHOLE] += _rows(searcher, questions, ids, True)
-        finally:
-            searcher.close()
-        for settings, questions, ids, _ in build.dialogue_moments(group):
-            searcher = open_searcher(settings)
-            try:
-                rows[GROUPS] += _rows(searcher, questions, ids, True)
-            finally:
-                searcher.close()
+        for label, made in ((WHOLE, [build.dialogue_workspace(group)]), (GROUPS, build.dialogue_moments(group))):
+            for settings, questions, ids, _ in made:
+                with contextlib.closing(open_searcher(settings)) as searcher:
+                    rows[label] += _rows(searcher, questions, ids, True)
     for settings, questions, ids, turns in build.dialogue_moments(eras(quick)):
         turns_n = max(turns_n, len(turns))
         searched += [len(turns)] * len(questions)
