@@ -174,6 +174,8 @@ class AgentRuntime:
         if len(self._inbox) >= MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
         self._put(Turn(text, client_id))
+        if self._memory is not None:  # its auto-recall's embedding is made while the turn starts
+            self._memory.message_arrived(text, self.session_id)
 
     def new_session(self) -> None:
         self._refuse_if_closing()

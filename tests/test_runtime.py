@@ -117,6 +117,7 @@ class FakeMemory:
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
         self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
+        self.arrived: list[tuple[str, str]] = []  # messages told as they arrived (recall's embedding begins)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -139,6 +140,9 @@ class FakeMemory:
 
     def turn_ended(self) -> None:
         self.turns_ended += 1
+
+    def message_arrived(self, message: str, session_id: str) -> None:
+        self.arrived.append((message, session_id))
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
@@ -432,6 +436,18 @@ async def test_a_message_held_past_the_limit_runs_anyway(hm: Harness, monkeypatc
     monkeypatch.setattr(runtime_mod, "TURN_HOLD_LIMIT", 0.1)
     async with hm.rt.holding_turns():
         assert (await hm.turn("one")).status == "completed"
+
+
+async def test_memory_hears_of_a_message_as_it_arrives_before_its_turn_starts(hm: Harness) -> None:
+    """Auto-recall's embedding of a message begins as it arrives (memory's `message_arrived`), so that
+    it is made while the CLI boots or the turn starts, not after."""
+    assert hm.memory is not None
+    hm.memory.booting = asyncio.Event()  # the CLI's boot waits: the turn can't start yet
+    hm.rt.submit("one")
+    assert hm.memory.arrived == [("one", hm.rt.session_id)] and hm.memory.records == []
+    hm.memory.booting.set()
+    assert (await hm.turn("two")).status == "completed"
+    assert hm.memory.arrived == [("one", hm.rt.session_id), ("two", hm.rt.session_id)]
 
 
 async def test_a_turn_booting_its_cli_when_a_forget_begins_recalls_only_once_the_forget_is_done(
