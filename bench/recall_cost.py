@@ -114,8 +114,8 @@ def hooks_workspace(root: Path) -> tuple[Any, list[str], str | None]:
     return settings, [f"turn {n}: list my cards" for n in range(16, 76)], CURRENT
 
 
-def person_workspace(rounds: int) -> tuple[Any, list[str], float]:
-    settings, questions, _, _ = build.dialogue_moments(build.DIALOGUE_ERAS)[-1]
+def person_workspace(rounds: int, moment: int = -1) -> tuple[Any, list[str], float]:
+    settings, questions, _, _ = build.dialogue_moments(build.DIALOGUE_ERAS)[moment]
     step = max(1, len(questions) // rounds)
     return settings, [q.question for q in questions[::step]][:rounds] + dialogue.unrelated(), questions[0].asked_at
 
@@ -240,6 +240,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--threads-ab", type=int, metavar="BLOCKS")
     parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--moment", type=int, default=-1, help="the dialogue memory as it was at this era (-1: all)")
     parser.add_argument("--turns", type=int)
     parser.add_argument("--first", action="store_true", help="with --turns: each turn a session's first")
     args = parser.parse_args()
@@ -252,14 +253,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             settings, messages, session = hooks_workspace(Path(tmp))
             print("hooks", threads_ab(settings, messages, time.time(), session, args.threads_ab), flush=True)
-        settings, messages, now = person_workspace(args.rounds)
+        settings, messages, now = person_workspace(args.rounds, args.moment)
         print("person", threads_ab(settings, messages, now, "20990101T000000-now000", args.threads_ab))
         return
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         settings, messages, session = hooks_workspace(Path(tmp))
         out.append(measure("hooks", settings, messages, time.time(), session))
-    settings, messages, now = person_workspace(args.rounds)
+    settings, messages, now = person_workspace(args.rounds, args.moment)
     out.append(measure("person", settings, messages, now, "20990101T000000-now000"))
     for r in out:
         print(json.dumps({k: v for k, v in r.items() if k != "recalled"}, indent=1))

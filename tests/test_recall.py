@@ -387,6 +387,8 @@ def test_a_query_begun_early_is_embedded_once_and_recalls_what_it_would_have(tmp
     message, now = "Which documentary did my friend Ravi recommend last week?", T0 + 86_400 * 3
     plain = auto_recalled(searcher, message, now, None, "", 1500)
     assert plain and calls == [embedded(message, now)] and "last week" not in calls[0]
+    cols = searcher.dense.vectors._cols  # warmed while the query was embedded (VectorReader.warm)
+    assert cols is not None and cols.single is not None
     searcher.dense.expect(embedded(message, now))
     searcher.dense.expect(embedded(message, now))  # asked twice, made once
     deadline = time.monotonic() + 10

@@ -246,6 +246,8 @@ class Searcher:
         try:
             lexical = self._lexical(search_terms(text), pool, window)
             known = self._weights(lexical)  # while the query is embedded: each memory's weight is its own
+            if asked is not None and self.dense is not None:
+                self.dense.vectors.warm()  # and the vectors the scan will read, made single precision
             dense: list[Candidate] = []
             cosines: dict[int, float] = {}
             if self.dense is not None and by_meaning:
