@@ -167,6 +167,7 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os import events, gateway, runtime, stopping
     from sprite_os.agent import frames
     from sprite_os.console import downloads, files_api, files_frames, session_frames
+    from sprite_os.isolation import cgroups, launch, resources
     from sprite_os.tools import canvas
 
     mib = 1024 * 1024
@@ -201,6 +202,12 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/deploy.md", f"the databases closed | {stopping.STORES:.0f} s"),
         ("docs/deploy.md", f"the process exits | {stopping.EXIT:.0f} s"),
         ("docs/deploy.md", f"of the lock's {_lock_wheels()} wheels"),
+        *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
+          for page in ("README.md", "docs/security.md")],
+        ("docs/security.md", f"`cpu.weight={cgroups.CPU_WEIGHT_V2}` (the server's 100) | "
+                             f"`cpu.shares={cgroups.CPU_SHARES_V1}` (1024) | `nice {resources.AGENT_NICE}`"),
+        ("docs/security.md", f"At least {resources.MIN_DISK_RESERVE // mib} MiB of them"),
+        ("docs/security.md", f"`oom_score_adj={launch.OOM_SCORE_ADJ}` marks the agent's processes"),
     ]
 
 
