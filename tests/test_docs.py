@@ -168,6 +168,7 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os.agent import frames
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
+    from sprite_os.memory.curation import curator
     from sprite_os.tools import canvas
 
     mib = 1024 * 1024
@@ -202,6 +203,7 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/deploy.md", f"the databases closed | {stopping.STORES:.0f} s"),
         ("docs/deploy.md", f"the process exits | {stopping.EXIT:.0f} s"),
         ("docs/deploy.md", f"of the lock's {_lock_wheels()} wheels"),
+        ("docs/memory.md", f"The cap can't be set below about 43,000 ({curator.MIN_BATCH_TOKENS:,} "),
         *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
           for page in ("README.md", "docs/security.md")],
         ("docs/security.md", f"`cpu.weight={cgroups.CPU_WEIGHT_V2}` (the server's 100) | "
@@ -280,3 +282,21 @@ def test_tests_readme_names_every_marker_and_counts_its_rules() -> None:
     number = re.search(r"\b(\w+) rules:", page)
     words = ("zero one two three four five six seven eight nine ten").split()
     assert number is not None and words.index(number[1].lower()) == len(rules) == int(rules[-1])
+
+
+def test_the_benchmarks_a_page_names_are_there() -> None:
+    """`python -m bench --only NAME...` names benchmarks bench/__main__.py runs, and `bench/x.py: fn`
+    a function of that file: a renamed benchmark makes this fail until the page says the new name."""
+    import ast
+
+    main = ast.parse((REPO / "bench" / "__main__.py").read_text())
+    table = next(node.value for fn in main.body if isinstance(fn, ast.FunctionDef) and fn.name == "_benchmarks"
+                 for node in fn.body if isinstance(node, ast.Return))  # reading it, not importing every benchmark
+    assert isinstance(table, ast.Dict)
+    benches = {key.value for key in table.keys if isinstance(key, ast.Constant)}
+    text = " ".join(page.read_text() for page in PAGES)
+    named = {name for run in re.findall(r"bench --only ((?:[a-z_]+ ?)+)", text) for name in run.split()}
+    assert named and sorted(named - benches) == []
+    functions = re.findall(r"`(bench/[\w/]+\.py): (\w+)`", text)
+    assert functions and [f"{module}: {name}" for module, name in functions if not re.search(
+        rf"^(?:async )?def {name}\b", (REPO / module).read_text(), re.M)] == []
