@@ -87,23 +87,25 @@ def _default_shown(default: object, shown: str) -> bool:
     return shown == str(default)
 
 
-def test_the_readme_lists_every_setting_with_its_default() -> None:
+def test_the_pages_list_every_setting_with_its_default() -> None:
     """README's Configuration table is the operator's list of settings: every variable config.py
-    reads is in it, nothing else, and each default it writes in backticks is the one config.py has."""
+    reads is in it, nothing else. Each default a page's table of settings gives (README's, memory.md's)
+    is the one config.py has."""
     from dataclasses import fields
 
     from sprite_os.config import _ENV, ENV_VARS, Settings
 
-    table = (REPO / "README.md").read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
     defaults = {f.name: f.default for f in fields(Settings)}
     listed, wrong = [], []
-    for row in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \|([^|]*)\|", table, re.M):
-        names = re.findall(r"`([A-Z_]+)`", row[0])
-        listed += names
-        for name, shown in zip(names, re.findall(r"`([^`]+)`", row[1]), strict=False):
-            default = defaults[_ENV[name][0]] if name in _ENV else None
-            if default not in (None, ()) and not _default_shown(default, shown):
-                wrong.append(f"{name}: README {shown!r}, config {default!r}")
+    for page in PAGES:
+        text = page.read_text()
+        for row in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \|([^|]*)\|", text, re.M):
+            names = re.findall(r"`([A-Z_]+)`", row[0])
+            listed += names if page.name == "README.md" else []
+            for name, shown in zip(names, re.findall(r"`([^`]+)`", row[1]) or row[1].split(","), strict=False):
+                default = defaults[_ENV[name][0]] if name in _ENV else None
+                if default not in (None, ()) and not _default_shown(default, shown.strip()):
+                    wrong.append(f"{page.relative_to(REPO)}: {name}: {shown.strip()!r}, config {default!r}")
     assert sorted(listed) == sorted(ENV_VARS)
     assert wrong == []
 
