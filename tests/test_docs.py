@@ -166,7 +166,7 @@ def test_protocol_md_lists_every_error_code_once() -> None:
 
 def _figures() -> list[tuple[str, str]]:
     """(page, words) that say a limit the code sets: each figure said on a page is the code's."""
-    from sprite_os import events, gateway, runtime, stopping
+    from sprite_os import deploy_contract, events, gateway, runtime, stopping
     from sprite_os.agent import frames
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
@@ -205,6 +205,8 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/deploy.md", f"the databases closed | {stopping.STORES:.0f} s"),
         ("docs/deploy.md", f"the process exits | {stopping.EXIT:.0f} s"),
         ("docs/deploy.md", f"of the lock's {_lock_wheels()} wheels"),
+        ("docs/deploy.md", "W/{" + ",".join(deploy_contract.USER_SPACE_DIRS) + "}/"),
+        ("docs/deploy.md", f"W/.os/{deploy_contract.AGENT_DIR}/ "),
         ("docs/memory.md", f"The cap can't be set below about 43,000 ({curator.MIN_BATCH_TOKENS:,} "),
         *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
           for page in ("README.md", "docs/security.md")],
