@@ -424,6 +424,8 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         from claude_agent_sdk import ResultMessage
 
+        if self._turn.phase is TurnPhase.CANCELLED:  # interrupted before a CLI's start began (the SDK's
+            return None  # import on a fresh server's first turn, a resend's wait): it ends unsent, no CLI
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
             self._refuse_if_failing()

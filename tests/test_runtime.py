@@ -503,6 +503,27 @@ async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harne
     assert hm.memory.turns_ended == 2
 
 
+async def test_a_turn_interrupted_while_the_sdk_is_imported_ends_unsent_without_starting_a_cli(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh server's first turn imports the agent SDK on a thread (a second or more) before the
+    CLI's start begins: a stop pressed then, or a SIGTERM, ends the turn unsent, not as a crash."""
+    imported = asyncio.Event()
+
+    async def slow_load_sdk() -> None:
+        await imported.wait()
+
+    monkeypatch.setattr(runtime_mod, "load_sdk", slow_load_sdk)
+    h.rt.submit("never mind")
+    await h.until(lambda: h.rt.state == "starting")
+    assert await h.rt.interrupt()
+    imported.set()
+    await h.until(lambda: bool(h.of(p.TurnComplete)))
+    assert h.of(p.TurnComplete)[-1].status == "interrupted"
+    assert h.of(p.Error) == [] and h.of(p.SessionEnded) == []  # no "agent stopped", no crashed session
+    assert h.clis == []  # nothing to send: no CLI was started for it
+    assert (await h.turn("hello")).status == "completed"
+
+
 async def test_a_resent_turn_is_closed_once_in_the_fresh_session(hm: Harness) -> None:
     assert hm.memory is not None
     await hm.turn("one")
