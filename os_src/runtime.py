@@ -155,7 +155,8 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._prompted: tuple[str, str | None] | None = None  # (turn id, the context sent with it)
+        # (turn id, the session its context was looked up for, the notes told with it, the context sent)
+        self._prompted: tuple[str, str | None, str | None, str | None] | None = None
         self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
@@ -436,7 +437,10 @@ class AgentRuntime:
                 return None
         cli = self._cli
         assert cli is not None
-        await cli.send(turn.text, await self._recalled(turn))
+        context = await self._recalled(turn)
+        if self._turn.phase is TurnPhase.STOP_AFTER_SEND:  # stopped while auto-recall looked (or waited for a
+            return None  # forget's end): nothing is written yet, so the turn ends unsent, as in a CLI's start
+        await cli.send(turn.text, context)
         if self._turn.sent():  # interrupted while the prompt was written: only now can the CLI act on it
             await cli.interrupt()
         result: ResultMessage | None = None
@@ -454,10 +458,17 @@ class AgentRuntime:
 
     async def _recalled(self, turn: Turn) -> str | None:
         """The context sent before the person's message: what they did meanwhile (the notes), then
-        the memories auto-recall found for `turn` (looked up once per turn: a resend sends the
-        same). Capture records the message alone."""
+        the memories auto-recall found for `turn` in the session it goes to. A resend goes to a fresh
+        session: the notes go the same, and auto-recall looks again, for that session, so that memory
+        knows what its context holds (a forget of a recalled turn then restarts it) and a forget begun
+        meanwhile is waited for. Capture records the message alone."""
         if self._prompted is None or self._prompted[0] != turn.turn_id:
             notes, self._notes = self._notes, []
+            said = "\n".join(f"- {n}" for n in notes)
+            told = f"Since the last message, outside this conversation:\n{said}" if notes else None
+            self._prompted = (turn.turn_id, None, told, None)
+        turn_id, session_id, told, context = self._prompted
+        if session_id != self.session_id:
             recalled = None
             if self._memory is not None:
                 await self._recall_unheld(turn)
@@ -468,11 +479,9 @@ class AgentRuntime:
                     self._recall_done.set()
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
-            said = "\n".join(f"- {n}" for n in notes)
-            parts = [f"Since the last message, outside this conversation:\n{said}" if notes else None,
-                     recalled.context if recalled is not None else None]
-            self._prompted = (turn.turn_id, "\n\n".join(x for x in parts if x) or None)
-        return self._prompted[1]
+            context = "\n\n".join(x for x in (told, recalled.context if recalled is not None else None) if x) or None
+            self._prompted = (turn_id, self.session_id, told, context)
+        return context
 
     async def _recall_unheld(self, turn: Turn) -> None:
         """A forget that began after this turn did (its CLI was booting) holds turns: the turn's auto-recall

@@ -646,3 +646,46 @@ async def test_a_failing_agent_answers_each_message_at_once_and_retries_without_
     await hm.until(lambda: not hm.rt.health.failed and hm.rt.cli_running)
     assert hm.memory.boots[-1] is False
     assert (await hm.turn("after")).status == "completed"
+
+
+async def test_a_turn_stopped_while_its_auto_recall_waits_for_a_forget_ends_unsent(hm: Harness) -> None:
+    """The turn began before the hold (its CLI booting), so its auto-recall waits for the forget's end (up
+    to TURN_HOLD_LIMIT). A stop pressed meanwhile: nothing has been written to the CLI, so the turn ends
+    unsent, as one stopped while its CLI boots does; it is not sent to the model once the forget ends."""
+    assert hm.memory is not None
+    hm.hold = True  # were it sent, its reply would wait for the interrupt
+    hm.memory.booting = asyncio.Event()
+    hm.rt.submit("never mind")
+    await hm.until(lambda: hm.rt.state == "starting")
+    async with hm.rt.holding_turns():
+        hm.memory.booting.set()
+        await hm.until(lambda: bool(hm.clis) and hm.rt.state == "running")  # connected: in the recall's wait
+        assert await hm.rt.interrupt()
+    await hm.until(lambda: bool(hm.of(p.TurnComplete)))
+    assert hm.of(p.TurnComplete)[-1].status == "interrupted"
+    assert hm.clis[0].queries == []  # the stopped message never reached the model
+    assert hm.memory.closed() == []  # nor memory: nothing happened
+
+
+async def test_a_resent_turns_recalled_memories_are_known_to_memory_as_the_fresh_sessions(
+        hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's auto-recall looked once, in the session whose CLI then proved dead; the prompt and its
+    recalled context go to a fresh CLI, in a new session. A later forget of a recalled turn asks memory
+    what that session holds (`recalled(session)`): memory must know the fresh session was sent them."""
+    assert hm.memory is not None
+    looked: list[str] = []
+
+    async def recall_for(message: str, session_id: str, turn_id: str) -> Any:
+        looked.append(session_id)
+        return None
+
+    monkeypatch.setattr(hm.memory, "recall_for", recall_for)
+    assert (await hm.turn("one")).status == "completed"
+    hm.clis[0].exit_silently = True
+    hm.rt.note("They uploaded notes.txt")
+    assert (await hm.turn("two")).status == "completed"
+    assert len(hm.clis) == 2
+    [message] = [m async for m in hm.clis[1].queries[-1]]  # type: ignore[attr-defined]
+    context, prompt = message["message"]["content"]
+    assert prompt["text"] == "two" and context["text"].endswith("- They uploaded notes.txt")  # told still
+    assert looked[-1] == hm.rt.session_id, "the recall that reached the fresh session was never told to memory"

@@ -18,7 +18,9 @@ and the interrupt that may come from outside at any point:
     STARTING ─► CANCELLED        the turn ends unsent: once the CLI is up, or at once if its
                                  start has not begun (the SDK's import on a first turn)
     SENDING  ─► STOP_AFTER_SEND  an interrupt that reached the CLI before the prompt would stop
-                                 nothing: it goes to the CLI right after the prompt (then STOPPING)
+                                 nothing: it goes to the CLI right after the prompt (then STOPPING);
+                                 before the prompt's write begins (auto-recall looking, or waiting
+                                 for a forget's end), the turn ends unsent instead
     WAITING, STREAMING ─► STOPPING   it goes to the CLI now
 
 `end` returns any phase to IDLE.
