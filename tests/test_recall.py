@@ -452,3 +452,32 @@ async def test_a_message_arriving_begins_its_recalls_embedding_only_when_recall_
         assert await system.recall_for(message, "s2", "t4") is not None
     finally:
         await system.stop()
+
+
+def test_every_message_the_runtime_may_queue_keeps_its_early_embedding_until_its_turn() -> None:
+    """Messages waiting for the agent run first come, first served: as many as the runtime queues
+    (MAX_QUEUED_MESSAGES) each keep the embedding begun as they arrived, so none is made twice."""
+    import numpy as np
+
+    from sprite_os.memory.recall.searcher import Dense
+    from sprite_os.runtime import MAX_QUEUED_MESSAGES
+
+    made: list[str] = []
+
+    class Embedder:
+        def query(self, text: str) -> Any:
+            made.append(text)
+            return np.ones((1, 384), dtype=np.float32)
+
+    class OneVector:
+        def __len__(self) -> int:
+            return 1
+
+    dense = Dense(Embedder(), OneVector())  # type: ignore[arg-type]
+    waiting = [f"message {n}" for n in range(MAX_QUEUED_MESSAGES)]
+    for text in waiting:
+        dense.expect(text)
+    for text in waiting:  # their turns, in arrival order
+        dense.ask(text).result()  # type: ignore[union-attr]
+    dense.close()
+    assert made == waiting
