@@ -174,6 +174,8 @@ class AgentRuntime:
         if len(self._inbox) >= MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
         self._put(Turn(text, client_id))
+        if self._memory is not None:  # its auto-recall's embedding is made while the turn starts
+            self._memory.message_arrived(text, self.session_id)
 
     def new_session(self) -> None:
         self._refuse_if_closing()
@@ -424,6 +426,8 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         from claude_agent_sdk import ResultMessage
 
+        if self._turn.phase is TurnPhase.CANCELLED:  # interrupted before a CLI's start began (the SDK's
+            return None  # import on a fresh server's first turn, a resend's wait): it ends unsent, no CLI
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
             self._refuse_if_failing()

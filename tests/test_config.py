@@ -73,6 +73,17 @@ def test_command_line_reports_bad_setting_in_one_line(monkeypatch: pytest.Monkey
     assert err.count("\n") == 1 and err.startswith("sprite-os: error: SPRITE_OS_PORT")
 
 
+@pytest.mark.parametrize("workspace", [["--workspace", "{f}"], ["--workspace={f}"]])
+def test_the_workspace_flag_goes_with_the_default_command(
+        tmp_path: Path, workspace: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`sprite-os --workspace W --port P` is `serve` in W: the flag is the command line's own, before
+    the command, and it used to be put after the `serve` it implies, where argparse refused it."""
+    f = tmp_path / "file"
+    f.write_text("x")  # a workspace that is a file: refused by the settings, before any server starts
+    assert main([w.format(f=f) for w in workspace] + ["--port", "0"]) == 2
+    assert capsys.readouterr().err == f"sprite-os: error: SPRITE_WORKSPACE is not a directory: {f}\n"
+
+
 def test_a_curator_cap_too_small_for_one_turn_fails_the_start_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The floor is the curator's (the largest prompt without turns, plus one turn): the memory

@@ -59,3 +59,248 @@ def test_the_architecture_tree_names_every_module() -> None:
     named = set(re.findall(r"[\w]+\.py\b", tree))
     modules = {p.name for p in (REPO / "os_src").rglob("*.py") if not p.name.startswith("__")}
     assert sorted(modules - named) == []
+
+
+def test_each_module_the_architecture_tree_names_is_in_the_folder_it_is_drawn_in() -> None:
+    """The tree's lines sit under their folder (`capture/` under `memory/`, the names after a folder
+    on its continuation lines): a module moved to another folder makes this fail until the tree moves
+    it too."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    tree = page.split("## The tree", 1)[1].split("```", 2)[1]
+    folders: dict[int, str] = {}  # indent -> folder
+    here, misplaced = "", []
+    for line in filter(str.strip, tree.splitlines()):
+        indent, first = len(line) - len(line.lstrip()), line.split()[0]
+        if indent <= 4 and first.endswith(("/", ".py")):  # a folder's line, or a root module's
+            folders = {i: f for i, f in folders.items() if i < indent} | ({indent: first} if first.endswith("/") else {})
+            here = "".join(folders[i] for i in sorted(folders))
+        misplaced += [f"{here}{name}" for name in re.findall(r"(?<![\w/])(\w+\.py)\b", line)
+                      if not (REPO / here / name).is_file()]
+    assert misplaced == []
+
+
+def _default_shown(default: object, shown: str) -> bool:
+    if isinstance(default, bool):
+        return shown == ("on" if default else "off")
+    if isinstance(default, int | float):
+        return float(shown) == default
+    return shown == str(default)
+
+
+def test_the_pages_list_every_setting_with_its_default() -> None:
+    """README's Configuration table is the operator's list of settings: every variable config.py
+    reads is in it, nothing else. Each default a page's table of settings gives (README's, memory.md's)
+    is the one config.py has."""
+    from dataclasses import fields
+
+    from sprite_os.config import _ENV, ENV_VARS, Settings
+
+    defaults = {f.name: f.default for f in fields(Settings)}
+    listed, wrong = [], []
+    for page in PAGES:
+        text = page.read_text()
+        for row in re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \|([^|]*)\|", text, re.M):
+            names = re.findall(r"`([A-Z_]+)`", row[0])
+            listed += names if page.name == "README.md" else []
+            for name, shown in zip(names, re.findall(r"`([^`]+)`", row[1]) or row[1].split(","), strict=False):
+                default = defaults[_ENV[name][0]] if name in _ENV else None
+                if default not in (None, ()) and not _default_shown(default, shown.strip()):
+                    wrong.append(f"{page.relative_to(REPO)}: {name}: {shown.strip()!r}, config {default!r}")
+    assert sorted(listed) == sorted(ENV_VARS)
+    assert wrong == []
+
+
+def _frames() -> dict[str, type]:
+    """Every frame of the wire format by its `type`, both ways."""
+    import typing
+
+    from sprite_os import protocol
+
+    def leaves(union: object) -> list[object]:
+        return [leaf for arg in typing.get_args(union) for leaf in leaves(arg)] or [union]
+
+    return {cls.__struct_config__.tag: cls for cls in leaves(protocol.AnyClientFrame) + leaves(protocol.AnyServerFrame)
+            if isinstance(cls, type) and hasattr(cls, "__struct_config__")}
+
+
+def test_protocol_md_shows_the_frames_the_code_defines() -> None:
+    """docs/protocol.md against os_src/protocol.py: each example's `type` is a frame and its fields
+    are that frame's (a `"...": "..."` marks an example cut short); each frame has its heading."""
+    import json
+
+    text = (REPO / "docs" / "protocol.md").read_text()
+    frames, decoder, wrong, shown = _frames(), json.JSONDecoder(), [], set()
+    for block in re.findall(r"```json\n(.*?)```", text, re.S):
+        at = 0
+        while (at := len(block) - len(block[at:].lstrip())) < len(block):
+            example, at = decoder.raw_decode(block, at)
+            if "type" not in example:
+                continue  # a part of a frame (a file's description)
+            cls, keys = frames.get(example["type"]), set(example) - {"type"}
+            if cls is None:
+                wrong.append(f"no frame {example['type']!r}")
+                continue
+            shown.add(example["type"])
+            fields = set(cls.__struct_fields__)  # type: ignore[attr-defined]
+            wrong += [f"{example['type']}.{key}: no such field" for key in sorted(keys - fields - {"..."})]
+            if "..." not in keys and example["type"] in ("ready", "turn_complete", "recall", "model_retry"):
+                wrong += [f"{example['type']}.{f}: not shown" for f in sorted(fields - keys)]
+    headings = set(re.findall(r"`(\w+)`", " ".join(re.findall(r"^### (.*)$", text, re.M))))
+    wrong += [f"no heading names {tag!r}" for tag in sorted(set(frames) - headings) if not tag.endswith("_result")]
+    wrong += [f"a heading names {tag!r}, no frame" for tag in sorted(headings - set(frames))]
+    assert wrong == []
+    assert len(shown) > 40
+
+
+def test_protocol_md_lists_every_error_code_once() -> None:
+    import typing
+
+    from sprite_os.protocol import ErrorCode
+
+    codes = {code for arg in typing.get_args(ErrorCode) for code in (typing.get_args(arg) or [arg])}
+    text = (REPO / "docs" / "protocol.md").read_text()
+    section = text.split("## Errors and limits", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert sorted(listed) == sorted(codes)
+
+
+def _figures() -> list[tuple[str, str]]:
+    """(page, words) that say a limit the code sets: each figure said on a page is the code's."""
+    from sprite_os import deploy_contract, events, gateway, runtime, stopping
+    from sprite_os.agent import frames
+    from sprite_os.console import downloads, files_api, files_frames, session_frames
+    from sprite_os.isolation import cgroups, launch, resources
+    from sprite_os.memory.curation import curator
+    from sprite_os.tools import canvas
+
+    mib = 1024 * 1024
+    return [
+        ("docs/protocol.md", f"up to {runtime.MAX_QUEUED_MESSAGES} may wait"),
+        ("docs/protocol.md", f"the last {events.REPLAY_BUFFER:,} events, and at most {events.REPLAY_BYTES // mib} MB"),
+        ("docs/protocol.md", f"more than {events.SUBSCRIBER_QUEUE:,} frames or {events.SUBSCRIBER_BYTES // mib} MB"),
+        ("docs/protocol.md", f"close code **{gateway.CLOSE_LAGGING}**"),
+        ("docs/protocol.md", f"one `text_delta` per turn every {events.DELTA_INTERVAL * 1000:.0f} ms"),
+        ("docs/protocol.md", f"one line of at most {frames.SUMMARY_CHARS} characters"),
+        ("docs/protocol.md", f"up to {canvas.MAX_BODY:,} characters. At most {canvas.MAX_OPEN_CARDS} cards"),
+        ("docs/protocol.md", f"more than {gateway.RATE_PER_SECOND:.0f} frames per second (bursts of {gateway.RATE_BURST}"),
+        ("docs/protocol.md", f"| {gateway.CLOSE_POLICY} | more than {gateway.FLOOD_LIMIT} frames dropped"),
+        ("docs/protocol.md", f"a frame over {gateway.MAX_FRAME_CHARS // mib} MiB"),
+        ("docs/protocol.md", f"`limit` (1 to {session_frames.MAX_SESSIONS}, default 20)"),
+        ("docs/protocol.md", f"`limit` (1 to {session_frames.TURNS_PER_PAGE}, default 30)"),
+        ("docs/protocol.md", f"at most {session_frames.MAX_FORGET:,} ids a request"),
+        ("docs/protocol.md", f"chunks of at most {files_frames.CHUNK_BYTES // 1024} KiB"),
+        ("docs/protocol.md", f"At most {downloads.MAX_DOWNLOADS} are\nopen at once over every connection and "
+                             f"{downloads.PER_CLIENT} under way on one"),
+        ("docs/protocol.md", f"lingers {downloads.LINGER:.0f} s"),
+        ("docs/protocol.md", f"keeping {files_api.DISK_RESERVE // mib} MB free"),
+        ("docs/deploy.md", f"the {stopping.STOP_TIMEOUT:.0f} s after which `service stop` sends SIGKILL"),
+        ("docs/deploy.md", f"the last {stopping.MEMORY_RESERVE:.0f} s are memory's"),
+        ("docs/deploy.md", f"the turn recorded as it stood | {stopping.TURN_GRACE:.0f} s"),
+        ("docs/deploy.md", f"beside the turn | {stopping.REQUEST_GRACE:.0f} s"),
+        ("docs/deploy.md", f"the CLI disconnects | {stopping.CLI_END:.0f} s"),
+        ("docs/deploy.md", f"({stopping.CLIENTS:.0f} s at least)"),
+        ("docs/deploy.md", f"came from its turns | {stopping.DECISION:.0f} s"),
+        ("docs/deploy.md", f"the turn journal is synced | {stopping.CAPTURE:.0f} s"),
+        ("docs/deploy.md", f"the curator's last batch | {stopping.FLUSH:.0f} s"),
+        ("docs/deploy.md", f"the databases closed | {stopping.STORES:.0f} s"),
+        ("docs/deploy.md", f"the process exits | {stopping.EXIT:.0f} s"),
+        ("docs/deploy.md", f"of the lock's {_lock_wheels()} wheels"),
+        ("docs/deploy.md", "W/{" + ",".join(deploy_contract.USER_SPACE_DIRS) + "}/"),
+        ("docs/deploy.md", f"W/.os/{deploy_contract.AGENT_DIR}/ "),
+        ("docs/memory.md", f"The cap can't be set below about 43,000 ({curator.MIN_BATCH_TOKENS:,} "),
+        *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
+          for page in ("README.md", "docs/security.md")],
+        ("docs/security.md", f"`cpu.weight={cgroups.CPU_WEIGHT_V2}` (the server's 100) | "
+                             f"`cpu.shares={cgroups.CPU_SHARES_V1}` (1024) | `nice {resources.AGENT_NICE}`"),
+        ("docs/security.md", f"At least {resources.MIN_DISK_RESERVE // mib} MiB of them"),
+        ("docs/security.md", f"`oom_score_adj={launch.OOM_SCORE_ADJ}` marks the agent's processes"),
+    ]
+
+
+def _lock_wheels() -> int:
+    lines = (REPO / "bootstrap" / "requirements.lock").read_text().splitlines()
+    return sum(1 for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_the_limits_the_pages_state_are_the_codes() -> None:
+    said = {page: " ".join((REPO / page).read_text().split()) for page in {page for page, _ in _figures()}}
+    missing = [f"{page}: {words!r}" for page, words in _figures() if " ".join(words.split()) not in said[page]]
+    assert missing == []
+
+
+def test_a_test_a_page_names_is_there() -> None:
+    """`tests/test_x.py::test_name` (and `::test_other` after it, of the same file) name tests that
+    exist: a renamed or removed test makes this fail until the page names what proves it now."""
+    missing = []
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            module = None
+            for token in re.findall(r"`([^`]+)`", line):
+                name = re.fullmatch(r"((?:tests|chaos|bench)/[\w/]+\.py)?(?:::(\w+))?", token)
+                if name is None or not any(name.groups()):
+                    continue
+                module = name[1] or module
+                if name[2] and (module is None or not re.search(
+                        rf"^(?:async )?def {name[2]}\b", (REPO / module).read_text(), re.M)):
+                    missing.append(f"{page.relative_to(REPO)}:{n}: {module}::{name[2]}")
+    assert missing == []
+
+
+def test_every_command_is_in_the_usage_and_the_docs() -> None:
+    """Each `sprite-os` command and flag is in commands/main.py's usage, and each command an
+    operator types is named in README.md or docs/ (`memory` under its own subcommands)."""
+    import argparse
+
+    from sprite_os.commands import main
+
+    usage = main.__doc__ or ""
+    docs = " ".join(page.read_text() for page in PAGES)
+
+    def commands(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, list[str]]]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+        if not subs:
+            return [(path, flags)]
+        return [c for name, sub in subs[0].choices.items() for c in commands(sub, f"{path} {name}".strip())]
+
+    wrong = []
+    for command, flags in commands(main._parser(), ""):
+        lines = [line for line in usage.splitlines() if re.search(rf"sprite-os (?:\[[^]]*\] )*\[?{command}\b", line)]
+        if not lines:
+            wrong.append(f"usage: no `sprite-os {command}`")
+        wrong += [f"usage: `sprite-os {command}` without {flag}" for flag in flags if not any(flag in x for x in lines)]
+        words = command.split()
+        if command != "serve" and not re.search(rf"sprite-os {words[0]}\b" + "".join(
+                rf"[^`|]*\b{w}\b" for w in words[1:]), docs):
+            wrong.append(f"docs: no `sprite-os {command}`")
+    assert wrong == []
+
+
+def test_tests_readme_names_every_marker_and_counts_its_rules() -> None:
+    import tomllib
+
+    page = (REPO / "tests" / "README.md").read_text()
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert [m.split(":")[0] for m in markers if f"`{m.split(':')[0]}`" not in page] == []
+    rules = re.findall(r"^(\d+)\. \*\*", page, re.M)
+    number = re.search(r"\b(\w+) rules:", page)
+    words = ("zero one two three four five six seven eight nine ten").split()
+    assert number is not None and words.index(number[1].lower()) == len(rules) == int(rules[-1])
+
+
+def test_the_benchmarks_a_page_names_are_there() -> None:
+    """`python -m bench --only NAME...` names benchmarks bench/__main__.py runs, and `bench/x.py: fn`
+    a function of that file: a renamed benchmark makes this fail until the page says the new name."""
+    import ast
+
+    main = ast.parse((REPO / "bench" / "__main__.py").read_text())
+    table = next(node.value for fn in main.body if isinstance(fn, ast.FunctionDef) and fn.name == "_benchmarks"
+                 for node in fn.body if isinstance(node, ast.Return))  # reading it, not importing every benchmark
+    assert isinstance(table, ast.Dict)
+    benches = {key.value for key in table.keys if isinstance(key, ast.Constant)}
+    text = " ".join(page.read_text() for page in PAGES)
+    named = {name for run in re.findall(r"bench --only ((?:[a-z_]+ ?)+)", text) for name in run.split()}
+    assert named and sorted(named - benches) == []
+    functions = re.findall(r"`(bench/[\w/]+\.py): (\w+)`", text)
+    assert functions and [f"{module}: {name}" for module, name in functions if not re.search(
+        rf"^(?:async )?def {name}\b", (REPO / module).read_text(), re.M)] == []

@@ -359,3 +359,14 @@ def test_old_cli_copies_no_process_runs_are_pruned(tmp_path: Path, monkeypatch: 
     removed = launch.prune_cli_copies(cache / "4-current" / "claude", cache, now=now)
     assert removed == ["1-old"]
     assert sorted(p.name for p in cache.iterdir()) == ["2-old-running", "3-recent", "4-current"]
+
+
+def test_the_agents_default_memory_limit_is_all_but_the_servers_eighth() -> None:
+    """README's default for SPRITE_AGENT_MEMORY_MAX: an eighth of memory is kept for the server,
+    512 MiB of it at least, but never more than half."""
+    from sprite_os.isolation.resources import default_memory
+
+    gib, mib = 1 << 30, 1 << 20
+    assert default_memory(24 * gib) == 21 * gib  # an eighth kept: 3 GiB
+    assert default_memory(2 * gib) == 2 * gib - 512 * mib  # an eighth would be 256 MiB: 512 kept
+    assert default_memory(768 * mib) == 384 * mib  # 512 would be more than half: half kept

@@ -360,3 +360,99 @@ async def test_a_start_knows_what_memory_db_holds_beyond_a_session(tmp_path: Pat
         assert reach.beyond("s1")  # a learning is found in any session
     finally:
         await system.stop()
+
+
+def counted(embedder: Any) -> list[str]:
+    """The texts `embedder` is asked to embed as queries, in order (it still embeds them)."""
+    calls: list[str] = []
+    query = embedder.query
+
+    def counting(text: str) -> Any:
+        calls.append(text)
+        return query(text)
+
+    embedder.query = counting
+    return calls
+
+
+def test_a_query_begun_early_is_embedded_once_and_recalls_what_it_would_have(tmp_path: Path) -> None:
+    """Auto-recall's embedding may begin as its message arrives (Dense.expect): the search then takes that
+    vector instead of making it again, and finds exactly what it finds without it."""
+    from sprite_os.memory.recall.searcher import EXPECTED, embedded
+    from sprite_os.memory.recall.service import auto_recalled
+
+    turns = [ep.Episode(1, "s", 1, T0, "Ravi keeps pushing this nature series on me."),
+             ep.Episode(2, "s", 2, T0 + 1, "Fine, started Low Orbit, my friend Ravi was right."),
+             ep.Episode(3, "s", 3, T0 + 2, "The plumber comes on Tuesday."),
+             ep.Episode(4, "s", 4, T0 + 3, "Grocery list: eggs, oats, coffee.")]
+    searcher, embedder, _ = dense_searcher(tmp_path, turns)
+    assert searcher.dense is not None
+    calls = counted(embedder)
+    message, now = "Which documentary did my friend Ravi recommend last week?", T0 + 86_400 * 3
+    plain = auto_recalled(searcher, message, now, None, "", 1500)
+    assert plain and calls == [embedded(message, now)] and "last week" not in calls[0]
+    cols = searcher.dense.vectors._cols  # warmed while the query was embedded (VectorReader.warm)
+    assert cols is not None and cols.single is not None
+    searcher.dense.expect(embedded(message, now))
+    searcher.dense.expect(embedded(message, now))  # asked twice, made once
+    deadline = time.monotonic() + 10
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(calls) == 2, "the embedding begins at once, before any search asks for it"
+    assert auto_recalled(searcher, message, now, None, "", 1500) == plain
+    assert len(calls) == 2  # the search took the vector made early
+    auto_recalled(searcher, message, now, None, "", 1500)
+    assert len(calls) == 3  # taken once: the next search of the same message embeds it again
+    # a few messages waiting at once: the oldest is given up past EXPECTED (never a wrong vector)
+    waiting = [f"Which series did Ravi mention, take {n}?" for n in range(EXPECTED + 1)]
+    for text in waiting:
+        searcher.dense.expect(text)
+    searcher.dense.ask(waiting[-1]).result()  # type: ignore[union-attr]  # in order: all are done or cancelled
+    made = len(calls)
+    searcher.dense.ask(waiting[1]).result()  # type: ignore[union-attr]
+    assert len(calls) == made
+    searcher.dense.ask(waiting[0]).result()  # type: ignore[union-attr]
+    assert len(calls) == made + 1
+    searcher.close()
+
+
+async def test_a_message_arriving_begins_its_recalls_embedding_only_when_recall_will_search(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime tells memory of a message as it arrives (runtime.submit): its query embedding begins
+    then, and auto-recall's search takes it; in a first session, or for a slash command, nothing is
+    embedded (auto-recall will not search). A failure there never reaches the runtime's submit."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        assert system.recall._query_model is not None
+        calls = counted(system.recall._query_model)
+        now = time.time()
+        await record(system, turn("s2", 1, "My sister Maya loves the Thai place called Lotus Garden", at=now))
+        message = "Where does my sister Maya like to eat?"
+        system.message_arrived(message, "s2")
+        system.message_arrived("/compact now", "s2")
+        assert await system.recall_for(message, "s2", "t1") is None and calls == []
+        await record(system, turn("s1", 1, "Maya says the Lotus Garden curry is the best in town", at=now - 3600))
+        await asyncio.wait_for(system.recall.indexer.embedded_all.wait(), 30)
+        system.message_arrived(message, "s2")
+        for _ in range(1000):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        assert calls == [message], "the embedding began as the message arrived"
+        found = await system.recall_for(message, "s2", "t2")
+        assert calls == [message]
+        assert found is not None and [(m.session_id, m.turn) for m in found.memories] == [("s1", 1)]
+        again = await system.recall_for(message, "s2", "t3")
+        assert calls == [message, message] and again is not None and again.memories == found.memories
+
+        def broken(text: str) -> None:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        assert system.recall._dense is not None
+        monkeypatch.setattr(system.recall._dense, "expect", broken)
+        system.message_arrived(message, "s2")  # logged, not raised
+        assert await system.recall_for(message, "s2", "t4") is not None
+    finally:
+        await system.stop()

@@ -84,6 +84,9 @@ class FakeVectors:
     def has(self, ids: Sequence[int]) -> np.ndarray:
         return np.array([i in self.cos for i in ids], dtype=bool)
 
+    def warm(self) -> None:
+        pass
+
 
 class FakeEmbedder:
     def query(self, text: str) -> np.ndarray:

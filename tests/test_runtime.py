@@ -117,6 +117,7 @@ class FakeMemory:
         self.durable: list[str] = []  # the turns whose durability the runtime waited for
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
         self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
+        self.arrived: list[tuple[str, str]] = []  # messages told as they arrived (recall's embedding begins)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -139,6 +140,9 @@ class FakeMemory:
 
     def turn_ended(self) -> None:
         self.turns_ended += 1
+
+    def message_arrived(self, message: str, session_id: str) -> None:
+        self.arrived.append((message, session_id))
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
@@ -434,6 +438,18 @@ async def test_a_message_held_past_the_limit_runs_anyway(hm: Harness, monkeypatc
         assert (await hm.turn("one")).status == "completed"
 
 
+async def test_memory_hears_of_a_message_as_it_arrives_before_its_turn_starts(hm: Harness) -> None:
+    """Auto-recall's embedding of a message begins as it arrives (memory's `message_arrived`), so that
+    it is made while the CLI boots or the turn starts, not after."""
+    assert hm.memory is not None
+    hm.memory.booting = asyncio.Event()  # the CLI's boot waits: the turn can't start yet
+    hm.rt.submit("one")
+    assert hm.memory.arrived == [("one", hm.rt.session_id)] and hm.memory.records == []
+    hm.memory.booting.set()
+    assert (await hm.turn("two")).status == "completed"
+    assert hm.memory.arrived == [("one", hm.rt.session_id), ("two", hm.rt.session_id)]
+
+
 async def test_a_turn_booting_its_cli_when_a_forget_begins_recalls_only_once_the_forget_is_done(
         hm: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The turn began before the hold (so it is not held at the gate): its auto-recall, which could bring
@@ -501,6 +517,27 @@ async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harne
     assert (await hm.turn("hello")).status == "completed"
     assert hm.memory.closed() == [("closed", "hello", "success")]
     assert hm.memory.turns_ended == 2
+
+
+async def test_a_turn_interrupted_while_the_sdk_is_imported_ends_unsent_without_starting_a_cli(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh server's first turn imports the agent SDK on a thread (a second or more) before the
+    CLI's start begins: a stop pressed then, or a SIGTERM, ends the turn unsent, not as a crash."""
+    imported = asyncio.Event()
+
+    async def slow_load_sdk() -> None:
+        await imported.wait()
+
+    monkeypatch.setattr(runtime_mod, "load_sdk", slow_load_sdk)
+    h.rt.submit("never mind")
+    await h.until(lambda: h.rt.state == "starting")
+    assert await h.rt.interrupt()
+    imported.set()
+    await h.until(lambda: bool(h.of(p.TurnComplete)))
+    assert h.of(p.TurnComplete)[-1].status == "interrupted"
+    assert h.of(p.Error) == [] and h.of(p.SessionEnded) == []  # no "agent stopped", no crashed session
+    assert h.clis == []  # nothing to send: no CLI was started for it
+    assert (await h.turn("hello")).status == "completed"
 
 
 async def test_a_resent_turn_is_closed_once_in_the_fresh_session(hm: Harness) -> None:

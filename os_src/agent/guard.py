@@ -4,7 +4,7 @@ Write, Edit, MultiEdit and NotebookEdit on a path that resolves (relative to the
 symlinks followed) into `.os/`, or anywhere outside the workspace and the temp folder, are denied
 before they run, with a message saying why and that memory needs no writing. Read of the server's token, the service's saved environment (by any
 path, or by a hard link to either) or its logs is denied too, and so is any file-tool path that
-resolves through /proc, where a link means something else to the CLI than here.
+resolves through /proc (or /dev/fd, /dev/stdin: links into it), where a link means something else to the CLI than here.
 
 What keeps the agent's commands out of `.os/` is the kernel (isolation/policy.py): in `user` mode the CLI
 runs as a user that owns nothing there, and this guard only spares the model a wasted turn. In

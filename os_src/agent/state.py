@@ -15,7 +15,8 @@ then is the person told it is done. An interrupt then changes nothing.
 
 and the interrupt that may come from outside at any point:
 
-    STARTING ─► CANCELLED        the turn ends unsent once the CLI is up
+    STARTING ─► CANCELLED        the turn ends unsent: once the CLI is up, or at once if its
+                                 start has not begun (the SDK's import on a first turn)
     SENDING  ─► STOP_AFTER_SEND  an interrupt that reached the CLI before the prompt would stop
                                  nothing: it goes to the CLI right after the prompt (then STOPPING)
     WAITING, STREAMING ─► STOPPING   it goes to the CLI now

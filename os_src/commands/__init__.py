@@ -1,1 +1,2 @@
-"""The `sprite-os` command: serve, chat, service, migrate-v1 and the operator's memory commands."""
+"""The `sprite-os` command: serve, chat, service, the operator's memory commands, migrate-v1,
+install-templates (what deploys run) and version."""

@@ -1,9 +1,10 @@
-"""`sprite-os`: serve, chat, and the operator's memory commands.
+"""`sprite-os`: serve, chat, the service, the operator's memory commands, and what deploys run.
 
-    sprite-os [serve] [--workspace W] [--host H] [--port P]
-    sprite-os chat [--url ws://HOST:PORT] [--workspace W]
+    sprite-os [--workspace W] [serve] [--host H] [--port P] [--log-format kv|json] [--log-file F]
+    sprite-os chat [--url ws://HOST:PORT]
     sprite-os memory status [--json]
     sprite-os memory search QUERY|- [--json] [--limit N] [--lexical]
+    sprite-os memory recall MESSAGE|- [--json] [--session ID] [--lexical]
     sprite-os memory import FILE.jsonl
     sprite-os memory rebuild --yes [--index]
     sprite-os memory history FILE
@@ -11,10 +12,13 @@
     sprite-os memory rollback FILE VERSION
     sprite-os service start|stop|restart|status
     sprite-os migrate-v1
+    sprite-os install-templates DIRECTORY [--source LABEL]     (deploys: a release's memory file templates)
+    sprite-os version
 
-Settings come from the environment (see config.py); flags override them.
-A bad setting fails at once with one line on stderr and exit status 2.
-Dev mode (a local workspace with the demo model) is not the product's: `make run`, from devkit/.
+`--workspace` goes before the command (env SPRITE_WORKSPACE). Settings come from the environment
+(see config.py); flags override them. A bad setting fails at once with one line on stderr and exit
+status 2. Dev mode (a local workspace with the demo model) is not the product's: `make run`, from
+devkit/.
 """
 
 from __future__ import annotations
@@ -62,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # `sprite-os --port 9000` means `sprite-os serve --port 9000`.
+    # `sprite-os --port 9000` means `sprite-os serve --port 9000`; `--workspace W`, the command line's
+    # own option, stays before the command it goes with.
     if not any(a in COMMANDS for a in argv) and not any(a in ("-h", "--help") for a in argv):
-        argv = ["serve", *argv] if not argv or argv[0].startswith("-") else argv
+        lead = 2 if argv[:1] == ["--workspace"] else 1 if argv[:1] and argv[0].startswith("--workspace=") else 0
+        if lead or not argv or argv[0].startswith("-"):
+            argv = [*argv[:lead], "serve", *argv[lead:]]
     args = _parser().parse_args(argv)
     return guarded(lambda: _run(args, settings_from(args)))
 

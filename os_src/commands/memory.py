@@ -1,4 +1,4 @@
-"""The operator's memory commands: `sprite-os memory status|search|import|rebuild|history|show|rollback`.
+"""The operator's memory commands: `sprite-os memory status|search|recall|import|rebuild|history|show|rollback`.
 
     sprite-os memory status [--json]
     sprite-os memory search QUERY [--json] [--limit N] [--lexical]

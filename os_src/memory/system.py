@@ -244,6 +244,10 @@ class MemorySystem:
         """Episodes and learnings together, best first (search_memory, the console)."""
         return await self.recall.search(query, limit)
 
+    def message_arrived(self, message: str, session_id: str) -> None:
+        """A person's message is waiting for the agent: its auto-recall's query embedding begins now."""
+        self.recall.expect(message, session_id)
+
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None:
         """Auto-recall for a person's message: the prompt to send and what was added, or None."""
         recalled = await self.recall.auto_recall(message, session_id, turn_id)

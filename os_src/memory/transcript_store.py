@@ -1,7 +1,8 @@
 """transcript.db: the black-box recorder. One row per agent turn, append-only.
 
 Triggers refuse any change to a recorded turn; only its `processed` state moves
-(pending -> processed, or stale when it can no longer be curated).
+(pending -> processed, or stale when it can no longer be curated), and a turn a person forgot,
+which keeps a tombstone in `forgotten_turns`, loses its words and nothing else (memory/schema.py).
 """
 
 from __future__ import annotations

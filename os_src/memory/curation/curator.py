@@ -168,7 +168,7 @@ def ended_note(observations: list[Observation], ended: Collection[str]) -> str:
 # The cap must leave room for one turn beside the largest fixed part (every file at
 # MAX_FILE_BYTES, PROMPT_ACTIONS long actions): MIN_BATCH_TOKENS. The default leaves room for
 # BATCH_CHARS of turns beside it, so a full 25-turn batch is never split for tokens (measured:
-# 223,400 characters, ~55,900 tokens; files at their line limits, ~94 KB, make it ~43,000).
+# ~224,000 characters, ~56,000 tokens; files at their line limits, ~94 KB, make it ~43,000).
 
 TURN_MAX_CHARS = OBSERVATION_CHARS + 50  # the cut adds a note of its own
 TURNS_FRAME = 400  # the lines before and after the turns, and the blank lines between them

@@ -20,6 +20,8 @@ The ranking steps are pure functions of their inputs and `now`.
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ POOL = 50  # candidates each retriever hands to fusion
 # a literal, so that a change of POOL does not move a fitted input.
 SPREAD_RANK = 50
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
+EXPECTED = 4  # queries begun before their search asks (messages waiting for the agent), at most
 
 
 # ---------------------------------------------------------------- the search
@@ -61,23 +64,43 @@ ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this shar
 @dataclass
 class Dense:
     """The dense half: the query model and the episodes' vectors (a reader of the store, owned by the
-    searcher's thread). The query model runs on a thread of its own, one query at a time (`ask`)."""
+    searcher's thread). The query model runs on a thread of its own, one query at a time (`ask`); a
+    query may be begun early, from any thread (`expect`), and the search that asks for it then takes
+    its vector (the engine makes the same vector for the same text, whenever it is made)."""
 
     embedder: Embedder
     vectors: VectorReader
     weight: float = DEFAULT_DENSE_WEIGHT
     _thread: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _expected: OrderedDict[str, Future[Matrix]] = field(default_factory=OrderedDict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
 
-    def ask(self, query: str) -> Future[Matrix] | None:
-        """The query's embedding, begun at once on the query model's thread: the engine releases the GIL,
-        so word search runs beside it (on a second core) and a search takes the longer of the two, not
-        their sum. None when there is nothing to look for. Wait for it (`look`, or `settled`) before
-        asking again: the model serves one query at a time."""
-        if not len(self.vectors) or not query.strip():
-            return None
+    def _embed(self, text: str) -> Future[Matrix]:  # under the lock
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="recall-query")
-        return self._thread.submit(self.embedder.query, query)
+        return self._thread.submit(self.embedder.query, text)
+
+    def expect(self, text: str) -> None:
+        """Begin embedding `text` now, for a search that will ask for it soon (auto-recall's, begun as a
+        message arrives: the vector is made while the turn starts). At most EXPECTED are kept, the
+        oldest given up first. Any thread may call this."""
+        with self._lock:
+            if self._closed or not text.strip() or text in self._expected:
+                return
+            self._expected[text] = self._embed(text)
+            while len(self._expected) > EXPECTED:
+                self._expected.popitem(last=False)[1].cancel()
+
+    def ask(self, query: str) -> Future[Matrix] | None:
+        """The query's embedding, begun at once on the query model's thread (or earlier, by `expect`): the
+        engine releases the GIL, so word search runs beside it (on a second core) and a search takes the
+        longer of the two, not their sum. None when there is nothing to look for. Wait for it (`look`,
+        or `settled`) before asking again: the model serves one query at a time."""
+        if not len(self.vectors) or not query.strip():
+            return None
+        with self._lock:
+            return self._expected.pop(query, None) or self._embed(query)
 
     def look(self, asked: Future[Matrix] | None, limit: int, also: Sequence[int], window: Window | None = None
              ) -> tuple[list[Candidate], dict[int, float]]:
@@ -91,8 +114,18 @@ class Dense:
                 self.vectors.similarities(vector, also))
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for waiting in self._expected.values():
+                waiting.cancel()
+            self._expected.clear()
         if self._thread is not None:
             self._thread.shutdown()
+
+
+def embedded(query: str, now: float) -> str:
+    """What of `query` a search embeds, at `now`: its words without the time cue (Searcher.rank)."""
+    return time_cue(query[:MAX_QUERY_CHARS], now).rest
 
 
 def settled(asked: Future[Matrix] | None) -> None:
@@ -213,6 +246,8 @@ class Searcher:
         try:
             lexical = self._lexical(search_terms(text), pool, window)
             known = self._weights(lexical)  # while the query is embedded: each memory's weight is its own
+            if asked is not None and self.dense is not None:
+                self.dense.vectors.warm()  # and the vectors the scan will read, made single precision
             dense: list[Candidate] = []
             cosines: dict[int, float] = {}
             if self.dense is not None and by_meaning:

@@ -37,7 +37,7 @@ from .hits import memory_texts
 from .index import RecallIndex, exists
 from .indexer import Indexer, Station
 from .learnings import search_learnings, search_terms
-from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, snippet
+from .searcher import LEARNING_SNIPPET_CHARS, Dense, RecallHit, Searcher, embedded, snippet
 from .vectors import Matrix, VectorReader, VectorWriter, forget_everywhere, store_dir
 
 log = get_logger(__name__)
@@ -115,6 +115,7 @@ class RecallService:
         self._index: RecallIndex | None = None
         self._dense_status = DenseStatus(False, None, "not loaded yet")
         self._query_model: Embedder | None = None
+        self._dense: Dense | None = None  # the searcher's dense half (its vectors read on the recall thread)
         self._embed_model: Embedder | None = None
         self.index = Worker("recall-index", self._the_index)
         self.searcher: Worker[Searcher] = Worker("recall", self._open_searcher)
@@ -139,10 +140,7 @@ class RecallService:
         return Station(self._embed_model, VectorWriter(self._vectors(), self._dense_status.model))
 
     def _open_searcher(self) -> Searcher:
-        dense = None
-        if self._query_model is not None:
-            dense = Dense(self._query_model, VectorReader(self._vectors()), self.settings.recall_dense_weight)
-        return Searcher(read_connection(self.settings.layout.memory_db), self._the_index(), dense)
+        return Searcher(read_connection(self.settings.layout.memory_db), self._the_index(), self._dense)
 
     async def start(self) -> None:
         fresh = not exists(self.path)
@@ -159,6 +157,7 @@ class RecallService:
             self._query_model, self._dense_status = await asyncio.to_thread(load, setting)
             if self._query_model is not None:
                 self._embed_model, _ = await asyncio.to_thread(load, setting)
+                self._dense = Dense(self._query_model, VectorReader(self._vectors()), self.settings.recall_dense_weight)
         else:
             self._dense_status = DenseStatus(False, None, "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)")
         if self._embed_model is not None:
@@ -197,6 +196,8 @@ class RecallService:
                 await self._publisher
         await self.indexer.stop()
         await asyncio.gather(self.searcher.close(), self.embedder.close())
+        if self._dense is not None:  # the searcher closed it, if it was ever opened
+            await asyncio.to_thread(self._dense.close)
         await self.index.close()  # the writer finishes its merges and lets go of the directory
 
     async def learned(self) -> bool:
@@ -344,14 +345,30 @@ class RecallService:
         return [RecallHit("learning", h.id, h.score, h.created_at, None, None, None, h.type,
                           snippet(h.content, terms, LEARNING_SNIPPET_CHARS), bm25=h.score) for h in found]
 
+    def _recalls(self, message: str, session_id: str) -> bool:
+        """Could auto-recall search for `message` in `session_id` (before its budget and its gate)?"""
+        if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
+            return False
+        return self._index is None or self.indexer.reach.beyond(session_id)
+
+    def expect(self, message: str, session_id: str) -> None:
+        """A message has arrived for the agent: the embedding its auto-recall will search with begins now,
+        on the query model's thread, so that it is made while the turn starts (or while the CLI boots,
+        or while the turn before it runs) rather than after. The same vector, made once: the search takes
+        it (Dense.expect). Nothing when auto-recall would not search by meaning. Never raises: the
+        message is queued already, and its search embeds it anyway."""
+        try:
+            if self._dense is not None and self._index is not None and self._recalls(message, session_id):
+                self._dense.expect(embedded(message, time.time()))
+        except Exception as exc:  # an executor shut down as the server stops
+            log_expected(log, "auto_recall_expect_failed", exc)
+
     async def auto_recall(self, message: str, session_id: str, turn_id: str) -> Recalled | None:
         """The memories `message` calls up, as the context to send before it, or None when none pass (or
         auto-recall is off, or the message is a slash command the CLI must see first). Never
         raises, and gives up after AUTO_RECALL_TIMEOUT: the message then goes as it is."""
-        if not self.settings.auto_recall or message.startswith("/") or not search_terms(message):
-            return None
-        if self._index is not None and not self.indexer.reach.beyond(session_id):
-            return None  # a first session, nothing learned: nothing to find, and no trip to the recall thread
+        if not self._recalls(message, session_id):
+            return None  # off, a slash command, or a first session with nothing learned: no trip to the recall thread
         now, boot, budget = time.time(), self._boot, self.settings.auto_recall_tokens
         try:
             async with asyncio.timeout(AUTO_RECALL_TIMEOUT):
