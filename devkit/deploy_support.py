@@ -30,6 +30,8 @@ from typing import Any
 from sprite_os import procfs
 from sprite_os.memory.memory_store import content_key
 
+from .processes import uncovered_env
+
 REPO = Path(__file__).resolve().parents[1]  # the checkout (devkit/ -> the root)
 DEPLOY = REPO / "bootstrap" / "deploy.py"
 LOCK = REPO / "bootstrap" / "requirements.lock"
@@ -95,7 +97,7 @@ def download(target: Path) -> None:
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
                "--no-deps", "--only-binary=:all:", "-r", str(LOCK), "-d", str(target)]
     for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True, env=uncovered_env())
         if done.returncode == 0:
             return
         if attempt == DOWNLOAD_ATTEMPTS:

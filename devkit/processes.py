@@ -31,6 +31,18 @@ def kit_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# What coverage's subprocess patch (pyproject.toml's [tool.coverage.run]) sets for the children of a
+# measured process: with either, a child of this venv's python starts coverage (its .pth file).
+COVERAGE_CHILD_VARIABLES = ("COVERAGE_PROCESS_START", "COVERAGE_PROCESS_CONFIG")
+
+
+def uncovered_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) without coverage's subprocess patch, for a child that runs none
+    of the measured code (pip building a wheel, downloading the lock's wheels): under `make test`,
+    coverage in pip and its build subprocesses measured nothing and cost a third of their CPU."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k not in COVERAGE_CHILD_VARIABLES}
+
+
 # `python -m sprite_os serve` (what __main__ runs), then which of the server's modules and the agent
 # SDK's it had imported: a start refused before the server's import (commands/main.py) lists none.
 _SERVE_THEN_LIST = ("import sys\nfrom sprite_os.commands.main import main\ncode = main(['serve'])\n"
