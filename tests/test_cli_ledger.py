@@ -24,18 +24,22 @@ CLI = ("import subprocess, sys, time\n"
 
 @pytest.fixture
 def cli() -> Iterator[subprocess.Popen[bytes]]:
+    """The stand-in, once its tool runs. (A teardown that looked for the tool before the stand-in had
+    started it left the tool behind, in a session of its own, for ten minutes.)"""
     proc = subprocess.Popen([sys.executable, "-c", CLI])
-    yield proc
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        subprocess.run(["kill", "-9", str(pid)], capture_output=True)
-    proc.wait()
+    try:
+        asyncio.run(wait_for(lambda: descendants(proc.pid), timeout=30, what="the stand-in CLI's tool process"))
+        yield proc
+    finally:
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+        proc.wait()
 
 
 def test_a_recorded_cli_still_running_is_ended_with_what_it_started(tmp_path: Path,
                                                                     cli: subprocess.Popen[bytes]) -> None:
     ledger = CliLedger.for_workspace(tmp_path)
     ledger.record(cli.pid)
-    asyncio.run(wait_for(lambda: descendants(cli.pid), timeout=10, what="the stand-in CLI's tool process"))
     [tool] = descendants(cli.pid)
     assert [e["pid"] for e in json.loads(ledger.path.read_text())] == [cli.pid]
     assert sorted(ledger.reap()) == sorted([cli.pid, tool])

@@ -134,6 +134,37 @@ async def test_a_settle_that_races_the_end_of_a_run_is_answered(kit: Kit) -> Non
     assert await settling is True  # everything is curated: not a timeout
 
 
+async def test_a_flush_asked_during_a_run_is_answered_only_by_a_pass_begun_after_it(kit: Kit) -> None:
+    """The stop's flush must see a forget's last pass (`before_batches`): a run already under way when
+    the flush is asked ran its pass before the forget's lines were decided, so its end answers no flush."""
+    gates = [asyncio.Event(), asyncio.Event()]
+    passes = 0
+
+    async def forget_pass() -> None:
+        nonlocal passes
+        passes += 1
+        if passes <= len(gates):
+            await gates[passes - 1].wait()
+
+    d = MemoryDaemon(kit.processor, batch_turns=25)
+    d.before_batches = forget_pass
+    await d.start()  # its "start" run begins with the first pass, held open
+    try:
+        await wait_for(lambda: passes == 1, timeout=10, interval=0.005)
+        flushing = asyncio.create_task(d.flush("shutdown", 30))
+        await wait_for(lambda: bool(d._waiters), timeout=10, interval=0.005)
+        gates[0].set()  # the run under way ends...
+        await wait_for(lambda: passes == 2, timeout=10, interval=0.005)  # ...and the flush's own begins
+        await asyncio.sleep(0.05)
+        assert not flushing.done()  # answered by the run begun before it, it would skip the last pass
+        gates[1].set()
+        assert await flushing is True
+    finally:
+        for gate in gates:
+            gate.set()
+        await d.stop(flush_budget=0)
+
+
 async def test_the_reasons_for_a_run_stay_few_however_many_turns_wait_for_it(kit: Kit) -> None:
     """While a backoff holds the run (the proxy down for hours), every turn asks for a batch again:
     what is kept until the run starts is the kinds of reason, not one entry a turn."""
@@ -389,7 +420,7 @@ async def test_a_waiter_is_not_told_curated_while_an_older_turn_is_set_aside(kit
     verdicts = [d.poison.unusable([1, 2, 3, 4, 5, 6]) for _ in range(UNUSABLE_LIMIT)] + [d.poison.unusable([1])]
     assert verdicts[-2:] == [Verdict.ISOLATE, Verdict.SET_ASIDE]  # turn 1 failed alone: it goes last
     waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    d._waiters.append((2, waiter))  # a flush that wants every turn up to #2 curated
+    d._waiters.append(daemon_module._Waiter(2, -1, waiter))  # a wait for every turn up to #2 curated
     ok, _ = await d._drain("test")  # 2 succeeds alone (the evidence), then 1 gets an unusable reply
     assert not ok and [o.id for o in await kit.processor.pending(10)] == [1, 3, 4, 5, 6]
     assert not waiter.done()  # turn 2 is curated, but turn 1 is not yet

@@ -617,6 +617,10 @@ async def test_a_line_the_curator_writes_after_the_forget_gets_the_kept_turn_che
     """A batch under way writes lines after the forget decided: the pass judges them as the forget
     would have, the kept-turn check included."""
     ids = await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
+    # The seeded batch is left committed, as after a crash: finished here, with any run of the daemon's
+    # under way (its retry after the unreachable curator recovers it too), before the batch below writes.
+    await system.daemon.processor.recover()
+    await wait_for(lambda: system.daemon.settle(30), timeout=60, what="the daemon idle, nothing left to recover")
     forgetting = system.forgetting
     forgetting.wake_daemon = lambda reason: None
 

@@ -103,11 +103,16 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
         await logged(proc, "slow_resume")
         asked = time.monotonic()
         proc.signal(SIGTERM)
-        code = await proc.wait(timeout=slow + timeout + 30)
+        # Judged as `sprite-os service stop` judges it: is the process still alive (a zombie is not) when
+        # the SIGKILL comes? Not by when this test's loop hears of the exit, which a busy machine delays.
+        with contextlib.suppress(TimeoutError):
+            await proc.wait(timeout=timeout)
+        alive_at_kill = pid_alive(proc.pid)
+        code = await proc.wait(timeout=slow + 30)
         took = time.monotonic() - asked
         log = proc.log.read_text()
-        assert took < timeout, f"gone {took:.1f} s after SIGTERM (exit {code}): the service's SIGKILL " \
-                               f"came at {timeout:g} s\n{log[-2000:]}"
+        assert not alive_at_kill, f"alive when the service's SIGKILL came, {timeout:g} s after SIGTERM (gone " \
+                                  f"after {took:.1f} s, exit {code})\n{log[-2000:]}"
         # The start is not cut (it runs on, past the deadline): the guard ends the process, and says the
         # stop did not finish.
         assert code == 1 and '"exit_forced"' in log, log[-2000:]

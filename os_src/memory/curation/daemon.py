@@ -68,6 +68,15 @@ class DaemonHealth:
     running: bool = False
 
 
+@dataclass(frozen=True, eq=False)
+class _Waiter:
+    """A flush or a settle waiting for every turn up to `target` to be curated."""
+
+    target: int  # the last observation id it waits for
+    after: int  # only a run numbered above this answers it with success
+    done: asyncio.Future[bool]
+
+
 class MemoryDaemon:
     def __init__(self, processor: BatchProcessor, batch_turns: int, stale_after: float = STALE_AFTER,
                  budget: DailyBudget | None = None, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
@@ -90,8 +99,11 @@ class MemoryDaemon:
         # Why a run was asked for, until it starts: a set, as every turn past `batch_turns` asks
         # again while a backoff holds the run (hours, with the proxy down).
         self._reasons: set[str] = set()
-        # (observation id, future): resolved once every turn up to that id is curated, or a run fails.
-        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        # Resolved once every turn up to `target` is curated by a run numbered above `after`, or once
+        # any run fails. A flush needs a run begun after it was asked (its forget pass: before_batches
+        # runs at a run's start); a settle, any run.
+        self._waiters: list[_Waiter] = []
+        self._runs = 0  # runs begun so far
         self._turns_since_batch = 0
         self._conflicts = 0  # batches dropped in a row because a person was editing a file
         self._task: asyncio.Task[None] | None = None
@@ -141,35 +153,36 @@ class MemoryDaemon:
     async def _wait(self, reason: str, budget: float, trigger: bool) -> bool:
         loop = asyncio.get_running_loop()
         target = await self.processor.transcript.call(lambda t: t.max_id())
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append((target, waiter))
+        waiter = _Waiter(target, self._runs if trigger else -1, loop.create_future())
+        self._waiters.append(waiter)
         if trigger:
             self.trigger(reason)
         elif self._idle.is_set():  # the run ended while the target was looked up: it resolved no one
-            self._waiters.remove((target, waiter))
+            self._waiters.remove(waiter)
             oldest = await self.processor.pending(1)
             return not oldest or oldest[0].id > target
         hold = self._not_before - loop.time()
         if self._waiting_for_budget() or hold >= budget:  # the next run comes too late for it
-            self._waiters.remove((target, waiter))
+            self._waiters.remove(waiter)
             log.info("memory_wait_skipped", reason=reason, budget=budget, retry_in_s=round(hold, 1),
                      budget_spent=self._waiting_for_budget())
             return False
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter), budget)
+            return await asyncio.wait_for(asyncio.shield(waiter.done), budget)
         except TimeoutError:
             log.warning("memory_wait_timeout", reason=reason, budget=budget)
             return False
 
     def _resolve(self, through: int | None, ok: bool) -> None:
-        """Resolve the waiters whose turns are all curated (through=None: all of them)."""
+        """Resolve the waiters whose turns are all curated (through=None: all of them) by this run,
+        if it began after they were asked; a failure answers every one of them."""
         keep = []
-        for target, waiter in self._waiters:
-            if through is None or target <= through:
-                if not waiter.done():
-                    waiter.set_result(ok)
+        for waiter in self._waiters:
+            if (through is None or waiter.target <= through) and (not ok or self._runs > waiter.after):
+                if not waiter.done.done():
+                    waiter.done.set_result(ok)
             else:
-                keep.append((target, waiter))
+                keep.append(waiter)
         self._waiters = keep
 
     # ------------------------------------------------------------ lifecycle
@@ -212,6 +225,7 @@ class MemoryDaemon:
             await self._wake.wait()
             await self._until_retry(loop)  # the backoff holds, whatever triggers arrive meanwhile
             self._wake.clear()
+            self._runs += 1
             reasons, self._reasons = self._reasons or {"retry"}, set()
             self.health.running = True
             try:
