@@ -39,7 +39,7 @@ COVERAGE_CHILD_VARIABLES = ("COVERAGE_PROCESS_START", "COVERAGE_PROCESS_CONFIG")
 def uncovered_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's) without coverage's subprocess patch, for a child that runs none
     of the measured code (pip building a wheel, downloading the lock's wheels): under `make test`,
-    coverage in pip and its build subprocesses measured nothing and cost a third of their CPU."""
+    coverage in pip and its build subprocesses measured nothing and cost about a fifth of the wheel test's CPU (10.5 s -> 8.2 s)."""
     return {k: v for k, v in (os.environ if env is None else env).items() if k not in COVERAGE_CHILD_VARIABLES}
 
 
