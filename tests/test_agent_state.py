@@ -67,7 +67,8 @@ def test_what_an_interrupt_asks_for_depends_on_the_phase(steps: tuple[str, ...],
     assert state.phase is then
     if stop is not Stop.NOTHING:
         assert state.interrupted and state.public == "stopping"
-        assert state.interrupt() is Stop.NOTHING  # a second interrupt has nothing left to stop
+        assert state.interrupt() is Stop.ALREADY  # a second press: the turn is stopping, no error
+        assert state.phase is then
 
 
 def test_interrupted_while_starting_the_turn_ends_unsent() -> None:

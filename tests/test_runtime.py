@@ -289,6 +289,27 @@ async def test_an_interrupt_while_the_prompt_is_written_reaches_the_cli_after_it
     assert h.of(p.TurnComplete)[-1].status == "interrupted"
 
 
+async def test_a_second_stop_while_the_turn_is_stopping_is_no_error(h: Harness) -> None:
+    """The gateway answers an interrupt the runtime refuses with `nothing_to_interrupt` ("the agent
+    is not running a turn"): untrue while the turn is stopping, so a second press is accepted."""
+    h.hold = True
+    h.rt.submit("long")
+    await h.until(lambda: h.rt.state == "running" and bool(h.clis) and bool(h.clis[0].queries))
+    cli = h.clis[0]
+
+    async def heard_not_yet_stopped() -> None:  # a CLI that takes its time to end its reply
+        cli.order.append("interrupt")
+
+    cli.interrupt = heard_not_yet_stopped  # type: ignore[method-assign]
+    assert await h.rt.interrupt()
+    assert h.rt.state == "stopping"
+    assert await h.rt.interrupt()  # a second press: the turn is stopping, nothing more to do
+    cli.interrupted.set()
+    await h.until(lambda: bool(h.of(p.TurnComplete)))
+    assert h.of(p.TurnComplete)[-1].status == "interrupted" and h.clis[0].order.count("interrupt") == 1
+    assert not await h.rt.interrupt()  # idle again: now there is nothing to interrupt
+
+
 async def test_new_session_on_a_fresh_session_changes_nothing(h: Harness) -> None:
     h.rt.new_session()
     await h.turn("hi")

@@ -63,6 +63,7 @@ class Stop(enum.Enum):
     AFTER_SEND = "after_send"  # the prompt is being written: interrupt the CLI right after it
     NOW = "now"  # interrupt the CLI now
     OVER = "over"  # the turn is already over (being saved): nothing to do, and no error either
+    ALREADY = "already"  # the turn is already stopping (a second press): nothing more to do, no error
 
 
 _PUBLIC: dict[TurnPhase, AgentState] = {
@@ -83,6 +84,9 @@ _INTERRUPTS: dict[TurnPhase, tuple[TurnPhase, Stop]] = {
     TurnPhase.WAITING: (TurnPhase.STOPPING, Stop.NOW),
     TurnPhase.STREAMING: (TurnPhase.STOPPING, Stop.NOW),
     TurnPhase.SAVING: (TurnPhase.SAVING, Stop.OVER),
+    TurnPhase.CANCELLED: (TurnPhase.CANCELLED, Stop.ALREADY),
+    TurnPhase.STOP_AFTER_SEND: (TurnPhase.STOP_AFTER_SEND, Stop.ALREADY),
+    TurnPhase.STOPPING: (TurnPhase.STOPPING, Stop.ALREADY),
 }
 
 
