@@ -44,6 +44,7 @@ from devkit.deploy_support import (
     venv_cache,
 )
 from devkit.processes import free_port
+from sprite_os.commands.migrate_v1 import ROWS_PER_COMMIT
 
 VERSION = (REPO / "VERSION").read_text().strip()
 TEMPLATES = REPO / "bootstrap" / "templates"
@@ -352,15 +353,18 @@ def test_killed_after_the_switch_the_new_version_is_complete(venv: VenvCache, tm
 
 def test_deploy_migrates_a_v1_workspace(venv: VenvCache, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    data = make_v1_workspace(ws, observations=1200, learnings=300, actions=40)
-    # A deploy killed inside the migration, once learnings are copied: the next one resumes it.
+    # A deploy killed inside the migration, its first chunk of turns committed: the next one resumes
+    # it. Six chunks of turns, the tables after them and the verification are left when the line is
+    # read (about 0.4 s of work here): with one chunk, a kill on a line read late found the migration
+    # already done.
+    data = make_v1_workspace(ws, observations=6 * ROWS_PER_COMMIT, learnings=300, actions=40)
     cache = ("--venv-cache", str(venv.cache), "--venv-cache-links")
-    killed, out = run_until(deploy_cmd(ws, "--from-checkout", str(REPO), *cache), "migrate: table=learnings copied=",
-                            env=base_env())
+    killed, out = run_until(deploy_cmd(ws, "--from-checkout", str(REPO), *cache),
+                            f"migrate: table=observations copied={ROWS_PER_COMMIT}/", env=base_env())
     assert killed, out
     assert not (ws / ".os" / "current").exists() and (ws / "agent.db").exists()
     out = deploy_ok(ws, venv, "--from-checkout", str(REPO))
-    assert "migrate: table=learnings resuming after id=" in out
+    assert f"migrate: table=observations resuming after id={ROWS_PER_COMMIT} " in out
     assert f"migrate: verified table=observations rows={data.counts['observations']} " in out
     assert out.index("migrate: done") < out.index("deploy: step=templates")
     assert not (ws / "agent.db").exists() and not (ws / "memory").exists()
