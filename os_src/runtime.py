@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -109,6 +109,16 @@ def _ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
+class _Prompted(NamedTuple):
+    """What goes before a turn's message: the notes told once, and auto-recall's context, looked up
+    for the session the turn is sent in (a resend's fresh session looks again)."""
+
+    turn_id: str
+    session_id: str | None  # the session `context` was looked up for (None: not yet)
+    told: str | None  # what the person did meanwhile
+    context: str | None  # the notes and the recalled memories, as sent
+
+
 @dataclass(frozen=True)
 class TurnHold:
     """What `AgentRuntime.holding_turns` gives its holder: the turn running when the hold began (its wire
@@ -155,8 +165,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        # (turn id, the session its context was looked up for, the notes told with it, the context sent)
-        self._prompted: tuple[str, str | None, str | None, str | None] | None = None
+        self._prompted: _Prompted | None = None  # for the running turn, kept for a resend
         self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
         self._session = SessionState()
@@ -427,8 +436,8 @@ class AgentRuntime:
     async def _attempt(self, turn: Turn, record: TurnRecord) -> ResultMessage | None:
         from claude_agent_sdk import ResultMessage
 
-        if self._turn.phase is TurnPhase.CANCELLED:  # interrupted before a CLI's start began (the SDK's
-            return None  # import on a fresh server's first turn, a resend's wait): it ends unsent, no CLI
+        if self._turn.stopped_unsent:  # stopped before a CLI's start began (the SDK's import on a fresh
+            return None  # server's first turn, a resend's wait): it ends unsent, no CLI started
         self._session.turn_ran()
         if self._turn.phase is TurnPhase.STARTING:
             self._refuse_if_failing()
@@ -438,8 +447,8 @@ class AgentRuntime:
         cli = self._cli
         assert cli is not None
         context = await self._recalled(turn)
-        if self._turn.phase is TurnPhase.STOP_AFTER_SEND:  # stopped while auto-recall looked (or waited for a
-            return None  # forget's end): nothing is written yet, so the turn ends unsent, as in a CLI's start
+        if self._turn.stopped_unsent:  # stopped while auto-recall looked (or waited for a forget's end):
+            return None  # nothing is written yet, so the turn ends unsent, as in a CLI's start
         await cli.send(turn.text, context)
         if self._turn.sent():  # interrupted while the prompt was written: only now can the CLI act on it
             await cli.interrupt()
@@ -462,13 +471,13 @@ class AgentRuntime:
         session: the notes go the same, and auto-recall looks again, for that session, so that memory
         knows what its context holds (a forget of a recalled turn then restarts it) and a forget begun
         meanwhile is waited for. Capture records the message alone."""
-        if self._prompted is None or self._prompted[0] != turn.turn_id:
+        if self._prompted is None or self._prompted.turn_id != turn.turn_id:
             notes, self._notes = self._notes, []
             said = "\n".join(f"- {n}" for n in notes)
             told = f"Since the last message, outside this conversation:\n{said}" if notes else None
-            self._prompted = (turn.turn_id, None, told, None)
-        turn_id, session_id, told, context = self._prompted
-        if session_id != self.session_id:
+            self._prompted = _Prompted(turn.turn_id, None, told, None)
+        prompted = self._prompted
+        if prompted.session_id != self.session_id:
             recalled = None
             if self._memory is not None:
                 await self._recall_unheld(turn)
@@ -479,9 +488,9 @@ class AgentRuntime:
                     self._recall_done.set()
             if recalled is not None:
                 self._publish(frames.recall_frame(turn.turn_id, recalled))
-            context = "\n\n".join(x for x in (told, recalled.context if recalled is not None else None) if x) or None
-            self._prompted = (turn_id, self.session_id, told, context)
-        return context
+            context = "\n\n".join(x for x in (prompted.told, recalled.context if recalled is not None else None) if x) or None
+            self._prompted = prompted._replace(session_id=self.session_id, context=context)
+        return self._prompted.context
 
     async def _recall_unheld(self, turn: Turn) -> None:
         """A forget that began after this turn did (its CLI was booting) holds turns: the turn's auto-recall

@@ -71,6 +71,18 @@ def test_what_an_interrupt_asks_for_depends_on_the_phase(steps: tuple[str, ...],
         assert state.phase is then
 
 
+@pytest.mark.parametrize(("steps", "unsent"), [
+    (("begin-cold",), False),
+    (("begin-cold", "interrupt"), True),  # before the CLI's start, or once it is up: nothing was sent
+    (("begin-warm",), False),
+    (("begin-warm", "interrupt"), True),  # asked before the write begins: auto-recall was looking
+    (("begin-warm", "sent"), False),
+    (("begin-warm", "sent", "interrupt"), False),  # the prompt is out: the CLI is told to stop
+])
+def test_a_turn_stopped_before_its_prompt_is_written_ends_unsent(steps: tuple[str, ...], unsent: bool) -> None:
+    assert turn_at(*steps).stopped_unsent is unsent
+
+
 def test_interrupted_while_starting_the_turn_ends_unsent() -> None:
     state = turn_at("begin-cold", "interrupt")
     assert state.connected() is False

@@ -106,6 +106,13 @@ class TurnState:
         return self.phase in (TurnPhase.CANCELLED, TurnPhase.STOP_AFTER_SEND, TurnPhase.STOPPING)
 
     @property
+    def stopped_unsent(self) -> bool:
+        """Asked before the prompt's write begins: the turn was stopped while a CLI was to start
+        (CANCELLED) or while its prompt waited to be written (STOP_AFTER_SEND: auto-recall looking, a
+        forget's hold). Nothing reached the CLI, so the turn ends unsent."""
+        return self.phase in (TurnPhase.CANCELLED, TurnPhase.STOP_AFTER_SEND)
+
+    @property
     def may_resend(self) -> bool:
         """Nothing of the turn happened yet: the CLI has not answered and no one interrupted it."""
         return self.phase in (TurnPhase.SENDING, TurnPhase.WAITING)
