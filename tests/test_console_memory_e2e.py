@@ -125,6 +125,39 @@ EDIT = "# User\n- Name: Ada\n- Pronouns: she/her (added in the console)\n"
 SECOND_REPLY = f"FACT: Ada likes tea\nUSER_MD_UPDATE:\n{EDIT}- Likes tea\n"
 
 
+async def test_a_draft_survives_a_reload_and_a_file_that_moved_on_is_said_before_the_save(
+        server: SpriteOS, tmp_path: Path) -> None:
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    draft = "# User\n- Name: Ada\n- Tea in the morning\n"
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        await tab.by("file-editor").fill(draft)
+        panel = tab.by("memory-panel-files")
+        for reload in ("memory-refresh", "memory-section-learnings", "memory-section-files"):
+            await tab.by(reload).click()
+            await expect(panel).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("file-editor")).to_have_value(draft)  # not the saved text, not gone
+        await expect(tab.by("file-save")).to_be_enabled()
+
+        files.write("user.md", "# User\n- Name: Ada\n- Likes jazz\n", source="batch-9")  # the daemon, meanwhile
+        await tab.by("memory-refresh").click()
+        await expect(tab.by("memory-flash")).to_contain_text("changed since you began editing: your draft is kept")
+        await expect(tab.by("file-editor")).to_have_value(draft)
+        await tab.by("file-save").click()
+        await expect(tab.by("memory-flash")).to_contain_text("nothing was saved")
+        assert files.read("user.md") == "# User\n- Name: Ada\n- Likes jazz\n"
+        await expect(tab.by("file-editor")).to_have_value(draft)  # still there to copy
+        await tab.by("file-cancel").click()
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")
+        tab.assert_clean()
+
+
 async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_rolls_back(
         bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
     shots = screenshot_dir(tmp_path)

@@ -37,7 +37,7 @@ export class MemoryView {
       next.focus();
       this.show(next.dataset.section);
     });
-    const refresh = el("button", { type: "button", class: "refresh", text: "Refresh", onclick: () => this.show(this.current) });
+    const refresh = el("button", { type: "button", class: "refresh", testid: "memory-refresh", text: "Refresh", onclick: () => this.show(this.current) });
     root.append(el("div", { class: "subtabs-bar" }, this.nav, refresh), this.flashBox, body);
     this.current = "files";
   }

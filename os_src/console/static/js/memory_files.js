@@ -10,6 +10,7 @@ export class FilesPanel {
     this.flash = flash;
     this.selected = "user.md";
     this.current = null; // the open file's answer: {file, text, history}
+    this.editing = null; // the name of the file whose editor is open, with the person's draft in it
     this.list = el("ul", { class: "file-list" });
     this.detail = el("div", { class: "file-detail" });
     root.append(el("div", { class: "files-layout" }, this.list, this.detail));
@@ -42,7 +43,16 @@ export class FilesPanel {
       button.classList.toggle("selected", selected);
       button.setAttribute("aria-pressed", String(selected));
     }
-    this.current = await this.conn.request("memory_file", { name });
+    const answer = await this.conn.request("memory_file", { name });
+    // A reload (the tab shown again, Refresh, a save elsewhere) must not throw away a draft: the
+    // editor stays on the text it began from, and the save tells the person if the file moved on.
+    if (this.editing === name) {
+      if (answer.file.sha256 !== this.current.file.sha256) {
+        this.flash(`${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
+      }
+      return;
+    }
+    this.current = answer;
     this.renderFile();
     // On a phone the file opens below the list: bring it into view.
     if (chosen && window.matchMedia("(max-width: 760px)").matches) this.detail.scrollIntoView({ block: "start" });
@@ -50,6 +60,7 @@ export class FilesPanel {
 
   renderFile(editing = false) {
     const { file, text, history } = this.current;
+    this.editing = editing ? file.name : null;
     const header = el("header", { class: "detail-head" },
       el("h2", { text: file.name }),
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
@@ -89,13 +100,19 @@ export class FilesPanel {
     recount();
     return el("div", { class: "editing" }, area,
       el("div", { class: "actions" }, counter, save,
-        el("button", { type: "button", testid: "file-cancel", onclick: () => this.renderFile(false), text: "Cancel" })));
+        el("button", { type: "button", testid: "file-cancel", onclick: () => this.cancel(file.name), text: "Cancel" })));
+  }
+
+  async cancel(name) {
+    this.editing = null;
+    await this.open(name); // the file as it is now: it may have moved on during the edit
   }
 
   async save(file, text) {
     try {
       const { version } = await this.conn.request("memory_edit", { name: file.name, text, base_sha256: file.sha256 });
       this.flash(`Saved ${file.name} as version ${version.number} (your edit).`);
+      this.editing = null;
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
@@ -128,6 +145,7 @@ export class FilesPanel {
     try {
       const { version } = await this.conn.request("memory_rollback", { name: this.selected, number });
       this.flash(`${this.selected} is version ${number}'s text again (saved as version ${version.number}).`);
+      this.editing = null; // the person chose this text over any draft
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
