@@ -183,7 +183,7 @@ def _under(top: str) -> Iterator[tuple[str, str, os.stat_result]]:
         folder = folders.pop()
         try:
             entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # gone meanwhile, or unreadable: passed over, as os.walk does
             continue
         for entry in entries:
             try:
