@@ -1,0 +1,105 @@
+"""Work a person has begun is not thrown away, nor applied to the wrong item, by the page: a memory
+file's draft kept while they look at another file, and a version's answer that comes late never
+shown in (nor rolled back from) another file's view. Real Chromium, real server and CLI, the mock
+Bridge."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from playwright.async_api import Browser, WebSocketRoute, expect
+
+from sprite_os.memory.files import MemoryFiles
+from sprite_os.server import SpriteOS
+from tests.conftest import wait_for
+from tests.console_browser import Tab, chromium, install_templates, open_tab
+
+pytestmark = pytest.mark.e2e
+
+
+async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRoute], None] | None = None) -> Tab:
+    """A tab signed in and connected; `route` sees its socket first (to hold an answer back)."""
+    tab = await open_tab(browser, f"http://127.0.0.1:{port}/")
+    if route is not None:
+        await tab.page.route_web_socket(lambda _url: True, route)
+    await tab.sign_in()
+    await tab.connected()
+    return tab
+
+
+async def test_a_draft_is_kept_while_the_person_looks_at_another_file(server: SpriteOS) -> None:
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        draft = "# User\n- Name: Ada\n- Half a thought about"
+        await tab.by("file-editor").fill(draft)
+        await tab.by("memory-file").filter(has_text="context.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("context.md")
+        await expect(tab.by("file-editor")).to_have_count(0)  # another file, shown as it is
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-editor")).to_have_value(draft)  # back to the draft, not the saved text
+        await expect(tab.by("file-save")).to_be_enabled()
+
+        files.write("user.md", "# User\n- Name: Ada\n- Likes jazz\n", source="batch-9")  # the daemon, while away
+        await tab.by("memory-file").filter(has_text="tools.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("tools.md")
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-editor")).to_have_value(draft)
+        await expect(tab.by("memory-flash")).to_contain_text("changed since you began editing: your draft is kept")
+        await tab.by("file-save").click()  # against the text it began from: refused, never over the daemon's
+        await expect(tab.by("memory-flash")).to_contain_text("nothing was saved")
+        assert files.read("user.md") == "# User\n- Name: Ada\n- Likes jazz\n"
+        await tab.by("file-cancel").click()  # the draft is let go: the file as it is now
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")
+        await tab.by("memory-file").filter(has_text="tools.md").get_by_role("button").click()
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")  # not back
+        tab.assert_clean()
+
+
+async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(server: SpriteOS) -> None:
+    """Its answer held until the person has gone to another file: that file's view must not show the
+    diff, nor a "Make version 2 current again" that would roll the other file back."""
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    for name in ("user.md", "context.md"):
+        files.write(name, f"# {name} one\n", source="seed")
+        files.write(name, f"# {name} two\n", source="batch-1")
+    held: list[str] = []
+    hold = True
+    sockets: list[WebSocketRoute] = []
+
+    def route(page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+
+        def to_page(message: str | bytes) -> None:
+            if hold and isinstance(message, str) and '"memory_version_result"' in message:
+                held.append(message)
+            else:
+                page_side.send(message)
+        server_side.on_message(to_page)
+        sockets.append(page_side)
+
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=route)
+        await tab.memory("files")
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("user.md")
+        await tab.by("file-version").filter(has_text="#2").get_by_role("button").click()  # the seed
+        await wait_for(lambda: len(held) == 1, timeout=30, what="the version's answer, held")
+        await tab.by("memory-file").filter(has_text="context.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("context.md")
+        hold = False
+        sockets[-1].send(held.pop())  # the late answer arrives, then the health tab's, in order on the socket
+        await tab.by("memory-section-health").click()  # not the Memory tab: it would load the files again
+        await expect(tab.by("memory-state")).to_be_attached()
+        files_panel = tab.by("memory-panel-files")
+        await expect(files_panel.locator(".file-detail h2")).to_have_text("context.md")
+        await expect(files_panel.get_by_test_id("file-diff")).to_have_count(0)  # user.md's diff is not here
+        await expect(files_panel.get_by_test_id("file-rollback")).to_have_count(0)  # nor a rollback of it
+        assert files.read("context.md") == "# context.md two\n"
+        tab.assert_clean()
