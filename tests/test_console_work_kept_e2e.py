@@ -1,7 +1,8 @@
 """Work a person has begun is not thrown away, nor applied to the wrong item, by the page: a memory
-file's draft kept while they look at another file, and a version's answer that comes late never
-shown in (nor rolled back from) another file's view. Real Chromium, real server and CLI, the mock
-Bridge."""
+file's draft kept while they look at another file, a version's answer that comes late never shown
+in (nor rolled back from) another file's view, and a message still waiting for the agent when the
+server restarted kept with a Send again, not wiped from the conversation. Real Chromium, real server
+and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from collections.abc import Callable
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
 
+from devkit.harness import restartable
+from devkit.mock_bridge import Fault, MockBridge
+from sprite_os.config import Settings
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -103,3 +107,31 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
         await expect(files_panel.get_by_test_id("file-rollback")).to_have_count(0)  # nor a rollback of it
         assert files.read("context.md") == "# context.md two\n"
         tab.assert_clean()
+
+
+async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The server drops the messages queued behind the running turn when it stops; the page must not
+    drop them from view too: the person's words stay, said to be unsent, one click from sent."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the first turn hangs
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("First, the slow one")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+        await tab.send("Second, still waiting")
+        waiting = tab.messages("user").filter(has_text="Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "queued")
+
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+        await expect(waiting).to_have_count(1)  # not wiped with the rest of the view
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # not twice
+        assert [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")

@@ -45,17 +45,28 @@ export class ChatView {
     else sessionStorage.removeItem(DRAFT_KEY);
   }
 
+  /** Sends a message (the composer's, or one sent again); false if it could not go. */
   submit(text = this.composer.value) {
-    if (!text.trim()) return;
+    if (!text.trim()) return false;
     const clientId = `web-${Date.now().toString(36)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
-      this.notice("Not connected: your message was not sent. It is still in the box.", "error");
-      return;
+      this.notice(`Not connected: your message was not sent. ${text === this.composer.value ? "It is still in the box." : "Try again once connected."}`, "error");
+      return false;
     }
     if (text === this.composer.value) { this.composer.value = ""; this.keepDraft(); }
     const message = this.add(messageItem("user", userText(text), "waiting for the agent…"));
     message.dataset.state = "queued";
     this.queued.set(clientId, message);
+    return true;
+  }
+
+  /** A message the agent never took: its words stay, said to be unsent, with a Send again. */
+  unsent(item, why) {
+    const text = item.querySelector(".text").textContent;
+    item.dataset.state = "refused";
+    const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
+    clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
+      onclick: () => { if (this.submit(text)) item.remove(); } }));
   }
 
   command(frame) {
@@ -128,6 +139,9 @@ export class ChatView {
     const before = this.stream;
     this.stream = frame.stream;
     if (fresh) {
+      // A server that restarted dropped the messages still waiting for the agent: they stay in view,
+      // unsent (after a long gap on the same server they are still queued there, and show as they start).
+      const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
       clear(this.list);
       this.turns.clear();
       this.shown.clear();
@@ -140,6 +154,7 @@ export class ChatView {
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
+      for (const item of dropped) this.unsent(this.add(item), "not sent: the Sprite restarted before the agent took it.");
       this.loadHistory(null);
     }
     this.setAgent(frame.agent, frame.turn_id);
@@ -296,7 +311,10 @@ export class ChatView {
     }
     if (frame.code === "queue_full" || frame.code === "shutting_down") {
       const newest = [...this.queued.values()].at(-1);
-      if (newest) { newest.dataset.state = "refused"; newest.querySelector(".meta").textContent = "not accepted: send it again"; }
+      if (newest) {
+        this.queued.delete([...this.queued.keys()].at(-1));
+        this.unsent(newest, frame.code === "queue_full" ? "not accepted: too many messages are waiting." : "not accepted: the Sprite is stopping.");
+      }
     }
   }
 }
