@@ -1,0 +1,53 @@
+"""The canvas changes under a person working it by keyboard or screen reader: the agent updates a
+card (any card) every few seconds while it works. Where their focus was stays where it was: on the
+button of the card they were on, and in the dialog of a card they opened. Real Chromium, real
+server; the cards change through the canvas store the agent's tools use."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import expect
+
+from sprite_os.server import SpriteOS
+from sprite_os.tools.canvas import CreateCard, UpdateCard
+from tests.console_browser import Tab, chromium, open_tab
+
+pytestmark = pytest.mark.e2e
+
+
+async def focused(tab: Tab) -> str:
+    """Which card's which control has the focus: 'a:card-copy', 'dialog:card-dialog-close', or the tag."""
+    return str(await tab.page.evaluate("""() => {
+        const at = document.activeElement;
+        const where = at.closest("dialog") ? "dialog" : at.closest("[data-card-id]")?.dataset.cardId;
+        return where ? `${where}:${at.dataset.testid}` : at.tagName.toLowerCase();
+    }"""))
+
+
+async def test_focus_stays_on_a_card_and_in_its_dialog_while_the_agent_updates_cards(server: SpriteOS) -> None:
+    for card in ("a", "b"):
+        await server.canvas.create(CreateCard(title=f"Card {card}", body=f"{card} one", id=card))
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        card_a = tab.page.locator('[data-card-id="a"]')
+        await card_a.get_by_test_id("card-copy").focus()
+        await server.canvas.update(UpdateCard(id="b", body="b two"))  # another card: it moves to the top
+        await expect(tab.page.locator('[data-card-id="b"]')).to_contain_text("b two")
+        assert await focused(tab) == "a:card-copy"
+        await server.canvas.update(UpdateCard(id="a", body="a two"))  # the card itself: drawn again
+        await expect(card_a).to_contain_text("a two")
+        assert await focused(tab) == "a:card-copy"
+
+        await card_a.get_by_test_id("card-expand").focus()
+        await tab.page.keyboard.press("Enter")
+        dialog = tab.by("card-dialog")
+        await expect(dialog).to_contain_text("a two")
+        await tab.by("card-dialog-close").focus()
+        await server.canvas.update(UpdateCard(id="a", body="a three"))
+        await expect(dialog).to_contain_text("a three")  # the open card is current
+        assert await focused(tab) == "dialog:card-dialog-close"
+        await tab.page.keyboard.press("Enter")  # the keyboard still closes it
+        await expect(dialog).to_be_hidden()
+        tab.assert_clean()
