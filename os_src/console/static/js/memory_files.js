@@ -74,6 +74,7 @@ export class FilesPanel {
   renderFile(editing = false, draft = undefined) {
     const { file, text, history } = this.current;
     this.editing = editing ? file.name : null;
+    const hadFocus = this.detail.contains(document.activeElement); // on Edit, Cancel, Save or a rollback
     const header = el("header", { class: "detail-head" },
       el("h2", { text: file.name }),
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
@@ -94,6 +95,9 @@ export class FilesPanel {
       : "Written by deploys: a new release replaces it (your rollbacks stay in its history).";
     clear(this.detail).append(header, el("p", { class: "hint", text: note }), body,
       el("h3", { text: `History (${plural(file.versions, "version")})` }), versions, this.versionView);
+    // The keyboard's place, never <body>: into the editor on Edit, back on Edit when it closes.
+    if (editing && (draft === undefined || hadFocus)) this.area.focus();
+    else if (hadFocus) (header.querySelector("button") ?? body).focus(); // a deploy's file: its text
   }
 
   editor(file, text, draft) {

@@ -1,16 +1,18 @@
-"""The canvas changes under a person working it by keyboard or screen reader: the agent updates a
-card (any card) every few seconds while it works. Where their focus was stays where it was: on the
-button of the card they were on, and in the dialog of a card they opened. Real Chromium, real
-server; the cards change through the canvas store the agent's tools use."""
+"""The page redrawn under a person working it by keyboard or screen reader never throws their focus
+to the page's body. The agent updates a card (any card) every few seconds while it works: the focus
+stays on the button of the card they were on, and in the dialog of a card they opened. A memory
+file's Edit puts them in the editor, and Cancel, Save or a rollback back on Edit. Real Chromium,
+real server; the cards change through the canvas store the agent's tools use."""
 
 from __future__ import annotations
 
 import pytest
 from playwright.async_api import expect
 
+from sprite_os.memory.files import MemoryFiles
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CreateCard, UpdateCard
-from tests.console_browser import Tab, chromium, open_tab
+from tests.console_browser import Tab, chromium, install_templates, open_tab
 
 pytestmark = pytest.mark.e2e
 
@@ -50,4 +52,32 @@ async def test_focus_stays_on_a_card_and_in_its_dialog_while_the_agent_updates_c
         assert await focused(tab) == "dialog:card-dialog-close"
         await tab.page.keyboard.press("Enter")  # the keyboard still closes it
         await expect(dialog).to_be_hidden()
+        tab.assert_clean()
+
+
+async def test_a_memory_files_edit_cancel_save_and_rollback_keep_the_keyboards_place(server: SpriteOS) -> None:
+    install_templates(server.settings)
+    MemoryFiles(server.settings.layout).write("user.md", "# User\n- Name: Ada\n", source="seed")
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("files")
+        keys = tab.page.keyboard
+        for leave in ("file-cancel", "file-save"):
+            await tab.by("file-edit").focus()
+            await keys.press("Enter")
+            await expect(tab.by("file-editor")).to_be_focused()  # straight into the text
+            await keys.press("End")
+            await keys.type("- Tea\n")
+            await tab.by(leave).focus()
+            await keys.press("Enter")
+            await expect(tab.by("file-text")).to_be_visible()
+            await expect(tab.by("file-edit")).to_be_focused()  # back where the edit began
+        await expect(tab.by("memory-flash")).to_contain_text("Saved user.md")
+        await tab.by("file-version").filter(has_text="seed").get_by_role("button").click()
+        await tab.by("file-rollback").focus()
+        await keys.press("Enter")
+        await expect(tab.by("memory-flash")).to_contain_text("text again")
+        await expect(tab.by("file-edit")).to_be_focused()
         tab.assert_clean()
