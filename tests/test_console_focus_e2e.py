@@ -6,6 +6,8 @@ real server; the cards change through the canvas store the agent's tools use."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from playwright.async_api import expect
 
@@ -81,3 +83,26 @@ async def test_a_memory_files_edit_cancel_save_and_rollback_keep_the_keyboards_p
         await expect(tab.by("memory-flash")).to_contain_text("text again")
         await expect(tab.by("file-edit")).to_be_focused()
         tab.assert_clean()
+
+
+async def test_an_upload_from_another_device_keeps_the_focus_on_the_file_it_was_on(
+        server: SpriteOS, tmp_path: Path) -> None:
+    (server.settings.layout.root / "documents" / "lease.txt").write_text("The lease ends on 2027-03-31.\n")
+    picked = tmp_path / "notes.txt"
+    picked.write_text("notes")
+    async with chromium() as browser:
+        laptop = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        phone = await open_tab(browser, laptop.base)
+        for tab in (laptop, phone):
+            await tab.sign_in()
+            await tab.connected()
+            await tab.by("files-tab").click()
+            await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+            await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        lease = laptop.page.locator('[data-name="lease.txt"]').get_by_test_id("download")
+        await lease.focus()
+        await phone.by("upload-input").set_input_files(str(picked))
+        await expect(laptop.by("file-entry").filter(has_text="notes.txt")).to_have_count(1)  # drawn again
+        await expect(lease).to_be_focused()
+        laptop.assert_clean()
+        phone.assert_clean()

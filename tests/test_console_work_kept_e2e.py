@@ -6,7 +6,7 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
@@ -20,6 +20,37 @@ from tests.conftest import wait_for
 from tests.console_browser import Tab, chromium, install_templates, open_tab
 
 pytestmark = pytest.mark.e2e
+
+
+class HoldBack:
+    """Sits on the page's socket and holds back the next answer of one type, once `hold` names it,
+    until `release` lets it through: an answer that comes late, after the person moved on."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.held: list[str] = []
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+
+        def to_page(message: str | bytes) -> None:
+            if self.kind and isinstance(message, str) and f'"{self.kind}"' in message:
+                self.kind = None
+                self.held.append(message)
+            else:
+                page_side.send(message)
+        server_side.on_message(to_page)
+        self.sockets.append(page_side)
+
+    async def hold(self, kind: str, action: Awaitable[None]) -> None:
+        """Hold the next `kind` answer, do `action` (which asks for it), and wait until it is held."""
+        self.kind = kind
+        await action
+        await wait_for(lambda: len(self.held) == 1, timeout=30, what=f"the {kind}, held")
+
+    def release(self) -> None:
+        self.sockets[-1].send(self.held.pop())
 
 
 async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRoute], None] | None = None) -> Tab:
@@ -66,6 +97,8 @@ async def test_a_draft_is_kept_while_the_person_looks_at_another_file(server: Sp
         tab.assert_clean()
 
 
+
+
 async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(server: SpriteOS) -> None:
     """Its answer held until the person has gone to another file: that file's view must not show the
     diff, nor a "Make version 2 current again" that would roll the other file back."""
@@ -74,31 +107,16 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
     for name in ("user.md", "context.md"):
         files.write(name, f"# {name} one\n", source="seed")
         files.write(name, f"# {name} two\n", source="batch-1")
-    held: list[str] = []
-    hold = True
-    sockets: list[WebSocketRoute] = []
-
-    def route(page_side: WebSocketRoute) -> None:
-        server_side = page_side.connect_to_server()
-
-        def to_page(message: str | bytes) -> None:
-            if hold and isinstance(message, str) and '"memory_version_result"' in message:
-                held.append(message)
-            else:
-                page_side.send(message)
-        server_side.on_message(to_page)
-        sockets.append(page_side)
-
+    late = HoldBack()
     async with chromium() as browser:
-        tab = await signed_in(browser, server.port, route=route)
+        tab = await signed_in(browser, server.port, route=late.route)
         await tab.memory("files")
         await expect(tab.page.locator(".file-detail h2")).to_have_text("user.md")
-        await tab.by("file-version").filter(has_text="#2").get_by_role("button").click()  # the seed
-        await wait_for(lambda: len(held) == 1, timeout=30, what="the version's answer, held")
+        seed = tab.by("file-version").filter(has_text="#2").get_by_role("button")
+        await late.hold("memory_version_result", seed.click())
         await tab.by("memory-file").filter(has_text="context.md").get_by_role("button").click()
         await expect(tab.page.locator(".file-detail h2")).to_have_text("context.md")
-        hold = False
-        sockets[-1].send(held.pop())  # the late answer arrives, then the health tab's, in order on the socket
+        late.release()  # the late answer arrives, then the health tab's, in order on the socket
         await tab.by("memory-section-health").click()  # not the Memory tab: it would load the files again
         await expect(tab.by("memory-state")).to_be_attached()
         files_panel = tab.by("memory-panel-files")
@@ -135,3 +153,25 @@ async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_a
         await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # not twice
         assert [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+
+
+async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server: SpriteOS) -> None:
+    """The Files tab shown again asks for the folder shown; the person opens a folder before that
+    answer comes: the late answer must not take them back to the folder they left."""
+    (server.settings.layout.root / "documents" / "lease.txt").write_text("The lease ends on 2027-03-31.\n")
+    late = HoldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        await tab.by("files-tab").click()
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "")
+        await late.hold("files_list_result", tab.by("files-tab").click())  # the workspace's listing again
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        late.release()  # the late listing of the workspace, then the memory tab's answer
+        await tab.by("memory-tab").click()
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        await expect(tab.by("file-entry").filter(has_text="lease.txt")).to_have_count(1)
+        tab.assert_clean()
