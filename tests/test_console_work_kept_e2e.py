@@ -6,6 +6,8 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -15,8 +17,9 @@ from devkit.harness import restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.server import SpriteOS
-from tests.conftest import wait_for
+from tests.conftest import client_factory, wait_for
 from tests.console_browser import Tab, chromium, install_templates, open_tab
 
 pytestmark = pytest.mark.e2e
@@ -174,4 +177,36 @@ async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server:
         await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
         await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
         await expect(tab.by("file-entry").filter(has_text="lease.txt")).to_have_count(1)
+        tab.assert_clean()
+
+
+EARLIEST = re.compile(r"^Question number 2$")
+
+
+async def test_show_earlier_turns_still_shows_them_after_a_new_session_began(server: SpriteOS) -> None:
+    """The page shows a long session's newest turns, with Show earlier turns; the person starts a new
+    session (the old turns stay above): the button must still page back through the session it is in."""
+    async with client_factory(server.port) as connect:  # one turn through the agent: a session worth ending
+        other = await connect(hello={})
+        await other.send(type="user_message", text="Question number 1")
+        await other.until("turn_complete")
+    session = server.runtime.session_id
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:  # and a long past behind it
+        for n in range(2, 37):
+            db.append(NewObservation(timestamp=time.time() + n, session_id=session, sequence_num=n,
+                                     user_message=f"Question number {n}", tool_calls_json="[]",
+                                     agent_response=f"Answer number {n}", status="completed"))
+    finally:
+        db.close()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await expect(tab.messages("user").filter(has_text="Question number 36")).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(30)  # a page of them
+        await tab.by("new-session").click()
+        await expect(tab.by("notice").filter(has_text="A new session started")).to_have_count(1)
+        await tab.by("load-earlier").click()
+        await expect(tab.messages("user").filter(has_text=EARLIEST)).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(36)
+        await expect(tab.by("load-earlier")).to_have_count(0)  # all shown
         tab.assert_clean()

@@ -163,7 +163,8 @@ export class ChatView {
   async loadHistory(before) {
     let page;
     try {
-      page = await this.conn.request("session_turns", before ? { before, limit: PAGE } : { limit: PAGE });
+      // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
+      page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       return;
