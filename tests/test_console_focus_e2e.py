@@ -1,8 +1,9 @@
 """The page redrawn under a person working it by keyboard or screen reader never throws their focus
 to the page's body. The agent updates a card (any card) every few seconds while it works: the focus
 stays on the button of the card they were on, and in the dialog of a card they opened. A memory
-file's Edit puts them in the editor, and Cancel, Save or a rollback back on Edit. Real Chromium,
-real server; the cards change through the canvas store the agent's tools use."""
+file's Edit puts them in the editor, and Cancel, Save or a rollback back on Edit; a folder drawn
+again keeps it on the file's button; a Forget puts it on what replaced the thing forgotten. Real
+Chromium, real server and CLI; the cards change through the canvas store the agent's tools use."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from playwright.async_api import expect
 
 from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CreateCard, UpdateCard
 from tests.console_browser import Tab, chromium, install_templates, open_tab
@@ -106,3 +108,38 @@ async def test_an_upload_from_another_device_keeps_the_focus_on_the_file_it_was_
         await expect(lease).to_be_focused()
         laptop.assert_clean()
         phone.assert_clean()
+
+
+async def test_forget_and_undo_by_keyboard_leave_the_focus_on_what_comes_next(server: SpriteOS) -> None:
+    """A learning's Forget puts the focus on its Undo (and Undo back on Forget); a turn's Forget for
+    good on the tombstone that replaces it: never on <body>."""
+    db = MemoryDB(server.settings.layout.memory_db)
+    try:
+        db.commit_batch(trigger="test", observation_ids=[], model="m", input_tokens=0, output_tokens=0, cost_usd=0.0,
+                        learnings=[NewLearning(type="FACT", content="Ada drinks tea in the morning")],
+                        file_updates={}, base_hashes={})
+    finally:
+        db.close()
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        keys = tab.page.keyboard
+        await tab.send("Remember the tea")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        await tab.by("forget-turn").focus()
+        await keys.press("Enter")
+        await expect(tab.by("forget-confirm")).to_be_focused()
+        await keys.press("Enter")
+        await expect(tab.by("tombstone")).to_be_focused()
+
+        await tab.memory("learnings")
+        learning = tab.by("learning").filter(has_text="Ada drinks tea")
+        await learning.get_by_test_id("learning-forget").focus()
+        await keys.press("Enter")
+        await expect(learning).to_have_attribute("data-forgotten", "true")
+        await expect(learning.get_by_test_id("learning-undo")).to_be_focused()
+        await keys.press("Enter")
+        await expect(learning).to_have_attribute("data-forgotten", "false")
+        await expect(learning.get_by_test_id("learning-forget")).to_be_focused()
+        tab.assert_clean()
