@@ -210,3 +210,27 @@ async def test_show_earlier_turns_still_shows_them_after_a_new_session_began(ser
         await expect(tab.messages("user")).to_have_count(36)
         await expect(tab.by("load-earlier")).to_have_count(0)  # all shown
         tab.assert_clean()
+
+
+async def test_a_forget_refused_says_why_and_offers_forget_again(server: SpriteOS, bridge: MockBridge) -> None:
+    """Forgetting a turn of the session while its next turn runs is refused (busy): the page says so,
+    and the turn's Forget is there again for when the turn is done, not stuck on "forgetting…"."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("The first thing")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+        await tab.send("The second thing, slow")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 2)  # running: out to the model
+        first = tab.by("turn-status").first
+        await first.get_by_test_id("forget-turn").click()
+        await first.get_by_test_id("forget-confirm").click()
+        await expect(tab.by("notice").filter(has_text="Not forgotten: a turn is running")).to_have_count(1)
+        await expect(first.get_by_test_id("forget-turn")).to_be_visible()  # offered again
+        await expect(first).not_to_contain_text("forgetting…")
+        await tab.by("interrupt").click()
+        await expect(tab.by("turn-status")).to_have_count(2)
+        await first.get_by_test_id("forget-turn").click()
+        await first.get_by_test_id("forget-confirm").click()
+        await expect(tab.by("tombstone")).to_have_count(1)  # now it is forgotten
+        tab.assert_clean()

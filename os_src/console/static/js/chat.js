@@ -289,14 +289,16 @@ export class ChatView {
     if (this.running === frame.turn_id) this.setAgent("idle", null);
   }
 
-  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). */
+  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). False if refused. */
   async forget(which) {
     try {
       const done = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
       this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
         ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
+      return true;
     } catch (error) {
       this.notice(`Not forgotten: ${error.message}`, "error");
+      return false;
     }
   }
 

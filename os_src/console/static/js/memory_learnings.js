@@ -96,8 +96,10 @@ export class LearningsPanel {
       node.querySelector(".offer")?.remove();
       this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
       await this.load();
+      return true;
     } catch (error) {
       this.flash(error.message, "error");
+      return false;
     }
   }
 

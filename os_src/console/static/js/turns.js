@@ -78,7 +78,8 @@ export function tombstone(at) {
   return el("li", { class: "notice forgotten", testid: "tombstone", text: `A turn was forgotten here (${when(at)}): its words are gone.` });
 }
 
-/** "Forget…", then a plain question and the two answers, in place: forgetting can't be undone. */
+/** "Forget…", then a plain question and the two answers, in place: forgetting can't be undone.
+ * `forget()` resolves false when it was refused (said by its caller): "Forget…" is offered again. */
 export function forgetControl(what, forget) {
   const box = el("span", { class: "forget" });
   const ask = () => {
@@ -86,7 +87,13 @@ export function forgetControl(what, forget) {
       box.textContent = "forgetting…";
       box.tabIndex = -1; // the keyboard's place while it is done (the tombstone takes it after)
       box.focus();
-      forget();
+      Promise.resolve(forget()).then((done) => {
+        if (done !== false || !box.isConnected) return;
+        const refocus = box.contains(document.activeElement) || document.activeElement === box;
+        clear(box).append(start);
+        box.removeAttribute("tabindex");
+        if (refocus) start.focus();
+      });
     } });
     const no = el("button", { type: "button", testid: "forget-cancel", text: "Keep", onclick: () => { clear(box).append(start); start.focus(); } });
     clear(box).append(el("span", { text: `Forget ${what}? Its words leave the transcript, search and memory; this can't be undone. ` }), yes, " ", no);
