@@ -147,7 +147,9 @@ async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_a
         await server.start()
         await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
         await tab.connected()
-        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+        restarted = tab.page.locator('[data-kind="reconnected"]').last
+        await expect(restarted).to_contain_text("server restarted")
+        await expect(restarted).to_contain_text("a new session began: the one before is in Past sessions")
         await expect(waiting).to_have_count(1)  # not wiped with the rest of the view
         await expect(waiting).to_have_attribute("data-state", "refused")
         await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")

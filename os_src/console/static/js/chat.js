@@ -150,7 +150,7 @@ export class ChatView {
       this.sessionCost.textContent = "";
       if (before !== null) {
         this.notice(before !== frame.stream
-          ? "Reconnected. The server restarted meanwhile: the conversation above is what it recorded, the canvas is current."
+          ? "Reconnected. The server restarted meanwhile, and a new session began: the one before is in Past sessions. The canvas is current."
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
