@@ -236,3 +236,24 @@ async def test_a_forget_refused_says_why_and_offers_forget_again(server: SpriteO
         await first.get_by_test_id("forget-confirm").click()
         await expect(tab.by("tombstone")).to_have_count(1)  # now it is forgotten
         tab.assert_clean()
+
+
+async def test_a_draft_over_a_memory_files_limits_says_what_to_cut(server: SpriteOS) -> None:
+    """Save is off past a file's limits: the page says by how much, in lines or in bytes, not only
+    with a red number (a line limit alone let a 24,000-byte overrun go to the server)."""
+    install_templates(server.settings)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        counter = tab.by("file-counter")
+        await tab.by("file-editor").fill("- a line\n" * 203)
+        await expect(counter).to_have_text("203 / 200 lines, over the limit: remove 3 lines to save")
+        await expect(tab.by("file-save")).to_be_disabled()
+        await tab.by("file-editor").fill("x" * 24_010)  # one line, past the bytes
+        await expect(counter).to_contain_text("24,010 / 24,000 bytes, over the limit: shorten it by 10 bytes to save")
+        await expect(tab.by("file-save")).to_be_disabled()
+        await tab.by("file-editor").fill("- fits\n")
+        await expect(counter).to_have_text("1 / 200 lines")
+        await expect(tab.by("file-save")).to_be_enabled()
+        tab.assert_clean()

@@ -105,13 +105,19 @@ export class FilesPanel {
       "aria-label": `Your edit of ${file.name}` });
     area.value = draft;
     this.area = area;
-    const counter = el("span", { class: "counter" });
-    const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit" });
+    const counter = el("span", { class: "counter", testid: "file-counter", id: "file-counter" });
+    const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit",
+      "aria-describedby": "file-counter" }); // a screen reader on a Save that is off hears why
     const recount = () => {
       const lines = area.value ? area.value.split("\n").length - (area.value.endsWith("\n") ? 1 : 0) : 0;
-      counter.textContent = `${lines} / ${file.max_lines} lines`;
-      counter.classList.toggle("over", lines > file.max_lines);
-      save.disabled = area.value === text || lines > file.max_lines;
+      const bytes = new TextEncoder().encode(area.value).length;
+      // Why Save is off, in words (as the server would refuse it): what to cut, not only a red number.
+      const over = lines > file.max_lines ? `over the limit: remove ${plural(lines - file.max_lines, "line")} to save`
+        : bytes > file.max_bytes ? `${bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes, over the limit: shorten it by ${(bytes - file.max_bytes).toLocaleString("en-US")} bytes to save`
+          : "";
+      counter.textContent = `${lines} / ${file.max_lines} lines${over ? `, ${over}` : ""}`;
+      counter.classList.toggle("over", Boolean(over));
+      save.disabled = area.value === text || Boolean(over);
     };
     area.addEventListener("input", recount);
     save.addEventListener("click", () => this.save(file, area.value));
