@@ -198,6 +198,36 @@ async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the
         tab.assert_clean()
 
 
+async def test_a_section_shown_twice_says_it_is_loading_until_the_second_load_ends(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_templates(server.settings)
+    held: list[asyncio.Event] = []
+    request = gateway._Connection._request
+
+    async def file_held(conn: gateway._Connection, frame: object) -> None:
+        if isinstance(frame, memory_frames.MemoryFileRequest):
+            held.append(asyncio.Event())
+            await held[-1].wait()
+        await request(conn, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Connection, "_request", file_held)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        panel = tab.by("memory-panel-files")
+        await tab.by("memory-tab").click()  # opens the files section: one load...
+        await wait_for(lambda: len(held) == 1, timeout=30, what="the first load's file")
+        await tab.by("memory-section-files").click()  # ...and a second while it is on its way
+        held[0].set()
+        await wait_for(lambda: len(held) == 2, timeout=30, what="the second load's file")
+        await expect(panel).to_have_attribute("data-loading", "true")  # the first load's end is not the section's
+        held[1].set()
+        await expect(panel).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("file-text")).to_be_visible()
+        tab.assert_clean()
+
+
 async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_rolls_back(
         bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
     shots = screenshot_dir(tmp_path)
