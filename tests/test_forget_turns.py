@@ -47,6 +47,8 @@ from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
+pytestmark = pytest.mark.usefixtures("recall_unhurried")  # what is recalled, not how fast
+
 T0 = 1_800_000_000.0
 WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them
 
