@@ -54,6 +54,8 @@ async def every_view(tab: Tab) -> list[str]:
         await tab.memory(section)
         out += await violations(tab, f"memory {section}")
     await tab.by("memory-section-files").click()
+    # the section's load renders the file again, and with it an empty version view: the diff opened before is gone
+    await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
     await tab.by("file-version").last.get_by_role("button").click()
     await expect(tab.by("file-diff")).to_be_visible()
     await tab.by("file-edit").click()
