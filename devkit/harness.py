@@ -51,6 +51,39 @@ async def running(settings: Settings, *, memory: bool = True) -> AsyncIterator[S
         await app.stop()
 
 
+class Restartable:
+    """A server a test stops and starts again, on the same port: a restart, as its clients see it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app: SpriteOS | None = None
+        self.port = settings.port
+
+    async def start(self) -> SpriteOS:
+        from sprite_os.server import SpriteOS
+
+        self.app = SpriteOS(self.settings.with_overrides(port=self.port), TOKEN)
+        await self.app.start()
+        self.port = self.app.port
+        return self.app
+
+    async def stop(self) -> None:
+        app, self.app = self.app, None
+        if app is not None:
+            await app.stop()
+
+
+@asynccontextmanager
+async def restartable(settings: Settings) -> AsyncIterator[Restartable]:
+    """A running server the test may stop and start again; stopped at the end whatever state it is in."""
+    server = Restartable(settings)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
 class Client:
     """A test's WebSocket client: keeps every frame it received, in order."""
 

@@ -36,9 +36,11 @@ export class CanvasView {
     const node = this.render(card);
     if (live) node.classList.add("fresh");
     const known = this.cards.get(card.id);
+    const had = known ? focusIn(known.node) : null;
     if (known) known.node.replaceWith(node);
     this.cards.set(card.id, { card, node });
     this.update();
+    if (had !== null) refocus(node, had); // drawn again under the person's focus: it stays on the same button
     if (this.dialog.open && this.dialog.dataset.cardId === card.id) this.expand(card);
   }
 
@@ -53,11 +55,16 @@ export class CanvasView {
     if (hadFocus) (this.root.querySelector("button") || document.getElementById("composer"))?.focus();
   }
 
-  /** Newest change first; the DOM order follows. */
+  /** Newest change first; the DOM order follows, moving only the cards out of place (a card moved
+   * in the DOM loses the focus: the one a person is on stays put while another rises past it). */
   update() {
     const sorted = [...this.cards.values()].sort((a, b) => b.card.updated_at - a.card.updated_at);
     this.root.querySelector(":scope > .empty")?.remove();
-    this.root.append(...sorted.map((entry) => entry.node));
+    let next = this.root.firstElementChild;
+    for (const { node } of sorted) {
+      if (node === next) next = node.nextElementSibling;
+      else this.root.insertBefore(node, next);
+    }
     if (!sorted.length) this.root.append(el("p", { class: "empty", text: "No cards yet. The agent puts things here for you to keep an eye on: ask it for a list, a summary or a plan." }));
     this.counter.textContent = sorted.length ? String(sorted.length) : "";
   }
@@ -79,6 +86,9 @@ export class CanvasView {
   }
 
   expand(card) {
+    // Drawn again while open (the agent updated the card): the focus and the reader's place stay.
+    const had = this.dialog.open ? focusIn(this.dialog) : null;
+    const scrolled = this.dialog.scrollTop;
     clear(this.dialog).append(
       el("header", {},
         el("h2", { id: "card-dialog-title", dir: "auto", text: card.title }),
@@ -87,6 +97,8 @@ export class CanvasView {
       el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)));
     this.dialog.dataset.cardId = card.id;
     if (!this.dialog.open) this.dialog.showModal();
+    else this.dialog.scrollTop = scrolled;
+    if (had) refocus(this.dialog, had);
   }
 
   async copy(card, button) {
@@ -112,6 +124,17 @@ export class CanvasView {
       this.onError(`The card "${card.title}" was not closed: ${error.message}`);
     }
   }
+}
+
+/** What has the focus inside `root`: its test id ("" for one without), or null if the focus is elsewhere. */
+function focusIn(root) {
+  const at = document.activeElement;
+  return at && at !== root && root.contains(at) ? at.dataset.testid ?? "" : null;
+}
+
+/** The focus back on the control of that test id in `root`, or on its first button. */
+function refocus(root, testid) {
+  (root.querySelector(`[data-testid="${CSS.escape(testid)}"]`) || root.querySelector("button"))?.focus();
 }
 
 function copyByHand(text) {

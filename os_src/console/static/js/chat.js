@@ -45,17 +45,28 @@ export class ChatView {
     else sessionStorage.removeItem(DRAFT_KEY);
   }
 
+  /** Sends a message (the composer's, or one sent again); false if it could not go. */
   submit(text = this.composer.value) {
-    if (!text.trim()) return;
+    if (!text.trim()) return false;
     const clientId = `web-${Date.now().toString(36)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
-      this.notice("Not connected: your message was not sent. It is still in the box.", "error");
-      return;
+      this.notice(`Not connected: your message was not sent. ${text === this.composer.value ? "It is still in the box." : "Try again once connected."}`, "error");
+      return false;
     }
     if (text === this.composer.value) { this.composer.value = ""; this.keepDraft(); }
     const message = this.add(messageItem("user", userText(text), "waiting for the agent…"));
     message.dataset.state = "queued";
     this.queued.set(clientId, message);
+    return true;
+  }
+
+  /** A message the agent never took: its words stay, said to be unsent, with a Send again. */
+  unsent(item, why) {
+    const text = item.querySelector(".text").textContent;
+    item.dataset.state = "refused";
+    const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
+    clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
+      onclick: () => { if (this.submit(text)) item.remove(); } }));
   }
 
   command(frame) {
@@ -128,6 +139,9 @@ export class ChatView {
     const before = this.stream;
     this.stream = frame.stream;
     if (fresh) {
+      // A server that restarted dropped the messages still waiting for the agent: they stay in view,
+      // unsent (after a long gap on the same server they are still queued there, and show as they start).
+      const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
       clear(this.list);
       this.turns.clear();
       this.shown.clear();
@@ -136,10 +150,11 @@ export class ChatView {
       this.sessionCost.textContent = "";
       if (before !== null) {
         this.notice(before !== frame.stream
-          ? "Reconnected. The server restarted meanwhile: the conversation above is what it recorded, the canvas is current."
+          ? "Reconnected. The server restarted meanwhile, and a new session began: the one before is in Past sessions. The canvas is current."
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
+      for (const item of dropped) this.unsent(this.add(item), "not sent: the Sprite restarted before the agent took it.");
       this.loadHistory(null);
     }
     this.setAgent(frame.agent, frame.turn_id);
@@ -148,7 +163,8 @@ export class ChatView {
   async loadHistory(before) {
     let page;
     try {
-      page = await this.conn.request("session_turns", before ? { before, limit: PAGE } : { limit: PAGE });
+      // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
+      page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       return;
@@ -273,14 +289,16 @@ export class ChatView {
     if (this.running === frame.turn_id) this.setAgent("idle", null);
   }
 
-  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). */
+  /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). False if refused. */
   async forget(which) {
     try {
       const done = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
       this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
         ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
+      return true;
     } catch (error) {
       this.notice(`Not forgotten: ${error.message}`, "error");
+      return false;
     }
   }
 
@@ -296,7 +314,10 @@ export class ChatView {
     }
     if (frame.code === "queue_full" || frame.code === "shutting_down") {
       const newest = [...this.queued.values()].at(-1);
-      if (newest) { newest.dataset.state = "refused"; newest.querySelector(".meta").textContent = "not accepted: send it again"; }
+      if (newest) {
+        this.queued.delete([...this.queued.keys()].at(-1));
+        this.unsent(newest, frame.code === "queue_full" ? "not accepted: too many messages are waiting." : "not accepted: the Sprite is stopping.");
+      }
     }
   }
 }

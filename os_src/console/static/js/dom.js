@@ -33,7 +33,7 @@ export function clear(node) {
 
 /** Runs `render()`, which rebuilds what is in `box`; if the focus was on a control in there, it goes to
  * that control's successor (same test id, in the item of the same name, number or id). A reload that
- * lands while a keyboard user is on Edit or Download must not drop their focus to the top of the page. */
+ * lands while a keyboard user is on Edit, a file or a learning must not drop their focus to the top of the page. */
 export function keepingFocus(box, render) {
   const had = document.activeElement;
   const path = had && had !== box && box.contains(had) ? focusPath(had, box) : null;

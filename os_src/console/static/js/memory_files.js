@@ -11,6 +11,8 @@ export class FilesPanel {
     this.selected = "user.md";
     this.current = null; // the open file's answer: {file, text, history}
     this.editing = null; // the name of the file whose editor is open, with the person's draft in it
+    this.area = null; // that editor
+    this.drafts = new Map(); // name -> {answer: the text the edit began from, area: its editor}, for files left mid-edit
     this.list = el("ul", { class: "file-list" });
     this.detail = el("div", { class: "file-detail" });
     root.append(el("div", { class: "files-layout" }, this.list, this.detail));
@@ -37,6 +39,9 @@ export class FilesPanel {
   }
 
   async open(name, chosen = false) {
+    // Looking at another file mid-edit (to copy a line from it) keeps the draft for when they come back.
+    if (this.editing && this.editing !== name) this.drafts.set(this.editing, { answer: this.current, area: this.area });
+    if (this.editing !== name) this.editing = null;
     this.selected = name;
     for (const button of this.list.querySelectorAll("button")) {
       const selected = button.closest("li").dataset.name === name;
@@ -44,8 +49,16 @@ export class FilesPanel {
       button.setAttribute("aria-pressed", String(selected));
     }
     const answer = await this.conn.request("memory_file", { name });
-    // A reload (the tab shown again, Refresh, a save elsewhere) must not throw away a draft: the
-    // editor stays on the text it began from, and the save tells the person if the file moved on.
+    if (this.selected !== name) return; // another file was chosen meanwhile: its answer is the one to show
+    // A reload (the tab shown again, Refresh, a save elsewhere) or a return to a file left mid-edit must
+    // not throw away a draft: the editor stays on the text it began from, and the save is refused (and
+    // the person told now) if the file moved on.
+    const kept = this.drafts.get(name);
+    if (kept) {
+      this.drafts.delete(name);
+      this.current = kept.answer;
+      this.renderFile(true, kept.area.value); // typed up to the moment the file was left
+    }
     if (this.editing === name) {
       if (answer.file.sha256 !== this.current.file.sha256) {
         this.flash(`${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
@@ -58,14 +71,15 @@ export class FilesPanel {
     if (chosen && window.matchMedia("(max-width: 760px)").matches) this.detail.scrollIntoView({ block: "start" });
   }
 
-  renderFile(editing = false) {
+  renderFile(editing = false, draft = undefined) {
     const { file, text, history } = this.current;
     this.editing = editing ? file.name : null;
+    const hadFocus = this.detail.contains(document.activeElement); // on Edit, Cancel, Save or a rollback
     const header = el("header", { class: "detail-head" },
       el("h2", { text: file.name }),
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
       file.editable && !editing ? el("button", { type: "button", testid: "file-edit", onclick: () => this.renderFile(true), text: "Edit" }) : null);
-    const body = editing ? this.editor(file, text)
+    const body = editing ? this.editor(file, text, draft ?? text)
       : el("pre", { class: "file-text", testid: "file-text", dir: "auto", tabindex: "0", "aria-label": `Text of ${file.name}`,
         text: text || "(empty: the boot prompt shows a default)" });
     this.latest = history.length ? history[history.length - 1].number : null;
@@ -81,19 +95,29 @@ export class FilesPanel {
       : "Written by deploys: a new release replaces it (your rollbacks stay in its history).";
     clear(this.detail).append(header, el("p", { class: "hint", text: note }), body,
       el("h3", { text: `History (${plural(file.versions, "version")})` }), versions, this.versionView);
+    // The keyboard's place, never <body>: into the editor on Edit, back on Edit when it closes.
+    if (editing && (draft === undefined || hadFocus)) this.area.focus();
+    else if (hadFocus) (header.querySelector("button") ?? body).focus(); // a deploy's file: its text
   }
 
-  editor(file, text) {
+  editor(file, text, draft) {
     const area = el("textarea", { class: "file-editor", testid: "file-editor", spellcheck: "false", rows: 16, dir: "auto",
       "aria-label": `Your edit of ${file.name}` });
-    area.value = text;
-    const counter = el("span", { class: "counter" });
-    const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit" });
+    area.value = draft;
+    this.area = area;
+    const counter = el("span", { class: "counter", testid: "file-counter", id: "file-counter" });
+    const save = el("button", { type: "button", class: "primary", testid: "file-save", text: "Save as my edit",
+      "aria-describedby": "file-counter" }); // a screen reader on a Save that is off hears why
     const recount = () => {
       const lines = area.value ? area.value.split("\n").length - (area.value.endsWith("\n") ? 1 : 0) : 0;
-      counter.textContent = `${lines} / ${file.max_lines} lines`;
-      counter.classList.toggle("over", lines > file.max_lines);
-      save.disabled = area.value === text || lines > file.max_lines;
+      const bytes = new TextEncoder().encode(area.value).length;
+      // Why Save is off, in words (as the server would refuse it): what to cut, not only a red number.
+      const over = lines > file.max_lines ? `over the limit: remove ${plural(lines - file.max_lines, "line")} to save`
+        : bytes > file.max_bytes ? `${bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes, over the limit: shorten it by ${(bytes - file.max_bytes).toLocaleString("en-US")} bytes to save`
+          : "";
+      counter.textContent = `${lines} / ${file.max_lines} lines${over ? `, ${over}` : ""}`;
+      counter.classList.toggle("over", Boolean(over));
+      save.disabled = area.value === text || Boolean(over);
     };
     area.addEventListener("input", recount);
     save.addEventListener("click", () => this.save(file, area.value));
@@ -105,6 +129,7 @@ export class FilesPanel {
 
   async cancel(name) {
     this.editing = null;
+    this.drafts.delete(name);
     await this.open(name); // the file as it is now: it may have moved on during the edit
   }
 
@@ -112,7 +137,8 @@ export class FilesPanel {
     try {
       const { version } = await this.conn.request("memory_edit", { name: file.name, text, base_sha256: file.sha256 });
       this.flash(`Saved ${file.name} as version ${version.number} (your edit).`);
-      this.editing = null;
+      this.drafts.delete(file.name);
+      if (this.editing === file.name) this.editing = null;
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
@@ -120,7 +146,12 @@ export class FilesPanel {
   }
 
   async showVersion(number) {
-    const v = await this.conn.request("memory_version", { name: this.selected, number });
+    // The file and the view it was asked from: another file shown before the answer came must not get
+    // this one's diff, nor a rollback button that would act on it.
+    const { name } = this.current.file;
+    const view = this.versionView;
+    const v = await this.conn.request("memory_version", { name, number });
+    if (!view.isConnected) return;
     const lines = v.diff ? v.diff.split("\n") : ["(no change from the version before)"];
     for (const item of this.detail.querySelectorAll("[data-testid=file-version]")) {
       const shown = item.dataset.number === String(number);
@@ -132,20 +163,21 @@ export class FilesPanel {
     const rollback = current
       ? el("p", { class: "hint", testid: "file-is-current", text: `Version ${number} is the current text.` })
       : el("button", { type: "button", testid: "file-rollback", dataset: { number },
-        text: `Make version ${number} current again`, onclick: () => this.rollback(number) });
-    clear(this.versionView).append(
+        text: `Make version ${number} current again`, onclick: () => this.rollback(name, number) });
+    clear(view).append(
       el("h3", { text: `Version ${number}${current ? " (current)" : ""}: ${v.version.source}, ${when(v.version.created_at)}` }),
       el("p", { class: "hint", text: v.previous ? `Changes since version ${v.previous}:` : "The first version:" }),
       el("pre", { class: "diff", testid: "file-diff", dir: "auto", tabindex: "0", "aria-label": `Changes in version ${number}` }, lines.map((line) => el("span", { class: diffClass(line), text: `${line}\n` }))),
       rollback);
-    this.versionView.scrollIntoView({ block: "nearest" });
+    view.scrollIntoView({ block: "nearest" });
   }
 
-  async rollback(number) {
+  async rollback(name, number) {
     try {
-      const { version } = await this.conn.request("memory_rollback", { name: this.selected, number });
-      this.flash(`${this.selected} is version ${number}'s text again (saved as version ${version.number}).`);
-      this.editing = null; // the person chose this text over any draft
+      const { version } = await this.conn.request("memory_rollback", { name, number });
+      this.flash(`${name} is version ${number}'s text again (saved as version ${version.number}).`);
+      if (this.editing === name) this.editing = null; // the person chose this text over any draft
+      this.drafts.delete(name);
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");

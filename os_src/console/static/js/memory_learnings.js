@@ -53,6 +53,7 @@ export class LearningsPanel {
   }
 
   fill(node, hit) {
+    const had = node.contains(document.activeElement) ? document.activeElement.dataset.testid ?? "" : null;
     node.dataset.forgotten = hit.forgotten_at ? "true" : "false";
     const episode = hit.kind === "episode";  // a raw turn search found: nothing to forget, it is the record
     const facts = episode ? [day(hit.created_at)] : [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
@@ -74,6 +75,11 @@ export class LearningsPanel {
         el("span", { class: "content", testid: "learning-content", dir: "auto", text: hit.content })),
       el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
       offer, el("div", { class: "turn-view" })]);
+    // Drawn again under the keyboard (Forget pressed): the focus moves to its answer (Undo), not <body>.
+    if (had !== null) {
+      const to = { "learning-forget": "learning-undo", "learning-undo": "learning-forget" }[had] ?? had;
+      (node.querySelector(`[data-testid="${to}"]`) ?? node.querySelector("button"))?.focus();
+    }
   }
 
   async setForgotten(node, hit, forget) {
@@ -92,8 +98,10 @@ export class LearningsPanel {
       node.querySelector(".offer")?.remove();
       this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
       await this.load();
+      return true;
     } catch (error) {
       this.flash(error.message, "error");
+      return false;
     }
   }
 

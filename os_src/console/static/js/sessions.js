@@ -78,8 +78,10 @@ export class PastSessions {
     try {
       const answer = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
       done.textContent = `Forgotten: ${answer.forgotten} turn${answer.forgotten === 1 ? "" : "s"}, and ${answer.learnings} learning${answer.learnings === 1 ? "" : "s"} that came from them.`;
+      return true;
     } catch (error) {
       done.textContent = `Not forgotten: ${error.message}`;
+      return false;
     }
   }
 

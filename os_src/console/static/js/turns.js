@@ -78,11 +78,23 @@ export function tombstone(at) {
   return el("li", { class: "notice forgotten", testid: "tombstone", text: `A turn was forgotten here (${when(at)}): its words are gone.` });
 }
 
-/** "Forget…", then a plain question and the two answers, in place: forgetting can't be undone. */
+/** "Forget…", then a plain question and the two answers, in place: forgetting can't be undone.
+ * `forget()` resolves false when it was refused (said by its caller): "Forget…" is offered again. */
 export function forgetControl(what, forget) {
   const box = el("span", { class: "forget" });
   const ask = () => {
-    const yes = el("button", { type: "button", class: "danger", testid: "forget-confirm", text: "Forget for good", onclick: () => { box.textContent = "forgetting…"; forget(); } });
+    const yes = el("button", { type: "button", class: "danger", testid: "forget-confirm", text: "Forget for good", onclick: () => {
+      box.textContent = "forgetting…";
+      box.tabIndex = -1; // the keyboard's place while it is done (the tombstone takes it after)
+      box.focus();
+      Promise.resolve(forget()).then((done) => {
+        if (done !== false || !box.isConnected) return;
+        const refocus = box.contains(document.activeElement) || document.activeElement === box;
+        clear(box).append(start);
+        box.removeAttribute("tabindex");
+        if (refocus) start.focus();
+      });
+    } });
     const no = el("button", { type: "button", testid: "forget-cancel", text: "Keep", onclick: () => { clear(box).append(start); start.focus(); } });
     clear(box).append(el("span", { text: `Forget ${what}? Its words leave the transcript, search and memory; this can't be undone. ` }), yes, " ", no);
     yes.focus();
@@ -135,7 +147,9 @@ export function buryTurns(list, frame) {
     if (!alive.length) continue;
     const stone = tombstone(frame.forgotten_at);
     Object.assign(stone.dataset, { turnId: alive[0].dataset.turnId || "", turn: alive[0].dataset.turn || "", session: alive[0].dataset.session || "" });
+    const hadFocus = alive.some((item) => item.contains(document.activeElement)); // its Forget, pressed here
     alive[0].replaceWith(stone);
     for (const item of alive.slice(1)) item.remove();
+    if (hadFocus) { stone.tabIndex = -1; stone.focus(); }
   }
 }

@@ -1,0 +1,259 @@
+"""Work a person has begun is not thrown away, nor applied to the wrong item, by the page: a memory
+file's draft kept while they look at another file, a version's answer that comes late never shown
+in (nor rolled back from) another file's view, and a message still waiting for the agent when the
+server restarted kept with a Send again, not wiped from the conversation. Real Chromium, real server
+and CLI, the mock Bridge."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from playwright.async_api import Browser, WebSocketRoute, expect
+
+from devkit.harness import restartable
+from devkit.mock_bridge import Fault, MockBridge
+from sprite_os.config import Settings
+from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.server import SpriteOS
+from tests.conftest import client_factory, wait_for
+from tests.console_browser import Tab, chromium, install_templates, open_tab
+
+pytestmark = pytest.mark.e2e
+
+
+class HoldBack:
+    """Sits on the page's socket and holds back the next answer of one type, once `hold` names it,
+    until `release` lets it through: an answer that comes late, after the person moved on."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.held: list[str] = []
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+
+        def to_page(message: str | bytes) -> None:
+            if self.kind and isinstance(message, str) and f'"{self.kind}"' in message:
+                self.kind = None
+                self.held.append(message)
+            else:
+                page_side.send(message)
+        server_side.on_message(to_page)
+        self.sockets.append(page_side)
+
+    async def hold(self, kind: str, action: Awaitable[None]) -> None:
+        """Hold the next `kind` answer, do `action` (which asks for it), and wait until it is held."""
+        self.kind = kind
+        await action
+        await wait_for(lambda: len(self.held) == 1, timeout=30, what=f"the {kind}, held")
+
+    def release(self) -> None:
+        self.sockets[-1].send(self.held.pop())
+
+
+async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRoute], None] | None = None) -> Tab:
+    """A tab signed in and connected; `route` sees its socket first (to hold an answer back)."""
+    tab = await open_tab(browser, f"http://127.0.0.1:{port}/")
+    if route is not None:
+        await tab.page.route_web_socket(lambda _url: True, route)
+    await tab.sign_in()
+    await tab.connected()
+    return tab
+
+
+async def test_a_draft_is_kept_while_the_person_looks_at_another_file(server: SpriteOS) -> None:
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        draft = "# User\n- Name: Ada\n- Half a thought about"
+        await tab.by("file-editor").fill(draft)
+        await tab.by("memory-file").filter(has_text="context.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("context.md")
+        await expect(tab.by("file-editor")).to_have_count(0)  # another file, shown as it is
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-editor")).to_have_value(draft)  # back to the draft, not the saved text
+        await expect(tab.by("file-save")).to_be_enabled()
+
+        files.write("user.md", "# User\n- Name: Ada\n- Likes jazz\n", source="batch-9")  # the daemon, while away
+        await tab.by("memory-file").filter(has_text="tools.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("tools.md")
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-editor")).to_have_value(draft)
+        await expect(tab.by("memory-flash")).to_contain_text("changed since you began editing: your draft is kept")
+        await tab.by("file-save").click()  # against the text it began from: refused, never over the daemon's
+        await expect(tab.by("memory-flash")).to_contain_text("nothing was saved")
+        assert files.read("user.md") == "# User\n- Name: Ada\n- Likes jazz\n"
+        await tab.by("file-cancel").click()  # the draft is let go: the file as it is now
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")
+        await tab.by("memory-file").filter(has_text="tools.md").get_by_role("button").click()
+        await tab.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")  # not back
+        tab.assert_clean()
+
+
+
+
+async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(server: SpriteOS) -> None:
+    """Its answer held until the person has gone to another file: that file's view must not show the
+    diff, nor a "Make version 2 current again" that would roll the other file back."""
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    for name in ("user.md", "context.md"):
+        files.write(name, f"# {name} one\n", source="seed")
+        files.write(name, f"# {name} two\n", source="batch-1")
+    late = HoldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        await tab.memory("files")
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("user.md")
+        seed = tab.by("file-version").filter(has_text="#2").get_by_role("button")
+        await late.hold("memory_version_result", seed.click())
+        await tab.by("memory-file").filter(has_text="context.md").get_by_role("button").click()
+        await expect(tab.page.locator(".file-detail h2")).to_have_text("context.md")
+        late.release()  # the late answer arrives, then the health tab's, in order on the socket
+        await tab.by("memory-section-health").click()  # not the Memory tab: it would load the files again
+        await expect(tab.by("memory-state")).to_be_attached()
+        files_panel = tab.by("memory-panel-files")
+        await expect(files_panel.locator(".file-detail h2")).to_have_text("context.md")
+        await expect(files_panel.get_by_test_id("file-diff")).to_have_count(0)  # user.md's diff is not here
+        await expect(files_panel.get_by_test_id("file-rollback")).to_have_count(0)  # nor a rollback of it
+        assert files.read("context.md") == "# context.md two\n"
+        tab.assert_clean()
+
+
+async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The server drops the messages queued behind the running turn when it stops; the page must not
+    drop them from view too: the person's words stay, said to be unsent, one click from sent."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the first turn hangs
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("First, the slow one")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+        await tab.send("Second, still waiting")
+        waiting = tab.messages("user").filter(has_text="Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "queued")
+
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        restarted = tab.page.locator('[data-kind="reconnected"]').last
+        await expect(restarted).to_contain_text("server restarted")
+        await expect(restarted).to_contain_text("a new session began: the one before is in Past sessions")
+        await expect(waiting).to_have_count(1)  # not wiped with the rest of the view
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # not twice
+        assert [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+
+
+async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server: SpriteOS) -> None:
+    """The Files tab shown again asks for the folder shown; the person opens a folder before that
+    answer comes: the late answer must not take them back to the folder they left."""
+    (server.settings.layout.root / "documents" / "lease.txt").write_text("The lease ends on 2027-03-31.\n")
+    late = HoldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        await tab.by("files-tab").click()
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "")
+        await late.hold("files_list_result", tab.by("files-tab").click())  # the workspace's listing again
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        late.release()  # the late listing of the workspace, then the memory tab's answer
+        await tab.by("memory-tab").click()
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("files-view")).to_have_attribute("data-path", "documents")
+        await expect(tab.by("file-entry").filter(has_text="lease.txt")).to_have_count(1)
+        tab.assert_clean()
+
+
+EARLIEST = re.compile(r"^Question number 2$")
+
+
+async def test_show_earlier_turns_still_shows_them_after_a_new_session_began(server: SpriteOS) -> None:
+    """The page shows a long session's newest turns, with Show earlier turns; the person starts a new
+    session (the old turns stay above): the button must still page back through the session it is in."""
+    async with client_factory(server.port) as connect:  # one turn through the agent: a session worth ending
+        other = await connect(hello={})
+        await other.send(type="user_message", text="Question number 1")
+        await other.until("turn_complete")
+    session = server.runtime.session_id
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:  # and a long past behind it
+        for n in range(2, 37):
+            db.append(NewObservation(timestamp=time.time() + n, session_id=session, sequence_num=n,
+                                     user_message=f"Question number {n}", tool_calls_json="[]",
+                                     agent_response=f"Answer number {n}", status="completed"))
+    finally:
+        db.close()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await expect(tab.messages("user").filter(has_text="Question number 36")).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(30)  # a page of them
+        await tab.by("new-session").click()
+        await expect(tab.by("notice").filter(has_text="A new session started")).to_have_count(1)
+        await tab.by("load-earlier").click()
+        await expect(tab.messages("user").filter(has_text=EARLIEST)).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(36)
+        await expect(tab.by("load-earlier")).to_have_count(0)  # all shown
+        tab.assert_clean()
+
+
+async def test_a_forget_refused_says_why_and_offers_forget_again(server: SpriteOS, bridge: MockBridge) -> None:
+    """Forgetting a turn of the session while its next turn runs is refused (busy): the page says so,
+    and the turn's Forget is there again for when the turn is done, not stuck on "forgetting…"."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("The first thing")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+        await tab.send("The second thing, slow")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 2)  # running: out to the model
+        first = tab.by("turn-status").first
+        await first.get_by_test_id("forget-turn").click()
+        await first.get_by_test_id("forget-confirm").click()
+        await expect(tab.by("notice").filter(has_text="Not forgotten: a turn is running")).to_have_count(1)
+        await expect(first.get_by_test_id("forget-turn")).to_be_visible()  # offered again
+        await expect(first).not_to_contain_text("forgetting…")
+        await tab.by("interrupt").click()
+        await expect(tab.by("turn-status")).to_have_count(2)
+        await first.get_by_test_id("forget-turn").click()
+        await first.get_by_test_id("forget-confirm").click()
+        await expect(tab.by("tombstone")).to_have_count(1)  # now it is forgotten
+        tab.assert_clean()
+
+
+async def test_a_draft_over_a_memory_files_limits_says_what_to_cut(server: SpriteOS) -> None:
+    """Save is off past a file's limits: the page says by how much, in lines or in bytes, not only
+    with a red number (a line limit alone let a 24,000-byte overrun go to the server)."""
+    install_templates(server.settings)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        counter = tab.by("file-counter")
+        await tab.by("file-editor").fill("- a line\n" * 203)
+        await expect(counter).to_have_text("203 / 200 lines, over the limit: remove 3 lines to save")
+        await expect(tab.by("file-save")).to_be_disabled()
+        await tab.by("file-editor").fill("x" * 24_010)  # one line, past the bytes
+        await expect(counter).to_contain_text("24,010 / 24,000 bytes, over the limit: shorten it by 10 bytes to save")
+        await expect(tab.by("file-save")).to_be_disabled()
+        await tab.by("file-editor").fill("- fits\n")
+        await expect(counter).to_have_text("1 / 200 lines")
+        await expect(tab.by("file-save")).to_be_enabled()
+        tab.assert_clean()
