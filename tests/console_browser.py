@@ -54,7 +54,7 @@ class Tab:
     page: Page
     base: str
     problems: list[str] = field(default_factory=list)
-    sockets: list[float] = field(default_factory=list)  # when each WebSocket was opened (ms, page clock)
+    sockets: list[float] = field(default_factory=list)  # when Playwright told of each WebSocket (ms, this process's clock)
     auth_checks: int = 0
 
     def by(self, testid: str) -> Any:
@@ -64,6 +64,11 @@ class Tab:
         await self.page.goto(self.base)
         await self.by("token-input").fill(token)
         await self.by("token-submit").click()
+
+    async def socket_times(self) -> list[float]:
+        """When the page made each WebSocket since it loaded, by its own clock (ms): gaps between them
+        are the page's, not when a busy test process heard of them."""
+        return list(await self.page.evaluate("window.__socketsMade"))
 
     async def connected(self) -> None:
         await expect(self.by("connection-status")).to_have_attribute("data-state", "connected")
@@ -91,6 +96,7 @@ async def open_tab(browser: Browser, base: str, *, viewport: dict[str, int] = DE
                    dark: bool = False) -> Tab:
     context: BrowserContext = await browser.new_context(viewport=viewport,  # type: ignore[arg-type]
                                                         color_scheme="dark" if dark else "light")
+    await context.add_init_script(_COUNT_SOCKETS)
     page = await context.new_page()
     tab = Tab(page, base)
     page.on("console", lambda m: tab.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
@@ -98,6 +104,16 @@ async def open_tab(browser: Browser, base: str, *, viewport: dict[str, int] = DE
     page.on("websocket", lambda _ws: tab.sockets.append(_now_ms()))
     page.on("request", lambda r: setattr(tab, "auth_checks", tab.auth_checks + 1) if r.url.endswith("/console/auth") else None)
     return tab
+
+
+# Before the page's own scripts: each WebSocket the page makes, stamped by the page's clock.
+_COUNT_SOCKETS = """
+window.__socketsMade = [];
+const NativeWebSocket = window.WebSocket;
+window.WebSocket = class extends NativeWebSocket {
+  constructor(...args) { window.__socketsMade.push(performance.now()); super(...args); }
+};
+"""
 
 
 def _now_ms() -> float:
