@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
@@ -64,6 +65,17 @@ async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRo
     await tab.sign_in()
     await tab.connected()
     return tab
+
+
+@asynccontextmanager
+async def editing_user_md(server: SpriteOS) -> AsyncIterator[tuple[Tab, MemoryFiles]]:
+    """A tab on the memory files, user.md's editor open."""
+    install_templates(server.settings)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        yield tab, MemoryFiles(server.settings.layout)
 
 
 async def test_a_draft_is_kept_while_the_person_looks_at_another_file(server: SpriteOS) -> None:
@@ -241,19 +253,48 @@ async def test_a_forget_refused_says_why_and_offers_forget_again(server: SpriteO
 async def test_a_draft_over_a_memory_files_limits_says_what_to_cut(server: SpriteOS) -> None:
     """Save is off past a file's limits: the page says by how much, in lines or in bytes, not only
     with a red number (a line limit alone let a 24,000-byte overrun go to the server)."""
-    install_templates(server.settings)
-    async with chromium() as browser:
-        tab = await signed_in(browser, server.port)
-        await tab.memory("files")
-        await tab.by("file-edit").click()
+    async with editing_user_md(server) as (tab, _files):
         counter = tab.by("file-counter")
         await tab.by("file-editor").fill("- a line\n" * 203)
         await expect(counter).to_have_text("203 / 200 lines, over the limit: remove 3 lines to save")
         await expect(tab.by("file-save")).to_be_disabled()
-        await tab.by("file-editor").fill("x" * 24_010)  # one line, past the bytes
-        await expect(counter).to_contain_text("24,010 / 24,000 bytes, over the limit: shorten it by 10 bytes to save")
+        await tab.by("file-editor").fill("x" * 24_010)  # one line, past the bytes (and the final newline it gets)
+        await expect(counter).to_contain_text("24,011 / 24,000 bytes, over the limit: shorten it by 11 bytes to save")
         await expect(tab.by("file-save")).to_be_disabled()
         await tab.by("file-editor").fill("- fits\n")
         await expect(counter).to_have_text("1 / 200 lines")
         await expect(tab.by("file-save")).to_be_enabled()
+        tab.assert_clean()
+
+
+async def test_the_counter_counts_the_bytes_the_server_will_store(server: SpriteOS) -> None:
+    """The server stores a draft with a final newline (and without control characters): a draft of
+    exactly 24,000 bytes and no final newline is 24,001 bytes on disk, refused. The page must say so
+    before Save, not offer a Save the server refuses; and a control character it drops is not counted."""
+    async with editing_user_md(server) as (tab, files):
+        counter = tab.by("file-counter")
+        await tab.by("file-editor").fill("x" * 24_000)  # no final newline: the server adds one
+        await expect(counter).to_contain_text("24,001 / 24,000 bytes, over the limit: shorten it by 1 byte to save")
+        await expect(tab.by("file-save")).to_be_disabled()
+        await tab.by("file-editor").fill("x" * 23_999 + "\x07\n")  # 24,001 typed; the bell is dropped: 24,000 stored
+        await expect(counter).to_have_text("1 / 200 lines")
+        await tab.by("file-save").click()
+        await expect(tab.by("memory-flash")).to_contain_text("Saved user.md")
+        assert files.read("user.md") == "x" * 23_999 + "\n"
+        tab.assert_clean()
+
+
+async def test_a_save_pressed_twice_saves_once_and_says_saved(server: SpriteOS) -> None:
+    """Save pressed twice before its answer (a double click, an impatient Enter): the second request
+    began from the same text as the first, so the server refuses it as "changed since you began
+    editing", and the page said the person's own save was someone else's. Save waits for its answer."""
+    async with editing_user_md(server) as (tab, files):
+        await tab.by("file-editor").fill("# User\n- Name: Ada\n")
+        await tab.by("file-save").dblclick()
+        await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n")
+        await expect(tab.by("memory-flash")).to_contain_text("Saved user.md")
+        await tab.by("memory-section-health").click()  # every answer in: the flash is the last word
+        await expect(tab.by("memory-state")).to_be_attached()
+        await expect(tab.by("memory-flash")).not_to_contain_text("changed since you began editing")
+        assert [v.source for v in files.history("user.md")].count("person-edit") == 1
         tab.assert_clean()
