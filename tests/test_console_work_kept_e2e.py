@@ -336,3 +336,29 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
         await expect(taken).not_to_contain_text("before the agent took it")
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_an_unsent_message_stays_through_a_second_restart(settings: Settings, bridge: MockBridge) -> None:
+    """A message left unsent by one restart, its Send again not pressed yet (the phone in a pocket):
+    the next fresh view (another restart, a long gap) must not wipe it, as it wiped nothing else kept."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the first turn hangs
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("First, the slow one")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        await tab.send("Second, still waiting")
+        waiting = tab.messages("user").filter(has_text="Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "queued")
+        for _restart in (1, 2):
+            await server.stop()
+            await server.start()
+            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+            await tab.connected()
+            await expect(tab.page.locator('[data-kind="reconnected"]')).to_have_count(1)  # the view is new each time
+            await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+            await expect(waiting).to_have_count(1)  # after each restart
+            await expect(waiting.get_by_test_id("send-again")).to_have_count(1)
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")

@@ -17,6 +17,7 @@ export class ChatView {
     this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
     list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
+    this.unsentItems = new Set(); // messages shown unsent with a Send again: kept through every redraw until sent
     this.turns = new Map(); // turn_id -> {stream, tools, retry}
     this.texts = new Map(); // turn_id -> the person's message (for Retry)
     this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
@@ -66,7 +67,8 @@ export class ChatView {
     item.dataset.state = "refused";
     const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
     clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
-      onclick: () => { if (this.submit(text)) item.remove(); } }));
+      onclick: () => { if (this.submit(text)) { item.remove(); this.unsentItems.delete(item); } } }));
+    this.unsentItems.add(item);
   }
 
   command(frame) {
@@ -142,6 +144,7 @@ export class ChatView {
       // A server that restarted dropped the messages still waiting for the agent: they stay in view,
       // unsent (after a long gap on the same server they are still queued there, and show as they start).
       const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
+      const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       clear(this.list);
       this.turns.clear();
       this.shown.clear();
@@ -154,6 +157,7 @@ export class ChatView {
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
+      for (const item of unsent) this.add(item);
       for (const item of dropped) this.unsent(this.add(item), "not sent: the Sprite restarted before the agent took it.");
       this.loadHistory(null);
     }
