@@ -16,7 +16,14 @@ turns, and the memory-on server's against the first memory-off one's, turn by tu
 - close: the stream ended -> the result's frames made and the turn's record closed;
 - durable: the wait until the closed turn is on disk (memory on: the synced commit);
 - publish: the turn's last frames (turn_complete) published;
-- total: the gateway's hand-over -> turn_complete published.
+- total: the gateway's hand-over -> turn_complete published;
+- deliver: turn_complete published -> the client has it (what runs on the loop meanwhile: memory's
+  work after the turn, the gateway's send).
+
+Then the CPU of each thread in the turn's window, and counts per turn: the CLI's requests to the
+server (ctl:), the event loop's wake-ups from other threads by what they call back (wake:thread:callback; the
+servers share one loop, so a wake-up is counted in the turn in flight, whichever server it is for),
+and the turn journal's saves (journal:save, journal:synced).
 
 A tool for finding where a cost lies, not a benchmark: its wrappers cost a few microseconds a
 span, alike on every server.
@@ -41,13 +48,15 @@ from claude_agent_sdk._internal import query as sdk_query
 from bench import turns
 from sprite_os import runtime as rt
 from sprite_os.agent import process
-from sprite_os.memory.capture import writer
+from sprite_os.memory.capture import journal, writer
 from sprite_os.memory.recall import service
 
-SPANS = ("queued", "start", "recall", "send", "cli", "loop", "tail", "close", "durable", "publish", "total")
+SPANS = ("queued", "start", "recall", "send", "cli", "loop", "tail", "close", "durable", "publish", "total",
+         "deliver")
 # memory on alone: the hops to the recall thread and transcript.db's, and the work there
 HOPS = ("recall:to_thread", "recall:on_thread", "recall:back", "commit:to_thread", "commit:on_thread",
         "commit:back")
+COUNTED = ("ctl", "wake", "journal")
 _current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("span_turn", default=None)
 
 
@@ -60,6 +69,8 @@ class Recorder:
         self.recalling: dict[str, Any] | None = None  # the turn whose auto-recall runs
         self._lines: dict[Any, str] = {}
         self.active: dict[str, Any] | None = None  # the turn running now (turns run one at a time)
+        self.window: dict[str, Any] | None = None  # the turn from its submission to its end (one at a time)
+        self.last: tuple[dict[str, float], float] | None = None  # the last turn's spans, and when it was published
 
     def label(self, runtime: rt.AgentRuntime) -> str:
         """"on", "off", "off_again" ("<block>-on"), in the benchmark's first line, and with "+past"
@@ -69,20 +80,37 @@ class Recorder:
         return workspace.name.split("-", 1)[1] + line
 
     def submitted(self, runtime: rt.AgentRuntime) -> None:
-        self._open[id(runtime)] = {"label": self.label(runtime), "submit": time.perf_counter(), "loop": 0.0,
-                                   "cpu": cpu_by_thread()}
+        self.last = None
+        self._open[id(runtime)] = self.window = {"label": self.label(runtime), "submit": time.perf_counter(),
+                                                 "loop": 0.0, "cpu": cpu_by_thread()}
+
+    def count(self, kind: str) -> None:
+        """One more `kind` in the turn in flight (from any thread: a lost increment is a count off by one)."""
+        if (t := self.window) is not None:
+            counts = t.setdefault("counts", {})
+            counts[kind] = counts.get(kind, 0) + 1
 
     def turn(self, runtime: rt.AgentRuntime) -> dict[str, Any]:
         return self._open.setdefault(id(runtime), {"label": self.label(runtime), "loop": 0.0})
 
     def done(self, runtime: rt.AgentRuntime) -> None:
         t = self._open.pop(id(runtime), None)
+        if t is self.window:
+            self.window = None
         if t is not None and "published" in t and "submit" in t:
             before, after = t.pop("cpu"), cpu_by_thread()
             spans = _spans(t)
             for group in set(before) | set(after):
                 spans[f"cpu:{group}"] = (after.get(group, 0.0) - before.get(group, 0.0)) * 1000
             self.turns.setdefault(t["label"], []).append(spans)
+            self.last = spans, t["published"]
+
+    def delivered(self) -> None:
+        """The client has the last turn's turn_complete."""
+        if self.last is not None:
+            spans, published = self.last
+            spans["deliver"] = (time.perf_counter() - published) * 1000
+            self.last = None
 
 
 _DIGITS = re.compile(r"[_-]?\d+$")
@@ -158,11 +186,9 @@ def instrumented(rec: Recorder) -> Iterator[None]:
 
     async def counted_control(self: Any, request: Any) -> None:
         """The CLI's requests to the server in a turn (hooks, MCP calls), counted by kind."""
-        if (t := rec.active) is not None:
+        if rec.active is not None:
             data = request["request"]
-            kind = "ctl:" + data["subtype"] + (":" + str(data["message"].get("method")) if "message" in data else "")
-            t.setdefault("counts", {}).setdefault(kind, 0)
-            t["counts"][kind] += 1
+            rec.count("ctl:" + data["subtype"] + (":" + str(data["message"].get("method")) if "message" in data else ""))
         await control(self, request)
 
     async def recalled(self: rt.AgentRuntime, turn: Any) -> str | None:
@@ -231,8 +257,36 @@ def instrumented(rec: Recorder) -> Iterator[None]:
             if t is not None:
                 t["recall_thread_end"] = time.perf_counter()
 
+    save = journal.JournalFile.save
+
+    def counted_save(self: journal.JournalFile, data: bytes | None, sync: bool = True) -> None:
+        rec.count("journal:save")
+        if sync and data is not None:
+            rec.count("journal:synced")
+        save(self, data, sync)
+
+    server_turn = turns._server_turn
+
+    async def delivered_turn(*args: Any, **kw: Any) -> float:
+        took = await server_turn(*args, **kw)
+        rec.delivered()
+        return took
+
+    loop = asyncio.get_running_loop()
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted_wake(callback: Any, *args: Any, context: Any = None) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # by the thread, and what it calls
+            fn = callback.func if hasattr(callback, "func") else callback
+            what = getattr(fn, "__qualname__", type(fn).__name__).rsplit(".", 1)[-1]
+            rec.count(f"wake:{_DIGITS.sub('', threading.current_thread().name)}:{what}"[:40])
+        return threadsafe(callback, *args, context=context)
+
     writer._apply, service.auto_recalled = timed_apply, timed_recall
     sdk_query.Query._handle_control_request = counted_control  # type: ignore[method-assign]
+    journal.JournalFile.save = counted_save  # type: ignore[method-assign]
+    setattr(loop, "call_soon_threadsafe", counted_wake)  # noqa: B010 (an instance's own, taken off below)
+    turns._server_turn = delivered_turn
 
     news = {"submit": submit, "_run_turn": run_turn, "_recalled": recalled, "_saved": saved_,
             "_publish_result": publish_result}
@@ -248,6 +302,9 @@ def instrumented(rec: Recorder) -> Iterator[None]:
             setattr(P, name, fn)
         writer._apply, service.auto_recalled = apply, auto_recalled
         sdk_query.Query._handle_control_request = control  # type: ignore[method-assign]
+        journal.JournalFile.save = save  # type: ignore[method-assign]
+        del loop.call_soon_threadsafe
+        turns._server_turn = server_turn
 
 
 def table(rec: Recorder, line: str = "") -> str:
@@ -264,8 +321,8 @@ def table(rec: Recorder, line: str = "") -> str:
         if span in HOPS:
             lines.append(row)
             continue
-        if n:
-            row += f"{statistics.median(on[i][span] - off[i][span] for i in range(n)):>11.3f}"
+        if n and (pairs := [on[i][span] - off[i][span] for i in range(n) if span in on[i] and span in off[i]]):
+            row += f"{statistics.median(pairs):>11.3f}"
         lines.append(row)
     groups = sorted({k for name in labels for t in rec.turns[name] for k in t if k.startswith("cpu:")})
     for group in groups:  # CPU in the turn's window, by thread: the median of each server's turns
@@ -274,8 +331,8 @@ def table(rec: Recorder, line: str = "") -> str:
         if n:
             row += f"{statistics.median(on[i].get(group, 0.0) - off[i].get(group, 0.0) for i in range(n)):>11.3f}"
         lines.append(row)
-    kinds = sorted({k for name in labels for t in rec.turns[name] for k in t if k.startswith("ctl:")})
-    for kind in kinds:  # the CLI's requests per turn, on average
+    kinds = sorted({k for name in labels for t in rec.turns[name] for k in t if k.split(":")[0] in COUNTED})
+    for kind in kinds:  # per turn, on average: the CLI's requests, the loop's wake-ups, the journal's saves
         lines.append(f"{kind[:40]:<40}" + "".join(
             f"{sum(t.get(kind, 0) for t in rec.turns[name]) / len(rec.turns[name]):>11.2f}" for name in labels))
     lines.append(f"turns: {', '.join(f'{name} {len(rec.turns[name])}' for name in labels)}")

@@ -173,15 +173,35 @@ def _own(path: Path, uid: int, gid: int, mode: int | None = None) -> None:
         os.chmod(path, mode)
 
 
-def _walk(top: Path) -> Iterator[Path]:
-    """`top` and everything under it, symlinks not followed. For `.os/`, which only root writes:
-    nothing in it can change under the walk."""
-    yield top
-    if top.is_symlink() or not top.is_dir():
-        return
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in (*dirnames, *filenames):
-            yield Path(dirpath) / name
+def _under(top: str) -> Iterator[tuple[str, str, os.stat_result]]:
+    """(folder, path, lstat) of everything under the folder `top`, symlinks not followed. For `.os/`,
+    which only root writes (its venvs alone are thousands of files, walked at every deploy: one stat
+    and no Path object a file). An entry removed meanwhile (a running server's temporary file) is
+    passed over."""
+    folders = [top]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # gone meanwhile, or unreadable: passed over, as os.walk does
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield folder, entry.path, st
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(entry.path)
+
+
+def _take_back(path: str, st: os.stat_result) -> None:
+    """`path` (of `.os/`) root's, and written by no one else, set-id bits off."""
+    with contextlib.suppress(FileNotFoundError):
+        if (st.st_uid, st.st_gid) != (0, 0):
+            os.lchown(path, 0, 0)
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o6022:  # no writes but root's, no set-id
+            os.chmod(path, st.st_mode & 0o1755)
 
 
 def _give_tree(root_fd: int, name: str, uid: int, gid: int) -> None:
@@ -250,14 +270,13 @@ def apply_ownership(root: Path, uid: int, gid: int, *, deep: bool) -> None:
     finally:
         os.close(root_fd)
     if deep:
-        for path in _walk(os_dir):
-            if path == os_dir / AGENT_DIR or path.parent == os_dir / AGENT_DIR:
+        top = os.lstat(os_dir)
+        _take_back(str(os_dir), top)
+        agent_dir = str(os_dir / AGENT_DIR)
+        for folder, path, st in _under(str(os_dir)) if stat.S_ISDIR(top.st_mode) else ():
+            if path == agent_dir or folder == agent_dir:
                 continue  # set above; what is in it is written 0640 root:agent group by the server
-            st = os.lstat(path)
-            if (st.st_uid, st.st_gid) != (0, 0):
-                os.lchown(path, 0, 0)
-            if not path.is_symlink() and st.st_mode & 0o6022:  # no writes but root's, no set-id
-                os.chmod(path, st.st_mode & 0o1755)
+            _take_back(path, st)
 
 
 # What the kernel must enforce for the agent's user (set by deploy, checked by the server's start):

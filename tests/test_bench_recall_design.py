@@ -6,6 +6,7 @@ tells two memories apart by all their turns."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -33,6 +34,24 @@ for _q in QUESTIONS:
 
 def _era(t: Turn) -> int:
     return int(t.session[1:t.session.index("-")])
+
+
+# What a memory must hold, asked by the checks below of each of the bench's thousands of searches: each
+# answer computed once (a scan of every turn per search was most of this module's CPU, three times that
+# under `make test`'s coverage).
+_ERAS = [_era(t) for t in TURNS]
+
+
+@functools.cache
+def _of_eras(eras: tuple[int, ...]) -> list[Turn]:
+    """The turns of `eras`, in order."""
+    return [t for t, era in zip(TURNS, _ERAS, strict=True) if era in eras]
+
+
+@functools.cache
+def _before(now: float, eras: tuple[int, ...] | None = None) -> list[Turn]:
+    """The turns (of `eras`; None: of all) before `now`, in order."""
+    return [t for t in (TURNS if eras is None else _of_eras(eras)) if t.timestamp < now]
 
 
 class _Searcher:
@@ -66,6 +85,7 @@ class _Memory:
         self.holds: dict[Path, list[Turn]] = {}
         self.made_by: dict[Path, tuple[str, tuple[int, ...]]] = {}
         self.checked: set[tuple[Path, float, tuple[int, ...]]] = set()
+        self.keys: dict[Path, set[tuple[str, int]]] = {}  # each memory's turns, as evidence names them
         moments, whole = build.dialogue_moments, build.dialogue_workspace
 
         def workspace(name: str, turns: Sequence[Turn]) -> tuple[Settings, dict[tuple[str, int], int]]:
@@ -93,10 +113,12 @@ class _Memory:
         assert alike, text
         if (path, now, tuple(eras)) not in self.checked:  # the same memory and moment: checked once
             assert all(t.timestamp < now for t in held), (alike[0].id, "searched in a memory holding turns after it")
-            assert held == [t for t in TURNS if _era(t) in eras and t.timestamp < now], alike[0].id
+            assert held == _before(now, tuple(eras)), alike[0].id
             self.checked.add((path, now, tuple(eras)))
+        if (keys := self.keys.get(path)) is None:  # a memory's turns do not change: gathered once
+            keys = self.keys[path] = {(t.session, t.turn) for t in held}
         for q in alike:
-            assert {(t.session, t.turn) for t in held} >= {tuple(e) for e in q.evidence}, q.id
+            assert keys >= {tuple(e) for e in q.evidence}, q.id
         return alike
 
 
@@ -125,7 +147,7 @@ def test_each_dialogue_question_is_searched_in_one_memory_as_it_was_when_asked(
     for path, text, now in searched:
         kind, eras = memory.made_by[path]
         if kind == "whole":
-            assert eras in build.DIALOGUE_GROUPS and memory.holds[path] == [t for t in TURNS if _era(t) in eras]
+            assert eras in build.DIALOGUE_GROUPS and memory.holds[path] == _of_eras(eras)
             alike = BY_ASKED[(text, now)]
         else:
             assert eras in (build.DIALOGUE_ERAS, *build.DIALOGUE_GROUPS)
@@ -139,7 +161,7 @@ def test_each_dialogue_question_is_searched_in_one_memory_as_it_was_when_asked(
     # the reference methods search the same memory: the turns before the question, of all ten eras
     assert len(referenced) == len(QUESTIONS)
     for corpus, text in referenced:
-        assert any(corpus == [t for t in TURNS if t.timestamp < q.asked_at] for q in QUESTIONS if q.question == text), text
+        assert any(corpus == _before(q.asked_at) for q in QUESTIONS if q.question == text), text
         headline[text] += 1
     for label in ("fused", "lexical", "fused_plain", "fused_tuning", "fused_held_out"):
         assert out[label]["r@10"] == 1.0 and out[label]["all@10"] == 1.0, label
@@ -148,7 +170,7 @@ def test_each_dialogue_question_is_searched_in_one_memory_as_it_was_when_asked(
     assert out["fused"]["questions"] == len(QUESTIONS) == out["reference_fts5"]["questions"]
     assert out["turns"] == len(TURNS) and out["eras"] == 10
     assert out["searched_turns_mean"] == round(sum(
-        sum(1 for t in TURNS if t.timestamp < q.asked_at) for q in QUESTIONS) / len(QUESTIONS))
+        len(_before(q.asked_at)) for q in QUESTIONS) / len(QUESTIONS))
 
 
 def test_auto_recall_asks_each_question_of_one_memory_as_it_was_then(

@@ -179,6 +179,76 @@ async def test_only_a_save_someone_waits_for_wakes_the_event_loop(tmp_path: Path
         assert saved[1][0] == [] and isinstance(saved[1][1], OSError) and len(wakes) == 2
 
 
+class CountedSaves:
+    """The journal's saves as handed to its thread: (what, synced), in order."""
+
+    def __init__(self, journal: TurnJournal, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.saves: list[tuple[list[tuple[int, bool]] | None, bool]] = []
+        real = journal._file.save
+
+        def save(data: bytes | None, sync: bool = True) -> None:
+            got = None if data is None else [(e.observation.sequence_num, e.ended)
+                                              for e in msgspec.json.decode(data, type=list[Entry])]
+            self.saves.append((got, sync))
+            real(data, sync)
+
+        monkeypatch.setattr(journal._file, "save", save)
+
+
+async def test_a_turn_that_ends_within_its_open_grace_costs_the_journal_no_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zero-latency model's turn (60-150 ms) had its open turn saved at 50 ms, on the files' thread
+    in the middle of the turn, then the emptied state saved after its commit landed: two saves a turn
+    that nothing needed, since the turn's close makes it durable (transcript.db's commit, or the
+    journal within the close's grace). Now a turn that closes within OPEN_GRACE of its start, and
+    lands within CLOSE_GRACE, hands the journal's thread nothing. A longer turn is still saved as it goes."""
+    with ThreadPoolExecutor(max_workers=1) as files:
+        grace = 1.0  # longer than OPEN_GRACE: a loaded machine's late wake-up can't outlast it
+        journal = TurnJournal(tmp_path / "j.json", files, open_grace=grace)
+        counted = CountedSaves(journal, monkeypatch)
+        journal.restore([])  # a run's first save, whatever the file held
+        await wait_for(lambda: len(counted.saves) == 1, what="the first save")
+        journal.opened(lambda: obs(1, text="so far"))
+        journal.touched()  # a tool call
+        await asyncio.sleep(journal_mod.DELAY * 1.5)  # past DELAY: its save was made here
+        journal.touched()
+        journal.closed(obs(1))  # transcript.db takes it at once...
+        journal.durable(("s1", 1))  # ...and commits it first
+        await asyncio.sleep(grace + journal_mod.DELAY + journal_mod.CLOSE_GRACE)
+        assert counted.saves == [(None, False)]  # the first save alone
+        journal.opened(lambda: obs(2, text="so far"))  # a turn of seconds: saved, unsynced, from OPEN_GRACE on
+        await wait_for(lambda: len(counted.saves) == 2, what="the open turn's save")
+        assert counted.saves[1] == ([(2, False)], False)
+        journal.touched()
+        await wait_for(lambda: len(counted.saves) == 3, what="its change's save")
+        journal.closed(obs(2))
+        journal.durable(("s1", 2))
+        await wait_for(lambda: len(counted.saves) == 4, what="the file emptied")  # it held the open turn
+        assert counted.saves[3] == (None, False) and state(tmp_path / "j.json") == []
+
+
+async def test_an_open_turn_save_due_as_the_turn_closes_waits_the_close_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn that closed just before its open turn's save was due was saved then, closed and fsync'd,
+    though its transcript.db commit was about to make it durable: a second fsync in the turn, and a
+    wake-up of the loop. The open turn's save is moot once it closes: the closed turn waits its grace."""
+    monkeypatch.setattr(journal_mod, "CLOSE_GRACE", 3.0)  # long: a loaded machine can't make it look met
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(tmp_path / "j.json", files, open_grace=0.1,
+                              on_saved=lambda k, e: saved.append((k, e)))
+        counted = CountedSaves(journal, monkeypatch)
+        journal.opened(lambda: obs(1, text="so far"))  # its save due in 0.1 s
+        journal.closed(obs(1))  # transcript.db takes it at once
+        await asyncio.sleep(0.5)  # the open turn's save would have been made by now
+        journal.durable(("s1", 1))  # the commit landed within the close's grace
+        await asyncio.sleep(0.2)
+        assert saved == [] and [what for what, _ in counted.saves] == [None]  # the run's first: emptied, unsynced
+        journal.closed(obs(2), urgent=True)  # transcript.db can't take it at once: saved now, as before
+        await wait_for(lambda: bool(saved), what="the urgent save")
+        assert counted.saves[1:] == [([(2, True)], True)]
+
+
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
     path = tmp_path / "turn-journal.json"
     path.write_bytes(entries((1, True)) + b"\n" + entries((1, True), (2, False))[:-7])  # killed mid-append

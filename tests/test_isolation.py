@@ -188,6 +188,35 @@ def test_ownership_keeps_the_agent_out_of_os_and_gives_it_user_space(tmp_path: P
     assert owner(root) == (0, gid, 0o1770)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners can only be given away by root")
+def test_a_file_removed_from_os_while_the_deep_pass_walks_it_is_passed_over(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy's deep pass walks `.os/` while its server may run (the deploy restarts it after): the
+    server's temporary files come and go. One removed between the walk's listing and its turn is
+    passed over, not the end of the deploy."""
+    root = tmp_path / "ws"
+    layout = Layout(root)
+    layout.ensure()
+    names = [f"write-{i}.tmp" for i in range(8)]
+    for name in names:
+        (layout.memory_dir / name).write_text("x")
+        os.chown(layout.memory_dir / name, 4242, 4242)  # each one to take back
+    lchown, kept = os.lchown, []
+
+    def taken_back(path: str | Path, uid: int, gid: int) -> None:
+        if Path(path).parent == layout.memory_dir and not kept:  # the first: the others go meanwhile
+            kept.append(Path(path).name)
+            for name in names:
+                if name != kept[0]:
+                    (layout.memory_dir / name).unlink()
+        lchown(path, uid, gid)
+
+    monkeypatch.setattr(os, "lchown", taken_back)
+    apply_ownership(root, 4243, 4244, deep=True)
+    assert [p.name for p in layout.memory_dir.glob("*.tmp")] == kept
+    assert (layout.memory_dir / kept[0]).stat().st_uid == 0
+
+
 def test_none_is_said_loudly_at_start_and_refused_once_deployed(tmp_path: Path) -> None:
     from structlog.testing import capture_logs
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sprite_os.memory.recall import indexer as indexer_module
 from sprite_os.memory.recall.pacing import MAX_DEFER, QUIET_AFTER_TURN, AgentActivity, embed_delay
 from sprite_os.memory.recall.vectors import VectorReader
+from tests.test_recall import turn
 from tests.test_recall_backfill import indexer_for, with_turns
 
 
@@ -71,6 +73,40 @@ async def test_a_landed_turn_is_indexed_once_the_turn_is_over_not_while_it_ends(
         assert not indexer.current.is_set(), "the index caught up while the turn was ending"
         indexer.turn_ended()
         await asyncio.wait_for(indexer.current.wait(), 30)
+    finally:
+        await indexer.stop()
+        await asyncio.gather(*(w.close() for w in workers))
+
+
+async def test_a_commit_held_back_a_second_waits_for_a_turn_begun_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catch-up began between turns, then held its commit back (COMMIT_EVERY); the next turn began
+    meanwhile, and the commit (the index's write, its marks) ran in the middle of it. It now waits for
+    that turn's end too (AFTER_TURN_WAIT at most, long here)."""
+    monkeypatch.setattr(indexer_module, "AFTER_TURN_WAIT", 30.0)
+    layout = with_turns(tmp_path, 10, "an earlier turn ")
+    _model, _store, indexer, workers = indexer_for(layout)
+    commits: list[bool] = []  # at each index write: whether the agent's turn was running
+    real = indexer.index.call
+
+    def call(fn: Any) -> Any:
+        commits.append(indexer.activity.running_since is not None)
+        return real(fn)
+
+    monkeypatch.setattr(indexer.index, "call", call)
+    await indexer.start(fresh_index=True)
+    try:
+        await asyncio.wait_for(indexer.current.wait(), 30)
+        assert commits == [False]
+        await workers[0].call(lambda t: t.append(turn("s9", 1, "a turn that just landed", at=1_700_000_000.0)))
+        indexer.nudge()  # between turns: the catch-up begins, and holds its commit back a second
+        await asyncio.sleep(0.1)
+        indexer.turn_started()  # the next turn
+        await asyncio.sleep(indexer_module.COMMIT_EVERY + 0.5)
+        assert commits == [False], "the index committed in the middle of the agent's turn"
+        indexer.turn_ended()
+        await asyncio.wait_for(indexer.current.wait(), 30)
+        assert commits == [False, False]
     finally:
         await indexer.stop()
         await asyncio.gather(*(w.close() for w in workers))

@@ -20,8 +20,13 @@ commit comes first pays that commit's fsync and no other. Reading takes the last
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
-coalesced), and within CLOSE_GRACE of a turn's end. Only a save someone waits on (it holds a closed
-turn) or one that failed calls back to the loop: a wake-up from a thread costs a turn in flight.
+coalesced), and within CLOSE_GRACE of a turn's end. An open turn is first saved OPEN_GRACE after it
+opens: a turn that ends sooner (a quick answer) never needs its snapshot, since its close makes it
+durable, and a kill -9 before then loses only a turn no one was told was done. Nor is a closed turn
+saved before its grace because an open-turn save happened to be due: the commit usually lands first.
+A save that would leave the file as the last one left it (empty) is not made. Only a save someone
+waits on (it holds a closed turn) or one that failed calls back to the loop: a wake-up from a thread
+costs a turn in flight.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ DELAY = 0.05  # seconds: a tool call's events within it cost one save
 # A closed turn that went straight to transcript.db's thread is saved here only if it is not
 # durable there within this (the thread is busy with a long read, say): one fsync, not two.
 CLOSE_GRACE = 0.02
+# An open turn's first save waits this long after it opens (its later changes, DELAY): a zero-latency
+# model's turn (60-150 ms) closes within it and costs the journal nothing; a model's turn of seconds is
+# saved from here on, as it goes.
+OPEN_GRACE = 0.2
 COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 # Past this many closed turns waiting, the journal asks for them to be spilled (the writer's fsync'd
 # file), which makes them durable there and lets the journal forget them. It never drops one itself:
@@ -164,12 +173,17 @@ class TurnJournal:
     """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
-                 on_saved: Saved | None = None, on_full: Callable[[], None] | None = None) -> None:
+                 on_saved: Saved | None = None, on_full: Callable[[], None] | None = None,
+                 open_grace: float = OPEN_GRACE) -> None:
         """`on_full()`: more than MAX_CLOSED closed turns wait; spill them (each then comes back
         through `durable`)."""
         self._file = JournalFile(path)
         self._executor = executor
         self._delay = delay
+        self._open_grace = open_grace
+        self._open_due = 0.0  # the loop's time before which the open turn is not saved (OPEN_GRACE)
+        self._for_open = False  # the save pending is due for the open turn's sake alone
+        self._empty: bool | None = None  # the last save handed out emptied the file (None: not known)
         self._on_saved = on_saved or (lambda _keys, _exc: None)
         self._on_full = on_full or (lambda: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now
@@ -188,12 +202,14 @@ class TurnJournal:
         """A turn began; `snapshot()` is what it would record now. A turn still open was never
         sent (the runtime closes every turn it sent): it is forgotten."""
         self._open = snapshot
-        self._changed(self._delay)
+        self._open_due = asyncio.get_running_loop().time() + self._open_grace
+        self._changed(self._open_grace, for_open=True)
 
     def touched(self) -> None:
-        """The open turn changed (a tool call, a result, the agent's text)."""
+        """The open turn changed (a tool call, a result, the agent's text): saved within DELAY, though
+        not before its OPEN_GRACE is over."""
         if self._open is not None:
-            self._changed(self._delay)
+            self._changed(max(self._delay, self._open_due - asyncio.get_running_loop().time()), for_open=True)
 
     def moved(self) -> None:
         """The session changed: an open turn's saved entry holds its old key. Saved again at once, so
@@ -209,6 +225,9 @@ class TurnJournal:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
             if len(self._closed) > MAX_CLOSED:
                 self._on_full()
+            if not urgent and self._for_open and self._timer is not None:
+                self._timer.cancel()  # the open turn's save is moot: the closed turn waits its grace
+                self._timer = None
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
 
     def after_save(self, key: Key, then: Callable[[], None]) -> None:
@@ -238,13 +257,16 @@ class TurnJournal:
 
     # ------------------------------------------------------------ writing
 
-    def _changed(self, delay: float) -> None:
-        """Save within `delay` seconds (sooner if a save is due sooner anyway)."""
+    def _changed(self, delay: float, for_open: bool = False) -> None:
+        """Save within `delay` seconds (sooner if a save is due sooner anyway). `for_open`: only the
+        open turn needs it (a save its close may drop)."""
         loop = asyncio.get_running_loop()
-        if self._timer is not None:
-            if self._timer.when() <= loop.time() + delay:
+        pending = self._timer
+        self._for_open = for_open and (pending is None or self._for_open)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
                 return
-            self._timer.cancel()
+            pending.cancel()
         self._timer = loop.call_later(delay, self._write)
 
     def _write(self) -> None:
@@ -256,6 +278,9 @@ class TurnJournal:
             except Exception as exc:  # a bug in capture: the journal goes on without the open turn
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
         data = msgspec.json.encode(entries) if entries else None
+        if data is None and self._empty:
+            return  # the file is empty already (or will be, once the saves handed out end)
+        self._empty = data is None
         keys = list(self._closed)  # synced only when a closed turn waits for it
         written = self._executor.submit(self._file.save, data, bool(keys))
         written.add_done_callback(partial(self._ended, asyncio.get_running_loop(), keys))
@@ -275,6 +300,7 @@ class TurnJournal:
         exc = asyncio.CancelledError("the save was cancelled") if future.cancelled() else future.exception()
         if exc is not None:
             log.warning("turn_journal_write_failed", error=repr(exc)[:200])
+            self._empty = None  # the file holds what it did before: the next save is made whatever it holds
         self._on_saved(keys, exc)
         for key in keys:
             if (then := self._after.pop(key, None)) is not None:

@@ -248,8 +248,13 @@ class Indexer:
             self.health.turns_waiting = unseen(staged.marks.seen(), top)
 
     async def _commit(self, loop: asyncio.AbstractEventLoop, staged: Staged) -> None:
-        if (hold := self._last_commit + COMMIT_EVERY - loop.time()) > 0:
+        ready = loop.time()
+        if (hold := self._last_commit + COMMIT_EVERY - ready) > 0:
             await asyncio.sleep(hold)  # at most one commit a second: each costs 40-200 ms at 2M documents
+            # A turn that began meanwhile (back-to-back turns) ends first: the commit's threads would take
+            # the GIL and a core from it. At most AFTER_TURN_WAIT from when the commit was ready, the hold
+            # counted in: a long turn still sees a commit a second.
+            await _wait(self._agent_idle, max(0.0, ready + AFTER_TURN_WAIT - loop.time()))
 
         def write(index: RecallIndex) -> None:
             index.put(staged.docs, staged.replace)
