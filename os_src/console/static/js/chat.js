@@ -17,12 +17,14 @@ export class ChatView {
     this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
     list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
+    this.unsentItems = new Set(); // messages shown unsent with a Send again: kept through every redraw until sent
     this.turns = new Map(); // turn_id -> {stream, tools, retry}
     this.texts = new Map(); // turn_id -> the person's message (for Retry)
     this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
     this.sent = 0;
     this.running = null; // the running turn's id
     this.stream = null; // the server run the view is current with (ready.stream)
+    this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
@@ -66,7 +68,41 @@ export class ChatView {
     item.dataset.state = "refused";
     const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
     clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
-      onclick: () => { if (this.submit(text)) item.remove(); } }));
+      onclick: () => { if (this.submit(text)) { item.remove(); this.unsentItems.delete(item); } } }));
+    this.unsentItems.add(item);
+  }
+
+  /** Messages still waiting when the server restarted. The old server may have taken one after the
+   * page's link went quiet (its turn is then in that session's record) or dropped it with its queue:
+   * the record is asked before a Send again is offered, so a click never gives the agent the same
+   * message twice. Each of that session's turns the page never showed answers one message, in order. */
+  async restarted(items, left) {
+    for (const item of items) {
+      item.dataset.state = "checking";
+      const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
+      meta.textContent = "the Sprite restarted: looking whether the agent took it…";
+      this.unsentItems.add(item); // the person's words, kept through a redraw until settled
+    }
+    let unseen = null; // the old session's turns the page never showed, oldest first (null: not known)
+    if (left.session) {
+      try {
+        const page = await this.conn.request("session_turns", { session_id: left.session, limit: PAGE });
+        unseen = page.turns.filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+      } catch { /* not known: offered again, and said so */ }
+    }
+    for (const item of items) {
+      const text = item.querySelector(".text").textContent;
+      const at = unseen ? unseen.findIndex((turn) => turn.user_message === text) : -1;
+      if (at >= 0) {
+        unseen.splice(at, 1);
+        this.unsentItems.delete(item);
+        item.dataset.state = "taken";
+        item.querySelector(".meta").textContent = "the agent took it before the Sprite restarted: its answer is in Past sessions.";
+      } else {
+        this.unsent(item, unseen ? "not sent: the Sprite restarted before the agent took it."
+          : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
+      }
+    }
   }
 
   command(frame) {
@@ -121,7 +157,7 @@ export class ChatView {
       case "tool_use": return this.toolUse(frame);
       case "tool_result": return this.toolResult(frame);
       case "turn_complete": return this.completed(frame);
-      case "session_started": return this.notice("A new session started: the agent remembers what memory kept.", "session");
+      case "session_started": this.session = frame.session_id; return this.notice("A new session started: the agent remembers what memory kept.", "session");
       case "session_ended": return this.notice(`The session ended (${
         frame.reason === "forget" ? "a turn of it was forgotten" : frame.reason.replace("_", " ")}).`, "session");
       case "error": return this.error(frame);
@@ -138,10 +174,14 @@ export class ChatView {
     const fresh = frame.resync || frame.stream !== this.stream;
     const before = this.stream;
     this.stream = frame.stream;
+    const session = this.session;
+    this.session = frame.session_id;
     if (fresh) {
       // A server that restarted dropped the messages still waiting for the agent: they stay in view,
       // unsent (after a long gap on the same server they are still queued there, and show as they start).
       const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
+      const left = { session, shown: new Set(this.shown) }; // the session the old server ran
+      const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       clear(this.list);
       this.turns.clear();
       this.shown.clear();
@@ -154,7 +194,8 @@ export class ChatView {
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
-      for (const item of dropped) this.unsent(this.add(item), "not sent: the Sprite restarted before the agent took it.");
+      for (const item of unsent) this.add(item);
+      if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
       this.loadHistory(null);
     }
     this.setAgent(frame.agent, frame.turn_id);

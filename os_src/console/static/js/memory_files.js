@@ -3,6 +3,9 @@
 
 import { clear, el, keepingFocus, plural, when } from "./dom.js";
 
+// What text.safe_text drops from a memory file (C0 controls but tab and newline; the textarea has no CR).
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f]/g;
+
 export class FilesPanel {
   constructor(root, connection, flash) {
     this.root = root;
@@ -110,17 +113,27 @@ export class FilesPanel {
       "aria-describedby": "file-counter" }); // a screen reader on a Save that is off hears why
     const recount = () => {
       const lines = area.value ? area.value.split("\n").length - (area.value.endsWith("\n") ? 1 : 0) : 0;
-      const bytes = new TextEncoder().encode(area.value).length;
+      // Bytes as the server will store the draft (text.safe_text drops control characters, then a final
+      // newline is added): a draft of exactly the limit without one is a byte over, and refused.
+      const stored = area.value.replace(UNSAFE, "");
+      const bytes = new TextEncoder().encode(stored).length + (stored && !stored.endsWith("\n") ? 1 : 0);
       // Why Save is off, in words (as the server would refuse it): what to cut, not only a red number.
       const over = lines > file.max_lines ? `over the limit: remove ${plural(lines - file.max_lines, "line")} to save`
-        : bytes > file.max_bytes ? `${bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes, over the limit: shorten it by ${(bytes - file.max_bytes).toLocaleString("en-US")} bytes to save`
+        : bytes > file.max_bytes ? `${bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes, over the limit: shorten it by ${plural(bytes - file.max_bytes, "byte")} to save`
           : "";
       counter.textContent = `${lines} / ${file.max_lines} lines${over ? `, ${over}` : ""}`;
       counter.classList.toggle("over", Boolean(over));
       save.disabled = area.value === text || Boolean(over);
     };
     area.addEventListener("input", recount);
-    save.addEventListener("click", () => this.save(file, area.value));
+    save.addEventListener("click", async () => {
+      // One request at a time: a second Save of the same draft began from the same text, and would be
+      // refused as if someone else had saved (it was this one). Not by disabling the button: that
+      // would drop the keyboard's place to <body>.
+      if (save.getAttribute("aria-busy") === "true") return;
+      save.setAttribute("aria-busy", "true");
+      try { await this.save(file, area.value); } finally { save.removeAttribute("aria-busy"); }
+    });
     recount();
     return el("div", { class: "editing" }, area,
       el("div", { class: "actions" }, counter, save,
