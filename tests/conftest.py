@@ -108,6 +108,16 @@ __all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_n
 
 
 @pytest.fixture
+def recall_unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auto-recall gives up after AUTO_RECALL_TIMEOUT (0.5 s), so that a turn never waits on it. A test of
+    what it recalls is no test of that limit, which a loaded machine misses: then nothing is recalled, and
+    a test that something is (or that a forgotten turn is not) fails, or passes for no reason."""
+    from sprite_os.memory.recall import service
+
+    monkeypatch.setattr(service, "AUTO_RECALL_TIMEOUT", 60.0)
+
+
+@pytest.fixture
 async def bridge() -> AsyncIterator[MockBridge]:
     async with MockBridge() as b:
         yield b

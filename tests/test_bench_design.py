@@ -95,18 +95,21 @@ async def test_the_line_with_a_past_gives_memory_on_a_past_session_that_auto_rec
         await system.stop()
 
 
-def test_the_spans_bench_wraps_names_that_exist_and_puts_them_back() -> None:
-    """bench/spans.py wraps private names of the runtime, the CLI process, capture's writer, recall and
-    the SDK: each must still exist (a rename would leave a wrapper nobody calls), and leaving puts
-    every one back."""
+async def test_the_spans_bench_wraps_names_that_exist_and_puts_them_back() -> None:
+    """bench/spans.py wraps private names of the runtime, the CLI process, capture's writer and journal,
+    recall, the SDK and the bench's turn (and the running loop's wake-ups from threads): each must still
+    exist (a rename would leave a wrapper nobody calls), and leaving puts every one back."""
     from bench import spans
 
     targets = (spans.rt.AgentRuntime, spans.process.AgentProcess, spans.writer, spans.service,
-               spans.sdk_query.Query)
+               spans.sdk_query.Query, spans.journal.JournalFile, spans.turns)
+    loop = asyncio.get_running_loop()
     before = [dict(vars(t)) for t in targets]
     with spans.instrumented(spans.Recorder()):
         during = [dict(vars(t)) for t in targets]
+        assert "call_soon_threadsafe" in vars(loop)  # counted, on this loop alone
     after = [dict(vars(t)) for t in targets]
+    assert "call_soon_threadsafe" not in vars(loop)
     wrapped = {(i, name) for i, (old, new) in enumerate(zip(before, during, strict=True))
                for name in old.keys() | new.keys() if old.get(name) is not new.get(name)}
     assert len(wrapped) >= 10

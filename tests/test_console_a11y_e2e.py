@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from axe_playwright_python.async_playwright import Axe
-from playwright.async_api import TimeoutError as PlaywrightTimeout
 from playwright.async_api import expect
 
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
@@ -55,6 +54,8 @@ async def every_view(tab: Tab) -> list[str]:
         await tab.memory(section)
         out += await violations(tab, f"memory {section}")
     await tab.by("memory-section-files").click()
+    # the section's load renders the file again, and with it an empty version view: the diff opened before is gone
+    await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
     await tab.by("file-version").last.get_by_role("button").click()
     await expect(tab.by("file-diff")).to_be_visible()
     await tab.by("file-edit").click()
@@ -121,6 +122,10 @@ async def test_every_action_works_from_the_keyboard_alone(server: SpriteOS, brid
     upload.write_text("from the keyboard")
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        # Playwright intercepts file choosers only once the page has a listener for them, and turns that
+        # on without waiting: left to expect_file_chooser, the Enter below could open the picker first
+        # (about one time in seven under load), and the chooser never came.
+        tab.page.on("filechooser", lambda _chooser: None)
         keys = tab.page.keyboard
         await tab.page.goto(tab.base)
         await keys.type(TOKEN)  # the token box has the focus
@@ -130,6 +135,9 @@ async def test_every_action_works_from_the_keyboard_alone(server: SpriteOS, brid
         await keys.press("Enter")
         await expect(tab.by("card")).to_have_count(1)
         await expect(tab.messages("assistant").last).to_contain_text("On the canvas.")
+        # the words stream in before the turn is recorded: its status line says it is, and only then
+        # does Past sessions list the session
+        await expect(tab.by("turn-status")).to_have_count(1)
 
         await tab_to(tab, "past-sessions")
         await keys.press("Enter")
@@ -158,15 +166,9 @@ async def test_every_action_works_from_the_keyboard_alone(server: SpriteOS, brid
         await keys.press("ArrowRight")  # the tabs: arrows move between them
         await keys.press("ArrowRight")
         await expect(tab.by("files-view")).to_be_visible()
-        for attempt in range(3):  # the files view may re-render (a listing lands) between focus and Enter
-            await tab_to(tab, "upload-button")
-            try:
-                async with tab.page.expect_file_chooser(timeout=10_000) as chooser:
-                    await keys.press("Enter")
-                break
-            except PlaywrightTimeout:
-                if attempt == 2:
-                    raise
+        await tab_to(tab, "upload-button")
+        async with tab.page.expect_file_chooser() as chooser:
+            await keys.press("Enter")
         await (await chooser.value).set_files(str(upload))
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
         await tab_to(tab, "open-folder")
@@ -180,7 +182,7 @@ async def test_every_action_works_from_the_keyboard_alone(server: SpriteOS, brid
         await keys.press("ArrowRight")  # to Learnings
         await expect(tab.by("memory-panel-learnings")).to_be_visible()
         await keys.press("ArrowLeft")
-        await expect(tab.by("memory-panel-files")).to_be_visible()
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
         await tab_to(tab, "file-edit")
         await keys.press("Enter")
         await tab_to(tab, "file-editor")

@@ -5,13 +5,16 @@ mock Bridge as model and curator."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from playwright.async_api import expect
 
 from devkit.mock_bridge import Fault, MockBridge
+from sprite_os import gateway
 from sprite_os.config import Settings
+from sprite_os.console import memory_frames
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall.learnings import search_learnings
@@ -155,6 +158,73 @@ async def test_a_draft_survives_a_reload_and_a_file_that_moved_on_is_said_before
         await expect(tab.by("file-editor")).to_have_value(draft)  # still there to copy
         await tab.by("file-cancel").click()
         await expect(tab.by("file-text")).to_have_text("# User\n- Name: Ada\n- Likes jazz\n")
+        tab.assert_clean()
+
+
+async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the_focus_on_it(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_templates(server.settings)
+    MemoryFiles(server.settings.layout).write("user.md", "# User\n- Name: Ada\n", source="seed")
+    holding, held, release = [False], asyncio.Event(), asyncio.Event()
+    request = gateway._Connection._request
+
+    async def listing_held(conn: gateway._Connection, frame: object) -> None:
+        if holding[0] and isinstance(frame, memory_frames.MemoryFilesRequest):
+            held.set()
+            await release.wait()
+        await request(conn, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Connection, "_request", listing_held)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("files")
+        panel = tab.by("memory-panel-files")
+        for control in (tab.by("file-edit"), tab.by("memory-file").filter(has_text="user.md").get_by_role("button")):
+            holding[0] = True
+            held.clear()
+            release.clear()
+            await tab.by("memory-refresh").click()  # the reload is on its way...
+            await asyncio.wait_for(held.wait(), timeout=30)
+            await control.focus()  # ...when the person tabs onto a control it will render again
+            holding[0] = False
+            release.set()
+            await expect(panel).not_to_have_attribute("data-loading", "true")
+            await expect(control).to_be_focused()  # its successor has the focus, not the page's top
+        await tab.by("file-edit").focus()
+        await tab.page.keyboard.press("Enter")
+        await expect(tab.by("file-editor")).to_be_visible()
+        tab.assert_clean()
+
+
+async def test_a_section_shown_twice_says_it_is_loading_until_the_second_load_ends(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_templates(server.settings)
+    held: list[asyncio.Event] = []
+    request = gateway._Connection._request
+
+    async def file_held(conn: gateway._Connection, frame: object) -> None:
+        if isinstance(frame, memory_frames.MemoryFileRequest):
+            held.append(asyncio.Event())
+            await held[-1].wait()
+        await request(conn, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Connection, "_request", file_held)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        panel = tab.by("memory-panel-files")
+        await tab.by("memory-tab").click()  # opens the files section: one load...
+        await wait_for(lambda: len(held) == 1, timeout=30, what="the first load's file")
+        await tab.by("memory-section-files").click()  # ...and a second while it is on its way
+        held[0].set()
+        await wait_for(lambda: len(held) == 2, timeout=30, what="the second load's file")
+        await expect(panel).to_have_attribute("data-loading", "true")  # the first load's end is not the section's
+        held[1].set()
+        await expect(panel).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("file-text")).to_be_visible()
         tab.assert_clean()
 
 

@@ -511,9 +511,13 @@ async def test_calls_abandoned_before_the_reply_or_timed_out_cost_their_worst_ca
     bridge.faults.add(Fault("latency", seconds=3, times=8))
     async with booked(bridge, tmp_path, daily_usd=8.5 * worst.worst_case_usd()) as relay, cli(relay) as c:
         assert relay.book is not None
-        for _ in range(8):  # curl --max-time 1, non-streaming
-            with pytest.raises(httpx2.ReadTimeout):
-                await c.post("/v1/messages", content=body, timeout=0.3)
+        for n in range(1, 9):  # the CLI gives up once the proxy has the call (a timeout of its own would race
+            # the relay's connection to the proxy: a call cut before that never reached it, and costs nothing)
+            post = asyncio.create_task(c.post("/v1/messages", content=body))
+            await bridge.wait_for(lambda b, n=n: len(b.requests) == n)  # type: ignore[misc]
+            post.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await post
         await wait_for(lambda: relay.book is not None and relay.book.report()["in_flight_usd"] == 0.0, timeout=10,
                        what="the abandoned calls settled")
         spent = relay.book.report()["spent_today_usd"]
@@ -521,6 +525,31 @@ async def test_calls_abandoned_before_the_reply_or_timed_out_cost_their_worst_ca
     assert spent == pytest.approx(8 * worst.worst_case_usd(), rel=1e-6)
     assert refused.status_code == 429 and "daily budget" in refused.json()["error"]["message"]
     assert len(bridge.requests) == 8
+
+
+async def test_a_call_the_cli_gave_up_on_before_it_left_the_relay_costs_nothing(
+        bridge: MockBridge, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine the relay's connection to the proxy can take longer than the CLI waits: a call
+    cut then never reached the proxy, and costs nothing (it was counted at its worst case)."""
+    async with booked(bridge, tmp_path) as relay, cli(relay) as c:
+        assert relay.book is not None and relay._client is not None
+        connecting = asyncio.Event()
+
+        async def not_connected_yet(request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+            connecting.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("never")
+
+        monkeypatch.setattr(relay._client, "send", not_connected_yet)
+        post = asyncio.create_task(c.post("/v1/messages", json=BODY))
+        await asyncio.wait_for(connecting.wait(), 10)
+        post.cancel()  # the CLI gives up
+        with contextlib.suppress(asyncio.CancelledError):
+            await post
+        await wait_for(lambda: relay.book is not None and relay.book.report()["in_flight_usd"] == 0.0, timeout=10,
+                       what="the call settled")
+        assert relay.book.report()["spent_today_usd"] == 0.0
+    assert bridge.requests == []
 
 
 async def test_a_call_the_proxy_went_silent_on_costs_its_worst_case_and_one_never_sent_nothing(

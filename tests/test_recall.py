@@ -32,6 +32,8 @@ from sprite_os.memory.recall.vectors import VectorReader, VectorWriter
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, Observation, TranscriptDB
 
+pytestmark = pytest.mark.usefixtures("recall_unhurried")  # what is recalled, not how fast
+
 T0 = 1_600_000_000.0
 
 

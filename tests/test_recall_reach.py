@@ -13,6 +13,8 @@ from sprite_os.memory.recall.reach import Reach
 from sprite_os.memory.system import MemorySystem
 from tests.test_recall import record, system, turn  # noqa: F401  (the fixture)
 
+pytestmark = pytest.mark.usefixtures("recall_unhurried")  # what is recalled, not how fast
+
 
 async def test_a_learning_a_forgets_purge_indexed_is_still_auto_recalled(system: MemorySystem) -> None:  # noqa: F811
     """A first session; the curator commits a learning; before the indexer's next poll takes it, a

@@ -163,7 +163,7 @@ class _Refused(Exception):
 @dataclass
 class _Forwarded:
     call: Call | None  # what the budget let out (None: no budget)
-    sent: bool = False  # the request may have reached the proxy (it was connected to): it may bill it
+    sent: bool = False  # the request may have reached the proxy (its head was being written): it may bill it
     status: int | None = None  # the proxy's, once it answered
     meter: UsageMeter | None = None
     settled: bool = False
@@ -472,13 +472,19 @@ class ModelRelay:
         assert self._client is not None
         started = time.monotonic()
         headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
+
+        async def trace(event: str, _info: dict[str, object]) -> None:
+            # The request may reach the proxy once its head is being written, not before: a CLI that gives up
+            # while the connection is still being made (slow on a loaded machine) leaves a call never sent.
+            if event.endswith("send_request_headers.started"):
+                outcome.sent = True
+
         upstream = self._client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
-                                              headers=headers, content=_slices(body))
-        outcome.sent = True
+                                              headers=headers, content=_slices(body), extensions={"trace": trace})
         try:
             response = await self._client.send(upstream, stream=True)
         except httpx.TransportError as exc:
-            outcome.sent = not isinstance(exc, _NEVER_SENT)
+            outcome.sent = outcome.sent and not isinstance(exc, _NEVER_SENT)
             self._settle(outcome)  # before the CLI hears of it, as for a reply
             await self._refuse(conn, writer, _unreachable(exc))  # the request was read whole
             return False

@@ -241,9 +241,17 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_bel
 
 
 def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
+    """texts_to_embed, its turns recorded at once: for a caller that stores the vectors in this same step."""
+    out, after = texts_to_embed(conn, ids)
+    record_embedded_after(conn, after)
+    return out
+
+
+def texts_to_embed(conn: sqlite3.Connection, ids: Sequence[int]
+                   ) -> tuple[list[tuple[int, float, str]], list[tuple[int, int]]]:
     """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left
-    out. Each episode records which turn it is embedded after (`embedded_after`), read in this same call:
-    a turn that lands between later does not change what the vector holds (turns_before)."""
+    out. With each, the turn it is embedded after, read in this same call (a turn that lands between later
+    does not change what the vector holds): record_embedded_after, once the vectors are stored."""
     found = get(conn, ids)
     out, after = [], []
     for i in ids:
@@ -251,10 +259,16 @@ def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, fl
             before = previous(conn, e)
             out.append((e.id, e.at, embed_text(before, e)))
             after.append((before.id if before is not None else 0, e.id))
+    return out, after
+
+
+def record_embedded_after(conn: sqlite3.Connection, after: Sequence[tuple[int, int]]) -> None:
+    """Which turn each episode's stored vector was made after (turns_before): said once the vector holds
+    those words, never before (a search would lend the old vector to the new turn; a stop between would
+    leave it so for good)."""
     if after:
         with transaction(conn) as c:
             c.executemany("UPDATE episodes SET embedded_after = ? WHERE id = ?", after)
-    return out
 
 
 def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:

@@ -317,8 +317,9 @@ class Indexer:
                 await self._agent_first()
                 await self._embed_again(station)
                 async with self.embedding:
-                    taken, batch = await self._next_batch(gap, station, walk_top if first is not None else 0)
+                    taken, batch, after = await self._next_batch(gap, station, walk_top if first is not None else 0)
                     added = await station.call(partial(Station.embed, batch=batch)) if batch else 0
+                    await self.memory.call(partial(_record_embedded_after, after=after))
                 if added:
                     self._rate.add(time.monotonic(), added)
                     self.health.embedded += added
@@ -347,8 +348,9 @@ class Indexer:
         await self._agent_first()
         try:
             async with self.embedding:
-                batch = await self.memory.call(lambda m: ep.to_embed(m.conn, ids))
+                batch, after = await self.memory.call(lambda m: ep.texts_to_embed(m.conn, ids))
                 await station.call(lambda s: s.renew(batch))
+                await self.memory.call(lambda m: ep.record_embedded_after(m.conn, after))
         except Exception:
             await self.memory.call(lambda m: ep.never_lend(m.conn, ids))
             raise
@@ -362,14 +364,15 @@ class Indexer:
             await _wait(self._activity_changed, delay)
 
     async def _next_batch(self, gap: Range, station: Worker[Station], skim_below: int
-                          ) -> tuple[Range, list[tuple[int, float, str]]]:
+                          ) -> tuple[Range, list[tuple[int, float, str]], list[tuple[int, int]]]:
         """The newest episodes in `gap` without a vector (at most EMBED_BATCH; at or below `skim_below`,
-        those of the first pass alone), with the range of ids this step has dealt with."""
+        those of the first pass alone), with the range of ids this step has dealt with, and the turn each
+        is embedded after (ep.texts_to_embed)."""
         ids = await self.memory.call(lambda m: ep.ids_between(m.conn, gap[0], gap[1], SCAN, skim_below))
         todo = (await station.call(lambda s: s.without_vector(ids)))[:EMBED_BATCH]
         low = todo[-1] if len(todo) == EMBED_BATCH else ids[-1] if len(ids) == SCAN else gap[0]
-        batch = await self.memory.call(lambda m: ep.to_embed(m.conn, todo)) if todo else []
-        return (low, gap[1]), batch
+        batch, after = await self.memory.call(lambda m: ep.texts_to_embed(m.conn, todo)) if todo else ([], [])
+        return (low, gap[1]), batch, after
 
     async def _adopt_legacy(self, model: str, station: Worker[Station]) -> None:
         """Vectors kept in memory.db (before the store) move into it, a page at a time, then leave it."""
@@ -407,6 +410,10 @@ async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             await event.wait()
+
+
+def _record_embedded_after(memory: MemoryDB, after: Sequence[tuple[int, int]]) -> None:
+    ep.record_embedded_after(memory.conn, after)
 
 
 def _stage_turns(memory: MemoryDB, step: tuple[list[Observation], Range], held: Marks) -> Staged:

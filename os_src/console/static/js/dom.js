@@ -31,6 +31,24 @@ export function clear(node) {
   return node;
 }
 
+/** Runs `render()`, which rebuilds what is in `box`; if the focus was on a control in there, it goes to
+ * that control's successor (same test id, in the item of the same name, number or id). A reload that
+ * lands while a keyboard user is on Edit, a file or a learning must not drop their focus to the top of the page. */
+export function keepingFocus(box, render) {
+  const had = document.activeElement;
+  const path = had && had !== box && box.contains(had) ? focusPath(had, box) : null;
+  render();
+  if (path && !had.isConnected) box.querySelector(path)?.focus();
+}
+
+function focusPath(node, box) {
+  const key = (item) => ["name", "number", "id"].filter((k) => item.dataset[k] !== undefined)
+    .map((k) => `[data-${k}="${CSS.escape(item.dataset[k])}"]`).join("");
+  const item = node.parentElement?.closest("[data-name], [data-number], [data-id]");
+  const within = item && box.contains(item) ? `${item.tagName.toLowerCase()}${key(item)} ` : "";
+  return within + (node.dataset.testid ? `[data-testid="${CSS.escape(node.dataset.testid)}"]` : node.tagName.toLowerCase());
+}
+
 const pad = (n) => String(n).padStart(2, "0");
 
 /** 2026-11-20 10:15, in the reader's time zone. */

@@ -40,6 +40,7 @@ export class MemoryView {
     const refresh = el("button", { type: "button", class: "refresh", testid: "memory-refresh", text: "Refresh", onclick: () => this.show(this.current) });
     root.append(el("div", { class: "subtabs-bar" }, this.nav, refresh), this.flashBox, body);
     this.current = "files";
+    this.loads = new Map(); // section -> the number of its latest load
   }
 
   async show(key = this.current) {
@@ -52,13 +53,16 @@ export class MemoryView {
       button.tabIndex = selected ? 0 : -1;
     }
     const { section, panel } = this.panels.get(key);
+    // data-loading says a load of the section is on its way: the last one shown, not the first to end
+    const load = (this.loads.get(key) ?? 0) + 1;
+    this.loads.set(key, load);
     section.dataset.loading = "true";
     try {
       await panel.load();
     } catch (error) {
       this.flash(error.message, "error");
     } finally {
-      delete section.dataset.loading;
+      if (this.loads.get(key) === load) delete section.dataset.loading;
     }
   }
 

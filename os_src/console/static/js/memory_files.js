@@ -1,7 +1,7 @@
 // The six memory files: each with its size against its limits, its text, a person's own
 // edit (the daemon's four files), and its history as diffs, with rollback to any version.
 
-import { clear, el, plural, when } from "./dom.js";
+import { clear, el, keepingFocus, plural, when } from "./dom.js";
 
 export class FilesPanel {
   constructor(root, connection, flash) {
@@ -20,7 +20,7 @@ export class FilesPanel {
 
   async load() {
     const { files } = await this.conn.request("memory_files");
-    clear(this.list).append(...files.map((f) => this.fileItem(f)));
+    keepingFocus(this.list, () => clear(this.list).append(...files.map((f) => this.fileItem(f))));
     await this.open(this.selected);
   }
 
@@ -66,7 +66,7 @@ export class FilesPanel {
       return;
     }
     this.current = answer;
-    this.renderFile();
+    keepingFocus(this.detail, () => this.renderFile());
     // On a phone the file opens below the list: bring it into view.
     if (chosen && window.matchMedia("(max-width: 760px)").matches) this.detail.scrollIntoView({ block: "start" });
   }

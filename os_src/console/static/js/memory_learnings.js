@@ -1,7 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { append, clear, day, el, plural, when } from "./dom.js";
+import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
@@ -38,9 +38,11 @@ export class LearningsPanel {
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
       : query ? `${plural(learned.length, "learning")} found for “${query}”, best first${turns.length ? `, and ${plural(turns.length, "past turn")}` : ""}.`
         : `The ${hits.length} newest.`;
-    clear(this.results).append(...learned.map((hit) => this.item(hit)));
-    if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
-    clear(this.episodes).append(...turns.map((hit) => this.item(hit)));
+    keepingFocus(this.results, () => {
+      clear(this.results).append(...learned.map((hit) => this.item(hit)));
+      if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
+    });
+    keepingFocus(this.episodes, () => clear(this.episodes).append(...turns.map((hit) => this.item(hit))));
     this.episodes.hidden = this.turnsHeading.hidden = !turns.length;
   }
 
