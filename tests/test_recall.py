@@ -487,3 +487,31 @@ def test_every_message_the_runtime_may_queue_keeps_its_early_embedding_until_its
         dense.ask(text).result()  # type: ignore[union-attr]
     dense.close()
     assert made == waiting
+
+
+async def test_a_turn_forgotten_while_its_commit_is_held_back_does_not_come_back_to_the_index(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The indexer stages a turn's documents (its text, and its neighbours' with it as context), then holds
+    the commit back (COMMIT_EVERY, and a turn begun meanwhile: AFTER_TURN_WAIT). A forget meanwhile must
+    not see those documents written after it: forgotten words leave the index at once, and stay out."""
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 3.0)
+    monkeypatch.setattr(indexer_module, "AFTER_TURN_WAIT", 3.0)
+    await record(system, turn("s1", 1, "We talked about the weather"))  # a commit now: the next is held back
+    await system.transcript.call(lambda db: db.append(turn("s1", 2, "My safe code is Zanzibar")))
+    system.recall.indexer.nudge()
+    forgotten = None
+    for _ in range(200):  # staged: its episode is in memory.db, its commit held back
+        found = await system.memory.call(lambda m: ep.get(m.conn, [2]))
+        if found:
+            forgotten = found
+            break
+        await asyncio.sleep(0.01)
+    assert forgotten, "the indexer never staged the turn"
+    system.recall.indexer.turn_started()  # the next turn, back to back: the commit waits for it too
+    await system.forget_turns([2], by="the person, in the console")
+    assert await system.recall.purged(30)
+    system.recall.indexer.turn_ended()
+    await asyncio.wait_for(system.recall.indexer.current.wait(), 30)
+    doc_freq = await system.recall.index.call(lambda i: (i.index.reload(), i.index.searcher().doc_freq("text", "zanzibar"))[1])
+    hits = await system.search("Zanzibar safe code", 10)
+    assert doc_freq == 0 and not any("zanzibar" in h.snippet.lower() for h in hits), (doc_freq, hits)

@@ -147,6 +147,7 @@ class Indexer:
         self._wake = asyncio.Event()
         self._embed_wake = asyncio.Event()
         self._changed: set[int] = set()
+        self._forgets = 0  # forgets begun: documents staged before one may hold its words (`forgetting`)
         self._last_commit = -math.inf
         self._tasks: list[asyncio.Task[None]] = []
         self._episodes = 0
@@ -178,6 +179,11 @@ class Indexer:
         self.activity.ended(time.monotonic())
         self._activity_changed.set()
         self._agent_idle.set()
+
+    def forgetting(self) -> None:
+        """A forget begins (memory.db has lost the turns' words; the index's deletion comes next): what
+        the catch-up staged before it, held back for its commit, is staged again, never written after it."""
+        self._forgets += 1
 
     def learning_changed(self, learning_id: int) -> None:
         """A person forgot a learning, or undid it: its document goes, or comes back."""
@@ -223,13 +229,16 @@ class Indexer:
                 await asyncio.sleep(RETRY)
 
     async def _catch_up(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._changed:
+        while self._changed:
             changed, self._changed = sorted(self._changed), set()
-            staged_changes = await self.memory.call(lambda m: learning_changes(m.conn, changed))
+            forgets = self._forgets
+            staged_changes = await self.memory.call(partial(_learning_changes, ids=changed))
             if staged_changes.docs:  # a learning remembered again
                 self.reach.learned()
-            await self._commit(loop, staged_changes)
+            if not await self._commit(loop, staged_changes, forgets):
+                self._changed.update(changed)
         while True:  # the newest turns the index lacks, then learnings
+            forgets = self._forgets
             held: Marks = await self.memory.call(lambda m: read_marks(m.conn))
             step = await self.transcript.call(partial(next_turns, marks=held))
             if step is not None:
@@ -242,12 +251,16 @@ class Indexer:
                     self.reach.learned()
             if staged is None:
                 break
-            await self._commit(loop, staged)
-            self._episodes += staged.added
+            self._episodes += staged.added  # in memory.db now, whether this commit is made or staged again
+            if not await self._commit(loop, staged, forgets):
+                continue
             top = await self.transcript.call(lambda t: t.max_id())
             self.health.turns_waiting = unseen(staged.marks.seen(), top)
 
-    async def _commit(self, loop: asyncio.AbstractEventLoop, staged: Staged) -> None:
+    async def _commit(self, loop: asyncio.AbstractEventLoop, staged: Staged, forgets: int) -> bool:
+        """Write `staged` (staged once `forgets` forgets had begun); False, and nothing written, when a
+        forget began since: its documents (a turn, its neighbours with it as their context, a learning)
+        may hold the forgotten words, and written after the forget's deletion they would bring them back."""
         ready = loop.time()
         if (hold := self._last_commit + COMMIT_EVERY - ready) > 0:
             await asyncio.sleep(hold)  # at most one commit a second: each costs 40-200 ms at 2M documents
@@ -255,6 +268,8 @@ class Indexer:
             # the GIL and a core from it. At most AFTER_TURN_WAIT from when the commit was ready, the hold
             # counted in: a long turn still sees a commit a second.
             await _wait(self._agent_idle, max(0.0, ready + AFTER_TURN_WAIT - loop.time()))
+        if self._forgets != forgets:  # checked as the write is handed out: a forget after it deletes after it
+            return False
 
         def write(index: RecallIndex) -> None:
             index.put(staged.docs, staged.replace)
@@ -263,6 +278,7 @@ class Indexer:
         await self.index.call(write)
         self._last_commit = loop.time()
         await self.memory.call(lambda m: write_marks(m.conn, staged.marks))
+        return True
 
     # ------------------------------------------------------------ embeddings
 
@@ -402,6 +418,10 @@ def _record_embedded_after(memory: MemoryDB, after: Sequence[tuple[int, int]]) -
 
 def _stage_turns(memory: MemoryDB, step: tuple[list[Observation], Range], held: Marks) -> Staged:
     return stage_turns(memory.conn, *step, held)
+
+
+def _learning_changes(memory: MemoryDB, ids: list[int]) -> Staged:
+    return learning_changes(memory.conn, ids)
 
 
 def _stage_learnings(memory: MemoryDB, held: Marks) -> Staged | None:

@@ -252,6 +252,7 @@ class RecallService:
         word index, now. A deletion only marks a document, its words stay in the segment until a
         merge, so the index is then written anew in the background (`purge`), its old segment files
         deleted. A flag in memory.db's meta, set first, makes a restart finish both."""
+        self.indexer.forgetting()  # what the indexer staged before now is staged again, never written after this
         await self._memory.call(lambda m: m.set_meta(PURGE_KEY, "1"))
         if self._index is None:  # not started (a tool that only reads): the server's start does it, by the flag
             return
