@@ -170,6 +170,8 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os.agent import frames
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
+    from sprite_os.memory import files
+    from sprite_os.memory.capture import journal
     from sprite_os.memory.curation import curator
     from sprite_os.tools import canvas
 
@@ -208,6 +210,13 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/deploy.md", "W/{" + ",".join(deploy_contract.USER_SPACE_DIRS) + "}/"),
         ("docs/deploy.md", f"W/.os/{deploy_contract.AGENT_DIR}/ "),
         ("docs/memory.md", f"The cap can't be set below about 43,000 ({curator.MIN_BATCH_TOKENS:,} "),
+        ("docs/memory.md", f"the journal waits {journal.CLOSE_GRACE * 1000:.0f} ms for it"),
+        ("docs/memory.md", f"event loop from {journal.OPEN_GRACE * 1000:.0f} ms after the turn opens, "
+                           f"then at most every {journal.DELAY * 1000:.0f} ms"),
+        ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
+        ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens)"),
+        ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
+        ("docs/console.md", f"Past the file's limits (its lines, or {files.MAX_FILE_BYTES:,} bytes)"),
         *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
           for page in ("README.md", "docs/security.md")],
         ("docs/security.md", f"`cpu.weight={cgroups.CPU_WEIGHT_V2}` (the server's 100) | "

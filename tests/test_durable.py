@@ -249,6 +249,34 @@ async def test_an_open_turn_save_due_as_the_turn_closes_waits_the_close_grace(
         assert counted.saves[1:] == [([(2, True)], True)]
 
 
+async def test_an_emptying_save_that_failed_is_made_for_the_next_empty_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal passes over a save that would leave the file empty when the last save it handed out
+    emptied it. One that failed (a full disk) left the file as it was, holding a turn: the next empty
+    state (a quick turn, closed and durable within its grace) is saved, not passed over."""
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    path = tmp_path / "j.json"
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(path, files, delay=0.0, open_grace=0.0, on_saved=lambda k, e: saved.append((k, e)))
+        journal.opened(lambda: obs(1, text="so far"))  # a long turn: saved open
+        await wait_for(lambda: path.exists() and state(path) == [(1, False)], what="the open turn saved")
+        real = journal._file.save
+
+        def full(_data: bytes | None, sync: bool = True) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(journal._file, "save", full)
+        journal.closed(obs(1))
+        journal.durable(("s1", 1))  # committed first: the file is to be emptied, and that save fails
+        await wait_for(lambda: any(e is not None for _, e in saved), what="the failed save reported")
+        assert state(path) == [(1, False)]
+        monkeypatch.setattr(journal._file, "save", real)  # the disk has room again
+        journal.opened(lambda: obs(2, text="so far"))
+        journal.closed(obs(2))
+        journal.durable(("s1", 2))
+        await wait_for(lambda: state(path) == [], what="the file emptied")
+
+
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
     path = tmp_path / "turn-journal.json"
     path.write_bytes(entries((1, True)) + b"\n" + entries((1, True), (2, False))[:-7])  # killed mid-append

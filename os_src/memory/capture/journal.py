@@ -182,8 +182,12 @@ class TurnJournal:
         self._delay = delay
         self._open_grace = open_grace
         self._open_due = 0.0  # the loop's time before which the open turn is not saved (OPEN_GRACE)
-        self._for_open = False  # the save pending is due for the open turn's sake alone
-        self._empty: bool | None = None  # the last save handed out emptied the file (None: not known)
+        # The save pending (`_timer`; read only while one is) is due for the open turn's sake alone: the
+        # turn's close cancels it, since the closed turn waits its CLOSE_GRACE instead.
+        self._for_open = False
+        # The last save handed out emptied the file, so another empty state is not saved again. None
+        # (at start, and after a failed save): what the file holds is not known, the next save is made.
+        self._empty: bool | None = None
         self._on_saved = on_saved or (lambda _keys, _exc: None)
         self._on_full = on_full or (lambda: None)
         self._open: Callable[[], NewObservation] | None = None  # the open turn, as it would record now

@@ -15,7 +15,10 @@ export class FilesPanel {
     this.current = null; // the open file's answer: {file, text, history}
     this.editing = null; // the name of the file whose editor is open, with the person's draft in it
     this.area = null; // that editor
-    this.drafts = new Map(); // name -> {answer: the text the edit began from, area: its editor}, for files left mid-edit
+    // Files left mid-edit: name -> {answer: the file's answer the edit began from (its sha256 is the save's
+    // base), area: its editor}. The editor, not its text: it stays on screen, and typed in, until the
+    // other file's answer comes.
+    this.drafts = new Map();
     this.list = el("ul", { class: "file-list" });
     this.detail = el("div", { class: "file-detail" });
     root.append(el("div", { class: "files-layout" }, this.list, this.detail));
