@@ -227,6 +227,35 @@ async def test_a_turn_that_ends_within_its_open_grace_costs_the_journal_no_save(
         assert counted.saves[3] == (None, False) and state(tmp_path / "j.json") == []
 
 
+async def test_a_turn_opened_right_after_a_close_waits_its_own_open_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued message starts as the turn before closes: the saves due for that close (its grace, its
+    commit's) came within the new turn's first milliseconds and took its open snapshot with them, so
+    back-to-back turns still cost the journal an open save and an emptying save each. The open turn
+    now waits its own OPEN_GRACE whatever save comes first."""
+    with ThreadPoolExecutor(max_workers=1) as files:
+        grace = 1.0  # longer than OPEN_GRACE: a loaded machine's late wake-up can't outlast it
+        journal = TurnJournal(tmp_path / "j.json", files, open_grace=grace)
+        counted = CountedSaves(journal, monkeypatch)
+        journal.restore([])
+        await wait_for(lambda: len(counted.saves) == 1, what="the first save")
+        journal.opened(lambda: obs(1))
+        journal.closed(obs(1))  # transcript.db's thread is busy: the journal takes it after its grace
+        journal.opened(lambda: obs(2, text="so far"))  # the next message, at once
+        await wait_for(lambda: len(counted.saves) == 2, what="the closed turn's save")
+        assert counted.saves[1] == ([(1, True)], True)  # synced, and without the open turn
+        journal.durable(("s1", 1))  # its commit lands: the journal lets go of it
+        await wait_for(lambda: len(counted.saves) == 3, what="the file emptied")
+        assert counted.saves[2] == (None, False)
+        journal.closed(obs(2))  # within its grace
+        journal.durable(("s1", 2))
+        await asyncio.sleep(grace + journal_mod.DELAY + journal_mod.CLOSE_GRACE)
+        assert len(counted.saves) == 3 and state(tmp_path / "j.json") == []
+        journal.opened(lambda: obs(3, text="so far"))  # a long turn is still saved from its grace on
+        await wait_for(lambda: len(counted.saves) == 4, what="the open turn's save")
+        assert counted.saves[3] == ([(3, False)], False)
+
+
 async def test_an_open_turn_save_due_as_the_turn_closes_waits_the_close_grace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A turn that closed just before its open turn's save was due was saved then, closed and fsync'd,

@@ -275,19 +275,26 @@ class TurnJournal:
 
     def _write(self) -> None:
         self._timer = None
+        loop = asyncio.get_running_loop()
         entries = [Entry(obs, ended=True) for obs in self._closed.values()]
-        if self._open is not None:
+        # A save due for something else (the turn before's close, its commit) that comes inside the open
+        # turn's grace leaves it out: a queued message starts right after a close, and the open turn then
+        # waits its own grace, as any does, rather than costing this save a snapshot and its close a second.
+        early = self._open is not None and loop.time() < self._open_due
+        if self._open is not None and not early:
             try:
                 entries.append(Entry(self._open(), ended=False))
             except Exception as exc:  # a bug in capture: the journal goes on without the open turn
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
+        if early:
+            self._changed(self._open_due - loop.time(), for_open=True)
         data = msgspec.json.encode(entries) if entries else None
         if data is None and self._empty:
             return  # the file is empty already (or will be, once the saves handed out end)
         self._empty = data is None
         keys = list(self._closed)  # synced only when a closed turn waits for it
         written = self._executor.submit(self._file.save, data, bool(keys))
-        written.add_done_callback(partial(self._ended, asyncio.get_running_loop(), keys))
+        written.add_done_callback(partial(self._ended, loop, keys))
         self._written = written
 
     def _ended(self, loop: asyncio.AbstractEventLoop, keys: list[Key], future: Future[None]) -> None:
