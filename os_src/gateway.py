@@ -313,6 +313,7 @@ class _Connection:
             agent=rt.state,
             turn_id=rt.turn_id,
             turn_text=rt.turn_text,
+            waiting=rt.waiting,
             cards=self.gw.canvas.cards(),
             replayed=len(replay or ()),
             resync=hello.last_seq is not None and replay is None,

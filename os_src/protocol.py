@@ -135,6 +135,7 @@ class Ready(ServerFrame, tag="ready", frozen=True):
     replayed: int = 0
     resync: bool = False
     turn_text: str | None = None  # the running turn's message, so a client joining mid-turn can show it
+    waiting: list[str] = msgspec.field(default_factory=list)  # client ids of the messages queued for the agent
 
 
 class SessionStarted(ServerFrame, tag="session_started", frozen=True):

@@ -258,6 +258,11 @@ class AgentRuntime:
     def queued(self) -> int:
         return len(self._inbox)
 
+    @property
+    def waiting(self) -> list[str]:
+        """The client ids of the messages still queued for the agent, in order."""
+        return self._inbox.waiting()
+
     async def shutdown(self, grace: float = TURN_GRACE, cli_end: float = CLI_END) -> None:
         """End the running turn cleanly, end the session, and disconnect the CLI: the turn's end (its
         interrupt too) within `grace` seconds; past it the task is cancelled, and the CLI it leaves has

@@ -199,3 +199,15 @@ def test_a_forgets_restart_goes_first_and_is_never_merged_with_a_persons_new_ses
     inbox.take()
     assert inbox.put(EndSession("forget", "s3"))  # after the person's: not merged into it
     assert [inbox.take() for _ in range(2)] == [EndSession("new_session"), EndSession("forget", "s3")]
+
+
+def test_the_inbox_names_the_messages_still_waiting_by_their_client_ids_in_order() -> None:
+    """What `ready` tells a client whose view starts afresh: its own waiting messages stay in view."""
+    inbox = Inbox()
+    inbox.put(Turn("first", "web-1"))
+    inbox.put(Turn("from the terminal", None))  # sent without an id: nothing to name
+    inbox.put(EndSession("new_session"))
+    inbox.put(Turn("second", "web-2"))
+    assert inbox.waiting() == ["web-1", "web-2"]
+    inbox.take()
+    assert inbox.waiting() == ["web-2"]

@@ -377,8 +377,6 @@ class Droppable:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
-@pytest.mark.xfail(strict=True, reason="a fresh view on the same server drops the messages still queued from view; "
-                   "each shows again only when its turn starts, as if sent from another device")
 async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The page's link is lost for longer than the server keeps events for it (a resync, same server):

@@ -35,6 +35,7 @@ class FakeRuntime:
 
     def __init__(self) -> None:
         self.fail: Exception | None = None
+        self.waiting: list[str] = []
 
     def submit(self, text: str, client_id: str | None = None) -> None:
         if self.fail is not None:
@@ -69,6 +70,11 @@ async def ws(runtime: FakeRuntime) -> AsyncIterator[ClientConnection]:
 async def send(ws: ClientConnection, **frame: Any) -> dict[str, Any]:
     await ws.send(json.dumps(frame))
     return json.loads(await ws.recv())
+
+
+async def test_ready_names_the_messages_still_waiting_for_the_agent(ws: ClientConnection, runtime: FakeRuntime) -> None:
+    runtime.waiting = ["web-1", "web-2"]  # queued behind the running turn, in order
+    assert (await send(ws, type="hello"))["waiting"] == ["web-1", "web-2"]
 
 
 @pytest.mark.parametrize("frame", [

@@ -337,6 +337,10 @@ class Inbox:
     def peek(self) -> Command:
         return self._commands[0]
 
+    def waiting(self) -> list[str]:
+        """The client ids of the messages still queued, in order (those sent without one left out)."""
+        return [c.client_id for c in self._commands if isinstance(c, Turn) and c.client_id is not None]
+
     def take(self) -> Command:
         return self._commands.popleft()
 

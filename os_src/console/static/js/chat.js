@@ -178,10 +178,12 @@ export class ChatView {
     this.session = frame.session_id;
     if (fresh) {
       // A server that restarted dropped the messages still waiting for the agent: they stay in view,
-      // unsent (after a long gap on the same server they are still queued there, and show as they start).
+      // and the session's record says which it took after all (`restarted`).
       const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
       const left = { session, shown: new Set(this.shown) }; // the session the old server ran
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
+      // The same server after a long gap: the messages it still holds for the agent stay in view as waiting.
+      const still = before === frame.stream ? [...this.queued].filter(([id]) => (frame.waiting ?? []).includes(id)) : [];
       clear(this.list);
       this.turns.clear();
       this.shown.clear();
@@ -195,6 +197,7 @@ export class ChatView {
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
       for (const item of unsent) this.add(item);
+      for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
       this.loadHistory(null);
     }
