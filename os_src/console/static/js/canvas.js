@@ -3,7 +3,7 @@
 // keep the view current, applied as upsert and remove by card id. The person can open a
 // card large, copy it, and close it (every device sees it close).
 
-import { clear, el, when } from "./dom.js";
+import { clear, el, keepingFocus, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
 export class CanvasView {
@@ -35,12 +35,12 @@ export class CanvasView {
   upsert(card, live) {
     const node = this.render(card);
     if (live) node.classList.add("fresh");
-    const known = this.cards.get(card.id);
-    const had = known ? focusIn(known.node) : null;
-    if (known) known.node.replaceWith(node);
-    this.cards.set(card.id, { card, node });
-    this.update();
-    if (had !== null) refocus(node, had); // drawn again under the person's focus: it stays on the same button
+    // Drawn again under the person's focus: it stays on the same button.
+    keepingFocus(this.root, () => {
+      this.cards.get(card.id)?.node.replaceWith(node);
+      this.cards.set(card.id, { card, node });
+      this.update();
+    }, { fallback: "button" });
     if (this.dialog.open && this.dialog.dataset.cardId === card.id) this.expand(card);
   }
 
@@ -87,18 +87,18 @@ export class CanvasView {
 
   expand(card) {
     // Drawn again while open (the agent updated the card): the focus and the reader's place stay.
-    const had = this.dialog.open ? focusIn(this.dialog) : null;
     const scrolled = this.dialog.scrollTop;
-    clear(this.dialog).append(
-      el("header", {},
-        el("h2", { id: "card-dialog-title", dir: "auto", text: card.title }),
-        el("span", { class: "badge", text: card.kind }),
-        el("button", { type: "button", testid: "card-dialog-close", text: "Close view", onclick: () => this.dialog.close() })),
-      el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)));
-    this.dialog.dataset.cardId = card.id;
-    if (!this.dialog.open) this.dialog.showModal();
-    else this.dialog.scrollTop = scrolled;
-    if (had) refocus(this.dialog, had);
+    keepingFocus(this.dialog, () => {
+      clear(this.dialog).append(
+        el("header", {},
+          el("h2", { id: "card-dialog-title", dir: "auto", text: card.title }),
+          el("span", { class: "badge", text: card.kind }),
+          el("button", { type: "button", testid: "card-dialog-close", text: "Close view", onclick: () => this.dialog.close() })),
+        el("div", { class: "body markdown", dir: "auto" }, renderMarkdown(card.body)));
+      this.dialog.dataset.cardId = card.id;
+      if (!this.dialog.open) this.dialog.showModal();
+      else this.dialog.scrollTop = scrolled;
+    }, { fallback: "button" });
   }
 
   async copy(card, button) {
@@ -124,17 +124,6 @@ export class CanvasView {
       this.onError(`The card "${card.title}" was not closed: ${error.message}`);
     }
   }
-}
-
-/** What has the focus inside `root`: its test id ("" for one without), or null if the focus is elsewhere. */
-function focusIn(root) {
-  const at = document.activeElement;
-  return at && at !== root && root.contains(at) ? at.dataset.testid ?? "" : null;
-}
-
-/** The focus back on the control of that test id in `root`, or on its first button. */
-function refocus(root, testid) {
-  (root.querySelector(`[data-testid="${CSS.escape(testid)}"]`) || root.querySelector("button"))?.focus();
 }
 
 function copyByHand(text) {

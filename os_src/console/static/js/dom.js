@@ -32,21 +32,34 @@ export function clear(node) {
 }
 
 /** Runs `render()`, which rebuilds what is in `box`; if the focus was on a control in there, it goes to
- * that control's successor (same test id, in the item of the same name, number or id). A reload that
- * lands while a keyboard user is on Edit, a file or a learning must not drop their focus to the top of the page. */
-export function keepingFocus(box, render) {
+ * that control's successor: the control of the same test id (or of `next[testid]`: Forget's successor is
+ * Undo) in the item of the same name, number, id or card id; failing that, the first `fallback` (a
+ * selector) in that item, then in `box`. A reload that lands while a keyboard user is on Edit, a file, a
+ * card or a learning must not drop their focus to the top of the page. */
+export function keepingFocus(box, render, { next = {}, fallback = null } = {}) {
   const had = document.activeElement;
-  const path = had && had !== box && box.contains(had) ? focusPath(had, box) : null;
+  const at = had && had !== box && box.contains(had) ? focusPath(had, box, next) : null;
   render();
-  if (path && !had.isConnected) box.querySelector(path)?.focus();
+  if (!at || had.isConnected) return;
+  for (const selector of [at.item + at.control, ...(fallback ? [`${at.item}:is(${fallback})`, `:is(${fallback})`] : [])]) {
+    const node = box.querySelector(selector);
+    node?.focus();
+    if (node && document.activeElement === node) return;
+  }
 }
 
-function focusPath(node, box) {
-  const key = (item) => ["name", "number", "id"].filter((k) => item.dataset[k] !== undefined)
-    .map((k) => `[data-${k}="${CSS.escape(item.dataset[k])}"]`).join("");
-  const item = node.parentElement?.closest("[data-name], [data-number], [data-id]");
-  const within = item && box.contains(item) ? `${item.tagName.toLowerCase()}${key(item)} ` : "";
-  return within + (node.dataset.testid ? `[data-testid="${CSS.escape(node.dataset.testid)}"]` : node.tagName.toLowerCase());
+const KEYS = { name: "name", number: "number", id: "id", cardId: "card-id" };
+const ITEM = Object.values(KEYS).map((k) => `[data-${k}]`).join(", ");
+
+function focusPath(node, box, next) {
+  const key = (item) => Object.entries(KEYS).filter(([k]) => item.dataset[k] !== undefined)
+    .map(([k, attr]) => `[data-${attr}="${CSS.escape(item.dataset[k])}"]`).join("");
+  const item = node.parentElement?.closest(ITEM);
+  const testid = node.dataset.testid ? next[node.dataset.testid] ?? node.dataset.testid : "";
+  return {
+    item: item && item !== box && box.contains(item) ? `${item.tagName.toLowerCase()}${key(item)} ` : "",
+    control: testid ? `[data-testid="${CSS.escape(testid)}"]` : node.tagName.toLowerCase(),
+  };
 }
 
 const pad = (n) => String(n).padStart(2, "0");

@@ -3,7 +3,7 @@
 // with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
 // the connection, is sent again after a pause that doubles, and the person sees it retrying.
 
-import { clear, el, size, when } from "./dom.js";
+import { clear, el, keepingFocus, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
 // Bidi controls (U+202E can make "gnp.exe" read as "exe.png") and the marks that steer them: shown
@@ -110,24 +110,22 @@ export class FilesView {
     // A folder opened meanwhile (the tab shown again, or an upload's reload, was still on its way):
     // the newest asked is the one shown, never the folder the person left.
     if (asked !== this.asked) return;
+    const draw = () => {
+      this.path = answer.path;
+      this.renderCrumbs();
+      const rows = answer.entries.map((entry) => this.row(entry));
+      const head = el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Size" }),
+        el("th", { scope: "col", text: "Changed" }), el("th", { scope: "col", text: "" }, el("span", { class: "visually-hidden", text: "Actions" })));
+      clear(this.table).append(el("table", { testid: "file-list" },
+        el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
+        el("thead", {}, head), el("tbody", {}, rows)));
+      if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
+      if (answer.total > answer.entries.length) this.table.append(el("p", { class: "hint", text: `Showing ${answer.entries.length} of ${answer.total}.` }));
+      this.root.dataset.path = this.path;
+    };
     // The same folder drawn again (an upload from another device): the focus stays on the row's button.
-    const focused = answer.path === this.path && this.table.contains(document.activeElement)
-      ? { name: document.activeElement.closest("tr")?.dataset.name, testid: document.activeElement.dataset.testid } : null;
-    this.path = answer.path;
-    this.renderCrumbs();
-    const rows = answer.entries.map((entry) => this.row(entry));
-    const head = el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Size" }),
-      el("th", { scope: "col", text: "Changed" }), el("th", { scope: "col", text: "" }, el("span", { class: "visually-hidden", text: "Actions" })));
-    clear(this.table).append(el("table", { testid: "file-list" },
-      el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
-      el("thead", {}, head), el("tbody", {}, rows)));
-    if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
-    if (answer.total > answer.entries.length) this.table.append(el("p", { class: "hint", text: `Showing ${answer.entries.length} of ${answer.total}.` }));
-    this.root.dataset.path = this.path;
-    if (focused?.name !== undefined) {
-      const row = rows.find((tr) => tr.dataset.name === focused.name);
-      (row?.querySelector(`[data-testid="${CSS.escape(focused.testid ?? "")}"]`) ?? row?.querySelector("button") ?? this.table.querySelector("button"))?.focus();
-    }
+    if (answer.path === this.path) keepingFocus(this.table, draw, { fallback: "button" });
+    else draw();
   }
 
   renderCrumbs() {

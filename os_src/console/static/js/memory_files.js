@@ -72,7 +72,7 @@ export class FilesPanel {
       return;
     }
     this.current = answer;
-    keepingFocus(this.detail, () => this.renderFile());
+    this.renderFile();
     // On a phone the file opens below the list: bring it into view.
     if (chosen && window.matchMedia("(max-width: 760px)").matches) this.detail.scrollIntoView({ block: "start" });
   }
@@ -80,7 +80,6 @@ export class FilesPanel {
   renderFile(editing = false, draft = undefined) {
     const { file, text, history } = this.current;
     this.editing = editing ? file.name : null;
-    const hadFocus = this.detail.contains(document.activeElement); // on Edit, Cancel, Save or a rollback
     const header = el("header", { class: "detail-head" },
       el("h2", { text: file.name }),
       el("span", { class: "facts", text: `${file.lines} / ${file.max_lines} lines · ${file.bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes` }),
@@ -99,11 +98,12 @@ export class FilesPanel {
     const note = file.editable
       ? "Curated by the memory daemon. Your edit is kept as a version and the daemon builds on it; it never overwrites an edit it did not see."
       : "Written by deploys: a new release replaces it (your rollbacks stay in its history).";
-    clear(this.detail).append(header, el("p", { class: "hint", text: note }), body,
-      el("h3", { text: `History (${plural(file.versions, "version")})` }), versions, this.versionView);
-    // The keyboard's place, never <body>: into the editor on Edit, back on Edit when it closes.
-    if (editing && (draft === undefined || hadFocus)) this.area.focus();
-    else if (hadFocus) (header.querySelector("button") ?? body).focus(); // a deploy's file: its text
+    // The keyboard's place, never <body>: the control it was on (a version), else into the editor on
+    // Edit, back on Edit when it closes (from Cancel, Save or a rollback), or a deploy's file: its text.
+    keepingFocus(this.detail, () => clear(this.detail).append(header, el("p", { class: "hint", text: note }), body,
+      el("h3", { text: `History (${plural(file.versions, "version")})` }), versions, this.versionView),
+    { fallback: editing ? "[data-testid=file-editor]" : "[data-testid=file-edit], [data-testid=file-text]" });
+    if (editing && draft === undefined) this.area.focus(); // Edit pressed: the keyboard goes into the editor
   }
 
   editor(file, text, draft) {

@@ -4,6 +4,9 @@
 import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
+/** The control that answers another: after Forget the focus is on Undo, and back. */
+const ANSWER = { "learning-forget": "learning-undo", "learning-undo": "learning-forget" };
+
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
 export class LearningsPanel {
@@ -53,7 +56,6 @@ export class LearningsPanel {
   }
 
   fill(node, hit) {
-    const had = node.contains(document.activeElement) ? document.activeElement.dataset.testid ?? "" : null;
     node.dataset.forgotten = hit.forgotten_at ? "true" : "false";
     const episode = hit.kind === "episode";  // a raw turn search found: nothing to forget, it is the record
     const facts = episode ? [day(hit.created_at)] : [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
@@ -70,16 +72,12 @@ export class LearningsPanel {
     const offer = hit.forgotten_at && hit.turn ? el("div", { class: "offer", testid: "learning-offer" },
       "The turn it came from is still in the transcript. ",
       forgetControl(`turn ${hit.turn.sequence_num} of session ${hit.turn.session_id}`, () => this.forgetTurn(node, hit))) : null;
-    append(clear(node), [
+    // Drawn again under the keyboard (Forget pressed): the focus moves to its answer (Undo), not <body>.
+    keepingFocus(node, () => append(clear(node), [
       el("div", { class: "line" }, el("span", { class: `badge type-${hit.type.toLowerCase()}`, text: hit.type }),
         el("span", { class: "content", testid: "learning-content", dir: "auto", text: hit.content })),
       el("div", { class: "meta" }, facts.join(" · "), " · ", source, el("span", { class: "actions" }, action)),
-      offer, el("div", { class: "turn-view" })]);
-    // Drawn again under the keyboard (Forget pressed): the focus moves to its answer (Undo), not <body>.
-    if (had !== null) {
-      const to = { "learning-forget": "learning-undo", "learning-undo": "learning-forget" }[had] ?? had;
-      (node.querySelector(`[data-testid="${to}"]`) ?? node.querySelector("button"))?.focus();
-    }
+      offer, el("div", { class: "turn-view" })]), { next: ANSWER, fallback: "button" });
   }
 
   async setForgotten(node, hit, forget) {
