@@ -440,8 +440,6 @@ async def test_another_devices_message_of_the_same_words_does_not_settle_this_on
         await expect(mine.get_by_test_id("send-again")).to_have_count(1)
 
 
-@pytest.mark.xfail(strict=True, reason="the page asks only the record of the session it last heard of, not those "
-                   "the old server began after it")
 async def test_a_message_taken_in_a_session_the_page_never_heard_of_is_not_offered_to_send_again(
         settings: Settings, bridge: MockBridge) -> None:
     """The laptop began a new session while the phone's link was dead; the phone's message, queued behind

@@ -83,11 +83,10 @@ export class ChatView {
       meta.textContent = "the Sprite restarted: looking whether the agent took it…";
       this.unsentItems.add(item); // the person's words, kept through a redraw until settled
     }
-    let unseen = null; // the old session's turns the page never showed, oldest first (null: not known)
+    let unseen = null; // the old server's turns the page never showed, oldest first (null: not known)
     if (left.session) {
       try {
-        const page = await this.conn.request("session_turns", { session_id: left.session, limit: PAGE });
-        unseen = page.turns.filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+        unseen = (await this.turnsSince(left.session)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
       } catch { /* not known: offered again, and said so */ }
     }
     for (const item of items) {
@@ -103,6 +102,17 @@ export class ChatView {
           : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
       }
     }
+  }
+
+  /** The turns of `session` and of every session the old server began after it (a new session or a
+   * forget asked for from another device while this page's link was quiet), oldest first. */
+  async turnsSince(session) {
+    const { sessions } = await this.conn.request("sessions", { limit: 20 }); // newest first
+    const known = sessions.find((s) => s.id === session);
+    const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
+    const turns = [];
+    for (const id of ids) turns.push(...(await this.conn.request("session_turns", { session_id: id, limit: PAGE })).turns);
+    return turns;
   }
 
   command(frame) {
