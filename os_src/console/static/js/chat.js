@@ -73,9 +73,12 @@ export class ChatView {
   }
 
   /** Messages still waiting when the server restarted. The old server may have taken one after the
-   * page's link went quiet (its turn is then in that session's record) or dropped it with its queue:
-   * the record is asked before a Send again is offered, so a click never gives the agent the same
-   * message twice. Each of that session's turns the page never showed answers one message, in order. */
+   * page's link went quiet (its turn is then in the record) or dropped it with its queue: the record
+   * is asked before a Send again is offered, so a click does not give the agent the same message
+   * twice. A turn the page never showed, of the same words, settles one message as taken (the record
+   * keeps no client id: the same words sent from another device at that moment would settle it too).
+   * "Not sent" is said only when no such turn is left unmatched: the record may hold a message's words
+   * changed (private words left out, a long one cut), and then the page says it does not know. */
   async restarted(items, left) {
     for (const item of items) {
       item.dataset.state = "checking";
@@ -89,18 +92,22 @@ export class ChatView {
         unseen = (await this.turnsSince(left.session)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
       } catch { /* not known: offered again, and said so */ }
     }
+    const unmatched = [];
     for (const item of items) {
       const text = item.querySelector(".text").textContent;
       const at = unseen ? unseen.findIndex((turn) => turn.user_message === text) : -1;
-      if (at >= 0) {
-        unseen.splice(at, 1);
-        this.unsentItems.delete(item);
-        item.dataset.state = "taken";
-        item.querySelector(".meta").textContent = "the agent took it before the Sprite restarted: its answer is in Past sessions.";
-      } else {
-        this.unsent(item, unseen ? "not sent: the Sprite restarted before the agent took it."
-          : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
-      }
+      if (at < 0) { unmatched.push(item); continue; }
+      const [turn] = unseen.splice(at, 1);
+      this.unsentItems.delete(item);
+      item.dataset.state = "taken";
+      item.querySelector(".meta").textContent = turn.status === "interrupted"
+        ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
+        : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
+    }
+    const known = unseen !== null && unseen.length === 0; // every turn the old server ran is accounted for
+    for (const item of unmatched) {
+      this.unsent(item, known ? "not sent: the Sprite restarted before the agent took it."
+        : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
     }
   }
 
