@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
 
-from devkit.harness import restartable
+from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.memory.files import MemoryFiles
@@ -312,6 +312,18 @@ class Muted:
         server_side.on_message(lambda message: None if self.on else page_side.send(message))
 
 
+async def restart_unheard(server: Restartable, muted: Muted, tab: Tab) -> None:
+    """The server restarts while `tab`'s link is dead; the link comes back, and the page's view is
+    rebuilt from the record."""
+    await server.stop()
+    muted.on = False
+    await server.start()
+    await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+    await tab.connected()
+    await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+    await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+
+
 @asynccontextmanager
 async def taken_unheard(settings: Settings, bridge: MockBridge, text: str) -> AsyncIterator[Tab]:
     """The page sends `text`, its link dead: the agent takes it, the server restarts, the page
@@ -322,13 +334,7 @@ async def taken_unheard(settings: Settings, bridge: MockBridge, text: str) -> As
         muted.on = True
         await tab.send(text)
         await bridge.wait_for(lambda b: any("Taken after all" in r.last_user_text for r in b.agent_requests()))
-        await server.stop()
-        muted.on = False
-        await server.start()
-        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
-        await tab.connected()
-        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
-        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await restart_unheard(server, muted, tab)
         yield tab
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
@@ -429,12 +435,9 @@ async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons
         tab.assert_clean("WebSocket connection")
 
 
-@pytest.mark.xfail(strict=True, reason="the record has no client id: any unseen turn of the same words settles the "
-                   "page's message as taken, though the agent never had it")
-async def test_another_devices_message_of_the_same_words_does_not_settle_this_ones_as_taken(
-        settings: Settings, bridge: MockBridge) -> None:
-    """The laptop's "yes" was taken, the phone's "yes" queued behind it was dropped by the restart; the
-    phone heard neither (its link dead). The laptop's turn must not settle the phone's as taken."""
+@asynccontextmanager
+async def phone_and_laptop(settings: Settings, bridge: MockBridge) -> AsyncIterator[tuple[Restartable, Muted, Tab, Tab]]:
+    """A phone (its link to be cut, `Muted`) and a laptop on one server, the laptop's first turn hanging."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=2))  # the first two turns hang
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser:
@@ -442,6 +445,16 @@ async def test_another_devices_message_of_the_same_words_does_not_settle_this_on
         laptop = await signed_in(browser, server.port)
         await laptop.send("First, the slow one")
         await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        yield server, muted, phone, laptop
+
+
+@pytest.mark.xfail(strict=True, reason="the record has no client id: any unseen turn of the same words settles the "
+                   "page's message as taken, though the agent never had it")
+async def test_another_devices_message_of_the_same_words_does_not_settle_this_ones_as_taken(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The laptop's "yes" was taken, the phone's "yes" queued behind it was dropped by the restart; the
+    phone heard neither (its link dead). The laptop's turn must not settle the phone's as taken."""
+    async with phone_and_laptop(settings, bridge) as (server, muted, phone, laptop):
         await laptop.send("yes")
         await expect(laptop.messages("user").filter(has_text="yes")).to_have_attribute("data-state", "queued")
         muted.on = True
@@ -449,12 +462,7 @@ async def test_another_devices_message_of_the_same_words_does_not_settle_this_on
         await wait_for(lambda: server.app.runtime.queued == 2, timeout=30, what="both messages queued")
         await laptop.by("interrupt").click()  # the laptop's "yes" starts, and hangs
         await bridge.wait_for(lambda b: len(b.agent_requests()) >= 2)
-        await server.stop()  # the phone's "yes" is dropped with the queue
-        muted.on = False
-        await server.start()
-        await phone.page.evaluate("window.dispatchEvent(new Event('online'))")
-        await phone.connected()
-        await expect(phone.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await restart_unheard(server, muted, phone)  # the phone's "yes" is dropped with the queue
         mine = phone.messages("user").filter(has_text="yes")
         await expect(mine).not_to_have_attribute("data-state", "checking")
         await expect(mine).not_to_have_attribute("data-state", "taken")
@@ -466,25 +474,14 @@ async def test_a_message_taken_in_a_session_the_page_never_heard_of_is_not_offer
     """The laptop began a new session while the phone's link was dead; the phone's message, queued behind
     it, was taken in that session before the restart. The phone knows only the session before: the
     record it asks has no turn of the message, yet the agent took it."""
-    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=2))  # the first two turns hang
-    muted = Muted()
-    async with restartable(settings) as server, chromium() as browser:
-        phone = await signed_in(browser, server.port, route=muted.route)
-        laptop = await signed_in(browser, server.port)
-        await laptop.send("First, the slow one")
-        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+    async with phone_and_laptop(settings, bridge) as (server, muted, phone, laptop):
         muted.on = True
         await laptop.by("new-session").click()
         await phone.send("Taken in the next session")
         await wait_for(lambda: server.app.runtime.queued == 2, timeout=30, what="the new session and the message queued")
         await laptop.by("interrupt").click()  # the new session begins, and the phone's message starts in it
         await bridge.wait_for(lambda b: any("Taken in the next session" in r.last_user_text for r in b.agent_requests()))
-        await server.stop()
-        muted.on = False
-        await server.start()
-        await phone.page.evaluate("window.dispatchEvent(new Event('online'))")
-        await phone.connected()
-        await expect(phone.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await restart_unheard(server, muted, phone)
         mine = phone.messages("user").filter(has_text="Taken in the next session")
         await expect(mine).not_to_have_attribute("data-state", "checking")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
