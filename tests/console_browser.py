@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    WebSocketRoute,
+    async_playwright,
+    expect,
+)
 
 from devkit.harness import TOKEN
 from sprite_os.config import Settings
@@ -103,6 +110,16 @@ async def open_tab(browser: Browser, base: str, *, viewport: dict[str, int] = DE
     page.on("pageerror", lambda e: tab.problems.append(f"page error: {e}"))
     page.on("websocket", lambda _ws: tab.sockets.append(_now_ms()))
     page.on("request", lambda r: setattr(tab, "auth_checks", tab.auth_checks + 1) if r.url.endswith("/console/auth") else None)
+    return tab
+
+
+async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRoute], None] | None = None) -> Tab:
+    """A tab signed in and connected; `route` sees its socket first (to hold an answer back)."""
+    tab = await open_tab(browser, f"http://127.0.0.1:{port}/")
+    if route is not None:
+        await tab.page.route_web_socket(lambda _url: True, route)
+    await tab.sign_in()
+    await tab.connected()
     return tab
 
 

@@ -21,7 +21,15 @@ from sprite_os import gateway
 from sprite_os.console import files_frames
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN
-from tests.console_browser import PHONE, Tab, chromium, open_tab, screenshot, screenshot_dir
+from tests.console_browser import (
+    PHONE,
+    Tab,
+    chromium,
+    open_tab,
+    screenshot,
+    screenshot_dir,
+    signed_in,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -252,9 +260,7 @@ async def test_an_upload_goes_on_after_a_dropped_connection_and_no_chunk_is_writ
 
     monkeypatch.setattr(gateway._Connection, "_request", lose_one_answer)
     async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
-        await tab.sign_in()
-        await tab.connected()
+        tab = await signed_in(browser, server.port)
         await tab.by("files-tab").click()
         await tab.by("upload-input").set_input_files(str(picked))
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done", timeout=60_000)

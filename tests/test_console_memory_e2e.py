@@ -28,6 +28,7 @@ from tests.console_browser import (
     open_tab,
     screenshot,
     screenshot_dir,
+    signed_in,
 )
 
 pytestmark = pytest.mark.e2e
@@ -176,9 +177,7 @@ async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the
 
     monkeypatch.setattr(gateway._Connection, "_request", listing_held)
     async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
-        await tab.sign_in()
-        await tab.connected()
+        tab = await signed_in(browser, server.port)
         await tab.memory("files")
         panel = tab.by("memory-panel-files")
         for control in (tab.by("file-edit"), tab.by("memory-file").filter(has_text="user.md").get_by_role("button")):
@@ -212,9 +211,7 @@ async def test_a_section_shown_twice_says_it_is_loading_until_the_second_load_en
 
     monkeypatch.setattr(gateway._Connection, "_request", file_held)
     async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
-        await tab.sign_in()
-        await tab.connected()
+        tab = await signed_in(browser, server.port)
         panel = tab.by("memory-panel-files")
         await tab.by("memory-tab").click()  # opens the files section: one load...
         await wait_for(lambda: len(held) == 1, timeout=30, what="the first load's file")

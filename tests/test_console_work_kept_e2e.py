@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 import pytest
-from playwright.async_api import Browser, WebSocketRoute, expect
+from playwright.async_api import WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
@@ -21,7 +21,7 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
-from tests.console_browser import Tab, chromium, install_templates, open_tab
+from tests.console_browser import Tab, chromium, install_templates, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -55,16 +55,6 @@ class HoldBack:
 
     def release(self) -> None:
         self.sockets[-1].send(self.held.pop())
-
-
-async def signed_in(browser: Browser, port: int, *, route: Callable[[WebSocketRoute], None] | None = None) -> Tab:
-    """A tab signed in and connected; `route` sees its socket first (to hold an answer back)."""
-    tab = await open_tab(browser, f"http://127.0.0.1:{port}/")
-    if route is not None:
-        await tab.page.route_web_socket(lambda _url: True, route)
-    await tab.sign_in()
-    await tab.connected()
-    return tab
 
 
 @asynccontextmanager
