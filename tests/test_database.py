@@ -5,6 +5,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sprite_os.db_worker import Worker
@@ -21,7 +22,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 3 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
+    assert t.schema_version == 4 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
@@ -150,6 +151,36 @@ def test_a_transcript_from_before_forgetting_migrates_and_keeps_its_turns(tmp_pa
         assert t.get([1])[0].user_message == "" and t.tombstones("s")[1].forgotten_by == "test"
         with pytest.raises(sqlite3.IntegrityError):
             t.conn.execute("DELETE FROM observations")
+    finally:
+        t.close()
+
+
+def test_a_transcript_from_before_client_ids_opens_reads_and_keeps_the_id_of_each_new_turn(tmp_path: Path) -> None:
+    """A transcript.db at schema 3 (as shipped before client ids were kept) opens: its turns read as
+    before, with no client id; a new turn keeps its own; a forgotten turn keeps its id (it names the
+    message, never says its words), and nothing else may change it."""
+    from sprite_os.database import connect, migrate
+
+    path = tmp_path / "v3.db"
+    conn = connect(path)
+    migrate(conn, TRANSCRIPT_SCHEMA[:3])
+    conn.execute("INSERT INTO observations (timestamp, session_id, sequence_num, user_message, tool_calls_json, "
+                 "agent_response, turn_id, status, cost_usd) VALUES (1.0, 's', 1, 'yes', '[]', 'Done', 't1', "
+                 "'completed', 0.001)")
+    conn.close()
+    t = TranscriptDB(path)
+    try:
+        assert t.schema_version == 4
+        [old] = t.get([1])
+        assert (old.user_message, old.turn_id, old.status, old.client_id) == ("yes", "t1", "completed", None)
+        new = t.append(msgspec.structs.replace(obs(2, session="s"), turn_id="t2", client_id="web-1"))
+        assert new is not None and t.get([new])[0].client_id == "web-1"
+        t.forget([new], 2.0, "test")
+        assert (t.get([new])[0].user_message, t.get([new])[0].client_id) == ("", "web-1")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            t.conn.execute("UPDATE observations SET client_id = 'web-2' WHERE id = ?", (new,))
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            t.conn.execute("UPDATE observations SET client_id = 'web-2' WHERE id = 1")
     finally:
         t.close()
 

@@ -120,7 +120,7 @@ def tool_calls(tool_calls_json: str, chars: int = TOOL_CHARS) -> list[ToolCall]:
 
 def past_turn(obs: Observation | NewObservation, tombstone: Tombstone | None = None) -> PastTurn:
     return PastTurn(observation_id=obs.id if isinstance(obs, Observation) else None, turn_id=obs.turn_id,
-                    turn=obs.sequence_num, at=obs.timestamp, user_message=obs.user_message,
+                    client_id=obs.client_id, turn=obs.sequence_num, at=obs.timestamp, user_message=obs.user_message,
                     agent_response=obs.agent_response, tool_calls=tool_calls(obs.tool_calls_json),
                     status=obs.status, cost_usd=obs.cost_usd,
                     forgotten_at=tombstone.forgotten_at if tombstone is not None else None)

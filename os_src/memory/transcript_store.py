@@ -41,6 +41,7 @@ class Observation(msgspec.Struct, frozen=True):
     turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
     status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
     cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
+    client_id: str | None = None  # the id its sender gave the message (user_message), if any (None before it was kept)
 
 
 class NewObservation(msgspec.Struct, frozen=True):
@@ -53,6 +54,7 @@ class NewObservation(msgspec.Struct, frozen=True):
     turn_id: str | None = None
     status: str | None = None
     cost_usd: float | None = None
+    client_id: str | None = None
 
 
 class ImportedTurn(msgspec.Struct, frozen=True, array_like=True):
@@ -130,10 +132,10 @@ class TranscriptDB:
         cur = c.execute(
             """INSERT OR IGNORE INTO observations
             (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response,
-             turn_id, status, cost_usd)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+             turn_id, status, cost_usd, client_id)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-             obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd),
+             obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd, obs.client_id),
         )
         if cur.rowcount == 0:
             return None
