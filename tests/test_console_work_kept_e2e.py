@@ -19,6 +19,7 @@ from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
 from tests.console_browser import Tab, chromium, install_templates, signed_in
@@ -366,6 +367,34 @@ async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_mess
         await expect(item).not_to_contain_text("not sent")
         await expect(item.get_by_test_id("send-again")).to_have_count(1)
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(server: SpriteOS, bridge: MockBridge) -> None:
+    """The queue was full when one message came, and had room again when the next came: the refusal
+    of the first, arriving after the second went out, marked the second (the newest) as refused and
+    left the first "waiting for the agent" for ever. The refusal names its message by client id."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=2))  # the first two turns hang
+    held = HoldBack()
+    async with chromium() as browser, client_factory(server.port) as connect:
+        tab = await signed_in(browser, server.port, route=held.route)
+        other = await connect(hello={})
+        for n in range(MAX_QUEUED_MESSAGES + 1):  # one runs (and hangs), the rest fill the queue
+            await other.send(type="user_message", text=f"Filler {n}")
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES, timeout=30, what="the queue full")
+        await held.hold("queue_full", tab.send("Refused, the queue full"))
+        await tab.by("interrupt").click()  # the first turn ends, the next starts (and hangs): a place frees
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES - 1, timeout=30, what="a place free")
+        await tab.send("Accepted, a place free")
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES, timeout=30, what="it queued")
+        held.release()  # the refusal of the first comes only now
+        refused = tab.messages("user").filter(has_text="Refused, the queue full")
+        await expect(refused).to_have_attribute("data-state", "refused")
+        await expect(refused).to_contain_text("not accepted: too many messages are waiting")
+        await expect(refused.get_by_test_id("send-again")).to_have_count(1)
+        accepted = tab.messages("user").filter(has_text="Accepted, a place free")
+        await expect(accepted).to_have_attribute("data-state", "queued")
+        await expect(accepted.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean()
 
 
 async def test_an_unsent_message_stays_through_a_second_restart(settings: Settings, bridge: MockBridge) -> None:

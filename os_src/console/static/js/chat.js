@@ -9,6 +9,11 @@ import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, mess
 const DRAFT_KEY = "sprite-os.draft";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
+const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
+  queue_full: "not accepted: too many messages are waiting.",
+  shutting_down: "not accepted: the Sprite is stopping.",
+  rate_limited: "not accepted: too many messages too fast.",
+};
 
 export class ChatView {
   constructor({ list, form, composer, send, interrupt, newSession, agentState, jump, sessionCost }, connection) {
@@ -378,12 +383,10 @@ export class ChatView {
       retries.textContent = `Gave up after ${retries.dataset.attempt} ${retries.dataset.attempt === "1" ? "retry" : "retries"}.`;
       retries.dataset.settled = "true";
     }
-    if (frame.code === "queue_full" || frame.code === "shutting_down") {
-      const newest = [...this.queued.values()].at(-1);
-      if (newest) {
-        this.queued.delete([...this.queued.keys()].at(-1));
-        this.unsent(newest, frame.code === "queue_full" ? "not accepted: too many messages are waiting." : "not accepted: the Sprite is stopping.");
-      }
+    const refused = frame.client_id ? this.queued.get(frame.client_id) : undefined; // which message, by its id
+    if (refused) {
+      this.queued.delete(frame.client_id);
+      this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`);
     }
   }
 }
