@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
+from sprite_os.console.session_queries import turns_page
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
@@ -438,7 +439,8 @@ async def test_a_turn_cut_short_keeps_its_client_id_through_the_journal(capture:
     c = Capture(db, after, on_recorded=lambda: None)
     await c.start(5.0)
     assert await c.writer.drained(10)
-    rows = await db.call(lambda t: [(o.user_message, o.turn_id, o.client_id, o.agent_response) for o in t.iter_all()])
+    rows = await db.call(lambda t: [(o.user_message, o.turn_id, o.client_id, o.agent_response)
+                                    for o in turns_page(t, "s1", None, 10)[0]])
     await c.stop(5)
     await db.close()
     assert rows == [("yes, go on", "t-1", "web-1", f"so far\n{STOPPED_NOTE}")]

@@ -72,37 +72,23 @@ def _no_delete(conn: sqlite3.Connection) -> None:
     )
 
 
-# The columns a recorded turn keeps beside its words (a forgotten turn keeps them too), as each
-# schema step left them: a step that adds one writes the triggers anew with it.
-_KEPT_V3 = ("turn_id", "status", "cost_usd")
-_KEPT_V4 = (*_KEPT_V3, "client_id")
-
-
-def create_observation_triggers(conn: sqlite3.Connection, kept: tuple[str, ...] = _KEPT_V4) -> None:
+def create_observation_triggers(conn: sqlite3.Connection) -> None:
     """A recorded turn is never changed or deleted (only `processed` moves), with one exception: a
     turn a person forgot, which has its tombstone in `forgotten_turns`, loses its words (its
-    message, tool calls and answer become empty) and nothing else (`kept` stays as it was). Shared
-    with migrate-v1, which drops them for one transaction to clear its own partial copy."""
+    message, tool calls and answer become empty) and nothing else. Shared with migrate-v1, which
+    drops them for one transaction to clear its own partial copy."""
     conn.execute(
-        f"""CREATE TRIGGER IF NOT EXISTS main.observations_append_only
+        """CREATE TRIGGER IF NOT EXISTS main.observations_append_only
         BEFORE UPDATE OF id, timestamp, session_id, sequence_num, user_message, tool_calls_json,
-            agent_response, {", ".join(kept)} ON observations
+            agent_response, turn_id, status, cost_usd ON observations
         WHEN NOT (NEW.id = OLD.id AND NEW.timestamp = OLD.timestamp AND NEW.session_id = OLD.session_id
-                  AND NEW.sequence_num = OLD.sequence_num
-                  AND {" AND ".join(f"NEW.{c} IS OLD.{c}" for c in kept)}
+                  AND NEW.sequence_num = OLD.sequence_num AND NEW.turn_id IS OLD.turn_id
+                  AND NEW.status IS OLD.status AND NEW.cost_usd IS OLD.cost_usd
                   AND NEW.user_message = '' AND NEW.tool_calls_json = '[]' AND NEW.agent_response = ''
                   AND EXISTS (SELECT 1 FROM forgotten_turns f WHERE f.observation_id = OLD.id))
         BEGIN SELECT RAISE(ABORT, 'observations are append-only'); END"""
     )
     _no_delete(conn)
-
-
-def _add_columns(db: sqlite_utils.Database, table: str, columns: dict[str, type]) -> None:
-    """Add the columns `table` lacks (a step that ran part-way runs again)."""
-    have = db[table].columns_dict
-    for name, kind in columns.items():
-        if name not in have:
-            db[table].add_column(name, kind)  # type: ignore[union-attr]
 
 
 def _transcript_v2(db: sqlite_utils.Database) -> None:
@@ -116,7 +102,10 @@ def _transcript_v3(db: sqlite_utils.Database) -> None:
     turn_started), how it ended (`status`: completed, interrupted or error) and its own cost (older
     turns have none: NULL). And forgetting: a turn a person forgot keeps a tombstone (who, when,
     which turn, never the words) in `forgotten_turns`, and its row loses its words."""
-    _add_columns(db, "observations", {"turn_id": str, "status": str, "cost_usd": float})
+    columns = db["observations"].columns_dict
+    for name, kind in (("turn_id", str), ("status", str), ("cost_usd", float)):
+        if name not in columns:
+            db["observations"].add_column(name, kind)  # type: ignore[union-attr]
     db.conn.execute("CREATE INDEX IF NOT EXISTS observations_turn_id ON observations(turn_id) "
                     "WHERE turn_id IS NOT NULL")
     _table(db, "forgotten_turns").create(
@@ -126,18 +115,27 @@ def _transcript_v3(db: sqlite_utils.Database) -> None:
     )
     _table(db, "forgotten_turns").create_index(["session_id", "sequence_num"], if_not_exists=True)
     db.conn.execute("DROP TRIGGER IF EXISTS main.observations_append_only")
-    create_observation_triggers(db.conn, _KEPT_V3)
+    create_observation_triggers(db.conn)
 
 
 def _transcript_v4(db: sqlite_utils.Database) -> None:
     """The id the sender gave a turn's message (`client_id`, as in user_message and turn_started), so
     that a page that never heard a turn start (its link dead, then a restart) finds which of its
     messages the agent took by id, not by words the record may hold changed or another device may
-    have sent too. NULL for turns recorded before it was kept, and for messages sent without one.
-    A forgotten turn keeps it, like its wire id: it names the message, never says its words."""
-    _add_columns(db, "observations", {"client_id": str})
-    db.conn.execute("DROP TRIGGER IF EXISTS main.observations_append_only")
-    create_observation_triggers(db.conn, _KEPT_V4)
+    have sent too. Only turns whose message had one have a row. Kept beside `observations`, keyed as
+    a turn is, not as a column of it: the version before reads whole rows of `observations` into a
+    struct that refuses a column it does not know, and a deploy runs that version on the new schema
+    until its switch (and again after a rollback). A row is never changed or deleted: a forgotten
+    turn keeps its id, which names the message and never says its words."""
+    _table(db, "turn_clients").create(
+        {"session_id": str, "sequence_num": int, "client_id": str},
+        pk=("session_id", "sequence_num"), not_null={"client_id"}, if_not_exists=True,
+    )
+    for event in ("UPDATE", "DELETE"):
+        db.conn.execute(
+            f"""CREATE TRIGGER IF NOT EXISTS main.turn_clients_no_{event.lower()} BEFORE {event} ON turn_clients
+            BEGIN SELECT RAISE(ABORT, 'turn_clients are append-only'); END"""
+        )
 
 
 TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3, _transcript_v4)

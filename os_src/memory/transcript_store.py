@@ -41,7 +41,13 @@ class Observation(msgspec.Struct, frozen=True):
     turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
     status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
     cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
-    client_id: str | None = None  # the id its sender gave the message (user_message), if any (None before it was kept)
+
+
+class ClientObservation(Observation, frozen=True):
+    """A turn with the id its sender gave its message (user_message's `client_id`, kept in `turn_clients`):
+    None when it came without one, or was recorded before ids were kept."""
+
+    client_id: str | None = None
 
 
 class NewObservation(msgspec.Struct, frozen=True):
@@ -54,7 +60,7 @@ class NewObservation(msgspec.Struct, frozen=True):
     turn_id: str | None = None
     status: str | None = None
     cost_usd: float | None = None
-    client_id: str | None = None
+    client_id: str | None = None  # recorded beside it, in turn_clients
 
 
 class ImportedTurn(msgspec.Struct, frozen=True, array_like=True):
@@ -132,13 +138,16 @@ class TranscriptDB:
         cur = c.execute(
             """INSERT OR IGNORE INTO observations
             (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response,
-             turn_id, status, cost_usd, client_id)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+             turn_id, status, cost_usd)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             (obs.timestamp, obs.session_id, obs.sequence_num, obs.user_message,
-             obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd, obs.client_id),
+             obs.tool_calls_json, obs.agent_response, obs.turn_id, obs.status, obs.cost_usd),
         )
         if cur.rowcount == 0:
             return None
+        if obs.client_id is not None:
+            c.execute("INSERT INTO turn_clients (session_id, sequence_num, client_id) VALUES (?, ?, ?)",
+                      (obs.session_id, obs.sequence_num, obs.client_id))
         c.execute(
             """INSERT INTO sessions (id, started_at, message_count, observation_count)
             VALUES (?, ?, 1, 1)
