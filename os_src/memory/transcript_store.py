@@ -146,7 +146,7 @@ class TranscriptDB:
         if cur.rowcount == 0:
             return None
         if obs.client_id is not None:
-            c.execute("INSERT INTO turn_clients (session_id, sequence_num, client_id) VALUES (?, ?, ?)",
+            c.execute("INSERT OR IGNORE INTO turn_clients (session_id, sequence_num, client_id) VALUES (?, ?, ?)",
                       (obs.session_id, obs.sequence_num, obs.client_id))
         c.execute(
             """INSERT INTO sessions (id, started_at, message_count, observation_count)
