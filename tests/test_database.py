@@ -202,6 +202,22 @@ def test_a_turns_whole_row_is_what_the_version_before_reads(tmp_path: Path) -> N
         t.close()
 
 
+def test_a_column_a_later_version_added_is_left_out_of_the_rows_this_one_reads(tmp_path: Path) -> None:
+    """After a rollback, this version runs on the schema a later one left. A column that version added to
+    `observations` or `sessions` must not stop this one reading its turns (every `SELECT *` failed)."""
+    t = TranscriptDB(tmp_path / "t.db")
+    try:
+        t.append(obs(1))
+        for table in ("observations", "sessions"):
+            t.conn.execute(f"ALTER TABLE {table} ADD COLUMN from_a_later_version TEXT DEFAULT 'x'")
+        assert [o.user_message for o in t.pending()] == ["m1"]
+        assert [o.user_message for o in t.after(0, 10)] == ["m1"]
+        session = t.session(obs(1).session_id)
+        assert session is not None and session.observation_count == 1
+    finally:
+        t.close()
+
+
 def test_a_checkpoint_waits_out_a_readers_short_transaction_and_says_when_it_could_not(tmp_path: Path) -> None:
     """After a forget the WAL holds the words: a reader mid-transaction (a search run at that moment)
     kept them there for good when the one checkpoint found it busy. Now it is tried again."""
