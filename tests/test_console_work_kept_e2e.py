@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 import pytest
-from playwright.async_api import WebSocketRoute, expect
+from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
@@ -511,3 +511,84 @@ async def test_a_message_taken_in_a_session_the_page_never_heard_of_is_not_offer
         mine = phone.messages("user").filter(has_text="Taken in the next session")
         await expect(mine).not_to_have_attribute("data-state", "checking")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+
+
+async def pending(tab: Tab) -> str | None:
+    """What the tab keeps of its unsettled messages for a reload (None: nothing)."""
+    kept: str | None = await tab.page.evaluate("sessionStorage.getItem('sprite-os.pending')")
+    return kept
+
+
+async def one_waiting(tab: Tab, bridge: MockBridge) -> Locator:
+    """`tab` sends a message whose turn hangs at the model, then one that waits behind it: that one."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+    await tab.send("First, the slow one")
+    await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+    await tab.send("Second, still waiting")
+    waiting = tab.messages("user").filter(has_text="Second, still waiting")
+    await expect(waiting).to_have_attribute("data-state", "queued")
+    return waiting
+
+
+def unaware(page_side: WebSocketRoute) -> None:
+    """The page's socket, but the server's closing it never reaches the page (a link gone dead)."""
+    server_side = page_side.connect_to_server()
+    server_side.on_message(page_side.send)
+    server_side.on_close(lambda _code, _reason: None)
+
+
+async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
+    """The person reloads the tab while their message waits behind a running turn: it is still there,
+    waiting, and once it starts it is their own message (not "from another device"), shown once."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        waiting = await one_waiting(tab, bridge)
+        assert "Second, still waiting" in (await pending(tab) or "")
+
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_count(1)
+        await expect(waiting).to_have_attribute("data-state", "queued")
+        first = tab.messages("user").filter(has_text="First, the slow one")
+        await expect(first).to_have_count(1)  # the running turn, its own message: not from another device
+        await expect(first).not_to_contain_text("from another device")
+        await tab.by("interrupt").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "started")
+        await expect(waiting).not_to_contain_text("from another device")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        assert await pending(tab) is None  # settled: nothing kept
+
+        await tab.page.reload()  # and a reload now shows it once, from the record
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_attribute("data-state", "started")
+        tab.assert_clean()
+
+
+async def test_a_message_a_restart_dropped_is_kept_through_a_reload_and_sent_again_as_it_is(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The server restarts while a message waits; the person reloads the tab before it is back. The
+    message is still there, checked against the record, offered with Send again; and Send again does
+    not empty the box when the person's new draft holds the same words."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=unaware)
+        waiting = await one_waiting(tab, bridge)
+
+        await server.stop()  # the page never hears of it: its link looks alive
+        await server.start()
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_count(1)
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+        assert "Second, still waiting" in (await pending(tab) or "")  # still unsent: kept
+
+        await tab.by("composer").fill("Second, still waiting")  # a new draft, the same words
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.by("composer")).to_have_value("Second, still waiting")  # the draft is the person's
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
