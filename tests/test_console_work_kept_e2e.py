@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from playwright.async_api import Locator, WebSocketRoute, expect
@@ -591,4 +592,25 @@ async def test_a_message_a_restart_dropped_is_kept_through_a_reload_and_sent_aga
         await expect(tab.by("composer")).to_have_value("Second, still waiting")  # the draft is the person's
         await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
         assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_an_upload_cut_by_a_restart_says_to_pick_the_file_again(settings: Settings, tmp_path: Path) -> None:
+    """A restart forgets the uploads under way: the page's next chunk is answered "no such upload",
+    which told the person nothing they could do. It says the restart cut it, and to pick the file again."""
+    picked = tmp_path / "report.txt"
+    picked.write_text("the quarterly report\n" * 100)
+    late = HoldBack()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        await tab.by("files-tab").click()
+        await late.hold("upload_chunk_result", tab.by("upload-input").set_input_files(str(picked)))
+        await server.stop()  # the chunk's answer never comes: the page asks again, of the new server
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
+        await expect(tab.by("upload").first).to_contain_text("cut by a restart")
+        await expect(tab.by("files-flash")).to_contain_text(
+            "report.txt was not uploaded: the Sprite restarted during the upload, which cut it: pick the file again")
+        assert not (server.settings.layout.root / "documents" / "report.txt").exists()
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
