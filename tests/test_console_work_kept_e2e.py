@@ -585,6 +585,10 @@ async def test_a_message_a_restart_dropped_is_kept_through_a_reload_and_sent_aga
         await expect(waiting).to_have_attribute("data-state", "refused")
         await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
         assert "Second, still waiting" in (await pending(tab) or "")  # still unsent: kept
+        await tab.page.reload()  # and through another reload, as it was
+        await tab.connected()
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
 
         await tab.by("composer").fill("Second, still waiting")  # a new draft, the same words
         await waiting.get_by_test_id("send-again").click()
@@ -614,3 +618,28 @@ async def test_an_upload_cut_by_a_restart_says_to_pick_the_file_again(settings: 
             "report.txt was not uploaded: the Sprite restarted during the upload, which cut it: pick the file again")
         assert not (server.settings.layout.root / "documents" / "report.txt").exists()
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent while the page heard nothing back, and taken: after a reload the record shows its turn,
+    and the message kept for the reload is settled by it (its client id), not shown a second time."""
+    muted = Muted()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        await tab.send("Taken while unheard")
+        await bridge.wait_for(lambda b: any("Taken while unheard" in r.last_user_text for r in b.agent_requests()))
+        await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+        assert "Taken while unheard" in (await pending(tab) or "")  # the page never heard it start
+        muted.on = False
+        await tab.page.reload()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Taken while unheard")
+        mine = tab.messages("user").filter(has_text="Taken while unheard")
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(tab.by("send-again")).to_have_count(0)
+        await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
+        tab.assert_clean()
