@@ -23,11 +23,12 @@ A tool for finding where a cost lies, not a benchmark with a target.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,9 @@ _hooked: dict[str, float | None] = {}  # workspaces whose CLI gets a UserPromptS
 _marks: dict[str, float] = {}  # this turn's: the prompt written ("sent", "sent_at"), the hook called ("hook")
 
 
-def _patch() -> None:
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """The runtime's options and the CLI's send wrapped (for the workspaces named above), then put back."""
     options, send = rt.AgentRuntime._options, process.AgentProcess.send
 
     def _options(self: rt.AgentRuntime, system_prompt: Any) -> Any:
@@ -81,6 +84,10 @@ def _patch() -> None:
 
     rt.AgentRuntime._options = _options
     process.AgentProcess.send = timed_send
+    try:
+        yield
+    finally:
+        rt.AgentRuntime._options, process.AgentProcess.send = options, send
 
 
 def _cli_cpu() -> float:
@@ -143,7 +150,11 @@ def _report(out: dict[str, dict[str, list[float]]], pairs: list[tuple[str, str]]
 
 
 async def main(rounds: int, blocks: int) -> None:
-    _patch()
+    with patched():
+        await _measure(rounds, blocks)
+
+
+async def _measure(rounds: int, blocks: int) -> None:
     async with MockBridge() as bridge, AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
 
@@ -155,6 +166,10 @@ async def main(rounds: int, blocks: int) -> None:
         print("the CLI's share: memory on / off / off given memory's prompt and tool")
         out = await _rounds(bridge, tmp / "share", ("on", "off", "given"), rounds, blocks, share)
         _report(out, [("on", "off"), ("given", "off"), ("on", "given")], ("wall", "cli_cpu", "server_cpu"))
+        asked = [r for r in bridge.requests if r.kind == "messages" and r.target == "agent"]
+        tool = f"mcp__{memory_search.SERVER_NAME}__search_memory"
+        carrying = sum(any(t.get("name") == tool for t in (r.body or {}).get("tools", [])) for r in asked)
+        print(f"  model requests carrying {tool}: {carrying} of {len(asked)} (two servers of three)")
 
         async def hooks(workspace: str, _app: Any) -> None:
             if workspace.endswith("-hook"):
