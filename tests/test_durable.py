@@ -348,7 +348,8 @@ def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_befor
     [one] = recover(path)
     assert one.sequence_num == 1 and one.agent_response == "answer 1"
     path.write_bytes(entries((1, True), (2, False)))  # a journal an older version wrote: one array, no newline
-    assert [o.agent_response for o in recover(path)] == ["answer 1", f"answer 2\n{STOPPED_NOTE}"]
+    assert [(o.agent_response, o.status) for o in recover(path)] == [
+        ("answer 1", None), (f"answer 2\n{STOPPED_NOTE}", "stopped")]  # as a turn the server's stop cut short
 
 
 def test_a_failed_append_is_cut_off_again_and_a_long_journal_is_rewritten(tmp_path: Path,

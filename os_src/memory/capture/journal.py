@@ -71,6 +71,7 @@ COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 MAX_CLOSED = 32
 JOURNAL_NAME = "turn-journal.json"
 STOPPED_NOTE = "(the server stopped before the turn ended)"
+STOPPED = "stopped"  # the status of a turn the server's stop or restart cut short (not the person: "interrupted")
 
 Key = tuple[str, int]  # (session_id, sequence_num)
 # What a save holds of the closed turns, and whether it failed (None: it is on disk).
@@ -118,7 +119,8 @@ def recover(path: Path) -> list[NewObservation]:
     for entry in entries:
         obs = entry.observation
         if not entry.ended:
-            obs = msgspec.structs.replace(obs, agent_response=f"{obs.agent_response}\n{STOPPED_NOTE}".strip())
+            obs = msgspec.structs.replace(obs, agent_response=f"{obs.agent_response}\n{STOPPED_NOTE}".strip(),
+                                          status=STOPPED)
         out.append(obs)
     if out:
         log.warning("turn_journal_recovered", turns=len(out), unfinished=sum(not e.ended for e in entries))
