@@ -116,9 +116,13 @@ def migrate(conn: sqlite3.Connection, steps: Sequence[SchemaStep]) -> None:
 
 
 def rows(cursor: sqlite3.Cursor, cls: type[Row]) -> list[Row]:
-    """The cursor's rows as `cls`, matched by column name."""
+    """The cursor's rows as `cls`, matched by column name. A column `cls` does not know is left out:
+    a deploy runs the version before on the new schema until its switch (and again after a
+    rollback), and a `SELECT *` must not fail there on a column a later version added."""
+    known = set(cls.__struct_fields__)
     names = [d[0] for d in cursor.description]
-    return [cls(**dict(zip(names, row, strict=True))) for row in cursor.fetchall()]
+    keep = [i for i, name in enumerate(names) if name in known]
+    return [cls(**{names[i]: row[i] for i in keep}) for row in cursor.fetchall()]
 
 
 def marks(values: Sequence[Any]) -> str:

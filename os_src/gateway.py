@@ -229,8 +229,9 @@ class _Connection:
         """A frame for this client alone. It repeats the last seq this client was sent."""
         self.sub.push_direct(p.encode(p.with_seq(frame, self.sub.last_seq)))
 
-    def _error(self, code: p.ErrorCode, message: str, request_id: str | None = None) -> None:
-        self._reply(p.Error(code=code, message=message, request_id=request_id))
+    def _error(self, code: p.ErrorCode, message: str, request_id: str | None = None,
+               client_id: str | None = None) -> None:
+        self._reply(p.Error(code=code, message=message, request_id=request_id, client_id=client_id))
 
     async def _receive_safely(self, message: str | bytes) -> None:
         """One frame's bug costs that frame, not the connection: the client gets internal_error."""
@@ -259,7 +260,7 @@ class _Connection:
         try:
             frame = p.decode_client_frame(message)
         except p.FrameError as exc:
-            self._error(exc.code, exc.message, p.request_id_of(message))
+            self._error(exc.code, exc.message, p.request_id_of(message), p.client_id_of(message))
             return
         if not self._greeted:
             self._hello(frame if isinstance(frame, p.Hello) else p.Hello())
@@ -276,11 +277,15 @@ class _Connection:
             # flooded with, and only this loop reads them (awaited, it waited out the 10 s close timeout).
             self._closing = asyncio.create_task(self.ws.close(CLOSE_POLICY, "too many frames"))
             return
-        # A dropped request (an upload's chunk) is answered, or its sender would wait for ever.
-        request_id = p.request_id_of(message) if len(message) <= MAX_FRAME_CHARS else None
-        if request_id is not None:
-            self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; this request was "
-                        "dropped: send it again", request_id)
+        # A dropped request (an upload's chunk) is answered, or its sender would wait for ever; so is a
+        # dropped message that names itself, or its sender would show it waiting for the agent for ever.
+        small = len(message) <= MAX_FRAME_CHARS
+        request_id = p.request_id_of(message) if small else None
+        client_id = p.client_id_of(message) if small and request_id is None else None
+        if request_id is not None or client_id is not None:
+            self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; this "
+                        f"{'request' if request_id is not None else 'message'} was dropped: send it again",
+                        request_id, client_id)
         elif now - self._last_rate_error >= 1.0:  # one notice per second, not one per dropped frame
             self._last_rate_error = now
             self._error("rate_limited", f"more than {RATE_PER_SECOND:g} frames per second; frames were dropped")
@@ -334,9 +339,9 @@ class _Connection:
                 try:
                     rt.submit(text, client_id)
                 except QueueFull as exc:
-                    self._error("queue_full", str(exc))
+                    self._error("queue_full", str(exc), client_id=client_id)
                 except ShuttingDown as exc:
-                    self._error("shutting_down", str(exc))
+                    self._error("shutting_down", str(exc), client_id=client_id)
             case p.Interrupt():
                 if not await rt.interrupt():
                     self._error("nothing_to_interrupt", "the agent is not running a turn")

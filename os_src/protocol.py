@@ -262,6 +262,9 @@ class Error(ServerFrame, tag="error", frozen=True):
     message: str  # plain words for a person
     turn_id: str | None = None
     request_id: str | None = None  # set when the error answers a request (memory, sessions, files)
+    # Set when the error refuses a user_message that carried one: that message was not taken (never
+    # on internal_error, whose bug may have struck after the message was queued).
+    client_id: str | None = None
     detail: str | None = None  # what the agent's CLI said, for a details view: addresses, codes
 
 
@@ -340,6 +343,21 @@ def request_id_of(data: str | bytes) -> str | None:
         return msgspec.json.decode(data, type=RequestIdOnly).request_id
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
+
+
+class _UserMessageId(msgspec.Struct):
+    type: str = ""
+    client_id: ShortText | None = None
+
+
+def client_id_of(data: str | bytes) -> str | None:
+    """The `client_id` of a user_message refused before it was taken (it failed validation, or came
+    too fast), if it has a readable one, so that its sender knows which message it was."""
+    try:
+        found = msgspec.json.decode(data, type=_UserMessageId)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    return found.client_id if found.type == "user_message" else None
 
 
 def encode(frame: msgspec.Struct) -> bytes:

@@ -382,7 +382,8 @@ class AgentRuntime:
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = self._memory.turn_started(turn.text, turn.turn_id) if self._memory is not None else NoRecord()
+        record = (self._memory.turn_started(turn.text, turn.turn_id, turn.client_id) if self._memory is not None
+                  else NoRecord())
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record

@@ -21,6 +21,7 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
+from sprite_os.console.session_queries import turns_page
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.recorder import (
     MAX_TOOL_CALLS,
@@ -114,15 +115,16 @@ async def test_failed_cli_still_records_the_prompt(kit: Kit) -> None:
     assert obs.user_message == "hello?" and "failed" in obs.agent_response and obs.status == "error"
 
 
-async def test_a_turn_keeps_its_wire_id_its_status_and_its_own_cost(kit: Kit) -> None:
-    kit.recorder.open("hello", "turn-7f3a").close(result(text="hi"), cost_usd=0.0003)
+async def test_a_turn_keeps_its_wire_id_its_client_id_its_status_and_its_own_cost(kit: Kit) -> None:
+    kit.recorder.open("hello", "turn-7f3a", "web-1").close(result(text="hi"), cost_usd=0.0003)
     failed = kit.recorder.open("again", "turn-8b1c")
     failed.observe(AssistantMessage(model="<synthetic>", error="server_error",
                                     content=[TextBlock(text="API Error: 502 Bad Gateway")]))
     failed.close(result(text="", is_error=True, api_error_status=502))
-    ok, bad = await kit.rows()
-    assert (ok.turn_id, ok.status, ok.cost_usd) == ("turn-7f3a", "completed", 0.0003)
-    assert (bad.turn_id, bad.status, bad.cost_usd) == ("turn-8b1c", "error", None)
+    await kit.rows()
+    ok, bad = await kit.worker.call(lambda t: turns_page(t, "sess-1", None, 10)[0])  # as session_turns reads them
+    assert (ok.turn_id, ok.client_id, ok.status, ok.cost_usd) == ("turn-7f3a", "web-1", "completed", 0.0003)
+    assert (bad.turn_id, bad.client_id, bad.status, bad.cost_usd) == ("turn-8b1c", None, "error", None)
     assert "API Error" not in bad.agent_response  # the CLI's notice is not the agent's words
 
 

@@ -122,6 +122,23 @@ def test_a_turn_shows_its_own_cost_and_the_sessions_and_a_failure_its_details() 
                               "  (HTTP 502: API Error: 502 Bad Gateway)\n")
 
 
+def test_a_message_the_server_refused_is_no_longer_waited_for() -> None:
+    """Refused (queue_full, say), no turn of it will complete: a piped chat waiting for its messages'
+    turns before it leaves would have waited for it for ever."""
+    import io
+
+    from sprite_os.commands.chat import Renderer
+
+    r = Renderer(io.StringIO())
+    r.sent("chat-1")
+    r.sent("chat-2")
+    r.show(p.Error(code="queue_full", message="16 messages are already waiting", client_id="chat-2"))
+    r.show(p.Error(code="queue_full", message="someone else's", client_id="web-7"))
+    assert r.outstanding == {"chat-1"} and not r.settled.is_set()
+    r.show(p.Error(code="shutting_down", message="the server is stopping", client_id="chat-1"))
+    assert r.settled.is_set()
+
+
 async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_gave(
         fake_server: int, tmp_path: Path) -> None:
     """SPRITE_OS_PORT, or what `sprite-os service start` remembered of it (a shell that never set

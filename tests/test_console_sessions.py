@@ -68,7 +68,8 @@ async def seed(system: MemorySystem) -> None:
         t.start_session("s2", NOW + 100)
         t.start_session("empty", NOW + 150)  # never had a turn: not listed
         for n in range(1, 6):
-            t.append(turn("s3", n, f"message {n}", turn_id=f"c{n}", status="completed", cost_usd=0.0001))
+            t.append(turn("s3", n, f"message {n}", turn_id=f"c{n}", status="completed", cost_usd=0.0001,
+                          client_id=f"web-{n}" if n > 1 else None))
         t.conn.execute("UPDATE sessions SET started_at = ? WHERE id = 's3'", (NOW + 200,))
 
     await system.transcript.call(write)
@@ -100,8 +101,9 @@ async def test_a_sessions_turns_page_back_oldest_first_within_each_page(system: 
     older = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", before=4, limit=10))
     assert [t.turn for t in older.turns] == [1, 2, 3] and not older.more
     t = older.turns[0]
-    assert (t.turn_id, t.user_message, t.agent_response, t.status, t.cost_usd) == (
-        "c1", "message 1", "answer to message 1", "completed", 0.0001)
+    assert (t.turn_id, t.client_id, t.user_message, t.agent_response, t.status, t.cost_usd) == (
+        "c1", None, "message 1", "answer to message 1", "completed", 0.0001)
+    assert [x.client_id for x in older.turns[1:] + newest.turns] == ["web-2", "web-3", "web-4", "web-5"]
     assert t.observation_id is not None and len(t.tool_calls[0].input) == 300  # cut as a live turn shows it
     past = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", session_id="s1"))
     assert [x.user_message for x in past.turns] == ["\n  Plan my week\nand more", "Thanks"]
@@ -110,11 +112,11 @@ async def test_a_sessions_turns_page_back_oldest_first_within_each_page(system: 
 
 async def test_the_current_sessions_newest_turns_come_before_they_are_written(system: MemorySystem) -> None:
     await seed(system)
-    on_the_way = turn("s3", 6, "just now", turn_id="c6", status="completed")
+    on_the_way = turn("s3", 6, "just now", turn_id="c6", status="completed", client_id="web-6")
     system.writer._queue.append(_Queued.of(ObservationWrite(on_the_way)))  # as if transcript.db were locked
     api = SessionsConsole(system, lambda: "s3")
     page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=2))
-    assert [(t.turn, t.observation_id) for t in page.turns][-1] == (6, None)
+    assert [(t.turn, t.observation_id, t.client_id) for t in page.turns][-1] == (6, None, "web-6")
     assert page.session.turns == 6
 
 
@@ -147,7 +149,7 @@ INFO = ps.SessionInfo(id="s1", started_at=1.0, ended_at=None, turns=2, first_lin
 SESSION_REPLIES: list[object] = [  # test_protocol round-trips each
     ps.SessionsResult(request_id="r", sessions=[INFO], more=False),
     ps.SessionTurnsResult(request_id="r", session=INFO, more=True, turns=[ps.PastTurn(
-        observation_id=3, turn_id="t", turn=1, at=2.0, user_message="hi", agent_response="hello", tool_calls=[],
+        observation_id=3, turn_id="t", client_id="web-1", turn=1, at=2.0, user_message="hi", agent_response="hello", tool_calls=[],
         status="completed", cost_usd=0.0001)]),
     ps.ForgetTurnsResult(request_id="r", forgotten=2, learnings=1, sessions=["s1"], restarted=False),
     p.TurnsForgotten(session_id="s1", turns=[2, 3], turn_ids=["t2"], forgotten_at=3.0),

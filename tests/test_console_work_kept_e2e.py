@@ -19,6 +19,7 @@ from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
 from tests.console_browser import Tab, chromium, install_templates, signed_in
@@ -329,18 +330,13 @@ async def taken_unheard(settings: Settings, bridge: MockBridge, text: str) -> As
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
-@pytest.mark.parametrize("text", [
-    "Taken after all",
-    pytest.param("Taken after all, my pin is <private>1234</private>", marks=pytest.mark.xfail(
-        strict=True, reason="the record has \"[private]\" in place of the private words, and the page matches "
-        "its text to the record's: the taken message is offered to Send again")),
-])
+@pytest.mark.parametrize("text", ["Taken after all", "Taken after all, my pin is <private>1234</private>"])
 async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_again(
         settings: Settings, bridge: MockBridge, text: str) -> None:
     """The message went out and the agent took it, but the page heard nothing of it (its link went
     dead) before the server restarted: it must not say the agent never took it, nor offer a Send
     again that puts the same message to the agent a second time. The record keeps a message's
-    private words out ("[private]" in their place): it was taken all the same."""
+    private words out ("[private]" in their place): it is found by its client id all the same."""
     async with taken_unheard(settings, bridge, text) as tab:
         taken = tab.messages("user").filter(has_text="Taken after all")
         await expect(taken).to_have_attribute("data-state", "taken")  # settled: the old session's record was asked
@@ -348,17 +344,57 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
 
 
-async def test_a_taken_message_the_record_holds_changed_is_not_called_unsent(
+async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(
         settings: Settings, bridge: MockBridge) -> None:
-    """Until the record keeps client ids, a message whose words the record changed (private words left
-    out) matches no turn: the page must not claim it was never sent while a turn it cannot place is
-    in the record; it says it does not know, and offers Send again."""
-    async with taken_unheard(settings, bridge, "Taken after all, my pin is <private>1234</private>") as tab:
-        item = tab.messages("user").filter(has_text="Taken after all")
+    """Another client, one that sends no client id, had a turn the page never saw; the page's own
+    message was dropped with the queue by the restart. That turn could have been the page's message
+    for all the record says: the page must not claim it was never sent; it says it does not know, and
+    offers Send again."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the other client's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser, client_factory(server.port) as connect:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        other = await connect(hello={})
+        await other.send(type="user_message", text="Hello from a script")  # no client_id
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        await tab.send("Mine, still waiting")
+        await wait_for(lambda: server.app.runtime.queued == 1, timeout=30, what="the page's message queued")
+        await restart_unheard(server, muted, tab)
+        item = tab.messages("user").filter(has_text="Mine, still waiting")
         await expect(item).to_have_attribute("data-state", "refused")
         await expect(item).to_contain_text("this may not have reached the agent")
         await expect(item).not_to_contain_text("not sent")
         await expect(item.get_by_test_id("send-again")).to_have_count(1)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(server: SpriteOS, bridge: MockBridge) -> None:
+    """The queue was full when one message came, and had room again when the next came: the refusal
+    of the first, arriving after the second went out, marked the second (the newest) as refused and
+    left the first "waiting for the agent" for ever. The refusal names its message by client id."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=2))  # the first two turns hang
+    held = HoldBack()
+    async with chromium() as browser, client_factory(server.port) as connect:
+        tab = await signed_in(browser, server.port, route=held.route)
+        other = await connect(hello={})
+        for n in range(MAX_QUEUED_MESSAGES + 1):  # one runs (and hangs), the rest fill the queue
+            await other.send(type="user_message", text=f"Filler {n}")
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES, timeout=30, what="the queue full")
+        await held.hold("queue_full", tab.send("Refused, the queue full"))
+        await tab.by("interrupt").click()  # the first turn ends, the next starts (and hangs): a place frees
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES - 1, timeout=30, what="a place free")
+        await tab.send("Accepted, a place free")
+        await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES, timeout=30, what="it queued")
+        held.release()  # the refusal of the first comes only now
+        refused = tab.messages("user").filter(has_text="Refused, the queue full")
+        await expect(refused).to_have_attribute("data-state", "refused")
+        await expect(refused).to_contain_text("not accepted: too many messages are waiting")
+        await expect(refused.get_by_test_id("send-again")).to_have_count(1)
+        accepted = tab.messages("user").filter(has_text="Accepted, a place free")
+        await expect(accepted).to_have_attribute("data-state", "queued")
+        await expect(accepted.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean()
 
 
 async def test_an_unsent_message_stays_through_a_second_restart(settings: Settings, bridge: MockBridge) -> None:
@@ -438,12 +474,11 @@ async def phone_and_laptop(settings: Settings, bridge: MockBridge) -> AsyncItera
         yield server, muted, phone, laptop
 
 
-@pytest.mark.xfail(strict=True, reason="the record has no client id: any unseen turn of the same words settles the "
-                   "page's message as taken, though the agent never had it")
 async def test_another_devices_message_of_the_same_words_does_not_settle_this_ones_as_taken(
         settings: Settings, bridge: MockBridge) -> None:
     """The laptop's "yes" was taken, the phone's "yes" queued behind it was dropped by the restart; the
-    phone heard neither (its link dead). The laptop's turn must not settle the phone's as taken."""
+    phone heard neither (its link dead). The laptop's turn must not settle the phone's as taken: its
+    client id is the laptop's, so the phone knows its own was never sent."""
     async with phone_and_laptop(settings, bridge) as (server, muted, phone, laptop):
         await laptop.send("yes")
         await expect(laptop.messages("user").filter(has_text="yes")).to_have_attribute("data-state", "queued")
@@ -456,6 +491,7 @@ async def test_another_devices_message_of_the_same_words_does_not_settle_this_on
         mine = phone.messages("user").filter(has_text="yes")
         await expect(mine).not_to_have_attribute("data-state", "checking")
         await expect(mine).not_to_have_attribute("data-state", "taken")
+        await expect(mine).to_contain_text("not sent: the Sprite restarted before the agent took it")
         await expect(mine.get_by_test_id("send-again")).to_have_count(1)
 
 

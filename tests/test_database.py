@@ -5,6 +5,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sprite_os.db_worker import Worker
@@ -21,7 +22,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 3 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
+    assert t.schema_version == 4 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
@@ -150,6 +151,69 @@ def test_a_transcript_from_before_forgetting_migrates_and_keeps_its_turns(tmp_pa
         assert t.get([1])[0].user_message == "" and t.tombstones("s")[1].forgotten_by == "test"
         with pytest.raises(sqlite3.IntegrityError):
             t.conn.execute("DELETE FROM observations")
+    finally:
+        t.close()
+
+
+def test_a_transcript_from_before_client_ids_opens_reads_and_keeps_the_id_of_each_new_turn(tmp_path: Path) -> None:
+    """A transcript.db at schema 3 (as shipped before client ids were kept) opens: its turns read as
+    before, with no client id; a new turn keeps its own; a forgotten turn keeps it too (it names the
+    message, never says its words), and nothing may change or delete it."""
+    from sprite_os.console.session_queries import turns_page
+    from sprite_os.database import connect, migrate
+
+    path = tmp_path / "v3.db"
+    conn = connect(path)
+    migrate(conn, TRANSCRIPT_SCHEMA[:3])
+    conn.execute("INSERT INTO observations (timestamp, session_id, sequence_num, user_message, tool_calls_json, "
+                 "agent_response, turn_id, status, cost_usd) VALUES (1.0, 's', 1, 'yes', '[]', 'Done', 't1', "
+                 "'completed', 0.001)")
+    conn.close()
+    t = TranscriptDB(path)
+    try:
+        assert t.schema_version == 4
+        assert [o.user_message for o in t.get([1])] == ["yes"]
+        new = t.append(msgspec.structs.replace(obs(2, session="s"), turn_id="t2", client_id="web-1"))
+        assert new is not None and t.append(msgspec.structs.replace(obs(2, session="s"), client_id="web-2")) is None
+        t.append(obs(3, session="s"))  # sent without one
+        t.forget([new], 2.0, "test")
+        turns, _more = turns_page(t, "s", None, 10)
+        assert [(o.sequence_num, o.turn_id, o.client_id, o.user_message) for o in turns] == [
+            (1, "t1", None, "yes"), (2, "t2", "web-1", ""), (3, None, None, "m3")]
+        for change in ("UPDATE turn_clients SET client_id = 'web-2'", "DELETE FROM turn_clients"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                t.conn.execute(change)
+    finally:
+        t.close()
+
+
+def test_a_turns_whole_row_is_what_the_version_before_reads(tmp_path: Path) -> None:
+    """A deploy runs the version before on the new schema until its switch, and again after a rollback;
+    it reads whole rows of `observations` into a struct that refuses a column it does not know. So a
+    schema step adds no column to it: the client id is kept beside it."""
+    t = TranscriptDB(tmp_path / "t.db")
+    try:
+        t.append(msgspec.structs.replace(obs(1), client_id="web-1"))
+        columns = [d[0] for d in t.conn.execute("SELECT * FROM observations").description]
+        assert columns == ["id", "timestamp", "session_id", "sequence_num", "user_message", "tool_calls_json",
+                           "agent_response", "processed", "turn_id", "status", "cost_usd"]  # as schema 3 left them
+        assert [o.user_message for o in t.pending()] == ["m1"]
+    finally:
+        t.close()
+
+
+def test_a_column_a_later_version_added_is_left_out_of_the_rows_this_one_reads(tmp_path: Path) -> None:
+    """After a rollback, this version runs on the schema a later one left. A column that version added to
+    `observations` or `sessions` must not stop this one reading its turns (every `SELECT *` failed)."""
+    t = TranscriptDB(tmp_path / "t.db")
+    try:
+        t.append(obs(1))
+        for table in ("observations", "sessions"):
+            t.conn.execute(f"ALTER TABLE {table} ADD COLUMN from_a_later_version TEXT DEFAULT 'x'")
+        assert [o.user_message for o in t.pending()] == ["m1"]
+        assert [o.user_message for o in t.after(0, 10)] == ["m1"]
+        session = t.session(obs(1).session_id)
+        assert session is not None and session.observation_count == 1
     finally:
         t.close()
 

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
+from sprite_os.console.session_queries import turns_page
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
@@ -422,6 +423,35 @@ async def test_a_turn_closed_while_transcript_db_is_free_is_durable_by_its_commi
     assert await record.durable(budget=10) is True
     rows = await capture.writer._db.call(lambda t: [(o.user_message, o.agent_response) for o in t.iter_all()])
     assert rows == [("one", "the whole answer")]
+
+
+async def test_a_turn_cut_short_keeps_its_client_id_through_the_journal(capture: Capture, tmp_path: Path) -> None:
+    """A server killed mid-turn: the next start records the turn from the journal, and the page that
+    sent it finds it in the record by its client id, as it would the turn had it ended."""
+    record = capture.recorder.open("yes, go on", "t-1", "web-1")
+    record.observe(AssistantMessage(content=[TextBlock(text="so far")], model="m"))
+    await wait_for(lambda: [o.client_id for o in recover(journal_path(capture._layout))] == ["web-1"],
+                   what="the open turn saved")
+    after = Layout(tmp_path / "after")  # what the kill left, as the next start finds it
+    after.ensure()
+    journal_path(after).write_bytes(journal_path(capture._layout).read_bytes())
+    db: Worker[TranscriptDB] = Worker("t2", lambda: TranscriptDB(after.transcript_db))
+    c = Capture(db, after, on_recorded=lambda: None)
+    await c.start(5.0)
+    assert await c.writer.drained(10)
+    rows = await db.call(lambda t: [(o.user_message, o.turn_id, o.client_id, o.agent_response)
+                                    for o in turns_page(t, "s1", None, 10)[0]])
+    await c.stop(5)
+    await db.close()
+    assert rows == [("yes, go on", "t-1", "web-1", f"so far\n{STOPPED_NOTE}")]
+
+
+def test_a_spilled_turn_keeps_its_client_id(tmp_path: Path) -> None:
+    """The writer's spill file holds a turn transcript.db could not take: its client id with it."""
+    path = tmp_path / "spill"
+    append_lines(path, [ObservationWrite(msgspec.structs.replace(obs(1), client_id="web-1"))])
+    [write] = read_spill(path)
+    assert isinstance(write, ObservationWrite) and write.observation.client_id == "web-1"
 
 
 def on_disk(layout: Layout) -> set[str]:

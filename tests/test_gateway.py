@@ -21,7 +21,7 @@ from sprite_os import gateway
 from sprite_os.console import files_frames as pf
 from sprite_os.console import requests as rq
 from sprite_os.console import transfers
-from sprite_os.errors import ShuttingDown
+from sprite_os.errors import QueueFull, ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
 from tests.conftest import client_factory, running
@@ -95,25 +95,31 @@ async def test_a_bug_handling_a_frame_is_internal_error_and_the_connection_stays
     assert (await send(ws, type="hello"))["type"] == "ready"
     runtime.fail = RuntimeError("a bug near the user's words: SECRET PLANS")
     with capture_logs() as logs:
-        error = await send(ws, type="user_message", text="SECRET PLANS")
+        error = await send(ws, type="user_message", text="SECRET PLANS", client_id="web-1")
     assert error["type"] == "error" and error["code"] == "internal_error"
+    assert error["client_id"] is None  # the bug may have struck after the message was queued: not said refused
     [failed] = [e for e in logs if e["event"] == "frame_failed"]
     assert failed["log_level"] == "error" and failed["error"] == "RuntimeError"
     assert "SECRET" not in repr([e for e in logs if e["log_level"] != "debug"])
     assert await send(ws, type="ping", nonce="still-here") == {"type": "pong", "seq": 0, "nonce": "still-here"}
 
 
-async def test_a_request_dropped_for_rate_is_answered_so_its_sender_never_waits(ws: ClientConnection) -> None:
+async def past_the_burst(ws: ClientConnection, frame: dict[str, Any], field: str) -> dict[str, Any]:
+    """Send `frame` past the rate's burst (it is dropped), and return the answer that names it by `field`."""
     assert (await send(ws, type="hello"))["type"] == "ready"
     for n in range(gateway.RATE_BURST + 40):  # past the burst: the rest are dropped (20 a second come back)
         await ws.send(json.dumps({"type": "ping", "nonce": str(n)}))
-    await ws.send(json.dumps({"type": "upload_chunk", "request_id": "chunk-9", "upload_id": "u", "offset": 0,
-                              "data": ""}))
+    await ws.send(json.dumps(frame))
     async with asyncio.timeout(10):
         while True:
-            frame = json.loads(await ws.recv())
-            if frame.get("request_id") == "chunk-9":
-                break
+            answer: dict[str, Any] = json.loads(await ws.recv())
+            if answer.get(field) == frame[field]:
+                return answer
+
+
+async def test_a_request_dropped_for_rate_is_answered_so_its_sender_never_waits(ws: ClientConnection) -> None:
+    frame = await past_the_burst(ws, {"type": "upload_chunk", "request_id": "chunk-9", "upload_id": "u", "offset": 0,
+                                      "data": ""}, "request_id")
     assert (frame["type"], frame["code"]) == ("error", "rate_limited") and "send it again" in frame["message"]
 
 
@@ -122,7 +128,40 @@ async def test_work_sent_while_shutting_down_gets_an_error(ws: ClientConnection,
     runtime.fail = ShuttingDown("the server is shutting down")
     for frame in ({"type": "user_message", "text": "hi"}, {"type": "new_session"}):
         reply = await send(ws, **frame)
-        assert (reply["type"], reply["code"]) == ("error", "shutting_down")
+        assert (reply["type"], reply["code"], reply["client_id"]) == ("error", "shutting_down", None)
+
+
+@pytest.mark.parametrize(("fail", "code"), [(QueueFull("16 messages are already waiting"), "queue_full"),
+                                            (ShuttingDown("the server is shutting down"), "shutting_down")])
+async def test_a_refused_message_is_named_by_its_client_id(ws: ClientConnection, runtime: FakeRuntime,
+                                                           fail: Exception, code: str) -> None:
+    """The sender learns which of its messages was refused, not only that one was."""
+    await send(ws, type="hello")
+    runtime.fail = fail
+    reply = await send(ws, type="user_message", text="hi", client_id="web-2")
+    assert (reply["type"], reply["code"], reply["client_id"]) == ("error", code, "web-2")
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "user_message", "text": "", "client_id": "web-3"},  # empty
+    {"type": "user_message", "text": "x" * 100_001, "client_id": "web-3"},  # too long
+    {"type": "user_message", "client_id": "web-3"},  # no text
+])
+async def test_a_message_that_fails_validation_is_named_by_its_client_id(ws: ClientConnection,
+                                                                         frame: dict[str, Any]) -> None:
+    await send(ws, type="hello")
+    reply = await send(ws, **frame)
+    assert (reply["type"], reply["code"], reply["client_id"]) == ("error", "invalid_frame", "web-3")
+    reply = await send(ws, type="ping", nonce="x", client_id="web-4")  # another frame's field names nothing
+    assert reply["type"] == "pong"
+    bad_id = await send(ws, type="user_message", text="", client_id="w" * 200)  # an id past the limit is not echoed
+    assert (bad_id["code"], bad_id["client_id"]) == ("invalid_frame", None)
+
+
+async def test_a_message_dropped_for_rate_is_answered_with_its_client_id(ws: ClientConnection) -> None:
+    """Dropped unanswered, the message stayed "waiting for the agent" on its sender's page for ever."""
+    frame = await past_the_burst(ws, {"type": "user_message", "text": "hi", "client_id": "web-9"}, "client_id")
+    assert (frame["type"], frame["code"]) == ("error", "rate_limited") and "message was dropped" in frame["message"]
 
 
 async def test_an_error_before_ready_carries_seq_0(ws: ClientConnection) -> None:

@@ -88,8 +88,8 @@ class FakeCLI:
 
 
 class FakeRecord:
-    def __init__(self, memory: FakeMemory, prompt: str) -> None:
-        self.memory, self.prompt = memory, prompt
+    def __init__(self, memory: FakeMemory, prompt: str, client_id: str | None = None) -> None:
+        self.memory, self.prompt, self.client_id = memory, prompt, client_id
         self.seen: list[str] = []
 
     def observe(self, message: Any) -> None:
@@ -134,8 +134,8 @@ class FakeMemory:
     def session_ended(self, session_id: str, reason: str) -> None:
         self.events.append(("session_ended", session_id, reason))
 
-    def turn_started(self, prompt: str, turn_id: str) -> FakeRecord:
-        self.records.append(FakeRecord(self, prompt))
+    def turn_started(self, prompt: str, turn_id: str, client_id: str | None) -> FakeRecord:
+        self.records.append(FakeRecord(self, prompt, client_id))
         return self.records[-1]
 
     def turn_ended(self) -> None:
@@ -179,9 +179,9 @@ class Harness:
     async def until(self, pred: Callable[[], bool]) -> None:
         await wait_for(pred, timeout=5, interval=0.005)
 
-    async def turn(self, text: str) -> p.TurnComplete:
+    async def turn(self, text: str, client_id: str | None = None) -> p.TurnComplete:
         done = len(self.of(p.TurnComplete))
-        self.rt.submit(text)
+        self.rt.submit(text, client_id)
         await self.until(lambda: len(self.of(p.TurnComplete)) > done)
         return self.of(p.TurnComplete)[-1]
 
@@ -354,6 +354,16 @@ async def test_each_turn_is_shown_to_memory_and_closed_once_with_its_result(hm: 
     await hm.turn("two")
     assert hm.memory.closed() == [("closed", "one", "success"), ("closed", "two", "success")]
     assert [r.seen for r in hm.memory.records] == [["AssistantMessage", "ResultMessage"]] * 2
+
+
+async def test_memory_records_a_turn_with_the_client_id_its_message_came_with(hm: Harness) -> None:
+    """The id the sender gave the message reaches the record, as it reached turn_started: a page that
+    never heard the turn start finds its message in the record by it."""
+    assert hm.memory is not None
+    await hm.turn("one", client_id="web-1")
+    await hm.turn("two")
+    assert [(r.prompt, r.client_id) for r in hm.memory.records] == [("one", "web-1"), ("two", None)]
+    assert [f.client_id for f in hm.of(p.TurnStarted)] == ["web-1", None]
 
 
 async def test_a_failed_turn_is_closed_with_its_error_in_the_session_it_ran_in(hm: Harness) -> None:

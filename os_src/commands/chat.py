@@ -94,7 +94,11 @@ class Renderer:
             case p.ModelRetry(attempt=n, max_retries=most, retry_delay_ms=ms, error_status=status):
                 self._line(f"· the model proxy failed ({f'HTTP {status}' if status else 'no answer'}); "
                            f"retry {n} of {most} in {ms / 1000:.1f}s")
-            case p.Error(code=code, message=message, detail=detail):
+            case p.Error(code=code, message=message, detail=detail, client_id=client_id):
+                if client_id in self.outstanding:  # our message was refused: no turn of it will complete
+                    self.outstanding.discard(client_id)
+                    if not self.outstanding:
+                        self.settled.set()
                 self._line(f"! {code}: {message}" + (f"\n  ({detail})" if detail else ""))
         self.out.flush()
 

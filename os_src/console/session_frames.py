@@ -68,6 +68,9 @@ class SessionInfo(msgspec.Struct, frozen=True):
 class PastTurn(msgspec.Struct, frozen=True):
     observation_id: int | None  # None: still on its way to transcript.db
     turn_id: str | None  # as in turn_started, for turns the runtime ran
+    # The id its sender gave the message (user_message's), so a client finds its own message in the record
+    # by it; None when sent without one, or recorded before the record kept it.
+    client_id: str | None
     turn: int  # 1-based within the session
     at: float
     user_message: str

@@ -12,7 +12,13 @@ import msgspec
 
 from ..database import marks, rows
 from ..memory.memory_store import MemoryDB
-from ..memory.transcript_store import NewObservation, Observation, Tombstone, TranscriptDB
+from ..memory.transcript_store import (
+    ClientObservation,
+    NewObservation,
+    Observation,
+    Tombstone,
+    TranscriptDB,
+)
 from .memory_frames import ToolCall
 from .session_frames import PastTurn, SessionInfo
 
@@ -66,15 +72,18 @@ def sessions_of(db: TranscriptDB, observation_ids: Sequence[int], turn_ids: Sequ
         [*ids, *wire])}
 
 
-def turns_page(db: TranscriptDB, session_id: str, before: int | None, limit: int) -> tuple[list[Observation], bool]:
+def turns_page(db: TranscriptDB, session_id: str, before: int | None,
+               limit: int) -> tuple[list[ClientObservation], bool]:
     """The session's turns before turn `before` (None: its newest), oldest first, and whether more precede."""
-    where = "session_id = ?"
+    where = "o.session_id = ?"
     args: list[str | int] = [session_id]
     if before is not None:
-        where += " AND sequence_num < ?"
+        where += " AND o.sequence_num < ?"
         args.append(before)
-    found = rows(db.conn.execute(f"SELECT * FROM observations WHERE {where} ORDER BY sequence_num DESC LIMIT ?",
-                                 [*args, limit + 1]), Observation)
+    found = rows(db.conn.execute(
+        f"""SELECT o.*, c.client_id FROM observations o LEFT JOIN turn_clients c
+            ON c.session_id = o.session_id AND c.sequence_num = o.sequence_num
+            WHERE {where} ORDER BY o.sequence_num DESC LIMIT ?""", [*args, limit + 1]), ClientObservation)
     return list(reversed(found[:limit])), len(found) > limit
 
 
@@ -118,9 +127,9 @@ def tool_calls(tool_calls_json: str, chars: int = TOOL_CHARS) -> list[ToolCall]:
             for c in calls if isinstance(c, dict)]
 
 
-def past_turn(obs: Observation | NewObservation, tombstone: Tombstone | None = None) -> PastTurn:
+def past_turn(obs: ClientObservation | NewObservation, tombstone: Tombstone | None = None) -> PastTurn:
     return PastTurn(observation_id=obs.id if isinstance(obs, Observation) else None, turn_id=obs.turn_id,
-                    turn=obs.sequence_num, at=obs.timestamp, user_message=obs.user_message,
+                    client_id=obs.client_id, turn=obs.sequence_num, at=obs.timestamp, user_message=obs.user_message,
                     agent_response=obs.agent_response, tool_calls=tool_calls(obs.tool_calls_json),
                     status=obs.status, cost_usd=obs.cost_usd,
                     forgotten_at=tombstone.forgotten_at if tombstone is not None else None)

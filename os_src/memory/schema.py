@@ -118,7 +118,27 @@ def _transcript_v3(db: sqlite_utils.Database) -> None:
     create_observation_triggers(db.conn)
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3)
+def _transcript_v4(db: sqlite_utils.Database) -> None:
+    """The id the sender gave a turn's message (`client_id`, as in user_message and turn_started), so
+    that a page that never heard a turn start (its link dead, then a restart) finds which of its
+    messages the agent took by id, not by words the record may hold changed or another device may
+    have sent too. Only turns whose message had one have a row. Kept beside `observations`, keyed as
+    a turn is, not as a column of it: the version before reads whole rows of `observations` into a
+    struct that refuses a column it does not know, and a deploy runs that version on the new schema
+    until its switch (and again after a rollback). A row is never changed or deleted: a forgotten
+    turn keeps its id, which names the message and never says its words."""
+    _table(db, "turn_clients").create(
+        {"session_id": str, "sequence_num": int, "client_id": str},
+        pk=("session_id", "sequence_num"), not_null={"client_id"}, if_not_exists=True,
+    )
+    for event in ("UPDATE", "DELETE"):
+        db.conn.execute(
+            f"""CREATE TRIGGER IF NOT EXISTS main.turn_clients_no_{event.lower()} BEFORE {event} ON turn_clients
+            BEGIN SELECT RAISE(ABORT, 'turn_clients are append-only'); END"""
+        )
+
+
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3, _transcript_v4)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:

@@ -231,10 +231,10 @@ class MemorySystem:
         self.capture.recorder.end_session(session_id)
         self.daemon.trigger(f"session-end-{reason}")
 
-    def turn_started(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
+    def turn_started(self, prompt: str, turn_id: str | None = None, client_id: str | None = None) -> TurnRecord:
         self.curator.warm()  # a batch will follow: its SDK loads meanwhile, off the loop
         self.recall.indexer.turn_started()
-        return self.capture.recorder.open(prompt, turn_id)
+        return self.capture.recorder.open(prompt, turn_id, client_id)
 
     def turn_ended(self) -> None:
         """The agent's turn is over, however it ended (the embedder may have the CPU again)."""

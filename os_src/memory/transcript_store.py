@@ -43,6 +43,13 @@ class Observation(msgspec.Struct, frozen=True):
     cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
 
 
+class ClientObservation(Observation, frozen=True):
+    """A turn with the id its sender gave its message (user_message's `client_id`, kept in `turn_clients`):
+    None when it came without one, or was recorded before ids were kept."""
+
+    client_id: str | None = None
+
+
 class NewObservation(msgspec.Struct, frozen=True):
     timestamp: float
     session_id: str
@@ -53,6 +60,7 @@ class NewObservation(msgspec.Struct, frozen=True):
     turn_id: str | None = None
     status: str | None = None
     cost_usd: float | None = None
+    client_id: str | None = None  # recorded beside it, in turn_clients
 
 
 class ImportedTurn(msgspec.Struct, frozen=True, array_like=True):
@@ -137,6 +145,9 @@ class TranscriptDB:
         )
         if cur.rowcount == 0:
             return None
+        if obs.client_id is not None:
+            c.execute("INSERT OR IGNORE INTO turn_clients (session_id, sequence_num, client_id) VALUES (?, ?, ?)",
+                      (obs.session_id, obs.sequence_num, obs.client_id))
         c.execute(
             """INSERT INTO sessions (id, started_at, message_count, observation_count)
             VALUES (?, ?, 1, 1)

@@ -103,6 +103,7 @@ class _Turn:
     started: float
     command: bool  # a slash command, which the CLI may run itself (/compact)
     turn_id: str | None = None  # its id on the wire, so a client can match a record to what it saw
+    client_id: str | None = None  # the id its sender gave the message, so a page can find its own message
     session: str | None = None  # the session it was opened in
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
@@ -213,11 +214,11 @@ class TurnRecorder:
     def end_session(self, session_id: str) -> None:
         self._writer.submit(SessionWrite(session_id, "end", self._clock()))
 
-    def open(self, prompt: str, turn_id: str | None = None) -> TurnRecord:
+    def open(self, prompt: str, turn_id: str | None = None, client_id: str | None = None) -> TurnRecord:
         turn = None
         with self.timings.guard("open"):
             turn = _Turn(_bounded(prompt, USER_MESSAGE_CHARS), self._clock(), prompt.startswith("/"), turn_id,
-                         self.session_id)
+                         client_id, self.session_id)
         if turn is not None and self._journal is not None and self.session_id is not None:
             with self.timings.guard("journal"):
                 self._journal.opened(lambda: self._observation(turn, self._open_key(), None))
@@ -240,7 +241,7 @@ class TurnRecorder:
             timestamp=turn.started, session_id=key[0], sequence_num=key[1], user_message=turn.user_message,
             tool_calls_json=turn.calls_json(),
             agent_response=_bounded(turn.last_text, RESPONSE_CHARS) if text is None else text,
-            turn_id=turn.turn_id, status=status, cost_usd=cost_usd,
+            turn_id=turn.turn_id, status=status, cost_usd=cost_usd, client_id=turn.client_id,
         )
 
     def not_saved(self, key: Key) -> None:

@@ -9,6 +9,11 @@ import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, mess
 const DRAFT_KEY = "sprite-os.draft";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
+const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
+  queue_full: "not accepted: too many messages are waiting.",
+  shutting_down: "not accepted: the Sprite is stopping.",
+  rate_limited: "not accepted: too many messages too fast.",
+};
 
 export class ChatView {
   constructor({ list, form, composer, send, interrupt, newSession, agentState, jump, sessionCost }, connection) {
@@ -50,7 +55,8 @@ export class ChatView {
   /** Sends a message (the composer's, or one sent again); false if it could not go. */
   submit(text = this.composer.value) {
     if (!text.trim()) return false;
-    const clientId = `web-${Date.now().toString(36)}-${++this.sent}`;
+    // Unique across devices too: the record finds a message by it after a restart (`restarted`).
+    const clientId = `web-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
       this.notice(`Not connected: your message was not sent. ${text === this.composer.value ? "It is still in the box." : "Try again once connected."}`, "error");
       return false;
@@ -58,6 +64,7 @@ export class ChatView {
     if (text === this.composer.value) { this.composer.value = ""; this.keepDraft(); }
     const message = this.add(messageItem("user", userText(text), "waiting for the agent…"));
     message.dataset.state = "queued";
+    message.dataset.clientId = clientId;
     this.queued.set(clientId, message);
     return true;
   }
@@ -75,10 +82,13 @@ export class ChatView {
   /** Messages still waiting when the server restarted. The old server may have taken one after the
    * page's link went quiet (its turn is then in the record) or dropped it with its queue: the record
    * is asked before a Send again is offered, so a click does not give the agent the same message
-   * twice. A turn the page never showed, of the same words, settles one message as taken (the record
-   * keeps no client id: the same words sent from another device at that moment would settle it too).
-   * "Not sent" is said only when no such turn is left unmatched: the record may hold a message's words
-   * changed (private words left out, a long one cut), and then the page says it does not know. */
+   * twice. A message is found in the record by the client id it went with, never by its words: the
+   * record holds private words left out, and another device may have sent the same words meanwhile.
+   * "Not sent" is said only when every turn the old server ran that the page never showed is placed:
+   * a turn recorded without a client id (a client that sends none) could be any message, so then the
+   * page says it does not know. (No match by words for turns from before the record kept client ids:
+   * a page running this code was loaded from a server that keeps them, and the old server's turns
+   * without one are just as likely another client's.) */
   async restarted(items, left) {
     for (const item of items) {
       item.dataset.state = "checking";
@@ -94,17 +104,17 @@ export class ChatView {
     }
     const unmatched = [];
     for (const item of items) {
-      const text = item.querySelector(".text").textContent;
-      const at = unseen ? unseen.findIndex((turn) => turn.user_message === text) : -1;
-      if (at < 0) { unmatched.push(item); continue; }
-      const [turn] = unseen.splice(at, 1);
+      const id = item.dataset.clientId;
+      const turn = id && unseen ? unseen.find((t) => t.client_id === id) : undefined;
+      if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
       item.querySelector(".meta").textContent = turn.status === "interrupted"
         ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
         : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
     }
-    const known = unseen !== null && unseen.length === 0; // every turn the old server ran is accounted for
+    // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
+    const known = unseen !== null && unseen.every((turn) => turn.client_id);
     for (const item of unmatched) {
       this.unsent(item, known ? "not sent: the Sprite restarted before the agent took it."
         : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
@@ -373,12 +383,10 @@ export class ChatView {
       retries.textContent = `Gave up after ${retries.dataset.attempt} ${retries.dataset.attempt === "1" ? "retry" : "retries"}.`;
       retries.dataset.settled = "true";
     }
-    if (frame.code === "queue_full" || frame.code === "shutting_down") {
-      const newest = [...this.queued.values()].at(-1);
-      if (newest) {
-        this.queued.delete([...this.queued.keys()].at(-1));
-        this.unsent(newest, frame.code === "queue_full" ? "not accepted: too many messages are waiting." : "not accepted: the Sprite is stopping.");
-      }
+    const refused = frame.client_id ? this.queued.get(frame.client_id) : undefined; // which message, by its id
+    if (refused) {
+      this.queued.delete(frame.client_id);
+      this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`);
     }
   }
 }
