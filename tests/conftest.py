@@ -114,8 +114,10 @@ __all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_n
 @pytest.fixture
 def _function_scoped_runner(_function_scoped_runner: asyncio.Runner,
                             request: pytest.FixtureRequest) -> Iterator[asyncio.Runner]:
-    """pytest-asyncio's loop for one test and its function-scoped fixtures; for the console's browser
-    tests, the worker's loop instead, where its one Chromium lives (tests/console_browser.py)."""
+    """pytest-asyncio's loop for one test and its function-scoped fixtures (its fixture of this name,
+    pytest-asyncio being pinned); for the console's browser tests, the worker's loop instead, where its
+    one Chromium lives (tests/console_browser.py). Were the name to change, those tests would each
+    launch a browser again: test_console_browser_e2e.py fails then."""
     browser = sys.modules.get("tests.console_browser")  # imported by the modules that drive one
     if browser is None or not browser.drives_a_browser(request.module):
         yield _function_scoped_runner
