@@ -17,6 +17,7 @@ from playwright.async_api import WebSocketRoute, expect
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
+from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
@@ -342,6 +343,23 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken).to_have_attribute("data-state", "taken")  # settled: the old session's record was asked
         await expect(taken).to_contain_text("in Past sessions")  # its answer, or its turn cut short by the stop
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
+
+
+async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The agent took the message, and the server's stop cut its turn short (the model still
+    thinking): the record said the person had interrupted it, and the page that its answer is in
+    Past sessions. The record says the server stopped it, and the page that the restart cut it short."""
+    bridge.faults.add(Fault("latency", seconds=30, target="agent", times=1))
+    async with taken_unheard(settings, bridge, "Taken after all") as tab:
+        taken = tab.messages("user").filter(has_text="Taken after all")
+        await expect(taken).to_contain_text("the restart cut its turn short")
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    try:
+        [turn] = [o for o in transcript.iter_all() if o.user_message == "Taken after all"]
+    finally:
+        transcript.close()
+    assert turn.status == "stopped" and turn.agent_response.endswith(STOPPED_NOTE)
 
 
 async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(

@@ -109,7 +109,7 @@ export class ChatView {
       if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      item.querySelector(".meta").textContent = turn.status === "interrupted"
+      item.querySelector(".meta").textContent = turn.status === "stopped" // cut short by the server's stop
         ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
         : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
     }
