@@ -661,3 +661,72 @@ async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_relo
         await expect(tab.by("send-again")).to_have_count(0)
         await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
         tab.assert_clean()
+
+
+async def test_a_message_taken_unheard_before_a_new_session_is_not_offered_again_after_a_reload(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent while the page heard nothing back, taken, and then a new session began (another device's
+    New session, a crash, the idle timeout) before the person reloaded: the reloaded page's record of
+    the current session does not hold it, but the session it was sent in does. It is found there, not
+    offered with a Send again that would give the agent the same message twice."""
+    muted = Muted()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        other = await signed_in(browser, server.port)
+        muted.on = True
+        await tab.send("Taken, then a new session")
+        await bridge.wait_for(lambda b: any("Taken, then a new session" in r.last_user_text for r in b.agent_requests()))
+        await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+        sent_in = server.runtime.session_id
+        await other.by("new-session").click()
+        await wait_for(lambda: server.runtime.session_id != sent_in, timeout=30, what="the new session")
+        muted.on = False
+        await tab.page.reload()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.page.locator('[data-state="checking"]')).to_have_count(0)  # settled
+        await expect(tab.by("send-again")).to_have_count(0)
+        assert await pending(tab) is None
+        tab.assert_clean()
+
+
+async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
+    """Sign out takes the person's words out of the tab's storage (the draft already): the messages
+    kept for a reload too, so the next person to sign in on this tab is not shown them."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await one_waiting(tab, bridge)
+        assert "Second, still waiting" in (await pending(tab) or "")
+        await tab.by("sign-out").click()
+        assert await pending(tab) is None
+        await tab.page.reload()  # the login again: nothing of theirs comes back once someone signs in
+        await tab.sign_in()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.by("send-again")).to_have_count(0)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(0)
+        tab.assert_clean()
+
+
+async def test_send_again_with_the_tab_storage_full_is_sent_once(settings: Settings, bridge: MockBridge) -> None:
+    """The tab's storage is full (a long draft, other pages' keys): keeping the unsettled messages fails.
+    Send again must still send once and leave the message settled, not throw half way and leave the
+    same Send again under a message the agent has taken."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=unaware)
+        waiting = await one_waiting(tab, bridge)
+        await server.stop()
+        await server.start()
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await tab.page.evaluate("""() => {
+          const chunk = 'x'.repeat(256 * 1024);
+          for (let i = 0; ; i++) { try { sessionStorage.setItem('filler' + i, chunk); } catch { break; } }
+          for (let i = 0; ; i++) { try { sessionStorage.setItem('small' + i, 'x'.repeat(64)); } catch { break; } }
+        }""")
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        await expect(tab.by("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
