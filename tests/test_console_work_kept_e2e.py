@@ -730,3 +730,48 @@ async def test_send_again_with_the_tab_storage_full_is_sent_once(settings: Setti
         await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
         await expect(tab.by("send-again")).to_have_count(0)
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+class Lossy:
+    """Passes the page's socket through; while `deaf`, what the page sends is lost on the way (the link
+    died under it and the page does not know yet); and it can cut the link."""
+
+    def __init__(self) -> None:
+        self.deaf = False
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+        page_side.on_message(lambda message: None if self.deaf else server_side.send(message))
+        self.sockets.append(page_side)
+
+    async def cut(self) -> None:
+        await self.sockets[-1].close(code=4000, reason="the link lost")
+
+
+async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """The person's message went out on a link that had died: the server never got it. The link comes
+    back after a long gap (a resync, the same server): the message is neither waiting there nor in the
+    record. It stays in view, said it may not have reached the agent, with Send again, not silently
+    dropped from the conversation (a reload settles it so already)."""
+    link = Lossy()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        link.deaf = True
+        await tab.send("Lost on the way")
+        mine = tab.messages("user").filter(has_text="Lost on the way")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
+        link.deaf = False
+        await link.cut()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(mine).to_have_count(1)
+        await expect(mine.get_by_test_id("send-again")).to_have_count(1)
+        assert "Lost on the way" in (await pending(tab) or "")  # and kept for a reload
+        await mine.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Lost on the way")
+        await expect(tab.messages("user").filter(has_text="Lost on the way")).to_have_count(1)
+        tab.assert_clean("WebSocket connection")

@@ -247,6 +247,10 @@ export class ChatView {
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       // The same server after a long gap: the messages it still holds for the agent stay in view as waiting.
       const still = before === frame.stream ? [...this.queued].filter(([id]) => (frame.waiting ?? []).includes(id)) : [];
+      // ...and those it no longer holds either started (the record shows them) or never reached it (sent
+      // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
+      const unheard = before === frame.stream ? [...this.queued]
+        .filter(([id]) => !(frame.waiting ?? []).includes(id) && id !== frame.turn_client_id).map(([, item]) => item) : [];
       clear(this.list);
       this.turns.clear();
       this.texts.clear();
@@ -263,7 +267,12 @@ export class ChatView {
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
-      const unsure = this.restore(frame);
+      const unsure = [...unheard.map((item) => this.add(item)), ...this.restore(frame)];
+      for (const item of unsure) {
+        item.dataset.state = "checking";
+        item.querySelector(".meta").textContent = "looking whether the agent took it…";
+        this.unsentItems.add(item);
+      }
       const history = this.loadHistory(null);
       if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
     }
@@ -291,11 +300,6 @@ export class ChatView {
       else unsure.push(this.add(item));
     }
     for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
-    for (const item of unsure) {
-      item.dataset.state = "checking";
-      item.querySelector(".meta").textContent = "looking whether the agent took it…";
-      this.unsentItems.add(item);
-    }
     return unsure;
   }
 
