@@ -262,16 +262,8 @@ class SpriteOS:
         """Which of memory's steps did not finish, for `sprite-os service stop` to tell the operator."""
         if self.unfinished:
             log.warning("server_stopped_with_memory_unfinished", steps=self.unfinished)
-        self._write_stop_report(self.unfinished)
-
-    def report_cut(self) -> None:
-        """The stop did not reach its end, where its account is written: its deadline's forced exit
-        (ExitGuard) says so instead."""
-        self._write_stop_report([*self.unfinished, "stop"])
-
-    def _write_stop_report(self, unfinished: list[str]) -> None:
         try:
-            atomic_write(self.settings.layout.state_dir / STOP_REPORT, json.dumps({"unfinished": unfinished}).encode())
+            atomic_write(self.settings.layout.state_dir / STOP_REPORT, json.dumps({"unfinished": self.unfinished}).encode())
         except OSError as exc:  # a full or read-only disk: the stop itself goes on
             log.warning("stop_report_unwritten", error=repr(exc)[:200])
 
@@ -374,8 +366,7 @@ class ExitGuard:
     interpreter's, which both wait for their threads, until the service's SIGKILL: then the stop
     itself, memory's flush included, would be the one cut. Armed when the stop begins, for the
     deadline's end; armed again, for EXIT, once the stop has ended (memory flushed): what a thread
-    still holds then is no loss. Exits 0 if the stop ended, else 1, having written the stop's account
-    (stopping.STOP_REPORT) as cut, for `service stop` to say."""
+    still holds then is no loss. Exits 0 if the stop ended, else 1."""
 
     def __init__(self, app: SpriteOS) -> None:
         self._app = app
@@ -395,8 +386,6 @@ class ExitGuard:
         last.start()
         held = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
         log.error("exit_forced", stopped=self._app.stopped, threads=held)
-        if not self._app.stopped:  # within LAST_WORD too
-            self._app.report_cut()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -53,7 +53,6 @@ UNFINISHED_SAID = {
     "flush": "the curator's last batch (its turns are curated at the next start)",
     "stores": "closing the recall index and the databases (redone at the next start)",
     "memory": "memory's stop as a whole (what is left is done at the next start)",
-    "stop": "the stop itself, ended by its deadline's forced exit (the next start recovers what it left)",
 }
 
 

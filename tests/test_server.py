@@ -293,22 +293,3 @@ async def test_a_request_that_outlasts_the_stops_grace_is_cut_and_its_client_tol
     events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=True)
     assert events == ["request start", "files stop", "waited"]  # the stop did not wait for ever
     assert answers == [("l1", "error", "shutting_down"), ("l2", "error", "shutting_down")]
-
-
-async def test_a_stop_its_deadline_cut_says_so_in_its_account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stop's account is written at its end: a stop its deadline's forced exit cut wrote none, and
-    `service stop` said "stopped" and exited 0."""
-    from devkit.harness import make_settings, wait_for
-    from sprite_os.commands.service import _unfinished
-    from sprite_os.server import ExitGuard, SpriteOS
-    from sprite_os.stopping import STOP_REPORT
-
-    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
-    settings.layout.ensure()
-    app = SpriteOS(settings, TOKEN, memory=False)
-    exits: list[int] = []
-    monkeypatch.setattr(os, "_exit", exits.append)
-    ExitGuard(app)._exit()
-    await wait_for(lambda: len(exits) == 2, what="the forced exit and its last word's")  # before os._exit is put back
-    assert exits == [1, 1]
-    assert _unfinished(settings.layout.state_dir / STOP_REPORT) == ["stop"]
