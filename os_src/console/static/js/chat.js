@@ -109,9 +109,12 @@ export class ChatView {
       if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      item.querySelector(".meta").textContent = turn.status === "interrupted"
-        ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
-        : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
+      // Only a completed turn has an answer: a turn a kill cut is recorded at the next start with no
+      // status, one cancelled past the stop's grace (or failed) as an error.
+      item.querySelector(".meta").textContent = turn.status === "completed"
+        ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
+        : turn.status === "error" ? "the agent took it, but its turn did not finish: what it did is in Past sessions."
+          : "the agent took it, but the restart cut its turn short: what it did is in Past sessions.";
     }
     // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
     const known = unseen !== null && unseen.every((turn) => turn.client_id);
