@@ -383,6 +383,37 @@ async def test_a_taken_message_whose_turn_the_restart_cut_is_not_said_answered(
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The page's message was taken, its link dead, and another device then had more turns than the
+    restart check asks for (a page of 30) before the server restarted. The check saw only those, each
+    with the other device's id, and said "not sent": Send again would give the agent the message twice."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the page's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        await tab.send("Taken long before")
+        await bridge.wait_for(lambda b: any("Taken long before" in r.last_user_text for r in b.agent_requests()))
+        session = server.app.runtime.session_id
+        await server.stop()  # its turn is recorded, cut short, as turn 1
+        db = TranscriptDB(settings.layout.transcript_db)
+        for n in range(2, 133):  # what the laptop had the agent do after it (as the old server recorded it)
+            db.append(NewObservation(timestamp=time.time() + n, session_id=session, sequence_num=n,
+                                     user_message=f"Laptop {n}", tool_calls_json="[]", agent_response="done",
+                                     turn_id=f"laptop{n:06d}", status="completed", client_id=f"laptop-{n}"))
+        muted.on = False
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        item = tab.messages("user").filter(has_text="Taken long before")
+        await expect(item).not_to_have_attribute("data-state", "checking")
+        await expect(item).not_to_contain_text("not sent")
+        await expect(item).to_have_attribute("data-state", "taken")
+        await expect(item.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
 async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(
         settings: Settings, bridge: MockBridge) -> None:
     """Another client, one that sends no client id, had a turn the page never saw; the page's own

@@ -9,6 +9,8 @@ import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, mess
 const DRAFT_KEY = "sprite-os.draft";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
+const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
+const SINCE_PAGES = 10; // past this many, the restart check does not know
 const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
   queue_full: "not accepted: too many messages are waiting.",
   shutting_down: "not accepted: the Sprite is stopping.",
@@ -99,7 +101,7 @@ export class ChatView {
     let unseen = null; // the old server's turns the page never showed, oldest first (null: not known)
     if (left.session) {
       try {
-        unseen = (await this.turnsSince(left.session)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+        unseen = (await this.turnsSince(left.session, left.shown)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
       } catch { /* not known: offered again, and said so */ }
     }
     const unmatched = [];
@@ -124,14 +126,27 @@ export class ChatView {
     }
   }
 
-  /** The turns of `session` and of every session the old server began after it (a new session or a
-   * forget asked for from another device while this page's link was quiet), oldest first. */
-  async turnsSince(session) {
+  /** The turns of `session` since the newest one the page showed (`shown`), and every turn of each
+   * session the old server began after it (a new session or a forget asked for from another device
+   * while this page's link was quiet), oldest first. Every one: a page of the newest alone left out a
+   * message taken before another device's many turns, and the page called it not sent. Past
+   * SINCE_PAGES pages it throws (not known). */
+  async turnsSince(session, shown) {
     const { sessions } = await this.conn.request("sessions", { limit: 20 }); // newest first
     const known = sessions.find((s) => s.id === session);
     const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
     const turns = [];
-    for (const id of ids) turns.push(...(await this.conn.request("session_turns", { session_id: id, limit: PAGE })).turns);
+    for (const id of ids) {
+      const since = [];
+      for (let before = null, pages = 0; ; pages++) {
+        if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
+        const page = await this.conn.request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
+        since.unshift(...page.turns);
+        if (!page.more || !page.turns.length || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+        before = page.turns[0].turn;
+      }
+      turns.push(...since);
+    }
     return turns;
   }
 
