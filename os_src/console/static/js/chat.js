@@ -142,7 +142,8 @@ export class ChatView {
         if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
         const page = await this.conn.request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
         since.unshift(...page.turns);
-        if (!page.more || !page.turns.length || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+        if (!page.more || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+        if (!page.turns.length) throw new Error("the record's pages did not go back");
         before = page.turns[0].turn;
       }
       turns.push(...since);
