@@ -165,6 +165,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
+        self._stop_cut = False  # the running turn was interrupted by the server's stop, not by the person
         self._prompted: _Prompted | None = None  # for the running turn, kept for a resend
         self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
@@ -231,9 +232,12 @@ class AgentRuntime:
         if self._inbox.put(command):
             self._wake.set()
 
-    async def interrupt(self) -> bool:
-        """Stop the running turn. False when nothing is running."""
+    async def interrupt(self, by_stop: bool = False) -> bool:
+        """Stop the running turn. False when nothing is running. `by_stop`: the server is stopping (the
+        turn is recorded as cut short by it, unless the person had stopped it already)."""
         stop = self._turn.interrupt()
+        if by_stop and stop in (Stop.AFTER_SEND, Stop.NOW):
+            self._stop_cut = True
         if stop is Stop.NOW and self._cli is not None:
             await self._cli.interrupt()
         return stop is not Stop.NOTHING
@@ -274,7 +278,7 @@ class AgentRuntime:
         self._put(Shutdown())
         try:
             async with asyncio.timeout(grace):
-                await self.interrupt()
+                await self.interrupt(by_stop=True)
                 await asyncio.shield(self._task)
         except TimeoutError:
             log.error("runtime_shutdown_timeout", grace=round(grace, 1))
@@ -376,7 +380,7 @@ class AgentRuntime:
             await self._disconnect()
 
     async def _run_turn(self, turn: Turn) -> None:
-        self._running = turn
+        self._running, self._stop_cut = turn, False
         started = time.monotonic()
         self._turn.begin(connect=self._cli is None)
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
@@ -387,7 +391,7 @@ class AgentRuntime:
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
-            record.close(None, "the server shut down before the turn ended")
+            record.close(None, "the server shut down before the turn ended", stopped=True)
             raise
         except Exception as exc:
             record.close(None, repr(exc))
@@ -397,7 +401,7 @@ class AgentRuntime:
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
                 out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
-                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None, stopped=self._stop_cut)
                 if not await self._saved(turn, record):
                     out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
                            for f in out]

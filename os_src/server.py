@@ -54,7 +54,7 @@ from .console.pages import ConsolePages, http_response
 from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
-from .fsutil import WriterLock
+from .fsutil import WriterLock, atomic_write
 from .gateway import Gateway
 from .isolation.launch import AgentLaunch, Resources
 from .isolation.policy import Isolation
@@ -67,6 +67,7 @@ from .protocol import SUBPROTOCOL, ServerFrame
 from .runtime import AgentRuntime
 from .stopping import (
     EXIT,
+    STOP_REPORT,
     STOP_TIMEOUT,
     StopDeadline,
 )
@@ -134,6 +135,7 @@ class SpriteOS:
         self._server: Server | None = None
         self.stop_timeout = STOP_TIMEOUT  # SIGTERM to the service's SIGKILL: the stop's one deadline
         self.stopped = False  # the stop ended (memory flushed): what a process still alive then holds is no loss
+        self.unfinished: list[str] = []  # memory's stop steps that did not finish (stopping.STOP_REPORT)
 
     def _publish(self, frame: ServerFrame) -> None:
         self.metrics.observe(frame)
@@ -234,22 +236,36 @@ class SpriteOS:
             for name, step in steps:  # none of them takes memory's reserve
                 await self._step(name, step, deadline.before_memory(loop.time()))
             # Memory bounds each of its own steps (the capture's and the flush's shares are kept for them).
-            await self._step("memory", lambda: self._stop_memory(deadline), deadline.stores(loop.time()))
+            if not await self._step("memory", lambda: self._stop_memory(deadline), deadline.stores(loop.time())):
+                self.unfinished.append("memory")
         finally:  # a stop that is itself cancelled leaves no task of its own behind
             requests.cancel()
+        self._report_stop()
         self.lock.release()
         self.stopped = True
         log.info("server_stopped", after_s=round(loop.time() - deadline.start, 1))
 
     @staticmethod
-    async def _step(name: str, step: Callable[[], Awaitable[None]], budget: float) -> None:
+    async def _step(name: str, step: Callable[[], Awaitable[None]], budget: float) -> bool:
+        """False: the step was cut past `budget`, or failed."""
         try:
             async with asyncio.timeout(budget):
                 await step()
+            return True
         except TimeoutError:
             log.error("server_stop_step_cut", step=name, after_s=round(budget, 1))
         except Exception as exc:
             log.error("server_stop_step_failed", step=name, error=repr(exc)[:300], exc_info=exc)
+        return False
+
+    def _report_stop(self) -> None:
+        """Which of memory's steps did not finish, for `sprite-os service stop` to tell the operator."""
+        if self.unfinished:
+            log.warning("server_stopped_with_memory_unfinished", steps=self.unfinished)
+        try:
+            atomic_write(self.settings.layout.state_dir / STOP_REPORT, json.dumps({"unfinished": self.unfinished}).encode())
+        except OSError as exc:  # a full or read-only disk: the stop itself goes on
+            log.warning("stop_report_unwritten", error=repr(exc)[:200])
 
     async def _closed(self) -> None:
         if self._server is not None:
@@ -257,7 +273,7 @@ class SpriteOS:
 
     async def _stop_memory(self, deadline: StopDeadline) -> None:
         if self.memory is not None:
-            await self.memory.stop(deadline)
+            self.unfinished += await self.memory.stop(deadline)
 
     def _agent(self) -> dict[str, Any]:
         rt = self.runtime

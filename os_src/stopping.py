@@ -43,6 +43,18 @@ STORES = 3.0
 EXIT = 2.0
 MEMORY_RESERVE = CAPTURE + FLUSH + STORES + EXIT  # memory's stop and the exit: the stages before never take it
 
+# The server's account of its last stop, in .os/state: which of memory's steps did not finish (cut by
+# their share, failed, or left work for the next start), for `sprite-os service stop` to say and exit by.
+STOP_REPORT = "last-stop.json"
+UNFINISHED_SAID = {
+    "decision": "a forget's decision (made at the next start)",
+    "capture": "the last turns' writes (kept in the spill file, written at the next start)",
+    "imports": "an import (resumed at the next start)",
+    "flush": "the curator's last batch (its turns are curated at the next start)",
+    "stores": "closing the recall index and the databases (redone at the next start)",
+    "memory": "memory's stop as a whole (what is left is done at the next start)",
+}
+
 
 @dataclass(frozen=True)
 class StopDeadline:

@@ -115,3 +115,20 @@ async def test_the_spans_bench_wraps_names_that_exist_and_puts_them_back() -> No
     assert len(wrapped) >= 10
     assert all(name in before[i] for i, name in wrapped), wrapped  # none added: each wraps one that exists
     assert after == before
+
+
+def test_the_cli_share_bench_wraps_names_that_exist_and_puts_them_back() -> None:
+    """bench/cli_share.py wraps the runtime's options and the CLI's send (to give a memory-off CLI memory's
+    prompt and tool, a UserPromptSubmit hook, and to time the prompt's write): each must still exist, and
+    leaving puts both back."""
+    from bench import cli_share
+
+    targets = (cli_share.rt.AgentRuntime, cli_share.process.AgentProcess)
+    before = [dict(vars(t)) for t in targets]
+    with cli_share.patched():
+        during = [dict(vars(t)) for t in targets]
+    after = [dict(vars(t)) for t in targets]
+    wrapped = {name for old, new in zip(before, during, strict=True)
+               for name in old.keys() | new.keys() if old.get(name) is not new.get(name)}
+    assert wrapped == {"_options", "send"}
+    assert after == before

@@ -23,6 +23,7 @@ from claude_agent_sdk import (
 
 from sprite_os.console.session_queries import turns_page
 from sprite_os.db_worker import Worker
+from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.capture.recorder import (
     MAX_TOOL_CALLS,
     PRIVATE_MARGIN,
@@ -107,6 +108,19 @@ async def test_interrupted_turn_is_closed_from_the_result(kit: Kit) -> None:
     kit.recorder.open("write a long essay").close(result("error_during_execution", text=""))
     [obs] = await kit.rows()
     assert "interrupted" in obs.agent_response and obs.status == "interrupted"
+
+
+async def test_a_turn_the_servers_stop_cut_short_is_recorded_so_not_as_the_persons_interrupt(kit: Kit) -> None:
+    """The server's stop interrupts the running turn, and the CLI's result says it was interrupted: the
+    record (and the console's Past sessions) said the person interrupted it. Now it says the server
+    stopped before the turn ended, as a turn a kill cut short reads at the next start."""
+    cut = kit.recorder.open("write a long essay")
+    cut.observe(says("the first part"))
+    cut.close(result("error_during_execution", text=""), stopped=True)
+    kit.recorder.open("waited out").close(None, "the server shut down before the turn ended", stopped=True)
+    kit.recorder.open("done in time").close(result(text="all of it"), stopped=True)  # it ended before the stop
+    rows = [(o.agent_response, o.status) for o in await kit.rows()]
+    assert rows == [(f"the first part\n{STOPPED_NOTE}", "stopped"), (STOPPED_NOTE, "stopped"), ("all of it", "completed")]
 
 
 async def test_failed_cli_still_records_the_prompt(kit: Kit) -> None:

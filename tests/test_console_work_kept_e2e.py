@@ -17,6 +17,7 @@ from playwright.async_api import WebSocketRoute, expect
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
+from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
@@ -344,13 +345,16 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
 
 
-@pytest.mark.parametrize("status", [None, "error"])
-async def test_a_taken_message_whose_turn_the_restart_cut_is_not_said_answered(
-        settings: Settings, bridge: MockBridge, status: str | None) -> None:
-    """The page's message was taken, its link dead, and the server went away mid-turn: killed (a
-    crash, the OOM killer: the turn journal's open entry is recorded at the next start, with no
-    status) or stopped past its grace (the turn recorded as an error). The page said "its answer is
-    in Past sessions" for anything but an interrupted turn, and the person took the task as done."""
+@pytest.mark.parametrize(("status", "said"), [
+    ("error", "its turn did not finish"),  # it failed (the model unreachable, the CLI dead) before the restart
+    ("interrupted", "its turn did not finish"),  # another device's Stop
+    ("stopped", "the restart cut its turn short"),  # the stop, or a kill and the journal's replay
+])
+async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
+        settings: Settings, bridge: MockBridge, status: str, said: str) -> None:
+    """The page's message was taken, its link dead, and its turn did not complete before the server
+    restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
+    the person took a failed or stopped task as done."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the script's turn hangs
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser, client_factory(server.port) as connect:
@@ -359,25 +363,23 @@ async def test_a_taken_message_whose_turn_the_restart_cut_is_not_said_answered(
         other = await connect(hello={})
         await other.send(type="user_message", text="Hello from a script", client_id="script-1")
         await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
-        await tab.send("Cut by the restart")
+        await tab.send("Not completed")
         await wait_for(lambda: server.app.runtime.queued == 1, timeout=30, what="the page's message queued")
-        item = tab.messages("user").filter(has_text="Cut by the restart")
+        item = tab.messages("user").filter(has_text="Not completed")
         client_id = await item.get_attribute("data-client-id")
         session = server.app.runtime.session_id
         await server.stop()
-        # What the old server's record holds of the page's message, had it been taken and cut: as
-        # journal.recover() leaves a turn a kill cut (no status), or as a cancelled turn closes ("error").
+        # What the old server's record holds of the page's message, had it been taken, its turn not completed.
         TranscriptDB(settings.layout.transcript_db).append(NewObservation(
-            timestamp=time.time(), session_id=session, sequence_num=2, user_message="Cut by the restart",
-            tool_calls_json="[]", agent_response="Working on it\n(the server stopped before the turn ended)",
+            timestamp=time.time(), session_id=session, sequence_num=2, user_message="Not completed",
+            tool_calls_json="[]", agent_response="Working on it",
             turn_id="cut0turn0001", status=status, client_id=client_id))
         muted.on = False
         await server.start()
         await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
         await tab.connected()
         await expect(item).to_have_attribute("data-state", "taken")
-        await expect(item).to_contain_text("the restart cut its turn short" if status is None
-                                           else "its turn did not finish")
+        await expect(item).to_contain_text(said)
         await expect(item).not_to_contain_text("its answer is in Past sessions")
         await expect(item.get_by_test_id("send-again")).to_have_count(0)
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
@@ -412,6 +414,23 @@ async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent
         await expect(item).to_have_attribute("data-state", "taken")
         await expect(item.get_by_test_id("send-again")).to_have_count(0)
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The agent took the message, and the server's stop cut its turn short (the model still
+    thinking): the record said the person had interrupted it, and the page that its answer is in
+    Past sessions. The record says the server stopped it, and the page that the restart cut it short."""
+    bridge.faults.add(Fault("latency", seconds=30, target="agent", times=1))
+    async with taken_unheard(settings, bridge, "Taken after all") as tab:
+        taken = tab.messages("user").filter(has_text="Taken after all")
+        await expect(taken).to_contain_text("the restart cut its turn short")
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    try:
+        [turn] = [o for o in transcript.iter_all() if o.user_message == "Taken after all"]
+    finally:
+        transcript.close()
+    assert turn.status == "stopped" and turn.agent_response.endswith(STOPPED_NOTE)
 
 
 async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(

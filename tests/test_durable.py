@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
+from sprite_os.backoff import Backoff
 from sprite_os.console.session_queries import turns_page
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
@@ -307,6 +308,40 @@ async def test_an_emptying_save_that_failed_is_made_for_the_next_empty_state(
         await wait_for(lambda: state(path) == [], what="the file emptied")
 
 
+async def test_a_failed_journal_save_is_made_again_on_its_own_once_the_disk_allows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failed save (EIO, a full disk) nothing saved again before the next change: the file
+    still held a recorded turn as open (a restart replays it, cut short), and a closed turn that
+    transcript.db had not taken yet had no copy on disk. Now the save is made again, with backoff."""
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    path = tmp_path / "j.json"
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(path, files, delay=0.0, open_grace=0.0, backoff=Backoff(0.01, 0.05),
+                              on_saved=lambda k, e: saved.append((k, e)))
+        journal.opened(lambda: obs(1, text="so far"))
+        await wait_for(lambda: path.exists() and state(path) == [(1, False)], what="the open turn saved")
+        real = journal._file.save
+        failed = 0
+
+        def broken(_data: bytes | None, sync: bool = True) -> None:
+            nonlocal failed
+            failed += 1
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(journal._file, "save", broken)
+        journal.closed(obs(1))
+        journal.durable(("s1", 1))  # in transcript.db: the save that empties the file fails
+        journal.closed(obs(2), urgent=True)  # transcript.db can't take this one: its save fails too
+        await wait_for(lambda: failed >= 3, what="the failed save made again")
+        assert state(path) == [(1, False)] and ([("s1", 2)], None) not in saved
+        monkeypatch.setattr(journal._file, "save", real)  # the disk works again; nothing else changes
+        await wait_for(lambda: ([("s1", 2)], None) in saved, what="the closed turn saved on its own")
+        assert state(path) == [(2, True)]  # no longer turn 1 as open: a restart would replay it cut short
+        attempts = failed
+        await asyncio.sleep(0.2)
+        assert failed == attempts  # a save that succeeded ends the retries
+
+
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:
     path = tmp_path / "turn-journal.json"
     path.write_bytes(entries((1, True)) + b"\n" + entries((1, True), (2, False))[:-7])  # killed mid-append
@@ -314,7 +349,8 @@ def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_befor
     [one] = recover(path)
     assert one.sequence_num == 1 and one.agent_response == "answer 1"
     path.write_bytes(entries((1, True), (2, False)))  # a journal an older version wrote: one array, no newline
-    assert [o.agent_response for o in recover(path)] == ["answer 1", f"answer 2\n{STOPPED_NOTE}"]
+    assert [(o.agent_response, o.status) for o in recover(path)] == [
+        ("answer 1", None), (f"answer 2\n{STOPPED_NOTE}", "stopped")]  # as a turn the server's stop cut short
 
 
 def test_a_failed_append_is_cut_off_again_and_a_long_journal_is_rewritten(tmp_path: Path,
@@ -506,6 +542,32 @@ async def test_a_turn_resent_to_a_fresh_session_leaves_no_entry_under_its_old_ke
     assert await durable is True
     left = recover(journal_path(capture._layout))  # what a kill -9 right after turn_complete replays
     assert [(o.session_id, o.sequence_num, o.user_message) for o in left] in ([], [("s2", 1, "resent")])
+
+
+async def test_a_restart_never_records_again_a_turn_the_journal_holds_under_another_key(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn resent to a fresh session closes under a new key. With the journal's saves failing, the
+    file kept it open under its first key while transcript.db recorded it under the new one: a restart
+    replayed it as a second, cut-short copy. A turn is recorded once by its wire id too. (Under the same
+    key a replay was already ignored: the unique (session, sequence).)"""
+    record = capture.recorder.open("resent", turn_id="t-resent")
+    await wait_for(lambda: [o.session_id for o in recover(journal_path(capture._layout))] == ["s1"],
+                   what="the open turn saved")
+
+    def broken(_data: bytes | None, sync: bool = True) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(capture.journal._file, "save", broken)
+    capture.recorder.end_session("s1")
+    capture.recorder.start_session("s2")
+    record.close(result("the answer"))
+    assert await record.durable(budget=10) is True  # by transcript.db's commit
+    left = recover(journal_path(capture._layout))  # what a kill -9 now leaves
+    assert [(o.session_id, o.turn_id) for o in left] == [("s1", "t-resent")]
+    ids = await capture.writer._db.call(lambda t: [t.append(o) for o in left])  # the restart's replay
+    assert ids == [None]
+    rows = await capture.writer._db.call(lambda t: [(o.session_id, o.agent_response) for o in t.iter_all()])
+    assert rows == [("s2", "the answer")]
 
 
 async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or_a_write_stalls(

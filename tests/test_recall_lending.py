@@ -7,9 +7,11 @@ rise down the list."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from devkit.harness import wait_for
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.backlog import first_pass
 from sprite_os.memory.recall.index import RecallIndex
+from sprite_os.memory.recall.indexer import Station
+from sprite_os.memory.recall.rebuild import _embed_missing
 from sprite_os.memory.recall.searcher import Dense, Searcher
 from sprite_os.memory.recall.service import index_path, vectors_path
 from sprite_os.memory.system import MemorySystem
@@ -136,9 +140,56 @@ async def test_a_forgotten_turns_words_leave_the_vector_of_the_turn_after_it(
     assert cos < 0.999, "turn 3's vector still holds the forgotten turn's words (unchanged by the forget)"
 
 
+def embedded(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
+    """The vectors of `ids` made now, and stored: their texts, and which turn each was made after recorded."""
+    out, after = ep.texts_to_embed(conn, ids)
+    ep.record_embedded_after(conn, after)
+    return out
+
+
+async def test_a_forget_says_which_turn_a_vector_was_made_after_only_once_it_is_made(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811 (the fixture)
+    """The forget recorded which turn the next turn's vector is made after before making it: a failure
+    in between left the record saying so of a vector made as before (here one that lends nothing,
+    since it could not be made again, was then taken to hold the words of the turn before it)."""
+    ids = await seed(system, tmp_path)
+    await system.memory.call(lambda m: ep.never_lend(m.conn, [ids[2]]))
+
+    def broken(_station: Station, _batch: list[tuple[int, float, str]]) -> int:
+        raise RuntimeError("the embedding model failed")
+
+    monkeypatch.setattr(Station, "renew", broken)
+    with pytest.raises(RuntimeError):
+        await system.recall._forget_vectors([ids[1]])
+    [(made_after,)] = await system.memory.call(
+        lambda m: m.conn.execute("SELECT embedded_after FROM episodes WHERE id = ?", (ids[2],)).fetchall())
+    assert made_after == -2
+
+
+def test_a_rebuild_says_which_turn_a_vector_was_made_after_only_once_it_is_stored(tmp_path: Path) -> None:
+    """The rebuild recorded it before the embedding model ran: a failure there (or a stop) left turns
+    recorded as embedded after their turn before, with no vector made."""
+    _, memory = seeded(tmp_path, [ep.Episode(i, "s", i, T0 + i, f"turn {i}") for i in range(1, 4)])
+
+    class NoVectors:
+        def __len__(self) -> int:
+            return 0
+
+        def has(self, ids: Sequence[int]) -> list[bool]:
+            return [False] * len(ids)
+
+    class Failing:
+        def passages(self, texts: list[str]) -> Any:
+            raise RuntimeError("the embedding model failed")
+
+    with pytest.raises(RuntimeError):
+        _embed_missing(memory, cast(Any, Failing()), cast(Any, NoVectors()), lambda *_: None)
+    assert [r for (r,) in memory.conn.execute("SELECT embedded_after FROM episodes ORDER BY id")] == [None] * 3
+
+
 def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path: Path) -> None:
     """Lending assumes the next turn's vector holds this turn's words. A vector is made once, with the
-    turn before it *at that time* (episodes.to_embed); a past turn imported later into the session lands
+    turn before it *at that time* (episodes.texts_to_embed); a past turn imported later into the session lands
     between them (episodes.add renumbers), and nothing makes the vector again: the imported turn is not
     lent a vector that holds another turn's words. Nor is a turn whose next turn was embedded before it
     arrived (the indexer's newest-first walk: a session cut by a chunk boundary gets its later turns
@@ -151,9 +202,9 @@ def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path
          ep.Episode(31, "kept", 1, T0 + 600, "We fly to Oslo on Friday."),
          ep.Episode(32, "kept", 2, T0 + 700, "Book a taxi.")]
     _, memory = seeded(tmp_path, s)
-    [(_, _, embedded_text)] = ep.to_embed(memory.conn, [3])  # turn 2's vector: turn 1's words in it
-    ep.to_embed(memory.conn, [11, 32])  # 11: embedded before the turn before it arrived
-    assert "Oslo" in ep.to_embed(memory.conn, [32])[0][2]
+    [(_, _, embedded_text)] = embedded(memory.conn, [3])  # turn 2's vector: turn 1's words in it
+    embedded(memory.conn, [11, 32])  # 11: embedded before the turn before it arrived
+    assert "Oslo" in embedded(memory.conn, [32])[0][2]
     memory.conn.execute("UPDATE episodes SET embedded_after = NULL WHERE id = 23")  # a vector from before
     ep.add(memory.conn, [ep.Episode(2, "s", 0, T0 + 50, "The plumber comes on Tuesday."),  # imported, between
                          ep.Episode(10, "late", 0, T0 + 250, "The builder quoted for the kitchen."),
@@ -188,7 +239,7 @@ async def test_a_turn_landing_between_has_the_next_turns_vector_made_again_with_
             assert time.monotonic() - started < 30, "the next turn's vector was not made again"
             await asyncio.sleep(0.05)
         assert not np.allclose(before, stored_vector(store, 2))
-        [(_, _, text)] = await indexer.memory.call(lambda m: ep.to_embed(m.conn, [2]))
+        [(_, _, text)], _ = await indexer.memory.call(lambda m: ep.texts_to_embed(m.conn, [2]))
         assert "plumber" in text
     finally:
         await indexer.stop()

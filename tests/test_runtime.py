@@ -95,8 +95,10 @@ class FakeRecord:
     def observe(self, message: Any) -> None:
         self.seen.append(type(message).__name__)
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
-        self.memory.events.append(("closed", self.prompt, result.subtype if result else f"failed: {error}"))
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
+              stopped: bool = False) -> None:
+        how = result.subtype if result else f"failed: {error}"
+        self.memory.events.append(("closed", self.prompt, f"{how}, by the server's stop" if stopped else how))
 
     async def durable(self) -> bool:
         if self.memory.saving is not None:
@@ -590,9 +592,32 @@ async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: 
     hm.rt.submit("long")
     await hm.until(lambda: hm.rt.state == "running")
     await hm.rt.shutdown(5)
-    assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution"),
+    assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution, by the server's stop"),
                                      ("session_ended", hm.rt.session_id, "shutdown")]
     assert hm.of(p.TurnComplete)[-1].status == "interrupted"
+
+
+async def test_a_turn_the_person_stopped_is_recorded_so_though_the_server_stops_before_it_ends(hm: Harness) -> None:
+    """A turn cut by the server's stop was recorded as interrupted by the person (memory, and Past
+    sessions, said so). Who stopped it first is what the record says."""
+    assert hm.memory is not None
+    hm.hold = True
+    hm.reply = [ResultMessage(subtype="error_during_execution", duration_ms=5, duration_api_ms=4, is_error=True,
+                              num_turns=1, session_id="x")]
+    hm.rt.submit("long")
+    await hm.until(lambda: hm.rt.state == "running" and bool(hm.clis) and bool(hm.clis[0].queries))
+    cli = hm.clis[0]
+
+    async def slow_to_stop() -> None:  # the person's stop reaches the CLI; its reply ends after the shutdown's
+        cli.order.append("interrupt")
+
+    cli.interrupt = slow_to_stop  # type: ignore[method-assign]
+    assert await hm.rt.interrupt()
+    stopping = asyncio.create_task(hm.rt.shutdown(5))
+    await hm.until(lambda: not hm.rt._session.accepting)  # the shutdown's own interrupt has been asked
+    cli.interrupted.set()
+    await stopping
+    assert hm.memory.closed() == [("closed", "long", "error_during_execution")]
 
 
 async def test_what_the_person_did_meanwhile_goes_with_their_next_message_once(h: Harness) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sqlite3
 import time
@@ -18,6 +19,7 @@ from devkit.harness import make_settings, wait_for
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
+from sprite_os.stopping import STOP_REPORT
 from tests.conftest import Client, client_factory
 
 pytestmark = pytest.mark.e2e
@@ -146,6 +148,8 @@ async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_
     finally:
         await proc.stop()
     assert _states(workspace, bridge.url) == [("remember PLUM-41", PENDING)]
+    report = json.loads((make_settings(workspace, bridge.url).layout.state_dir / STOP_REPORT).read_text())
+    assert report == {"unfinished": ["flush"]}  # what `service stop` says, exiting non-zero
     bridge.faults.remove(hang)
     again = await ServerProcess(workspace, bridge.url).start()
     try:

@@ -19,6 +19,7 @@ from devkit.processes import free_port
 from sprite_os.commands import service as svc
 from sprite_os.config import load_settings
 from sprite_os.errors import ConfigError
+from sprite_os.stopping import STOP_REPORT
 
 
 def run(ws: Path, action: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -137,12 +138,37 @@ def test_stop_kills_what_ignores_sigterm(ws: Path, env: dict[str, str], monkeypa
     assert proc.stdout and proc.stdout.readline() == b"up\n"
     settings.layout.pid_file.write_text(f"{proc.pid}\n")
     monkeypatch.setattr(svc, "STOP_TIMEOUT", 0.5)
-    assert svc.service_main(settings, "stop") == 0
+    assert svc.service_main(settings, "stop") == svc.EXIT_UNFINISHED  # memory's flush, if any, was cut
     assert "killed after it did not stop within 0.5s" in capsys.readouterr().out
     proc.wait(timeout=5)
     assert proc.returncode == -signal.SIGKILL
     assert processes_in_session(proc.pid) == []  # its child too
     assert not settings.layout.pid_file.exists()
+
+
+def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A server whose memory flush was cut short by its share of the stop ended like any other:
+    `service stop` said "stopped" and exited 0, and an operator's script could not tell."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    report = settings.layout.state_dir / STOP_REPORT
+    report.write_text('{"unfinished": ["flush"]}')  # an earlier stop's account is not this one's
+    code = ("import json, signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    open({str(report)!r}, 'w').write(json.dumps({{'unfinished': sys.argv[3:]}}))\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    for steps, expected in (([], svc.EXIT_OK), (["capture", "flush"], svc.EXIT_UNFINISHED)):
+        proc = subprocess.Popen([sys.executable, "-c", code, "sprite_os", "serve", *steps], env=env,
+                                start_new_session=True, stdout=subprocess.PIPE)
+        assert proc.stdout and proc.stdout.readline() == b"up\n"
+        settings.layout.pid_file.write_text(f"{proc.pid}\n")
+        assert svc.service_main(settings, "stop") == expected
+        out = capsys.readouterr().out
+        proc.wait(timeout=5)
+        assert ("memory's stop did not finish" in out) is bool(steps), out
+    assert "the last turns' writes (kept in the spill file" in out and "the curator's last batch" in out
 
 
 def test_start_failure_reports_the_log(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,

@@ -15,10 +15,12 @@ if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first ag
 
 class TurnRecord(Protocol):
     """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends.
-    `durable()`, once closed: True when the turn is on disk, False when it can't be for now."""
+    `durable()`, once closed: True when the turn is on disk, False when it can't be for now.
+    `close(stopped=True)`: the server's stop cut the turn short, not the person."""
 
     def observe(self, message: Message) -> None: ...
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None: ...
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
+              stopped: bool = False) -> None: ...
     async def durable(self) -> bool: ...
 
 
@@ -75,7 +77,8 @@ class NoRecord:
     def observe(self, message: Message) -> None:
         pass
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
+              stopped: bool = False) -> None:
         pass
 
     async def durable(self) -> bool:

@@ -41,7 +41,11 @@ from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
 from ..fsutil import atomic_write
 from ..paths import Layout
-from ..stopping import STOP_TIMEOUT  # the server stops, and exits, within it
+from ..stopping import (
+    STOP_REPORT,  # the server's account of its stop: which of memory's steps did not finish
+    STOP_TIMEOUT,  # the server stops, and exits, within it
+    UNFINISHED_SAID,
+)
 from .service_env import ServiceEnv
 
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
@@ -49,6 +53,17 @@ LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 
 EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
+EXIT_UNFINISHED = 5  # stopped, but memory's stop did not finish (or the server was killed): the next start does the rest
+
+
+def _unfinished(report: Path) -> list[str]:
+    """The steps of memory's stop the server said did not finish (none: no account, from a server
+    that predates it or one without memory)."""
+    try:
+        steps = json.loads(report.read_bytes()).get("unfinished", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(s) for s in steps] if isinstance(steps, list) else []
 
 
 def _write(stream: Any, text: str) -> None:
@@ -86,8 +101,8 @@ def service_main(settings: Settings, action: str) -> int:
         case "restart":
             # A bad setting, or a bad token file, fails before the running server is stopped.
             resolve_token(service.child_settings(), create=True)
-            code = service.stop()
-            return code if code != EXIT_OK else service.start()
+            code = service.stop()  # an unfinished stop is said, and the next start does the rest: start it
+            return code if code not in (EXIT_OK, EXIT_UNFINISHED) else service.start()
         case "status":
             return service.status()
     fail(f"unknown action {action!r}")
@@ -280,11 +295,18 @@ class Service:
             return EXIT_OK
         assert state.pid is not None
         started = time.monotonic()
+        report = self.layout.state_dir / STOP_REPORT
+        with contextlib.suppress(OSError):
+            report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file()
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
-        return EXIT_OK
+        unfinished = [] if forced else _unfinished(report)
+        if unfinished:
+            said = "; ".join(UNFINISHED_SAID.get(step, step) for step in unfinished)
+            say(f"memory's stop did not finish within its share of the stop: {said}")
+        return EXIT_UNFINISHED if forced or unfinished else EXIT_OK
 
     def _terminate(self, pid: int, grace: float) -> bool:
         """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.

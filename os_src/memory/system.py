@@ -127,12 +127,13 @@ class MemorySystem:
             removed += sweep_temp_files(folder, VERSION_NAME.match)
         return removed + sweep_temp_files(layout.state_dir, lambda name: name in (JOURNAL_NAME, STATUS_NAME))
 
-    async def stop(self, deadline: StopDeadline | None = None) -> None:
+    async def stop(self, deadline: StopDeadline | None = None) -> list[str]:
         """Flush and close, each step within its share of the stop's deadline (stopping.py; alone, a
         whole stop's): the capture's and the flush's shares are kept for them whatever the steps before
-        do. A start that was refused (the lock is another's) touches nothing here."""
+        do. A start that was refused (the lock is another's) touches nothing here. Returns the steps that
+        did not finish (stopping.UNFINISHED_SAID): their work is left to the next start."""
         if not self._started:
-            return
+            return []
         loop = asyncio.get_running_loop()
         deadline = deadline or StopDeadline(loop.time())
         log.info("memory_stopping", budget_s=round(deadline.stores(loop.time()), 1))
@@ -140,18 +141,19 @@ class MemorySystem:
             self._counting.cancel()
         # A forget deciding its lines: what is left before memory's reserve, at most DECISION (what it keeps
         # in memory judges lines at the last pass), then cut short: its job is on disk, the next start decides it.
-        await _within("decision", deadline.before_memory(loop.time()),
-                      self.forgetting.stop(deadline.decision(loop.time())))
+        done = {"decision": await _within("decision", deadline.before_memory(loop.time()),
+                                          self.forgetting.stop(deadline.decision(loop.time())))}
         # First: the flush below must see the last turns. What does not land stays in the spill file; the
         # journal's last state is synced after it.
         landing, cut = deadline.capture(loop.time())
-        await _within("capture", cut, self.capture.stop(landing))
-        await _within("imports", deadline.stores(loop.time()), self.imports.stop())  # the rest: next start
+        done["capture"] = await _within("capture", cut, self.capture.stop(landing))
+        done["imports"] = await _within("imports", deadline.stores(loop.time()), self.imports.stop())  # the rest: next start
         flushing, cut = deadline.flush(loop.time())
-        await _within("flush", cut, self.daemon.stop(flush_budget=flushing))
+        done["flush"] = await _within("flush", cut, self.daemon.stop(flush_budget=flushing))
         # Cut: a thread still at work (a huge turn's index write) keeps its store; its work is redone at start.
-        await _within("stores", deadline.stores(loop.time()), self._close())
+        done["stores"] = await _within("stores", deadline.stores(loop.time()), self._close())
         self._lock.release()
+        return [step for step, finished in done.items() if not finished]
 
     async def _close(self) -> None:
         await self.recall.stop()
@@ -300,12 +302,14 @@ class MemorySystem:
             self._counting = None
 
 
-async def _within(step: str, seconds: float, work: Coroutine[Any, Any, None]) -> None:
-    """A stop's step, cut past `seconds` (it bounds its own waits: this is for what hangs beyond them)."""
+async def _within(step: str, seconds: float, work: Coroutine[Any, Any, bool | None]) -> bool:
+    """A stop's step, cut past `seconds` (it bounds its own waits: this is for what hangs beyond them).
+    False: it did not finish (cut, failed, or it says it left work: False)."""
     try:
         async with asyncio.timeout(seconds):
-            await work
+            return await work is not False
     except TimeoutError:
         log.error("memory_stop_step_cut", step=step, after_s=round(seconds, 1))
     except Exception as exc:  # the steps after it still run: the capture's and the flush's above all
         log.exception("memory_stop_step_failed", step=step, error=repr(exc)[:300])
+    return False

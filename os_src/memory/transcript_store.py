@@ -110,8 +110,8 @@ class TranscriptDB:
         return user_version(self.conn)
 
     def append(self, obs: NewObservation) -> int | None:
-        """Record a turn. Returns its id, or None if that turn was already recorded (so a replay
-        of the same turn, after a failed write or a crash, is harmless)."""
+        """Record a turn. Returns its id, or None if that turn was already recorded, by its key or its
+        wire id (so a replay of the same turn, after a failed write or a crash, is harmless)."""
         with self.group():
             return self._append(obs)
 
@@ -135,6 +135,11 @@ class TranscriptDB:
 
     def _append(self, obs: NewObservation) -> int | None:
         c = self.conn
+        # A turn has one wire id, whatever session it closed in: a turn resent to a fresh CLI closes under
+        # a new key, and the turn journal may still hold it, open, under its first one (its save failed).
+        if obs.turn_id is not None and c.execute("SELECT 1 FROM observations WHERE turn_id = ?",
+                                                 (obs.turn_id,)).fetchone() is not None:
+            return None
         cur = c.execute(
             """INSERT OR IGNORE INTO observations
             (timestamp, session_id, sequence_num, user_message, tool_calls_json, agent_response,

@@ -25,8 +25,13 @@ opens: a turn that ends sooner (a quick answer) never needs its snapshot, since 
 durable, and a kill -9 before then loses only a turn no one was told was done. Nor is a closed turn
 saved before its grace because an open-turn save happened to be due: the commit usually lands first.
 A save that would leave the file as the last one left it (empty) is not made. Only a save someone
-waits on (it holds a closed turn) or one that failed calls back to the loop: a wake-up from a thread
-costs a turn in flight.
+waits on (it holds a closed turn), one that failed, or one made while saves fail calls back to the
+loop: a wake-up from a thread costs a turn in flight.
+
+A save that fails (EIO, a full disk) is made again on its own, with backoff (writer.BACKOFF, a local
+disk's), until one succeeds: the file holds what it did before, which may be a turn as still open
+that is recorded since, or no copy of a closed turn waiting to be durable. Nothing else would save
+again before the next change.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
@@ -41,10 +47,12 @@ from pathlib import Path
 
 import msgspec
 
+from ...backoff import Backoff
 from ...fsutil import atomic_write
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
+from .writer import BACKOFF
 
 log = get_logger(__name__)
 
@@ -63,6 +71,7 @@ COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 MAX_CLOSED = 32
 JOURNAL_NAME = "turn-journal.json"
 STOPPED_NOTE = "(the server stopped before the turn ended)"
+STOPPED = "stopped"  # the status of a turn the server's stop or restart cut short (not the person: "interrupted")
 
 Key = tuple[str, int]  # (session_id, sequence_num)
 # What a save holds of the closed turns, and whether it failed (None: it is on disk).
@@ -110,7 +119,8 @@ def recover(path: Path) -> list[NewObservation]:
     for entry in entries:
         obs = entry.observation
         if not entry.ended:
-            obs = msgspec.structs.replace(obs, agent_response=f"{obs.agent_response}\n{STOPPED_NOTE}".strip())
+            obs = msgspec.structs.replace(obs, agent_response=f"{obs.agent_response}\n{STOPPED_NOTE}".strip(),
+                                          status=STOPPED)
         out.append(obs)
     if out:
         log.warning("turn_journal_recovered", turns=len(out), unfinished=sum(not e.ended for e in entries))
@@ -174,13 +184,15 @@ class TurnJournal:
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
                  on_saved: Saved | None = None, on_full: Callable[[], None] | None = None,
-                 open_grace: float = OPEN_GRACE) -> None:
+                 open_grace: float = OPEN_GRACE, backoff: Backoff = BACKOFF) -> None:
         """`on_full()`: more than MAX_CLOSED closed turns wait; spill them (each then comes back
         through `durable`)."""
         self._file = JournalFile(path)
         self._executor = executor
         self._delay = delay
         self._open_grace = open_grace
+        self._backoff = backoff
+        self._failures = 0  # saves failed in a row: the next is made again on its own after the backoff
         self._open_due = 0.0  # the loop's time before which the open turn is not saved (OPEN_GRACE)
         # The save pending (`_timer`; read only while one is) is due for the open turn's sake alone: the
         # turn's close cancels it, since the closed turn waits its CLOSE_GRACE instead.
@@ -195,6 +207,7 @@ class TurnJournal:
         self._after: dict[Key, Callable[[], None]] = {}  # called once a save holding that closed turn ends
         self._timer: asyncio.TimerHandle | None = None
         self._written: Future[None] | None = None  # the last save handed out
+        self._flushed = False  # shut down: the files' thread takes no more saves
 
     def restore(self, observations: list[NewObservation]) -> None:
         """Keep what `recover` found until it is durable again (a second crash must not lose it)."""
@@ -255,6 +268,10 @@ class TurnJournal:
         if self._written is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self._written)
+        self._flushed = True
+        if self._timer is not None:  # a retry of a save that failed just now: the next start recovers what is left
+            self._timer.cancel()
+            self._timer = None
         if not self._closed:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
@@ -294,14 +311,15 @@ class TurnJournal:
         self._empty = data is None
         keys = list(self._closed)  # synced only when a closed turn waits for it
         written = self._executor.submit(self._file.save, data, bool(keys))
-        written.add_done_callback(partial(self._ended, loop, keys))
+        written.add_done_callback(partial(self._ended, loop, keys, self._failures > 0))
         self._written = written
 
-    def _ended(self, loop: asyncio.AbstractEventLoop, keys: list[Key], future: Future[None]) -> None:
+    def _ended(self, loop: asyncio.AbstractEventLoop, keys: list[Key], failing: bool, future: Future[None]) -> None:
         """On the files' thread: the loop hears of a save only when someone waits on it (a closed turn
-        in it) or it failed. The open turn's saves, one or two in every turn, wake it for nothing
-        otherwise, and each wake-up from a thread costs the loop the GIL's hand-over in the turn."""
-        if not keys and not future.cancelled() and future.exception() is None:
+        in it), it failed, or saves were failing (its success ends the retries). The open turn's saves,
+        one or two in every turn, wake it for nothing otherwise, and each wake-up from a thread costs
+        the loop the GIL's hand-over in the turn."""
+        if not keys and not failing and not future.cancelled() and future.exception() is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: no one is left to tell
             loop.call_soon_threadsafe(self._saved, future, keys)
@@ -310,8 +328,16 @@ class TurnJournal:
         # A cancelled save (the loop or the files' thread shutting down) may never have run: not saved.
         exc = asyncio.CancelledError("the save was cancelled") if future.cancelled() else future.exception()
         if exc is not None:
-            log.warning("turn_journal_write_failed", error=repr(exc)[:200])
             self._empty = None  # the file holds what it did before: the next save is made whatever it holds
+            self._failures += 1
+            delay = self._backoff.delay(self._failures, random.random())
+            log.warning("turn_journal_write_failed", error=repr(exc)[:200], failures=self._failures,
+                        retry_in_s=round(delay, 2))
+            if not self._flushed:
+                self._changed(delay)
+        elif self._failures:
+            log.info("turn_journal_write_recovered", failures=self._failures)
+            self._failures = 0
         self._on_saved(keys, exc)
         for key in keys:
             if (then := self._after.pop(key, None)) is not None:

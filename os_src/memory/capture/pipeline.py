@@ -53,12 +53,13 @@ class Capture:
         await self.writer.start([ObservationWrite(obs) for obs in recovered])
         await self.writer.drained(replay_budget)
 
-    async def stop(self, budget: float) -> None:
+    async def stop(self, budget: float) -> bool:
         """Land what is queued within `budget` seconds (the rest stays in the spill file), then
-        write the journal's last state."""
-        await self.writer.stop(budget)
+        write the journal's last state. False: some did not land."""
+        landed = await self.writer.stop(budget)
         await self.journal.flush()
         self._files.shutdown(wait=False)  # idle by now: the journal and the writer are done
+        return landed
 
     def status(self) -> dict[str, Any]:
         """The writer's state, and the turns the person was told are not saved. `degraded`: writes

@@ -32,7 +32,7 @@ from ...text import strip_private as strip_private  # memory/importer.py takes i
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .acks import Acks, Key
-from .journal import TurnJournal
+from .journal import STOPPED, STOPPED_NOTE, TurnJournal
 from .spill import ObservationWrite, SessionWrite
 from .writer import TranscriptWriter
 
@@ -169,13 +169,15 @@ class TurnRecord:
                         turn.tool_result(block)
                 self._recorder.touched()
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
+              stopped: bool = False) -> None:
         """The turn ended: with the CLI's result, or with `error` when it failed without one;
-        `cost_usd` is the turn's own cost. Only the first close records."""
+        `cost_usd` is the turn's own cost; `stopped`: the server's stop cut it short, not the person.
+        Only the first close records."""
         turn, self._turn = self._turn, None
         if turn is not None:
             with self._recorder.timings.guard("close"):
-                self._durable = self._recorder.record(turn, result, error, cost_usd)
+                self._durable = self._recorder.record(turn, result, error, cost_usd, stopped)
 
     async def durable(self, budget: float | None = None) -> bool:
         """Once closed: True when the turn is on disk (or was not recorded at all), False when it
@@ -248,10 +250,10 @@ class TurnRecorder:
         self._acks.not_saved(key)
 
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-               cost_usd: float | None = None) -> tuple[Key, asyncio.Future[bool]] | None:
+               cost_usd: float | None = None, stopped: bool = False) -> tuple[Key, asyncio.Future[bool]] | None:
         """Queue the turn's observation; returns its key and what says when it is durable (None: not
         recorded)."""
-        obs = self._closed_turn(turn, result, error, cost_usd)
+        obs = self._closed_turn(turn, result, error, cost_usd, stopped)
         durable = None
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
@@ -272,13 +274,15 @@ class TurnRecorder:
         return durable
 
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-                     cost_usd: float | None) -> NewObservation | None:
+                     cost_usd: float | None, stopped: bool = False) -> NewObservation | None:
         if self.session_id is None:
             return None
         if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
             return None  # the CLI ran the command itself, with no model turn: not part of the conversation
         note, status = None, "completed"
-        if error is not None:
+        if stopped and (result is None or result.subtype == "error_during_execution"):
+            note, status = STOPPED_NOTE, STOPPED  # as a turn a kill cut short reads at the next start
+        elif error is not None:
             note, status = "(the turn failed before the agent finished)", "error"
         elif result is not None and result.subtype == "error_during_execution":
             note, status = "(interrupted by the user)", "interrupted"

@@ -187,11 +187,13 @@ class TranscriptWriter:
         self._task = asyncio.create_task(self._run(), name="transcript-writer")
         self._wake.set()
 
-    async def stop(self, budget: float) -> None:
-        """Land what is queued within `budget` seconds; spill what could not land, then stop."""
+    async def stop(self, budget: float) -> bool:
+        """Land what is queued within `budget` seconds; spill what could not land, then stop. False:
+        some did not land."""
         if self._task is None:
-            return
-        if not await self.drained(budget):
+            return True
+        landed = await self.drained(budget)
+        if not landed:
             log.error("capture_stopped_with_writes_waiting", queued=len(self._queue))
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +202,7 @@ class TranscriptWriter:
         self._stopped = True
         self.spill_waiting()
         await asyncio.get_running_loop().run_in_executor(self._files, lambda: None)  # the appends are done
+        return landed
 
     # ------------------------------------------------------------ the owner task
 

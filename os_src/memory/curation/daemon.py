@@ -204,18 +204,19 @@ class MemoryDaemon:
         self._task = asyncio.create_task(self._run(), name="memory-daemon")
         self.trigger("start")  # a restart tries at once, whatever retry was scheduled
 
-    async def stop(self, flush_budget: float) -> None:
-        """Flush what is pending within the budget, then stop. What is left runs at next start."""
+    async def stop(self, flush_budget: float) -> bool:
+        """Flush what is pending within the budget, then stop. What is left runs at next start. False:
+        the flush did not curate every turn (its budget ran out, or the curator's backoff held it)."""
         if self._task is None:
-            return
-        if flush_budget > 0 and not self._task.done():
-            await self.flush("shutdown", flush_budget)
+            return True
+        flushed = flush_budget > 0 and not self._task.done() and await self.flush("shutdown", flush_budget)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
         self._idle.set()
         self._resolve(None, False)
+        return flushed or not await self.processor.pending(1)  # no time left, and nothing to curate anyway
 
     # ------------------------------------------------------------ the owner task
 

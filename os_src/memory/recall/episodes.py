@@ -240,13 +240,6 @@ def ids_between(conn: sqlite3.Connection, lo: int, hi: int, limit: int, skim_bel
         (lo, hi, skim_below, limit))]
 
 
-def to_embed(conn: sqlite3.Connection, ids: Sequence[int]) -> list[tuple[int, float, str]]:
-    """texts_to_embed, its turns recorded at once: for a caller that stores the vectors in this same step."""
-    out, after = texts_to_embed(conn, ids)
-    record_embedded_after(conn, after)
-    return out
-
-
 def texts_to_embed(conn: sqlite3.Connection, ids: Sequence[int]
                    ) -> tuple[list[tuple[int, float, str]], list[tuple[int, int]]]:
     """(id, date, text to embed) of the episodes `ids`, in that order; a forgotten turn's (no text) is left

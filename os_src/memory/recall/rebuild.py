@@ -109,11 +109,12 @@ def _embed_missing(memory: MemoryDB, embedder: Embedder, writer: VectorWriter, p
     while below > 0 and (ids := ep.ids_between(memory.conn, 1, below, 4_096)):
         todo = [i for i, has in zip(ids, writer.has(ids), strict=True) if not has]
         for start in range(0, len(todo), REBUILD_EMBED_BATCH):
-            batch = ep.to_embed(memory.conn, todo[start:start + REBUILD_EMBED_BATCH])
+            batch, after = ep.texts_to_embed(memory.conn, todo[start:start + REBUILD_EMBED_BATCH])
             if not batch:  # forgotten turns only
                 continue
             vectors = embedder.passages([text for _, _, text in batch])
             done += writer.add([i for i, _, _ in batch], [at for _, at, _ in batch], vectors)
+            ep.record_embedded_after(memory.conn, after)
             progress("embedded turns", done, missing)
         below = ids[-1] - 1
     return done

@@ -278,10 +278,12 @@ class RecallService:
         root = self.settings.layout.memory_dir / VECTORS_DIR
         if self._embed_model is not None:
             async with self.indexer.embedding:  # no batch read before the forget is stored after it
-                after = await self._memory.call(lambda m: ep.to_embed(m.conn, ep.turns_after(m.conn, wanted)))
+                after, made_after = await self._memory.call(
+                    lambda m: ep.texts_to_embed(m.conn, ep.turns_after(m.conn, wanted)))
                 zeroed, renewed = await self.embedder.call(lambda s: s.forget(root, wanted, after))
-        else:
-            after = await self._memory.call(lambda m: ep.to_embed(m.conn, ep.turns_after(m.conn, wanted)))
+                await self._memory.call(lambda m: ep.record_embedded_after(m.conn, made_after))
+        else:  # their vectors are dropped, none made: nothing to record
+            after, _ = await self._memory.call(lambda m: ep.texts_to_embed(m.conn, ep.turns_after(m.conn, wanted)))
             zeroed, renewed = await asyncio.to_thread(
                 forget_everywhere, root, wanted, None, [i for i, _, _ in after]), 0
         log.info("recall_vectors_forgotten", turns=len(wanted), zeroed=zeroed, made_again=renewed)

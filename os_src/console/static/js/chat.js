@@ -111,12 +111,12 @@ export class ChatView {
       if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      // Only a completed turn has an answer: a turn a kill cut is recorded at the next start with no
-      // status, one cancelled past the stop's grace (or failed) as an error.
+      // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
+      // failed (an error) or that a person interrupted from another device did not finish either.
       item.querySelector(".meta").textContent = turn.status === "completed"
         ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
-        : turn.status === "error" ? "the agent took it, but its turn did not finish: what it did is in Past sessions."
-          : "the agent took it, but the restart cut its turn short: what it did is in Past sessions.";
+        : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
+          : "the agent took it, but its turn did not finish: what it did is in Past sessions.";
     }
     // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
     const known = unseen !== null && unseen.every((turn) => turn.client_id);

@@ -46,7 +46,8 @@ export function toolItem(name, summary) {
 
 /** The line under a turn: how it ended, how long it took, its own cost and the session's, its tokens. */
 export function statusItem({ status, duration_ms: ms, cost_usd: cost, session_cost_usd: total, usage, at }) {
-  const parts = [ms !== undefined && ms !== null ? `${status} in ${(ms / 1000).toFixed(1)} s` : status || "recorded"];
+  const said = status === "stopped" ? "stopped by the server" : status; // a past turn the server's stop or restart cut short
+  const parts = [ms !== undefined && ms !== null ? `${said} in ${(ms / 1000).toFixed(1)} s` : said || "recorded"];
   if (at) parts.push(when(at));
   if (cost) parts.push(`turn ${dollars(cost)}`);
   if (total) parts.push(`session ${dollars(total)}`);
