@@ -319,6 +319,7 @@ class _Connection:
             agent=rt.state,
             turn_id=rt.turn_id,
             turn_text=rt.turn_text,
+            turn_client_id=rt.turn_client_id,
             waiting=rt.waiting,
             cards=self.gw.canvas.cards(),
             replayed=len(replay or ()),

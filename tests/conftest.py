@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -43,7 +44,10 @@ from tests import xdist_groups
 httpcore2.default_ssl_context = functools.cache(httpcore2.default_ssl_context)
 
 if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only tests that run it pay
+    import asyncio
+
     from sprite_os.server import SpriteOS
+    from tests.console_browser import WorkerBrowser
 
 # ---------------------------------------------------------------- running in parallel (pytest-xdist)
 # `make test` runs the suite on every core (-n auto --dist loadgroup). Tests that share something of
@@ -105,6 +109,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 __all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_namespace", "child_cli_processes",
            "client_factory", "free_port", "in_namespace", "make_settings", "pid_alive", "processes_of", "running",
            "wait_for"]
+
+
+@pytest.fixture
+def _function_scoped_runner(_function_scoped_runner: asyncio.Runner,
+                            request: pytest.FixtureRequest) -> Iterator[asyncio.Runner]:
+    """pytest-asyncio's loop for one test and its function-scoped fixtures (its fixture of this name,
+    pytest-asyncio being pinned); for the console's browser tests, the worker's loop instead, where its
+    one Chromium lives (tests/console_browser.py). Were the name to change, those tests would each
+    launch a browser again: test_console_browser_e2e.py fails then."""
+    browser = sys.modules.get("tests.console_browser")  # imported by the modules that drive one
+    if browser is None or not browser.drives_a_browser(request.module):
+        yield _function_scoped_runner
+        return
+    worker: WorkerBrowser = request.getfixturevalue("worker_browser")
+    yield from worker.test()
+
+
+@pytest.fixture(scope="session")
+def worker_browser(_session_scoped_runner: asyncio.Runner) -> Iterator[WorkerBrowser]:
+    from tests.console_browser import worker_browser
+
+    with worker_browser(_session_scoped_runner) as worker:
+        yield worker
 
 
 @pytest.fixture

@@ -3,16 +3,25 @@ installs it when missing) through Playwright, against the real server and CLI wi
 Bridge. Every page records its console errors and uncaught exceptions; a test ends by
 asserting there were none (a CSP violation is a console error too).
 
+One Chromium serves every browser test of a pytest worker: a launch with its Playwright driver costs
+about 1 s of CPU, a browser context about 0.2 s. Playwright's objects belong to the event loop that
+made them, so those tests, and their function-scoped fixtures, run on the worker's session loop
+(tests/conftest.py's `_function_scoped_runner`, for every module that imports `chromium`); each test
+still has its own browser contexts (cookies, storage, routes), closed when its `chromium()` ends, and
+the tasks it left on the loop are cancelled as a loop of its own would have. A browser that crashed
+is launched again for the next test; the worker closes it when its session ends.
+
 Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCREENSHOTS set
 (`make screenshots`), so that `make test` leaves the checkout as it found it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,7 @@ from playwright.async_api import (
     Browser,
     BrowserContext,
     Page,
+    Playwright,
     WebSocketRoute,
     async_playwright,
     expect,
@@ -43,15 +53,116 @@ expect.set_options(timeout=UI_TIMEOUT)
 
 @asynccontextmanager
 async def chromium() -> AsyncIterator[Browser]:
+    """The worker's Chromium, on its loop; a browser of its own for a test on another loop. The browser
+    contexts opened through it are closed when it ends, as a closed browser's would be."""
+    shared = _SHARED
+    if shared is None or shared.runner.get_loop() is not asyncio.get_running_loop():
+        async with async_playwright() as pw:
+            browser = await _launch(pw)
+            try:
+                yield browser
+            finally:
+                await browser.close()
+        return
+    browser = await shared.ready()
+    try:
+        yield browser
+    finally:
+        await _close_contexts(browser)
+
+
+class WorkerBrowser:
+    """The worker's one Chromium and the loop it lives on (pytest-asyncio's session runner)."""
+
+    def __init__(self, runner: asyncio.Runner) -> None:
+        self.runner = runner
+        self._playwright: Playwright | None = None
+        self._browser: Browser | None = None
+        self._own: set[asyncio.Task[Any]] = set()  # the driver's tasks, which outlive every test
+
+    async def ready(self) -> Browser:
+        """The browser, launched at the first call and again after a crash."""
+        if self._browser is not None and self._browser.is_connected():
+            return self._browser
+        await self._close()
+        before = asyncio.all_tasks()
+        self._playwright = await async_playwright().start()
+        self._browser = await _launch(self._playwright)
+        self._own |= asyncio.all_tasks() - before
+        return self._browser
+
+    def test(self) -> Iterator[asyncio.Runner]:
+        """One test's use of the loop: what it leaves running is cancelled after its fixtures' teardown."""
+        self.runner.run(self.ready())
+        before = self.runner.run(_tasks())
+        yield self.runner
+        self.runner.run(self._cancel_all_but(before))
+
+    async def _cancel_all_but(self, before: set[asyncio.Task[Any]]) -> None:
+        if self._browser is not None:  # a test that opened a context outside `chromium()`
+            await _close_contexts(self._browser)
+        self._own = {task for task in self._own if not task.done()}
+        left = asyncio.all_tasks() - before - self._own - {asyncio.current_task()}
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+
+    async def _close(self) -> None:
+        if self._browser is not None:
+            await self._browser.close()  # a crashed browser's close only forgets it
+        if self._playwright is not None:
+            await self._playwright.stop()
+        self._browser = self._playwright = None
+
+    def close(self) -> None:
+        self.runner.run(self._close())
+
+
+_SHARED: WorkerBrowser | None = None
+
+
+@contextmanager
+def worker_browser(runner: asyncio.Runner) -> Iterator[WorkerBrowser]:
+    """The worker's browser for the session (tests/conftest.py), closed at its end: no Chromium left."""
+    global _SHARED
+    before, _SHARED = _SHARED, WorkerBrowser(runner)
+    try:
+        yield _SHARED
+    finally:
+        _SHARED.close()
+        _SHARED = before
+
+
+def drives_a_browser(module: object) -> bool:
+    """A test module that drives the console through `chromium()` (so runs on the worker's loop)."""
+    return getattr(module, "chromium", None) is chromium
+
+
+async def browser_pid(browser: Browser) -> int:
+    """The browser's own process (its renderers and helpers are its children)."""
+    session = await browser.new_browser_cdp_session()
+    try:
+        info = await session.send("SystemInfo.getProcessInfo")
+    finally:
+        await session.detach()
+    return int(next(p["id"] for p in info["processInfo"] if p["type"] == "browser"))
+
+
+async def _close_contexts(browser: Browser) -> None:
+    if browser.is_connected():  # a crashed browser's are gone with it
+        for context in browser.contexts:
+            await context.close()
+
+
+async def _launch(pw: Playwright) -> Browser:
     if not Path(CHROMIUM).exists() and shutil.which(CHROMIUM) is None:
         pytest.fail(f"no Chromium at {CHROMIUM}: `make test` installs it "
                     "(apt-get install -y --no-install-recommends chromium), or set SPRITE_TEST_CHROMIUM")
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            await browser.close()
+    return await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+async def _tasks() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
 
 
 @dataclass

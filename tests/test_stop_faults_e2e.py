@@ -83,8 +83,16 @@ async def test_a_second_signal_during_the_stop_does_not_cut_it(workspace: Path, 
             code = await proc.wait(timeout=STOP_TIMEOUT + 30)
         log = proc.log.read_text()
         left = [pid for pid in clis if pid_alive(pid)]
-        assert code == 0 and '"server_stopped"' in log, f"exit {code}; CLIs left {left}\n{log[-2500:]}"
-        assert not left
+        said = f"exit {code}; CLIs left {left}\n{log[-2500:]}"
+        # The second signal was heard and let be: the stop went on and ended the CLI, and the process
+        # ended the stop's way, not the signal's (a negative code).
+        assert '"stop_signal_repeated"' in log and code >= 0, said
+        assert not left, said
+        # The stop ran to its end, or to its deadline's. Whether its steps fit their shares is the
+        # machine's speed (a loaded one spends them all: the turn's grace alone is half), not this
+        # test's: a stop cut by its deadline exits non-zero, as it must, and says what it cut
+        # (test_stop_deadline_e2e.py tests the deadline).
+        assert '"server_stopped"' in log if code == 0 else _cut_by_the_deadline(log), said
     finally:
         await proc.stop()
         for pid in workspace_clis(workspace):
@@ -120,6 +128,10 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
         assert code == 1 and '"exit_forced"' in log, log[-2000:]
     finally:
         await proc.stop()
+
+
+def _cut_by_the_deadline(log: str) -> bool:
+    return any(f'"{event}"' in log for event in ("server_stop_step_cut", "memory_stop_step_cut", "exit_forced"))
 
 
 def _states(workspace: Path, base_url: str) -> list[tuple[str, int]]:
