@@ -135,6 +135,7 @@ class Ready(ServerFrame, tag="ready", frozen=True):
     replayed: int = 0
     resync: bool = False
     turn_text: str | None = None  # the running turn's message, so a client joining mid-turn can show it
+    turn_client_id: str | None = None  # the running turn's message's client id: a reloaded page knows its own
     waiting: list[str] = msgspec.field(default_factory=list)  # client ids of the messages queued for the agent
 
 

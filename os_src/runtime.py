@@ -255,6 +255,10 @@ class AgentRuntime:
         return self._running.text if self._running else None
 
     @property
+    def turn_client_id(self) -> str | None:
+        return self._running.client_id if self._running else None
+
+    @property
     def cli_running(self) -> bool:
         return self._cli is not None and not self._cli.exited
 

@@ -6,6 +6,7 @@ mock Bridge as model and curator."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,33 @@ def found(settings: Settings, word: str) -> list[str]:
         return [hit.content for hit in search_learnings(db, [word], 10)]
     finally:
         db.close()
+
+
+class HeldLoad:
+    """Holds the server's answer to a request of `kind` while `meanwhile` runs: a reload on its way
+    when the person moves the keyboard."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, kind: type) -> None:
+        self.holding, self.held, self.released = False, asyncio.Event(), asyncio.Event()
+        request = gateway._Connection._request
+
+        async def held(conn: gateway._Connection, frame: object) -> None:
+            if self.holding and isinstance(frame, kind):
+                self.held.set()
+                await self.released.wait()
+            await request(conn, frame)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(gateway._Connection, "_request", held)
+
+    async def around(self, ask: Awaitable[None], meanwhile: Awaitable[None]) -> None:
+        self.holding = True
+        self.held.clear()
+        self.released.clear()
+        await ask
+        await asyncio.wait_for(self.held.wait(), timeout=30)
+        await meanwhile
+        self.holding = False
+        self.released.set()
 
 
 async def chat_turn(tab: Tab, text: str) -> None:
@@ -124,6 +152,44 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         tab.assert_clean()
 
 
+async def test_showing_the_learnings_again_keeps_an_opened_turn_and_a_forget_being_confirmed(
+        server: SpriteOS, bridge: MockBridge, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Showing the tab again (or Refresh) drew every learning afresh: the turn the person had opened
+    closed, and the "Forget for good?" they were reading went back to "Forget…". Kept, the item is
+    taken out and put back: the keyboard stays on the control it was on."""
+    search = HeldLoad(monkeypatch, memory_frames.MemorySearchRequest)
+    install_templates(settings)
+    bridge.curator.script("FACT: The user's name is Ada Lovelace [#1]\n")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await chat_turn(tab, "Hi, I'm Ada Lovelace.")
+        await tab.by("new-session").click()
+        await wait_for(lambda: processed(settings) == 1, timeout=30, what="the batch")
+        await tab.memory("learnings")
+        learning = tab.by("learning").filter(has_text="The user's name is Ada Lovelace")
+        await learning.get_by_test_id("learning-forget").click()
+        await expect(learning).to_have_attribute("data-forgotten", "true")
+        await tab.by("learning-forgotten").check()  # the forgotten ones, each offering to forget its turn
+        await expect(tab.by("memory-panel-learnings")).to_contain_text("forgotten, newest forgetting first")
+        await learning.get_by_test_id("learning-source").click()
+        await expect(learning.get_by_test_id("turn")).to_contain_text("Hi, I'm Ada Lovelace.")
+        await learning.get_by_test_id("forget-turn").click()
+        await expect(learning.get_by_test_id("forget-confirm")).to_be_visible()
+
+        for again in (tab.by("memory-section-learnings"), tab.by("memory-refresh")):
+            await again.click()
+            await expect(tab.by("memory-panel-learnings")).not_to_have_attribute("data-loading", "true")
+            await expect(learning.get_by_test_id("turn")).to_contain_text("Hi, I'm Ada Lovelace.")
+            await expect(learning.get_by_test_id("forget-confirm")).to_be_visible()
+        await search.around(tab.by("memory-refresh").click(),  # the reload is on its way...
+                            learning.get_by_test_id("forget-confirm").focus())  # ...when the keyboard is on it
+        await expect(tab.by("memory-panel-learnings")).not_to_have_attribute("data-loading", "true")
+        await expect(learning.get_by_test_id("forget-confirm")).to_be_focused()
+        await learning.get_by_test_id("forget-confirm").click()  # still the person's to answer
+        await expect(tab.by("memory-flash")).to_contain_text("Forgotten for good: the turn")
+        tab.assert_clean()
+
+
 FIRST_REPLY = "FACT: Ada likes tea\nUSER_MD_UPDATE:\n# User\n- Name: Ada\n- Likes tea\n"
 EDIT = "# User\n- Name: Ada\n- Pronouns: she/her (added in the console)\n"
 SECOND_REPLY = f"FACT: Ada likes tea\nUSER_MD_UPDATE:\n{EDIT}- Likes tea\n"
@@ -166,29 +232,14 @@ async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)
     MemoryFiles(server.settings.layout).write("user.md", "# User\n- Name: Ada\n", source="seed")
-    holding, held, release = [False], asyncio.Event(), asyncio.Event()
-    request = gateway._Connection._request
-
-    async def listing_held(conn: gateway._Connection, frame: object) -> None:
-        if holding[0] and isinstance(frame, memory_frames.MemoryFilesRequest):
-            held.set()
-            await release.wait()
-        await request(conn, frame)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(gateway._Connection, "_request", listing_held)
+    listing = HeldLoad(monkeypatch, memory_frames.MemoryFilesRequest)
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         await tab.memory("files")
         panel = tab.by("memory-panel-files")
         for control in (tab.by("file-edit"), tab.by("memory-file").filter(has_text="user.md").get_by_role("button")):
-            holding[0] = True
-            held.clear()
-            release.clear()
-            await tab.by("memory-refresh").click()  # the reload is on its way...
-            await asyncio.wait_for(held.wait(), timeout=30)
-            await control.focus()  # ...when the person tabs onto a control it will render again
-            holding[0] = False
-            release.set()
+            await listing.around(tab.by("memory-refresh").click(),  # the reload is on its way...
+                                 control.focus())  # ...when the person tabs onto a control it will render again
             await expect(panel).not_to_have_attribute("data-loading", "true")
             await expect(control).to_be_focused()  # its successor has the focus, not the page's top
         await tab.by("file-edit").focus()

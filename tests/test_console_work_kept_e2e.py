@@ -10,9 +10,10 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
-from playwright.async_api import WebSocketRoute, expect
+from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
@@ -345,6 +346,77 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
 
 
+@pytest.mark.parametrize(("status", "said"), [
+    ("error", "its turn did not finish"),  # it failed (the model unreachable, the CLI dead) before the restart
+    ("interrupted", "its turn did not finish"),  # another device's Stop
+    ("stopped", "the restart cut its turn short"),  # the stop, or a kill and the journal's replay
+])
+async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
+        settings: Settings, bridge: MockBridge, status: str, said: str) -> None:
+    """The page's message was taken, its link dead, and its turn did not complete before the server
+    restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
+    the person took a failed or stopped task as done."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the script's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser, client_factory(server.port) as connect:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        other = await connect(hello={})
+        await other.send(type="user_message", text="Hello from a script", client_id="script-1")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        await tab.send("Not completed")
+        await wait_for(lambda: server.app.runtime.queued == 1, timeout=30, what="the page's message queued")
+        item = tab.messages("user").filter(has_text="Not completed")
+        client_id = await item.get_attribute("data-client-id")
+        session = server.app.runtime.session_id
+        await server.stop()
+        # What the old server's record holds of the page's message, had it been taken, its turn not completed.
+        TranscriptDB(settings.layout.transcript_db).append(NewObservation(
+            timestamp=time.time(), session_id=session, sequence_num=2, user_message="Not completed",
+            tool_calls_json="[]", agent_response="Working on it",
+            turn_id="cut0turn0001", status=status, client_id=client_id))
+        muted.on = False
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(item).to_have_attribute("data-state", "taken")
+        await expect(item).to_contain_text(said)
+        await expect(item).not_to_contain_text("its answer is in Past sessions")
+        await expect(item.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The page's message was taken, its link dead, and another device then had more turns than the
+    restart check asks for (a page of 30) before the server restarted. The check saw only those, each
+    with the other device's id, and said "not sent": Send again would give the agent the message twice."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the page's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        await tab.send("Taken long before")
+        await bridge.wait_for(lambda b: any("Taken long before" in r.last_user_text for r in b.agent_requests()))
+        session = server.app.runtime.session_id
+        await server.stop()  # its turn is recorded, cut short, as turn 1
+        db = TranscriptDB(settings.layout.transcript_db)
+        for n in range(2, 133):  # what the laptop had the agent do after it (as the old server recorded it)
+            db.append(NewObservation(timestamp=time.time() + n, session_id=session, sequence_num=n,
+                                     user_message=f"Laptop {n}", tool_calls_json="[]", agent_response="done",
+                                     turn_id=f"laptop{n:06d}", status="completed", client_id=f"laptop-{n}"))
+        muted.on = False
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        item = tab.messages("user").filter(has_text="Taken long before")
+        await expect(item).not_to_have_attribute("data-state", "checking")
+        await expect(item).not_to_contain_text("not sent")
+        await expect(item).to_have_attribute("data-state", "taken")
+        await expect(item.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
 async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
         settings: Settings, bridge: MockBridge) -> None:
     """The agent took the message, and the server's stop cut its turn short (the model still
@@ -529,3 +601,134 @@ async def test_a_message_taken_in_a_session_the_page_never_heard_of_is_not_offer
         mine = phone.messages("user").filter(has_text="Taken in the next session")
         await expect(mine).not_to_have_attribute("data-state", "checking")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+
+
+async def pending(tab: Tab) -> str | None:
+    """What the tab keeps of its unsettled messages for a reload (None: nothing)."""
+    kept: str | None = await tab.page.evaluate("sessionStorage.getItem('sprite-os.pending')")
+    return kept
+
+
+async def one_waiting(tab: Tab, bridge: MockBridge) -> Locator:
+    """`tab` sends a message whose turn hangs at the model, then one that waits behind it: that one."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+    await tab.send("First, the slow one")
+    await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+    await tab.send("Second, still waiting")
+    waiting = tab.messages("user").filter(has_text="Second, still waiting")
+    await expect(waiting).to_have_attribute("data-state", "queued")
+    return waiting
+
+
+def unaware(page_side: WebSocketRoute) -> None:
+    """The page's socket, but the server's closing it never reaches the page (a link gone dead)."""
+    server_side = page_side.connect_to_server()
+    server_side.on_message(page_side.send)
+    server_side.on_close(lambda _code, _reason: None)
+
+
+async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
+    """The person reloads the tab while their message waits behind a running turn: it is still there,
+    waiting, and once it starts it is their own message (not "from another device"), shown once."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        waiting = await one_waiting(tab, bridge)
+        assert "Second, still waiting" in (await pending(tab) or "")
+
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_count(1)
+        await expect(waiting).to_have_attribute("data-state", "queued")
+        first = tab.messages("user").filter(has_text="First, the slow one")
+        await expect(first).to_have_count(1)  # the running turn, its own message: not from another device
+        await expect(first).not_to_contain_text("from another device")
+        await tab.by("interrupt").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "started")
+        await expect(waiting).not_to_contain_text("from another device")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        assert await pending(tab) is None  # settled: nothing kept
+
+        await tab.page.reload()  # and a reload now shows it once, from the record
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_attribute("data-state", "started")
+        tab.assert_clean()
+
+
+async def test_a_message_a_restart_dropped_is_kept_through_a_reload_and_sent_again_as_it_is(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The server restarts while a message waits; the person reloads the tab before it is back. The
+    message is still there, checked against the record, offered with Send again; and Send again does
+    not empty the box when the person's new draft holds the same words."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=unaware)
+        waiting = await one_waiting(tab, bridge)
+
+        await server.stop()  # the page never hears of it: its link looks alive
+        await server.start()
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_count(1)
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+        assert "Second, still waiting" in (await pending(tab) or "")  # still unsent: kept
+        await tab.page.reload()  # and through another reload, as it was
+        await tab.connected()
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+
+        await tab.by("composer").fill("Second, still waiting")  # a new draft, the same words
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.by("composer")).to_have_value("Second, still waiting")  # the draft is the person's
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_an_upload_cut_by_a_restart_says_to_pick_the_file_again(settings: Settings, tmp_path: Path) -> None:
+    """A restart forgets the uploads under way: the page's next chunk is answered "no such upload",
+    which told the person nothing they could do. It says the restart cut it, and to pick the file again."""
+    picked = tmp_path / "report.txt"
+    picked.write_text("the quarterly report\n" * 100)
+    late = HoldBack()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        await tab.by("files-tab").click()
+        await late.hold("upload_chunk_result", tab.by("upload-input").set_input_files(str(picked)))
+        await server.stop()  # the chunk's answer never comes: the page asks again, of the new server
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
+        await expect(tab.by("upload").first).to_contain_text("cut by a restart")
+        await expect(tab.by("files-flash")).to_contain_text(
+            "report.txt was not uploaded: the Sprite restarted during the upload, which cut it: pick the file again")
+        assert not (server.settings.layout.root / "documents" / "report.txt").exists()
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent while the page heard nothing back, and taken: after a reload the record shows its turn,
+    and the message kept for the reload is settled by it (its client id), not shown a second time."""
+    muted = Muted()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        await tab.send("Taken while unheard")
+        await bridge.wait_for(lambda b: any("Taken while unheard" in r.last_user_text for r in b.agent_requests()))
+        await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+        assert "Taken while unheard" in (await pending(tab) or "")  # the page never heard it start
+        muted.on = False
+        await tab.page.reload()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Taken while unheard")
+        mine = tab.messages("user").filter(has_text="Taken while unheard")
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(tab.by("send-again")).to_have_count(0)
+        await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
+        tab.assert_clean()

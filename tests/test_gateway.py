@@ -30,8 +30,9 @@ from tests.conftest import client_factory, running
 class FakeRuntime:
     session_id = "session-1"
     state = "idle"
-    turn_id = None
-    turn_text = None
+    turn_id: str | None = None
+    turn_text: str | None = None
+    turn_client_id: str | None = None
 
     def __init__(self) -> None:
         self.fail: Exception | None = None
@@ -75,6 +76,13 @@ async def send(ws: ClientConnection, **frame: Any) -> dict[str, Any]:
 async def test_ready_names_the_messages_still_waiting_for_the_agent(ws: ClientConnection, runtime: FakeRuntime) -> None:
     runtime.waiting = ["web-1", "web-2"]  # queued behind the running turn, in order
     assert (await send(ws, type="hello"))["waiting"] == ["web-1", "web-2"]
+
+
+async def test_ready_names_the_running_turns_client_id(ws: ClientConnection, runtime: FakeRuntime) -> None:
+    """A reloaded page knows the running turn is its own message (not another device's) by this id."""
+    runtime.turn_id, runtime.turn_text, runtime.turn_client_id = "t-1", "Hello", "web-1"
+    ready = await send(ws, type="hello")
+    assert (ready["turn_id"], ready["turn_text"], ready["turn_client_id"]) == ("t-1", "Hello", "web-1")
 
 
 @pytest.mark.parametrize("frame", [

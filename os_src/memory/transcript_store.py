@@ -39,7 +39,7 @@ class Observation(msgspec.Struct, frozen=True):
     agent_response: str
     processed: int = PENDING
     turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
-    status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
+    status: str | None = None  # completed | interrupted | stopped (by the server's stop) | error (None: recorded before it was kept)
     cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
 
 

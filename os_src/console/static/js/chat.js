@@ -7,8 +7,13 @@ import { clear, dollars, el, size } from "./dom.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
+// The tab's own messages not yet answered (waiting, being checked after a restart, unsent): kept
+// through a reload. sessionStorage: per tab (another tab must not take them for its own), gone with it.
+const PENDING_KEY = "sprite-os.pending";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
+const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
+const SINCE_PAGES = 10; // past this many, the restart check does not know
 const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
   queue_full: "not accepted: too many messages are waiting.",
   shutting_down: "not accepted: the Sprite is stopping.",
@@ -24,7 +29,7 @@ export class ChatView {
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
     this.unsentItems = new Set(); // messages shown unsent with a Send again: kept through every redraw until sent
     this.turns = new Map(); // turn_id -> {stream, tools, retry}
-    this.texts = new Map(); // turn_id -> the person's message (for Retry)
+    this.texts = new Map(); // turn_id -> the person's message (a failed turn's Retry), until the turn ends
     this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
     this.sent = 0;
     this.running = null; // the running turn's id
@@ -32,6 +37,7 @@ export class ChatView {
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
+    this.restored = readPending(); // the messages a reload left unsettled: settled at the first `ready`
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -52,31 +58,51 @@ export class ChatView {
     else sessionStorage.removeItem(DRAFT_KEY);
   }
 
-  /** Sends a message (the composer's, or one sent again); false if it could not go. */
-  submit(text = this.composer.value) {
+  /** Sends the composer's message, or `again` (a Send again, a Retry: the box is left as it is, even
+   * when it holds the same words); false if it could not go. */
+  submit(again = null) {
+    const fromBox = again === null;
+    const text = fromBox ? this.composer.value : again;
     if (!text.trim()) return false;
     // Unique across devices too: the record finds a message by it after a restart (`restarted`).
     const clientId = `web-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
-      this.notice(`Not connected: your message was not sent. ${text === this.composer.value ? "It is still in the box." : "Try again once connected."}`, "error");
+      this.notice(`Not connected: your message was not sent. ${fromBox ? "It is still in the box." : "Try again once connected."}`, "error");
       return false;
     }
-    if (text === this.composer.value) { this.composer.value = ""; this.keepDraft(); }
-    const message = this.add(messageItem("user", userText(text), "waiting for the agent…"));
-    message.dataset.state = "queued";
-    message.dataset.clientId = clientId;
+    if (fromBox) { this.composer.value = ""; this.keepDraft(); }
+    const message = this.add(this.pendingItem({ id: clientId, text, stream: this.stream, session: this.session }));
     this.queued.set(clientId, message);
+    this.keepPending();
     return true;
+  }
+
+  /** The person's message, waiting for the agent; it knows the server run and session it went to. */
+  pendingItem({ id, text, stream, session }) {
+    const item = messageItem("user", userText(text), "waiting for the agent…");
+    Object.assign(item.dataset, { state: "queued", clientId: id, stream: stream ?? "", session: session ?? "" });
+    return item;
+  }
+
+  /** Keeps the tab's unsettled messages (waiting, being checked, unsent) for a reload; none left, none kept. */
+  keepPending() {
+    const kept = [...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
+      id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
+      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session }));
+    if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
+    else sessionStorage.removeItem(PENDING_KEY);
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again. */
   unsent(item, why) {
     const text = item.querySelector(".text").textContent;
     item.dataset.state = "refused";
+    item.dataset.why = why;
     const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
     clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
-      onclick: () => { if (this.submit(text)) { item.remove(); this.unsentItems.delete(item); } } }));
+      onclick: () => { if (this.submit(text)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
     this.unsentItems.add(item);
+    this.keepPending();
   }
 
   /** Messages still waiting when the server restarted. The old server may have taken one after the
@@ -96,10 +122,11 @@ export class ChatView {
       meta.textContent = "the Sprite restarted: looking whether the agent took it…";
       this.unsentItems.add(item); // the person's words, kept through a redraw until settled
     }
+    this.keepPending();
     let unseen = null; // the old server's turns the page never showed, oldest first (null: not known)
     if (left.session) {
       try {
-        unseen = (await this.turnsSince(left.session)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+        unseen = (await this.turnsSince(left.session, left.shown)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
       } catch { /* not known: offered again, and said so */ }
     }
     const unmatched = [];
@@ -109,10 +136,14 @@ export class ChatView {
       if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      item.querySelector(".meta").textContent = turn.status === "stopped" // cut short by the server's stop
-        ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
-        : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
+      // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
+      // failed (an error) or that a person interrupted from another device did not finish either.
+      item.querySelector(".meta").textContent = turn.status === "completed"
+        ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
+        : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
+          : "the agent took it, but its turn did not finish: what it did is in Past sessions.";
     }
+    this.keepPending();
     // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
     const known = unseen !== null && unseen.every((turn) => turn.client_id);
     for (const item of unmatched) {
@@ -121,14 +152,28 @@ export class ChatView {
     }
   }
 
-  /** The turns of `session` and of every session the old server began after it (a new session or a
-   * forget asked for from another device while this page's link was quiet), oldest first. */
-  async turnsSince(session) {
+  /** The turns of `session` since the newest one the page showed (`shown`), and every turn of each
+   * session the old server began after it (a new session or a forget asked for from another device
+   * while this page's link was quiet), oldest first. Every one: a page of the newest alone left out a
+   * message taken before another device's many turns, and the page called it not sent. Past
+   * SINCE_PAGES pages it throws (not known). */
+  async turnsSince(session, shown) {
     const { sessions } = await this.conn.request("sessions", { limit: 20 }); // newest first
     const known = sessions.find((s) => s.id === session);
     const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
     const turns = [];
-    for (const id of ids) turns.push(...(await this.conn.request("session_turns", { session_id: id, limit: PAGE })).turns);
+    for (const id of ids) {
+      const since = [];
+      for (let before = null, pages = 0; ; pages++) {
+        if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
+        const page = await this.conn.request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
+        since.unshift(...page.turns);
+        if (!page.more || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+        if (!page.turns.length) throw new Error("the record's pages did not go back");
+        before = page.turns[0].turn;
+      }
+      turns.push(...since);
+    }
     return turns;
   }
 
@@ -176,6 +221,12 @@ export class ChatView {
   }
 
   handle(frame) {
+    const result = this.apply(frame);
+    if (frame.type === "ready" || frame.type === "turn_started" || frame.type === "error") this.keepPending();
+    return result;
+  }
+
+  apply(frame) {
     switch (frame.type) {
       case "ready": return this.ready(frame);
       case "turn_started": return this.started(frame);
@@ -213,6 +264,7 @@ export class ChatView {
       const still = before === frame.stream ? [...this.queued].filter(([id]) => (frame.waiting ?? []).includes(id)) : [];
       clear(this.list);
       this.turns.clear();
+      this.texts.clear();
       this.shown.clear();
       this.queued.clear();
       this.history = null;
@@ -226,11 +278,58 @@ export class ChatView {
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
-      this.loadHistory(null);
+      const unsure = this.restore(frame);
+      const history = this.loadHistory(null);
+      if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
     }
     this.setAgent(frame.agent, frame.turn_id);
   }
 
+  /** After a reload, the tab's messages it had not seen settled, settled as the live page does: one the
+   * server still holds waits for its turn (`ready.waiting`), one that is the running turn is that turn,
+   * one a refusal marked stays unsent, and one sent to a server run that has since stopped is looked
+   * for in the record (`restarted`). One the same server no longer holds has started (its turn is in
+   * the record) or was refused while the page reloaded: returned, to be looked for in the history. */
+  restore(frame) {
+    const saved = this.restored;
+    this.restored = [];
+    const unsure = [];
+    const dropped = new Map(); // the session each was sent in -> its items
+    for (const entry of saved) {
+      if (entry.id === frame.turn_client_id || this.queued.has(entry.id)) continue; // the running turn, shown as it
+      const item = this.pendingItem(entry);
+      if (entry.state === "refused") this.unsent(this.add(item), entry.why || "not sent.");
+      else if (entry.stream !== frame.stream) {
+        if (!dropped.has(entry.session)) dropped.set(entry.session, []);
+        dropped.get(entry.session).push(this.add(item));
+      } else if ((frame.waiting ?? []).includes(entry.id)) this.queued.set(entry.id, this.add(item));
+      else unsure.push(this.add(item));
+    }
+    for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
+    for (const item of unsure) {
+      item.dataset.state = "checking";
+      item.querySelector(".meta").textContent = "looking whether the agent took it…";
+      this.unsentItems.add(item);
+    }
+    return unsure;
+  }
+
+  /** Those of `items` whose turn the history shows are settled (the history shows them); the rest say
+   * they may not have reached the agent, with a Send again. `turns` is null when the record could not be read. */
+  settleStarted(items, turns) {
+    for (const item of items) {
+      if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
+      if (turns?.some((turn) => turn.client_id === item.dataset.clientId)) {
+        item.remove();
+        this.unsentItems.delete(item);
+      } else {
+        this.unsent(item, "this may not have reached the agent (the conversation above shows what it recorded).");
+      }
+    }
+    this.keepPending();
+  }
+
+  /** Shows a page of the record above the live events; resolves with its turns (null if not loaded). */
   async loadHistory(before) {
     let page;
     try {
@@ -238,15 +337,15 @@ export class ChatView {
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
-      return;
+      return null;
     }
-    if (this.history && this.history.session !== page.session.id) return; // a newer snapshot took over
+    if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over
     const top = this.history?.button ?? this.list.firstChild;
     this.history?.button?.remove();
     const items = [];
     for (const turn of page.turns) {
       if (turn.turn_id && this.shown.has(turn.turn_id)) continue; // shown live already
-      if (turn.turn_id) { this.shown.add(turn.turn_id); this.texts.set(turn.turn_id, turn.user_message); }
+      if (turn.turn_id) this.shown.add(turn.turn_id); // (a recorded turn's Retry has its own words)
       items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text), forget: (which) => this.forget(which),
         session: page.session.id }));
     }
@@ -258,6 +357,7 @@ export class ChatView {
     if (page.session.cost_usd && !this.sessionCost.textContent) this.sessionCost.textContent = `This session: ${dollars(page.session.cost_usd)}`;
     this.list.dataset.history = "loaded";
     if (!before) this.toLatest();
+    return page.turns;
   }
 
   startedItem(turnId, text, meta) {
@@ -357,6 +457,7 @@ export class ChatView {
     if (frame.session_cost_usd) this.sessionCost.textContent = `This session: ${dollars(frame.session_cost_usd)}`;
     this.announce(`The agent's turn ${frame.status}.`);
     this.turns.delete(frame.turn_id);
+    this.texts.delete(frame.turn_id); // its failure, if any, came before: its Retry holds the words
     if (this.running === frame.turn_id) this.setAgent("idle", null);
   }
 
@@ -388,5 +489,15 @@ export class ChatView {
       this.queued.delete(frame.client_id);
       this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`);
     }
+  }
+}
+
+/** The messages this tab kept for a reload ([] if none, or unreadable). */
+function readPending() {
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(PENDING_KEY) || "[]");
+    return Array.isArray(kept) ? kept.filter((entry) => entry && typeof entry.id === "string" && typeof entry.text === "string") : [];
+  } catch {
+    return [];
   }
 }

@@ -40,7 +40,11 @@ export function keepingFocus(box, render, { next = {}, fallback = null } = {}) {
   const had = document.activeElement;
   const at = had && had !== box && box.contains(had) ? focusPath(had, box, next) : null;
   render();
-  if (!at || had.isConnected) return;
+  if (!at) return;
+  if (had.isConnected) { // kept, but taken out and put back: a node taken out loses the focus
+    if (document.activeElement !== had) had.focus();
+    return;
+  }
   for (const selector of [at.item + at.control, ...(fallback ? [`${at.item}:is(${fallback})`, `:is(${fallback})`] : [])]) {
     const node = box.querySelector(selector);
     node?.focus();

@@ -207,8 +207,10 @@ export class FilesView {
 
   async upload(file) {
     const line = this.transfer("upload", "Uploading", file.name, file.size);
+    let stream = null; // the server run the upload began on: a restart forgets every upload
     try {
       const start = await retried(() => this.conn.request("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED);
+      stream = this.conn.stream;
       for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
         const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
         const { received } = await retried(() => this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying);
@@ -219,8 +221,10 @@ export class FilesView {
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
-      line.done("error", error.message);
-      this.say(`${file.name} was not uploaded: ${error.message}`, "error");
+      const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
+      const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
+      line.done("error", cut ? "cut by a restart" : error.message);
+      this.say(`${file.name} was not uploaded: ${why}`, "error");
     }
   }
 }

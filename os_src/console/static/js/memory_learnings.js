@@ -27,6 +27,7 @@ export class LearningsPanel {
     this.type.addEventListener("change", () => this.load());
     this.forgotten.addEventListener("change", () => this.load());
     root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
+    this.drawn = new Map(); // "kind:id" -> {node, hit}: what each item shows, to keep it through a reload
   }
 
   async load() {
@@ -36,26 +37,36 @@ export class LearningsPanel {
     const asked = (this.asked = (this.asked || 0) + 1);
     const { hits } = await this.conn.request("memory_search", fields);
     if (asked !== this.asked) return; // a newer search was sent meanwhile: its answer is the one to show
+    const before = this.drawn;
+    this.drawn = new Map();
     const learned = hits.filter((h) => h.kind !== "episode");
     const turns = hits.filter((h) => h.kind === "episode");
     this.summary.textContent = this.forgotten.checked ? `${hits.length} forgotten, newest forgetting first.`
       : query ? `${plural(learned.length, "learning")} found for “${query}”, best first${turns.length ? `, and ${plural(turns.length, "past turn")}` : ""}.`
         : `The ${hits.length} newest.`;
     keepingFocus(this.results, () => {
-      clear(this.results).append(...learned.map((hit) => this.item(hit)));
+      clear(this.results).append(...learned.map((hit) => this.item(hit, before)));
       if (!learned.length) this.results.append(el("li", { class: "empty", text: turns.length ? "No learning matches; past turns do:" : "Nothing here." }));
     });
-    keepingFocus(this.episodes, () => clear(this.episodes).append(...turns.map((hit) => this.item(hit))));
+    keepingFocus(this.episodes, () => clear(this.episodes).append(...turns.map((hit) => this.item(hit, before))));
     this.episodes.hidden = this.turnsHeading.hidden = !turns.length;
   }
 
-  item(hit) {
+  /** The item of `hit`: the one drawn before if it shows the same (the person's opened turn and a
+   * forget they were asked to confirm stay as they left them), or a new one. */
+  item(hit, before = new Map()) {
+    const was = before.get(drawnKey(hit));
+    if (was && JSON.stringify(was.hit) === JSON.stringify(hit)) {
+      this.drawn.set(drawnKey(hit), was);
+      return was.node;
+    }
     const node = el("li", { class: "learning", testid: "learning", dataset: { id: hit.id, type: hit.type } });
     this.fill(node, hit);
     return node;
   }
 
   fill(node, hit) {
+    this.drawn.set(drawnKey(hit), { node, hit });
     node.dataset.forgotten = hit.forgotten_at ? "true" : "false";
     const episode = hit.kind === "episode";  // a raw turn search found: nothing to forget, it is the record
     const facts = episode ? [day(hit.created_at)] : [day(hit.created_at), `confidence ${hit.confidence.toFixed(2)}`];
@@ -119,3 +130,5 @@ export class LearningsPanel {
     }
   }
 }
+
+const drawnKey = (hit) => `${hit.kind}:${hit.id}`;

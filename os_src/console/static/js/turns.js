@@ -90,7 +90,7 @@ export function forgetControl(what, forget) {
       box.focus();
       Promise.resolve(forget()).then((done) => {
         if (done !== false || !box.isConnected) return;
-        const refocus = box.contains(document.activeElement) || document.activeElement === box;
+        const refocus = box.contains(document.activeElement); // the box itself too
         clear(box).append(start);
         box.removeAttribute("tabindex");
         if (refocus) start.focus();
