@@ -254,8 +254,9 @@ class _Connection:
         if isinstance(message, bytes):
             self._error("binary_not_supported", "frames must be JSON text, not binary")
             return
-        if len(message) > MAX_FRAME_CHARS:
-            self._error("frame_too_large", f"frames are limited to {MAX_FRAME_CHARS} characters")
+        if len(message) > MAX_FRAME_CHARS:  # a message named (a paste too long), or its page waits for ever
+            self._error("frame_too_large", f"frames are limited to {MAX_FRAME_CHARS} characters",
+                        client_id=p.client_id_of(message))
             return
         try:
             frame = p.decode_client_frame(message)

@@ -258,12 +258,24 @@ class SpriteOS:
             log.error("server_stop_step_failed", step=name, error=repr(exc)[:300], exc_info=exc)
         return False
 
+    def stop_asked(self) -> None:
+        """The stop is asked (the signal): until its end says otherwise, memory's stop did not finish. A
+        stop that never reaches its end (a start that outlasts the deadline, which the exit guard ends; a
+        crash) leaves this account, never none, which `sprite-os service stop` would read as a clean stop."""
+        self._write_stop_report(["memory"])
+
     def _report_stop(self) -> None:
         """Which of memory's steps did not finish, for `sprite-os service stop` to tell the operator."""
         if self.unfinished:
             log.warning("server_stopped_with_memory_unfinished", steps=self.unfinished)
+        self._write_stop_report(self.unfinished)
+
+    def _write_stop_report(self, unfinished: list[str]) -> None:
+        # Unsynced: it runs on the loop at the signal, before the stop begins, and a slow disk's fsync would
+        # hold the whole stop; `service stop` reads it on this machine right after the exit, from the page cache.
         try:
-            atomic_write(self.settings.layout.state_dir / STOP_REPORT, json.dumps({"unfinished": self.unfinished}).encode())
+            atomic_write(self.settings.layout.state_dir / STOP_REPORT, json.dumps({"unfinished": unfinished}).encode(),
+                         synced=False)
         except OSError as exc:  # a full or read-only disk: the stop itself goes on
             log.warning("stop_report_unwritten", error=repr(exc)[:200])
 
@@ -408,6 +420,7 @@ async def run_until_signalled(app: SpriteOS, ready: asyncio.Event | None = None,
             asked.append(StopDeadline(loop.time(), app.stop_timeout))
             if guard is not None:  # a start that never ends can't hold the process past the deadline either
                 guard.arm(asked[0].exit_at() - loop.time())
+            app.stop_asked()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -54,6 +54,11 @@ UNFINISHED_SAID = {
     "stores": "closing the recall index and the databases (redone at the next start)",
     "memory": "memory's stop as a whole (what is left is done at the next start)",
 }
+# Steps whose cut leaves the databases short of what was acknowledged until the next start (the last
+# turns in the spill file, the databases not closed): a copy taken now would miss them, so `service stop`
+# exits non-zero. The others only put work off (curation, a forget's decision, an import), which a stop
+# while the proxy is down or the day's budget is spent always does: said, not an error.
+LEAVES_THE_DATABASES_SHORT = frozenset({"capture", "stores", "memory"})
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,41 @@ def test_a_message_the_server_refused_is_no_longer_waited_for() -> None:
     assert r.settled.is_set()
 
 
+async def test_each_message_has_a_client_id_of_its_own_across_runs_and_reconnects() -> None:
+    """Every run sent `chat-1` first, and again after each reconnect. The server echoes a message's id
+    to every client (turn_started) and the record keeps it: a piped chat took another run's turn for
+    its own and left when that one completed, and a refusal of one message ended the wait for another."""
+    ids: list[str] = []
+
+    async def serve_and_drop(ws: ServerConnection) -> None:
+        async for message in ws:
+            frame = json.loads(message)
+            if frame["type"] == "hello":
+                ready = p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                                last_seq=0, agent="idle", turn_id=None, cards=[])
+                await ws.send(p.encode(ready).decode())
+            elif frame["type"] == "user_message":
+                ids.append(frame["client_id"])
+                await ws.close()  # the link drops: the chat reconnects
+
+    async with serve(serve_and_drop, "127.0.0.1", 0) as server:
+        procs = [await _chat_process(server.sockets[0].getsockname()[1]) for _ in range(2)]
+        try:
+            for line in (b"first\n", b"second\n"):
+                for proc in procs:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(line)
+                    await proc.stdin.drain()
+                    async with asyncio.timeout(30):  # sent, dropped, and connected again
+                        while b"connected to session" not in await proc.stdout.readline():
+                            pass
+            assert len(ids) == 4 and len(set(ids)) == 4, ids
+        finally:
+            for proc in procs:
+                proc.kill()
+                await proc.wait()
+
+
 async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_gave(
         fake_server: int, tmp_path: Path) -> None:
     """SPRITE_OS_PORT, or what `sprite-os service start` remembered of it (a shell that never set

@@ -346,6 +346,77 @@ async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_
         await expect(taken.get_by_test_id("send-again")).to_have_count(0)
 
 
+@pytest.mark.parametrize(("status", "said"), [
+    ("error", "its turn did not finish"),  # it failed (the model unreachable, the CLI dead) before the restart
+    ("interrupted", "its turn did not finish"),  # another device's Stop
+    ("stopped", "the restart cut its turn short"),  # the stop, or a kill and the journal's replay
+])
+async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
+        settings: Settings, bridge: MockBridge, status: str, said: str) -> None:
+    """The page's message was taken, its link dead, and its turn did not complete before the server
+    restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
+    the person took a failed or stopped task as done."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the script's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser, client_factory(server.port) as connect:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        other = await connect(hello={})
+        await other.send(type="user_message", text="Hello from a script", client_id="script-1")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        await tab.send("Not completed")
+        await wait_for(lambda: server.app.runtime.queued == 1, timeout=30, what="the page's message queued")
+        item = tab.messages("user").filter(has_text="Not completed")
+        client_id = await item.get_attribute("data-client-id")
+        session = server.app.runtime.session_id
+        await server.stop()
+        # What the old server's record holds of the page's message, had it been taken, its turn not completed.
+        TranscriptDB(settings.layout.transcript_db).append(NewObservation(
+            timestamp=time.time(), session_id=session, sequence_num=2, user_message="Not completed",
+            tool_calls_json="[]", agent_response="Working on it",
+            turn_id="cut0turn0001", status=status, client_id=client_id))
+        muted.on = False
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(item).to_have_attribute("data-state", "taken")
+        await expect(item).to_contain_text(said)
+        await expect(item).not_to_contain_text("its answer is in Past sessions")
+        await expect(item.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The page's message was taken, its link dead, and another device then had more turns than the
+    restart check asks for (a page of 30) before the server restarted. The check saw only those, each
+    with the other device's id, and said "not sent": Send again would give the agent the message twice."""
+    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the page's turn hangs
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        muted.on = True
+        await tab.send("Taken long before")
+        await bridge.wait_for(lambda b: any("Taken long before" in r.last_user_text for r in b.agent_requests()))
+        session = server.app.runtime.session_id
+        await server.stop()  # its turn is recorded, cut short, as turn 1
+        db = TranscriptDB(settings.layout.transcript_db)
+        for n in range(2, 133):  # what the laptop had the agent do after it (as the old server recorded it)
+            db.append(NewObservation(timestamp=time.time() + n, session_id=session, sequence_num=n,
+                                     user_message=f"Laptop {n}", tool_calls_json="[]", agent_response="done",
+                                     turn_id=f"laptop{n:06d}", status="completed", client_id=f"laptop-{n}"))
+        muted.on = False
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        item = tab.messages("user").filter(has_text="Taken long before")
+        await expect(item).not_to_have_attribute("data-state", "checking")
+        await expect(item).not_to_contain_text("not sent")
+        await expect(item).to_have_attribute("data-state", "taken")
+        await expect(item.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
 async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
         settings: Settings, bridge: MockBridge) -> None:
     """The agent took the message, and the server's stop cut its turn short (the model still

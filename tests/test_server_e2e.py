@@ -357,6 +357,15 @@ async def test_each_bad_frame_gets_an_error_and_the_connection_stays(server: Spr
     assert (await other.until("pong"))["nonce"] == "unaffected"
 
 
+async def test_a_message_past_the_frame_limit_is_named_by_its_client_id(server: SpriteOS, client: Connect) -> None:
+    """A paste past a frame's 1 MiB (a log, a file's text) was refused without its id: the page kept
+    the message "waiting for the agent" for ever beside the error."""
+    c = await client(hello={})
+    await c.send(type="user_message", text="x" * (1024 * 1024 + 10), client_id="web-5")
+    error = await c.until("error")
+    assert (error["code"], error["client_id"]) == ("frame_too_large", "web-5")
+
+
 async def test_a_flood_is_rate_limited_then_closed_and_others_keep_serving(server: SpriteOS, client: Connect) -> None:
     flooder, other = await client(hello={}), await client(hello={})
     with pytest.raises(ConnectionClosed) as info:

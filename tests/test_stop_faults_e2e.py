@@ -126,6 +126,10 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
         # The start is not cut (it runs on, past the deadline): the guard ends the process, and says the
         # stop did not finish.
         assert code == 1 and '"exit_forced"' in log, log[-2000:]
+        # So does its account for `sprite-os service stop`, which deleted it before the SIGTERM: memory's stop
+        # never ran. It used to be absent, read as an account with nothing unfinished: "stopped", exit 0.
+        report = json.loads((make_settings(workspace, bridge.url).layout.state_dir / STOP_REPORT).read_text())
+        assert report == {"unfinished": ["memory"]}
     finally:
         await proc.stop()
 

@@ -146,7 +146,7 @@ def test_stop_kills_what_ignores_sigterm(ws: Path, env: dict[str, str], monkeypa
     assert not settings.layout.pid_file.exists()
 
 
-def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero(
+def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_databases_lack_turns(
         ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """A server whose memory flush was cut short by its share of the stop ended like any other:
     `service stop` said "stopped" and exited 0, and an operator's script could not tell."""
@@ -159,7 +159,10 @@ def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero(
             f"    open({str(report)!r}, 'w').write(json.dumps({{'unfinished': sys.argv[3:]}}))\n"
             "    sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
-    for steps, expected in (([], svc.EXIT_OK), (["capture", "flush"], svc.EXIT_UNFINISHED)):
+    # Curation put off (the proxy down, the day's budget spent) is said, but is no failure of the stop:
+    # every stop in such an hour would exit non-zero and a `stop && backup && start` would stay down.
+    for steps, expected in (([], svc.EXIT_OK), (["flush", "imports"], svc.EXIT_OK),
+                            (["capture", "flush"], svc.EXIT_UNFINISHED)):
         proc = subprocess.Popen([sys.executable, "-c", code, "sprite_os", "serve", *steps], env=env,
                                 start_new_session=True, stdout=subprocess.PIPE)
         assert proc.stdout and proc.stdout.readline() == b"up\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 import sys
 import threading
@@ -34,6 +35,14 @@ class Renderer:
         self._turns: dict[str, str] = {}  # turn_id -> our client_id
         self.settled = asyncio.Event()  # set while nothing of ours is outstanding
         self.settled.set()
+        # A message's id is echoed to every client and kept in the record: unique to this run, and
+        # counted across its reconnects, so no other run's message (nor an earlier one of ours) has it.
+        self._run = secrets.token_hex(4)
+        self._count = 0
+
+    def next_id(self) -> str:
+        self._count += 1
+        return f"chat-{self._run}-{self._count}"
 
     def sent(self, client_id: str) -> None:
         self.outstanding.add(client_id)
@@ -174,7 +183,6 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
             render.receive(p.decode_server_frame(message))
 
     receiver = asyncio.create_task(receive())
-    sent = 0
     try:
         while True:
             get = asyncio.create_task(lines.get())
@@ -199,9 +207,9 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
             elif command == "/stop":
                 frame = p.Interrupt()
             else:
-                sent += 1
-                frame = p.UserMessage(text=line, client_id=f"chat-{sent}")
-                render.sent(f"chat-{sent}")
+                client_id = render.next_id()
+                frame = p.UserMessage(text=line, client_id=client_id)
+                render.sent(client_id)
             await ws.send(p.encode(frame).decode())
     finally:
         receiver.cancel()

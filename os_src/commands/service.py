@@ -42,6 +42,7 @@ from ..errors import ConfigError
 from ..fsutil import atomic_write
 from ..paths import Layout
 from ..stopping import (
+    LEAVES_THE_DATABASES_SHORT,
     STOP_REPORT,  # the server's account of its stop: which of memory's steps did not finish
     STOP_TIMEOUT,  # the server stops, and exits, within it
     UNFINISHED_SAID,
@@ -53,7 +54,7 @@ LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 
 EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
-EXIT_UNFINISHED = 5  # stopped, but memory's stop did not finish (or the server was killed): the next start does the rest
+EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds (spilled turns), or the server was killed
 
 
 def _unfinished(report: Path) -> list[str]:
@@ -306,7 +307,8 @@ class Service:
         if unfinished:
             said = "; ".join(UNFINISHED_SAID.get(step, step) for step in unfinished)
             say(f"memory's stop did not finish within its share of the stop: {said}")
-        return EXIT_UNFINISHED if forced or unfinished else EXIT_OK
+        short = forced or any(step in LEAVES_THE_DATABASES_SHORT for step in unfinished)
+        return EXIT_UNFINISHED if short else EXIT_OK
 
     def _terminate(self, pid: int, grace: float) -> bool:
         """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.

@@ -76,7 +76,7 @@ class PastTurn(msgspec.Struct, frozen=True):
     user_message: str
     agent_response: str
     tool_calls: list[ToolCall]  # each input and output cut to 300 characters
-    status: str | None  # completed | interrupted | error (None: recorded before this was kept)
+    status: str | None  # completed | interrupted | stopped (by the server's stop) | error (None: recorded before this was kept)
     cost_usd: float | None
     forgotten_at: float | None = None  # a tombstone: the person forgot this turn; its words are gone
 

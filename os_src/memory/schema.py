@@ -99,7 +99,7 @@ def _transcript_v2(db: sqlite_utils.Database) -> None:
 
 def _transcript_v3(db: sqlite_utils.Database) -> None:
     """What the console shows of a past turn beside its words: its id on the wire (`turn_id`, as in
-    turn_started), how it ended (`status`: completed, interrupted or error) and its own cost (older
+    turn_started), how it ended (`status`: completed, interrupted, stopped or error) and its own cost (older
     turns have none: NULL). And forgetting: a turn a person forgot keeps a tombstone (who, when,
     which turn, never the words) in `forgotten_turns`, and its row loses its words."""
     columns = db["observations"].columns_dict

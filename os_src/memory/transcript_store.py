@@ -39,7 +39,7 @@ class Observation(msgspec.Struct, frozen=True):
     agent_response: str
     processed: int = PENDING
     turn_id: str | None = None  # the turn's id on the wire (turn_started), when it came from the runtime
-    status: str | None = None  # completed | interrupted | error (None: recorded before it was kept)
+    status: str | None = None  # completed | interrupted | stopped (by the server's stop) | error (None: recorded before it was kept)
     cost_usd: float | None = None  # what the turn cost, when the agent's CLI reported it
 
 
@@ -137,6 +137,8 @@ class TranscriptDB:
         c = self.conn
         # A turn has one wire id, whatever session it closed in: a turn resent to a fresh CLI closes under
         # a new key, and the turn journal may still hold it, open, under its first one (its save failed).
+        # Looked up (observations_turn_id), not a UNIQUE index: a transcript recorded before this check
+        # may hold such a second copy already, and the index could not be made on it.
         if obs.turn_id is not None and c.execute("SELECT 1 FROM observations WHERE turn_id = ?",
                                                  (obs.turn_id,)).fetchone() is not None:
             return None

@@ -12,6 +12,8 @@ const DRAFT_KEY = "sprite-os.draft";
 const PENDING_KEY = "sprite-os.pending";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
+const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
+const SINCE_PAGES = 10; // past this many, the restart check does not know
 const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
   queue_full: "not accepted: too many messages are waiting.",
   shutting_down: "not accepted: the Sprite is stopping.",
@@ -128,7 +130,7 @@ export class ChatView {
     let unseen = null; // the old server's turns the page never showed, oldest first (null: not known)
     if (left.session) {
       try {
-        unseen = (await this.turnsSince(left.session)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+        unseen = (await this.turnsSince(left.session, left.shown)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
       } catch { /* not known: offered again, and said so */ }
     }
     const unmatched = [];
@@ -138,9 +140,12 @@ export class ChatView {
       if (!turn) { unmatched.push(item); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      item.querySelector(".meta").textContent = turn.status === "stopped" // cut short by the server's stop
-        ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
-        : "the agent took it before the Sprite restarted: its answer is in Past sessions.";
+      // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
+      // failed (an error) or that a person interrupted from another device did not finish either.
+      item.querySelector(".meta").textContent = turn.status === "completed"
+        ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
+        : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
+          : "the agent took it, but its turn did not finish: what it did is in Past sessions.";
     }
     this.keepPending();
     // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
@@ -151,14 +156,28 @@ export class ChatView {
     }
   }
 
-  /** The turns of `session` and of every session the old server began after it (a new session or a
-   * forget asked for from another device while this page's link was quiet), oldest first. */
-  async turnsSince(session) {
+  /** The turns of `session` since the newest one the page showed (`shown`), and every turn of each
+   * session the old server began after it (a new session or a forget asked for from another device
+   * while this page's link was quiet), oldest first. Every one: a page of the newest alone left out a
+   * message taken before another device's many turns, and the page called it not sent. Past
+   * SINCE_PAGES pages it throws (not known). */
+  async turnsSince(session, shown) {
     const { sessions } = await this.conn.request("sessions", { limit: 20 }); // newest first
     const known = sessions.find((s) => s.id === session);
     const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
     const turns = [];
-    for (const id of ids) turns.push(...(await this.conn.request("session_turns", { session_id: id, limit: PAGE })).turns);
+    for (const id of ids) {
+      const since = [];
+      for (let before = null, pages = 0; ; pages++) {
+        if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
+        const page = await this.conn.request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
+        since.unshift(...page.turns);
+        if (!page.more || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+        if (!page.turns.length) throw new Error("the record's pages did not go back");
+        before = page.turns[0].turn;
+      }
+      turns.push(...since);
+    }
     return turns;
   }
 
@@ -318,7 +337,7 @@ export class ChatView {
         continue;
       }
       if (session && session !== this.session && !earlier.has(session)) {
-        earlier.set(session, await this.turnsSince(session).catch(() => null));
+        earlier.set(session, await this.turnsSince(session, new Set()).catch(() => null));
       }
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
       const taken = earlier.get(session)?.find((turn) => turn.client_id === clientId);
