@@ -344,7 +344,7 @@ export class ChatView {
       if (taken) {
         this.unsentItems.delete(item);
         item.dataset.state = "taken";
-        item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: its answer is in Past sessions.";
+        item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: what it did is in Past sessions.";
       } else {
         this.unsent(item, "this may not have reached the agent (the conversation above shows what it recorded).");
       }
