@@ -757,6 +757,9 @@ async def test_a_message_taken_unheard_before_a_new_session_is_not_offered_again
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.page.locator('[data-state="checking"]')).to_have_count(0)  # settled
         await expect(tab.by("send-again")).to_have_count(0)
+        mine = tab.messages("user").filter(has_text="Taken, then a new session")
+        await expect(mine).to_have_attribute("data-state", "taken")
+        await expect(mine).to_contain_text("the agent took it in a session that has ended since")
         assert await pending(tab) is None
         tab.assert_clean()
 
