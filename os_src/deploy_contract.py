@@ -132,22 +132,26 @@ def token_problem(token: str) -> str | None:
     return None
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True) -> None:
     """Write to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory:
-    a reader sees the old content or the new, never a torn file."""
+    a reader sees the old content or the new, never a torn file. `synced=False` skips the fsyncs, for
+    a file only read on this machine before it could matter after a power loss."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if synced:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not synced:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

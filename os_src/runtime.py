@@ -395,7 +395,7 @@ class AgentRuntime:
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
-            record.close(None, "the server shut down before the turn ended", stopped=True)
+            record.close(None, stopped=True)  # recorded with STOPPED_NOTE
             raise
         except Exception as exc:
             record.close(None, repr(exc))

@@ -117,7 +117,7 @@ async def test_a_turn_the_servers_stop_cut_short_is_recorded_so_not_as_the_perso
     cut = kit.recorder.open("write a long essay")
     cut.observe(says("the first part"))
     cut.close(result("error_during_execution", text=""), stopped=True)
-    kit.recorder.open("waited out").close(None, "the server shut down before the turn ended", stopped=True)
+    kit.recorder.open("waited out").close(None, stopped=True)  # the runtime cancelled by the stop
     kit.recorder.open("done in time").close(result(text="all of it"), stopped=True)  # it ended before the stop
     rows = [(o.agent_response, o.status) for o in await kit.rows()]
     assert rows == [(f"the first part\n{STOPPED_NOTE}", "stopped"), (STOPPED_NOTE, "stopped"), ("all of it", "completed")]

@@ -334,12 +334,19 @@ async def test_a_failed_journal_save_is_made_again_on_its_own_once_the_disk_allo
         journal.closed(obs(2), urgent=True)  # transcript.db can't take this one: its save fails too
         await wait_for(lambda: failed >= 3, what="the failed save made again")
         assert state(path) == [(1, False)] and ([("s1", 2)], None) not in saved
-        monkeypatch.setattr(journal._file, "save", real)  # the disk works again; nothing else changes
+        made = 0
+
+        def works(data: bytes | None, sync: bool = True) -> None:
+            nonlocal made
+            made += 1
+            real(data, sync)
+
+        monkeypatch.setattr(journal._file, "save", works)  # the disk works again; nothing else changes
         await wait_for(lambda: ([("s1", 2)], None) in saved, what="the closed turn saved on its own")
         assert state(path) == [(2, True)]  # no longer turn 1 as open: a restart would replay it cut short
-        attempts = failed
-        await asyncio.sleep(0.2)
-        assert failed == attempts  # a save that succeeded ends the retries
+        attempts = made
+        await asyncio.sleep(0.2)  # four times the longest backoff: a retry still due would have saved
+        assert made == attempts  # a save that succeeded ends the retries
 
 
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:

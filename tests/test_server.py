@@ -293,3 +293,25 @@ async def test_a_request_that_outlasts_the_stops_grace_is_cut_and_its_client_tol
     events, answers = await _stopped_with_a_request_in_flight(tmp_path, monkeypatch, hangs=True)
     assert events == ["request start", "files stop", "waited"]  # the stop did not wait for ever
     assert answers == [("l1", "error", "shutting_down"), ("l2", "error", "shutting_down")]
+
+
+def test_the_stop_asked_account_is_written_without_holding_the_loop_on_an_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal handler writes "memory's stop did not finish" before the stop begins, on the loop: an
+    fsync there (a slow disk's hundreds of ms) held the whole stop up. `service stop` reads it from this
+    machine's page cache right after the exit."""
+    import json
+
+    from devkit.harness import make_settings
+    from sprite_os import deploy_contract
+    from sprite_os.server import SpriteOS
+    from sprite_os.stopping import STOP_REPORT
+
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    app = SpriteOS(settings, TOKEN)
+    synced: list[int] = []
+    monkeypatch.setattr(deploy_contract.os, "fsync", synced.append)
+    app.stop_asked()
+    assert json.loads((settings.layout.state_dir / STOP_REPORT).read_text()) == {"unfinished": ["memory"]}
+    assert synced == []

@@ -137,6 +137,8 @@ class TranscriptDB:
         c = self.conn
         # A turn has one wire id, whatever session it closed in: a turn resent to a fresh CLI closes under
         # a new key, and the turn journal may still hold it, open, under its first one (its save failed).
+        # Looked up (observations_turn_id), not a UNIQUE index: a transcript recorded before this check
+        # may hold such a second copy already, and the index could not be made on it.
         if obs.turn_id is not None and c.execute("SELECT 1 FROM observations WHERE turn_id = ?",
                                                  (obs.turn_id,)).fetchone() is not None:
             return None

@@ -98,8 +98,12 @@ export class ChatView {
     const kept = [...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
       id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
       why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session }));
-    if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
-    else sessionStorage.removeItem(PENDING_KEY);
+    try {
+      if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
+      else sessionStorage.removeItem(PENDING_KEY);
+    } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
+      sessionStorage.removeItem(PENDING_KEY);
+    }
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -276,12 +280,13 @@ export class ChatView {
       const left = { session, shown: new Set(this.shown) }; // the session the old server ran
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       // The same server after a long gap: the messages it still holds for the agent stay in view as
-      // waiting (and those sent on this socket, after its hello: it reads them after the snapshot);
-      // one it neither holds nor runs is looked for in the record, as after a reload.
+      // waiting (and those sent on this socket, after its hello: it reads them after the snapshot)...
       const held = new Set([...(frame.waiting ?? []), frame.turn_client_id]);
       const same = before === frame.stream ? [...this.queued].filter(([id]) => id !== frame.turn_client_id) : [];
       const still = same.filter(([id, item]) => held.has(id) || !this.earlier(item));
-      const lost = same.filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
+      // ...and those it no longer holds either started (the record shows them) or never reached it (sent
+      // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
+      const unheard = same.filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
       clear(this.list);
       this.turns.clear();
       this.texts.clear();
@@ -298,7 +303,7 @@ export class ChatView {
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
-      const unsure = [...this.checking(lost.map((item) => this.add(item))), ...this.restore(frame)];
+      const unsure = this.checking([...unheard.map((item) => this.add(item)), ...this.restore(frame)]);
       const history = this.loadHistory(null);
       if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
     } else {
@@ -364,18 +369,33 @@ export class ChatView {
       else unsure.push(this.add(item));
     }
     for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
-    return this.checking(unsure);
+    return unsure;
   }
 
-  /** Those of `items` whose turn the history shows are settled (the history shows them), as are those
-   * whose turn started meanwhile (`started`); the rest say `why` (by default that they may not have
-   * reached the agent), with a Send again. `turns` is null when the record could not be read. */
-  settleStarted(items, turns, why = "this may not have reached the agent (the conversation above shows what it recorded).") {
+  /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
+   * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
+   * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
+   * (`started`); the rest say `why` (by default that they may not have reached the agent), with a Send
+   * again. `turns` is null when the record could not be read. */
+  async settleStarted(items, turns, why = "this may not have reached the agent (the conversation above shows what it recorded).") {
+    const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
+      const { clientId, session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (turns?.some((turn) => turn.client_id === item.dataset.clientId)) {
+      if (turns?.some((turn) => turn.client_id === clientId)) {
         item.remove();
         this.unsentItems.delete(item);
+        continue;
+      }
+      if (session && session !== this.session && !earlier.has(session)) {
+        earlier.set(session, await this.turnsSince(session, new Set()).catch(() => null));
+      }
+      if (!item.isConnected || !this.unsentItems.has(item)) continue;
+      const taken = earlier.get(session)?.find((turn) => turn.client_id === clientId);
+      if (taken) {
+        this.unsentItems.delete(item);
+        item.dataset.state = "taken";
+        item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: what it did is in Past sessions.";
       } else {
         this.unsent(item, why);
       }
