@@ -325,6 +325,8 @@ def decode_client_frame(data: str | bytes) -> AnyClientFrame:
             return _raise("unknown_type", f"unknown frame type: {text.split(chr(39))[1]!r}")
         if text == "Object missing required field `type`":
             return _raise("invalid_frame", "frame has no `type` field")
+        if text == f"Expected `str` of length <= {MAX_USER_TEXT} - at `$.text`":  # said plainly, to a person
+            return _raise("invalid_frame", too_long(_text_length(data)))
         return _raise("invalid_frame", text)
     except msgspec.DecodeError as exc:
         return _raise("invalid_json", f"frame is not valid JSON: {exc}")
@@ -336,6 +338,20 @@ def decode_client_frame(data: str | bytes) -> AnyClientFrame:
 
 def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
     raise FrameError(code, message)
+
+
+def too_long(length: int) -> str:
+    """What a message over MAX_USER_TEXT is told (the console's page says the same)."""
+    return f"the message is too long to send: {length:,} characters, and the limit is {MAX_USER_TEXT:,}"
+
+
+class _UserMessageText(msgspec.Struct):
+    text: str = ""
+
+
+def _text_length(data: str | bytes) -> int:
+    """The length of a user_message's text that was refused as too long."""
+    return len(msgspec.json.decode(data, type=_UserMessageText).text)
 
 
 def request_id_of(data: str | bytes) -> str | None:

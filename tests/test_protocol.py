@@ -32,11 +32,14 @@ def test_bad_frames_are_named(raw: bytes, code: str, fragment: str) -> None:
     assert fragment in info.value.message
 
 
-def test_oversized_text_is_refused() -> None:
-    frame = msgspec.json.encode({"type": "user_message", "text": "x" * (p.MAX_USER_TEXT + 1)})
+def test_oversized_text_is_refused_in_plain_words() -> None:
+    """Not msgspec's "Expected `str` of length <= 100000 - at `$.text`": a person reads it."""
+    frame = msgspec.json.encode({"type": "user_message", "text": "é" * (p.MAX_USER_TEXT + 1), "client_id": "c1"})
     with pytest.raises(p.FrameError) as info:
         p.decode_client_frame(frame)
     assert info.value.code == "invalid_frame"
+    assert info.value.message == "the message is too long to send: 100,001 characters, and the limit is 100,000"
+    assert p.client_id_of(frame) == "c1"
 
 
 def test_client_frames_decode_and_ignore_unknown_fields() -> None:
