@@ -732,3 +732,120 @@ async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_relo
         await expect(tab.by("send-again")).to_have_count(0)
         await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
         tab.assert_clean()
+
+
+async def test_a_message_taken_unheard_before_a_new_session_is_not_offered_again_after_a_reload(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent while the page heard nothing back, taken, and then a new session began (another device's
+    New session, a crash, the idle timeout) before the person reloaded: the reloaded page's record of
+    the current session does not hold it, but the session it was sent in does. It is found there, not
+    offered with a Send again that would give the agent the same message twice."""
+    muted = Muted()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        other = await signed_in(browser, server.port)
+        muted.on = True
+        await tab.send("Taken, then a new session")
+        await bridge.wait_for(lambda b: any("Taken, then a new session" in r.last_user_text for r in b.agent_requests()))
+        await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+        sent_in = server.runtime.session_id
+        await other.by("new-session").click()
+        await wait_for(lambda: server.runtime.session_id != sent_in, timeout=30, what="the new session")
+        muted.on = False
+        await tab.page.reload()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.page.locator('[data-state="checking"]')).to_have_count(0)  # settled
+        await expect(tab.by("send-again")).to_have_count(0)
+        mine = tab.messages("user").filter(has_text="Taken, then a new session")
+        await expect(mine).to_have_attribute("data-state", "taken")
+        await expect(mine).to_contain_text("the agent took it in a session that has ended since")
+        assert await pending(tab) is None
+        tab.assert_clean()
+
+
+async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
+    """Sign out takes the person's words out of the tab's storage (the draft already): the messages
+    kept for a reload too, so the next person to sign in on this tab is not shown them."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await one_waiting(tab, bridge)
+        assert "Second, still waiting" in (await pending(tab) or "")
+        await tab.by("sign-out").click()
+        assert await pending(tab) is None
+        await tab.page.reload()  # the login again: nothing of theirs comes back once someone signs in
+        await tab.sign_in()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.by("send-again")).to_have_count(0)
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(0)
+        tab.assert_clean()
+
+
+async def test_send_again_with_the_tab_storage_full_is_sent_once(settings: Settings, bridge: MockBridge) -> None:
+    """The tab's storage is full (a long draft, other pages' keys): keeping the unsettled messages fails.
+    Send again must still send once and leave the message settled, not throw half way and leave the
+    same Send again under a message the agent has taken."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=unaware)
+        waiting = await one_waiting(tab, bridge)
+        await server.stop()
+        await server.start()
+        await tab.page.reload()
+        await tab.connected()
+        await expect(waiting).to_have_attribute("data-state", "refused")
+        await tab.page.evaluate("""() => {
+          const chunk = 'x'.repeat(256 * 1024);
+          for (let i = 0; ; i++) { try { sessionStorage.setItem('filler' + i, chunk); } catch { break; } }
+          for (let i = 0; ; i++) { try { sessionStorage.setItem('small' + i, 'x'.repeat(64)); } catch { break; } }
+        }""")
+        await waiting.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        await expect(tab.by("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+class Lossy:
+    """Passes the page's socket through; while `deaf`, what the page sends is lost on the way (the link
+    died under it and the page does not know yet); and it can cut the link."""
+
+    def __init__(self) -> None:
+        self.deaf = False
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+        page_side.on_message(lambda message: None if self.deaf else server_side.send(message))
+        self.sockets.append(page_side)
+
+    async def cut(self) -> None:
+        await self.sockets[-1].close(code=4000, reason="the link lost")
+
+
+async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """The person's message went out on a link that had died: the server never got it. The link comes
+    back after a long gap (a resync, the same server): the message is neither waiting there nor in the
+    record. It stays in view, said it may not have reached the agent, with Send again, not silently
+    dropped from the conversation (a reload settles it so already)."""
+    link = Lossy()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        link.deaf = True
+        await tab.send("Lost on the way")
+        mine = tab.messages("user").filter(has_text="Lost on the way")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
+        link.deaf = False
+        await link.cut()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(mine).to_have_count(1)
+        await expect(mine.get_by_test_id("send-again")).to_have_count(1)
+        assert "Lost on the way" in (await pending(tab) or "")  # and kept for a reload
+        await mine.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Lost on the way")
+        await expect(tab.messages("user").filter(has_text="Lost on the way")).to_have_count(1)
+        tab.assert_clean("WebSocket connection")

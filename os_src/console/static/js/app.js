@@ -11,6 +11,7 @@ import { PastSessions } from "./sessions.js";
 const TOKEN_KEY = "sprite-os.token";
 const THEME_KEY = "sprite-os.theme";
 const DRAFT_KEY = "sprite-os.draft";
+const PENDING_KEY = "sprite-os.pending"; // the messages not yet answered, kept for a reload (chat.js)
 const $ = (id) => document.getElementById(id);
 
 const connection = new Connection({ onFrame, onStatus, onAuthFailed });
@@ -83,6 +84,7 @@ $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
   sessionStorage.removeItem(DRAFT_KEY);
+  sessionStorage.removeItem(PENDING_KEY); // the person's words too, as the draft
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   showLogin();

@@ -89,8 +89,12 @@ export class ChatView {
     const kept = [...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
       id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
       why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session }));
-    if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
-    else sessionStorage.removeItem(PENDING_KEY);
+    try {
+      if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
+      else sessionStorage.removeItem(PENDING_KEY);
+    } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
+      sessionStorage.removeItem(PENDING_KEY);
+    }
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again. */
@@ -262,6 +266,10 @@ export class ChatView {
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       // The same server after a long gap: the messages it still holds for the agent stay in view as waiting.
       const still = before === frame.stream ? [...this.queued].filter(([id]) => (frame.waiting ?? []).includes(id)) : [];
+      // ...and those it no longer holds either started (the record shows them) or never reached it (sent
+      // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
+      const unheard = before === frame.stream ? [...this.queued]
+        .filter(([id]) => !(frame.waiting ?? []).includes(id) && id !== frame.turn_client_id).map(([, item]) => item) : [];
       clear(this.list);
       this.turns.clear();
       this.texts.clear();
@@ -278,7 +286,12 @@ export class ChatView {
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
-      const unsure = this.restore(frame);
+      const unsure = [...unheard.map((item) => this.add(item)), ...this.restore(frame)];
+      for (const item of unsure) {
+        item.dataset.state = "checking";
+        item.querySelector(".meta").textContent = "looking whether the agent took it…";
+        this.unsentItems.add(item);
+      }
       const history = this.loadHistory(null);
       if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
     }
@@ -306,22 +319,32 @@ export class ChatView {
       else unsure.push(this.add(item));
     }
     for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
-    for (const item of unsure) {
-      item.dataset.state = "checking";
-      item.querySelector(".meta").textContent = "looking whether the agent took it…";
-      this.unsentItems.add(item);
-    }
     return unsure;
   }
 
-  /** Those of `items` whose turn the history shows are settled (the history shows them); the rest say
-   * they may not have reached the agent, with a Send again. `turns` is null when the record could not be read. */
-  settleStarted(items, turns) {
+  /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
+   * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
+   * looked for in that session's record and those after it; the rest say they may not have reached the
+   * agent, with a Send again. `turns` is null when the record could not be read. */
+  async settleStarted(items, turns) {
+    const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
+      const { clientId, session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (turns?.some((turn) => turn.client_id === item.dataset.clientId)) {
+      if (turns?.some((turn) => turn.client_id === clientId)) {
         item.remove();
         this.unsentItems.delete(item);
+        continue;
+      }
+      if (session && session !== this.session && !earlier.has(session)) {
+        earlier.set(session, await this.turnsSince(session, new Set()).catch(() => null));
+      }
+      if (!item.isConnected || !this.unsentItems.has(item)) continue;
+      const taken = earlier.get(session)?.find((turn) => turn.client_id === clientId);
+      if (taken) {
+        this.unsentItems.delete(item);
+        item.dataset.state = "taken";
+        item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: what it did is in Past sessions.";
       } else {
         this.unsent(item, "this may not have reached the agent (the conversation above shows what it recorded).");
       }
