@@ -90,3 +90,16 @@ def test_server_frames_round_trip_with_seq(frame: p.ServerFrame) -> None:
 
 def test_every_server_frame_type_is_covered_here() -> None:
     assert {type(f) for f in SERVER_FRAMES} == set(p.AnyServerFrame.__args__)
+
+
+@pytest.mark.parametrize(("raw", "ids"), [
+    ('{"type":"user_message","text":7,"client_id":"web-5"}', (None, "web-5")),
+    ('{"type":"memory_files","request_id":"r9","client_id":"web-5"}', ("r9", None)),  # a client_id names a message
+    ('{"type":"user_message","client_id":"' + "x" * (p.MAX_ID + 1) + '"}', (None, None)),  # too long to echo
+    ('{"type":"user_message","client_id":7}', (None, None)),
+    ("{not json", (None, None)),
+    ("[1, 2]", (None, None)),
+])
+def test_a_refused_frames_ids_are_read_in_one_decode(raw: str, ids: tuple[str | None, str | None]) -> None:
+    found = p.ids_of(raw)
+    assert (found.request_id, found.client_id) == ids
