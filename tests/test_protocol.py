@@ -39,7 +39,7 @@ def test_oversized_text_is_refused_in_plain_words() -> None:
         p.decode_client_frame(frame)
     assert info.value.code == "invalid_frame"
     assert info.value.message == "the message is too long to send: 100,001 characters, and the limit is 100,000"
-    assert p.client_id_of(frame) == "c1"
+    assert p.ids_of(frame).client_id == "c1"
 
 
 def test_client_frames_decode_and_ignore_unknown_fields() -> None:
