@@ -20,7 +20,7 @@ import msgspec
 from .console.card_frames import CardCloseRequest, CardCloseResult
 from .console.files_frames import AnyFilesReply, AnyFilesRequest
 from .console.memory_frames import AnyMemoryReply, AnyMemoryRequest
-from .console.requests import RequestErrorCode, RequestIdOnly
+from .console.requests import RequestErrorCode
 from .console.session_frames import AnySessionReply, AnySessionRequest
 from .errors import SpriteOSError
 
@@ -328,6 +328,8 @@ def decode_client_frame(data: str | bytes) -> AnyClientFrame:
             return _raise("unknown_type", f"unknown frame type: {text.split(chr(39))[1]!r}")
         if text == "Object missing required field `type`":
             return _raise("invalid_frame", "frame has no `type` field")
+        if text == f"Expected `str` of length <= {MAX_USER_TEXT} - at `$.text`":  # said plainly, to a person
+            return _raise("invalid_frame", too_long(_text_length(data)))
         return _raise("invalid_frame", text)
     except msgspec.DecodeError as exc:
         return _raise("invalid_json", f"frame is not valid JSON: {exc}")
@@ -341,27 +343,39 @@ def _raise(code: ErrorCode, message: str) -> AnyClientFrame:
     raise FrameError(code, message)
 
 
-def request_id_of(data: str | bytes) -> str | None:
-    """The `request_id` of a frame that failed validation, if it has a readable one."""
-    try:
-        return msgspec.json.decode(data, type=RequestIdOnly).request_id
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None
+def too_long(length: int) -> str:
+    """What a message over MAX_USER_TEXT is told (the console's page says the same)."""
+    return f"the message is too long to send: {length:,} characters, and the limit is {MAX_USER_TEXT:,}"
 
 
-class _UserMessageId(msgspec.Struct):
+class _UserMessageText(msgspec.Struct):
+    text: str = ""
+
+
+def _text_length(data: str | bytes) -> int:
+    """The length of a user_message's text that was refused as too long."""
+    return len(msgspec.json.decode(data, type=_UserMessageText).text)
+
+
+class RefusedIds(msgspec.Struct):
+    """What is read of a frame refused before it was taken (it failed validation, came too fast or too
+    large), so that its sender knows which it was: a request's `request_id`, a user_message's `client_id`."""
+
     type: str = ""
+    request_id: str | None = None
     client_id: ShortText | None = None
 
 
-def client_id_of(data: str | bytes) -> str | None:
-    """The `client_id` of a user_message refused before it was taken (it failed validation, or came
-    too fast), if it has a readable one, so that its sender knows which message it was."""
+def ids_of(data: str | bytes) -> RefusedIds:
+    """The ids a refused frame has, read in one decode (none when it has no readable ones). msgspec
+    builds only these three fields: the rest of the frame is scanned, not built."""
     try:
-        found = msgspec.json.decode(data, type=_UserMessageId)
+        ids = msgspec.json.decode(data, type=RefusedIds)
     except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None
-    return found.client_id if found.type == "user_message" else None
+        return RefusedIds()
+    if ids.type != "user_message":  # a client_id names a message; on anything else it means nothing
+        ids.client_id = None
+    return ids
 
 
 def encode(frame: msgspec.Struct) -> bytes:

@@ -167,7 +167,7 @@ class AgentRuntime:
         self._cli: AgentProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: Turn | None = None
-        self._stop_cut = False  # the running turn was interrupted by the server's stop, not by the person
+        self._record: TurnRecord = NoRecord()  # the running turn's record: it hears who stopped the turn
         self._prompted: _Prompted | None = None  # for the running turn, kept for a resend
         self._notes: list[str] = []  # for the next turn's context: what the person did meanwhile (uploads)
         self._turn = TurnState()
@@ -247,12 +247,12 @@ class AgentRuntime:
         if self._inbox.put(command):
             self._wake.set()
 
-    async def interrupt(self, by_stop: bool = False) -> bool:
-        """Stop the running turn. False when nothing is running. `by_stop`: the server is stopping (the
-        turn is recorded as cut short by it, unless the person had stopped it already)."""
+    async def interrupt(self, by_server: bool = False) -> bool:
+        """Stop the running turn. False when nothing is running. `by_server`: the server is stopping,
+        not the person (the record names whoever stopped the turn first)."""
         stop = self._turn.interrupt()
-        if by_stop and stop in (Stop.AFTER_SEND, Stop.NOW):
-            self._stop_cut = True
+        if stop in (Stop.AFTER_SEND, Stop.NOW):  # it reaches the CLI: an unsent turn is never recorded
+            self._record.interrupted(by_server)
         if stop is Stop.NOW and self._cli is not None:
             await self._cli.interrupt()
         return stop is not Stop.NOTHING
@@ -297,7 +297,7 @@ class AgentRuntime:
         self._put(Shutdown())
         try:
             async with asyncio.timeout(grace):
-                await self.interrupt(by_stop=True)
+                await self.interrupt(by_server=True)
                 await asyncio.shield(self._task)
         except TimeoutError:
             log.error("runtime_shutdown_timeout", grace=round(grace, 1))
@@ -399,18 +399,19 @@ class AgentRuntime:
             await self._disconnect()
 
     async def _run_turn(self, turn: Turn) -> None:
-        self._running, self._stop_cut = turn, False
+        self._running = turn
         started = time.monotonic()
         self._turn.begin(connect=self._cli is None)
         self._publish(p.TurnStarted(turn_id=turn.turn_id, text=turn.text, client_id=turn.client_id))
         log.info("turn_started", turn_id=turn.turn_id, session_id=self.session_id, chars=len(turn.text))
         # Never closed if the turn ends unsent: nothing happened, so nothing is recorded.
-        record = (self._memory.turn_started(turn.text, turn.turn_id, turn.client_id) if self._memory is not None
-                  else NoRecord())
+        record = self._record = (self._memory.turn_started(turn.text, turn.turn_id, turn.client_id)
+                                 if self._memory is not None else NoRecord())
         try:
             result = await self._exchange(turn, record)
         except asyncio.CancelledError:  # shutdown ran out of patience: the prompt is still worth a record
-            record.close(None, stopped=True)  # recorded with STOPPED_NOTE
+            record.interrupted(by_server=True)  # unless the person had stopped it first
+            record.close(None)
             raise
         except Exception as exc:
             record.close(None, repr(exc))
@@ -420,13 +421,13 @@ class AgentRuntime:
                 self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
             else:
                 out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
-                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None, stopped=self._stop_cut)
+                record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
                 if not await self._saved(turn, record):
                     out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f
                            for f in out]
                 self._publish_result(turn, result, out)
         finally:
-            self._running = None
+            self._running, self._record = None, NoRecord()
             self._turn.end()
             if self._memory is not None:  # however it ended: recorded, unsent, a slash command, failed
                 self._memory.turn_ended()

@@ -116,11 +116,29 @@ async def test_a_turn_the_servers_stop_cut_short_is_recorded_so_not_as_the_perso
     stopped before the turn ended, as a turn a kill cut short reads at the next start."""
     cut = kit.recorder.open("write a long essay")
     cut.observe(says("the first part"))
-    cut.close(result("error_during_execution", text=""), stopped=True)
-    kit.recorder.open("waited out").close(None, stopped=True)  # the runtime cancelled by the stop
-    kit.recorder.open("done in time").close(result(text="all of it"), stopped=True)  # it ended before the stop
+    cut.interrupted(by_server=True)
+    cut.close(result("error_during_execution", text=""))
+    waited = kit.recorder.open("waited out")
+    waited.interrupted(by_server=True)
+    waited.close(None)  # the runtime cancelled by the stop
+    done = kit.recorder.open("done in time")
+    done.interrupted(by_server=True)
+    done.close(result(text="all of it"))  # it ended before the stop
     rows = [(o.agent_response, o.status) for o in await kit.rows()]
     assert rows == [(f"the first part\n{STOPPED_NOTE}", "stopped"), (STOPPED_NOTE, "stopped"), ("all of it", "completed")]
+
+
+async def test_a_turn_the_person_stopped_first_is_theirs_though_the_stop_then_cuts_or_cancels_it(kit: Kit) -> None:
+    """Whoever stopped the turn first names it: the person's interrupt, then the server's stop, is the
+    person's, whether the CLI's result came (interrupted) or the stop's grace ran out (cancelled)."""
+    for prompt, end in (("answered", result("error_during_execution", text="")), ("cancelled", None)):
+        record = kit.recorder.open(prompt)
+        record.observe(says("so far"))
+        record.interrupted()
+        record.interrupted(by_server=True)
+        record.close(end)
+    rows = [(o.agent_response, o.status) for o in await kit.rows()]
+    assert rows == [("so far\n(interrupted by the user)", "interrupted")] * 2
 
 
 async def test_failed_cli_still_records_the_prompt(kit: Kit) -> None:

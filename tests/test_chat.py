@@ -174,6 +174,30 @@ async def test_each_message_has_a_client_id_of_its_own_across_runs_and_reconnect
                 await proc.wait()
 
 
+async def test_a_line_over_the_message_limit_is_said_too_long_and_not_sent() -> None:
+    """The server refuses text over MAX_USER_TEXT: chat says so plainly, sends nothing, and a piped
+    chat does not wait at its end for an answer to a message that was never sent."""
+    sent: list[str] = []
+
+    async def serve_and_record(ws: ServerConnection) -> None:
+        await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                                       last_seq=0, agent="idle", turn_id=None, cards=[])).decode())
+        async for message in ws:
+            frame = json.loads(message)
+            if frame["type"] == "user_message":
+                sent.append(frame["text"])
+
+    async with serve(serve_and_record, "127.0.0.1", 0) as server:
+        proc = await _chat_process(server.sockets[0].getsockname()[1])
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"x" * (p.MAX_USER_TEXT + 1) + b"\n")
+        proc.stdin.close()
+        assert await _exits_promptly(proc) == 0
+        said = (await proc.stdout.read()).decode()
+        assert "! not sent: the message is too long to send: 100,001 characters, and the limit is 100,000" in said
+        assert sent == []
+
+
 async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_gave(
         fake_server: int, tmp_path: Path) -> None:
     """SPRITE_OS_PORT, or what `sprite-os service start` remembered of it (a shell that never set

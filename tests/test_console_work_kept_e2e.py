@@ -6,6 +6,7 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -21,6 +22,7 @@ from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.protocol import MAX_USER_TEXT
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
@@ -891,3 +893,180 @@ async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
         assert kept is None or "Second, still waiting" not in kept  # settled: not offered after a reload
         a.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
         b.assert_clean()
+
+
+class DeadLink:
+    """Sits on the page's sockets. While `lose_out`, what the page sends is lost (a dead link's send
+    buffer); while `lose_in`, what the server sends is; while `hold_in`, what the server sends waits
+    until `release`. `cut` ends the page's socket, and the page reconnects and resumes."""
+
+    def __init__(self) -> None:
+        self.lose_out = self.lose_in = self.hold_in = False
+        self.held: list[str | bytes] = []
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+        page_side.on_message(lambda message: None if self.lose_out else server_side.send(message))
+
+        def to_page(message: str | bytes) -> None:
+            if self.hold_in:
+                self.held.append(message)
+            elif not self.lose_in:
+                page_side.send(message)
+        server_side.on_message(to_page)
+        self.sockets.append(page_side)
+
+    async def cut(self, tab: Tab) -> None:
+        self.lose_out = self.lose_in = False
+        await self.sockets[-1].close()
+        await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+
+    def release(self) -> None:
+        self.hold_in = False
+        for message in self.held:
+            self.sockets[-1].send(message)
+        self.held.clear()
+
+
+async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """The page sends into a link that is dead (the frame is lost), then resumes with the same server:
+    the message is not left waiting for the agent for ever, even once a later one is answered. The
+    server never had it, so it is said not sent, with a Send again, which the agent then answers once."""
+    link = DeadLink()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        link.lose_out = True
+        await tab.send("Lost in the tunnel")
+        await link.cut(tab)
+        await tab.connected()
+        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("resumed")
+        lost = tab.messages("user").filter(has_text="Lost in the tunnel")
+        await expect(lost).to_have_attribute("data-state", "refused")
+        await expect(lost).to_contain_text("not sent: the connection was lost before the Sprite got it")
+        await tab.send("After the tunnel")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: After the tunnel")
+        assert not any("Lost in the tunnel" in r.last_user_text for r in bridge.agent_requests())
+        await lost.get_by_test_id("send-again").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Lost in the tunnel")
+        await expect(tab.messages("user").filter(has_text="Lost in the tunnel")).to_have_count(1)
+        await expect(tab.by("send-again")).to_have_count(0)
+        assert sum("Lost in the tunnel" in r.last_user_text for r in bridge.agent_requests()) == 1
+        assert await pending(tab) is None
+        tab.assert_clean()
+
+
+@pytest.mark.parametrize("where", ["started", "waiting"])
+async def test_a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
+        server: SpriteOS, bridge: MockBridge, where: str) -> None:
+    """The page's message reached the server, but nothing the server said since reached the page (its
+    turn_started is among the events the resume replays, or the message waits behind a running
+    turn: `ready.waiting`). It is the person's own, never said not sent: a Send again would have the
+    agent do it twice."""
+    link = DeadLink()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        if where == "waiting":
+            bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+            await tab.send("First, the slow one")
+            await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        link.lose_in = True
+        await tab.send("Taken, unheard")
+        await watch_for_send_again(tab)
+        if where == "started":
+            await wait_for(lambda: any("Taken, unheard" in r.last_user_text for r in bridge.agent_requests()),
+                           timeout=30, what="the agent taking it")
+        else:
+            await wait_for(lambda: len(server.runtime.waiting) == 1, timeout=30, what="the message, waiting")
+        await link.cut(tab)
+        await tab.connected()
+        mine = tab.messages("user").filter(has_text="Taken, unheard")
+        if where == "waiting":
+            await expect(mine).to_have_attribute("data-state", "queued")
+            await tab.by("interrupt").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Taken, unheard")
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(mine).to_have_count(1)
+        assert not await tab.page.evaluate("window.sendAgainSeen")  # not even for a moment
+        assert sum("Taken, unheard" in r.last_user_text for r in bridge.agent_requests()) == 1
+        tab.assert_clean()
+
+
+async def watch_for_send_again(tab: Tab) -> None:
+    """From now on, `window.sendAgainSeen` says whether a Send again was ever shown, if only for a moment."""
+    await tab.page.evaluate("""() => {
+        window.sendAgainSeen = false;
+        new MutationObserver(() => {
+            window.sendAgainSeen ||= document.querySelector('[data-testid="send-again"]') !== null;
+        }).observe(document.body, { subtree: true, childList: true });
+    }""")
+
+
+async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """The page reconnects and sends before the new socket's `ready` comes: the server reads it after
+    the snapshot, so `ready.waiting` cannot hold it. It waits for its turn as any message does; only
+    the one lost in the dead link is said not sent."""
+    link = DeadLink()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        link.lose_out = True
+        await tab.send("Lost in the tunnel")
+        link.hold_in = True  # the next socket's ready, and all after it, wait
+        await link.cut(tab)
+        await wait_for(lambda: len(link.held) >= 1, timeout=30, what="the new socket's ready, held")
+        await tab.by("composer").fill("Sent before the ready")  # Enter: the Send button waits for the ready
+        await tab.by("composer").press("Enter")
+        await wait_for(lambda: any("Sent before the ready" in r.last_user_text for r in bridge.agent_requests()),
+                       timeout=30, what="the agent taking it")
+        link.release()
+        await tab.connected()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Sent before the ready")
+        before = tab.messages("user").filter(has_text="Sent before the ready")
+        await expect(before).to_have_attribute("data-state", "started")
+        lost = tab.messages("user").filter(has_text="Lost in the tunnel")
+        await expect(lost).to_have_attribute("data-state", "refused")
+        await expect(tab.by("send-again")).to_have_count(1)
+        tab.assert_clean()
+
+
+async def test_a_message_over_the_limit_is_said_too_long_and_never_sent(server: SpriteOS, bridge: MockBridge) -> None:
+    """Text over the message limit is said plainly to be too long (its length, the limit) before it is
+    sent, and stays in the box; a too-long message the server refuses (a page that sent it anyway) is
+    said too long, with no Send again that could not succeed."""
+    too_long = "x" * (MAX_USER_TEXT + 1)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send(too_long)
+        await expect(tab.page.locator('[data-kind="error"]').last).to_contain_text(
+            "This message is too long to send: 100,001 characters, and the limit is 100,000. It is still in the box")
+        assert await tab.by("composer").input_value() == too_long
+        await expect(tab.messages("user")).to_have_count(0)
+        assert not bridge.agent_requests()
+
+        # A page that sends it anyway (here the route lengthens a short one on its way): the server says
+        # it plainly, naming the message, and the page offers no Send again that could not succeed.
+        other = await signed_in(browser, server.port, route=lengthened)
+        await other.send("Make me long")
+        mine = other.messages("user").filter(has_text="Make me long")
+        await expect(mine).to_have_attribute("data-state", "refused")
+        await expect(mine).to_contain_text(
+            "not accepted: the message is too long to send: 100,001 characters, and the limit is 100,000")
+        await expect(other.by("send-again")).to_have_count(0)
+        other.assert_clean()
+        assert not bridge.agent_requests()
+        tab.assert_clean()
+
+
+def lengthened(page_side: WebSocketRoute) -> None:
+    """The page's socket, but a message "Make me long" reaches the server one character over the limit."""
+    server_side = page_side.connect_to_server()
+
+    def to_server(message: str | bytes) -> None:
+        if isinstance(message, str) and '"Make me long"' in message:
+            frame = json.loads(message)
+            frame["text"] = "x" * (MAX_USER_TEXT + 1)
+            message = json.dumps(frame)
+        server_side.send(message)
+    page_side.on_message(to_server)

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
+from structlog.testing import capture_logs
 
 from sprite_os.backoff import Backoff
 from sprite_os.console.session_queries import turns_page
@@ -347,6 +348,37 @@ async def test_a_failed_journal_save_is_made_again_on_its_own_once_the_disk_allo
         attempts = made
         await asyncio.sleep(0.2)  # four times the longest backoff: a retry still due would have saved
         assert made == attempts  # a save that succeeded ends the retries
+
+
+async def test_a_journal_outage_is_logged_at_its_start_and_its_end_and_its_retries_quietly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a disk that stays full the save is retried every few seconds: each failure was a warning (720
+    lines an hour). Now the outage's first failure is, its retries are debug, and the save that works
+    again says at info how long the outage lasted and how many tries it took."""
+    path = tmp_path / "j.json"
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(path, files, delay=0.0, open_grace=0.0, backoff=Backoff(0.01, 0.02, jitter=0.0))
+        failed = 0
+
+        def full(_data: bytes | None, sync: bool = True) -> None:
+            nonlocal failed
+            failed += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        real = journal._file.save
+        with capture_logs() as logs:
+            monkeypatch.setattr(journal._file, "save", full)
+            journal.closed(obs(1), urgent=True)
+            await wait_for(lambda: failed >= 4, what="the save retried")
+            monkeypatch.setattr(journal._file, "save", real)
+            await wait_for(lambda: any(x["event"] == "turn_journal_write_recovered" for x in logs),
+                           what="the save made again")
+    failures = [x for x in logs if x["event"] == "turn_journal_write_failed"]
+    assert [x["log_level"] for x in failures][:4] == ["warning", "debug", "debug", "debug"]
+    assert [x["log_level"] for x in failures].count("warning") == 1 and "No space" in failures[0]["error"]
+    [back] = [x for x in logs if x["event"] == "turn_journal_write_recovered"]
+    assert back["log_level"] == "info" and back["failed_tries"] == len(failures) and back["failed_for_s"] > 0
+    assert state(path) == [(1, True)]
 
 
 def test_the_last_whole_line_is_the_state_and_a_torn_append_leaves_the_one_before(tmp_path: Path) -> None:

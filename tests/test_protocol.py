@@ -32,11 +32,14 @@ def test_bad_frames_are_named(raw: bytes, code: str, fragment: str) -> None:
     assert fragment in info.value.message
 
 
-def test_oversized_text_is_refused() -> None:
-    frame = msgspec.json.encode({"type": "user_message", "text": "x" * (p.MAX_USER_TEXT + 1)})
+def test_oversized_text_is_refused_in_plain_words() -> None:
+    """Not msgspec's "Expected `str` of length <= 100000 - at `$.text`": a person reads it."""
+    frame = msgspec.json.encode({"type": "user_message", "text": "é" * (p.MAX_USER_TEXT + 1), "client_id": "c1"})
     with pytest.raises(p.FrameError) as info:
         p.decode_client_frame(frame)
     assert info.value.code == "invalid_frame"
+    assert info.value.message == "the message is too long to send: 100,001 characters, and the limit is 100,000"
+    assert p.ids_of(frame).client_id == "c1"
 
 
 def test_client_frames_decode_and_ignore_unknown_fields() -> None:
@@ -87,3 +90,16 @@ def test_server_frames_round_trip_with_seq(frame: p.ServerFrame) -> None:
 
 def test_every_server_frame_type_is_covered_here() -> None:
     assert {type(f) for f in SERVER_FRAMES} == set(p.AnyServerFrame.__args__)
+
+
+@pytest.mark.parametrize(("raw", "ids"), [
+    ('{"type":"user_message","text":7,"client_id":"web-5"}', (None, "web-5")),
+    ('{"type":"memory_files","request_id":"r9","client_id":"web-5"}', ("r9", None)),  # a client_id names a message
+    ('{"type":"user_message","client_id":"' + "x" * (p.MAX_ID + 1) + '"}', (None, None)),  # too long to echo
+    ('{"type":"user_message","client_id":7}', (None, None)),
+    ("{not json", (None, None)),
+    ("[1, 2]", (None, None)),
+])
+def test_a_refused_frames_ids_are_read_in_one_decode(raw: str, ids: tuple[str | None, str | None]) -> None:
+    found = p.ids_of(raw)
+    assert (found.request_id, found.client_id) == ids

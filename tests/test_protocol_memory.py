@@ -71,4 +71,4 @@ def test_a_bad_request_is_invalid_and_its_request_id_is_still_read(raw: str, req
     with pytest.raises(p.FrameError) as info:
         p.decode_client_frame(raw)
     assert info.value.code == "invalid_frame"
-    assert p.request_id_of(raw) == request_id
+    assert p.ids_of(raw).request_id == request_id

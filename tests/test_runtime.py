@@ -91,14 +91,18 @@ class FakeRecord:
     def __init__(self, memory: FakeMemory, prompt: str, client_id: str | None = None) -> None:
         self.memory, self.prompt, self.client_id = memory, prompt, client_id
         self.seen: list[str] = []
+        self.stopped_by: str | None = None
 
     def observe(self, message: Any) -> None:
         self.seen.append(type(message).__name__)
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
-              stopped: bool = False) -> None:
+    def interrupted(self, by_server: bool = False) -> None:
+        self.stopped_by = self.stopped_by or ("server" if by_server else "person")
+
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         how = result.subtype if result else f"failed: {error}"
-        self.memory.events.append(("closed", self.prompt, f"{how}, by the server's stop" if stopped else how))
+        self.memory.events.append(("closed", self.prompt, f"{how}, by the server's stop"
+                                   if self.stopped_by == "server" else how))
 
     async def durable(self) -> bool:
         if self.memory.saving is not None:
@@ -622,6 +626,24 @@ async def test_a_turn_the_person_stopped_is_recorded_so_though_the_server_stops_
     cli.interrupted.set()
     await stopping
     assert hm.memory.closed() == [("closed", "long", "error_during_execution")]
+
+
+async def test_a_turn_the_person_stopped_is_recorded_so_when_the_stop_then_cancels_it(hm: Harness) -> None:
+    """The same order, but the CLI never ends its reply: the stop's grace runs out and the turn is
+    cancelled. The person stopped it first, so the record names the person, not the server's stop."""
+    assert hm.memory is not None
+    hm.hold = True
+    hm.rt.submit("long")
+    await hm.until(lambda: hm.rt.state == "running" and bool(hm.clis) and bool(hm.clis[0].queries))
+    cli = hm.clis[0]
+
+    async def never_stops() -> None:  # the person's stop reaches the CLI; its reply never ends
+        cli.order.append("interrupt")
+
+    cli.interrupt = never_stops  # type: ignore[method-assign]
+    assert await hm.rt.interrupt()
+    await hm.rt.shutdown(0.2, cli_end=0.2)
+    assert hm.memory.closed() == [("closed", "long", "failed: None")]  # not "by the server's stop"
 
 
 async def test_what_the_person_did_meanwhile_goes_with_their_next_message_once(h: Harness) -> None:

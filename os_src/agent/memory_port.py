@@ -16,11 +16,11 @@ if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first ag
 class TurnRecord(Protocol):
     """One turn as memory captures it (memory/capture/recorder.py): closed once, when the turn ends.
     `durable()`, once closed: True when the turn is on disk, False when it can't be for now.
-    `close(stopped=True)`: the server's stop cut the turn short, not the person."""
+    `interrupted(by_server)`: someone stopped it, the person or the server's stop; the first names it."""
 
     def observe(self, message: Message) -> None: ...
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
-              stopped: bool = False) -> None: ...
+    def interrupted(self, by_server: bool = False) -> None: ...
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None: ...
     async def durable(self) -> bool: ...
 
 
@@ -89,8 +89,10 @@ class NoRecord:
     def observe(self, message: Message) -> None:
         pass
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
-              stopped: bool = False) -> None:
+    def interrupted(self, by_server: bool = False) -> None:
+        pass
+
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
         pass
 
     async def durable(self) -> bool:

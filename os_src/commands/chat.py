@@ -54,6 +54,11 @@ class Renderer:
             self.stream = frame.stream
         self.show(frame)
 
+    def refused(self, why: str) -> None:
+        """A line the person typed that is not sent."""
+        self._line(f"! not sent: {why}")
+        self.out.flush()
+
     def _line(self, text: str) -> None:
         if self.streaming:
             self.out.write("\n")
@@ -206,6 +211,9 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 frame = p.NewSession()
             elif command == "/stop":
                 frame = p.Interrupt()
+            elif len(line) > p.MAX_USER_TEXT:  # refused by the server: said here, and not sent
+                render.refused(p.too_long(len(line)))
+                continue
             else:
                 client_id = render.next_id()
                 frame = p.UserMessage(text=line, client_id=client_id)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 from collections.abc import Callable
@@ -193,6 +194,7 @@ class TurnJournal:
         self._open_grace = open_grace
         self._backoff = backoff
         self._failures = 0  # saves failed in a row: the next is made again on its own after the backoff
+        self._failing_since = 0.0  # the loop's time of the first of them: how long the outage lasted
         self._open_due = 0.0  # the loop's time before which the open turn is not saved (OPEN_GRACE)
         # The save pending (`_timer`; read only while one is) is due for the open turn's sake alone: the
         # turn's close cancels it, since the closed turn waits its CLOSE_GRACE instead.
@@ -207,7 +209,7 @@ class TurnJournal:
         self._after: dict[Key, Callable[[], None]] = {}  # called once a save holding that closed turn ends
         self._timer: asyncio.TimerHandle | None = None
         self._written: Future[None] | None = None  # the last save handed out
-        self._flushed = False  # shut down: the files' thread takes no more saves
+        self._shut_down = False  # flushed at shutdown: the files' thread takes no more saves, none is retried
 
     def restore(self, observations: list[NewObservation]) -> None:
         """Keep what `recover` found until it is durable again (a second crash must not lose it)."""
@@ -268,8 +270,13 @@ class TurnJournal:
         if self._written is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self._written)
-        self._flushed = True
-        if self._timer is not None:  # a retry of a save that failed just now: the next start recovers what is left
+        self._shut_down = True
+        # A retry of the save awaited above, which failed: its `_saved` has run and set this timer already.
+        # `_ended` was added to that future before wrap_future's callback, a concurrent Future calls its
+        # callbacks in the order they were added, and each posts to the loop in turn: `_saved` runs before
+        # the await above returns. Cancelling it loses nothing: the file keeps what the failed save did not
+        # replace, and the next start recovers it. (A `_saved` that came later would see `_shut_down`.)
+        if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if not self._closed:
@@ -330,13 +337,18 @@ class TurnJournal:
         if exc is not None:
             self._empty = None  # the file holds what it did before: the next save is made whatever it holds
             self._failures += 1
+            if self._failures == 1:
+                self._failing_since = asyncio.get_running_loop().time()
             delay = self._backoff.delay(self._failures, random.random())
-            log.warning("turn_journal_write_failed", error=repr(exc)[:200], failures=self._failures,
-                        retry_in_s=round(delay, 2))
-            if not self._flushed:
+            # An outage's start is a warning; its retries (every few seconds on a disk that stays full)
+            # are debug: the operator sees it begin, and end (turn_journal_write_recovered).
+            log.log(logging.WARNING if self._failures == 1 else logging.DEBUG, "turn_journal_write_failed",
+                    error=repr(exc)[:200], failures=self._failures, retry_in_s=round(delay, 2))
+            if not self._shut_down:
                 self._changed(delay)
         elif self._failures:
-            log.info("turn_journal_write_recovered", failures=self._failures)
+            log.info("turn_journal_write_recovered", failed_tries=self._failures,
+                     failed_for_s=round(asyncio.get_running_loop().time() - self._failing_since, 2))
             self._failures = 0
         self._on_saved(keys, exc)
         for key in keys:

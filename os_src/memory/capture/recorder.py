@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
@@ -48,6 +48,7 @@ PRIVATE_MARGIN = 2_000  # read this far past the cut, so a closed <private> bloc
 # At most this long for a closed turn to be durable: a disk that hangs (rather than fails) must
 # not hold the person's turn forever. A failing disk is known at once (capture/acks.py).
 DURABLE_WAIT = 5.0
+StoppedBy = Literal["person", "server"]  # who stopped a turn: the person's interrupt, or the server's stop
 
 def _bounded(value: Any, limit: int) -> str:
     """At most `limit` characters of `value` (a string or JSON-like data), private text removed.
@@ -108,6 +109,7 @@ class _Turn:
     tool_calls: dict[str, _ToolCall] = field(default_factory=dict)  # by tool_use_id, in call order
     dropped_calls: int = 0
     last_text: str = ""
+    stopped_by: StoppedBy | None = None  # who stopped it first, if anyone: that one names it
 
     def tool_use(self, block: ToolUseBlock) -> None:
         if len(self.tool_calls) >= MAX_TOOL_CALLS:
@@ -169,15 +171,20 @@ class TurnRecord:
                         turn.tool_result(block)
                 self._recorder.touched()
 
-    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None,
-              stopped: bool = False) -> None:
-        """The turn ended: with the CLI's result, or with `error` when it failed without one;
-        `cost_usd` is the turn's own cost; `stopped`: the server's stop cut it short, not the person.
-        Only the first close records."""
+    def interrupted(self, by_server: bool = False) -> None:
+        """Someone stopped the turn: the person, or the server's stop (`by_server`). Whoever stopped it
+        first names it: a turn the server's stop cut short is recorded as STOPPED, not as the person's
+        interrupt, and one the person stopped stays theirs though the stop then cuts it."""
+        if self._turn is not None and self._turn.stopped_by is None:
+            self._turn.stopped_by = "server" if by_server else "person"
+
+    def close(self, result: ResultMessage | None, error: str | None = None, cost_usd: float | None = None) -> None:
+        """The turn ended: with the CLI's result, or with `error` when it failed without one (None and
+        None: it was cancelled); `cost_usd` is the turn's own cost. Only the first close records."""
         turn, self._turn = self._turn, None
         if turn is not None:
             with self._recorder.timings.guard("close"):
-                self._durable = self._recorder.record(turn, result, error, cost_usd, stopped)
+                self._durable = self._recorder.record(turn, result, error, cost_usd)
 
     async def durable(self, budget: float | None = None) -> bool:
         """Once closed: True when the turn is on disk (or was not recorded at all), False when it
@@ -250,10 +257,10 @@ class TurnRecorder:
         self._acks.not_saved(key)
 
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-               cost_usd: float | None = None, stopped: bool = False) -> tuple[Key, asyncio.Future[bool]] | None:
+               cost_usd: float | None = None) -> tuple[Key, asyncio.Future[bool]] | None:
         """Queue the turn's observation; returns its key and what says when it is durable (None: not
         recorded)."""
-        obs = self._closed_turn(turn, result, error, cost_usd, stopped)
+        obs = self._closed_turn(turn, result, error, cost_usd)
         durable = None
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
@@ -274,17 +281,18 @@ class TurnRecorder:
         return durable
 
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-                     cost_usd: float | None, stopped: bool = False) -> NewObservation | None:
+                     cost_usd: float | None) -> NewObservation | None:
         if self.session_id is None:
             return None
         if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
             return None  # the CLI ran the command itself, with no model turn: not part of the conversation
         note, status = None, "completed"
-        if stopped and (result is None or result.subtype == "error_during_execution"):
-            note, status = STOPPED_NOTE, STOPPED  # as a turn a kill cut short reads at the next start
-        elif error is not None:
+        cut = result is None or result.subtype == "error_during_execution"  # it did not end on its own
+        if error is not None:
             note, status = "(the turn failed before the agent finished)", "error"
-        elif result is not None and result.subtype == "error_during_execution":
+        elif cut and turn.stopped_by == "server":
+            note, status = STOPPED_NOTE, STOPPED  # as a turn a kill cut short reads at the next start
+        elif cut and (result is not None or turn.stopped_by == "person"):
             note, status = "(interrupted by the user)", "interrupted"
         elif result is not None and result.is_error:
             status = "error"  # its text is the CLI's account of the failure

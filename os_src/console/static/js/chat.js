@@ -14,6 +14,8 @@ const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
 const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
 const SINCE_PAGES = 10; // past this many, the restart check does not know
+// The most characters a message may have (the protocol's MAX_USER_TEXT): a longer one is never sent.
+const MAX_TEXT = 100_000;
 const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
   queue_full: "not accepted: too many messages are waiting.",
   shutting_down: "not accepted: the Sprite is stopping.",
@@ -66,6 +68,12 @@ export class ChatView {
     const fromBox = again === null;
     const text = fromBox ? this.composer.value : again;
     if (!text.trim()) return false;
+    const length = [...text].length; // characters as the server counts them (code points)
+    if (length > MAX_TEXT) {
+      this.notice(`This message is too long to send: ${length.toLocaleString("en-US")} characters, and the limit is ${
+        MAX_TEXT.toLocaleString("en-US")}.${fromBox ? " It is still in the box: shorten it, or send it in parts." : ""}`, "error");
+      return false;
+    }
     // Unique across devices too: the record finds a message by it after a restart (`restarted`).
     const clientId = id || `web-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
@@ -73,16 +81,17 @@ export class ChatView {
       return false;
     }
     if (fromBox) { this.composer.value = ""; this.keepDraft(); }
-    const message = this.add(this.pendingItem({ id: clientId, text, stream: this.stream, session: this.session }));
+    const message = this.add(this.pendingItem({ id: clientId, text, stream: this.stream, session: this.session, link: this.conn.links }));
     this.queued.set(clientId, message);
     this.keepPending();
     return true;
   }
 
-  /** The person's message, waiting for the agent; it knows the server run and session it went to. */
-  pendingItem({ id, text, stream, session }) {
+  /** The person's message, waiting for the agent; it knows the server run and session it went to, and
+   * the socket it went on (`link`: 0 for one kept through a reload). */
+  pendingItem({ id, text, stream, session, link = 0 }) {
     const item = messageItem("user", userText(text), "waiting for the agent…");
-    Object.assign(item.dataset, { state: "queued", clientId: id, stream: stream ?? "", session: session ?? "" });
+    Object.assign(item.dataset, { state: "queued", clientId: id, stream: stream ?? "", session: session ?? "", link: String(link) });
     return item;
   }
 
@@ -99,14 +108,18 @@ export class ChatView {
     }
   }
 
-  /** A message the agent never took: its words stay, said to be unsent, with a Send again. */
-  unsent(item, why) {
+  /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
+   * sending it again cannot succeed: `again` false). */
+  unsent(item, why, again = true) {
     const text = item.querySelector(".text").textContent;
     item.dataset.state = "refused";
     item.dataset.why = why;
     const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
-    clear(meta).append(`${why} `, el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
-      onclick: () => { if (this.submit(text, item.dataset.clientId)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
+    clear(meta).append(why);
+    if (again) {
+      meta.append(" ", el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
+        onclick: () => { if (this.submit(text, item.dataset.clientId)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
+    }
     this.unsentItems.add(item);
     this.keepPending();
   }
@@ -228,6 +241,7 @@ export class ChatView {
 
   handle(frame) {
     const result = this.apply(frame);
+    if (this.replay && frame.type !== "ready") this.replaying(frame);
     if (frame.type === "ready" || frame.type === "turn_started" || frame.type === "error") this.keepPending();
     return result;
   }
@@ -256,6 +270,7 @@ export class ChatView {
    * from the record; a resume keeps it, and the missed events follow. */
   ready(frame) {
     const fresh = frame.resync || frame.stream !== this.stream;
+    this.replay = null; // a replay this socket's ready cut short is not counted on
     const before = this.stream;
     this.stream = frame.stream;
     const session = this.session;
@@ -266,12 +281,14 @@ export class ChatView {
       const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
       const left = { session, shown: new Set(this.shown) }; // the session the old server ran
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
-      // The same server after a long gap: the messages it still holds for the agent stay in view as waiting.
-      const still = before === frame.stream ? [...this.queued].filter(([id]) => (frame.waiting ?? []).includes(id)) : [];
+      // The same server after a long gap: the messages it still holds for the agent stay in view as
+      // waiting (and those sent on this socket, after its hello: it reads them after the snapshot)...
+      const held = new Set([...(frame.waiting ?? []), frame.turn_client_id]);
+      const same = before === frame.stream ? [...this.queued].filter(([id]) => id !== frame.turn_client_id) : [];
+      const still = same.filter(([id, item]) => held.has(id) || !this.earlier(item));
       // ...and those it no longer holds either started (the record shows them) or never reached it (sent
       // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
-      const unheard = before === frame.stream ? [...this.queued]
-        .filter(([id]) => !(frame.waiting ?? []).includes(id) && id !== frame.turn_client_id).map(([, item]) => item) : [];
+      const unheard = same.filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
       clear(this.list);
       this.turns.clear();
       this.texts.clear();
@@ -288,16 +305,49 @@ export class ChatView {
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) this.queued.set(id, this.add(item));
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
-      const unsure = [...unheard.map((item) => this.add(item)), ...this.restore(frame)];
-      for (const item of unsure) {
-        item.dataset.state = "checking";
-        item.querySelector(".meta").textContent = "looking whether the agent took it…";
-        this.unsentItems.add(item);
-      }
+      const unsure = this.checking([...unheard.map((item) => this.add(item)), ...this.restore(frame)]);
       const history = this.loadHistory(null);
       if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
+    } else {
+      // A resume: the events since the page's last follow this frame, and `ready` is the state once
+      // they are applied. A message sent on an earlier socket that the server neither holds nor runs
+      // has started in those events, or never reached it (its frame was lost with the dead link).
+      // The server snapshots `ready` and queues the replay with nothing read in between, so a message
+      // it took before the snapshot is in `waiting`, is the running turn, or starts in the replay.
+      const held = new Set([...(frame.waiting ?? []), frame.turn_client_id]);
+      const unheard = [...this.queued].filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
+      if (unheard.length) {
+        this.replay = { left: frame.replayed, last: frame.last_seq, items: this.checking(unheard) };
+        if (!frame.replayed) this.replaying(null);
+      }
     }
     this.setAgent(frame.agent, frame.turn_id);
+  }
+
+  /** Sent on a socket before the one now open (whose `ready` is being handled). */
+  earlier(item) {
+    return Number(item.dataset.link) < this.conn.links;
+  }
+
+  /** Messages the page does not know the server has: said to be looked for until settled (`settleStarted`). */
+  checking(items) {
+    for (const item of items) {
+      this.queued.delete(item.dataset.clientId);
+      item.dataset.state = "checking";
+      (item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }))).textContent = "looking whether the agent took it…";
+      this.unsentItems.add(item);
+    }
+    return items;
+  }
+
+  /** Counts a resume's replayed events; once the last is in (or a live event came), the messages of
+   * the page's that none of them started never reached the server: not sent, with a Send again. */
+  replaying(frame) {
+    const replay = this.replay;
+    if (frame) replay.left -= 1;
+    if (replay.left > 0 && !(frame && frame.seq > replay.last)) return;
+    this.replay = null;
+    this.settleStarted(replay.items, [], "not sent: the connection was lost before the Sprite got it.");
   }
 
   /** After a reload, the tab's messages it had not seen settled, settled as the live page does: one the
@@ -326,9 +376,10 @@ export class ChatView {
 
   /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
    * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
-   * looked for in that session's record and those after it; the rest say they may not have reached the
-   * agent, with a Send again. `turns` is null when the record could not be read. */
-  async settleStarted(items, turns) {
+   * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
+   * (`started`); the rest say `why` (by default that they may not have reached the agent), with a Send
+   * again. `turns` is null when the record could not be read. */
+  async settleStarted(items, turns, why = "this may not have reached the agent (the conversation above shows what it recorded).") {
     const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
       const { clientId, session } = item.dataset;
@@ -348,7 +399,7 @@ export class ChatView {
         item.dataset.state = "taken";
         item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: what it did is in Past sessions.";
       } else {
-        this.unsent(item, "this may not have reached the agent (the conversation above shows what it recorded).");
+        this.unsent(item, why);
       }
     }
     this.keepPending();
@@ -395,10 +446,14 @@ export class ChatView {
   }
 
   started(frame) {
-    const mine = frame.client_id ? this.queued.get(frame.client_id) : undefined;
+    // The page's own: waiting, or being looked for, or even said not sent (the server read it off a socket
+    // the page had given up on only after the next socket's `ready`): its turn is what the server says.
+    const mine = frame.client_id ? this.queued.get(frame.client_id)
+      ?? [...this.unsentItems].find((item) => item.dataset.clientId === frame.client_id) : undefined;
     this.setAgent("running", frame.turn_id);
     if (mine) {
       this.queued.delete(frame.client_id);
+      this.unsentItems.delete(mine);
       mine.dataset.state = "started";
       mine.dataset.turnId = frame.turn_id;
       mine.querySelector(".meta")?.remove();
@@ -527,7 +582,8 @@ export class ChatView {
     const refused = frame.client_id ? this.queued.get(frame.client_id) : undefined; // which message, by its id
     if (refused) {
       this.queued.delete(frame.client_id);
-      this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`);
+      // Refused for what it is (too long, malformed): the same words would be refused again, so no Send again.
+      this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`, frame.code in REFUSED);
     }
   }
 }

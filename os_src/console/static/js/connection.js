@@ -22,6 +22,7 @@ export class Connection {
     this.stream = null;
     this.everReady = false;
     this.attempt = 0; // failed attempts since the last open socket
+    this.links = 0; // sockets opened so far: what a frame was sent on (a message sent before this socket's ready)
     this.retryTimer = null;
     this.pending = new Map(); // request_id -> {resolve, reject, timer}
     this.nextRequest = 1;
@@ -61,6 +62,7 @@ export class Connection {
       return;
     }
     this.ws = ws;
+    this.links += 1;
     let opened = false;
     this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     ws.addEventListener("open", () => {
