@@ -856,8 +856,9 @@ async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_v
 async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
         settings: Settings, bridge: MockBridge) -> None:
     """A duplicated browser tab copies the tab's sessionStorage: both tabs hold the same unsent message
-    as their own, and both offer Send again. The page cannot tell; the server can, by the message's
-    client id (Send again reuses it): the agent gets the message once, and the second tab marks it taken."""
+    as their own, and both offer Send again. A's click queues it behind a running turn, of which B hears
+    nothing: the page cannot tell; the server can, by the message's client id (Send again reuses it).
+    The agent gets the message once, and B marks it taken."""
     async with restartable(settings) as server, chromium() as browser:
         a = await signed_in(browser, server.port)
         await one_waiting(a, bridge)
@@ -879,12 +880,18 @@ async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
         in_b = b.page.locator(mine).filter(has_text="Second, still waiting")
         await expect(in_b.get_by_test_id("send-again")).to_have_count(1)  # B offers it too
 
-        await in_a.get_by_test_id("send-again").click()
-        await expect(a.messages("assistant").last).to_contain_text("You said: Second, still waiting")
-        await expect(in_b.get_by_test_id("send-again")).to_have_count(1)  # still offered: B cannot tell
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the next turn hangs
+        asked = len(bridge.agent_requests())
+        await a.send("Third, the slow one")
+        await bridge.wait_for(lambda bridge: len(bridge.agent_requests()) > asked)
+        await in_a.get_by_test_id("send-again").click()  # A's goes: taken, queued behind the slow one
+        await expect(in_a).to_have_attribute("data-state", "queued")
+        await expect(in_b.get_by_test_id("send-again")).to_have_count(1)  # B has heard nothing of it
         await in_b.get_by_test_id("send-again").click()
         await expect(in_b).to_have_attribute("data-state", "taken")
         await expect(in_b).to_contain_text("the agent took it already")
+        await a.by("interrupt").click()  # the slow one ends: A's runs
+        await expect(a.messages("assistant").last).to_contain_text("You said: Second, still waiting")
         assert server.app is not None
         assert server.app.runtime.queued == 0 and server.app.runtime.turn_id is None  # nothing queued, nothing running
         sent = [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
