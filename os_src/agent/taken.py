@@ -20,7 +20,7 @@ from dataclasses import dataclass
 TAKEN_LIMIT = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Taken:
     """A message the agent took: the session and turn it ran as, where known."""
 
@@ -41,11 +41,13 @@ class TakenIds:
 
     def seed(self, newest_first: Iterable[Taken]) -> None:
         """The ids a record holds, newest first: kept under those taken since (they are newer)."""
+        sessions: dict[str, str] = {}  # one copy of each session's id, not one per message (a few MB at the bound)
         for taken in newest_first:
             if len(self._ids) >= self._limit:
                 return
             if taken.client_id not in self._ids:
-                self._ids[taken.client_id] = taken
+                session = sessions.setdefault(taken.session_id, taken.session_id) if taken.session_id else None
+                self._ids[taken.client_id] = Taken(taken.client_id, session, taken.turn_id)
                 self._ids.move_to_end(taken.client_id, last=False)
 
     def get(self, client_id: str) -> Taken | None:
