@@ -61,6 +61,15 @@ class QueueFull(SpriteOSError):
     """Too many messages are already waiting for the agent."""
 
 
+class AlreadyTaken(SpriteOSError):
+    """A message whose client id names one the agent took already: it is not run again."""
+
+    def __init__(self, message: str, session_id: str | None = None, turn_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.turn_id = turn_id
+
+
 class ShuttingDown(SpriteOSError):
     """The server is shutting down: no new work is accepted."""
 

@@ -30,7 +30,7 @@ from websockets.exceptions import ConnectionClosed
 
 from . import protocol as p
 from .console import requests as rq
-from .errors import QueueFull, ShuttingDown
+from .errors import AlreadyTaken, QueueFull, ShuttingDown
 from .events import EventHub, Subscriber
 from .logs import get_logger
 from .runtime import AgentRuntime
@@ -344,6 +344,9 @@ class _Connection:
             case p.UserMessage(text=text, client_id=client_id):
                 try:
                     rt.submit(text, client_id)
+                except AlreadyTaken as exc:  # not an error to act on: the page marks its message taken
+                    self._reply(p.Error(code="already_taken", message=str(exc), client_id=client_id,
+                                        session_id=exc.session_id, turn_id=exc.turn_id))
                 except QueueFull as exc:
                     self._error("queue_full", str(exc), client_id=client_id)
                 except ShuttingDown as exc:

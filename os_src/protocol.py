@@ -88,6 +88,7 @@ ErrorCode = Literal[
     "rate_limited",  # too many frames too fast; the frame was dropped
     "unsupported_protocol",  # hello.protocol is newer than this server speaks
     "queue_full",  # too many messages waiting for the agent
+    "already_taken",  # the user_message's client_id names a message the agent took already: not run again
     "nothing_to_interrupt",  # interrupt while the agent is idle
     "agent_failed",  # the agent's CLI process failed; the next message starts a fresh one
     "model_unavailable",  # the model proxy failed the turn (HTTP error, unreachable)
@@ -264,8 +265,10 @@ class Error(ServerFrame, tag="error", frozen=True):
     turn_id: str | None = None
     request_id: str | None = None  # set when the error answers a request (memory, sessions, files)
     # Set when the error refuses a user_message that carried one: that message was not taken (never
-    # on internal_error, whose bug may have struck after the message was queued).
+    # on internal_error, whose bug may have struck after the message was queued); on already_taken, it
+    # was taken before, as `session_id` and `turn_id` (where known), and is not run again.
     client_id: str | None = None
+    session_id: str | None = None
     detail: str | None = None  # what the agent's CLI said, for a details view: addresses, codes
 
 

@@ -54,8 +54,9 @@ from .agent.state import (
     TurnPhase,
     TurnState,
 )
+from .agent.taken import TAKEN_LIMIT, Taken, TakenIds
 from .config import Settings
-from .errors import QueueFull, ShuttingDown
+from .errors import AlreadyTaken, QueueFull, ShuttingDown
 from .isolation.launch import AgentLaunch
 from .logs import get_logger
 from .stopping import CLI_END, TURN_GRACE
@@ -155,6 +156,7 @@ class AgentRuntime:
         self._client_factory = client_factory
         self._guard = ToolGuard(settings.layout)
         self._inbox = Inbox()
+        self._taken = TakenIds()  # the client ids of the messages taken: none runs twice (agent/taken.py)
         self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
         self._holds = 0  # holding_turns under way: no turn starts
         self._unheld = asyncio.Event()  # set while no hold is under way: a started turn's auto-recall waits for it
@@ -177,14 +179,27 @@ class AgentRuntime:
     # ------------------------------------------------------------ called by the gateway
 
     async def start(self) -> None:
+        if self._memory is not None:  # the messages an earlier run took: a restart runs none of them again
+            try:
+                self._taken.seed(Taken(t.client_id, t.session_id, t.turn_id)
+                                 for t in await self._memory.taken_messages(TAKEN_LIMIT))
+            except Exception as exc:  # the record unreadable: only this run's messages are known
+                log.error("taken_ids_unread", error=repr(exc)[:300])
         self._task = asyncio.create_task(self._run(), name="agent-runtime")
         self._begin_session()
 
     def submit(self, text: str, client_id: str | None = None) -> None:
+        """Queue a message. AlreadyTaken: its client id names a message taken already (never run twice)."""
         self._refuse_if_closing()
+        if client_id is not None and (taken := self._taken.get(client_id)) is not None:
+            raise AlreadyTaken("the agent took this message already: it is not run again",
+                               taken.session_id, taken.turn_id)
         if len(self._inbox) >= MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
-        self._put(Turn(text, client_id))
+        turn = Turn(text, client_id)
+        self._put(turn)
+        if client_id is not None:
+            self._taken.add(Taken(client_id, turn_id=turn.turn_id))
         if self._memory is not None:  # its auto-recall's embedding is made while the turn starts
             self._memory.message_arrived(text, self.session_id)
 

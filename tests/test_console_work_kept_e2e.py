@@ -26,7 +26,7 @@ from sprite_os.protocol import MAX_USER_TEXT
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
-from tests.console_browser import Tab, chromium, install_templates, signed_in
+from tests.console_browser import Tab, chromium, install_templates, open_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -851,6 +851,55 @@ async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_v
         await expect(tab.messages("assistant").last).to_contain_text("You said: Lost on the way")
         await expect(tab.messages("user").filter(has_text="Lost on the way")).to_have_count(1)
         tab.assert_clean("WebSocket connection")
+
+
+async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
+        settings: Settings, bridge: MockBridge) -> None:
+    """A duplicated browser tab copies the tab's sessionStorage: both tabs hold the same unsent message
+    as their own, and both offer Send again. A's click queues it behind a running turn, of which B hears
+    nothing: the page cannot tell; the server can, by the message's client id (Send again reuses it).
+    The agent gets the message once, and B marks it taken."""
+    async with restartable(settings) as server, chromium() as browser:
+        a = await signed_in(browser, server.port)
+        await one_waiting(a, bridge)
+        mine = '[data-testid="message"][data-role="user"][data-client-id]'  # the tab's own, not another's
+        in_a = a.page.locator(mine).filter(has_text="Second, still waiting")
+        await server.stop()  # drops it from the queue: not taken
+        await server.start()
+        await a.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await a.connected()
+        await expect(in_a.get_by_test_id("send-again")).to_have_count(1)
+
+        copied = await a.page.evaluate("JSON.stringify(Object.assign({}, sessionStorage))")
+        b = await open_tab(browser, a.base)
+        await b.page.context.add_init_script(  # a duplicate: A's sessionStorage, before the page's scripts
+            "if (!sessionStorage.getItem('duplicated')) { sessionStorage.setItem('duplicated', '1'); "
+            f"for (const [k, v] of Object.entries({copied})) sessionStorage.setItem(k, v); }}")
+        await b.page.goto(a.base)
+        await b.connected()
+        in_b = b.page.locator(mine).filter(has_text="Second, still waiting")
+        await expect(in_b.get_by_test_id("send-again")).to_have_count(1)  # B offers it too
+
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the next turn hangs
+        asked = len(bridge.agent_requests())
+        await a.send("Third, the slow one")
+        await bridge.wait_for(lambda bridge: len(bridge.agent_requests()) > asked)
+        await in_a.get_by_test_id("send-again").click()  # A's goes: taken, queued behind the slow one
+        await expect(in_a).to_have_attribute("data-state", "queued")
+        await expect(in_b.get_by_test_id("send-again")).to_have_count(1)  # B has heard nothing of it
+        await in_b.get_by_test_id("send-again").click()
+        await expect(in_b).to_have_attribute("data-state", "taken")
+        await expect(in_b).to_contain_text("the agent took it already")
+        await a.by("interrupt").click()  # the slow one ends: A's runs
+        await expect(a.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        assert server.app is not None
+        assert server.app.runtime.queued == 0 and server.app.runtime.turn_id is None  # nothing queued, nothing running
+        sent = [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
+        assert len(sent) == 1, [r.last_user_text for r in bridge.agent_requests()]
+        kept = await pending(b)
+        assert kept is None or "Second, still waiting" not in kept  # settled: not offered after a reload
+        a.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+        b.assert_clean()
 
 
 class DeadLink:

@@ -187,6 +187,22 @@ def test_a_transcript_from_before_client_ids_opens_reads_and_keeps_the_id_of_eac
         t.close()
 
 
+def test_the_taken_client_ids_are_the_newest_recorded_first_forgotten_turns_too(tmp_path: Path) -> None:
+    """What a restarted runtime seeds its taken ids from: newest first, with the turn each ran as."""
+    t = TranscriptDB(tmp_path / "t.db")
+    try:
+        first = t.append(msgspec.structs.replace(obs(1, session="a"), turn_id="t1", client_id="web-1"))
+        t.append(obs(2, session="a"))  # sent without one
+        t.append(msgspec.structs.replace(obs(1, session="b"), turn_id="t3", client_id="web-3"))
+        assert first is not None
+        t.forget([first], 2.0, "test")
+        assert [tuple(c) for c in (msgspec.to_builtins(x) for x in t.taken_clients(10))] == [
+            ("web-3", "b", "t3"), ("web-1", "a", "t1")]
+        assert [c.client_id for c in t.taken_clients(1)] == ["web-3"]
+    finally:
+        t.close()
+
+
 def test_a_turns_whole_row_is_what_the_version_before_reads(tmp_path: Path) -> None:
     """A deploy runs the version before on the new schema until its switch, and again after a rollback;
     it reads whole rows of `observations` into a struct that refuses a column it does not know. So a

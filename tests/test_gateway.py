@@ -21,7 +21,7 @@ from sprite_os import gateway
 from sprite_os.console import files_frames as pf
 from sprite_os.console import requests as rq
 from sprite_os.console import transfers
-from sprite_os.errors import QueueFull, ShuttingDown
+from sprite_os.errors import AlreadyTaken, QueueFull, ShuttingDown
 from sprite_os.events import EventHub
 from sprite_os.gateway import Gateway
 from tests.conftest import client_factory, running
@@ -148,6 +148,16 @@ async def test_a_refused_message_is_named_by_its_client_id(ws: ClientConnection,
     runtime.fail = fail
     reply = await send(ws, type="user_message", text="hi", client_id="web-2")
     assert (reply["type"], reply["code"], reply["client_id"]) == ("error", code, "web-2")
+
+
+async def test_a_message_taken_already_is_answered_already_taken_with_where_it_ran(
+        ws: ClientConnection, runtime: FakeRuntime) -> None:
+    """Its sender marks the message taken (not refused: it offers no Send again), and can say where it ran."""
+    await send(ws, type="hello")
+    runtime.fail = AlreadyTaken("the agent took this message already", "session-0", "t-1")
+    reply = await send(ws, type="user_message", text="hi", client_id="web-2")
+    assert {k: reply[k] for k in ("type", "code", "client_id", "session_id", "turn_id")} == {
+        "type": "error", "code": "already_taken", "client_id": "web-2", "session_id": "session-0", "turn_id": "t-1"}
 
 
 @pytest.mark.parametrize("frame", [

@@ -27,8 +27,8 @@ from sprite_os import protocol as p
 from sprite_os import runtime as runtime_mod
 from sprite_os.agent.state import TurnPhase
 from sprite_os.backoff import Backoff
-from sprite_os.errors import ShuttingDown
-from sprite_os.runtime import AgentRuntime
+from sprite_os.errors import AlreadyTaken, QueueFull, ShuttingDown
+from sprite_os.runtime import MAX_QUEUED_MESSAGES, AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
 from tests.conftest import make_settings, wait_for
 
@@ -124,6 +124,7 @@ class FakeMemory:
         self.boots: list[bool] = []  # each boot prompt asked for: whether it waited for memory to settle
         self.turns_ended = 0  # the ends of turns the runtime reported (the embedder waits for them)
         self.arrived: list[tuple[str, str]] = []  # messages told as they arrived (recall's embedding begins)
+        self.taken: list[Any] = []  # the messages the record holds a turn of, newest first (turn_clients)
 
     def hooks(self) -> dict[Any, Any]:
         return {}
@@ -152,6 +153,9 @@ class FakeMemory:
 
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> None:
         return None
+
+    async def taken_messages(self, limit: int) -> list[Any]:
+        return self.taken[:limit]
 
     def closed(self) -> list[tuple[str, ...]]:
         return [e for e in self.events if e[0] == "closed"]
@@ -767,3 +771,81 @@ async def test_a_resent_turns_recalled_memories_are_known_to_memory_as_the_fresh
     context, prompt = message["message"]["content"]
     assert prompt["text"] == "two" and context["text"].endswith("- They uploaded notes.txt")  # told still
     assert looked[-1] == hm.rt.session_id, "the recall that reached the fresh session was never told to memory"
+
+
+# ---------------------------------------------------------------- a message's client id: never run twice
+
+
+async def test_a_message_sent_again_while_queued_or_running_is_refused_as_taken(h: Harness) -> None:
+    h.hold = True
+    h.rt.submit("one", "web-1")
+    await h.until(lambda: h.rt.state == "running")
+    h.rt.submit("two", "web-2")
+    for again in ("web-1", "web-2"):  # running, then queued
+        with pytest.raises(AlreadyTaken) as taken:
+            h.rt.submit("the same", again)
+        assert taken.value.turn_id is not None
+    assert h.rt.queued == 1
+    [running] = h.of(p.TurnStarted)
+    with pytest.raises(AlreadyTaken) as taken:
+        h.rt.submit("one", "web-1")
+    assert taken.value.turn_id == running.turn_id
+    h.hold = False
+    await h.rt.interrupt()
+    await h.until(lambda: len(h.of(p.TurnComplete)) == 2)
+    assert h.clis[0].queries == ["one", "two"]
+
+
+async def test_a_message_sent_again_after_its_turn_completed_is_not_run_again(h: Harness) -> None:
+    await h.turn("one", "web-1")
+    with pytest.raises(AlreadyTaken):
+        h.rt.submit("one", "web-1")
+    await h.turn("two", "web-2")  # another id is another message, the same words or not
+    await h.turn("one")  # a message with no id is never refused as taken
+    assert h.clis[0].queries == ["one", "two", "one"]
+
+
+async def test_a_message_an_earlier_run_recorded_is_not_run_again_after_a_restart(tmp_path: Path) -> None:
+    memory = FakeMemory()
+    memory.taken = [SimpleNamespace(client_id="web-9", session_id="s-old", turn_id="t-9"),
+                    SimpleNamespace(client_id="web-8", session_id="s-old", turn_id=None)]  # forgotten since
+    harness = Harness(tmp_path, memory)
+    await harness.rt.start()
+    try:
+        for client_id, turn_id in (("web-9", "t-9"), ("web-8", None)):
+            with pytest.raises(AlreadyTaken) as taken:
+                harness.rt.submit("again", client_id)
+            assert (taken.value.session_id, taken.value.turn_id) == ("s-old", turn_id)
+        await harness.turn("new", "web-10")  # one the old run dropped from its queue, or never had
+        assert harness.clis[0].queries == ["new"]
+    finally:
+        await harness.rt.shutdown(5)
+
+
+async def test_an_unreadable_record_leaves_only_this_runs_messages_known(tmp_path: Path) -> None:
+    class Unreadable(FakeMemory):
+        async def taken_messages(self, limit: int) -> list[Any]:
+            raise OSError("disk I/O error")
+    harness = Harness(tmp_path, Unreadable())
+    await harness.rt.start()
+    try:
+        await harness.turn("one", "web-1")
+        with pytest.raises(AlreadyTaken):
+            harness.rt.submit("one", "web-1")
+    finally:
+        await harness.rt.shutdown(5)
+
+
+async def test_a_refused_message_sent_again_with_its_id_is_taken(h: Harness) -> None:
+    h.hold = True
+    h.rt.submit("first", "web-0")
+    await h.until(lambda: h.rt.state == "running")
+    for n in range(MAX_QUEUED_MESSAGES):
+        h.rt.submit(f"m{n}", f"web-m{n}")
+    with pytest.raises(QueueFull):
+        h.rt.submit("refused", "web-r")
+    h.hold = False
+    await h.rt.interrupt()
+    await h.until(lambda: len(h.of(p.TurnComplete)) == MAX_QUEUED_MESSAGES + 1)
+    await h.turn("refused", "web-r")
+    assert h.clis[0].queries.count("refused") == 1

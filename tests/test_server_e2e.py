@@ -18,6 +18,7 @@ import pytest_asyncio
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from devkit.harness import restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os import events, gateway
 from sprite_os.config import Settings
@@ -580,3 +581,27 @@ async def test_sigterm_ends_the_turn_tells_clients_exits_0_and_leaves_no_cli(
         assert not [pid for pid in clis if pid_alive(pid)]
     finally:
         await proc.stop()
+
+
+async def test_a_message_taken_before_a_restart_is_not_run_again_after_it(settings: Settings, bridge: MockBridge) -> None:
+    """A message's client id is its idempotency key, across a restart too: the new server knows the ids
+    the record holds (transcript.db, through memory), so the same message sent again is answered
+    already_taken, with the session and turn it ran as, and the agent does not get it twice."""
+    async with restartable(settings) as server:
+        async with client_factory(server.port) as connect:
+            c = await connect(hello={})
+            await c.send(type="user_message", text="Do it once", client_id="web-once")
+            done = await c.until("turn_complete")
+        assert server.app is not None
+        ran_in = server.app.runtime.session_id
+        await server.stop()
+        await server.start()
+        async with client_factory(server.port) as connect:
+            c = await connect(hello={})
+            await c.send(type="user_message", text="Do it once", client_id="web-once")
+            refused = await c.until("error")
+            await c.send(type="user_message", text="Something new", client_id="web-new")
+            await c.until("turn_complete")
+        assert {k: refused[k] for k in ("code", "client_id", "session_id", "turn_id")} == {
+            "code": "already_taken", "client_id": "web-once", "session_id": ran_in, "turn_id": done["turn_id"]}
+        assert sum("Do it once" in r.last_user_text for r in bridge.agent_requests()) == 1

@@ -58,6 +58,17 @@ class Recalled(Protocol):
     def tokens(self) -> int: ...
 
 
+class TakenMessage(Protocol):
+    """A message a turn in the record ran (transcript.db's turn_clients): its client id, and where it ran."""
+
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def turn_id(self) -> str | None: ...
+
+
 class AgentMemory(Protocol):
     """What the runtime needs from the memory system (memory/system.py)."""
 
@@ -69,6 +80,7 @@ class AgentMemory(Protocol):
     def turn_ended(self) -> None: ...
     def message_arrived(self, message: str, session_id: str) -> None: ...  # its recall may begin now
     async def recall_for(self, message: str, session_id: str, turn_id: str) -> Recalled | None: ...
+    async def taken_messages(self, limit: int) -> Sequence[TakenMessage]: ...  # the newest `limit`, newest first
 
 
 class NoRecord:

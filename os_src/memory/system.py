@@ -42,7 +42,7 @@ from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .recall.searcher import RecallHit
 from .recall.service import Recalled, RecallService
-from .transcript_store import NewObservation, Observation, TranscriptDB
+from .transcript_store import NewObservation, Observation, TakenClient, TranscriptDB
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
     from claude_agent_sdk import HookMatcher
@@ -241,6 +241,11 @@ class MemorySystem:
     def turn_ended(self) -> None:
         """The agent's turn is over, however it ended (the embedder may have the CPU again)."""
         self.recall.indexer.turn_ended()
+
+    async def taken_messages(self, limit: int) -> list[TakenClient]:
+        """The newest `limit` messages the record holds a turn of, by client id, newest first: the runtime
+        never runs one of them again."""
+        return await self.transcript.call(lambda t: t.taken_clients(limit))
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:
         """Episodes and learnings together, best first (search_memory, the console)."""

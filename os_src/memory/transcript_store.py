@@ -50,6 +50,15 @@ class ClientObservation(Observation, frozen=True):
     client_id: str | None = None
 
 
+class TakenClient(msgspec.Struct, frozen=True, array_like=True):
+    """A message a recorded turn ran, by the id its sender gave it (turn_clients): the session it ran in,
+    and the turn's id on the wire (None once the turn is forgotten, or when it had none)."""
+
+    client_id: str
+    session_id: str
+    turn_id: str | None
+
+
 class NewObservation(msgspec.Struct, frozen=True):
     timestamp: float
     session_id: str
@@ -163,6 +172,14 @@ class TranscriptDB:
             (obs.session_id, obs.timestamp),
         )
         return cur.lastrowid
+
+    def taken_clients(self, limit: int) -> list[TakenClient]:
+        """The newest `limit` client ids the record holds, newest first (in the order they were recorded)."""
+        rows = self.conn.execute(
+            """SELECT c.client_id, c.session_id, o.turn_id FROM turn_clients c LEFT JOIN observations o
+            ON o.session_id = c.session_id AND o.sequence_num = c.sequence_num
+            ORDER BY c.rowid DESC LIMIT ?""", (limit,)).fetchall()
+        return [TakenClient(*row) for row in rows]
 
     def import_turns(self, turns: Iterable[ImportedTurn]) -> list[int | None]:
         """Record past turns in one transaction: each turn's id, or None for a turn already recorded

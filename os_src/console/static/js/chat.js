@@ -61,8 +61,10 @@ export class ChatView {
   }
 
   /** Sends the composer's message, or `again` (a Send again, a Retry: the box is left as it is, even
-   * when it holds the same words); false if it could not go. */
-  submit(again = null) {
+   * when it holds the same words); false if it could not go. `id`: the message's own client id, on a
+   * Send again: the server never runs a message twice by its id (`already_taken`), so a second click,
+   * in this tab or a duplicate of it, does not give the agent the message again. A Retry is a new message. */
+  submit(again = null, id = null) {
     const fromBox = again === null;
     const text = fromBox ? this.composer.value : again;
     if (!text.trim()) return false;
@@ -73,7 +75,7 @@ export class ChatView {
       return false;
     }
     // Unique across devices too: the record finds a message by it after a restart (`restarted`).
-    const clientId = `web-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
+    const clientId = id || `web-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
       this.notice(`Not connected: your message was not sent. ${fromBox ? "It is still in the box." : "Try again once connected."}`, "error");
       return false;
@@ -116,7 +118,7 @@ export class ChatView {
     clear(meta).append(why);
     if (again) {
       meta.append(" ", el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
-        onclick: () => { if (this.submit(text)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
+        onclick: () => { if (this.submit(text, item.dataset.clientId)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
     }
     this.unsentItems.add(item);
     this.keepPending();
@@ -552,7 +554,22 @@ export class ChatView {
     }
   }
 
+  /** The server took this message before (a Send again from a duplicate of this tab, say): it did not
+   * run it again. Marked taken, not refused: nothing for the person to do. */
+  alreadyTaken(frame) {
+    const item = frame.client_id ? this.queued.get(frame.client_id) : undefined;
+    if (!item) return;
+    this.queued.delete(frame.client_id);
+    item.dataset.state = "taken";
+    const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
+    meta.textContent = frame.turn_id && this.shown.has(frame.turn_id)
+      ? "the agent took it already: its turn is above; it was not run again."
+      : "the agent took it already (sent from another tab, or before a restart): it was not run again.";
+    this.keepPending();
+  }
+
   error(frame) {
+    if (frame.code === "already_taken") { this.alreadyTaken(frame); return; }
     const text = frame.turn_id ? this.texts.get(frame.turn_id) : undefined;
     const retry = text && (frame.code === "model_unavailable" || frame.code === "agent_failed") ? () => this.submit(text) : null;
     const item = this.add(failureItem({ code: frame.code, message: frame.turn_id ? frame.message : `${frame.code.replaceAll("_", " ")}: ${frame.message}`, detail: frame.detail }, retry));
