@@ -29,6 +29,7 @@ export class ChatView {
     this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
     list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
+    this.takenItems = new Map(); // client_id -> a message answered already_taken whose turn is not shown yet
     this.unsentItems = new Set(); // messages shown unsent with a Send again: kept through every redraw until sent
     this.turns = new Map(); // turn_id -> {stream, tools, retry}
     this.texts = new Map(); // turn_id -> the person's message (a failed turn's Retry), until the turn ends
@@ -294,6 +295,7 @@ export class ChatView {
       this.texts.clear();
       this.shown.clear();
       this.queued.clear();
+      this.takenItems.clear();
       this.history = null;
       this.sessionCost.textContent = "";
       if (before !== null) {
@@ -448,11 +450,13 @@ export class ChatView {
   started(frame) {
     // The page's own: waiting, or being looked for, or even said not sent (the server read it off a socket
     // the page had given up on only after the next socket's `ready`): its turn is what the server says.
-    const mine = frame.client_id ? this.queued.get(frame.client_id)
+    // Or answered already_taken while it waited (sent from another tab too): its turn is this one, shown once.
+    const mine = frame.client_id ? this.queued.get(frame.client_id) ?? this.takenItems.get(frame.client_id)
       ?? [...this.unsentItems].find((item) => item.dataset.clientId === frame.client_id) : undefined;
     this.setAgent("running", frame.turn_id);
     if (mine) {
       this.queued.delete(frame.client_id);
+      this.takenItems.delete(frame.client_id);
       this.unsentItems.delete(mine);
       mine.dataset.state = "started";
       mine.dataset.turnId = frame.turn_id;
@@ -561,6 +565,7 @@ export class ChatView {
     if (!item) return;
     this.queued.delete(frame.client_id);
     item.dataset.state = "taken";
+    if (!(frame.turn_id && this.shown.has(frame.turn_id))) this.takenItems.set(frame.client_id, item); // its start is still to come
     const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
     meta.textContent = frame.turn_id && this.shown.has(frame.turn_id)
       ? "the agent took it already: its turn is above; it was not run again."
