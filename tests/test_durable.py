@@ -705,3 +705,33 @@ def test_an_import_commits_in_groups_and_what_it_reports_is_committed(tmp_path: 
     reread = TranscriptDB(tmp_path / "transcript.db")  # what another process finds: all of it
     assert reread.counts()["total"] == 1200
     reread.close()
+
+
+async def test_a_spilled_turns_message_is_known_taken_after_a_restart_on_a_disk_that_still_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier run left a turn in the spill file (transcript.db could not take it) and the disk still
+    refuses writes at the restart: the record does not hold it yet, but its message was taken. Were its
+    client id unknown, the page would offer Send again, the server accept it, and the agent do it twice."""
+    from devkit.harness import make_settings
+    from sprite_os.memory import system as system_mod
+    from sprite_os.memory.system import MemorySystem
+
+    settings = make_settings(tmp_path / "workspace", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    obs = NewObservation(timestamp=1_790_000_000.0, session_id="s1", sequence_num=1, user_message="do it once",
+                         tool_calls_json="[]", agent_response="done", turn_id="t-1", client_id="web-spilled")
+    append_lines(spill_path(settings.layout), [ObservationWrite(obs)])
+
+    def full(_db: TranscriptDB, _obs: NewObservation) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(TranscriptDB, "append", full)
+    monkeypatch.setattr(system_mod, "REPLAY_BUDGET", 0.3)
+    memory = MemorySystem(settings)
+    await memory.start()
+    try:
+        taken = await memory.taken_messages(10_000)
+        assert [(t.client_id, t.session_id, t.turn_id) for t in taken] == [("web-spilled", "s1", "t-1")]
+    finally:
+        monkeypatch.undo()  # the stop may land it now
+        await memory.stop()
