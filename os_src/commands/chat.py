@@ -37,7 +37,7 @@ class Renderer:
         self.settled.set()
         # A message's id is echoed to every client and kept in the record: unique to this run, and
         # counted across its reconnects, so no other run's message (nor an earlier one of ours) has it.
-        self._run = secrets.token_hex(4)
+        self._run = secrets.token_hex(8)  # 64 bits: a run colliding with one of the 10,000 ids the server holds is not to be met
         self._count = 0
 
     def next_id(self) -> str:
