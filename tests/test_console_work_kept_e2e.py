@@ -470,7 +470,12 @@ async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(serv
     async with chromium() as browser, client_factory(server.port) as connect:
         tab = await signed_in(browser, server.port, route=held.route)
         other = await connect(hello={})
-        for n in range(MAX_QUEUED_MESSAGES + 1):  # one runs (and hangs), the rest fill the queue
+        # One runs (and hangs), the rest fill the queue. The first must have left the queue before the rest
+        # come: frames read in one go are all queued before the runtime takes the first, and the last was
+        # refused as one too many.
+        await other.send(type="user_message", text="Filler 0")
+        await other.until("turn_started")
+        for n in range(1, MAX_QUEUED_MESSAGES + 1):
             await other.send(type="user_message", text=f"Filler {n}")
         await wait_for(lambda: server.runtime.queued == MAX_QUEUED_MESSAGES, timeout=30, what="the queue full")
         await held.hold("queue_full", tab.send("Refused, the queue full"))
