@@ -900,8 +900,10 @@ async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
         await expect(b.messages("assistant").last).to_contain_text("You said: Second, still waiting")
         await expect(b.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # shown once
         await expect(in_b).to_have_attribute("data-state", "started")  # the taken message is its turn's
-        assert server.app is not None
-        assert server.app.runtime.queued == 0 and server.app.runtime.turn_id is None  # nothing queued, nothing running
+        app = server.app
+        assert app is not None  # the page shows the answer before the turn's end: wait for it, then nothing is left
+        await wait_for(lambda: app.runtime.queued == 0 and app.runtime.turn_id is None, timeout=30,
+                       what="nothing queued, nothing running")
         sent = [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
         assert len(sent) == 1, [r.last_user_text for r in bridge.agent_requests()]
         kept = await pending(b)
