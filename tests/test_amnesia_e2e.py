@@ -39,16 +39,18 @@ async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path:
     bridge.agent.script(Turn(ToolCall("Bash", {"command": f"echo '{RESEARCH}'", "description": "research"}),
                              Text("The research is done. The outline: " + "point " * 400, chunk_delay=0.05)))
     proc = await ServerProcess(workspace, bridge.url).start()
-    async with client_factory(proc.port) as client:
-        c = await client(hello={})
-        await c.send(type="user_message", text=TASK)
-        assert RESEARCH in (await c.until("tool_result"))["summary"]
-        await c.until("text_delta")  # the research step is done; the outline is being written
-        journal = journal_path(Layout(workspace))
-        await wait_for(lambda: journal.exists() and b"functools.wraps" in journal.read_bytes(), timeout=10,
-                       what="the open turn, research included, on disk")
-    proc.signal(signal.SIGKILL)
-    await proc.wait()
+    try:
+        async with client_factory(proc.port) as client:
+            c = await client(hello={})
+            await c.send(type="user_message", text=TASK)
+            assert RESEARCH in (await c.until("tool_result"))["summary"]
+            await c.until("text_delta")  # the research step is done; the outline is being written
+            journal = journal_path(Layout(workspace))
+            await wait_for(lambda: journal.exists() and b"functools.wraps" in journal.read_bytes(), timeout=10,
+                           what="the open turn, research included, on disk")
+    finally:  # the kill is the scenario; in a finally, a failing step does not leave the server running
+        proc.signal(signal.SIGKILL)
+        await proc.wait()
     bridge.faults.add(Fault("status", status=529, target="curator"))  # no curator call succeeds after the crash
     proc = await ServerProcess(workspace, bridge.url).start()
     try:
