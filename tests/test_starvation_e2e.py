@@ -190,9 +190,12 @@ def mounted_at(mount: Path) -> bool:
 
 
 def holders(mount: Path) -> list[int]:
-    """The processes with their directory, root, or a file in the file system at `mount`."""
+    """The processes with their directory, root, or a file in the file system at `mount`, but the
+    test's own: killing it would end the whole test worker, not free the disk (a lazy unmount does)."""
     found = []
     for pid in procfs.pids():
+        if pid == os.getpid():
+            continue
         base = Path(f"/proc/{pid}")
         with contextlib.suppress(OSError):
             links = [os.readlink(base / "cwd"), os.readlink(base / "root"),
