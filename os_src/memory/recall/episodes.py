@@ -264,6 +264,20 @@ def record_embedded_after(conn: sqlite3.Connection, after: Sequence[tuple[int, i
             c.executemany("UPDATE episodes SET embedded_after = ? WHERE id = ?", after)
 
 
+def carry_embedded_after(conn: sqlite3.Connection, made_after: Sequence[tuple[int, int]]) -> None:
+    """What a memory.db made again (a full rebuild) is told of the vectors it keeps, from the memory.db
+    before it (`made_after`: each turn's id and its `embedded_after` there): a vector made after the turn
+    now before it says so; any other (made after another turn, or to be made again, or one that could
+    not be) is to be made again (-1), lending nothing till then. A turn this memory.db says something of
+    already (-1: one landed before it here) keeps it."""
+    if made_after:
+        with transaction(conn) as c:
+            c.executemany(
+                "UPDATE episodes SET embedded_after = CASE WHEN ?1 >= 0 AND ?1 = coalesce((SELECT p.id FROM episodes p "
+                "WHERE p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) THEN ?1 ELSE -1 END "
+                "WHERE id = ?2 AND embedded_after IS NULL", [(after, i) for i, after in made_after])
+
+
 def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:
     """For each of `ids`, the turn just before it in its session (its id and date), if it has text and the
     vector of the turn in `ids` was made after it (holds its words: embed_text). `recorded`: memory.db
