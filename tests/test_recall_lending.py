@@ -223,6 +223,24 @@ def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_pat
         memory.close()
 
 
+def test_a_full_rebuild_takes_the_record_before_it_over_what_its_own_pages_guessed(tmp_path: Path) -> None:
+    """The rebuild adds the transcript's turns a page at a time: a past turn imported into a session,
+    in a later page, lands between its turns, and the add takes every vector of that session to be made
+    after the turn then before it. The memory.db before the rebuild knew better: turn 2's vector was
+    to be made again (it was made before the turn now before it arrived), and turn 1's is fine."""
+    s = [ep.Episode(1, "s", 1, T0, "My sister Margaret adopted a puppy."),
+         ep.Episode(2, "s", 2, T0 + 100, "What should I cook tonight?"),
+         ep.Episode(3, "s", 3, T0 + 200, "Book a taxi.")]
+    _, memory = seeded(tmp_path, s)  # the rebuild's first page
+    ep.add(memory.conn, [ep.Episode(5, "s", 0, T0 + 50, "The plumber comes on Tuesday.")])  # a later page
+    guessed = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+    assert guessed == {1: 0, 2: -1, 3: 2, 5: None}  # 3's vector taken as made after 2: the add's guess
+    ep.carry_embedded_after(memory.conn, [(1, 0), (2, 1), (3, -1), (5, 1)])  # the memory.db before it said
+    after = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+    assert after == {1: 0, 2: -1, 3: -1, 5: 1}
+    assert sorted(ep.embed_again(memory.conn, 10)) == [2, 3]
+
+
 def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path: Path) -> None:
     """Lending assumes the next turn's vector holds this turn's words. A vector is made once, with the
     turn before it *at that time* (episodes.texts_to_embed); a past turn imported later into the session lands
