@@ -112,13 +112,13 @@ async def _rounds(bridge: MockBridge, tmp: Path, names: tuple[str, str, str], ro
                 settings = make_settings(tmp / f"{block}-{name}", bridge.url, memory_batch_turns=100_000)
                 apps[name] = await servers.enter_async_context(running(settings, memory=memory))
                 await setup(f"{block}-{name}", apps[name])
-            clients = {name: await turns._server_client(servers, app) for name, app in apps.items()}
+            clients = {name: await turns.server_client(servers, app) for name, app in apps.items()}
 
             def path(name: str, clients: dict[str, Any] = clients) -> turns.TurnFn:
                 async def turn(k: int) -> float:
                     cli, own, asked = _cli_cpu(), time.process_time(), len(bridge.requests)
                     _marks.clear()
-                    took = await turns._server_turn(bridge, clients[name], k)
+                    took = await turns.server_turn(bridge, clients[name], k)
                     if k >= turns.WARMUP:
                         note(name, "cli_cpu", _cli_cpu() - cli)
                         note(name, "server_cpu", time.process_time() - own)
@@ -130,7 +130,7 @@ async def _rounds(bridge: MockBridge, tmp: Path, names: tuple[str, str, str], ro
 
                 return turn
 
-            got = await turns._interleave({name: path(name) for name in names}, rounds, orders=turns.carry_balanced(*names))
+            got = await turns.interleave({name: path(name) for name in names}, rounds, orders=turns.carry_balanced(*names))
             for name in names:
                 out[name].setdefault("wall", []).extend(got[name])
                 out[name].setdefault("block", []).extend([block] * rounds)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recall import build
-from bench.recall.run import _pct
+from bench.recall.run import pct
 from sprite_os.commands.memory_search import open_searcher
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
@@ -41,13 +41,13 @@ def workspace(n: int) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     settings = build.settings_for(path)
     settings.layout.ensure()
-    shutil.copyfile(build._filler(n), settings.layout.memory_db)
+    shutil.copyfile(build.filler(n), settings.layout.memory_db)
     memory = MemoryDB(settings.layout.memory_db)
     ep.add(memory.conn, [ep.Episode(build.NEW_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
                          for i, t in enumerate(turns)])
     memory.conn.execute(f"UPDATE episodes SET text = text || ' {NAME}' WHERE id % 2 = 0")
     memory.conn.execute(f"UPDATE learnings SET content = content || ' {NAME}' WHERE id % 2 = 0")
-    write_marks(memory.conn, build_index(memory.conn, index_path(settings.layout.memory_dir), build._progress))
+    write_marks(memory.conn, build_index(memory.conn, index_path(settings.layout.memory_dir), build.progress))
     memory.close()
     built.write_text("ok\n")
     return path
@@ -72,7 +72,7 @@ def lexical(quick: bool) -> dict[str, Any]:
                 started = time.thread_time()
                 searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
                 cpu.append((time.thread_time() - started) * 1000)
-            out[label] = {"cpu_p50_ms": _pct(cpu, 0.5), "cpu_p95_ms": _pct(cpu, 0.95), "cpu_max_ms": _pct(cpu, 1.0)}
+            out[label] = {"cpu_p50_ms": pct(cpu, 0.5), "cpu_p95_ms": pct(cpu, 0.95), "cpu_max_ms": pct(cpu, 1.0)}
         name_docs = index.index.searcher().doc_freq("text", NAME.lower())
         out["name_share"] = round(name_docs / docs, 3)
     finally:

@@ -101,7 +101,7 @@ def instrument(s: Searcher) -> None:
 
 
 def hooks_workspace(root: Path) -> tuple[Any, list[str], str | None]:
-    settings = make_settings(turns._with_past(root / "hooks"), "http://127.0.0.1:9")
+    settings = make_settings(turns.with_past(root / "hooks"), "http://127.0.0.1:9")
     db = TranscriptDB(settings.layout.transcript_db)
     try:  # the current session's own turns, as the bench's rounds record them (never recalled)
         for n in range(1, 16):
@@ -199,8 +199,8 @@ async def turns_ab(rounds: int, first: bool = False) -> dict[str, Any]:
     async with MockBridge() as bridge, AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         on = await stack.enter_async_context(running(make_settings(
-            turns._with_past(tmp / "on"), bridge.url, memory_batch_turns=100_000)))
-        await turns._caught_up(on)
+            turns.with_past(tmp / "on"), bridge.url, memory_batch_turns=100_000)))
+        await turns.caught_up(on)
         assert on.memory is not None
         memory = on.memory
         arrived, recall_for = memory.message_arrived, memory.recall_for
@@ -214,12 +214,12 @@ async def turns_ab(rounds: int, first: bool = False) -> dict[str, Any]:
                 waits[mode[0]].append(time.perf_counter() - started)
 
         memory.recall_for = timed_recall  # type: ignore[method-assign]
-        client = await turns._server_client(stack, on)
+        client = await turns.server_client(stack, on)
         for n in range(rounds + turns.WARMUP):
             for name in (("early", "late") if n % 2 else ("late", "early")):
                 mode[0] = name
                 memory.message_arrived = arrived if name == "early" else (lambda *_: None)  # type: ignore[method-assign]
-                took = await turns._server_turn(bridge, client, 2 * n + (name == "early"))
+                took = await turns.server_turn(bridge, client, 2 * n + (name == "early"))
                 if first:  # each turn the first of its session: its CLI boots before the recall
                     await client.send(type="new_session")
                     await client.until("session_ended")

@@ -265,7 +265,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
             rec.count("journal:synced")
         save(self, data, sync)
 
-    server_turn = turns._server_turn
+    server_turn = turns.server_turn
 
     async def delivered_turn(*args: Any, **kw: Any) -> float:
         took = await server_turn(*args, **kw)
@@ -286,7 +286,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
     sdk_query.Query._handle_control_request = counted_control  # type: ignore[method-assign]
     journal.JournalFile.save = counted_save  # type: ignore[method-assign]
     setattr(loop, "call_soon_threadsafe", counted_wake)  # noqa: B010 (an instance's own, taken off below)
-    turns._server_turn = delivered_turn
+    turns.server_turn = delivered_turn
 
     news = {"submit": submit, "_run_turn": run_turn, "_recalled": recalled, "_saved": saved_,
             "_publish_result": publish_result}
@@ -304,7 +304,7 @@ def instrumented(rec: Recorder) -> Iterator[None]:
         sdk_query.Query._handle_control_request = control  # type: ignore[method-assign]
         journal.JournalFile.save = save  # type: ignore[method-assign]
         del loop.call_soon_threadsafe
-        turns._server_turn = server_turn
+        turns.server_turn = server_turn
 
 
 def table(rec: Recorder, line: str = "") -> str:

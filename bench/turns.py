@@ -59,7 +59,7 @@ def _script_bash(bridge: MockBridge) -> None:
     bridge.agent.script(Turn(ToolCall("Bash", {"command": "ls documents"}), Text("Nothing there yet.")))
 
 
-async def _server_turn(bridge: MockBridge, c: Client, n: int,
+async def server_turn(bridge: MockBridge, c: Client, n: int,
                        script: Callable[[MockBridge], None] = _script) -> float:
     script(bridge)
     started = time.perf_counter()
@@ -69,7 +69,7 @@ async def _server_turn(bridge: MockBridge, c: Client, n: int,
     return time.perf_counter() - started
 
 
-async def _interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False,
+async def interleave(paths: dict[str, TurnFn], turns: int, alternate: bool = False,
                       orders: Sequence[Sequence[str]] | None = None) -> dict[str, list[float]]:
     """One turn of each path a round; samples[name][i] is round i's. `alternate` (two paths): the
     rounds go AB, BA, AB, ..., so that what one path's turn leaves running (memory's capture and
@@ -134,7 +134,7 @@ def _with_cpu(fn: TurnFn, into: list[float]) -> TurnFn:
     return turn
 
 
-async def _server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
+async def server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
     factory = await stack.enter_async_context(client_factory(app.port))
     return await factory(hello={})
 
@@ -142,7 +142,7 @@ async def _server_client(stack: AsyncExitStack, app: SpriteOS) -> Client:
 async def _sdk_path(stack: AsyncExitStack, bridge: MockBridge, workspace: Path,
                     model_env: Mapping[str, str]) -> TurnFn:
     """A CLI driven through the SDK directly, as the runtime configures it, reaching the model as
-    `model_env` says: a turn function for _interleave."""
+    `model_env` says: a turn function for interleave."""
     os.mkdir(workspace)
     canvas = CanvasStore(workspace / "canvas.json", lambda _f: None)
     sdk = ClaudeSDKClient(ClaudeAgentOptions(
@@ -170,10 +170,10 @@ async def overhead(turns: int) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         settings = make_settings(tmp / "server", bridge.url, memory_batch_turns=100_000)
         app = await stack.enter_async_context(running(settings))
-        client = await _server_client(stack, app)
+        client = await server_client(stack, app)
         direct = await _sdk_path(stack, bridge, tmp / "direct", settings.model_env())
-        samples = await _interleave(
-            {"sdk_direct": direct, "sprite_os": lambda n: _server_turn(bridge, client, n)}, turns)
+        samples = await interleave(
+            {"sdk_direct": direct, "sprite_os": lambda n: server_turn(bridge, client, n)}, turns)
     a, b = summary_ms(samples["sprite_os"]), summary_ms(samples["sdk_direct"])
     return {"sprite_os": a, "sdk_direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
             "overhead_median_ms": round(a["median_ms"] - b["median_ms"], 3)}
@@ -208,7 +208,7 @@ PAST_SESSION = "20261125T090000-past00"
 CAUGHT_UP_WAIT = 300.0  # seconds, at most, for a workspace's past to be indexed and embedded
 
 
-def _with_past(workspace: Path) -> Path:
+def with_past(workspace: Path) -> Path:
     """`workspace` holding a past session of PAST_TURNS turns, a day old, like the bench's own: auto-recall
     then searches for real (words and meaning) before every message, as it does after a first session."""
     layout = make_settings(workspace, "http://127.0.0.1:9").layout
@@ -226,7 +226,7 @@ def _with_past(workspace: Path) -> Path:
     return workspace
 
 
-async def _caught_up(app: SpriteOS) -> None:
+async def caught_up(app: SpriteOS) -> None:
     """Until the server's index and vectors hold what its workspace recorded before it started."""
     assert app.memory is not None
     indexer = app.memory.recall.indexer
@@ -267,16 +267,16 @@ async def hooks(turns: int, model_latency: float | None = 0.3, past_rounds: int 
             async with AsyncExitStack() as servers:
                 workspace = tmp / f"{block}-on"
                 on = await servers.enter_async_context(running(make_settings(
-                    _with_past(workspace) if past else workspace, bridge.url, memory_batch_turns=100_000)))
+                    with_past(workspace) if past else workspace, bridge.url, memory_batch_turns=100_000)))
                 if past:
-                    await _caught_up(on)
+                    await caught_up(on)
                 offs = [await servers.enter_async_context(
                     running(make_settings(tmp / f"{block}-{name}", bridge.url), memory=False))
                     for name in ("off", "off_again")]
-                clients = {name: await _server_client(servers, app)
+                clients = {name: await server_client(servers, app)
                            for name, app in zip(PATHS, (on, *offs), strict=True)}
                 used: dict[str, list[float]] = {name: [] for name in PATHS}
-                got = await _interleave({name: _with_cpu(partial(_server_turn, bridge, c), used[name])
+                got = await interleave({name: _with_cpu(partial(server_turn, bridge, c), used[name])
                                          for name, c in clients.items()}, rounds, orders=carry_balanced(*PATHS))
                 for name in PATHS:
                     samples[name] += got[name]
@@ -323,9 +323,9 @@ async def curator_latency(turns: int, seconds: float = 5.0) -> dict[str, Any]:
                                                                      memory_batch_turns=1)))
         slow = await stack.enter_async_context(running(make_settings(tmp / "slow", slow_bridge.url,
                                                                      memory_batch_turns=1)))
-        c_fast, c_slow = await _server_client(stack, fast), await _server_client(stack, slow)
-        samples = await _interleave({"curator_0s": lambda n: _server_turn(fast_bridge, c_fast, n),
-                                     f"curator_{seconds:g}s": lambda n: _server_turn(slow_bridge, c_slow, n)}, turns)
+        c_fast, c_slow = await server_client(stack, fast), await server_client(stack, slow)
+        samples = await interleave({"curator_0s": lambda n: server_turn(fast_bridge, c_fast, n),
+                                     f"curator_{seconds:g}s": lambda n: server_turn(slow_bridge, c_slow, n)}, turns)
         curator_calls = {"curator_0s": len(fast_bridge.curator_requests()),
                          f"curator_{seconds:g}s": len(slow_bridge.curator_requests())}
     a, b = summary_ms(samples[f"curator_{seconds:g}s"]), summary_ms(samples["curator_0s"])
@@ -345,7 +345,7 @@ async def relay(turns: int, model_latency: float = 0.3) -> dict[str, Any]:
         direct = await _sdk_path(stack, bridge, tmp / "direct",
                                  {"ANTHROPIC_BASE_URL": bridge.url, "ANTHROPIC_API_KEY": "bench-proxy-key"})
         relayed = await _sdk_path(stack, bridge, tmp / "relayed", model_relay.cli_env())
-        samples = await _interleave({"direct": direct, "relay": relayed}, n)
+        samples = await interleave({"direct": direct, "relay": relayed}, n)
         requests = len(bridge.agent_requests())
         a, b = summary_ms(samples["relay"]), summary_ms(samples["direct"])
         out[label] = {"relay": a, "direct": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
@@ -385,10 +385,10 @@ async def isolation(turns: int) -> dict[str, Any]:
         none = await stack.enter_async_context(running(make_settings(
             tmp / "none", bridge.url, memory_batch_turns=100_000, isolation="none")))
         assert user.launch.mode == "user" and none.launch.mode == "none"
-        c_user, c_none = await _server_client(stack, user), await _server_client(stack, none)
-        samples = await _interleave(
-            {"user": lambda n: _server_turn(bridge, c_user, n, _script_bash),
-             "none": lambda n: _server_turn(bridge, c_none, n, _script_bash)}, turns, alternate=True)
+        c_user, c_none = await server_client(stack, user), await server_client(stack, none)
+        samples = await interleave(
+            {"user": lambda n: server_turn(bridge, c_user, n, _script_bash),
+             "none": lambda n: server_turn(bridge, c_none, n, _script_bash)}, turns, alternate=True)
     a, b = summary_ms(samples["user"]), summary_ms(samples["none"])
     return {"user": a, "none": b, "ratio_median": ratio(a["median_ms"], b["median_ms"]),
             "added_median_ms": round(a["median_ms"] - b["median_ms"], 2)}

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bench.recall import build
-from bench.recall.run import _pct
+from bench.recall.run import pct
 from sprite_os.commands.memory_search import open_searcher
 from sprite_os.memory.recall.dense import load
 from sprite_os.memory.recall.searcher import Dense
@@ -121,8 +121,8 @@ def vectors(quick: bool) -> dict[str, Any]:
                 started = time.thread_time()
                 reader.search(vec, 50)
                 scan.append((time.thread_time() - started) * 1000)
-            row |= {"combined_cpu_p50_ms": _pct(cpu, 0.5), "combined_cpu_p95_ms": _pct(cpu, 0.95),
-                    "scan_cpu_p50_ms": _pct(scan, 0.5), "scan_cpu_p95_ms": _pct(scan, 0.95)}
+            row |= {"combined_cpu_p50_ms": pct(cpu, 0.5), "combined_cpu_p95_ms": pct(cpu, 0.95),
+                    "scan_cpu_p50_ms": pct(scan, 0.5), "scan_cpu_p95_ms": pct(scan, 0.95)}
             row |= _open_cost(path, queries[0])
             out[str(n)] = row
             print(json.dumps({n: row}), file=sys.stderr, flush=True)

@@ -242,6 +242,9 @@ class TurnComplete(ServerFrame, tag="turn_complete", frozen=True):
     # False: the turn could not be made durable yet (an `error` with code not_saved came first).
     # A default, so clients that predate it read every frame the same.
     saved: bool = True
+    # True on an `interrupted` turn that the server's stop or restart cut short, not the person (its
+    # record says `stopped`). A default, like `saved`: a client that predates it reads `interrupted`.
+    by_server: bool = False
 
 
 class ModelRetry(ServerFrame, tag="model_retry", frozen=True):

@@ -250,7 +250,7 @@ class AgentRuntime:
     async def interrupt(self, by_server: bool = False) -> bool:
         """Stop the running turn. False when nothing is running. `by_server`: the server is stopping,
         not the person (the record names whoever stopped the turn first)."""
-        stop = self._turn.interrupt()
+        stop = self._turn.interrupt(by_server)
         if stop in (Stop.AFTER_SEND, Stop.NOW):  # it reaches the CLI: an unsent turn is never recorded
             self._record.interrupted(by_server)
         if stop is Stop.NOW and self._cli is not None:
@@ -418,9 +418,11 @@ class AgentRuntime:
             await self._turn_failed(turn, started, exc, record)
         else:
             if result is None:  # interrupted while the CLI was starting: never sent
-                self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started)))
+                self._publish(frames.ended_frame(turn.turn_id, "interrupted", _ms_since(started),
+                                                 by_server=self._turn.by_server))
             else:
-                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost)
+                out = frames.result_frames(turn.turn_id, result, interrupted=self._turn.interrupted, cost=turn.cost,
+                                           by_server=self._turn.by_server)
                 record.close(result, cost_usd=turn.cost.turn if turn.cost is not None else None)
                 if not await self._saved(turn, record):
                     out = [msgspec.structs.replace(f, saved=False) if isinstance(f, p.TurnComplete) else f

@@ -71,6 +71,22 @@ def test_what_an_interrupt_asks_for_depends_on_the_phase(steps: tuple[str, ...],
         assert state.phase is then
 
 
+@pytest.mark.parametrize(("first", "then", "by_server"), [
+    (True, False, True),  # the server's stop came first: a person's press after it changes nothing
+    (False, True, False),  # the person stopped it: the server's stop then cuts a turn already stopping
+    (False, None, False),
+])
+def test_whoever_stopped_the_turn_first_names_it(first: bool, then: bool | None, by_server: bool) -> None:
+    state = turn_at("begin-warm", "sent")
+    state.interrupt(by_server=first)
+    if then is not None:
+        assert state.interrupt(by_server=then) is Stop.ALREADY
+    assert state.by_server is by_server
+    state.end()
+    state.begin(connect=False)
+    assert not state.by_server  # the next turn starts unstopped
+
+
 @pytest.mark.parametrize(("steps", "unsent"), [
     (("begin-cold",), False),
     (("begin-cold", "interrupt"), True),  # before the CLI's start, or once it is up: nothing was sent

@@ -3,6 +3,7 @@ line whose memory-on workspace has a past."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import itertools
 import math
@@ -17,9 +18,9 @@ from bench.turns import (
     PAST_TURNS,
     WARMUP,
     TurnFn,
-    _interleave,
-    _with_past,
     carry_balanced,
+    interleave,
+    with_past,
 )
 from devkit.harness import make_settings
 from sprite_os.memory.system import MemorySystem
@@ -34,7 +35,7 @@ def _sequence(orders: list[tuple[str, str, str]], rounds: int) -> list[str]:
             return 0.0
         return turn
 
-    samples = asyncio.run(_interleave({name: path(name) for name in "abc"}, rounds, orders=orders))
+    samples = asyncio.run(interleave({name: path(name) for name in "abc"}, rounds, orders=orders))
     assert all(len(s) == rounds for s in samples.values())
     return ran[WARMUP * 3:]
 
@@ -50,7 +51,7 @@ def test_each_path_follows_each_other_path_equally_and_never_itself() -> None:
 def test_alternating_takes_two_paths_only() -> None:
     """Cycling every order of three paths made one follow itself once in six rounds and another never."""
     with pytest.raises(ValueError, match="two paths"):
-        asyncio.run(_interleave({name: _noop for name in "abc"}, 6, alternate=True))
+        asyncio.run(interleave({name: _noop for name in "abc"}, 6, alternate=True))
 
 
 async def _noop(_n: int) -> float:
@@ -82,7 +83,7 @@ def test_bootstrap_interval_holds_the_median_and_narrows_with_more_samples() -> 
 async def test_the_line_with_a_past_gives_memory_on_a_past_session_that_auto_recall_searches(tmp_path: Path) -> None:
     """A first session has nothing to recall (auto-recall returns at once): the line with a past
     measures the cost of every later session, a search by words and meaning before each message."""
-    workspace = _with_past(tmp_path / "on")
+    workspace = with_past(tmp_path / "on")
     settings = make_settings(workspace, "http://127.0.0.1:9").with_overrides(embedding_model="off")
     system = MemorySystem(settings)
     await system.start()
@@ -132,3 +133,22 @@ def test_the_cli_share_bench_wraps_names_that_exist_and_puts_them_back() -> None
                for name in old.keys() | new.keys() if old.get(name) is not new.get(name)}
     assert wrapped == {"_options", "send"}
     assert after == before
+
+
+def test_a_benchmark_uses_another_benchmarks_module_only_through_its_public_names() -> None:
+    """bench/cli_share.py drove its servers through bench/turns.py's private helpers (`turns._server_turn`,
+    `_interleave`, ...): a rename or a change of their contract inside turns.py would break another tool
+    that nothing said depended on them. What one benchmark shares with another is public."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    found = []
+    for path in sorted(bench.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        shared = set()  # the names bench's own modules are imported under here
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bench":
+                found += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+                shared |= {a.asname or a.name for a in node.names}
+        found += [f"{path.name}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in shared and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert found == []

@@ -122,6 +122,18 @@ def test_a_turn_shows_its_own_cost_and_the_sessions_and_a_failure_its_details() 
                               "  (HTTP 502: API Error: 502 Bad Gateway)\n")
 
 
+def test_a_turn_the_servers_stop_cut_is_said_stopped_by_the_server_not_interrupted() -> None:
+    import io
+
+    from sprite_os.commands.chat import Renderer
+
+    out = io.StringIO()
+    show = Renderer(out).show
+    show(p.TurnComplete(turn_id="t", status="interrupted", duration_ms=1200, usage=p.Usage(), by_server=True))
+    show(p.TurnComplete(turn_id="u", status="interrupted", duration_ms=300, usage=p.Usage()))
+    assert out.getvalue() == "· stopped by the server in 1.2s\n· interrupted in 0.3s\n"
+
+
 def test_a_message_the_server_refused_is_no_longer_waited_for() -> None:
     """Refused (queue_full, say), no turn of it will complete: a piped chat waiting for its messages'
     turns before it leaves would have waited for it for ever."""

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 
+from devkit.harness import restartable
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, client_factory, wait_for
-from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir
+from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -114,6 +115,21 @@ async def test_interrupt_and_new_session(server: SpriteOS, bridge: MockBridge) -
         await expect(notices.first).to_contain_text("The session ended (new session)")
         await expect(notices.last).to_contain_text("A new session started")
         tab.assert_clean()
+
+
+async def test_a_turn_the_servers_stop_cuts_short_says_so_not_interrupted(settings: Settings, bridge: MockBridge) -> None:
+    """The server's stop ended the running turn: the page said "interrupted", as if the person had
+    pressed Stop, while its record (and Past sessions) said the server stopped it."""
+    bridge.agent.script(Turn(Text(" ".join(["slowly"] * 200), chunk_delay=0.1)))
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.send("Tell me a very long story")
+        await expect(tab.messages("assistant").last).to_have_attribute("data-state", "streaming")
+        await server.stop()
+        status = tab.by("turn-status").last
+        await expect(status).to_have_attribute("data-status", "stopped")
+        await expect(status).to_contain_text("stopped by the server")
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED")
 
 
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b onmouseover="window.__xss=3">b</b>'

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from devkit.harness import wait_for
+from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.backlog import first_pass
 from sprite_os.memory.recall.index import RecallIndex
 from sprite_os.memory.recall.indexer import Station
-from sprite_os.memory.recall.rebuild import _embed_missing
+from sprite_os.memory.recall.rebuild import _embed_missing, rebuild_recall
 from sprite_os.memory.recall.searcher import Dense, Searcher
 from sprite_os.memory.recall.service import index_path, vectors_path
 from sprite_os.memory.system import MemorySystem
@@ -185,6 +186,59 @@ def test_a_rebuild_says_which_turn_a_vector_was_made_after_only_once_it_is_store
     with pytest.raises(RuntimeError):
         _embed_missing(memory, cast(Any, Failing()), cast(Any, NoVectors()), lambda *_: None)
     assert [r for (r,) in memory.conn.execute("SELECT embedded_after FROM episodes ORDER BY id")] == [None] * 3
+
+
+def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_path: Path) -> None:
+    """A full rebuild makes memory.db again but keeps the vector store, and said nothing of which turn
+    each kept vector was made after: every one read as made after the turn now before it. A vector to
+    be made again (a past turn imported before it since) was then never made again, and lent its
+    place to the imported turn, whose words it does not hold."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    for n, said in ((1, "My sister Margaret adopted a puppy."), (2, "What should I cook tonight?")):
+        transcript.append(turn("s", n, said))
+    transcript.append(turn("t", 1, "We fly to Oslo on Friday."))
+    transcript.append(turn("t", 2, "Book a taxi."))
+    transcript.append(turn("s", 0, "The plumber comes on Tuesday.", at=T0 + 1.5))  # imported: between 1 and 2
+    memory = MemoryDB(settings.layout.memory_db)  # as the server left it: vectors of 1, 2, 3 and 4 made...
+    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, 4)])
+    embedded(memory.conn, [1, 2, 3, 4])
+    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(4, 1)])  # ...then 5 imported
+    embedded(memory.conn, [5])  # its own vector, made after turn 1; turn 2's is to be made again
+    before = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+    assert before == {1: 0, 2: -1, 3: 0, 4: 3, 5: 1}
+    memory.close()
+    transcript.close()
+    backup = settings.layout.memory_db.with_name("memory.db.before-rebuild")
+    settings.layout.memory_db.rename(backup)  # what the full rebuild does with it (curation/rebuild.py)
+    rebuild_recall(settings, lambda *_: None, backup)
+    memory = MemoryDB(settings.layout.memory_db)
+    try:
+        after = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+        assert after == before
+        assert ep.embed_again(memory.conn, 10) == [2]  # the next start makes it again
+        assert 2 not in ep.turns_before(memory.conn, [2, 4, 5])  # and till then it lends nothing
+    finally:
+        memory.close()
+
+
+def test_a_full_rebuild_takes_the_record_before_it_over_what_its_own_pages_guessed(tmp_path: Path) -> None:
+    """The rebuild adds the transcript's turns a page at a time: a past turn imported into a session,
+    in a later page, lands between its turns, and the add takes every vector of that session to be made
+    after the turn then before it. The memory.db before the rebuild knew better: turn 2's vector was
+    to be made again (it was made before the turn now before it arrived), and turn 1's is fine."""
+    s = [ep.Episode(1, "s", 1, T0, "My sister Margaret adopted a puppy."),
+         ep.Episode(2, "s", 2, T0 + 100, "What should I cook tonight?"),
+         ep.Episode(3, "s", 3, T0 + 200, "Book a taxi.")]
+    _, memory = seeded(tmp_path, s)  # the rebuild's first page
+    ep.add(memory.conn, [ep.Episode(5, "s", 0, T0 + 50, "The plumber comes on Tuesday.")])  # a later page
+    guessed = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+    assert guessed == {1: 0, 2: -1, 3: 2, 5: None}  # 3's vector taken as made after 2: the add's guess
+    ep.carry_embedded_after(memory.conn, [(1, 0), (2, 1), (3, -1), (5, 1)])  # the memory.db before it said
+    after = dict(memory.conn.execute("SELECT id, embedded_after FROM episodes").fetchall())
+    assert after == {1: 0, 2: -1, 3: -1, 5: 1}
+    assert sorted(ep.embed_again(memory.conn, 10)) == [2, 3]
 
 
 def test_a_turn_is_lent_only_the_place_of_a_vector_that_holds_its_words(tmp_path: Path) -> None:

@@ -553,6 +553,7 @@ async def test_a_turn_interrupted_while_the_cli_starts_is_never_closed(hm: Harne
     hm.memory.booting.set()
     await hm.until(lambda: bool(hm.of(p.TurnComplete)))
     assert hm.of(p.TurnComplete)[-1].status == "interrupted" and hm.clis[0].queries == []
+    assert not hm.of(p.TurnComplete)[-1].by_server  # the person's stop
     assert hm.memory.closed() == []  # nothing happened: nothing to record
     assert hm.memory.turns_ended == 1  # yet the turn is over: the embedder must not wait for a record
     assert (await hm.turn("hello")).status == "completed"
@@ -602,7 +603,24 @@ async def test_a_turn_stopped_by_shutdown_is_closed_before_the_session_ends(hm: 
     await hm.rt.shutdown(5)
     assert hm.memory.events[-2:] == [("closed", "long", "error_during_execution, by the server's stop"),
                                      ("session_ended", hm.rt.session_id, "shutdown")]
-    assert hm.of(p.TurnComplete)[-1].status == "interrupted"
+    # The live frame says what the record says: the server's stop cut it, not the person (who was told
+    # "interrupted", as if they had pressed Stop).
+    [done] = hm.of(p.TurnComplete)
+    assert done.status == "interrupted" and done.by_server
+
+
+async def test_a_turn_the_stop_ends_while_its_cli_starts_is_said_stopped_by_the_server(hm: Harness) -> None:
+    """Unsent (nothing is recorded), but the person did not stop it: the frame says the server did."""
+    assert hm.memory is not None
+    hm.memory.booting = asyncio.Event()
+    hm.rt.submit("never mind")
+    await hm.until(lambda: hm.rt.state == "starting")
+    stopping = asyncio.create_task(hm.rt.shutdown(5))
+    await hm.until(lambda: hm.rt.state == "stopping")
+    hm.memory.booting.set()
+    await stopping
+    [done] = hm.of(p.TurnComplete)
+    assert done.status == "interrupted" and done.by_server
 
 
 async def test_a_turn_the_person_stopped_is_recorded_so_though_the_server_stops_before_it_ends(hm: Harness) -> None:
@@ -626,6 +644,8 @@ async def test_a_turn_the_person_stopped_is_recorded_so_though_the_server_stops_
     cli.interrupted.set()
     await stopping
     assert hm.memory.closed() == [("closed", "long", "error_during_execution")]
+    [done] = hm.of(p.TurnComplete)
+    assert done.status == "interrupted" and not done.by_server  # the person's, live as in the record
 
 
 async def test_a_turn_the_person_stopped_is_recorded_so_when_the_stop_then_cancels_it(hm: Harness) -> None:

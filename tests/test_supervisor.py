@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit import faults
 from devkit.deploy_support import base_env, healthz, processes_in_session
 from devkit.processes import free_port
 from sprite_os.commands import service as svc
@@ -139,11 +140,29 @@ def test_stop_kills_what_ignores_sigterm(ws: Path, env: dict[str, str], monkeypa
     settings.layout.pid_file.write_text(f"{proc.pid}\n")
     monkeypatch.setattr(svc, "STOP_TIMEOUT", 0.5)
     assert svc.service_main(settings, "stop") == svc.EXIT_UNFINISHED  # memory's flush, if any, was cut
-    assert "killed after it did not stop within 0.5s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "killed after it did not stop within 0.5s" in out
+    # Why it exits 5, in words: the kill, not memory's steps (it wrote no account: it never stopped).
+    assert "exit 5: the server was killed (SIGKILL) before its stop ended" in out, out
+    assert "memory's stop did not finish" not in out and "exited on its own" not in out
     proc.wait(timeout=5)
     assert proc.returncode == -signal.SIGKILL
     assert processes_in_session(proc.pid) == []  # its child too
     assert not settings.layout.pid_file.exists()
+
+
+def stop_fake_server(env: dict[str, str], argv: list[str]) -> int:
+    """Start `argv` (a stand-in for the server: it prints "up" once its SIGTERM handler is set) as the
+    service's server, and stop it with `service stop`: its exit code."""
+    settings = load_settings(env)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout and proc.stdout.readline() == b"up\n"
+        settings.layout.pid_file.write_text(f"{proc.pid}\n")
+        return svc.service_main(settings, "stop")
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_databases_lack_turns(
@@ -163,15 +182,83 @@ def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_
     # every stop in such an hour would exit non-zero and a `stop && backup && start` would stay down.
     for steps, expected in (([], svc.EXIT_OK), (["flush", "imports"], svc.EXIT_OK),
                             (["capture", "flush"], svc.EXIT_UNFINISHED)):
-        proc = subprocess.Popen([sys.executable, "-c", code, "sprite_os", "serve", *steps], env=env,
-                                start_new_session=True, stdout=subprocess.PIPE)
-        assert proc.stdout and proc.stdout.readline() == b"up\n"
-        settings.layout.pid_file.write_text(f"{proc.pid}\n")
-        assert svc.service_main(settings, "stop") == expected
+        assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve", *steps]) == expected
         out = capsys.readouterr().out
-        proc.wait(timeout=5)
         assert ("memory's stop did not finish" in out) is bool(steps), out
+        assert ("exit 5" in out) is (expected == svc.EXIT_UNFINISHED) and "killed" not in out, out
     assert "the last turns' writes (kept in the spill file" in out and "the curator's last batch" in out
+    # Why it exits 5, in words: memory's steps, not a kill.
+    assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
+
+
+def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
+    """A server whose stop can't write its account (a full disk: it writes none) and logs `lines`."""
+    return ("import json, signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    with open({str(log)!r}, 'a') as f:\n"
+            f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+
+
+@pytest.mark.parametrize(("logged", "expected", "said"), [
+    # What the server logged of this stop, its account unwritten: the log tells what the account would have.
+    ([{"event": "server_stopping"},
+      {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]},
+      {"event": "stop_report_unwritten", "error": "OSError(28, 'No space left on device')"},
+      {"event": "server_stopped"}],
+     svc.EXIT_UNFINISHED, ["(it could not be written: OSError(28, 'No space left on device');",
+                           "what follows is from its log",
+                           "memory's stop did not finish within its share of the stop: the last turns' writes",
+                           "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)"]),
+    ([{"event": "server_stopping"}, {"event": "server_stopped"}],
+     svc.EXIT_OK, ["what follows is from its log"]),
+    # Its stop began and never ended (the exit guard ended it): memory's stop as a whole did not finish.
+    ([{"event": "server_stopping"}], svc.EXIT_UNFINISHED, ["memory's stop as a whole"]),
+    # The log could not be written either: nothing is known, and it is said so, not "stopped" and exit 0.
+    ([], svc.EXIT_UNFINISHED, ["(it was not written;", "nor does its log say",
+                               "exit 5: the server exited on its own but left no account of its stop"]),
+])
+def test_stop_without_the_servers_account_says_what_its_log_says_or_that_nothing_is_known(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str], logged: list[dict[str, object]],
+        expected: int, said: list[str]) -> None:
+    """A full disk refused the stop's account: `service stop` read no account as a clean stop, said
+    "stopped" and exited 0, though memory's stop may have left the last turns in the spill file."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"  # the service's log (commands/service_env.py)
+    log.write_text(json.dumps({"event": "server_stopped_with_memory_unfinished", "steps": ["stores"]}) + "\n")
+    assert stop_fake_server(env, [sys.executable, "-c", logging_server(log, logged), "sprite_os", "serve"]) == expected
+    out = capsys.readouterr().out
+    assert "the server left no account of its stop" in out and " bytes free on its disk" in out, out
+    for words in said:
+        assert words in out, out
+    assert "closing the recall index" not in out  # an earlier stop's lines in the log are not this one's
+
+
+@pytest.mark.long  # a real server, started and stopped by the service
+def test_stop_on_a_full_disk_says_what_the_servers_log_says_of_its_stop(ws: Path, env: dict[str, str]) -> None:
+    """.os/state on a tiny file system, full by the stop: the server's account of its stop can't be
+    written, and `service stop` tells the operator so, and what the server's log says of the stop."""
+    layout = load_settings(env).layout
+    try:
+        with faults.small_tmpfs(layout.state_dir, "1m") as state:
+            try:
+                started = run(ws, "start", env)
+                assert started.returncode == 0, started.stdout + started.stderr
+                filler = faults.fill(state)
+                stopped = run(ws, "stop", env)
+            finally:
+                if layout.pid_file.exists():
+                    (state / "filler").unlink(missing_ok=True)
+                    run(ws, "stop", env)
+            filler.unlink()
+    except faults.FaultSetupFailed as exc:
+        pytest.skip(str(exc))
+    out = stopped.stdout
+    assert "the server left no account of its stop" in out and "No space left on device" in out, out
+    assert "what follows is from its log" in out, out
+    assert stopped.returncode == svc.EXIT_OK, out  # the log says memory's stop finished: the databases are whole
 
 
 def test_start_failure_reports_the_log(ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,

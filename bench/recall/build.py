@@ -76,7 +76,7 @@ def _first(made: Benchmark, conversations: int | None, prefix: str) -> Benchmark
     return turns, questions
 
 
-def _progress(what: str, done: int, of: int) -> None:
+def progress(what: str, done: int, of: int) -> None:
     print(f"  recall bench: {what} {done:,}/{of:,}", file=sys.stderr, flush=True)
 
 
@@ -148,7 +148,7 @@ def workspace(name: str, turns: Sequence[generate.Turn]) -> tuple[Settings, dict
         transcript.close()
         assert not read.bad and made.added == len(turns), (read.bad[:3], made)  # ids 1..n, in order
         _vectors_from_cache(settings, turns)
-        rebuild_recall(settings, _progress)
+        rebuild_recall(settings, progress)
         _vectors_to_cache(settings, turns)
         (path / "built").write_text("ok\n")
     ids = {(t.session, t.turn): i for i, t in enumerate(turns, 1)}
@@ -209,7 +209,7 @@ def _filler_episodes(n: int) -> Iterator[ep.Episode]:
         yield ep.Episode(FILLER_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
 
 
-def _filler(n: int) -> Path:
+def filler(n: int) -> Path:
     path = CACHE / f"filler-{n}.db"
     if path.exists():
         return path
@@ -221,7 +221,7 @@ def _filler(n: int) -> Path:
         ep.add(memory.conn, chunk)
         done += len(chunk)
         if done % 200_000 < len(chunk):
-            _progress("filler turns", done, n)
+            progress("filler turns", done, n)
     span = FILLER_END.timestamp() - FILLER_START.timestamp()
     rows = ((FILLER_START.timestamp() + span * i / n, kind, content, content_key(f"{i} {content}"))
             for i, (kind, content) in enumerate(generate.filler_learnings(n, 12)))
@@ -247,14 +247,14 @@ def scale(n: int, where: str) -> tuple[Settings, dict[tuple[str, int], int], flo
     if not built.exists():
         shutil.rmtree(path, ignore_errors=True)
         settings.layout.ensure()
-        shutil.copyfile(_filler(n), settings.layout.memory_db)
+        shutil.copyfile(filler(n), settings.layout.memory_db)
         memory = MemoryDB(settings.layout.memory_db)
         ep.add(memory.conn, [ep.Episode(ids[(t.session, t.turn)], t.session, t.turn, t.timestamp,
                                         f"{t.user}\n{t.assistant}") for t in turns])
         import time
 
         started = time.perf_counter()
-        reached = build_index(memory.conn, index_path(settings.layout.memory_dir), _progress)
+        reached = build_index(memory.conn, index_path(settings.layout.memory_dir), progress)
         seconds = time.perf_counter() - started
         write_marks(memory.conn, reached)
         memory.close()

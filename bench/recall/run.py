@@ -59,7 +59,7 @@ GROUPS = "fused_groups_then"  # asked then within two groups of five eras, as me
 Ids = dict[tuple[str, int], int]
 
 
-def _pct(values: Sequence[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[int(q * (len(ordered) - 1))], 2) if ordered else 0.0
 
@@ -98,8 +98,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                            for c, v in sorted(by_cat.items())}}
     if rows and "ms" in rows[0]:
         cpu, wall = [r["cpu_ms"] for r in rows], [r["ms"] for r in rows]
-        out |= {"cpu_p50_ms": _pct(cpu, 0.5), "cpu_p95_ms": _pct(cpu, 0.95), "p50_ms": _pct(wall, 0.5),
-                "p95_ms": _pct(wall, 0.95)}
+        out |= {"cpu_p50_ms": pct(cpu, 0.5), "cpu_p95_ms": pct(cpu, 0.95), "p50_ms": pct(wall, 0.5),
+                "p95_ms": pct(wall, 0.95)}
     return out
 
 
@@ -262,7 +262,7 @@ def _auto_recall(quick: bool, lexical: bool) -> dict[str, Any]:
             "all_evidence_in_block": found_at(rows, BLOCK, True),
             "by_category": {c: found_at([r for r in rows if r["category"] == c], BLOCK)
                             for c in sorted({r["category"] for r in rows})},
-            "tokens_mean": round(statistics.mean(tokens), 1), "tokens_p95": _pct([float(t) for t in tokens], 0.95),
+            "tokens_mean": round(statistics.mean(tokens), 1), "tokens_p95": pct([float(t) for t in tokens], 0.95),
             "tokens_max": max(tokens), "unrelated_messages": len(unrelated),
             "unrelated_with_block": round(sum(unrelated) / max(1, len(unrelated)), 3)}
 
@@ -293,7 +293,7 @@ async def _auto_recall_cost(quick: bool) -> dict[str, Any]:
             found = await service.auto_recall(q.question, "the-current-session", "t")
             ms.append((time.perf_counter() - started) * 1000)
             added.append(found.tokens if found else 0)
-        out[label] = {"turns": len(ms), "p50_ms": _pct(ms, 0.5), "p95_ms": _pct(ms, 0.95),
+        out[label] = {"turns": len(ms), "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95),
                       "recalled_share": round(sum(1 for a in added if a) / len(added), 3),
                       "tokens_mean": round(statistics.mean(added), 1), "tokens_max": max(added)}
         await service.stop()

@@ -106,9 +106,10 @@ def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerF
 
 
 def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False,
-                  cost: TurnCost | None = None) -> list[p.ServerFrame]:
+                  cost: TurnCost | None = None, by_server: bool = False) -> list[p.ServerFrame]:
     """turn_complete, after an error frame saying why when the turn failed (not when interrupted).
-    Without `cost`, the turn's cost is unknown (None), never the CLI's running total."""
+    Without `cost`, the turn's cost is unknown (None), never the CLI's running total. `by_server`:
+    the interrupt was the server's stop, not the person's."""
     frames: list[p.ServerFrame] = []
     status: p.TurnStatus = "completed"
     if interrupted:
@@ -124,6 +125,7 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
         usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
         cost_usd=cost.turn if cost is not None else None,
         session_cost_usd=cost.session if cost is not None else None,
+        by_server=interrupted and by_server,
     ))
     return frames
 
@@ -177,9 +179,11 @@ def _relay_refusal(detail: str) -> str | None:
     return detail[at:][:ERROR_DETAIL_CHARS * 2] if at >= 0 else None
 
 
-def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int, saved: bool = True) -> p.TurnComplete:
+def ended_frame(turn_id: str, status: p.TurnStatus, duration_ms: int, saved: bool = True,
+                by_server: bool = False) -> p.TurnComplete:
     """turn_complete for a turn that ended without a ResultMessage (never sent, or the CLI failed)."""
-    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage(), saved=saved)
+    return p.TurnComplete(turn_id=turn_id, status=status, duration_ms=duration_ms, usage=p.Usage(), saved=saved,
+                          by_server=status == "interrupted" and by_server)
 
 
 def recall_frame(turn_id: str, recalled: Recalled) -> p.Recall:

@@ -95,6 +95,7 @@ class TurnState:
 
     def __init__(self) -> None:
         self.phase = TurnPhase.IDLE
+        self.by_server = False  # the interrupt that stopped the turn was the server's stop, not the person's
 
     @property
     def public(self) -> AgentState:
@@ -120,6 +121,7 @@ class TurnState:
     def begin(self, connect: bool) -> None:
         """A turn starts: with a CLI to connect first, or on the one that is up."""
         self._step({TurnPhase.IDLE}, TurnPhase.STARTING if connect else TurnPhase.SENDING)
+        self.by_server = False
 
     def connected(self) -> bool:
         """The CLI is up. False: the turn was interrupted meanwhile and ends unsent."""
@@ -143,8 +145,12 @@ class TurnState:
         elif self.phase not in (TurnPhase.STREAMING, TurnPhase.STOPPING):
             raise IllegalTransition(f"heard from the CLI while {self.phase.value}")
 
-    def interrupt(self) -> Stop:
+    def interrupt(self, by_server: bool = False) -> Stop:
+        """`by_server`: the server's stop asks it, not the person. Whoever stopped the turn first names
+        it (`by_server` afterwards), as its record does (capture/recorder.py)."""
         phase, stop = _INTERRUPTS.get(self.phase, (self.phase, Stop.NOTHING))
+        if stop in (Stop.UNSENT, Stop.AFTER_SEND, Stop.NOW):
+            self.by_server = by_server
         self.phase = phase
         return stop
 

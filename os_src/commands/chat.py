@@ -93,14 +93,15 @@ class Renderer:
             case p.CardClosed(card_id=cid):
                 self._line(f"  ▣ card closed: {cid}")
             case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, session_cost_usd=total,
-                                turn_id=turn_id):
+                                turn_id=turn_id, by_server=by_server):
                 self.running = False
                 self.outstanding.discard(self._turns.pop(turn_id, ""))
                 if not self.outstanding:
                     self.settled.set()
                 price = f", ${cost:.4f}" if cost else ""
                 price += f" (session ${total:.4f})" if total else ""
-                self._line(f"· {status} in {ms / 1000:.1f}s{price}")
+                said = "stopped by the server" if by_server else status  # not the person's interrupt
+                self._line(f"· {said} in {ms / 1000:.1f}s{price}")
             case p.SessionStarted(session_id=sid):
                 self._line(f"· session {sid} started")
             case p.SessionEnded(session_id=sid, reason=reason):

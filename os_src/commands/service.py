@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +55,95 @@ SERVER_OUT_MAX = 10 * 1024 * 1024
 
 EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
 EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds (spilled turns), or the server was killed
+LACKS = "the databases may lack its last turns until the next start completes them"
 
 
-def _unfinished(report: Path) -> list[str]:
-    """The steps of memory's stop the server said did not finish (none: no account, from a server
-    that predates it or one without memory)."""
+def _unfinished(report: Path) -> list[str] | None:
+    """The steps of memory's stop the server said did not finish (None: no account: a full disk
+    refused it, or a server that predates it)."""
     try:
         steps = json.loads(report.read_bytes()).get("unfinished", [])
     except (OSError, ValueError, AttributeError):
-        return []
-    return [str(s) for s in steps] if isinstance(steps, list) else []
+        return None
+    return [str(s) for s in steps] if isinstance(steps, list) else None
+
+
+@dataclass
+class LoggedStop:
+    """What the server logged of its stop, read when its account (STOP_REPORT) is missing."""
+
+    began: bool = False  # `server_stopping`
+    ended: bool = False  # `server_stopped`: every step ran, or was cut by its share
+    unfinished: list[str] = field(default_factory=list)  # `server_stopped_with_memory_unfinished`
+    unwritten: str = ""  # `stop_report_unwritten`: why the account could not be written
+
+    @property
+    def steps(self) -> list[str] | None:
+        """The account the log gives (None: it says nothing of this stop)."""
+        if self.ended:
+            return self.unfinished
+        return ["memory"] if self.began else None  # it began and never ended: memory's stop did not finish
+
+
+def _logged_event(line: str) -> tuple[str, dict[str, Any]]:
+    """A log line's event and fields: JSON (the service's log), or key=value (development's)."""
+    with contextlib.suppress(ValueError):
+        fields = json.loads(line)
+        if isinstance(fields, dict):
+            return str(fields.get("event", "")), fields
+    event = next((w[6:] for w in line.split() if w.startswith("event=")), "")
+    return event, {"line": line}
+
+
+def _logged_steps(fields: dict[str, Any]) -> list[str]:
+    steps = fields.get("steps")
+    if isinstance(steps, list):
+        return [str(s) for s in steps]
+    text = str(fields.get("line", ""))  # key=value: the known steps named in its list
+    return [step for step in UNFINISHED_SAID if f"'{step}'" in text or f'"{step}"' in text]
+
+
+def read_logged_stop(logs: Mapping[Path, int]) -> LoggedStop:
+    """What the server logged of its stop, in each log from the offset it had at the SIGTERM (from
+    its start if it was rotated since)."""
+    stop = LoggedStop()
+    for path, offset in logs.items():
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(offset if offset <= size else 0)
+                lines = f.read(4 * 1024 * 1024).decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            event, fields = _logged_event(line)
+            if event == "server_stopping":
+                stop.began = True
+            elif event == "server_stopped":
+                stop.ended = True
+            elif event == "server_stopped_with_memory_unfinished":
+                stop.unfinished = _logged_steps(fields)
+            elif event == "stop_report_unwritten":
+                stop.unwritten = str(fields.get("error", "")) or "see the log"
+    return stop
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _log_offsets(paths: list[Path]) -> dict[Path, int]:
+    offsets = {}
+    for path in paths:
+        try:
+            offsets[path] = path.stat().st_size
+        except OSError:
+            offsets[path] = 0  # not there yet: all of it is this stop's
+    return offsets
 
 
 def _write(stream: Any, text: str) -> None:
@@ -299,16 +378,53 @@ class Service:
         report = self.layout.state_dir / STOP_REPORT
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
+        logs = _log_offsets(self._logs())
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file()
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
-        unfinished = [] if forced else _unfinished(report)
+        unfinished = _unfinished(report)
+        if unfinished is None:  # no account: a full disk refused it; say what the log says, if anything
+            logged = read_logged_stop(logs)
+            unfinished = logged.steps
+            if not forced:
+                self._say_no_account(logged)
         if unfinished:
             said = "; ".join(UNFINISHED_SAID.get(step, step) for step in unfinished)
             say(f"memory's stop did not finish within its share of the stop: {said}")
-        short = forced or any(step in LEAVES_THE_DATABASES_SHORT for step in unfinished)
-        return EXIT_UNFINISHED if short else EXIT_OK
+        short = [step for step in unfinished or [] if step in LEAVES_THE_DATABASES_SHORT]
+        if forced and (unfinished is None or short):
+            say("exit 5: the server was killed (SIGKILL) before its stop ended, not stopped by it: "
+                f"{LACKS}")
+        elif forced:
+            say("exit 5: the server was killed (SIGKILL), though its account says memory's stop had finished "
+                "(only its exit hung)")
+        elif unfinished is None:
+            say("exit 5: the server exited on its own but left no account of its stop: whether memory's stop "
+                f"finished is not known, and {LACKS}")
+        elif short:
+            say(f"exit 5: the server exited on its own, but memory's stop did not finish its steps ({', '.join(short)}): "
+                f"{LACKS}")
+        else:
+            return EXIT_OK
+        return EXIT_UNFINISHED
+
+    def _logs(self) -> list[Path]:
+        """Where the server logs: its log file, if the service's settings name one, and its stderr."""
+        try:
+            log_file = self.child_settings().log_file
+        except ConfigError:
+            log_file = None
+        return [Path(log_file), self.server_out] if log_file is not None else [self.server_out]
+
+    def _say_no_account(self, logged: LoggedStop) -> None:
+        """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
+        report = self.layout.state_dir / STOP_REPORT
+        free = _free_bytes(self.layout.state_dir)
+        why = f"it could not be written: {logged.unwritten}" if logged.unwritten else "it was not written"
+        room = f"; {free:,} bytes free on its disk" if free is not None else ""
+        source = "what follows is from its log" if logged.steps is not None else "nor does its log say"
+        say(f"the server left no account of its stop in {report} ({why}{room}): {source}")
 
     def _terminate(self, pid: int, grace: float) -> bool:
         """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.

@@ -138,8 +138,9 @@ def _keep_embedded_after(conn: sqlite3.Connection, session_id: str) -> None:
     """Before a session's turns move down for one landing between them: a vector from before (its
     `embedded_after` not known) was made after the turn then before it; say so, or a turn that lands
     between would be lent its place (turns_before)."""
+    # The turns landing are in already, at turn 0 until the renumbering: not the turn before any.
     conn.execute("UPDATE episodes SET embedded_after = coalesce((SELECT p.id FROM episodes p WHERE "
-                 "p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) "
+                 "p.session_id = episodes.session_id AND p.turn = episodes.turn - 1 AND p.turn > 0), 0) "
                  "WHERE session_id = ? AND embedded_after IS NULL AND turn > 0", (session_id,))
 
 
@@ -262,6 +263,21 @@ def record_embedded_after(conn: sqlite3.Connection, after: Sequence[tuple[int, i
     if after:
         with transaction(conn) as c:
             c.executemany("UPDATE episodes SET embedded_after = ? WHERE id = ?", after)
+
+
+def carry_embedded_after(conn: sqlite3.Connection, made_after: Sequence[tuple[int, int]]) -> None:
+    """What a memory.db made again (a full rebuild) is told of the vectors it keeps, from the memory.db
+    before it (`made_after`: each turn's id and its `embedded_after` there), once all its turns are in:
+    a vector made after the turn now before it says so; any other (made after another turn, or to be
+    made again, or one that could not be) is to be made again (-1), lending nothing till then. What the
+    rebuild's own adds guessed meanwhile (a turn landing between, in a later page of the transcript) is
+    replaced: the memory.db before it knew which words each vector holds."""
+    if made_after:
+        with transaction(conn) as c:
+            c.executemany(
+                "UPDATE episodes SET embedded_after = CASE WHEN ?1 >= 0 AND ?1 = coalesce((SELECT p.id FROM episodes p "
+                "WHERE p.session_id = episodes.session_id AND p.turn = episodes.turn - 1), 0) THEN ?1 ELSE -1 END "
+                "WHERE id = ?2", [(after, i) for i, after in made_after])
 
 
 def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:

@@ -13,7 +13,7 @@ import contextlib
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,15 +61,34 @@ def _adopt(conn: sqlite3.Connection, writer: VectorWriter, model: str) -> None:
             writer.add([int(i) for i, _, _ in page], [float(at) for _, at, _ in page], matrix)
 
 
-def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
+@contextlib.contextmanager
+def _set_aside(backup: Path) -> Iterator[sqlite3.Connection | None]:
     """The memory.db a full rebuild set aside was checkpointed then, so it is read as immutable: no lock,
-    no -wal or -shm beside it."""
+    no -wal or -shm beside it (None: it can't be opened)."""
     try:
         old = sqlite3.connect(f"file:{backup}?immutable=1", uri=True)
     except sqlite3.Error:
+        yield None
         return
     with contextlib.closing(old):
-        _adopt(old, writer, model)
+        yield old
+
+
+def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
+    with _set_aside(backup) as old:
+        if old is not None:
+            _adopt(old, writer, model)
+
+
+def _carry_embedded_after(memory: MemoryDB, backup: Path) -> None:
+    """Which turn each kept vector was made after, as the memory.db set aside says, a page at a time (nothing
+    from one that predates it)."""
+    with _set_aside(backup) as old, contextlib.suppress(sqlite3.Error):
+        if old is None:
+            return
+        cursor = old.execute("SELECT id, embedded_after FROM episodes WHERE embedded_after IS NOT NULL")
+        while page := cursor.fetchmany(5_000):
+            ep.carry_embedded_after(memory.conn, [(int(i), int(after)) for i, after in page])
 
 
 def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None = None) -> RecallReport:
@@ -78,6 +97,8 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
     memory, transcript = MemoryDB(layout.memory_db), TranscriptDB(layout.transcript_db)
     try:
         episodes = _episodes(memory, transcript)
+        if backup is not None:  # the store's vectors are kept: so is which turn each was made after
+            _carry_embedded_after(memory, backup)
         target = index_path(layout.memory_dir)
         fresh = target.with_name(target.name + ".new")
         shutil.rmtree(fresh, ignore_errors=True)

@@ -535,11 +535,13 @@ export class ChatView {
     const turn = this.turn(frame.turn_id);
     if (turn.stream) { turn.stream.dataset.state = "complete"; turn.stream = null; }
     if (turn.retry && frame.status === "completed") this.settleRetry(turn);
-    const item = this.add(statusItem(frame));
+    // A turn the server's stop cut short reads as its record does in Past sessions, not as the person's Stop.
+    const status = frame.status === "interrupted" && frame.by_server ? "stopped" : frame.status;
+    const item = this.add(statusItem({ ...frame, status }));
     item.dataset.turnId = frame.turn_id;
     item.append(" · ", forgetControl("this turn", () => this.forget({ turn_ids: [frame.turn_id] })));
     if (frame.session_cost_usd) this.sessionCost.textContent = `This session: ${dollars(frame.session_cost_usd)}`;
-    this.announce(`The agent's turn ${frame.status}.`);
+    this.announce(status === "stopped" ? "The server stopped the agent's turn." : `The agent's turn ${status}.`);
     this.turns.delete(frame.turn_id);
     this.texts.delete(frame.turn_id); // its failure, if any, came before: its Retry holds the words
     if (this.running === frame.turn_id) this.setAgent("idle", null);
