@@ -5,13 +5,13 @@ import { CanvasView } from "./canvas.js";
 import { ChatView } from "./chat.js";
 import { Connection } from "./connection.js";
 import { FilesView } from "./files.js";
+import { forgetKept } from "./kept_messages.js";
 import { MemoryView } from "./memory.js";
 import { PastSessions } from "./sessions.js";
 
 const TOKEN_KEY = "sprite-os.token";
 const THEME_KEY = "sprite-os.theme";
 const DRAFT_KEY = "sprite-os.draft";
-const PENDING_KEY = "sprite-os.pending"; // the messages not yet answered, kept for a reload (chat.js)
 const $ = (id) => document.getElementById(id);
 
 const connection = new Connection({ onFrame, onStatus, onAuthFailed });
@@ -84,7 +84,7 @@ $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
   sessionStorage.removeItem(DRAFT_KEY);
-  sessionStorage.removeItem(PENDING_KEY); // the person's words too, as the draft
+  forgetKept(); // the person's words too, as the draft
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   showLogin();

@@ -2,30 +2,24 @@
 // `ready`, so a reload or a second device shows the same), then the live events: messages as
 // they stream, tool calls folded to one line, each turn's status and cost, one retry line per
 // turn that updates in place, failures with a Retry, and notices (sessions, reconnections).
+// The person's messages not yet answered are shown here; what keeps and settles them is
+// kept_messages.js.
 
 import { clear, dollars, el, size } from "./dom.js";
+import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
-// The tab's own messages not yet answered (waiting, being checked after a restart, unsent): kept
-// through a reload. sessionStorage: per tab (another tab must not take them for its own), gone with it.
-const PENDING_KEY = "sprite-os.pending";
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
-const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
-const SINCE_PAGES = 10; // past this many, the restart check does not know
 // The most characters a message may have (the protocol's MAX_USER_TEXT): a longer one is never sent.
 const MAX_TEXT = 100_000;
-const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
-  queue_full: "not accepted: too many messages are waiting.",
-  shutting_down: "not accepted: the Sprite is stopping.",
-  rate_limited: "not accepted: too many messages too fast.",
-};
 
 export class ChatView {
   constructor({ list, form, composer, send, interrupt, newSession, agentState, jump, sessionCost }, connection) {
     Object.assign(this, { list, form, composer, sendButton: send, interruptButton: interrupt, agentState, jump, sessionCost });
     this.conn = connection;
+    this.request = (type, fields) => connection.request(type, fields); // the record's pages (kept_messages.js)
     this.announcer = el("div", { class: "visually-hidden", role: "status", testid: "announcer" });
     list.after(this.announcer);
     this.queued = new Map(); // client_id -> the message's element, until its turn starts
@@ -40,7 +34,7 @@ export class ChatView {
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
-    this.restored = readPending(); // the messages a reload left unsettled: settled at the first `ready`
+    this.restored = readKept(); // the messages a reload left unsettled: settled at the first `ready`
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -91,22 +85,16 @@ export class ChatView {
   /** The person's message, waiting for the agent; it knows the server run and session it went to, and
    * the socket it went on (`link`: 0 for one kept through a reload). */
   pendingItem({ id, text, stream, session, link = 0 }) {
-    const item = messageItem("user", userText(text), "waiting for the agent…");
+    const item = messageItem("user", userText(text), SAID.waiting);
     Object.assign(item.dataset, { state: "queued", clientId: id, stream: stream ?? "", session: session ?? "", link: String(link) });
     return item;
   }
 
-  /** Keeps the tab's unsettled messages (waiting, being checked, unsent) for a reload; none left, none kept. */
+  /** Keeps the tab's unsettled messages (waiting, being checked, unsent) for a reload (kept_messages.js). */
   keepPending() {
-    const kept = [...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
+    keep([...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
       id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
-      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session }));
-    try {
-      if (kept.length) sessionStorage.setItem(PENDING_KEY, JSON.stringify(kept));
-      else sessionStorage.removeItem(PENDING_KEY);
-    } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
-      sessionStorage.removeItem(PENDING_KEY);
-    }
+      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session })));
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -115,8 +103,8 @@ export class ChatView {
     const text = item.querySelector(".text").textContent;
     item.dataset.state = "refused";
     item.dataset.why = why;
-    const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
-    clear(meta).append(why);
+    const meta = clear(this.meta(item));
+    meta.append(why);
     if (again) {
       meta.append(" ", el("button", { type: "button", class: "link", testid: "send-again", text: "Send again",
         onclick: () => { if (this.submit(text, item.dataset.clientId)) { item.remove(); this.unsentItems.delete(item); this.keepPending(); } } }));
@@ -125,76 +113,32 @@ export class ChatView {
     this.keepPending();
   }
 
-  /** Messages still waiting when the server restarted. The old server may have taken one after the
-   * page's link went quiet (its turn is then in the record) or dropped it with its queue: the record
-   * is asked before a Send again is offered, so a click does not give the agent the same message
-   * twice. A message is found in the record by the client id it went with, never by its words: the
-   * record holds private words left out, and another device may have sent the same words meanwhile.
-   * "Not sent" is said only when every turn the old server ran that the page never showed is placed:
-   * a turn recorded without a client id (a client that sends none) could be any message, so then the
-   * page says it does not know. (No match by words for turns from before the record kept client ids:
-   * a page running this code was loaded from a server that keeps them, and the old server's turns
-   * without one are just as likely another client's.) */
+  /** Messages still waiting when the server restarted: the record is asked whether the old server
+   * took each (`afterRestart`) before a Send again is offered, so a click does not give the agent the
+   * same message twice. */
   async restarted(items, left) {
     for (const item of items) {
       item.dataset.state = "checking";
-      const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
-      meta.textContent = "the Sprite restarted: looking whether the agent took it…";
+      this.meta(item).textContent = SAID.restartChecking;
       this.unsentItems.add(item); // the person's words, kept through a redraw until settled
     }
     this.keepPending();
-    let unseen = null; // the old server's turns the page never showed, oldest first (null: not known)
-    if (left.session) {
-      try {
-        unseen = (await this.turnsSince(left.session, left.shown)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
-      } catch { /* not known: offered again, and said so */ }
-    }
+    const unseen = await unseenSince(this.request, left);
     const unmatched = [];
     for (const item of items) {
-      const id = item.dataset.clientId;
-      const turn = id && unseen ? unseen.find((t) => t.client_id === id) : undefined;
-      if (!turn) { unmatched.push(item); continue; }
+      const { taken, said } = afterRestart(item.dataset.clientId, unseen);
+      if (!taken) { unmatched.push([item, said]); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
-      // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
-      // failed (an error) or that a person interrupted from another device did not finish either.
-      item.querySelector(".meta").textContent = turn.status === "completed"
-        ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
-        : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
-          : "the agent took it, but its turn did not finish: what it did is in Past sessions.";
+      this.meta(item).textContent = said;
     }
     this.keepPending();
-    // Every turn the old server ran is placed: each names the message it came from, and none is one of these.
-    const known = unseen !== null && unseen.every((turn) => turn.client_id);
-    for (const item of unmatched) {
-      this.unsent(item, known ? "not sent: the Sprite restarted before the agent took it."
-        : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded).");
-    }
+    for (const [item, said] of unmatched) this.unsent(item, said);
   }
 
-  /** The turns of `session` since the newest one the page showed (`shown`), and every turn of each
-   * session the old server began after it (a new session or a forget asked for from another device
-   * while this page's link was quiet), oldest first. Every one: a page of the newest alone left out a
-   * message taken before another device's many turns, and the page called it not sent. Past
-   * SINCE_PAGES pages it throws (not known). */
-  async turnsSince(session, shown) {
-    const { sessions } = await this.conn.request("sessions", { limit: 20 }); // newest first
-    const known = sessions.find((s) => s.id === session);
-    const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
-    const turns = [];
-    for (const id of ids) {
-      const since = [];
-      for (let before = null, pages = 0; ; pages++) {
-        if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
-        const page = await this.conn.request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
-        since.unshift(...page.turns);
-        if (!page.more || page.turns.some((turn) => shown.has(turn.turn_id))) break;
-        if (!page.turns.length) throw new Error("the record's pages did not go back");
-        before = page.turns[0].turn;
-      }
-      turns.push(...since);
-    }
-    return turns;
+  /** The line under a message, made if it has none. */
+  meta(item) {
+    return item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
   }
 
   command(frame) {
@@ -284,12 +228,12 @@ export class ChatView {
       const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
       // The same server after a long gap: the messages it still holds for the agent stay in view as
       // waiting (and those sent on this socket, after its hello: it reads them after the snapshot)...
-      const held = new Set([...(frame.waiting ?? []), frame.turn_client_id]);
+      const holds = held(frame);
       const same = before === frame.stream ? [...this.queued].filter(([id]) => id !== frame.turn_client_id) : [];
-      const still = same.filter(([id, item]) => held.has(id) || !this.earlier(item));
+      const still = same.filter(([id, item]) => holds.has(id) || !this.earlier(item));
       // ...and those it no longer holds either started (the record shows them) or never reached it (sent
       // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
-      const unheard = same.filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
+      const unheard = same.filter(([id, item]) => !holds.has(id) && this.earlier(item)).map(([, item]) => item);
       clear(this.list);
       this.turns.clear();
       this.texts.clear();
@@ -316,8 +260,8 @@ export class ChatView {
       // has started in those events, or never reached it (its frame was lost with the dead link).
       // The server snapshots `ready` and queues the replay with nothing read in between, so a message
       // it took before the snapshot is in `waiting`, is the running turn, or starts in the replay.
-      const held = new Set([...(frame.waiting ?? []), frame.turn_client_id]);
-      const unheard = [...this.queued].filter(([id, item]) => !held.has(id) && this.earlier(item)).map(([, item]) => item);
+      const holds = held(frame);
+      const unheard = [...this.queued].filter(([id, item]) => !holds.has(id) && this.earlier(item)).map(([, item]) => item);
       if (unheard.length) {
         this.replay = { left: frame.replayed, last: frame.last_seq, items: this.checking(unheard) };
         if (!frame.replayed) this.replaying(null);
@@ -336,7 +280,7 @@ export class ChatView {
     for (const item of items) {
       this.queued.delete(item.dataset.clientId);
       item.dataset.state = "checking";
-      (item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }))).textContent = "looking whether the agent took it…";
+      this.meta(item).textContent = SAID.checking;
       this.unsentItems.add(item);
     }
     return items;
@@ -349,7 +293,7 @@ export class ChatView {
     if (frame) replay.left -= 1;
     if (replay.left > 0 && !(frame && frame.seq > replay.last)) return;
     this.replay = null;
-    this.settleStarted(replay.items, [], "not sent: the connection was lost before the Sprite got it.");
+    this.settleStarted(replay.items, [], SAID.lost);
   }
 
   /** After a reload, the tab's messages it had not seen settled, settled as the live page does: one the
@@ -363,14 +307,15 @@ export class ChatView {
     const unsure = [];
     const dropped = new Map(); // the session each was sent in -> its items
     for (const entry of saved) {
-      if (entry.id === frame.turn_client_id || this.queued.has(entry.id)) continue; // the running turn, shown as it
-      const item = this.pendingItem(entry);
-      if (entry.state === "refused") this.unsent(this.add(item), entry.why || "not sent.");
-      else if (entry.stream !== frame.stream) {
+      const where = standing(entry, frame);
+      if (where === "running" || this.queued.has(entry.id)) continue; // the running turn, shown as it
+      const item = this.add(this.pendingItem(entry));
+      if (where === "unsent") this.unsent(item, entry.why || SAID.refused);
+      else if (where === "restarted") {
         if (!dropped.has(entry.session)) dropped.set(entry.session, []);
-        dropped.get(entry.session).push(this.add(item));
-      } else if ((frame.waiting ?? []).includes(entry.id)) this.queued.set(entry.id, this.add(item));
-      else unsure.push(this.add(item));
+        dropped.get(entry.session).push(item);
+      } else if (where === "waiting") this.queued.set(entry.id, item);
+      else unsure.push(item);
     }
     for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
     return unsure;
@@ -381,25 +326,24 @@ export class ChatView {
    * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
    * (`started`); the rest say `why` (by default that they may not have reached the agent), with a Send
    * again. `turns` is null when the record could not be read. */
-  async settleStarted(items, turns, why = "this may not have reached the agent (the conversation above shows what it recorded).") {
+  async settleStarted(items, turns, why = SAID.unsure) {
     const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
       const { clientId, session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (turns?.some((turn) => turn.client_id === clientId)) {
+      if (inRecord(clientId, turns, null) === "shown") {
         item.remove();
         this.unsentItems.delete(item);
         continue;
       }
       if (session && session !== this.session && !earlier.has(session)) {
-        earlier.set(session, await this.turnsSince(session, new Set()).catch(() => null));
+        earlier.set(session, await turnsSince(this.request, session, new Set()).catch(() => null));
       }
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
-      const taken = earlier.get(session)?.find((turn) => turn.client_id === clientId);
-      if (taken) {
+      if (inRecord(clientId, turns, earlier.get(session)) === "taken") {
         this.unsentItems.delete(item);
         item.dataset.state = "taken";
-        item.querySelector(".meta").textContent = "the agent took it in a session that has ended since: what it did is in Past sessions.";
+        this.meta(item).textContent = SAID.takenEnded;
       } else {
         this.unsent(item, why);
       }
@@ -568,10 +512,7 @@ export class ChatView {
     this.queued.delete(frame.client_id);
     item.dataset.state = "taken";
     if (!(frame.turn_id && this.shown.has(frame.turn_id))) this.takenItems.set(frame.client_id, item); // its start is still to come
-    const meta = item.querySelector(".meta") ?? item.appendChild(el("div", { class: "meta" }));
-    meta.textContent = frame.turn_id && this.shown.has(frame.turn_id)
-      ? "the agent took it already: its turn is above; it was not run again."
-      : "the agent took it already (sent from another tab, or before a restart): it was not run again.";
+    this.meta(item).textContent = frame.turn_id && this.shown.has(frame.turn_id) ? SAID.takenShown : SAID.takenElsewhere;
     this.keepPending();
   }
 
@@ -589,18 +530,9 @@ export class ChatView {
     const refused = frame.client_id ? this.queued.get(frame.client_id) : undefined; // which message, by its id
     if (refused) {
       this.queued.delete(frame.client_id);
-      // Refused for what it is (too long, malformed): the same words would be refused again, so no Send again.
-      this.unsent(refused, REFUSED[frame.code] ?? `not accepted: ${frame.message}`, frame.code in REFUSED);
+      const { why, again } = refusal(frame.code, frame.message);
+      this.unsent(refused, why, again);
     }
   }
 }
 
-/** The messages this tab kept for a reload ([] if none, or unreadable). */
-function readPending() {
-  try {
-    const kept = JSON.parse(sessionStorage.getItem(PENDING_KEY) || "[]");
-    return Array.isArray(kept) ? kept.filter((entry) => entry && typeof entry.id === "string" && typeof entry.text === "string") : [];
-  } catch {
-    return [];
-  }
-}

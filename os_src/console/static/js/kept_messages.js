@@ -1,0 +1,146 @@
+// The person's messages not yet answered, as the chat keeps them (chat.js shows them): the tab's
+// sessionStorage copy kept through a reload, and the rules that settle each one against what the
+// server says it ran, always by the client id it went with, never by its words: `ready` (the
+// messages it still holds, the running turn's), a refusal or `already_taken`, and the record's
+// turns (the console API's session_turns). No DOM here: entries in, decisions and words out.
+//
+// An entry: {id: its client id, text, state, why, stream: the server run it went to, session}.
+
+// sessionStorage: per tab (another tab must not take them for its own), gone with it.
+const KEY = "sprite-os.pending";
+const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
+const SINCE_PAGES = 10; // past this many, the restart check does not know
+const REFUSED = { // what a message the server refused says beside its Send again, by the error's code
+  queue_full: "not accepted: too many messages are waiting.",
+  shutting_down: "not accepted: the Sprite is stopping.",
+  rate_limited: "not accepted: too many messages too fast.",
+};
+
+/** What a kept message says beside its words, while it is not settled, and once it is. */
+export const SAID = {
+  waiting: "waiting for the agent…",
+  checking: "looking whether the agent took it…",
+  restartChecking: "the Sprite restarted: looking whether the agent took it…",
+  lost: "not sent: the connection was lost before the Sprite got it.",
+  unsure: "this may not have reached the agent (the conversation above shows what it recorded).",
+  takenShown: "the agent took it already: its turn is above; it was not run again.",
+  takenElsewhere: "the agent took it already (sent from another tab, or before a restart): it was not run again.",
+  takenEnded: "the agent took it in a session that has ended since: what it did is in Past sessions.",
+  refused: "not sent.",
+};
+
+/** The messages this tab kept for a reload ([] if none, or unreadable). */
+export function readKept() {
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(KEY) || "[]");
+    return Array.isArray(kept) ? kept.filter((entry) => entry && typeof entry.id === "string" && typeof entry.text === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+/** Keeps the tab's unsettled messages for a reload; none left, none kept. */
+export function keep(entries) {
+  try {
+    if (entries.length) sessionStorage.setItem(KEY, JSON.stringify(entries));
+    else sessionStorage.removeItem(KEY);
+  } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
+    sessionStorage.removeItem(KEY);
+  }
+}
+
+/** Sign out: the person's words leave the tab, as the draft does. */
+export function forgetKept() {
+  sessionStorage.removeItem(KEY);
+}
+
+/** A message the server refused: what it says, and whether Send again can succeed (`again`): refused
+ * for what it is (too long, malformed), the same words would be refused again. */
+export function refusal(code, message) {
+  return { why: REFUSED[code] ?? `not accepted: ${message}`, again: code in REFUSED };
+}
+
+/** The client ids a `ready` says the server holds: waiting for the agent, or the running turn's. */
+export function held(frame) {
+  return new Set([...(frame.waiting ?? []), frame.turn_client_id]);
+}
+
+/** Where a message kept through a reload stands at the first `ready`: "running" (it is the running
+ * turn, shown as it), "unsent" (a refusal or a check marked it so), "restarted" (sent to a server run
+ * that has stopped since: the restart check), "waiting" (the server still holds it), or "unsure" (the
+ * same server no longer holds it: it started, its turn in the record, or was refused meanwhile). */
+export function standing(entry, frame) {
+  if (entry.id === frame.turn_client_id) return "running";
+  if (entry.state === "refused") return "unsent";
+  if (entry.stream !== frame.stream) return "restarted";
+  return (frame.waiting ?? []).includes(entry.id) ? "waiting" : "unsure";
+}
+
+/** The turns of `session` since the newest one the page showed (`shown`), and every turn of each
+ * session the old server began after it (a new session or a forget asked for from another device
+ * while this page's link was quiet), oldest first. Every one: a page of the newest alone left out a
+ * message taken before another device's many turns, and the page called it not sent. Past
+ * SINCE_PAGES pages it throws (not known). `request` is the connection's. */
+export async function turnsSince(request, session, shown) {
+  const { sessions } = await request("sessions", { limit: 20 }); // newest first
+  const known = sessions.find((s) => s.id === session);
+  const ids = known ? sessions.filter((s) => !s.current && s.started_at >= known.started_at).map((s) => s.id).reverse() : [session];
+  const turns = [];
+  for (const id of ids) {
+    const since = [];
+    for (let before = null, pages = 0; ; pages++) {
+      if (pages === SINCE_PAGES) throw new Error("too many turns to look through");
+      const page = await request("session_turns", { session_id: id, limit: SINCE_PAGE, ...(before ? { before } : {}) });
+      since.unshift(...page.turns);
+      if (!page.more || page.turns.some((turn) => shown.has(turn.turn_id))) break;
+      if (!page.turns.length) throw new Error("the record's pages did not go back");
+      before = page.turns[0].turn;
+    }
+    turns.push(...since);
+  }
+  return turns;
+}
+
+/** The turns the old server ran that the page never showed (`left`: the session it ran and the turn ids
+ * the page showed), oldest first; null when not known (no session, or the record could not be read). */
+export async function unseenSince(request, left) {
+  if (!left.session) return null;
+  try {
+    return (await turnsSince(request, left.session, left.shown)).filter((turn) => turn.turn_id && !left.shown.has(turn.turn_id));
+  } catch {
+    return null; // not known: offered again, and said so
+  }
+}
+
+/** The restart check's word on a message that was waiting when the server restarted. The old server
+ * may have taken it after the page's link went quiet (its turn is then in `unseen`, the turns it ran
+ * that the page never showed; null: not known) or dropped it with its queue. Found by the client id it
+ * went with, never by its words: the record holds private words left out, and another device may have
+ * sent the same words meanwhile. "Not sent" only when every unseen turn names its message: a turn
+ * recorded without a client id (a client that sends none) could be any message, so then the page says
+ * it does not know. (No match by words for turns from before the record kept client ids: a page running
+ * this code was loaded from a server that keeps them, and the old server's turns without one are just
+ * as likely another client's.) Returns {taken, said}. */
+export function afterRestart(id, unseen) {
+  const turn = id && unseen ? unseen.find((t) => t.client_id === id) : undefined;
+  // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
+  // failed (an error) or that a person interrupted from another device did not finish either.
+  if (turn) {
+    return { taken: true, said: turn.status === "completed"
+      ? "the agent took it before the Sprite restarted: its answer is in Past sessions."
+      : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
+        : "the agent took it, but its turn did not finish: what it did is in Past sessions." };
+  }
+  // Every turn the old server ran is placed: each names the message it came from, and none is this one.
+  const known = unseen !== null && unseen.every((t) => t.client_id);
+  return { taken: false, said: known ? "not sent: the Sprite restarted before the agent took it."
+    : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded)." };
+}
+
+/** Whether a message the page does not know the server has is settled by the record: "shown" (its turn
+ * is among `turns`, the history the conversation shows), "taken" (among `earlier`, the turns of the
+ * ended session it was sent in and those after it), or "unsent". Either may be null (not read). */
+export function inRecord(id, turns, earlier) {
+  if (turns?.some((turn) => turn.client_id === id)) return "shown";
+  return earlier?.some((turn) => turn.client_id === id) ? "taken" : "unsent";
+}
