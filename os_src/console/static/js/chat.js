@@ -6,7 +6,7 @@
 // kept_messages.js.
 
 import { clear, dollars, el, size } from "./dom.js";
-import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince } from "./kept_messages.js";
+import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -34,7 +34,7 @@ export class ChatView {
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
-    this.restored = readKept(); // the messages a reload left unsettled: settled at the first `ready`
+    this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -48,6 +48,24 @@ export class ChatView {
       if (this.stick) this.jump.hidden = true;
     });
     jump.addEventListener("click", () => { this.toLatest(); this.composer.focus(); });
+    this.showKept(readKept());
+  }
+
+  /** The messages a reload left unsettled, shown at once, before the socket is back (a Sprite away can
+   * be long in coming): each one a refusal or a check said unsent is so again, with its Send again; the
+   * rest wait for the connection, and the first `ready` settles them (`restore`). */
+  showKept(entries) {
+    const unsent = [];
+    for (const entry of entries) {
+      const item = this.add(this.pendingItem(entry));
+      if (unsentFor(entry)) unsent.push([item, entry]);
+      else {
+        item.dataset.state = "kept";
+        this.meta(item).textContent = SAID.connecting;
+        this.restored.set(entry.id, { entry, item });
+      }
+    }
+    for (const [item, entry] of unsent) this.unsent(item, entry.why || SAID.refused); // (each keeps them all)
   }
 
   keepDraft() {
@@ -92,9 +110,10 @@ export class ChatView {
 
   /** Keeps the tab's unsettled messages (waiting, being checked, unsent) for a reload (kept_messages.js). */
   keepPending() {
-    keep([...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
+    keep([...[...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
       id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
-      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session })));
+      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session })),
+    ...[...this.restored.values()].map(({ entry }) => entry)]);
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -225,7 +244,11 @@ export class ChatView {
       // and the session's record says which it took after all (`restarted`).
       const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
       const left = { session, shown: new Set(this.shown) }; // the session the old server ran
-      const unsent = [...this.unsentItems]; // left unsent before: still the person's words, still unsent
+      // Left unsent before: still the person's words, still unsent; but the running turn's (a Send again
+      // from a duplicate of this tab, say) is that turn, shown as it.
+      const running = [...this.unsentItems].filter((item) => item.dataset.clientId === frame.turn_client_id);
+      for (const item of running) this.unsentItems.delete(item);
+      const unsent = [...this.unsentItems];
       // The same server after a long gap: the messages it still holds for the agent stay in view as
       // waiting (and those sent on this socket, after its hello: it reads them after the snapshot)...
       const holds = held(frame);
@@ -296,27 +319,29 @@ export class ChatView {
     this.settleStarted(replay.items, [], SAID.lost);
   }
 
-  /** After a reload, the tab's messages it had not seen settled, settled as the live page does: one the
-   * server still holds waits for its turn (`ready.waiting`), one that is the running turn is that turn,
-   * one a refusal marked stays unsent, and one sent to a server run that has since stopped is looked
-   * for in the record (`restarted`). One the same server no longer holds has started (its turn is in
-   * the record) or was refused while the page reloaded: returned, to be looked for in the history. */
+  /** After a reload, the tab's messages it had not seen settled (shown since the page loaded:
+   * `showKept`), settled as the live page does: one the server still holds waits for its turn
+   * (`ready.waiting`), one that is the running turn is that turn, and one sent to a server run that has
+   * since stopped is looked for in the record (`restarted`). One the same server no longer holds has
+   * started (its turn is in the record) or was refused while the page reloaded: returned, to be looked
+   * for in the history. */
   restore(frame) {
-    const saved = this.restored;
-    this.restored = [];
     const unsure = [];
     const dropped = new Map(); // the session each was sent in -> its items
-    for (const entry of saved) {
+    for (const [id, { entry, item }] of this.restored) {
       const where = standing(entry, frame);
-      if (where === "running" || this.queued.has(entry.id)) continue; // the running turn, shown as it
-      const item = this.add(this.pendingItem(entry));
-      if (where === "unsent") this.unsent(item, entry.why || SAID.refused);
-      else if (where === "restarted") {
+      if (where === "running" || this.queued.has(id)) { item.remove(); continue; } // the running turn, shown as it
+      this.add(item);
+      if (where === "restarted") {
         if (!dropped.has(entry.session)) dropped.set(entry.session, []);
         dropped.get(entry.session).push(item);
-      } else if (where === "waiting") this.queued.set(entry.id, item);
-      else unsure.push(item);
+      } else if (where === "waiting") {
+        item.dataset.state = "queued";
+        this.meta(item).textContent = SAID.waiting;
+        this.queued.set(id, item);
+      } else unsure.push(item);
     }
+    this.restored.clear();
     for (const [session, items] of dropped) this.restarted(items, { session: session || null, shown: new Set() });
     return unsure;
   }

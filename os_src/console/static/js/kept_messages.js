@@ -27,6 +27,7 @@ export const SAID = {
   takenElsewhere: "the agent took it already (sent from another tab, or before a restart): it was not run again.",
   takenEnded: "the agent took it in a session that has ended since: what it did is in Past sessions.",
   refused: "not sent.",
+  connecting: "kept from before the reload: waiting for the connection to the Sprite…",
 };
 
 /** The messages this tab kept for a reload ([] if none, or unreadable). */
@@ -65,13 +66,17 @@ export function held(frame) {
   return new Set([...(frame.waiting ?? []), frame.turn_client_id]);
 }
 
-/** Where a message kept through a reload stands at the first `ready`: "running" (it is the running
- * turn, shown as it), "unsent" (a refusal or a check marked it so), "restarted" (sent to a server run
- * that has stopped since: the restart check), "waiting" (the server still holds it), or "unsure" (the
- * same server no longer holds it: it started, its turn in the record, or was refused meanwhile). */
+/** A kept message a refusal or a check said unsent: so it stays, with its Send again, until sent. */
+export function unsentFor(entry) {
+  return entry.state === "refused";
+}
+
+/** Where a message kept through a reload, not said unsent, stands at the first `ready`: "running" (it
+ * is the running turn, shown as it), "restarted" (sent to a server run that has stopped since: the
+ * restart check), "waiting" (the server still holds it), or "unsure" (the same server no longer holds
+ * it: it started, its turn in the record, or was refused meanwhile). */
 export function standing(entry, frame) {
   if (entry.id === frame.turn_client_id) return "running";
-  if (entry.state === "refused") return "unsent";
   if (entry.stream !== frame.stream) return "restarted";
   return (frame.waiting ?? []).includes(entry.id) ? "waiting" : "unsure";
 }

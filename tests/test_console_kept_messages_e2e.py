@@ -1,0 +1,62 @@
+"""The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
+after a reload, before the socket is back. Real Chromium, real server and CLI, the mock Bridge."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import WebSocketRoute, expect
+
+from devkit.mock_bridge import MockBridge
+from sprite_os.server import SpriteOS
+from tests.console_browser import chromium, signed_in
+from tests.test_console_work_kept_e2e import one_waiting, pending
+
+pytestmark = pytest.mark.e2e
+
+
+class Unreachable:
+    """Passes the page's sockets through, but while `away` a new one gets nothing from the server (no
+    `ready`: the Sprite cannot be reached); `back` closes those, and the page's next socket goes through."""
+
+    def __init__(self) -> None:
+        self.away = False
+        self.waiting: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        if self.away:
+            self.waiting.append(page_side)
+        else:
+            page_side.connect_to_server()
+
+    async def back(self) -> None:
+        self.away = False
+        for page_side in self.waiting:
+            await page_side.close(code=4000, reason="the link lost")
+        self.waiting.clear()
+
+
+async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(server: SpriteOS, bridge: MockBridge) -> None:
+    """The tab reloads while the Sprite cannot be reached: its kept message is on the page at once, said
+    to wait for the connection, not an empty chat; once connected it is settled as before (still waiting
+    behind the running turn, then its own when it starts)."""
+    link = Unreachable()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        waiting = await one_waiting(tab, bridge)
+        link.away = True
+        await tab.page.reload()
+        await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+        await expect(waiting).to_have_count(1)  # before any `ready`
+        await expect(waiting).to_contain_text("waiting for the connection")
+        await expect(waiting.get_by_test_id("send-again")).to_have_count(0)
+        assert "Second, still waiting" in (await pending(tab) or "")  # still kept
+        await link.back()
+        await tab.connected()
+        await expect(waiting).to_have_attribute("data-state", "queued")
+        await expect(waiting).to_contain_text("waiting for the agent")
+        await expect(waiting).to_have_count(1)
+        await tab.by("interrupt").click()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(waiting).to_have_attribute("data-state", "started")
+        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
+        tab.assert_clean("WebSocket connection")
