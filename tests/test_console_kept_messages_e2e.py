@@ -1,7 +1,10 @@
 """The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
-after a reload, before the socket is back. Real Chromium, real server and CLI, the mock Bridge."""
+after a reload, before the socket is back; and looked for again after a reload when the page could not
+tell whether the agent took them. Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from playwright.async_api import WebSocketRoute, expect
@@ -9,7 +12,7 @@ from playwright.async_api import WebSocketRoute, expect
 from devkit.mock_bridge import MockBridge
 from sprite_os.server import SpriteOS
 from tests.console_browser import chromium, signed_in
-from tests.test_console_work_kept_e2e import one_waiting, pending
+from tests.test_console_work_kept_e2e import Muted, one_waiting, pending, send_unheard
 
 pytestmark = pytest.mark.e2e
 
@@ -60,3 +63,51 @@ async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(server
         await expect(waiting).to_have_attribute("data-state", "started")
         await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
         tab.assert_clean("WebSocket connection")
+
+
+class RecordAway(Muted):
+    """`Muted`, and while `record_away` the conversation's record cannot be read: the server's answer to
+    session_turns comes as memory_unavailable."""
+
+    record_away = False
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+
+        def to_page(message: str | bytes) -> None:
+            if self.on:
+                return
+            if self.record_away and isinstance(message, str) and '"session_turns_result"' in message:
+                frame = json.loads(message)
+                message = json.dumps({"type": "error", "code": "memory_unavailable", "request_id": frame["request_id"],
+                                      "message": "memory is not available right now"})
+            page_side.send(message)
+        server_side.on_message(to_page)
+
+
+async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
+        server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent while the page heard nothing back, and taken; the reloaded page could not read the record,
+    so it said the message may not have reached the agent. The next reload reads it: the message is
+    settled by its turn, as a waiting one is, not left with a Send again that the record answers."""
+    link = RecordAway()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await send_unheard(tab, link, server, bridge, "Taken while unheard")
+        link.on, link.record_away = False, True
+        await tab.page.reload()
+        await tab.connected()
+        mine = tab.messages("user").filter(has_text="Taken while unheard")
+        await expect(mine).to_contain_text("this may not have reached the agent")
+        assert "Taken while unheard" in (await pending(tab) or "")
+
+        link.record_away = False
+        await tab.page.reload()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Taken while unheard")
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")  # its turn, from the record
+        await expect(tab.by("send-again")).to_have_count(0)
+        await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
+        tab.assert_clean()

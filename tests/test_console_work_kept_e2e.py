@@ -716,6 +716,14 @@ async def test_an_upload_cut_by_a_restart_says_to_pick_the_file_again(settings: 
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+async def send_unheard(tab: Tab, muted: Muted, server: SpriteOS, bridge: MockBridge, text: str) -> None:
+    """`tab` sends `text` while its link hears nothing back (`muted`); the agent takes it, and its turn ends."""
+    muted.on = True
+    await tab.send(text)
+    await bridge.wait_for(lambda b: any(text in r.last_user_text for r in b.agent_requests()))
+    await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+
+
 async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
         server: SpriteOS, bridge: MockBridge) -> None:
     """Sent while the page heard nothing back, and taken: after a reload the record shows its turn,
@@ -723,10 +731,7 @@ async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_relo
     muted = Muted()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=muted.route)
-        muted.on = True
-        await tab.send("Taken while unheard")
-        await bridge.wait_for(lambda b: any("Taken while unheard" in r.last_user_text for r in b.agent_requests()))
-        await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
+        await send_unheard(tab, muted, server, bridge, "Taken while unheard")
         assert "Taken while unheard" in (await pending(tab) or "")  # the page never heard it start
         muted.on = False
         await tab.page.reload()

@@ -112,16 +112,18 @@ export class ChatView {
   keepPending() {
     keep([...[...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
       id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
-      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session })),
+      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session, unsure: item.dataset.unsure === "true" })),
     ...[...this.restored.values()].map(({ entry }) => entry)]);
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
    * sending it again cannot succeed: `again` false). */
-  unsent(item, why, again = true) {
+  unsent(item, why, again = true, unsure = false) {
     const text = item.querySelector(".text").textContent;
     item.dataset.state = "refused";
     item.dataset.why = why;
+    if (unsure) item.dataset.unsure = "true"; // (looked for again after a reload)
+    else delete item.dataset.unsure;
     const meta = clear(this.meta(item));
     meta.append(why);
     if (again) {
@@ -145,14 +147,14 @@ export class ChatView {
     const unseen = await unseenSince(this.request, left);
     const unmatched = [];
     for (const item of items) {
-      const { taken, said } = afterRestart(item.dataset.clientId, unseen);
-      if (!taken) { unmatched.push([item, said]); continue; }
+      const { taken, said, unsure } = afterRestart(item.dataset.clientId, unseen);
+      if (!taken) { unmatched.push([item, said, unsure]); continue; }
       this.unsentItems.delete(item);
       item.dataset.state = "taken";
       this.meta(item).textContent = said;
     }
     this.keepPending();
-    for (const [item, said] of unmatched) this.unsent(item, said);
+    for (const [item, said, unsure] of unmatched) this.unsent(item, said, true, unsure);
   }
 
   /** The line under a message, made if it has none. */
@@ -316,7 +318,7 @@ export class ChatView {
     if (frame) replay.left -= 1;
     if (replay.left > 0 && !(frame && frame.seq > replay.last)) return;
     this.replay = null;
-    this.settleStarted(replay.items, [], SAID.lost);
+    this.settleStarted(replay.items, [], true);
   }
 
   /** After a reload, the tab's messages it had not seen settled (shown since the page loaded:
@@ -349,14 +351,15 @@ export class ChatView {
   /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
    * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
    * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
-   * (`started`); the rest say `why` (by default that they may not have reached the agent), with a Send
-   * again. `turns` is null when the record could not be read. */
-  async settleStarted(items, turns, why = SAID.unsure) {
+   * (`started`); the rest are unsent, with a Send again: they may not have reached the agent, or, `lost`
+   * (a resume's replay did not start them), never did (`inRecord`). `turns` is null when the record could
+   * not be read. */
+  async settleStarted(items, turns, lost = false) {
     const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
       const { clientId, session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (inRecord(clientId, turns, null) === "shown") {
+      if (inRecord(clientId, turns, null).verdict === "shown") {
         item.remove();
         this.unsentItems.delete(item);
         continue;
@@ -365,12 +368,13 @@ export class ChatView {
         earlier.set(session, await turnsSince(this.request, session, new Set()).catch(() => null));
       }
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
-      if (inRecord(clientId, turns, earlier.get(session)) === "taken") {
+      const { verdict, said, unsure } = inRecord(clientId, turns, earlier.get(session), lost);
+      if (verdict === "taken") {
         this.unsentItems.delete(item);
         item.dataset.state = "taken";
-        this.meta(item).textContent = SAID.takenEnded;
+        this.meta(item).textContent = said;
       } else {
-        this.unsent(item, why);
+        this.unsent(item, said, true, unsure);
       }
     }
     this.keepPending();

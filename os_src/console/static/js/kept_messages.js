@@ -4,7 +4,8 @@
 // messages it still holds, the running turn's), a refusal or `already_taken`, and the record's
 // turns (the console API's session_turns). No DOM here: entries in, decisions and words out.
 //
-// An entry: {id: its client id, text, state, why, stream: the server run it went to, session}.
+// An entry: {id: its client id, text, state, why, stream: the server run it went to, session,
+// unsure: said unsent only because the page could not tell}.
 
 // sessionStorage: per tab (another tab must not take them for its own), gone with it.
 const KEY = "sprite-os.pending";
@@ -66,9 +67,11 @@ export function held(frame) {
   return new Set([...(frame.waiting ?? []), frame.turn_client_id]);
 }
 
-/** A kept message a refusal or a check said unsent: so it stays, with its Send again, until sent. */
+/** A kept message a refusal or a check said unsent: so it stays, with its Send again, until sent. One
+ * that only may not have reached the agent (`unsure`: the record could not be read, or held a turn
+ * without a client id) is not: after a reload it is looked for again, as a waiting one is. */
 export function unsentFor(entry) {
-  return entry.state === "refused";
+  return entry.state === "refused" && !entry.unsure;
 }
 
 /** Where a message kept through a reload, not said unsent, stands at the first `ready`: "running" (it
@@ -138,14 +141,17 @@ export function afterRestart(id, unseen) {
   }
   // Every turn the old server ran is placed: each names the message it came from, and none is this one.
   const known = unseen !== null && unseen.every((t) => t.client_id);
-  return { taken: false, said: known ? "not sent: the Sprite restarted before the agent took it."
+  return { taken: false, unsure: !known, said: known ? "not sent: the Sprite restarted before the agent took it."
     : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded)." };
 }
 
-/** Whether a message the page does not know the server has is settled by the record: "shown" (its turn
- * is among `turns`, the history the conversation shows), "taken" (among `earlier`, the turns of the
- * ended session it was sent in and those after it), or "unsent". Either may be null (not read). */
-export function inRecord(id, turns, earlier) {
-  if (turns?.some((turn) => turn.client_id === id)) return "shown";
-  return earlier?.some((turn) => turn.client_id === id) ? "taken" : "unsent";
+/** Whether a message the page does not know the server has is settled by the record: {verdict: "shown"}
+ * (its turn is among `turns`, the history the conversation shows), "taken" (among `earlier`, the turns
+ * of the ended session it was sent in and those after it), or "unsent", with what it says (`lost`: the
+ * events the server replayed on a resume did not start it, so it never reached the server; else it
+ * may not have, `unsure`). Either list may be null (not read). */
+export function inRecord(id, turns, earlier, lost = false) {
+  if (turns?.some((turn) => turn.client_id === id)) return { verdict: "shown" };
+  if (earlier?.some((turn) => turn.client_id === id)) return { verdict: "taken", said: SAID.takenEnded };
+  return { verdict: "unsent", said: lost ? SAID.lost : SAID.unsure, unsure: !lost };
 }
