@@ -1,6 +1,7 @@
 """The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
-after a reload, before the socket is back; and looked for again after a reload when the page could not
-tell whether the agent took them. Real Chromium, real server and CLI, the mock Bridge."""
+after a reload, before the socket is back; looked for again after a reload when the page could not
+tell whether the agent took them; and gone for good at Sign out, a sign-in in the same page bringing
+none back. Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import pytest
 from playwright.async_api import WebSocketRoute, expect
 
+from devkit.harness import TOKEN
 from devkit.mock_bridge import MockBridge
 from sprite_os.server import SpriteOS
 from tests.console_browser import chromium, signed_in
@@ -110,4 +112,27 @@ async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_af
         await expect(mine).to_have_attribute("data-state", "started")  # its turn, from the record
         await expect(tab.by("send-again")).to_have_count(0)
         await tab.page.wait_for_function("sessionStorage.getItem('sprite-os.pending') === null")  # settled
+        tab.assert_clean()
+
+
+async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(server: SpriteOS, bridge: MockBridge) -> None:
+    """Sign out empties the tab's kept messages; signing in again in the same page (no reload) must not
+    write them back from what the page still held, nor show them as the tab's own, nor keep the draft."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await one_waiting(tab, bridge)
+        await tab.by("composer").fill("A draft of mine")
+        await tab.by("sign-out").click()
+        assert await pending(tab) is None
+        await tab.by("token-input").fill(TOKEN)  # in the same page: no reload
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        mine = '[data-testid="message"][data-role="user"][data-client-id]'  # the tab's own
+        await expect(tab.page.locator(mine)).to_have_count(0)
+        await expect(tab.by("composer")).to_have_value("")
+        await tab.by("interrupt").click()  # the waiting message runs: another device's now, for this page
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        assert await pending(tab) is None
+        assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.draft')") is None
         tab.assert_clean()

@@ -5,13 +5,11 @@ import { CanvasView } from "./canvas.js";
 import { ChatView } from "./chat.js";
 import { Connection } from "./connection.js";
 import { FilesView } from "./files.js";
-import { forgetKept } from "./kept_messages.js";
 import { MemoryView } from "./memory.js";
 import { PastSessions } from "./sessions.js";
 
 const TOKEN_KEY = "sprite-os.token";
 const THEME_KEY = "sprite-os.theme";
-const DRAFT_KEY = "sprite-os.draft";
 const $ = (id) => document.getElementById(id);
 
 const connection = new Connection({ onFrame, onStatus, onAuthFailed });
@@ -83,8 +81,7 @@ $("login-form").addEventListener("submit", (event) => {
 $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
-  sessionStorage.removeItem(DRAFT_KEY);
-  forgetKept(); // the person's words too, as the draft
+  chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   showLogin();

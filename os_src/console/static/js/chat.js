@@ -6,7 +6,7 @@
 // kept_messages.js.
 
 import { clear, dollars, el, size } from "./dom.js";
-import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
+import { SAID, afterRestart, forgetKept, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -71,6 +71,20 @@ export class ChatView {
   keepDraft() {
     if (this.composer.value) sessionStorage.setItem(DRAFT_KEY, this.composer.value);
     else sessionStorage.removeItem(DRAFT_KEY);
+  }
+
+  /** Sign out: the person's words leave the page as they leave the tab's storage (the draft, the
+   * messages kept for a reload). A sign-in after it, in this page, starts from the record alone: what
+   * the page still held is neither kept again nor shown as this tab's own. */
+  signOut() {
+    clear(this.list);
+    for (const kept of [this.queued, this.takenItems, this.unsentItems, this.turns, this.texts, this.shown, this.restored]) kept.clear();
+    Object.assign(this, { stream: null, session: null, history: null, replay: null });
+    this.sessionCost.textContent = "";
+    this.composer.value = "";
+    this.keepDraft();
+    forgetKept();
+    this.setAgent("idle", null);
   }
 
   /** Sends the composer's message, or `again` (a Send again, a Retry: the box is left as it is, even
@@ -146,7 +160,7 @@ export class ChatView {
     this.keepPending();
     const unseen = await unseenSince(this.request, left);
     const unmatched = [];
-    for (const item of items) {
+    for (const item of items.filter((mine) => mine.isConnected)) { // (not since Sign out)
       const { taken, said, unsure } = afterRestart(item.dataset.clientId, unseen);
       if (!taken) { unmatched.push([item, said, unsure]); continue; }
       this.unsentItems.delete(item);

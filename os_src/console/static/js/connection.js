@@ -42,8 +42,10 @@ export class Connection {
     this.connect();
   }
 
+  /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. */
   stop() {
     this.token = null;
+    Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
     this.retryTimer = null;
     if (this.ws) this.ws.close(1000, "signed out");
