@@ -1,7 +1,8 @@
 """The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
 after a reload, before the socket is back; looked for again after a reload when the page could not
-tell whether the agent took them; and gone for good at Sign out, a sign-in in the same page bringing
-none back. Real Chromium, real server and CLI, the mock Bridge."""
+tell whether the agent took them; gone for good at Sign out, a sign-in in the same page bringing none
+back; and a command the Sprite ran, which the record does not keep, never offered to be sent again.
+Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import json
 import pytest
 from playwright.async_api import WebSocketRoute, expect
 
-from devkit.harness import TOKEN
+from devkit.harness import TOKEN, restartable
 from devkit.mock_bridge import MockBridge
+from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
+from tests.conftest import wait_for
 from tests.console_browser import chromium, signed_in
-from tests.test_console_work_kept_e2e import Muted, one_waiting, pending, send_unheard
+from tests.test_console_work_kept_e2e import (
+    Muted,
+    one_waiting,
+    pending,
+    restart_unheard,
+    send_unheard,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -136,3 +145,29 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         assert await pending(tab) is None
         assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.draft')") is None
         tab.assert_clean()
+
+
+async def test_a_command_the_sprite_ran_unheard_is_not_offered_again_after_a_restart(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The person typed /compact; the CLI ran it (a command leaves no turn in the record) while the page
+    heard nothing back, and the server restarted. No turn names it, yet the Sprite handled it: it must
+    not be called not sent, nor offered a Send again that would run it a second time."""
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=muted.route)
+        await tab.send("The garden plan is due in May")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        muted.on = True
+        await tab.send("/compact")
+        await bridge.wait_for(lambda b: any(r.is_compaction for r in b.agent_requests()))
+        app = server.app
+        assert app is not None
+        await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
+        await restart_unheard(server, muted, tab)
+        mine = tab.messages("user").filter(has_text="/compact")
+        await expect(mine).not_to_have_attribute("data-state", "checking")
+        await expect(mine).not_to_contain_text("not sent")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        await expect(mine).to_contain_text("a command")
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")

@@ -124,10 +124,15 @@ export class ChatView {
 
   /** Keeps the tab's unsettled messages (waiting, being checked, unsent) for a reload (kept_messages.js). */
   keepPending() {
-    keep([...[...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map((item) => ({
-      id: item.dataset.clientId, text: item.querySelector(".text").textContent, state: item.dataset.state,
-      why: item.dataset.why, stream: item.dataset.stream, session: item.dataset.session, unsure: item.dataset.unsure === "true" })),
-    ...[...this.restored.values()].map(({ entry }) => entry)]);
+    keep([...[...new Set([...this.queued.values(), ...this.unsentItems])].filter((item) => item.dataset.clientId).map(entryOf),
+      ...[...this.restored.values()].map(({ entry }) => entry)]);
+  }
+
+  /** A message the record settled without a Send again: taken, or a command it cannot say of. */
+  settled(item, state, said) {
+    this.unsentItems.delete(item);
+    item.dataset.state = state;
+    this.meta(item).textContent = said;
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -161,11 +166,9 @@ export class ChatView {
     const unseen = await unseenSince(this.request, left);
     const unmatched = [];
     for (const item of items.filter((mine) => mine.isConnected)) { // (not since Sign out)
-      const { taken, said, unsure } = afterRestart(item.dataset.clientId, unseen);
-      if (!taken) { unmatched.push([item, said, unsure]); continue; }
-      this.unsentItems.delete(item);
-      item.dataset.state = "taken";
-      this.meta(item).textContent = said;
+      const { verdict, said, unsure } = afterRestart(entryOf(item), unseen);
+      if (verdict === "unsent") unmatched.push([item, said, unsure]);
+      else this.settled(item, verdict, said);
     }
     this.keepPending();
     for (const [item, said, unsure] of unmatched) this.unsent(item, said, true, unsure);
@@ -365,15 +368,16 @@ export class ChatView {
   /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
    * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
    * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
-   * (`started`); the rest are unsent, with a Send again: they may not have reached the agent, or, `lost`
-   * (a resume's replay did not start them), never did (`inRecord`). `turns` is null when the record could
+   * (`started`); a command, which the record does not keep, is said so; the rest are unsent, with a Send
+   * again: they may not have reached the agent, or, `lost` (a resume's replay did not start them), never
+   * did (`inRecord`). `turns` is null when the record could
    * not be read. */
   async settleStarted(items, turns, lost = false) {
     const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
-      const { clientId, session } = item.dataset;
+      const { session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (inRecord(clientId, turns, null).verdict === "shown") {
+      if (inRecord(entryOf(item), turns, null).verdict === "shown") {
         item.remove();
         this.unsentItems.delete(item);
         continue;
@@ -382,14 +386,9 @@ export class ChatView {
         earlier.set(session, await turnsSince(this.request, session, new Set()).catch(() => null));
       }
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
-      const { verdict, said, unsure } = inRecord(clientId, turns, earlier.get(session), lost);
-      if (verdict === "taken") {
-        this.unsentItems.delete(item);
-        item.dataset.state = "taken";
-        this.meta(item).textContent = said;
-      } else {
-        this.unsent(item, said, true, unsure);
-      }
+      const { verdict, said, unsure } = inRecord(entryOf(item), turns, earlier.get(session), lost);
+      if (verdict === "unsent") this.unsent(item, said, true, unsure);
+      else this.settled(item, verdict, said);
     }
     this.keepPending();
   }
@@ -579,3 +578,8 @@ export class ChatView {
   }
 }
 
+/** A message of the tab's own, as kept_messages.js keeps it. */
+function entryOf(item) {
+  const { clientId: id, state, why, stream, session, unsure } = item.dataset;
+  return { id, text: item.querySelector(".text").textContent, state, why, stream, session, unsure: unsure === "true" };
+}
