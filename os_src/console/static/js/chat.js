@@ -370,8 +370,7 @@ export class ChatView {
    * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
    * (`started`); a command, which the record does not keep, is said so; the rest are unsent, with a Send
    * again: they may not have reached the agent, or, `lost` (a resume's replay did not start them), never
-   * did (`inRecord`). `turns` is null when the record could
-   * not be read. */
+   * did (`inRecord`). `turns` is null when the record could not be read. */
   async settleStarted(items, turns, lost = false) {
     const earlier = new Map(); // a session the messages were sent in -> its turns and those after it (null: not read)
     for (const item of items) {
