@@ -5,7 +5,8 @@ kernel settings (deploy_contract.SYSCTLS) and their /etc/sysctl.d file, and copy
 /var/lib/sprite-os/cli. A run's users are its own (named for it), and removed at its end if it
 made them: its workers (pytest-xdist's, each a run here) may share them (SPRITE_TEST_AGENT_USER),
 so the first in records whether each existed and the last one out of those that name it removes
-it, never one while another worker uses it. So is the copy of its own venv's CLI, and the last run out removes every copy made while
+it, never one while another worker uses it; the users of a run that died before its end go at the
+next run's end. So is the copy of its own venv's CLI, and the last run out removes every copy made while
 runs went on (a deploy test's venv has its own) that no process runs. The
 kernel settings are shared by every run on the machine, and two checkouts may test at once: the
 first run in records how the host was, and the last one out restores it (runs find each other by
@@ -175,10 +176,25 @@ class HostLedger:
                 if made and _exists(name):
                     remove_user(name)
                     self.restored.append(f"removed user {name}")
+            self._remove_orphans(in_use)
             if not live:  # the last run out
                 with contextlib.suppress(OSError, ValueError):
                     self.restored += restore(json.loads((RUNS / BASELINE).read_text()))
                 (RUNS / BASELINE).unlink(missing_ok=True)
+
+
+    def _remove_orphans(self, in_use: set[str]) -> None:
+        """The users of runs that died without their exit (a killed worker): each is named for its
+        run, so no later run would ever remove it. Made by that run: removed; found: left, unmarked."""
+        for mark in RUNS.glob("user-*"):
+            name = mark.name.removeprefix("user-")
+            if name in in_use or name in self.users:
+                continue
+            made = mark.read_text() == "made"
+            mark.unlink(missing_ok=True)
+            if made and _exists(name):
+                remove_user(name)
+                self.restored.append(f"removed user {name}, left by a run that died")
 
 
 def _exists(name: str) -> bool:

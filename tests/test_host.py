@@ -165,6 +165,34 @@ def test_a_run_that_died_without_its_exit_neither_counts_nor_stays(fake_host: Pa
     assert all(host._sysctl(name).read_text() == "0\n" for name in host.SYSCTLS)  # the last live run out
 
 
+def test_the_user_a_dead_run_made_is_removed_by_the_next_run_and_a_live_runs_stays(
+        fake_host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test worker that died (CI saw one) never reached its exit: its user (named for its pid, so
+    no later run names it) and its mark stayed on the host for good."""
+    users = {"sprite-tdead", "sprite-tlive", "sprite-tfound"}
+    removed: list[str] = []
+    monkeypatch.setattr(host, "_exists", lambda name: name in users)
+    monkeypatch.setattr(host, "remove_user", lambda name: (removed.append(name), users.discard(name)))
+    runs = fake_host / "runs"
+    runs.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (runs / f"{dead.pid}.run").write_text('["sprite-tdead", "sprite-tfound"]')
+        (runs / f"{live.pid}.run").write_text('["sprite-tlive"]')
+        for name, how in (("sprite-tdead", "made"), ("sprite-tlive", "made"), ("sprite-tfound", "existed")):
+            (runs / f"user-{name}").write_text(how)
+        with host.HostLedger(()):
+            pass
+        assert removed == ["sprite-tdead"]  # made by the dead run; the one it found stays a user
+        assert not (runs / "user-sprite-tdead").exists() and not (runs / "user-sprite-tfound").exists()
+        assert (runs / "user-sprite-tlive").read_text() == "made"  # its run goes on with it
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_the_last_run_out_removes_every_cli_copy_made_while_runs_went_on(fake_host: Path) -> None:
     """A deploy test's venv has a CLI of its own, copied under another name than this checkout's:
     it stayed under /var/lib/sprite-os/cli after every run. Copies that were there before stay."""
