@@ -236,6 +236,47 @@ def test_stop_without_the_servers_account_says_what_its_log_says_or_that_nothing
     assert "closing the recall index" not in out  # an earlier stop's lines in the log are not this one's
 
 
+def test_stop_without_its_account_reads_the_log_the_server_rotated_during_its_stop(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The server's log rotates at its size (logs.py: RotatingFileHandler renames it to `.1`): a stop
+    whose first lines went to the file then renamed read only the new one, found `server_stopped`
+    alone and exited 0, though the renamed part said memory's stop left the last turns unwritten."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"
+    log.write_text(json.dumps({"event": "turn_complete", "note": "x" * 400}) + "\n")  # before the stop
+    before = [{"event": "server_stopping"}, {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]}]
+    code = ("import json, os, signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    with open({str(log)!r}, 'a') as f:\n"
+            f"        f.writelines(json.dumps(line) + '\\n' for line in {before!r})\n"
+            f"    os.rename({str(log)!r}, {str(log) + '.1'!r})\n"
+            f"    with open({str(log)!r}, 'a') as f:\n"
+            "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
+
+
+def test_stop_without_its_account_reads_the_log_the_server_writes_not_the_one_its_settings_name_now(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A server started with SPRITE_LOG_FILE elsewhere, stopped from a shell (or a restart) whose
+    settings name another log: the stop read that other log, found nothing of the stop, and said
+    nothing was known, though the server's own log said its stop ended whole."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    elsewhere = ws.parent / "elsewhere.log"
+    logged = [{"event": "server_stopping"}, {"event": "server_stopped"}]
+    server_env = {**env, "SPRITE_LOG_FILE": str(elsewhere)}
+    assert "SPRITE_LOG_FILE" not in os.environ  # the stop's own settings name the service's default log
+    assert stop_fake_server(server_env, [sys.executable, "-c", logging_server(elsewhere, logged),
+                                         "sprite_os", "serve"]) == svc.EXIT_OK
+    out = capsys.readouterr().out
+    assert "what follows is from its log" in out, out
+
+
 @pytest.mark.long  # a real server, started and stopped by the service
 def test_stop_on_a_full_disk_says_what_the_servers_log_says_of_its_stop(ws: Path, env: dict[str, str]) -> None:
     """.os/state on a tiny file system, full by the stop: the server's account of its stop can't be

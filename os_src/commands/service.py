@@ -103,19 +103,41 @@ def _logged_steps(fields: dict[str, Any]) -> list[str]:
     return [step for step in UNFINISHED_SAID if f"'{step}'" in text or f'"{step}"' in text]
 
 
-def read_logged_stop(logs: Mapping[Path, int]) -> LoggedStop:
-    """What the server logged of its stop, in each log from the offset it had at the SIGTERM (from
-    its start if it was rotated since)."""
-    stop = LoggedStop()
-    for path, offset in logs.items():
+@dataclass(frozen=True)
+class LogMark:
+    """Where a log stood at the SIGTERM: its size, and which file it was (a rotation renames it `.1`)."""
+
+    offset: int
+    inode: int | None
+
+
+def _logged_lines(path: Path, mark: LogMark) -> list[str]:
+    """The lines logged to `path` since `mark`: when the file was rotated since (logs.py renames it
+    `.1` at its size), the rest of the renamed file, then all of the new one."""
+    parts: list[tuple[Path, int]] = [(path, mark.offset)]
+    with contextlib.suppress(OSError):
+        if mark.inode is not None and path.stat().st_ino != mark.inode:
+            parts = [(path, 0)]
+            renamed = path.with_name(path.name + ".1")
+            if renamed.stat().st_ino == mark.inode:
+                parts.insert(0, (renamed, mark.offset))
+    lines: list[str] = []
+    for part, offset in parts:
         try:
-            with open(path, "rb") as f:
+            with open(part, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
-                f.seek(offset if offset <= size else 0)
-                lines = f.read(4 * 1024 * 1024).decode("utf-8", "replace").splitlines()
+                f.seek(offset if offset <= size else 0)  # truncated since: all of it is this stop's
+                lines += f.read(4 * 1024 * 1024).decode("utf-8", "replace").splitlines()
         except OSError:
             continue
-        for line in lines:
+    return lines
+
+
+def read_logged_stop(logs: Mapping[Path, LogMark]) -> LoggedStop:
+    """What the server logged of its stop, in each log from where it stood at the SIGTERM."""
+    stop = LoggedStop()
+    for path, mark in logs.items():
+        for line in _logged_lines(path, mark):
             event, fields = _logged_event(line)
             if event == "server_stopping":
                 stop.began = True
@@ -136,13 +158,14 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _log_offsets(paths: list[Path]) -> dict[Path, int]:
+def _log_offsets(paths: list[Path]) -> dict[Path, LogMark]:
     offsets = {}
     for path in paths:
         try:
-            offsets[path] = path.stat().st_size
+            st = path.stat()
+            offsets[path] = LogMark(st.st_size, st.st_ino)
         except OSError:
-            offsets[path] = 0  # not there yet: all of it is this stop's
+            offsets[path] = LogMark(0, None)  # not there yet: all of it is this stop's
     return offsets
 
 
@@ -378,7 +401,7 @@ class Service:
         report = self.layout.state_dir / STOP_REPORT
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
-        logs = _log_offsets(self._logs())
+        logs = _log_offsets(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file()
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
@@ -409,12 +432,19 @@ class Service:
             return EXIT_OK
         return EXIT_UNFINISHED
 
-    def _logs(self) -> list[Path]:
-        """Where the server logs: its log file, if the service's settings name one, and its stderr."""
-        try:
-            log_file = self.child_settings().log_file
-        except ConfigError:
-            log_file = None
+    def _logs(self, pid: int) -> list[Path]:
+        """Where the server logs: the log file it was started with (its own environment says, not this
+        command's settings, which a restart or another shell may have changed), and its stderr."""
+        env = procfs.environ(pid)
+        log_file: Path | None = None
+        if env is not None and env.get("SPRITE_LOG_FILE"):
+            own = Path(env["SPRITE_LOG_FILE"])
+            with contextlib.suppress(OSError):
+                own = own if own.is_absolute() else Path(os.readlink(f"/proc/{pid}/cwd")) / own
+            log_file = own
+        else:
+            with contextlib.suppress(ConfigError):
+                log_file = self.child_settings().log_file
         return [Path(log_file), self.server_out] if log_file is not None else [self.server_out]
 
     def _say_no_account(self, logged: LoggedStop) -> None:
