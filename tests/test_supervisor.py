@@ -191,6 +191,25 @@ def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_
     assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
 
 
+def test_a_stop_leaves_the_pid_file_a_start_wrote_while_it_waited(
+        ws: Path, env: dict[str, str], bystander: subprocess.Popen[bytes]) -> None:
+    """Two stops at once, one of them a restart's: the restart's start wrote its new server's pid
+    file while the other stop still waited for the old server, which then removed it. The new
+    server ran on with no pid file: `status` said not running, and the next start found its port
+    taken, with nothing left to stop it by."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    pid_file = settings.layout.pid_file
+    code = ("import signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    open({str(pid_file)!r}, 'w').write('{bystander.pid}\\n')  # the other command's start\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"])
+    assert pid_file.exists() and pid_file.read_text() == f"{bystander.pid}\n"
+    pid_file.unlink()
+
+
 def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
     """A server whose stop can't write its account (a full disk: it writes none) and logs `lines`."""
     return ("import json, signal, sys, time\n"

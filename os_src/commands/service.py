@@ -263,17 +263,16 @@ class Service:
             return False
         if b"sprite_os" not in args:
             return False
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+        workspace = (procfs.environ(pid) or {}).get("SPRITE_WORKSPACE")
+        if workspace is None:
             return True  # cannot tell which workspace; the command line is ours
-        for entry in environ:
-            if entry.startswith(b"SPRITE_WORKSPACE="):
-                theirs = os.path.realpath(entry.split(b"=", 1)[1].decode(errors="replace"))
-                return theirs == os.path.realpath(self.layout.root)
-        return True
+        return os.path.realpath(workspace) == os.path.realpath(self.layout.root)
 
-    def _remove_pid_file(self) -> None:
+    def _remove_pid_file(self, pid: int | None = None) -> None:
+        """`pid`: only while the file still names it (another command's start may have written its own
+        server's since: a stop waiting for the old one must not orphan the new)."""
+        if pid is not None and self.read_pid().pid != pid:
+            return
         with contextlib.suppress(FileNotFoundError):
             self.layout.pid_file.unlink()
 
@@ -403,7 +402,7 @@ class Service:
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         logs = _log_offsets(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
-        self._remove_pid_file()
+        self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
         unfinished = _unfinished(report)
