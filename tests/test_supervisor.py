@@ -200,24 +200,22 @@ def test_a_stop_leaves_the_pid_file_a_start_wrote_while_it_waited(
     settings = load_settings(env)
     settings.layout.ensure()
     pid_file = settings.layout.pid_file
-    code = ("import signal, sys, time\n"
-            "def stop(*_):\n"
-            f"    open({str(pid_file)!r}, 'w').write('{bystander.pid}\\n')  # the other command's start\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    code = stopping_server(f"    open({str(pid_file)!r}, 'w').write('{bystander.pid}\\n')\n")  # another's start
     stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"])
     assert pid_file.exists() and pid_file.read_text() == f"{bystander.pid}\n"
     pid_file.unlink()
 
 
+def stopping_server(on_stop: str) -> str:
+    """A stand-in server whose SIGTERM runs `on_stop` (Python lines, indented by four) and exits 0."""
+    return ("import json, os, signal, sys, time\ndef stop(*_):\n" + on_stop + "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+
+
 def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
     """A server whose stop can't write its account (a full disk: it writes none) and logs `lines`."""
-    return ("import json, signal, sys, time\n"
-            "def stop(*_):\n"
-            f"    with open({str(log)!r}, 'a') as f:\n"
-            f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    return stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n")
 
 
 @pytest.mark.parametrize(("logged", "expected", "said"), [
@@ -265,18 +263,32 @@ def test_stop_without_its_account_reads_the_log_the_server_rotated_during_its_st
     log = settings.layout.logs_dir / "sprite-os.log"
     log.write_text(json.dumps({"event": "turn_complete", "note": "x" * 400}) + "\n")  # before the stop
     before = [{"event": "server_stopping"}, {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]}]
-    code = ("import json, os, signal, sys, time\n"
-            "def stop(*_):\n"
-            f"    with open({str(log)!r}, 'a') as f:\n"
-            f"        f.writelines(json.dumps(line) + '\\n' for line in {before!r})\n"
-            f"    os.rename({str(log)!r}, {str(log) + '.1'!r})\n"
-            f"    with open({str(log)!r}, 'a') as f:\n"
-            "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    code = stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           f"        f.writelines(json.dumps(line) + '\\n' for line in {before!r})\n"
+                           f"    os.rename({str(log)!r}, {str(log) + '.1'!r})\n"
+                           f"    with open({str(log)!r}, 'a') as f:\n"
+                           "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n")
     assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_UNFINISHED
     out = capsys.readouterr().out
     assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
+
+
+def test_stop_without_its_account_reads_all_the_server_logged_during_its_stop(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A stop in a storm of errors: more than 4 MB logged between `server_stopping` and
+    `server_stopped` (a log rotates at 10 MB). Only the first 4 MB were read: the stop seemed
+    never to end, and a whole stop exited 5, memory's stop as a whole said unfinished."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"
+    storm = json.dumps({"event": "connection_failed", "error": "e" * 400})
+    code = stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           "        f.write(json.dumps({'event': 'server_stopping'}) + '\\n')\n"
+                           f"        f.write({storm + chr(10)!r} * 12_000)\n"  # about 5 MB
+                           "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n")
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_OK
+    out = capsys.readouterr().out
+    assert "what follows is from its log" in out and "exit 5" not in out, out
 
 
 def test_stop_without_its_account_reads_the_log_the_server_writes_not_the_one_its_settings_name_now(

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,7 @@ class LogMark:
     inode: int | None
 
 
-def _logged_lines(path: Path, mark: LogMark) -> list[str]:
+def _logged_lines(path: Path, mark: LogMark) -> Iterator[str]:
     """The lines logged to `path` since `mark`: when the file was rotated since (logs.py renames it
     `.1` at its size), the rest of the renamed file, then all of the new one."""
     parts: list[tuple[Path, int]] = [(path, mark.offset)]
@@ -121,16 +121,17 @@ def _logged_lines(path: Path, mark: LogMark) -> list[str]:
             renamed = path.with_name(path.name + ".1")
             if renamed.stat().st_ino == mark.inode:
                 parts.insert(0, (renamed, mark.offset))
-    lines: list[str] = []
     for part, offset in parts:
         try:
             with open(part, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
                 f.seek(offset if offset <= size else 0)  # truncated since: all of it is this stop's
-                lines += f.read(4 * 1024 * 1024).decode("utf-8", "replace").splitlines()
+                # All of it, a line at a time (a log rotates at its size: logs.py): a storm of errors
+                # during the stop must not hide its last lines.
+                for raw in f:
+                    yield raw.decode("utf-8", "replace").rstrip("\r\n")
         except OSError:
             continue
-    return lines
 
 
 def read_logged_stop(logs: Mapping[Path, LogMark]) -> LoggedStop:
