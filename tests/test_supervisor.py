@@ -308,6 +308,43 @@ def test_stop_without_its_account_reads_the_log_the_server_writes_not_the_one_it
     assert "what follows is from its log" in out, out
 
 
+def test_stop_on_a_read_only_state_dir_takes_no_earlier_stops_account_for_its_own(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """.os/state remounted read-only (a failing disk's errors=remount-ro): the earlier stop's account
+    could not be removed and this server could not write its own, so the stop read the earlier one
+    as this stop's (there: nothing short, exit 0), though this server logged that the last turns'
+    writes did not finish."""
+    settings = load_settings(env)
+    layout = settings.layout
+    layout.ensure()
+    log = layout.logs_dir / "sprite-os.log"
+    logged = [{"event": "server_stopping"},
+              {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]},
+              {"event": "stop_report_unwritten", "error": "OSError(30, 'Read-only file system')"},
+              {"event": "server_stopped"}]
+    proc = subprocess.Popen([sys.executable, "-c", logging_server(log, logged), "sprite_os", "serve"],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        with faults.small_tmpfs(layout.state_dir, "1m") as state:
+            assert proc.stdout and proc.stdout.readline() == b"up\n"
+            layout.pid_file.write_text(f"{proc.pid}\n")
+            (state / STOP_REPORT).write_text('{"unfinished": []}')  # the earlier stop's, all finished
+            if subprocess.run(["mount", "-o", "remount,ro", str(state)], capture_output=True).returncode != 0:
+                pytest.skip("cannot remount a tmpfs read-only here")
+            try:
+                code = svc.service_main(settings, "stop")
+            finally:
+                subprocess.run(["mount", "-o", "remount,rw", str(state)], check=False)
+    except faults.FaultSetupFailed as exc:
+        pytest.skip(str(exc))
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
+    out = capsys.readouterr().out
+    assert code == svc.EXIT_UNFINISHED, out
+    assert "Read-only file system" in out and "(capture)" in out, out
+
+
 @pytest.mark.long  # a real server, started and stopped by the service
 def test_stop_on_a_full_disk_says_what_the_servers_log_says_of_its_stop(ws: Path, env: dict[str, str]) -> None:
     """.os/state on a tiny file system, full by the stop: the server's account of its stop can't be

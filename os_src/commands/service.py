@@ -58,9 +58,21 @@ EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds 
 LACKS = "the databases may lack its last turns until the next start completes them"
 
 
-def _unfinished(report: Path) -> list[str] | None:
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Which file `path` is (None: none is there); the server writes a new one (atomic_write)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _unfinished(report: Path, earlier: tuple[int, int] | None = None) -> list[str] | None:
     """The steps of memory's stop the server said did not finish (None: no account: a full disk
-    refused it, or a server that predates it)."""
+    refused it, or a server that predates it). `earlier`: an earlier stop's account that could not be
+    removed (a read-only disk), which is not this stop's."""
+    if earlier is not None and _file_id(report) == earlier:
+        return None
     try:
         steps = json.loads(report.read_bytes()).get("unfinished", [])
     except (OSError, ValueError, AttributeError):
@@ -274,8 +286,11 @@ class Service:
         server's since: a stop waiting for the old one must not orphan the new)."""
         if pid is not None and self.read_pid().pid != pid:
             return
-        with contextlib.suppress(FileNotFoundError):
-            self.layout.pid_file.unlink()
+        try:
+            self.layout.pid_file.unlink(missing_ok=True)
+        except OSError as exc:  # a read-only disk: the server is stopped all the same; the file names a dead pid
+            say(f"could not remove the pid file {self.layout.pid_file} ({exc.strerror or exc}): "
+                "the next command finds it stale")
 
     # -- settings for the child (commands/service_env.py)
 
@@ -401,12 +416,13 @@ class Service:
         report = self.layout.state_dir / STOP_REPORT
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
+        earlier = _file_id(report)  # still there: a read-only disk kept the earlier stop's
         logs = _log_offsets(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
-        unfinished = _unfinished(report)
+        unfinished = _unfinished(report, earlier)
         if unfinished is None:  # no account: a full disk refused it; say what the log says, if anything
             logged = read_logged_stop(logs)
             unfinished = logged.steps
