@@ -228,8 +228,11 @@ def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
                            "what follows is from its log",
                            "memory's stop did not finish within its share of the stop: the last turns' writes",
                            "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)"]),
+    # A server that predates the account (a deploy's restart stops the old release's): its stop ended, and
+    # it logged no refusal, so no disk is blamed.
     ([{"event": "server_stopping"}, {"event": "server_stopped"}],
-     svc.EXIT_OK, ["what follows is from its log"]),
+     svc.EXIT_OK, ["(it was not written: the server predates it, or logged no refusal;",
+                   "what follows is from its log"]),
     # Its stop began and never ended (the exit guard ended it): memory's stop as a whole did not finish.
     ([{"event": "server_stopping"}], svc.EXIT_UNFINISHED, ["memory's stop as a whole"]),
     # The log could not be written either: nothing is known, and it is said so, not "stopped" and exit 0.

@@ -467,7 +467,12 @@ class Service:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
         free = _free_bytes(self.layout.state_dir)
-        why = f"it could not be written: {logged.unwritten}" if logged.unwritten else "it was not written"
+        if logged.unwritten:
+            why = f"it could not be written: {logged.unwritten}"
+        elif logged.ended:  # a whole stop logged, and no refusal: an older release's server writes none
+            why = "it was not written: the server predates it, or logged no refusal"
+        else:
+            why = "it was not written"
         room = f"; {free:,} bytes free on its disk" if free is not None else ""
         source = "what follows is from its log" if logged.steps is not None else "nor does its log say"
         say(f"the server left no account of its stop in {report} ({why}{room}): {source}")
