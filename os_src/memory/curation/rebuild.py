@@ -23,7 +23,7 @@ from pathlib import Path
 from ...config import Settings
 from ...db_worker import Worker
 from ...errors import CuratorError, LockHeld
-from ...fsutil import WriterLock
+from ...fsutil import WriterLock, atomic_write
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
 from ..forget.learnings import forget_again, forgotten_keys
@@ -65,6 +65,19 @@ def _previous_groups(path: Path) -> list[list[int]]:
     return [json.loads(r[0]) for r in rows]
 
 
+UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an unfinished rebuild set aside
+
+
+def _unfinished(memory_db: Path) -> Path | None:
+    """The memory.db as it was before a rebuild that did not finish (the curator down past its retries,
+    a kill -9): what was forgotten is there, not in the half-made memory.db it left."""
+    try:
+        before = memory_db.with_name(memory_db.with_name(UNFINISHED).read_text().strip())
+    except (OSError, ValueError):  # none, or not a name
+        return None
+    return before if before.name.startswith(f"{memory_db.name}.before-rebuild-") and before.exists() else None
+
+
 def _set_aside(path: Path) -> Path | None:
     if not path.exists():
         return None
@@ -98,9 +111,13 @@ async def rebuild(settings: Settings) -> RebuildReport:
     except LockHeld as exc:
         raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
-        previous = _previous_groups(layout.memory_db)
-        forgotten = forgotten_keys(layout.memory_db)  # what a person forgot stays forgotten
+        unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
+        previous = _previous_groups(unfinished or layout.memory_db)
+        # What a person forgot stays forgotten: the rebuild forgets it again only at its end.
+        forgotten = {**forgotten_keys(layout.memory_db), **(forgotten_keys(unfinished) if unfinished else {})}
         backup = _set_aside(layout.memory_db)
+        if unfinished is None and backup is not None:
+            atomic_write(layout.memory_db.with_name(UNFINISHED), backup.name.encode())
         files = MemoryFiles(layout)
         for name in CURATED:
             _clear(files, name)
@@ -117,6 +134,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
                 batches, turns = batches + 1, turns + len(group)
                 log.info("rebuild_progress", batch=batches, turns=turns, of=total)
             await memory.call(lambda m: forget_again(m, forgotten))
+            layout.memory_db.with_name(UNFINISHED).unlink(missing_ok=True)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
             return RebuildReport(turns, batches, learnings, backup, cost)
         finally:
