@@ -424,6 +424,7 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
             memory.close()
         return {content: bool(forgotten) for content, forgotten in rows}
 
+    monkeypatch.setattr(module.time, "strftime", lambda *_: "20261126T184900")  # every rebuild within one second
     bridge.curator.script("FACT: Has a cat named Miso [#1]", "FACT: Lives in Oslo [#2]")
     await module.rebuild(settings)
     memory = MemoryDB(settings.layout.memory_db)
@@ -445,5 +446,11 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
         await module.rebuild(settings)
     monkeypatch.setattr(module, "_with_retries", real)
     bridge.curator.script("FACT: Has a cat named Miso [#1]", "FACT: Lives in Oslo [#2]")
-    await module.rebuild(settings)  # run again, the proxy back
+    report = await module.rebuild(settings)  # run again, the proxy back
     assert learned() == {"Has a cat named Miso": True, "Lives in Oslo": False}
+    # Each copy set aside stays (none over another set aside within the same second), and the recall's rebuild
+    # takes which turn each vector was made after from the one before the rebuild that did not finish.
+    first = settings.layout.memory_db.with_name("memory.db.before-rebuild-20261126T184900")
+    assert sorted(p.name for p in settings.layout.memory_dir.glob("memory.db.before-rebuild-*")) == [
+        first.name, f"{first.name}-1"]
+    assert report.before == first  # the one the rebuild that stopped set aside, not the half-made one after it

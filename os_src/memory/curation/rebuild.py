@@ -47,6 +47,9 @@ class RebuildReport:
     learnings: int
     backup: Path | None
     cost_usd: float
+    # The memory.db whose record the rebuilt one takes on (which turn each kept vector was made after):
+    # `backup`, or the one before an earlier rebuild that did not finish.
+    before: Path | None = None
 
 
 def _previous_groups(path: Path) -> list[list[int]]:
@@ -78,12 +81,25 @@ def _unfinished(memory_db: Path) -> Path | None:
     return before if before.name.startswith(f"{memory_db.name}.before-rebuild-") and before.exists() else None
 
 
+def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
+    """What a person forgot, which stays forgotten (the rebuild forgets it again only at its end)."""
+    if unfinished is None:
+        return forgotten_keys(memory_db)
+    forgotten = {**forgotten_keys(memory_db), **forgotten_keys(unfinished)}
+    for suffix in ("-wal", "-shm"):  # the read left them beside a copy checkpointed when set aside
+        Path(f"{unfinished}{suffix}").unlink(missing_ok=True)
+    return forgotten
+
+
 def _set_aside(path: Path) -> Path | None:
     if not path.exists():
         return None
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    backup = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
+    stamp = time.strftime('%Y%m%dT%H%M%S')
+    backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}"), 1
+    while backup.exists():  # a rebuild run again within the second: the copy set aside before it stays
+        backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}-{n}"), n + 1
     path.rename(backup)
     for suffix in ("-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -113,8 +129,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
     try:
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
         previous = _previous_groups(unfinished or layout.memory_db)
-        # What a person forgot stays forgotten: the rebuild forgets it again only at its end.
-        forgotten = {**forgotten_keys(layout.memory_db), **(forgotten_keys(unfinished) if unfinished else {})}
+        forgotten = _forgotten(layout.memory_db, unfinished)
         backup = _set_aside(layout.memory_db)
         if unfinished is None and backup is not None:
             atomic_write(layout.memory_db.with_name(UNFINISHED), backup.name.encode())
@@ -136,7 +151,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
             await memory.call(lambda m: forget_again(m, forgotten))
             layout.memory_db.with_name(UNFINISHED).unlink(missing_ok=True)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
-            return RebuildReport(turns, batches, learnings, backup, cost)
+            return RebuildReport(turns, batches, learnings, backup, cost, unfinished or backup)
         finally:
             await curator.close()
             await asyncio.gather(transcript.close(), memory.close())
