@@ -79,3 +79,13 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment the process started with; None if it is gone or not ours to see."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}

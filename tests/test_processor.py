@@ -399,3 +399,58 @@ async def test_the_probe_counts_any_http_answer_as_up_and_only_no_answer_as_down
         assert await down.probe() is False
     finally:
         await down.close()
+
+
+async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgotten_what_was(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild forgets again what was forgotten before it only at its end. One that stops half-way
+    (the curator down past its retries, or a kill -9) leaves a memory.db that has learned it again
+    and forgotten nothing; the rebuild run again read what was forgotten from that one, found
+    nothing, and what the person had forgotten was remembered for good."""
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.forget.learnings import set_forgotten
+
+    settings = make_settings(tmp_path, bridge.url).with_overrides(memory_batch_turns=1)
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
+    db.append(NewObservation(2.0, "s1", 2, "I live in Oslo", "[]", "ok"))
+    db.close()
+
+    def learned() -> dict[str, bool]:
+        memory = MemoryDB(settings.layout.memory_db)
+        try:
+            rows = memory.conn.execute("SELECT content, forgotten_at IS NOT NULL FROM learnings").fetchall()
+        finally:
+            memory.close()
+        return {content: bool(forgotten) for content, forgotten in rows}
+
+    monkeypatch.setattr(module.time, "strftime", lambda *_: "20261126T184900")  # every rebuild within one second
+    bridge.curator.script("FACT: Has a cat named Miso [#1]", "FACT: Lives in Oslo [#2]")
+    await module.rebuild(settings)
+    memory = MemoryDB(settings.layout.memory_db)
+    (miso,) = [i for (i,) in memory.conn.execute("SELECT id FROM learnings WHERE content LIKE '%Miso%'")]
+    set_forgotten(memory, miso, True, 3.0)  # the person forgets it
+    memory.close()
+
+    real, calls = module._with_retries, []
+
+    async def stops_at_the_second_batch(processor: BatchProcessor, group: list[Observation]) -> float:
+        calls.append(1)
+        if len(calls) == 2:
+            raise CuratorError("rebuild stopped at turn #2: the proxy is down")
+        return await real(processor, group)
+
+    monkeypatch.setattr(module, "_with_retries", stops_at_the_second_batch)
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")
+    with pytest.raises(CuratorError):
+        await module.rebuild(settings)
+    monkeypatch.setattr(module, "_with_retries", real)
+    bridge.curator.script("FACT: Has a cat named Miso [#1]", "FACT: Lives in Oslo [#2]")
+    report = await module.rebuild(settings)  # run again, the proxy back
+    assert learned() == {"Has a cat named Miso": True, "Lives in Oslo": False}
+    # Each copy set aside stays (none over another set aside within the same second), and the recall's rebuild
+    # takes which turn each vector was made after from the one before the rebuild that did not finish.
+    first = settings.layout.memory_db.with_name("memory.db.before-rebuild-20261126T184900")
+    assert sorted(p.name for p in settings.layout.memory_dir.glob("memory.db.before-rebuild-*")) == [
+        first.name, f"{first.name}-1"]
+    assert report.before == first  # the one the rebuild that stopped set aside, not the half-made one after it

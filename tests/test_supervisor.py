@@ -191,14 +191,31 @@ def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_
     assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
 
 
+def test_a_stop_leaves_the_pid_file_a_start_wrote_while_it_waited(
+        ws: Path, env: dict[str, str], bystander: subprocess.Popen[bytes]) -> None:
+    """Two stops at once, one of them a restart's: the restart's start wrote its new server's pid
+    file while the other stop still waited for the old server, which then removed it. The new
+    server ran on with no pid file: `status` said not running, and the next start found its port
+    taken, with nothing left to stop it by."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    pid_file = settings.layout.pid_file
+    code = stopping_server(f"    open({str(pid_file)!r}, 'w').write('{bystander.pid}\\n')\n")  # another's start
+    stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"])
+    assert pid_file.exists() and pid_file.read_text() == f"{bystander.pid}\n"
+    pid_file.unlink()
+
+
+def stopping_server(on_stop: str) -> str:
+    """A stand-in server whose SIGTERM runs `on_stop` (Python lines, indented by four) and exits 0."""
+    return ("import json, os, signal, sys, time\ndef stop(*_):\n" + on_stop + "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+
+
 def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
     """A server whose stop can't write its account (a full disk: it writes none) and logs `lines`."""
-    return ("import json, signal, sys, time\n"
-            "def stop(*_):\n"
-            f"    with open({str(log)!r}, 'a') as f:\n"
-            f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n"
-            "    sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    return stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n")
 
 
 @pytest.mark.parametrize(("logged", "expected", "said"), [
@@ -211,8 +228,11 @@ def logging_server(log: Path, lines: list[dict[str, object]]) -> str:
                            "what follows is from its log",
                            "memory's stop did not finish within its share of the stop: the last turns' writes",
                            "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)"]),
+    # A server that predates the account (a deploy's restart stops the old release's): its stop ended, and
+    # it logged no refusal, so no disk is blamed.
     ([{"event": "server_stopping"}, {"event": "server_stopped"}],
-     svc.EXIT_OK, ["what follows is from its log"]),
+     svc.EXIT_OK, ["(it was not written: the server predates it, or logged no refusal;",
+                   "what follows is from its log"]),
     # Its stop began and never ended (the exit guard ended it): memory's stop as a whole did not finish.
     ([{"event": "server_stopping"}], svc.EXIT_UNFINISHED, ["memory's stop as a whole"]),
     # The log could not be written either: nothing is known, and it is said so, not "stopped" and exit 0.
@@ -234,6 +254,98 @@ def test_stop_without_the_servers_account_says_what_its_log_says_or_that_nothing
     for words in said:
         assert words in out, out
     assert "closing the recall index" not in out  # an earlier stop's lines in the log are not this one's
+
+
+def test_stop_without_its_account_reads_the_log_the_server_rotated_during_its_stop(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The server's log rotates at its size (logs.py: RotatingFileHandler renames it to `.1`): a stop
+    whose first lines went to the file then renamed read only the new one, found `server_stopped`
+    alone and exited 0, though the renamed part said memory's stop left the last turns unwritten."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"
+    log.write_text(json.dumps({"event": "turn_complete", "note": "x" * 400}) + "\n")  # before the stop
+    before = [{"event": "server_stopping"}, {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]}]
+    code = stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           f"        f.writelines(json.dumps(line) + '\\n' for line in {before!r})\n"
+                           f"    os.rename({str(log)!r}, {str(log) + '.1'!r})\n"
+                           f"    with open({str(log)!r}, 'a') as f:\n"
+                           "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n")
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
+
+
+def test_stop_without_its_account_reads_all_the_server_logged_during_its_stop(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A stop in a storm of errors: more than 4 MB logged between `server_stopping` and
+    `server_stopped` (a log rotates at 10 MB). Only the first 4 MB were read: the stop seemed
+    never to end, and a whole stop exited 5, memory's stop as a whole said unfinished."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"
+    storm = json.dumps({"event": "connection_failed", "error": "e" * 400})
+    code = stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           "        f.write(json.dumps({'event': 'server_stopping'}) + '\\n')\n"
+                           f"        f.write({storm + chr(10)!r} * 12_000)\n"  # about 5 MB
+                           "        f.write(json.dumps({'event': 'server_stopped'}) + '\\n')\n")
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_OK
+    out = capsys.readouterr().out
+    assert "what follows is from its log" in out and "exit 5" not in out, out
+
+
+def test_stop_without_its_account_reads_the_log_the_server_writes_not_the_one_its_settings_name_now(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A server started with SPRITE_LOG_FILE elsewhere, stopped from a shell (or a restart) whose
+    settings name another log: the stop read that other log, found nothing of the stop, and said
+    nothing was known, though the server's own log said its stop ended whole."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    elsewhere = ws.parent / "elsewhere.log"
+    logged = [{"event": "server_stopping"}, {"event": "server_stopped"}]
+    server_env = {**env, "SPRITE_LOG_FILE": str(elsewhere)}
+    assert "SPRITE_LOG_FILE" not in os.environ  # the stop's own settings name the service's default log
+    assert stop_fake_server(server_env, [sys.executable, "-c", logging_server(elsewhere, logged),
+                                         "sprite_os", "serve"]) == svc.EXIT_OK
+    out = capsys.readouterr().out
+    assert "what follows is from its log" in out, out
+
+
+def test_stop_on_a_read_only_state_dir_takes_no_earlier_stops_account_for_its_own(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """.os/state remounted read-only (a failing disk's errors=remount-ro): the earlier stop's account
+    could not be removed and this server could not write its own, so the stop read the earlier one
+    as this stop's (there: nothing short, exit 0), though this server logged that the last turns'
+    writes did not finish."""
+    settings = load_settings(env)
+    layout = settings.layout
+    layout.ensure()
+    log = layout.logs_dir / "sprite-os.log"
+    logged = [{"event": "server_stopping"},
+              {"event": "server_stopped_with_memory_unfinished", "steps": ["capture"]},
+              {"event": "stop_report_unwritten", "error": "OSError(30, 'Read-only file system')"},
+              {"event": "server_stopped"}]
+    proc = subprocess.Popen([sys.executable, "-c", logging_server(log, logged), "sprite_os", "serve"],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        with faults.small_tmpfs(layout.state_dir, "1m") as state:
+            assert proc.stdout and proc.stdout.readline() == b"up\n"
+            layout.pid_file.write_text(f"{proc.pid}\n")
+            (state / STOP_REPORT).write_text('{"unfinished": []}')  # the earlier stop's, all finished
+            if subprocess.run(["mount", "-o", "remount,ro", str(state)], capture_output=True).returncode != 0:
+                pytest.skip("cannot remount a tmpfs read-only here")
+            try:
+                code = svc.service_main(settings, "stop")
+            finally:
+                subprocess.run(["mount", "-o", "remount,rw", str(state)], check=False)
+    except faults.FaultSetupFailed as exc:
+        pytest.skip(str(exc))
+    finally:
+        proc.kill()
+        proc.wait(timeout=5)
+    out = capsys.readouterr().out
+    assert code == svc.EXIT_UNFINISHED, out
+    assert "Read-only file system" in out and "(capture)" in out, out
 
 
 @pytest.mark.long  # a real server, started and stopped by the service

@@ -138,7 +138,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
         if rebuilt.backup:
             print(f"the previous memory.db is kept at {rebuilt.backup}")
-        backup = rebuilt.backup
+        backup = rebuilt.before
     lock = WriterLock(settings.layout.memory_lock)
     try:
         lock.acquire()

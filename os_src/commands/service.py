@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +58,21 @@ EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds 
 LACKS = "the databases may lack its last turns until the next start completes them"
 
 
-def _unfinished(report: Path) -> list[str] | None:
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """Which file `path` is (None: none is there); the server writes a new one (atomic_write)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _unfinished(report: Path, earlier: tuple[int, int] | None = None) -> list[str] | None:
     """The steps of memory's stop the server said did not finish (None: no account: a full disk
-    refused it, or a server that predates it)."""
+    refused it, or a server that predates it). `earlier`: an earlier stop's account that could not be
+    removed (a read-only disk), which is not this stop's."""
+    if earlier is not None and _file_id(report) == earlier:
+        return None
     try:
         steps = json.loads(report.read_bytes()).get("unfinished", [])
     except (OSError, ValueError, AttributeError):
@@ -103,19 +115,42 @@ def _logged_steps(fields: dict[str, Any]) -> list[str]:
     return [step for step in UNFINISHED_SAID if f"'{step}'" in text or f'"{step}"' in text]
 
 
-def read_logged_stop(logs: Mapping[Path, int]) -> LoggedStop:
-    """What the server logged of its stop, in each log from the offset it had at the SIGTERM (from
-    its start if it was rotated since)."""
-    stop = LoggedStop()
-    for path, offset in logs.items():
+@dataclass(frozen=True)
+class LogMark:
+    """Where a log stood at the SIGTERM: its size, and which file it was (a rotation renames it `.1`)."""
+
+    offset: int
+    inode: int | None
+
+
+def _logged_lines(path: Path, mark: LogMark) -> Iterator[str]:
+    """The lines logged to `path` since `mark`: when the file was rotated since (logs.py renames it
+    `.1` at its size), the rest of the renamed file, then all of the new one."""
+    parts: list[tuple[Path, int]] = [(path, mark.offset)]
+    with contextlib.suppress(OSError):
+        if mark.inode is not None and path.stat().st_ino != mark.inode:
+            parts = [(path, 0)]
+            renamed = path.with_name(path.name + ".1")
+            if renamed.stat().st_ino == mark.inode:
+                parts.insert(0, (renamed, mark.offset))
+    for part, offset in parts:
         try:
-            with open(path, "rb") as f:
+            with open(part, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
-                f.seek(offset if offset <= size else 0)
-                lines = f.read(4 * 1024 * 1024).decode("utf-8", "replace").splitlines()
+                f.seek(offset if offset <= size else 0)  # truncated since: all of it is this stop's
+                # All of it, a line at a time (a log rotates at its size: logs.py): a storm of errors
+                # during the stop must not hide its last lines.
+                for raw in f:
+                    yield raw.decode("utf-8", "replace").rstrip("\r\n")
         except OSError:
             continue
-        for line in lines:
+
+
+def read_logged_stop(logs: Mapping[Path, LogMark]) -> LoggedStop:
+    """What the server logged of its stop, in each log from where it stood at the SIGTERM."""
+    stop = LoggedStop()
+    for path, mark in logs.items():
+        for line in _logged_lines(path, mark):
             event, fields = _logged_event(line)
             if event == "server_stopping":
                 stop.began = True
@@ -136,13 +171,14 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _log_offsets(paths: list[Path]) -> dict[Path, int]:
+def _log_offsets(paths: list[Path]) -> dict[Path, LogMark]:
     offsets = {}
     for path in paths:
         try:
-            offsets[path] = path.stat().st_size
+            st = path.stat()
+            offsets[path] = LogMark(st.st_size, st.st_ino)
         except OSError:
-            offsets[path] = 0  # not there yet: all of it is this stop's
+            offsets[path] = LogMark(0, None)  # not there yet: all of it is this stop's
     return offsets
 
 
@@ -240,19 +276,21 @@ class Service:
             return False
         if b"sprite_os" not in args:
             return False
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+        workspace = (procfs.environ(pid) or {}).get("SPRITE_WORKSPACE")
+        if workspace is None:
             return True  # cannot tell which workspace; the command line is ours
-        for entry in environ:
-            if entry.startswith(b"SPRITE_WORKSPACE="):
-                theirs = os.path.realpath(entry.split(b"=", 1)[1].decode(errors="replace"))
-                return theirs == os.path.realpath(self.layout.root)
-        return True
+        return os.path.realpath(workspace) == os.path.realpath(self.layout.root)
 
-    def _remove_pid_file(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.layout.pid_file.unlink()
+    def _remove_pid_file(self, pid: int | None = None) -> None:
+        """`pid`: only while the file still names it (another command's start may have written its own
+        server's since: a stop waiting for the old one must not orphan the new)."""
+        if pid is not None and self.read_pid().pid != pid:
+            return
+        try:
+            self.layout.pid_file.unlink(missing_ok=True)
+        except OSError as exc:  # a read-only disk: the server is stopped all the same; the file names a dead pid
+            say(f"could not remove the pid file {self.layout.pid_file} ({exc.strerror or exc}): "
+                "the next command finds it stale")
 
     # -- settings for the child (commands/service_env.py)
 
@@ -378,12 +416,13 @@ class Service:
         report = self.layout.state_dir / STOP_REPORT
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
-        logs = _log_offsets(self._logs())
+        earlier = _file_id(report)  # still there: a read-only disk kept the earlier stop's
+        logs = _log_offsets(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
-        self._remove_pid_file()
+        self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
-        unfinished = _unfinished(report)
+        unfinished = _unfinished(report, earlier)
         if unfinished is None:  # no account: a full disk refused it; say what the log says, if anything
             logged = read_logged_stop(logs)
             unfinished = logged.steps
@@ -409,19 +448,31 @@ class Service:
             return EXIT_OK
         return EXIT_UNFINISHED
 
-    def _logs(self) -> list[Path]:
-        """Where the server logs: its log file, if the service's settings name one, and its stderr."""
-        try:
-            log_file = self.child_settings().log_file
-        except ConfigError:
-            log_file = None
+    def _logs(self, pid: int) -> list[Path]:
+        """Where the server logs: the log file it was started with (its own environment says, not this
+        command's settings, which a restart or another shell may have changed), and its stderr."""
+        env = procfs.environ(pid)
+        log_file: Path | None = None
+        if env is not None and env.get("SPRITE_LOG_FILE"):
+            own = Path(env["SPRITE_LOG_FILE"])
+            with contextlib.suppress(OSError):
+                own = own if own.is_absolute() else Path(os.readlink(f"/proc/{pid}/cwd")) / own
+            log_file = own
+        else:
+            with contextlib.suppress(ConfigError):
+                log_file = self.child_settings().log_file
         return [Path(log_file), self.server_out] if log_file is not None else [self.server_out]
 
     def _say_no_account(self, logged: LoggedStop) -> None:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
         free = _free_bytes(self.layout.state_dir)
-        why = f"it could not be written: {logged.unwritten}" if logged.unwritten else "it was not written"
+        if logged.unwritten:
+            why = f"it could not be written: {logged.unwritten}"
+        elif logged.ended:  # a whole stop logged, and no refusal: an older release's server writes none
+            why = "it was not written: the server predates it, or logged no refusal"
+        else:
+            why = "it was not written"
         room = f"; {free:,} bytes free on its disk" if free is not None else ""
         source = "what follows is from its log" if logged.steps is not None else "nor does its log say"
         say(f"the server left no account of its stop in {report} ({why}{room}): {source}")

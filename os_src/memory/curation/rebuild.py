@@ -23,7 +23,7 @@ from pathlib import Path
 from ...config import Settings
 from ...db_worker import Worker
 from ...errors import CuratorError, LockHeld
-from ...fsutil import WriterLock
+from ...fsutil import WriterLock, atomic_write
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
 from ..forget.learnings import forget_again, forgotten_keys
@@ -47,6 +47,9 @@ class RebuildReport:
     learnings: int
     backup: Path | None
     cost_usd: float
+    # The memory.db whose record the rebuilt one takes on (which turn each kept vector was made after):
+    # `backup`, or the one before an earlier rebuild that did not finish.
+    before: Path | None = None
 
 
 def _previous_groups(path: Path) -> list[list[int]]:
@@ -65,12 +68,38 @@ def _previous_groups(path: Path) -> list[list[int]]:
     return [json.loads(r[0]) for r in rows]
 
 
+UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an unfinished rebuild set aside
+
+
+def _unfinished(memory_db: Path) -> Path | None:
+    """The memory.db as it was before a rebuild that did not finish (the curator down past its retries,
+    a kill -9): what was forgotten is there, not in the half-made memory.db it left."""
+    try:
+        before = memory_db.with_name(memory_db.with_name(UNFINISHED).read_text().strip())
+    except (OSError, ValueError):  # none, or not a name
+        return None
+    return before if before.name.startswith(f"{memory_db.name}.before-rebuild-") and before.exists() else None
+
+
+def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
+    """What a person forgot, which stays forgotten (the rebuild forgets it again only at its end)."""
+    if unfinished is None:
+        return forgotten_keys(memory_db)
+    forgotten = {**forgotten_keys(memory_db), **forgotten_keys(unfinished)}
+    for suffix in ("-wal", "-shm"):  # the read left them beside a copy checkpointed when set aside
+        Path(f"{unfinished}{suffix}").unlink(missing_ok=True)
+    return forgotten
+
+
 def _set_aside(path: Path) -> Path | None:
     if not path.exists():
         return None
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    backup = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
+    stamp = time.strftime('%Y%m%dT%H%M%S')
+    backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}"), 1
+    while backup.exists():  # a rebuild run again within the second: the copy set aside before it stays
+        backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}-{n}"), n + 1
     path.rename(backup)
     for suffix in ("-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -98,9 +127,12 @@ async def rebuild(settings: Settings) -> RebuildReport:
     except LockHeld as exc:
         raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
-        previous = _previous_groups(layout.memory_db)
-        forgotten = forgotten_keys(layout.memory_db)  # what a person forgot stays forgotten
+        unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
+        previous = _previous_groups(unfinished or layout.memory_db)
+        forgotten = _forgotten(layout.memory_db, unfinished)
         backup = _set_aside(layout.memory_db)
+        if unfinished is None and backup is not None:
+            atomic_write(layout.memory_db.with_name(UNFINISHED), backup.name.encode())
         files = MemoryFiles(layout)
         for name in CURATED:
             _clear(files, name)
@@ -117,8 +149,9 @@ async def rebuild(settings: Settings) -> RebuildReport:
                 batches, turns = batches + 1, turns + len(group)
                 log.info("rebuild_progress", batch=batches, turns=turns, of=total)
             await memory.call(lambda m: forget_again(m, forgotten))
+            layout.memory_db.with_name(UNFINISHED).unlink(missing_ok=True)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
-            return RebuildReport(turns, batches, learnings, backup, cost)
+            return RebuildReport(turns, batches, learnings, backup, cost, unfinished or backup)
         finally:
             await curator.close()
             await asyncio.gather(transcript.close(), memory.close())
