@@ -4,6 +4,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -355,7 +356,9 @@ async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
         waits.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(module.asyncio, "sleep", sleep)
+    # The rebuild's own asyncio only: patched globally, every other coroutine's sleep(0) was counted too,
+    # and the test passed or failed by what ran before it in the worker.
+    monkeypatch.setattr(module, "asyncio", SimpleNamespace(sleep=sleep, gather=asyncio.gather))
     monkeypatch.setattr(module.random, "random", lambda: 0.0)  # the jitter's low end
     bridge.faults.add(Fault("status", status=529, target="curator", times=2))
     bridge.curator.script("FACT: Has a cat named Miso [#1]")
