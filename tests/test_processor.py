@@ -447,6 +447,9 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
     bridge.curator.script("FACT: Has a cat named Miso [#1]")
     with pytest.raises(CuratorError):
         await module.rebuild(settings)
+    # What it left holds the learning again, but forgotten: a server started on it before the rebuild
+    # is run again (the person wants their Sprite back) must not recall what they forgot.
+    assert learned() == {"Has a cat named Miso": True}
     monkeypatch.setattr(module, "_with_retries", real)
     bridge.curator.script("FACT: Has a cat named Miso [#1]", "FACT: Lives in Oslo [#2]")
     report = await module.rebuild(settings)  # run again, the proxy back

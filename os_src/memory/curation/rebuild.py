@@ -73,7 +73,8 @@ UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an un
 
 def _unfinished(memory_db: Path) -> Path | None:
     """The memory.db as it was before a rebuild that did not finish (the curator down past its retries,
-    a kill -9): what was forgotten is there, not in the half-made memory.db it left."""
+    a kill -9): what was forgotten is there for certain (a kill between a batch and its forgetting
+    again leaves it learned in the half-made memory.db)."""
     try:
         before = memory_db.with_name(memory_db.with_name(UNFINISHED).read_text().strip())
     except (OSError, ValueError):  # none, or not a name
@@ -82,7 +83,7 @@ def _unfinished(memory_db: Path) -> Path | None:
 
 
 def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
-    """What a person forgot, which stays forgotten (the rebuild forgets it again only at its end)."""
+    """What a person forgot, which stays forgotten (the rebuild forgets it again after each batch)."""
     if unfinished is None:
         return forgotten_keys(memory_db)
     forgotten = {**forgotten_keys(memory_db), **forgotten_keys(unfinished)}
@@ -146,9 +147,11 @@ async def rebuild(settings: Settings) -> RebuildReport:
             cost, batches, turns = 0.0, 0, 0
             async for group in _groups(transcript, previous, settings.memory_batch_turns):
                 cost += await _with_retries(processor, group)
+                # After every batch, not once at the end: a rebuild cut short leaves a memory.db a
+                # server may start on before the rebuild runs again, and it must not recall the forgotten.
+                await memory.call(lambda m: forget_again(m, forgotten))
                 batches, turns = batches + 1, turns + len(group)
                 log.info("rebuild_progress", batch=batches, turns=turns, of=total)
-            await memory.call(lambda m: forget_again(m, forgotten))
             layout.memory_db.with_name(UNFINISHED).unlink(missing_ok=True)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
             return RebuildReport(turns, batches, learnings, backup, cost, unfinished or backup)
