@@ -172,7 +172,7 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _log_offsets(paths: list[Path]) -> dict[Path, LogMark]:
+def _log_marks(paths: list[Path]) -> dict[Path, LogMark]:
     offsets = {}
     for path in paths:
         try:
@@ -418,7 +418,7 @@ class Service:
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         earlier = _file_id(report)  # still there: a read-only disk kept the earlier stop's
-        logs = _log_offsets(self._logs(state.pid))
+        logs = _log_marks(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
