@@ -1,5 +1,6 @@
 """A stop's one deadline: the time SIGTERM leaves before the service manager's SIGKILL, shared
-among the stop's stages so that memory's flush always gets its share.
+among the stop's stages so that memory's flush always gets its share; and the stop's account
+(STOP_REPORT): which of memory's steps did not finish, and how `service stop` says each.
 
 `sprite-os service stop` (commands/service.py) SIGKILLs the server's whole session STOP_TIMEOUT
 seconds after its SIGTERM. A stop's stages, in order (server.py's `stop`), and the most each may

@@ -135,20 +135,39 @@ def test_the_cli_share_bench_wraps_names_that_exist_and_puts_them_back() -> None
     assert after == before
 
 
+def _private_uses(source: str, name: str) -> list[str]:
+    """Where `source` (the module `name`) reaches into another bench module's private names: imported
+    (`from bench.turns import _x`, `from .build import _x`: bench/recall's modules import one another
+    relatively), or read off a module imported whole (`turns._x`, `from . import build as B; B._x`,
+    `import bench.turns as T; T._x`)."""
+    tree = ast.parse(source)
+    found = []
+    shared = set()  # the names bench's own modules are imported under here
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "bench"):
+            found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+            shared |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            shared |= {a.asname for a in node.names if a.asname and a.name.split(".")[0] == "bench"}
+    found += [f"{name}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id in shared and node.attr.startswith("_") and not node.attr.startswith("__")]
+    return found
+
+
 def test_a_benchmark_uses_another_benchmarks_module_only_through_its_public_names() -> None:
     """bench/cli_share.py drove its servers through bench/turns.py's private helpers (`turns._server_turn`,
     `_interleave`, ...): a rename or a change of their contract inside turns.py would break another tool
     that nothing said depended on them. What one benchmark shares with another is public."""
     bench = Path(__file__).resolve().parents[1] / "bench"
-    found = []
-    for path in sorted(bench.rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        shared = set()  # the names bench's own modules are imported under here
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bench":
-                found += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
-                shared |= {a.asname or a.name for a in node.names}
-        found += [f"{path.name}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                  and node.value.id in shared and node.attr.startswith("_") and not node.attr.startswith("__")]
+    found = [use for path in sorted(bench.rglob("*.py")) for use in _private_uses(path.read_text(), path.name)]
     assert found == []
+
+
+def test_the_private_names_check_sees_relative_and_whole_module_imports() -> None:
+    """The check read only `from bench...` imports: bench/recall's modules import one another relatively
+    (`from . import generate`), and those reached no private name the check could see."""
+    source = ("from . import build as B\nfrom .generate import _filler\nimport bench.turns as T\n"
+              "from bench import turns\nB._progress(); T._server_turn(); turns._interleave(); B.__name__\n")
+    assert _private_uses(source, "m.py") == ["m.py:2 imports _filler", "m.py:5 B._progress",
+                                             "m.py:5 T._server_turn", "m.py:5 turns._interleave"]

@@ -191,6 +191,30 @@ def test_stop_says_when_memorys_stop_did_not_finish_and_exits_non_zero_when_the_
     assert "exit 5: the server exited on its own, but memory's stop did not finish its steps (capture)" in out, out
 
 
+@pytest.mark.parametrize("steps", [[], ["flush"]])
+def test_stop_of_a_server_killed_after_its_account_says_only_its_exit_hung(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        steps: list[str]) -> None:
+    """A server that wrote its account (the databases whole) and then hung in its exit is killed: exit 5,
+    said as the exit's hang, not as a stop cut short. Its account may name put-off work (the curator's
+    last batch): then it is not said to have finished memory's stop."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    report = settings.layout.state_dir / STOP_REPORT
+    code = ("import json, signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    open({str(report)!r}, 'w').write(json.dumps({{'unfinished': sys.argv[3:]}}))\n"
+            "    time.sleep(60)\n"
+            "signal.signal(signal.SIGTERM, stop); print('up', flush=True); time.sleep(60)")
+    monkeypatch.setattr(svc, "STOP_TIMEOUT", 0.5)
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve", *steps]) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "exit 5: the server was killed (SIGKILL) after its account said the databases hold everything" in out, out
+    assert "only its exit hung" in out and "before its stop ended" not in out, out
+    assert ("memory's stop did not finish within its share" in out) is bool(steps), out
+    assert "had finished" not in out, out
+
+
 def test_a_stop_leaves_the_pid_file_a_start_wrote_while_it_waited(
         ws: Path, env: dict[str, str], bystander: subprocess.Popen[bytes]) -> None:
     """Two stops at once, one of them a restart's: the restart's start wrote its new server's pid

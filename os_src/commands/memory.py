@@ -129,7 +129,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from ..fsutil import WriterLock
     from ..memory.recall.rebuild import rebuild_recall
 
-    backup = None
+    before = None  # the memory.db set aside whose vectors, and which turn each was made after, recall keeps
     if not args.index:
         from ..memory.curation.rebuild import rebuild
 
@@ -138,14 +138,14 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
         if rebuilt.backup:
             print(f"the previous memory.db is kept at {rebuilt.backup}")
-        backup = rebuilt.before
+        before = rebuilt.before
     lock = WriterLock(settings.layout.memory_lock)
     try:
         lock.acquire()
     except LockHeld as exc:
         raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
-        recall = rebuild_recall(settings, _progress, backup)
+        recall = rebuild_recall(settings, _progress, before)
     finally:
         lock.release()
     print(f"recall rebuilt in {recall.seconds:.1f} s: {recall.episodes} turns and {recall.documents} documents "

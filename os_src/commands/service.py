@@ -54,7 +54,8 @@ LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 
 EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
-EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds (spilled turns), or the server was killed
+EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds (spilled turns), or the server
+# was killed, or whether they do is not known (no account of the stop, and none in its log)
 LACKS = "the databases may lack its last turns until the next start completes them"
 
 
@@ -171,7 +172,7 @@ def _free_bytes(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _log_offsets(paths: list[Path]) -> dict[Path, LogMark]:
+def _log_marks(paths: list[Path]) -> dict[Path, LogMark]:
     offsets = {}
     for path in paths:
         try:
@@ -417,7 +418,7 @@ class Service:
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         earlier = _file_id(report)  # still there: a read-only disk kept the earlier stop's
-        logs = _log_offsets(self._logs(state.pid))
+        logs = _log_marks(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
@@ -436,7 +437,8 @@ class Service:
             say("exit 5: the server was killed (SIGKILL) before its stop ended, not stopped by it: "
                 f"{LACKS}")
         elif forced:
-            say("exit 5: the server was killed (SIGKILL), though its account says memory's stop had finished "
+            # Its account may still name put-off work (the curator's last batch): the databases are whole.
+            say("exit 5: the server was killed (SIGKILL) after its account said the databases hold everything "
                 "(only its exit hung)")
         elif unfinished is None:
             say("exit 5: the server exited on its own but left no account of its stop: whether memory's stop "

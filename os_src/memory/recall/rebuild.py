@@ -62,7 +62,7 @@ def _adopt(conn: sqlite3.Connection, writer: VectorWriter, model: str) -> None:
 
 
 @contextlib.contextmanager
-def _set_aside(backup: Path) -> Iterator[sqlite3.Connection | None]:
+def _open_set_aside(backup: Path) -> Iterator[sqlite3.Connection | None]:
     """The memory.db a full rebuild set aside was checkpointed then, so it is read as immutable: no lock,
     no -wal or -shm beside it (None: it can't be opened)."""
     try:
@@ -75,7 +75,7 @@ def _set_aside(backup: Path) -> Iterator[sqlite3.Connection | None]:
 
 
 def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
-    with _set_aside(backup) as old:
+    with _open_set_aside(backup) as old:
         if old is not None:
             _adopt(old, writer, model)
 
@@ -83,7 +83,7 @@ def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
 def _carry_embedded_after(memory: MemoryDB, backup: Path) -> None:
     """Which turn each kept vector was made after, as the memory.db set aside says, a page at a time (nothing
     from one that predates it)."""
-    with _set_aside(backup) as old, contextlib.suppress(sqlite3.Error):
+    with _open_set_aside(backup) as old, contextlib.suppress(sqlite3.Error):
         if old is None:
             return
         cursor = old.execute("SELECT id, embedded_after FROM episodes WHERE embedded_after IS NOT NULL")
