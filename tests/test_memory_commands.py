@@ -56,3 +56,22 @@ def test_a_command_used_wrongly_says_why_and_exits_2(ws: Path, capsys: pytest.Ca
         assert said in capsys.readouterr().err, args
     assert main(["--workspace", str(ws / "nowhere"), "memory", "status"]) == 2
     assert "no memory at" in capsys.readouterr().err
+
+
+def test_a_rebuild_after_one_cut_short_points_at_the_memory_db_from_before_both(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "the previous memory.db is kept at" the half-made one the cut rebuild left, where an
+    operator looking for the person's memory as it was would find what the rebuild had got to."""
+    from sprite_os.memory.curation.rebuild import UNFINISHED
+    from sprite_os.memory.memory_store import MemoryDB
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    memory_db = Layout(ws).memory_db
+    original = memory_db.with_name(f"{memory_db.name}.before-rebuild-20261126T120000")
+    for path in (original, memory_db):
+        MemoryDB(path).close()
+    memory_db.with_name(UNFINISHED).write_text(original.name)
+    assert run(ws, "rebuild", "--yes") == 0  # no turns: nothing for the curator
+    out = capsys.readouterr().out
+    assert f"the memory.db from before the rebuild that did not finish is kept at {original}" in out
+    assert "the half-made one it left is kept at" in out and "the previous memory.db" not in out

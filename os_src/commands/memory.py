@@ -136,7 +136,11 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         rebuilt = asyncio.run(rebuild(settings))
         print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
-        if rebuilt.backup:
+        if rebuilt.before is not None and rebuilt.before != rebuilt.backup:  # after a rebuild cut short
+            print(f"the memory.db from before the rebuild that did not finish is kept at {rebuilt.before}")
+            if rebuilt.backup:
+                print(f"the half-made one it left is kept at {rebuilt.backup}")
+        elif rebuilt.backup:
             print(f"the previous memory.db is kept at {rebuilt.backup}")
         before = rebuilt.before
     lock = WriterLock(settings.layout.memory_lock)
