@@ -12,7 +12,7 @@ import pytest
 from playwright.async_api import WebSocketRoute, expect
 
 from devkit.harness import TOKEN, restartable
-from devkit.mock_bridge import MockBridge
+from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -254,3 +254,31 @@ async def test_a_message_sent_before_a_restarted_servers_ready_is_not_called_uns
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
         assert await pending(tab) is None
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent before the reloaded page's `ready`, the message waits behind a running turn; the tab is
+    reloaded again. The server still holds it: it waits again, not said cut by a restart that never
+    happened, nor offered a Send again."""
+    link = HeldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+        await tab.send("First, the slow one")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+        link.on = True
+        await tab.page.reload()
+        await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
+        await tab.by("composer").fill("Typed before the ready came")
+        await tab.by("composer").press("Enter")
+        link.release()
+        await tab.connected()
+        mine = tab.messages("user").filter(has_text="Typed before the ready came")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        await tab.page.reload()
+        await tab.connected()
+        await expect(mine).to_have_attribute("data-state", "queued")
+        await expect(mine).to_contain_text("waiting for the agent")
+        await expect(mine).not_to_contain_text("restarted")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection")

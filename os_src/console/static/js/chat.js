@@ -294,7 +294,11 @@ export class ChatView {
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
       for (const item of unsent) this.add(item);
-      for (const [id, item] of still) this.queued.set(id, this.add(item));
+      for (const [id, item] of still) { // held by this server run (one sent before the page's first
+        // `ready` went with none): kept for a reload as its, so a reload does not take it for dropped
+        Object.assign(item.dataset, { stream: frame.stream, session: frame.session_id ?? "" });
+        this.queued.set(id, this.add(item));
+      }
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
       const unsure = this.checking([...unheard.map((item) => this.add(item)), ...this.restore(frame)]);
       const history = this.loadHistory(null);
