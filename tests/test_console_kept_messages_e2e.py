@@ -12,7 +12,7 @@ import pytest
 from playwright.async_api import WebSocketRoute, expect
 
 from devkit.harness import TOKEN, restartable
-from devkit.mock_bridge import MockBridge
+from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -171,3 +171,114 @@ async def test_a_command_the_sprite_ran_unheard_is_not_offered_again_after_a_res
         await expect(mine).to_contain_text("a command")
         assert await pending(tab) is None
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+class HeldBack:
+    """Passes the page's sockets through, but while `on` what the server sends is held (the `ready` slow
+    to come back), and `release` hands it to the page; what the page sends goes out at once."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.held: list[tuple[WebSocketRoute, str | bytes]] = []
+        self.latest: WebSocketRoute | None = None
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        self.latest = page_side
+        server_side = page_side.connect_to_server()
+        server_side.on_message(lambda message: self.held.append((page_side, message)) if self.on else page_side.send(message))
+
+    def release(self) -> None:
+        """The held frames of the page's latest socket reach it (an older socket's are gone with it)."""
+        self.on = False
+        for page_side, message in self.held:
+            if page_side is self.latest:
+                page_side.send(message)
+        self.held.clear()
+
+
+async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(server: SpriteOS, bridge: MockBridge) -> None:
+    """After a reload the socket is open but the Sprite's `ready` is slow: Enter sends the message the
+    person typed (the server reads it after its snapshot). The snapshot then rebuilds the view: the
+    message stays the person's own, waiting and then started, not gone from the page and back as one
+    "from another device", and never kept-and-lost for a reload in between."""
+    link = HeldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        link.on = True
+        await tab.page.reload()
+        await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
+        await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+        await tab.by("composer").fill("Typed before the ready came")
+        await tab.by("composer").press("Enter")
+        mine = tab.messages("user").filter(has_text="Typed before the ready came")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        await bridge.wait_for(lambda b: any("Typed before the ready came" in r.last_user_text for r in b.agent_requests()))
+        link.release()
+        await tab.connected()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Typed before the ready came")
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(mine).not_to_contain_text("from another device")
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection")
+
+
+async def test_a_message_sent_before_a_restarted_servers_ready_is_not_called_unsent(
+        settings: Settings, bridge: MockBridge) -> None:
+    """The server restarted; the page's new socket is open, its `ready` slow, and Enter sends the
+    person's message to the new server, which runs it. It was never waiting on the old server, so the
+    restart check must not take it up: not said "not sent" beside its own answer, no Send again."""
+    link = HeldBack()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await tab.send("Before the restart")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        link.on = True
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await wait_for(lambda: any(page_side is link.latest for page_side, _ in link.held), timeout=30,
+                       what="the new server's ready, held back")
+        await tab.by("composer").fill("Typed while the ready was on its way")
+        await tab.by("composer").press("Enter")
+        mine = tab.messages("user").filter(has_text="Typed while the ready was on its way")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        link.release()
+        await tab.connected()
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Typed while the ready was on its way")
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await tab.page.wait_for_timeout(1500)  # the restart check, had it taken the message up, has answered
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(mine).not_to_contain_text("not sent")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(server: SpriteOS, bridge: MockBridge) -> None:
+    """Sent before the reloaded page's `ready`, the message waits behind a running turn; the tab is
+    reloaded again. The server still holds it: it waits again, not said cut by a restart that never
+    happened, nor offered a Send again."""
+    link = HeldBack()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+        await tab.send("First, the slow one")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+        link.on = True
+        await tab.page.reload()
+        await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
+        await tab.by("composer").fill("Typed before the ready came")
+        await tab.by("composer").press("Enter")
+        link.release()
+        await tab.connected()
+        mine = tab.messages("user").filter(has_text="Typed before the ready came")
+        await expect(mine).to_have_attribute("data-state", "queued")
+        await tab.page.reload()
+        await tab.connected()
+        await expect(mine).to_have_attribute("data-state", "queued")
+        await expect(mine).to_contain_text("waiting for the agent")
+        await expect(mine).not_to_contain_text("restarted")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        tab.assert_clean("WebSocket connection")

@@ -260,8 +260,9 @@ export class ChatView {
     this.session = frame.session_id;
     if (fresh) {
       // A server that restarted dropped the messages still waiting for the agent: they stay in view,
-      // and the session's record says which it took after all (`restarted`).
-      const dropped = before !== null && before !== frame.stream ? [...this.queued.values()] : [];
+      // and the session's record says which it took after all (`restarted`). Not those sent on this
+      // socket, after its hello: the server that sent this `ready` reads them after the snapshot.
+      const dropped = before !== null && before !== frame.stream ? [...this.queued.values()].filter((item) => this.earlier(item)) : [];
       const left = { session, shown: new Set(this.shown) }; // the session the old server ran
       // Left unsent before: still the person's words, still unsent; but the running turn's (a Send again
       // from a duplicate of this tab, say) is that turn, shown as it.
@@ -269,10 +270,12 @@ export class ChatView {
       for (const item of running) this.unsentItems.delete(item);
       const unsent = [...this.unsentItems];
       // The same server after a long gap: the messages it still holds for the agent stay in view as
-      // waiting (and those sent on this socket, after its hello: it reads them after the snapshot)...
+      // waiting, and so do those sent on this socket, after its hello, whatever came before (the page's
+      // first `ready`, a restart): it reads them after the snapshot...
       const holds = held(frame);
-      const same = before === frame.stream ? [...this.queued].filter(([id]) => id !== frame.turn_client_id) : [];
-      const still = same.filter(([id, item]) => holds.has(id) || !this.earlier(item));
+      const ours = [...this.queued].filter(([id]) => id !== frame.turn_client_id);
+      const same = before === frame.stream || before === null ? ours : []; // no restart in between
+      const still = ours.filter(([id, item]) => !this.earlier(item) || (same === ours && holds.has(id)));
       // ...and those it no longer holds either started (the record shows them) or never reached it (sent
       // on a link that had died): looked for in the record by client id, as after a reload (`settleStarted`).
       const unheard = same.filter(([id, item]) => !holds.has(id) && this.earlier(item)).map(([, item]) => item);
@@ -291,7 +294,11 @@ export class ChatView {
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
       for (const item of unsent) this.add(item);
-      for (const [id, item] of still) this.queued.set(id, this.add(item));
+      for (const [id, item] of still) { // held by this server run (one sent before the page's first
+        // `ready` went with none): kept for a reload as its, so a reload does not take it for dropped
+        Object.assign(item.dataset, { stream: frame.stream, session: frame.session_id ?? "" });
+        this.queued.set(id, this.add(item));
+      }
       if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
       const unsure = this.checking([...unheard.map((item) => this.add(item)), ...this.restore(frame)]);
       const history = this.loadHistory(null);
