@@ -83,7 +83,8 @@ _keys = itertools.count(1)
 
 class Gateway:
     def __init__(self, hub: EventHub, runtime: AgentRuntime, canvas: CanvasStore, server_version: str,
-                 requests: Requests | None = None, left: Left | None = None) -> None:
+                 requests: Requests | None = None, left: Left | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.hub = hub
         self.runtime = runtime
         self.canvas = canvas
@@ -92,6 +93,7 @@ class Gateway:
         self.left = left
         self.connections: set[_Connection] = set()
         self.stopping = False  # stop_requests was called: no request is taken any more
+        self.clock = clock  # the rate limit's time (a test holds it still: its burst then can't refill)
 
     async def handle(self, ws: ServerConnection) -> None:
         conn = _Connection(ws, self)
@@ -139,7 +141,7 @@ class _Connection:
         self.sub = Subscriber(on_overflow=self._lagging)
         self.name = f"{ws.remote_address[0] if ws.remote_address else '?'}#{id(ws) % 100000}"
         self._greeted = False
-        self._bucket = _TokenBucket(stamp=time.monotonic())
+        self._bucket = _TokenBucket(stamp=gateway.clock())
         self._dropped: list[float] = []
         self._last_rate_error = 0.0
         self._writer: asyncio.Task[None] | None = None
@@ -247,7 +249,7 @@ class _Connection:
     async def _receive(self, message: str | bytes) -> None:
         if self._closing is not None:  # closed for flooding: what it sent meanwhile is read and dropped
             return
-        now = time.monotonic()
+        now = self.gw.clock()
         if not self._bucket.take(now):
             await self._rate_limited(now, message)
             return
