@@ -31,8 +31,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,14 @@ from ..stopping import (
     UNFINISHED_SAID,
 )
 from .service_env import ServiceEnv
+from .stop_account import (
+    LoggedStop,
+    account_steps,
+    free_bytes,
+    log_marks,
+    read_logged_stop,
+    report_id,
+)
 
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
 LOG_LINES = 15
@@ -57,130 +65,6 @@ EXIT_OK, EXIT_FAILED, EXIT_DEAD, EXIT_STOPPED, EXIT_UNKNOWN = 0, 1, 1, 3, 4
 EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds (spilled turns), or the server
 # was killed, or whether they do is not known (no account of the stop, and none in its log)
 LACKS = "the databases may lack its last turns until the next start completes them"
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    """Which file `path` is (None: none is there); the server writes a new one (atomic_write)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
-def _unfinished(report: Path, earlier: tuple[int, int] | None = None) -> list[str] | None:
-    """The steps of memory's stop the server said did not finish (None: no account: a full disk
-    refused it, or a server that predates it). `earlier`: an earlier stop's account that could not be
-    removed (a read-only disk), which is not this stop's."""
-    if earlier is not None and _file_id(report) == earlier:
-        return None
-    try:
-        steps = json.loads(report.read_bytes()).get("unfinished", [])
-    except (OSError, ValueError, AttributeError):
-        return None
-    return [str(s) for s in steps] if isinstance(steps, list) else None
-
-
-@dataclass
-class LoggedStop:
-    """What the server logged of its stop, read when its account (STOP_REPORT) is missing."""
-
-    began: bool = False  # `server_stopping`
-    ended: bool = False  # `server_stopped`: every step ran, or was cut by its share
-    unfinished: list[str] = field(default_factory=list)  # `server_stopped_with_memory_unfinished`
-    unwritten: str = ""  # `stop_report_unwritten`: why the account could not be written
-
-    @property
-    def steps(self) -> list[str] | None:
-        """The account the log gives (None: it says nothing of this stop)."""
-        if self.ended:
-            return self.unfinished
-        return ["memory"] if self.began else None  # it began and never ended: memory's stop did not finish
-
-
-def _logged_event(line: str) -> tuple[str, dict[str, Any]]:
-    """A log line's event and fields: JSON (the service's log), or key=value (development's)."""
-    with contextlib.suppress(ValueError):
-        fields = json.loads(line)
-        if isinstance(fields, dict):
-            return str(fields.get("event", "")), fields
-    event = next((w[6:] for w in line.split() if w.startswith("event=")), "")
-    return event, {"line": line}
-
-
-def _logged_steps(fields: dict[str, Any]) -> list[str]:
-    steps = fields.get("steps")
-    if isinstance(steps, list):
-        return [str(s) for s in steps]
-    text = str(fields.get("line", ""))  # key=value: the known steps named in its list
-    return [step for step in UNFINISHED_SAID if f"'{step}'" in text or f'"{step}"' in text]
-
-
-@dataclass(frozen=True)
-class LogMark:
-    """Where a log stood at the SIGTERM: its size, and which file it was (a rotation renames it `.1`)."""
-
-    offset: int
-    inode: int | None
-
-
-def _logged_lines(path: Path, mark: LogMark) -> Iterator[str]:
-    """The lines logged to `path` since `mark`: when the file was rotated since (logs.py renames it
-    `.1` at its size), the rest of the renamed file, then all of the new one."""
-    parts: list[tuple[Path, int]] = [(path, mark.offset)]
-    with contextlib.suppress(OSError):
-        if mark.inode is not None and path.stat().st_ino != mark.inode:
-            parts = [(path, 0)]
-            renamed = path.with_name(path.name + ".1")
-            if renamed.stat().st_ino == mark.inode:
-                parts.insert(0, (renamed, mark.offset))
-    for part, offset in parts:
-        try:
-            with open(part, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(offset if offset <= size else 0)  # truncated since: all of it is this stop's
-                # All of it, a line at a time (a log rotates at its size: logs.py): a storm of errors
-                # during the stop must not hide its last lines.
-                for raw in f:
-                    yield raw.decode("utf-8", "replace").rstrip("\r\n")
-        except OSError:
-            continue
-
-
-def read_logged_stop(logs: Mapping[Path, LogMark]) -> LoggedStop:
-    """What the server logged of its stop, in each log from where it stood at the SIGTERM."""
-    stop = LoggedStop()
-    for path, mark in logs.items():
-        for line in _logged_lines(path, mark):
-            event, fields = _logged_event(line)
-            if event == "server_stopping":
-                stop.began = True
-            elif event == "server_stopped":
-                stop.ended = True
-            elif event == "server_stopped_with_memory_unfinished":
-                stop.unfinished = _logged_steps(fields)
-            elif event == "stop_report_unwritten":
-                stop.unwritten = str(fields.get("error", "")) or "see the log"
-    return stop
-
-
-def _free_bytes(path: Path) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _log_marks(paths: list[Path]) -> dict[Path, LogMark]:
-    offsets = {}
-    for path in paths:
-        try:
-            st = path.stat()
-            offsets[path] = LogMark(st.st_size, st.st_ino)
-        except OSError:
-            offsets[path] = LogMark(0, None)  # not there yet: all of it is this stop's
-    return offsets
 
 
 def _write(stream: Any, text: str) -> None:
@@ -417,13 +301,13 @@ class Service:
         report = self.layout.state_dir / STOP_REPORT
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
-        earlier = _file_id(report)  # still there: a read-only disk kept the earlier stop's
-        logs = _log_marks(self._logs(state.pid))
+        earlier = report_id(report)  # still there: a read-only disk kept the earlier stop's
+        logs = log_marks(self._logs(state.pid))
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
-        unfinished = _unfinished(report, earlier)
+        unfinished = account_steps(report, earlier)
         if unfinished is None:  # no account: a full disk refused it; say what the log says, if anything
             logged = read_logged_stop(logs)
             unfinished = logged.steps
@@ -468,7 +352,7 @@ class Service:
     def _say_no_account(self, logged: LoggedStop) -> None:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
-        free = _free_bytes(self.layout.state_dir)
+        free = free_bytes(self.layout.state_dir)
         if logged.unwritten:
             why = f"it could not be written: {logged.unwritten}"
         elif logged.ended:  # a whole stop logged, and no refusal: an older release's server writes none
