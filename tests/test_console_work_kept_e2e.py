@@ -616,14 +616,19 @@ async def pending(tab: Tab) -> str | None:
     return kept
 
 
-async def one_waiting(tab: Tab, bridge: MockBridge) -> Locator:
-    """`tab` sends a message whose turn hangs at the model, then one that waits behind it: that one."""
+async def one_waiting(tab: Tab, bridge: MockBridge, server: Restartable | None = None) -> Locator:
+    """`tab` sends a message whose turn hangs at the model, then one that waits behind it: that one.
+    With `server` (a test that stops it next), once that server holds it queued: the page marks it
+    waiting as it sends, and a stop begun before the frame landed answered it "the Sprite is stopping"."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
     await tab.send("First, the slow one")
     await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
     await tab.send("Second, still waiting")
     waiting = tab.messages("user").filter(has_text="Second, still waiting")
     await expect(waiting).to_have_attribute("data-state", "queued")
+    if server is not None:
+        await wait_for(lambda: server.app is not None and server.app.runtime.queued == 1, timeout=30,
+                       what="the second message queued at the server")
     return waiting
 
 
@@ -671,7 +676,7 @@ async def test_a_message_a_restart_dropped_is_kept_through_a_reload_and_sent_aga
     not empty the box when the person's new draft holds the same words."""
     async with restartable(settings) as server, chromium() as browser:
         tab = await signed_in(browser, server.port, route=unaware)
-        waiting = await one_waiting(tab, bridge)
+        waiting = await one_waiting(tab, bridge, server)
 
         await server.stop()  # the page never hears of it: its link looks alive
         await server.start()
@@ -800,7 +805,7 @@ async def test_send_again_with_the_tab_storage_full_is_sent_once(settings: Setti
     same Send again under a message the agent has taken."""
     async with restartable(settings) as server, chromium() as browser:
         tab = await signed_in(browser, server.port, route=unaware)
-        waiting = await one_waiting(tab, bridge)
+        waiting = await one_waiting(tab, bridge, server)
         await server.stop()
         await server.start()
         await tab.page.reload()
@@ -871,7 +876,7 @@ async def test_send_again_in_a_duplicated_tab_gives_the_agent_the_message_once(
     The agent gets the message once, and B marks it taken."""
     async with restartable(settings) as server, chromium() as browser:
         a = await signed_in(browser, server.port)
-        await one_waiting(a, bridge)
+        await one_waiting(a, bridge, server)
         mine = '[data-testid="message"][data-role="user"][data-client-id]'  # the tab's own, not another's
         in_a = a.page.locator(mine).filter(has_text="Second, still waiting")
         await server.stop()  # drops it from the queue: not taken
