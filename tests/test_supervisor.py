@@ -562,3 +562,32 @@ def test_token_is_never_remembered_and_the_token_file_wins(ws: Path, env: dict[s
     layout.token_file.unlink()
     start()
     assert layout.token_file.read_text() == "stale-token-0123456789\n"
+
+
+def test_a_stop_removing_its_pid_file_keeps_one_another_start_writes_meanwhile(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop checked the file still named its server, then unlinked it: a `service start` from
+    another shell writing its own server's pid between the two lost it (its server then unseen)."""
+    import threading
+
+    settings = load_settings(env)
+    settings.layout.ensure()
+    stopping, starting = svc.Service(settings), svc.Service(settings)
+    stopping._write_pid_file(dead_pid())
+    old = stopping.read_pid().pid
+    read, writers = stopping.read_pid, []
+
+    def then_a_start_writes(*_: object) -> svc.PidState:
+        state = read()
+        writers.append(threading.Thread(target=starting._write_pid_file, args=(424242,)))
+        writers[0].start()
+        writers[0].join(0.3)  # done at once, unless the stop holds the pid file for its check and unlink
+        return state
+
+    monkeypatch.setattr(stopping, "read_pid", then_a_start_writes)
+    stopping._remove_pid_file(old)
+    writers[0].join(5)
+    try:
+        assert settings.layout.pid_file.read_text() == "424242\n"
+    finally:
+        settings.layout.pid_file.unlink(missing_ok=True)

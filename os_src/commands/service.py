@@ -39,7 +39,7 @@ from typing import Any
 from .. import procfs
 from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, held
 from ..paths import Layout
 from ..stopping import (
     LEAVES_THE_DATABASES_SHORT,
@@ -166,13 +166,21 @@ class Service:
             return True  # cannot tell which workspace; the command line is ours
         return os.path.realpath(workspace) == os.path.realpath(self.layout.root)
 
+    def _pid_file_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Held to write the pid file, and to check and remove it: no start writes between the two."""
+        return held(self.layout.pid_file.with_name(self.layout.pid_file.name + ".lock"))
+
+    def _write_pid_file(self, pid: int) -> None:
+        with self._pid_file_lock():
+            atomic_write(self.layout.pid_file, f"{pid}\n".encode(), mode=0o644)
+
     def _remove_pid_file(self, pid: int | None = None) -> None:
         """`pid`: only while the file still names it (another command's start may have written its own
         server's since: a stop waiting for the old one must not orphan the new)."""
-        if pid is not None and self.read_pid().pid != pid:
-            return
         try:
-            self.layout.pid_file.unlink(missing_ok=True)
+            with self._pid_file_lock():
+                if pid is None or self.read_pid().pid == pid:
+                    self.layout.pid_file.unlink(missing_ok=True)
         except OSError as exc:  # a read-only disk: the server is stopped all the same; the file names a dead pid
             say(f"could not remove the pid file {self.layout.pid_file} ({exc.strerror or exc}): "
                 "the next command finds it stale")
@@ -260,7 +268,7 @@ class Service:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 cwd=self.layout.root, start_new_session=True, close_fds=True,
             )
-        atomic_write(self.layout.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
+        self._write_pid_file(proc.pid)
         deadline = started + START_TIMEOUT
         while time.monotonic() < deadline:
             code = proc.poll()
