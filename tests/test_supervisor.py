@@ -591,3 +591,22 @@ def test_a_stop_removing_its_pid_file_keeps_one_another_start_writes_meanwhile(
         assert settings.layout.pid_file.read_text() == "424242\n"
     finally:
         settings.layout.pid_file.unlink(missing_ok=True)
+
+
+def test_stop_without_its_account_says_when_the_servers_log_could_not_be_located(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's SPRITE_LOG_FILE is relative to its own directory: when that could not be read
+    (/proc/<pid>/cwd), it was taken relative to the command's, and the operator told "nor does its
+    log say" of a file that was never the server's log."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+
+    def unreadable(path: str) -> str:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(svc.os, "readlink", unreadable)
+    server = [sys.executable, "-c", stopping_server("    pass\n"), "sprite_os", "serve"]
+    assert stop_fake_server({**env, "SPRITE_LOG_FILE": "server-own.log"}, server) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "its log (server-own.log, relative to the server's directory) could not be located" in out, out
+    assert "nor does its log say" not in out, out

@@ -310,7 +310,8 @@ class Service:
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         earlier = report_id(report)  # still there: a read-only disk kept the earlier stop's
-        logs = log_marks(self._logs(state.pid))
+        paths, unlocated = self._logs(state.pid)
+        logs = log_marks(paths)
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
@@ -320,7 +321,7 @@ class Service:
             logged = read_logged_stop(logs)
             unfinished = logged.steps
             if not forced:
-                self._say_no_account(logged)
+                self._say_no_account(logged, unlocated)
         if unfinished:
             said = "; ".join(UNFINISHED_SAID.get(step, step) for step in unfinished)
             say(f"memory's stop did not finish within its share of the stop: {said}")
@@ -342,22 +343,25 @@ class Service:
             return EXIT_OK
         return EXIT_UNFINISHED
 
-    def _logs(self, pid: int) -> list[Path]:
+    def _logs(self, pid: int) -> tuple[list[Path], str]:
         """Where the server logs: the log file it was started with (its own environment says, not this
-        command's settings, which a restart or another shell may have changed), and its stderr."""
+        command's settings, which a restart or another shell may have changed), and its stderr. With
+        them, a log file it names that could not be located (relative, and its directory unreadable)."""
         env = procfs.environ(pid)
         log_file: Path | None = None
         if env is not None and env.get("SPRITE_LOG_FILE"):
-            own = Path(env["SPRITE_LOG_FILE"])
-            with contextlib.suppress(OSError):
-                own = own if own.is_absolute() else Path(os.readlink(f"/proc/{pid}/cwd")) / own
-            log_file = own
+            log_file = Path(env["SPRITE_LOG_FILE"])
+            if not log_file.is_absolute():
+                try:
+                    log_file = Path(os.readlink(f"/proc/{pid}/cwd")) / log_file
+                except OSError:
+                    return [self.server_out], str(log_file)
         else:
             with contextlib.suppress(ConfigError):
                 log_file = self.child_settings().log_file
-        return [Path(log_file), self.server_out] if log_file is not None else [self.server_out]
+        return ([Path(log_file), self.server_out] if log_file is not None else [self.server_out]), ""
 
-    def _say_no_account(self, logged: LoggedStop) -> None:
+    def _say_no_account(self, logged: LoggedStop, unlocated: str = "") -> None:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
         free = free_bytes(self.layout.state_dir)
@@ -369,6 +373,8 @@ class Service:
             why = "it was not written"
         room = f"; {free:,} bytes free on its disk" if free is not None else ""
         source = "what follows is from its log" if logged.steps is not None else "nor does its log say"
+        if unlocated and logged.steps is None:
+            source = f"its log ({unlocated}, relative to the server's directory) could not be located"
         say(f"the server left no account of its stop in {report} ({why}{room}): {source}")
 
     def _terminate(self, pid: int, grace: float) -> bool:
