@@ -305,6 +305,7 @@ async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: Sp
         await tab.page.evaluate(_STORAGE_DENIED)
         await tab.send("Hello, with no storage")
         await expect(tab.messages("assistant").last).to_contain_text("You said: Hello, with no storage")
+        tab.assert_clean()
         await tab.by("sign-out").click()
         await expect(tab.by("token-input")).to_be_visible()
         tab.assert_clean()
