@@ -7,12 +7,24 @@ import contextlib
 import fcntl
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .deploy_contract import atomic_write as atomic_write  # shared with bootstrap/deploy.py
 from .errors import LockHeld
+
+
+@contextlib.contextmanager
+def held(path: os.PathLike[str] | str) -> Iterator[None]:
+    """A blocking flock on `path` for the block's length: writers of one thing that may race (two
+    processes allocating a version number, two commands writing or removing the pid file)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class WriterLock:

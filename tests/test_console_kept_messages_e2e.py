@@ -282,3 +282,30 @@ async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(
         await expect(mine).not_to_contain_text("restarted")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
         tab.assert_clean("WebSocket connection")
+
+
+# The tab's storage refused (a browser's site settings deny it: SecurityError) for the kept messages.
+_STORAGE_DENIED = """() => {
+  for (const name of ["setItem", "removeItem"]) {
+    const native = Storage.prototype[name];
+    Storage.prototype[name] = function (key, ...rest) {
+      if (key === "sprite-os.pending") throw new DOMException("The operation is insecure.", "SecurityError");
+      return native.apply(this, [key, ...rest]);
+    };
+  }
+}"""
+
+
+async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteOS, bridge: MockBridge) -> None:
+    """Keeping a message for a reload failed, and its fallback (removing the list kept before) threw the
+    same SecurityError, uncaught: the message the person sent broke the chat. Nothing is kept, the chat
+    goes on, and Sign out too."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.page.evaluate(_STORAGE_DENIED)
+        await tab.send("Hello, with no storage")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Hello, with no storage")
+        tab.assert_clean()
+        await tab.by("sign-out").click()
+        await expect(tab.by("token-input")).to_be_visible()
+        tab.assert_clean()

@@ -75,3 +75,41 @@ def test_a_rebuild_after_one_cut_short_points_at_the_memory_db_from_before_both(
     out = capsys.readouterr().out
     assert f"the memory.db from before the rebuild that did not finish is kept at {original}" in out
     assert "the half-made one it left is kept at" in out and "the previous memory.db" not in out
+
+
+def test_a_rebuild_refuses_when_the_memory_db_an_unfinished_one_set_aside_is_gone(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker names the memory.db from before a rebuild that did not finish. With that file gone,
+    the rebuild started from the half-made memory.db, whose forgotten keys may be short of the
+    original's (a kill between a batch and forgetting again): forgotten memories could come back."""
+    from sprite_os.memory.curation.rebuild import UNFINISHED
+    from sprite_os.memory.memory_store import MemoryDB
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    memory_db = Layout(ws).memory_db
+    MemoryDB(memory_db).close()
+    gone = f"{memory_db.name}.before-rebuild-20261126T120000"
+    memory_db.with_name(UNFINISHED).write_text(gone)
+    assert run(ws, "rebuild", "--yes") != 0
+    err = capsys.readouterr().err
+    assert gone in err and UNFINISHED in err, err
+    assert memory_db.exists() and not list(memory_db.parent.glob("memory.db.before-rebuild-*"))
+
+
+def test_a_rebuild_whose_marker_cannot_be_written_sets_nothing_aside(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the marker, a rebuild cut short after this would be taken for a whole one by the next,
+    which would start from the half-made memory.db: fail before memory.db is set aside."""
+    from sprite_os.memory.curation import rebuild as curation_rebuild
+    from sprite_os.memory.memory_store import MemoryDB
+
+    def disk_full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    monkeypatch.setattr(curation_rebuild, "atomic_write", disk_full)
+    memory_db = Layout(ws).memory_db
+    MemoryDB(memory_db).close()
+    assert run(ws, "rebuild", "--yes") != 0
+    assert "No space left on device" in capsys.readouterr().err
+    assert memory_db.exists() and not list(memory_db.parent.glob("memory.db.before-rebuild-*"))

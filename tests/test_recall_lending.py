@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from devkit.harness import wait_for
+from sprite_os.config import Settings
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall import rebuild as rebuild_module
 from sprite_os.memory.recall.backlog import first_pass
 from sprite_os.memory.recall.index import RecallIndex
 from sprite_os.memory.recall.indexer import Station
@@ -188,11 +190,8 @@ def test_a_rebuild_says_which_turn_a_vector_was_made_after_only_once_it_is_store
     assert [r for (r,) in memory.conn.execute("SELECT embedded_after FROM episodes ORDER BY id")] == [None] * 3
 
 
-def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_path: Path) -> None:
-    """A full rebuild makes memory.db again but keeps the vector store, and said nothing of which turn
-    each kept vector was made after: every one read as made after the turn now before it. A vector to
-    be made again (a past turn imported before it since) was then never made again, and lent its
-    place to the imported turn, whose words it does not hold."""
+def four_turns(tmp_path: Path) -> tuple[Settings, TranscriptDB]:
+    """Two sessions of two turns each in transcript.db, recall lexical."""
     settings = lexical(tmp_path)
     settings.layout.ensure()
     transcript = TranscriptDB(settings.layout.transcript_db)
@@ -200,6 +199,15 @@ def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_pat
         transcript.append(turn("s", n, said))
     transcript.append(turn("t", 1, "We fly to Oslo on Friday."))
     transcript.append(turn("t", 2, "Book a taxi."))
+    return settings, transcript
+
+
+def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_path: Path) -> None:
+    """A full rebuild makes memory.db again but keeps the vector store, and said nothing of which turn
+    each kept vector was made after: every one read as made after the turn now before it. A vector to
+    be made again (a past turn imported before it since) was then never made again, and lent its
+    place to the imported turn, whose words it does not hold."""
+    settings, transcript = four_turns(tmp_path)
     transcript.append(turn("s", 0, "The plumber comes on Tuesday.", at=T0 + 1.5))  # imported: between 1 and 2
     memory = MemoryDB(settings.layout.memory_db)  # as the server left it: vectors of 1, 2, 3 and 4 made...
     ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, 4)])
@@ -221,6 +229,41 @@ def test_a_full_rebuild_keeps_which_turn_each_kept_vector_was_made_after(tmp_pat
         assert 2 not in ep.turns_before(memory.conn, [2, 4, 5])  # and till then it lends nothing
     finally:
         memory.close()
+
+
+def test_a_full_rebuild_that_cannot_carry_every_page_makes_every_kept_vector_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which turn each kept vector was made after is carried a page at a time. A page that fails
+    (a disk error) after others went in left those applied and the rest as the rebuild guessed, and
+    the rebuild said it succeeded: a kept vector could lend its place to a turn whose words it does
+    not hold. All or nothing: every turn's vector is made again, and the rebuild says so."""
+    settings, transcript = four_turns(tmp_path)
+    memory = MemoryDB(settings.layout.memory_db)
+    ep.add(memory.conn, [ep.from_observation(o) for o in transcript.after(0, 4)])
+    embedded(memory.conn, [1, 2, 3, 4])
+    memory.close()
+    transcript.close()
+    backup = settings.layout.memory_db.with_name("memory.db.before-rebuild")
+    settings.layout.memory_db.rename(backup)
+    carry, pages = ep.carry_embedded_after, []
+
+    def second_page_fails(conn: sqlite3.Connection, made_after: Sequence[tuple[int, int]]) -> None:
+        pages.append(made_after)
+        if len(pages) == 2:
+            raise sqlite3.OperationalError("disk I/O error")
+        carry(conn, made_after)
+
+    monkeypatch.setattr(rebuild_module, "CARRY_PAGE", 2)
+    monkeypatch.setattr(ep, "carry_embedded_after", second_page_fails)
+    report = rebuild_recall(settings, lambda *_: None, backup)
+    assert len(pages) == 2
+    memory = MemoryDB(settings.layout.memory_db)
+    try:
+        assert sorted(ep.embed_again(memory.conn, 10)) == [1, 2, 3, 4]
+        assert not ep.turns_before(memory.conn, [2, 4])  # no kept vector lends a place till made again
+    finally:
+        memory.close()
+    assert "disk I/O error" in report.warning and "made again" in report.warning
 
 
 def test_a_full_rebuild_takes_the_record_before_it_over_what_its_own_pages_guessed(tmp_path: Path) -> None:

@@ -562,3 +562,51 @@ def test_token_is_never_remembered_and_the_token_file_wins(ws: Path, env: dict[s
     layout.token_file.unlink()
     start()
     assert layout.token_file.read_text() == "stale-token-0123456789\n"
+
+
+def test_a_stop_removing_its_pid_file_keeps_one_another_start_writes_meanwhile(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop checked the file still named its server, then unlinked it: a `service start` from
+    another shell writing its own server's pid between the two lost it (its server then unseen)."""
+    import threading
+
+    settings = load_settings(env)
+    settings.layout.ensure()
+    stopping, starting = svc.Service(settings), svc.Service(settings)
+    stopping._write_pid_file(dead_pid())
+    old = stopping.read_pid().pid
+    read, writers = stopping.read_pid, []
+
+    def then_a_start_writes(*_: object) -> svc.PidState:
+        state = read()
+        writers.append(threading.Thread(target=starting._write_pid_file, args=(424242,)))
+        writers[0].start()
+        writers[0].join(0.3)  # done at once, unless the stop holds the pid file for its check and unlink
+        return state
+
+    monkeypatch.setattr(stopping, "read_pid", then_a_start_writes)
+    stopping._remove_pid_file(old)
+    writers[0].join(5)
+    try:
+        assert settings.layout.pid_file.read_text() == "424242\n"
+    finally:
+        settings.layout.pid_file.unlink(missing_ok=True)
+
+
+def test_stop_without_its_account_says_when_the_servers_log_could_not_be_located(
+        ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's SPRITE_LOG_FILE is relative to its own directory: when that could not be read
+    (/proc/<pid>/cwd), it was taken relative to the command's, and the operator told "nor does its
+    log say" of a file that was never the server's log."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+
+    def unreadable(path: str) -> str:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(svc.os, "readlink", unreadable)
+    server = [sys.executable, "-c", stopping_server("    pass\n"), "sprite_os", "serve"]
+    assert stop_fake_server({**env, "SPRITE_LOG_FILE": "server-own.log"}, server) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "its log (server-own.log, relative to the server's directory) could not be located" in out, out
+    assert "nor does its log say" not in out, out

@@ -154,6 +154,8 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         lock.release()
     print(f"recall rebuilt in {recall.seconds:.1f} s: {recall.episodes} turns and {recall.documents} documents "
           f"indexed; {recall.vectors} turns embedded ({recall.embedded} now) by {recall.dense}")
+    if recall.warning:
+        print(f"warning: {recall.warning}", file=sys.stderr)
     return 0
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from .. import procfs
 from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, held
 from ..paths import Layout
 from ..stopping import (
     LEAVES_THE_DATABASES_SHORT,
@@ -166,13 +166,21 @@ class Service:
             return True  # cannot tell which workspace; the command line is ours
         return os.path.realpath(workspace) == os.path.realpath(self.layout.root)
 
+    def _pid_file_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Held to write the pid file, and to check and remove it: no start writes between the two."""
+        return held(self.layout.pid_file.with_name(self.layout.pid_file.name + ".lock"))
+
+    def _write_pid_file(self, pid: int) -> None:
+        with self._pid_file_lock():
+            atomic_write(self.layout.pid_file, f"{pid}\n".encode(), mode=0o644)
+
     def _remove_pid_file(self, pid: int | None = None) -> None:
         """`pid`: only while the file still names it (another command's start may have written its own
         server's since: a stop waiting for the old one must not orphan the new)."""
-        if pid is not None and self.read_pid().pid != pid:
-            return
         try:
-            self.layout.pid_file.unlink(missing_ok=True)
+            with self._pid_file_lock():
+                if pid is None or self.read_pid().pid == pid:
+                    self.layout.pid_file.unlink(missing_ok=True)
         except OSError as exc:  # a read-only disk: the server is stopped all the same; the file names a dead pid
             say(f"could not remove the pid file {self.layout.pid_file} ({exc.strerror or exc}): "
                 "the next command finds it stale")
@@ -260,7 +268,7 @@ class Service:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 cwd=self.layout.root, start_new_session=True, close_fds=True,
             )
-        atomic_write(self.layout.pid_file, f"{proc.pid}\n".encode(), mode=0o644)
+        self._write_pid_file(proc.pid)
         deadline = started + START_TIMEOUT
         while time.monotonic() < deadline:
             code = proc.poll()
@@ -302,7 +310,8 @@ class Service:
         with contextlib.suppress(OSError):
             report.unlink(missing_ok=True)  # the server writes this stop's account as it ends
         earlier = report_id(report)  # still there: a read-only disk kept the earlier stop's
-        logs = log_marks(self._logs(state.pid))
+        paths, unlocated = self._logs(state.pid)
+        logs = log_marks(paths)
         forced = self._terminate(state.pid, grace=STOP_TIMEOUT)
         self._remove_pid_file(state.pid)
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
@@ -312,7 +321,7 @@ class Service:
             logged = read_logged_stop(logs)
             unfinished = logged.steps
             if not forced:
-                self._say_no_account(logged)
+                self._say_no_account(logged, unlocated)
         if unfinished:
             said = "; ".join(UNFINISHED_SAID.get(step, step) for step in unfinished)
             say(f"memory's stop did not finish within its share of the stop: {said}")
@@ -334,22 +343,25 @@ class Service:
             return EXIT_OK
         return EXIT_UNFINISHED
 
-    def _logs(self, pid: int) -> list[Path]:
+    def _logs(self, pid: int) -> tuple[list[Path], str]:
         """Where the server logs: the log file it was started with (its own environment says, not this
-        command's settings, which a restart or another shell may have changed), and its stderr."""
+        command's settings, which a restart or another shell may have changed), and its stderr. With
+        them, a log file it names that could not be located (relative, and its directory unreadable)."""
         env = procfs.environ(pid)
         log_file: Path | None = None
         if env is not None and env.get("SPRITE_LOG_FILE"):
-            own = Path(env["SPRITE_LOG_FILE"])
-            with contextlib.suppress(OSError):
-                own = own if own.is_absolute() else Path(os.readlink(f"/proc/{pid}/cwd")) / own
-            log_file = own
+            log_file = Path(env["SPRITE_LOG_FILE"])
+            if not log_file.is_absolute():
+                try:
+                    log_file = Path(os.readlink(f"/proc/{pid}/cwd")) / log_file
+                except OSError:
+                    return [self.server_out], str(log_file)
         else:
             with contextlib.suppress(ConfigError):
                 log_file = self.child_settings().log_file
-        return [Path(log_file), self.server_out] if log_file is not None else [self.server_out]
+        return ([Path(log_file), self.server_out] if log_file is not None else [self.server_out]), ""
 
-    def _say_no_account(self, logged: LoggedStop) -> None:
+    def _say_no_account(self, logged: LoggedStop, unlocated: str = "") -> None:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
         free = free_bytes(self.layout.state_dir)
@@ -361,6 +373,8 @@ class Service:
             why = "it was not written"
         room = f"; {free:,} bytes free on its disk" if free is not None else ""
         source = "what follows is from its log" if logged.steps is not None else "nor does its log say"
+        if unlocated and logged.steps is None:
+            source = f"its log ({unlocated}, relative to the server's directory) could not be located"
         say(f"the server left no account of its stop in {report} ({why}{room}): {source}")
 
     def _terminate(self, pid: int, grace: float) -> bool:

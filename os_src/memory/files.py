@@ -9,9 +9,7 @@ any rewrite can be rolled back, including a person's edit the daemon found on di
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +18,7 @@ from pathlib import Path
 
 from ..deploy_contract import MEMORY_FILES, FileSpec
 from ..errors import ConfigError, FileChanged
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, held
 from ..paths import Layout
 from ..text import safe_text
 
@@ -123,12 +121,8 @@ class MemoryFiles:
     def _history_lock(self) -> Iterator[None]:
         """Version numbers are allocated under a lock: the daemon and an operator's rollback may race."""
         self.history_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.history_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with held(self.history_dir / ".lock"):
             yield
-        finally:
-            os.close(fd)
 
     def install_template(self, name: str, text: str, source: str) -> bool:
         """What a deploy does: rewrite a deploy-managed file (keeping the version it replaces, a

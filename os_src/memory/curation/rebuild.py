@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...config import Settings
 from ...db_worker import Worker
-from ...errors import CuratorError, LockHeld
+from ...errors import CuratorError, LockHeld, SpriteOSError
 from ...fsutil import WriterLock, atomic_write
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
@@ -74,12 +74,22 @@ UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an un
 def _unfinished(memory_db: Path) -> Path | None:
     """The memory.db as it was before a rebuild that did not finish (the curator down past its retries,
     a kill -9): what was forgotten is there for certain (a kill between a batch and its forgetting
-    again leaves it learned in the half-made memory.db)."""
+    again leaves it learned in the half-made memory.db). A marker naming a file that is gone is refused:
+    starting from the half-made memory.db could bring a forgotten memory back."""
+    marker = memory_db.with_name(UNFINISHED)
     try:
-        before = memory_db.with_name(memory_db.with_name(UNFINISHED).read_text().strip())
-    except (OSError, ValueError):  # none, or not a name
+        name = marker.read_text().strip()
+    except FileNotFoundError:
         return None
-    return before if before.name.startswith(f"{memory_db.name}.before-rebuild-") and before.exists() else None
+    except (OSError, ValueError) as exc:
+        raise SpriteOSError(f"cannot read {marker} ({exc}), left by a rebuild that did not finish") from None
+    before = memory_db.with_name(name) if name and "/" not in name else None
+    if before is None or not before.name.startswith(f"{memory_db.name}.before-rebuild-") or not before.exists():
+        raise SpriteOSError(
+            f"{marker} names {name!r}, the memory.db from before a rebuild that did not finish, and it is "
+            f"not in {memory_db.parent}: put it back there, or remove {UNFINISHED} to rebuild from the "
+            "half-made memory.db (a memory forgotten before then may come back)")
+    return before
 
 
 def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
@@ -92,7 +102,9 @@ def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
     return forgotten
 
 
-def _set_aside(path: Path) -> Path | None:
+def _set_aside(path: Path, mark: bool) -> Path | None:
+    """Rename memory.db aside for the rebuild. `mark`: first name it in the marker an unfinished rebuild
+    leaves (UNFINISHED), which must be written before anything is set aside (a full disk: nothing is)."""
     if not path.exists():
         return None
     with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -101,7 +113,18 @@ def _set_aside(path: Path) -> Path | None:
     backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}"), 1
     while backup.exists():  # a rebuild run again within the second: the copy set aside before it stays
         backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}-{n}"), n + 1
-    path.rename(backup)
+    marker = path.with_name(UNFINISHED)
+    if mark:
+        try:
+            atomic_write(marker, backup.name.encode())
+        except OSError as exc:
+            raise SpriteOSError(f"cannot write {marker} ({exc}): nothing was set aside or rebuilt") from None
+    try:
+        path.rename(backup)
+    except OSError:
+        if mark:
+            marker.unlink(missing_ok=True)
+        raise
     for suffix in ("-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     return backup
@@ -131,9 +154,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
         previous = _previous_groups(unfinished or layout.memory_db)
         forgotten = _forgotten(layout.memory_db, unfinished)
-        backup = _set_aside(layout.memory_db)
-        if unfinished is None and backup is not None:
-            atomic_write(layout.memory_db.with_name(UNFINISHED), backup.name.encode())
+        backup = _set_aside(layout.memory_db, mark=unfinished is None)
         files = MemoryFiles(layout)
         for name in CURATED:
             _clear(files, name)

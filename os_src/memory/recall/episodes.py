@@ -280,6 +280,13 @@ def carry_embedded_after(conn: sqlite3.Connection, made_after: Sequence[tuple[in
                 "WHERE id = ?2", [(after, i) for i, after in made_after])
 
 
+def make_every_vector_again(conn: sqlite3.Connection) -> None:
+    """Every turn's vector is to be made again (-1), lending nothing till then: a full rebuild that could
+    not learn which turn each kept vector was made after (carry_embedded_after)."""
+    with transaction(conn) as c:
+        c.execute("UPDATE episodes SET embedded_after = -1")
+
+
 def turns_before(conn: sqlite3.Connection, ids: Sequence[int], recorded: bool = True) -> dict[int, tuple[int, float]]:
     """For each of `ids`, the turn just before it in its session (its id and date), if it has text and the
     vector of the turn in `ids` was made after it (holds its words: embed_text). `recorded`: memory.db

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ...config import Settings
+from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import episodes as ep
@@ -30,7 +31,9 @@ from .service import index_path, vectors_path
 from .vectors import VectorWriter
 
 REBUILD_EMBED_BATCH = 32  # turns embedded at once offline (the live indexer's batch is smaller)
+CARRY_PAGE = 5_000  # turns told at once which turn their kept vector was made after
 Progress = Callable[[str, int, int], None]
+log = get_logger(__name__)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class RecallReport:
     vectors: int  # turns with a vector in all
     dense: str  # the model, or why there is none
     seconds: float
+    warning: str = ""  # what the operator must know of it (the kept vectors to be made again), or ""
 
 
 def _episodes(memory: MemoryDB, transcript: TranscriptDB) -> int:
@@ -56,7 +60,7 @@ def _adopt(conn: sqlite3.Connection, writer: VectorWriter, model: str) -> None:
     with contextlib.suppress(sqlite3.Error):  # an old memory.db without the table: nothing to keep
         cursor = conn.execute("SELECT v.id, coalesce(e.at, 0), v.vector FROM episode_vectors v "
                               "LEFT JOIN episodes e ON e.id = v.id WHERE v.model = ? ORDER BY v.id", (model,))
-        while page := cursor.fetchmany(5_000):
+        while page := cursor.fetchmany(CARRY_PAGE):
             matrix = np.frombuffer(b"".join(bytes(v) for _, _, v in page), dtype=np.float32).reshape(len(page), -1)
             writer.add([int(i) for i, _, _ in page], [float(at) for _, at, _ in page], matrix)
 
@@ -80,15 +84,24 @@ def _adopt_backup(backup: Path, writer: VectorWriter, model: str) -> None:
             _adopt(old, writer, model)
 
 
-def _carry_embedded_after(memory: MemoryDB, backup: Path) -> None:
+def _carry_embedded_after(memory: MemoryDB, backup: Path) -> str:
     """Which turn each kept vector was made after, as the memory.db set aside says, a page at a time (nothing
-    from one that predates it)."""
-    with _open_set_aside(backup) as old, contextlib.suppress(sqlite3.Error):
-        if old is None:
-            return
-        cursor = old.execute("SELECT id, embedded_after FROM episodes WHERE embedded_after IS NOT NULL")
-        while page := cursor.fetchmany(5_000):
-            ep.carry_embedded_after(memory.conn, [(int(i), int(after)) for i, after in page])
+    from one that predates it). All or nothing: a page that fails after others went in (a disk error)
+    would leave the rest as the rebuild's own adds guessed, so every turn's vector is then to be made
+    again (-1: lending nothing till it is). What went wrong, said to the operator, or "" when nothing did."""
+    try:
+        with _open_set_aside(backup) as old:
+            if old is None or not ep.records_embedded_after(old):
+                return ""
+            cursor = old.execute("SELECT id, embedded_after FROM episodes WHERE embedded_after IS NOT NULL")
+            while page := cursor.fetchmany(CARRY_PAGE):
+                ep.carry_embedded_after(memory.conn, [(int(i), int(after)) for i, after in page])
+    except sqlite3.Error as exc:
+        ep.make_every_vector_again(memory.conn)
+        log.warning("rebuild_vectors_made_again", error=str(exc), backup=str(backup))
+        return (f"which turn each kept vector was made after could not be read from {backup.name} ({exc}): "
+                "every turn's vector will be made again, at the server's next start")
+    return ""
 
 
 def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None = None) -> RecallReport:
@@ -97,8 +110,9 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
     memory, transcript = MemoryDB(layout.memory_db), TranscriptDB(layout.transcript_db)
     try:
         episodes = _episodes(memory, transcript)
+        warning = ""
         if backup is not None:  # the store's vectors are kept: so is which turn each was made after
-            _carry_embedded_after(memory, backup)
+            warning = _carry_embedded_after(memory, backup)
         target = index_path(layout.memory_dir)
         fresh = target.with_name(target.name + ".new")
         shutil.rmtree(fresh, ignore_errors=True)
@@ -117,7 +131,7 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
             vectors = len(writer)
         dense = (status.model or status.detail) if status else "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)"
         return RecallReport(episodes, episodes + reached.learnings, embedded, vectors, dense or "",
-                            time.monotonic() - started)
+                            time.monotonic() - started, warning)
     finally:
         memory.close()
         transcript.close()

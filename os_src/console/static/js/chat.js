@@ -527,7 +527,8 @@ export class ChatView {
     const turn = this.turn(frame.turn_id);
     if (turn.stream) { turn.stream.dataset.state = "complete"; turn.stream = null; }
     if (turn.retry && frame.status === "completed") this.settleRetry(turn);
-    // A turn the server's stop cut short reads as its record does in Past sessions, not as the person's Stop.
+    // A turn the server's stop cut short reads "stopped by the server" (statusItem), not as the person's Stop:
+    // as its record does in Past sessions when it reached the CLI (one stopped before, unsent, has no record).
     const status = frame.status === "interrupted" && frame.by_server ? "stopped" : frame.status;
     const item = this.add(statusItem({ ...frame, status }));
     item.dataset.turnId = frame.turn_id;

@@ -56,13 +56,16 @@ export function keep(entries) {
     if (entries.length) sessionStorage.setItem(KEY, JSON.stringify(entries));
     else sessionStorage.removeItem(KEY);
   } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
-    sessionStorage.removeItem(KEY);
+    forgetKept();
   }
 }
 
-/** Sign out: the person's words leave the tab, as the draft does. */
+/** Sign out: the person's words leave the tab, as the draft does. Storage denied (SecurityError): there
+ * is nothing to remove, and the page goes on. */
 export function forgetKept() {
-  sessionStorage.removeItem(KEY);
+  try {
+    sessionStorage.removeItem(KEY);
+  } catch { /* nothing kept */ }
 }
 
 /** A message the server refused: what it says, and whether Send again can succeed (`again`): refused
