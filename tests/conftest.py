@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import sqlite3
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -106,9 +107,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def observed(workspace: Path, base_url: str, column: str) -> list[tuple[str, object]]:
+    """transcript.db's turns, as (the person's message, `column`) in order: what memory recorded."""
+    db = sqlite3.connect(make_settings(workspace, base_url).layout.transcript_db)
+    try:
+        return list(db.execute(f"SELECT user_message, {column} FROM observations ORDER BY id"))
+    finally:
+        db.close()
+
+
 __all__ = ["AGENT_USER", "TOKEN", "Client", "Connect", "ServerProcess", "agent_namespace", "child_cli_processes",
-           "client_factory", "free_port", "in_namespace", "make_settings", "pid_alive", "processes_of", "running",
-           "wait_for"]
+           "client_factory", "free_port", "in_namespace", "make_settings", "observed", "pid_alive", "processes_of",
+           "running", "wait_for"]
 
 
 @pytest.fixture

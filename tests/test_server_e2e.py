@@ -22,8 +22,10 @@ from devkit.harness import restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os import events, gateway
 from sprite_os.config import Settings
+from sprite_os.memory.capture.journal import STOPPED
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
+from sprite_os.stopping import STOP_REPORT
 from tests.conftest import (
     TOKEN,
     Client,
@@ -32,6 +34,7 @@ from tests.conftest import (
     child_cli_processes,
     client_factory,
     make_settings,
+    observed,
     pid_alive,
     running,
     wait_for,
@@ -560,10 +563,21 @@ async def test_stopping_ends_the_turn_tells_clients_and_leaves_no_cli(settings: 
     assert child_cli_processes() == []
 
 
-async def test_sigterm_ends_the_turn_tells_clients_exits_0_and_leaves_no_cli(
-        workspace: Path, bridge: MockBridge) -> None:
+def _sigterm(proc: ServerProcess) -> None:
+    proc.signal(signal.SIGTERM)  # `sprite-os service stop`: the server alone
+
+
+def _ctrl_c(proc: ServerProcess) -> None:
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in `make run`'s terminal: its whole process group, the CLI too
+
+
+@pytest.mark.parametrize("stop", [_sigterm, _ctrl_c], ids=["sigterm", "ctrl_c"])
+async def test_a_stop_signal_ends_the_turn_tells_clients_exits_0_and_leaves_no_cli(
+        workspace: Path, bridge: MockBridge, stop: Callable[[ServerProcess], None]) -> None:
+    """A stop mid-turn, by the service's SIGTERM or by Ctrl-C in the foreground (dev mode, where the
+    terminal's SIGINT reaches the CLI as well as the server): the same clean stop either way."""
     bridge.agent.script(Turn(Text("word " * 400, chunk_delay=0.05)))
-    proc = await ServerProcess(workspace, bridge.url).start()
+    proc = await ServerProcess(workspace, bridge.url, new_session=True).start()
     try:
         async with client_factory(proc.port) as client:
             c = await client(hello={})
@@ -571,14 +585,24 @@ async def test_sigterm_ends_the_turn_tells_clients_exits_0_and_leaves_no_cli(
             await c.until("text_delta")
             clis = child_cli_processes(proc.pid)
             assert clis
-            proc.signal(signal.SIGTERM)
-            assert await proc.wait(timeout=30) == 0
-            assert (await c.until("turn_complete"))["status"] == "interrupted"
+            stop(proc)
+            code = await proc.wait(timeout=30)
+            log = proc.log.read_text()
+            assert code == 0, f"exit {code}\n{log[-2500:]}"
+            done = await c.until("turn_complete")
+            assert done["status"] == "interrupted" and done["by_server"], done
             assert (await c.until("session_ended"))["reason"] == "shutdown"
             with pytest.raises(ConnectionClosed) as info:
                 await c.until("never", timeout=5)
             assert info.value.rcvd is not None and info.value.rcvd.code == 1001
         assert not [pid for pid in clis if pid_alive(pid)]
+        # Memory's stop ran whole, and the turn is on record as the server's stop cut it short. A CLI that
+        # the Ctrl-C ended by itself is no failure, nor does the stop wait on it to answer its interrupt.
+        assert '"server_stopped"' in log and "Traceback" not in log, log[-2500:]
+        assert '"interrupt_failed"' not in log, log[-2500:]
+        assert json.loads((make_settings(workspace, bridge.url).layout.state_dir / STOP_REPORT).read_text()) == \
+            {"unfinished": []}
+        assert observed(workspace, bridge.url, "status") == [("something long", STOPPED)], log[-2500:]
     finally:
         await proc.stop()
 

@@ -20,7 +20,7 @@ from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
 from sprite_os.stopping import STOP_REPORT
-from tests.conftest import Client, client_factory
+from tests.conftest import Client, client_factory, observed
 
 pytestmark = pytest.mark.e2e
 
@@ -138,12 +138,8 @@ def _cut_by_the_deadline(log: str) -> bool:
     return any(f'"{event}"' in log for event in ("server_stop_step_cut", "memory_stop_step_cut", "exit_forced"))
 
 
-def _states(workspace: Path, base_url: str) -> list[tuple[str, int]]:
-    db = sqlite3.connect(make_settings(workspace, base_url).layout.transcript_db)
-    try:
-        return list(db.execute("SELECT user_message, processed FROM observations"))
-    finally:
-        db.close()
+def _states(workspace: Path, base_url: str) -> list[tuple[str, object]]:
+    return observed(workspace, base_url, "processed")
 
 
 async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_start(

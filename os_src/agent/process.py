@@ -41,6 +41,8 @@ ClientFactory = Callable[["ClaudeAgentOptions"], "ClaudeSDKClient"]
 DISCONNECT_TIMEOUT = 10.0
 INTERRUPT_TIMEOUT = 5.0
 SPAWN_POLL = 0.01  # while connecting: how often to look for the new CLI's pid, to record it
+EXIT_POLL = 0.05  # while an interrupt waits for its answer: how often to look whether the CLI exited
+EXIT_GRACE = 1.0  # an interrupt the CLI failed: how long its exit may take to show, to tell an exit from a fault
 
 
 async def load_sdk() -> None:
@@ -118,12 +120,29 @@ class AgentProcess:
         return self._client.receive_response()
 
     async def interrupt(self) -> None:
-        """Ask the CLI to stop the running turn. Never raises: the CLI may already be gone,
-        and the turn ends either way."""
+        """Ask the CLI to stop the running turn. Never raises: the CLI may already be gone, and the
+        turn ends either way. A CLI that exits meanwhile needs no answer: a Ctrl-C in the foreground
+        (`make run`) reaches the CLI as well as the server, which shares its process group, and the
+        CLI ends at once, while the server's stop asks it to stop its turn; that stop waits no longer."""
+        process = self._process()
+        asking = asyncio.ensure_future(self._client.interrupt())
+        ending = asyncio.ensure_future(_exit_of(process))
         try:
-            await asyncio.wait_for(self._client.interrupt(), INTERRUPT_TIMEOUT)
-        except Exception as exc:
-            log.warning("interrupt_failed", pid=self.pid, error=repr(exc))
+            await asyncio.wait({asking, ending}, timeout=INTERRUPT_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+            if asking.done() and asking.exception() is not None:  # a CLI that exits can fail the ask first
+                await asyncio.wait({ending}, timeout=EXIT_GRACE)
+        finally:
+            for task in (asking, ending):
+                task.cancel()
+            await asyncio.gather(asking, ending, return_exceptions=True)
+        answered = asking.done() and not asking.cancelled() and asking.exception() is None
+        if answered:
+            return
+        if ending.done() and not ending.cancelled():
+            log.info("cli_exited_during_interrupt", pid=process.pid, returncode=process.returncode)
+            return
+        error = asking.exception() if asking.done() and not asking.cancelled() else TimeoutError()
+        log.warning("interrupt_failed", pid=self.pid, error=repr(error))
 
     async def close(self) -> None:
         """Disconnect; if that fails or hangs, kill the process, so that none outlives its session."""
@@ -169,3 +188,12 @@ class AgentProcess:
         if process is not None and getattr(process, "returncode", 0) is None:
             with contextlib.suppress(ProcessLookupError, OSError):
                 process.kill()
+
+
+async def _exit_of(process: Any) -> None:
+    """Return once `process` (the SDK's, None before the CLI starts) has exited: its returncode is
+    set when the event loop reaps it, whoever waits on it."""
+    if process is None:
+        await asyncio.Event().wait()
+    while getattr(process, "returncode", None) is None:  # noqa: ASYNC110 -- the SDK's wait() is its own
+        await asyncio.sleep(EXIT_POLL)
