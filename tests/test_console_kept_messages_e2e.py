@@ -1,7 +1,7 @@
 """The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
 after a reload, before the socket is back; looked for again after a reload when the page could not
 tell whether the agent took them; gone for good at Sign out, a sign-in in the same page bringing none
-back; and a command the Sprite ran, which the record does not keep, never offered to be sent again.
+back; and a command the Sprite ran, which leaves no turn in the record, settled as taken by asking the Sprite.
 Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
@@ -147,11 +147,12 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         tab.assert_clean()
 
 
-async def test_a_command_the_sprite_ran_unheard_is_not_offered_again_after_a_restart(
+async def test_a_command_the_sprite_ran_unheard_is_settled_as_taken_after_a_restart(
         settings: Settings, bridge: MockBridge) -> None:
     """The person typed /compact; the CLI ran it (a command leaves no turn in the record) while the page
-    heard nothing back, and the server restarted. No turn names it, yet the Sprite handled it: it must
-    not be called not sent, nor offered a Send again that would run it a second time."""
+    heard nothing back, and the server restarted. No turn names it, but the Sprite recorded its client id:
+    the page asks (sends it again with that id), the Sprite refuses it already_taken, and the page says the
+    agent took it, without a Send again; the CLI compacted once."""
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser:
         tab = await signed_in(browser, server.port, route=muted.route)
@@ -165,11 +166,11 @@ async def test_a_command_the_sprite_ran_unheard_is_not_offered_again_after_a_res
         await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
         await restart_unheard(server, muted, tab)
         mine = tab.messages("user").filter(has_text="/compact")
-        await expect(mine).not_to_have_attribute("data-state", "checking")
-        await expect(mine).not_to_contain_text("not sent")
+        await expect(mine).to_have_attribute("data-state", "taken")
+        await expect(mine).to_contain_text("the agent took it already")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
-        await expect(mine).to_contain_text("a command")
         assert await pending(tab) is None
+        assert sum(r.is_compaction for r in bridge.agent_requests()) == 1
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 

@@ -37,6 +37,7 @@ from sprite_os.memory.capture.journal import (
 )
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import (
+    CommandWrite,
     ObservationWrite,
     SessionWrite,
     append_lines,
@@ -519,6 +520,31 @@ async def test_a_turn_cut_short_keeps_its_client_id_through_the_journal(capture:
     await c.stop(5)
     await db.close()
     assert rows == [("yes, go on", "t-1", "web-1", f"so far\n{STOPPED_NOTE}")]
+
+
+async def test_a_command_that_left_no_turn_is_durable_by_its_client_id_alone(capture: Capture) -> None:
+    """/compact, run by the CLI itself, leaves no turn, but the agent took it: its client id must be on
+    disk before the person is told it is done, or a restart would run its resend again. The journal never
+    holds it, so only transcript.db (or the spill file) makes it durable; no observation is written."""
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    durable = asyncio.create_task(record.durable(budget=10))
+    await asyncio.sleep(0.2)
+    assert not durable.done()  # not acknowledged while its id is on no disk
+    assert [c.client_id for c in capture.writer.waiting_commands()] == ["web-c"]  # a start meanwhile knows it
+    BusyDB.hold.set()
+    assert await durable is True
+    turns, taken = await capture.writer._db.call(lambda t: (list(t.iter_all()), t.taken_clients(10)))
+    assert turns == [] and [(c.client_id, c.session_id, c.turn_id) for c in taken] == [("web-c", "s1", "t-c")]
+
+
+def test_a_spilled_commands_client_id_is_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "spill"
+    append_lines(path, [CommandWrite("web-c", "s1", "t-c", 1.0)])
+    assert read_spill(path) == [CommandWrite("web-c", "s1", "t-c", 1.0)]
 
 
 def test_a_spilled_turn_keeps_its_client_id(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .acks import Acks, Key
 from .journal import STOPPED, STOPPED_NOTE, TurnJournal
-from .spill import ObservationWrite, SessionWrite
+from .spill import CommandWrite, ObservationWrite, SessionWrite, write_key
 from .writer import TranscriptWriter
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -261,6 +261,8 @@ class TurnRecorder:
         """Queue the turn's observation; returns its key and what says when it is durable (None: not
         recorded)."""
         obs = self._closed_turn(turn, result, error, cost_usd)
+        if obs is None and self._ran_itself(turn, result) and turn.client_id is not None:
+            return self._command_taken(turn)
         durable = None
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
@@ -280,12 +282,30 @@ class TurnRecorder:
             self._on_recorded()
         return durable
 
+    def _command_taken(self, turn: _Turn) -> tuple[Key, asyncio.Future[bool]] | None:
+        """A command the CLI ran itself left no turn, but the agent took its message: its client id alone is
+        recorded (command_clients), so that a restart refuses its resend as it does a turn's. No observation:
+        nothing of it joins the conversation, curation or search. Durable (transcript.db or the spill file;
+        the journal never held it) before the person is told the command is done, as a turn is."""
+        if self._journal is not None:  # its open entry leaves the journal: nothing of it is replayed
+            self._journal.closed(None, urgent=False)
+        if self.session_id is None or turn.client_id is None:
+            return None
+        write = CommandWrite(turn.client_id, self.session_id, turn.turn_id, turn.started)
+        key = write_key(write)
+        durable = key, self._acks.expect(key, ways=1)
+        self._writer.submit(write)
+        return durable
+
+    @staticmethod
+    def _ran_itself(turn: _Turn, result: ResultMessage | None) -> bool:
+        """The CLI ran the command itself, with no model turn: not part of the conversation."""
+        return turn.command and result is not None and result.num_turns == 0 and not result.is_error
+
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
                      cost_usd: float | None) -> NewObservation | None:
-        if self.session_id is None:
+        if self.session_id is None or self._ran_itself(turn, result):
             return None
-        if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
-            return None  # the CLI ran the command itself, with no model turn: not part of the conversation
         note, status = None, "completed"
         cut = result is None or result.subtype == "error_during_execution"  # it did not end on its own
         if error is not None:

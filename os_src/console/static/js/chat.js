@@ -128,11 +128,27 @@ export class ChatView {
       ...[...this.restored.values()].map(({ entry }) => entry)]);
   }
 
-  /** A message the record settled without a Send again: taken, or a command it cannot say of. */
+  /** A message the record settled without a Send again: taken, or a command it cannot say of (its record unread). */
   settled(item, state, said) {
     this.unsentItems.delete(item);
     item.dataset.state = state;
     this.meta(item).textContent = said;
+  }
+
+  /** A command the record cannot show (it leaves no turn, kept_messages.js): sent again with its own
+   * client id, which the server refuses `already_taken` when the agent took it (settled as taken:
+   * `alreadyTaken`), or runs now, once, when it never did (its turn starts as this message's). */
+  ask(item, said) {
+    const { clientId } = item.dataset;
+    if (!this.conn.send({ type: "user_message", text: item.querySelector(".text").textContent, client_id: clientId })) {
+      this.unsent(item, SAID.unsure, true, true);
+      return;
+    }
+    this.unsentItems.delete(item);
+    Object.assign(item.dataset, { state: "queued", stream: this.stream ?? "", session: this.session ?? "", link: String(this.conn.links) });
+    this.meta(item).textContent = said;
+    this.queued.set(clientId, item);
+    this.keepPending();
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -168,6 +184,7 @@ export class ChatView {
     for (const item of items.filter((mine) => mine.isConnected)) { // (not since Sign out)
       const { verdict, said, unsure } = afterRestart(entryOf(item), unseen);
       if (verdict === "unsent") unmatched.push([item, said, unsure]);
+      else if (verdict === "ask") this.ask(item, said);
       else this.settled(item, verdict, said);
     }
     this.keepPending();
@@ -394,6 +411,7 @@ export class ChatView {
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
       const { verdict, said, unsure } = inRecord(entryOf(item), turns, earlier.get(session), lost);
       if (verdict === "unsent") this.unsent(item, said, true, unsure);
+      else if (verdict === "ask") this.ask(item, said);
       else this.settled(item, verdict, said);
     }
     this.keepPending();
