@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
+from ...turn_end import result_status
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .acks import Acks, Key
@@ -307,14 +308,16 @@ class TurnRecorder:
         if self.session_id is None or self._ran_itself(turn, result):
             return None
         note, status = None, "completed"
-        cut = result is None or result.subtype == "error_during_execution"  # it did not end on its own
+        # With a result, the live turn_complete's rule (turn_end.py): a stop that reached the CLI after the
+        # answer was whole leaves the turn completed, as the person was told; its text is then the CLI's.
+        ended = result_status(result.subtype, result.is_error, turn.stopped_by is not None) if result else None
         if error is not None:
             note, status = "(the turn failed before the agent finished)", "error"
-        elif cut and turn.stopped_by == "server":
+        elif (ended == "interrupted" or result is None) and turn.stopped_by == "server":
             note, status = STOPPED_NOTE, STOPPED  # as a turn a kill cut short reads at the next start
-        elif cut and (result is not None or turn.stopped_by == "person"):
+        elif ended == "interrupted" or (result is None and turn.stopped_by == "person"):
             note, status = "(interrupted by the user)", "interrupted"
-        elif result is not None and result.is_error:
+        elif ended == "error":
             status = "error"  # its text is the CLI's account of the failure
         text = _bounded((result.result if result is not None else None) or turn.last_text, RESPONSE_CHARS)
         if note:
