@@ -16,7 +16,7 @@ from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import chromium, signed_in
+from tests.console_browser import chromium, open_tab, signed_in
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -144,6 +144,33 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
         assert await pending(tab) is None
         assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.draft')") is None
+        tab.assert_clean()
+
+
+async def test_a_history_request_in_flight_at_sign_out_says_nothing_to_the_next_person(server: SpriteOS) -> None:
+    """The conversation's record was still being asked for when the person signed out: its request was
+    left pending, and its timeout, 30 s on, put "could not be loaded" into the next person's view."""
+    held = {"on": True}
+
+    def route(page_side: WebSocketRoute) -> None:  # the first socket's answer to session_turns never comes
+        server_side = page_side.connect_to_server()
+        server_side.on_message(lambda m: None if held["on"] and "session_turns_result" in str(m) else page_side.send(m))
+
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.clock.install()  # the request's timeout, run on at will
+        await tab.page.route_web_socket(lambda _url: True, route)
+        await tab.sign_in()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(0)  # asked, not answered
+        await tab.by("sign-out").click()
+        held["on"] = False
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await tab.page.clock.run_for(31_000)  # past the first request's timeout
+        await expect(tab.by("notice").filter(has_text="could not be loaded")).to_have_count(0)
         tab.assert_clean()
 
 

@@ -424,7 +424,10 @@ export class ChatView {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
+      // Signed out meanwhile: the page is the next person's now, and nothing of this request is theirs.
+      if (error.code !== "memory_unavailable" && error.code !== "signed_out") {
+        this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
+      }
       return null;
     }
     if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over

@@ -42,8 +42,11 @@ export class Connection {
     this.connect();
   }
 
-  /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. */
+  /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. The
+   * requests in flight end now (`signed_out`): their answers and their timeouts were the person's who
+   * signed out, never the next one's. */
   stop() {
+    this.failPending("signed out", "signed_out");
     this.token = null;
     Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
@@ -168,10 +171,10 @@ export class Connection {
     });
   }
 
-  failPending(message) {
+  failPending(message, code = "connection_lost") {
     for (const { reject, timer } of this.pending.values()) {
       clearTimeout(timer);
-      reject(new RequestError("connection_lost", message));
+      reject(new RequestError(code, message));
     }
     this.pending.clear();
   }
