@@ -236,6 +236,7 @@ async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(serve
         await tab.page.reload()
         await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
         await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+        await expect(tab.by("send-button")).to_be_enabled()  # as Enter: one rule (the socket is open)
         await tab.by("composer").fill("Typed before the ready came")
         await tab.by("composer").press("Enter")
         mine = tab.messages("user").filter(has_text="Typed before the ready came")

@@ -33,6 +33,8 @@ export class Connection {
     return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`;
   }
 
+  /** Whether a frame can go now: the socket is open (its `ready` may still be on its way). What the
+   * page's Send button and Enter both go by (`send`). */
   get connected() {
     return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
   }
@@ -76,6 +78,9 @@ export class Connection {
       const hello = { type: "hello", protocol: 1, client: "sprite-console" };
       if (this.lastSeq !== null && this.stream) Object.assign(hello, { last_seq: this.lastSeq, stream: this.stream });
       ws.send(JSON.stringify(hello));
+      // Open, its `ready` still to come: a message may go now (the server reads it after its snapshot),
+      // so the page's Send is told, as Enter is by `send` (`connected`: the one rule for both).
+      this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     });
     ws.addEventListener("message", (event) => this.receive(event.data));
     ws.addEventListener("close", (event) => {
