@@ -276,7 +276,8 @@ async def test_a_message_sent_before_a_restarted_servers_ready_is_not_called_uns
         await tab.connected()
         await expect(tab.messages("assistant").last).to_contain_text("You said: Typed while the ready was on its way")
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
-        await tab.page.wait_for_timeout(1500)  # the restart check, had it taken the message up, has answered
+        # the restart check, had it taken the message up, has answered: the page says when its checks are
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
         await expect(mine).to_have_count(1)
         await expect(mine).to_have_attribute("data-state", "started")
         await expect(mine).not_to_contain_text("not sent")

@@ -54,7 +54,8 @@ export function readKept() {
   }
 }
 
-/** Keeps the tab's unsettled messages for a reload; none left, none kept. */
+/** Keeps the tab's unsettled messages for a reload; none left, none kept (at Sign out too: the person's
+ * words leave the tab, as the draft does). */
 export function keep(entries) {
   try {
     if (entries.length) sessionStorage.setItem(KEY, JSON.stringify(entries));
@@ -62,11 +63,6 @@ export function keep(entries) {
   } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
     sessionStorage.removeItem(KEY);
   }
-}
-
-/** Sign out: the person's words leave the tab, as the draft does. */
-export function forgetKept() {
-  sessionStorage.removeItem(KEY);
 }
 
 /** A message the server refused: what it says, and whether Send again can succeed (`again`): refused
@@ -161,6 +157,11 @@ export function afterRestart({ id, text }, unseen) {
     : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded)." };
 }
 
+/** Whether the message's turn is among `turns` (the history the conversation shows; null: not read). */
+export function shownIn({ id }, turns) {
+  return Boolean(turns?.some((turn) => turn.client_id === id));
+}
+
 /** Whether a message the page does not know the server has is settled by the record: {verdict: "shown"}
  * (its turn is among `turns`, the history the conversation shows), "taken" (among `earlier`, the turns
  * of the ended session it was sent in and those after it), "ask" or "command" (a command, which the record does
@@ -168,7 +169,7 @@ export function afterRestart({ id, text }, unseen) {
  * start it, so it never reached the server, command or not; else it may not have, `unsure`). Either
  * list may be null (not read). */
 export function inRecord({ id, text }, turns, earlier, lost = false) {
-  if (turns?.some((turn) => turn.client_id === id)) return { verdict: "shown" };
+  if (shownIn({ id }, turns)) return { verdict: "shown" };
   if (earlier?.some((turn) => turn.client_id === id)) return { verdict: "taken", said: SAID.takenEnded };
   if (!lost && command(text)) return turns === null ? { verdict: "command", said: SAID.command } : { verdict: "ask", said: SAID.asking };
   return { verdict: "unsent", said: lost ? SAID.lost : SAID.unsure, unsure: !lost };
