@@ -201,6 +201,30 @@ async def test_a_command_the_sprite_ran_unheard_is_settled_as_taken_after_a_rest
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+async def test_a_command_a_restart_dropped_from_the_queue_is_asked_and_runs_once(
+        settings: Settings, bridge: MockBridge) -> None:
+    """/compact waited behind a slow turn when the server restarted: dropped with the queue, never taken.
+    The page asks the new server (sends it again with its own client id), which never took it, so it runs
+    it now, once, as this message: started, no Send again, nothing said unsent."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        mine = await one_waiting(tab, bridge, server, text="/compact")  # behind a turn that hangs
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        await expect(mine).not_to_contain_text("not sent")
+        assert server.app is not None
+        await wait_for(lambda: server.app is not None and server.app.runtime.state == "idle", timeout=30,
+                       what="the command's end")
+        assert await pending(tab) is None
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
 class HeldBack:
     """Passes the page's sockets through, but while `on` what the server sends is held (the `ready` slow
     to come back), and `release` hands it to the page; what the page sends goes out at once."""
