@@ -5,6 +5,8 @@ A stop (the person's interrupt, or the server's) can reach the CLI after the ans
 then ends the turn with a success, and the answer the person got is the whole answer. Such a turn is
 `completed`, live and in the record: "interrupted" would tell them they hold part of an answer when they
 hold all of it. A turn is interrupted only when someone stopped it AND the CLI says it was cut short.
+One cut short that nobody stopped (an API error mid-stream) failed, whatever `is_error` says: the real CLI
+sends that result with `is_error: false`, and "completed" would tell the person a part was the whole.
 """
 
 from __future__ import annotations
@@ -18,6 +20,6 @@ ResultStatus = Literal["completed", "interrupted", "error"]
 
 def result_status(subtype: str, is_error: bool, stopped: bool) -> ResultStatus:
     """`stopped`: someone asked the turn to stop (who it was is the caller's to say)."""
-    if stopped and subtype == CUT_SHORT:
-        return "interrupted"
+    if subtype == CUT_SHORT:
+        return "interrupted" if stopped else "error"
     return "error" if is_error else "completed"

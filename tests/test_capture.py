@@ -135,6 +135,19 @@ async def test_what_the_person_is_told_live_is_what_the_record_keeps(
     assert obs.status == ("stopped" if live.status == "interrupted" and live.by_server else live.status)
 
 
+@pytest.mark.parametrize("text", ["/compact", "an answer"])
+async def test_a_turn_cut_short_that_nobody_stopped_is_recorded_error_even_when_the_cli_calls_it_no_error(
+        kit: Kit, text: str) -> None:
+    """The real CLI ends a turn an API error cut short with `error_during_execution`, `is_error: false`
+    (and, for a command, no model turn). Nobody stopped it: it was recorded `completed`, and a command was
+    taken for one the CLI ran itself, its client id kept with no turn, so that Past sessions showed
+    nothing of the failure. Both are a turn that failed."""
+    kit.recorder.open(text, "t-1", client_id="c-1").close(
+        result("error_during_execution", text=None, num_turns=0, is_error=False))
+    [obs] = await kit.rows()
+    assert obs.status == "error"
+
+
 async def test_a_turn_the_servers_stop_cut_short_is_recorded_so_not_as_the_persons_interrupt(kit: Kit) -> None:
     """The server's stop interrupts the running turn, and the CLI's result says it was interrupted: the
     record (and the console's Past sessions) said the person interrupted it. Now it says the server

@@ -300,8 +300,10 @@ class TurnRecorder:
 
     @staticmethod
     def _ran_itself(turn: _Turn, result: ResultMessage | None) -> bool:
-        """The CLI ran the command itself, with no model turn: not part of the conversation."""
-        return turn.command and result is not None and result.num_turns == 0 and not result.is_error
+        """The CLI ran the command itself, with no model turn: not part of the conversation. One that failed
+        or was cut short (turn_end.py) is a turn, recorded so."""
+        return (turn.command and result is not None and result.num_turns == 0
+                and result_status(result.subtype, result.is_error, turn.stopped_by is not None) == "completed")
 
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
                      cost_usd: float | None) -> NewObservation | None:
