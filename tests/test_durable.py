@@ -525,20 +525,40 @@ async def test_a_turn_cut_short_keeps_its_client_id_through_the_journal(capture:
 async def test_a_command_that_left_no_turn_is_durable_by_its_client_id_alone(capture: Capture) -> None:
     """/compact, run by the CLI itself, leaves no turn, but the agent took it: its client id must be on
     disk before the person is told it is done, or a restart would run its resend again. The journal never
-    holds it, so only transcript.db (or the spill file) makes it durable; no observation is written."""
+    holds it, so the spill file takes it at once (transcript.db later); no observation is written."""
     BusyDB.hold = threading.Event()
     capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
     record = capture.recorder.open("/compact", "t-c", "web-c")
     record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
                                session_id="x", result=""))
-    durable = asyncio.create_task(record.durable(budget=10))
-    await asyncio.sleep(0.2)
-    assert not durable.done()  # not acknowledged while its id is on no disk
+    assert await record.durable(budget=10) is True  # by the spill file, transcript.db still locked
+    spilled = read_spill(spill_path(capture._layout))
+    assert [w.client_id for w in spilled if isinstance(w, CommandWrite)] == ["web-c"]
     assert [c.client_id for c in capture.writer.waiting_commands()] == ["web-c"]  # a start meanwhile knows it
     BusyDB.hold.set()
-    assert await durable is True
+    assert await capture.writer.drained(10)
     turns, taken = await capture.writer._db.call(lambda t: (list(t.iter_all()), t.taken_clients(10)))
     assert turns == [] and [(c.client_id, c.session_id, c.turn_id) for c in taken] == [("web-c", "s1", "t-c")]
+
+
+async def test_a_commands_client_id_is_on_disk_before_the_journal_lets_its_running_entry_go(
+        capture: Capture) -> None:
+    """While /compact runs, the journal holds it (a kill then records a cut turn, which names its client id).
+    Once it ended, the journal let it go within DELAY, while its client id was only queued in memory for a
+    transcript.db that was locked or slow: a kill then left it on no disk, and the console's question after
+    the restart (the same client id) ran /compact a second time. The spill file takes it first."""
+    layout = capture._layout
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    await wait_for(lambda: [o.client_id for o in recover(journal_path(layout))] == ["web-c"],
+                   what="the running command saved")
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # transcript.db is locked: the write waits
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    await wait_for(lambda: recover(journal_path(layout)) == [], what="the journal letting the command go")
+    await asyncio.sleep(0.2)  # the kill comes now: what is on disk is what the next start knows
+    spilled = [w.client_id for w in read_spill(spill_path(layout)) if isinstance(w, CommandWrite)]
+    assert spilled == ["web-c"]
 
 
 def test_a_spilled_commands_client_id_is_read_back(tmp_path: Path) -> None:

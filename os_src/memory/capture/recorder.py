@@ -287,15 +287,19 @@ class TurnRecorder:
         """A command the CLI ran itself left no turn, but the agent took its message: its client id alone is
         recorded (command_clients), so that a restart refuses its resend as it does a turn's. No observation:
         nothing of it joins the conversation, curation or search. Durable (transcript.db or the spill file;
-        the journal never held it) before the person is told the command is done, as a turn is."""
+        the journal never held it) before the person is told the command is done, as a turn is. The spill
+        file takes it at once, on the files' thread ahead of the journal's save that lets the running entry
+        go: a kill while transcript.db is locked or slow must not leave it on no disk (a restart would then
+        run the console's resend of it again). One fsync per command."""
+        durable = None
+        if self.session_id is not None and turn.client_id is not None:
+            write = CommandWrite(turn.client_id, self.session_id, turn.turn_id, turn.started)
+            key = write_key(write)
+            durable = key, self._acks.expect(key, ways=1)
+            self._writer.submit(write)
+            self._writer.spill_waiting()
         if self._journal is not None:  # its open entry leaves the journal: nothing of it is replayed
             self._journal.closed(None, urgent=False)
-        if self.session_id is None or turn.client_id is None:
-            return None
-        write = CommandWrite(turn.client_id, self.session_id, turn.turn_id, turn.started)
-        key = write_key(write)
-        durable = key, self._acks.expect(key, ways=1)
-        self._writer.submit(write)
         return durable
 
     @staticmethod
