@@ -6,17 +6,19 @@ Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
-from playwright.async_api import WebSocketRoute, expect
+from playwright.async_api import Browser, WebSocketRoute, expect
 
-from devkit.harness import TOKEN, restartable
+from devkit.harness import TOKEN, Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
+from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import chromium, open_tab, signed_in
+from tests.console_browser import Tab, chromium, open_tab, signed_in
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -174,6 +176,20 @@ async def test_a_history_request_in_flight_at_sign_out_says_nothing_to_the_next_
         tab.assert_clean()
 
 
+async def compacted_unheard(server: Restartable, browser: Browser, bridge: MockBridge, muted: Muted) -> Tab:
+    """A turn, then /compact sent with the page's link dead: the CLI runs it, and the page hears nothing."""
+    tab = await signed_in(browser, server.port, route=muted.route)
+    await tab.send("The garden plan is due in May")
+    await expect(tab.by("turn-status")).to_have_count(1)
+    muted.on = True
+    await tab.send("/compact")
+    await bridge.wait_for(lambda b: any(r.is_compaction for r in b.agent_requests()))
+    app = server.app
+    assert app is not None
+    await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
+    return tab
+
+
 async def test_a_command_the_sprite_ran_unheard_is_settled_as_taken_after_a_restart(
         settings: Settings, bridge: MockBridge) -> None:
     """The person typed /compact; the CLI ran it (a command leaves no turn in the record) while the page
@@ -182,21 +198,38 @@ async def test_a_command_the_sprite_ran_unheard_is_settled_as_taken_after_a_rest
     agent took it, without a Send again; the CLI compacted once."""
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser:
-        tab = await signed_in(browser, server.port, route=muted.route)
-        await tab.send("The garden plan is due in May")
-        await expect(tab.by("turn-status")).to_have_count(1)
-        muted.on = True
-        await tab.send("/compact")
-        await bridge.wait_for(lambda b: any(r.is_compaction for r in b.agent_requests()))
-        app = server.app
-        assert app is not None
-        await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
+        tab = await compacted_unheard(server, browser, bridge, muted)
         await restart_unheard(server, muted, tab)
         mine = tab.messages("user").filter(has_text="/compact")
         await expect(mine).to_have_attribute("data-state", "taken")
         await expect(mine).to_contain_text("the agent took it already")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
         assert await pending(tab) is None
+        assert sum(r.is_compaction for r in bridge.agent_requests()) == 1
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_command_is_not_asked_of_a_server_that_does_not_know_the_commands_taken(
+        settings: Settings, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/compact ran unheard, then the server restarted without the ids an earlier run took (its record
+    unread at start; so is a version rolled back to from before it kept them, or memory off). The page
+    asked anyway, its history being readable, and the Sprite, not knowing the id, compacted a second time.
+    Its `ready` says it does not know them: the page says it cannot tell, with no Send again, and asks nothing."""
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await compacted_unheard(server, browser, bridge, muted)
+
+        async def unread(*_args: object) -> None:
+            raise OSError("the record could not be read at start")
+
+        monkeypatch.setattr(MemorySystem, "taken_messages", unread)
+        await restart_unheard(server, muted, tab)
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
+        mine = tab.messages("user").filter(has_text="/compact")
+        await expect(mine).to_have_attribute("data-state", "command")
+        await expect(mine).to_contain_text("cannot say whether it ran")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        await asyncio.sleep(1)  # an ask would have reached the CLI by now
         assert sum(r.is_compaction for r in bridge.agent_requests()) == 1
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 

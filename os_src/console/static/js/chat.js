@@ -35,6 +35,7 @@ export class ChatView {
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
+    this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
     this.snapshots = 0; // fresh snapshots handled: only the latest one's checks say they are settled (`checked`)
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
@@ -140,9 +141,15 @@ export class ChatView {
 
   /** A command the record cannot show (it leaves no turn, kept_messages.js): sent again with its own
    * client id, which the server refuses `already_taken` when the agent took it (settled as taken:
-   * `alreadyTaken`), or runs now, once, when it never did (its turn starts as this message's). */
+   * `alreadyTaken`), or runs now, once, when it never did (its turn starts as this message's). Only a
+   * server that says it knows the commands an earlier run took is asked (`asks`): one that does not (memory
+   * off, its record unread at start, a version rolled back to from before it kept them) would run it again. */
   ask(item, said) {
     const { clientId } = item.dataset;
+    if (!this.asks) { // a server that does not know the commands an earlier run took would run it again
+      this.settled(item, "command", SAID.command);
+      return;
+    }
     if (!this.conn.send({ type: "user_message", text: item.querySelector(".text").textContent, client_id: clientId })) {
       this.unsent(item, SAID.unsure, true, true);
       return;
@@ -276,6 +283,7 @@ export class ChatView {
     this.replay = null; // a replay this socket's ready cut short is not counted on
     const before = this.stream;
     this.stream = frame.stream;
+    this.asks = Boolean(frame.knows_commands); // (a server from before it did, or with memory off: never)
     const session = this.session;
     this.session = frame.session_id;
     if (fresh) {

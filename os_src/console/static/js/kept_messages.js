@@ -30,8 +30,8 @@ export const SAID = {
   refused: "not sent.",
   connecting: "kept from before the reload: waiting for the connection to the Sprite…",
   asking: "a command, which leaves no turn in the record: asking the Sprite whether it ran it…",
-  command: "a command: the Sprite's record could not be read, so the page cannot tell whether it ran this"
-    + " one; not offered again (type it again if it did not).",
+  command: "a command: the Sprite cannot say whether it ran this one (its record could not be read), so"
+    + " it is not offered again (type it again if it did not).",
 };
 
 /** A command (/compact, say): the CLI may run it itself, with no model turn, and then the record keeps
