@@ -26,6 +26,7 @@ from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture import pipeline as pipeline_mod
+from sprite_os.memory.capture import writer as writer_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -559,6 +560,36 @@ async def test_a_commands_client_id_is_on_disk_before_the_journal_lets_its_runni
     await asyncio.sleep(0.2)  # the kill comes now: what is on disk is what the next start knows
     spilled = [w.client_id for w in read_spill(spill_path(layout)) if isinstance(w, CommandWrite)]
     assert spilled == ["web-c"]
+
+
+async def test_a_command_whose_spill_fails_on_a_full_disk_is_still_saved_by_transcript_db(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spill file takes a command's id at once; on a full disk that append fails, while transcript.db
+    (its pages free) takes the id a moment later. The failed append alone was taken for both ways failing:
+    the person was told /compact was not saved while its id was on disk. Only transcript.db's own failure
+    makes it so."""
+    def full(*_args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_mod, "append_lines", full)
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    assert await record.durable(budget=5) is True
+    taken = await capture.writer._db.call(lambda t: t.taken_clients(10))
+    assert [c.client_id for c in taken] == ["web-c"]
+
+    def db_full(*_args: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with monkeypatch.context() as m:  # the whole disk full: transcript.db fails too, and the person is told
+        m.setattr(TranscriptDB, "record_command", db_full)
+        record = capture.recorder.open("/compact", "t-d", "web-d")
+        record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False,
+                                   num_turns=0, session_id="x", result=""))
+        assert await record.durable(budget=5) is False
+    monkeypatch.undo()
+    assert await capture.writer.drained(10)
 
 
 def test_a_spilled_commands_client_id_is_read_back(tmp_path: Path) -> None:
