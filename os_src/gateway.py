@@ -327,6 +327,7 @@ class _Connection:
             turn_text=rt.turn_text,
             turn_client_id=rt.turn_client_id,
             waiting=rt.waiting,
+            knows_commands=rt.knows_commands,
             cards=self.gw.canvas.cards(),
             replayed=len(replay or ()),
             resync=hello.last_seq is not None and replay is None,

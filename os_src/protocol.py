@@ -138,6 +138,9 @@ class Ready(ServerFrame, tag="ready", frozen=True):
     turn_text: str | None = None  # the running turn's message, so a client joining mid-turn can show it
     turn_client_id: str | None = None  # the running turn's message's client id: a reloaded page knows its own
     waiting: list[str] = msgspec.field(default_factory=list)  # client ids of the messages queued for the agent
+    # Whether this server knows the client ids of the commands an earlier run took (memory on, its record read
+    # at start): only then does resending a command with its own id ask whether it ran (else it may run again).
+    knows_commands: bool = False
 
 
 class SessionStarted(ServerFrame, tag="session_started", frozen=True):

@@ -157,6 +157,8 @@ class AgentRuntime:
         self._guard = ToolGuard(settings.layout)
         self._inbox = Inbox()
         self._taken = TakenIds()  # the client ids of the messages taken: none runs twice (agent/taken.py)
+        # The ids of the commands an earlier run took are known: memory on, and its record read at start.
+        self.knows_commands = False
         self._wake = asyncio.Event()  # set when the inbox gets a command, or the last hold on turns ends
         self._holds = 0  # holding_turns under way: no turn starts
         self._unheld = asyncio.Event()  # set while no hold is under way: a started turn's auto-recall waits for it
@@ -183,6 +185,7 @@ class AgentRuntime:
             try:
                 self._taken.seed(Taken(t.client_id, t.session_id, t.turn_id)
                                  for t in await self._memory.taken_messages(TAKEN_LIMIT))
+                self.knows_commands = True
             except Exception as exc:  # the record unreadable: only this run's messages are known
                 log.error("taken_ids_unread", error=repr(exc)[:300])
         self._task = asyncio.create_task(self._run(), name="agent-runtime")

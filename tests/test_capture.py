@@ -21,6 +21,8 @@ from claude_agent_sdk import (
     UserMessage,
 )
 
+from sprite_os import protocol as p
+from sprite_os.agent.frames import result_frames
 from sprite_os.console.session_queries import turns_page
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import STOPPED_NOTE
@@ -105,9 +107,45 @@ async def test_one_observation_per_turn(kit: Kit) -> None:
 
 
 async def test_interrupted_turn_is_closed_from_the_result(kit: Kit) -> None:
-    kit.recorder.open("write a long essay").close(result("error_during_execution", text=""))
+    record = kit.recorder.open("write a long essay")
+    record.interrupted()
+    record.close(result("error_during_execution", text=""))
     [obs] = await kit.rows()
     assert "interrupted" in obs.agent_response and obs.status == "interrupted"
+
+
+@pytest.mark.parametrize("stopped_by", [None, "person", "server"])
+@pytest.mark.parametrize("end", [
+    result(text="all of it"),  # whole: a stop that came after the answer leaves it completed
+    result("error_during_execution", text=""),  # cut short by the stop (or, unstopped, a failure)
+    result("error_max_turns", text="gave up"),
+], ids=["success", "cut short", "failed"])
+async def test_what_the_person_is_told_live_is_what_the_record_keeps(
+        kit: Kit, end: ResultMessage, stopped_by: str | None) -> None:
+    """A turn whose interrupt reached the CLI after the answer was whole was sent live as interrupted and
+    recorded completed. One rule now says both (turn_end.py); the record's `stopped` is the live frame's
+    interrupted by the server."""
+    record = kit.recorder.open("an answer", "t-1")
+    if stopped_by is not None:
+        record.interrupted(by_server=stopped_by == "server")
+    record.close(end)
+    [obs] = await kit.rows()
+    [*_, live] = result_frames("t-1", end, interrupted=stopped_by is not None, by_server=stopped_by == "server")
+    assert isinstance(live, p.TurnComplete)
+    assert obs.status == ("stopped" if live.status == "interrupted" and live.by_server else live.status)
+
+
+@pytest.mark.parametrize("text", ["/compact", "an answer"])
+async def test_a_turn_cut_short_that_nobody_stopped_is_recorded_error_even_when_the_cli_calls_it_no_error(
+        kit: Kit, text: str) -> None:
+    """The real CLI ends a turn an API error cut short with `error_during_execution`, `is_error: false`
+    (and, for a command, no model turn). Nobody stopped it: it was recorded `completed`, and a command was
+    taken for one the CLI ran itself, its client id kept with no turn, so that Past sessions showed
+    nothing of the failure. Both are a turn that failed."""
+    kit.recorder.open(text, "t-1", client_id="c-1").close(
+        result("error_during_execution", text=None, num_turns=0, is_error=False))
+    [obs] = await kit.rows()
+    assert obs.status == "error"
 
 
 async def test_a_turn_the_servers_stop_cut_short_is_recorded_so_not_as_the_persons_interrupt(kit: Kit) -> None:
@@ -171,6 +209,7 @@ async def test_the_response_is_the_result_or_else_the_last_thing_the_agent_said(
     record = kit.recorder.open("tell me")
     record.observe(says("a first part"))
     record.observe(says("the last part"))
+    record.interrupted()
     record.close(result("error_during_execution", text=None))
     [obs] = await kit.rows()
     assert obs.agent_response == "the last part\n(interrupted by the user)"

@@ -1,22 +1,24 @@
 """The person's messages not yet answered, as the chat keeps them (kept_messages.js): shown at once
 after a reload, before the socket is back; looked for again after a reload when the page could not
 tell whether the agent took them; gone for good at Sign out, a sign-in in the same page bringing none
-back; and a command the Sprite ran, which the record does not keep, never offered to be sent again.
+back; and a command the Sprite ran, which leaves no turn in the record, settled as taken by asking the Sprite.
 Real Chromium, real server and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
-from playwright.async_api import WebSocketRoute, expect
+from playwright.async_api import Browser, WebSocketRoute, expect
 
-from devkit.harness import TOKEN, restartable
+from devkit.harness import TOKEN, Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os.config import Settings
+from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import chromium, signed_in
+from tests.console_browser import Tab, chromium, open_tab, signed_in
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -147,28 +149,111 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         tab.assert_clean()
 
 
-async def test_a_command_the_sprite_ran_unheard_is_not_offered_again_after_a_restart(
+async def test_a_history_request_in_flight_at_sign_out_says_nothing_to_the_next_person(server: SpriteOS) -> None:
+    """The conversation's record was still being asked for when the person signed out: its request was
+    left pending, and its timeout, 30 s on, put "could not be loaded" into the next person's view."""
+    held = {"on": True}
+
+    def route(page_side: WebSocketRoute) -> None:  # the first socket's answer to session_turns never comes
+        server_side = page_side.connect_to_server()
+        server_side.on_message(lambda m: None if held["on"] and "session_turns_result" in str(m) else page_side.send(m))
+
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.clock.install()  # the request's timeout, run on at will
+        await tab.page.route_web_socket(lambda _url: True, route)
+        await tab.sign_in()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(0)  # asked, not answered
+        await tab.by("sign-out").click()
+        held["on"] = False
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await tab.page.clock.run_for(31_000)  # past the first request's timeout
+        await expect(tab.by("notice").filter(has_text="could not be loaded")).to_have_count(0)
+        tab.assert_clean()
+
+
+async def compacted_unheard(server: Restartable, browser: Browser, bridge: MockBridge, muted: Muted) -> Tab:
+    """A turn, then /compact sent with the page's link dead: the CLI runs it, and the page hears nothing."""
+    tab = await signed_in(browser, server.port, route=muted.route)
+    await tab.send("The garden plan is due in May")
+    await expect(tab.by("turn-status")).to_have_count(1)
+    muted.on = True
+    await tab.send("/compact")
+    await bridge.wait_for(lambda b: any(r.is_compaction for r in b.agent_requests()))
+    app = server.app
+    assert app is not None
+    await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
+    return tab
+
+
+async def test_a_command_the_sprite_ran_unheard_is_settled_as_taken_after_a_restart(
         settings: Settings, bridge: MockBridge) -> None:
     """The person typed /compact; the CLI ran it (a command leaves no turn in the record) while the page
-    heard nothing back, and the server restarted. No turn names it, yet the Sprite handled it: it must
-    not be called not sent, nor offered a Send again that would run it a second time."""
+    heard nothing back, and the server restarted. No turn names it, but the Sprite recorded its client id:
+    the page asks (sends it again with that id), the Sprite refuses it already_taken, and the page says the
+    agent took it, without a Send again; the CLI compacted once."""
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser:
-        tab = await signed_in(browser, server.port, route=muted.route)
-        await tab.send("The garden plan is due in May")
-        await expect(tab.by("turn-status")).to_have_count(1)
-        muted.on = True
-        await tab.send("/compact")
-        await bridge.wait_for(lambda b: any(r.is_compaction for r in b.agent_requests()))
-        app = server.app
-        assert app is not None
-        await wait_for(lambda: app.runtime.state == "idle" and app.runtime.queued == 0, timeout=30, what="the command's end")
+        tab = await compacted_unheard(server, browser, bridge, muted)
         await restart_unheard(server, muted, tab)
         mine = tab.messages("user").filter(has_text="/compact")
-        await expect(mine).not_to_have_attribute("data-state", "checking")
-        await expect(mine).not_to_contain_text("not sent")
+        await expect(mine).to_have_attribute("data-state", "taken")
+        await expect(mine).to_contain_text("the agent took it already")
         await expect(mine.get_by_test_id("send-again")).to_have_count(0)
-        await expect(mine).to_contain_text("a command")
+        assert await pending(tab) is None
+        assert sum(r.is_compaction for r in bridge.agent_requests()) == 1
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_command_is_not_asked_of_a_server_that_does_not_know_the_commands_taken(
+        settings: Settings, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/compact ran unheard, then the server restarted without the ids an earlier run took (its record
+    unread at start; so is a version rolled back to from before it kept them, or memory off). The page
+    asked anyway, its history being readable, and the Sprite, not knowing the id, compacted a second time.
+    Its `ready` says it does not know them: the page says it cannot tell, with no Send again, and asks nothing."""
+    muted = Muted()
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await compacted_unheard(server, browser, bridge, muted)
+
+        async def unread(*_args: object) -> None:
+            raise OSError("the record could not be read at start")
+
+        monkeypatch.setattr(MemorySystem, "taken_messages", unread)
+        await restart_unheard(server, muted, tab)
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
+        mine = tab.messages("user").filter(has_text="/compact")
+        await expect(mine).to_have_attribute("data-state", "command")
+        await expect(mine).to_contain_text("cannot say whether it ran")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        await asyncio.sleep(1)  # an ask would have reached the CLI by now
+        assert sum(r.is_compaction for r in bridge.agent_requests()) == 1
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_a_command_a_restart_dropped_from_the_queue_is_asked_and_runs_once(
+        settings: Settings, bridge: MockBridge) -> None:
+    """/compact waited behind a slow turn when the server restarted: dropped with the queue, never taken.
+    The page asks the new server (sends it again with its own client id), which never took it, so it runs
+    it now, once, as this message: started, no Send again, nothing said unsent."""
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        mine = await one_waiting(tab, bridge, server, text="/compact")  # behind a turn that hangs
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
+        await expect(mine).to_have_count(1)
+        await expect(mine).to_have_attribute("data-state", "started")
+        await expect(mine.get_by_test_id("send-again")).to_have_count(0)
+        await expect(mine).not_to_contain_text("not sent")
+        assert server.app is not None
+        await wait_for(lambda: server.app is not None and server.app.runtime.state == "idle", timeout=30,
+                       what="the command's end")
         assert await pending(tab) is None
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
@@ -208,6 +293,7 @@ async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(serve
         await tab.page.reload()
         await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
         await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+        await expect(tab.by("send-button")).to_be_enabled()  # as Enter: one rule (the socket is open)
         await tab.by("composer").fill("Typed before the ready came")
         await tab.by("composer").press("Enter")
         mine = tab.messages("user").filter(has_text="Typed before the ready came")
@@ -247,7 +333,8 @@ async def test_a_message_sent_before_a_restarted_servers_ready_is_not_called_uns
         await tab.connected()
         await expect(tab.messages("assistant").last).to_contain_text("You said: Typed while the ready was on its way")
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
-        await tab.page.wait_for_timeout(1500)  # the restart check, had it taken the message up, has answered
+        # the restart check, had it taken the message up, has answered: the page says when its checks are
+        await expect(tab.page.locator('[data-checks="settled"]')).to_have_count(1)
         await expect(mine).to_have_count(1)
         await expect(mine).to_have_attribute("data-state", "started")
         await expect(mine).not_to_contain_text("not sent")

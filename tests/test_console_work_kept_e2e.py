@@ -616,15 +616,16 @@ async def pending(tab: Tab) -> str | None:
     return kept
 
 
-async def one_waiting(tab: Tab, bridge: MockBridge, server: Restartable | None = None) -> Locator:
-    """`tab` sends a message whose turn hangs at the model, then one that waits behind it: that one.
+async def one_waiting(tab: Tab, bridge: MockBridge, server: Restartable | None = None,
+                      text: str = "Second, still waiting") -> Locator:
+    """`tab` sends a message whose turn hangs at the model, then one that waits behind it (`text`): that one.
     With `server` (a test that stops it next), once that server holds it queued: the page marks it
     waiting as it sends, and a stop begun before the frame landed answered it "the Sprite is stopping"."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
     await tab.send("First, the slow one")
     await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
-    await tab.send("Second, still waiting")
-    waiting = tab.messages("user").filter(has_text="Second, still waiting")
+    await tab.send(text)
+    waiting = tab.messages("user").filter(has_text=text)
     await expect(waiting).to_have_attribute("data-state", "queued")
     if server is not None:
         await wait_for(lambda: server.app is not None and server.app.runtime.queued == 1, timeout=30,

@@ -22,7 +22,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 4 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
+    assert t.schema_version == 5 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
@@ -171,7 +171,7 @@ def test_a_transcript_from_before_client_ids_opens_reads_and_keeps_the_id_of_eac
     conn.close()
     t = TranscriptDB(path)
     try:
-        assert t.schema_version == 4
+        assert t.schema_version == len(TRANSCRIPT_SCHEMA)
         assert [o.user_message for o in t.get([1])] == ["yes"]
         new = t.append(msgspec.structs.replace(obs(2, session="s"), turn_id="t2", client_id="web-1"))
         assert new is not None and t.append(msgspec.structs.replace(obs(2, session="s"), client_id="web-2")) is None
@@ -199,6 +199,27 @@ def test_the_taken_client_ids_are_the_newest_recorded_first_forgotten_turns_too(
         assert [tuple(c) for c in (msgspec.to_builtins(x) for x in t.taken_clients(10))] == [
             ("web-3", "b", "t3"), ("web-1", "a", "t1")]
         assert [c.client_id for c in t.taken_clients(1)] == ["web-3"]
+    finally:
+        t.close()
+
+
+def test_a_command_that_left_no_turn_is_taken_by_its_client_id_alone(tmp_path: Path) -> None:
+    """A command the CLI ran itself (/compact) leaves no turn; its client id is kept beside the turns' (no
+    words, no observation), among the taken ids by when it was taken, once however often it is written
+    (a replay), and never changed or deleted."""
+    t = TranscriptDB(tmp_path / "t.db")
+    try:
+        t.append(msgspec.structs.replace(obs(1, session="a"), timestamp=10.0, turn_id="t1", client_id="web-1"))
+        for _ in range(2):
+            t.record_command("web-compact", "a", "t2", 20.0)
+        t.append(msgspec.structs.replace(obs(2, session="a"), timestamp=30.0, turn_id="t3", client_id="web-3"))
+        assert [tuple(msgspec.to_builtins(c)) for c in t.taken_clients(10)] == [
+            ("web-3", "a", "t3"), ("web-compact", "a", "t2"), ("web-1", "a", "t1")]
+        assert [c.client_id for c in t.taken_clients(2)] == ["web-3", "web-compact"]
+        assert [o.user_message for o in t.iter_all()] == ["m1", "m2"]
+        for change in ("UPDATE command_clients SET client_id = 'web-2'", "DELETE FROM command_clients"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                t.conn.execute(change)
     finally:
         t.close()
 

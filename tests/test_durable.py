@@ -26,6 +26,7 @@ from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture import pipeline as pipeline_mod
+from sprite_os.memory.capture import writer as writer_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -37,6 +38,7 @@ from sprite_os.memory.capture.journal import (
 )
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import (
+    CommandWrite,
     ObservationWrite,
     SessionWrite,
     append_lines,
@@ -519,6 +521,81 @@ async def test_a_turn_cut_short_keeps_its_client_id_through_the_journal(capture:
     await c.stop(5)
     await db.close()
     assert rows == [("yes, go on", "t-1", "web-1", f"so far\n{STOPPED_NOTE}")]
+
+
+async def test_a_command_that_left_no_turn_is_durable_by_its_client_id_alone(capture: Capture) -> None:
+    """/compact, run by the CLI itself, leaves no turn, but the agent took it: its client id must be on
+    disk before the person is told it is done, or a restart would run its resend again. The journal never
+    holds it, so the spill file takes it at once (transcript.db later); no observation is written."""
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # the thread is now held in a write
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    assert await record.durable(budget=10) is True  # by the spill file, transcript.db still locked
+    spilled = read_spill(spill_path(capture._layout))
+    assert [w.client_id for w in spilled if isinstance(w, CommandWrite)] == ["web-c"]
+    assert [c.client_id for c in capture.writer.waiting_commands()] == ["web-c"]  # a start meanwhile knows it
+    BusyDB.hold.set()
+    assert await capture.writer.drained(10)
+    turns, taken = await capture.writer._db.call(lambda t: (list(t.iter_all()), t.taken_clients(10)))
+    assert turns == [] and [(c.client_id, c.session_id, c.turn_id) for c in taken] == [("web-c", "s1", "t-c")]
+
+
+async def test_a_commands_client_id_is_on_disk_before_the_journal_lets_its_running_entry_go(
+        capture: Capture) -> None:
+    """While /compact runs, the journal holds it (a kill then records a cut turn, which names its client id).
+    Once it ended, the journal let it go within DELAY, while its client id was only queued in memory for a
+    transcript.db that was locked or slow: a kill then left it on no disk, and the console's question after
+    the restart (the same client id) ran /compact a second time. The spill file takes it first."""
+    layout = capture._layout
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    await wait_for(lambda: [o.client_id for o in recover(journal_path(layout))] == ["web-c"],
+                   what="the running command saved")
+    BusyDB.hold = threading.Event()
+    capture.writer.submit(SessionWrite("s0", "end", 1.0))  # transcript.db is locked: the write waits
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    await wait_for(lambda: recover(journal_path(layout)) == [], what="the journal letting the command go")
+    await asyncio.sleep(0.2)  # the kill comes now: what is on disk is what the next start knows
+    spilled = [w.client_id for w in read_spill(spill_path(layout)) if isinstance(w, CommandWrite)]
+    assert spilled == ["web-c"]
+
+
+async def test_a_command_whose_spill_fails_on_a_full_disk_is_still_saved_by_transcript_db(
+        capture: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spill file takes a command's id at once; on a full disk that append fails, while transcript.db
+    (its pages free) takes the id a moment later. The failed append alone was taken for both ways failing:
+    the person was told /compact was not saved while its id was on disk. Only transcript.db's own failure
+    makes it so."""
+    def full(*_args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_mod, "append_lines", full)
+    record = capture.recorder.open("/compact", "t-c", "web-c")
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    assert await record.durable(budget=5) is True
+    taken = await capture.writer._db.call(lambda t: t.taken_clients(10))
+    assert [c.client_id for c in taken] == ["web-c"]
+
+    def db_full(*_args: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with monkeypatch.context() as m:  # the whole disk full: transcript.db fails too, and the person is told
+        m.setattr(TranscriptDB, "record_command", db_full)
+        record = capture.recorder.open("/compact", "t-d", "web-d")
+        record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False,
+                                   num_turns=0, session_id="x", result=""))
+        assert await record.durable(budget=5) is False
+    monkeypatch.undo()
+    assert await capture.writer.drained(10)
+
+
+def test_a_spilled_commands_client_id_is_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "spill"
+    append_lines(path, [CommandWrite("web-c", "s1", "t-c", 1.0)])
+    assert read_spill(path) == [CommandWrite("web-c", "s1", "t-c", 1.0)]
 
 
 def test_a_spilled_turn_keeps_its_client_id(tmp_path: Path) -> None:

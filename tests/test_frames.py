@@ -98,6 +98,18 @@ def test_an_interrupted_turn_completes_as_interrupted_without_an_error() -> None
     assert isinstance(done, p.TurnComplete) and done.status == "interrupted"
 
 
+def test_a_turn_cut_short_that_nobody_stopped_fails_live_even_when_the_cli_calls_it_no_error() -> None:
+    """The real CLI ends a turn an API error cut short with `error_during_execution` and `is_error: false`:
+    with nobody's stop, that was said `completed` (the person held part of an answer, or none, told it was
+    whole) and recorded so. It is a failure, said with its error frame."""
+    cut = result(is_error=False, subtype="error_during_execution")
+    failed, done = message_frames("t1", cut)
+    assert isinstance(failed, p.Error) and failed.code == "agent_failed"
+    assert isinstance(done, p.TurnComplete) and done.status == "error"
+    [stopped] = message_frames("t1", cut, interrupted=True)  # someone stopped it: interrupted, as ever
+    assert isinstance(stopped, p.TurnComplete) and stopped.status == "interrupted"
+
+
 @pytest.mark.parametrize(("fields", "code", "says", "detail"), [
     ({"api_error_status": 529, "result": "Overloaded"}, "model_unavailable", "The model is overloaded right now.",
      "HTTP 529: Overloaded"),

@@ -7,6 +7,7 @@ made to do on cue: exit cleanly in the middle of a turn, or die unseen between t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import itertools
 from collections.abc import AsyncIterator, Callable
@@ -69,13 +70,15 @@ class FakeCLI:
         self.order.append("query")
 
     async def receive_response(self) -> AsyncIterator[Any]:
-        if self.h.hold:
+        if self.h.hold:  # a long turn: it runs until it is interrupted, and is cut short, as the CLI says
             await self.interrupted.wait()
         if self.exit_silently:
             return
         for n, message in enumerate(self.h.reply):
             if n == self.crash_after:
                 raise ProcessError("Command failed with exit code -9", exit_code=-9)
+            if self.h.hold and isinstance(message, ResultMessage) and message.subtype == "success":
+                message = dataclasses.replace(message, subtype="error_during_execution", is_error=True)
             yield message
 
     async def interrupt(self) -> None:

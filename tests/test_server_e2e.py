@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -607,25 +609,40 @@ async def test_a_stop_signal_ends_the_turn_tells_clients_exits_0_and_leaves_no_c
         await proc.stop()
 
 
-async def test_a_message_taken_before_a_restart_is_not_run_again_after_it(settings: Settings, bridge: MockBridge) -> None:
+@pytest.mark.parametrize(("earlier", "text", "runs"), [
+    ((), "Do it once", lambda b: sum("Do it once" in r.last_user_text for r in b.agent_requests())),
+    # /compact leaves no turn in the record (the CLI runs it itself), yet the agent took it: its client id
+    # alone is recorded, durable before its turn_complete; no turn of it joins the conversation.
+    (("The garden plan is due in May",), "/compact", lambda b: sum(r.is_compaction for r in b.agent_requests())),
+], ids=["a turn", "a command the cli ran itself"])
+async def test_a_message_taken_before_a_restart_is_not_run_again_after_it(
+        settings: Settings, bridge: MockBridge, earlier: tuple[str, ...], text: str,
+        runs: Callable[[MockBridge], int]) -> None:
     """A message's client id is its idempotency key, across a restart too: the new server knows the ids
     the record holds (transcript.db, through memory), so the same message sent again is answered
     already_taken, with the session and turn it ran as, and the agent does not get it twice."""
     async with restartable(settings) as server:
         async with client_factory(server.port) as connect:
             c = await connect(hello={})
-            await c.send(type="user_message", text="Do it once", client_id="web-once")
-            done = await c.until("turn_complete")
+            for n, said in enumerate(earlier):
+                await c.send(type="user_message", text=said, client_id=f"web-earlier-{n}")
+                await c.until("turn_complete")
+            await c.send(type="user_message", text=text, client_id="web-once")
+            done = await c.until("turn_complete", lambda f: f["turn_id"] == c.of("turn_started")[-1]["turn_id"])
+        assert done["status"] == "completed" and done["saved"] is not False
         assert server.app is not None
         ran_in = server.app.runtime.session_id
         await server.stop()
         await server.start()
         async with client_factory(server.port) as connect:
             c = await connect(hello={})
-            await c.send(type="user_message", text="Do it once", client_id="web-once")
+            await c.send(type="user_message", text=text, client_id="web-once")
             refused = await c.until("error")
             await c.send(type="user_message", text="Something new", client_id="web-new")
             await c.until("turn_complete")
         assert {k: refused[k] for k in ("code", "client_id", "session_id", "turn_id")} == {
             "code": "already_taken", "client_id": "web-once", "session_id": ran_in, "turn_id": done["turn_id"]}
-        assert sum("Do it once" in r.last_user_text for r in bridge.agent_requests()) == 1
+        assert runs(bridge) == 1
+    with contextlib.closing(sqlite3.connect(settings.layout.transcript_db)) as db:  # no turn of the command
+        assert [m for (m,) in db.execute("SELECT user_message FROM observations")] == [
+            *earlier, *([text] if not text.startswith("/") else []), "Something new"]

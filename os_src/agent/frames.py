@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import protocol as p
 from ..text import clean_text
+from ..turn_end import result_status
 from .budget import REFUSED_BY
 from .memory_port import Recalled
 from .state import TurnCost
@@ -107,15 +108,13 @@ def _assistant_frames(turn_id: str, message: AssistantMessage) -> list[p.ServerF
 
 def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = False,
                   cost: TurnCost | None = None, by_server: bool = False) -> list[p.ServerFrame]:
-    """turn_complete, after an error frame saying why when the turn failed (not when interrupted).
+    """turn_complete, after an error frame saying why when the turn failed (not when interrupted; one whose
+    interrupt came after the answer was whole is completed: turn_end.py).
     Without `cost`, the turn's cost is unknown (None), never the CLI's running total. `by_server`:
     the interrupt was the server's stop, not the person's."""
     frames: list[p.ServerFrame] = []
-    status: p.TurnStatus = "completed"
-    if interrupted:
-        status = "interrupted"
-    elif result.is_error:
-        status = "error"
+    status: p.TurnStatus = result_status(result.subtype, result.is_error, interrupted)  # as the record says
+    if status == "error":
         frames.append(result_error(turn_id, result))
     usage = result.usage or {}
     frames.append(p.TurnComplete(
@@ -125,7 +124,7 @@ def result_frames(turn_id: str, result: ResultMessage, *, interrupted: bool = Fa
         usage=p.Usage(**{k: int(usage.get(k) or 0) for k in p.Usage.__struct_fields__}),
         cost_usd=cost.turn if cost is not None else None,
         session_cost_usd=cost.session if cost is not None else None,
-        by_server=interrupted and by_server,
+        by_server=status == "interrupted" and by_server,
     ))
     return frames
 

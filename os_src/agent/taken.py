@@ -1,8 +1,9 @@
 """Which messages the agent has taken, by client id, so that none runs twice (pure code).
 
 A user_message's `client_id` is its idempotency key. The runtime keeps the ids of the messages it
-accepted (queued, running or done: taken), seeded at start from transcript.db's `turn_clients` through
-memory's port (the turns an earlier run recorded), and refuses a message whose id it holds
+accepted (queued, running or done: taken), seeded at start from transcript.db's `turn_clients` and
+`command_clients` through memory's port (the turns an earlier run recorded, and the commands its CLI ran
+itself, which left no turn), and refuses a message whose id it holds
 (`already_taken`). A message refused (queue_full, rate_limited, invalid, too large) never gets here, and
 one a restart dropped from the queue was never recorded: their resend with the same id is taken.
 

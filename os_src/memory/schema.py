@@ -131,14 +131,30 @@ def _transcript_v4(db: sqlite_utils.Database) -> None:
         {"session_id": str, "sequence_num": int, "client_id": str},
         pk=("session_id", "sequence_num"), not_null={"client_id"}, if_not_exists=True,
     )
+    _append_only(db, "turn_clients")
+
+
+def _transcript_v5(db: sqlite_utils.Database) -> None:
+    """The client id of a message the agent took that left no turn: a command the CLI ran itself (/compact,
+    with no model turn). Kept so that a restarted runtime refuses its resend (`already_taken`) as it does a
+    turn's, never as part of the conversation: no words, no observation, nothing for curation or search.
+    Keyed by the client id (a replay of the write is a no-op); append-only, as turn_clients is."""
+    _table(db, "command_clients").create(
+        {"client_id": str, "session_id": str, "turn_id": str, "taken_at": float},
+        pk="client_id", not_null={"session_id", "taken_at"}, if_not_exists=True,
+    )
+    _append_only(db, "command_clients")
+
+
+def _append_only(db: sqlite_utils.Database, table: str) -> None:
     for event in ("UPDATE", "DELETE"):
         db.conn.execute(
-            f"""CREATE TRIGGER IF NOT EXISTS main.turn_clients_no_{event.lower()} BEFORE {event} ON turn_clients
-            BEGIN SELECT RAISE(ABORT, 'turn_clients are append-only'); END"""
+            f"""CREATE TRIGGER IF NOT EXISTS main.{table}_no_{event.lower()} BEFORE {event} ON {table}
+            BEGIN SELECT RAISE(ABORT, '{table} are append-only'); END"""
         )
 
 
-TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3, _transcript_v4)
+TRANSCRIPT_SCHEMA = (_transcript_v1, _transcript_v2, _transcript_v3, _transcript_v4, _transcript_v5)
 
 
 def _memory_v1(db: sqlite_utils.Database) -> None:

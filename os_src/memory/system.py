@@ -243,12 +243,13 @@ class MemorySystem:
         self.recall.indexer.turn_ended()
 
     async def taken_messages(self, limit: int) -> list[TakenClient]:
-        """The messages the record holds a turn of, by client id, newest first: the runtime never runs one
-        of them again. First those whose turns are still on their way to it (the spill file's, a cut turn's
+        """The messages the record holds a turn of (or a command that left none), by client id, newest
+        first: the runtime never runs one of them again. First those whose turns are still on their way to it (the spill file's, a cut turn's
         from the journal: a start on a disk that still refuses writes leaves them waiting), then the newest
         `limit` recorded."""
         waiting = [TakenClient(o.client_id, o.session_id, o.turn_id)
                    for o in reversed(self.writer.waiting()) if o.client_id is not None]
+        waiting += [TakenClient(c.client_id, c.session_id, c.turn_id) for c in reversed(self.writer.waiting_commands())]
         return waiting + await self.transcript.call(lambda t: t.taken_clients(limit))
 
     async def search(self, query: str, limit: int) -> list[RecallHit]:

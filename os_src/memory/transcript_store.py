@@ -173,12 +173,27 @@ class TranscriptDB:
         )
         return cur.lastrowid
 
+    def record_command(self, client_id: str, session_id: str, turn_id: str | None, at: float) -> None:
+        """A message the agent took that left no turn (a command the CLI ran itself): its client id alone,
+        so that a restart knows it taken. A second write of the same id is a no-op (a replay)."""
+        self.conn.execute("INSERT OR IGNORE INTO command_clients (client_id, session_id, turn_id, taken_at) "
+                          "VALUES (?, ?, ?, ?)", (client_id, session_id, turn_id, at))
+
     def taken_clients(self, limit: int) -> list[TakenClient]:
-        """The newest `limit` client ids the record holds, newest first (in the order they were recorded)."""
+        """The newest `limit` client ids the record holds, newest first: the turns' (turn_clients) and the
+        commands' that left no turn (command_clients). Each table's newest `limit`, by the order they were
+        recorded, then both together by when the message was taken (a turn's start), so the read stays
+        bounded by `limit` however long the record is."""
         rows = self.conn.execute(
-            """SELECT c.client_id, c.session_id, o.turn_id FROM turn_clients c LEFT JOIN observations o
-            ON o.session_id = c.session_id AND o.sequence_num = c.sequence_num
-            ORDER BY c.rowid DESC LIMIT ?""", (limit,)).fetchall()
+            """SELECT client_id, session_id, turn_id FROM (
+                SELECT * FROM (SELECT c.client_id, c.session_id, o.turn_id, coalesce(o.timestamp, 0) AS at,
+                    c.rowid AS n FROM turn_clients c LEFT JOIN observations o
+                    ON o.session_id = c.session_id AND o.sequence_num = c.sequence_num
+                    ORDER BY c.rowid DESC LIMIT :limit)
+                UNION ALL
+                SELECT * FROM (SELECT client_id, session_id, turn_id, taken_at AS at, rowid AS n
+                    FROM command_clients ORDER BY rowid DESC LIMIT :limit))
+            ORDER BY at DESC, n DESC LIMIT :limit""", {"limit": limit}).fetchall()
         return [TakenClient(*row) for row in rows]
 
     def import_turns(self, turns: Iterable[ImportedTurn]) -> list[int | None]:

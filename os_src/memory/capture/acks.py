@@ -21,13 +21,14 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-Key = tuple[str, int]  # (session_id, sequence_num)
+Key = tuple[str, int | str]  # a turn's (session_id, sequence_num), a command's write key (spill.write_key)
 
 
 @dataclass
 class _Ack:
     done: asyncio.Future[bool]
     failed: set[str] = field(default_factory=set)  # the ways that failed: "transcript", "journal"
+    ways: int = 2  # how many ways it has: a command that left no turn has no journal entry, only transcript.db
 
 
 class Acks:
@@ -44,12 +45,12 @@ class Acks:
             self.unsaved.add(key)
             self.unsaved_total += 1
 
-    def expect(self, key: Key) -> asyncio.Future[bool]:
+    def expect(self, key: Key, ways: int = 2) -> asyncio.Future[bool]:
         """A turn just closed as `key`: the future is True once it is durable, False once it can't
-        be for now. Call it before the turn's writes are handed out."""
+        be for now (by any of its `ways`). Call it before the turn's writes are handed out."""
         ack = self._waiting.get(key)
         if ack is None:
-            ack = self._waiting[key] = _Ack(asyncio.get_running_loop().create_future())
+            ack = self._waiting[key] = _Ack(asyncio.get_running_loop().create_future(), ways=ways)
         return ack.done
 
     def durable(self, key: Key) -> None:
@@ -75,7 +76,7 @@ class Acks:
             if ack is None:
                 continue
             ack.failed.add(way)
-            if len(ack.failed) == 2 and not ack.done.done():
+            if len(ack.failed) == ack.ways and not ack.done.done():
                 ack.done.set_result(False)  # stays listed: a later write may still make it durable
 
     @property

@@ -22,7 +22,7 @@ from ..transcript_store import TranscriptDB
 from .acks import Acks
 from .journal import TurnJournal, journal_path, recover
 from .recorder import TurnRecorder
-from .spill import ObservationWrite, Write
+from .spill import CommandWrite, ObservationWrite, Write, write_key
 from .writer import TranscriptWriter
 
 # A write queued this long has not landed (a disk that hangs rather than fails): capture is degraded.
@@ -72,10 +72,17 @@ class Capture:
         return report
 
     def _refused(self, writes: list[Write]) -> None:
-        self.acks.transcript_failed(_turn_key(w) for w in writes if isinstance(w, ObservationWrite))
+        """The spill file could not take these writes. A turn has the journal too; a command's id (spilled at
+        once, transcript.db healthy or not) has only transcript.db left, so it fails only once that fails too
+        (its writes failing: the writer then spills again, and this is called again)."""
+        commands = self.writer.failing
+        self.acks.transcript_failed(write_key(w) for w in writes
+                                    if isinstance(w, ObservationWrite) or (commands and isinstance(w, CommandWrite)))
 
     def _durable(self, write: Write) -> None:
-        if isinstance(write, ObservationWrite):
+        if isinstance(write, CommandWrite):  # a command's client id: acknowledged, nothing for the journal or curation
+            self.acks.durable(write_key(write))
+        elif isinstance(write, ObservationWrite):
             key = _turn_key(write)
             self.journal.durable(key)
             self.acks.durable(key)

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ...text import clean_text
 from ...text import strip_private as strip_private  # memory/importer.py takes it from here
+from ...turn_end import result_status
 from ..hooks import HookTimings
 from ..transcript_store import NewObservation
 from .acks import Acks, Key
 from .journal import STOPPED, STOPPED_NOTE, TurnJournal
-from .spill import ObservationWrite, SessionWrite
+from .spill import CommandWrite, ObservationWrite, SessionWrite, write_key
 from .writer import TranscriptWriter
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -261,6 +262,8 @@ class TurnRecorder:
         """Queue the turn's observation; returns its key and what says when it is durable (None: not
         recorded)."""
         obs = self._closed_turn(turn, result, error, cost_usd)
+        if obs is None and self._ran_itself(turn, result) and turn.client_id is not None:
+            return self._command_taken(turn)
         durable = None
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
@@ -280,21 +283,47 @@ class TurnRecorder:
             self._on_recorded()
         return durable
 
+    def _command_taken(self, turn: _Turn) -> tuple[Key, asyncio.Future[bool]] | None:
+        """A command the CLI ran itself left no turn, but the agent took its message: its client id alone is
+        recorded (command_clients), so that a restart refuses its resend as it does a turn's. No observation:
+        nothing of it joins the conversation, curation or search. Durable (transcript.db or the spill file;
+        the journal never held it) before the person is told the command is done, as a turn is. The spill
+        file takes it at once, on the files' thread ahead of the journal's save that lets the running entry
+        go: a kill while transcript.db is locked or slow must not leave it on no disk (a restart would then
+        run the console's resend of it again). One fsync per command."""
+        durable = None
+        if self.session_id is not None and turn.client_id is not None:
+            write = CommandWrite(turn.client_id, self.session_id, turn.turn_id, turn.started)
+            key = write_key(write)
+            durable = key, self._acks.expect(key, ways=1)
+            self._writer.submit(write)
+            self._writer.spill_waiting()
+        if self._journal is not None:  # its open entry leaves the journal: nothing of it is replayed
+            self._journal.closed(None, urgent=False)
+        return durable
+
+    @staticmethod
+    def _ran_itself(turn: _Turn, result: ResultMessage | None) -> bool:
+        """The CLI ran the command itself, with no model turn: not part of the conversation. One that failed
+        or was cut short (turn_end.py) is a turn, recorded so."""
+        return (turn.command and result is not None and result.num_turns == 0
+                and result_status(result.subtype, result.is_error, turn.stopped_by is not None) == "completed")
+
     def _closed_turn(self, turn: _Turn, result: ResultMessage | None, error: str | None,
                      cost_usd: float | None) -> NewObservation | None:
-        if self.session_id is None:
+        if self.session_id is None or self._ran_itself(turn, result):
             return None
-        if turn.command and result is not None and result.num_turns == 0 and not result.is_error:
-            return None  # the CLI ran the command itself, with no model turn: not part of the conversation
         note, status = None, "completed"
-        cut = result is None or result.subtype == "error_during_execution"  # it did not end on its own
+        # With a result, the live turn_complete's rule (turn_end.py): a stop that reached the CLI after the
+        # answer was whole leaves the turn completed, as the person was told; its text is then the CLI's.
+        ended = result_status(result.subtype, result.is_error, turn.stopped_by is not None) if result else None
         if error is not None:
             note, status = "(the turn failed before the agent finished)", "error"
-        elif cut and turn.stopped_by == "server":
+        elif (ended == "interrupted" or result is None) and turn.stopped_by == "server":
             note, status = STOPPED_NOTE, STOPPED  # as a turn a kill cut short reads at the next start
-        elif cut and (result is not None or turn.stopped_by == "person"):
+        elif ended == "interrupted" or (result is None and turn.stopped_by == "person"):
             note, status = "(interrupted by the user)", "interrupted"
-        elif result is not None and result.is_error:
+        elif ended == "error":
             status = "error"  # its text is the CLI's account of the failure
         text = _bounded((result.result if result is not None else None) or turn.last_text, RESPONSE_CHARS)
         if note:

@@ -1,7 +1,7 @@
 """What capture's writes are, and the files the transcript writer keeps beside transcript.db.
 
-- The writes: a turn's observation, a session's start or end. Each has a key that makes
-  it unique, so a replay is a no-op.
+- The writes: a turn's observation, a session's start or end, the client id of a command that
+  left no turn. Each has a key that makes it unique, so a replay is a no-op.
 - The spill file (`.os/state/capture-spill.jsonl`): writes that could not land yet, as
   fsync'd JSON lines, appended in order; a torn last line (a process killed mid-append)
   is skipped when read.
@@ -58,7 +58,19 @@ class SessionWrite(msgspec.Struct, tag="session", frozen=True):
             db.end_session(self.session_id, self.at)
 
 
-Write = ObservationWrite | SessionWrite
+class CommandWrite(msgspec.Struct, tag="command", frozen=True):
+    """A message the agent took that left no turn (a command the CLI ran itself): its client id."""
+
+    client_id: str
+    session_id: str
+    turn_id: str | None
+    at: float
+
+    def apply(self, db: TranscriptDB) -> None:
+        db.record_command(self.client_id, self.session_id, self.turn_id, self.at)
+
+
+Write = ObservationWrite | SessionWrite | CommandWrite
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[Write] = msgspec.json.Decoder(Write)
 
@@ -112,9 +124,12 @@ def append_lines(path: Path, writes: list[Write]) -> None:
 
 
 def write_key(write: Write) -> tuple[str, int | str]:
-    """What makes a write unique: a turn's (session, sequence), a session's (id, event)."""
+    """What makes a write unique: a turn's (session, sequence), a session's (id, event), a command's
+    (session, "command " + its client id)."""
     if isinstance(write, ObservationWrite):
         return write.observation.session_id, write.observation.sequence_num
+    if isinstance(write, CommandWrite):
+        return write.session_id, f"command {write.client_id}"
     return write.session_id, write.event
 
 

@@ -40,6 +40,7 @@ from ...paths import Layout
 from ..transcript_store import NewObservation, TranscriptDB
 from .spill import (
     CaptureHealth,
+    CommandWrite,
     ObservationWrite,
     Write,
     append_lines,
@@ -154,6 +155,10 @@ class TranscriptWriter:
     def waiting(self) -> list[NewObservation]:
         """The observations queued in memory, not yet in transcript.db, oldest first."""
         return [q.write.observation for q in self._queue if isinstance(q.write, ObservationWrite)]
+
+    def waiting_commands(self) -> list[CommandWrite]:
+        """The client ids of commands that left no turn, queued in memory, not yet in transcript.db, oldest first."""
+        return [q.write for q in self._queue if isinstance(q.write, CommandWrite)]
 
     def status(self) -> dict[str, Any]:
         oldest = round(time.monotonic() - self._queue[0].at, 1) if self._queue else 0.0

@@ -45,7 +45,7 @@ function onStatus({ state, attempt, delay, resumed, replayed, resync }) {
   } else {
     status.textContent = state === "connecting" ? "connecting…" : "reconnecting…";
   }
-  $("send").disabled = state !== "connected";
+  $("send").disabled = !connection.connected; // as Enter: a message goes once the socket is open, `ready` or not
 }
 
 function onAuthFailed(message) {

@@ -6,7 +6,7 @@
 // kept_messages.js.
 
 import { clear, dollars, el, size } from "./dom.js";
-import { SAID, afterRestart, forgetKept, held, inRecord, keep, readKept, refusal, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
+import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -35,6 +35,8 @@ export class ChatView {
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
+    this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
+    this.snapshots = 0; // fresh snapshots handled: only the latest one's checks say they are settled (`checked`)
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -83,7 +85,9 @@ export class ChatView {
     this.sessionCost.textContent = "";
     this.composer.value = "";
     this.keepDraft();
-    forgetKept();
+    keep([]);
+    this.snapshots += 1; // the checks still running were the person's who signed out
+    delete this.list.dataset.checks;
     this.setAgent("idle", null);
   }
 
@@ -128,11 +132,33 @@ export class ChatView {
       ...[...this.restored.values()].map(({ entry }) => entry)]);
   }
 
-  /** A message the record settled without a Send again: taken, or a command it cannot say of. */
+  /** A message the record settled without a Send again: taken, or a command it cannot say of (its record unread). */
   settled(item, state, said) {
     this.unsentItems.delete(item);
     item.dataset.state = state;
     this.meta(item).textContent = said;
+  }
+
+  /** A command the record cannot show (it leaves no turn, kept_messages.js): sent again with its own
+   * client id, which the server refuses `already_taken` when the agent took it (settled as taken:
+   * `alreadyTaken`), or runs now, once, when it never did (its turn starts as this message's). Only a
+   * server that says it knows the commands an earlier run took is asked (`asks`): one that does not (memory
+   * off, its record unread at start, a version rolled back to from before it kept them) would run it again. */
+  ask(item, said) {
+    const { clientId } = item.dataset;
+    if (!this.asks) { // a server that does not know the commands an earlier run took would run it again
+      this.settled(item, "command", SAID.command);
+      return;
+    }
+    if (!this.conn.send({ type: "user_message", text: item.querySelector(".text").textContent, client_id: clientId })) {
+      this.unsent(item, SAID.unsure, true, true);
+      return;
+    }
+    this.unsentItems.delete(item);
+    Object.assign(item.dataset, { state: "queued", stream: this.stream ?? "", session: this.session ?? "", link: String(this.conn.links) });
+    this.meta(item).textContent = said;
+    this.queued.set(clientId, item);
+    this.keepPending();
   }
 
   /** A message the agent never took: its words stay, said to be unsent, with a Send again (none when
@@ -168,6 +194,7 @@ export class ChatView {
     for (const item of items.filter((mine) => mine.isConnected)) { // (not since Sign out)
       const { verdict, said, unsure } = afterRestart(entryOf(item), unseen);
       if (verdict === "unsent") unmatched.push([item, said, unsure]);
+      else if (verdict === "ask") this.ask(item, said);
       else this.settled(item, verdict, said);
     }
     this.keepPending();
@@ -256,6 +283,7 @@ export class ChatView {
     this.replay = null; // a replay this socket's ready cut short is not counted on
     const before = this.stream;
     this.stream = frame.stream;
+    this.asks = Boolean(frame.knows_commands); // (a server from before it did, or with memory off: never)
     const session = this.session;
     this.session = frame.session_id;
     if (fresh) {
@@ -299,10 +327,11 @@ export class ChatView {
         Object.assign(item.dataset, { stream: frame.stream, session: frame.session_id ?? "" });
         this.queued.set(id, this.add(item));
       }
-      if (dropped.length) this.restarted(dropped.map((item) => this.add(item)), left);
+      const checks = dropped.length ? [this.restarted(dropped.map((item) => this.add(item)), left)] : [];
       const unsure = this.checking([...unheard.map((item) => this.add(item)), ...this.restore(frame)]);
       const history = this.loadHistory(null);
-      if (unsure.length) history.then((turns) => this.settleStarted(unsure, turns));
+      checks.push(unsure.length ? history.then((turns) => this.settleStarted(unsure, turns)) : history);
+      this.checked(checks);
     } else {
       // A resume: the events since the page's last follow this frame, and `ready` is the state once
       // they are applied. A message sent on an earlier socket that the server neither holds nor runs
@@ -317,6 +346,15 @@ export class ChatView {
       }
     }
     this.setAgent(frame.agent, frame.turn_id);
+  }
+
+  /** Says on the list (`data-checks`: "running", then "settled") when what a fresh snapshot set going
+   * has answered: the record's history, the restart check, the looks for messages the server no longer
+   * holds. Only the latest snapshot's say "settled". What a test (or a person's tool) can wait on. */
+  checked(checks) {
+    const mine = ++this.snapshots;
+    this.list.dataset.checks = "running";
+    Promise.allSettled(checks).then(() => { if (this.snapshots === mine) this.list.dataset.checks = "settled"; });
   }
 
   /** Sent on a socket before the one now open (whose `ready` is being handled). */
@@ -375,7 +413,7 @@ export class ChatView {
   /** Those of `items` whose turn the history shows are settled (the history shows them); one sent in a
    * session that has ended since (a New session, a crash, the idle timeout while the page was away) is
    * looked for in that session's record and those after it; one whose turn started meanwhile is its turn
-   * (`started`); a command, which the record does not keep, is said so; the rest are unsent, with a Send
+   * (`started`); a command, which leaves no turn in the record, is asked of the Sprite (`ask`); the rest are unsent, with a Send
    * again: they may not have reached the agent, or, `lost` (a resume's replay did not start them), never
    * did (`inRecord`). `turns` is null when the record could not be read. */
   async settleStarted(items, turns, lost = false) {
@@ -383,7 +421,8 @@ export class ChatView {
     for (const item of items) {
       const { session } = item.dataset;
       if (!item.isConnected || !this.unsentItems.has(item)) continue; // a newer snapshot took over
-      if (inRecord(entryOf(item), turns, null).verdict === "shown") {
+      const entry = entryOf(item);
+      if (shownIn(entry, turns)) {
         item.remove();
         this.unsentItems.delete(item);
         continue;
@@ -392,8 +431,9 @@ export class ChatView {
         earlier.set(session, await turnsSince(this.request, session, new Set()).catch(() => null));
       }
       if (!item.isConnected || !this.unsentItems.has(item)) continue;
-      const { verdict, said, unsure } = inRecord(entryOf(item), turns, earlier.get(session), lost);
+      const { verdict, said, unsure } = inRecord(entry, turns, earlier.get(session), lost);
       if (verdict === "unsent") this.unsent(item, said, true, unsure);
+      else if (verdict === "ask") this.ask(item, said);
       else this.settled(item, verdict, said);
     }
     this.keepPending();
@@ -406,7 +446,10 @@ export class ChatView {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      if (error.code !== "memory_unavailable") this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
+      // Signed out meanwhile: the page is the next person's now, and nothing of this request is theirs.
+      if (error.code !== "memory_unavailable" && error.code !== "signed_out") {
+        this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
+      }
       return null;
     }
     if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over

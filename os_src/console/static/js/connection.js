@@ -33,6 +33,8 @@ export class Connection {
     return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`;
   }
 
+  /** Whether a frame can go now: the socket is open (its `ready` may still be on its way). What the
+   * page's Send button and Enter both go by (`send`). */
   get connected() {
     return this.ws !== null && this.ws.readyState === WebSocket.OPEN;
   }
@@ -42,8 +44,11 @@ export class Connection {
     this.connect();
   }
 
-  /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. */
+  /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. The
+   * requests in flight end now (`signed_out`): their answers and their timeouts were the person's who
+   * signed out, never the next one's. */
   stop() {
+    this.failPending("signed out", "signed_out");
     this.token = null;
     Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
@@ -73,6 +78,9 @@ export class Connection {
       const hello = { type: "hello", protocol: 1, client: "sprite-console" };
       if (this.lastSeq !== null && this.stream) Object.assign(hello, { last_seq: this.lastSeq, stream: this.stream });
       ws.send(JSON.stringify(hello));
+      // Open, its `ready` still to come: a message may go now (the server reads it after its snapshot),
+      // so the page's Send is told, as Enter is by `send` (`connected`: the one rule for both).
+      this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     });
     ws.addEventListener("message", (event) => this.receive(event.data));
     ws.addEventListener("close", (event) => {
@@ -168,10 +176,10 @@ export class Connection {
     });
   }
 
-  failPending(message) {
+  failPending(message, code = "connection_lost") {
     for (const { reject, timer } of this.pending.values()) {
       clearTimeout(timer);
-      reject(new RequestError("connection_lost", message));
+      reject(new RequestError(code, message));
     }
     this.pending.clear();
   }

@@ -29,13 +29,17 @@ export const SAID = {
   takenEnded: "the agent took it in a session that has ended since: what it did is in Past sessions.",
   refused: "not sent.",
   connecting: "kept from before the reload: waiting for the connection to the Sprite…",
-  command: "a command: the Sprite keeps no record of the commands it runs, so the page cannot tell whether"
-    + " it ran this one; not offered again (type it again if it did not).",
+  asking: "a command, which leaves no turn in the record: asking the Sprite whether it ran it…",
+  command: "a command: the Sprite cannot say whether it ran this one (its record could not be read), so"
+    + " it is not offered again (type it again if it did not).",
 };
 
 /** A command (/compact, say): the CLI may run it itself, with no model turn, and then the record keeps
- * no turn of it (the server takes a message beginning with "/" for one). No turn names its client id,
- * so the record cannot settle it: a check that does not find it does not offer it again either. */
+ * no turn of it (the server takes a message beginning with "/" for one), only its client id among the
+ * ids the agent took. So a check that does not find it asks the server (verdict "ask": sent again with
+ * its own id, it is refused `already_taken` if the agent took it, and runs now, once, if it never did).
+ * When the record could not be read (memory off, or failing) the server may not know it either: then it
+ * is not offered again (verdict "command"). */
 function command(text) {
   return text.startsWith("/");
 }
@@ -50,22 +54,17 @@ export function readKept() {
   }
 }
 
-/** Keeps the tab's unsettled messages for a reload; none left, none kept. */
+/** Keeps the tab's unsettled messages for a reload; none left, none kept (at Sign out too: the person's
+ * words leave the tab, as the draft does). */
 export function keep(entries) {
   try {
     if (entries.length) sessionStorage.setItem(KEY, JSON.stringify(entries));
     else sessionStorage.removeItem(KEY);
   } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
-    forgetKept();
+    try {
+      sessionStorage.removeItem(KEY);
+    } catch { /* storage denied to the page (SecurityError): nothing is kept to remove */ }
   }
-}
-
-/** Sign out: the person's words leave the tab, as the draft does. Storage denied (SecurityError): there
- * is nothing to remove, and the page goes on. */
-export function forgetKept() {
-  try {
-    sessionStorage.removeItem(KEY);
-  } catch { /* nothing kept */ }
 }
 
 /** A message the server refused: what it says, and whether Send again can succeed (`again`): refused
@@ -140,8 +139,9 @@ export async function unseenSince(request, left) {
  * recorded without a client id (a client that sends none) could be any message, so then the page says
  * it does not know. (No match by words for turns from before the record kept client ids: a page running
  * this code was loaded from a server that keeps them, and the old server's turns without one are just
- * as likely another client's.) A command the record does not hold is said so (`command`). Returns
- * {verdict: "taken", "command" or "unsent", said, unsure}. */
+ * as likely another client's.) A command the record does not hold is asked of the server (`ask`), or,
+ * the record unread, said so (`command`). Returns {verdict: "taken", "ask", "command" or "unsent", said,
+ * unsure}. */
 export function afterRestart({ id, text }, unseen) {
   const turn = id && unseen ? unseen.find((t) => t.client_id === id) : undefined;
   // Only a completed turn has an answer; one the server's stop or a kill cut is "stopped"; one that
@@ -152,22 +152,27 @@ export function afterRestart({ id, text }, unseen) {
       : turn.status === "stopped" ? "the agent took it, but the restart cut its turn short: what it did is in Past sessions."
         : "the agent took it, but its turn did not finish: what it did is in Past sessions." };
   }
-  if (command(text)) return { verdict: "command", said: SAID.command };
+  if (command(text)) return unseen === null ? { verdict: "command", said: SAID.command } : { verdict: "ask", said: SAID.asking };
   // Every turn the old server ran is placed: each names the message it came from, and none is this one.
   const known = unseen !== null && unseen.every((t) => t.client_id);
   return { verdict: "unsent", unsure: !known, said: known ? "not sent: the Sprite restarted before the agent took it."
     : "the Sprite restarted: this may not have reached the agent (Past sessions shows what it recorded)." };
 }
 
+/** Whether the message's turn is among `turns` (the history the conversation shows; null: not read). */
+export function shownIn({ id }, turns) {
+  return Boolean(turns?.some((turn) => turn.client_id === id));
+}
+
 /** Whether a message the page does not know the server has is settled by the record: {verdict: "shown"}
  * (its turn is among `turns`, the history the conversation shows), "taken" (among `earlier`, the turns
- * of the ended session it was sent in and those after it), "command" (a command, which the record does
+ * of the ended session it was sent in and those after it), "ask" or "command" (a command, which the record does
  * not keep), or "unsent", with what it says (`lost`: the events the server replayed on a resume did not
  * start it, so it never reached the server, command or not; else it may not have, `unsure`). Either
  * list may be null (not read). */
 export function inRecord({ id, text }, turns, earlier, lost = false) {
-  if (turns?.some((turn) => turn.client_id === id)) return { verdict: "shown" };
+  if (shownIn({ id }, turns)) return { verdict: "shown" };
   if (earlier?.some((turn) => turn.client_id === id)) return { verdict: "taken", said: SAID.takenEnded };
-  if (!lost && command(text)) return { verdict: "command", said: SAID.command };
+  if (!lost && command(text)) return turns === null ? { verdict: "command", said: SAID.command } : { verdict: "ask", said: SAID.asking };
   return { verdict: "unsent", said: lost ? SAID.lost : SAID.unsure, unsure: !lost };
 }
