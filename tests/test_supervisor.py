@@ -280,6 +280,24 @@ def test_stop_without_the_servers_account_says_what_its_log_says_or_that_nothing
     assert "closing the recall index" not in out  # an earlier stop's lines in the log are not this one's
 
 
+def test_stop_of_a_server_killed_after_its_log_says_only_its_exit_hung(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No account (a full disk refused it), the log says the stop ended whole, then the exit hung and was
+    killed: what is said of the databases comes from the log, and is said to."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    log = settings.layout.logs_dir / "sprite-os.log"
+    lines = [{"event": "server_stopping"}, {"event": "server_stopped"}]
+    code = stopping_server(f"    with open({str(log)!r}, 'a') as f:\n"
+                           f"        f.writelines(json.dumps(line) + '\\n' for line in {lines!r})\n"
+                           "    time.sleep(60)\n")
+    monkeypatch.setattr(svc, "STOP_TIMEOUT", 0.5)
+    assert stop_fake_server(env, [sys.executable, "-c", code, "sprite_os", "serve"]) == svc.EXIT_UNFINISHED
+    out = capsys.readouterr().out
+    assert "exit 5: the server was killed (SIGKILL) after its log said the databases hold everything" in out, out
+    assert "its account said" not in out, out
+
+
 def test_stop_without_its_account_reads_the_log_the_server_rotated_during_its_stop(
         ws: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """The server's log rotates at its size (logs.py: RotatingFileHandler renames it to `.1`): a stop

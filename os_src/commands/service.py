@@ -317,7 +317,9 @@ class Service:
         how = f"killed after it did not stop within {STOP_TIMEOUT:g}s" if forced else "stopped"
         say(f"{how} (pid {state.pid}, {time.monotonic() - started:.1f}s)")
         unfinished = account_steps(report, earlier)
+        source = "account"
         if unfinished is None:  # no account: a full disk refused it; say what the log says, if anything
+            source = "log"
             logged = read_logged_stop(logs)
             unfinished = logged.steps
             if not forced:
@@ -331,7 +333,7 @@ class Service:
                 f"{LACKS}")
         elif forced:
             # Its account may still name put-off work (the curator's last batch): the databases are whole.
-            say("exit 5: the server was killed (SIGKILL) after its account said the databases hold everything "
+            say(f"exit 5: the server was killed (SIGKILL) after its {source} said the databases hold everything "
                 "(only its exit hung)")
         elif unfinished is None:
             say("exit 5: the server exited on its own but left no account of its stop: whether memory's stop "
