@@ -33,6 +33,7 @@ class FakeRuntime:
     turn_id: str | None = None
     turn_text: str | None = None
     turn_client_id: str | None = None
+    knows_commands = True
 
     def __init__(self) -> None:
         self.fail: Exception | None = None

@@ -32,7 +32,7 @@ FLOORS: dict[str, int] = {
     "console.requests": 0, "console.memory_frames": 0, "console.session_frames": 0, "console.files_frames": 0,
     "console.card_frames": 0,
     "errors": 0, "logs": 0, "text": 0, "fsutil": 0, "paths": 0, "procfs": 0, "malloc_arenas": 0,
-    "deploy_contract": 0, "stopping": 0, "spending": 0, "dates": 0, "backoff": 0, "metrics": 0, "": 0,
+    "deploy_contract": 0, "stopping": 0, "spending": 0, "dates": 0, "backoff": 0, "metrics": 0, "turn_end": 0, "": 0,
 }
 # Side by side on the agent's floor, and apart: memory is reached through agent/memory_port.py.
 APART = {("agent", "memory"), ("memory", "agent"), ("memory", "tools"), ("memory", "isolation"),
