@@ -17,6 +17,7 @@ from sprite_os.backoff import Backoff
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.memory.capture.spill import (
+    CommandWrite,
     STATUS_BYTES,
     CaptureHealth,
     ObservationWrite,
@@ -107,6 +108,23 @@ async def test_a_failed_write_is_retried_until_it_lands_in_order_exactly_once(ki
     # The file thread removes the spill file after the last append, behind the drain: wait for it.
     await wait_for(lambda: not spill_path(kit.layout).exists(), what="the spill file removed")
     await wait_for(lambda: not read_status(kit.layout)["degraded"], what="the saved spell cleared")
+
+
+async def test_a_commands_id_stays_in_memory_past_the_bound_so_a_start_still_knows_it(kit: Kit) -> None:
+    """Beyond `max_queued`, a spilled write's payload is let go (the spill file holds it); a command's is
+    kept: a start lists the ids still waiting (`waiting_commands`), and one it missed would run again."""
+    writer = kit.writer = kit.new_writer(max_queued=3)
+    await writer.start()
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    for n in range(1, 11):
+        writer.submit(ObservationWrite(obs(n)))
+    writer.submit(CommandWrite("web-c", "s1", "t-c", 1.0))
+    await wait_for(lambda: len(spill_path(kit.layout).read_text().splitlines()) == 11 if spill_path(kit.layout).exists()
+                   else False, what="every waiting write spilled")
+    await wait_for(lambda: writer._held <= 4, what="the payloads past the bound let go")
+    assert [c.client_id for c in writer.waiting_commands()] == ["web-c"]
+    FlakyDB.errors = []
+    assert await writer.drained(30)
 
 
 async def test_a_full_disk_loses_nothing(kit: Kit) -> None:

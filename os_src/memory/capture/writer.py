@@ -304,13 +304,15 @@ class TranscriptWriter:
         self._release_payloads()
 
     def _release_payloads(self) -> None:
-        """Hold at most max_queued payloads: beyond them, a write the spill file holds is let go."""
+        """Hold at most max_queued payloads: beyond them, a write the spill file holds is let go. A
+        command's is kept (a client id, a few bytes): a start lists the ids still waiting from memory
+        (`waiting_commands`), and one it missed is a command the console would run again."""
         if self._held <= self.max_queued:
             return
         for item in itertools.islice(self._queue, self.max_queued, None):
             if self._held <= self.max_queued:
                 return
-            if item.write is not None and item.durable:
+            if item.write is not None and item.durable and not isinstance(item.write, CommandWrite):
                 item.write = None
                 self._held -= 1
 
