@@ -48,6 +48,14 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def read_only(path: Path, *, set_aside: bool = False) -> sqlite3.Connection:
+    """A connection that can't write `path`. A plain read-only open of a database in WAL mode still
+    makes its -wal and -shm beside it, and leaves them there. `set_aside`: a copy nothing writes, its
+    WAL checkpointed into it when it was set aside (a rebuild's memory.db.before-rebuild-*): read as
+    immutable, with no lock, so nothing is made beside it."""
+    return sqlite3.connect(f"file:{path}?{'immutable=1' if set_aside else 'mode=ro'}", uri=True)
+
+
 CHECKPOINT_TRIES = 50  # 20 ms apart: a reader's transaction (a search, a page of turns) is shorter
 
 

@@ -64,6 +64,14 @@ class WriterLock:
         self.release()
 
 
+def free_bytes(path: os.PathLike[str] | str) -> int:
+    """The bytes a process that is not root may still write on the filesystem holding `path`
+    (statvfs's f_bavail: root's reserve is not counted). Raises OSError; each caller says what
+    an unreadable disk means to it."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 # atomic_write's temp file: `.<name>.<8 random characters>.tmp` beside the file it replaces.
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
 

@@ -19,7 +19,9 @@ import msgspec
 import pytest
 
 from devkit.harness import make_settings, wait_for
+from sprite_os import fsutil
 from sprite_os import protocol as p
+from sprite_os.commands.memory_status import disk
 from sprite_os.console import files_api
 from sprite_os.console import files_frames as pf
 from sprite_os.console.files_api import FilesConsole
@@ -276,7 +278,7 @@ async def test_uploads_under_way_keep_the_room_they_announced(kit: Kit, monkeypa
     """Each upload checks the free space counting what the others will still write, or four
     started at once could each see room for itself and fill the disk together."""
     written: list[int] = [0]
-    monkeypatch.setattr(files_api, "_free_bytes", lambda _path: files_api.DISK_RESERVE + 100 - written[0])
+    monkeypatch.setattr(files_api, "free_bytes", lambda _path: files_api.DISK_RESERVE + 100 - written[0])
     first = await kit.ask(pf.UploadStartRequest(request_id="s", name="a", size=60))
     refused = await kit.refused(pf.UploadStartRequest(request_id="s", name="b", size=60))
     assert refused.code == "too_large" and "uploads under way counted" in refused.message
@@ -285,6 +287,26 @@ async def test_uploads_under_way_keep_the_room_they_announced(kit: Kit, monkeypa
     written[0] = 30  # on the disk now: the first still needs 30 of what is left
     await kit.ask(pf.UploadStartRequest(request_id="s", name="b", size=40))
     assert (await kit.refused(pf.UploadStartRequest(request_id="s", name="c", size=1))).code == "too_large"
+
+
+def test_free_space_is_one_measure_for_uploads_memory_status_and_the_stop_account(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload's room, `memory status`'s disk line and `service stop`'s account read the free space
+    through fsutil.free_bytes: the blocks a process that is not root may use (root's reserve not
+    counted), each caller with its own answer to a disk it can't read."""
+    real = os.statvfs
+
+    def statvfs(path: os.PathLike[str] | str) -> os.statvfs_result:
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 9, 7, *st[5:]))  # 9 free, 7 not root's
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    assert fsutil.free_bytes(tmp_path) == 7 * 4096
+    assert files_api.free_bytes is fsutil.free_bytes
+    assert disk(tmp_path) == {"free_bytes": 7 * 4096, "low": True}
+    with pytest.raises(FileNotFoundError):
+        fsutil.free_bytes(tmp_path / "gone")
+    assert disk(tmp_path / "gone")["error"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root (CI runs as root)")

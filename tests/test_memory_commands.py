@@ -3,6 +3,7 @@ run as an operator would, and what each says when it is used wrongly."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,42 @@ def test_a_rebuild_after_one_cut_short_points_at_the_memory_db_from_before_both(
     out = capsys.readouterr().out
     assert f"the memory.db from before the rebuild that did not finish is kept at {original}" in out
     assert "the half-made one it left is kept at" in out and "the previous memory.db" not in out
+
+
+def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothing_beside_it(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rebuild read that copy read-only, which makes a -wal and a -shm beside a database in WAL
+    mode, then removed them: an operator's sqlite3 reading the copy at that moment lost its files.
+    Read as immutable, nothing is made beside the copy, and nothing there is removed."""
+    from sprite_os.memory.curation.rebuild import UNFINISHED, _forgotten, _previous_groups
+    from sprite_os.memory.memory_store import MemoryDB, NewLearning
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    memory_db = Layout(ws).memory_db
+    original = memory_db.with_name(f"{memory_db.name}.before-rebuild-20261126T120000")
+    before = MemoryDB(original)
+    before.commit_batch(trigger="auto", observation_ids=[1, 2], model="m", input_tokens=0, output_tokens=0,
+                        cost_usd=0, learnings=[NewLearning("PREFERENCE", "Ada likes tea in the morning.")],
+                        file_updates={}, base_hashes={})
+    before.conn.execute("UPDATE learnings SET forgotten_at = 5")
+    before.close()
+    MemoryDB(memory_db).close()
+    beside = [Path(f"{original}{suffix}") for suffix in ("-wal", "-shm")]
+    assert not any(p.exists() for p in beside)
+    assert _previous_groups(original, set_aside=True) == [[1, 2]]
+    assert list(_forgotten(memory_db, original).values()) == [5.0]
+    assert not any(p.exists() for p in beside), "a read of the copy left files beside it"
+
+    memory_db.with_name(UNFINISHED).write_text(original.name)
+    reader = sqlite3.connect(original)  # an operator looking at the person's memory as it was
+    try:
+        assert reader.execute("SELECT count(*) FROM learnings").fetchone() == (1,)
+        assert all(p.exists() for p in beside)
+        assert run(ws, "rebuild", "--yes") == 0
+        assert all(p.exists() for p in beside), "the rebuild removed the files of another's read"
+        assert reader.execute("SELECT count(*) FROM learnings").fetchone() == (1,)
+    finally:
+        reader.close()
 
 
 def test_a_rebuild_refuses_when_the_memory_db_an_unfinished_one_set_aside_is_gone(

@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from devkit.harness import wait_for
+from devkit.harness import make_settings, wait_for
 from sprite_os.config import Settings
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
@@ -167,6 +167,43 @@ async def test_a_forget_says_which_turn_a_vector_was_made_after_only_once_it_is_
     [(made_after,)] = await system.memory.call(
         lambda m: m.conn.execute("SELECT embedded_after FROM episodes WHERE id = ?", (ids[2],)).fetchall())
     assert made_after == -2
+
+
+async def test_a_forget_cut_between_making_a_vector_and_storing_it_makes_it_at_the_next_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn after a forgotten one has its vector made again without the forgotten words. A failure
+    between making it and storing it leaves the record as it was (here: lends nothing), not saying
+    the vector was made; the forget's flag, set first, makes the next start make it and then say so."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")  # the dense retriever on: vectors too
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    try:
+        ids = await seed(first, tmp_path)
+        store = vectors_path(settings.layout.memory_dir, first.recall.status()["dense"]["model"])
+        before = stored_vector(store, ids[2])  # "I like green tea", after "I live in Lisbon, in Alfama..."
+        await first.memory.call(lambda m: ep.never_lend(m.conn, [ids[2]]))
+
+        def broken(_station: Station, _batch: list[tuple[int, float, str]]) -> int:
+            raise RuntimeError("the embedding model failed")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Station, "renew", broken)
+            with pytest.raises(RuntimeError):
+                await first.forget_turns([ids[1]], by="the person, in the console")
+        made_after = "SELECT embedded_after FROM episodes WHERE id = ?"
+        assert await first.memory.call(lambda m: m.conn.execute(made_after, (ids[2],)).fetchone()) == (-2,)
+        assert np.array_equal(stored_vector(store, ids[2]), before)  # not made again
+    finally:
+        await first.stop()
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        after = stored_vector(store, ids[2])
+        assert after.any() and float(before @ after / np.linalg.norm(before) / np.linalg.norm(after)) < 0.999
+        assert await again.memory.call(lambda m: m.conn.execute(made_after, (ids[2],)).fetchone()) == (ids[1],)
+    finally:
+        await again.stop()
 
 
 def test_a_rebuild_says_which_turn_a_vector_was_made_after_only_once_it_is_stored(tmp_path: Path) -> None:

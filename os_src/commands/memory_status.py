@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Any
 
+from ..fsutil import free_bytes
 from ..memory.import_inbox import count, read_progress, waiting
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
@@ -59,10 +59,9 @@ def disk(path: Any) -> dict[str, Any]:
     """The free space where memory lives: a full disk stops capture, and the server then can't
     write anything new to say so (its status file is rewritten in place; this is seen directly)."""
     try:
-        st = os.statvfs(path)
+        free = free_bytes(path)
     except OSError as exc:
         return {"free_bytes": None, "low": None, "error": exc.strerror}
-    free = st.f_bavail * st.f_frsize
     return {"free_bytes": free, "low": free < DISK_LOW_BYTES}
 
 

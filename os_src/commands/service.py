@@ -39,7 +39,7 @@ from typing import Any
 from .. import procfs
 from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
-from ..fsutil import atomic_write, held
+from ..fsutil import atomic_write, free_bytes, held
 from ..paths import Layout
 from ..stopping import (
     LEAVES_THE_DATABASES_SHORT,
@@ -51,7 +51,6 @@ from .service_env import ServiceEnv
 from .stop_account import (
     LoggedStop,
     account_steps,
-    free_bytes,
     log_marks,
     read_logged_stop,
     report_id,
@@ -366,7 +365,9 @@ class Service:
     def _say_no_account(self, logged: LoggedStop, unlocated: str = "") -> None:
         """The account (STOP_REPORT) is missing: say why, as far as is known, and where the rest came from."""
         report = self.layout.state_dir / STOP_REPORT
-        free = free_bytes(self.layout.state_dir)
+        free = None
+        with contextlib.suppress(OSError):
+            free = free_bytes(self.layout.state_dir)
         if logged.unwritten:
             why = f"it could not be written: {logged.unwritten}"
         elif logged.ended:  # a whole stop logged, and no refusal: an older release's server writes none

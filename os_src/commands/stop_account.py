@@ -120,12 +120,6 @@ def read_logged_stop(logs: Mapping[Path, LogMark]) -> LoggedStop:
     return stop
 
 
-def free_bytes(path: Path) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def log_marks(paths: list[Path]) -> dict[Path, LogMark]:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from .. import protocol as p
+from ..fsutil import free_bytes
 from ..logs import get_logger
 from ..paths import Layout
 from . import files_frames as pf
@@ -141,7 +142,7 @@ class FilesConsole:
         async with self._starting:
             if len(self._uploads) >= MAX_UPLOADS:
                 raise RequestFailed("upload_failed", f"{MAX_UPLOADS} uploads are under way; wait for one to finish")
-            free = await asyncio.to_thread(_free_bytes, self.files.root)
+            free = await asyncio.to_thread(free_bytes, self.files.root)
             # The uploads under way will take the rest of what they announced: that room is theirs.
             room = free - sum(up.size - up.received for up in self._uploads.values())
             if req.size > room - DISK_RESERVE:
@@ -236,8 +237,3 @@ class FilesConsole:
             if now - up.touched > UPLOAD_IDLE:
                 log.info("upload_dropped_idle", received=up.received, size=up.size)
                 await self._drop(upload_id)
-
-
-def _free_bytes(path: os.PathLike[str] | str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from ...config import Settings
+from ...database import read_only
 from ...db_worker import Worker
 from ...errors import CuratorError, LockHeld, SpriteOSError
 from ...fsutil import WriterLock, atomic_write
@@ -52,11 +53,11 @@ class RebuildReport:
     before: Path | None = None
 
 
-def _previous_groups(path: Path) -> list[list[int]]:
+def _previous_groups(path: Path, set_aside: bool) -> list[list[int]]:
     """The turn groupings of the batches the old memory.db recorded: not failed calls, and not
     superseded batches (a person's edit made their turns run again, grouped anew)."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = read_only(path, set_aside=set_aside)
     except sqlite3.Error:
         return []
     with contextlib.closing(conn):
@@ -96,10 +97,7 @@ def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
     """What a person forgot, which stays forgotten (the rebuild forgets it again after each batch)."""
     if unfinished is None:
         return forgotten_keys(memory_db)
-    forgotten = {**forgotten_keys(memory_db), **forgotten_keys(unfinished)}
-    for suffix in ("-wal", "-shm"):  # the read left them beside a copy checkpointed when set aside
-        Path(f"{unfinished}{suffix}").unlink(missing_ok=True)
-    return forgotten
+    return {**forgotten_keys(memory_db), **forgotten_keys(unfinished, set_aside=True)}
 
 
 def _set_aside(path: Path, mark: bool) -> Path | None:
@@ -152,7 +150,9 @@ async def rebuild(settings: Settings) -> RebuildReport:
         raise LockHeld(f"{exc}: stop the server before rebuilding") from None
     try:
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
-        previous = _previous_groups(unfinished or layout.memory_db)
+        # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
+        # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
+        previous = _previous_groups(unfinished or layout.memory_db, set_aside=unfinished is not None)
         forgotten = _forgotten(layout.memory_db, unfinished)
         backup = _set_aside(layout.memory_db, mark=unfinished is None)
         files = MemoryFiles(layout)

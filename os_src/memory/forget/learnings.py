@@ -14,7 +14,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from ...database import transaction
+from ...database import read_only, transaction
 from ..audit import record
 from ..memory_store import MemoryDB
 
@@ -39,13 +39,14 @@ def forgotten_count(db: MemoryDB) -> int:
     return int(db.conn.execute("SELECT count(*) FROM learnings WHERE forgotten_at IS NOT NULL").fetchone()[0])
 
 
-def forgotten_keys(path: Path) -> dict[str, float]:
+def forgotten_keys(path: Path, *, set_aside: bool = False) -> dict[str, float]:
     """content_key -> forgotten_at of the forgotten learnings in the memory.db at `path`
-    (read-only; none if it is missing or older than the forgetting)."""
+    (read-only, as a copy set aside if `set_aside`: database.read_only; none if it is missing
+    or older than the forgetting)."""
     if not path.exists():
         return {}
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        conn = read_only(path, set_aside=set_aside)
     except sqlite3.Error:
         return {}
     with contextlib.closing(conn):

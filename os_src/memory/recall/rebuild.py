@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ...config import Settings
+from ...database import read_only
 from ...logs import get_logger
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
@@ -70,7 +71,7 @@ def _open_set_aside(backup: Path) -> Iterator[sqlite3.Connection | None]:
     """The memory.db a full rebuild set aside was checkpointed then, so it is read as immutable: no lock,
     no -wal or -shm beside it (None: it can't be opened)."""
     try:
-        old = sqlite3.connect(f"file:{backup}?immutable=1", uri=True)
+        old = read_only(backup, set_aside=True)
     except sqlite3.Error:
         yield None
         return
