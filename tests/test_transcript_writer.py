@@ -17,9 +17,9 @@ from sprite_os.backoff import Backoff
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import STOPPED_NOTE, TurnJournal, journal_path, recover
 from sprite_os.memory.capture.spill import (
-    CommandWrite,
     STATUS_BYTES,
     CaptureHealth,
+    CommandWrite,
     ObservationWrite,
     SessionWrite,
     prepare_status,
