@@ -30,7 +30,8 @@ export const SAID = {
   refused: "not sent.",
   connecting: "kept from before the reload: waiting for the connection to the Sprite…",
   asking: "a command, which leaves no turn in the record: asking the Sprite whether it ran it…",
-  command: "a command: the Sprite cannot say whether it ran this one (its record could not be read), so"
+  command: "a command: the Sprite cannot say whether it ran this one (it does not know the commands an"
+    + " earlier run took: its memory is off or was unreadable at start, or it is an older version), so"
     + " it is not offered again (type it again if it did not).",
 };
 
