@@ -335,7 +335,7 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
                           cost_usd=0, learnings=[], file_updates={}, base_hashes={})
     m.set_batch_status(done.id, "done")
     m.close()
-    assert _previous_groups(tmp_path / "memory.db") == [[1, 2]]
+    assert _previous_groups(tmp_path / "memory.db", set_aside=False) == [[1, 2]]
 
 
 async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
