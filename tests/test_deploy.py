@@ -530,7 +530,7 @@ def test_deploy_and_the_server_share_one_workspace_layout(tmp_path: Path) -> Non
     assert modes == {".os": OS_DIR_MODE, **dict.fromkeys(PRIVATE_DIRS, PRIVATE_DIR_MODE)}
 
 
-def test_the_deploy_contract_is_stdlib_only_and_the_product_imports_it() -> None:
+def test_the_deploy_contract_is_stdlib_only_and_the_product_imports_it(tmp_path: Path) -> None:
     """os_src/deploy_contract.py is what deploy.py loads by path from a release, with the system
     python: it may import the standard library only, and nothing relative."""
     contract = REPO / "os_src" / "deploy_contract.py"
@@ -548,7 +548,7 @@ sys.path.insert(0, {str(REPO / "bootstrap")!r})
 import deploy
 before = set(sys.modules)
 c = deploy.load_contract(Path({str(REPO / "os_src")!r}))
-target = Path(tempfile.mkdtemp()) / "f"
+target = Path({str(tmp_path / "f")!r})  # the test's own folder: removed with it
 c.atomic_write(target, b"x", 0o640)
 print(json.dumps({{"new": sorted(set(sys.modules) - before - {{c.__name__}}), "dirs": c.USER_SPACE_DIRS,
                   "files": list(c.MEMORY_FILES), "short": c.token_problem("x" * 15), "ok": c.token_problem("x" * 16),
