@@ -1,4 +1,4 @@
-"""Driving the console in a real headless Chromium: the distribution's browser (make test
+"""Driving the console in a real headless Chromium: the distribution's headless shell (make test
 installs it when missing) through Playwright, against the real server and CLI with the mock
 Bridge. Every page records its console errors and uncaught exceptions; a test ends by
 asserting there were none (a CSP violation is a console error too).
@@ -41,7 +41,7 @@ from devkit.harness import TOKEN
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
 
-CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium-headless-shell")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 DESKTOP = {"width": 1280, "height": 800}
@@ -157,7 +157,7 @@ async def _close_contexts(browser: Browser) -> None:
 async def _launch(pw: Playwright) -> Browser:
     if not Path(CHROMIUM).exists() and shutil.which(CHROMIUM) is None:
         pytest.fail(f"no Chromium at {CHROMIUM}: `make test` installs it "
-                    "(apt-get install -y --no-install-recommends chromium), or set SPRITE_TEST_CHROMIUM")
+                    "(apt-get install -y --no-install-recommends chromium-headless-shell), or set SPRITE_TEST_CHROMIUM")
     return await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
