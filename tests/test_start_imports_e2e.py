@@ -1,0 +1,53 @@
+"""What a server start leaves unimported until it is needed: each of these modules costs a start a
+tenth of a second of CPU or more, and a restart, a test's server or an operator's command pays it
+every time. Checked in a fresh interpreter (this worker has imported everything long since), so an
+eager import anywhere on the start's path fails here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from devkit.harness import make_settings, running
+from devkit.processes import kit_env
+
+# A start on a workspace that served before, and what is in sys.modules when it is ready; then after
+# the relay was asked for a CLI's settings (a CLI about to start), and after the stop.
+_RESTART = """
+import asyncio, json, sys
+from pathlib import Path
+from devkit.harness import make_settings, running
+
+HEAVY = ("sqlite_utils", "httpcore2", "anyio", "claude_agent_sdk", "anthropic")
+
+def loaded():
+    return sorted(m for m in HEAVY if m in sys.modules)
+
+async def main():
+    seen = {}
+    async with running(make_settings(Path(sys.argv[1]), "http://127.0.0.1:9")) as app:
+        seen["ready"] = loaded()
+        app.relay.cli_env()
+        seen["cli_env"] = loaded()
+    print(json.dumps(seen))
+
+asyncio.run(main())
+"""
+
+
+async def test_a_restart_imports_neither_the_schema_builder_nor_the_proxy_client(tmp_path: Path) -> None:
+    """sqlite-utils builds the schemas: a database already at its version opens without it. The relay's
+    client towards the proxy (httpx's transport: httpcore, anyio) is made when a CLI is about to start,
+    not at the server's start: a start that runs no turn never pays for it."""
+    workspace = tmp_path / "ws"
+    async with running(make_settings(workspace, "http://127.0.0.1:9")):
+        pass  # the databases made and migrated, as a first start does
+    run = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", _RESTART, str(workspace)], env=kit_env(),
+                                  capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["ready"] == []
+    assert seen["cli_env"] == ["anyio", "httpcore2"]  # made for the CLI, before its first call
