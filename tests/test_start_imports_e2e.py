@@ -51,3 +51,25 @@ async def test_a_restart_imports_neither_the_schema_builder_nor_the_proxy_client
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["ready"] == []
     assert seen["cli_env"] == ["anyio", "httpcore2"]  # made for the CLI, before its first call
+
+
+# Every `sprite-os` command builds the whole parser (the memory commands' too); these two need no event loop.
+_COMMANDS = """
+import json, sys
+from sprite_os.commands.main import main
+
+codes = [main(["version"]), main(["service", "status"])]
+print(json.dumps([codes, sorted(m for m in ("asyncio", "structlog", "sqlite_utils", "numpy") if m in sys.modules)]))
+"""
+
+
+def test_a_command_that_needs_no_event_loop_does_not_import_asyncio(tmp_path: Path) -> None:
+    """asyncio (with ssl, logging and concurrent.futures: some 30 ms of CPU) was imported by the memory
+    commands' module, whose parser every command builds; only `memory rebuild` runs a loop there."""
+    env = {**kit_env(), "SPRITE_WORKSPACE": str(tmp_path / "ws")}
+    run = subprocess.run([sys.executable, "-c", _COMMANDS], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    codes, loaded = json.loads(run.stdout.strip().splitlines()[-1])
+    assert codes == [0, 3]  # printed the version; no server running
+    assert loaded == []
