@@ -6,13 +6,18 @@ eager import anywhere on the start's path fails here."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from devkit.harness import make_settings, running
-from devkit.processes import kit_env
+import pytest
+
+from devkit.harness import TOKEN, make_settings, running
+from devkit.processes import free_port, kit_env
+from sprite_os.commands.main import main
+from sprite_os.memory.curation.curator import MIN_BATCH_TOKENS
 
 # A start on a workspace that served before, and what is in sys.modules when it is ready; then after
 # the relay was asked for a CLI's settings (a CLI about to start), and after the stop.
@@ -73,3 +78,60 @@ def test_a_command_that_needs_no_event_loop_does_not_import_asyncio(tmp_path: Pa
     codes, loaded = json.loads(run.stdout.strip().splitlines()[-1])
     assert codes == [0, 3]  # printed the version; no server running
     assert loaded == []
+
+
+# `sprite-os serve` in this process, the collections from its server's import counted until /healthz
+# answers, then SIGTERM.
+_SERVE = """
+import gc, json, os, signal, sys, threading, time, urllib.request
+from sprite_os.commands.main import main
+
+collections = []
+# from the server's import on (a module is in sys.modules from its import's start)
+gc.callbacks.append(lambda phase, info: collections.append(info["generation"])
+                    if phase == "start" and "sprite_os.server" in sys.modules else None)
+seen = {}
+
+def watch():
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{os.environ['SPRITE_OS_PORT']}/healthz", None, 5)
+            break
+        except OSError:
+            time.sleep(0.05)
+    seen.update(collections=list(collections), frozen=gc.get_freeze_count() > 0, enabled=gc.isenabled())
+    os.kill(os.getpid(), signal.SIGTERM)
+
+threading.Thread(target=watch, daemon=True).start()
+code = main(["serve"])
+print(json.dumps({**seen, "code": code, "enabled_after": gc.isenabled()}))
+"""
+
+
+def test_a_serve_start_runs_one_collection_then_freezes_and_collects_again(tmp_path: Path) -> None:
+    """What a start allocates lives as long as the server: the collections it set off (some 130, a tenth
+    of the start's CPU) found nothing to free. The start's one full collection, then the freeze, then the
+    collector is on again for the life of the server."""
+    env = {**kit_env(), "SPRITE_WORKSPACE": str(tmp_path / "ws"), "SPRITE_OS_PORT": str(free_port()),
+           "SPRITE_OS_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "SPRITE_ISOLATION": "none"}
+    run = subprocess.run([sys.executable, "-c", _SERVE], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["collections"] == [2]  # SpriteOS.start's own, before its freeze: none before it
+    assert seen["frozen"] and seen["enabled"] and seen["enabled_after"] and seen["code"] == 0
+
+
+def test_a_start_that_fails_in_this_process_leaves_the_collector_on(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start turns the collector off until its freeze: one refused after the server's import (a
+    setting the memory system checks) must turn it back on, or this process would never collect again."""
+    monkeypatch.setenv("SPRITE_WORKSPACE", str(tmp_path))
+    monkeypatch.setenv("SPRITE_OS_PORT", "0")
+    monkeypatch.setenv("SPRITE_ISOLATION", "none")
+    monkeypatch.setenv("SPRITE_MEMORY_BATCH_TOKENS", str(MIN_BATCH_TOKENS - 1))
+    try:
+        assert main(["serve"]) == 2
+        assert gc.isenabled()
+    finally:
+        gc.enable()
