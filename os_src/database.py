@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
-import sqlite_utils
 
 from .logs import get_logger
+
+if TYPE_CHECKING:  # imported by migrate, and only when a step must run (a tenth of a second of CPU)
+    import sqlite_utils
 
 log = get_logger(__name__)
 
@@ -32,7 +34,7 @@ BUSY_TIMEOUT_MS = 5000
 SYNCHRONOUS = "FULL"
 
 Row = TypeVar("Row", bound=msgspec.Struct)
-SchemaStep = Callable[[sqlite_utils.Database], None]
+SchemaStep = Callable[["sqlite_utils.Database"], None]
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -113,11 +115,17 @@ def user_version(conn: sqlite3.Connection) -> int:
 
 def migrate(conn: sqlite3.Connection, steps: Sequence[SchemaStep]) -> None:
     """Run each schema step past PRAGMA user_version, each in its own transaction.
-    Steps are idempotent, so a migration interrupted part-way simply runs again."""
-    db = sqlite_utils.Database(conn)
+    Steps are idempotent, so a migration interrupted part-way simply runs again. sqlite-utils, which
+    builds the schemas, is imported only when a step must run: a database already at its version (a
+    restart, every `memory` command) opens without it."""
+    db: sqlite_utils.Database | None = None
     for version, step in enumerate(steps, start=1):
         if user_version(conn) >= version:
             continue
+        if db is None:
+            import sqlite_utils
+
+            db = sqlite_utils.Database(conn)
         with transaction(conn):
             step(db)
             conn.execute(f"PRAGMA user_version={version}")

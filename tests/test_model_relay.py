@@ -532,7 +532,7 @@ async def test_a_call_the_cli_gave_up_on_before_it_left_the_relay_costs_nothing(
     """On a loaded machine the relay's connection to the proxy can take longer than the CLI waits: a call
     cut then never reached the proxy, and costs nothing (it was counted at its worst case)."""
     async with booked(bridge, tmp_path) as relay, cli(relay) as c:
-        assert relay.book is not None and relay._client is not None
+        assert relay.book is not None
         connecting = asyncio.Event()
 
         async def not_connected_yet(request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
@@ -540,7 +540,7 @@ async def test_a_call_the_cli_gave_up_on_before_it_left_the_relay_costs_nothing(
             await asyncio.sleep(3600)
             raise AssertionError("never")
 
-        monkeypatch.setattr(relay._client, "send", not_connected_yet)
+        monkeypatch.setattr(relay._upstream_client(), "send", not_connected_yet)
         post = asyncio.create_task(c.post("/v1/messages", json=BODY))
         await asyncio.wait_for(connecting.wait(), 10)
         post.cancel()  # the CLI gives up

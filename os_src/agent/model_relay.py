@@ -228,23 +228,31 @@ class ModelRelay:
         reply, so that the CLI asks for no more than the relay lets through. ANTHROPIC_AUTH_TOKEN is
         blanked: the CLI would send it as a bearer token in place of the key."""
         env = {"ANTHROPIC_BASE_URL": self.url, "ANTHROPIC_API_KEY": self.client_key, "ANTHROPIC_AUTH_TOKEN": ""}
+        self._upstream_client()  # made now, while the CLI starts, rather than on its first call
         if self.book is not None:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.book.limits.max_tokens)
         return env
 
+    def _upstream_client(self) -> httpx.AsyncClient:
+        """The client towards the proxy, made when the first CLI is started (`cli_env`) or calls: its
+        making imports httpx's transport (httpcore, anyio) and reads the system's certificates, about a
+        fifth of a second of CPU that a server start which runs no turn, or a relay never called, never
+        pays."""
+        if self._client is None:
+            lim = self._limits
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(lim.upstream_read_timeout, connect=lim.connect_timeout,
+                                      write=lim.write_timeout, pool=lim.connect_timeout),
+                limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
+                follow_redirects=False)
+        return self._client
+
     async def start(self) -> None:
-        lim = self._limits
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(lim.upstream_read_timeout, connect=lim.connect_timeout,
-                                  write=lim.write_timeout, pool=lim.connect_timeout),
-            limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
-            follow_redirects=False)
         if self.book is not None:
             await self.book.start()
         try:
             self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         except OSError as exc:
-            await self._client.aclose()
             if self.book is not None:
                 await self.book.stop()
             raise RelayError(f"the model relay cannot listen on 127.0.0.1: {exc.strerror}") from None
@@ -469,7 +477,7 @@ class ModelRelay:
 
     async def _forward(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
                        target: bytes, body: bytearray, outcome: _Forwarded) -> bool:
-        assert self._client is not None
+        client = self._upstream_client()
         started = time.monotonic()
         headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
 
@@ -479,10 +487,10 @@ class ModelRelay:
             if event.endswith("send_request_headers.started"):
                 outcome.sent = True
 
-        upstream = self._client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
-                                              headers=headers, content=_slices(body), extensions={"trace": trace})
+        upstream = client.build_request(request.method.decode("ascii"), self._upstream + target.decode("ascii"),
+                                        headers=headers, content=_slices(body), extensions={"trace": trace})
         try:
-            response = await self._client.send(upstream, stream=True)
+            response = await client.send(upstream, stream=True)
         except httpx.TransportError as exc:
             outcome.sent = outcome.sent and not isinstance(exc, _NEVER_SENT)
             self._settle(outcome)  # before the CLI hears of it, as for a reply

@@ -24,6 +24,7 @@ devkit/.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -137,10 +138,16 @@ def _serve(settings: Settings) -> int:
     lock.acquire()  # first: LockHeld when another server runs here
     try:
         isolation = resolve(settings.layout, settings.isolation, settings.agent_user)  # ConfigError
+        # What the start allocates (the modules, above all) lives as long as the server: the collections
+        # its allocations would set off (a tenth of its CPU) find nothing to free. The start's own full
+        # collection, then its freeze, comes before the collector is on again (SpriteOS.start); a start
+        # that fails turns it back on here.
+        gc.disable()
         from ..server import serve_main
 
         return serve_main(settings, lock, isolation)
     finally:
+        gc.enable()
         lock.release()
 
 

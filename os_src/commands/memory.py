@@ -19,7 +19,6 @@ memory_import.py); rebuild needs the server stopped.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -131,6 +130,8 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
     before = None  # the memory.db set aside whose vectors, and which turn each was made after, recall keeps
     if not args.index:
+        import asyncio  # here, not at the top: every command builds this module's parser, and most never need it
+
         from ..memory.curation.rebuild import rebuild
 
         rebuilt = asyncio.run(rebuild(settings))

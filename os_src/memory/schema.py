@@ -7,9 +7,11 @@ Add a step to change a schema; never edit one that has shipped.
 from __future__ import annotations
 
 import sqlite3
+from typing import TYPE_CHECKING
 
-import sqlite_utils
-from sqlite_utils.db import Table
+if TYPE_CHECKING:  # a step is given the database by database.migrate, which imports sqlite-utils only to run one
+    import sqlite_utils
+    from sqlite_utils.db import Table
 
 # observations.processed (FORGOTTEN: a person forgot the turn; its words are gone, its tombstone stays)
 PENDING, PROCESSED, STALE, FORGOTTEN = 0, 1, 2, 3
