@@ -137,10 +137,11 @@ def _function_scoped_runner(_function_scoped_runner: asyncio.Runner,
 
 
 @pytest.fixture(scope="session")
-def worker_browser(_session_scoped_runner: asyncio.Runner) -> Iterator[WorkerBrowser]:
+def worker_browser(_session_scoped_runner: asyncio.Runner,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerBrowser]:
     from tests.console_browser import worker_browser
 
-    with worker_browser(_session_scoped_runner) as worker:
+    with worker_browser(_session_scoped_runner, tmp_path_factory.getbasetemp()) as worker:
         yield worker
 
 

@@ -11,6 +11,10 @@ still has its own browser contexts (cookies, storage, routes), closed when its `
 the tasks it left on the loop are cancelled as a loop of its own would have. A browser that crashed
 is launched again for the next test; the worker closes it when its session ends.
 
+The browser's temporary folders (Playwright's profile and artifacts folders, Chromium's own temp files)
+go into a folder of the worker's, under the run's temp folder, removed when the session ends: in /tmp,
+a browser killed (a test does) or a driver cut short would leave them behind.
+
 Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCREENSHOTS set
 (`make screenshots`), so that `make test` leaves the checkout as it found it.
 """
@@ -20,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from playwright.async_api import (
@@ -57,12 +63,16 @@ async def chromium() -> AsyncIterator[Browser]:
     contexts opened through it are closed when it ends, as a closed browser's would be."""
     shared = _SHARED
     if shared is None or shared.runner.get_loop() is not asyncio.get_running_loop():
-        async with async_playwright() as pw:
-            browser = await _launch(pw)
+        with scratch(shared.root if shared is not None else None) as folder:
+            pw = await _start(folder)
             try:
-                yield browser
+                browser = await _launch(pw)
+                try:
+                    yield browser
+                finally:
+                    await browser.close()
             finally:
-                await browser.close()
+                await pw.stop()
         return
     browser = await shared.ready()
     try:
@@ -72,10 +82,11 @@ async def chromium() -> AsyncIterator[Browser]:
 
 
 class WorkerBrowser:
-    """The worker's one Chromium and the loop it lives on (pytest-asyncio's session runner)."""
+    """The worker's one Chromium and the loop it lives on (pytest-asyncio's session runner); its temporary
+    folders in `folder`."""
 
-    def __init__(self, runner: asyncio.Runner) -> None:
-        self.runner = runner
+    def __init__(self, runner: asyncio.Runner, root: Path, folder: Path) -> None:
+        self.runner, self.root, self.folder = runner, root, folder
         self._playwright: Playwright | None = None
         self._browser: Browser | None = None
         self._own: set[asyncio.Task[Any]] = set()  # the driver's tasks, which outlive every test
@@ -86,7 +97,7 @@ class WorkerBrowser:
             return self._browser
         await self._close()
         before = asyncio.all_tasks()
-        self._playwright = await async_playwright().start()
+        self._playwright = await _start(self.folder)
         self._browser = await _launch(self._playwright)
         self._own |= asyncio.all_tasks() - before
         return self._browser
@@ -122,15 +133,36 @@ _SHARED: WorkerBrowser | None = None
 
 
 @contextmanager
-def worker_browser(runner: asyncio.Runner) -> Iterator[WorkerBrowser]:
-    """The worker's browser for the session (tests/conftest.py), closed at its end: no Chromium left."""
+def worker_browser(runner: asyncio.Runner, root: Path) -> Iterator[WorkerBrowser]:
+    """The worker's browser for the session (tests/conftest.py), its temporary folders under `root` (the
+    run's temp folder), closed at its end: no Chromium left, nor a folder of its."""
     global _SHARED
-    before, _SHARED = _SHARED, WorkerBrowser(runner)
+    with scratch(root) as folder:
+        before, _SHARED = _SHARED, WorkerBrowser(runner, root, folder)
+        try:
+            yield _SHARED
+        finally:
+            _SHARED.close()
+            _SHARED = before
+
+
+# Chromium's ProcessSingleton socket, in its temp folder: `<TMPDIR>/org.chromium.Chromium.XXXXXX/SingletonSocket`,
+# whose path a Unix socket's address must hold (107 bytes), or Chromium will not start.
+_SOCKET_IN_TMPDIR = len("/org.chromium.Chromium.XXXXXX/SingletonSocket")
+_SOCKET_PATH_MAX = 107
+
+
+@contextmanager
+def scratch(root: Path | None) -> Iterator[Path]:
+    """A folder of a browser's own under `root`, removed at the end; in the system's temp folder if None, or
+    if a folder under `root` would make the path of Chromium's socket too long."""
+    if root is not None and len(os.fsencode(root)) + len("/b-xxxxxxxx") + _SOCKET_IN_TMPDIR > _SOCKET_PATH_MAX:
+        root = None
+    folder = Path(tempfile.mkdtemp(prefix="b-", dir=root))
     try:
-        yield _SHARED
+        yield folder
     finally:
-        _SHARED.close()
-        _SHARED = before
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def drives_a_browser(module: object) -> bool:
@@ -152,6 +184,14 @@ async def _close_contexts(browser: Browser) -> None:
     if browser.is_connected():  # a crashed browser's are gone with it
         for context in browser.contexts:
             await context.close()
+
+
+async def _start(folder: Path) -> Playwright:
+    """Playwright's driver with `folder` as its TMPDIR, so the profile and artifacts folders it makes for a
+    launch go there; the browser inherits the driver's environment, so its own temp files do too. The
+    driver takes this process's environment at its start (Playwright has no option for it)."""
+    with mock.patch.dict(os.environ, {"TMPDIR": str(folder)}):
+        return await async_playwright().start()
 
 
 async def _launch(pw: Playwright) -> Browser:

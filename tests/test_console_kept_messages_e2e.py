@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
 
 from devkit.harness import TOKEN, Restartable, restartable
-from devkit.mock_bridge import Fault, MockBridge
+from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.config import Settings
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
@@ -49,6 +50,28 @@ class Unreachable:
         for page_side in self.waiting:
             await page_side.close(code=4000, reason="the link lost")
         self.waiting.clear()
+
+
+class Held:
+    """Passes the page's sockets through, but while `on` the server's frames holding `words` never reach
+    the page (a request's answer that never comes)."""
+
+    def __init__(self, words: str, *, on: bool = False) -> None:
+        self.words, self.on = words, on
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+        server_side.on_message(lambda m: None if self.on and self.words in str(m) else page_side.send(m))
+
+
+async def clocked_tab(browser: Browser, port: int, held: Held) -> Tab:
+    """A tab signed in and connected through `held`, its clock installed: its timers run on at will."""
+    tab = await open_tab(browser, f"http://127.0.0.1:{port}/")
+    await tab.page.clock.install()
+    await tab.page.route_web_socket(lambda _url: True, held.route)
+    await tab.sign_in()
+    await tab.connected()
+    return tab
 
 
 async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(server: SpriteOS, bridge: MockBridge) -> None:
@@ -152,27 +175,81 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
 async def test_a_history_request_in_flight_at_sign_out_says_nothing_to_the_next_person(server: SpriteOS) -> None:
     """The conversation's record was still being asked for when the person signed out: its request was
     left pending, and its timeout, 30 s on, put "could not be loaded" into the next person's view."""
-    held = {"on": True}
-
-    def route(page_side: WebSocketRoute) -> None:  # the first socket's answer to session_turns never comes
-        server_side = page_side.connect_to_server()
-        server_side.on_message(lambda m: None if held["on"] and "session_turns_result" in str(m) else page_side.send(m))
-
+    held = Held("session_turns_result", on=True)  # the first socket's answer to session_turns never comes
     async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
-        await tab.page.clock.install()  # the request's timeout, run on at will
-        await tab.page.route_web_socket(lambda _url: True, route)
-        await tab.sign_in()
-        await tab.connected()
+        tab = await clocked_tab(browser, server.port, held)  # the request's timeout, run on at will
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(0)  # asked, not answered
         await tab.by("sign-out").click()
-        held["on"] = False
+        held.on = False
         await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
         await tab.by("token-submit").click()
         await tab.connected()
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await tab.page.clock.run_for(31_000)  # past the first request's timeout
         await expect(tab.by("notice").filter(has_text="could not be loaded")).to_have_count(0)
+        tab.assert_clean()
+
+
+# Every element under the app whose own words say "signed out": what a request Sign out ended left behind.
+_SAYS_SIGNED_OUT = """() => [...document.querySelectorAll("#app *")]
+    .filter((e) => [...e.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && /signed out/i.test(n.textContent)))
+    .map((e) => `${e.dataset.testid || e.className || e.tagName}: ${e.textContent}`)"""
+
+
+async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
+        server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
+    """Sign out ends every request on its way (`signed_out`): a turn's forget and a card's close in the chat,
+    the past sessions' list, an upload with a second file queued behind it, the memory's reload. None of
+    them leaves a word in the page for the next person who signs in on it, nor goes on for them (the
+    queued file is not uploaded once they are connected); and the next sign-in starts on the chat, as a
+    fresh page does (on Memory or Files, the view asked before the new socket was open, said "Not
+    connected" and loaded nothing)."""
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
+                             Text("The plan is on the canvas.")))
+    held = Held('"request_id"')  # once on, no answer to a request reaches the page
+    first, second = tmp_path / "first upload.txt", tmp_path / "second upload.txt"
+    first.write_text("the first file\n")
+    second.write_text("the second file\n")
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await clocked_tab(browser, server.port, held)  # the upload's retries, run on at will
+        await tab.send("Put the garden plan on a card")
+        await expect(tab.by("turn-status")).to_have_count(1)
+        await expect(tab.page.locator('[data-card-id="plan"]')).to_have_count(1)
+        await tab.memory("files")
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await tab.by("chat-tab").click()
+        held.on = True
+        await tab.by("forget-turn").click()
+        await tab.by("forget-confirm").click()
+        await tab.page.locator('[data-card-id="plan"]').get_by_test_id("card-close").click()
+        await tab.by("past-sessions").click()
+        await expect(tab.by("session-list")).to_have_count(1)
+        await tab.by("memory-tab").click()
+        await tab.by("memory-refresh").click()
+        await expect(tab.by("memory-panel-files")).to_have_attribute("data-loading", "true")
+        await tab.by("files-tab").click()
+        await tab.by("upload-input").set_input_files([str(first), str(second)])
+        await expect(tab.by("upload")).to_have_count(1)  # the first, its start not answered
+        await tab.by("sign-out").click()  # on the Files view
+        held.on = False
+        assert await tab.page.evaluate(_SAYS_SIGNED_OUT) == []
+
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await expect(tab.page.locator("body")).to_have_attribute("data-view", "chat")
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await tab.page.clock.run_for(60_000)  # past every retry an upload makes (about 40 s)
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await expect(tab.by("upload")).to_have_count(0)
+        await expect(tab.by("files-flash")).to_have_text("")
+        await tab.memory("files")
+        await expect(tab.by("memory-flash")).to_have_text("")
+        assert await tab.page.evaluate(_SAYS_SIGNED_OUT) == []
+        assert not (documents / first.name).exists() and not (documents / second.name).exists()
         tab.assert_clean()
 
 

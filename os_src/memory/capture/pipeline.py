@@ -75,9 +75,9 @@ class Capture:
         """The spill file could not take these writes. A turn has the journal too; a command's id (spilled at
         once, transcript.db healthy or not) has only transcript.db left, so it fails only once that fails too
         (its writes failing: the writer then spills again, and this is called again)."""
-        commands = self.writer.failing
-        self.acks.transcript_failed(write_key(w) for w in writes
-                                    if isinstance(w, ObservationWrite) or (commands and isinstance(w, CommandWrite)))
+        transcript_failing = self.writer.failing
+        self.acks.transcript_failed(write_key(w) for w in writes if isinstance(w, ObservationWrite)
+                                    or (transcript_failing and isinstance(w, CommandWrite)))
 
     def _durable(self, write: Write) -> None:
         if isinstance(write, CommandWrite):  # a command's client id: acknowledged, nothing for the journal or curation

@@ -84,6 +84,10 @@ $("sign-out").addEventListener("click", () => {
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
+  // The next sign-in starts where a fresh page does, on the chat: a Memory or Files view shown at once
+  // would ask the Sprite before the new socket is open ("Not connected"), and load nothing.
+  past.close();
+  showView("chat");
   showLogin();
 });
 

@@ -5,6 +5,7 @@
 // The person's messages not yet answered are shown here; what keeps and settles them is
 // kept_messages.js.
 
+import { signedOut } from "./connection.js";
 import { clear, dollars, el, size } from "./dom.js";
 import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
@@ -447,7 +448,7 @@ export class ChatView {
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       // Signed out meanwhile: the page is the next person's now, and nothing of this request is theirs.
-      if (error.code !== "memory_unavailable" && error.code !== "signed_out") {
+      if (error.code !== "memory_unavailable" && !signedOut(error)) {
         this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       }
       return null;
@@ -591,7 +592,7 @@ export class ChatView {
         ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
       return true;
     } catch (error) {
-      this.notice(`Not forgotten: ${error.message}`, "error");
+      if (!signedOut(error)) this.notice(`Not forgotten: ${error.message}`, "error");
       return false;
     }
   }

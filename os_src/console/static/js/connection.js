@@ -185,6 +185,12 @@ export class Connection {
   }
 }
 
+/** Whether a request was ended by Sign out (`stop`): nothing of it, an answer or a failure, is for the next
+ * person who signs in on the page, so every view says nothing of it. */
+export function signedOut(error) {
+  return error instanceof RequestError && error.code === "signed_out";
+}
+
 export class RequestError extends Error {
   constructor(code, message) {
     super(message);

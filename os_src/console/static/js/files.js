@@ -3,6 +3,7 @@
 // with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
 // the connection, is sent again after a pause that doubles, and the person sees it retrying.
 
+import { signedOut } from "./connection.js";
 import { clear, el, keepingFocus, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
@@ -104,7 +105,7 @@ export class FilesView {
     try {
       answer = await this.conn.request("files_list", { path });
     } catch (error) {
-      if (asked === this.asked) this.say(error.message, "error");
+      if (asked === this.asked && !signedOut(error)) this.say(error.message, "error");
       return;
     }
     // A folder opened meanwhile (the tab shown again, or an upload's reload, was still on its way):
@@ -171,6 +172,7 @@ export class FilesView {
         state.textContent = `retrying (${attempt})…`;
       },
       done: (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); },
+      drop: () => item.remove(), // cut by Sign out: the transfer was the person's who left
     };
   }
 
@@ -196,15 +198,22 @@ export class FilesView {
       line.done("done", "downloaded");
       this.say(`Downloaded ${name}.`);
     } catch (error) {
+      if (signedOut(error)) {
+        line?.drop();
+        return;
+      }
       line?.done("error", error.message);
       this.say(`${name} was not downloaded: ${error.message}`, "error");
     }
   }
 
   async uploadAll(files) {
-    for (const file of files) await this.upload(file);
+    for (const file of files) {
+      if (!(await this.upload(file))) return; // signed out: the files still to go were the person's who left
+    }
   }
 
+  /** Uploads one file, saying how it went; false if Sign out cut it (its line goes, nothing said). */
   async upload(file) {
     const line = this.transfer("upload", "Uploading", file.name, file.size);
     let stream = null; // the server run the upload began on: a restart forgets every upload
@@ -221,10 +230,15 @@ export class FilesView {
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
+      if (signedOut(error)) {
+        line.drop();
+        return false;
+      }
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
       line.done("error", cut ? "cut by a restart" : error.message);
       this.say(`${file.name} was not uploaded: ${why}`, "error");
     }
+    return true;
   }
 }

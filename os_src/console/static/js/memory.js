@@ -1,6 +1,7 @@
 // The memory tab: files, learnings, the daemon's health and the next boot prompt, each
 // loaded over the WebSocket when it is opened.
 
+import { signedOut } from "./connection.js";
 import { el } from "./dom.js";
 import { FilesPanel } from "./memory_files.js";
 import { LearningsPanel } from "./memory_learnings.js";
@@ -60,7 +61,7 @@ export class MemoryView {
     try {
       await panel.load();
     } catch (error) {
-      this.flash(error.message, "error");
+      if (!signedOut(error)) this.flash(error.message, "error");
     } finally {
       if (this.loads.get(key) === load) delete section.dataset.loading;
     }

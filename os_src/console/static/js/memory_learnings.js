@@ -1,6 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
+import { signedOut } from "./connection.js";
 import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
@@ -97,7 +98,7 @@ export class LearningsPanel {
       this.fill(node, { ...hit, forgotten_at: learning.forgotten_at });
       this.flash(forget ? "Forgotten: it leaves search and the next boot prompt. Undo brings it back." : "Remembered again.");
     } catch (error) {
-      this.flash(error.message, "error");
+      if (!signedOut(error)) this.flash(error.message, "error");
     }
   }
 
@@ -109,7 +110,7 @@ export class LearningsPanel {
       await this.load();
       return true;
     } catch (error) {
-      this.flash(error.message, "error");
+      if (!signedOut(error)) this.flash(error.message, "error");
       return false;
     }
   }
@@ -126,7 +127,7 @@ export class LearningsPanel {
           el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", tabindex: "0", text: c.input }), el("pre", { dir: "auto", tabindex: "0", text: c.output }))),
         el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), el("span", { dir: "auto", text: turn.agent_response }))));
     } catch (error) {
-      this.flash(error.message, "error");
+      if (!signedOut(error)) this.flash(error.message, "error");
     }
   }
 }

@@ -1,6 +1,7 @@
 // Past sessions: every session that had a turn, newest first (its date, first line, the memory
 // curator's summary, its turns and cost), each opened read-only from what Sprite OS recorded.
 
+import { signedOut } from "./connection.js";
 import { clear, dollars, el, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, buryTurns, forgetControl, pastTurnItems } from "./turns.js";
 
@@ -46,7 +47,7 @@ export class PastSessions {
     try {
       answer = await this.conn.request("sessions", before ? { before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
+      if (!signedOut(error)) this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     this.list.append(...answer.sessions.map((s) => this.item(s)));
@@ -80,7 +81,7 @@ export class PastSessions {
       done.textContent = `Forgotten: ${answer.forgotten} turn${answer.forgotten === 1 ? "" : "s"}, and ${answer.learnings} learning${answer.learnings === 1 ? "" : "s"} that came from them.`;
       return true;
     } catch (error) {
-      done.textContent = `Not forgotten: ${error.message}`;
+      if (!signedOut(error)) done.textContent = `Not forgotten: ${error.message}`;
       return false;
     }
   }
@@ -105,7 +106,7 @@ export class PastSessions {
     try {
       page = await this.conn.request("session_turns", { session_id: s.id, limit: PAGE, ...(before ? { before } : {}) });
     } catch (error) {
-      turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
+      if (!signedOut(error)) turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     turns.querySelector(":scope > .load-earlier")?.remove();
