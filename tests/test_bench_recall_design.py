@@ -26,32 +26,44 @@ from bench.recall.generate import Question, Turn
 from sprite_os.config import Settings
 
 Searched = list[tuple[Path, str, float]]
-TURNS, QUESTIONS = build.dialogue_benchmark()
-BY_ASKED: dict[tuple[str, float], list[Question]] = defaultdict(list)  # a few questions are asked twice
-for _q in QUESTIONS:
-    BY_ASKED[(_q.question, _q.asked_at)].append(_q)
 
 
 def _era(t: Turn) -> int:
     return int(t.session[1:t.session.index("-")])
 
 
-# What a memory must hold, asked by the checks below of each of the bench's thousands of searches: each
-# answer computed once (a scan of every turn per search was most of this module's CPU, three times that
-# under `make test`'s coverage).
-_ERAS = [_era(t) for t in TURNS]
+class _Bench:
+    """The benchmark's turns and questions, built at the first test that asks (about 1 s of CPU): built at
+    import, every worker of `make test-fast` paid it while collecting, though one runs these tests."""
+
+    def __init__(self) -> None:
+        self.turns, self.questions = build.dialogue_benchmark()
+        # a few questions are asked twice
+        self.by_asked: dict[tuple[str, float], list[Question]] = defaultdict(list)
+        for q in self.questions:
+            self.by_asked[(q.question, q.asked_at)].append(q)
+        self.eras = [_era(t) for t in self.turns]
 
 
 @functools.cache
+def _bench() -> _Bench:
+    return _Bench()
+
+
+# What a memory must hold, asked by the checks below of each of the bench's thousands of searches: each
+# answer computed once (a scan of every turn per search was most of this module's CPU, three times that
+# under `make test`'s coverage).
+@functools.cache
 def _of_eras(eras: tuple[int, ...]) -> list[Turn]:
     """The turns of `eras`, in order."""
-    return [t for t, era in zip(TURNS, _ERAS, strict=True) if era in eras]
+    bench = _bench()
+    return [t for t, era in zip(bench.turns, bench.eras, strict=True) if era in eras]
 
 
 @functools.cache
 def _before(now: float, eras: tuple[int, ...] | None = None) -> list[Turn]:
     """The turns (of `eras`; None: of all) before `now`, in order."""
-    return [t for t in (TURNS if eras is None else _of_eras(eras)) if t.timestamp < now]
+    return [t for t in (_bench().turns if eras is None else _of_eras(eras)) if t.timestamp < now]
 
 
 class _Searcher:
@@ -72,7 +84,7 @@ class _Searcher:
             self._ids = {(t.session, t.turn): i for i, t in enumerate(self.holds[self.workspace], 1)}
         ids = self._ids
         return [SimpleNamespace(id=ids[tuple(e)], kind="episode")
-                for q in BY_ASKED[(question, now)] for e in q.evidence if tuple(e) in ids]
+                for q in _bench().by_asked[(question, now)] for e in q.evidence if tuple(e) in ids]
 
     def close(self) -> None:
         pass
@@ -109,7 +121,7 @@ class _Memory:
 
     def check_then(self, path: Path, text: str, now: float, eras: Sequence[int]) -> list[Question]:
         """The workspace searched for a question holds every turn of `eras` before it, and nothing else."""
-        alike, held = BY_ASKED[(text, now)], self.holds[path]
+        alike, held = _bench().by_asked[(text, now)], self.holds[path]
         assert alike, text
         if (path, now, tuple(eras)) not in self.checked:  # the same memory and moment: checked once
             assert all(t.timestamp < now for t in held), (alike[0].id, "searched in a memory holding turns after it")
@@ -148,29 +160,29 @@ def test_each_dialogue_question_is_searched_in_one_memory_as_it_was_when_asked(
         kind, eras = memory.made_by[path]
         if kind == "whole":
             assert eras in build.DIALOGUE_GROUPS and memory.holds[path] == _of_eras(eras)
-            alike = BY_ASKED[(text, now)]
+            alike = _bench().by_asked[(text, now)]
         else:
             assert eras in (build.DIALOGUE_ERAS, *build.DIALOGUE_GROUPS)
             alike = memory.check_then(path, text, now, eras)
         assert all(q.conversation in eras for q in alike)
         seen[(kind, eras)] |= {q.id for q in alike}
-    every = {q.id for q in QUESTIONS}
+    every = {q.id for q in _bench().questions}
     assert seen[("then", build.DIALOGUE_ERAS)] == every
     assert set().union(*(seen[("then", g)] for g in build.DIALOGUE_GROUPS)) == every
     assert set().union(*(seen[("whole", g)] for g in build.DIALOGUE_GROUPS)) == every
     # the reference methods search the same memory: the turns before the question, of all ten eras
-    assert len(referenced) == len(QUESTIONS)
+    assert len(referenced) == len(_bench().questions)
     for corpus, text in referenced:
-        assert any(corpus == _before(q.asked_at) for q in QUESTIONS if q.question == text), text
+        assert any(corpus == _before(q.asked_at) for q in _bench().questions if q.question == text), text
         headline[text] += 1
     for label in ("fused", "lexical", "fused_plain", "fused_tuning", "fused_held_out"):
         assert out[label]["r@10"] == 1.0 and out[label]["all@10"] == 1.0, label
     for label in (run.GROUPS, run.WHOLE):
-        assert out[label]["questions"] == len(QUESTIONS) and out[label]["r@10"] == 0.0, label
-    assert out["fused"]["questions"] == len(QUESTIONS) == out["reference_fts5"]["questions"]
-    assert out["turns"] == len(TURNS) and out["eras"] == 10
+        assert out[label]["questions"] == len(_bench().questions) and out[label]["r@10"] == 0.0, label
+    assert out["fused"]["questions"] == len(_bench().questions) == out["reference_fts5"]["questions"]
+    assert out["turns"] == len(_bench().turns) and out["eras"] == 10
     assert out["searched_turns_mean"] == round(sum(
-        len(_before(q.asked_at)) for q in QUESTIONS) / len(QUESTIONS))
+        len(_before(q.asked_at)) for q in _bench().questions) / len(_bench().questions))
 
 
 def test_auto_recall_asks_each_question_of_one_memory_as_it_was_then(
@@ -208,12 +220,12 @@ def test_auto_recall_asks_each_question_of_one_memory_as_it_was_then(
     unrelated = 0
     for path, text, now in searched:
         assert memory.made_by[path] == ("then", build.DIALOGUE_ERAS)
-        if (text, now) in BY_ASKED:
+        if (text, now) in _bench().by_asked:
             asked |= {q.id for q in memory.check_then(path, text, now, build.DIALOGUE_ERAS)}
         else:  # a message with nothing to recall: the memory's last moment, the most turns
             unrelated += 1
             assert len(memory.holds[path]) == max(len(h) for h in memory.holds.values())
-    assert asked == {q.id for q in QUESTIONS} and out["questions"] == len(QUESTIONS)
+    assert asked == {q.id for q in _bench().questions} and out["questions"] == len(_bench().questions)
     assert unrelated == out["unrelated_messages"] == len(run.dialogue.unrelated())
     assert {p.parents[2] for p, _ in booted} == {p for p, m in memory.made_by.items() if m[0] == "then"}
 
@@ -227,7 +239,7 @@ def test_the_workspace_cache_tells_memories_apart_by_every_turn(monkeypatch: pyt
     monkeypatch.setattr(build, "rebuild_recall", lambda settings, progress: None)
     monkeypatch.setattr(build, "_vectors_from_cache", lambda settings, turns: None)
     monkeypatch.setattr(build, "_vectors_to_cache", lambda settings, turns: None)
-    turns = TURNS[:6]
+    turns = _bench().turns[:6]
     variants = [turns[:3], turns[:4], turns, [*turns[:5], replace(turns[5], assistant=turns[5].assistant + "!")],
                 [*turns[:5], replace(turns[5], timestamp=turns[5].timestamp + 1)],
                 [*turns[:5], replace(turns[5], user=turns[5].user + "?")]]
