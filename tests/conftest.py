@@ -194,7 +194,9 @@ async def client(server: SpriteOS) -> AsyncIterator[Connect]:
 AGENT_USER = os.environ.get("SPRITE_TEST_AGENT_USER") or f"sprite-t{os.getpid()}"
 DEPLOY_USER = f"{AGENT_USER[:30]}-d"  # the deploy tests' (devkit.deploy_support.base_env passes it)
 os.environ["SPRITE_TEST_DEPLOY_USER"] = DEPLOY_USER
-AGENT_TESTS_ROOT = Path("/tmp/sprite-os-agent-tests")  # pytest's tmp_path is under a 0700 directory
+# pytest's tmp_path is under a 0700 directory the agent's user cannot pass through. The worker's own
+# folder, removed at its session's end: a folder all runs shared was left in /tmp after every run.
+AGENT_TESTS_ROOT = Path(f"/tmp/sprite-os-agent-tests-{os.getpid()}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -202,6 +204,16 @@ def host() -> Iterator[HostLedger]:
     """The host as this run found it, put back at its end: users, kernel settings, CLI copies."""
     with HostLedger((AGENT_USER, DEPLOY_USER)) as ledger:
         yield ledger
+
+
+@pytest.fixture(scope="session", autouse=True)
+def agent_tests_root() -> Iterator[Path]:
+    """The worker's folder of workspaces every user can reach (`reachable_workspace`), removed at the
+    session's end."""
+    try:
+        yield AGENT_TESTS_ROOT
+    finally:
+        shutil.rmtree(AGENT_TESTS_ROOT, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -225,19 +237,19 @@ def agent_workspace(agent_user: AgentUser, reachable_workspace: Path) -> Path:
 
 
 @pytest.fixture
-def reachable_workspace(request: pytest.FixtureRequest) -> Iterator[Path]:
+def reachable_workspace(request: pytest.FixtureRequest, agent_tests_root: Path) -> Iterator[Path]:
     """A fresh workspace path (not yet created) in a directory every user can pass through
-    (/tmp/sprite-os-agent-tests/<unique>/workspace); removed afterwards. Skips when the tests are
+    (/tmp/sprite-os-agent-tests-<worker's pid>/<unique>/workspace); removed afterwards. Skips when the tests are
     not root. A deploy's test takes it without `agent_user`: its agent is the deploy's user, and the
     fixture would put it in the `host` group, building the deploys' real venv in a second worker."""
     if os.geteuid() != 0:
         pytest.skip("a workspace another user can reach is made as root (CI runs the suite as root)")
-    AGENT_TESTS_ROOT.mkdir(mode=0o755, exist_ok=True)
-    st = AGENT_TESTS_ROOT.stat()
-    assert st.st_uid == 0 and not st.st_mode & 0o022, f"{AGENT_TESTS_ROOT} must be root's and 0755"
-    os.chmod(AGENT_TESTS_ROOT, 0o755)
+    agent_tests_root.mkdir(mode=0o755, exist_ok=True)
+    st = agent_tests_root.stat()
+    assert st.st_uid == 0 and not st.st_mode & 0o022, f"{agent_tests_root} must be root's and 0755"
+    os.chmod(agent_tests_root, 0o755)
     name = re.sub(r"[^\w.-]", "_", request.node.name)[:40]
-    base = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=AGENT_TESTS_ROOT))
+    base = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=agent_tests_root))
     os.chmod(base, 0o755)
     try:
         yield base / "workspace"

@@ -14,6 +14,8 @@ import pytest
 from devkit import host
 from devkit.processes import kit_env
 
+pytest_plugins = ("pytester",)  # an in-process session: a pytest process of its own costs 5 s of CPU under coverage
+
 
 @pytest.fixture
 def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -201,3 +203,25 @@ def test_the_last_run_out_removes_every_cli_copy_made_while_runs_went_on(fake_ho
         (fake_host / "lib" / "cli" / "2.0-deployed").mkdir()
         (fake_host / "lib" / "cli" / "2.0-deployed" / "claude").write_text("#!/bin/sh\n")
     assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old"]
+
+
+def test_a_session_removes_its_folder_of_reachable_workspaces(pytester: pytest.Pytester) -> None:
+    """The workspaces every user can reach live in the worker's own folder under /tmp, gone with its session
+    (a folder all runs shared was left behind by every run)."""
+    if os.geteuid() != 0:
+        pytest.skip("a workspace another user can reach is made as root (CI runs the suite as root)")
+    from tests.conftest import AGENT_TESTS_ROOT
+
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeconftest("from tests.conftest import agent_tests_root, reachable_workspace\n")
+    pytester.makepyfile(test_toy="""
+        import os
+        from tests.conftest import AGENT_TESTS_ROOT
+
+        def test_made_in_the_workers_folder(reachable_workspace):
+            reachable_workspace.mkdir()
+            assert reachable_workspace.parent.parent == AGENT_TESTS_ROOT
+            assert str(os.getpid()) in AGENT_TESTS_ROOT.name
+        """)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert not AGENT_TESTS_ROOT.exists()
