@@ -37,10 +37,10 @@ pytestmark = pytest.mark.xdist_group("v1-workspace")
 
 @pytest.fixture(scope="module")
 def v1_template(tmp_path_factory: pytest.TempPathFactory) -> V1Data:
-    """One generated v1 workspace (6,000 turns); each test migrates its own copy. Enough for what the
-    tests ask of the chunked copy: more than one chunk at the default ROWS_PER_COMMIT (5,000), so a kill
-    after the first commit resumes mid-table, and six at the 1,000 the tests choose (12,000 turns asked
-    the same, at twice the CPU)."""
+    """One generated v1 workspace (6,000 turns, 6,005 observation rows); each test migrates its own copy.
+    The tests that stop a run part-way copy in chunks of 1,000, so a run stopped after its third commit
+    resumes mid-table with four chunks still to go; a run at the default ROWS_PER_COMMIT (5,000) still
+    takes two commits. It was 12,000 turns, which tested nothing more for twice the CPU."""
     return make_v1_workspace(tmp_path_factory.mktemp("v1") / "ws", observations=6000, learnings=2500,
                              actions=300)
 
