@@ -304,6 +304,41 @@ async def test_a_transfer_waiting_to_retry_at_sign_out_is_never_sent_again(
         tab.assert_clean()
 
 
+async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:
+    """The person uploads a file and opens documents/, then signs out: the Files view kept their transfer
+    line, "Uploaded … to documents/…", their folder's listing and its path, shown to the next person who
+    signed in on the page. Sign out clears them, and the next sign-in's Files view opens on the workspace."""
+    picked = tmp_path / "private notes.txt"
+    picked.write_text("the first person's notes\n")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("upload")).to_have_attribute("data-state", "done")
+        await expect(tab.by("files-flash")).to_contain_text("Uploaded private notes.txt")
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.page.locator("#view-files")).to_have_attribute("data-path", "documents")
+        await expect(tab.page.locator('[data-name="private notes.txt"]')).to_have_count(1)
+
+        await tab.by("sign-out").click()
+        await expect(tab.by("upload")).to_have_count(0)  # from the page, not only hidden with the view
+        await expect(tab.by("files-flash")).to_have_text("")
+        await expect(tab.by("file-list")).to_have_count(0)
+        await expect(tab.page.locator("#view-files nav.crumbs")).to_have_text("")
+        await expect(tab.page.locator("#view-files")).not_to_have_attribute("data-path", "documents")
+
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await tab.by("files-tab").click()
+        await expect(tab.page.locator("#view-files")).to_have_attribute("data-path", "")
+        await expect(tab.page.locator('[data-name="documents"]')).to_have_count(1)  # the workspace, not documents/
+        await expect(tab.by("upload")).to_have_count(0)
+        await expect(tab.by("files-flash")).to_have_text("")
+        tab.assert_clean()
+
+
 async def compacted_unheard(server: Restartable, browser: Browser, bridge: MockBridge, muted: Muted) -> Tab:
     """A turn, then /compact sent with the page's link dead: the CLI runs it, and the page hears nothing."""
     tab = await signed_in(browser, server.port, route=muted.route)

@@ -2,7 +2,7 @@
 // file, and upload by picking or dropping files (they land in documents/, and the agent is told
 // with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
 // the connection, is sent again after a pause that doubles, and the person sees it retrying. Sign out
-// ends every transfer, one waiting between retries too.
+// ends every transfer, one waiting between retries too, and the view keeps nothing of the person.
 
 import { RequestError, signedOut } from "./connection.js";
 import { clear, el, keepingFocus, size, when } from "./dom.js";
@@ -101,10 +101,17 @@ export class FilesView {
   }
 
   /** Sign out: every transfer ends, one waiting between retries too (its next try would go over the next
-   * person's connection, under their sign-in). */
+   * person's connection, under their sign-in), and the view forgets the person: their transfer lines,
+   * the last thing said, the folder shown and its path. */
   signOut() {
     this.signIn.abort();
     this.signIn = new AbortController();
+    this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
+    this.path = "";
+    delete this.root.dataset.path;
+    for (const kept of [this.crumbs, this.progress, this.table]) clear(kept);
+    this.say("");
+    delete this.flash.dataset.kind;
   }
 
   /** A transfer's requests: refused (`signed_out`) once the sign-in it began under has ended, so that
