@@ -15,6 +15,7 @@ from playwright.async_api import Browser, WebSocketRoute, expect
 
 from devkit.harness import TOKEN, Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
@@ -250,6 +251,91 @@ async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_n
         await expect(tab.by("memory-flash")).to_have_text("")
         assert await tab.page.evaluate(_SAYS_SIGNED_OUT) == []
         assert not (documents / first.name).exists() and not (documents / second.name).exists()
+        tab.assert_clean()
+
+
+@pytest.mark.parametrize(("refused", "line"), [("upload_start", "upload"), ("download_chunk", "download-progress")])
+async def test_a_transfer_waiting_to_retry_at_sign_out_is_never_sent_again(
+        server: SpriteOS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str, line: str) -> None:
+    """The Sprite drops every start of an upload, or every chunk of a download, for rate, and the page
+    waits to ask again (a pause that doubles) when the person signs out. Sign out ended the requests in
+    flight, not that pause: its retry went over the next person's connection, and the file of the person
+    who left was uploaded under the next one's sign-in. It asks nothing more, and leaves no line."""
+    sockets: list[gateway._Connection] = []  # the page's, in order: the first is the person's who signs out
+    asked: list[int] = []  # each `refused` request the server was sent: on which of them
+    receive = gateway._Connection._receive
+
+    async def drop_for_rate(conn: gateway._Connection, message: str | bytes) -> None:
+        if conn not in sockets:
+            sockets.append(conn)
+        if isinstance(message, str) and f'"{refused}"' in message:
+            asked.append(sockets.index(conn))
+            if conn is sockets[0]:
+                await conn._rate_limited(0.0, message)
+                return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", drop_for_rate)
+    picked = tmp_path / "left behind.txt"
+    picked.write_text("the first person's file\n")
+    (server.settings.layout.root / "to download.txt").write_text("a file of the workspace\n")
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await clocked_tab(browser, server.port, Held("nothing held"))  # the retry's pause, run on at will
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        if line == "upload":
+            await tab.by("upload-input").set_input_files(str(picked))
+        else:
+            await tab.page.locator('[data-name="to download.txt"]').get_by_test_id("download").click()
+        await expect(tab.by(line)).to_have_attribute("data-state", "retrying")  # refused, waiting to ask again
+        await tab.by("sign-out").click()
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        for _ in range(60):  # past every retry a transfer makes (about 40 s), a second at a time: a
+            await tab.page.clock.run_for(1_000)  # request sent meanwhile has its answer, not its timeout
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await expect(tab.by(line)).to_have_count(0)
+        await expect(tab.by("files-flash")).to_have_text("")
+        assert asked and set(asked) == {0}, asked  # never on the next person's socket
+        assert not (documents / picked.name).exists()
+        tab.assert_clean()
+
+
+async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:
+    """The person uploads a file and opens documents/, then signs out: the Files view kept their transfer
+    line, "Uploaded … to documents/…", their folder's listing and its path, shown to the next person who
+    signed in on the page. Sign out clears them, and the next sign-in's Files view opens on the workspace."""
+    picked = tmp_path / "private notes.txt"
+    picked.write_text("the first person's notes\n")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("upload")).to_have_attribute("data-state", "done")
+        await expect(tab.by("files-flash")).to_contain_text("Uploaded private notes.txt")
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.page.locator("#view-files")).to_have_attribute("data-path", "documents")
+        await expect(tab.page.locator('[data-name="private notes.txt"]')).to_have_count(1)
+
+        await tab.by("sign-out").click()
+        await expect(tab.by("upload")).to_have_count(0)  # from the page, not only hidden with the view
+        await expect(tab.by("files-flash")).to_have_text("")
+        await expect(tab.by("file-list")).to_have_count(0)
+        await expect(tab.page.locator("#view-files nav.crumbs")).to_have_text("")
+        await expect(tab.page.locator("#view-files")).not_to_have_attribute("data-path", "documents")
+
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await tab.by("files-tab").click()
+        await expect(tab.page.locator("#view-files")).to_have_attribute("data-path", "")
+        await expect(tab.page.locator('[data-name="documents"]')).to_have_count(1)  # the workspace, not documents/
+        await expect(tab.by("upload")).to_have_count(0)
+        await expect(tab.by("files-flash")).to_have_text("")
         tab.assert_clean()
 
 

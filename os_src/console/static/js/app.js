@@ -82,6 +82,7 @@ $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
+  files.signOut(); // their transfers, those waiting to retry too, and what the Files view shows of them
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   // The next sign-in starts where a fresh page does, on the chat: a Memory or Files view shown at once

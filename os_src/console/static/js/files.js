@@ -1,9 +1,10 @@
 // The person's files: browse their workspace (never .os/, never through a link), download a
 // file, and upload by picking or dropping files (they land in documents/, and the agent is told
 // with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
-// the connection, is sent again after a pause that doubles, and the person sees it retrying.
+// the connection, is sent again after a pause that doubles, and the person sees it retrying. Sign out
+// ends every transfer, one waiting between retries too, and the view keeps nothing of the person.
 
-import { signedOut } from "./connection.js";
+import { RequestError, signedOut } from "./connection.js";
 import { clear, el, keepingFocus, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
@@ -40,8 +41,9 @@ const RETRYABLE = new Set(["rate_limited", "queue_full", "busy", "connection_los
 const DROPPED = new Set(["rate_limited", "queue_full"]);
 const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
-/** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait. */
-export async function retried(ask, onRetry, codes = RETRYABLE) {
+/** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait.
+ * `ended` (an AbortSignal) cuts a pause short: `ask()` is then asked once more, and is to refuse. */
+export async function retried(ask, onRetry, codes = RETRYABLE, ended = null) {
   for (let attempt = 1; ; attempt += 1) {
     try {
       return await ask();
@@ -49,7 +51,11 @@ export async function retried(ask, onRetry, codes = RETRYABLE) {
       if (!codes.has(error.code) || attempt > RETRIES) throw error;
       onRetry(attempt, error);
       const delay = Math.min(8, 0.5 * 2 ** (attempt - 1)) * (0.8 + Math.random() * 0.4);
-      await new Promise((resolve) => setTimeout(resolve, delay * 1000));
+      await new Promise((resolve) => {
+        const wake = () => { clearTimeout(timer); resolve(); };
+        const timer = setTimeout(() => { ended?.removeEventListener("abort", wake); resolve(); }, delay * 1000);
+        ended?.addEventListener("abort", wake, { once: true });
+      });
     }
   }
 }
@@ -65,6 +71,7 @@ export class FilesView {
     this.root = root;
     this.conn = connection;
     this.path = "";
+    this.signIn = new AbortController(); // aborted at Sign out: the transfers begun before it ask nothing more
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
     this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
       tabindex: "-1", "aria-label": "Files to upload" });
@@ -91,6 +98,30 @@ export class FilesView {
 
   handle(frame) {
     if (frame.type === "file_uploaded" && !this.root.hidden && (this.path === "" || this.path === UPLOADS)) this.show(this.path);
+  }
+
+  /** Sign out: every transfer ends, one waiting between retries too (its next try would go over the next
+   * person's connection, under their sign-in), and the view forgets the person: their transfer lines,
+   * the last thing said, the folder shown and its path. */
+  signOut() {
+    this.signIn.abort();
+    this.signIn = new AbortController();
+    this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
+    this.path = "";
+    delete this.root.dataset.path;
+    for (const kept of [this.crumbs, this.progress, this.table]) clear(kept);
+    this.say("");
+    delete this.flash.dataset.kind;
+  }
+
+  /** A transfer's requests: refused (`signed_out`) once the sign-in it began under has ended, so that
+   * none of it, a retry or its next chunk, goes over the next person's connection. */
+  asker() {
+    const { signal } = this.signIn;
+    const ask = (type, fields) => signal.aborted
+      ? Promise.reject(new RequestError("signed_out", "signed out"))
+      : this.conn.request(type, fields);
+    return { ask, signal };
   }
 
   say(text, kind = "ok") {
@@ -178,12 +209,13 @@ export class FilesView {
 
   async download(path, name) {
     let line = null;
+    const { ask, signal } = this.asker();
     try {
-      const start = await retried(() => this.conn.request("download_start", { path }), () => {}, DROPPED);
+      const start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
       line = this.transfer("download-progress", "Downloading", shownName(name), start.size);
       const parts = [];
       for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
-        const chunk = await retried(() => this.conn.request("download_chunk", { download_id: start.download_id, offset }), line.retrying);
+        const chunk = await retried(() => ask("download_chunk", { download_id: start.download_id, offset }), line.retrying, RETRYABLE, signal);
         parts.push(unbase64(chunk.data));
         offset += parts[parts.length - 1].length;
         eof = chunk.eof;
@@ -217,16 +249,17 @@ export class FilesView {
   async upload(file) {
     const line = this.transfer("upload", "Uploading", file.name, file.size);
     let stream = null; // the server run the upload began on: a restart forgets every upload
+    const { ask, signal } = this.asker();
     try {
-      const start = await retried(() => this.conn.request("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED);
+      const start = await retried(() => ask("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED, signal);
       stream = this.conn.stream;
       for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
         const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
-        const { received } = await retried(() => this.conn.request("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying);
+        const { received } = await retried(() => ask("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying, RETRYABLE, signal);
         line.step(received);
       }
       const digest = await sha256(file);
-      const finished = await retried(() => this.conn.request("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED);
+      const finished = await retried(() => ask("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED, signal);
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
