@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from devkit.harness import restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
+from devkit.processes import workspace_clis
 from sprite_os import events, gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED
@@ -60,6 +61,36 @@ async def idle_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
             yield app
 
 
+@pytest_asyncio.fixture(loop_scope="module")
+async def idle_client(idle_server: SpriteOS) -> AsyncIterator[Connect]:
+    """The idle server's clients for one test, closed at its end."""
+    async with client_factory(idle_server.port) as factory:
+        yield factory
+
+
+# These run a turn each and only read what it gave (its frames, the model's requests, a replay): one
+# server and its one CLI session serve them all. That CLI lives until the module ends, so this file's
+# tests that count CLIs count their own server's (`workspace_clis`), not every one this process started.
+
+def on_the_talking_server(test: Callable[..., Any]) -> Callable[..., Any]:
+    return pytest.mark.xdist_group("talking-server")(pytest.mark.asyncio(loop_scope="module")(test))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def talking_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[SpriteOS, MockBridge]]:
+    async with MockBridge() as bridge:
+        async with running(make_settings(tmp_path_factory.mktemp("talking") / "workspace", bridge.url)) as app:
+            yield app, bridge
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def talk(talking_server: tuple[SpriteOS, MockBridge]) -> AsyncIterator[tuple[SpriteOS, Connect, MockBridge]]:
+    """The talking server, its clients for one test (closed at its end), and its model."""
+    server, bridge = talking_server
+    async with client_factory(server.port) as factory:
+        yield server, factory, bridge
+
+
 @on_the_idle_server
 async def test_no_token_or_wrong_token_gets_401_and_nothing_else(idle_server: SpriteOS) -> None:
     url = f"ws://127.0.0.1:{idle_server.port}"
@@ -92,7 +123,9 @@ async def test_a_newer_protocol_is_told_and_served_version_1(idle_server: Sprite
     assert error["code"] == "unsupported_protocol" and ready["protocol"] == 1
 
 
-async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+@on_the_talking_server
+async def test_the_terminal_chat_client(talk: tuple[SpriteOS, Connect, MockBridge],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     from sprite_os.commands.chat import chat
@@ -100,7 +133,7 @@ async def test_the_terminal_chat_client(server: SpriteOS, monkeypatch: pytest.Mo
     # Piped input: at its end the client waits for the turns it started, then leaves.
     monkeypatch.setattr("sys.stdin", io.StringIO("card: Groceries\nhello\n"))
     out = io.StringIO()
-    assert await asyncio.wait_for(chat(f"ws://127.0.0.1:{server.port}", TOKEN, out), 60) == 0
+    assert await asyncio.wait_for(chat(f"ws://127.0.0.1:{talk[0].port}", TOKEN, out), 60) == 0
     text = out.getvalue()
     assert "connected to session" in text and "you › card: Groceries" in text
     assert "card created: Groceries" in text and "agent › You said: hello" in text
@@ -129,8 +162,10 @@ async def test_healthz(idle_server: SpriteOS) -> None:
 # ---------------------------------------------------------------- a turn
 
 
+@on_the_talking_server
 async def test_a_message_streams_text_then_completes_through_the_real_cli(
-        server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+        talk: tuple[SpriteOS, Connect, MockBridge]) -> None:
+    server, client, bridge = talk
     bridge.agent.script(Turn(Text("Hello from the model, streamed in pieces.", chunk_delay=0.03)))
     c = await client(hello={})
     await c.send(type="user_message", text="hi there", client_id="m1")
@@ -144,7 +179,7 @@ async def test_a_message_streams_text_then_completes_through_the_real_cli(
     seqs = [f["seq"] for f in c.frames]
     assert seqs == sorted(seqs)
     assert bridge.agent_requests() and all(r.user_agent.startswith("claude-cli/") for r in bridge.agent_requests())
-    request = bridge.agent_requests()[0]
+    request = next(r for r in bridge.agent_requests() if r.last_user_text == "hi there")  # others ran here too
     assert "Your memory" in request.system_text  # the boot prompt reached the model
     assert "mcp__canvas__create_card" in request.tools and "mcp__memory__search_memory" in request.tools
     assert "Bash" in request.tools and "WebSearch" not in request.tools  # an explicit tool list
@@ -187,7 +222,9 @@ async def test_cards_reach_every_client_and_survive_a_restart(settings: Settings
         assert (await client(hello={})).frames[0]["cards"] == []
 
 
-async def test_a_bad_card_is_an_error_the_model_sees(server: SpriteOS, client: Connect, bridge: MockBridge) -> None:
+@on_the_talking_server
+async def test_a_bad_card_is_an_error_the_model_sees(talk: tuple[SpriteOS, Connect, MockBridge]) -> None:
+    _, client, bridge = talk
     bridge.agent.script(Turn(ToolCall("mcp__canvas__update_card", {"id": "missing", "title": "x"}), Text("Oops.")))
     c = await client(hello={})
     await c.send(type="user_message", text="update a card that isn't there")
@@ -305,17 +342,19 @@ async def test_idle_timeout_ends_the_session_and_frees_the_cli(settings: Setting
         c = await client(hello={})
         await c.send(type="user_message", text="hi")
         await c.until("turn_complete")
-        assert child_cli_processes()
+        assert workspace_clis(app.settings.workspace)
         ended = await c.until("session_ended", timeout=10)
         assert ended["reason"] == "idle"
         await c.until("session_started")
-        assert not child_cli_processes()
+        assert not workspace_clis(app.settings.workspace)
 
 
 # ---------------------------------------------------------------- resume
 
 
-async def test_reconnect_with_last_seq_replays_what_was_missed(server: SpriteOS, client: Connect) -> None:
+@on_the_talking_server
+async def test_reconnect_with_last_seq_replays_what_was_missed(talk: tuple[SpriteOS, Connect, MockBridge]) -> None:
+    _, client, _ = talk
     a = await client(hello={})
     await a.send(type="user_message", text="first")
     await a.until("turn_complete")
@@ -350,10 +389,11 @@ async def test_reconnect_with_last_seq_replays_what_was_missed(server: SpriteOS,
     (b"\x00\x01binary", "binary_not_supported"),
     ("x" * (1024 * 1024 + 10), "frame_too_large"),
 ])
-async def test_each_bad_frame_gets_an_error_and_the_connection_stays(server: SpriteOS, client: Connect,
+@on_the_idle_server
+async def test_each_bad_frame_gets_an_error_and_the_connection_stays(idle_client: Connect,
                                                                     raw: str | bytes, code: str) -> None:
-    c = await client(hello={})
-    other = await client(hello={})
+    c = await idle_client(hello={})
+    other = await idle_client(hello={})
     await c.send_raw(raw)
     error = await c.until("error")
     assert error["code"] == code and error["message"]
@@ -363,17 +403,19 @@ async def test_each_bad_frame_gets_an_error_and_the_connection_stays(server: Spr
     assert (await other.until("pong"))["nonce"] == "unaffected"
 
 
-async def test_a_message_past_the_frame_limit_is_named_by_its_client_id(server: SpriteOS, client: Connect) -> None:
+@on_the_idle_server
+async def test_a_message_past_the_frame_limit_is_named_by_its_client_id(idle_client: Connect) -> None:
     """A paste past a frame's 1 MiB (a log, a file's text) was refused without its id: the page kept
     the message "waiting for the agent" for ever beside the error."""
-    c = await client(hello={})
+    c = await idle_client(hello={})
     await c.send(type="user_message", text="x" * (1024 * 1024 + 10), client_id="web-5")
     error = await c.until("error")
     assert (error["code"], error["client_id"]) == ("frame_too_large", "web-5")
 
 
-async def test_a_flood_is_rate_limited_then_closed_and_others_keep_serving(server: SpriteOS, client: Connect) -> None:
-    flooder, other = await client(hello={}), await client(hello={})
+@on_the_idle_server
+async def test_a_flood_is_rate_limited_then_closed_and_others_keep_serving(idle_client: Connect) -> None:
+    flooder, other = await idle_client(hello={}), await idle_client(hello={})
     with pytest.raises(ConnectionClosed) as info:
         for _ in range(2000):
             await flooder.send(type="ping")
@@ -385,8 +427,9 @@ async def test_a_flood_is_rate_limited_then_closed_and_others_keep_serving(serve
     assert (await other.until("pong"))["nonce"] == "fine"
 
 
-async def test_a_frame_over_the_hard_limit_closes_only_that_connection(server: SpriteOS, client: Connect) -> None:
-    big, other = await client(hello={}), await client(hello={}, max_size=None)
+@on_the_idle_server
+async def test_a_frame_over_the_hard_limit_closes_only_that_connection(idle_client: Connect) -> None:
+    big, other = await idle_client(hello={}), await idle_client(hello={}, max_size=None)
     with pytest.raises(ConnectionClosed) as info:
         await big.send_raw("x" * (5 * 1024 * 1024))
         await big.until("never", timeout=10)
@@ -485,23 +528,24 @@ async def test_a_cli_crash_mid_turn_gives_an_error_and_the_next_message_starts_f
     c = await client(hello={})
     await c.send(type="user_message", text="start something long")
     await c.until("text_delta")
-    [pid] = child_cli_processes()
+    [pid] = workspace_clis(server.settings.workspace)
     os.kill(pid, signal.SIGKILL)
     error = await c.until("error", timeout=15)
     assert error["code"] == "agent_failed"
     assert (await c.until("turn_complete"))["status"] == "error"
     assert (await c.until("session_ended"))["reason"] == "crash"
-    assert pid not in child_cli_processes()
+    assert pid not in workspace_clis(server.settings.workspace)
     await c.send(type="user_message", text="hello again")
     assert (await c.until("turn_complete", lambda f: f["status"] == "completed"))["status"] == "completed"
-    assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
+    clis = workspace_clis(server.settings.workspace)
+    assert len(clis) == 1 and pid not in clis
 
 
 async def test_a_cli_that_dies_between_turns_is_replaced_and_the_next_message_completes(
         server: SpriteOS, client: Connect) -> None:
     c = await client(hello={})
     assert (await turn_of(c, "hello"))["status"] == "completed"
-    [pid] = child_cli_processes()
+    [pid] = workspace_clis(server.settings.workspace)
     os.kill(pid, signal.SIGKILL)
     # Dead, not merely dying: a message sent while it dies is a crash mid-turn.
     await wait_for(lambda: not pid_alive(pid), timeout=5)
@@ -510,7 +554,8 @@ async def test_a_cli_that_dies_between_turns_is_replaced_and_the_next_message_co
     assert [e["code"] for e in c.of("error")] == ["agent_failed"]
     assert [e["reason"] for e in c.of("session_ended")] == ["crash"]
     assert len(c.of("session_started")) == 1  # the fresh session the message ran in
-    assert len(child_cli_processes()) == 1 and pid not in child_cli_processes()
+    clis = workspace_clis(server.settings.workspace)
+    assert len(clis) == 1 and pid not in clis
 
 
 async def test_a_failing_model_proxy_fails_the_turn_clearly_and_serving_goes_on(
@@ -556,13 +601,13 @@ async def test_stopping_ends_the_turn_tells_clients_and_leaves_no_cli(settings: 
         c = await client(hello={})
         await c.send(type="user_message", text="something long")
         await c.until("text_delta")
-        assert child_cli_processes()
+        assert workspace_clis(settings.workspace)
         await app.stop()
         assert (await c.until("turn_complete"))["status"] == "interrupted"
         assert (await c.until("session_ended"))["reason"] == "shutdown"
         with pytest.raises(ConnectionClosed):
             await c.until("never", timeout=5)
-    assert child_cli_processes() == []
+    assert workspace_clis(settings.workspace) == []
 
 
 def _sigterm(proc: ServerProcess) -> None:
