@@ -9,8 +9,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 TEST_STAMP := $(VENV)/.installed-test
 # The console's browser tests drive the distribution's headless Chromium (Playwright comes with the test
 # extra): the headless shell, not the full browser, which spends about half again the CPU on the same tests.
+# The binary itself: /usr/bin's is a shell script that starts it without exec, a process between
+# Playwright and the browser that a kill of it would leave the browser orphaned behind.
 # SPRITE_TEST_CHROMIUM names another build (tests/console_browser.py reads it too), which make then uses as it is.
-CHROMIUM := $(or $(SPRITE_TEST_CHROMIUM),/usr/bin/chromium-headless-shell)
+CHROMIUM := $(or $(SPRITE_TEST_CHROMIUM),/usr/lib/chromium/chromium-headless-shell)
 # The CLI's sandbox (SPRITE_ISOLATION=sandbox, docs/security.md) runs on bubblewrap, with socat for its
 # network proxy; the sandbox mode's tests use them.
 SANDBOX := /usr/bin/bwrap /usr/bin/socat

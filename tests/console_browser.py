@@ -47,7 +47,7 @@ from devkit.harness import TOKEN
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
 
-CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/bin/chromium-headless-shell")
+CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/lib/chromium/chromium-headless-shell")  # not /usr/bin's wrapper (Makefile)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 DESKTOP = {"width": 1280, "height": 800}
