@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import re
 import socket
@@ -653,3 +654,31 @@ async def test_a_flood_of_empty_connections_never_closes_one_that_sent_its_head(
             for _, w in flood:
                 w.close()
     assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_connection_accepted_as_the_relay_stops_never_reaches_the_proxy_nor_leaves_a_client(
+        bridge: MockBridge) -> None:
+    """A connection the listener took just before `stop` runs only after stop's cancelling: its
+    request must not go on to the proxy, nor make the (lazily made) client towards it after stop."""
+    relay = ModelRelay(bridge.url, PROXY_KEY)
+    await relay.start()
+    body = json.dumps(BODY).encode()
+    raw = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+    try:
+        raw.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: relay\r\ncontent-type: application/json\r\n"
+                    b"x-api-key: " + relay.client_key.encode() + b"\r\nanthropic-version: 2023-06-01\r\n"
+                    b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        late: asyncio.Task[Any] | None = None
+        for _ in range(10_000):  # until the connection's task exists but has not run a step
+            late = next((t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "")
+                         == "ModelRelay._serve" and inspect.getcoroutinestate(t.get_coro()) == "CORO_CREATED"),
+                        None)
+            if late is not None:
+                break
+            await asyncio.sleep(0)
+        assert late is not None
+        await relay.stop()
+        await asyncio.wait_for(late, 10)
+        assert bridge.requests == [] and relay._client is None
+    finally:
+        raw.close()

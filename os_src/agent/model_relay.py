@@ -285,6 +285,9 @@ class ModelRelay:
     # ------------------------------------------------------------ one connection from the CLI
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._server is None:  # taken just before `stop`, run after its cancelling: no call after stop,
+            writer.close()  # nor a client towards the proxy made then and never closed
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
