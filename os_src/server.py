@@ -123,7 +123,8 @@ class SpriteOS:
         self.relay = ModelRelay(settings.anthropic_base_url, settings.anthropic_api_key, book=self.spend)
         self.launch = AgentLaunch(layout, resources=Resources(settings.agent_max_processes, settings.agent_memory_max))
         self.runtime = AgentRuntime(settings, publish=publish, canvas_store=self.canvas, memory=self.memory,
-                                    model_env=self.relay.cli_env, launch=self.launch,
+                                    model_env=self.relay.cli_env, prepare_model=self.relay.prepare,
+                                    launch=self.launch,
                                     retry_reason=self.spend.retry_reason,
                                     tool_servers=self._memory_tools if self.memory is not None else None)
         self._coalesced = publish  # what the console's requests publish through, in the same order

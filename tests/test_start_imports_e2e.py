@@ -20,7 +20,7 @@ from sprite_os.commands.main import main
 from sprite_os.memory.curation.curator import MIN_BATCH_TOKENS
 
 # A start on a workspace that served before, and what is in sys.modules when it is ready; then after
-# the relay was asked for a CLI's settings (a CLI about to start), and after the stop.
+# the relay made its client towards the proxy (a CLI about to start), and after the stop.
 _RESTART = """
 import asyncio, json, sys
 from pathlib import Path
@@ -37,6 +37,10 @@ async def main():
         seen["ready"] = loaded()
         app.relay.cli_env()
         seen["cli_env"] = loaded()
+        await app.relay.prepare()
+        seen["prepared"] = loaded()
+    seen["stopped"] = loaded()
+    seen["client_after_stop"] = app.relay._client is not None
     print(json.dumps(seen))
 
 asyncio.run(main())
@@ -45,8 +49,9 @@ asyncio.run(main())
 
 async def test_a_restart_imports_neither_the_schema_builder_nor_the_proxy_client(tmp_path: Path) -> None:
     """sqlite-utils builds the schemas: a database already at its version opens without it. The relay's
-    client towards the proxy (httpx's transport: httpcore, anyio) is made when a CLI is about to start,
-    not at the server's start: a start that runs no turn never pays for it."""
+    client towards the proxy (httpx's transport: httpcore, anyio) is made when a CLI is about to start
+    (`prepare`, which the runtime awaits), not at the server's start nor by `cli_env`: a start that runs
+    no turn never pays for it. The stop closes it and makes no other."""
     workspace = tmp_path / "ws"
     async with running(make_settings(workspace, "http://127.0.0.1:9")):
         pass  # the databases made and migrated, as a first start does
@@ -54,8 +59,9 @@ async def test_a_restart_imports_neither_the_schema_builder_nor_the_proxy_client
                                   capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen["ready"] == []
-    assert seen["cli_env"] == ["anyio", "httpcore2"]  # made for the CLI, before its first call
+    assert seen["ready"] == [] and seen["cli_env"] == []
+    assert seen["prepared"] == seen["stopped"] == ["anyio", "httpcore2"]  # made for the CLI, before its first call
+    assert seen["client_after_stop"] is False
 
 
 # Every `sprite-os` command builds the whole parser (the memory commands' too); these two need no event loop.
