@@ -184,7 +184,6 @@ class SpriteOS:
         # paused the loop for up to 230 ms (measured: the fan-out p95 fell from 51 to 14 ms).
         gc.collect()
         gc.freeze()
-        gc.enable()  # `sprite-os serve` starts with it off (commands/main.py)
         log.info("server_started", host=self.settings.host, port=self.port, version=__version__,
                  settings=describe(self.settings))
         if not self.settings.anthropic_base_url:  # on a Sprite, Bridge's proxy is always set
