@@ -17,6 +17,7 @@ Isolation is `none` and the model proxy an unused loopback port: no turn is run.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -43,6 +44,18 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def _reap(pid: int, deadline: float) -> tuple[int, resource.struct_rusage]:
+    """Its exit status and rusage, once it exited; SystemExit at the deadline (a stop that hangs is
+    killed, below, rather than holding up the bench)."""
+    while True:
+        reaped, status, usage = os.wait4(pid, os.WNOHANG)
+        if reaped:
+            return status, usage
+        if time.monotonic() > deadline:
+            raise SystemExit("the server did not stop after SIGTERM")
+        time.sleep(0.02)
+
+
 def serve_once(workspace: str, log_dir: str, timeout: float = 60.0) -> tuple[float, int]:
     """The server's CPU in seconds (user + system) and its exit status; its log goes into `log_dir`."""
     port = _free_port()
@@ -57,7 +70,7 @@ def serve_once(workspace: str, log_dir: str, timeout: float = 60.0) -> tuple[flo
                 raise SystemExit(f"the server did not become healthy (exit {proc.returncode})")
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
-        _, status, usage = os.wait4(proc.pid, 0)
+        status, usage = _reap(proc.pid, time.monotonic() + timeout)
         proc.returncode = os.waitstatus_to_exitcode(status)
     finally:
         if proc.returncode is None:

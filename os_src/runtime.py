@@ -26,7 +26,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -88,6 +88,9 @@ NOT_SAVED = ("This turn could not be saved to disk yet (the server's disk is fai
 Publish = Callable[[p.ServerFrame], None]
 # How the CLI reaches the model: the relay's URL and key (agent/model_relay.py), asked for at each connect.
 ModelEnv = Callable[[], Mapping[str, str]]
+# What must be ready before a CLI starts and calls the model (the relay's client towards the proxy: made
+# off the event loop), awaited before each connect.
+PrepareModel = Callable[[], Awaitable[None]]
 # Why the relay lately refused a call the CLI retries (agent/spend_book.py), or None.
 RetryReason = Callable[[], str | None]
 # The agent's tools besides the canvas (search_memory), as in-process MCP servers, built at each connect.
@@ -144,10 +147,12 @@ class AgentRuntime:
         launch: AgentLaunch | None = None,
         retry_reason: RetryReason | None = None,
         tool_servers: ToolServers | None = None,
+        prepare_model: PrepareModel | None = None,
     ) -> None:
         self._settings = settings
         self._tool_servers = tool_servers
         self._model_env = model_env
+        self._prepare_model = prepare_model
         self._retry_reason = retry_reason
         self._launch = launch or AgentLaunch(settings.layout)
         self._publish = publish
@@ -633,6 +638,8 @@ class AgentRuntime:
         started = time.monotonic()
         try:
             await load_sdk()  # before _options, which builds the SDK's options (a retry's start comes here first)
+            if self._prepare_model is not None:
+                await self._prepare_model()  # the relay's client, made in a thread: not on the loop
             await asyncio.to_thread(_check_writable, self._launch.prompt_file)
             settle = not self.health.failed
             prompt = await self._memory.boot_prompt(settle) if self._memory is not None else DEFAULT_PROMPT

@@ -171,3 +171,26 @@ def test_the_private_names_check_sees_relative_and_whole_module_imports() -> Non
               "from bench import turns\nB._progress(); T._server_turn(); turns._interleave(); B.__name__\n")
     assert _private_uses(source, "m.py") == ["m.py:2 imports _filler", "m.py:5 B._progress",
                                              "m.py:5 T._server_turn", "m.py:5 turns._interleave"]
+
+
+def test_the_serve_start_bench_gives_up_on_a_server_that_does_not_stop() -> None:
+    """A server that hangs in its stop would hold the bench (and whoever runs it) for ever: it gives up
+    at its deadline, and the caller kills the server."""
+    import subprocess
+    import sys
+    import time
+
+    from bench.serve_start import _reap
+
+    ignoring = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", ignoring], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()  # SIGTERM ignored from here
+        proc.terminate()
+        started = time.monotonic()
+        with pytest.raises(SystemExit, match="did not stop"):
+            _reap(proc.pid, time.monotonic() + 0.3)
+        assert time.monotonic() - started < 5
+    finally:
+        proc.kill()
+        proc.wait()

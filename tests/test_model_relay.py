@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from devkit.harness import wait_for
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
-from sprite_os.agent.model_relay import ModelRelay, RelayLimits, route
+from sprite_os.agent.model_relay import ModelRelay, RelayError, RelayLimits, route
 
 PROXY_KEY = "sk-proxy-key-9d1e44-only-upstream"
 CLI_UA = "claude-cli/2.1.329 (external, sdk-py, agent-sdk/0.2.186)"  # the bridge answers it as the agent
@@ -101,6 +102,43 @@ async def test_one_connection_carries_request_after_request(bridge: MockBridge, 
             assert response.status_code == 200
             ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
     assert len(bridge.requests) == 3 and len(ports) == 1  # the CLI's side kept its one connection
+
+
+# ---------------------------------------------------------------- the client towards the proxy
+
+
+async def test_the_client_towards_the_proxy_is_made_in_a_thread_when_prepared_never_by_cli_env(
+        bridge: MockBridge, relay: ModelRelay, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its making (httpx's transport imported, the system's certificates read) is some 95 ms of CPU: on
+    the event loop, the first turn would hold up every connection meanwhile. `cli_env` only describes."""
+    made_in: list[int] = []
+    real = httpx2.AsyncClient
+
+    def recording(*args: Any, **kwargs: Any) -> httpx2.AsyncClient:
+        made_in.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(httpx2, "AsyncClient", recording)
+    relay.cli_env()
+    assert made_in == [] and relay._client is None
+    await asyncio.gather(relay.prepare(), relay.prepare())  # two CLIs starting at once: one client kept
+    kept = relay._client
+    await relay.prepare()
+    assert kept is not None and relay._client is kept
+    assert made_in and threading.get_ident() not in made_in
+
+
+async def test_a_stopped_relay_makes_no_client_towards_the_proxy(bridge: MockBridge) -> None:
+    """A connection accepted just before the stop may be served after it: a client it made then would
+    never be closed. It is refused; and the CLI that asks then is answered 503."""
+    relay = ModelRelay(bridge.url, PROXY_KEY)
+    async with relay:
+        pass
+    with pytest.raises(RelayError, match="stopped"):
+        await relay._upstream_client()
+    with pytest.raises(RelayError):
+        await relay.prepare()
+    assert relay._client is None
 
 
 # ---------------------------------------------------------------- the key
@@ -541,7 +579,7 @@ async def test_a_call_the_cli_gave_up_on_before_it_left_the_relay_costs_nothing(
             await asyncio.sleep(3600)
             raise AssertionError("never")
 
-        monkeypatch.setattr(relay._upstream_client(), "send", not_connected_yet)
+        monkeypatch.setattr(await relay._upstream_client(), "send", not_connected_yet)
         post = asyncio.create_task(c.post("/v1/messages", json=BODY))
         await asyncio.wait_for(connecting.wait(), 10)
         post.cancel()  # the CLI gives up

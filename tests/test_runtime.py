@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import errno
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -165,7 +165,8 @@ class FakeMemory:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, memory: FakeMemory | None = None) -> None:
+    def __init__(self, tmp_path: Path, memory: FakeMemory | None = None,
+                 prepare_model: Callable[[], Awaitable[None]] | None = None) -> None:
         self.frames: list[p.ServerFrame] = []
         self.clis: list[FakeCLI] = []
         self.reply: list[Any] = answer()
@@ -177,7 +178,7 @@ class Harness:
         canvas = CanvasStore(settings.layout.canvas_file, self.frames.append)
         self.memory = memory
         self.rt = AgentRuntime(settings, publish=self.frames.append, canvas_store=canvas, memory=memory,
-                               model_env=dict, client_factory=self._new_cli)
+                               model_env=dict, client_factory=self._new_cli, prepare_model=prepare_model)
 
     def _new_cli(self, _options: Any) -> Any:
         self.clis.append(FakeCLI(self))
@@ -214,6 +215,22 @@ async def hm(tmp_path: Path) -> AsyncIterator[Harness]:
     await harness.rt.start()
     yield harness
     await harness.rt.shutdown(5)
+
+
+async def test_the_model_is_prepared_before_each_cli_starts(tmp_path: Path) -> None:
+    """The relay's client towards the proxy is made (in a thread) before the CLI that will call it starts."""
+    clis_when_prepared: list[int] = []
+
+    async def prepare() -> None:
+        clis_when_prepared.append(len(harness.clis))
+
+    harness = Harness(tmp_path, prepare_model=prepare)
+    await harness.rt.start()
+    try:
+        await harness.turn("hello")
+        assert clis_when_prepared == [0]
+    finally:
+        await harness.rt.shutdown(5)
 
 
 async def test_a_turn_whose_stream_ends_without_a_result_fails_and_the_next_starts_fresh(h: Harness) -> None:

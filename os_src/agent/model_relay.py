@@ -208,6 +208,7 @@ class ModelRelay:
         self.client_key = "sprite-relay-" + secrets.token_urlsafe(24)
         self._server: asyncio.Server | None = None
         self._client: httpx.AsyncClient | None = None
+        self._stopped = False  # no client is made after stop: nothing would close it
         self._connections: set[asyncio.Task[None]] = set()  # every one, to end at stop
         self._verified: set[asyncio.Task[None]] = set()  # those that presented the key
         self._unverified: dict[asyncio.Task[None], _Unverified] = {}  # the others, oldest first
@@ -228,24 +229,39 @@ class ModelRelay:
         reply, so that the CLI asks for no more than the relay lets through. ANTHROPIC_AUTH_TOKEN is
         blanked: the CLI would send it as a bearer token in place of the key."""
         env = {"ANTHROPIC_BASE_URL": self.url, "ANTHROPIC_API_KEY": self.client_key, "ANTHROPIC_AUTH_TOKEN": ""}
-        self._upstream_client()  # made now, while the CLI starts, rather than on its first call
         if self.book is not None:
             env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(self.book.limits.max_tokens)
         return env
 
-    def _upstream_client(self) -> httpx.AsyncClient:
-        """The client towards the proxy, made when the first CLI is started (`cli_env`) or calls: its
-        making imports httpx's transport (httpcore, anyio) and reads the system's certificates, about a
-        fifth of a second of CPU that a server start which runs no turn, or a relay never called, never
-        pays."""
-        if self._client is None:
-            lim = self._limits
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(lim.upstream_read_timeout, connect=lim.connect_timeout,
-                                      write=lim.write_timeout, pool=lim.connect_timeout),
-                limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
-                follow_redirects=False)
+    async def prepare(self) -> None:
+        """Make the client towards the proxy now (the runtime awaits it before a CLI starts), so that
+        the CLI's first call finds it made. RelayError once the relay is stopped."""
+        await self._upstream_client()
+
+    async def _upstream_client(self) -> httpx.AsyncClient:
+        """The client towards the proxy, made when the first CLI is about to start (`prepare`) or calls:
+        its making imports httpx's transport (httpcore, anyio) and reads the system's certificates, about
+        a tenth of a second of CPU, in a thread (on the loop it would stall every connection meanwhile),
+        which a server start that runs no turn never pays. RelayError after `stop`: nothing would close
+        a client made then."""
+        if self._client is None and not self._stopped:
+            made = await asyncio.to_thread(self._make_client)
+            if self._client is None and not self._stopped:
+                self._client = made
+            else:  # another made one meanwhile, or the relay stopped
+                await made.aclose()
+        if self._stopped:
+            raise RelayError("the model relay is stopped")
+        assert self._client is not None
         return self._client
+
+    def _make_client(self) -> httpx.AsyncClient:
+        lim = self._limits
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(lim.upstream_read_timeout, connect=lim.connect_timeout,
+                                  write=lim.write_timeout, pool=lim.connect_timeout),
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=15.0),
+            follow_redirects=False)
 
     async def start(self) -> None:
         if self.book is not None:
@@ -260,6 +276,7 @@ class ModelRelay:
         log.info("model_relay_started", url=self.url, upstream=f"{upstream.scheme}://{upstream.hostname}")
 
     async def stop(self) -> None:
+        self._stopped = True
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -480,7 +497,10 @@ class ModelRelay:
 
     async def _forward(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request,
                        target: bytes, body: bytearray, outcome: _Forwarded) -> bool:
-        client = self._upstream_client()
+        try:
+            client = await self._upstream_client()
+        except RelayError as exc:  # a connection accepted just before the stop, served after it
+            raise _Refused(503, str(exc)) from None
         started = time.monotonic()
         headers = [*upstream_headers(request.headers, self._api_key), (b"content-length", str(len(body)).encode())]
 
