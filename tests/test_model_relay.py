@@ -139,6 +139,10 @@ async def test_a_stopped_relay_makes_no_client_towards_the_proxy(bridge: MockBri
     with pytest.raises(RelayError):
         await relay.prepare()
     assert relay._client is None
+    async with relay:  # started again, it serves again
+        await relay.prepare()
+        assert relay._client is not None
+    assert relay._client is None
 
 
 # ---------------------------------------------------------------- the key

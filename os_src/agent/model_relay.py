@@ -208,7 +208,7 @@ class ModelRelay:
         self.client_key = "sprite-relay-" + secrets.token_urlsafe(24)
         self._server: asyncio.Server | None = None
         self._client: httpx.AsyncClient | None = None
-        self._stopped = False  # no client is made after stop: nothing would close it
+        self._stopped = False  # no client is made after stop (until a start): nothing would close it
         self._connections: set[asyncio.Task[None]] = set()  # every one, to end at stop
         self._verified: set[asyncio.Task[None]] = set()  # those that presented the key
         self._unverified: dict[asyncio.Task[None], _Unverified] = {}  # the others, oldest first
@@ -264,6 +264,7 @@ class ModelRelay:
             follow_redirects=False)
 
     async def start(self) -> None:
+        self._stopped = False
         if self.book is not None:
             await self.book.start()
         try:
