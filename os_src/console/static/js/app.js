@@ -81,6 +81,7 @@ $("login-form").addEventListener("submit", (event) => {
 $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
+  memory.signOut(); // their drafts of memory files (Save would write them under the next sign-in), their searches
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
   files.signOut(); // their transfers, those waiting to retry too, and what the Files view shows of them
   $("status").dataset.state = "signed-out";
