@@ -10,7 +10,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
-from playwright.async_api import expect
+from playwright.async_api import WebSocketRoute, expect
 
 from devkit.harness import TOKEN
 from devkit.mock_bridge import Fault, MockBridge
@@ -379,3 +379,39 @@ async def test_sign_out_leaves_no_memory_draft_search_nor_version_request_for_th
         await expect(tab.by("memory-flash")).to_have_text("")
         tab.assert_clean()  # the version's request Sign out ended: said nowhere, nor thrown
 
+
+class Dropping:
+    """Passes the page's sockets through; `drop` ends the open ones as a lost link does."""
+
+    def __init__(self) -> None:
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        self.sockets.append(page_side)
+        page_side.connect_to_server()
+
+    async def drop(self) -> None:
+        for page_side in self.sockets:
+            await page_side.close(code=4000, reason="the link lost")
+        self.sockets.clear()
+
+
+async def test_a_sign_in_after_a_refused_token_starts_on_the_chat(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token refused (a new one provisioned) while the person was on Memory: signing in again showed
+    Memory at once, asking the Sprite before the new socket was open ("Not connected"), where a sign-in
+    after Sign out starts on the chat."""
+    link = Dropping()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await tab.memory("files")
+        monkeypatch.setattr(server, "_token", b"a-new-token-for-this-sprite")  # provisioned anew meanwhile
+        await link.drop()  # the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await tab.by("token-input").fill("a-new-token-for-this-sprite")  # in the same page
+        await tab.by("token-submit").click()
+        await expect(tab.page.locator("body")).to_have_attribute("data-view", "chat")
+        await tab.connected()
+        await tab.memory("files")
+        await expect(tab.by("memory-flash")).to_have_text("")
+        await expect(tab.by("memory-file")).not_to_have_count(0)
+        tab.assert_clean("HTTP Authentication failed", "401")

@@ -58,6 +58,11 @@ function onAuthFailed(message) {
 function showLogin(error = "") {
   $("login").hidden = false;
   $("app").hidden = true;
+  // The next sign-in, after Sign out or a refused token, starts where a fresh page does, on the chat: a
+  // Memory or Files view shown at once would ask the Sprite before the new socket is open ("Not
+  // connected"), and load nothing.
+  past.close();
+  showView("chat");
   $("login-error").textContent = error;
   $("token").value = "";
   $("token").focus();
@@ -86,10 +91,6 @@ $("sign-out").addEventListener("click", () => {
   files.signOut(); // their transfers, those waiting to retry too, and what the Files view shows of them
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
-  // The next sign-in starts where a fresh page does, on the chat: a Memory or Files view shown at once
-  // would ask the Sprite before the new socket is open ("Not connected"), and load nothing.
-  past.close();
-  showView("chat");
   showLogin();
 });
 
