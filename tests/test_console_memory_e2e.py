@@ -10,8 +10,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
-from playwright.async_api import expect
+from playwright.async_api import WebSocketRoute, expect
 
+from devkit.harness import TOKEN
 from devkit.mock_bridge import Fault, MockBridge
 from sprite_os import gateway
 from sprite_os.config import Settings
@@ -31,6 +32,7 @@ from tests.console_browser import (
     screenshot_dir,
     signed_in,
 )
+from tests.test_console_kept_messages_e2e import Held
 
 pytestmark = pytest.mark.e2e
 
@@ -329,3 +331,87 @@ async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_r
         await expect(tab.by("file-is-current")).to_be_visible()  # nothing to make current again
         await expect(tab.by("file-rollback")).to_have_count(0)
         tab.assert_clean()
+
+
+async def test_sign_out_leaves_no_memory_draft_search_nor_version_request_for_the_next_person(server: SpriteOS) -> None:
+    """A tab is shared: after Sign out the next person signs in on the same page. The memory view kept
+    the one who left: their draft of a file (in its editor, and one set aside while they looked at
+    another file), shown again by the next person's first look at the file, where Save would write it;
+    their learnings search; and a version they asked for, whose ending by Sign out was an unhandled
+    rejection (a console error)."""
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    files.write("context.md", "# Context\n- The garden\n", source="seed")
+    drafts = {"user.md": "# User\n- Name: Ada\n- Left unsaved, mine\n", "context.md": "# Context\n- Drafted, set aside\n"}
+    held = Held('"memory_version_result"')  # once on, a version's answer never comes
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=held.route)
+        await tab.memory("files")
+        for name in ("context.md", "user.md"):  # context.md's draft set aside, user.md's in the editor
+            await tab.by("memory-file").filter(has_text=name).get_by_role("button").click()
+            await expect(tab.page.locator(".file-detail h2")).to_have_text(name)
+            await tab.by("file-edit").click()
+            await tab.by("file-editor").fill(drafts[name])
+        await tab.memory("learnings")
+        await tab.by("learning-search").fill("my private words")
+        await tab.by("learning-search-button").click()
+        await expect(tab.by("memory-panel-learnings")).to_contain_text("my private words")
+        await tab.memory("files")
+        held.on = True
+        await tab.by("file-version").first.get_by_role("button").click()  # asked, not answered
+        await tab.by("sign-out").click()
+        held.on = False
+        typed = await tab.page.evaluate("[...document.querySelectorAll('#app textarea')].map((e) => e.value)")
+        assert [t for t in typed if "mine" in t or "set aside" in t] == []  # no draft stays in the page
+
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await tab.memory("files")
+        for name, text in (("user.md", "# User\n- Name: Ada\n"), ("context.md", "# Context\n- The garden\n")):
+            await tab.by("memory-file").filter(has_text=name).get_by_role("button").click()
+            await expect(tab.by("file-text")).to_have_text(text)  # the file, not the draft
+            await expect(tab.by("file-editor")).to_have_count(0)
+        await tab.memory("learnings")
+        await expect(tab.by("learning-search")).to_have_value("")  # their search neither shown nor asked again
+        await expect(tab.by("memory-panel-learnings")).not_to_contain_text("my private words")
+        await expect(tab.by("memory-flash")).to_have_text("")
+        tab.assert_clean()  # the version's request Sign out ended: said nowhere, nor thrown
+
+
+class Dropping:
+    """Passes the page's sockets through; `drop` ends the open ones as a lost link does."""
+
+    def __init__(self) -> None:
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        self.sockets.append(page_side)
+        page_side.connect_to_server()
+
+    async def drop(self) -> None:
+        for page_side in self.sockets:
+            await page_side.close(code=4000, reason="the link lost")
+        self.sockets.clear()
+
+
+async def test_a_sign_in_after_a_refused_token_starts_on_the_chat(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token refused (a new one provisioned) while the person was on Memory: signing in again showed
+    Memory at once, asking the Sprite before the new socket was open ("Not connected"), where a sign-in
+    after Sign out starts on the chat."""
+    link = Dropping()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await tab.memory("files")
+        monkeypatch.setattr(server, "_token", b"a-new-token-for-this-sprite")  # provisioned anew meanwhile
+        await link.drop()  # the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await tab.by("token-input").fill("a-new-token-for-this-sprite")  # in the same page
+        await tab.by("token-submit").click()
+        await expect(tab.page.locator("body")).to_have_attribute("data-view", "chat")
+        await tab.connected()
+        await tab.memory("files")
+        await expect(tab.by("memory-flash")).to_have_text("")
+        await expect(tab.by("memory-file")).not_to_have_count(0)
+        tab.assert_clean("HTTP Authentication failed", "401")

@@ -58,6 +58,11 @@ function onAuthFailed(message) {
 function showLogin(error = "") {
   $("login").hidden = false;
   $("app").hidden = true;
+  // The next sign-in, after Sign out or a refused token, starts where a fresh page does, on the chat: a
+  // Memory or Files view shown at once would ask the Sprite before the new socket is open ("Not
+  // connected"), and load nothing.
+  past.close();
+  showView("chat");
   $("login-error").textContent = error;
   $("token").value = "";
   $("token").focus();
@@ -81,14 +86,11 @@ $("login-form").addEventListener("submit", (event) => {
 $("sign-out").addEventListener("click", () => {
   connection.stop();
   sessionStorage.removeItem(TOKEN_KEY);
+  memory.signOut(); // their drafts of memory files (Save would write them under the next sign-in), their searches
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
   files.signOut(); // their transfers, those waiting to retry too, and what the Files view shows of them
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
-  // The next sign-in starts where a fresh page does, on the chat: a Memory or Files view shown at once
-  // would ask the Sprite before the new socket is open ("Not connected"), and load nothing.
-  past.close();
-  showView("chat");
   showLogin();
 });
 

@@ -191,6 +191,16 @@ export function signedOut(error) {
   return error instanceof RequestError && error.code === "signed_out";
 }
 
+/** Waits for a request a click set going, saying its failure through `flash`, but not a Sign out's (it was
+ * the person's who left): never an unhandled rejection. */
+export async function told(request, flash) {
+  try {
+    await request;
+  } catch (error) {
+    if (!signedOut(error)) flash(error.message, "error");
+  }
+}
+
 export class RequestError extends Error {
   constructor(code, message) {
     super(message);

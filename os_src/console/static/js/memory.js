@@ -67,6 +67,17 @@ export class MemoryView {
     }
   }
 
+  /** Sign out: every section as a fresh page has it (empty, the person's drafts and searches gone), and
+   * Files the one shown first. */
+  signOut() {
+    this.flash("");
+    this.current = "files";
+    for (const { section, panel } of this.panels.values()) {
+      section.hidden = true;
+      panel.signOut();
+    }
+  }
+
   flash(text, kind = "ok") {
     this.flashBox.textContent = text;
     this.flashBox.dataset.kind = kind;

@@ -1,7 +1,7 @@
 // The six memory files: each with its size against its limits, its text, a person's own
 // edit (the daemon's four files), and its history as diffs, with rollback to any version.
 
-import { signedOut } from "./connection.js";
+import { signedOut, told } from "./connection.js";
 import { clear, el, keepingFocus, plural, when } from "./dom.js";
 
 // What text.safe_text drops from a memory file (C0 controls but tab and newline; the textarea has no CR).
@@ -37,7 +37,7 @@ export class FilesPanel {
     fill.style.width = `${Math.round(share * 100)}%`; // through CSSOM: the CSP forbids style attributes
     return el("li", { testid: "memory-file", dataset: { name: f.name, owner: f.owner } },
       el("button", { type: "button", class: f.name === this.selected ? "selected" : "", "aria-pressed": String(f.name === this.selected),
-        onclick: () => this.open(f.name, true) },
+        onclick: () => told(this.open(f.name, true), this.flash) },
         el("span", { class: "name", text: f.name }),
         el("span", { class: "badge", text: f.owner === "daemon" ? "curated" : "deploy" }),
         el("span", { class: "lines", testid: "file-lines", text: `${f.lines} / ${f.max_lines} lines` }),
@@ -91,7 +91,7 @@ export class FilesPanel {
     this.latest = history.length ? history[history.length - 1].number : null;
     const versions = el("ol", { class: "versions", reversed: true, "aria-label": `Versions of ${file.name}` },
       [...history].reverse().map((v) => el("li", { testid: "file-version", dataset: { number: v.number } },
-        el("button", { type: "button", onclick: () => this.showVersion(v.number) },
+        el("button", { type: "button", onclick: () => told(this.showVersion(v.number), this.flash) },
           el("strong", { text: `#${v.number}` }), ` ${when(v.created_at)} · `,
           el("span", { class: `source source-${v.source.split("-")[0]}`, text: v.source }), ` · ${plural(v.lines, "line")}`,
           v.number === this.latest ? el("span", { class: "badge", text: "current" }) : null))));
@@ -141,7 +141,16 @@ export class FilesPanel {
     recount();
     return el("div", { class: "editing" }, area,
       el("div", { class: "actions" }, counter, save,
-        el("button", { type: "button", testid: "file-cancel", onclick: () => this.cancel(file.name), text: "Cancel" })));
+        el("button", { type: "button", testid: "file-cancel", onclick: () => told(this.cancel(file.name), this.flash), text: "Cancel" })));
+  }
+
+  /** Sign out: nothing of the person who left stays for the next one to sign in on the page, above all
+   * not a draft (shown again by the next `open`, and saved by their Save). */
+  signOut() {
+    Object.assign(this, { selected: "user.md", current: null, editing: null, area: null, latest: null, versionView: null });
+    this.drafts.clear();
+    clear(this.list);
+    clear(this.detail);
   }
 
   async cancel(name) {

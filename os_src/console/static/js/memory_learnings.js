@@ -1,7 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { signedOut } from "./connection.js";
+import { signedOut, told } from "./connection.js";
 import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
@@ -22,11 +22,11 @@ export class LearningsPanel {
     this.turnsHeading = el("h3", { text: "From past turns", hidden: true });
     this.episodes = el("ol", { class: "learnings", testid: "episodes", "aria-label": "Past turns", hidden: true });
     this.summary = el("p", { class: "hint" });
-    const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); this.load(); } },
+    const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); told(this.load(), this.flash); } },
       this.query, this.type, el("label", { class: "check", for: "learning-forgotten" }, this.forgotten, " forgotten"),
       el("button", { type: "submit", class: "primary", testid: "learning-search-button", text: "Search" }));
-    this.type.addEventListener("change", () => this.load());
-    this.forgotten.addEventListener("change", () => this.load());
+    this.type.addEventListener("change", () => told(this.load(), this.flash));
+    this.forgotten.addEventListener("change", () => told(this.load(), this.flash));
     root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
     this.drawn = new Map(); // "kind:id" -> {node, hit}: what each item shows, to keep it through a reload
   }
@@ -51,6 +51,19 @@ export class LearningsPanel {
     });
     keepingFocus(this.episodes, () => clear(this.episodes).append(...turns.map((hit) => this.item(hit, before))));
     this.episodes.hidden = this.turnsHeading.hidden = !turns.length;
+  }
+
+  /** Sign out: the search the person typed and what it found leave the page; a search still on its
+   * way shows nothing. */
+  signOut() {
+    this.asked = (this.asked || 0) + 1;
+    this.query.value = this.type.value = "";
+    this.forgotten.checked = false;
+    this.drawn = new Map();
+    this.summary.textContent = "";
+    clear(this.results);
+    clear(this.episodes);
+    this.episodes.hidden = this.turnsHeading.hidden = true;
   }
 
   /** The item of `hit`: the one drawn before if it shows the same (the person's opened turn and a

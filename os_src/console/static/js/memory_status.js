@@ -53,6 +53,11 @@ export class HealthPanel {
     root.append(this.body, el("h3", { text: "Changes a person made" }), this.audit);
   }
 
+  signOut() {
+    clear(this.body);
+    clear(this.audit);
+  }
+
   async load() {
     const [{ health: h }, { entries }] = await Promise.all([
       this.conn.request("memory_health"), this.conn.request("memory_audit", { limit: 20 })]);
@@ -88,6 +93,10 @@ export class BootPromptPanel {
     this.text = el("pre", { class: "boot-prompt", testid: "boot-prompt", tabindex: "0", "aria-label": "The boot prompt" });
     root.append(el("p", { class: "hint", text: "Exactly the system prompt the next session will boot with: the deploy's files, then the curated memory, pending actions and the last 48 hours of learnings." }),
       this.facts, this.text);
+  }
+
+  signOut() {
+    this.facts.textContent = this.text.textContent = "";
   }
 
   async load() {
