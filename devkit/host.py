@@ -10,7 +10,8 @@ next run's end. So is the copy of its own venv's CLI, and the last run out remov
 runs went on (a deploy test's venv has its own) that no process runs. The
 kernel settings are shared by every run on the machine, and two checkouts may test at once: the
 first run in records how the host was, and the last one out restores it (runs find each other by
-their pid files under RUNS, under a lock). Root only; without root a run changes nothing.
+their pid files under RUNS, under a lock; the last one out removes RUNS too). Root only; without
+root a run changes nothing.
 """
 
 from __future__ import annotations
@@ -99,10 +100,31 @@ def remove_copy(copy: Path) -> bool:
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    RUNS.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(RUNS / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    """The runs' lock. The last run out removes it with the folder, under the lock: a run that was
+    waiting then holds a removed file, so it takes the lock again until the one it holds is the one
+    at the path."""
+    while True:
+        RUNS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            lock = open(RUNS / "lock", "w")
+        except FileNotFoundError:  # the folder went between the two calls
+            continue
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.stat(RUNS / "lock").st_ino == os.fstat(lock.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield
+                return
+
+
+def _leave_nothing() -> None:
+    """The last run out, under the lock: the lock and the folder go too, if nothing else is in it."""
+    (RUNS / "lock").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        RUNS.rmdir()
 
 
 def _users_of(runs: list[int]) -> set[str]:
@@ -181,6 +203,7 @@ class HostLedger:
                 with contextlib.suppress(OSError, ValueError):
                     self.restored += restore(json.loads((RUNS / BASELINE).read_text()))
                 (RUNS / BASELINE).unlink(missing_ok=True)
+                _leave_nothing()
 
 
     def _remove_orphans(self, in_use: set[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_the_last_run_out_puts_the_host_back(fake_host: Path) -> None:
     assert not (fake_host / "60-sprite-os.conf").exists()
     assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old"]  # what was there stays
     assert len(run.restored) == len(host.SYSCTLS) + 2  # the settings, the file, the copy
-    assert not (fake_host / "runs" / host.BASELINE).exists()
+    assert not (fake_host / "runs").exists()  # nor the runs' own folder: the lock and the marks went too
 
 
 def test_while_another_run_goes_on_nothing_is_put_back_and_it_restores_what_the_first_found(fake_host: Path) -> None:
@@ -114,6 +115,7 @@ def test_a_run_removes_the_users_it_made_and_no_other(monkeypatch: pytest.Monkey
 
 # Another worker of the same run, in its own process: the host's shared paths are all under `root`.
 WORKER = """import sys
+import threading
 from pathlib import Path
 from devkit import host
 from devkit.processes import kit_env
@@ -225,3 +227,32 @@ def test_a_session_removes_its_folder_of_reachable_workspaces(pytester: pytest.P
         """)
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert not AGENT_TESTS_ROOT.exists()
+
+
+def _waiting_on_a_lock(inode: int) -> bool:
+    """A blocked request for a lock on the file `inode` (/proc/locks marks waiters with `->`)."""
+    return any("->" in line and f":{inode} " in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_run_waiting_while_the_last_one_out_removes_the_lock_takes_the_lock_at_the_path(fake_host: Path) -> None:
+    """A run that waited on the lock the last one out removed held a removed file: a third run would
+    make a new lock and hold it at the same time."""
+    held: list[bool] = []
+
+    def waiting_run() -> None:
+        with host._locked():
+            held.append((host.RUNS / "lock").exists())
+
+    with host._locked():
+        inode = (host.RUNS / "lock").stat().st_ino
+        waiter = threading.Thread(target=waiting_run)
+        waiter.start()
+        for _ in range(5000):
+            if _waiting_on_a_lock(inode):
+                break
+            threading.Event().wait(0.002)
+        assert _waiting_on_a_lock(inode), "the second run never waited on the lock"
+        host._leave_nothing()  # the last one out
+        assert not (fake_host / "runs").exists()
+    waiter.join(timeout=30)
+    assert held == [True]  # it holds the lock at the path, not the one removed
