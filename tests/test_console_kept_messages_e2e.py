@@ -199,7 +199,7 @@ _SAYS_SIGNED_OUT = """() => [...document.querySelectorAll("#app *")]
 
 async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
         server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
-    """Sign out ends every request on its way (`signed_out`): a turn's forget and a card's close in the chat,
+    """Sign out ends every request on its way (none of them settles): a turn's forget and a card's close in the chat,
     the past sessions' list, an upload with a second file queued behind it, the memory's reload. None of
     them leaves a word in the page for the next person who signs in on it, nor goes on for them (the
     queued file is not uploaded once they are connected); and the next sign-in starts on the chat, as a
@@ -251,6 +251,46 @@ async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_n
         await expect(tab.by("memory-flash")).to_have_text("")
         assert await tab.page.evaluate(_SAYS_SIGNED_OUT) == []
         assert not (documents / first.name).exists() and not (documents / second.name).exists()
+        tab.assert_clean()
+
+
+# A view of the page's own with no Sign out check of its own: it shows what its request answered, or its
+# error, as a new view that forgot the rule would. Its connection is the page's module's, a second one.
+_CHECKLESS_VIEW = """async (token) => {
+  const { Connection } = await import("/console/js/connection.js");
+  const shown = document.createElement("p");
+  shown.dataset.testid = "checkless-view";
+  document.getElementById("app").append(shown);
+  const conn = new Connection({ onFrame() {}, onAuthFailed() {}, onStatus: ({ state }) => { shown.dataset.state = state; } });
+  const ask = () => { // not waited for: the page's own code awaits it, as a view's would
+    conn.request("memory_boot_prompt").then(() => { shown.textContent = "answered"; }, (error) => { shown.textContent = error.message; });
+  };
+  window.checkless = { start: () => conn.start(token), stop: () => conn.stop(), ask };
+  conn.start(token);
+}"""
+
+
+async def test_a_request_ended_by_sign_out_settles_into_no_view_even_one_without_a_check(server: SpriteOS) -> None:
+    """A request on its way at Sign out, in a view whose code has no check of its own: the rule that
+    nothing of it reaches the next person is the connection's, not each view's. Its error path never runs
+    (no "signed out", nor, past its timeout, "did not answer in time"), while the next sign-in's request
+    that gets no answer still says so."""
+    held = Held("memory_boot_prompt_result", on=True)  # no answer to the view's request reaches the page
+    async with chromium() as browser:
+        tab = await clocked_tab(browser, server.port, held)  # the request's timeout, run on at will
+        view = tab.by("checkless-view")
+        await tab.page.evaluate(_CHECKLESS_VIEW, TOKEN)
+        await expect(view).to_have_attribute("data-state", "connected")
+        await tab.page.evaluate("window.checkless.ask()")  # its answer held back
+        await tab.page.evaluate("window.checkless.stop()")  # Sign out
+        await tab.page.evaluate("window.checkless.start()")  # the next person, in the same page
+        await expect(view).to_have_attribute("data-state", "connected")
+        await tab.page.clock.run_for(31_000)  # past the first request's timeout
+        await expect(view).to_have_text("")
+
+        await tab.page.evaluate("window.checkless.ask()")  # the next person's own, unanswered
+        await tab.page.clock.run_for(31_000)
+        await expect(view).to_have_text("The Sprite did not answer in time.")
         tab.assert_clean()
 
 
