@@ -3,8 +3,8 @@
 //
 // A tab can be shared: after Sign out the next person signs in on the same page, and nothing of the
 // one who left may show. The rule is kept here, once, not by every view: each request belongs to the
-// sign-in it was made under (`signIn`, taken when it is made), and one whose sign-in ended (Sign out)
-// never settles: no answer, no error, no timeout. The view's code after its `await`,
+// sign-in it was made under (`signIn`, taken when it is made), and one whose sign-in ended (Sign out,
+// a refused token) never settles: no answer, no error, no timeout. The view's code after its `await`,
 // its `catch` too, simply never runs, so a view's `catch` only ever sees the current sign-in's errors
 // and needs no check of its own. (A rejection with a "signed out" code would ask every `catch` to tell
 // it apart, the check a new view forgets; never settling asks nothing. A `finally` does not run either:
@@ -74,8 +74,9 @@ export class Connection {
     try {
       ws = new WebSocket(this.url, [SUBPROTOCOL, `bearer.${this.token}`]);
     } catch {
-      this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
       this.token = null;
+      this.endSignIn();
+      this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
       return;
     }
     this.ws = ws;
@@ -140,6 +141,7 @@ export class Connection {
     if (!this.token) return;
     if (status === 401 || status === 403) {
       this.token = null;
+      this.endSignIn(); // a transfer waiting to ask again asks nothing more: the next sign-in may be another person's
       this.onAuthFailed(status === 401
         ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
         : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
@@ -197,7 +199,7 @@ export class Connection {
     this.pending.clear();
   }
 
-  /** Ends the sign-in (Sign out): its requests in flight are dropped unsettled, their
+  /** Ends the sign-in (Sign out, a refused token): its requests in flight are dropped unsettled, their
    * timeouts cleared, its signal aborts (a transfer's pause between retries wakes, and asks under it:
    * nothing), and the requests made from now on are the next sign-in's. */
   endSignIn() {

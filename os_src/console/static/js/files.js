@@ -181,12 +181,14 @@ export class FilesView {
       el("td", { text: when(entry.modified) }), el("td", {}, action));
   }
 
-  /** A line in the transfers list: its bar, and `done(kind, text)` to end it. */
-  transfer(testid, verb, name, total) {
+  /** A line in the transfers list: its bar, and `done(kind, text)` to end it. Still going when its
+   * sign-in ends (`ended`: Sign out, a refused token), it goes: the transfer ended, saying nothing. */
+  transfer(testid, verb, name, total, ended) {
     const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
     const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
     const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
     this.progress.prepend(item);
+    ended.addEventListener("abort", () => { if (bar.isConnected) item.remove(); }, { once: true });
     return {
       bar,
       step: (done) => {
@@ -207,7 +209,7 @@ export class FilesView {
     const { ask, signal } = this.asker();
     try {
       const start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
-      line = this.transfer("download-progress", "Downloading", shownName(name), start.size);
+      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, signal);
       const parts = [];
       for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
         const chunk = await retried(() => ask("download_chunk", { download_id: start.download_id, offset }), line.retrying, RETRYABLE, signal);
@@ -239,7 +241,7 @@ export class FilesView {
   /** Uploads one file, saying how it went (nothing, if Sign out cut it: it never ends). */
   async upload(file) {
     const { ask, signal } = this.asker();
-    const line = this.transfer("upload", "Uploading", file.name, file.size);
+    const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
     let stream = null; // the server run the upload began on: a restart forgets every upload
     try {
       const start = await retried(() => ask("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED, signal);
