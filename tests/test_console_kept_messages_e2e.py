@@ -55,14 +55,21 @@ class Unreachable:
 
 class Held:
     """Passes the page's sockets through, but while `on` the server's frames holding `words` never reach
-    the page (a request's answer that never comes)."""
+    the page (a request's answer that never comes); `drop` ends the open ones as a lost link does."""
 
     def __init__(self, words: str, *, on: bool = False) -> None:
         self.words, self.on = words, on
+        self.sockets: list[WebSocketRoute] = []
 
     def route(self, page_side: WebSocketRoute) -> None:
+        self.sockets.append(page_side)
         server_side = page_side.connect_to_server()
         server_side.on_message(lambda m: None if self.on and self.words in str(m) else page_side.send(m))
+
+    async def drop(self) -> None:
+        for page_side in self.sockets:
+            await page_side.close(code=4000, reason="the link lost")
+        self.sockets.clear()
 
 
 async def clocked_tab(browser: Browser, port: int, held: Held) -> Tab:
@@ -199,7 +206,7 @@ _SAYS_SIGNED_OUT = """() => [...document.querySelectorAll("#app *")]
 
 async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
         server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
-    """Sign out ends every request on its way (`signed_out`): a turn's forget and a card's close in the chat,
+    """Sign out ends every request on its way (none of them settles): a turn's forget and a card's close in the chat,
     the past sessions' list, an upload with a second file queued behind it, the memory's reload. None of
     them leaves a word in the page for the next person who signs in on it, nor goes on for them (the
     queued file is not uploaded once they are connected); and the next sign-in starts on the chat, as a
@@ -254,13 +261,56 @@ async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_n
         tab.assert_clean()
 
 
+# A view of the page's own with no Sign out check of its own: it shows what its request answered, or its
+# error, as a new view that forgot the rule would. Its connection is the page's module's, a second one.
+_CHECKLESS_VIEW = """async (token) => {
+  const { Connection } = await import("/console/js/connection.js");
+  const shown = document.createElement("p");
+  shown.dataset.testid = "checkless-view";
+  document.getElementById("app").append(shown);
+  const conn = new Connection({ onFrame() {}, onAuthFailed() {}, onStatus: ({ state }) => { shown.dataset.state = state; } });
+  const ask = () => { // not waited for: the page's own code awaits it, as a view's would
+    conn.request("memory_boot_prompt").then(() => { shown.textContent = "answered"; }, (error) => { shown.textContent = error.message; });
+  };
+  window.checkless = { start: () => conn.start(token), stop: () => conn.stop(), ask };
+  conn.start(token);
+}"""
+
+
+async def test_a_request_ended_by_sign_out_settles_into_no_view_even_one_without_a_check(server: SpriteOS) -> None:
+    """A request on its way at Sign out, in a view whose code has no check of its own: the rule that
+    nothing of it reaches the next person is the connection's, not each view's. Its error path never runs
+    (no "signed out", nor, past its timeout, "did not answer in time"), while the next sign-in's request
+    that gets no answer still says so."""
+    held = Held("memory_boot_prompt_result", on=True)  # no answer to the view's request reaches the page
+    async with chromium() as browser:
+        tab = await clocked_tab(browser, server.port, held)  # the request's timeout, run on at will
+        view = tab.by("checkless-view")
+        await tab.page.evaluate(_CHECKLESS_VIEW, TOKEN)
+        await expect(view).to_have_attribute("data-state", "connected")
+        await tab.page.evaluate("window.checkless.ask()")  # its answer held back
+        await tab.page.evaluate("window.checkless.stop()")  # Sign out
+        await tab.page.evaluate("window.checkless.start()")  # the next person, in the same page
+        await expect(view).to_have_attribute("data-state", "connected")
+        await tab.page.clock.run_for(31_000)  # past the first request's timeout
+        await expect(view).to_have_text("")
+
+        await tab.page.evaluate("window.checkless.ask()")  # the next person's own, unanswered
+        await tab.page.clock.run_for(31_000)
+        await expect(view).to_have_text("The Sprite did not answer in time.")
+        tab.assert_clean()
+
+
+@pytest.mark.parametrize("ended", ["sign out", "a refused token"])
 @pytest.mark.parametrize(("refused", "line"), [("upload_start", "upload"), ("download_chunk", "download-progress")])
-async def test_a_transfer_waiting_to_retry_at_sign_out_is_never_sent_again(
-        server: SpriteOS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str, line: str) -> None:
+async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_again(
+        server: SpriteOS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: str, line: str, ended: str) -> None:
     """The Sprite drops every start of an upload, or every chunk of a download, for rate, and the page
     waits to ask again (a pause that doubles) when the person signs out. Sign out ended the requests in
     flight, not that pause: its retry went over the next person's connection, and the file of the person
-    who left was uploaded under the next one's sign-in. It asks nothing more, and leaves no line."""
+    who left was uploaded under the next one's sign-in. It asks nothing more, and leaves no line. A token
+    refused (a new one provisioned) ends the sign-in too: the transfer went on over the next sign-in's
+    socket (a chunk), or said "Not connected" to it (a start), where it ends as at Sign out."""
     sockets: list[gateway._Connection] = []  # the page's, in order: the first is the person's who signs out
     asked: list[int] = []  # each `refused` request the server was sent: on which of them
     receive = gateway._Connection._receive
@@ -281,16 +331,28 @@ async def test_a_transfer_waiting_to_retry_at_sign_out_is_never_sent_again(
     (server.settings.layout.root / "to download.txt").write_text("a file of the workspace\n")
     documents = server.settings.layout.root / "documents"
     async with chromium() as browser:
-        tab = await clocked_tab(browser, server.port, Held("nothing held"))  # the retry's pause, run on at will
+        link = Held("nothing held")
+        tab = await clocked_tab(browser, server.port, link)  # the retry's pause, run on at will
         await tab.by("files-tab").click()
         await expect(tab.by("file-list")).to_have_count(1)
+        # The clock stopped: the pause between tries lasts until the test runs it on (a try sent as the
+        # link drops would be lost with it, and said so, as after any lost link).
+        await tab.page.clock.pause_at(await tab.page.evaluate("Date.now() + 1_000"))
         if line == "upload":
             await tab.by("upload-input").set_input_files(str(picked))
         else:
             await tab.page.locator('[data-name="to download.txt"]').get_by_test_id("download").click()
         await expect(tab.by(line)).to_have_attribute("data-state", "retrying")  # refused, waiting to ask again
-        await tab.by("sign-out").click()
-        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        token = TOKEN
+        if ended == "sign out":
+            await tab.by("sign-out").click()
+        else:
+            token = "a-new-token-for-this-sprite"
+            monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+            await link.drop()  # the page reconnects at once (the pause still held), and its token is refused
+            await tab.page.clock.run_for(1)
+            await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await tab.by("token-input").fill(token)  # the next person, in the same page
         await tab.by("token-submit").click()
         await tab.connected()
         for _ in range(60):  # past every retry a transfer makes (about 40 s), a second at a time: a
@@ -301,7 +363,7 @@ async def test_a_transfer_waiting_to_retry_at_sign_out_is_never_sent_again(
         await expect(tab.by("files-flash")).to_have_text("")
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
-        tab.assert_clean()
+        tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's
 
 
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 // keep the view current, applied as upsert and remove by card id. The person can open a
 // card large, copy it, and close it (every device sees it close).
 
-import { signedOut } from "./connection.js";
 import { clear, el, keepingFocus, when } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 
@@ -122,7 +121,7 @@ export class CanvasView {
     try {
       await this.conn.request("card_close", { card_id: card.id });
     } catch (error) {
-      if (!signedOut(error)) this.onError(`The card "${card.title}" was not closed: ${error.message}`);
+      this.onError(`The card "${card.title}" was not closed: ${error.message}`);
     }
   }
 }

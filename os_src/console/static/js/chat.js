@@ -5,7 +5,6 @@
 // The person's messages not yet answered are shown here; what keeps and settles them is
 // kept_messages.js.
 
-import { signedOut } from "./connection.js";
 import { clear, dollars, el, size } from "./dom.js";
 import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
@@ -447,8 +446,7 @@ export class ChatView {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      // Signed out meanwhile: the page is the next person's now, and nothing of this request is theirs.
-      if (error.code !== "memory_unavailable" && !signedOut(error)) {
+      if (error.code !== "memory_unavailable") {
         this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       }
       return null;
@@ -587,12 +585,12 @@ export class ChatView {
   /** Forget turns for good; every device replaces them with a tombstone (turns_forgotten). False if refused. */
   async forget(which) {
     try {
-      const done = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
+      const done = await this.conn.request("forget_turns", which, { timeout: FORGET_TIMEOUT });
       this.notice(`Forgotten: its words are gone from the transcript, search and memory${done.restarted
         ? ". The session was restarted, so the agent's context no longer holds it" : ""}.`, "forgotten-done");
       return true;
     } catch (error) {
-      if (!signedOut(error)) this.notice(`Not forgotten: ${error.message}`, "error");
+      this.notice(`Not forgotten: ${error.message}`, "error");
       return false;
     }
   }

@@ -1,6 +1,15 @@
 // The one WebSocket to the Sprite: authentication, hello and resume by seq, reconnection
 // with backoff, and requests answered by request_id (the memory frames).
 //
+// A tab can be shared: after Sign out the next person signs in on the same page, and nothing of the
+// one who left may show. The rule is kept here, once, not by every view: each request belongs to the
+// sign-in it was made under (`signIn`, taken when it is made), and one whose sign-in ended (Sign out,
+// a refused token) never settles: no answer, no error, no timeout. The view's code after its `await`,
+// its `catch` too, simply never runs, so a view's `catch` only ever sees the current sign-in's errors
+// and needs no check of its own. (A rejection with a "signed out" code would ask every `catch` to tell
+// it apart, the check a new view forgets; never settling asks nothing. A `finally` does not run either:
+// what it would tidy is the view's to reset at Sign out.) The promise, its callbacks dropped, is freed.
+//
 // A browser cannot read the HTTP status of a refused WebSocket handshake, so when a socket
 // closes before it ever opened, the page asks GET /console/auth (the token in a header) to
 // tell a wrong token (401) or a page origin the server refuses (403) (say so, and stop)
@@ -25,6 +34,7 @@ export class Connection {
     this.links = 0; // sockets opened so far: what a frame was sent on (a message sent before this socket's ready)
     this.retryTimer = null;
     this.pending = new Map(); // request_id -> {resolve, reject, timer}
+    this.signIn = newSignIn(); // the sign-in requests are made under now
     this.nextRequest = 1;
     window.addEventListener("online", () => this.retryNow());
   }
@@ -45,10 +55,10 @@ export class Connection {
   }
 
   /** Sign out. The next sign-in is a first connection (a fresh snapshot), not a resume of this one. The
-   * requests in flight end now (`signed_out`): their answers and their timeouts were the person's who
-   * signed out, never the next one's. */
+   * sign-in ends (`endSignIn`): its requests in flight never settle, their answers and their timeouts
+   * were the person's who signed out, never the next one's. */
   stop() {
-    this.failPending("signed out", "signed_out");
+    this.endSignIn();
     this.token = null;
     Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
@@ -64,8 +74,9 @@ export class Connection {
     try {
       ws = new WebSocket(this.url, [SUBPROTOCOL, `bearer.${this.token}`]);
     } catch {
-      this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
       this.token = null;
+      this.endSignIn();
+      this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
       return;
     }
     this.ws = ws;
@@ -130,6 +141,7 @@ export class Connection {
     if (!this.token) return;
     if (status === 401 || status === 403) {
       this.token = null;
+      this.endSignIn(); // a transfer waiting to ask again asks nothing more: the next sign-in may be another person's
       this.onAuthFailed(status === 401
         ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
         : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
@@ -160,8 +172,11 @@ export class Connection {
     return true;
   }
 
-  /** A memory request: resolves with its `<type>_result` frame, rejects with a RequestError. */
-  request(type, fields = {}, timeout = REQUEST_TIMEOUT) {
+  /** A memory request: resolves with its `<type>_result` frame, rejects with a RequestError, under the
+   * sign-in now, or `signIn`, one taken before (a transfer's: its retries are asked under the sign-in it
+   * began in). Under a sign-in that has ended, it never settles, and nothing is sent. */
+  request(type, fields = {}, { timeout = REQUEST_TIMEOUT, signIn = this.signIn } = {}) {
+    if (signIn.signal.aborted) return new Promise(() => {});
     const id = `r${this.nextRequest++}`;
     return new Promise((resolve, reject) => {
       if (!this.send({ type, request_id: id, ...fields })) {
@@ -176,28 +191,40 @@ export class Connection {
     });
   }
 
-  failPending(message, code = "connection_lost") {
+  failPending(message) {
     for (const { reject, timer } of this.pending.values()) {
       clearTimeout(timer);
-      reject(new RequestError(code, message));
+      reject(new RequestError("connection_lost", message));
     }
     this.pending.clear();
   }
+
+  /** Ends the sign-in (Sign out, a refused token): its requests in flight are dropped unsettled, their
+   * timeouts cleared, its signal aborts (a transfer's pause between retries wakes, and asks under it:
+   * nothing), and the requests made from now on are the next sign-in's. */
+  endSignIn() {
+    for (const { timer } of this.pending.values()) clearTimeout(timer);
+    this.pending.clear();
+    const ended = this.signIn;
+    this.signIn = newSignIn();
+    ended.end();
+  }
 }
 
-/** Whether a request was ended by Sign out (`stop`): nothing of it, an answer or a failure, is for the next
- * person who signs in on the page, so every view says nothing of it. */
-export function signedOut(error) {
-  return error instanceof RequestError && error.code === "signed_out";
+/** A sign-in: its `signal`, aborted when it ends (`end`). Each is its own object: the one a request was
+ * made under is the one that ends it. */
+function newSignIn() {
+  const ending = new AbortController();
+  return { signal: ending.signal, end: () => ending.abort() };
 }
 
-/** Waits for a request a click set going, saying its failure through `flash`, but not a Sign out's (it was
- * the person's who left): never an unhandled rejection. */
+/** Waits for a request a click set going, saying its failure through `flash`: never an unhandled rejection.
+ * (One Sign out ended never fails: see the top of this file.) */
 export async function told(request, flash) {
   try {
     await request;
   } catch (error) {
-    if (!signedOut(error)) flash(error.message, "error");
+    flash(error.message, "error");
   }
 }
 

@@ -2,9 +2,9 @@
 // file, and upload by picking or dropping files (they land in documents/, and the agent is told
 // with the next message). Both go over the socket in chunks; a chunk refused for rate, or lost with
 // the connection, is sent again after a pause that doubles, and the person sees it retrying. Sign out
-// ends every transfer, one waiting between retries too, and the view keeps nothing of the person.
+// ends every transfer, one waiting between retries too (each asks under the sign-in it began in, which
+// the connection ends: see connection.js), and the view keeps nothing of the person.
 
-import { RequestError, signedOut } from "./connection.js";
 import { clear, el, keepingFocus, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
@@ -42,7 +42,8 @@ const DROPPED = new Set(["rate_limited", "queue_full"]);
 const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
 /** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait.
- * `ended` (an AbortSignal) cuts a pause short: `ask()` is then asked once more, and is to refuse. */
+ * `ended` (an AbortSignal) cuts a pause short: `ask()` is then asked once more, and is to ask nothing
+ * (a request under a sign-in that ended never settles). */
 export async function retried(ask, onRetry, codes = RETRYABLE, ended = null) {
   for (let attempt = 1; ; attempt += 1) {
     try {
@@ -71,7 +72,6 @@ export class FilesView {
     this.root = root;
     this.conn = connection;
     this.path = "";
-    this.signIn = new AbortController(); // aborted at Sign out: the transfers begun before it ask nothing more
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
     this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
       tabindex: "-1", "aria-label": "Files to upload" });
@@ -104,8 +104,6 @@ export class FilesView {
    * person's connection, under their sign-in), and the view forgets the person: their transfer lines,
    * the last thing said, the folder shown and its path. */
   signOut() {
-    this.signIn.abort();
-    this.signIn = new AbortController();
     this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
     this.path = "";
     delete this.root.dataset.path;
@@ -114,14 +112,12 @@ export class FilesView {
     delete this.flash.dataset.kind;
   }
 
-  /** A transfer's requests: refused (`signed_out`) once the sign-in it began under has ended, so that
-   * none of it, a retry or its next chunk, goes over the next person's connection. */
+  /** A transfer's requests, under the sign-in it began in: once that ended, none of it, a retry or its
+   * next chunk, goes over the next person's connection (the connection asks nothing, and it never
+   * settles); `signal` aborts then, and cuts a pause between retries short. */
   asker() {
-    const { signal } = this.signIn;
-    const ask = (type, fields) => signal.aborted
-      ? Promise.reject(new RequestError("signed_out", "signed out"))
-      : this.conn.request(type, fields);
-    return { ask, signal };
+    const { signIn } = this.conn;
+    return { ask: (type, fields) => this.conn.request(type, fields, { signIn }), signal: signIn.signal };
   }
 
   say(text, kind = "ok") {
@@ -136,7 +132,7 @@ export class FilesView {
     try {
       answer = await this.conn.request("files_list", { path });
     } catch (error) {
-      if (asked === this.asked && !signedOut(error)) this.say(error.message, "error");
+      if (asked === this.asked) this.say(error.message, "error");
       return;
     }
     // A folder opened meanwhile (the tab shown again, or an upload's reload, was still on its way):
@@ -185,12 +181,14 @@ export class FilesView {
       el("td", { text: when(entry.modified) }), el("td", {}, action));
   }
 
-  /** A line in the transfers list: its bar, and `done(kind, text)` to end it. */
-  transfer(testid, verb, name, total) {
+  /** A line in the transfers list: its bar, and `done(kind, text)` to end it. Still going when its
+   * sign-in ends (`ended`: Sign out, a refused token), it goes: the transfer ended, saying nothing. */
+  transfer(testid, verb, name, total, ended) {
     const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
     const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
     const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
     this.progress.prepend(item);
+    ended.addEventListener("abort", () => { if (bar.isConnected) item.remove(); }, { once: true });
     return {
       bar,
       step: (done) => {
@@ -203,7 +201,6 @@ export class FilesView {
         state.textContent = `retrying (${attempt})…`;
       },
       done: (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); },
-      drop: () => item.remove(), // cut by Sign out: the transfer was the person's who left
     };
   }
 
@@ -212,7 +209,7 @@ export class FilesView {
     const { ask, signal } = this.asker();
     try {
       const start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
-      line = this.transfer("download-progress", "Downloading", shownName(name), start.size);
+      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, signal);
       const parts = [];
       for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
         const chunk = await retried(() => ask("download_chunk", { download_id: start.download_id, offset }), line.retrying, RETRYABLE, signal);
@@ -230,26 +227,22 @@ export class FilesView {
       line.done("done", "downloaded");
       this.say(`Downloaded ${name}.`);
     } catch (error) {
-      if (signedOut(error)) {
-        line?.drop();
-        return;
-      }
       line?.done("error", error.message);
       this.say(`${name} was not downloaded: ${error.message}`, "error");
     }
   }
 
+  /** One after the other. One Sign out cut never ends, so the files still to go (the person's who left)
+   * are never asked for. */
   async uploadAll(files) {
-    for (const file of files) {
-      if (!(await this.upload(file))) return; // signed out: the files still to go were the person's who left
-    }
+    for (const file of files) await this.upload(file);
   }
 
-  /** Uploads one file, saying how it went; false if Sign out cut it (its line goes, nothing said). */
+  /** Uploads one file, saying how it went (nothing, if Sign out cut it: it never ends). */
   async upload(file) {
-    const line = this.transfer("upload", "Uploading", file.name, file.size);
-    let stream = null; // the server run the upload began on: a restart forgets every upload
     const { ask, signal } = this.asker();
+    const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
+    let stream = null; // the server run the upload began on: a restart forgets every upload
     try {
       const start = await retried(() => ask("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED, signal);
       stream = this.conn.stream;
@@ -263,15 +256,10 @@ export class FilesView {
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
-      if (signedOut(error)) {
-        line.drop();
-        return false;
-      }
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
       line.done("error", cut ? "cut by a restart" : error.message);
       this.say(`${file.name} was not uploaded: ${why}`, "error");
     }
-    return true;
   }
 }

@@ -1,7 +1,6 @@
 // The memory tab: files, learnings, the daemon's health and the next boot prompt, each
 // loaded over the WebSocket when it is opened.
 
-import { signedOut } from "./connection.js";
 import { el } from "./dom.js";
 import { FilesPanel } from "./memory_files.js";
 import { LearningsPanel } from "./memory_learnings.js";
@@ -61,19 +60,22 @@ export class MemoryView {
     try {
       await panel.load();
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
     } finally {
       if (this.loads.get(key) === load) delete section.dataset.loading;
     }
   }
 
-  /** Sign out: every section as a fresh page has it (empty, the person's drafts and searches gone), and
-   * Files the one shown first. */
+  /** Sign out: every section as a fresh page has it (empty, the person's drafts and searches gone, none
+   * loading: a load Sign out ended never settles, so its `finally` never says it ended), and Files the one
+   * shown first. */
   signOut() {
     this.flash("");
     this.current = "files";
+    this.loads.clear();
     for (const { section, panel } of this.panels.values()) {
       section.hidden = true;
+      delete section.dataset.loading;
       panel.signOut();
     }
   }

@@ -1,7 +1,7 @@
 // The six memory files: each with its size against its limits, its text, a person's own
 // edit (the daemon's four files), and its history as diffs, with rollback to any version.
 
-import { signedOut, told } from "./connection.js";
+import { told } from "./connection.js";
 import { clear, el, keepingFocus, plural, when } from "./dom.js";
 
 // What text.safe_text drops from a memory file (C0 controls but tab and newline; the textarea has no CR).
@@ -167,7 +167,7 @@ export class FilesPanel {
       if (this.editing === file.name) this.editing = null;
       await this.load();
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
     }
   }
 
@@ -206,7 +206,7 @@ export class FilesPanel {
       this.drafts.delete(name);
       await this.load();
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
     }
   }
 }

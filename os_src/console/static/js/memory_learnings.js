@@ -1,7 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { signedOut, told } from "./connection.js";
+import { told } from "./connection.js";
 import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
@@ -111,19 +111,19 @@ export class LearningsPanel {
       this.fill(node, { ...hit, forgotten_at: learning.forgotten_at });
       this.flash(forget ? "Forgotten: it leaves search and the next boot prompt. Undo brings it back." : "Remembered again.");
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
     }
   }
 
   async forgetTurn(node, hit) {
     try {
-      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] }, FORGET_TIMEOUT);
+      const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] }, { timeout: FORGET_TIMEOUT });
       node.querySelector(".offer")?.remove();
       this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
       await this.load();
       return true;
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
       return false;
     }
   }
@@ -140,7 +140,7 @@ export class LearningsPanel {
           el("summary", { text: `${c.is_error ? "✗" : "✓"} ${c.name}` }), el("pre", { dir: "auto", tabindex: "0", text: c.input }), el("pre", { dir: "auto", tabindex: "0", text: c.output }))),
         el("div", { class: "said" }, el("strong", { text: "The agent answered: " }), el("span", { dir: "auto", text: turn.agent_response }))));
     } catch (error) {
-      if (!signedOut(error)) this.flash(error.message, "error");
+      this.flash(error.message, "error");
     }
   }
 }

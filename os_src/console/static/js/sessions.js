@@ -1,7 +1,6 @@
 // Past sessions: every session that had a turn, newest first (its date, first line, the memory
 // curator's summary, its turns and cost), each opened read-only from what Sprite OS recorded.
 
-import { signedOut } from "./connection.js";
 import { clear, dollars, el, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, buryTurns, forgetControl, pastTurnItems } from "./turns.js";
 
@@ -47,7 +46,7 @@ export class PastSessions {
     try {
       answer = await this.conn.request("sessions", before ? { before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      if (!signedOut(error)) this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
+      this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     this.list.append(...answer.sessions.map((s) => this.item(s)));
@@ -77,11 +76,11 @@ export class PastSessions {
 
   async forget(which, done) {
     try {
-      const answer = await this.conn.request("forget_turns", which, FORGET_TIMEOUT);
+      const answer = await this.conn.request("forget_turns", which, { timeout: FORGET_TIMEOUT });
       done.textContent = `Forgotten: ${answer.forgotten} turn${answer.forgotten === 1 ? "" : "s"}, and ${answer.learnings} learning${answer.learnings === 1 ? "" : "s"} that came from them.`;
       return true;
     } catch (error) {
-      if (!signedOut(error)) done.textContent = `Not forgotten: ${error.message}`;
+      done.textContent = `Not forgotten: ${error.message}`;
       return false;
     }
   }
@@ -106,7 +105,7 @@ export class PastSessions {
     try {
       page = await this.conn.request("session_turns", { session_id: s.id, limit: PAGE, ...(before ? { before } : {}) });
     } catch (error) {
-      if (!signedOut(error)) turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
+      turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
       return;
     }
     turns.querySelector(":scope > .load-earlier")?.remove();
