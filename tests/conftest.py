@@ -169,6 +169,17 @@ def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def quick_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recall index commits at most once a second (COMMIT_EVERY): a test that records, forgets and
+    searches again and again waits a second at each step. One that examines what is found, not the
+    commits' pace (test_recall_pacing.py's, test_recall.py's held-back commit), has them 0.05 s apart:
+    still held back, still one at a time."""
+    from sprite_os.memory.recall import indexer as indexer_module
+
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.05)
+
+
+@pytest.fixture
 async def bridge() -> AsyncIterator[MockBridge]:
     async with MockBridge() as b:
         yield b

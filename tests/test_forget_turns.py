@@ -46,8 +46,9 @@ from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
-# What is recalled, not how fast; and a failed curator call retried soon (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures("recall_unhurried", "quick_curator_retry")
+# What is recalled and forgotten, not how fast: a failed curator call retried soon, the index's commits
+# close together (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("recall_unhurried", "quick_curator_retry", "quick_commits")
 
 T0 = 1_800_000_000.0
 WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them

@@ -96,11 +96,9 @@ async def test_a_recorded_turn_is_searchable_once_its_turn_ends_with_its_neighbo
     assert 1 in [h.turn for h in found]  # turn 1 holds turn 2 as context: rewritten when 2 arrived
 
 
+@pytest.mark.usefixtures("quick_commits")  # four commits, a second apart by default: what comes back counts here
 async def test_turns_and_learnings_come_back_together_and_a_forgotten_learning_never_does(
-        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Four commits, each a second after the last (COMMIT_EVERY): what comes back is examined here, not
-    # the commits' pace (test_recall_pacing.py's), so they come as soon as they are ready.
-    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.0)
+        system: MemorySystem) -> None:
     await record(system, turn("s1", 1, "I moved to Lyon last week", "Welcome to Lyon!"))
     learned = [NewLearning("FACT", "The user lives in Lyon", "s1", 1), NewLearning("FACT", "The user likes tea")]
     await system.memory.call(lambda m: m.commit_batch(
