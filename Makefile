@@ -82,9 +82,11 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 		tests/test_console_memory_e2e.py tests/test_console_conversation_e2e.py tests/test_console_cards_files_e2e.py \
 		tests/test_console_forget_e2e.py
 
-## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage; two workers a
+## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage; three workers a
 ## core (FAST_JOBS). The *_e2e.py modules are not even imported (-m would only deselect them).
-FAST_JOBS ?= $(WORKERS)
+## The unit tests mostly wait (on their daemons' threads, child processes, a backoff or a grace
+## period): a worker is busy about a third of its time, so a third worker a core fills the rest.
+FAST_JOBS ?= $(shell echo $$(( $$(nproc) * 3 )))
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -m "not e2e" --ignore-glob='*_e2e.py' -n $(FAST_JOBS) --dist loadgroup
 

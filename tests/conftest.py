@@ -156,6 +156,30 @@ def recall_unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a memory system whose curator's address answers nothing (port 9): a stop's flush, or a
+    trigger (a forget's pass), waits for the failed batch's retry (or a conflicted one's), whose run
+    makes the daemon's forget pass. 0.4 s, not the backoff's first 2 s: the tests that use it examine
+    what the pass does, not when the retry comes (test_daemon.py does)."""
+    from sprite_os.memory.curation import daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.4)
+    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.4)
+    monkeypatch.setattr(daemon_module, "CONFLICT_RETRY", 0.4)
+
+
+@pytest.fixture
+def quick_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recall index commits at most once a second (COMMIT_EVERY): a test that records, forgets and
+    searches again and again waits a second at each step. One that examines what is found, not the
+    commits' pace (test_recall_pacing.py's, test_recall.py's held-back commit), has them 0.05 s apart:
+    still held back, still one at a time."""
+    from sprite_os.memory.recall import indexer as indexer_module
+
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.05)
+
+
+@pytest.fixture
 async def bridge() -> AsyncIterator[MockBridge]:
     async with MockBridge() as b:
         yield b

@@ -168,17 +168,20 @@ async def test_each_message_has_a_client_id_of_its_own_across_runs_and_reconnect
                 ids.append(frame["client_id"])
                 await ws.close()  # the link drops: the chat reconnects
 
+    async def send_and_reconnect(proc: asyncio.subprocess.Process, line: bytes) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line)
+        await proc.stdin.drain()
+        async with asyncio.timeout(30):  # sent, dropped, and connected again
+            while b"connected to session" not in await proc.stdout.readline():
+                pass
+
     async with serve(serve_and_drop, "127.0.0.1", 0) as server:
-        procs = [await _chat_process(server.sockets[0].getsockname()[1]) for _ in range(2)]
+        port = server.sockets[0].getsockname()[1]
+        procs = list(await asyncio.gather(*(_chat_process(port) for _ in range(2))))
         try:
-            for line in (b"first\n", b"second\n"):
-                for proc in procs:
-                    assert proc.stdin is not None and proc.stdout is not None
-                    proc.stdin.write(line)
-                    await proc.stdin.drain()
-                    async with asyncio.timeout(30):  # sent, dropped, and connected again
-                        while b"connected to session" not in await proc.stdout.readline():
-                            pass
+            for line in (b"first\n", b"second\n"):  # the two runs side by side: each reconnect waits 0.5 s
+                await asyncio.gather(*(send_and_reconnect(proc, line) for proc in procs))
             assert len(ids) == 4 and len(set(ids)) == 4, ids
         finally:
             for proc in procs:

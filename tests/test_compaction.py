@@ -64,11 +64,13 @@ async def test_pre_compact_with_the_real_daemon_waits_for_the_batch_and_is_bound
     try:
         assert await daemon.settle(60)
         await kit.turns("the garden plan is due in May")
-        kit.bridge.faults.add(Fault("latency", seconds=1.0, target="curator", times=1))
+        # Half a second: the mock's curator answers in milliseconds otherwise, so a hook that did not wait
+        # for the call is told from one that did.
+        kit.bridge.faults.add(Fault("latency", seconds=0.5, target="curator", times=1))
         hooks = CompactionHooks(daemon.flush, refresh, budget=60.0, timings=HookTimings())
         started = time.monotonic()
         await hooks.on_pre_compact({"trigger": "auto"}, None, None)
-        assert time.monotonic() - started >= 0.9  # it waited for the slow curator call...
+        assert time.monotonic() - started >= 0.45  # it waited for the slow curator call...
         assert (await kit.transcript.call(lambda t: t.counts()))["pending"] == 0  # ...which then finished
         [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
         assert (batch.trigger, batch.status) == ("precompact-auto", "done")

