@@ -85,8 +85,9 @@ screenshots: $(TEST_STAMP) $(CHROMIUM)
 ## Unit tests only: no Claude Code CLI, no browser, no pip, no network; no coverage; three workers a
 ## core (FAST_JOBS). The *_e2e.py modules are not even imported (-m would only deselect them).
 ## The unit tests mostly wait (on their daemons' threads, child processes, a backoff or a grace
-## period): a worker is busy about a third of its time, so a third worker a core fills the rest.
-FAST_JOBS ?= $(shell echo $$(( $$(nproc) * 3 )))
+## period): a worker is busy about a third of its time, so a third worker a core fills the rest. At
+## most 12: each worker collects every test (about 5 s of CPU), which many cores would pay for nothing.
+FAST_JOBS ?= $(shell n=$$(( $$(nproc) * 3 )); echo $$(( n < 12 ? n : 12 )))
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -m "not e2e" --ignore-glob='*_e2e.py' -n $(FAST_JOBS) --dist loadgroup
 

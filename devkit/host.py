@@ -121,7 +121,9 @@ def _locked() -> Iterator[None]:
 
 
 def _leave_nothing() -> None:
-    """The last run out, under the lock: the lock and the folder go too, if nothing else is in it."""
+    """The last run out removes the lock, then the folder if nothing else is in it. Only as the last
+    step under the lock: once the file is gone, a newcomer makes a new one and goes in. (A checkout
+    older than this rule, waiting on the lock then, would hold the removed file: update both.)"""
     (RUNS / "lock").unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         RUNS.rmdir()

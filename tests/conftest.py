@@ -172,8 +172,9 @@ def quick_curator_retry(monkeypatch: pytest.MonkeyPatch) -> None:
 def quick_commits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The recall index commits at most once a second (COMMIT_EVERY): a test that records, forgets and
     searches again and again waits a second at each step. One that examines what is found, not the
-    commits' pace (test_recall_pacing.py's, test_recall.py's held-back commit), has them 0.05 s apart:
-    still held back, still one at a time."""
+    commits' pace (test_forget_turns.py, a test of test_recall.py's), has them 0.05 s apart: still held
+    back, still one at a time. Not for a test of the commits' pace or of what happens while one is held
+    back (test_recall_pacing.py, test_recall.py's held-back commit)."""
     from sprite_os.memory.recall import indexer as indexer_module
 
     monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.05)

@@ -481,10 +481,11 @@ async def test_a_200_with_a_cut_off_body_is_a_failed_call_counted_saved_and_retr
 
 async def test_triggers_during_backoff_cause_no_early_call(kit: Kit, daemon: MemoryDaemon) -> None:
     assert await daemon.settle(60)
-    # The retry comes 2.5 s after the failure, the budgets below are 1 s: the backoff still outlasts
-    # them by far (the six turns written meanwhile take some 25 ms), and it ends before the proxy's
-    # first probe (PROBE_SOONEST, 5 s), so the retry is the backoff's alone. The test waits it out once.
-    daemon.backoff = Backoff(first=2.5, max=2.5, jitter=0.0)
+    # The retry comes 3.5 s after the failure, the budgets below are 1.5 s: the backoff still outlasts
+    # them with a busy machine's second to spare (the six turns written meanwhile take some 25 ms), and
+    # it ends before the proxy's first probe (PROBE_SOONEST, 5 s), so the retry is the backoff's alone.
+    # The test waits it out once.
+    daemon.backoff = Backoff(first=3.5, max=3.5, jitter=0.0)
     kit.bridge.faults.add(Fault("status", status=500, target="curator", times=1))
     await kit.turns("one")
     daemon.trigger("session-end")
@@ -496,9 +497,9 @@ async def test_triggers_during_backoff_cause_no_early_call(kit: Kit, daemon: Mem
         daemon.note_turn()
     daemon.trigger("session-end")
     started = time.monotonic()
-    assert await daemon.flush("precompact", budget=1.0) is False  # the retry comes after its budget...
-    assert await daemon.settle(1.0) is False
-    assert time.monotonic() - started < 1.0  # ...so neither waits for it (waiting, one alone takes 1 s)
+    assert await daemon.flush("precompact", budget=1.5) is False  # the retry comes after its budget...
+    assert await daemon.settle(1.5) is False
+    assert time.monotonic() - started < 1.5  # ...so neither waits for it (waiting, one alone takes 1.5 s)
     assert len(kit.bridge.curator_requests()) == 1
     assert await daemon.flush("precompact", budget=60) is True  # this one waits for the retry
     _first, second, *rest = kit.bridge.curator_requests()

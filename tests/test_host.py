@@ -115,7 +115,6 @@ def test_a_run_removes_the_users_it_made_and_no_other(monkeypatch: pytest.Monkey
 
 # Another worker of the same run, in its own process: the host's shared paths are all under `root`.
 WORKER = """import sys
-import threading
 from pathlib import Path
 from devkit import host
 from devkit.processes import kit_env
@@ -229,9 +228,12 @@ def test_a_session_removes_its_folder_of_reachable_workspaces(pytester: pytest.P
     assert not AGENT_TESTS_ROOT.exists()
 
 
-def _waiting_on_a_lock(inode: int) -> bool:
-    """A blocked request for a lock on the file `inode` (/proc/locks marks waiters with `->`)."""
-    return any("->" in line and f":{inode} " in line for line in Path("/proc/locks").read_text().splitlines())
+def _waiting_on_a_lock(file: Path) -> bool:
+    """A blocked request for a lock on `file` (/proc/locks marks waiters with `->`, and names a file
+    by its device and inode: `major:minor:inode`, the numbers in hex, hex, decimal)."""
+    st = file.stat()
+    where = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    return any("->" in line and where in line for line in Path("/proc/locks").read_text().splitlines())
 
 
 def test_a_run_waiting_while_the_last_one_out_removes_the_lock_takes_the_lock_at_the_path(fake_host: Path) -> None:
@@ -244,14 +246,14 @@ def test_a_run_waiting_while_the_last_one_out_removes_the_lock_takes_the_lock_at
             held.append((host.RUNS / "lock").exists())
 
     with host._locked():
-        inode = (host.RUNS / "lock").stat().st_ino
+        lock = host.RUNS / "lock"
         waiter = threading.Thread(target=waiting_run)
         waiter.start()
         for _ in range(5000):
-            if _waiting_on_a_lock(inode):
+            if _waiting_on_a_lock(lock):
                 break
             threading.Event().wait(0.002)
-        assert _waiting_on_a_lock(inode), "the second run never waited on the lock"
+        assert _waiting_on_a_lock(lock), "the second run never waited on the lock"
         host._leave_nothing()  # the last one out
         assert not (fake_host / "runs").exists()
     waiter.join(timeout=30)

@@ -497,7 +497,9 @@ async def test_a_turn_forgotten_while_its_commit_is_held_back_does_not_come_back
     the commit back (COMMIT_EVERY, and a turn begun meanwhile: AFTER_TURN_WAIT). A forget meanwhile must
     not see those documents written after it: forgotten words leave the index at once, and stay out.
     The turn begun meanwhile holds the commit until the test ends it (AFTER_TURN_WAIT, long here), however
-    long the forget takes; COMMIT_EVERY (its second) is only the window in which that turn must begin."""
+    long the forget takes; COMMIT_EVERY is only the window in which that turn must begin: 3 s, so that a
+    busy machine still begins it in time (the test checks it did)."""
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 3.0)
     monkeypatch.setattr(indexer_module, "AFTER_TURN_WAIT", 60.0)
     await record(system, turn("s1", 1, "We talked about the weather"))  # a commit now: the next is held back
     await system.transcript.call(lambda db: db.append(turn("s1", 2, "My safe code is Zanzibar")))
@@ -511,6 +513,8 @@ async def test_a_turn_forgotten_while_its_commit_is_held_back_does_not_come_back
         await asyncio.sleep(0.01)
     assert forgotten, "the indexer never staged the turn"
     system.recall.indexer.turn_started()  # the next turn, back to back: the commit waits for it too
+    held = await system.recall.index.call(lambda i: (i.index.reload(), i.index.searcher().doc_freq("text", "zanzibar"))[1])
+    assert held == 0, "the commit was not held back: the forget below would not come while it waits"
     await system.forget_turns([2], by="the person, in the console")
     assert await system.recall.purged(30)
     system.recall.indexer.turn_ended()

@@ -98,9 +98,9 @@ async def test_a_new_turn_is_searchable_while_a_large_index_backlog_still_waits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The index commits at most once a second, 2,000 turns a step: a 10,000-turn backlog takes five
     steps, and a turn recorded after the first is searchable from the next, before the oldest.
-    Here a commit every half second: the new turn still has three steps (1.5 s and their staging)
-    to come in after the first, and the test two more (1 s) to see it searchable before the oldest."""
-    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.5)
+    Here a commit every 0.75 s: the new turn still has three steps (2.25 s and their staging) to come
+    in after the first, and the test two more (1.5 s) to see it searchable before the oldest."""
+    monkeypatch.setattr(indexer_module, "COMMIT_EVERY", 0.75)
     layout = with_turns(tmp_path, 10_000, "backlog w")
     transcript = Worker("transcript", lambda: TranscriptDB(layout.transcript_db))
     memory = Worker("memory", lambda: MemoryDB(layout.memory_db))
