@@ -310,7 +310,8 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
     flight, not that pause: its retry went over the next person's connection, and the file of the person
     who left was uploaded under the next one's sign-in. It asks nothing more, and leaves no line. A token
     refused (a new one provisioned) ends the sign-in too: the transfer went on over the next sign-in's
-    socket (a chunk), or said "Not connected" to it (a start), where it ends as at Sign out."""
+    socket (a chunk), or said "Not connected" to it (a start). It ends as at Sign out, and its line
+    says it stopped (most likely the same person signs in again: they learn to pick the file again)."""
     sockets: list[gateway._Connection] = []  # the page's, in order: the first is the person's who signs out
     asked: list[int] = []  # each `refused` request the server was sent: on which of them
     receive = gateway._Connection._receive
@@ -359,8 +360,13 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
             await tab.page.clock.run_for(1_000)  # request sent meanwhile has its answer, not its timeout
         await tab.by("files-tab").click()
         await expect(tab.by("file-list")).to_have_count(1)
-        await expect(tab.by(line)).to_have_count(0)
-        await expect(tab.by("files-flash")).to_have_text("")
+        if ended == "sign out":
+            await expect(tab.by(line)).to_have_count(0)
+            await expect(tab.by("files-flash")).to_have_text("")
+        else:
+            await expect(tab.by(line)).to_have_attribute("data-state", "error")
+            await expect(tab.by(line).get_by_test_id("transfer-state")).to_have_text("stopped: the sign-in ended")
+            await expect(tab.by("files-flash")).to_have_text("Transfers stopped when the sign-in ended: pick the files again.")
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's

@@ -100,9 +100,9 @@ export class FilesView {
     if (frame.type === "file_uploaded" && !this.root.hidden && (this.path === "" || this.path === UPLOADS)) this.show(this.path);
   }
 
-  /** Sign out: every transfer ends, one waiting between retries too (its next try would go over the next
-   * person's connection, under their sign-in), and the view forgets the person: their transfer lines,
-   * the last thing said, the folder shown and its path. */
+  /** Sign out: the view forgets the person: their transfer lines, the last thing said, the folder shown
+   * and its path. (Their transfers, one waiting between retries too, ended already with the sign-in:
+   * `connection.stop()`, and the abort each transfer listens for.) */
   signOut() {
     this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
     this.path = "";
@@ -182,13 +182,20 @@ export class FilesView {
   }
 
   /** A line in the transfers list: its bar, and `done(kind, text)` to end it. Still going when its
-   * sign-in ends (`ended`: Sign out, a refused token), it goes: the transfer ended, saying nothing. */
+   * sign-in ends (`ended`), the transfer has ended, and its line says so: after a refused token (a new
+   * one provisioned: most likely the same person, signing in again) the person learns what to pick
+   * again; after Sign out, `signOut()` clears every line just after. */
   transfer(testid, verb, name, total, ended) {
     const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
     const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
     const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
     this.progress.prepend(item);
-    ended.addEventListener("abort", () => { if (bar.isConnected) item.remove(); }, { once: true });
+    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
+    ended.addEventListener("abort", () => {
+      if (!bar.isConnected) return;
+      done("error", "stopped: the sign-in ended");
+      this.say("Transfers stopped when the sign-in ended: pick the files again.", "error");
+    }, { once: true });
     return {
       bar,
       step: (done) => {
@@ -200,7 +207,7 @@ export class FilesView {
         item.dataset.state = "retrying";
         state.textContent = `retrying (${attempt})…`;
       },
-      done: (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); },
+      done,
     };
   }
 
@@ -232,13 +239,13 @@ export class FilesView {
     }
   }
 
-  /** One after the other. One Sign out cut never ends, so the files still to go (the person's who left)
-   * are never asked for. */
+  /** One after the other. One whose sign-in ended (Sign out, a refused token) never ends, so the files
+   * still to go are never asked for (its line says to pick them again). */
   async uploadAll(files) {
     for (const file of files) await this.upload(file);
   }
 
-  /** Uploads one file, saying how it went (nothing, if Sign out cut it: it never ends). */
+  /** Uploads one file, saying how it went (if its sign-in ended, through its line: the call never ends). */
   async upload(file) {
     const { ask, signal } = this.asker();
     const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
