@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
@@ -364,6 +365,36 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's
+
+
+@pytest.mark.parametrize("answer", [401, 503])
+async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(server: SpriteOS, answer: int) -> None:
+    """A token the Sprite refused at the socket: the page asks /console/auth why, and the answer is slow
+    (a Sprite waking behind its proxy). The person signs out meanwhile, and the next one signs in. The
+    late answer was taken as the next sign-in's: a 401 ended it (their token dropped, "refused" said to
+    them, their open socket left running behind the sign-in form), a 503 set a second socket going beside
+    the open one (every event twice). It belongs to the sign-in that asked it, and does nothing."""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        checks: list[Any] = []
+        await tab.page.route("**/console/auth", lambda route: checks.append(route))  # held: answered when the test says
+        await tab.sign_in("a-token-this-sprite-refuses")
+        await wait_for(lambda: bool(checks))  # the first sign-in's check, on its way
+        await tab.by("sign-out").click()
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        sockets = len(await tab.socket_times())
+        async with tab.page.expect_response("**/console/auth"):
+            await checks[0].fulfill(status=answer)
+        await tab.page.wait_for_timeout(1_500)  # past a retry's first pause (0.5 s, and its jitter)
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "connected")
+        await expect(tab.by("login-error")).to_have_text("")
+        assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.token')") == TOKEN
+        assert len(await tab.socket_times()) == sockets
+        await tab.send("Still signed in?")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Still signed in?")
+        tab.assert_clean("HTTP Authentication failed", str(answer))  # the refused socket's, the check's
 
 
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:
