@@ -397,6 +397,35 @@ async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(se
         tab.assert_clean("HTTP Authentication failed", str(answer))  # the refused socket's, the check's
 
 
+async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
+        server: SpriteOS, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The person reads a card opened large (a modal dialog over the page) when the token is refused (a
+    new one provisioned): the sign-in form came back under the dialog, which stayed open over it, the
+    form inert behind it and its token box never given the focus, the card still there for whoever
+    signs in next. The form comes back as after Sign out, with no view of a card over it."""
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
+                             Text("The plan is on the canvas.")))
+    link = Held("nothing held")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await tab.send("Put the garden plan on a card")
+        card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
+        await card.get_by_test_id("card-expand").click()
+        await expect(tab.by("card-dialog")).to_be_visible()
+        token = "a-new-token-for-this-sprite"
+        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+        await link.drop()  # the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await expect(tab.by("card-dialog")).to_be_hidden()
+        await expect(tab.by("token-input")).to_be_focused()
+        await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
+        await tab.page.keyboard.press("Enter")
+        await tab.connected()
+        await expect(card).to_have_count(1)
+        await expect(tab.by("card-dialog")).to_be_hidden()
+        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+
+
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:
     """The person uploads a file and opens documents/, then signs out: the Files view kept their transfer
     line, "Uploaded … to documents/…", their folder's listing and its path, shown to the next person who
