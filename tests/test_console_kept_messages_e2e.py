@@ -167,6 +167,9 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         await tab.by("composer").fill("A draft of mine")
         await tab.by("sign-out").click()
         assert await pending(tab) is None
+        # Nor does the page still say the record's history is loaded: the wait for the next sign-in's
+        # would be over before it began, and what follows checked a page not yet settled.
+        await expect(tab.page.locator("[data-history]")).to_have_count(0)
         await tab.by("token-input").fill(TOKEN)  # in the same page: no reload
         await tab.by("token-submit").click()
         await tab.connected()

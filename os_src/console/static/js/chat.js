@@ -88,6 +88,7 @@ export class ChatView {
     keep([]);
     this.snapshots += 1; // the checks still running were the person's who signed out
     delete this.list.dataset.checks;
+    delete this.list.dataset.history; // the next sign-in's is still to load
     this.setAgent("idle", null);
   }
 
