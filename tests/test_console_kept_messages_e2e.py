@@ -18,6 +18,7 @@ from devkit.harness import TOKEN, Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os import gateway
 from sprite_os.config import Settings
+from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -426,6 +427,40 @@ async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_for
         await tab.connected()
         await expect(card).to_have_count(1)
         await expect(tab.by("card-dialog")).to_be_hidden()
+        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+
+
+async def test_a_save_whose_answer_a_refused_token_lost_is_not_called_another_s_change(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The person saves their edit of a memory file; the Sprite writes it, but the answer is lost with
+    the link, and the token is refused as the page reconnects (a new one provisioned). Signed in again,
+    the Memory view said the file "changed since you began editing", their draft kept but its Save to be
+    refused: the change was their own Save. The file holds their draft: the edit is over, and said saved."""
+    held = Held("memory_edit_result")  # once on, the Save's answer never reaches the page
+    draft = "- Prefers tea to coffee in the afternoon\n"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=held.route)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        await tab.by("file-editor").fill(draft)
+        held.on = True
+        await tab.by("file-save").click()
+        await expect(tab.by("file-save")).to_have_attribute("aria-busy", "true")
+        await wait_for(lambda: MemoryFiles(server.settings.layout).read("user.md") == draft)  # written
+        token = "a-new-token-for-this-sprite"
+        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+        await held.drop()  # the answer lost with the link; the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        held.on = False
+        await tab.by("token-input").fill(token)
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await tab.by("memory-tab").click()  # back on its files, where the person left it
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("memory-flash")).not_to_contain_text("changed since")
+        await expect(tab.by("memory-flash")).to_contain_text("already holds your draft")
+        await expect(tab.by("file-editor")).to_have_count(0)
+        await expect(tab.by("file-text")).to_have_text(draft.strip())
         tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
 
 
