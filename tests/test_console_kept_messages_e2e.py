@@ -430,12 +430,14 @@ async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_for
         tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
 
 
-async def test_a_save_whose_answer_a_refused_token_lost_is_not_called_another_s_change(
-        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("then", ["a refused token", "save again"])
+async def test_a_save_whose_answer_was_lost_is_not_called_another_s_change(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch, then: str) -> None:
     """The person saves their edit of a memory file; the Sprite writes it, but the answer is lost with
-    the link, and the token is refused as the page reconnects (a new one provisioned). Signed in again,
-    the Memory view said the file "changed since you began editing", their draft kept but its Save to be
-    refused: the change was their own Save. The file holds their draft: the edit is over, and said saved."""
+    the link. The token refused as the page reconnects (a new one provisioned), signed in again, the
+    Memory view said the file "changed since you began editing", their draft kept but its Save to be
+    refused; reconnected by itself, their Save again was refused as changed "from another tab or device,
+    or by you in another window". The change was their own Save: the edit is over, and said saved."""
     held = Held("memory_edit_result")  # once on, the Save's answer never reaches the page
     draft = "- Prefers tea to coffee in the afternoon\n"
     async with chromium() as browser:
@@ -447,6 +449,17 @@ async def test_a_save_whose_answer_a_refused_token_lost_is_not_called_another_s_
         await tab.by("file-save").click()
         await expect(tab.by("file-save")).to_have_attribute("aria-busy", "true")
         await wait_for(lambda: MemoryFiles(server.settings.layout).read("user.md") == draft)  # written
+        if then == "save again":
+            await held.drop()  # the answer lost with the link; the page reconnects
+            held.on = False
+            await tab.connected()
+            await expect(tab.by("memory-flash")).to_contain_text("connection was lost")
+            await tab.by("file-save").click()
+            await expect(tab.by("memory-flash")).to_contain_text("already holds your draft")
+            await expect(tab.by("file-editor")).to_have_count(0)
+            await expect(tab.by("file-text")).to_have_text(draft.strip())
+            tab.assert_clean()
+            return
         token = "a-new-token-for-this-sprite"
         monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
         await held.drop()  # the answer lost with the link; the page reconnects, and its token is refused

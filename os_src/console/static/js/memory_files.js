@@ -51,7 +51,8 @@ export class FilesPanel {
         el("span", { class: "versions", text: plural(f.versions, "version") })));
   }
 
-  async open(name, chosen = false) {
+  /** Shows file `name`; `changed`: what to say if it changed during the edit (a refused Save's words). */
+  async open(name, chosen = false, changed = null) {
     // Looking at another file mid-edit (to copy a line from it) keeps the draft for when they come back.
     if (this.editing && this.editing !== name) this.drafts.set(this.editing, { answer: this.current, area: this.area });
     if (this.editing !== name) this.editing = null;
@@ -75,7 +76,7 @@ export class FilesPanel {
     if (this.editing === name) {
       if (answer.file.sha256 === this.current.file.sha256) return;
       if (answer.text !== stored(this.area.value)) {
-        this.flash(`${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
+        this.flash(changed ?? `${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
         return;
       }
       // It changed to the draft itself: a Save whose answer was lost (the link dropped, a token refused).
@@ -177,6 +178,8 @@ export class FilesPanel {
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
+      // Refused as changed, maybe by this very draft: a Save before it written, its answer lost (`open` says which).
+      if (error.code === "file_changed" && this.editing === file.name) await told(this.open(file.name, false, error.message), this.flash);
     }
   }
 
