@@ -477,6 +477,24 @@ async def test_a_save_whose_answer_was_lost_is_not_called_another_s_change(
         tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
 
 
+async def test_a_restart_takes_back_the_word_that_the_history_is_loaded(settings: Settings) -> None:
+    """The server restarts: the page rebuilds its view from the new run's record. The list still said
+    its history was loaded (the run's before), so a wait for the new one's was over before it began, and
+    what a test checked after it ran on a page not yet settled. It says so once the new one's is."""
+    held = Held("session_turns_result")  # once on, the record's history never reaches the page
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=held.route)
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        held.on = True
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+        await expect(tab.page.locator("[data-history]")).to_have_count(0)  # the new run's, asked, not answered
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:
     """The person uploads a file and opens documents/, then signs out: the Files view kept their transfer
     line, "Uploaded … to documents/…", their folder's listing and its path, shown to the next person who

@@ -315,6 +315,7 @@ export class ChatView {
       this.queued.clear();
       this.takenItems.clear();
       this.history = null;
+      delete this.list.dataset.history; // the new snapshot's is still to load
       this.sessionCost.textContent = "";
       if (before !== null) {
         this.notice(before !== frame.stream
