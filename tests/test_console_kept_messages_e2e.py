@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Browser, WebSocketRoute, expect
@@ -17,6 +18,7 @@ from devkit.harness import TOKEN, Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os import gateway
 from sprite_os.config import Settings
+from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
@@ -166,6 +168,9 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         await tab.by("composer").fill("A draft of mine")
         await tab.by("sign-out").click()
         assert await pending(tab) is None
+        # Nor does the page still say the record's history is loaded: the wait for the next sign-in's
+        # would be over before it began, and what follows checked a page not yet settled.
+        await expect(tab.page.locator("[data-history]")).to_have_count(0)
         await tab.by("token-input").fill(TOKEN)  # in the same page: no reload
         await tab.by("token-submit").click()
         await tab.connected()
@@ -370,6 +375,130 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's
+
+
+@pytest.mark.parametrize("answer", [401, 503])
+async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(server: SpriteOS, answer: int) -> None:
+    """A token the Sprite refused at the socket: the page asks /console/auth why, and the answer is slow
+    (a Sprite waking behind its proxy). The person signs out meanwhile, and the next one signs in. The
+    late answer was taken as the next sign-in's: a 401 ended it (their token dropped, "refused" said to
+    them, their open socket left running behind the sign-in form), a 503 set a second socket going beside
+    the open one (every event twice). It belongs to the sign-in that asked it, and does nothing."""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        checks: list[Any] = []
+        await tab.page.route("**/console/auth", lambda route: checks.append(route))  # held: answered when the test says
+        await tab.sign_in("a-token-this-sprite-refuses")
+        await wait_for(lambda: bool(checks))  # the first sign-in's check, on its way
+        await tab.by("sign-out").click()
+        await tab.by("token-input").fill(TOKEN)  # the next person, in the same page
+        await tab.by("token-submit").click()
+        await tab.connected()
+        sockets = len(await tab.socket_times())
+        async with tab.page.expect_response("**/console/auth"):
+            await checks[0].fulfill(status=answer)
+        await tab.page.wait_for_timeout(1_500)  # past a retry's first pause (0.5 s, and its jitter)
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "connected")
+        await expect(tab.by("login-error")).to_have_text("")
+        assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.token')") == TOKEN
+        assert len(await tab.socket_times()) == sockets
+        await tab.send("Still signed in?")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Still signed in?")
+        tab.assert_clean("HTTP Authentication failed", str(answer))  # the refused socket's, the check's
+
+
+async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
+        server: SpriteOS, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The person reads a card opened large (a modal dialog over the page) when the token is refused (a
+    new one provisioned): the sign-in form came back under the dialog, which stayed open over it, the
+    form inert behind it and its token box never given the focus, the card still there for whoever
+    signs in next. The form comes back as after Sign out, with no view of a card over it."""
+    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
+                             Text("The plan is on the canvas.")))
+    link = Held("nothing held")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await tab.send("Put the garden plan on a card")
+        card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
+        await card.get_by_test_id("card-expand").click()
+        await expect(tab.by("card-dialog")).to_be_visible()
+        token = "a-new-token-for-this-sprite"
+        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+        await link.drop()  # the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await expect(tab.by("card-dialog")).to_be_hidden()
+        await expect(tab.by("token-input")).to_be_focused()
+        await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
+        await tab.page.keyboard.press("Enter")
+        await tab.connected()
+        await expect(card).to_have_count(1)
+        await expect(tab.by("card-dialog")).to_be_hidden()
+        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+
+
+@pytest.mark.parametrize("then", ["a refused token", "save again"])
+async def test_a_save_whose_answer_was_lost_is_not_called_another_s_change(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch, then: str) -> None:
+    """The person saves their edit of a memory file; the Sprite writes it, but the answer is lost with
+    the link. The token refused as the page reconnects (a new one provisioned), signed in again, the
+    Memory view said the file "changed since you began editing", their draft kept but its Save to be
+    refused; reconnected by itself, their Save again was refused as changed "from another tab or device,
+    or by you in another window". The change was their own Save: the edit is over, and said saved."""
+    held = Held("memory_edit_result")  # once on, the Save's answer never reaches the page
+    draft = "- Prefers tea to coffee in the afternoon\n"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=held.route)
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        await tab.by("file-editor").fill(draft)
+        held.on = True
+        await tab.by("file-save").click()
+        await expect(tab.by("file-save")).to_have_attribute("aria-busy", "true")
+        await wait_for(lambda: MemoryFiles(server.settings.layout).read("user.md") == draft)  # written
+        if then == "save again":
+            await held.drop()  # the answer lost with the link; the page reconnects
+            held.on = False
+            await tab.connected()
+            await expect(tab.by("memory-flash")).to_contain_text("connection was lost")
+            await tab.by("file-save").click()
+            await expect(tab.by("memory-flash")).to_contain_text("already holds your draft")
+            await expect(tab.by("file-editor")).to_have_count(0)
+            await expect(tab.by("file-text")).to_have_text(draft.strip())
+            tab.assert_clean()
+            return
+        token = "a-new-token-for-this-sprite"
+        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+        await held.drop()  # the answer lost with the link; the page reconnects, and its token is refused
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        held.on = False
+        await tab.by("token-input").fill(token)
+        await tab.by("token-submit").click()
+        await tab.connected()
+        await tab.by("memory-tab").click()  # back on its files, where the person left it
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
+        await expect(tab.by("memory-flash")).not_to_contain_text("changed since")
+        await expect(tab.by("memory-flash")).to_contain_text("already holds your draft")
+        await expect(tab.by("file-editor")).to_have_count(0)
+        await expect(tab.by("file-text")).to_have_text(draft.strip())
+        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+
+
+async def test_a_restart_takes_back_the_word_that_the_history_is_loaded(settings: Settings) -> None:
+    """The server restarts: the page rebuilds its view from the new run's record. The list still said
+    its history was loaded (the run's before), so a wait for the new one's was over before it began, and
+    what a test checked after it ran on a page not yet settled. It says so once the new one's is."""
+    held = Held("session_turns_result")  # once on, the record's history never reaches the page
+    async with restartable(settings) as server, chromium() as browser:
+        tab = await signed_in(browser, server.port, route=held.route)
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        held.on = True
+        await server.stop()
+        await server.start()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await tab.connected()
+        await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+        await expect(tab.page.locator("[data-history]")).to_have_count(0)  # the new run's, asked, not answered
+        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ function showLogin(error = "") {
   // Memory or Files view shown at once would ask the Sprite before the new socket is open ("Not
   // connected"), and load nothing.
   past.close();
+  canvas.closeView(); // a card opened large, a modal dialog: the form would come back inert behind it
   showView("chat");
   $("login-error").textContent = error;
   $("token").value = "";

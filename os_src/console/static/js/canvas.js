@@ -101,6 +101,11 @@ export class CanvasView {
     }, { fallback: "button" });
   }
 
+  /** Closes the card opened large, if one is (the sign-in form comes back: a token refused). */
+  closeView() {
+    if (this.dialog.open) this.dialog.close();
+  }
+
   async copy(card, button) {
     const text = card.body ? `${card.title}\n\n${card.body}` : card.title;
     let copied = false;

@@ -88,6 +88,7 @@ export class ChatView {
     keep([]);
     this.snapshots += 1; // the checks still running were the person's who signed out
     delete this.list.dataset.checks;
+    delete this.list.dataset.history; // the next sign-in's is still to load
     this.setAgent("idle", null);
   }
 
@@ -314,6 +315,7 @@ export class ChatView {
       this.queued.clear();
       this.takenItems.clear();
       this.history = null;
+      delete this.list.dataset.history; // the new snapshot's is still to load
       this.sessionCost.textContent = "";
       if (before !== null) {
         this.notice(before !== frame.stream

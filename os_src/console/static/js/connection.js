@@ -130,6 +130,7 @@ export class Connection {
   }
 
   async diagnose() {
+    const { signIn } = this; // the sign-in asking: its answer is never the next one's
     let status = 0;
     try {
       const headers = { Authorization: `Bearer ${this.token}`, "X-Sprite-Origin": location.origin };
@@ -138,7 +139,9 @@ export class Connection {
     } catch {
       status = 0; // the server is not reachable: it is away, not refusing
     }
-    if (!this.token) return;
+    // Ended meanwhile (Sign out; the answer can be slow, a Sprite waking): a 401 would end the next
+    // sign-in, a retry set a second socket going beside its own.
+    if (signIn.signal.aborted) return;
     if (status === 401 || status === 403) {
       this.token = null;
       this.endSignIn(); // a transfer waiting to ask again asks nothing more: the next sign-in may be another person's

@@ -7,6 +7,12 @@ import { clear, el, keepingFocus, plural, when } from "./dom.js";
 // What text.safe_text drops from a memory file (C0 controls but tab and newline; the textarea has no CR).
 const UNSAFE = /[\u0000-\u0008\u000b-\u001f]/g;
 
+/** A draft as the server stores it: text.safe_text drops control characters, then a final newline is added. */
+function stored(draft) {
+  const text = draft.replace(UNSAFE, "");
+  return text && !text.endsWith("\n") ? `${text}\n` : text;
+}
+
 export class FilesPanel {
   constructor(root, connection, flash) {
     this.root = root;
@@ -45,7 +51,8 @@ export class FilesPanel {
         el("span", { class: "versions", text: plural(f.versions, "version") })));
   }
 
-  async open(name, chosen = false) {
+  /** Shows file `name`; `changed`: what to say if it changed during the edit (a refused Save's words). */
+  async open(name, chosen = false, changed = null) {
     // Looking at another file mid-edit (to copy a line from it) keeps the draft for when they come back.
     if (this.editing && this.editing !== name) this.drafts.set(this.editing, { answer: this.current, area: this.area });
     if (this.editing !== name) this.editing = null;
@@ -67,10 +74,14 @@ export class FilesPanel {
       this.renderFile(true, kept.area.value); // typed up to the moment the file was left
     }
     if (this.editing === name) {
-      if (answer.file.sha256 !== this.current.file.sha256) {
-        this.flash(`${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
+      if (answer.file.sha256 === this.current.file.sha256) return;
+      if (answer.text !== stored(this.area.value)) {
+        this.flash(changed ?? `${name} changed since you began editing: your draft is kept, but saving it will be refused. Copy it, then Cancel to see the new text.`, "error");
+        return;
       }
-      return;
+      // It changed to the draft itself: a Save whose answer was lost (the link dropped, a token refused).
+      this.editing = null;
+      this.flash(`${name} already holds your draft: it was saved.`);
     }
     this.current = answer;
     this.renderFile();
@@ -119,8 +130,7 @@ export class FilesPanel {
       const lines = area.value ? area.value.split("\n").length - (area.value.endsWith("\n") ? 1 : 0) : 0;
       // Bytes as the server will store the draft (text.safe_text drops control characters, then a final
       // newline is added): a draft of exactly the limit without one is a byte over, and refused.
-      const stored = area.value.replace(UNSAFE, "");
-      const bytes = new TextEncoder().encode(stored).length + (stored && !stored.endsWith("\n") ? 1 : 0);
+      const bytes = new TextEncoder().encode(stored(area.value)).length;
       // Why Save is off, in words (as the server would refuse it): what to cut, not only a red number.
       const over = lines > file.max_lines ? `over the limit: remove ${plural(lines - file.max_lines, "line")} to save`
         : bytes > file.max_bytes ? `${bytes.toLocaleString("en-US")} / ${file.max_bytes.toLocaleString("en-US")} bytes, over the limit: shorten it by ${plural(bytes - file.max_bytes, "byte")} to save`
@@ -168,6 +178,8 @@ export class FilesPanel {
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
+      // Refused as changed, maybe by this very draft: a Save before it written, its answer lost (`open` says which).
+      if (error.code === "file_changed" && this.editing === file.name) await told(this.open(file.name, false, error.message), this.flash);
     }
   }
 
