@@ -89,7 +89,7 @@ $("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   memory.signOut(); // their drafts of memory files (Save would write them under the next sign-in), their searches
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
-  files.signOut(); // their transfers, those waiting to retry too, and what the Files view shows of them
+  files.signOut(); // what the Files view shows of them (their transfers ended with the sign-in, at stop())
   $("status").dataset.state = "signed-out";
   $("status").textContent = "signed out";
   showLogin();

@@ -7,8 +7,11 @@
 // a refused token) never settles: no answer, no error, no timeout. The view's code after its `await`,
 // its `catch` too, simply never runs, so a view's `catch` only ever sees the current sign-in's errors
 // and needs no check of its own. (A rejection with a "signed out" code would ask every `catch` to tell
-// it apart, the check a new view forgets; never settling asks nothing. A `finally` does not run either:
-// what it would tidy is the view's to reset at Sign out.) The promise, its callbacks dropped, is freed.
+// it apart, the check a new view forgets; never settling asks nothing.) Two things stay the view's: a
+// `finally` does not run either, so a busy mark it would clear is the view's `signOut()` to clear; and
+// a flow that waits on something else between two requests (a file read, a pause between retries)
+// takes its sign-in first and asks under it (`{ signIn }`, as files.js's `asker()`), or its later
+// requests would go out under the next sign-in. The promise, its callbacks dropped, is freed.
 //
 // A browser cannot read the HTTP status of a refused WebSocket handshake, so when a socket
 // closes before it ever opened, the page asks GET /console/auth (the token in a header) to
@@ -144,7 +147,10 @@ export class Connection {
     if (signIn.signal.aborted) return;
     if (status === 401 || status === 403) {
       this.token = null;
-      this.endSignIn(); // a transfer waiting to ask again asks nothing more: the next sign-in may be another person's
+      // A transfer waiting to ask again asks nothing more (its next try would go out under whichever
+      // sign-in comes next). No request is in flight here: the socket's close failed them all first, so
+      // none is left unsettled with a `finally` to run (keep this after that close).
+      this.endSignIn();
       this.onAuthFailed(status === 401
         ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
         : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
