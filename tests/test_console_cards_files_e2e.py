@@ -231,6 +231,33 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
         tab.assert_clean()
 
 
+DROP_ON = """([testid, name]) => {  // a file dropped on the element; whether the browser's default was prevented
+    const data = new DataTransfer();
+    data.items.add(new File(["dropped where it was not asked for"], name, {type: "text/plain"}));
+    const on = document.querySelector(`[data-testid="${testid}"]`);
+    on.dispatchEvent(new DragEvent("dragover", {dataTransfer: data, bubbles: true, cancelable: true}));
+    return !on.dispatchEvent(new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
+}"""
+
+
+async def test_a_file_dropped_outside_the_files_view_is_uploaded_not_opened(server: SpriteOS) -> None:
+    """A file dropped on the chat (or anywhere but the Files view's zone) was the browser's to open: the
+    tab left the console for the file. Signed in, it is uploaded, the Files view shown; signed out, the
+    drop does nothing."""
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        assert await tab.page.evaluate(DROP_ON, ["messages", "dropped on the chat.txt"])  # not the browser's
+        await expect(tab.by("files-view")).to_be_visible()
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        assert (documents / "dropped on the chat.txt").read_text() == "dropped where it was not asked for"
+        await tab.by("sign-out").click()
+        assert await tab.page.evaluate(DROP_ON, ["token-input", "dropped signed out.txt"])
+        assert not (documents / "dropped signed out.txt").exists()
+        assert tab.page.url.startswith(tab.base), tab.page.url  # still the console
+        tab.assert_clean()
+
+
 async def test_an_upload_goes_on_after_a_dropped_connection_and_no_chunk_is_written_twice(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from sprite_os.console import files_api

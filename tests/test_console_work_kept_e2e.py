@@ -221,6 +221,49 @@ async def test_show_earlier_turns_still_shows_them_after_a_new_session_began(ser
         tab.assert_clean()
 
 
+async def test_a_show_more_button_clicked_twice_shows_its_page_once(server: SpriteOS) -> None:
+    """"Show older sessions" and a past session's "Show earlier turns" clicked twice before the answer
+    came (a double click) asked for the same page twice, and showed it twice."""
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:
+        for n in range(25):  # a page of 20 sessions, then 5 older; the newest has 45 turns
+            for k in range(45 if n == 24 else 1):
+                db.append(NewObservation(timestamp=time.time() - 3600 + n * 60 + k / 10, session_id=f"past-{n:02d}",
+                                         sequence_num=k + 1, user_message=f"Session {n} question {k}",
+                                         tool_calls_json="[]", agent_response=f"Answer {k}", status="completed"))
+    finally:
+        db.close()
+    # Both clicks in one go, so no answer comes between them; each click's request is sent within it
+    # (counted as the page sends it), so what the two clicks asked is known as soon as they return.
+    twice = """(testid) => {
+      const b = document.querySelector(`[data-testid=${testid}]`);
+      window.asked = [];
+      const send = WebSocket.prototype.send;
+      WebSocket.prototype.send = function (data) { window.asked.push(JSON.parse(data).type); return send.call(this, data); };
+      b.click(); b.click();
+      WebSocket.prototype.send = send;
+      return window.asked;
+    }"""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("past-sessions").click()
+        await expect(tab.by("past-session")).to_have_count(20)
+        assert await tab.page.evaluate(twice, "sessions-more") == ["sessions"]
+        await expect(tab.by("past-session")).to_have_count(25)
+        await expect(tab.by("sessions-more")).to_have_count(0)
+        await tab.by("past-session").filter(has_text="Session 24 question 0").get_by_role("button").click()
+        turns = tab.by("past-turns").locator('[data-testid="message"][data-role="user"]')
+        await expect(turns).to_have_count(20)
+        assert await tab.page.evaluate(twice, "load-earlier") == ["session_turns"]
+        await expect(turns).to_have_count(40)
+        await tab.page.evaluate(twice, "load-earlier")  # the last page: once more, twice
+        await expect(turns).to_have_count(45)
+        await expect(tab.by("load-earlier")).to_have_count(0)
+        ids = await tab.by("past-turns").locator('[data-testid="message"][data-role="user"]').all_inner_texts()
+        assert len(set(ids)) == 45, ids
+        tab.assert_clean()
+
+
 async def test_a_forget_refused_says_why_and_offers_forget_again(server: SpriteOS, bridge: MockBridge) -> None:
     """Forgetting a turn of the session while its next turn runs is refused (busy): the page says so,
     and the turn's Forget is there again for when the turn is done, not stuck on "forgetting…"."""

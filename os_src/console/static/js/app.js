@@ -95,6 +95,20 @@ $("sign-out").addEventListener("click", () => {
   showLogin();
 });
 
+// A file dropped anywhere on the console but the Files view's drop zone (the chat, the header, the
+// sign-in form) made the browser open it in the tab, leaving the console. Signed in, it is uploaded as
+// one dropped on the zone is, with the Files view shown; signed out, nothing happens. Text dragged into
+// the composer is the browser's, as ever.
+const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
+window.addEventListener("dragover", (event) => { if (carriesFiles(event)) event.preventDefault(); });
+window.addEventListener("drop", (event) => {
+  if (event.defaultPrevented || !carriesFiles(event)) return; // the drop zone's own, or not a file
+  event.preventDefault();
+  if ($("app").hidden) return;
+  showView("files");
+  files.uploadAll([...event.dataTransfer.files]);
+});
+
 const tabs = [...document.querySelectorAll("nav.tabs [data-view]")];
 
 function showView(name) {

@@ -5,7 +5,7 @@
 // The person's messages not yet answered are shown here; what keeps and settles them is
 // kept_messages.js.
 
-import { clear, dollars, el, size } from "./dom.js";
+import { askingOnce, clear, dollars, el, size } from "./dom.js";
 import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
@@ -464,7 +464,7 @@ export class ChatView {
         session: page.session.id }));
     }
     const button = page.more ? el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
-      text: "Show earlier turns", onclick: () => this.loadHistory(page.turns[0].turn) })) : null;
+      text: "Show earlier turns", onclick: askingOnce(() => this.loadHistory(page.turns[0].turn)) })) : null;
     const anchor = top && top.isConnected ? top : this.list.firstChild;
     for (const item of [button, ...items].filter(Boolean)) this.list.insertBefore(item, anchor);
     this.history = { session: page.session.id, more: page.more, button };

@@ -18,6 +18,18 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+/** The click handler of a button that asks for more (an older page): disabled while `load()` runs, so a
+ * second click (a double click) cannot ask for the same page again and show it twice; clickable again
+ * if `load()` comes back falsy (it failed). On success the view replaces the button. */
+export function askingOnce(load) {
+  return async (event) => {
+    const button = event.currentTarget;
+    if (button.disabled) return;
+    button.disabled = true;
+    if (!(await load())) button.disabled = false;
+  };
+}
+
 export function append(node, children) {
   for (const child of children.flat()) {
     if (child === undefined || child === null || child === false) continue;

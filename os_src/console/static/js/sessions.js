@@ -1,7 +1,7 @@
 // Past sessions: every session that had a turn, newest first (its date, first line, the memory
 // curator's summary, its turns and cost), each opened read-only from what Sprite OS recorded.
 
-import { clear, dollars, el, plural, when } from "./dom.js";
+import { askingOnce, clear, dollars, el, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, buryTurns, forgetControl, pastTurnItems } from "./turns.js";
 
 const PAGE = 20;
@@ -41,21 +41,23 @@ export class PastSessions {
     this.toggle.focus();
   }
 
+  /** A page of sessions, older than `before`; false if it could not be loaded. */
   async page(before) {
     let answer;
     try {
       answer = await this.conn.request("sessions", before ? { before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
-      return;
+      return false;
     }
     this.list.append(...answer.sessions.map((s) => this.item(s)));
     if (!answer.sessions.length && !before) this.list.append(el("li", { class: "empty", text: "No session has had a turn yet." }));
     clear(this.more);
     if (answer.more) {
       this.more.append(el("button", { type: "button", testid: "sessions-more", text: "Show older sessions",
-        onclick: () => this.page(answer.sessions.at(-1).id) }));
+        onclick: askingOnce(() => this.page(answer.sessions.at(-1).id)) }));
     }
+    return true;
   }
 
   item(s) {
@@ -85,7 +87,8 @@ export class PastSessions {
     }
   }
 
-  /** One session, read-only, a page of turns at a time (earlier pages on demand). */
+  /** One session, read-only, a page of turns at a time (earlier pages on demand); false if a page could
+   * not be loaded. */
   async read(s, before = null, turns = null) {
     if (!turns) {
       turns = el("ol", { class: "messages read-only", testid: "past-turns", "aria-label": `Session of ${when(s.started_at)}` });
@@ -106,15 +109,16 @@ export class PastSessions {
       page = await this.conn.request("session_turns", { session_id: s.id, limit: PAGE, ...(before ? { before } : {}) });
     } catch (error) {
       turns.append(el("li", { class: "notice error" }, el("span", { role: "alert", text: error.message })));
-      return;
+      return false;
     }
     turns.querySelector(":scope > .load-earlier")?.remove();
     const said = this.root.querySelector("[data-testid=past-status]");
     const items = page.turns.flatMap((t) => pastTurnItems(t, { forget: (which) => this.forget(which, said), session: s.id }));
     if (page.more) {
       items.unshift(el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
-        text: "Show earlier turns", onclick: () => this.read(s, page.turns[0].turn, turns) })));
+        text: "Show earlier turns", onclick: askingOnce(() => this.read(s, page.turns[0].turn, turns)) })));
     }
     turns.prepend(...items);
+    return true;
   }
 }
