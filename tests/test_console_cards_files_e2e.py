@@ -20,7 +20,8 @@ from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os import gateway
 from sprite_os.console import files_frames
 from sprite_os.server import SpriteOS
-from tests.conftest import TOKEN
+from sprite_os.tools.canvas import CreateCard
+from tests.conftest import TOKEN, wait_for
 from tests.console_browser import (
     PHONE,
     Tab,
@@ -242,12 +243,16 @@ DROP_ON = """([testid, name]) => {  // a file dropped on the element; whether th
 
 async def test_a_file_dropped_outside_the_files_view_is_uploaded_not_opened(server: SpriteOS) -> None:
     """A file dropped on the chat (or anywhere but the Files view's zone) was the browser's to open: the
-    tab left the console for the file. Signed in, it is uploaded, the Files view shown; signed out, the
-    drop does nothing."""
+    tab left the console for the file. Signed in, it is uploaded, the Files view shown (a card open large,
+    a modal dialog, closed: it would hide the upload); signed out, the drop does nothing."""
     documents = server.settings.layout.root / "documents"
+    await server.canvas.create(CreateCard(title="A card open large", body="Its text", id="open-large"))
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
+        await tab.by("card-expand").click()
+        await expect(tab.by("card-dialog")).to_be_visible()
         assert await tab.page.evaluate(DROP_ON, ["messages", "dropped on the chat.txt"])  # not the browser's
+        await expect(tab.by("card-dialog")).to_be_hidden()
         await expect(tab.by("files-view")).to_be_visible()
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
         assert (documents / "dropped on the chat.txt").read_text() == "dropped where it was not asked for"
@@ -255,6 +260,45 @@ async def test_a_file_dropped_outside_the_files_view_is_uploaded_not_opened(serv
         assert await tab.page.evaluate(DROP_ON, ["token-input", "dropped signed out.txt"])
         assert not (documents / "dropped signed out.txt").exists()
         assert tab.page.url.startswith(tab.base), tab.page.url  # still the console
+        tab.assert_clean()
+
+
+async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_its_slot_at_once(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder in a drop came as an empty "file" of its name: stored empty, or failing to be read with
+    the browser's words. It is left out, and said. An upload that fails on the page's side (a chunk
+    refused for good, a file that cannot be read) held one of the Sprite's four upload slots until the
+    idle sweep, two minutes: four of them held every upload back. The page cancels it."""
+    receive = gateway._Connection._receive
+
+    async def chunks_refused(conn: gateway._Connection, message: str | bytes) -> None:
+        if isinstance(message, str) and '"upload_chunk"' in message:  # refused for good (not retried)
+            conn._error("upload_failed", "the disk said no", json.loads(message)["request_id"])
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", chunks_refused)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        split = await tab.page.evaluate("""async () => {  // a drop's items as the browser gives a folder's
+            const { dropped } = await import("/console/js/files.js");
+            const item = (name, isDirectory) => ({ kind: "file", getAsFile: () => new File([], name),
+                                                   webkitGetAsEntry: () => ({ isDirectory }) });
+            const out = dropped({ items: [item("Photos", true), item("a.txt", false)], files: [] });
+            return { files: out.files.map((f) => f.name), folders: out.folders };
+        }""")
+        assert split == {"files": ["a.txt"], "folders": ["Photos"]}
+        said = await tab.page.evaluate("""async () => {  // a view of its own: what a drop of a folder alone says
+            const { FilesView } = await import("/console/js/files.js");
+            const view = new FilesView(document.createElement("section"), null);
+            view.uploadDropped({ files: [], folders: ["Photos"] });
+            return view.flash.textContent;
+        }""")
+        assert said == "Folders cannot be uploaded (Photos): drop the files inside them."
+        await tab.by("upload-input").set_input_files(files=[{"name": "refused.txt", "mimeType": "text/plain", "buffer": b"x" * 10}])
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
+        await wait_for(lambda: not server.files._uploads, timeout=10, what="the failed upload's slot freed")
         tab.assert_clean()
 
 

@@ -358,6 +358,9 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
             await link.drop()  # the page reconnects at once (the pause still held), and its token is refused
             await tab.page.clock.run_for(1)
             await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+            # The Files view is out of sight: the sign-in form says what stopped, and what to do.
+            await expect(tab.by("login-error")).to_contain_text(
+                f"A transfer stopped ({picked.name if line == 'upload' else 'to download.txt'}): start it again from Files once signed in.")
         await tab.by("token-input").fill(token)  # the next person, in the same page
         await tab.by("token-submit").click()
         await tab.connected()
@@ -370,8 +373,8 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
             await expect(tab.by("files-flash")).to_have_text("")
         else:
             await expect(tab.by(line)).to_have_attribute("data-state", "error")
-            await expect(tab.by(line).get_by_test_id("transfer-state")).to_have_text("stopped: the sign-in ended")
-            await expect(tab.by("files-flash")).to_have_text("Transfers stopped when the sign-in ended: pick the files again.")
+            await expect(tab.by(line).get_by_test_id("transfer-state")).to_have_text(
+                f"stopped: the token was refused; {'upload' if line == 'upload' else 'download'} it again")
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's

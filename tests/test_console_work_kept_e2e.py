@@ -6,6 +6,7 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -18,6 +19,7 @@ from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
+from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
@@ -242,25 +244,74 @@ async def test_a_show_more_button_clicked_twice_shows_its_page_once(server: Spri
       WebSocket.prototype.send = function (data) { window.asked.push(JSON.parse(data).type); return send.call(this, data); };
       b.click(); b.click();
       WebSocket.prototype.send = send;
-      return window.asked;
+      // Deaf to clicks, saying so, and still focusable (a disabled button loses the keyboard's focus).
+      return [window.asked, b.getAttribute("aria-disabled"), b.textContent, b.disabled];
     }"""
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         await tab.by("past-sessions").click()
         await expect(tab.by("past-session")).to_have_count(20)
-        assert await tab.page.evaluate(twice, "sessions-more") == ["sessions"]
+        assert await tab.page.evaluate(twice, "sessions-more") == [["sessions"], "true", "Loading…", False]
         await expect(tab.by("past-session")).to_have_count(25)
         await expect(tab.by("sessions-more")).to_have_count(0)
         await tab.by("past-session").filter(has_text="Session 24 question 0").get_by_role("button").click()
         turns = tab.by("past-turns").locator('[data-testid="message"][data-role="user"]')
         await expect(turns).to_have_count(20)
-        assert await tab.page.evaluate(twice, "load-earlier") == ["session_turns"]
+        assert await tab.page.evaluate(twice, "load-earlier") == [["session_turns"], "true", "Loading…", False]
         await expect(turns).to_have_count(40)
         await tab.page.evaluate(twice, "load-earlier")  # the last page: once more, twice
         await expect(turns).to_have_count(45)
         await expect(tab.by("load-earlier")).to_have_count(0)
         ids = await tab.by("past-turns").locator('[data-testid="message"][data-role="user"]').all_inner_texts()
         assert len(set(ids)) == 45, ids
+        tab.assert_clean()
+
+
+async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_list(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Show older sessions on a slow link, then the panel closed and opened again: the older page came
+    into the new list, above its first page, and the next Show older sessions brought it again."""
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:
+        for n in range(25):
+            db.append(NewObservation(timestamp=time.time() - 3600 + n * 60, session_id=f"past-{n:02d}", sequence_num=1,
+                                     user_message=f"Session {n}", tool_calls_json="[]", agent_response="An answer",
+                                     status="completed"))
+    finally:
+        db.close()
+    held = asyncio.Event()
+    receive = gateway._Connection._receive
+    later: list[asyncio.Task[None]] = []
+
+    async def when_released(conn: gateway._Connection, message: str) -> None:
+        await held.wait()
+        await receive(conn, message)
+
+    async def older_held(conn: gateway._Connection, message: str | bytes) -> None:
+        if isinstance(message, str) and '"sessions"' in message and '"before"' in message and not held.is_set():
+            # A slow link: this older page's answer comes after the panel is shown again (the socket's
+            # later frames are read meanwhile).
+            later.append(asyncio.create_task(when_released(conn, message)))
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", older_held)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("past-sessions").click()
+        await expect(tab.by("past-session")).to_have_count(20)
+        await tab.by("sessions-more").click()
+        await expect(tab.by("sessions-more")).to_have_text("Loading…")
+        await tab.page.keyboard.press("Escape")
+        await tab.by("past-sessions").click()  # shown again: a list of its own, its first page
+        await expect(tab.by("past-session")).to_have_count(20)
+        held.set()
+        await asyncio.wait_for(asyncio.gather(*later), 30)  # the first older page answered, into no list
+        await tab.by("sessions-more").click()  # the new list's own older page
+        await expect(tab.by("past-session")).to_have_count(25)
+        await expect(tab.by("sessions-more")).to_have_count(0)
+        ids = await tab.by("past-session").evaluate_all("(items) => items.map((i) => i.dataset.sessionId)")
+        assert len(ids) == len(set(ids)) == 25, ids
         tab.assert_clean()
 
 

@@ -4,7 +4,7 @@
 import { CanvasView } from "./canvas.js";
 import { ChatView } from "./chat.js";
 import { Connection } from "./connection.js";
-import { FilesView } from "./files.js";
+import { FilesView, dropped } from "./files.js";
 import { MemoryView } from "./memory.js";
 import { PastSessions } from "./sessions.js";
 
@@ -50,7 +50,7 @@ function onStatus({ state, attempt, delay, resumed, replayed, resync }) {
 
 function onAuthFailed(message) {
   sessionStorage.removeItem(TOKEN_KEY);
-  showLogin(message);
+  showLogin(message + files.stoppedNote()); // the transfers it stopped: the Files view is out of sight
   $("status").dataset.state = "auth-failed";
   $("status").textContent = "signed out";
 }
@@ -100,13 +100,19 @@ $("sign-out").addEventListener("click", () => {
 // one dropped on the zone is, with the Files view shown; signed out, nothing happens. Text dragged into
 // the composer is the browser's, as ever.
 const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
-window.addEventListener("dragover", (event) => { if (carriesFiles(event)) event.preventDefault(); });
+window.addEventListener("dragover", (event) => {
+  if (!carriesFiles(event)) return;
+  event.preventDefault();
+  if ($("app").hidden) event.dataTransfer.dropEffect = "none"; // signed out: the cursor says no drop
+});
 window.addEventListener("drop", (event) => {
   if (event.defaultPrevented || !carriesFiles(event)) return; // the drop zone's own, or not a file
   event.preventDefault();
   if ($("app").hidden) return;
+  const what = dropped(event.dataTransfer); // read now: the drop's items are gone after its event
+  canvas.closeView(); // a card open large, a modal dialog, would hide the upload behind it
   showView("files");
-  files.uploadAll([...event.dataTransfer.files]);
+  files.uploadDropped(what);
 });
 
 const tabs = [...document.querySelectorAll("nav.tabs [data-view]")];

@@ -61,7 +61,7 @@ export class Connection {
    * sign-in ends (`endSignIn`): its requests in flight never settle, their answers and their timeouts
    * were the person's who signed out, never the next one's. */
   stop() {
-    this.endSignIn();
+    this.endSignIn("signed out");
     this.token = null;
     Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
@@ -78,7 +78,7 @@ export class Connection {
       ws = new WebSocket(this.url, [SUBPROTOCOL, `bearer.${this.token}`]);
     } catch {
       this.token = null;
-      this.endSignIn();
+      this.endSignIn("refused");
       this.onAuthFailed("This token has characters a browser cannot send; check it and try again.");
       return;
     }
@@ -150,7 +150,7 @@ export class Connection {
       // A transfer waiting to ask again asks nothing more (its next try would go out under whichever
       // sign-in comes next). No request is in flight here: the socket's close failed them all first, so
       // none is left unsettled with a `finally` to run (keep this after that close).
-      this.endSignIn();
+      this.endSignIn("refused");
       this.onAuthFailed(status === 401
         ? "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again."
         : `The Sprite does not accept connections from pages at ${location.origin}: add it to SPRITE_OS_ALLOWED_ORIGINS.`);
@@ -208,15 +208,16 @@ export class Connection {
     this.pending.clear();
   }
 
-  /** Ends the sign-in (Sign out, a refused token): its requests in flight are dropped unsettled, their
-   * timeouts cleared, its signal aborts (a transfer's pause between retries wakes, and asks under it:
-   * nothing), and the requests made from now on are the next sign-in's. */
-  endSignIn() {
+  /** Ends the sign-in (`why`: "signed out", or "refused" for a refused token, its signal's reason): its
+   * requests in flight are dropped unsettled, their timeouts cleared, its signal aborts (a transfer's
+   * pause between retries wakes, and asks under it: nothing), and the requests made from now on are the
+   * next sign-in's. */
+  endSignIn(why) {
     for (const { timer } of this.pending.values()) clearTimeout(timer);
     this.pending.clear();
     const ended = this.signIn;
     this.signIn = newSignIn();
-    ended.end();
+    ended.end(why);
   }
 }
 
@@ -224,7 +225,7 @@ export class Connection {
  * made under is the one that ends it. */
 function newSignIn() {
   const ending = new AbortController();
-  return { signal: ending.signal, end: () => ending.abort() };
+  return { signal: ending.signal, end: (reason) => ending.abort(reason) };
 }
 
 /** Waits for a request a click set going, saying its failure through `flash`: never an unhandled rejection.

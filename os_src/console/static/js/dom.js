@@ -18,15 +18,20 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-/** The click handler of a button that asks for more (an older page): disabled while `load()` runs, so a
- * second click (a double click) cannot ask for the same page again and show it twice; clickable again
- * if `load()` comes back falsy (it failed). On success the view replaces the button. */
+/** The click handler of a button that asks for more (an older page): "Loading…", and deaf to clicks,
+ * while `load()` runs, so a second click (a double click) cannot ask for the same page again and show it
+ * twice; itself again if `load()` comes back falsy (it failed). On success the view replaces the button.
+ * `aria-disabled`, not `disabled`: a disabled button loses the keyboard's focus to the page. */
 export function askingOnce(load) {
   return async (event) => {
     const button = event.currentTarget;
-    if (button.disabled) return;
-    button.disabled = true;
-    if (!(await load())) button.disabled = false;
+    if (button.getAttribute("aria-disabled") === "true") return;
+    const label = button.textContent;
+    button.setAttribute("aria-disabled", "true");
+    button.textContent = "Loading…";
+    if (await load()) return;
+    button.removeAttribute("aria-disabled");
+    button.textContent = label;
   };
 }
 

@@ -61,6 +61,22 @@ export async function retried(ask, onRetry, codes = RETRYABLE, ended = null) {
   }
 }
 
+/** The files of a drop, and the names of the folders in it: a folder comes as an empty "file" of its
+ * name, which the upload would either fail to read or store empty. Read while the drop event lasts
+ * (its items are gone after it). */
+export function dropped(dataTransfer) {
+  const files = [];
+  const folders = [];
+  const items = [...(dataTransfer?.items || [])].filter((item) => item.kind === "file");
+  if (!items.length) return { files: [...(dataTransfer?.files || [])], folders };
+  for (const item of items) {
+    const file = item.getAsFile();
+    if (item.webkitGetAsEntry?.()?.isDirectory) folders.push(file?.name || "a folder");
+    else if (file) files.push(file);
+  }
+  return { files, folders };
+}
+
 async function sha256(file) {
   if (!globalThis.crypto?.subtle) return null; // only on https or localhost; the size is still checked
   const digest = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
@@ -72,6 +88,7 @@ export class FilesView {
     this.root = root;
     this.conn = connection;
     this.path = "";
+    this.stopped = []; // the names of the transfers a refused token stopped, for the sign-in form to say
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
     this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
       tabindex: "-1", "aria-label": "Files to upload" });
@@ -91,7 +108,7 @@ export class FilesView {
     this.drop.addEventListener("drop", (event) => {
       event.preventDefault();
       this.drop.classList.remove("dropping");
-      this.uploadAll([...(event.dataTransfer?.files || [])]);
+      this.uploadDropped(dropped(event.dataTransfer));
     });
     root.append(this.drop);
   }
@@ -105,6 +122,7 @@ export class FilesView {
    * `connection.stop()`, and the abort each transfer listens for.) */
   signOut() {
     this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
+    this.stopped = [];
     this.path = "";
     delete this.root.dataset.path;
     for (const kept of [this.crumbs, this.progress, this.table]) clear(kept);
@@ -193,8 +211,9 @@ export class FilesView {
     const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
     ended.addEventListener("abort", () => {
       if (!bar.isConnected) return;
-      done("error", "stopped: the sign-in ended");
-      this.say("Transfers stopped when the sign-in ended: pick the files again.", "error");
+      const why = ended.reason === "refused" ? "the token was refused" : "signed out";
+      done("error", `stopped: ${why}; ${verb === "Uploading" ? "upload" : "download"} it again`);
+      this.stopped.push(name);
     }, { once: true });
     return {
       bar,
@@ -209,6 +228,13 @@ export class FilesView {
       },
       done,
     };
+  }
+
+  /** What the sign-in form says of the transfers a refused token stopped (read once), or "". */
+  stoppedNote() {
+    const names = this.stopped.splice(0);
+    if (!names.length) return "";
+    return ` ${names.length === 1 ? "A transfer" : `${names.length} transfers`} stopped (${names.join(", ")}): start ${names.length === 1 ? "it" : "them"} again from Files once signed in.`;
   }
 
   async download(path, name) {
@@ -239,19 +265,28 @@ export class FilesView {
     }
   }
 
-  /** One after the other. One whose sign-in ended (Sign out, a refused token) never ends, so the files
-   * still to go are never asked for (its line says to pick them again). */
-  async uploadAll(files) {
-    for (const file of files) await this.upload(file);
+  /** A drop's files, uploaded; its folders said not to be (drop the files inside them instead). */
+  uploadDropped({ files, folders }) {
+    if (folders.length) this.say(`Folders cannot be uploaded (${folders.join(", ")}): drop the files inside them.`, "error");
+    this.uploadAll(files);
   }
 
-  /** Uploads one file, saying how it went (if its sign-in ended, through its line: the call never ends). */
-  async upload(file) {
+  /** One after the other. One whose sign-in ended (Sign out, a refused token) never ends, so the files
+   * still to go are never asked for (its line says which). */
+  async uploadAll(files) {
+    for (const [index, file] of files.entries()) await this.upload(file, files.slice(index + 1));
+  }
+
+  /** Uploads one file, saying how it went (if its sign-in ended, through its line and `stopped`, which
+   * names `after` too, the files that were to follow: the call never ends). */
+  async upload(file, after = []) {
     const { ask, signal } = this.asker();
     const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
+    if (after.length) signal.addEventListener("abort", () => this.stopped.push(...after.map((f) => f.name)), { once: true });
     let stream = null; // the server run the upload began on: a restart forgets every upload
+    let start = null;
     try {
-      const start = await retried(() => ask("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED, signal);
+      start = await retried(() => ask("upload_start", { name: file.name, size: file.size }), line.retrying, DROPPED, signal);
       stream = this.conn.stream;
       for (let offset = 0; offset < file.size; offset += start.chunk_bytes) {
         const data = base64(await file.slice(offset, offset + start.chunk_bytes).arrayBuffer());
@@ -267,6 +302,9 @@ export class FilesView {
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
       line.done("error", cut ? "cut by a restart" : error.message);
       this.say(`${file.name} was not uploaded: ${why}`, "error");
+      // Failed here (the file unreadable, a chunk refused for good): its slot on the Sprite is freed now,
+      // not at the idle sweep's two minutes (four such held every upload back).
+      if (start && !cut) ask("upload_cancel", { upload_id: start.upload_id }).catch(() => {});
     }
   }
 }

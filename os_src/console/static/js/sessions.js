@@ -41,20 +41,23 @@ export class PastSessions {
     this.toggle.focus();
   }
 
-  /** A page of sessions, older than `before`; false if it could not be loaded. */
+  /** A page of sessions, older than `before`, into the list that asked (the panel shown again meanwhile
+   * has a list of its own, which would take it twice); false if it could not be loaded. */
   async page(before) {
+    const { list, more } = this;
     let answer;
     try {
       answer = await this.conn.request("sessions", before ? { before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      this.list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
+      list.append(el("li", { class: "empty" }, el("span", { role: "alert", text: error.message })));
       return false;
     }
-    this.list.append(...answer.sessions.map((s) => this.item(s)));
-    if (!answer.sessions.length && !before) this.list.append(el("li", { class: "empty", text: "No session has had a turn yet." }));
-    clear(this.more);
+    if (list !== this.list) return true; // the panel was shown again: its own list asks for itself
+    list.append(...answer.sessions.map((s) => this.item(s)));
+    if (!answer.sessions.length && !before) list.append(el("li", { class: "empty", text: "No session has had a turn yet." }));
+    clear(more);
     if (answer.more) {
-      this.more.append(el("button", { type: "button", testid: "sessions-more", text: "Show older sessions",
+      more.append(el("button", { type: "button", testid: "sessions-more", text: "Show older sessions",
         onclick: askingOnce(() => this.page(answer.sessions.at(-1).id)) }));
     }
     return true;
