@@ -256,6 +256,13 @@ async def test_a_file_dropped_outside_the_files_view_is_uploaded_not_opened(serv
         await expect(tab.by("files-view")).to_be_visible()
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
         assert (documents / "dropped on the chat.txt").read_text() == "dropped where it was not asked for"
+        link = """([testid]) => {  // a link dropped: opened in the tab on the page, the field's to take in a field
+            const data = new DataTransfer();
+            data.setData("text/uri-list", "https://elsewhere.example/");
+            return !document.querySelector(`[data-testid="${testid}"]`).dispatchEvent(
+                new DragEvent("drop", {dataTransfer: data, bubbles: true, cancelable: true}));
+        }"""
+        assert await tab.page.evaluate(link, ["files-view"]) and not await tab.page.evaluate(link, ["composer"])
         await tab.by("sign-out").click()
         assert await tab.page.evaluate(DROP_ON, ["token-input", "dropped signed out.txt"])
         assert not (documents / "dropped signed out.txt").exists()

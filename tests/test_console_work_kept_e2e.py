@@ -935,6 +935,61 @@ class Lossy:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
+async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_shown_in_it(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link lost for a long gap; Show earlier turns clicked as the new socket opened, before its
+    `ready`: the fresh snapshot rebuilds the list and asks for its newest turns. The earlier page's
+    answer, coming first, went into the new list, and the newest turns then above it: the conversation
+    out of order."""
+    session = server.runtime.session_id  # the session the page shows, before its first turn
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:
+        for n in range(1, 37):
+            db.append(NewObservation(timestamp=time.time() - 3600 + n, session_id=session, sequence_num=n,
+                                     user_message=f"Question number {n}", tool_calls_json="[]",
+                                     agent_response=f"Answer number {n}", status="completed"))
+    finally:
+        db.close()
+    receive = gateway._Connection._receive
+    held: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+    holding = False
+
+    async def when_released(conn: gateway._Connection, message: str, go: asyncio.Event) -> None:
+        await go.wait()
+        await receive(conn, message)
+
+    async def turns_held(conn: gateway._Connection, message: str | bytes) -> None:
+        if holding and isinstance(message, str) and ('"session_turns"' in message or '"hello"' in message):
+            go = asyncio.Event()
+            held.append((go, asyncio.create_task(when_released(conn, message, go))))
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", turns_held)
+    link = Droppable()
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=link.route)
+        await expect(tab.messages("user")).to_have_count(30)
+        holding = True  # the new socket's hello, and each page of turns, answered when the test says
+        server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
+        await link.cut()
+        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        await wait_for(lambda: len(held) == 1, timeout=30, what="the new socket's hello")
+        await tab.by("load-earlier").click()  # on the new socket, before its `ready`
+        await wait_for(lambda: len(held) == 2, timeout=30, what="the earlier page asked")
+        held[0][0].set()  # `ready`: a fresh snapshot (the gap too long), which asks for the newest turns
+        await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
+        await wait_for(lambda: len(held) == 3, timeout=30, what="the fresh snapshot's newest turns asked")
+        for go, answered in held[1:]:  # the earlier page's answer first, then the newest turns'
+            go.set()
+            await answered
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(30)
+        said = await tab.messages("user").all_inner_texts()
+        assert said == [f"Question number {n}" for n in range(7, 37)], said
+        tab.assert_clean()
+
+
 async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The person's message went out on a link that had died: the server never got it. The link comes

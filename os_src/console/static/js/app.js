@@ -96,17 +96,23 @@ $("sign-out").addEventListener("click", () => {
 });
 
 // A file dropped anywhere on the console but the Files view's drop zone (the chat, the header, the
-// sign-in form) made the browser open it in the tab, leaving the console. Signed in, it is uploaded as
-// one dropped on the zone is, with the Files view shown; signed out, nothing happens. Text dragged into
-// the composer is the browser's, as ever.
+// sign-in form) made the browser open it in the tab, leaving the console; so did a link dropped
+// anywhere but a text field. Signed in, a file is uploaded as one dropped on the zone is, with the Files
+// view shown; signed out, nothing happens. Text or a link dragged into a text field (the composer) is
+// the browser's, as ever.
 const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
+const intoText = (event) => event.target instanceof Element && event.target.closest("textarea, input, [contenteditable]");
 window.addEventListener("dragover", (event) => {
-  if (!carriesFiles(event)) return;
+  if (!carriesFiles(event) && intoText(event)) return;
   event.preventDefault();
-  if ($("app").hidden) event.dataTransfer.dropEffect = "none"; // signed out: the cursor says no drop
+  if ($("app").hidden || !carriesFiles(event)) event.dataTransfer.dropEffect = "none"; // the cursor says no drop
 });
 window.addEventListener("drop", (event) => {
-  if (event.defaultPrevented || !carriesFiles(event)) return; // the drop zone's own, or not a file
+  if (event.defaultPrevented) return; // the drop zone's own
+  if (!carriesFiles(event)) {
+    if (!intoText(event)) event.preventDefault(); // a link or text over the page: not opened in the tab
+    return;
+  }
   event.preventDefault();
   if ($("app").hidden) return;
   const what = dropped(event.dataTransfer); // read now: the drop's items are gone after its event

@@ -33,6 +33,7 @@ export class ChatView {
     this.stream = null; // the server run the view is current with (ready.stream)
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
+    this.rebuilds = 0; // fresh snapshots that rebuilt the list: a page asked before one is not the new list's
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
     this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
@@ -315,6 +316,7 @@ export class ChatView {
       this.queued.clear();
       this.takenItems.clear();
       this.history = null;
+      this.rebuilds += 1;
       delete this.list.dataset.history; // the new snapshot's is still to load
       this.sessionCost.textContent = "";
       if (before !== null) {
@@ -443,6 +445,7 @@ export class ChatView {
 
   /** Shows a page of the record above the live events; resolves with its turns (null if not loaded). */
   async loadHistory(before) {
+    const rebuilds = this.rebuilds;
     let page;
     try {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
@@ -453,6 +456,9 @@ export class ChatView {
       }
       return null;
     }
+    // Asked before a fresh snapshot rebuilt the list (a click as the socket reopened): its page is not the
+    // new list's, whose own first page is on its way; nor is one of a session no longer shown.
+    if (rebuilds !== this.rebuilds) return null;
     if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over
     const top = this.history?.button ?? this.list.firstChild;
     this.history?.button?.remove();
