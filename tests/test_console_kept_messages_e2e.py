@@ -375,6 +375,7 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
             await expect(tab.by(line)).to_have_attribute("data-state", "error")
             await expect(tab.by(line).get_by_test_id("transfer-state")).to_have_text(
                 f"stopped: the token was refused; {'upload' if line == 'upload' else 'download'} it again")
+            await expect(tab.by("files-flash")).to_contain_text("A transfer stopped (")  # said in the view too
         assert asked and set(asked) == {0}, asked  # never on the next person's socket
         assert not (documents / picked.name).exists()
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's
@@ -502,6 +503,41 @@ async def test_a_restart_takes_back_the_word_that_the_history_is_loaded(settings
         await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
         await expect(tab.page.locator("[data-history]")).to_have_count(0)  # the new run's, asked, not answered
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+async def test_files_picked_while_the_link_is_down_wait_for_it_and_a_later_refused_token_names_none(
+        server: SpriteOS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each file picked while the link was down (or queued behind an upload a lost link failed) said "Not
+    connected" at once: a start never sent is asked again once the link is back. And the files a
+    batch queued stayed named for a refused token long after they had uploaded ("3 transfers stopped
+    (b.txt, c.txt, c.txt)"): a token refused after the batch names none."""
+    picked = [tmp_path / f"picked offline {n}.txt" for n in range(2)]
+    for n, path in enumerate(picked):
+        path.write_text(f"file {n}\n")
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        link = Held("nothing held")
+        tab = await clocked_tab(browser, server.port, link)
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-list")).to_have_count(1)
+        await tab.page.clock.pause_at(await tab.page.evaluate("Date.now() + 1_000"))  # no reconnect until run on
+        await link.drop()
+        await expect(tab.by("connection-status")).not_to_have_attribute("data-state", "connected")
+        await tab.by("upload-input").set_input_files([str(p) for p in picked])
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "retrying")  # not "Not connected"
+        for _ in range(15):  # the reconnect, and the start asked again
+            await tab.page.clock.run_for(1_000)
+        await expect(tab.by("upload")).to_have_count(2)
+        for line in await tab.by("upload").all():
+            await expect(line).to_have_attribute("data-state", "done")
+        assert sorted(p.name for p in documents.iterdir()) == sorted(p.name for p in picked)
+        monkeypatch.setattr(server, "_token", b"a-new-token-for-this-sprite")  # provisioned anew, later
+        await link.drop()
+        await tab.page.clock.run_for(2_000)
+        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+        await expect(tab.by("login-error")).to_have_text(
+            "The Sprite refused this token. Check it (it is in .os/token on the Sprite) and sign in again.")
+        tab.assert_clean("HTTP Authentication failed", "401")
 
 
 async def test_sign_out_leaves_nothing_of_the_person_in_the_files_view(server: SpriteOS, tmp_path: Path) -> None:

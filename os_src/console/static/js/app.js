@@ -101,7 +101,7 @@ $("sign-out").addEventListener("click", () => {
 // view shown; signed out, nothing happens. Text or a link dragged into a text field (the composer) is
 // the browser's, as ever.
 const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
-const intoText = (event) => event.target instanceof Element && event.target.closest("textarea, input, [contenteditable]");
+const intoText = (event) => event.target instanceof Element && event.target.closest(":read-write"); // an editable field
 window.addEventListener("dragover", (event) => {
   if (!carriesFiles(event) && intoText(event)) return;
   event.preventDefault();

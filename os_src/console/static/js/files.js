@@ -37,8 +37,9 @@ function unbase64(text) {
 // link, and asking again would queue another ~700 KB answer behind it.
 const RETRYABLE = new Set(["rate_limited", "queue_full", "busy", "connection_lost", "not_connected"]);
 // A request that changes something when handled (starting or finishing a transfer) is asked again
-// only when it was never handled: a lost answer could hide that it was.
-const DROPPED = new Set(["rate_limited", "queue_full"]);
+// only when it was never handled: a lost answer could hide that it was. `not_connected`: never sent
+// (the socket was down: the files queued behind one a lost link failed wait for the reconnect).
+const DROPPED = new Set(["rate_limited", "queue_full", "not_connected"]);
 const RETRIES = 8; // 0.5 s, 1 s, 2 s, 4 s, then 8 s each: about 40 s in all
 
 /** `ask()`, asked again on a retryable error after a growing pause; `onRetry(attempt)` before each wait.
@@ -234,7 +235,9 @@ export class FilesView {
   stoppedNote() {
     const names = this.stopped.splice(0);
     if (!names.length) return "";
-    return ` ${names.length === 1 ? "A transfer" : `${names.length} transfers`} stopped (${names.join(", ")}): start ${names.length === 1 ? "it" : "them"} again from Files once signed in.`;
+    const note = `${names.length === 1 ? "A transfer" : `${names.length} transfers`} stopped (${names.join(", ")}): start ${names.length === 1 ? "it" : "them"} again from Files once signed in.`;
+    this.say(note, "error"); // and in the Files view, for after the sign-in
+    return ` ${note}`;
   }
 
   async download(path, name) {
@@ -282,7 +285,10 @@ export class FilesView {
   async upload(file, after = []) {
     const { ask, signal } = this.asker();
     const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
-    if (after.length) signal.addEventListener("abort", () => this.stopped.push(...after.map((f) => f.name)), { once: true });
+    // The files queued behind it, named if its sign-in ends while it runs (it then never ends); only
+    // while it runs: the signal lasts the whole sign-in.
+    const queued = () => this.stopped.push(...after.map((f) => f.name));
+    if (after.length) signal.addEventListener("abort", queued, { once: true });
     let stream = null; // the server run the upload began on: a restart forgets every upload
     let start = null;
     try {
@@ -304,7 +310,9 @@ export class FilesView {
       this.say(`${file.name} was not uploaded: ${why}`, "error");
       // Failed here (the file unreadable, a chunk refused for good): its slot on the Sprite is freed now,
       // not at the idle sweep's two minutes (four such held every upload back).
-      if (start && !cut) ask("upload_cancel", { upload_id: start.upload_id }).catch(() => {});
+      if (start && !cut) retried(() => ask("upload_cancel", { upload_id: start.upload_id }), () => {}, DROPPED, signal).catch(() => {});
+    } finally {
+      signal.removeEventListener("abort", queued);
     }
   }
 }
