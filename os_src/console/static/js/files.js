@@ -275,7 +275,7 @@ export class FilesView {
   }
 
   /** One after the other. One whose sign-in ended (Sign out, a refused token) never ends, so the files
-   * still to go are never asked for (its line says which). */
+   * still to go are never asked for (after a refused token, `stoppedNote()` names them). */
   async uploadAll(files) {
     for (const [index, file] of files.entries()) await this.upload(file, files.slice(index + 1));
   }
