@@ -44,6 +44,7 @@ from playwright.async_api import (
 )
 
 from devkit.harness import TOKEN
+from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
 
@@ -312,3 +313,35 @@ def install_templates(settings: Settings) -> None:
     files = MemoryFiles(settings.layout)
     for name in SPECS:
         files.install_template(name, (TEMPLATES / name).read_text(encoding="utf-8"), "deploy")
+
+
+class HeldFrames:
+    """The frames a page sends that `matches` picks, read by the server only when the test releases them
+    (a slow link for those alone): each waits in a task of its own, so the socket's later frames are read
+    meanwhile, and a released one is handled as if it had just come. `held` lists them in arrival order;
+    `on` off, nothing more is held."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, matches: Callable[[str], bool], *, on: bool = True) -> None:
+        self.matches, self.on = matches, on
+        self.held: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+        receive = gateway._Connection._receive
+
+        async def when_released(conn: gateway._Connection, message: str, go: asyncio.Event) -> None:
+            await go.wait()
+            await receive(conn, message)
+
+        async def read(conn: gateway._Connection, message: str | bytes) -> None:
+            if self.on and isinstance(message, str) and self.matches(message):
+                go = asyncio.Event()
+                self.held.append((go, asyncio.create_task(when_released(conn, message, go))))
+                return
+            await receive(conn, message)
+
+        monkeypatch.setattr(gateway._Connection, "_receive", read)
+
+    async def release(self, *which: int) -> None:
+        """The held frames `which` (all, if none named), in that order, each handled before the next."""
+        for index in which or range(len(self.held)):
+            go, handled = self.held[index]
+            go.set()
+            await asyncio.wait_for(handled, 30)

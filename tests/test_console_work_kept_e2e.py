@@ -6,7 +6,6 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -19,7 +18,6 @@ from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
-from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
@@ -28,7 +26,7 @@ from sprite_os.protocol import MAX_USER_TEXT
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
-from tests.console_browser import Tab, chromium, install_templates, open_tab, signed_in
+from tests.console_browser import HeldFrames, Tab, chromium, install_templates, open_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -279,23 +277,8 @@ async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_li
                                      status="completed"))
     finally:
         db.close()
-    held = asyncio.Event()
-    receive = gateway._Connection._receive
-    later: list[asyncio.Task[None]] = []
-
-    async def when_released(conn: gateway._Connection, message: str) -> None:
-        await held.wait()
-        await receive(conn, message)
-
-    async def older_held(conn: gateway._Connection, message: str | bytes) -> None:
-        if isinstance(message, str) and '"sessions"' in message and '"before"' in message and not held.is_set():
-            # A slow link: this older page's answer comes after the panel is shown again (the socket's
-            # later frames are read meanwhile).
-            later.append(asyncio.create_task(when_released(conn, message)))
-            return
-        await receive(conn, message)
-
-    monkeypatch.setattr(gateway._Connection, "_receive", older_held)
+    # A slow link: the older page's answer comes after the panel is shown again.
+    older = HeldFrames(monkeypatch, lambda frame: '"sessions"' in frame and '"before"' in frame)
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         await tab.by("past-sessions").click()
@@ -305,8 +288,8 @@ async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_li
         await tab.page.keyboard.press("Escape")
         await tab.by("past-sessions").click()  # shown again: a list of its own, its first page
         await expect(tab.by("past-session")).to_have_count(20)
-        held.set()
-        await asyncio.wait_for(asyncio.gather(*later), 30)  # the first older page answered, into no list
+        older.on = False
+        await older.release()  # the first older page answered, into no list
         await tab.by("sessions-more").click()  # the new list's own older page
         await expect(tab.by("past-session")).to_have_count(25)
         await expect(tab.by("sessions-more")).to_have_count(0)
@@ -950,39 +933,24 @@ async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_sh
                                      agent_response=f"Answer number {n}", status="completed"))
     finally:
         db.close()
-    receive = gateway._Connection._receive
-    held: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
-    holding = False
-
-    async def when_released(conn: gateway._Connection, message: str, go: asyncio.Event) -> None:
-        await go.wait()
-        await receive(conn, message)
-
-    async def turns_held(conn: gateway._Connection, message: str | bytes) -> None:
-        if holding and isinstance(message, str) and ('"session_turns"' in message or '"hello"' in message):
-            go = asyncio.Event()
-            held.append((go, asyncio.create_task(when_released(conn, message, go))))
-            return
-        await receive(conn, message)
-
-    monkeypatch.setattr(gateway._Connection, "_receive", turns_held)
+    # Once on: the new socket's hello, and each page of turns, answered when the test says.
+    frames = HeldFrames(monkeypatch, lambda frame: '"session_turns"' in frame or '"hello"' in frame, on=False)
+    held = frames.held
     link = Droppable()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
         await expect(tab.messages("user")).to_have_count(30)
-        holding = True  # the new socket's hello, and each page of turns, answered when the test says
+        frames.on = True
         server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
         await link.cut()
         await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
         await wait_for(lambda: len(held) == 1, timeout=30, what="the new socket's hello")
         await tab.by("load-earlier").click()  # on the new socket, before its `ready`
         await wait_for(lambda: len(held) == 2, timeout=30, what="the earlier page asked")
-        held[0][0].set()  # `ready`: a fresh snapshot (the gap too long), which asks for the newest turns
+        await frames.release(0)  # `ready`: a fresh snapshot (the gap too long), which asks for the newest turns
         await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
         await wait_for(lambda: len(held) == 3, timeout=30, what="the fresh snapshot's newest turns asked")
-        for go, answered in held[1:]:  # the earlier page's answer first, then the newest turns'
-            go.set()
-            await answered
+        await frames.release(1, 2)  # the earlier page's answer first, then the newest turns'
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.messages("user")).to_have_count(30)
         said = await tab.messages("user").all_inner_texts()

@@ -33,11 +33,12 @@ export class ChatView {
     this.stream = null; // the server run the view is current with (ready.stream)
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
-    this.rebuilds = 0; // fresh snapshots that rebuilt the list: a page asked before one is not the new list's
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
     this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
-    this.snapshots = 0; // fresh snapshots handled: only the latest one's checks say they are settled (`checked`)
+    // Fresh snapshots handled (each rebuilds the list): only the latest one's checks say they are settled
+    // (`checked`), and a page of the record asked before one is not the new list's (`loadHistory`).
+    this.snapshots = 0;
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -316,7 +317,7 @@ export class ChatView {
       this.queued.clear();
       this.takenItems.clear();
       this.history = null;
-      this.rebuilds += 1;
+      this.snapshots += 1;
       delete this.list.dataset.history; // the new snapshot's is still to load
       this.sessionCost.textContent = "";
       if (before !== null) {
@@ -356,7 +357,7 @@ export class ChatView {
    * has answered: the record's history, the restart check, the looks for messages the server no longer
    * holds. Only the latest snapshot's say "settled". What a test (or a person's tool) can wait on. */
   checked(checks) {
-    const mine = ++this.snapshots;
+    const mine = this.snapshots;
     this.list.dataset.checks = "running";
     Promise.allSettled(checks).then(() => { if (this.snapshots === mine) this.list.dataset.checks = "settled"; });
   }
@@ -445,7 +446,7 @@ export class ChatView {
 
   /** Shows a page of the record above the live events; resolves with its turns (null if not loaded). */
   async loadHistory(before) {
-    const rebuilds = this.rebuilds;
+    const snapshot = this.snapshots;
     let page;
     try {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
@@ -458,7 +459,7 @@ export class ChatView {
     }
     // Asked before a fresh snapshot rebuilt the list (a click as the socket reopened): its page is not the
     // new list's, whose own first page is on its way; nor is one of a session no longer shown.
-    if (rebuilds !== this.rebuilds) return null;
+    if (snapshot !== this.snapshots) return null;
     if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over
     const top = this.history?.button ?? this.list.firstChild;
     this.history?.button?.remove();
