@@ -310,6 +310,35 @@ async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_i
         tab.assert_clean()
 
 
+# A drop of a folder beside a file, as the browser gives it: the folder an empty "file" whose entry is a
+# directory (a DataTransfer made by a page cannot hold one, so the event carries a stand-in).
+DROP_FOLDER_AND_FILE = """([testid, folder, name]) => {
+    const item = (file, isDirectory) => ({ kind: "file", getAsFile: () => file, webkitGetAsEntry: () => ({ isDirectory }) });
+    const event = new Event("drop", { bubbles: true, cancelable: true });
+    Object.defineProperty(event, "dataTransfer", { value: { types: ["Files"], files: [],
+        items: [item(new File([], folder), true), item(new File(["beside a folder"], name, { type: "text/plain" }), false)] } });
+    document.querySelector(`[data-testid="${testid}"]`).dispatchEvent(event);
+}"""
+
+
+async def test_a_folder_dropped_with_files_is_still_said_not_uploaded_once_they_are(server: SpriteOS) -> None:
+    """A folder dropped together with a file: "Folders cannot be uploaded" was said, then replaced at once
+    by the file's "Uploaded …": the person never learned the folder was left out. It has a line of its own
+    among the transfers, which no file's status replaces (dropped on the Files view, and on the chat)."""
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        for on, folder, name in (("messages", "Photos", "beside photos.txt"), ("drop-zone", "Scans", "beside scans.txt")):
+            await tab.page.evaluate(DROP_FOLDER_AND_FILE, [on, folder, name])
+            await expect(tab.by("files-flash")).to_contain_text(f"Uploaded {name}")  # the file's status came last
+            line = tab.by("upload").filter(has_text=f"{folder}/")
+            await expect(line).to_have_attribute("data-state", "error")
+            await expect(line.get_by_test_id("transfer-state")).to_have_text("not uploaded: a folder (drop the files inside it)")
+            assert (documents / name).read_text() == "beside a folder"
+            assert not (documents / folder).exists()
+        tab.assert_clean()
+
+
 async def test_an_upload_goes_on_after_a_dropped_connection_and_no_chunk_is_written_twice(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from sprite_os.console import files_api

@@ -206,9 +206,8 @@ export class FilesView {
    * again; after Sign out, `signOut()` clears every line just after. */
   transfer(testid, verb, name, total, ended) {
     const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
-    const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
-    const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
-    this.progress.prepend(item);
+    const { item, state } = this.line(testid, name, "running", "starting…");
+    state.before(bar);
     const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
     ended.addEventListener("abort", () => {
       if (!bar.isConnected) return;
@@ -229,6 +228,14 @@ export class FilesView {
       },
       done,
     };
+  }
+
+  /** A line at the top of the transfers list: the name, and what became of it (`kind`: running, done, error). */
+  line(testid, name, kind, text) {
+    const state = el("span", { class: "state", testid: "transfer-state", text });
+    const item = el("li", { testid, dataset: { state: kind } }, el("span", { dir: "auto", text: name }), state);
+    this.progress.prepend(item);
+    return { item, state };
   }
 
   /** What the sign-in form says of the transfers a refused token stopped (read once), or "". */
@@ -268,9 +275,12 @@ export class FilesView {
     }
   }
 
-  /** A drop's files, uploaded; its folders said not to be (drop the files inside them instead). */
+  /** A drop's files, uploaded; its folders said not to be (drop the files inside them instead): said now,
+   * and on a line of each folder's own among the transfers, which the files' statuses do not replace (the
+   * first file's "Uploaded …" took the place of what was said, and the folder was forgotten). */
   uploadDropped({ files, folders }) {
     if (folders.length) this.say(`Folders cannot be uploaded (${folders.join(", ")}): drop the files inside them.`, "error");
+    for (const folder of folders) this.line("upload", `${folder}/`, "error", "not uploaded: a folder (drop the files inside it)");
     this.uploadAll(files);
   }
 
