@@ -265,10 +265,8 @@ async def test_a_show_more_button_clicked_twice_shows_its_page_once(server: Spri
         tab.assert_clean()
 
 
-async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_list(
-        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Show older sessions on a slow link, then the panel closed and opened again: the older page came
-    into the new list, above its first page, and the next Show older sessions brought it again."""
+def past_sessions(server: SpriteOS) -> None:
+    """25 past sessions of a turn each: a page of 20, and "Show older sessions" for the 5 older."""
     db = TranscriptDB(server.settings.layout.transcript_db)
     try:
         for n in range(25):
@@ -277,6 +275,46 @@ async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_li
                                      status="completed"))
     finally:
         db.close()
+
+
+async def test_a_show_more_button_whose_page_throws_can_be_clicked_again(server: SpriteOS) -> None:
+    """A page that came but could not be drawn (here an answer without its sessions: the view throws
+    rather than settling falsy) left "Show older sessions" at "Loading…", deaf to clicks, for good."""
+    past_sessions(server)
+    garbled = [True]
+
+    def route(page_side: WebSocketRoute) -> None:  # the older page answered without its sessions, once
+        server_side = page_side.connect_to_server()
+
+        def to_server(message: str | bytes) -> None:
+            frame = json.loads(message) if isinstance(message, str) else {}
+            if frame.get("type") == "sessions" and "before" in frame and garbled:
+                garbled.clear()
+                page_side.send(json.dumps({"type": "sessions_result", "request_id": frame["request_id"]}))
+                return
+            server_side.send(message)
+        page_side.on_message(to_server)
+
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=route)
+        await tab.by("past-sessions").click()
+        await expect(tab.by("past-session")).to_have_count(20)
+        more = tab.by("sessions-more")
+        await more.click()
+        await expect(more).to_have_text("Show older sessions")  # itself again, and takes a click
+        await expect(more).not_to_have_attribute("aria-disabled", "true")
+        assert not garbled
+        await more.click()
+        await expect(tab.by("past-session")).to_have_count(25)
+        await expect(more).to_have_count(0)
+        tab.assert_clean("Cannot read properties of undefined")  # the view's throw, reported as ever
+
+
+async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_list(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Show older sessions on a slow link, then the panel closed and opened again: the older page came
+    into the new list, above its first page, and the next Show older sessions brought it again."""
+    past_sessions(server)
     # A slow link: the older page's answer comes after the panel is shown again.
     older = HeldFrames(monkeypatch, lambda frame: '"sessions"' in frame and '"before"' in frame)
     async with chromium() as browser:

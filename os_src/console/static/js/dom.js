@@ -20,8 +20,10 @@ export function el(tag, attrs = {}, ...children) {
 
 /** The click handler of a button that asks for more (an older page): "Loading…", and deaf to clicks,
  * while `load()` runs, so a second click (a double click) cannot ask for the same page again and show it
- * twice; itself again if `load()` comes back falsy (it failed). On success the view replaces the button.
- * `aria-disabled`, not `disabled`: a disabled button loses the keyboard's focus to the page. */
+ * twice; itself again if `load()` comes back falsy (it failed) or throws (a page it could not draw: the
+ * error still goes on to the console, but the button does not stay at "Loading…" for good). On success the
+ * view replaces the button. `aria-disabled`, not `disabled`: a disabled button loses the keyboard's focus
+ * to the page. */
 export function askingOnce(load) {
   return async (event) => {
     const button = event.currentTarget;
@@ -29,9 +31,15 @@ export function askingOnce(load) {
     const label = button.textContent;
     button.setAttribute("aria-disabled", "true");
     button.textContent = "Loading…";
-    if (await load()) return;
-    button.removeAttribute("aria-disabled");
-    button.textContent = label;
+    let shown = false;
+    try {
+      shown = await load();
+    } finally {
+      if (!shown) {
+        button.removeAttribute("aria-disabled");
+        button.textContent = label;
+      }
+    }
   };
 }
 
