@@ -18,6 +18,7 @@ from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
+from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
@@ -956,12 +957,12 @@ class Lossy:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
-async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_shown_in_it(
-        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The link lost for a long gap; Show earlier turns clicked as the new socket opened, before its
-    `ready`: the fresh snapshot rebuilds the list and asks for its newest turns. The earlier page's
-    answer, coming first, went into the new list, and the newest turns then above it: the conversation
-    out of order."""
+@asynccontextmanager
+async def earlier_turns_asked_as_the_link_reopens(server: SpriteOS, frames: HeldFrames) -> AsyncIterator[Tab]:
+    """A session of 36 turns shown (its newest 30), the link lost for a long gap, and Show earlier turns
+    clicked on the new socket before its `ready`: `frames` (holding each page of turns and the hello, off
+    until now) holds the hello, then the earlier page. Its release 0 lets `ready` through, a fresh snapshot
+    (the gap too long) that rebuilds the list and asks for its newest turns (held 2)."""
     session = server.runtime.session_id  # the session the page shows, before its first turn
     db = TranscriptDB(server.settings.layout.transcript_db)
     try:
@@ -971,8 +972,6 @@ async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_sh
                                      agent_response=f"Answer number {n}", status="completed"))
     finally:
         db.close()
-    # Once on: the new socket's hello, and each page of turns, answered when the test says.
-    frames = HeldFrames(monkeypatch, lambda frame: '"session_turns"' in frame or '"hello"' in frame, on=False)
     held = frames.held
     link = Droppable()
     async with chromium() as browser:
@@ -988,11 +987,49 @@ async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_sh
         await frames.release(0)  # `ready`: a fresh snapshot (the gap too long), which asks for the newest turns
         await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
         await wait_for(lambda: len(held) == 3, timeout=30, what="the fresh snapshot's newest turns asked")
+        yield tab
+
+
+def pages_and_hello(frame: str) -> bool:
+    return '"session_turns"' in frame or '"hello"' in frame
+
+
+async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_shown_in_it(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link lost for a long gap; Show earlier turns clicked as the new socket opened, before its
+    `ready`: the fresh snapshot rebuilds the list and asks for its newest turns. The earlier page's
+    answer, coming first, went into the new list, and the newest turns then above it: the conversation
+    out of order."""
+    frames = HeldFrames(monkeypatch, pages_and_hello, on=False)
+    async with earlier_turns_asked_as_the_link_reopens(server, frames) as tab:
         await frames.release(1, 2)  # the earlier page's answer first, then the newest turns'
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.messages("user")).to_have_count(30)
         said = await tab.messages("user").all_inner_texts()
         assert said == [f"Question number {n}" for n in range(7, 37)], said
+        tab.assert_clean()
+
+
+async def test_earlier_turns_asked_before_a_long_gap_that_fail_say_nothing_in_the_rebuilt_list(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the earlier page fails: its page was not put into the rebuilt list, yet its failure
+    was, "The conversation so far could not be loaded", under a conversation loaded in full."""
+    receive = gateway._Connection._receive
+
+    async def earlier_refused(conn: gateway._Connection, message: str | bytes) -> None:
+        frame = json.loads(message) if isinstance(message, str) else {}
+        if frame.get("type") == "session_turns" and "before" in frame:
+            conn._error("internal", "the record could not be read", frame["request_id"])
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", earlier_refused)
+    frames = HeldFrames(monkeypatch, pages_and_hello, on=False)
+    async with earlier_turns_asked_as_the_link_reopens(server, frames) as tab:
+        await frames.release(1, 2)  # the earlier page's failure first, then the newest turns
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(30)
+        await expect(tab.by("notice").filter(has_text="could not be loaded")).to_have_count(0)
         tab.assert_clean()
 
 

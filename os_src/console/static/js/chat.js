@@ -452,7 +452,8 @@ export class ChatView {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      if (error.code !== "memory_unavailable") {
+      // Asked before a fresh snapshot rebuilt the list (below), its failure is not the new list's either.
+      if (error.code !== "memory_unavailable" && snapshot === this.snapshots) {
         this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       }
       return null;
