@@ -22,13 +22,16 @@ export function el(tag, attrs = {}, ...children) {
  * while `load()` runs, so a second click (a double click) cannot ask for the same page again and show it
  * twice; itself again if `load()` comes back falsy (it failed) or throws (a page it could not draw: the
  * error still goes on to the console, but the button does not stay at "Loading…" for good). On success the
- * view replaces the button. `aria-disabled`, not `disabled`: a disabled button loses the keyboard's focus
- * to the page. */
+ * view replaces the button: the focus it had, which went to the page's body with it, goes to what `load()`
+ * came back with if that is an element (the first item shown, the next page's button, the list), unless
+ * the person moved it meanwhile. `aria-disabled`, not `disabled`: a disabled button loses the keyboard's
+ * focus to the page. */
 export function askingOnce(load) {
   return async (event) => {
     const button = event.currentTarget;
     if (button.getAttribute("aria-disabled") === "true") return;
     const label = button.textContent;
+    const focused = document.activeElement === button;
     button.setAttribute("aria-disabled", "true");
     button.textContent = "Loading…";
     let shown = false;
@@ -40,6 +43,8 @@ export function askingOnce(load) {
         button.textContent = label;
       }
     }
+    const lost = !document.activeElement || document.activeElement === document.body;
+    if (focused && lost && !button.isConnected && shown instanceof Element) shown.focus();
   };
 }
 
