@@ -138,6 +138,36 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
         tab.assert_clean()
 
 
+async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a_newer_one(server: SpriteOS) -> None:
+    """Refresh clicked twice on Health or Boot prompt, the first answer slow: it came after the second and
+    was drawn over it, the older state left on screen (here the older answer made to differ, as the memory
+    it told of did)."""
+    install_templates(server.settings)
+    late = HoldBack()
+    stale = "What an older answer said"
+    older = {  # a section, the answer of its that is held, how it is made older, and where it would show
+        "boot": ("memory_boot_prompt_result", lambda f: f.update(text=stale), "boot-prompt"),
+        "health": ("memory_health_result", lambda f: f["health"].update(last_error=stale), "memory-state"),
+    }
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        for section, (kind, make_older, shown) in older.items():
+            await tab.memory(section)
+            await late.hold(kind, tab.by("memory-refresh").click())
+            await tab.by("memory-refresh").click()  # a second load, answered at once
+            await expect(tab.by(f"memory-panel-{section}")).not_to_have_attribute("data-loading", "true")
+            newest = await tab.by(shown).text_content()
+            frame = json.loads(late.held[0])
+            make_older(frame)
+            late.held[0] = json.dumps(frame)
+            late.release()  # the late answer arrives, then the learnings', in order on the socket
+            await tab.by("memory-section-learnings").click()  # not the Memory tab: it would load the section again
+            await expect(tab.by("memory-panel-learnings")).not_to_have_attribute("data-loading", "true")
+            assert await tab.by(shown).text_content() == newest
+            assert stale not in (newest or "")
+        tab.assert_clean()
+
+
 async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
         settings: Settings, bridge: MockBridge) -> None:
     """The server drops the messages queued behind the running turn when it stops; the page must not
