@@ -24,6 +24,7 @@ from sprite_os.tools.canvas import CreateCard
 from tests.conftest import TOKEN, wait_for
 from tests.console_browser import (
     PHONE,
+    HeldFrames,
     Tab,
     chromium,
     open_tab,
@@ -307,6 +308,77 @@ async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_i
         await tab.by("upload-input").set_input_files(files=[{"name": "refused.txt", "mimeType": "text/plain", "buffer": b"x" * 10}])
         await expect(tab.by("upload").first).to_have_attribute("data-state", "error")
         await wait_for(lambda: not server.files._uploads, timeout=10, what="the failed upload's slot freed")
+        tab.assert_clean()
+
+
+# A drop of a folder beside a file, as the browser gives it: the folder an empty "file" whose entry is a
+# directory (a DataTransfer made by a page cannot hold one, so the event carries a stand-in).
+DROP_FOLDER_AND_FILE = """([testid, folder, name]) => {
+    const item = (file, isDirectory) => ({ kind: "file", getAsFile: () => file, webkitGetAsEntry: () => ({ isDirectory }) });
+    const event = new Event("drop", { bubbles: true, cancelable: true });
+    Object.defineProperty(event, "dataTransfer", { value: { types: ["Files"], files: [],
+        items: [item(new File([], folder), true), item(new File(["beside a folder"], name, { type: "text/plain" }), false)] } });
+    document.querySelector(`[data-testid="${testid}"]`).dispatchEvent(event);
+}"""
+
+
+async def test_a_folder_dropped_with_files_is_still_said_not_uploaded_once_they_are(server: SpriteOS) -> None:
+    """A folder dropped together with a file: "Folders cannot be uploaded" was said, then replaced at once
+    by the file's "Uploaded …": the person never learned the folder was left out. It has a line of its own
+    among the transfers, which no file's status replaces (dropped on the Files view, and on the chat)."""
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        for on, folder, name in (("messages", "Photos", "beside photos.txt"), ("drop-zone", "Scans", "beside scans.txt")):
+            await tab.page.evaluate(DROP_FOLDER_AND_FILE, [on, folder, name])
+            await expect(tab.by("files-flash")).to_contain_text(f"Uploaded {name}")  # the file's status came last
+            line = tab.by("upload").filter(has_text=f"{folder}/")
+            await expect(line).to_have_attribute("data-state", "error")
+            await expect(line.get_by_test_id("transfer-state")).to_have_text("not uploaded: a folder (drop the files inside it)")
+            assert (documents / name).read_text() == "beside a folder"
+            assert not (documents / folder).exists()
+        tab.assert_clean()
+
+
+async def test_an_uploads_cancel_stops_it_and_the_sprite_drops_it(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload in progress has a Cancel on its line: the page stops sending, the line says "cancelled", and
+    the Sprite is asked to drop what it has (`upload_cancel`: its slot freed at once, nothing in documents/).
+    Clicked while a chunk is on its way (which then comes back refused for rate), or while the page waits
+    to send one again, it does not wait out the pause first (4 s and more by the fourth retry)."""
+    receive = gateway._Connection._receive
+
+    async def chunks_rate_limited(conn: gateway._Connection, message: str | bytes) -> None:
+        if isinstance(message, str) and '"upload_chunk"' in message:  # dropped unhandled: the page retries
+            conn._error("rate_limited", "slow down", json.loads(message)["request_id"])
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", chunks_rate_limited)
+    chunks = HeldFrames(monkeypatch, lambda frame: '"upload_chunk"' in frame, on=False)
+    documents = server.settings.layout.root / "documents"
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        for name, in_flight in (("sent on its way.txt", True), ("between retries.txt", False)):
+            await tab.by("upload-input").set_input_files(files=[{"name": name, "mimeType": "text/plain", "buffer": b"x" * 10}])
+            line = tab.by("upload").filter(has_text=name)
+            await expect(line.get_by_test_id("transfer-state")).to_have_text("retrying (3)…")
+            if in_flight:
+                chunks.on = True  # the fourth try, held on its way
+                await wait_for(lambda: len(chunks.held) == 1, timeout=30, what="the fourth try of the chunk")
+            else:
+                await expect(line.get_by_test_id("transfer-state")).to_have_text("retrying (4)…")  # its pause begun
+            await line.get_by_test_id("transfer-cancel").click()
+            if in_flight:
+                await expect(line).to_have_attribute("data-state", "cancelling")  # until the chunk's answer comes
+                chunks.on = False
+                await chunks.release()  # refused for rate: a pause of 3.2 s or more, were it waited out
+            await expect(line.get_by_test_id("transfer-state")).to_have_text("cancelled", timeout=2_500)
+            await expect(line).to_have_attribute("data-state", "cancelled")
+            await expect(line.get_by_test_id("transfer-cancel")).to_have_count(0)
+            await expect(tab.by("files-flash")).to_have_text(f"{name} was not uploaded: you cancelled it.")
+            await wait_for(lambda: not server.files._uploads, timeout=10, what="the cancelled upload dropped")
+            assert not (documents / name).exists()
         tab.assert_clean()
 
 

@@ -7,6 +7,7 @@ Chromium, real server and CLI; the cards change through the canvas store the age
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from playwright.async_api import expect
 
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.server import SpriteOS
 from sprite_os.tools.canvas import CreateCard, UpdateCard
-from tests.console_browser import Tab, chromium, install_templates, open_tab
+from tests.console_browser import Tab, chromium, install_templates, open_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -142,4 +144,55 @@ async def test_forget_and_undo_by_keyboard_leave_the_focus_on_what_comes_next(se
         await keys.press("Enter")
         await expect(learning).to_have_attribute("data-forgotten", "false")
         await expect(learning.get_by_test_id("learning-forget")).to_be_focused()
+        tab.assert_clean()
+
+
+async def test_a_show_more_button_pressed_by_keyboard_leaves_the_focus_on_what_came(server: SpriteOS) -> None:
+    """Show older sessions, or Show earlier turns, pressed by keyboard: the button goes when its page comes,
+    and the focus fell to the page's body, the keyboard user's place lost. It goes to the first session
+    shown, to the next page's button, or, with no more pages, to the list of turns."""
+    current = server.runtime.session_id
+    db = TranscriptDB(server.settings.layout.transcript_db)
+    try:
+        for n in range(25):  # a page of 20 sessions and more; the newest past one has 45 turns (20 a page)
+            for k in range(45 if n == 24 else 1):
+                db.append(NewObservation(timestamp=time.time() - 7200 + n * 60 + k / 10, session_id=f"past-{n:02d}",
+                                         sequence_num=k + 1, user_message=f"Session {n} question {k}",
+                                         tool_calls_json="[]", agent_response=f"Answer {k}", status="completed"))
+        for k in range(36):  # and the session the chat shows: 30 turns a page
+            db.append(NewObservation(timestamp=time.time() - 600 + k, session_id=current, sequence_num=k + 1,
+                                     user_message=f"Now question {k}", tool_calls_json="[]",
+                                     agent_response=f"Answer {k}", status="completed"))
+    finally:
+        db.close()
+    at = """() => {  // what has the focus: a session's open button, a show-more button, a list, or the body
+        const a = document.activeElement;
+        return a.closest("[data-testid=past-session]")?.dataset.sessionId ?? a.dataset.testid ?? a.tagName.toLowerCase();
+    }"""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await expect(tab.messages("user")).to_have_count(30)
+        await tab.by("load-earlier").focus()
+        await tab.page.keyboard.press("Enter")
+        await expect(tab.messages("user")).to_have_count(36)
+        await expect(tab.by("load-earlier")).to_have_count(0)
+        assert await tab.page.evaluate(at) == "messages"  # the conversation, no more pages above
+        await tab.by("past-sessions").click()
+        await expect(tab.by("past-session")).to_have_count(20)
+        await tab.by("sessions-more").focus()
+        await tab.page.keyboard.press("Enter")
+        await expect(tab.by("past-session")).to_have_count(26)
+        first_older = await tab.by("past-session").nth(20).get_attribute("data-session-id")
+        assert await tab.page.evaluate(at) == first_older  # the first session the page brought
+        await tab.by("past-session").filter(has_text="Session 24 question 0").get_by_role("button").click()
+        turns = tab.by("past-turns").locator('[data-testid="message"][data-role="user"]')
+        await expect(turns).to_have_count(20)
+        await tab.by("load-earlier").focus()
+        await tab.page.keyboard.press("Enter")
+        await expect(turns).to_have_count(40)
+        assert await tab.page.evaluate(at) == "load-earlier"  # the next page's button
+        await tab.page.keyboard.press("Enter")
+        await expect(turns).to_have_count(45)
+        await expect(tab.by("load-earlier")).to_have_count(0)
+        assert await tab.page.evaluate(at) == "past-turns"  # the session's turns, no more pages above
         tab.assert_clean()

@@ -18,6 +18,7 @@ from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
+from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
@@ -134,6 +135,36 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
         await expect(files_panel.get_by_test_id("file-diff")).to_have_count(0)  # user.md's diff is not here
         await expect(files_panel.get_by_test_id("file-rollback")).to_have_count(0)  # nor a rollback of it
         assert files.read("context.md") == "# context.md two\n"
+        tab.assert_clean()
+
+
+async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a_newer_one(server: SpriteOS) -> None:
+    """Refresh clicked twice on Health or Boot prompt, the first answer slow: it came after the second and
+    was drawn over it, the older state left on screen (here the older answer made to differ, as the memory
+    it told of did)."""
+    install_templates(server.settings)
+    late = HoldBack()
+    stale = "What an older answer said"
+    older = {  # a section, the answer of its that is held, how it is made older, and where it would show
+        "boot": ("memory_boot_prompt_result", lambda f: f.update(text=stale), "boot-prompt"),
+        "health": ("memory_health_result", lambda f: f["health"].update(last_error=stale), "memory-state"),
+    }
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=late.route)
+        for section, (kind, make_older, shown) in older.items():
+            await tab.memory(section)
+            await late.hold(kind, tab.by("memory-refresh").click())
+            await tab.by("memory-refresh").click()  # a second load, answered at once
+            await expect(tab.by(f"memory-panel-{section}")).not_to_have_attribute("data-loading", "true")
+            newest = await tab.by(shown).text_content()
+            frame = json.loads(late.held[0])
+            make_older(frame)
+            late.held[0] = json.dumps(frame)
+            late.release()  # the late answer arrives, then the learnings', in order on the socket
+            await tab.by("memory-section-learnings").click()  # not the Memory tab: it would load the section again
+            await expect(tab.by("memory-panel-learnings")).not_to_have_attribute("data-loading", "true")
+            assert await tab.by(shown).text_content() == newest
+            assert stale not in (newest or "")
         tab.assert_clean()
 
 
@@ -265,10 +296,8 @@ async def test_a_show_more_button_clicked_twice_shows_its_page_once(server: Spri
         tab.assert_clean()
 
 
-async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_list(
-        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Show older sessions on a slow link, then the panel closed and opened again: the older page came
-    into the new list, above its first page, and the next Show older sessions brought it again."""
+def past_sessions(server: SpriteOS) -> None:
+    """25 past sessions of a turn each: a page of 20, and "Show older sessions" for the 5 older."""
     db = TranscriptDB(server.settings.layout.transcript_db)
     try:
         for n in range(25):
@@ -277,6 +306,46 @@ async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_li
                                      status="completed"))
     finally:
         db.close()
+
+
+async def test_a_show_more_button_whose_page_throws_can_be_clicked_again(server: SpriteOS) -> None:
+    """A page that came but could not be drawn (here an answer without its sessions: the view throws
+    rather than settling falsy) left "Show older sessions" at "Loading…", deaf to clicks, for good."""
+    past_sessions(server)
+    garbled = [True]
+
+    def route(page_side: WebSocketRoute) -> None:  # the older page answered without its sessions, once
+        server_side = page_side.connect_to_server()
+
+        def to_server(message: str | bytes) -> None:
+            frame = json.loads(message) if isinstance(message, str) else {}
+            if frame.get("type") == "sessions" and "before" in frame and garbled:
+                garbled.clear()
+                page_side.send(json.dumps({"type": "sessions_result", "request_id": frame["request_id"]}))
+                return
+            server_side.send(message)
+        page_side.on_message(to_server)
+
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=route)
+        await tab.by("past-sessions").click()
+        await expect(tab.by("past-session")).to_have_count(20)
+        more = tab.by("sessions-more")
+        await more.click()
+        await expect(more).to_have_text("Show older sessions")  # itself again, and takes a click
+        await expect(more).not_to_have_attribute("aria-disabled", "true")
+        assert not garbled
+        await more.click()
+        await expect(tab.by("past-session")).to_have_count(25)
+        await expect(more).to_have_count(0)
+        tab.assert_clean("Cannot read properties of undefined")  # the view's throw, reported as ever
+
+
+async def test_older_sessions_asked_before_the_panel_was_shown_again_go_to_no_list(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Show older sessions on a slow link, then the panel closed and opened again: the older page came
+    into the new list, above its first page, and the next Show older sessions brought it again."""
+    past_sessions(server)
     # A slow link: the older page's answer comes after the panel is shown again.
     older = HeldFrames(monkeypatch, lambda frame: '"sessions"' in frame and '"before"' in frame)
     async with chromium() as browser:
@@ -918,12 +987,12 @@ class Lossy:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
-async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_shown_in_it(
-        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The link lost for a long gap; Show earlier turns clicked as the new socket opened, before its
-    `ready`: the fresh snapshot rebuilds the list and asks for its newest turns. The earlier page's
-    answer, coming first, went into the new list, and the newest turns then above it: the conversation
-    out of order."""
+@asynccontextmanager
+async def earlier_turns_asked_as_the_link_reopens(server: SpriteOS, frames: HeldFrames) -> AsyncIterator[Tab]:
+    """A session of 36 turns shown (its newest 30), the link lost for a long gap, and Show earlier turns
+    clicked on the new socket before its `ready`: `frames` (holding each page of turns and the hello, off
+    until now) holds the hello, then the earlier page. Its release 0 lets `ready` through, a fresh snapshot
+    (the gap too long) that rebuilds the list and asks for its newest turns (held 2)."""
     session = server.runtime.session_id  # the session the page shows, before its first turn
     db = TranscriptDB(server.settings.layout.transcript_db)
     try:
@@ -933,8 +1002,6 @@ async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_sh
                                      agent_response=f"Answer number {n}", status="completed"))
     finally:
         db.close()
-    # Once on: the new socket's hello, and each page of turns, answered when the test says.
-    frames = HeldFrames(monkeypatch, lambda frame: '"session_turns"' in frame or '"hello"' in frame, on=False)
     held = frames.held
     link = Droppable()
     async with chromium() as browser:
@@ -950,11 +1017,49 @@ async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_sh
         await frames.release(0)  # `ready`: a fresh snapshot (the gap too long), which asks for the newest turns
         await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
         await wait_for(lambda: len(held) == 3, timeout=30, what="the fresh snapshot's newest turns asked")
+        yield tab
+
+
+def pages_and_hello(frame: str) -> bool:
+    return '"session_turns"' in frame or '"hello"' in frame
+
+
+async def test_earlier_turns_asked_before_a_long_gap_rebuilt_the_list_are_not_shown_in_it(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link lost for a long gap; Show earlier turns clicked as the new socket opened, before its
+    `ready`: the fresh snapshot rebuilds the list and asks for its newest turns. The earlier page's
+    answer, coming first, went into the new list, and the newest turns then above it: the conversation
+    out of order."""
+    frames = HeldFrames(monkeypatch, pages_and_hello, on=False)
+    async with earlier_turns_asked_as_the_link_reopens(server, frames) as tab:
         await frames.release(1, 2)  # the earlier page's answer first, then the newest turns'
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.messages("user")).to_have_count(30)
         said = await tab.messages("user").all_inner_texts()
         assert said == [f"Question number {n}" for n in range(7, 37)], said
+        tab.assert_clean()
+
+
+async def test_earlier_turns_asked_before_a_long_gap_that_fail_say_nothing_in_the_rebuilt_list(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the earlier page fails: its page was not put into the rebuilt list, yet its failure
+    was, "The conversation so far could not be loaded", under a conversation loaded in full."""
+    receive = gateway._Connection._receive
+
+    async def earlier_refused(conn: gateway._Connection, message: str | bytes) -> None:
+        frame = json.loads(message) if isinstance(message, str) else {}
+        if frame.get("type") == "session_turns" and "before" in frame:
+            conn._error("internal", "the record could not be read", frame["request_id"])
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", earlier_refused)
+    frames = HeldFrames(monkeypatch, pages_and_hello, on=False)
+    async with earlier_turns_asked_as_the_link_reopens(server, frames) as tab:
+        await frames.release(1, 2)  # the earlier page's failure first, then the newest turns
+        await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+        await expect(tab.messages("user")).to_have_count(30)
+        await expect(tab.by("notice").filter(has_text="could not be loaded")).to_have_count(0)
         tab.assert_clean()
 
 

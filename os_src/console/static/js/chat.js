@@ -452,7 +452,8 @@ export class ChatView {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
-      if (error.code !== "memory_unavailable") {
+      // Asked before a fresh snapshot rebuilt the list (below), its failure is not the new list's either.
+      if (error.code !== "memory_unavailable" && snapshot === this.snapshots) {
         this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       }
       return null;
@@ -470,8 +471,10 @@ export class ChatView {
       items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text), forget: (which) => this.forget(which),
         session: page.session.id }));
     }
+    // Pressed, its focus goes to the next page's button, or to the conversation when none is left (askingOnce).
+    const earlier = async () => (await this.loadHistory(page.turns[0].turn)) && (this.history.button?.firstChild ?? this.list);
     const button = page.more ? el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
-      text: "Show earlier turns", onclick: askingOnce(() => this.loadHistory(page.turns[0].turn)) })) : null;
+      text: "Show earlier turns", onclick: askingOnce(earlier) })) : null;
     const anchor = top && top.isConnected ? top : this.list.firstChild;
     for (const item of [button, ...items].filter(Boolean)) this.list.insertBefore(item, anchor);
     this.history = { session: page.session.id, more: page.more, button };

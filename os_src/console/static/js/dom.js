@@ -20,18 +20,31 @@ export function el(tag, attrs = {}, ...children) {
 
 /** The click handler of a button that asks for more (an older page): "Loading…", and deaf to clicks,
  * while `load()` runs, so a second click (a double click) cannot ask for the same page again and show it
- * twice; itself again if `load()` comes back falsy (it failed). On success the view replaces the button.
- * `aria-disabled`, not `disabled`: a disabled button loses the keyboard's focus to the page. */
+ * twice; itself again if `load()` comes back falsy (it failed) or throws (a page it could not draw: the
+ * error still goes on to the console, but the button does not stay at "Loading…" for good). On success the
+ * view replaces the button: the focus it had, which went to the page's body with it, goes to what `load()`
+ * came back with if that is an element (the first item shown, the next page's button, the list), unless
+ * the person moved it meanwhile. `aria-disabled`, not `disabled`: a disabled button loses the keyboard's
+ * focus to the page. */
 export function askingOnce(load) {
   return async (event) => {
     const button = event.currentTarget;
     if (button.getAttribute("aria-disabled") === "true") return;
     const label = button.textContent;
+    const focused = document.activeElement === button;
     button.setAttribute("aria-disabled", "true");
     button.textContent = "Loading…";
-    if (await load()) return;
-    button.removeAttribute("aria-disabled");
-    button.textContent = label;
+    let shown = false;
+    try {
+      shown = await load();
+    } finally {
+      if (!shown) {
+        button.removeAttribute("aria-disabled");
+        button.textContent = label;
+      }
+    }
+    const lost = !document.activeElement || document.activeElement === document.body;
+    if (focused && lost && !button.isConnected && shown instanceof Element) shown.focus();
   };
 }
 

@@ -52,6 +52,7 @@ export async function retried(ask, onRetry, codes = RETRYABLE, ended = null) {
     } catch (error) {
       if (!codes.has(error.code) || attempt > RETRIES) throw error;
       onRetry(attempt, error);
+      if (ended?.aborted) continue; // ended already: no pause to cut short
       const delay = Math.min(8, 0.5 * 2 ** (attempt - 1)) * (0.8 + Math.random() * 0.4);
       await new Promise((resolve) => {
         const wake = () => { clearTimeout(timer); resolve(); };
@@ -204,12 +205,23 @@ export class FilesView {
    * sign-in ends (`ended`), the transfer has ended, and its line says so: after a refused token (a new
    * one provisioned: most likely the same person, signing in again) the person learns what to pick
    * again; after Sign out, `signOut()` clears every line just after. */
-  transfer(testid, verb, name, total, ended) {
+  transfer(testid, verb, name, total, ended, cancel = null) {
     const bar = el("progress", { max: String(total || 1), value: "0", "aria-label": `${verb} ${name}` });
-    const state = el("span", { class: "state", testid: "transfer-state", text: "starting…" });
-    const item = el("li", { testid, dataset: { state: "running" } }, el("span", { dir: "auto", text: name }), bar, state);
-    this.progress.prepend(item);
-    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); };
+    const { item, state } = this.line(testid, name, "running", "starting…");
+    // `cancel`: the line has a Cancel while the transfer can still be stopped (`settling()` takes it away);
+    // clicked, the line says "cancelling…" until `done`, whatever the request on its way answers.
+    let cancelling = false;
+    const stop = cancel && el("button", { type: "button", class: "link", testid: "transfer-cancel", text: "Cancel",
+      "aria-label": `Cancel ${verb.toLowerCase()} ${name}`, onclick: () => {
+        cancelling = true;
+        stop.remove();
+        item.dataset.state = "cancelling";
+        state.textContent = "cancelling…";
+        cancel();
+      } });
+    state.before(bar);
+    if (stop) state.after(stop);
+    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); stop?.remove(); };
     ended.addEventListener("abort", () => {
       if (!bar.isConnected) return;
       const why = ended.reason === "refused" ? "the token was refused" : "signed out";
@@ -219,16 +231,27 @@ export class FilesView {
     return {
       bar,
       step: (done) => {
+        if (cancelling) return;
         bar.value = done;
         item.dataset.state = "running";
         state.textContent = `${Math.round((100 * done) / (total || 1))} %`;
       },
       retrying: (attempt) => {
+        if (cancelling) return;
         item.dataset.state = "retrying";
         state.textContent = `retrying (${attempt})…`;
       },
+      settling: () => stop?.remove(),
       done,
     };
+  }
+
+  /** A line at the top of the transfers list: the name, and what became of it (`kind`: running, done, error). */
+  line(testid, name, kind, text) {
+    const state = el("span", { class: "state", testid: "transfer-state", text });
+    const item = el("li", { testid, dataset: { state: kind } }, el("span", { dir: "auto", text: name }), state);
+    this.progress.prepend(item);
+    return { item, state };
   }
 
   /** What the sign-in form says of the transfers a refused token stopped (read once), or "". */
@@ -268,9 +291,12 @@ export class FilesView {
     }
   }
 
-  /** A drop's files, uploaded; its folders said not to be (drop the files inside them instead). */
+  /** A drop's files, uploaded; its folders said not to be (drop the files inside them instead): said now,
+   * and on a line of each folder's own among the transfers, which the files' statuses do not replace (the
+   * first file's "Uploaded …" took the place of what was said, and the folder was forgotten). */
   uploadDropped({ files, folders }) {
     if (folders.length) this.say(`Folders cannot be uploaded (${folders.join(", ")}): drop the files inside them.`, "error");
+    for (const folder of folders) this.line("upload", `${folder}/`, "error", "not uploaded: a folder (drop the files inside it)");
     this.uploadAll(files);
   }
 
@@ -281,14 +307,20 @@ export class FilesView {
   }
 
   /** Uploads one file, saying how it went (if its sign-in ended, through its line and `stopped`, which
-   * names `after` too, the files that were to follow: the call never ends). */
+   * names `after` too, the files that were to follow: the call never ends). Its line's Cancel stops it
+   * before its next request (a pause between retries cut short), and the Sprite is asked to drop what it
+   * has of it (`upload_cancel`); once its finish is asked, it is no longer offered. */
   async upload(file, after = []) {
-    const { ask, signal } = this.asker();
-    const line = this.transfer("upload", "Uploading", file.name, file.size, signal);
+    const asker = this.asker();
+    const cancelled = new AbortController();
+    const signal = AbortSignal.any([asker.signal, cancelled.signal]); // (a pause between retries, cut short)
+    const ask = (type, fields) => (cancelled.signal.aborted
+      ? Promise.reject(Object.assign(new Error("cancelled"), { code: "cancelled" })) : asker.ask(type, fields));
+    const line = this.transfer("upload", "Uploading", file.name, file.size, asker.signal, () => cancelled.abort());
     // The files queued behind it, named if its sign-in ends while it runs (it then never ends); only
     // while it runs: the signal lasts the whole sign-in.
     const queued = () => this.stopped.push(...after.map((f) => f.name));
-    if (after.length) signal.addEventListener("abort", queued, { once: true });
+    if (after.length) asker.signal.addEventListener("abort", queued, { once: true });
     let stream = null; // the server run the upload began on: a restart forgets every upload
     let start = null;
     try {
@@ -300,19 +332,27 @@ export class FilesView {
         line.step(received);
       }
       const digest = await sha256(file);
+      if (!cancelled.signal.aborted) line.settling(); // its finish asked: too late to cancel it
       const finished = await retried(() => ask("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED, signal);
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
-      line.done("error", cut ? "cut by a restart" : error.message);
-      this.say(`${file.name} was not uploaded: ${why}`, "error");
-      // Failed here (the file unreadable, a chunk refused for good): its slot on the Sprite is freed now,
-      // not at the idle sweep's two minutes (four such held every upload back).
-      if (start && !cut) retried(() => ask("upload_cancel", { upload_id: start.upload_id }), () => {}, DROPPED, signal).catch(() => {});
+      if (cancelled.signal.aborted) {
+        line.done("cancelled", "cancelled");
+        this.say(`${file.name} was not uploaded: you cancelled it.`);
+      } else {
+        line.done("error", cut ? "cut by a restart" : error.message);
+        this.say(`${file.name} was not uploaded: ${why}`, "error");
+      }
+      // Cancelled, or failed here (the file unreadable, a chunk refused for good): its slot on the Sprite is
+      // freed now, not at the idle sweep's two minutes (four such held every upload back).
+      if (start && !cut) {
+        retried(() => asker.ask("upload_cancel", { upload_id: start.upload_id }), () => {}, DROPPED, asker.signal).catch(() => {});
+      }
     } finally {
-      signal.removeEventListener("abort", queued);
+      asker.signal.removeEventListener("abort", queued);
     }
   }
 }

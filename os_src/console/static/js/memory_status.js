@@ -59,8 +59,10 @@ export class HealthPanel {
   }
 
   async load() {
+    const asked = (this.asked = (this.asked || 0) + 1);
     const [{ health: h }, { entries }] = await Promise.all([
       this.conn.request("memory_health"), this.conn.request("memory_audit", { limit: 20 })]);
+    if (asked !== this.asked) return; // a newer load (Refresh clicked again) is the one shown, whenever it ends
     const state = h.running ? "curating now" : h.failing ? "failing" : h.consecutive_failures ? "retrying" : "healthy";
     const o = h.observations;
     const b = h.last_batch;
@@ -100,7 +102,9 @@ export class BootPromptPanel {
   }
 
   async load() {
+    const asked = (this.asked = (this.asked || 0) + 1);
     const answer = await this.conn.request("memory_boot_prompt");
+    if (asked !== this.asked) return; // a newer load (Refresh clicked again) is the one shown, whenever it ends
     this.facts.textContent = `${count(answer.chars)} characters, about ${count(answer.tokens_estimate)} tokens (estimated as ${answer.estimate}).`;
     this.text.textContent = answer.text;
   }

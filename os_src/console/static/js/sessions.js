@@ -19,7 +19,7 @@ export class PastSessions {
     this.open = true;
     this.toggle.setAttribute("aria-expanded", "true");
     this.root.hidden = false;
-    this.list = el("ul", { class: "session-list", testid: "session-list" });
+    this.list = el("ul", { class: "session-list", testid: "session-list", tabindex: "-1" });
     this.more = el("div", { class: "more" });
     const heading = el("h2", { id: "past-heading", tabindex: "-1", text: "Past sessions" });
     clear(this.root).append(
@@ -42,7 +42,8 @@ export class PastSessions {
   }
 
   /** A page of sessions, older than `before`, into the list that asked (the panel shown again meanwhile
-   * has a list of its own, which would take it twice); false if it could not be loaded. */
+   * has a list of its own, which would take it twice); false if it could not be loaded, else where the
+   * focus goes from the button that asked (`askingOnce`): the first session it shows, or the list. */
   async page(before) {
     const { list, more } = this;
     let answer;
@@ -53,14 +54,15 @@ export class PastSessions {
       return false;
     }
     if (list !== this.list) return true; // the panel was shown again: its own list asks for itself
-    list.append(...answer.sessions.map((s) => this.item(s)));
+    const items = answer.sessions.map((s) => this.item(s));
+    list.append(...items);
     if (!answer.sessions.length && !before) list.append(el("li", { class: "empty", text: "No session has had a turn yet." }));
     clear(more);
     if (answer.more) {
       more.append(el("button", { type: "button", testid: "sessions-more", text: "Show older sessions",
         onclick: askingOnce(() => this.page(answer.sessions.at(-1).id)) }));
     }
-    return true;
+    return items[0]?.querySelector("button") ?? list;
   }
 
   item(s) {
@@ -91,10 +93,11 @@ export class PastSessions {
   }
 
   /** One session, read-only, a page of turns at a time (earlier pages on demand); false if a page could
-   * not be loaded. */
+   * not be loaded, else where the focus goes from the button that asked (`askingOnce`): the next page's
+   * button, or the list of turns. */
   async read(s, before = null, turns = null) {
     if (!turns) {
-      turns = el("ol", { class: "messages read-only", testid: "past-turns", "aria-label": `Session of ${when(s.started_at)}` });
+      turns = el("ol", { class: "messages read-only", testid: "past-turns", tabindex: "-1", "aria-label": `Session of ${when(s.started_at)}` });
       this.turns = turns;
       const heading = el("h2", { tabindex: "-1", text: `Session of ${when(s.started_at)}` });
       const said = el("p", { class: "hint", role: "status", testid: "past-status" });
@@ -117,11 +120,10 @@ export class PastSessions {
     turns.querySelector(":scope > .load-earlier")?.remove();
     const said = this.root.querySelector("[data-testid=past-status]");
     const items = page.turns.flatMap((t) => pastTurnItems(t, { forget: (which) => this.forget(which, said), session: s.id }));
-    if (page.more) {
-      items.unshift(el("li", { class: "load-earlier" }, el("button", { type: "button", testid: "load-earlier",
-        text: "Show earlier turns", onclick: askingOnce(() => this.read(s, page.turns[0].turn, turns)) })));
-    }
+    const earlier = page.more ? el("button", { type: "button", testid: "load-earlier",
+      text: "Show earlier turns", onclick: askingOnce(() => this.read(s, page.turns[0].turn, turns)) }) : null;
+    if (earlier) items.unshift(el("li", { class: "load-earlier" }, earlier));
     turns.prepend(...items);
-    return true;
+    return earlier ?? turns;
   }
 }
