@@ -6,7 +6,9 @@ The recall benchmark's questions among N filler turns and N filler learnings (be
 filler, N = 1,000,000; --quick: 20,000), with "Dana" added to every other document and to every
 question: a name that half the documents hold, as a person's partner or child is in a real
 memory. Each question is asked through `recall.Searcher` (lexical: tantivy BM25 with neighbours,
-what search_memory runs first), and also without the name, side by side. Latency is the searching
+what search_memory runs first), and also without the name, side by side, and with the name again
+searched exactly (every posting read, not the common words' shortcut: common_words.py), with the
+share of the top 10 the shortcut keeps and each way's recall@10. Latency is the searching
 thread's CPU time (the machine is shared), p50 / p95.
 """
 
@@ -55,7 +57,8 @@ def workspace(n: int) -> Path:
 
 def lexical(quick: bool) -> dict[str, Any]:
     n = 20_000 if quick else 1_000_000
-    _, questions = build.benchmark()
+    turns, questions = build.benchmark()
+    placed = {(t.session, t.turn): build.NEW_BASE + i for i, t in enumerate(turns)}  # as workspace() adds them
     questions = questions[:: max(1, len(questions) // QUESTIONS)][:QUESTIONS]
     settings = build.settings_for(workspace(n))
     searcher = open_searcher(settings, lexical=True)
@@ -63,16 +66,29 @@ def lexical(quick: bool) -> dict[str, Any]:
     assert index is not None
     docs = index.documents
     out: dict[str, Any] = {"documents": docs, "questions": len(questions)}
+    exact_from = 1 << 62  # out of reach: every posting read, exact BM25 (common_words.py)
+    tops: dict[str, list[list[tuple[str, int]]]] = {}
     try:
-        for label, suffix in (("with_name", f" {NAME}?"), ("without", "")):
+        for label, suffix, split_from in (("with_name", f" {NAME}?", index.split_from),
+                                          ("with_name_exact", f" {NAME}?", exact_from),
+                                          ("without", "", index.split_from)):
+            index.split_from = split_from
             for q in questions[:20]:  # warm the page cache
                 searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
             cpu = []
+            tops[label] = []
+            found = 0
             for q in questions:
                 started = time.thread_time()
-                searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
+                hits = searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
                 cpu.append((time.thread_time() - started) * 1000)
-            out[label] = {"cpu_p50_ms": pct(cpu, 0.5), "cpu_p95_ms": pct(cpu, 0.95), "cpu_max_ms": pct(cpu, 1.0)}
+                tops[label].append([(h.kind, h.id) for h in hits])
+                found += any(("episode", placed[e]) in tops[label][-1] for e in q.evidence if e in placed)
+            out[label] = {"cpu_p50_ms": pct(cpu, 0.5), "cpu_p95_ms": pct(cpu, 0.95), "cpu_max_ms": pct(cpu, 1.0),
+                          "recall@10": round(found / len(questions), 3)}
+        # how far the common words' shortcut strays from exact BM25: the share of each question's top 10 it keeps
+        out["top10_kept"] = round(sum(len(set(a) & set(b)) / max(1, len(b)) for a, b in
+                                      zip(tops["with_name"], tops["with_name_exact"], strict=True)) / len(questions), 4)
         name_docs = index.index.searcher().doc_freq("text", NAME.lower())
         out["name_share"] = round(name_docs / docs, 3)
     finally:

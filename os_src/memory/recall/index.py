@@ -13,7 +13,8 @@ memory search used to) made old memories unfindable: 5% of the oldest found agai
 the newest. tantivy keeps document frequencies in its term dictionary, so exact BM25 over 2M
 documents takes a few milliseconds, whatever a memory's age. (tantivy-py's `search` collects
 through a MultiCollector, which tantivy never prunes for: each word's whole posting list is
-read, so a word most documents hold costs its full list: docs/memory.md.)
+read, so in a large index the words most documents hold only re-score what the others find:
+common_words.py.)
 
 One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
 the server is stopped. Any number of readers, in any process, see each commit after `reload`.
@@ -22,12 +23,14 @@ the server is stopped. Any number of readers, in any process, see each commit af
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import tantivy
+
+from . import common_words
 
 LEARNING_OFFSET = 1 << 40
 CONTEXT_BOOST = 0.5
@@ -71,6 +74,12 @@ def learning_doc(learning_id: int, at: float, content: str) -> tantivy.Document:
     return tantivy.Document(id=doc_id("learning", learning_id), kind="learning", at=at, text=content, context="")
 
 
+def analyzer() -> tantivy.TextAnalyzer:
+    """The index's `en_stem`: simple tokens, long ones dropped, lowercased, English-stemmed."""
+    return (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
+            .filter(tantivy.Filter.lowercase()).filter(tantivy.Filter.stemmer("english")).build())
+
+
 def exists(path: Path) -> bool:
     return (path / "meta.json").exists()
 
@@ -87,6 +96,8 @@ class RecallIndex:
             self.index = tantivy.Index.open(str(path))
         self._writer: tantivy.IndexWriter | None = None
         self._writable = writable
+        self._analyze = analyzer()
+        self.split_from = common_words.SPLIT_FROM  # the benchmark sets it out of reach to measure exact search
 
     def _w(self) -> tantivy.IndexWriter:
         if not self._writable:
@@ -137,39 +148,82 @@ class RecallIndex:
             return []
         searcher = self.index.searcher()
         if window is None:
-            return _run(searcher, self._words(words), limit)
+            return self._best(searcher, words, limit)
         inside = tantivy.Query.range_query(self.index.schema, "at", tantivy.FieldType.Float, window.start,
                                            window.end)
-        parts = [inside]
-        if words:
-            query = self._words(words)
-            both = tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, inside)])
-            parts = [both, query, inside]
         out: list[IndexHit] = []
         seen: set[tuple[str, int]] = set()
+        parts: list[Callable[[], list[IndexHit]]] = [lambda: _run(searcher, inside, limit)]
+        if words:
+            parts = [lambda: self._best(searcher, words, limit, inside), lambda: self._best(searcher, words, limit),
+                     *parts]
         for part in parts:
             if len(out) >= limit:
                 break
-            for h in _run(searcher, part, limit):
+            for h in part():
                 if (h.kind, h.id) not in seen:
                     seen.add((h.kind, h.id))
                     out.append(h)
         return out[:limit]
+
+    def _best(self, searcher: tantivy.Searcher, words: Sequence[str], limit: int,
+              within: tantivy.Query | None = None) -> list[IndexHit]:
+        """The best `limit` documents for `words` (among those `within` matches, if given): in a large
+        index, what the words few documents hold find, re-scored by the common ones (common_words.py)."""
+        split = common_words.split(words, lambda w: self._frequencies(searcher, w), int(searcher.num_docs),
+                                   CONTEXT_BOOST, self.split_from)
+        if split is not None:
+            found = searcher.search(_within(self._words(split.rare), within), common_words.pool(limit),
+                                    count=False).hits
+            extra: dict[tuple[int, int], float] = {}
+            if found:
+                ids = searcher.fast_field_values("id", [a for _, a in found])
+                only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
+                rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
+                                                       (tantivy.Occur.Should, self._words(split.common))])
+                extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
+            address = {_key(a): a for _, a in found}
+            best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, split.most)
+            if best is not None:
+                return _hits(searcher, [(score, address[key]) for score, key in best])
+        return _run(searcher, _within(self._words(words), within), limit)
+
+    def _frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
+        return [(int(searcher.doc_freq("text", t)), int(searcher.doc_freq("context", t)))
+                for t in self._analyze.analyze(word)]
 
     def _words(self, words: Sequence[str]) -> tantivy.Query:
         return self.index.parse_query(" ".join(words), ["text", "context"],
                                       field_boosts={"text": 1.0, "context": CONTEXT_BOOST})
 
 
+def _within(query: tantivy.Query, within: tantivy.Query | None) -> tantivy.Query:
+    if within is None:
+        return query
+    return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, within)])
+
+
+def _key(address: tantivy.DocAddress) -> tuple[int, int]:
+    return address.segment_ord, address.doc
+
+
 def _run(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[IndexHit]:
+    return _hits(searcher, searcher.search(query, limit, count=False).hits)
+
+
+def _hits(searcher: tantivy.Searcher, found: Sequence[tuple[float, tantivy.DocAddress]]) -> list[IndexHit]:
+    """Each hit's id and date, from the fast fields (no stored document is read)."""
+    addresses = [a for _, a in found]
+    ids, ats = searcher.fast_field_values("id", addresses), searcher.fast_field_values("at", addresses)
     out = []
-    for score, address in searcher.search(query, limit, count=False).hits:
-        doc = searcher.doc(address)
-        item, at = int(doc["id"][0]), float(doc["at"][0])
+    for (score, _), item, at in zip(found, ids, ats, strict=True):
+        if not isinstance(item, int) or at is None:  # every segment of this schema has both columns
+            raise ValueError("the recall index has a segment without its id or date column: rebuild it "
+                             "(sprite-os memory rebuild --index)")
         if item >= LEARNING_OFFSET:
-            out.append(IndexHit("learning", item - LEARNING_OFFSET, float(score), at))
+            out.append(IndexHit("learning", item - LEARNING_OFFSET, float(score), float(at)))
         else:
-            out.append(IndexHit("episode", item, float(score), at))
+            out.append(IndexHit("episode", item, float(score), float(at)))
     return out
 
 

@@ -14,20 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import tantivy
-
-from .index import RecallIndex
+from .index import RecallIndex, analyzer
 
 RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
 WEIGHT = 0.4  # each rare word adds this much to a memory's score, in proportion
 MOST = 6  # rare words counted, at most
 CACHE = 50_000  # document frequencies kept between searches (cleared when the index changes)
-
-
-def analyzer() -> tantivy.TextAnalyzer:
-    """The index's `en_stem`: simple tokens, long ones dropped, lowercased, English-stemmed."""
-    return (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
-            .filter(tantivy.Filter.lowercase()).filter(tantivy.Filter.stemmer("english")).build())
 
 
 def prior(rare: int) -> float:

@@ -1,0 +1,88 @@
+"""Words most memories hold, searched the cheap way: they re-score what the other words find.
+
+tantivy-py collects every search through a MultiCollector, which tantivy never prunes for, so a
+query reads each of its words' whole posting lists. A word half the memories hold (the person's
+partner, named in every other turn) costs a million postings a field at 1M + 1M, three times what
+the rest of a question costs, for the smallest part of any score (BM25's IDF of a word in half the
+documents is 0.69, against 5 to 12 for a word that says what the question is about).
+
+So in a large index a question's words in more than COMMON_SHARE of the documents are not searched
+for (Elasticsearch's "common terms" query, done by hand): the other words find the `pool` best
+candidates, and the common words' scores are added to those candidates alone (a query on their ids:
+a millisecond or so for a hundred, whatever the words' lists). The result is exact BM25 when it can
+be shown to be:
+
+- a document the other words found none of scores at most `most` (each common word's highest
+  possible BM25, summed), so the `limit`-th result must score above `most`, or the whole query
+  runs as before (`merged` returns None);
+- when the other words matched fewer documents than the pool holds, every one of them was
+  re-scored: the order is BM25's, exactly.
+
+Otherwise a document just below the pool could rise into the results by its common words:
+measured at 1M + 1M with a name in half the documents (docs/benchmarks.md), 98% of each
+question's top 10 are exact BM25's, recall the same, at about half the CPU.
+Pure code: the index reads document frequencies and runs the queries (index.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+COMMON_SHARE = 0.2  # a word in more than a fifth of the documents only re-scores
+SPLIT_FROM = 100_000  # documents; below, every posting is read (a millisecond at most) and BM25 is exact
+POOL_PER_RESULT = 2  # candidates the other words find, per result asked for
+K1 = 1.2  # tantivy's BM25 term saturation: a word adds at most idf * (K1 + 1) in a field
+MARGIN = 1.0001  # tantivy scores in single precision
+
+# a word's document frequency in each field (text, context), for each of its index terms
+Frequencies = Callable[[str], Sequence[tuple[int, int]]]
+Address = tuple[int, int]  # a document's (segment, doc) in one searcher
+
+
+@dataclass(frozen=True)
+class Split:
+    rare: list[str]  # searched for
+    common: list[str]  # only re-score what `rare` finds
+    most: float  # the highest BM25 the common words can give a document, together
+
+
+def idf(frequency: int, documents: int) -> float:
+    """tantivy's BM25 IDF."""
+    return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))
+
+
+def most_score(frequencies: Sequence[tuple[int, int]], documents: int, context_boost: float) -> float:
+    """The highest BM25 a word with these (text, context) frequencies can add to a document."""
+    return sum((K1 + 1) * (idf(t, documents) * (t > 0) + context_boost * idf(c, documents) * (c > 0))
+               for t, c in frequencies)
+
+
+def split(words: Sequence[str], frequencies: Frequencies, documents: int, context_boost: float,
+          split_from: int = SPLIT_FROM) -> Split | None:
+    """The common words of a question apart from the rest; None when searching all of them is the
+    way (an index under `split_from` documents, or no word common, or every word common)."""
+    if documents < split_from:
+        return None
+    freq = {w: frequencies(w) for w in words}
+    common = [w for w in words if any(t > COMMON_SHARE * documents for t, _ in freq[w])]
+    if not common or len(common) == len(words):
+        return None
+    most = sum(most_score(freq[w], documents, context_boost) for w in common) * MARGIN
+    return Split([w for w in words if w not in common], common, most)
+
+
+def pool(limit: int) -> int:
+    return limit * POOL_PER_RESULT
+
+
+def merged(found: Sequence[tuple[float, Address]], extra: dict[Address, float], limit: int, most: float
+           ) -> list[tuple[float, Address]] | None:
+    """The best `limit` of `found` (score by the rare words, address), each with its common words'
+    score from `extra` added, ties in address order as tantivy breaks them; None when a document the
+    rare words did not find could be among them."""
+    scored = sorted(((score + extra.get(at, 0.0), at) for score, at in found), key=lambda s: (-s[0], s[1]))[:limit]
+    if len(scored) < limit or scored[-1][0] <= most:
+        return None
+    return scored
