@@ -63,6 +63,18 @@ export async function retried(ask, onRetry, codes = RETRYABLE, ended = null) {
   }
 }
 
+/** A signal that aborts with the first of `signals` to abort, as `AbortSignal.any` (which Safari before 17.4
+ * and Chromium before 116 lack: every upload failed on them), and `release()`, which stops it listening. */
+function either(...signals) {
+  const any = new AbortController();
+  const listening = new AbortController();
+  for (const signal of signals) {
+    if (signal.aborted) any.abort();
+    signal.addEventListener("abort", () => any.abort(), { once: true, signal: listening.signal });
+  }
+  return { signal: any.signal, release: () => listening.abort() };
+}
+
 /** The files of a drop, and the names of the folders in it: a folder comes as an empty "file" of its
  * name, which the upload would either fail to read or store empty. Read while the drop event lasts
  * (its items are gone after it). */
@@ -313,7 +325,7 @@ export class FilesView {
   async upload(file, after = []) {
     const asker = this.asker();
     const cancelled = new AbortController();
-    const signal = AbortSignal.any([asker.signal, cancelled.signal]); // (a pause between retries, cut short)
+    const { signal, release } = either(asker.signal, cancelled.signal); // (a pause between retries, cut short)
     const ask = (type, fields) => (cancelled.signal.aborted
       ? Promise.reject(Object.assign(new Error("cancelled"), { code: "cancelled" })) : asker.ask(type, fields));
     const line = this.transfer("upload", "Uploading", file.name, file.size, asker.signal, () => cancelled.abort());
@@ -353,6 +365,7 @@ export class FilesView {
       }
     } finally {
       asker.signal.removeEventListener("abort", queued);
+      release();
     }
   }
 }
