@@ -45,7 +45,12 @@ Address = tuple[int, int]  # a document's (segment, doc) in one searcher
 class Split:
     rare: list[str]  # searched for
     common: list[str]  # only re-score what `rare` finds
-    most: float  # the highest BM25 the common words can give a document, together
+    frequencies: list[tuple[int, int]]  # the common words' terms' (text, context) document frequencies
+
+    def most(self, documents: int, context_boost: float) -> float:
+        """The highest BM25 the common words can give a document together, with `documents` as BM25
+        counts them (tantivy: every document of every segment, deleted ones not yet merged away too)."""
+        return most_score(self.frequencies, documents, context_boost) * MARGIN
 
 
 def idf(frequency: int, documents: int) -> float:
@@ -54,23 +59,22 @@ def idf(frequency: int, documents: int) -> float:
 
 
 def most_score(frequencies: Sequence[tuple[int, int]], documents: int, context_boost: float) -> float:
-    """The highest BM25 a word with these (text, context) frequencies can add to a document."""
+    """The highest BM25 terms with these (text, context) frequencies can add to a document."""
     return sum((K1 + 1) * (idf(t, documents) * (t > 0) + context_boost * idf(c, documents) * (c > 0))
                for t, c in frequencies)
 
 
-def split(words: Sequence[str], frequencies: Frequencies, documents: int, context_boost: float,
-          split_from: int = SPLIT_FROM) -> Split | None:
-    """The common words of a question apart from the rest; None when searching all of them is the
-    way (an index under `split_from` documents, or no word common, or every word common)."""
+def split(words: Sequence[str], frequencies: Frequencies, documents: int, split_from: int = SPLIT_FROM
+          ) -> Split | None:
+    """The common words of a question (among `documents`) apart from the rest; None when searching all
+    of them is the way (an index under `split_from` documents, or no word common, or every word common)."""
     if documents < split_from:
         return None
     freq = {w: frequencies(w) for w in words}
     common = [w for w in words if any(t > COMMON_SHARE * documents for t, _ in freq[w])]
     if not common or len(common) == len(words):
         return None
-    most = sum(most_score(freq[w], documents, context_boost) for w in common) * MARGIN
-    return Split([w for w in words if w not in common], common, most)
+    return Split([w for w in words if w not in common], common, [f for w in common for f in freq[w]])
 
 
 def pool(limit: int) -> int:

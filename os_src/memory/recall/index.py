@@ -22,11 +22,12 @@ the server is stopped. Any number of readers, in any process, see each commit af
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import tantivy
 
@@ -171,21 +172,22 @@ class RecallIndex:
         """The best `limit` documents for `words` (among those `within` matches, if given): in a large
         index, what the words few documents hold find, re-scored by the common ones (common_words.py)."""
         split = common_words.split(words, lambda w: self._frequencies(searcher, w), int(searcher.num_docs),
-                                   CONTEXT_BOOST, self.split_from)
+                                   self.split_from)
         if split is not None:
-            found = searcher.search(_within(self._words(split.rare), within), common_words.pool(limit),
-                                    count=False).hits
-            extra: dict[tuple[int, int], float] = {}
-            if found:
+            rare = _within(self._words(split.rare), within)
+            found = searcher.search(rare, common_words.pool(limit), count=False).hits
+            counted = _counted(searcher, rare, found[0][1]) if found else None
+            if counted is not None:
                 ids = searcher.fast_field_values("id", [a for _, a in found])
                 only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
                 rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
                                                        (tantivy.Occur.Should, self._words(split.common))])
                 extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
-            address = {_key(a): a for _, a in found}
-            best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, split.most)
-            if best is not None:
-                return _hits(searcher, [(score, address[key]) for score, key in best])
+                address = {_key(a): a for _, a in found}
+                best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit,
+                                           split.most(counted, CONTEXT_BOOST))
+                if best is not None:
+                    return _hits(searcher, [(score, address[key]) for score, key in best])
         return _run(searcher, _within(self._words(words), within), limit)
 
     def _frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
@@ -201,6 +203,18 @@ def _within(query: tantivy.Query, within: tantivy.Query | None) -> tantivy.Query
     if within is None:
         return query
     return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, within)])
+
+
+def _counted(searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress) -> int | None:
+    """The documents BM25 counts, as `query`'s scoring of a document it matched says: every document of
+    every segment, deleted ones not yet merged away too (`num_docs` leaves those out, and an IDF taken
+    with it is lower than the index's own). None if the explanation does not say."""
+    def find(node: dict[str, Any]) -> int | None:
+        if str(node.get("description", "")).startswith("N, total number of docs"):
+            return int(node["value"])
+        return next((n for n in map(find, node.get("details", [])) if n is not None), None)
+
+    return find(json.loads(query.explain(searcher, matched).to_json()))
 
 
 def _key(address: tantivy.DocAddress) -> tuple[int, int]:
