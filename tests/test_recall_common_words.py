@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from sprite_os.memory.recall import common_words as cw
-from sprite_os.memory.recall.index import RecallIndex, Window, _counted, doc_id, episode_doc, learning_doc
+from sprite_os.memory.recall.index import (
+    RecallIndex,
+    Window,
+    bm25_documents,
+    doc_id,
+    episode_doc,
+    learning_doc,
+)
 
 DOCS = 3_000
 EXACT = 1 << 62  # split_from out of reach: every posting read
@@ -142,10 +149,10 @@ def dana_bound(index: RecallIndex) -> tuple[float, float]:
     index.split_from = 0
     searcher = index.index.searcher()
     top = index.search(["dana"], 1)[0].score
-    found = cw.split(["dana", "zyzzyva"], lambda w: index._frequencies(searcher, w), int(searcher.num_docs), 0)
+    found = cw.split(["dana", "zyzzyva"], lambda w: index.frequencies(searcher, w), int(searcher.num_docs), 0)
     assert found is not None and found.common == ["dana"]
-    hit = searcher.search(index._words(["dana"]), 1, count=False).hits[0][1]
-    counted = _counted(searcher, index._words(["dana"]), hit)
+    hit = searcher.search(index.query_of(["dana"]), 1, count=False).hits[0][1]
+    counted = bm25_documents(searcher, index.query_of(["dana"]), hit)
     assert counted is not None
     index.split_from = cw.SPLIT_FROM
     return top, found.most(counted, 0.5)

@@ -171,30 +171,32 @@ class RecallIndex:
               within: tantivy.Query | None = None) -> list[IndexHit]:
         """The best `limit` documents for `words` (among those `within` matches, if given): in a large
         index, what the words few documents hold find, re-scored by the common ones (common_words.py)."""
-        split = common_words.split(words, lambda w: self._frequencies(searcher, w), int(searcher.num_docs),
+        split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
                                    self.split_from)
         if split is not None:
-            rare = _within(self._words(split.rare), within)
+            rare = _within(self.query_of(split.rare), within)
             found = searcher.search(rare, common_words.pool(limit), count=False).hits
-            counted = _counted(searcher, rare, found[0][1]) if found else None
+            counted = bm25_documents(searcher, rare, found[0][1]) if found else None
             if counted is not None:
                 ids = searcher.fast_field_values("id", [a for _, a in found])
                 only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
                 rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
-                                                       (tantivy.Occur.Should, self._words(split.common))])
+                                                       (tantivy.Occur.Should, self.query_of(split.common))])
                 extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
                 address = {_key(a): a for _, a in found}
                 best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit,
                                            split.most(counted, CONTEXT_BOOST))
                 if best is not None:
                     return _hits(searcher, [(score, address[key]) for score, key in best])
-        return _run(searcher, _within(self._words(words), within), limit)
+        return _run(searcher, _within(self.query_of(words), within), limit)
 
-    def _frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
+    def frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
+        """How many documents hold each of `word`'s index terms, in `text` and in `context`."""
         return [(int(searcher.doc_freq("text", t)), int(searcher.doc_freq("context", t)))
                 for t in self._analyze.analyze(word)]
 
-    def _words(self, words: Sequence[str]) -> tantivy.Query:
+    def query_of(self, words: Sequence[str]) -> tantivy.Query:
+        """Any of `words`, in `text`, and in `context` at half weight."""
         return self.index.parse_query(" ".join(words), ["text", "context"],
                                       field_boosts={"text": 1.0, "context": CONTEXT_BOOST})
 
@@ -205,7 +207,7 @@ def _within(query: tantivy.Query, within: tantivy.Query | None) -> tantivy.Query
     return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, within)])
 
 
-def _counted(searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress) -> int | None:
+def bm25_documents(searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress) -> int | None:
     """The documents BM25 counts, as `query`'s scoring of a document it matched says: every document of
     every segment, deleted ones not yet merged away too (`num_docs` leaves those out, and an IDF taken
     with it is lower than the index's own). None if the explanation does not say."""
