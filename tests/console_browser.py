@@ -22,10 +22,11 @@ Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCRE
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,6 +316,31 @@ def install_templates(settings: Settings) -> None:
         files.install_template(name, (TEMPLATES / name).read_text(encoding="utf-8"), "deploy")
 
 
+def intercepted(monkeypatch: pytest.MonkeyPatch,
+                handle: Callable[[gateway._Connection, str], Awaitable[bool]]) -> None:
+    """Each text frame a page sends goes first to `handle(conn, message)`, which answers or drops it itself
+    (True), or leaves it to the server (False). Stacks: a later one sees the frames first."""
+    receive = gateway._Connection._receive
+
+    async def read(conn: gateway._Connection, message: str | bytes) -> None:
+        if isinstance(message, str) and await handle(conn, message):
+            return
+        await receive(conn, message)
+
+    monkeypatch.setattr(gateway._Connection, "_receive", read)
+
+
+def refused(monkeypatch: pytest.MonkeyPatch, matches: Callable[[str], bool], code: str, message: str) -> None:
+    """The frames `matches` picks are answered with the error `code` (and `message`), never handled."""
+    async def refuse(conn: gateway._Connection, frame: str) -> bool:
+        if not matches(frame):
+            return False
+        conn._error(code, message, json.loads(frame)["request_id"])
+        return True
+
+    intercepted(monkeypatch, refuse)
+
+
 class HeldFrames:
     """The frames a page sends that `matches` picks, read by the server only when the test releases them
     (a slow link for those alone): each waits in a task of its own, so the socket's later frames are read
@@ -330,14 +356,14 @@ class HeldFrames:
             await go.wait()
             await receive(conn, message)
 
-        async def read(conn: gateway._Connection, message: str | bytes) -> None:
-            if self.on and isinstance(message, str) and self.matches(message):
-                go = asyncio.Event()
-                self.held.append((go, asyncio.create_task(when_released(conn, message, go))))
-                return
-            await receive(conn, message)
+        async def hold(conn: gateway._Connection, message: str) -> bool:
+            if not (self.on and self.matches(message)):
+                return False
+            go = asyncio.Event()
+            self.held.append((go, asyncio.create_task(when_released(conn, message, go))))
+            return True
 
-        monkeypatch.setattr(gateway._Connection, "_receive", read)
+        intercepted(monkeypatch, hold)
 
     async def release(self, *which: int) -> None:
         """The held frames `which` (all, if none named), in that order, each handled before the next."""

@@ -22,7 +22,7 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import Tab, chromium, open_tab, signed_in
+from tests.console_browser import Tab, chromium, intercepted, open_tab, signed_in
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -319,19 +319,19 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
     says it stopped (most likely the same person signs in again: they learn to pick the file again)."""
     sockets: list[gateway._Connection] = []  # the page's, in order: the first is the person's who signs out
     asked: list[int] = []  # each `refused` request the server was sent: on which of them
-    receive = gateway._Connection._receive
 
-    async def drop_for_rate(conn: gateway._Connection, message: str | bytes) -> None:
+    async def drop_for_rate(conn: gateway._Connection, message: str) -> bool:
         if conn not in sockets:
             sockets.append(conn)
-        if isinstance(message, str) and f'"{refused}"' in message:
-            asked.append(sockets.index(conn))
-            if conn is sockets[0]:
-                await conn._rate_limited(0.0, message)
-                return
-        await receive(conn, message)
+        if f'"{refused}"' not in message:
+            return False
+        asked.append(sockets.index(conn))
+        if conn is not sockets[0]:
+            return False
+        await conn._rate_limited(0.0, message)
+        return True
 
-    monkeypatch.setattr(gateway._Connection, "_receive", drop_for_rate)
+    intercepted(monkeypatch, drop_for_rate)
     picked = tmp_path / "left behind.txt"
     picked.write_text("the first person's file\n")
     (server.settings.layout.root / "to download.txt").write_text("a file of the workspace\n")

@@ -18,7 +18,6 @@ from playwright.async_api import Locator, WebSocketRoute, expect
 
 from devkit.harness import Restartable, restartable
 from devkit.mock_bridge import Fault, MockBridge
-from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
@@ -27,7 +26,15 @@ from sprite_os.protocol import MAX_USER_TEXT
 from sprite_os.runtime import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
-from tests.console_browser import HeldFrames, Tab, chromium, install_templates, open_tab, signed_in
+from tests.console_browser import (
+    HeldFrames,
+    Tab,
+    chromium,
+    install_templates,
+    open_tab,
+    refused,
+    signed_in,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -1044,16 +1051,11 @@ async def test_earlier_turns_asked_before_a_long_gap_that_fail_say_nothing_in_th
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """As above, but the earlier page fails: its page was not put into the rebuilt list, yet its failure
     was, "The conversation so far could not be loaded", under a conversation loaded in full."""
-    receive = gateway._Connection._receive
+    def earlier(message: str) -> bool:
+        frame = json.loads(message)
+        return frame.get("type") == "session_turns" and "before" in frame
 
-    async def earlier_refused(conn: gateway._Connection, message: str | bytes) -> None:
-        frame = json.loads(message) if isinstance(message, str) else {}
-        if frame.get("type") == "session_turns" and "before" in frame:
-            conn._error("internal", "the record could not be read", frame["request_id"])
-            return
-        await receive(conn, message)
-
-    monkeypatch.setattr(gateway._Connection, "_receive", earlier_refused)
+    refused(monkeypatch, earlier, "internal", "the record could not be read")
     frames = HeldFrames(monkeypatch, pages_and_hello, on=False)
     async with earlier_turns_asked_as_the_link_reopens(server, frames) as tab:
         await frames.release(1, 2)  # the earlier page's failure first, then the newest turns
