@@ -27,7 +27,9 @@ from tests.console_browser import (
     HeldFrames,
     Tab,
     chromium,
+    intercepted,
     open_tab,
+    refused,
     screenshot,
     screenshot_dir,
     signed_in,
@@ -159,16 +161,15 @@ async def test_files_browse_download_upload_and_the_agent_is_told(
 
         # The server drops the first chunk of the next upload for rate, as if the person sent too fast.
         dropped: list[str] = []
-        receive = gateway._Connection._receive
 
-        async def drop_one_chunk(conn: gateway._Connection, message: str | bytes) -> None:
-            if not dropped and isinstance(message, str) and '"upload_chunk"' in message:
-                dropped.append(message)
-                await conn._rate_limited(0.0, message)
-                return
-            await receive(conn, message)
+        async def drop_one_chunk(conn: gateway._Connection, message: str) -> bool:
+            if dropped or '"upload_chunk"' not in message:
+                return False
+            dropped.append(message)
+            await conn._rate_limited(0.0, message)
+            return True
 
-        monkeypatch.setattr(gateway._Connection, "_receive", drop_one_chunk)
+        intercepted(monkeypatch, drop_one_chunk)
         await tab.page.evaluate("""() => {  // every state an upload line goes through, however brief
             window.transferStates = [];
             new MutationObserver((changes) => { for (const c of changes) {
@@ -278,15 +279,7 @@ async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_i
     the browser's words. It is left out, and said. An upload that fails on the page's side (a chunk
     refused for good, a file that cannot be read) held one of the Sprite's four upload slots until the
     idle sweep, two minutes: four of them held every upload back. The page cancels it."""
-    receive = gateway._Connection._receive
-
-    async def chunks_refused(conn: gateway._Connection, message: str | bytes) -> None:
-        if isinstance(message, str) and '"upload_chunk"' in message:  # refused for good (not retried)
-            conn._error("upload_failed", "the disk said no", json.loads(message)["request_id"])
-            return
-        await receive(conn, message)
-
-    monkeypatch.setattr(gateway._Connection, "_receive", chunks_refused)
+    refused(monkeypatch, lambda frame: '"upload_chunk"' in frame, "upload_failed", "the disk said no")  # for good
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         await tab.by("files-tab").click()
@@ -346,15 +339,7 @@ async def test_an_uploads_cancel_stops_it_and_the_sprite_drops_it(server: Sprite
     Clicked while a chunk is on its way (which then comes back refused for rate), or while the page waits
     to send one again, it does not wait out the pause first (4 s and more by the fourth retry). In a browser
     without `AbortSignal.any` (Safari before 17.4) as in any other."""
-    receive = gateway._Connection._receive
-
-    async def chunks_rate_limited(conn: gateway._Connection, message: str | bytes) -> None:
-        if isinstance(message, str) and '"upload_chunk"' in message:  # dropped unhandled: the page retries
-            conn._error("rate_limited", "slow down", json.loads(message)["request_id"])
-            return
-        await receive(conn, message)
-
-    monkeypatch.setattr(gateway._Connection, "_receive", chunks_rate_limited)
+    refused(monkeypatch, lambda frame: '"upload_chunk"' in frame, "rate_limited", "slow down")  # the page retries
     chunks = HeldFrames(monkeypatch, lambda frame: '"upload_chunk"' in frame, on=False)
     documents = server.settings.layout.root / "documents"
     async with chromium() as browser:
@@ -381,6 +366,36 @@ async def test_an_uploads_cancel_stops_it_and_the_sprite_drops_it(server: Sprite
             await expect(tab.by("files-flash")).to_have_text(f"{name} was not uploaded: you cancelled it.")
             await wait_for(lambda: not server.files._uploads, timeout=10, what="the cancelled upload dropped")
             assert not (documents / name).exists()
+        tab.assert_clean()
+
+
+async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download in progress has a Cancel on its line: the page asks for no more chunks, hands nothing to
+    the browser, says "cancelled", and the Sprite lets go of it (`download_cancel`: its file and its place
+    freed at once, not at the idle sweep). A chunk on its way when Cancel is pressed is let go too."""
+    (server.settings.layout.root / "documents" / "film.bin").write_bytes(os.urandom(3 * files_frames.CHUNK_BYTES))
+    chunks = HeldFrames(monkeypatch, lambda frame: '"download_chunk"' in frame)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.page.evaluate("delete AbortSignal.any")
+        saved: list[object] = []
+        tab.page.on("download", lambda download: saved.append(download))
+        await tab.by("files-tab").click()
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await tab.page.locator('[data-name="film.bin"]').get_by_test_id("download").click()
+        line = tab.by("download-progress").filter(has_text="film.bin")
+        await wait_for(lambda: len(chunks.held) == 1, timeout=30, what="the first chunk asked")
+        await chunks.release()
+        await expect(line.get_by_test_id("transfer-state")).to_have_text("33 %")
+        await wait_for(lambda: len(chunks.held) == 2, timeout=30, what="the second chunk asked")
+        assert server.files.downloads.under_way == 1
+        await line.get_by_test_id("transfer-cancel").click()
+        await expect(line).to_have_attribute("data-state", "cancelling")
+        await chunks.release(1)  # its answer comes: no third is asked
+        await expect(line.get_by_test_id("transfer-state")).to_have_text("cancelled")
+        await expect(tab.by("files-flash")).to_have_text("film.bin was not downloaded: you cancelled it.")
+        await wait_for(lambda: server.files.downloads.open == 0, timeout=10, what="the download let go")
+        assert len(chunks.held) == 2 and not saved
         tab.assert_clean()
 
 

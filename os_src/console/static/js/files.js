@@ -152,6 +152,26 @@ export class FilesView {
     return { ask: (type, fields) => this.conn.request(type, fields, { signIn }), signal: signIn.signal };
   }
 
+  /** `asker()` for a transfer with a Cancel: once `cancel()` is called, `ask` asks nothing more (it fails
+   * with "cancelled") and `signal` cuts a pause between retries short, as the sign-in's end does (`ended`);
+   * `drop(type, fields)` then asks the Sprite to let go of the transfer (its slot freed at once, not at the
+   * idle sweep's two minutes). `release()` when the transfer is over. */
+  cancellable() {
+    const asker = this.asker();
+    const cancelling = new AbortController();
+    const { signal, release } = either(asker.signal, cancelling.signal);
+    return {
+      ask: (type, fields) => (cancelling.signal.aborted
+        ? Promise.reject(Object.assign(new Error("cancelled"), { code: "cancelled" })) : asker.ask(type, fields)),
+      signal,
+      ended: asker.signal,
+      cancel: () => cancelling.abort(),
+      cancelled: () => cancelling.signal.aborted,
+      drop: (type, fields) => { retried(() => asker.ask(type, fields), () => {}, DROPPED, asker.signal).catch(() => {}); },
+      release,
+    };
+  }
+
   say(text, kind = "ok") {
     this.flash.textContent = text;
     this.flash.dataset.kind = kind;
@@ -275,12 +295,17 @@ export class FilesView {
     return ` ${note}`;
   }
 
+  /** Downloads one file through the socket, then hands it to the browser. Its line's Cancel stops it
+   * before its next chunk, and the Sprite is asked to let go of it (`download_cancel`); once every byte is
+   * here, it is no longer offered. */
   async download(path, name) {
     let line = null;
-    const { ask, signal } = this.asker();
+    let start = null;
+    const transfer = this.cancellable();
+    const { ask, signal } = transfer;
     try {
-      const start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
-      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, signal);
+      start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
+      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, transfer.ended, transfer.cancel);
       const parts = [];
       for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
         const chunk = await retried(() => ask("download_chunk", { download_id: start.download_id, offset }), line.retrying, RETRYABLE, signal);
@@ -289,6 +314,8 @@ export class FilesView {
         eof = chunk.eof;
         line.step(offset);
       }
+      if (transfer.cancelled()) throw new Error("cancelled"); // the last chunk came after the Cancel
+      line.settling();
       const url = URL.createObjectURL(new Blob(parts, { type: "application/octet-stream" }));
       const link = el("a", { href: url, download: start.name, class: "visually-hidden" });
       document.body.append(link);
@@ -298,8 +325,16 @@ export class FilesView {
       line.done("done", "downloaded");
       this.say(`Downloaded ${name}.`);
     } catch (error) {
-      line?.done("error", error.message);
-      this.say(`${name} was not downloaded: ${error.message}`, "error");
+      if (transfer.cancelled()) {
+        line.done("cancelled", "cancelled");
+        this.say(`${name} was not downloaded: you cancelled it.`);
+        transfer.drop("download_cancel", { download_id: start.download_id });
+      } else {
+        line?.done("error", error.message);
+        this.say(`${name} was not downloaded: ${error.message}`, "error");
+      }
+    } finally {
+      transfer.release();
     }
   }
 
@@ -323,16 +358,13 @@ export class FilesView {
    * before its next request (a pause between retries cut short), and the Sprite is asked to drop what it
    * has of it (`upload_cancel`); once its finish is asked, it is no longer offered. */
   async upload(file, after = []) {
-    const asker = this.asker();
-    const cancelled = new AbortController();
-    const { signal, release } = either(asker.signal, cancelled.signal); // (a pause between retries, cut short)
-    const ask = (type, fields) => (cancelled.signal.aborted
-      ? Promise.reject(Object.assign(new Error("cancelled"), { code: "cancelled" })) : asker.ask(type, fields));
-    const line = this.transfer("upload", "Uploading", file.name, file.size, asker.signal, () => cancelled.abort());
+    const transfer = this.cancellable();
+    const { ask, signal } = transfer;
+    const line = this.transfer("upload", "Uploading", file.name, file.size, transfer.ended, transfer.cancel);
     // The files queued behind it, named if its sign-in ends while it runs (it then never ends); only
     // while it runs: the signal lasts the whole sign-in.
     const queued = () => this.stopped.push(...after.map((f) => f.name));
-    if (after.length) asker.signal.addEventListener("abort", queued, { once: true });
+    if (after.length) transfer.ended.addEventListener("abort", queued, { once: true });
     let stream = null; // the server run the upload began on: a restart forgets every upload
     let start = null;
     try {
@@ -344,14 +376,14 @@ export class FilesView {
         line.step(received);
       }
       const digest = await sha256(file);
-      if (!cancelled.signal.aborted) line.settling(); // its finish asked: too late to cancel it
+      if (!transfer.cancelled()) line.settling(); // its finish asked: too late to cancel it
       const finished = await retried(() => ask("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED, signal);
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
-      if (cancelled.signal.aborted) {
+      if (transfer.cancelled()) {
         line.done("cancelled", "cancelled");
         this.say(`${file.name} was not uploaded: you cancelled it.`);
       } else {
@@ -360,12 +392,10 @@ export class FilesView {
       }
       // Cancelled, or failed here (the file unreadable, a chunk refused for good): its slot on the Sprite is
       // freed now, not at the idle sweep's two minutes (four such held every upload back).
-      if (start && !cut) {
-        retried(() => asker.ask("upload_cancel", { upload_id: start.upload_id }), () => {}, DROPPED, asker.signal).catch(() => {});
-      }
+      if (start && !cut) transfer.drop("upload_cancel", { upload_id: start.upload_id });
     } finally {
-      asker.signal.removeEventListener("abort", queued);
-      release();
+      transfer.ended.removeEventListener("abort", queued);
+      transfer.release();
     }
   }
 }
