@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import time
@@ -38,7 +39,15 @@ from .spill import CommandWrite, ObservationWrite, SessionWrite, write_key
 from .writer import TranscriptWriter
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
-    from claude_agent_sdk import Message, ResultMessage, ToolResultBlock, ToolUseBlock
+    from claude_agent_sdk import (
+        AssistantMessage,
+        Message,
+        ResultMessage,
+        TextBlock,
+        ToolResultBlock,
+        ToolUseBlock,
+        UserMessage,
+    )
 
 TOOL_INPUT_CHARS = 500
 TOOL_OUTPUT_CHARS = 1000
@@ -91,6 +100,23 @@ def _shrink(value: Any, budget: list[int]) -> Any:
     return text
 
 
+@functools.cache
+def _message_kinds() -> tuple[type[AssistantMessage], type[TextBlock], type[ToolResultBlock], type[ToolUseBlock],
+                             type[UserMessage]]:
+    """The SDK's message and block classes `observe` tells apart, looked up once: the runtime shows it
+    every streamed event of a turn (two dozen with a zero-latency model), and a `from ... import` of a
+    package's names inside it ran the import machinery for each."""
+    from claude_agent_sdk import (
+        AssistantMessage,
+        TextBlock,
+        ToolResultBlock,
+        ToolUseBlock,
+        UserMessage,
+    )
+
+    return AssistantMessage, TextBlock, ToolResultBlock, ToolUseBlock, UserMessage
+
+
 @dataclass
 class _ToolCall:
     name: str
@@ -141,17 +167,10 @@ class TurnRecord:
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
         parent_tool_use_id) is not the user's turn; their tool call, seen by the main agent, is."""
-        from claude_agent_sdk import (
-            AssistantMessage,
-            TextBlock,
-            ToolResultBlock,
-            ToolUseBlock,
-            UserMessage,
-        )
-
         turn = self._turn
         if turn is None or getattr(message, "parent_tool_use_id", None) is not None:
             return
+        AssistantMessage, TextBlock, ToolResultBlock, ToolUseBlock, UserMessage = _message_kinds()
         if isinstance(message, AssistantMessage):
             if message.error is not None:  # the CLI's notice of a failed model call, not the agent's words
                 return
