@@ -273,6 +273,41 @@ async def test_a_file_dropped_outside_the_files_view_is_uploaded_not_opened(serv
         tab.assert_clean()
 
 
+DRAG = """([testid, kind, files]) => {  // files (or text) dragged over the element, or leaving the window from it
+    const data = new DataTransfer();
+    if (files) data.items.add(new File(["dragged"], "dragged.txt", {type: "text/plain"}));
+    else data.setData("text/plain", "a few words");
+    document.querySelector(`[data-testid="${testid}"]`).dispatchEvent(
+        new DragEvent(kind, {dataTransfer: data, bubbles: true, cancelable: true, relatedTarget: null}));
+}"""
+
+
+async def test_files_dragged_over_the_console_say_a_drop_uploads_them(server: SpriteOS) -> None:
+    """A drop anywhere on the console uploads at once: while files are dragged over it, it says so, and no
+    more once they are dropped, dragged out of the window, or no longer dragged at all (Escape, which the
+    page is not told of); not for text on its way to the composer, nor signed out."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        cue = tab.by("drop-cue")
+        await tab.page.evaluate(DRAG, ["composer", "dragover", False])
+        assert await cue.is_hidden()  # text: the composer's
+        await tab.page.evaluate(DRAG, ["messages", "dragover", True])
+        await expect(cue).to_be_visible()
+        await expect(cue).to_have_text("Drop to upload to documents/")
+        await tab.page.evaluate(DRAG, ["messages", "dragleave", True])  # to nowhere: out of the window
+        assert await cue.is_hidden()
+        await tab.page.evaluate(DRAG, ["composer", "dragover", True])
+        await expect(cue).to_be_visible()
+        await expect(cue).to_be_hidden(timeout=3_000)  # no dragover since: the drag ended elsewhere
+        assert await tab.page.evaluate(DROP_ON, ["messages", "under the cue.txt"])
+        assert await cue.is_hidden()
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        await tab.by("sign-out").click()
+        await tab.page.evaluate(DRAG, ["token-input", "dragover", True])
+        assert await cue.is_hidden()
+        tab.assert_clean()
+
+
 async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_its_slot_at_once(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder in a drop came as an empty "file" of its name: stored empty, or failing to be read with

@@ -102,12 +102,27 @@ $("sign-out").addEventListener("click", () => {
 // the browser's, as ever.
 const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
 const intoText = (event) => event.target instanceof Element && event.target.closest(":read-write"); // an editable field
+// While files are dragged over the console, signed in, it says so (a drop anywhere uploads at once): on
+// each dragover, which the browser repeats while the drag is over the page (at least every 350 ms, moving
+// or not); gone at the drop, on leaving the window, or a second after the last dragover (a drag ended
+// with Escape, or where the leaving went unseen, says nothing here).
+const cue = $("drop-cue");
+let cueTimer = null;
+const hideCue = () => { clearTimeout(cueTimer); cue.hidden = true; };
 window.addEventListener("dragover", (event) => {
   if (!carriesFiles(event) && intoText(event)) return;
   event.preventDefault();
-  if ($("app").hidden || !carriesFiles(event)) event.dataTransfer.dropEffect = "none"; // the cursor says no drop
+  if ($("app").hidden || !carriesFiles(event)) {
+    event.dataTransfer.dropEffect = "none"; // the cursor says no drop
+    return;
+  }
+  cue.hidden = false;
+  clearTimeout(cueTimer);
+  cueTimer = setTimeout(hideCue, 1000);
 });
+window.addEventListener("dragleave", (event) => { if (!event.relatedTarget) hideCue(); }); // out of the window
 window.addEventListener("drop", (event) => {
+  hideCue();
   if (event.defaultPrevented) return; // the drop zone's own
   if (!carriesFiles(event)) {
     if (!intoText(event)) event.preventDefault(); // a link or text over the page: not opened in the tab
