@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.recall import build
+from bench.recall.generate import Turn
 from bench.recall.run import pct
 from sprite_os.commands.memory_search import open_searcher
 from sprite_os.memory.memory_store import MemoryDB
@@ -32,10 +34,16 @@ NAME = "Dana"
 QUESTIONS = 1_000
 
 
+def episode_ids(turns: Sequence[Turn]) -> dict[tuple[str, int], int]:
+    """Each benchmark turn's episode id in the workspace: the newest, after the filler."""
+    return {(t.session, t.turn): build.NEW_BASE + i for i, t in enumerate(turns)}
+
+
 def workspace(n: int) -> Path:
     """The benchmark's turns as the newest among n filler turns and n learnings, half of everything
     naming NAME; built once and cached."""
     turns, _ = build.benchmark()
+    ids = episode_ids(turns)
     path = build.CACHE / f"lexical-name-{n}"
     built = path / "built"
     if built.exists():
@@ -45,8 +53,8 @@ def workspace(n: int) -> Path:
     settings.layout.ensure()
     shutil.copyfile(build.filler(n), settings.layout.memory_db)
     memory = MemoryDB(settings.layout.memory_db)
-    ep.add(memory.conn, [ep.Episode(build.NEW_BASE + i, t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
-                         for i, t in enumerate(turns)])
+    ep.add(memory.conn, [ep.Episode(ids[(t.session, t.turn)], t.session, t.turn, t.timestamp, f"{t.user}\n{t.assistant}")
+                         for t in turns])
     memory.conn.execute(f"UPDATE episodes SET text = text || ' {NAME}' WHERE id % 2 = 0")
     memory.conn.execute(f"UPDATE learnings SET content = content || ' {NAME}' WHERE id % 2 = 0")
     write_marks(memory.conn, build_index(memory.conn, index_path(settings.layout.memory_dir), build.progress))
@@ -58,7 +66,7 @@ def workspace(n: int) -> Path:
 def lexical(quick: bool) -> dict[str, Any]:
     n = 20_000 if quick else 1_000_000
     turns, questions = build.benchmark()
-    placed = {(t.session, t.turn): build.NEW_BASE + i for i, t in enumerate(turns)}  # as workspace() adds them
+    placed = episode_ids(turns)
     questions = questions[:: max(1, len(questions) // QUESTIONS)][:QUESTIONS]
     settings = build.settings_for(workspace(n))
     searcher = open_searcher(settings, lexical=True)
@@ -87,7 +95,7 @@ def lexical(quick: bool) -> dict[str, Any]:
             out[label] = {"cpu_p50_ms": pct(cpu, 0.5), "cpu_p95_ms": pct(cpu, 0.95), "cpu_max_ms": pct(cpu, 1.0),
                           "recall@10": round(found / len(questions), 3)}
         # how far the common words' shortcut strays from exact BM25: the share of each question's top 10 it keeps
-        out["top10_kept"] = round(sum(len(set(a) & set(b)) / max(1, len(b)) for a, b in
+        out["top10_kept"] = round(sum(len(set(a) & set(b)) / len(b) if b else float(not a) for a, b in
                                       zip(tops["with_name"], tops["with_name_exact"], strict=True)) / len(questions), 4)
         name_docs = index.index.searcher().doc_freq("text", NAME.lower())
         out["name_share"] = round(name_docs / docs, 3)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from sprite_os.memory.recall import common_words as cw
 from sprite_os.memory.recall.index import (
+    WINDOW_SCORE,
     RecallIndex,
     Window,
     bm25_documents,
@@ -55,13 +58,22 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> RecallIndex:
     return RecallIndex(path)
 
 
+@contextmanager
+def searching(index: RecallIndex, split_from: int) -> Iterator[RecallIndex]:
+    """`index` with its common words split from `split_from` documents (0: always; EXACT: never)."""
+    index.split_from = split_from
+    try:
+        yield index
+    finally:
+        index.split_from = cw.SPLIT_FROM
+
+
 def both_ways(index: RecallIndex, words: list[str], limit: int, window: Window | None = None
               ) -> tuple[list[tuple[str, int, float]], list[tuple[str, int, float]]]:
     out = []
     for split_from in (0, EXACT):
-        index.split_from = split_from
-        out.append([(h.kind, h.id, h.score) for h in index.search(words, limit, window)])
-    index.split_from = cw.SPLIT_FROM
+        with searching(index, split_from):
+            out.append([(h.kind, h.id, h.score) for h in index.search(words, limit, window)])
     return out[0], out[1]
 
 
@@ -85,7 +97,7 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return kept
 
 
-def test_exact_when_the_rare_words_find_fewer_than_the_pool(index: RecallIndex, merges: list[bool]) -> None:
+def test_exact_when_the_rare_words_find_fewer_than_the_candidates(index: RecallIndex, merges: list[bool]) -> None:
     """"zyzzyva" is in three documents (and eight turns' neighbours): all eleven are re-scored, and the
     tenth beats any document "dana" alone could bring."""
     split, exact = both_ways(index, ["dana", "zyzzyva"], 10)
@@ -102,19 +114,40 @@ def test_too_few_found_by_the_rare_words_runs_the_whole_query(index: RecallIndex
     assert len(split) == 20
 
 
+def test_a_window_counts_in_the_bound(tmp_path: Path) -> None:
+    """A question about a period: every match inside it gains WINDOW_SCORE, a document "anna" alone brings
+    too, so the bound a result must beat is that much higher; without it, the five documents "zed" found
+    (fewer than the candidates: the exact case) came back above the "anna" ones that outrank them."""
+    writer = RecallIndex(tmp_path / "index", writable=True)
+    writer.put(learning_doc(i, 1_700_000_000.0 + i, "anna " * 8 if i % 4 == 0 else "filler words here")
+               for i in range(1_000))
+    writer.put(learning_doc(2_000 + i, 1_700_000_100.0 + i, "zed " + "long " * 16) for i in range(6))
+    writer.commit()
+    writer.close()
+    index = RecallIndex(tmp_path / "index")
+    window = Window(1_700_000_000.0, 1_700_000_300.0)
+    split, exact = both_ways(index, ["anna", "zed"], 5, window)
+    assert all(i < 1_000 for _, i, _ in exact)  # "anna" alone, above any "zed"
+    assert split == exact
+    assert exact[0][2] == pytest.approx(dict(exact_pairs(index, ["anna"]))[("learning", exact[0][1])] + WINDOW_SCORE)
+
+
+def exact_pairs(index: RecallIndex, words: list[str]) -> list[tuple[tuple[str, int], float]]:
+    with searching(index, EXACT):
+        return [((h.kind, h.id), h.score) for h in index.search(words, DOCS)]
+
+
 def exact_scores(index: RecallIndex, words: list[str], window: Window | None = None) -> dict[tuple[str, int], float]:
-    index.split_from = EXACT
-    scores = {(h.kind, h.id): h.score for h in index.search(words, DOCS, window)}
-    index.split_from = cw.SPLIT_FROM
-    return scores
+    with searching(index, EXACT):
+        return {(h.kind, h.id): h.score for h in index.search(words, DOCS, window)}
 
 
 @pytest.mark.parametrize("words", [["dana", "piano"], ["piano", "ferry", "dana"], ["dana", "garden", "orchid"]])
-def test_a_full_pool_is_re_scored_exactly_and_keeps_most_of_bm25s_best(index: RecallIndex, merges: list[bool],
+def test_full_candidates_are_re_scored_exactly_and_keep_most_of_bm25s_best(index: RecallIndex, merges: list[bool],
                                                                        words: list[str]) -> None:
-    """More documents hold the rare words than the pool: what is found is scored as BM25 scores it, and
-    most of BM25's best are found (a document just below the pool may be missed: measured at scale in
-    docs/benchmarks.md)."""
+    """More documents hold the rare words than the candidates asked for: what is found is scored as BM25
+    scores it, and most of BM25's best are found (a document just below the candidates may be missed:
+    measured at scale in docs/benchmarks.md)."""
     split, exact = both_ways(index, words, 10)
     assert merges == [True]
     scores = exact_scores(index, words)
@@ -141,50 +174,52 @@ def test_small_index_or_no_common_word_is_not_split() -> None:
     found = cw.split(["dana", "piano"], counts.__getitem__, 200_000)
     assert found is not None and (found.rare, found.common) == (["piano"], ["dana"])
     idf = math.log(1 + (200_000 - 60_000 + 0.5) / 60_000.5), math.log(1 + (200_000 - 90_000 + 0.5) / 90_000.5)
-    assert found.most(200_000, 0.5) == pytest.approx(2.2 * (idf[0] + 0.5 * idf[1]) * cw.MARGIN)
+    assert found.bound(200_000, 0.5) == pytest.approx(2.2 * (idf[0] + 0.5 * idf[1]) * cw.MARGIN)
 
 
 def dana_bound(index: RecallIndex) -> tuple[float, float]:
     """The highest score of "dana" alone in the index, and the bound the split takes for it."""
-    index.split_from = 0
-    searcher = index.index.searcher()
-    top = index.search(["dana"], 1)[0].score
-    found = cw.split(["dana", "zyzzyva"], lambda w: index.frequencies(searcher, w), int(searcher.num_docs), 0)
-    assert found is not None and found.common == ["dana"]
-    hit = searcher.search(index.query_of(["dana"]), 1, count=False).hits[0][1]
-    counted = bm25_documents(searcher, index.query_of(["dana"]), hit)
-    assert counted is not None
-    index.split_from = cw.SPLIT_FROM
-    return top, found.most(counted, 0.5)
+    with searching(index, 0):
+        searcher = index.index.searcher()
+        top = index.search(["dana"], 1)[0].score
+        found = cw.split(["dana", "zyzzyva"], lambda w: index.frequencies(searcher, w), int(searcher.num_docs), 0)
+        assert found is not None and found.common == ["dana"]
+        hit = searcher.search(index.query_of(["dana"]), 1, count=False).hits[0][1]
+        counted = bm25_documents(searcher, index.query_of(["dana"]), hit)
+        assert counted is not None
+        return top, found.bound(counted, 0.5)
 
 
-def test_most_score_bounds_what_the_index_gives(index: RecallIndex) -> None:
-    """The bound holds against tantivy's own scores: no document scores above it for "dana" alone."""
-    top, most = dana_bound(index)
-    assert most / 4 < top <= most  # and is not loose beyond use
+def test_the_bound_holds_against_what_the_index_gives(index: RecallIndex) -> None:
+    """No document scores above it for "dana" alone, and it is not loose beyond use."""
+    top, bound = dana_bound(index)
+    assert bound / 4 < top <= bound
 
 
 def test_the_bound_counts_deleted_documents_as_bm25_does(tmp_path: Path) -> None:
-    """Replaced documents stay in their segment until a merge, and BM25 counts them: an IDF taken
-    over the live documents alone is lower than the index's, and was no bound (negative here)."""
+    """Replaced or forgotten documents stay in their segment until a merge, and BM25 counts them: a bound
+    taken over the live documents alone is lower than the index's scores (here below what "dana" alone
+    scores), so a question whose other word found too little kept its answer, and lost the documents
+    "dana" alone brings, which rank above."""
     writer = RecallIndex(tmp_path / "index", writable=True)
-    writer.put(learning_doc(i, 1_700_000_000.0, "dana piano") for i in range(1_000))
+    writer.put(learning_doc(i, 1_700_000_000.0, "gone") for i in range(1_000))
+    writer.put(learning_doc(1_000 + i, 1_700_000_000.0, "dana") for i in range(30))
+    writer.put(learning_doc(2_000 + i, 1_700_000_000.0, "piano " + "long " * 6) for i in range(6))
     writer.commit()
-    writer.put((learning_doc(1_000 + i, 1_700_000_000.0, "piano") for i in range(990)),
-               replace=[doc_id("learning", i) for i in range(990)])  # 990 replaced: 10 name her still
+    writer.put([], replace=[doc_id("learning", i) for i in range(1_000)])  # deleted, not yet merged away
     writer.commit()
     writer.close()
     index = RecallIndex(tmp_path / "index")
-    searcher = index.index.searcher()
-    assert int(searcher.num_docs) == 1_000 and int(searcher.doc_freq("text", "dana")) == 1_000  # deletes counted
-    top, most = dana_bound(index)
-    assert top <= most
+    assert int(index.index.searcher().num_docs) == 36
+    split, exact = both_ways(index, ["dana", "piano"], 5)  # "piano" in 6 documents: rare among 36
+    assert [i for _, i, _ in exact] == list(range(1_000, 1_005))  # "dana" alone, each above any "piano"
+    assert split == exact
 
 
-def test_merged_keeps_only_what_no_unfound_document_can_beat() -> None:
+def test_merged_refuses_what_a_document_the_rare_words_did_not_find_could_beat() -> None:
     a, b, c = (0, 1), (0, 2), (1, 0)
     found = [(9.0, a), (8.0, b), (7.5, c)]
-    assert cw.merged(found, {c: 2.0}, 2, most=3.0) == [(9.5, c), (9.0, a)]
-    assert cw.merged([(9.0, c), (9.0, a)], {}, 2, most=3.0) == [(9.0, a), (9.0, c)]  # ties: tantivy's order
-    assert cw.merged(found, {}, 3, most=7.5) is None  # the third is no better than a "dana"-only document
-    assert cw.merged(found, {}, 4, most=1.0) is None  # too few found
+    assert cw.merged(found, {c: 2.0}, 2, bound=3.0) == [(9.5, c), (9.0, a)]
+    assert cw.merged([(9.0, c), (9.0, a)], {}, 2, bound=3.0) == [(9.0, a), (9.0, c)]  # ties: tantivy's order
+    assert cw.merged(found, {}, 3, bound=7.5) is None  # the third is no better than a "dana"-only document
+    assert cw.merged(found, {}, 4, bound=1.0) is None  # too few found

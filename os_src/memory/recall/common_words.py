@@ -7,20 +7,22 @@ the rest of a question costs, for the smallest part of any score (BM25's IDF of 
 documents is 0.69, against 5 to 12 for a word that says what the question is about).
 
 So in a large index a question's words in more than COMMON_SHARE of the documents are not searched
-for (Elasticsearch's "common terms" query, done by hand): the other words find the `pool` best
-candidates, and the common words' scores are added to those candidates alone (a query on their ids:
-a millisecond or so for a hundred, whatever the words' lists). The result is exact BM25 when it can
-be shown to be:
+for (Elasticsearch's "common terms" query, done by hand): the other words find `candidates(limit)`,
+and the common words' scores are added to those alone (a query on their ids: a millisecond or so for
+a hundred, whatever the words' lists). The result is exact BM25 in two cases, and approximate
+otherwise:
 
-- a document the other words found none of scores at most `most` (each common word's highest
-  possible BM25, summed), so the `limit`-th result must score above `most`, or the whole query
-  runs as before (`merged` returns None);
-- when the other words matched fewer documents than the pool holds, every one of them was
+- a document the other words found none of scores at most the common words' bound (each one's
+  highest possible BM25, summed), so the `limit`-th result must score above it, or the whole query
+  runs as before (`merged` returns None): no common-words-only document is ever left out;
+- when the other words matched fewer documents than the candidates asked for, every one of them was
   re-scored: the order is BM25's, exactly.
 
-Otherwise a document just below the pool could rise into the results by its common words:
-measured at 1M + 1M with a name in half the documents (docs/benchmarks.md), 98% of each
-question's top 10 are exact BM25's, recall the same, for about 40% less CPU at p95.
+When they matched more, a document just below the candidates could have risen into the results by
+its common words, and is not seen: measured at 1M + 1M with a name in half the documents
+(docs/benchmarks.md), 98% of each question's top 10 are exact BM25's, recall@10 the same (0.496
+against 0.497), for a third less CPU at p95. Checking that edge too (the last candidate's score plus
+the bound below the result's last) held for too few questions to gain anything.
 Pure code: the index reads document frequencies and runs the queries (index.py).
 """
 
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 COMMON_SHARE = 0.2  # a word in more than a fifth of the documents only re-scores
 SPLIT_FROM = 100_000  # documents; below, every posting is read (a millisecond at most) and BM25 is exact
-POOL_PER_RESULT = 2  # candidates the other words find, per result asked for
+CANDIDATES_PER_RESULT = 2  # documents the other words find, per result asked for
 K1 = 1.2  # tantivy's BM25 term saturation: a word adds at most idf * (K1 + 1) in a field
 MARGIN = 1.0001  # tantivy scores in single precision
 
@@ -45,12 +47,12 @@ Address = tuple[int, int]  # a document's (segment, doc) in one searcher
 class Split:
     rare: list[str]  # searched for
     common: list[str]  # only re-score what `rare` finds
-    frequencies: list[tuple[int, int]]  # the common words' terms' (text, context) document frequencies
+    common_frequencies: list[tuple[int, int]]  # the common words' terms' (text, context) document frequencies
 
-    def most(self, documents: int, context_boost: float) -> float:
+    def bound(self, documents: int, context_boost: float) -> float:
         """The highest BM25 the common words can give a document together, with `documents` as BM25
         counts them (tantivy: every document of every segment, deleted ones not yet merged away too)."""
-        return most_score(self.frequencies, documents, context_boost) * MARGIN
+        return most_score(self.common_frequencies, documents, context_boost) * MARGIN
 
 
 def idf(frequency: int, documents: int) -> float:
@@ -66,8 +68,10 @@ def most_score(frequencies: Sequence[tuple[int, int]], documents: int, context_b
 
 def split(words: Sequence[str], frequencies: Frequencies, documents: int, split_from: int = SPLIT_FROM
           ) -> Split | None:
-    """The common words of a question (among `documents`) apart from the rest; None when searching all
-    of them is the way (an index under `split_from` documents, or no word common, or every word common)."""
+    """The common words of a question (among `documents`, the live ones: a threshold, not a score)
+    apart from the rest; None when searching all of them is the way (an index under `split_from`
+    documents, or no word common, or every word common). A word is common by its `text` frequency: its
+    `context` one follows it (each turn's neighbours), four times over."""
     if documents < split_from:
         return None
     freq = {w: frequencies(w) for w in words}
@@ -77,16 +81,18 @@ def split(words: Sequence[str], frequencies: Frequencies, documents: int, split_
     return Split([w for w in words if w not in common], common, [f for w in common for f in freq[w]])
 
 
-def pool(limit: int) -> int:
-    return limit * POOL_PER_RESULT
+def candidates(limit: int) -> int:
+    """How many documents the other words find for `limit` results."""
+    return limit * CANDIDATES_PER_RESULT
 
 
-def merged(found: Sequence[tuple[float, Address]], extra: dict[Address, float], limit: int, most: float
+def merged(found: Sequence[tuple[float, Address]], extra: dict[Address, float], limit: int, bound: float
            ) -> list[tuple[float, Address]] | None:
     """The best `limit` of `found` (score by the rare words, address), each with its common words'
     score from `extra` added, ties in address order as tantivy breaks them; None when a document the
-    rare words did not find could be among them."""
+    rare words did not find at all could be among them (the common words' `bound` is not below the
+    result's last), or when they found too few."""
     scored = sorted(((score + extra.get(at, 0.0), at) for score, at in found), key=lambda s: (-s[0], s[1]))[:limit]
-    if len(scored) < limit or scored[-1][0] <= most:
+    if len(scored) < limit or scored[-1][0] <= bound:
         return None
     return scored

@@ -11,10 +11,10 @@ Why tantivy, not FTS5 (docs/memory.md has the figures): FTS5's exact bm25() cost
 matching row, about 100-270 ms a query at a million rows, and capping the rows it reads (as
 memory search used to) made old memories unfindable: 5% of the oldest found against 51% of
 the newest. tantivy keeps document frequencies in its term dictionary, so exact BM25 over 2M
-documents takes a few milliseconds, whatever a memory's age. (tantivy-py's `search` collects
-through a MultiCollector, which tantivy never prunes for: each word's whole posting list is
-read, so in a large index the words most documents hold only re-score what the others find:
-common_words.py.)
+documents takes a few milliseconds, whatever a memory's age, for a question of words few documents
+hold. (tantivy-py's `search` collects through a MultiCollector, which tantivy never prunes for:
+each word's whole posting list is read, so in a large index the words most documents hold only
+re-score what the others find: common_words.py, approximate at the edge of what they find.)
 
 One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
 the server is stopped. Any number of readers, in any process, see each commit after `reload`.
@@ -31,10 +31,14 @@ from typing import Any, Literal
 
 import tantivy
 
+from ...logs import get_logger
 from . import common_words
+
+log = get_logger(__name__)
 
 LEARNING_OFFSET = 1 << 40
 CONTEXT_BOOST = 0.5
+WINDOW_SCORE = 1.0  # what a match inside the period asked about gains (tantivy's range query gave it 1.0)
 WRITER_HEAP = 64_000_000
 Kind = Literal["episode", "learning"]
 
@@ -169,13 +173,14 @@ class RecallIndex:
 
     def _best(self, searcher: tantivy.Searcher, words: Sequence[str], limit: int,
               within: tantivy.Query | None = None) -> list[IndexHit]:
-        """The best `limit` documents for `words` (among those `within` matches, if given): in a large
-        index, what the words few documents hold find, re-scored by the common ones (common_words.py)."""
+        """The best `limit` documents for `words` by BM25 (among those `within` matches, if given): in a
+        large index, what the words few documents hold find, re-scored by the common ones
+        (common_words.py: exact but at the edge of what the others find)."""
         split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
                                    self.split_from)
         if split is not None:
             rare = _within(self.query_of(split.rare), within)
-            found = searcher.search(rare, common_words.pool(limit), count=False).hits
+            found = searcher.search(rare, common_words.candidates(limit), count=False).hits
             counted = bm25_documents(searcher, rare, found[0][1]) if found else None
             if counted is not None:
                 ids = searcher.fast_field_values("id", [a for _, a in found])
@@ -184,8 +189,9 @@ class RecallIndex:
                                                        (tantivy.Occur.Should, self.query_of(split.common))])
                 extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
                 address = {_key(a): a for _, a in found}
-                best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit,
-                                           split.most(counted, CONTEXT_BOOST))
+                # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
+                bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
+                best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, bound)
                 if best is not None:
                     return _hits(searcher, [(score, address[key]) for score, key in best])
         return _run(searcher, _within(self.query_of(words), within), limit)
@@ -202,9 +208,11 @@ class RecallIndex:
 
 
 def _within(query: tantivy.Query, within: tantivy.Query | None) -> tantivy.Query:
+    """`query`'s matches inside `within`, each WINDOW_SCORE above its BM25."""
     if within is None:
         return query
-    return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, within)])
+    inside = tantivy.Query.const_score_query(within, WINDOW_SCORE)
+    return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, inside)])
 
 
 def bm25_documents(searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress) -> int | None:
@@ -216,7 +224,15 @@ def bm25_documents(searcher: tantivy.Searcher, query: tantivy.Query, matched: ta
             return int(node["value"])
         return next((n for n in map(find, node.get("details", [])) if n is not None), None)
 
-    return find(json.loads(query.explain(searcher, matched).to_json()))
+    counted = find(json.loads(query.explain(searcher, matched).to_json()))
+    if counted is None and not _unsaid:
+        _unsaid.append(True)
+        log.warning("recall_index_count_unknown", why="tantivy's explanation no longer names N: every "
+                    "posting of a common word is read again (common_words.py)")
+    return counted
+
+
+_unsaid: list[bool] = []  # the warning above, once a process
 
 
 def _key(address: tantivy.DocAddress) -> tuple[int, int]:
@@ -235,7 +251,7 @@ def _hits(searcher: tantivy.Searcher, found: Sequence[tuple[float, tantivy.DocAd
     for (score, _), item, at in zip(found, ids, ats, strict=True):
         if not isinstance(item, int) or at is None:  # every segment of this schema has both columns
             raise ValueError("the recall index has a segment without its id or date column: rebuild it "
-                             "(sprite-os memory rebuild --index)")
+                             "(`sprite-os memory rebuild --index --yes` with the server stopped)")
         if item >= LEARNING_OFFSET:
             out.append(IndexHit("learning", item - LEARNING_OFFSET, float(score), float(at)))
         else:
