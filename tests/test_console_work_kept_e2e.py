@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Locator, WebSocketRoute, expect
@@ -146,15 +147,22 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
 
 
 async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a_newer_one(server: SpriteOS) -> None:
-    """Refresh clicked twice on Health or Boot prompt, the first answer slow: it came after the second and
-    was drawn over it, the older state left on screen (here the older answer made to differ, as the memory
-    it told of did)."""
+    """Refresh clicked twice on Health, Boot prompt or Files, the first answer slow: it came after the second
+    and was drawn over it, the older state left on screen (here the older answer made to differ, as the
+    memory it told of did); or, failing late, its error was said under the newest answer."""
     install_templates(server.settings)
     late = HoldBack()
     stale = "What an older answer said"
+
+    def failed(frame: dict[str, Any]) -> None:
+        kept = frame["request_id"]
+        frame.clear()
+        frame.update(type="error", request_id=kept, code="internal", message=stale)
+
     older = {  # a section, the answer of its that is held, how it is made older, and where it would show
         "boot": ("memory_boot_prompt_result", lambda f: f.update(text=stale), "boot-prompt"),
         "health": ("memory_health_result", lambda f: f["health"].update(last_error=stale), "memory-state"),
+        "files": ("memory_files_result", failed, "memory-flash"),
     }
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=late.route)
@@ -167,11 +175,17 @@ async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a
             frame = json.loads(late.held[0])
             make_older(frame)
             late.held[0] = json.dumps(frame)
+            await tab.page.evaluate("""() => {  // every text the memory view's notice shows, however briefly
+                window.said = [];
+                const flash = document.querySelector('[data-testid="memory-flash"]');
+                new MutationObserver(() => window.said.push(flash.textContent)).observe(flash, {childList: true, characterData: true, subtree: true});
+            }""")
             late.release()  # the late answer arrives, then the learnings', in order on the socket
             await tab.by("memory-section-learnings").click()  # not the Memory tab: it would load the section again
             await expect(tab.by("memory-panel-learnings")).not_to_have_attribute("data-loading", "true")
             assert await tab.by(shown).text_content() == newest
             assert stale not in (newest or "")
+            assert not [text for text in await tab.page.evaluate("window.said") if stale in text]
         tab.assert_clean()
 
 

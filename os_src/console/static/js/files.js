@@ -243,17 +243,22 @@ export class FilesView {
     // `cancel`: the line has a Cancel while the transfer can still be stopped (`settling()` takes it away);
     // clicked, the line says "cancelling…" until `done`, whatever the request on its way answers.
     let cancelling = false;
+    // The Cancel gone (pressed, or too late), the keyboard's place stays on its line, not the page's body.
+    const noCancel = () => {
+      if (stop?.contains(document.activeElement)) item.focus();
+      stop?.remove();
+    };
     const stop = cancel && el("button", { type: "button", class: "link", testid: "transfer-cancel", text: "Cancel",
       "aria-label": `Cancel ${verb.toLowerCase()} ${name}`, onclick: () => {
         cancelling = true;
-        stop.remove();
+        noCancel();
         item.dataset.state = "cancelling";
         state.textContent = "cancelling…";
         cancel();
       } });
     state.before(bar);
     if (stop) state.after(stop);
-    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); stop?.remove(); };
+    const done = (kind, text) => { item.dataset.state = kind; state.textContent = text; bar.remove(); noCancel(); };
     ended.addEventListener("abort", () => {
       if (!bar.isConnected) return;
       const why = ended.reason === "refused" ? "the token was refused" : "signed out";
@@ -273,15 +278,16 @@ export class FilesView {
         item.dataset.state = "retrying";
         state.textContent = `retrying (${attempt})…`;
       },
-      settling: () => stop?.remove(),
+      settling: noCancel,
       done,
     };
   }
 
-  /** A line at the top of the transfers list: the name, and what became of it (`kind`: running, done, error). */
+  /** A line at the top of the transfers list: the name, and what became of it (`kind`: running, retrying,
+   * cancelling, done, cancelled, error). */
   line(testid, name, kind, text) {
     const state = el("span", { class: "state", testid: "transfer-state", text });
-    const item = el("li", { testid, dataset: { state: kind } }, el("span", { dir: "auto", text: name }), state);
+    const item = el("li", { testid, tabindex: "-1", dataset: { state: kind } }, el("span", { dir: "auto", text: name }), state);
     this.progress.prepend(item);
     return { item, state };
   }
@@ -375,6 +381,7 @@ export class FilesView {
         const { received } = await retried(() => ask("upload_chunk", { upload_id: start.upload_id, offset, data }), line.retrying, RETRYABLE, signal);
         line.step(received);
       }
+      if (transfer.cancelled()) throw new Error("cancelled"); // pressed during the last chunk: no hashing
       const digest = await sha256(file);
       if (!transfer.cancelled()) line.settling(); // its finish asked: too late to cancel it
       const finished = await retried(() => ask("upload_finish", { upload_id: start.upload_id, ...(digest ? { sha256: digest } : {}) }), line.retrying, DROPPED, signal);

@@ -53,16 +53,19 @@ export class MemoryView {
       button.tabIndex = selected ? 0 : -1;
     }
     const { section, panel } = this.panels.get(key);
-    // data-loading says a load of the section is on its way: the last one shown, not the first to end
+    // The newest load of a section is the one shown, whenever the others end (Refresh clicked twice, the
+    // first answer slow): its panel draws only while `current()`, and only its failure is said.
+    // data-loading says a load of the section is on its way: the last one, not the first to end.
     const load = (this.loads.get(key) ?? 0) + 1;
     this.loads.set(key, load);
+    const current = () => this.loads.get(key) === load;
     section.dataset.loading = "true";
     try {
-      await panel.load();
+      await panel.load(current);
     } catch (error) {
-      this.flash(error.message, "error");
+      if (current() && this.current === key) this.flash(error.message, "error"); // not under another section
     } finally {
-      if (this.loads.get(key) === load) delete section.dataset.loading;
+      if (current()) delete section.dataset.loading;
     }
   }
 

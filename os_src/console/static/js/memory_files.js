@@ -31,8 +31,9 @@ export class FilesPanel {
     root.append(el("div", { class: "files-layout" }, this.list, this.detail));
   }
 
-  async load() {
+  async load(current = () => true) {
     const { files } = await this.conn.request("memory_files");
+    if (!current()) return; // a newer load of the section is the one shown
     keepingFocus(this.list, () => clear(this.list).append(...files.map((f) => this.fileItem(f))));
     await this.open(this.selected);
   }

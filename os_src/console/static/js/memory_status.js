@@ -58,11 +58,11 @@ export class HealthPanel {
     clear(this.audit);
   }
 
-  async load() {
-    const asked = (this.asked = (this.asked || 0) + 1);
+  /** `current()`: this is still the newest load of the section (MemoryView.show). */
+  async load(current = () => true) {
     const [{ health: h }, { entries }] = await Promise.all([
       this.conn.request("memory_health"), this.conn.request("memory_audit", { limit: 20 })]);
-    if (asked !== this.asked) return; // a newer load (Refresh clicked again) is the one shown, whenever it ends
+    if (!current()) return;
     const state = h.running ? "curating now" : h.failing ? "failing" : h.consecutive_failures ? "retrying" : "healthy";
     const o = h.observations;
     const b = h.last_batch;
@@ -101,10 +101,9 @@ export class BootPromptPanel {
     this.facts.textContent = this.text.textContent = "";
   }
 
-  async load() {
-    const asked = (this.asked = (this.asked || 0) + 1);
+  async load(current = () => true) {
     const answer = await this.conn.request("memory_boot_prompt");
-    if (asked !== this.asked) return; // a newer load (Refresh clicked again) is the one shown, whenever it ends
+    if (!current()) return;
     this.facts.textContent = `${count(answer.chars)} characters, about ${count(answer.tokens_estimate)} tokens (estimated as ${answer.estimate}).`;
     this.text.textContent = answer.text;
   }
