@@ -21,7 +21,7 @@ otherwise:
 When they matched more, a document just below the candidates could have risen into the results by
 its common words, and is not seen: measured at 1M + 1M with a name in half the documents
 (docs/benchmarks.md), 98% of each question's top 10 are exact BM25's, recall@10 the same (0.496
-against 0.497), for a third less CPU at p95. Checking that edge too (the last candidate's score plus
+against 0.497), for 39% less CPU at p95. Checking that edge too (the last candidate's score plus
 the bound below the result's last) held for too few questions to gain anything.
 Pure code: the index reads document frequencies and runs the queries (index.py).
 """
