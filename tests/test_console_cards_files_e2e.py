@@ -285,10 +285,23 @@ DRAG = """([testid, kind, files]) => {  // files (or text) dragged over the elem
 async def test_files_dragged_over_the_console_say_a_drop_uploads_them(server: SpriteOS) -> None:
     """A drop anywhere on the console uploads at once: while files are dragged over it, it says so, and no
     more once they are dropped, dragged out of the window, or no longer dragged at all (Escape, which the
-    page is not told of); not for text on its way to the composer, nor signed out."""
+    page is not told of); not for text on its way to the composer, nor signed out. Over a card open large
+    (a modal dialog, in the browser's top layer) too: the cue is a popover, above it."""
+    await server.canvas.create(CreateCard(title="A card open large", body="Its text", id="open-large"))
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         cue = tab.by("drop-cue")
+        await tab.by("card-expand").click()
+        await tab.page.evaluate(DRAG, ["card-dialog", "dragover", True])
+        await expect(cue).to_be_visible()
+        assert await tab.page.evaluate("""() => {  // the top layer's last: above the dialog
+            const cue = document.querySelector('[data-testid="drop-cue"]');
+            return cue.matches(":popover-open") && document.querySelector("dialog[open]") !== null;
+        }""")
+        await tab.page.evaluate(DRAG, ["card-dialog", "dragleave", True])
+        assert await cue.is_hidden()
+        await tab.page.keyboard.press("Escape")  # the card closed
+        await expect(tab.by("card-dialog")).to_be_hidden()
         await tab.page.evaluate(DRAG, ["composer", "dragover", False])
         assert await cue.is_hidden()  # text: the composer's
         await tab.page.evaluate(DRAG, ["messages", "dragover", True])

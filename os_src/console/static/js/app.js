@@ -106,9 +106,17 @@ const intoText = (event) => event.target instanceof Element && event.target.clos
 // each dragover, which the browser repeats while the drag is over the page (at least every 350 ms, moving
 // or not); gone at the drop, on leaving the window, or a second after the last dragover (a drag ended
 // with Escape, or where the leaving went unseen, says nothing here).
+// A popover where the browser has them: in the top layer, above a card open large (a modal dialog).
 const cue = $("drop-cue");
+const popover = typeof cue.showPopover === "function";
+if (popover) cue.hidden = false; // closed, the popover is not shown
+else cue.removeAttribute("popover");
+const cueShown = (shown) => {
+  if (!popover) cue.hidden = !shown;
+  else if (shown !== cue.matches(":popover-open")) (shown ? cue.showPopover() : cue.hidePopover());
+};
 let cueTimer = null;
-const hideCue = () => { clearTimeout(cueTimer); cue.hidden = true; };
+const hideCue = () => { clearTimeout(cueTimer); cueShown(false); };
 window.addEventListener("dragover", (event) => {
   if (!carriesFiles(event) && intoText(event)) return;
   event.preventDefault();
@@ -116,7 +124,7 @@ window.addEventListener("dragover", (event) => {
     event.dataTransfer.dropEffect = "none"; // the cursor says no drop
     return;
   }
-  cue.hidden = false;
+  cueShown(true);
   clearTimeout(cueTimer);
   cueTimer = setTimeout(hideCue, 1000);
 });
