@@ -304,6 +304,8 @@ async def test_files_dragged_over_the_console_say_a_drop_uploads_them(server: Sp
         await expect(tab.by("card-dialog")).to_be_hidden()
         await tab.page.evaluate(DRAG, ["composer", "dragover", False])
         assert await cue.is_hidden()  # text: the composer's
+        await tab.page.evaluate(DRAG, ["drop-zone", "dragover", False])
+        assert "dropping" not in (await tab.by("drop-zone").get_attribute("class") or "")  # text is no upload
         await tab.page.evaluate(DRAG, ["messages", "dragover", True])
         await expect(cue).to_be_visible()
         await expect(cue).to_have_text("Drop to upload to documents/")

@@ -149,7 +149,8 @@ async def test_a_version_asked_for_one_file_never_lands_in_another_files_view(se
 async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a_newer_one(server: SpriteOS) -> None:
     """Refresh clicked twice on Health, Boot prompt or Files, the first answer slow: it came after the second
     and was drawn over it, the older state left on screen (here the older answer made to differ, as the
-    memory it told of did); or, failing late, its error was said under the newest answer."""
+    memory it told of did); or, failing late, its error was said under the newest answer, or under
+    another section shown meanwhile."""
     install_templates(server.settings)
     late = HoldBack()
     stale = "What an older answer said"
@@ -163,13 +164,15 @@ async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a
         "boot": ("memory_boot_prompt_result", lambda f: f.update(text=stale), "boot-prompt"),
         "health": ("memory_health_result", lambda f: f["health"].update(last_error=stale), "memory-state"),
         "files": ("memory_files_result", failed, "memory-flash"),
+        "learnings": ("memory_search_result", failed, "memory-flash"),  # its own Search, not Refresh
     }
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=late.route)
         for section, (kind, make_older, shown) in older.items():
             await tab.memory(section)
-            await late.hold(kind, tab.by("memory-refresh").click())
-            await tab.by("memory-refresh").click()  # a second load, answered at once
+            again = tab.by("learning-search-button" if section == "learnings" else "memory-refresh")
+            await late.hold(kind, again.click())
+            await again.click()  # a second load, answered at once
             await expect(tab.by(f"memory-panel-{section}")).not_to_have_attribute("data-loading", "true")
             newest = await tab.by(shown).text_content()
             frame = json.loads(late.held[0])
@@ -186,6 +189,18 @@ async def test_a_health_or_boot_prompt_answer_that_comes_late_does_not_replace_a
             assert await tab.by(shown).text_content() == newest
             assert stale not in (newest or "")
             assert not [text for text in await tab.page.evaluate("window.said") if stale in text]
+        # A search of the learnings' own, failing once another section is shown: said under none
+        await late.hold("memory_search_result", tab.by("learning-search-button").click())
+        await tab.by("memory-section-health").click()
+        await expect(tab.by("memory-panel-health")).not_to_have_attribute("data-loading", "true")
+        frame = json.loads(late.held[0])
+        failed(frame)
+        late.held[0] = json.dumps(frame)
+        await tab.page.evaluate("window.said = []")
+        late.release()
+        await tab.by("memory-section-boot").click()  # its answer comes after the failure
+        await expect(tab.by("memory-panel-boot")).not_to_have_attribute("data-loading", "true")
+        assert not [text for text in await tab.page.evaluate("window.said") if stale in text]
         tab.assert_clean()
 
 

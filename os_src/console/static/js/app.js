@@ -122,6 +122,7 @@ window.addEventListener("dragover", (event) => {
   event.preventDefault();
   if ($("app").hidden || !carriesFiles(event)) {
     event.dataTransfer.dropEffect = "none"; // the cursor says no drop
+    hideCue(); // signed out meanwhile (a refused token)
     return;
   }
   cueShown(true);

@@ -115,8 +115,12 @@ export class FilesView {
       el("div", { class: "files-head" }, el("h2", { text: "Your files" }), pick, this.picker),
       el("p", { class: "hint", text: "Everything in your Sprite's workspace but its system folder (.os). Uploads, picked or dropped here, go to documents/ and the agent hears of them with your next message." }),
       this.crumbs, this.flash, this.progress, this.table);
-    for (const kind of ["dragenter", "dragover"]) {
-      this.drop.addEventListener(kind, (event) => { event.preventDefault(); this.drop.classList.add("dropping"); });
+    for (const kind of ["dragenter", "dragover"]) { // files only: text or a link is no upload (the cursor says so)
+      this.drop.addEventListener(kind, (event) => {
+        if (!event.dataTransfer?.types.includes("Files")) return;
+        event.preventDefault();
+        this.drop.classList.add("dropping");
+      });
     }
     this.drop.addEventListener("dragleave", (event) => { if (!this.drop.contains(event.relatedTarget)) this.drop.classList.remove("dropping"); });
     this.drop.addEventListener("drop", (event) => {

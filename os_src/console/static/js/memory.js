@@ -22,7 +22,9 @@ export class MemoryView {
     for (const [key, label, Panel] of SECTIONS) {
       const section = el("section", { class: "panel", testid: `memory-panel-${key}`, hidden: true, role: "tabpanel",
         id: `memory-panel-${key}`, "aria-labelledby": `memory-tab-${key}` });
-      this.panels.set(key, { section, panel: new Panel(section, connection, (text, kind) => this.flash(text, kind)) });
+      // what a panel says of its own work (a search's failure), said while it is the section shown
+      const say = (text, kind) => { if (!section.hidden) this.flash(text, kind); };
+      this.panels.set(key, { section, panel: new Panel(section, connection, say) });
       this.nav.append(el("button", { type: "button", role: "tab", id: `memory-tab-${key}`, "aria-controls": `memory-panel-${key}`,
         testid: `memory-section-${key}`, dataset: { section: key }, text: label, onclick: () => this.show(key) }));
       body.append(section);

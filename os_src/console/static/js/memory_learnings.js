@@ -36,7 +36,13 @@ export class LearningsPanel {
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
     const asked = (this.asked = (this.asked || 0) + 1);
-    const { hits } = await this.conn.request("memory_search", fields);
+    let hits;
+    try {
+      ({ hits } = await this.conn.request("memory_search", fields));
+    } catch (error) {
+      if (asked !== this.asked) return; // a newer search's is the one to say
+      throw error;
+    }
     if (asked !== this.asked) return; // a newer search was sent meanwhile: its answer is the one to show
     const before = this.drawn;
     this.drawn = new Map();
