@@ -137,9 +137,9 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if rc := r.get("recall"):
         out += _recall_rows(rc, ok)
     if lx := r.get("lexical"):
-        out.append((f"word search over {lx['documents']:,} documents, every question naming someone half of them "
-                    "name, CPU p95: common words re-scoring / every posting read / no name in the question; "
-                    "share of the exact top 10 kept; recall@10 re-scoring / every posting read",
+        out.append((f"word search over {lx['documents']:,} documents, each question naming a person half the "
+                    "documents name: CPU p95 re-scoring the common words / reading every posting / without the "
+                    "name; share of the exact top 10 kept; recall@10 re-scoring / reading every posting",
                     f"{lx['with_name']['cpu_p95_ms']:.1f} / {lx['with_name_exact']['cpu_p95_ms']:.1f} / "
                     f"{lx['without']['cpu_p95_ms']:.1f} ms; {lx['top10_kept']:.3f}; "
                     f"{lx['with_name']['recall@10']:.3f} / {lx['with_name_exact']['recall@10']:.3f}", "p95 under 10 ms",

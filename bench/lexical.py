@@ -9,7 +9,7 @@ memory. Each question is asked through `recall.Searcher` (lexical: tantivy BM25 
 what search_memory runs first), and also without the name, side by side, and with the name again
 searched exactly (every posting read, not the common words' shortcut: common_words.py), with the
 share of the top 10 the shortcut keeps and each way's recall@10: each question asked the three ways
-in turn, in an order turned round each time. Latency is the searching
+in turn, each way first as often as the others. Latency is the searching
 thread's CPU time (the machine is shared), p50 / p95.
 """
 
@@ -83,13 +83,14 @@ def lexical(quick: bool) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {label: [] for label in ways}
     tops: dict[str, list[list[tuple[str, int]]]] = {label: [] for label in ways}
     try:
-        for q in questions[:20]:  # warm the page cache
-            for suffix, _ in ways.values():
+        for q in questions[:20]:  # warm the page cache, each way
+            for suffix, index.split_from in ways.values():
                 searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)
-        # side by side: each question asked every way in turn, the order turned round each time, so
-        # that what the machine does meanwhile weighs on every way alike
+        # side by side: each question asked every way in turn, each way first, second and third as often,
+        # so that what the machine does meanwhile, and what the way before left in the caches, weigh alike
+        labels = list(ways)
         for i, q in enumerate(questions):
-            for label in (list(ways) if i % 2 else list(reversed(ways))):
+            for label in labels[i % 3:] + labels[:i % 3]:
                 suffix, index.split_from = ways[label]
                 started = time.thread_time()
                 hits = searcher.search(q.question + suffix, q.asked_at, 10, use_dense=False)

@@ -294,7 +294,7 @@ async def test_files_dragged_over_the_console_say_a_drop_uploads_them(server: Sp
         await tab.by("card-expand").click()
         await tab.page.evaluate(DRAG, ["card-dialog", "dragover", True])
         await expect(cue).to_be_visible()
-        assert await tab.page.evaluate("""() => {  // the top layer's last: above the dialog
+        assert await tab.page.evaluate("""() => {  // both in the top layer, the cue shown last: above the dialog
             const cue = document.querySelector('[data-testid="drop-cue"]');
             return cue.matches(":popover-open") && document.querySelector("dialog[open]") !== null;
         }""")
@@ -317,9 +317,11 @@ async def test_files_dragged_over_the_console_say_a_drop_uploads_them(server: Sp
         assert await tab.page.evaluate(DROP_ON, ["messages", "under the cue.txt"])
         assert await cue.is_hidden()
         await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
-        await tab.by("sign-out").click()
+        await tab.page.evaluate(DRAG, ["composer", "dragover", True])
+        await expect(cue).to_be_visible()
+        await tab.by("sign-out").click()  # mid-drag: the next dragover, over the sign-in form, takes the cue away
         await tab.page.evaluate(DRAG, ["token-input", "dragover", True])
-        assert await cue.is_hidden()
+        assert await cue.is_hidden()  # at once, not a second later
         tab.assert_clean()
 
 

@@ -97,7 +97,7 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return kept
 
 
-def test_exact_when_the_rare_words_find_fewer_than_the_candidates(index: RecallIndex, merges: list[bool]) -> None:
+def test_exact_when_the_rare_words_find_fewer_than_it_rescores(index: RecallIndex, merges: list[bool]) -> None:
     """"zyzzyva" is in three documents (and eight turns' neighbours): all eleven are re-scored, and the
     tenth beats any document "dana" alone could bring."""
     split, exact = both_ways(index, ["dana", "zyzzyva"], 10)
@@ -116,8 +116,8 @@ def test_too_few_found_by_the_rare_words_runs_the_whole_query(index: RecallIndex
 
 def test_a_window_counts_in_the_bound(tmp_path: Path) -> None:
     """A question about a period: every match inside it gains WINDOW_SCORE, a document "anna" alone brings
-    too, so the bound a result must beat is that much higher; without it, the five documents "zed" found
-    (fewer than the candidates: the exact case) came back above the "anna" ones that outrank them."""
+    too, so the bound a result must beat is that much higher; without it, five of the six documents "zed"
+    found (fewer than it re-scores: the exact case) came back, not the "anna" ones that outrank them."""
     writer = RecallIndex(tmp_path / "index", writable=True)
     writer.put(learning_doc(i, 1_700_000_000.0 + i, "anna " * 8 if i % 4 == 0 else "filler words here")
                for i in range(1_000))
@@ -143,10 +143,10 @@ def exact_scores(index: RecallIndex, words: list[str], window: Window | None = N
 
 
 @pytest.mark.parametrize("words", [["dana", "piano"], ["piano", "ferry", "dana"], ["dana", "garden", "orchid"]])
-def test_full_candidates_are_re_scored_exactly_and_keep_most_of_bm25s_best(index: RecallIndex, merges: list[bool],
+def test_a_full_rescore_is_scored_exactly_and_keeps_most_of_bm25s_best(index: RecallIndex, merges: list[bool],
                                                                        words: list[str]) -> None:
-    """More documents hold the rare words than the candidates asked for: what is found is scored as BM25
-    scores it, and most of BM25's best are found (a document just below the candidates may be missed:
+    """More documents hold the rare words than it re-scores: what is found is scored as BM25 scores it,
+    and most of BM25's best are found (a document just below those re-scored may be missed:
     measured at scale in docs/benchmarks.md)."""
     split, exact = both_ways(index, words, 10)
     assert merges == [True]
@@ -170,7 +170,7 @@ def test_small_index_or_no_common_word_is_not_split() -> None:
     counts = {"dana": [(60_000, 90_000)], "piano": [(900, 3_000)], "ferry": [(800, 2_000)]}
     assert cw.split(["dana", "piano"], counts.__getitem__, 200_000, split_from=200_001) is None
     assert cw.split(["piano", "ferry"], counts.__getitem__, 200_000) is None
-    assert cw.split(["dana"], counts.__getitem__, 200_000) is None  # nothing else to find candidates
+    assert cw.split(["dana"], counts.__getitem__, 200_000) is None  # nothing else to find what to re-score
     found = cw.split(["dana", "piano"], counts.__getitem__, 200_000)
     assert found is not None and (found.rare, found.common) == (["piano"], ["dana"])
     idf = math.log(1 + (200_000 - 60_000 + 0.5) / 60_000.5), math.log(1 + (200_000 - 90_000 + 0.5) / 90_000.5)
@@ -197,10 +197,8 @@ def test_the_bound_holds_against_what_the_index_gives(index: RecallIndex) -> Non
 
 
 def test_the_bound_counts_deleted_documents_as_bm25_does(tmp_path: Path) -> None:
-    """Replaced or forgotten documents stay in their segment until a merge, and BM25 counts them: a bound
-    taken over the live documents alone is lower than the index's scores (here below what "dana" alone
-    scores), so a question whose other word found too little kept its answer, and lost the documents
-    "dana" alone brings, which rank above."""
+    """BM25 counts deleted documents until a merge. A bound over the live documents alone is too low: the
+    split would accept the "piano" documents and miss the "dana"-only ones that outrank them."""
     writer = RecallIndex(tmp_path / "index", writable=True)
     writer.put(learning_doc(i, 1_700_000_000.0, "gone") for i in range(1_000))
     writer.put(learning_doc(1_000 + i, 1_700_000_000.0, "dana") for i in range(30))

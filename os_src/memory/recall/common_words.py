@@ -2,27 +2,22 @@
 
 tantivy-py collects every search through a MultiCollector, which tantivy never prunes for, so a
 query reads each of its words' whole posting lists. A word half the memories hold (the person's
-partner, named in every other turn) costs a million postings a field at 1M + 1M, three times what
-the rest of a question costs, for the smallest part of any score (BM25's IDF of a word in half the
-documents is 0.69, against 5 to 12 for a word that says what the question is about).
+partner, named in every other turn) costs a million postings a field at 1M + 1M, more than the rest
+of a question costs, for the smallest part of any score (BM25's IDF of a word in half the documents
+is 0.69, against 5 to 12 for a word that says what the question is about).
 
 So in a large index a question's words in more than COMMON_SHARE of the documents are not searched
-for (Elasticsearch's "common terms" query, done by hand): the other words find `candidates(limit)`,
-and the common words' scores are added to those alone (a query on their ids: a millisecond or so for
-a hundred, whatever the words' lists). The result is exact BM25 in two cases, and approximate
-otherwise:
+for (Elasticsearch's "common terms" query, done by hand): the other words find `rescored(limit)`
+documents, and the common words' scores are added to those alone (a query on their ids: a
+millisecond or so for a hundred, whatever the words' lists).
 
-- a document the other words found none of scores at most the common words' bound (each one's
-  highest possible BM25, summed), so the `limit`-th result must score above it, or the whole query
-  runs as before (`merged` returns None): no common-words-only document is ever left out;
-- when the other words matched fewer documents than the candidates asked for, every one of them was
-  re-scored: the order is BM25's, exactly.
-
-When they matched more, a document just below the candidates could have risen into the results by
-its common words, and is not seen: measured at 1M + 1M with a name in half the documents
-(docs/benchmarks.md), 98% of each question's top 10 are exact BM25's, recall@10 the same (0.496
-against 0.497), for 39% less CPU at p95. Checking that edge too (the last candidate's score plus
-the bound below the result's last) held for too few questions to gain anything.
+No document that only the common words match is ever left out: the `limit`-th result must score
+above their bound (each common word's highest BM25, summed), or the whole query runs (`merged`
+returns None). The order is exact BM25 when the other words matched fewer documents than
+`rescored(limit)`, since all of them were re-scored; otherwise a document just below those can be
+missed. Measured at 1M + 1M with a name in half the documents (docs/benchmarks.md): 98% of each
+question's top 10 are exact BM25's, recall@10 0.496 against 0.497 (one question in 1,000), for 39%
+less CPU at p95. Checking that edge too held for too few questions to gain anything.
 Pure code: the index reads document frequencies and runs the queries (index.py).
 """
 
@@ -34,7 +29,7 @@ from dataclasses import dataclass
 
 COMMON_SHARE = 0.2  # a word in more than a fifth of the documents only re-scores
 SPLIT_FROM = 100_000  # documents; below, every posting is read (a millisecond at most) and BM25 is exact
-CANDIDATES_PER_RESULT = 2  # documents the other words find, per result asked for
+RESCORED_PER_RESULT = 2  # documents the other words find, per result asked for
 K1 = 1.2  # tantivy's BM25 term saturation: a word adds at most idf * (K1 + 1) in a field
 MARGIN = 1.0001  # tantivy scores in single precision
 
@@ -52,7 +47,7 @@ class Split:
     def bound(self, documents: int, context_boost: float) -> float:
         """The highest BM25 the common words can give a document together, with `documents` as BM25
         counts them (tantivy: every document of every segment, deleted ones not yet merged away too)."""
-        return most_score(self.common_frequencies, documents, context_boost) * MARGIN
+        return bound_of(self.common_frequencies, documents, context_boost) * MARGIN
 
 
 def idf(frequency: int, documents: int) -> float:
@@ -60,7 +55,7 @@ def idf(frequency: int, documents: int) -> float:
     return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))
 
 
-def most_score(frequencies: Sequence[tuple[int, int]], documents: int, context_boost: float) -> float:
+def bound_of(frequencies: Sequence[tuple[int, int]], documents: int, context_boost: float) -> float:
     """The highest BM25 terms with these (text, context) frequencies can add to a document."""
     return sum((K1 + 1) * (idf(t, documents) * (t > 0) + context_boost * idf(c, documents) * (c > 0))
                for t, c in frequencies)
@@ -81,9 +76,9 @@ def split(words: Sequence[str], frequencies: Frequencies, documents: int, split_
     return Split([w for w in words if w not in common], common, [f for w in common for f in freq[w]])
 
 
-def candidates(limit: int) -> int:
-    """How many documents the other words find for `limit` results."""
-    return limit * CANDIDATES_PER_RESULT
+def rescored(limit: int) -> int:
+    """How many documents the other words find, and the common words re-score, for `limit` results."""
+    return limit * RESCORED_PER_RESULT
 
 
 def merged(found: Sequence[tuple[float, Address]], extra: dict[Address, float], limit: int, bound: float

@@ -180,7 +180,7 @@ class RecallIndex:
                                    self.split_from)
         if split is not None:
             rare = _within(self.query_of(split.rare), within)
-            found = searcher.search(rare, common_words.candidates(limit), count=False).hits
+            found = searcher.search(rare, common_words.rescored(limit), count=False).hits
             counted = bm25_documents(searcher, rare, found[0][1]) if found else None
             if counted is not None:
                 ids = searcher.fast_field_values("id", [a for _, a in found])
@@ -225,14 +225,15 @@ def bm25_documents(searcher: tantivy.Searcher, query: tantivy.Query, matched: ta
         return next((n for n in map(find, node.get("details", [])) if n is not None), None)
 
     counted = find(json.loads(query.explain(searcher, matched).to_json()))
-    if counted is None and not _unsaid:
-        _unsaid.append(True)
+    global _warned
+    if counted is None and not _warned:
+        _warned = True
         log.warning("recall_index_count_unknown", why="tantivy's explanation no longer names N: every "
                     "posting of a common word is read again (common_words.py)")
     return counted
 
 
-_unsaid: list[bool] = []  # the warning above, once a process
+_warned = False  # the warning above, once a process
 
 
 def _key(address: tantivy.DocAddress) -> tuple[int, int]:

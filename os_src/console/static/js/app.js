@@ -103,9 +103,9 @@ $("sign-out").addEventListener("click", () => {
 const carriesFiles = (event) => event.dataTransfer?.types.includes("Files");
 const intoText = (event) => event.target instanceof Element && event.target.closest(":read-write"); // an editable field
 // While files are dragged over the console, signed in, it says so (a drop anywhere uploads at once): on
-// each dragover, which the browser repeats while the drag is over the page (at least every 350 ms, moving
-// or not); gone at the drop, on leaving the window, or a second after the last dragover (a drag ended
-// with Escape, or where the leaving went unseen, says nothing here).
+// each dragover, which the browser repeats while the drag is over the page (about every 350 ms, give or
+// take 200, moving or not); gone at the drop, on leaving the window, or a second after the last dragover
+// (a drag ended with Escape, or where the leaving went unseen, says nothing here).
 // A popover where the browser has them: in the top layer, above a card open large (a modal dialog).
 const cue = $("drop-cue");
 const popover = typeof cue.showPopover === "function";

@@ -23,7 +23,7 @@ export class MemoryView {
       const section = el("section", { class: "panel", testid: `memory-panel-${key}`, hidden: true, role: "tabpanel",
         id: `memory-panel-${key}`, "aria-labelledby": `memory-tab-${key}` });
       // what a panel says of its own work (a search's failure), said while it is the section shown
-      const say = (text, kind) => { if (!section.hidden) this.flash(text, kind); };
+      const say = (text, kind) => { if (this.shown(key)) this.flash(text, kind); };
       this.panels.set(key, { section, panel: new Panel(section, connection, say) });
       this.nav.append(el("button", { type: "button", role: "tab", id: `memory-tab-${key}`, "aria-controls": `memory-panel-${key}`,
         testid: `memory-section-${key}`, dataset: { section: key }, text: label, onclick: () => this.show(key) }));
@@ -56,7 +56,8 @@ export class MemoryView {
     }
     const { section, panel } = this.panels.get(key);
     // The newest load of a section is the one shown, whenever the others end (Refresh clicked twice, the
-    // first answer slow): its panel draws only while `current()`, and only its failure is said.
+    // first answer slow): Files, Health and Boot prompt draw only while `current()` (Learnings, whose
+    // Search loads too, keeps its own count), and only the newest load's failure is said.
     // data-loading says a load of the section is on its way: the last one, not the first to end.
     const load = (this.loads.get(key) ?? 0) + 1;
     this.loads.set(key, load);
@@ -65,7 +66,7 @@ export class MemoryView {
     try {
       await panel.load(current);
     } catch (error) {
-      if (current() && this.current === key) this.flash(error.message, "error"); // not under another section
+      if (current() && this.shown(key)) this.flash(error.message, "error");
     } finally {
       if (current()) delete section.dataset.loading;
     }
@@ -83,6 +84,11 @@ export class MemoryView {
       delete section.dataset.loading;
       panel.signOut();
     }
+  }
+
+  /** Is `key` the section shown? What is said of another goes unsaid (the view has one notice). */
+  shown(key) {
+    return this.current === key;
   }
 
   flash(text, kind = "ok") {
