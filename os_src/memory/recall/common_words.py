@@ -16,8 +16,8 @@ above their bound (each common word's highest BM25, summed), or the whole query 
 returns None). The order is exact BM25 when the other words matched fewer documents than
 `rescored(limit)`, since all of them were re-scored; otherwise a document just below those can be
 missed. Measured at 1M + 1M with a name in half the documents (docs/benchmarks.md): 98% of each
-question's top 10 are exact BM25's, recall@10 0.496 against 0.497 (one question in 1,000), for 39%
-less CPU at p95. Checking that edge too held for too few questions to gain anything.
+question's top 10 are exact BM25's, recall@10 0.496 against 0.497 (one question in 1,000), for a
+quarter to a third less CPU at p95. Checking that edge too held for too few questions to gain anything.
 Pure code: the index reads document frequencies and runs the queries (index.py).
 """
 
