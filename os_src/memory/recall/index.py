@@ -178,23 +178,30 @@ class RecallIndex:
         (common_words.py: exact but at the edge of what the others find)."""
         split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
                                    self.split_from)
-        if split is not None:
-            rare = _within(self.query_of(split.rare), within)
-            found = searcher.search(rare, common_words.rescored(limit), count=False).hits
-            counted = bm25_documents(searcher, rare, found[0][1]) if found else None
-            if counted is not None:
-                ids = searcher.fast_field_values("id", [a for _, a in found])
-                only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
-                rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
-                                                       (tantivy.Occur.Should, self.query_of(split.common))])
-                extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
-                address = {_key(a): a for _, a in found}
-                # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
-                bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
-                best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, bound)
-                if best is not None:
-                    return _hits(searcher, [(score, address[key]) for score, key in best])
+        if split is not None and (best := self._rescored(searcher, split, limit, within)) is not None:
+            return best
         return _run(searcher, _within(self.query_of(words), within), limit)
+
+    def _rescored(self, searcher: tantivy.Searcher, split: common_words.Split, limit: int,
+                  within: tantivy.Query | None) -> list[IndexHit] | None:
+        """What the rare words find, re-scored by the common ones; None when the whole query must run."""
+        rare = _within(self.query_of(split.rare), within)
+        found = searcher.search(rare, common_words.rescored(limit), count=False).hits
+        counted = bm25_documents(searcher, rare, found[0][1]) if found else None
+        if counted is None:
+            return None
+        ids = searcher.fast_field_values("id", [a for _, a in found])
+        only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
+        rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
+                                               (tantivy.Occur.Should, self.query_of(split.common))])
+        extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
+        # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
+        bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
+        best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, bound)
+        if best is None:
+            return None
+        address = {_key(a): a for _, a in found}
+        return _hits(searcher, [(score, address[key]) for score, key in best])
 
     def frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
         """How many documents hold each of `word`'s index terms, in `text` and in `context`."""
