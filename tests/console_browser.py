@@ -48,6 +48,7 @@ from devkit.harness import TOKEN
 from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
+from tests.conftest import wait_for
 
 CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/lib/chromium/chromium-headless-shell")  # not /usr/bin's wrapper (Makefile)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -371,3 +372,35 @@ class HeldFrames:
             go, handled = self.held[index]
             go.set()
             await asyncio.wait_for(handled, 30)
+
+
+class HoldBack:
+    """Sits on the page's socket and holds back the next answer of one type, once `hold` names it,
+    until `release` lets it through: an answer that comes late, after the person moved on. (Pass its
+    `route` to `signed_in`. `HeldFrames` holds what the page sends, on the server's side.)"""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.held: list[str] = []
+        self.sockets: list[WebSocketRoute] = []
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        server_side = page_side.connect_to_server()
+
+        def to_page(message: str | bytes) -> None:
+            if self.kind and isinstance(message, str) and f'"{self.kind}"' in message:
+                self.kind = None
+                self.held.append(message)
+            else:
+                page_side.send(message)
+        server_side.on_message(to_page)
+        self.sockets.append(page_side)
+
+    async def hold(self, kind: str, action: Awaitable[None]) -> None:
+        """Hold the next `kind` answer, do `action` (which asks for it), and wait until it is held."""
+        self.kind = kind
+        await action
+        await wait_for(lambda: len(self.held) == 1, timeout=30, what=f"the {kind}, held")
+
+    def release(self) -> None:
+        self.sockets[-1].send(self.held.pop())

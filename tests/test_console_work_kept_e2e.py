@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
 from tests.console_browser import (
     HeldFrames,
+    HoldBack,
     Tab,
     chromium,
     install_templates,
@@ -38,37 +39,6 @@ from tests.console_browser import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-class HoldBack:
-    """Sits on the page's socket and holds back the next answer of one type, once `hold` names it,
-    until `release` lets it through: an answer that comes late, after the person moved on."""
-
-    def __init__(self) -> None:
-        self.kind: str | None = None
-        self.held: list[str] = []
-        self.sockets: list[WebSocketRoute] = []
-
-    def route(self, page_side: WebSocketRoute) -> None:
-        server_side = page_side.connect_to_server()
-
-        def to_page(message: str | bytes) -> None:
-            if self.kind and isinstance(message, str) and f'"{self.kind}"' in message:
-                self.kind = None
-                self.held.append(message)
-            else:
-                page_side.send(message)
-        server_side.on_message(to_page)
-        self.sockets.append(page_side)
-
-    async def hold(self, kind: str, action: Awaitable[None]) -> None:
-        """Hold the next `kind` answer, do `action` (which asks for it), and wait until it is held."""
-        self.kind = kind
-        await action
-        await wait_for(lambda: len(self.held) == 1, timeout=30, what=f"the {kind}, held")
-
-    def release(self) -> None:
-        self.sockets[-1].send(self.held.pop())
 
 
 @asynccontextmanager
