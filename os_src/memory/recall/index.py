@@ -152,16 +152,19 @@ class RecallIndex:
         if limit <= 0 or (not words and window is None):
             return []
         searcher = self.index.searcher()
+        # which words are common is the same for every part below: looked up once
+        split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
+                                   self.split_from) if words else None
         if window is None:
-            return self._best(searcher, words, limit)
+            return self._best(searcher, words, split, limit)
         inside = tantivy.Query.range_query(self.index.schema, "at", tantivy.FieldType.Float, window.start,
                                            window.end)
         out: list[IndexHit] = []
         seen: set[tuple[str, int]] = set()
         parts: list[Callable[[], list[IndexHit]]] = [lambda: _run(searcher, inside, limit)]
         if words:
-            parts = [lambda: self._best(searcher, words, limit, inside), lambda: self._best(searcher, words, limit),
-                     *parts]
+            parts = [lambda: self._best(searcher, words, split, limit, inside),
+                     lambda: self._best(searcher, words, split, limit), *parts]
         for part in parts:
             if len(out) >= limit:
                 break
@@ -171,13 +174,11 @@ class RecallIndex:
                     out.append(h)
         return out[:limit]
 
-    def _best(self, searcher: tantivy.Searcher, words: Sequence[str], limit: int,
-              within: tantivy.Query | None = None) -> list[IndexHit]:
-        """The best `limit` documents for `words` by BM25 (among those `within` matches, if given): in a
-        large index, what the words few documents hold find, re-scored by the common ones
-        (common_words.py: exact but at the edge of what the others find)."""
-        split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
-                                   self.split_from)
+    def _best(self, searcher: tantivy.Searcher, words: Sequence[str], split: common_words.Split | None,
+              limit: int, within: tantivy.Query | None = None) -> list[IndexHit]:
+        """The best `limit` documents for `words` by BM25 (among those `within` matches, if given): with a
+        `split` (a large index, some words common), what the words few documents hold find, re-scored by
+        the common ones (common_words.py: exact but at the edge of what the others find)."""
         if split is not None and (best := self._rescored(searcher, split, limit, within)) is not None:
             return best
         return _run(searcher, _within(self.query_of(words), within), limit)
