@@ -7,7 +7,8 @@ run (fix what the message names and run it again), 1 when it ran and failed.
 Standard library only.
 
 Two subclasses live with their types: `protocol.FrameError`, whose `code` is a
-`protocol.ErrorCode`, and `console.memory_frames.RequestFailed`, the same for memory requests.
+`protocol.ErrorCode`, and `console.requests.RequestFailed`, the same for every console request (memory, past sessions,
+files, cards).
 """
 
 from __future__ import annotations

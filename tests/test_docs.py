@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", REPO / "tests" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-TICKETS = re.compile(r"\b[Ii]ssues? #?\d+\b|\b[Ss]eeds? #?\d+\b|\(issue \d|\b[Tt]he (?:issue|seed)'s\b|seeds/000")
+TICKETS = re.compile(r"\b[Ii]ssues? #?\d+\b|\b[a-z]+(?:-[a-z]+)+ #\d+\b|\b[Ss]eeds? #?\d+\b|\(issue \d|\b[Tt]he (?:issue|seed)'s\b|seeds/000")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # A source file's path in backticks: `os_src/memory/loader.py`, `memory/loader.py`, `tests/test_x.py::name`
 # (not a workspace's files: `.os/...`, a release's `src/...`).

@@ -2,7 +2,7 @@
 
 It is the only module that reaches into the SDK's private parts: the SDK gives no public
 way to read the CLI's pid or exit status, or to kill a CLI whose `disconnect` hangs
-(claude-agent-sdk #378, #886), nor to find the CLI it bundles (`bundled_cli`, which user
+(its `disconnect` can wait forever on a CLI that does not exit), nor to find the CLI it bundles (`bundled_cli`, which user
 isolation copies where the agent's user can run it). If a new SDK moves `_transport._process`, `pid` and
 `returncode` read None and `kill` does nothing; the runtime still works, blind to an
 idle CLI's death until its next write fails (that prompt is then resent once).

@@ -4,8 +4,8 @@ A client asks with a `request_id` of its choosing; the answer goes to that conne
 is the request's type with `_result` appended, and repeats the `request_id` (its `seq`, as a
 `pong`'s, repeats the last event number the connection was sent). A request that cannot be
 answered raises `RequestFailed`, which the gateway sends as an `error` frame carrying the
-same `request_id`. Memory (memory_frames.py), past sessions (session_frames.py) and the
-person's files (files_frames.py) each define their requests on these bases; `ConsoleApi`
+same `request_id`. Memory (memory_frames.py), past sessions (session_frames.py), the
+person's files (files_frames.py) and cards (card_frames.py) each define their requests on these bases; `ConsoleApi`
 hands each to its handler.
 
 These Structs share protocol.py's tag field (`type`) but not its base classes, so that

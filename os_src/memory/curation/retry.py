@@ -25,7 +25,9 @@ from ...backoff import Backoff
 
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 300.0
-CURATOR_BACKOFF = Backoff(BACKOFF_FIRST, BACKOFF_MAX)  # every curator call waits by it (the daemon, rebuild)
+# rebuild's curator calls wait by it; the daemon builds the same from the two above at its start (tests
+# shorten the daemon's by patching its names)
+CURATOR_BACKOFF = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
 STALE_AFTER = 6 * 3600.0
 STALE_MIN_FAILURES = 5  # besides the six hours: wall-clock time alone counts a Sprite's sleep as failing
 # More time than this since the last failed call was no backoff (at most BACKOFF_MAX, plus one call
