@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from ..db_worker import Worker
-from ..fsutil import atomic_write, sweep_temp_files
+from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
 from ..logs import get_logger
 from ..paths import Layout
 from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
@@ -71,7 +71,7 @@ def waiting(layout: Layout) -> list[Path]:
 def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     """The turns as a new inbox file (whole or not at all). Returns its path and how many it holds."""
     folder = inbox_dir(layout)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder)  # its name synced into .os/state/ when it is new
     name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     partial, final = folder / f".{name}.partial", folder / f"{name}{SUFFIX}"
     encoder, n = msgspec.json.Encoder(), 0
@@ -87,6 +87,10 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    try:
+        synced_after_rename(final)  # the file's name survives a power loss, not just its bytes
+    except NotDurable as exc:  # it is in the inbox and is applied; only a power loss now could lose it
+        log.warning("import_inbox_not_durable", file=final.name, error=str(exc))
     return final, n
 
 
