@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -45,6 +46,25 @@ async def exclusive_lock(db: Path) -> AsyncIterator[None]:
         proc.stdin.write(b"COMMIT;\n.quit\n")
         await proc.stdin.drain()
         await asyncio.wait_for(proc.wait(), 15)
+
+
+class FsyncSpy:
+    """os.fsync as a disk with bad sectors under given folders or files: put in place with
+    `monkeypatch.setattr(os, "fsync", spy)`. Each fsync'd path is recorded in `synced`; a path in
+    `failing` gets EIO once (then leaves the set), as a disk that reports a write it lost."""
+
+    def __init__(self) -> None:
+        self.synced: list[Path] = []
+        self.failing: set[Path] = set()
+        self._real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path in self.failing:
+            self.failing.discard(path)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        self._real(fd)
+        self.synced.append(path)
 
 
 def tmpfs_refusal() -> str | None:

@@ -132,11 +132,52 @@ def token_problem(token: str) -> str | None:
     return None
 
 
+class NotDurable(OSError):
+    """The write happened (readers see the new content) but the disk failed the fsync that makes its
+    name durable: written, durability not confirmed. A caller that reports failure on OSError still
+    may; one that can say it better ("saved, but the disk reported an error") catches this."""
+
+
+def sync_dir(folder: Path) -> None:
+    """fsync a folder: the names made, renamed or removed in it survive a power loss."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(folder: Path, synced: bool = True) -> None:
+    """`folder` and its missing parents, made one level at a time, each new one's name fsync'd into its
+    parent when `synced` (a folder's own fsync does not make its name durable). A failed fsync removes
+    the folder it made and raises: nothing was written in it yet."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for new in reversed(missing):
+        try:
+            new.mkdir()
+        except FileExistsError:  # made meanwhile by another writer, which syncs it
+            continue
+        if synced:
+            try:
+                sync_dir(new.parent)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    new.rmdir()
+                raise
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True) -> None:
     """Write to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory:
-    a reader sees the old content or the new, never a torn file. `synced=False` skips the fsyncs, for
-    a file only read on this machine before it could matter after a power loss."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    a reader sees the old content or the new, never a torn file. Folders it makes are synced into
+    their parents. `synced=False` skips the fsyncs, for a file only read on this machine before it
+    could matter after a power loss. NotDurable: the new content is in place, but the folder's
+    fsync after the rename failed."""
+    make_dirs(path.parent, synced)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -150,13 +191,17 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    if not synced:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    if synced:
+        synced_after_rename(path)
+
+
+def synced_after_rename(path: Path) -> None:
+    """fsync `path`'s folder after `path` was renamed into place; NotDurable if that fails."""
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        sync_dir(path.parent)
+    except OSError as exc:
+        raise NotDurable(exc.errno, f"{path} was written, but the disk did not confirm it is stored "
+                                    f"({exc.strerror})") from exc
 
 
 # ---------------------------------------------------------------- owners and modes (user isolation)

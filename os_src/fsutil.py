@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .deploy_contract import atomic_write as atomic_write  # shared with bootstrap/deploy.py
+from .deploy_contract import NotDurable as NotDurable  # shared with bootstrap/deploy.py
+from .deploy_contract import atomic_write as atomic_write
+from .deploy_contract import make_dirs as make_dirs
+from .deploy_contract import synced_after_rename as synced_after_rename
 from .errors import LockHeld
 
 

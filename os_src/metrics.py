@@ -107,7 +107,7 @@ def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
 
 def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     capture = memory["capture"]
-    yield _gauge("sprite_memory_degraded", "1 while memory's curator or capture's writes are failing.",
+    yield _gauge("sprite_memory_degraded", "1 while memory's curator, capture's writes or the import inbox are failing.",
                  1 if memory["degraded"] else 0)
     yield _gauge("sprite_capture_queued", "Capture's writes waiting in memory for transcript.db.", capture["queued"])
     yield _gauge("sprite_capture_spilled", "Capture's writes waiting in the spill file.", capture["spilled"])

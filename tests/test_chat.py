@@ -227,3 +227,39 @@ async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_
         proc.stdin.write(b"/quit\n")
         await proc.stdin.drain()
         assert await _exits_promptly(proc) == 0
+
+
+@pytest.mark.parametrize(("ending", "code"), [("completed", 0), ("not_saved", 1), ("error", 1), ("server_dies", 1)])
+async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_or_never_finished(
+        ending: str, code: int) -> None:
+    """A script's `echo … | sprite-os chat` exited 0 when the server died mid-turn, and when its turn
+    ended `error` or `saved: false` (only a separate line said so): "done" for a message that never
+    finished, or was never saved."""
+    async def serve_a_turn(ws: ServerConnection) -> None:
+        await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                                       last_seq=0, agent="idle", turn_id=None, cards=[])).decode())
+        async for message in ws:
+            frame = json.loads(message)
+            if frame["type"] != "user_message":
+                continue
+            await ws.send(p.encode(p.TurnStarted(seq=1, turn_id="t1", text=frame["text"],
+                                                 client_id=frame["client_id"])).decode())
+            await asyncio.sleep(0.5)  # the chat has read the end of its input and waits for the turn
+            if ending == "server_dies":
+                await ws.close()
+                return
+            await ws.send(p.encode(p.TurnComplete(seq=2, turn_id="t1", duration_ms=500, usage=p.Usage(),
+                                                  status="error" if ending == "error" else "completed",
+                                                  saved=ending != "not_saved")).decode())
+
+    async with serve(serve_a_turn, "127.0.0.1", 0) as server:
+        proc = await _chat_process(server.sockets[0].getsockname()[1])
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"hello\n")
+        proc.stdin.close()
+        assert await _exits_promptly(proc) == code
+        said = (await proc.stdout.read()).decode()
+    if ending == "not_saved":
+        assert "· completed in 0.5s, saved: false" in said
+    if ending == "server_dies":
+        assert "! the connection closed before 1 of your messages finished" in said

@@ -144,6 +144,47 @@ async def test_an_edit_overtaken_by_the_persons_own_other_tab_does_not_blame_the
     assert "daemon" not in error.message
 
 
+async def test_an_edit_the_disk_did_not_confirm_says_saved_and_its_retry_is_not_blamed_on_another_tab(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder's fsync failed after the file was renamed into place: the answer said the edit
+    failed, and the person's Save again (the same base) was refused as "saved from another tab or
+    device". Now: saved, but not confirmed, and the Save again is answered as saved."""
+    import os
+
+    from devkit.faults import FsyncSpy
+
+    system.files.write("user.md", "# User\n", source="batch-1")
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(system.files.path("user.md").parent)
+    edit = pm.MemoryEditRequest(request_id="e1", name="user.md", text="# User\n- Name: Ada\n",
+                                base_sha256=sha("# User\n"))
+    error = await failure(console, edit)
+    assert error.code == "not_durable"
+    assert "user.md was saved as version 2, but the disk reported an error" in error.message
+    assert system.files.read("user.md") == "# User\n- Name: Ada\n"
+    again = await ask(console, pm.MemoryEditRequest(request_id="e2", name="user.md", text=edit.text,
+                                                    base_sha256=edit.base_sha256))
+    assert isinstance(again, pm.MemoryEditResult) and again.version.number == 2
+    assert len(system.files.history("user.md")) == 2  # no second version of the same Save
+
+
+async def test_an_edit_whose_audit_row_fails_is_answered_saved(console: MemoryConsole, system: MemorySystem,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from sprite_os.console import memory_api
+
+    def no_audit(*_: object, **__: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(memory_api, "record", no_audit)
+    system.files.write("user.md", "# User\n", source="batch-1")
+    reply = await ask(console, pm.MemoryEditRequest(request_id="e", name="user.md", text="# Mine\n",
+                                                    base_sha256=sha("# User\n")))
+    assert isinstance(reply, pm.MemoryEditResult) and system.files.read("user.md") == "# Mine\n"
+
+
 @pytest.mark.parametrize(("name", "text", "code"), [
     ("soul.md", "# Soul\n", "not_editable"),
     ("os.md", "# OS\n", "not_editable"),

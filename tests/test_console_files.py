@@ -388,19 +388,88 @@ FILES_REPLIES: list[object] = [  # test_protocol round-trips each
 
 async def test_across_file_systems_an_upload_is_copied_in_and_still_never_replaces(
         kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
-    import errno
-
-    from sprite_os.console import user_files
-
-    def no_link(*_args: object, **_kwargs: object) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(user_files.os, "link", no_link)
+    cross_mount(monkeypatch)
     (kit.layout.root / "documents" / "scan.pdf").write_bytes(b"older")
     assert await kit.upload("scan.pdf", b"newer" * 1000) == "documents/scan (2).pdf"
     assert (kit.layout.root / "documents" / "scan.pdf").read_bytes() == b"older"
     assert (kit.layout.root / "documents" / "scan (2).pdf").read_bytes() == b"newer" * 1000
     assert list((kit.layout.state_dir / "uploads").iterdir()) == []
+    assert sorted(p.name for p in (kit.layout.root / "documents").iterdir()) == ["scan (2).pdf", "scan.pdf"]
+
+
+def cross_mount(monkeypatch: pytest.MonkeyPatch) -> None:
+    """documents/ on another file system than .os/state/uploads: a link from one to the other is EXDEV
+    (a link within documents/ works)."""
+    import errno
+
+    from sprite_os.console import user_files
+
+    real = os.link
+
+    def link(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int, follow_symlinks: bool = True) -> None:
+        if os.path.samestat(os.fstat(src_dir_fd), os.fstat(dst_dir_fd)):
+            return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=follow_symlinks)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(user_files.os, "link", link)
+
+
+async def test_an_upload_copied_across_mounts_that_fails_mid_copy_leaves_nothing_under_its_name(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy was made in place under the person's name: a full disk (or a kill) mid-copy left a
+    truncated file there, and the answer said "nothing was kept"."""
+    import errno
+
+    from sprite_os.console import user_files
+
+    cross_mount(monkeypatch)
+    real = os.sendfile
+
+    def full_disk(out: int, src: int, offset: int, count: int) -> int:
+        if offset:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(out, src, offset, min(count, 1000))
+
+    monkeypatch.setattr(user_files.os, "sendfile", full_disk)
+    error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=await started(kit, b"x" * 5000),
+                                                     sha256=None))
+    assert error.code == "upload_failed" and "nothing was kept" in error.message
+    assert list((kit.layout.root / "documents").iterdir()) == []  # no partial file, no temp
+    assert list((kit.layout.state_dir / "uploads").iterdir()) == []
+    assert kit.published == []
+
+
+async def test_a_copy_a_kill_left_in_documents_is_swept_at_start(kit: Kit) -> None:
+    docs = kit.layout.root / "documents"
+    (docs / ".sprite-upload-0123456789abcdef.tmp").write_bytes(b"half")
+    (docs / ".sprite-upload-notes.tmp").write_bytes(b"the person's")  # not a name the copy makes
+    await kit.api.start()
+    assert sorted(p.name for p in docs.iterdir()) == [".sprite-upload-notes.tmp"]
+
+
+async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_lost(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """documents/' fsync failed after the link: the answer said "nothing was kept" for a file that was
+    there, and the person uploading again made "name (2)"."""
+    from devkit.faults import FsyncSpy
+
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(kit.layout.root / "documents")
+    error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=await started(kit, b"whole"),
+                                                     sha256=None))
+    assert error.code == "upload_failed" and "nothing was kept" not in error.message
+    assert "the upload is in documents/a.txt" in error.message
+    assert (kit.layout.root / "documents" / "a.txt").read_bytes() == b"whole"
+    assert [f.path for f in kit.published] == ["documents/a.txt"]  # type: ignore[attr-defined]
+
+
+async def started(kit: Kit, data: bytes) -> str:
+    """An upload of `data` as a.txt, every byte sent: its id."""
+    start = await kit.ask(pf.UploadStartRequest(request_id="s", name="a.txt", size=len(data)))
+    upload_id: str = start.upload_id  # type: ignore[attr-defined]
+    await kit.ask(pf.UploadChunkRequest(request_id="c", upload_id=upload_id, offset=0, data=data))
+    return upload_id
 
 
 async def test_an_upload_is_its_connections_as_a_download_is(kit: Kit) -> None:

@@ -292,3 +292,95 @@ async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_pat
     finally:
         await applier.stop()
     assert not debris.exists() and other.exists()
+
+
+@pytest.mark.usefixtures("workspace_env")
+async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full disk the report of a failed import failed as well, from inside the `except`: it ended
+    the inbox's task for good, nothing was applied until a restart, and memory's status stayed ok.
+    An unreadable inbox folder ended it the same way."""
+    import errno
+
+    settings = lexical(tmp_path)
+    monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
+    monkeypatch.setattr(import_inbox, "FAIL_PAUSE", 0.01)
+    real_report, real_waiting = import_inbox.report, import_inbox.waiting
+    disk = {"full": True, "unreadable": 1}
+
+    def report(path: Path, p: import_inbox.Progress) -> None:
+        if disk["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_report(path, p)
+
+    def waiting(layout: object) -> list[Path]:
+        if disk["unreadable"]:
+            disk["unreadable"] -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real_waiting(layout)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(import_inbox, "report", report)
+    monkeypatch.setattr(import_inbox, "waiting", waiting)
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        turns, _ = turns_of([json.dumps(x) for x in LINES])
+        path, _ = import_inbox.write(settings.layout, turns)
+        for _ in range(500):
+            if system.status()["degraded"]:  # the unreadable inbox once, then the file's attempts, twice
+                break
+            await asyncio.sleep(0.01)
+        status = system.status()
+        assert status["degraded"] is True
+        assert status["recall"]["import"]["degraded"] is True and "No space left" in status["recall"]["import"]["error"]
+        disk["full"] = False  # space freed: the same task applies the file
+        for _ in range(500):
+            if not path.exists() and system.imports.status() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert not path.exists() and system.status()["degraded"] is False
+        assert system.imports.status() is None
+        assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
+    finally:
+        await system.stop()
+
+
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("server", ["gone", "stuck"])
+def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], server: str) -> None:
+    """The command waited for the server with no bound: a server killed after taking the file, or one
+    whose attempts kept failing, held it forever. It exits 1, the file left queued."""
+    from sprite_os.commands import memory_import
+    from sprite_os.fsutil import WriterLock
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "STALL_WAIT", 0.5 if server == "stuck" else 60.0)
+    holder = WriterLock(settings.layout.memory_lock)  # the server
+    holder.acquire()
+    source = jsonl(tmp_path / "past.jsonl", bad=False)
+    result: list[int] = []
+    command = threading.Thread(target=lambda: result.append(_cli(settings, "import", str(source))), daemon=True)
+    command.start()
+    try:
+        for _ in range(500):
+            if found := import_inbox.waiting(settings.layout):
+                break
+            time.sleep(0.01)
+        (path,) = found
+        # The server takes it and records one chunk, then is killed, or fails on every attempt after.
+        import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, at=time.time()))
+        time.sleep(0.3)
+        if server == "gone":
+            holder.release()
+        else:
+            import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=0, error="OSError(28)"))
+        command.join(10)
+        assert result == [1]
+    finally:
+        holder.release()
+    err = capsys.readouterr().err
+    assert "gave up waiting" in err and str(path) in err
+    assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
+    assert import_inbox.waiting(settings.layout) == [path]  # queued: the next server applies it

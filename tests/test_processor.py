@@ -1,6 +1,7 @@
 """The curator batch: one stateless call, limits enforced, human edits respected, crash-safe."""
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -460,3 +461,58 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
     assert sorted(p.name for p in settings.layout.memory_dir.glob("memory.db.before-rebuild-*")) == [
         first.name, f"{first.name}-1"]
     assert report.before == first  # the one the rebuild that stopped set aside, not the half-made one after it
+
+
+async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_the_forgotten_back(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged page in `learnings` (an I/O error, a power loss on a bad disk) was read as "nothing
+    was forgotten": the rebuild curated every turn again, the person's forgotten learnings came back,
+    and it exited 0. It refuses now, memory.db untouched, unless told to go on anyway."""
+    import sqlite3
+
+    from sprite_os.commands.main import main as cli
+    from sprite_os.errors import SpriteOSError
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.forget.learnings import set_forgotten
+
+    settings = make_settings(tmp_path, bridge.url)
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
+    db.close()
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")
+    await module.rebuild(settings)
+    for old in settings.layout.memory_dir.glob("memory.db.before-rebuild-*"):
+        old.unlink()
+    memory = MemoryDB(settings.layout.memory_db)
+    (miso,) = [i for (i,) in memory.conn.execute("SELECT id FROM learnings")]
+    set_forgotten(memory, miso, True, 3.0)  # the person forgets it
+    memory.close()
+    path = settings.layout.memory_db
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'learnings'").fetchone()
+    with path.open("r+b") as f:  # the learnings table's page damaged; the header and the schema are whole
+        f.seek((root - 1) * page_size)
+        f.write(b"\xff" * page_size)
+    damaged = path.read_bytes()
+
+    with pytest.raises(SpriteOSError, match="rebuilding would bring them back"):
+        await module.rebuild(settings)
+    assert path.read_bytes() == damaged and not list(settings.layout.memory_dir.glob("memory.db.before-rebuild-*"))
+    monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", bridge.url)
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert "rebuilding would bring them back" in err and "--forget-nothing" in err
+    assert path.read_bytes() == damaged
+
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")  # told to go on: it does, and the learning is back
+    report = await module.rebuild(settings, forgotten_unreadable_ok=True)
+    assert report.learnings == 1 and report.backup is not None and report.backup.read_bytes() == damaged
+    memory = MemoryDB(path)
+    try:
+        assert memory.conn.execute("SELECT forgotten_at FROM learnings").fetchall() == [(None,)]
+    finally:
+        memory.close()

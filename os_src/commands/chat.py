@@ -3,6 +3,10 @@
 Type a message and press Enter. `/new` starts a fresh session, `/stop` (or
 Ctrl-C during a turn) interrupts the agent, `/quit` (or Ctrl-D) leaves. If the
 connection drops, the client reconnects and resumes from the last event it saw.
+
+With input from a pipe or file, it leaves once its messages' turns are over, and exits 1 if any
+of them was refused, ended other than `completed` or was not saved (`saved: false`, shown on the
+turn's line), or if the connection closed before they finished (the server died mid-turn).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Renderer:
         self._turns: dict[str, str] = {}  # turn_id -> our client_id
         self.settled = asyncio.Event()  # set while nothing of ours is outstanding
         self.settled.set()
+        self.failed = 0  # our messages refused, or whose turns ended not completed or not saved
         # A message's id is echoed to every client and kept in the record: unique to this run, and
         # counted across its reconnects, so no other run's message (nor an earlier one of ours) has it.
         self._run = secrets.token_hex(8)  # 64 bits: a run colliding with one of the 10,000 ids the server holds is not to be met
@@ -93,15 +98,18 @@ class Renderer:
             case p.CardClosed(card_id=cid):
                 self._line(f"  ▣ card closed: {cid}")
             case p.TurnComplete(status=status, duration_ms=ms, cost_usd=cost, session_cost_usd=total,
-                                turn_id=turn_id, by_server=by_server):
+                                turn_id=turn_id, by_server=by_server, saved=saved):
                 self.running = False
-                self.outstanding.discard(self._turns.pop(turn_id, ""))
+                if (ours := self._turns.pop(turn_id, None)) is not None:
+                    self.outstanding.discard(ours)
+                    if status != "completed" or not saved:
+                        self.failed += 1
                 if not self.outstanding:
                     self.settled.set()
                 price = f", ${cost:.4f}" if cost else ""
                 price += f" (session ${total:.4f})" if total else ""
                 said = "stopped by the server" if by_server else status  # not the person's interrupt
-                self._line(f"· {said} in {ms / 1000:.1f}s{price}")
+                self._line(f"· {said} in {ms / 1000:.1f}s{price}{'' if saved else ', saved: false'}")
             case p.SessionStarted(session_id=sid):
                 self._line(f"· session {sid} started")
             case p.SessionEnded(session_id=sid, reason=reason):
@@ -112,10 +120,15 @@ class Renderer:
             case p.Error(code=code, message=message, detail=detail, client_id=client_id):
                 if client_id in self.outstanding:  # our message was refused: no turn of it will complete
                     self.outstanding.discard(client_id)
+                    self.failed += 1
                     if not self.outstanding:
                         self.settled.set()
                 self._line(f"! {code}: {message}" + (f"\n  ({detail})" if detail else ""))
         self.out.flush()
+
+    def exit_code(self) -> int:
+        """0 if every message of ours that ended was completed and saved, else 1."""
+        return 1 if self.failed else 0
 
 
 def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
@@ -159,9 +172,7 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
                     delay, connected = 0.5, True
                     hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
                     await ws.send(p.encode(hello).decode())
-                    done = await _session(ws, render, lines)
-                    if done:
-                        return 0
+                    return await _session(ws, render, lines)
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 why = " (wrong token: check .os/token or SPRITE_OS_TOKEN)" if status == 401 else ""
@@ -181,8 +192,9 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
             loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[str | None]) -> bool:
-    """Run one connection. True when the user asked to quit."""
+async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[str | None]) -> int:
+    """Run one connection until the person leaves (its exit status: Renderer.exit_code); ConnectionClosed
+    if it drops before."""
 
     async def receive() -> None:
         async for message in ws:
@@ -199,11 +211,16 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 raise ConnectionClosed(None, None)
             line = get.result()
             if line is None:  # end of input: let the turns we started finish, then leave
-                await asyncio.wait({receiver, asyncio.create_task(render.settled.wait())},
-                                   return_when=asyncio.FIRST_COMPLETED)
-                return True
+                settled = asyncio.create_task(render.settled.wait())
+                await asyncio.wait({receiver, settled}, return_when=asyncio.FIRST_COMPLETED)
+                if not render.settled.is_set():  # the server went away (a crash, a kill) mid-turn
+                    settled.cancel()
+                    render._line(f"! the connection closed before {len(render.outstanding)} of your "
+                                 "messages finished: their turns may not have run or been saved")
+                    return 1
+                return render.exit_code()
             if line.strip() == "/quit":
-                return True
+                return render.exit_code()
             command = line.strip()
             if not command:
                 continue

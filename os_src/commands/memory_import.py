@@ -8,7 +8,9 @@ workspace's memory applies them:
   (newest first), so they are searchable when it returns; their vectors are made by the
   server, in the background, newest first, from its next start;
 - a server runs (it holds the lock): the server applies the inbox and indexes and embeds the
-  turns as it does live ones; this command waits for it and prints its progress;
+  turns as it does live ones; this command waits for it and prints its progress, and gives up
+  (exit 1, the file left queued) if the server stops first (the lock is free) or records nothing
+  more for STALL_WAIT seconds;
 - another holder that takes no imports (`memory rebuild`): the turns wait in the inbox for
   the server's next start, and this command says so.
 
@@ -32,6 +34,9 @@ from ..fsutil import WriterLock
 TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
 WAIT_POLL = 0.2  # how often the command looks at the writer's progress
 SHOW_EVERY = 2.0
+# Seconds a server that took the file may record nothing more before this command gives up waiting (exit 1;
+# the file stays queued). Its chunks commit between live turns' writes, each well within this.
+STALL_WAIT = 120.0
 
 
 def open_regular(path: Path) -> TextIO:
@@ -75,7 +80,7 @@ def import_main(settings: Settings, path: Path) -> int:
     try:
         lock.acquire()
     except LockHeld:
-        return _through_server(inbox, found.sessions, len(found.bad)) or status
+        return _through_server(inbox, found.sessions, len(found.bad), lock) or status
     try:
         _apply_here(settings, inbox, found.sessions, len(found.bad))
     finally:
@@ -133,26 +138,65 @@ class Progress:
             _say(f"  {what}: {done:,} of {of:,}")
 
 
-def _through_server(inbox: Path, sessions: set[str], bad: int) -> int:
+def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock) -> int:
     """The lock is held, by the server if it takes the file: wait for it to apply it. Returns 0 when it
-    did, 3 when nobody took it (it stays queued)."""
+    did, 3 when nobody took it (it stays queued), 1 when the server stopped before it was done (the lock
+    free) or recorded nothing more for STALL_WAIT seconds (it stays queued: the server goes on trying)."""
     from ..memory.import_inbox import DONE, progress_path, read_progress
 
     started, show = time.monotonic(), Progress()
     while (p := read_progress(inbox)) is None:
+        if _free(lock) and read_progress(inbox) is None:
+            return _gave_up(inbox, "the server stopped before it took them")
         if time.monotonic() - started > TAKE_WAIT:
             print(f"the workspace's memory is held by a process that takes no imports (`memory rebuild`?): the "
                   f"turns wait in {inbox} and are imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
     _say("the running server is recording the turns")
+    best, advanced, error = p.applied, time.monotonic(), None
     while not p.done:
-        if p.error:
+        if p.error and p.error != error:
             _say(f"  the server failed to apply them ({p.error}); it tries again")
+        error = p.error
         show("recorded", p.applied, p.turns)
+        if p.applied > best:
+            best, advanced = p.applied, time.monotonic()
+        elif time.monotonic() - advanced > STALL_WAIT:
+            why = f"it failed ({p.error})" if p.error else "it is busy or stuck"
+            return _gave_up(inbox, f"the server recorded none of them for {STALL_WAIT:.0f} s: {why}", stays=True)
+        if _free(lock) and not (p := read_progress(inbox) or p).done:
+            return _gave_up(inbox, f"the server stopped after {p.applied:,} of {p.turns:,}")
         time.sleep(WAIT_POLL)
         p = read_progress(inbox) or p
     print(_summary(p.added, p.already, len(sessions), bad) + "; the server indexes them now and embeds them in "
           "the background, newest first (`memory status` shows how many wait).")
     progress_path(inbox, DONE).unlink(missing_ok=True)
     return 0
+
+
+def _free(lock: WriterLock) -> bool:
+    """Whether the writer lock is free now (the server that held it gone). /proc/locks is read first,
+    so while the server runs it is never taken, not even for a moment; free there (or unreadable), it
+    is taken and let go, to be sure (an overlay's device numbers differ from what /proc/locks shows)."""
+    try:
+        st = os.stat(lock.path)
+        mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+        with open("/proc/locks") as f:
+            if any(" FLOCK " in line and mine in line for line in f):
+                return False
+    except OSError:
+        pass
+    try:
+        lock.acquire()
+    except LockHeld:
+        return False
+    lock.release()
+    return True
+
+
+def _gave_up(inbox: Path, why: str, stays: bool = False) -> int:
+    then = "the server goes on trying" if stays else "they are imported when the server next starts"
+    _say(f"gave up waiting: {why}. The turns wait in {inbox}; {then} (`memory status` shows them), "
+         "and a turn already recorded is never recorded twice")
+    return 1

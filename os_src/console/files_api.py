@@ -30,7 +30,7 @@ from . import requests as rq
 from .downloads import Downloads
 from .requests import Handler, Request, RequestFailed
 from .transfers import SWEEP_EVERY, Owner, bounded, held, refused, settled, sweeping
-from .user_files import NotThere, PathRefused, UserFiles, upload_name
+from .user_files import NotThere, PathRefused, Placed, UserFiles, upload_name
 
 log = get_logger(__name__)
 
@@ -192,10 +192,14 @@ class FilesConsole:
     async def _finish(self, req: pf.UploadFinishRequest) -> pf.UploadFinishResult:
         async with self._owned(req.upload_id) as up:
             path = await self._put_in_place(req, up)
-        log.info("file_uploaded", bytes=up.size)  # no name at info: it can say what the file is about
-        self._publish(p.FileUploaded(path=path, size=up.size))
-        self._note(f"The person uploaded {path} ({_size(up.size)}) through the console.")
+        self._placed(path, up.size)
         return pf.UploadFinishResult(request_id=req.request_id, path=path, size=up.size)
+
+    def _placed(self, path: str, size: int) -> None:
+        """An upload is in documents/: every device and the agent are told."""
+        log.info("file_uploaded", bytes=size)  # no name at info: it can say what the file is about
+        self._publish(p.FileUploaded(path=path, size=size))
+        self._note(f"The person uploaded {path} ({_size(size)}) through the console.")
 
     async def _put_in_place(self, req: pf.UploadFinishRequest, up: _Upload) -> str:
         if up.received != up.size:
@@ -208,6 +212,11 @@ class FilesConsole:
             return await settled(asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name))
         except PathRefused as exc:
             raise RequestFailed("bad_path", f"{exc}; nothing was uploaded") from None
+        except Placed as exc:  # in documents/, whole: said, with what failed after
+            self._placed(exc.path, up.size)
+            raise RequestFailed("upload_failed", f"the upload is in {exc.path}, but the step after failed "
+                                f"({exc.strerror or exc}): it may not survive a power loss, or not be the "
+                                "agent's to change; do not upload it again") from None
         except OSError as exc:
             raise RequestFailed("upload_failed", f"the upload could not be put in documents/ "
                                 f"({exc.strerror or exc}); nothing was kept") from None

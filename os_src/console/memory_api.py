@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..logs import get_logger
 from ..memory.audit import AuditAction, audit, record
 from ..memory.forget.learnings import forgotten_count, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
@@ -28,6 +29,8 @@ from .requests import Handler, Request
 
 if TYPE_CHECKING:
     from ..memory.system import MemorySystem
+
+log = get_logger(__name__)
 
 EPISODES_SHOWN = 5  # past turns listed after the learnings a search found
 TOKEN_ESTIMATE = (f"characters / {CHARS_PER_TOKEN}, rounded up: the usual rule of thumb for English prose "
@@ -76,20 +79,28 @@ class MemoryConsole:
                                       previous=previous, diff=diff)
 
     async def _edit(self, req: pm.MemoryEditRequest) -> pm.MemoryEditResult:
-        info, version = await asyncio.to_thread(memory_files.edit, self._files, req.name, req.text,
-                                                req.base_sha256)
+        info, version, warning = await asyncio.to_thread(memory_files.edit, self._files, req.name, req.text,
+                                                         req.base_sha256)
         await self._record("edit", file=req.name, detail=f"saved as version {version.number}")
+        if warning is not None:  # saved: a Save again is answered as saved (memory_files.edit)
+            raise pm.RequestFailed("not_durable", warning)
         return pm.MemoryEditResult(request_id=req.request_id, file=info, version=version)
 
     async def _rollback(self, req: pm.MemoryRollbackRequest) -> pm.MemoryRollbackResult:
+        # not_durable (saved, unconfirmed) goes without its audit row: the rollback's own version records it
         info, version = await asyncio.to_thread(memory_files.rollback, self._files, req.name, req.number)
         await self._record("rollback", file=req.name,
                            detail=f"to version {req.number}, saved as version {version.number}")
         return pm.MemoryRollbackResult(request_id=req.request_id, file=info, version=version)
 
     async def _record(self, action: AuditAction, *, file: str, detail: str) -> None:
+        """The audit row of a change already made: a failure to add it is logged, never the change's answer
+        (the person's retry would be refused as a change made by someone else)."""
         now = self._clock()
-        await self._system.daemon.apply(lambda m: record(m, action, now, file=file, detail=detail))
+        try:
+            await self._system.daemon.apply(lambda m: record(m, action, now, file=file, detail=detail))
+        except Exception as exc:
+            log.exception("memory_audit_failed", action=action, file=file, error=repr(exc)[:300])
 
     # ------------------------------------------------------------ learnings
 

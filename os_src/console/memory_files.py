@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 
 from ..errors import FileChanged
+from ..fsutil import NotDurable
 from ..memory.files import MAX_FILE_BYTES, SPECS, MemoryFiles, Version, line_count, sha
 from ..text import safe_text
 from .memory_frames import FileInfo, RequestFailed, VersionInfo
@@ -74,8 +75,11 @@ def version_detail(files: MemoryFiles, name: str, number: int) -> tuple[VersionI
     raise RequestFailed("not_found", f"{name} has no version {number}")
 
 
-def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[FileInfo, VersionInfo]:
-    """Save a person's edit of a curated file, if the file is still what the edit began from."""
+def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[FileInfo, VersionInfo, str | None]:
+    """Save a person's edit of a curated file, if the file is still what the edit began from. The
+    third item: a warning when it was saved but the disk did not confirm it is stored (NotDurable).
+    A Save whose text the file already holds (the same Save again, after an answer that was an
+    error) is answered as saved, not as changed by someone else."""
     spec_of(name)
     if SPECS[name].owner != "daemon":
         raise RequestFailed("not_editable", f"{name} is written by deploys; change it in a release")
@@ -88,9 +92,21 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[Fi
         raise RequestFailed("over_limit", f"{exc}; nothing was saved") from None
     except FileChanged:
         latest = files.latest_version(name)
+        if latest is not None and files.read(name) == text:  # already saved, this very text
+            return file_info(files, name, text), version_info(latest), None
         raise RequestFailed("file_changed", f"{name} changed since you began editing ({changed_by(latest)}); "
                             "nothing was saved: reload it and edit again") from None
-    return file_info(files, name, text), version_info(version, text)
+    except NotDurable as exc:
+        saved = files.latest_version(name)
+        assert saved is not None  # the version was kept before the file was written
+        return file_info(files, name, text), version_info(saved), unconfirmed(name, saved, exc)
+    return file_info(files, name, text), version_info(version, text), None
+
+
+def unconfirmed(name: str, version: Version, exc: OSError) -> str:
+    """What a person is told of a write that happened but that the disk did not confirm."""
+    return (f"{name} was saved as version {version.number}, but the disk reported an error "
+            f"({exc.strerror or exc}): the change may not survive a power loss")
 
 
 def changed_by(version: Version | None) -> str:
@@ -115,4 +131,8 @@ def rollback(files: MemoryFiles, name: str, number: int) -> tuple[FileInfo, Vers
         raise RequestFailed("not_found", f"{name} has no version {number}") from None
     except ValueError as exc:
         raise RequestFailed("over_limit", f"{exc}; nothing was changed") from None
+    except NotDurable as exc:
+        saved = files.latest_version(name)
+        assert saved is not None
+        raise RequestFailed("not_durable", unconfirmed(name, saved, exc)) from None
     return file_info(files, name), version_info(version)

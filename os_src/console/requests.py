@@ -53,6 +53,7 @@ RequestErrorCode = Literal[
     "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
     "over_limit",  # the edit is over the file's line or byte limit; nothing was written
     "file_changed",  # the file changed since the edit began (nothing was written), or a download's was written to
+    "not_durable",  # the edit or rollback was saved, but the disk failed to confirm it is stored
     "memory_unavailable",  # this server runs without memory
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here

@@ -9,7 +9,9 @@ opens the file itself the same way (O_NONBLOCK too: a FIFO must not hang a read)
 it opened with fstat. An upload is written to a folder of Sprite OS's own (`.os/state/uploads`,
 root's, 0700) that the agent cannot touch, then linked into `documents/` under a name no file has
 yet (link() never replaces one), relative to a descriptor of `documents/` opened the same way, and
-given to whoever owns `documents/` (the agent's user, in user isolation).
+given to whoever owns `documents/` (the agent's user, in user isolation). Across file systems it is
+copied to a temp name in `documents/` first, synced, then linked the same way: a name never holds a
+partial file.
 
 Blocking I/O: the console's file API runs these in a thread.
 """
@@ -132,6 +134,7 @@ class UserFiles:
                     if not (create_last and n == len(path) - 1):
                         raise NotThere(f"no folder {'/'.join(path[:n + 1])}") from None
                     os.mkdir(part, 0o700, dir_fd=fd)  # opened below without following, then given
+                    os.fsync(fd)  # its name survives a power loss with what is put in it
                     nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     _give_like(nfd, fd)
                 except OSError as exc:
@@ -224,43 +227,75 @@ class UserFiles:
             os.unlink(self.incoming / name)
 
     def sweep_uploads(self, older_than: float) -> int:
-        """Remove uploads left unfinished (a server stopped mid-upload) older than `older_than`."""
+        """Remove uploads left unfinished (a server stopped mid-upload) older than `older_than`, and the
+        temp copies in documents/ a cross-mount upload left (COPY_TEMP: a stop or kill mid-copy)."""
         removed = 0
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.incoming):
                 if entry.name.endswith(".part") and entry.stat(follow_symlinks=False).st_mtime < older_than:
                     self.discard_upload(entry.name)
                     removed += 1
+        with contextlib.suppress(NotThere, PathRefused, FileNotFoundError), self.folder([UPLOAD_DIR]) as docs:
+            for name in os.listdir(docs):
+                if COPY_TEMP.fullmatch(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=docs)
+                        removed += 1
         return removed
 
     def finish_upload(self, name: str, fd: int, wanted: str) -> str:
-        """Link the whole upload into documents/ under `wanted` (or "wanted (2)" ...), never replacing
-        a file and never through a link; give it to documents/' owner. Returns its path."""
+        """Put the whole upload in documents/ under `wanted` (or "wanted (2)" ...), never replacing a
+        file and never through a link, and give it to documents/' owner. Returns its path. Linked in
+        from the uploads folder; across file systems (EXDEV), copied to a temp name in documents/,
+        synced, then linked to the free name (so the name is never a partial file) and the temp
+        removed. Placed: an error after that (giving it, the folder's fsync) raises Placed."""
         os.fsync(fd)
         with self.folder([UPLOAD_DIR], create_last=True) as docs, \
                 _directory(self.incoming) as incoming:
-            for candidate in numbered(wanted):
+            try:
+                placed = _link_free(name, incoming, docs, wanted)
+                given = fd
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=incoming)
                 try:
-                    os.link(name, candidate, src_dir_fd=incoming, dst_dir_fd=docs, follow_symlinks=False)
-                except FileExistsError:
-                    continue
-                except OSError as exc:
-                    if exc.errno != errno.EXDEV:
-                        raise
-                    source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=incoming)
-                    try:
-                        if not _copy_into(source, docs, candidate):
-                            continue
-                    finally:
-                        os.close(source)
-                    break
-                _give_like(fd, docs)
-                break
-            else:
-                raise FileExistsError(f"documents/ already has {wanted} and 998 numbered copies")
-            os.fsync(docs)
+                    placed, given = _copy_into(source, docs, wanted), -1
+                finally:
+                    os.close(source)
+            path = f"{UPLOAD_DIR}/{placed}"
+            try:
+                if given >= 0:
+                    _give_like(given, docs)
+                os.fsync(docs)
+            except OSError as exc:
+                raise Placed(path, exc) from exc
         self.discard_upload(name)
-        return f"{UPLOAD_DIR}/{candidate}"
+        return path
+
+
+class Placed(OSError):
+    """The upload is in documents/ at `path`, whole; a step after (giving it to documents/' owner, the
+    folder's fsync) failed."""
+
+    def __init__(self, path: str, exc: OSError) -> None:
+        super().__init__(exc.errno, exc.strerror)
+        self.path = path
+
+
+# A cross-mount upload's copy in documents/ until it is whole and synced: swept at start.
+COPY_TEMP = re.compile(r"\.sprite-upload-[0-9a-f]{16}\.tmp")
+
+
+def _link_free(name: str, src_dir: int, docs: int, wanted: str) -> str:
+    """Link `name` (in `src_dir`) into documents/ under the first free numbered name; that name."""
+    for candidate in numbered(wanted):
+        try:
+            os.link(name, candidate, src_dir_fd=src_dir, dst_dir_fd=docs, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"documents/ already has {wanted} and 998 numbered copies")
 
 
 @contextlib.contextmanager
@@ -272,21 +307,25 @@ def _directory(path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def _copy_into(src: int, dir_fd: int, name: str) -> bool:
-    """Across file systems (no link): copy to a new file; False if the name is taken."""
+def _copy_into(src: int, docs: int, wanted: str) -> str:
+    """Across file systems (no link from the uploads folder): copy to a temp name in documents/, sync
+    it, give it, and link it to the first free numbered name. The temp is removed whatever happens:
+    nothing is left under the person's name unless it is whole. Returns the name."""
+    temp = f".sprite-upload-{secrets.token_hex(8)}.tmp"
+    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=docs)
     try:
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    except FileExistsError:
-        return False
-    try:
-        offset, size = 0, os.fstat(src).st_size
-        while offset < size:
-            offset += os.sendfile(out, src, offset, size - offset)
-        os.fsync(out)
-        _give_like(out, dir_fd)
+        try:
+            offset, size = 0, os.fstat(src).st_size
+            while offset < size:
+                offset += os.sendfile(out, src, offset, size - offset)
+            os.fsync(out)
+            _give_like(out, docs)
+        finally:
+            os.close(out)
+        return _link_free(temp, docs, docs, wanted)
     finally:
-        os.close(out)
-    return True
+        with contextlib.suppress(OSError):  # left: swept at the next start
+            os.unlink(temp, dir_fd=docs)
 
 
 def _give_like(fd: int, folder_fd: int) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..deploy_contract import MEMORY_FILES, FileSpec
 from ..errors import ConfigError, FileChanged
-from ..fsutil import atomic_write, held
+from ..fsutil import NotDurable, atomic_write, held, make_dirs
 from ..paths import Layout
 from ..text import safe_text
 
@@ -100,9 +100,18 @@ class MemoryFiles:
         with self._history_lock():
             if expect is not None and sha(self.read(name)) != expect:
                 raise FileChanged(name)
-            self._snapshot(name, "on-disk")  # a person's edit, or the deploy's original
-            version = self._keep(name, text, source)
+            unconfirmed: NotDurable | None = None  # a version kept whose folder's fsync failed: written all the same
+            try:
+                self._snapshot(name, "on-disk")  # a person's edit, or the deploy's original
+            except NotDurable as exc:
+                unconfirmed = exc
+            try:
+                version = self._keep(name, text, source)
+            except NotDurable as exc:
+                unconfirmed = exc
             atomic_write(self.path(name), text.encode("utf-8"), mode=0o644)
+            if unconfirmed is not None:  # the file is written too: NotDurable, not a failure
+                raise unconfirmed
         return version
 
     def snapshot(self, name: str, source: str) -> Version | None:
@@ -120,7 +129,7 @@ class MemoryFiles:
     @contextlib.contextmanager
     def _history_lock(self) -> Iterator[None]:
         """Version numbers are allocated under a lock: the daemon and an operator's rollback may race."""
-        self.history_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.history_dir)
         with held(self.history_dir / ".lock"):
             yield
 

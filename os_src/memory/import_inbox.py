@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from ..db_worker import Worker
-from ..fsutil import atomic_write, sweep_temp_files
+from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
 from ..logs import get_logger
 from ..paths import Layout
 from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
@@ -39,6 +39,8 @@ log = get_logger(__name__)
 
 INBOX = "imports"
 INBOX_POLL = 1.0
+FAIL_PAUSE = 5 * INBOX_POLL  # after a failed attempt, before the next
+DEGRADED_AFTER = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
 SUFFIX, PROGRESS, DONE = ".jsonl", ".progress.json", ".done.json"
 
 
@@ -69,7 +71,7 @@ def waiting(layout: Layout) -> list[Path]:
 def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     """The turns as a new inbox file (whole or not at all). Returns its path and how many it holds."""
     folder = inbox_dir(layout)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder)  # its name synced into .os/state/ when it is new
     name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     partial, final = folder / f".{name}.partial", folder / f"{name}{SUFFIX}"
     encoder, n = msgspec.json.Encoder(), 0
@@ -85,6 +87,10 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    try:
+        synced_after_rename(final)  # the file's name survives a power loss, not just its bytes
+    except NotDurable as exc:  # it is in the inbox and is applied; only a power loss now could lose it
+        log.warning("import_inbox_not_durable", file=final.name, error=str(exc))
     return final, n
 
 
@@ -164,6 +170,8 @@ class ImportInbox:
     def __init__(self, layout: Layout, transcript: Worker[TranscriptDB], landed: Callable[[], None]) -> None:
         self.layout, self.transcript, self.landed = layout, transcript, landed
         self.current: Progress | None = None
+        self.failing: int = 0  # attempts failed in a row
+        self.failure: str | None = None  # the last one's error, until an attempt succeeds
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -177,22 +185,50 @@ class ImportInbox:
             self._task = None
 
     async def _run(self) -> None:
-        # What a kill between a progress report's temp file and its rename left (the server, holding
-        # the workspace's lock, is the inbox's one applier).
-        await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout), lambda n: n.endswith((PROGRESS, DONE)))
+        """Never ends on an error: a failure (the inbox unreadable, a full disk that also fails the
+        report saying so) is logged and tried again after FAIL_PAUSE, and `status()` shows it."""
+        swept = False
         while True:
-            for path in await asyncio.to_thread(waiting, self.layout):
-                try:
-                    await self._apply(path)
-                except Exception as exc:  # the file stays: applied again (idempotently) at the next look
-                    log.exception("import_failed", file=path.name, error=repr(exc)[:300])
-                    if self.current is not None:
-                        self.current.error = repr(exc)[:300]
-                        await asyncio.to_thread(report, path, self.current)
-                    await asyncio.sleep(5 * INBOX_POLL)
-                finally:
-                    self.current = None
+            try:
+                if not swept:
+                    # What a kill between a progress report's temp file and its rename left (the server,
+                    # holding the workspace's lock, is the inbox's one applier).
+                    await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout),
+                                            lambda n: n.endswith((PROGRESS, DONE)))
+                    swept = True
+                ok = True
+                for path in await asyncio.to_thread(waiting, self.layout):
+                    ok = await self._attempt(path) and ok
+                if ok:
+                    self.failing, self.failure = 0, None
+            except Exception as exc:  # the inbox itself unreadable (EIO): looked at again after a pause
+                log.exception("import_inbox_failed", error=repr(exc)[:300])
+                self._failed(exc)
+                await asyncio.sleep(FAIL_PAUSE)
             await asyncio.sleep(INBOX_POLL)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failing, self.failure = self.failing + 1, repr(exc)[:300]
+
+    async def _attempt(self, path: Path) -> bool:
+        """Apply one inbox file; False if it failed (the file stays: applied again, idempotently, at the
+        next look, after FAIL_PAUSE)."""
+        try:
+            await self._apply(path)
+            return True
+        except Exception as exc:
+            log.exception("import_failed", file=path.name, error=repr(exc)[:300])
+            self._failed(exc)
+            if (p := self.current) is not None:
+                p.error, p.at = self.failure, time.time()
+                try:  # on the same full disk this fails too: logged, and status() still says it
+                    await asyncio.to_thread(report, path, p)
+                except OSError as again:
+                    log.warning("import_report_failed", file=path.name, error=repr(again)[:300])
+            await asyncio.sleep(FAIL_PAUSE)
+            return False
+        finally:
+            self.current = None
 
     async def _apply(self, path: Path) -> None:
         tally = await asyncio.to_thread(Tally, path)
@@ -209,7 +245,15 @@ class ImportInbox:
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
 
+    @property
+    def degraded(self) -> bool:
+        return self.failing >= DEGRADED_AFTER
+
     def status(self) -> dict[str, Any] | None:
+        """The file being applied, and the failure while attempts fail (None: nothing to say)."""
         p = self.current
-        return None if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied, "added": p.added,
-                                       "already": p.already}
+        out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
+                                                    "added": p.added, "already": p.already}
+        if self.failure is not None:
+            out.update(failing=self.failing, error=self.failure, degraded=self.degraded)
+        return out or None

@@ -93,11 +93,24 @@ def _unfinished(memory_db: Path) -> Path | None:
     return before
 
 
-def _forgotten(memory_db: Path, unfinished: Path | None) -> dict[str, float]:
-    """What a person forgot, which stays forgotten (the rebuild forgets it again after each batch)."""
-    if unfinished is None:
-        return forgotten_keys(memory_db)
-    return {**forgotten_keys(memory_db), **forgotten_keys(unfinished, set_aside=True)}
+def _forgotten(memory_db: Path, unfinished: Path | None, *, unreadable_ok: bool = False) -> dict[str, float]:
+    """What a person forgot, which stays forgotten (the rebuild forgets it again after each batch).
+    A memory.db that is there but can't be read (a damaged page) is refused unless `unreadable_ok`:
+    the rebuild would curate every turn again and forget nothing."""
+    found: dict[str, float] = {}
+    for path, set_aside in ((memory_db, False), (unfinished, True)):
+        if path is None:
+            continue
+        try:
+            found.update(forgotten_keys(path, set_aside=set_aside))
+        except sqlite3.Error as exc:
+            if not unreadable_ok:
+                raise SpriteOSError(
+                    f"cannot read which learnings were forgotten from {path} ({exc}): rebuilding would bring "
+                    "them back. Restore a readable memory.db, or pass --forget-nothing to rebuild anyway "
+                    "(learnings forgotten in it come back)") from None
+            log.warning("rebuild_forgotten_unreadable", path=str(path), error=str(exc))
+    return found
 
 
 def _set_aside(path: Path, mark: bool) -> Path | None:
@@ -141,7 +154,8 @@ async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
             yield chunk
 
 
-async def rebuild(settings: Settings) -> RebuildReport:
+async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) -> RebuildReport:
+    """`forgotten_unreadable_ok`: go on when memory.db can't be read (what was forgotten in it comes back)."""
     layout = settings.layout
     lock = WriterLock(layout.memory_lock)
     try:
@@ -153,7 +167,7 @@ async def rebuild(settings: Settings) -> RebuildReport:
         # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
         # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
         previous = _previous_groups(unfinished or layout.memory_db, set_aside=unfinished is not None)
-        forgotten = _forgotten(layout.memory_db, unfinished)
+        forgotten = _forgotten(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
         backup = _set_aside(layout.memory_db, mark=unfinished is None)
         files = MemoryFiles(layout)
         for name in CURATED:

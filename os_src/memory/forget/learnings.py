@@ -11,7 +11,6 @@ Each forgetting and undo is a row in the audit (memory/audit.py).
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from pathlib import Path
 
 from ...database import read_only, transaction
@@ -41,20 +40,17 @@ def forgotten_count(db: MemoryDB) -> int:
 
 def forgotten_keys(path: Path, *, set_aside: bool = False) -> dict[str, float]:
     """content_key -> forgotten_at of the forgotten learnings in the memory.db at `path`
-    (read-only, as a copy set aside if `set_aside`: database.read_only; none if it is missing
-    or older than the forgetting)."""
+    (read-only, as a copy set aside if `set_aside`: database.read_only; none if it is missing,
+    has no learnings yet or is older than the forgetting). A memory.db that is there but can't
+    be read raises sqlite3.Error: "nothing was forgotten" would be a guess."""
     if not path.exists():
         return {}
-    try:
-        conn = read_only(path, set_aside=set_aside)
-    except sqlite3.Error:
-        return {}
-    with contextlib.closing(conn):
-        try:
-            found = conn.execute("SELECT content_key, forgotten_at FROM learnings WHERE forgotten_at IS NOT NULL")
-            return {key: float(at) for key, at in found.fetchall()}
-        except sqlite3.Error:
+    with contextlib.closing(read_only(path, set_aside=set_aside)) as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(learnings)")}
+        if "forgotten_at" not in columns:
             return {}
+        found = conn.execute("SELECT content_key, forgotten_at FROM learnings WHERE forgotten_at IS NOT NULL")
+        return {key: float(at) for key, at in found.fetchall()}
 
 
 def forget_again(db: MemoryDB, keys: dict[str, float]) -> int:

@@ -179,6 +179,12 @@ export class FilesPanel {
       await this.load();
     } catch (error) {
       this.flash(error.message, "error");
+      if (error.code === "not_durable") { // saved, the disk's confirmation failed: the draft is the file now
+        this.drafts.delete(file.name);
+        if (this.editing === file.name) this.editing = null;
+        await this.load();
+        return;
+      }
       // Refused as changed, maybe by this very draft: a Save before it written, its answer lost (`open` says which).
       if (error.code === "file_changed" && this.editing === file.name) await told(this.open(file.name, false, error.message), this.flash);
     }
