@@ -49,7 +49,7 @@ from pathlib import Path
 import msgspec
 
 from ...backoff import Backoff
-from ...fsutil import atomic_write
+from ...fsutil import TornAppend, append_whole, atomic_write
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
@@ -160,16 +160,9 @@ class JournalFile:
             self._size = len(line)
             return
         try:
-            written = 0
-            while written < len(line):
-                written += os.write(fd, line[written:])
-            if sync:
-                os.fdatasync(fd)
-        except OSError:
-            try:  # a torn line (a full disk) must not run into the next one
-                os.ftruncate(fd, size)
-            except OSError:
-                self._size = None
+            append_whole(fd, line, size, os.fdatasync if sync else None)
+        except TornAppend:
+            self._size = None  # the tail is torn: the next save rewrites the file whole
             raise
         finally:
             os.close(fd)
