@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
 import pytest
 
 from sprite_os.backoff import Backoff
@@ -337,3 +338,20 @@ async def test_the_spill_files_folder_is_synced_again_after_a_folder_sync_failed
     assert folder_syncs == [False, True]
     FlakyDB.errors = []
     assert await kit.writer.drained(30)
+
+
+async def test_a_turn_waiting_only_in_the_spill_file_is_still_known_by_its_session(kit: Kit) -> None:
+    """What a forget asks before it may be acknowledged: does a turn of these sessions, or with these wire
+    ids, still wait? One whose payload was let go (the spill file holds it) has its session only."""
+    writer = kit.writer = kit.new_writer(max_queued=2)
+    await writer.start()
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    for n in range(1, 6):
+        writer.submit(ObservationWrite(msgspec.structs.replace(obs(n), turn_id=f"t{n}")))
+    await wait_for(lambda: writer._held <= 2, what="the payloads past the bound let go")
+    assert writer.holds_turns({"s1"}, set()) and writer.holds_turns(set(), {"t1"})
+    assert writer.holds_turns(set(), {"t5"})  # t5's payload may be let go: by wire id, any spilled turn counts
+    assert not writer.holds_turns({"s2"}, set())
+    FlakyDB.errors = []
+    assert await writer.drained(30)
+    assert not writer.holds_turns({"s1"}, {"t1"})

@@ -28,7 +28,7 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
@@ -155,6 +155,19 @@ class TranscriptWriter:
     def waiting(self) -> list[NewObservation]:
         """The observations queued in memory, not yet in transcript.db, oldest first."""
         return [q.write.observation for q in self._queue if isinstance(q.write, ObservationWrite)]
+
+    def holds_turns(self, session_ids: Collection[str], turn_ids: Collection[str]) -> bool:
+        """Whether a turn of these sessions, or with one of these wire ids, is queued, not yet in
+        transcript.db (being written included). One whose payload only the spill file holds is known
+        by its session alone: it counts whenever wire ids are asked about."""
+        for q in self._queue:
+            if isinstance(q.write, ObservationWrite):
+                obs = q.write.observation
+                if obs.session_id in session_ids or obs.turn_id in turn_ids:
+                    return True
+            elif q.write is None and isinstance(q.key[1], int) and (q.key[0] in session_ids or turn_ids):
+                return True
+        return False
 
     def waiting_commands(self) -> list[CommandWrite]:
         """The client ids of commands that left no turn, queued in memory, not yet in transcript.db, oldest first."""
