@@ -17,7 +17,9 @@ failing), the closed turn is written here without waiting, and that write is eno
 Each save appends the journal's whole state as one JSON line. A save that holds a closed turn
 not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file and a rename takes
 two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
-power cut mid-turn loses only a turn no one was told was done. So a turn whose transcript.db
+power cut mid-turn loses only a turn no one was told was done (and the record that its message's
+client id was taken: a resend after the restart runs again, as docs/protocol.md says, rather than
+every turn paying a second fsync before its prompt reaches the CLI). So a turn whose transcript.db
 commit comes first pays that commit's fsync and no other. Reading takes the last whole line, so
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
