@@ -99,6 +99,11 @@ class FileChanged(SpriteOSError):
     """A memory file is not what the writer based its new text on (a person edited it)."""
 
 
+class StillSaving(SpriteOSError):
+    """Turns a forget names still wait to be saved (transcript.db locked or failing): forgetting now
+    would miss them, and they would land later, words and all. Try again once they have landed."""
+
+
 class BudgetSpent(SpriteOSError):
     """The curator's daily budget can't cover the next call: it waits for the next UTC day. No failure."""
 

@@ -14,6 +14,7 @@ from typing import Any
 from .deploy_contract import NotDurable as NotDurable  # shared with bootstrap/deploy.py
 from .deploy_contract import atomic_write as atomic_write
 from .deploy_contract import make_dirs as make_dirs
+from .deploy_contract import sync_dir as sync_dir
 from .deploy_contract import synced_after_rename as synced_after_rename
 from .errors import LockHeld
 
@@ -73,6 +74,29 @@ def free_bytes(path: os.PathLike[str] | str) -> int:
     an unreadable disk means to it."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+class TornAppend(OSError):
+    """An append failed, and so did cutting the file back: its tail is a torn line."""
+
+
+def append_whole(fd: int, data: bytes, size: int, sync: Callable[[int], None] | None) -> None:
+    """Append `data` to the file open on `fd` (O_APPEND, no buffer), whose first `size` bytes are
+    all it held, then `sync(fd)` unless it is None. A failure (a short write, then a full disk;
+    EIO) cuts the file back to `size`, so that a torn line never runs into the next one, and
+    raises; TornAppend (the same errno) when that cut failed too."""
+    try:
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        if sync is not None:
+            sync(fd)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            raise TornAppend(exc.errno, exc.strerror) from exc
+        raise
 
 
 # atomic_write's temp file: `.<name>.<8 random characters>.tmp` beside the file it replaces.

@@ -15,7 +15,7 @@ from claude_agent_sdk import ResultMessage
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture.journal import Entry, journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
-from sprite_os.memory.capture.spill import ObservationWrite, append_lines, spill_path
+from sprite_os.memory.capture.spill import ObservationWrite, SpillFile, spill_path
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.loader import BootLoader
 from sprite_os.memory.memory_store import MemoryDB
@@ -108,7 +108,7 @@ async def test_a_restart_replays_the_spill_file_and_the_journal_in_turn_order(tm
     def turn(n: int, at: float) -> NewObservation:
         return NewObservation(at, "s1", n, f"turn {n}", "[]", f"answer {n}")
 
-    append_lines(spill_path(layout), [ObservationWrite(turn(5, T + 5)), ObservationWrite(turn(7, T + 7))])
+    SpillFile(spill_path(layout)).append([ObservationWrite(turn(5, T + 5)), ObservationWrite(turn(7, T + 7))])
     journal_path(layout).write_bytes(msgspec.json.encode([Entry(turn(6, T + 6 - BACK), ended=True)]) + b"\n")
     assert [o.sequence_num for o in recover(journal_path(layout))] == [6]
     db: Worker[TranscriptDB] = Worker("t", lambda: TranscriptDB(layout.transcript_db))

@@ -16,6 +16,7 @@ from sprite_os.console import session_frames as ps
 from sprite_os.console import session_queries
 from sprite_os.console.requests import ConsoleApi, RequestFailed
 from sprite_os.console.sessions_api import SessionsConsole
+from sprite_os.memory import system as system_mod
 from sprite_os.memory.capture.spill import ObservationWrite
 from sprite_os.memory.capture.writer import _Queued
 from sprite_os.memory.memory_store import NewLearning
@@ -280,3 +281,27 @@ async def test_forgetting_a_session_with_a_turn_running_is_busy_and_an_unknown_s
     assert again.forgotten == 0  # type: ignore[attr-defined]
     agent.running = None
     assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s3"))).forgotten == 5  # type: ignore[attr-defined]
+
+
+async def test_forgetting_a_session_whose_turn_still_waits_to_be_saved_is_busy(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transcript.db locked past the forget's wait: the turn still queued would land after an acknowledged
+    forget, words and all. The person is told to try again, and nothing is forgotten meanwhile."""
+    await seed(system)
+    monkeypatch.setattr(system_mod, "FORGET_DRAIN_BUDGET", 0.1)
+    late = _Queued.of(ObservationWrite(turn("s1", 3, "one more thing", turn_id="a3", status="completed")))
+    system.writer._queue.append(late)  # as if transcript.db were locked
+    system.writer._empty.clear()
+    forget = SessionsConsole(system, lambda: "s3", holding_turns=FakeAgent().holding_turns).handlers[ps.ForgetTurnsRequest]
+    try:
+        for req in (ps.ForgetTurnsRequest(request_id="f", session_id="s1"),
+                    ps.ForgetTurnsRequest(request_id="f", turn_ids=["a3"])):
+            with pytest.raises(RequestFailed) as busy:
+                await forget(req)
+            assert busy.value.code == "busy" and "still being saved" in busy.value.message
+        # A turn of another session waiting holds up no forget.
+        assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c1"]))).forgotten == 1  # type: ignore[attr-defined]
+    finally:
+        system.writer._queue.remove(late)
+        system.writer._empty.set()
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))).forgotten == 2  # type: ignore[attr-defined]

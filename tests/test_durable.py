@@ -26,7 +26,6 @@ from sprite_os.database import connect
 from sprite_os.db_worker import Worker
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture import pipeline as pipeline_mod
-from sprite_os.memory.capture import writer as writer_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -41,7 +40,7 @@ from sprite_os.memory.capture.spill import (
     CommandWrite,
     ObservationWrite,
     SessionWrite,
-    append_lines,
+    SpillFile,
     read_spill,
     spill_path,
 )
@@ -103,7 +102,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 def state(path: Path) -> list[tuple[int, bool]]:
-    return [(e.observation.sequence_num, e.ended) for e in journal_mod._last_state(path.read_bytes(), path)]
+    return [(e.observation.sequence_num, e.ended) for e in journal_mod._last_state(path.read_bytes(), path) or []]
 
 
 def entries(*items: tuple[int, bool]) -> bytes:
@@ -129,11 +128,11 @@ def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_
 
 def test_the_spill_files_first_append_syncs_its_folder_too(tmp_path: Path, syncs: list[str]) -> None:
     """A new spill file's lines were fsync'd, its name was not: a power cut could lose the file."""
-    path = tmp_path / "capture-spill.jsonl"
-    append_lines(path, [SessionWrite("s", "start", 1.0)])
+    spill = SpillFile(tmp_path / "capture-spill.jsonl")
+    spill.append([SessionWrite("s", "start", 1.0)])
     assert syncs == ["fsync", "fsync"]  # the file, then its folder
     syncs.clear()
-    append_lines(path, [SessionWrite("s", "end", 2.0)])
+    spill.append([SessionWrite("s", "end", 2.0)])
     assert syncs == ["fsync"]  # its name is durable already
 
 
@@ -573,7 +572,7 @@ async def test_a_command_whose_spill_fails_on_a_full_disk_is_still_saved_by_tran
     def full(*_args: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer_mod, "append_lines", full)
+    monkeypatch.setattr(SpillFile, "append", full)
     record = capture.recorder.open("/compact", "t-c", "web-c")
     record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
                                session_id="x", result=""))
@@ -596,14 +595,14 @@ async def test_a_command_whose_spill_fails_on_a_full_disk_is_still_saved_by_tran
 
 def test_a_spilled_commands_client_id_is_read_back(tmp_path: Path) -> None:
     path = tmp_path / "spill"
-    append_lines(path, [CommandWrite("web-c", "s1", "t-c", 1.0)])
+    SpillFile(path).append([CommandWrite("web-c", "s1", "t-c", 1.0)])
     assert read_spill(path) == [CommandWrite("web-c", "s1", "t-c", 1.0)]
 
 
 def test_a_spilled_turn_keeps_its_client_id(tmp_path: Path) -> None:
     """The writer's spill file holds a turn transcript.db could not take: its client id with it."""
     path = tmp_path / "spill"
-    append_lines(path, [ObservationWrite(msgspec.structs.replace(obs(1), client_id="web-1"))])
+    SpillFile(path).append([ObservationWrite(msgspec.structs.replace(obs(1), client_id="web-1"))])
     [write] = read_spill(path)
     assert isinstance(write, ObservationWrite) and write.observation.client_id == "web-1"
 
@@ -730,7 +729,7 @@ async def test_a_turn_neither_disk_way_takes_is_reported_not_durable_within_mome
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(JournalFile, "save", read_only)
-    monkeypatch.setattr("sprite_os.memory.capture.writer.append_lines", read_only)  # the spill file
+    monkeypatch.setattr(SpillFile, "append", read_only)  # the spill file
     monkeypatch.setattr(BusyDB, "_append", lambda *_a: (_ for _ in ()).throw(sqlite3.OperationalError(
         "attempt to write a readonly database")))
     record = close_turn(capture, "on a read-only disk")
@@ -799,7 +798,7 @@ async def test_a_spilled_turns_message_is_known_taken_after_a_restart_on_a_disk_
     settings.layout.ensure()
     obs = NewObservation(timestamp=1_790_000_000.0, session_id="s1", sequence_num=1, user_message="do it once",
                          tool_calls_json="[]", agent_response="done", turn_id="t-1", client_id="web-spilled")
-    append_lines(spill_path(settings.layout), [ObservationWrite(obs)])
+    SpillFile(spill_path(settings.layout)).append([ObservationWrite(obs)])
 
     def full(_db: TranscriptDB, _obs: NewObservation) -> None:
         raise sqlite3.OperationalError("database or disk is full")

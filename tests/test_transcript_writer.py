@@ -4,13 +4,19 @@ gives back the turn a killed server was in."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
+import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
 import pytest
 
 from sprite_os.backoff import Backoff
@@ -23,10 +29,12 @@ from sprite_os.memory.capture.spill import (
     ObservationWrite,
     SessionWrite,
     prepare_status,
+    read_spill,
     read_status,
     save_status,
     spill_path,
     status_path,
+    write_key,
 )
 from sprite_os.memory.capture.writer import TranscriptWriter
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
@@ -221,3 +229,129 @@ def test_the_spell_is_saved_for_memory_status_on_a_full_disk(tmp_path: Path, mon
     assert [p.name for p in layout.state_dir.iterdir()] == [path.name] and path.stat().st_size == STATUS_BYTES
     save_status(path, CaptureHealth())  # the spell ended: blanked, the file and its blocks kept
     assert not read_status(layout)["degraded"] and path.stat().st_size == STATUS_BYTES
+
+
+FULL_DISK_MID_LINE = r"""
+import asyncio, json, os, resource, sqlite3, sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sprite_os.backoff import Backoff
+from sprite_os.db_worker import Worker
+from sprite_os.memory.capture.spill import ObservationWrite, read_spill, spill_path
+from sprite_os.memory.capture.writer import TranscriptWriter
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.paths import Layout
+
+
+class Locked(TranscriptDB):
+    def append(self, obs):
+        raise sqlite3.OperationalError("database is locked")
+
+
+def turn(n, text):
+    return ObservationWrite(NewObservation(1.79e9 + n, "s1", n, f"turn {n}", "[]", text))
+
+
+async def until(what):
+    for _ in range(2000):
+        if what():
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError
+
+
+async def main(root):
+    layout = Layout(Path(root))
+    layout.ensure()
+    durable, failed = [], []
+    writer = TranscriptWriter(
+        Worker("t", lambda: Locked(layout.transcript_db)), layout, ThreadPoolExecutor(max_workers=1),
+        on_durable=lambda w: durable.append(w.observation.sequence_num),
+        on_failed=lambda ws: failed.extend(w.observation.sequence_num for w in ws),
+        backoff=Backoff(first=0.01, max=0.05, jitter=0.0))
+    await writer.start()
+    writer.submit(turn(1, "answer 1"))
+    await until(lambda: 1 in durable)  # transcript.db refused it: in the spill file, fsync'd
+    path = spill_path(layout)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 100, hard))  # the disk fills mid-line
+    writer.submit(turn(2, "x" * 2000))
+    await until(lambda: 2 in failed)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # some space is freed
+    writer.submit(turn(3, "answer 3"))
+    await until(lambda: 2 in durable and 3 in durable)
+    # Killed now: what the next start reads back.
+    print(json.dumps([None if w is None else w.observation.sequence_num for w in read_spill(path)]), flush=True)
+    os._exit(0)
+
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_full_disk_mid_append_never_loses_a_turn_the_spill_file_then_took(tmp_path: Path) -> None:
+    """A short write on a full disk left part of a line with no newline (a buffered file's cut-back
+    flushes first, and fails the same way); the next append, once space was freed, glued the failed
+    turn onto it, was fsync'd and counted durable, and a restart could not read it: the turn was
+    lost though it had been acknowledged. A real short write: the process's file size limit."""
+    ran = subprocess.run([sys.executable, "-c", FULL_DISK_MID_LINE, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads(ran.stdout.splitlines()[-1]) == [1, 2, 3]  # the logs come before it
+
+
+async def test_a_torn_tail_in_the_spill_file_never_swallows_the_next_line(kit: Kit) -> None:
+    """A kill mid-append leaves a line with no newline: the next run's first append ended up glued onto it."""
+    spill_path(kit.layout).write_bytes(b'{"type":"observation","observation":{"ses')
+    await kit.writer.start()
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    kit.writer.submit(ObservationWrite(obs(1)))
+    await wait_for(lambda: ("s1", 1) in kit.durable, what="the turn spilled")
+    assert [w if w is None else write_key(w) for w in read_spill(spill_path(kit.layout))] == [None, ("s1", 1)]
+    FlakyDB.errors = []
+    assert await kit.writer.drained(30)
+
+
+async def test_the_spill_files_folder_is_synced_again_after_a_folder_sync_failed(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder's fsync failed after the lines' fsync: the append counted as failed, and the retry, on a
+    file no longer empty, never synced the folder, though its lines were then counted durable."""
+    folder_syncs: list[bool] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            if not folder_syncs:
+                folder_syncs.append(False)
+                raise OSError(errno.EIO, "Input/output error")
+            folder_syncs.append(True)
+        real(fd)
+
+    await kit.writer.start()
+    monkeypatch.setattr(os, "fsync", fsync)  # after the start's own writes
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    kit.writer.submit(ObservationWrite(obs(1)))
+    await wait_for(lambda: folder_syncs == [False], what="the folder's sync failed")
+    kit.writer.submit(ObservationWrite(obs(2)))
+    await wait_for(lambda: ("s1", 2) in kit.durable, what="the turns spilled")
+    assert folder_syncs == [False, True]
+    FlakyDB.errors = []
+    assert await kit.writer.drained(30)
+
+
+async def test_a_turn_waiting_only_in_the_spill_file_is_still_known_by_its_session(kit: Kit) -> None:
+    """What a forget asks before it may be acknowledged: does a turn of these sessions, or with these wire
+    ids, still wait? One whose payload was let go (the spill file holds it) has its session only."""
+    writer = kit.writer = kit.new_writer(max_queued=2)
+    await writer.start()
+    FlakyDB.errors = [locked()] * 10_000  # until cleared
+    for n in range(1, 6):
+        writer.submit(ObservationWrite(msgspec.structs.replace(obs(n), turn_id=f"t{n}")))
+    await wait_for(lambda: writer._held <= 2, what="the payloads past the bound let go")
+    assert writer.holds_turns({"s1"}, set()) and writer.holds_turns(set(), {"t1"})
+    assert writer.holds_turns(set(), {"t5"})  # t5's payload may be let go: by wire id, any spilled turn counts
+    assert not writer.holds_turns({"s2"}, set())
+    FlakyDB.errors = []
+    assert await writer.drained(30)
+    assert not writer.holds_turns({"s1"}, {"t1"})

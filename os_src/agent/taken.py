@@ -9,7 +9,10 @@ one a restart dropped from the queue was never recorded: their resend with the s
 
 Bounded: the newest TAKEN_LIMIT ids. An id older than those is not recognised (its message would run
 again); so is one whose turn was never recorded (memory off, a turn interrupted before it was sent)
-once the server restarts.
+once the server restarts, and one whose turn was running at a power loss, or in its first 200 ms
+(the journal's OPEN_GRACE) at a kill -9: until its close the id's only record is the open turn's
+unsynced journal entry, and syncing it first would cost every turn a second fsync before its prompt
+reaches the CLI (docs/protocol.md says why).
 """
 
 from __future__ import annotations

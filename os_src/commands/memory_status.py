@@ -94,10 +94,13 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         n = failing["consecutive_failures"]
         print(f"  failing          since {when(failing['failing_since'])}, {n} failed call{'' if n == 1 else 's'} "
               f"in a row{' (degraded)' if failing['degraded'] else ''}; next retry {when(failing['next_retry_at'], seconds=True)}")
-    if (capture := r["capture"])["degraded"]:
+    if (capture := r["capture"])["failing_since"] or capture["spilled"]:
         since = f"failing since {when(capture['failing_since'])}, {capture['consecutive_failures']} failed writes in a " \
                 f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
         print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
+    for name in capture.get("journals_set_aside") or []:
+        print(f"  turn journal     UNREAD: a start could not read it and set it aside as .os/state/{name}; its turns "
+              "are not recorded (to replay them: stop the server, rename it back to turn-journal.json)")
     if (space := r.get("disk") or {}).get("low"):
         print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
               "turns wait in the server's memory until space is freed")

@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from .. import protocol as p
+from ..errors import StillSaving
 from . import session_frames as ps
 from . import session_queries as q
 from .requests import Handler, Request, RequestFailed
@@ -78,8 +79,11 @@ class SessionsConsole:
         # or be reminded of, them) and the session holding them in its context has been restarted.
         async with self._holding_turns() as hold:
             await self._refuse_if_busy(req, hold.running)
-            done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids,
-                                                   session_id=req.session_id, by=FORGOTTEN_BY)
+            try:
+                done = await self._system.forget_turns(req.observation_ids, turn_ids=req.turn_ids,
+                                                       session_id=req.session_id, by=FORGOTTEN_BY)
+            except StillSaving as exc:
+                raise RequestFailed("busy", str(exc)) from None
             current = self._current()
             # Its session's turn, or a past session's its boot prompt or auto-recall brought it.
             restarted = (done.in_context or any(o.session_id == current for o in done.turns)) and hold.restart(current)

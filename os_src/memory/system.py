@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..db_worker import Reads, Worker
-from ..errors import log_expected
+from ..errors import StillSaving, log_expected
 from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..spending import DailyBudget, day_start
@@ -174,8 +174,13 @@ class MemorySystem:
         """A person forgets turns (by id, by their id on the wire, or a whole session): their words
         leave every store now, the memory files on the daemon's next pass (memory/forget/turns.py).
         The turns still being written land first. The caller holds the agent's turns meanwhile
-        (the console, with the runtime's `holding_turns`)."""
-        await self.writer.drained(FORGET_DRAIN_BUDGET)
+        (the console, with the runtime's `holding_turns`). StillSaving: a turn named (by session or
+        wire id) has still not landed after FORGET_DRAIN_BUDGET (transcript.db locked or failing): it
+        would land after the forget, words and all, so the forget is refused rather than acknowledged."""
+        if not await self.writer.drained(FORGET_DRAIN_BUDGET) and self.writer.holds_turns(
+                {session_id} if session_id is not None else set(), set(turn_ids)):
+            raise StillSaving("some of these turns are still being saved (transcript.db is locked or failing): "
+                              "forget them once they are saved; try again in a moment")
         wanted = list(ids)
         if turn_ids:
             wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))

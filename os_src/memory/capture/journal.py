@@ -6,7 +6,9 @@ so far, the last thing the agent said) is kept in this file as it goes, and so i
 turn until its observation is durable (in transcript.db, or in the writer's spill file).
 At the next start, whatever the file holds is recorded: a turn that never ended with a note
 that the server stopped before it did. Replaying a turn that had landed changes nothing
-(the unique (session, sequence) key).
+(the unique (session, sequence) key). A journal the start cannot read is renamed aside
+(turn-journal.json.unreadable-<time>) before a new one is written, and capture says degraded
+until the operator replays or removes it: it may hold turns the person was told were done.
 
 The journal is also one of the two ways a closed turn becomes durable before the person is
 told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
@@ -15,7 +17,9 @@ failing), the closed turn is written here without waiting, and that write is eno
 Each save appends the journal's whole state as one JSON line. A save that holds a closed turn
 not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file and a rename takes
 two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
-power cut mid-turn loses only a turn no one was told was done. So a turn whose transcript.db
+power cut mid-turn loses only a turn no one was told was done (and the record that its message's
+client id was taken: a resend after the restart runs again, as docs/protocol.md says, rather than
+every turn paying a second fsync before its prompt reaches the CLI). So a turn whose transcript.db
 commit comes first pays that commit's fsync and no other. Reading takes the last whole line, so
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
@@ -38,18 +42,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import itertools
 import logging
 import os
 import random
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
 from ...backoff import Backoff
-from ...fsutil import atomic_write
+from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
@@ -71,6 +79,7 @@ COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 # it may be the turn's only copy on disk.
 MAX_CLOSED = 32
 JOURNAL_NAME = "turn-journal.json"
+UNREADABLE = ".unreadable-"  # a journal a start could not read, set aside: turn-journal.json.unreadable-<time>
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 STOPPED = "stopped"  # the status of a turn the server's stop or restart cut short (not the person: "interrupted")
 
@@ -91,8 +100,9 @@ class Entry(msgspec.Struct, frozen=True):
 _decoder = msgspec.json.Decoder(list[Entry])
 
 
-def _last_state(data: bytes, path: Path) -> list[Entry]:
-    """The journal's state: its last line that reads whole (a kill mid-append tears only the last)."""
+def _last_state(data: bytes, path: Path) -> list[Entry] | None:
+    """The journal's state: its last line that reads whole (a kill mid-append tears only the last).
+    None: a whole line is there and none reads (the file is damaged, not torn by a kill)."""
     lines = data.splitlines()
     for line in reversed(lines):
         if not line.strip():
@@ -101,21 +111,75 @@ def _last_state(data: bytes, path: Path) -> list[Entry]:
             return _decoder.decode(line)
         except msgspec.MsgspecError as exc:
             log.warning("turn_journal_line_unreadable", path=str(path), error=str(exc)[:200])
-    return []
+    whole = data[:data.rfind(b"\n") + 1]  # a tail with no newline is an append a kill tore
+    return None if whole.strip() else []
+
+
+def set_aside_journals(state_dir: Path) -> list[Path]:
+    """The journals a start could not read and set aside (`turn-journal.json.unreadable-<time>`),
+    oldest first: kept until the operator replays or removes them."""
+    return sorted(state_dir.glob(f"{JOURNAL_NAME}{UNREADABLE}*"))
+
+
+def _set_aside(path: Path, why: str) -> Path | None:
+    """Rename an unreadable journal out of the way, its folder synced, before a new one is written:
+    its turns may be the only copy of ones the person was told were done. None: it could not be."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    aside = next(p for n in itertools.count()
+                 if not (p := path.with_name(f"{path.name}{UNREADABLE}{stamp}" + (f"-{n}" if n else ""))).exists())
+    try:
+        os.rename(path, aside)  # the one writer (the start holds memory's lock): the name is free
+        sync_dir(path.parent)
+    except OSError as exc:
+        if aside.exists():  # renamed, its folder's sync failed: still the file to keep, and no journal is in the way
+            log.error("turn_journal_set_aside_not_synced", aside=str(aside), error=str(exc)[:200])
+            return aside
+        log.error("turn_journal_not_set_aside", path=str(path), why=why, error=str(exc)[:200],
+                  hint="no journal is written this run, so as not to write over it")
+        return None
+    log.error("turn_journal_set_aside", path=str(path), aside=str(aside), why=why,
+              hint="its turns are not recorded: stop the server and rename it back to turn-journal.json to replay it")
+    return aside
+
+
+class JournalUnreadable(Exception):
+    """The journal could not be read (EIO), or has a whole line and none that decodes."""
+
+
+class Recovered(NamedTuple):
+    """What a start found in the journal: the turns to record; the journal set aside unread (its path);
+    and whether an unreadable journal is still in place (it could not be set aside: none may be written)."""
+
+    observations: list[NewObservation]
+    set_aside: Path | None = None
+    stuck: bool = False
+
+
+def recover_at_start(path: Path) -> Recovered:
+    """`recover`, at a start: a journal that can't be read is set aside, never written over, since it
+    may hold turns the person was told were done (capture is then degraded)."""
+    try:
+        return Recovered(recover(path))
+    except JournalUnreadable as exc:
+        log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
+        aside = _set_aside(path, str(exc))
+        return Recovered([], aside, stuck=aside is None)
 
 
 def recover(path: Path) -> list[NewObservation]:
     """The turns an earlier run left in its journal, as observations to record, in the order
-    they were taken (never by their clocks, which may have jumped). An unreadable journal is
-    logged and costs only what it held. (Temp files a kill left are the start's sweep's: memory/system.py.)"""
+    they were taken (never by their clocks, which may have jumped). JournalUnreadable: it could
+    not be read, or no whole line of it decodes (a tail a kill tore is not that: it is skipped).
+    (Temp files a kill left are the start's sweep's: memory/system.py.)"""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
     except OSError as exc:
-        log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
-        return []
+        raise JournalUnreadable(f"{type(exc).__name__}: {exc}") from exc
     entries = _last_state(data, path)
+    if entries is None:
+        raise JournalUnreadable("no line decodes")
     out = []
     for entry in entries:
         obs = entry.observation
@@ -134,9 +198,13 @@ class JournalFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._size: int | None = None  # bytes known to end with a whole line; None: rewrite first
+        # An unreadable journal a start could not set aside is in the way: nothing is written over it.
+        self.stuck = False
 
     def save(self, data: bytes | None, sync: bool = True) -> None:
         """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
+        if self.stuck:
+            raise OSError(errno.EIO, f"{self.path} could not be read nor set aside: not written over")
         if data is None:
             # Not synced: after a power loss the file may hold turns again that are in transcript.db,
             # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
@@ -160,22 +228,17 @@ class JournalFile:
             self._size = len(line)
             return
         try:
-            written = 0
-            while written < len(line):
-                written += os.write(fd, line[written:])
-            if sync:
-                os.fdatasync(fd)
-        except OSError:
-            try:  # a torn line (a full disk) must not run into the next one
-                os.ftruncate(fd, size)
-            except OSError:
-                self._size = None
+            append_whole(fd, line, size, os.fdatasync if sync else None)
+        except TornAppend:
+            self._size = None  # the tail is torn: the next save rewrites the file whole
             raise
         finally:
             os.close(fd)
         self._size = size + len(line)
 
     def remove(self) -> None:
+        if self.stuck:
+            return
         self.path.unlink(missing_ok=True)
         self._size = None
 
@@ -211,8 +274,15 @@ class TurnJournal:
         self._written: Future[None] | None = None  # the last save handed out
         self._shut_down = False  # flushed at shutdown: the files' thread takes no more saves, none is retried
 
-    def restore(self, observations: list[NewObservation]) -> None:
-        """Keep what `recover` found until it is durable again (a second crash must not lose it)."""
+    @property
+    def stuck(self) -> bool:
+        """An unreadable journal could not be set aside: none is written this run."""
+        return self._file.stuck
+
+    def restore(self, observations: list[NewObservation], stuck: bool = False) -> None:
+        """Keep what `recover` found until it is durable again (a second crash must not lose it).
+        `stuck`: it found a journal it could neither read nor set aside: nothing is written over it."""
+        self._file.stuck = stuck
         for obs in observations:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
         self._changed(0.0)

@@ -20,7 +20,7 @@ from ...paths import Layout
 from ..hooks import HookTimings
 from ..transcript_store import TranscriptDB
 from .acks import Acks
-from .journal import TurnJournal, journal_path, recover
+from .journal import TurnJournal, journal_path, recover_at_start, set_aside_journals
 from .recorder import TurnRecorder
 from .spill import CommandWrite, ObservationWrite, Write, write_key
 from .writer import TranscriptWriter
@@ -43,14 +43,17 @@ class Capture:
         self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved,
                                    on_full=self.writer.spill_waiting)
         self.recorder = TurnRecorder(self.writer, on_recorded, timings, self.journal, self.acks, clock)
+        self.set_aside: list[str] = []  # journals a start could not read, set aside (as of this start)
 
     async def start(self, replay_budget: float) -> None:
         """What an earlier run left unwritten comes first: its spill file, then its turn journal (the
         turn it was killed in, recorded with a note); at most `replay_budget` seconds are waited for it."""
         loop = asyncio.get_running_loop()
-        recovered = await loop.run_in_executor(self._files, recover, journal_path(self._layout))
-        self.journal.restore(recovered)
-        await self.writer.start([ObservationWrite(obs) for obs in recovered])
+        recovered = await loop.run_in_executor(self._files, recover_at_start, journal_path(self._layout))
+        self.journal.restore(recovered.observations, recovered.stuck)
+        self.set_aside = [p.name for p in await loop.run_in_executor(
+            self._files, set_aside_journals, self._layout.state_dir)]
+        await self.writer.start([ObservationWrite(obs) for obs in recovered.observations])
         await self.writer.drained(replay_budget)
 
     async def stop(self, budget: float) -> bool:
@@ -67,8 +70,9 @@ class Capture:
         still not durable (a hung disk fails nothing, yet no turn lands)."""
         report = self.writer.status()
         report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
+        report["journals_set_aside"], report["journal_stuck"] = self.set_aside, self.journal.stuck
         report["degraded"] = bool(report["degraded"] or report["oldest_queued_s"] > STALLED_AFTER
-                                  or self.acks.unsaved)
+                                  or self.acks.unsaved or self.set_aside or self.journal.stuck)
         return report
 
     def _refused(self, writes: list[Write]) -> None:

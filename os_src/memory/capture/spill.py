@@ -3,8 +3,9 @@
 - The writes: a turn's observation, a session's start or end, the client id of a command that
   left no turn. Each has a key that makes it unique, so a replay is a no-op.
 - The spill file (`.os/state/capture-spill.jsonl`): writes that could not land yet, as
-  fsync'd JSON lines, appended in order; a torn last line (a process killed mid-append)
-  is skipped when read.
+  fsync'd JSON lines, appended in order; a torn line (a process killed mid-append, a full
+  disk's short write that could not be cut off) is skipped when read, and never runs into
+  the line after it.
 - The status file (`.os/state/capture.json`): the failing spell of capture's writes, for
   `memory status`, which runs in another process. It has a fixed size, allocated at start while
   there is room, and is rewritten in place: a full disk (likely the spell's cause) can't stop it.
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ...fsutil import atomic_write
+from ...fsutil import append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation, TranscriptDB
@@ -101,26 +102,43 @@ def spill_count(path: Path) -> int:
         return 0
 
 
-def append_lines(path: Path, writes: list[Write]) -> None:
-    """Append, fsync'd. An append that fails (a full disk) is cut off again, so that no torn line
-    runs into the next one. The first append to a new (or empty) file also syncs its folder: until
-    then a power cut may lose the file's name, and with it every line the fsync made durable."""
-    with path.open("ab") as f:
-        size = f.tell()
+class SpillFile:
+    """The spill file's one writer, on the capture files' thread: appends, fsync'd."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._named = False  # its folder was synced since the file was made: its name is durable
+
+    def append(self, writes: list[Write]) -> None:
+        """Append the writes, fsync'd, with no buffer (a buffered file's own cut-back flushes first,
+        fails again on a full disk, and left the torn bytes). An append that fails is cut off again;
+        a tail torn all the same (a kill mid-append, a cut that failed) is ended with a newline
+        first, so it stays one unreadable line and never swallows the next. The folder is synced
+        too until one such sync has succeeded since the file was made: until then a power cut may
+        lose the file's name, and with it every line the fsync made durable."""
+        data = b"".join(_encoder.encode(w) + b"\n" for w in writes)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            f.write(b"".join(_encoder.encode(w) + b"\n" for w in writes))
-            f.flush()
-            os.fsync(f.fileno())
-        except OSError:
-            with contextlib.suppress(OSError):
-                f.truncate(size)
-            raise
-    if size == 0:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                self._named = False  # made now (or again): its name is not known durable
+            elif os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            append_whole(fd, data, size, os.fsync)
+            if not self._named:
+                try:
+                    sync_dir(self.path.parent)
+                except OSError:
+                    with contextlib.suppress(OSError):  # not durable: counted as not appended
+                        os.ftruncate(fd, size)
+                    raise
+                self._named = True
         finally:
             os.close(fd)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._named = False
 
 
 def write_key(write: Write) -> tuple[str, int | str]:
@@ -184,4 +202,8 @@ def read_status(layout: Layout) -> dict[str, Any]:
                            saved.get("last_error"), saved.get("next_retry_at"))
     report = health.report(0, spill_count(spill_path(layout)))
     del report["queued"]  # only the server knows its queue
+    from .journal import set_aside_journals  # here: the journal's module imports this one
+
+    report["journals_set_aside"] = [p.name for p in set_aside_journals(layout.state_dir)]
+    report["degraded"] = bool(report["degraded"] or report["journals_set_aside"])
     return report

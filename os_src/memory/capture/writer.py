@@ -28,7 +28,7 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +42,8 @@ from .spill import (
     CaptureHealth,
     CommandWrite,
     ObservationWrite,
+    SpillFile,
     Write,
-    append_lines,
     prepare_status,
     read_spill,
     save_status,
@@ -110,7 +110,7 @@ class TranscriptWriter:
         `on_durable(write)`: the write is in transcript.db, or fsync'd in the spill file.
         `on_failed(writes)`: transcript.db refused these writes and the spill file could not take them."""
         self._db = db
-        self._spill = spill_path(layout)
+        self._spill = SpillFile(spill_path(layout))
         self._status_file = status_path(layout)
         self._on_durable = on_durable or (lambda _w: None)
         self._on_failed = on_failed or (lambda _w: None)
@@ -156,6 +156,19 @@ class TranscriptWriter:
         """The observations queued in memory, not yet in transcript.db, oldest first."""
         return [q.write.observation for q in self._queue if isinstance(q.write, ObservationWrite)]
 
+    def holds_turns(self, session_ids: Collection[str], turn_ids: Collection[str]) -> bool:
+        """Whether a turn of these sessions, or with one of these wire ids, is queued, not yet in
+        transcript.db (being written included). One whose payload only the spill file holds is known
+        by its session alone: it counts whenever wire ids are asked about."""
+        for q in self._queue:
+            if isinstance(q.write, ObservationWrite):
+                obs = q.write.observation
+                if obs.session_id in session_ids or obs.turn_id in turn_ids:
+                    return True
+            elif q.write is None and isinstance(q.key[1], int) and (q.key[0] in session_ids or turn_ids):
+                return True
+        return False
+
     def waiting_commands(self) -> list[CommandWrite]:
         """The client ids of commands that left no turn, queued in memory, not yet in transcript.db, oldest first."""
         return [q.write for q in self._queue if isinstance(q.write, CommandWrite)]
@@ -178,9 +191,9 @@ class TranscriptWriter:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(OSError):  # while there is room: `memory status` reads it on a full disk
             await loop.run_in_executor(self._files, prepare_status, self._status_file)
-        lines = await loop.run_in_executor(self._files, read_spill, self._spill)
+        lines = await loop.run_in_executor(self._files, read_spill, self._spill.path)
         if lines:
-            log.warning("capture_spill_replayed", writes=len(lines), path=str(self._spill))
+            log.warning("capture_spill_replayed", writes=len(lines), path=str(self._spill.path))
         head = [_Queued.of(w, spilled=True) for w in lines if w is not None]
         self._lines = len(head)
         head = merged(head, [_Queued.of(w) for w in recovered or []])
@@ -239,7 +252,7 @@ class TranscriptWriter:
                 self._recovered()
             if not self._queue and self._lines:
                 self._lines = 0
-                self._files.submit(self._spill.unlink, missing_ok=True)  # after every append: FIFO
+                self._files.submit(self._spill.remove)  # after every append: FIFO
             self._release_payloads()
 
     def _group(self) -> list[_Queued]:
@@ -286,7 +299,7 @@ class TranscriptWriter:
             item.spilled = True
         self._lines += len(items)
         writes = [item.write for item in items if item.write is not None]
-        done = asyncio.get_running_loop().run_in_executor(self._files, append_lines, self._spill, writes)
+        done = asyncio.get_running_loop().run_in_executor(self._files, self._spill.append, writes)
         done.add_done_callback(lambda f: self._spilled(f, items))
 
     def _spilled(self, future: asyncio.Future[None], items: list[_Queued]) -> None:
@@ -317,7 +330,7 @@ class TranscriptWriter:
                 self._held -= 1
 
     async def _read_back(self) -> None:
-        lines = await asyncio.get_running_loop().run_in_executor(self._files, read_spill, self._spill)
+        lines = await asyncio.get_running_loop().run_in_executor(self._files, read_spill, self._spill.path)
         found = {write_key(w): w for w in lines if w is not None}
         for item in self._queue:
             if item.write is None and (write := found.get(item.key)) is not None:

@@ -1,0 +1,92 @@
+"""A forget is never acknowledged while turns it names still wait in capture's queue (transcript.db
+locked or failing): they would land after it, words and all, and be curated."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from devkit.harness import make_settings, wait_for
+from sprite_os.errors import SpriteOSError
+from sprite_os.memory import system as system_mod
+from sprite_os.memory.capture.spill import ObservationWrite
+from sprite_os.memory.system import MemorySystem
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+
+T0 = 1_800_000_000.0
+
+
+def turn(n: int, user: str, session: str = "s1") -> NewObservation:
+    return NewObservation(timestamp=T0 + n, session_id=session, sequence_num=n, user_message=user,
+                          tool_calls_json="[]", agent_response="noted", turn_id=f"{session}-t{n}", status="completed")
+
+
+class Held:
+    """transcript.db's appends fail (locked by another process) while `on`; the forget's own writes go through."""
+
+    on = False
+
+
+@pytest.fixture
+async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[MemorySystem]:
+    monkeypatch.setattr(system_mod, "FORGET_DRAIN_BUDGET", 0.3)
+    real = TranscriptDB.append
+
+    def append(self: TranscriptDB, obs: NewObservation) -> int | None:
+        if Held.on:
+            raise sqlite3.OperationalError("database is locked")
+        return real(self, obs)
+
+    monkeypatch.setattr(TranscriptDB, "append", append)
+    Held.on = False
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9", embedding_model="off")
+    settings.layout.ensure()
+    memory = MemorySystem(settings)
+    await memory.start()
+    await memory.transcript.call(lambda t: (t.start_session("s1", T0), t.append(turn(1, "My name is Ada"))))
+    yield memory
+    Held.on = False
+    await memory.stop()
+
+
+async def words(system: MemorySystem) -> list[str]:
+    rows = await system.transcript.call(lambda t: list(t.iter_all()))
+    return [o.user_message for o in rows]
+
+
+@pytest.mark.parametrize("named", ["session", "wire id"])
+async def test_a_forget_while_a_named_turn_waits_to_be_saved_is_refused_not_acknowledged(
+        system: MemorySystem, named: str) -> None:
+    Held.on = True
+    system.writer.submit(ObservationWrite(turn(2, "I live in Lisbon")))
+    await wait_for(lambda: system.writer.failing, what="the write failing")
+    refused: SpriteOSError | None = None
+    try:
+        if named == "session":
+            await system.forget_turns(session_id="s1", by="test")
+        else:
+            await system.forget_turns(turn_ids=["s1-t1", "s1-t2"], by="test")
+    except SpriteOSError as exc:
+        refused = exc
+    Held.on = False
+    assert await system.writer.drained(30)
+    # Acknowledged, the forget would have let turn 2 land after it, its words kept.
+    assert refused is not None and "still being saved" in str(refused)
+    assert "I live in Lisbon" in await words(system)  # nothing was forgotten: the person tries again
+    again = await system.forget_turns(session_id="s1", by="test") if named == "session" else \
+        await system.forget_turns(turn_ids=["s1-t1", "s1-t2"], by="test")
+    assert sorted(o.sequence_num for o in again.turns) == [1, 2]
+    assert not {"My name is Ada", "I live in Lisbon"} & set(await words(system))
+
+
+async def test_another_sessions_turns_waiting_do_not_hold_up_a_forget(system: MemorySystem) -> None:
+    Held.on = True
+    system.writer.submit(ObservationWrite(turn(1, "I live in Lisbon", session="s2")))
+    await wait_for(lambda: system.writer.failing, what="the write failing")
+    done = await system.forget_turns(session_id="s1", by="test")
+    assert [o.sequence_num for o in done.turns] == [1]
+    Held.on = False
+    assert await system.writer.drained(30)

@@ -1,0 +1,133 @@
+"""A turn journal a start cannot read is set aside, never written over: it may hold the only copy of
+turns the person was told were done (closed while transcript.db was busy, then a kill)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
+
+from sprite_os.commands.main import main as cli
+from sprite_os.db_worker import Worker
+from sprite_os.memory.capture.journal import JOURNAL_NAME, journal_path, recover
+from sprite_os.memory.capture.pipeline import Capture
+from sprite_os.memory.capture.spill import read_status
+from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.paths import Layout
+
+# A whole line that does not decode: a damaged file, not an append a kill tore.
+DAMAGED = b'[{"observation":{"session_id":"s1","sequence_num":7,"user_message":"the acknowledged turn"\x00\x00\n'
+
+
+class Started:
+    def __init__(self, root: Path) -> None:
+        self.layout = Layout(root)
+        self.layout.ensure()
+        self.db: Worker[TranscriptDB] = Worker("t", lambda: TranscriptDB(self.layout.transcript_db))
+        self.capture = Capture(self.db, self.layout, on_recorded=lambda: None)
+
+    async def start(self) -> None:
+        await self.capture.start(1.0)
+        self.capture.recorder.start_session("s1")
+
+    async def close_a_turn(self) -> None:
+        """A turn closed and its journal save handed out: the journal is written now, if it may be."""
+        record = self.capture.recorder.open("a turn after the start")
+        record.observe(AssistantMessage(content=[TextBlock(text="the answer")], model="m"))
+        record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=1,
+                                   session_id="x", result="the answer"))
+        await record.durable(budget=5)
+        await self.capture.writer.drained(5)
+        await asyncio.sleep(0.2)  # the journal's saves after it (DELAY): they write the file, if anything may
+        if (written := self.capture.journal._written) is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.wrap_future(written)
+
+    def set_aside(self) -> list[Path]:
+        return sorted(self.layout.state_dir.glob(f"{JOURNAL_NAME}.unreadable-*"))
+
+
+@pytest.fixture
+async def started(tmp_path: Path) -> AsyncIterator[Started]:
+    s = Started(tmp_path)
+    yield s
+    await s.capture.stop(5)
+    await s.db.close()
+
+
+async def test_a_journal_no_line_of_which_decodes_is_set_aside_and_its_bytes_survive_a_start(
+        started: Started, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to be logged, read as empty, and truncated by the start's first save."""
+    journal_path(started.layout).write_bytes(DAMAGED)
+    await started.start()
+    await started.close_a_turn()
+    [aside] = started.set_aside()
+    assert aside.read_bytes() == DAMAGED
+    status = started.capture.status()
+    assert status["degraded"] and status["journals_set_aside"] == [aside.name] and not status["journal_stuck"]
+    on_disk = read_status(started.layout)  # what `memory status` shows, from another process
+    assert on_disk["degraded"] and on_disk["journals_set_aside"] == [aside.name]
+    capsys.readouterr()
+    assert cli(["--workspace", str(started.layout.root), "memory", "status"]) == 0
+    said = capsys.readouterr().out
+    assert f"turn journal     UNREAD: a start could not read it and set it aside as .os/state/{aside.name}" in said
+    assert "rename it back to turn-journal.json" in said and "writes waiting in the spill file" not in said
+
+
+async def test_a_journal_the_disk_fails_to_read_is_set_aside_not_written_over(
+        started: Started, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient EIO at the start's read: the journal was taken for empty and emptied."""
+    whole = b'[{"observation":{"not":"checked"},"ended":true}]\n'
+    journal = journal_path(started.layout)
+    journal.write_bytes(whole)
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self == journal:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    await started.start()
+    monkeypatch.undo()
+    await started.close_a_turn()
+    [aside] = started.set_aside()
+    assert aside.read_bytes() == whole
+
+
+async def test_a_journal_that_can_be_neither_read_nor_set_aside_is_never_written_over(
+        started: Started, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = journal_path(started.layout)
+    journal.write_bytes(DAMAGED)
+    real = os.rename
+
+    def rename(src: Any, dst: Any, *a: Any, **k: Any) -> None:
+        if Path(src) == journal:
+            raise OSError(errno.EIO, "Input/output error")
+        real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "rename", rename)
+    await started.start()
+    await started.close_a_turn()
+    assert journal.read_bytes() == DAMAGED and started.set_aside() == []
+    status = started.capture.status()
+    assert status["degraded"] and status["journal_stuck"]
+    await started.capture.stop(5)  # its flush removes no journal either
+    assert journal.read_bytes() == DAMAGED
+    started.capture = Capture(started.db, started.layout, on_recorded=lambda: None)  # for the fixture's stop
+
+
+async def test_a_tail_a_kill_tore_is_no_reason_to_set_a_journal_aside(started: Started) -> None:
+    """A kill mid-append, right after the file was emptied, leaves one line with no newline: that save's
+    turns were never acknowledged (its sync never returned), so nothing is lost and capture is not degraded."""
+    journal_path(started.layout).write_bytes(DAMAGED.rstrip(b"\n"))
+    assert recover(journal_path(started.layout)) == []
+    await started.start()
+    assert started.set_aside() == [] and not started.capture.status()["degraded"]
