@@ -230,6 +230,38 @@ async def test_a_draft_survives_a_reload_and_a_file_that_moved_on_is_said_before
         tab.assert_clean()
 
 
+async def test_a_save_the_disk_did_not_confirm_is_shown_saved_with_the_warning_and_the_editor_closes(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edit was written, then the folder's fsync failed (`not_durable`): the person reads that it was
+    saved and may not survive a power loss, sees the file as saved, and is not left in an editor whose next
+    Save would be refused as "saved from another tab"."""
+    import os
+
+    from devkit.faults import FsyncSpy
+
+    install_templates(server.settings)
+    files = MemoryFiles(server.settings.layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
+    draft = "# User\n- Name: Ada\n- Tea in the morning\n"
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("files")
+        await tab.by("file-edit").click()
+        await tab.by("file-editor").fill(draft)
+        spy = FsyncSpy()
+        monkeypatch.setattr(os, "fsync", spy)
+        spy.failing.add(files.path("user.md").parent)
+        await tab.by("file-save").click()
+        await expect(tab.by("memory-flash")).to_have_text(
+            "user.md was saved as version 3, but the disk reported an error (Input/output error): the change may not survive a power loss")
+        await expect(tab.by("file-text")).to_have_text(draft)
+        await expect(tab.by("file-editor")).to_have_count(0)
+        assert files.read("user.md") == draft
+        tab.assert_clean()
+
+
 async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the_focus_on_it(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)

@@ -11,6 +11,7 @@ daemon's last rewrite is refused instead of silently undoing that rewrite.
 from __future__ import annotations
 
 import difflib
+import os
 
 from ..errors import FileChanged
 from ..fsutil import NotDurable
@@ -105,8 +106,10 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[Fi
 
 def unconfirmed(name: str, version: Version, exc: OSError) -> str:
     """What a person is told of a write that happened but that the disk did not confirm."""
+    # The error's own text names the server's path: the person is told only what the disk said.
+    said = os.strerror(exc.errno) if exc.errno else "unknown"
     return (f"{name} was saved as version {version.number}, but the disk reported an error "
-            f"({exc.strerror or exc}): the change may not survive a power loss")
+            f"({said}): the change may not survive a power loss")
 
 
 def changed_by(version: Version | None) -> str:
