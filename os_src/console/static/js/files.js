@@ -5,7 +5,7 @@
 // ends every transfer, one waiting between retries too (each asks under the sign-in it began in, which
 // the connection ends: see connection.js), and the view keeps nothing of the person.
 
-import { clear, el, keepingFocus, size, when } from "./dom.js";
+import { clear, el, keepingFocus, newest, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
 // Bidi controls (U+202E can make "gnp.exe" read as "exe.png") and the marks that steer them: shown
@@ -103,6 +103,9 @@ export class FilesView {
     this.conn = connection;
     this.path = "";
     this.stopped = []; // the names of the transfers a refused token stopped, for the sign-in form to say
+    // A folder opened while another's listing was on its way (the tab shown again, an upload's reload):
+    // the newest asked is the one shown, never the folder the person left.
+    this.listings = newest();
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
     this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
       tabindex: "-1", "aria-label": "Files to upload" });
@@ -139,7 +142,7 @@ export class FilesView {
    * and its path. (Their transfers, one waiting between retries too, ended already with the sign-in:
    * `connection.stop()`, and the abort each transfer listens for.) */
   signOut() {
-    this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
+    this.listings.forget(); // a listing still on its way is not drawn
     this.stopped = [];
     this.path = "";
     delete this.root.dataset.path;
@@ -183,17 +186,15 @@ export class FilesView {
   }
 
   async show(path = this.path) {
-    const asked = (this.asked = (this.asked || 0) + 1);
+    const current = this.listings.begin();
     let answer;
     try {
       answer = await this.conn.request("files_list", { path });
     } catch (error) {
-      if (asked === this.asked) this.say(error.message, "error");
+      if (current()) this.say(error.message, "error");
       return;
     }
-    // A folder opened meanwhile (the tab shown again, or an upload's reload, was still on its way):
-    // the newest asked is the one shown, never the folder the person left.
-    if (asked !== this.asked) return;
+    if (!current()) return; // a folder opened meanwhile is the one to show
     const draw = () => {
       this.path = answer.path;
       this.renderCrumbs();
