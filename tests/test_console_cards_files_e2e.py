@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from playwright.async_api import expect
+from playwright.async_api import Locator, expect
 
 from devkit.mock_bridge import MockBridge, Text, ToolCall, Turn
 from sprite_os import gateway
@@ -421,6 +421,17 @@ async def test_an_uploads_cancel_stops_it_and_the_sprite_drops_it(server: Sprite
         tab.assert_clean()
 
 
+async def downloading(tab: Tab, name: str) -> tuple[list[object], Locator]:
+    """`name` in documents/, its Download clicked in the Files view: what the browser is handed from
+    now on, and the download's line."""
+    saved: list[object] = []
+    tab.page.on("download", lambda download: saved.append(download))
+    await tab.by("files-tab").click()
+    await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+    await tab.page.locator(f'[data-name="{name}"]').get_by_test_id("download").click()
+    return saved, tab.by("download-progress").filter(has_text=name)
+
+
 async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """A download in progress has a Cancel on its line: the page asks for no more chunks, hands nothing to
     the browser, says "cancelled", and the Sprite lets go of it (`download_cancel`: its file and its place
@@ -430,12 +441,7 @@ async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: Spr
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         await tab.page.evaluate("delete AbortSignal.any")
-        saved: list[object] = []
-        tab.page.on("download", lambda download: saved.append(download))
-        await tab.by("files-tab").click()
-        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
-        await tab.page.locator('[data-name="film.bin"]').get_by_test_id("download").click()
-        line = tab.by("download-progress").filter(has_text="film.bin")
+        saved, line = await downloading(tab, "film.bin")
         await wait_for(lambda: len(chunks.held) == 1, timeout=30, what="the first chunk asked")
         await chunks.release()
         await expect(line.get_by_test_id("transfer-state")).to_have_text("33 %")
@@ -449,6 +455,43 @@ async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: Spr
         await expect(tab.by("files-flash")).to_have_text("film.bin was not downloaded: you cancelled it.")
         await wait_for(lambda: server.files.downloads.open == 0, timeout=10, what="the download let go")
         assert len(chunks.held) == 2 and not saved
+        tab.assert_clean()
+
+
+async def test_a_download_asked_for_as_another_is_cancelled_waits_for_its_place(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download cancelled holds its place on the Sprite until its `download_cancel` is answered, which
+    the page sends once the chunk on its way is back. A download asked for meanwhile, the connection's
+    other places taken, was refused busy ("downloads are under way on this connection"): it waits for
+    the cancel, then downloads."""
+    documents = server.settings.layout.root / "documents"
+    (documents / "first.bin").write_bytes(os.urandom(2 * files_frames.CHUNK_BYTES))
+    (documents / "second.txt").write_bytes(b"asked for during a cancel")
+    monkeypatch.setattr(server.files.downloads, "per_client", 1)  # every other place of the page's taken
+    chunks = HeldFrames(monkeypatch, lambda frame: '"download_chunk"' in frame)  # a slow link for chunks
+    asked: list[str] = []
+
+    async def record(conn: gateway._Connection, frame: str) -> bool:
+        if '"download_' in frame:
+            asked.append(json.loads(frame)["type"])
+        return False
+
+    intercepted(monkeypatch, record)  # (sees each frame as it comes, a held one too)
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        saved, first = await downloading(tab, "first.bin")
+        await wait_for(lambda: len(chunks.held) == 1, timeout=30, what="the first chunk asked")
+        await first.get_by_test_id("transfer-cancel").click()
+        await expect(first).to_have_attribute("data-state", "cancelling")
+        chunks.on = False
+        await tab.page.locator('[data-name="second.txt"]').get_by_test_id("download").click()
+        await chunks.release()  # the chunk's answer comes: then the cancel goes
+        await expect(first.get_by_test_id("transfer-state")).to_have_text("cancelled")
+        second = tab.by("download-progress").filter(has_text="second.txt")
+        await expect(second.get_by_test_id("transfer-state")).to_have_text("downloaded")
+        await expect(tab.by("files-flash")).to_have_text("Downloaded second.txt.")
+        assert asked == ["download_start", "download_chunk", "download_cancel", "download_start", "download_chunk"]
+        assert len(saved) == 1
         tab.assert_clean()
 
 

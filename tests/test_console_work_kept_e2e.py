@@ -229,6 +229,29 @@ async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server:
         tab.assert_clean()
 
 
+async def test_newest_says_which_load_is_still_the_one_to_draw(server: SpriteOS) -> None:
+    """dom.js's `newest()`, which the views above keep their loads by: a load is current until another
+    begins, and none begun before Sign out (`forget()`) is, however they end. (What Sign out ends never
+    settles, so no view's test can tell a `forget()` that does nothing.)"""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.goto(tab.base)
+        seen = await tab.page.evaluate("""async () => {
+            const { newest } = await import("/console/js/dom.js");
+            const loads = newest();
+            const first = loads.begin();
+            const alone = first();
+            const second = loads.begin();
+            const both = [first(), second()];
+            loads.forget();
+            const forgotten = [first(), second()];
+            const third = loads.begin();
+            return { alone, both, forgotten, after: [second(), third()] };
+        }""")
+        assert seen == {"alone": True, "both": [False, True], "forgotten": [False, False], "after": [False, True]}
+        tab.assert_clean()
+
+
 EARLIEST = re.compile(r"^Question number 2$")
 
 

@@ -5,7 +5,7 @@
 // The person's messages not yet answered are shown here; what keeps and settles them is
 // kept_messages.js.
 
-import { askingOnce, clear, dollars, el, size } from "./dom.js";
+import { askingOnce, clear, dollars, el, newest, size } from "./dom.js";
 import { SAID, afterRestart, held, inRecord, keep, readKept, refusal, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
@@ -38,7 +38,9 @@ export class ChatView {
     this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
     // Fresh snapshots handled (each rebuilds the list): only the latest one's checks say they are settled
     // (`checked`), and a page of the record asked before one is not the new list's (`loadHistory`).
-    this.snapshots = 0;
+    // `snapshot()`: the list is still the one the latest snapshot built.
+    this.snapshots = newest();
+    this.snapshot = this.snapshots.begin();
     form.addEventListener("submit", (event) => { event.preventDefault(); this.submit(); });
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
@@ -88,7 +90,7 @@ export class ChatView {
     this.composer.value = "";
     this.keepDraft();
     keep([]);
-    this.snapshots += 1; // the checks still running were the person's who signed out
+    this.snapshots.forget(); // the checks still running were the person's who signed out
     delete this.list.dataset.checks;
     delete this.list.dataset.history; // the next sign-in's is still to load
     this.setAgent("idle", null);
@@ -317,7 +319,7 @@ export class ChatView {
       this.queued.clear();
       this.takenItems.clear();
       this.history = null;
-      this.snapshots += 1;
+      this.snapshot = this.snapshots.begin();
       delete this.list.dataset.history; // the new snapshot's is still to load
       this.sessionCost.textContent = "";
       if (before !== null) {
@@ -357,9 +359,9 @@ export class ChatView {
    * has answered: the record's history, the restart check, the looks for messages the server no longer
    * holds. Only the latest snapshot's say "settled". What a test (or a person's tool) can wait on. */
   checked(checks) {
-    const mine = this.snapshots;
+    const current = this.snapshot;
     this.list.dataset.checks = "running";
-    Promise.allSettled(checks).then(() => { if (this.snapshots === mine) this.list.dataset.checks = "settled"; });
+    Promise.allSettled(checks).then(() => { if (current()) this.list.dataset.checks = "settled"; });
   }
 
   /** Sent on a socket before the one now open (whose `ready` is being handled). */
@@ -446,21 +448,21 @@ export class ChatView {
 
   /** Shows a page of the record above the live events; resolves with its turns (null if not loaded). */
   async loadHistory(before) {
-    const snapshot = this.snapshots;
+    const current = this.snapshot;
     let page;
     try {
       // Earlier turns of the session shown, named: a new session may have begun below them meanwhile.
       page = await this.conn.request("session_turns", before ? { session_id: this.history.session, before, limit: PAGE } : { limit: PAGE });
     } catch (error) {
       // Asked before a fresh snapshot rebuilt the list (below), its failure is not the new list's either.
-      if (error.code !== "memory_unavailable" && snapshot === this.snapshots) {
+      if (error.code !== "memory_unavailable" && current()) {
         this.notice(`The conversation so far could not be loaded: ${error.message}`, "error");
       }
       return null;
     }
     // Asked before a fresh snapshot rebuilt the list (a click as the socket reopened): its page is not the
     // new list's, whose own first page is on its way; nor is one of a session no longer shown.
-    if (snapshot !== this.snapshots) return null;
+    if (!current()) return null;
     if (this.history && this.history.session !== page.session.id) return null; // a newer snapshot took over
     const top = this.history?.button ?? this.list.firstChild;
     this.history?.button?.remove();

@@ -48,6 +48,24 @@ export function askingOnce(load) {
   };
 }
 
+/** Of two loads of the same thing in flight (Refresh clicked twice, a folder opened while another's
+ * listing is on its way), the later answer may come first: whichever ends last, only the newest load
+ * draws, and only its failure is said. `begin()` starts a load and gives back its `current()`, true
+ * until another load begins or `forget()` is called (Sign out: what is on its way was asked for the
+ * person who left). One per thing loaded: the files listing, a memory section, the chat's snapshot. */
+export function newest() {
+  let latest = 0;
+  return {
+    begin() {
+      const mine = ++latest;
+      return () => mine === latest;
+    },
+    forget() {
+      latest += 1;
+    },
+  };
+}
+
 export function append(node, children) {
   for (const child of children.flat()) {
     if (child === undefined || child === null || child === false) continue;

@@ -5,7 +5,7 @@
 // ends every transfer, one waiting between retries too (each asks under the sign-in it began in, which
 // the connection ends: see connection.js), and the view keeps nothing of the person.
 
-import { clear, el, keepingFocus, size, when } from "./dom.js";
+import { clear, el, keepingFocus, newest, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
 // Bidi controls (U+202E can make "gnp.exe" read as "exe.png") and the marks that steer them: shown
@@ -75,6 +75,14 @@ function either(...signals) {
   return { signal: any.signal, release: () => listening.abort() };
 }
 
+/** Settled once `signal` aborts. */
+function aborted(signal) {
+  return new Promise((resolve) => {
+    if (signal.aborted) resolve();
+    else signal.addEventListener("abort", resolve, { once: true });
+  });
+}
+
 /** The files of a drop, and the names of the folders in it: a folder comes as an empty "file" of its
  * name, which the upload would either fail to read or store empty. Read while the drop event lasts
  * (its items are gone after it). */
@@ -103,6 +111,10 @@ export class FilesView {
     this.conn = connection;
     this.path = "";
     this.stopped = []; // the names of the transfers a refused token stopped, for the sign-in form to say
+    // A folder opened while another's listing was on its way (the tab shown again, an upload's reload):
+    // the newest asked is the one shown, never the folder the person left.
+    this.listings = newest();
+    this.letting = new Set(); // the downloads cancelled, until the Sprite let them go (`download`)
     this.crumbs = el("nav", { class: "crumbs", "aria-label": "Folder" });
     this.picker = el("input", { type: "file", multiple: true, class: "visually-hidden", id: "upload-picker", testid: "upload-input",
       tabindex: "-1", "aria-label": "Files to upload" });
@@ -139,7 +151,7 @@ export class FilesView {
    * and its path. (Their transfers, one waiting between retries too, ended already with the sign-in:
    * `connection.stop()`, and the abort each transfer listens for.) */
   signOut() {
-    this.asked = (this.asked || 0) + 1; // a listing still on its way is not drawn
+    this.listings.forget(); // a listing still on its way is not drawn
     this.stopped = [];
     this.path = "";
     delete this.root.dataset.path;
@@ -159,7 +171,8 @@ export class FilesView {
   /** `asker()` for a transfer with a Cancel: once `cancel()` is called, `ask` asks nothing more (it fails
    * with "cancelled") and `signal` cuts a pause between retries short, as the sign-in's end does (`ended`);
    * `drop(type, fields)` then asks the Sprite to let go of the transfer (its slot freed at once, not at the
-   * idle sweep's two minutes). `release()` when the transfer is over. */
+   * idle sweep's two minutes), and gives back a promise settled once that is answered (never, if the
+   * sign-in ends first). `release()` when the transfer is over. */
   cancellable() {
     const asker = this.asker();
     const cancelling = new AbortController();
@@ -171,7 +184,7 @@ export class FilesView {
       ended: asker.signal,
       cancel: () => cancelling.abort(),
       cancelled: () => cancelling.signal.aborted,
-      drop: (type, fields) => { retried(() => asker.ask(type, fields), () => {}, DROPPED, asker.signal).catch(() => {}); },
+      drop: (type, fields) => retried(() => asker.ask(type, fields), () => {}, DROPPED, asker.signal).catch(() => {}),
       release,
     };
   }
@@ -183,17 +196,15 @@ export class FilesView {
   }
 
   async show(path = this.path) {
-    const asked = (this.asked = (this.asked || 0) + 1);
+    const current = this.listings.begin();
     let answer;
     try {
       answer = await this.conn.request("files_list", { path });
     } catch (error) {
-      if (asked === this.asked) this.say(error.message, "error");
+      if (current()) this.say(error.message, "error");
       return;
     }
-    // A folder opened meanwhile (the tab shown again, or an upload's reload, was still on its way):
-    // the newest asked is the one shown, never the folder the person left.
-    if (asked !== this.asked) return;
+    if (!current()) return; // a folder opened meanwhile is the one to show
     const draw = () => {
       this.path = answer.path;
       this.renderCrumbs();
@@ -307,15 +318,21 @@ export class FilesView {
 
   /** Downloads one file through the socket, then hands it to the browser. Its line's Cancel stops it
    * before its next chunk, and the Sprite is asked to let go of it (`download_cancel`); once every byte is
-   * here, it is no longer offered. */
+   * here, it is no longer offered. Cancelled, it holds its place on the Sprite until that is answered
+   * (sent once the chunk on its way is back): a download asked for meanwhile, with the connection's
+   * other places taken, was refused busy. It starts once the downloads cancelled before it are let go. */
   async download(path, name) {
     let line = null;
     let start = null;
     const transfer = this.cancellable();
     const { ask, signal } = transfer;
+    let over; // (or its sign-in ended, which ends every request of it unanswered)
+    const letGo = Promise.race([new Promise((resolve) => { over = resolve; }), aborted(transfer.ended)]);
+    const cancel = () => { this.letting.add(letGo); transfer.cancel(); };
     try {
+      await Promise.all(this.letting);
       start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
-      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, transfer.ended, transfer.cancel);
+      line = this.transfer("download-progress", "Downloading", shownName(name), start.size, transfer.ended, cancel);
       const parts = [];
       for (let offset = 0, eof = false; !eof;) { // an empty file too: its one chunk closes it
         const chunk = await retried(() => ask("download_chunk", { download_id: start.download_id, offset }), line.retrying, RETRYABLE, signal);
@@ -338,13 +355,15 @@ export class FilesView {
       if (transfer.cancelled()) {
         line.done("cancelled", "cancelled");
         this.say(`${name} was not downloaded: you cancelled it.`);
-        transfer.drop("download_cancel", { download_id: start.download_id });
+        await transfer.drop("download_cancel", { download_id: start.download_id });
       } else {
         line?.done("error", error.message);
         this.say(`${name} was not downloaded: ${error.message}`, "error");
       }
     } finally {
       transfer.release();
+      this.letting.delete(letGo);
+      over();
     }
   }
 

@@ -1,7 +1,7 @@
 // The memory tab: files, learnings, the daemon's health and the next boot prompt, each
 // loaded over the WebSocket when it is opened.
 
-import { el } from "./dom.js";
+import { el, newest } from "./dom.js";
 import { FilesPanel } from "./memory_files.js";
 import { LearningsPanel } from "./memory_learnings.js";
 import { BootPromptPanel, HealthPanel } from "./memory_status.js";
@@ -24,7 +24,7 @@ export class MemoryView {
         id: `memory-panel-${key}`, "aria-labelledby": `memory-tab-${key}` });
       // what a panel says of its own work (a search's failure), said while it is the section shown
       const say = (text, kind) => { if (this.shown(key)) this.flash(text, kind); };
-      this.panels.set(key, { section, panel: new Panel(section, connection, say) });
+      this.panels.set(key, { section, panel: new Panel(section, connection, say), loads: newest() });
       this.nav.append(el("button", { type: "button", role: "tab", id: `memory-tab-${key}`, "aria-controls": `memory-panel-${key}`,
         testid: `memory-section-${key}`, dataset: { section: key }, text: label, onclick: () => this.show(key) }));
       body.append(section);
@@ -42,7 +42,6 @@ export class MemoryView {
     const refresh = el("button", { type: "button", class: "refresh", testid: "memory-refresh", text: "Refresh", onclick: () => this.show(this.current) });
     root.append(el("div", { class: "subtabs-bar" }, this.nav, refresh), this.flashBox, body);
     this.current = "files";
-    this.loads = new Map(); // section -> the number of its latest load
   }
 
   async show(key = this.current) {
@@ -54,14 +53,12 @@ export class MemoryView {
       button.setAttribute("aria-selected", String(selected));
       button.tabIndex = selected ? 0 : -1;
     }
-    const { section, panel } = this.panels.get(key);
+    const { section, panel, loads } = this.panels.get(key);
     // The newest load of a section is the one shown, whenever the others end (Refresh clicked twice, the
     // first answer slow): Files, Health and Boot prompt draw only while `current()` (Learnings, whose
-    // Search loads too, keeps its own count), and only the newest load's failure is said.
+    // Search loads too, keeps its own), and only the newest load's failure is said.
     // data-loading says a load of the section is on its way: the last one, not the first to end.
-    const load = (this.loads.get(key) ?? 0) + 1;
-    this.loads.set(key, load);
-    const current = () => this.loads.get(key) === load;
+    const current = loads.begin();
     section.dataset.loading = "true";
     try {
       await panel.load(current);
@@ -78,8 +75,8 @@ export class MemoryView {
   signOut() {
     this.flash("");
     this.current = "files";
-    this.loads.clear();
-    for (const { section, panel } of this.panels.values()) {
+    for (const { section, panel, loads } of this.panels.values()) {
+      loads.forget();
       section.hidden = true;
       delete section.dataset.loading;
       panel.signOut();

@@ -2,7 +2,7 @@
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
 import { told } from "./connection.js";
-import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
+import { append, clear, day, el, keepingFocus, newest, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
 /** The control that answers another: after Forget the focus is on Undo, and back. */
@@ -29,21 +29,23 @@ export class LearningsPanel {
     this.forgotten.addEventListener("change", () => told(this.load(), this.flash));
     root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
     this.drawn = new Map(); // "kind:id" -> {node, hit}: what each item shows, to keep it through a reload
+    // Its Search loads the section too, apart from MemoryView's loads: the newest search is the one shown.
+    this.searches = newest();
   }
 
   async load() {
     const query = this.query.value.trim();
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
-    const asked = (this.asked = (this.asked || 0) + 1);
+    const current = this.searches.begin();
     let hits;
     try {
       ({ hits } = await this.conn.request("memory_search", fields));
     } catch (error) {
-      if (asked !== this.asked) return; // a newer search's is the one to say
+      if (!current()) return; // a newer search's is the one to say
       throw error;
     }
-    if (asked !== this.asked) return; // a newer search was sent meanwhile: its answer is the one to show
+    if (!current()) return; // a newer search was sent meanwhile: its answer is the one to show
     const before = this.drawn;
     this.drawn = new Map();
     const learned = hits.filter((h) => h.kind !== "episode");
@@ -62,7 +64,7 @@ export class LearningsPanel {
   /** Sign out: the search the person typed and what it found leave the page; a search still on its
    * way shows nothing. */
   signOut() {
-    this.asked = (this.asked || 0) + 1;
+    this.searches.forget();
     this.query.value = this.type.value = "";
     this.forgotten.checked = false;
     this.drawn = new Map();
