@@ -6,7 +6,8 @@ mock Bridge as model and curator."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -197,19 +198,30 @@ EDIT = "# User\n- Name: Ada\n- Pronouns: she/her (added in the console)\n"
 SECOND_REPLY = f"FACT: Ada likes tea\nUSER_MD_UPDATE:\n{EDIT}- Likes tea\n"
 
 
-async def test_a_draft_survives_a_reload_and_a_file_that_moved_on_is_said_before_the_save(
-        server: SpriteOS, tmp_path: Path) -> None:
+DRAFT = "# User\n- Name: Ada\n- Tea in the morning\n"
+
+
+@contextlib.asynccontextmanager
+async def editing_user_md(server: SpriteOS) -> AsyncIterator[tuple[Tab, MemoryFiles]]:
+    """A signed-in page editing user.md ("# User\n- Name: Ada\n", a version after the templates'),
+    DRAFT typed in and not saved."""
     install_templates(server.settings)
     files = MemoryFiles(server.settings.layout)
     files.write("user.md", "# User\n- Name: Ada\n", source="seed")
-    draft = "# User\n- Name: Ada\n- Tea in the morning\n"
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
         await tab.sign_in()
         await tab.connected()
         await tab.memory("files")
         await tab.by("file-edit").click()
-        await tab.by("file-editor").fill(draft)
+        await tab.by("file-editor").fill(DRAFT)
+        yield tab, files
+
+
+async def test_a_draft_survives_a_reload_and_a_file_that_moved_on_is_said_before_the_save(
+        server: SpriteOS, tmp_path: Path) -> None:
+    draft = DRAFT
+    async with editing_user_md(server) as (tab, files):
         panel = tab.by("memory-panel-files")
         for reload in ("memory-refresh", "memory-section-learnings", "memory-section-files"):
             await tab.by(reload).click()
@@ -239,17 +251,8 @@ async def test_a_save_the_disk_did_not_confirm_is_shown_saved_with_the_warning_a
 
     from devkit.faults import FsyncSpy
 
-    install_templates(server.settings)
-    files = MemoryFiles(server.settings.layout)
-    files.write("user.md", "# User\n- Name: Ada\n", source="seed")
-    draft = "# User\n- Name: Ada\n- Tea in the morning\n"
-    async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
-        await tab.sign_in()
-        await tab.connected()
-        await tab.memory("files")
-        await tab.by("file-edit").click()
-        await tab.by("file-editor").fill(draft)
+    draft = DRAFT
+    async with editing_user_md(server) as (tab, files):
         spy = FsyncSpy()
         monkeypatch.setattr(os, "fsync", spy)
         spy.failing.add(files.path("user.md").parent)
