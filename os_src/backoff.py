@@ -24,3 +24,6 @@ class Backoff:
         base = min(self.max, self.first * 2.0 ** min(max(failures - 1, 0), 64))
         low, high = base * (1 - self.jitter), min(self.max, base * (1 + self.jitter))
         return low + (high - low) * rand
+
+
+LOCAL_DISK = Backoff(first=0.25, max=5.0)  # capture's writes and journal: a local disk, retry soon and often

@@ -40,7 +40,7 @@ log = get_logger(__name__)
 INBOX = "imports"
 INBOX_POLL = 1.0
 FAIL_PAUSE = 5 * INBOX_POLL  # after a failed attempt, before the next
-DEGRADED_AFTER = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
+FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
 SUFFIX, PROGRESS, DONE = ".jsonl", ".progress.json", ".done.json"
 
 
@@ -247,7 +247,7 @@ class ImportInbox:
 
     @property
     def degraded(self) -> bool:
-        return self.failing >= DEGRADED_AFTER
+        return self.failing >= FAILED_ATTEMPTS_DEGRADED
 
     def status(self) -> dict[str, Any] | None:
         """The file being applied, and the failure while attempts fail (None: nothing to say)."""

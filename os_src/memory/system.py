@@ -282,7 +282,7 @@ class MemorySystem:
         """What memory's state is now, from memory alone (no database is read): the daemon's
         failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
         calls in a row, or capture is (its writes failing or stalled, or a turn not saved yet), or the
-        import inbox is (its attempts failing: import_inbox.DEGRADED_AFTER)."""
+        import inbox is (its attempts failing: import_inbox.FAILED_ATTEMPTS_DEGRADED)."""
         daemon, capture = self.daemon.status(), self.capture.status()
         return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"] or self.imports.degraded),
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,

@@ -32,7 +32,7 @@ A save that would leave the file as the last one left it (empty) is not made. On
 waits on (it holds a closed turn), one that failed, or one made while saves fail calls back to the
 loop: a wake-up from a thread costs a turn in flight.
 
-A save that fails (EIO, a full disk) is made again on its own, with backoff (writer.BACKOFF, a local
+A save that fails (EIO, a full disk) is made again on its own, with backoff (backoff.LOCAL_DISK, a local
 disk's), until one succeeds: the file holds what it did before, which may be a turn as still open
 that is recorded since, or no copy of a closed turn waiting to be durable. Nothing else would save
 again before the next change.
@@ -56,12 +56,11 @@ from typing import NamedTuple
 
 import msgspec
 
-from ...backoff import Backoff
+from ...backoff import LOCAL_DISK, Backoff
 from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
-from .writer import BACKOFF
 
 log = get_logger(__name__)
 
@@ -248,7 +247,7 @@ class TurnJournal:
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
                  on_saved: Saved | None = None, on_full: Callable[[], None] | None = None,
-                 open_grace: float = OPEN_GRACE, backoff: Backoff = BACKOFF) -> None:
+                 open_grace: float = OPEN_GRACE, backoff: Backoff = LOCAL_DISK) -> None:
         """`on_full()`: more than MAX_CLOSED closed turns wait; spill them (each then comes back
         through `durable`)."""
         self._file = JournalFile(path)

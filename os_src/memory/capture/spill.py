@@ -25,6 +25,7 @@ from ...fsutil import append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation, TranscriptDB
+from .journal import set_aside_journals
 
 log = get_logger(__name__)
 
@@ -202,8 +203,6 @@ def read_status(layout: Layout) -> dict[str, Any]:
                            saved.get("last_error"), saved.get("next_retry_at"))
     report = health.report(0, spill_count(spill_path(layout)))
     del report["queued"]  # only the server knows its queue
-    from .journal import set_aside_journals  # here: the journal's module imports this one
-
     report["journals_set_aside"] = [p.name for p in set_aside_journals(layout.state_dir)]
     report["degraded"] = bool(report["degraded"] or report["journals_set_aside"])
     return report

@@ -33,7 +33,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
-from ...backoff import Backoff
+from ...backoff import LOCAL_DISK, Backoff
 from ...db_worker import Worker
 from ...logs import get_logger
 from ...paths import Layout
@@ -55,7 +55,6 @@ from .spill import (
 log = get_logger(__name__)
 
 MAX_QUEUED = 64  # writes held in memory; more wait in the spill file only
-BACKOFF = Backoff(first=0.25, max=5.0)  # a local disk: retry soon, and often
 ATTEMPT_BUSY_TIMEOUT_MS = 1000  # per write attempt (not database.BUSY_TIMEOUT_MS): the thread is shared with readers
 
 
@@ -104,7 +103,7 @@ class TranscriptWriter:
 
     def __init__(self, db: Worker[TranscriptDB], layout: Layout, files: Executor,
                  on_durable: Callable[[Write], None] | None = None,
-                 backoff: Backoff = BACKOFF, max_queued: int = MAX_QUEUED,
+                 backoff: Backoff = LOCAL_DISK, max_queued: int = MAX_QUEUED,
                  on_failed: Callable[[list[Write]], None] | None = None) -> None:
         """`files`: one thread, shared with the turn journal, that does the file work in order.
         `on_durable(write)`: the write is in transcript.db, or fsync'd in the spill file.
