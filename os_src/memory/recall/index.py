@@ -17,7 +17,8 @@ each word's whole posting list is read, so in a large index the words most docum
 re-score what the others find: common_words.py, approximate at the edge of what they find.)
 
 One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
-the server is stopped. Any number of readers, in any process, see each commit after `reload`.
+the server is stopped. Any number of readers, in any process, see each commit at their next search
+(`searcher` reloads when meta.json has changed).
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class RecallIndex:
         self._writable = writable
         self._analyze = analyzer()
         self.split_from = common_words.SPLIT_FROM  # the benchmark sets it out of reach to measure exact search
+        self.generation = 0  # counts the index's changes this object has seen (`searcher`)
+        self._meta = b""  # meta.json as the searcher below last saw it
+        self._searcher: tantivy.Searcher | None = None
+        self._counted: tuple[int, int | None] | None = None  # (generation, the documents BM25 counts)
 
     def _w(self) -> tantivy.IndexWriter:
         if not self._writable:
@@ -122,7 +127,7 @@ class RecallIndex:
 
     def commit(self) -> None:
         self._w().commit()
-        self.index.reload()
+        self.searcher()
 
     def clear(self) -> None:
         """Stage the deletion of every document (visible after `commit`)."""
@@ -138,11 +143,24 @@ class RecallIndex:
             self._writer = None
 
     def reload(self) -> None:
-        self.index.reload()
+        self.searcher()
+
+    def searcher(self) -> tantivy.Searcher:
+        """The index as its last commit left it, one searcher reused until a commit (this process's or
+        another's) changes meta.json: then reloaded, and `generation` moves on, so that what is kept
+        about the index (document counts, frequencies) is kept while it has not changed. tantivy's own
+        reload follows a commit up to half a second late, and a count (live documents) can stay the same
+        when the index does not (a forget then a capture)."""
+        meta = (self.path / "meta.json").read_bytes()
+        if meta != self._meta or self._searcher is None:
+            self.index.reload()  # at least as new as `meta`: a newer commit shows as a change next time
+            self._meta, self._searcher = meta, self.index.searcher()
+            self.generation += 1
+        return self._searcher
 
     @property
     def documents(self) -> int:
-        return int(self.index.searcher().num_docs)
+        return int(self.searcher().num_docs)
 
     def search(self, words: Sequence[str], limit: int, window: Window | None = None) -> list[IndexHit]:
         """The best `limit` documents for `words` by BM25 (text, plus context at half weight); with a
@@ -151,7 +169,7 @@ class RecallIndex:
         word characters (search.search_terms makes them so): no query syntax reaches the parser."""
         if limit <= 0 or (not words and window is None):
             return []
-        searcher = self.index.searcher()
+        searcher = self.searcher()
         # which words are common is the same for every part below: looked up once
         split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
                                    self.split_from) if words else None
@@ -188,7 +206,7 @@ class RecallIndex:
         """What the rare words find, re-scored by the common ones; None when the whole query must run."""
         rare = _within(self.query_of(split.rare), within)
         found = searcher.search(rare, common_words.rescored(limit), count=False).hits
-        counted = bm25_documents(searcher, rare, found[0][1]) if found else None
+        counted = self._bm25_documents(searcher, rare, found[0][1]) if found else None
         if counted is None:
             return None
         ids = searcher.fast_field_values("id", [a for _, a in found])
@@ -203,6 +221,13 @@ class RecallIndex:
             return None
         address = {_key(a): a for _, a in found}
         return _hits(searcher, [(score, address[key]) for score, key in best])
+
+    def _bm25_documents(self, searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress
+                        ) -> int | None:
+        """`bm25_documents`, asked once per generation of the index (`searcher` is its searcher)."""
+        if self._counted is None or self._counted[0] != self.generation:
+            self._counted = (self.generation, bm25_documents(searcher, query, matched))
+        return self._counted[1]
 
     def frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
         """How many documents hold each of `word`'s index terms, in `text` and in `context`."""

@@ -34,19 +34,19 @@ class Rarity:
         self.index = index
         self._analyze = analyzer()
         self._df: dict[str, int] = {}
-        self._docs = -1
+        self._generation = -1  # the index's, when `_df` was read (any change to it clears them)
 
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
-        searcher = self.index.index.searcher()
+        searcher = self.index.searcher()
         return any(searcher.doc_freq("text", token) > 0 for word in words for token in self._analyze.analyze(word))
 
     def counts(self, texts: list[str]) -> list[int]:
         """The rare words in each of `texts`."""
-        searcher = self.index.index.searcher()
+        searcher = self.index.searcher()
         docs = int(searcher.num_docs)
-        if docs != self._docs or len(self._df) > CACHE:
-            self._df, self._docs = {}, docs
+        if self.index.generation != self._generation or len(self._df) > CACHE:
+            self._df, self._generation = {}, self.index.generation
         most = max(1.0, docs * math.exp(-RARE_IDF))
         out = []
         for text in texts:
