@@ -256,9 +256,9 @@ def test_the_document_count_is_asked_once_while_the_index_does_not_change(tmp_pa
 @pytest.mark.parametrize("common", [["dana"], ["dana", "today"], ["dana", "nice_work"]])
 def test_the_common_words_add_to_each_document_exactly_what_the_whole_query_adds(index: RecallIndex,
                                                                                  common: list[str]) -> None:
-    """One intersection per clause, summed in single precision in the clauses' order: to the last bit
-    what the union of the words' clauses gives on the same documents (a word the parser makes a phrase
-    of, "nice_work", is re-scored by the parsed query itself)."""
+    """Each clause intersected with the documents' ids, then their union: to the last bit what the
+    union of the words' clauses gives on the same documents (the sum in single precision, in the same
+    order); a word the parser makes a phrase of, "nice_work", is re-scored by the parsed query itself."""
     import tantivy
 
     searcher = index.searcher()
@@ -268,5 +268,5 @@ def test_the_common_words_add_to_each_document_exactly_what_the_whole_query_adds
     only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(index.index.schema, "id", ids), 0.0)
     union = tantivy.Query.boolean_query([(tantivy.Occur.Must, only), (tantivy.Occur.Should, index.query_of(common))])
     want = {(a.segment_ord, a.doc): s for s, a in searcher.search(union, len(found), count=False).hits if s}
-    got = index._common_scores(searcher, found, common)
+    got = index._common_scores(searcher, {(a.segment_ord, a.doc): a for a in found}, common)
     assert {k: v for k, v in got.items() if v} == want

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy
 import tantivy
 
 from ...logs import get_logger
@@ -210,44 +209,39 @@ class RecallIndex:
         counted = self._bm25_documents(searcher, rare, found[0][1]) if found else None
         if counted is None:
             return None
-        extra = self._common_scores(searcher, [a for _, a in found], split.common)
+        address = {_key(a): a for _, a in found}
+        extra = self._common_scores(searcher, address, split.common)
         # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
         bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
-        best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, bound)
+        best = common_words.merged(list(zip((s for s, _ in found), address, strict=True)), extra, limit, bound)
         if best is None:
             return None
-        address = {_key(a): a for _, a in found}
         return _hits(searcher, [(score, address[key]) for score, key in best])
 
-    def _common_scores(self, searcher: tantivy.Searcher, found: Sequence[tantivy.DocAddress],
+    def _common_scores(self, searcher: tantivy.Searcher, found: dict[tuple[int, int], tantivy.DocAddress],
                        common: Sequence[str]) -> dict[tuple[int, int], float]:
-        """What `common` adds to the score of each of `found` (at most a few hundred documents), as the
-        whole query's union of term clauses adds it: each clause's score, summed in single precision in
-        the clauses' order. One intersection per clause (the documents' ids, then the clause): a union
-        of clauses on the ids scores each clause's postings a block of 4,096 documents at a time around
-        each document, three times the cost; the ids as a term set cost more than the rest together."""
+        """What `common` adds to the score of each of `found` (at most a few hundred documents, by their
+        `_key`), as the whole query adds it: the union of its term clauses, each clause intersected with
+        the documents' ids first (the same sum, in the same order, to the bit). The clauses' union
+        intersected with the ids scores each clause's postings a block of 4,096 documents at a time around
+        each document, and the ids as a term set cost more than the rest together: three times the CPU."""
         schema = self.index.schema
-        ids = searcher.fast_field_values("id", list(found))
+        ids = searcher.fast_field_values("id", list(found.values()))
         only = tantivy.Query.const_score_query(tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "id", i)) for i in ids]), 0.0)
         terms = [self._analyze.analyze(word) for word in common]
-        if any(len(t) != 1 for t in terms):  # a word the parser turns into a phrase: the parsed query
-            query = tantivy.Query.boolean_query([(tantivy.Occur.Must, only), (tantivy.Occur.Should,
-                                                                             self.query_of(common))])
-            return {_key(a): score for score, a in searcher.search(query, len(found), count=False).hits}
-        at = {_key(a): i for i, a in enumerate(found)}
-        total = numpy.zeros(len(found), dtype=numpy.float32)
-        for (term,) in terms:
-            for field, boost in (("text", 1.0), ("context", CONTEXT_BOOST)):  # query_of's clauses, in order
-                clause = tantivy.Query.term_query(schema, field, term)
-                if boost != 1.0:
-                    clause = tantivy.Query.boost_query(clause, boost)
-                hits = searcher.search(tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
-                                                                    (tantivy.Occur.Must, clause)]),
-                                       len(found), count=False).hits
-                where = [at[_key(a)] for _, a in hits]
-                total[where] += numpy.array([score for score, _ in hits], dtype=numpy.float32)
-        return dict(zip(at, total.tolist(), strict=True))
+        if any(len(t) != 1 for t in terms):  # a word the parser makes a phrase of: its parsed query
+            query = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
+                                                 (tantivy.Occur.Should, self.query_of(common))])
+        else:
+            clauses = []
+            for (term,) in terms:  # query_of's clauses, in its order
+                clauses.append(tantivy.Query.term_query(schema, "text", term))
+                clauses.append(tantivy.Query.boost_query(tantivy.Query.term_query(schema, "context", term),
+                                                         CONTEXT_BOOST))
+            query = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.boolean_query(
+                [(tantivy.Occur.Must, only), (tantivy.Occur.Must, clause)])) for clause in clauses])
+        return {_key(a): score for score, a in searcher.search(query, len(found), count=False).hits}
 
     def _bm25_documents(self, searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress
                         ) -> int | None:

@@ -33,8 +33,9 @@ class Rarity:
     def __init__(self, index: RecallIndex) -> None:
         self.index = index
         self._analyze = analyzer()
-        self._df: dict[str, int] = {}
-        self._generation = -1  # the index's, when `_df` was read (any change to it clears them)
+        self._seen: set[str] = set()  # words whose document frequency was read, since `_generation`
+        self._rare: set[str] = set()  # those of them that are rare
+        self._generation = -1  # the index's, when they were read (any change to it clears them)
 
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
@@ -42,19 +43,18 @@ class Rarity:
         return any(searcher.doc_freq("text", token) > 0 for word in words for token in self._analyze.analyze(word))
 
     def counts(self, texts: list[str]) -> list[int]:
-        """The rare words in each of `texts`."""
+        """The rare words in each of `texts` (what is known is counted by set operations: a search's
+        fifty memories hold a thousand distinct words, most of them looked up before)."""
         searcher = self.index.searcher()
-        docs = int(searcher.num_docs)
-        if self.index.generation != self._generation or len(self._df) > CACHE:
-            self._df, self._generation = {}, self.index.generation
-        most = max(1.0, docs * math.exp(-RARE_IDF))
+        if self.index.generation != self._generation or len(self._seen) > CACHE:
+            self._seen, self._rare, self._generation = set(), set(), self.index.generation
+        most = max(1.0, int(searcher.num_docs) * math.exp(-RARE_IDF))
         out = []
         for text in texts:
-            rare = 0
-            for word in set(self._analyze.analyze(text)):
-                df = self._df.get(word)
-                if df is None:
-                    df = self._df[word] = int(searcher.doc_freq("text", word))
-                rare += df <= most
-            out.append(rare)
+            words = set(self._analyze.analyze(text))
+            for word in words - self._seen:
+                self._seen.add(word)
+                if searcher.doc_freq("text", word) <= most:
+                    self._rare.add(word)
+            out.append(len(words & self._rare))
         return out
