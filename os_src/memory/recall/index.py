@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,10 +105,10 @@ class RecallIndex:
         self._writable = writable
         self._analyze = analyzer()
         self.split_from = common_words.SPLIT_FROM  # the benchmark sets it out of reach to measure exact search
-        self.generation = 0  # counts the index's changes this object has seen (`searcher`)
         self._meta = b""  # meta.json as the searcher below last saw it
         self._searcher: tantivy.Searcher | None = None
-        self._counted: tuple[int, int | None] | None = None  # (generation, the documents BM25 counts)
+        self._reloading = threading.Lock()  # the server's indexer commits on one thread, searches run on another
+        self._counted: tuple[tantivy.Searcher, int | None] | None = None  # the documents BM25 counts, by searcher
 
     def _w(self) -> tantivy.IndexWriter:
         if not self._writable:
@@ -146,17 +147,17 @@ class RecallIndex:
         self.searcher()
 
     def searcher(self) -> tantivy.Searcher:
-        """The index as its last commit left it, one searcher reused until a commit (this process's or
-        another's) changes meta.json: then reloaded, and `generation` moves on, so that what is kept
-        about the index (document counts, frequencies) is kept while it has not changed. tantivy's own
-        reload follows a commit up to half a second late, and a count (live documents) can stay the same
-        when the index does not (a forget then a capture)."""
+        """The index as its last commit left it: one searcher object, the same until a commit (this
+        process's or another's) changes meta.json, then a new one. What is kept about the index (the
+        document count BM25 scores by, rarity's frequencies) is kept for the searcher it was read from
+        (`is`): tantivy's own reload follows a commit up to half a second late, and a count (live
+        documents) can stay the same when the index does not (a forget then a capture)."""
         meta = (self.path / "meta.json").read_bytes()
-        if meta != self._meta or self._searcher is None:
-            self.index.reload()  # at least as new as `meta`: a newer commit shows as a change next time
-            self._meta, self._searcher = meta, self.index.searcher()
-            self.generation += 1
-        return self._searcher
+        with self._reloading:
+            if meta != self._meta or self._searcher is None:
+                self.index.reload()  # at least as new as `meta`: a newer commit shows as a change next time
+                self._meta, self._searcher = meta, self.index.searcher()
+            return self._searcher
 
     @property
     def documents(self) -> int:
@@ -245,9 +246,9 @@ class RecallIndex:
 
     def _bm25_documents(self, searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress
                         ) -> int | None:
-        """`bm25_documents`, asked once per generation of the index (`searcher` is its searcher)."""
-        if self._counted is None or self._counted[0] != self.generation:
-            self._counted = (self.generation, bm25_documents(searcher, query, matched))
+        """`bm25_documents`, asked once per searcher (once per change of the index: `searcher`)."""
+        if self._counted is None or self._counted[0] is not searcher:
+            self._counted = (searcher, bm25_documents(searcher, query, matched))
         return self._counted[1]
 
     def frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:

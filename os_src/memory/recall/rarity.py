@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import tantivy
+
 from .index import RecallIndex, analyzer
 
 RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
@@ -33,9 +35,9 @@ class Rarity:
     def __init__(self, index: RecallIndex) -> None:
         self.index = index
         self._analyze = analyzer()
-        self._seen: set[str] = set()  # words whose document frequency was read, since `_generation`
+        self._seen: set[str] = set()  # words whose document frequency was read from `_of`
         self._rare: set[str] = set()  # those of them that are rare
-        self._generation = -1  # the index's, when they were read (any change to it clears them)
+        self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
@@ -46,8 +48,8 @@ class Rarity:
         """The rare words in each of `texts` (what is known is counted by set operations: a search's
         fifty memories hold a thousand distinct words, most of them looked up before)."""
         searcher = self.index.searcher()
-        if self.index.generation != self._generation or len(self._seen) > CACHE:
-            self._seen, self._rare, self._generation = set(), set(), self.index.generation
+        if searcher is not self._of or len(self._seen) > CACHE:
+            self._seen, self._rare, self._of = set(), set(), searcher
         most = max(1.0, int(searcher.num_docs) * math.exp(-RARE_IDF))
         out = []
         for text in texts:
