@@ -221,3 +221,52 @@ def test_merged_refuses_what_a_document_the_rare_words_did_not_find_could_beat()
     assert cw.merged([(9.0, c), (9.0, a)], {}, 2, bound=3.0) == [(9.0, a), (9.0, c)]  # ties: tantivy's order
     assert cw.merged(found, {}, 3, bound=7.5) is None  # the third is no better than a "dana"-only document
     assert cw.merged(found, {}, 4, bound=1.0) is None  # too few found
+
+
+def test_the_document_count_is_asked_once_while_the_index_does_not_change(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """tantivy's `explain` (a tenth of a millisecond) gives the count BM25 scores by: once per commit, not
+    per search, nor per part of a question about a period; a commit (a forget then a capture: the same
+    live count) asks again, since a new document counts there."""
+    import sprite_os.memory.recall.index as index_module
+
+    asked: list[int | None] = []
+    counted = index_module.bm25_documents
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(counted(*args, **kwargs))
+        return asked[-1]
+
+    monkeypatch.setattr(index_module, "bm25_documents", spy)
+    writer = RecallIndex(tmp_path / "index", writable=True)
+    writer.put(learning_doc(i, 1_700_000_000.0 + i, "dana" if i % 2 else "filler") for i in range(200))
+    writer.put(learning_doc(1_000 + i, 1_700_000_000.0 + i, "piano " + "long " * 6) for i in range(6))
+    writer.commit()
+    with searching(writer, 0):
+        writer.search(["dana", "piano"], 3, Window(1_700_000_000.0, 1_700_000_100.0))
+        writer.search(["dana", "piano"], 3)
+        assert asked == [206]
+        writer.put([learning_doc(2_000, 1_700_000_000.0, "piano")], replace=[doc_id("learning", 0)])
+        writer.commit()
+        writer.search(["dana", "piano"], 3)
+        assert asked == [206, 207]
+    writer.close()
+
+
+@pytest.mark.parametrize("common", [["dana"], ["dana", "today"], ["dana", "nice_work"]])
+def test_the_common_words_add_to_each_document_exactly_what_the_whole_query_adds(index: RecallIndex,
+                                                                                 common: list[str]) -> None:
+    """Each clause intersected with the documents' ids, then their union: to the last bit what the
+    union of the words' clauses gives on the same documents (the sum in single precision, in the same
+    order); a word the parser makes a phrase of, "nice_work", is re-scored by the parsed query itself."""
+    import tantivy
+
+    searcher = index.searcher()
+    found = [a for _, a in searcher.search(index.query_of(["piano", "ferry"]), 150, count=False).hits]
+    assert len(found) == 150
+    ids = searcher.fast_field_values("id", found)
+    only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(index.index.schema, "id", ids), 0.0)
+    union = tantivy.Query.boolean_query([(tantivy.Occur.Must, only), (tantivy.Occur.Should, index.query_of(common))])
+    want = {(a.segment_ord, a.doc): s for s, a in searcher.search(union, len(found), count=False).hits if s}
+    got = index._common_scores(searcher, {(a.segment_ord, a.doc): a for a in found}, common)
+    assert {k: v for k, v in got.items() if v} == want

@@ -8,8 +8,8 @@ is 0.69, against 5 to 12 for a word that says what the question is about).
 
 So in a large index a question's words in more than COMMON_SHARE of the documents are not searched
 for (Elasticsearch's "common terms" query, done by hand): the other words find `rescored(limit)`
-documents, and the common words' scores are added to those alone (a query on their ids: a
-millisecond or so for a hundred, whatever the words' lists).
+documents, and the common words' scores are added to those alone (one query, each common clause
+intersected with their ids: a millisecond or so for a hundred, whatever the words' lists; index.py).
 
 No document that only the common words match is ever left out: the `limit`-th result must score
 above their bound (each common word's highest BM25, summed), or the whole query runs (`merged`

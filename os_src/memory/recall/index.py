@@ -17,13 +17,15 @@ each word's whole posting list is read, so in a large index the words most docum
 re-score what the others find: common_words.py, approximate at the edge of what they find.)
 
 One writer at a time (tantivy locks the directory): the server's indexer, or a rebuild while
-the server is stopped. Any number of readers, in any process, see each commit after `reload`.
+the server is stopped. Any number of readers, in any process, see each commit at their next search
+(`searcher` reloads when meta.json has changed).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,10 @@ class RecallIndex:
         self._writable = writable
         self._analyze = analyzer()
         self.split_from = common_words.SPLIT_FROM  # the benchmark sets it out of reach to measure exact search
+        self._meta = b""  # meta.json as the searcher below last saw it
+        self._searcher: tantivy.Searcher | None = None
+        self._reloading = threading.Lock()  # the server's indexer commits on one thread, searches run on another
+        self._counted: tuple[tantivy.Searcher, int | None] | None = None  # the documents BM25 counts, by searcher
 
     def _w(self) -> tantivy.IndexWriter:
         if not self._writable:
@@ -122,7 +128,7 @@ class RecallIndex:
 
     def commit(self) -> None:
         self._w().commit()
-        self.index.reload()
+        self.searcher()
 
     def clear(self) -> None:
         """Stage the deletion of every document (visible after `commit`)."""
@@ -138,11 +144,24 @@ class RecallIndex:
             self._writer = None
 
     def reload(self) -> None:
-        self.index.reload()
+        self.searcher()
+
+    def searcher(self) -> tantivy.Searcher:
+        """The index as its last commit left it: one searcher object, the same until a commit (this
+        process's or another's) changes meta.json, then a new one. What is kept about the index (the
+        document count BM25 scores by, rarity's frequencies) is kept for the searcher it was read from
+        (`is`): tantivy's own reload follows a commit up to half a second late, and a count (live
+        documents) can stay the same when the index does not (a forget then a capture)."""
+        meta = (self.path / "meta.json").read_bytes()
+        with self._reloading:
+            if meta != self._meta or self._searcher is None:
+                self.index.reload()  # at least as new as `meta`: a newer commit shows as a change next time
+                self._meta, self._searcher = meta, self.index.searcher()
+            return self._searcher
 
     @property
     def documents(self) -> int:
-        return int(self.index.searcher().num_docs)
+        return int(self.searcher().num_docs)
 
     def search(self, words: Sequence[str], limit: int, window: Window | None = None) -> list[IndexHit]:
         """The best `limit` documents for `words` by BM25 (text, plus context at half weight); with a
@@ -151,7 +170,7 @@ class RecallIndex:
         word characters (search.search_terms makes them so): no query syntax reaches the parser."""
         if limit <= 0 or (not words and window is None):
             return []
-        searcher = self.index.searcher()
+        searcher = self.searcher()
         # which words are common is the same for every part below: looked up once
         split = common_words.split(words, lambda w: self.frequencies(searcher, w), int(searcher.num_docs),
                                    self.split_from) if words else None
@@ -188,21 +207,49 @@ class RecallIndex:
         """What the rare words find, re-scored by the common ones; None when the whole query must run."""
         rare = _within(self.query_of(split.rare), within)
         found = searcher.search(rare, common_words.rescored(limit), count=False).hits
-        counted = bm25_documents(searcher, rare, found[0][1]) if found else None
+        counted = self._bm25_documents(searcher, rare, found[0][1]) if found else None
         if counted is None:
             return None
-        ids = searcher.fast_field_values("id", [a for _, a in found])
-        only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(self.index.schema, "id", ids), 0.0)
-        rescore = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
-                                               (tantivy.Occur.Should, self.query_of(split.common))])
-        extra = {_key(a): score for score, a in searcher.search(rescore, len(found), count=False).hits}
+        address = {_key(a): a for _, a in found}
+        extra = self._common_scores(searcher, address, split.common)
         # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
         bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
-        best = common_words.merged([(score, _key(a)) for score, a in found], extra, limit, bound)
+        best = common_words.merged(list(zip((s for s, _ in found), address, strict=True)), extra, limit, bound)
         if best is None:
             return None
-        address = {_key(a): a for _, a in found}
         return _hits(searcher, [(score, address[key]) for score, key in best])
+
+    def _common_scores(self, searcher: tantivy.Searcher, found: dict[tuple[int, int], tantivy.DocAddress],
+                       common: Sequence[str]) -> dict[tuple[int, int], float]:
+        """What `common` adds to the score of each of `found` (at most a few hundred documents, by their
+        `_key`), as the whole query adds it: the union of its term clauses, each clause intersected with
+        the documents' ids first (the same sum, in the same order, to the bit). The clauses' union
+        intersected with the ids scores each clause's postings a block of 4,096 documents at a time around
+        each document, and the ids as a term set cost more than the rest together: three times the CPU."""
+        schema = self.index.schema
+        ids = searcher.fast_field_values("id", list(found.values()))
+        only = tantivy.Query.const_score_query(tantivy.Query.boolean_query(
+            [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "id", i)) for i in ids]), 0.0)
+        terms = [self._analyze.analyze(word) for word in common]
+        if any(len(t) != 1 for t in terms):  # a word the parser makes a phrase of: its parsed query
+            query = tantivy.Query.boolean_query([(tantivy.Occur.Must, only),
+                                                 (tantivy.Occur.Should, self.query_of(common))])
+        else:
+            clauses = []
+            for (term,) in terms:  # query_of's clauses, in its order
+                clauses.append(tantivy.Query.term_query(schema, "text", term))
+                clauses.append(tantivy.Query.boost_query(tantivy.Query.term_query(schema, "context", term),
+                                                         CONTEXT_BOOST))
+            query = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.boolean_query(
+                [(tantivy.Occur.Must, only), (tantivy.Occur.Must, clause)])) for clause in clauses])
+        return {_key(a): score for score, a in searcher.search(query, len(found), count=False).hits}
+
+    def _bm25_documents(self, searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress
+                        ) -> int | None:
+        """`bm25_documents`, asked once per searcher (once per change of the index: `searcher`)."""
+        if self._counted is None or self._counted[0] is not searcher:
+            self._counted = (searcher, bm25_documents(searcher, query, matched))
+        return self._counted[1]
 
     def frequencies(self, searcher: tantivy.Searcher, word: str) -> list[tuple[int, int]]:
         """How many documents hold each of `word`'s index terms, in `text` and in `context`."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import tantivy
+
 from .index import RecallIndex, analyzer
 
 RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
@@ -33,28 +35,28 @@ class Rarity:
     def __init__(self, index: RecallIndex) -> None:
         self.index = index
         self._analyze = analyzer()
-        self._df: dict[str, int] = {}
-        self._docs = -1
+        self._seen: set[str] = set()  # words whose document frequency was read from `_of`
+        self._rare: set[str] = set()  # those of them that are rare
+        self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
-        searcher = self.index.index.searcher()
+        searcher = self.index.searcher()
         return any(searcher.doc_freq("text", token) > 0 for word in words for token in self._analyze.analyze(word))
 
     def counts(self, texts: list[str]) -> list[int]:
-        """The rare words in each of `texts`."""
-        searcher = self.index.index.searcher()
-        docs = int(searcher.num_docs)
-        if docs != self._docs or len(self._df) > CACHE:
-            self._df, self._docs = {}, docs
-        most = max(1.0, docs * math.exp(-RARE_IDF))
+        """The rare words in each of `texts` (what is known is counted by set operations: a search's
+        fifty memories hold a thousand distinct words, most of them looked up before)."""
+        searcher = self.index.searcher()
+        if searcher is not self._of or len(self._seen) > CACHE:
+            self._seen, self._rare, self._of = set(), set(), searcher
+        most = max(1.0, int(searcher.num_docs) * math.exp(-RARE_IDF))
         out = []
         for text in texts:
-            rare = 0
-            for word in set(self._analyze.analyze(text)):
-                df = self._df.get(word)
-                if df is None:
-                    df = self._df[word] = int(searcher.doc_freq("text", word))
-                rare += df <= most
-            out.append(rare)
+            words = set(self._analyze.analyze(text))
+            for word in words - self._seen:
+                self._seen.add(word)
+                if searcher.doc_freq("text", word) <= most:
+                    self._rare.add(word)
+            out.append(len(words & self._rare))
         return out
