@@ -447,6 +447,19 @@ async def test_a_copy_a_kill_left_in_documents_is_swept_at_start(kit: Kit) -> No
     assert sorted(p.name for p in docs.iterdir()) == [".sprite-upload-notes.tmp"]
 
 
+async def test_a_folder_or_link_with_a_copys_name_is_left_and_the_start_goes_on(kit: Kit) -> None:
+    """The agent (who owns documents/) or the person made a folder, or a link, of a copy's name: the start
+    neither fails on it (every start did, a folder's unlink raising) nor removes what is not its own."""
+    docs = kit.layout.root / "documents"
+    (docs / ".sprite-upload-00000000000000aa.tmp").mkdir()
+    (docs / ".sprite-upload-00000000000000bb.tmp").symlink_to(docs / "kept.txt")
+    (docs / "kept.txt").write_bytes(b"the person's")
+    (docs / ".sprite-upload-00000000000000cc.tmp").write_bytes(b"half")
+    await kit.api.start()
+    assert sorted(p.name for p in docs.iterdir()) == [
+        ".sprite-upload-00000000000000aa.tmp", ".sprite-upload-00000000000000bb.tmp", "kept.txt"]
+
+
 async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_lost(
         kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """documents/' fsync failed after the link: the answer said "nothing was kept" for a file that was

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..logs import get_logger
 from ..paths import Layout
 
 UPLOAD_DIR = "documents"  # the design's place for a person's raw uploads
@@ -36,6 +37,8 @@ SYSTEM_DIR = ".os"
 MAX_PATH = 4096
 MAX_NAME_BYTES = 255
 MAX_ENTRIES = 2_000  # listed per folder; more are counted, not listed
+
+log = get_logger(__name__)
 
 
 class PathRefused(Exception):
@@ -237,10 +240,16 @@ class UserFiles:
                     removed += 1
         with contextlib.suppress(NotThere, PathRefused, FileNotFoundError), self.folder([UPLOAD_DIR]) as docs:
             for name in os.listdir(docs):
-                if COPY_TEMP.fullmatch(name):
-                    with contextlib.suppress(FileNotFoundError):
+                if not COPY_TEMP.fullmatch(name):
+                    continue
+                try:  # documents/ is the agent's and the person's: only a plain file of the name is a copy
+                    if stat.S_ISREG(os.stat(name, dir_fd=docs, follow_symlinks=False).st_mode):
                         os.unlink(name, dir_fd=docs)
                         removed += 1
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:  # one that cannot go is left, never the start stopped
+                    log.warning("upload_copy_not_swept", name=name, error=str(exc))
         return removed
 
     def finish_upload(self, name: str, fd: int, wanted: str) -> str:
