@@ -373,6 +373,17 @@ async def test_health_counts_today_apart_from_all_time(console: MemoryConsole, s
     assert (r.turns, r.waiting_for_index, r.embedded, r.waiting_for_vectors, r.importing) == (2, 0, 2, 0, None)
 
 
+async def test_health_answers_and_says_so_while_imports_fail_between_attempts(console: MemoryConsole,
+                                                                             system: MemorySystem) -> None:
+    """Between two failed attempts no file is under way: Health failed on the missing figures (the person
+    read "the server failed to answer"); it answers, and says why imports wait."""
+    system.imports.failing, system.imports.failure = 2, "OSError(28, 'No space left on device')"
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.recall is not None
+    r = reply.health.recall
+    assert (r.importing, r.imported, r.import_failing) == (None, 0, "OSError(28, 'No space left on device')")
+
+
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:
     spend = {"daily_usd": 10.0, "spent_today_usd": 1.25, "in_flight_usd": 0.5, "calls_today": 7,
              "refused_today": {"budget": 1}, "resets_at": day_start(NOW) + 86_400, "models": ["m"],

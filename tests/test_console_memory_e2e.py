@@ -265,6 +265,30 @@ async def test_a_save_the_disk_did_not_confirm_is_shown_saved_with_the_warning_a
         tab.assert_clean()
 
 
+async def test_health_says_why_an_import_waits_while_its_attempts_fail(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two failed attempts of an import (here its inbox unreadable: a full disk, a bad block) Health
+    answered nothing at all; it shows the panel, and the last attempt's error."""
+    import errno
+
+    from sprite_os.memory import import_inbox
+
+    def unreadable(layout: object) -> list[Path]:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(import_inbox, "waiting", unreadable)
+    assert server.memory is not None
+    await wait_for(lambda: server.memory is not None and server.memory.imports.failing > 0, timeout=30)
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.sign_in()
+        await tab.connected()
+        await tab.memory("health")
+        await expect(tab.by("memory-import-failing")).to_contain_text("Input/output error")
+        await expect(tab.by("memory-searchable")).to_be_visible()
+        tab.assert_clean()
+
+
 async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the_focus_on_it(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)

@@ -187,7 +187,10 @@ class MemoryConsole:
             turns=status["turns"], waiting_for_index=status["turns_waiting_for_index"],
             embedded=vectors["embedded"] if vectors else None, waiting_for_vectors=vectors["waiting"] if vectors else 0,
             per_second=vectors["per_second"] if vectors else None, eta_s=vectors["eta_s"] if vectors else None,
-            importing=importing["turns"] if importing else None, imported=importing["applied"] if importing else 0)
+            # Between failed attempts no file is under way: only the failure is said.
+            importing=importing.get("turns") if importing else None,
+            imported=importing.get("applied", 0) if importing else 0,
+            import_failing=importing.get("error") if importing else None)
 
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session

@@ -206,6 +206,7 @@ class RecallProgress(msgspec.Struct, frozen=True):
     eta_s: float | None = None
     importing: int | None = None  # turns in the import being applied (None: no import)
     imported: int = 0  # of them, applied so far
+    import_failing: str | None = None  # the last attempt's error while imports' attempts fail
 
 
 class AgentSpend(msgspec.Struct, frozen=True):

@@ -34,6 +34,12 @@ function recall(r) {
       el("div", { class: "sub", text: r.waiting_for_vectors ? `${count(r.waiting_for_vectors)} waiting, newest first${rate}` : "all embedded" })));
   }
   if (r.importing !== null) out.push(stat("Importing", `${count(r.imported)} of ${count(r.importing)} turns`, "memory-importing"));
+  // The server retries on its own; the person learns why an import waits (a full disk, say).
+  if (r.import_failing) {
+    out.push(el("div", { class: "stat wide", testid: "memory-import-failing" },
+      el("div", { class: "label", text: "Import waiting: its last attempt failed" }),
+      el("div", { class: "value", text: r.import_failing })));
+  }
   return out;
 }
 
