@@ -20,6 +20,7 @@ from tests.conftest import (
     ServerProcess,
     child_cli_processes,
     client_factory,
+    make_settings,
     pid_alive,
     running,
     wait_for,
@@ -52,13 +53,11 @@ async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path:
         proc.signal(signal.SIGKILL)
         await proc.wait()
     bridge.faults.add(Fault("status", status=529, target="curator"))  # no curator call succeeds after the crash
-    proc = await ServerProcess(workspace, bridge.url).start()
-    try:
-        async with client_factory(proc.port) as client:
-            c = await client(hello={})
-            done = await turn(c, "Continue")
-    finally:
-        await proc.stop()
+    # The restart in this process: what it recovers is the start's work; only the killed server had to
+    # be a process of its own (tests/README.md, rule 5).
+    async with running(make_settings(workspace, bridge.url)) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        done = await turn(c, "Continue")
     assert done["status"] == "completed"
     request = next(r for r in bridge.agent_requests() if r.last_user_text == "Continue")
     prompt = request.system_text
