@@ -150,13 +150,11 @@ async def test_kill_9_of_the_server_alone_leaves_no_cli_and_a_restart_never_runs
     await proc.wait()
     # The CLI waits on its tool, and the tool runs on: what a kill -9 leaves (seen in a real run).
     assert [p for p in tree if pid_alive(p)], "the tool died with the server: nothing left to end"
-    proc = await ServerProcess(workspace, bridge.url).start()
-    try:
+    # The restart in this process, as in the Amnesia test above: its CLI is a child of this process.
+    async with running(make_settings(workspace, bridge.url)) as app:
         assert not [p for p in [cli, *tree] if pid_alive(p)]  # ended before the restart answered
-        async with client_factory(proc.port) as client:
+        async with client_factory(app.port) as client:
             c = await client(hello={})
             assert (await turn(c, "hello again"))["status"] == "completed"
-            assert workspace_clis(workspace) == child_cli_processes(proc.pid) != []  # one CLI: this server's
-    finally:
-        await proc.stop()
+            assert workspace_clis(workspace) == child_cli_processes() != []  # one CLI: this server's
     assert workspace_clis(workspace) == [] and not ledger.exists()
