@@ -20,6 +20,7 @@ from tests.conftest import (
     ServerProcess,
     child_cli_processes,
     client_factory,
+    make_settings,
     pid_alive,
     running,
     wait_for,
@@ -52,13 +53,11 @@ async def test_amnesia_kill_9_mid_turn_then_continue_picks_the_task_up(tmp_path:
         proc.signal(signal.SIGKILL)
         await proc.wait()
     bridge.faults.add(Fault("status", status=529, target="curator"))  # no curator call succeeds after the crash
-    proc = await ServerProcess(workspace, bridge.url).start()
-    try:
-        async with client_factory(proc.port) as client:
-            c = await client(hello={})
-            done = await turn(c, "Continue")
-    finally:
-        await proc.stop()
+    # The restart in this process: what it recovers is the start's work; only the killed server had to
+    # be a process of its own (tests/README.md, rule 5).
+    async with running(make_settings(workspace, bridge.url)) as app, client_factory(app.port) as client:
+        c = await client(hello={})
+        done = await turn(c, "Continue")
     assert done["status"] == "completed"
     request = next(r for r in bridge.agent_requests() if r.last_user_text == "Continue")
     prompt = request.system_text
@@ -151,13 +150,13 @@ async def test_kill_9_of_the_server_alone_leaves_no_cli_and_a_restart_never_runs
     await proc.wait()
     # The CLI waits on its tool, and the tool runs on: what a kill -9 leaves (seen in a real run).
     assert [p for p in tree if pid_alive(p)], "the tool died with the server: nothing left to end"
-    proc = await ServerProcess(workspace, bridge.url).start()
-    try:
+    # The restart in this process, as in the Amnesia test above: its CLI is a child of this process.
+    async with running(make_settings(workspace, bridge.url)) as app:
         assert not [p for p in [cli, *tree] if pid_alive(p)]  # ended before the restart answered
-        async with client_factory(proc.port) as client:
+        async with client_factory(app.port) as client:
             c = await client(hello={})
             assert (await turn(c, "hello again"))["status"] == "completed"
-            assert workspace_clis(workspace) == child_cli_processes(proc.pid) != []  # one CLI: this server's
-    finally:
-        await proc.stop()
+            # Only this server's: every CLI in the workspace is a child of this process (which may
+            # have others, elsewhere).
+            assert workspace_clis(workspace) != [] and set(workspace_clis(workspace)) <= set(child_cli_processes())
     assert workspace_clis(workspace) == [] and not ledger.exists()

@@ -24,6 +24,7 @@ from tests.conftest import (
     ServerProcess,
     child_cli_processes,
     client_factory,
+    make_settings,
     pid_alive,
     running,
     wait_for,
@@ -199,12 +200,11 @@ async def test_amnesia_kill_minus_9_mid_batch_loses_and_duplicates_nothing(tmp_p
     # 30 s by the mock, would take a scripted one when it wakes (on a slow machine, before the
     # restarted server's call).
     bridge.curator.default = reply
-    proc = await ServerProcess(workspace, bridge.url, SPRITE_MEMORY_BATCH_TURNS="2").start()
     settings = Settings(workspace=workspace)
-    try:
+    # The restart in this process: the recovery is the start's work, and only the killed server had
+    # to be a process of its own (tests/README.md, rule 5).
+    async with running(make_settings(workspace, bridge.url, memory_batch_turns=2)):
         await wait_for(lambda: counts(settings)["processed"] == 2, timeout=30)
-    finally:
-        await proc.stop()
     assert counts(settings) == {"pending": 0, "processed": 2, "stale": 0, "total": 2}
     assert learnings(settings) == [("FACT", "Blog post outline is intro, closures, decorators", 2)]
     assert MemoryFiles(settings.layout).read("context.md") == reply.split("CONTEXT_MD_UPDATE:\n")[1]

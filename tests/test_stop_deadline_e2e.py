@@ -15,7 +15,7 @@ from signal import SIGTERM
 
 import pytest
 
-from devkit.harness import make_settings
+from devkit.harness import make_settings, running
 from devkit.mock_bridge import MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from tests.conftest import client_factory
@@ -65,8 +65,8 @@ async def test_sigterm_with_every_step_hung_flushes_memory_and_exits_before_the_
         assert not [pid for pid in clis if pid_alive(pid)]
     finally:
         await proc.stop()
-    again = await ServerProcess(workspace, bridge.url).start()  # the journal and spill file land at start
-    await again.stop()
+    async with running(make_settings(workspace, bridge.url)):  # the journal and spill file land at start
+        pass
     said = _user_messages(workspace, bridge.url)
     assert any("KEPT-77" in text for text in said)
     assert any("FIG-93" in text for text in said)  # the turn cut by the stop, recorded as it stood

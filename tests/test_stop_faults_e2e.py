@@ -4,23 +4,27 @@ whole within its share and the process is gone before the service's SIGKILL."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import sqlite3
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from signal import SIGINT, SIGTERM
+from typing import TYPE_CHECKING
 
 import pytest
 
-from devkit.harness import make_settings, wait_for
+from devkit.harness import make_settings, running, wait_for
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from devkit.processes import ServerProcess, pid_alive, workspace_clis
 from sprite_os.memory.schema import PENDING, PROCESSED
 from sprite_os.stopping import STOP_REPORT
 from tests.conftest import Client, client_factory, observed
+
+if TYPE_CHECKING:
+    from sprite_os.server import SpriteOS
 
 pytestmark = pytest.mark.e2e
 
@@ -134,6 +138,12 @@ async def test_sigterm_during_start_up_is_met_within_the_stop_timeout(workspace:
         await proc.stop()
 
 
+def next_start(workspace: Path, bridge: MockBridge) -> AbstractAsyncContextManager[SpriteOS]:
+    """The start after a stopped or killed one, in this process: what it recovers is the start's
+    work, not the process's, and a server subprocess costs a second of CPU more (tests/README.md)."""
+    return running(make_settings(workspace, bridge.url))
+
+
 def _cut_by_the_deadline(log: str) -> bool:
     return any(f'"{event}"' in log for event in ("server_stop_step_cut", "memory_stop_step_cut", "exit_forced"))
 
@@ -163,15 +173,9 @@ async def test_a_hung_curator_at_the_stop_is_cut_and_its_batch_runs_at_the_next_
     report = json.loads((make_settings(workspace, bridge.url).layout.state_dir / STOP_REPORT).read_text())
     assert report == {"unfinished": ["flush"]}  # what `service stop` says, exiting non-zero
     bridge.faults.remove(hang)
-    again = await ServerProcess(workspace, bridge.url).start()
-    try:
-        for _ in range(300):
-            if _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)]:
-                break
-            await asyncio.sleep(0.1)
-        assert _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)], again.log.read_text()[-2500:]
-    finally:
-        await again.stop()
+    async with next_start(workspace, bridge):
+        await wait_for(lambda: _states(workspace, bridge.url) == [("remember PLUM-41", PROCESSED)], 30,
+                       interval=0.1, what="the pending turn curated at the next start")
 
 
 async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowledged_turn(
@@ -194,8 +198,8 @@ async def test_a_stop_while_another_process_locks_transcript_db_loses_no_acknowl
         holder.rollback()
         holder.close()
         await proc.stop()
-    again = await ServerProcess(workspace, bridge.url).start()
-    await again.stop()
+    async with next_start(workspace, bridge):
+        pass
     assert [m for m, _ in _states(workspace, bridge.url)] == ["remember LOCKED-12"]
 
 
@@ -214,12 +218,11 @@ async def test_a_kill_during_the_stop_is_recovered_at_the_next_start(workspace: 
             assert await proc.wait(timeout=30) == -9
     finally:
         await proc.stop()
-    again = await ServerProcess(workspace, bridge.url).start()
     try:
-        left = [pid for pid in clis if pid_alive(pid)]
-        assert not left, again.log.read_text()[-2500:]
+        async with next_start(workspace, bridge):
+            left = [pid for pid in clis if pid_alive(pid)]
+            assert not left, left
     finally:
-        await again.stop()
         for pid in clis:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
