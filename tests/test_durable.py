@@ -24,8 +24,8 @@ from sprite_os.backoff import Backoff
 from sprite_os.console.session_queries import turns_page
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
+from sprite_os.memory.capture import health as health_mod
 from sprite_os.memory.capture import journal as journal_mod
-from sprite_os.memory.capture import pipeline as pipeline_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -700,7 +700,7 @@ async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or
         status = capture.status()
         assert status["degraded"] and status["not_saved"] == 1 and status["not_saved_total"] == 1
         assert status["failing_since"] is None  # nothing failed: only hung
-        monkeypatch.setattr(pipeline_mod, "STALLED_AFTER", 0.0)
+        monkeypatch.setattr(health_mod, "STALLED_AFTER", 0.0)
         capture.acks.unsaved.clear()
         assert capture.status()["degraded"]  # the oldest queued write is past the bound
         monkeypatch.undo()

@@ -16,7 +16,8 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
 from sprite_os.commands.main import main as cli
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture.journal import JOURNAL_NAME, journal_path, recover
+from sprite_os.memory.capture.health import JOURNAL_NAME
+from sprite_os.memory.capture.journal import journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import read_status
 from sprite_os.memory.transcript_store import TranscriptDB

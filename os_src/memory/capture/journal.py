@@ -32,7 +32,7 @@ A save that would leave the file as the last one left it (empty) is not made. On
 waits on (it holds a closed turn), one that failed, or one made while saves fail calls back to the
 loop: a wake-up from a thread costs a turn in flight.
 
-A save that fails (EIO, a full disk) is made again on its own, with backoff (backoff.LOCAL_DISK, a local
+A save that fails (EIO, a full disk) is made again on its own, with backoff (health.LOCAL_DISK, a local
 disk's), until one succeeds: the file holds what it did before, which may be a turn as still open
 that is recorded since, or no copy of a closed turn waiting to be durable. Nothing else would save
 again before the next change.
@@ -56,11 +56,12 @@ from typing import NamedTuple
 
 import msgspec
 
-from ...backoff import LOCAL_DISK, Backoff
+from ...backoff import Backoff
 from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
+from .health import JOURNAL_NAME, LOCAL_DISK, UNREADABLE
 
 log = get_logger(__name__)
 
@@ -77,8 +78,6 @@ COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 # file), which makes them durable there and lets the journal forget them. It never drops one itself:
 # it may be the turn's only copy on disk.
 MAX_CLOSED = 32
-JOURNAL_NAME = "turn-journal.json"
-UNREADABLE = ".unreadable-"  # a journal a start could not read, set aside: turn-journal.json.unreadable-<time>
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 STOPPED = "stopped"  # the status of a turn the server's stop or restart cut short (not the person: "interrupted")
 
@@ -112,12 +111,6 @@ def _last_state(data: bytes, path: Path) -> list[Entry] | None:
             log.warning("turn_journal_line_unreadable", path=str(path), error=str(exc)[:200])
     whole = data[:data.rfind(b"\n") + 1]  # a tail with no newline is an append a kill tore
     return None if whole.strip() else []
-
-
-def set_aside_journals(state_dir: Path) -> list[Path]:
-    """The journals a start could not read and set aside (`turn-journal.json.unreadable-<time>`),
-    oldest first: kept until the operator replays or removes them."""
-    return sorted(state_dir.glob(f"{JOURNAL_NAME}{UNREADABLE}*"))
 
 
 def _set_aside(path: Path, why: str) -> Path | None:

@@ -20,13 +20,11 @@ from ...paths import Layout
 from ..hooks import HookTimings
 from ..transcript_store import TranscriptDB
 from .acks import Acks
-from .journal import TurnJournal, journal_path, recover_at_start, set_aside_journals
+from .health import degraded, set_aside_journals
+from .journal import TurnJournal, journal_path, recover_at_start
 from .recorder import TurnRecorder
 from .spill import CommandWrite, ObservationWrite, Write, write_key
 from .writer import TranscriptWriter
-
-# A write queued this long has not landed (a disk that hangs rather than fails): capture is degraded.
-STALLED_AFTER = 30.0
 
 
 class Capture:
@@ -65,14 +63,12 @@ class Capture:
         return landed
 
     def status(self) -> dict[str, Any]:
-        """The writer's state, and the turns the person was told are not saved. `degraded`: writes
-        failing or spilled, the oldest write queued past STALLED_AFTER, or a turn not saved that is
-        still not durable (a hung disk fails nothing, yet no turn lands)."""
+        """The writer's state, the turns the person was told are not saved, and the turn journal's:
+        `degraded` by health.degraded, the rule `memory status` applies too."""
         report = self.writer.status()
         report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
         report["journals_set_aside"], report["journal_stuck"] = self.set_aside, self.journal.stuck
-        report["degraded"] = bool(report["degraded"] or report["oldest_queued_s"] > STALLED_AFTER
-                                  or self.acks.unsaved or self.set_aside or self.journal.stuck)
+        report["degraded"] = degraded(report)
         return report
 
     def _refused(self, writes: list[Write]) -> None:
