@@ -132,3 +132,21 @@ async def test_a_tail_a_kill_tore_is_no_reason_to_set_a_journal_aside(started: S
     assert recover(journal_path(started.layout)) == []
     await started.start()
     assert started.set_aside() == [] and not started.capture.status()["degraded"]
+
+
+async def test_healthz_and_memory_status_see_a_set_aside_journal_as_it_is_now(started: Started) -> None:
+    """/healthz listed the files the start found, for the whole run: one the operator removed kept it degraded
+    until a restart, while `memory status` (which looks at the folder) already said fine."""
+    journal_path(started.layout).write_bytes(DAMAGED)
+    await started.start()
+    [aside] = started.set_aside()
+    assert started.capture.status()["journals_set_aside"] == read_status(started.layout)["journals_set_aside"] \
+        == [aside.name]
+    aside.unlink()  # the operator dealt with it, the server running
+    status, on_disk = started.capture.status(), read_status(started.layout)
+    assert status["journals_set_aside"] == on_disk["journals_set_aside"] == []
+    assert not status["degraded"] and not on_disk["degraded"]
+    later = started.layout.state_dir / aside.name.replace("2", "1", 1)  # one another start set aside, say
+    later.write_bytes(DAMAGED)
+    assert started.capture.status()["journals_set_aside"] == [later.name] and started.capture.status()["degraded"]
+    later.unlink()
