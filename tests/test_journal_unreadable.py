@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
 from sprite_os.commands.main import main as cli
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture.health import JOURNAL_NAME
+from sprite_os.memory.capture.health import JOURNAL_NAME, advice, set_aside_journals
 from sprite_os.memory.capture.journal import journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import read_status
@@ -52,7 +53,7 @@ class Started:
                 await asyncio.wrap_future(written)
 
     def set_aside(self) -> list[Path]:
-        return sorted(self.layout.state_dir.glob(f"{JOURNAL_NAME}.unreadable-*"))
+        return set_aside_journals(self.layout.state_dir)
 
 
 @pytest.fixture
@@ -78,8 +79,10 @@ async def test_a_journal_no_line_of_which_decodes_is_set_aside_and_its_bytes_sur
     capsys.readouterr()
     assert cli(["--workspace", str(started.layout.root), "memory", "status"]) == 0
     said = capsys.readouterr().out
-    assert f"turn journal     UNREAD: a start could not read it and set it aside as .os/state/{aside.name}" in said
-    assert "rename it back to turn-journal.json" in said and "writes waiting in the spill file" not in said
+    assert aside.name.startswith(f"{JOURNAL_NAME}.damaged-")  # its name says why: a start would read the same bytes
+    assert f"turn journal     DAMAGED: a start could not read it and set it aside as .os/state/{aside.name}" in said
+    assert "do not rename it back" in said and f"tail -n 1 .os/state/{aside.name}" in said and "mv " not in said
+    assert "writes waiting in the spill file" not in said
 
 
 async def test_a_journal_the_disk_fails_to_read_is_set_aside_not_written_over(
@@ -100,7 +103,24 @@ async def test_a_journal_the_disk_fails_to_read_is_set_aside_not_written_over(
     monkeypatch.undo()
     await started.close_a_turn()
     [aside] = started.set_aside()
-    assert aside.read_bytes() == whole
+    assert aside.read_bytes() == whole and aside.name.startswith(f"{JOURNAL_NAME}.io-error-")
+
+
+def test_the_replay_advice_never_writes_over_a_live_journal(tmp_path: Path) -> None:
+    """The advice was "rename it back": a plain `mv` over a journal a crash left since destroys its turns."""
+    state = tmp_path / ".os" / "state"
+    state.mkdir(parents=True)
+    aside, live = state / f"{JOURNAL_NAME}.io-error-20261127T090000", state / JOURNAL_NAME
+    aside.write_bytes(b"the set-aside journal\n")
+    live.write_bytes(b"a live journal, its turns not recorded yet\n")
+    said = advice(aside.name)
+    assert f".os/state/{JOURNAL_NAME} is there, start the server and stop it once first" in said
+    [command] = [part for part in said.split("`")[1::2] if part.startswith("mv ")]
+    subprocess.run(command, shell=True, cwd=tmp_path, check=False)
+    assert live.read_bytes() == b"a live journal, its turns not recorded yet\n" and aside.exists()
+    live.unlink()  # the start and stop that recorded it
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    assert live.read_bytes() == b"the set-aside journal\n" and not aside.exists()
 
 
 async def test_a_journal_that_can_be_neither_read_nor_set_aside_is_never_written_over(

@@ -7,8 +7,9 @@ turn until its observation is durable (in transcript.db, or in the writer's spil
 At the next start, whatever the file holds is recorded: a turn that never ended with a note
 that the server stopped before it did. Replaying a turn that had landed changes nothing
 (the unique (session, sequence) key). A journal the start cannot read is renamed aside
-(turn-journal.json.unreadable-<time>) before a new one is written, and capture says degraded
-until the operator replays or removes it: it may hold turns the person was told were done.
+(turn-journal.json.io-error-<time> or .damaged-<time>: health.py) before a new one is written, and
+capture says degraded until the operator replays or removes it: it may hold turns the person was
+told were done.
 
 The journal is also one of the two ways a closed turn becomes durable before the person is
 told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
@@ -61,7 +62,7 @@ from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
-from .health import JOURNAL_NAME, LOCAL_DISK, UNREADABLE
+from .health import JOURNAL_NAME, LOCAL_DISK, advice, set_aside_name
 
 log = get_logger(__name__)
 
@@ -113,12 +114,13 @@ def _last_state(data: bytes, path: Path) -> list[Entry] | None:
     return None if whole.strip() else []
 
 
-def _set_aside(path: Path, why: str) -> Path | None:
+def _set_aside(path: Path, why: str, damaged: bool) -> Path | None:
     """Rename an unreadable journal out of the way, its folder synced, before a new one is written:
-    its turns may be the only copy of ones the person was told were done. None: it could not be."""
+    its turns may be the only copy of ones the person was told were done. Its new name says whether
+    the disk failed to read it or its bytes are `damaged` (health.py). None: it could not be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     aside = next(p for n in itertools.count()
-                 if not (p := path.with_name(f"{path.name}{UNREADABLE}{stamp}" + (f"-{n}" if n else ""))).exists())
+                 if not (p := path.with_name(set_aside_name(damaged, stamp + (f"-{n}" if n else "")))).exists())
     try:
         os.rename(path, aside)  # the one writer (the start holds memory's lock): the name is free
         sync_dir(path.parent)
@@ -130,12 +132,16 @@ def _set_aside(path: Path, why: str) -> Path | None:
                   hint="no journal is written this run, so as not to write over it")
         return None
     log.error("turn_journal_set_aside", path=str(path), aside=str(aside), why=why,
-              hint="its turns are not recorded: stop the server and rename it back to turn-journal.json to replay it")
+              hint=f"its turns are not recorded: {advice(aside.name)}")
     return aside
 
 
 class JournalUnreadable(Exception):
-    """The journal could not be read (EIO), or has a whole line and none that decodes."""
+    """The journal could not be read (EIO), or has a whole line and none that decodes (`damaged`)."""
+
+    def __init__(self, why: str, damaged: bool = False) -> None:
+        super().__init__(why)
+        self.damaged = damaged
 
 
 class Recovered(NamedTuple):
@@ -154,7 +160,7 @@ def recover_at_start(path: Path) -> Recovered:
         return Recovered(recover(path))
     except JournalUnreadable as exc:
         log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
-        aside = _set_aside(path, str(exc))
+        aside = _set_aside(path, str(exc), exc.damaged)
         return Recovered([], aside, stuck=aside is None)
 
 
@@ -171,7 +177,7 @@ def recover(path: Path) -> list[NewObservation]:
         raise JournalUnreadable(f"{type(exc).__name__}: {exc}") from exc
     entries = _last_state(data, path)
     if entries is None:
-        raise JournalUnreadable("no line decodes")
+        raise JournalUnreadable("no line decodes", damaged=True)
     out = []
     for entry in entries:
         obs = entry.observation
