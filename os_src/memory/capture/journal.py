@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import os
@@ -196,13 +195,9 @@ class JournalFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._size: int | None = None  # bytes known to end with a whole line; None: rewrite first
-        # An unreadable journal a start could not set aside is in the way: nothing is written over it.
-        self.stuck = False
 
     def save(self, data: bytes | None, sync: bool = True) -> None:
         """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
-        if self.stuck:
-            raise OSError(errno.EIO, f"{self.path} could not be read nor set aside: not written over")
         if data is None:
             # Not synced: after a power loss the file may hold turns again that are in transcript.db,
             # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
@@ -235,14 +230,21 @@ class JournalFile:
         self._size = size + len(line)
 
     def remove(self) -> None:
-        if self.stuck:
-            return
         self.path.unlink(missing_ok=True)
         self._size = None
 
 
+class JournalStuck(Exception):
+    """What acks hear of a closed turn while the journal is stuck: no save holds it, nor will."""
+
+
 class TurnJournal:
-    """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
+    """The journal's state. Called from the event loop; saves on `executor`'s thread, in order.
+
+    While it is `stuck` (an unreadable journal a start could neither read nor set aside is in the way)
+    it saves nothing and removes nothing: each closed turn is told failed to acks at its close, once,
+    so its acknowledgement waits for transcript.db's way alone, and what waits on a save (`after_save`)
+    is called at once."""
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
                  on_saved: Saved | None = None, on_full: Callable[[], None] | None = None,
@@ -271,16 +273,17 @@ class TurnJournal:
         self._timer: asyncio.TimerHandle | None = None
         self._written: Future[None] | None = None  # the last save handed out
         self._shut_down = False  # flushed at shutdown: the files' thread takes no more saves, none is retried
+        self._stuck = False
 
     @property
     def stuck(self) -> bool:
         """An unreadable journal could not be set aside: none is written this run."""
-        return self._file.stuck
+        return self._stuck
 
     def restore(self, observations: list[NewObservation], stuck: bool = False) -> None:
         """Keep what `recover` found until it is durable again (a second crash must not lose it).
         `stuck`: it found a journal it could neither read nor set aside: nothing is written over it."""
-        self._file.stuck = stuck
+        self._stuck = stuck
         for obs in observations:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
         self._changed(0.0)
@@ -308,6 +311,9 @@ class TurnJournal:
         """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
         `urgent`: transcript.db can't take it at once, so it is saved here now."""
         self._open = None
+        if obs is not None and self._stuck:
+            self._on_saved([(obs.session_id, obs.sequence_num)], JournalStuck("no journal is written this run"))
+            return
         if obs is not None:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
             if len(self._closed) > MAX_CLOSED:
@@ -318,7 +324,11 @@ class TurnJournal:
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
 
     def after_save(self, key: Key, then: Callable[[], None]) -> None:
-        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed."""
+        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed (at once
+        while the journal is stuck: none will)."""
+        if self._stuck:
+            then()
+            return
         self._after[key] = then
 
     def durable(self, key: Key) -> None:
@@ -347,7 +357,7 @@ class TurnJournal:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._closed:
+        if not self._closed and not self._stuck:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
 
@@ -355,7 +365,9 @@ class TurnJournal:
 
     def _changed(self, delay: float, for_open: bool = False) -> None:
         """Save within `delay` seconds (sooner if a save is due sooner anyway). `for_open`: only the
-        open turn needs it (a save its close may drop)."""
+        open turn needs it (a save its close may drop). Never while the journal is stuck."""
+        if self._stuck:
+            return
         loop = asyncio.get_running_loop()
         pending = self._timer
         self._for_open = for_open and (pending is None or self._for_open)
