@@ -33,6 +33,7 @@ from sprite_os.memory.capture.journal import (
     JournalFile,
     TurnJournal,
     journal_path,
+    read_state,
     recover,
 )
 from sprite_os.memory.capture.pipeline import Capture
@@ -102,7 +103,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 def state(path: Path) -> list[tuple[int, bool]]:
-    return [(e.observation.sequence_num, e.ended) for e in journal_mod._last_state(path.read_bytes(), path) or []]
+    return [(e.observation.sequence_num, e.ended) for e in read_state(path) or []]
 
 
 def entries(*items: tuple[int, bool]) -> bytes:

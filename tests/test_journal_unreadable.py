@@ -4,7 +4,6 @@ turns the person was told were done (closed while transcript.db was busy, then a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import subprocess
@@ -48,9 +47,7 @@ class Started:
         await record.durable(budget=5)
         await self.capture.writer.drained(5)
         await asyncio.sleep(0.2)  # the journal's saves after it (DELAY): they write the file, if anything may
-        if (written := self.capture.journal._written) is not None:
-            with contextlib.suppress(OSError):
-                await asyncio.wrap_future(written)
+        await self.capture.journal.saved()
 
     def set_aside(self) -> list[Path]:
         return set_aside_journals(self.layout.state_dir)

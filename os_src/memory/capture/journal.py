@@ -113,6 +113,16 @@ def _last_state(data: bytes, path: Path) -> list[Entry] | None:
     return None if whole.strip() else []
 
 
+def read_state(path: Path) -> list[Entry] | None:
+    """The journal's state as a start reads it: [] when there is no file, or nothing whole in it; None
+    when a whole line is there and none decodes (damaged). OSError: the file could not be read."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return _last_state(data, path)
+
+
 def _set_aside(path: Path, why: str, damaged: bool) -> Path | None:
     """Rename an unreadable journal out of the way, its folder synced, before a new one is written:
     its turns may be the only copy of ones the person was told were done. Its new name says whether
@@ -169,12 +179,9 @@ def recover(path: Path) -> list[NewObservation]:
     not be read, or no whole line of it decodes (a tail a kill tore is not that: it is skipped).
     (Temp files a kill left are the start's sweep's: memory/system.py.)"""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
+        entries = read_state(path)
     except OSError as exc:
         raise JournalUnreadable(f"{type(exc).__name__}: {exc}") from exc
-    entries = _last_state(data, path)
     if entries is None:
         raise JournalUnreadable("no line decodes", damaged=True)
     out = []
@@ -345,9 +352,7 @@ class TurnJournal:
         if self._timer is not None:
             self._timer.cancel()
             self._write()
-        if self._written is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(self._written)
+        await self.saved()
         self._shut_down = True
         # A retry of the save awaited above, which failed: its `_saved` has run and set this timer already.
         # `_ended` was added to that future before wrap_future's callback, a concurrent Future calls its
@@ -360,6 +365,13 @@ class TurnJournal:
         if not self._closed and not self._stuck:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
+
+    async def saved(self) -> None:
+        """Wait until the last save handed out has ended, on disk or failed (its failure is the
+        `on_saved` callback's to hear)."""
+        if self._written is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(self._written)
 
     # ------------------------------------------------------------ writing
 

@@ -173,6 +173,12 @@ class TranscriptWriter:
         """The client ids of commands that left no turn, queued in memory, not yet in transcript.db, oldest first."""
         return [q.write for q in self._queue if isinstance(q.write, CommandWrite)]
 
+    @property
+    def held(self) -> int:
+        """The writes whose payloads are held in memory (at most `max_queued`; the rest are in the spill
+        file only, read back as the queue drains)."""
+        return self._held
+
     def status(self) -> dict[str, Any]:
         oldest = round(time.monotonic() - self._queue[0].at, 1) if self._queue else 0.0
         report = {**self.health.report(len(self._queue), self._lines), "oldest_queued_s": oldest}
