@@ -25,5 +25,3 @@ class Backoff:
         low, high = base * (1 - self.jitter), min(self.max, base * (1 + self.jitter))
         return low + (high - low) * rand
 
-
-LOCAL_DISK = Backoff(first=0.25, max=5.0)  # capture's writes and journal: a local disk, retry soon and often

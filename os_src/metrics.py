@@ -107,7 +107,8 @@ def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
 
 def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     capture = memory["capture"]
-    yield _gauge("sprite_memory_degraded", "1 while memory's curator, capture's writes or the import inbox are failing.",
+    yield _gauge("sprite_memory_degraded", "1 while memory's curator, capture's writes or the import inbox are failing, "
+                 "a turn told not saved is not durable, or a turn journal a start could not read is set aside or stuck.",
                  1 if memory["degraded"] else 0)
     yield _gauge("sprite_capture_queued", "Capture's writes waiting in memory for transcript.db.", capture["queued"])
     yield _gauge("sprite_capture_spilled", "Capture's writes waiting in the spill file.", capture["spilled"])
@@ -117,6 +118,10 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
                  capture.get("oldest_queued_s", 0))
     yield _gauge("sprite_capture_unsaved_turns", "Turns told not saved that are still not durable.",
                  capture.get("not_saved", 0))
+    yield _gauge("sprite_capture_journals_set_aside", "Turn journals a start could not read, kept in .os/state/ "
+                 "for the operator (memory status says what to do).", len(capture.get("journals_set_aside") or ()))
+    yield _gauge("sprite_capture_journal_stuck", "1 while an unreadable turn journal could not even be set aside: "
+                 "none is written this run.", 1 if capture.get("journal_stuck") else 0)
     observations = GaugeMetricFamily("sprite_turns_recorded", "Turns in transcript.db, by curation state.",
                                      labels=["state"])
     for state in ("pending", "processed", "stale"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,10 +19,10 @@ from sprite_os.console.requests import ConsoleApi, RequestFailed
 from sprite_os.console.sessions_api import SessionsConsole
 from sprite_os.memory import system as system_mod
 from sprite_os.memory.capture.spill import ObservationWrite
-from sprite_os.memory.capture.writer import _Queued
 from sprite_os.memory.memory_store import NewLearning
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from tests.conftest import wait_for
 from tests.test_console_api import system
 
 __all__ = ["system"]  # the fixture: a MemorySystem on a fresh workspace
@@ -34,6 +35,29 @@ def turn(session: str, n: int, text: str, **fields: object) -> NewObservation:
                           agent_response=f"answer to {text}", tool_calls_json=json.dumps(
                               [{"name": "Read", "input": {"file_path": "x" * 1000}, "output": "y", "is_error": False}]),
                           **fields)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def waiting_to_be_saved(system: MemorySystem, obs: NewObservation,
+                              monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """`obs` waits in capture's queue, as while another process holds transcript.db locked: its append
+    fails until the block ends, then it lands (capture runs for the block; the system is not started)."""
+    real = TranscriptDB.append
+
+    def append(self: TranscriptDB, o: NewObservation) -> int | None:
+        if (o.session_id, o.sequence_num) == (obs.session_id, obs.sequence_num):
+            raise sqlite3.OperationalError("database is locked")
+        return real(self, o)
+
+    monkeypatch.setattr(TranscriptDB, "append", append)
+    await system.writer.start()
+    try:
+        system.writer.submit(ObservationWrite(obs))
+        await wait_for(lambda: system.writer.failing, what="the write failing")
+        yield
+    finally:
+        monkeypatch.setattr(TranscriptDB, "append", real)
+        assert await system.capture.stop(30)  # lands it, and ends capture's files thread
 
 
 class FakeAgent:
@@ -111,12 +135,13 @@ async def test_a_sessions_turns_page_back_oldest_first_within_each_page(system: 
     assert not past.session.current and past.session.summary is not None
 
 
-async def test_the_current_sessions_newest_turns_come_before_they_are_written(system: MemorySystem) -> None:
+async def test_the_current_sessions_newest_turns_come_before_they_are_written(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
     await seed(system)
     on_the_way = turn("s3", 6, "just now", turn_id="c6", status="completed", client_id="web-6")
-    system.writer._queue.append(_Queued.of(ObservationWrite(on_the_way)))  # as if transcript.db were locked
-    api = SessionsConsole(system, lambda: "s3")
-    page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=2))
+    async with waiting_to_be_saved(system, on_the_way, monkeypatch):
+        api = SessionsConsole(system, lambda: "s3")
+        page = await api.handlers[ps.SessionTurnsRequest](ps.SessionTurnsRequest(request_id="r", limit=2))
     assert [(t.turn, t.observation_id, t.client_id) for t in page.turns][-1] == (6, None, "web-6")
     assert page.session.turns == 6
 
@@ -289,11 +314,9 @@ async def test_forgetting_a_session_whose_turn_still_waits_to_be_saved_is_busy(
     forget, words and all. The person is told to try again, and nothing is forgotten meanwhile."""
     await seed(system)
     monkeypatch.setattr(system_mod, "FORGET_DRAIN_BUDGET", 0.1)
-    late = _Queued.of(ObservationWrite(turn("s1", 3, "one more thing", turn_id="a3", status="completed")))
-    system.writer._queue.append(late)  # as if transcript.db were locked
-    system.writer._empty.clear()
+    late = turn("s1", 3, "one more thing", turn_id="a3", status="completed")
     forget = SessionsConsole(system, lambda: "s3", holding_turns=FakeAgent().holding_turns).handlers[ps.ForgetTurnsRequest]
-    try:
+    async with waiting_to_be_saved(system, late, monkeypatch):
         for req in (ps.ForgetTurnsRequest(request_id="f", session_id="s1"),
                     ps.ForgetTurnsRequest(request_id="f", turn_ids=["a3"])):
             with pytest.raises(RequestFailed) as busy:
@@ -301,7 +324,4 @@ async def test_forgetting_a_session_whose_turn_still_waits_to_be_saved_is_busy(
             assert busy.value.code == "busy" and "still being saved" in busy.value.message
         # A turn of another session waiting holds up no forget.
         assert (await forget(ps.ForgetTurnsRequest(request_id="f", turn_ids=["c1"]))).forgotten == 1  # type: ignore[attr-defined]
-    finally:
-        system.writer._queue.remove(late)
-        system.writer._empty.set()
-    assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))).forgotten == 2  # type: ignore[attr-defined]
+    assert (await forget(ps.ForgetTurnsRequest(request_id="f", session_id="s1"))).forgotten == 3  # type: ignore[attr-defined]

@@ -168,10 +168,11 @@ def _figures() -> list[tuple[str, str]]:
     """(page, words) that say a limit the code sets: each figure said on a page is the code's."""
     from sprite_os import deploy_contract, events, gateway, runtime, stopping
     from sprite_os.agent import frames
+    from sprite_os.commands import memory_import
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
-    from sprite_os.memory import files
-    from sprite_os.memory.capture import journal
+    from sprite_os.memory import files, import_inbox, system
+    from sprite_os.memory.capture import health, journal, recorder, writer
     from sprite_os.memory.curation import curator
     from sprite_os.tools import canvas
 
@@ -216,6 +217,20 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
         ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens)"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
+        ("docs/memory.md", f"records none of the turns for\n  {memory_import.STALL_WAIT:.0f} s"),
+        ("docs/reliability.md", f"`memory import` gives up after {memory_import.STALL_WAIT:.0f} s without progress"),
+        ("docs/memory.md", f"it tries again {import_inbox.FAIL_PAUSE:.0f} s later, and after "
+                           f"{_count(import_inbox.FAILED_ATTEMPTS_DEGRADED)} failed in a row"),
+        ("docs/reliability.md", f"`degraded` after {import_inbox.FAILED_ATTEMPTS_DEGRADED} failed attempts in a row"),
+        ("docs/protocol.md", f"attempts have failed {_count(import_inbox.FAILED_ATTEMPTS_DEGRADED, 'times')} or more"),
+        ("docs/protocol.md", f"has still not reached `transcript.db` after {system.FORGET_DRAIN_BUDGET:.0f} s"),
+        ("docs/reliability.md", f"still waits in capture's queue after {system.FORGET_DRAIN_BUDGET:.0f} s"),
+        ("docs/protocol.md", f"waited more than {health.STALLED_AFTER:.0f} s (`oldest_queued_s`"),
+        ("docs/memory.md", f"retried with backoff ({health.LOCAL_DISK.first} s doubling to\n  "
+                           f"{health.LOCAL_DISK.max:.0f} s)"),
+        ("docs/memory.md", f"the spill file takes the turn after the first failed attempt, about "
+                           f"{writer.ATTEMPT_BUSY_TIMEOUT_MS / 1000:.0f} s"),
+        ("docs/memory.md", f"or past {recorder.DURABLE_WAIT:.0f} s on a disk that hangs"),
         ("docs/console.md", f"Past the file's limits (its lines, or {files.MAX_FILE_BYTES:,} bytes)"),
         *[(page, f"kept for the server ({resources.MIN_SERVER_MEMORY // mib} MiB of it at least")
           for page in ("README.md", "docs/security.md")],
@@ -224,6 +239,13 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/security.md", f"At least {resources.MIN_DISK_RESERVE // mib} MiB of them"),
         ("docs/security.md", f"`oom_score_adj={launch.OOM_SCORE_ADJ}` marks the agent's processes"),
     ]
+
+
+def _count(n: int, word: str = "") -> str:
+    """`n` as the pages spell it: "two", "twice" (`word` "times")."""
+    if word == "times":
+        return {1: "once", 2: "twice"}.get(n, f"{n} times")
+    return {1: "one", 2: "two", 3: "three"}.get(n, str(n))
 
 
 def _lock_wheels() -> int:

@@ -24,8 +24,8 @@ from sprite_os.backoff import Backoff
 from sprite_os.console.session_queries import turns_page
 from sprite_os.database import connect
 from sprite_os.db_worker import Worker
+from sprite_os.memory.capture import health as health_mod
 from sprite_os.memory.capture import journal as journal_mod
-from sprite_os.memory.capture import pipeline as pipeline_mod
 from sprite_os.memory.capture.acks import Acks
 from sprite_os.memory.capture.journal import (
     STOPPED_NOTE,
@@ -33,6 +33,7 @@ from sprite_os.memory.capture.journal import (
     JournalFile,
     TurnJournal,
     journal_path,
+    read_state,
     recover,
 )
 from sprite_os.memory.capture.pipeline import Capture
@@ -102,7 +103,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 def state(path: Path) -> list[tuple[int, bool]]:
-    return [(e.observation.sequence_num, e.ended) for e in journal_mod._last_state(path.read_bytes(), path) or []]
+    return [(e.observation.sequence_num, e.ended) for e in read_state(path) or []]
 
 
 def entries(*items: tuple[int, bool]) -> bytes:
@@ -351,6 +352,44 @@ async def test_a_failed_journal_save_is_made_again_on_its_own_once_the_disk_allo
         attempts = made
         await asyncio.sleep(0.2)  # four times the longest backoff: a retry still due would have saved
         assert made == attempts  # a save that succeeded ends the retries
+
+
+class CountedExecutor(ThreadPoolExecutor):
+    """A files' thread that counts what is handed to it."""
+
+    submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_a_stuck_journal_makes_no_save_and_tells_acks_at_each_close(tmp_path: Path) -> None:
+    """A journal a start could neither read nor set aside made a save every few seconds for the whole run,
+    each failing with an I/O error it made up itself, logged as if the disk had failed. Now it makes none,
+    and each closed turn's ack hears at its close, once, that the journal's way failed: it waits for
+    transcript.db's way alone."""
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    path = tmp_path / "j.json"
+    path.write_bytes(b"in the way\n")
+    with CountedExecutor(max_workers=1) as files:
+        journal = TurnJournal(path, files, delay=0.0, open_grace=0.0, backoff=Backoff(0.01, 0.02, jitter=0.0),
+                              on_saved=lambda k, e: saved.append((k, e)))
+        journal.restore([], stuck=True)
+        journal.opened(lambda: obs(1, text="so far"))
+        journal.touched()
+        journal.closed(obs(1), urgent=True)
+        [(keys, error)] = saved
+        assert keys == [("s1", 1)] and error is not None and not isinstance(error, OSError)
+        journal.opened(lambda: obs(2, text="so far"))
+        journal.closed(obs(2))
+        waited: list[int] = []
+        journal.after_save(("s1", 2), lambda: waited.append(2))  # a moved turn's write waits on no save
+        assert waited == [2]
+        await asyncio.sleep(0.2)  # ten times the longest backoff: a retry would have been made
+        assert [k for k, _e in saved] == [[("s1", 1)], [("s1", 2)]] and files.submitted == 0
+        await journal.flush()
+    assert path.read_bytes() == b"in the way\n" and files.submitted == 0
 
 
 async def test_a_journal_outage_is_logged_at_its_start_and_its_end_and_its_retries_quietly(
@@ -700,7 +739,7 @@ async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or
         status = capture.status()
         assert status["degraded"] and status["not_saved"] == 1 and status["not_saved_total"] == 1
         assert status["failing_since"] is None  # nothing failed: only hung
-        monkeypatch.setattr(pipeline_mod, "STALLED_AFTER", 0.0)
+        monkeypatch.setattr(health_mod, "STALLED_AFTER", 0.0)
         capture.acks.unsaved.clear()
         assert capture.status()["degraded"]  # the oldest queued write is past the bound
         monkeypatch.undo()

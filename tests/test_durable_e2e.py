@@ -18,7 +18,7 @@ from sprite_os.config import Settings
 from sprite_os.events import EventHub
 from sprite_os.memory.capture import journal as journal_mod
 from sprite_os.memory.capture import recorder as recorder_mod
-from sprite_os.memory.capture.journal import journal_path
+from sprite_os.memory.capture.journal import journal_path, read_state
 from sprite_os.memory.capture.spill import ObservationWrite, read_spill, spill_path
 from tests.conftest import client_factory, running, wait_for
 from tests.test_faults_e2e import healthz
@@ -31,10 +31,10 @@ def on_disk(settings: Settings) -> dict[str, tuple[str, bool]]:
     """What a server killed right now leaves (the journal, the spill file, transcript.db): each
     turn's answer by its message, and whether it ended (False: it would be recorded as cut short)."""
     found: dict[str, tuple[str, bool]] = {}
-    path = journal_path(settings.layout)
-    if path.exists():
-        for entry in journal_mod._last_state(path.read_bytes(), path):
-            found[entry.observation.user_message] = (entry.observation.agent_response, entry.ended)
+    state = read_state(journal_path(settings.layout))
+    assert state is not None, "the journal is damaged"
+    for entry in state:
+        found[entry.observation.user_message] = (entry.observation.agent_response, entry.ended)
     for write in read_spill(spill_path(settings.layout)):
         if isinstance(write, ObservationWrite):
             found[write.observation.user_message] = (write.observation.agent_response, True)

@@ -4,9 +4,9 @@ turns the person was told were done (closed while transcript.db was busy, then a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,8 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
 from sprite_os.commands.main import main as cli
 from sprite_os.db_worker import Worker
-from sprite_os.memory.capture.journal import JOURNAL_NAME, journal_path, recover
+from sprite_os.memory.capture.health import JOURNAL_NAME, advice, set_aside_journals
+from sprite_os.memory.capture.journal import journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import read_status
 from sprite_os.memory.transcript_store import TranscriptDB
@@ -46,12 +47,10 @@ class Started:
         await record.durable(budget=5)
         await self.capture.writer.drained(5)
         await asyncio.sleep(0.2)  # the journal's saves after it (DELAY): they write the file, if anything may
-        if (written := self.capture.journal._written) is not None:
-            with contextlib.suppress(OSError):
-                await asyncio.wrap_future(written)
+        await self.capture.journal.saved()
 
     def set_aside(self) -> list[Path]:
-        return sorted(self.layout.state_dir.glob(f"{JOURNAL_NAME}.unreadable-*"))
+        return set_aside_journals(self.layout.state_dir)
 
 
 @pytest.fixture
@@ -77,8 +76,10 @@ async def test_a_journal_no_line_of_which_decodes_is_set_aside_and_its_bytes_sur
     capsys.readouterr()
     assert cli(["--workspace", str(started.layout.root), "memory", "status"]) == 0
     said = capsys.readouterr().out
-    assert f"turn journal     UNREAD: a start could not read it and set it aside as .os/state/{aside.name}" in said
-    assert "rename it back to turn-journal.json" in said and "writes waiting in the spill file" not in said
+    assert aside.name.startswith(f"{JOURNAL_NAME}.damaged-")  # its name says why: a start would read the same bytes
+    assert f"turn journal     DAMAGED: a start could not read it and set it aside as .os/state/{aside.name}" in said
+    assert "do not rename it back" in said and f"tail -n 1 .os/state/{aside.name}" in said and "mv " not in said
+    assert "writes waiting in the spill file" not in said
 
 
 async def test_a_journal_the_disk_fails_to_read_is_set_aside_not_written_over(
@@ -99,7 +100,24 @@ async def test_a_journal_the_disk_fails_to_read_is_set_aside_not_written_over(
     monkeypatch.undo()
     await started.close_a_turn()
     [aside] = started.set_aside()
-    assert aside.read_bytes() == whole
+    assert aside.read_bytes() == whole and aside.name.startswith(f"{JOURNAL_NAME}.io-error-")
+
+
+def test_the_replay_advice_never_writes_over_a_live_journal(tmp_path: Path) -> None:
+    """The advice was "rename it back": a plain `mv` over a journal a crash left since destroys its turns."""
+    state = tmp_path / ".os" / "state"
+    state.mkdir(parents=True)
+    aside, live = state / f"{JOURNAL_NAME}.io-error-20261127T090000", state / JOURNAL_NAME
+    aside.write_bytes(b"the set-aside journal\n")
+    live.write_bytes(b"a live journal, its turns not recorded yet\n")
+    said = advice(aside.name)
+    assert f".os/state/{JOURNAL_NAME} is there, start the server and stop it once first" in said
+    [command] = [part for part in said.split("`")[1::2] if part.startswith("mv ")]
+    subprocess.run(command, shell=True, cwd=tmp_path, check=False)
+    assert live.read_bytes() == b"a live journal, its turns not recorded yet\n" and aside.exists()
+    live.unlink()  # the start and stop that recorded it
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    assert live.read_bytes() == b"the set-aside journal\n" and not aside.exists()
 
 
 async def test_a_journal_that_can_be_neither_read_nor_set_aside_is_never_written_over(
@@ -131,3 +149,21 @@ async def test_a_tail_a_kill_tore_is_no_reason_to_set_a_journal_aside(started: S
     assert recover(journal_path(started.layout)) == []
     await started.start()
     assert started.set_aside() == [] and not started.capture.status()["degraded"]
+
+
+async def test_healthz_and_memory_status_see_a_set_aside_journal_as_it_is_now(started: Started) -> None:
+    """/healthz listed the files the start found, for the whole run: one the operator removed kept it degraded
+    until a restart, while `memory status` (which looks at the folder) already said fine."""
+    journal_path(started.layout).write_bytes(DAMAGED)
+    await started.start()
+    [aside] = started.set_aside()
+    assert started.capture.status()["journals_set_aside"] == read_status(started.layout)["journals_set_aside"] \
+        == [aside.name]
+    aside.unlink()  # the operator dealt with it, the server running
+    status, on_disk = started.capture.status(), read_status(started.layout)
+    assert status["journals_set_aside"] == on_disk["journals_set_aside"] == []
+    assert not status["degraded"] and not on_disk["degraded"]
+    later = started.layout.state_dir / aside.name.replace("2", "1", 1)  # one another start set aside, say
+    later.write_bytes(DAMAGED)
+    assert started.capture.status()["journals_set_aside"] == [later.name] and started.capture.status()["degraded"]
+    later.unlink()

@@ -45,6 +45,16 @@ def test_turns_that_could_not_be_saved_are_counted_apart() -> None:
     assert got[("sprite_turns_not_saved_total", ())] == 1
 
 
+def test_a_set_aside_or_stuck_turn_journal_is_a_gauge_of_its_own() -> None:
+    """`sprite_memory_degraded 1` could not say a turn journal was why: no metric reported one."""
+    capture = {"queued": 0, "spilled": 0, "consecutive_failures": 0, "journal_stuck": True,
+               "journals_set_aside": ["turn-journal.json.damaged-20261127T090000"]}
+    memory = {"degraded": True, "capture": capture, "observations": {}, "consecutive_failures": 0}
+    got = samples(Metrics().render({**body(), "memory": memory}))
+    assert got[("sprite_memory_degraded", ())] == 1
+    assert got[("sprite_capture_journals_set_aside", ())] == 1 and got[("sprite_capture_journal_stuck", ())] == 1
+
+
 def test_the_agents_spending_its_cap_and_its_refusals_are_gauges() -> None:
     from sprite_os.agent.budget import AgentLimits, Call, SpendDay, refused, report, settle
     from sprite_os.spending import day_start

@@ -129,7 +129,7 @@ async def test_a_commands_id_stays_in_memory_past_the_bound_so_a_start_still_kno
     writer.submit(CommandWrite("web-c", "s1", "t-c", 1.0))
     await wait_for(lambda: len(spill_path(kit.layout).read_text().splitlines()) == 11 if spill_path(kit.layout).exists()
                    else False, what="every waiting write spilled")
-    await wait_for(lambda: writer._held <= 4, what="the payloads past the bound let go")
+    await wait_for(lambda: writer.held <= 4, what="the payloads past the bound let go")
     assert [c.client_id for c in writer.waiting_commands()] == ["web-c"]
     FlakyDB.errors = []
     assert await writer.drained(30)
@@ -157,7 +157,7 @@ async def test_while_failing_every_waiting_write_is_in_the_spill_file_and_memory
     await wait_for(lambda: len(kit.durable) == 20, what="every waiting write spilled")
     lines = spill_path(kit.layout).read_text().splitlines()
     assert [json.loads(x)["observation"]["sequence_num"] for x in lines] == list(range(1, 21))
-    assert writer._held <= 3  # the rest are in the file only
+    assert writer.held <= 3  # the rest are in the file only
     FlakyDB.errors = []
     assert await writer.drained(30)
     assert [n for _, n, _ in await kit.recorded()] == list(range(1, 21))  # read back in order, once each
@@ -348,7 +348,7 @@ async def test_a_turn_waiting_only_in_the_spill_file_is_still_known_by_its_sessi
     FlakyDB.errors = [locked()] * 10_000  # until cleared
     for n in range(1, 6):
         writer.submit(ObservationWrite(msgspec.structs.replace(obs(n), turn_id=f"t{n}")))
-    await wait_for(lambda: writer._held <= 2, what="the payloads past the bound let go")
+    await wait_for(lambda: writer.held <= 2, what="the payloads past the bound let go")
     assert writer.holds_turns({"s1"}, set()) and writer.holds_turns(set(), {"t1"})
     assert writer.holds_turns(set(), {"t5"})  # t5's payload may be let go: by wire id, any spilled turn counts
     assert not writer.holds_turns({"s2"}, set())

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ..fsutil import free_bytes
+from ..memory.capture.health import advice, is_damaged
 from ..memory.import_inbox import count, read_progress, waiting
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
@@ -99,8 +100,8 @@ def print_status(r: dict[str, Any], root: Any) -> None:
                 f"row ({(capture['last_error'] or '')[:100]}); " if capture["failing_since"] else ""
         print(f"  capture          degraded: {since}{capture['spilled']} writes waiting in the spill file")
     for name in capture.get("journals_set_aside") or []:
-        print(f"  turn journal     UNREAD: a start could not read it and set it aside as .os/state/{name}; its turns "
-              "are not recorded (to replay them: stop the server, rename it back to turn-journal.json)")
+        print(f"  turn journal     {'DAMAGED' if is_damaged(name) else 'UNREAD'}: a start could not read it and set it "
+              f"aside as .os/state/{name}; its turns are not recorded: {advice(name)}")
     if (space := r.get("disk") or {}).get("low"):
         print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
               "turns wait in the server's memory until space is freed")

@@ -23,7 +23,7 @@ from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..spending import DailyBudget, day_start
 from ..stopping import StopDeadline
-from .capture.journal import JOURNAL_NAME
+from .capture.health import JOURNAL_NAME
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME

@@ -9,7 +9,8 @@ of two ways, whichever comes first:
 - the turn journal: a save that holds the closed turn is fsync'd.
 
 Each way can also fail: transcript.db refused the write and the spill file could not take it
-either (a full disk, a read-only file system), or a save of the journal failed. When both have
+either (a full disk, a read-only file system), or a save of the journal failed (or none is
+made: the journal is stuck, told at the turn's close). When both have
 failed for a turn, it is not durable and can't be yet: the runtime is told at once (False)
 rather than waiting, and says so beside `turn_complete`; the turn stays queued in memory and
 lands when the disk allows. A way that is only slow (a lock, a busy thread) is waited for.

@@ -7,8 +7,9 @@ turn until its observation is durable (in transcript.db, or in the writer's spil
 At the next start, whatever the file holds is recorded: a turn that never ended with a note
 that the server stopped before it did. Replaying a turn that had landed changes nothing
 (the unique (session, sequence) key). A journal the start cannot read is renamed aside
-(turn-journal.json.unreadable-<time>) before a new one is written, and capture says degraded
-until the operator replays or removes it: it may hold turns the person was told were done.
+(turn-journal.json.io-error-<time> or .damaged-<time>: health.py) before a new one is written, and
+capture says degraded until the operator replays or removes it: it may hold turns the person was
+told were done.
 
 The journal is also one of the two ways a closed turn becomes durable before the person is
 told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
@@ -32,7 +33,7 @@ A save that would leave the file as the last one left it (empty) is not made. On
 waits on (it holds a closed turn), one that failed, or one made while saves fail calls back to the
 loop: a wake-up from a thread costs a turn in flight.
 
-A save that fails (EIO, a full disk) is made again on its own, with backoff (backoff.LOCAL_DISK, a local
+A save that fails (EIO, a full disk) is made again on its own, with backoff (health.LOCAL_DISK, a local
 disk's), until one succeeds: the file holds what it did before, which may be a turn as still open
 that is recorded since, or no copy of a closed turn waiting to be durable. Nothing else would save
 again before the next change.
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import logging
 import os
@@ -56,11 +56,12 @@ from typing import NamedTuple
 
 import msgspec
 
-from ...backoff import LOCAL_DISK, Backoff
+from ...backoff import Backoff
 from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation
+from .health import JOURNAL_NAME, LOCAL_DISK, advice, set_aside_name
 
 log = get_logger(__name__)
 
@@ -77,8 +78,6 @@ COMPACT_BYTES = 256 * 1024  # past this the next save rewrites the file whole
 # file), which makes them durable there and lets the journal forget them. It never drops one itself:
 # it may be the turn's only copy on disk.
 MAX_CLOSED = 32
-JOURNAL_NAME = "turn-journal.json"
-UNREADABLE = ".unreadable-"  # a journal a start could not read, set aside: turn-journal.json.unreadable-<time>
 STOPPED_NOTE = "(the server stopped before the turn ended)"
 STOPPED = "stopped"  # the status of a turn the server's stop or restart cut short (not the person: "interrupted")
 
@@ -114,18 +113,23 @@ def _last_state(data: bytes, path: Path) -> list[Entry] | None:
     return None if whole.strip() else []
 
 
-def set_aside_journals(state_dir: Path) -> list[Path]:
-    """The journals a start could not read and set aside (`turn-journal.json.unreadable-<time>`),
-    oldest first: kept until the operator replays or removes them."""
-    return sorted(state_dir.glob(f"{JOURNAL_NAME}{UNREADABLE}*"))
+def read_state(path: Path) -> list[Entry] | None:
+    """The journal's state as a start reads it: [] when there is no file, or nothing whole in it; None
+    when a whole line is there and none decodes (damaged). OSError: the file could not be read."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return _last_state(data, path)
 
 
-def _set_aside(path: Path, why: str) -> Path | None:
+def _set_aside(path: Path, why: str, damaged: bool) -> Path | None:
     """Rename an unreadable journal out of the way, its folder synced, before a new one is written:
-    its turns may be the only copy of ones the person was told were done. None: it could not be."""
+    its turns may be the only copy of ones the person was told were done. Its new name says whether
+    the disk failed to read it or its bytes are `damaged` (health.py). None: it could not be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     aside = next(p for n in itertools.count()
-                 if not (p := path.with_name(f"{path.name}{UNREADABLE}{stamp}" + (f"-{n}" if n else ""))).exists())
+                 if not (p := path.with_name(set_aside_name(damaged, stamp + (f"-{n}" if n else "")))).exists())
     try:
         os.rename(path, aside)  # the one writer (the start holds memory's lock): the name is free
         sync_dir(path.parent)
@@ -137,12 +141,16 @@ def _set_aside(path: Path, why: str) -> Path | None:
                   hint="no journal is written this run, so as not to write over it")
         return None
     log.error("turn_journal_set_aside", path=str(path), aside=str(aside), why=why,
-              hint="its turns are not recorded: stop the server and rename it back to turn-journal.json to replay it")
+              hint=f"its turns are not recorded: {advice(aside.name)}")
     return aside
 
 
 class JournalUnreadable(Exception):
-    """The journal could not be read (EIO), or has a whole line and none that decodes."""
+    """The journal could not be read (EIO), or has a whole line and none that decodes (`damaged`)."""
+
+    def __init__(self, why: str, damaged: bool = False) -> None:
+        super().__init__(why)
+        self.damaged = damaged
 
 
 class Recovered(NamedTuple):
@@ -161,7 +169,7 @@ def recover_at_start(path: Path) -> Recovered:
         return Recovered(recover(path))
     except JournalUnreadable as exc:
         log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
-        aside = _set_aside(path, str(exc))
+        aside = _set_aside(path, str(exc), exc.damaged)
         return Recovered([], aside, stuck=aside is None)
 
 
@@ -171,14 +179,11 @@ def recover(path: Path) -> list[NewObservation]:
     not be read, or no whole line of it decodes (a tail a kill tore is not that: it is skipped).
     (Temp files a kill left are the start's sweep's: memory/system.py.)"""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
+        entries = read_state(path)
     except OSError as exc:
         raise JournalUnreadable(f"{type(exc).__name__}: {exc}") from exc
-    entries = _last_state(data, path)
     if entries is None:
-        raise JournalUnreadable("no line decodes")
+        raise JournalUnreadable("no line decodes", damaged=True)
     out = []
     for entry in entries:
         obs = entry.observation
@@ -197,13 +202,9 @@ class JournalFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._size: int | None = None  # bytes known to end with a whole line; None: rewrite first
-        # An unreadable journal a start could not set aside is in the way: nothing is written over it.
-        self.stuck = False
 
     def save(self, data: bytes | None, sync: bool = True) -> None:
         """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
-        if self.stuck:
-            raise OSError(errno.EIO, f"{self.path} could not be read nor set aside: not written over")
         if data is None:
             # Not synced: after a power loss the file may hold turns again that are in transcript.db,
             # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
@@ -236,14 +237,21 @@ class JournalFile:
         self._size = size + len(line)
 
     def remove(self) -> None:
-        if self.stuck:
-            return
         self.path.unlink(missing_ok=True)
         self._size = None
 
 
+class JournalStuck(Exception):
+    """What acks hear of a closed turn while the journal is stuck: no save holds it, nor will."""
+
+
 class TurnJournal:
-    """The journal's state. Called from the event loop; saves on `executor`'s thread, in order."""
+    """The journal's state. Called from the event loop; saves on `executor`'s thread, in order.
+
+    While it is `stuck` (an unreadable journal a start could neither read nor set aside is in the way)
+    it saves nothing and removes nothing: each closed turn is told failed to acks at its close, once,
+    so its acknowledgement waits for transcript.db's way alone, and what waits on a save (`after_save`)
+    is called at once."""
 
     def __init__(self, path: Path, executor: Executor, delay: float = DELAY,
                  on_saved: Saved | None = None, on_full: Callable[[], None] | None = None,
@@ -272,16 +280,17 @@ class TurnJournal:
         self._timer: asyncio.TimerHandle | None = None
         self._written: Future[None] | None = None  # the last save handed out
         self._shut_down = False  # flushed at shutdown: the files' thread takes no more saves, none is retried
+        self._stuck = False
 
     @property
     def stuck(self) -> bool:
         """An unreadable journal could not be set aside: none is written this run."""
-        return self._file.stuck
+        return self._stuck
 
     def restore(self, observations: list[NewObservation], stuck: bool = False) -> None:
         """Keep what `recover` found until it is durable again (a second crash must not lose it).
         `stuck`: it found a journal it could neither read nor set aside: nothing is written over it."""
-        self._file.stuck = stuck
+        self._stuck = stuck
         for obs in observations:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
         self._changed(0.0)
@@ -309,6 +318,9 @@ class TurnJournal:
         """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
         `urgent`: transcript.db can't take it at once, so it is saved here now."""
         self._open = None
+        if obs is not None and self._stuck:
+            self._on_saved([(obs.session_id, obs.sequence_num)], JournalStuck("no journal is written this run"))
+            return
         if obs is not None:
             self._closed[(obs.session_id, obs.sequence_num)] = obs
             if len(self._closed) > MAX_CLOSED:
@@ -319,7 +331,11 @@ class TurnJournal:
         self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
 
     def after_save(self, key: Key, then: Callable[[], None]) -> None:
-        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed."""
+        """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed (at once
+        while the journal is stuck: none will)."""
+        if self._stuck:
+            then()
+            return
         self._after[key] = then
 
     def durable(self, key: Key) -> None:
@@ -336,9 +352,7 @@ class TurnJournal:
         if self._timer is not None:
             self._timer.cancel()
             self._write()
-        if self._written is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wrap_future(self._written)
+        await self.saved()
         self._shut_down = True
         # A retry of the save awaited above, which failed: its `_saved` has run and set this timer already.
         # `_ended` was added to that future before wrap_future's callback, a concurrent Future calls its
@@ -348,15 +362,24 @@ class TurnJournal:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._closed:
+        if not self._closed and not self._stuck:
             with contextlib.suppress(Exception):
                 await asyncio.get_running_loop().run_in_executor(self._executor, self._file.remove)
+
+    async def saved(self) -> None:
+        """Wait until the last save handed out has ended, on disk or failed (its failure is the
+        `on_saved` callback's to hear)."""
+        if self._written is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(self._written)
 
     # ------------------------------------------------------------ writing
 
     def _changed(self, delay: float, for_open: bool = False) -> None:
         """Save within `delay` seconds (sooner if a save is due sooner anyway). `for_open`: only the
-        open turn needs it (a save its close may drop)."""
+        open turn needs it (a save its close may drop). Never while the journal is stuck."""
+        if self._stuck:
+            return
         loop = asyncio.get_running_loop()
         pending = self._timer
         self._for_open = for_open and (pending is None or self._for_open)

@@ -20,13 +20,11 @@ from ...paths import Layout
 from ..hooks import HookTimings
 from ..transcript_store import TranscriptDB
 from .acks import Acks
-from .journal import TurnJournal, journal_path, recover_at_start, set_aside_journals
+from .health import degraded, set_aside_journals
+from .journal import TurnJournal, journal_path, recover_at_start
 from .recorder import TurnRecorder
 from .spill import CommandWrite, ObservationWrite, Write, write_key
 from .writer import TranscriptWriter
-
-# A write queued this long has not landed (a disk that hangs rather than fails): capture is degraded.
-STALLED_AFTER = 30.0
 
 
 class Capture:
@@ -43,7 +41,6 @@ class Capture:
         self.journal = TurnJournal(journal_path(layout), self._files, on_saved=self.acks.journal_saved,
                                    on_full=self.writer.spill_waiting)
         self.recorder = TurnRecorder(self.writer, on_recorded, timings, self.journal, self.acks, clock)
-        self.set_aside: list[str] = []  # journals a start could not read, set aside (as of this start)
 
     async def start(self, replay_budget: float) -> None:
         """What an earlier run left unwritten comes first: its spill file, then its turn journal (the
@@ -51,8 +48,6 @@ class Capture:
         loop = asyncio.get_running_loop()
         recovered = await loop.run_in_executor(self._files, recover_at_start, journal_path(self._layout))
         self.journal.restore(recovered.observations, recovered.stuck)
-        self.set_aside = [p.name for p in await loop.run_in_executor(
-            self._files, set_aside_journals, self._layout.state_dir)]
         await self.writer.start([ObservationWrite(obs) for obs in recovered.observations])
         await self.writer.drained(replay_budget)
 
@@ -65,14 +60,15 @@ class Capture:
         return landed
 
     def status(self) -> dict[str, Any]:
-        """The writer's state, and the turns the person was told are not saved. `degraded`: writes
-        failing or spilled, the oldest write queued past STALLED_AFTER, or a turn not saved that is
-        still not durable (a hung disk fails nothing, yet no turn lands)."""
+        """The writer's state, the turns the person was told are not saved, and the turn journal's:
+        `degraded` by health.degraded, the rule `memory status` applies too. The journals set aside are
+        listed as the folder holds them now (one directory read), whichever start set them aside: one
+        the operator removed or replayed no longer counts, without a restart."""
         report = self.writer.status()
         report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
-        report["journals_set_aside"], report["journal_stuck"] = self.set_aside, self.journal.stuck
-        report["degraded"] = bool(report["degraded"] or report["oldest_queued_s"] > STALLED_AFTER
-                                  or self.acks.unsaved or self.set_aside or self.journal.stuck)
+        report["journals_set_aside"] = [p.name for p in set_aside_journals(self._layout.state_dir)]
+        report["journal_stuck"] = self.journal.stuck
+        report["degraded"] = degraded(report)
         return report
 
     def _refused(self, writes: list[Write]) -> None:

@@ -25,7 +25,7 @@ from ...fsutil import append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation, TranscriptDB
-from .journal import set_aside_journals
+from .health import degraded, set_aside_journals
 
 log = get_logger(__name__)
 
@@ -162,7 +162,7 @@ class CaptureHealth:
     next_retry_at: float | None = None
 
     def report(self, queued: int, spilled: int) -> dict[str, Any]:
-        return {"degraded": self.failing_since is not None or spilled > 0, "queued": queued, "spilled": spilled,
+        return {"queued": queued, "spilled": spilled,
                 "consecutive_failures": self.failures, "failing_since": self.failing_since,
                 "last_error": self.last_error, "next_retry_at": self.next_retry_at}
 
@@ -193,7 +193,8 @@ def save_status(path: Path, health: CaptureHealth) -> None:
 
 
 def read_status(layout: Layout) -> dict[str, Any]:
-    """What `memory status` shows about capture: the server's saved spell, and the spill file."""
+    """What `memory status` shows about capture: the server's saved spell, the spill file, and the
+    journals set aside (`degraded` by the rule /healthz applies, to what this process can see)."""
     saved: dict[str, Any] = {}
     with contextlib.suppress(OSError, msgspec.MsgspecError):
         raw = status_path(layout).read_bytes().strip()
@@ -204,5 +205,5 @@ def read_status(layout: Layout) -> dict[str, Any]:
     report = health.report(0, spill_count(spill_path(layout)))
     del report["queued"]  # only the server knows its queue
     report["journals_set_aside"] = [p.name for p in set_aside_journals(layout.state_dir)]
-    report["degraded"] = bool(report["degraded"] or report["journals_set_aside"])
+    report["degraded"] = degraded(report)
     return report

@@ -33,11 +33,12 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
-from ...backoff import LOCAL_DISK, Backoff
+from ...backoff import Backoff
 from ...db_worker import Worker
 from ...logs import get_logger
 from ...paths import Layout
 from ..transcript_store import NewObservation, TranscriptDB
+from .health import LOCAL_DISK, degraded
 from .spill import (
     CaptureHealth,
     CommandWrite,
@@ -172,9 +173,16 @@ class TranscriptWriter:
         """The client ids of commands that left no turn, queued in memory, not yet in transcript.db, oldest first."""
         return [q.write for q in self._queue if isinstance(q.write, CommandWrite)]
 
+    @property
+    def held(self) -> int:
+        """The writes whose payloads are held in memory (at most `max_queued`; the rest are in the spill
+        file only, read back as the queue drains)."""
+        return self._held
+
     def status(self) -> dict[str, Any]:
         oldest = round(time.monotonic() - self._queue[0].at, 1) if self._queue else 0.0
-        return {**self.health.report(len(self._queue), self._lines), "oldest_queued_s": oldest}
+        report = {**self.health.report(len(self._queue), self._lines), "oldest_queued_s": oldest}
+        return {**report, "degraded": degraded(report)}
 
     async def drained(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, until every write submitted so far has landed."""
