@@ -5,9 +5,11 @@ turn_complete, and the same invariants as the full run; and the power-loss file 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import mmap
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -18,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from chaos.run import run
-from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, private_growth
+from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, _kill_mid_turn, private_growth
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
 from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
 from devkit.processes import memory_kib
+from sprite_os.memory.capture.journal import journal_path
+from sprite_os.paths import Layout
 
 
 def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
@@ -40,6 +44,40 @@ def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
     assert r.cut_short == ["CHAOS-000001"]  # completed, recorded as stopped; a cut turn may say so
     assert r.duplicated == ["CHAOS-000002"] and r.unknown == 1
     assert (r.cut, r.cut_recorded, r.unsent, r.unsent_recorded) == (2, 1, 1, 1)
+
+
+class _SoonestMoment(random.Random):
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+async def test_a_kill_mid_turn_lands_once_the_open_turn_is_on_disk(tmp_path: Path) -> None:
+    """The turn journal saves an open turn a while after turn_started (later on a busy machine), and
+    a turn killed before that is not recorded, by design: the kill mid-turn must wait for the save it
+    tests the replay of. A fixed delay after turn_started did not, and counted such a turn as lost."""
+    journal = journal_path(Layout(tmp_path))
+    journal.parent.mkdir(parents=True)
+    killed, on_disk_at_kill = asyncio.Event(), []
+
+    class SlowToSave:  # a server whose loop got to the open turn's save 0.3 s after turn_started
+        workspace, log = tmp_path, TurnLog()
+
+        def script_slow_turn(self) -> None:
+            pass
+
+        async def turn(self, note: str, *, started: asyncio.Event) -> Turn:
+            marker = self.log.new_marker()
+            started.set()
+            asyncio.get_running_loop().call_later(0.3, journal.write_text, f'[{{"user_message": "{marker} {note}"}}]\n')
+            await killed.wait()
+            return Turn(marker, "kill9", "cut", 0.3)
+
+        async def kill(self, group: bool) -> None:
+            on_disk_at_kill.append("CHAOS-000001" in journal.read_text() if journal.exists() else False)
+            killed.set()
+
+    assert await _kill_mid_turn(SlowToSave(), False, _SoonestMoment()) == "mid_turn"  # type: ignore[arg-type]
+    assert on_disk_at_kill == [True]
 
 
 def test_the_long_runs_bound_is_on_private_memory_not_on_mapped_model_pages() -> None:
