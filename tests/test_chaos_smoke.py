@@ -14,12 +14,13 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
-from chaos.run import run
+from chaos.run import Result, run
 from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, _kill_mid_turn, private_growth
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
 from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
@@ -240,29 +241,50 @@ def test_an_ext4_error_remounts_the_workspace_read_only_until_fsck(tmp_path: Pat
         pytest.skip(f"an ext4 image can't be mounted here: {exc}")
 
 
-@pytest.mark.e2e
-async def test_the_chaos_suite_in_miniature_loses_nothing(tmp_path: Path) -> None:
+# One run serves both tests below (a server, its CLIs, the mock model and the power-loss disk cost
+# about 5 s of CPU to start, settle and count): the miniature's scenarios on one workspace, then the
+# kill right after turn_complete, and the invariants counted once, after it, over every turn.
+MINIATURE = [*SMOKE, "kill_after_ack"]
+
+
+def miniature_test(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """A test that reads the one run: on its loop and its worker."""
+    return pytest.mark.e2e(pytest.mark.xdist_group("chaos-miniature")(pytest.mark.asyncio(loop_scope="module")(test)))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def miniature(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Result], list[str]]:
     lines: list[str] = []
-    results = await run(tmp_path, Plan.smoke(), list(SMOKE), say=lines.append, settle_each=False)
+    results = await run(tmp_path_factory.mktemp("chaos"), Plan.smoke(), MINIATURE, say=lines.append,
+                        settle_each=False)
     print("\n" + "\n".join(lines))
+    assert [r.name for r in results] == MINIATURE
+    return {r.name: r for r in results}, lines
+
+
+@miniature_test
+async def test_the_chaos_suite_in_miniature_loses_nothing(miniature: tuple[dict[str, Result], list[str]]) -> None:
+    by_result, lines = miniature
+    results = [by_result[name] for name in SMOKE]
     assert [r.failures() for r in results] == [[]] * len(results), "\n".join(lines)
-    by_name = {r.name: r.figures for r in results}
+    by_name = {name: r.figures for name, r in by_result.items()}
     assert by_name["kill9"]["kills"] >= 2 and by_name["kill9"]["group"] >= 1 and by_name["kill9"]["alone"] >= 1
     assert set(by_name["flapping_proxy"]["agent_outcomes"].values()) == {"completed"}
     assert by_name["flapping_proxy"]["curator_failed_calls"] >= 1
     assert by_name["freeze"]["frozen_turn"] == "completed"
     assert by_name["locked_db"]["transcript.db"]["completed"] >= 1
-    last = results[-1].invariants
-    assert last is not None and last.turns.completed >= 20 and last.curated_once == last.observations
+    # Counted once, after the kill that follows them (its own bound is the next test's): every turn kept.
+    last = by_result["kill_after_ack"].invariants
+    assert last is not None and last.failures() == [], "\n".join(lines)
+    assert last.turns.completed >= 20 and last.curated_once == last.observations
 
 
 # turn_complete goes out only once the turn is durable: when it went out before, a kill right
 # after it lost the turn or recorded it as cut short about half the time.
-@pytest.mark.e2e
-async def test_a_kill_right_after_turn_complete_loses_nothing(tmp_path: Path) -> None:
-    lines: list[str] = []
-    [result] = await run(tmp_path, Plan.smoke(), ["kill_after_ack"], say=lines.append)
-    print("\n" + "\n".join(lines))
+@miniature_test
+async def test_a_kill_right_after_turn_complete_loses_nothing(miniature: tuple[dict[str, Result], list[str]]) -> None:
+    by_result, lines = miniature
+    result = by_result["kill_after_ack"]
     # A kill that landed late (a busy machine) is done again: what counts is one within 1 ms.
     assert result.figures["kills_within_1ms"] >= 1 and result.figures["kill_after_read_ms"]["min"] < 1
     assert result.failures() == [], lines
