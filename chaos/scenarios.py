@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import durability
-from chaos.checks import pending_now, recorded_now
+from chaos.checks import journal_holds, pending_now, recorded_now
 from chaos.turns import Turn
 from chaos.world import World
 from devkit.faults import exclusive_lock, fill
@@ -81,13 +81,23 @@ def median(xs: list[float]) -> float:
 # ---------------------------------------------------------------- kill -9
 
 KILL_MOMENTS = ("mid_turn", "curator_in_flight", "file_rewrite", "during_start")
+# The open turn reaches the turn journal some time after turn_started (its first save waits 200 ms,
+# then for the server's loop and capture's thread, which a busy machine holds up); a kill before then
+# loses it by design, as no one was told it was done (docs/reliability.md). This long at most.
+OPEN_TURN_ON_DISK_S = 60.0
 
 
 async def _kill_mid_turn(world: World, group: bool, rng: random.Random) -> str:
+    """A kill while the answer streams, once the open turn is on disk: the journal's replay is what
+    this moment tests, so the kill never lands before the save that it replays (it did, when a fixed
+    delay after turn_started had to cover the save on a busy machine, and the turn counted as lost)."""
     world.script_slow_turn()
     started = asyncio.Event()
+    marker = world.log.next_marker
     task = asyncio.create_task(world.turn("a long answer, cut by a kill", started=started))
     await asyncio.wait_for(started.wait(), 120)
+    await wait_for(lambda: journal_holds(world.workspace, marker) or task.done(), OPEN_TURN_ON_DISK_S,
+                   interval=0.01, what=f"the open turn {marker} in the turn journal")
     await asyncio.sleep(rng.uniform(0.05, 2.0))
     await world.kill(group)
     await task

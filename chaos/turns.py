@@ -28,8 +28,13 @@ class TurnLog:
     turns: list[Turn] = field(default_factory=list)
     _next: int = 1
 
+    @property
+    def next_marker(self) -> str:
+        """The marker the next turn sent will carry."""
+        return f"CHAOS-{self._next:06d}"
+
     def new_marker(self) -> str:
-        marker = f"CHAOS-{self._next:06d}"
+        marker = self.next_marker
         self._next += 1
         return marker
 

@@ -5,23 +5,28 @@ turn_complete, and the same invariants as the full run; and the power-loss file 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import mmap
 import os
+import random
 import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
-from chaos.run import run
-from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, private_growth
+from chaos.run import Result, run
+from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, _kill_mid_turn, private_growth
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
 from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
 from devkit.processes import memory_kib
+from sprite_os.memory.capture.journal import journal_path
+from sprite_os.paths import Layout
 
 
 def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
@@ -40,6 +45,40 @@ def test_reconcile_counts_lost_duplicated_and_journal_recovered_turns() -> None:
     assert r.cut_short == ["CHAOS-000001"]  # completed, recorded as stopped; a cut turn may say so
     assert r.duplicated == ["CHAOS-000002"] and r.unknown == 1
     assert (r.cut, r.cut_recorded, r.unsent, r.unsent_recorded) == (2, 1, 1, 1)
+
+
+class _SoonestMoment(random.Random):
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+async def test_a_kill_mid_turn_lands_once_the_open_turn_is_on_disk(tmp_path: Path) -> None:
+    """The turn journal saves an open turn a while after turn_started (later on a busy machine), and
+    a turn killed before that is not recorded, by design: the kill mid-turn must wait for the save it
+    tests the replay of. A fixed delay after turn_started did not, and counted such a turn as lost."""
+    journal = journal_path(Layout(tmp_path))
+    journal.parent.mkdir(parents=True)
+    killed, on_disk_at_kill = asyncio.Event(), []
+
+    class SlowToSave:  # a server whose loop got to the open turn's save 0.3 s after turn_started
+        workspace, log = tmp_path, TurnLog()
+
+        def script_slow_turn(self) -> None:
+            pass
+
+        async def turn(self, note: str, *, started: asyncio.Event) -> Turn:
+            marker = self.log.new_marker()
+            started.set()
+            asyncio.get_running_loop().call_later(0.3, journal.write_text, f'[{{"user_message": "{marker} {note}"}}]\n')
+            await killed.wait()
+            return Turn(marker, "kill9", "cut", 0.3)
+
+        async def kill(self, group: bool) -> None:
+            on_disk_at_kill.append("CHAOS-000001" in journal.read_text() if journal.exists() else False)
+            killed.set()
+
+    assert await _kill_mid_turn(SlowToSave(), False, _SoonestMoment()) == "mid_turn"  # type: ignore[arg-type]
+    assert on_disk_at_kill == [True]
 
 
 def test_the_long_runs_bound_is_on_private_memory_not_on_mapped_model_pages() -> None:
@@ -202,29 +241,50 @@ def test_an_ext4_error_remounts_the_workspace_read_only_until_fsck(tmp_path: Pat
         pytest.skip(f"an ext4 image can't be mounted here: {exc}")
 
 
-@pytest.mark.e2e
-async def test_the_chaos_suite_in_miniature_loses_nothing(tmp_path: Path) -> None:
+# One run serves both tests below (a server, its CLIs, the mock model and the power-loss disk cost
+# about 5 s of CPU to start, settle and count): the miniature's scenarios on one workspace, then the
+# kill right after turn_complete, and the invariants counted once, after it, over every turn.
+MINIATURE = [*SMOKE, "kill_after_ack"]
+
+
+def miniature_test(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """A test that reads the one run: on its loop and its worker."""
+    return pytest.mark.e2e(pytest.mark.xdist_group("chaos-miniature")(pytest.mark.asyncio(loop_scope="module")(test)))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def miniature(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Result], list[str]]:
     lines: list[str] = []
-    results = await run(tmp_path, Plan.smoke(), list(SMOKE), say=lines.append, settle_each=False)
+    results = await run(tmp_path_factory.mktemp("chaos"), Plan.smoke(), MINIATURE, say=lines.append,
+                        settle_each=False)
     print("\n" + "\n".join(lines))
+    assert [r.name for r in results] == MINIATURE
+    return {r.name: r for r in results}, lines
+
+
+@miniature_test
+async def test_the_chaos_suite_in_miniature_loses_nothing(miniature: tuple[dict[str, Result], list[str]]) -> None:
+    by_result, lines = miniature
+    results = [by_result[name] for name in SMOKE]
     assert [r.failures() for r in results] == [[]] * len(results), "\n".join(lines)
-    by_name = {r.name: r.figures for r in results}
+    by_name = {name: r.figures for name, r in by_result.items()}
     assert by_name["kill9"]["kills"] >= 2 and by_name["kill9"]["group"] >= 1 and by_name["kill9"]["alone"] >= 1
     assert set(by_name["flapping_proxy"]["agent_outcomes"].values()) == {"completed"}
     assert by_name["flapping_proxy"]["curator_failed_calls"] >= 1
     assert by_name["freeze"]["frozen_turn"] == "completed"
     assert by_name["locked_db"]["transcript.db"]["completed"] >= 1
-    last = results[-1].invariants
-    assert last is not None and last.turns.completed >= 20 and last.curated_once == last.observations
+    # Counted once, after the kill that follows them (its own bound is the next test's): every turn kept.
+    last = by_result["kill_after_ack"].invariants
+    assert last is not None and last.failures() == [], "\n".join(lines)
+    assert last.turns.completed >= 20 and last.curated_once == last.observations
 
 
 # turn_complete goes out only once the turn is durable: when it went out before, a kill right
 # after it lost the turn or recorded it as cut short about half the time.
-@pytest.mark.e2e
-async def test_a_kill_right_after_turn_complete_loses_nothing(tmp_path: Path) -> None:
-    lines: list[str] = []
-    [result] = await run(tmp_path, Plan.smoke(), ["kill_after_ack"], say=lines.append)
-    print("\n" + "\n".join(lines))
+@miniature_test
+async def test_a_kill_right_after_turn_complete_loses_nothing(miniature: tuple[dict[str, Result], list[str]]) -> None:
+    by_result, lines = miniature
+    result = by_result["kill_after_ack"]
     # A kill that landed late (a busy machine) is done again: what counts is one within 1 ms.
     assert result.figures["kills_within_1ms"] >= 1 and result.figures["kill_after_read_ms"]["min"] < 1
     assert result.failures() == [], lines
