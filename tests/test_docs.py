@@ -215,7 +215,7 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"event loop from {journal.OPEN_GRACE * 1000:.0f} ms after the turn opens, "
                            f"then at most every {journal.DELAY * 1000:.0f} ms"),
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
-        ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens)"),
+        ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/memory.md", f"records none of the turns for\n  {memory_import.STALL_WAIT:.0f} s"),
         ("docs/reliability.md", f"`memory import` gives up after {memory_import.STALL_WAIT:.0f} s without progress"),
