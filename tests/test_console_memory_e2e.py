@@ -289,6 +289,34 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
         tab.assert_clean()
 
 
+async def test_a_rollback_the_disk_did_not_confirm_is_shown_done_with_the_warning_and_the_draft_dropped(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollback was written, then the folder's fsync failed (`not_durable`): the page only flashed the
+    error, kept showing the old text and the draft, and a second click on Rollback made another version."""
+    import os
+
+    from devkit.faults import FsyncSpy
+
+    async with editing_user_md(server) as (tab, files):
+        first = files.history("user.md")[0]
+        spy = FsyncSpy()
+        monkeypatch.setattr(os, "fsync", spy)
+        spy.failing.add(files.path("user.md").parent)
+        said = ["user.md was saved as version 3, but the disk reported an error (Input/output error): the change "
+                "may not survive a power loss",
+                f"user.md is version {first.number}'s text again (saved as version 3)."]  # the same click again
+        for flash in said:
+            await tab.by("file-version").last.get_by_role("button").click()  # oldest last
+            await tab.by("file-rollback").click()
+            await expect(tab.by("memory-flash")).to_have_text(flash)
+            await expect(tab.by("file-text")).to_have_text(first.text)
+            await expect(tab.by("file-editor")).to_have_count(0)
+        assert files.read("user.md") == first.text
+        assert [v.source for v in files.history("user.md")][-1] == f"rollback-to-{first.number}"
+        assert len(files.history("user.md")) == 3
+        tab.assert_clean()
+
+
 async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the_focus_on_it(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)
