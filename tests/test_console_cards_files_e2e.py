@@ -356,6 +356,26 @@ async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_i
         tab.assert_clean()
 
 
+async def test_an_upload_in_place_whose_folder_fsync_failed_is_shown_uploaded_with_the_warning(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was whole in documents/ when its folder's fsync failed: the page said "not uploaded",
+    and the person's upload again made "name (2)"."""
+    from devkit.faults import FsyncSpy
+
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(server.settings.layout.root / "documents")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        await tab.by("upload-input").set_input_files(files=[{"name": "kept.txt", "mimeType": "text/plain", "buffer": b"kept"}])
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        await expect(tab.by("files-flash")).to_contain_text(
+            "kept.txt: the upload is in documents/kept.txt, but the step after failed")
+        assert (server.settings.layout.root / "documents" / "kept.txt").read_bytes() == b"kept"
+        tab.assert_clean()
+
+
 # A drop of a folder beside a file, as the browser gives it: the folder an empty "file" whose entry is a
 # directory (a DataTransfer made by a page cannot hold one, so the event carries a stand-in).
 DROP_FOLDER_AND_FILE = """([testid, folder, name]) => {

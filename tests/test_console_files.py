@@ -463,7 +463,8 @@ async def test_a_folder_or_link_with_a_copys_name_is_left_and_the_start_goes_on(
 async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_lost(
         kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """documents/' fsync failed after the link: the answer said "nothing was kept" for a file that was
-    there, and the person uploading again made "name (2)"."""
+    there, and the person uploading again made "name (2)"; then it said so in words only, as
+    `upload_failed`, a code a client takes for "send it again". It is `not_durable`: done."""
     from devkit.faults import FsyncSpy
 
     spy = FsyncSpy()
@@ -471,7 +472,7 @@ async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_los
     spy.failing.add(kit.layout.root / "documents")
     error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=await started(kit, b"whole"),
                                                      sha256=None))
-    assert error.code == "upload_failed" and "nothing was kept" not in error.message
+    assert error.code == "not_durable" and "nothing was kept" not in error.message
     assert "the upload is in documents/a.txt" in error.message
     assert (kit.layout.root / "documents" / "a.txt").read_bytes() == b"whole"
     assert [f.path for f in kit.published] == ["documents/a.txt"]  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import NotDurable
 from ..logs import get_logger
 from ..paths import Layout
 
@@ -283,9 +284,9 @@ class UserFiles:
         return path
 
 
-class Placed(OSError):
+class Placed(NotDurable):
     """The upload is in documents/ at `path`, whole; a step after (giving it to documents/' owner, the
-    folder's fsync) failed."""
+    folder's fsync) failed: written, not confirmed, as NotDurable says (answered `not_durable`)."""
 
     def __init__(self, path: str, exc: OSError) -> None:
         super().__init__(exc.errno, exc.strerror)

@@ -411,6 +411,11 @@ export class FilesView {
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
+      if (error.code === "not_durable") { // in documents/, a step after failed: uploaded, not to be sent again
+        line.done("done", "uploaded, not confirmed");
+        this.say(`${file.name}: ${error.message}`, "error");
+        return;
+      }
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
       if (transfer.cancelled()) {
