@@ -478,6 +478,38 @@ async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: Spr
         tab.assert_clean()
 
 
+async def test_a_cancelled_download_whose_sign_in_ends_before_the_sprite_let_it_go_still_finishes(
+        server: SpriteOS) -> None:
+    """Sign out while a cancelled download waited for its `download_cancel` answer: a request of an ended
+    sign-in never settles, so the download never finished (its chunks and listeners held for the page's
+    life), and the view kept it among the downloads being let go. A connection of the page's own: the
+    Sprite's answers are held or never come, as the test needs."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        said = await tab.page.evaluate("""async () => {
+            const { FilesView } = await import("/console/js/files.js");
+            const signIn = new AbortController();
+            const waiting = {};  // a request's type -> its answer, given by the test (a download_cancel's: never)
+            const conn = { signIn, request: (type) => new Promise((resolve) => {
+                if (type === "download_start") resolve({ download_id: "d1", size: 4, name: "film.bin" });
+                else waiting[type] = resolve;
+            }) };
+            const until = async (ok) => { while (!ok()) await new Promise((r) => setTimeout(r, 10)); };
+            const view = new FilesView(document.createElement("section"), conn);
+            const download = view.download("documents/film.bin", "film.bin").then(() => "finished");
+            await until(() => waiting.download_chunk);
+            view.progress.querySelector('[data-testid="transfer-cancel"]').click();
+            waiting.download_chunk({ data: "", eof: true });  // the chunk on its way: then the Sprite is asked
+            await until(() => waiting.download_cancel);
+            signIn.abort();  // Sign out
+            view.signOut();
+            const hung = new Promise((r) => setTimeout(() => r("still waiting"), 2000));
+            return { download: await Promise.race([download, hung]), letting: view.letting.size };
+        }""")
+        assert said == {"download": "finished", "letting": 0}
+        tab.assert_clean()
+
+
 async def test_a_download_asked_for_as_another_is_cancelled_waits_for_its_place(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """A download cancelled holds its place on the Sprite until its `download_cancel` is answered, which
