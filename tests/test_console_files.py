@@ -478,6 +478,24 @@ async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_los
     assert [f.path for f in kit.published] == ["documents/a.txt"]  # type: ignore[attr-defined]
 
 
+async def test_a_documents_folder_whose_name_cannot_be_synced_is_not_left_behind(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload makes documents/ when it is missing; the workspace's fsync after the mkdir failed, and the
+    folder stayed, its name not durable, while every other folder Sprite OS makes is removed then (one rule:
+    deploy_contract.make_dir)."""
+    from devkit.faults import FsyncSpy
+
+    documents = kit.layout.root / "documents"
+    documents.rmdir()
+    upload_id = await started(kit, b"whole")
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(kit.layout.root)
+    error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=upload_id, sha256=None))
+    assert error.code == "upload_failed" and "nothing was kept" in error.message
+    assert not documents.exists()
+
+
 async def started(kit: Kit, data: bytes) -> str:
     """An upload of `data` as a.txt, every byte sent: its id."""
     start = await kit.ask(pf.UploadStartRequest(request_id="s", name="a.txt", size=len(data)))
