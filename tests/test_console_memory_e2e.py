@@ -365,6 +365,56 @@ async def test_a_section_shown_twice_says_it_is_loading_until_the_second_load_en
         tab.assert_clean()
 
 
+class HeldAnswers:
+    """The answers of `kind` the Sprite sends the page, held on their way (the server answers a connection's
+    requests in turn, so a later answer can come first only on the link) until the test lets each go."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.holding, self.held = kind, False, list[str]()
+        self.page_side: WebSocketRoute | None = None
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        self.page_side = page_side
+        server_side = page_side.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            if self.holding and isinstance(message, str) and f'"type":"{self.kind}"' in message.replace(" ", ""):
+                self.held.append(message)
+            else:
+                page_side.send(message)
+
+        server_side.on_message(from_server)
+
+    def release(self, index: int) -> None:
+        assert self.page_side is not None
+        self.page_side.send(self.held[index])
+
+
+async def test_a_search_and_a_refresh_of_learnings_are_one_sections_loads(server: SpriteOS) -> None:
+    """Learnings' Search counted its loads apart from the section's Refresh: a Search sent after a Refresh
+    drew its answer while the section still said it was loading (the Refresh's, on its way)."""
+    install_templates(server.settings)
+    answers = HeldAnswers("memory_search_result")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=answers.route)
+        panel = tab.by("memory-panel-learnings")
+        await tab.memory("learnings")
+        answers.holding = True
+        await tab.by("memory-refresh").click()
+        await tab.by("learning-search").fill("tea")
+        await tab.by("learning-search-button").click()
+        await wait_for(lambda: len(answers.held) == 2, timeout=30, what="both answers on their way")
+        await expect(panel).to_have_attribute("data-loading", "true")
+        answers.release(1)  # the search's answer first: the newest load of the section
+        await expect(panel).to_contain_text("found for “tea”")
+        await expect(panel).not_to_have_attribute("data-loading", "true")
+        answers.release(0)  # the refresh's, older: not drawn over it
+        await expect(panel).not_to_contain_text("newest")
+        await asyncio.sleep(0.3)
+        await expect(panel).to_contain_text("found for “tea”")
+        tab.assert_clean()
+
+
 async def test_a_persons_edit_in_the_page_is_kept_by_the_next_batch_and_a_file_rolls_back(
         bridge: MockBridge, settings: Settings, tmp_path: Path) -> None:
     shots = screenshot_dir(tmp_path)
