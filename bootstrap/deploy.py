@@ -49,7 +49,7 @@ from typing import Any
 
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$")
 CONTRACT = "deploy_contract.py"  # in a release's src/ (a checkout's os_src/)
-CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write",  # what this script uses
+CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_problem", "atomic_write", "sync_dir",  # what this script uses
                   "AGENT_USER", "SYSCTLS", "ensure_agent_user", "AgentUserRefused", "apply_ownership",
                   "ensure_sysctls", "Workspace")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
@@ -117,6 +117,7 @@ class Paths:
         self.bin = self.os / "bin"
         self.command = self.bin / "sprite-os"
         self._shared: Any = None
+        self._sync_dir: Any = None
 
     def use(self, contract: types.ModuleType) -> None:
         shared = contract.Workspace(self.root)
@@ -124,6 +125,7 @@ class Paths:
             raise DeployError(f"the release keeps its system in {shared.os_dir}, not {self.os}: "
                               "deploy it with its own bootstrap/deploy.py")
         self._shared = shared
+        self._sync_dir = contract.sync_dir
 
     @property
     def shared(self) -> Any:
@@ -131,6 +133,11 @@ class Paths:
         if self._shared is None:
             raise AssertionError("no release's facts read yet (Paths.use)")
         return self._shared
+
+    def sync_dir(self, folder: Path) -> None:
+        """The contract's folder fsync: the names made, renamed or removed in `folder` survive a power loss."""
+        _ = self.shared  # the release's facts read
+        self._sync_dir(folder)
 
 
 def release_name(link: Path) -> str | None:
@@ -159,7 +166,7 @@ def already_at(p: Paths, version: str) -> bool:
             and venv_usable(p.current / "venv", deploying_python()))
 
 
-def point(link: Path, target: str) -> None:
+def point(p: Paths, link: Path, target: str) -> None:
     """Make `link` a symlink to `target` atomically: a reader sees the old target or the new."""
     tmp = link.with_name(f".{link.name}.tmp-{secrets.token_hex(4)}")
     os.symlink(target, tmp)
@@ -169,15 +176,7 @@ def point(link: Path, target: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(link.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    p.sync_dir(link.parent)
 
 
 def remove(path: Path) -> None:
@@ -382,14 +381,14 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
         if release_name(p.current) == version:
             # Re-staging the live release (--force): point `current` at the staged copy while the
             # old one is replaced, so `current` never names a missing or partial directory.
-            point(p.current, f"releases/{partial.name}")
+            point(p, p.current, f"releases/{partial.name}")
             remove(final)
             os.rename(partial, final)
-            point(p.current, f"releases/{version}")
+            point(p, p.current, f"releases/{version}")
             return final, contract
         remove(final)
     os.rename(partial, final)
-    fsync_dir(p.releases)
+    p.sync_dir(p.releases)
     return final, contract
 
 
@@ -476,7 +475,7 @@ def ensure_venv(p: Paths, release: Path, contract: types.ModuleType, wheelhouse:
     write_pth(dest, p, contract)
     contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
     if dest != venv:
-        swap_in(dest, venv)
+        swap_in(p, dest, venv)
     return h, how
 
 
@@ -506,7 +505,7 @@ def build_venv(release: Path, target: Path, wheelhouse: Path | None) -> str:
     return "built"
 
 
-def swap_in(new: Path, venv: Path) -> None:
+def swap_in(p: Paths, new: Path, venv: Path) -> None:
     """Rename `new` to `venv`; an old `venv` is moved aside first (a rename cannot replace a
     non-empty directory) and removed after."""
     old = None
@@ -514,7 +513,7 @@ def swap_in(new: Path, venv: Path) -> None:
         old = venv.with_name(f"{venv.name}.old-{secrets.token_hex(4)}")
         os.rename(venv, old)
     os.rename(new, venv)
-    fsync_dir(venv.parent)
+    p.sync_dir(venv.parent)
     if old is not None:
         remove(old)
 
@@ -561,7 +560,7 @@ def restore_templates(p: Paths, version: str) -> None:
 def ensure_link(p: Paths, link: Path, target: str) -> None:
     if link.is_symlink():
         if os.readlink(link) != target:
-            point(link, target)
+            point(p, link, target)
         return
     if link.exists():  # a real file or folder from an older layout: keep it, out of the way
         keep = p.shared.backup_dir / f"pre-release-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
@@ -569,7 +568,7 @@ def ensure_link(p: Paths, link: Path, target: str) -> None:
         os.rename(link, keep / link.name)
         out.say(f"deploy: moved {link} to {keep / link.name}")
     link.parent.mkdir(parents=True, exist_ok=True)
-    point(link, target)
+    point(p, link, target)
 
 
 def wrapper_script(p: Paths) -> bytes:
@@ -778,9 +777,9 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         step("switch", version)
         old_previous = release_name(p.previous)
         if previous and previous != version:
-            point(p.previous, f"releases/{previous}")
+            point(p, p.previous, f"releases/{previous}")
         os.sync()  # everything staged is on disk before `current` names it
-        point(p.current, f"releases/{version}")
+        point(p, p.current, f"releases/{version}")
 
         step("links", version)
         ensure_links(p, contract)
@@ -796,9 +795,9 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
             except DeployError as exc:
                 if not previous or previous == version:
                     raise
-                point(p.current, f"releases/{previous}")
+                point(p, p.current, f"releases/{previous}")
                 if old_previous:
-                    point(p.previous, f"releases/{old_previous}")
+                    point(p, p.previous, f"releases/{old_previous}")
                 out.say(f"deploy: {version} did not start; rolling back to {previous}")
                 restore_templates(p, previous)
                 restart_service(p)
@@ -843,8 +842,8 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
         out.say(f"deploy: rollback from={current} to={previous}")
         os.sync()
         if current:
-            point(p.previous, f"releases/{current}")
-        point(p.current, f"releases/{previous}")
+            point(p, p.previous, f"releases/{current}")
+        point(p, p.current, f"releases/{previous}")
         ensure_links(p, contract)
         restore_templates(p, previous)
         if server_pid(p) is not None and not args.no_restart:

@@ -1,9 +1,14 @@
 """What bootstrap/deploy.py takes from the release it installs: the workspace's layout (where
 memory, state, logs and the token live, and `.os`'s modes), the memory files (names, owners,
-limits), the user-space folders, the token rule, the atomic write, and the agent's user with the
-owners and modes that keep it out of `.os/` (the server applies them at start too).
-Defined here once; the product imports them from here (paths.py, config.py, fsutil.py,
+limits), the user-space folders, the token rule, the atomic write and the folder fsync, and the
+agent's user with the owners and modes that keep it out of `.os/` (the server applies them at start
+too). Defined here once; the product imports them from here (paths.py, config.py, fsutil.py,
 memory/files.py, isolation/policy.py, isolation/launch.py).
+
+This is also the home of the product's durability primitives, because the atomic write needs them:
+NotDurable, sync_dir, make_dir and make_dirs, synced_after_rename. The product takes them through
+fsutil.py (with what only the server needs: the appends, the writer lock); nothing else defines a
+folder fsync.
 
 STANDARD LIBRARY ONLY, and no import from this package: deploy.py runs with the system python3
 before any venv exists and loads this file by its path from the release it deploys, outside any
@@ -147,10 +152,22 @@ def sync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def make_dir(name: str, parent: int, mode: int = 0o777, synced: bool = True) -> None:
+    """The folder `name` made in the folder open on `parent` (a descriptor: nothing on the way to it is
+    followed again), its name fsync'd into that folder when `synced` (a folder's own fsync does not make
+    its name durable). A failed fsync removes the folder it made and raises: nothing was written in it yet."""
+    os.mkdir(name, mode, dir_fd=parent)
+    if synced:
+        try:
+            os.fsync(parent)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=parent)
+            raise
+
+
 def make_dirs(folder: Path, synced: bool = True) -> None:
-    """`folder` and its missing parents, made one level at a time, each new one's name fsync'd into its
-    parent when `synced` (a folder's own fsync does not make its name durable). A failed fsync removes
-    the folder it made and raises: nothing was written in it yet."""
+    """`folder` and its missing parents, made one level at a time by make_dir."""
     missing = []
     while not folder.is_dir():
         missing.append(folder)
@@ -158,17 +175,13 @@ def make_dirs(folder: Path, synced: bool = True) -> None:
             break
         folder = folder.parent
     for new in reversed(missing):
+        parent = os.open(new.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            new.mkdir()
+            make_dir(new.name, parent, synced=synced)
         except FileExistsError:  # made meanwhile by another writer, which syncs it
             continue
-        if synced:
-            try:
-                sync_dir(new.parent)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    new.rmdir()
-                raise
+        finally:
+            os.close(parent)
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True) -> None:

@@ -9,6 +9,20 @@ Standard library only.
 Two subclasses live with their types: `protocol.FrameError`, whose `code` is a
 `protocol.ErrorCode`, and `console.requests.RequestFailed`, the same for every console request (memory, past sessions,
 files, cards).
+
+Durability: what was or was not kept on disk, and the wire code each becomes.
+- `fsutil.NotDurable` (an OSError, from `deploy_contract`): written and in place, but the fsync that
+  makes it survive a power loss failed. A console edit or rollback answers `not_durable`, and so does
+  an upload through its subclass `console.user_files.Placed` (in documents/, a later step failed):
+  done, not to be sent again.
+- `fsutil.TornAppend` (an OSError): an append failed and cutting the file back failed too; the turn
+  journal's next save rewrites the file whole. No wire code of its own (a turn no way took: `not_saved`).
+- `StillSaving` (here): a forget names turns not on disk yet; answered `busy`.
+- `memory.capture.journal.JournalUnreadable` (a SpriteOSError): the turn journal found at start could not
+  be read; it is set aside (`/healthz` and `memory status` say so). No wire code.
+- A closed turn neither transcript.db nor the journal took is no exception: the server sends the
+  event error `not_saved` before its `turn_complete` (`saved: false`). `not_saved` is a turn not on disk
+  yet; `not_durable` is a request's result on disk, unconfirmed.
 """
 
 from __future__ import annotations

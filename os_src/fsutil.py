@@ -1,5 +1,8 @@
 """Files: crash-safe writes (a reader sees the old content or the new, never a torn file),
-and the advisory lock that gives a workspace's memory exactly one writer."""
+and the advisory lock that gives a workspace's memory exactly one writer.
+
+The durability primitives (NotDurable, sync_dir, make_dir, make_dirs, synced_after_rename) live with
+the atomic write in the deploy contract, which says why; the product takes them from here."""
 
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .deploy_contract import NotDurable as NotDurable  # shared with bootstrap/deploy.py
-from .deploy_contract import atomic_write as atomic_write
+from .deploy_contract import NotDurable as NotDurable
+from .deploy_contract import atomic_write as atomic_write  # bootstrap/deploy.py's too
+from .deploy_contract import make_dir as make_dir
 from .deploy_contract import make_dirs as make_dirs
 from .deploy_contract import sync_dir as sync_dir
 from .deploy_contract import synced_after_rename as synced_after_rename

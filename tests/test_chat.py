@@ -229,15 +229,28 @@ async def test_without_a_url_chat_finds_the_port_the_environment_or_the_service_
         assert await _exits_promptly(proc) == 0
 
 
-@pytest.mark.parametrize(("ending", "code"), [("completed", 0), ("not_saved", 1), ("error", 1), ("server_dies", 1)])
+@pytest.mark.parametrize(("ending", "code"), [("completed", 0), ("not_saved", 1), ("error", 1),
+                                               ("connection_closed", 1), ("server_comes_back", 0)])
 async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_or_never_finished(
         ending: str, code: int) -> None:
     """A script's `echo … | sprite-os chat` exited 0 when the server died mid-turn, and when its turn
     ended `error` or `saved: false` (only a separate line said so): "done" for a message that never
-    finished, or was never saved."""
+    finished, or was never saved. A connection that closes mid-turn is resumed, as a typed chat's is:
+    exit 1 only if the resume finds the message gone (here a server that lost it), not for a blip
+    (a script that retries on exit 1 would send the message again, and the agent run it twice)."""
+    connections = 0
+
     async def serve_a_turn(ws: ServerConnection) -> None:
-        await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
-                                       last_seq=0, agent="idle", turn_id=None, cards=[])).decode())
+        nonlocal connections
+        connections += 1
+        back = connections > 1
+        replay = [p.TurnComplete(seq=2, turn_id="t1", duration_ms=500, usage=p.Usage(), status="completed")]
+        replay = replay if back and ending == "server_comes_back" else []
+        await ws.send(p.encode(p.Ready(seq=1 if back else 0, protocol=1, server_version="test", stream="s",
+                                       session_id="sess", last_seq=1 + len(replay), agent="idle", turn_id=None,
+                                       cards=[], replayed=len(replay))).decode())
+        for frame in replay:
+            await ws.send(p.encode(frame).decode())
         async for message in ws:
             frame = json.loads(message)
             if frame["type"] != "user_message":
@@ -245,7 +258,7 @@ async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_
             await ws.send(p.encode(p.TurnStarted(seq=1, turn_id="t1", text=frame["text"],
                                                  client_id=frame["client_id"])).decode())
             await asyncio.sleep(0.5)  # the chat has read the end of its input and waits for the turn
-            if ending == "server_dies":
+            if ending in ("connection_closed", "server_comes_back"):
                 await ws.close()
                 return
             await ws.send(p.encode(p.TurnComplete(seq=2, turn_id="t1", duration_ms=500, usage=p.Usage(),
@@ -261,5 +274,9 @@ async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_
         said = (await proc.stdout.read()).decode()
     if ending == "not_saved":
         assert "· completed in 0.5s, saved: false" in said
-    if ending == "server_dies":
-        assert "! the connection closed before 1 of your messages finished" in said
+    if ending in ("connection_closed", "server_comes_back"):
+        assert connections == 2 and "connection lost; reconnecting" in said, said
+    if ending == "connection_closed":
+        assert "! after reconnecting, 1 of your messages were neither answered, running nor waiting" in said
+    if ending == "server_comes_back":
+        assert "· completed in 0.5s" in said and "!" not in said, said

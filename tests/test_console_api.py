@@ -167,6 +167,34 @@ async def test_an_edit_the_disk_did_not_confirm_says_saved_and_its_retry_is_not_
                                                     base_sha256=edit.base_sha256))
     assert isinstance(again, pm.MemoryEditResult) and again.version.number == 2
     assert len(system.files.history("user.md")) == 2  # no second version of the same Save
+    audit = await ask(console, pm.MemoryAuditRequest(request_id="a"))
+    assert isinstance(audit, pm.MemoryAuditResult)
+    assert [e.detail for e in audit.entries] == ["saved as version 2"]  # one edit, one row
+
+
+async def test_a_rollback_the_disk_did_not_confirm_is_answered_as_an_edit_is(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollback whose folder fsync failed answered `not_durable` with no audit row (the file had
+    changed all the same), and the same click again made yet another version of the same text."""
+    import os
+
+    from devkit.faults import FsyncSpy
+
+    system.files.write("user.md", "# User\n", source="batch-1")
+    system.files.write("user.md", "# User\n- Name: Ada\n", source="batch-2")
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(system.files.path("user.md").parent)
+    error = await failure(console, pm.MemoryRollbackRequest(request_id="r1", name="user.md", number=1))
+    assert error.code == "not_durable"
+    assert "user.md was saved as version 3, but the disk reported an error" in error.message
+    assert system.files.read("user.md") == "# User\n"
+    again = await ask(console, pm.MemoryRollbackRequest(request_id="r2", name="user.md", number=1))
+    assert isinstance(again, pm.MemoryRollbackResult) and again.version.number == 3
+    assert len(system.files.history("user.md")) == 3  # no second version of the same rollback
+    audit = await ask(console, pm.MemoryAuditRequest(request_id="a"))
+    assert isinstance(audit, pm.MemoryAuditResult)
+    assert [e.detail for e in audit.entries] == ["to version 1, saved as version 3"]
 
 
 async def test_an_edit_whose_audit_row_fails_is_answered_saved(console: MemoryConsole, system: MemorySystem,

@@ -356,6 +356,26 @@ async def test_a_dropped_folder_is_said_not_uploaded_and_a_failed_upload_frees_i
         tab.assert_clean()
 
 
+async def test_an_upload_in_place_whose_folder_fsync_failed_is_shown_uploaded_with_the_warning(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was whole in documents/ when its folder's fsync failed: the page said "not uploaded",
+    and the person's upload again made "name (2)"."""
+    from devkit.faults import FsyncSpy
+
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(server.settings.layout.root / "documents")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        await tab.by("upload-input").set_input_files(files=[{"name": "kept.txt", "mimeType": "text/plain", "buffer": b"kept"}])
+        await expect(tab.by("upload").first).to_have_attribute("data-state", "done")
+        await expect(tab.by("files-flash")).to_contain_text(
+            "kept.txt: the upload is in documents/kept.txt, but the step after failed")
+        assert (server.settings.layout.root / "documents" / "kept.txt").read_bytes() == b"kept"
+        tab.assert_clean()
+
+
 # A drop of a folder beside a file, as the browser gives it: the folder an empty "file" whose entry is a
 # directory (a DataTransfer made by a page cannot hold one, so the event carries a stand-in).
 DROP_FOLDER_AND_FILE = """([testid, folder, name]) => {
@@ -455,6 +475,38 @@ async def test_a_downloads_cancel_stops_it_and_the_sprite_lets_it_go(server: Spr
         await expect(tab.by("files-flash")).to_have_text("film.bin was not downloaded: you cancelled it.")
         await wait_for(lambda: server.files.downloads.open == 0, timeout=10, what="the download let go")
         assert len(chunks.held) == 2 and not saved
+        tab.assert_clean()
+
+
+async def test_a_cancelled_download_whose_sign_in_ends_before_the_sprite_let_it_go_still_finishes(
+        server: SpriteOS) -> None:
+    """Sign out while a cancelled download waited for its `download_cancel` answer: a request of an ended
+    sign-in never settles, so the download never finished (its chunks and listeners held for the page's
+    life), and the view kept it among the downloads being let go. A connection of the page's own: the
+    Sprite's answers are held or never come, as the test needs."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        said = await tab.page.evaluate("""async () => {
+            const { FilesView } = await import("/console/js/files.js");
+            const signIn = new AbortController();
+            const waiting = {};  // a request's type -> its answer, given by the test (a download_cancel's: never)
+            const conn = { signIn, request: (type) => new Promise((resolve) => {
+                if (type === "download_start") resolve({ download_id: "d1", size: 4, name: "film.bin" });
+                else waiting[type] = resolve;
+            }) };
+            const until = async (ok) => { while (!ok()) await new Promise((r) => setTimeout(r, 10)); };
+            const view = new FilesView(document.createElement("section"), conn);
+            const download = view.download("documents/film.bin", "film.bin").then(() => "finished");
+            await until(() => waiting.download_chunk);
+            view.progress.querySelector('[data-testid="transfer-cancel"]').click();
+            waiting.download_chunk({ data: "", eof: true });  // the chunk on its way: then the Sprite is asked
+            await until(() => waiting.download_cancel);
+            signIn.abort();  // Sign out
+            view.signOut();
+            const hung = new Promise((r) => setTimeout(() => r("still waiting"), 2000));
+            return { download: await Promise.race([download, hung]), letting: view.letting.size };
+        }""")
+        assert said == {"download": "finished", "letting": 0}
         tab.assert_clean()
 
 

@@ -463,7 +463,8 @@ async def test_a_folder_or_link_with_a_copys_name_is_left_and_the_start_goes_on(
 async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_lost(
         kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """documents/' fsync failed after the link: the answer said "nothing was kept" for a file that was
-    there, and the person uploading again made "name (2)"."""
+    there, and the person uploading again made "name (2)"; then it said so in words only, as
+    `upload_failed`, a code a client takes for "send it again". It is `not_durable`: done."""
     from devkit.faults import FsyncSpy
 
     spy = FsyncSpy()
@@ -471,10 +472,28 @@ async def test_an_upload_placed_before_a_later_step_failed_is_not_said_to_be_los
     spy.failing.add(kit.layout.root / "documents")
     error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=await started(kit, b"whole"),
                                                      sha256=None))
-    assert error.code == "upload_failed" and "nothing was kept" not in error.message
+    assert error.code == "not_durable" and "nothing was kept" not in error.message
     assert "the upload is in documents/a.txt" in error.message
     assert (kit.layout.root / "documents" / "a.txt").read_bytes() == b"whole"
     assert [f.path for f in kit.published] == ["documents/a.txt"]  # type: ignore[attr-defined]
+
+
+async def test_a_documents_folder_whose_name_cannot_be_synced_is_not_left_behind(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload makes documents/ when it is missing; the workspace's fsync after the mkdir failed, and the
+    folder stayed, its name not durable, while every other folder Sprite OS makes is removed then (one rule:
+    deploy_contract.make_dir)."""
+    from devkit.faults import FsyncSpy
+
+    documents = kit.layout.root / "documents"
+    documents.rmdir()
+    upload_id = await started(kit, b"whole")
+    spy = FsyncSpy()
+    monkeypatch.setattr(os, "fsync", spy)
+    spy.failing.add(kit.layout.root)
+    error = await kit.refused(pf.UploadFinishRequest(request_id="f", upload_id=upload_id, sha256=None))
+    assert error.code == "upload_failed" and "nothing was kept" in error.message
+    assert not documents.exists()
 
 
 async def started(kit: Kit, data: bytes) -> str:

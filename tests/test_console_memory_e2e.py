@@ -289,6 +289,34 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
         tab.assert_clean()
 
 
+async def test_a_rollback_the_disk_did_not_confirm_is_shown_done_with_the_warning_and_the_draft_dropped(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollback was written, then the folder's fsync failed (`not_durable`): the page only flashed the
+    error, kept showing the old text and the draft, and a second click on Rollback made another version."""
+    import os
+
+    from devkit.faults import FsyncSpy
+
+    async with editing_user_md(server) as (tab, files):
+        first = files.history("user.md")[0]
+        spy = FsyncSpy()
+        monkeypatch.setattr(os, "fsync", spy)
+        spy.failing.add(files.path("user.md").parent)
+        said = ["user.md was saved as version 3, but the disk reported an error (Input/output error): the change "
+                "may not survive a power loss",
+                f"user.md is version {first.number}'s text again (saved as version 3)."]  # the same click again
+        for flash in said:
+            await tab.by("file-version").last.get_by_role("button").click()  # oldest last
+            await tab.by("file-rollback").click()
+            await expect(tab.by("memory-flash")).to_have_text(flash)
+            await expect(tab.by("file-text")).to_have_text(first.text)
+            await expect(tab.by("file-editor")).to_have_count(0)
+        assert files.read("user.md") == first.text
+        assert [v.source for v in files.history("user.md")][-1] == f"rollback-to-{first.number}"
+        assert len(files.history("user.md")) == 3
+        tab.assert_clean()
+
+
 async def test_a_reload_that_lands_while_the_keyboard_is_on_a_control_leaves_the_focus_on_it(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)
@@ -334,6 +362,56 @@ async def test_a_section_shown_twice_says_it_is_loading_until_the_second_load_en
         held[1].set()
         await expect(panel).not_to_have_attribute("data-loading", "true")
         await expect(tab.by("file-text")).to_be_visible()
+        tab.assert_clean()
+
+
+class HeldAnswers:
+    """The answers of `kind` the Sprite sends the page, held on their way (the server answers a connection's
+    requests in turn, so a later answer can come first only on the link) until the test lets each go."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.holding, self.held = kind, False, list[str]()
+        self.page_side: WebSocketRoute | None = None
+
+    def route(self, page_side: WebSocketRoute) -> None:
+        self.page_side = page_side
+        server_side = page_side.connect_to_server()
+
+        def from_server(message: str | bytes) -> None:
+            if self.holding and isinstance(message, str) and f'"type":"{self.kind}"' in message.replace(" ", ""):
+                self.held.append(message)
+            else:
+                page_side.send(message)
+
+        server_side.on_message(from_server)
+
+    def release(self, index: int) -> None:
+        assert self.page_side is not None
+        self.page_side.send(self.held[index])
+
+
+async def test_a_search_and_a_refresh_of_learnings_are_one_sections_loads(server: SpriteOS) -> None:
+    """Learnings' Search counted its loads apart from the section's Refresh: a Search sent after a Refresh
+    drew its answer while the section still said it was loading (the Refresh's, on its way)."""
+    install_templates(server.settings)
+    answers = HeldAnswers("memory_search_result")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port, route=answers.route)
+        panel = tab.by("memory-panel-learnings")
+        await tab.memory("learnings")
+        answers.holding = True
+        await tab.by("memory-refresh").click()
+        await tab.by("learning-search").fill("tea")
+        await tab.by("learning-search-button").click()
+        await wait_for(lambda: len(answers.held) == 2, timeout=30, what="both answers on their way")
+        await expect(panel).to_have_attribute("data-loading", "true")
+        answers.release(1)  # the search's answer first: the newest load of the section
+        await expect(panel).to_contain_text("found for “tea”")
+        await expect(panel).not_to_have_attribute("data-loading", "true")
+        answers.release(0)  # the refresh's, older: not drawn over it
+        await expect(panel).not_to_contain_text("newest")
+        await asyncio.sleep(0.3)
+        await expect(panel).to_contain_text("found for “tea”")
         tab.assert_clean()
 
 

@@ -565,6 +565,8 @@ print(json.dumps({{"new": sorted(set(sys.modules) - before - {{c.__name__}}), "d
     from sprite_os import config, deploy_contract, fsutil, paths
     from sprite_os.memory import files
     assert fsutil.atomic_write is deploy_contract.atomic_write
+    assert fsutil.sync_dir is deploy_contract.sync_dir and fsutil.make_dirs is deploy_contract.make_dirs
+    assert "os.fsync" not in DEPLOY.read_text()  # the folder fsync too: deploy.py held a copy of sync_dir
     assert paths.make_user_space is deploy_contract.make_user_space
     assert files.SPECS is deploy_contract.MEMORY_FILES
     assert config.token_problem is deploy_contract.token_problem

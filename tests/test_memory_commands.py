@@ -83,7 +83,7 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
     """The rebuild read that copy read-only, which makes a -wal and a -shm beside a database in WAL
     mode, then removed them: an operator's sqlite3 reading the copy at that moment lost its files.
     Read as immutable, nothing is made beside the copy, and nothing there is removed."""
-    from sprite_os.memory.curation.rebuild import UNFINISHED, _forgotten, _previous_groups
+    from sprite_os.memory.curation.rebuild import UNFINISHED, _before
     from sprite_os.memory.memory_store import MemoryDB, NewLearning
 
     monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
@@ -98,8 +98,8 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
     MemoryDB(memory_db).close()
     beside = [Path(f"{original}{suffix}") for suffix in ("-wal", "-shm")]
     assert not any(p.exists() for p in beside)
-    assert _previous_groups(original, set_aside=True) == [[1, 2]]
-    assert list(_forgotten(memory_db, original).values()) == [5.0]
+    groups, forgotten = _before(memory_db, original)
+    assert groups == [[1, 2]] and list(forgotten.values()) == [5.0]
     assert not any(p.exists() for p in beside), "a read of the copy left files beside it"
 
     memory_db.with_name(UNFINISHED).write_text(original.name)
@@ -112,6 +112,29 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
         assert reader.execute("SELECT count(*) FROM learnings").fetchone() == (1,)
     finally:
         reader.close()
+
+
+def test_a_rebuild_refuses_a_set_aside_copy_it_cannot_read_naming_that_copy(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory.db an unfinished rebuild set aside can't be read: the refusal said "Restore a
+    readable memory.db" (which was readable) and named a flag, --forget-nothing, that forgets
+    everything recorded in a readable one all the same. It names the copy, and a flag that says
+    what it does."""
+    from sprite_os.memory.curation.rebuild import UNFINISHED
+    from sprite_os.memory.memory_store import MemoryDB
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    memory_db = Layout(ws).memory_db
+    MemoryDB(memory_db).close()
+    original = memory_db.with_name(f"{memory_db.name}.before-rebuild-20261126T120000")
+    original.write_bytes(b"\xff" * 4096)  # not a database any more
+    memory_db.with_name(UNFINISHED).write_text(original.name)
+    assert run(ws, "rebuild", "--yes") == 1
+    err = capsys.readouterr().err
+    assert f"cannot read {original}, the memory.db from before a rebuild that did not finish" in err, err
+    assert f"Restore a readable copy at {original}, or pass --even-if-forgotten-unreadable" in err, err
+    assert original.read_bytes() == b"\xff" * 4096 and memory_db.exists()
+    assert run(ws, "rebuild", "--yes", "--even-if-forgotten-unreadable") == 0  # told to go on: it does
 
 
 def test_a_rebuild_refuses_when_the_memory_db_an_unfinished_one_set_aside_is_gone(

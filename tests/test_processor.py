@@ -325,7 +325,7 @@ async def test_a_crash_after_a_late_edit_still_runs_the_batch_again(kit: Kit,
 
 
 def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -> None:
-    from sprite_os.memory.curation.rebuild import _previous_groups
+    from sprite_os.memory.curation.rebuild import _before
 
     m = MemoryDB(tmp_path / "memory.db")
     m.record_failed_batch(trigger="batch", observation_ids=[1, 2, 3], model="m", error="overloaded")
@@ -336,7 +336,7 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
                           cost_usd=0, learnings=[], file_updates={}, base_hashes={})
     m.set_batch_status(done.id, "done")
     m.close()
-    assert _previous_groups(tmp_path / "memory.db", set_aside=False) == [[1, 2]]
+    assert _before(tmp_path / "memory.db", None) == ([[1, 2]], {})
 
 
 async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
@@ -497,7 +497,7 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
         f.write(b"\xff" * page_size)
     damaged = path.read_bytes()
 
-    with pytest.raises(SpriteOSError, match="rebuilding would bring them back"):
+    with pytest.raises(SpriteOSError, match="rebuilding would bring back the learnings forgotten in it"):
         await module.rebuild(settings)
     assert path.read_bytes() == damaged and not list(settings.layout.memory_dir.glob("memory.db.before-rebuild-*"))
     monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))
@@ -505,7 +505,8 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     capsys.readouterr()
     assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 1
     err = capsys.readouterr().err
-    assert "rebuilding would bring them back" in err and "--forget-nothing" in err
+    assert "rebuilding would bring back the learnings forgotten in it" in err and "--even-if-forgotten-unreadable" in err
+    assert f"cannot read {path} (" in err and f"Restore a readable copy at {path}" in err
     assert path.read_bytes() == damaged
 
     bridge.curator.script("FACT: Has a cat named Miso [#1]")  # told to go on: it does, and the learning is back

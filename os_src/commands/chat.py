@@ -6,7 +6,9 @@ connection drops, the client reconnects and resumes from the last event it saw.
 
 With input from a pipe or file, it leaves once its messages' turns are over, and exits 1 if any
 of them was refused, ended other than `completed` or was not saved (`saved: false`, shown on the
-turn's line), or if the connection closed before they finished (the server died mid-turn).
+turn's line). A connection that closes before they finish is resumed like any other; it exits 1
+if the resume finds one of them neither answered, running nor waiting (the server lost it: a
+restart), or if the server cannot be reached again within RESUME_WAIT.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import protocol as p
 from ..config import Settings, load_settings, resolve_token
+
+RESUME_WAIT = 60.0  # seconds a piped chat with turns outstanding tries to reach the server again
 
 
 class Renderer:
@@ -44,6 +48,10 @@ class Renderer:
         # counted across its reconnects, so no other run's message (nor an earlier one of ours) has it.
         self._run = secrets.token_hex(8)  # 64 bits: a run colliding with one of the 10,000 ids the server holds is not to be met
         self._count = 0
+        self.input_ended = False  # stdin's end was read: only the outstanding turns are left to wait for
+        self._asked: set[str] = set()  # outstanding when the last ready came: checked once its replay is in
+        self._live: set[str | None] = set()  # the client ids that ready said are running or waiting
+        self._replay_left = 0
 
     def next_id(self) -> str:
         self._count += 1
@@ -55,9 +63,34 @@ class Renderer:
 
     def receive(self, frame: p.AnyServerFrame) -> None:
         self.last_seq = max(self.last_seq or 0, frame.seq)
+        replaying = self._replay_left > 0
         if isinstance(frame, p.Ready):
             self.stream = frame.stream
+            self._asked = set(self.outstanding)
+            self._live = {frame.turn_client_id, *frame.waiting}
+            self._replay_left = frame.replayed
+        elif replaying:
+            self._replay_left -= 1
         self.show(frame)
+        if (isinstance(frame, p.Ready) or replaying) and not self._replay_left:
+            self._resumed()
+
+    def _resumed(self) -> None:
+        """A ready and the events it replayed are in: a message of ours that is neither answered (its
+        turn_complete replayed), running nor waiting was lost on the server's side (a restart dropped
+        it, or it never arrived), and no turn of it will complete."""
+        gone = (self._asked & self.outstanding) - self._live
+        self._asked = set()
+        if not gone:
+            return
+        self.outstanding -= gone
+        self._turns = {turn: ours for turn, ours in self._turns.items() if ours not in gone}
+        self.failed += len(gone)
+        if not self.outstanding:
+            self.settled.set()
+        self._line(f"! after reconnecting, {len(gone)} of your messages were neither answered, running "
+                   "nor waiting: their turns may not have run or been saved")
+        self.out.flush()
 
     def refused(self, why: str) -> None:
         """A line the person typed that is not sent."""
@@ -165,11 +198,12 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
     try:
         delay = 0.5
         connected = False  # reconnecting is for a server that went away, not one never reached
+        lost_at: float | None = None  # when the connection was lost, until one is made again
         while True:
             try:
                 async with connect(url, additional_headers={"Authorization": f"Bearer {token}"},
                                    subprotocols=[p.SUBPROTOCOL], max_size=None) as ws:  # type: ignore[list-item]
-                    delay, connected = 0.5, True
+                    delay, connected, lost_at = 0.5, True, None
                     hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
                     await ws.send(p.encode(hello).decode())
                     return await _session(ws, render, lines)
@@ -183,6 +217,11 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
                     reason = exc.strerror or str(exc) or type(exc).__name__
                     render._line(f"! cannot connect to {url}: {reason}. Is the server running "
                                  "(sprite-os service status)? Another port: --url")
+                    return 1
+                lost_at = loop.time() if lost_at is None else lost_at
+                if render.input_ended and loop.time() - lost_at >= RESUME_WAIT:
+                    render._line(f"! the server could not be reached again within {RESUME_WAIT:.0f}s: "
+                                 f"{len(render.outstanding)} of your messages may not have run or been saved")
                     return 1
                 render._line(f"· connection lost; reconnecting in {delay:.1f}s")
                 await asyncio.sleep(delay)
@@ -202,7 +241,7 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
 
     receiver = asyncio.create_task(receive())
     try:
-        while True:
+        while not render.input_ended:
             get = asyncio.create_task(lines.get())
             done, _ = await asyncio.wait({get, receiver}, return_when=asyncio.FIRST_COMPLETED)
             if receiver in done:
@@ -211,14 +250,8 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 raise ConnectionClosed(None, None)
             line = get.result()
             if line is None:  # end of input: let the turns we started finish, then leave
-                settled = asyncio.create_task(render.settled.wait())
-                await asyncio.wait({receiver, settled}, return_when=asyncio.FIRST_COMPLETED)
-                if not render.settled.is_set():  # the server went away (a crash, a kill) mid-turn
-                    settled.cancel()
-                    render._line(f"! the connection closed before {len(render.outstanding)} of your "
-                                 "messages finished: their turns may not have run or been saved")
-                    return 1
-                return render.exit_code()
+                render.input_ended = True
+                break
             if line.strip() == "/quit":
                 return render.exit_code()
             command = line.strip()
@@ -237,6 +270,16 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 frame = p.UserMessage(text=line, client_id=client_id)
                 render.sent(client_id)
             await ws.send(p.encode(frame).decode())
+        settled = asyncio.create_task(render.settled.wait())
+        try:
+            await asyncio.wait({receiver, settled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settled.cancel()
+        if not render.settled.is_set():  # the connection closed with turns outstanding: resume them
+            if receiver.done():
+                receiver.result()
+            raise ConnectionClosed(None, None)
+        return render.exit_code()
     finally:
         receiver.cancel()
 

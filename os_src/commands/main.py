@@ -6,7 +6,7 @@
     sprite-os memory search QUERY|- [--json] [--limit N] [--lexical]
     sprite-os memory recall MESSAGE|- [--json] [--session ID] [--lexical]
     sprite-os memory import FILE.jsonl
-    sprite-os memory rebuild --yes [--index] [--forget-nothing]
+    sprite-os memory rebuild --yes [--index] [--even-if-forgotten-unreadable]
     sprite-os memory history FILE
     sprite-os memory show FILE [VERSION]
     sprite-os memory rollback FILE VERSION

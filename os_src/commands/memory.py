@@ -6,7 +6,7 @@
     sprite-os memory recall MESSAGE [--json] [--session ID] [--lexical]   # what auto-recall would send
     sprite-os memory recall - --json          # one message a line on stdin
     sprite-os memory import FILE.jsonl
-    sprite-os memory rebuild --yes [--index] [--forget-nothing]
+    sprite-os memory rebuild --yes [--index] [--even-if-forgotten-unreadable]
     sprite-os memory history FILE
     sprite-os memory show FILE [VERSION]
     sprite-os memory rollback FILE VERSION
@@ -50,8 +50,9 @@ def add_memory_parser(sub: Any) -> None:
     rebuild.add_argument("--yes", action="store_true", help="confirm: the server must be stopped")
     rebuild.add_argument("--index", action="store_true",
                          help="only the searchable turns, the recall index and embeddings: no curator call")
-    rebuild.add_argument("--forget-nothing", action="store_true",
-                         help="rebuild even when memory.db can't be read: learnings forgotten in it come back")
+    rebuild.add_argument("--even-if-forgotten-unreadable", action="store_true",
+                         help="rebuild even when memory.db (or the copy an unfinished rebuild set aside) can't be "
+                              "read: learnings forgotten in it come back; with a readable one, it changes nothing")
     history = msub.add_parser("history", help="list every version of a memory file")
     history.add_argument("file")
     show = msub.add_parser("show", help="print a memory file, or one of its versions")
@@ -136,7 +137,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
         from ..memory.curation.rebuild import rebuild
 
-        rebuilt = asyncio.run(rebuild(settings, forgotten_unreadable_ok=args.forget_nothing))
+        rebuilt = asyncio.run(rebuild(settings, forgotten_unreadable_ok=args.even_if_forgotten_unreadable))
         print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
         if rebuilt.before is not None and rebuilt.before != rebuilt.backup:  # after a rebuild cut short

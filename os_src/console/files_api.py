@@ -212,9 +212,9 @@ class FilesConsole:
             return await settled(asyncio.to_thread(self.files.finish_upload, up.temp, up.fd, up.name))
         except PathRefused as exc:
             raise RequestFailed("bad_path", f"{exc}; nothing was uploaded") from None
-        except Placed as exc:  # in documents/, whole: said, with what failed after
+        except Placed as exc:  # in documents/, whole: said, with what failed after, as done (not to send again)
             self._placed(exc.path, up.size)
-            raise RequestFailed("upload_failed", f"the upload is in {exc.path}, but the step after failed "
+            raise RequestFailed("not_durable", f"the upload is in {exc.path}, but the step after failed "
                                 f"({exc.strerror or exc}): it may not survive a power loss, or not be the "
                                 "agent's to change; do not upload it again") from None
         except OSError as exc:

@@ -79,19 +79,21 @@ class MemoryConsole:
                                       previous=previous, diff=diff)
 
     async def _edit(self, req: pm.MemoryEditRequest) -> pm.MemoryEditResult:
-        info, version, warning = await asyncio.to_thread(memory_files.edit, self._files, req.name, req.text,
-                                                         req.base_sha256)
-        await self._record("edit", file=req.name, detail=f"saved as version {version.number}")
-        if warning is not None:  # saved: a Save again is answered as saved (memory_files.edit)
-            raise pm.RequestFailed("not_durable", warning)
-        return pm.MemoryEditResult(request_id=req.request_id, file=info, version=version)
+        saved = await asyncio.to_thread(memory_files.edit, self._files, req.name, req.text, req.base_sha256)
+        if saved.made:
+            await self._record("edit", file=req.name, detail=f"saved as version {saved.version.number}")
+        if saved.warning is not None:  # saved: a Save again is answered as saved (memory_files.edit)
+            raise pm.RequestFailed("not_durable", saved.warning)
+        return pm.MemoryEditResult(request_id=req.request_id, file=saved.file, version=saved.version)
 
     async def _rollback(self, req: pm.MemoryRollbackRequest) -> pm.MemoryRollbackResult:
-        # not_durable (saved, unconfirmed) goes without its audit row: the rollback's own version records it
-        info, version = await asyncio.to_thread(memory_files.rollback, self._files, req.name, req.number)
-        await self._record("rollback", file=req.name,
-                           detail=f"to version {req.number}, saved as version {version.number}")
-        return pm.MemoryRollbackResult(request_id=req.request_id, file=info, version=version)
+        saved = await asyncio.to_thread(memory_files.rollback, self._files, req.name, req.number)
+        if saved.made:
+            await self._record("rollback", file=req.name,
+                               detail=f"to version {req.number}, saved as version {saved.version.number}")
+        if saved.warning is not None:  # done: the same click again is answered as done (memory_files.rollback)
+            raise pm.RequestFailed("not_durable", saved.warning)
+        return pm.MemoryRollbackResult(request_id=req.request_id, file=saved.file, version=saved.version)
 
     async def _record(self, action: AuditAction, *, file: str, detail: str) -> None:
         """The audit row of a change already made: a failure to add it is logged, never the change's answer

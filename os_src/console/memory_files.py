@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from typing import NamedTuple
 
 from ..errors import FileChanged
 from ..fsutil import NotDurable
@@ -26,6 +27,15 @@ PERSON_EDIT = "person-edit"
 def spec_of(name: str) -> None:
     if name not in SPECS:
         raise RequestFailed("not_found", f"no memory file {name!r}; the files are {', '.join(SPECS)}")
+
+
+class Saved(NamedTuple):
+    """What an edit or a rollback answers with."""
+
+    file: FileInfo
+    version: VersionInfo
+    warning: str | None  # saved, but the disk did not confirm it is stored (NotDurable)
+    made: bool  # False: the file held this text already (the same request again): no new version, no audit row
 
 
 def file_info(files: MemoryFiles, name: str, text: str | None = None, versions: int | None = None) -> FileInfo:
@@ -76,11 +86,10 @@ def version_detail(files: MemoryFiles, name: str, number: int) -> tuple[VersionI
     raise RequestFailed("not_found", f"{name} has no version {number}")
 
 
-def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[FileInfo, VersionInfo, str | None]:
-    """Save a person's edit of a curated file, if the file is still what the edit began from. The
-    third item: a warning when it was saved but the disk did not confirm it is stored (NotDurable).
+def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> Saved:
+    """Save a person's edit of a curated file, if the file is still what the edit began from.
     A Save whose text the file already holds (the same Save again, after an answer that was an
-    error) is answered as saved, not as changed by someone else."""
+    error) is answered as saved (`made` False), not as changed by someone else."""
     spec_of(name)
     if SPECS[name].owner != "daemon":
         raise RequestFailed("not_editable", f"{name} is written by deploys; change it in a release")
@@ -94,14 +103,14 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> tuple[Fi
     except FileChanged:
         latest = files.latest_version(name)
         if latest is not None and files.read(name) == text:  # already saved, this very text
-            return file_info(files, name, text), version_info(latest), None
+            return Saved(file_info(files, name, text), version_info(latest), None, made=False)
         raise RequestFailed("file_changed", f"{name} changed since you began editing ({changed_by(latest)}); "
                             "nothing was saved: reload it and edit again") from None
     except NotDurable as exc:
         saved = files.latest_version(name)
         assert saved is not None  # the version was kept before the file was written
-        return file_info(files, name, text), version_info(saved), unconfirmed(name, saved, exc)
-    return file_info(files, name, text), version_info(version, text), None
+        return Saved(file_info(files, name, text), version_info(saved), unconfirmed(name, saved, exc), made=True)
+    return Saved(file_info(files, name, text), version_info(version, text), None, made=True)
 
 
 def unconfirmed(name: str, version: Version, exc: OSError) -> str:
@@ -126,8 +135,17 @@ def changed_by(version: Version | None) -> str:
     return "it was edited on disk"
 
 
-def rollback(files: MemoryFiles, name: str, number: int) -> tuple[FileInfo, VersionInfo]:
+def rollback(files: MemoryFiles, name: str, number: int) -> Saved:
+    """Make version `number` current again, as a new version, answered as `edit` answers: a rollback
+    the file shows already (the same click again, after an answer that was an error) is answered as
+    done (`made` False) and makes no second version."""
     spec_of(name)
+    latest = files.latest_version(name)
+    target = next((v for v in files.history(name) if v.number == number), None)
+    if target is None:
+        raise RequestFailed("not_found", f"{name} has no version {number}")
+    if latest is not None and latest.source == f"rollback-to-{number}" and files.read(name) == target.text:
+        return Saved(file_info(files, name), version_info(latest), None, made=False)
     try:
         version = files.rollback(name, number)
     except KeyError:
@@ -136,6 +154,6 @@ def rollback(files: MemoryFiles, name: str, number: int) -> tuple[FileInfo, Vers
         raise RequestFailed("over_limit", f"{exc}; nothing was changed") from None
     except NotDurable as exc:
         saved = files.latest_version(name)
-        assert saved is not None
-        raise RequestFailed("not_durable", unconfirmed(name, saved, exc)) from None
-    return file_info(files, name), version_info(version)
+        assert saved is not None  # the version was kept before the file was written
+        return Saved(file_info(files, name), version_info(saved), unconfirmed(name, saved, exc), made=True)
+    return Saved(file_info(files, name), version_info(version), None, made=True)

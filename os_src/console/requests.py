@@ -53,11 +53,12 @@ RequestErrorCode = Literal[
     "not_editable",  # soul.md and os.md are the deploy's: edit them in a release
     "over_limit",  # the edit is over the file's line or byte limit; nothing was written
     "file_changed",  # the file changed since the edit began (nothing was written), or a download's was written to
-    "not_durable",  # the edit or rollback was saved, but the disk failed to confirm it is stored
+    "not_durable",  # the edit, rollback or upload was done, but the disk failed to confirm it is stored:
+    # not to be sent again
     "memory_unavailable",  # this server runs without memory
     "bad_path",  # a path outside the person's files: .., an absolute path, .os/, a link
     "too_large",  # an upload over the size limit, or a file too large to download here
-    "upload_failed",  # the upload could not be written (the disk, a chunk out of order)
+    "upload_failed",  # the upload could not be written (the disk, a chunk out of order); nothing of it kept
     "busy",  # a turn is running in the session to forget, as many downloads as allowed are open, or the
     # download or upload asked for is another connection's (until that one ends)
 ]

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import NotDurable, make_dir
 from ..logs import get_logger
 from ..paths import Layout
 
@@ -136,8 +137,7 @@ class UserFiles:
                 except FileNotFoundError:
                     if not (create_last and n == len(path) - 1):
                         raise NotThere(f"no folder {'/'.join(path[:n + 1])}") from None
-                    os.mkdir(part, 0o700, dir_fd=fd)  # opened below without following, then given
-                    os.fsync(fd)  # its name survives a power loss with what is put in it
+                    make_dir(part, fd, 0o700)  # its name survives a power loss; opened below without following, then given
                     nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     _give_like(nfd, fd)
                 except OSError as exc:
@@ -283,9 +283,9 @@ class UserFiles:
         return path
 
 
-class Placed(OSError):
+class Placed(NotDurable):
     """The upload is in documents/ at `path`, whole; a step after (giving it to documents/' owner, the
-    folder's fsync) failed."""
+    folder's fsync) failed: written, not confirmed, as NotDurable says (answered `not_durable`)."""
 
     def __init__(self, path: str, exc: OSError) -> None:
         super().__init__(exc.errno, exc.strerror)

@@ -57,6 +57,7 @@ from typing import NamedTuple
 import msgspec
 
 from ...backoff import Backoff
+from ...errors import SpriteOSError
 from ...fsutil import TornAppend, append_whole, atomic_write, sync_dir
 from ...logs import get_logger
 from ...paths import Layout
@@ -145,7 +146,7 @@ def _set_aside(path: Path, why: str, damaged: bool) -> Path | None:
     return aside
 
 
-class JournalUnreadable(Exception):
+class JournalUnreadable(SpriteOSError):
     """The journal could not be read (EIO), or has a whole line and none that decodes (`damaged`)."""
 
     def __init__(self, why: str, damaged: bool = False) -> None:

@@ -53,23 +53,8 @@ class RebuildReport:
     before: Path | None = None
 
 
-def _previous_groups(path: Path, set_aside: bool) -> list[list[int]]:
-    """The turn groupings of the batches the old memory.db recorded: not failed calls, and not
-    superseded batches (a person's edit made their turns run again, grouped anew)."""
-    try:
-        conn = read_only(path, set_aside=set_aside)
-    except sqlite3.Error:
-        return []
-    with contextlib.closing(conn):
-        try:
-            rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
-                                " ORDER BY id").fetchall()
-        except sqlite3.Error:
-            return []
-    return [json.loads(r[0]) for r in rows]
-
-
 UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an unfinished rebuild set aside
+UNREADABLE_FLAG = "--even-if-forgotten-unreadable"  # `memory rebuild`'s: go on when a memory.db can't be read
 
 
 def _unfinished(memory_db: Path) -> Path | None:
@@ -93,24 +78,48 @@ def _unfinished(memory_db: Path) -> Path | None:
     return before
 
 
-def _forgotten(memory_db: Path, unfinished: Path | None, *, unreadable_ok: bool = False) -> dict[str, float]:
-    """What a person forgot, which stays forgotten (the rebuild forgets it again after each batch).
-    A memory.db that is there but can't be read (a damaged page) is refused unless `unreadable_ok`:
+def _read_before(path: Path, set_aside: bool) -> tuple[list[list[int]], dict[str, float]]:
+    """What the rebuild takes from the memory.db at `path`: the turn groupings of the batches it
+    recorded (not failed calls, and not superseded batches: a person's edit made their turns run
+    again, grouped anew), and what a person forgot in it. Nothing of a file that is not there, or
+    older than batches and forgetting; sqlite3.Error: it is there and can't be read."""
+    if not path.exists():
+        return [], {}
+    with contextlib.closing(read_only(path, set_aside=set_aside)) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
+                            " ORDER BY id").fetchall() if "batches" in tables else []
+    return [json.loads(r[0]) for r in rows], forgotten_keys(path, set_aside=set_aside)
+
+
+def _before(memory_db: Path, unfinished: Path | None, *,
+            unreadable_ok: bool = False) -> tuple[list[list[int]], dict[str, float]]:
+    """The earlier batches' turn groupings (the set-aside copy's, after an unfinished rebuild: it is the
+    whole record) and what a person forgot, which stays forgotten (the rebuild forgets it again after
+    each batch), from memory.db and the copy an unfinished rebuild set aside. One rule for a file that is
+    there but can't be read (a damaged page): refused, naming it, unless `unreadable_ok` (then logged):
     the rebuild would curate every turn again and forget nothing."""
-    found: dict[str, float] = {}
+    groups: list[list[int]] = []
+    forgotten: dict[str, float] = {}
     for path, set_aside in ((memory_db, False), (unfinished, True)):
         if path is None:
             continue
         try:
-            found.update(forgotten_keys(path, set_aside=set_aside))
+            found, keys = _read_before(path, set_aside)
         except sqlite3.Error as exc:
             if not unreadable_ok:
+                what = (f"{path}, the memory.db from before a rebuild that did not finish" if set_aside
+                        else str(path))
                 raise SpriteOSError(
-                    f"cannot read which learnings were forgotten from {path} ({exc}): rebuilding would bring "
-                    "them back. Restore a readable memory.db, or pass --forget-nothing to rebuild anyway "
+                    f"cannot read {what} ({exc}): rebuilding would bring back the learnings forgotten in it. "
+                    f"Restore a readable copy at {path}, or pass {UNREADABLE_FLAG} to rebuild anyway "
                     "(learnings forgotten in it come back)") from None
-            log.warning("rebuild_forgotten_unreadable", path=str(path), error=str(exc))
-    return found
+            log.warning("rebuild_memory_db_unreadable", path=str(path), error=str(exc))
+            continue
+        if set_aside or unfinished is None:
+            groups = found
+        forgotten.update(keys)
+    return groups, forgotten
 
 
 def _set_aside(path: Path, mark: bool) -> Path | None:
@@ -166,8 +175,7 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
         # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
         # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
-        previous = _previous_groups(unfinished or layout.memory_db, set_aside=unfinished is not None)
-        forgotten = _forgotten(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
+        previous, forgotten = _before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
         backup = _set_aside(layout.memory_db, mark=unfinished is None)
         files = MemoryFiles(layout)
         for name in CURATED:

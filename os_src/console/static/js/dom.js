@@ -52,7 +52,10 @@ export function askingOnce(load) {
  * listing is on its way), the later answer may come first: whichever ends last, only the newest load
  * draws, and only its failure is said. `begin()` starts a load and gives back its `current()`, true
  * until another load begins or `forget()` is called (Sign out: what is on its way was asked for the
- * person who left). One per thing loaded: the files listing, a memory section, the chat's snapshot. */
+ * person who left). Used where a later load replaces an earlier one in place: the files listing, a
+ * memory section (its Refresh and Learnings' Search alike: one count, MemoryView.load), the chat's
+ * snapshot. Past sessions (sessions.js) and a memory file's view (memory_files.js `open`) decide by
+ * the list or the file they were asked for instead: a load of another is not a newer one of theirs. */
 export function newest() {
   let latest = 0;
   return {

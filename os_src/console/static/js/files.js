@@ -153,6 +153,7 @@ export class FilesView {
   signOut() {
     this.listings.forget(); // a listing still on its way is not drawn
     this.stopped = [];
+    this.letting.clear(); // the person's cancelled downloads: the next one's wait for none of them
     this.path = "";
     delete this.root.dataset.path;
     for (const kept of [this.crumbs, this.progress, this.table]) clear(kept);
@@ -172,7 +173,7 @@ export class FilesView {
    * with "cancelled") and `signal` cuts a pause between retries short, as the sign-in's end does (`ended`);
    * `drop(type, fields)` then asks the Sprite to let go of the transfer (its slot freed at once, not at the
    * idle sweep's two minutes), and gives back a promise settled once that is answered (never, if the
-   * sign-in ends first). `release()` when the transfer is over. */
+   * sign-in ends first: race it with `aborted(ended)`). `release()` when the transfer is over. */
   cancellable() {
     const asker = this.asker();
     const cancelling = new AbortController();
@@ -355,7 +356,8 @@ export class FilesView {
       if (transfer.cancelled()) {
         line.done("cancelled", "cancelled");
         this.say(`${name} was not downloaded: you cancelled it.`);
-        await transfer.drop("download_cancel", { download_id: start.download_id });
+        // Its answer never comes if the sign-in ends first: the finally runs all the same.
+        await Promise.race([transfer.drop("download_cancel", { download_id: start.download_id }), aborted(transfer.ended)]);
       } else {
         line?.done("error", error.message);
         this.say(`${name} was not downloaded: ${error.message}`, "error");
@@ -411,6 +413,11 @@ export class FilesView {
       line.done("done", `in ${finished.path}`);
       this.say(`Uploaded ${file.name} to ${finished.path}. The agent hears of it with your next message.`);
     } catch (error) {
+      if (error.code === "not_durable") { // in documents/, a step after failed: uploaded, not to be sent again
+        line.done("done", "uploaded, not confirmed");
+        this.say(`${file.name}: ${error.message}`, "error");
+        return;
+      }
       const cut = error.code === "not_found" && stream !== null && stream !== this.conn.stream;
       const why = cut ? "the Sprite restarted during the upload, which cut it: pick the file again to upload it." : error.message;
       if (transfer.cancelled()) {

@@ -24,7 +24,9 @@ export class MemoryView {
         id: `memory-panel-${key}`, "aria-labelledby": `memory-tab-${key}` });
       // what a panel says of its own work (a search's failure), said while it is the section shown
       const say = (text, kind) => { if (this.shown(key)) this.flash(text, kind); };
-      this.panels.set(key, { section, panel: new Panel(section, connection, say), loads: newest() });
+      // a load a panel starts itself (Learnings' Search): one of the section's loads, as Refresh's is
+      const reload = () => this.load(key);
+      this.panels.set(key, { section, panel: new Panel(section, connection, say, reload), loads: newest() });
       this.nav.append(el("button", { type: "button", role: "tab", id: `memory-tab-${key}`, "aria-controls": `memory-panel-${key}`,
         testid: `memory-section-${key}`, dataset: { section: key }, text: label, onclick: () => this.show(key) }));
       body.append(section);
@@ -53,11 +55,15 @@ export class MemoryView {
       button.setAttribute("aria-selected", String(selected));
       button.tabIndex = selected ? 0 : -1;
     }
+    await this.load(key);
+  }
+
+  /** Loads section `key` (shown, Refresh, or a Search of its own). The newest load of a section is the one
+   * shown, whenever the others end (Refresh clicked twice, or a Search then Refresh, the first answer slow):
+   * a panel draws only while `current()`, and only the newest load's failure is said. data-loading says a
+   * load of the section is on its way: the last one, not the first to end. */
+  async load(key) {
     const { section, panel, loads } = this.panels.get(key);
-    // The newest load of a section is the one shown, whenever the others end (Refresh clicked twice, the
-    // first answer slow): Files, Health and Boot prompt draw only while `current()` (Learnings, whose
-    // Search loads too, keeps its own), and only the newest load's failure is said.
-    // data-loading says a load of the section is on its way: the last one, not the first to end.
     const current = loads.begin();
     section.dataset.loading = "true";
     try {

@@ -221,12 +221,13 @@ export class FilesPanel {
     try {
       const { version } = await this.conn.request("memory_rollback", { name, number });
       this.flash(`${name} is version ${number}'s text again (saved as version ${version.number}).`);
-      if (this.editing === name) this.editing = null; // the person chose this text over any draft
-      this.drafts.delete(name);
-      await this.load();
     } catch (error) {
       this.flash(error.message, "error");
+      if (error.code !== "not_durable") return; // not_durable: done, the disk's confirmation failed
     }
+    if (this.editing === name) this.editing = null; // the person chose this text over any draft
+    this.drafts.delete(name);
+    await this.load();
   }
 }
 

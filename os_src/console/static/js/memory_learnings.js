@@ -1,8 +1,7 @@
 // What the curator learned: search with type, date, confidence and source; the turn a
 // learning came from, read from the transcript; forget, and undo a forgetting.
 
-import { told } from "./connection.js";
-import { append, clear, day, el, keepingFocus, newest, plural, when } from "./dom.js";
+import { append, clear, day, el, keepingFocus, plural, when } from "./dom.js";
 import { FORGET_TIMEOUT, forgetControl } from "./turns.js";
 
 /** The control that answers another: after Forget the focus is on Undo, and back. */
@@ -11,9 +10,12 @@ const ANSWER = { "learning-forget": "learning-undo", "learning-undo": "learning-
 const TYPES = ["FACT", "PREFERENCE", "CORRECTION", "PATTERN", "ACTION", "TOOL_INSTALL", "SUMMARY", "EPISODE"];
 
 export class LearningsPanel {
-  constructor(root, connection, flash) {
+  constructor(root, connection, flash, reload) {
     this.conn = connection;
     this.flash = flash;
+    // Its Search, type and forgotten filters load the section as MemoryView's Refresh does, under the
+    // section's one count of loads: the newest, whichever started it, is the one drawn and `data-loading`.
+    this.reload = reload;
     this.query = el("input", { type: "search", testid: "learning-search", placeholder: "Search what the Sprite learned", "aria-label": "Search learnings" });
     this.type = el("select", { testid: "learning-type", "aria-label": "Type" },
       el("option", { value: "", text: "All types" }), TYPES.map((t) => el("option", { value: t, text: t })));
@@ -22,30 +24,22 @@ export class LearningsPanel {
     this.turnsHeading = el("h3", { text: "From past turns", hidden: true });
     this.episodes = el("ol", { class: "learnings", testid: "episodes", "aria-label": "Past turns", hidden: true });
     this.summary = el("p", { class: "hint" });
-    const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); told(this.load(), this.flash); } },
+    const form = el("form", { class: "search-form", onsubmit: (e) => { e.preventDefault(); this.reload(); } },
       this.query, this.type, el("label", { class: "check", for: "learning-forgotten" }, this.forgotten, " forgotten"),
       el("button", { type: "submit", class: "primary", testid: "learning-search-button", text: "Search" }));
-    this.type.addEventListener("change", () => told(this.load(), this.flash));
-    this.forgotten.addEventListener("change", () => told(this.load(), this.flash));
+    this.type.addEventListener("change", () => this.reload());
+    this.forgotten.addEventListener("change", () => this.reload());
     root.append(form, this.summary, this.results, this.turnsHeading, this.episodes);
     this.drawn = new Map(); // "kind:id" -> {node, hit}: what each item shows, to keep it through a reload
-    // Its Search loads the section too, apart from MemoryView's loads: the newest search is the one shown.
-    this.searches = newest();
   }
 
-  async load() {
+  /** The search the form holds, drawn while `current()` (MemoryView.load). */
+  async load(current) {
     const query = this.query.value.trim();
     const fields = { query, forgotten: this.forgotten.checked, limit: 50 };
     if (this.type.value) fields.types = [this.type.value];
-    const current = this.searches.begin();
-    let hits;
-    try {
-      ({ hits } = await this.conn.request("memory_search", fields));
-    } catch (error) {
-      if (!current()) return; // a newer search's is the one to say
-      throw error;
-    }
-    if (!current()) return; // a newer search was sent meanwhile: its answer is the one to show
+    const { hits } = await this.conn.request("memory_search", fields); // a failure: said if still current()
+    if (!current()) return; // a newer load was sent meanwhile: its answer is the one to show
     const before = this.drawn;
     this.drawn = new Map();
     const learned = hits.filter((h) => h.kind !== "episode");
@@ -64,7 +58,6 @@ export class LearningsPanel {
   /** Sign out: the search the person typed and what it found leave the page; a search still on its
    * way shows nothing. */
   signOut() {
-    this.searches.forget();
     this.query.value = this.type.value = "";
     this.forgotten.checked = false;
     this.drawn = new Map();
@@ -128,7 +121,7 @@ export class LearningsPanel {
       const done = await this.conn.request("forget_turns", { observation_ids: [hit.turn.observation_id] }, { timeout: FORGET_TIMEOUT });
       node.querySelector(".offer")?.remove();
       this.flash(`Forgotten for good: the turn, and ${done.learnings} learning${done.learnings === 1 ? "" : "s"} that came from it.`);
-      await this.load();
+      await this.reload();
       return true;
     } catch (error) {
       this.flash(error.message, "error");
