@@ -114,8 +114,9 @@ class FileChanged(SpriteOSError):
 
 
 class StillSaving(SpriteOSError):
-    """Turns a forget names still wait to be saved (transcript.db locked or failing): forgetting now
-    would miss them, and they would land later, words and all. Try again once they have landed."""
+    """Turns a forget names still wait to be saved (transcript.db locked or failing, or a turn journal a
+    start could not read is set aside for a replay): forgetting now would miss them, and they would land
+    later, words and all. Try again once they have landed (or the journal was replayed or removed)."""
 
 
 class BudgetSpent(SpriteOSError):

@@ -177,6 +177,7 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os.tools import canvas
 
     mib = 1024 * 1024
+    retry = import_inbox.IMPORT_RETRY
     return [
         ("docs/protocol.md", f"up to {runtime.MAX_QUEUED_MESSAGES} may wait"),
         ("docs/protocol.md", f"the last {events.REPLAY_BUFFER:,} events, and at most {events.REPLAY_BYTES // mib} MB"),
@@ -217,10 +218,16 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
         ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
-        ("docs/memory.md", f"records none of the turns for\n  {memory_import.STALL_WAIT:.0f} s"),
-        ("docs/reliability.md", f"`memory import` gives up after {memory_import.STALL_WAIT:.0f} s without progress"),
-        ("docs/memory.md", f"it tries again {import_inbox.FAIL_PAUSE:.0f} s later, and after "
+        ("docs/memory.md", f"not move for {memory_import.STALL_WAIT:.0f} s (its attempts failing"),
+        ("docs/reliability.md", f"or gives up after {memory_import.STALL_WAIT:.0f} s in which its count of turns"),
+        ("docs/memory.md", f"growing wait ({retry.first:.0f} s, {retry.first * 2:.0f} s, {retry.first * 4:.0f} s … up\n"
+                           f"  to {retry.max / 60:.0f} minutes), and after "
                            f"{_count(import_inbox.FAILED_ATTEMPTS_DEGRADED)} failed in a row"),
+        ("docs/memory.md", f"After {import_inbox.MAX_ATTEMPTS}\n  failed in a row"),
+        ("docs/reliability.md", f"tries again from where the last attempt got to, {retry.first:.0f} s later, then "
+                                f"{retry.first * 2:.0f}, {retry.first * 4:.0f} … up to {retry.max / 60:.0f} min"),
+        ("docs/reliability.md", f"after {import_inbox.MAX_ATTEMPTS} failed attempts in a row (about 10 minutes)"),
+        ("docs/protocol.md", f"import file the server gave up on after {import_inbox.MAX_ATTEMPTS} failed attempts"),
         ("docs/reliability.md", f"`degraded` after {import_inbox.FAILED_ATTEMPTS_DEGRADED} failed attempts in a row"),
         ("docs/protocol.md", f"attempts have failed {_count(import_inbox.FAILED_ATTEMPTS_DEGRADED, 'times')} or more"),
         ("docs/protocol.md", f"has still not reached `transcript.db` after {system.FORGET_DRAIN_BUDGET:.0f} s"),

@@ -7,11 +7,13 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.errors import SpriteOSError
+from sprite_os.errors import SpriteOSError, StillSaving
 from sprite_os.memory import system as system_mod
+from sprite_os.memory.capture.journal import Entry
 from sprite_os.memory.capture.spill import ObservationWrite
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
@@ -90,3 +92,41 @@ async def test_another_sessions_turns_waiting_do_not_hold_up_a_forget(system: Me
     assert [o.sequence_num for o in done.turns] == [1]
     Held.on = False
     assert await system.writer.drained(30)
+
+
+async def test_a_forget_by_session_or_wire_id_waits_for_a_set_aside_turn_journal_to_be_replayed(tmp_path: Path) -> None:
+    """A turn journal a start could not read is kept for the operator's replay (rename it back). It may hold
+    turns transcript.db never got: a forget of their session left them there, with no tombstone, and the
+    replay then recorded them, words and all, to be curated, indexed and embedded. Such a forget is refused
+    until the journal is replayed or removed; one by row id is not held up (a replay never records it again)."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9", embedding_model="off")
+    settings.layout.ensure()
+    aside = settings.layout.state_dir / "turn-journal.json.unreadable-20261127T091500"  # as a start sets one aside
+    aside.write_bytes(msgspec.json.encode([Entry(turn(2, "I live in Lisbon"), ended=True)]) + b"\n")
+    memory = MemorySystem(settings)
+    await memory.start()
+    try:
+        await memory.transcript.call(lambda t: (t.start_session("s1", T0), t.append(turn(1, "My name is Ada"))))
+        for named in ({"session_id": "s1"}, {"turn_ids": ["s1-t2"]}):
+            with pytest.raises(StillSaving, match="turn journal the server could not read"):
+                await memory.forget_turns(by="test", **named)  # type: ignore[arg-type]
+        assert await words(memory) == ["My name is Ada"]  # nothing forgotten: the person tries again later
+        (row,) = await memory.transcript.call(lambda t: t.ids_of(session_id="s1"))
+        assert [o.sequence_num for o in (await memory.forget_turns([row], by="test")).turns] == [1]
+    finally:
+        await memory.stop()
+    aside.rename(settings.layout.state_dir / "turn-journal.json")  # the operator replays it, as the docs say
+    memory = MemorySystem(settings)
+    await memory.start()
+    try:
+        assert await wait_for_words(memory, "I live in Lisbon")
+        done = await memory.forget_turns(session_id="s1", by="test")
+        assert [o.sequence_num for o in done.turns] == [2]
+        assert not {"My name is Ada", "I live in Lisbon"} & set(await words(memory))
+    finally:
+        await memory.stop()
+
+
+async def wait_for_words(system: MemorySystem, text: str) -> bool:
+    await system.writer.drained(30)
+    return text in await words(system)

@@ -5,17 +5,21 @@ missing, and the turns recorded through the workspace's one writer and searchabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sprite_os.backoff import Backoff
 from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
+from sprite_os.fsutil import WriterLock
 from sprite_os.memory import import_inbox
 from sprite_os.memory.importer import BadLine, ReadReport, apply, parse, read_turns, timestamp
 from sprite_os.memory.memory_store import MemoryDB
@@ -304,7 +308,7 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
 
     settings = lexical(tmp_path)
     monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
-    monkeypatch.setattr(import_inbox, "FAIL_PAUSE", 0.01)
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.01, 0.01))
     real_report, real_waiting = import_inbox.report, import_inbox.waiting
     disk = {"full": True, "unreadable": 1}
 
@@ -345,19 +349,12 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
         await system.stop()
 
 
-@pytest.mark.usefixtures("workspace_env")
-@pytest.mark.parametrize("server", ["gone", "stuck"])
-def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], server: str) -> None:
-    """The command waited for the server with no bound: a server killed after taking the file, or one
-    whose attempts kept failing, held it forever. It exits 1, the file left queued."""
-    from sprite_os.commands import memory_import
-    from sprite_os.fsutil import WriterLock
-
-    settings = lexical(tmp_path)
-    settings.layout.ensure()
-    monkeypatch.setattr(memory_import, "STALL_WAIT", 0.5 if server == "stuck" else 60.0)
-    holder = WriterLock(settings.layout.memory_lock)  # the server
+@contextlib.contextmanager
+def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[Path, WriterLock, threading.Thread,
+                                                                                  list[int]]]:
+    """`memory import` run in a thread while this test holds the writer lock, as a server does: the inbox
+    file it wrote, the lock, the thread and its exit status once it ends. The lock is let go after."""
+    holder = WriterLock(settings.layout.memory_lock)
     holder.acquire()
     source = jsonl(tmp_path / "past.jsonl", bad=False)
     result: list[int] = []
@@ -369,6 +366,23 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
                 break
             time.sleep(0.01)
         (path,) = found
+        yield path, holder, command, result
+    finally:
+        holder.release()
+
+
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("server", ["gone", "stuck"])
+def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], server: str) -> None:
+    """The command waited for the server with no bound: a server killed after taking the file, or one
+    whose attempts kept failing, held it forever. It exits 1, the file left queued."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "STALL_WAIT", 0.5 if server == "stuck" else 60.0)
+    with _importing_while_held(settings, tmp_path) as (path, holder, command, result):
         # The server takes it and records one chunk, then is killed, or fails on every attempt after.
         import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, at=time.time()))
         time.sleep(0.3)
@@ -378,9 +392,113 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
             import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=0, error="OSError(28)"))
         command.join(10)
         assert result == [1]
-    finally:
-        holder.release()
     err = capsys.readouterr().err
     assert "gave up waiting" in err and str(path) in err
     assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
     assert import_inbox.waiting(settings.layout) == [path]  # queued: the next server applies it
+
+
+@pytest.mark.usefixtures("workspace_env")
+async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_for_the_operator(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file the server failed to apply was applied again from its first turn every ~6 s, forever (each
+    chunk a synced transaction on transcript.db's thread, each attempt a traceback). A retry resumes where
+    the last one got to, after the one backoff policy's growing wait, and after MAX_ATTEMPTS the file is set
+    aside under a name `memory status` shows; the command waiting on it says so and exits 1."""
+    from sprite_os.memory.transcript_store import ImportedTurn
+
+    settings = lexical(tmp_path)
+    monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
+    monkeypatch.setattr(import_inbox, "APPLY_CHUNK", 1)
+    monkeypatch.setattr(import_inbox, "MAX_ATTEMPTS", 3)
+    waits: list[int] = []
+
+    class Waits:
+        def delay(self, failures: int, rand: float) -> float:
+            waits.append(failures)
+            return 0.05
+
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Waits())
+    applied: list[str] = []
+    broken = {"on": True}
+    real = TranscriptDB.import_turns
+
+    def import_turns(self: TranscriptDB, turns: list[ImportedTurn]) -> list[int | None]:
+        applied.extend(t.user_message[:6] for t in turns)
+        if broken["on"] and "PIN" in turns[0].user_message:
+            raise ValueError("a turn transcript.db refuses")
+        return real(self, turns)
+
+    monkeypatch.setattr(TranscriptDB, "import_turns", import_turns)
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        source = jsonl(tmp_path / "past.jsonl", bad=False)
+        result: list[int] = []
+        command = threading.Thread(target=lambda: result.append(_cli(settings, "import", str(source))))
+        command.start()
+        while command.is_alive():
+            await asyncio.sleep(0.05)
+        assert result == [1]
+        # The first attempt applied two turns; each retry took up the third alone, after a growing wait.
+        assert applied == ["We ado", "Biscui", "My PIN", "My PIN", "My PIN"]
+        assert waits == [1, 2]  # the backoff's failures in a row: its wait grows with them
+        (aside,) = import_inbox.set_aside_files(settings.layout)
+        assert not import_inbox.waiting(settings.layout) and aside.name.endswith(".jsonl.failed")
+        err = capsys.readouterr().err
+        assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err
+        assert system.status()["degraded"] is True  # until the operator deals with it
+        assert system.imports.status()["set_aside"] == [aside.name]  # type: ignore[index]
+        broken["on"] = False
+        aside.rename(aside.with_name(aside.name.removesuffix(".failed")))  # the operator applies it again
+        for _ in range(500):
+            if not import_inbox.waiting(settings.layout) and system.imports.status() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
+        assert system.status()["degraded"] is False
+    finally:
+        await system.stop()
+
+
+def test_the_import_retry_waits_grow_by_the_one_backoff_policy() -> None:
+    assert isinstance(import_inbox.IMPORT_RETRY, Backoff)
+    assert [import_inbox.IMPORT_RETRY.delay(n, 0.5) for n in (1, 2, 3, 20)] == [5.0, 10.0, 20.0, 270.0]  # at the top, the jitter only shortens
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_memory_status_names_an_import_the_server_set_aside(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES])
+    path, _ = import_inbox.write(settings.layout, turns)
+    import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=2, error="OSError(28, 'No space left')"))
+    path.rename(path.with_name(path.name + ".failed"))
+    assert _cli(settings, "status") == 0
+    out = capsys.readouterr().out
+    assert f"FAILED: the server gave up on .os/state/imports/{path.name}.failed" in out
+    assert "No space left" in out and "2 of 3 turns recorded" in out and f"rename it back to {path.name}" in out
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_through_a_server_waits_for_an_attempt_that_starts_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a count above the best seen was progress: a server whose attempt failed late and that started
+    the file over (at 0) was at work, but the command saw nothing new until it caught up, and gave up on
+    it as "busy or stuck". Any move of the count is progress now."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "STALL_WAIT", 1.0)
+    with _importing_while_held(settings, tmp_path) as (path, _holder, command, result):
+        # Two turns recorded, then an attempt from the start that moves on every 0.4 s (within STALL_WAIT each
+        # time, but past it before the count is above 2 again).
+        for applied in (2, 0, 1, 2):
+            import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=applied, added=applied,
+                                                            at=time.time()))
+            time.sleep(0.4)
+        import_inbox.finish(path, import_inbox.Progress(path.name, 3, applied=3, added=3))
+        command.join(10)
+        assert result == [0]
+    assert "imported 3 turns from 2 sessions" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from devkit.mock_bridge import CutOff, Fault, MockBridge
+from sprite_os.config import Settings
 from sprite_os.db_worker import Worker
 from sprite_os.errors import CuratorError, EditConflict, UnusableReply
 from sprite_os.memory.files import MemoryFiles
@@ -463,6 +464,21 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
     assert report.before == first  # the one the rebuild that stopped set aside, not the half-made one after it
 
 
+async def _rebuilt_once(tmp_path: Path, bridge: MockBridge, **overrides: object) -> Settings:
+    """A workspace with one turn, rebuilt once into one learning (the memory.db set aside removed)."""
+    from sprite_os.memory.curation import rebuild as module
+
+    settings = make_settings(tmp_path, bridge.url, **overrides)
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
+    db.close()
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")
+    await module.rebuild(settings)
+    for old in settings.layout.memory_dir.glob("memory.db.before-rebuild-*"):
+        old.unlink()
+    return settings
+
+
 async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_the_forgotten_back(
         tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A damaged page in `learnings` (an I/O error, a power loss on a bad disk) was read as "nothing
@@ -475,14 +491,7 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     from sprite_os.memory.curation import rebuild as module
     from sprite_os.memory.forget.learnings import set_forgotten
 
-    settings = make_settings(tmp_path, bridge.url)
-    db = TranscriptDB(settings.layout.transcript_db)
-    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
-    db.close()
-    bridge.curator.script("FACT: Has a cat named Miso [#1]")
-    await module.rebuild(settings)
-    for old in settings.layout.memory_dir.glob("memory.db.before-rebuild-*"):
-        old.unlink()
+    settings = await _rebuilt_once(tmp_path, bridge)
     memory = MemoryDB(settings.layout.memory_db)
     (miso,) = [i for (i,) in memory.conn.execute("SELECT id FROM learnings")]
     set_forgotten(memory, miso, True, 3.0)  # the person forgets it
@@ -515,5 +524,67 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     memory = MemoryDB(path)
     try:
         assert memory.conn.execute("SELECT forgotten_at FROM learnings").fetchall() == [(None,)]
+    finally:
+        memory.close()
+
+
+def _rebuild_anyway_flag() -> str:
+    """`memory rebuild`'s flag that goes on past an unreadable memory.db, whatever it is called: the one
+    option of the subcommand that is neither --yes nor --index."""
+    import argparse
+
+    from sprite_os.commands.main import _parser
+
+    def sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+        (choices,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        found: argparse.ArgumentParser = choices.choices[name]
+        return found
+
+    rebuild = sub(sub(_parser(), "memory"), "rebuild")
+    (flag,) = [o for a in rebuild._actions for o in a.option_strings if o not in ("-h", "--help", "--yes", "--index")]
+    return flag
+
+
+async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_aside_with_its_wal(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged header ("file is not a database") let the refusal's escape hatch through to the checkpoint
+    before the set-aside, which raised: a traceback, nothing rebuilt. It is set aside now, its -wal and -shm
+    beside it under its new name (not deleted: they may hold what a recovery needs), and the rebuild goes on."""
+    import sqlite3
+
+    from sprite_os.commands.main import main as cli
+    from sprite_os.errors import SpriteOSError
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.forget.learnings import forgotten_keys
+
+    settings = await _rebuilt_once(tmp_path, bridge, embedding_model="off")
+    path = settings.layout.memory_db
+    with path.open("r+b") as f:  # the header: no page of it reads
+        f.write(b"\x00not a database\x00" * 6)
+    damaged = path.read_bytes()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    wal.write_bytes(b"the WAL a kill left")
+    shm.write_bytes(b"\x00" * 64)
+
+    with pytest.raises(sqlite3.DatabaseError):  # not "nothing was forgotten": PRAGMA table_info saw no table
+        forgotten_keys(path)
+    with pytest.raises(SpriteOSError, match="rebuilding would bring"):  # refused, not a traceback
+        await module.rebuild(settings)
+    assert path.read_bytes() == damaged and wal.exists()
+    monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", bridge.url)
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    bridge.curator.script("FACT: Has a cat named Miso [#1]")
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes", _rebuild_anyway_flag()]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "rebuilt from 1 turns in 1 batches: 1 learnings" in out.out
+    assert "every turn's vector will be made again" in out.err  # which turn each was made after: unreadable too
+    (backup,) = settings.layout.memory_dir.glob("memory.db.before-rebuild-*[0-9]")
+    assert backup.read_bytes() == damaged and f"the previous memory.db is kept at {backup}" in out.out
+    assert Path(f"{backup}-wal").read_bytes() == b"the WAL a kill left" and Path(f"{backup}-shm").exists()
+    memory = MemoryDB(path)
+    try:
+        assert memory.totals()["learnings"] == 1
     finally:
         memory.close()

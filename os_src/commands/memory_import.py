@@ -9,8 +9,9 @@ workspace's memory applies them:
   server, in the background, newest first, from its next start;
 - a server runs (it holds the lock): the server applies the inbox and indexes and embeds the
   turns as it does live ones; this command waits for it and prints its progress, and gives up
-  (exit 1, the file left queued) if the server stops first (the lock is free) or records nothing
-  more for STALL_WAIT seconds;
+  (exit 1, the file left queued) if the server stops first (the lock is free) or its count of
+  turns recorded does not move for STALL_WAIT seconds; it exits 1 as well, saying so, when the
+  server gives up on the file after its attempts kept failing and sets it aside;
 - another holder that takes no imports (`memory rebuild`): the turns wait in the inbox for
   the server's next start, and this command says so.
 
@@ -142,7 +143,7 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
     """The lock is held, by the server if it takes the file: wait for it to apply it. Returns 0 when it
     did, 3 when nobody took it (it stays queued), 1 when the server stopped before it was done (the lock
     free) or recorded nothing more for STALL_WAIT seconds (it stays queued: the server goes on trying)."""
-    from ..memory.import_inbox import DONE, progress_path, read_progress
+    from ..memory.import_inbox import DONE, FAILED, MAX_ATTEMPTS, progress_path, read_progress
 
     started, show = time.monotonic(), Progress()
     while (p := read_progress(inbox)) is None:
@@ -154,14 +155,21 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
             return 3
         time.sleep(WAIT_POLL)
     _say("the running server is recording the turns")
-    best, advanced, error = p.applied, time.monotonic(), None
+    seen, advanced, error = p.applied, time.monotonic(), None
+    aside = inbox.with_name(inbox.name + FAILED)
     while not p.done:
+        if aside.exists():  # seen by its name: on a full disk the report saying so may fail too
+            _say(f"the server gave up after {MAX_ATTEMPTS} failed attempts ({p.error}) and set the file aside as "
+                 f"{aside}, after recording {p.applied:,} of {p.turns:,}; `memory status` shows it. Rename it back "
+                 f"to {inbox.name} to have the server apply it again (a turn already recorded is never recorded "
+                 "twice), or remove it")
+            return 1
         if p.error and p.error != error:
             _say(f"  the server failed to apply them ({p.error}); it tries again")
         error = p.error
         show("recorded", p.applied, p.turns)
-        if p.applied > best:
-            best, advanced = p.applied, time.monotonic()
+        if p.applied != seen:  # a count that moved either way: an attempt that started over is at work too
+            seen, advanced = p.applied, time.monotonic()
         elif time.monotonic() - advanced > STALL_WAIT:
             why = f"it failed ({p.error})" if p.error else "it is busy or stuck"
             return _gave_up(inbox, f"the server recorded none of them for {STALL_WAIT:.0f} s: {why}", stays=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..fsutil import free_bytes
 from ..memory.capture.health import advice, is_damaged
-from ..memory.import_inbox import count, read_progress, waiting
+from ..memory.import_inbox import FAILED, INBOX, count, read_progress, set_aside_files, waiting
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
@@ -139,12 +139,13 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
 
 
 def imports(layout: Any) -> list[dict[str, Any]]:
-    """Inbox files waiting for the writer, with what it reported."""
+    """Inbox files waiting for the writer, and those it gave up on (`set_aside`), with what it reported."""
     out = []
-    for path in waiting(layout):
+    for path in [*waiting(layout), *set_aside_files(layout)]:
         p = read_progress(path)
         out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
-                    "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None})
+                    "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None,
+                    "set_aside": path.name.endswith(FAILED)})
     return out
 
 
@@ -163,6 +164,11 @@ def print_recall(r: dict[str, Any]) -> None:
     else:
         print(f"  meaning          unavailable, search is lexical only: {dense['detail']}")
     for i in r["imports"]:
+        if i.get("set_aside"):
+            print(f"  import           FAILED: the server gave up on .os/state/{INBOX}/{i['file']} after its attempts "
+                  f"kept failing ({i['error'] or 'no report'}), {i['applied']:,} of {i['turns']:,} turns recorded; "
+                  f"rename it back to {i['file'].removesuffix(FAILED)} to apply it again, or remove it")
+            continue
         state = f"the writer has applied {i['applied']:,} ({i['added']:,} new)" if i["applied"] \
             else "waiting for the workspace's writer (the server)"
         print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"

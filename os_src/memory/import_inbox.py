@@ -13,13 +13,21 @@ and the writer applies it:
 
 A writer killed mid-file applies it again from the start at its next start: a turn's identity
 makes the second pass add only what the first did not.
+
+A failed attempt (a full disk, a turn transcript.db refuses) is made again after the one backoff
+policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns it reported applied
+are committed, so they are skipped, not applied again. After MAX_ATTEMPTS failed in a row the file
+is set aside as `<name>.jsonl.failed` (its report says why), for the operator: `memory status` names
+it, and memory is degraded until it is renamed back (applied again) or removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -28,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from ..backoff import Backoff
 from ..db_worker import Worker
 from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
 from ..logs import get_logger
@@ -39,9 +48,11 @@ log = get_logger(__name__)
 
 INBOX = "imports"
 INBOX_POLL = 1.0
-FAIL_PAUSE = 5 * INBOX_POLL  # after a failed attempt, before the next
+# After a failed attempt at a file (or at reading the inbox), before the next: 5 s, doubling, up to 5 min.
+IMPORT_RETRY = Backoff(first=5 * INBOX_POLL, max=300.0)
 FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
-SUFFIX, PROGRESS, DONE = ".jsonl", ".progress.json", ".done.json"
+MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
+SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
 
 
 class Progress(msgspec.Struct):
@@ -55,6 +66,7 @@ class Progress(msgspec.Struct):
     done: bool = False
     error: str | None = None
     at: float = 0.0
+    set_aside: str | None = None  # the name the writer gave up on it under, after MAX_ATTEMPTS failed
 
 
 def inbox_dir(layout: Layout) -> Path:
@@ -107,8 +119,15 @@ def count(path: Path) -> int:
         return sum(1 for _ in f)
 
 
+def set_aside_files(layout: Layout) -> list[Path]:
+    """Inbox files the writer gave up on (`<name>.jsonl.failed`), oldest first: the operator's to deal with."""
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX + FAILED))
+    return []
+
+
 def progress_path(path: Path, kind: str) -> Path:
-    return path.with_name(path.name.removesuffix(SUFFIX) + kind)
+    return path.with_name(path.name.removesuffix(FAILED).removesuffix(SUFFIX) + kind)
 
 
 def report(path: Path, p: Progress) -> None:
@@ -141,7 +160,9 @@ class Tally:
         self.last: dict[str, float] = {}
 
     def chunks(self) -> Iterator[list[ImportedTurn]]:
-        return chunks(read(self.path), APPLY_CHUNK)
+        """The turns not yet applied: all of them, or those after where an attempt that failed got to
+        (what it reported applied is committed; the sessions they touched are known already)."""
+        return chunks(itertools.islice(read(self.path), self.progress.applied, None), APPLY_CHUNK)
 
     def applied(self, chunk: list[ImportedTurn], ids: list[int | None]) -> Progress:
         record(self.totals, chunk, ids, self.last)
@@ -163,6 +184,16 @@ def apply_file(transcript: TranscriptDB, path: Path, on_progress: Callable[[Prog
     return tally.progress
 
 
+class _Retries:
+    """One inbox file's failed attempts in a row: when the next is due (time.monotonic()), and where the
+    last one got to (its Tally, resumed by the next; None: the file could not be counted)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.due = 0.0
+        self.tally: Tally | None = None
+
+
 class ImportInbox:
     """The server's side: one task applies inbox files through transcript.db's thread, and tells the
     indexer each time turns land."""
@@ -172,6 +203,7 @@ class ImportInbox:
         self.current: Progress | None = None
         self.failing: int = 0  # attempts failed in a row
         self.failure: str | None = None  # the last one's error, until an attempt succeeds
+        self._retries: dict[str, _Retries] = {}  # by file name: those whose last attempt failed
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -186,7 +218,7 @@ class ImportInbox:
 
     async def _run(self) -> None:
         """Never ends on an error: a failure (the inbox unreadable, a full disk that also fails the
-        report saying so) is logged and tried again after FAIL_PAUSE, and `status()` shows it."""
+        report saying so) is logged and tried again after IMPORT_RETRY's wait, and `status()` shows it."""
         swept = False
         while True:
             try:
@@ -197,41 +229,75 @@ class ImportInbox:
                                             lambda n: n.endswith((PROGRESS, DONE)))
                     swept = True
                 ok = True
-                for path in await asyncio.to_thread(waiting, self.layout):
+                files = await asyncio.to_thread(waiting, self.layout)
+                self._retries = {p.name: r for p in files if (r := self._retries.get(p.name)) is not None}
+                for path in files:
+                    if (retries := self._retries.get(path.name)) is not None and retries.due > time.monotonic():
+                        ok = False  # its failure stands while it waits for its next attempt
+                        continue
                     ok = await self._attempt(path) and ok
                 if ok:
                     self.failing, self.failure = 0, None
             except Exception as exc:  # the inbox itself unreadable (EIO): looked at again after a pause
                 log.exception("import_inbox_failed", error=repr(exc)[:300])
                 self._failed(exc)
-                await asyncio.sleep(FAIL_PAUSE)
+                await asyncio.sleep(IMPORT_RETRY.delay(self.failing, random.random()))
             await asyncio.sleep(INBOX_POLL)
 
     def _failed(self, exc: BaseException) -> None:
         self.failing, self.failure = self.failing + 1, repr(exc)[:300]
 
     async def _attempt(self, path: Path) -> bool:
-        """Apply one inbox file; False if it failed (the file stays: applied again, idempotently, at the
-        next look, after FAIL_PAUSE)."""
+        """Apply one inbox file; False if it failed: the file stays, for an attempt after IMPORT_RETRY's
+        wait from where this one got to, or is set aside after MAX_ATTEMPTS failed in a row."""
+        retries = self._retries.setdefault(path.name, _Retries())
         try:
-            await self._apply(path)
+            await self._apply(path, retries)
+            del self._retries[path.name]
             return True
         except Exception as exc:
-            log.exception("import_failed", file=path.name, error=repr(exc)[:300])
+            retries.failures += 1
+            log.exception("import_failed", file=path.name, error=repr(exc)[:300], attempts=retries.failures)
             self._failed(exc)
+            if retries.failures >= MAX_ATTEMPTS and await self._set_aside(path, retries):
+                return False
+            retries.due = time.monotonic() + IMPORT_RETRY.delay(retries.failures, random.random())
             if (p := self.current) is not None:
-                p.error, p.at = self.failure, time.time()
-                try:  # on the same full disk this fails too: logged, and status() still says it
-                    await asyncio.to_thread(report, path, p)
-                except OSError as again:
-                    log.warning("import_report_failed", file=path.name, error=repr(again)[:300])
-            await asyncio.sleep(FAIL_PAUSE)
+                p.error, p.at, p.done = self.failure, time.time(), False
+                await self._report(path, p)
             return False
         finally:
             self.current = None
 
-    async def _apply(self, path: Path) -> None:
-        tally = await asyncio.to_thread(Tally, path)
+    async def _report(self, path: Path, p: Progress) -> None:
+        try:  # on the same full disk this fails too: logged, and status() still says it
+            await asyncio.to_thread(report, path, p)
+        except OSError as again:
+            log.warning("import_report_failed", file=path.name, error=repr(again)[:300])
+
+    async def _set_aside(self, path: Path, retries: _Retries) -> bool:
+        """Give up on a file whose attempts keep failing: renamed to `<name>.jsonl.failed`, for the operator
+        (then its report, if the disk takes it, says why). False: it could not be renamed (tried again)."""
+        aside = path.with_name(path.name + FAILED)
+        try:
+            await asyncio.to_thread(os.replace, path, aside)
+        except OSError as exc:
+            log.warning("import_set_aside_failed", file=path.name, error=repr(exc)[:300])
+            return False
+        del self._retries[path.name]
+        p = retries.tally.progress if retries.tally is not None else Progress(path.name, 0)
+        p.error, p.at, p.done, p.set_aside = self.failure, time.time(), False, aside.name
+        await self._report(path, p)
+        log.error("import_set_aside", file=path.name, aside=aside.name, attempts=retries.failures,
+                  applied=p.applied, error=self.failure,
+                  hint="its turns past those applied are not recorded: rename it back to apply it again, or remove it")
+        return True
+
+    async def _apply(self, path: Path, retries: _Retries) -> None:
+        if retries.tally is None:
+            retries.tally = await asyncio.to_thread(Tally, path)
+        tally = retries.tally
+        tally.progress.error = None  # said again if this attempt fails too
         self.current = tally.progress
         await asyncio.to_thread(report, path, tally.progress)  # taken: the CLI stops waiting for a writer
         chunks = await asyncio.to_thread(tally.chunks)
@@ -247,13 +313,25 @@ class ImportInbox:
 
     @property
     def degraded(self) -> bool:
-        return self.failing >= FAILED_ATTEMPTS_DEGRADED
+        """Attempts failing, or a file given up on (until the operator renames it back or removes it)."""
+        return self.failing >= FAILED_ATTEMPTS_DEGRADED or bool(self._given_up())
+
+    def _given_up(self) -> list[str]:
+        """The files set aside, as the inbox shows them now (one that can't be read: failing says so)."""
+        try:
+            return [f.name for f in set_aside_files(self.layout)]
+        except OSError:
+            return []
 
     def status(self) -> dict[str, Any] | None:
-        """The file being applied, and the failure while attempts fail (None: nothing to say)."""
+        """The file being applied, the failure while attempts fail, and the files given up on (None:
+        nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
+        if aside := self._given_up():
+            out.update(set_aside=aside, degraded=True,
+                       error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{aside[0]}")
         if self.failure is not None:
             out.update(failing=self.failing, error=self.failure, degraded=self.degraded)
         return out or None

@@ -55,6 +55,9 @@ RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
+JOURNAL_SET_ASIDE = ("some of these turns may be in a turn journal the server could not read at a start, which is "
+                     "kept for the operator: it must be replayed or removed first (`sprite-os memory status` says "
+                     "how); try again then")
 BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
 
 
@@ -176,7 +179,12 @@ class MemorySystem:
         The turns still being written land first. The caller holds the agent's turns meanwhile
         (the console, with the runtime's `holding_turns`). StillSaving: a turn named (by session or
         wire id) has still not landed after FORGET_DRAIN_BUDGET (transcript.db locked or failing): it
-        would land after the forget, words and all, so the forget is refused rather than acknowledged."""
+        would land after the forget, words and all, so the forget is refused rather than acknowledged.
+        So is one by session or wire id while a turn journal a start could not read is set aside: it may
+        hold such turns, which the documented replay (renaming it back) would record, words and all. (A
+        turn named by its row id is in transcript.db already: a replay never records it again.)"""
+        if session_id is not None or turn_ids:
+            self._refuse_if_journal_set_aside()
         if not await self.writer.drained(FORGET_DRAIN_BUDGET) and self.writer.holds_turns(
                 {session_id} if session_id is not None else set(), set(turn_ids)):
             raise StillSaving("some of these turns are still being saved (transcript.db is locked or failing): "
@@ -190,6 +198,12 @@ class MemorySystem:
         # (nor its auto-recall) adds to it meanwhile.
         context = SessionContext(frozenset(self._booted), tuple(self._booted_lines), frozenset(self._recalled[1]))
         return await self.forgetting.forget(wanted, by, context)
+
+    def _refuse_if_journal_set_aside(self) -> None:
+        if journals := self.capture.status()["journals_set_aside"]:  # as capture reports them to /healthz
+            log.warning("forget_refused_journal_set_aside", journals=journals,
+                        hint="replay or remove it: `sprite-os memory status` says how for each")
+            raise StillSaving(JOURNAL_SET_ASIDE)
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,

@@ -122,13 +122,31 @@ def _before(memory_db: Path, unfinished: Path | None, *,
     return groups, forgotten
 
 
-def _set_aside(path: Path, mark: bool) -> Path | None:
+def _checkpointed(path: Path, unreadable_ok: bool) -> bool:
+    """Fold memory.db's WAL into it, so that it is whole on its own once set aside. False: it can't be
+    read (a damaged header: "file is not a database"), and its -wal and -shm go aside with it. Looked at
+    read-only first: closing a writable connection to such a file deletes its -wal and -shm."""
+    try:
+        with contextlib.closing(read_only(path)) as probe:
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.DatabaseError as exc:
+        if not unreadable_ok:  # read as readable a moment ago, when what was forgotten was
+            raise SpriteOSError(f"cannot read {path} ({exc}): nothing was set aside or rebuilt") from None
+        log.warning("rebuild_set_aside_unreadable", path=str(path), error=str(exc))
+        return False
+    return True
+
+
+def _set_aside(path: Path, mark: bool, unreadable_ok: bool = False) -> Path | None:
     """Rename memory.db aside for the rebuild. `mark`: first name it in the marker an unfinished rebuild
-    leaves (UNFINISHED), which must be written before anything is set aside (a full disk: nothing is)."""
+    leaves (UNFINISHED), which must be written before anything is set aside (a full disk: nothing is).
+    One that can't be read (`unreadable_ok`) is set aside with its -wal and -shm, never without them:
+    its WAL may hold what an operator's recovery needs."""
     if not path.exists():
         return None
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    whole = _checkpointed(path, unreadable_ok)
     stamp = time.strftime('%Y%m%dT%H%M%S')
     backup, n = path.with_name(f"{path.name}.before-rebuild-{stamp}"), 1
     while backup.exists():  # a rebuild run again within the second: the copy set aside before it stays
@@ -146,7 +164,12 @@ def _set_aside(path: Path, mark: bool) -> Path | None:
             marker.unlink(missing_ok=True)
         raise
     for suffix in ("-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
+        beside = Path(f"{path}{suffix}")
+        if whole:
+            beside.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                beside.rename(f"{backup}{suffix}")  # SQLite finds them by its name: they stay a pair
     return backup
 
 
@@ -176,7 +199,7 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
         # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
         previous, forgotten = _before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
-        backup = _set_aside(layout.memory_db, mark=unfinished is None)
+        backup = _set_aside(layout.memory_db, mark=unfinished is None, unreadable_ok=forgotten_unreadable_ok)
         files = MemoryFiles(layout)
         for name in CURATED:
             _clear(files, name)

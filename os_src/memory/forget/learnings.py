@@ -46,6 +46,7 @@ def forgotten_keys(path: Path, *, set_aside: bool = False) -> dict[str, float]:
     if not path.exists():
         return {}
     with contextlib.closing(read_only(path, set_aside=set_aside)) as conn:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a damaged header raises only here
         columns = {row[1] for row in conn.execute("PRAGMA table_info(learnings)")}
         if "forgotten_at" not in columns:
             return {}
