@@ -29,6 +29,7 @@ SUBPROTOCOL = "sprite-os.v1"  # WebSocket subprotocol; browsers also offer "bear
 
 MAX_USER_TEXT = 100_000  # characters in one user_message
 MAX_ID = 128  # characters in client-chosen ids and nonces
+MAX_QUEUED_MESSAGES = 16  # user messages waiting for the agent; past it one is refused `queue_full`
 
 ShortText = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
 

@@ -70,7 +70,6 @@ log = get_logger(__name__)
 
 # Built-in tools the agent may use, all pre-approved. Anything else is invisible to it.
 BUILTIN_TOOLS = ("Read", "Write", "Edit", "NotebookEdit", "Bash", "WebFetch")
-MAX_QUEUED_MESSAGES = 16
 MAX_NOTES = 20  # things the person did outside the conversation, told with their next message
 # One message from the CLI can be large (a long answer, a big file read); the SDK's 1 MB default
 # would fail such a turn with CLIJSONDecodeError.
@@ -202,8 +201,8 @@ class AgentRuntime:
         if client_id is not None and (taken := self._taken.get(client_id)) is not None:
             raise AlreadyTaken("the agent took this message already: it is not run again",
                                taken.session_id, taken.turn_id)
-        if len(self._inbox) >= MAX_QUEUED_MESSAGES:
-            raise QueueFull(f"{MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
+        if len(self._inbox) >= p.MAX_QUEUED_MESSAGES:
+            raise QueueFull(f"{p.MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
         turn = Turn(text, client_id)
         self._put(turn)
         if client_id is not None:

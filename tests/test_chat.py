@@ -190,8 +190,8 @@ async def test_each_message_has_a_client_id_of_its_own_across_runs_and_reconnect
 
 
 async def test_a_line_over_the_message_limit_is_said_too_long_and_not_sent() -> None:
-    """The server refuses text over MAX_USER_TEXT: chat says so plainly, sends nothing, and a piped
-    chat does not wait at its end for an answer to a message that was never sent."""
+    """The server refuses text over MAX_USER_TEXT: chat says so plainly, sends nothing, a piped chat does
+    not wait at its end for an answer to a message that was never sent, and exits 1 for it."""
     sent: list[str] = []
 
     async def serve_and_record(ws: ServerConnection) -> None:
@@ -207,7 +207,7 @@ async def test_a_line_over_the_message_limit_is_said_too_long_and_not_sent() -> 
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(b"x" * (p.MAX_USER_TEXT + 1) + b"\n")
         proc.stdin.close()
-        assert await _exits_promptly(proc) == 0
+        assert await _exits_promptly(proc) == 1  # a message of the script did not run (it exited 0)
         said = (await proc.stdout.read()).decode()
         assert "! not sent: the message is too long to send: 100,001 characters, and the limit is 100,000" in said
         assert sent == []
@@ -280,3 +280,57 @@ async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_
         assert "! after reconnecting, 1 of your messages were neither answered, running nor waiting" in said
     if ending == "server_comes_back":
         assert "· completed in 0.5s" in said and "!" not in said, said
+
+
+async def test_a_long_script_is_fed_as_the_agent_takes_it_never_refused_queue_full() -> None:
+    """A piped chat sent every line at once: past the MAX_QUEUED_MESSAGES the server lets wait, the rest
+    were refused `queue_full` and the run exited 1. It keeps fewer than that outstanding: every line runs,
+    in order, and it exits 0."""
+    lines = [f"step {n}" for n in range(p.MAX_QUEUED_MESSAGES * 2 + 3)]
+    ran: list[str] = []
+    refused = 0
+
+    async def serve_one_at_a_time(ws: ServerConnection) -> None:
+        nonlocal refused
+        await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                                       last_seq=0, agent="idle", turn_id=None, cards=[])).decode())
+        waiting: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+        seq = 0
+
+        async def agent() -> None:  # one turn at a time, as the runtime runs them
+            nonlocal seq
+            while True:
+                frame = await waiting.get()
+                turn = f"t{len(ran)}"
+                seq += 1
+                await ws.send(p.encode(p.TurnStarted(seq=seq, turn_id=turn, text=frame["text"],
+                                                     client_id=frame["client_id"])).decode())
+                await asyncio.sleep(0.01)
+                ran.append(frame["text"])
+                waiting.task_done()
+                seq += 1
+                await ws.send(p.encode(p.TurnComplete(seq=seq, turn_id=turn, duration_ms=10, usage=p.Usage(),
+                                                      status="completed")).decode())
+
+        running = asyncio.create_task(agent())
+        try:
+            async for message in ws:
+                frame = json.loads(message)
+                if frame["type"] != "user_message":
+                    continue
+                if waiting.qsize() >= p.MAX_QUEUED_MESSAGES:
+                    refused += 1
+                    await ws.send(p.encode(p.Error(seq=seq, code="queue_full", message="full",
+                                                   client_id=frame["client_id"])).decode())
+                else:
+                    waiting.put_nowait(frame)
+        finally:
+            running.cancel()
+
+    async with serve(serve_one_at_a_time, "127.0.0.1", 0) as server:
+        proc = await _chat_process(server.sockets[0].getsockname()[1])
+        assert proc.stdin is not None
+        proc.stdin.write("".join(f"{line}\n" for line in lines).encode())
+        proc.stdin.close()
+        assert await _exits_promptly(proc) == 0
+    assert (ran, refused) == (lines, 0)

@@ -23,8 +23,7 @@ from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED_NOTE
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
-from sprite_os.protocol import MAX_USER_TEXT
-from sprite_os.runtime import MAX_QUEUED_MESSAGES
+from sprite_os.protocol import MAX_QUEUED_MESSAGES, MAX_USER_TEXT
 from sprite_os.server import SpriteOS
 from tests.conftest import client_factory, wait_for
 from tests.console_browser import (

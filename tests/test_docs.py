@@ -166,7 +166,8 @@ def test_protocol_md_lists_every_error_code_once() -> None:
 
 def _figures() -> list[tuple[str, str]]:
     """(page, words) that say a limit the code sets: each figure said on a page is the code's."""
-    from sprite_os import deploy_contract, events, gateway, runtime, stopping
+    from sprite_os import deploy_contract, events, gateway, stopping
+    from sprite_os import protocol as p
     from sprite_os.agent import frames
     from sprite_os.commands import memory_import
     from sprite_os.console import downloads, files_api, files_frames, session_frames
@@ -179,7 +180,9 @@ def _figures() -> list[tuple[str, str]]:
     mib = 1024 * 1024
     retry = import_inbox.IMPORT_RETRY
     return [
-        ("docs/protocol.md", f"up to {runtime.MAX_QUEUED_MESSAGES} may wait"),
+        ("docs/protocol.md", f"up to {p.MAX_QUEUED_MESSAGES} may wait"),
+        ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES}"),
+        ("docs/reliability.md", f"at most {p.MAX_QUEUED_MESSAGES} of its messages out at once"),
         ("docs/protocol.md", f"the last {events.REPLAY_BUFFER:,} events, and at most {events.REPLAY_BYTES // mib} MB"),
         ("docs/protocol.md", f"more than {events.SUBSCRIBER_QUEUE:,} frames or {events.SUBSCRIBER_BYTES // mib} MB"),
         ("docs/protocol.md", f"close code **{gateway.CLOSE_LAGGING}**"),

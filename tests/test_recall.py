@@ -468,7 +468,7 @@ def test_every_message_the_runtime_may_queue_keeps_its_early_embedding_until_its
     import numpy as np
 
     from sprite_os.memory.recall.searcher import Dense
-    from sprite_os.runtime import MAX_QUEUED_MESSAGES
+    from sprite_os.protocol import MAX_QUEUED_MESSAGES
 
     made: list[str] = []
 

@@ -29,7 +29,8 @@ from sprite_os import runtime as runtime_mod
 from sprite_os.agent.state import TurnPhase
 from sprite_os.backoff import Backoff
 from sprite_os.errors import AlreadyTaken, QueueFull, ShuttingDown
-from sprite_os.runtime import MAX_QUEUED_MESSAGES, AgentRuntime
+from sprite_os.protocol import MAX_QUEUED_MESSAGES
+from sprite_os.runtime import AgentRuntime
 from sprite_os.tools.canvas import CanvasStore
 from tests.conftest import make_settings, wait_for
 

@@ -26,7 +26,7 @@ from devkit.processes import workspace_clis
 from sprite_os import events, gateway
 from sprite_os.config import Settings
 from sprite_os.memory.capture.journal import STOPPED
-from sprite_os.runtime import MAX_QUEUED_MESSAGES
+from sprite_os.protocol import MAX_QUEUED_MESSAGES
 from sprite_os.server import SpriteOS
 from sprite_os.stopping import STOP_REPORT
 from tests.conftest import (

@@ -19,13 +19,16 @@ import secrets
 import signal
 import sys
 import threading
-from typing import TextIO
+from collections.abc import Coroutine
+from typing import Any, TextIO, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .. import protocol as p
 from ..config import Settings, load_settings, resolve_token
+
+T = TypeVar("T")
 
 RESUME_WAIT = 60.0  # seconds a piped chat with turns outstanding tries to reach the server again
 
@@ -43,6 +46,10 @@ class Renderer:
         self._turns: dict[str, str] = {}  # turn_id -> our client_id
         self.settled = asyncio.Event()  # set while nothing of ours is outstanding
         self.settled.set()
+        # Set while fewer of ours are outstanding than the server lets wait: a message is sent only then, so a
+        # long script is fed as the agent takes it, never refused `queue_full`.
+        self.room = asyncio.Event()
+        self.room.set()
         self.failed = 0  # our messages refused, or whose turns ended not completed or not saved
         # A message's id is echoed to every client and kept in the record: unique to this run, and
         # counted across its reconnects, so no other run's message (nor an earlier one of ours) has it.
@@ -59,7 +66,16 @@ class Renderer:
 
     def sent(self, client_id: str) -> None:
         self.outstanding.add(client_id)
-        self.settled.clear()
+        self._counted()
+
+    def _counted(self) -> None:
+        """`settled` and `room` as the outstanding messages now are."""
+        for event, on in ((self.settled, not self.outstanding),
+                          (self.room, len(self.outstanding) < p.MAX_QUEUED_MESSAGES)):
+            if on:
+                event.set()
+            else:
+                event.clear()
 
     def receive(self, frame: p.AnyServerFrame) -> None:
         self.last_seq = max(self.last_seq or 0, frame.seq)
@@ -86,14 +102,14 @@ class Renderer:
         self.outstanding -= gone
         self._turns = {turn: ours for turn, ours in self._turns.items() if ours not in gone}
         self.failed += len(gone)
-        if not self.outstanding:
-            self.settled.set()
+        self._counted()
         self._line(f"! after reconnecting, {len(gone)} of your messages were neither answered, running "
                    "nor waiting: their turns may not have run or been saved")
         self.out.flush()
 
     def refused(self, why: str) -> None:
-        """A line the person typed that is not sent."""
+        """A line the person typed that is not sent: a message that did not run, so the run did not succeed."""
+        self.failed += 1
         self._line(f"! not sent: {why}")
         self.out.flush()
 
@@ -137,8 +153,7 @@ class Renderer:
                     self.outstanding.discard(ours)
                     if status != "completed" or not saved:
                         self.failed += 1
-                if not self.outstanding:
-                    self.settled.set()
+                self._counted()
                 price = f", ${cost:.4f}" if cost else ""
                 price += f" (session ${total:.4f})" if total else ""
                 said = "stopped by the server" if by_server else status  # not the person's interrupt
@@ -154,8 +169,7 @@ class Renderer:
                 if client_id in self.outstanding:  # our message was refused: no turn of it will complete
                     self.outstanding.discard(client_id)
                     self.failed += 1
-                    if not self.outstanding:
-                        self.settled.set()
+                    self._counted()
                 self._line(f"! {code}: {message}" + (f"\n  ({detail})" if detail else ""))
         self.out.flush()
 
@@ -242,13 +256,10 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
     receiver = asyncio.create_task(receive())
     try:
         while not render.input_ended:
-            get = asyncio.create_task(lines.get())
-            done, _ = await asyncio.wait({get, receiver}, return_when=asyncio.FIRST_COMPLETED)
-            if receiver in done:
-                get.cancel()
-                receiver.result()
-                raise ConnectionClosed(None, None)
-            line = get.result()
+            # The next line is read only once the server has room for it (a script's lines, all there at
+            # once, would fill its queue), so no line is in hand when the connection drops.
+            await _unless_closed(render.room.wait(), receiver)
+            line = await _unless_closed(lines.get(), receiver)
             if line is None:  # end of input: let the turns we started finish, then leave
                 render.input_ended = True
                 break
@@ -282,6 +293,17 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
         return render.exit_code()
     finally:
         receiver.cancel()
+
+
+async def _unless_closed(step: Coroutine[Any, Any, T], receiver: asyncio.Task[None]) -> T:
+    """`step`'s result, or ConnectionClosed (the receiver's own error first) if the connection ends before."""
+    task = asyncio.create_task(step)
+    done, _ = await asyncio.wait({task, receiver}, return_when=asyncio.FIRST_COMPLETED)
+    if receiver in done:
+        task.cancel()
+        receiver.result()
+        raise ConnectionClosed(None, None)
+    return task.result()
 
 
 def server_url(settings: Settings) -> str:

@@ -55,7 +55,7 @@ POOL = 50  # candidates each retriever hands to fusion
 # a literal, so that a change of POOL does not move a fitted input.
 SPREAD_RANK = 50
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
-# Queries begun before their search asks, at most: as many messages as may wait for the agent (the runtime's
+# Queries begun before their search asks, at most: as many messages as may wait for the agent (protocol's
 # MAX_QUEUED_MESSAGES). They run first come, first served, so a smaller cap gave up the next one's vector
 # first and made it again; each kept is 1.5 KB.
 EXPECTED = 16
