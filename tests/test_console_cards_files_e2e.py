@@ -537,6 +537,7 @@ async def test_a_download_asked_for_as_another_is_cancelled_waits_for_its_place(
         await expect(first).to_have_attribute("data-state", "cancelling")
         chunks.on = False
         await tab.page.locator('[data-name="second.txt"]').get_by_test_id("download").click()
+        await expect(tab.by("files-flash")).to_have_text("second.txt starts once the cancelled download is let go.")
         await chunks.release()  # the chunk's answer comes: then the cancel goes
         await expect(first.get_by_test_id("transfer-state")).to_have_text("cancelled")
         second = tab.by("download-progress").filter(has_text="second.txt")

@@ -331,6 +331,8 @@ export class FilesView {
     const letGo = Promise.race([new Promise((resolve) => { over = resolve; }), aborted(transfer.ended)]);
     const cancel = () => { this.letting.add(letGo); transfer.cancel(); };
     try {
+      // It has no line until it starts: the person is told why nothing moves yet (not to click again).
+      if (this.letting.size) this.say(`${name} starts once the cancelled download is let go.`);
       await Promise.all(this.letting);
       start = await retried(() => ask("download_start", { path }), () => {}, DROPPED, signal);
       line = this.transfer("download-progress", "Downloading", shownName(name), start.size, transfer.ended, cancel);
