@@ -15,7 +15,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,39 @@ def anthropic_sdk() -> None:
     batch spends its deadline on it. A fixture, not an import here: xdist's controller, which runs no
     test, loads this file too."""
     import anthropic  # noqa: F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The worker's HOME for everything the run starts (the CLIs of its servers, in-process or not, and
+    deploys), in the run's temp folder and removed at its end; set before any server starts (a session
+    fixture that every test uses). With the host's HOME the CLI's Bash tool ran the host's shell config
+    for its snapshot (`bash -l`: a stale pyenv lock there made that take a minute), and the CLI wrote
+    ~/.claude.json and ~/.claude/ on the host, a killed CLI leaving its shell snapshot behind. pip keeps
+    the host's config and cache (`home_settings`). The `user` isolation gives the agent its own home."""
+    home = tmp_path_factory.getbasetemp() / "home"
+    home.mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in home_settings(os.environ, home).items():
+            patch.setenv(name, value)
+        try:
+            yield home
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def home_settings(environ: Mapping[str, str], home: Path) -> dict[str, str]:
+    """The variables that give the run's processes `home` for HOME, and keep what the host's HOME gave
+    them that the run needs: pip's configuration (where the wheels come from: a mirror, local wheels)
+    and its cache (the deploy tests' `pip download` is fast and offline from it)."""
+    host = Path(environ.get("HOME") or Path.home())
+    settings = {"HOME": str(home)}
+    if "PIP_CACHE_DIR" not in environ and "XDG_CACHE_HOME" not in environ:
+        settings["PIP_CACHE_DIR"] = str(host / ".cache" / "pip")
+    if "PIP_CONFIG_FILE" not in environ and "XDG_CONFIG_HOME" not in environ:
+        found = [f for f in (host / ".config" / "pip" / "pip.conf", host / ".pip" / "pip.conf") if f.is_file()]
+        settings.update({"PIP_CONFIG_FILE": str(found[0])} if found else {})
+    return settings
 
 
 @pytest.fixture(autouse=True)

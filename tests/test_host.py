@@ -14,6 +14,7 @@ import pytest
 
 from devkit import host
 from devkit.processes import kit_env
+from tests.conftest import home_settings
 
 pytest_plugins = ("pytester",)  # an in-process session: a pytest process of its own costs 5 s of CPU under coverage
 
@@ -258,3 +259,23 @@ def test_a_run_waiting_while_the_last_one_out_removes_the_lock_takes_the_lock_at
         assert not (fake_host / "runs").exists()
     waiter.join(timeout=30)
     assert held == [True]  # it holds the lock at the path, not the one removed
+
+
+def test_the_runs_processes_have_a_home_of_their_own_and_pip_keeps_the_hosts(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The CLIs the run starts get the worker's home (tests/conftest.py's `run_home`), not the host's;
+    pip, which read its configuration and cache through the host's HOME, still finds them."""
+    assert Path(os.environ["HOME"]).is_relative_to(tmp_path_factory.getbasetemp())
+    host_home, home = tmp_path / "host", tmp_path / "home"
+    config = host_home / ".config" / "pip" / "pip.conf"
+    config.parent.mkdir(parents=True)
+    config.write_text("[global]\nfind-links = /the/hosts/wheels\n")
+    settings = home_settings({"HOME": str(host_home)}, home)
+    assert settings == {"HOME": str(home), "PIP_CACHE_DIR": str(host_home / ".cache" / "pip"),
+                        "PIP_CONFIG_FILE": str(config)}
+    seen = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                          check=True, env={**os.environ, **settings}).stdout
+    assert "global.find-links='/the/hosts/wheels'" in seen
+    # What the host's environment already says of pip's files is its own, HOME aside.
+    assert home_settings({"HOME": str(host_home), "PIP_CACHE_DIR": "/c", "PIP_CONFIG_FILE": "/f"}, home) == {
+        "HOME": str(home)}

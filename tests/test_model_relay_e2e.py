@@ -21,7 +21,8 @@ PROBE = "printenv; echo ---; cat /proc/$PPID/environ | tr '\\0' '\\n'"
 
 
 async def test_the_agents_shell_sees_neither_the_proxy_key_nor_the_server_token(
-        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, bridge: MockBridge,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # As on a Sprite: the server's own environment holds the key and the token (the SDK hands the
     # CLI all of it), besides the settings that carry them.
     monkeypatch.setenv("ANTHROPIC_API_KEY", PROXY_KEY)
@@ -46,6 +47,10 @@ async def test_the_agents_shell_sees_neither_the_proxy_key_nor_the_server_token(
         assert f"ANTHROPIC_API_KEY={relay_key}" in environment  # the relay's key: it opens the relay only
         assert "ANTHROPIC_BASE_URL=http://127.0.0.1:" in environment
         assert "SPRITE_OS_TOKEN=\n" in environment + "\n" and "BRIDGE_DEPLOY_SECRET=\n" in environment + "\n"
+        # The suite's CLIs have a home in the run's temp folder (tests/conftest.py), never the host's:
+        # its shell config is not theirs to run, nor its ~/.claude theirs to write.
+        [home] = [line.removeprefix("HOME=") for line in environment.splitlines() if line.startswith("HOME=")]
+        assert Path(home).is_relative_to(tmp_path_factory.getbasetemp()), home
     assert PROXY_KEY not in seen and SERVER_TOKEN not in seen and OTHER_SECRET not in seen
     # Every request of the CLI reached the proxy with the real key, put there by the relay.
     keys = {next(v for k, v in r.headers.items() if k.lower() == "x-api-key") for r in bridge.agent_requests()}
