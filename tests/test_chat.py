@@ -334,3 +334,33 @@ async def test_a_long_script_is_fed_as_the_agent_takes_it_never_refused_queue_fu
         proc.stdin.close()
         assert await _exits_promptly(proc) == 0
     assert (ran, refused) == (lines, 0)
+
+
+async def test_a_message_sent_before_the_ready_came_is_not_called_lost() -> None:
+    """A piped chat sends its lines at once, before the server's ready: the server made that ready (its
+    `waiting`) before it read them. The chat counted them lost ("after reconnecting, 1 of your messages
+    were neither answered, running nor waiting"), left while the turn ran, and exited 1 on a healthy run."""
+    async def ready_made_before_the_line(ws: ServerConnection) -> None:
+        await ws.recv()  # the hello
+        line = json.loads(await ws.recv())  # the script's line, on its way before the ready went
+        await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s", session_id="sess",
+                                       last_seq=0, agent="idle", turn_id=None, cards=[])).decode())
+        await ws.send(p.encode(p.TurnStarted(seq=1, turn_id="t1", text=line["text"],
+                                             client_id=line["client_id"])).decode())
+        await asyncio.sleep(0.3)
+        await ws.send(p.encode(p.TurnComplete(seq=2, turn_id="t1", duration_ms=300, usage=p.Usage(),
+                                              status="completed")).decode())
+        async for _ in ws:
+            pass
+
+    async with serve(ready_made_before_the_line, "127.0.0.1", 0) as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sprite_os", "chat", "--url", f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SPRITE_")}, "SPRITE_OS_TOKEN": TOKEN})
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"hello\n")
+        proc.stdin.close()
+        assert await _exits_promptly(proc) == 0
+        said = (await proc.stdout.read()).decode()
+    assert "· completed in 0.3s" in said and "!" not in said, said

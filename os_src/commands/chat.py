@@ -56,7 +56,7 @@ class Renderer:
         self._run = secrets.token_hex(8)  # 64 bits: a run colliding with one of the 10,000 ids the server holds is not to be met
         self._count = 0
         self.input_ended = False  # stdin's end was read: only the outstanding turns are left to wait for
-        self._asked: set[str] = set()  # outstanding when the last ready came: checked once its replay is in
+        self._asked: set[str] = set()  # outstanding when the last hello went: checked once its ready and replay are in
         self._live: set[str | None] = set()  # the client ids that ready said are running or waiting
         self._replay_left = 0
 
@@ -82,7 +82,6 @@ class Renderer:
         replaying = self._replay_left > 0
         if isinstance(frame, p.Ready):
             self.stream = frame.stream
-            self._asked = set(self.outstanding)
             self._live = {frame.turn_client_id, *frame.waiting}
             self._replay_left = frame.replayed
         elif replaying:
@@ -90,6 +89,11 @@ class Renderer:
         self.show(frame)
         if (isinstance(frame, p.Ready) or replaying) and not self._replay_left:
             self._resumed()
+
+    def greeted(self) -> None:
+        """The hello went: the messages out now are what its ready must account for. Not those sent after
+        it, before the ready came: the server made the ready before it read them."""
+        self._asked = set(self.outstanding)
 
     def _resumed(self) -> None:
         """A ready and the events it replayed are in: a message of ours that is neither answered (its
@@ -220,6 +224,7 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
                     delay, connected, lost_at = 0.5, True, None
                     hello = p.Hello(last_seq=render.last_seq, stream=render.stream, client="sprite-os chat")
                     await ws.send(p.encode(hello).decode())
+                    render.greeted()
                     return await _session(ws, render, lines)
             except InvalidStatus as exc:
                 status = exc.response.status_code
