@@ -201,7 +201,7 @@ class AgentRuntime:
         if client_id is not None and (taken := self._taken.get(client_id)) is not None:
             raise AlreadyTaken("the agent took this message already: it is not run again",
                                taken.session_id, taken.turn_id)
-        if len(self._inbox) >= p.MAX_QUEUED_MESSAGES:
+        if self._inbox.messages() >= p.MAX_QUEUED_MESSAGES:
             raise QueueFull(f"{p.MAX_QUEUED_MESSAGES} messages are already waiting for the agent")
         turn = Turn(text, client_id)
         self._put(turn)

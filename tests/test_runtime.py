@@ -877,6 +877,22 @@ async def test_an_unreadable_record_leaves_only_this_runs_messages_known(tmp_pat
         await harness.rt.shutdown(5)
 
 
+async def test_the_queue_limit_counts_messages_not_new_sessions_between_them(h: Harness) -> None:
+    """A script of questions each after a /new: the new sessions waiting counted against the messages'
+    limit, and the ninth question was refused queue_full though eight messages waited."""
+    h.hold = True
+    h.rt.submit("first", "web-0")
+    await h.until(lambda: h.rt.state == "running")
+    for n in range(MAX_QUEUED_MESSAGES):
+        h.rt.new_session()
+        h.rt.submit(f"m{n}", f"web-m{n}")
+    with pytest.raises(QueueFull):
+        h.rt.submit("refused", "web-r")
+    assert h.rt.waiting == [f"web-m{n}" for n in range(MAX_QUEUED_MESSAGES)]
+    h.hold = False
+    await h.rt.interrupt()
+
+
 async def test_a_refused_message_sent_again_with_its_id_is_taken(h: Harness) -> None:
     h.hold = True
     h.rt.submit("first", "web-0")

@@ -343,6 +343,10 @@ class Inbox:
     def peek(self) -> Command:
         return self._commands[0]
 
+    def messages(self) -> int:
+        """The person's messages queued: what the queue's limit counts (not the new sessions between them)."""
+        return sum(isinstance(c, Turn) for c in self._commands)
+
     def waiting(self) -> list[str]:
         """The client ids of the messages still queued, in order (those sent without one left out)."""
         return [c.client_id for c in self._commands if isinstance(c, Turn) and c.client_id is not None]
