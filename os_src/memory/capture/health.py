@@ -62,8 +62,9 @@ def advice(name: str) -> str:
                 f'"ended"}}, the last line the newest (`tail -n 1 .os/state/{name}`); then remove it')
     return (f"the disk failed to read it; a later read may not. To replay its turns: stop the server; if "
             f".os/state/{JOURNAL_NAME} is there, start the server and stop it once first (that start records "
-            f"it); then `mv -n .os/state/{name} .os/state/{JOURNAL_NAME}` (-n: never over a live one) and "
-            "start the server")
+            f"it); then `mv -n .os/state/{name} .os/state/{JOURNAL_NAME}` (-n: never over a live one; it does "
+            f"nothing, and says nothing, while .os/state/{JOURNAL_NAME} is there: check that .os/state/{name} is gone) "
+            "and start the server")
 
 
 def degraded(report: dict[str, Any]) -> bool:
