@@ -115,8 +115,9 @@ class FileChanged(SpriteOSError):
 
 class StillSaving(SpriteOSError):
     """Turns a forget names still wait to be saved (transcript.db locked or failing, or a turn journal a
-    start could not read is set aside for a replay): forgetting now would miss them, and they would land
-    later, words and all. Try again once they have landed (or the journal was replayed or removed)."""
+    start could not read is set aside for a replay, or stuck where the next start reads it again):
+    forgetting now would miss them, and they would land later, words and all. Try again once they have
+    landed (or the journal was replayed or removed, or a restart read it)."""
 
 
 class BudgetSpent(SpriteOSError):

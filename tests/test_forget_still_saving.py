@@ -127,6 +127,19 @@ async def test_a_forget_by_session_or_wire_id_waits_for_a_set_aside_turn_journal
         await memory.stop()
 
 
+async def test_a_forget_by_session_or_wire_id_is_refused_while_the_turn_journal_is_stuck(system: MemorySystem) -> None:
+    """A journal a start could neither read nor set aside stays where it is, and the next start reads it
+    again: if the read then succeeds, its turns are replayed with no one asking, a forgotten session's too,
+    with no tombstone. So a forget by session or wire id is refused while it is stuck; one by row id is not."""
+    system.capture.journal.restore([], stuck=True)
+    for named in ({"session_id": "s1"}, {"turn_ids": ["s1-t1"]}):
+        with pytest.raises(StillSaving, match="could neither read nor set aside"):
+            await system.forget_turns(by="test", **named)  # type: ignore[arg-type]
+    assert await words(system) == ["My name is Ada"]
+    (row,) = await system.transcript.call(lambda t: t.ids_of(session_id="s1"))
+    assert [o.sequence_num for o in (await system.forget_turns([row], by="test")).turns] == [1]
+
+
 async def wait_for_words(system: MemorySystem, text: str) -> bool:
     await system.writer.drained(30)
     return text in await words(system)

@@ -58,6 +58,9 @@ FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns st
 JOURNAL_SET_ASIDE = ("some of these turns may be in a turn journal the server could not read at a start, which is "
                      "kept for the operator: it must be replayed or removed first (`sprite-os memory status` says "
                      "how); try again then")
+JOURNAL_STUCK = ("some of these turns may be in a turn journal the server could neither read nor set aside, which the "
+                 "next start reads again and may replay: restart once the disk reads it (`sprite-os memory status` "
+                 "says what is wrong); try again then")
 BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
 
 
@@ -181,8 +184,10 @@ class MemorySystem:
         wire id) has still not landed after FORGET_DRAIN_BUDGET (transcript.db locked or failing): it
         would land after the forget, words and all, so the forget is refused rather than acknowledged.
         So is one by session or wire id while a turn journal a start could not read is set aside: it may
-        hold such turns, which the documented replay (renaming it back) would record, words and all. (A
-        turn named by its row id is in transcript.db already: a replay never records it again.)"""
+        hold such turns, which the documented replay (renaming it back) would record, words and all; or
+        while one is stuck (it could not even be set aside): the next start reads it again and, if the read
+        then succeeds, replays it with no one asking. (A turn named by its row id is in transcript.db
+        already: a replay never records it again.)"""
         if session_id is not None or turn_ids:
             self._refuse_if_journal_set_aside()
         if not await self.writer.drained(FORGET_DRAIN_BUDGET) and self.writer.holds_turns(
@@ -204,6 +209,9 @@ class MemorySystem:
             log.warning("forget_refused_journal_set_aside", journals=journals,
                         hint="replay or remove it: `sprite-os memory status` says how for each")
             raise StillSaving(JOURNAL_SET_ASIDE)
+        if self.capture.journal.stuck:
+            log.warning("forget_refused_journal_stuck", hint="restart once the disk reads the turn journal")
+            raise StillSaving(JOURNAL_STUCK)
 
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
