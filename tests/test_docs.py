@@ -221,8 +221,12 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
         ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
-        ("docs/memory.md", f"not move for {memory_import.STALL_WAIT:.0f} s (its attempts failing"),
-        ("docs/reliability.md", f"or gives up after {memory_import.STALL_WAIT:.0f} s in which its count of turns"),
+        ("docs/memory.md", f"for {memory_import.STALL_WAIT:.0f} s (its attempts failing, say on a full disk, each "
+                           f"reports; after a failed one,\n  the retry's longest wait, {retry.max / 60:.0f} minutes, "
+                           "comes on top)"),
+        ("docs/reliability.md", f"or gives up after {memory_import.STALL_WAIT:.0f} s in which the server wrote no new "
+                                f"report of the file (exit 1, the file queued; every attempt reports, a failed one too, "
+                                f"and after a failed one the retry's longest wait, {retry.max / 60:.0f} min, comes on top)"),
         ("docs/memory.md", f"growing wait ({retry.first:.0f} s, {retry.first * 2:.0f} s, {retry.first * 4:.0f} s … up\n"
                            f"  to {retry.max / 60:.0f} minutes), and after "
                            f"{_count(import_inbox.FAILED_ATTEMPTS_DEGRADED)} failed in a row"),
