@@ -235,6 +235,7 @@ def _figures() -> list[tuple[str, str]]:
                                 f"{retry.first * 2:.0f}, {retry.first * 4:.0f} … up to {retry.max / 60:.0f} min"),
         ("docs/reliability.md", f"after {import_inbox.MAX_ATTEMPTS} failed attempts in a row (about 10 minutes)"),
         ("docs/protocol.md", f"import file the server gave up on after {import_inbox.MAX_ATTEMPTS} failed attempts"),
+        ("docs/protocol.md", f"After {import_inbox.MAX_ATTEMPTS} failed attempts in a row the server gives up on the file"),
         ("docs/reliability.md", f"`degraded` after {import_inbox.FAILED_ATTEMPTS_DEGRADED} failed attempts in a row"),
         ("docs/protocol.md", f"attempts have failed {_count(import_inbox.FAILED_ATTEMPTS_DEGRADED, 'times')} or more"),
         ("docs/protocol.md", f"has still not reached `transcript.db` after {system.FORGET_DRAIN_BUDGET:.0f} s"),
