@@ -169,7 +169,7 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os import deploy_contract, events, gateway, stopping
     from sprite_os import protocol as p
     from sprite_os.agent import frames
-    from sprite_os.commands import memory_import
+    from sprite_os.commands import chat, memory_import
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
     from sprite_os.memory import files, import_inbox, system
@@ -181,6 +181,9 @@ def _figures() -> list[tuple[str, str]]:
     retry = import_inbox.IMPORT_RETRY
     return [
         ("docs/protocol.md", f"up to {p.MAX_QUEUED_MESSAGES} may wait"),
+        ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES})"),
+        ("README.md", f"can't be reached again within {chat.RESUME_WAIT:.0f} s, whether or not all its lines"),
+        ("docs/reliability.md", f"cannot be reached again within {chat.RESUME_WAIT:.0f} s (whether or not"),
         ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES}"),
         ("docs/reliability.md", f"at most {p.MAX_QUEUED_MESSAGES} of its messages out at once"),
         ("docs/protocol.md", f"the last {events.REPLAY_BUFFER:,} events, and at most {events.REPLAY_BYTES // mib} MB"),
