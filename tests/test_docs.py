@@ -170,6 +170,7 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os import protocol as p
     from sprite_os.agent import frames
     from sprite_os.commands import chat, memory_import
+    from sprite_os.commands import memory as memory_command
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
     from sprite_os.memory import files, import_inbox, system
@@ -224,6 +225,8 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
         ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
+        ("README.md", f"unless `{memory_command.REBUILD_ANYWAY}`"),
+        ("docs/memory.md", f"or pass `{memory_command.REBUILD_ANYWAY}` to rebuild anyway"),
         ("docs/memory.md", f"for {memory_import.STALL_WAIT:.0f} s (its attempts failing, say on a full disk, each "
                            f"reports; after a failed one,\n  the retry's longest wait, {retry.max / 60:.0f} minutes, "
                            "comes on top)"),
