@@ -12,7 +12,7 @@ from typing import Any
 
 from chaos.turns import MARKER, Reconciled, TurnLog, reconcile
 from devkit.processes import workspace_clis
-from sprite_os.memory.capture.journal import STOPPED_NOTE, journal_path
+from sprite_os.memory.capture.journal import STOPPED_NOTE, journal_path, read_state
 from sprite_os.memory.files import SPECS, limit_error
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.schema import PENDING, PROCESSED
@@ -150,14 +150,14 @@ def recorded_now(workspace: Path) -> set[str]:
 
 
 def journal_holds(workspace: Path, marker: str) -> bool:
-    """Whether the turn journal's state (its last whole line), read while the server runs, holds the
-    turn that carries `marker`: from then on a kill -9 leaves that turn to be recorded at the next start."""
+    """Whether the turn journal's state, as a start reads it (read_state), read while the server runs,
+    holds the turn whose message carries `marker`: from then on a kill -9 leaves that turn to be recorded
+    at the next start."""
     try:
-        data = journal_path(Layout(workspace)).read_bytes()
+        entries = read_state(journal_path(Layout(workspace)))
     except OSError:
         return False
-    whole = [line for line in data[:data.rfind(b"\n") + 1].splitlines() if line.strip()]
-    return bool(whole) and marker.encode() in whole[-1]
+    return any(marker in e.observation.user_message for e in entries or [])
 
 
 def pending_now(workspace: Path) -> int:

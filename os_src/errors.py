@@ -17,7 +17,8 @@ Durability: what was or was not kept on disk, and the wire code each becomes.
   done, not to be sent again.
 - `fsutil.TornAppend` (an OSError): an append failed and cutting the file back failed too; the turn
   journal's next save rewrites the file whole. No wire code of its own (a turn no way took: `not_saved`).
-- `StillSaving` (here): a forget names turns not on disk yet; answered `busy`.
+- `StillSaving` (here): a forget names turns not on disk yet; answered `busy`. Its subclass
+  `ForgetWouldMiss`: an unreadable turn journal may hold them, and only the operator (or a restart) ends it.
 - `memory.capture.journal.JournalUnreadable` (a SpriteOSError): the turn journal found at start could not
   be read; it is set aside (`/healthz` and `memory status` say so). No wire code.
 - A closed turn neither transcript.db nor the journal took is no exception: the server sends the
@@ -114,9 +115,15 @@ class FileChanged(SpriteOSError):
 
 
 class StillSaving(SpriteOSError):
-    """Turns a forget names still wait to be saved (transcript.db locked or failing, or a turn journal a
-    start could not read is set aside for a replay): forgetting now would miss them, and they would land
-    later, words and all. Try again once they have landed (or the journal was replayed or removed)."""
+    """Turns a forget names still wait to be saved (transcript.db locked or failing): forgetting now
+    would miss them, and they would land later, words and all. Try again once they have landed."""
+
+
+class ForgetWouldMiss(StillSaving):
+    """A forget by session or wire id while a turn journal a start could not read is set aside for the
+    operator's replay, or stuck where the next start reads it again: it may hold turns the forget would
+    miss, which the replay would record, words and all. Not a moment's wait: it lasts until the operator
+    replays or removes the journal (`memory status` says how), or a restart reads it."""
 
 
 class BudgetSpent(SpriteOSError):

@@ -17,15 +17,18 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import pytest_asyncio
 
+from chaos.checks import journal_holds
 from chaos.run import Result, run
 from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, _kill_mid_turn, private_growth
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
 from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
 from devkit.processes import memory_kib
-from sprite_os.memory.capture.journal import journal_path
+from sprite_os.memory.capture.journal import Entry, journal_path
+from sprite_os.memory.transcript_store import NewObservation
 from sprite_os.paths import Layout
 
 
@@ -69,7 +72,7 @@ async def test_a_kill_mid_turn_lands_once_the_open_turn_is_on_disk(tmp_path: Pat
         async def turn(self, note: str, *, started: asyncio.Event) -> Turn:
             marker = self.log.new_marker()
             started.set()
-            asyncio.get_running_loop().call_later(0.3, journal.write_text, f'[{{"user_message": "{marker} {note}"}}]\n')
+            asyncio.get_running_loop().call_later(0.3, journal.write_bytes, _journal_line(f"{marker} {note}"))
             await killed.wait()
             return Turn(marker, "kill9", "cut", 0.3)
 
@@ -79,6 +82,25 @@ async def test_a_kill_mid_turn_lands_once_the_open_turn_is_on_disk(tmp_path: Pat
 
     assert await _kill_mid_turn(SlowToSave(), False, _SoonestMoment()) == "mid_turn"  # type: ignore[arg-type]
     assert on_disk_at_kill == [True]
+
+
+def _journal_line(user: str, answer: str = "") -> bytes:
+    """One save of the turn journal holding an open turn, as the server writes it."""
+    turn = NewObservation(timestamp=1_800_000_000.0, session_id="s", sequence_num=1, user_message=user,
+                          tool_calls_json="[]", agent_response=answer, turn_id="t1", status="running")
+    return msgspec.json.encode([Entry(turn, ended=False)]) + b"\n"
+
+
+def test_the_journal_holds_a_turn_by_its_message_as_a_start_reads_it(tmp_path: Path) -> None:
+    """The check searched the last line's raw bytes, a copy of the journal's reading rule: a turn whose
+    answer quoted an earlier turn's marker counted as that turn on disk. It reads the state as a start does."""
+    journal = journal_path(Layout(tmp_path))
+    journal.parent.mkdir(parents=True)
+    journal.write_bytes(_journal_line("CHAOS-000002 go on", answer="as CHAOS-000001 asked"))
+    assert journal_holds(tmp_path, "CHAOS-000002") and not journal_holds(tmp_path, "CHAOS-000001")
+    journal.write_bytes(journal.read_bytes() + _journal_line("CHAOS-000003 next")[:40])  # an append torn
+    assert journal_holds(tmp_path, "CHAOS-000002") and not journal_holds(tmp_path, "CHAOS-000003")
+    assert not journal_holds(tmp_path / "none", "CHAOS-000002")
 
 
 def test_the_long_runs_bound_is_on_private_memory_not_on_mapped_model_pages() -> None:

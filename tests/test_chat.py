@@ -282,7 +282,7 @@ async def test_a_piped_chat_exits_non_zero_for_a_turn_that_failed_was_not_saved_
         assert "· completed in 0.5s" in said and "!" not in said, said
 
 
-async def test_a_long_script_is_fed_as_the_agent_takes_it_never_refused_queue_full() -> None:
+async def test_a_long_script_is_fed_as_the_agent_takes_it_never_more_than_the_server_queues() -> None:
     """A piped chat sent every line at once: past the MAX_QUEUED_MESSAGES the server lets wait, the rest
     were refused `queue_full` and the run exited 1. It keeps fewer than that outstanding: every line runs,
     in order, and it exits 0."""
@@ -364,3 +364,43 @@ async def test_a_message_sent_before_the_ready_came_is_not_called_lost() -> None
         assert await _exits_promptly(proc) == 0
         said = (await proc.stdout.read()).decode()
     assert "· completed in 0.3s" in said and "!" not in said, said
+
+
+async def test_a_piped_chat_gives_up_on_a_server_that_never_comes_back_with_lines_unsent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound on reconnecting applied only once the input had ended. A script longer than the server's
+    queue is still mid-input when the server dies (its next line waits for room), so it reconnected every
+    10 s forever, and a cron job or CI step that relied on exit 1 hung. A piped chat gives up after
+    RESUME_WAIT whether or not its input ended."""
+    import io
+
+    from sprite_os.commands import chat
+
+    monkeypatch.setattr(chat, "RESUME_WAIT", 1.0)
+    script = "".join(f"step {n}\n" for n in range(p.MAX_QUEUED_MESSAGES + 4))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))  # not a terminal: a script's input
+    got: list[str] = []
+    full = asyncio.Event()
+
+    async def take_then_die(ws: ServerConnection) -> None:  # takes the messages, runs none, then is gone
+        async for message in ws:
+            frame = json.loads(message)
+            if frame["type"] == "hello":
+                await ws.send(p.encode(p.Ready(seq=0, protocol=1, server_version="test", stream="s",
+                                               session_id="sess", last_seq=0, agent="idle", turn_id=None,
+                                               cards=[])).decode())
+            elif frame["type"] == "user_message":
+                got.append(frame["text"])
+                if len(got) == p.MAX_QUEUED_MESSAGES:
+                    full.set()
+
+    out = io.StringIO()
+    async with serve(take_then_die, "127.0.0.1", 0) as server:
+        client = asyncio.create_task(chat.chat(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}", TOKEN, out))
+        await asyncio.wait_for(full.wait(), EXIT_BOUND)
+    try:  # the server is gone for good, with the script's last lines unsent
+        assert await asyncio.wait_for(asyncio.shield(client), 10) == 1
+    finally:
+        client.cancel()
+    assert len(got) == p.MAX_QUEUED_MESSAGES
+    assert "could not be reached again within 1s" in out.getvalue()

@@ -14,6 +14,7 @@ from devkit.harness import make_settings
 from sprite_os.commands.main import main as cli
 from sprite_os.console import memory_frames as pm
 from sprite_os.console.memory_api import MemoryConsole
+from sprite_os.memory import import_inbox
 from sprite_os.memory.forget.learnings import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall.searcher import RecallHit
@@ -410,6 +411,19 @@ async def test_health_answers_and_says_so_while_imports_fail_between_attempts(co
     assert isinstance(reply, pm.MemoryHealthResult) and reply.health.recall is not None
     r = reply.health.recall
     assert (r.importing, r.imported, r.import_failing) == (None, 0, "OSError(28, 'No space left on device')")
+    assert r.import_set_aside == []
+
+
+async def test_health_says_an_import_the_server_gave_up_on_apart_from_one_it_retries(
+        console: MemoryConsole, system: MemorySystem) -> None:
+    """A set-aside file's message came as `import_failing`, and the page said "Import waiting" of a file
+    never retried again: it has a field of its own, and is not said to be failing."""
+    aside = import_inbox.inbox_dir(system.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.FAILED}"
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    aside.write_text("")
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.recall is not None
+    assert (reply.health.recall.import_failing, reply.health.recall.import_set_aside) == (None, [aside.name])
 
 
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:

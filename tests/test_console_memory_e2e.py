@@ -279,14 +279,35 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
     monkeypatch.setattr(import_inbox, "waiting", unreadable)
     assert server.memory is not None
     await wait_for(lambda: server.memory is not None and server.memory.imports.failing > 0, timeout=30)
+    async with health_tab(server) as tab:
+        await expect(tab.by("memory-import-failing")).to_contain_text("Input/output error")
+        await expect(tab.by("memory-searchable")).to_be_visible()
+
+
+@contextlib.asynccontextmanager
+async def health_tab(server: SpriteOS) -> AsyncIterator[Tab]:
+    """A signed-in page on memory's Health view; clean after what the block checks."""
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
         await tab.sign_in()
         await tab.connected()
         await tab.memory("health")
-        await expect(tab.by("memory-import-failing")).to_contain_text("Input/output error")
-        await expect(tab.by("memory-searchable")).to_be_visible()
+        yield tab
         tab.assert_clean()
+
+
+async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operator(server: SpriteOS) -> None:
+    """A file set aside after its attempts failed was shown as "Import waiting: its last attempt failed",
+    under a comment that the server retries on its own; it is never retried until the operator acts."""
+    from sprite_os.memory import import_inbox
+
+    aside = import_inbox.inbox_dir(server.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.FAILED}"
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    aside.write_text("")
+    async with health_tab(server) as tab:
+        await expect(tab.by("memory-import-set-aside")).to_contain_text("Import given up")
+        await expect(tab.by("memory-import-set-aside")).to_contain_text(aside.name)
+        await expect(tab.by("memory-import-failing")).to_have_count(0)
 
 
 async def test_a_rollback_the_disk_did_not_confirm_is_shown_done_with_the_warning_and_the_draft_dropped(

@@ -169,7 +169,8 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os import deploy_contract, events, gateway, stopping
     from sprite_os import protocol as p
     from sprite_os.agent import frames
-    from sprite_os.commands import memory_import
+    from sprite_os.commands import chat, memory_import
+    from sprite_os.commands import memory as memory_command
     from sprite_os.console import downloads, files_api, files_frames, session_frames
     from sprite_os.isolation import cgroups, launch, resources
     from sprite_os.memory import files, import_inbox, system
@@ -181,6 +182,9 @@ def _figures() -> list[tuple[str, str]]:
     retry = import_inbox.IMPORT_RETRY
     return [
         ("docs/protocol.md", f"up to {p.MAX_QUEUED_MESSAGES} may wait"),
+        ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES})"),
+        ("README.md", f"can't be reached again within {chat.RESUME_WAIT:.0f} s, whether or not all its lines"),
+        ("docs/reliability.md", f"cannot be reached again within {chat.RESUME_WAIT:.0f} s (whether or not"),
         ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES}"),
         ("docs/reliability.md", f"at most {p.MAX_QUEUED_MESSAGES} of its messages out at once"),
         ("docs/protocol.md", f"the last {events.REPLAY_BUFFER:,} events, and at most {events.REPLAY_BYTES // mib} MB"),
@@ -221,8 +225,14 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),
         ("docs/architecture.md", f"holds the turn on disk (from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
         ("docs/reliability.md", f"The open turn is on disk from {journal.OPEN_GRACE * 1000:.0f} ms after it opens"),
-        ("docs/memory.md", f"not move for {memory_import.STALL_WAIT:.0f} s (its attempts failing"),
-        ("docs/reliability.md", f"or gives up after {memory_import.STALL_WAIT:.0f} s in which its count of turns"),
+        ("README.md", f"unless `{memory_command.REBUILD_ANYWAY}`"),
+        ("docs/memory.md", f"or pass `{memory_command.REBUILD_ANYWAY}` to rebuild anyway"),
+        ("docs/memory.md", f"for {memory_import.STALL_WAIT:.0f} s (its attempts failing, say on a full disk, each "
+                           f"reports; after a failed one,\n  the retry's longest wait, {retry.max / 60:.0f} minutes, "
+                           "comes on top)"),
+        ("docs/reliability.md", f"or gives up after {memory_import.STALL_WAIT:.0f} s in which the server wrote no new "
+                                f"report of the file (exit 1, the file queued; every attempt reports, a failed one too, "
+                                f"and after a failed one the retry's longest wait, {retry.max / 60:.0f} min, comes on top)"),
         ("docs/memory.md", f"growing wait ({retry.first:.0f} s, {retry.first * 2:.0f} s, {retry.first * 4:.0f} s … up\n"
                            f"  to {retry.max / 60:.0f} minutes), and after "
                            f"{_count(import_inbox.FAILED_ATTEMPTS_DEGRADED)} failed in a row"),
@@ -231,6 +241,7 @@ def _figures() -> list[tuple[str, str]]:
                                 f"{retry.first * 2:.0f}, {retry.first * 4:.0f} … up to {retry.max / 60:.0f} min"),
         ("docs/reliability.md", f"after {import_inbox.MAX_ATTEMPTS} failed attempts in a row (about 10 minutes)"),
         ("docs/protocol.md", f"import file the server gave up on after {import_inbox.MAX_ATTEMPTS} failed attempts"),
+        ("docs/protocol.md", f"After {import_inbox.MAX_ATTEMPTS} failed attempts in a row the server gives up on the file"),
         ("docs/reliability.md", f"`degraded` after {import_inbox.FAILED_ATTEMPTS_DEGRADED} failed attempts in a row"),
         ("docs/protocol.md", f"attempts have failed {_count(import_inbox.FAILED_ATTEMPTS_DEGRADED, 'times')} or more"),
         ("docs/protocol.md", f"has still not reached `transcript.db` after {system.FORGET_DRAIN_BUDGET:.0f} s"),

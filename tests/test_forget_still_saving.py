@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from devkit.harness import make_settings, wait_for
-from sprite_os.errors import SpriteOSError, StillSaving
+from sprite_os.errors import ForgetWouldMiss, SpriteOSError
 from sprite_os.memory import system as system_mod
 from sprite_os.memory.capture.journal import Entry
 from sprite_os.memory.capture.spill import ObservationWrite
@@ -108,8 +108,9 @@ async def test_a_forget_by_session_or_wire_id_waits_for_a_set_aside_turn_journal
     try:
         await memory.transcript.call(lambda t: (t.start_session("s1", T0), t.append(turn(1, "My name is Ada"))))
         for named in ({"session_id": "s1"}, {"turn_ids": ["s1-t2"]}):
-            with pytest.raises(StillSaving, match="turn journal the server could not read"):
+            with pytest.raises(ForgetWouldMiss, match="turn journal the server could not read") as refused:
                 await memory.forget_turns(by="test", **named)  # type: ignore[arg-type]
+            assert "needs the operator" in str(refused.value) and "try again" not in str(refused.value)
         assert await words(memory) == ["My name is Ada"]  # nothing forgotten: the person tries again later
         (row,) = await memory.transcript.call(lambda t: t.ids_of(session_id="s1"))
         assert [o.sequence_num for o in (await memory.forget_turns([row], by="test")).turns] == [1]
@@ -125,6 +126,20 @@ async def test_a_forget_by_session_or_wire_id_waits_for_a_set_aside_turn_journal
         assert not {"My name is Ada", "I live in Lisbon"} & set(await words(memory))
     finally:
         await memory.stop()
+
+
+async def test_a_forget_by_session_or_wire_id_is_refused_while_the_turn_journal_is_stuck(system: MemorySystem) -> None:
+    """A journal a start could neither read nor set aside stays where it is, and the next start reads it
+    again: if the read then succeeds, its turns are replayed with no one asking, a forgotten session's too,
+    with no tombstone. So a forget by session or wire id is refused while it is stuck; one by row id is not."""
+    system.capture.journal.restore([], stuck=True)
+    for named in ({"session_id": "s1"}, {"turn_ids": ["s1-t1"]}):
+        with pytest.raises(ForgetWouldMiss, match="could neither read nor set aside") as refused:
+            await system.forget_turns(by="test", **named)  # type: ignore[arg-type]
+        assert "needs the operator" in str(refused.value) and "try again" not in str(refused.value)
+    assert await words(system) == ["My name is Ada"]
+    (row,) = await system.transcript.call(lambda t: t.ids_of(session_id="s1"))
+    assert [o.sequence_num for o in (await system.forget_turns([row], by="test")).turns] == [1]
 
 
 async def wait_for_words(system: MemorySystem, text: str) -> bool:

@@ -382,6 +382,7 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
     settings = lexical(tmp_path)
     settings.layout.ensure()
     monkeypatch.setattr(memory_import, "STALL_WAIT", 0.5 if server == "stuck" else 60.0)
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.1, 0.1))  # after a failure, a report within this
     with _importing_while_held(settings, tmp_path) as (path, holder, command, result):
         # The server takes it and records one chunk, then is killed, or fails on every attempt after.
         import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, at=time.time()))
@@ -396,6 +397,33 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
     assert "gave up waiting" in err and str(path) in err
     assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
     assert import_inbox.waiting(settings.layout) == [path]  # queued: the next server applies it
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_through_a_server_waits_while_its_failing_attempts_report_until_the_file_is_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Attempts resume where they stopped, so one that fails at the same chunk never moves the count, and
+    the waits between them grow past STALL_WAIT: the command gave up ("recorded none of them") minutes
+    before the server set the file aside, and told the person it stays queued. Each failed attempt's
+    report is life now, and after one the command waits out the retry's longest wait on top."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "STALL_WAIT", 0.3)
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.1, 0.6))
+    with _importing_while_held(settings, tmp_path) as (path, _holder, command, result):
+        for _ in range(3):  # failed attempts at the same chunk, each after a wait longer than STALL_WAIT
+            import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, error="OSError(28)",
+                                                            at=time.time()))
+            time.sleep(0.5)
+        aside = path.with_name(path.name + import_inbox.FAILED)
+        path.rename(aside)  # the server gives up on it, as after MAX_ATTEMPTS
+        command.join(10)
+        assert result == [1]
+        aside.unlink()
+    err = capsys.readouterr().err
+    assert "the server gave up after" in err and str(aside) in err and "recorded none" not in err
 
 
 @pytest.mark.usefixtures("workspace_env")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sprite_os.commands.main import main
+from sprite_os.commands.memory import REBUILD_ANYWAY
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.paths import Layout
 
@@ -132,9 +133,9 @@ def test_a_rebuild_refuses_a_set_aside_copy_it_cannot_read_naming_that_copy(
     assert run(ws, "rebuild", "--yes") == 1
     err = capsys.readouterr().err
     assert f"cannot read {original}, the memory.db from before a rebuild that did not finish" in err, err
-    assert f"Restore a readable copy at {original}, or pass --even-if-forgotten-unreadable" in err, err
+    assert f"Restore a readable copy at {original}, or pass {REBUILD_ANYWAY}" in err, err
     assert original.read_bytes() == b"\xff" * 4096 and memory_db.exists()
-    assert run(ws, "rebuild", "--yes", "--even-if-forgotten-unreadable") == 0  # told to go on: it does
+    assert run(ws, "rebuild", "--yes", REBUILD_ANYWAY) == 0  # told to go on: it does
 
 
 def test_a_rebuild_refuses_when_the_memory_db_an_unfinished_one_set_aside_is_gone(

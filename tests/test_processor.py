@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from devkit.mock_bridge import CutOff, Fault, MockBridge
+from sprite_os.commands.memory import REBUILD_ANYWAY
 from sprite_os.config import Settings
 from sprite_os.db_worker import Worker
 from sprite_os.errors import CuratorError, EditConflict, UnusableReply
@@ -514,7 +515,7 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     capsys.readouterr()
     assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 1
     err = capsys.readouterr().err
-    assert "rebuilding would bring back the learnings forgotten in it" in err and "--even-if-forgotten-unreadable" in err
+    assert "rebuilding would bring back the learnings forgotten in it" in err and REBUILD_ANYWAY in err
     assert f"cannot read {path} (" in err and f"Restore a readable copy at {path}" in err
     assert path.read_bytes() == damaged
 
@@ -528,21 +529,26 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
         memory.close()
 
 
-def _rebuild_anyway_flag() -> str:
-    """`memory rebuild`'s flag that goes on past an unreadable memory.db, whatever it is called: the one
-    option of the subcommand that is neither --yes nor --index."""
-    import argparse
+async def test_a_rebuild_refused_at_its_checkpoint_names_the_way_on_too(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """memory.db read as readable for what was forgotten, then unreadable at the checkpoint before it is set
+    aside: the refusal said only "nothing was set aside or rebuilt", not the flag that goes on, which the same
+    situation's other refusal names."""
+    from sprite_os.commands.main import main as cli
+    from sprite_os.memory.curation import rebuild as module
 
-    from sprite_os.commands.main import _parser
-
-    def sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-        (choices,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        found: argparse.ArgumentParser = choices.choices[name]
-        return found
-
-    rebuild = sub(sub(_parser(), "memory"), "rebuild")
-    (flag,) = [o for a in rebuild._actions for o in a.option_strings if o not in ("-h", "--help", "--yes", "--index")]
-    return flag
+    settings = await _rebuilt_once(tmp_path, bridge, embedding_model="off")
+    path = settings.layout.memory_db
+    monkeypatch.setattr(module, "_before", lambda *a, **k: ([], {}))  # read before the header went bad
+    with path.open("r+b") as f:
+        f.write(b"\x00not a database\x00" * 6)
+    monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", bridge.url)
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot read {path} (" in err and "nothing was set aside or rebuilt" in err, err
+    assert f"Restore a readable copy at {path}, or pass {REBUILD_ANYWAY} to rebuild anyway" in err, err
 
 
 async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_aside_with_its_wal(
@@ -576,7 +582,7 @@ async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_as
     monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
     bridge.curator.script("FACT: Has a cat named Miso [#1]")
     capsys.readouterr()
-    assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes", _rebuild_anyway_flag()]) == 0
+    assert await asyncio.to_thread(cli, ["memory", "rebuild", "--yes", REBUILD_ANYWAY]) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.err and "rebuilt from 1 turns in 1 batches: 1 learnings" in out.out
     assert "every turn's vector will be made again" in out.err  # which turn each was made after: unreadable too

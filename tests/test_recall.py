@@ -379,6 +379,14 @@ def counted(embedder: Any) -> list[str]:
     return calls
 
 
+def test_queries_begun_early_are_kept_for_as_many_messages_as_may_wait_for_the_agent() -> None:
+    """Memory may not import the protocol (test_layers), so the figure is said twice: tied here."""
+    from sprite_os import protocol
+    from sprite_os.memory.recall import searcher
+
+    assert searcher.EXPECTED == protocol.MAX_QUEUED_MESSAGES
+
+
 def test_a_query_begun_early_is_embedded_once_and_recalls_what_it_would_have(tmp_path: Path) -> None:
     """Auto-recall's embedding may begin as its message arrives (Dense.expect): the search then takes that
     vector instead of making it again, and finds exactly what it finds without it."""

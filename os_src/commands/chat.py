@@ -8,7 +8,9 @@ With input from a pipe or file, it leaves once its messages' turns are over, and
 of them was refused, ended other than `completed` or was not saved (`saved: false`, shown on the
 turn's line). A connection that closes before they finish is resumed like any other; it exits 1
 if the resume finds one of them neither answered, running nor waiting (the server lost it: a
-restart), or if the server cannot be reached again within RESUME_WAIT.
+restart), or if the server cannot be reached again within RESUME_WAIT, whether or not its input
+has ended (a long script is mostly still unsent when the server dies). Only a typed chat whose
+input is still open reconnects with no bound.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..config import Settings, load_settings, resolve_token
 
 T = TypeVar("T")
 
-RESUME_WAIT = 60.0  # seconds a piped chat with turns outstanding tries to reach the server again
+RESUME_WAIT = 60.0  # seconds a piped chat (or one whose input ended) tries to reach the server again
 
 
 class Renderer:
@@ -47,7 +49,8 @@ class Renderer:
         self.settled = asyncio.Event()  # set while nothing of ours is outstanding
         self.settled.set()
         # Set while fewer of ours are outstanding than the server lets wait: a message is sent only then, so a
-        # long script is fed as the agent takes it, never refused `queue_full`.
+        # long script is fed as the agent takes it, never more than the server queues (the console's messages
+        # share that queue, so another client can still fill it: `queue_full`, counted as a refusal).
         self.room = asyncio.Event()
         self.room.set()
         self.failed = 0  # our messages refused, or whose turns ended not completed or not saved
@@ -182,6 +185,13 @@ class Renderer:
         return 1 if self.failed else 0
 
 
+def _is_terminal(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except ValueError:  # closed
+        return False
+
+
 def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
     """Feed stdin's lines to `queue` from a daemon thread. A read blocked on an open terminal or
     pipe must not keep the process alive after /quit: asyncio.run waits for executor threads."""
@@ -204,6 +214,7 @@ def _read_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None
 
 async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
     render = Renderer(out)
+    piped = not _is_terminal(sys.stdin)  # a script: nobody to press Ctrl-C on a server that never comes back
     lines: asyncio.Queue[str | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     _read_lines(loop, lines)
@@ -238,7 +249,7 @@ async def chat(url: str, token: str, out: TextIO = sys.stdout) -> int:
                                  "(sprite-os service status)? Another port: --url")
                     return 1
                 lost_at = loop.time() if lost_at is None else lost_at
-                if render.input_ended and loop.time() - lost_at >= RESUME_WAIT:
+                if (piped or render.input_ended) and loop.time() - lost_at >= RESUME_WAIT:
                     render._line(f"! the server could not be reached again within {RESUME_WAIT:.0f}s: "
                                  f"{len(render.outstanding)} of your messages may not have run or been saved")
                     return 1

@@ -26,7 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, SpriteOSError, UsageError
+
+# `memory rebuild`'s flag that goes on when a memory.db it must read can't be read: spelled here alone
+REBUILD_ANYWAY = "--even-if-forgotten-unreadable"
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -50,7 +53,7 @@ def add_memory_parser(sub: Any) -> None:
     rebuild.add_argument("--yes", action="store_true", help="confirm: the server must be stopped")
     rebuild.add_argument("--index", action="store_true",
                          help="only the searchable turns, the recall index and embeddings: no curator call")
-    rebuild.add_argument("--even-if-forgotten-unreadable", action="store_true",
+    rebuild.add_argument(REBUILD_ANYWAY, dest="rebuild_anyway", action="store_true",
                          help="rebuild even when memory.db (or the copy an unfinished rebuild set aside) can't be "
                               "read: learnings forgotten in it come back; with a readable one, it changes nothing")
     history = msub.add_parser("history", help="list every version of a memory file")
@@ -135,9 +138,13 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     if not args.index:
         import asyncio  # here, not at the top: every command builds this module's parser, and most never need it
 
-        from ..memory.curation.rebuild import rebuild
+        from ..memory.curation.rebuild import MemoryDbUnreadable, rebuild
 
-        rebuilt = asyncio.run(rebuild(settings, forgotten_unreadable_ok=args.even_if_forgotten_unreadable))
+        try:
+            rebuilt = asyncio.run(rebuild(settings, forgotten_unreadable_ok=args.rebuild_anyway))
+        except MemoryDbUnreadable as exc:
+            raise SpriteOSError(f"{exc}, or pass {REBUILD_ANYWAY} to rebuild anyway (learnings forgotten in it "
+                                "come back)") from None
         print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
         if rebuilt.before is not None and rebuilt.before != rebuilt.backup:  # after a rebuild cut short

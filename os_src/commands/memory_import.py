@@ -9,9 +9,10 @@ workspace's memory applies them:
   server, in the background, newest first, from its next start;
 - a server runs (it holds the lock): the server applies the inbox and indexes and embeds the
   turns as it does live ones; this command waits for it and prints its progress, and gives up
-  (exit 1, the file left queued) if the server stops first (the lock is free) or its count of
-  turns recorded does not move for STALL_WAIT seconds; it exits 1 as well, saying so, when the
-  server gives up on the file after its attempts kept failing and sets it aside;
+  (exit 1, the file left queued) if the server stops first (the lock is free) or writes no new
+  report for STALL_WAIT seconds (after a failed attempt, for its longest wait before the next one
+  and STALL_WAIT more: every attempt reports, a failed one too); it exits 1 as well, saying so,
+  when the server gives up on the file after its attempts kept failing and sets it aside;
 - another holder that takes no imports (`memory rebuild`): the turns wait in the inbox for
   the server's next start, and this command says so.
 
@@ -35,8 +36,9 @@ from ..fsutil import WriterLock
 TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
 WAIT_POLL = 0.2  # how often the command looks at the writer's progress
 SHOW_EVERY = 2.0
-# Seconds a server that took the file may record nothing more before this command gives up waiting (exit 1;
-# the file stays queued). Its chunks commit between live turns' writes, each well within this.
+# Seconds a server that took the file may write no new report before this command gives up waiting (exit 1;
+# the file stays queued). Its chunks commit between live turns' writes, each well within this; after a failed
+# attempt, the retry's longest wait (IMPORT_RETRY.max) comes on top.
 STALL_WAIT = 120.0
 
 
@@ -142,8 +144,16 @@ class Progress:
 def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock) -> int:
     """The lock is held, by the server if it takes the file: wait for it to apply it. Returns 0 when it
     did, 3 when nobody took it (it stays queued), 1 when the server stopped before it was done (the lock
-    free) or recorded nothing more for STALL_WAIT seconds (it stays queued: the server goes on trying)."""
-    from ..memory.import_inbox import DONE, FAILED, MAX_ATTEMPTS, progress_path, read_progress
+    free) or wrote no new report for STALL_WAIT seconds, past the retry's longest wait after a failed attempt
+    (it stays queued: the server goes on trying)."""
+    from ..memory.import_inbox import (
+        DONE,
+        FAILED,
+        IMPORT_RETRY,
+        MAX_ATTEMPTS,
+        progress_path,
+        read_progress,
+    )
 
     started, show = time.monotonic(), Progress()
     while (p := read_progress(inbox)) is None:
@@ -155,7 +165,7 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
             return 3
         time.sleep(WAIT_POLL)
     _say("the running server is recording the turns")
-    seen, advanced, error = p.applied, time.monotonic(), None
+    seen, advanced, error = (p.applied, p.at), time.monotonic(), None
     aside = inbox.with_name(inbox.name + FAILED)
     while not p.done:
         if aside.exists():  # seen by its name: on a full disk the report saying so may fail too
@@ -168,9 +178,9 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
             _say(f"  the server failed to apply them ({p.error}); it tries again")
         error = p.error
         show("recorded", p.applied, p.turns)
-        if p.applied != seen:  # a count that moved either way: an attempt that started over is at work too
-            seen, advanced = p.applied, time.monotonic()
-        elif time.monotonic() - advanced > STALL_WAIT:
+        if (p.applied, p.at) != seen:  # a fresh report: an attempt at work, or one that failed (the server retries)
+            seen, advanced = (p.applied, p.at), time.monotonic()
+        elif time.monotonic() - advanced > STALL_WAIT + (IMPORT_RETRY.max if p.error else 0.0):
             why = f"it failed ({p.error})" if p.error else "it is busy or stuck"
             return _gave_up(inbox, f"the server recorded none of them for {STALL_WAIT:.0f} s: {why}", stays=True)
         if _free(lock) and not (p := read_progress(inbox) or p).done:

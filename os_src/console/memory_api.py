@@ -192,7 +192,8 @@ class MemoryConsole:
             # Between failed attempts no file is under way: only the failure is said.
             importing=importing.get("turns") if importing else None,
             imported=importing.get("applied", 0) if importing else 0,
-            import_failing=importing.get("error") if importing else None)
+            import_failing=importing["error"] if importing and "failing" in importing else None,
+            import_set_aside=importing.get("set_aside", []) if importing else [])
 
     async def _boot_prompt(self, req: pm.MemoryBootPromptRequest) -> pm.MemoryBootPromptResult:
         text = await self._system.loader.boot_prompt()  # exactly what the runtime passes a new session

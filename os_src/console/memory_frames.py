@@ -206,7 +206,10 @@ class RecallProgress(msgspec.Struct, frozen=True):
     eta_s: float | None = None
     importing: int | None = None  # turns in the import being applied (None: no import)
     imported: int = 0  # of them, applied so far
-    import_failing: str | None = None  # the last attempt's error while imports' attempts fail
+    import_failing: str | None = None  # the last attempt's error while imports' attempts fail (retried)
+    # Import files the server gave up on (their names in .os/state/imports/): never retried, until the
+    # operator renames one back without `.failed`, or removes it.
+    import_set_aside: list[str] = []
 
 
 class AgentSpend(msgspec.Struct, frozen=True):

@@ -66,7 +66,6 @@ class Progress(msgspec.Struct):
     done: bool = False
     error: str | None = None
     at: float = 0.0
-    set_aside: str | None = None  # the name the writer gave up on it under, after MAX_ATTEMPTS failed
 
 
 def inbox_dir(layout: Layout) -> Path:
@@ -286,7 +285,7 @@ class ImportInbox:
             return False
         del self._retries[path.name]
         p = retries.tally.progress if retries.tally is not None else Progress(path.name, 0)
-        p.error, p.at, p.done, p.set_aside = self.failure, time.time(), False, aside.name
+        p.error, p.at, p.done = self.failure, time.time(), False
         await self._report(path, p)
         log.error("import_set_aside", file=path.name, aside=aside.name, attempts=retries.failures,
                   applied=p.applied, error=self.failure,

@@ -54,7 +54,20 @@ class RebuildReport:
 
 
 UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an unfinished rebuild set aside
-UNREADABLE_FLAG = "--even-if-forgotten-unreadable"  # `memory rebuild`'s: go on when a memory.db can't be read
+
+
+class MemoryDbUnreadable(SpriteOSError):
+    """A memory.db the rebuild must read is there but can't be read (a damaged page or header): refused,
+    nothing set aside or rebuilt, since rebuilding would bring back what was forgotten in it. The caller
+    says how to go on anyway (`rebuild(..., forgotten_unreadable_ok=True)`). `from_unfinished`: it is the
+    copy an unfinished rebuild set aside."""
+
+    def __init__(self, path: Path, error: str, *, from_unfinished: bool = False, step: str = "read") -> None:
+        what = f"{path}, the memory.db from before a rebuild that did not finish" if from_unfinished else str(path)
+        said = ("rebuilding would bring back the learnings forgotten in it" if step == "read"
+                else "nothing was set aside or rebuilt")
+        super().__init__(f"cannot read {what} ({error}): {said}. Restore a readable copy at {path}")
+        self.path, self.from_unfinished = path, from_unfinished
 
 
 def _unfinished(memory_db: Path) -> Path | None:
@@ -97,8 +110,8 @@ def _before(memory_db: Path, unfinished: Path | None, *,
     """The earlier batches' turn groupings (the set-aside copy's, after an unfinished rebuild: it is the
     whole record) and what a person forgot, which stays forgotten (the rebuild forgets it again after
     each batch), from memory.db and the copy an unfinished rebuild set aside. One rule for a file that is
-    there but can't be read (a damaged page): refused, naming it, unless `unreadable_ok` (then logged):
-    the rebuild would curate every turn again and forget nothing."""
+    there but can't be read (a damaged page): refused (MemoryDbUnreadable), unless `unreadable_ok` (then
+    logged): the rebuild would curate every turn again and forget nothing."""
     groups: list[list[int]] = []
     forgotten: dict[str, float] = {}
     for path, set_aside in ((memory_db, False), (unfinished, True)):
@@ -108,12 +121,7 @@ def _before(memory_db: Path, unfinished: Path | None, *,
             found, keys = _read_before(path, set_aside)
         except sqlite3.Error as exc:
             if not unreadable_ok:
-                what = (f"{path}, the memory.db from before a rebuild that did not finish" if set_aside
-                        else str(path))
-                raise SpriteOSError(
-                    f"cannot read {what} ({exc}): rebuilding would bring back the learnings forgotten in it. "
-                    f"Restore a readable copy at {path}, or pass {UNREADABLE_FLAG} to rebuild anyway "
-                    "(learnings forgotten in it come back)") from None
+                raise MemoryDbUnreadable(path, str(exc), from_unfinished=set_aside) from None
             log.warning("rebuild_memory_db_unreadable", path=str(path), error=str(exc))
             continue
         if set_aside or unfinished is None:
@@ -133,7 +141,7 @@ def _checkpointed(path: Path, unreadable_ok: bool) -> bool:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.DatabaseError as exc:
         if not unreadable_ok:  # read as readable a moment ago, when what was forgotten was
-            raise SpriteOSError(f"cannot read {path} ({exc}): nothing was set aside or rebuilt") from None
+            raise MemoryDbUnreadable(path, str(exc), step="checkpoint") from None
         log.warning("rebuild_set_aside_unreadable", path=str(path), error=str(exc))
         return False
     return True

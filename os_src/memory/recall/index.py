@@ -143,9 +143,6 @@ class RecallIndex:
             self._writer.wait_merging_threads()  # also releases the directory's lock
             self._writer = None
 
-    def reload(self) -> None:
-        self.searcher()
-
     def searcher(self) -> tantivy.Searcher:
         """The index as its last commit left it: one searcher object, the same until a commit (this
         process's or another's) changes meta.json, then a new one. What is kept about the index (the

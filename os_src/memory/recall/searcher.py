@@ -56,8 +56,8 @@ POOL = 50  # candidates each retriever hands to fusion
 SPREAD_RANK = 50
 ANCHOR_LIFT = 0.3  # a memory in the period another event places gains this share of its score
 # Queries begun before their search asks, at most: as many messages as may wait for the agent (protocol's
-# MAX_QUEUED_MESSAGES). They run first come, first served, so a smaller cap gave up the next one's vector
-# first and made it again; each kept is 1.5 KB.
+# MAX_QUEUED_MESSAGES, which memory may not import: a test ties the two). They run first come, first served,
+# so a smaller cap gave up the next one's vector first and made it again; each kept is 1.5 KB.
 EXPECTED = 16
 
 

@@ -40,6 +40,13 @@ function recall(r) {
       el("div", { class: "label", text: "Import waiting: its last attempt failed" }),
       el("div", { class: "value", text: r.import_failing })));
   }
+  // A file the server gave up on is never retried: it waits for the operator.
+  if (r.import_set_aside.length) {
+    out.push(el("div", { class: "stat wide", testid: "memory-import-set-aside" },
+      el("div", { class: "label", text: "Import given up after its attempts failed" }),
+      el("div", { class: "value", text: r.import_set_aside.join(", ") }),
+      el("div", { class: "sub", text: "in .os/state/imports/: rename it back without .failed to retry, or remove it (`sprite-os memory status`)" })));
+  }
   return out;
 }
 
