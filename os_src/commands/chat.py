@@ -297,29 +297,25 @@ async def _session(ws: ClientConnection, render: Renderer, lines: asyncio.Queue[
                 frame = p.UserMessage(text=line, client_id=client_id)
                 render.sent(client_id)
             await ws.send(p.encode(frame).decode())
-        settled = asyncio.create_task(render.settled.wait())
-        try:
-            await asyncio.wait({receiver, settled}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            settled.cancel()
-        if not render.settled.is_set():  # the connection closed with turns outstanding: resume them
-            if receiver.done():
-                receiver.result()
-            raise ConnectionClosed(None, None)
+        # Closed with turns outstanding: ConnectionClosed, and they are resumed.
+        await _unless_closed(render.settled.wait(), receiver)
         return render.exit_code()
     finally:
         receiver.cancel()
 
 
 async def _unless_closed(step: Coroutine[Any, Any, T], receiver: asyncio.Task[None]) -> T:
-    """`step`'s result, or ConnectionClosed (the receiver's own error first) if the connection ends before."""
+    """`step`'s result, or ConnectionClosed (the receiver's own error first) if the connection ends before.
+    A step done in the same moment counts: a line taken off the queue is never dropped unseen."""
     task = asyncio.create_task(step)
-    done, _ = await asyncio.wait({task, receiver}, return_when=asyncio.FIRST_COMPLETED)
-    if receiver in done:
+    try:
+        done, _ = await asyncio.wait({task, receiver}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
         task.cancel()
-        receiver.result()
-        raise ConnectionClosed(None, None)
-    return task.result()
+    if task in done:
+        return task.result()
+    receiver.result()
+    raise ConnectionClosed(None, None)
 
 
 def server_url(settings: Settings) -> str:

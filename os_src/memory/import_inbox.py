@@ -310,11 +310,6 @@ class ImportInbox:
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
 
-    @property
-    def degraded(self) -> bool:
-        """Attempts failing, or a file given up on (until the operator renames it back or removes it)."""
-        return self.failing >= FAILED_ATTEMPTS_DEGRADED or bool(self._given_up())
-
     def _given_up(self) -> list[str]:
         """The files set aside, as the inbox shows them now (one that can't be read: failing says so)."""
         try:
@@ -328,9 +323,11 @@ class ImportInbox:
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
-        if aside := self._given_up():
+        aside = self._given_up()  # the folder listed once a status
+        if aside:
             out.update(set_aside=aside, degraded=True,
                        error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{aside[0]}")
         if self.failure is not None:
-            out.update(failing=self.failing, error=self.failure, degraded=self.degraded)
+            out.update(failing=self.failing, error=self.failure,
+                       degraded=self.failing >= FAILED_ATTEMPTS_DEGRADED or bool(aside))
         return out or None

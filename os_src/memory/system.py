@@ -23,7 +23,7 @@ from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..spending import DailyBudget, day_start
 from ..stopping import StopDeadline
-from .capture.health import JOURNAL_NAME
+from .capture.health import JOURNAL_NAME, set_aside_journals
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME
@@ -189,7 +189,7 @@ class MemorySystem:
         then succeeds, replays it with no one asking. (A turn named by its row id is in transcript.db
         already: a replay never records it again.)"""
         if session_id is not None or turn_ids:
-            self._refuse_if_journal_set_aside()
+            await self._refuse_if_journal_set_aside()
         if not await self.writer.drained(FORGET_DRAIN_BUDGET) and self.writer.holds_turns(
                 {session_id} if session_id is not None else set(), set(turn_ids)):
             raise StillSaving("some of these turns are still being saved (transcript.db is locked or failing): "
@@ -204,8 +204,10 @@ class MemorySystem:
         context = SessionContext(frozenset(self._booted), tuple(self._booted_lines), frozenset(self._recalled[1]))
         return await self.forgetting.forget(wanted, by, context)
 
-    def _refuse_if_journal_set_aside(self) -> None:
-        if journals := self.capture.status()["journals_set_aside"]:  # as capture reports them to /healthz
+    async def _refuse_if_journal_set_aside(self) -> None:
+        # The folder as /healthz lists it, read on a thread: a directory read never holds the loop up.
+        aside = await asyncio.to_thread(set_aside_journals, self.settings.layout.state_dir)
+        if journals := [p.name for p in aside]:
             log.warning("forget_refused_journal_set_aside", journals=journals,
                         hint="replay or remove it: `sprite-os memory status` says how for each")
             raise ForgetWouldMiss(JOURNAL_SET_ASIDE)
@@ -301,14 +303,16 @@ class MemorySystem:
         return set(self._recalled[1]) if self._recalled[0] == session_id else set()
 
     def status(self) -> dict[str, Any]:
-        """What memory's state is now, from memory alone (no database is read): the daemon's
-        failing spell, capture's, the hooks', recall's. `degraded`: the curator has failed three
+        """What memory's state is now, with no database read: the daemon's failing spell, capture's, the
+        hooks', recall's. Two folders are listed, on the caller's thread (the set-aside turn journals in
+        .os/state, the import files given up on): tens of microseconds on a healthy disk. `degraded`: the curator has failed three
         calls in a row, or capture is (its writes failing or stalled, or a turn not saved yet), or the
         import inbox is (its attempts failing: import_inbox.FAILED_ATTEMPTS_DEGRADED)."""
-        daemon, capture = self.daemon.status(), self.capture.status()
-        return {**daemon, "degraded": bool(daemon["degraded"] or capture["degraded"] or self.imports.degraded),
+        daemon, capture, imports = self.daemon.status(), self.capture.status(), self.imports.status()
+        degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded"))
+        return {**daemon, "degraded": degraded,
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
-                "recall": {**self.recall.status(), "import": self.imports.status()}}
+                "recall": {**self.recall.status(), "import": imports}}
 
     async def health(self) -> dict[str, Any]:
         """status(), with the turns' counts and the day's budget: counted at most once a second, and
