@@ -107,10 +107,15 @@ def edit(files: MemoryFiles, name: str, text: str, base_sha256: str) -> Saved:
         raise RequestFailed("file_changed", f"{name} changed since you began editing ({changed_by(latest)}); "
                             "nothing was saved: reload it and edit again") from None
     except NotDurable as exc:
-        saved = files.latest_version(name)
-        assert saved is not None  # the version was kept before the file was written
-        return Saved(file_info(files, name, text), version_info(saved), unconfirmed(name, saved, exc), made=True)
+        return _unconfirmed_save(files, name, exc, text)
     return Saved(file_info(files, name, text), version_info(version, text), None, made=True)
+
+
+def _unconfirmed_save(files: MemoryFiles, name: str, exc: NotDurable, text: str | None = None) -> Saved:
+    """An edit or rollback the file shows, whose name the disk did not confirm: saved, with the warning."""
+    saved = files.latest_version(name)
+    assert saved is not None  # the version was kept before the file was written
+    return Saved(file_info(files, name, text), version_info(saved), unconfirmed(name, saved, exc), made=True)
 
 
 def unconfirmed(name: str, version: Version, exc: OSError) -> str:
@@ -140,8 +145,9 @@ def rollback(files: MemoryFiles, name: str, number: int) -> Saved:
     the file shows already (the same click again, after an answer that was an error) is answered as
     done (`made` False) and makes no second version."""
     spec_of(name)
-    latest = files.latest_version(name)
-    target = next((v for v in files.history(name) if v.number == number), None)
+    history = files.history(name)  # listed once: the latest version and the target from the same listing
+    latest = history[-1] if history else None
+    target = next((v for v in history if v.number == number), None)
     if target is None:
         raise RequestFailed("not_found", f"{name} has no version {number}")
     if latest is not None and latest.source == f"rollback-to-{number}" and files.read(name) == target.text:
@@ -153,7 +159,5 @@ def rollback(files: MemoryFiles, name: str, number: int) -> Saved:
     except ValueError as exc:
         raise RequestFailed("over_limit", f"{exc}; nothing was changed") from None
     except NotDurable as exc:
-        saved = files.latest_version(name)
-        assert saved is not None  # the version was kept before the file was written
-        return Saved(file_info(files, name), version_info(saved), unconfirmed(name, saved, exc), made=True)
+        return _unconfirmed_save(files, name, exc)
     return Saved(file_info(files, name), version_info(version), None, made=True)

@@ -124,26 +124,27 @@ def read_state(path: Path) -> list[Entry] | None:
     return _last_state(data, path)
 
 
-def _set_aside(path: Path, why: str, damaged: bool) -> Path | None:
+def _set_aside(path: Path, why: str, damaged: bool) -> bool:
     """Rename an unreadable journal out of the way, its folder synced, before a new one is written:
     its turns may be the only copy of ones the person was told were done. Its new name says whether
-    the disk failed to read it or its bytes are `damaged` (health.py). None: it could not be renamed."""
+    the disk failed to read it or its bytes are `damaged` (health.py). False: it could not be renamed."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     aside = next(p for n in itertools.count()
                  if not (p := path.with_name(set_aside_name(damaged, stamp + (f"-{n}" if n else "")))).exists())
     try:
         os.rename(path, aside)  # the one writer (the start holds memory's lock): the name is free
-        sync_dir(path.parent)
     except OSError as exc:
-        if aside.exists():  # renamed, its folder's sync failed: still the file to keep, and no journal is in the way
-            log.error("turn_journal_set_aside_not_synced", aside=str(aside), error=str(exc)[:200])
-            return aside
         log.error("turn_journal_not_set_aside", path=str(path), why=why, error=str(exc)[:200],
                   hint="no journal is written this run, so as not to write over it")
-        return None
+        return False
+    try:
+        sync_dir(path.parent)
+    except OSError as exc:  # renamed all the same: the file to keep, and no journal is in the way
+        log.error("turn_journal_set_aside_not_synced", aside=str(aside), error=str(exc)[:200])
+        return True
     log.error("turn_journal_set_aside", path=str(path), aside=str(aside), why=why,
               hint=f"its turns are not recorded: {advice(aside.name)}")
-    return aside
+    return True
 
 
 class JournalUnreadable(SpriteOSError):
@@ -155,11 +156,10 @@ class JournalUnreadable(SpriteOSError):
 
 
 class Recovered(NamedTuple):
-    """What a start found in the journal: the turns to record; the journal set aside unread (its path);
-    and whether an unreadable journal is still in place (it could not be set aside: none may be written)."""
+    """What a start found in the journal: the turns to record, and whether an unreadable journal is still in
+    place (it could not be set aside: none may be written). One set aside is found by its name (health.py)."""
 
     observations: list[NewObservation]
-    set_aside: Path | None = None
     stuck: bool = False
 
 
@@ -170,8 +170,7 @@ def recover_at_start(path: Path) -> Recovered:
         return Recovered(recover(path))
     except JournalUnreadable as exc:
         log.error("turn_journal_unreadable", path=str(path), error=str(exc)[:200])
-        aside = _set_aside(path, str(exc), exc.damaged)
-        return Recovered([], aside, stuck=aside is None)
+        return Recovered([], stuck=not _set_aside(path, str(exc), exc.damaged))
 
 
 def recover(path: Path) -> list[NewObservation]:
