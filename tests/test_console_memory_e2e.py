@@ -137,8 +137,10 @@ async def test_find_a_learning_open_its_turn_forget_it_and_undo(
         await tab.memory("health")
         await expect(tab.by("memory-state")).to_contain_text("healthy")
         await expect(tab.by("memory-last-batch")).to_contain_text("done")
+        await expect(tab.by("memory-last-batch")).to_contain_text("new learning")  # the line under it
         await expect(tab.by("memory-audit")).to_contain_text("unforget")
         await expect(tab.by("agent-spend")).to_contain_text(f"of ${settings.agent_daily_budget_usd:.4f}")
+        await expect(tab.by("agent-spend")).to_contain_text("starts again")
         await screenshot(tab, shots, "memory-health-light")
         await tab.memory("boot")
         await expect(tab.by("boot-prompt")).to_contain_text("- Name: Ada Lovelace")
@@ -307,6 +309,7 @@ async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operato
     async with health_tab(server) as tab:
         await expect(tab.by("memory-import-set-aside")).to_contain_text("Import given up")
         await expect(tab.by("memory-import-set-aside")).to_contain_text(aside.name)
+        await expect(tab.by("memory-import-set-aside")).to_contain_text("rename it back")
         await expect(tab.by("memory-import-failing")).to_have_count(0)
 
 

@@ -8,10 +8,15 @@ function stat(label, value, testid) {
   return el("div", { class: "stat", testid }, el("div", { class: "label", text: label }), el("div", { class: "value", text: value }));
 }
 
+// A stat wide enough for a line under its value (none when sub is null).
+function wideStat(label, value, sub, testid) {
+  return el("div", { class: "stat wide", testid }, el("div", { class: "label", text: label }),
+    el("div", { class: "value", text: value }), ...(sub === null ? [] : [el("div", { class: "sub", text: sub })]));
+}
+
 function spend(label, s) {
-  return el("div", { class: "stat wide" }, el("div", { class: "label", text: label }),
-    el("div", { class: "value", text: dollars(s.cost_usd) }),
-    el("div", { class: "sub", text: `${plural(s.batches, "batch", "batches")}${s.failed_batches ? ` (${s.failed_batches} failed)` : ""} · ${count(s.input_tokens)} in · ${count(s.output_tokens)} out tokens` }));
+  return wideStat(label, dollars(s.cost_usd),
+    `${plural(s.batches, "batch", "batches")}${s.failed_batches ? ` (${s.failed_batches} failed)` : ""} · ${count(s.input_tokens)} in · ${count(s.output_tokens)} out tokens`);
 }
 
 function duration(seconds) {
@@ -28,24 +33,18 @@ function recall(r) {
   const out = [stat("Turns searchable", `${count(searchable)} of ${count(r.turns)}`, "memory-searchable")];
   if (r.embedded !== null) {
     const rate = r.waiting_for_vectors && r.per_second ? ` · ${r.per_second}/s, about ${duration(r.eta_s)} left` : "";
-    out.push(el("div", { class: "stat wide", testid: "memory-embedding" },
-      el("div", { class: "label", text: "Found by meaning (embedded)" }),
-      el("div", { class: "value", text: `${count(r.embedded)} of ${count(r.turns)}` }),
-      el("div", { class: "sub", text: r.waiting_for_vectors ? `${count(r.waiting_for_vectors)} waiting, newest first${rate}` : "all embedded" })));
+    out.push(wideStat("Found by meaning (embedded)", `${count(r.embedded)} of ${count(r.turns)}`,
+      r.waiting_for_vectors ? `${count(r.waiting_for_vectors)} waiting, newest first${rate}` : "all embedded", "memory-embedding"));
   }
   if (r.importing !== null) out.push(stat("Importing", `${count(r.imported)} of ${count(r.importing)} turns`, "memory-importing"));
   // The server retries on its own; the person learns why an import waits (a full disk, say).
   if (r.import_failing) {
-    out.push(el("div", { class: "stat wide", testid: "memory-import-failing" },
-      el("div", { class: "label", text: "Import waiting: its last attempt failed" }),
-      el("div", { class: "value", text: r.import_failing })));
+    out.push(wideStat("Import waiting: its last attempt failed", r.import_failing, null, "memory-import-failing"));
   }
   // A file the server gave up on is never retried: it waits for the operator.
   if (r.import_set_aside.length) {
-    out.push(el("div", { class: "stat wide", testid: "memory-import-set-aside" },
-      el("div", { class: "label", text: "Import given up after its attempts failed" }),
-      el("div", { class: "value", text: r.import_set_aside.join(", ") }),
-      el("div", { class: "sub", text: "in .os/state/imports/: rename it back without .failed to retry, or remove it (`sprite-os memory status`)" })));
+    out.push(wideStat("Import given up after its attempts failed", r.import_set_aside.join(", "),
+      "in .os/state/imports/: rename it back without .failed to retry, or remove it (`sprite-os memory status`)", "memory-import-set-aside"));
   }
   return out;
 }
@@ -53,9 +52,8 @@ function recall(r) {
 // The agent's own calls today against its daily cap (the relay refuses them past it).
 function agentSpend(a) {
   const refused = Object.entries(a.refused_today).map(([why, n]) => `${n} ${why}`).join(", ");
-  return el("div", { class: "stat wide", testid: "agent-spend" }, el("div", { class: "label", text: "Agent spent today (UTC)" }),
-    el("div", { class: "value", text: `${dollars(a.spent_today_usd)} of ${dollars(a.daily_usd)}` }),
-    el("div", { class: "sub", text: `${plural(a.calls_today, "model call")}${refused ? ` · refused: ${refused}` : ""} · starts again ${when(a.resets_at)}` }));
+  return wideStat("Agent spent today (UTC)", `${dollars(a.spent_today_usd)} of ${dollars(a.daily_usd)}`,
+    `${plural(a.calls_today, "model call")}${refused ? ` · refused: ${refused}` : ""} · starts again ${when(a.resets_at)}`, "agent-spend");
 }
 
 export class HealthPanel {
@@ -86,9 +84,8 @@ export class HealthPanel {
       stat("Failures in a row", String(h.consecutive_failures)),
       stat("Next retry", h.next_retry_at ? relative(h.next_retry_at) : "none waiting"),
       stat("Turns waiting to be curated", count(o.pending ?? 0), "memory-pending"),
-      el("div", { class: "stat wide", testid: "memory-last-batch" }, el("div", { class: "label", text: "Last batch" }),
-        el("div", { class: "value", text: b ? `#${b.id} ${b.status}` : "none yet" }),
-        el("div", { class: "sub", text: b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "" })),
+      wideStat("Last batch", b ? `#${b.id} ${b.status}` : "none yet",
+        b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "", "memory-last-batch"),
       spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
       ...(h.agent ? [agentSpend(h.agent)] : []),
       stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
