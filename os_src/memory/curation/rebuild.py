@@ -102,7 +102,7 @@ def _read_before(path: Path, set_aside: bool) -> tuple[list[list[int]], dict[str
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
                             " ORDER BY id").fetchall() if "batches" in tables else []
-    return [json.loads(r[0]) for r in rows], forgotten_keys(path, set_aside=set_aside)
+        return [json.loads(r[0]) for r in rows], forgotten_keys(conn)
 
 
 def _before(memory_db: Path, unfinished: Path | None, *,
