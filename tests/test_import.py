@@ -26,6 +26,7 @@ from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.paths import Layout
 from tests.test_recall import lexical
 
 NOW = 1_800_000_000.0
@@ -177,7 +178,7 @@ def test_import_makes_the_memory_folder_and_leaves_the_turns_searchable(
     assert first["date"] == "2020-09-13T12:30:00Z" and "vacuum" in first["snippet"]
     assert _cli(settings, "import", str(jsonl(tmp_path / "good.jsonl", bad=False))) == 0
     assert "imported 0 turns from 2 sessions (3 already recorded" in capsys.readouterr().out
-    assert not import_inbox.waiting(settings.layout)  # applied and gone
+    assert not import_inbox.inbox_files(settings.layout)  # applied and gone
     assert _cli(settings, "status", "--json") == 0
     recall = json.loads(capsys.readouterr().out)["recall"]
     assert (recall["turns"], recall["episodes"], recall["turns_waiting_for_index"], recall["index_documents"]) == (
@@ -223,7 +224,7 @@ async def test_while_the_server_runs_it_records_the_import_itself(
         await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
         hits = await system.search("what does Biscuit hate?", 3)
         assert hits and hits[0].session_id == "v1-a" and hits[0].turn == 2
-        assert not import_inbox.waiting(settings.layout)
+        assert not import_inbox.inbox_files(settings.layout)
         assert not list(import_inbox.inbox_dir(settings.layout).iterdir())  # no progress file left behind
     finally:
         await system.stop()
@@ -234,7 +235,7 @@ def test_an_inbox_file_a_writer_was_killed_in_is_applied_again_without_doubles(t
     settings.layout.ensure()
     turns, _ = turns_of([json.dumps(x) for x in LINES])
     path, n = import_inbox.write(settings.layout, turns)
-    assert n == 3 and import_inbox.waiting(settings.layout) == [path]
+    assert n == 3 and import_inbox.inbox_files(settings.layout) == [path]
     db = TranscriptDB(settings.layout.transcript_db)
     db.import_turns(turns[:2])  # a writer killed after its first chunk: the file is still there
     done = import_inbox.apply_file(db, path)
@@ -273,11 +274,23 @@ def test_a_bad_time_already_stored_stops_nothing(tmp_path: Path, monkeypatch: py
     assert _cli(settings, "status") == 0
 
 
+def test_one_listing_of_the_inbox_gives_the_files_waiting_and_those_set_aside(tmp_path: Path) -> None:
+    """The files to apply and those the writer gave up on are the inbox's files by how their names end,
+    oldest first: one function, where two near-copies listed the folder apart."""
+    layout = Layout(tmp_path)
+    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.GIVEN_UP) == []
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True)
+    for name in ("b.jsonl", "a.jsonl", "c.jsonl.failed", "0.jsonl.failed", "a.progress.json", ".d.partial"):
+        (inbox / name).write_text("")
+    assert [p.name for p in import_inbox.inbox_files(layout)] == ["a.jsonl", "b.jsonl"]
+    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.GIVEN_UP)] == ["0.jsonl.failed",
+                                                                                          "c.jsonl.failed"]
+
+
 async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_path: Path) -> None:
     """A kill between a progress report's temp file and its rename left `.x.progress.json.*.tmp`
     for good; the server's inbox, the one applier, sweeps its own on start and nothing else."""
-    from sprite_os.paths import Layout
-
     layout = Layout(tmp_path)
     layout.ensure()
     inbox = import_inbox.inbox_dir(layout)
@@ -286,16 +299,21 @@ async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_pat
     other = inbox / ".notes.txt.ab12cd34.tmp"
     debris.write_text("{")
     other.write_text("{")
-    applier = import_inbox.ImportInbox(layout, None, lambda: None)  # type: ignore[arg-type]  # no file to apply
+    await _inbox_started_until_gone(layout, debris)
+    assert not debris.exists() and other.exists()
+
+
+async def _inbox_started_until_gone(layout: Layout, path: Path) -> None:
+    """The server's inbox started (with no file to apply) until `path` is gone (2 s at most), and stopped."""
+    applier = import_inbox.ImportInbox(layout, None, lambda: None)  # type: ignore[arg-type]
     applier.start()
     try:
         for _ in range(200):
-            if not debris.exists():
+            if not path.exists():
                 break
             await asyncio.sleep(0.01)
     finally:
         await applier.stop()
-    assert not debris.exists() and other.exists()
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -309,7 +327,7 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
     settings = lexical(tmp_path)
     monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
     monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.01, 0.01))
-    real_report, real_waiting = import_inbox.report, import_inbox.waiting
+    real_report, real_files = import_inbox.report, import_inbox.inbox_files
     disk = {"full": True, "unreadable": 1}
 
     def report(path: Path, p: import_inbox.Progress) -> None:
@@ -317,14 +335,14 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
             raise OSError(errno.ENOSPC, "No space left on device")
         real_report(path, p)
 
-    def waiting(layout: object) -> list[Path]:
-        if disk["unreadable"]:
+    def inbox_files(layout: object, ending: str = import_inbox.SUFFIX) -> list[Path]:
+        if disk["unreadable"] and ending == import_inbox.SUFFIX:  # the task's look for files to apply
             disk["unreadable"] -= 1
             raise OSError(errno.EIO, "Input/output error")
-        return real_waiting(layout)  # type: ignore[arg-type]
+        return real_files(layout, ending)  # type: ignore[arg-type]
 
     monkeypatch.setattr(import_inbox, "report", report)
-    monkeypatch.setattr(import_inbox, "waiting", waiting)
+    monkeypatch.setattr(import_inbox, "inbox_files", inbox_files)
     system = MemorySystem(settings)
     await system.start()
     try:
@@ -362,7 +380,7 @@ def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[
     command.start()
     try:
         for _ in range(500):
-            if found := import_inbox.waiting(settings.layout):
+            if found := import_inbox.inbox_files(settings.layout):
                 break
             time.sleep(0.01)
         (path,) = found
@@ -396,7 +414,7 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
     err = capsys.readouterr().err
     assert "gave up waiting" in err and str(path) in err
     assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
-    assert import_inbox.waiting(settings.layout) == [path]  # queued: the next server applies it
+    assert import_inbox.inbox_files(settings.layout) == [path]  # queued: the next server applies it
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -471,8 +489,8 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         # The first attempt applied two turns; each retry took up the third alone, after a growing wait.
         assert applied == ["We ado", "Biscui", "My PIN", "My PIN", "My PIN"]
         assert waits == [1, 2]  # the backoff's failures in a row: its wait grows with them
-        (aside,) = import_inbox.set_aside_files(settings.layout)
-        assert not import_inbox.waiting(settings.layout) and aside.name.endswith(".jsonl.failed")
+        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.GIVEN_UP)
+        assert not import_inbox.inbox_files(settings.layout) and aside.name.endswith(".jsonl.failed")
         err = capsys.readouterr().err
         assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err
         assert system.status()["degraded"] is True  # until the operator deals with it
@@ -480,7 +498,7 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         broken["on"] = False
         aside.rename(aside.with_name(aside.name.removesuffix(".failed")))  # the operator applies it again
         for _ in range(500):
-            if not import_inbox.waiting(settings.layout) and system.imports.status() is None:
+            if not import_inbox.inbox_files(settings.layout) and system.imports.status() is None:
                 break
             await asyncio.sleep(0.01)
         assert await system.transcript.call(lambda t: t.counts()["total"]) == 3

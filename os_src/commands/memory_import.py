@@ -98,7 +98,7 @@ def _summary(added: int, already: int, sessions: int, bad: int) -> str:
 def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -> None:
     """No server runs: this process is the writer. Every inbox file is applied (this one, and any an
     earlier import left), then the new turns indexed."""
-    from ..memory.import_inbox import DONE, apply_file, progress_path, waiting
+    from ..memory.import_inbox import DONE, apply_file, inbox_files, progress_path
     from ..memory.memory_store import MemoryDB
     from ..memory.recall.documents import catch_up
     from ..memory.recall.index import RecallIndex
@@ -108,7 +108,7 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     layout = settings.layout
     transcript, mine, show = TranscriptDB(layout.transcript_db), None, Progress()
     try:
-        for path in waiting(layout):
+        for path in inbox_files(layout):
             done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
             progress_path(path, DONE).unlink(missing_ok=True)  # said below, not left for a waiting CLI
             mine = done if path == inbox else mine

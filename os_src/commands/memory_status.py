@@ -8,7 +8,7 @@ from typing import Any
 
 from ..fsutil import free_bytes
 from ..memory.capture.health import advice, is_damaged
-from ..memory.import_inbox import FAILED, INBOX, count, read_progress, set_aside_files, waiting
+from ..memory.import_inbox import FAILED, GIVEN_UP, INBOX, count, inbox_files, read_progress
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
@@ -141,7 +141,7 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
 def imports(layout: Any) -> list[dict[str, Any]]:
     """Inbox files waiting for the writer, and those it gave up on (`set_aside`), with what it reported."""
     out = []
-    for path in [*waiting(layout), *set_aside_files(layout)]:
+    for path in [*inbox_files(layout), *inbox_files(layout, GIVEN_UP)]:
         p = read_progress(path)
         out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
                     "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None,

@@ -53,6 +53,7 @@ IMPORT_RETRY = Backoff(first=5 * INBOX_POLL, max=300.0)
 FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
 SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
+GIVEN_UP = SUFFIX + FAILED  # a file the writer gave up on: `<name>.jsonl.failed`
 
 
 class Progress(msgspec.Struct):
@@ -72,10 +73,11 @@ def inbox_dir(layout: Layout) -> Path:
     return layout.state_dir / INBOX
 
 
-def waiting(layout: Layout) -> list[Path]:
-    """Inbox files not yet applied, oldest first."""
+def inbox_files(layout: Layout, ending: str = SUFFIX) -> list[Path]:
+    """The inbox's files whose names end with `ending`, oldest first: those not yet applied (SUFFIX),
+    or those the writer gave up on (GIVEN_UP: the operator's to deal with)."""
     with contextlib.suppress(FileNotFoundError):
-        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX))
+        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(ending))
     return []
 
 
@@ -116,13 +118,6 @@ def read(path: Path) -> Iterator[ImportedTurn]:
 def count(path: Path) -> int:
     with path.open("rb") as f:
         return sum(1 for _ in f)
-
-
-def set_aside_files(layout: Layout) -> list[Path]:
-    """Inbox files the writer gave up on (`<name>.jsonl.failed`), oldest first: the operator's to deal with."""
-    with contextlib.suppress(FileNotFoundError):
-        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX + FAILED))
-    return []
 
 
 def progress_path(path: Path, kind: str) -> Path:
@@ -228,7 +223,7 @@ class ImportInbox:
                                             lambda n: n.endswith((PROGRESS, DONE)))
                     swept = True
                 ok = True
-                files = await asyncio.to_thread(waiting, self.layout)
+                files = await asyncio.to_thread(inbox_files, self.layout)
                 self._retries = {p.name: r for p in files if (r := self._retries.get(p.name)) is not None}
                 for path in files:
                     if (retries := self._retries.get(path.name)) is not None and retries.due > time.monotonic():
@@ -313,7 +308,7 @@ class ImportInbox:
     def _given_up(self) -> list[str]:
         """The files set aside, as the inbox shows them now (one that can't be read: failing says so)."""
         try:
-            return [f.name for f in set_aside_files(self.layout)]
+            return [f.name for f in inbox_files(self.layout, GIVEN_UP)]
         except OSError:
             return []
 
