@@ -316,6 +316,29 @@ async def _inbox_started_until_gone(layout: Layout, path: Path) -> None:
         await applier.stop()
 
 
+async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tmp_path: Path) -> None:
+    """A `memory import` killed while it wrote its inbox file left `.<name>.partial` for good: nothing
+    applied or removed it. The server's start removes one whose writer is gone and which has not been
+    written for an hour; one whose writer lives, or written a moment ago, or not the CLI's, stays."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()  # its pid is no process now
+    old = time.time() - 3600 - 60  # past the hour the sweep leaves a writer
+    killed = inbox / f".20261127T101500-{dead.pid}-000001.partial"
+    fresh = inbox / f".20261127T101500-{dead.pid}-000002.partial"  # a writer in another pid namespace, say
+    living = inbox / f".20261127T101500-{os.getpid()}-000003.partial"  # a live CLI, stopped for a while
+    other = inbox / ".notes.partial"
+    for path in (killed, fresh, living, other):
+        path.write_text('{"session": "s"}\n')
+    for path in (killed, living, other):
+        os.utime(path, (old, old))
+    await _inbox_started_until_gone(layout, killed)
+    assert not killed.exists() and fresh.exists() and living.exists() and other.exists()
+
+
 @pytest.mark.usefixtures("workspace_env")
 async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

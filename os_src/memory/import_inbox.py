@@ -12,7 +12,9 @@ and the writer applies it:
 - a CLI that holds the writer lock (no server runs) applies the inbox itself, the same way.
 
 A writer killed mid-file applies it again from the start at its next start: a turn's identity
-makes the second pass add only what the first did not.
+makes the second pass add only what the first did not. A CLI killed while it wrote its file leaves
+`.<name>.partial`, never handed over: the server's start removes it once no live CLI can own it
+(`sweep_partials`).
 
 A failed attempt (a full disk, a turn transcript.db refuses) is made again after the one backoff
 policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns it reported applied
@@ -28,6 +30,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -54,6 +57,11 @@ FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degrad
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
 SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
 GIVEN_UP = SUFFIX + FAILED  # a file the writer gave up on: `<name>.jsonl.failed`
+# What `write` makes before its rename, `.<time>-<pid>-<n>.partial`: a CLI writes it holding no lock.
+PARTIAL = re.compile(r"^\.\d{8}T\d{6}-(?P<pid>\d+)-\d{6}\.partial$")
+# A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
+# server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
+PARTIAL_STALE = 3600.0
 
 
 class Progress(msgspec.Struct):
@@ -105,6 +113,36 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     except NotDurable as exc:  # it is in the inbox and is applied; only a power loss now could lose it
         log.warning("import_inbox_not_durable", file=final.name, error=str(exc))
     return final, n
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's (EPERM): it lives
+        return True
+    return True
+
+
+def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
+    """Remove the `.partial` files that a `memory import` killed before its rename left: never handed
+    over, so no writer applies them, and nothing else ever removes them. Only one that no live CLI can
+    own: its writer's pid (in its name) is no process here, and nothing has written it for PARTIAL_STALE
+    seconds (a pid from another pid namespace means nothing here; a live writer never pauses that long).
+    A CLI that wakes after its file was swept fails its rename and says so: nothing is lost unsaid.
+    Returns what it removed."""
+    now = time.time() if now is None else now
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(inbox_dir(layout)):
+            if (m := PARTIAL.match(entry.name)) is None or not entry.is_file(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not _alive(int(m["pid"])):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
 
 
 def read(path: Path) -> Iterator[ImportedTurn]:
@@ -218,9 +256,11 @@ class ImportInbox:
             try:
                 if not swept:
                     # What a kill between a progress report's temp file and its rename left (the server,
-                    # holding the workspace's lock, is the inbox's one applier).
+                    # holding the workspace's lock, is the inbox's one applier), and a killed CLI's `.partial`.
                     await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout),
                                             lambda n: n.endswith((PROGRESS, DONE)))
+                    if partials := await asyncio.to_thread(sweep_partials, self.layout):
+                        log.warning("import_partials_swept", files=[p.name for p in partials])
                     swept = True
                 ok = True
                 files = await asyncio.to_thread(inbox_files, self.layout)
