@@ -372,19 +372,19 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
         turns, _ = turns_of([json.dumps(x) for x in LINES])
         path, _ = import_inbox.write(settings.layout, turns)
         for _ in range(500):
-            if system.status()["degraded"]:  # the unreadable inbox once, then the file's attempts, twice
+            if (await system.status())["degraded"]:  # the unreadable inbox once, then the file's attempts, twice
                 break
             await asyncio.sleep(0.01)
-        status = system.status()
+        status = await system.status()
         assert status["degraded"] is True
         assert status["recall"]["import"]["degraded"] is True and "No space left" in status["recall"]["import"]["error"]
         disk["full"] = False  # space freed: the same task applies the file
         for _ in range(500):
-            if not path.exists() and system.imports.status() is None:
+            if not path.exists() and (await system.status())["recall"]["import"] is None:
                 break
             await asyncio.sleep(0.01)
-        assert not path.exists() and system.status()["degraded"] is False
-        assert system.imports.status() is None
+        assert not path.exists() and (await system.status())["degraded"] is False
+        assert (await system.status())["recall"]["import"] is None
         assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
     finally:
         await system.stop()
@@ -516,16 +516,16 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         assert not import_inbox.inbox_files(settings.layout) and aside.name.endswith(".jsonl.failed")
         err = capsys.readouterr().err
         assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err
-        assert system.status()["degraded"] is True  # until the operator deals with it
-        assert system.imports.status()["set_aside"] == [aside.name]  # type: ignore[index]
+        assert (await system.status())["degraded"] is True  # until the operator deals with it
+        assert (await system.status())["recall"]["import"]["set_aside"] == [aside.name]
         broken["on"] = False
         aside.rename(aside.with_name(aside.name.removesuffix(".failed")))  # the operator applies it again
         for _ in range(500):
-            if not import_inbox.inbox_files(settings.layout) and system.imports.status() is None:
+            if not import_inbox.inbox_files(settings.layout) and (await system.status())["recall"]["import"] is None:
                 break
             await asyncio.sleep(0.01)
         assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
-        assert system.status()["degraded"] is False
+        assert (await system.status())["degraded"] is False
     finally:
         await system.stop()
 

@@ -345,20 +345,12 @@ class ImportInbox:
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
 
-    def _given_up(self) -> list[str]:
-        """The files set aside, as the inbox shows them now (one that can't be read: failing says so)."""
-        try:
-            return [f.name for f in inbox_files(self.layout, GIVEN_UP)]
-        except OSError:
-            return []
-
-    def status(self) -> dict[str, Any] | None:
-        """The file being applied, the failure while attempts fail, and the files given up on (None:
-        nothing to say)."""
+    def status(self, aside: list[str]) -> dict[str, Any] | None:
+        """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
+        the caller listed the folder just now, off the loop (MemorySystem.set_aside) (None: nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
-        aside = self._given_up()  # the folder listed once a status
         if aside:
             out.update(set_aside=aside, degraded=True,
                        error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{aside[0]}")
