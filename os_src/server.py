@@ -115,7 +115,7 @@ class SpriteOS:
         publish = DeltaCoalescer(self._publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
-        self.lock = lock or WriterLock(layout.memory_lock)
+        self.lock = lock or WriterLock(layout.memory_lock, WriterLock.SERVER)
         self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
         # the agent's budget is enforced there, on every call the agent can make.

@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -218,7 +219,7 @@ async def test_while_the_server_runs_it_records_the_import_itself(
             await asyncio.sleep(0.05)
         assert result == [0]
         out = capsys.readouterr()
-        assert "the running server is recording the turns" in out.err
+        assert re.search(r"^the server \(pid \d+\) is recording the turns$", out.err, re.M)
         assert "imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); the server indexes" in out.out
         # through the server's own transcript.db thread: the indexer took them, search finds them
         await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
@@ -391,11 +392,12 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
 
 
 @contextlib.contextmanager
-def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[Path, WriterLock, threading.Thread,
-                                                                                  list[int]]]:
-    """`memory import` run in a thread while this test holds the writer lock, as a server does: the inbox
-    file it wrote, the lock, the thread and its exit status once it ends. The lock is let go after."""
-    holder = WriterLock(settings.layout.memory_lock)
+def _importing_while_held(settings: Settings, tmp_path: Path, role: str = WriterLock.SERVER) -> Iterator[
+        tuple[Path, WriterLock, threading.Thread, list[int]]]:
+    """`memory import` run in a thread while this test holds the writer lock, as a server does (or as `role`
+    does): the inbox file it wrote, the lock, the thread and its exit status once it ends. The lock is let go
+    after."""
+    holder = WriterLock(settings.layout.memory_lock, role)
     holder.acquire()
     source = jsonl(tmp_path / "past.jsonl", bad=False)
     result: list[int] = []
@@ -410,6 +412,98 @@ def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[
         yield path, holder, command, result
     finally:
         holder.release()
+
+
+def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
+    lock, other = (WriterLock(tmp_path / ".writer.lock", role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
+    assert lock.holder() is None and lock.free()
+    with other:
+        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
+    assert lock.holder() is None  # its note stays in the file; nobody holds it
+    (tmp_path / ".writer.lock").write_text("")
+    with WriterLock(tmp_path / ".writer.lock", WriterLock.SERVER):
+        os.truncate(tmp_path / ".writer.lock", 0)  # an earlier version's holder: it names nobody
+        assert lock.holder() == (None, None)
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_queued_behind_another_import_waits_for_it_then_records_its_turns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An import that found another import applying the inbox was told after 15 s that "a process that takes
+    no imports" held the workspace, and left its turns queued for a server that may never start (exit 3).
+    It says another import is running and for how long, waits, and records its turns itself once it is over."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.2)
+    with _importing_while_held(settings, tmp_path, WriterLock.IMPORT) as (path, holder, command, result):
+        time.sleep(0.8)  # past TAKE_WAIT, several times: the other import is still at work
+        assert command.is_alive() and not result
+        holder.release()  # it is over; this file was queued after it looked
+        command.join(20)
+        assert result == [0]
+    out = capsys.readouterr()
+    said = [line for line in out.err.splitlines() if line.startswith("another import")]
+    assert len(said) >= 2 and f"`sprite-os memory import` (pid {os.getpid()})" in said[0] and "0 s so far" in said[0]
+    assert "takes no imports" not in out.out + out.err
+    assert "imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); searchable now" in out.out
+    assert not path.exists() and not list(import_inbox.inbox_dir(settings.layout).iterdir())  # no report left
+    db = TranscriptDB(settings.layout.transcript_db)
+    assert db.counts()["total"] == 3
+    db.close()
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_another_import_records_is_told_so_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The other import, queued first, applies this one's file too (it was in the inbox when it looked)."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    with _importing_while_held(settings, tmp_path, WriterLock.IMPORT) as (path, _holder, command, result):
+        import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, at=time.time()))
+        time.sleep(0.3)
+        import_inbox.finish(path, import_inbox.Progress(path.name, 3, applied=3, added=3))
+        command.join(20)
+        assert result == [0]
+    out = capsys.readouterr()
+    assert f"`sprite-os memory import` (pid {os.getpid()}) is recording the turns" in out.err
+    assert f"imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); `sprite-os memory import` (pid " \
+           f"{os.getpid()}) indexes them before it ends" in out.out
+    assert not list(import_inbox.inbox_dir(settings.layout).iterdir())
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_report(tmp_path: Path) -> None:
+    """An import applying the inbox removed every file's done report: another import waiting for its file
+    (queued while this one held the lock) then never saw it applied, and took the server for stopped."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES[:1]])
+    queued, _ = import_inbox.write(settings.layout, turns)
+    theirs = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-1-"))  # pid 1's: it lives
+    gone = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-999999999-"))  # a pid no process has
+    queued.rename(theirs)
+    import_inbox.write(settings.layout, turns)[0].rename(gone)
+    assert _cli(settings, "import", str(jsonl(tmp_path / "past.jsonl", bad=False))) == 0
+    left = sorted(p.name for p in import_inbox.inbox_dir(settings.layout).iterdir())
+    assert left == [import_inbox.progress_path(theirs, import_inbox.DONE).name]  # for its waiting command
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_behind_a_rebuild_says_so_and_leaves_its_turns_queued(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.2)
+    with _importing_while_held(settings, tmp_path, WriterLock.REBUILD) as (path, _holder, command, result):
+        command.join(20)
+        assert result == [3]
+    out = capsys.readouterr().out
+    assert f"held by `sprite-os memory rebuild` (pid {os.getpid()}), which takes no imports: they wait in {path}" in out
+    assert import_inbox.inbox_files(settings.layout) == [path]
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -436,7 +530,8 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
         assert result == [1]
     err = capsys.readouterr().err
     assert "gave up waiting" in err and str(path) in err
-    assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
+    assert ("the server (pid " if server == "gone" else "recorded none of them for 0 s") in err
+    assert "stopped after 1 of 3" in err if server == "gone" else True
     assert import_inbox.inbox_files(settings.layout) == [path]  # queued: the next server applies it
 
 

@@ -57,8 +57,11 @@ FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degrad
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
 SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
 GIVEN_UP = SUFFIX + FAILED  # a file the writer gave up on: `<name>.jsonl.failed`
-# What `write` makes before its rename, `.<time>-<pid>-<n>.partial`: a CLI writes it holding no lock.
-PARTIAL = re.compile(r"^\.\d{8}T\d{6}-(?P<pid>\d+)-\d{6}\.partial$")
+# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it). `write` makes
+# `.<name>.partial`, holding no lock, then renames it `<name>.jsonl`.
+_NAME = r"\d{8}T\d{6}-(?P<pid>\d+)-\d{6}"
+PARTIAL = re.compile(rf"^\.{_NAME}\.partial$")
+_WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
 # A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
 # server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
 PARTIAL_STALE = 3600.0
@@ -123,6 +126,13 @@ def _alive(pid: int) -> bool:
     except OSError:  # another user's (EPERM): it lives
         return True
     return True
+
+
+def writer_waits(path: Path) -> bool:
+    """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
+    pid in its name is a live process, and not this one."""
+    m = _WRITTEN.match(path.name)
+    return m is not None and int(m["pid"]) != os.getpid() and _alive(int(m["pid"]))
 
 
 def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:

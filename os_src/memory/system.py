@@ -113,7 +113,7 @@ class MemorySystem:
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self.imports = ImportInbox(layout, self.transcript, self.recall.indexer.nudge)
-        self._lock = lock or WriterLock(layout.memory_lock)
+        self._lock = lock or WriterLock(layout.memory_lock, WriterLock.SERVER)
         self._started = False
         self._counts: dict[str, int] = {}
         self._spent = 0.0  # today's spending, as last counted

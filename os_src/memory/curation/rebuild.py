@@ -197,7 +197,7 @@ async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
 async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) -> RebuildReport:
     """`forgotten_unreadable_ok`: go on when memory.db can't be read (what was forgotten in it comes back)."""
     layout = settings.layout
-    lock = WriterLock(layout.memory_lock)
+    lock = WriterLock(layout.memory_lock, WriterLock.REBUILD)
     try:
         lock.acquire()  # refuses while the server (or another rebuild) holds it
     except LockHeld as exc:
