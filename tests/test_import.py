@@ -644,6 +644,56 @@ def test_memory_status_names_an_import_the_server_set_aside(tmp_path: Path, caps
     assert "No space left" in out and "2 of 3 turns recorded" in out and f"rename it back to {path.name}" in out
 
 
+@pytest.mark.parametrize("answers", [True, False])
+def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_not_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: bool) -> None:
+    """On a full disk the report of a failed attempt fails too: `memory status` showed the file as waiting
+    for the server, all well, while /healthz said degraded. It asks the server that holds the lock now, and
+    says so when it does not answer."""
+    import http.server
+    import socket
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES])
+    path, _ = import_inbox.write(settings.layout, turns)  # no report of it: it could not be written
+    error = "OSError(28, 'No space left on device')"
+    body = json.dumps({"status": "degraded", "memory": {"recall": {"import": {
+        "failing": 3, "error": error, "degraded": True}}}}).encode()
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with socket.socket() as probe:  # a port nothing listens on, when the server does not answer
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers else None
+    if server is not None:
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SPRITE_OS_PORT", str(port))
+    try:
+        with WriterLock(settings.layout.memory_lock, WriterLock.SERVER):
+            assert _cli(settings, "status") == 0
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    out = capsys.readouterr().out
+    assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
+    if answers:
+        assert f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}" in out
+    else:
+        assert "the server holds the workspace but /healthz did not answer" in out
+
+
 @pytest.mark.usefixtures("workspace_env")
 def test_an_import_through_a_server_waits_for_an_attempt_that_starts_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
