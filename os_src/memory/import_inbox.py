@@ -44,6 +44,7 @@ from ..db_worker import Worker
 from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
 from ..logs import get_logger
 from ..paths import Layout
+from ..procfs import alive
 from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
 from .transcript_store import ImportedTurn, TranscriptDB
 
@@ -118,21 +119,11 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's (EPERM): it lives
-        return True
-    return True
-
-
 def writer_waits(path: Path) -> bool:
     """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
     pid in its name is a live process, and not this one."""
     m = _WRITTEN.match(path.name)
-    return m is not None and int(m["pid"]) != os.getpid() and _alive(int(m["pid"]))
+    return m is not None and int(m["pid"]) != os.getpid() and alive(int(m["pid"]))
 
 
 def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
@@ -148,7 +139,7 @@ def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
         for entry in os.scandir(inbox_dir(layout)):
             if (m := PARTIAL.match(entry.name)) is None or not entry.is_file(follow_symlinks=False):
                 continue
-            if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not _alive(int(m["pid"])):
+            if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not alive(int(m["pid"])):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))
