@@ -578,6 +578,8 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
     waits: list[int] = []
 
     class Waits:
+        max = 0.05  # the longest wait, which the waiting command reads when a report says an attempt failed
+
         def delay(self, failures: int, rand: float) -> float:
             waits.append(failures)
             return 0.05
