@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .deploy_contract import NotDurable as NotDurable
 from .deploy_contract import atomic_write as atomic_write  # bootstrap/deploy.py's too
@@ -35,12 +35,26 @@ def held(path: os.PathLike[str] | str) -> Iterator[None]:
         os.close(fd)
 
 
+class Holder(NamedTuple):
+    """Who holds a WriterLock, as it wrote itself down in the lock file. `role` None: it named nobody
+    (an earlier version's holder, a write the disk refused, or the moment between its flock and its note)."""
+
+    pid: int | None
+    role: str | None
+
+
 class WriterLock:
     """A non-blocking flock on one file, held for as long as the holder runs (the server), or for
-    one operation (`memory rebuild`, `memory import` when no server runs, `migrate-v1`)."""
+    one operation (`memory rebuild`, `memory import` when no server runs, `migrate-v1`). The holder
+    writes "<pid> <role>" into the file once it holds it (SERVER, IMPORT, REBUILD, MIGRATE), so that a
+    process that finds the lock held can tell who has it (`holder()`): a `memory import` waits for
+    another import, but not for a rebuild, which takes no imports."""
 
-    def __init__(self, path: os.PathLike[str] | str) -> None:
+    SERVER, IMPORT, REBUILD, MIGRATE = "server", "memory import", "memory rebuild", "migrate-v1"
+
+    def __init__(self, path: os.PathLike[str] | str, role: str) -> None:
         self.path = path
+        self.role = role
         self._fd: int | None = None
 
     @property
@@ -58,11 +72,45 @@ class WriterLock:
             os.close(fd)
             raise LockHeld(f"another process holds this workspace (a running server, or a memory command): lock {self.path}") from None
         self._fd = fd
+        with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, its holder unnamed
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def free(self) -> bool:
+        """Whether nobody holds the lock now (False: another process, or this one). /proc/locks is read first,
+        so while a holder runs it is never taken, not even for a moment; free there (or unreadable), it
+        is taken and let go, to be sure (an overlay's device numbers differ from what /proc/locks shows)."""
+        if self._fd is not None:  # this one holds it
+            return False
+        try:
+            st = os.stat(self.path)
+            mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+            with open("/proc/locks") as f:
+                if any(" FLOCK " in line and mine in line for line in f):
+                    return False
+        except OSError:
+            pass
+        try:
+            self.acquire()
+        except LockHeld:
+            return False
+        self.release()
+        return True
+
+    def holder(self) -> Holder | None:
+        """Who holds the lock now, as it wrote itself down; None when nobody does."""
+        try:
+            pid, _, role = Path(self.path).read_text(errors="replace").strip().partition(" ")
+        except OSError:
+            pid = role = ""
+        if self.free():  # a holder that changes meanwhile is read right at the caller's next look
+            return None
+        return Holder(int(pid), role) if pid.isdigit() and role else Holder(None, None)
 
     def __enter__(self) -> WriterLock:
         self.acquire()

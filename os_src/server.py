@@ -115,7 +115,7 @@ class SpriteOS:
         publish = DeltaCoalescer(self._publish)  # the runtime, the canvas and the files share it: one order
         self.canvas = CanvasStore(layout.canvas_file, publish)
         # The workspace's one server: taken first at start, so a refused start changes nothing.
-        self.lock = lock or WriterLock(layout.memory_lock)
+        self.lock = lock or WriterLock(layout.memory_lock, WriterLock.SERVER)
         self.memory = MemorySystem(settings, self.lock) if memory else None
         # The agent's CLI reaches the model through it: the proxy's key stays in this process, and
         # the agent's budget is enforced there, on every call the agent can make.
@@ -296,7 +296,8 @@ class SpriteOS:
     async def health(self, counts: bool = True) -> dict[str, Any]:
         """What /healthz shows with the token: counts and states, never user content or secrets. The
         status is computed from this same body. `counts=False`: memory's state without its counts
-        (no database is read at all)."""
+        (no database is read at all). The loop never touches the disk for it: the counts and the folders
+        listed come from threads, each waited for at most memory's HEALTH_WAIT."""
         body: dict[str, Any] = {
             "version": __version__,
             "uptime_s": round(time.monotonic() - self.started_at, 1),
@@ -307,7 +308,7 @@ class SpriteOS:
             "limits": self.launch.limits,  # what holds the agent's processes to their share, and by what
         }
         if self.memory is not None:
-            body["memory"] = await self.memory.health() if counts else self.memory.status()
+            body["memory"] = await (self.memory.health() if counts else self.memory.status())
         return {"status": overall_status(body), **body}
 
     async def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:

@@ -71,4 +71,4 @@ def test_an_inbox_file_whose_folder_fsync_fails_is_still_queued(tmp_path: Path, 
     import_inbox.inbox_dir(layout).mkdir(parents=True)
     spy.failing.add(import_inbox.inbox_dir(layout))
     path, _ = import_inbox.write(layout, [ImportedTurn("s", 1.0, "hello", "[]", "hi")])
-    assert import_inbox.waiting(layout) == [path]  # written: the writer applies it
+    assert import_inbox.inbox_files(layout) == [path]  # written: the writer applies it

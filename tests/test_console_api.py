@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,9 @@ from devkit.harness import make_settings
 from sprite_os.commands.main import main as cli
 from sprite_os.console import memory_frames as pm
 from sprite_os.console.memory_api import MemoryConsole
+from sprite_os.database import read_only
 from sprite_os.memory import import_inbox
+from sprite_os.memory.curation.rebuild import _before
 from sprite_os.memory.forget.learnings import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall.searcher import RecallHit
@@ -357,7 +360,8 @@ async def test_forgetting_survives_a_rebuild_and_the_same_text_learned_again(sys
     await seed(system)
     await ask(console, pm.MemoryForgetRequest(request_id="f", learning_id=2))
     layout = system.settings.layout
-    keys = forgotten_keys(layout.memory_db)
+    with contextlib.closing(read_only(layout.memory_db)) as conn:
+        keys = forgotten_keys(conn)
     assert len(keys) == 1 and list(keys.values()) == [NOW]
     fresh = MemoryDB(layout.memory_db.with_name("rebuilt.db"))  # what a rebuild makes from the transcript
     fresh.commit_batch(trigger="rebuild", observation_ids=[1, 2], model="m", input_tokens=0, output_tokens=0,
@@ -365,7 +369,7 @@ async def test_forgetting_survives_a_rebuild_and_the_same_text_learned_again(sys
                        file_updates={}, base_hashes={})
     assert forget_again(fresh, keys) == 1
     assert fresh.learnings_since(0) == []
-    assert forgotten_keys(layout.memory_db.with_name("missing.db")) == {}
+    assert _before(layout.memory_db.with_name("missing.db"), None) == ([], {})
 
 
 # ---------------------------------------------------------------- the daemon and the boot prompt

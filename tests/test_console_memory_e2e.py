@@ -275,10 +275,10 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
 
     from sprite_os.memory import import_inbox
 
-    def unreadable(layout: object) -> list[Path]:
+    def unreadable(layout: object, ending: str = import_inbox.SUFFIX) -> list[Path]:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(import_inbox, "waiting", unreadable)
+    monkeypatch.setattr(import_inbox, "inbox_files", unreadable)
     assert server.memory is not None
     await wait_for(lambda: server.memory is not None and server.memory.imports.failing > 0, timeout=30)
     async with health_tab(server) as tab:

@@ -736,18 +736,18 @@ async def test_capture_is_degraded_while_a_turn_told_not_saved_is_not_durable_or
     try:
         record = close_turn(capture, "during the hang")
         assert await record.durable(budget=0.2) is False  # what the runtime tells the person
-        status = capture.status()
+        status = capture.status([])
         assert status["degraded"] and status["not_saved"] == 1 and status["not_saved_total"] == 1
         assert status["failing_since"] is None  # nothing failed: only hung
         monkeypatch.setattr(health_mod, "STALLED_AFTER", 0.0)
         capture.acks.unsaved.clear()
-        assert capture.status()["degraded"]  # the oldest queued write is past the bound
+        assert capture.status([])["degraded"]  # the oldest queued write is past the bound
         monkeypatch.undo()
     finally:
         files.set()
         BusyDB.hold.set()
     assert await capture.writer.drained(10)
-    status = capture.status()
+    status = capture.status([])
     assert not status["degraded"] and status["not_saved"] == 0 and status["not_saved_total"] == 1
 
 

@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.paths import Layout
 from tests.test_recall import lexical
 
 NOW = 1_800_000_000.0
@@ -177,7 +179,7 @@ def test_import_makes_the_memory_folder_and_leaves_the_turns_searchable(
     assert first["date"] == "2020-09-13T12:30:00Z" and "vacuum" in first["snippet"]
     assert _cli(settings, "import", str(jsonl(tmp_path / "good.jsonl", bad=False))) == 0
     assert "imported 0 turns from 2 sessions (3 already recorded" in capsys.readouterr().out
-    assert not import_inbox.waiting(settings.layout)  # applied and gone
+    assert not import_inbox.inbox_files(settings.layout)  # applied and gone
     assert _cli(settings, "status", "--json") == 0
     recall = json.loads(capsys.readouterr().out)["recall"]
     assert (recall["turns"], recall["episodes"], recall["turns_waiting_for_index"], recall["index_documents"]) == (
@@ -217,13 +219,13 @@ async def test_while_the_server_runs_it_records_the_import_itself(
             await asyncio.sleep(0.05)
         assert result == [0]
         out = capsys.readouterr()
-        assert "the running server is recording the turns" in out.err
+        assert re.search(r"^the server \(pid \d+\) is recording the turns$", out.err, re.M)
         assert "imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); the server indexes" in out.out
         # through the server's own transcript.db thread: the indexer took them, search finds them
         await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
         hits = await system.search("what does Biscuit hate?", 3)
         assert hits and hits[0].session_id == "v1-a" and hits[0].turn == 2
-        assert not import_inbox.waiting(settings.layout)
+        assert not import_inbox.inbox_files(settings.layout)
         assert not list(import_inbox.inbox_dir(settings.layout).iterdir())  # no progress file left behind
     finally:
         await system.stop()
@@ -234,7 +236,7 @@ def test_an_inbox_file_a_writer_was_killed_in_is_applied_again_without_doubles(t
     settings.layout.ensure()
     turns, _ = turns_of([json.dumps(x) for x in LINES])
     path, n = import_inbox.write(settings.layout, turns)
-    assert n == 3 and import_inbox.waiting(settings.layout) == [path]
+    assert n == 3 and import_inbox.inbox_files(settings.layout) == [path]
     db = TranscriptDB(settings.layout.transcript_db)
     db.import_turns(turns[:2])  # a writer killed after its first chunk: the file is still there
     done = import_inbox.apply_file(db, path)
@@ -273,11 +275,23 @@ def test_a_bad_time_already_stored_stops_nothing(tmp_path: Path, monkeypatch: py
     assert _cli(settings, "status") == 0
 
 
+def test_one_listing_of_the_inbox_gives_the_files_waiting_and_those_set_aside(tmp_path: Path) -> None:
+    """The files to apply and those the writer gave up on are the inbox's files by how their names end,
+    oldest first: one function, where two near-copies listed the folder apart."""
+    layout = Layout(tmp_path)
+    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.GIVEN_UP) == []
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True)
+    for name in ("b.jsonl", "a.jsonl", "c.jsonl.failed", "0.jsonl.failed", "a.progress.json", ".d.partial"):
+        (inbox / name).write_text("")
+    assert [p.name for p in import_inbox.inbox_files(layout)] == ["a.jsonl", "b.jsonl"]
+    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.GIVEN_UP)] == ["0.jsonl.failed",
+                                                                                          "c.jsonl.failed"]
+
+
 async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_path: Path) -> None:
     """A kill between a progress report's temp file and its rename left `.x.progress.json.*.tmp`
     for good; the server's inbox, the one applier, sweeps its own on start and nothing else."""
-    from sprite_os.paths import Layout
-
     layout = Layout(tmp_path)
     layout.ensure()
     inbox = import_inbox.inbox_dir(layout)
@@ -286,16 +300,44 @@ async def test_the_inbox_sweeps_what_a_kill_left_of_its_progress_reports(tmp_pat
     other = inbox / ".notes.txt.ab12cd34.tmp"
     debris.write_text("{")
     other.write_text("{")
-    applier = import_inbox.ImportInbox(layout, None, lambda: None)  # type: ignore[arg-type]  # no file to apply
+    await _inbox_started_until_gone(layout, debris)
+    assert not debris.exists() and other.exists()
+
+
+async def _inbox_started_until_gone(layout: Layout, path: Path) -> None:
+    """The server's inbox started (with no file to apply) until `path` is gone (2 s at most), and stopped."""
+    applier = import_inbox.ImportInbox(layout, None, lambda: None)  # type: ignore[arg-type]
     applier.start()
     try:
         for _ in range(200):
-            if not debris.exists():
+            if not path.exists():
                 break
             await asyncio.sleep(0.01)
     finally:
         await applier.stop()
-    assert not debris.exists() and other.exists()
+
+
+async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tmp_path: Path) -> None:
+    """A `memory import` killed while it wrote its inbox file left `.<name>.partial` for good: nothing
+    applied or removed it. The server's start removes one whose writer is gone and which has not been
+    written for an hour; one whose writer lives, or written a moment ago, or not the CLI's, stays."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()  # its pid is no process now
+    old = time.time() - 3600 - 60  # past the hour the sweep leaves a writer
+    killed = inbox / f".20261127T101500-{dead.pid}-000001.partial"
+    fresh = inbox / f".20261127T101500-{dead.pid}-000002.partial"  # a writer in another pid namespace, say
+    living = inbox / f".20261127T101500-{os.getpid()}-000003.partial"  # a live CLI, stopped for a while
+    other = inbox / ".notes.partial"
+    for path in (killed, fresh, living, other):
+        path.write_text('{"session": "s"}\n')
+    for path in (killed, living, other):
+        os.utime(path, (old, old))
+    await _inbox_started_until_gone(layout, killed)
+    assert not killed.exists() and fresh.exists() and living.exists() and other.exists()
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -309,7 +351,7 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
     settings = lexical(tmp_path)
     monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
     monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.01, 0.01))
-    real_report, real_waiting = import_inbox.report, import_inbox.waiting
+    real_report, real_files = import_inbox.report, import_inbox.inbox_files
     disk = {"full": True, "unreadable": 1}
 
     def report(path: Path, p: import_inbox.Progress) -> None:
@@ -317,44 +359,45 @@ async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_s
             raise OSError(errno.ENOSPC, "No space left on device")
         real_report(path, p)
 
-    def waiting(layout: object) -> list[Path]:
-        if disk["unreadable"]:
+    def inbox_files(layout: object, ending: str = import_inbox.SUFFIX) -> list[Path]:
+        if disk["unreadable"] and ending == import_inbox.SUFFIX:  # the task's look for files to apply
             disk["unreadable"] -= 1
             raise OSError(errno.EIO, "Input/output error")
-        return real_waiting(layout)  # type: ignore[arg-type]
+        return real_files(layout, ending)  # type: ignore[arg-type]
 
     monkeypatch.setattr(import_inbox, "report", report)
-    monkeypatch.setattr(import_inbox, "waiting", waiting)
+    monkeypatch.setattr(import_inbox, "inbox_files", inbox_files)
     system = MemorySystem(settings)
     await system.start()
     try:
         turns, _ = turns_of([json.dumps(x) for x in LINES])
         path, _ = import_inbox.write(settings.layout, turns)
         for _ in range(500):
-            if system.status()["degraded"]:  # the unreadable inbox once, then the file's attempts, twice
+            if (await system.status())["degraded"]:  # the unreadable inbox once, then the file's attempts, twice
                 break
             await asyncio.sleep(0.01)
-        status = system.status()
+        status = await system.status()
         assert status["degraded"] is True
         assert status["recall"]["import"]["degraded"] is True and "No space left" in status["recall"]["import"]["error"]
         disk["full"] = False  # space freed: the same task applies the file
         for _ in range(500):
-            if not path.exists() and system.imports.status() is None:
+            if not path.exists() and (await system.status())["recall"]["import"] is None:
                 break
             await asyncio.sleep(0.01)
-        assert not path.exists() and system.status()["degraded"] is False
-        assert system.imports.status() is None
+        assert not path.exists() and (await system.status())["degraded"] is False
+        assert (await system.status())["recall"]["import"] is None
         assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
     finally:
         await system.stop()
 
 
 @contextlib.contextmanager
-def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[Path, WriterLock, threading.Thread,
-                                                                                  list[int]]]:
-    """`memory import` run in a thread while this test holds the writer lock, as a server does: the inbox
-    file it wrote, the lock, the thread and its exit status once it ends. The lock is let go after."""
-    holder = WriterLock(settings.layout.memory_lock)
+def _importing_while_held(settings: Settings, tmp_path: Path, role: str = WriterLock.SERVER) -> Iterator[
+        tuple[Path, WriterLock, threading.Thread, list[int]]]:
+    """`memory import` run in a thread while this test holds the writer lock, as a server does (or as `role`
+    does): the inbox file it wrote, the lock, the thread and its exit status once it ends. The lock is let go
+    after."""
+    holder = WriterLock(settings.layout.memory_lock, role)
     holder.acquire()
     source = jsonl(tmp_path / "past.jsonl", bad=False)
     result: list[int] = []
@@ -362,13 +405,105 @@ def _importing_while_held(settings: Settings, tmp_path: Path) -> Iterator[tuple[
     command.start()
     try:
         for _ in range(500):
-            if found := import_inbox.waiting(settings.layout):
+            if found := import_inbox.inbox_files(settings.layout):
                 break
             time.sleep(0.01)
         (path,) = found
         yield path, holder, command, result
     finally:
         holder.release()
+
+
+def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
+    lock, other = (WriterLock(tmp_path / ".writer.lock", role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
+    assert lock.holder() is None and lock.free()
+    with other:
+        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
+    assert lock.holder() is None  # its note stays in the file; nobody holds it
+    (tmp_path / ".writer.lock").write_text("")
+    with WriterLock(tmp_path / ".writer.lock", WriterLock.SERVER):
+        os.truncate(tmp_path / ".writer.lock", 0)  # an earlier version's holder: it names nobody
+        assert lock.holder() == (None, None)
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_queued_behind_another_import_waits_for_it_then_records_its_turns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An import that found another import applying the inbox was told after 15 s that "a process that takes
+    no imports" held the workspace, and left its turns queued for a server that may never start (exit 3).
+    It says another import is running and for how long, waits, and records its turns itself once it is over."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.2)
+    with _importing_while_held(settings, tmp_path, WriterLock.IMPORT) as (path, holder, command, result):
+        time.sleep(0.8)  # past TAKE_WAIT, several times: the other import is still at work
+        assert command.is_alive() and not result
+        holder.release()  # it is over; this file was queued after it looked
+        command.join(20)
+        assert result == [0]
+    out = capsys.readouterr()
+    said = [line for line in out.err.splitlines() if line.startswith("another import")]
+    assert len(said) >= 2 and f"`sprite-os memory import` (pid {os.getpid()})" in said[0] and "0 s so far" in said[0]
+    assert "takes no imports" not in out.out + out.err
+    assert "imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); searchable now" in out.out
+    assert not path.exists() and not list(import_inbox.inbox_dir(settings.layout).iterdir())  # no report left
+    db = TranscriptDB(settings.layout.transcript_db)
+    assert db.counts()["total"] == 3
+    db.close()
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_another_import_records_is_told_so_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The other import, queued first, applies this one's file too (it was in the inbox when it looked)."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    with _importing_while_held(settings, tmp_path, WriterLock.IMPORT) as (path, _holder, command, result):
+        import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, at=time.time()))
+        time.sleep(0.3)
+        import_inbox.finish(path, import_inbox.Progress(path.name, 3, applied=3, added=3))
+        command.join(20)
+        assert result == [0]
+    out = capsys.readouterr()
+    assert f"`sprite-os memory import` (pid {os.getpid()}) is recording the turns" in out.err
+    assert f"imported 3 turns from 2 sessions (0 already recorded, 0 bad lines); `sprite-os memory import` (pid " \
+           f"{os.getpid()}) indexes them before it ends" in out.out
+    assert not list(import_inbox.inbox_dir(settings.layout).iterdir())
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_report(tmp_path: Path) -> None:
+    """An import applying the inbox removed every file's done report: another import waiting for its file
+    (queued while this one held the lock) then never saw it applied, and took the server for stopped."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES[:1]])
+    queued, _ = import_inbox.write(settings.layout, turns)
+    theirs = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-1-"))  # pid 1's: it lives
+    gone = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-999999999-"))  # a pid no process has
+    queued.rename(theirs)
+    import_inbox.write(settings.layout, turns)[0].rename(gone)
+    assert _cli(settings, "import", str(jsonl(tmp_path / "past.jsonl", bad=False))) == 0
+    left = sorted(p.name for p in import_inbox.inbox_dir(settings.layout).iterdir())
+    assert left == [import_inbox.progress_path(theirs, import_inbox.DONE).name]  # for its waiting command
+
+
+@pytest.mark.usefixtures("workspace_env")
+def test_an_import_behind_a_rebuild_says_so_and_leaves_its_turns_queued(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.2)
+    with _importing_while_held(settings, tmp_path, WriterLock.REBUILD) as (path, _holder, command, result):
+        command.join(20)
+        assert result == [3]
+    out = capsys.readouterr().out
+    assert f"held by `sprite-os memory rebuild` (pid {os.getpid()}), which takes no imports: they wait in {path}" in out
+    assert import_inbox.inbox_files(settings.layout) == [path]
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -395,8 +530,9 @@ def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_
         assert result == [1]
     err = capsys.readouterr().err
     assert "gave up waiting" in err and str(path) in err
-    assert ("the server stopped after 1 of 3" if server == "gone" else "recorded none of them for 0 s") in err
-    assert import_inbox.waiting(settings.layout) == [path]  # queued: the next server applies it
+    assert ("the server (pid " if server == "gone" else "recorded none of them for 0 s") in err
+    assert "stopped after 1 of 3" in err if server == "gone" else True
+    assert import_inbox.inbox_files(settings.layout) == [path]  # queued: the next server applies it
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -442,6 +578,8 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
     waits: list[int] = []
 
     class Waits:
+        max = 0.05  # the longest wait, which the waiting command reads when a report says an attempt failed
+
         def delay(self, failures: int, rand: float) -> float:
             waits.append(failures)
             return 0.05
@@ -471,20 +609,20 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         # The first attempt applied two turns; each retry took up the third alone, after a growing wait.
         assert applied == ["We ado", "Biscui", "My PIN", "My PIN", "My PIN"]
         assert waits == [1, 2]  # the backoff's failures in a row: its wait grows with them
-        (aside,) = import_inbox.set_aside_files(settings.layout)
-        assert not import_inbox.waiting(settings.layout) and aside.name.endswith(".jsonl.failed")
+        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.GIVEN_UP)
+        assert not import_inbox.inbox_files(settings.layout) and aside.name.endswith(".jsonl.failed")
         err = capsys.readouterr().err
         assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err
-        assert system.status()["degraded"] is True  # until the operator deals with it
-        assert system.imports.status()["set_aside"] == [aside.name]  # type: ignore[index]
+        assert (await system.status())["degraded"] is True  # until the operator deals with it
+        assert (await system.status())["recall"]["import"]["set_aside"] == [aside.name]
         broken["on"] = False
         aside.rename(aside.with_name(aside.name.removesuffix(".failed")))  # the operator applies it again
         for _ in range(500):
-            if not import_inbox.waiting(settings.layout) and system.imports.status() is None:
+            if not import_inbox.inbox_files(settings.layout) and (await system.status())["recall"]["import"] is None:
                 break
             await asyncio.sleep(0.01)
         assert await system.transcript.call(lambda t: t.counts()["total"]) == 3
-        assert system.status()["degraded"] is False
+        assert (await system.status())["degraded"] is False
     finally:
         await system.stop()
 
@@ -506,6 +644,56 @@ def test_memory_status_names_an_import_the_server_set_aside(tmp_path: Path, caps
     out = capsys.readouterr().out
     assert f"FAILED: the server gave up on .os/state/imports/{path.name}.failed" in out
     assert "No space left" in out and "2 of 3 turns recorded" in out and f"rename it back to {path.name}" in out
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_not_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: bool) -> None:
+    """On a full disk the report of a failed attempt fails too: `memory status` showed the file as waiting
+    for the server, all well, while /healthz said degraded. It asks the server that holds the lock now, and
+    says so when it does not answer."""
+    import http.server
+    import socket
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    turns, _ = turns_of([json.dumps(x) for x in LINES])
+    path, _ = import_inbox.write(settings.layout, turns)  # no report of it: it could not be written
+    error = "OSError(28, 'No space left on device')"
+    body = json.dumps({"status": "degraded", "memory": {"recall": {"import": {
+        "failing": 3, "error": error, "degraded": True}}}}).encode()
+
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with socket.socket() as probe:  # a port nothing listens on, when the server does not answer
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers else None
+    if server is not None:
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SPRITE_OS_PORT", str(port))
+    try:
+        with WriterLock(settings.layout.memory_lock, WriterLock.SERVER):
+            assert _cli(settings, "status") == 0
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    out = capsys.readouterr().out
+    assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
+    if answers:
+        assert f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}" in out
+    else:
+        assert "the server holds the workspace but /healthz did not answer" in out
 
 
 @pytest.mark.usefixtures("workspace_env")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ async def test_an_import_while_the_server_runs_is_found_by_the_agents_search(
         c = await client(hello={})
         status, out, err = await import_file(settings, past)
         assert status == 0, err
-        assert "the running server is recording the turns" in err
+        assert re.search(r"^the server \(pid \d+\) is recording the turns$", err, re.M)
         assert "imported 3 turns from 1 sessions (0 already recorded, 0 bad lines)" in out
         assert app.memory is not None
         await asyncio.wait_for(app.memory.recall.indexer.current.wait(), 20)

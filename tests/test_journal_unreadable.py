@@ -7,7 +7,9 @@ import asyncio
 import errno
 import os
 import subprocess
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,15 @@ from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
 from sprite_os.commands.main import main as cli
 from sprite_os.db_worker import Worker
+from sprite_os.memory import import_inbox
 from sprite_os.memory.capture.health import JOURNAL_NAME, advice, set_aside_journals
 from sprite_os.memory.capture.journal import journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import read_status
+from sprite_os.memory.system import HEALTH_WAIT, MemorySystem
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
+from tests.test_recall import lexical
 
 # A whole line that does not decode: a damaged file, not an append a kill tore.
 DAMAGED = b'[{"observation":{"session_id":"s1","sequence_num":7,"user_message":"the acknowledged turn"\x00\x00\n'
@@ -52,6 +57,10 @@ class Started:
     def set_aside(self) -> list[Path]:
         return set_aside_journals(self.layout.state_dir)
 
+    def status(self) -> dict[str, Any]:
+        """Capture's status with the folder listed now, as MemorySystem.status lists it (on its thread)."""
+        return self.capture.status([p.name for p in self.set_aside()])
+
 
 @pytest.fixture
 async def started(tmp_path: Path) -> AsyncIterator[Started]:
@@ -69,7 +78,7 @@ async def test_a_journal_no_line_of_which_decodes_is_set_aside_and_its_bytes_sur
     await started.close_a_turn()
     [aside] = started.set_aside()
     assert aside.read_bytes() == DAMAGED
-    status = started.capture.status()
+    status = started.status()
     assert status["degraded"] and status["journals_set_aside"] == [aside.name] and not status["journal_stuck"]
     on_disk = read_status(started.layout)  # what `memory status` shows, from another process
     assert on_disk["degraded"] and on_disk["journals_set_aside"] == [aside.name]
@@ -135,7 +144,7 @@ async def test_a_journal_that_can_be_neither_read_nor_set_aside_is_never_written
     await started.start()
     await started.close_a_turn()
     assert journal.read_bytes() == DAMAGED and started.set_aside() == []
-    status = started.capture.status()
+    status = started.status()
     assert status["degraded"] and status["journal_stuck"]
     await started.capture.stop(5)  # its flush removes no journal either
     assert journal.read_bytes() == DAMAGED
@@ -148,7 +157,7 @@ async def test_a_tail_a_kill_tore_is_no_reason_to_set_a_journal_aside(started: S
     journal_path(started.layout).write_bytes(DAMAGED.rstrip(b"\n"))
     assert recover(journal_path(started.layout)) == []
     await started.start()
-    assert started.set_aside() == [] and not started.capture.status()["degraded"]
+    assert started.set_aside() == [] and not started.status()["degraded"]
 
 
 async def test_healthz_and_memory_status_see_a_set_aside_journal_as_it_is_now(started: Started) -> None:
@@ -157,13 +166,73 @@ async def test_healthz_and_memory_status_see_a_set_aside_journal_as_it_is_now(st
     journal_path(started.layout).write_bytes(DAMAGED)
     await started.start()
     [aside] = started.set_aside()
-    assert started.capture.status()["journals_set_aside"] == read_status(started.layout)["journals_set_aside"] \
+    assert started.status()["journals_set_aside"] == read_status(started.layout)["journals_set_aside"] \
         == [aside.name]
     aside.unlink()  # the operator dealt with it, the server running
-    status, on_disk = started.capture.status(), read_status(started.layout)
+    status, on_disk = started.status(), read_status(started.layout)
     assert status["journals_set_aside"] == on_disk["journals_set_aside"] == []
     assert not status["degraded"] and not on_disk["degraded"]
     later = started.layout.state_dir / aside.name.replace("2", "1", 1)  # one another start set aside, say
     later.write_bytes(DAMAGED)
-    assert started.capture.status()["journals_set_aside"] == [later.name] and started.capture.status()["degraded"]
+    assert started.status()["journals_set_aside"] == [later.name] and started.status()["degraded"]
     later.unlink()
+
+
+async def test_healthz_lists_what_is_set_aside_off_the_loop_and_as_it_is_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz listed .os/state and the import inbox's folder on the event loop: a disk that hangs held
+    the whole server, every client with it. They are listed on a thread now: the loop runs on while the
+    listing hangs, /healthz answers within HEALTH_WAIT with the last listing, and with a healthy disk a
+    journal set aside, or removed by the operator, shows at the very next call."""
+    settings = lexical(tmp_path)
+    layout = settings.layout
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        aside = layout.state_dir / f"{JOURNAL_NAME}.damaged-20261127T090000"
+        aside.write_bytes(DAMAGED)
+        health = await system.health()
+        assert health["capture"]["journals_set_aside"] == [aside.name] and health["degraded"]
+        aside.unlink()  # the operator dealt with it
+        health = await system.health()
+        assert health["capture"]["journals_set_aside"] == [] and not health["degraded"]
+
+        hang = threading.Event()
+        watched = {str(layout.state_dir), str(import_inbox.inbox_dir(layout))}
+
+        def hanging(real: Callable[..., Any]) -> Callable[..., Any]:
+            def listing(path: Any = ".") -> Any:
+                if str(path) in watched:
+                    hang.wait(3)  # the disk under .os/state hangs
+                return real(path)
+            return listing
+
+        monkeypatch.setattr(os, "scandir", hanging(os.scandir))
+        monkeypatch.setattr(os, "listdir", hanging(os.listdir))
+        aside.write_bytes(DAMAGED)  # set aside meanwhile: the hung listing cannot see it yet
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        try:
+            started = time.monotonic()
+            health = await system.health()
+            took = time.monotonic() - started
+        finally:
+            ticker.cancel()
+            hang.set()
+            monkeypatch.undo()
+        assert took < HEALTH_WAIT + 1.0 and ticks >= 10  # the loop served on; /healthz answered in its bound
+        assert health["capture"]["journals_set_aside"] == []  # the last listing, until a listing comes back
+        for _ in range(100):
+            if (await system.health())["capture"]["journals_set_aside"] == [aside.name]:
+                break
+            await asyncio.sleep(0.01)
+        assert (await system.health())["capture"]["journals_set_aside"] == [aside.name]
+    finally:
+        await system.stop()

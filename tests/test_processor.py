@@ -341,6 +341,34 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
     assert _before(tmp_path / "memory.db", None) == ([[1, 2]], {})
 
 
+def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batches' groupings and the forgotten learnings come from one read-only open of memory.db: the
+    forgetting's read opened it a second time (another connection, another -shm handshake)."""
+    from sprite_os import database
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.forget import learnings
+    from sprite_os.memory.memory_store import NewLearning
+
+    path = tmp_path / "memory.db"
+    m = MemoryDB(path)
+    m.commit_batch(trigger="batch", observation_ids=[1], model="m", input_tokens=1, output_tokens=1, cost_usd=0,
+                   learnings=[NewLearning("FACT", "Ada has a cat.")], file_updates={}, base_hashes={})
+    learnings.set_forgotten(m, 1, True, 1000.0)
+    m.close()
+    opened: list[Path] = []
+
+    def counted(at: Path, *, set_aside: bool = False) -> object:
+        opened.append(at)
+        return database.read_only(at, set_aside=set_aside)
+
+    monkeypatch.setattr(module, "read_only", counted)
+    monkeypatch.setattr(learnings, "read_only", counted, raising=False)
+    groups, forgotten = module._before(path, None)
+    assert groups == [[1]] and list(forgotten.values()) == [1000.0]
+    assert opened == [path]
+
+
 async def test_rebuild_retries_a_failing_curator_with_the_daemons_backoff(
         tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
     """One retry policy: the rebuild waits between its calls as the daemon does (retry.Backoff's
@@ -559,6 +587,7 @@ async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_as
     import sqlite3
 
     from sprite_os.commands.main import main as cli
+    from sprite_os.database import read_only
     from sprite_os.errors import SpriteOSError
     from sprite_os.memory.curation import rebuild as module
     from sprite_os.memory.forget.learnings import forgotten_keys
@@ -572,8 +601,8 @@ async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_as
     wal.write_bytes(b"the WAL a kill left")
     shm.write_bytes(b"\x00" * 64)
 
-    with pytest.raises(sqlite3.DatabaseError):  # not "nothing was forgotten": PRAGMA table_info saw no table
-        forgotten_keys(path)
+    with pytest.raises(sqlite3.DatabaseError), contextlib.closing(read_only(path)) as conn:  # not "nothing was
+        forgotten_keys(conn)  # forgotten": PRAGMA table_info saw no table
     with pytest.raises(SpriteOSError, match="rebuilding would bring"):  # refused, not a traceback
         await module.rebuild(settings)
     assert path.read_bytes() == damaged and wal.exists()

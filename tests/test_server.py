@@ -213,7 +213,7 @@ async def test_a_refused_start_writes_nothing_not_even_its_log_or_a_token(tmp_pa
     env.update(SPRITE_WORKSPACE=str(workspace), SPRITE_OS_PORT="0", SPRITE_OS_HOST="127.0.0.1",
                SPRITE_ISOLATION="none", SPRITE_LOG_FILE=str(layout.state_dir / "server.log"),
                ANTHROPIC_BASE_URL="http://127.0.0.1:9")
-    with WriterLock(layout.memory_lock):  # the first server
+    with WriterLock(layout.memory_lock, WriterLock.SERVER):  # the first server
         before = tree()
         run = await asyncio.to_thread(refused_serve, env, 60)
     assert run.returncode != 0 and "another process holds this workspace" in run.stderr

@@ -135,7 +135,7 @@ def _serve(settings: Settings) -> int:
     from ..isolation.probe import resolve
 
     settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
-    lock = WriterLock(settings.layout.memory_lock)
+    lock = WriterLock(settings.layout.memory_lock, WriterLock.SERVER)
     lock.acquire()  # first: LockHeld when another server runs here
     try:
         isolation = resolve(settings.layout, settings.isolation, settings.agent_user)  # ConfigError

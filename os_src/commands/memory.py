@@ -154,7 +154,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         elif rebuilt.backup:
             print(f"the previous memory.db is kept at {rebuilt.backup}")
         before = rebuilt.before
-    lock = WriterLock(settings.layout.memory_lock)
+    lock = WriterLock(settings.layout.memory_lock, WriterLock.REBUILD)
     try:
         lock.acquire()
     except LockHeld as exc:

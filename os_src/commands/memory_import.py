@@ -13,8 +13,14 @@ workspace's memory applies them:
   report for STALL_WAIT seconds (after a failed attempt, for its longest wait before the next one
   and STALL_WAIT more: every attempt reports, a failed one too); it exits 1 as well, saying so,
   when the server gives up on the file after its attempts kept failing and sets it aside;
-- another holder that takes no imports (`memory rebuild`): the turns wait in the inbox for
-  the server's next start, and this command says so.
+- another `memory import` (it applies the inbox itself): this command waits for it, saying so and
+  for how long; the other applies this file too if it was queued before it looked, else this one
+  takes the lock once it is free and applies it here;
+- a holder that takes no imports (`memory rebuild`, `migrate-v1`), or one that did not say what it
+  is: the turns wait in the inbox for the server's next start, and this command says so.
+
+Who holds the lock is the lock's own answer (fsutil.WriterLock.holder: each holder writes its pid and
+role into the lock file).
 
 Only a regular file is read: a FIFO or a device named by mistake is refused at once rather than
 read forever.
@@ -31,7 +37,7 @@ from typing import TextIO
 
 from ..config import Settings
 from ..errors import LockHeld, UsageError
-from ..fsutil import WriterLock
+from ..fsutil import Holder, WriterLock
 
 TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
 WAIT_POLL = 0.2  # how often the command looks at the writer's progress
@@ -79,16 +85,20 @@ def import_main(settings: Settings, path: Path) -> int:
         inbox.unlink(missing_ok=True)
         print(f"imported 0 turns: no line of {path} holds one ({len(found.bad)} bad lines)")
         return status
-    lock = WriterLock(layout.memory_lock)
-    try:
-        lock.acquire()
-    except LockHeld:
-        return _through_server(inbox, found.sessions, len(found.bad), lock) or status
-    try:
-        _apply_here(settings, inbox, found.sessions, len(found.bad))
-    finally:
-        lock.release()
-    return status
+    lock = WriterLock(layout.memory_lock, WriterLock.IMPORT)
+    while True:
+        try:
+            lock.acquire()
+        except LockHeld:
+            code = _through_writer(inbox, found.sessions, len(found.bad), lock)
+            if code is _TAKE_OVER:  # the other import is over and left this file: this one applies it
+                continue
+            return code or status
+        try:
+            _apply_here(settings, inbox, found.sessions, len(found.bad))
+        finally:
+            lock.release()
+        return status
 
 
 def _summary(added: int, already: int, sessions: int, bad: int) -> str:
@@ -98,7 +108,14 @@ def _summary(added: int, already: int, sessions: int, bad: int) -> str:
 def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -> None:
     """No server runs: this process is the writer. Every inbox file is applied (this one, and any an
     earlier import left), then the new turns indexed."""
-    from ..memory.import_inbox import DONE, apply_file, progress_path, waiting
+    from ..memory.import_inbox import (
+        DONE,
+        apply_file,
+        inbox_files,
+        progress_path,
+        read_progress,
+        writer_waits,
+    )
     from ..memory.memory_store import MemoryDB
     from ..memory.recall.documents import catch_up
     from ..memory.recall.index import RecallIndex
@@ -106,11 +123,12 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     from ..memory.transcript_store import TranscriptDB
 
     layout = settings.layout
-    transcript, mine, show = TranscriptDB(layout.transcript_db), None, Progress()
+    transcript, mine, show = TranscriptDB(layout.transcript_db), read_progress(inbox), Progress()
     try:
-        for path in waiting(layout):
+        for path in inbox_files(layout):
             done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
-            progress_path(path, DONE).unlink(missing_ok=True)  # said below, not left for a waiting CLI
+            if path == inbox or not writer_waits(path):  # ours is said below; another's is its waiting CLI's
+                progress_path(path, DONE).unlink(missing_ok=True)
             mine = done if path == inbox else mine
         memory = MemoryDB(layout.memory_db)
         try:
@@ -123,7 +141,8 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
             memory.close()
     finally:
         transcript.close()
-    assert mine is not None
+    assert mine is not None and mine.done  # another import that held the lock applied it, if not this one
+    progress_path(inbox, DONE).unlink(missing_ok=True)
     print(_summary(mine.added, mine.already, len(sessions), bad) + "; searchable now. The server embeds them "
           "from its next start, newest first (`memory status` shows how many wait).")
 
@@ -141,9 +160,20 @@ class Progress:
             _say(f"  {what}: {done:,} of {of:,}")
 
 
-def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock) -> int:
-    """The lock is held, by the server if it takes the file: wait for it to apply it. Returns 0 when it
-    did, 3 when nobody took it (it stays queued), 1 when the server stopped before it was done (the lock
+_TAKE_OVER = -1  # _through_writer: the lock is free after another import, and this file not applied
+
+
+def _named(h: Holder | None) -> str:
+    if h is None or h.role is None:
+        return "a process that did not say what it is"
+    return f"the server (pid {h.pid})" if h.role == WriterLock.SERVER else f"`sprite-os {h.role}` (pid {h.pid})"
+
+
+def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock) -> int:
+    """The lock is held: by the server, which takes the file, by another import, which applies it if it
+    was queued before it looked and is waited for meanwhile, or by something that takes no imports. Returns
+    0 when the file was applied, 3 when nobody took it (it stays queued), _TAKE_OVER when another import let
+    go of the lock without it (this one applies it), 1 when the server stopped before it was done (the lock
     free) or wrote no new report for STALL_WAIT seconds, past the retry's longest wait after a failed attempt
     (it stays queued: the server goes on trying)."""
     from ..memory.import_inbox import (
@@ -155,16 +185,32 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         read_progress,
     )
 
-    started, show = time.monotonic(), Progress()
+    started, show, said = time.monotonic(), Progress(), None
+    holder = last = lock.holder()
     while (p := read_progress(inbox)) is None:
-        if _free(lock) and read_progress(inbox) is None:
+        if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
+            if read_progress(inbox) is not None:
+                continue
+            if last is None or last.role == WriterLock.IMPORT:  # it left this file: this command applies it
+                return _TAKE_OVER
             return _gave_up(inbox, "the server stopped before it took them")
-        if time.monotonic() - started > TAKE_WAIT:
-            print(f"the workspace's memory is held by a process that takes no imports (`memory rebuild`?): the "
-                  f"turns wait in {inbox} and are imported when the server next starts")
+        waited = time.monotonic() - started
+        if holder.role == WriterLock.IMPORT:  # it applies the inbox: this file, or else this command after it
+            if said is None or waited - said >= TAKE_WAIT:
+                said = waited
+                _say(f"another import, {_named(holder)}, holds the workspace's memory: waiting for it to finish "
+                     f"({waited:.0f} s so far); these turns are recorded by it or right after it")
+        elif waited > TAKE_WAIT:
+            why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
+                else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
+            print(f"the workspace's memory is held by {_named(holder)}, {why}: they wait in {inbox} and are "
+                  "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
-    _say("the running server is recording the turns")
+        holder = lock.holder()
+        last = holder or last
+    who = _named(last) if last is not None and last.role is not None else "the server"
+    _say(f"{who} is recording the turns")
     seen, advanced, error = (p.applied, p.at), time.monotonic(), None
     aside = inbox.with_name(inbox.name + FAILED)
     while not p.done:
@@ -183,34 +229,17 @@ def _through_server(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         elif time.monotonic() - advanced > STALL_WAIT + (IMPORT_RETRY.max if p.error else 0.0):
             why = f"it failed ({p.error})" if p.error else "it is busy or stuck"
             return _gave_up(inbox, f"the server recorded none of them for {STALL_WAIT:.0f} s: {why}", stays=True)
-        if _free(lock) and not (p := read_progress(inbox) or p).done:
-            return _gave_up(inbox, f"the server stopped after {p.applied:,} of {p.turns:,}")
+        if lock.free() and not (p := read_progress(inbox) or p).done:
+            return _gave_up(inbox, f"{who} stopped after {p.applied:,} of {p.turns:,}")
         time.sleep(WAIT_POLL)
         p = read_progress(inbox) or p
-    print(_summary(p.added, p.already, len(sessions), bad) + "; the server indexes them now and embeds them in "
-          "the background, newest first (`memory status` shows how many wait).")
+    then = f"; {who} indexes them before it ends; the server embeds them from its next start" \
+        if last is not None and last.role == WriterLock.IMPORT else \
+        "; the server indexes them now and embeds them in the background"
+    print(_summary(p.added, p.already, len(sessions), bad) + then + ", newest first (`memory status` shows how "
+          "many wait).")
     progress_path(inbox, DONE).unlink(missing_ok=True)
     return 0
-
-
-def _free(lock: WriterLock) -> bool:
-    """Whether the writer lock is free now (the server that held it gone). /proc/locks is read first,
-    so while the server runs it is never taken, not even for a moment; free there (or unreadable), it
-    is taken and let go, to be sure (an overlay's device numbers differ from what /proc/locks shows)."""
-    try:
-        st = os.stat(lock.path)
-        mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-        with open("/proc/locks") as f:
-            if any(" FLOCK " in line and mine in line for line in f):
-                return False
-    except OSError:
-        pass
-    try:
-        lock.acquire()
-    except LockHeld:
-        return False
-    lock.release()
-    return True
 
 
 def _gave_up(inbox: Path, why: str, stays: bool = False) -> int:

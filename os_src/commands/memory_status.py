@@ -8,7 +8,7 @@ from typing import Any
 
 from ..fsutil import free_bytes
 from ..memory.capture.health import advice, is_damaged
-from ..memory.import_inbox import FAILED, INBOX, count, read_progress, set_aside_files, waiting
+from ..memory.import_inbox import FAILED, GIVEN_UP, INBOX, count, inbox_files, read_progress
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
@@ -135,18 +135,39 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
                       "detail": info.detail if info else "switched off (SPRITE_RECALL_DENSE_WEIGHT=0)",
                       "embedded": embedded, "waiting": max(0, turns - embedded),
                       "per_second": (server.get("embedding") or {}).get("per_second") if server else None},
-            "imports": imports(layout), "auto_recall": settings.auto_recall}
+            "imports": (found := imports(layout)),
+            "server_import": server_import(settings) if any(not i["set_aside"] for i in found) else None,
+            "auto_recall": settings.auto_recall}
 
 
 def imports(layout: Any) -> list[dict[str, Any]]:
     """Inbox files waiting for the writer, and those it gave up on (`set_aside`), with what it reported."""
     out = []
-    for path in [*waiting(layout), *set_aside_files(layout)]:
+    for path in [*inbox_files(layout), *inbox_files(layout, GIVEN_UP)]:
         p = read_progress(path)
         out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
                     "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None,
                     "set_aside": path.name.endswith(FAILED)})
     return out
+
+
+def server_import(settings: Any) -> dict[str, Any] | None:
+    """The running server's own word on its import inbox (/healthz's `memory.recall.import`), for what the
+    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while a
+    server holds the writer lock (it names itself there), for 2 s at most. None: no server holds it;
+    `answered` False: it did not answer."""
+    from ..errors import ConfigError
+    from ..fsutil import WriterLock
+    from .service import Service
+
+    holder = WriterLock(settings.layout.memory_lock, "memory status").holder()
+    if holder is None or holder.role != WriterLock.SERVER:
+        return None
+    service, body = Service(settings), None
+    with contextlib.suppress(ConfigError):  # a setting the service would refuse: nobody to ask
+        body = service.health(service.child_settings(), timeout=2.0)
+    said = ((body or {}).get("memory") or {}).get("recall") or {}
+    return {"answered": body is not None, "import": said.get("import")}
 
 
 def print_recall(r: dict[str, Any]) -> None:
@@ -173,6 +194,15 @@ def print_recall(r: dict[str, Any]) -> None:
             else "waiting for the workspace's writer (the server)"
         print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"
               + (f"; failing: {i['error']}" if i["error"] else ""))
+    if (server := r.get("server_import")) is None:
+        return
+    said = server["import"] or {}
+    if not server["answered"]:
+        print("  import           the server holds the workspace but /healthz did not answer: an attempt that "
+              "failed without its report written (a full disk) is not shown above")
+    elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # attempts failing now
+        print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
+              f"report could not be written): {said['error']}")
     print(f"  auto-recall      {'on' if r['auto_recall'] else 'off'}")
 
 

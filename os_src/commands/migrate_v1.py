@@ -104,7 +104,7 @@ def migrate(layout: Layout, chunk: int = ROWS_PER_COMMIT) -> dict[str, Any]:
         return {"migrated": False, "refused": problem}
 
     refuse_if_open(v1_db)
-    lock = WriterLock(layout.memory_lock)  # a running server must not see v1 rows arrive under it
+    lock = WriterLock(layout.memory_lock, WriterLock.MIGRATE)  # a running server must not see v1 rows arrive under it
     try:
         lock.acquire()
     except LockHeld:

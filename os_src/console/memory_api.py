@@ -177,13 +177,14 @@ class MemoryConsole:
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
             next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
             today=today, total=total, observations=observations, learnings=totals["learnings"],
-            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=self._recall(),
+            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=await self._recall(),
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 
-    def _recall(self) -> pm.RecallProgress:
-        status, importing = self._system.recall.status(), self._system.imports.status()
+    async def _recall(self) -> pm.RecallProgress:
+        aside = await self._system.set_aside()  # the folder listed on a thread, as /healthz lists it
+        status, importing = self._system.recall.status(), self._system.imports.status(aside.imports)
         vectors = status.get("embedding")
         return pm.RecallProgress(
             turns=status["turns"], waiting_for_index=status["turns_waiting_for_index"],

@@ -12,7 +12,9 @@ and the writer applies it:
 - a CLI that holds the writer lock (no server runs) applies the inbox itself, the same way.
 
 A writer killed mid-file applies it again from the start at its next start: a turn's identity
-makes the second pass add only what the first did not.
+makes the second pass add only what the first did not. A CLI killed while it wrote its file leaves
+`.<name>.partial`, never handed over: the server's start removes it once no live CLI can own it
+(`sweep_partials`).
 
 A failed attempt (a full disk, a turn transcript.db refuses) is made again after the one backoff
 policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns it reported applied
@@ -28,6 +30,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -41,6 +44,7 @@ from ..db_worker import Worker
 from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
 from ..logs import get_logger
 from ..paths import Layout
+from ..procfs import alive
 from .importer import APPLY_CHUNK, ApplyReport, chunks, end_sessions, record
 from .transcript_store import ImportedTurn, TranscriptDB
 
@@ -53,6 +57,15 @@ IMPORT_RETRY = Backoff(first=5 * INBOX_POLL, max=300.0)
 FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
 SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
+GIVEN_UP = SUFFIX + FAILED  # a file the writer gave up on: `<name>.jsonl.failed`
+# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it). `write` makes
+# `.<name>.partial`, holding no lock, then renames it `<name>.jsonl`.
+_NAME = r"\d{8}T\d{6}-(?P<pid>\d+)-\d{6}"
+PARTIAL = re.compile(rf"^\.{_NAME}\.partial$")
+_WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
+# A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
+# server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
+PARTIAL_STALE = 3600.0
 
 
 class Progress(msgspec.Struct):
@@ -72,10 +85,11 @@ def inbox_dir(layout: Layout) -> Path:
     return layout.state_dir / INBOX
 
 
-def waiting(layout: Layout) -> list[Path]:
-    """Inbox files not yet applied, oldest first."""
+def inbox_files(layout: Layout, ending: str = SUFFIX) -> list[Path]:
+    """The inbox's files whose names end with `ending`, oldest first: those not yet applied (SUFFIX),
+    or those the writer gave up on (GIVEN_UP: the operator's to deal with)."""
     with contextlib.suppress(FileNotFoundError):
-        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX))
+        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(ending))
     return []
 
 
@@ -105,6 +119,33 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
+def writer_waits(path: Path) -> bool:
+    """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
+    pid in its name is a live process, and not this one."""
+    m = _WRITTEN.match(path.name)
+    return m is not None and int(m["pid"]) != os.getpid() and alive(int(m["pid"]))
+
+
+def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
+    """Remove the `.partial` files that a `memory import` killed before its rename left: never handed
+    over, so no writer applies them, and nothing else ever removes them. Only one that no live CLI can
+    own: its writer's pid (in its name) is no process here, and nothing has written it for PARTIAL_STALE
+    seconds (a pid from another pid namespace means nothing here; a live writer never pauses that long).
+    A CLI that wakes after its file was swept fails its rename and says so: nothing is lost unsaid.
+    Returns what it removed."""
+    now = time.time() if now is None else now
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(inbox_dir(layout)):
+            if (m := PARTIAL.match(entry.name)) is None or not entry.is_file(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not alive(int(m["pid"])):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 def read(path: Path) -> Iterator[ImportedTurn]:
     decoder = msgspec.json.Decoder(ImportedTurn)
     with path.open("rb") as f:
@@ -116,13 +157,6 @@ def read(path: Path) -> Iterator[ImportedTurn]:
 def count(path: Path) -> int:
     with path.open("rb") as f:
         return sum(1 for _ in f)
-
-
-def set_aside_files(layout: Layout) -> list[Path]:
-    """Inbox files the writer gave up on (`<name>.jsonl.failed`), oldest first: the operator's to deal with."""
-    with contextlib.suppress(FileNotFoundError):
-        return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(SUFFIX + FAILED))
-    return []
 
 
 def progress_path(path: Path, kind: str) -> Path:
@@ -223,12 +257,14 @@ class ImportInbox:
             try:
                 if not swept:
                     # What a kill between a progress report's temp file and its rename left (the server,
-                    # holding the workspace's lock, is the inbox's one applier).
+                    # holding the workspace's lock, is the inbox's one applier), and a killed CLI's `.partial`.
                     await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout),
                                             lambda n: n.endswith((PROGRESS, DONE)))
+                    if partials := await asyncio.to_thread(sweep_partials, self.layout):
+                        log.warning("import_partials_swept", files=[p.name for p in partials])
                     swept = True
                 ok = True
-                files = await asyncio.to_thread(waiting, self.layout)
+                files = await asyncio.to_thread(inbox_files, self.layout)
                 self._retries = {p.name: r for p in files if (r := self._retries.get(p.name)) is not None}
                 for path in files:
                     if (retries := self._retries.get(path.name)) is not None and retries.due > time.monotonic():
@@ -310,20 +346,12 @@ class ImportInbox:
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
 
-    def _given_up(self) -> list[str]:
-        """The files set aside, as the inbox shows them now (one that can't be read: failing says so)."""
-        try:
-            return [f.name for f in set_aside_files(self.layout)]
-        except OSError:
-            return []
-
-    def status(self) -> dict[str, Any] | None:
-        """The file being applied, the failure while attempts fail, and the files given up on (None:
-        nothing to say)."""
+    def status(self, aside: list[str]) -> dict[str, Any] | None:
+        """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
+        the caller listed the folder just now, off the loop (MemorySystem.set_aside) (None: nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
-        aside = self._given_up()  # the folder listed once a status
         if aside:
             out.update(set_aside=aside, degraded=True,
                        error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{aside[0]}")

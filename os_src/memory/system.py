@@ -14,13 +14,14 @@ import contextlib
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config import Settings
 from ..db_worker import Reads, Worker
 from ..errors import ForgetWouldMiss, StillSaving, log_expected
 from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
+from ..paths import Layout
 from ..spending import DailyBudget, day_start
 from ..stopping import StopDeadline
 from .capture.health import JOURNAL_NAME, set_aside_journals
@@ -36,7 +37,7 @@ from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
-from .import_inbox import ImportInbox
+from .import_inbox import GIVEN_UP, ImportInbox, inbox_files
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -54,6 +55,7 @@ BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the las
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
+# ...and for the listing of what is set aside (a hung disk holds a directory read): then the last listing stands
 FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
 JOURNAL_SET_ASIDE = ("some of these turns may be in a turn journal the server could not read at a start, which is "
                      "kept for the operator: this needs the operator, not a moment's wait; the forget can be done "
@@ -62,6 +64,20 @@ JOURNAL_STUCK = ("some of these turns may be in a turn journal the server could 
                  "next start reads again and may replay: this needs the operator, not a moment's wait; the forget "
                  "can be done once a restart has read it (`sprite-os memory status` says what is wrong)")
 BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
+
+
+class SetAside(NamedTuple):
+    """What waits for the operator, as the folders hold it: the turn journals a start could not read
+    (in .os/state/), the import files the server gave up on (in .os/state/imports/)."""
+
+    journals: list[str]
+    imports: list[str]
+
+
+def list_set_aside(layout: Layout) -> SetAside:
+    """The two folders listed (two directory reads: tens of microseconds on a healthy disk): on a thread."""
+    return SetAside([p.name for p in set_aside_journals(layout.state_dir)],
+                    [p.name for p in inbox_files(layout, GIVEN_UP)])
 
 
 class MemorySystem:
@@ -97,7 +113,7 @@ class MemorySystem:
         self.compaction = CompactionHooks(self._flush, self.loader.refresh_context,
                                           settings.precompact_budget, self.timings)
         self.imports = ImportInbox(layout, self.transcript, self.recall.indexer.nudge)
-        self._lock = lock or WriterLock(layout.memory_lock)
+        self._lock = lock or WriterLock(layout.memory_lock, WriterLock.SERVER)
         self._started = False
         self._counts: dict[str, int] = {}
         self._spent = 0.0  # today's spending, as last counted
@@ -105,6 +121,9 @@ class MemorySystem:
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
         self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
         self._counting: asyncio.Task[None] | None = None
+        self._listing: asyncio.Task[SetAside] | None = None
+        self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
+        self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
         self.settings.layout.ensure()
@@ -143,8 +162,9 @@ class MemorySystem:
         loop = asyncio.get_running_loop()
         deadline = deadline or StopDeadline(loop.time())
         log.info("memory_stopping", budget_s=round(deadline.stores(loop.time()), 1))
-        if self._counting is not None:
-            self._counting.cancel()
+        for task in (self._counting, self._listing):
+            if task is not None:
+                task.cancel()
         # A forget deciding its lines: what is left before memory's reserve, at most DECISION (what it keeps
         # in memory judges lines at the last pass), then cut short: its job is on disk, the next start decides it.
         done = {"decision": await _within("decision", deadline.before_memory(loop.time()),
@@ -302,13 +322,38 @@ class MemorySystem:
         """The turns auto-recall brought the session (their ids)."""
         return set(self._recalled[1]) if self._recalled[0] == session_id else set()
 
-    def status(self) -> dict[str, Any]:
+    async def set_aside(self) -> SetAside:
+        """What waits for the operator, listed now on a thread, never on the loop (a hung disk holds a
+        directory read, and the loop serves every client). A listing under way when this is called is
+        shared, not started again; one that takes more than HEALTH_WAIT (or fails) leaves the last one
+        standing, and goes on: its result is the next caller's."""
+        if self._listing is None:
+            self._listing, self._slow_said = asyncio.create_task(self._list(), name="memory-set-aside-listing"), False
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
+        if not self._slow_said:  # once a listing: every /healthz meanwhile shows the last one
+            self._slow_said = True
+            log.warning("set_aside_listing_slow", waited_s=HEALTH_WAIT, detail="the last listing is shown")
+        return self._listed
+
+    async def _list(self) -> SetAside:
+        try:
+            self._listed = await asyncio.to_thread(list_set_aside, self.settings.layout)
+        except OSError as exc:  # an unreadable folder: the last listing stands
+            log_expected(log, "set_aside_listing_failed", exc)
+        finally:
+            self._listing = None
+        return self._listed
+
+    async def status(self) -> dict[str, Any]:
         """What memory's state is now, with no database read: the daemon's failing spell, capture's, the
-        hooks', recall's. Two folders are listed, on the caller's thread (the set-aside turn journals in
-        .os/state, the import files given up on): tens of microseconds on a healthy disk. `degraded`: the curator has failed three
-        calls in a row, or capture is (its writes failing or stalled, or a turn not saved yet), or the
-        import inbox is (its attempts failing: import_inbox.FAILED_ATTEMPTS_DEGRADED)."""
-        daemon, capture, imports = self.daemon.status(), self.capture.status(), self.imports.status()
+        hooks', recall's, and what is set aside (set_aside(): two folders listed on a thread). `degraded`:
+        the curator has failed three calls in a row, or capture is (its writes failing or stalled, or a
+        turn not saved yet, or a turn journal set aside), or the import inbox is (its attempts failing:
+        import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside)."""
+        aside = await self.set_aside()
+        daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
+            self.imports.status(aside.imports)
         degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded"))
         return {**daemon, "degraded": degraded,
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
@@ -322,14 +367,16 @@ class MemorySystem:
         if self._counting is None and loop.time() > self._fresh_until:
             self._fresh_until = loop.time() + HEALTH_CACHE_SECONDS
             self._counting = asyncio.create_task(self._count(), name="memory-health-count")
-        if self._counting is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
-        status = self.status()
+        status, _ = await asyncio.gather(self.status(), self._counted())  # both waits at once
         backlog = status["recall"]["turns_waiting_for_index"]
         budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
         return {**status, "observations": self._counts, "budget": budget, "totals": self._totals,
                 "index_backlog": backlog, "counted_at": self._counted_at}
+
+    async def _counted(self) -> None:
+        if self._counting is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._counting), HEALTH_WAIT)
 
     async def _count(self) -> None:
         try:

@@ -20,7 +20,7 @@ from ...paths import Layout
 from ..hooks import HookTimings
 from ..transcript_store import TranscriptDB
 from .acks import Acks
-from .health import degraded, set_aside_journals
+from .health import degraded
 from .journal import TurnJournal, journal_path, recover_at_start
 from .recorder import TurnRecorder
 from .spill import CommandWrite, ObservationWrite, Write, write_key
@@ -59,14 +59,15 @@ class Capture:
         self._files.shutdown(wait=False)  # idle by now: the journal and the writer are done
         return landed
 
-    def status(self) -> dict[str, Any]:
+    def status(self, journals_set_aside: list[str]) -> dict[str, Any]:
         """The writer's state, the turns the person was told are not saved, and the turn journal's:
-        `degraded` by health.degraded, the rule `memory status` applies too. The journals set aside are
-        listed as the folder holds them now (one directory read), whichever start set them aside: one
-        the operator removed or replayed no longer counts, without a restart."""
+        `degraded` by health.degraded, the rule `memory status` applies too. `journals_set_aside`: the
+        journals set aside as the caller listed the folder just now, off the loop (MemorySystem.set_aside),
+        whichever start set them aside: one the operator removed or replayed no longer counts, without
+        a restart."""
         report = self.writer.status()
         report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
-        report["journals_set_aside"] = [p.name for p in set_aside_journals(self._layout.state_dir)]
+        report["journals_set_aside"] = journals_set_aside
         report["journal_stuck"] = self.journal.stuck
         report["degraded"] = degraded(report)
         return report

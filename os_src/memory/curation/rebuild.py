@@ -102,7 +102,7 @@ def _read_before(path: Path, set_aside: bool) -> tuple[list[list[int]], dict[str
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
                             " ORDER BY id").fetchall() if "batches" in tables else []
-    return [json.loads(r[0]) for r in rows], forgotten_keys(path, set_aside=set_aside)
+        return [json.loads(r[0]) for r in rows], forgotten_keys(conn)
 
 
 def _before(memory_db: Path, unfinished: Path | None, *,
@@ -197,7 +197,7 @@ async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
 async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) -> RebuildReport:
     """`forgotten_unreadable_ok`: go on when memory.db can't be read (what was forgotten in it comes back)."""
     layout = settings.layout
-    lock = WriterLock(layout.memory_lock)
+    lock = WriterLock(layout.memory_lock, WriterLock.REBUILD)
     try:
         lock.acquire()  # refuses while the server (or another rebuild) holds it
     except LockHeld as exc:

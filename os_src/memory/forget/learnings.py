@@ -10,10 +10,9 @@ Each forgetting and undo is a row in the audit (memory/audit.py).
 
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
+import sqlite3
 
-from ...database import read_only, transaction
+from ...database import transaction
 from ..audit import record
 from ..memory_store import MemoryDB
 
@@ -38,20 +37,17 @@ def forgotten_count(db: MemoryDB) -> int:
     return int(db.conn.execute("SELECT count(*) FROM learnings WHERE forgotten_at IS NOT NULL").fetchone()[0])
 
 
-def forgotten_keys(path: Path, *, set_aside: bool = False) -> dict[str, float]:
-    """content_key -> forgotten_at of the forgotten learnings in the memory.db at `path`
-    (read-only, as a copy set aside if `set_aside`: database.read_only; none if it is missing,
-    has no learnings yet or is older than the forgetting). A memory.db that is there but can't
-    be read raises sqlite3.Error: "nothing was forgotten" would be a guess."""
-    if not path.exists():
+def forgotten_keys(conn: sqlite3.Connection) -> dict[str, float]:
+    """content_key -> forgotten_at of the forgotten learnings in the memory.db open on `conn` (the
+    rebuild's one read-only open of it; none if it has no learnings yet or is older than the
+    forgetting). A memory.db that can't be read raises sqlite3.Error: "nothing was forgotten" would be
+    a guess."""
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a damaged header raises only here
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(learnings)")}
+    if "forgotten_at" not in columns:
         return {}
-    with contextlib.closing(read_only(path, set_aside=set_aside)) as conn:
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # a damaged header raises only here
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(learnings)")}
-        if "forgotten_at" not in columns:
-            return {}
-        found = conn.execute("SELECT content_key, forgotten_at FROM learnings WHERE forgotten_at IS NOT NULL")
-        return {key: float(at) for key, at in found.fetchall()}
+    found = conn.execute("SELECT content_key, forgotten_at FROM learnings WHERE forgotten_at IS NOT NULL")
+    return {key: float(at) for key, at in found.fetchall()}
 
 
 def forget_again(db: MemoryDB, keys: dict[str, float]) -> int:
