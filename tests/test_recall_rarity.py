@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sprite_os.memory.recall.index import RecallIndex, doc_id, learning_doc, swap_in
 from sprite_os.memory.recall.rarity import Rarity
 
@@ -60,3 +62,20 @@ def test_a_memory_counted_before_is_counted_again_once_the_index_changes(tmp_pat
     fresh.close()
     swap_in(tmp_path / "index.new", tmp_path / "index")
     assert kept.counts([text]) == Rarity(RecallIndex(tmp_path / "index")).counts([text]) == [1]
+
+
+def test_the_counts_kept_hold_at_most_so_much_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is kept between searches is bounded by the text it holds, not by a number of memories (a
+    turn can be thousands of characters); past the bound it starts again, and counts stay right."""
+    from sprite_os.memory.recall import rarity
+
+    writer = RecallIndex(tmp_path / "index", writable=True)
+    writer.put(learning_doc(i, AT, f"filler words here {i}") for i in range(300))
+    writer.commit()
+    monkeypatch.setattr(rarity, "COUNTED_CHARS", 300)
+    kept = Rarity(writer)
+    texts = [f"filler quokka number {i} " * 5 for i in range(20)]
+    for _ in range(2):
+        assert kept.counts(texts) == Rarity(writer).counts(texts)
+        assert 0 < sum(map(len, kept._counted)) <= 300
+    writer.close()

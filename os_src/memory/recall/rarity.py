@@ -22,7 +22,7 @@ RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
 WEIGHT = 0.4  # each rare word adds this much to a memory's score, in proportion
 MOST = 6  # rare words counted, at most
 CACHE = 50_000  # document frequencies kept between searches (cleared when the index changes)
-COUNTED = 20_000  # memories' counts kept between searches, by their text (cleared likewise)
+COUNTED_CHARS = 4_000_000  # memories' counts kept between searches, by their text: at most this much text
 
 
 def prior(rare: int) -> float:
@@ -39,6 +39,7 @@ class Rarity:
         self._seen: set[str] = set()  # words whose document frequency was read from `_of`
         self._rare: set[str] = set()  # those of them that are rare
         self._counted: dict[str, int] = {}  # each text's count, while `_of` is the index's searcher
+        self._held = 0  # characters of the texts in `_counted`
         self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
     def held(self, words: Sequence[str]) -> bool:
@@ -53,8 +54,8 @@ class Rarity:
         beside search_memory's, find many of the same memories. Kept by the text itself, so a memory
         whose words memory.db changed is counted anew whatever the index says."""
         searcher = self.index.searcher()
-        if searcher is not self._of or len(self._seen) > CACHE or len(self._counted) > COUNTED:
-            self._seen, self._rare, self._counted, self._of = set(), set(), {}, searcher
+        if searcher is not self._of or len(self._seen) > CACHE:
+            self._seen, self._rare, self._counted, self._held, self._of = set(), set(), {}, 0, searcher
         most = max(1.0, int(searcher.num_docs) * math.exp(-RARE_IDF))
         out = []
         for text in texts:
@@ -66,5 +67,8 @@ class Rarity:
                 self._seen.add(word)
                 if searcher.doc_freq("text", word) <= most:
                     self._rare.add(word)
+            if self._held + len(text) > COUNTED_CHARS:
+                self._counted, self._held = {}, 0
+            self._held += len(text)
             out.append(self._counted.setdefault(text, len(words & self._rare)))
         return out
