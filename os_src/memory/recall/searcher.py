@@ -155,7 +155,7 @@ class Ranked:
     ranked: list[Candidate]
     words_alone: list[Candidate] | None
     seen: Callable[[Keyed], bool]
-    asked: str = ""
+    asked: str
 
 
 @dataclass(frozen=True)
