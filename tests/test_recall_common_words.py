@@ -268,5 +268,5 @@ def test_the_common_words_add_to_each_document_exactly_what_the_whole_query_adds
     only = tantivy.Query.const_score_query(tantivy.Query.term_set_query(index.index.schema, "id", ids), 0.0)
     union = tantivy.Query.boolean_query([(tantivy.Occur.Must, only), (tantivy.Occur.Should, index.query_of(common))])
     want = {(a.segment_ord, a.doc): s for s, a in searcher.search(union, len(found), count=False).hits if s}
-    got = index._common_scores(searcher, {(a.segment_ord, a.doc): a for a in found}, common)
+    got = index._common_scores(searcher, ids, common)
     assert {k: v for k, v in got.items() if v} == want

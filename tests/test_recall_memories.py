@@ -187,3 +187,30 @@ def test_a_date_no_calendar_holds_stops_neither_search_nor_auto_recall_nor_the_b
     section = turns_section(rows)
     assert section is not None and "### ?\n" in section
     transcript.close()
+
+
+# ---------------------------------------------------------------- memory.db read once
+
+
+def test_a_search_reads_each_memory_from_memory_db_once_and_a_forget_shows_at_the_next(tmp_path: Path) -> None:
+    """The rows that weigh what was found (its rare words, its place) are the rows hydration shows: one
+    read of the episodes and one of the learnings a search. They are the search's own: a learning
+    forgotten after it is gone from the next search."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    memory = MemoryDB(settings.layout.memory_db)
+    learn(memory, NewLearning("FACT", "Kasia lent the user The Ninth Room.", "s1", 2))
+    indexed(settings, memory, [observation(1, "s1", 1, "Kasia came over for tea", "Lovely.", T0),
+                               observation(2, "s1", 2, "Kasia lent me The Ninth Room", "Enjoy it!", T0 + 1),
+                               observation(3, "s1", 3, "Kasia likes quinoa", "Noted.", T0 + 2)])
+    searcher = open_searcher(settings, lexical=True)
+    read: list[str] = []
+    searcher.conn.set_trace_callback(read.append)
+    hits = searcher.search("What did Kasia lend me?", T0 + 700, 10)
+    assert {(h.kind, h.id) for h in hits} >= {("learning", 1), ("episode", 1), ("episode", 3)}
+    assert len([s for s in read if "FROM episodes WHERE id IN" in s]) == 1
+    assert len([s for s in read if "FROM learnings l" in s and "l.content" in s]) == 1
+    set_forgotten(memory, 1, True, T0 + 800)
+    assert ("learning", 1) not in {(h.kind, h.id) for h in searcher.search("What did Kasia lend me?", T0 + 700, 10)}
+    searcher.close()
+    memory.close()

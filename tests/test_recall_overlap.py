@@ -82,7 +82,7 @@ def test_the_overlap_finds_the_same_hits(tmp_path: Path, monkeypatch: pytest.Mon
               auto_recalled(searcher, q, now, x, "", 1_500)) for q in QUERIES for x in (None, "now")]
     weights = Searcher._weights
     monkeypatch.setattr(Dense, "ask", embedded_first)
-    monkeypatch.setattr(Searcher, "_weights", lambda self, ranked, known=None: weights(self, ranked))
+    monkeypatch.setattr(Searcher, "_weights", lambda self, rows, ranked, known=None: weights(self, rows, ranked))
     before = [(searcher.search(q, now, 5, exclude_session=x), searcher.spread,
                auto_recalled(searcher, q, now, x, "", 1_500)) for q in QUERIES for x in (None, "now")]
     assert found == before and any(hits for hits, _, _ in found) and any(s is not None for _, s, _ in found)

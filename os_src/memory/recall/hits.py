@@ -154,14 +154,46 @@ def _place_of(out: Sequence[Found], found: Sequence[Found], f: Found) -> int:
 # ---------------------------------------------------------------- memory.db
 
 
-def read(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> list[Found]:
+class Rows:
+    """What memory.db holds of the memories one search looks at, each row read once: the words that
+    weigh them (`memory_texts`) and what hydration shows (`shown`) are read from the same rows. One
+    search's, never kept longer: a forget between two searches is seen by the next."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._episodes: dict[int, ep.Episode | None] = {}
+        self._learnings: dict[int, tuple[Found, bool] | None] = {}  # the row, and whether it is forgotten
+
+    def episodes(self, ids: Sequence[int]) -> dict[int, ep.Episode]:
+        """The episodes among `ids` memory.db holds (a forgotten one too: its text is empty)."""
+        if missing := [i for i in dict.fromkeys(ids) if i not in self._episodes]:
+            got = ep.get(self.conn, missing)
+            self._episodes.update((i, got.get(i)) for i in missing)
+        return {i: e for i in ids if (e := self._episodes[i]) is not None}
+
+    def learnings(self, ids: Sequence[int], forgotten: bool = False) -> dict[int, Found]:
+        """The learnings among `ids` memory.db holds, as memories (their candidate a placeholder), the
+        forgotten ones only if `forgotten`."""
+        if missing := [i for i in dict.fromkeys(ids) if i not in self._learnings]:
+            got = {r[0]: (Found(Candidate("learning", r[0], 0.0, r[7]), r[1] or r[5], r[6], r[2], r[3], r[4], r[4],
+                                ""), bool(r[8]))
+                   for r in self.conn.execute(
+                       "SELECT l.id, l.session_id, l.source_observation_id, l.type, l.content, e.session_id, e.turn, "
+                       "l.created_at, l.forgotten_at IS NOT NULL FROM learnings l "
+                       f"LEFT JOIN episodes e ON e.id = l.source_observation_id WHERE l.id IN ({marks(missing)})",
+                       missing)}
+            self._learnings.update((i, got.get(i)) for i in missing)
+        return {i: row[0] for i in ids if (row := self._learnings[i]) is not None and (forgotten or not row[1])}
+
+
+def read(rows: Rows, ranked: Sequence[Candidate]) -> list[Found]:
     """What memory.db holds of each ranked memory, in order; forgotten (a turn's text is gone, a learning
     is marked) and vanished ones dropped."""
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
-    episodes = ep.get(conn, episode_ids) if episode_ids else {}
-    learnings = _learnings(conn, learning_ids)
-    replaced = corrections.replacements(conn, learning_ids)
+    episodes = rows.episodes(episode_ids) if episode_ids else {}
+    learnings = rows.learnings(learning_ids)
+    replaced = corrections.replacements(rows.conn, learning_ids)
     out = []
     for c in ranked:
         if c.kind == "episode" and (e := episodes.get(c.id)) is not None and e.text:  # no text: forgotten
@@ -171,21 +203,11 @@ def read(conn: sqlite3.Connection, ranked: Sequence[Candidate]) -> list[Found]:
     return out
 
 
-def _learnings(conn: sqlite3.Connection, ids: Sequence[int]) -> dict[int, Found]:
-    if not ids:
-        return {}
-    return {r[0]: Found(Candidate("learning", r[0], 0.0, r[7]), r[1] or r[5], r[6], r[2], r[3], r[4], r[4], "")
-            for r in conn.execute(
-                "SELECT l.id, l.session_id, l.source_observation_id, l.type, l.content, e.session_id, e.turn, "
-                "l.created_at FROM learnings l LEFT JOIN episodes e ON e.id = l.source_observation_id "
-                f"WHERE l.id IN ({marks(ids)}) AND l.forgotten_at IS NULL", list(ids))}
-
-
-def _corrections_of(conn: sqlite3.Connection, found: Sequence[Found]) -> dict[int, Found]:
+def _corrections_of(rows: Rows, found: Sequence[Found]) -> dict[int, Found]:
     """The correction of each replaced learning found, as a memory of its own."""
     wanted = {f.candidate.id: f.replaced_by for f in found if f.replaced_by is not None}
-    rows = _learnings(conn, sorted({c for c in wanted.values() if c is not None}))
-    return {old: rows[new] for old, new in wanted.items() if new is not None and new in rows}
+    got = rows.learnings(sorted({c for c in wanted.values() if c is not None}))
+    return {old: got[new] for old, new in wanted.items() if new is not None and new in got}
 
 
 @dataclass(frozen=True)
@@ -194,26 +216,29 @@ class Said:
     place: tuple[str, int] | None  # an episode's session and turn
 
 
-def memory_texts(conn: sqlite3.Connection, ranked: Sequence[Keyed]) -> dict[tuple[str, int], Said]:
+def memory_texts(conn: sqlite3.Connection | Rows, ranked: Sequence[Keyed]) -> dict[tuple[str, int], Said]:
     """What each ranked memory says (an episode: the person's part, not the agent's answer), and
-    where an episode sits in its session."""
+    where an episode sits in its session; read through a search's `Rows`, if given."""
+    rows = conn if isinstance(conn, Rows) else Rows(conn)
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
     out = {("episode", e.id): Said(e.persons_part, (e.session_id, e.turn))
-           for e in (ep.get(conn, episode_ids) if episode_ids else {}).values()}
+           for e in (rows.episodes(episode_ids) if episode_ids else {}).values()}
     if learning_ids:
-        out.update({("learning", int(r[0])): Said(str(r[1]), None) for r in conn.execute(
-            f"SELECT id, content FROM learnings WHERE id IN ({marks(learning_ids)})", learning_ids)})
+        out.update({("learning", i): Said(f.text, None)
+                    for i, f in rows.learnings(learning_ids, forgotten=True).items()})
     return out
 
 
-def shown(conn: sqlite3.Connection, ranked: Sequence[Candidate], words: Sequence[str],
+def shown(conn: sqlite3.Connection | Rows, ranked: Sequence[Candidate], words: Sequence[str],
           said: dict[str, set[str]] | None = None) -> list[RecallHit]:
-    """The ranked memories as hits, after the three rules (`said`: as drop_echoes)."""
-    found = read(conn, ranked)
-    found = below_corrections(fold_sources(drop_echoes(found, words, said)), _corrections_of(conn, found))
-    was = corrections.replaced_learnings(conn, [f.candidate.id for f in found if f.type == "CORRECTION"
-                                                and f.candidate.kind == "learning"])
+    """The ranked memories as hits, after the three rules (`said`: as drop_echoes); read through a
+    search's `Rows`, if given."""
+    rows = conn if isinstance(conn, Rows) else Rows(conn)
+    found = read(rows, ranked)
+    found = below_corrections(fold_sources(drop_echoes(found, words, said)), _corrections_of(rows, found))
+    was = corrections.replaced_learnings(rows.conn, [f.candidate.id for f in found if f.type == "CORRECTION"
+                                                     and f.candidate.kind == "learning"])
     return [_hit(f, words, was) for f in found]
 
 

@@ -43,6 +43,7 @@ CONTEXT_BOOST = 0.5
 WINDOW_SCORE = 1.0  # what a match inside the period asked about gains (tantivy's range query gave it 1.0)
 WRITER_HEAP = 64_000_000
 Kind = Literal["episode", "learning"]
+FastValue = int | float | bool | None  # what tantivy reads from a fast field
 
 
 @dataclass(frozen=True)
@@ -208,23 +209,23 @@ class RecallIndex:
         if counted is None:
             return None
         address = {_key(a): a for _, a in found}
-        extra = self._common_scores(searcher, address, split.common)
+        ids = dict(zip(address, searcher.fast_field_values("id", list(address.values())), strict=True))
+        extra = self._common_scores(searcher, list(ids.values()), split.common)
         # a document inside `within` that the rare words did not find has its WINDOW_SCORE too
         bound = split.bound(counted, CONTEXT_BOOST) + (WINDOW_SCORE if within is not None else 0.0)
         best = common_words.merged(list(zip((s for s, _ in found), address, strict=True)), extra, limit, bound)
         if best is None:
             return None
-        return _hits(searcher, [(score, address[key]) for score, key in best])
+        return _hits(searcher, [(score, address[key]) for score, key in best], [ids[key] for _, key in best])
 
-    def _common_scores(self, searcher: tantivy.Searcher, found: dict[tuple[int, int], tantivy.DocAddress],
-                       common: Sequence[str]) -> dict[tuple[int, int], float]:
-        """What `common` adds to the score of each of `found` (at most a few hundred documents, by their
-        `_key`), as the whole query adds it: the union of its term clauses, each clause intersected with
+    def _common_scores(self, searcher: tantivy.Searcher, ids: Sequence[FastValue], common: Sequence[str]
+                       ) -> dict[tuple[int, int], float]:
+        """What `common` adds to the score of each document of `ids` (at most a few hundred, their `id`s;
+        the scores by their `_key`), as the whole query adds it: the union of its term clauses, each clause intersected with
         the documents' ids first (the same sum, in the same order, to the bit). The clauses' union
         intersected with the ids scores each clause's postings a block of 4,096 documents at a time around
         each document, and the ids as a term set cost more than the rest together: three times the CPU."""
         schema = self.index.schema
-        ids = searcher.fast_field_values("id", list(found.values()))
         only = tantivy.Query.const_score_query(tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "id", i)) for i in ids]), 0.0)
         terms = [self._analyze.analyze(word) for word in common]
@@ -239,7 +240,7 @@ class RecallIndex:
                                                          CONTEXT_BOOST))
             query = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.boolean_query(
                 [(tantivy.Occur.Must, only), (tantivy.Occur.Must, clause)])) for clause in clauses])
-        return {_key(a): score for score, a in searcher.search(query, len(found), count=False).hits}
+        return {_key(a): score for score, a in searcher.search(query, len(ids), count=False).hits}
 
     def _bm25_documents(self, searcher: tantivy.Searcher, query: tantivy.Query, matched: tantivy.DocAddress
                         ) -> int | None:
@@ -296,10 +297,14 @@ def _run(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[I
     return _hits(searcher, searcher.search(query, limit, count=False).hits)
 
 
-def _hits(searcher: tantivy.Searcher, found: Sequence[tuple[float, tantivy.DocAddress]]) -> list[IndexHit]:
-    """Each hit's id and date, from the fast fields (no stored document is read)."""
+def _hits(searcher: tantivy.Searcher, found: Sequence[tuple[float, tantivy.DocAddress]],
+          ids: Sequence[FastValue] | None = None) -> list[IndexHit]:
+    """Each hit's id and date, from the fast fields (no stored document is read); `ids`: theirs, when
+    already read."""
     addresses = [a for _, a in found]
-    ids, ats = searcher.fast_field_values("id", addresses), searcher.fast_field_values("at", addresses)
+    if ids is None:
+        ids = searcher.fast_field_values("id", addresses)
+    ats = searcher.fast_field_values("at", addresses)
     out = []
     for (score, _), item, at in zip(found, ids, ats, strict=True):
         if not isinstance(item, int) or at is None:  # every segment of this schema has both columns

@@ -22,6 +22,7 @@ RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
 WEIGHT = 0.4  # each rare word adds this much to a memory's score, in proportion
 MOST = 6  # rare words counted, at most
 CACHE = 50_000  # document frequencies kept between searches (cleared when the index changes)
+COUNTED_CHARS = 4_000_000  # memories' counts kept between searches, by their text: at most this much text
 
 
 def prior(rare: int) -> float:
@@ -37,6 +38,8 @@ class Rarity:
         self._analyze = analyzer()
         self._seen: set[str] = set()  # words whose document frequency was read from `_of`
         self._rare: set[str] = set()  # those of them that are rare
+        self._counted: dict[str, int] = {}  # each text's count, while `_of` is the index's searcher
+        self._held = 0  # characters of the texts in `_counted`
         self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
     def held(self, words: Sequence[str]) -> bool:
@@ -46,17 +49,26 @@ class Rarity:
 
     def counts(self, texts: list[str]) -> list[int]:
         """The rare words in each of `texts` (what is known is counted by set operations: a search's
-        fifty memories hold a thousand distinct words, most of them looked up before)."""
+        fifty memories hold a thousand distinct words, most of them looked up before). A text counted
+        before against the same searcher is not analysed again: the next search, and auto-recall's
+        beside search_memory's, find many of the same memories. Kept by the text itself, so a memory
+        whose words memory.db changed is counted anew whatever the index says."""
         searcher = self.index.searcher()
         if searcher is not self._of or len(self._seen) > CACHE:
-            self._seen, self._rare, self._of = set(), set(), searcher
+            self._seen, self._rare, self._counted, self._held, self._of = set(), set(), {}, 0, searcher
         most = max(1.0, int(searcher.num_docs) * math.exp(-RARE_IDF))
         out = []
         for text in texts:
+            if (known := self._counted.get(text)) is not None:
+                out.append(known)
+                continue
             words = set(self._analyze.analyze(text))
             for word in words - self._seen:
                 self._seen.add(word)
                 if searcher.doc_freq("text", word) <= most:
                     self._rare.add(word)
-            out.append(len(words & self._rare))
+            if self._held + len(text) > COUNTED_CHARS:
+                self._counted, self._held = {}, 0
+            self._held += len(text)
+            out.append(self._counted.setdefault(text, len(words & self._rare)))
         return out

@@ -32,7 +32,15 @@ from ...config import DEFAULT_DENSE_WEIGHT
 from ...database import marks
 from . import episodes as ep
 from .dense import Embedder
-from .hits import LEARNING_SNIPPET_CHARS, SNIPPET_CHARS, RecallHit, memory_texts, shown, snippet
+from .hits import (
+    LEARNING_SNIPPET_CHARS,
+    SNIPPET_CHARS,
+    RecallHit,
+    Rows,
+    memory_texts,
+    shown,
+    snippet,
+)
 from .index import RecallIndex, Window
 from .learnings import MAX_QUERY_CHARS, search_learnings, search_terms
 from .ranking import (
@@ -141,11 +149,13 @@ def settled(asked: Future[Matrix] | None) -> None:
 @dataclass(frozen=True)
 class Ranked:
     """A search's memories, best first, before hydration; `words_alone`: word search alone's (None when
-    meaning had no say); `seen(m)`: meaning can see `m` (it has a vector)."""
+    meaning had no say); `seen(m)`: meaning can see `m` (it has a vector); `asked`: the query without
+    its time cue."""
 
     ranked: list[Candidate]
     words_alone: list[Candidate] | None
     seen: Callable[[Keyed], bool]
+    asked: str
 
 
 @dataclass(frozen=True)
@@ -217,30 +227,33 @@ class Searcher:
                 for h in search_learnings(self, words, limit)] if words else []
 
     def rank(self, query: str, now: float, limit: int, exclude_session: str | None = None,
-             use_dense: bool = True) -> Ranked:
+             use_dense: bool = True, rows: Rows | None = None) -> Ranked:
         """The best `limit` memories for `query`, before hydration; beside them, when meaning had a
-        say, word search alone's ranking of the same query, made the same way (the floor)."""
+        say, word search alone's ranking of the same query, made the same way (the floor). `rows`: what
+        memory.db holds of them, read once for the search (hydration reads the same rows)."""
+        rows = Rows(self.conn) if rows is None else rows
         cue = time_cue(query[:MAX_QUERY_CHARS], now)
         period = cue.when
         window = Window(period.start, period.end) if period else None
-        ranked, words_alone, seen, self.spread = self._retrieve_all(cue.rest, window, use_dense, exclude_session)
+        ranked, words_alone, seen, self.spread = self._retrieve_all(cue.rest, window, use_dense, exclude_session,
+                                                                    rows)
         lists = [ranked] if words_alone is None else [ranked, words_alone]
         events: list[Candidate | None] = [None] * len(lists)
         if period is None and self.policies and (anchor := anchor_cue(cue.rest)) is not None:
             # "the week before my sister's wedding": the wedding's turn dates the week. Which turn that is
             # may be wrong, so the week's memories gain rather than come first, and the turn itself leads.
             # Word search alone finds the event by its own lights, as a search by words alone does.
-            told_fused, told_words, _, _ = self._retrieve_all(anchor.event, None, use_dense, exclude_session)
+            told_fused, told_words, _, _ = self._retrieve_all(anchor.event, None, use_dense, exclude_session, rows)
             for i, told in enumerate([told_fused, told_words or []][: len(lists)]):
                 if told:
                     events[i] = told[0]
                     lists[i] = lifted(lists[i], anchor.window(told[0].at), ANCHOR_LIFT)
         lists = [_first(order_by_time(found, period, cue.current, now), event)[: limit * 2]  # room for hydration
                  for found, event in zip(lists, events, strict=True)]
-        return Ranked(lists[0], lists[1] if len(lists) > 1 else None, seen)
+        return Ranked(lists[0], lists[1] if len(lists) > 1 else None, seen, cue.rest)
 
-    def _retrieve_all(self, text: str, window: Window | None, use_dense: bool, exclude_session: str | None
-                      ) -> tuple[list[Candidate], list[Candidate] | None, Callable[[Keyed], bool], float | None]:
+    def _retrieve_all(self, text: str, window: Window | None, use_dense: bool, exclude_session: str | None,
+                      rows: Rows) -> tuple[list[Candidate], list[Candidate] | None, Callable[[Keyed], bool], float | None]:
         """Words and meaning, fused and weighed by how specific each memory is; what words alone found
         (None when meaning had no say), and whether meaning can see a memory, for the floor; the spread."""
         pool = POOL + (POOL if exclude_session else 0)
@@ -248,7 +261,7 @@ class Searcher:
         asked = self.dense.ask(text) if self.dense is not None and by_meaning else None
         try:
             lexical = self._lexical(search_terms(text), pool, window)
-            known = self._weights(lexical)  # while the query is embedded: each memory's weight is its own
+            known = self._weights(rows, lexical)  # while the query is embedded: each memory's weight is its own
             if asked is not None and self.dense is not None:
                 self.dense.vectors.warm()  # and the vectors the scan will read, made single precision
             dense: list[Candidate] = []
@@ -271,7 +284,7 @@ class Searcher:
 
         ranked = fuse(lexical, lent, ranked_by_meaning, self.dense.weight if self.dense is not None else 1.0) \
             if meaning else list(lexical)
-        weights = self._weights(ranked, known)  # of every memory found: word search's are among them
+        weights = self._weights(rows, ranked, known)  # of every memory found: word search's are among them
         ranked = self._weighed(ranked, weights)
         # the floor is word search alone as it ranks on its own: weighed the same way
         words = self._weighed(lexical, weights) if meaning else None
@@ -300,7 +313,7 @@ class Searcher:
                 out.append(Candidate("episode", b[0], c.score, b[1]))  # its own cosine is not known
         return out
 
-    def _weights(self, ranked: list[Candidate], known: Weights | None = None) -> Weights | None:
+    def _weights(self, rows: Rows, ranked: list[Candidate], known: Weights | None = None) -> Weights | None:
         """How specific each memory is (its prior: rarity.py) and where an episode sits in its session;
         None when the policies are off. Those in `known` are not looked up again."""
         if self.rarity is None or not self.policies or not ranked:
@@ -309,7 +322,7 @@ class Searcher:
             ranked = [c for c in ranked if (c.kind, c.id) not in known.prior]
             if not ranked:
                 return known
-        said = memory_texts(self.conn, ranked)
+        said = memory_texts(rows, ranked)
         rare = self.rarity.counts([said[(c.kind, c.id)].text if (c.kind, c.id) in said else "" for c in ranked])
         prior_of: dict[tuple[str, int], float] = {(c.kind, c.id): prior(n) for c, n in zip(ranked, rare, strict=True)}
         places = {key: s.place for key, s in said.items() if s.place is not None}
@@ -347,19 +360,20 @@ class Searcher:
         self.spread = None
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
-        found = self.rank(query, now, limit, exclude_session, use_dense)
+        rows = Rows(self.conn)  # memory.db's rows of what is found, read once: for weighing, then hydration
+        found = self.rank(query, now, limit, exclude_session, use_dense, rows)
         if worth is not None and not worth(max((c.bm25 for c in [*found.ranked, *(found.words_alone or [])]
                                                 if c.bm25 is not None), default=0.0)):
             return []  # most messages ask nothing of memory: what would be dropped is never hydrated
-        words = search_terms(time_cue(query[:MAX_QUERY_CHARS], now).rest)
+        words = search_terms(found.asked)
         said: dict[str, set[str]] = {}  # the stems of what memories say: the floor's list holds most of them too
-        hits = shown(self.conn, found.ranked, words, said)
+        hits = shown(rows, found.ranked, words, said)
         if found.words_alone is not None:
             # The floor is taken on what is shown, after hydration made each list's hits: a memory
             # hydration left out on purpose (an echo, a turn shown as its learning) stays out.
             kept = {(h.kind, h.id) for h in hits}
             dropped = {(c.kind, c.id) for c in found.ranked} - kept
-            floored = never_below_words(hits, shown(self.conn, found.words_alone, words, said), found.seen,
+            floored = never_below_words(hits, shown(rows, found.words_alone, words, said), found.seen,
                                         dropped)
             hits = _fused_scores(floored, kept, found.seen)
         return hits[:limit]
