@@ -208,6 +208,65 @@ async def _tasks() -> set[asyncio.Task[Any]]:
     return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
 
 
+class Scenario:
+    """One run whose parts several tests assert (a CLI's start, a server's, a restart paid once for them):
+    made by the first of those tests to ask for its verdict, on the worker's loop, the others reading what
+    it found. Each test's checks run inside the run, at their place in it (`async with scenario.checks(name)`),
+    and what failed there is that test's failure, raised when it asks (`await scenario.verdict(name)`); a
+    failure outside every test's checks fails every test that had not passed yet, as does a run that never
+    reached a test's checks. (A module-scoped fixture holds it: one run a module, on each worker that
+    runs one of its tests.)"""
+
+    def __init__(self, run: Callable[..., Awaitable[None]]) -> None:
+        self._run = run
+        self._found: dict[str, BaseException | None] | None = None
+        self._broken: BaseException | None = None
+
+    @asynccontextmanager
+    async def checks(self, name: str) -> AsyncIterator[None]:
+        assert self._found is not None
+        try:
+            yield
+        except Exception as exc:  # kept for the test it belongs to; the run goes on
+            if self._found.get(name) is None:  # a test's checks in several places: its first failure
+                self._found[name] = exc
+        else:
+            self._found.setdefault(name, None)
+
+    async def verdict(self, name: str, *given: Any) -> None:
+        """`name`'s checks' outcome; the run made first if none was, given `given` (the asking test's fixtures)."""
+        if self._found is None:
+            self._found = {}
+            try:
+                await self._run(self, *given)
+            except Exception as exc:  # every test not yet passed fails with it
+                self._broken = exc
+        found = self._found.get(name)
+        if found is not None:
+            raise found
+        if name not in self._found:
+            if self._broken is not None:
+                raise self._broken
+            pytest.fail(f"the scenario never reached the checks of {name}")
+
+
+def in_turn(parts: dict[str, Callable[..., Awaitable[None]]]) -> Scenario:
+    """Tests whose parts each need a server and its CLI but no restart, run one after another on one server
+    (its CLI started once): each part with pages of its own, closed at its end, and its own words (a page
+    shows the session's earlier turns too), given the first test's server and the rest it asks with. A
+    part's failure is its test's; a part but the last must leave the server idle, nothing queued, for the
+    next (waited for: an answer is shown before its turn ends)."""
+    async def run(scenario: Scenario, server: Any, *given: Any) -> None:
+        for n, (name, part) in enumerate(parts.items()):
+            if n:
+                await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
+                               what="the server idle after a part")
+            async with scenario.checks(name):
+                await part(server, *given)
+
+    return Scenario(run)
+
+
 @dataclass
 class Tab:
     """One browser tab on the console, with what it logged and every socket it opened."""
