@@ -817,37 +817,44 @@ def one_server() -> Scenario:
     return ON_ONE_SERVER
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("kept before the socket is back", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("checked again after a reload", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("signing in again", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 @pytest.mark.parametrize("answer", [401, 503])
 async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario, answer: int) -> None:
     await one_server.verdict(f"a sign-in's check, {answer}", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("before the first ready, the person's own", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("before the first ready, the server's own", server, bridge)
 
 
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("storage denied", server, bridge)

@@ -222,6 +222,7 @@ def restarts() -> Scenario:
     return Scenario(restarted_twice)
 
 
+@pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
 async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
         settings: Settings, bridge: MockBridge, restarts: Scenario) -> None:
     """The server drops the messages queued behind the running turn when it stops; the page must not
@@ -569,6 +570,7 @@ def taken() -> Scenario:
     return Scenario(taken_unheard)
 
 
+@pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
 @pytest.mark.parametrize("text", TAKEN)
 async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_again(
         settings: Settings, bridge: MockBridge, taken: Scenario, text: str) -> None:
@@ -637,6 +639,7 @@ def not_completed() -> Scenario:
     return Scenario(taken_not_completed)
 
 
+@pytest.mark.xdist_group("console-taken-not-completed")  # one run: on one worker
 @pytest.mark.parametrize("status", NOT_COMPLETED)
 async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
         settings: Settings, bridge: MockBridge, not_completed: Scenario, status: str) -> None:
@@ -677,6 +680,7 @@ async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+@pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
 async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
         settings: Settings, bridge: MockBridge, taken: Scenario) -> None:
     """The agent took the message, and the server's stop cut its turn short (the model still
@@ -743,6 +747,7 @@ async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(serv
         tab.assert_clean()
 
 
+@pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
 async def test_an_unsent_message_stays_through_a_second_restart(
         settings: Settings, bridge: MockBridge, restarts: Scenario) -> None:
     """A message left unsent by one restart, its Send again not pressed yet (the phone in a pocket):
@@ -764,7 +769,7 @@ class Droppable:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
-async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
+async def a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The page's link is lost for longer than the server keeps events for it (a resync, same server):
     a message still waiting behind a running turn must stay in view, and be the person's own when it starts."""
@@ -772,10 +777,11 @@ async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons
     link = Droppable()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
+        asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `in_turn`)
         await tab.send("First, the slow one")
-        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
-        await tab.send("Second, still waiting")
-        waiting = tab.messages("user").filter(has_text="Second, still waiting")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)
+        await tab.send("Second, waiting through the gap")  # its own words: the parts share a session
+        waiting = tab.messages("user").filter(has_text="Second, waiting through the gap")
         await expect(waiting).to_have_attribute("data-state", "queued")
         server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
         await link.cut()
@@ -783,7 +789,7 @@ async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons
         await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
         await expect(waiting).to_have_count(1)
         await tab.by("interrupt").click()  # the first turn ends: the second starts
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, waiting through the gap")
         await expect(waiting).not_to_contain_text("from another device")
         tab.assert_clean("WebSocket connection")
 
@@ -871,7 +877,7 @@ def unaware(page_side: WebSocketRoute) -> None:
     server_side.on_close(lambda _code, _reason: None)
 
 
-async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
     """The person reloads the tab while their message waits behind a running turn: it is still there,
     waiting, and once it starts it is their own message (not "from another device"), shown once."""
     async with chromium() as browser:
@@ -1013,13 +1019,13 @@ async def test_a_message_taken_unheard_before_a_new_session_is_not_offered_again
         tab.assert_clean()
 
 
-async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
+async def signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
     """Sign out takes the person's words out of the tab's storage (the draft already): the messages
     kept for a reload too, so the next person to sign in on this tab is not shown them."""
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await one_waiting(tab, bridge)
-        assert "Second, still waiting" in (await pending(tab) or "")
+        await one_waiting(tab, bridge, text="Waiting as they sign out")  # its own words: a shared session
+        assert "Waiting as they sign out" in (await pending(tab) or "")
         await tab.by("sign-out").click()
         assert await pending(tab) is None
         await tab.page.reload()  # the login again: nothing of theirs comes back once someone signs in
@@ -1027,7 +1033,7 @@ async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: Sprit
         await tab.connected()
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.by("send-again")).to_have_count(0)
-        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(0)
+        await expect(tab.messages("user").filter(has_text="Waiting as they sign out")).to_have_count(0)
         tab.assert_clean()
 
 
@@ -1404,6 +1410,7 @@ def lengthened(page_side: WebSocketRoute) -> None:
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
 ON_ONE_SERVER = in_turn({
+    "kept through a reload": a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
     "shown once after a reload": a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
     "lost in a dead link": a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume,
     "took unheard, started": functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume,
@@ -1411,7 +1418,9 @@ ON_ONE_SERVER = in_turn({
     "took unheard, waiting": functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume,
                                                where="waiting"),
     "sent before the resume's ready": a_message_sent_before_the_resumes_ready_is_not_called_not_sent,
-    "lost on the way before a long gap": a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # last: it evicts
+    "waiting through a long gap": a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own,  # it evicts: no resume after
+    "lost on the way before a long gap": a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # so does it
+    "no unanswered message after sign out": signing_out_leaves_no_unanswered_message_in_the_tab,  # last: a turn left running
 })
 
 
@@ -1420,27 +1429,50 @@ def one_server() -> Scenario:
     return ON_ONE_SERVER
 
 
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("shown once after a reload", server, bridge)
 
 
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("lost in a dead link", server, bridge)
 
 
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 @pytest.mark.parametrize("where", ["started", "waiting"])
 async def test_a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario, where: str) -> None:
     await one_server.verdict(f"took unheard, {where}", server, bridge)
 
 
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("sent before the resume's ready", server, bridge)
 
 
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
         server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
     await one_server.verdict("lost on the way before a long gap", server, bridge)
+
+
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
+async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(
+        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
+    await one_server.verdict("kept through a reload", server, bridge)
+
+
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
+async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
+        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
+    await one_server.verdict("waiting through a long gap", server, bridge)
+
+
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
+async def test_signing_out_leaves_no_unanswered_message_in_the_tab(
+        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
+    await one_server.verdict("no unanswered message after sign out", server, bridge)
