@@ -44,10 +44,12 @@ from playwright.async_api import (
     expect,
 )
 
-from devkit.harness import TOKEN
+from devkit.harness import TOKEN, make_settings, running
+from devkit.mock_bridge import MockBridge
 from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
+from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
 
 CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/lib/chromium/chromium-headless-shell")  # not /usr/bin's wrapper (Makefile)
@@ -214,11 +216,12 @@ class Scenario:
     it found. Each test's checks run inside the run, at their place in it (`async with scenario.checks(name)`),
     and what failed there is that test's failure, raised when it asks (`await scenario.verdict(name)`); a
     failure outside every test's checks fails every test that had not passed yet, as does a run that never
-    reached a test's checks. (A module-scoped fixture holds it: one run a module, on each worker that
-    runs one of its tests.)"""
+    reached a test's checks. The run is given settings on a workspace in `folder` and their mock Bridge, its
+    own: the tests take no server of their own. A module-scoped fixture holds it, and its tests share an
+    `xdist_group`, so that one worker runs it once (spread over workers, each would run it whole)."""
 
-    def __init__(self, run: Callable[..., Awaitable[None]]) -> None:
-        self._run = run
+    def __init__(self, run: Callable[[Scenario, Settings, MockBridge], Awaitable[None]], folder: Path) -> None:
+        self._run, self._folder = run, folder
         self._found: dict[str, BaseException | None] | None = None
         self._broken: BaseException | None = None
 
@@ -233,12 +236,13 @@ class Scenario:
         else:
             self._found.setdefault(name, None)
 
-    async def verdict(self, name: str, *given: Any) -> None:
-        """`name`'s checks' outcome; the run made first if none was, given `given` (the asking test's fixtures)."""
+    async def verdict(self, name: str) -> None:
+        """What `name`'s checks found; the run made first if it was not."""
         if self._found is None:
             self._found = {}
             try:
-                await self._run(self, *given)
+                async with MockBridge() as bridge:
+                    await self._run(self, make_settings(self._folder / "workspace", bridge.url), bridge)
             except Exception as exc:  # every test not yet passed fails with it
                 self._broken = exc
         found = self._found.get(name)
@@ -250,21 +254,21 @@ class Scenario:
             pytest.fail(f"the scenario never reached the checks of {name}")
 
 
-def in_turn(parts: dict[str, Callable[..., Awaitable[None]]]) -> Scenario:
-    """Tests whose parts each need a server and its CLI but no restart, run one after another on one server
-    (its CLI started once): each part with pages of its own, closed at its end, and its own words (a page
-    shows the session's earlier turns too), given the first test's server and the rest it asks with. A
-    part's failure is its test's; a part but the last must leave the server idle, nothing queued, for the
-    next (waited for: an answer is shown before its turn ends)."""
-    async def run(scenario: Scenario, server: Any, *given: Any) -> None:
-        for n, (name, part) in enumerate(parts.items()):
-            if n:
-                await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
-                               what="the server idle after a part")
-            async with scenario.checks(name):
-                await part(server, *given)
+def in_turn(parts: dict[str, Callable[[SpriteOS, MockBridge], Awaitable[None]]], folder: Path) -> Scenario:
+    """Tests that each need a server and its CLI but no restart, run one after another on one server (its
+    CLI started once): each part with pages of its own, closed at its end, and its own words (a page shows
+    the session's earlier turns too). A part's failure is its test's; a part but the last must leave the
+    server idle, nothing queued, for the next (waited for: an answer is shown before its turn ends)."""
+    async def run(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
+        async with running(settings) as server:
+            for n, (name, part) in enumerate(parts.items()):
+                if n:
+                    await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
+                                   what="the server idle after a part")
+                async with scenario.checks(name):
+                    await part(server, bridge)
 
-    return Scenario(run)
+    return Scenario(run, folder)
 
 
 @dataclass

@@ -800,7 +800,7 @@ async def a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteO
 
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
-ON_ONE_SERVER = in_turn({
+ON_ONE_SERVER = {
     "checked again after a reload": a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
     "storage denied": a_tab_whose_storage_is_denied_chats_on_keeping_nothing,
     "a sign-in's check, 401": functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=401),
@@ -809,52 +809,52 @@ ON_ONE_SERVER = in_turn({
     "signing in again": signing_in_again_without_a_reload_brings_back_no_kept_message,
     "before the first ready, the person's own": a_message_sent_before_the_first_ready_stays_the_persons_own,
     "before the first ready, the server's own": a_message_sent_before_the_first_ready_is_kept_as_the_servers_own,  # last: a turn left running
-})
+}
 
 
 @pytest.fixture(scope="module")
-def one_server() -> Scenario:
-    return ON_ONE_SERVER
+def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("kept before the socket is back", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("kept before the socket is back")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("checked again after a reload", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("checked again after a reload")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("signing in again", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("signing in again")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 @pytest.mark.parametrize("answer", [401, 503])
 async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario, answer: int) -> None:
-    await one_server.verdict(f"a sign-in's check, {answer}", server, bridge)
+        one_server: Scenario, answer: int) -> None:
+    await one_server.verdict(f"a sign-in's check, {answer}")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("before the first ready, the person's own", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("before the first ready, the person's own")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("before the first ready, the server's own", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("before the first ready, the server's own")
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
 async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("storage denied", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("storage denied")

@@ -218,16 +218,16 @@ async def restarted_twice(scenario: Scenario, settings: Settings, bridge: MockBr
 
 
 @pytest.fixture(scope="module")
-def restarts() -> Scenario:
-    return Scenario(restarted_twice)
+def restarts(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(restarted_twice, tmp_path_factory.mktemp("restarts"))
 
 
 @pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
 async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
-        settings: Settings, bridge: MockBridge, restarts: Scenario) -> None:
+        restarts: Scenario) -> None:
     """The server drops the messages queued behind the running turn when it stops; the page must not
     drop them from view too: the person's words stay, said to be unsent, one click from sent."""
-    await restarts.verdict("kept", settings, bridge)
+    await restarts.verdict("kept")
 
 
 async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server: SpriteOS) -> None:
@@ -566,19 +566,19 @@ async def taken_unheard(scenario: Scenario, settings: Settings, bridge: MockBrid
 
 
 @pytest.fixture(scope="module")
-def taken() -> Scenario:
-    return Scenario(taken_unheard)
+def taken(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(taken_unheard, tmp_path_factory.mktemp("taken"))
 
 
 @pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
 @pytest.mark.parametrize("text", TAKEN)
 async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_again(
-        settings: Settings, bridge: MockBridge, taken: Scenario, text: str) -> None:
+        taken: Scenario, text: str) -> None:
     """The message went out and the agent took it, but the page heard nothing of it (its link went
     dead) before the server restarted: it must not say the agent never took it, nor offer a Send
     again that puts the same message to the agent a second time. The record keeps a message's
     private words out ("[private]" in their place): it is found by its client id all the same."""
-    await taken.verdict(text, settings, bridge)
+    await taken.verdict(text)
 
 
 NOT_COMPLETED = {
@@ -635,18 +635,18 @@ async def taken_not_completed(scenario: Scenario, settings: Settings, bridge: Mo
 
 
 @pytest.fixture(scope="module")
-def not_completed() -> Scenario:
-    return Scenario(taken_not_completed)
+def not_completed(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(taken_not_completed, tmp_path_factory.mktemp("not-completed"))
 
 
 @pytest.mark.xdist_group("console-taken-not-completed")  # one run: on one worker
 @pytest.mark.parametrize("status", NOT_COMPLETED)
 async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
-        settings: Settings, bridge: MockBridge, not_completed: Scenario, status: str) -> None:
+        not_completed: Scenario, status: str) -> None:
     """The page's message was taken, its link dead, and its turn did not complete before the server
     restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
     the person took a failed or stopped task as done."""
-    await not_completed.verdict(status, settings, bridge)
+    await not_completed.verdict(status)
 
 
 async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent(
@@ -682,11 +682,11 @@ async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent
 
 @pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
 async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
-        settings: Settings, bridge: MockBridge, taken: Scenario) -> None:
+        taken: Scenario) -> None:
     """The agent took the message, and the server's stop cut its turn short (the model still
     thinking): the record said the person had interrupted it, and the page that its answer is in
     Past sessions. The record says the server stopped it, and the page that the restart cut it short."""
-    await taken.verdict("cut short", settings, bridge)
+    await taken.verdict("cut short")
 
 
 async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(
@@ -749,10 +749,10 @@ async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(serv
 
 @pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
 async def test_an_unsent_message_stays_through_a_second_restart(
-        settings: Settings, bridge: MockBridge, restarts: Scenario) -> None:
+        restarts: Scenario) -> None:
     """A message left unsent by one restart, its Send again not pressed yet (the phone in a pocket):
     the next fresh view (another restart, a long gap) must not wipe it, as it wiped nothing else kept."""
-    await restarts.verdict("second restart", settings, bridge)
+    await restarts.verdict("second restart")
 
 
 class Droppable:
@@ -1409,7 +1409,7 @@ def lengthened(page_side: WebSocketRoute) -> None:
 
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
-ON_ONE_SERVER = in_turn({
+ON_ONE_SERVER = {
     "kept through a reload": a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
     "shown once after a reload": a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
     "lost in a dead link": a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume,
@@ -1421,58 +1421,58 @@ ON_ONE_SERVER = in_turn({
     "waiting through a long gap": a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own,  # it evicts: no resume after
     "lost on the way before a long gap": a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # so does it
     "no unanswered message after sign out": signing_out_leaves_no_unanswered_message_in_the_tab,  # last: a turn left running
-})
+}
 
 
 @pytest.fixture(scope="module")
-def one_server() -> Scenario:
-    return ON_ONE_SERVER
+def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("shown once after a reload", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("shown once after a reload")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("lost in a dead link", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("lost in a dead link")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 @pytest.mark.parametrize("where", ["started", "waiting"])
 async def test_a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario, where: str) -> None:
-    await one_server.verdict(f"took unheard, {where}", server, bridge)
+        one_server: Scenario, where: str) -> None:
+    await one_server.verdict(f"took unheard, {where}")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("sent before the resume's ready", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("sent before the resume's ready")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("lost on the way before a long gap", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("lost on the way before a long gap")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("kept through a reload", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("kept through a reload")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("waiting through a long gap", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("waiting through a long gap")
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
 async def test_signing_out_leaves_no_unanswered_message_in_the_tab(
-        server: SpriteOS, bridge: MockBridge, one_server: Scenario) -> None:
-    await one_server.verdict("no unanswered message after sign out", server, bridge)
+        one_server: Scenario) -> None:
+    await one_server.verdict("no unanswered message after sign out")
