@@ -22,6 +22,7 @@ Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCRE
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -254,18 +255,28 @@ class Scenario:
             pytest.fail(f"the scenario never reached the checks of {name}")
 
 
-def in_turn(parts: dict[str, Callable[[SpriteOS, MockBridge], Awaitable[None]]], folder: Path) -> Scenario:
+Part = Callable[[SpriteOS, MockBridge], Awaitable[None]]
+
+
+def part_name(part: Part) -> str:
+    """A part's name, its test's: its function's, and the arguments bound to it (`functools.partial`)."""
+    if isinstance(part, functools.partial):
+        return "-".join([part.func.__name__, *map(str, part.keywords.values())])
+    return part.__name__  # type: ignore[attr-defined]
+
+
+def in_turn(parts: list[Part], folder: Path) -> Scenario:
     """Tests that each need a server and its CLI but no restart, run one after another on one server (its
     CLI started once): each part with pages of its own, closed at its end, and its own words (a page shows
     the session's earlier turns too). A part's failure is its test's; a part but the last must leave the
     server idle, nothing queued, for the next (waited for: an answer is shown before its turn ends)."""
     async def run(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
         async with running(settings) as server:
-            for n, (name, part) in enumerate(parts.items()):
+            for n, part in enumerate(parts):
                 if n:
                     await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
                                    what="the server idle after a part")
-                async with scenario.checks(name):
+                async with scenario.checks(part_name(part)):
                     await part(server, bridge)
 
     return Scenario(run, folder)

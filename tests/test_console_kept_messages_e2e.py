@@ -23,7 +23,16 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import Scenario, Tab, chromium, in_turn, intercepted, open_tab, signed_in
+from tests.console_browser import (
+    Scenario,
+    Tab,
+    chromium,
+    in_turn,
+    intercepted,
+    open_tab,
+    part_name,
+    signed_in,
+)
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -800,16 +809,16 @@ async def a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteO
 
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
-ON_ONE_SERVER = {
-    "checked again after a reload": a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
-    "storage denied": a_tab_whose_storage_is_denied_chats_on_keeping_nothing,
-    "a sign-in's check, 401": functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=401),
-    "a sign-in's check, 503": functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=503),
-    "kept before the socket is back": a_reload_shows_the_kept_messages_before_the_socket_is_back,
-    "signing in again": signing_in_again_without_a_reload_brings_back_no_kept_message,
-    "before the first ready, the person's own": a_message_sent_before_the_first_ready_stays_the_persons_own,
-    "before the first ready, the server's own": a_message_sent_before_the_first_ready_is_kept_as_the_servers_own,  # last: a turn left running
-}
+ON_ONE_SERVER = [
+    a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
+    a_tab_whose_storage_is_denied_chats_on_keeping_nothing,
+    functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=401),
+    functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=503),
+    a_reload_shows_the_kept_messages_before_the_socket_is_back,
+    signing_in_again_without_a_reload_brings_back_no_kept_message,
+    a_message_sent_before_the_first_ready_stays_the_persons_own,
+    a_message_sent_before_the_first_ready_is_kept_as_the_servers_own,  # last: a turn left running
+]
 
 
 @pytest.fixture(scope="module")
@@ -818,43 +827,7 @@ def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(
-        one_server: Scenario) -> None:
-    await one_server.verdict("kept before the socket is back")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
-        one_server: Scenario) -> None:
-    await one_server.verdict("checked again after a reload")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(
-        one_server: Scenario) -> None:
-    await one_server.verdict("signing in again")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-@pytest.mark.parametrize("answer", [401, 503])
-async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(
-        one_server: Scenario, answer: int) -> None:
-    await one_server.verdict(f"a sign-in's check, {answer}")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(
-        one_server: Scenario) -> None:
-    await one_server.verdict("before the first ready, the person's own")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(
-        one_server: Scenario) -> None:
-    await one_server.verdict("before the first ready, the server's own")
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(
-        one_server: Scenario) -> None:
-    await one_server.verdict("storage denied")
+@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
+async def test_on_one_server(one_server: Scenario, part: str) -> None:
+    """Each part above (its docstring says what it asserts), a test of its own."""
+    await one_server.verdict(part)

@@ -36,6 +36,7 @@ from tests.console_browser import (
     in_turn,
     install_templates,
     open_tab,
+    part_name,
     refused,
     signed_in,
 )
@@ -1409,19 +1410,17 @@ def lengthened(page_side: WebSocketRoute) -> None:
 
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
-ON_ONE_SERVER = {
-    "kept through a reload": a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
-    "shown once after a reload": a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
-    "lost in a dead link": a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume,
-    "took unheard, started": functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume,
-                                               where="started"),
-    "took unheard, waiting": functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume,
-                                               where="waiting"),
-    "sent before the resume's ready": a_message_sent_before_the_resumes_ready_is_not_called_not_sent,
-    "waiting through a long gap": a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own,  # it evicts: no resume after
-    "lost on the way before a long gap": a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # so does it
-    "no unanswered message after sign out": signing_out_leaves_no_unanswered_message_in_the_tab,  # last: a turn left running
-}
+ON_ONE_SERVER = [
+    a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
+    a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
+    a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume,
+    functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume, where="started"),
+    functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume, where="waiting"),
+    a_message_sent_before_the_resumes_ready_is_not_called_not_sent,
+    a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own,  # it evicts: no resume after
+    a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # so does it
+    signing_out_leaves_no_unanswered_message_in_the_tab,  # last: a turn left running
+]
 
 
 @pytest.fixture(scope="module")
@@ -1430,49 +1429,7 @@ def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
-        one_server: Scenario) -> None:
-    await one_server.verdict("shown once after a reload")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
-        one_server: Scenario) -> None:
-    await one_server.verdict("lost in a dead link")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-@pytest.mark.parametrize("where", ["started", "waiting"])
-async def test_a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
-        one_server: Scenario, where: str) -> None:
-    await one_server.verdict(f"took unheard, {where}")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
-        one_server: Scenario) -> None:
-    await one_server.verdict("sent before the resume's ready")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
-        one_server: Scenario) -> None:
-    await one_server.verdict("lost on the way before a long gap")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(
-        one_server: Scenario) -> None:
-    await one_server.verdict("kept through a reload")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
-        one_server: Scenario) -> None:
-    await one_server.verdict("waiting through a long gap")
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-async def test_signing_out_leaves_no_unanswered_message_in_the_tab(
-        one_server: Scenario) -> None:
-    await one_server.verdict("no unanswered message after sign out")
+@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
+async def test_on_one_server(one_server: Scenario, part: str) -> None:
+    """Each part above (its docstring says what it asserts), a test of its own."""
+    await one_server.verdict(part)
