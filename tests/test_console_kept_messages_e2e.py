@@ -219,8 +219,8 @@ _SAYS_SIGNED_OUT = """() => [...document.querySelectorAll("#app *")]
     .map((e) => `${e.dataset.testid || e.className || e.tagName}: ${e.textContent}`)"""
 
 
-async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
-        server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
+async def a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
+        server: SpriteOS, bridge: MockBridge) -> None:
     """Sign out ends every request on its way (none of them settles): a turn's forget and a card's close in the chat,
     the past sessions' list, an upload with a second file queued behind it, the memory's reload. None of
     them leaves a word in the page for the next person who signs in on it, nor goes on for them (the
@@ -230,7 +230,8 @@ async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_n
     bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
                              Text("The plan is on the canvas.")))
     held = Held('"request_id"')  # once on, no answer to a request reaches the page
-    first, second = tmp_path / "first upload.txt", tmp_path / "second upload.txt"
+    picked_from = server.settings.layout.root.parent  # the scenario's folder, beside its workspace
+    first, second = picked_from / "first upload.txt", picked_from / "second upload.txt"
     first.write_text("the first file\n")
     second.write_text("the second file\n")
     documents = server.settings.layout.root / "documents"
@@ -421,33 +422,34 @@ async def the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(
         tab.assert_clean("HTTP Authentication failed", str(answer))  # the refused socket's, the check's
 
 
-async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
-        server: SpriteOS, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+async def a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
+        server: SpriteOS, bridge: MockBridge) -> None:
     """The person reads a card opened large (a modal dialog over the page) when the token is refused (a
     new one provisioned): the sign-in form came back under the dialog, which stayed open over it, the
     form inert behind it and its token box never given the focus, the card still there for whoever
     signs in next. The form comes back as after Sign out, with no view of a card over it."""
-    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
-                             Text("The plan is on the canvas.")))
-    link = Held("nothing held")
-    async with chromium() as browser:
-        tab = await signed_in(browser, server.port, route=link.route)
-        await tab.send("Put the garden plan on a card")
-        card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
-        await card.get_by_test_id("card-expand").click()
-        await expect(tab.by("card-dialog")).to_be_visible()
-        token = "a-new-token-for-this-sprite"
-        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
-        await link.drop()  # the page reconnects, and its token is refused
-        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
-        await expect(tab.by("card-dialog")).to_be_hidden()
-        await expect(tab.by("token-input")).to_be_focused()
-        await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
-        await tab.page.keyboard.press("Enter")
-        await tab.connected()
-        await expect(card).to_have_count(1)
-        await expect(tab.by("card-dialog")).to_be_hidden()
-        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+    with pytest.MonkeyPatch.context() as monkeypatch:  # the token put back for the parts after it
+        bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
+                                 Text("The plan is on the canvas.")))
+        link = Held("nothing held")
+        async with chromium() as browser:
+            tab = await signed_in(browser, server.port, route=link.route)
+            await tab.send("Put the garden plan on a card")
+            card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
+            await card.get_by_test_id("card-expand").click()
+            await expect(tab.by("card-dialog")).to_be_visible()
+            token = "a-new-token-for-this-sprite"
+            monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+            await link.drop()  # the page reconnects, and its token is refused
+            await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+            await expect(tab.by("card-dialog")).to_be_hidden()
+            await expect(tab.by("token-input")).to_be_focused()
+            await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
+            await tab.page.keyboard.press("Enter")
+            await tab.connected()
+            await expect(card).to_have_count(1)
+            await expect(tab.by("card-dialog")).to_be_hidden()
+            tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
 
 
 @pytest.mark.parametrize("then", ["a refused token", "save again"])
@@ -810,6 +812,7 @@ async def a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteO
 
 # The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
 ON_ONE_SERVER = [
+    a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person,  # first: its turn the only one shown
     a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
     a_tab_whose_storage_is_denied_chats_on_keeping_nothing,
     functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=401),
@@ -817,6 +820,7 @@ ON_ONE_SERVER = [
     a_reload_shows_the_kept_messages_before_the_socket_is_back,
     signing_in_again_without_a_reload_brings_back_no_kept_message,
     a_message_sent_before_the_first_ready_stays_the_persons_own,
+    a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable,
     a_message_sent_before_the_first_ready_is_kept_as_the_servers_own,  # last: a turn left running
 ]
 
