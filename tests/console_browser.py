@@ -22,6 +22,7 @@ Screenshots go to a scratch folder, or to docs/console/ with SPRITE_CONSOLE_SCRE
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -44,10 +45,12 @@ from playwright.async_api import (
     expect,
 )
 
-from devkit.harness import TOKEN
+from devkit.harness import TOKEN, make_settings, running
+from devkit.mock_bridge import MockBridge
 from sprite_os import gateway
 from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
+from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
 
 CHROMIUM = os.environ.get("SPRITE_TEST_CHROMIUM", "/usr/lib/chromium/chromium-headless-shell")  # not /usr/bin's wrapper (Makefile)
@@ -206,6 +209,77 @@ async def _launch(pw: Playwright) -> Browser:
 
 async def _tasks() -> set[asyncio.Task[Any]]:
     return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+
+class Scenario:
+    """One run whose parts several tests assert (a CLI's start, a server's, a restart paid once for them):
+    made by the first of those tests to ask for its verdict, on the worker's loop, the others reading what
+    it found. Each test's checks run inside the run, at their place in it (`async with scenario.checks(name)`),
+    and what failed there is that test's failure, raised when it asks (`await scenario.verdict(name)`); a
+    failure outside every test's checks fails every test that had not passed yet, as does a run that never
+    reached a test's checks. The run is given settings on a workspace in `folder` and their mock Bridge, its
+    own: the tests take no server of their own. A module-scoped fixture holds it, and its tests share an
+    `xdist_group`, so that one worker runs it once (spread over workers, each would run it whole)."""
+
+    def __init__(self, run: Callable[[Scenario, Settings, MockBridge], Awaitable[None]], folder: Path) -> None:
+        self._run, self._folder = run, folder
+        self._found: dict[str, BaseException | None] | None = None
+        self._broken: BaseException | None = None
+
+    @asynccontextmanager
+    async def checks(self, name: str) -> AsyncIterator[None]:
+        assert self._found is not None
+        try:
+            yield
+        except Exception as exc:  # kept for the test it belongs to; the run goes on
+            if self._found.get(name) is None:  # a test's checks in several places: its first failure
+                self._found[name] = exc
+        else:
+            self._found.setdefault(name, None)
+
+    async def verdict(self, name: str) -> None:
+        """What `name`'s checks found; the run made first if it was not."""
+        if self._found is None:
+            self._found = {}
+            try:
+                async with MockBridge() as bridge:
+                    await self._run(self, make_settings(self._folder / "workspace", bridge.url), bridge)
+            except Exception as exc:  # every test not yet passed fails with it
+                self._broken = exc
+        found = self._found.get(name)
+        if found is not None:
+            raise found
+        if name not in self._found:
+            if self._broken is not None:
+                raise self._broken
+            pytest.fail(f"the scenario never reached the checks of {name}")
+
+
+Part = Callable[[SpriteOS, MockBridge], Awaitable[None]]
+
+
+def part_name(part: Part) -> str:
+    """A part's name, its test's: its function's, and the arguments bound to it (`functools.partial`)."""
+    if isinstance(part, functools.partial):
+        return "-".join([part.func.__name__, *map(str, part.keywords.values())])
+    return part.__name__  # type: ignore[attr-defined]
+
+
+def in_turn(parts: list[Part], folder: Path) -> Scenario:
+    """Tests that each need a server and its CLI but no restart, run one after another on one server (its
+    CLI started once): each part with pages of its own, closed at its end, and its own words (a page shows
+    the session's earlier turns too). A part's failure is its test's; a part but the last must leave the
+    server idle, nothing queued, for the next (waited for: an answer is shown before its turn ends)."""
+    async def run(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
+        async with running(settings) as server:
+            for n, part in enumerate(parts):
+                if n:
+                    await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
+                                   what="the server idle after a part")
+                async with scenario.checks(part_name(part)):
+                    await part(server, bridge)
+
+    return Scenario(run, folder)
 
 
 @dataclass

@@ -7,6 +7,7 @@ Real Chromium, real server and CLI, the mock Bridge."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ from sprite_os.memory.files import MemoryFiles
 from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import Tab, chromium, intercepted, open_tab, signed_in
+from tests.console_browser import (
+    Scenario,
+    Tab,
+    chromium,
+    in_turn,
+    intercepted,
+    open_tab,
+    part_name,
+    signed_in,
+)
 from tests.test_console_work_kept_e2e import (
     Muted,
     one_waiting,
@@ -84,7 +94,7 @@ async def clocked_tab(browser: Browser, port: int, held: Held) -> Tab:
     return tab
 
 
-async def test_a_reload_shows_the_kept_messages_before_the_socket_is_back(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_reload_shows_the_kept_messages_before_the_socket_is_back(server: SpriteOS, bridge: MockBridge) -> None:
     """The tab reloads while the Sprite cannot be reached: its kept message is on the page at once, said
     to wait for the connection, not an empty chat; once connected it is settled as before (still waiting
     behind the running turn, then its own when it starts)."""
@@ -131,7 +141,7 @@ class RecordAway(Muted):
         server_side.on_message(to_page)
 
 
-async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
+async def a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload(
         server: SpriteOS, bridge: MockBridge) -> None:
     """Sent while the page heard nothing back, and taken; the reloaded page could not read the record,
     so it said the message may not have reached the agent. The next reload reads it: the message is
@@ -159,12 +169,12 @@ async def test_a_message_that_may_not_have_reached_the_agent_is_checked_again_af
         tab.assert_clean()
 
 
-async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(server: SpriteOS, bridge: MockBridge) -> None:
+async def signing_in_again_without_a_reload_brings_back_no_kept_message(server: SpriteOS, bridge: MockBridge) -> None:
     """Sign out empties the tab's kept messages; signing in again in the same page (no reload) must not
     write them back from what the page still held, nor show them as the tab's own, nor keep the draft."""
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await one_waiting(tab, bridge)
+        await one_waiting(tab, bridge, text="Waiting at sign out")  # its own words: a shared session
         await tab.by("composer").fill("A draft of mine")
         await tab.by("sign-out").click()
         assert await pending(tab) is None
@@ -179,7 +189,7 @@ async def test_signing_in_again_without_a_reload_brings_back_no_kept_message(ser
         await expect(tab.page.locator(mine)).to_have_count(0)
         await expect(tab.by("composer")).to_have_value("")
         await tab.by("interrupt").click()  # the waiting message runs: another device's now, for this page
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Waiting at sign out")
         assert await pending(tab) is None
         assert await tab.page.evaluate("sessionStorage.getItem('sprite-os.draft')") is None
         tab.assert_clean()
@@ -209,8 +219,8 @@ _SAYS_SIGNED_OUT = """() => [...document.querySelectorAll("#app *")]
     .map((e) => `${e.dataset.testid || e.className || e.tagName}: ${e.textContent}`)"""
 
 
-async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
-        server: SpriteOS, bridge: MockBridge, tmp_path: Path) -> None:
+async def a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person(
+        server: SpriteOS, bridge: MockBridge) -> None:
     """Sign out ends every request on its way (none of them settles): a turn's forget and a card's close in the chat,
     the past sessions' list, an upload with a second file queued behind it, the memory's reload. None of
     them leaves a word in the page for the next person who signs in on it, nor goes on for them (the
@@ -220,7 +230,8 @@ async def test_a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_n
     bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
                              Text("The plan is on the canvas.")))
     held = Held('"request_id"')  # once on, no answer to a request reaches the page
-    first, second = tmp_path / "first upload.txt", tmp_path / "second upload.txt"
+    picked_from = server.settings.layout.root.parent  # the scenario's folder, beside its workspace
+    first, second = picked_from / "first upload.txt", picked_from / "second upload.txt"
     first.write_text("the first file\n")
     second.write_text("the second file\n")
     documents = server.settings.layout.root / "documents"
@@ -381,8 +392,8 @@ async def test_a_transfer_waiting_to_retry_when_its_sign_in_ends_is_never_sent_a
         tab.assert_clean(*(() if ended == "sign out" else ("HTTP Authentication failed", "401")))  # the refused socket's
 
 
-@pytest.mark.parametrize("answer", [401, 503])
-async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(server: SpriteOS, answer: int) -> None:
+async def the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(
+        server: SpriteOS, _bridge: MockBridge, answer: int) -> None:
     """A token the Sprite refused at the socket: the page asks /console/auth why, and the answer is slow
     (a Sprite waking behind its proxy). The person signs out meanwhile, and the next one signs in. The
     late answer was taken as the next sign-in's: a 401 ended it (their token dropped, "refused" said to
@@ -411,33 +422,34 @@ async def test_the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one(se
         tab.assert_clean("HTTP Authentication failed", str(answer))  # the refused socket's, the check's
 
 
-async def test_a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
-        server: SpriteOS, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+async def a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable(
+        server: SpriteOS, bridge: MockBridge) -> None:
     """The person reads a card opened large (a modal dialog over the page) when the token is refused (a
     new one provisioned): the sign-in form came back under the dialog, which stayed open over it, the
     form inert behind it and its token box never given the focus, the card still there for whoever
     signs in next. The form comes back as after Sign out, with no view of a card over it."""
-    bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
-                             Text("The plan is on the canvas.")))
-    link = Held("nothing held")
-    async with chromium() as browser:
-        tab = await signed_in(browser, server.port, route=link.route)
-        await tab.send("Put the garden plan on a card")
-        card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
-        await card.get_by_test_id("card-expand").click()
-        await expect(tab.by("card-dialog")).to_be_visible()
-        token = "a-new-token-for-this-sprite"
-        monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
-        await link.drop()  # the page reconnects, and its token is refused
-        await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
-        await expect(tab.by("card-dialog")).to_be_hidden()
-        await expect(tab.by("token-input")).to_be_focused()
-        await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
-        await tab.page.keyboard.press("Enter")
-        await tab.connected()
-        await expect(card).to_have_count(1)
-        await expect(tab.by("card-dialog")).to_be_hidden()
-        tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
+    with pytest.MonkeyPatch.context() as monkeypatch:  # the token put back for the parts after it
+        bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"id": "plan", "title": "The garden plan"}),
+                                 Text("The plan is on the canvas.")))
+        link = Held("nothing held")
+        async with chromium() as browser:
+            tab = await signed_in(browser, server.port, route=link.route)
+            await tab.send("Put the garden plan on a card")
+            card = tab.page.locator('[data-testid="card"][data-card-id="plan"]')
+            await card.get_by_test_id("card-expand").click()
+            await expect(tab.by("card-dialog")).to_be_visible()
+            token = "a-new-token-for-this-sprite"
+            monkeypatch.setattr(server, "_token", token.encode())  # provisioned anew meanwhile
+            await link.drop()  # the page reconnects, and its token is refused
+            await expect(tab.by("connection-status")).to_have_attribute("data-state", "auth-failed")
+            await expect(tab.by("card-dialog")).to_be_hidden()
+            await expect(tab.by("token-input")).to_be_focused()
+            await tab.page.keyboard.type(token)  # where the focus is: the form is not behind a dialog
+            await tab.page.keyboard.press("Enter")
+            await tab.connected()
+            await expect(card).to_have_count(1)
+            await expect(tab.by("card-dialog")).to_be_hidden()
+            tab.assert_clean("HTTP Authentication failed", "401")  # the refused socket's
 
 
 @pytest.mark.parametrize("then", ["a refused token", "save again"])
@@ -680,7 +692,7 @@ class HeldBack:
         self.held.clear()
 
 
-async def test_a_message_sent_before_the_first_ready_stays_the_persons_own(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_message_sent_before_the_first_ready_stays_the_persons_own(server: SpriteOS, bridge: MockBridge) -> None:
     """After a reload the socket is open but the Sprite's `ready` is slow: Enter sends the message the
     person typed (the server reads it after its snapshot). The snapshot then rebuilds the view: the
     message stays the person's own, waiting and then started, not gone from the page and back as one
@@ -742,7 +754,7 @@ async def test_a_message_sent_before_a_restarted_servers_ready_is_not_called_uns
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
-async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(server: SpriteOS, bridge: MockBridge) -> None:
     """Sent before the reloaded page's `ready`, the message waits behind a running turn; the tab is
     reloaded again. The server still holds it: it waits again, not said cut by a restart that never
     happened, nor offered a Send again."""
@@ -750,16 +762,17 @@ async def test_a_message_sent_before_the_first_ready_is_kept_as_the_servers_own(
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
         bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+        asked = len(bridge.agent_requests())  # the server's earlier parts'
         await tab.send("First, the slow one")
-        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+        await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)  # out to the model, and held there
         link.on = True
         await tab.page.reload()
         await wait_for(lambda: link.held, timeout=15, what="the server's ready, held back")
-        await tab.by("composer").fill("Typed before the ready came")
+        await tab.by("composer").fill("Typed while the ready was slow")
         await tab.by("composer").press("Enter")
         link.release()
         await tab.connected()
-        mine = tab.messages("user").filter(has_text="Typed before the ready came")
+        mine = tab.messages("user").filter(has_text="Typed while the ready was slow")
         await expect(mine).to_have_attribute("data-state", "queued")
         await tab.page.reload()
         await tab.connected()
@@ -782,7 +795,7 @@ _STORAGE_DENIED = """() => {
 }"""
 
 
-async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteOS, bridge: MockBridge) -> None:
     """Keeping a message for a reload failed, and its fallback (removing the list kept before) threw the
     same SecurityError, uncaught: the message the person sent broke the chat. Nothing is kept, the chat
     goes on, and Sign out too."""
@@ -795,3 +808,30 @@ async def test_a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: Sp
         await tab.by("sign-out").click()
         await expect(tab.by("token-input")).to_be_visible()
         tab.assert_clean()
+
+
+# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
+ON_ONE_SERVER = [
+    a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person,  # first: its turn the only one shown
+    a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
+    a_tab_whose_storage_is_denied_chats_on_keeping_nothing,
+    functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=401),
+    functools.partial(the_check_of_a_sign_in_that_ended_does_nothing_to_the_next_one, answer=503),
+    a_reload_shows_the_kept_messages_before_the_socket_is_back,
+    signing_in_again_without_a_reload_brings_back_no_kept_message,
+    a_message_sent_before_the_first_ready_stays_the_persons_own,
+    a_token_refused_while_a_card_is_open_large_leaves_the_sign_in_form_usable,
+    a_message_sent_before_the_first_ready_is_kept_as_the_servers_own,  # last: a turn left running
+]
+
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
+
+
+@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
+@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
+async def test_on_one_server(one_server: Scenario, part: str) -> None:
+    """Each part above (its docstring says what it asserts), a test of its own."""
+    await one_server.verdict(part)

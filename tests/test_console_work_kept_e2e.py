@@ -6,6 +6,7 @@ and CLI, the mock Bridge."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -29,10 +30,13 @@ from tests.conftest import client_factory, wait_for
 from tests.console_browser import (
     HeldFrames,
     HoldBack,
+    Scenario,
     Tab,
     chromium,
+    in_turn,
     install_templates,
     open_tab,
+    part_name,
     refused,
     signed_in,
 )
@@ -176,10 +180,9 @@ async def test_a_memory_sections_older_answer_or_failure_says_nothing_over_a_new
         tab.assert_clean()
 
 
-async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
-        settings: Settings, bridge: MockBridge) -> None:
-    """The server drops the messages queued behind the running turn when it stops; the page must not
-    drop them from view too: the person's words stay, said to be unsent, one click from sent."""
+async def restarted_twice(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
+    """A message waits behind a turn that hangs; the server restarts, and again, before the person
+    presses its Send again; then they do. The two tests below read this one run."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the first turn hangs
     async with restartable(settings) as server, chromium() as browser:
         tab = await signed_in(browser, server.port)
@@ -188,24 +191,44 @@ async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_a
         await tab.send("Second, still waiting")
         waiting = tab.messages("user").filter(has_text="Second, still waiting")
         await expect(waiting).to_have_attribute("data-state", "queued")
-
-        await server.stop()
-        await server.start()
-        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
-        await tab.connected()
-        restarted = tab.page.locator('[data-kind="reconnected"]').last
-        await expect(restarted).to_contain_text("server restarted")
-        await expect(restarted).to_contain_text("a new session began: the one before is in Past sessions")
-        await expect(waiting).to_have_count(1)  # not wiped with the rest of the view
-        await expect(waiting).to_have_attribute("data-state", "refused")
-        await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+        for restart in (1, 2):
+            await server.stop()
+            await server.start()
+            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+            await tab.connected()
+            if restart == 1:
+                async with scenario.checks("kept"):
+                    restarted = tab.page.locator('[data-kind="reconnected"]').last
+                    await expect(restarted).to_contain_text("server restarted")
+                    await expect(restarted).to_contain_text("a new session began: the one before is in Past sessions")
+                    await expect(waiting).to_have_count(1)  # not wiped with the rest of the view
+                    await expect(waiting).to_have_attribute("data-state", "refused")
+                    await expect(waiting).to_contain_text("not sent: the Sprite restarted before the agent took it")
+            async with scenario.checks("second restart"):
+                await expect(tab.page.locator('[data-kind="reconnected"]')).to_have_count(1)  # the view is new each time
+                await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+                await expect(waiting).to_have_count(1)  # after each restart
+                await expect(waiting.get_by_test_id("send-again")).to_have_count(1)
         await waiting.get_by_test_id("send-again").click()
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
-        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # not twice
-        assert [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
-        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+        for name in ("kept", "second restart"):
+            async with scenario.checks(name):
+                await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+                await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)  # not twice
+                assert [r for r in bridge.agent_requests() if "Second, still waiting" in r.last_user_text]
+                tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+@pytest.fixture(scope="module")
+def restarts(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(restarted_twice, tmp_path_factory.mktemp("restarts"))
+
+
+@pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
+async def test_a_message_waiting_when_the_server_restarted_is_kept_with_a_send_again(
+        restarts: Scenario) -> None:
+    """The server drops the messages queued behind the running turn when it stops; the page must not
+    drop them from view too: the person's words stay, said to be unsent, one click from sent."""
+    await restarts.verdict("kept")
 
 
 async def test_a_folder_opened_while_a_listing_was_on_its_way_stays_open(server: SpriteOS) -> None:
@@ -496,73 +519,135 @@ async def restart_unheard(server: Restartable, muted: Muted, tab: Tab) -> None:
     await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
 
 
-@asynccontextmanager
-async def taken_unheard(settings: Settings, bridge: MockBridge, text: str) -> AsyncIterator[Tab]:
-    """The page sends `text`, its link dead: the agent takes it, the server restarts, the page
-    reconnects and its view is rebuilt from the record."""
-    muted = Muted()
+TAKEN = ["Taken after all", "Taken after all, my pin is <private>1234</private>"]
+
+
+async def taken_unheard(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
+    """Two pages send a message each, their links dead: the agent takes both, answering the one with
+    private words, and is still thinking over the other (its model slow) when the server restarts. Each
+    page reconnects and its view is rebuilt from the record. The three tests below read this one run."""
+    private, plain = Muted(), Muted()
     async with restartable(settings) as server, chromium() as browser:
-        tab = await signed_in(browser, server.port, route=muted.route)
-        muted.on = True
-        await tab.send(text)
-        await bridge.wait_for(lambda b: any("Taken after all" in r.last_user_text for r in b.agent_requests()))
-        await restart_unheard(server, muted, tab)
-        yield tab
-        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+        app = server.app
+        assert app is not None
+        tabs = {TAKEN[1]: await signed_in(browser, server.port, route=private.route),
+                TAKEN[0]: await signed_in(browser, server.port, route=plain.route)}
+        private.on = True
+        await tabs[TAKEN[1]].send(TAKEN[1])
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+        await wait_for(lambda: app.runtime.state == "idle", timeout=30, what="its turn's end")  # taken, and answered
+        bridge.faults.add(Fault("latency", seconds=30, target="agent", times=1))
+        plain.on = True
+        await tabs[TAKEN[0]].send(TAKEN[0])
+        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 2)  # taken, the model still thinking
+        await server.stop()
+        private.on = plain.on = False
+        await server.start()
+        for tab in tabs.values():
+            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        for text, tab in tabs.items():
+            async with scenario.checks(text):
+                await tab.connected()
+                await expect(tab.page.locator('[data-kind="reconnected"]').last).to_contain_text("server restarted")
+                await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
+                taken = tab.messages("user").filter(has_text="Taken after all")
+                await expect(taken).to_have_attribute("data-state", "taken")  # settled: the old session's record was asked
+                await expect(taken).to_contain_text("in Past sessions")  # its answer, or its turn cut short by the stop
+                await expect(taken.get_by_test_id("send-again")).to_have_count(0)
+                tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+        async with scenario.checks("cut short"):
+            await expect(tabs[TAKEN[0]].messages("user").filter(has_text="Taken after all")).to_contain_text(
+                "the restart cut its turn short")
+            transcript = TranscriptDB(settings.layout.transcript_db)
+            try:
+                [turn] = [o for o in transcript.iter_all() if o.user_message == TAKEN[0]]
+            finally:
+                transcript.close()
+            assert turn.status == "stopped" and turn.agent_response.endswith(STOPPED_NOTE)
 
 
-@pytest.mark.parametrize("text", ["Taken after all", "Taken after all, my pin is <private>1234</private>"])
+@pytest.fixture(scope="module")
+def taken(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(taken_unheard, tmp_path_factory.mktemp("taken"))
+
+
+@pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
+@pytest.mark.parametrize("text", TAKEN)
 async def test_a_message_the_agent_took_before_a_restart_is_not_offered_to_send_again(
-        settings: Settings, bridge: MockBridge, text: str) -> None:
+        taken: Scenario, text: str) -> None:
     """The message went out and the agent took it, but the page heard nothing of it (its link went
     dead) before the server restarted: it must not say the agent never took it, nor offer a Send
     again that puts the same message to the agent a second time. The record keeps a message's
     private words out ("[private]" in their place): it is found by its client id all the same."""
-    async with taken_unheard(settings, bridge, text) as tab:
-        taken = tab.messages("user").filter(has_text="Taken after all")
-        await expect(taken).to_have_attribute("data-state", "taken")  # settled: the old session's record was asked
-        await expect(taken).to_contain_text("in Past sessions")  # its answer, or its turn cut short by the stop
-        await expect(taken.get_by_test_id("send-again")).to_have_count(0)
+    await taken.verdict(text)
 
 
-@pytest.mark.parametrize(("status", "said"), [
-    ("error", "its turn did not finish"),  # it failed (the model unreachable, the CLI dead) before the restart
-    ("interrupted", "its turn did not finish"),  # another device's Stop
-    ("stopped", "the restart cut its turn short"),  # the stop, or a kill and the journal's replay
-])
-async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
-        settings: Settings, bridge: MockBridge, status: str, said: str) -> None:
-    """The page's message was taken, its link dead, and its turn did not complete before the server
-    restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
-    the person took a failed or stopped task as done."""
+NOT_COMPLETED = {
+    "error": "its turn did not finish",  # it failed (the model unreachable, the CLI dead) before the restart
+    "interrupted": "its turn did not finish",  # another device's Stop
+    "stopped": "the restart cut its turn short",  # the stop, or a kill and the journal's replay
+}
+
+
+async def taken_not_completed(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
+    """A page for each way a turn ends short of complete, their links dead, each sending a message that
+    waits behind a script's turn; the server stops, and the old server's record is made to hold each
+    page's message as taken, its turn ended that way (its client id, the page's); one restart for all."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the script's turn hangs
     muted = Muted()
     async with restartable(settings) as server, chromium() as browser, client_factory(server.port) as connect:
-        tab = await signed_in(browser, server.port, route=muted.route)
+        tabs = [await signed_in(browser, server.port, route=muted.route) for _status in NOT_COMPLETED]
         muted.on = True
         other = await connect(hello={})
         await other.send(type="user_message", text="Hello from a script", client_id="script-1")
         await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
-        await tab.send("Not completed")
-        await wait_for(lambda: server.app.runtime.queued == 1, timeout=30, what="the page's message queued")
-        item = tab.messages("user").filter(has_text="Not completed")
-        client_id = await item.get_attribute("data-client-id")
-        session = server.app.runtime.session_id
+        app = server.app
+        assert app is not None
+        for queued, tab in enumerate(tabs, 1):
+            await tab.send("Not completed")
+            await wait_for(lambda: app.runtime.queued == queued, timeout=30,  # noqa: B023 - awaited here
+                           what="the page's message queued")
+        items = [tab.messages("user").filter(has_text="Not completed") for tab in tabs]
+        client_ids = [await item.get_attribute("data-client-id") for item in items]
+        session = app.runtime.session_id
         await server.stop()
-        # What the old server's record holds of the page's message, had it been taken, its turn not completed.
-        TranscriptDB(settings.layout.transcript_db).append(NewObservation(
-            timestamp=time.time(), session_id=session, sequence_num=2, user_message="Not completed",
-            tool_calls_json="[]", agent_response="Working on it",
-            turn_id="cut0turn0001", status=status, client_id=client_id))
+        # What the old server's record holds of each page's message, had it been taken, its turn not completed.
+        db = TranscriptDB(settings.layout.transcript_db)
+        try:
+            for n, (status, client_id) in enumerate(zip(NOT_COMPLETED, client_ids, strict=True)):
+                db.append(NewObservation(
+                    timestamp=time.time() + n, session_id=session, sequence_num=2 + n, user_message="Not completed",
+                    tool_calls_json="[]", agent_response="Working on it",
+                    turn_id=f"cut0turn000{n + 1}", status=status, client_id=client_id))
+        finally:
+            db.close()
         muted.on = False
         await server.start()
-        await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
-        await tab.connected()
-        await expect(item).to_have_attribute("data-state", "taken")
-        await expect(item).to_contain_text(said)
-        await expect(item).not_to_contain_text("its answer is in Past sessions")
-        await expect(item.get_by_test_id("send-again")).to_have_count(0)
-        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+        for tab in tabs:
+            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
+        for (status, said), tab, item in zip(NOT_COMPLETED.items(), tabs, items, strict=True):
+            async with scenario.checks(status):
+                await tab.connected()
+                await expect(item).to_have_attribute("data-state", "taken")
+                await expect(item).to_contain_text(said)
+                await expect(item).not_to_contain_text("its answer is in Past sessions")
+                await expect(item.get_by_test_id("send-again")).to_have_count(0)
+                tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+
+
+@pytest.fixture(scope="module")
+def not_completed(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return Scenario(taken_not_completed, tmp_path_factory.mktemp("not-completed"))
+
+
+@pytest.mark.xdist_group("console-taken-not-completed")  # one run: on one worker
+@pytest.mark.parametrize("status", NOT_COMPLETED)
+async def test_a_taken_message_whose_turn_did_not_complete_is_not_said_answered(
+        not_completed: Scenario, status: str) -> None:
+    """The page's message was taken, its link dead, and its turn did not complete before the server
+    restarted. The page said "its answer is in Past sessions" for every status but the stop's, and
+    the person took a failed or stopped task as done."""
+    await not_completed.verdict(status)
 
 
 async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent(
@@ -596,21 +681,13 @@ async def test_a_taken_message_behind_a_page_of_other_turns_is_not_called_unsent
         tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
 
 
+@pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
 async def test_a_taken_message_whose_turn_the_restart_cut_short_says_so_as_the_record_does(
-        settings: Settings, bridge: MockBridge) -> None:
+        taken: Scenario) -> None:
     """The agent took the message, and the server's stop cut its turn short (the model still
     thinking): the record said the person had interrupted it, and the page that its answer is in
     Past sessions. The record says the server stopped it, and the page that the restart cut it short."""
-    bridge.faults.add(Fault("latency", seconds=30, target="agent", times=1))
-    async with taken_unheard(settings, bridge, "Taken after all") as tab:
-        taken = tab.messages("user").filter(has_text="Taken after all")
-        await expect(taken).to_contain_text("the restart cut its turn short")
-    transcript = TranscriptDB(settings.layout.transcript_db)
-    try:
-        [turn] = [o for o in transcript.iter_all() if o.user_message == "Taken after all"]
-    finally:
-        transcript.close()
-    assert turn.status == "stopped" and turn.agent_response.endswith(STOPPED_NOTE)
+    await taken.verdict("cut short")
 
 
 async def test_a_turn_the_record_holds_without_a_client_id_leaves_a_dropped_message_unknown(
@@ -671,30 +748,12 @@ async def test_a_refused_message_is_the_one_the_server_named_not_the_newest(serv
         tab.assert_clean()
 
 
-async def test_an_unsent_message_stays_through_a_second_restart(settings: Settings, bridge: MockBridge) -> None:
+@pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
+async def test_an_unsent_message_stays_through_a_second_restart(
+        restarts: Scenario) -> None:
     """A message left unsent by one restart, its Send again not pressed yet (the phone in a pocket):
     the next fresh view (another restart, a long gap) must not wipe it, as it wiped nothing else kept."""
-    bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))  # the first turn hangs
-    async with restartable(settings) as server, chromium() as browser:
-        tab = await signed_in(browser, server.port)
-        await tab.send("First, the slow one")
-        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
-        await tab.send("Second, still waiting")
-        waiting = tab.messages("user").filter(has_text="Second, still waiting")
-        await expect(waiting).to_have_attribute("data-state", "queued")
-        for _restart in (1, 2):
-            await server.stop()
-            await server.start()
-            await tab.page.evaluate("window.dispatchEvent(new Event('online'))")
-            await tab.connected()
-            await expect(tab.page.locator('[data-kind="reconnected"]')).to_have_count(1)  # the view is new each time
-            await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
-            await expect(waiting).to_have_count(1)  # after each restart
-            await expect(waiting.get_by_test_id("send-again")).to_have_count(1)
-        await waiting.get_by_test_id("send-again").click()
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
-        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
-        tab.assert_clean("WebSocket connection", "ERR_CONNECTION_REFUSED", "Failed to fetch")
+    await restarts.verdict("second restart")
 
 
 class Droppable:
@@ -711,7 +770,7 @@ class Droppable:
         await self.sockets[-1].close(code=4000, reason="the link lost")
 
 
-async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
+async def a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The page's link is lost for longer than the server keeps events for it (a resync, same server):
     a message still waiting behind a running turn must stay in view, and be the person's own when it starts."""
@@ -719,10 +778,11 @@ async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons
     link = Droppable()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
+        asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `in_turn`)
         await tab.send("First, the slow one")
-        await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
-        await tab.send("Second, still waiting")
-        waiting = tab.messages("user").filter(has_text="Second, still waiting")
+        await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)
+        await tab.send("Second, waiting through the gap")  # its own words: the parts share a session
+        waiting = tab.messages("user").filter(has_text="Second, waiting through the gap")
         await expect(waiting).to_have_attribute("data-state", "queued")
         server.hub._evicted_through = server.hub.seq + 1  # what the page missed is no longer kept
         await link.cut()
@@ -730,7 +790,7 @@ async def test_a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons
         await expect(tab.page.locator('[data-kind="reconnected"]')).to_contain_text("after a long gap")
         await expect(waiting).to_have_count(1)
         await tab.by("interrupt").click()  # the first turn ends: the second starts
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Second, waiting through the gap")
         await expect(waiting).not_to_contain_text("from another device")
         tab.assert_clean("WebSocket connection")
 
@@ -799,8 +859,9 @@ async def one_waiting(tab: Tab, bridge: MockBridge, server: Restartable | None =
     With `server` (a test that stops it next), once that server holds it queued: the page marks it
     waiting as it sends, and a stop begun before the frame landed answered it "the Sprite is stopping"."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+    asked = len(bridge.agent_requests())  # a server's earlier turns (tests/console_browser.py's `in_turn`)
     await tab.send("First, the slow one")
-    await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
+    await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)  # out to the model, and held there
     await tab.send(text)
     waiting = tab.messages("user").filter(has_text=text)
     await expect(waiting).to_have_attribute("data-state", "queued")
@@ -817,7 +878,7 @@ def unaware(page_side: WebSocketRoute) -> None:
     server_side.on_close(lambda _code, _reason: None)
 
 
-async def test_a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
+async def a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
     """The person reloads the tab while their message waits behind a running turn: it is still there,
     waiting, and once it starts it is their own message (not "from another device"), shown once."""
     async with chromium() as browser:
@@ -907,7 +968,7 @@ async def send_unheard(tab: Tab, muted: Muted, server: SpriteOS, bridge: MockBri
     await wait_for(lambda: server.runtime.state == "idle", timeout=30, what="the turn's end")
 
 
-async def test_a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
+async def a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload(
         server: SpriteOS, bridge: MockBridge) -> None:
     """Sent while the page heard nothing back, and taken: after a reload the record shows its turn,
     and the message kept for the reload is settled by it (its client id), not shown a second time."""
@@ -959,13 +1020,13 @@ async def test_a_message_taken_unheard_before_a_new_session_is_not_offered_again
         tab.assert_clean()
 
 
-async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
+async def signing_out_leaves_no_unanswered_message_in_the_tab(server: SpriteOS, bridge: MockBridge) -> None:
     """Sign out takes the person's words out of the tab's storage (the draft already): the messages
     kept for a reload too, so the next person to sign in on this tab is not shown them."""
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await one_waiting(tab, bridge)
-        assert "Second, still waiting" in (await pending(tab) or "")
+        await one_waiting(tab, bridge, text="Waiting as they sign out")  # its own words: a shared session
+        assert "Waiting as they sign out" in (await pending(tab) or "")
         await tab.by("sign-out").click()
         assert await pending(tab) is None
         await tab.page.reload()  # the login again: nothing of theirs comes back once someone signs in
@@ -973,7 +1034,7 @@ async def test_signing_out_leaves_no_unanswered_message_in_the_tab(server: Sprit
         await tab.connected()
         await expect(tab.page.locator('[data-history="loaded"]')).to_have_count(1)
         await expect(tab.by("send-again")).to_have_count(0)
-        await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(0)
+        await expect(tab.messages("user").filter(has_text="Waiting as they sign out")).to_have_count(0)
         tab.assert_clean()
 
 
@@ -1089,7 +1150,7 @@ async def test_earlier_turns_asked_before_a_long_gap_that_fail_say_nothing_in_th
         tab.assert_clean()
 
 
-async def test_a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
+async def a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The person's message went out on a link that had died: the server never got it. The link comes
     back after a long gap (a resync, the same server): the message is neither waiting there nor in the
@@ -1205,7 +1266,7 @@ class DeadLink:
         self.held.clear()
 
 
-async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
+async def a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The page sends into a link that is dead (the frame is lost), then resumes with the same server:
     the message is not left waiting for the agent for ever, even once a later one is answered. The
@@ -1233,39 +1294,39 @@ async def test_a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume(
         tab.assert_clean()
 
 
-@pytest.mark.parametrize("where", ["started", "waiting"])
-async def test_a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
+async def a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume(
         server: SpriteOS, bridge: MockBridge, where: str) -> None:
     """The page's message reached the server, but nothing the server said since reached the page (its
     turn_started is among the events the resume replays, or the message waits behind a running
     turn: `ready.waiting`). It is the person's own, never said not sent: a Send again would have the
     agent do it twice."""
-    link = DeadLink()
+    link, text = DeadLink(), f"Taken unheard, {where}"  # its own words: the parts share a session
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
         if where == "waiting":
             bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
+            asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `in_turn`)
             await tab.send("First, the slow one")
-            await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)
+            await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)
         link.lose_in = True
-        await tab.send("Taken, unheard")
+        await tab.send(text)
         await watch_for_send_again(tab)
         if where == "started":
-            await wait_for(lambda: any("Taken, unheard" in r.last_user_text for r in bridge.agent_requests()),
+            await wait_for(lambda: any(text in r.last_user_text for r in bridge.agent_requests()),
                            timeout=30, what="the agent taking it")
         else:
             await wait_for(lambda: len(server.runtime.waiting) == 1, timeout=30, what="the message, waiting")
         await link.cut(tab)
         await tab.connected()
-        mine = tab.messages("user").filter(has_text="Taken, unheard")
+        mine = tab.messages("user").filter(has_text=text)
         if where == "waiting":
             await expect(mine).to_have_attribute("data-state", "queued")
             await tab.by("interrupt").click()
-        await expect(tab.messages("assistant").last).to_contain_text("You said: Taken, unheard")
+        await expect(tab.messages("assistant").last).to_contain_text(f"You said: {text}")
         await expect(mine).to_have_attribute("data-state", "started")
         await expect(mine).to_have_count(1)
         assert not await tab.page.evaluate("window.sendAgainSeen")  # not even for a moment
-        assert sum("Taken, unheard" in r.last_user_text for r in bridge.agent_requests()) == 1
+        assert sum(text in r.last_user_text for r in bridge.agent_requests()) == 1
         tab.assert_clean()
 
 
@@ -1279,7 +1340,7 @@ async def watch_for_send_again(tab: Tab) -> None:
     }""")
 
 
-async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
+async def a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
         server: SpriteOS, bridge: MockBridge) -> None:
     """The page reconnects and sends before the new socket's `ready` comes: the server reads it after
     the snapshot, so `ready.waiting` cannot hold it. It waits for its turn as any message does; only
@@ -1288,7 +1349,7 @@ async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
         link.lose_out = True
-        await tab.send("Lost in the tunnel")
+        await tab.send("Lost in another tunnel")
         link.hold_in = True  # the next socket's ready, and all after it, wait
         await link.cut(tab)
         await wait_for(lambda: len(link.held) >= 1, timeout=30, what="the new socket's ready, held")
@@ -1301,7 +1362,7 @@ async def test_a_message_sent_before_the_resumes_ready_is_not_called_not_sent(
         await expect(tab.messages("assistant").last).to_contain_text("You said: Sent before the ready")
         before = tab.messages("user").filter(has_text="Sent before the ready")
         await expect(before).to_have_attribute("data-state", "started")
-        lost = tab.messages("user").filter(has_text="Lost in the tunnel")
+        lost = tab.messages("user").filter(has_text="Lost in another tunnel")
         await expect(lost).to_have_attribute("data-state", "refused")
         await expect(tab.by("send-again")).to_have_count(1)
         tab.assert_clean()
@@ -1346,3 +1407,29 @@ def lengthened(page_side: WebSocketRoute) -> None:
             message = json.dumps(frame)
         server_side.send(message)
     page_side.on_message(to_server)
+
+
+# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
+ON_ONE_SERVER = [
+    a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
+    a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
+    a_message_lost_in_a_dead_link_is_said_not_sent_after_the_resume,
+    functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume, where="started"),
+    functools.partial(a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resume, where="waiting"),
+    a_message_sent_before_the_resumes_ready_is_not_called_not_sent,
+    a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own,  # it evicts: no resume after
+    a_message_lost_on_the_way_before_a_long_gap_is_not_dropped_from_view,  # so does it
+    signing_out_leaves_no_unanswered_message_in_the_tab,  # last: a turn left running
+]
+
+
+@pytest.fixture(scope="module")
+def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
+
+
+@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
+@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
+async def test_on_one_server(one_server: Scenario, part: str) -> None:
+    """Each part above (its docstring says what it asserts), a test of its own."""
+    await one_server.verdict(part)
