@@ -115,7 +115,7 @@ class MockBridge:
     async def wait_for(
         self,
         predicate: Callable[[MockBridge], bool],
-        timeout: float = 10.0,
+        timeout: float = 30.0,  # a CLI start on a loaded machine: the waits are for events, not margins
         interval: float = 0.02,
     ) -> None:
         """Wait until `predicate(bridge)`; a timeout names every request recorded so far."""
