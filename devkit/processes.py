@@ -4,6 +4,8 @@ suite that signal, kill or freeze them (`running` in harness.py runs the server 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -194,6 +196,23 @@ class ServerProcess:
     async def wait(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
         return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    def logged(self, event: str) -> list[dict[str, object]]:
+        """The fields of each `event` in the server's log (JSON, written line by line), in order."""
+        found = []
+        for line in self.log.read_text().splitlines() if self.log.exists() else ():
+            with contextlib.suppress(ValueError):
+                fields = json.loads(line)
+                if isinstance(fields, dict) and fields.get("event") == event:
+                    found.append(fields)
+        return found
+
+    def stop_seconds(self) -> float | None:
+        """How long the last stop took as the server measured it: `server_stopped`'s seconds from the
+        signal on its loop's clock (None: no stop ended). Not the time until a test hears of the exit,
+        which a loaded machine stretches past any margin (a stop done in 2.8 s, an exit heard after 12)."""
+        stopped = self.logged("server_stopped")
+        return float(str(stopped[-1]["after_s"])) if stopped else None
 
     @property
     def pid(self) -> int:

@@ -52,13 +52,19 @@ if TYPE_CHECKING:  # importing the server loads the agent SDK (seconds): only te
 
 # ---------------------------------------------------------------- running in parallel (pytest-xdist)
 # `make test` runs the suite on every core (-n auto --dist loadgroup). Tests that share something of
-# the host's run one after another in one worker: those that run the agent as its own Unix user
-# (a start in `user` mode ends every process of that user, another test's agent included) or are
-# marked `host`, in the group `host`; the deploys as root, in the group `deploy`. The two groups
+# the host's run one after another in one worker: those marked `host`, and those that run the agent as
+# its own Unix user when every worker names the same one (a start in `user` mode ends every process of
+# that user, another test's agent included), in the group `host`; the deploys as root, in the group
+# `deploy`. The two groups
 # run beside each other, as two checkouts' runs do: a deploy's agent is the run's deploy user
 # (DEPLOY_USER), never the agent's user, and the kernel settings both set are the same.
 # tests/README.md says how to write a test that runs well beside others.
 HOST_FIXTURES = {"agent_user"}
+# The agent's user is the worker's own (AGENT_USER, below, names the worker's process) unless
+# SPRITE_TEST_AGENT_USER names one for every worker: only then do the tests that run the agent as that
+# user share it, and run in the `host` group. Else they run in any worker, as another checkout's run's
+# tests run beside them (their control groups, namespaces and CLI copies are each server's own).
+USERS_SHARED = bool(os.environ.get("SPRITE_TEST_AGENT_USER"))
 DEPLOY_MODULES = {"test_deploy.py"}
 # A test of a real deploy (test_deploy.py's `venv`: pip installs the lock) is end-to-end, so
 # `make test-fast` (-m "not e2e") never runs pip.
@@ -130,7 +136,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & HOST_FIXTURES or item.get_closest_marker("host"):
+        as_agent_user = bool(fixtures & HOST_FIXTURES) or item.get_closest_marker("agent_user") is not None
+        if (USERS_SHARED and as_agent_user) or item.get_closest_marker("host"):
             item.add_marker(pytest.mark.xdist_group("host"))
         elif item.path.name in DEPLOY_MODULES:
             item.add_marker(pytest.mark.xdist_group("deploy"))

@@ -195,9 +195,9 @@ def traversable_workspace() -> Path:
 
 
 # One Sprite per mode serves every attack (module scope): its tests stay on one worker. In `user` mode it
-# runs as the agent's Unix user, which the host's other such tests share (tests/README.md).
-PARAMS = [pytest.param(m, marks=pytest.mark.host if m == "user" else pytest.mark.xdist_group(f"redteam-{m}"))
-          for m in MODES]
+# runs as the run's agent user (tests/README.md: in the `host` group when the workers share that user).
+PARAMS = [pytest.param(m, marks=[pytest.mark.xdist_group(f"redteam-{m}"), *([pytest.mark.agent_user] if m == "user"
+                                                                             else [])]) for m in MODES]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=PARAMS)

@@ -9,7 +9,6 @@ the service's SIGKILL would come: the turn recorded just before is in transcript
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 from signal import SIGTERM
 
@@ -54,13 +53,16 @@ async def test_sigterm_with_every_step_hung_flushes_memory_and_exits_before_the_
             await c.until("text_delta")  # the turn that never ends
             clis = workspace_clis(workspace)
             assert clis
-            asked = time.monotonic()
             proc.signal(SIGTERM)
-            code = await proc.wait(timeout=STOP_TIMEOUT + 30)
-            took = time.monotonic() - asked
+            code = await proc.wait(timeout=STOP_TIMEOUT + 60)  # when this test hears of it is the host's load
         log = proc.log.read_text()
-        assert took < STOP_TIMEOUT, f"stopped in {took:.1f} s: the service would have killed it\n{log[-3000:]}"
-        assert code == 0, log[-3000:]  # the stop ended: memory flushed, whatever a thread still held
+        # The stop's steps within the deadline as the server measures it (its loop's clock, from the
+        # signal), and the process ended by its exit guard with 0: the stop ended, memory flushed, whatever
+        # a thread still held (a stop past the deadline is ended there with 1).
+        took = proc.stop_seconds()
+        assert took is not None and took < STOP_TIMEOUT, f"stopped after {took} s: the service would have killed " \
+                                                         f"it\n{log[-3000:]}"
+        assert code == 0, log[-3000:]
         assert '"server_stopped"' in log and '"exit_forced"' in log  # the stuck thread's exit was forced
         assert not [pid for pid in clis if pid_alive(pid)]
     finally:

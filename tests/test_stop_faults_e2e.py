@@ -38,12 +38,15 @@ async def hung_stop_server(workspace: Path, bridge: MockBridge) -> ServerProcess
 
 
 async def stops_in_time(proc: ServerProcess) -> None:
-    """SIGTERM: the process exits 0 before the stop timeout (when the service's SIGKILL would come)."""
-    asked = time.monotonic()
+    """SIGTERM: the stop runs its steps within the stop timeout as the server measures it (its loop's
+    clock, from the signal), and the process exits 0, the stop ended: had a step overrun, the exit guard
+    would have ended the process at the deadline with 1 (test_stop_deadline_e2e.py tests the guard). The
+    wait for the exit has no bound of the stop's: when this test hears of it is the host's load."""
     proc.signal(SIGTERM)
-    code = await proc.wait(timeout=STOP_TIMEOUT + 30)
-    took = time.monotonic() - asked
-    assert took < STOP_TIMEOUT and code == 0, f"{took:.1f} s, exit {code}\n{proc.log.read_text()[-2500:]}"
+    code = await proc.wait(timeout=STOP_TIMEOUT + 60)
+    took = proc.stop_seconds()
+    assert code == 0 and took is not None and took < STOP_TIMEOUT, \
+        f"stopped after {took} s, exit {code}\n{proc.log.read_text()[-2500:]}"
 
 
 async def logged(proc: ServerProcess, event: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from devkit.processes import CHECKOUT as REPO
 from devkit.processes import kit_env
+from tests import conftest
 from tests.xdist_groups import group_of, long_tests_first
 
 TOY = '''
@@ -54,6 +55,25 @@ def test_the_deploys_real_venv_is_built_in_one_worker(pytester: pytest.Pytester)
     of_the_venv = {item.name: group_of(item) for item in items if "venv" in item.fixturenames}
     assert len(of_the_venv) >= 10
     assert {name: group for name, group in of_the_venv.items() if group != "deploy"} == {}
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_agent_users_tests_run_one_at_a_time_only_when_the_workers_share_that_user(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared: bool) -> None:
+    """SPRITE_TEST_AGENT_USER names one user for every worker: a start as that user ends its every process,
+    another worker's agent included, so those tests run in the `host` group. Else each worker's user is its
+    own, and they spread (the red team's user mode stays together for its one module-wide server)."""
+    monkeypatch.setattr(conftest, "USERS_SHARED", shared)
+    items, _ = pytester.inline_genitems(*(str(REPO / "tests" / name) for name in (
+        "test_isolation_e2e.py", "test_limits_e2e.py", "test_isolation_redteam_e2e.py")), "-p", "no:cacheprovider")
+    as_user = {item.nodeid: group_of(item) for item in items
+               if "agent_user" in item.fixturenames or "[user" in item.nodeid}
+    assert sum("[user" in nodeid for nodeid in as_user) >= 50 and len(as_user) >= 60
+    if shared:
+        assert set(as_user.values()) == {"host"}
+    else:
+        assert {nodeid: group for nodeid, group in as_user.items()
+                if group != ("redteam-user" if "[user" in nodeid else None)} == {}
 
 
 class Marked:
