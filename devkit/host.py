@@ -129,13 +129,20 @@ def _leave_nothing() -> None:
         RUNS.rmdir()
 
 
-def _users_of(runs: list[int]) -> set[str]:
-    """The users the live `runs` may make (each run's mark lists them)."""
+def _marks_of(runs: list[int]) -> tuple[set[str], set[str]]:
+    """The users the live `runs` may make and the CLI copies they may run (each run's mark lists them;
+    a mark that is a bare list is an older checkout's, which names its users only)."""
     names: set[str] = set()
+    copies: set[str] = set()
     for pid in runs:
-        with contextlib.suppress(OSError, ValueError):
-            names.update(json.loads((RUNS / f"{pid}.run").read_text() or "[]"))
-    return names
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            mark = json.loads((RUNS / f"{pid}.run").read_text() or "[]")
+            if isinstance(mark, list):
+                names.update(mark)
+            else:
+                names.update(mark["users"])
+                copies.update([mark["cli_copy"]] if mark.get("cli_copy") else [])
+    return names, copies
 
 
 def _user_mark(name: str) -> Path:
@@ -174,23 +181,27 @@ class HostLedger:
         with _locked():
             if not (RUNS / BASELINE).exists():  # else another run's, or one that died before it could restore
                 (RUNS / BASELINE).write_text(json.dumps(snapshot()))
-            shared = _users_of(_live_runs())
+            shared = _marks_of(_live_runs())[0]
             for name in self.users:
                 if name not in shared:  # the first in of the runs that name it: how it found the user
                     _user_mark(name).write_text("existed" if name in self._existed else "made")
-            (RUNS / f"{os.getpid()}.run").write_text(json.dumps(list(self.users)))
+            (RUNS / f"{os.getpid()}.run").write_text(json.dumps(
+                {"users": list(self.users), "cli_copy": None if self._copy is None else self._copy.name}))
         return self
 
     def __exit__(self, *_: object) -> None:
         if not self.active:
             return
         cgroups.remove_groups_of(os.getpid())
-        if self._copy is not None and not self._copy_existed and remove_copy(self._copy):
-            self.restored.append(f"removed {self._copy}")
         with _locked():
             (RUNS / f"{os.getpid()}.run").unlink(missing_ok=True)
             live = _live_runs()
-            in_use = _users_of(live)
+            in_use, copies_in_use = _marks_of(live)
+            # The copy this run made goes with it, unless another run (this run's other workers, which
+            # share its venv's CLI) may still start it: that one's last worker out removes it.
+            if (self._copy is not None and not self._copy_existed and self._copy.name not in copies_in_use
+                    and remove_copy(self._copy)):
+                self.restored.append(f"removed {self._copy}")
             for name in self.users:
                 if name in in_use:  # another worker of this run goes on with it: the last one out removes it
                     continue

@@ -4,6 +4,7 @@ them; a run removes the users it made, and only those."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,6 +86,25 @@ def test_the_copy_of_another_runs_cli_stays_while_that_run_goes_on(fake_host: Pa
             change_the_host(fake_host)
             (fake_host / "lib" / "cli" / "3.0-another-checkout").mkdir()
         assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old", "3.0-another-checkout"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_copy_this_run_made_stays_while_another_worker_of_it_may_start_it(fake_host: Path) -> None:
+    """The workers of one run share its venv's CLI copy: the first worker out removed it while another
+    worker's server was about to start it."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the run's other worker
+    try:
+        (fake_host / "runs").mkdir()
+        with host.HostLedger(()):
+            (fake_host / "runs" / f"{other.pid}.run").write_text(json.dumps({"users": [], "cli_copy": "2.0-new"}))
+            change_the_host(fake_host)
+        assert (fake_host / "lib" / "cli" / "2.0-new" / "claude").is_file()
+        (fake_host / "runs" / f"{other.pid}.run").unlink()
+        with host.HostLedger(()):
+            pass  # the last one out
+        assert sorted(p.name for p in (fake_host / "lib" / "cli").iterdir()) == ["1.0-old"]
     finally:
         other.kill()
         other.wait()
