@@ -646,6 +646,19 @@ def test_memory_status_names_an_import_the_server_set_aside(tmp_path: Path, caps
     assert "No space left" in out and "2 of 3 turns recorded" in out and f"rename it back to {path.name}" in out
 
 
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("waiting", [False, True])
+def test_memory_status_says_whether_auto_recall_is_on_whatever_the_inbox_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], waiting: bool) -> None:
+    """Its last line went missing whenever no server answered for a waiting import: the usual case."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    if waiting:  # a file waiting, nobody holding the lock: nobody to ask
+        import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES])[0])
+    assert _cli(settings, "status") == 0
+    assert f"  auto-recall      {'on' if settings.auto_recall else 'off'}" in capsys.readouterr().out.splitlines()
+
+
 @pytest.mark.parametrize("answers", [True, False])
 def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_not_report(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: bool) -> None:

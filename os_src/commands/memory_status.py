@@ -194,15 +194,14 @@ def print_recall(r: dict[str, Any]) -> None:
             else "waiting for the workspace's writer (the server)"
         print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"
               + (f"; failing: {i['error']}" if i["error"] else ""))
-    if (server := r.get("server_import")) is None:
-        return
-    said = server["import"] or {}
-    if not server["answered"]:
-        print("  import           the server holds the workspace but /healthz did not answer: an attempt that "
-              "failed without its report written (a full disk) is not shown above")
-    elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # attempts failing now
-        print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
-              f"report could not be written): {said['error']}")
+    if (server := r.get("server_import")) is not None:
+        said = server["import"] or {}
+        if not server["answered"]:
+            print("  import           the server holds the workspace but /healthz did not answer: an attempt that "
+                  "failed without its report written (a full disk) is not shown above")
+        elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # failing now
+            print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
+                  f"report could not be written): {said['error']}")
     print(f"  auto-recall      {'on' if r['auto_recall'] else 'off'}")
 
 
