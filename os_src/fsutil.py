@@ -21,6 +21,7 @@ from .deploy_contract import make_dirs as make_dirs
 from .deploy_contract import sync_dir as sync_dir
 from .deploy_contract import synced_after_rename as synced_after_rename
 from .errors import LockHeld
+from .procfs import alive
 
 
 @contextlib.contextmanager
@@ -36,8 +37,9 @@ def held(path: os.PathLike[str] | str) -> Iterator[None]:
 
 
 class Holder(NamedTuple):
-    """Who holds a WriterLock, as it wrote itself down in the lock file. `role` None: it named nobody
-    (an earlier version's holder, a write the disk refused, or the moment between its flock and its note)."""
+    """Who holds a WriterLock, as it wrote itself down in the lock file. Both None: it named nobody (an
+    earlier version's holder, a write the disk refused, or the moment between its flock and its note), or
+    the note is a holder's that is gone (killed: release() clears the note, a kill does not)."""
 
     pid: int | None
     role: str | None
@@ -77,7 +79,10 @@ class WriterLock:
             os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
 
     def release(self) -> None:
+        """Let go; the note is cleared first, while still held, so that it never names a holder that is gone."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)
             self._fd = None
 
@@ -110,7 +115,7 @@ class WriterLock:
             pid = role = ""
         if self.free():  # a holder that changes meanwhile is read right at the caller's next look
             return None
-        return Holder(int(pid), role) if pid.isdigit() and role else Holder(None, None)
+        return Holder(int(pid), role) if pid.isdigit() and role and alive(int(pid)) else Holder(None, None)
 
     def __enter__(self) -> WriterLock:
         self.acquire()

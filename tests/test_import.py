@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -415,15 +416,26 @@ def _importing_while_held(settings: Settings, tmp_path: Path, role: str = Writer
 
 
 def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
-    lock, other = (WriterLock(tmp_path / ".writer.lock", role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
+    """A holder's note stayed in the lock file after it let go: the next holder, between its flock and its
+    note, was taken for the one gone (a waiting import named a pid that was no process)."""
+    lock_file = tmp_path / ".writer.lock"
+    lock, other = (WriterLock(lock_file, role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
     assert lock.holder() is None and lock.free()
     with other:
         assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
-    assert lock.holder() is None  # its note stays in the file; nobody holds it
-    (tmp_path / ".writer.lock").write_text("")
-    with WriterLock(tmp_path / ".writer.lock", WriterLock.SERVER):
-        os.truncate(tmp_path / ".writer.lock", 0)  # an earlier version's holder: it names nobody
+    assert lock.holder() is None and lock_file.read_text() == ""  # its note is cleared as it lets go
+    with WriterLock(lock_file, WriterLock.SERVER):
+        os.truncate(lock_file, 0)  # an earlier version's holder: it names nobody
         assert lock.holder() == (None, None)
+        lock_file.write_text(f"{_gone_pid()} {WriterLock.IMPORT}\n")  # a killed holder's note, before this one's
+        assert lock.holder() == (None, None)
+
+
+def _gone_pid() -> int:
+    """A pid that was a process a moment ago and is none now."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 @pytest.mark.usefixtures("workspace_env")
