@@ -425,10 +425,10 @@ def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
         assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
     assert lock.holder() is None and lock_file.read_text() == ""  # its note is cleared as it lets go
     with WriterLock(lock_file, WriterLock.SERVER):
-        os.truncate(lock_file, 0)  # an earlier version's holder: it names nobody
-        assert lock.holder() == (None, None)
+        os.truncate(lock_file, 0)  # an earlier version's holder: it names nobody; /proc/locks gives its pid
+        assert lock.holder() == (os.getpid(), None) and lock.holder_checked() == (os.getpid(), None)
         lock_file.write_text(f"{_gone_pid()} {WriterLock.IMPORT}\n")  # a killed holder's note, before this one's
-        assert lock.holder() == (None, None)
+        assert lock.holder() == (os.getpid(), None)
 
 
 def _gone_pid() -> int:
@@ -671,12 +671,16 @@ def test_memory_status_says_whether_auto_recall_is_on_whatever_the_inbox_holds(
     assert f"  auto-recall      {'on' if settings.auto_recall else 'off'}" in capsys.readouterr().out.splitlines()
 
 
-@pytest.mark.parametrize("answers", [True, False])
+@pytest.mark.parametrize(("answers", "named"), [("holder", True), ("holder", False), ("nobody", True),
+                                                 ("another", True), ("another", False)])
 def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_not_report(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: str,
+        named: bool) -> None:
     """On a full disk the report of a failed attempt fails too: `memory status` showed the file as waiting
     for the server, all well, while /healthz said degraded. It asks the server that holds the lock now, and
-    says so when it does not answer."""
+    says so when it does not answer. A server that started on a full disk wrote no note: it is asked all
+    the same. The answer counts only from the process holding the lock: the configured port may be another
+    workspace's server."""
     import http.server
     import socket
 
@@ -685,8 +689,8 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
     turns, _ = turns_of([json.dumps(x) for x in LINES])
     path, _ = import_inbox.write(settings.layout, turns)  # no report of it: it could not be written
     error = "OSError(28, 'No space left on device')"
-    body = json.dumps({"status": "degraded", "memory": {"recall": {"import": {
-        "failing": 3, "error": error, "degraded": True}}}}).encode()
+    body = json.dumps({"status": "degraded", "pid": os.getpid() if answers == "holder" else 1, "memory": {
+        "recall": {"import": {"failing": 3, "error": error, "degraded": True}}}}).encode()
 
     class Healthz(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -701,13 +705,15 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
     with socket.socket() as probe:  # a port nothing listens on, when the server does not answer
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers else None
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers != "nobody" else None
     if server is not None:
         port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("SPRITE_OS_PORT", str(port))
     try:
         with WriterLock(settings.layout.memory_lock, WriterLock.SERVER):
+            if not named:
+                os.truncate(settings.layout.memory_lock, 0)  # its note refused by a full disk
             assert _cli(settings, "status") == 0
     finally:
         if server is not None:
@@ -715,10 +721,51 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
             server.server_close()
     out = capsys.readouterr().out
     assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
-    if answers:
-        assert f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}" in out
+    who = f"{'the server' if named else 'a process that named nobody'} (pid {os.getpid()}) holds the workspace"
+    failing = f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}"
+    if answers == "holder":
+        assert failing in out
+    elif answers == "another":
+        assert failing not in out and f"{who}, but the server on port {port} is another (pid 1)" in out
     else:
-        assert "the server holds the workspace but /healthz did not answer" in out
+        assert f"{who} but /healthz on port {port} did not answer" in out
+
+
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("held", [False, True])
+def test_memory_status_never_takes_the_writer_lock_nor_writes_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], held: bool) -> None:
+    """To learn whether a server held the lock while an import waited, `memory status` took the lock for a
+    moment and wrote its own note in it: a server starting then exited (the workspace held), and a user who
+    may read the workspace but not write the lock file got a traceback. It only looks now."""
+    import fcntl
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES])[0])
+    lock_file = Path(settings.layout.memory_lock)
+    lock_file.unlink(missing_ok=True)
+    monkeypatch.setenv("SPRITE_OS_PORT", "1")  # nothing answers there
+    holder = WriterLock(lock_file, WriterLock.SERVER)
+    if held:
+        holder.acquire()
+    note = lock_file.read_bytes() if held else None
+    taken: list[str] = []
+    flock = fcntl.flock
+
+    def watched(fd: int, operation: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(lock_file):
+            taken.append(f"flock {operation}")
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", watched)
+    try:
+        assert _cli(settings, "status") == 0
+        after = lock_file.read_bytes() if lock_file.exists() else None
+    finally:
+        holder.release()
+    assert taken == [] and after == note  # not taken, not made, not written
+    assert ("holds the workspace" in capsys.readouterr().out) == held
 
 
 @pytest.mark.usefixtures("workspace_env")

@@ -186,7 +186,7 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
     )
 
     started, show, said = time.monotonic(), Progress(), None
-    holder = last = lock.holder()
+    holder = last = lock.holder_checked()
     while (p := read_progress(inbox)) is None:
         if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
             if read_progress(inbox) is not None:
@@ -207,7 +207,7 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
-        holder = lock.holder()
+        holder = lock.holder_checked()
         last = holder or last
     who = _named(last) if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")

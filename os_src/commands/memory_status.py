@@ -153,21 +153,27 @@ def imports(layout: Any) -> list[dict[str, Any]]:
 
 def server_import(settings: Any) -> dict[str, Any] | None:
     """The running server's own word on its import inbox (/healthz's `memory.recall.import`), for what the
-    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while a
-    server holds the writer lock (it names itself there), for 2 s at most. None: no server holds it;
-    `answered` False: it did not answer."""
+    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while
+    the writer lock is held by a server, or by a process that named nobody (a server that started on a full
+    disk could not write its note), as a look that never takes the lock; for 2 s at most. Its answer counts
+    only from that very process (/healthz's `pid`): the configured port may be another workspace's server.
+    None: no such holder. `answered`: the holder answered; `answered_by`: the pid a server on the port gave."""
     from ..errors import ConfigError
     from ..fsutil import WriterLock
     from .service import Service
 
-    holder = WriterLock(settings.layout.memory_lock, "memory status").holder()
-    if holder is None or holder.role != WriterLock.SERVER:
+    holder = WriterLock(settings.layout.memory_lock, WriterLock.SERVER).holder()  # a look: never takes it
+    if holder is None or holder.role not in (WriterLock.SERVER, None):
         return None
-    service, body = Service(settings), None
+    service, body, port = Service(settings), None, settings.port
     with contextlib.suppress(ConfigError):  # a setting the service would refuse: nobody to ask
-        body = service.health(service.child_settings(), timeout=2.0)
-    said = ((body or {}).get("memory") or {}).get("recall") or {}
-    return {"answered": body is not None, "import": said.get("import")}
+        child = service.child_settings()
+        port, body = child.port, service.health(child, timeout=2.0)
+    by = (body or {}).get("pid")
+    said = ((body or {}).get("memory") or {}).get("recall") or {} if by == holder.pid else {}
+    return {"holder": {"pid": holder.pid, "role": holder.role}, "port": port,
+            "answered": body is not None and by == holder.pid, "answered_by": by if isinstance(by, int) else None,
+            "import": said.get("import")}
 
 
 def print_recall(r: dict[str, Any]) -> None:
@@ -195,10 +201,15 @@ def print_recall(r: dict[str, Any]) -> None:
         print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"
               + (f"; failing: {i['error']}" if i["error"] else ""))
     if (server := r.get("server_import")) is not None:
-        said = server["import"] or {}
-        if not server["answered"]:
-            print("  import           the server holds the workspace but /healthz did not answer: an attempt that "
-                  "failed without its report written (a full disk) is not shown above")
+        said, holder = server["import"] or {}, server["holder"]
+        who = f"{'the server' if holder['role'] else 'a process that named nobody'} (pid {holder['pid']})"
+        unseen = "an attempt that failed without its report written (a full disk) is not shown above"
+        if server["answered_by"] is not None and not server["answered"]:
+            print(f"  import           {who} holds the workspace, but the server on port {server['port']} is "
+                  f"another (pid {server['answered_by']}), another workspace's: {unseen}")
+        elif not server["answered"]:
+            print(f"  import           {who} holds the workspace but /healthz on port {server['port']} did not answer "
+                  f"as it (no answer, or none that names the process): {unseen}")
         elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # failing now
             print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
                   f"report could not be written): {said['error']}")
