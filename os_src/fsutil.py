@@ -91,7 +91,7 @@ class WriterLock:
             os.close(self._fd)
             self._fd = None
 
-    def free(self) -> bool:
+    def nobody_holds(self) -> bool:
         """Whether nobody holds the lock now (False: another process, or this one), made sure of by taking
         it for a moment (no note written) when /proc/locks shows no holder (unreadable there, or an overlay's
         device numbers, which differ from what it shows): only for a command that means to take it anyway."""
@@ -140,9 +140,9 @@ class WriterLock:
         return note if note.pid is not None else None
 
     def holder_checked(self) -> Holder | None:
-        """holder(), made sure of by taking the lock for a moment when nothing shows a holder (free()): for a
+        """holder(), made sure of by taking the lock for a moment when nothing shows a holder (nobody_holds()): for a
         command that means to take the lock anyway (`memory import`), never for a read-only look."""
-        if self.free():
+        if self.nobody_holds():
             return None
         return self.holder() or Holder(None, None)
 

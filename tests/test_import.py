@@ -280,13 +280,13 @@ def test_one_listing_of_the_inbox_gives_the_files_waiting_and_those_set_aside(tm
     """The files to apply and those the writer gave up on are the inbox's files by how their names end,
     oldest first: one function, where two near-copies listed the folder apart."""
     layout = Layout(tmp_path)
-    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.GIVEN_UP) == []
+    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.SET_ASIDE_ENDING) == []
     inbox = import_inbox.inbox_dir(layout)
     inbox.mkdir(parents=True)
     for name in ("b.jsonl", "a.jsonl", "c.jsonl.failed", "0.jsonl.failed", "a.progress.json", ".d.partial"):
         (inbox / name).write_text("")
     assert [p.name for p in import_inbox.inbox_files(layout)] == ["a.jsonl", "b.jsonl"]
-    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.GIVEN_UP)] == ["0.jsonl.failed",
+    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.SET_ASIDE_ENDING)] == ["0.jsonl.failed",
                                                                                           "c.jsonl.failed"]
 
 
@@ -420,9 +420,9 @@ def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
     note, was taken for the one gone (a waiting import named a pid that was no process)."""
     lock_file = tmp_path / ".writer.lock"
     lock, other = (WriterLock(lock_file, role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
-    assert lock.holder() is None and lock.free()
+    assert lock.holder() is None and lock.nobody_holds()
     with other:
-        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
+        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.nobody_holds()
     assert lock.holder() is None and lock_file.read_text() == ""  # its note is cleared as it lets go
     with WriterLock(lock_file, WriterLock.SERVER):
         os.truncate(lock_file, 0)  # an earlier version's holder: it names nobody; /proc/locks gives its pid
@@ -565,7 +565,7 @@ def test_an_import_through_a_server_waits_while_its_failing_attempts_report_unti
             import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, error="OSError(28)",
                                                             at=time.time()))
             time.sleep(0.5)
-        aside = path.with_name(path.name + import_inbox.FAILED)
+        aside = path.with_name(path.name + import_inbox.SET_ASIDE_SUFFIX)
         path.rename(aside)  # the server gives up on it, as after MAX_ATTEMPTS
         command.join(10)
         assert result == [1]
@@ -621,7 +621,7 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         # The first attempt applied two turns; each retry took up the third alone, after a growing wait.
         assert applied == ["We ado", "Biscui", "My PIN", "My PIN", "My PIN"]
         assert waits == [1, 2]  # the backoff's failures in a row: its wait grows with them
-        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.GIVEN_UP)
+        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.SET_ASIDE_ENDING)
         assert not import_inbox.inbox_files(settings.layout) and aside.name.endswith(".jsonl.failed")
         err = capsys.readouterr().err
         assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err

@@ -8,7 +8,14 @@ from typing import Any
 
 from ..fsutil import free_bytes
 from ..memory.capture.health import advice, is_damaged
-from ..memory.import_inbox import FAILED, GIVEN_UP, INBOX, count, inbox_files, read_progress
+from ..memory.import_inbox import (
+    INBOX,
+    SET_ASIDE_ENDING,
+    SET_ASIDE_SUFFIX,
+    count,
+    inbox_files,
+    read_progress,
+)
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
@@ -143,11 +150,11 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
 def imports(layout: Any) -> list[dict[str, Any]]:
     """Inbox files waiting for the writer, and those it gave up on (`set_aside`), with what it reported."""
     out = []
-    for path in [*inbox_files(layout), *inbox_files(layout, GIVEN_UP)]:
+    for path in [*inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
         p = read_progress(path)
         out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
                     "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None,
-                    "set_aside": path.name.endswith(FAILED)})
+                    "set_aside": path.name.endswith(SET_ASIDE_SUFFIX)})
     return out
 
 
@@ -194,7 +201,7 @@ def print_recall(r: dict[str, Any]) -> None:
         if i.get("set_aside"):
             print(f"  import           FAILED: the server gave up on .os/state/{INBOX}/{i['file']} after its attempts "
                   f"kept failing ({i['error'] or 'no report'}), {i['applied']:,} of {i['turns']:,} turns recorded; "
-                  f"rename it back to {i['file'].removesuffix(FAILED)} to apply it again, or remove it")
+                  f"rename it back to {i['file'].removesuffix(SET_ASIDE_SUFFIX)} to apply it again, or remove it")
             continue
         state = f"the writer has applied {i['applied']:,} ({i['added']:,} new)" if i["applied"] \
             else "waiting for the workspace's writer (the server)"
