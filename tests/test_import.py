@@ -27,7 +27,7 @@ from sprite_os.memory.importer import BadLine, ReadReport, apply, parse, read_tu
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.system import MemorySystem
-from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.memory.transcript_store import ImportedTurn, TranscriptDB
 from sprite_os.paths import Layout
 from tests.test_recall import lexical
 
@@ -318,6 +318,24 @@ async def _inbox_started_until_gone(layout: Layout, path: Path) -> None:
         await applier.stop()
 
 
+def test_the_names_an_import_writes_are_the_names_the_inbox_reads(tmp_path: Path) -> None:
+    """The name was made in one place and read in another: changed on one side only, a killed import's
+    `.partial` would never be swept again, and the file another import waits on would lose its report."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    seen: list[str] = []
+
+    def turns() -> Iterator[ImportedTurn]:
+        for turn in turns_of([json.dumps(x) for x in LINES])[0]:
+            seen.extend(p.name for p in import_inbox.inbox_dir(layout).iterdir())  # mid-write: the .partial
+            yield turn
+
+    final, _ = import_inbox.write(layout, turns())
+    assert seen and all(import_inbox.PARTIAL.match(name) for name in seen)
+    assert import_inbox.PARTIAL.match(seen[0])["pid"] == import_inbox.WRITTEN.match(final.name)["pid"] == str(os.getpid())
+    assert import_inbox.importer_waits(final.with_name(import_inbox.inbox_name(1) + import_inbox.SUFFIX))  # pid 1 lives
+
+
 async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tmp_path: Path) -> None:
     """A `memory import` killed while it wrote its inbox file left `.<name>.partial` for good: nothing
     applied or removed it. The server's start removes one whose writer is gone and which has not been
@@ -329,9 +347,10 @@ async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tm
     dead = await asyncio.create_subprocess_exec("true")
     await dead.wait()  # its pid is no process now
     old = time.time() - 3600 - 60  # past the hour the sweep leaves a writer
-    killed = inbox / f".20261127T101500-{dead.pid}-000001.partial"
-    fresh = inbox / f".20261127T101500-{dead.pid}-000002.partial"  # a writer in another pid namespace, say
-    living = inbox / f".20261127T101500-{os.getpid()}-000003.partial"  # a live CLI, stopped for a while
+    killed, fresh, living = (inbox / import_inbox.partial_name(import_inbox.inbox_name(pid, n)) for pid, n in (
+        (dead.pid, 1),
+        (dead.pid, 2),  # a writer in another pid namespace, say
+        (os.getpid(), 3)))  # a live CLI, stopped for a while
     other = inbox / ".notes.partial"
     for path in (killed, fresh, living, other):
         path.write_text('{"session": "s"}\n')
@@ -493,8 +512,8 @@ def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_repor
     settings.layout.ensure()
     turns, _ = turns_of([json.dumps(x) for x in LINES[:1]])
     queued, _ = import_inbox.write(settings.layout, turns)
-    theirs = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-1-"))  # pid 1's: it lives
-    gone = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-999999999-"))  # a pid no process has
+    theirs = queued.with_name(import_inbox.inbox_name(1) + import_inbox.SUFFIX)  # pid 1's: it lives
+    gone = queued.with_name(import_inbox.inbox_name(_gone_pid()) + import_inbox.SUFFIX)
     queued.rename(theirs)
     import_inbox.write(settings.layout, turns)[0].rename(gone)
     assert _cli(settings, "import", str(jsonl(tmp_path / "past.jsonl", bad=False))) == 0
@@ -581,7 +600,6 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
     chunk a synced transaction on transcript.db's thread, each attempt a traceback). A retry resumes where
     the last one got to, after the one backoff policy's growing wait, and after MAX_ATTEMPTS the file is set
     aside under a name `memory status` shows; the command waiting on it says so and exits 1."""
-    from sprite_os.memory.transcript_store import ImportedTurn
 
     settings = lexical(tmp_path)
     monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)

@@ -58,11 +58,26 @@ FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degrad
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
 SUFFIX, PROGRESS, DONE, SET_ASIDE_SUFFIX = ".jsonl", ".progress.json", ".done.json", ".failed"
 SET_ASIDE_ENDING = SUFFIX + SET_ASIDE_SUFFIX  # a file set aside, the writer given up on it: `<name>.jsonl.failed`
-# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it). `write` makes
-# `.<name>.partial`, holding no lock, then renames it `<name>.jsonl`.
+# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it), made by
+# inbox_name and read by _NAME, side by side. `write` makes `.<name>.partial` (partial_name), holding no
+# lock, then renames it `<name>.jsonl`.
 _NAME = r"\d{8}T\d{6}-(?P<pid>\d+)-\d{6}"
 PARTIAL = re.compile(rf"^\.{_NAME}\.partial$")
-_WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
+WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
+
+
+def inbox_name(pid: int | None = None, n: int | None = None) -> str:
+    """A new inbox file's name, without its ending, as _NAME reads it: the local time to the second, the pid
+    of the `memory import` writing it (this process's by default), and 6 digits telling apart two names made
+    the same second (the monotonic clock's nanoseconds by default)."""
+    n = time.monotonic_ns() if n is None else n
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid() if pid is None else pid}-{n % 10**6:06d}"
+
+
+def partial_name(name: str) -> str:
+    """The name an inbox file has while `write` writes it (PARTIAL reads it)."""
+    return f".{name}.partial"
+
 # A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
 # server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
 PARTIAL_STALE = 3600.0
@@ -97,8 +112,8 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     """The turns as a new inbox file (whole or not at all). Returns its path and how many it holds."""
     folder = inbox_dir(layout)
     make_dirs(folder)  # its name synced into .os/state/ when it is new
-    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
-    partial, final = folder / f".{name}.partial", folder / f"{name}{SUFFIX}"
+    name = inbox_name()
+    partial, final = folder / partial_name(name), folder / f"{name}{SUFFIX}"
     encoder, n = msgspec.json.Encoder(), 0
     try:
         with partial.open("wb") as f:
@@ -122,7 +137,7 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
 def importer_waits(path: Path) -> bool:
     """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
     pid in its name is a live process, and not this one."""
-    m = _WRITTEN.match(path.name)
+    m = WRITTEN.match(path.name)
     return m is not None and int(m["pid"]) != os.getpid() and alive(int(m["pid"]))
 
 
