@@ -21,6 +21,7 @@ from .deploy_contract import make_dirs as make_dirs
 from .deploy_contract import sync_dir as sync_dir
 from .deploy_contract import synced_after_rename as synced_after_rename
 from .errors import LockHeld
+from .procfs import alive
 
 
 @contextlib.contextmanager
@@ -36,8 +37,10 @@ def held(path: os.PathLike[str] | str) -> Iterator[None]:
 
 
 class Holder(NamedTuple):
-    """Who holds a WriterLock, as it wrote itself down in the lock file. `role` None: it named nobody
-    (an earlier version's holder, a write the disk refused, or the moment between its flock and its note)."""
+    """Who holds a WriterLock, as it wrote itself down in the lock file. `role` None: it named nobody (an
+    earlier version's holder, a write the disk refused, the moment between its flock and its note, or a note
+    a killed holder left: release() clears the note, a kill does not); `pid` then the one /proc/locks shows,
+    None where it shows none."""
 
     pid: int | None
     role: str | None
@@ -62,9 +65,15 @@ class WriterLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock (LockHeld if another process holds it). Taking it again changes nothing."""
+        """Take the lock (LockHeld if another process holds it), and write its note. Taking it again changes nothing."""
         if self._fd is not None:
             return
+        fd = self._take()
+        with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, its holder unnamed
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+
+    def _take(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -72,45 +81,70 @@ class WriterLock:
             os.close(fd)
             raise LockHeld(f"another process holds this workspace (a running server, or a memory command): lock {self.path}") from None
         self._fd = fd
-        with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, its holder unnamed
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
+        return fd
 
     def release(self) -> None:
+        """Let go; the note is cleared first, while still held, so that it never names a holder that is gone."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)
             self._fd = None
 
-    def free(self) -> bool:
-        """Whether nobody holds the lock now (False: another process, or this one). /proc/locks is read first,
-        so while a holder runs it is never taken, not even for a moment; free there (or unreadable), it
-        is taken and let go, to be sure (an overlay's device numbers differ from what /proc/locks shows)."""
+    def nobody_holds(self) -> bool:
+        """Whether nobody holds the lock now (False: another process, or this one), made sure of by taking
+        it for a moment (no note written) when /proc/locks shows no holder (unreadable there, or an overlay's
+        device numbers, which differ from what it shows): only for a command that means to take it anyway."""
         if self._fd is not None:  # this one holds it
             return False
+        if self._flocked_by() is not None:  # while a holder runs it is never taken, not even for a moment
+            return False
         try:
-            st = os.stat(self.path)
-            mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-            with open("/proc/locks") as f:
-                if any(" FLOCK " in line and mine in line for line in f):
-                    return False
-        except OSError:
-            pass
-        try:
-            self.acquire()
+            self._take()
         except LockHeld:
             return False
         self.release()
         return True
 
-    def holder(self) -> Holder | None:
-        """Who holds the lock now, as it wrote itself down; None when nobody does."""
+    def _flocked_by(self) -> int | None:
+        """The pid /proc/locks shows holding a flock on the file; None when it shows none, or is unreadable."""
+        try:
+            st = os.stat(self.path)
+            mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+            with open("/proc/locks") as f:
+                for line in f:  # "1: FLOCK  ADVISORY  WRITE <pid> <major:minor:inode> 0 EOF"
+                    fields = line.split()
+                    if "FLOCK" in fields and mine in fields and (at := fields.index(mine)) > 0:
+                        return int(fields[at - 1]) if fields[at - 1].isdigit() else None
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def _note(self) -> Holder:
+        """The lock file's note, if the process it names is alive; Holder(None, None) if not."""
         try:
             pid, _, role = Path(self.path).read_text(errors="replace").strip().partition(" ")
         except OSError:
             pid = role = ""
-        if self.free():  # a holder that changes meanwhile is read right at the caller's next look
+        return Holder(int(pid), role) if pid.isdigit() and role and alive(int(pid)) else Holder(None, None)
+
+    def holder(self) -> Holder | None:
+        """Who holds the lock now, without taking it even for a moment or writing anything, so that a
+        read-only look (`memory status`) never stands in a holder's way: the process /proc/locks shows holding
+        the flock, named by the note if the note is its own (role None: it named nobody yet, or could not);
+        where /proc/locks shows none (unreadable, an overlay's device numbers), the note's process if alive.
+        None when nobody does, as far as these tell."""
+        note = self._note()
+        if (pid := self._flocked_by()) is not None:
+            return note if note.pid == pid else Holder(pid, None)
+        return note if note.pid is not None else None
+
+    def holder_checked(self) -> Holder | None:
+        """holder(), made sure of by taking the lock for a moment when nothing shows a holder (nobody_holds()): for a
+        command that means to take the lock anyway (`memory import`), never for a read-only look."""
+        if self.nobody_holds():
             return None
-        return Holder(int(pid), role) if pid.isdigit() and role else Holder(None, None)
+        return self.holder() or Holder(None, None)
 
     def __enter__(self) -> WriterLock:
         self.acquire()

@@ -300,6 +300,7 @@ class SpriteOS:
         listed come from threads, each waited for at most memory's HEALTH_WAIT."""
         body: dict[str, Any] = {
             "version": __version__,
+            "pid": os.getpid(),  # which process answers: `memory status` asks only the one holding its workspace
             "uptime_s": round(time.monotonic() - self.started_at, 1),
             "agent": self._agent(),
             "clients": len(self.gateway.connections),

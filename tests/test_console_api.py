@@ -422,7 +422,7 @@ async def test_health_says_an_import_the_server_gave_up_on_apart_from_one_it_ret
         console: MemoryConsole, system: MemorySystem) -> None:
     """A set-aside file's message came as `import_failing`, and the page said "Import waiting" of a file
     never retried again: it has a field of its own, and is not said to be failing."""
-    aside = import_inbox.inbox_dir(system.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.FAILED}"
+    aside = import_inbox.inbox_dir(system.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.SET_ASIDE_SUFFIX}"
     aside.parent.mkdir(parents=True, exist_ok=True)
     aside.write_text("")
     reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))

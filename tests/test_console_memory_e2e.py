@@ -303,7 +303,7 @@ async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operato
     under a comment that the server retries on its own; it is never retried until the operator acts."""
     from sprite_os.memory import import_inbox
 
-    aside = import_inbox.inbox_dir(server.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.FAILED}"
+    aside = import_inbox.inbox_dir(server.settings.layout) / f"past{import_inbox.SUFFIX}{import_inbox.SET_ASIDE_SUFFIX}"
     aside.parent.mkdir(parents=True, exist_ok=True)
     aside.write_text("")
     async with health_tab(server) as tab:

@@ -356,3 +356,18 @@ def test_the_benchmarks_a_page_names_are_there() -> None:
     functions = re.findall(r"`(bench/[\w/]+\.py): (\w+)`", text)
     assert functions and [f"{module}: {name}" for module, name in functions if not re.search(
         rf"^(?:async )?def {name}\b", (REPO / module).read_text(), re.M)] == []
+
+
+def test_what_memory_tells_operators_about_the_set_aside_listing_and_memory_status_is_documented() -> None:
+    """`set_aside_listing_failed` was logged on an unreadable folder and `memory status --json` gained
+    `recall.server_import`, neither said anywhere an operator reads."""
+    source = (REPO / "os_src/memory/system.py").read_text()
+    events = set(re.findall(r'"(set_aside_listing_\w+)"', source))
+    assert events >= {"set_aside_listing_slow", "set_aside_listing_failed"}
+    protocol = (REPO / "docs/protocol.md").read_text()
+    assert sorted(e for e in events if f"`{e}`" not in protocol) == []
+    memory = (REPO / "docs/memory.md").read_text()
+    fields = set(re.findall(r'"(\w+)":', (REPO / "os_src/commands/memory_status.py").read_text().split(
+        "def server_import", 1)[1].split("\ndef ", 1)[0]))
+    assert "`recall.server_import`" in memory and fields >= {"holder", "answered", "import"}
+    assert sorted(f for f in fields if f'"{f}"' not in memory) == []

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from sprite_os.memory.importer import BadLine, ReadReport, apply, parse, read_tu
 from sprite_os.memory.memory_store import MemoryDB
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.system import MemorySystem
-from sprite_os.memory.transcript_store import TranscriptDB
+from sprite_os.memory.transcript_store import ImportedTurn, TranscriptDB
 from sprite_os.paths import Layout
 from tests.test_recall import lexical
 
@@ -279,13 +280,13 @@ def test_one_listing_of_the_inbox_gives_the_files_waiting_and_those_set_aside(tm
     """The files to apply and those the writer gave up on are the inbox's files by how their names end,
     oldest first: one function, where two near-copies listed the folder apart."""
     layout = Layout(tmp_path)
-    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.GIVEN_UP) == []
+    assert import_inbox.inbox_files(layout) == import_inbox.inbox_files(layout, import_inbox.SET_ASIDE_ENDING) == []
     inbox = import_inbox.inbox_dir(layout)
     inbox.mkdir(parents=True)
     for name in ("b.jsonl", "a.jsonl", "c.jsonl.failed", "0.jsonl.failed", "a.progress.json", ".d.partial"):
         (inbox / name).write_text("")
     assert [p.name for p in import_inbox.inbox_files(layout)] == ["a.jsonl", "b.jsonl"]
-    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.GIVEN_UP)] == ["0.jsonl.failed",
+    assert [p.name for p in import_inbox.inbox_files(layout, import_inbox.SET_ASIDE_ENDING)] == ["0.jsonl.failed",
                                                                                           "c.jsonl.failed"]
 
 
@@ -317,6 +318,24 @@ async def _inbox_started_until_gone(layout: Layout, path: Path) -> None:
         await applier.stop()
 
 
+def test_the_names_an_import_writes_are_the_names_the_inbox_reads(tmp_path: Path) -> None:
+    """The name was made in one place and read in another: changed on one side only, a killed import's
+    `.partial` would never be swept again, and the file another import waits on would lose its report."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    seen: list[str] = []
+
+    def turns() -> Iterator[ImportedTurn]:
+        for turn in turns_of([json.dumps(x) for x in LINES])[0]:
+            seen.extend(p.name for p in import_inbox.inbox_dir(layout).iterdir())  # mid-write: the .partial
+            yield turn
+
+    final, _ = import_inbox.write(layout, turns())
+    assert seen and all(import_inbox.PARTIAL.match(name) for name in seen)
+    assert import_inbox.PARTIAL.match(seen[0])["pid"] == import_inbox.WRITTEN.match(final.name)["pid"] == str(os.getpid())
+    assert import_inbox.importer_waits(final.with_name(import_inbox.inbox_name(1) + import_inbox.SUFFIX))  # pid 1 lives
+
+
 async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tmp_path: Path) -> None:
     """A `memory import` killed while it wrote its inbox file left `.<name>.partial` for good: nothing
     applied or removed it. The server's start removes one whose writer is gone and which has not been
@@ -328,9 +347,10 @@ async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tm
     dead = await asyncio.create_subprocess_exec("true")
     await dead.wait()  # its pid is no process now
     old = time.time() - 3600 - 60  # past the hour the sweep leaves a writer
-    killed = inbox / f".20261127T101500-{dead.pid}-000001.partial"
-    fresh = inbox / f".20261127T101500-{dead.pid}-000002.partial"  # a writer in another pid namespace, say
-    living = inbox / f".20261127T101500-{os.getpid()}-000003.partial"  # a live CLI, stopped for a while
+    killed, fresh, living = (inbox / import_inbox.partial_name(import_inbox.inbox_name(pid, n)) for pid, n in (
+        (dead.pid, 1),
+        (dead.pid, 2),  # a writer in another pid namespace, say
+        (os.getpid(), 3)))  # a live CLI, stopped for a while
     other = inbox / ".notes.partial"
     for path in (killed, fresh, living, other):
         path.write_text('{"session": "s"}\n')
@@ -415,15 +435,26 @@ def _importing_while_held(settings: Settings, tmp_path: Path, role: str = Writer
 
 
 def test_the_writer_lock_says_who_holds_it(tmp_path: Path) -> None:
-    lock, other = (WriterLock(tmp_path / ".writer.lock", role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
-    assert lock.holder() is None and lock.free()
+    """A holder's note stayed in the lock file after it let go: the next holder, between its flock and its
+    note, was taken for the one gone (a waiting import named a pid that was no process)."""
+    lock_file = tmp_path / ".writer.lock"
+    lock, other = (WriterLock(lock_file, role) for role in (WriterLock.IMPORT, WriterLock.REBUILD))
+    assert lock.holder() is None and lock.nobody_holds()
     with other:
-        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.free()
-    assert lock.holder() is None  # its note stays in the file; nobody holds it
-    (tmp_path / ".writer.lock").write_text("")
-    with WriterLock(tmp_path / ".writer.lock", WriterLock.SERVER):
-        os.truncate(tmp_path / ".writer.lock", 0)  # an earlier version's holder: it names nobody
-        assert lock.holder() == (None, None)
+        assert lock.holder() == (os.getpid(), WriterLock.REBUILD) and not lock.nobody_holds()
+    assert lock.holder() is None and lock_file.read_text() == ""  # its note is cleared as it lets go
+    with WriterLock(lock_file, WriterLock.SERVER):
+        os.truncate(lock_file, 0)  # an earlier version's holder: it names nobody; /proc/locks gives its pid
+        assert lock.holder() == (os.getpid(), None) and lock.holder_checked() == (os.getpid(), None)
+        lock_file.write_text(f"{_gone_pid()} {WriterLock.IMPORT}\n")  # a killed holder's note, before this one's
+        assert lock.holder() == (os.getpid(), None)
+
+
+def _gone_pid() -> int:
+    """A pid that was a process a moment ago and is none now."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -481,8 +512,8 @@ def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_repor
     settings.layout.ensure()
     turns, _ = turns_of([json.dumps(x) for x in LINES[:1]])
     queued, _ = import_inbox.write(settings.layout, turns)
-    theirs = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-1-"))  # pid 1's: it lives
-    gone = queued.with_name(queued.name.replace(f"-{os.getpid()}-", "-999999999-"))  # a pid no process has
+    theirs = queued.with_name(import_inbox.inbox_name(1) + import_inbox.SUFFIX)  # pid 1's: it lives
+    gone = queued.with_name(import_inbox.inbox_name(_gone_pid()) + import_inbox.SUFFIX)
     queued.rename(theirs)
     import_inbox.write(settings.layout, turns)[0].rename(gone)
     assert _cli(settings, "import", str(jsonl(tmp_path / "past.jsonl", bad=False))) == 0
@@ -553,7 +584,7 @@ def test_an_import_through_a_server_waits_while_its_failing_attempts_report_unti
             import_inbox.report(path, import_inbox.Progress(path.name, 3, applied=1, added=1, error="OSError(28)",
                                                             at=time.time()))
             time.sleep(0.5)
-        aside = path.with_name(path.name + import_inbox.FAILED)
+        aside = path.with_name(path.name + import_inbox.SET_ASIDE_SUFFIX)
         path.rename(aside)  # the server gives up on it, as after MAX_ATTEMPTS
         command.join(10)
         assert result == [1]
@@ -569,7 +600,6 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
     chunk a synced transaction on transcript.db's thread, each attempt a traceback). A retry resumes where
     the last one got to, after the one backoff policy's growing wait, and after MAX_ATTEMPTS the file is set
     aside under a name `memory status` shows; the command waiting on it says so and exits 1."""
-    from sprite_os.memory.transcript_store import ImportedTurn
 
     settings = lexical(tmp_path)
     monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
@@ -609,7 +639,7 @@ async def test_a_file_that_keeps_failing_is_resumed_backed_off_then_set_aside_fo
         # The first attempt applied two turns; each retry took up the third alone, after a growing wait.
         assert applied == ["We ado", "Biscui", "My PIN", "My PIN", "My PIN"]
         assert waits == [1, 2]  # the backoff's failures in a row: its wait grows with them
-        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.GIVEN_UP)
+        (aside,) = import_inbox.inbox_files(settings.layout, import_inbox.SET_ASIDE_ENDING)
         assert not import_inbox.inbox_files(settings.layout) and aside.name.endswith(".jsonl.failed")
         err = capsys.readouterr().err
         assert "the server gave up after 3 failed attempts" in err and str(aside) in err and "2 of 3" in err
@@ -646,12 +676,29 @@ def test_memory_status_names_an_import_the_server_set_aside(tmp_path: Path, caps
     assert "No space left" in out and "2 of 3 turns recorded" in out and f"rename it back to {path.name}" in out
 
 
-@pytest.mark.parametrize("answers", [True, False])
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("waiting", [False, True])
+def test_memory_status_says_whether_auto_recall_is_on_whatever_the_inbox_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], waiting: bool) -> None:
+    """Its last line went missing whenever no server answered for a waiting import: the usual case."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    if waiting:  # a file waiting, nobody holding the lock: nobody to ask
+        import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES])[0])
+    assert _cli(settings, "status") == 0
+    assert f"  auto-recall      {'on' if settings.auto_recall else 'off'}" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(("answers", "named"), [("holder", True), ("holder", False), ("nobody", True),
+                                                 ("another", True), ("another", False)])
 def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_not_report(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: bool) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], answers: str,
+        named: bool) -> None:
     """On a full disk the report of a failed attempt fails too: `memory status` showed the file as waiting
     for the server, all well, while /healthz said degraded. It asks the server that holds the lock now, and
-    says so when it does not answer."""
+    says so when it does not answer. A server that started on a full disk wrote no note: it is asked all
+    the same. The answer counts only from the process holding the lock: the configured port may be another
+    workspace's server."""
     import http.server
     import socket
 
@@ -660,8 +707,8 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
     turns, _ = turns_of([json.dumps(x) for x in LINES])
     path, _ = import_inbox.write(settings.layout, turns)  # no report of it: it could not be written
     error = "OSError(28, 'No space left on device')"
-    body = json.dumps({"status": "degraded", "memory": {"recall": {"import": {
-        "failing": 3, "error": error, "degraded": True}}}}).encode()
+    body = json.dumps({"status": "degraded", "pid": os.getpid() if answers == "holder" else 1, "memory": {
+        "recall": {"import": {"failing": 3, "error": error, "degraded": True}}}}).encode()
 
     class Healthz(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -676,13 +723,15 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
     with socket.socket() as probe:  # a port nothing listens on, when the server does not answer
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers else None
+    server = http.server.HTTPServer(("127.0.0.1", 0), Healthz) if answers != "nobody" else None
     if server is not None:
         port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("SPRITE_OS_PORT", str(port))
     try:
         with WriterLock(settings.layout.memory_lock, WriterLock.SERVER):
+            if not named:
+                os.truncate(settings.layout.memory_lock, 0)  # its note refused by a full disk
             assert _cli(settings, "status") == 0
     finally:
         if server is not None:
@@ -690,10 +739,51 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
             server.server_close()
     out = capsys.readouterr().out
     assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
-    if answers:
-        assert f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}" in out
+    who = f"{'the server' if named else 'a process that named nobody'} (pid {os.getpid()}) holds the workspace"
+    failing = f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}"
+    if answers == "holder":
+        assert failing in out
+    elif answers == "another":
+        assert failing not in out and f"{who}, but the server on port {port} is another (pid 1)" in out
     else:
-        assert "the server holds the workspace but /healthz did not answer" in out
+        assert f"{who} but /healthz on port {port} did not answer" in out
+
+
+@pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("held", [False, True])
+def test_memory_status_never_takes_the_writer_lock_nor_writes_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], held: bool) -> None:
+    """To learn whether a server held the lock while an import waited, `memory status` took the lock for a
+    moment and wrote its own note in it: a server starting then exited (the workspace held), and a user who
+    may read the workspace but not write the lock file got a traceback. It only looks now."""
+    import fcntl
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES])[0])
+    lock_file = Path(settings.layout.memory_lock)
+    lock_file.unlink(missing_ok=True)
+    monkeypatch.setenv("SPRITE_OS_PORT", "1")  # nothing answers there
+    holder = WriterLock(lock_file, WriterLock.SERVER)
+    if held:
+        holder.acquire()
+    note = lock_file.read_bytes() if held else None
+    taken: list[str] = []
+    flock = fcntl.flock
+
+    def watched(fd: int, operation: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(lock_file):
+            taken.append(f"flock {operation}")
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", watched)
+    try:
+        assert _cli(settings, "status") == 0
+        after = lock_file.read_bytes() if lock_file.exists() else None
+    finally:
+        holder.release()
+    assert taken == [] and after == note  # not taken, not made, not written
+    assert ("holds the workspace" in capsys.readouterr().out) == held
 
 
 @pytest.mark.usefixtures("workspace_env")

@@ -151,7 +151,7 @@ async def test_healthz(idle_server: SpriteOS) -> None:
 
     health = await asyncio.to_thread(get, TOKEN)
     assert health["status"] == "ok" and health["agent"]["state"] == "idle"
-    assert {"version", "uptime_s", "clients", "memory", "isolation"} <= set(health)
+    assert {"version", "uptime_s", "clients", "memory", "isolation"} <= set(health) and health["pid"] == os.getpid()
     assert health["memory"]["observations"]["total"] == 0
     assert {"budget", "capture", "consecutive_failures", "running"} <= set(health["memory"])
     # Without the token, or with a wrong one, only the status: nothing for whoever reaches the port.

@@ -91,7 +91,7 @@ def import_main(settings: Settings, path: Path) -> int:
             lock.acquire()
         except LockHeld:
             code = _through_writer(inbox, found.sessions, len(found.bad), lock)
-            if code is _TAKE_OVER:  # the other import is over and left this file: this one applies it
+            if code == _TAKE_OVER:  # the other import is over and left this file: this one applies it
                 continue
             return code or status
         try:
@@ -111,10 +111,10 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     from ..memory.import_inbox import (
         DONE,
         apply_file,
+        importer_waits,
         inbox_files,
         progress_path,
         read_progress,
-        writer_waits,
     )
     from ..memory.memory_store import MemoryDB
     from ..memory.recall.documents import catch_up
@@ -127,7 +127,7 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     try:
         for path in inbox_files(layout):
             done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
-            if path == inbox or not writer_waits(path):  # ours is said below; another's is its waiting CLI's
+            if path == inbox or not importer_waits(path):  # ours is said below; another's is its waiting CLI's
                 progress_path(path, DONE).unlink(missing_ok=True)
             mine = done if path == inbox else mine
         memory = MemoryDB(layout.memory_db)
@@ -178,15 +178,15 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
     (it stays queued: the server goes on trying)."""
     from ..memory.import_inbox import (
         DONE,
-        FAILED,
         IMPORT_RETRY,
         MAX_ATTEMPTS,
+        SET_ASIDE_SUFFIX,
         progress_path,
         read_progress,
     )
 
     started, show, said = time.monotonic(), Progress(), None
-    holder = last = lock.holder()
+    holder = last = lock.holder_checked()
     while (p := read_progress(inbox)) is None:
         if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
             if read_progress(inbox) is not None:
@@ -207,16 +207,16 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
-        holder = lock.holder()
+        holder = lock.holder_checked()
         last = holder or last
     who = _named(last) if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")
     seen, advanced, error = (p.applied, p.at), time.monotonic(), None
-    aside = inbox.with_name(inbox.name + FAILED)
+    set_aside = inbox.with_name(inbox.name + SET_ASIDE_SUFFIX)
     while not p.done:
-        if aside.exists():  # seen by its name: on a full disk the report saying so may fail too
+        if set_aside.exists():  # seen by its name: on a full disk the report saying so may fail too
             _say(f"the server gave up after {MAX_ATTEMPTS} failed attempts ({p.error}) and set the file aside as "
-                 f"{aside}, after recording {p.applied:,} of {p.turns:,}; `memory status` shows it. Rename it back "
+                 f"{set_aside}, after recording {p.applied:,} of {p.turns:,}; `memory status` shows it. Rename it back "
                  f"to {inbox.name} to have the server apply it again (a turn already recorded is never recorded "
                  "twice), or remove it")
             return 1
@@ -229,7 +229,7 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         elif time.monotonic() - advanced > STALL_WAIT + (IMPORT_RETRY.max if p.error else 0.0):
             why = f"it failed ({p.error})" if p.error else "it is busy or stuck"
             return _gave_up(inbox, f"the server recorded none of them for {STALL_WAIT:.0f} s: {why}", stays=True)
-        if lock.free() and not (p := read_progress(inbox) or p).done:
+        if lock.nobody_holds() and not (p := read_progress(inbox) or p).done:
             return _gave_up(inbox, f"{who} stopped after {p.applied:,} of {p.turns:,}")
         time.sleep(WAIT_POLL)
         p = read_progress(inbox) or p

@@ -8,7 +8,14 @@ from typing import Any
 
 from ..fsutil import free_bytes
 from ..memory.capture.health import advice, is_damaged
-from ..memory.import_inbox import FAILED, GIVEN_UP, INBOX, count, inbox_files, read_progress
+from ..memory.import_inbox import (
+    INBOX,
+    SET_ASIDE_ENDING,
+    SET_ASIDE_SUFFIX,
+    count,
+    inbox_files,
+    read_progress,
+)
 from ..memory.recall import episodes as ep
 from ..memory.recall.backlog import unseen
 from ..memory.recall.dense import load
@@ -143,31 +150,37 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
 def imports(layout: Any) -> list[dict[str, Any]]:
     """Inbox files waiting for the writer, and those it gave up on (`set_aside`), with what it reported."""
     out = []
-    for path in [*inbox_files(layout), *inbox_files(layout, GIVEN_UP)]:
+    for path in [*inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
         p = read_progress(path)
         out.append({"file": path.name, "turns": p.turns if p else count(path), "applied": p.applied if p else 0,
                     "added": p.added if p else 0, "already": p.already if p else 0, "error": p.error if p else None,
-                    "set_aside": path.name.endswith(FAILED)})
+                    "set_aside": path.name.endswith(SET_ASIDE_SUFFIX)})
     return out
 
 
 def server_import(settings: Any) -> dict[str, Any] | None:
     """The running server's own word on its import inbox (/healthz's `memory.recall.import`), for what the
-    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while a
-    server holds the writer lock (it names itself there), for 2 s at most. None: no server holds it;
-    `answered` False: it did not answer."""
+    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while
+    the writer lock is held by a server, or by a process that named nobody (a server that started on a full
+    disk could not write its note), as a look that never takes the lock; for 2 s at most. Its answer counts
+    only from that very process (/healthz's `pid`): the configured port may be another workspace's server.
+    None: no such holder. `answered`: the holder answered; `answered_by`: the pid a server on the port gave."""
     from ..errors import ConfigError
     from ..fsutil import WriterLock
     from .service import Service
 
-    holder = WriterLock(settings.layout.memory_lock, "memory status").holder()
-    if holder is None or holder.role != WriterLock.SERVER:
+    holder = WriterLock(settings.layout.memory_lock, WriterLock.SERVER).holder()  # a look: never takes it
+    if holder is None or holder.role not in (WriterLock.SERVER, None):
         return None
-    service, body = Service(settings), None
+    service, body, port = Service(settings), None, settings.port
     with contextlib.suppress(ConfigError):  # a setting the service would refuse: nobody to ask
-        body = service.health(service.child_settings(), timeout=2.0)
-    said = ((body or {}).get("memory") or {}).get("recall") or {}
-    return {"answered": body is not None, "import": said.get("import")}
+        child = service.child_settings()
+        port, body = child.port, service.health(child, timeout=2.0)
+    by = (body or {}).get("pid")
+    said = ((body or {}).get("memory") or {}).get("recall") or {} if by == holder.pid else {}
+    return {"holder": {"pid": holder.pid, "role": holder.role}, "port": port,
+            "answered": body is not None and by == holder.pid, "answered_by": by if isinstance(by, int) else None,
+            "import": said.get("import")}
 
 
 def print_recall(r: dict[str, Any]) -> None:
@@ -188,21 +201,25 @@ def print_recall(r: dict[str, Any]) -> None:
         if i.get("set_aside"):
             print(f"  import           FAILED: the server gave up on .os/state/{INBOX}/{i['file']} after its attempts "
                   f"kept failing ({i['error'] or 'no report'}), {i['applied']:,} of {i['turns']:,} turns recorded; "
-                  f"rename it back to {i['file'].removesuffix(FAILED)} to apply it again, or remove it")
+                  f"rename it back to {i['file'].removesuffix(SET_ASIDE_SUFFIX)} to apply it again, or remove it")
             continue
         state = f"the writer has applied {i['applied']:,} ({i['added']:,} new)" if i["applied"] \
             else "waiting for the workspace's writer (the server)"
         print(f"  import           {i['file']}: {i['turns']:,} turns, {state}"
               + (f"; failing: {i['error']}" if i["error"] else ""))
-    if (server := r.get("server_import")) is None:
-        return
-    said = server["import"] or {}
-    if not server["answered"]:
-        print("  import           the server holds the workspace but /healthz did not answer: an attempt that "
-              "failed without its report written (a full disk) is not shown above")
-    elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # attempts failing now
-        print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
-              f"report could not be written): {said['error']}")
+    if (server := r.get("server_import")) is not None:
+        said, holder = server["import"] or {}, server["holder"]
+        who = f"{'the server' if holder['role'] else 'a process that named nobody'} (pid {holder['pid']})"
+        unseen = "an attempt that failed without its report written (a full disk) is not shown above"
+        if server["answered_by"] is not None and not server["answered"]:
+            print(f"  import           {who} holds the workspace, but the server on port {server['port']} is "
+                  f"another (pid {server['answered_by']}), another workspace's: {unseen}")
+        elif not server["answered"]:
+            print(f"  import           {who} holds the workspace but /healthz on port {server['port']} did not answer "
+                  f"as it (no answer, or none that names the process): {unseen}")
+        elif said.get("failing") and said["error"] not in {i["error"] for i in r["imports"]}:  # failing now
+            print(f"  import           FAILING, as the server says ({said['failing']} attempts in a row; its "
+                  f"report could not be written): {said['error']}")
     print(f"  auto-recall      {'on' if r['auto_recall'] else 'off'}")
 
 

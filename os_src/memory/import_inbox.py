@@ -56,13 +56,28 @@ INBOX_POLL = 1.0
 IMPORT_RETRY = Backoff(first=5 * INBOX_POLL, max=300.0)
 FAILED_ATTEMPTS_DEGRADED = 2  # failed attempts in a row that make memory degraded (one a retry mends is not)
 MAX_ATTEMPTS = 8  # failed attempts in a row at one file (about 10 minutes of them), then it is set aside
-SUFFIX, PROGRESS, DONE, FAILED = ".jsonl", ".progress.json", ".done.json", ".failed"
-GIVEN_UP = SUFFIX + FAILED  # a file the writer gave up on: `<name>.jsonl.failed`
-# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it). `write` makes
-# `.<name>.partial`, holding no lock, then renames it `<name>.jsonl`.
+SUFFIX, PROGRESS, DONE, SET_ASIDE_SUFFIX = ".jsonl", ".progress.json", ".done.json", ".failed"
+SET_ASIDE_ENDING = SUFFIX + SET_ASIDE_SUFFIX  # a file set aside, the writer given up on it: `<name>.jsonl.failed`
+# An inbox file's name, `<time>-<pid>-<n>` (the pid: the `memory import` that wrote it), made by
+# inbox_name and read by _NAME, side by side. `write` makes `.<name>.partial` (partial_name), holding no
+# lock, then renames it `<name>.jsonl`.
 _NAME = r"\d{8}T\d{6}-(?P<pid>\d+)-\d{6}"
 PARTIAL = re.compile(rf"^\.{_NAME}\.partial$")
-_WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
+WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
+
+
+def inbox_name(pid: int | None = None, n: int | None = None) -> str:
+    """A new inbox file's name, without its ending, as _NAME reads it: the local time to the second, the pid
+    of the `memory import` writing it (this process's by default), and 6 digits telling apart two names made
+    the same second (the monotonic clock's nanoseconds by default)."""
+    n = time.monotonic_ns() if n is None else n
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid() if pid is None else pid}-{n % 10**6:06d}"
+
+
+def partial_name(name: str) -> str:
+    """The name an inbox file has while `write` writes it (PARTIAL reads it)."""
+    return f".{name}.partial"
+
 # A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
 # server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
 PARTIAL_STALE = 3600.0
@@ -87,7 +102,7 @@ def inbox_dir(layout: Layout) -> Path:
 
 def inbox_files(layout: Layout, ending: str = SUFFIX) -> list[Path]:
     """The inbox's files whose names end with `ending`, oldest first: those not yet applied (SUFFIX),
-    or those the writer gave up on (GIVEN_UP: the operator's to deal with)."""
+    or those set aside (SET_ASIDE_ENDING: given up on, the operator's to deal with)."""
     with contextlib.suppress(FileNotFoundError):
         return sorted(p for p in inbox_dir(layout).iterdir() if p.name.endswith(ending))
     return []
@@ -97,8 +112,8 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     """The turns as a new inbox file (whole or not at all). Returns its path and how many it holds."""
     folder = inbox_dir(layout)
     make_dirs(folder)  # its name synced into .os/state/ when it is new
-    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
-    partial, final = folder / f".{name}.partial", folder / f"{name}{SUFFIX}"
+    name = inbox_name()
+    partial, final = folder / partial_name(name), folder / f"{name}{SUFFIX}"
     encoder, n = msgspec.json.Encoder(), 0
     try:
         with partial.open("wb") as f:
@@ -119,10 +134,10 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
-def writer_waits(path: Path) -> bool:
+def importer_waits(path: Path) -> bool:
     """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
     pid in its name is a live process, and not this one."""
-    m = _WRITTEN.match(path.name)
+    m = WRITTEN.match(path.name)
     return m is not None and int(m["pid"]) != os.getpid() and alive(int(m["pid"]))
 
 
@@ -160,7 +175,7 @@ def count(path: Path) -> int:
 
 
 def progress_path(path: Path, kind: str) -> Path:
-    return path.with_name(path.name.removesuffix(FAILED).removesuffix(SUFFIX) + kind)
+    return path.with_name(path.name.removesuffix(SET_ASIDE_SUFFIX).removesuffix(SUFFIX) + kind)
 
 
 def report(path: Path, p: Progress) -> None:
@@ -313,9 +328,9 @@ class ImportInbox:
     async def _set_aside(self, path: Path, retries: _Retries) -> bool:
         """Give up on a file whose attempts keep failing: renamed to `<name>.jsonl.failed`, for the operator
         (then its report, if the disk takes it, says why). False: it could not be renamed (tried again)."""
-        aside = path.with_name(path.name + FAILED)
+        set_aside = path.with_name(path.name + SET_ASIDE_SUFFIX)
         try:
-            await asyncio.to_thread(os.replace, path, aside)
+            await asyncio.to_thread(os.replace, path, set_aside)
         except OSError as exc:
             log.warning("import_set_aside_failed", file=path.name, error=repr(exc)[:300])
             return False
@@ -323,7 +338,7 @@ class ImportInbox:
         p = retries.tally.progress if retries.tally is not None else Progress(path.name, 0)
         p.error, p.at, p.done = self.failure, time.time(), False
         await self._report(path, p)
-        log.error("import_set_aside", file=path.name, aside=aside.name, attempts=retries.failures,
+        log.error("import_set_aside", file=path.name, aside=set_aside.name, attempts=retries.failures,
                   applied=p.applied, error=self.failure,
                   hint="its turns past those applied are not recorded: rename it back to apply it again, or remove it")
         return True
@@ -346,16 +361,16 @@ class ImportInbox:
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
 
-    def status(self, aside: list[str]) -> dict[str, Any] | None:
+    def status(self, set_aside: list[str]) -> dict[str, Any] | None:
         """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
         the caller listed the folder just now, off the loop (MemorySystem.set_aside) (None: nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
-        if aside:
-            out.update(set_aside=aside, degraded=True,
-                       error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{aside[0]}")
+        if set_aside:
+            out.update(set_aside=set_aside, degraded=True,
+                       error=f"set aside after {MAX_ATTEMPTS} failed attempts: .os/state/{INBOX}/{set_aside[0]}")
         if self.failure is not None:
             out.update(failing=self.failing, error=self.failure,
-                       degraded=self.failing >= FAILED_ATTEMPTS_DEGRADED or bool(aside))
+                       degraded=self.failing >= FAILED_ATTEMPTS_DEGRADED or bool(set_aside))
         return out or None

@@ -37,7 +37,7 @@ from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
-from .import_inbox import GIVEN_UP, ImportInbox, inbox_files
+from .import_inbox import SET_ASIDE_ENDING, ImportInbox, inbox_files
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -77,7 +77,7 @@ class SetAside(NamedTuple):
 def list_set_aside(layout: Layout) -> SetAside:
     """The two folders listed (two directory reads: tens of microseconds on a healthy disk): on a thread."""
     return SetAside([p.name for p in set_aside_journals(layout.state_dir)],
-                    [p.name for p in inbox_files(layout, GIVEN_UP)])
+                    [p.name for p in inbox_files(layout, SET_ASIDE_ENDING)])
 
 
 class MemorySystem:
