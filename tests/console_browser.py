@@ -226,7 +226,8 @@ class Scenario:
 
     What breaks the run outside a test's checks fails every test that had not passed its last block, naming
     the error; an error after every test's last block (a server's stop, the browser's close) fails the test
-    that finished last. A `pytest.fail` in the run fails those tests with its message, a `pytest.skip` skips
+    that finished last (a test that failed its own checks fails with that failure, the break added to it as a
+    note). A `pytest.fail` in the run fails those tests with its message, a `pytest.skip` skips
     them; a KeyboardInterrupt or a cancellation goes on up. The run is given settings on a workspace in
     `folder` and their mock Bridge, its own: the tests take no server of their own. A module-scoped fixture
     holds it, and its tests share an `xdist_group`, so that one worker runs it once (spread over workers,
@@ -274,23 +275,34 @@ class Scenario:
             except BaseException as exc:  # an interrupt, a cancellation: not the tests', and on up
                 self._broken = exc
                 raise
+        broke = self._broke_for(name)
         if name in self._failed:
-            raise self._failed[name]
-        broken = self._broken
+            failure = self._failed[name]
+            if broke is not None:
+                failure.add_note(broke)
+            raise failure
+        if broke is not None:
+            raise pytest.fail.Exception(broke) from self._broken
         if name in self._finished:
-            if (broken is not None and not isinstance(broken, pytest.skip.Exception)
-                    and name == self._finished[-1] and set(self._finished) == set(self._blocks)):
-                raise pytest.fail.Exception(f"the run broke after the last checks of every test, this one's "
-                                            f"last: {_said(broken)}") from broken
             return
-        if isinstance(broken, pytest.skip.Exception):
-            pytest.skip(broken.msg)
-        if broken is not None:
-            raise pytest.fail.Exception(f"the run broke before the last checks of {name} "
-                                        f"(block {self._seen.get(name, 0)} of {self._blocks[name]} begun): "
-                                        f"{_said(broken)}") from broken
-        pytest.fail(f"the run never reached the last checks of {name} "
-                    f"(block {self._seen.get(name, 0)} of {self._blocks[name]} begun)")
+        if isinstance(self._broken, pytest.skip.Exception):
+            pytest.skip(self._broken.msg)
+        pytest.fail(f"the run never reached the last checks of {name} ({self._begun(name)})")
+
+    def _broke_for(self, name: str) -> str | None:
+        """What the run's break says of `name`: it cut the test short, or it came after every test's last
+        checks and `name`'s were the last to finish (a stop, a close: no test's, and failing one)."""
+        broken = self._broken
+        if broken is None or isinstance(broken, pytest.skip.Exception):
+            return None
+        if name not in self._finished:
+            return f"the run broke before the last checks of {name} ({self._begun(name)}): {_said(broken)}"
+        if name == self._finished[-1] and set(self._finished) == set(self._blocks):
+            return f"the run broke after the last checks of every test, this one's last: {_said(broken)}"
+        return None
+
+    def _begun(self, name: str) -> str:
+        return f"block {self._seen.get(name, 0)} of {self._blocks[name]} begun"
 
 
 def _said(exc: BaseException) -> str:
@@ -323,7 +335,10 @@ def on_one_server(parts: list[Part], folder: Path) -> Scenario:
     async def run(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
         async with running(settings) as server:
             runtime = server.runtime
-            idle = lambda: runtime.state == "idle" and runtime.queued == 0  # noqa: E731
+
+            def idle() -> bool:
+                return bool(runtime.state == "idle" and runtime.queued == 0)
+
             for n, (name, part) in enumerate(zip(names, parts, strict=True)):
                 last = n == len(parts) - 1
                 async with scenario.checks(name):

@@ -85,6 +85,21 @@ async def test_an_error_after_every_tests_last_checks_fails_the_test_that_finish
         "RuntimeError: the server's stop failed")
 
 
+async def test_a_test_that_failed_its_own_checks_names_the_break_after_them_too(tmp_path: Path) -> None:
+    async def run(scenario: Scenario) -> None:
+        await passing(scenario, "passed")
+        async with scenario.checks("failed"):
+            raise AssertionError("its own check")
+        raise RuntimeError("the browser's close failed")
+
+    scenario = shared(tmp_path, run, {"passed": 1, "failed": 1})
+    assert await outcome(scenario, "passed") == "passed"
+    with pytest.raises(AssertionError, match="its own check") as failure:
+        await scenario.verdict("failed")
+    assert failure.value.__notes__ == [
+        "the run broke after the last checks of every test, this one's last: RuntimeError: the browser's close failed"]
+
+
 async def test_a_skip_in_the_run_skips_the_tests_it_had_not_finished(tmp_path: Path) -> None:
     """It escaped the run and was the verdict of whichever test asked first, a test that had passed."""
     async def run(scenario: Scenario) -> None:
