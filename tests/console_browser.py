@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,51 +211,109 @@ async def _tasks() -> set[asyncio.Task[Any]]:
     return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
 
 
+# A failure of a test's own checks: an assertion, a timeout, a `pytest.fail`. `pytest.exit`, a skip and what
+# is not an Exception (KeyboardInterrupt, a cancellation) are no test's own: they go to the run.
+_CHECK_FAILURE = (Exception, pytest.fail.Exception)
+
+
 class Scenario:
     """One run whose parts several tests assert (a CLI's start, a server's, a restart paid once for them):
     made by the first of those tests to ask for its verdict, on the worker's loop, the others reading what
-    it found. Each test's checks run inside the run, at their place in it (`async with scenario.checks(name)`),
-    and what failed there is that test's failure, raised when it asks (`await scenario.verdict(name)`); a
-    failure outside every test's checks fails every test that had not passed yet, as does a run that never
-    reached a test's checks. The run is given settings on a workspace in `folder` and their mock Bridge, its
-    own: the tests take no server of their own. A module-scoped fixture holds it, and its tests share an
-    `xdist_group`, so that one worker runs it once (spread over workers, each would run it whole)."""
+    it found. `blocks` names the tests and how many blocks of checks each has in the run: each block runs
+    inside the run, at its place in it (`async with scenario.checks(name)`), and what failed there is that
+    test's failure, raised when it asks (`await scenario.verdict(name)`). A test passes once its last block
+    has passed, and every block before it; a block more than it has fails it.
 
-    def __init__(self, run: Callable[[Scenario, Settings, MockBridge], Awaitable[None]], folder: Path) -> None:
-        self._run, self._folder = run, folder
-        self._found: dict[str, BaseException | None] | None = None
+    What breaks the run outside a test's checks fails every test that had not passed its last block, naming
+    the error; an error after every test's last block (a server's stop, the browser's close) fails the test
+    that finished last (a test that failed its own checks fails with that failure, the break added to it as a
+    note). A `pytest.fail` in the run fails those tests with its message, a `pytest.skip` skips
+    them; a KeyboardInterrupt or a cancellation goes on up. The run is given settings on a workspace in
+    `folder` and their mock Bridge, its own: the tests take no server of their own. A module-scoped fixture
+    holds it, and its tests share an `xdist_group`, so that one worker runs it once (spread over workers,
+    each would run it whole)."""
+
+    def __init__(self, run: Callable[[Scenario, Settings, MockBridge], Awaitable[None]], folder: Path,
+                 blocks: Mapping[str, int]) -> None:
+        self._run, self._folder, self._blocks = run, folder, dict(blocks)
+        self._ran = False
+        self._seen: dict[str, int] = {}  # blocks begun, by test
+        self._failed: dict[str, BaseException] = {}  # a test's first failure
+        self._finished: list[str] = []  # the tests whose last block ran, in the run's order
         self._broken: BaseException | None = None
 
     @asynccontextmanager
     async def checks(self, name: str) -> AsyncIterator[None]:
-        assert self._found is not None
+        if name not in self._blocks:
+            raise KeyError(f"{name!r} is none of the scenario's tests: {', '.join(self._blocks)}")
+        n = self._seen[name] = self._seen.get(name, 0) + 1
+        if n > self._blocks[name]:
+            self._failed.setdefault(name, AssertionError(
+                f"the run has a block {n} of checks for {name}, which has {self._blocks[name]}"))
         try:
             yield
-        except Exception as exc:  # kept for the test it belongs to; the run goes on
-            if self._found.get(name) is None:  # a test's checks in several places: its first failure
-                self._found[name] = exc
-        else:
-            self._found.setdefault(name, None)
+        except pytest.exit.Exception:
+            raise
+        except _CHECK_FAILURE as exc:  # kept for the test it belongs to; the run goes on
+            self._failed.setdefault(name, exc)
+        if n == self._blocks[name]:
+            self._finished.append(name)
 
     async def verdict(self, name: str) -> None:
         """What `name`'s checks found; the run made first if it was not."""
-        if self._found is None:
-            self._found = {}
+        if name not in self._blocks:
+            pytest.fail(f"{name!r} is none of the scenario's tests: {', '.join(self._blocks)}")
+        if not self._ran:
+            self._ran = True
             try:
                 async with MockBridge() as bridge:
                     await self._run(self, make_settings(self._folder / "workspace", bridge.url), bridge)
-            except Exception as exc:  # every test not yet passed fails with it
+            except pytest.exit.Exception:
+                raise
+            except (*_CHECK_FAILURE, pytest.skip.Exception) as exc:
                 self._broken = exc
-        found = self._found.get(name)
-        if found is not None:
-            raise found
-        if name not in self._found:
-            if self._broken is not None:
-                raise self._broken
-            pytest.fail(f"the scenario never reached the checks of {name}")
+            except BaseException as exc:  # an interrupt, a cancellation: not the tests', and on up
+                self._broken = exc
+                raise
+        broke = self._broke_for(name)
+        if name in self._failed:
+            failure = self._failed[name]
+            if broke is not None:
+                failure.add_note(broke)
+            raise failure
+        if broke is not None:
+            raise pytest.fail.Exception(broke) from self._broken
+        if name in self._finished:
+            return
+        if isinstance(self._broken, pytest.skip.Exception):
+            pytest.skip(self._broken.msg)
+        pytest.fail(f"the run never reached the last checks of {name} ({self._begun(name)})")
+
+    def _broke_for(self, name: str) -> str | None:
+        """What the run's break says of `name`: it cut the test short, or it came after every test's last
+        checks and `name`'s were the last to finish (a stop, a close: no test's, and failing one)."""
+        broken = self._broken
+        if broken is None or isinstance(broken, pytest.skip.Exception):
+            return None
+        if name not in self._finished:
+            return f"the run broke before the last checks of {name} ({self._begun(name)}): {_said(broken)}"
+        if name == self._finished[-1] and set(self._finished) == set(self._blocks):
+            return f"the run broke after the last checks of every test, this one's last: {_said(broken)}"
+        return None
+
+    def _begun(self, name: str) -> str:
+        return f"block {self._seen.get(name, 0)} of {self._blocks[name]} begun"
+
+
+def _said(exc: BaseException) -> str:
+    """An error as a failure names it: a `pytest.fail`'s message, or the error's type and words."""
+    if isinstance(exc, pytest.fail.Exception):
+        return str(exc.msg)
+    return f"{type(exc).__name__}: {exc}"
 
 
 Part = Callable[[SpriteOS, MockBridge], Awaitable[None]]
+IDLE_WAIT = 30.0  # s: for the server to be idle after a part, and again once what it left is interrupted
 
 
 def part_name(part: Part) -> str:
@@ -265,21 +323,42 @@ def part_name(part: Part) -> str:
     return part.__name__  # type: ignore[attr-defined]
 
 
-def in_turn(parts: list[Part], folder: Path) -> Scenario:
+def on_one_server(parts: list[Part], folder: Path) -> Scenario:
     """Tests that each need a server and its CLI but no restart, run one after another on one server (its
-    CLI started once): each part with pages of its own, closed at its end, and its own words (a page shows
-    the session's earlier turns too). A part's failure is its test's; a part but the last must leave the
-    server idle, nothing queued, for the next (waited for: an answer is shown before its turn ends)."""
+    CLI started once): each part with pages of its own, closed at its end, and its own
+    words (a page shows the session's earlier turns too). A part's failure is its test's. A part but the
+    last must leave the server idle, nothing queued, for the next (waited for, in its checks: an answer is
+    shown before its turn ends): one that does not fails for it, and what it left running is interrupted,
+    so that the next part starts on an idle server all the same."""
+    names = [part_name(part) for part in parts]
+
     async def run(scenario: Scenario, settings: Settings, bridge: MockBridge) -> None:
         async with running(settings) as server:
-            for n, part in enumerate(parts):
-                if n:
-                    await wait_for(lambda: server.runtime.state == "idle" and server.runtime.queued == 0, timeout=30,
-                                   what="the server idle after a part")
-                async with scenario.checks(part_name(part)):
-                    await part(server, bridge)
+            runtime = server.runtime
 
-    return Scenario(run, folder)
+            def idle() -> bool:
+                return bool(runtime.state == "idle" and runtime.queued == 0)
+
+            for n, (name, part) in enumerate(zip(names, parts, strict=True)):
+                last = n == len(parts) - 1
+                async with scenario.checks(name):
+                    await part(server, bridge)
+                    if not last:
+                        await wait_for(idle, timeout=IDLE_WAIT,
+                                       what=f"the server idle after the part {name} (no turn running, none queued)")
+                if not last and not idle():
+                    await wait_for(functools.partial(_interrupted, runtime), timeout=IDLE_WAIT, interval=0.2,
+                                   what=f"the server idle once the turns the part {name} left were interrupted")
+
+    return Scenario(run, folder, dict.fromkeys(names, 1))
+
+
+async def _interrupted(runtime: Any) -> bool:
+    """Whether the runtime is idle, nothing queued; its running turn interrupted if not (each queued one's next)."""
+    if runtime.state == "idle" and runtime.queued == 0:
+        return True
+    await runtime.interrupt()
+    return False
 
 
 @dataclass

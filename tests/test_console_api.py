@@ -17,7 +17,7 @@ from sprite_os.console import memory_frames as pm
 from sprite_os.console.memory_api import MemoryConsole
 from sprite_os.database import read_only
 from sprite_os.memory import import_inbox
-from sprite_os.memory.curation.rebuild import _before
+from sprite_os.memory.curation.rebuild import read_before
 from sprite_os.memory.forget.learnings import forget_again, forgotten_keys
 from sprite_os.memory.memory_store import MemoryDB, NewLearning
 from sprite_os.memory.recall.searcher import RecallHit
@@ -369,7 +369,7 @@ async def test_forgetting_survives_a_rebuild_and_the_same_text_learned_again(sys
                        file_updates={}, base_hashes={})
     assert forget_again(fresh, keys) == 1
     assert fresh.learnings_since(0) == []
-    assert _before(layout.memory_db.with_name("missing.db"), None) == ([], {})
+    assert read_before(layout.memory_db.with_name("missing.db"), None) == ([], {})
 
 
 # ---------------------------------------------------------------- the daemon and the boot prompt

@@ -27,8 +27,8 @@ from tests.console_browser import (
     Scenario,
     Tab,
     chromium,
-    in_turn,
     intercepted,
+    on_one_server,
     open_tab,
     part_name,
     signed_in,
@@ -810,7 +810,7 @@ async def a_tab_whose_storage_is_denied_chats_on_keeping_nothing(server: SpriteO
         tab.assert_clean()
 
 
-# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
+# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `on_one_server`).
 ON_ONE_SERVER = [
     a_request_of_any_view_in_flight_at_sign_out_says_nothing_to_the_next_person,  # first: its turn the only one shown
     a_message_that_may_not_have_reached_the_agent_is_checked_again_after_a_reload,
@@ -827,7 +827,7 @@ ON_ONE_SERVER = [
 
 @pytest.fixture(scope="module")
 def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
+    return on_one_server(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
 
 
 @pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker

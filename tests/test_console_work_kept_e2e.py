@@ -33,8 +33,8 @@ from tests.console_browser import (
     Scenario,
     Tab,
     chromium,
-    in_turn,
     install_templates,
+    on_one_server,
     open_tab,
     part_name,
     refused,
@@ -220,7 +220,7 @@ async def restarted_twice(scenario: Scenario, settings: Settings, bridge: MockBr
 
 @pytest.fixture(scope="module")
 def restarts(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return Scenario(restarted_twice, tmp_path_factory.mktemp("restarts"))
+    return Scenario(restarted_twice, tmp_path_factory.mktemp("restarts"), {"kept": 2, "second restart": 3})
 
 
 @pytest.mark.xdist_group("console-restarted-twice")  # one run: on one worker
@@ -568,7 +568,7 @@ async def taken_unheard(scenario: Scenario, settings: Settings, bridge: MockBrid
 
 @pytest.fixture(scope="module")
 def taken(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return Scenario(taken_unheard, tmp_path_factory.mktemp("taken"))
+    return Scenario(taken_unheard, tmp_path_factory.mktemp("taken"), {**dict.fromkeys(TAKEN, 1), "cut short": 1})
 
 
 @pytest.mark.xdist_group("console-taken-unheard")  # one run: on one worker
@@ -637,7 +637,7 @@ async def taken_not_completed(scenario: Scenario, settings: Settings, bridge: Mo
 
 @pytest.fixture(scope="module")
 def not_completed(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return Scenario(taken_not_completed, tmp_path_factory.mktemp("not-completed"))
+    return Scenario(taken_not_completed, tmp_path_factory.mktemp("not-completed"), dict.fromkeys(NOT_COMPLETED, 1))
 
 
 @pytest.mark.xdist_group("console-taken-not-completed")  # one run: on one worker
@@ -778,7 +778,7 @@ async def a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
     link = Droppable()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
-        asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `in_turn`)
+        asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `on_one_server`)
         await tab.send("First, the slow one")
         await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)
         await tab.send("Second, waiting through the gap")  # its own words: the parts share a session
@@ -859,7 +859,7 @@ async def one_waiting(tab: Tab, bridge: MockBridge, server: Restartable | None =
     With `server` (a test that stops it next), once that server holds it queued: the page marks it
     waiting as it sends, and a stop begun before the frame landed answered it "the Sprite is stopping"."""
     bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
-    asked = len(bridge.agent_requests())  # a server's earlier turns (tests/console_browser.py's `in_turn`)
+    asked = len(bridge.agent_requests())  # a server's earlier turns (tests/console_browser.py's `on_one_server`)
     await tab.send("First, the slow one")
     await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)  # out to the model, and held there
     await tab.send(text)
@@ -1305,7 +1305,7 @@ async def a_message_the_server_took_unheard_is_never_called_not_sent_on_the_resu
         tab = await signed_in(browser, server.port, route=link.route)
         if where == "waiting":
             bridge.faults.add(Fault("latency", seconds=60, target="agent", times=1))
-            asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `in_turn`)
+            asked = len(bridge.agent_requests())  # the server's earlier parts' (tests/console_browser.py's `on_one_server`)
             await tab.send("First, the slow one")
             await bridge.wait_for(lambda b: len(b.agent_requests()) > asked)
         link.lose_in = True
@@ -1409,7 +1409,7 @@ def lengthened(page_side: WebSocketRoute) -> None:
     page_side.on_message(to_server)
 
 
-# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `in_turn`).
+# The tests above that need a server and its CLI but no restart, on one server (tests/console_browser.py's `on_one_server`).
 ON_ONE_SERVER = [
     a_message_waiting_behind_a_turn_is_kept_through_a_reload,  # first: no one else's first turn
     a_message_sent_while_the_link_was_dead_is_shown_once_after_a_reload,
@@ -1425,7 +1425,7 @@ ON_ONE_SERVER = [
 
 @pytest.fixture(scope="module")
 def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return in_turn(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
+    return on_one_server(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
 
 
 @pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker

@@ -23,7 +23,7 @@ from sprite_os.memory.capture.health import JOURNAL_NAME, advice, set_aside_jour
 from sprite_os.memory.capture.journal import journal_path, recover
 from sprite_os.memory.capture.pipeline import Capture
 from sprite_os.memory.capture.spill import read_status
-from sprite_os.memory.system import HEALTH_WAIT, MemorySystem
+from sprite_os.memory.system import HEALTH_WAIT, MemorySystem, list_set_aside
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
 from tests.test_recall import lexical
@@ -58,8 +58,9 @@ class Started:
         return set_aside_journals(self.layout.state_dir)
 
     def status(self) -> dict[str, Any]:
-        """Capture's status with the folder listed now, as MemorySystem.status lists it (on its thread)."""
-        return self.capture.status([p.name for p in self.set_aside()])
+        """Capture's status with the folder listed now by the product's own listing, MemorySystem.status's
+        (which it runs on a thread)."""
+        return self.capture.status(list_set_aside(self.layout).journals)
 
 
 @pytest.fixture

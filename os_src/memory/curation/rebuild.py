@@ -105,8 +105,8 @@ def _read_before(path: Path, set_aside: bool) -> tuple[list[list[int]], dict[str
         return [json.loads(r[0]) for r in rows], forgotten_keys(conn)
 
 
-def _before(memory_db: Path, unfinished: Path | None, *,
-            unreadable_ok: bool = False) -> tuple[list[list[int]], dict[str, float]]:
+def read_before(memory_db: Path, unfinished: Path | None, *,
+                unreadable_ok: bool = False) -> tuple[list[list[int]], dict[str, float]]:
     """The earlier batches' turn groupings (the set-aside copy's, after an unfinished rebuild: it is the
     whole record) and what a person forgot, which stays forgotten (the rebuild forgets it again after
     each batch), from memory.db and the copy an unfinished rebuild set aside. One rule for a file that is
@@ -206,7 +206,7 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
         # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
         # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
-        previous, forgotten = _before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
+        previous, forgotten = read_before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
         backup = _set_aside(layout.memory_db, mark=unfinished is None, unreadable_ok=forgotten_unreadable_ok)
         files = MemoryFiles(layout)
         for name in CURATED:

@@ -42,6 +42,11 @@ class Rarity:
         self._held = 0  # characters of the texts in `_counted`
         self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
+    @property
+    def kept_chars(self) -> int:
+        """The characters of the texts whose counts are kept between searches (at most COUNTED_CHARS)."""
+        return sum(map(len, self._counted))
+
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
         searcher = self.index.searcher()
