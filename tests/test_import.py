@@ -458,6 +458,34 @@ def _gone_pid() -> int:
 
 
 @pytest.mark.usefixtures("workspace_env")
+def test_a_server_start_that_lands_in_a_probes_instant_takes_the_lock_and_a_refusal_names_the_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting import takes the lock for an instant to see that it is free; a server's
+    start had one try and was refused ("lock held") if it landed then. It tries for about a second."""
+    from sprite_os.commands import main as commands
+    from sprite_os.errors import LockHeld
+    from sprite_os.isolation import probe
+
+    class Reached(Exception):
+        pass
+
+    def resolve(*_: object) -> None:
+        raise Reached  # past the lock: the start goes on
+
+    monkeypatch.setattr(probe, "resolve", resolve)
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    prober = WriterLock(settings.layout.memory_lock, WriterLock.IMPORT)
+    prober.acquire()
+    threading.Timer(0.2, prober.release).start()  # the probe's instant (longer here)
+    with pytest.raises(Reached):
+        commands._serve(settings)
+    with WriterLock(settings.layout.memory_lock, WriterLock.IMPORT), pytest.raises(LockHeld) as refused:
+        commands._serve(settings)
+    assert f"held by `sprite-os memory import` (pid {os.getpid()})" in str(refused.value)
+
+
+@pytest.mark.usefixtures("workspace_env")
 def test_an_import_queued_behind_another_import_waits_for_it_then_records_its_turns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """An import that found another import applying the inbox was told after 15 s that "a process that takes

@@ -163,7 +163,7 @@ class Progress:
 _TAKE_OVER = -1  # _through_writer: the lock is free after another import, and this file not applied
 
 
-def _named(h: Holder | None) -> str:
+def named(h: Holder | None) -> str:
     if h is None or h.role is None:
         return "a process that did not say what it is"
     return f"the server (pid {h.pid})" if h.role == WriterLock.SERVER else f"`sprite-os {h.role}` (pid {h.pid})"
@@ -198,18 +198,18 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         if holder.role == WriterLock.IMPORT:  # it applies the inbox: this file, or else this command after it
             if said is None or waited - said >= TAKE_WAIT:
                 said = waited
-                _say(f"another import, {_named(holder)}, holds the workspace's memory: waiting for it to finish "
+                _say(f"another import, {named(holder)}, holds the workspace's memory: waiting for it to finish "
                      f"({waited:.0f} s so far); these turns are recorded by it or right after it")
         elif waited > TAKE_WAIT:
             why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
                 else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
-            print(f"the workspace's memory is held by {_named(holder)}, {why}: they wait in {inbox} and are "
+            print(f"the workspace's memory is held by {named(holder)}, {why}: they wait in {inbox} and are "
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
         holder = lock.holder_checked()
         last = holder or last
-    who = _named(last) if last is not None and last.role is not None else "the server"
+    who = named(last) if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")
     seen, advanced, error = (p.applied, p.at), time.monotonic(), None
     set_aside = inbox.with_name(inbox.name + SET_ASIDE_SUFFIX)
