@@ -566,6 +566,29 @@ def test_an_import_behind_a_rebuild_says_so_and_leaves_its_turns_queued(
 
 
 @pytest.mark.usefixtures("workspace_env")
+def test_an_import_that_waited_behind_another_gives_a_server_that_wins_the_lock_its_own_take_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The take-wait counted from the command's start: after a long wait behind another import, a server that
+    won the lock was told at its first look that it "has not taken the turns", and the file left for a next
+    start (exit 3) while the server, still starting, was about to take it. It counts from the new holder."""
+    from sprite_os.commands import memory_import
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.6)
+    with _importing_while_held(settings, tmp_path, WriterLock.IMPORT) as (path, _holder, command, result):
+        time.sleep(1.0)  # past TAKE_WAIT behind the other import
+        # The other import lets go and a server wins the lock at once (its note, in the same held lock).
+        Path(settings.layout.memory_lock).write_text(f"{os.getpid()} {WriterLock.SERVER}\n")
+        time.sleep(0.3)  # the server still starting: within its TAKE_WAIT
+        assert command.is_alive() and not result
+        import_inbox.finish(path, import_inbox.Progress(path.name, 3, applied=3, added=3))  # it takes them
+        command.join(20)
+        assert result == [0]
+    assert "imported when the server next starts" not in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("workspace_env")
 @pytest.mark.parametrize("server", ["gone", "stuck"])
 def test_an_import_through_a_server_gives_up_when_the_server_is_gone_or_records_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], server: str) -> None:

@@ -187,6 +187,7 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
 
     started, show, said = time.monotonic(), Progress(), None
     holder = last = lock.holder_checked()
+    since = started  # when this holder was first seen: a server that wins the lock after another import has TAKE_WAIT
     while (p := read_progress(inbox)) is None:
         if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
             if read_progress(inbox) is not None:
@@ -200,14 +201,15 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
                 said = waited
                 _say(f"another import, {named(holder)}, holds the workspace's memory: waiting for it to finish "
                      f"({waited:.0f} s so far); these turns are recorded by it or right after it")
-        elif waited > TAKE_WAIT:
+        elif time.monotonic() - since > TAKE_WAIT:
             why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
                 else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
             print(f"the workspace's memory is held by {named(holder)}, {why}: they wait in {inbox} and are "
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
-        holder = lock.holder_checked()
+        if (holder := lock.holder_checked()) != last:
+            since = time.monotonic()
         last = holder or last
     who = named(last) if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")
