@@ -111,7 +111,6 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     from ..memory.import_inbox import (
         DONE,
         apply_file,
-        importer_waits,
         inbox_files,
         progress_path,
         read_progress,
@@ -125,10 +124,10 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     layout = settings.layout
     transcript, mine, show = TranscriptDB(layout.transcript_db), read_progress(inbox), Progress()
     try:
+        # Another file's done report is its waiting CLI's to remove, never this one's (whether that CLI lives
+        # is not known here: its pid may be another pid namespace's); the server's start sweeps an old one.
         for path in inbox_files(layout):
             done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
-            if path == inbox or not importer_waits(path):  # ours is said below; another's is its waiting CLI's
-                progress_path(path, DONE).unlink(missing_ok=True)
             mine = done if path == inbox else mine
         memory = MemoryDB(layout.memory_db)
         try:
@@ -141,8 +140,11 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
             memory.close()
     finally:
         transcript.close()
-    assert mine is not None and mine.done  # another import that held the lock applied it, if not this one
     progress_path(inbox, DONE).unlink(missing_ok=True)
+    if mine is None or not mine.done:  # applied by another writer, and its report of it gone (an older version's)
+        print(f"these turns were recorded by another writer that held the workspace's memory, which left no "
+              f"report of how many were new ({len(sessions)} sessions, {bad} bad lines); searchable now.")
+        return
     print(_summary(mine.added, mine.already, len(sessions), bad) + "; searchable now. The server embeds them "
           "from its next start, newest first (`memory status` shows how many wait).")
 
