@@ -250,6 +250,7 @@ class ImportInbox:
         self.failing: int = 0  # attempts failed in a row
         self.failure: str | None = None  # the last one's error, until an attempt succeeds
         self._retries: dict[str, _Retries] = {}  # by file name: those whose last attempt failed
+        self._set_aside_at: dict[str, float] = {}  # the files this task set aside (their names now), and when
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -333,6 +334,7 @@ class ImportInbox:
             log.warning("import_set_aside_failed", file=path.name, error=repr(exc)[:300])
             return False
         del self._retries[path.name]
+        self._set_aside_at[set_aside.name] = time.time()
         p = retries.tally.progress if retries.tally is not None else Progress(path.name, 0)
         p.error, p.at, p.done = self.failure, time.time(), False
         await self._report(path, p)
@@ -358,6 +360,14 @@ class ImportInbox:
         p = tally.progress
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
+
+    def set_aside_files(self, listed: list[str], listed_at: float | None) -> list[str]:
+        """The files set aside: as a listing of the folder begun at `listed_at` found them, and those this
+        task set aside since it began (a listing that hangs, or fails, would not show them; one begun after
+        is believed: the operator may have renamed a file back)."""
+        self._set_aside_at = {name: at for name, at in self._set_aside_at.items()
+                              if listed_at is None or at >= listed_at}
+        return sorted({*listed, *self._set_aside_at})
 
     def status(self, set_aside: list[str]) -> dict[str, Any] | None:
         """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
