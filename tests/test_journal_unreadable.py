@@ -4,12 +4,13 @@ turns the person was told were done (closed while transcript.db was busy, then a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,98 @@ async def test_healthz_and_memory_status_see_a_set_aside_journal_as_it_is_now(st
     later.write_bytes(DAMAGED)
     assert started.status()["journals_set_aside"] == [later.name] and started.status()["degraded"]
     later.unlink()
+
+
+@contextlib.contextmanager
+def _listing_hangs(layout: Layout, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The disk under .os/state hangs for the block: listing the two folders waits (up to 3 s)."""
+    hang = threading.Event()
+    watched = {str(layout.state_dir), str(import_inbox.inbox_dir(layout))}
+
+    def hanging(real: Callable[..., Any]) -> Callable[..., Any]:
+        def listing(path: Any = ".") -> Any:
+            if str(path) in watched:
+                hang.wait(3)
+            return real(path)
+        return listing
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "scandir", hanging(os.scandir))
+        m.setattr(os, "listdir", hanging(os.listdir))
+        try:
+            yield
+        finally:
+            hang.set()
+
+
+async def test_healthz_knows_what_is_set_aside_from_the_start_and_what_the_inbox_set_aside_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last listing began empty and the start never listed: on a disk slow enough that /healthz's first
+    listing took more than HEALTH_WAIT, it said `ok` after a start that had set a file aside. And a file the
+    inbox set aside while a listing hung was known to nothing (its own failure cleared at the next pass)."""
+    settings = lexical(tmp_path)
+    layout = settings.layout
+    layout.ensure()
+    inbox = import_inbox.inbox_dir(layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    before = inbox / (import_inbox.inbox_name(1, 1) + import_inbox.SET_ASIDE_ENDING)
+    before.write_text("")
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        with _listing_hangs(layout, monkeypatch):
+            health = await system.health()
+            assert health["recall"]["import"]["set_aside"] == [before.name] and health["degraded"]
+            assert health["set_aside_listed_at"] is not None and health["set_aside_listing_error"] is None
+            now = inbox / (import_inbox.inbox_name(1, 2) + import_inbox.SUFFIX)
+            now.write_text("")
+            retries = system.imports._retries.setdefault(now.name, import_inbox._Retries())  # its attempts failed
+            assert await system.imports._set_aside(now, retries)
+            health = await system.health()
+            assert health["recall"]["import"]["set_aside"] == sorted([before.name, now.name + import_inbox.SET_ASIDE_SUFFIX])
+        before.unlink()  # the operator dealt with both
+        (inbox / (now.name + import_inbox.SET_ASIDE_SUFFIX)).unlink()
+        for _ in range(300):
+            if (health := await system.health())["recall"]["import"] is None:
+                break
+            await asyncio.sleep(0.01)
+        assert health["recall"]["import"] is None and not health["degraded"]  # a listing begun since is believed
+    finally:
+        await system.stop()
+
+
+async def test_healthz_is_degraded_while_what_is_set_aside_is_not_known(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing that failed, or hung, kept the last one shown forever, and nothing said how old it was."""
+    from sprite_os.memory import system as system_module
+
+    settings = lexical(tmp_path)
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        health = await system.health()
+        assert not health["degraded"] and time.time() - health["set_aside_listed_at"] < 10
+        monkeypatch.setattr(system_module, "SET_ASIDE_STALE", 0.0)
+        with _listing_hangs(settings.layout, monkeypatch):
+            await asyncio.sleep(0.01)
+            health = await system.health()  # the last listing, older than the bound
+            assert health["degraded"] and health["set_aside_listing_error"] is None
+        monkeypatch.undo()
+
+        def unreadable(*_: Any) -> Any:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(system_module, "list_set_aside", unreadable)
+        for _ in range(300):  # once the hung listing is over: the next one fails
+            if (health := await system.health())["set_aside_listing_error"] is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert health["degraded"] and "Input/output error" in health["set_aside_listing_error"]
+        monkeypatch.undo()
+        health = await system.health()
+        assert not health["degraded"] and health["set_aside_listing_error"] is None
+    finally:
+        await system.stop()
 
 
 async def test_healthz_lists_what_is_set_aside_off_the_loop_and_as_it_is_now(

@@ -530,3 +530,31 @@ async def test_a_turn_forgotten_while_its_commit_is_held_back_does_not_come_back
     doc_freq = await system.recall.index.call(lambda i: (i.index.reload(), i.index.searcher().doc_freq("text", "zanzibar"))[1])
     hits = await system.search("Zanzibar safe code", 10)
     assert doc_freq == 0 and not any("zanzibar" in h.snippet.lower() for h in hits), (doc_freq, hits)
+
+
+def test_a_forget_after_a_searchs_weighing_read_its_rows_is_honoured_by_its_results(tmp_path: Path) -> None:
+    """A search reads memory.db's rows (and whether each is forgotten) once, for its weighing, before it waits
+    for the query's embedding and the scan; hydration reused them, so a forget acknowledged in that wait no
+    longer stopped the search: the forgotten learning, or turn, was shown (and auto-recall sent it on)."""
+    from sprite_os.memory.recall.hits import Rows, memory_texts, shown
+    from sprite_os.memory.recall.ranking import Candidate
+
+    memory = MemoryDB(tmp_path / "m.db")
+    try:
+        ep.add(memory.conn, [ep.Episode(1, "s1", 1, T0, "We adopted a dog called Biscuit"),
+                             ep.Episode(2, "s1", 2, T0 + 1, "Biscuit the dog loves the beach")])
+        memory.commit_batch(trigger="t", observation_ids=[], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+                            learnings=[NewLearning("FACT", "The user has a dog called Biscuit")], file_updates={},
+                            base_hashes={})
+        (learning,) = [r for (r,) in memory.conn.execute("SELECT id FROM learnings")]
+        ranked = [Candidate("episode", 1, 1.0, T0), Candidate("episode", 2, 0.9, T0 + 1),
+                  Candidate("learning", learning, 0.8, T0)]
+        assert len(shown(memory.conn, ranked, ["Biscuit"])) == 3
+        rows = Rows(memory.conn)
+        memory_texts(rows, ranked)  # the weighing's read
+        set_forgotten(memory, learning, True, time.time())  # acknowledged while the search waits
+        memory.conn.execute("UPDATE episodes SET text = '' WHERE id = 1")  # a turn forgotten as purge does
+        memory.conn.commit()
+        assert [(h.kind, h.id) for h in shown(rows, ranked, ["Biscuit"])] == [("episode", 2)]
+    finally:
+        memory.close()

@@ -72,10 +72,12 @@ def test_the_counts_kept_hold_at_most_so_much_text(tmp_path: Path, monkeypatch: 
     writer = RecallIndex(tmp_path / "index", writable=True)
     writer.put(learning_doc(i, AT, f"filler words here {i}") for i in range(300))
     writer.commit()
-    monkeypatch.setattr(rarity, "COUNTED_CHARS", 300)
+    monkeypatch.setattr(rarity, "COUNTED_BYTES", 3000)
     kept = Rarity(writer)
-    texts = [f"filler quokka number {i} " * 5 for i in range(20)]
-    for _ in range(2):
-        assert kept.counts(texts) == Rarity(writer).counts(texts)
-        assert 0 < kept.kept_chars <= 300
+    # Bytes, not characters: a text outside Latin-1 takes 2 or 4 bytes a character (and each entry its slot).
+    for texts in ([f"filler quokka number {i} " * 5 for i in range(20)],
+                  [f"filler quokka number {i} 😀 " * 5 for i in range(20)]):
+        for _ in range(2):
+            assert kept.counts(texts) == Rarity(writer).counts(texts)
+            assert 0 < kept.kept_bytes <= 3000
     writer.close()

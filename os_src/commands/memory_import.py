@@ -111,7 +111,6 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     from ..memory.import_inbox import (
         DONE,
         apply_file,
-        importer_waits,
         inbox_files,
         progress_path,
         read_progress,
@@ -125,10 +124,10 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
     layout = settings.layout
     transcript, mine, show = TranscriptDB(layout.transcript_db), read_progress(inbox), Progress()
     try:
+        # Another file's done report is its waiting CLI's to remove, never this one's (whether that CLI lives
+        # is not known here: its pid may be another pid namespace's); the server's start sweeps an old one.
         for path in inbox_files(layout):
             done = apply_file(transcript, path, lambda p: show("recorded", p.applied, p.turns))
-            if path == inbox or not importer_waits(path):  # ours is said below; another's is its waiting CLI's
-                progress_path(path, DONE).unlink(missing_ok=True)
             mine = done if path == inbox else mine
         memory = MemoryDB(layout.memory_db)
         try:
@@ -141,8 +140,11 @@ def _apply_here(settings: Settings, inbox: Path, sessions: set[str], bad: int) -
             memory.close()
     finally:
         transcript.close()
-    assert mine is not None and mine.done  # another import that held the lock applied it, if not this one
     progress_path(inbox, DONE).unlink(missing_ok=True)
+    if mine is None or not mine.done:  # applied by another writer, and its report of it gone (an older version's)
+        print(f"these turns were recorded by another writer that held the workspace's memory, which left no "
+              f"report of how many were new ({len(sessions)} sessions, {bad} bad lines); searchable now.")
+        return
     print(_summary(mine.added, mine.already, len(sessions), bad) + "; searchable now. The server embeds them "
           "from its next start, newest first (`memory status` shows how many wait).")
 
@@ -163,7 +165,7 @@ class Progress:
 _TAKE_OVER = -1  # _through_writer: the lock is free after another import, and this file not applied
 
 
-def _named(h: Holder | None) -> str:
+def named(h: Holder | None) -> str:
     if h is None or h.role is None:
         return "a process that did not say what it is"
     return f"the server (pid {h.pid})" if h.role == WriterLock.SERVER else f"`sprite-os {h.role}` (pid {h.pid})"
@@ -187,6 +189,7 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
 
     started, show, said = time.monotonic(), Progress(), None
     holder = last = lock.holder_checked()
+    since = started  # when this holder was first seen: a server that wins the lock after another import has TAKE_WAIT
     while (p := read_progress(inbox)) is None:
         if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
             if read_progress(inbox) is not None:
@@ -198,18 +201,19 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         if holder.role == WriterLock.IMPORT:  # it applies the inbox: this file, or else this command after it
             if said is None or waited - said >= TAKE_WAIT:
                 said = waited
-                _say(f"another import, {_named(holder)}, holds the workspace's memory: waiting for it to finish "
+                _say(f"another import, {named(holder)}, holds the workspace's memory: waiting for it to finish "
                      f"({waited:.0f} s so far); these turns are recorded by it or right after it")
-        elif waited > TAKE_WAIT:
+        elif time.monotonic() - since > TAKE_WAIT:
             why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
                 else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
-            print(f"the workspace's memory is held by {_named(holder)}, {why}: they wait in {inbox} and are "
+            print(f"the workspace's memory is held by {named(holder)}, {why}: they wait in {inbox} and are "
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
-        holder = lock.holder_checked()
+        if (holder := lock.holder_checked()) != last:
+            since = time.monotonic()
         last = holder or last
-    who = _named(last) if last is not None and last.role is not None else "the server"
+    who = named(last) if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")
     seen, advanced, error = (p.applied, p.at), time.monotonic(), None
     set_aside = inbox.with_name(inbox.name + SET_ASIDE_SUFFIX)

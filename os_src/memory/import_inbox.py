@@ -14,7 +14,7 @@ and the writer applies it:
 A writer killed mid-file applies it again from the start at its next start: a turn's identity
 makes the second pass add only what the first did not. A CLI killed while it wrote its file leaves
 `.<name>.partial`, never handed over: the server's start removes it once no live CLI can own it
-(`sweep_partials`).
+(`sweep_partials`), as it removes a `<name>.done.json` a day old (its waiting CLI, which removes it, gone).
 
 A failed attempt (a full disk, a turn transcript.db refuses) is made again after the one backoff
 policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns it reported applied
@@ -63,7 +63,6 @@ SET_ASIDE_ENDING = SUFFIX + SET_ASIDE_SUFFIX  # a file set aside, the writer giv
 # lock, then renames it `<name>.jsonl`.
 _NAME = r"\d{8}T\d{6}-(?P<pid>\d+)-\d{6}"
 PARTIAL = re.compile(rf"^\.{_NAME}\.partial$")
-WRITTEN = re.compile(rf"^{_NAME}{re.escape(SUFFIX)}")
 
 
 def inbox_name(pid: int | None = None, n: int | None = None) -> str:
@@ -78,9 +77,13 @@ def partial_name(name: str) -> str:
     """The name an inbox file has while `write` writes it (PARTIAL reads it)."""
     return f".{name}.partial"
 
+
 # A `.partial` unwritten this long, whose writer's pid is no process here, is a killed CLI's: swept at the
 # server's start. A live CLI writes it without a pause (a regular file, read through, fsync'd, renamed).
 PARTIAL_STALE = 3600.0
+# A done report is its waiting CLI's to remove (no writer removes another's: its pid may be another namespace's);
+# one older than this, whose CLI is long gone, is swept at the server's start.
+DONE_STALE = 86400.0
 
 
 class Progress(msgspec.Struct):
@@ -134,27 +137,22 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
-def importer_waits(path: Path) -> bool:
-    """Whether the `memory import` that wrote the inbox file `path` may still wait for its report: the
-    pid in its name is a live process, and not this one."""
-    m = WRITTEN.match(path.name)
-    return m is not None and int(m["pid"]) != os.getpid() and alive(int(m["pid"]))
-
-
 def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
     """Remove the `.partial` files that a `memory import` killed before its rename left: never handed
     over, so no writer applies them, and nothing else ever removes them. Only one that no live CLI can
     own: its writer's pid (in its name) is no process here, and nothing has written it for PARTIAL_STALE
     seconds (a pid from another pid namespace means nothing here; a live writer never pauses that long).
     A CLI that wakes after its file was swept fails its rename and says so: nothing is lost unsaid.
-    Returns what it removed."""
+    And the done reports DONE_STALE old: their waiting CLIs, which remove them, are gone. Returns what it removed."""
     now = time.time() if now is None else now
     removed = []
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for entry in os.scandir(inbox_dir(layout)):
-            if (m := PARTIAL.match(entry.name)) is None or not entry.is_file(follow_symlinks=False):
+            done = entry.name.endswith(DONE)  # a report no waiting CLI took (it was killed, or in another namespace)
+            if ((m := PARTIAL.match(entry.name)) is None and not done) or not entry.is_file(follow_symlinks=False):
                 continue
-            if now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not alive(int(m["pid"])):
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            if age > DONE_STALE if done else m is not None and age > PARTIAL_STALE and not alive(int(m["pid"])):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))
@@ -252,6 +250,7 @@ class ImportInbox:
         self.failing: int = 0  # attempts failed in a row
         self.failure: str | None = None  # the last one's error, until an attempt succeeds
         self._retries: dict[str, _Retries] = {}  # by file name: those whose last attempt failed
+        self._set_aside_at: dict[str, float] = {}  # the files this task set aside (their names now), and when
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -335,6 +334,7 @@ class ImportInbox:
             log.warning("import_set_aside_failed", file=path.name, error=repr(exc)[:300])
             return False
         del self._retries[path.name]
+        self._set_aside_at[set_aside.name] = time.time()
         p = retries.tally.progress if retries.tally is not None else Progress(path.name, 0)
         p.error, p.at, p.done = self.failure, time.time(), False
         await self._report(path, p)
@@ -360,6 +360,14 @@ class ImportInbox:
         p = tally.progress
         await asyncio.to_thread(finish, path, p)
         log.info("import_applied", file=path.name, turns=p.applied, added=p.added, already=p.already)
+
+    def set_aside_files(self, listed: list[str], listed_at: float | None) -> list[str]:
+        """The files set aside: as a listing of the folder begun at `listed_at` found them, and those this
+        task set aside since it began (a listing that hangs, or fails, would not show them; one begun after
+        is believed: the operator may have renamed a file back)."""
+        self._set_aside_at = {name: at for name, at in self._set_aside_at.items()
+                              if listed_at is None or at >= listed_at}
+        return sorted({*listed, *self._set_aside_at})
 
     def status(self, set_aside: list[str]) -> dict[str, Any] | None:
         """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as

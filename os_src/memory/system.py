@@ -54,6 +54,9 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
+# A set-aside listing older than this (the disk hangs, or every listing since failed) makes memory degraded:
+# what it shows may no longer be so, a file set aside since unseen.
+SET_ASIDE_STALE = 30.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 # ...and for the listing of what is set aside (a hung disk holds a directory read): then the last listing stands
 FORGET_DRAIN_BUDGET = 5.0  # a forget waits this long, at most, for the turns still being written
@@ -72,6 +75,8 @@ class SetAside(NamedTuple):
 
     journals: list[str]
     imports: list[str]
+    listed_at: float | None = None  # when the listing began (wall clock; None: no listing has come back)
+    error: str | None = None  # the last listing's failure: the one shown is older
 
 
 def list_set_aside(layout: Layout) -> SetAside:
@@ -123,6 +128,7 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
+        self._listing_error: str | None = None  # the last listing's failure, until one succeeds
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
@@ -137,6 +143,7 @@ class MemorySystem:
             log.warning("forgets_resumed", forgets=resumed)
         self.imports.start()  # what `memory import` hands over, applied through transcript.db's thread
         await self.daemon.start()
+        await self._list()  # what /healthz shows of what is set aside (a journal this start set aside) from now
         await self._count()  # what /healthz shows until it is counted again (at its first call)
         self._fresh_until = -1e18
         log.info("memory_started", **self._counts, batch_turns=self.settings.memory_batch_turns,
@@ -326,20 +333,28 @@ class MemorySystem:
         """What waits for the operator, listed now on a thread, never on the loop (a hung disk holds a
         directory read, and the loop serves every client). A listing under way when this is called is
         shared, not started again; one that takes more than HEALTH_WAIT (or fails) leaves the last one
-        standing, and goes on: its result is the next caller's."""
+        standing, and goes on: its result is the next caller's. It says when it began (`listed_at`) and
+        whether the last listing failed (`error`); the import files the inbox set aside after it began are
+        added (the inbox remembers them)."""
         if self._listing is None:
             self._listing, self._slow_said = asyncio.create_task(self._list(), name="memory-set-aside-listing"), False
-        with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
-        if not self._slow_said:  # once a listing: every /healthz meanwhile shows the last one
-            self._slow_said = True
-            log.warning("set_aside_listing_slow", waited_s=HEALTH_WAIT, detail="the last listing is shown")
-        return self._listed
+        try:
+            listed = await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
+        except TimeoutError:
+            if not self._slow_said:  # once a listing: every /healthz meanwhile shows the last one
+                self._slow_said = True
+                log.warning("set_aside_listing_slow", waited_s=HEALTH_WAIT, detail="the last listing is shown")
+            listed = self._listed
+        return listed._replace(imports=self.imports.set_aside_files(listed.imports, listed.listed_at),
+                               error=self._listing_error)
 
     async def _list(self) -> SetAside:
+        began = time.time()
         try:
-            self._listed = await asyncio.to_thread(list_set_aside, self.settings.layout)
-        except OSError as exc:  # an unreadable folder: the last listing stands
+            listed = await asyncio.to_thread(list_set_aside, self.settings.layout)
+            self._listed, self._listing_error = listed._replace(listed_at=began), None
+        except OSError as exc:  # an unreadable folder: the last listing stands, and the failure is said
+            self._listing_error = repr(exc)[:300]
             log_expected(log, "set_aside_listing_failed", exc)
         finally:
             self._listing = None
@@ -350,14 +365,17 @@ class MemorySystem:
         hooks', recall's, and what is set aside (set_aside(): two folders listed on a thread). `degraded`:
         the curator has failed three calls in a row, or capture is (its writes failing or stalled, or a
         turn not saved yet, or a turn journal set aside), or the import inbox is (its attempts failing:
-        import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside)."""
+        import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside), or what is set aside is not known: the
+        listing shown is older than SET_ASIDE_STALE, or the last one failed."""
         aside = await self.set_aside()
         daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
             self.imports.status(aside.imports)
-        degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded"))
+        unknown = aside.error is not None or aside.listed_at is None or time.time() - aside.listed_at > SET_ASIDE_STALE
+        degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown)
         return {**daemon, "degraded": degraded,
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
-                "recall": {**self.recall.status(), "import": imports}}
+                "recall": {**self.recall.status(), "import": imports},
+                "set_aside_listed_at": aside.listed_at, "set_aside_listing_error": aside.error}
 
     async def health(self) -> dict[str, Any]:
         """status(), with the turns' counts and the day's budget: counted at most once a second, and

@@ -157,7 +157,9 @@ def _place_of(out: Sequence[Found], found: Sequence[Found], f: Found) -> int:
 class Rows:
     """What memory.db holds of the memories one search looks at, each row read once: the words that
     weigh them (`memory_texts`) and what hydration shows (`shown`) are read from the same rows. One
-    search's, never kept longer: a forget between two searches is seen by the next."""
+    search's, never kept longer: a forget between two searches is seen by the next. A forget during the
+    search, after its weighing read a row (the search then waits for the query's embedding and the scan),
+    is seen by hydration: `recheck` asks memory.db again, in one indexed query, which of them are forgotten."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -170,6 +172,21 @@ class Rows:
             got = ep.get(self.conn, missing)
             self._episodes.update((i, got.get(i)) for i in missing)
         return {i: e for i in ids if (e := self._episodes[i]) is not None}
+
+    def recheck(self) -> None:
+        """Forget what was forgotten since its row was read: a turn's text emptied, a learning marked."""
+        episodes = [i for i, e in self._episodes.items() if e is not None and e.text]
+        learnings = [i for i, row in self._learnings.items() if row is not None and not row[1]]
+        if not episodes and not learnings:
+            return
+        for kind, i in self.conn.execute(
+                f"SELECT 0, id FROM episodes WHERE id IN ({marks(episodes)}) AND text = '' UNION ALL "
+                f"SELECT 1, id FROM learnings WHERE id IN ({marks(learnings)}) AND forgotten_at IS NOT NULL",
+                [*episodes, *learnings]):
+            if kind and (row := self._learnings[i]) is not None:
+                self._learnings[i] = (row[0], True)
+            elif not kind:
+                self._episodes[i] = None  # gone from what hydration shows, as a forgotten turn is
 
     def learnings(self, ids: Sequence[int], forgotten: bool = False) -> dict[int, Found]:
         """The learnings among `ids` memory.db holds, as memories (their candidate a placeholder), the
@@ -235,6 +252,7 @@ def shown(conn: sqlite3.Connection | Rows, ranked: Sequence[Candidate], words: S
     """The ranked memories as hits, after the three rules (`said`: as drop_echoes); read through a
     search's `Rows`, if given."""
     rows = conn if isinstance(conn, Rows) else Rows(conn)
+    rows.recheck()  # a forget since the weighing read its rows
     found = read(rows, ranked)
     found = below_corrections(fold_sources(drop_echoes(found, words, said)), _corrections_of(rows, found))
     was = corrections.replaced_learnings(rows.conn, [f.candidate.id for f in found if f.type == "CORRECTION"

@@ -12,6 +12,7 @@ frequencies, stemmed as the index stems them. Measured on the dialogue benchmark
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import tantivy
@@ -22,7 +23,10 @@ RARE_IDF = 5.0  # a word is rare when at most 1 in e^5 (~150) memories have it
 WEIGHT = 0.4  # each rare word adds this much to a memory's score, in proportion
 MOST = 6  # rare words counted, at most
 CACHE = 50_000  # document frequencies kept between searches (cleared when the index changes)
-COUNTED_CHARS = 4_000_000  # memories' counts kept between searches, by their text: at most this much text
+# Memories' counts kept between searches, by their text: at most this many bytes, each text's own size
+# (sys.getsizeof: 1 to 4 bytes a character, as the text needs, and its header) and ENTRY_BYTES for its slot.
+COUNTED_BYTES = 4_000_000
+ENTRY_BYTES = 64  # an entry's dict slot and index, about
 
 
 def prior(rare: int) -> float:
@@ -39,13 +43,13 @@ class Rarity:
         self._seen: set[str] = set()  # words whose document frequency was read from `_of`
         self._rare: set[str] = set()  # those of them that are rare
         self._counted: dict[str, int] = {}  # each text's count, while `_of` is the index's searcher
-        self._held = 0  # characters of the texts in `_counted`
+        self._held = 0  # bytes that `_counted` holds, as COUNTED_BYTES counts them
         self._of: tantivy.Searcher | None = None  # the index's searcher then (a new one when it changes)
 
     @property
-    def kept_chars(self) -> int:
-        """The characters of the texts whose counts are kept between searches (at most COUNTED_CHARS)."""
-        return sum(map(len, self._counted))
+    def kept_bytes(self) -> int:
+        """The bytes the counts kept between searches hold, as COUNTED_BYTES counts them (at most that)."""
+        return sum(sys.getsizeof(text) + ENTRY_BYTES for text in self._counted)
 
     def held(self, words: Sequence[str]) -> bool:
         """Does any memory hold one of `words` (as the index stems them)?"""
@@ -72,8 +76,9 @@ class Rarity:
                 self._seen.add(word)
                 if searcher.doc_freq("text", word) <= most:
                     self._rare.add(word)
-            if self._held + len(text) > COUNTED_CHARS:
+            size = sys.getsizeof(text) + ENTRY_BYTES
+            if self._held + size > COUNTED_BYTES:
                 self._counted, self._held = {}, 0
-            self._held += len(text)
+            self._held += size
             out.append(self._counted.setdefault(text, len(words & self._rare)))
         return out
