@@ -84,7 +84,7 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
     """The rebuild read that copy read-only, which makes a -wal and a -shm beside a database in WAL
     mode, then removed them: an operator's sqlite3 reading the copy at that moment lost its files.
     Read as immutable, nothing is made beside the copy, and nothing there is removed."""
-    from sprite_os.memory.curation.rebuild import UNFINISHED, _before
+    from sprite_os.memory.curation.rebuild import UNFINISHED, read_before
     from sprite_os.memory.memory_store import MemoryDB, NewLearning
 
     monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
@@ -99,7 +99,7 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
     MemoryDB(memory_db).close()
     beside = [Path(f"{original}{suffix}") for suffix in ("-wal", "-shm")]
     assert not any(p.exists() for p in beside)
-    groups, forgotten = _before(memory_db, original)
+    groups, forgotten = read_before(memory_db, original)
     assert groups == [[1, 2]] and list(forgotten.values()) == [5.0]
     assert not any(p.exists() for p in beside), "a read of the copy left files beside it"
 

@@ -327,7 +327,7 @@ async def test_a_crash_after_a_late_edit_still_runs_the_batch_again(kit: Kit,
 
 
 def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -> None:
-    from sprite_os.memory.curation.rebuild import _before
+    from sprite_os.memory.curation.rebuild import read_before
 
     m = MemoryDB(tmp_path / "memory.db")
     m.record_failed_batch(trigger="batch", observation_ids=[1, 2, 3], model="m", error="overloaded")
@@ -338,7 +338,7 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
                           cost_usd=0, learnings=[], file_updates={}, base_hashes={})
     m.set_batch_status(done.id, "done")
     m.close()
-    assert _before(tmp_path / "memory.db", None) == ([[1, 2]], {})
+    assert read_before(tmp_path / "memory.db", None) == ([[1, 2]], {})
 
 
 def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
@@ -364,7 +364,7 @@ def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
 
     monkeypatch.setattr(module, "read_only", counted)
     monkeypatch.setattr(learnings, "read_only", counted, raising=False)
-    groups, forgotten = module._before(path, None)
+    groups, forgotten = module.read_before(path, None)
     assert groups == [[1]] and list(forgotten.values()) == [1000.0]
     assert opened == [path]
 
@@ -567,7 +567,7 @@ async def test_a_rebuild_refused_at_its_checkpoint_names_the_way_on_too(
 
     settings = await _rebuilt_once(tmp_path, bridge, embedding_model="off")
     path = settings.layout.memory_db
-    monkeypatch.setattr(module, "_before", lambda *a, **k: ([], {}))  # read before the header went bad
+    monkeypatch.setattr(module, "read_before", lambda *a, **k: ([], {}))  # read before the header went bad
     with path.open("r+b") as f:
         f.write(b"\x00not a database\x00" * 6)
     monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))
