@@ -252,9 +252,11 @@ async def client(server: SpriteOS) -> AsyncIterator[Connect]:
 # CI runs as root on a fresh machine: these create the agent's user (as bootstrap/deploy.py does) and
 # a workspace the agent's user can reach. Without root they skip, saying why.
 #
-# The run's users are its own (a start on a deployed workspace kills every process of its agent's
-# user: two checkouts testing at once must not share one), and go at its end with whatever else it
-# changed on the host (devkit/host.py). SPRITE_TEST_AGENT_USER names the agent's user instead.
+# Each worker's users are its own (`sprite-t<worker pid>`, its deploy user `…-d`): a start on a deployed
+# workspace kills every process of its agent's user, so no two workers or checkouts share one. They go at
+# the run's end, the last worker out removing them, with whatever else it changed on the host
+# (devkit/host.py). SPRITE_TEST_AGENT_USER names one user for every worker instead, and then its tests
+# run one at a time in the `host` group.
 
 AGENT_USER = os.environ.get("SPRITE_TEST_AGENT_USER") or f"sprite-t{os.getpid()}"
 DEPLOY_USER = f"{AGENT_USER[:30]}-d"  # the deploy tests' (devkit.deploy_support.base_env passes it)
