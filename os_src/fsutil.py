@@ -189,16 +189,23 @@ def append_whole(fd: int, data: bytes, size: int, sync: Callable[[int], None] | 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
 
 
+def sweep_files(directory: Path, doomed: Callable[[os.DirEntry[str]], object]) -> list[Path]:
+    """Remove the regular files in `directory` that `doomed(entry)` picks. One it cannot look at or remove
+    (gone already, a removal refused) stays, unraised: tidying never stops the work that called it.
+    Returns what it removed."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False) and doomed(entry):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 def sweep_temp_files(directory: Path, owned: Callable[[str], object]) -> list[Path]:
     """Remove what an interrupted `atomic_write` left in `directory` (a kill -9 between its temp
     file and its rename): the temp files of the names `owned(name)` accepts, nothing else. Call it
     only while holding the lock that makes this process those files' one writer. Returns what it
     removed."""
-    removed = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(directory):
-            if (m := _TEMP.match(entry.name)) and owned(m["name"]) and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-                    removed.append(Path(entry.path))
-    return removed
+    return sweep_files(directory, lambda entry: (m := _TEMP.match(entry.name)) and owned(m["name"]))

@@ -361,6 +361,44 @@ async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tm
 
 
 @pytest.mark.usefixtures("workspace_env")
+async def test_a_file_the_sweep_may_not_remove_never_stops_the_inbox_applying(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inbox's sweep let through only a file already gone: a removal refused (EACCES, a read-only
+    mount) failed every pass of the inbox before it applied anything, so no import was applied again."""
+    import errno
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.01, 0.01))
+    inbox = import_inbox.inbox_dir(settings.layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    stuck = inbox / import_inbox.partial_name(import_inbox.inbox_name(_gone_pid(), 1))
+    stuck.write_text('{"session": "s"}\n')
+    old = time.time() - import_inbox.PARTIAL_STALE - 60
+    os.utime(stuck, (old, old))
+    real_unlink = os.unlink
+
+    def unlink(path: str, *args: object, **kwargs: object) -> None:
+        if os.fspath(path) == str(stuck):
+            raise PermissionError(errno.EACCES, "Permission denied", str(stuck))
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    queued, _ = import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES[:1]])[0])
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        for _ in range(300):
+            if not queued.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert not queued.exists() and stuck.exists()
+    finally:
+        await system.stop()
+
+
+@pytest.mark.usefixtures("workspace_env")
 async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a full disk the report of a failed import failed as well, from inside the `except`: it ended
@@ -549,7 +587,7 @@ def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_repor
     # Both kept for their waiting commands: a pid that is no process here may be one in another pid namespace.
     assert left == sorted(import_inbox.progress_path(p, import_inbox.DONE).name for p in (theirs, gone))
     day = time.time() + import_inbox.DONE_STALE + 1  # a day on, the server's start sweeps them
-    assert {p.name for p in import_inbox.sweep_partials(settings.layout, now=day)} == set(left)
+    assert {p.name for p in import_inbox.sweep_inbox(settings.layout, now=day)} == set(left)
 
 
 @pytest.mark.usefixtures("workspace_env")
