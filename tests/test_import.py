@@ -523,6 +523,34 @@ def test_a_server_start_that_lands_in_a_probes_instant_takes_the_lock_and_a_refu
     assert f"held by `sprite-os memory import` (pid {os.getpid()})" in str(refused.value)
 
 
+def test_every_taker_outwaits_a_probes_instant_a_refusal_names_the_holder_and_a_probe_tries_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the server's start tried the lock for a second: `memory rebuild`, `migrate-v1` and a memory system's
+    start that landed in a waiting import's instant take (nobody_holds) were refused. acquire() tries for the
+    bound and, refused, names the holder; the probe itself tries once, never standing in a taker's way longer."""
+    from sprite_os import fsutil
+    from sprite_os.errors import LockHeld
+
+    path = tmp_path / "memory.lock"
+    other = WriterLock(path, WriterLock.IMPORT)
+    other.acquire()
+    threading.Timer(0.05, other.release).start()  # a probe's instant (longer here), well within the bound
+    with WriterLock(path, WriterLock.REBUILD) as taker:
+        assert taker.held
+    monkeypatch.setattr(fsutil, "LOCK_TRIES", 10)  # 0.2 s
+    with WriterLock(path, WriterLock.IMPORT):
+        started = time.monotonic()
+        with pytest.raises(LockHeld) as refused:
+            WriterLock(path, WriterLock.MIGRATE).acquire()
+        assert time.monotonic() - started >= 9 * fsutil.LOCK_TRY  # it tried again before it gave up
+        assert f"held by `sprite-os memory import` (pid {os.getpid()})" in str(refused.value)
+        monkeypatch.setattr(fsutil, "LOCK_TRY", 1.0)  # a probe that tried again would take 9 s
+        monkeypatch.setattr(WriterLock, "_flocked_by", lambda _: None)  # an overlay: /proc/locks shows nobody
+        started = time.monotonic()
+        assert not WriterLock(path, WriterLock.IMPORT).nobody_holds()
+        assert time.monotonic() - started < 1.0
+
+
 @pytest.mark.usefixtures("workspace_env")
 def test_an_import_queued_behind_another_import_waits_for_it_then_records_its_turns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
