@@ -875,7 +875,7 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
             server.server_close()
     out = capsys.readouterr().out
     assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
-    who = f"{'the server' if named else 'a process that named nobody'} (pid {os.getpid()}) holds the workspace"
+    who = f"{'the server' if named else 'a process that did not say what it is'} (pid {os.getpid()}) holds the workspace"
     failing = f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}"
     if answers == "holder":
         assert failing in out
