@@ -376,8 +376,9 @@ class ImportInbox:
         return sorted({*listed, *self._set_aside_at})
 
     def status(self, set_aside: list[str]) -> dict[str, Any] | None:
-        """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
-        the caller listed the folder just now, off the loop (MemorySystem.set_aside) (None: nothing to say)."""
+        """The file being applied, the failure while attempts fail, and the files given up on, `set_aside`: as
+        the caller's last listing of the folder, off the loop, found them, with those this inbox set aside since
+        (MemorySystem.set_aside; the listing may be older when one is slow or fails) (None: nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}
