@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,6 +46,17 @@ class Holder(NamedTuple):
     pid: int | None
     role: str | None
 
+    def describe(self) -> str:
+        """Who it is, in the words every command uses: "the server (pid 12)", "`sprite-os memory import` (pid 12)"."""
+        if self.role is None:
+            return "a process that did not say what it is" + (f" (pid {self.pid})" if self.pid is not None else "")
+        return f"the server (pid {self.pid})" if self.role == WriterLock.SERVER else f"`sprite-os {self.role}` (pid {self.pid})"
+
+
+# acquire()'s tries at a held lock, LOCK_TRY seconds apart: about 1 s.
+LOCK_TRIES = 50
+LOCK_TRY = 0.02
+
 
 class WriterLock:
     """A non-blocking flock on one file, held for as long as the holder runs (the server), or for
@@ -64,22 +76,33 @@ class WriterLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> None:
-        """Take the lock (LockHeld if another process holds it), and write its note. Taking it again changes nothing."""
+    def acquire(self, wait: bool = True) -> None:
+        """Take the lock and write its note; taking it again changes nothing. Held by another process, it is
+        tried again for about a second (LOCK_TRIES, LOCK_TRY apart; once only with `wait` False): a waiting
+        `memory import` takes it for an instant to see whether it is free (nobody_holds, when /proc/locks shows
+        no holder), and a taker that lands in that instant is not refused. Still held: LockHeld, naming the holder."""
         if self._fd is not None:
             return
-        fd = self._take()
+        try:
+            fd = self._take(LOCK_TRIES if wait else 1)
+        except LockHeld as exc:
+            raise LockHeld(f"{exc}, held by {(self.holder() or Holder(None, None)).describe()}") from None
         with contextlib.suppress(OSError):  # a full disk: the lock holds all the same, its holder unnamed
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
 
-    def _take(self) -> int:
+    def _take(self, tries: int = 1) -> int:
+        """The flock, tried `tries` times LOCK_TRY apart; LockHeld if the last try finds it held."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LockHeld(f"another process holds this workspace (a running server, or a memory command): lock {self.path}") from None
+        for left in range(tries - 1, -1, -1):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not left:
+                    os.close(fd)
+                    raise LockHeld(f"another process holds this workspace (a running server, or a memory command): lock {self.path}") from None
+            time.sleep(LOCK_TRY)
         self._fd = fd
         return fd
 
@@ -189,16 +212,23 @@ def append_whole(fd: int, data: bytes, size: int, sync: Callable[[int], None] | 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
 
 
+def sweep_files(directory: Path, doomed: Callable[[os.DirEntry[str]], object]) -> list[Path]:
+    """Remove the regular files in `directory` that `doomed(entry)` picks. One it cannot look at or remove
+    (gone already, a removal refused) stays, unraised: tidying never stops the work that called it.
+    Returns what it removed."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False) and doomed(entry):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 def sweep_temp_files(directory: Path, owned: Callable[[str], object]) -> list[Path]:
     """Remove what an interrupted `atomic_write` left in `directory` (a kill -9 between its temp
     file and its rename): the temp files of the names `owned(name)` accepts, nothing else. Call it
     only while holding the lock that makes this process those files' one writer. Returns what it
     removed."""
-    removed = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(directory):
-            if (m := _TEMP.match(entry.name)) and owned(m["name"]) and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-                    removed.append(Path(entry.path))
-    return removed
+    return sweep_files(directory, lambda entry: (m := _TEMP.match(entry.name)) and owned(m["name"]))

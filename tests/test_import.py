@@ -361,6 +361,44 @@ async def test_the_server_sweeps_a_partial_only_a_killed_import_can_have_left(tm
 
 
 @pytest.mark.usefixtures("workspace_env")
+async def test_a_file_the_sweep_may_not_remove_never_stops_the_inbox_applying(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inbox's sweep let through only a file already gone: a removal refused (EACCES, a read-only
+    mount) failed every pass of the inbox before it applied anything, so no import was applied again."""
+    import errno
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    monkeypatch.setattr(import_inbox, "INBOX_POLL", 0.01)
+    monkeypatch.setattr(import_inbox, "IMPORT_RETRY", Backoff(0.01, 0.01))
+    inbox = import_inbox.inbox_dir(settings.layout)
+    inbox.mkdir(parents=True, exist_ok=True)
+    stuck = inbox / import_inbox.partial_name(import_inbox.inbox_name(_gone_pid(), 1))
+    stuck.write_text('{"session": "s"}\n')
+    old = time.time() - import_inbox.PARTIAL_STALE - 60
+    os.utime(stuck, (old, old))
+    real_unlink = os.unlink
+
+    def unlink(path: str, *args: object, **kwargs: object) -> None:
+        if os.fspath(path) == str(stuck):
+            raise PermissionError(errno.EACCES, "Permission denied", str(stuck))
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    queued, _ = import_inbox.write(settings.layout, turns_of([json.dumps(x) for x in LINES[:1]])[0])
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        for _ in range(300):
+            if not queued.exists():
+                break
+            await asyncio.sleep(0.01)
+        assert not queued.exists() and stuck.exists()
+    finally:
+        await system.stop()
+
+
+@pytest.mark.usefixtures("workspace_env")
 async def test_the_inbox_outlives_a_failure_whose_report_fails_too_and_healthz_says_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a full disk the report of a failed import failed as well, from inside the `except`: it ended
@@ -485,6 +523,34 @@ def test_a_server_start_that_lands_in_a_probes_instant_takes_the_lock_and_a_refu
     assert f"held by `sprite-os memory import` (pid {os.getpid()})" in str(refused.value)
 
 
+def test_every_taker_outwaits_a_probes_instant_a_refusal_names_the_holder_and_a_probe_tries_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the server's start tried the lock for a second: `memory rebuild`, `migrate-v1` and a memory system's
+    start that landed in a waiting import's instant take (nobody_holds) were refused. acquire() tries for the
+    bound and, refused, names the holder; the probe itself tries once, never standing in a taker's way longer."""
+    from sprite_os import fsutil
+    from sprite_os.errors import LockHeld
+
+    path = tmp_path / "memory.lock"
+    other = WriterLock(path, WriterLock.IMPORT)
+    other.acquire()
+    threading.Timer(0.05, other.release).start()  # a probe's instant (longer here), well within the bound
+    with WriterLock(path, WriterLock.REBUILD) as taker:
+        assert taker.held
+    monkeypatch.setattr(fsutil, "LOCK_TRIES", 10)  # 0.2 s
+    with WriterLock(path, WriterLock.IMPORT):
+        started = time.monotonic()
+        with pytest.raises(LockHeld) as refused:
+            WriterLock(path, WriterLock.MIGRATE).acquire()
+        assert time.monotonic() - started >= 9 * fsutil.LOCK_TRY  # it tried again before it gave up
+        assert f"held by `sprite-os memory import` (pid {os.getpid()})" in str(refused.value)
+        monkeypatch.setattr(fsutil, "LOCK_TRY", 1.0)  # a probe that tried again would take 9 s
+        monkeypatch.setattr(WriterLock, "_flocked_by", lambda _: None)  # an overlay: /proc/locks shows nobody
+        started = time.monotonic()
+        assert not WriterLock(path, WriterLock.IMPORT).nobody_holds()
+        assert time.monotonic() - started < 1.0
+
+
 @pytest.mark.usefixtures("workspace_env")
 def test_an_import_queued_behind_another_import_waits_for_it_then_records_its_turns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -549,7 +615,7 @@ def test_an_import_that_applies_another_waiting_imports_file_leaves_it_its_repor
     # Both kept for their waiting commands: a pid that is no process here may be one in another pid namespace.
     assert left == sorted(import_inbox.progress_path(p, import_inbox.DONE).name for p in (theirs, gone))
     day = time.time() + import_inbox.DONE_STALE + 1  # a day on, the server's start sweeps them
-    assert {p.name for p in import_inbox.sweep_partials(settings.layout, now=day)} == set(left)
+    assert {p.name for p in import_inbox.sweep_inbox(settings.layout, now=day)} == set(left)
 
 
 @pytest.mark.usefixtures("workspace_env")
@@ -809,7 +875,7 @@ def test_memory_status_asks_the_server_about_an_import_whose_failure_it_could_no
             server.server_close()
     out = capsys.readouterr().out
     assert f"{path.name}: 3 turns, waiting for the workspace's writer" in out
-    who = f"{'the server' if named else 'a process that named nobody'} (pid {os.getpid()}) holds the workspace"
+    who = f"{'the server' if named else 'a process that did not say what it is'} (pid {os.getpid()}) holds the workspace"
     failing = f"FAILING, as the server says (3 attempts in a row; its report could not be written): {error}"
     if answers == "holder":
         assert failing in out

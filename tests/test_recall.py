@@ -555,6 +555,7 @@ def test_a_forget_after_a_searchs_weighing_read_its_rows_is_honoured_by_its_resu
         set_forgotten(memory, learning, True, time.time())  # acknowledged while the search waits
         memory.conn.execute("UPDATE episodes SET text = '' WHERE id = 1")  # a turn forgotten as purge does
         memory.conn.commit()
+        rows.recheck()  # the search's, before it hydrates
         assert [(h.kind, h.id) for h in shown(rows, ranked, ["Biscuit"])] == [("episode", 2)]
     finally:
         memory.close()

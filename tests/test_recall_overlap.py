@@ -173,3 +173,29 @@ def test_a_message_that_asks_nothing_of_memory_hydrates_no_hit(tmp_path: Path,
     assert "thanks, that works" not in hydrated and "ok" not in hydrated  # the gate said no: nothing read
     assert {m for m, sent in zip(messages, after, strict=True) if sent} <= set(hydrated)
     searcher.close()
+
+
+def test_a_search_asks_memory_db_about_a_forget_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The re-check for a forget since the weighing ran in each hydration: twice a search with a floor, the
+    same query over the same rows."""
+    from sprite_os.memory.recall import hits as hits_module
+    from sprite_os.memory.recall import searcher as searcher_module
+
+    searcher, _, _ = dense_searcher(tmp_path, TURNS)
+    rechecks: list[object] = []
+    hydrations: list[object] = []
+    recheck, shown = hits_module.Rows.recheck, searcher_module.shown
+
+    def counted_recheck(rows: hits_module.Rows) -> None:
+        rechecks.append(rows)
+        recheck(rows)
+
+    def counted_shown(*args: Any) -> Any:
+        hydrations.append(args[0])
+        return shown(*args)
+
+    monkeypatch.setattr(hits_module.Rows, "recheck", counted_recheck)
+    monkeypatch.setattr(searcher_module, "shown", counted_shown)
+    assert searcher.search(QUERIES[0], T0 + 3_600, 5)
+    assert len(hydrations) == 2 and len(rechecks) == 1  # the ranked list and the floor's, one re-check
+    searcher.close()

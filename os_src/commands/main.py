@@ -27,17 +27,12 @@ import argparse
 import contextlib
 import gc
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..config import Settings, load_settings
 from ..errors import SpriteOSError
-
-if TYPE_CHECKING:
-    from ..fsutil import WriterLock
 
 COMMANDS = ("serve", "chat", "memory", "service", "migrate-v1", "install-templates", "version")
 
@@ -141,7 +136,7 @@ def _serve(settings: Settings) -> int:
 
     settings.layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
     lock = WriterLock(settings.layout.memory_lock, WriterLock.SERVER)
-    _take(lock)  # first: LockHeld when another server runs here
+    lock.acquire()  # first: LockHeld when another server runs here
     try:
         isolation = resolve(settings.layout, settings.isolation, settings.agent_user)  # ConfigError
         with _no_collection():
@@ -149,27 +144,6 @@ def _serve(settings: Settings) -> int:
         return serve_main(settings, lock, isolation)
     finally:
         lock.release()
-
-
-LOCK_TRIES = 50  # a start's tries at the writer lock, LOCK_TRY apart: about 1 s
-LOCK_TRY = 0.02
-
-
-def _take(lock: WriterLock) -> None:
-    """Take the writer lock, trying for about a second: a waiting `memory import` takes it for an instant
-    to see whether it is free (WriterLock.nobody_holds, when /proc/locks shows no holder), and a start that
-    lands in that instant is not refused. Refused, it names the holder."""
-    from ..errors import LockHeld
-    from .memory_import import named
-
-    for _ in range(LOCK_TRIES - 1):
-        with contextlib.suppress(LockHeld):
-            return lock.acquire()
-        time.sleep(LOCK_TRY)
-    try:
-        lock.acquire()
-    except LockHeld as exc:
-        raise LockHeld(f"{exc}, held by {named(lock.holder())}") from None
 
 
 @contextlib.contextmanager

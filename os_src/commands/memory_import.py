@@ -37,7 +37,7 @@ from typing import TextIO
 
 from ..config import Settings
 from ..errors import LockHeld, UsageError
-from ..fsutil import Holder, WriterLock
+from ..fsutil import WriterLock
 
 TAKE_WAIT = 15.0  # seconds a lock holder has to take the file before it is left queued
 WAIT_POLL = 0.2  # how often the command looks at the writer's progress
@@ -88,7 +88,7 @@ def import_main(settings: Settings, path: Path) -> int:
     lock = WriterLock(layout.memory_lock, WriterLock.IMPORT)
     while True:
         try:
-            lock.acquire()
+            lock.acquire(wait=False)  # held: _through_writer waits, and says for whom
         except LockHeld:
             code = _through_writer(inbox, found.sessions, len(found.bad), lock)
             if code == _TAKE_OVER:  # the other import is over and left this file: this one applies it
@@ -165,12 +165,6 @@ class Progress:
 _TAKE_OVER = -1  # _through_writer: the lock is free after another import, and this file not applied
 
 
-def named(h: Holder | None) -> str:
-    if h is None or h.role is None:
-        return "a process that did not say what it is"
-    return f"the server (pid {h.pid})" if h.role == WriterLock.SERVER else f"`sprite-os {h.role}` (pid {h.pid})"
-
-
 def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock) -> int:
     """The lock is held: by the server, which takes the file, by another import, which applies it if it
     was queued before it looked and is waited for meanwhile, or by something that takes no imports. Returns
@@ -201,19 +195,19 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         if holder.role == WriterLock.IMPORT:  # it applies the inbox: this file, or else this command after it
             if said is None or waited - said >= TAKE_WAIT:
                 said = waited
-                _say(f"another import, {named(holder)}, holds the workspace's memory: waiting for it to finish "
+                _say(f"another import, {holder.describe()}, holds the workspace's memory: waiting for it to finish "
                      f"({waited:.0f} s so far); these turns are recorded by it or right after it")
         elif time.monotonic() - since > TAKE_WAIT:
             why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
                 else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
-            print(f"the workspace's memory is held by {named(holder)}, {why}: they wait in {inbox} and are "
+            print(f"the workspace's memory is held by {holder.describe()}, {why}: they wait in {inbox} and are "
                   "imported when the server next starts")
             return 3
         time.sleep(WAIT_POLL)
         if (holder := lock.holder_checked()) != last:
             since = time.monotonic()
         last = holder or last
-    who = named(last) if last is not None and last.role is not None else "the server"
+    who = last.describe() if last is not None and last.role is not None else "the server"
     _say(f"{who} is recording the turns")
     seen, advanced, error = (p.applied, p.at), time.monotonic(), None
     set_aside = inbox.with_name(inbox.name + SET_ASIDE_SUFFIX)

@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any
 
-from ..fsutil import free_bytes
+from ..fsutil import Holder, free_bytes
 from ..memory.capture.health import advice, is_damaged
 from ..memory.import_inbox import (
     INBOX,
@@ -209,7 +209,7 @@ def print_recall(r: dict[str, Any]) -> None:
               + (f"; failing: {i['error']}" if i["error"] else ""))
     if (server := r.get("server_import")) is not None:
         said, holder = server["import"] or {}, server["holder"]
-        who = f"{'the server' if holder['role'] else 'a process that named nobody'} (pid {holder['pid']})"
+        who = Holder(**holder).describe()
         unseen = "an attempt that failed without its report written (a full disk) is not shown above"
         if server["answered_by"] is not None and not server["answered"]:
             print(f"  import           {who} holds the workspace, but the server on port {server['port']} is "

@@ -14,7 +14,7 @@ and the writer applies it:
 A writer killed mid-file applies it again from the start at its next start: a turn's identity
 makes the second pass add only what the first did not. A CLI killed while it wrote its file leaves
 `.<name>.partial`, never handed over: the server's start removes it once no live CLI can own it
-(`sweep_partials`), as it removes a `<name>.done.json` a day old (its waiting CLI, which removes it, gone).
+(`sweep_inbox`), as it removes a `<name>.done.json` a day old (its waiting CLI, which removes it, gone).
 
 A failed attempt (a full disk, a turn transcript.db refuses) is made again after the one backoff
 policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns it reported applied
@@ -41,7 +41,14 @@ import msgspec
 
 from ..backoff import Backoff
 from ..db_worker import Worker
-from ..fsutil import NotDurable, atomic_write, make_dirs, sweep_temp_files, synced_after_rename
+from ..fsutil import (
+    NotDurable,
+    atomic_write,
+    make_dirs,
+    sweep_files,
+    sweep_temp_files,
+    synced_after_rename,
+)
 from ..logs import get_logger
 from ..paths import Layout
 from ..procfs import alive
@@ -137,26 +144,24 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
-def sweep_partials(layout: Layout, now: float | None = None) -> list[Path]:
+def sweep_inbox(layout: Layout, now: float | None = None) -> list[Path]:
     """Remove the `.partial` files that a `memory import` killed before its rename left: never handed
     over, so no writer applies them, and nothing else ever removes them. Only one that no live CLI can
     own: its writer's pid (in its name) is no process here, and nothing has written it for PARTIAL_STALE
     seconds (a pid from another pid namespace means nothing here; a live writer never pauses that long).
     A CLI that wakes after its file was swept fails its rename and says so: nothing is lost unsaid.
-    And the done reports DONE_STALE old: their waiting CLIs, which remove them, are gone. Returns what it removed."""
+    And the done reports DONE_STALE old: their waiting CLIs, which remove them, are gone. One it cannot
+    remove stays. Returns what it removed."""
     now = time.time() if now is None else now
-    removed = []
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(inbox_dir(layout)):
-            done = entry.name.endswith(DONE)  # a report no waiting CLI took (it was killed, or in another namespace)
-            if ((m := PARTIAL.match(entry.name)) is None and not done) or not entry.is_file(follow_symlinks=False):
-                continue
-            age = now - entry.stat(follow_symlinks=False).st_mtime
-            if age > DONE_STALE if done else m is not None and age > PARTIAL_STALE and not alive(int(m["pid"])):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed.append(Path(entry.path))
-    return removed
+
+    def stale(entry: os.DirEntry[str]) -> bool:
+        if entry.name.endswith(DONE):  # a report no waiting CLI took (it was killed, or in another namespace)
+            return now - entry.stat(follow_symlinks=False).st_mtime > DONE_STALE
+        if m := PARTIAL.match(entry.name):
+            return now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not alive(int(m["pid"]))
+        return False
+
+    return sweep_files(inbox_dir(layout), stale)
 
 
 def read(path: Path) -> Iterator[ImportedTurn]:
@@ -271,11 +276,12 @@ class ImportInbox:
             try:
                 if not swept:
                     # What a kill between a progress report's temp file and its rename left (the server,
-                    # holding the workspace's lock, is the inbox's one applier), and a killed CLI's `.partial`.
+                    # holding the workspace's lock, is the inbox's one applier), a killed CLI's `.partial`,
+                    # and the done reports a day old that no waiting CLI took.
                     await asyncio.to_thread(sweep_temp_files, inbox_dir(self.layout),
                                             lambda n: n.endswith((PROGRESS, DONE)))
-                    if partials := await asyncio.to_thread(sweep_partials, self.layout):
-                        log.warning("import_partials_swept", files=[p.name for p in partials])
+                    if swept_files := await asyncio.to_thread(sweep_inbox, self.layout):
+                        log.warning("import_inbox_swept", files=[p.name for p in swept_files])
                     swept = True
                 ok = True
                 files = await asyncio.to_thread(inbox_files, self.layout)
@@ -370,8 +376,9 @@ class ImportInbox:
         return sorted({*listed, *self._set_aside_at})
 
     def status(self, set_aside: list[str]) -> dict[str, Any] | None:
-        """The file being applied, the failure while attempts fail, and the files given up on, `aside`, as
-        the caller listed the folder just now, off the loop (MemorySystem.set_aside) (None: nothing to say)."""
+        """The file being applied, the failure while attempts fail, and the files given up on, `set_aside`: as
+        the caller's last listing of the folder, off the loop, found them, with those this inbox set aside since
+        (MemorySystem.set_aside; the listing may be older when one is slow or fails) (None: nothing to say)."""
         p = self.current
         out: dict[str, Any] = {} if p is None else {"file": p.name, "turns": p.turns, "applied": p.applied,
                                                     "added": p.added, "already": p.already}

@@ -128,7 +128,6 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
-        self._listing_error: str | None = None  # the last listing's failure, until one succeeds
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
@@ -345,16 +344,15 @@ class MemorySystem:
                 self._slow_said = True
                 log.warning("set_aside_listing_slow", waited_s=HEALTH_WAIT, detail="the last listing is shown")
             listed = self._listed
-        return listed._replace(imports=self.imports.set_aside_files(listed.imports, listed.listed_at),
-                               error=self._listing_error)
+        return listed._replace(imports=self.imports.set_aside_files(listed.imports, listed.listed_at))
 
     async def _list(self) -> SetAside:
         began = time.time()
         try:
             listed = await asyncio.to_thread(list_set_aside, self.settings.layout)
-            self._listed, self._listing_error = listed._replace(listed_at=began), None
+            self._listed = listed._replace(listed_at=began)  # its error None: this one came back
         except OSError as exc:  # an unreadable folder: the last listing stands, and the failure is said
-            self._listing_error = repr(exc)[:300]
+            self._listed = self._listed._replace(error=repr(exc)[:300])
             log_expected(log, "set_aside_listing_failed", exc)
         finally:
             self._listing = None

@@ -62,9 +62,9 @@ class Capture:
     def status(self, journals_set_aside: list[str]) -> dict[str, Any]:
         """The writer's state, the turns the person was told are not saved, and the turn journal's:
         `degraded` by health.degraded, the rule `memory status` applies too. `journals_set_aside`: the
-        journals set aside as the caller listed the folder just now, off the loop (MemorySystem.set_aside),
-        whichever start set them aside: one the operator removed or replayed no longer counts, without
-        a restart."""
+        journals set aside as the caller's last listing of the folder found them, off the loop
+        (MemorySystem.set_aside; older when a listing is slow or fails), whichever start set them aside:
+        one the operator removed or replayed no longer counts, without a restart."""
         report = self.writer.status()
         report["not_saved"], report["not_saved_total"] = len(self.acks.unsaved), self.acks.unsaved_total
         report["journals_set_aside"] = journals_set_aside

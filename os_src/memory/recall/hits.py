@@ -208,7 +208,7 @@ def read(rows: Rows, ranked: Sequence[Candidate]) -> list[Found]:
     is marked) and vanished ones dropped."""
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
-    episodes = rows.episodes(episode_ids) if episode_ids else {}
+    episodes = rows.episodes(episode_ids)
     learnings = rows.learnings(learning_ids)
     replaced = corrections.replacements(rows.conn, learning_ids)
     out = []
@@ -240,7 +240,7 @@ def memory_texts(conn: sqlite3.Connection | Rows, ranked: Sequence[Keyed]) -> di
     episode_ids = [c.id for c in ranked if c.kind == "episode"]
     learning_ids = [c.id for c in ranked if c.kind == "learning"]
     out = {("episode", e.id): Said(e.persons_part, (e.session_id, e.turn))
-           for e in (rows.episodes(episode_ids) if episode_ids else {}).values()}
+           for e in rows.episodes(episode_ids).values()}
     if learning_ids:
         out.update({("learning", i): Said(f.text, None)
                     for i, f in rows.learnings(learning_ids, forgotten=True).items()})
@@ -250,9 +250,8 @@ def memory_texts(conn: sqlite3.Connection | Rows, ranked: Sequence[Keyed]) -> di
 def shown(conn: sqlite3.Connection | Rows, ranked: Sequence[Candidate], words: Sequence[str],
           said: dict[str, set[str]] | None = None) -> list[RecallHit]:
     """The ranked memories as hits, after the three rules (`said`: as drop_echoes); read through a
-    search's `Rows`, if given."""
+    search's `Rows`, if given (the search re-checks them for a forget first: Rows.recheck)."""
     rows = conn if isinstance(conn, Rows) else Rows(conn)
-    rows.recheck()  # a forget since the weighing read its rows
     found = read(rows, ranked)
     found = below_corrections(fold_sources(drop_echoes(found, words, said)), _corrections_of(rows, found))
     was = corrections.replaced_learnings(rows.conn, [f.candidate.id for f in found if f.type == "CORRECTION"

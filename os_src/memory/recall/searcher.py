@@ -227,11 +227,10 @@ class Searcher:
                 for h in search_learnings(self, words, limit)] if words else []
 
     def rank(self, query: str, now: float, limit: int, exclude_session: str | None = None,
-             use_dense: bool = True, rows: Rows | None = None) -> Ranked:
+             use_dense: bool = True, *, rows: Rows) -> Ranked:
         """The best `limit` memories for `query`, before hydration; beside them, when meaning had a
         say, word search alone's ranking of the same query, made the same way (the floor). `rows`: what
         memory.db holds of them, read once for the search (hydration reads the same rows)."""
-        rows = Rows(self.conn) if rows is None else rows
         cue = time_cue(query[:MAX_QUERY_CHARS], now)
         period = cue.when
         window = Window(period.start, period.end) if period else None
@@ -361,10 +360,11 @@ class Searcher:
         if exclude_session is not None and not self._anything_else(exclude_session):
             return []  # a first session: nothing to find, and no query to embed
         rows = Rows(self.conn)  # memory.db's rows of what is found, read once: for weighing, then hydration
-        found = self.rank(query, now, limit, exclude_session, use_dense, rows)
+        found = self.rank(query, now, limit, exclude_session, use_dense, rows=rows)
         if worth is not None and not worth(max((c.bm25 for c in [*found.ranked, *(found.words_alone or [])]
                                                 if c.bm25 is not None), default=0.0)):
             return []  # most messages ask nothing of memory: what would be dropped is never hydrated
+        rows.recheck()  # a forget since the weighing read its rows, once for both lists hydrated
         words = search_terms(found.asked)
         said: dict[str, set[str]] = {}  # the stems of what memories say: the floor's list holds most of them too
         hits = shown(rows, found.ranked, words, said)
