@@ -160,6 +160,29 @@ async def client_factory(port: int) -> AsyncIterator[Connect]:
             await c.close()
 
 
+class Ticks:
+    """How often the event loop ran a 10 ms sleeper while `loop_ticks()` was open: none means it was held."""
+
+    count = 0
+
+
+@asynccontextmanager
+async def loop_ticks() -> AsyncIterator[Ticks]:
+    """Count the loop's turns meanwhile: a test that something waits off the event loop asserts the count grew."""
+    ticks = Ticks()
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            ticks.count += 1
+
+    ticker = asyncio.create_task(tick())
+    try:
+        yield ticks
+    finally:
+        ticker.cancel()
+
+
 async def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
                    what: str | None = None) -> None:
     """Wait until `condition()` (a function or a coroutine function) is true, checking every

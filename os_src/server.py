@@ -166,7 +166,7 @@ class SpriteOS:
         layout.memory_dir.mkdir(parents=True, exist_ok=True)  # where the lock lives
         # Before anything that changes the workspace (the agent user's leftovers killed, isolation.json,
         # the launcher, ownership, the CLI ledger's reap): LockHeld if another server runs here.
-        self.lock.acquire()
+        await asyncio.to_thread(self.lock.acquire)  # a contended take retries for about 1 s: off the loop
         layout.ensure()
         # A Sprite that can't isolate its agent as asked refuses to start (ConfigError).
         await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from devkit.harness import loop_ticks
 from sprite_os.backoff import Backoff
 from sprite_os.commands.main import main as cli
 from sprite_os.config import Settings
@@ -944,3 +945,21 @@ def test_an_import_through_a_server_waits_for_an_attempt_that_starts_over(
         command.join(10)
         assert result == [0]
     assert "imported 3 turns from 2 sessions" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("workspace_env")
+async def test_a_memory_systems_start_waits_for_a_held_lock_off_the_event_loop(tmp_path: Path) -> None:
+    """A start that finds the lock held tries again for about a second: on the event loop, those tries
+    held every other task up for that second."""
+    from sprite_os.errors import LockHeld
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    async with loop_ticks() as ticks:
+        with WriterLock(settings.layout.memory_lock, WriterLock.IMPORT):
+            started = time.monotonic()
+            with pytest.raises(LockHeld):
+                await MemorySystem(settings).start()
+            waited = time.monotonic() - started
+    assert waited > 0.5  # it did try again
+    assert ticks.count >= 10  # and the loop went on meanwhile (none at all when the tries held it)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from claude_agent_sdk import AssistantMessage, ResultMessage, TextBlock
 
+from devkit.harness import loop_ticks
 from sprite_os.commands.main import main as cli
 from sprite_os.db_worker import Worker
 from sprite_os.memory import import_inbox
@@ -304,24 +305,15 @@ async def test_healthz_lists_what_is_set_aside_off_the_loop_and_as_it_is_now(
         monkeypatch.setattr(os, "scandir", hanging(os.scandir))
         monkeypatch.setattr(os, "listdir", hanging(os.listdir))
         aside.write_bytes(DAMAGED)  # set aside meanwhile: the hung listing cannot see it yet
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticker = asyncio.create_task(tick())
         try:
-            started = time.monotonic()
-            health = await system.health()
-            took = time.monotonic() - started
+            async with loop_ticks() as ticks:
+                started = time.monotonic()
+                health = await system.health()
+                took = time.monotonic() - started
         finally:
-            ticker.cancel()
             hang.set()
             monkeypatch.undo()
-        assert took < HEALTH_WAIT + 1.0 and ticks >= 10  # the loop served on; /healthz answered in its bound
+        assert took < HEALTH_WAIT + 1.0 and ticks.count >= 10  # the loop served on; /healthz answered in its bound
         assert health["capture"]["journals_set_aside"] == []  # the last listing, until a listing comes back
         for _ in range(100):
             if (await system.health())["capture"]["journals_set_aside"] == [aside.name]:

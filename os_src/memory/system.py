@@ -132,7 +132,7 @@ class MemorySystem:
 
     async def start(self) -> None:
         self.settings.layout.ensure()
-        self._lock.acquire()
+        await asyncio.to_thread(self._lock.acquire)  # a contended take retries for about 1 s: off the loop
         self._started = True
         if swept := await asyncio.to_thread(self._sweep):
             log.warning("temp_files_swept", files=[str(p.relative_to(self.settings.layout.os_dir)) for p in swept])
