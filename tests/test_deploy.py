@@ -354,17 +354,19 @@ def test_killed_after_the_switch_the_new_version_is_complete(venv: VenvCache, tm
 def test_deploy_migrates_a_v1_workspace(venv: VenvCache, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     # A deploy killed inside the migration, its first chunk of turns committed: the next one resumes
-    # it. Six chunks of turns, the tables after them and the verification are left when the line is
-    # read (about 0.4 s of work here): with one chunk, a kill on a line read late found the migration
-    # already done.
-    data = make_v1_workspace(ws, observations=6 * ROWS_PER_COMMIT, learnings=300, actions=40)
+    # it, after whichever chunk the kill found committed. Twenty chunks of turns are left when the line is
+    # read (over a second of work here): with six (0.4 s), a kill that a loaded machine delivered late
+    # found the migration already done, and the next deploy had nothing to resume.
+    data = make_v1_workspace(ws, observations=20 * ROWS_PER_COMMIT, learnings=300, actions=40)
     cache = ("--venv-cache", str(venv.cache), "--venv-cache-links")
     killed, out = run_until(deploy_cmd(ws, "--from-checkout", str(REPO), *cache),
                             f"migrate: table=observations copied={ROWS_PER_COMMIT}/", env=base_env())
     assert killed, out
     assert not (ws / ".os" / "current").exists() and (ws / "agent.db").exists()
     out = deploy_ok(ws, venv, "--from-checkout", str(REPO))
-    assert f"migrate: table=observations resuming after id={ROWS_PER_COMMIT} " in out
+    resumed = re.search(r"migrate: table=observations resuming after id=(\d+) ", out)
+    assert resumed is not None, out
+    assert int(resumed[1]) % ROWS_PER_COMMIT == 0 and 0 < int(resumed[1]) < data.counts["observations"]
     assert f"migrate: verified table=observations rows={data.counts['observations']} " in out
     assert out.index("migrate: done") < out.index("deploy: step=templates")
     assert not (ws / "agent.db").exists() and not (ws / "memory").exists()
