@@ -30,8 +30,8 @@ turn or learning near it says as well (`kept_holds`); a line that check can't ju
 fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and the sha256 of each
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
 left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
-transcript's tombstone is written last: a forget a kill cuts short is run again at the next start
-(`resume`), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
+transcript's tombstone is written last: a forget a kill or an error cuts short is run again at the
+next start (`resume`; the pass leaves its job alone meanwhile), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
 
@@ -102,6 +102,9 @@ class TurnForgetting(Deciding):
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
+    # Jobs whose words an error left in a store: the pass must not finish them (their turns would keep
+    # their words for good); the next start's `resume` runs every step again.
+    _cut_short: set[int] = field(default_factory=set)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -174,7 +177,8 @@ class TurnForgetting(Deciding):
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
-                del self._deciding[job]  # the next start, or the daemon's pass, finishes it
+                del self._deciding[job]
+                self._cut_short.add(job)  # the next start finishes it
                 raise
         finally:
             self._taking_out -= 1
@@ -203,7 +207,8 @@ class TurnForgetting(Deciding):
         daemon again); one left undecided is decided now. Returns the jobs done."""
         done = 0
         for job in await self.memory.call(jobs):
-            if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+            if job.id in self._deciding or job.id in self._cut_short or (
+                    not job.decided and (self._stopping or self._taking_out)):
                 continue
             try:
                 hashes = await self._settled(job)
