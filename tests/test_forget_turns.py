@@ -750,6 +750,29 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         await again.stop()
 
 
+async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,
+                                                                              tmp_path: Path) -> None:
+    """A forget an error cut short keeps its job for the next start; the person forgets the turn again, which
+    succeeds: the pass then finishes both jobs at once, not the new one alone (the old one waited for a restart)."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    real_purge = forgetting.purge_recall
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[1]], by="test")
+    forgetting.purge_recall = real_purge
+    assert await forgetting.rewrite_files() == 0  # cut short: its turn still holds its words
+    redo = await system.forget_turns([ids[1]], by="test")
+    assert [o.id for o in redo.turns] == [ids[1]]
+    assert await forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="both jobs finished")
+    assert await _left(system) == []
+
+
 async def test_forgetting_again_a_turn_whose_words_memory_still_holds_takes_them_out(system: MemorySystem,
                                                                                      tmp_path: Path) -> None:
     """A turn forgotten under the order of steps before, cut short after its tombstone: forgetting it

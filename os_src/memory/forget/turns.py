@@ -31,7 +31,8 @@ fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and t
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
 left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
 transcript's tombstone is written last: a forget a kill or an error cuts short is run again at the
-next start (`resume`; the pass leaves its job alone meanwhile), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
+next start (`resume`; the pass leaves its job alone until then, or until the turns are forgotten
+again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
 
@@ -207,8 +208,9 @@ class TurnForgetting(Deciding):
         daemon again); one left undecided is decided now. Returns the jobs done."""
         done = 0
         for job in await self.memory.call(jobs):
-            if job.id in self._deciding or job.id in self._cut_short or (
-                    not job.decided and (self._stopping or self._taking_out)):
+            if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+                continue
+            if job.id in self._cut_short and not await self._taken_out_since(job):
                 continue
             try:
                 hashes = await self._settled(job)
@@ -226,6 +228,15 @@ class TurnForgetting(Deciding):
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
         return done
+
+    async def _taken_out_since(self, job: Job) -> bool:
+        """Whether every turn of a job an error cut short has its tombstone now: the person forgot them again,
+        and that forget took their words out of every store. Then the pass finishes the job as any other."""
+        wanted = set(job.observation_ids)
+        if set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) != wanted:
+            return False
+        self._cut_short.discard(job.id)
+        return True
 
     async def _settled(self, job: Job) -> set[str]:
         """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
