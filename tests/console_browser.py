@@ -353,6 +353,24 @@ def on_one_server(parts: list[Part], folder: Path) -> Scenario:
     return Scenario(run, folder, dict.fromkeys(names, 1))
 
 
+def tests_on_one_server(parts: list[Part], group: str) -> tuple[Any, Any]:
+    """A module's `one_server` fixture and its `test_on_one_server` (each part a test of its own, named after
+    it), run by `on_one_server` in the xdist group `group`, so in one worker. In the module:
+    `one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "my-group")`."""
+
+    @pytest.fixture(scope="module")
+    def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+        return on_one_server(parts, tmp_path_factory.mktemp("one-server"))
+
+    @pytest.mark.xdist_group(group)  # one run: on one worker
+    @pytest.mark.parametrize("part", [part_name(part) for part in parts])
+    async def test_on_one_server(one_server: Scenario, part: str) -> None:
+        """Each part (its docstring says what it asserts), a test of its own."""
+        await one_server.verdict(part)
+
+    return one_server, test_on_one_server
+
+
 async def _interrupted(runtime: Any) -> bool:
     """Whether the runtime is idle, nothing queued; its running turn interrupted if not (each queued one's next)."""
     if runtime.state == "idle" and runtime.queued == 0:

@@ -24,14 +24,12 @@ from sprite_os.memory.system import MemorySystem
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
 from tests.console_browser import (
-    Scenario,
     Tab,
     chromium,
     intercepted,
-    on_one_server,
     open_tab,
-    part_name,
     signed_in,
+    tests_on_one_server,
 )
 from tests.test_console_work_kept_e2e import (
     Muted,
@@ -825,13 +823,4 @@ ON_ONE_SERVER = [
 ]
 
 
-@pytest.fixture(scope="module")
-def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return on_one_server(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
-
-
-@pytest.mark.xdist_group("console-kept-messages-one-server")  # one run: on one worker
-@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
-async def test_on_one_server(one_server: Scenario, part: str) -> None:
-    """Each part above (its docstring says what it asserts), a test of its own."""
-    await one_server.verdict(part)
+one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "console-kept-messages-one-server")  # each part above, a test of its own

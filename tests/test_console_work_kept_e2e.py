@@ -34,11 +34,10 @@ from tests.console_browser import (
     Tab,
     chromium,
     install_templates,
-    on_one_server,
     open_tab,
-    part_name,
     refused,
     signed_in,
+    tests_on_one_server,
 )
 
 pytestmark = pytest.mark.e2e
@@ -1423,13 +1422,4 @@ ON_ONE_SERVER = [
 ]
 
 
-@pytest.fixture(scope="module")
-def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    return on_one_server(ON_ONE_SERVER, tmp_path_factory.mktemp("one-server"))
-
-
-@pytest.mark.xdist_group("console-work-kept-one-server")  # one run: on one worker
-@pytest.mark.parametrize("part", [part_name(part) for part in ON_ONE_SERVER])
-async def test_on_one_server(one_server: Scenario, part: str) -> None:
-    """Each part above (its docstring says what it asserts), a test of its own."""
-    await one_server.verdict(part)
+one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "console-work-kept-one-server")  # each part above, a test of its own
