@@ -1122,3 +1122,31 @@ def test_a_backup_loses_the_same_rows_as_the_live_db(tmp_path: Path) -> None:
             assert rows(b) == live
     finally:
         db.close()
+
+
+async def test_a_backup_the_disk_fails_to_purge_keeps_the_job_until_it_is_purged(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup the daemon's pass can read but not rewrite (a full disk, an I/O error: sqlite's
+    OperationalError) keeps the forget's job: finishing it would leave the turn's words in that backup for
+    good. The next pass, the disk well again, purges it and finishes the job."""
+    from sprite_os.memory.forget import backups
+
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    real = backups.delete_drawn
+
+    def full(*_: object, **__: object) -> object:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(backups, "delete_drawn", full)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] in ("forget_pass_failed", "forget_files_rewritten") for e in logs),
+                       timeout=60, what="the daemon's forget pass")
+    backup = layout.memory_dir / "memory.db.before-rebuild-20260101T000000"
+    assert said(backup)  # the disk kept it as it was
+    assert len(await system.memory.call(jobs)) == 1  # so the job stays, for the next pass
+    monkeypatch.setattr(backups, "delete_drawn", real)
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert said(backup) == [] and said(layout.os_dir / "backup" / "v1-20260101T000000Z" / "agent.db") == []

@@ -60,7 +60,11 @@ def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes:
         conn.execute("INSERT INTO forget_notes (at, note) VALUES (?, ?)", (time.time(), note))
         conn.execute("VACUUM")
         return True
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.OperationalError:
+        # The disk (full, an I/O error) or a lock, not the copy: it may hold the words still, so the forget's
+        # job waits for a pass that can rewrite it.
+        raise
+    except sqlite3.DatabaseError as exc:  # not a database (any more): nothing in it can be read, nor taken out
         log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
         return False
     finally:

@@ -39,6 +39,7 @@ under way writes before the pass, which get the same check.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -219,10 +220,16 @@ class TurnForgetting(Deciding):
                             lines_kept_for_now=len(job.line_hashes), next_try_s="the daemon's next pass")
                 continue
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
-            changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
-            await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
-            backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,
-                                              note)
+            try:
+                changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
+                await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
+                backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
+                                                  hashes, note)
+            except (OSError, sqlite3.OperationalError) as exc:
+                # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
+                # step is idempotent) for the daemon's next pass, and the other jobs go on.
+                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try="the daemon's next pass")
+                continue
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
