@@ -1150,3 +1150,27 @@ async def test_a_backup_the_disk_fails_to_purge_keeps_the_job_until_it_is_purged
     system.daemon.trigger("forget")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert said(backup) == [] and said(layout.os_dir / "backup" / "v1-20260101T000000Z" / "agent.db") == []
+
+
+async def test_a_reader_that_kept_the_transcripts_wal_through_the_forget_does_not_keep_the_words_there(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A reader mid-transaction (another process reading transcript.db, `memory status`, a backup tool) keeps
+    the forget's checkpoint from emptying the transcript's WAL, which holds old copies of the turn's pages:
+    the daemon's pass empties it before it calls the forget done, or leaves the job for the next pass."""
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    # the turn's words in the database file, where a checkpoint has put them (a live server's turns get there)
+    await system.transcript.call(lambda t: t.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+    wal = Path(f"{layout.transcript_db}-wal")
+    reader = sqlite3.connect(layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        await system.forget_turns([ids[1]], by="test")
+        assert await system.forgetting.decided(60)
+    finally:
+        reader.close()
+    await system.transcript.call(lambda t: t.start_session("s10", T0 + 91))  # the server goes on writing
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert said(layout.transcript_db) == [], wal.stat().st_size

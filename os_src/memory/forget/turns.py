@@ -19,6 +19,8 @@ writer) takes those lines out of the curated files (a new version, source `forge
 older version and every batch's record (a note stands where they were), and out of the backups
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
+It finishes a job only once every file and backup is rewritten (a disk error keeps the job for its next
+pass) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
 skips a job being decided and decides one left undecided; a new session's boot prompt waits for
 the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
@@ -44,6 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ...database import checkpoint
 from ...db_worker import Worker
 from ...logs import get_logger
 from ...paths import Layout
@@ -62,7 +65,7 @@ from .history import (
     strip_batches,
     strip_files,
 )
-from .jobs import Job, add_job, finish_job, jobs, set_job_lines
+from .jobs import FORGET_PASS, Job, add_job, finish_job, jobs, set_job_lines
 from .judge import CheckFailed, LineJudge
 from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
@@ -80,6 +83,8 @@ class Forgotten:
     in_context: bool = False
 
 
+# Seconds after a pass found a WAL a reader kept (its job left for later) until the pass is tried again.
+WAL_RETRY = 5.0
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -230,11 +235,23 @@ class TurnForgetting(Deciding):
                 # step is idempotent) for the daemon's next pass, and the other jobs go on.
                 log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try="the daemon's next pass")
                 continue
+            if not await self._wals_emptied():
+                # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
+                # the turns' words still. The job stays until a pass empties both.
+                log.warning("forget_wal_kept", job=job.id, next_try_s=WAL_RETRY)
+                asyncio.get_running_loop().call_later(WAL_RETRY, self.wake_daemon, FORGET_PASS)
+                continue
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
         return done
+
+    async def _wals_emptied(self) -> bool:
+        """Both databases' WALs copied in and emptied (`checkpoint`): what the forget's own checkpoints did,
+        unless a reader kept one through them."""
+        return (await self.transcript.call(lambda t: checkpoint(t.conn))
+                and await self.memory.call(lambda m: checkpoint(m.conn)))
 
     async def _taken_out_since(self, job: Job) -> bool:
         """Whether every turn of a job an error cut short has its tombstone now: the person forgot them again,
