@@ -1174,3 +1174,30 @@ async def test_a_reader_that_kept_the_transcripts_wal_through_the_forget_does_no
     system.daemon.trigger("forget")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert said(layout.transcript_db) == [], wal.stat().st_size
+
+
+def test_a_persons_edit_saved_while_the_pass_takes_lines_out_is_kept(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass reads a file, takes the forgotten lines out and writes it: a person's Save that lands between
+    the read and the write (the console saves on its own thread) is kept, the forgotten line out of it too;
+    the pass wrote over it, and the person's acknowledged edit was gone from the file."""
+    from sprite_os.console.memory_files import PERSON_EDIT
+    from sprite_os.memory.files import sha
+    from sprite_os.memory.forget import history
+
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    files = MemoryFiles(layout)
+    before = "# User\n- Name: Ada\n- Lives in: Lisbon\n"
+    files.write("user.md", before, "batch-1")
+    edited = before + "- Has a cat called Miso\n"
+    real, saved = history.without, []
+
+    def person_saves_meanwhile(text: str, *args: object) -> str:
+        if text == before and not saved:
+            saved.append(files.write("user.md", edited, PERSON_EDIT, expect=sha(before)))
+        return real(text, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(history, "without", person_saves_meanwhile)
+    assert history.strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)") == ["user.md"]
+    assert saved and files.read("user.md") == "# User\n- Name: Ada\n- Has a cat called Miso\n"

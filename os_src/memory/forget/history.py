@@ -8,7 +8,8 @@ import contextlib
 import json
 
 from ...database import transaction
-from ..files import CURATED, MemoryFiles
+from ...errors import FileChanged
+from ..files import CURATED, MemoryFiles, sha
 from ..memory_store import MemoryDB
 from .lines import meaningful_lines, without
 
@@ -30,11 +31,17 @@ def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
     them rewritten in place with a note where the lines were. Returns the files changed."""
     changed = []
     for name in CURATED:
-        text = files.read(name)
-        kept = without(text, hashes)
-        if kept != text:
-            files.write(name, kept, "forget")
+        while True:
+            text = files.read(name)
+            kept = without(text, hashes)
+            if kept == text:
+                break
+            try:  # written only over the text it was made from: a person's Save meanwhile is read again
+                files.write(name, kept, "forget", expect=sha(text))
+            except FileChanged:
+                continue
             changed.append(name)
+            break
     for name in CURATED:
         files.redact_history(name, lambda old: without(old, hashes, note))
     return changed
