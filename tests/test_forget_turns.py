@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
+from sprite_os.memory.forget.history import strip_files
 from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
@@ -1201,3 +1202,27 @@ def test_a_persons_edit_saved_while_the_pass_takes_lines_out_is_kept(tmp_path: P
     monkeypatch.setattr(history, "without", person_saves_meanwhile)
     assert history.strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)") == ["user.md"]
     assert saved and files.read("user.md") == "# User\n- Name: Ada\n- Has a cat called Miso\n"
+
+
+def test_a_rollback_made_while_the_pass_redacts_the_history_does_not_bring_the_line_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A person's rollback (in the console) to a version the pass has not redacted yet, made after the pass
+    took the lines out of the current file: the current file and the rollback's version lose the lines too,
+    and the job is done only then. The rolled-back text used to stay current, the forgotten line in the boot
+    prompt once the job was finished."""
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    files = MemoryFiles(layout)
+    files.write("user.md", "# User\n- Name: Ada\n- Lives in: Lisbon\n", "batch-1")
+    files.write("user.md", "# User\n- Name: Ada\n- Lives in: Lisbon\n- Likes tea\n", "batch-2")
+    real, rolled = files.redact_history, []
+
+    def rollback_meanwhile(name: str, change: object) -> int:
+        if name == "user.md" and not rolled:
+            rolled.append(files.rollback("user.md", 1))
+        return real(name, change)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files, "redact_history", rollback_meanwhile)
+    strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)")
+    assert rolled and "Lisbon" not in files.read("user.md")
+    assert [v.number for v in files.history("user.md") if "Lisbon" in v.text] == []
