@@ -1226,3 +1226,26 @@ def test_a_rollback_made_while_the_pass_redacts_the_history_does_not_bring_the_l
     strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)")
     assert rolled and "Lisbon" not in files.read("user.md")
     assert [v.number for v in files.history("user.md") if "Lisbon" in v.text] == []
+
+
+async def test_a_reader_that_keeps_a_wal_for_long_makes_the_pass_try_again_less_and_less_often(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """Each pass that finds a WAL kept does the job's steps again (backups vacuumed included): while a reader
+    keeps it (a shell left in a transaction), the next try waits longer each time, up to 5 minutes, not 5 s
+    forever."""
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    reader = sqlite3.connect(layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        with capture_logs() as logs:
+            await system.forget_turns([ids[1]], by="test")
+            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
+                           what="the decision's pass")
+            for _ in range(3):
+                assert await system.forgetting.rewrite_files() == 0
+        waits = [e["next_try_s"] for e in logs if e["event"] == "forget_wal_kept"]
+    finally:
+        reader.close()
+    assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits

@@ -41,11 +41,13 @@ under way writes before the pass, which get the same check.
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ...backoff import Backoff
 from ...database import checkpoint
 from ...db_worker import Worker
 from ...logs import get_logger
@@ -83,8 +85,9 @@ class Forgotten:
     in_context: bool = False
 
 
-# Seconds after a pass found a WAL a reader kept (its job left for later) until the pass is tried again.
-WAL_RETRY = 5.0
+# After a pass found a WAL a reader kept (its job left for later), until the pass is tried again: 5 s,
+# doubling, up to 5 min (each try does the job's steps again, the backups' vacuum included).
+WAL_RETRY = Backoff(first=5.0, max=300.0)
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -112,6 +115,8 @@ class TurnForgetting(Deciding):
     # Jobs whose words an error left in a store: the pass must not finish them (their turns would keep
     # their words for good); the next start's `resume` runs every step again.
     _cut_short: set[int] = field(default_factory=set)
+    _wal_kept: int = 0  # passes in a row that found a WAL a reader kept
+    _wal_timer: asyncio.TimerHandle | None = None  # the pass they asked for
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -202,6 +207,8 @@ class TurnForgetting(Deciding):
             if not await self.decided(budget):
                 log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
         finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
+            if self._wal_timer is not None:
+                self._wal_timer.cancel()
             self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
             running = [task for task in self._deciding.values() if task is not None]
             for task in running:
@@ -238,9 +245,14 @@ class TurnForgetting(Deciding):
             if not await self._wals_emptied():
                 # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
                 # the turns' words still. The job stays until a pass empties both.
-                log.warning("forget_wal_kept", job=job.id, next_try_s=WAL_RETRY)
-                asyncio.get_running_loop().call_later(WAL_RETRY, self.wake_daemon, FORGET_PASS)
-                continue
+                self._wal_kept += 1
+                wait = WAL_RETRY.delay(self._wal_kept, random.random())
+                log.warning("forget_wal_kept", job=job.id, passes=self._wal_kept, next_try_s=round(wait, 1))
+                if self._wal_timer is not None:  # one retry waits, however many passes found the WAL kept
+                    self._wal_timer.cancel()
+                self._wal_timer = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
+                break  # nor can any other job finish while it is kept
+            self._wal_kept = 0
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
