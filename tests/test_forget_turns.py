@@ -1249,3 +1249,33 @@ async def test_a_reader_that_keeps_a_wal_for_long_makes_the_pass_try_again_less_
     finally:
         reader.close()
     assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits
+
+
+def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forgets_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall index set aside (broken, or mid-swap) holds the turns' words in its segments: when the disk
+    fails its deletion, purge_backups says so (the pass keeps the job for its next try) instead of going on
+    as if it were gone."""
+    import errno
+    import os
+
+    from sprite_os.memory.forget.backups import purge_backups
+
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    aside = layout.memory_dir / "index.broken-20260101T000000"
+    aside.mkdir()
+    (aside / "segment.idx").write_bytes(b"lisbon tagus")
+    real = os.unlink
+
+    def failing(path: object, *args: object, **kwargs: object) -> None:
+        if str(path) == "segment.idx" or str(path).endswith("/segment.idx"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", failing)
+    with pytest.raises(OSError):
+        purge_backups(layout, [1], ["s1"], set(), "(gone)")
+    monkeypatch.setattr(os, "unlink", real)
+    assert (aside / "segment.idx").exists()
+    assert purge_backups(layout, [1], ["s1"], set(), "(gone)") == 1 and not aside.exists()

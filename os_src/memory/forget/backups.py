@@ -87,6 +87,6 @@ def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], h
             done += 1
     for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
         if aside.is_dir() and not aside.is_symlink():
-            shutil.rmtree(aside, ignore_errors=True)
+            shutil.rmtree(aside)  # a file the disk will not delete holds the words still: the job waits (OSError)
             done += 1
     return done
