@@ -303,6 +303,35 @@ async def test_a_batch_whose_reply_lands_while_a_forget_takes_its_turn_out_learn
     assert await system.memory.call(lambda m: m.all_learnings()) == []
 
 
+async def test_a_forget_that_lands_between_the_batchs_check_and_its_commit_leaves_no_learning_of_the_turn(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch looks for a forget of its turns once its reply is in, then reads the files (a person's edit)
+    and commits: a forget that takes the turn out in between (its job, memory.db, recall, the tombstone)
+    must still find nothing of the turn in memory.db afterwards; the learnings the batch drew from it used to
+    be committed after the forget's purge, searchable until the next start."""
+    from sprite_os.errors import EditConflict
+    from sprite_os.memory.processor import Completion
+
+    ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
+    observations = await system.transcript.call(lambda t: t.get(ids))
+
+    async def reply(messages: object) -> object:
+        return Completion(f"FACT: The user lives in Lisbon [#{ids[0]}]\n", 10, 10)
+
+    real, forgot = system.processor._drop_edited, []
+
+    async def forget_meanwhile(*args: object) -> list[str]:
+        forgot.append(await system.forget_turns(ids, by="test"))
+        return await real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(system.curator, "complete", reply)
+    monkeypatch.setattr(system.processor, "_drop_edited", forget_meanwhile)
+    with contextlib.suppress(EditConflict):
+        await system.processor.process(observations, "test")
+    assert forgot and [o.id for o in forgot[0].turns] == ids
+    assert [lr.content for lr in await system.memory.call(lambda m: m.all_learnings())] == []
+
+
 async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(system: MemorySystem,
                                                                          tmp_path: Path) -> None:
     async def busy() -> None:  # the daemon is in a long curator call: its pass waits
