@@ -722,13 +722,15 @@ class _Killed(Exception):
     """A step of the forget fails: what it leaves on disk is what a kill there leaves."""
 
 
-@pytest.mark.parametrize("killed_after", ["the job", "memory.db", "recall", "the tombstone, before the job"])
+@pytest.mark.parametrize("killed_after", ["the job's write, its answer lost", "the job", "memory.db", "recall",
+                                          "the tombstone, before the job"])
 async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         tmp_path: Path, killed_after: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job goes on disk before any store loses the words, the transcript's tombstone last: a forget cut
     short at any step is finished at the next start (every step again), and forgetting the turn again
     finds nothing left to forget. 'the tombstone, before the job': the order of steps before (the
-    tombstone first, nothing else), which memory.db's words still allow to finish."""
+    tombstone first, nothing else), which memory.db's words still allow to finish. "the job's write, its answer
+    lost": a cancel (a stop cutting the request) that lands as memory.db's thread commits the job."""
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
     settings.layout.ensure()
     first = MemorySystem(settings)
@@ -738,14 +740,17 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         await first.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))
     else:
         forgetting = first.forgetting
-        if killed_after == "the job":
+        if killed_after.startswith("the job"):
             real_apply, calls = forgetting.apply, []
 
             async def apply(change: object) -> object:
                 calls.append(1)
-                if len(calls) == 2:  # purge_memory
+                if killed_after == "the job" and len(calls) == 2:  # purge_memory
                     raise _Killed
-                return await real_apply(change)  # type: ignore[arg-type]
+                done = await real_apply(change)  # type: ignore[arg-type]
+                if len(calls) == 1 and killed_after != "the job":  # add_job committed, its answer lost
+                    raise _Killed
+                return done
 
             forgetting.apply = apply  # type: ignore[assignment]
         elif killed_after == "memory.db":

@@ -33,8 +33,8 @@ fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and t
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
 left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
 transcript's tombstone is written last: a forget a kill or an error cuts short is run again at the
-next start (`resume`; the pass leaves its job alone until then, or until the turns are forgotten
-again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
+next start (`resume`; the pass leaves a job whose turns lack their tombstones alone until then, or until
+the turns are forgotten again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
 
@@ -112,9 +112,6 @@ class TurnForgetting(Deciding):
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
-    # Jobs whose words an error left in a store: the pass must not finish them (their turns would keep
-    # their words for good); the next start's `resume` runs every step again.
-    _cut_short: set[int] = field(default_factory=set)
     _wal_kept: int = 0  # passes in a row that found a WAL a reader kept
     _wal_timer: asyncio.TimerHandle | None = None  # the pass they asked for
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -189,8 +186,7 @@ class TurnForgetting(Deciding):
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
-                del self._deciding[job]
-                self._cut_short.add(job)  # the next start finishes it
+                del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
                 raise
         finally:
             self._taking_out -= 1
@@ -223,7 +219,7 @@ class TurnForgetting(Deciding):
         for job in await self.memory.call(jobs):
             if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
                 continue
-            if job.id in self._cut_short and not await self._taken_out_since(job):
+            if not await self._taken_out(job):
                 continue
             try:
                 hashes = await self._settled(job)
@@ -265,14 +261,13 @@ class TurnForgetting(Deciding):
         return (await self.transcript.call(lambda t: checkpoint(t.conn))
                 and await self.memory.call(lambda m: checkpoint(m.conn)))
 
-    async def _taken_out_since(self, job: Job) -> bool:
-        """Whether every turn of a job an error cut short has its tombstone now: the person forgot them again,
-        and that forget took their words out of every store. Then the pass finishes the job as any other."""
+    async def _taken_out(self, job: Job) -> bool:
+        """Whether every turn of the job has its tombstone (written last): its forget took their words out of
+        every store. A job without is a forget an error or a cancel cut short (its job's own write included,
+        whose id the forget never learned): the pass must not finish it, or the turns would keep their words
+        for good; the next start's `resume` runs every step again, as does the person's forget again."""
         wanted = set(job.observation_ids)
-        if set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) != wanted:
-            return False
-        self._cut_short.discard(job.id)
-        return True
+        return set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) == wanted
 
     async def _settled(self, job: Job) -> set[str]:
         """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
