@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 from devkit.harness import make_settings, wait_for
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
+from sprite_os.memory.forget.history import strip_files
 from sprite_os.memory.forget.jobs import Job, jobs
 from sprite_os.memory.forget.lines import (
     DENSE_MARGIN,
@@ -300,6 +301,35 @@ async def test_a_batch_whose_reply_lands_while_a_forget_takes_its_turn_out_learn
     with pytest.raises(EditConflict):
         await system.processor.process(observations, "test")
     assert await system.memory.call(lambda m: m.all_learnings()) == []
+
+
+async def test_a_forget_that_lands_between_the_batchs_check_and_its_commit_leaves_no_learning_of_the_turn(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch looks for a forget of its turns once its reply is in, then reads the files (a person's edit)
+    and commits: a forget that takes the turn out in between (its job, memory.db, recall, the tombstone)
+    must still find nothing of the turn in memory.db afterwards; the learnings the batch drew from it used to
+    be committed after the forget's purge, searchable until the next start."""
+    from sprite_os.errors import EditConflict
+    from sprite_os.memory.processor import Completion
+
+    ids = await system.transcript.call(lambda t: [t.append(turn(1, "I live in Lisbon", "Noted.")) or 0])
+    observations = await system.transcript.call(lambda t: t.get(ids))
+
+    async def reply(messages: object) -> object:
+        return Completion(f"FACT: The user lives in Lisbon [#{ids[0]}]\n", 10, 10)
+
+    real, forgot = system.processor._drop_edited, []
+
+    async def forget_meanwhile(*args: object) -> list[str]:
+        forgot.append(await system.forget_turns(ids, by="test"))
+        return await real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(system.curator, "complete", reply)
+    monkeypatch.setattr(system.processor, "_drop_edited", forget_meanwhile)
+    with contextlib.suppress(EditConflict):
+        await system.processor.process(observations, "test")
+    assert forgot and [o.id for o in forgot[0].turns] == ids
+    assert [lr.content for lr in await system.memory.call(lambda m: m.all_learnings())] == []
 
 
 async def test_until_the_daemons_pass_the_boot_prompt_leaves_the_lines_out(system: MemorySystem,
@@ -692,13 +722,15 @@ class _Killed(Exception):
     """A step of the forget fails: what it leaves on disk is what a kill there leaves."""
 
 
-@pytest.mark.parametrize("killed_after", ["the job", "memory.db", "recall", "the tombstone, before the job"])
+@pytest.mark.parametrize("killed_after", ["the job's write, its answer lost", "the job", "memory.db", "recall",
+                                          "the tombstone, before the job"])
 async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         tmp_path: Path, killed_after: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job goes on disk before any store loses the words, the transcript's tombstone last: a forget cut
     short at any step is finished at the next start (every step again), and forgetting the turn again
     finds nothing left to forget. 'the tombstone, before the job': the order of steps before (the
-    tombstone first, nothing else), which memory.db's words still allow to finish."""
+    tombstone first, nothing else), which memory.db's words still allow to finish. "the job's write, its answer
+    lost": a cancel (a stop cutting the request) that lands as memory.db's thread commits the job."""
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
     settings.layout.ensure()
     first = MemorySystem(settings)
@@ -708,14 +740,17 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         await first.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))
     else:
         forgetting = first.forgetting
-        if killed_after == "the job":
+        if killed_after.startswith("the job"):
             real_apply, calls = forgetting.apply, []
 
             async def apply(change: object) -> object:
                 calls.append(1)
-                if len(calls) == 2:  # purge_memory
+                if killed_after == "the job" and len(calls) == 2:  # purge_memory
                     raise _Killed
-                return await real_apply(change)  # type: ignore[arg-type]
+                done = await real_apply(change)  # type: ignore[arg-type]
+                if len(calls) == 1 and killed_after != "the job":  # add_job committed, its answer lost
+                    raise _Killed
+                return done
 
             forgetting.apply = apply  # type: ignore[assignment]
         elif killed_after == "memory.db":
@@ -1122,3 +1157,159 @@ def test_a_backup_loses_the_same_rows_as_the_live_db(tmp_path: Path) -> None:
             assert rows(b) == live
     finally:
         db.close()
+
+
+async def test_a_backup_the_disk_fails_to_purge_keeps_the_job_until_it_is_purged(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup the daemon's pass can read but not rewrite (a full disk, an I/O error: sqlite's
+    OperationalError) keeps the forget's job: finishing it would leave the turn's words in that backup for
+    good. The next pass, the disk well again, purges it and finishes the job."""
+    from sprite_os.memory.forget import backups
+
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    real = backups.delete_drawn
+
+    def full(*_: object, **__: object) -> object:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(backups, "delete_drawn", full)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] in ("forget_pass_failed", "forget_files_rewritten") for e in logs),
+                       timeout=60, what="the daemon's forget pass")
+    backup = layout.memory_dir / "memory.db.before-rebuild-20260101T000000"
+    assert said(backup)  # the disk kept it as it was
+    assert len(await system.memory.call(jobs)) == 1  # so the job stays, for the next pass
+    monkeypatch.setattr(backups, "delete_drawn", real)
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert said(backup) == [] and said(layout.os_dir / "backup" / "v1-20260101T000000Z" / "agent.db") == []
+
+
+async def test_a_reader_that_kept_the_transcripts_wal_through_the_forget_does_not_keep_the_words_there(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A reader mid-transaction (another process reading transcript.db, `memory status`, a backup tool) keeps
+    the forget's checkpoint from emptying the transcript's WAL, which holds old copies of the turn's pages:
+    the daemon's pass empties it before it calls the forget done, or leaves the job for the next pass."""
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    # the turn's words in the database file, where a checkpoint has put them (a live server's turns get there)
+    await system.transcript.call(lambda t: t.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+    wal = Path(f"{layout.transcript_db}-wal")
+    reader = sqlite3.connect(layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        await system.forget_turns([ids[1]], by="test")
+        assert await system.forgetting.decided(60)
+    finally:
+        reader.close()
+    await system.transcript.call(lambda t: t.start_session("s10", T0 + 91))  # the server goes on writing
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert said(layout.transcript_db) == [], wal.stat().st_size
+
+
+def test_a_persons_edit_saved_while_the_pass_takes_lines_out_is_kept(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass reads a file, takes the forgotten lines out and writes it: a person's Save that lands between
+    the read and the write (the console saves on its own thread) is kept, the forgotten line out of it too;
+    the pass wrote over it, and the person's acknowledged edit was gone from the file."""
+    from sprite_os.console.memory_files import PERSON_EDIT
+    from sprite_os.memory.files import sha
+    from sprite_os.memory.forget import history
+
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    files = MemoryFiles(layout)
+    before = "# User\n- Name: Ada\n- Lives in: Lisbon\n"
+    files.write("user.md", before, "batch-1")
+    edited = before + "- Has a cat called Miso\n"
+    real, saved = history.without, []
+
+    def person_saves_meanwhile(text: str, *args: object) -> str:
+        if text == before and not saved:
+            saved.append(files.write("user.md", edited, PERSON_EDIT, expect=sha(before)))
+        return real(text, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(history, "without", person_saves_meanwhile)
+    assert history.strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)") == ["user.md"]
+    assert saved and files.read("user.md") == "# User\n- Name: Ada\n- Has a cat called Miso\n"
+
+
+def test_a_rollback_made_while_the_pass_redacts_the_history_does_not_bring_the_line_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A person's rollback (in the console) to a version the pass has not redacted yet, made after the pass
+    took the lines out of the current file: the current file and the rollback's version lose the lines too,
+    and the job is done only then. The rolled-back text used to stay current, the forgotten line in the boot
+    prompt once the job was finished."""
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    files = MemoryFiles(layout)
+    files.write("user.md", "# User\n- Name: Ada\n- Lives in: Lisbon\n", "batch-1")
+    files.write("user.md", "# User\n- Name: Ada\n- Lives in: Lisbon\n- Likes tea\n", "batch-2")
+    real, rolled = files.redact_history, []
+
+    def rollback_meanwhile(name: str, change: object) -> int:
+        if name == "user.md" and not rolled:
+            rolled.append(files.rollback("user.md", 1))
+        return real(name, change)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(files, "redact_history", rollback_meanwhile)
+    strip_files(files, {line_hash("- Lives in: Lisbon")}, "(gone)")
+    assert rolled and "Lisbon" not in files.read("user.md")
+    assert [v.number for v in files.history("user.md") if "Lisbon" in v.text] == []
+
+
+async def test_a_reader_that_keeps_a_wal_for_long_makes_the_pass_try_again_less_and_less_often(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """Each pass that finds a WAL kept does the job's steps again (backups vacuumed included): while a reader
+    keeps it (a shell left in a transaction), the next try waits longer each time, up to 5 minutes, not 5 s
+    forever."""
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    reader = sqlite3.connect(layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        with capture_logs() as logs:
+            await system.forget_turns([ids[1]], by="test")
+            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
+                           what="the decision's pass")
+            for _ in range(3):
+                assert await system.forgetting.rewrite_files() == 0
+        waits = [e["next_try_s"] for e in logs if e["event"] == "forget_wal_kept"]
+    finally:
+        reader.close()
+    assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits
+
+
+def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forgets_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall index set aside (broken, or mid-swap) holds the turns' words in its segments: when the disk
+    fails its deletion, purge_backups says so (the pass keeps the job for its next try) instead of going on
+    as if it were gone."""
+    import errno
+    import os
+
+    from sprite_os.memory.forget.backups import purge_backups
+
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    aside = layout.memory_dir / "index.broken-20260101T000000"
+    aside.mkdir()
+    (aside / "segment.idx").write_bytes(b"lisbon tagus")
+    real = os.unlink
+
+    def failing(path: object, *args: object, **kwargs: object) -> None:
+        if str(path) == "segment.idx" or str(path).endswith("/segment.idx"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", failing)
+    with pytest.raises(OSError):
+        purge_backups(layout, [1], ["s1"], set(), "(gone)")
+    monkeypatch.setattr(os, "unlink", real)
+    assert (aside / "segment.idx").exists()
+    assert purge_backups(layout, [1], ["s1"], set(), "(gone)") == 1 and not aside.exists()

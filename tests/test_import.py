@@ -143,6 +143,26 @@ def test_importing_again_adds_exactly_the_missing_turns(tmp_path: Path) -> None:
     db.close()
 
 
+def test_importing_again_never_brings_back_a_turn_a_person_forgot(tmp_path: Path) -> None:
+    """A forgotten turn keeps its session and time, not its words: importing its file again finds its line
+    recorded (as forgotten) and adds nothing, so its words never come back; a copy the file repeats counts
+    it among its copies."""
+    db = TranscriptDB(tmp_path / "t.db")
+    ok = json.dumps({"session": "s", "timestamp": 1_600_000_000, "user": "ok", "assistant": "ok"})
+    pin = json.dumps({"session": "s", "timestamp": 1_600_000_060, "user": "My PIN is 4321", "assistant": "Noted"})
+    turns, _ = turns_of([ok, ok, pin])
+    assert apply(db, turns).added == 3
+    first_ok, _, secret = [o.id for o in db.iter_all()]
+    db.forget([secret, first_ok], NOW, "test")
+    turns, _ = turns_of([ok, ok, pin])
+    again = apply(db, turns)
+    assert (again.added, again.already) == (0, 3)
+    assert not [o for o in db.iter_all() if "4321" in o.user_message]
+    turns, _ = turns_of([ok, ok, ok, pin])  # a third copy is new
+    assert apply(db, turns).added == 1
+    db.close()
+
+
 def test_a_turn_a_file_repeats_is_kept_as_often_as_the_file_holds_it(tmp_path: Path) -> None:
     db = TranscriptDB(tmp_path / "t.db")
     ok = json.dumps({"session": "s", "timestamp": 1_600_000_000, "user": "ok", "assistant": "ok"})

@@ -177,6 +177,36 @@ def count(path: Path) -> int:
         return sum(1 for _ in f)
 
 
+class _Session(msgspec.Struct, array_like=True):
+    """An inbox line's session alone (an ImportedTurn is a JSON array, its session first)."""
+
+    session_id: str
+
+
+def holding(layout: Layout, session_id: str) -> list[Path]:
+    """The inbox files, waiting or set aside, with a turn of `session_id`: a turn not recorded yet (or recorded
+    again when a file set aside is renamed back), which a forget of that session would miss. A file that
+    can't be read may hold one."""
+    decoder, out = msgspec.json.Decoder(_Session), []
+    for path in [*inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
+        try:
+            with path.open("rb") as f:
+                if any(_of(decoder, line) == session_id for line in f):
+                    out.append(path)
+        except FileNotFoundError:  # applied (or removed) meanwhile
+            continue
+        except OSError:
+            out.append(path)
+    return out
+
+
+def _of(decoder: msgspec.json.Decoder[_Session], line: bytes) -> str | None:
+    try:
+        return decoder.decode(line).session_id
+    except (msgspec.DecodeError, msgspec.ValidationError):  # a torn line: never written whole, never applied
+        return None
+
+
 def progress_path(path: Path, kind: str) -> Path:
     return path.with_name(path.name.removesuffix(SET_ASIDE_SUFFIX).removesuffix(SUFFIX) + kind)
 

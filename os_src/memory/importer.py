@@ -10,7 +10,8 @@ exactly as capture does it. A UTF-8 byte order mark is allowed.
 A turn's identity is its content and its place in time: its session, its timestamp and its
 text (the person's message and the answer, as stored). So importing a file again adds exactly
 the turns the workspace lacks: a line fixed since, a session's new turns, the n-th copy of a
-turn the file repeats. A new turn is numbered after its session's last one (the number only
+turn the file repeats. A turn a person forgot counts as recorded at its session and time, so its
+words never come back. A new turn is numbered after its session's last one (the number only
 identifies it); its place in the session is by time (see memory/recall/episodes.py).
 
 Two steps, so that transcript.db keeps one writer: `read_turns` checks the lines (in the CLI)

@@ -27,7 +27,7 @@ import asyncio
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..config import Settings
 from ..db_worker import Worker
@@ -202,9 +202,7 @@ class BatchProcessor:
         reply = await self._usable_reply(call)
         forgotten = await self.transcript.call(lambda t: t.forgotten_among(call.ids))
         if forgotten := forgotten or await self.memory.call(lambda m: being_forgotten(m, call.ids)):
-            # a person forgot a turn of it during the call: nothing it learned may stand; the rest runs again
-            await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
-            raise EditConflict("a turn was forgotten during the call")
+            await _forgotten_during(call, forgotten)
         updates = {n: t for n, t in reply.file_updates.items() if limit_error(n, t) is None}
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:
@@ -212,12 +210,16 @@ class BatchProcessor:
         kept += await self._drop_edited(call, before, updates, conflicts)
 
         ids, model, tokens = call.ids, self.curator.model, call.tokens
-        batch = await self.memory.call(lambda m: m.commit_batch(
+        # Looked for again in the commit's own call on memory.db's one thread: a forget that began since the look
+        # above (its job goes on disk before it deletes anything) would have purged before this commit.
+        batch = await self.memory.call(lambda m: being_forgotten(m, ids) or m.commit_batch(
             trigger=trigger, observation_ids=ids, model=model, input_tokens=tokens[0], output_tokens=tokens[1],
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
             base_hashes={n: sha(before[n]) for n in updates},
             done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}],
         ))
+        if isinstance(batch, list):
+            await _forgotten_during(call, batch)
         await self.on_commit()  # the recall index takes the new learnings before the turns count as done
         written = await self._finish(batch, rerun_if_edited=conflicts + 1 < MAX_EDIT_CONFLICTS)
         if written is None:  # a person edited a file between the check above and the write
@@ -348,3 +350,9 @@ class _Call:
     async def failed(self, error: str) -> None:
         """Record the call as a failed batch, with what it cost."""
         await self._processor.record_failure(self.trigger, self.ids, error, self.tokens)
+
+
+async def _forgotten_during(call: _Call, forgotten: list[int]) -> NoReturn:
+    """A person forgot a turn of the batch during its call: nothing it learned may stand; the rest runs again."""
+    await call.failed(f"discarded: {len(forgotten)} of its turns were forgotten during the call")
+    raise EditConflict("a turn was forgotten during the call")

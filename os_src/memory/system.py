@@ -37,7 +37,7 @@ from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
 from .hooks import CompactionHooks, HookTimings
-from .import_inbox import SET_ASIDE_ENDING, ImportInbox, inbox_files
+from .import_inbox import SET_ASIDE_ENDING, ImportInbox, holding, inbox_files
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
@@ -66,6 +66,9 @@ JOURNAL_SET_ASIDE = ("some of these turns may be in a turn journal the server co
 JOURNAL_STUCK = ("some of these turns may be in a turn journal the server could neither read nor set aside, which the "
                  "next start reads again and may replay: this needs the operator, not a moment's wait; the forget "
                  "can be done once a restart has read it (`sprite-os memory status` says what is wrong)")
+IMPORT_WAITING = ("some turns of this session are still being imported (`sprite-os memory import`), and would be "
+                  "recorded after the forget, words and all: forget it once the import is done (`sprite-os memory "
+                  "status` shows it; a file set aside for the operator must be applied again or removed first)")
 BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
 
 
@@ -216,6 +219,9 @@ class MemorySystem:
         already: a replay never records it again.)"""
         if session_id is not None or turn_ids:
             await self._refuse_if_journal_set_aside()
+        if session_id is not None and (waiting := await asyncio.to_thread(holding, self.settings.layout, session_id)):
+            log.warning("forget_refused_import_waiting", files=[p.name for p in waiting])
+            raise StillSaving(IMPORT_WAITING)
         if not await self.writer.drained(FORGET_DRAIN_BUDGET) and self.writer.holds_turns(
                 {session_id} if session_id is not None else set(), set(turn_ids)):
             raise StillSaving("some of these turns are still being saved (transcript.db is locked or failing): "

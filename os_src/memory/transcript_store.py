@@ -203,9 +203,13 @@ class TranscriptDB:
             return [self._import_one(self.conn, t) for t in turns]
 
     def _import_one(self, c: sqlite3.Connection, t: ImportedTurn) -> int | None:
-        copies = sum(1 for user, answer in c.execute(
-            "SELECT user_message, agent_response FROM observations WHERE session_id = ? AND timestamp = ?",
-            (t.session_id, t.timestamp)) if user == t.user_message and answer == t.agent_response)
+        # A turn a person forgot keeps its session and time, not its words: it counts as a copy of the turn at
+        # its place, so importing its file again never brings the words back (a different line at that very
+        # time in that session is taken for it too: precision first).
+        copies = sum(1 for user, answer, processed in c.execute(
+            "SELECT user_message, agent_response, processed FROM observations WHERE session_id = ? AND timestamp = ?",
+            (t.session_id, t.timestamp))
+            if processed == FORGOTTEN or (user == t.user_message and answer == t.agent_response))
         if copies >= t.occurrence:
             return None
         number = c.execute("SELECT coalesce(max(sequence_num), 0) + 1 FROM observations WHERE session_id = ?",

@@ -60,7 +60,11 @@ def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes:
         conn.execute("INSERT INTO forget_notes (at, note) VALUES (?, ?)", (time.time(), note))
         conn.execute("VACUUM")
         return True
-    except sqlite3.DatabaseError as exc:
+    except sqlite3.OperationalError:
+        # The disk (full, an I/O error) or a lock, not the copy: it may hold the words still, so the forget's
+        # job waits for a pass that can rewrite it.
+        raise
+    except sqlite3.DatabaseError as exc:  # not a database (any more): nothing in it can be read, nor taken out
         log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
         return False
     finally:
@@ -83,6 +87,6 @@ def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], h
             done += 1
     for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
         if aside.is_dir() and not aside.is_symlink():
-            shutil.rmtree(aside, ignore_errors=True)
+            shutil.rmtree(aside)  # a file the disk will not delete holds the words still: the job waits (OSError)
             done += 1
     return done

@@ -8,7 +8,8 @@ import contextlib
 import json
 
 from ...database import transaction
-from ..files import CURATED, MemoryFiles
+from ...errors import FileChanged
+from ..files import CURATED, MemoryFiles, sha
 from ..memory_store import MemoryDB
 from .lines import meaningful_lines, without
 
@@ -27,17 +28,29 @@ def file_candidates(files: MemoryFiles) -> tuple[dict[str, str], set[str]]:
 
 def strip_files(files: MemoryFiles, hashes: set[str], note: str) -> list[str]:
     """The curated files without those lines (each a new version, `forget`), then every version of
-    them rewritten in place with a note where the lines were. Returns the files changed."""
-    changed = []
-    for name in CURATED:
+    them rewritten in place with a note where the lines were; again while a current file has one of the
+    lines back (a person's rollback, meanwhile, to a version not yet rewritten). Returns the files changed."""
+    changed = [name for name in CURATED if _strip_current(files, name, hashes)]
+    while True:
+        for name in CURATED:
+            files.redact_history(name, lambda old: without(old, hashes, note))
+        if not (again := [name for name in CURATED if _strip_current(files, name, hashes)]):
+            return changed
+        changed += [name for name in again if name not in changed]
+
+
+def _strip_current(files: MemoryFiles, name: str, hashes: set[str]) -> bool:
+    """The current file without those lines, as a new version (`forget`). True if it had any."""
+    while True:
         text = files.read(name)
         kept = without(text, hashes)
-        if kept != text:
-            files.write(name, kept, "forget")
-            changed.append(name)
-    for name in CURATED:
-        files.redact_history(name, lambda old: without(old, hashes, note))
-    return changed
+        if kept == text:
+            return False
+        try:  # written only over the text it was made from: a person's Save meanwhile is read again
+            files.write(name, kept, "forget", expect=sha(text))
+        except FileChanged:
+            continue
+        return True
 
 
 def current_texts(files: MemoryFiles) -> dict[str, str]:

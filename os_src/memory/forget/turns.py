@@ -19,6 +19,8 @@ writer) takes those lines out of the curated files (a new version, source `forge
 older version and every batch's record (a note stands where they were), and out of the backups
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
+It finishes a job only once every file and backup is rewritten (a disk error keeps the job for its next
+pass) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
 skips a job being decided and decides one left undecided; a new session's boot prompt waits for
 the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
@@ -31,18 +33,22 @@ fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and t
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
 left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
 transcript's tombstone is written last: a forget a kill or an error cuts short is run again at the
-next start (`resume`; the pass leaves its job alone until then, or until the turns are forgotten
-again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
+next start (`resume`; the pass leaves a job whose turns lack their tombstones alone until then, or until
+the turns are forgotten again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ...backoff import Backoff
+from ...database import checkpoint
 from ...db_worker import Worker
 from ...logs import get_logger
 from ...paths import Layout
@@ -61,7 +67,7 @@ from .history import (
     strip_batches,
     strip_files,
 )
-from .jobs import Job, add_job, finish_job, jobs, set_job_lines
+from .jobs import FORGET_PASS, Job, add_job, finish_job, jobs, set_job_lines
 from .judge import CheckFailed, LineJudge
 from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
@@ -79,6 +85,9 @@ class Forgotten:
     in_context: bool = False
 
 
+# After a pass found a WAL a reader kept (its job left for later), until the pass is tried again: 5 s,
+# doubling, up to 5 min (each try does the job's steps again, the backups' vacuum included).
+WAL_RETRY = Backoff(first=5.0, max=300.0)
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -103,9 +112,8 @@ class TurnForgetting(Deciding):
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
-    # Jobs whose words an error left in a store: the pass must not finish them (their turns would keep
-    # their words for good); the next start's `resume` runs every step again.
-    _cut_short: set[int] = field(default_factory=set)
+    _wal_kept: int = 0  # passes in a row that found a WAL a reader kept
+    _wal_timer: asyncio.TimerHandle | None = None  # the pass they asked for
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -178,8 +186,7 @@ class TurnForgetting(Deciding):
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
-                del self._deciding[job]
-                self._cut_short.add(job)  # the next start finishes it
+                del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
                 raise
         finally:
             self._taking_out -= 1
@@ -196,6 +203,8 @@ class TurnForgetting(Deciding):
             if not await self.decided(budget):
                 log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
         finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
+            if self._wal_timer is not None:
+                self._wal_timer.cancel()
             self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
             running = [task for task in self._deciding.values() if task is not None]
             for task in running:
@@ -210,7 +219,7 @@ class TurnForgetting(Deciding):
         for job in await self.memory.call(jobs):
             if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
                 continue
-            if job.id in self._cut_short and not await self._taken_out_since(job):
+            if not await self._taken_out(job):
                 continue
             try:
                 hashes = await self._settled(job)
@@ -219,24 +228,46 @@ class TurnForgetting(Deciding):
                             lines_kept_for_now=len(job.line_hashes), next_try_s="the daemon's next pass")
                 continue
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
-            changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
-            await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
-            backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions, hashes,
-                                              note)
+            try:
+                changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
+                await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
+                backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
+                                                  hashes, note)
+            except (OSError, sqlite3.OperationalError) as exc:
+                # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
+                # step is idempotent) for the daemon's next pass, and the other jobs go on.
+                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try="the daemon's next pass")
+                continue
+            if not await self._wals_emptied():
+                # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
+                # the turns' words still. The job stays until a pass empties both.
+                self._wal_kept += 1
+                wait = WAL_RETRY.delay(self._wal_kept, random.random())
+                log.warning("forget_wal_kept", job=job.id, passes=self._wal_kept, next_try_s=round(wait, 1))
+                if self._wal_timer is not None:  # one retry waits, however many passes found the WAL kept
+                    self._wal_timer.cancel()
+                self._wal_timer = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
+                break  # nor can any other job finish while it is kept
+            self._wal_kept = 0
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
         return done
 
-    async def _taken_out_since(self, job: Job) -> bool:
-        """Whether every turn of a job an error cut short has its tombstone now: the person forgot them again,
-        and that forget took their words out of every store. Then the pass finishes the job as any other."""
+    async def _wals_emptied(self) -> bool:
+        """Both databases' WALs copied in and emptied (`checkpoint`): what the forget's own checkpoints did,
+        unless a reader kept one through them."""
+        return (await self.transcript.call(lambda t: checkpoint(t.conn))
+                and await self.memory.call(lambda m: checkpoint(m.conn)))
+
+    async def _taken_out(self, job: Job) -> bool:
+        """Whether every turn of the job has its tombstone (written last): its forget took their words out of
+        every store. A job without is a forget an error or a cancel cut short (its job's own write included,
+        whose id the forget never learned): the pass must not finish it, or the turns would keep their words
+        for good; the next start's `resume` runs every step again, as does the person's forget again."""
         wanted = set(job.observation_ids)
-        if set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) != wanted:
-            return False
-        self._cut_short.discard(job.id)
-        return True
+        return set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) == wanted
 
     async def _settled(self, job: Job) -> set[str]:
         """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
