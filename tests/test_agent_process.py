@@ -53,10 +53,13 @@ async def interrupted_while(cli: SilentCLI, meanwhile: Any) -> tuple[float, list
 @pytest.mark.parametrize("refuse", [False, True], ids=["unanswered", "write_failed"])
 async def test_a_cli_that_exits_during_its_interrupt_is_no_failure_and_not_waited_on(
         monkeypatch: pytest.MonkeyPatch, refuse: bool) -> None:
-    monkeypatch.setattr(agent_process, "INTERRUPT_TIMEOUT", 3.0)
+    # Both waits long, the exit 0.1 s in: not waited on is well under them however late a loaded machine
+    # wakes the loop (an exit seen 1.2 s late outlasted a 1 s grace, and a bound of 1 s).
+    monkeypatch.setattr(agent_process, "INTERRUPT_TIMEOUT", 30.0)
+    monkeypatch.setattr(agent_process, "EXIT_GRACE", 30.0)
     cli = SilentCLI(refuse)
     took, events = await interrupted_while(cli, cli.exit)
-    assert took < 1.0 and events == ["cli_exited_during_interrupt"], (took, events)
+    assert took < 20 and events == ["cli_exited_during_interrupt"], (took, events)
 
 
 async def test_a_live_cli_that_never_answers_its_interrupt_is_a_failure_within_the_timeout(

@@ -291,6 +291,16 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
     assert started.returncode == 0, started.stdout + started.stderr
     new = make_checkout(tmp_path, "9.3.0", lock_comment="9.3.0 (a new venv)", template_note="9.3.0")
     clone_cached_venv(venv.cache, new / "bootstrap" / "requirements.lock")
+    # The killed deploys hold once the new code has written the templates, the last thing before the
+    # switch: the kill lands before the switch however late a loaded machine runs the killer (the
+    # templates' step and the switch take under 0.3 s: a kill that late found the new version current).
+    main = new / "os_src" / "commands" / "main.py"
+    said = "    print(f\"templates: written={','.join(written) or 'none'}\")\n"
+    assert said in main.read_text()
+    main.write_text(main.read_text().replace(said, said.replace(")\n", ", flush=True)\n") + (
+        "    if __import__('os').environ.get('DEPLOY_TEST_HOLD_AFTER_TEMPLATES'):\n"
+        "        __import__('time').sleep(600)\n")))
+    held = {**service_env, "DEPLOY_TEST_HOLD_AFTER_TEMPLATES": "1"}
     cmd = deploy_cmd(ws, "--from-checkout", str(new), "--venv-cache", str(venv.cache), "--venv-cache-links")
     try:
         # Killed as each step starts, and inside two: while migrate-v1 runs, and once the templates
@@ -299,7 +309,7 @@ def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_
                    "deploy: step=templates ", "templates: written=")
         for marker in markers:
             # At the venv step, copy the cached venv (seconds) rather than link it, to kill it mid-way.
-            killed, out = run_until(cmd[:-1] if "venv" in marker else cmd, marker, env=service_env)
+            killed, out = run_until(cmd[:-1] if "venv" in marker else cmd, marker, env=held)
             assert killed, out
             assert current(ws) == f"releases/{VERSION}", marker
             assert (ws / ".os" / "VERSION").read_text().strip() == VERSION

@@ -256,6 +256,11 @@ async def test_metrics_in_the_prometheus_text_format_for_the_token_holder(
             await turn(c, f"turn {n}")
         assert app.memory is not None
         await wait_for(lambda: app.memory is not None and app.memory.daemon.health.batches_run == 1, timeout=30)
+
+        async def counted() -> bool:  # the turns' counts wait 0.5 s at most, then the last ones stand
+            return (await app.health())["memory"]["observations"].get("processed") == 2
+
+        await wait_for(counted, timeout=30, what="the batch's turns counted")
         assert (await asyncio.to_thread(scrape, app.port, None))[0] == 401
         assert (await asyncio.to_thread(scrape, app.port, "wrong-token-0123456789"))[0] == 401
         status, content_type, text = await asyncio.to_thread(scrape, app.port)

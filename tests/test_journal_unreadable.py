@@ -267,6 +267,8 @@ async def test_healthz_is_degraded_while_what_is_set_aside_is_not_known(
             await asyncio.sleep(0.01)
         assert health["degraded"] and "Input/output error" in health["set_aside_listing_error"]
         monkeypatch.undo()
+        # A healthy disk: this call waits for its listing (on a loaded machine one can take more than HEALTH_WAIT).
+        monkeypatch.setattr(system_module, "HEALTH_WAIT", 60.0)
         health = await system.health()
         assert not health["degraded"] and health["set_aside_listing_error"] is None
     finally:
@@ -279,18 +281,22 @@ async def test_healthz_lists_what_is_set_aside_off_the_loop_and_as_it_is_now(
     the whole server, every client with it. They are listed on a thread now: the loop runs on while the
     listing hangs, /healthz answers within HEALTH_WAIT with the last listing, and with a healthy disk a
     journal set aside, or removed by the operator, shows at the very next call."""
+    from sprite_os.memory import system as system_module
+
     settings = lexical(tmp_path)
     layout = settings.layout
     system = MemorySystem(settings)
     await system.start()
     try:
-        aside = layout.state_dir / f"{JOURNAL_NAME}.damaged-20261127T090000"
-        aside.write_bytes(DAMAGED)
-        health = await system.health()
-        assert health["capture"]["journals_set_aside"] == [aside.name] and health["degraded"]
-        aside.unlink()  # the operator dealt with it
-        health = await system.health()
-        assert health["capture"]["journals_set_aside"] == [] and not health["degraded"]
+        with monkeypatch.context() as healthy:  # each call waits for its listing: a loaded machine's can take 0.5 s
+            healthy.setattr(system_module, "HEALTH_WAIT", 60.0)
+            aside = layout.state_dir / f"{JOURNAL_NAME}.damaged-20261127T090000"
+            aside.write_bytes(DAMAGED)
+            health = await system.health()
+            assert health["capture"]["journals_set_aside"] == [aside.name] and health["degraded"]
+            aside.unlink()  # the operator dealt with it
+            health = await system.health()
+            assert health["capture"]["journals_set_aside"] == [] and not health["degraded"]
 
         hang = threading.Event()
         watched = {str(layout.state_dir), str(import_inbox.inbox_dir(layout))}
