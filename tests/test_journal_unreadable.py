@@ -239,6 +239,32 @@ async def test_healthz_knows_what_is_set_aside_from_the_start_and_what_the_inbox
         await system.stop()
 
 
+async def test_a_slow_listing_after_a_long_quiet_is_not_taken_for_a_hung_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz polled seldom (once a minute) on a loaded machine: its listing took more than HEALTH_WAIT, the one
+    shown was the last poll's, a minute old, and memory said degraded though nothing hung. Only a listing under
+    way for longer than SET_ASIDE_STALE is a hung disk."""
+    from sprite_os.memory import system as system_module
+
+    settings = lexical(tmp_path)
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        assert not (await system.health())["degraded"]
+        monkeypatch.setattr(system_module, "SET_ASIDE_STALE", 0.5)
+        monkeypatch.setattr(system_module, "HEALTH_CACHE_SECONDS", 0.0)
+        monkeypatch.setattr(system_module, "HEALTH_WAIT", 0.1)
+        await asyncio.sleep(0.6)  # the last listing is now older than the bound: no one asked meanwhile
+        with _listing_hangs(settings.layout, monkeypatch):  # this one is slow: past HEALTH_WAIT
+            health = await system.health()
+            assert time.time() - health["set_aside_listed_at"] > 0.5  # the last listing shown, older than the bound
+            assert not health["degraded"], "a listing under way for a tenth of a second is no hung disk"
+            await asyncio.sleep(0.6)
+            assert (await system.health())["degraded"], "under way for longer than the bound: a hung disk"
+    finally:
+        await system.stop()
+
+
 async def test_healthz_is_degraded_while_what_is_set_aside_is_not_known(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A listing that failed, or hung, kept the last one shown forever, and nothing said how old it was."""

@@ -54,8 +54,9 @@ REPLAY_BUDGET = 2.0  # at start, for the turns an earlier run left to land befor
 BOOT_SETTLE_BUDGET = 15.0  # a new session waits this long, at most, for the last session's batch
 RECALL_SETTLE_BUDGET = 2.0  # ...and this long for what that batch learned to be searchable
 HEALTH_CACHE_SECONDS = 1.0
-# A set-aside listing older than this (the disk hangs, or every listing since failed) makes memory degraded:
-# what it shows may no longer be so, a file set aside since unseen.
+# A set-aside listing under way for longer than this (the disk hangs) makes memory degraded: the one shown may
+# no longer be so, a file set aside since unseen. Not the shown one's age: /healthz polled once a minute on a
+# loaded machine, whose listing took more than HEALTH_WAIT, showed a minute-old listing, and said degraded.
 SET_ASIDE_STALE = 30.0
 HEALTH_WAIT = 0.5  # /healthz waits at most this long for fresh counts (a lock holds a database for seconds)
 # ...and for the listing of what is set aside (a hung disk holds a directory read): then the last listing stands
@@ -131,6 +132,7 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
+        self._listing_began = 0.0  # when the listing under way (`_listing`) began, wall clock
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
@@ -343,6 +345,7 @@ class MemorySystem:
         added (the inbox remembers them)."""
         if self._listing is None:
             self._listing, self._slow_said = asyncio.create_task(self._list(), name="memory-set-aside-listing"), False
+            self._listing_began = time.time()
         try:
             listed = await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
         except TimeoutError:
@@ -369,12 +372,13 @@ class MemorySystem:
         hooks', recall's, and what is set aside (set_aside(): two folders listed on a thread). `degraded`:
         the curator has failed three calls in a row, or capture is (its writes failing or stalled, or a
         turn not saved yet, or a turn journal set aside), or the import inbox is (its attempts failing:
-        import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside), or what is set aside is not known: the
-        listing shown is older than SET_ASIDE_STALE, or the last one failed."""
+        import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside), or what is set aside is not known: a
+        listing has been under way for more than SET_ASIDE_STALE, or the last one failed."""
         aside = await self.set_aside()
         daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
             self.imports.status(aside.imports)
-        unknown = aside.error is not None or aside.listed_at is None or time.time() - aside.listed_at > SET_ASIDE_STALE
+        hung = self._listing is not None and time.time() - self._listing_began > SET_ASIDE_STALE
+        unknown = aside.error is not None or aside.listed_at is None or hung
         degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown)
         return {**daemon, "degraded": degraded,
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
