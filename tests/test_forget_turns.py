@@ -46,6 +46,7 @@ from sprite_os.memory.recall.vectors import VectorReader, VectorWriter, read_met
 from sprite_os.memory.schema import FORGOTTEN
 from sprite_os.memory.system import MemorySystem
 from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+from sprite_os.paths import Layout
 
 # What is recalled and forgotten, not how fast: a failed curator call retried soon, the index's commits
 # close together (tests/conftest.py).
@@ -1285,18 +1286,12 @@ async def test_a_reader_that_keeps_a_wal_for_long_makes_the_pass_try_again_less_
     assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits
 
 
-def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forgets_job(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A recall index set aside (broken, or mid-swap) holds the turns' words in its segments: when the disk
-    fails its deletion, purge_backups says so (the pass keeps the job for its next try) instead of going on
-    as if it were gone."""
+def _undeletable_index_set_aside(layout: Layout, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A recall index set aside, holding the turns' words, whose segment the disk will not delete (EIO) until
+    `monkeypatch.undo()`."""
     import errno
     import os
 
-    from sprite_os.memory.forget.backups import purge_backups
-
-    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
-    layout.ensure()
     aside = layout.memory_dir / "index.broken-20260101T000000"
     aside.mkdir()
     (aside / "segment.idx").write_bytes(b"lisbon tagus")
@@ -1308,8 +1303,41 @@ def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forget
         real(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "unlink", failing)
+    return aside
+
+
+async def test_the_pass_keeps_the_job_while_the_disk_will_not_delete_a_recall_index_set_aside(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the daemon's pass (not purge_backups alone): an index set aside whose segment the disk will
+    not delete (an OSError, not sqlite's) keeps the forget's job, logged as forget_pass_failed; the next
+    pass, the disk well again, deletes it and finishes the job."""
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    aside = _undeletable_index_set_aside(layout, monkeypatch)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] in ("forget_pass_failed", "forget_files_rewritten") for e in logs),
+                       timeout=60, what="the daemon's forget pass")
+    assert (aside / "segment.idx").exists()  # the disk kept it
+    assert len(await system.memory.call(jobs)) == 1  # so the job stays, for the next pass
+    monkeypatch.undo()  # the disk well again
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert not aside.exists()
+
+
+def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forgets_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recall index set aside (broken, or mid-swap) holds the turns' words in its segments: when the disk
+    fails its deletion, purge_backups says so (the pass keeps the job for its next try) instead of going on
+    as if it were gone."""
+    from sprite_os.memory.forget.backups import purge_backups
+
+    layout = make_settings(tmp_path / "ws", "http://127.0.0.1:9").layout
+    layout.ensure()
+    aside = _undeletable_index_set_aside(layout, monkeypatch)
     with pytest.raises(OSError):
         purge_backups(layout, [1], ["s1"], set(), "(gone)")
-    monkeypatch.setattr(os, "unlink", real)
+    monkeypatch.undo()  # the disk well again
     assert (aside / "segment.idx").exists()
     assert purge_backups(layout, [1], ["s1"], set(), "(gone)") == 1 and not aside.exists()

@@ -21,6 +21,9 @@ policy's growing wait (IMPORT_RETRY), from where the last one got to: the turns 
 are committed, so they are skipped, not applied again. After MAX_ATTEMPTS failed in a row the file
 is set aside as `<name>.jsonl.failed` (its report says why), for the operator: `memory status` names
 it, and memory is degraded until it is renamed back (applied again) or removed.
+
+While a file, waiting, being applied or set aside, holds turns of a session (`holding`), a forget of that
+session is refused as busy: the file's turns would be recorded after it, words and all.
 """
 
 from __future__ import annotations

@@ -64,7 +64,9 @@ def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes:
         # The disk (full, an I/O error) or a lock, not the copy: it may hold the words still, so the forget's
         # job waits for a pass that can rewrite it.
         raise
-    except sqlite3.DatabaseError as exc:  # not a database (any more): nothing in it can be read, nor taken out
+    except sqlite3.DatabaseError as exc:
+        # Not a database, or a damaged one ("database disk image is malformed"): sqlite can take nothing out of
+        # it, though a damaged copy's other pages may hold the words still.
         log.error("forget_backup_unreadable", path=str(path), error=str(exc)[:200])
         return False
     finally:

@@ -112,8 +112,8 @@ class TurnForgetting(Deciding):
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
-    _wal_kept: int = 0  # passes in a row that found a WAL a reader kept
-    _wal_timer: asyncio.TimerHandle | None = None  # the pass they asked for
+    _wal_kept_passes: int = 0  # passes in a row that found a WAL a reader kept
+    _wal_retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -203,8 +203,8 @@ class TurnForgetting(Deciding):
             if not await self.decided(budget):
                 log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
         finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
-            if self._wal_timer is not None:
-                self._wal_timer.cancel()
+            if self._wal_retry is not None:
+                self._wal_retry.cancel()
             self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
             running = [task for task in self._deciding.values() if task is not None]
             for task in running:
@@ -213,13 +213,13 @@ class TurnForgetting(Deciding):
 
     async def rewrite_files(self) -> int:
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
-        records and the backups. A job whose decision is under way is left to it (its end wakes the
-        daemon again); one left undecided is decided now. Returns the jobs done."""
+        records and the backups, then both databases' WALs emptied; only then is the job finished. A job
+        stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
+        the disk will not rewrite a file or a backup, or while a reader keeps a WAL (`_retry_when_wal_is_free`).
+        Returns the jobs done."""
         done = 0
         for job in await self.memory.call(jobs):
-            if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
-                continue
-            if not await self._taken_out(job):
+            if await self._left_alone(job):
                 continue
             try:
                 hashes = await self._settled(job)
@@ -239,21 +239,34 @@ class TurnForgetting(Deciding):
                 log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try="the daemon's next pass")
                 continue
             if not await self._wals_emptied():
-                # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
-                # the turns' words still. The job stays until a pass empties both.
-                self._wal_kept += 1
-                wait = WAL_RETRY.delay(self._wal_kept, random.random())
-                log.warning("forget_wal_kept", job=job.id, passes=self._wal_kept, next_try_s=round(wait, 1))
-                if self._wal_timer is not None:  # one retry waits, however many passes found the WAL kept
-                    self._wal_timer.cancel()
-                self._wal_timer = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
+                self._retry_when_wal_is_free(job)
                 break  # nor can any other job finish while it is kept
-            self._wal_kept = 0
+            self._wal_kept_passes = 0
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
         return done
+
+    async def _left_alone(self, job: Job) -> bool:
+        """Whether the pass leaves `job` alone this time: while its decision is under way (its end wakes the
+        daemon again); undecided, while a forget takes words out (its job may be on disk, not yet in
+        `_deciding`) or at the shutdown's last pass (the next start decides it); or while its turns lack
+        their tombstones (`_tombstoned`)."""
+        if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+            return True
+        return not await self._tombstoned(job)
+
+    def _retry_when_wal_is_free(self, job: Job) -> None:
+        """A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold the
+        turns' words still, so the job stays, and the pass is asked for again after WAL_RETRY's wait for
+        this many passes in a row (one retry waits, however many passes found the WAL kept)."""
+        self._wal_kept_passes += 1
+        wait = WAL_RETRY.delay(self._wal_kept_passes, random.random())
+        log.warning("forget_wal_kept", job=job.id, passes=self._wal_kept_passes, next_try_s=round(wait, 1))
+        if self._wal_retry is not None:
+            self._wal_retry.cancel()
+        self._wal_retry = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
 
     async def _wals_emptied(self) -> bool:
         """Both databases' WALs copied in and emptied (`checkpoint`): what the forget's own checkpoints did,
@@ -261,7 +274,7 @@ class TurnForgetting(Deciding):
         return (await self.transcript.call(lambda t: checkpoint(t.conn))
                 and await self.memory.call(lambda m: checkpoint(m.conn)))
 
-    async def _taken_out(self, job: Job) -> bool:
+    async def _tombstoned(self, job: Job) -> bool:
         """Whether every turn of the job has its tombstone (written last): its forget took their words out of
         every store. A job without is a forget an error or a cancel cut short (its job's own write included,
         whose id the forget never learned): the pass must not finish it, or the turns would keep their words
