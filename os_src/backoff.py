@@ -1,7 +1,8 @@
 """How long to wait after the n-th failure in a row: the one backoff policy, pure code.
 
 The memory daemon's curator calls, capture's transcript writes, the import inbox's attempts at a
-file, the forget pass's tries at a WAL a reader keeps and the runtime's attempts to start an agent
+file, the forget pass's tries again at a job it left for later (a disk that would not rewrite, a WAL a reader
+keeps) and the runtime's attempts to start an agent
 that cannot start all wait by it. Randomness comes in as a number in [0, 1), so
 it is tested without a clock.
 """

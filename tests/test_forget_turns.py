@@ -1309,8 +1309,13 @@ def _undeletable_index_set_aside(layout: Layout, monkeypatch: pytest.MonkeyPatch
 async def test_the_pass_keeps_the_job_while_the_disk_will_not_delete_a_recall_index_set_aside(
         system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the daemon's pass (not purge_backups alone): an index set aside whose segment the disk will
-    not delete (an OSError, not sqlite's) keeps the forget's job, logged as forget_pass_failed; the next
-    pass, the disk well again, deletes it and finishes the job."""
+    not delete (an OSError, not sqlite's) keeps the forget's job, logged as forget_pass_failed; a pass asked
+    for later, the disk well again, deletes it and finishes the job, with nothing else to wake the daemon (it
+    waited for the next batch, session or forget: on an idle Sprite, for good)."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.memory.forget import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=0.2, max=0.2))
     layout = system.settings.layout
     ids = await seed(system, tmp_path)
     aside = _undeletable_index_set_aside(layout, monkeypatch)
@@ -1319,9 +1324,8 @@ async def test_the_pass_keeps_the_job_while_the_disk_will_not_delete_a_recall_in
         await wait_for(lambda: any(e["event"] in ("forget_pass_failed", "forget_files_rewritten") for e in logs),
                        timeout=60, what="the daemon's forget pass")
     assert (aside / "segment.idx").exists()  # the disk kept it
-    assert len(await system.memory.call(jobs)) == 1  # so the job stays, for the next pass
+    assert len(await system.memory.call(jobs)) == 1  # so the job stays, for a later pass
     monkeypatch.undo()  # the disk well again
-    system.daemon.trigger("forget")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert not aside.exists()
 

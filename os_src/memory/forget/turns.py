@@ -85,9 +85,10 @@ class Forgotten:
     in_context: bool = False
 
 
-# After a pass found a WAL a reader kept (its job left for later), until the pass is tried again: 5 s,
-# doubling, up to 5 min (each try does the job's steps again, the backups' vacuum included).
-WAL_RETRY = Backoff(first=5.0, max=300.0)
+# After a pass left a job for later (a disk that would not rewrite, a check that could not be made, a WAL a
+# reader kept), until the pass is tried again: 5 s, doubling, up to 5 min (each try does the job's steps
+# again, the backups' vacuum included). Nothing else need wake the daemon: an idle Sprite gets its try too.
+PASS_RETRY = Backoff(first=5.0, max=300.0)
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -112,8 +113,8 @@ class TurnForgetting(Deciding):
     _stopping: bool = False
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
-    _wal_kept_passes: int = 0  # passes in a row that found a WAL a reader kept
-    _wal_retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
+    _kept_passes: int = 0  # passes in a row that left a job for later
+    _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -203,8 +204,8 @@ class TurnForgetting(Deciding):
             if not await self.decided(budget):
                 log.warning("forget_decision_cut_short", budget=budget, jobs=len(self._deciding))
         finally:  # even when the stop cuts this wait itself (nothing left of its share): cancelled all the same
-            if self._wal_retry is not None:
-                self._wal_retry.cancel()
+            if self._retry is not None:
+                self._retry.cancel()
             self._stopping = True  # the shutdown's last pass leaves undecided jobs to the next start
             running = [task for task in self._deciding.values() if task is not None]
             for task in running:
@@ -215,9 +216,16 @@ class TurnForgetting(Deciding):
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
         records and the backups, then both databases' WALs emptied; only then is the job finished. A job
         stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
-        the disk will not rewrite a file or a backup, or while a reader keeps a WAL (`_retry_when_wal_is_free`).
-        Returns the jobs done."""
-        done = 0
+        the disk will not rewrite a file or a backup, or while a reader keeps a WAL: for those three, the pass
+        is asked for again later (`_try_again_later`). Returns the jobs done."""
+        done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
+
+        def later() -> float:
+            nonlocal wait
+            if wait is None:
+                wait = self._try_again_later()
+            return round(wait, 1)
+
         for job in await self.memory.call(jobs):
             if await self._left_alone(job):
                 continue
@@ -225,7 +233,7 @@ class TurnForgetting(Deciding):
                 hashes = await self._settled(job)
             except CheckFailed as exc:
                 log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
-                            lines_kept_for_now=len(job.line_hashes), next_try_s="the daemon's next pass")
+                            lines_kept_for_now=len(job.line_hashes), next_try_s=later())
                 continue
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             try:
@@ -236,16 +244,19 @@ class TurnForgetting(Deciding):
             except (OSError, sqlite3.OperationalError) as exc:
                 # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
                 # step is idempotent) for the daemon's next pass, and the other jobs go on.
-                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try="the daemon's next pass")
+                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later())
                 continue
             if not await self._wals_emptied():
-                self._retry_when_wal_is_free(job)
+                # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
+                # the turns' words still.
+                log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes + 1, next_try_s=later())
                 break  # nor can any other job finish while it is kept
-            self._wal_kept_passes = 0
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
+        if wait is None:
+            self._kept_passes = 0
         return done
 
     async def _left_alone(self, job: Job) -> bool:
@@ -257,16 +268,16 @@ class TurnForgetting(Deciding):
             return True
         return not await self._tombstoned(job)
 
-    def _retry_when_wal_is_free(self, job: Job) -> None:
-        """A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold the
-        turns' words still, so the job stays, and the pass is asked for again after WAL_RETRY's wait for
-        this many passes in a row (one retry waits, however many passes found the WAL kept)."""
-        self._wal_kept_passes += 1
-        wait = WAL_RETRY.delay(self._wal_kept_passes, random.random())
-        log.warning("forget_wal_kept", job=job.id, passes=self._wal_kept_passes, next_try_s=round(wait, 1))
-        if self._wal_retry is not None:
-            self._wal_retry.cancel()
-        self._wal_retry = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
+    def _try_again_later(self) -> float:
+        """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
+        in a row (one timer, however many passes or jobs asked). Returns the wait."""
+        self._kept_passes += 1
+        wait = PASS_RETRY.delay(self._kept_passes, random.random())
+        if self._retry is not None:
+            self._retry.cancel()
+        if not self._stopping:  # the shutdown's last pass asks for none: the next start's passes do it
+            self._retry = asyncio.get_running_loop().call_later(wait, self.wake_daemon, FORGET_PASS)
+        return wait
 
     async def _wals_emptied(self) -> bool:
         """Both databases' WALs copied in and emptied (`checkpoint`): what the forget's own checkpoints did,
