@@ -5,7 +5,7 @@
 - `normal`: the same commit with synchronous=NORMAL (no sync until a checkpoint): what a commit
   cost before, when a power loss could take the last turns a person had seen complete;
 - `journal`: transcript.db's thread held busy (a long read): the turn journal's fsync'd append
-  takes the turn, after its CLOSE_GRACE;
+  takes the turn (saved at the close, racing the commit);
 - `fsync`: one fsync of a 4 KiB append on the same disk, for reference.
 
 The end-to-end cost, a turn through the real CLI with memory on against off, is `hooks`'s row.
