@@ -108,11 +108,12 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                     "p99 under 1 ms", ok(inside["p99"] < 1000)))
     if d := r.get("durable"):
         full, normal, journal, fsync = d["full"], d["normal"], d["journal"], d["fsync"]
-        out.append(("a closed turn until durable, the wait before turn_complete: transcript.db's synced commit / "
-                    "the same unsynced (before) / the turn journal, transcript.db busy (median; p99)",
+        out.append(("a closed turn until durable, the wait before turn_complete: the first synced of transcript.db's "
+                    "commit and the turn journal's append / the commit unsynced (before) / the turn journal, "
+                    "transcript.db busy (median; p99)",
                     f"{full['median_ms']:.2f} / {normal['median_ms']:.2f} / {journal['median_ms']:.1f} ms "
                     f"({full['p99_ms']:.1f} / {normal['p99_ms']:.1f} / {journal['p99_ms']:.1f} ms; one fsync here: "
-                    f"{fsync['median_ms']:.2f} ms)", "at most one fsync a turn", ""))
+                    f"{fsync['median_ms']:.2f} ms)", "at most one fsync's wait a turn", ""))
     if c := r.get("curator_latency"):
         out.append(("turn latency, curator proxy 5 s / 0 s (median)",
                     f"{c['ratio_median']:.2f} ({c['curator_5s']['median_ms']:.1f} vs {c['curator_0s']['median_ms']:.1f} ms)",

@@ -1,11 +1,12 @@
 """The durable write's cost: from a turn's close to the moment it is on disk, which is what
 `turn_complete` now waits for. Side by side, turn by turn, in one scratch workspace each:
 
-- `full`: transcript.db's commit with synchronous=FULL (the WAL synced at every commit): today's;
+- `full`: today's: transcript.db's commit with synchronous=FULL (the WAL synced at every commit),
+  raced by the turn journal's fsync'd append, the first of the two answering;
 - `normal`: the same commit with synchronous=NORMAL (no sync until a checkpoint): what a commit
   cost before, when a power loss could take the last turns a person had seen complete;
 - `journal`: transcript.db's thread held busy (a long read): the turn journal's fsync'd append
-  takes the turn, after its CLOSE_GRACE;
+  takes the turn (saved at the close, racing the commit);
 - `fsync`: one fsync of a 4 KiB append on the same disk, for reference.
 
 The end-to-end cost, a turn through the real CLI with memory on against off, is `hooks`'s row.

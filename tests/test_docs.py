@@ -219,7 +219,6 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/deploy.md", "W/{" + ",".join(deploy_contract.USER_SPACE_DIRS) + "}/"),
         ("docs/deploy.md", f"W/.os/{deploy_contract.AGENT_DIR}/ "),
         ("docs/memory.md", f"The cap can't be set below about 43,000 ({curator.MIN_BATCH_TOKENS:,} "),
-        ("docs/memory.md", f"the journal waits {journal.CLOSE_GRACE * 1000:.0f} ms for it"),
         ("docs/memory.md", f"event loop from {journal.OPEN_GRACE * 1000:.0f} ms after the turn opens, "
                            f"then at most every {journal.DELAY * 1000:.0f} ms"),
         ("docs/memory.md", f"a kill -9 in its first {journal.OPEN_GRACE * 1000:.0f} ms"),

@@ -144,7 +144,7 @@ async def test_a_cancelled_journal_save_is_not_taken_for_a_save(tmp_path: Path) 
     with ThreadPoolExecutor(max_workers=1) as files:
         files.submit(busy.wait, 10)  # the save waits behind this
         journal = TurnJournal(tmp_path / "j.json", files, on_saved=lambda k, e: saved.append((k, e)))
-        journal.closed(obs(1), urgent=True)
+        journal.closed(obs(1))
         await wait_for(lambda: journal._written is not None, what="the save handed out")
         assert journal._written is not None
         journal._written.cancel()
@@ -170,7 +170,7 @@ async def test_only_a_save_someone_waits_for_wakes_the_event_loop(tmp_path: Path
         await wait_for(lambda: journal._written is not None and journal._written.done(), what="the open turn saved")
         assert state(tmp_path / "j.json") == [(1, False)]
         assert wakes == [] and saved == []
-        journal.closed(obs(1), urgent=True)
+        journal.closed(obs(1))
         await wait_for(lambda: bool(saved), what="the closed turn's save reported")
         assert saved == [([("s1", 1)], None)] and len(wakes) == 1
 
@@ -200,13 +200,13 @@ class CountedSaves:
         monkeypatch.setattr(journal._file, "save", save)
 
 
-async def test_a_turn_that_ends_within_its_open_grace_costs_the_journal_no_save(
+async def test_a_turn_that_ends_within_its_open_grace_saves_only_its_close(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A zero-latency model's turn (60-150 ms) had its open turn saved at 50 ms, on the files' thread
-    in the middle of the turn, then the emptied state saved after its commit landed: two saves a turn
-    that nothing needed, since the turn's close makes it durable (transcript.db's commit, or the
-    journal within the close's grace). Now a turn that closes within OPEN_GRACE of its start, and
-    lands within CLOSE_GRACE, hands the journal's thread nothing. A longer turn is still saved as it goes."""
+    """A zero-latency model's turn (60-150 ms) had its open turn saved at 50 ms, on the files' thread in
+    the middle of the turn, for nothing: the turn's close makes it durable. A turn that closes within
+    OPEN_GRACE of its start never has its open snapshot saved. Its close is saved at once, synced,
+    racing transcript.db's commit (whichever is on disk first answers the turn's wait), and the file is
+    emptied once the commit lands. A longer turn is still saved as it goes."""
     with ThreadPoolExecutor(max_workers=1) as files:
         # Longer than OPEN_GRACE: a loaded machine's late wake-up can't outlast it (the turn closes 75 ms
         # after it opens; a wake-up 0.4 s late was seen at a load of 14, so not shorter).
@@ -219,27 +219,29 @@ async def test_a_turn_that_ends_within_its_open_grace_costs_the_journal_no_save(
         journal.touched()  # a tool call
         await asyncio.sleep(journal_mod.DELAY * 1.5)  # past DELAY: its save was made here
         journal.touched()
-        journal.closed(obs(1))  # transcript.db takes it at once...
-        journal.durable(("s1", 1))  # ...and commits it first
-        await asyncio.sleep(grace + journal_mod.DELAY + journal_mod.CLOSE_GRACE)
-        assert counted.saves == [(None, False)]  # the first save alone
+        journal.closed(obs(1))  # handed to the files' thread now, beside transcript.db's commit
+        assert journal._written is not None
+        journal.durable(("s1", 1))  # the commit landed
+        await wait_for(lambda: len(counted.saves) == 3, what="the file emptied")
+        await asyncio.sleep(grace + journal_mod.DELAY)
+        assert counted.saves == [(None, False), ([(1, True)], True), (None, False)]  # no open snapshot
         journal.opened(lambda: obs(2, text="so far"))  # a turn of seconds: saved, unsynced, from OPEN_GRACE on
-        await wait_for(lambda: len(counted.saves) == 2, what="the open turn's save")
-        assert counted.saves[1] == ([(2, False)], False)
+        await wait_for(lambda: len(counted.saves) == 4, what="the open turn's save")
+        assert counted.saves[3] == ([(2, False)], False)
         journal.touched()
-        await wait_for(lambda: len(counted.saves) == 3, what="its change's save")
+        await wait_for(lambda: len(counted.saves) == 5, what="its change's save")
         journal.closed(obs(2))
         journal.durable(("s1", 2))
-        await wait_for(lambda: len(counted.saves) == 4, what="the file emptied")  # it held the open turn
-        assert counted.saves[3] == (None, False) and state(tmp_path / "j.json") == []
+        await wait_for(lambda: len(counted.saves) == 7, what="the file emptied")
+        assert counted.saves[5:] == [([(2, True)], True), (None, False)] and state(tmp_path / "j.json") == []
 
 
 async def test_a_turn_opened_right_after_a_close_waits_its_own_open_grace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A queued message starts as the turn before closes: the saves due for that close (its grace, its
-    commit's) came within the new turn's first milliseconds and took its open snapshot with them, so
-    back-to-back turns still cost the journal an open save and an emptying save each. The open turn
-    now waits its own OPEN_GRACE whatever save comes first."""
+    """A queued message starts as the turn before closes: the saves due for that close (its commit's
+    emptying one) came within the new turn's first milliseconds and took its open snapshot with them,
+    so back-to-back turns cost the journal an open save each. The open turn waits its own OPEN_GRACE
+    whatever save comes first."""
     with ThreadPoolExecutor(max_workers=1) as files:
         grace = 1.0  # longer than OPEN_GRACE: a loaded machine's late wake-up can't outlast it
         journal = TurnJournal(tmp_path / "j.json", files, open_grace=grace)
@@ -247,42 +249,69 @@ async def test_a_turn_opened_right_after_a_close_waits_its_own_open_grace(
         journal.restore([])
         await wait_for(lambda: len(counted.saves) == 1, what="the first save")
         journal.opened(lambda: obs(1))
-        journal.closed(obs(1))  # transcript.db's thread is busy: the journal takes it after its grace
+        journal.closed(obs(1))
         journal.opened(lambda: obs(2, text="so far"))  # the next message, at once
         await wait_for(lambda: len(counted.saves) == 2, what="the closed turn's save")
         assert counted.saves[1] == ([(1, True)], True)  # synced, and without the open turn
         journal.durable(("s1", 1))  # its commit lands: the journal lets go of it
         await wait_for(lambda: len(counted.saves) == 3, what="the file emptied")
-        assert counted.saves[2] == (None, False)
+        assert counted.saves[2] == (None, False)  # without the open turn, still in its grace
         journal.closed(obs(2))  # within its grace
         journal.durable(("s1", 2))
-        await asyncio.sleep(grace + journal_mod.DELAY + journal_mod.CLOSE_GRACE)
-        assert len(counted.saves) == 3 and state(tmp_path / "j.json") == []
+        await wait_for(lambda: len(counted.saves) == 5, what="the file emptied again")
+        await asyncio.sleep(grace + journal_mod.DELAY)
+        assert counted.saves[3:] == [([(2, True)], True), (None, False)] and state(tmp_path / "j.json") == []
         journal.opened(lambda: obs(3, text="so far"))  # a long turn is still saved from its grace on
-        await wait_for(lambda: len(counted.saves) == 4, what="the open turn's save")
-        assert counted.saves[3] == ([(3, False)], False)
+        await wait_for(lambda: len(counted.saves) == 6, what="the open turn's save")
+        assert counted.saves[5] == ([(3, False)], False)
 
 
-async def test_an_open_turn_save_due_as_the_turn_closes_waits_the_close_grace(
+async def test_a_closed_turn_is_saved_at_once_and_its_open_save_due_is_dropped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A turn that closed just before its open turn's save was due was saved then, closed and fsync'd,
-    though its transcript.db commit was about to make it durable: a second fsync in the turn, and a
-    wake-up of the loop. The open turn's save is moot once it closes: the closed turn waits its grace."""
-    monkeypatch.setattr(journal_mod, "CLOSE_GRACE", 3.0)  # long: a loaded machine can't make it look met
+    """A closed turn waited 20 ms before the journal saved it, so that its transcript.db commit, usually
+    first, made it the turn's one fsync: the turn's wait before turn_complete was the commit's whole
+    fsync. It is saved at once now, synced, on the files' thread beside the commit, and the first of
+    the two answers the wait (about half the commit's alone on this VM's disk, for a second fsync). The
+    open turn's save that was due is dropped: the close's save supersedes it."""
     saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
     with ThreadPoolExecutor(max_workers=1) as files:
         journal = TurnJournal(tmp_path / "j.json", files, open_grace=0.1,
                               on_saved=lambda k, e: saved.append((k, e)))
         counted = CountedSaves(journal, monkeypatch)
         journal.opened(lambda: obs(1, text="so far"))  # its save due in 0.1 s
-        journal.closed(obs(1))  # transcript.db takes it at once
-        await asyncio.sleep(0.5)  # the open turn's save would have been made by now
-        journal.durable(("s1", 1))  # the commit landed within the close's grace
-        await asyncio.sleep(0.2)
-        assert saved == [] and [what for what, _ in counted.saves] == [None]  # the run's first: emptied, unsynced
-        journal.closed(obs(2), urgent=True)  # transcript.db can't take it at once: saved now, as before
-        await wait_for(lambda: bool(saved), what="the urgent save")
-        assert counted.saves[1:] == [([(2, True)], True)]
+        journal.closed(obs(1))  # transcript.db takes it at once too
+        assert journal._written is not None  # handed out now, not after a grace
+        await wait_for(lambda: bool(saved), what="the closed turn's save")
+        assert saved == [([("s1", 1)], None)] and counted.saves == [([(1, True)], True)]
+        await asyncio.sleep(0.3)  # the open turn's save would have been made by now
+        assert counted.saves == [([(1, True)], True)]
+
+
+async def test_a_closed_turns_save_the_commit_beat_does_not_wake_the_loop(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the journal's save racing the commit at every close, the save that ends second woke the loop
+    for nothing when it was the journal's: the turn's ack had come from transcript.db already. It calls
+    back now only while the turn is not durable yet (or a moved turn's write waits on it)."""
+    loop = asyncio.get_running_loop()
+    wakes: list[object] = []
+    real = loop.call_soon_threadsafe
+    monkeypatch.setattr(loop, "call_soon_threadsafe", lambda cb, *a, **k: (wakes.append(cb), real(cb, *a, **k))[1])
+    saved: list[tuple[list[tuple[str, int]], BaseException | None]] = []
+    busy = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(tmp_path / "j.json", files, on_saved=lambda k, e: saved.append((k, e)))
+        files.submit(busy.wait, 10)  # the files' thread is slower than the commit this time
+        journal.closed(obs(1))
+        journal.durable(("s1", 1))  # the commit landed first
+        busy.set()
+        written = journal._written
+        assert written is not None
+        await asyncio.wrap_future(written)
+        await asyncio.sleep(0.05)
+        assert saved == [] and not any(getattr(w, "__self__", None) is journal for w in wakes)
+        journal.closed(obs(2))  # the journal first this time: heard of, once
+        await wait_for(lambda: bool(saved), what="the closed turn's save reported")
+        assert saved == [([("s1", 2)], None)]
 
 
 async def test_an_emptying_save_that_failed_is_made_for_the_next_empty_state(
@@ -336,7 +365,7 @@ async def test_a_failed_journal_save_is_made_again_on_its_own_once_the_disk_allo
         monkeypatch.setattr(journal._file, "save", broken)
         journal.closed(obs(1))
         journal.durable(("s1", 1))  # in transcript.db: the save that empties the file fails
-        journal.closed(obs(2), urgent=True)  # transcript.db can't take this one: its save fails too
+        journal.closed(obs(2))  # transcript.db can't take this one: its save fails too
         await wait_for(lambda: failed >= 3, what="the failed save made again")
         assert state(path) == [(1, False)] and ([("s1", 2)], None) not in saved
         made = 0
@@ -378,7 +407,7 @@ async def test_a_stuck_journal_makes_no_save_and_tells_acks_at_each_close(tmp_pa
         journal.restore([], stuck=True)
         journal.opened(lambda: obs(1, text="so far"))
         journal.touched()
-        journal.closed(obs(1), urgent=True)
+        journal.closed(obs(1))
         [(keys, error)] = saved
         assert keys == [("s1", 1)] and error is not None and not isinstance(error, OSError)
         journal.opened(lambda: obs(2, text="so far"))
@@ -410,7 +439,7 @@ async def test_a_journal_outage_is_logged_at_its_start_and_its_end_and_its_retri
         real = journal._file.save
         with capture_logs() as logs:
             monkeypatch.setattr(journal._file, "save", full)
-            journal.closed(obs(1), urgent=True)
+            journal.closed(obs(1))
             await wait_for(lambda: failed >= 4, what="the save retried")
             monkeypatch.setattr(journal._file, "save", real)
             await wait_for(lambda: any(x["event"] == "turn_journal_write_recovered" for x in logs),
@@ -454,7 +483,7 @@ def test_a_failed_append_is_cut_off_again_and_a_long_journal_is_rewritten(tmp_pa
     assert state(f.path)[-1] == (399, False)
 
 
-async def test_a_closed_turn_transcript_db_cannot_take_at_once_is_saved_at_once(tmp_path: Path) -> None:
+async def test_a_closed_turn_is_saved_at_once_and_kept_until_durable(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     layout.ensure()
     saved: list[tuple[list[Any], BaseException | None]] = []
@@ -462,14 +491,15 @@ async def test_a_closed_turn_transcript_db_cannot_take_at_once_is_saved_at_once(
     journal = TurnJournal(journal_path(layout), files, delay=60.0,
                           on_saved=lambda keys, exc: saved.append((keys, exc)))
     journal.opened(lambda: obs(1, text="so far"))  # saved within the (here very long) delay
-    journal.closed(obs(1), urgent=True)
-    await wait_for(lambda: saved, timeout=5, what="the urgent save")
+    journal.closed(obs(1))
+    await wait_for(lambda: saved, timeout=5, what="the closed turn's save")
     assert saved == [([("s1", 1)], None)] and state(journal_path(layout)) == [(1, True)]
     journal.opened(lambda: obs(2, text="so far"))
-    journal.closed(obs(2))  # transcript.db took it at once: the journal waits a moment...
-    journal.durable(("s1", 2))  # ...and it landed first: nothing of it to save
+    journal.closed(obs(2))  # saved at once too, beside turn 1, still waiting for transcript.db
     await wait_for(lambda: len(saved) == 2, timeout=5, what="the next save")
-    assert saved[1] == ([("s1", 1)], None) and state(journal_path(layout)) == [(1, True)]
+    assert saved[1] == ([("s1", 1), ("s1", 2)], None) and state(journal_path(layout)) == [(1, True), (2, True)]
+    journal.durable(("s1", 2))  # in transcript.db: the journal lets go of it
+    assert list(journal._closed) == [("s1", 1)]  # saved again within the (long) delay
     journal.durable(("s1", 1))
     synced: list[bool] = []
     real = journal._file.save

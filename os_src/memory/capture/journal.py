@@ -12,26 +12,27 @@ capture says degraded until the operator replays or removes it: it may hold turn
 told were done.
 
 The journal is also one of the two ways a closed turn becomes durable before the person is
-told it is done (capture/acks.py): when transcript.db can't take it at once (busy, locked,
-failing), the closed turn is written here without waiting, and that write is enough.
+told it is done (capture/acks.py): the closed turn is saved here at once, beside transcript.db's
+commit, and whichever of the two is synced first answers the turn's wait. Each way is one
+fsync, on its own thread: racing them cost a turn a second fsync and took the wait from the
+commit's to the quicker of the two (about half the commit's alone on this VM's disk).
 
 Each save appends the journal's whole state as one JSON line. A save that holds a closed turn
 not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file and a rename takes
 two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
 power cut mid-turn loses only a turn no one was told was done (and the record that its message's
 client id was taken: a resend after the restart runs again, as docs/protocol.md says, rather than
-every turn paying a second fsync before its prompt reaches the CLI). So a turn whose transcript.db
-commit comes first pays that commit's fsync and no other. Reading takes the last whole line, so
+every turn paying a fsync before its prompt reaches the CLI). Reading takes the last whole line, so
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
-coalesced), and within CLOSE_GRACE of a turn's end. An open turn is first saved OPEN_GRACE after it
+coalesced), and at once at a turn's close. An open turn is first saved OPEN_GRACE after it
 opens: a turn that ends sooner (a quick answer) never needs its snapshot, since its close makes it
-durable, and a kill -9 before then loses only a turn no one was told was done. Nor is a closed turn
-saved before its grace because an open-turn save happened to be due: the commit usually lands first.
+durable, and a kill -9 before then loses only a turn no one was told was done.
 A save that would leave the file as the last one left it (empty) is not made. Only a save someone
-waits on (it holds a closed turn), one that failed, or one made while saves fail calls back to the
-loop: a wake-up from a thread costs a turn in flight.
+still waits on (it holds a closed turn the commit has not made durable yet, or one an `after_save`
+waits for), one that failed, or one made while saves fail calls back to the loop: a wake-up from a
+thread costs a turn in flight, and a closed turn's save that the commit beat has no one to tell.
 
 A save that fails (EIO, a full disk) is made again on its own, with backoff (health.LOCAL_DISK, a local
 disk's), until one succeeds: the file holds what it did before, which may be a turn as still open
@@ -67,9 +68,6 @@ from .health import JOURNAL_NAME, LOCAL_DISK, advice, set_aside_name
 log = get_logger(__name__)
 
 DELAY = 0.05  # seconds: a tool call's events within it cost one save
-# A closed turn that went straight to transcript.db's thread is saved here only if it is not
-# durable there within this (the thread is busy with a long read, say): one fsync, not two.
-CLOSE_GRACE = 0.02
 # An open turn's first save waits this long after it opens (its later changes, DELAY): a zero-latency
 # model's turn (60-150 ms) closes within it and costs the journal nothing; a model's turn of seconds is
 # saved from here on, as it goes.
@@ -266,8 +264,7 @@ class TurnJournal:
         self._failures = 0  # saves failed in a row: the next is made again on its own after the backoff
         self._failing_since = 0.0  # the loop's time of the first of them: how long the outage lasted
         self._open_due = 0.0  # the loop's time before which the open turn is not saved (OPEN_GRACE)
-        # The save pending (`_timer`; read only while one is) is due for the open turn's sake alone: the
-        # turn's close cancels it, since the closed turn waits its CLOSE_GRACE instead.
+        # The save pending (`_timer`; read only while one is) is due for the open turn's sake alone.
         self._for_open = False
         # The last save handed out emptied the file, so another empty state is not saved again. None
         # (at start, and after a failed save): what the file holds is not known, the next save is made.
@@ -314,21 +311,23 @@ class TurnJournal:
         if self._open is not None:
             self._changed(0.0)
 
-    def closed(self, obs: NewObservation | None, urgent: bool = False) -> None:
-        """The open turn ended: as `obs` (its observation, kept until durable), or not recorded.
-        `urgent`: transcript.db can't take it at once, so it is saved here now."""
+    def closed(self, obs: NewObservation | None) -> None:
+        """The open turn ended: as `obs` (its observation, kept until durable), or not recorded. A closed
+        turn is saved at once, fsync'd, racing transcript.db's commit: the first of the two answers its wait."""
         self._open = None
         if obs is not None and self._stuck:
             self._on_saved([(obs.session_id, obs.sequence_num)], JournalStuck("no journal is written this run"))
             return
-        if obs is not None:
-            self._closed[(obs.session_id, obs.sequence_num)] = obs
-            if len(self._closed) > MAX_CLOSED:
-                self._on_full()
-            if not urgent and self._for_open and self._timer is not None:
-                self._timer.cancel()  # the open turn's save is moot: the closed turn waits its grace
-                self._timer = None
-        self._changed(0.0 if urgent and obs is not None else CLOSE_GRACE if obs is not None else self._delay)
+        if obs is None:
+            self._changed(self._delay)
+            return
+        self._closed[(obs.session_id, obs.sequence_num)] = obs
+        if len(self._closed) > MAX_CLOSED:
+            self._on_full()
+        if not self._stuck:  # handed to the files' thread now, not a pass of the loop later
+            if self._timer is not None:
+                self._timer.cancel()
+            self._write()
 
     def after_save(self, key: Key, then: Callable[[], None]) -> None:
         """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed (at once
@@ -414,11 +413,14 @@ class TurnJournal:
         self._written = written
 
     def _ended(self, loop: asyncio.AbstractEventLoop, keys: list[Key], failing: bool, future: Future[None]) -> None:
-        """On the files' thread: the loop hears of a save only when someone waits on it (a closed turn
-        in it), it failed, or saves were failing (its success ends the retries). The open turn's saves,
-        one or two in every turn, wake it for nothing otherwise, and each wake-up from a thread costs
-        the loop the GIL's hand-over in the turn."""
-        if not keys and not failing and not future.cancelled() and future.exception() is None:
+        """On the files' thread: the loop hears of a save only when someone waits on it (a closed turn in
+        it that is not durable by transcript.db yet, or one `after_save` waits for), it failed, or saves
+        were failing (its success ends the retries). The open turn's saves, and a closed turn's that the
+        commit beat, wake it for nothing otherwise, and each wake-up from a thread costs the loop the
+        GIL's hand-over in the turn. (`_closed` and `_after` are read here, off the loop: a key the loop
+        is letting go of at this moment reads as still there, and the save then calls back, harmlessly.)"""
+        if (not failing and not future.cancelled() and future.exception() is None
+                and not any(k in self._closed or k in self._after for k in keys)):
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed: no one is left to tell
             loop.call_soon_threadsafe(self._saved, future, keys)

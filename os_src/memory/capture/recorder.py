@@ -291,8 +291,8 @@ class TurnRecorder:
         # disk under its first key, and transcript.db gets it only once a journal save without that
         # entry has ended, so that no acknowledgement comes before it (a replay would duplicate it).
         moved = obs is not None and self._journal is not None and turn.session != obs.session_id
-        if self._journal is not None:  # saved at once when transcript.db can't take the turn at once
-            self._journal.closed(obs, urgent=moved or not self._writer.takes_at_once)
+        if self._journal is not None:  # saved at once, racing transcript.db's commit (journal.py)
+            self._journal.closed(obs)
         if obs is not None:
             write = ObservationWrite(obs)
             if moved and self._journal is not None:
@@ -318,7 +318,7 @@ class TurnRecorder:
             self._writer.submit(write)
             self._writer.spill_waiting()
         if self._journal is not None:  # its open entry leaves the journal: nothing of it is replayed
-            self._journal.closed(None, urgent=False)
+            self._journal.closed(None)
         return durable
 
     @staticmethod
