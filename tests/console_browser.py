@@ -353,10 +353,10 @@ def on_one_server(parts: list[Part], folder: Path) -> Scenario:
     return Scenario(run, folder, dict.fromkeys(names, 1))
 
 
-def tests_on_one_server(parts: list[Part], group: str) -> tuple[Any, Any]:
+def one_server_tests(parts: list[Part], group: str) -> tuple[Any, Any]:
     """A module's `one_server` fixture and its `test_on_one_server` (each part a test of its own, named after
     it), run by `on_one_server` in the xdist group `group`, so in one worker. In the module:
-    `one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "my-group")`."""
+    `one_server, test_on_one_server = one_server_tests(ON_ONE_SERVER, "my-group")`."""
 
     @pytest.fixture(scope="module")
     def one_server(tmp_path_factory: pytest.TempPathFactory) -> Scenario:

@@ -27,9 +27,9 @@ from tests.console_browser import (
     Tab,
     chromium,
     intercepted,
+    one_server_tests,
     open_tab,
     signed_in,
-    tests_on_one_server,
 )
 from tests.test_console_work_kept_e2e import (
     Muted,
@@ -823,4 +823,4 @@ ON_ONE_SERVER = [
 ]
 
 
-one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "console-kept-messages-one-server")  # each part above, a test of its own
+one_server, test_on_one_server = one_server_tests(ON_ONE_SERVER, "console-kept-messages-one-server")  # each part above, a test of its own

@@ -34,10 +34,10 @@ from tests.console_browser import (
     Tab,
     chromium,
     install_templates,
+    one_server_tests,
     open_tab,
     refused,
     signed_in,
-    tests_on_one_server,
 )
 
 pytestmark = pytest.mark.e2e
@@ -189,7 +189,11 @@ async def restarted_twice(scenario: Scenario, settings: Settings, bridge: MockBr
         await bridge.wait_for(lambda b: len(b.agent_requests()) >= 1)  # out to the model, and held there
         await tab.send("Second, still waiting")
         waiting = tab.messages("user").filter(has_text="Second, still waiting")
-        await expect(waiting).to_have_attribute("data-state", "queued")
+        await expect(waiting).to_have_attribute("data-state", "queued")  # the page's own state, at once
+        # ...and the server's: a stop before its frame arrives refuses it (`shutting_down`), rightly, which is
+        # another test's (a loaded machine's frame came after the stop began).
+        await wait_for(lambda: server.app is not None and server.app.runtime.queued == 1, timeout=30,
+                       what="the server holds the waiting message")
         for restart in (1, 2):
             await server.stop()
             await server.start()
@@ -1422,4 +1426,4 @@ ON_ONE_SERVER = [
 ]
 
 
-one_server, test_on_one_server = tests_on_one_server(ON_ONE_SERVER, "console-work-kept-one-server")  # each part above, a test of its own
+one_server, test_on_one_server = one_server_tests(ON_ONE_SERVER, "console-work-kept-one-server")  # each part above, a test of its own
