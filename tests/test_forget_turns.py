@@ -809,6 +809,24 @@ async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(
     assert await _left(system) == []
 
 
+async def test_a_turn_of_a_forget_an_error_cut_short_goes_to_no_curator_call(system: MemorySystem,
+                                                                              tmp_path: Path) -> None:
+    """A forget an error cut short keeps its job, and its turn stays pending with its words until the next start
+    or the forget again: the batches leave it out. Each batch carrying it was discarded as forgotten during
+    its call and ran again 2 s later, the words sent to the curator and paid for each time."""
+    ids = await seed(system, tmp_path)
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    system.forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[1]], by="test")
+    assert await system.transcript.call(lambda t: [o.id for o in t.pending()]) == ids  # it holds its words
+    assert [o.id for o in await system.processor.pending(100)] == [ids[0], ids[2]]
+    assert [o.id for o in await system.processor.pending(1)] == [ids[0]]
+
+
 async def test_forgetting_again_a_turn_whose_words_memory_still_holds_takes_them_out(system: MemorySystem,
                                                                                      tmp_path: Path) -> None:
     """A turn forgotten under the order of steps before, cut short after its tombstone: forgetting it
