@@ -32,7 +32,7 @@ from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .forget.context import SessionContext
-from .forget.jobs import hidden_lines
+from .forget.jobs import hidden_lines, named
 from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
@@ -254,7 +254,8 @@ class MemorySystem:
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
         then those still on their way to it."""
-        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
+        held = await self.memory.call(named)  # a forget's turns, one an error cut short too: their words are not shown
+        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit, held))
         seen = {(o.session_id, o.sequence_num) for o in recorded}
         waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
         turns: list[Observation | NewObservation] = [*reversed(recorded), *waiting]

@@ -258,11 +258,12 @@ class TranscriptDB:
             Observation,
         )
 
-    def recent_pending(self, limit: int) -> list[Observation]:
+    def recent_pending(self, limit: int, leaving_out: Collection[int] = ()) -> list[Observation]:
         """The newest `limit` pending turns, newest first (the boot prompt's turns not yet curated)."""
         return rows(
             self.conn.execute(
-                "SELECT * FROM observations WHERE processed = ? ORDER BY id DESC LIMIT ?", (PENDING, limit)
+                "SELECT * FROM observations WHERE processed = ? AND id NOT IN (SELECT value FROM json_each(?)) "
+                "ORDER BY id DESC LIMIT ?", (PENDING, json.dumps(sorted(leaving_out)), limit)
             ),
             Observation,
         )
