@@ -132,7 +132,7 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
-        self._listing_began = 0.0  # when the listing under way (`_listing`) began, wall clock
+        self._listing_began = 0.0  # when the listing under way (`_listing`) began: time.monotonic(), no one sets it
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
@@ -348,7 +348,7 @@ class MemorySystem:
         added (the inbox remembers them)."""
         if self._listing is None:
             self._listing, self._slow_said = asyncio.create_task(self._list(), name="memory-set-aside-listing"), False
-            self._listing_began = time.time()
+            self._listing_began = time.monotonic()
         try:
             listed = await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
         except TimeoutError:
@@ -380,7 +380,7 @@ class MemorySystem:
         aside = await self.set_aside()
         daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
             self.imports.status(aside.imports)
-        hung = self._listing is not None and time.time() - self._listing_began > SET_ASIDE_STALE
+        hung = self._listing is not None and time.monotonic() - self._listing_began > SET_ASIDE_STALE
         unknown = aside.error is not None or aside.listed_at is None or hung
         degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown)
         return {**daemon, "degraded": degraded,
