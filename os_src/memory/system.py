@@ -218,8 +218,8 @@ class MemorySystem:
         hold such turns, which the documented replay (renaming it back) would record, words and all; or
         while one is stuck (it could not even be set aside): the next start reads it again and, if the read
         then succeeds, replays it with no one asking. A forget by session is refused too while a `memory
-        import` file (waiting, being applied, or set aside) holds turns of that session (`import_inbox.holding`):
-        they would be recorded after it, words and all. (A turn named by its row id is in transcript.db
+        import` file (being written, waiting, being applied, or set aside) holds turns of that session
+        (`import_inbox.holding`): they would be recorded after it, words and all. (A turn named by its row id is in transcript.db
         already: a replay never records it again.)"""
         if session_id is not None or turn_ids:
             await self._refuse_if_journal_set_aside()
