@@ -809,6 +809,32 @@ async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(
     assert await _left(system) == []
 
 
+async def test_a_turn_of_a_forget_an_error_cut_short_goes_to_no_curator_call_nor_boot_prompt(
+        system: MemorySystem) -> None:
+    """A forget an error cut short keeps its job, and its turn stays pending with its words until the next start
+    or the forget again: the batches leave it out. Each batch carrying it was discarded as forgotten during
+    its call and ran again 2 s later, the words sent to the curator and paid for each time; and every new
+    session's boot prompt showed them among the turns not yet curated."""
+    def write(t: TranscriptDB) -> list[int]:
+        t.start_session("s1", T0)
+        return [t.append(o) or 0 for o in (turn(1, "I walk to Belem every evening", "Noted."),
+                                           turn(2, "I like green tea", "Green tea it is."))]
+
+    ids = await system.transcript.call(write)  # not curated (the curator does not answer): pending
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    system.forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[0]], by="test")
+    assert await system.transcript.call(lambda t: [o.id for o in t.pending()]) == ids  # it holds its words
+    assert [o.id for o in await system.processor.pending(100)] == [ids[1]]
+    assert [o.id for o in await system.processor.pending(1)] == [ids[1]]
+    prompt = await system.boot_prompt(settle=False)
+    assert "green tea" in prompt and "Belem" not in prompt  # nor to a new session's boot prompt
+
+
 async def test_forgetting_again_a_turn_whose_words_memory_still_holds_takes_them_out(system: MemorySystem,
                                                                                      tmp_path: Path) -> None:
     """A turn forgotten under the order of steps before, cut short after its tombstone: forgetting it

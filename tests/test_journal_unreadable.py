@@ -239,30 +239,51 @@ async def test_healthz_knows_what_is_set_aside_from_the_start_and_what_the_inbox
         await system.stop()
 
 
-async def test_a_slow_listing_after_a_long_quiet_is_not_taken_for_a_hung_disk(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """/healthz polled seldom (once a minute) on a loaded machine: its listing took more than HEALTH_WAIT, the one
-    shown was the last poll's, a minute old, and memory said degraded though nothing hung. Only a listing under
-    way for longer than SET_ASIDE_STALE is a hung disk."""
+@contextlib.asynccontextmanager
+async def _healthy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[MemorySystem]:
+    """A started memory whose /healthz says ok, then with its bounds made short (a listing under way 0.5 s is
+    hung; /healthz waits 0.1 s for one); stopped after."""
     from sprite_os.memory import system as system_module
 
-    settings = lexical(tmp_path)
-    system = MemorySystem(settings)
+    system = MemorySystem(lexical(tmp_path))
     await system.start()
     try:
         assert not (await system.health())["degraded"]
         monkeypatch.setattr(system_module, "SET_ASIDE_STALE", 0.5)
         monkeypatch.setattr(system_module, "HEALTH_CACHE_SECONDS", 0.0)
         monkeypatch.setattr(system_module, "HEALTH_WAIT", 0.1)
+        yield system
+    finally:
+        monkeypatch.undo()
+        await system.stop()
+
+
+async def test_a_slow_listing_after_a_long_quiet_is_not_taken_for_a_hung_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz polled seldom (once a minute) on a loaded machine: its listing took more than HEALTH_WAIT, the one
+    shown was the last poll's, a minute old, and memory said degraded though nothing hung. Only a listing under
+    way for longer than SET_ASIDE_STALE is a hung disk."""
+    async with _healthy(tmp_path, monkeypatch) as system:
         await asyncio.sleep(0.6)  # the last listing is now older than the bound: no one asked meanwhile
-        with _listing_hangs(settings.layout, monkeypatch):  # this one is slow: past HEALTH_WAIT
+        with _listing_hangs(system.settings.layout, monkeypatch):  # this one is slow: past HEALTH_WAIT
             health = await system.health()
             assert time.time() - health["set_aside_listed_at"] > 0.5  # the last listing shown, older than the bound
             assert not health["degraded"], "a listing under way for a tenth of a second is no hung disk"
             await asyncio.sleep(0.6)
             assert (await system.health())["degraded"], "under way for longer than the bound: a hung disk"
-    finally:
-        await system.stop()
+
+
+async def test_a_hung_listing_is_said_after_the_bound_though_the_clock_is_set_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """How long a listing has been under way is read on a clock no one sets: the wall clock set back an hour (a
+    time sync) while the disk hung kept /healthz saying ok for that hour."""
+    async with _healthy(tmp_path, monkeypatch) as system:
+        with _listing_hangs(system.settings.layout, monkeypatch):
+            assert not (await system.health())["degraded"]  # the listing is under way
+            real = time.time
+            monkeypatch.setattr(time, "time", lambda: real() - 3600)  # the clock set back
+            await asyncio.sleep(0.6)
+            assert (await system.health())["degraded"], "under way for longer than the bound: a hung disk"
 
 
 async def test_healthz_is_degraded_while_what_is_set_aside_is_not_known(

@@ -22,8 +22,9 @@ are committed, so they are skipped, not applied again. After MAX_ATTEMPTS failed
 is set aside as `<name>.jsonl.failed` (its report says why), for the operator: `memory status` names
 it, and memory is degraded until it is renamed back (applied again) or removed.
 
-While a file, waiting, being applied or set aside, holds turns of a session (`holding`), a forget of that
-session is refused as busy: the file's turns would be recorded after it, words and all.
+While a file, being written by a live `memory import`, waiting, being applied or set aside, holds turns of a
+session (`holding`), a forget of that session is refused as busy: the file's turns would be recorded after it,
+words and all.
 """
 
 from __future__ import annotations
@@ -187,11 +188,12 @@ class _Session(msgspec.Struct, array_like=True):
 
 
 def holding(layout: Layout, session_id: str) -> list[Path]:
-    """The inbox files, waiting or set aside, with a turn of `session_id`: a turn not recorded yet (or recorded
-    again when a file set aside is renamed back), which a forget of that session would miss. A file that
-    can't be read may hold one."""
+    """The inbox files, being written by a live `memory import`, waiting or set aside, with a turn of
+    `session_id`: a turn not recorded yet (or recorded again when a file set aside is renamed back), which a
+    forget of that session would miss. A file that can't be read may hold one. Those being written first: one
+    renamed meanwhile is found under its new name."""
     decoder, out = msgspec.json.Decoder(_Session), []
-    for path in [*inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
+    for path in [*_being_written(layout), *inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
         try:
             with path.open("rb") as f:
                 if any(_of(decoder, line) == session_id for line in f):
@@ -201,6 +203,14 @@ def holding(layout: Layout, session_id: str) -> list[Path]:
         except OSError:
             out.append(path)
     return out
+
+
+def _being_written(layout: Layout) -> list[Path]:
+    """The `.partial` files a `memory import` still running writes (its pid, in the name, a process here): it
+    renames each into the inbox once written."""
+    with contextlib.suppress(FileNotFoundError):
+        return sorted(p for p in inbox_dir(layout).iterdir() if (m := PARTIAL.match(p.name)) and alive(int(m["pid"])))
+    return []
 
 
 def _of(decoder: msgspec.json.Decoder[_Session], line: bytes) -> str | None:

@@ -24,6 +24,7 @@ from ..text import safe_text, utc
 from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
+from .forget.jobs import named
 from .forget.lines import without
 from .memory_store import Learning, MemoryDB, PendingAction
 from .transcript_store import TranscriptDB
@@ -178,7 +179,8 @@ def assemble_from(files: dict[str, str], r: Remembered, turns: Sequence[Turn]) -
 def boot_prompt_now(files: MemoryFiles, memory: MemoryDB, transcript: TranscriptDB, now: float) -> str:
     """The prompt a session starting now would boot with, read in this thread (a command's view: the
     server's BootLoader also shows turns still on their way to transcript.db)."""
-    return assemble_from(files.read_all(), remembered_now(memory, now), transcript.recent_pending(MAX_TURNS))
+    return assemble_from(files.read_all(), remembered_now(memory, now),
+                         transcript.recent_pending(MAX_TURNS, named(memory)))
 
 
 PendingTurns = Callable[[int], Awaitable[Sequence[Turn]]]  # the newest n turns not yet curated, as recorded

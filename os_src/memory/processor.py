@@ -46,7 +46,7 @@ from .curation.curator import (
 )
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
-from .forget.jobs import being_forgotten
+from .forget.jobs import being_forgotten, named
 from .memory_store import Batch, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
@@ -173,7 +173,11 @@ class BatchProcessor:
         self.on_commit: Callable[[], Awaitable[object]] = _nothing
 
     async def pending(self, limit: int) -> list[Observation]:
-        return await self.transcript.call(lambda t: t.pending(limit))
+        """The oldest pending turns but those a forget job names: their words go to no call. A forget an error cut
+        short keeps its job, its turns pending, until the next start or the person's forget again; each batch
+        carrying them, discarded as forgotten during the call, ran again 2 s later, a paid call each time."""
+        held = await self.memory.call(named)
+        return await self.transcript.call(lambda t: t.pending(limit, leaving_out=held))
 
     async def recover(self) -> int:
         """Finish batches that a crash interrupted after their commit."""

@@ -32,7 +32,7 @@ from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .forget.context import SessionContext
-from .forget.jobs import hidden_lines
+from .forget.jobs import hidden_lines, named
 from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
@@ -132,7 +132,7 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
-        self._listing_began = 0.0  # when the listing under way (`_listing`) began, wall clock
+        self._listing_began = 0.0  # when the listing under way (`_listing`) began: time.monotonic(), no one sets it
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:
@@ -218,8 +218,8 @@ class MemorySystem:
         hold such turns, which the documented replay (renaming it back) would record, words and all; or
         while one is stuck (it could not even be set aside): the next start reads it again and, if the read
         then succeeds, replays it with no one asking. A forget by session is refused too while a `memory
-        import` file (waiting, being applied, or set aside) holds turns of that session (`import_inbox.holding`):
-        they would be recorded after it, words and all. (A turn named by its row id is in transcript.db
+        import` file (being written, waiting, being applied, or set aside) holds turns of that session
+        (`import_inbox.holding`): they would be recorded after it, words and all. (A turn named by its row id is in transcript.db
         already: a replay never records it again.)"""
         if session_id is not None or turn_ids:
             await self._refuse_if_journal_set_aside()
@@ -254,7 +254,8 @@ class MemorySystem:
     async def _pending_turns(self, limit: int) -> Sequence[Observation | NewObservation]:
         """The newest turns not yet curated, in the order they were recorded: those in transcript.db,
         then those still on their way to it."""
-        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit))
+        held = await self.memory.call(named)  # a forget's turns, one an error cut short too: their words are not shown
+        recorded: list[Observation] = await self.transcript.call(lambda t: t.recent_pending(limit, held))
         seen = {(o.session_id, o.sequence_num) for o in recorded}
         waiting = [o for o in self.writer.waiting() if (o.session_id, o.sequence_num) not in seen]
         turns: list[Observation | NewObservation] = [*reversed(recorded), *waiting]
@@ -347,7 +348,7 @@ class MemorySystem:
         added (the inbox remembers them)."""
         if self._listing is None:
             self._listing, self._slow_said = asyncio.create_task(self._list(), name="memory-set-aside-listing"), False
-            self._listing_began = time.time()
+            self._listing_began = time.monotonic()
         try:
             listed = await asyncio.wait_for(asyncio.shield(self._listing), HEALTH_WAIT)
         except TimeoutError:
@@ -379,7 +380,7 @@ class MemorySystem:
         aside = await self.set_aside()
         daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
             self.imports.status(aside.imports)
-        hung = self._listing is not None and time.time() - self._listing_began > SET_ASIDE_STALE
+        hung = self._listing is not None and time.monotonic() - self._listing_began > SET_ASIDE_STALE
         unknown = aside.error is not None or aside.listed_at is None or hung
         degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown)
         return {**daemon, "degraded": degraded,

@@ -8,8 +8,9 @@ which keeps a tombstone in `forgotten_turns`, loses its words and nothing else (
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -248,19 +249,21 @@ class TranscriptDB:
         found = rows(self.conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)), SessionRow)
         return found[0] if found else None
 
-    def pending(self, limit: int = 10_000) -> list[Observation]:
+    def pending(self, limit: int = 10_000, leaving_out: Collection[int] = ()) -> list[Observation]:
         return rows(
             self.conn.execute(
-                "SELECT * FROM observations WHERE processed = ? ORDER BY id LIMIT ?", (PENDING, limit)
+                "SELECT * FROM observations WHERE processed = ? AND id NOT IN (SELECT value FROM json_each(?)) "
+                "ORDER BY id LIMIT ?", (PENDING, json.dumps(sorted(leaving_out)), limit)
             ),
             Observation,
         )
 
-    def recent_pending(self, limit: int) -> list[Observation]:
+    def recent_pending(self, limit: int, leaving_out: Collection[int] = ()) -> list[Observation]:
         """The newest `limit` pending turns, newest first (the boot prompt's turns not yet curated)."""
         return rows(
             self.conn.execute(
-                "SELECT * FROM observations WHERE processed = ? ORDER BY id DESC LIMIT ?", (PENDING, limit)
+                "SELECT * FROM observations WHERE processed = ? AND id NOT IN (SELECT value FROM json_each(?)) "
+                "ORDER BY id DESC LIMIT ?", (PENDING, json.dumps(sorted(leaving_out)), limit)
             ),
             Observation,
         )

@@ -40,8 +40,12 @@ def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: s
 def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
     """Which of these turns a forget job names: a forget under way (its tombstone maybe not yet written), or
     one whose lines the daemon's pass has not yet taken out of the files."""
-    wanted = set(ids)
-    return sorted({i for job in jobs(db) for i in job.observation_ids if i in wanted})
+    return sorted(named(db) & set(ids))
+
+
+def named(db: MemoryDB) -> set[int]:
+    """Every turn a forget job names (see being_forgotten)."""
+    return {i for job in jobs(db) for i in job.observation_ids}
 
 
 def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
