@@ -121,7 +121,7 @@ def test_a_save_appends_one_line_with_one_fdatasync_after_the_first_rewrite(tmp_
     assert state(f.path) == [(1, True), (2, False)]
     f.save(entries((2, False)), sync=False)  # the open turn alone: a kill -9 leaves the page cache
     assert syncs == ["fdatasync", "fdatasync"] and state(f.path) == [(2, False)]
-    f.save(None)  # nothing left: emptied, not synced, and kept (its name needs no new fsync)
+    f.save(None, sync=False)  # nothing left: emptied, not synced, and kept (its name needs no new fsync)
     assert f.path.read_bytes() == b"" and syncs == ["fdatasync", "fdatasync"]
     f.save(entries((3, False)))
     assert state(f.path) == [(3, False)] and syncs[-1] == "fdatasync"
@@ -630,6 +630,34 @@ async def test_a_commands_client_id_is_on_disk_before_the_journal_lets_its_runni
     await asyncio.sleep(0.2)  # the kill comes now: what is on disk is what the next start knows
     spilled = [w.client_id for w in read_spill(spill_path(layout)) if isinstance(w, CommandWrite)]
     assert spilled == ["web-c"]
+
+
+@pytest.mark.parametrize("client_id", ["web-c", None])
+async def test_a_command_told_done_is_never_replayed_as_a_turn_cut_short(
+        capture: Capture, client_id: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command the CLI ran itself (/compact) that ran past its open grace is in the journal as a running
+    turn. Its close let that entry go only within DELAY, unsynced, while its acknowledgement waited for its
+    client id alone (or for nothing, without one): a kill -9 right after its turn_complete left the running
+    entry (a power cut, later too), and the restart recorded a /compact the person saw done as a turn the
+    server's stop cut short."""
+    layout = capture._layout
+    record = capture.recorder.open("/compact", "t-c", client_id)
+    await wait_for(lambda: [o.turn_id for o in recover(journal_path(layout))] == ["t-c"],
+                   what="the running command saved")
+    synced: list[str] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
+
+        def spy(fd: int, _real: Any = real) -> Any:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            return _real(fd)
+
+        monkeypatch.setattr(os, name, spy)
+    record.close(ResultMessage(subtype="success", duration_ms=5, duration_api_ms=4, is_error=False, num_turns=0,
+                               session_id="x", result=""))
+    assert await record.durable(budget=10) is True
+    assert recover(journal_path(layout)) == []  # what a kill -9 right after turn_complete leaves to replay
+    assert str(journal_path(layout)) in synced  # and a power cut: the entry's leaving is on disk
 
 
 async def test_a_command_whose_spill_fails_on_a_full_disk_is_still_saved_by_transcript_db(

@@ -22,7 +22,9 @@ not yet durable elsewhere is fsync'd (one fsync: a rewrite through a temp file a
 two); a save of the open turn alone is not: a kill -9 leaves the page cache as it was, and a
 power cut mid-turn loses only a turn no one was told was done (and the record that its message's
 client id was taken: a resend after the restart runs again, as docs/protocol.md says, rather than
-every turn paying a fsync before its prompt reaches the CLI). Reading takes the last whole line, so
+every turn paying a fsync before its prompt reaches the CLI). The save that lets a command's running
+entry go (the CLI ran it itself: no turn closes) is fsync'd too, since its acknowledgement waits for it.
+Reading takes the last whole line, so
 a kill mid-append leaves the state before it. The first save of a run, and one past
 COMPACT_BYTES, rewrites the file whole (atomically); an empty state truncates it. Saves run off
 the event loop, at most every DELAY seconds while a turn goes on (changes in between are
@@ -204,13 +206,7 @@ class JournalFile:
     def save(self, data: bytes | None, sync: bool = True) -> None:
         """Make `data` the journal's state (None: empty); `sync`: fsync'd before it returns."""
         if data is None:
-            # Not synced: after a power loss the file may hold turns again that are in transcript.db,
-            # and a replay of those changes nothing. Kept, so that its name needs no new fsync.
-            try:
-                os.truncate(self.path, 0)
-                self._size = 0
-            except FileNotFoundError:
-                self._size = None
+            self._truncate(sync)
             return
         line = data + b"\n"
         try:
@@ -233,6 +229,23 @@ class JournalFile:
         finally:
             os.close(fd)
         self._size = size + len(line)
+
+    def _truncate(self, sync: bool) -> None:
+        """Empty the file. Synced only when asked (a command's running entry leaving): otherwise after a
+        power loss the file may hold turns again that are in transcript.db, and a replay of those changes
+        nothing. Kept, so that its name needs no new fsync."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except FileNotFoundError:
+            self._size = None
+            return
+        try:
+            os.ftruncate(fd, 0)
+            self._size = 0
+            if sync:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -311,23 +324,24 @@ class TurnJournal:
         if self._open is not None:
             self._changed(0.0)
 
-    def closed(self, obs: NewObservation | None) -> None:
+    def closed(self, obs: NewObservation | None, sync: bool = False) -> None:
         """The open turn ended: as `obs` (its observation, kept until durable), or not recorded. A closed
-        turn is saved at once, fsync'd, racing transcript.db's commit: the first of the two answers its wait."""
+        turn is saved at once, fsync'd, racing transcript.db's commit: the first of the two answers its wait.
+        One not recorded (a command the CLI ran itself) leaves at once too, fsync'd if `sync`: its
+        acknowledgement waits for that save (`saved`), so that neither a kill nor a power cut after it
+        replays the command as a turn cut short."""
         self._open = None
         if obs is not None and self._stuck:
             self._on_saved([(obs.session_id, obs.sequence_num)], JournalStuck("no journal is written this run"))
             return
-        if obs is None:
-            self._changed(self._delay)
-            return
-        self._closed[(obs.session_id, obs.sequence_num)] = obs
-        if len(self._closed) > MAX_CLOSED:
-            self._on_full()
+        if obs is not None:
+            self._closed[(obs.session_id, obs.sequence_num)] = obs
+            if len(self._closed) > MAX_CLOSED:
+                self._on_full()
         if not self._stuck:  # handed to the files' thread now, not a pass of the loop later
             if self._timer is not None:
                 self._timer.cancel()
-            self._write()
+            self._write(sync)
 
     def after_save(self, key: Key, then: Callable[[], None]) -> None:
         """Call `then()` once a save holding the closed turn `key` has ended, on disk or failed (at once
@@ -388,7 +402,8 @@ class TurnJournal:
             pending.cancel()
         self._timer = loop.call_later(delay, self._write)
 
-    def _write(self) -> None:
+    def _write(self, sync: bool = False) -> None:
+        """Hand the state to the files' thread; fsync'd when a closed turn waits for it, or `sync`."""
         self._timer = None
         loop = asyncio.get_running_loop()
         entries = [Entry(obs, ended=True) for obs in self._closed.values()]
@@ -408,7 +423,7 @@ class TurnJournal:
             return  # the file is empty already (or will be, once the saves handed out end)
         self._empty = data is None
         keys = list(self._closed)  # synced only when a closed turn waits for it
-        written = self._executor.submit(self._file.save, data, bool(keys))
+        written = self._executor.submit(self._file.save, data, bool(keys) or sync)
         written.add_done_callback(partial(self._ended, loop, keys, self._failures > 0))
         self._written = written
 

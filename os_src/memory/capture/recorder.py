@@ -162,7 +162,8 @@ class TurnRecord:
     def __init__(self, recorder: TurnRecorder, turn: _Turn | None) -> None:
         self._recorder = recorder
         self._turn = turn
-        self._durable: tuple[Key, asyncio.Future[bool]] | None = None  # set once the turn is recorded
+        # Set once the turn is recorded (its key None: a command with no client id, which waits on the journal alone).
+        self._durable: tuple[Key | None, asyncio.Future[bool]] | None = None
 
     def observe(self, message: Message) -> None:
         """Note a tool call, a tool result or the assistant's text. Sub-agents' traffic (it carries a
@@ -215,7 +216,8 @@ class TurnRecord:
         with contextlib.suppress(TimeoutError):
             if await asyncio.wait_for(asyncio.shield(done), DURABLE_WAIT if budget is None else budget):
                 return True
-        self._recorder.not_saved(key)
+        if key is not None:
+            self._recorder.not_saved(key)
         return False
 
 
@@ -277,12 +279,12 @@ class TurnRecorder:
         self._acks.not_saved(key)
 
     def record(self, turn: _Turn, result: ResultMessage | None, error: str | None,
-               cost_usd: float | None = None) -> tuple[Key, asyncio.Future[bool]] | None:
+               cost_usd: float | None = None) -> tuple[Key | None, asyncio.Future[bool]] | None:
         """Queue the turn's observation; returns its key and what says when it is durable (None: not
         recorded)."""
         obs = self._closed_turn(turn, result, error, cost_usd)
-        if obs is None and self._ran_itself(turn, result) and turn.client_id is not None:
-            return self._command_taken(turn)
+        if obs is None and self._ran_itself(turn, result):
+            return self._left(turn, self._command_taken(turn) if turn.client_id is not None else None)
         durable = None
         if obs is not None:
             key = (obs.session_id, obs.sequence_num)
@@ -317,9 +319,27 @@ class TurnRecorder:
             durable = key, self._acks.expect(key, ways=1)
             self._writer.submit(write)
             self._writer.spill_waiting()
-        if self._journal is not None:  # its open entry leaves the journal: nothing of it is replayed
-            self._journal.closed(None)
         return durable
+
+    def _left(self, turn: _Turn, durable: tuple[Key, asyncio.Future[bool]] | None
+              ) -> tuple[Key | None, asyncio.Future[bool]] | None:
+        """A turn that leaves no observation (a command the CLI ran itself) lets its running entry go from
+        the journal, saved at once and synced, and is acknowledged (`durable`: its client id on disk, if it
+        has one) only once that save has ended: a kill -9 right after its turn_complete (or a power cut,
+        later too) must not leave the entry, or the restart records a command the person saw done as a
+        turn the server's stop cut short. One fsync a command."""
+        journal = self._journal
+        if journal is None or turn.session is None:  # the journal never held it
+            return durable
+        journal.closed(None, sync=True)
+        key, ack = durable if durable is not None else (None, None)
+
+        async def both() -> bool:
+            ok = True if ack is None else await ack
+            await journal.saved()
+            return ok
+
+        return key, asyncio.ensure_future(both())
 
     @staticmethod
     def _ran_itself(turn: _Turn, result: ResultMessage | None) -> bool:
