@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit.docs_table import rewrite_between
+from devkit.host import own_home
 from sprite_os import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -291,12 +292,13 @@ def main() -> int:
     results: dict[str, Any] = {"_meta": {
         "date": time.strftime("%Y-%m-%d"), "version": __version__, "python": platform.python_version(),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}", "quick": args.quick}}
-    for name in chosen:
-        print(f"bench: {name} ...", file=sys.stderr, flush=True)
-        started = time.perf_counter()
-        results[name] = asyncio.run(benches[name]())
-        results[name]["wall_s"] = round(time.perf_counter() - started, 1)
-        print(json.dumps(results[name], indent=2), file=sys.stderr, flush=True)
+    with own_home("sprite-bench-home-"):  # the CLIs the benchmarks start leave nothing in the host's HOME
+        for name in chosen:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+            results[name] = asyncio.run(benches[name]())
+            results[name]["wall_s"] = round(time.perf_counter() - started, 1)
+            print(json.dumps(results[name], indent=2), file=sys.stderr, flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     latest = RESULTS / "latest.json"
     if args.only and latest.exists():  # a partial run updates its rows and keeps the others

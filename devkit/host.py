@@ -24,7 +24,8 @@ import os
 import pwd
 import shutil
 import subprocess
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,33 @@ def remove_user(name: str) -> None:
             break
     subprocess.run(["userdel", name], capture_output=True, check=False)
     shutil.rmtree(entry.pw_dir, ignore_errors=True)
+
+
+def home_settings(environ: Mapping[str, str], home: Path) -> dict[str, str]:
+    """The variables that give the run's processes `home` for HOME, and keep what the host's HOME gave
+    them that the run needs: pip's configuration (where the wheels come from: a mirror, local wheels)
+    and its cache (the deploy tests' `pip download` is fast and offline from it)."""
+    host = Path(environ.get("HOME") or Path.home())
+    settings = {"HOME": str(home)}
+    if "PIP_CACHE_DIR" not in environ and "XDG_CACHE_HOME" not in environ:
+        settings["PIP_CACHE_DIR"] = str(host / ".cache" / "pip")
+    if "PIP_CONFIG_FILE" not in environ and "XDG_CONFIG_HOME" not in environ:
+        found = [f for f in (host / ".config" / "pip" / "pip.conf", host / ".pip" / "pip.conf") if f.is_file()]
+        settings.update({"PIP_CONFIG_FILE": str(found[0])} if found else {})
+    return settings
+
+
+@contextlib.contextmanager
+def own_home(prefix: str) -> Iterator[Path]:
+    """A HOME of its own for the block (its CLIs write ~/.claude.json and ~/.claude/ there, not in the
+    host's), with the host's pip settings (`home_settings`), removed at its end: for a run outside pytest
+    (`python -m bench`); the tests' run has conftest's `run_home`."""
+    saved = dict(os.environ)
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        os.environ.update(home_settings(saved, home))
+        yield home
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(home, ignore_errors=True)

@@ -15,7 +15,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +32,7 @@ from devkit.harness import (
     running,
     wait_for,
 )
-from devkit.host import HostLedger
+from devkit.host import HostLedger, home_settings
 from devkit.mock_bridge import MockBridge
 from devkit.processes import ServerProcess, child_cli_processes, free_port, pid_alive
 from sprite_os.config import Settings
@@ -97,20 +97,6 @@ def run_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             yield home
         finally:
             shutil.rmtree(home, ignore_errors=True)
-
-
-def home_settings(environ: Mapping[str, str], home: Path) -> dict[str, str]:
-    """The variables that give the run's processes `home` for HOME, and keep what the host's HOME gave
-    them that the run needs: pip's configuration (where the wheels come from: a mirror, local wheels)
-    and its cache (the deploy tests' `pip download` is fast and offline from it)."""
-    host = Path(environ.get("HOME") or Path.home())
-    settings = {"HOME": str(home)}
-    if "PIP_CACHE_DIR" not in environ and "XDG_CACHE_HOME" not in environ:
-        settings["PIP_CACHE_DIR"] = str(host / ".cache" / "pip")
-    if "PIP_CONFIG_FILE" not in environ and "XDG_CONFIG_HOME" not in environ:
-        found = [f for f in (host / ".config" / "pip" / "pip.conf", host / ".pip" / "pip.conf") if f.is_file()]
-        settings.update({"PIP_CONFIG_FILE": str(found[0])} if found else {})
-    return settings
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ import pytest
 
 from devkit import host
 from devkit.processes import kit_env
-from tests.conftest import home_settings
 
 pytest_plugins = ("pytester",)  # an in-process session: a pytest process of its own costs 5 s of CPU under coverage
 
@@ -290,12 +289,28 @@ def test_the_runs_processes_have_a_home_of_their_own_and_pip_keeps_the_hosts(
     config = host_home / ".config" / "pip" / "pip.conf"
     config.parent.mkdir(parents=True)
     config.write_text("[global]\nfind-links = /the/hosts/wheels\n")
-    settings = home_settings({"HOME": str(host_home)}, home)
+    settings = host.home_settings({"HOME": str(host_home)}, home)
     assert settings == {"HOME": str(home), "PIP_CACHE_DIR": str(host_home / ".cache" / "pip"),
                         "PIP_CONFIG_FILE": str(config)}
     seen = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
                           check=True, env={**os.environ, **settings}).stdout
     assert "global.find-links='/the/hosts/wheels'" in seen
     # What the host's environment already says of pip's files is its own, HOME aside.
-    assert home_settings({"HOME": str(host_home), "PIP_CACHE_DIR": "/c", "PIP_CONFIG_FILE": "/f"}, home) == {
+    assert host.home_settings({"HOME": str(host_home), "PIP_CACHE_DIR": "/c", "PIP_CONFIG_FILE": "/f"}, home) == {
         "HOME": str(home)}
+
+
+def test_a_benchmark_run_gives_its_clis_a_home_of_their_own_and_leaves_the_hosts_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m bench` started its servers' CLIs with the host's HOME: they wrote ~/.claude.json and
+    ~/.claude/ there (backups, plugins), which nothing removed. `own_home` gives the run one of its own,
+    removed at the end, with the environment as it was."""
+    monkeypatch.setenv("HOME", str(tmp_path / "host"))
+    for name in ("PIP_CACHE_DIR", "XDG_CACHE_HOME"):  # the run's own set them: a host's shell does not
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    with host.own_home("sprite-bench-home-test-") as home:
+        assert os.environ["HOME"] == str(home) and home.is_dir() and home != tmp_path / "host"
+        assert os.environ["PIP_CACHE_DIR"] == str(tmp_path / "host" / ".cache" / "pip")
+        (home / ".claude.json").write_text("{}")  # what a CLI writes
+    assert not home.exists() and dict(os.environ) == before
