@@ -148,6 +148,12 @@ def write(layout: Layout, turns: Iterable[ImportedTurn]) -> tuple[Path, int]:
     return final, n
 
 
+def writer_alive(name: str) -> bool | None:
+    """For a `.partial` file's name: whether the `memory import` writing it (its pid, in the name) is a process
+    here. None: the name is not a `.partial`'s."""
+    return alive(int(m["pid"])) if (m := PARTIAL.match(name)) else None
+
+
 def sweep_inbox(layout: Layout, now: float | None = None) -> list[Path]:
     """Remove the `.partial` files that a `memory import` killed before its rename left: never handed
     over, so no writer applies them, and nothing else ever removes them. Only one that no live CLI can
@@ -161,8 +167,8 @@ def sweep_inbox(layout: Layout, now: float | None = None) -> list[Path]:
     def stale(entry: os.DirEntry[str]) -> bool:
         if entry.name.endswith(DONE):  # a report no waiting CLI took (it was killed, or in another namespace)
             return now - entry.stat(follow_symlinks=False).st_mtime > DONE_STALE
-        if m := PARTIAL.match(entry.name):
-            return now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not alive(int(m["pid"]))
+        if (writer := writer_alive(entry.name)) is not None:
+            return now - entry.stat(follow_symlinks=False).st_mtime > PARTIAL_STALE and not writer
         return False
 
     return sweep_files(inbox_dir(layout), stale)
@@ -209,7 +215,7 @@ def _being_written(layout: Layout) -> list[Path]:
     """The `.partial` files a `memory import` still running writes (its pid, in the name, a process here): it
     renames each into the inbox once written."""
     with contextlib.suppress(FileNotFoundError):
-        return sorted(p for p in inbox_dir(layout).iterdir() if (m := PARTIAL.match(p.name)) and alive(int(m["pid"])))
+        return sorted(p for p in inbox_dir(layout).iterdir() if writer_alive(p.name))
     return []
 
 

@@ -132,7 +132,7 @@ class MemorySystem:
         self._counting: asyncio.Task[None] | None = None
         self._listing: asyncio.Task[SetAside] | None = None
         self._listed = SetAside([], [])  # the last listing, for when one does not come in HEALTH_WAIT
-        self._listing_began = 0.0  # when the listing under way (`_listing`) began: time.monotonic(), no one sets it
+        self._listing_began = 0.0  # when the listing under way (`_listing`) began: monotonic, so a clock set back hides no hang
         self._slow_said = False  # the listing under way was logged as slow
 
     async def start(self) -> None:

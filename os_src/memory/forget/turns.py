@@ -19,8 +19,8 @@ writer) takes those lines out of the curated files (a new version, source `forge
 older version and every batch's record (a note stands where they were), and out of the backups
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
-It finishes a job only once every file and backup is rewritten (a disk error keeps the job for its next
-pass) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
+It finishes a job only once every file and backup is rewritten (a disk error keeps the job for a pass
+asked for later, PASS_RETRY) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
 skips a job being decided and decides one left undecided; a new session's boot prompt waits for
 the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
@@ -243,13 +243,14 @@ class TurnForgetting(Deciding):
                                                   hashes, note)
             except (OSError, sqlite3.OperationalError) as exc:
                 # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
-                # step is idempotent) for the daemon's next pass, and the other jobs go on.
+                # step is idempotent) for a pass asked for later, and the other jobs go on.
                 log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later())
                 continue
             if not await self._wals_emptied():
                 # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
                 # the turns' words still.
-                log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes + 1, next_try_s=later())
+                next_try = later()  # first: it counts this pass among those that kept a job
+                log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
                 break  # nor can any other job finish while it is kept
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
