@@ -108,7 +108,8 @@ def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
 def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     capture = memory["capture"]
     yield _gauge("sprite_memory_degraded", "1 while memory's curator, capture's writes or the import inbox are failing, "
-                 "a turn told not saved is not durable, or a turn journal a start could not read is set aside or stuck.",
+                 "a turn told not saved is not durable, a turn journal a start could not read is set aside or stuck, "
+                 "or a forget is stuck.",
                  1 if memory["degraded"] else 0)
     yield _gauge("sprite_capture_queued", "Capture's writes waiting in memory for transcript.db.", capture["queued"])
     yield _gauge("sprite_capture_spilled", "Capture's writes waiting in the spill file.", capture["spilled"])
@@ -140,6 +141,14 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
         yield _gauge("sprite_curator_daily_budget_usd", "The curator's daily budget.", budget["daily_usd"])
     if (backlog := memory.get("index_backlog")) is not None:
         yield _gauge("sprite_recall_index_backlog", "Recorded turns not yet in the recall index.", backlog)
+    if (forget := memory.get("forget")) is not None:
+        yield _gauge("sprite_forget_jobs_waiting", "Forgets whose lines the daemon's pass has not yet taken out of "
+                     "the memory files (being decided, waiting, or kept for later).", forget["jobs_waiting"])
+        yield _gauge("sprite_forget_kept_seconds", "How long the daemon's pass has kept a forget's job for later "
+                     "(a disk that will not rewrite, a failing search, a reader holding a WAL); 0 when none.",
+                     forget["kept_for_s"] or 0)
+        yield _gauge("sprite_forget_cut_short", "Forgets an error cut short: their turns keep their words until the "
+                     "next start, or the person's forget again.", forget["cut_short_jobs"])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import shutil
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -771,6 +771,8 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         # would end the forget with the turn's words still in the transcript.
         assert await first.forgetting.rewrite_files() == 0
         assert len(await first.memory.call(jobs)) == 1
+        # ...and says so: its turns keep their words until the next start, or the person's forget again
+        assert (await first.status())["forget"]["cut_short_jobs"] == 1 and (await first.status())["degraded"]
     await first.stop()
     again = MemorySystem(settings)
     await again.start()
@@ -1354,6 +1356,56 @@ async def test_the_pass_keeps_the_job_while_the_disk_will_not_delete_a_recall_in
     monkeypatch.undo()  # the disk well again
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert not aside.exists()
+
+
+async def test_a_job_the_pass_keeps_shows_in_healthz_metrics_and_memory_status_until_it_is_done(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A job kept for later said so only in the log: /healthz, /metrics and `memory status` showed a healthy
+    memory while the words of a forget the person was told done stayed on disk. Now each says how many jobs
+    wait, and, past KEPT_STUCK, /healthz and /metrics call memory degraded; once the pass finishes, it clears."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.commands.main import main
+    from sprite_os.memory.forget import turns as turns_module
+    from sprite_os.metrics import Metrics
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))  # no retry of its own
+    ids = await seed(system, tmp_path)
+    aside = _undeletable_index_set_aside(system.settings.layout, monkeypatch)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_pass_failed" for e in logs), timeout=60,
+                       what="the daemon's forget pass")
+
+    async def forget_health() -> dict[str, object]:
+        return (await system.health())["forget"]  # type: ignore[no-any-return]
+
+    await wait_for(lambda: _waiting(forget_health, 1), timeout=30, what="the job counted")
+    kept = await forget_health()
+    assert (kept["kept_passes"], kept["kept_why"], kept["cut_short_jobs"]) == (1, "disk", 0), kept
+    assert kept["degraded"] is False  # a moment's failure: not yet
+    monkeypatch.setattr(turns_module, "KEPT_STUCK", 0.0)
+    health = await system.health()
+    assert health["degraded"] is True and health["forget"]["degraded"] is True
+    scraped = Metrics().render({"status": "degraded", "uptime_s": 1.0, "clients": 0,
+                                "agent": {"state": "idle", "queued_messages": 0, "failure": None}, "memory": health})
+    assert b"sprite_forget_jobs_waiting 1.0" in scraped and b"sprite_memory_degraded 1.0" in scraped
+    assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status",
+                                          "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["forgets"]["jobs"] == 1
+    assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status"]) == 0
+    assert "forgets          1 waiting for the daemon's pass" in capsys.readouterr().out
+    monkeypatch.undo()  # the disk well again
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    await wait_for(lambda: _waiting(forget_health, 0), timeout=30, what="the job no longer counted")
+    done = await forget_health()
+    assert (done["kept_passes"], done["kept_for_s"], done["kept_why"], done["degraded"]) == (0, None, None, False)
+    assert not aside.exists() and (await system.health())["degraded"] is False
+
+
+async def _waiting(forget_health: Callable[[], Awaitable[dict[str, object]]], count: int) -> bool:
+    return (await forget_health())["jobs_waiting"] == count
 
 
 def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forgets_job(

@@ -34,6 +34,7 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
     from ..memory.curation.budget import BUDGET_KEY, BudgetRecord
     from ..memory.curation.retry import FAILING_KEY, FailureClock
     from ..memory.files import SPECS
+    from ..memory.forget.jobs import waiting
     from ..spending import DailyBudget, day_start
 
     # The server's budget as it saved it (its environment may not be this shell's), else the setting.
@@ -55,6 +56,7 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
         "last_success_at": memory.last_done_at(),  # as /healthz shows it
         "failing": clock.report(),  # what /healthz shows
         "budget": DailyBudget(record.daily_usd).report(now, memory.cost_since(day_start(now)), record.resumes_at),
+        "forgets": waiting(memory)._asdict(),
         "files": {name: {"lines": files.read(name).count("\n"), "limit": spec.max_lines,
                          "versions": len(files.history(name))} for name, spec in SPECS.items()},
     }
@@ -112,6 +114,10 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     if (space := r.get("disk") or {}).get("low"):
         print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
               "turns wait in the server's memory until space is freed")
+    if (forgets := r["forgets"])["jobs"]:
+        print(f"  forgets          {forgets['jobs']} waiting for the daemon's pass to take their lines out of the memory files, the "
+              f"oldest since {when(forgets['oldest_at'])} (the boot prompt leaves those lines out meanwhile); a pass "
+              "normally takes seconds: if this stays, see /healthz's memory.forget and the server's log")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
           + (f"; spent: batches wait until {when(budget['resumes_at'])}" if budget["waiting"] else ""))

@@ -32,7 +32,7 @@ from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .forget.context import SessionContext
-from .forget.jobs import hidden_lines, named
+from .forget.jobs import hidden_lines, named, waiting
 from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
@@ -127,6 +127,7 @@ class MemorySystem:
         self._counts: dict[str, int] = {}
         self._spent = 0.0  # today's spending, as last counted
         self._totals: dict[str, Any] | None = None
+        self._forget_jobs: dict[str, Any] = {"jobs_waiting": 0, "oldest_job_at": None}  # as last counted
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
         self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
         self._counting: asyncio.Task[None] | None = None
@@ -376,14 +377,17 @@ class MemorySystem:
         the curator has failed three calls in a row, or capture is (its writes failing or stalled, or a
         turn not saved yet, or a turn journal set aside), or the import inbox is (its attempts failing:
         import_inbox.FAILED_ATTEMPTS_DEGRADED, or a file set aside), or what is set aside is not known: a
-        listing has been under way for more than SET_ASIDE_STALE, or the last one failed."""
+        listing has been under way for more than SET_ASIDE_STALE, or the last one failed; or forgetting is
+        stuck (forget/turns.py's `stuck`: a job the file pass has kept for a minute, or a forget cut short)."""
         aside = await self.set_aside()
         daemon, capture, imports = self.daemon.status(), self.capture.status(aside.journals), \
             self.imports.status(aside.imports)
         hung = self._listing is not None and time.monotonic() - self._listing_began > SET_ASIDE_STALE
         unknown = aside.error is not None or aside.listed_at is None or hung
-        degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown)
-        return {**daemon, "degraded": degraded,
+        forget = self.forgetting.status(time.monotonic())
+        degraded = bool(daemon["degraded"] or capture["degraded"] or (imports or {}).get("degraded") or unknown
+                        or forget["degraded"])
+        return {**daemon, "degraded": degraded, "forget": forget,
                 "curator_degraded": daemon["degraded"], "capture": capture, "hook_errors": self.timings.errors,
                 "recall": {**self.recall.status(), "import": imports},
                 "set_aside_listed_at": aside.listed_at, "set_aside_listing_error": aside.error}
@@ -399,7 +403,8 @@ class MemorySystem:
         status, _ = await asyncio.gather(self.status(), self._counted())  # both waits at once
         backlog = status["recall"]["turns_waiting_for_index"]
         budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
-        return {**status, "observations": self._counts, "budget": budget, "totals": self._totals,
+        return {**status, "forget": {**status["forget"], **self._forget_jobs},
+                "observations": self._counts, "budget": budget, "totals": self._totals,
                 "index_backlog": backlog, "counted_at": self._counted_at}
 
     async def _counted(self) -> None:
@@ -411,8 +416,9 @@ class MemorySystem:
         try:
             counts = await self.transcript.call(lambda t: t.counts())
             since = day_start(time.time())
-            spent, totals = await self.memory.call(lambda m: (m.cost_since(since), m.totals()))
+            spent, totals, forgets = await self.memory.call(lambda m: (m.cost_since(since), m.totals(), waiting(m)))
             self._counts, self._spent, self._totals = counts, spent, totals
+            self._forget_jobs = {"jobs_waiting": forgets.jobs, "oldest_job_at": forgets.oldest_at}
             self._counted_at = time.time()
         except Exception as exc:  # a locked or failing database: the last counts stand
             log_expected(log, "memory_health_count_failed", exc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -67,6 +68,16 @@ def jobs(db: MemoryDB) -> list[Job]:
     found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
                             "ORDER BY id").fetchall()
     return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
+
+
+class Waiting(NamedTuple):
+    jobs: int
+    oldest_at: float | None  # when the oldest was made
+
+
+def waiting(db: MemoryDB) -> Waiting:
+    """The jobs not finished yet: being decided, waiting for the daemon's pass, or kept by it for later."""
+    return Waiting(*db.conn.execute("SELECT count(*), min(created_at) FROM forget_jobs").fetchone())
 
 
 def hidden_lines(db: MemoryDB) -> set[str]:

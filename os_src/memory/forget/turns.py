@@ -46,6 +46,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...backoff import Backoff
 from ...database import checkpoint
@@ -89,6 +90,12 @@ class Forgotten:
 # reader kept), until the pass is tried again: 5 s, doubling, up to 5 min (each try does the job's steps
 # again, the backups' vacuum included). Nothing else need wake the daemon: an idle Sprite gets its try too.
 PASS_RETRY = Backoff(first=5.0, max=300.0)
+# A job kept this long (a disk that will not rewrite, a search that keeps failing, a reader holding a WAL) is no
+# passing moment: /healthz says memory is degraded. Past PASS_RETRY's first four tries.
+KEPT_STUCK = 60.0
+# Why a pass kept a job for later, as /healthz says it.
+KEPT_DISK, KEPT_CHECK, KEPT_READER = "disk", "check", "reader"
+UNDER_WAY, CUT_SHORT = "under way", "cut short"  # why the pass leaves a job alone (`_left_alone`)
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -114,6 +121,9 @@ class TurnForgetting(Deciding):
     _current: dict[int, asyncio.Event] = field(default_factory=dict)  # set once a job's current lines are decided
     _taking_out: int = 0  # forgets taking words out now (their jobs may be on disk, not yet in `_deciding`)
     _kept_passes: int = 0  # passes in a row that left a job for later
+    _kept_since: float | None = None  # time.monotonic() at the first of them
+    _kept_why: str | None = None  # the last one's reason (KEPT_*)
+    _cut_short: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
@@ -220,20 +230,23 @@ class TurnForgetting(Deciding):
         is asked for again later (`_try_again_later`). Returns the jobs done."""
         done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
 
-        def later() -> float:
+        def later(why: str) -> float:
             nonlocal wait
+            self._kept_why = why
             if wait is None:
                 wait = self._try_again_later()
             return round(wait, 1)
 
+        cut_short = 0
         for job in await self.memory.call(jobs):
-            if await self._left_alone(job):
+            if (alone := await self._left_alone(job)) is not None:
+                cut_short += alone == CUT_SHORT
                 continue
             try:
                 hashes = await self._settled(job)
             except CheckFailed as exc:
                 log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
-                            lines_kept_for_now=len(job.line_hashes), next_try_s=later())
+                            lines_kept_for_now=len(job.line_hashes), next_try_s=later(KEPT_CHECK))
                 continue
             note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
             try:
@@ -244,12 +257,12 @@ class TurnForgetting(Deciding):
             except (OSError, sqlite3.OperationalError) as exc:
                 # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
                 # step is idempotent) for a pass asked for later, and the other jobs go on.
-                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later())
+                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later(KEPT_DISK))
                 continue
             if not await self._wals_emptied():
                 # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
                 # the turns' words still.
-                next_try = later()  # first: it counts this pass among those that kept a job
+                next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
                 log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
                 break  # nor can any other job finish while it is kept
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
@@ -257,22 +270,33 @@ class TurnForgetting(Deciding):
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
         if wait is None:
-            self._kept_passes = 0
+            self._kept_passes, self._kept_since, self._kept_why = 0, None, None
+        self._cut_short = cut_short
         return done
 
-    async def _left_alone(self, job: Job) -> bool:
-        """Whether the pass leaves `job` alone this time: while its decision is under way (its end wakes the
-        daemon again); undecided, while a forget takes words out (its job may be on disk, not yet in
-        `_deciding`) or at the shutdown's last pass (the next start decides it); or while its turns lack
-        their tombstones (`_tombstoned`)."""
+    async def _left_alone(self, job: Job) -> str | None:
+        """Why the pass leaves `job` alone this time, if it does: while its decision is under way (its end
+        wakes the daemon again); undecided, while a forget takes words out (its job may be on disk, not yet
+        in `_deciding`) or at the shutdown's last pass (the next start decides it); or while its turns lack
+        their tombstones (`_tombstoned`): CUT_SHORT."""
         if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
-            return True
-        return not await self._tombstoned(job)
+            return UNDER_WAY
+        return None if await self._tombstoned(job) else CUT_SHORT
+
+    def status(self, now: float) -> dict[str, Any]:
+        """What the file pass has left undone, as this process knows it (no database read; `now` is
+        time.monotonic()): the passes in a row that kept a job for later, for how long and why, and the jobs
+        cut short. `degraded` by `stuck`."""
+        kept_for = None if self._kept_since is None else round(now - self._kept_since, 1)
+        return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": self._kept_why,
+                "cut_short_jobs": self._cut_short, "degraded": stuck(kept_for, self._cut_short)}
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
         in a row (one timer, however many passes or jobs asked). Returns the wait."""
         self._kept_passes += 1
+        if self._kept_since is None:
+            self._kept_since = time.monotonic()
         wait = PASS_RETRY.delay(self._kept_passes, random.random())
         if self._retry is not None:
             self._retry.cancel()
@@ -343,3 +367,9 @@ class TurnForgetting(Deciding):
         files.update(await self.memory.call(batch_candidates))
         backups = await asyncio.to_thread(backup_candidates, self.layout)
         return Lines(files, backups, current)
+
+
+def stuck(kept_for: float | None, cut_short: int) -> bool:
+    """Whether forgetting needs the operator: a job kept for later for KEPT_STUCK seconds and more, or a forget
+    an error cut short (its turns keep their words until the next start, or the person's forget again)."""
+    return cut_short > 0 or (kept_for is not None and kept_for >= KEPT_STUCK)
