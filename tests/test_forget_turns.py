@@ -1423,3 +1423,50 @@ def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forget
     monkeypatch.undo()  # the disk well again
     assert (aside / "segment.idx").exists()
     assert purge_backups(layout, [1], ["s1"], set(), "(gone)") == 1 and not aside.exists()
+
+
+async def _forget_status(system: MemorySystem) -> dict[str, object]:
+    return (await system.status())["forget"]  # type: ignore[no-any-return]
+
+
+async def test_a_forget_an_error_cut_short_shows_without_waiting_for_another_pass(system: MemorySystem,
+                                                                                 tmp_path: Path) -> None:
+    """Only the daemon's pass counts a forget cut short, and nothing asked for one: on an idle Sprite (no
+    batch, no other forget) /healthz said ok for good while the turn kept its words in the transcript."""
+    ids = await seed(system, tmp_path)
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    system.forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[1]], by="test")
+    await wait_for(lambda: _cut_short_counted(system, 1), timeout=30, what="the forget cut short counted")
+    assert (await system.status())["degraded"] is True
+
+
+async def _cut_short_counted(system: MemorySystem, count: int) -> bool:
+    return (await _forget_status(system))["cut_short_jobs"] == count
+
+
+async def test_a_decision_a_database_error_ends_asks_for_the_pass_that_finishes_it(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A forget's decision ended by a database error leaves its job undecided "for the daemon's pass", and asked
+    for none: on an idle Sprite the lines stayed in the memory files for good, /healthz ok."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    failed: list[int] = []
+    real_apply = forgetting.apply
+
+    async def apply(change: object) -> object:
+        task = asyncio.current_task()
+        if not failed and task is not None and task.get_name().startswith("forget-decide-"):
+            failed.append(1)
+            raise sqlite3.OperationalError("database is locked")
+        return await real_apply(change)  # type: ignore[arg-type]
+
+    forgetting.apply = apply  # type: ignore[assignment]
+    await system.forget_turns([ids[1]], by="test")
+    assert await forgetting.decided(60) and failed
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=30, what="the pass finished the job")
+    assert "Lisbon" not in system.files.read("user.md")

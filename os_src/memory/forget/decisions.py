@@ -96,6 +96,8 @@ class Deciding:
                 return
         except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
             log_expected(log, "forget_decision_failed", exc)
+            # Asked for now (no await before the pop below): nothing else might wake it on an idle Sprite.
+            self.wake_daemon(FORGET_PASS)
         finally:
             self._current_ready(job)
             self._deciding.pop(job, None)

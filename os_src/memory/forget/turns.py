@@ -198,6 +198,9 @@ class TurnForgetting(Deciding):
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
+                # The pass alone counts a forget cut short (`status`): asked for now, not at the next batch or
+                # forget, which on an idle Sprite may never come (/healthz said ok meanwhile).
+                self.wake_daemon(FORGET_PASS)
                 raise
         finally:
             self._taking_out -= 1
