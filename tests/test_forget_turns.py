@@ -1470,3 +1470,34 @@ async def test_a_decision_a_database_error_ends_asks_for_the_pass_that_finishes_
     assert await forgetting.decided(60) and failed
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=30, what="the pass finished the job")
     assert "Lisbon" not in system.files.read("user.md")
+
+
+async def test_a_forget_cut_short_behind_a_job_a_reader_keeps_is_still_counted(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holding transcript.db's WAL kept one job, and the pass stopped there: a forget cut short behind
+    it went uncounted (memory ok, the moment before degraded: a flap) while its turn kept its words."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.memory.forget import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))
+    ids = await seed(system, tmp_path)
+    reader = sqlite3.connect(system.settings.layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        with capture_logs() as logs:
+            await system.forget_turns([ids[0]], by="test")
+            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
+                           what="the pass kept the job for the reader")
+
+            async def purge(*_: object) -> None:
+                raise _Killed
+
+            system.forgetting.purge_recall = purge
+            with pytest.raises(_Killed):
+                await system.forget_turns([ids[2]], by="test")
+            await wait_for(lambda: _cut_short_counted(system, 1), timeout=30, what="the forget cut short counted")
+        forget = await _forget_status(system)
+        assert forget["kept_why"] == "reader" and forget["degraded"] is True, forget
+    finally:
+        reader.close()

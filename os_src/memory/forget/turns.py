@@ -240,10 +240,12 @@ class TurnForgetting(Deciding):
                 wait = self._try_again_later()
             return round(wait, 1)
 
-        cut_short = 0
+        cut_short, held = 0, False  # held: a reader keeps a WAL, no job can finish this pass
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
                 cut_short += alone == CUT_SHORT
+                continue
+            if held:  # looked at still, for the count of those cut short (`status`)
                 continue
             try:
                 hashes = await self._settled(job)
@@ -267,7 +269,8 @@ class TurnForgetting(Deciding):
                 # the turns' words still.
                 next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
                 log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
-                break  # nor can any other job finish while it is kept
+                held = True  # nor can any other job finish while it is kept; those cut short are counted still
+                continue
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
