@@ -1501,3 +1501,38 @@ async def test_a_forget_cut_short_behind_a_job_a_reader_keeps_is_still_counted(
         assert forget["kept_why"] == "reader" and forget["degraded"] is True, forget
     finally:
         reader.close()
+
+
+async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as_it_was(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A pass that ran while another forget took words out left every undecided job alone, a forget cut short
+    among them, and said none was cut short: /healthz flapped to ok."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    real_purge = forgetting.purge_recall
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[0]], by="test")
+    await forgetting.rewrite_files()
+    assert (await _forget_status(system))["cut_short_jobs"] == 1
+    go, purging = asyncio.Event(), asyncio.Event()
+
+    async def slow(*args: object) -> None:
+        purging.set()
+        await go.wait()
+        await real_purge(*args)  # type: ignore[arg-type]
+
+    forgetting.purge_recall = slow
+    other = asyncio.create_task(system.forget_turns([ids[2]], by="test"))
+    try:
+        await asyncio.wait_for(purging.wait(), 60)
+        await forgetting.rewrite_files()
+        forget = await _forget_status(system)
+        assert forget["cut_short_jobs"] == 1 and forget["degraded"] is True, forget
+    finally:
+        go.set()
+        await other

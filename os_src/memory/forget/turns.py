@@ -95,7 +95,9 @@ PASS_RETRY = Backoff(first=5.0, max=300.0)
 KEPT_STUCK = 60.0
 # Why a pass kept a job for later, as /healthz says it.
 KEPT_DISK, KEPT_CHECK, KEPT_READER = "disk", "check", "reader"
-UNDER_WAY, CUT_SHORT = "under way", "cut short"  # why the pass leaves a job alone (`_left_alone`)
+# Why the pass leaves a job alone (`_left_alone`). NOT_KNOWN: undecided while a forget takes words out, which
+# may be that forget's own job (not yet `_deciding`) or one kept or cut short before: the pass cannot tell.
+UNDER_WAY, CUT_SHORT, NOT_KNOWN = "under way", "cut short", "not known"
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -240,10 +242,11 @@ class TurnForgetting(Deciding):
                 wait = self._try_again_later()
             return round(wait, 1)
 
-        cut_short, held = 0, False  # held: a reader keeps a WAL, no job can finish this pass
+        cut_short, held, unknown = 0, False, False  # held: a reader keeps a WAL, no job can finish this pass
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
                 cut_short += alone == CUT_SHORT
+                unknown = unknown or alone == NOT_KNOWN
                 continue
             if held:  # looked at still, for the count of those cut short (`status`)
                 continue
@@ -275,18 +278,22 @@ class TurnForgetting(Deciding):
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
-        if wait is None:
+        # A job the pass could not tell about leaves what /healthz says of the ones kept or cut short as it was
+        # (it said ok while a forget took words out, and counted the minute again from nothing after).
+        if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
-        self._cut_short = cut_short
+        self._cut_short = max(cut_short, self._cut_short) if unknown else cut_short
         return done
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, if it does: while its decision is under way (its end
         wakes the daemon again); undecided, while a forget takes words out (its job may be on disk, not yet
-        in `_deciding`) or at the shutdown's last pass (the next start decides it); or while its turns lack
-        their tombstones (`_tombstoned`): CUT_SHORT."""
-        if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+        in `_deciding`: NOT_KNOWN) or at the shutdown's last pass (the next start decides it); or while its turns
+        lack their tombstones (`_tombstoned`): CUT_SHORT."""
+        if job.id in self._deciding or (not job.decided and self._stopping):
             return UNDER_WAY
+        if not job.decided and self._taking_out:
+            return NOT_KNOWN
         return None if await self._tombstoned(job) else CUT_SHORT
 
     def status(self, now: float) -> dict[str, Any]:
