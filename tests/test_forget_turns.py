@@ -1536,3 +1536,37 @@ async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as
     finally:
         go.set()
         await other
+
+
+async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass leaves a job being decided alone, and a decision retries a failing kept-turn check for as long as
+    it fails: the job waited, its lines in the files, and /healthz said ok however long it lasted. Now it shows as
+    kept for `check`, degraded past KEPT_STUCK, and clears once the check succeeds."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
+    forgetting = system.forgetting
+    real, forgetting.retries = forgetting.judge.kept_near, (0.05,)
+    assert real is not None
+    broken = True
+
+    async def failing(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        if broken:
+            raise OSError("the vector store is unreadable")
+        return await real(lines)
+
+    forgetting.judge.kept_near = failing
+    with capture_logs() as logs:
+        await system.forget_turns([ids[0]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_check_failed" for e in logs), timeout=60,
+                       what="the check failed")
+    forget = await _forget_status(system)
+    assert forget["kept_why"] == "check" and forget["kept_for_s"] is not None and not forget["degraded"], forget
+    monkeypatch.setattr(turns_module, "KEPT_STUCK", 0.0)
+    assert (await system.status())["degraded"] is True
+    broken = False
+    assert await forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    forget = await _forget_status(system)
+    assert (forget["kept_for_s"], forget["kept_why"], forget["degraded"]) == (None, None, False), forget

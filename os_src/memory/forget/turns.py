@@ -126,6 +126,7 @@ class TurnForgetting(Deciding):
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
     _cut_short: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
@@ -299,9 +300,12 @@ class TurnForgetting(Deciding):
     def status(self, now: float) -> dict[str, Any]:
         """What the file pass has left undone, as this process knows it (no database read; `now` is
         time.monotonic()): the passes in a row that kept a job for later, for how long and why, and the jobs
-        cut short. `degraded` by `stuck`."""
-        kept_for = None if self._kept_since is None else round(now - self._kept_since, 1)
-        return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": self._kept_why,
+        cut short. A decision whose check keeps failing keeps its job too (the pass leaves a job being
+        decided alone: it never said so). `degraded` by `stuck`."""
+        since = [t for t in (self._kept_since, *self._check_failing.values()) if t is not None]
+        kept_for = round(now - min(since), 1) if since else None
+        why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
+        return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
                 "cut_short_jobs": self._cut_short, "degraded": stuck(kept_for, self._cut_short)}
 
     def _try_again_later(self) -> float:
