@@ -1392,7 +1392,11 @@ async def test_a_job_the_pass_keeps_shows_in_healthz_metrics_and_memory_status_u
     assert b"sprite_forget_jobs_waiting 1.0" in scraped and b"sprite_memory_degraded 1.0" in scraped
     assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status",
                                           "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["forgets"]["jobs"] == 1
+    out = capsys.readouterr().out  # the daemon's failed batches log on this process's stdout too
+    said = json.JSONDecoder().raw_decode(out[out.index("{"):] if out.startswith("{") else
+                                         out[out.index("\n{") + 1:])[0]["forgets"]  # as /healthz names them
+    assert said == {k: v for k, v in (await system.health())["forget"].items() if k in said}, said
+    assert said["jobs_waiting"] == 1
     assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status"]) == 0
     assert "forgets          1 waiting for the daemon's pass" in capsys.readouterr().out
     monkeypatch.undo()  # the disk well again
@@ -1423,3 +1427,150 @@ def test_a_recall_index_set_aside_that_the_disk_will_not_delete_keeps_the_forget
     monkeypatch.undo()  # the disk well again
     assert (aside / "segment.idx").exists()
     assert purge_backups(layout, [1], ["s1"], set(), "(gone)") == 1 and not aside.exists()
+
+
+async def _forget_status(system: MemorySystem) -> dict[str, object]:
+    return (await system.status())["forget"]  # type: ignore[no-any-return]
+
+
+async def test_a_forget_an_error_cut_short_shows_without_waiting_for_another_pass(system: MemorySystem,
+                                                                                 tmp_path: Path) -> None:
+    """Only the daemon's pass counts a forget cut short, and nothing asked for one: on an idle Sprite (no
+    batch, no other forget) /healthz said ok for good while the turn kept its words in the transcript."""
+    ids = await seed(system, tmp_path)
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    system.forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[1]], by="test")
+    await wait_for(lambda: _cut_short_counted(system, 1), timeout=30, what="the forget cut short counted")
+    assert (await system.status())["degraded"] is True
+
+
+async def _cut_short_counted(system: MemorySystem, count: int) -> bool:
+    return (await _forget_status(system))["cut_short_jobs"] == count
+
+
+async def test_a_decision_a_database_error_ends_asks_for_the_pass_that_finishes_it(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A forget's decision ended by a database error leaves its job undecided "for the daemon's pass", and asked
+    for none: on an idle Sprite the lines stayed in the memory files for good, /healthz ok."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    failed: list[int] = []
+    real_apply = forgetting.apply
+
+    async def apply(change: object) -> object:
+        task = asyncio.current_task()
+        if not failed and task is not None and task.get_name().startswith("forget-decide-"):
+            failed.append(1)
+            raise sqlite3.OperationalError("database is locked")
+        return await real_apply(change)  # type: ignore[arg-type]
+
+    forgetting.apply = apply  # type: ignore[assignment]
+    await system.forget_turns([ids[1]], by="test")
+    assert await forgetting.decided(60) and failed
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=30, what="the pass finished the job")
+    assert "Lisbon" not in system.files.read("user.md")
+
+
+async def test_a_forget_cut_short_behind_a_job_a_reader_keeps_is_still_counted(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader holding transcript.db's WAL kept one job, and the pass stopped there: a forget cut short behind
+    it went uncounted (memory ok, the moment before degraded: a flap) while its turn kept its words."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.memory.forget import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))
+    ids = await seed(system, tmp_path)
+    reader = sqlite3.connect(system.settings.layout.transcript_db)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM observations").fetchone()
+        with capture_logs() as logs:
+            await system.forget_turns([ids[0]], by="test")
+            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
+                           what="the pass kept the job for the reader")
+
+            async def purge(*_: object) -> None:
+                raise _Killed
+
+            system.forgetting.purge_recall = purge
+            with pytest.raises(_Killed):
+                await system.forget_turns([ids[2]], by="test")
+            await wait_for(lambda: _cut_short_counted(system, 1), timeout=30, what="the forget cut short counted")
+        forget = await _forget_status(system)
+        assert forget["kept_why"] == "reader" and forget["degraded"] is True, forget
+    finally:
+        reader.close()
+
+
+async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as_it_was(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A pass that ran while another forget took words out left every undecided job alone, a forget cut short
+    among them, and said none was cut short: /healthz flapped to ok."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    real_purge = forgetting.purge_recall
+
+    async def purge(*_: object) -> None:
+        raise _Killed
+
+    forgetting.purge_recall = purge
+    with pytest.raises(_Killed):
+        await system.forget_turns([ids[0]], by="test")
+    await forgetting.rewrite_files()
+    assert (await _forget_status(system))["cut_short_jobs"] == 1
+    go, purging = asyncio.Event(), asyncio.Event()
+
+    async def slow(*args: object) -> None:
+        purging.set()
+        await go.wait()
+        await real_purge(*args)  # type: ignore[arg-type]
+
+    forgetting.purge_recall = slow
+    other = asyncio.create_task(system.forget_turns([ids[2]], by="test"))
+    try:
+        await asyncio.wait_for(purging.wait(), 60)
+        await forgetting.rewrite_files()
+        forget = await _forget_status(system)
+        assert forget["cut_short_jobs"] == 1 and forget["degraded"] is True, forget
+    finally:
+        go.set()
+        await other
+
+
+async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass leaves a job being decided alone, and a decision retries a failing kept-turn check for as long as
+    it fails: the job waited, its lines in the files, and /healthz said ok however long it lasted. Now it shows as
+    kept for `check`, degraded past KEPT_STUCK, and clears once the check succeeds."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    ids = await _seed(system, BIRTHDAYS, f"# User\n{MUM}\n{DAD}\n", [])
+    forgetting = system.forgetting
+    real, forgetting.retries = forgetting.judge.kept_near, (0.05,)
+    assert real is not None
+    broken = True
+
+    async def failing(lines: Sequence[tuple[str, bool]]) -> list[list[str]]:
+        if broken:
+            raise OSError("the vector store is unreadable")
+        return await real(lines)
+
+    forgetting.judge.kept_near = failing
+    with capture_logs() as logs:
+        await system.forget_turns([ids[0]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_check_failed" for e in logs), timeout=60,
+                       what="the check failed")
+    forget = await _forget_status(system)
+    assert forget["kept_why"] == "check" and forget["kept_for_s"] is not None and not forget["degraded"], forget
+    monkeypatch.setattr(turns_module, "KEPT_STUCK", 0.0)
+    assert (await system.status())["degraded"] is True
+    broken = False
+    assert await forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    forget = await _forget_status(system)
+    assert (forget["kept_for_s"], forget["kept_why"], forget["degraded"]) == (None, None, False), forget

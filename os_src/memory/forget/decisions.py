@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ class Deciding:
     wake_daemon: Callable[[str], None]
     _deciding: dict[int, asyncio.Task[None] | None]
     _current: dict[int, asyncio.Event]
+    _check_failing: dict[int, float]  # job -> time.monotonic() at its decision's first failed check, until it ends
     _one_at_a_time: asyncio.Lock
 
     def _start_decision(self, job: int, decision: Decision) -> None:
@@ -83,7 +85,9 @@ class Deciding:
                         hashes = found_current | await self.judge.found(decision.by_words - set(current.files),
                                                                         decision.anchors, rest)
                 except CheckFailed as exc:
-                    # Precision first: a line the check could not judge stays in the files until it can.
+                    # Precision first: a line the check could not judge stays in the files until it can. The
+                    # pass leaves the job alone meanwhile: /healthz says it is kept from here (`status`).
+                    self._check_failing.setdefault(job, time.monotonic())
                     log.warning("forget_check_failed", job=job, attempt=attempt + 1, error=str(exc)[:200],
                                 lines_kept_for_now=len(decision.by_words), next_try_s=pause)
                     await asyncio.sleep(pause)
@@ -96,9 +100,12 @@ class Deciding:
                 return
         except Exception as exc:  # a database error: the job stays undecided, for the daemon's pass
             log_expected(log, "forget_decision_failed", exc)
+            # Asked for now (no await before the pop below): nothing else might wake it on an idle Sprite.
+            self.wake_daemon(FORGET_PASS)
         finally:
             self._current_ready(job)
             self._deciding.pop(job, None)
+            self._check_failing.pop(job, None)
 
     def _current_ready(self, job: int) -> None:
         if (ready := self._current.pop(job, None)) is not None:

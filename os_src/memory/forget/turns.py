@@ -95,7 +95,9 @@ PASS_RETRY = Backoff(first=5.0, max=300.0)
 KEPT_STUCK = 60.0
 # Why a pass kept a job for later, as /healthz says it.
 KEPT_DISK, KEPT_CHECK, KEPT_READER = "disk", "check", "reader"
-UNDER_WAY, CUT_SHORT = "under way", "cut short"  # why the pass leaves a job alone (`_left_alone`)
+# Why the pass leaves a job alone (`_left_alone`). NOT_KNOWN: undecided while a forget takes words out, which
+# may be that forget's own job (not yet `_deciding`) or one kept or cut short before: the pass cannot tell.
+UNDER_WAY, CUT_SHORT, NOT_KNOWN = "under way", "cut short", "not known"
 PurgeRecall = Callable[[Sequence[int], Sequence[int]], Awaitable[None]]  # recall, without these turns and learnings
 
 
@@ -124,6 +126,7 @@ class TurnForgetting(Deciding):
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
     _cut_short: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
@@ -198,6 +201,9 @@ class TurnForgetting(Deciding):
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
+                # The pass alone counts a forget cut short (`status`): asked for now, not at the next batch or
+                # forget, which on an idle Sprite may never come (/healthz said ok meanwhile).
+                self.wake_daemon(FORGET_PASS)
                 raise
         finally:
             self._taking_out -= 1
@@ -237,10 +243,13 @@ class TurnForgetting(Deciding):
                 wait = self._try_again_later()
             return round(wait, 1)
 
-        cut_short = 0
+        cut_short, held, unknown = 0, False, False  # held: a reader keeps a WAL, no job can finish this pass
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
                 cut_short += alone == CUT_SHORT
+                unknown = unknown or alone == NOT_KNOWN
+                continue
+            if held:  # looked at still, for the count of those cut short (`status`)
                 continue
             try:
                 hashes = await self._settled(job)
@@ -264,31 +273,39 @@ class TurnForgetting(Deciding):
                 # the turns' words still.
                 next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
                 log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
-                break  # nor can any other job finish while it is kept
+                held = True  # nor can any other job finish while it is kept; those cut short are counted still
+                continue
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
-        if wait is None:
+        # A job the pass could not tell about leaves what /healthz says of the ones kept or cut short as it was
+        # (it said ok while a forget took words out, and counted the minute again from nothing after).
+        if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
-        self._cut_short = cut_short
+        self._cut_short = max(cut_short, self._cut_short) if unknown else cut_short
         return done
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, if it does: while its decision is under way (its end
         wakes the daemon again); undecided, while a forget takes words out (its job may be on disk, not yet
-        in `_deciding`) or at the shutdown's last pass (the next start decides it); or while its turns lack
-        their tombstones (`_tombstoned`): CUT_SHORT."""
-        if job.id in self._deciding or (not job.decided and (self._stopping or self._taking_out)):
+        in `_deciding`: NOT_KNOWN) or at the shutdown's last pass (the next start decides it); or while its turns
+        lack their tombstones (`_tombstoned`): CUT_SHORT."""
+        if job.id in self._deciding or (not job.decided and self._stopping):
             return UNDER_WAY
+        if not job.decided and self._taking_out:
+            return NOT_KNOWN
         return None if await self._tombstoned(job) else CUT_SHORT
 
     def status(self, now: float) -> dict[str, Any]:
         """What the file pass has left undone, as this process knows it (no database read; `now` is
         time.monotonic()): the passes in a row that kept a job for later, for how long and why, and the jobs
-        cut short. `degraded` by `stuck`."""
-        kept_for = None if self._kept_since is None else round(now - self._kept_since, 1)
-        return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": self._kept_why,
+        cut short. A decision whose check keeps failing keeps its job too (the pass leaves a job being
+        decided alone: it never said so). `degraded` by `stuck`."""
+        since = [t for t in (self._kept_since, *self._check_failing.values()) if t is not None]
+        kept_for = round(now - min(since), 1) if since else None
+        why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
+        return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
                 "cut_short_jobs": self._cut_short, "degraded": stuck(kept_for, self._cut_short)}
 
     def _try_again_later(self) -> float:
