@@ -1392,7 +1392,7 @@ async def test_a_job_the_pass_keeps_shows_in_healthz_metrics_and_memory_status_u
     assert b"sprite_forget_jobs_waiting 1.0" in scraped and b"sprite_memory_degraded 1.0" in scraped
     assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status",
                                           "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["forgets"]["jobs"] == 1
+    assert json.loads(capsys.readouterr().out)["forgets"]["jobs_waiting"] == 1
     assert await asyncio.to_thread(main, ["--workspace", str(system.settings.layout.root), "memory", "status"]) == 0
     assert "forgets          1 waiting for the daemon's pass" in capsys.readouterr().out
     monkeypatch.undo()  # the disk well again

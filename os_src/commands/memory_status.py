@@ -114,9 +114,9 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     if (space := r.get("disk") or {}).get("low"):
         print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
               "turns wait in the server's memory until space is freed")
-    if (forgets := r["forgets"])["jobs"]:
-        print(f"  forgets          {forgets['jobs']} waiting for the daemon's pass to take their lines out of the memory files, the "
-              f"oldest since {when(forgets['oldest_at'])} (the boot prompt leaves those lines out meanwhile); a pass "
+    if (forgets := r["forgets"])["jobs_waiting"]:
+        print(f"  forgets          {forgets['jobs_waiting']} waiting for the daemon's pass to take their lines out of the memory files, the "
+              f"oldest since {when(forgets['oldest_job_at'])} (the boot prompt leaves those lines out meanwhile); a pass "
               "normally takes seconds: if this stays, see /healthz's memory.forget and the server's log")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"

@@ -71,8 +71,10 @@ def jobs(db: MemoryDB) -> list[Job]:
 
 
 class Waiting(NamedTuple):
-    jobs: int
-    oldest_at: float | None  # when the oldest was made
+    """The forgets not finished yet, by the names /healthz's memory.forget and `memory status` both show."""
+
+    jobs_waiting: int
+    oldest_job_at: float | None  # when the oldest was made
 
 
 def waiting(db: MemoryDB) -> Waiting:
