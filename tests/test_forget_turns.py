@@ -109,6 +109,13 @@ def test_a_line_a_kept_turn_says_as_well_is_that_turns_too() -> None:
     assert not kept_holds("- Lives in: Lisbon", [])
 
 
+def test_forgetting_needs_the_operator_once_a_job_is_kept_a_minute_or_while_a_forget_is_cut_short() -> None:
+    from sprite_os.memory.forget.turns import KEPT_STUCK, stuck
+
+    assert not stuck(None, 0) and not stuck(KEPT_STUCK - 0.1, 0)  # a moment's failure: tried again soon
+    assert stuck(KEPT_STUCK, 0) and stuck(None, 1) and stuck(0.0, 2)
+
+
 def turn(n: int, user: str, answer: str, tools: str = "[]") -> NewObservation:
     return NewObservation(timestamp=T0 + n, session_id="s1", sequence_num=n, user_message=user,
                           tool_calls_json=tools, agent_response=answer, turn_id=f"t{n}", status="completed")
