@@ -818,6 +818,32 @@ async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(
     assert await _left(system) == []
 
 
+async def test_a_forget_an_error_cut_short_shows_in_healthz_at_once(system: MemorySystem, tmp_path: Path) -> None:
+    """The pass counts the forgets cut short, and nothing asked for one after a forget an error cut short:
+    /healthz said memory was fine (`cut_short_jobs` 0) until some later pass (a batch's, a session's end),
+    its turn keeping its words meanwhile. Now the forget's error asks for the pass; the forget again clears it."""
+    ids = await seed(system, tmp_path)
+    forgetting = system.forgetting
+    real_purge = forgetting.purge_recall
+
+    async def purge(*_: object) -> None:
+        raise OSError("disk I/O error")
+
+    forgetting.purge_recall = purge
+    with pytest.raises(OSError):
+        await system.forget_turns([ids[1]], by="test")
+    forgetting.purge_recall = real_purge
+
+    async def cut_short(count: int) -> bool:
+        health = await system.health()
+        return health["forget"]["cut_short_jobs"] == count and health["degraded"] is (count > 0)
+
+    await wait_for(lambda: cut_short(1), timeout=10, what="the forget cut short shown, memory degraded")
+    await system.forget_turns([ids[1]], by="test")  # the person's forget again finishes it
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="both jobs finished")
+    await wait_for(lambda: cut_short(0), timeout=10, what="memory well again")
+
+
 async def test_a_turn_of_a_forget_an_error_cut_short_goes_to_no_curator_call_nor_boot_prompt(
         system: MemorySystem) -> None:
     """A forget an error cut short keeps its job, and its turn stays pending with its words until the next start

@@ -200,6 +200,11 @@ class TurnForgetting(Deciding):
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
                 raise
+        except BaseException:
+            # Cut short: the pass counts it for /healthz (`status`), and nothing else may ask for one soon (a
+            # person whose forget failed may stop talking: no batch, no session's end).
+            self.wake_daemon(FORGET_PASS)
+            raise
         finally:
             self._taking_out -= 1
         decision = Decision(words, texts + purged.contents, lines, by_words)
