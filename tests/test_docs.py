@@ -176,10 +176,12 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os.memory import files, import_inbox, system
     from sprite_os.memory.capture import health, journal, recorder, writer
     from sprite_os.memory.curation import curator
+    from sprite_os.memory.forget import turns
     from sprite_os.tools import canvas
 
     mib = 1024 * 1024
     retry = import_inbox.IMPORT_RETRY
+    forget_retry = turns.PASS_RETRY
     return [
         ("docs/protocol.md", f"up to {p.MAX_QUEUED_MESSAGES} may wait"),
         ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES})"),
@@ -246,6 +248,14 @@ def _figures() -> list[tuple[str, str]]:
         ("docs/protocol.md", f"has still not reached `transcript.db` after {system.FORGET_DRAIN_BUDGET:.0f} s"),
         ("docs/reliability.md", f"still waits in capture's queue after {system.FORGET_DRAIN_BUDGET:.0f} s"),
         ("docs/protocol.md", f"waited more than {health.STALLED_AFTER:.0f} s (`oldest_queued_s`"),
+        ("docs/protocol.md", f"has kept a forget's job for later for {turns.KEPT_STUCK:.0f} s or more"),
+        ("docs/memory.md", f"has been kept {turns.KEPT_STUCK:.0f} s (`KEPT_STUCK`)"),
+        ("docs/reliability.md", f"once the job has been kept {turns.KEPT_STUCK:.0f} s"),
+        ("docs/reliability.md", f"once the pass has kept the job {turns.KEPT_STUCK:.0f} s or more"),
+        ("docs/protocol.md", f"tried again {forget_retry.first:.0f} s later, then {forget_retry.first * 2:.0f}, "
+                             f"{forget_retry.first * 4:.0f} … up to {forget_retry.max / 60:.0f} minutes, so the state"),
+        ("docs/reliability.md", f"asked for {forget_retry.first:.0f} s later, then {forget_retry.first * 2:.0f}, "
+                                f"{forget_retry.first * 4:.0f} … up to {forget_retry.max / 60:.0f} minutes (an idle"),
         ("docs/memory.md", f"retried with backoff ({health.LOCAL_DISK.first} s doubling to\n  "
                            f"{health.LOCAL_DISK.max:.0f} s)"),
         ("docs/memory.md", f"the spill file takes the turn after the first failed attempt, about "

@@ -67,3 +67,16 @@ def test_the_agents_spending_its_cap_and_its_refusals_are_gauges() -> None:
     assert got[("sprite_agent_daily_budget_usd", ())] == 2.0 and got[("sprite_agent_spent_today_usd", ())] == 1.25
     assert got[("sprite_agent_refused_calls_today", (("reason", "budget"),))] == 1
     assert ("sprite_agent_spent_today_usd", ()) not in samples(Metrics().render(body()))  # no budget, no gauge
+
+
+def test_a_forget_kept_for_later_or_cut_short_is_in_the_scrape() -> None:
+    """memory.forget's figures: the jobs waiting, how long the pass has kept one (0 while none is kept, as
+    /healthz's null), and the forgets an error cut short."""
+    memory = {"degraded": True, "capture": {"queued": 0, "spilled": 0, "consecutive_failures": 0},
+              "observations": {}, "consecutive_failures": 0,
+              "forget": {"jobs_waiting": 2, "kept_for_s": 75.5, "cut_short_jobs": 1}}
+    got = samples(Metrics().render({**body(), "memory": memory}))
+    assert got[("sprite_forget_jobs_waiting", ())] == 2 and got[("sprite_forget_kept_seconds", ())] == 75.5
+    assert got[("sprite_forget_cut_short", ())] == 1 and got[("sprite_memory_degraded", ())] == 1
+    memory["forget"] = {"jobs_waiting": 0, "kept_for_s": None, "cut_short_jobs": 0}
+    assert samples(Metrics().render({**body(), "memory": memory}))[("sprite_forget_kept_seconds", ())] == 0

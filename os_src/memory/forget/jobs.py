@@ -70,7 +70,9 @@ def jobs(db: MemoryDB) -> list[Job]:
     return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
 
 
-class Waiting(NamedTuple):  # named as /healthz's memory.forget and `memory status --json`'s forgets say them
+class Waiting(NamedTuple):
+    """The forgets not finished yet, by the names /healthz's memory.forget and `memory status` both show."""
+
     jobs_waiting: int
     oldest_job_at: float | None  # when the oldest was made
 

@@ -91,7 +91,8 @@ class Forgotten:
 # again, the backups' vacuum included). Nothing else need wake the daemon: an idle Sprite gets its try too.
 PASS_RETRY = Backoff(first=5.0, max=300.0)
 # A job kept this long (a disk that will not rewrite, a search that keeps failing, a reader holding a WAL) is no
-# passing moment: /healthz says memory is degraded. Past PASS_RETRY's first four tries.
+# passing moment: /healthz says memory is degraded. By then the pass has kept it four times in a row (at about
+# 0, 5, 15 and 35 s: the first pass and PASS_RETRY's first three tries again; the fourth comes at about 75 s).
 KEPT_STUCK = 60.0
 # Why a pass kept a job for later, as /healthz says it.
 KEPT_DISK, KEPT_CHECK, KEPT_READER = "disk", "check", "reader"
@@ -125,7 +126,7 @@ class TurnForgetting(Deciding):
     _kept_passes: int = 0  # passes in a row that left a job for later
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
-    _cut_short: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    _cut_short_jobs: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -283,7 +284,7 @@ class TurnForgetting(Deciding):
         # (it said ok while a forget took words out, and counted the minute again from nothing after).
         if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
-        self._cut_short = max(cut_short, self._cut_short) if unknown else cut_short
+        self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
         return done
 
     async def _left_alone(self, job: Job) -> str | None:
@@ -306,7 +307,7 @@ class TurnForgetting(Deciding):
         kept_for = round(now - min(since), 1) if since else None
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
-                "cut_short_jobs": self._cut_short, "degraded": stuck(kept_for, self._cut_short)}
+                "cut_short_jobs": self._cut_short_jobs, "degraded": stuck(kept_for, self._cut_short_jobs)}
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
