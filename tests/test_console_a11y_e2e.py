@@ -15,7 +15,7 @@ from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.memory.files import MemoryFiles
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, wait_for
-from tests.console_browser import PHONE, Tab, chromium, install_templates, open_tab
+from tests.console_browser import PHONE, Tab, chromium, install_templates, open_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -124,6 +124,40 @@ async def test_no_serious_or_critical_violation_on_any_view(server: SpriteOS, br
         found += [f"phone {v}" for v in await violations(phone, "memory files")]
         tab.assert_clean("400")
     assert found == [], "\n".join(found)
+
+
+# What moves on the page, each in the state that makes it move: the agent's dot while it works, the cursor of
+# an answer being streamed, a new card's glow. Their animations' names, as the page computes them.
+_MOVING = """() => {
+  const agent = document.getElementById("agent-state");
+  agent.dataset.state = "running";
+  const msg = document.createElement("li");
+  msg.className = "msg assistant";
+  msg.dataset.state = "streaming";
+  const body = msg.appendChild(document.createElement("div"));
+  body.className = "body";
+  const card = document.createElement("article");
+  card.className = "card fresh";
+  document.body.append(msg, card);
+  const names = [getComputedStyle(agent, "::before").animationName, getComputedStyle(body, "::after").animationName,
+                 getComputedStyle(card).animationName];
+  msg.remove();
+  card.remove();
+  return names;
+}"""
+
+
+async def test_a_person_who_asked_for_less_motion_gets_none(server: SpriteOS) -> None:
+    """The agent's dot pulses for as long as it works (minutes, some turns): a person whose system asks for
+    reduced motion gets it still, and the cursor and a new card's glow too; the states are said in words
+    as well ("working…"). Without that setting they move, as before."""
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.page.emulate_media(reduced_motion="no-preference")
+        assert await tab.page.evaluate(_MOVING) == ["pulse", "pulse", "arrive"]
+        await tab.page.emulate_media(reduced_motion="reduce")
+        assert await tab.page.evaluate(_MOVING) == ["none", "none", "none"]
+        tab.assert_clean()
 
 
 async def tab_to(tab: Tab, testid: str, limit: int = 60, backwards: bool = False) -> None:
