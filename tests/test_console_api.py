@@ -369,7 +369,7 @@ async def test_forgetting_survives_a_rebuild_and_the_same_text_learned_again(sys
                        file_updates={}, base_hashes={})
     assert forget_again(fresh, keys) == 1
     assert fresh.learnings_since(0) == []
-    assert read_before(layout.memory_db.with_name("missing.db"), None) == ([], {})
+    assert read_before(layout.memory_db.with_name("missing.db"), None) == ([], {}, [])
 
 
 # ---------------------------------------------------------------- the daemon and the boot prompt

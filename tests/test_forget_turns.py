@@ -20,6 +20,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from devkit.harness import make_settings, wait_for
+from devkit.mock_bridge import MockBridge
+from sprite_os.config import Settings
 from sprite_os.memory.files import SPECS, MemoryFiles
 from sprite_os.memory.forget.context import NOTHING, SessionContext
 from sprite_os.memory.forget.history import strip_files
@@ -730,6 +732,62 @@ class _Killed(Exception):
     """A step of the forget fails: what it leaves on disk is what a kill there leaves."""
 
 
+@contextlib.asynccontextmanager
+async def _finished_at_the_next_start(settings: Settings, ids: list[int], forgotten: int) -> AsyncIterator[MemorySystem]:
+    """The next start, once it has finished the forget of `forgotten` (every step again, then the pass)."""
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        assert await again.transcript.call(lambda t: t.forgotten_among(ids)) == [forgotten]
+        assert await again.forgetting.decided(60)
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass")
+        yield again
+    finally:
+        await again.stop()
+
+
+def _fail_at_the_tombstone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forget's last step fails (until `monkeypatch.undo()`): its job on disk, the turn's words in the transcript."""
+    def tombstone(*_: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(TranscriptDB, "forget", tombstone)
+
+
+async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_its_turns(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memory rebuild` sets memory.db aside, forget jobs and all, and curates every turn again: a forget an
+    error cut short (its turn still pending, words and all) went to the curator, its learnings came back,
+    and no start would finish it, the job being in the copy set aside. Now the rebuild carries the job over
+    and leaves its turns out; the next start finishes the forget, copy set aside included."""
+    from sprite_os.memory.curation import rebuild as module
+
+    settings = make_settings(tmp_path / "ws", bridge.url)
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    _fail_at_the_tombstone(monkeypatch)
+    with pytest.raises(_Killed):
+        await first.forget_turns([ids[1]], by="test")
+    monkeypatch.undo()
+    await first.stop()
+    bridge.curator.script("FACT: The user's name is Ada [#1]\nPREFERENCE: Likes green tea [#3]")
+    earlier = len(bridge.curator_requests())  # the first server's batch of the seeded turns, before the forget
+    report = await module.rebuild(settings)
+    sent = " ".join(json.dumps(r.body) for r in bridge.curator_requests()[earlier:]).lower()
+    assert sent and not [w.decode() for w in WORDS if w.decode() in sent]  # the forgotten turn went to no call
+    assert report.forgets == 1 and report.backup is not None
+    new = MemoryDB(settings.layout.memory_db)
+    try:
+        assert [job.observation_ids for job in jobs(new)] == [[ids[1]]]
+    finally:
+        new.close()
+    async with _finished_at_the_next_start(settings, ids, ids[1]) as again:
+        assert said(settings.layout.transcript_db) == [] and said(report.backup) == []
+        assert await _left(again) == []
+
+
 @pytest.mark.parametrize("killed_after", ["the job's write, its answer lost", "the job", "memory.db", "recall",
                                           "the tombstone, before the job"])
 async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
@@ -767,10 +825,7 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
 
             forgetting.purge_recall = purge
         else:
-            def tombstone(*_: object) -> None:
-                raise _Killed
-
-            monkeypatch.setattr(TranscriptDB, "forget", tombstone)
+            _fail_at_the_tombstone(monkeypatch)
         with pytest.raises(_Killed):
             await first.forget_turns([ids[1]], by="test")
         monkeypatch.undo()
@@ -781,18 +836,11 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         # ...and says so: its turns keep their words until the next start, or the person's forget again
         assert (await first.status())["forget"]["cut_short_jobs"] == 1 and (await first.status())["degraded"]
     await first.stop()
-    again = MemorySystem(settings)
-    await again.start()
-    try:
-        assert await again.transcript.call(lambda t: t.forgotten_among(ids)) == [ids[1]]
-        assert await again.forgetting.decided(60)
-        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass")
+    async with _finished_at_the_next_start(settings, ids, ids[1]) as again:
         assert await again.recall.purged(30)
         redo = await again.forget_turns([ids[1]], by="test")  # the person tries again: nothing left
         assert (await _left(again), len(redo.turns)) == ([], 0)
         assert "Green tea" in again.files.read("user.md") or "green tea" in again.files.read("user.md")
-    finally:
-        await again.stop()
 
 
 async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,

@@ -99,7 +99,7 @@ def test_a_rebuild_reads_the_copy_an_unfinished_one_set_aside_and_removes_nothin
     MemoryDB(memory_db).close()
     beside = [Path(f"{original}{suffix}") for suffix in ("-wal", "-shm")]
     assert not any(p.exists() for p in beside)
-    groups, forgotten = read_before(memory_db, original)
+    groups, forgotten, _ = read_before(memory_db, original)
     assert groups == [[1, 2]] and list(forgotten.values()) == [5.0]
     assert not any(p.exists() for p in beside), "a read of the copy left files beside it"
 

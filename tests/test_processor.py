@@ -338,7 +338,7 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
                           cost_usd=0, learnings=[], file_updates={}, base_hashes={})
     m.set_batch_status(done.id, "done")
     m.close()
-    assert read_before(tmp_path / "memory.db", None) == ([[1, 2]], {})
+    assert read_before(tmp_path / "memory.db", None)[:2] == ([[1, 2]], {})
 
 
 def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
@@ -364,7 +364,7 @@ def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
 
     monkeypatch.setattr(module, "read_only", counted)
     monkeypatch.setattr(learnings, "read_only", counted, raising=False)
-    groups, forgotten = module.read_before(path, None)
+    groups, forgotten, _ = module.read_before(path, None)
     assert groups == [[1]] and list(forgotten.values()) == [1000.0]
     assert opened == [path]
 
@@ -567,7 +567,7 @@ async def test_a_rebuild_refused_at_its_checkpoint_names_the_way_on_too(
 
     settings = await _rebuilt_once(tmp_path, bridge, embedding_model="off")
     path = settings.layout.memory_db
-    monkeypatch.setattr(module, "read_before", lambda *a, **k: ([], {}))  # read before the header went bad
+    monkeypatch.setattr(module, "read_before", lambda *a, **k: module.Before([], {}, []))  # read before the header went bad
     with path.open("r+b") as f:
         f.write(b"\x00not a database\x00" * 6)
     monkeypatch.setenv("SPRITE_WORKSPACE", str(settings.workspace))

@@ -147,6 +147,9 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
                                 "come back)") from None
         print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
+        if rebuilt.forgets:
+            print(f"{rebuilt.forgets} forget{'s' if rebuilt.forgets != 1 else ''} not finished carried over: their "
+                  "turns were left out, and the server's next start finishes them")
         if rebuilt.before is not None and rebuilt.before != rebuilt.backup:  # after a rebuild cut short
             print(f"the memory.db from before the rebuild that did not finish is kept at {rebuilt.before}")
             if rebuilt.backup:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from ...config import Settings
 from ...database import read_only
@@ -27,6 +28,7 @@ from ...errors import CuratorError, LockHeld, SpriteOSError
 from ...fsutil import WriterLock, atomic_write
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
+from ..forget.jobs import Job, carry_over, jobs_in
 from ..forget.learnings import forget_again, forgotten_keys
 from ..memory_store import MemoryDB
 from ..processor import BatchProcessor, CuratorClient
@@ -51,6 +53,7 @@ class RebuildReport:
     # The memory.db whose record the rebuilt one takes on (which turn each kept vector was made after):
     # `backup`, or the one before an earlier rebuild that did not finish.
     before: Path | None = None
+    forgets: int = 0  # forgets not finished, carried over: their turns left out, the next start finishes them
 
 
 UNFINISHED = "rebuild-unfinished"  # beside memory.db: names the memory.db an unfinished rebuild set aside
@@ -91,43 +94,59 @@ def _unfinished(memory_db: Path) -> Path | None:
     return before
 
 
-def _read_before(path: Path, set_aside: bool) -> tuple[list[list[int]], dict[str, float]]:
+class Before(NamedTuple):
+    """What the rebuild takes from the memory.db it replaces."""
+
+    groups: list[list[int]]  # the turn groupings of its batches, in order
+    forgotten: dict[str, float]  # the learnings a person forgot: content_key -> forgotten_at
+    forgets: list[Job]  # forgets not finished (cut short, or their file pass still to come)
+
+    def held(self) -> set[int]:
+        """The turns those forgets name: curated by no batch of the rebuild (their words may be in them still)."""
+        return {i for job in self.forgets for i in job.observation_ids}
+
+
+def _read_before(path: Path, set_aside: bool) -> Before:
     """What the rebuild takes from the memory.db at `path`: the turn groupings of the batches it
     recorded (not failed calls, and not superseded batches: a person's edit made their turns run
-    again, grouped anew), and what a person forgot in it. Nothing of a file that is not there, or
-    older than batches and forgetting; sqlite3.Error: it is there and can't be read."""
+    again, grouped anew), what a person forgot in it, and its forgets not finished. Nothing of a file
+    that is not there, or older than batches and forgetting; sqlite3.Error: it is there and can't be read."""
     if not path.exists():
-        return [], {}
+        return Before([], {}, [])
     with contextlib.closing(read_only(path, set_aside=set_aside)) as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         rows = conn.execute("SELECT observation_ids FROM batches WHERE status NOT IN ('failed', 'superseded')"
                             " ORDER BY id").fetchall() if "batches" in tables else []
-        return [json.loads(r[0]) for r in rows], forgotten_keys(conn)
+        return Before([json.loads(r[0]) for r in rows], forgotten_keys(conn),
+                      jobs_in(conn) if "forget_jobs" in tables else [])
 
 
-def read_before(memory_db: Path, unfinished: Path | None, *,
-                unreadable_ok: bool = False) -> tuple[list[list[int]], dict[str, float]]:
+def read_before(memory_db: Path, unfinished: Path | None, *, unreadable_ok: bool = False) -> Before:
     """The earlier batches' turn groupings (the set-aside copy's, after an unfinished rebuild: it is the
-    whole record) and what a person forgot, which stays forgotten (the rebuild forgets it again after
-    each batch), from memory.db and the copy an unfinished rebuild set aside. One rule for a file that is
-    there but can't be read (a damaged page): refused (MemoryDbUnreadable), unless `unreadable_ok` (then
-    logged): the rebuild would curate every turn again and forget nothing."""
+    whole record), what a person forgot, which stays forgotten (the rebuild forgets it again after
+    each batch), and the forgets not finished, whose jobs the new memory.db takes on (a forget on the
+    half-made memory.db of an unfinished rebuild included), from memory.db and the copy an unfinished
+    rebuild set aside. One rule for a file that is there but can't be read (a damaged page): refused
+    (MemoryDbUnreadable), unless `unreadable_ok` (then logged): the rebuild would curate every turn
+    again and forget nothing."""
     groups: list[list[int]] = []
     forgotten: dict[str, float] = {}
+    forgets: dict[tuple[float, tuple[int, ...]], Job] = {}  # one job, read from both copies, is carried once
     for path, set_aside in ((memory_db, False), (unfinished, True)):
         if path is None:
             continue
         try:
-            found, keys = _read_before(path, set_aside)
+            found = _read_before(path, set_aside)
         except sqlite3.Error as exc:
             if not unreadable_ok:
                 raise MemoryDbUnreadable(path, str(exc), from_unfinished=set_aside) from None
             log.warning("rebuild_memory_db_unreadable", path=str(path), error=str(exc))
             continue
         if set_aside or unfinished is None:
-            groups = found
-        forgotten.update(keys)
-    return groups, forgotten
+            groups = found.groups
+        forgotten.update(found.forgotten)
+        forgets.update({(job.created_at, tuple(job.observation_ids)): job for job in found.forgets})
+    return Before(groups, forgotten, list(forgets.values()))
 
 
 def _checkpointed(path: Path, unreadable_ok: bool) -> bool:
@@ -181,15 +200,17 @@ def _set_aside(path: Path, mark: bool, unreadable_ok: bool = False) -> Path | No
     return backup
 
 
-async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]],
+async def _groups(transcript: Worker[TranscriptDB], previous: list[list[int]], held: set[int],
                   batch_turns: int) -> AsyncIterator[list[Observation]]:
     """The turns to curate, a batch at a time and never all in memory: first each earlier
-    batch's turns (so the same replies rebuild the same learnings), then the rest in order."""
+    batch's turns (so the same replies rebuild the same learnings), then the rest in order; none of
+    `held` (a forget's)."""
     for ids in previous:
-        group = [o for o in await transcript.call(partial(TranscriptDB.get, ids=ids)) if o.processed == PENDING]
+        group = [o for o in await transcript.call(partial(TranscriptDB.get, ids=ids))
+                 if o.processed == PENDING and o.id not in held]
         for chunk in split_batch(group):
             yield chunk
-    while rest := await transcript.call(lambda t: t.pending(batch_turns)):
+    while rest := await transcript.call(lambda t: t.pending(batch_turns, leaving_out=held)):
         for chunk in split_batch(rest):
             yield chunk
 
@@ -206,7 +227,7 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         unfinished = _unfinished(layout.memory_db)  # the one before an earlier rebuild that did not finish
         # The copy an unfinished rebuild set aside is read as one: nothing is left beside it, and
         # whatever is there (an operator's sqlite3 reading it) is not this rebuild's to remove.
-        previous, forgotten = read_before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
+        before = read_before(layout.memory_db, unfinished, unreadable_ok=forgotten_unreadable_ok)
         backup = _set_aside(layout.memory_db, mark=unfinished is None, unreadable_ok=forgotten_unreadable_ok)
         files = MemoryFiles(layout)
         for name in CURATED:
@@ -216,19 +237,23 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         curator = CuratorClient(settings)
         processor = BatchProcessor(transcript, memory, files, curator)
         try:
+            # First: a rebuild cut short leaves a memory.db a server may start on, which finishes them.
+            await memory.call(lambda m: carry_over(m, before.forgets))
+            if before.forgets:
+                log.info("rebuild_forgets_carried", forgets=len(before.forgets), turns=len(before.held()))
             await transcript.call(lambda t: t.reset_all_pending())
             total = await transcript.call(lambda t: t.counts()["total"])
             cost, batches, turns = 0.0, 0, 0
-            async for group in _groups(transcript, previous, settings.memory_batch_turns):
+            async for group in _groups(transcript, before.groups, before.held(), settings.memory_batch_turns):
                 cost += await _with_retries(processor, group)
                 # After every batch, not once at the end: a rebuild cut short leaves a memory.db a
                 # server may start on before the rebuild runs again, and it must not recall the forgotten.
-                await memory.call(lambda m: forget_again(m, forgotten))
+                await memory.call(lambda m: forget_again(m, before.forgotten))
                 batches, turns = batches + 1, turns + len(group)
                 log.info("rebuild_progress", batch=batches, turns=turns, of=total)
             layout.memory_db.with_name(UNFINISHED).unlink(missing_ok=True)
             learnings = await memory.call(lambda m: m.totals()["learnings"])
-            return RebuildReport(turns, batches, learnings, backup, cost, unfinished or backup)
+            return RebuildReport(turns, batches, learnings, backup, cost, unfinished or backup, len(before.forgets))
         finally:
             await curator.close()
             await asyncio.gather(transcript.close(), memory.close())

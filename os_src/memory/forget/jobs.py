@@ -5,6 +5,7 @@ finished at the next start; deleted once the daemon's pass has taken the lines o
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -65,8 +66,13 @@ def decide_current(db: MemoryDB, job_id: int, checked: set[str], found: set[str]
 
 
 def jobs(db: MemoryDB) -> list[Job]:
-    found = db.conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
-                            "ORDER BY id").fetchall()
+    return jobs_in(db.conn)
+
+
+def jobs_in(conn: sqlite3.Connection) -> list[Job]:
+    """The jobs in the memory.db open on `conn` (a read-only open of one set aside too)."""
+    found = conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
+                         "ORDER BY id").fetchall()
     return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
 
 
@@ -80,6 +86,15 @@ class Waiting(NamedTuple):
 def waiting(db: MemoryDB) -> Waiting:
     """The jobs not finished yet: being decided, waiting for the daemon's pass, or kept by it for later."""
     return Waiting(*db.conn.execute("SELECT count(*), min(created_at) FROM forget_jobs").fetchone())
+
+
+def carry_over(db: MemoryDB, kept: Sequence[Job]) -> None:
+    """Jobs not finished in a memory.db `memory rebuild` set aside, written into the new one (their ids
+    new): the next start finishes them (`TurnForgetting.resume`, then the daemon's pass)."""
+    with transaction(db.conn) as c:
+        c.executemany("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
+                      "VALUES (?, ?, ?, ?, ?)", [(j.created_at, json.dumps(j.observation_ids), json.dumps(j.sessions),
+                                                  json.dumps(j.line_hashes), int(j.decided)) for j in kept])
 
 
 def hidden_lines(db: MemoryDB) -> set[str]:
