@@ -361,7 +361,8 @@ async def test_rebuild_streams_the_transcript_in_batches(bridge: MockBridge, set
     db.close()
     asked: list[int] = []
     original = TranscriptDB.pending
-    monkeypatch.setattr(TranscriptDB, "pending", lambda self, limit=10_000: asked.append(limit) or original(self, limit))
+    monkeypatch.setattr(TranscriptDB, "pending", lambda self, limit=10_000, leaving_out=(): asked.append(limit)
+                        or original(self, limit, leaving_out))
     report = await rebuild(settings.with_overrides(memory_batch_turns=3))
     assert (report.observations, report.batches) == (7, 3)  # 3 + 3 + 1 turns
     assert asked and max(asked) == 3  # never the whole transcript at once
