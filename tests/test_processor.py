@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,6 +340,27 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
     m.set_batch_status(done.id, "done")
     m.close()
     assert read_before(tmp_path / "memory.db", None)[:2] == ([[1, 2]], {})
+
+
+def test_the_rebuild_carries_the_forgets_of_a_memory_db_from_before_their_lines_were_decided(tmp_path: Path) -> None:
+    """A memory.db whose forget jobs do not yet say whether their lines are decided (no server of this version
+    has opened it: the copy an older version's rebuild cut short set aside, one restored from a backup) was
+    refused as unreadable ("no such column: decided"), and with the flag to rebuild anyway its forgets not
+    finished, and what was forgotten in it, came back. Its jobs are carried over as undecided, as a start
+    counts them."""
+    from sprite_os.memory.curation.rebuild import read_before
+
+    path = tmp_path / "memory.db"
+    MemoryDB(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("DROP TABLE forget_jobs")  # as memory.db's schema made it before the decided column
+        conn.execute("CREATE TABLE forget_jobs (id INTEGER PRIMARY KEY, created_at FLOAT NOT NULL, "
+                     "observation_ids TEXT NOT NULL, sessions TEXT NOT NULL, line_hashes TEXT NOT NULL)")
+        conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes) "
+                     "VALUES (5.0, '[7, 9]', '[\"s1\", \"s2\"]', '[\"h\"]')")
+    before = read_before(path, None)
+    assert [(j.observation_ids, j.sessions, j.decided) for j in before.forgets] == [([7, 9], ["s1", "s2"], False)]
+    assert before.held() == {7, 9}
 
 
 def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
