@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import shutil
 import sqlite3
@@ -760,7 +761,9 @@ async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_
     error cut short (its turn still pending, words and all) went to the curator, its learnings came back,
     and no start would finish it, the job being in the copy set aside. Now the rebuild carries the job over
     and leaves its turns out; the next start finishes the forget, copy set aside included."""
+    from sprite_os.commands.memory_search import search_main
     from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.recall.rebuild import rebuild_recall
 
     settings = make_settings(tmp_path / "ws", bridge.url)
     settings.layout.ensure()
@@ -783,6 +786,15 @@ async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_
         assert [job.observation_ids for job in jobs(new)] == [[ids[1]]]
     finally:
         new.close()
+    # The command then makes recall again from transcript.db, where the turn's words still are: its episode
+    # is made without them (it wrote them into memory.db and the word index, and `memory search` found them
+    # until the next start).
+    rebuild_recall(settings, lambda *_: None, report.before)
+    assert said(settings.layout.memory_db) == []
+    found = io.StringIO()
+    search_main(settings, "Lisbon Tagus Alfama green tea", 10, True, True, stdout=found)
+    hits = json.dumps(json.loads(found.getvalue())["hits"]).lower()
+    assert "green tea" in hits and not [w for w in WORDS if w.decode() in hits], hits
     async with _finished_at_the_next_start(settings, ids, ids[1]) as again:
         assert said(settings.layout.transcript_db) == [] and said(report.backup) == []
         assert await _left(again) == []
