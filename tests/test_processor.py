@@ -567,6 +567,9 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     err = capsys.readouterr().err
     assert "rebuilding would bring back the learnings forgotten in it" in err and REBUILD_ANYWAY in err
     assert f"cannot read {path} (" in err and f"Restore a readable copy at {path}" in err
+    # and what the flag loses besides: a forget of turns not finished in it, whose turns are curated again
+    assert "and send the turns of a forget not finished in it to the curator" in err, err
+    assert "a forget not finished in it is lost, its turns curated again" in err, err
     assert path.read_bytes() == damaged
 
     bridge.curator.script("FACT: Has a cat named Miso [#1]")  # told to go on: it does, and the learning is back
