@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import shutil
 import sqlite3
@@ -760,7 +761,9 @@ async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_
     error cut short (its turn still pending, words and all) went to the curator, its learnings came back,
     and no start would finish it, the job being in the copy set aside. Now the rebuild carries the job over
     and leaves its turns out; the next start finishes the forget, copy set aside included."""
+    from sprite_os.commands.memory_search import search_main
     from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.recall.rebuild import rebuild_recall
 
     settings = make_settings(tmp_path / "ws", bridge.url)
     settings.layout.ensure()
@@ -783,9 +786,48 @@ async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_
         assert [job.observation_ids for job in jobs(new)] == [[ids[1]]]
     finally:
         new.close()
+    # The command then makes recall again from transcript.db, where the turn's words still are: its episode
+    # is made without them (it wrote them into memory.db and the word index, and `memory search` found them
+    # until the next start).
+    rebuild_recall(settings, lambda *_: None, report.before)
+    assert said(settings.layout.memory_db) == []
+    found = io.StringIO()
+    search_main(settings, "Lisbon Tagus Alfama green tea", 10, True, True, stdout=found)
+    hits = json.dumps(json.loads(found.getvalue())["hits"]).lower()
+    assert "green tea" in hits and not [w for w in WORDS if w.decode() in hits], hits
     async with _finished_at_the_next_start(settings, ids, ids[1]) as again:
         assert said(settings.layout.transcript_db) == [] and said(report.backup) == []
         assert await _left(again) == []
+
+
+async def test_a_rebuild_carries_a_forget_whose_file_pass_is_to_come_and_the_next_start_takes_its_lines_out(
+        tmp_path: Path, bridge: MockBridge) -> None:
+    """A forget whose words are gone but whose lines are still in the files (the daemon's pass to come) when
+    `memory rebuild` runs: the rebuild keeps the files' text as a version and sets memory.db aside, lines and
+    all, and carries the job over; the next start's pass takes the lines out of both."""
+    from sprite_os.memory.curation import rebuild as module
+
+    settings = make_settings(tmp_path / "ws", bridge.url)
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+
+    async def no_pass() -> int:
+        return 0
+
+    first.daemon.before_batches = no_pass
+    await first.forget_turns([ids[1]], by="test")
+    assert await first.forgetting.decided(60)
+    await first.stop()
+    assert "Lisbon" in first.files.read("user.md")  # the pass to come
+    bridge.curator.script("FACT: The user's name is Ada [#1]\nPREFERENCE: Likes green tea [#3]")
+    report = await module.rebuild(settings)
+    assert report.forgets == 1 and report.backup is not None
+    assert not first.files.read("user.md") and any("Lisbon" in v.text for v in first.files.history("user.md"))
+    async with _finished_at_the_next_start(settings, ids, ids[1]) as again:
+        assert not [v.number for v in again.files.history("user.md") if "lisbon" in v.text.lower()]
+        assert said(report.backup) == [] and await _left(again) == []
 
 
 @pytest.mark.parametrize("killed_after", ["the job's write, its answer lost", "the job", "memory.db", "recall",

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,6 +342,27 @@ def test_rebuild_replays_neither_failed_nor_superseded_batches(tmp_path: Path) -
     assert read_before(tmp_path / "memory.db", None)[:2] == ([[1, 2]], {})
 
 
+def test_the_rebuild_carries_the_forgets_of_a_memory_db_from_before_their_lines_were_decided(tmp_path: Path) -> None:
+    """A memory.db whose forget jobs do not yet say whether their lines are decided (no server of this version
+    has opened it: the copy an older version's rebuild cut short set aside, one restored from a backup) was
+    refused as unreadable ("no such column: decided"), and with the flag to rebuild anyway its forgets not
+    finished, and what was forgotten in it, came back. Its jobs are carried over as undecided, as a start
+    counts them."""
+    from sprite_os.memory.curation.rebuild import read_before
+
+    path = tmp_path / "memory.db"
+    MemoryDB(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("DROP TABLE forget_jobs")  # as memory.db's schema made it before the decided column
+        conn.execute("CREATE TABLE forget_jobs (id INTEGER PRIMARY KEY, created_at FLOAT NOT NULL, "
+                     "observation_ids TEXT NOT NULL, sessions TEXT NOT NULL, line_hashes TEXT NOT NULL)")
+        conn.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes) "
+                     "VALUES (5.0, '[7, 9]', '[\"s1\", \"s2\"]', '[\"h\"]')")
+    before = read_before(path, None)
+    assert [(j.observation_ids, j.sessions, j.decided) for j in before.forgets] == [([7, 9], ["s1", "s2"], False)]
+    assert before.held() == {7, 9}
+
+
 def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batches' groupings and the forgotten learnings come from one read-only open of memory.db: the
@@ -545,6 +567,9 @@ async def test_a_rebuild_refuses_a_memory_db_it_cannot_read_which_would_bring_th
     err = capsys.readouterr().err
     assert "rebuilding would bring back the learnings forgotten in it" in err and REBUILD_ANYWAY in err
     assert f"cannot read {path} (" in err and f"Restore a readable copy at {path}" in err
+    # and what the flag loses besides: a forget of turns not finished in it, whose turns are curated again
+    assert "and send the turns of a forget not finished in it to the curator" in err, err
+    assert "a forget not finished in it is lost, its turns curated again" in err, err
     assert path.read_bytes() == damaged
 
     bridge.curator.script("FACT: Has a cat named Miso [#1]")  # told to go on: it does, and the learning is back

@@ -55,7 +55,8 @@ def add_memory_parser(sub: Any) -> None:
                          help="only the searchable turns, the recall index and embeddings: no curator call")
     rebuild.add_argument(REBUILD_ANYWAY, dest="rebuild_anyway", action="store_true",
                          help="rebuild even when memory.db (or the copy an unfinished rebuild set aside) can't be "
-                              "read: learnings forgotten in it come back; with a readable one, it changes nothing")
+                              "read: learnings forgotten in it come back, and a forget not finished in it is lost "
+                              "(its turns curated again); with a readable one, it changes nothing")
     history = msub.add_parser("history", help="list every version of a memory file")
     history.add_argument("file")
     show = msub.add_parser("show", help="print a memory file, or one of its versions")
@@ -144,7 +145,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
             rebuilt = asyncio.run(rebuild(settings, forgotten_unreadable_ok=args.rebuild_anyway))
         except MemoryDbUnreadable as exc:
             raise SpriteOSError(f"{exc}, or pass {REBUILD_ANYWAY} to rebuild anyway (learnings forgotten in it "
-                                "come back)") from None
+                                "come back, and a forget not finished in it is lost, its turns curated again)") from None
         print(f"rebuilt from {rebuilt.observations} turns in {rebuilt.batches} batches: "
               f"{rebuilt.learnings} learnings, ${rebuilt.cost_usd:.4f}")
         if rebuilt.forgets:

@@ -67,7 +67,8 @@ class MemoryDbUnreadable(SpriteOSError):
 
     def __init__(self, path: Path, error: str, *, from_unfinished: bool = False, step: str = "read") -> None:
         what = f"{path}, the memory.db from before a rebuild that did not finish" if from_unfinished else str(path)
-        said = ("rebuilding would bring back the learnings forgotten in it" if step == "read"
+        said = ("rebuilding would bring back the learnings forgotten in it, and send the turns of a forget not "
+                "finished in it to the curator" if step == "read"
                 else "nothing was set aside or rebuilt")
         super().__init__(f"cannot read {what} ({error}): {said}. Restore a readable copy at {path}")
         self.path, self.from_unfinished = path, from_unfinished

@@ -70,8 +70,11 @@ def jobs(db: MemoryDB) -> list[Job]:
 
 
 def jobs_in(conn: sqlite3.Connection) -> list[Job]:
-    """The jobs in the memory.db open on `conn` (a read-only open of one set aside too)."""
-    found = conn.execute("SELECT id, created_at, observation_ids, sessions, line_hashes, decided FROM forget_jobs "
+    """The jobs in the memory.db open on `conn` (a read-only open of one set aside too, which no start has
+    migrated: a job from before `decided` counts as undecided, as the migration makes it)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(forget_jobs)")}
+    decided = "decided" if "decided" in columns else "0"
+    found = conn.execute(f"SELECT id, created_at, observation_ids, sessions, line_hashes, {decided} FROM forget_jobs "
                          "ORDER BY id").fetchall()
     return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
 

@@ -28,7 +28,7 @@ def purge_memory(db: MemoryDB, turns: Sequence[Observation]) -> Purged:
     ids, sessions = [o.id for o in turns], sorted({o.session_id for o in turns})
     # A turn not indexed yet gets its episode now, without text: the indexer may hold the turn as it was
     # read before the forget, and adding an episode leaves a known one as it is.
-    ep.add(db.conn, [ep.Episode(o.id, o.session_id, o.sequence_num, o.timestamp, "") for o in turns])
+    ep.add(db.conn, [ep.wordless(o) for o in turns])
     with transaction(db.conn) as c:
         found = delete_drawn(c, ids, sessions)
     tidy(db.conn)

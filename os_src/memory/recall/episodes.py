@@ -96,6 +96,11 @@ def from_observation(obs: Observation) -> Episode:
     return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, text, answer_at)
 
 
+def wordless(obs: Observation) -> Episode:
+    """The turn's episode without its words: a forget's, which takes them out (or will, at the next start)."""
+    return Episode(obs.id, obs.session_id, obs.sequence_num, obs.timestamp, "")
+
+
 # ---------------------------------------------------------------- memory.db's episodes table
 
 _COLUMNS = "id, session_id, turn, at, text, answer_at"

@@ -22,6 +22,7 @@ import numpy as np
 from ...config import Settings
 from ...database import read_only
 from ...logs import get_logger
+from ..forget.jobs import named
 from ..memory_store import MemoryDB
 from ..transcript_store import TranscriptDB
 from . import episodes as ep
@@ -49,9 +50,12 @@ class RecallReport:
 
 
 def _episodes(memory: MemoryDB, transcript: TranscriptDB) -> int:
-    last = 0
+    """Every turn's episode, from transcript.db; a turn a forget not finished names, without its words (the
+    transcript may hold them still: a forget an error cut short, which a full rebuild carried over into a
+    memory.db with no episode of it). The next start finishes the forget."""
+    held, last = named(memory), 0
     while found := transcript.after(last, 2_000):
-        ep.add(memory.conn, [ep.from_observation(o) for o in found])
+        ep.add(memory.conn, [ep.wordless(o) if o.id in held else ep.from_observation(o) for o in found])
         last = found[-1].id
     return ep.count(memory.conn)
 
