@@ -1674,6 +1674,7 @@ async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
                        what="the check failed")
     forget = await _forget_status(system)
     assert forget["kept_why"] == "check" and forget["kept_for_s"] is not None and not forget["degraded"], forget
+    assert forget["kept_passes"] == 0, forget  # the decision's own tries: no pass kept it (docs/protocol.md)
     monkeypatch.setattr(turns_module, "KEPT_STUCK", 0.0)
     assert (await system.status())["degraded"] is True
     broken = False
