@@ -176,12 +176,14 @@ def _figures() -> list[tuple[str, str]]:
     from sprite_os.memory import files, import_inbox, system
     from sprite_os.memory.capture import health, journal, recorder, writer
     from sprite_os.memory.curation import curator
-    from sprite_os.memory.forget import turns
+    from sprite_os.memory.forget import decisions, turns
     from sprite_os.tools import canvas
 
     mib = 1024 * 1024
     retry = import_inbox.IMPORT_RETRY
     forget_retry = turns.PASS_RETRY
+    decide = ", ".join(f"{pause:.0f} s" for pause in decisions.DECIDE_RETRIES[:-1])
+    decide_last = f"{decisions.DECIDE_RETRIES[-1] / 60:.0f} minutes"
     return [
         ("docs/protocol.md", f"up to {p.MAX_QUEUED_MESSAGES} may wait"),
         ("README.md", f"never more waiting than the server queues, {p.MAX_QUEUED_MESSAGES})"),
@@ -256,6 +258,8 @@ def _figures() -> list[tuple[str, str]]:
                              f"{forget_retry.first * 4:.0f} … up to {forget_retry.max / 60:.0f} minutes, so the state"),
         ("docs/reliability.md", f"asked for {forget_retry.first:.0f} s later, then {forget_retry.first * 2:.0f}, "
                                 f"{forget_retry.first * 4:.0f} … up to {forget_retry.max / 60:.0f} minutes (an idle"),
+        ("docs/memory.md", f"the check is tried again after {decide}, then every {decide_last} until it succeeds"),
+        ("docs/protocol.md", f"those tries are the decision's, {decide}, then every {decide_last} apart"),
         ("docs/memory.md", f"retried with backoff ({health.LOCAL_DISK.first} s doubling to\n  "
                            f"{health.LOCAL_DISK.max:.0f} s)"),
         ("docs/memory.md", f"the spill file takes the turn after the first failed attempt, about "

@@ -13,6 +13,7 @@ import io
 import json
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -1641,9 +1642,14 @@ async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as
     other = asyncio.create_task(system.forget_turns([ids[2]], by="test"))
     try:
         await asyncio.wait_for(purging.wait(), 60)
+        # A job kept for later by the passes before (as a disk that would not rewrite leaves it): its minute goes on.
+        forgetting._kept_passes, forgetting._kept_since, forgetting._kept_why = 2, time.monotonic() - 30, "disk"
         await forgetting.rewrite_files()
         forget = await _forget_status(system)
         assert forget["cut_short_jobs"] == 1 and forget["degraded"] is True, forget
+        kept_for = forget["kept_for_s"]
+        assert (forget["kept_passes"], forget["kept_why"]) == (2, "disk"), forget
+        assert isinstance(kept_for, float) and kept_for >= 30, forget
     finally:
         go.set()
         await other
@@ -1674,6 +1680,7 @@ async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
                        what="the check failed")
     forget = await _forget_status(system)
     assert forget["kept_why"] == "check" and forget["kept_for_s"] is not None and not forget["degraded"], forget
+    assert forget["kept_passes"] == 0, forget  # the decision's own tries: no pass kept it (docs/protocol.md)
     monkeypatch.setattr(turns_module, "KEPT_STUCK", 0.0)
     assert (await system.status())["degraded"] is True
     broken = False

@@ -127,7 +127,7 @@ class MemorySystem:
         self._counts: dict[str, int] = {}
         self._spent = 0.0  # today's spending, as last counted
         self._totals: dict[str, Any] | None = None
-        self._forget_jobs = Waiting(0, None)  # as last counted
+        self._forgets_waiting = Waiting(0, None)  # as last counted
         self._counted_at: float | None = None  # wall clock of the counts /healthz shows
         self._fresh_until = -1e18  # the counts are recounted after this (the loop's clock)
         self._counting: asyncio.Task[None] | None = None
@@ -403,7 +403,7 @@ class MemorySystem:
         status, _ = await asyncio.gather(self.status(), self._counted())  # both waits at once
         backlog = status["recall"]["turns_waiting_for_index"]
         budget = self.daemon.budget.report(time.time(), self._spent, self.daemon.resumes_at)
-        return {**status, "forget": {**status["forget"], **self._forget_jobs._asdict()},
+        return {**status, "forget": {**status["forget"], **self._forgets_waiting._asdict()},
                 "observations": self._counts, "budget": budget, "totals": self._totals,
                 "index_backlog": backlog, "counted_at": self._counted_at}
 
@@ -417,7 +417,7 @@ class MemorySystem:
             counts = await self.transcript.call(lambda t: t.counts())
             since = day_start(time.time())
             spent, totals, forgets = await self.memory.call(lambda m: (m.cost_since(since), m.totals(), waiting(m)))
-            self._counts, self._spent, self._totals, self._forget_jobs = counts, spent, totals, forgets
+            self._counts, self._spent, self._totals, self._forgets_waiting = counts, spent, totals, forgets
             self._counted_at = time.time()
         except Exception as exc:  # a locked or failing database: the last counts stand
             log_expected(log, "memory_health_count_failed", exc)

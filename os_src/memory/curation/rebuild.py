@@ -28,7 +28,7 @@ from ...errors import CuratorError, LockHeld, SpriteOSError
 from ...fsutil import WriterLock, atomic_write
 from ...logs import get_logger
 from ..files import CURATED, MemoryFiles
-from ..forget.jobs import Job, carry_over, jobs_in
+from ..forget.jobs import Job, carry_over, jobs_in, named
 from ..forget.learnings import forget_again, forgotten_keys
 from ..memory_store import MemoryDB
 from ..processor import BatchProcessor, CuratorClient
@@ -101,10 +101,6 @@ class Before(NamedTuple):
     groups: list[list[int]]  # the turn groupings of its batches, in order
     forgotten: dict[str, float]  # the learnings a person forgot: content_key -> forgotten_at
     forgets: list[Job]  # forgets not finished (cut short, or their file pass still to come)
-
-    def held(self) -> set[int]:
-        """The turns those forgets name: curated by no batch of the rebuild (their words may be in them still)."""
-        return {i for job in self.forgets for i in job.observation_ids}
 
 
 def _read_before(path: Path, set_aside: bool) -> Before:
@@ -240,12 +236,15 @@ async def rebuild(settings: Settings, *, forgotten_unreadable_ok: bool = False) 
         try:
             # First: a rebuild cut short leaves a memory.db a server may start on, which finishes them.
             await memory.call(lambda m: carry_over(m, before.forgets))
+            # The turns those forgets name, as every reader of memory.db finds them (`named`: the boot prompt,
+            # the recall made again): curated by no batch of the rebuild, their words may be in them still.
+            held = await memory.call(named)
             if before.forgets:
-                log.info("rebuild_forgets_carried", forgets=len(before.forgets), turns=len(before.held()))
+                log.info("rebuild_forgets_carried", forgets=len(before.forgets), turns=len(held))
             await transcript.call(lambda t: t.reset_all_pending())
             total = await transcript.call(lambda t: t.counts()["total"])
             cost, batches, turns = 0.0, 0, 0
-            async for group in _groups(transcript, before.groups, before.held(), settings.memory_batch_turns):
+            async for group in _groups(transcript, before.groups, held, settings.memory_batch_turns):
                 cost += await _with_retries(processor, group)
                 # After every batch, not once at the end: a rebuild cut short leaves a memory.db a
                 # server may start on before the rebuild runs again, and it must not recall the forgotten.

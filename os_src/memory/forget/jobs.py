@@ -91,13 +91,13 @@ def waiting(db: MemoryDB) -> Waiting:
     return Waiting(*db.conn.execute("SELECT count(*), min(created_at) FROM forget_jobs").fetchone())
 
 
-def carry_over(db: MemoryDB, kept: Sequence[Job]) -> None:
+def carry_over(db: MemoryDB, unfinished: Sequence[Job]) -> None:
     """Jobs not finished in a memory.db `memory rebuild` set aside, written into the new one (their ids
     new): the next start finishes them (`TurnForgetting.resume`, then the daemon's pass)."""
     with transaction(db.conn) as c:
         c.executemany("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
                       "VALUES (?, ?, ?, ?, ?)", [(j.created_at, json.dumps(j.observation_ids), json.dumps(j.sessions),
-                                                  json.dumps(j.line_hashes), int(j.decided)) for j in kept])
+                                                  json.dumps(j.line_hashes), int(j.decided)) for j in unfinished])
 
 
 def hidden_lines(db: MemoryDB) -> set[str]:

@@ -244,13 +244,16 @@ class TurnForgetting(Deciding):
                 wait = self._try_again_later()
             return round(wait, 1)
 
-        cut_short, held, unknown = 0, False, False  # held: a reader keeps a WAL, no job can finish this pass
+        # What `status` says after the pass: the jobs found CUT_SHORT; whether one was NOT_KNOWN (then what it
+        # said before stands); whether a reader kept a WAL (then no job can finish this pass, but each is still
+        # looked at, for the count of those cut short).
+        cut_short, unknown, wal_kept = 0, False, False
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
                 cut_short += alone == CUT_SHORT
                 unknown = unknown or alone == NOT_KNOWN
                 continue
-            if held:  # looked at still, for the count of those cut short (`status`)
+            if wal_kept:
                 continue
             try:
                 hashes = await self._settled(job)
@@ -274,24 +277,26 @@ class TurnForgetting(Deciding):
                 # the turns' words still.
                 next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
                 log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
-                held = True  # nor can any other job finish while it is kept; those cut short are counted still
+                wal_kept = True  # nor can any other job finish while it is kept
                 continue
             await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
-        # A job the pass could not tell about leaves what /healthz says of the ones kept or cut short as it was
-        # (it said ok while a forget took words out, and counted the minute again from nothing after).
+        # A NOT_KNOWN job leaves what /healthz says of the ones kept or cut short as it was (it said ok while a
+        # forget took words out, and counted the minute again from nothing after).
         if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
         self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
         return done
 
     async def _left_alone(self, job: Job) -> str | None:
-        """Why the pass leaves `job` alone this time, if it does: while its decision is under way (its end
-        wakes the daemon again); undecided, while a forget takes words out (its job may be on disk, not yet
-        in `_deciding`: NOT_KNOWN) or at the shutdown's last pass (the next start decides it); or while its turns
-        lack their tombstones (`_tombstoned`): CUT_SHORT."""
+        """Why the pass leaves `job` alone this time, or None if it does not:
+        - UNDER_WAY: its decision is under way (its end wakes the daemon again), or it is undecided at the
+          shutdown's last pass (the next start decides it);
+        - NOT_KNOWN: it is undecided while a forget takes words out (that forget's own job may be on disk, not
+          yet in `_deciding`);
+        - CUT_SHORT: its turns lack their tombstones (`_tombstoned`)."""
         if job.id in self._deciding or (not job.decided and self._stopping):
             return UNDER_WAY
         if not job.decided and self._taking_out:
@@ -301,8 +306,8 @@ class TurnForgetting(Deciding):
     def status(self, now: float) -> dict[str, Any]:
         """What the file pass has left undone, as this process knows it (no database read; `now` is
         time.monotonic()): the passes in a row that kept a job for later, for how long and why, and the jobs
-        cut short. A decision whose check keeps failing keeps its job too (the pass leaves a job being
-        decided alone: it never said so). `degraded` by `stuck`."""
+        cut short. A decision whose check keeps failing keeps its job too (`_check_failing`: the pass leaves a job
+        being decided alone, so no pass counts it). `degraded` by `stuck`."""
         since = [t for t in (self._kept_since, *self._check_failing.values()) if t is not None]
         kept_for = round(now - min(since), 1) if since else None
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
