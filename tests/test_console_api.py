@@ -430,6 +430,22 @@ async def test_health_says_an_import_the_server_gave_up_on_apart_from_one_it_ret
     assert (reply.health.recall.import_failing, reply.health.recall.import_set_aside) == (None, [aside.name])
 
 
+async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: MemoryConsole,
+                                                                        system: MemorySystem) -> None:
+    """A forget whose lines the daemon's pass has yet to take out of the memory files is counted; Health said
+    nothing of forgets at all."""
+    from sprite_os.memory.forget.jobs import add_job
+
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult)
+    assert reply.health.forgets == pm.ForgetProgress(waiting=0)
+    await system.memory.call(lambda m: add_job(m, [1], ["s1"], {"a" * 64}, NOW))
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets is not None
+    forgets = again.health.forgets
+    assert (forgets.waiting, forgets.cut_short, forgets.stuck) == (1, 0, False)
+
+
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:
     spend = {"daily_usd": 10.0, "spent_today_usd": 1.25, "in_flight_usd": 0.5, "calls_today": 7,
              "refused_today": {"budget": 1}, "resets_at": day_start(NOW) + 86_400, "models": ["m"],

@@ -298,6 +298,41 @@ async def health_tab(server: SpriteOS) -> AsyncIterator[Tab]:
         tab.assert_clean()
 
 
+async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_is(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short keeps the turn's words until the person forgets it again: the console's
+    Health said nothing of it (only /healthz, for the operator). It says so, and what to do; once forgotten
+    again, nothing."""
+    from sprite_os.memory.forget.jobs import jobs
+    from sprite_os.memory.transcript_store import NewObservation
+
+    memory = server.memory
+    assert memory is not None
+
+    def write(t: TranscriptDB) -> int:
+        t.start_session("s-cut", 1.0)
+        return t.append(NewObservation(2.0, "s-cut", 1, "My locker code is 4417", "[]", "Noted.")) or 0
+
+    turn = await memory.transcript.call(write)
+
+    def failing(*_: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(TranscriptDB, "forget", failing)
+    with pytest.raises(OSError):
+        await memory.forget_turns([turn], by="test")
+    monkeypatch.undo()
+    await wait_for(lambda: memory.forgetting.status(0.0)["cut_short_jobs"] == 1, timeout=30, what="the pass's count")
+    async with health_tab(server) as tab:
+        await expect(tab.by("memory-forgets")).to_contain_text("Forgetting is stuck")
+        await expect(tab.by("memory-forgets")).to_contain_text("forget the turn again")
+        await memory.forget_turns([turn], by="test")
+        await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the forget finished")
+        await wait_for(lambda: memory.forgetting.status(0.0)["cut_short_jobs"] == 0, timeout=30, what="the count")
+        await tab.by("memory-refresh").click()
+        await expect(tab.by("memory-forgets")).to_have_count(0)
+
+
 async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operator(server: SpriteOS) -> None:
     """A file set aside after its attempts failed was shown as "Import waiting: its last attempt failed",
     under a comment that the server retries on its own; it is never retried until the operator acts."""

@@ -17,6 +17,7 @@ import msgspec
 
 from ..logs import get_logger
 from ..memory.audit import AuditAction, audit, record
+from ..memory.forget.jobs import waiting
 from ..memory.forget.learnings import forgotten_count, set_forgotten
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from ..spending import day_start
@@ -169,9 +170,11 @@ class MemoryConsole:
         observations = await self._system.transcript.call(lambda t: t.counts())
 
         def read(m: Any) -> tuple[Any, ...]:
-            return m.totals(), q.spend_since(m, since), q.spend_since(m, 0.0), q.last_batch(m), forgotten_count(m)
+            return (m.totals(), q.spend_since(m, since), q.spend_since(m, 0.0), q.last_batch(m), forgotten_count(m),
+                    waiting(m))
 
-        totals, today, total, last, forgotten = await self._memory.call(read)
+        totals, today, total, last, forgotten, forgets = await self._memory.call(read)
+        kept = self._system.forgetting.status(time.monotonic())
         health = pm.MemoryHealth(
             running=status["running"], failing=status["degraded"],
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
@@ -179,6 +182,8 @@ class MemoryConsole:
             today=today, total=total, observations=observations, learnings=totals["learnings"],
             forgotten=forgotten, pending_actions=totals["pending_actions"], recall=await self._recall(),
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
+            forgets=pm.ForgetProgress(waiting=forgets.jobs_waiting, cut_short=kept["cut_short_jobs"],
+                                      kept_for_s=kept["kept_for_s"], kept_why=kept["kept_why"], stuck=kept["degraded"]),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 

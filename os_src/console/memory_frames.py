@@ -212,6 +212,17 @@ class RecallProgress(msgspec.Struct, frozen=True):
     import_set_aside: list[str] = []
 
 
+class ForgetProgress(msgspec.Struct, frozen=True):
+    """Forgets not finished: their words are out of every store but the memory files, whose lines the daemon's
+    pass takes out next (the boot prompt leaves them out meanwhile). `stuck` as /healthz's memory.forget says."""
+
+    waiting: int  # forgets whose lines are not yet out of the memory files
+    cut_short: int = 0  # forgets an error cut short: their turns keep their words until forgotten again, or a restart
+    kept_for_s: float | None = None  # how long the pass has kept one for later
+    kept_why: str | None = None  # why: "disk", "check" or "reader"
+    stuck: bool = False
+
+
 class AgentSpend(msgspec.Struct, frozen=True):
     """The agent's own model calls today, as the relay counts them against its daily cap."""
 
@@ -239,6 +250,7 @@ class MemoryHealth(msgspec.Struct, frozen=True):
     pending_actions: int
     recall: RecallProgress | None = None
     agent: AgentSpend | None = None  # the agent's spending beside the curator's (None: no relay to ask)
+    forgets: ForgetProgress | None = None
 
 
 # ---------------------------------------------------------------- server -> client

@@ -49,6 +49,25 @@ function recall(r) {
   return out;
 }
 
+// Forgets not finished: their words are gone from everywhere but lines of the memory files, which the next
+// session is not shown meanwhile. Stuck: kept a minute and more, or cut short by an error.
+const KEPT_BECAUSE = {
+  disk: "the disk would not rewrite a memory file",
+  check: "the check of which lines came from the forgotten turns keeps failing",
+  reader: "another program keeps memory open",
+};
+
+function forgets(f) {
+  if (!f || (!f.waiting && !f.cut_short)) return [];
+  const why = f.cut_short
+    ? `${plural(f.cut_short, "forget")} failed part way, the words still kept: forget the turn again to finish it`
+    : f.stuck
+      ? `waiting ${duration(f.kept_for_s)}: ${KEPT_BECAUSE[f.kept_why] ?? f.kept_why}; tried again on its own`
+      : "their lines are being taken out of the memory files, and are left out of the next session meanwhile";
+  return [wideStat(f.stuck ? "Forgetting is stuck" : "Forgets being finished", plural(f.waiting, "forget") + " waiting",
+    why, "memory-forgets")];
+}
+
 // The agent's own calls today against its daily cap (the relay refuses them past it).
 function agentSpend(a) {
   const refused = Object.entries(a.refused_today).map(([why, n]) => `${n} ${why}`).join(", ");
@@ -91,6 +110,7 @@ export class HealthPanel {
       stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
       stat("Pending actions", count(h.pending_actions)),
+      ...forgets(h.forgets),
       ...recall(h.recall));
     clear(this.audit).append(...entries.map((e) => el("li", {},
       el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail)));
