@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from devkit.harness import make_settings
@@ -444,6 +445,33 @@ async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: M
     assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets is not None
     forgets = again.health.forgets
     assert (forgets.waiting, forgets.cut_short, forgets.stuck) == (1, 0, False)
+
+
+async def test_health_names_the_session_of_a_forget_an_error_cut_short(console: MemoryConsole, system: MemorySystem,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short keeps its turn's words until the person forgets it again, which they can do
+    only if they can find it: Health said how many, not where, so a person back days later could not act."""
+    await system.transcript.call(lambda t: t.start_session("s1", NOW - 120))
+    ids = await seed(system)
+
+    def failing(*_: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(TranscriptDB, "forget", failing)
+    with pytest.raises(OSError):
+        await system.forget_turns([ids[0]], by="test")
+    monkeypatch.undo()
+    await system.forgetting.rewrite_files()  # the pass counts it
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    assert (forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (1, True, [NOW - 120])
+    assert "message" not in msgspec.json.encode(forgets).decode()  # when, never a word of it
+    await system.forget_turns([ids[0]], by="test")
+    await system.forgetting.decided(30)
+    await system.forgetting.rewrite_files()
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
 
 
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:

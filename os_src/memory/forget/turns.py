@@ -127,6 +127,7 @@ class TurnForgetting(Deciding):
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
     _cut_short_jobs: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    _cut_short_sessions: frozenset[str] = frozenset()  # the sessions of their turns (the person forgets them again there)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -247,10 +248,12 @@ class TurnForgetting(Deciding):
         # What `status` says after the pass: the jobs found CUT_SHORT; whether one was NOT_KNOWN (then what it
         # said before stands); whether a reader kept a WAL (then no job can finish this pass, but each is still
         # looked at, for the count of those cut short).
-        cut_short, unknown, wal_kept = 0, False, False
+        cut_short, unknown, wal_kept, sessions = 0, False, False, set[str]()
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
-                cut_short += alone == CUT_SHORT
+                if alone == CUT_SHORT:
+                    cut_short += 1
+                    sessions.update(job.sessions)
                 unknown = unknown or alone == NOT_KNOWN
                 continue
             if wal_kept:
@@ -288,7 +291,14 @@ class TurnForgetting(Deciding):
         if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
         self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
+        self._cut_short_sessions = frozenset(sessions | (self._cut_short_sessions if unknown else set()))
         return done
+
+    @property
+    def cut_short_sessions(self) -> list[str]:
+        """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
+        again (ids, never a word; the console's Health names them, /healthz only counts)."""
+        return sorted(self._cut_short_sessions)
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:
