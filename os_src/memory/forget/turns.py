@@ -126,7 +126,9 @@ class TurnForgetting(Deciding):
     _kept_passes: int = 0  # passes in a row that left a job for later
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
-    _cut_short_jobs: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    # jobs the last pass found without their tombstones, and those a forget's error left since: they wait for a start
+    # or a forget again
+    _cut_short_jobs: int = 0
     _cut_short_sessions: frozenset[str] = frozenset()  # the sessions of their turns (the person forgets them again there)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
@@ -195,16 +197,20 @@ class TurnForgetting(Deciding):
             if job is None:
                 job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
+            fresh = [o.id for o in turns if o.processed != FORGOTTEN]
             try:
                 purged = await self.apply(lambda m: purge_memory(m, turns))
                 await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-                fresh = [o.id for o in turns if o.processed != FORGOTTEN]
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
-                # The pass alone counts a forget cut short (`status`): asked for now, not at the next batch or
-                # forget, which on an idle Sprite may never come (/healthz said ok meanwhile).
+                if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
+                    self._cut_short_jobs += 1
+                    self._cut_short_sessions |= set(sessions)
+                # The pass counts them again: asked for now, not at the next batch or forget, which on an idle
+                # Sprite may never come. It waits for a batch under way, which a backlog or a slow curator makes
+                # long: counted here, /healthz and the console's Health say it meanwhile too.
                 self.wake_daemon(FORGET_PASS)
                 raise
         finally:
