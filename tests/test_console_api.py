@@ -494,6 +494,20 @@ async def test_health_says_a_forget_cut_short_before_the_daemon_is_free_to_count
     assert (await system.status())["degraded"] is True
 
 
+async def test_health_no_longer_says_a_forget_is_cut_short_once_it_is_forgotten_again(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forgotten again, the turn has lost its words: Health went on saying "forget the turn again" (and /healthz
+    degraded) until the daemon's pass, which waits for a batch under way. Here no daemon runs."""
+    ids = await forget_cut_short(system, monkeypatch)
+    await system.forgetting.rewrite_files()  # the pass has counted it
+    await system.forget_turns([ids[0]], by="test")
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    assert (forgets.waiting, forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (2, 0, False, [])
+    assert (await system.status())["degraded"] is False
+
+
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:
     spend = {"daily_usd": 10.0, "spent_today_usd": 1.25, "in_flight_usd": 0.5, "calls_today": 7,
              "refused_today": {"budget": 1}, "resets_at": day_start(NOW) + 86_400, "models": ["m"],

@@ -154,6 +154,8 @@ class TurnForgetting(Deciding):
             t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
+        if self._cut_short_jobs:  # this may be the forget again that finishes one: said at once, not at the pass
+            await self._count_cut_short()
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
         return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
 
@@ -299,6 +301,19 @@ class TurnForgetting(Deciding):
         self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
         self._cut_short_sessions = frozenset(sessions | (self._cut_short_sessions if unknown else set()))
         return done
+
+    async def _count_cut_short(self) -> None:
+        """The forgets cut short counted again, as the pass counts them (`_left_alone`), without waiting for it (a
+        batch under way holds it): unless one is NOT_KNOWN, which leaves the count as it was."""
+        count, sessions = 0, set[str]()
+        for job in await self.memory.call(jobs):
+            alone = await self._left_alone(job)
+            if alone == NOT_KNOWN:
+                return
+            if alone == CUT_SHORT:
+                count += 1
+                sessions.update(job.sessions)
+        self._cut_short_jobs, self._cut_short_sessions = count, frozenset(sessions)
 
     @property
     def cut_short_sessions(self) -> list[str]:
