@@ -445,6 +445,9 @@ async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: M
     assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets is not None
     forgets = again.health.forgets
     assert (forgets.waiting, forgets.cut_short, forgets.stuck) == (1, 0, False)
+    forget = (await system.health())["forget"]  # what /healthz says of the same state
+    assert (forgets.waiting, forgets.cut_short, forgets.kept_for_s, forgets.kept_why, forgets.stuck) == (
+        forget["jobs_waiting"], forget["cut_short_jobs"], forget["kept_for_s"], forget["kept_why"], forget["degraded"])
 
 
 async def forget_cut_short(system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> list[int]:
