@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -328,6 +329,7 @@ async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_
         await expect(tab.by("memory-forgets")).to_contain_text("forget the turn again")
         await expect(tab.by("memory-forgets")).to_contain_text("in the session of 2026-06-15")  # where to find it
         await expect(tab.by("memory-forgets")).not_to_contain_text("4417")
+        await expect(tab.by("memory-forgets")).to_have_class(re.compile(r"\bfailing\b"))  # in red, as the daemon's
         await memory.forget_turns([turn], by="test")
         await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the forget finished")
         await wait_for(lambda: memory.forgetting.status(0.0)["cut_short_jobs"] == 0, timeout=30, what="the count")

@@ -70,8 +70,10 @@ function forgets(f) {
     : f.stuck
       ? `waiting ${duration(f.kept_for_s)}: ${KEPT_BECAUSE[f.kept_why] ?? f.kept_why}; tried again on its own`
       : "their lines are being taken out of the memory files, and are left out of the next session meanwhile";
-  return [wideStat(f.stuck ? "Forgetting is stuck" : "Forgets being finished", plural(f.waiting, "forget") + " waiting",
-    why, "memory-forgets")];
+  const shown = wideStat(f.stuck ? "Forgetting is stuck" : "Forgets being finished", plural(f.waiting, "forget") + " waiting",
+    why, "memory-forgets");
+  if (f.stuck) shown.classList.add("state", "failing"); // in red, as the daemon's failing state
+  return [shown];
 }
 
 // The agent's own calls today against its daily cap (the relay refuses them past it).
