@@ -13,6 +13,7 @@ from playwright.async_api import expect
 
 from devkit.mock_bridge import Fault, MockBridge, Text, ToolCall, Turn
 from sprite_os.memory.files import MemoryFiles
+from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
 from sprite_os.server import SpriteOS
 from tests.conftest import TOKEN, wait_for
 from tests.console_browser import PHONE, Tab, chromium, install_templates, open_tab, signed_in
@@ -87,8 +88,10 @@ async def every_view(tab: Tab) -> list[str]:
     return out
 
 
-async def test_no_serious_or_critical_violation_on_any_view(server: SpriteOS, bridge: MockBridge) -> None:
+async def test_no_serious_or_critical_violation_on_any_view(server: SpriteOS, bridge: MockBridge,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     install_templates(server.settings)
+    await _forget_cut_short(server, monkeypatch)  # Health shows "Forgetting is stuck", in red, with its long line
     MemoryFiles(server.settings.layout).write("user.md", "# User\n- Name: Ada\n", "batch-1")
     (server.settings.layout.root / "documents" / "lease.txt").write_text("ends 2027")
     bridge.agent.script(Turn(ToolCall("mcp__canvas__create_card", {"title": "Week", "kind": "task",
@@ -122,8 +125,32 @@ async def test_no_serious_or_critical_violation_on_any_view(server: SpriteOS, br
         await phone.by("memory-file").filter(has_text="user.md").get_by_role("button").click()
         await expect(phone.by("file-text")).to_be_in_viewport()  # on a phone the file opens where the eye is
         found += [f"phone {v}" for v in await violations(phone, "memory files")]
+        await phone.memory("health")
+        await expect(phone.by("memory-forgets")).to_contain_text("Forgetting is stuck")
+        found += [f"phone {v}" for v in await violations(phone, "memory health")]
         tab.assert_clean("400")
     assert found == [], "\n".join(found)
+
+
+async def _forget_cut_short(server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A past session's turn whose forget a disk error cut short, counted."""
+    memory = server.memory
+    assert memory is not None
+
+    def write(t: TranscriptDB) -> int:
+        t.start_session("s-a11y-cut", 1_781_524_800.0)
+        return t.append(NewObservation(2.0, "s-a11y-cut", 1, "a turn to forget", "[]", "Noted.")) or 0
+
+    turn = await memory.transcript.call(write)
+
+    def failing(*_: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TranscriptDB, "forget", failing)
+        with pytest.raises(OSError):
+            await memory.forget_turns([turn], by="test")
+    assert memory.forgetting.status(0.0)["degraded"]
 
 
 # What moves on the page, each in the state that makes it move: the agent's dot while it works, the cursor of

@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from devkit.harness import make_settings
@@ -444,6 +445,70 @@ async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: M
     assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets is not None
     forgets = again.health.forgets
     assert (forgets.waiting, forgets.cut_short, forgets.stuck) == (1, 0, False)
+    forget = (await system.health())["forget"]  # what /healthz says of the same state
+    assert (forgets.waiting, forgets.cut_short, forgets.kept_for_s, forgets.kept_why, forgets.stuck) == (
+        forget["jobs_waiting"], forget["cut_short_jobs"], forget["kept_for_s"], forget["kept_why"], forget["degraded"])
+
+
+async def forget_cut_short(system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """seed()'s turns, in session s1 started at NOW - 120, the first's forget cut short by a disk error before
+    its tombstone. Returns the turns."""
+    await system.transcript.call(lambda t: t.start_session("s1", NOW - 120))
+    ids = await seed(system)
+
+    def failing(*_: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TranscriptDB, "forget", failing)
+        with pytest.raises(OSError):
+            await system.forget_turns([ids[0]], by="test")
+    return ids
+
+
+async def test_health_names_the_session_of_a_forget_an_error_cut_short(console: MemoryConsole, system: MemorySystem,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short keeps its turn's words until the person forgets it again, which they can do
+    only if they can find it: Health said how many, not where, so a person back days later could not act."""
+    ids = await forget_cut_short(system, monkeypatch)
+    await system.forgetting.rewrite_files()  # the pass counts it
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    assert (forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (1, True, [NOW - 120])
+    assert "message" not in msgspec.json.encode(forgets).decode()  # when, never a word of it
+    await system.forget_turns([ids[0]], by="test")
+    await system.forgetting.decided(30)
+    await system.forgetting.rewrite_files()
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
+
+
+async def test_health_says_a_forget_cut_short_before_the_daemon_is_free_to_count_it(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short was counted by the daemon's pass alone, which waits for a batch under way (a
+    backlog's batches, a slow curator): meanwhile Health said its lines were being taken out of the memory
+    files, and /healthz ok, while the turn kept every word. Here no daemon runs: the pass never comes."""
+    await forget_cut_short(system, monkeypatch)
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    assert (forgets.waiting, forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (1, 1, True, [NOW - 120])
+    assert (await system.status())["degraded"] is True
+
+
+async def test_health_no_longer_says_a_forget_is_cut_short_once_it_is_forgotten_again(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forgotten again, the turn has lost its words: Health went on saying "forget the turn again" (and /healthz
+    degraded) until the daemon's pass, which waits for a batch under way. Here no daemon runs."""
+    ids = await forget_cut_short(system, monkeypatch)
+    await system.forgetting.rewrite_files()  # the pass has counted it
+    await system.forget_turns([ids[0]], by="test")
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    assert (forgets.waiting, forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (2, 0, False, [])
+    assert (await system.status())["degraded"] is False
 
 
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -301,8 +302,8 @@ async def health_tab(server: SpriteOS) -> AsyncIterator[Tab]:
 async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_is(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """A forget an error cut short keeps the turn's words until the person forgets it again: the console's
-    Health said nothing of it (only /healthz, for the operator). It says so, and what to do; once forgotten
-    again, nothing."""
+    Health said nothing of it (only /healthz, for the operator). It says so, in which session (never a word of
+    the turn), and what to do; once forgotten again, nothing."""
     from sprite_os.memory.forget.jobs import jobs
     from sprite_os.memory.transcript_store import NewObservation
 
@@ -310,7 +311,7 @@ async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_
     assert memory is not None
 
     def write(t: TranscriptDB) -> int:
-        t.start_session("s-cut", 1.0)
+        t.start_session("s-cut", 1_781_524_800.0)  # 2026-06-15 12:00 UTC: that day in any time zone within 11 h
         return t.append(NewObservation(2.0, "s-cut", 1, "My locker code is 4417", "[]", "Noted.")) or 0
 
     turn = await memory.transcript.call(write)
@@ -326,6 +327,9 @@ async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_
     async with health_tab(server) as tab:
         await expect(tab.by("memory-forgets")).to_contain_text("Forgetting is stuck")
         await expect(tab.by("memory-forgets")).to_contain_text("forget the turn again")
+        await expect(tab.by("memory-forgets")).to_contain_text("in the session of 2026-06-15")  # where to find it
+        await expect(tab.by("memory-forgets")).not_to_contain_text("4417")
+        await expect(tab.by("memory-forgets")).to_have_class(re.compile(r"\bfailing\b"))  # in red, as the daemon's
         await memory.forget_turns([turn], by="test")
         await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the forget finished")
         await wait_for(lambda: memory.forgetting.status(0.0)["cut_short_jobs"] == 0, timeout=30, what="the count")

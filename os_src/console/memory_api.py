@@ -175,6 +175,9 @@ class MemoryConsole:
 
         totals, today, total, last, forgotten, forgets = await self._memory.call(read)
         kept = self._system.forgetting.status(time.monotonic())
+        cut_in = self._system.forgetting.cut_short_sessions
+        started = await self._system.transcript.call(lambda t: [row.started_at for sid in cut_in if (
+            row := t.session(sid)) is not None]) if cut_in else []
         health = pm.MemoryHealth(
             running=status["running"], failing=status["degraded"],
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
@@ -183,7 +186,8 @@ class MemoryConsole:
             forgotten=forgotten, pending_actions=totals["pending_actions"], recall=await self._recall(),
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
             forgets=pm.ForgetProgress(waiting=forgets.jobs_waiting, cut_short=kept["cut_short_jobs"],
-                                      kept_for_s=kept["kept_for_s"], kept_why=kept["kept_why"], stuck=kept["degraded"]),
+                                      cut_short_in=sorted(started), kept_for_s=kept["kept_for_s"],
+                                      kept_why=kept["kept_why"], stuck=kept["degraded"]),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 

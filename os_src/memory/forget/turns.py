@@ -126,7 +126,10 @@ class TurnForgetting(Deciding):
     _kept_passes: int = 0  # passes in a row that left a job for later
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
-    _cut_short_jobs: int = 0  # jobs the last pass found without their tombstones: they wait for a start or a forget again
+    # jobs the last pass found without their tombstones, and those a forget's error left since: they wait for a start
+    # or a forget again
+    _cut_short_jobs: int = 0
+    _cut_short_sessions: frozenset[str] = frozenset()  # the sessions of their turns (the person forgets them again there)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -151,6 +154,8 @@ class TurnForgetting(Deciding):
             t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
+        if self._cut_short_jobs:  # this may be the forget again that finishes one: said at once, not at the pass
+            await self._count_cut_short()
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
         return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
 
@@ -194,16 +199,20 @@ class TurnForgetting(Deciding):
             if job is None:
                 job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
+            fresh = [o.id for o in turns if o.processed != FORGOTTEN]
             try:
                 purged = await self.apply(lambda m: purge_memory(m, turns))
                 await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
-                fresh = [o.id for o in turns if o.processed != FORGOTTEN]
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
-                # The pass alone counts a forget cut short (`status`): asked for now, not at the next batch or
-                # forget, which on an idle Sprite may never come (/healthz said ok meanwhile).
+                if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
+                    self._cut_short_jobs += 1
+                    self._cut_short_sessions |= set(sessions)
+                # The pass counts them again: asked for now, not at the next batch or forget, which on an idle
+                # Sprite may never come. It waits for a batch under way, which a backlog or a slow curator makes
+                # long: counted here, /healthz and the console's Health say it meanwhile too.
                 self.wake_daemon(FORGET_PASS)
                 raise
         finally:
@@ -247,10 +256,12 @@ class TurnForgetting(Deciding):
         # What `status` says after the pass: the jobs found CUT_SHORT; whether one was NOT_KNOWN (then what it
         # said before stands); whether a reader kept a WAL (then no job can finish this pass, but each is still
         # looked at, for the count of those cut short).
-        cut_short, unknown, wal_kept = 0, False, False
+        cut_short, unknown, wal_kept, sessions = 0, False, False, set[str]()
         for job in await self.memory.call(jobs):
             if (alone := await self._left_alone(job)) is not None:
-                cut_short += alone == CUT_SHORT
+                if alone == CUT_SHORT:
+                    cut_short += 1
+                    sessions.update(job.sessions)
                 unknown = unknown or alone == NOT_KNOWN
                 continue
             if wal_kept:
@@ -288,7 +299,27 @@ class TurnForgetting(Deciding):
         if wait is None and not unknown:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
         self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
+        self._cut_short_sessions = frozenset(sessions | (self._cut_short_sessions if unknown else set()))
         return done
+
+    async def _count_cut_short(self) -> None:
+        """The forgets cut short counted again, as the pass counts them (`_left_alone`), without waiting for it (a
+        batch under way holds it): unless one is NOT_KNOWN, which leaves the count as it was."""
+        count, sessions = 0, set[str]()
+        for job in await self.memory.call(jobs):
+            alone = await self._left_alone(job)
+            if alone == NOT_KNOWN:
+                return
+            if alone == CUT_SHORT:
+                count += 1
+                sessions.update(job.sessions)
+        self._cut_short_jobs, self._cut_short_sessions = count, frozenset(sessions)
+
+    @property
+    def cut_short_sessions(self) -> list[str]:
+        """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
+        again (ids, never a word; the console's Health names them, /healthz only counts)."""
+        return sorted(self._cut_short_sessions)
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:

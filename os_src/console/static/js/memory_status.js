@@ -57,15 +57,23 @@ const KEPT_BECAUSE = {
   reader: "another program keeps memory open",
 };
 
+// Where a forget an error cut short is: the person finds its turns there, words and all, and forgets them again.
+function cutShortIn(f) {
+  const where = (f.cut_short_in ?? []).map((at) => `the session of ${when(at)}`).join(", ");
+  return where ? ` (in ${where})` : "";
+}
+
 function forgets(f) {
   if (!f || (!f.waiting && !f.cut_short)) return [];
   const why = f.cut_short
-    ? `${plural(f.cut_short, "forget")} failed part way, the words still kept: forget the turn again to finish it`
+    ? `${plural(f.cut_short, "forget")} failed part way, the words still kept${cutShortIn(f)}: ${f.cut_short === 1 ? "forget the turn again to finish it" : "forget the turns again to finish them"}`
     : f.stuck
       ? `waiting ${duration(f.kept_for_s)}: ${KEPT_BECAUSE[f.kept_why] ?? f.kept_why}; tried again on its own`
       : "their lines are being taken out of the memory files, and are left out of the next session meanwhile";
-  return [wideStat(f.stuck ? "Forgetting is stuck" : "Forgets being finished", plural(f.waiting, "forget") + " waiting",
-    why, "memory-forgets")];
+  const shown = wideStat(f.stuck ? "Forgetting is stuck" : "Forgets being finished", plural(f.waiting, "forget") + " waiting",
+    why, "memory-forgets");
+  if (f.stuck) shown.classList.add("state", "failing"); // in red, as the daemon's failing state
+  return [shown];
 }
 
 // The agent's own calls today against its daily cap (the relay refuses them past it).
