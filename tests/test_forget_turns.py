@@ -14,8 +14,9 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -734,6 +735,24 @@ class _Killed(Exception):
     """A step of the forget fails: what it leaves on disk is what a kill there leaves."""
 
 
+async def _cut_short_at_recall(system: MemorySystem, turn_id: int, error: Exception | None = None) -> None:
+    """A forget of `turn_id` that an error (`_Killed` unless given) cuts short at recall's purge: its job on disk,
+    memory.db purged, no tombstone, the turn's words in the transcript. Recall's purge works again after it."""
+    forgetting = system.forgetting
+    real = forgetting.purge_recall
+    failure = error or _Killed()
+
+    async def purge(*_: object) -> None:
+        raise failure
+
+    forgetting.purge_recall = purge
+    try:
+        with pytest.raises(type(failure)):
+            await system.forget_turns([turn_id], by="test")
+    finally:
+        forgetting.purge_recall = real
+
+
 @contextlib.asynccontextmanager
 async def _finished_at_the_next_start(settings: Settings, ids: list[int], forgotten: int) -> AsyncIterator[MemorySystem]:
     """The next start, once it has finished the forget of `forgotten` (every step again, then the pass)."""
@@ -892,15 +911,7 @@ async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(
     succeeds: the pass then finishes both jobs at once, not the new one alone (the old one waited for a restart)."""
     ids = await seed(system, tmp_path)
     forgetting = system.forgetting
-    real_purge = forgetting.purge_recall
-
-    async def purge(*_: object) -> None:
-        raise _Killed
-
-    forgetting.purge_recall = purge
-    with pytest.raises(_Killed):
-        await system.forget_turns([ids[1]], by="test")
-    forgetting.purge_recall = real_purge
+    await _cut_short_at_recall(system, ids[1])
     assert await forgetting.rewrite_files() == 0  # cut short: its turn still holds its words
     redo = await system.forget_turns([ids[1]], by="test")
     assert [o.id for o in redo.turns] == [ids[1]]
@@ -914,16 +925,7 @@ async def test_a_forget_an_error_cut_short_shows_in_healthz_at_once(system: Memo
     /healthz said memory was fine (`cut_short_jobs` 0) until some later pass (a batch's, a session's end),
     its turn keeping its words meanwhile. Now the forget's error asks for the pass; the forget again clears it."""
     ids = await seed(system, tmp_path)
-    forgetting = system.forgetting
-    real_purge = forgetting.purge_recall
-
-    async def purge(*_: object) -> None:
-        raise OSError("disk I/O error")
-
-    forgetting.purge_recall = purge
-    with pytest.raises(OSError):
-        await system.forget_turns([ids[1]], by="test")
-    forgetting.purge_recall = real_purge
+    await _cut_short_at_recall(system, ids[1], OSError("disk I/O error"))
 
     async def cut_short(count: int) -> bool:
         health = await system.health()
@@ -947,13 +949,7 @@ async def test_a_turn_of_a_forget_an_error_cut_short_goes_to_no_curator_call_nor
                                            turn(2, "I like green tea", "Green tea it is."))]
 
     ids = await system.transcript.call(write)  # not curated (the curator does not answer): pending
-
-    async def purge(*_: object) -> None:
-        raise _Killed
-
-    system.forgetting.purge_recall = purge
-    with pytest.raises(_Killed):
-        await system.forget_turns([ids[0]], by="test")
+    await _cut_short_at_recall(system, ids[0])
     assert await system.transcript.call(lambda t: [o.id for o in t.pending()]) == ids  # it holds its words
     assert [o.id for o in await system.processor.pending(100)] == [ids[1]]
     assert [o.id for o in await system.processor.pending(1)] == [ids[1]]
@@ -1350,14 +1346,9 @@ async def test_a_reader_that_kept_the_transcripts_wal_through_the_forget_does_no
     # the turn's words in the database file, where a checkpoint has put them (a live server's turns get there)
     await system.transcript.call(lambda t: t.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
     wal = Path(f"{layout.transcript_db}-wal")
-    reader = sqlite3.connect(layout.transcript_db)
-    try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM observations").fetchone()
+    with _reading_mid_transaction(layout.transcript_db):
         await system.forget_turns([ids[1]], by="test")
         assert await system.forgetting.decided(60)
-    finally:
-        reader.close()
     await system.transcript.call(lambda t: t.start_session("s10", T0 + 91))  # the server goes on writing
     system.daemon.trigger("forget")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
@@ -1422,20 +1413,32 @@ async def test_a_reader_that_keeps_a_wal_for_long_makes_the_pass_try_again_less_
     forever."""
     layout = system.settings.layout
     ids = await seed(system, tmp_path)
-    reader = sqlite3.connect(layout.transcript_db)
+    with _reading_mid_transaction(layout.transcript_db), capture_logs() as logs:
+        await _forgotten_with_the_wal_kept(system, ids[1], logs)
+        for _ in range(3):
+            assert await system.forgetting.rewrite_files() == 0
+    waits = [e["next_try_s"] for e in logs if e["event"] == "forget_wal_kept"]
+    assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits
+
+
+@contextlib.contextmanager
+def _reading_mid_transaction(database: Path) -> Iterator[None]:
+    """Another process reading `database` mid-transaction (a shell, `memory status`, a backup tool): the WAL
+    cannot be emptied until it ends."""
+    reader = sqlite3.connect(database)
     try:
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM observations").fetchone()
-        with capture_logs() as logs:
-            await system.forget_turns([ids[1]], by="test")
-            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
-                           what="the decision's pass")
-            for _ in range(3):
-                assert await system.forgetting.rewrite_files() == 0
-        waits = [e["next_try_s"] for e in logs if e["event"] == "forget_wal_kept"]
+        yield
     finally:
         reader.close()
-    assert len(waits) == 4 and waits[-1] > 2 * waits[0] and max(waits) <= 300, waits
+
+
+async def _forgotten_with_the_wal_kept(system: MemorySystem, turn_id: int, logs: list[dict[str, Any]]) -> None:
+    """`turn_id` forgotten while a reader keeps the transcript's WAL, until the pass has kept its job for it."""
+    await system.forget_turns([turn_id], by="test")
+    await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
+                   what="the pass kept the job for the reader")
 
 
 def _undeletable_index_set_aside(layout: Layout, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -1593,26 +1596,13 @@ async def test_a_forget_cut_short_behind_a_job_a_reader_keeps_is_still_counted(
 
     monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))
     ids = await seed(system, tmp_path)
-    reader = sqlite3.connect(system.settings.layout.transcript_db)
-    try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM observations").fetchone()
+    with _reading_mid_transaction(system.settings.layout.transcript_db):
         with capture_logs() as logs:
-            await system.forget_turns([ids[0]], by="test")
-            await wait_for(lambda: any(e["event"] == "forget_wal_kept" for e in logs), timeout=60,
-                           what="the pass kept the job for the reader")
-
-            async def purge(*_: object) -> None:
-                raise _Killed
-
-            system.forgetting.purge_recall = purge
-            with pytest.raises(_Killed):
-                await system.forget_turns([ids[2]], by="test")
+            await _forgotten_with_the_wal_kept(system, ids[0], logs)
+            await _cut_short_at_recall(system, ids[2])
             await wait_for(lambda: _cut_short_counted(system, 1), timeout=30, what="the forget cut short counted")
         forget = await _forget_status(system)
         assert forget["kept_why"] == "reader" and forget["degraded"] is True, forget
-    finally:
-        reader.close()
 
 
 async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as_it_was(
@@ -1622,13 +1612,7 @@ async def test_a_pass_while_a_forget_takes_words_out_leaves_what_healthz_says_as
     ids = await seed(system, tmp_path)
     forgetting = system.forgetting
     real_purge = forgetting.purge_recall
-
-    async def purge(*_: object) -> None:
-        raise _Killed
-
-    forgetting.purge_recall = purge
-    with pytest.raises(_Killed):
-        await system.forget_turns([ids[0]], by="test")
+    await _cut_short_at_recall(system, ids[0])
     await forgetting.rewrite_files()
     assert (await _forget_status(system))["cut_short_jobs"] == 1
     go, purging = asyncio.Event(), asyncio.Event()
