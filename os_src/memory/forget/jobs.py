@@ -33,10 +33,17 @@ def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: s
     store loses the words: a forget cut short anywhere after this is finished at the next start
     (`TurnForgetting.resume`)."""
     with transaction(db.conn) as c:
-        cur = c.execute("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
-                        "VALUES (?, ?, ?, ?, 0)", (now, json.dumps(list(ids)), json.dumps(list(sessions)),
-                                                   json.dumps(sorted(hashes))))
+        cur = c.execute(_INSERT, _row(Job(0, now, list(ids), list(sessions), sorted(hashes), decided=False)))
     return int(cur.lastrowid or 0)
+
+
+_INSERT = ("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
+           "VALUES (?, ?, ?, ?, ?)")
+
+
+def _row(job: Job) -> tuple[float, str, str, str, int]:
+    return job.created_at, json.dumps(job.observation_ids), json.dumps(job.sessions), json.dumps(job.line_hashes), \
+        int(job.decided)
 
 
 def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
@@ -95,9 +102,7 @@ def carry_over(db: MemoryDB, unfinished: Sequence[Job]) -> None:
     """Jobs not finished in a memory.db `memory rebuild` set aside, written into the new one (their ids
     new): the next start finishes them (`TurnForgetting.resume`, then the daemon's pass)."""
     with transaction(db.conn) as c:
-        c.executemany("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
-                      "VALUES (?, ?, ?, ?, ?)", [(j.created_at, json.dumps(j.observation_ids), json.dumps(j.sessions),
-                                                  json.dumps(j.line_hashes), int(j.decided)) for j in unfinished])
+        c.executemany(_INSERT, [_row(job) for job in unfinished])
 
 
 def hidden_lines(db: MemoryDB) -> set[str]:

@@ -126,10 +126,10 @@ class TurnForgetting(Deciding):
     _kept_passes: int = 0  # passes in a row that left a job for later
     _kept_since: float | None = None  # time.monotonic() at the first of them
     _kept_why: str | None = None  # the last one's reason (KEPT_*)
-    # jobs the last pass found without their tombstones, and those a forget's error left since: they wait for a start
-    # or a forget again
-    _cut_short_jobs: int = 0
-    _cut_short_sessions: frozenset[str] = frozenset()  # the sessions of their turns (the person forgets them again there)
+    # The jobs cut short (their turns lack tombstones: they wait for a start or a forget again), as the last count
+    # found them (`_recount`), and those a forget's error left since: job -> its sessions (where the person forgets
+    # them again).
+    _cut_short: dict[int, list[str]] = field(default_factory=dict)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -154,8 +154,8 @@ class TurnForgetting(Deciding):
             t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None)
         self._start_decision(job, decision)
-        if self._cut_short_jobs:  # this may be the forget again that finishes one: said at once, not at the pass
-            await self._count_cut_short()
+        if self._cut_short:  # this may be the forget again that finishes one: said at once, not at the pass
+            self._recount([(j, await self._left_alone(j)) for j in await self.memory.call(jobs)])
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
         return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
 
@@ -208,8 +208,7 @@ class TurnForgetting(Deciding):
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
                 if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
-                    self._cut_short_jobs += 1
-                    self._cut_short_sessions |= set(sessions)
+                    self._cut_short[job] = sessions
                 # The pass counts them again: asked for now, not at the next batch or forget, which on an idle
                 # Sprite may never come. It waits for a batch under way, which a backlog or a slow curator makes
                 # long: counted here, /healthz and the console's Health say it meanwhile too.
@@ -253,16 +252,13 @@ class TurnForgetting(Deciding):
                 wait = self._try_again_later()
             return round(wait, 1)
 
-        # What `status` says after the pass: the jobs found CUT_SHORT; whether one was NOT_KNOWN (then what it
-        # said before stands); whether a reader kept a WAL (then no job can finish this pass, but each is still
-        # looked at, for the count of those cut short).
-        cut_short, unknown, wal_kept, sessions = 0, False, False, set[str]()
+        # seen: each job and why it was left alone, for `status` (`_recount`); wal_kept: a reader kept a WAL, so
+        # no job can finish this pass, but each is still looked at, for the count of those cut short.
+        seen: list[tuple[Job, str | None]] = []
+        wal_kept = False
         for job in await self.memory.call(jobs):
-            if (alone := await self._left_alone(job)) is not None:
-                if alone == CUT_SHORT:
-                    cut_short += 1
-                    sessions.update(job.sessions)
-                unknown = unknown or alone == NOT_KNOWN
+            seen.append((job, alone := await self._left_alone(job)))
+            if alone is not None:
                 continue
             if wal_kept:
                 continue
@@ -294,32 +290,26 @@ class TurnForgetting(Deciding):
             self._decisions.pop(job.id, None)
             log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
             done += 1
-        # A NOT_KNOWN job leaves what /healthz says of the ones kept or cut short as it was (it said ok while a
-        # forget took words out, and counted the minute again from nothing after).
-        if wait is None and not unknown:
+        # A NOT_KNOWN job leaves what /healthz says of the ones kept as it was (it said ok while a forget took
+        # words out, and counted the minute again from nothing after).
+        if not self._recount(seen) and wait is None:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
-        self._cut_short_jobs = max(cut_short, self._cut_short_jobs) if unknown else cut_short
-        self._cut_short_sessions = frozenset(sessions | (self._cut_short_sessions if unknown else set()))
         return done
 
-    async def _count_cut_short(self) -> None:
-        """The forgets cut short counted again, as the pass counts them (`_left_alone`), without waiting for it (a
-        batch under way holds it): unless one is NOT_KNOWN, which leaves the count as it was."""
-        count, sessions = 0, set[str]()
-        for job in await self.memory.call(jobs):
-            alone = await self._left_alone(job)
-            if alone == NOT_KNOWN:
-                return
-            if alone == CUT_SHORT:
-                count += 1
-                sessions.update(job.sessions)
-        self._cut_short_jobs, self._cut_short_sessions = count, frozenset(sessions)
+    def _recount(self, seen: Sequence[tuple[Job, str | None]]) -> bool:
+        """The forgets cut short, from every job and why `_left_alone` leaves it (the pass's, and a forget's at
+        its end, which need not wait for a batch under way to say one is finished). A NOT_KNOWN job may be one
+        cut short before: those counted then stay, with those found now. Returns whether one was NOT_KNOWN."""
+        found = {job.id: job.sessions for job, alone in seen if alone == CUT_SHORT}
+        unknown = any(alone == NOT_KNOWN for _, alone in seen)
+        self._cut_short = {**self._cut_short, **found} if unknown else found
+        return unknown
 
     @property
     def cut_short_sessions(self) -> list[str]:
         """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
         again (ids, never a word; the console's Health names them, /healthz only counts)."""
-        return sorted(self._cut_short_sessions)
+        return sorted({session for sessions in self._cut_short.values() for session in sessions})
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:
@@ -343,7 +333,7 @@ class TurnForgetting(Deciding):
         kept_for = round(now - min(since), 1) if since else None
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
-                "cut_short_jobs": self._cut_short_jobs, "degraded": stuck(kept_for, self._cut_short_jobs)}
+                "cut_short_jobs": len(self._cut_short), "degraded": stuck(kept_for, len(self._cut_short))}
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
