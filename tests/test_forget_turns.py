@@ -1535,6 +1535,38 @@ async def test_a_job_the_pass_keeps_shows_in_healthz_metrics_and_memory_status_u
     assert not aside.exists() and (await system.health())["degraded"] is False
 
 
+async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_curator_failure(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that raised what it did not expect (a bug, a database error reading its jobs) went up into the
+    daemon's run and counted as a failed curator call: memory said the curator failed, curation backed off
+    (and with a bug, never ran again), and the forget state gave no reason and started no minute's clock while
+    the words stayed in the files. Now the pass keeps the job for a later try like any other, says why
+    (`error`), and curation goes on."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    ids = await seed(system, tmp_path)
+
+    async def broken(_self: object, _job: object) -> set[str]:
+        raise RuntimeError("a bug in the pass")
+
+    monkeypatch.setattr(turns_module.TurnForgetting, "_settled", broken)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_pass_failed" for e in logs), timeout=60,
+                       what="the daemon's forget pass")
+    forget = (await system.status())["forget"]
+    assert (forget["kept_passes"], forget["kept_why"], forget["kept_for_s"] is not None) == (1, "error", True), forget
+    # The curator's own calls fail here (no proxy), as they would without the forget: none of it is the pass's.
+    assert not [e for e in logs if e["event"] in ("memory_daemon_error", "memory_batch_failed")
+                and "a bug in the pass" in str(e.get("error"))], logs
+    assert "a bug in the pass" not in str(system.daemon.status()["last_error"])
+    assert len(await system.memory.call(jobs)) == 1  # the words' lines wait for a later pass
+    monkeypatch.undo()  # the pass tries again on its own (PASS_RETRY), as for a disk
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    forget = (await system.status())["forget"]
+    assert (forget["kept_passes"], forget["kept_why"]) == (0, None), forget
+
+
 async def _waiting(forget_health: Callable[[], Awaitable[dict[str, object]]], count: int) -> bool:
     return (await forget_health())["jobs_waiting"] == count
 

@@ -51,6 +51,7 @@ from typing import Any
 from ...backoff import Backoff
 from ...database import checkpoint
 from ...db_worker import Worker
+from ...errors import log_expected
 from ...logs import get_logger
 from ...paths import Layout
 from ...text import utc
@@ -94,8 +95,8 @@ PASS_RETRY = Backoff(first=5.0, max=300.0)
 # passing moment: /healthz says memory is degraded. By then the pass has kept it four times in a row (at about
 # 0, 5, 15 and 35 s: the first pass and PASS_RETRY's first three tries again; the fourth comes at about 75 s).
 KEPT_STUCK = 60.0
-# Why a pass kept a job for later, as /healthz says it.
-KEPT_DISK, KEPT_CHECK, KEPT_READER = "disk", "check", "reader"
+# Why a pass kept a job for later, as /healthz says it (error: the pass failed in a way it did not expect).
+KEPT_DISK, KEPT_CHECK, KEPT_READER, KEPT_ERROR = "disk", "check", "reader", "error"
 # Why the pass leaves a job alone (`_left_alone`). NOT_KNOWN: undecided while a forget takes words out, which
 # may be that forget's own job (not yet `_deciding`) or one kept or cut short before: the pass cannot tell.
 UNDER_WAY, CUT_SHORT, NOT_KNOWN = "under way", "cut short", "not known"
@@ -241,8 +242,20 @@ class TurnForgetting(Deciding):
         """The daemon's pass: each pending job's lines out of the files, their history, the batches'
         records and the backups, then both databases' WALs emptied; only then is the job finished. A job
         stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
-        the disk will not rewrite a file or a backup, or while a reader keeps a WAL: for those three, the pass
-        is asked for again later (`_try_again_later`). Returns the jobs done."""
+        the disk will not rewrite a file or a backup, while a reader keeps a WAL, or when the pass fails in a
+        way it did not expect: for those four, the pass is asked for again later (`_try_again_later`). Returns
+        the jobs done."""
+        try:
+            return await self._rewrite_files()
+        except Exception as exc:
+            # A database error reading the jobs, or a bug: the pass's own failure, never the curator's (the daemon's
+            # run would count it a failed call, back curation off, and with a bug never curate again). Kept like the
+            # rest: tried again later, its reason in the forget status, and stuck past KEPT_STUCK.
+            self._kept_why = KEPT_ERROR
+            log_expected(log, "forget_pass_failed", exc, next_try_s=round(self._try_again_later(), 1))
+            return 0
+
+    async def _rewrite_files(self) -> int:
         done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
 
         def later(why: str) -> float:

@@ -55,6 +55,7 @@ const KEPT_BECAUSE = {
   disk: "the disk would not rewrite a memory file",
   check: "the check of which lines came from the forgotten turns keeps failing",
   reader: "another program keeps memory open",
+  error: "finishing it failed unexpectedly (the server's log says how)",
 };
 
 // Where a forget an error cut short is: the person finds its turns there, words and all, and forgets them again.
