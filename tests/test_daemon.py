@@ -24,6 +24,7 @@ from sprite_os.memory.curation.retry import (
     Probe,
     Verdict,
 )
+from sprite_os.memory.forget.jobs import FORGET_PASS
 from sprite_os.memory.schema import STALE
 from sprite_os.text import estimate_tokens
 from tests.test_processor import Kit
@@ -610,6 +611,33 @@ async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: 
     finally:
         await d.stop(flush_budget=0)
     assert len(kit.bridge.curator_requests()) == 1  # 40 short turns fit one call
+
+
+async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(kit: Kit) -> None:
+    """A forget asks for its file pass; while a backlog drained (the proxy back after hours: call after call),
+    the pass waited for the last call, and the forgotten turns' lines stayed in the memory files all along.
+    It now runs between two calls."""
+    passes = 0
+
+    async def forget_pass() -> None:
+        nonlocal passes
+        passes += 1
+
+    await kit.turns(*(f"turn {n} " + "words " * 400 for n in range(4)))
+    d = MemoryDaemon(kit.processor, batch_turns=3, batch_tokens=1)  # one turn a call
+    d.before_batches = forget_pass
+    kit.bridge.faults.add(Fault("latency", seconds=1.0, target="curator", times=1))
+    await d.start()
+    try:
+        await wait_for(lambda: len(kit.bridge.curator_requests()) == 1, timeout=30, interval=0.005)
+        assert passes == 1  # the run's own, at its start
+        d.trigger(FORGET_PASS)  # asked during the first call
+        await wait_for(lambda: passes == 2, timeout=30, interval=0.005)
+        assert len(kit.bridge.curator_requests()) == 1, "the pass waited for the backlog's later calls"
+        await wait_for(lambda: _pending(kit, 0), timeout=30)
+        assert len(kit.bridge.curator_requests()) == 4  # the backlog went on, a turn a call
+    finally:
+        await d.stop(flush_budget=0)
 
 
 async def test_a_locked_database_is_a_warning_not_a_traceback(kit: Kit, daemon: MemoryDaemon,

@@ -279,6 +279,9 @@ class MemoryDaemon:
         await self.before_batches()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
+            if self._pass_wanted.is_set():  # a forget asked during a backlog's drain: between two calls, not after all
+                self._pass_wanted.clear()
+                await self.before_batches()
             chunk = await self._next_chunk()
             if not chunk:
                 return True, None
