@@ -77,6 +77,18 @@ def test_learning_count_and_length_are_bounded() -> None:
     assert all(len(item.content) <= 600 for item in reply.learnings)
 
 
+def test_a_backlogs_large_call_keeps_a_learning_for_each_of_its_turns() -> None:
+    """A backlog drains up to 100 turns a call, but a reply kept 60 learnings at most, whatever the call carried:
+    the rest were dropped and their turns marked curated all the same (a chaos run's locked memory.db left 96
+    turns for one call, and 36 of them without their learning). The bound grows with the turns a call carries."""
+    ids = list(range(1, 101))
+    reply = parse_reply("\n".join(f"FACT: what turn {n} said [#{n}]" for n in ids), ids)
+    assert [item.source_observation_id for item in reply.learnings] == ids
+    assert reply.over_bound == 0
+    flood = parse_reply("\n".join(f"FACT: fact number {n}" for n in range(1000)), ids)
+    assert len(flood.learnings) == 300 and flood.over_bound == 700  # still bounded: three a turn
+
+
 def obs(n: int, text: str = "hello", calls: list[dict[str, object]] | None = None) -> Observation:
     return Observation(id=n, timestamp=1_790_000_000.0, session_id="s", sequence_num=n, user_message=text,
                        tool_calls_json=json.dumps(calls or []), agent_response="done")

@@ -3,6 +3,7 @@
 import asyncio
 import itertools
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -603,14 +604,21 @@ async def test_once_the_proxy_answers_again_curation_resumes_long_before_the_bac
 async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: Kit) -> None:
     """A batch is triggered every `batch_turns` turns, but a backlog (after an outage, a long run)
     went out `batch_turns` turns per call: 1,219 turns pending after a 1,500-turn run."""
-    await kit.turns(*(f"turn {n}" for n in range(40)))
+    await kit.turns(*(f"turn {n}" for n in range(80)))
+    # A learning for each turn the call shows: a reply used to keep 60 at most, the rest lost with their turns curated.
+    kit.bridge.curator.default = lambda request: "\n".join(
+        f"FACT: what turn {n} said [#{n}]" for n in re.findall(r"^\[#(\d+)\]", request.last_user_text, re.MULTILINE))
     d = MemoryDaemon(kit.processor, batch_turns=3)
     await d.start()
     try:
         await wait_for(lambda: _pending(kit, 0), timeout=30)
     finally:
         await d.stop(flush_budget=0)
-    assert len(kit.bridge.curator_requests()) == 1  # 40 short turns fit one call
+    assert len(kit.bridge.curator_requests()) == 1  # 80 short turns fit one call
+    sources = await kit.memory.call(lambda m: [r[0] for r in m.conn.execute(
+        "SELECT source_observation_id FROM learnings ORDER BY source_observation_id")])
+    assert sources == await kit.transcript.call(lambda t: [r[0] for r in t.conn.execute(
+        "SELECT id FROM observations ORDER BY id")])
 
 
 async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(kit: Kit) -> None:
@@ -618,10 +626,12 @@ async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(k
     the pass waited for the last call, and the forgotten turns' lines stayed in the memory files all along.
     It now runs between two calls."""
     passes = 0
+    calls_before: list[int] = []  # the curator calls made when each pass ran
 
     async def forget_pass() -> None:
         nonlocal passes
         passes += 1
+        calls_before.append(len(kit.bridge.curator_requests()))
 
     await kit.turns(*(f"turn {n} " + "words " * 400 for n in range(4)))
     d = MemoryDaemon(kit.processor, batch_turns=3, batch_tokens=1)  # one turn a call
@@ -633,7 +643,7 @@ async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(k
         assert passes == 1  # the run's own, at its start
         d.trigger(FORGET_PASS)  # asked during the first call
         await wait_for(lambda: passes == 2, timeout=30, interval=0.005)
-        assert len(kit.bridge.curator_requests()) == 1, "the pass waited for the backlog's later calls"
+        assert calls_before == [0, 1], "the pass waited for the backlog's later calls"
         await wait_for(lambda: _pending(kit, 0), timeout=30)
         assert len(kit.bridge.curator_requests()) == 4  # the backlog went on, a turn a call
     finally:

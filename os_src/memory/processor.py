@@ -346,6 +346,9 @@ class _Call:
         self.truncated = done.truncated
         self.messages.append({"role": "assistant", "content": done.text or "(empty)"})
         reply = parse_reply(done.text, self.ids, self._sessions, done.truncated)
+        if reply.over_bound:
+            log.warning("curator_learnings_over_bound", dropped=reply.over_bound, kept=len(reply.learnings),
+                        turns=len(self.ids))
         if reply.ignored:  # the lines may quote the person: their text only at debug level
             log.warning("curator_lines_ignored", count=len(reply.ignored))
             log.debug("curator_lines_ignored_text", lines=reply.ignored[:5])

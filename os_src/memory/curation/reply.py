@@ -22,7 +22,11 @@ from ..files import CURATED
 from ..memory_store import LEARNING_TYPES, NewLearning
 
 MAX_LEARNING_CHARS = 600
+# A reply's learnings are kept up to MAX_LEARNINGS, or LEARNINGS_PER_TURN a turn of the call if more: a bound on a
+# runaway reply that still keeps every learning of a backlog's call (up to 100 turns), whose turns are all marked
+# curated. It used to be 60 whatever the call carried, and a large call lost the rest.
 MAX_LEARNINGS = 60
+LEARNINGS_PER_TURN = 3
 CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,
               "PATTERN": 0.7, "SUMMARY": 0.9}
 MARKERS = {f"{name.split('.')[0].upper()}_MD_UPDATE": name for name in CURATED}
@@ -46,6 +50,7 @@ class CuratorReply:
     ignored: list[str] = field(default_factory=list)  # lines that fit no rule
     rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
     declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
+    over_bound: int = 0  # learnings past the bound, dropped
 
     @property
     def recognised(self) -> bool:
@@ -76,6 +81,7 @@ class _Parser:
         self.ids = observation_ids
         self.session_of = session_of
         self.default_source = observation_ids[-1] if observation_ids else None
+        self.max_learnings = max(MAX_LEARNINGS, LEARNINGS_PER_TURN * len(observation_ids))
         self.blocks: dict[str, list[list[str]]] = {}
         self.current: list[str] | None = None  # the open file block's lines
         self.last_block: str | None = None  # the reply's last item, if a file block ("": nothing to drop)
@@ -133,8 +139,10 @@ class _Parser:
         elif done := _DONE.match(line):
             reply.done_actions.append(int(done[1]))
         elif (m := _LEARNING.match(line)) and m[1].upper() in LEARNING_TYPES:
-            if len(reply.learnings) < MAX_LEARNINGS:
+            if len(reply.learnings) < self.max_learnings:
                 self._learning(m[1].upper(), m[2].strip())
+            else:
+                reply.over_bound += 1
         else:
             reply.ignored.append(line[:200])
 
