@@ -450,9 +450,9 @@ async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: M
         forget["jobs_waiting"], forget["cut_short_jobs"], forget["kept_for_s"], forget["kept_why"], forget["degraded"])
 
 
-async def forget_cut_short(system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """seed()'s turns, in session s1 started at NOW - 120, the first's forget cut short by a disk error before
-    its tombstone. Returns the turns."""
+async def forget_cut_short(system: MemorySystem, monkeypatch: pytest.MonkeyPatch, *, session: bool = False) -> list[int]:
+    """seed()'s turns, in session s1 started at NOW - 120, the first's forget (or, with `session`, the whole
+    session's) cut short by a disk error before its tombstone. Returns the turns."""
     await system.transcript.call(lambda t: t.start_session("s1", NOW - 120))
     ids = await seed(system)
 
@@ -462,7 +462,7 @@ async def forget_cut_short(system: MemorySystem, monkeypatch: pytest.MonkeyPatch
     with monkeypatch.context() as patched:
         patched.setattr(TranscriptDB, "forget", failing)
         with pytest.raises(OSError):
-            await system.forget_turns([ids[0]], by="test")
+            await (system.forget_turns(session_id="s1", by="test") if session else system.forget_turns([ids[0]], by="test"))
     return ids
 
 
@@ -475,13 +475,31 @@ async def test_health_names_the_session_of_a_forget_an_error_cut_short(console: 
     reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
     assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
     forgets = reply.health.forgets
-    assert (forgets.cut_short, forgets.stuck, forgets.cut_short_in) == (1, True, [NOW - 120])
+    assert (forgets.cut_short, forgets.stuck, forgets.cut_short_in, forgets.cut_short_sessions) == (1, True, [NOW - 120], 0)
     assert "message" not in msgspec.json.encode(forgets).decode()  # when, never a word of it
     await system.forget_turns([ids[0]], by="test")
     await system.forgetting.decided(30)
     await system.forgetting.rewrite_files()
     again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
     assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
+
+
+async def test_health_says_a_forget_cut_short_of_a_whole_session_was_of_the_session(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget of a whole session cut short: Health told the person to forget "the turn" again, where they had
+    forgotten the session (Past sessions' Forget session). It counts those apart, at once and after the pass's
+    count alike; forgotten again, none is left."""
+    await forget_cut_short(system, monkeypatch, session=True)
+    for counted in (False, True):
+        if counted:
+            await system.forgetting.rewrite_files()
+        reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+        assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+        assert (reply.health.forgets.cut_short, reply.health.forgets.cut_short_sessions) == (1, 1)
+    await system.forget_turns(session_id="s1", by="test")
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets is not None
+    assert (again.health.forgets.cut_short, again.health.forgets.cut_short_sessions) == (0, 0)
 
 
 async def test_health_says_a_forget_cut_short_before_the_daemon_is_free_to_count_it(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -29,6 +30,7 @@ from tests.console_browser import (
     Tab,
     chromium,
     install_templates,
+    intercepted,
     open_tab,
     screenshot,
     screenshot_dir,
@@ -37,6 +39,8 @@ from tests.console_browser import (
 from tests.test_console_kept_messages_e2e import Held
 
 pytestmark = pytest.mark.e2e
+
+HEALTH_EVERY_MS = 5000  # memory_status.js: how often Health asks again while shown
 
 
 def processed(settings: Settings) -> int:
@@ -288,10 +292,13 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
 
 
 @contextlib.asynccontextmanager
-async def health_tab(server: SpriteOS) -> AsyncIterator[Tab]:
-    """A signed-in page on memory's Health view; clean after what the block checks."""
+async def health_tab(server: SpriteOS, *, clock: bool = False) -> AsyncIterator[Tab]:
+    """A signed-in page on memory's Health view; clean after what the block checks. `clock`: the page's timers
+    on Playwright's clock, which the test runs on (`page.clock.run_for`)."""
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        if clock:
+            await tab.page.clock.install()
         await tab.sign_in()
         await tab.connected()
         await tab.memory("health")
@@ -335,6 +342,99 @@ async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_
         await wait_for(lambda: memory.forgetting.status(0.0)["cut_short_jobs"] == 0, timeout=30, what="the count")
         await tab.by("memory-refresh").click()
         await expect(tab.by("memory-forgets")).to_have_count(0)
+
+        # A forget of a whole session cut short: the person forgets the session again, not "the turn"; said on
+        # Health's own refresh, nobody clicking.
+        await memory.transcript.call(lambda t: t.append(NewObservation(3.0, "s-cut", 2, "And my PIN is 9921", "[]", "Ok.")))
+        monkeypatch.setattr(TranscriptDB, "forget", failing)
+        with pytest.raises(OSError):
+            await memory.forget_turns(session_id="s-cut", by="test")
+        monkeypatch.undo()
+        await expect(tab.by("memory-forgets")).to_contain_text("forget the session again to finish it")
+        await memory.forget_turns(session_id="s-cut", by="test")
+        await expect(tab.by("memory-forgets").filter(has_text="failed part way")).to_have_count(0)
+
+
+async def test_health_keeps_itself_current_while_shown_and_visible_and_keeps_its_numbers_when_a_refresh_fails(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Health was loaded once, when the person opened it: a turn recorded after showed only once they clicked
+    away and back. Shown, it asks again on its own (the page's clock run on here, not waited for), never
+    while the page is hidden (once at once when it is visible again), nor once the person left it; a
+    refresh refused keeps the numbers and says from when they are, and a stat that did not move is not
+    drawn again."""
+    from sprite_os.memory.transcript_store import NewObservation
+
+    memory = server.memory
+    assert memory is not None
+    asked, refusing = [], False
+
+    async def count(conn: object, frame: str) -> bool:
+        if '"memory_health"' not in frame:
+            return False
+        asked.append(frame)
+        if refusing:
+            conn._error("busy", "try again in a moment", json.loads(frame)["request_id"])  # type: ignore[attr-defined]
+        return refusing
+
+    intercepted(monkeypatch, count)
+    turn = 0
+
+    async def record() -> None:  # a turn the agent's session recorded meanwhile
+        nonlocal turn
+        turn += 1
+        await memory.transcript.call(lambda t: t.append(NewObservation(2.0 + turn, "s-live", turn, "hi", "[]", "ok")))
+
+    async def refreshed() -> None:  # the page's clock past the wait, and the refresh it asked for answered
+        before = len(asked)
+        await tab.page.clock.run_for(HEALTH_EVERY_MS)
+        await wait_for(lambda: len(asked) == before + 1, timeout=30, what="the refresh")
+
+    async with health_tab(server, clock=True) as tab:
+        await expect(tab.by("memory-turns")).to_contain_text("0 (")
+        await tab.by("memory-state").evaluate("(node) => { node.kept = true; }")  # a stat that will not move
+        await record()
+        await refreshed()
+        await expect(tab.by("memory-turns")).to_contain_text("1 (")  # nobody clicked anything
+        assert await tab.by("memory-state").evaluate("(node) => node.kept === true")  # not drawn again
+
+        hide = "(hidden) => { Object.defineProperty(document, 'visibilityState', {value: hidden ? 'hidden' : 'visible', " \
+               "configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"
+        await tab.page.evaluate(hide, True)
+        await record()
+        before = len(asked)
+        for _ in range(6):  # half a minute of the page's clock
+            await tab.page.clock.run_for(HEALTH_EVERY_MS)
+        await tab.by("memory-turns").evaluate("(node) => node")  # the page has run what those timers did
+        assert len(asked) == before
+        await tab.page.evaluate(hide, False)  # visible again: asked at once, no wait
+        await expect(tab.by("memory-turns")).to_contain_text("2 (")
+        assert len(asked) == before + 1
+
+        refusing = True
+        await record()
+        await refreshed()
+        await expect(tab.by("memory-health-stale")).to_contain_text("Could not refresh: these numbers are from")
+        await expect(tab.by("memory-health-stale")).to_have_attribute("role", "status")
+        await expect(tab.by("memory-turns")).to_contain_text("2 (")  # kept, not emptied
+        await tab.by("memory-health-stale").evaluate("(node) => { node.firstChild.kept = true; }")
+        await refreshed()  # tried again, said once (a screen reader is not read the same words again), nowhere else
+        assert await tab.by("memory-health-stale").evaluate("(node) => node.firstChild.kept === true")
+        await expect(tab.by("memory-health-stale")).to_have_text(
+            re.compile(r"^Could not refresh: these numbers are from \d\d:\d\d:\d\d; trying again\.$"))
+        await expect(tab.by("memory-flash")).to_have_text("")
+        refusing = False
+        await refreshed()
+        await expect(tab.by("memory-turns")).to_contain_text("3 (")
+        await expect(tab.by("memory-health-stale")).to_have_text("")
+
+        await tab.by("memory-section-files").click()  # left: no more refreshes
+        await expect(tab.by("memory-panel-files")).not_to_have_attribute("data-loading", "true")
+        before = len(asked)
+        for _ in range(3):
+            await tab.page.clock.run_for(HEALTH_EVERY_MS)
+        await tab.memory("health")  # shown again: loaded once, as the page asked for nothing meanwhile
+        assert len(asked) == before + 1
+        await expect(tab.by("memory-turns")).to_contain_text("3 (")
 
 
 async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operator(server: SpriteOS) -> None:

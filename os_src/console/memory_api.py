@@ -186,7 +186,8 @@ class MemoryConsole:
             forgotten=forgotten, pending_actions=totals["pending_actions"], recall=await self._recall(),
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
             forgets=pm.ForgetProgress(waiting=forgets.jobs_waiting, cut_short=kept["cut_short_jobs"],
-                                      cut_short_in=sorted(started), kept_for_s=kept["kept_for_s"],
+                                      cut_short_in=sorted(started),
+                                      cut_short_sessions=self._system.forgetting.cut_short_whole, kept_for_s=kept["kept_for_s"],
                                       kept_why=kept["kept_why"], stuck=kept["degraded"]),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)

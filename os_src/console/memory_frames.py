@@ -219,6 +219,7 @@ class ForgetProgress(msgspec.Struct, frozen=True):
     waiting: int  # forgets whose lines are not yet out of the memory files
     cut_short: int = 0  # forgets an error cut short: their turns keep their words until forgotten again, or a restart
     cut_short_in: list[float] = []  # when the sessions holding those turns started (as Past sessions names them)
+    cut_short_sessions: int = 0  # of the forgets cut short, those of a whole session (the others named turns)
     kept_for_s: float | None = None  # how long the pass has kept one for later
     kept_why: str | None = None  # why: "disk", "check" or "reader"
     stuck: bool = False

@@ -239,7 +239,8 @@ class MemorySystem:
         # What the current session holds as the forget starts: the caller holds the agent's turns, so no turn
         # (nor its auto-recall) adds to it meanwhile.
         context = SessionContext(frozenset(self._booted), tuple(self._booted_lines), frozenset(self._recalled[1]))
-        return await self.forgetting.forget(wanted, by, context)
+        whole = session_id is not None and not ids and not turn_ids
+        return await self.forgetting.forget(wanted, by, context, whole_session=whole)
 
     async def _refuse_if_journal_set_aside(self) -> None:
         # The folder as /healthz lists it, read on a thread: a directory read never holds the loop up.

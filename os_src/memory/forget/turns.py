@@ -131,18 +131,21 @@ class TurnForgetting(Deciding):
     # found them (`_recount`), and those a forget's error left since: job -> its sessions (where the person forgets
     # them again).
     _cut_short: dict[int, list[str]] = field(default_factory=dict)
+    _whole_sessions: set[int] = field(default_factory=set)  # of the jobs cut short, those that forgot whole sessions
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
     # embed each line once, the next finding the vectors the one before kept.
     _one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def forget(self, ids: Iterable[int], by: str, context: SessionContext = NOTHING) -> Forgotten:
+    async def forget(self, ids: Iterable[int], by: str, context: SessionContext = NOTHING, *,
+                     whole_session: bool = False) -> Forgotten:
         """The words out of every store at once, and the job that takes the file lines out on disk; the
         lines are then decided by a task of their own (`decided` waits for it). A turn forgotten already
         whose words memory.db still holds (a forget cut short) is taken out again. The caller holds the
         agent's turns meanwhile, and says what the current session's context holds (`context`): the
-        answer says whether that holds the turns too."""
+        answer says whether that holds the turns too. `whole_session`: the person forgot a session, not turns
+        (cut short, Health says to forget the session again)."""
         now = self.clock()
         wanted = list(ids)
         turns = await self.transcript.call(lambda t: t.get(wanted))
@@ -153,7 +156,7 @@ class TurnForgetting(Deciding):
             return Forgotten([], 0, now)
         texts = await asyncio.to_thread(lambda: [turn_text(o) for o in turns if o.id not in left]) + [
             t for o in turns for t in left.get(o.id, [])]
-        job, decision, learnings = await self._take_out(turns, texts, now, by, None)
+        job, decision, learnings = await self._take_out(turns, texts, now, by, None, whole_session)
         self._start_decision(job, decision)
         if self._cut_short:  # this may be the forget again that finishes one: said at once, not at the pass
             self._recount([(j, await self._left_alone(j)) for j in await self.memory.call(jobs)])
@@ -184,7 +187,7 @@ class TurnForgetting(Deciding):
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
-                        job: int | None) -> tuple[int, Decision, int]:
+                        job: int | None, whole_session: bool = False) -> tuple[int, Decision, int]:
         """The steps, in an order a kill may cut anywhere: the job on disk first (the turns, the lines the
         words find, undecided), then memory.db, then recall (its flag to write the index anew first), and
         the transcript's tombstones last, so that until then a start finds the words and runs every step
@@ -210,6 +213,8 @@ class TurnForgetting(Deciding):
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
                 if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
                     self._cut_short[job] = sessions
+                    if whole_session:
+                        self._whole_sessions.add(job)
                 # The pass counts them again: asked for now, not at the next batch or forget, which on an idle
                 # Sprite may never come. It waits for a batch under way, which a backlog or a slow curator makes
                 # long: counted here, /healthz and the console's Health say it meanwhile too.
@@ -316,6 +321,7 @@ class TurnForgetting(Deciding):
         found = {job.id: job.sessions for job, alone in seen if alone == CUT_SHORT}
         unknown = any(alone == NOT_KNOWN for _, alone in seen)
         self._cut_short = {**self._cut_short, **found} if unknown else found
+        self._whole_sessions &= self._cut_short.keys()
         return unknown
 
     @property
@@ -323,6 +329,12 @@ class TurnForgetting(Deciding):
         """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
         again (ids, never a word; the console's Health names them, /healthz only counts)."""
         return sorted({session for sessions in self._cut_short.values() for session in sessions})
+
+    @property
+    def cut_short_whole(self) -> int:
+        """Of the forgets `status` counts cut short, those of a whole session: the person forgets that session
+        again, where the others name turns (the console's Health says which)."""
+        return len(self._whole_sessions & self._cut_short.keys())
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:

@@ -1,5 +1,5 @@
 // The memory tab: files, learnings, the daemon's health and the next boot prompt, each
-// loaded over the WebSocket when it is opened.
+// loaded over the WebSocket when it is opened (Health then keeps itself current while shown).
 
 import { el, newest } from "./dom.js";
 import { FilesPanel } from "./memory_files.js";

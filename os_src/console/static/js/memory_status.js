@@ -1,8 +1,12 @@
 // The memory daemon's health (its last batch, failing state, next retry, what it spent
 // today and in all, turns waiting), what a person changed, and the exact boot prompt the
-// next session starts with.
+// next session starts with. Health keeps itself current while it is shown.
 
-import { clear, count, dollars, el, plural, relative, when } from "./dom.js";
+import { clear, count, dollars, el, newest, plural, relative, when } from "./dom.js";
+
+// How often Health asks again while it is the section shown and the page is visible (each time once the last
+// answer came): calm enough for a Sprite at work, soon enough to watch a batch, an import or a forget move.
+const HEALTH_EVERY_MS = 5000;
 
 function stat(label, value, testid) {
   return el("div", { class: "stat", testid }, el("div", { class: "label", text: label }), el("div", { class: "value", text: value }));
@@ -64,10 +68,19 @@ function cutShortIn(f) {
   return where ? ` (in ${where})` : "";
 }
 
+// What to forget again: the session when the forget cut short was of a whole session (Forget session), else turns.
+function againToFinish(f) {
+  const sessions = f.cut_short_sessions ?? 0; // 0 from a server that did not tell
+  const one = f.cut_short === 1;
+  const what = sessions === f.cut_short ? (one ? "the session" : "the sessions")
+    : sessions ? "those sessions and turns" : one ? "the turn" : "the turns";
+  return `forget ${what} again to finish ${one ? "it" : "them"}`;
+}
+
 function forgets(f) {
   if (!f || (!f.waiting && !f.cut_short)) return [];
   const why = f.cut_short
-    ? `${plural(f.cut_short, "forget")} failed part way, the words still kept${cutShortIn(f)}: ${f.cut_short === 1 ? "forget the turn again to finish it" : "forget the turns again to finish them"}`
+    ? `${plural(f.cut_short, "forget")} failed part way, the words still kept${cutShortIn(f)}: ${againToFinish(f)}`
     : f.stuck
       ? `waiting ${duration(f.kept_for_s)}: ${KEPT_BECAUSE[f.kept_why] ?? f.kept_why}; tried again on its own`
       : "their lines are being taken out of the memory files, and are left out of the next session meanwhile";
@@ -84,28 +97,99 @@ function agentSpend(a) {
     `${plural(a.calls_today, "model call")}${refused ? ` · refused: ${refused}` : ""} · starts again ${when(a.resets_at)}`, "agent-spend");
 }
 
+/** Puts `nodes` in `box` in place of what it shows, keeping each node drawn the same (isEqualNode): a refresh
+ * that moved one number replaces that stat alone, so a text selection, the scroll and a screen reader's place
+ * stay, and nothing is drawn again when nothing moved. */
+function redraw(box, nodes) {
+  if (box.children.length !== nodes.length) {
+    box.replaceChildren(...nodes);
+    return;
+  }
+  nodes.forEach((node, i) => { if (!box.children[i].isEqualNode(node)) box.children[i].replaceWith(node); });
+}
+
+/** The memory daemon's health and the changes people made. Shown, it asks again every HEALTH_EVERY_MS, the next
+ * once the last is answered; none while the page is hidden (one at once when it is visible again), none once
+ * the person left the section or signed out (showing it again loads it, and starts again). A refresh that
+ * fails keeps the numbers and says from when they are, in a note of its own: the one part of the panel a
+ * screen reader is told of (`role="status"`), where the numbers are not (they would be read at every refresh). */
 export class HealthPanel {
   constructor(root, connection) {
+    this.root = root;
     this.conn = connection;
+    this.stale = el("p", { class: "hint stale", testid: "memory-health-stale", role: "status" });
     this.body = el("div", { class: "stats", testid: "memory-health" });
     this.audit = el("ul", { class: "audit", testid: "memory-audit" });
-    root.append(this.body, el("h3", { text: "Changes a person made" }), this.audit);
+    root.append(this.stale, this.body, el("h3", { text: "Changes a person made" }), this.audit);
+    this.loads = newest(); // the panel's loads and refreshes alike: only the newest draws, and asks for the next
+    this.timer = null;
+    this.paused = false; // a refresh came while the page was hidden: one at once when it is visible again
+    this.drawnAt = null;
+    document.addEventListener("visibilitychange", () => {
+      if (this.paused && document.visibilityState === "visible") this.refresh();
+    });
   }
 
   signOut() {
+    this.loads.forget(); // an answer on its way draws nothing, nor asks for the next
+    clearTimeout(this.timer);
+    this.paused = false;
+    this.drawnAt = null;
+    this.stale.textContent = "";
     clear(this.body);
     clear(this.audit);
   }
 
-  /** `current()`: this is still the newest load of the section (MemoryView.show). */
+  /** `current()`: this is still the newest load of the section (MemoryView.show). A failure goes on to the
+   * view, which says it; the refreshes go on after it either way. */
   async load(current = () => true) {
+    const mine = this.loads.begin();
+    try {
+      await this.draw(() => current() && mine());
+    } finally {
+      if (mine()) this.next();
+    }
+  }
+
+  next() {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.refresh(), HEALTH_EVERY_MS);
+  }
+
+  async refresh() {
+    this.timer = null;
+    this.paused = false;
+    if (this.root.closest("[hidden]")) return; // another section or tab, or signed out: until Health is shown again
+    if (document.visibilityState === "hidden") {
+      this.paused = true;
+      return;
+    }
+    const mine = this.loads.begin();
+    try {
+      await this.draw(mine);
+    } catch {
+      // The server away, or the request refused: the numbers stay, dated, and the next refresh tries again.
+      if (mine() && this.drawnAt) this.note(`Could not refresh: these numbers are from ${this.drawnAt.toTimeString().slice(0, 8)}; trying again.`);
+    }
+    if (mine()) this.next();
+  }
+
+  /** Says `text` in the stale note, only if it says something else now: a live region written again with the
+   * same words is read out again, at every failed refresh while the Sprite is away. */
+  note(text) {
+    if (this.stale.textContent !== text) this.stale.textContent = text;
+  }
+
+  async draw(current) {
     const [{ health: h }, { entries }] = await Promise.all([
       this.conn.request("memory_health"), this.conn.request("memory_audit", { limit: 20 })]);
     if (!current()) return;
+    this.drawnAt = new Date();
+    this.note("");
     const state = h.running ? "curating now" : h.failing ? "failing" : h.consecutive_failures ? "retrying" : "healthy";
     const o = h.observations;
     const b = h.last_batch;
-    clear(this.body).append(
+    redraw(this.body, [
       el("div", { class: `stat state ${state.replace(" ", "-")}`, testid: "memory-state" },
         el("div", { class: "label", text: "Memory daemon" }), el("div", { class: "value", text: state }),
         el("div", { class: "sub", text: h.last_error ? `last error: ${h.last_error}` : `last success ${when(h.last_success_at)}` })),
@@ -116,14 +200,14 @@ export class HealthPanel {
         b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "", "memory-last-batch"),
       spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
       ...(h.agent ? [agentSpend(h.agent)] : []),
-      stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`),
+      stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`, "memory-turns"),
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
       stat("Pending actions", count(h.pending_actions)),
       ...forgets(h.forgets),
-      ...recall(h.recall));
-    clear(this.audit).append(...entries.map((e) => el("li", {},
-      el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail)));
-    if (!entries.length) this.audit.append(el("li", { class: "empty", text: "No edits, rollbacks or forgettings yet." }));
+      ...recall(h.recall)]);
+    redraw(this.audit, entries.length ? entries.map((e) => el("li", {},
+      el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail))
+      : [el("li", { class: "empty", text: "No edits, rollbacks or forgettings yet." })]);
   }
 }
 
