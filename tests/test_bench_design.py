@@ -118,6 +118,41 @@ async def test_the_spans_bench_wraps_names_that_exist_and_puts_them_back() -> No
     assert after == before
 
 
+async def test_the_loop_cpu_bench_charges_each_turn_to_its_server_and_puts_its_wrappers_back() -> None:
+    """bench/loop_cpu.py wraps the runtime's submit and the bench's interleave: leaving puts both back.
+    The loop's CPU goes to the server whose turn was submitted last, none to a server's warm-up turns,
+    and none after a block's last round (its servers' stop and the next block's start are no one's)."""
+    from types import SimpleNamespace
+
+    from bench import loop_cpu
+
+    runtime, turns = loop_cpu.rt.AgentRuntime, loop_cpu.turns
+    real = (vars(runtime)["submit"], vars(turns)["interleave"])
+    submitted: list[str] = []
+
+    async def a_block(*_args: object, **_kw: object) -> dict[str, list[float]]:
+        return {}
+
+    def a_submit(_self: object, text: str, client_id: str | None = None) -> None:
+        submitted.append(text)
+
+    runtime.submit, turns.interleave = a_submit, a_block  # type: ignore[method-assign,assignment]
+    try:
+        charger = loop_cpu.Charger(profile=False)
+        with loop_cpu.charged(charger):
+            assert vars(runtime)["submit"] is not a_submit and turns.interleave is not a_block
+            on = SimpleNamespace(_settings=SimpleNamespace(workspace=Path("/x/0-on")))
+            for n in range(turns.WARMUP + 2):
+                runtime.submit(on, f"turn {n}")  # type: ignore[arg-type]
+            assert charger.turns == {"on": 2, "off": 0, "off_again": 0} and len(charger.cpu["on"]) == 1
+            await turns.interleave({}, 0)  # the block ends: its last turn with it
+            assert len(charger.cpu["on"]) == 2
+        assert vars(runtime)["submit"] is a_submit and turns.interleave is a_block
+        assert submitted == [f"turn {n}" for n in range(turns.WARMUP + 2)]
+    finally:
+        runtime.submit, turns.interleave = real  # type: ignore[method-assign]
+
+
 def test_the_cli_share_bench_wraps_names_that_exist_and_puts_them_back() -> None:
     """bench/cli_share.py wraps the runtime's options and the CLI's send (to give a memory-off CLI memory's
     prompt and tool, a UserPromptSubmit hook, and to time the prompt's write): each must still exist, and

@@ -236,6 +236,29 @@ async def test_a_turn_that_ends_within_its_open_grace_saves_only_its_close(
         assert counted.saves[5:] == [([(2, True)], True), (None, False)] and state(tmp_path / "j.json") == []
 
 
+async def test_changes_within_the_open_grace_keep_the_one_timer_set_for_its_end(tmp_path: Path) -> None:
+    """Each change of the open turn (a tool call, the agent's text: three a zero-latency turn) measured its
+    save's delay anew from the loop's clock, which came out a hair before the grace's timer, and replaced
+    it: a timer made and a cancelled one left in the loop's heap per change. They keep the one timer now,
+    and a change after the grace is saved within DELAY, as before."""
+    with ThreadPoolExecutor(max_workers=1) as files:
+        journal = TurnJournal(tmp_path / "j.json", files, open_grace=1.0)
+        journal.opened(lambda: obs(1, text="so far"))
+        timer = journal._timer
+        assert timer is not None and timer.when() == journal._open_due
+        for _ in range(3):
+            await asyncio.sleep(0)
+            journal.touched()
+            assert journal._timer is timer and not timer.cancelled()
+        journal._open_due = asyncio.get_running_loop().time()  # the grace is over: DELAY from the change
+        timer.cancel()
+        journal._timer = None
+        journal.touched()
+        assert journal._timer is not None
+        assert journal._timer.when() - asyncio.get_running_loop().time() == pytest.approx(journal_mod.DELAY, abs=0.01)
+        journal._timer.cancel()
+
+
 async def test_a_turn_opened_right_after_a_close_waits_its_own_open_grace(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A queued message starts as the turn before closes: the saves due for that close (its commit's

@@ -310,13 +310,13 @@ class TurnJournal:
         sent (the runtime closes every turn it sent): it is forgotten."""
         self._open = snapshot
         self._open_due = asyncio.get_running_loop().time() + self._open_grace
-        self._changed(self._open_grace, for_open=True)
+        self._due(self._open_due, for_open=True)
 
     def touched(self) -> None:
         """The open turn changed (a tool call, a result, the agent's text): saved within DELAY, though
         not before its OPEN_GRACE is over."""
         if self._open is not None:
-            self._changed(max(self._delay, self._open_due - asyncio.get_running_loop().time()), for_open=True)
+            self._due(max(asyncio.get_running_loop().time() + self._delay, self._open_due), for_open=True)
 
     def moved(self) -> None:
         """The session changed: an open turn's saved entry holds its old key. Saved again at once, so
@@ -391,16 +391,23 @@ class TurnJournal:
     def _changed(self, delay: float, for_open: bool = False) -> None:
         """Save within `delay` seconds (sooner if a save is due sooner anyway). `for_open`: only the
         open turn needs it (a save its close may drop). Never while the journal is stuck."""
+        self._due(asyncio.get_running_loop().time() + delay, for_open)
+
+    def _due(self, when: float, for_open: bool = False) -> None:
+        """Save at the loop's time `when`, or sooner if a save is due sooner anyway. The open turn's saves are
+        due at its OPEN_GRACE's end, the very time its first timer was set for: each change in the grace (a
+        tool call, the agent's text) then keeps that timer, where a delay measured anew from the loop's clock
+        came out a hair earlier than the timer's and replaced it, two or three times a turn (and a cancelled
+        timer stays in the loop's heap until its time)."""
         if self._stuck:
             return
-        loop = asyncio.get_running_loop()
         pending = self._timer
         self._for_open = for_open and (pending is None or self._for_open)
         if pending is not None:
-            if pending.when() <= loop.time() + delay:
+            if pending.when() <= when:
                 return
             pending.cancel()
-        self._timer = loop.call_later(delay, self._write)
+        self._timer = asyncio.get_running_loop().call_at(when, self._write)
 
     def _write(self, sync: bool = False) -> None:
         """Hand the state to the files' thread; fsync'd when a closed turn waits for it, or `sync`."""
@@ -417,7 +424,7 @@ class TurnJournal:
             except Exception as exc:  # a bug in capture: the journal goes on without the open turn
                 log.error("turn_journal_snapshot_failed", error=repr(exc)[:200])
         if early:
-            self._changed(self._open_due - loop.time(), for_open=True)
+            self._due(self._open_due, for_open=True)
         data = msgspec.json.encode(entries) if entries else None
         if data is None and self._empty:
             return  # the file is empty already (or will be, once the saves handed out end)
