@@ -123,17 +123,17 @@ export class HealthPanel {
     root.append(this.stale, this.body, el("h3", { text: "Changes a person made" }), this.audit);
     this.loads = newest(); // the panel's loads and refreshes alike: only the newest draws, and asks for the next
     this.timer = null;
-    this.paused = false; // a refresh came while the page was hidden: one at once when it is visible again
+    this.dueWhileHidden = false; // a refresh came due while the page was hidden: asked once it is visible again
     this.drawnAt = null;
     document.addEventListener("visibilitychange", () => {
-      if (this.paused && document.visibilityState === "visible") this.refresh();
+      if (this.dueWhileHidden && document.visibilityState === "visible") this.refresh();
     });
   }
 
   signOut() {
     this.loads.forget(); // an answer on its way draws nothing, nor asks for the next
     clearTimeout(this.timer);
-    this.paused = false;
+    this.dueWhileHidden = false;
     this.drawnAt = null;
     this.stale.textContent = "";
     clear(this.body);
@@ -158,10 +158,10 @@ export class HealthPanel {
 
   async refresh() {
     this.timer = null;
-    this.paused = false;
+    this.dueWhileHidden = false;
     if (this.root.closest("[hidden]")) return; // another section or tab, or signed out: until Health is shown again
     if (document.visibilityState === "hidden") {
-      this.paused = true;
+      this.dueWhileHidden = true;
       return;
     }
     const mine = this.loads.begin();
