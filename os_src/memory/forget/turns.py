@@ -250,7 +250,8 @@ class TurnForgetting(Deciding):
         stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
         the disk will not rewrite a file or a backup, while a reader keeps a WAL, or when the pass fails in a
         way it did not expect: for those four, the pass is asked for again later (`_try_again_later`). Returns
-        the jobs done."""
+        the jobs done (0 from a pass that failed unexpectedly, whatever it finished before; the jobs after the
+        one it failed on wait for the next try)."""
         try:
             return await self._rewrite_files()
         except Exception as exc:
@@ -262,6 +263,7 @@ class TurnForgetting(Deciding):
             return 0
 
     async def _rewrite_files(self) -> int:
+        """`rewrite_files`' pass itself, whose unexpected failures go up to it."""
         done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
 
         def later(why: str) -> float:
