@@ -99,7 +99,8 @@ function agentSpend(a) {
 
 /** Puts `nodes` in `box` in place of what it shows, keeping each node drawn the same (isEqualNode): a refresh
  * that moved one number replaces that stat alone, so a text selection, the scroll and a screen reader's place
- * stay, and nothing is drawn again when nothing moved. */
+ * stay, and nothing is drawn again when nothing moved. When a node comes or goes (the forgets' stat, the agent's
+ * spend), all are replaced: matched by position, they would not line up. */
 function redraw(box, nodes) {
   if (box.children.length !== nodes.length) {
     box.replaceChildren(...nodes);
