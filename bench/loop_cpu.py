@@ -1,6 +1,6 @@
 """The event loop's CPU per turn, memory on against off, function by function (bench/turns.py: hooks).
 
-    PYTHONPATH=. python -m bench.loop_cpu [ROUNDS [TOP [DUMP]]]
+    PYTHONPATH=. python -m bench.loop_cpu [ROUNDS [TOP [DUMP]]]    (ROUNDS 60 and TOP 40 unless given)
 
 Runs the hooks benchmark's zero-latency line (three servers in this process, one event loop: memory
 on, off and off again) and charges the loop thread's work to the server whose turn was submitted
@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bench import turns
@@ -73,8 +74,9 @@ class Charger:
 def _thread_counts() -> list[int]:
     """This thread's user and system CPU (clock ticks) and its voluntary and involuntary context switches:
     a wake-up of the loop (epoll, the GIL handed back) is a voluntary one."""
-    stat = open("/proc/thread-self/stat").read().rsplit(")", 1)[1].split()
-    status = dict(line.split(":", 1) for line in open("/proc/thread-self/status").read().splitlines() if ":" in line)
+    stat = Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()
+    status = dict(line.split(":", 1) for line in Path("/proc/thread-self/status").read_text().splitlines()
+                  if ":" in line)
     return [int(stat[11]), int(stat[12]), int(status["voluntary_ctxt_switches"]),
             int(status["nonvoluntary_ctxt_switches"])]
 

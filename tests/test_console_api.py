@@ -431,6 +431,22 @@ async def test_health_says_an_import_the_server_gave_up_on_apart_from_one_it_ret
     assert (reply.health.recall.import_failing, reply.health.recall.import_set_aside) == (None, [aside.name])
 
 
+def test_health_types_and_words_every_reason_the_pass_keeps_a_forget_for() -> None:
+    """Health's `kept_why` was typed `str`, its comment listing three reasons after the pass had a fourth
+    (`error`): the frame names each of the pass's KEPT_* reasons, and the page has words for each."""
+    import re
+    import typing
+
+    from sprite_os.memory.forget import turns
+
+    reasons = {turns.KEPT_DISK, turns.KEPT_CHECK, turns.KEPT_READER, turns.KEPT_ERROR}
+    hint = typing.get_type_hints(pm.ForgetProgress, include_extras=True)["kept_why"]
+    assert {arg for lit in typing.get_args(hint) for arg in typing.get_args(lit)} == reasons
+    page = (Path(pm.__file__).parent / "static/js/memory_status.js").read_text()
+    kept_because = page.split("const KEPT_BECAUSE = {", 1)[1].split("};", 1)[0]
+    assert set(re.findall(r"^\s*(\w+):", kept_because, re.MULTILINE)) == reasons
+
+
 async def test_health_counts_the_forgets_not_finished_as_healthz_does(console: MemoryConsole,
                                                                         system: MemorySystem) -> None:
     """A forget whose lines the daemon's pass has yet to take out of the memory files is counted; Health said

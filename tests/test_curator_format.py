@@ -81,12 +81,15 @@ def test_a_backlogs_large_call_keeps_a_learning_for_each_of_its_turns() -> None:
     """A backlog drains up to 100 turns a call, but a reply kept 60 learnings at most, whatever the call carried:
     the rest were dropped and their turns marked curated all the same (a chaos run's locked memory.db left 96
     turns for one call, and 36 of them without their learning). The bound grows with the turns a call carries."""
-    ids = list(range(1, 101))
+    from sprite_os.memory.curation.daemon import MAX_CHUNK_TURNS
+
+    ids = list(range(1, MAX_CHUNK_TURNS + 1))
     reply = parse_reply("\n".join(f"FACT: what turn {n} said [#{n}]" for n in ids), ids)
     assert [item.source_observation_id for item in reply.learnings] == ids
     assert reply.over_bound == 0
-    flood = parse_reply("\n".join(f"FACT: fact number {n}" for n in range(1000)), ids)
-    assert len(flood.learnings) == 300 and flood.over_bound == 700  # still bounded: three a turn
+    flood = parse_reply("\n".join(f"FACT: fact number {n}" for n in range(10 * MAX_CHUNK_TURNS)), ids)
+    bound = 3 * MAX_CHUNK_TURNS  # still bounded: three a turn
+    assert (len(flood.learnings), flood.over_bound) == (bound, 10 * MAX_CHUNK_TURNS - bound)
 
 
 def obs(n: int, text: str = "hello", calls: list[dict[str, object]] | None = None) -> Observation:

@@ -624,30 +624,35 @@ async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: 
 async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(kit: Kit) -> None:
     """A forget asks for its file pass; while a backlog drained (the proxy back after hours: call after call),
     the pass waited for the last call, and the forgotten turns' lines stayed in the memory files all along.
-    It now runs between two calls."""
+    It now runs between two calls. The forget asks from inside the first call (the curator's answer), not at a
+    moment a poll catches, which a busy machine could let pass."""
     passes = 0
     calls_before: list[int] = []  # the curator calls made when each pass ran
+    passes_when_asked: list[int] = []
 
     async def forget_pass() -> None:
         nonlocal passes
         passes += 1
         calls_before.append(len(kit.bridge.curator_requests()))
 
+    def first_call_asks_for_the_pass(_request: RecordedRequest) -> str:
+        if not passes_when_asked:
+            passes_when_asked.append(passes)
+            d.trigger(FORGET_PASS)
+        return "NONE"
+
     await kit.turns(*(f"turn {n} " + "words " * 400 for n in range(4)))
     d = MemoryDaemon(kit.processor, batch_turns=3, batch_tokens=1)  # one turn a call
     d.before_batches = forget_pass
-    kit.bridge.faults.add(Fault("latency", seconds=1.0, target="curator", times=1))
+    kit.bridge.curator.default = first_call_asks_for_the_pass
     await d.start()
     try:
-        await wait_for(lambda: len(kit.bridge.curator_requests()) == 1, timeout=30, interval=0.005)
-        assert passes == 1  # the run's own, at its start
-        d.trigger(FORGET_PASS)  # asked during the first call
-        await wait_for(lambda: passes == 2, timeout=30, interval=0.005)
-        assert calls_before == [0, 1], "the pass waited for the backlog's later calls"
         await wait_for(lambda: _pending(kit, 0), timeout=30)
-        assert len(kit.bridge.curator_requests()) == 4  # the backlog went on, a turn a call
     finally:
         await d.stop(flush_budget=0)
+    assert passes_when_asked == [1]  # the run's own pass, at its start, before the first call
+    assert calls_before[:2] == [0, 1], "the pass waited for the backlog's later calls"
+    assert len(kit.bridge.curator_requests()) == 4  # the backlog went on, a turn a call
 
 
 async def test_a_locked_database_is_a_warning_not_a_traceback(kit: Kit, daemon: MemoryDaemon,

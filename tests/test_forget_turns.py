@@ -1542,6 +1542,7 @@ async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_c
     (and with a bug, never ran again), and the forget state gave no reason and started no minute's clock while
     the words stayed in the files. Now the pass keeps the job for a later try like any other, says why
     (`error`), and curation goes on."""
+    from sprite_os.backoff import Backoff
     from sprite_os.memory.forget import turns as turns_module
 
     ids = await seed(system, tmp_path)
@@ -1549,20 +1550,24 @@ async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_c
     async def broken(_self: object, _job: object) -> set[str]:
         raise RuntimeError("a bug in the pass")
 
+    # Tried again soon, and failing again while broken: what is asserted below holds however many tries a busy
+    # machine fits in before it is read, and the fixed pass's try comes without PASS_RETRY's 5 s.
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=0.2, max=0.2))
     monkeypatch.setattr(turns_module.TurnForgetting, "_settled", broken)
     with capture_logs() as logs:
         await system.forget_turns([ids[1]], by="test")
         await wait_for(lambda: any(e["event"] == "forget_pass_failed" for e in logs), timeout=60,
                        what="the daemon's forget pass")
-    forget = (await system.status())["forget"]
-    assert (forget["kept_passes"], forget["kept_why"], forget["kept_for_s"] is not None) == (1, "error", True), forget
+        forget = (await system.status())["forget"]
+        assert forget["kept_passes"] >= 1 and (forget["kept_why"], forget["kept_for_s"] is not None) == (
+            "error", True), forget
+        assert "a bug in the pass" not in str(system.daemon.status()["last_error"])
+        assert len(await system.memory.call(jobs)) == 1  # the words' lines wait for a later pass
+        monkeypatch.undo()  # the pass tries again on its own (PASS_RETRY), as for a disk
+        await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     # The curator's own calls fail here (no proxy), as they would without the forget: none of it is the pass's.
     assert not [e for e in logs if e["event"] in ("memory_daemon_error", "memory_batch_failed")
                 and "a bug in the pass" in str(e.get("error"))], logs
-    assert "a bug in the pass" not in str(system.daemon.status()["last_error"])
-    assert len(await system.memory.call(jobs)) == 1  # the words' lines wait for a later pass
-    monkeypatch.undo()  # the pass tries again on its own (PASS_RETRY), as for a disk
-    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     forget = (await system.status())["forget"]
     assert (forget["kept_passes"], forget["kept_why"]) == (0, None), forget
 

@@ -175,7 +175,7 @@ class MemoryConsole:
 
         totals, today, total, last, forgotten, forgets = await self._memory.call(read)
         kept = self._system.forgetting.status(time.monotonic())
-        cut_in = self._system.forgetting.cut_short_sessions
+        cut_in = self._system.forgetting.cut_short_session_ids
         started = await self._system.transcript.call(lambda t: [row.started_at for sid in cut_in if (
             row := t.session(sid)) is not None]) if cut_in else []
         health = pm.MemoryHealth(
@@ -187,8 +187,9 @@ class MemoryConsole:
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
             forgets=pm.ForgetProgress(waiting=forgets.jobs_waiting, cut_short=kept["cut_short_jobs"],
                                       cut_short_in=sorted(started),
-                                      cut_short_sessions=self._system.forgetting.cut_short_whole, kept_for_s=kept["kept_for_s"],
-                                      kept_why=kept["kept_why"], stuck=kept["degraded"]),
+                                      cut_short_sessions=self._system.forgetting.cut_short_whole_sessions,
+                                      kept_for_s=kept["kept_for_s"], kept_why=kept["kept_why"],
+                                      stuck=kept["degraded"]),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 

@@ -244,10 +244,9 @@ class MemoryDaemon:
         """Wait out the backoff. While the proxy is down, ask it now and then whether it answers;
         once it does, the retry is now."""
         while (hold := self._not_before - loop.time()) > 0:
-            if self._pass_wanted.is_set():  # a forget's pass, meanwhile: on this task, the files' one writer
-                self._pass_wanted.clear()
+            if self._pass_wanted.is_set():  # a forget's pass, meanwhile
                 try:
-                    await self.before_batches()
+                    await self._forget_pass()
                 except Exception as exc:  # the next run does it again
                     log_expected(log, "memory_forget_pass_failed", exc)
                 continue
@@ -272,16 +271,20 @@ class MemoryDaemon:
             log_expected(log, "memory_daemon_error", exc)
             return False, await self._failed(repr(exc))
 
+    async def _forget_pass(self) -> None:
+        """The forgets' file pass (`before_batches`), on this task: the memory files' one writer. A forget that
+        asks while it runs asks for the next."""
+        self._pass_wanted.clear()
+        await self.before_batches()
+
     async def _drain(self, trigger: str) -> tuple[bool, float | None]:
         self._turns_since_batch = 0
         self._proxy_down = False
-        self._pass_wanted.clear()
-        await self.before_batches()
+        await self._forget_pass()
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             if self._pass_wanted.is_set():  # a forget asked during a backlog's drain: between two calls, not after all
-                self._pass_wanted.clear()
-                await self.before_batches()
+                await self._forget_pass()
             chunk = await self._next_chunk()
             if not chunk:
                 return True, None

@@ -23,8 +23,8 @@ from ..memory_store import LEARNING_TYPES, NewLearning
 
 MAX_LEARNING_CHARS = 600
 # A reply's learnings are kept up to MAX_LEARNINGS, or LEARNINGS_PER_TURN a turn of the call if more: a bound on a
-# runaway reply that still keeps every learning of a backlog's call (up to 100 turns), whose turns are all marked
-# curated. It used to be 60 whatever the call carried, and a large call lost the rest.
+# runaway reply that still keeps every learning of a backlog's call (up to the daemon's MAX_CHUNK_TURNS), whose turns
+# are all marked curated: a fixed 60 lost a large call's later learnings while their turns counted as curated.
 MAX_LEARNINGS = 60
 LEARNINGS_PER_TURN = 3
 CONFIDENCE = {"CORRECTION": 0.95, "PREFERENCE": 0.85, "TOOL_INSTALL": 0.9, "FACT": 0.8, "ACTION": 0.8,

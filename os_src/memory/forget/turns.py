@@ -88,7 +88,7 @@ class Forgotten:
 
 
 # After a pass left a job for later (a disk that would not rewrite, a check that could not be made, a WAL a
-# reader kept), until the pass is tried again: 5 s, doubling, up to 5 min (each try does the job's steps
+# reader kept, the pass's own unexpected failure), until the pass is tried again: 5 s, doubling, up to 5 min (each try does the job's steps
 # again, the backups' vacuum included). Nothing else need wake the daemon: an idle Sprite gets its try too.
 PASS_RETRY = Backoff(first=5.0, max=300.0)
 # A job kept this long (a disk that will not rewrite, a search that keeps failing, a reader holding a WAL) is no
@@ -131,7 +131,8 @@ class TurnForgetting(Deciding):
     # found them (`_recount`), and those a forget's error left since: job -> its sessions (where the person forgets
     # them again).
     _cut_short: dict[int, list[str]] = field(default_factory=dict)
-    _whole_sessions: set[int] = field(default_factory=set)  # of the jobs cut short, those that forgot whole sessions
+    # Of the jobs cut short, those that forgot a whole session (Health says to forget the session again, not turns).
+    _whole_session_jobs: set[int] = field(default_factory=set)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -214,7 +215,7 @@ class TurnForgetting(Deciding):
                 if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
                     self._cut_short[job] = sessions
                     if whole_session:
-                        self._whole_sessions.add(job)
+                        self._whole_session_jobs.add(job)
                 # The pass counts them again: asked for now, not at the next batch or forget, which on an idle
                 # Sprite may never come. It waits for a batch under way, which a backlog or a slow curator makes
                 # long: counted here, /healthz and the console's Health say it meanwhile too.
@@ -249,7 +250,8 @@ class TurnForgetting(Deciding):
         stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
         the disk will not rewrite a file or a backup, while a reader keeps a WAL, or when the pass fails in a
         way it did not expect: for those four, the pass is asked for again later (`_try_again_later`). Returns
-        the jobs done."""
+        the jobs done (0 from a pass that failed unexpectedly, whatever it finished before; the jobs after the
+        one it failed on wait for the next try)."""
         try:
             return await self._rewrite_files()
         except Exception as exc:
@@ -261,6 +263,7 @@ class TurnForgetting(Deciding):
             return 0
 
     async def _rewrite_files(self) -> int:
+        """`rewrite_files`' pass itself, whose unexpected failures go up to it."""
         done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
 
         def later(why: str) -> float:
@@ -321,20 +324,20 @@ class TurnForgetting(Deciding):
         found = {job.id: job.sessions for job, alone in seen if alone == CUT_SHORT}
         unknown = any(alone == NOT_KNOWN for _, alone in seen)
         self._cut_short = {**self._cut_short, **found} if unknown else found
-        self._whole_sessions &= self._cut_short.keys()
+        self._whole_session_jobs &= self._cut_short.keys()
         return unknown
 
     @property
-    def cut_short_sessions(self) -> list[str]:
+    def cut_short_session_ids(self) -> list[str]:
         """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
         again (ids, never a word; the console's Health names them, /healthz only counts)."""
         return sorted({session for sessions in self._cut_short.values() for session in sessions})
 
     @property
-    def cut_short_whole(self) -> int:
+    def cut_short_whole_sessions(self) -> int:
         """Of the forgets `status` counts cut short, those of a whole session: the person forgets that session
         again, where the others name turns (the console's Health says which)."""
-        return len(self._whole_sessions & self._cut_short.keys())
+        return len(self._whole_session_jobs & self._cut_short.keys())
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:

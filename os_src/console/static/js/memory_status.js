@@ -99,7 +99,8 @@ function agentSpend(a) {
 
 /** Puts `nodes` in `box` in place of what it shows, keeping each node drawn the same (isEqualNode): a refresh
  * that moved one number replaces that stat alone, so a text selection, the scroll and a screen reader's place
- * stay, and nothing is drawn again when nothing moved. */
+ * stay, and nothing is drawn again when nothing moved. When a node comes or goes (the forgets' stat, the agent's
+ * spend), all are replaced: matched by position, they would not line up. */
 function redraw(box, nodes) {
   if (box.children.length !== nodes.length) {
     box.replaceChildren(...nodes);
@@ -123,17 +124,17 @@ export class HealthPanel {
     root.append(this.stale, this.body, el("h3", { text: "Changes a person made" }), this.audit);
     this.loads = newest(); // the panel's loads and refreshes alike: only the newest draws, and asks for the next
     this.timer = null;
-    this.paused = false; // a refresh came while the page was hidden: one at once when it is visible again
+    this.dueWhileHidden = false; // a refresh came due while the page was hidden: asked once it is visible again
     this.drawnAt = null;
     document.addEventListener("visibilitychange", () => {
-      if (this.paused && document.visibilityState === "visible") this.refresh();
+      if (this.dueWhileHidden && document.visibilityState === "visible") this.refresh();
     });
   }
 
   signOut() {
     this.loads.forget(); // an answer on its way draws nothing, nor asks for the next
     clearTimeout(this.timer);
-    this.paused = false;
+    this.dueWhileHidden = false;
     this.drawnAt = null;
     this.stale.textContent = "";
     clear(this.body);
@@ -158,10 +159,10 @@ export class HealthPanel {
 
   async refresh() {
     this.timer = null;
-    this.paused = false;
+    this.dueWhileHidden = false;
     if (this.root.closest("[hidden]")) return; // another section or tab, or signed out: until Health is shown again
     if (document.visibilityState === "hidden") {
-      this.paused = true;
+      this.dueWhileHidden = true;
       return;
     }
     const mine = this.loads.begin();
