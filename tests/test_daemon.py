@@ -624,7 +624,9 @@ async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: 
 async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(kit: Kit) -> None:
     """A forget asks for its file pass; while a backlog drained (the proxy back after hours: call after call),
     the pass waited for the last call, and the forgotten turns' lines stayed in the memory files all along.
-    It now runs between two calls."""
+    It now runs between two calls, and once: its ask woke the daemon for a run of its own after the drain as
+    well, the same pass twice (for a job the pass keeps, two passes that kept it: the retries came twice as fast
+    up PASS_RETRY's steps)."""
     passes = 0
     calls_before: list[int] = []  # the curator calls made when each pass ran
 
@@ -646,6 +648,8 @@ async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(k
         assert calls_before == [0, 1], "the pass waited for the backlog's later calls"
         await wait_for(lambda: _pending(kit, 0), timeout=30)
         assert len(kit.bridge.curator_requests()) == 4  # the backlog went on, a turn a call
+        await asyncio.wait_for(d._idle.wait(), 10)
+        assert passes == 2, "the pass asked for between two calls ran again after the drain"
     finally:
         await d.stop(flush_budget=0)
 
