@@ -624,8 +624,10 @@ async def test_a_backlog_drains_in_chunks_as_large_as_the_token_cap_allows(kit: 
 async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(kit: Kit) -> None:
     """A forget asks for its file pass; while a backlog drained (the proxy back after hours: call after call),
     the pass waited for the last call, and the forgotten turns' lines stayed in the memory files all along.
-    It now runs between two calls. The forget asks from inside the first call (the curator's answer), not at a
-    moment a poll catches, which a busy machine could let pass."""
+    It now runs between two calls, and once: its ask woke the daemon for a run of its own after the drain as
+    well, the same pass twice (for a job the pass keeps, two passes that kept it: the retries came twice as fast
+    up PASS_RETRY's steps). The forget asks from inside the first call (the curator's answer), not at a moment a
+    poll catches, which a busy machine could let pass."""
     passes = 0
     calls_before: list[int] = []  # the curator calls made when each pass ran
     passes_when_asked: list[int] = []
@@ -648,6 +650,8 @@ async def test_a_forgets_pass_runs_between_a_backlogs_calls_not_after_the_last(k
     await d.start()
     try:
         await wait_for(lambda: _pending(kit, 0), timeout=30)
+        await asyncio.wait_for(d._idle.wait(), 10)
+        assert passes == 2, "the pass asked for between two calls ran again after the drain"
     finally:
         await d.stop(flush_budget=0)
     assert passes_when_asked == [1]  # the run's own pass, at its start, before the first call

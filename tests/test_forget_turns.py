@@ -1572,6 +1572,49 @@ async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_c
     assert (forget["kept_passes"], forget["kept_why"]) == (0, None), forget
 
 
+async def test_a_pass_that_kept_a_job_then_failed_counts_one_pass_kept(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that kept one job for later (its check failed) and then failed on the next in a way it did not
+    expect asked for the pass again twice: it counted two passes in a row that kept a job where one ran, and the
+    next try came a step later in PASS_RETRY than said (the minute /healthz waits counts on those steps)."""
+    from sprite_os.memory.forget import judge
+    from sprite_os.memory.forget import turns as turns_module
+
+    ids = await seed(system, tmp_path)
+
+    async def unchecked(_self: object, _job: object) -> set[str]:
+        raise judge.CheckFailed("no check now")
+
+    monkeypatch.setattr(turns_module.TurnForgetting, "_settled", unchecked)
+    await system.forget_turns([ids[0]], by="test")
+    await system.forget_turns([ids[1]], by="test")
+    forgetting = system.forgetting
+    await wait_for(lambda: system.memory.call(lambda m: len(jobs(m)) == 2), timeout=30, what="both jobs kept")
+    await wait_for(lambda: forgetting.status(time.monotonic())["kept_why"] == "check", timeout=30,
+                   what="a pass kept them")
+    first = min(job.id for job in await system.memory.call(jobs))
+
+    async def one_kept_one_broken(_self: object, job: Job) -> set[str]:
+        if job.id == first:
+            raise judge.CheckFailed("no check now")
+        raise RuntimeError("a bug in the pass")
+
+    monkeypatch.setattr(turns_module.TurnForgetting, "_settled", one_kept_one_broken)
+    # The daemon's own passes (its retry's timer) may run meanwhile on its task: only this task's asks count.
+    mine, asks = asyncio.current_task(), []
+    ask = turns_module.TurnForgetting._try_again_later
+
+    def counted(self: turns_module.TurnForgetting) -> float:
+        if asyncio.current_task() is mine:
+            asks.append(self._kept_passes)
+        return ask(self)
+
+    monkeypatch.setattr(turns_module.TurnForgetting, "_try_again_later", counted)
+    await forgetting.rewrite_files()
+    assert len(asks) == 1, f"one pass asked for the next {len(asks)} times"
+    assert forgetting.status(time.monotonic())["kept_why"] == "error"
+
+
 async def _waiting(forget_health: Callable[[], Awaitable[dict[str, object]]], count: int) -> bool:
     return (await forget_health())["jobs_waiting"] == count
 

@@ -284,6 +284,7 @@ class MemoryDaemon:
         await self.processor.recover()  # a batch an earlier error left half-finished comes first
         while True:
             if self._pass_wanted.is_set():  # a forget asked during a backlog's drain: between two calls, not after all
+                self._pass_done_here()
                 await self._forget_pass()
             chunk = await self._next_chunk()
             if not chunk:
@@ -314,6 +315,13 @@ class MemoryDaemon:
             # Only as far as nothing older is pending: a turn set aside may be older than these.
             oldest = await self.processor.pending(1)
             self._resolve(min(ids[-1], oldest[0].id - 1) if oldest else ids[-1], True)
+
+    def _pass_done_here(self) -> None:
+        """The pass a forget asked for runs in this run: its ask no longer wakes the daemon for a run of its own
+        after this one (the same pass twice, each counted as a pass that kept a job the pass keeps)."""
+        self._reasons.discard(FORGET_PASS)
+        if not self._reasons:  # every trigger gives its reason: no other asked for a run
+            self._wake.clear()
 
     async def _next_chunk(self) -> list[Observation]:
         """The oldest pending turns that fit one call, or the one turn an isolation runs next."""

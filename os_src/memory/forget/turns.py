@@ -252,14 +252,19 @@ class TurnForgetting(Deciding):
         way it did not expect: for those four, the pass is asked for again later (`_try_again_later`). Returns
         the jobs done (0 from a pass that failed unexpectedly, whatever it finished before; the jobs after the
         one it failed on wait for the next try)."""
+        passes = self._kept_passes
         try:
             return await self._rewrite_files()
         except Exception as exc:
             # A database error reading the jobs, or a bug: the pass's own failure, never the curator's (the daemon's
             # run would count it a failed call, back curation off, and with a bug never curate again). Kept like the
-            # rest: tried again later, its reason in the forget status, and stuck past KEPT_STUCK.
+            # rest: tried again later, its reason in the forget status, and stuck past KEPT_STUCK. A pass that kept
+            # a job before it failed asked for the next already: one pass, counted once.
             self._kept_why = KEPT_ERROR
-            log_expected(log, "forget_pass_failed", exc, next_try_s=round(self._try_again_later(), 1))
+            retry = self._retry if self._kept_passes > passes else None
+            wait = (max(0.0, retry.when() - asyncio.get_running_loop().time()) if retry is not None
+                    else self._try_again_later())
+            log_expected(log, "forget_pass_failed", exc, next_try_s=round(wait, 1))
             return 0
 
     async def _rewrite_files(self) -> int:
