@@ -222,7 +222,9 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
     debris = [history / ".000039_1795483438_batch-35.md.g2je4zm4.tmp", layout.memory_dir / ".user.md.x1abcdef.tmp",
               layout.state_dir / ".capture.json.abc_1234.tmp", layout.state_dir / ".turn-journal.json.k3j4h5g6.tmp",
               layout.state_dir / ".isolation.json.q9w8e7r6.tmp",
-              layout.state_dir / ".cli.json.a1b2c3d4.tmp", layout.os_dir / "agent" / ".boot-prompt.md.zzzzzzzz.tmp"]
+              layout.state_dir / ".cli.json.a1b2c3d4.tmp", layout.os_dir / "agent" / ".boot-prompt.md.zzzzzzzz.tmp",
+              # recall's status for `memory status` and the stop's report (a `make chaos` slow-disk run left the first)
+              layout.state_dir / ".recall.json.92425m_p.tmp", layout.state_dir / ".last-stop.json.abcd1234.tmp"]
     kept = [layout.memory_dir / "notes.tmp", layout.memory_dir / ".notes.md.abcdefgh.tmp",  # not Sprite OS's
             history / "000001_1_seed.md", layout.state_dir / ".service.env.abcdefgh.tmp",  # another process's
             layout.root / "documents" / ".draft.md.abcdefgh.tmp"]  # the person's

@@ -23,7 +23,7 @@ from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..paths import Layout
 from ..spending import DailyBudget, day_start
-from ..stopping import StopDeadline
+from ..stopping import STOP_REPORT, StopDeadline
 from .capture.health import JOURNAL_NAME, set_aside_journals
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
@@ -42,7 +42,7 @@ from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
 from .recall.searcher import RecallHit
-from .recall.service import Recalled, RecallService
+from .recall.service import PROGRESS_FILE, Recalled, RecallService
 from .transcript_store import NewObservation, Observation, TakenClient, TranscriptDB
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -162,7 +162,9 @@ class MemorySystem:
         removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS)
         for folder in (layout.history_dir / name for name in SPECS):
             removed += sweep_temp_files(folder, VERSION_NAME.match)
-        return removed + sweep_temp_files(layout.state_dir, lambda name: name in (JOURNAL_NAME, STATUS_NAME))
+        # capture's, recall's status for `memory status`, and the server's stop report (written under this lock too)
+        state = (JOURNAL_NAME, STATUS_NAME, PROGRESS_FILE, STOP_REPORT)
+        return removed + sweep_temp_files(layout.state_dir, lambda name: name in state)
 
     async def stop(self, deadline: StopDeadline | None = None) -> list[str]:
         """Flush and close, each step within its share of the stop's deadline (stopping.py; alone, a
