@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import turns
+from devkit.host import own_home
 from sprite_os import runtime as rt
 
 LABELS = ("on", "off", "off_again")
@@ -182,5 +183,6 @@ async def main(rounds: int, top: int, dump: str | None) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    asyncio.run(main(int(args[0]) if args else 60, int(args[1]) if len(args) > 1 else 40,
-                     args[2] if len(args) > 2 else None))
+    with own_home("sprite-bench-home-"):  # as `python -m bench`: the CLIs leave nothing in the host's HOME
+        asyncio.run(main(int(args[0]) if args else 60, int(args[1]) if len(args) > 1 else 40,
+                         args[2] if len(args) > 2 else None))

@@ -34,6 +34,7 @@ from typing import Any
 from chaos.run import Result, run, short
 from chaos.scenarios import SCENARIOS, Plan
 from devkit.docs_table import rewrite_between
+from devkit.host import HostLedger, own_home
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "chaos" / "results"
@@ -109,7 +110,9 @@ def main() -> int:
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "seed": plan.seed, "smoke": args.smoke,
             "plan": {k: v for k, v in plan.__dict__.items() if k not in ("disk", "disk_skip")}}
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sprite-chaos-") as tmp:
+    # As a test run: the CLIs in a HOME of their own (not the host's ~/.claude), and what a deployed Sprite
+    # changes on the host (its CLI copy under /var/lib/sprite-os, kernel settings) put back at the end.
+    with own_home("sprite-chaos-home-"), HostLedger(()), tempfile.TemporaryDirectory(prefix="sprite-chaos-") as tmp:
         results: list[Result] = asyncio.run(run(Path(tmp), plan, names, say=lambda s: print(s, flush=True)))
     meta["seconds"] = round(time.monotonic() - began)
     doc = {"_meta": meta, "ok": all(r.ok for r in results), "scenarios": [r.as_json() for r in results]}

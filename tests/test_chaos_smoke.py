@@ -263,6 +263,41 @@ def test_an_ext4_error_remounts_the_workspace_read_only_until_fsck(tmp_path: Pat
         pytest.skip(f"an ext4 image can't be mounted here: {exc}")
 
 
+def test_the_chaos_command_runs_in_a_home_of_its_own_and_puts_the_host_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make chaos` ran its CLIs with the host's HOME (a full run left ~/.claude.json and hundreds of
+    ~/.claude/sessions files behind) and left the CLI copy its deployed Sprite made under /var/lib/sprite-os.
+    Its scenarios now run in a HOME of their own, removed at the end, inside the ledger the test runs use."""
+    import chaos.__main__ as command
+
+    host_home, seen, ledger = os.environ["HOME"], {}, []
+
+    class Ledger:
+        def __init__(self, users: tuple[str, ...]) -> None:
+            ledger.append(("made", users))
+
+        def __enter__(self) -> Ledger:
+            ledger.append("in")
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            ledger.append("out")
+
+    async def scenarios(*_a: object, **_k: object) -> list[Result]:
+        seen["home"], seen["ledger"] = os.environ["HOME"], list(ledger)
+        return []
+
+    monkeypatch.setattr(command, "run", scenarios)
+    monkeypatch.setattr(command, "HostLedger", Ledger)
+    monkeypatch.setattr(command, "RESULTS", tmp_path)
+    monkeypatch.setattr(command.signal, "signal", lambda *_a: None)  # the worker's own SIGTERM stays
+    monkeypatch.setattr(sys, "argv", ["chaos", "--only", "kill9"])
+    assert command.main() == 0
+    assert seen["home"] != host_home and not Path(seen["home"]).exists()
+    assert seen["ledger"] == [("made", ()), "in"] and ledger[-1] == "out"
+    assert os.environ["HOME"] == host_home
+
+
 # One run serves both tests below (a server, its CLIs, the mock model and the power-loss disk cost
 # about 5 s of CPU to start, settle and count): the miniature's scenarios on one workspace, then the
 # kill right after turn_complete, and the invariants counted once, after it, over every turn.
