@@ -54,7 +54,7 @@ from .console.pages import ConsolePages, http_response
 from .console.sessions_api import SessionsConsole
 from .errors import PortUnavailable
 from .events import DeltaCoalescer, EventHub
-from .fsutil import WriterLock, atomic_write
+from .fsutil import WriterLock, atomic_write, sweep_temp_files
 from .gateway import Gateway
 from .isolation.launch import AgentLaunch, Resources
 from .isolation.policy import Isolation
@@ -168,6 +168,8 @@ class SpriteOS:
         # the launcher, ownership, the CLI ledger's reap): LockHeld if another server runs here.
         await asyncio.to_thread(self.lock.acquire)  # a contended take retries for about 1 s: off the loop
         layout.ensure()
+        # The stop report is the server's own file, memory on or off: what a kill mid-write left of it goes now.
+        await asyncio.to_thread(sweep_temp_files, layout.state_dir, lambda name: name == STOP_REPORT)
         # A Sprite that can't isolate its agent as asked refuses to start (ConfigError).
         await asyncio.to_thread(self.launch.resolve, self.settings.isolation, self.settings.agent_user,
                                 self._isolation)

@@ -235,6 +235,10 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
         assert [p for p in debris if p.exists()] == []
         assert all(p.read_text() == "half" for p in kept)
     assert status_path(layout).exists()  # capture's status file stays allocated
+    stop_report = layout.state_dir / ".last-stop.json.efgh5678.tmp"  # the server's own file: swept with memory off too
+    stop_report.write_text("half")
+    async with running(settings, memory=False):
+        assert not stop_report.exists()
 
 
 def scrape(port: int, token: str | None = TOKEN) -> tuple[int, str, str]:

@@ -23,7 +23,7 @@ from ..fsutil import WriterLock, sweep_temp_files
 from ..logs import get_logger
 from ..paths import Layout
 from ..spending import DailyBudget, day_start
-from ..stopping import STOP_REPORT, StopDeadline
+from ..stopping import StopDeadline
 from .capture.health import JOURNAL_NAME, set_aside_journals
 from .capture.pipeline import Capture
 from .capture.recorder import TurnRecord
@@ -162,8 +162,7 @@ class MemorySystem:
         removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS)
         for folder in (layout.history_dir / name for name in SPECS):
             removed += sweep_temp_files(folder, VERSION_NAME.match)
-        # capture's, recall's status for `memory status`, and the server's stop report (written under this lock too)
-        state = (JOURNAL_NAME, STATUS_NAME, PROGRESS_FILE, STOP_REPORT)
+        state = (JOURNAL_NAME, STATUS_NAME, PROGRESS_FILE)  # capture's, and recall's status for `memory status`
         return removed + sweep_temp_files(layout.state_dir, lambda name: name in state)
 
     async def stop(self, deadline: StopDeadline | None = None) -> list[str]:
