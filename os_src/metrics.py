@@ -5,8 +5,8 @@ Two kinds of figures, from one registry of this server's own (never the library'
 - what happens, counted as it happens: every frame the runtime publishes passes `observe` (turns
   by status and their latency, error frames by code, the model proxy's retries);
 - what is, read at each scrape from the same snapshot /healthz reports (`render(body)`): the agent's
-  state, its spending today and its cap (the relay's), capture's queue and spill, turns pending curation, the curator's calls, failures and
-  cost (memory.db's books), the recall index's backlog.
+  state, its spending today and its cap (the relay's), capture's queue and spill, turns pending curation, the curator's calls, failures,
+  cost and what its replies said that was left out (memory.db's books), the recall index's backlog.
 """
 
 from __future__ import annotations
@@ -136,6 +136,12 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
                        totals["batches"])
         yield _counter("sprite_curator_failed_calls", "Curator calls that failed.", totals["failed_batches"])
         yield _counter("sprite_curator_cost_usd", "What the curator's calls cost, in US dollars.", totals["cost_usd"])
+        yield _counter("sprite_curator_learnings_over_bound", "Learnings curator replies gave past what one call may "
+                       "keep (60, or three a turn of the call if more), left out.", totals["learnings_over_bound"])
+        yield _counter("sprite_curator_lines_ignored", "Lines of curator replies that fit no rule of the format, "
+                       "ignored.", totals["lines_ignored"])
+        yield _counter("sprite_curator_files_rejected", "Memory file rewrites curator replies gave that were not "
+                       "applied: a file given twice, empty, cut off, or over its limit.", totals["files_rejected"])
     if (budget := memory.get("budget")) and "spent_today_usd" in budget:
         yield _gauge("sprite_curator_spent_today_usd", "The curator's spending today (UTC).", budget["spent_today_usd"])
         yield _gauge("sprite_curator_daily_budget_usd", "The curator's daily budget.", budget["daily_usd"])

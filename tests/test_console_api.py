@@ -604,3 +604,37 @@ async def test_the_console_reads_memory_db_and_changes_it_only_through_the_daemo
     assert isinstance(reply, pm.MemoryForgetResult) and reply.learning.forgotten_at == NOW
     assert len(handed) == 1  # the forget (with its audit record, in the same change)
     assert ids
+
+
+async def test_what_the_curator_said_that_was_left_out_is_counted_where_its_other_totals_are(
+        console: MemoryConsole, system: MemorySystem, capsys: pytest.CaptureFixture[str]) -> None:
+    """Learnings past the bound of a call, lines that fit no rule and file rewrites not applied were only
+    logged: Health's totals (the console), /healthz's memory totals, /metrics and `memory status` count them,
+    and the status's text says them in words only when there are any."""
+    import json
+
+    from sprite_os.memory.memory_store import LeftOut
+    from sprite_os.metrics import Metrics
+    from tests.test_metrics import body, samples
+
+    workspace = ["--workspace", str(system.settings.layout.root), "memory", "status"]
+    assert await asyncio.to_thread(cli, workspace) == 0
+    assert "left out" not in capsys.readouterr().out  # none yet: not a word
+    for left_out in (LeftOut(learnings_over_bound=12, lines_ignored=2), LeftOut(lines_ignored=1, files_rejected=1)):
+        await system.memory.call(lambda m, left_out=left_out: m.commit_batch(
+            trigger="batch", observation_ids=[1], model="claude-haiku-4-5", input_tokens=100, output_tokens=20,
+            cost_usd=0.0002, learnings=[], file_updates={}, base_hashes={}, left_out=left_out))
+    counts = {"learnings_over_bound": 12, "lines_ignored": 3, "files_rejected": 1}
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult)
+    assert {k: v for k, v in msgspec.structs.asdict(reply.health.total).items() if k in counts} == counts
+    health = await system.health()  # /healthz's memory block
+    assert {k: v for k, v in health["totals"].items() if k in counts} == counts
+    scraped = samples(Metrics().render({**body(), "memory": health}))
+    assert {name: scraped[(f"sprite_curator_{name}_total", ())] for name in counts} == counts
+    assert await asyncio.to_thread(cli, [*workspace, "--json"]) == 0
+    assert {k: v for k, v in json.loads(capsys.readouterr().out)["totals"].items() if k in counts} == counts
+    assert await asyncio.to_thread(cli, workspace) == 0
+    assert ("left out         12 learnings past what one call may keep were left out (their turns count as curated); "
+            "3 lines of replies that followed no rule of the format were ignored; 1 memory file rewrite was not "
+            "applied (given twice, empty, cut off or over its limit)") in capsys.readouterr().out

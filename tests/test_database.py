@@ -22,7 +22,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 5 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 8 == len(MEMORY_SCHEMA)
+    assert t.schema_version == 5 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 9 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
@@ -277,3 +277,29 @@ def test_a_checkpoint_waits_out_a_readers_short_transaction_and_says_when_it_cou
     assert (tmp_path / "x.db-wal").stat().st_size == 0
     reader.close()
     writer.close()
+
+
+def test_migration_9_counts_nothing_left_out_of_the_calls_from_before(tmp_path: Path) -> None:
+    """A memory.db of the version before (8) gets the batches' left-out counts at 0 for its calls, and a row the
+    version before writes on the new schema (a deploy runs it until its switch) gets 0 too."""
+    import sqlite_utils
+
+    from sprite_os.memory.memory_store import LeftOut
+
+    path = tmp_path / "memory.db"
+    db = sqlite_utils.Database(sqlite3.connect(path, isolation_level=None))
+    for version, step in enumerate(MEMORY_SCHEMA[:8], start=1):
+        step(db)
+        db.conn.execute(f"PRAGMA user_version={version}")
+    before = """INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
+                output_tokens, cost_usd, file_updates, base_hashes) VALUES (1, 'batch', 'done', '[1]', 'm', 10, 5,
+                0.01, '{}', '{}')"""  # as the version before commits a batch
+    db.conn.execute(before)
+    db.conn.close()
+    m = MemoryDB(path)
+    assert m.schema_version == 9
+    m.conn.execute(before)
+    assert [b.left_out for b in m.recent_batches(5)] == [LeftOut(), LeftOut()]
+    totals = m.totals()
+    assert (totals["batches"], totals["learnings_over_bound"], totals["lines_ignored"], totals["files_rejected"]) \
+        == (2, 0, 0, 0)

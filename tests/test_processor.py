@@ -156,6 +156,37 @@ async def test_hostile_replies_never_corrupt_files(kit: Kit, reply: str,
     assert "Obey the web page" not in "".join(kit.files.read_all().values())
 
 
+async def test_what_a_reply_said_that_was_left_out_is_counted_in_its_batch_and_kept(kit: Kit) -> None:
+    """Learnings past the reply's bound, lines that fit no rule and file rewrites not applied were only logged:
+    each call's row in memory.db counts them, beside its tokens, and a fresh open of memory.db (a restart)
+    reads them back. A marker that declines its file answers the format: not an ignored line."""
+    from sprite_os.memory.curation.reply import MAX_LEARNINGS
+    from sprite_os.memory.memory_store import LeftOut
+
+    obs = await kit.turns("tell me everything")
+    reply = ("\n".join(f"FACT: fact number {n} [#1]" for n in range(MAX_LEARNINGS + 3))
+             + "\nOPINION: cats > dogs\nCONTEXT_MD_UPDATE: (no changes needed)\nThe context is current.\n"
+             "USER_MD_UPDATE:\n# A\nUSER_MD_UPDATE:\n# B\nTOOLS_MD_UPDATE:\n" + "- line\n" * 400)
+    kit.bridge.curator.script(reply, reply)  # asked once to shorten tools.md: the same again
+    result = await kit.processor.process(obs, "batch")
+    assert result.learnings_added == MAX_LEARNINGS and sorted(result.files_kept) == ["tools.md", "user.md"]
+    left_out = LeftOut(learnings_over_bound=3, lines_ignored=2, files_rejected=2)
+    [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert batch.left_out == left_out
+    totals = await kit.memory.call(lambda m: m.batch_totals())
+    assert (totals.learnings_over_bound, totals.lines_ignored, totals.files_rejected) == (3, 2, 2)
+    # The next call's are added to them; a fresh open of memory.db reads the same.
+    obs = await kit.turns("and one more thing")
+    kit.bridge.curator.script("FACT: one more thing\nHere you go!\n")
+    await kit.processor.process(obs, "batch")
+    reopened = MemoryDB(await kit.memory.call(lambda m: m.path))
+    try:
+        assert reopened.totals()["lines_ignored"] == 3 and reopened.totals()["learnings_over_bound"] == 3
+        assert [b.left_out for b in reopened.recent_batches(5)] == [LeftOut(lines_ignored=1), left_out]
+    finally:
+        reopened.close()
+
+
 async def test_proxy_errors_are_curator_errors_and_recorded(kit: Kit) -> None:
     obs = await kit.turns("hi")
     kit.bridge.faults.add(Fault("status", status=529, target="curator", times=1))

@@ -98,6 +98,8 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         print("  last batch       none yet")
     print(f"  batches          {t['batches']} ({t['failed_batches']} failed calls)")
     print(f"  tokens           {t['input_tokens']:,} in, {t['output_tokens']:,} out; cost ${t['cost_usd']:.4f}")
+    if said := left_out(t):
+        print(f"  left out         {'; '.join(said)}")
     if f := r["last_failure"]:
         print(f"  last failure     {when(f['at'])}: {(f['error'] or '')[:160]}")
     if (failing := r["failing"])["failing_since"] is not None:
@@ -124,6 +126,23 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     print(f"  learnings        {t['learnings']}; pending actions {t['pending_actions']}")
     for name, info in r["files"].items():
         print(f"  {name:<16} {info['lines']:>4}/{info['limit']} lines, {info['versions']} version{'' if info['versions'] == 1 else 's'}")
+
+
+def left_out(t: dict[str, Any]) -> list[str]:
+    """What the curator's replies said that memory did not keep, in all, in words; nothing when none was."""
+    def was(n: int) -> str:
+        return "was" if n == 1 else "were"
+
+    said = []
+    if n := t["learnings_over_bound"]:
+        said.append(f"{n:,} learning{'' if n == 1 else 's'} past what one call may keep {was(n)} left out "
+                    "(their turns count as curated)")
+    if n := t["lines_ignored"]:
+        said.append(f"{n:,} line{'' if n == 1 else 's'} of replies that followed no rule of the format {was(n)} ignored")
+    if n := t["files_rejected"]:
+        said.append(f"{n:,} memory file rewrite{'' if n == 1 else 's'} {was(n)} not applied (given twice, empty, "
+                    "cut off or over its limit)")
+    return said
 
 
 def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]:

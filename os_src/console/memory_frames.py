@@ -192,6 +192,10 @@ class Spend(msgspec.Struct, frozen=True):
     input_tokens: int
     output_tokens: int
     cost_usd: float
+    # What the calls' replies said that memory left out (memory_store.LeftOut), summed
+    learnings_over_bound: int = 0  # learnings past what one call may keep
+    lines_ignored: int = 0  # lines that fit no rule of the format
+    files_rejected: int = 0  # file rewrites not applied: given twice, empty, cut off, or over their limit
 
 
 class RecallProgress(msgspec.Struct, frozen=True):

@@ -1,5 +1,6 @@
 """memory.db: what the curator extracted. Learnings (with an FTS5 index kept in sync by
-triggers), pending actions, one row per curator batch, and a small key-value `meta`.
+triggers), pending actions, one row per curator batch (with what its reply said that was left
+out), and a small key-value `meta`.
 
 The daemon writes; search (memory/recall/learnings.py) and the boot loader read.
 """
@@ -20,7 +21,7 @@ import msgspec
 
 from ..database import connect, migrate, rows, transaction, user_version
 from .corrections import link as link_correction
-from .schema import MEMORY_SCHEMA
+from .schema import BATCH_LEFT_OUT_COLUMNS, MEMORY_SCHEMA
 
 LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY"]
 LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL",
@@ -62,6 +63,18 @@ class PendingAction(msgspec.Struct, frozen=True):
     source_learning_id: int | None
 
 
+class LeftOut(msgspec.Struct, frozen=True):
+    """What one curator call's reply said that memory did not keep (its fields are BATCH_LEFT_OUT_COLUMNS):
+    learnings past the reply's bound (curation/reply.py's MAX_LEARNINGS, LEARNINGS_PER_TURN), lines that fit
+    no rule of the format, and file rewrites not applied (given twice, empty, cut off, or over their limit)."""
+    learnings_over_bound: int = 0
+    lines_ignored: int = 0
+    files_rejected: int = 0
+
+
+NOTHING_LEFT_OUT = LeftOut()
+
+
 class Batch(msgspec.Struct, frozen=True):
     """One curator call and what it produced.
 
@@ -85,20 +98,24 @@ class Batch(msgspec.Struct, frozen=True):
     file_updates: dict[str, str]
     base_hashes: dict[str, str]
     error: str | None
+    left_out: LeftOut = NOTHING_LEFT_OUT
 
 
 _BATCH_COLUMNS = ("id, created_at, trigger, status, observation_ids, model, input_tokens, output_tokens, "
-                  "cost_usd, learnings_added, file_updates, base_hashes, error")
+                  "cost_usd, learnings_added, file_updates, base_hashes, error, " + ", ".join(BATCH_LEFT_OUT_COLUMNS))
 _LEARNING_COLUMNS = "id, created_at, session_id, type, content, source_observation_id, confidence"
 
 
 class BatchTotals(msgspec.Struct, frozen=True):
-    """The curator's calls recorded in `batches`, summed."""
+    """The curator's calls recorded in `batches`, summed, with what their replies said that was left out."""
     batches: int
     failed_batches: int
     input_tokens: int
     output_tokens: int
     cost_usd: float
+    learnings_over_bound: int
+    lines_ignored: int
+    files_rejected: int
 
 
 class MemoryDB:
@@ -139,17 +156,19 @@ class MemoryDB:
         file_updates: dict[str, str],
         base_hashes: dict[str, str],
         done_actions: Sequence[int] = (),
+        left_out: LeftOut = NOTHING_LEFT_OUT,
     ) -> Batch:
         """Store a batch's learnings and actions and the file rewrites still to apply, in one
-        transaction: after a crash, either all of it is here or none of it is."""
+        transaction: after a crash, either all of it is here or none of it is. `left_out`: what the
+        reply said that is not kept, counted in the batch's row."""
         now = time.time()
         with transaction(self.conn) as c:
             batch_id = int(c.execute(
-                """INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
-                   output_tokens, cost_usd, file_updates, base_hashes)
-                   VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?)""",
+                f"""INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
+                   output_tokens, cost_usd, file_updates, base_hashes, {", ".join(BATCH_LEFT_OUT_COLUMNS)})
+                   VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (now, trigger, json.dumps(observation_ids), model, input_tokens, output_tokens, cost_usd,
-                 json.dumps(file_updates), json.dumps(base_hashes)),
+                 json.dumps(file_updates), json.dumps(base_hashes), *msgspec.structs.astuple(left_out)),
             ).lastrowid or 0)
             added = sum(self._add_learning(item, now, batch_id) for item in learnings)
             for action_id in done_actions:
@@ -205,9 +224,9 @@ class MemoryDB:
         cur = self.conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args)
         out = []
         for row in cur.fetchall():
-            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error) = row
+            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error) = row[:13]
             out.append(Batch(bid, created, trigger, status, json.loads(ids), model, tin, tout, cost, added,
-                             json.loads(files), json.loads(hashes), error))
+                             json.loads(files), json.loads(hashes), error, LeftOut(*row[13:])))
         return out
 
     def cost_since(self, since: float) -> float:
@@ -218,11 +237,13 @@ class MemoryDB:
 
     def batch_totals(self, since: float = -math.inf) -> BatchTotals:
         """The calls recorded since `since` (all of them by default), failed ones included."""
+        left_out = "".join(f", coalesce(sum({name}), 0)" for name in BATCH_LEFT_OUT_COLUMNS)
         row = self.conn.execute(
-            """SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
-               coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0) FROM batches WHERE created_at >= ?""",
+            f"""SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
+               coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0){left_out} FROM batches
+               WHERE created_at >= ?""",
             (since,)).fetchone()
-        return BatchTotals(row[0], row[1], row[2], row[3], round(row[4], 6))
+        return BatchTotals(row[0], row[1], row[2], row[3], round(row[4], 6), *row[5:])
 
     def totals(self) -> dict[str, Any]:
         last_ok = self.conn.execute(

@@ -47,7 +47,7 @@ from .curation.curator import (
 from .curation.reply import CuratorReply, parse_reply
 from .files import CURATED, MemoryFiles, limit_error, sha
 from .forget.jobs import being_forgotten, named
-from .memory_store import Batch, MemoryDB
+from .memory_store import Batch, LeftOut, MemoryDB
 from .schema import PROCESSED
 from .transcript_store import Observation, TranscriptDB
 
@@ -211,6 +211,7 @@ class BatchProcessor:
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:
             log.warning("curated_file_kept", file=name, reason="over its limit or ambiguous in the reply")
+        left_out = LeftOut(reply.over_bound, reply.unread, len(kept))  # a person's edit winning is not the reply's
         kept += await self._drop_edited(call, before, updates, conflicts)
 
         ids, model, tokens = call.ids, self.curator.model, call.tokens
@@ -220,7 +221,7 @@ class BatchProcessor:
             trigger=trigger, observation_ids=ids, model=model, input_tokens=tokens[0], output_tokens=tokens[1],
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
             base_hashes={n: sha(before[n]) for n in updates},
-            done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}],
+            done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}], left_out=left_out,
         ))
         if isinstance(batch, list):
             await _forgotten_during(call, batch)

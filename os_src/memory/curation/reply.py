@@ -53,6 +53,12 @@ class CuratorReply:
     over_bound: int = 0  # learnings past the bound, dropped
 
     @property
+    def unread(self) -> int:
+        """The lines that fit no rule, but the markers that decline their file (`USER_MD_UPDATE: (no changes
+        needed)`): those answer the format, and are in `ignored` only for the log."""
+        return len(self.ignored) - len(self.declined_files)
+
+    @property
     def recognised(self) -> bool:
         """False for garbage or an empty reply: nothing in it follows the format."""
         return (self.said_none or bool(self.learnings) or bool(self.file_updates) or bool(self.rejected_files)
