@@ -454,6 +454,29 @@ async def test_health_says_an_import_the_server_gave_up_on_waits_for_the_operato
         await expect(tab.by("memory-import-failing")).to_have_count(0)
 
 
+async def test_health_says_in_words_what_the_curator_said_that_memory_left_out(server: SpriteOS) -> None:
+    """Learnings past the bound of a call, lines the format has no rule for and file rewrites not applied were
+    only in the server's log: Health says them, in words a person reads, once there are any."""
+    from sprite_os.memory.memory_store import LeftOut
+
+    memory = server.memory
+    assert memory is not None
+    async with health_tab(server, clock=True) as tab:
+        await expect(tab.by("memory-turns")).to_be_visible()
+        await expect(tab.by("memory-left-out")).to_have_count(0)  # nothing left out: nothing said
+        await memory.memory.call(lambda m: m.commit_batch(
+            trigger="batch", observation_ids=[], model="claude-haiku-4-5", input_tokens=100, output_tokens=20,
+            cost_usd=0.0002, learnings=[], file_updates={}, base_hashes={},
+            left_out=LeftOut(learnings_over_bound=12, lines_ignored=1, files_rejected=2)))
+        await tab.page.clock.run_for(HEALTH_EVERY_MS)  # the page's next refresh
+        shown = tab.by("memory-left-out")
+        await expect(shown).to_contain_text("What the curator said that memory left out")
+        await expect(shown).to_contain_text("15 in all")
+        await expect(shown).to_contain_text("12 learnings past what one call may keep were left out")
+        await expect(shown).to_contain_text("1 line that followed none of its rules was ignored")
+        await expect(shown).to_contain_text("2 memory file rewrites were not applied (given twice, empty, cut off or too long)")
+
+
 async def test_a_rollback_the_disk_did_not_confirm_is_shown_done_with_the_warning_and_the_draft_dropped(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rollback was written, then the folder's fsync failed (`not_durable`): the page only flashed the

@@ -1,6 +1,7 @@
 // The memory daemon's health (its last batch, failing state, next retry, what it spent
-// today and in all, turns waiting), what a person changed, and the exact boot prompt the
-// next session starts with. Health keeps itself current while it is shown.
+// today and in all, what the curator said that was left out, turns waiting), what a
+// person changed, and the exact boot prompt the next session starts with. Health keeps
+// itself current while it is shown.
 
 import { clear, count, dollars, el, newest, plural, relative, when } from "./dom.js";
 
@@ -21,6 +22,24 @@ function wideStat(label, value, sub, testid) {
 function spend(label, s) {
   return wideStat(label, dollars(s.cost_usd),
     `${plural(s.batches, "batch", "batches")}${s.failed_batches ? ` (${s.failed_batches} failed)` : ""} · ${count(s.input_tokens)} in · ${count(s.output_tokens)} out tokens`);
+}
+
+// What the curator's replies said that memory did not keep, in all: learnings past the bound of one call (the
+// turns they came from count as curated all the same), lines it could not read, file rewrites not applied. Shown
+// only when there is any (a server from before these counts sends none: nothing shown).
+function leftOut(s) {
+  const was = (n) => (n === 1 ? "was" : "were");
+  const said = [];
+  if (s.learnings_over_bound) {
+    said.push(`${plural(s.learnings_over_bound, "learning")} past what one call may keep ${was(s.learnings_over_bound)} left out`);
+  }
+  if (s.lines_ignored) said.push(`${plural(s.lines_ignored, "line")} that followed none of its rules ${was(s.lines_ignored)} ignored`);
+  if (s.files_rejected) {
+    said.push(`${plural(s.files_rejected, "memory file rewrite")} ${was(s.files_rejected)} not applied (given twice, empty, cut off or too long)`);
+  }
+  if (!said.length) return [];
+  const sum = (s.learnings_over_bound ?? 0) + (s.lines_ignored ?? 0) + (s.files_rejected ?? 0);
+  return [wideStat("What the curator said that memory left out", `${count(sum)} in all`, said.join(" · "), "memory-left-out")];
 }
 
 function duration(seconds) {
@@ -200,6 +219,7 @@ export class HealthPanel {
       wideStat("Last batch", b ? `#${b.id} ${b.status}` : "none yet",
         b ? `${when(b.created_at)} · ${b.trigger} · ${plural(b.turns, "turn")} · ${plural(b.learnings_added, "new learning")} · ${dollars(b.cost_usd)}${b.error ? ` · ${b.error}` : ""}` : "", "memory-last-batch"),
       spend("Spent today (UTC)", h.today), spend("Spent in all", h.total),
+      ...leftOut(h.total),
       ...(h.agent ? [agentSpend(h.agent)] : []),
       stat("Turns recorded", `${count(o.total ?? 0)} (${count(o.processed ?? 0)} curated, ${count(o.stale ?? 0)} stale)`, "memory-turns"),
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
