@@ -21,7 +21,7 @@ import msgspec
 
 from ..database import connect, migrate, rows, transaction, user_version
 from .corrections import link as link_correction
-from .schema import BATCH_LEFT_OUT_COLUMNS, MEMORY_SCHEMA
+from .schema import MEMORY_SCHEMA
 
 LearningType = Literal["FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL", "SUMMARY"]
 LEARNING_TYPES: tuple[str, ...] = ("FACT", "PATTERN", "CORRECTION", "PREFERENCE", "ACTION", "TOOL_INSTALL",
@@ -64,7 +64,7 @@ class PendingAction(msgspec.Struct, frozen=True):
 
 
 class LeftOut(msgspec.Struct, frozen=True):
-    """What one curator call's reply said that memory did not keep (its fields are BATCH_LEFT_OUT_COLUMNS):
+    """What one curator call's reply said that memory did not keep, each a column of `batches` (schema step 9):
     learnings past the reply's bound (curation/reply.py's MAX_LEARNINGS, LEARNINGS_PER_TURN), lines that fit
     no rule of the format, and file rewrites not applied (given twice, empty, cut off, or over their limit)."""
     learnings_over_bound: int = 0
@@ -73,6 +73,7 @@ class LeftOut(msgspec.Struct, frozen=True):
 
 
 NOTHING_LEFT_OUT = LeftOut()
+_LEFT_OUT_COLUMNS = LeftOut.__struct_fields__
 
 
 class Batch(msgspec.Struct, frozen=True):
@@ -102,7 +103,7 @@ class Batch(msgspec.Struct, frozen=True):
 
 
 _BATCH_COLUMNS = ("id, created_at, trigger, status, observation_ids, model, input_tokens, output_tokens, "
-                  "cost_usd, learnings_added, file_updates, base_hashes, error, " + ", ".join(BATCH_LEFT_OUT_COLUMNS))
+                  "cost_usd, learnings_added, file_updates, base_hashes, error, " + ", ".join(_LEFT_OUT_COLUMNS))
 _LEARNING_COLUMNS = "id, created_at, session_id, type, content, source_observation_id, confidence"
 
 
@@ -165,7 +166,7 @@ class MemoryDB:
         with transaction(self.conn) as c:
             batch_id = int(c.execute(
                 f"""INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
-                   output_tokens, cost_usd, file_updates, base_hashes, {", ".join(BATCH_LEFT_OUT_COLUMNS)})
+                   output_tokens, cost_usd, file_updates, base_hashes, {", ".join(_LEFT_OUT_COLUMNS)})
                    VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (now, trigger, json.dumps(observation_ids), model, input_tokens, output_tokens, cost_usd,
                  json.dumps(file_updates), json.dumps(base_hashes), *msgspec.structs.astuple(left_out)),
@@ -237,7 +238,7 @@ class MemoryDB:
 
     def batch_totals(self, since: float = -math.inf) -> BatchTotals:
         """The calls recorded since `since` (all of them by default), failed ones included."""
-        left_out = "".join(f", coalesce(sum({name}), 0)" for name in BATCH_LEFT_OUT_COLUMNS)
+        left_out = "".join(f", coalesce(sum({name}), 0)" for name in _LEFT_OUT_COLUMNS)
         row = self.conn.execute(
             f"""SELECT count(*), coalesce(sum(status = 'failed'), 0), coalesce(sum(input_tokens), 0),
                coalesce(sum(output_tokens), 0), coalesce(sum(cost_usd), 0){left_out} FROM batches

@@ -317,17 +317,13 @@ def _memory_v8(db: sqlite_utils.Database) -> None:
     db.conn.execute("CREATE INDEX IF NOT EXISTS episodes_embed_again ON episodes(id) WHERE embedded_after = -1")
 
 
-# What a curator call said and memory did not keep (memory_store.LEFT_OUT), one column each in `batches`.
-BATCH_LEFT_OUT_COLUMNS = ("learnings_over_bound", "lines_ignored", "files_rejected")
-
-
 def _memory_v9(db: sqlite_utils.Database) -> None:
     """What each curator call said that memory left out, kept beside its tokens and cost: the learnings past
     the reply's bound (curation/reply.py), the lines that fit no rule of the format, and the file rewrites
     not applied (given twice, empty, cut off, or over their limit). 0 for the calls from before, and for
     the rows the version before writes on this schema during a deploy (it names no such column)."""
     columns = db["batches"].columns_dict
-    for name in BATCH_LEFT_OUT_COLUMNS:
+    for name in ("learnings_over_bound", "lines_ignored", "files_rejected"):  # memory_store.LeftOut's fields
         if name not in columns:
             db["batches"].add_column(name, int, not_null_default=0)  # type: ignore[union-attr]
 
