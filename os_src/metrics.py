@@ -141,7 +141,7 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
         yield _counter("sprite_curator_lines_ignored", "Lines of curator replies that fit no rule of the format, "
                        "ignored.", totals["lines_ignored"])
         yield _counter("sprite_curator_files_rejected", "Memory file rewrites curator replies gave that were not "
-                       "applied: a file given twice, empty, cut off, or over its limit.", totals["files_rejected"])
+                       "applied: a file given twice, empty, cut off, over its limit, or one the curator may not write.", totals["files_rejected"])
     if (budget := memory.get("budget")) and "spent_today_usd" in budget:
         yield _gauge("sprite_curator_spent_today_usd", "The curator's spending today (UTC).", budget["spent_today_usd"])
         yield _gauge("sprite_curator_daily_budget_usd", "The curator's daily budget.", budget["daily_usd"])

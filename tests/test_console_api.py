@@ -637,4 +637,4 @@ async def test_what_the_curator_said_that_was_left_out_is_counted_where_its_othe
     assert await asyncio.to_thread(cli, workspace) == 0
     assert ("left out         12 learnings past what one call may keep were left out (their turns count as curated); "
             "3 lines of replies that followed no rule of the format were ignored; 1 memory file rewrite was not "
-            "applied (given twice, empty, cut off or over its limit)") in capsys.readouterr().out
+            "applied (given twice, empty, cut off, over its limit, or of a file the curator may not write)") in capsys.readouterr().out

@@ -474,7 +474,7 @@ async def test_health_says_in_words_what_the_curator_said_that_memory_left_out(s
         await expect(shown).to_contain_text("15 in all")
         await expect(shown).to_contain_text("12 learnings past what one call may keep were left out")
         await expect(shown).to_contain_text("1 line that followed none of its rules was ignored")
-        await expect(shown).to_contain_text("2 memory file rewrites were not applied (given twice, empty, cut off or too long)")
+        await expect(shown).to_contain_text("2 memory file rewrites were not applied (given twice, empty, cut off, too long, or of a file the curator may not write)")
 
 
 async def test_a_rollback_the_disk_did_not_confirm_is_shown_done_with_the_warning_and_the_draft_dropped(

@@ -141,7 +141,7 @@ def left_out(t: dict[str, Any]) -> list[str]:
         said.append(f"{n:,} line{'' if n == 1 else 's'} of replies that followed no rule of the format {was(n)} ignored")
     if n := t["files_rejected"]:
         said.append(f"{n:,} memory file rewrite{'' if n == 1 else 's'} {was(n)} not applied (given twice, empty, "
-                    "cut off or over its limit)")
+                    "cut off, over its limit, or of a file the curator may not write)")
     return said
 
 

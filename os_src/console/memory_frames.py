@@ -195,7 +195,7 @@ class Spend(msgspec.Struct, frozen=True):
     # What the calls' replies said that memory left out (memory_store.LeftOut), summed
     learnings_over_bound: int = 0  # learnings past what one call may keep
     lines_ignored: int = 0  # lines that fit no rule of the format
-    files_rejected: int = 0  # file rewrites not applied: given twice, empty, cut off, or over their limit
+    files_rejected: int = 0  # file rewrites not applied: given twice, empty, cut off, over their limit, or not the curator's
 
 
 class RecallProgress(msgspec.Struct, frozen=True):

@@ -66,7 +66,8 @@ class PendingAction(msgspec.Struct, frozen=True):
 class LeftOut(msgspec.Struct, frozen=True):
     """What one curator call's reply said that memory did not keep, each a column of `batches` (schema step 9):
     learnings past the reply's bound (curation/reply.py's MAX_LEARNINGS, LEARNINGS_PER_TURN), lines that fit
-    no rule of the format, and file rewrites not applied (given twice, empty, cut off, or over their limit)."""
+    no rule of the format, and file rewrites not applied (given twice, empty, cut off, over their limit, or of a
+    file the curator may not write: soul.md, or one memory has not)."""
     learnings_over_bound: int = 0
     lines_ignored: int = 0
     files_rejected: int = 0

@@ -211,7 +211,8 @@ class BatchProcessor:
         kept = sorted(set(reply.file_updates) - set(updates)) + reply.rejected_files
         for name in kept:
             log.warning("curated_file_kept", file=name, reason="over its limit or ambiguous in the reply")
-        left_out = LeftOut(reply.over_bound, reply.unread, len(kept))  # a person's edit winning is not the reply's
+        # A person's edit winning (below) is not the reply's doing; a foreign block is a rewrite, never applied.
+        left_out = LeftOut(reply.over_bound, reply.unread, len(kept) + reply.foreign_rewrites)
         kept += await self._drop_edited(call, before, updates, conflicts)
 
         ids, model, tokens = call.ids, self.curator.model, call.tokens

@@ -6,10 +6,10 @@ after it that names its file, like `(user.md)`, is ignored; any other text after
 `(no changes needed)`, means the line opens no block); a line inside a file block is file
 content even if it starts with `FACT:`, and so is a marker-shaped line inside a ``` code
 block opened in that block, but any other marker-shaped line ends the block, and the block
-of an unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped; a ``` fence wrapping the
-whole reply is ignored; anything unrecognised is reported, never guessed at. Control
-characters and lone surrogates are taken out before anything is read (text.safe_text).
-Pure: no I/O.
+of an unknown or forbidden marker (`SOUL_MD_UPDATE`) is dropped (counted as a rewrite not
+applied); a ``` fence wrapping the whole reply is ignored; anything unrecognised is reported,
+never guessed at. Control characters and lone surrogates are taken out before anything is
+read (text.safe_text). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -51,12 +51,16 @@ class CuratorReply:
     rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
     declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
     over_bound: int = 0  # learnings past the bound, dropped
+    # Blocks with text under an unknown or forbidden marker (`SOUL_MD_UPDATE`): file rewrites, dropped
+    foreign_rewrites: int = 0
 
     @property
     def unread(self) -> int:
         """The lines that fit no rule, but the markers that decline their file (`USER_MD_UPDATE: (no changes
-        needed)`): those answer the format, and are in `ignored` only for the log."""
-        return len(self.ignored) - len(self.declined_files)
+        needed)`) and those that open a foreign rewrite: the first answer the format, the second are counted
+        as the rewrites they open (a soul.md rewrite a prompt injection asked for is no stray line), and both
+        are in `ignored` only for the log."""
+        return len(self.ignored) - len(self.declined_files) - self.foreign_rewrites
 
     @property
     def recognised(self) -> bool:
@@ -89,6 +93,7 @@ class _Parser:
         self.default_source = observation_ids[-1] if observation_ids else None
         self.max_learnings = max(MAX_LEARNINGS, LEARNINGS_PER_TURN * len(observation_ids))
         self.blocks: dict[str, list[list[str]]] = {}
+        self.foreign: list[list[str]] = []  # the blocks of unknown or forbidden markers, dropped
         self.current: list[str] | None = None  # the open file block's lines
         self.last_block: str | None = None  # the reply's last item, if a file block ("": nothing to drop)
         self.in_code = False  # inside a ``` code block opened within the open file block (not its wrapper)
@@ -121,6 +126,7 @@ class _Parser:
         if name is not None:
             self.blocks.setdefault(name, []).append(self.current)
         else:
+            self.foreign.append(self.current)
             self.reply.ignored.append(raw.strip()[:200])
 
     def _file_line(self, raw: str) -> None:
@@ -167,6 +173,7 @@ class _Parser:
 
     def finish(self, truncated: bool) -> CuratorReply:
         reply = self.reply
+        reply.foreign_rewrites = sum(any(x.strip() for x in block) for block in self.foreign)
         if truncated and self.last_block is not None:
             if self.last_block in self.blocks:
                 reply.rejected_files.append(self.last_block)

@@ -35,7 +35,7 @@ function leftOut(s) {
   }
   if (s.lines_ignored) said.push(`${plural(s.lines_ignored, "line")} that followed none of its rules ${was(s.lines_ignored)} ignored`);
   if (s.files_rejected) {
-    said.push(`${plural(s.files_rejected, "memory file rewrite")} ${was(s.files_rejected)} not applied (given twice, empty, cut off or too long)`);
+    said.push(`${plural(s.files_rejected, "memory file rewrite")} ${was(s.files_rejected)} not applied (given twice, empty, cut off, too long, or of a file the curator may not write)`);
   }
   if (!said.length) return [];
   const sum = (s.learnings_over_bound ?? 0) + (s.lines_ignored ?? 0) + (s.files_rejected ?? 0);
