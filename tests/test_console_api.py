@@ -635,6 +635,10 @@ async def test_what_the_curator_said_that_was_left_out_is_counted_where_its_othe
     assert await asyncio.to_thread(cli, [*workspace, "--json"]) == 0
     assert {k: v for k, v in json.loads(capsys.readouterr().out)["totals"].items() if k in counts} == counts
     assert await asyncio.to_thread(cli, workspace) == 0
-    assert ("left out         12 learnings past what one call may keep were left out (their turns count as curated); "
-            "3 lines of replies that followed no rule of the format were ignored; 1 memory file rewrite was not "
-            "applied (given twice, empty, cut off, over its limit, or of a file the curator may not write)") in capsys.readouterr().out
+    # A line each, under one label, as the status's other lines: it was one line of 280 characters, which said
+    # "left out  12 learnings ... were left out".
+    assert ("  left out         12 learnings past what one curator call may keep, dropped (their turns are marked "
+            "curated all the same)\n"
+            "                   3 lines of curator replies that followed no rule of the format, ignored\n"
+            "                   1 memory file rewrite curator replies gave, not applied (given twice, empty, cut off, "
+            "over its limit, or of a file the curator may not write)\n") in capsys.readouterr().out

@@ -98,8 +98,8 @@ def print_status(r: dict[str, Any], root: Any) -> None:
         print("  last batch       none yet")
     print(f"  batches          {t['batches']} ({t['failed_batches']} failed calls)")
     print(f"  tokens           {t['input_tokens']:,} in, {t['output_tokens']:,} out; cost ${t['cost_usd']:.4f}")
-    if said := left_out(t):
-        print(f"  left out         {'; '.join(said)}")
+    for i, said in enumerate(left_out(t)):  # its label on the first line only
+        print(f"  {'' if i else 'left out':<16} {said}")
     if f := r["last_failure"]:
         print(f"  last failure     {when(f['at'])}: {(f['error'] or '')[:160]}")
     if (failing := r["failing"])["failing_since"] is not None:
@@ -129,19 +129,18 @@ def print_status(r: dict[str, Any], root: Any) -> None:
 
 
 def left_out(t: dict[str, Any]) -> list[str]:
-    """What the curator's replies said that memory did not keep, in all, in words; nothing when none was."""
-    def was(n: int) -> str:
-        return "was" if n == 1 else "were"
-
+    """What the curator's replies said that memory did not keep, in all, in words, a line each; nothing when
+    none was."""
     said = []
     if n := t["learnings_over_bound"]:
-        said.append(f"{n:,} learning{'' if n == 1 else 's'} past what one call may keep {was(n)} left out "
-                    "(their turns count as curated)")
+        said.append(f"{n:,} learning{'' if n == 1 else 's'} past what one curator call may keep, dropped (their "
+                    "turns are marked curated all the same)")
     if n := t["lines_ignored"]:
-        said.append(f"{n:,} line{'' if n == 1 else 's'} of replies that followed no rule of the format {was(n)} ignored")
+        said.append(f"{n:,} line{'' if n == 1 else 's'} of curator replies that followed no rule of the format, "
+                    "ignored")
     if n := t["files_rejected"]:
-        said.append(f"{n:,} memory file rewrite{'' if n == 1 else 's'} {was(n)} not applied (given twice, empty, "
-                    "cut off, over its limit, or of a file the curator may not write)")
+        said.append(f"{n:,} memory file rewrite{'' if n == 1 else 's'} curator replies gave, not applied (given "
+                    "twice, empty, cut off, over its limit, or of a file the curator may not write)")
     return said
 
 
