@@ -471,9 +471,10 @@ async def test_health_says_in_words_what_the_curator_said_that_memory_left_out(s
         await tab.page.clock.run_for(HEALTH_EVERY_MS)  # the page's next refresh
         shown = tab.by("memory-left-out")
         await expect(shown).to_contain_text("What the curator said that memory left out")
-        await expect(shown).to_contain_text("15 in all")
+        # Each count with its unit: "15 in all" summed learnings, lines and rewrites; and "its rules" named no one.
+        await expect(shown.locator(".value")).to_have_text("12 learnings, 1 line, 2 file rewrites")
         await expect(shown).to_contain_text("12 learnings past what one call may keep were left out")
-        await expect(shown).to_contain_text("1 line that followed none of its rules was ignored")
+        await expect(shown).to_contain_text("1 line that followed none of the reply format's rules was ignored")
         await expect(shown).to_contain_text("2 memory file rewrites were not applied (given twice, empty, cut off, too long, or of a file the curator may not write)")
 
 

@@ -26,20 +26,26 @@ function spend(label, s) {
 
 // What the curator's replies said that memory did not keep, in all: learnings past the bound of one call (the
 // turns they came from count as curated all the same), lines it could not read, file rewrites not applied. Shown
-// only when there is any (a server from before these counts sends none: nothing shown).
+// only when there is any (a server from before these counts sends none: nothing shown). The value names each
+// count's unit: one sum of learnings, lines and rewrites ("15 in all") counted nothing a person could name.
 function leftOut(s) {
   const was = (n) => (n === 1 ? "was" : "were");
+  const counts = [];
   const said = [];
   if (s.learnings_over_bound) {
+    counts.push(plural(s.learnings_over_bound, "learning"));
     said.push(`${plural(s.learnings_over_bound, "learning")} past what one call may keep ${was(s.learnings_over_bound)} left out`);
   }
-  if (s.lines_ignored) said.push(`${plural(s.lines_ignored, "line")} that followed none of its rules ${was(s.lines_ignored)} ignored`);
+  if (s.lines_ignored) {
+    counts.push(plural(s.lines_ignored, "line"));
+    said.push(`${plural(s.lines_ignored, "line")} that followed none of the reply format's rules ${was(s.lines_ignored)} ignored`);
+  }
   if (s.files_rejected) {
+    counts.push(plural(s.files_rejected, "file rewrite"));
     said.push(`${plural(s.files_rejected, "memory file rewrite")} ${was(s.files_rejected)} not applied (given twice, empty, cut off, too long, or of a file the curator may not write)`);
   }
   if (!said.length) return [];
-  const sum = (s.learnings_over_bound ?? 0) + (s.lines_ignored ?? 0) + (s.files_rejected ?? 0);
-  return [wideStat("What the curator said that memory left out", `${count(sum)} in all`, said.join(" · "), "memory-left-out")];
+  return [wideStat("What the curator said that memory left out", counts.join(", "), said.join(" · "), "memory-left-out")];
 }
 
 function duration(seconds) {
