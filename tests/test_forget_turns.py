@@ -43,7 +43,7 @@ from sprite_os.memory.forget.lines import (
     without,
 )
 from sprite_os.memory.forget.purge import purge_memory
-from sprite_os.memory.memory_store import MemoryDB, NewLearning
+from sprite_os.memory.memory_store import LeftOut, MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
 from sprite_os.memory.recall.service import vectors_path
@@ -180,7 +180,7 @@ async def seed(system: MemorySystem, tmp_path: Path) -> list[int]:
                    NewLearning("FACT", "The user lives in Lisbon, in Alfama", "s1", ids[1]),
                    NewLearning("ACTION", "Send Ada a map of the Tagus walk", "s1", ids[1]),
                    NewLearning("PREFERENCE", "Likes green tea", "s1", ids[2])],
-        file_updates={"user.md": user_md}, base_hashes={}))
+        file_updates={"user.md": user_md}, base_hashes={}, left_out=LeftOut(learnings_over_bound=4, lines_ignored=1)))
     system.files.write("user.md", "# User\n- Lives in: Lisbon\n", "batch-0")  # an older version says it too
     system.files.write("user.md", user_md, "batch-1")
     # the backups: an older memory.db (memory rebuild keeps one), and v1's data (migrate-v1 keeps it)
@@ -269,6 +269,9 @@ async def test_a_forgotten_turns_words_leave_every_store_and_keep_a_tombstone(
     try:
         entry = m.conn.execute("SELECT action, detail FROM memory_audit ORDER BY id DESC LIMIT 1").fetchone()
         assert entry[0] == "forget_turns" and "1 turn of s1" in entry[1]
+        # The batch's books outlive the forget, as its tokens and cost do: counts of what its call did, no word.
+        totals = m.totals()
+        assert (totals["learnings_over_bound"], totals["lines_ignored"]) == (4, 1)
     finally:
         m.close()
     again = await system.forget_turns([ids[1]], by="again")

@@ -699,3 +699,52 @@ async def test_a_rebuild_told_to_go_on_sets_a_memory_db_with_a_damaged_header_as
         assert memory.totals()["learnings"] == 1
     finally:
         memory.close()
+
+
+async def test_a_rebuild_counts_what_its_own_calls_left_out_once_even_run_again_after_one_cut_short(
+        tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebuild replays the batches' turn groupings into a new memory.db: what the replies left out is counted
+    there from its own calls only, never added to the counts of the memory.db it set aside, and a rebuild run
+    again after one a failing curator cut short counts its own calls, not the half-made memory.db's too."""
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.curation.reply import MAX_LEARNINGS
+    from sprite_os.memory.memory_store import LeftOut
+
+    settings = make_settings(tmp_path, bridge.url)
+    db = TranscriptDB(settings.layout.transcript_db)
+    db.append(NewObservation(1.0, "s1", 1, "I have a cat named Miso", "[]", "ok"))
+    db.append(NewObservation(2.0, "s1", 2, "I live in Oslo", "[]", "ok"))
+    db.close()
+    memory = MemoryDB(settings.layout.memory_db)
+    for ids in ([1], [2]):  # the batches before: 5 learnings over the bound, 1 line ignored each
+        memory.commit_batch(trigger="batch", observation_ids=ids, model="m", input_tokens=1, output_tokens=1,
+                            cost_usd=0, learnings=[], file_updates={}, base_hashes={}, left_out=LeftOut(5, 1, 0))
+    memory.close()
+    monkeypatch.setattr(module.time, "strftime", lambda *_: "20261127T220000")
+    over = "\n".join(f"FACT: fact number {n} [#1]" for n in range(MAX_LEARNINGS + 2)) + "\nHere you go!"
+
+    def totals() -> tuple[int, int, int, int]:
+        m = MemoryDB(settings.layout.memory_db)
+        try:
+            t = m.totals()
+            return t["batches"], t["learnings_over_bound"], t["lines_ignored"], t["files_rejected"]
+        finally:
+            m.close()
+
+    real, calls = module._with_retries, []
+
+    async def stops_at_the_second_batch(processor: BatchProcessor, group: list[Observation]) -> float:
+        calls.append(1)
+        if len(calls) == 2:
+            raise CuratorError("rebuild stopped at turn #2: the proxy is down")
+        return await real(processor, group)
+
+    monkeypatch.setattr(module, "_with_retries", stops_at_the_second_batch)
+    bridge.curator.script(over)
+    with pytest.raises(CuratorError):
+        await module.rebuild(settings)
+    assert totals() == (1, 2, 1, 0)  # the half-made memory.db: its one call, nothing of the ones before
+    monkeypatch.setattr(module, "_with_retries", real)
+    bridge.curator.script(over, "FACT: Lives in Oslo [#2]")
+    await module.rebuild(settings)
+    assert totals() == (2, 2, 1, 0)  # its two calls: not the first rebuild's call, nor the batches before
