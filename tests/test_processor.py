@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -508,6 +508,21 @@ async def test_the_probe_counts_any_http_answer_as_up_and_only_no_answer_as_down
         await down.close()
 
 
+def stopping_at_the_second_batch(
+        real: Callable[[BatchProcessor, list[Observation]], Awaitable[float]],
+) -> Callable[[BatchProcessor, list[Observation]], Awaitable[float]]:
+    """The rebuild's `_with_retries` (`real`), but its second batch fails past its retries: the proxy is down."""
+    calls: list[int] = []
+
+    async def stops(processor: BatchProcessor, group: list[Observation]) -> float:
+        calls.append(1)
+        if len(calls) == 2:
+            raise CuratorError("rebuild stopped at turn #2: the proxy is down")
+        return await real(processor, group)
+
+    return stops
+
+
 async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgotten_what_was(
         tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rebuild forgets again what was forgotten before it only at its end. One that stops half-way
@@ -539,15 +554,8 @@ async def test_a_rebuild_run_again_after_one_that_stopped_half_way_keeps_forgott
     set_forgotten(memory, miso, True, 3.0)  # the person forgets it
     memory.close()
 
-    real, calls = module._with_retries, []
-
-    async def stops_at_the_second_batch(processor: BatchProcessor, group: list[Observation]) -> float:
-        calls.append(1)
-        if len(calls) == 2:
-            raise CuratorError("rebuild stopped at turn #2: the proxy is down")
-        return await real(processor, group)
-
-    monkeypatch.setattr(module, "_with_retries", stops_at_the_second_batch)
+    real = module._with_retries
+    monkeypatch.setattr(module, "_with_retries", stopping_at_the_second_batch(real))
     bridge.curator.script("FACT: Has a cat named Miso [#1]")
     with pytest.raises(CuratorError):
         await module.rebuild(settings)
@@ -731,15 +739,8 @@ async def test_a_rebuild_counts_what_its_own_calls_left_out_once_even_run_again_
         finally:
             m.close()
 
-    real, calls = module._with_retries, []
-
-    async def stops_at_the_second_batch(processor: BatchProcessor, group: list[Observation]) -> float:
-        calls.append(1)
-        if len(calls) == 2:
-            raise CuratorError("rebuild stopped at turn #2: the proxy is down")
-        return await real(processor, group)
-
-    monkeypatch.setattr(module, "_with_retries", stops_at_the_second_batch)
+    real = module._with_retries
+    monkeypatch.setattr(module, "_with_retries", stopping_at_the_second_batch(real))
     bridge.curator.script(over)
     with pytest.raises(CuratorError):
         await module.rebuild(settings)
