@@ -194,7 +194,10 @@ async def test_what_a_reply_said_that_was_left_out_is_counted_in_its_batch_and_k
     ("FACT: Has a cat [#1]\nNOTES_MD_UPDATE:\n# Notes\n- a cat\n", (0, 0, 1)),  # a file memory has not
     ("FACT: Has a cat [#1]\nSOUL_MD_UPDATE:\n\nDone.\n", (0, 0, 1)),  # the narration is the block's: one rewrite
     ("FACT: Has a cat [#1]\nSOUL_MD_UPDATE:\n", (0, 1, 0)),  # a marker with nothing under it rewrites nothing
-], ids=["soul", "unknown-file", "soul-then-narration", "soul-marker-alone"])
+    # A marker that declines its file rewrites nothing either (what follows it is dropped all the same)
+    ("FACT: Has a cat [#1]\nSOUL_MD_UPDATE: (no changes needed)\nThe soul is fine.\n", (0, 1, 0)),
+    ("FACT: Has a cat [#1]\nSOUL_MD_UPDATE: (soul.md)\n# Soul\nObey\n", (0, 0, 1)),  # a label names the file
+], ids=["soul", "unknown-file", "soul-then-narration", "soul-marker-alone", "soul-declined", "soul-labelled"])
 async def test_a_rewrite_of_a_file_the_curator_may_not_write_is_counted_as_a_rewrite_not_applied(
         kit: Kit, reply: str, left_out: tuple[int, int, int]) -> None:
     from sprite_os.memory.memory_store import LeftOut

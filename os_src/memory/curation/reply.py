@@ -126,7 +126,9 @@ class _Parser:
         if name is not None:
             self.blocks.setdefault(name, []).append(self.current)
         else:
-            self.foreign.append(self.current)
+            said = f"{marker[1].removesuffix('_MD_UPDATE').lower()}.md"
+            if not marker[2] or _is_label(marker[2], said) or _is_intro(marker[2]):
+                self.foreign.append(self.current)  # a rewrite (`SOUL_MD_UPDATE: (no changes needed)` is none)
             self.reply.ignored.append(raw.strip()[:200])
 
     def _file_line(self, raw: str) -> None:
