@@ -2,7 +2,8 @@
 """Build the release tarball Bridge deploys: `python bootstrap/build_release.py --out dist`.
 
 Writes dist/sprite-os-<VERSION>.tar.gz (and a .sha256 beside it) holding, at the top:
-VERSION (first, so a deploy reads it without unpacking the rest), requirements.lock,
+VERSION (first, so a deploy reads it without unpacking the rest), MANIFEST (the sha256 of every
+other file: a deploy refuses a release that does not match it), requirements.lock,
 bootstrap/ (deploy.py and the memory-file templates: those the checkout's own
 os_src/deploy_contract.py names) and src/ (os_src without caches).
 The tarball is reproducible: same checkout, same bytes (set SOURCE_DATE_EPOCH to stamp
@@ -21,7 +22,12 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deploy import DeployError, release_entries  # bootstrap/deploy.py, stdlib only
+from deploy import (  # bootstrap/deploy.py, stdlib only
+    MANIFEST,
+    DeployError,
+    manifest,
+    release_entries,
+)
 
 DEFAULT_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 
@@ -34,7 +40,10 @@ def build(checkout: Path, out_dir: Path) -> Path:
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         made: set[str] = set()
-        for name, path in entries:
+        listing = manifest(entries)
+        for i, (name, path) in enumerate(entries):
+            if i == 1:  # right after VERSION: a tarball cut short after it still names what it lacks
+                tar.addfile(_info(MANIFEST, tarfile.REGTYPE, 0o644, len(listing), mtime), io.BytesIO(listing))
             parts = name.split("/")
             for depth in range(1, len(parts)):  # each folder once, before its first file
                 folder = "/".join(parts[:depth])

@@ -43,7 +43,7 @@ import sys
 import tarfile
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_p
                   "ensure_sysctls", "Workspace")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 
 
 class DeployError(Exception):
@@ -256,6 +257,43 @@ def release_entries(checkout: Path) -> list[tuple[str, Path]]:
     return entries
 
 
+def manifest(entries: Iterable[tuple[str, Path]]) -> bytes:
+    """A release's MANIFEST: the sha256 and the name of each file (name in the release, file it is
+    read from), one a line. build_release.py packs it; a checkout's deploy writes it as it stages."""
+    return "".join(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n" for name, path in entries).encode()
+
+
+def check_manifest(release: Path, version: str) -> None:
+    """The staged `release` holds exactly the files its MANIFEST names, each with its sha256: a
+    tarball cut short, re-packed without a file, or with a file damaged or added is refused before
+    anything runs from it (the server would fail to start only at the restart, or not at all
+    until the next one)."""
+    try:
+        text = (release / MANIFEST).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise DeployError(f"release {version} has no readable {MANIFEST}: not built by build_release.py, or "
+                          "older than this deploy.py (an older release is deployed by its own bootstrap/deploy.py)"
+                          ) from None
+    listed: dict[str, str] = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or not name:
+            raise DeployError(f"release {version} has a malformed {MANIFEST} line: {line[:100]!r}")
+        listed[name] = digest
+    found = set()
+    for folder, _dirs, files in os.walk(release):
+        found |= {(Path(folder) / name).relative_to(release).as_posix() for name in files}
+    found.discard(MANIFEST)
+    missing = sorted(set(listed) - found)
+    damaged = sorted(name for name in set(listed) & found if not (release / name).is_file() or
+                     hashlib.sha256((release / name).read_bytes()).hexdigest() != listed[name])
+    extra = sorted(found - set(listed))
+    problems = [f"{what} {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
+                for what, names in (("missing", missing), ("damaged", damaged), ("not listed", extra)) if names]
+    if problems:
+        raise DeployError(f"release {version} does not match its {MANIFEST}: {'; '.join(problems)}")
+
+
 def check_version(version: str, where: object) -> str:
     if not VERSION_RE.match(version):
         raise DeployError(f"bad version {version!r} in {where}: letters, digits and ._+- only")
@@ -277,10 +315,12 @@ class Checkout:
         return load_contract(self.path / "os_src")
 
     def stage(self, into: Path) -> None:
-        for name, path in release_entries(self.path):
+        entries = release_entries(self.path)
+        for name, path in entries:
             target = into / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
+        (into / MANIFEST).write_bytes(manifest(entries))  # of the checkout's files: the copies are checked by it
 
 
 class Tarball:
@@ -369,6 +409,7 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
     if got != version:
         raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
+    check_manifest(partial, version)
     contract = load_contract(partial / "src")
     for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock", *template_names(contract)):
         if not (partial / needed).is_file():

@@ -454,6 +454,53 @@ def test_bad_input_gets_one_clear_line(venv: VenvCache, tmp_path: Path) -> None:
         assert done.returncode == 1 and "not as root" in done.stderr
 
 
+def repacked(tarball: Path, target: Path, *, drop: str = "", add: str = "", damage: str = "") -> Path:
+    """`tarball` packed again: without the member `drop`, with a file `add`, with `damage`'s last byte changed."""
+    with tarfile.open(tarball) as tin, tarfile.open(target, "w:gz") as tout:
+        for member in tin.getmembers():
+            data = tin.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if member.name == drop:
+                continue
+            if member.name == damage and data:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            tout.addfile(member, io.BytesIO(data) if data is not None else None)
+        if add:
+            tout.addfile(tarfile.TarInfo(add), io.BytesIO(b""))
+    return target
+
+
+def test_a_release_that_does_not_match_its_manifest_is_refused_at_staging(tmp_path: Path) -> None:
+    """A tarball cut short and packed again, or with a file lost, damaged or added, is refused while
+    it is staged: it would have been switched to, and with no server running to restart, said done
+    (exit 0) while `service start` failed on a missing module. No pip: each is refused before its venv."""
+    tarball = load_script("build_release").build(REPO, tmp_path / "dist")
+    with tarfile.open(tarball) as tf:
+        files = [member.name for member in tf.getmembers() if member.isfile()]
+        listing = tf.extractfile("MANIFEST").read().decode()  # type: ignore[union-attr]
+    assert files[:2] == ["VERSION", "MANIFEST"]  # VERSION first as ever; the listing right after it
+    assert [line.split("  ", 1)[1] for line in listing.splitlines()] == files[:1] + files[2:]
+    nowhere = tmp_path / "no-wheels"  # the old code went on to build a venv: it fails fast here
+    nowhere.mkdir()
+    cases = {"lost": (repacked(tarball, tmp_path / "lost.tar.gz", drop="src/server.py"), "missing src/server.py"),
+             "damaged": (repacked(tarball, tmp_path / "damaged.tar.gz", damage="src/config.py"),
+                         "damaged src/config.py"),
+             "added": (repacked(tarball, tmp_path / "added.tar.gz", add="src/stray.py"), "not listed src/stray.py"),
+             "unlisted": (repacked(tarball, tmp_path / "unlisted.tar.gz", drop="MANIFEST"), "no readable MANIFEST")}
+    for case, (bad, said) in cases.items():
+        ws = tmp_path / f"ws-{case}"
+        done = run_deploy(ws, "--release", str(bad), "--wheelhouse", str(nowhere), "--venv-cache", str(nowhere))
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, (case, done.stdout + done.stderr)
+        assert said in done.stderr and "step=venv" not in done.stdout, (case, done.stdout + done.stderr)
+        assert not (ws / ".os" / "current").exists() and not list((ws / ".os" / "venvs").iterdir())
+    # What build_release packs, and what a checkout's deploy stages, match their manifests.
+    deploy = load_script("deploy")
+    for source in (deploy.Tarball(tarball), deploy.Checkout(REPO)):
+        staged = tmp_path / f"staged-{type(source).__name__}"
+        staged.mkdir()
+        source.stage(staged)
+        deploy.check_manifest(staged, VERSION)
+
+
 def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """As root, on a workspace (or, before it exists, a parent) someone else owns: refused in
     main, before the token, the no-op path or a rollback could write a root-owned file."""
