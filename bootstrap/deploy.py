@@ -54,6 +54,8 @@ CONTRACT_NAMES = ("MEMORY_FILES", "USER_SPACE_DIRS", "make_user_space", "token_p
                   "ensure_sysctls", "Workspace")
 SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+# How the commands a deploy runs say their error: sprite-os (install-templates, service), migrate-v1, pip.
+ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 
 
@@ -453,11 +455,13 @@ def site_packages(venv: Path) -> Path:
 
 def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
         echo: tuple[str, ...] = ()) -> None:
-    """Run a command; its output goes to the deploy log (lines starting with `echo` also to stdout)."""
+    """Run a command; its output goes to the deploy log (lines starting with `echo` also to stdout). A
+    failure is said with the last line the command printed as its error, else its last line: a failed
+    `service restart` prints its error, then the tail of the server's logs below it."""
     out.log(f"$ {' '.join(map(shlex.quote, cmd))}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, cwd=cwd, text=True, errors="replace")
-    tail: list[str] = []
+    last, error = "no output", ""
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
@@ -466,11 +470,12 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
         else:
             out.log(line)
         if line.strip():
-            tail = [*tail[-4:], line.strip()]
+            last = line.strip()
+            if last.startswith(ERROR_LINES):
+                error = last
     code = proc.wait()
     if code != 0:
-        last = tail[-1] if tail else "no output"
-        raise DeployError(f"{what} failed (exit {code}): {last[:300]}")
+        raise DeployError(f"{what} failed (exit {code}): {(error or last)[:300]}")
 
 
 def deploying_python() -> str:

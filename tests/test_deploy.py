@@ -549,6 +549,22 @@ def test_a_restart_never_passes_a_stale_token_from_the_deploying_shell(tmp_path:
     assert "SPRITE_OS_TOKEN" not in env and env["SPRITE_MEMORY_MODEL"] == "kept-as-it-is"
 
 
+def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(tmp_path: Path) -> None:
+    """A restart that fails prints its error, then the tail of the server's logs: the deploy's one
+    line said the last of those (the old server's `server_stopped`), not why the new one did not start."""
+    deploy = load_script("deploy")
+    script = ("print('sprite-os: stopped (pid 1, 0.1s)'); "
+              "print('sprite-os: error: the server did not start: ModuleNotFoundError: No module named x'); "
+              "print('--- last lines of sprite-os.log:'); print('{\"event\": \"server_stopped\"}'); raise SystemExit(1)")
+    with pytest.raises(deploy.DeployError) as failed:
+        deploy.run([sys.executable, "-c", script], "service restart")
+    assert str(failed.value) == ("service restart failed (exit 1): sprite-os: error: the server did not start: "
+                                 "ModuleNotFoundError: No module named x")
+    with pytest.raises(deploy.DeployError) as failed:  # no error line: the last line, as before
+        deploy.run([sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"], "creating the venv")
+    assert str(failed.value) == "creating the venv failed (exit 3): two"
+
+
 def test_deploy_script_is_stdlib_only() -> None:
     """The first deploy of the suite runs deploy.py under `python3 -I -S`; here: it imports nothing else."""
     done = subprocess.run([sys.executable, "-I", "-S", "-c",

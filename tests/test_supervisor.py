@@ -473,6 +473,23 @@ def test_a_failed_start_remembers_nothing_and_names_what_it_remembered(
     assert not any("remembered" in line for line in err)
 
 
+def test_a_start_that_dies_on_a_traceback_names_what_it_raised(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A release that lost a module dies on its import with a traceback and no error line: the
+    headline is what it raised, not only its status (a deploy's restart reports that one line)."""
+    settings = load_settings(env)
+    crash = fake_server(ws.parent / "crash", "cat >&2 <<'EOF'\n{\"event\": \"server_starting\"}\n"
+                        "Traceback (most recent call last):\n  File \"main.py\", line 143, in _serve\n"
+                        "    from ..server import serve_main\n"
+                        "ModuleNotFoundError: No module named 'sprite_os.server'\nEOF\nexit 1")
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: crash))
+    monkeypatch.setattr(os, "environ", {**base_env(), **env})
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("sprite-os: error: the server did not start: ModuleNotFoundError: No module named "
+                      "'sprite_os.server' (exited with status 1)"), err
+
+
 def test_a_bad_host_fails_with_the_reason_and_is_not_remembered(ws: Path, env: dict[str, str]) -> None:
     """The real server, as the operator ran it."""
     failed = run(ws, "start", {**env, "SPRITE_OS_HOST": "not-a-host"})

@@ -426,7 +426,9 @@ class Service:
                 os.replace(self.server_out, self.server_out.with_name(self.server_out.name + ".1"))
 
     def _server_error(self, offset: int) -> str:
-        """The last `sprite-os: error: ...` (or `error: ...`) line the server printed in this start."""
+        """The last `sprite-os: error: ...` (or `error: ...`) line the server printed in this start; else
+        the exception that ended the last traceback it printed (`ModuleNotFoundError: No module named ...`:
+        a release that lost a module), which is the reason, not the log lines printed around it."""
         try:
             with open(self.server_out, "rb") as f:
                 f.seek(max(offset, f.seek(0, os.SEEK_END) - 64 * 1024))
@@ -437,7 +439,13 @@ class Service:
             for prefix in ("sprite-os: error:", "error:"):
                 if line.startswith(prefix) and line[len(prefix):].strip():
                     return line[len(prefix):].strip()
-        return ""
+        raised, in_traceback = "", False
+        for line in lines:
+            if line.startswith("Traceback (most recent call last):"):
+                in_traceback = True
+            elif in_traceback and line.strip() and not line[0].isspace():
+                raised, in_traceback = line.strip(), False  # the traceback's last line: what was raised
+        return raised
 
     def _note_remembered(self) -> None:
         note = self.env.remembered_note()
