@@ -3,7 +3,9 @@ run as an operator would, and what each says when it is used wrongly."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,20 @@ def test_a_command_used_wrongly_says_why_and_exits_2(ws: Path, capsys: pytest.Ca
         assert said in capsys.readouterr().err, args
     assert main(["--workspace", str(ws / "nowhere"), "memory", "status"]) == 2
     assert "no memory at" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_is_no_error(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sprite-os memory status | head -3`: the reader leaves before the command has printed all. The
+    command ends with its own status, and no BrokenPipeError traceback (it was exit 1, mid-report)."""
+    read, write = os.pipe()
+    os.close(read)
+    with open(write, "w", encoding="utf-8") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert run(ws, "status") == 0
+        assert run(ws, "history", "user.md") == 0
+        assert sys.stdout is closed  # put back
+        closed.write("nothing to read it\n")
+        closed.flush()  # went to /dev/null: the pipe's end is no longer this stream's
 
 
 def test_a_rebuild_after_one_cut_short_points_at_the_memory_db_from_before_both(

@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 from .. import __version__
 from ..config import Settings, load_settings
@@ -75,7 +77,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         if lead or not argv or argv[0].startswith("-"):
             argv = [*argv[:lead], "serve", *argv[lead:]]
     args = _parser().parse_args(argv)
-    return guarded(lambda: _run(args, settings_from(args)))
+    if args.command in ("serve", None, "chat"):  # a server, or a conversation: their output is theirs
+        return guarded(lambda: _run(args, settings_from(args)))
+    with readers_may_leave():
+        return guarded(lambda: _run(args, settings_from(args)))
+
+
+class _ReaderMayLeave:
+    """A stream whose reader may go away (`sprite-os memory status | head -3`): from then on what is
+    written goes to /dev/null, so the command goes on to its end and exits with its own status, with no
+    BrokenPipeError traceback (an import or a rebuild is not cut short by the pipe it reports to)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def readers_may_leave() -> Iterator[None]:
+    """stdout and stderr as `_ReaderMayLeave`s for the block, flushed at its end (so the exit's own
+    flush finds nothing to write to a reader that left)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
 
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:

@@ -67,15 +67,9 @@ LACKS = "the databases may lack its last turns until the next start completes th
 
 
 def _write(stream: Any, text: str) -> None:
-    """Print `text`; a reader that went away (`service status | head -1`) is no error: the rest
-    of the output goes to /dev/null, so neither this nor the exit's flush raises a traceback."""
-    try:
-        print(text, file=stream, flush=True)
-    except BrokenPipeError:
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-            os.close(devnull)
+    """Print `text` at once (a reader that went away, `service status | head -1`, is no error: the
+    command line's readers_may_leave sends the rest to /dev/null)."""
+    print(text, file=stream, flush=True)
 
 
 def say(line: str) -> None:
