@@ -183,10 +183,16 @@ def point(p: Paths, link: Path, target: str) -> None:
 
 
 def remove(path: Path) -> None:
+    """Remove a file, link or folder. A folder is first renamed out of its name (`<name>.removing-<random>`,
+    beside it): a removal cut short (a deploy killed in its gc, a power loss) never leaves a half-removed
+    release or venv, its `.complete` still there, under the name a later deploy would reuse as it is. The
+    next deploy's gc removes what is left."""
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
-        shutil.rmtree(path)
+        doomed = path.with_name(f"{path.name}.removing-{secrets.token_hex(4)}")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed)
 
 
 # ---------------------------------------------------------------- the release's facts

@@ -282,6 +282,34 @@ def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp
 # ---------------------------------------------------------------- killed deploys
 
 
+def test_a_removal_cut_short_leaves_nothing_a_later_deploy_would_reuse(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy killed while its gc removes an old release (or venv) left it half-removed under its
+    name, `.complete` and all: a later deploy of that version took it as staged (a venv as built),
+    and ran, or switched to, what was left of it. The folder leaves its name before it is emptied."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.use(deploy.load_contract(REPO / "os_src"))
+    old = p.releases / "0.9.0"
+    (old / "src").mkdir(parents=True)
+    (old / "src" / "server.py").write_text("")
+    (old / ".complete").write_text("0.9.0\n")
+    p.venvs.mkdir()
+
+    def killed(path: Path, *_: Any, **__: Any) -> None:  # some files gone, then the kill
+        (Path(path) / "src" / "server.py").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploy.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        deploy.collect_garbage(p)
+    monkeypatch.undo()
+    assert not old.exists() and not deploy.is_complete_release(old)  # staged afresh by the next deploy
+    [left] = p.releases.iterdir()
+    assert left.name.startswith("0.9.0.removing-")
+    assert deploy.collect_garbage(p)[0] == [left.name] and list(p.releases.iterdir()) == []
+
+
 def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_path: Path,
                                                            service_env: dict[str, str]) -> None:
     ws = tmp_path / "ws"
