@@ -195,6 +195,20 @@ def remove(path: Path) -> None:
         shutil.rmtree(doomed)
 
 
+@contextlib.contextmanager
+def removed_on_failure(folder: Path) -> Iterator[None]:
+    """What the block makes in `folder` (a release or venv being staged, never yet named by anything)
+    is removed if it fails: a deploy that ran out of disk copying a venv left its hundreds of MB
+    behind, and the serving version a full disk until the next deploy. (A kill leaves it: the next
+    deploy removes it.)"""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove(folder)
+        raise
+
+
 # ---------------------------------------------------------------- the release's facts
 
 
@@ -413,19 +427,20 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
         return final, load_contract(final / "src")
     partial = p.releases / f"{version}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
-    source.stage(partial)
-    got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
-    if got != version:
-        raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
-    check_manifest(partial, version)
-    contract = load_contract(partial / "src")
-    for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock", *template_names(contract)):
-        if not (partial / needed).is_file():
-            raise DeployError(f"release {version} is incomplete: no {needed}")
-    (partial / "lib").mkdir()
-    os.symlink("../src", partial / "lib" / "sprite_os")
-    os.symlink(f"../../venvs/{lock_hash((partial / 'requirements.lock').read_bytes())}", partial / "venv")
-    contract.atomic_write(partial / ".complete", f"{version}\n".encode(), 0o644)
+    with removed_on_failure(partial):
+        source.stage(partial)
+        got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
+        if got != version:
+            raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
+        check_manifest(partial, version)
+        contract = load_contract(partial / "src")
+        for needed in ("src/__init__.py", "src/__main__.py", "requirements.lock", *template_names(contract)):
+            if not (partial / needed).is_file():
+                raise DeployError(f"release {version} is incomplete: no {needed}")
+        (partial / "lib").mkdir()
+        os.symlink("../src", partial / "lib" / "sprite_os")
+        os.symlink(f"../../venvs/{lock_hash((partial / 'requirements.lock').read_bytes())}", partial / "venv")
+        contract.atomic_write(partial / ".complete", f"{version}\n".encode(), 0o644)
     if final.exists() or final.is_symlink():
         if release_name(p.current) == version:
             # Re-staging the live release (--force): point `current` at the staged copy while the
@@ -517,15 +532,16 @@ def ensure_venv(p: Paths, release: Path, contract: types.ModuleType, wheelhouse:
     else:
         remove(venv)
     dest = p.venvs / f"{h}.partial-{secrets.token_hex(4)}" if replace or from_cache else venv
-    if from_cache:
-        assert cached is not None
-        how = copy_cached_venv(cached, dest, link)
-    else:
-        if cached:
-            out.log(f"venv cache {cached} is not a complete python {want} venv; building")
-        how = build_venv(release, dest, wheelhouse)
-    write_pth(dest, p, contract)
-    contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
+    with removed_on_failure(dest):
+        if from_cache:
+            assert cached is not None
+            how = copy_cached_venv(cached, dest, link)
+        else:
+            if cached:
+                out.log(f"venv cache {cached} is not a complete python {want} venv; building")
+            how = build_venv(release, dest, wheelhouse)
+        write_pth(dest, p, contract)
+        contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
     if dest != venv:
         swap_in(p, dest, venv)
     return h, how

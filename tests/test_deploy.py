@@ -310,6 +310,35 @@ def test_a_removal_cut_short_leaves_nothing_a_later_deploy_would_reuse(tmp_path:
     assert deploy.collect_garbage(p)[0] == [left.name] and list(p.releases.iterdir()) == []
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_venv_that_fails_half_made_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
+    """A deploy that ran out of disk copying the cached venv (or whose pip install failed) left the
+    half-made venv behind: a full disk for the version still serving, until the next deploy."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.use(deploy.load_contract(REPO / "os_src"))
+    release = p.releases / "0.9.0"
+    release.mkdir(parents=True)
+    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    cache = tmp_path / "cache"
+    if cached:
+        (cache / lock_hash() / "bin").mkdir(parents=True)
+        (cache / lock_hash() / ".complete").write_text("built\n")
+        os.symlink(sys.executable, cache / lock_hash() / "bin" / "python")
+        (cache / lock_hash() / "pyvenv.cfg").write_text(f"version = {deploy.deploying_python()}.0\n")
+
+    def no_room(cmd: list[str], what: str, **_: Any) -> None:  # cp -a, or python -m venv + pip: half made
+        target = Path(cmd[-1])  # what the command makes
+        (target / "lib").mkdir(parents=True, exist_ok=True)
+        (target / "lib" / "half-written").write_bytes(b"x" * 1000)
+        raise deploy.DeployError(f"{what} failed (exit 1): No space left on device")
+
+    monkeypatch.setattr(deploy, "run", no_room)
+    with pytest.raises(deploy.DeployError, match="No space left on device"):
+        deploy.ensure_venv(p, release, deploy.load_contract(REPO / "os_src"), None, cache if cached else None)
+    assert list(p.venvs.iterdir()) == []
+
+
 def test_killed_deploy_leaves_the_previous_version_serving(venv: VenvCache, tmp_path: Path,
                                                            service_env: dict[str, str]) -> None:
     ws = tmp_path / "ws"
@@ -520,6 +549,7 @@ def test_a_release_that_does_not_match_its_manifest_is_refused_at_staging(tmp_pa
         assert done.returncode == 1 and done.stderr.count("\n") == 1, (case, done.stdout + done.stderr)
         assert said in done.stderr and "step=venv" not in done.stdout, (case, done.stdout + done.stderr)
         assert not (ws / ".os" / "current").exists() and not list((ws / ".os" / "venvs").iterdir())
+        assert list((ws / ".os" / "releases").iterdir()) == []  # the refused copy removed
     # What build_release packs, and what a checkout's deploy stages, match their manifests.
     deploy = load_script("deploy")
     for source in (deploy.Tarball(tarball), deploy.Checkout(REPO)):
