@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -428,6 +430,38 @@ def test_start_failure_reports_the_log(ws: Path, env: dict[str, str], monkeypatc
     assert "the server exited with status 3 while starting" in err
     assert "Traceback: the server could not bind" in err
     assert not settings.layout.pid_file.exists()
+
+
+def test_a_start_that_cannot_write_its_pid_file_stops_the_server_it_started(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A full (or read-only) .os/state refuses the pid file: the start ended in a traceback, and the
+    server it had spawned ran on where `service status` said `not running` and `service stop` could
+    not reach it."""
+    settings = load_settings(env)
+    started: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real_popen(["sleep", "300"], **{k: v for k, v in kwargs.items() if k != "env"})
+        started.append(proc.pid)
+        return proc
+
+    def no_room(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(svc.subprocess, "Popen", popen)
+    monkeypatch.setattr(svc, "atomic_write", no_room)
+    monkeypatch.setattr(os, "environ", {**base_env(), **env})
+    try:
+        code = svc.service_main(settings, "start")
+    finally:
+        leaked = [pid for pid in started if svc.alive(pid)]
+        for pid in leaked:  # what the test made, whatever the command did
+            os.kill(pid, signal.SIGKILL)
+    assert code == 1 and leaked == [], "the server it spawned was left running"
+    err = capsys.readouterr().err
+    assert f"cannot write the pid file {settings.layout.pid_file} (No space left on device;" in err, err
+    assert "so it was stopped" in err and len(started) == 1
 
 
 def fake_server(path: Path, script: str) -> str:

@@ -261,7 +261,18 @@ class Service:
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 cwd=self.layout.root, start_new_session=True, close_fds=True,
             )
-        self._write_pid_file(proc.pid)
+        try:
+            self._write_pid_file(proc.pid)
+        except OSError as exc:  # a full or read-only .os/state: a server no command could find or stop
+            self._terminate(proc.pid, grace=STOP_TIMEOUT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+            room = ""
+            with contextlib.suppress(OSError):
+                room = f"; {free_bytes(self.layout.state_dir):,} bytes free on its disk"
+            fail(f"cannot write the pid file {self.layout.pid_file} ({exc.strerror or exc}{room}): "
+                 "without it no command could find or stop the server, so it was stopped")
+            return EXIT_FAILED
         deadline = started + START_TIMEOUT
         while time.monotonic() < deadline:
             code = proc.poll()
