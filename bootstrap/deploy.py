@@ -336,6 +336,10 @@ class Checkout:
         """The facts the release will be staged with (its staged copy's are loaded again)."""
         return load_contract(self.path / "os_src")
 
+    def manifest(self) -> bytes:
+        """The MANIFEST a deploy of it stages (the sha256 of each of its files)."""
+        return manifest(release_entries(self.path))
+
     def stage(self, into: Path) -> None:
         entries = release_entries(self.path)
         for name, path in entries:
@@ -371,6 +375,23 @@ class Tarball:
             except (OSError, tarfile.TarError, EOFError) as exc:
                 raise DeployError(f"cannot read release {self.path}: {exc}") from None
         raise DeployError(f"release {self.path} has no VERSION file")
+
+    def manifest(self) -> bytes | None:
+        """Its MANIFEST, the member right after VERSION (only the tarball's first blocks are read),
+        or None when it has none there."""
+        with self._open() as tf:
+            try:
+                for count, member in enumerate(tf):
+                    parts = Path(member.name).parts
+                    if member.isfile() and parts[-1:] == (MANIFEST,) and len(parts) <= 2:
+                        f = tf.extractfile(member)
+                        assert f is not None
+                        return f.read()
+                    if count >= 2:
+                        return None
+            except (OSError, tarfile.TarError, EOFError) as exc:
+                raise DeployError(f"cannot read release {self.path}: {exc}") from None
+        return None
 
     def contract(self) -> types.ModuleType:
         """The facts the release will be staged with, read from the tarball into memory (where the
@@ -814,7 +835,7 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
     source: Checkout | Tarball = Tarball(Path(args.release)) if args.release else Checkout(Path(args.from_checkout))
     version = source.version()
     if not args.force and already_at(p, version):
-        return stay_at(args, p, version)
+        return stay_at(args, p, version, source)
     p.use(source.contract())
     prepare(p)
     out.open_log(p.shared.logs_dir / "deploy.log")
@@ -879,10 +900,18 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
     return 0
 
 
-def stay_at(args: argparse.Namespace, p: Paths, version: str) -> int:
+def stay_at(args: argparse.Namespace, p: Paths, version: str, source: Checkout | Tarball) -> int:
     """`version` is current and complete: nothing to do but install a new token, and restart a
     running server for it. The token is judged by the rule of that release, which is staged and
-    serving; the source (a tarball) is not opened."""
+    serving. Of the source only its MANIFEST is read (a tarball's first blocks): a release rebuilt
+    under the same version is refused, not said to be deployed while the old one serves."""
+    try:
+        deployed = (p.current / MANIFEST).read_bytes()
+    except OSError:
+        deployed = None  # staged before releases had one: nothing to compare
+    if deployed is not None and source.manifest() not in (None, deployed):
+        raise DeployError(f"this release of {version} is not the {version} deployed (its {MANIFEST} differs): "
+                          "a rebuilt release needs a new VERSION, or deploy it with --force")
     contract = load_contract(p.current / "src")
     p.use(contract)
     changed = bool(args.token_file) and install_token(p, Path(args.token_file), contract)

@@ -187,6 +187,41 @@ def test_release_tarball_deploys_and_same_version_is_a_noop(venv: VenvCache, tmp
     # How long it takes (well under a second) is measured by `make bench`, not timed here.
 
 
+def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deployed(tmp_path: Path) -> None:
+    """The no-op path compares MANIFESTs: a tarball rebuilt with other content under the version
+    deployed said `already at V` (exit 0) while the old code went on serving. The same release again
+    is still the no-op; a checkout is compared as it would be staged. No pip: the venv is a stand-in."""
+    deploy = load_script("deploy")
+    build = load_script("build_release")
+    tarball = build.build(REPO, tmp_path / "dist")
+    ws = tmp_path / "ws"
+    p = deploy.Paths(ws)
+    release = p.releases / VERSION
+    release.mkdir(parents=True)
+    deploy.Tarball(tarball).stage(release)  # as a deploy of it staged it
+    venv = p.venvs / lock_hash()
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text(f"version = {deploy.deploying_python()}.0\n")
+    (venv / ".complete").write_text("built\n")
+    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    (release / ".complete").write_text(f"{VERSION}\n")
+    os.symlink(f"releases/{VERSION}", p.current)
+    os.symlink("current/VERSION", p.version)
+
+    assert deploy.main(["--workspace", str(ws), "--release", str(tarball)]) == 0  # the same: nothing to do
+    assert deploy.main(["--workspace", str(ws), "--from-checkout", str(REPO)]) == 0
+    rebuilt = make_checkout(tmp_path, VERSION)
+    with (rebuilt / "os_src" / "server.py").open("a") as f:
+        f.write("# a fix, built again under the same version\n")
+    other = build.build(rebuilt, tmp_path / "dist2")
+    for source in (["--release", str(other)], ["--from-checkout", str(rebuilt)]):
+        done = run_deploy(ws, *source)
+        assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+        assert f"this release of {VERSION} is not the {VERSION} deployed (its MANIFEST differs)" in done.stderr
+    assert os.readlink(p.current) == f"releases/{VERSION}"
+
+
 def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path) -> None:
     """After a system python upgrade the venv's bin/python dangles: not "already at", and the
     venv is rebuilt (beside it, then renamed over); likewise for a venv of another python version."""
