@@ -936,6 +936,11 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
         current, previous = release_name(p.current), release_name(p.previous)
         if not previous or previous == current or not is_complete_release(p.releases / previous):
             raise DeployError(f"no previous release to roll back to in {p.releases}")
+        if not venv_usable(p.releases / previous / "venv", deploying_python()):
+            # Switched to, it could not run, not even the command that restarts it.
+            raise DeployError(f"the previous release {previous} cannot run: its venv's python is gone or not "
+                              f"{deploying_python()} (the system python changed); deploy its tarball again, "
+                              "which rebuilds the venv")
         out.say(f"deploy: rollback from={current} to={previous}")
         os.sync()
         if current:

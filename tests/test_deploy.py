@@ -187,6 +187,14 @@ def test_release_tarball_deploys_and_same_version_is_a_noop(venv: VenvCache, tmp
     # How long it takes (well under a second) is measured by `make bench`, not timed here.
 
 
+def stand_in_venv(venv: Path, python: str) -> None:
+    """A complete venv as far as a deploy looks (`.complete`, `bin/python`, `pyvenv.cfg`), with no pip."""
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(python, venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text(f"version = {'.'.join(map(str, sys.version_info[:2]))}.0\n")
+    (venv / ".complete").write_text("built\n")
+
+
 def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deployed(tmp_path: Path) -> None:
     """The no-op path compares MANIFESTs: a tarball rebuilt with other content under the version
     deployed said `already at V` (exit 0) while the old code went on serving. The same release again
@@ -199,11 +207,7 @@ def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deploy
     release = p.releases / VERSION
     release.mkdir(parents=True)
     deploy.Tarball(tarball).stage(release)  # as a deploy of it staged it
-    venv = p.venvs / lock_hash()
-    (venv / "bin").mkdir(parents=True)
-    os.symlink(sys.executable, venv / "bin" / "python")
-    (venv / "pyvenv.cfg").write_text(f"version = {deploy.deploying_python()}.0\n")
-    (venv / ".complete").write_text("built\n")
+    stand_in_venv(p.venvs / lock_hash(), sys.executable)
     os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
     (release / ".complete").write_text(f"{VERSION}\n")
     os.symlink(f"releases/{VERSION}", p.current)
@@ -220,6 +224,33 @@ def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deploy
         assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
         assert f"this release of {VERSION} is not the {VERSION} deployed (its MANIFEST differs)" in done.stderr
     assert os.readlink(p.current) == f"releases/{VERSION}"
+
+
+def test_a_rollback_to_a_release_that_cannot_run_is_refused(tmp_path: Path) -> None:
+    """The previous release's venv died with the system python it was built on: the rollback switched
+    to it all the same, warned that its templates could not be restored, and said done (exit 0) with
+    a current release that could not start, nor even run the `sprite-os` that would restart it."""
+    deploy = load_script("deploy")
+    ws = tmp_path / "ws"
+    p = deploy.Paths(ws)
+    now = p.releases / "2.0.0"
+    now.mkdir(parents=True)
+    deploy.Checkout(REPO).stage(now)  # its deploy.py and facts run the rollback
+    stand_in_venv(p.venvs / "now", sys.executable)
+    os.symlink("../../venvs/now", now / "venv")
+    before = p.releases / "1.0.0"
+    before.mkdir()
+    stand_in_venv(p.venvs / "before", str(tmp_path / "python3.10-removed-by-an-upgrade"))
+    os.symlink("../../venvs/before", before / "venv")
+    for release in (now, before):
+        (release / ".complete").write_text("\n")
+    os.symlink("releases/2.0.0", p.current)
+    os.symlink("releases/1.0.0", p.previous)
+
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the previous release 1.0.0 cannot run: its venv's python is gone" in done.stderr, done.stderr
+    assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/2.0.0", "releases/1.0.0")
 
 
 def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path) -> None:
