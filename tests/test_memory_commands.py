@@ -76,6 +76,19 @@ def test_a_reader_that_goes_away_is_no_error(ws: Path, monkeypatch: pytest.Monke
         closed.flush()  # went to /dev/null: the pipe's end is no longer this stream's
 
 
+def test_a_database_that_cannot_be_read_is_one_line_not_a_traceback(ws: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """memory status, search and recall on a database they can't open (here a file that is not one;
+    a disk gone read-only fails the same way) said it with a traceback."""
+    layout = Layout(ws)
+    layout.memory_db.write_bytes(b"not a database, " * 100)
+    for args in (("status",), ("search", "Dana"), ("recall", "Where do I live?")):
+        assert run(ws, *args) == 1, args
+        err = capsys.readouterr().err.splitlines()  # a search says first that it has no recall index
+        assert err[-1].startswith(f"sprite-os: error: cannot read the memory databases in {layout.memory_dir}: "), err
+        assert not any("Traceback" in line for line in err), err
+
+
 def test_a_rebuild_after_one_cut_short_points_at_the_memory_db_from_before_both(
         ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """It said "the previous memory.db is kept at" the half-made one the cut rebuild left, where an

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,19 +81,33 @@ def memory_main(args: argparse.Namespace, settings: Settings) -> int:
     command = args.memory_command
     if command in ("history", "show", "rollback") and args.file not in SPECS:
         raise UsageError(f"unknown memory file {args.file!r}; choose one of {', '.join(SPECS)}")
-    if command == "status":
-        return _status(args, settings)
-    if command == "search":
-        from .memory_search import search_main
-
-        return search_main(settings, args.query, args.limit, args.json, args.lexical)
-    if command == "recall":
-        from .memory_search import recall_main
-
-        return recall_main(settings, args.message, args.json, args.lexical, args.session)
+    if command in ("status", "search", "recall"):
+        return _reading(args, settings)
     if command == "rebuild":
         return _rebuild(args, settings)
     return _files(args, settings)
+
+
+def _reading(args: argparse.Namespace, settings: Settings) -> int:
+    """status, search, recall: what the databases hold. One they can't open or read (a disk gone
+    read-only, a file that is not a database) is one line naming the folder, exit 1, not a traceback."""
+    import sqlite3
+
+    try:
+        if args.memory_command == "status":
+            return _status(args, settings)
+        if args.memory_command == "search":
+            from .memory_search import search_main
+
+            return search_main(settings, args.query, args.limit, args.json, args.lexical)
+        from .memory_search import recall_main
+
+        return recall_main(settings, args.message, args.json, args.lexical, args.session)
+    except sqlite3.Error as exc:
+        folder = settings.layout.memory_dir
+        hint = "" if os.access(folder, os.W_OK) else ("; its folder can't be written (a read-only disk?), which "
+                                                      "opening them in write-ahead mode needs")
+        raise SpriteOSError(f"cannot read the memory databases in {folder}: {exc}{hint}") from None
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
