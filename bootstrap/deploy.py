@@ -889,7 +889,11 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
                     point(p, p.previous, f"releases/{old_previous}")
                 out.say(f"deploy: {version} did not start; rolling back to {previous}")
                 restore_templates(p, previous)
-                restart_service(p)
+                try:
+                    restart_service(p)
+                except DeployError as again:  # the service is down: say both, and what is current
+                    raise DeployError(f"{exc}; rolled back to {previous}, which did not start either "
+                                      f"({again}): nothing is serving") from None
                 raise DeployError(f"{exc}; rolled back to {previous}") from None
 
         step("gc", version)

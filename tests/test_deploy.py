@@ -689,6 +689,39 @@ def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(t
     assert str(failed.value) == "creating the venv failed (exit 3): two"
 
 
+def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new version did not start, and the previous one, switched back to, did not either (the
+    port taken meanwhile, a full disk): the deploy said only the second restart's failure, not that
+    it had rolled back, nor that nothing was serving. The steps before the restart are stand-ins."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    os.symlink("releases/1.0.0", p.current)
+    contract = deploy.load_contract(REPO / "os_src")
+    restarts = iter(["sprite-os: error: the server did not start: ModuleNotFoundError: x",
+                     "sprite-os: error: port 8765 on 127.0.0.1 is already in use"])
+
+    def restart(_: Any) -> None:
+        raise deploy.DeployError(f"service restart failed (exit 1): {next(restarts)}")
+
+    for name, stand_in in {"stage_release": lambda *_: (p.releases / "2.0.0", contract),
+                           "agent_user": lambda *_: None, "ensure_venv": lambda *_: ("h", "reused"),
+                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                           "restore_templates": lambda *_: None, "ensure_links": lambda *_: None,
+                           "isolate": lambda *_: None, "server_pid": lambda _: 4242,
+                           "restart_service": restart}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    with pytest.raises(deploy.DeployError) as failed:
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(REPO)]), p)
+    assert str(failed.value) == (
+        "service restart failed (exit 1): sprite-os: error: the server did not start: ModuleNotFoundError: x; "
+        "rolled back to 1.0.0, which did not start either (service restart failed (exit 1): sprite-os: error: "
+        "port 8765 on 127.0.0.1 is already in use): nothing is serving")
+    assert os.readlink(p.current) == "releases/1.0.0"
+
+
 def test_deploy_script_is_stdlib_only() -> None:
     """The first deploy of the suite runs deploy.py under `python3 -I -S`; here: it imports nothing else."""
     done = subprocess.run([sys.executable, "-I", "-S", "-c",
