@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from devkit import faults
 from devkit.deploy_support import base_env, healthz, processes_in_session
 from devkit.processes import free_port
+from sprite_os import procfs
 from sprite_os.commands import service as svc
 from sprite_os.config import load_settings
 from sprite_os.errors import ConfigError
@@ -462,6 +465,70 @@ def test_a_start_that_cannot_write_its_pid_file_stops_the_server_it_started(
     err = capsys.readouterr().err
     assert f"cannot write the pid file {settings.layout.pid_file} (No space left on device;" in err, err
     assert "so it was stopped" in err and len(started) == 1
+
+
+# A stand-in server: answers /healthz with its pid on SPRITE_OS_PORT; the port taken, it exits as a
+# server that lost the workspace to another does (status 2, its error line).
+STAND_IN_SERVER = """
+import http.server, json, os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok", "version": "stand-in", "pid": os.getpid()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *_):
+        pass
+try:
+    server = http.server.HTTPServer(("127.0.0.1", int(os.environ["SPRITE_OS_PORT"])), Health)
+except OSError:
+    print("sprite-os: error: another server holds this workspace", file=sys.stderr, flush=True)
+    sys.exit(2)
+server.serve_forever()
+"""
+
+
+def test_two_starts_at_once_start_one_server_and_both_say_so(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both starts read `not running` before either wrote its pid file: each spawned a server, the
+    loser died, and its start took the winner's /healthz for its own (`started pid <dead>`, exit 0),
+    or removed the winner's pid file as it reported its own failure."""
+    settings = load_settings(env)
+    stand_in = ws.parent / "stand-in.py"
+    stand_in.write_text(STAND_IN_SERVER)
+    server = fake_server(ws.parent / "server", f'exec {sys.executable} {stand_in} "$@"')  # its argv names sprite_os
+    monkeypatch.setattr(svc.Service, "python", staticmethod(lambda: server))
+    monkeypatch.setattr(os, "environ", {**base_env(), **env})
+    both_read = threading.Barrier(2)
+    real_read = svc.Service.read_pid
+
+    def read_pid(self: svc.Service) -> svc.PidState:
+        state = real_read(self)
+        with contextlib.suppress(threading.BrokenBarrierError):  # one start at a time: the other never comes
+            both_read.wait(timeout=3)
+        return state
+
+    monkeypatch.setattr(svc.Service, "read_pid", read_pid)
+    codes: list[int] = []
+    starts = [threading.Thread(target=lambda: codes.append(svc.service_main(settings, "start"))) for _ in range(2)]
+    try:
+        for start in starts:
+            start.start()
+        for start in starts:
+            start.join(timeout=60)
+        out = capsys.readouterr().out
+        pid = int(settings.layout.pid_file.read_text())
+        assert svc.alive(pid), out
+        assert codes == [0, 0] and out.count("sprite-os: started pid") == 1, out
+        assert f"started pid {pid}," in out and f"already running (pid {pid})" in out, out
+    finally:
+        monkeypatch.setattr(svc.Service, "read_pid", real_read)
+        svc.service_main(settings, "stop")
+        for proc in procfs.pids():  # any stand-in the old code left without a pid file
+            if str(stand_in).encode() in (procfs.cmdline(proc) or b""):
+                os.kill(proc, signal.SIGKILL)
 
 
 def fake_server(path: Path, script: str) -> str:

@@ -232,6 +232,16 @@ class Service:
     # -- actions
 
     def start(self) -> int:
+        """One start at a time: two at once each spawned a server; the one that lost the workspace's
+        lock died while its start took the winner's /healthz for its own and said `started` with its
+        dead pid, which the last pid file written could name (the live server then out of every
+        command's reach). The second now waits, then finds the first's server running."""
+        if not self.layout.state_dir.is_dir():
+            self.layout.ensure()
+        with held(self.layout.pid_file.with_name(self.layout.pid_file.name + ".start-lock")):
+            return self._start()
+
+    def _start(self) -> int:
         state = self.read_pid()
         if state.running:
             say(f"already running (pid {state.pid})")
@@ -277,14 +287,14 @@ class Service:
         while time.monotonic() < deadline:
             code = proc.poll()
             if code is not None:
-                self._remove_pid_file()
+                self._remove_pid_file(proc.pid)
                 reason = self._server_error(out_start)
                 why = (f"{reason} (exited with status {code})" if reason
                        else f"the server exited with status {code} while starting")
                 self._report_failure(why, child)
                 return EXIT_FAILED
             health = self.health(child, timeout=1.0)
-            if health is not None:
+            if health is not None and health.get("pid", proc.pid) == proc.pid:  # not another server on the port
                 self.env.remember(env)  # only settings that started a server are worth remembering
                 probed = f" (probed at {probe})" if probe != listen else ""
                 say(f"started pid {proc.pid}, version {health.get('version')}, status {health.get('status')}, "
@@ -295,7 +305,7 @@ class Service:
         self._terminate(proc.pid, grace=5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1)
-        self._remove_pid_file()
+        self._remove_pid_file(proc.pid)
         self._report_failure(f"/healthz did not answer within {START_TIMEOUT:.0f}s; stopped it", child)
         return EXIT_FAILED
 
