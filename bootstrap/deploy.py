@@ -38,6 +38,7 @@ import re
 import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -450,6 +451,7 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     partial.mkdir(parents=True)
     with removed_on_failure(partial):
         source.stage(partial)
+        normalize_modes(partial)
         got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
         if got != version:
             raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
@@ -475,6 +477,20 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     os.rename(partial, final)
     p.sync_dir(p.releases)
     return final, contract
+
+
+def normalize_modes(tree: Path) -> None:
+    """Folders 0755, files 0644, or 0755 when their owner may run them: what build_release.py packs.
+    A release's own modes are not trusted: a world-writable file under .os (which the agent's user may
+    pass through) would let that user change the server's code. tarfile's data filter clears group and
+    other write bits, but Pythons before 3.11.4 have none, and a checkout's copy keeps its modes."""
+    for folder, _dirs, files in os.walk(tree):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                os.chmod(path, 0o755 if st.st_mode & 0o100 else 0o644)
 
 
 def python_version_of_venv(venv: Path) -> str | None:
