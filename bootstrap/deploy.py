@@ -480,17 +480,20 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
 
 
 def normalize_modes(tree: Path) -> None:
-    """Folders 0755, files 0644, or 0755 when their owner may run them: what build_release.py packs.
-    A release's own modes are not trusted: a world-writable file under .os (which the agent's user may
-    pass through) would let that user change the server's code. tarfile's data filter clears group and
-    other write bits, but Pythons before 3.11.4 have none, and a checkout's copy keeps its modes."""
+    """Folders 0755, files 0644, or 0755 when their owner may run them, all the deploying user's: what
+    build_release.py packs. A release's own modes and owners are not trusted: a file under .os (which
+    the agent's user may pass through) that is world-writable, or some user's, would let that user
+    change the code root runs. tarfile's data filter clears group and other write bits and the owners,
+    but Pythons before 3.11.4 have none, and a checkout's copy keeps its modes."""
+    uid, gid = os.geteuid(), os.getegid()
     for folder, _dirs, files in os.walk(tree):
-        os.chmod(folder, 0o755)
-        for name in files:
-            path = os.path.join(folder, name)
+        for path in (folder, *(os.path.join(folder, name) for name in files)):
             st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode):
-                os.chmod(path, 0o755 if st.st_mode & 0o100 else 0o644)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.chown(path, uid, gid)
+            os.chmod(path, 0o755 if stat.S_ISDIR(st.st_mode) or st.st_mode & 0o100 else 0o644)
 
 
 def python_version_of_venv(venv: Path) -> str | None:

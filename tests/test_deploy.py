@@ -579,15 +579,16 @@ def test_bad_input_gets_one_clear_line(venv: VenvCache, tmp_path: Path) -> None:
 
 
 def repacked(tarball: Path, target: Path, *, drop: str = "", add: str = "", damage: str = "",
-             modes: dict[str, int] | None = None) -> Path:
+             modes: dict[str, int] | None = None, owners: dict[str, int] | None = None) -> Path:
     """`tarball` packed again: without the member `drop`, with a file `add`, with `damage`'s last byte
-    changed, with the `modes` given."""
+    changed, with the `modes` and owners (uid and gid) given."""
     with tarfile.open(tarball) as tin, tarfile.open(target, "w:gz") as tout:
         for member in tin.getmembers():
             data = tin.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
             if member.name == drop:
                 continue
             member.mode = (modes or {}).get(member.name, member.mode)
+            member.uid = member.gid = (owners or {}).get(member.name, member.uid)
             if member.name == damage and data:
                 data = data[:-1] + bytes([data[-1] ^ 1])
             tout.addfile(member, io.BytesIO(data) if data is not None else None)
@@ -630,12 +631,13 @@ def test_a_release_that_does_not_match_its_manifest_is_refused_at_staging(tmp_pa
 
 
 def test_a_releases_own_modes_are_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tarball whose files are world-writable or setuid: on a Python without tarfile's data filter
-    (before 3.11.4) they were staged so, and a world-writable server.py under .os (which the agent's
-    user may pass through) is the agent's way to change the code root runs."""
+    """A tarball whose files are world-writable, setuid or some user's: on a Python without tarfile's
+    data filter (before 3.11.4) they were staged so, and a world-writable (or uid 1000's) server.py
+    under .os, which the agent's user may pass through, is a way to change the code root runs."""
     tarball = load_script("build_release").build(REPO, tmp_path / "dist")
     bad = repacked(tarball, tmp_path / "modes.tar.gz",
-                   modes={"src": 0o777, "src/server.py": 0o666, "src/config.py": 0o4777, "src/paths.py": 0o000})
+                   modes={"src": 0o777, "src/server.py": 0o666, "src/config.py": 0o4777, "src/paths.py": 0o000},
+                   owners={"src/runtime.py": 1000})
     monkeypatch.delattr(tarfile, "data_filter", raising=False)  # a Python before 3.11.4
     deploy = load_script("deploy")
     p = deploy.Paths(tmp_path / "ws")
@@ -649,7 +651,8 @@ def test_a_releases_own_modes_are_not_trusted(tmp_path: Path, monkeypatch: pytes
     for folder, dirs, files in os.walk(release):
         for name in dirs + files:
             path = Path(folder, name)
-            assert path.is_symlink() or path.lstat().st_mode & 0o7022 == 0, path  # no one else writes; no setuid
+            if not path.is_symlink():  # no one else writes; no setuid; the deploying user's
+                assert path.lstat().st_mode & 0o7022 == 0 and path.lstat().st_uid == os.geteuid(), path
 
 
 def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
