@@ -451,7 +451,7 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     partial.mkdir(parents=True)
     with removed_on_failure(partial):
         source.stage(partial)
-        normalize_modes(partial)
+        give_packed_modes(partial)
         got = (partial / "VERSION").read_text().strip() if (partial / "VERSION").is_file() else None
         if got != version:
             raise DeployError(f"release content has VERSION {got!r}, expected {version!r}")
@@ -479,7 +479,7 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     return final, contract
 
 
-def normalize_modes(tree: Path) -> None:
+def give_packed_modes(tree: Path) -> None:
     """Folders 0755, files 0644, or 0755 when their owner may run them, all the deploying user's: what
     build_release.py packs. A release's own modes and owners are not trusted: a file under .os (which
     the agent's user may pass through) that is world-writable, or some user's, would let that user
