@@ -1595,6 +1595,7 @@ async def test_a_pass_that_kept_a_job_then_failed_counts_one_pass_kept(
     await wait_for(lambda: system.memory.call(lambda m: len(jobs(m)) == 2), timeout=30, what="both jobs kept")
     await wait_for(lambda: forgetting.status(time.monotonic())["kept_why"] == "check", timeout=30,
                    what="a pass kept them")
+    assert await forgetting.decided(60)  # a job still being decided is left alone by the pass below
     first = min(job.id for job in await system.memory.call(jobs))
 
     async def one_kept_one_broken(_self: object, job: Job) -> set[str]:
@@ -1603,7 +1604,62 @@ async def test_a_pass_that_kept_a_job_then_failed_counts_one_pass_kept(
         raise RuntimeError("a bug in the pass")
 
     monkeypatch.setattr(turns_module.TurnForgetting, "_settled", one_kept_one_broken)
-    # The daemon's own passes (its retry's timer) may run meanwhile on its task: only this task's asks count.
+    asks = _asks_for_the_pass(monkeypatch)
+    await forgetting.rewrite_files()
+    assert len(asks) == 1, f"one pass asked for the next {len(asks)} times"
+    assert forgetting.status(time.monotonic())["kept_why"] == "error"
+
+
+async def test_one_jobs_unexpected_failure_holds_back_that_job_alone(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that failed in a way it did not expect on one job (a bug, a database error) kept that job for a later
+    try, and held back every job after it too, until that try (up to 5 minutes later): their lines stayed in the
+    memory files meanwhile. Now only the failing job waits, said `error`, the pass asked for again once; the
+    others finish in the same pass."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.memory.forget import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))  # no try again in this test
+    ids = await seed(system, tmp_path)
+    real = turns_module.TurnForgetting._settled
+
+    async def broken_for_the_first(self: turns_module.TurnForgetting, job: Job) -> set[str]:
+        if ids[0] in job.observation_ids:
+            raise RuntimeError("a bug in the pass")
+        return await real(self, job)
+
+    monkeypatch.setattr(turns_module.TurnForgetting, "_settled", broken_for_the_first)
+    forgetting = system.forgetting
+    with capture_logs() as logs:
+        await system.forget_turns([ids[0]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_pass_failed" for e in logs), timeout=60,
+                       what="the first job kept")
+        await system.forget_turns([ids[1]], by="test")  # its job comes after the failing one
+        await wait_for(lambda: system.memory.call(lambda m: [j.observation_ids for j in jobs(m)] == [[ids[0]]]),
+                       timeout=30, what="the second job finished, in a pass that failed on the first")
+    assert "Lisbon" not in system.files.read("user.md")
+    assert forgetting.status(time.monotonic())["kept_why"] == "error"
+    # Two jobs failing in one pass: the pass is asked for again once, as for any pass that kept a job.
+    await system.forget_turns([ids[2]], by="test")
+    assert await forgetting.decided(60)
+    monkeypatch.setattr(turns_module.TurnForgetting, "_settled", _always_broken)
+    asks = _asks_for_the_pass(monkeypatch)
+    assert await forgetting.rewrite_files() == 0
+    assert len(asks) == 1, f"one pass asked for the next {len(asks)} times"
+
+    def unreadable(_db: object) -> list[Job]:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(turns_module, "jobs", unreadable)  # no job read at all: the pass fails as a whole
+    assert await forgetting.rewrite_files() == 0
+    assert len(asks) == 2 and forgetting.status(time.monotonic())["kept_why"] == "error"
+
+
+def _asks_for_the_pass(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The passes asked for again by this task from now (each the count of passes in a row that kept a job): the
+    daemon's own passes (its retry's timer) may run meanwhile on its task, and only this task's asks count."""
+    from sprite_os.memory.forget import turns as turns_module
+
     mine, asks = asyncio.current_task(), []
     ask = turns_module.TurnForgetting._try_again_later
 
@@ -1613,9 +1669,11 @@ async def test_a_pass_that_kept_a_job_then_failed_counts_one_pass_kept(
         return ask(self)
 
     monkeypatch.setattr(turns_module.TurnForgetting, "_try_again_later", counted)
-    await forgetting.rewrite_files()
-    assert len(asks) == 1, f"one pass asked for the next {len(asks)} times"
-    assert forgetting.status(time.monotonic())["kept_why"] == "error"
+    return asks
+
+
+async def _always_broken(_self: object, _job: object) -> set[str]:
+    raise RuntimeError("a bug in the pass")
 
 
 async def _waiting(forget_health: Callable[[], Awaitable[dict[str, object]]], count: int) -> bool:

@@ -20,7 +20,7 @@ older version and every batch's record (a note stands where they were), and out 
 (older memory.db copies kept by `memory rebuild`, the v1 data kept by `migrate-v1`), each of which
 keeps a note that a forget removed text. The deploy's files (soul.md, os.md) are never touched.
 It finishes a job only once every file and backup is rewritten (a disk error keeps the job for a pass
-asked for later, PASS_RETRY) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
+asked for later, PASS_RETRY; so does an error it did not expect, on that job alone: the others go on) and both databases' WALs are emptied (a reader may have kept one through the forget's checkpoint).
 Which lines came from a turn is decided after the forget answers, by a task of its own (the pass
 skips a job being decided and decides one left undecided; a new session's boot prompt waits for
 the current files' part alone, 10 s at most; a stop gives it the flush's budget, then cancels it): those most of whose words it said
@@ -249,26 +249,25 @@ class TurnForgetting(Deciding):
         records and the backups, then both databases' WALs emptied; only then is the job finished. A job
         stays for a later pass when `_left_alone` says so, when the check of its lines cannot be made, when
         the disk will not rewrite a file or a backup, while a reader keeps a WAL, or when the pass fails in a
-        way it did not expect: for those four, the pass is asked for again later (`_try_again_later`). Returns
-        the jobs done (0 from a pass that failed unexpectedly, whatever it finished before; the jobs after the
-        one it failed on wait for the next try)."""
-        passes = self._kept_passes
+        way it did not expect on that job (the jobs after it go on): for those four, the pass is asked for again
+        later (`_try_again_later`), once a pass. Returns the jobs done (0 from a pass that failed unexpectedly
+        outside any one job: reading the jobs)."""
         try:
             return await self._rewrite_files()
         except Exception as exc:
-            # A database error reading the jobs, or a bug: the pass's own failure, never the curator's (the daemon's
-            # run would count it a failed call, back curation off, and with a bug never curate again). Kept like the
-            # rest: tried again later, its reason in the forget status, and stuck past KEPT_STUCK. A pass that kept
-            # a job before it failed asked for the next already: one pass, counted once.
+            # A database error reading the jobs, or a bug outside any job: the pass's own failure, never the
+            # curator's (the daemon's run would count it a failed call, back curation off, and with a bug never
+            # curate again). Kept like the rest: tried again later, its reason in the forget status, and stuck past
+            # KEPT_STUCK. It comes before any job was looked at (a job's own failure is `_rewrite_files`'): this
+            # pass asked for no try yet.
             self._kept_why = KEPT_ERROR
-            retry = self._retry if self._kept_passes > passes else None
-            wait = (max(0.0, retry.when() - asyncio.get_running_loop().time()) if retry is not None
-                    else self._try_again_later())
-            log_expected(log, "forget_pass_failed", exc, next_try_s=round(wait, 1))
+            log_expected(log, "forget_pass_failed", exc, next_try_s=round(self._try_again_later(), 1))
             return 0
 
     async def _rewrite_files(self) -> int:
-        """`rewrite_files`' pass itself, whose unexpected failures go up to it."""
+        """`rewrite_files`' pass itself: each job in turn (`_pass_one`). A job it fails on in a way it did not
+        expect is kept for a later try (`error`), and the jobs after it go on; what fails outside a job (reading
+        the jobs) goes up to `rewrite_files`."""
         done, wait = 0, None  # wait: until the pass asked for again, once a job stayed for later
 
         def later(why: str) -> float:
@@ -283,44 +282,62 @@ class TurnForgetting(Deciding):
         seen: list[tuple[Job, str | None]] = []
         wal_kept = False
         for job in await self.memory.call(jobs):
-            seen.append((job, alone := await self._left_alone(job)))
-            if alone is not None:
+            try:
+                alone = await self._left_alone(job)
+            except Exception as exc:  # whether it is cut short is not known this time: what was counted stays
+                seen.append((job, NOT_KNOWN))
+                log_expected(log, "forget_pass_failed", exc, job=job.id, next_try_s=later(KEPT_ERROR))
                 continue
-            if wal_kept:
+            seen.append((job, alone))
+            if alone is not None or wal_kept:
                 continue
             try:
-                hashes = await self._settled(job)
-            except CheckFailed as exc:
-                log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
-                            lines_kept_for_now=len(job.line_hashes), next_try_s=later(KEPT_CHECK))
+                outcome = await self._pass_one(job, later)
+            except Exception as exc:
+                # A bug, or a database error, on this job: it stays (each step is idempotent) for the pass asked
+                # for later, and the jobs after it go on now.
+                log_expected(log, "forget_pass_failed", exc, job=job.id, next_try_s=later(KEPT_ERROR))
                 continue
-            note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
-            try:
-                changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
-                await self.memory.call(lambda m, h=hashes: strip_batches(m, h))  # type: ignore[misc]
-                backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
-                                                  hashes, note)
-            except (OSError, sqlite3.OperationalError) as exc:
-                # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
-                # step is idempotent) for a pass asked for later, and the other jobs go on.
-                log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later(KEPT_DISK))
-                continue
-            if not await self._wals_emptied():
-                # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
-                # the turns' words still.
-                next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
-                log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
-                wal_kept = True  # nor can any other job finish while it is kept
-                continue
-            await self.memory.call(lambda m, j=job: finish_job(m, j, len(j.observation_ids), self.clock()))  # type: ignore[misc]
-            self._decisions.pop(job.id, None)
-            log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
-            done += 1
+            if outcome is None:
+                done += 1
+            wal_kept = outcome == KEPT_READER  # nor can any other job finish while it is kept
         # A NOT_KNOWN job leaves what /healthz says of the ones kept as it was (it said ok while a forget took
         # words out, and counted the minute again from nothing after).
         if not self._recount(seen) and wait is None:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
         return done
+
+    async def _pass_one(self, job: Job, later: Callable[[str], float]) -> str | None:
+        """One job's lines out of the files, their history, the batches' records and the backups, then both WALs
+        emptied, and the job finished: None. Or why it stays for later (KEPT_CHECK, KEPT_DISK, KEPT_READER: no job
+        can finish while a reader keeps a WAL), said through `later`, which asks for the pass again."""
+        try:
+            hashes = await self._settled(job)
+        except CheckFailed as exc:
+            log.warning("forget_check_failed", job=job.id, error=str(exc)[:200],
+                        lines_kept_for_now=len(job.line_hashes), next_try_s=later(KEPT_CHECK))
+            return KEPT_CHECK
+        note = REMOVED.format(day=utc(job.created_at, "%Y-%m-%d"))
+        try:
+            changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
+            await self.memory.call(lambda m: strip_batches(m, hashes))
+            backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
+                                              hashes, note)
+        except (OSError, sqlite3.OperationalError) as exc:
+            # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
+            # step is idempotent) for a pass asked for later, and the other jobs go on.
+            log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later(KEPT_DISK))
+            return KEPT_DISK
+        if not await self._wals_emptied():
+            # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
+            # the turns' words still.
+            next_try = later(KEPT_READER)  # first: it counts this pass among those that kept a job
+            log.warning("forget_wal_kept", job=job.id, passes=self._kept_passes, next_try_s=next_try)
+            return KEPT_READER
+        await self.memory.call(lambda m: finish_job(m, job, len(job.observation_ids), self.clock()))
+        self._decisions.pop(job.id, None)
+        log.info("forget_files_rewritten", job=job.id, files=changed, backups=backups)
+        return None
 
     def _recount(self, seen: Sequence[tuple[Job, str | None]]) -> bool:
         """The forgets cut short, from every job and why `_left_alone` leaves it (the pass's, and a forget's at
