@@ -770,6 +770,21 @@ async def _finished_at_the_next_start(settings: Settings, ids: list[int], forgot
         await again.stop()
 
 
+async def _cut_short_then_stopped(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  forget: Callable[[MemorySystem, list[int]], Awaitable[object]]) -> list[int]:
+    """A server's memory, seeded, whose `forget` fails at the tombstone (until `monkeypatch.undo()`), then
+    stopped: the job on disk, the turns' words in the transcript. Returns the turns."""
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    _fail_at_the_tombstone(monkeypatch)
+    with pytest.raises(_Killed):
+        await forget(first, ids)
+    await first.stop()
+    return ids
+
+
 def _fail_at_the_tombstone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forget's last step fails (until `monkeypatch.undo()`): its job on disk, the turn's words in the transcript."""
     def tombstone(*_: object) -> None:
@@ -789,15 +804,9 @@ async def test_a_rebuild_carries_a_forget_not_finished_over_and_curates_none_of_
     from sprite_os.memory.recall.rebuild import rebuild_recall
 
     settings = make_settings(tmp_path / "ws", bridge.url)
-    settings.layout.ensure()
-    first = MemorySystem(settings)
-    await first.start()
-    ids = await seed(first, tmp_path)
-    _fail_at_the_tombstone(monkeypatch)
-    with pytest.raises(_Killed):
-        await first.forget_turns([ids[1]], by="test")
+    ids = await _cut_short_then_stopped(settings, tmp_path, monkeypatch,
+                                        lambda m, ids: m.forget_turns([ids[1]], by="test"))
     monkeypatch.undo()
-    await first.stop()
     bridge.curator.script("FACT: The user's name is Ada [#1]\nPREFERENCE: Likes green tea [#3]")
     earlier = len(bridge.curator_requests())  # the first server's batch of the seeded turns, before the forget
     report = await module.rebuild(settings)
@@ -906,6 +915,32 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         redo = await again.forget_turns([ids[1]], by="test")  # the person tries again: nothing left
         assert (await _left(again), len(redo.turns)) == ([], 0)
         assert "Green tea" in again.files.read("user.md") or "green tea" in again.files.read("user.md")
+
+
+async def test_a_forget_cut_short_whose_retry_at_the_start_fails_too_leaves_memory_started_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short is run again at the next start, before the daemon starts. When that failed too
+    (the same disk error, a store locked), memory's start failed with it, and the server with it, at every start
+    until the cause was gone. Now the start goes on: the forget stays cut short, said so (memory degraded), for
+    the next start or the person's forget again, which finishes it once the cause is gone."""
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    ids = await _cut_short_then_stopped(settings, tmp_path, monkeypatch,
+                                        lambda m, _: m.forget_turns(session_id="s1", by="test"))
+    again = MemorySystem(settings)
+    try:
+        with capture_logs() as logs:
+            await again.start()  # its retry of the forget fails as the forget did
+        assert [e["job"] for e in logs if e["event"] == "forget_resume_failed"] == [1], logs
+        await wait_for(lambda: _cut_short_counted(again, 1), timeout=30, what="the forget counted cut short")
+        assert (await again.status())["degraded"] is True
+        monkeypatch.undo()  # the cause gone: the person's forget again finishes it
+        await again.forget_turns(session_id="s1", by="test")
+        assert await again.forgetting.decided(60)
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="both jobs finished")
+        assert sorted(await again.transcript.call(lambda t: t.forgotten_among(ids))) == sorted(ids)
+        await wait_for(lambda: _cut_short_counted(again, 0), timeout=30, what="memory well again")
+    finally:
+        await again.stop()
 
 
 async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,

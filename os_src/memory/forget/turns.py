@@ -168,24 +168,31 @@ class TurnForgetting(Deciding):
         """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
         have their words in the transcript (its tombstone is written last) has every step run again, and
         so has a forgotten turn memory.db still holds words of (cut short under the order of steps
-        before); each step is idempotent. Returns the forgets finished."""
+        before); each step is idempotent. One that fails again (the same disk error, a store locked) stays cut
+        short, counted so (`status`), for the next start or the person's forget again: memory's start goes on
+        (it used to fail with it, and the server's, at every start while the cause lasted). Returns the forgets
+        finished."""
         done = 0
         for job in await self.memory.call(jobs):
             turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
             if any(o.processed != FORGOTTEN for o in turns):
-                await self._resumed(turns, [turn_text(o) for o in turns if o.processed != FORGOTTEN], job.id)
-                done += 1
+                texts = [turn_text(o) for o in turns if o.processed != FORGOTTEN]
+                done += await self._resumed(turns, texts, job.id)
         old = await self.transcript.call(lambda t: t.forgotten_ids())
         if left := await self.memory.call(lambda m: left_over(m, old)):
             turns = await self.transcript.call(lambda t: t.get(sorted(left)))
-            await self._resumed(turns, [text for texts in left.values() for text in texts], None)
-            done += 1
+            done += await self._resumed(turns, [text for texts in left.values() for text in texts], None)
         return done
 
-    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> None:
-        job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job)
+    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> bool:
+        try:
+            job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job)
+        except Exception as exc:  # cut short again: `_take_out` counted it, and the pass counts it too
+            log_expected(log, "forget_resume_failed", exc, job=job, turns=len(turns))
+            return False
         self._start_decision(job, decision)
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
+        return True
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
                         job: int | None, whole_session: bool = False) -> tuple[int, Decision, int]:
