@@ -43,6 +43,7 @@ from sprite_os.memory.forget.lines import (
     without,
 )
 from sprite_os.memory.forget.purge import purge_memory
+from sprite_os.memory.forget.turns import TurnForgetting
 from sprite_os.memory.memory_store import LeftOut, MemoryDB, NewLearning
 from sprite_os.memory.recall import episodes as ep
 from sprite_os.memory.recall.documents import Marks, stage_turns
@@ -917,15 +918,24 @@ async def test_a_forget_cut_short_anywhere_is_finished_at_the_next_start(
         assert "Green tea" in again.files.read("user.md") or "green tea" in again.files.read("user.md")
 
 
+@pytest.mark.parametrize("fails_at", ["the tombstone", "the files' lines"])
 async def test_a_forget_cut_short_whose_retry_at_the_start_fails_too_leaves_memory_started_and_says_so(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str) -> None:
     """A forget an error cut short is run again at the next start, before the daemon starts. When that failed too
     (the same disk error, a store locked), memory's start failed with it, and the server with it, at every start
     until the cause was gone. Now the start goes on: the forget stays cut short, said so (memory degraded), for
-    the next start or the person's forget again, which finishes it once the cause is gone."""
+    the next start or the person's forget again, which finishes it once the cause is gone. A whole session's
+    forget is still said to be one after the restart: the mark lived in memory only, and Health then told the
+    person to forget "the turn" again. `fails_at`: where the start's retry fails (the files' lines: before it
+    could say anything of the job, so only the job's row says it was a session's)."""
     settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
     ids = await _cut_short_then_stopped(settings, tmp_path, monkeypatch,
                                         lambda m, _: m.forget_turns(session_id="s1", by="test"))
+    if fails_at == "the files' lines":
+        async def unreadable(_self: object) -> object:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(TurnForgetting, "_lines", unreadable)
     again = MemorySystem(settings)
     try:
         with capture_logs() as logs:
@@ -933,6 +943,10 @@ async def test_a_forget_cut_short_whose_retry_at_the_start_fails_too_leaves_memo
         assert [e["job"] for e in logs if e["event"] == "forget_resume_failed"] == [1], logs
         await wait_for(lambda: _cut_short_counted(again, 1), timeout=30, what="the forget counted cut short")
         assert (await again.status())["degraded"] is True
+        # ...as a whole session's: Health says to forget the session again (it said "the turn" after a restart)
+        assert again.forgetting.cut_short_whole_sessions == 1
+        await again.forgetting.rewrite_files()  # the pass's count says the same
+        assert again.forgetting.cut_short_whole_sessions == 1
         monkeypatch.undo()  # the cause gone: the person's forget again finishes it
         await again.forget_turns(session_id="s1", by="test")
         assert await again.forgetting.decided(60)

@@ -328,5 +328,13 @@ def _memory_v9(db: sqlite_utils.Database) -> None:
             db["batches"].add_column(name, int, not_null_default=0)  # type: ignore[union-attr]
 
 
+def _memory_v10(db: sqlite_utils.Database) -> None:
+    """What a forget's job must say across a restart (forget/jobs.py): whether it forgot a whole session
+    (`whole_session`: one cut short is forgotten again as a session, not as turns). 0 for a job from before,
+    as it was counted then once a restart had passed."""
+    if "whole_session" not in db["forget_jobs"].columns_dict:
+        db["forget_jobs"].add_column("whole_session", int, not_null_default=0)  # type: ignore[union-attr]
+
+
 MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7, _memory_v8,
-                 _memory_v9)
+                 _memory_v9, _memory_v10)

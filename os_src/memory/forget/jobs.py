@@ -26,24 +26,27 @@ class Job(msgspec.Struct, frozen=True):
     sessions: list[str]
     line_hashes: list[str]
     decided: bool = True  # False: the lines the words found, not yet checked against what is kept
+    whole_session: bool = False  # the person forgot a whole session (cut short: forgotten again as one)
 
 
-def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float) -> int:
+def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float, *,
+            whole_session: bool = False) -> int:
     """A job whose lines are the words' first guess: undecided until `set_job_lines`. Written before any
     store loses the words: a forget cut short anywhere after this is finished at the next start
     (`TurnForgetting.resume`)."""
+    job = Job(0, now, list(ids), list(sessions), sorted(hashes), decided=False, whole_session=whole_session)
     with transaction(db.conn) as c:
-        cur = c.execute(_INSERT, _row(Job(0, now, list(ids), list(sessions), sorted(hashes), decided=False)))
+        cur = c.execute(_INSERT, _row(job))
     return int(cur.lastrowid or 0)
 
 
-_INSERT = ("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided) "
-           "VALUES (?, ?, ?, ?, ?)")
+_INSERT = ("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided, whole_session) "
+           "VALUES (?, ?, ?, ?, ?, ?)")
 
 
-def _row(job: Job) -> tuple[float, str, str, str, int]:
+def _row(job: Job) -> tuple[float, str, str, str, int, int]:
     return job.created_at, json.dumps(job.observation_ids), json.dumps(job.sessions), json.dumps(job.line_hashes), \
-        int(job.decided)
+        int(job.decided), int(job.whole_session)
 
 
 def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
@@ -78,12 +81,15 @@ def jobs(db: MemoryDB) -> list[Job]:
 
 def jobs_in(conn: sqlite3.Connection) -> list[Job]:
     """The jobs in the memory.db open on `conn` (a read-only open of one set aside too, which no start has
-    migrated: a job from before `decided` counts as undecided, as the migration makes it)."""
+    migrated: a job from before `decided` counts as undecided, and one from before `whole_session` as of
+    turns, as the migrations make them)."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(forget_jobs)")}
     decided = "decided" if "decided" in columns else "0"
-    found = conn.execute(f"SELECT id, created_at, observation_ids, sessions, line_hashes, {decided} FROM forget_jobs "
-                         "ORDER BY id").fetchall()
-    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5])) for r in found]
+    whole = "whole_session" if "whole_session" in columns else "0"
+    found = conn.execute(f"SELECT id, created_at, observation_ids, sessions, line_hashes, {decided}, {whole} "
+                         "FROM forget_jobs ORDER BY id").fetchall()
+    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5]), bool(r[6]))
+            for r in found]
 
 
 class Waiting(NamedTuple):

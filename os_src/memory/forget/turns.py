@@ -131,7 +131,8 @@ class TurnForgetting(Deciding):
     # found them (`_recount`), and those a forget's error left since: job -> its sessions (where the person forgets
     # them again).
     _cut_short: dict[int, list[str]] = field(default_factory=dict)
-    # Of the jobs cut short, those that forgot a whole session (Health says to forget the session again, not turns).
+    # Of the jobs cut short, those that forgot a whole session (Health says to forget the session again, not turns):
+    # marked at the forget's error, and by the count from their rows (`Job.whole_session`), across a restart too.
     _whole_session_jobs: set[int] = field(default_factory=set)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
@@ -177,16 +178,18 @@ class TurnForgetting(Deciding):
             turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
             if any(o.processed != FORGOTTEN for o in turns):
                 texts = [turn_text(o) for o in turns if o.processed != FORGOTTEN]
-                done += await self._resumed(turns, texts, job.id)
+                done += await self._resumed(turns, texts, job.id, job.whole_session)
         old = await self.transcript.call(lambda t: t.forgotten_ids())
         if left := await self.memory.call(lambda m: left_over(m, old)):
             turns = await self.transcript.call(lambda t: t.get(sorted(left)))
             done += await self._resumed(turns, [text for texts in left.values() for text in texts], None)
         return done
 
-    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None) -> bool:
+    async def _resumed(self, turns: list[Observation], texts: list[str], job: int | None,
+                       whole_session: bool = False) -> bool:
         try:
-            job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job)
+            job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job,
+                                                            whole_session)
         except Exception as exc:  # cut short again: `_take_out` counted it, and the pass counts it too
             log_expected(log, "forget_resume_failed", exc, job=job, turns=len(turns))
             return False
@@ -209,7 +212,7 @@ class TurnForgetting(Deciding):
             lines = await self._lines()
             by_words = await asyncio.to_thread(lines_from, lines.texts(), set(words))
             if job is None:
-                job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now))
+                job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now, whole_session=whole_session))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
             fresh = [o.id for o in turns if o.processed != FORGOTTEN]
             try:
@@ -353,7 +356,8 @@ class TurnForgetting(Deciding):
         found = {job.id: job.sessions for job, alone in seen if alone == CUT_SHORT}
         unknown = any(alone == NOT_KNOWN for _, alone in seen)
         self._cut_short = {**self._cut_short, **found} if unknown else found
-        self._whole_session_jobs &= self._cut_short.keys()
+        whole = {job.id for job, alone in seen if alone == CUT_SHORT and job.whole_session}  # as its row says
+        self._whole_session_jobs = (self._whole_session_jobs | whole) & self._cut_short.keys()
         return unknown
 
     @property
