@@ -1587,6 +1587,37 @@ async def test_a_job_the_pass_keeps_shows_in_healthz_metrics_and_memory_status_u
     assert not aside.exists() and (await system.health())["degraded"] is False
 
 
+async def test_a_job_kept_for_an_hour_reads_as_kept_for_an_hour_after_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """How long the pass has kept a job for later (`kept_for_s`, degraded past KEPT_STUCK) was counted from the
+    first pass of this process: a job kept for an hour read as kept for 0 s after a restart, memory ok, for
+    another minute each restart. Now a job says when a pass first kept it (in its row), and the count goes on."""
+    from sprite_os.backoff import Backoff
+    from sprite_os.memory.forget import turns as turns_module
+
+    monkeypatch.setattr(turns_module, "PASS_RETRY", Backoff(first=600.0, max=600.0))  # one pass each, no retry
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    _undeletable_index_set_aside(settings.layout, monkeypatch)  # the disk keeps the job, across the restart
+    first.forgetting.clock = lambda: time.time() - 3600  # the forget, and the pass that kept it, an hour ago
+    await first.forget_turns([ids[1]], by="test")
+    await wait_for(lambda: first.forgetting.status(time.monotonic())["kept_why"] == "disk", timeout=60,
+                   what="the job kept")
+    await first.stop()
+    again = MemorySystem(settings)
+    await again.start()
+    try:
+        await wait_for(lambda: again.forgetting.status(time.monotonic())["kept_why"] == "disk", timeout=60,
+                       what="the restart's pass kept it too")
+        forget = again.forgetting.status(time.monotonic())
+        assert forget["kept_for_s"] >= 3600 - 60 and forget["degraded"] is True, forget
+    finally:
+        await again.stop()
+
+
 async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_curator_failure(
         system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass that raised what it did not expect (a bug, a database error reading its jobs) went up into the

@@ -330,10 +330,16 @@ def _memory_v9(db: sqlite_utils.Database) -> None:
 
 def _memory_v10(db: sqlite_utils.Database) -> None:
     """What a forget's job must say across a restart (forget/jobs.py): whether it forgot a whole session
-    (`whole_session`: one cut short is forgotten again as a session, not as turns). 0 for a job from before,
-    as it was counted then once a restart had passed."""
-    if "whole_session" not in db["forget_jobs"].columns_dict:
-        db["forget_jobs"].add_column("whole_session", int, not_null_default=0)  # type: ignore[union-attr]
+    (`whole_session`: one cut short is forgotten again as a session, not as turns; 0 for a job from before,
+    as it was counted then once a restart had passed), and when the daemon's pass first kept it for later
+    (`kept_since`, wall clock: how long it has been kept goes on across a restart; NULL until a pass keeps it,
+    and for a job from before, whose count starts again as it did)."""
+    jobs = db["forget_jobs"]
+    columns = jobs.columns_dict
+    if "whole_session" not in columns:
+        jobs.add_column("whole_session", int, not_null_default=0)  # type: ignore[union-attr]
+    if "kept_since" not in columns:
+        jobs.add_column("kept_since", float)  # type: ignore[union-attr]
 
 
 MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7, _memory_v8,

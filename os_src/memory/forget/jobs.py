@@ -1,5 +1,6 @@
 """A forget's job in memory.db (`forget_jobs`): the turns' ids and the hashes of the file lines to take
-out, never a word. Written before any store loses the words, so that a forget a kill cuts short is
+out, never a word; whether it forgot a whole session, and when the daemon's pass first kept it for later
+(what /healthz says of it across a restart). Written before any store loses the words, so that a forget a kill cuts short is
 finished at the next start; deleted once the daemon's pass has taken the lines out of every file."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Job(msgspec.Struct, frozen=True):
     line_hashes: list[str]
     decided: bool = True  # False: the lines the words found, not yet checked against what is kept
     whole_session: bool = False  # the person forgot a whole session (cut short: forgotten again as one)
+    kept_since: float | None = None  # when the daemon's pass first kept it for later (wall clock), or None
 
 
 def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], now: float, *,
@@ -40,13 +42,13 @@ def add_job(db: MemoryDB, ids: Sequence[int], sessions: Sequence[str], hashes: s
     return int(cur.lastrowid or 0)
 
 
-_INSERT = ("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided, whole_session) "
-           "VALUES (?, ?, ?, ?, ?, ?)")
+_INSERT = ("INSERT INTO forget_jobs (created_at, observation_ids, sessions, line_hashes, decided, whole_session, "
+           "kept_since) VALUES (?, ?, ?, ?, ?, ?, ?)")
 
 
-def _row(job: Job) -> tuple[float, str, str, str, int, int]:
+def _row(job: Job) -> tuple[float, str, str, str, int, int, float | None]:
     return job.created_at, json.dumps(job.observation_ids), json.dumps(job.sessions), json.dumps(job.line_hashes), \
-        int(job.decided), int(job.whole_session)
+        int(job.decided), int(job.whole_session), job.kept_since
 
 
 def being_forgotten(db: MemoryDB, ids: Sequence[int]) -> list[int]:
@@ -81,15 +83,23 @@ def jobs(db: MemoryDB) -> list[Job]:
 
 def jobs_in(conn: sqlite3.Connection) -> list[Job]:
     """The jobs in the memory.db open on `conn` (a read-only open of one set aside too, which no start has
-    migrated: a job from before `decided` counts as undecided, and one from before `whole_session` as of
-    turns, as the migrations make them)."""
+    migrated: a job from before `decided` counts as undecided, one from before `whole_session` as of turns,
+    and one from before `kept_since` as never kept, as the migrations make them)."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(forget_jobs)")}
     decided = "decided" if "decided" in columns else "0"
     whole = "whole_session" if "whole_session" in columns else "0"
-    found = conn.execute(f"SELECT id, created_at, observation_ids, sessions, line_hashes, {decided}, {whole} "
-                         "FROM forget_jobs ORDER BY id").fetchall()
-    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5]), bool(r[6]))
+    kept = "kept_since" if "kept_since" in columns else "NULL"
+    found = conn.execute(f"SELECT id, created_at, observation_ids, sessions, line_hashes, {decided}, {whole}, "
+                         f"{kept} FROM forget_jobs ORDER BY id").fetchall()
+    return [Job(r[0], r[1], json.loads(r[2]), json.loads(r[3]), json.loads(r[4]), bool(r[5]), bool(r[6]), r[7])
             for r in found]
+
+
+def mark_kept(db: MemoryDB, job_ids: Sequence[int], now: float) -> None:
+    """These jobs kept for later by the daemon's pass: when it first did, for those not marked yet."""
+    with transaction(db.conn) as c:
+        c.executemany("UPDATE forget_jobs SET kept_since = ? WHERE id = ? AND kept_since IS NULL",
+                      [(now, job_id) for job_id in job_ids])
 
 
 class Waiting(NamedTuple):

@@ -69,7 +69,7 @@ from .history import (
     strip_batches,
     strip_files,
 )
-from .jobs import FORGET_PASS, Job, add_job, finish_job, jobs, set_job_lines
+from .jobs import FORGET_PASS, Job, add_job, finish_job, jobs, mark_kept, set_job_lines
 from .judge import CheckFailed, LineJudge
 from .lines import REMOVED, Lines, lines_from, turn_text, words_of
 from .purge import left_over, purge_memory
@@ -290,12 +290,14 @@ class TurnForgetting(Deciding):
         # seen: each job and why it was left alone, for `status` (`_recount`); wal_kept: a reader kept a WAL, so
         # no job can finish this pass, but each is still looked at, for the count of those cut short.
         seen: list[tuple[Job, str | None]] = []
+        kept: list[Job] = []  # the jobs this pass kept for later
         wal_kept = False
         for job in await self.memory.call(jobs):
             try:
                 alone = await self._left_alone(job)
             except Exception as exc:  # whether it is cut short is not known this time: what was counted stays
                 seen.append((job, NOT_KNOWN))
+                kept.append(job)
                 log_expected(log, "forget_pass_failed", exc, job=job.id, next_try_s=later(KEPT_ERROR))
                 continue
             seen.append((job, alone))
@@ -306,16 +308,35 @@ class TurnForgetting(Deciding):
             except Exception as exc:
                 # A bug, or a database error, on this job: it stays (each step is idempotent) for the pass asked
                 # for later, and the jobs after it go on now.
+                outcome = KEPT_ERROR
                 log_expected(log, "forget_pass_failed", exc, job=job.id, next_try_s=later(KEPT_ERROR))
-                continue
             if outcome is None:
                 done += 1
+            else:
+                kept.append(job)
             wal_kept = outcome == KEPT_READER  # nor can any other job finish while it is kept
+        if kept:
+            await self._kept_from_the_first(kept)
         # A NOT_KNOWN job leaves what /healthz says of the ones kept as it was (it said ok while a forget took
         # words out, and counted the minute again from nothing after).
         if not self._recount(seen) and wait is None:
             self._kept_passes, self._kept_since, self._kept_why = 0, None, None
         return done
+
+    async def _kept_from_the_first(self, kept: Sequence[Job]) -> None:
+        """How long the pass has kept a job for later counts from when a pass first kept one of these, in this
+        process or before a restart (each job's row says when: marked now for those kept the first time). Wall
+        clock across a restart, as nothing else survives one: a clock set back counts it from now; set forward,
+        it counts the jump too."""
+        now = self.clock()
+        try:
+            if first := [job.id for job in kept if job.kept_since is None]:
+                await self.memory.call(lambda m: mark_kept(m, first, now))
+        except Exception as exc:  # the count goes on from this process's first pass alone; tried again next pass
+            log_expected(log, "forget_kept_unmarked", exc, jobs=len(first))
+        marked = [job.kept_since for job in kept if job.kept_since is not None]
+        if marked and self._kept_since is not None:
+            self._kept_since = min(self._kept_since, time.monotonic() - max(0.0, now - min(marked)))
 
     async def _pass_one(self, job: Job, later: Callable[[str], float]) -> str | None:
         """One job's lines out of the files, their history, the batches' records and the backups, then both WALs
