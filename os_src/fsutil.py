@@ -226,9 +226,15 @@ def sweep_files(directory: Path, doomed: Callable[[os.DirEntry[str]], object]) -
     return removed
 
 
-def sweep_temp_files(directory: Path, owned: Callable[[str], object]) -> list[Path]:
+def sweep_temp_files(directory: Path, owned: Callable[[str], object], *, written_since: float | None = None) -> list[Path]:
     """Remove what an interrupted `atomic_write` left in `directory` (a kill -9 between its temp
-    file and its rename): the temp files of the names `owned(name)` accepts, nothing else. Call it
-    only while holding the lock that makes this process those files' one writer. Returns what it
-    removed."""
-    return sweep_files(directory, lambda entry: (m := _TEMP.match(entry.name)) and owned(m["name"]))
+    file and its rename): the temp files of the names `owned(name)` accepts, nothing else; with
+    `written_since` (a time), only those last written then or later (in a folder another program wrote
+    before, that program's older ones stay). Call it only while holding the lock that makes this process
+    those files' one writer. Returns what it removed."""
+    def doomed(entry: os.DirEntry[str]) -> bool:
+        match = _TEMP.match(entry.name)
+        return bool(match and owned(match["name"]) and (
+            written_since is None or entry.stat(follow_symlinks=False).st_mtime >= written_since))
+
+    return sweep_files(directory, doomed)

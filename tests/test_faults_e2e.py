@@ -225,12 +225,21 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
               layout.state_dir / ".cli.json.a1b2c3d4.tmp", layout.os_dir / "agent" / ".boot-prompt.md.zzzzzzzz.tmp",
               # recall's status for `memory status` and the stop's report (a `make chaos` slow-disk run left the first)
               layout.state_dir / ".recall.json.92425m_p.tmp", layout.state_dir / ".last-stop.json.abcd1234.tmp"]
+    # v1's memory files migrate-v1 keeps, which the daemon's forget pass rewrites: its temp files there (written
+    # after the backup was made), and the temp of the marker an unfinished `memory rebuild` leaves
+    v1 = layout.os_dir / "backup" / "v1-20260101T000000Z" / "memory"
+    debris += [v1 / ".user.md.h7g6f5d4.tmp", layout.memory_dir / ".rebuild-unfinished.p0o9i8u7.tmp"]
     kept = [layout.memory_dir / "notes.tmp", layout.memory_dir / ".notes.md.abcdefgh.tmp",  # not Sprite OS's
             history / "000001_1_seed.md", layout.state_dir / ".service.env.abcdefgh.tmp",  # another process's
-            layout.root / "documents" / ".draft.md.abcdefgh.tmp"]  # the person's
+            layout.root / "documents" / ".draft.md.abcdefgh.tmp",  # the person's
+            # v1's own leftover, moved with its memory/ (older than the backup), and what is not a memory file
+            v1 / ".tools.md.a1s2d3f4.tmp", v1 / ".notes.txt.abcdefgh.tmp", v1 / "user.md",
+            # the marker itself: it tells the next rebuild which memory.db was set aside (never swept)
+            layout.memory_dir / "rebuild-unfinished"]
     for path in [*debris, *kept]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half")
+    os.utime(v1 / ".tools.md.a1s2d3f4.tmp", (1_767_225_000, 1_767_225_000))  # 2025-12-31, v1's time
     async with running(settings):
         assert [p for p in debris if p.exists()] == []
         assert all(p.read_text() == "half" for p in kept)

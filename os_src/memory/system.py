@@ -30,7 +30,9 @@ from .capture.recorder import TurnRecord
 from .capture.spill import STATUS_NAME
 from .curation.curator import check_batch_tokens
 from .curation.daemon import MemoryDaemon
+from .curation.rebuild import UNFINISHED
 from .files import SPECS, VERSION_NAME, MemoryFiles
+from .forget.backups import sweep_backup_temps
 from .forget.context import SessionContext
 from .forget.jobs import Waiting, hidden_lines, named, waiting
 from .forget.judge import LineJudge
@@ -157,11 +159,15 @@ class MemorySystem:
 
     def _sweep(self) -> list[Path]:
         """What a kill between a temp file and its rename left of the files memory writes (the one
-        writer now: it holds the lock). Other files, and other programs' temp files, stay."""
+        writer now: it holds the lock, as `memory rebuild` and `migrate-v1` do). Other files, and other
+        programs' temp files, stay. So does the marker an unfinished `memory rebuild` leaves (UNFINISHED):
+        it names the memory.db that rebuild set aside, which the next rebuild reads what was forgotten from;
+        only its temp file goes."""
         layout = self.settings.layout
-        removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS)
+        removed = sweep_temp_files(layout.memory_dir, lambda name: name in SPECS or name == UNFINISHED)
         for folder in (layout.history_dir / name for name in SPECS):
             removed += sweep_temp_files(folder, VERSION_NAME.match)
+        removed += sweep_backup_temps(layout)  # the forget pass's rewrites of v1's memory files
         state = (JOURNAL_NAME, STATUS_NAME, PROGRESS_FILE)  # capture's, and recall's status for `memory status`
         return removed + sweep_temp_files(layout.state_dir, lambda name: name in state)
 

@@ -4,6 +4,7 @@ text; a recall index set aside is derived data, and goes."""
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import shutil
@@ -13,13 +14,28 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...database import marks
-from ...fsutil import atomic_write
+from ...fsutil import atomic_write, sweep_temp_files
 from ...logs import get_logger
 from ...paths import Layout
 from .lines import meaningful_lines, without
 from .purge import delete_drawn
 
 log = get_logger(__name__)
+
+
+def sweep_backup_temps(layout: Layout) -> list[Path]:
+    """What a kill left of this pass's rewrites of v1's memory files (`atomic_write`'s temp file, beside a
+    `.md` in `.os/backup/v1-<time>/memory/`), written since `migrate-v1` made the backup: v1's own leftovers,
+    moved there with its memory/, are older, and not ours. Call it holding the writer lock (so does
+    `migrate-v1`, the folder's other writer). Returns what it removed."""
+    removed: list[Path] = []
+    for folder in sorted((layout.os_dir / "backup").glob("v1-*")):
+        try:
+            made = calendar.timegm(time.strptime(folder.name[len("v1-"):], "%Y%m%dT%H%M%SZ"))
+        except ValueError:  # not a name migrate-v1 gives: not known to be ours
+            continue
+        removed += sweep_temp_files(folder / "memory", lambda name: name.endswith(".md"), written_since=made)
+    return removed
 
 
 def _backup_files(layout: Layout) -> list[Path]:
