@@ -1618,6 +1618,30 @@ async def test_a_job_kept_for_an_hour_reads_as_kept_for_an_hour_after_a_restart(
         await again.stop()
 
 
+async def test_a_job_kept_whose_row_cannot_say_when_is_still_kept_and_counted(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory.db refusing the mark of when a pass first kept a job (locked) costs the count across a restart only:
+    the job is kept and counted as before, and the pass goes on."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    def locked(*_: object) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    ids = await seed(system, tmp_path)
+    _undeletable_index_set_aside(system.settings.layout, monkeypatch)
+    monkeypatch.setattr(turns_module, "mark_kept", locked)
+    with capture_logs() as logs:
+        await system.forget_turns([ids[1]], by="test")
+        await wait_for(lambda: any(e["event"] == "forget_kept_unmarked" for e in logs), timeout=60,
+                       what="the mark refused")
+    forget = system.forgetting.status(time.monotonic())
+    assert (forget["kept_why"], forget["kept_for_s"] is not None) == ("disk", True), forget
+    assert [job.kept_since for job in await system.memory.call(jobs)] == [None]
+    monkeypatch.undo()  # the disk well again
+    system.daemon.trigger("forget")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+
+
 async def test_a_pass_that_fails_unexpectedly_keeps_its_job_says_why_and_is_no_curator_failure(
         system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass that raised what it did not expect (a bug, a database error reading its jobs) went up into the

@@ -328,9 +328,9 @@ class TurnForgetting(Deciding):
         process or before a restart (each job's row says when: marked now for those kept the first time). Wall
         clock across a restart, as nothing else survives one: a clock set back counts it from now; set forward,
         it counts the jump too."""
-        now = self.clock()
+        now, first = self.clock(), [job.id for job in kept if job.kept_since is None]
         try:
-            if first := [job.id for job in kept if job.kept_since is None]:
+            if first:
                 await self.memory.call(lambda m: mark_kept(m, first, now))
         except Exception as exc:  # the count goes on from this process's first pass alone; tried again next pass
             log_expected(log, "forget_kept_unmarked", exc, jobs=len(first))
