@@ -415,6 +415,8 @@ def test_the_rebuild_carries_the_forgets_of_a_memory_db_from_before_their_lines_
                      "VALUES (5.0, '[7, 9]', '[\"s1\", \"s2\"]', '[\"h\"]')")
     before = read_before(path, None)
     assert [(j.observation_ids, j.sessions, j.decided) for j in before.forgets] == [([7, 9], ["s1", "s2"], False)]
+    # nor whether it forgot a whole session, nor when a pass first kept it: of turns, never kept, as a start migrates it
+    assert [(j.whole_session, j.kept_since) for j in before.forgets] == [(False, None)]
 
 
 def test_the_rebuild_reads_what_was_forgotten_through_its_one_open_of_memory_db(
