@@ -957,6 +957,56 @@ async def test_a_forget_cut_short_whose_retry_at_the_start_fails_too_leaves_memo
         await again.stop()
 
 
+@pytest.mark.parametrize("fails_at", ["memory.db", "the files' lines"])
+async def test_a_start_whose_retry_of_a_forgotten_turns_words_memory_still_holds_fails_says_so_and_finishes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str) -> None:
+    """A forgotten turn (its tombstone written) whose words memory.db still holds is taken out again at the start,
+    under a job of its own. When that failed, the start went on with nothing said: its turn has its tombstone, so the
+    pass took the job for done, finished it, and memory was ok while memory.db kept the turn's learnings and text,
+    which search and the boot prompt then served. Now a job whose turns memory.db holds words of is cut short like
+    one without its tombstones: counted, memory degraded, left for the person's forget again, which finishes it.
+    `fails_at`: where the start's retry fails (the files' lines: before it wrote its job, so none said it at all)."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    await first.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))  # its words left in memory.db
+    await first.stop()
+
+    def failing(*_: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async def unreadable(_self: object) -> object:
+        raise OSError(5, "Input/output error")
+
+    if fails_at == "memory.db":
+        monkeypatch.setattr(turns_module, "purge_memory", failing)
+    else:
+        monkeypatch.setattr(TurnForgetting, "_lines", unreadable)
+    again = MemorySystem(settings)
+    try:
+        with capture_logs() as logs:
+            await again.start()
+        assert [e["event"] for e in logs if e["event"] == "forget_resume_failed"] == ["forget_resume_failed"]
+        await wait_for(lambda: _cut_short_counted(again, 1), timeout=30, what="the forget counted cut short")
+        assert (await again.status())["degraded"] is True
+        await again.forgetting.rewrite_files()
+        assert len(await again.memory.call(jobs)) == 1  # not finished while memory.db holds the words
+        assert await _cut_short_counted(again, 1)
+        monkeypatch.undo()  # the cause gone: the person's forget again finishes it
+        await again.forget_turns([ids[1]], by="test")
+        assert await again.forgetting.decided(60)
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="both jobs finished")
+        assert await again.recall.purged(30)
+        assert await _left(again) == []
+        await wait_for(lambda: _cut_short_counted(again, 0), timeout=30, what="memory well again")
+    finally:
+        await again.stop()
+
+
 async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,
                                                                               tmp_path: Path) -> None:
     """A forget an error cut short keeps its job for the next start; the person forgets the turn again, which

@@ -33,7 +33,7 @@ fails) stays until it can. `forget_jobs` in memory.db holds the turns' ids and t
 line found, never a word: first the lines the words find, undecided, then the decided lines; a job
 left undecided is decided at the pass. The job goes on disk before any store loses the words, and the
 transcript's tombstone is written last: a forget a kill or an error cuts short is run again at the
-next start (`resume`; the pass leaves a job whose turns lack their tombstones alone until then, or until
+next start (`resume`; the pass leaves a job whose turns lack their tombstones, or whose words memory.db still holds, alone until then, or until
 the turns are forgotten again), from the words the transcript (or memory.db) still holds. The turns' words stay in memory only, for lines a batch
 under way writes before the pass, which get the same check.
 """
@@ -190,12 +190,27 @@ class TurnForgetting(Deciding):
         try:
             job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job,
                                                             whole_session)
-        except Exception as exc:  # cut short again: `_take_out` counted it, and the pass counts it too
+        except Exception as exc:  # cut short again: `_take_out` counted it, or the pass it asked for counts it
             log_expected(log, "forget_resume_failed", exc, job=job, turns=len(turns))
+            if job is None:
+                await self._kept_as_a_job(turns)
             return False
         self._start_decision(job, decision)
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
         return True
+
+    async def _kept_as_a_job(self, turns: list[Observation]) -> None:
+        """Turns forgotten already whose words memory.db still holds, whose taking out again failed before it
+        wrote their job (the files' lines unreadable): a job for them now, with no line of its own (the person's
+        forget again finds the lines), so that the pass counts the forget cut short while memory.db holds the
+        words (`_taken_out`), instead of nothing on disk saying so until the next start."""
+        ids, sessions = sorted(o.id for o in turns), sorted({o.session_id for o in turns})
+        try:
+            if not any(set(ids) <= set(job.observation_ids) for job in await self.memory.call(jobs)):
+                await self.apply(lambda m: add_job(m, ids, sessions, set(), self.clock()))
+            self.wake_daemon(FORGET_PASS)
+        except Exception as exc:  # memory.db refuses it too: the next start finds the words again
+            log_expected(log, "forget_resume_unrecorded", exc, turns=len(ids))
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
                         job: int | None, whole_session: bool = False) -> tuple[int, Decision, int]:
@@ -215,14 +230,18 @@ class TurnForgetting(Deciding):
                 job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now, whole_session=whole_session))
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
             fresh = [o.id for o in turns if o.processed != FORGOTTEN]
+            words_in_memory = True  # until memory.db is purged
             try:
                 purged = await self.apply(lambda m: purge_memory(m, turns))
+                words_in_memory = False
                 await self.purge_recall(done, purged.learning_ids)  # recall's search finds only kept turns from here
                 if fresh:
                     await self.transcript.call(lambda t: t.forget(fresh, now, by))
             except BaseException:
                 del self._deciding[job]  # the next start finishes it (the pass leaves it: no tombstone)
-                if fresh:  # no tombstone written: cut short, as the pass will find it (`status` says so now)
+                # No tombstone written, or memory.db still holds the words: cut short, as the pass will find it
+                # (`_taken_out`; `status` says so now).
+                if fresh or words_in_memory:
                     self._cut_short[job] = sessions
                     if whole_session:
                         self._whole_session_jobs.add(job)
@@ -399,12 +418,12 @@ class TurnForgetting(Deciding):
           shutdown's last pass (the next start decides it);
         - NOT_KNOWN: it is undecided while a forget takes words out (that forget's own job may be on disk, not
           yet in `_deciding`);
-        - CUT_SHORT: its turns lack their tombstones (`_tombstoned`)."""
+        - CUT_SHORT: its turns lack their tombstones, or memory.db still holds words of them (`_taken_out`)."""
         if job.id in self._deciding or (not job.decided and self._stopping):
             return UNDER_WAY
         if not job.decided and self._taking_out:
             return NOT_KNOWN
-        return None if await self._tombstoned(job) else CUT_SHORT
+        return None if await self._taken_out(job) else CUT_SHORT
 
     def status(self, now: float) -> dict[str, Any]:
         """What the file pass has left undone, as this process knows it (no database read; `now` is
@@ -436,13 +455,19 @@ class TurnForgetting(Deciding):
         return (await self.transcript.call(lambda t: checkpoint(t.conn))
                 and await self.memory.call(lambda m: checkpoint(m.conn)))
 
-    async def _tombstoned(self, job: Job) -> bool:
-        """Whether every turn of the job has its tombstone (written last): its forget took their words out of
-        every store. A job without is a forget an error or a cancel cut short (its job's own write included,
-        whose id the forget never learned): the pass must not finish it, or the turns would keep their words
-        for good; the next start's `resume` runs every step again, as does the person's forget again."""
-        wanted = set(job.observation_ids)
-        return set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) == wanted
+    async def _taken_out(self, job: Job) -> bool:
+        """Whether every turn of the job has its tombstone (written last), and memory.db holds no word of them:
+        its forget took their words out of every store. A job without is a forget an error or a cancel cut short
+        (its job's own write included, whose id the forget never learned): the pass must not finish it, or the
+        turns would keep their words for good; the next start's `resume` runs every step again, as does the
+        person's forget again. The words left in memory.db are those of a forget again of turns forgotten
+        already (the start's, of a forget cut short after its tombstone) that failed: their tombstones were
+        there before it, and its finished job would have left memory.db serving them (search, the boot prompt's
+        learnings) with nothing said."""
+        wanted = sorted(job.observation_ids)
+        if set(await self.transcript.call(lambda t: t.forgotten_among(wanted))) != set(wanted):
+            return False
+        return not await self.memory.call(lambda m: left_over(m, wanted))
 
     async def _settled(self, job: Job) -> set[str]:
         """The lines the pass takes out for `job`: as decided at the forget; for a job left undecided,
