@@ -226,6 +226,11 @@ def sweep_files(directory: Path, doomed: Callable[[os.DirEntry[str]], object]) -
     return removed
 
 
+def temp_for(name: str) -> str | None:
+    """The name of the file whose `atomic_write` temp file is named `name`, or None if it is none."""
+    return match["name"] if (match := _TEMP.match(name)) else None
+
+
 def sweep_temp_files(directory: Path, owned: Callable[[str], object], *, written_since: float | None = None) -> list[Path]:
     """Remove what an interrupted `atomic_write` left in `directory` (a kill -9 between its temp
     file and its rename): the temp files of the names `owned(name)` accepts, nothing else; with
@@ -233,8 +238,8 @@ def sweep_temp_files(directory: Path, owned: Callable[[str], object], *, written
     before, that program's older ones stay). Call it only while holding the lock that makes this process
     those files' one writer. Returns what it removed."""
     def doomed(entry: os.DirEntry[str]) -> bool:
-        match = _TEMP.match(entry.name)
-        return bool(match and owned(match["name"]) and (
+        name = temp_for(entry.name)
+        return bool(name is not None and owned(name) and (
             written_since is None or entry.stat(follow_symlinks=False).st_mtime >= written_since))
 
     return sweep_files(directory, doomed)

@@ -228,7 +228,8 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
     # v1's memory files migrate-v1 keeps, which the daemon's forget pass rewrites: its temp files there (written
     # after the backup was made), and the temp of the marker an unfinished `memory rebuild` leaves
     v1 = layout.os_dir / "backup" / "v1-20260101T000000Z" / "memory"
-    debris += [v1 / ".user.md.h7g6f5d4.tmp", layout.memory_dir / ".rebuild-unfinished.p0o9i8u7.tmp"]
+    debris += [v1 / ".user.md.h7g6f5d4.tmp", layout.memory_dir / ".rebuild-unfinished.p0o9i8u7.tmp",
+               v1 / "..tools.md.a1s2d3f4.tmp.q1w2e3r4.tmp"]  # its rewrite of v1's own leftover (below)
     kept = [layout.memory_dir / "notes.tmp", layout.memory_dir / ".notes.md.abcdefgh.tmp",  # not Sprite OS's
             history / "000001_1_seed.md", layout.state_dir / ".service.env.abcdefgh.tmp",  # another process's
             layout.root / "documents" / ".draft.md.abcdefgh.tmp",  # the person's

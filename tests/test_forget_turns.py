@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -1436,6 +1437,30 @@ async def test_a_backup_the_disk_fails_to_purge_keeps_the_job_until_it_is_purged
     system.daemon.trigger("forget")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert said(backup) == [] and said(layout.os_dir / "backup" / "v1-20260101T000000Z" / "agent.db") == []
+
+
+async def test_what_an_interrupted_write_left_of_a_v1_memory_file_in_the_backup_loses_the_forgotten_lines(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """migrate-v1 moves v1's memory/ into the backup whole: a temp file an interrupted write of v1's left there
+    (`.user.md.<random>.tmp`, maybe v1's latest text) comes with it, and the start's sweep keeps it (older than the
+    backup: not this server's). The forget pass took the lines out of the `.md` files alone: a forgotten line in
+    such a file stayed in the backup for good. Now the pass rewrites it too, and it keeps its time, so that the
+    sweep still tells it from what a kill of the pass's own rewrite leaves (which it removes)."""
+    from sprite_os.memory.forget.backups import sweep_backup_temps
+
+    layout = system.settings.layout
+    ids = await seed(system, tmp_path)
+    v1 = layout.os_dir / "backup" / "v1-20260101T000000Z" / "memory"
+    leftover = v1 / ".user.md.a1b2c3d4.tmp"
+    leftover.write_text("# User\n- Home: Lisbon, Alfama, by the river Tagus\n- Name: Ada\n")
+    os.utime(leftover, (1_767_225_000, 1_767_225_000))  # 2025-12-31, v1's time, before the backup was made
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the pass")
+    text = leftover.read_text()
+    assert "Lisbon" not in text and "Alfama" not in text and "- Name: Ada" in text, text
+    assert leftover.stat().st_mtime == 1_767_225_000  # v1's still, as the sweep tells them apart
+    assert sweep_backup_temps(layout) == [] and leftover.exists()
 
 
 async def test_a_reader_that_kept_the_transcripts_wal_through_the_forget_does_not_keep_the_words_there(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...database import marks
-from ...fsutil import atomic_write, sweep_temp_files
+from ...fsutil import atomic_write, sweep_temp_files, temp_for
 from ...logs import get_logger
 from ...paths import Layout
 from .lines import meaningful_lines, without
@@ -23,24 +24,43 @@ from .purge import delete_drawn
 log = get_logger(__name__)
 
 
+def _memory_file(name: str) -> bool:
+    """Whether a file in a backup's memory/ holds memory text: one of v1's memory files (`user.md`), or what an
+    interrupted `atomic_write` left of one (`.user.md.<random>.tmp`): v1's own, moved there with its memory/ (it
+    may hold v1's latest text, which the backup keeps), or this pass's, a kill cut short."""
+    return name.endswith(".md") or (temp_for(name) or "").endswith(".md")
+
+
 def sweep_backup_temps(layout: Layout) -> list[Path]:
-    """What a kill left of this pass's rewrites of v1's memory files (`atomic_write`'s temp file, beside a
-    `.md` in `.os/backup/v1-<time>/memory/`), written since `migrate-v1` made the backup: v1's own leftovers,
-    moved there with its memory/, are older, and not ours. Call it holding the writer lock (so does
-    `migrate-v1`, the folder's other writer). Returns what it removed."""
+    """What a kill left of this pass's rewrites of v1's memory files (`atomic_write`'s temp file, beside one in
+    `.os/backup/v1-<time>/memory/`), written since `migrate-v1` made the backup: v1's own leftovers, moved there
+    with its memory/, are older, and not ours (the pass's rewrite of one keeps its time: `_rewrite`). Call it
+    holding the writer lock (so does `migrate-v1`, the folder's other writer). Returns what it removed."""
     removed: list[Path] = []
     for folder in sorted((layout.os_dir / "backup").glob("v1-*")):
         try:
             made = calendar.timegm(time.strptime(folder.name[len("v1-"):], "%Y%m%dT%H%M%SZ"))
         except ValueError:  # not a name migrate-v1 gives: not known to be ours
             continue
-        removed += sweep_temp_files(folder / "memory", lambda name: name.endswith(".md"), written_since=made)
+        removed += sweep_temp_files(folder / "memory", _memory_file, written_since=made)
     return removed
 
 
 def _backup_files(layout: Layout) -> list[Path]:
-    """Memory files kept by `migrate-v1` (v1's memory/*.md) under `.os/backup/`."""
-    return [p for p in (layout.os_dir / "backup").glob("*/memory/*.md") if p.is_file() and not p.is_symlink()]
+    """Memory files kept by `migrate-v1` (v1's memory/*.md, and what an interrupted write left of them:
+    `_memory_file`) under `.os/backup/`. Those a kill left were taken for other files: a forgotten line in
+    v1's stayed in the backup for good."""
+    return [p for p in (layout.os_dir / "backup").glob("*/memory/*")
+            if _memory_file(p.name) and p.is_file() and not p.is_symlink()]
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """A backup's memory file rewritten. What an interrupted write left (v1's) keeps its time: the start's
+    sweep tells it, older than the backup, from what a kill of this pass leaves, which it removes."""
+    before = path.stat()
+    atomic_write(path, text.encode("utf-8"))
+    if temp_for(path.name) is not None:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def backup_candidates(layout: Layout) -> dict[str, str]:
@@ -101,7 +121,7 @@ def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], h
     for md in _backup_files(layout):
         text = md.read_text(encoding="utf-8", errors="replace")
         if (kept := without(text, hashes, note)) != text:
-            atomic_write(md, kept.encode("utf-8"))
+            _rewrite(md, kept)
             done += 1
     for aside in layout.memory_dir.glob("index.*"):  # a recall index set aside (broken, or mid-swap): derived data
         if aside.is_dir() and not aside.is_symlink():
