@@ -1008,6 +1008,46 @@ async def test_a_start_whose_retry_of_a_forgotten_turns_words_memory_still_holds
         await again.stop()
 
 
+async def test_a_forget_cut_short_before_memory_lost_its_words_is_searched_by_no_one_after_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget an error cut short before memory.db lost the turn's words (a disk error there) keeps its job, and a
+    start whose run again of it fails too now comes up, degraded, rather than failing. Search and auto-recall read
+    memory.db: they served the turn's text and the learnings drawn from it, to the agent and the console, while
+    the person had asked to forget it (the server used to stay down instead). Now what a forget job names is
+    found by no search, as no batch and no boot prompt takes it."""
+    from sprite_os.memory.forget import turns as turns_module
+
+    def failing(*_: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    settings = make_settings(tmp_path / "ws", "http://127.0.0.1:9")
+    settings.layout.ensure()
+    first = MemorySystem(settings)
+    await first.start()
+    ids = await seed(first, tmp_path)
+    monkeypatch.setattr(turns_module, "purge_memory", failing)
+    with pytest.raises(sqlite3.OperationalError):
+        await first.forget_turns([ids[1]], by="test")
+    await first.stop()
+    again = MemorySystem(settings)
+    try:
+        await again.start()  # its run again fails as the forget did
+        await wait_for(lambda: _cut_short_counted(again, 1), timeout=30, what="the forget counted cut short")
+        assert [where for where in await _left(again) if where != "user.md"] == ["learnings"]  # in memory.db only
+        # nor the action drawn from it ("Send Ada a map of the Tagus walk"): not in the boot prompt, nor the curator's
+        assert "Tagus" not in await again.boot_prompt(settle=False)
+        assert [a.content for a in await again.memory.call(lambda m: m.pending_actions())] == []
+        recalled = await again.recall_for("Where do I live, Lisbon or Alfama?", "s2", "t1")
+        assert recalled is None or not any(w in recalled.context for w in ("Lisbon", "Alfama", "Tagus")), recalled
+        monkeypatch.undo()  # the cause gone: the person's forget again finishes it
+        await again.forget_turns([ids[1]], by="test")
+        assert await again.forgetting.decided(60)
+        await wait_for(lambda: again.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+        assert await _left(again) == []
+    finally:
+        await again.stop()
+
+
 async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,
                                                                               tmp_path: Path) -> None:
     """A forget an error cut short keeps its job for the next start; the person forgets the turn again, which

@@ -285,11 +285,15 @@ class MemoryDB:
         return rows(self.conn.execute(f"SELECT {_LEARNING_COLUMNS} FROM learnings ORDER BY id"), Learning)
 
     def pending_actions(self, limit: int = 20) -> list[PendingAction]:
+        """The pending actions, but those of a learning forgotten, or drawn from a turn a forget job names (a
+        forget cut short may have left it here: the boot prompt and the curator's prompt get none of it)."""
         return rows(
             self.conn.execute(
                 """SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
                    WHERE status = 'pending' AND (source_learning_id IS NULL OR source_learning_id NOT IN
-                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL))
+                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL UNION ALL
+                        SELECT l.id FROM forget_jobs f, json_each(f.observation_ids) j
+                            JOIN learnings l ON l.source_observation_id = j.value))
                    ORDER BY priority DESC, id DESC LIMIT ?""",
                 (limit,),
             ),

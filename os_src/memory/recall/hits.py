@@ -22,6 +22,7 @@ import msgspec
 
 from ...database import marks
 from .. import corrections
+from ..forget.jobs import Held, held_in
 from . import episodes as ep
 from .learnings import stems
 from .ranking import Candidate, Keyed
@@ -159,18 +160,27 @@ class Rows:
     weigh them (`memory_texts`) and what hydration shows (`shown`) are read from the same rows. One
     search's, never kept longer: a forget between two searches is seen by the next. A forget during the
     search, after its weighing read a row (the search then waits for the query's embedding and the scan),
-    is seen by hydration: `recheck` asks memory.db again, in one indexed query, which of them are forgotten."""
+    is seen by hydration: `recheck` asks memory.db again, in one indexed query, which of them are forgotten.
+    A turn a forget job names (`held_in`), and a learning drawn from it or summing up its session, is not held:
+    memory.db may hold its words still, the forget cut short."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self._episodes: dict[int, ep.Episode | None] = {}
         self._learnings: dict[int, tuple[Found, bool] | None] = {}  # the row, and whether it is forgotten
+        self._held: Held | None = None  # read with the first rows
+
+    def held(self) -> Held:
+        if self._held is None:
+            self._held = held_in(self.conn)
+        return self._held
 
     def episodes(self, ids: Sequence[int]) -> dict[int, ep.Episode]:
         """The episodes among `ids` memory.db holds (a forgotten one too: its text is empty)."""
         if missing := [i for i in dict.fromkeys(ids) if i not in self._episodes]:
             got = ep.get(self.conn, missing)
-            self._episodes.update((i, got.get(i)) for i in missing)
+            held = self.held().turns
+            self._episodes.update((i, None if i in held else got.get(i)) for i in missing)
         return {i: e for i in ids if (e := self._episodes[i]) is not None}
 
     def recheck(self) -> None:
@@ -198,9 +208,15 @@ class Rows:
                        "SELECT l.id, l.session_id, l.source_observation_id, l.type, l.content, e.session_id, e.turn, "
                        "l.created_at, l.forgotten_at IS NOT NULL FROM learnings l "
                        f"LEFT JOIN episodes e ON e.id = l.source_observation_id WHERE l.id IN ({marks(missing)})",
-                       missing)}
+                       missing)
+                   if not self._drawn_from_held(r[2], r[3], r[1])}
             self._learnings.update((i, got.get(i)) for i in missing)
         return {i: row[0] for i in ids if (row := self._learnings[i]) is not None and (forgotten or not row[1])}
+
+
+    def _drawn_from_held(self, turn: int | None, kind: str, session: str | None) -> bool:
+        held = self.held()
+        return turn in held.turns or (kind == "SUMMARY" and session in held.sessions)
 
 
 def read(rows: Rows, ranked: Sequence[Candidate]) -> list[Found]:
