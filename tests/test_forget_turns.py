@@ -1015,6 +1015,8 @@ async def test_a_forget_cut_short_before_memory_lost_its_words_is_searched_by_no
     memory.db: they served the turn's text and the learnings drawn from it, to the agent and the console, while
     the person had asked to forget it (the server used to stay down instead). Now what a forget job names is
     found by no search, as no batch and no boot prompt takes it."""
+    from sprite_os.console.memory_queries import learnings_by_id, listed_learnings
+    from sprite_os.console.session_queries import summaries
     from sprite_os.memory.forget import turns as turns_module
 
     def failing(*_: object) -> None:
@@ -1025,6 +1027,10 @@ async def test_a_forget_cut_short_before_memory_lost_its_words_is_searched_by_no
     first = MemorySystem(settings)
     await first.start()
     ids = await seed(first, tmp_path)
+    await first.memory.call(lambda m: m.commit_batch(  # the session's summary, which may repeat the turn
+        trigger="t", observation_ids=[ids[2]], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+        learnings=[NewLearning("SUMMARY", "A session about where Ada lives, Lisbon", "s1")], file_updates={},
+        base_hashes={}))
     monkeypatch.setattr(turns_module, "purge_memory", failing)
     with pytest.raises(sqlite3.OperationalError):
         await first.forget_turns([ids[1]], by="test")
@@ -1037,6 +1043,10 @@ async def test_a_forget_cut_short_before_memory_lost_its_words_is_searched_by_no
         # nor the action drawn from it ("Send Ada a map of the Tagus walk"): not in the boot prompt, nor the curator's
         assert "Tagus" not in await again.boot_prompt(settle=False)
         assert [a.content for a in await again.memory.call(lambda m: m.pending_actions())] == []
+        # nor the console's list of learnings, nor its session's summary in Past sessions
+        listed = await again.memory.call(lambda m: learnings_by_id(m, listed_learnings(m, [], False, 50)))
+        assert sorted(row.content for row in listed.values()) == ["Likes green tea", "The user's name is Ada"]
+        assert await again.memory.call(lambda m: summaries(m, ["s1"])) == {}
         recalled = await again.recall_for("Where do I live, Lisbon or Alfama?", "s2", "t1")
         assert recalled is None or not any(w in recalled.context for w in ("Lisbon", "Alfama", "Tagus")), recalled
         monkeypatch.undo()  # the cause gone: the person's forget again finishes it

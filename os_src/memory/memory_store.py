@@ -77,6 +77,14 @@ NOTHING_LEFT_OUT = LeftOut()
 _LEFT_OUT_COLUMNS = LeftOut.__struct_fields__
 
 
+# The learnings drawn from a turn a forget job names (forget/jobs.py): until the job is finished, memory.db may
+# hold them still (a forget cut short before memory.db lost them), and what reads them for the agent, the
+# curator or the console leaves them out.
+HELD_LEARNINGS = ("SELECT l.id FROM forget_jobs f, json_each(f.observation_ids) j "
+                  "JOIN learnings l ON l.source_observation_id = j.value")
+HELD_SESSIONS = "SELECT j.value FROM forget_jobs f, json_each(f.sessions) j"  # their summaries go with them
+
+
 class Batch(msgspec.Struct, frozen=True):
     """One curator call and what it produced.
 
@@ -289,11 +297,9 @@ class MemoryDB:
         forget cut short may have left it here: the boot prompt and the curator's prompt get none of it)."""
         return rows(
             self.conn.execute(
-                """SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
+                f"""SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
                    WHERE status = 'pending' AND (source_learning_id IS NULL OR source_learning_id NOT IN
-                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL UNION ALL
-                        SELECT l.id FROM forget_jobs f, json_each(f.observation_ids) j
-                            JOIN learnings l ON l.source_observation_id = j.value))
+                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL UNION ALL {HELD_LEARNINGS}))
                    ORDER BY priority DESC, id DESC LIMIT ?""",
                 (limit,),
             ),
