@@ -224,9 +224,13 @@ export class ChatView {
     return this.add(el("li", { class: `notice ${kind}`, testid: "notice", dataset: { kind }, text }));
   }
 
-  /** Appends to the conversation, following it if the person is at the latest. */
+  /** Appends to the conversation, following it if the person is at the latest. The person's messages
+   * still waiting for their turn stay at the bottom: the running turn's tools, answer and status, and
+   * anything else, go above the first of them, so the conversation reads in the order the agent took
+   * them, as its record does (a second question sat above the first one's answer). */
   add(item) {
-    this.list.append(item);
+    const waiting = item.dataset.state === "queued" ? null : this.list.querySelector(':scope > [data-state="queued"]');
+    this.list.insertBefore(item, waiting);
     this.grew();
     return item;
   }
