@@ -83,3 +83,94 @@ async def test_a_message_sent_while_a_turn_runs_stays_below_that_turns_answer(se
         "user: What is on my list?", "assistant: Eggs.", "tool: Read", "turn-status: t1",
         "user: And add milk", "assistant: Added.", "turn-status: t2",
     ]
+
+
+# A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left
+# silent by the test), listening as the page does but over milliseconds: `quiet` with nothing heard before
+# it asks (`ping`), `patience` more before it takes the link for dead. `until(check)` polls the page's clock.
+SOCKETS = """
+const { Connection } = await import("/console/js/connection.js");
+const sockets = [];
+window.WebSocket = class extends EventTarget {
+  static OPEN = 1;
+  constructor() { super(); this.readyState = 0; this.sent = []; this.closed = false; sockets.push(this); }
+  send(data) { this.sent.push(JSON.parse(data)); }
+  close() { this.closed = true; this.readyState = 3; }
+  open() { this.readyState = 1; this.dispatchEvent(new Event("open")); }
+  answer(frame) { this.dispatchEvent(new MessageEvent("message", { data: JSON.stringify(frame) })); }
+};
+const states = [];
+const conn = new Connection({ onFrame: () => {}, onStatus: (s) => states.push(s.state), onAuthFailed: () => {},
+  quiet: 200, patience: 300 });
+const until = async (check, ms = 20_000) => {
+  for (const end = performance.now() + ms; !check(); ) {
+    if (performance.now() > end) throw new Error(`never: ${check}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+};
+const pings = (ws) => ws.sent.filter((f) => f.type === "ping").length;
+"""
+
+
+async def test_a_link_dead_but_not_closed_is_noticed_and_reconnected(server: SpriteOS) -> None:
+    """A laptop asleep, a network that changed under the page: the socket is dead, but the browser does not
+    close it for many minutes (TCP gives up after about 15), while the page says "connected" and a message
+    sent into it waits for an agent that never hears it. The page asks the Sprite (`ping`) after a quiet
+    spell, and a link that then answers nothing is dropped and the page reconnects, resuming where it was;
+    one that answers, or keeps talking, is kept."""
+    seen = await in_page(server, f"""async () => {{
+        {SOCKETS}
+        conn.start("a-token");
+        const first = sockets[0];
+        first.open();
+        first.answer({{ type: "ready", stream: "run-1", seq: 7 }});
+        // Alive: each ping answered, the link is kept, however many quiet spells pass.
+        for (let n = 1; n <= 3; n += 1) {{
+          await until(() => pings(first) === n);
+          first.answer({{ type: "pong" }});
+        }}
+        const kept = sockets.length === 1 && !first.closed;
+        // Dead: the next ping is never answered. A new socket, resuming from the last event seen.
+        await until(() => pings(first) === 4);
+        await until(() => sockets.length === 2);
+        const second = sockets[1];
+        second.open();
+        return {{ kept, dropped: first.closed, connected: conn.ws === second, hello: second.sent[0], states }};
+    }}""")
+    assert seen["kept"], seen
+    assert seen["dropped"] and seen["connected"], seen
+    assert seen["hello"] == {"type": "hello", "protocol": 1, "client": "sprite-console", "last_seq": 7, "stream": "run-1"}
+    assert "waiting" in seen["states"], seen
+
+
+async def test_a_message_sent_into_a_quiet_link_asks_at_once_whether_it_holds(server: SpriteOS) -> None:
+    """The person wakes the laptop and types: the message goes with a `ping` at once (the link had been
+    quiet), so a dead link is noticed the patience after it, not a whole quiet spell later."""
+    seen = await in_page(server, """async () => {
+        const { Connection } = await import("/console/js/connection.js");
+        const sockets = [];
+        window.WebSocket = class extends EventTarget {
+          static OPEN = 1;
+          constructor() { super(); this.readyState = 0; this.sent = []; sockets.push(this); }
+          send(data) { this.sent.push(JSON.parse(data).type); }
+          close() { this.readyState = 3; }
+        };
+        // Quiet 10 s: its own asking (at 10 s) is not what the test sees; it looks every 5 s.
+        const conn = new Connection({ onFrame: () => {}, onStatus: () => {}, onAuthFailed: () => {}, quiet: 10_000, patience: 300 });
+        conn.start("a-token");
+        const ws = sockets[0];
+        ws.readyState = 1;
+        ws.dispatchEvent(new Event("open"));
+        ws.dispatchEvent(new MessageEvent("message", { data: JSON.stringify({ type: "ready", stream: "run-1" }) }));
+        const fresh = conn.send({ type: "user_message", text: "hi", client_id: "c1" }); // the link just spoke
+        const before = [...ws.sent];
+        while (Date.now() - conn.heard < 5_200) await new Promise((r) => setTimeout(r, 50));
+        conn.send({ type: "user_message", text: "good morning", client_id: "c2" });
+        const after = ws.sent.slice(before.length);
+        const start = performance.now();
+        while (sockets.length < 2 && performance.now() - start < 20_000) await new Promise((r) => setTimeout(r, 20));
+        return { fresh, before, after, reconnected: sockets.length === 2 };
+    }""")
+    assert seen["before"] == ["hello", "user_message"], seen  # a link that just spoke is not asked
+    assert seen["after"][:2] == ["user_message", "ping"], seen
+    assert seen["reconnected"], seen

@@ -17,17 +17,34 @@
 // closes before it ever opened, the page asks GET /console/auth (the token in a header) to
 // tell a wrong token (401) or a page origin the server refuses (403) (say so, and stop)
 // from a server that is away (retry, slower each time): a wrong token never causes a storm.
+//
+// A socket can die without closing: a laptop asleep, a network that changed under it. The browser then
+// says nothing for many minutes (TCP gives up after about 15), while the page shows "connected" and a
+// message sent waits for an agent that never hears it. So the page listens (`listen`): after QUIET with
+// nothing from the Sprite it asks (`ping`, answered `pong`), and a link that then brings nothing at all
+// for PATIENCE more is dropped as dead, and the page reconnects, resuming from the last event it saw. Any
+// frame counts as an answer (a pong can be queued behind a download's chunks on a slow link). The clock is
+// the wall's: a machine that slept wakes with the quiet spell long over, and asks at the next check. A
+// frame the page sends after CHECK of quiet (a message typed on waking) asks at once, so a dead link is
+// noticed PATIENCE after it, not a quiet spell later.
 
 const SUBPROTOCOL = "sprite-os.v1";
 const FIRST_DELAY = 0.5; // seconds; doubled after each failed attempt
 const MAX_DELAY = 30;
 const REQUEST_TIMEOUT = 30_000;
+const QUIET = 25_000; // ms with nothing from the Sprite before the page asks it whether the link still holds
+const PATIENCE = 15_000; // ms more with nothing at all before the link counts as dead
+const CHECK = 5_000; // ms between two looks at the link
 
 export class Connection {
-  constructor({ onFrame, onStatus, onAuthFailed }) {
+  constructor({ onFrame, onStatus, onAuthFailed, quiet = QUIET, patience = PATIENCE }) {
     this.onFrame = onFrame;
     this.onStatus = onStatus;
     this.onAuthFailed = onAuthFailed;
+    Object.assign(this, { quiet, patience, check: Math.min(CHECK, quiet / 2) });
+    this.heard = 0; // when the open socket last brought a frame (Date.now())
+    this.pinged = null; // when the page last asked whether the link holds, while unanswered
+    this.watch = null; // the open socket's `listen` timer
     this.ws = null;
     this.token = null;
     this.lastSeq = null; // the largest seq seen: where to resume from
@@ -39,7 +56,8 @@ export class Connection {
     this.pending = new Map(); // request_id -> {resolve, reject, timer}
     this.signIn = newSignIn(); // the sign-in requests are made under now
     this.nextRequest = 1;
-    window.addEventListener("online", () => this.retryNow());
+    window.addEventListener("online", () => { this.retryNow(); this.ask(); }); // a network back: is the link?
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) this.ask(); });
   }
 
   get url() {
@@ -66,6 +84,7 @@ export class Connection {
     Object.assign(this, { lastSeq: null, stream: null, everReady: false, attempt: 0 });
     clearTimeout(this.retryTimer);
     this.retryTimer = null;
+    clearInterval(this.watch);
     if (this.ws) this.ws.close(1000, "signed out");
     this.ws = null;
   }
@@ -89,6 +108,10 @@ export class Connection {
     ws.addEventListener("open", () => {
       opened = true;
       this.attempt = 0;
+      this.heard = Date.now();
+      this.pinged = null;
+      clearInterval(this.watch);
+      this.watch = setInterval(() => this.listen(ws), this.check);
       const hello = { type: "hello", protocol: 1, client: "sprite-console" };
       if (this.lastSeq !== null && this.stream) Object.assign(hello, { last_seq: this.lastSeq, stream: this.stream });
       ws.send(JSON.stringify(hello));
@@ -96,15 +119,42 @@ export class Connection {
       // so the page's Send is told, as Enter is by `send` (`connected`: the one rule for both).
       this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     });
-    ws.addEventListener("message", (event) => this.receive(event.data));
-    ws.addEventListener("close", (event) => {
-      if (this.ws !== ws) return;
-      this.ws = null;
-      this.failPending("the connection was lost before the answer came");
-      if (!this.token) return;
-      if (opened) this.retry(event.code === 4000 ? 0 : FIRST_DELAY);
-      else this.diagnose();
+    ws.addEventListener("message", (event) => {
+      if (this.ws === ws) this.heard = Date.now();
+      this.receive(event.data);
     });
+    ws.addEventListener("close", (event) => this.lost(ws, opened, event.code));
+  }
+
+  /** `ws` closed (or dropped as dead, `listen`): the page reconnects, or asks why a socket never opened. */
+  lost(ws, opened, code) {
+    if (this.ws !== ws) return;
+    this.ws = null;
+    clearInterval(this.watch);
+    this.failPending("the connection was lost before the answer came");
+    if (!this.token) return;
+    if (opened) this.retry(code === 4000 ? 0 : FIRST_DELAY);
+    else this.diagnose();
+  }
+
+  /** A look at the open socket `ws`: asked after a quiet spell, dropped when the asking brought nothing. */
+  listen(ws) {
+    if (this.ws !== ws) return;
+    const now = Date.now();
+    if (this.pinged !== null && this.heard < this.pinged) {
+      if (now - this.pinged < this.patience) return;
+      ws.close(1000, "no answer"); // its close event, if one ever comes, is no longer the page's
+      this.lost(ws, true, 0);
+      return;
+    }
+    if (now - this.heard >= this.quiet) this.ask();
+  }
+
+  /** Asks the Sprite whether the link holds (`listen` judges the answer), unless it is asked already. */
+  ask() {
+    if (!this.connected || (this.pinged !== null && this.heard < this.pinged)) return;
+    this.pinged = Date.now();
+    this.send({ type: "ping" });
   }
 
   receive(data) {
@@ -178,6 +228,7 @@ export class Connection {
   send(frame) {
     if (!this.connected) return false;
     this.ws.send(JSON.stringify(frame));
+    if (frame.type !== "ping" && Date.now() - this.heard >= this.check) this.ask(); // into a link quiet for a while
     return true;
   }
 
