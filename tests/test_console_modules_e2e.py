@@ -174,3 +174,24 @@ async def test_a_message_sent_into_a_quiet_link_asks_at_once_whether_it_holds(se
     assert seen["before"] == ["hello", "user_message"], seen  # a link that just spoke is not asked
     assert seen["after"][:2] == ["user_message", "ping"], seen
     assert seen["reconnected"], seen
+
+
+async def test_a_card_closed_while_open_large_leaves_the_focus_on_the_canvas(server: SpriteOS) -> None:
+    """The person reads a card opened large, by keyboard; the agent (or another device) closes it: the view
+    closes, and the focus goes to the canvas's next card, not to the page's body (the dialog gave it back
+    to the closed card's Open, gone with it), where a keyboard user would start again from the top."""
+    seen = await in_page(server, """async () => {
+        const { CanvasView } = await import("/console/js/canvas.js");
+        const root = document.body.appendChild(document.createElement("div"));
+        const canvas = new CanvasView(root, document.createElement("span"), {}, () => {});
+        const card = (id, title, at) => ({ id, title, kind: "note", body: "Eggs, milk", updated_at: at });
+        canvas.handle({ type: "ready", cards: [card("c1", "Groceries", 2), card("c2", "Plan", 1)] });
+        const open = root.querySelector('[data-card-id="c1"] [data-testid="card-expand"]');
+        open.focus();
+        open.click();
+        const inView = document.activeElement.dataset.testid;
+        canvas.handle({ type: "card_closed", card_id: "c1" });
+        const to = document.activeElement;
+        return { inView, open: canvas.dialog.open, focus: to.dataset.testid, card: to.closest("[data-card-id]")?.dataset.cardId };
+    }""")
+    assert seen == {"inView": "card-dialog-close", "open": False, "focus": "card-expand", "card": "c2"}

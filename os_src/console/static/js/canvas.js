@@ -47,11 +47,14 @@ export class CanvasView {
   remove(id) {
     const known = this.cards.get(id);
     if (!known) return;
-    const hadFocus = known.node.contains(document.activeElement);
+    // Open large, the card's view closes with it: the focus it had would stay in the closed view (or go
+    // back to the card's Open, gone), so it goes to the canvas as from the card itself.
+    const inView = this.dialog.open && this.dialog.dataset.cardId === id;
+    const hadFocus = known.node.contains(document.activeElement) || (inView && this.dialog.contains(document.activeElement));
     known.node.remove();
     this.cards.delete(id);
     this.update();
-    if (this.dialog.open && this.dialog.dataset.cardId === id) this.dialog.close();
+    if (inView) this.dialog.close();
     if (hadFocus) (this.root.querySelector("button") || document.getElementById("composer"))?.focus();
   }
 
