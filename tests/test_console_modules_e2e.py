@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sprite_os.server import SpriteOS
-from tests.console_browser import chromium, open_tab
+from tests.console_browser import PHONE, chromium, open_tab
 
 pytestmark = pytest.mark.e2e
 
@@ -195,3 +195,29 @@ async def test_a_card_closed_while_open_large_leaves_the_focus_on_the_canvas(ser
         return { inView, open: canvas.dialog.open, focus: to.dataset.testid, card: to.closest("[data-card-id]")?.dataset.cardId };
     }""")
     assert seen == {"inView": "card-dialog-close", "open": False, "focus": "card-expand", "card": "c2"}
+
+
+# What of the page sticks out past the window's right edge (a table's or a code block's own scroll aside).
+OVERFLOW = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [...document.querySelectorAll("#app *")].filter((e) => !e.closest(".table-wrap, pre"))
+    .filter((e) => e.getBoundingClientRect().width && e.getBoundingClientRect().right > width + 1);
+  return { scroll: document.documentElement.scrollWidth - width, out: out.slice(0, 5).map((e) => e.id || e.className || e.tagName) };
+}"""
+
+
+@pytest.mark.parametrize("width", [PHONE["width"], 320])
+async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteOS, width: int) -> None:
+    """On a phone (390 px), and at 320 px (a desktop window at 400 % zoom), the chat's session bar wraps:
+    its buttons went past the window's edge once the session had a cost, New session off the screen and
+    the whole chat, the Send button too, wider than the window, scrolled sideways."""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/", viewport={"width": width, "height": 700})
+        await tab.sign_in()
+        await tab.connected()
+        await tab.page.evaluate("document.getElementById('session-cost').textContent = 'This session: $0.0123'")
+        assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        await tab.by("past-sessions").click()
+        await tab.by("past-close").wait_for()
+        assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        tab.assert_clean()
