@@ -22,7 +22,7 @@ from devkit.harness import make_settings, wait_for
 from sprite_os import fsutil
 from sprite_os import protocol as p
 from sprite_os.commands.memory_status import disk
-from sprite_os.console import files_api
+from sprite_os.console import files_api, user_files
 from sprite_os.console import files_frames as pf
 from sprite_os.console.files_api import FilesConsole
 from sprite_os.console.requests import RequestFailed
@@ -122,6 +122,25 @@ async def test_a_name_that_is_not_utf8_is_listed_escaped_and_never_fails_the_fol
     decoded = msgspec.json.decode(p.encode(listing))  # what the gateway sends
     assert [(e["name"], e["size"], e["openable"]) for e in decoded["entries"]] == [
         ("caf\ufffd-\ufffd.txt", 3, False), ("fine.txt", 2, True)]
+
+
+async def test_a_folder_past_the_listing_limit_is_listed_in_order_a_page_at_a_time(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder with more entries than one listing holds: each listing is the next of the whole folder
+    in its order (folders first, then by name), so every entry can be reached. The first used to be
+    whichever the disk gave first, sorted, and the rest could never be listed nor downloaded."""
+    monkeypatch.setattr(user_files, "MAX_ENTRIES", 4)
+    many = kit.layout.root / "many"
+    many.mkdir()
+    names = [f"file-{n:02}.txt" for n in range(10)]
+    for name in reversed(names):  # created last first: the disk's order is not the listing's
+        (many / name).write_text("x")
+    (many / "zz-folder").mkdir()
+    pages = []
+    for offset in (0, 4, 8, 11):
+        listing = await kit.ask(pf.FilesListRequest(request_id="l", path="many", offset=offset))
+        pages.append(([e.name for e in listing.entries], listing.total))  # type: ignore[attr-defined]
+    assert pages == [(["zz-folder", *names[:3]], 11), (names[3:7], 11), (names[7:], 11), ([], 11)]
 
 
 async def test_an_upload_lands_in_documents_under_a_free_name_and_everyone_is_told(kit: Kit) -> None:

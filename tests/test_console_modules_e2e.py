@@ -1,16 +1,19 @@
-"""The console's JavaScript modules on their own, in a real Chromium page: each view or the connection
-driven by frames the test writes (a fake connection, or a fake WebSocket), no CLI and no turn. What a
-person would see after a given order of events, proven without the cost of making the Sprite produce it
-(rule 5 of tests/README.md)."""
+"""The console in a real Chromium page, with no CLI and no turn: its JavaScript modules on their own,
+each view or the connection driven by frames the test writes (a fake connection, or a fake WebSocket),
+and the page against a server that runs no turn (its layout on a phone, a big folder). What a person
+would see after a given order of events, proven without the cost of making the Sprite produce it (rule 5
+of tests/README.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from playwright.async_api import expect
 
+from sprite_os.console import user_files
 from sprite_os.server import SpriteOS
-from tests.console_browser import PHONE, chromium, open_tab
+from tests.console_browser import PHONE, chromium, open_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -220,4 +223,34 @@ async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteO
         await tab.by("past-sessions").click()
         await tab.by("past-close").wait_for()
         assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        tab.assert_clean()
+
+
+async def test_a_folder_bigger_than_a_listing_is_shown_a_page_at_a_time_in_order(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder with more files than one listing holds (2,000; 3 here): the first page is the folder's
+    first in order, and Show the next brings the rest, by keyboard too, so every file can be downloaded
+    (it said "Showing 2000 of 3000." of whichever the disk gave first, and the rest were out of reach)."""
+    folder = server.settings.layout.root / "scans"
+    folder.mkdir()
+    names = [f"scan-{n}.pdf" for n in range(1, 8)]
+    for name in reversed(names):
+        (folder / name).write_text("x")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        await expect(tab.by("open-folder").filter(has_text="scans")).to_have_count(1)
+        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
+        await tab.by("open-folder").filter(has_text="scans").click()
+        rows = tab.by("file-entry")
+        await expect(rows).to_have_count(3)
+        await expect(tab.by("files-more")).to_have_text("Showing 3 of 7. Show the next 3")
+        await tab.by("files-more-button").focus()
+        await tab.page.keyboard.press("Enter")
+        await expect(rows).to_have_count(6)
+        await expect(tab.page.locator(":focus")).to_have_attribute("aria-label", "Download scan-4.pdf")
+        await tab.by("files-more-button").click()
+        await expect(rows).to_have_count(7)
+        await expect(tab.by("files-more")).to_have_count(0)
+        assert [await row.get_attribute("data-name") for row in await rows.all()] == names
         tab.assert_clean()

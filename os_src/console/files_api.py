@@ -113,7 +113,7 @@ class FilesConsole:
 
     async def _list(self, req: pf.FilesListRequest) -> pf.FilesListResult:
         try:
-            entries, total = await asyncio.to_thread(self.files.listing, req.path)
+            entries, total = await asyncio.to_thread(self.files.listing, req.path, req.offset)
         except (PathRefused, NotThere) as exc:
             raise refused(exc) from None
         return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[

@@ -24,9 +24,10 @@ Chunk = Annotated[bytes, msgspec.Meta(max_length=CHUNK_BYTES)]
 
 
 class FilesListRequest(Request, tag="files_list", frozen=True):
-    """A folder's entries; `path` "" is the top of the person's files."""
+    """A folder's entries from `offset` in its order; `path` "" is the top of the person's files."""
 
     path: FilePath = ""
+    offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)] = 0
 
 
 class FileReadRequest(Request, tag="file_read", frozen=True):
@@ -98,7 +99,7 @@ class FileEntry(msgspec.Struct, frozen=True):
 class FilesListResult(Reply, tag="files_list_result", frozen=True):
     path: str
     entries: list[FileEntry]  # folders first, then by name
-    total: int  # entries in the folder; more than listed when it holds over 2,000
+    total: int  # entries in the folder; more than listed when it holds over 2,000 (the next: `offset`)
 
 
 class FileReadResult(Reply, tag="file_read_result", frozen=True):

@@ -151,28 +151,27 @@ class UserFiles:
         finally:
             os.close(fd)
 
-    def listing(self, path: str) -> tuple[list[Entry], int]:
-        """The folder's entries (folders first, then by name) and how many there are in all."""
+    def listing(self, path: str, offset: int = 0) -> tuple[list[Entry], int]:
+        """The folder's entries from `offset` in its order (folders first, then by name), at most
+        MAX_ENTRIES of them, and how many there are in all. The whole folder is put in order first (its
+        names and whether each is a folder, which the directory itself says), and only the entries
+        listed are looked at: a listing of a folder past the limit is the next page of one order, not
+        whichever entries the disk gave first."""
         found = parts(path)
         with self.folder(found) as fd:
-            entries: list[Entry] = []
-            total = 0
             with os.scandir(fd) as it:
-                for item in it:
-                    if not found and item.name == SYSTEM_DIR:
-                        continue
-                    total += 1
-                    if len(entries) >= MAX_ENTRIES:
-                        continue
-                    try:
-                        st = item.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    name, openable = _shown(item.name)
-                    entries.append(Entry(name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
-                                         st.st_mtime, openable))
-        entries.sort(key=lambda e: (e.kind != "folder", e.name.casefold(), e.name))
-        return entries, total
+                items = [item for item in it if found or item.name != SYSTEM_DIR]
+            named = sorted(((_shown(item.name), item) for item in items),
+                           key=lambda pair: (not pair[1].is_dir(follow_symlinks=False), pair[0][0].casefold(), pair[0][0]))
+            entries: list[Entry] = []
+            for (name, openable), item in named[offset:offset + MAX_ENTRIES]:
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                entries.append(Entry(name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                                     st.st_mtime, openable))
+        return entries, len(items)
 
     @contextlib.contextmanager
     def open_file(self, path: str) -> Iterator[tuple[int, os.stat_result]]:

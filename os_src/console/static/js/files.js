@@ -5,7 +5,7 @@
 // ends every transfer, one waiting between retries too (each asks under the sign-in it began in, which
 // the connection ends: see connection.js), and the view keeps nothing of the person.
 
-import { clear, el, keepingFocus, newest, size, when } from "./dom.js";
+import { askingOnce, clear, count, el, keepingFocus, newest, size, when } from "./dom.js";
 
 const UPLOADS = "documents";
 // Bidi controls (U+202E can make "gnp.exe" read as "exe.png") and the marks that steer them: shown
@@ -212,16 +212,44 @@ export class FilesView {
       const rows = answer.entries.map((entry) => this.row(entry));
       const head = el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Size" }),
         el("th", { scope: "col", text: "Changed" }), el("th", { scope: "col", text: "" }, el("span", { class: "visually-hidden", text: "Actions" })));
+      const body = el("tbody", {}, rows);
       clear(this.table).append(el("table", { testid: "file-list" },
         el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
-        el("thead", {}, head), el("tbody", {}, rows)));
+        el("thead", {}, head), body));
       if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
-      if (answer.total > answer.entries.length) this.table.append(el("p", { class: "hint", text: `Showing ${answer.entries.length} of ${answer.total}.` }));
+      this.pager(body, answer.total, rows.length, current);
       this.root.dataset.path = this.path;
     };
     // The same folder drawn again (an upload from another device): the focus stays on the row's button.
     if (answer.path === this.path) keepingFocus(this.table, draw, { fallback: "button" });
     else draw();
+  }
+
+  /** Under a listing that holds part of a big folder (the Sprite lists 2,000 entries at a time, in the
+   * folder's order): how many are shown, and a button for the next ones, put below them. `current()`:
+   * the folder drawn is still the one shown (another opened meanwhile takes no rows of this one's). */
+  pager(body, total, page, current) {
+    this.table.querySelector(":scope > .pager")?.remove();
+    const shown = body.rows.length;
+    if (total <= shown) return;
+    const next = Math.min(total - shown, page);
+    const more = async () => {
+      let answer;
+      try {
+        answer = await this.conn.request("files_list", { path: this.path, offset: shown });
+      } catch (error) {
+        if (current()) this.say(error.message, "error");
+        return false;
+      }
+      if (!current() || !body.isConnected) return false;
+      const listed = new Set([...body.rows].map((row) => row.dataset.name)); // one moved up meanwhile: once
+      const rows = answer.entries.filter((entry) => !listed.has(entry.name)).map((entry) => this.row(entry));
+      body.append(...rows);
+      this.pager(body, answer.total, page, current);
+      return rows[0]?.querySelector("button") ?? body; // where the keyboard goes on from (askingOnce)
+    };
+    this.table.append(el("p", { class: "hint pager", testid: "files-more" }, `Showing ${count(shown)} of ${count(total)}. `,
+      el("button", { type: "button", class: "link", testid: "files-more-button", text: `Show the next ${count(next)}`, onclick: askingOnce(more) })));
   }
 
   renderCrumbs() {
