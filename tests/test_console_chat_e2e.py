@@ -250,6 +250,9 @@ MARKDOWN = [
      '<div class="table-wrap"><table><thead><tr><th>a</th><th>b</th></tr></thead>'
      "<tbody><tr><td>1</td><td><strong>2</strong></td></tr></tbody></table></div>"),
     ("> quoted\n> more", "<blockquote><p>quoted<br>more</p></blockquote>"),
+    ("**bold**_em_ [a](https://a.example)__b__", '<p><strong>bold</strong><em>em</em> <a rel="noopener noreferrer '
+     'nofollow" target="_blank" href="https://a.example">a</a><strong>b</strong></p>'),  # a match right after another
+    ("`a` `b` *c* `d", "<p><code>a</code> <code>b</code> <em>c</em> `d</p>"),
     ("<img src=x onerror=alert(1)>", "<p>&lt;img src=x onerror=alert(1)&gt;</p>"),
 ]
 
@@ -266,4 +269,28 @@ async def test_markdown_renders_a_safe_subset_as_nodes(server: SpriteOS) -> None
         await tab.page.goto(tab.base)
         rendered = [await tab.page.evaluate(render, text) for text, _ in MARKDOWN]
         assert rendered == [html for _, html in MARKDOWN]
+        tab.assert_clean()
+
+
+async def test_markdown_of_hostile_text_renders_at_once_and_whole(server: SpriteOS) -> None:
+    """A reply or a card body of 20,000 characters of markers and links never closed (a prompt injection's,
+    or text the person pasted, echoed) is drawn in well under a second: each step of the inline markdown
+    looked for every rule in the whole rest of the text, each "[" without its "](…)" a scan to its end,
+    and the page froze for a minute, and at every load of the conversation after. 5,000 nested quotes are
+    drawn 16 deep, the rest as text, where they overflowed the stack and the view failed to draw."""
+    timed = """async ([text, quotes]) => {
+        const { renderMarkdown } = await import("/console/js/markdown.js");
+        const start = performance.now();
+        renderMarkdown(text);
+        const ms = performance.now() - start;
+        const box = document.createElement("div");
+        box.append(renderMarkdown(quotes));
+        return { ms, depth: box.querySelectorAll("blockquote").length, text: box.textContent.length };
+    }"""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.goto(tab.base)
+        seen = await tab.page.evaluate(timed, ["**`_[a](*" * 2_222, "> " * 5_000 + "deep"])
+        assert seen["ms"] < 5_000, seen
+        assert seen["depth"] == 16 and seen["text"] == len("> " * (5_000 - 16) + "deep"), seen
         tab.assert_clean()

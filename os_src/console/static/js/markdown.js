@@ -13,7 +13,11 @@ const QUOTE = /^\s*>\s?(.*)$/;
 const TABLE_RULE = /^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$/;
 const SAFE_LINK = /^(https?:\/\/|mailto:)/i;
 
-export function renderMarkdown(text) {
+// Block quotes deeper than this are shown as text: each level is a nested call, and a reply of
+// thousands of "> " (a hostile card body) overflowed the stack, and its whole view failed to draw.
+const MAX_QUOTE_DEPTH = 16;
+
+export function renderMarkdown(text, depth = 0) {
   const out = document.createDocumentFragment();
   const lines = String(text).replace(/\r\n?/g, "\n").split("\n");
   let i = 0;
@@ -21,7 +25,7 @@ export function renderMarkdown(text) {
     const line = lines[i];
     if (!line.trim()) { i += 1; continue; }
     const block = [fence, heading, rule, table, list, quote, paragraph]
-      .map((reader) => reader(lines, i)).find(Boolean);
+      .map((reader) => reader(lines, i, depth)).find(Boolean);
     out.append(block.node);
     i = block.next;
   }
@@ -96,21 +100,21 @@ function item(text, indent) {
   return inline(li, text);
 }
 
-function quote(lines, i) {
-  if (!QUOTE.test(lines[i])) return null;
+function quote(lines, i, depth) {
+  if (depth >= MAX_QUOTE_DEPTH || !QUOTE.test(lines[i])) return null;
   const inner = [];
   let next = i;
   while (next < lines.length && QUOTE.test(lines[next])) {
     inner.push(lines[next].match(QUOTE)[1]);
     next += 1;
   }
-  return { node: el("blockquote", {}, renderMarkdown(inner.join("\n"))), next };
+  return { node: el("blockquote", {}, renderMarkdown(inner.join("\n"), depth + 1)), next };
 }
 
-function paragraph(lines, i) {
+function paragraph(lines, i, depth) {
   const node = el("p");
   let next = i;
-  while (next < lines.length && lines[next].trim() && (next === i || !startsBlock(lines, next))) {
+  while (next < lines.length && lines[next].trim() && (next === i || !startsBlock(lines, next, depth))) {
     if (next > i) node.append(el("br"));
     inline(node, lines[next]);
     next += 1;
@@ -118,17 +122,19 @@ function paragraph(lines, i) {
   return { node, next };
 }
 
-function startsBlock(lines, i) {
+function startsBlock(lines, i, depth) {
   const line = lines[i];
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || ITEM.test(line) || QUOTE.test(line)
+  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || ITEM.test(line) || (QUOTE.test(line) && depth < MAX_QUOTE_DEPTH)
     || (line.includes("|") && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1]));
 }
 
 // ------------------------------------------------------------------ inline
 
+// A link's label and address are bounded: unbounded, each "[" of a text without its "](…)" was a scan to
+// the text's end.
 const INLINE = [
   { re: /`([^`\n]+)`/, make: (m) => el("code", { text: m[1] }) },
-  { re: /\[([^\]\n]+)\]\(([^)\s]+)\)/, make: (m) => link(m[1], m[2]) },
+  { re: /\[([^\]\n]{1,500})\]\(([^)\s]{1,2048})\)/, make: (m) => link(m[1], m[2]) },
   // Emphasis needs text right inside its markers, and underscores a word boundary outside
   // them, so snake_case and window.__name stay as written.
   { re: /\*\*(?!\s)([^*\n]+?)(?<!\s)\*\*|(?<![^\s([{"'])__(?!\s)([^_\n]+?)(?<!\s)__(?!\w)/, make: (m) => inline(el("strong"), m[1] ?? m[2]) },
@@ -145,19 +151,38 @@ function link(label, href, bare = false) {
   return a;
 }
 
-/** Appends `text`'s inline markdown to `node` and returns `node`. */
+for (const rule of INLINE) rule.here = new RegExp(rule.re.source, "y"); // a match that begins right here
+
+/** Appends `text`'s inline markdown to `node` and returns `node`. Each step takes the earliest match of
+ * the rules in what is left of the text (`rest`; the earlier rule on a tie). A rule's match is looked for
+ * again only once the text before it was taken: looking for every rule at every step cost a scan of the
+ * whole rest each time, and a 10,000-character reply of markers and unclosed links took 8 s (the page
+ * frozen), a longer one minutes. What a rule found further on from an earlier step stands, since the text
+ * between is the same, but for a match that begins right at the new start, whose text before it was
+ * taken (a lookbehind, \b), which `here` tries. */
 export function inline(node, text) {
-  let rest = String(text);
-  while (rest) {
+  const source = String(text);
+  const found = INLINE.map(() => null); // per rule: {at: where its next match begins (Infinity: none), m}
+  let start = 0;
+  while (start < source.length) {
+    const rest = source.slice(start);
     let best = null;
-    for (const rule of INLINE) {
-      const m = rest.match(rule.re);
-      if (m && (best === null || m.index < best.m.index)) best = { m, rule };
-    }
+    INLINE.forEach((rule, k) => {
+      let next = found[k];
+      if (next === null || (next.m && next.at < start)) {
+        const m = rest.match(rule.re);
+        next = found[k] = m ? { at: start + m.index, m } : { at: Infinity, m: null };
+      } else if (next.at !== start) {
+        rule.here.lastIndex = 0;
+        const m = rule.here.exec(rest);
+        if (m) next = found[k] = { at: start, m };
+      }
+      if (next.m && (best === null || next.at < best.at)) best = { ...next, rule };
+    });
     if (best === null) { node.append(document.createTextNode(rest)); break; }
-    if (best.m.index > 0) node.append(document.createTextNode(rest.slice(0, best.m.index)));
+    if (best.at > start) node.append(document.createTextNode(source.slice(start, best.at)));
     node.append(best.rule.make(best.m));
-    rest = rest.slice(best.m.index + best.m[0].length);
+    start = best.at + best.m[0].length;
   }
   return node;
 }
