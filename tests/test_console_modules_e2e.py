@@ -200,6 +200,23 @@ async def test_a_card_closed_while_open_large_leaves_the_focus_on_the_canvas(ser
     assert seen == {"inView": "card-dialog-close", "open": False, "focus": "card-expand", "card": "c2"}
 
 
+
+async def test_the_last_card_closed_leaves_the_focus_on_the_canvas_tab_when_the_chat_is_hidden(
+        server: SpriteOS) -> None:
+    """On the Canvas view (a phone's, or the canvas on its own) the person closes the last card by keyboard:
+    the focus goes to the Canvas tab, not to the hidden message box, which took none (it fell to the page's
+    body). (This page shows no chat either: it is signed out.)"""
+    seen = await in_page(server, """async () => {
+        const { CanvasView } = await import("/console/js/canvas.js");
+        const root = document.body.appendChild(document.createElement("div"));
+        const canvas = new CanvasView(root, document.createElement("span"), {}, () => {});
+        canvas.handle({ type: "ready", cards: [{ id: "c1", title: "Groceries", kind: "note", body: "", updated_at: 1 }] });
+        root.querySelector('[data-testid="card-close"]').focus();
+        canvas.handle({ type: "card_closed", card_id: "c1" });
+        return document.activeElement.id;
+    }""")
+    assert seen == "tab-canvas"
+
 # What of the page sticks out past the window's right edge (a table's or a code block's own scroll aside).
 OVERFLOW = """() => {
   const width = document.documentElement.clientWidth;

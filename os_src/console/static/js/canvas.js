@@ -55,7 +55,14 @@ export class CanvasView {
     this.cards.delete(id);
     this.update();
     if (inView) this.dialog.close();
-    if (hadFocus) (this.root.querySelector("button") || document.getElementById("composer"))?.focus();
+    // To the next card; with none left, the message box, or the Canvas tab when the chat is not shown (the
+    // Canvas view, on a phone or on its own): the hidden box took no focus, and it fell to the page's body.
+    if (hadFocus) {
+      for (const next of [this.root.querySelector("button"), document.getElementById("composer"), document.getElementById("tab-canvas")]) {
+        next?.focus();
+        if (next && document.activeElement === next) break;
+      }
+    }
   }
 
   /** Newest change first; the DOM order follows, moving only the cards out of place (a card moved
