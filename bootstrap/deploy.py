@@ -378,18 +378,18 @@ class Tarball:
         raise DeployError(f"release {self.path} has no VERSION file")
 
     def manifest(self) -> bytes | None:
-        """Its MANIFEST, the member right after VERSION (only the tarball's first blocks are read),
-        or None when it has none there."""
+        """Its MANIFEST (build_release.py packs it right after VERSION: only the tarball's first blocks are
+        read), or None when it has none. A tarball packed again by hand may hold it anywhere, so the rest is
+        read when it is not there: stopping after the first members said such a rebuilt release was the one
+        deployed."""
         with self._open() as tf:
             try:
-                for count, member in enumerate(tf):
+                for member in tf:
                     parts = Path(member.name).parts
                     if member.isfile() and parts[-1:] == (MANIFEST,) and len(parts) <= 2:
                         f = tf.extractfile(member)
                         assert f is not None
                         return f.read()
-                    if count >= 2:
-                        return None
             except (OSError, tarfile.TarError, EOFError) as exc:
                 raise DeployError(f"cannot read release {self.path}: {exc}") from None
         return None

@@ -48,6 +48,7 @@ from devkit.processes import free_port
 from sprite_os.commands.migrate_v1 import ROWS_PER_COMMIT
 
 VERSION = (REPO / "VERSION").read_text().strip()
+MANIFEST_NAME = "MANIFEST"
 TEMPLATES = REPO / "bootstrap" / "templates"
 CURATED = ("tools.md", "files.md", "user.md", "context.md")
 
@@ -220,7 +221,8 @@ def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deploy
     with (rebuilt / "os_src" / "server.py").open("a") as f:
         f.write("# a fix, built again under the same version\n")
     other = build.build(rebuilt, tmp_path / "dist2")
-    for source in (["--release", str(other)], ["--from-checkout", str(rebuilt)]):
+    by_hand = repacked(other, tmp_path / "by-hand.tar.gz", manifest_last=True)  # its MANIFEST not among the first
+    for source in (["--release", str(other)], ["--release", str(by_hand)], ["--from-checkout", str(rebuilt)]):
         done = run_deploy(ws, *source)
         assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
         assert f"this release of {VERSION} is not the {VERSION} deployed (its MANIFEST differs)" in done.stderr
@@ -579,11 +581,16 @@ def test_bad_input_gets_one_clear_line(venv: VenvCache, tmp_path: Path) -> None:
 
 
 def repacked(tarball: Path, target: Path, *, drop: str = "", add: str = "", damage: str = "",
-             modes: dict[str, int] | None = None, owners: dict[str, int] | None = None) -> Path:
+             modes: dict[str, int] | None = None, owners: dict[str, int] | None = None,
+             manifest_last: bool = False) -> Path:
     """`tarball` packed again: without the member `drop`, with a file `add`, with `damage`'s last byte
-    changed, with the `modes` and owners (uid and gid) given."""
+    changed, with the `modes` and owners (uid and gid) given, with MANIFEST packed last (as a `tar` of
+    the unpacked release may order it)."""
     with tarfile.open(tarball) as tin, tarfile.open(target, "w:gz") as tout:
-        for member in tin.getmembers():
+        members = tin.getmembers()
+        if manifest_last:
+            members.sort(key=lambda member: member.name == MANIFEST_NAME)
+        for member in members:
             data = tin.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
             if member.name == drop:
                 continue
