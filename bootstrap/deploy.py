@@ -272,6 +272,12 @@ def release_entries(checkout: Path) -> list[tuple[str, Path]]:
                 continue
             path = Path(folder) / name
             entries.append(("src/" + path.relative_to(src).as_posix(), path))
+    for name, path in entries:  # a MANIFEST is UTF-8: such a name could be neither listed nor packed
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DeployError(f"{str(path).encode('utf-8', 'surrogateescape')!r} has a name that is not UTF-8: "
+                              "rename or remove it") from None
     missing = [str(path) for _, path in entries if not path.is_file()]
     if missing:
         raise DeployError(f"not a Sprite OS checkout, missing: {', '.join(missing[:5])}")
@@ -298,7 +304,12 @@ def check_manifest(release: Path, version: str) -> None:
                           "older than this deploy.py (an older release is deployed by its own bootstrap/deploy.py)"
                           ) from None
     listed: dict[str, str] = {}
-    for line in text.splitlines():
+    # By "\n" alone (a "\r\n" taken as one): splitlines() also splits at \x0c, \x1c-\x1e, \x85 and
+    # U+2028/9, which a file name may hold, and a good release was refused as malformed.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for line in (line.removesuffix("\r") for line in lines):
         digest, sep, name = line.partition("  ")
         if not sep or len(digest) != 64 or not name:
             raise DeployError(f"release {version} has a malformed {MANIFEST} line: {line[:100]!r}")

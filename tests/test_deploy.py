@@ -662,6 +662,35 @@ def test_a_releases_own_modes_are_not_trusted(tmp_path: Path, monkeypatch: pytes
                 assert path.lstat().st_mode & 0o7022 == 0 and path.lstat().st_uid == os.geteuid(), path
 
 
+def test_a_manifest_takes_any_utf8_name_and_a_name_it_cannot_hold_is_one_line(tmp_path: Path) -> None:
+    """A MANIFEST is read by its newlines alone: names holding a form feed, U+0085 or U+2028 (which
+    splitlines() also splits at) made a good release "malformed". A MANIFEST gone CRLF still reads. A
+    file whose name is not UTF-8 could not be listed: build_release.py and a checkout's deploy ended in
+    a UnicodeEncodeError traceback; each now says which file, in one line."""
+    deploy = load_script("deploy")
+    build = load_script("build_release")
+    odd = make_checkout(tmp_path, "9.9.1")
+    for name in ("form\x0cfeed.txt", "next\x85line.txt", "line\u2028sep.txt"):
+        (odd / "os_src" / name).write_text("kept\n")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    deploy.Tarball(build.build(odd, tmp_path / "dist")).stage(staged)
+    deploy.check_manifest(staged, "9.9.1")  # raised "malformed MANIFEST line"
+    listing = staged / MANIFEST_NAME
+    listing.write_bytes(listing.read_bytes().replace(b"\n", b"\r\n"))
+    deploy.check_manifest(staged, "9.9.1")
+
+    bad = make_checkout(tmp_path, "9.9.2")
+    with open(os.fsencode(bad / "os_src") + b"/caf\xe9.txt", "wb") as f:
+        f.write(b"not listable\n")
+    built = subprocess.run([sys.executable, str(REPO / "bootstrap" / "build_release.py"), "--checkout", str(bad),
+                            "--out", str(tmp_path / "dist2")], capture_output=True, text=True, timeout=60)
+    done = run_deploy(tmp_path / "ws", "--from-checkout", str(bad))
+    for what in (built, done):
+        assert what.returncode == 1 and what.stderr.count("\n") == 1, what.stderr
+        assert "caf\\xe9.txt' has a name that is not UTF-8" in what.stderr, what.stderr
+
+
 def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     """As root, on a workspace (or, before it exists, a parent) someone else owns: refused in
     main, before the token, the no-op path or a rollback could write a root-owned file."""
