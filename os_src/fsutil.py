@@ -25,13 +25,30 @@ from .errors import LockHeld
 from .procfs import alive
 
 
+class StillHeld(Exception):
+    """held()'s lock was still held by another when its wait ran out (not an OSError: the block's own are not it)."""
+
+
 @contextlib.contextmanager
-def held(path: os.PathLike[str] | str) -> Iterator[None]:
+def held(path: os.PathLike[str] | str, within: float | None = None) -> Iterator[None]:
     """A blocking flock on `path` for the block's length: writers of one thing that may race (two
-    processes allocating a version number, two commands writing or removing the pid file)."""
+    processes allocating a version number, two commands writing or removing the pid file). With
+    `within`, StillHeld if it is still held after that many seconds (a holder stopped by Ctrl-Z
+    holds it for as long as it stays stopped)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if within is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + within
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StillHeld(f"{path} held for {within:.0f}s") from None
+                    time.sleep(0.05)
         yield
     finally:
         os.close(fd)

@@ -531,6 +531,39 @@ def test_two_starts_at_once_start_one_server_and_both_say_so(
                 os.kill(proc, signal.SIGKILL)
 
 
+def test_a_start_held_up_by_a_stopped_start_gives_up_and_says_so(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A start stopped by Ctrl-Z (or hung) holds the start lock: every later start, a deploy's restart
+    too, waited for it without a word for as long as it stayed stopped. A start now waits no longer
+    than a start takes, then fails naming the lock. A killed start leaves nothing held (a flock)."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    lock = settings.layout.pid_file.with_name(settings.layout.pid_file.name + ".start-lock")
+    ran: list[str] = []
+    monkeypatch.setattr(svc.Service, "_start", lambda self: ran.append("start") or 0)  # never a server here
+    monkeypatch.setattr(svc, "START_LOCK_WAIT", 1.0, raising=False)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)"],
+                              stdout=subprocess.PIPE, text=True)
+    codes: list[int] = []
+    start = threading.Thread(target=lambda: codes.append(svc.service_main(settings, "start")), daemon=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        holder.send_signal(signal.SIGSTOP)  # as Ctrl-Z would
+        start.start()
+        start.join(timeout=10)
+        assert not start.is_alive() and codes == [1] and ran == [], "the start waited on the stopped one"
+        err = capsys.readouterr().err
+        assert f"another `sprite-os service start` has held {lock} for 1s" in err, err
+    finally:
+        holder.kill()
+        holder.wait()
+        start.join(timeout=10)
+    ran.clear()
+    assert svc.service_main(settings, "start") == 0 and ran == ["start"]  # the killed holder left it free
+
+
 def fake_server(path: Path, script: str) -> str:
     path.write_text(f"#!/bin/sh\n{script}\n")
     path.chmod(0o755)

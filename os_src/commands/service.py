@@ -39,7 +39,7 @@ from typing import Any
 from .. import procfs
 from ..config import Settings, load_settings, resolve_token
 from ..errors import ConfigError
-from ..fsutil import atomic_write, free_bytes, held
+from ..fsutil import StillHeld, atomic_write, free_bytes, held
 from ..paths import Layout
 from ..stopping import (
     LEAVES_THE_DATABASES_SHORT,
@@ -57,6 +57,8 @@ from .stop_account import (
 )
 
 START_TIMEOUT = 30.0  # the server imports for ~5 s on a 2-core machine; leave room on a smaller Sprite
+# How long a start waits for another start to finish: longer than one takes (START_TIMEOUT, then a stop).
+START_LOCK_WAIT = START_TIMEOUT + STOP_TIMEOUT + 15.0
 LOG_LINES = 15
 SERVER_OUT_MAX = 10 * 1024 * 1024
 
@@ -235,11 +237,19 @@ class Service:
         """One start at a time: two at once each spawned a server; the one that lost the workspace's
         lock died while its start took the winner's /healthz for its own and said `started` with its
         dead pid, which the last pid file written could name (the live server then out of every
-        command's reach). The second now waits, then finds the first's server running."""
+        command's reach). The second now waits, then finds the first's server running; for no longer
+        than a start takes (a start stopped by Ctrl-Z held every later start, a deploy's restart too,
+        without a word, for as long as it stayed stopped)."""
         if not self.layout.state_dir.is_dir():
             self.layout.ensure()
-        with held(self.layout.pid_file.with_name(self.layout.pid_file.name + ".start-lock")):
-            return self._start()
+        lock = self.layout.pid_file.with_name(self.layout.pid_file.name + ".start-lock")
+        try:
+            with held(lock, within=START_LOCK_WAIT):
+                return self._start()
+        except StillHeld:
+            fail(f"another `sprite-os service start` has held {lock} for {START_LOCK_WAIT:.0f}s, longer than a "
+                 "start takes: it is stopped (Ctrl-Z) or hung; end it, then start again")
+            return EXIT_FAILED
 
     def _start(self) -> int:
         state = self.read_pid()
