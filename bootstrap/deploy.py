@@ -83,7 +83,8 @@ class Output:
 
     def log(self, line: str) -> None:
         if self._log is not None:
-            with contextlib.suppress(OSError), open(self._log, "a", encoding="utf-8") as f:
+            # backslashreplace: a name that is not UTF-8 (a tarball's, refused) is written, not a traceback
+            with contextlib.suppress(OSError), open(self._log, "a", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line.rstrip()}\n")
 
     def say(self, line: str) -> None:

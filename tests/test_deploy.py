@@ -689,6 +689,22 @@ def test_a_manifest_takes_any_utf8_name_and_a_name_it_cannot_hold_is_one_line(tm
     for what in (built, done):
         assert what.returncode == 1 and what.stderr.count("\n") == 1, what.stderr
         assert "caf\\xe9.txt' has a name that is not UTF-8" in what.stderr, what.stderr
+    # Such a name in a tarball (packed elsewhere) is not listed: refused in one line, and in the deploy's
+    # log, where writing it ended the deploy in a UnicodeEncodeError traceback.
+    stray = tarfile.TarInfo(os.fsdecode(b"src/caf\xe9.py"))
+    stray.size = 1
+    odd_tarball = tmp_path / "odd-name.tar.gz"
+    with tarfile.open(tmp_path / "dist" / "sprite-os-9.9.1.tar.gz") as tin, \
+            tarfile.open(odd_tarball, "w:gz", format=tarfile.GNU_FORMAT) as tout:
+        for member in tin.getmembers():
+            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+        tout.addfile(stray, io.BytesIO(b"x"))
+    ws = tmp_path / "ws-odd"
+    done = run_deploy(ws, "--release", str(odd_tarball), "--wheelhouse", str(tmp_path), "--venv-cache", str(tmp_path))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "does not match its MANIFEST: not listed src/caf\\udce9.py" in done.stderr, done.stderr
+    assert "not listed src/caf\\udce9.py" in (ws / ".os" / "logs" / "deploy.log").read_text()
+    assert [path.name for path in (ws / ".os" / "releases").iterdir()] == []
 
 
 def test_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
