@@ -564,6 +564,27 @@ def test_a_start_held_up_by_a_stopped_start_gives_up_and_says_so(
     assert svc.service_main(settings, "start") == 0 and ran == ["start"]  # the killed holder left it free
 
 
+def test_a_start_lock_it_cannot_open_is_one_line(
+        ws: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-only .os/state (or a start lock root left, 0600): opening the start lock raised, and the
+    start ended in a traceback, where a pid file it could not write was one line before the lock."""
+    settings = load_settings(env)
+    settings.layout.ensure()
+    real_open = os.open
+
+    def read_only(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".start-lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert svc.service_main(settings, "start") == 1
+    err = capsys.readouterr().err
+    assert err == (f"sprite-os: error: cannot open the start lock {settings.layout.pid_file}.start-lock "
+                   "(Read-only file system): no start can run until it can\n"), err
+    assert not settings.layout.pid_file.exists()
+
+
 def fake_server(path: Path, script: str) -> str:
     path.write_text(f"#!/bin/sh\n{script}\n")
     path.chmod(0o755)

@@ -243,6 +243,11 @@ class Service:
         if not self.layout.state_dir.is_dir():
             self.layout.ensure()
         lock = self.layout.pid_file.with_name(self.layout.pid_file.name + ".start-lock")
+        try:  # a read-only .os/state (or a lock left by root): one line, as a pid file it cannot write is
+            os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as exc:
+            fail(f"cannot open the start lock {lock} ({exc.strerror or exc}): no start can run until it can")
+            return EXIT_FAILED
         try:
             with held(lock, within=START_LOCK_WAIT):
                 return self._start()
