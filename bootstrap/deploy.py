@@ -529,8 +529,9 @@ def site_packages(venv: Path) -> Path:
 def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
         echo: tuple[str, ...] = ()) -> None:
     """Run a command; its output goes to the deploy log (lines starting with `echo` also to stdout). A
-    failure is said with the last line the command printed as its error, else its last line: a failed
-    `service restart` prints its error, then the tail of the server's logs below it."""
+    failure is said with the first line the command printed as its error, else its last line: a failed
+    `service restart` prints its error, then the tail of the server's logs below it, which may hold an
+    older server's error line (from a start that failed days ago), not this one's."""
     out.log(f"$ {' '.join(map(shlex.quote, cmd))}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, cwd=cwd, text=True, errors="replace")
@@ -544,7 +545,7 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
             out.log(line)
         if line.strip():
             last = line.strip()
-            if last.startswith(ERROR_LINES):
+            if last.startswith(ERROR_LINES) and not error:
                 error = last
     code = proc.wait()
     if code != 0:

@@ -759,13 +759,19 @@ def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(t
     """A restart that fails prints its error, then the tail of the server's logs: the deploy's one
     line said the last of those (the old server's `server_stopped`), not why the new one did not start."""
     deploy = load_script("deploy")
-    script = ("print('sprite-os: stopped (pid 1, 0.1s)'); "
-              "print('sprite-os: error: the server did not start: ModuleNotFoundError: No module named x'); "
-              "print('--- last lines of sprite-os.log:'); print('{\"event\": \"server_stopped\"}'); raise SystemExit(1)")
-    with pytest.raises(deploy.DeployError) as failed:
-        deploy.run([sys.executable, "-c", script], "service restart")
-    assert str(failed.value) == ("service restart failed (exit 1): sprite-os: error: the server did not start: "
-                                 "ModuleNotFoundError: No module named x")
+    new_reason = "sprite-os: error: the server did not start: ModuleNotFoundError: No module named x"
+    timed_out = "sprite-os: error: the server did not start: /healthz did not answer within 30s; stopped it"
+    # The second: the tail of server.out is not only this start's, and an older server's error there is
+    # not the reason (it was said, being the last error line).
+    for printed, said in (
+            (["sprite-os: stopped (pid 1, 0.1s)", new_reason, "--- last lines of sprite-os.log:",
+              '{"event": "server_stopped"}'], new_reason),
+            ([timed_out, "--- last lines of server.out:",
+              "sprite-os: error: cannot listen on 0.0.0.0:8765: address already in use"], timed_out)):
+        script = "".join(f"print({line!r}); " for line in printed) + "raise SystemExit(1)"
+        with pytest.raises(deploy.DeployError) as failed:
+            deploy.run([sys.executable, "-c", script], "service restart")
+        assert str(failed.value) == f"service restart failed (exit 1): {said}"
     with pytest.raises(deploy.DeployError) as failed:  # no error line: the last line, as before
         deploy.run([sys.executable, "-c", "print('one'); print('two'); raise SystemExit(3)"], "creating the venv")
     assert str(failed.value) == "creating the venv failed (exit 3): two"
