@@ -9,6 +9,7 @@ semantics the stores rely on.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +57,34 @@ def read_only(path: Path, *, set_aside: bool = False) -> sqlite3.Connection:
     WAL checkpointed into it when it was set aside (a rebuild's memory.db.before-rebuild-*): read as
     immutable, with no lock, so nothing is made beside it."""
     return sqlite3.connect(f"file:{path}?{'immutable=1' if set_aside else 'mode=ro'}", uri=True)
+
+
+def on_read_only_disk(path: Path) -> bool:
+    """Whether `path`'s folder can't be written (a disk an error remounted read-only, a folder the operator may
+    not write): where a reader can't open the database as `connect` does."""
+    return not os.access(path.parent, os.W_OK)
+
+
+def read_only_disk(path: Path) -> sqlite3.Connection:
+    """A reader's connection to a database on a disk that can't be written. A WAL-mode open must make its -shm
+    beside the database ("unable to open database file"). With a -wal beside it (a writer killed before its
+    checkpoint) SQLite reads it read-only, the WAL included; without one, the database file holds every commit
+    and nothing can add one: read as immutable, with no lock and nothing made beside it."""
+    if not path.exists():
+        raise sqlite3.OperationalError(f"no database at {path}")
+    mode = "mode=ro" if path.with_name(f"{path.name}-wal").exists() else "immutable=1"
+    return sqlite3.connect(f"{path.absolute().as_uri()}?{mode}", uri=True, isolation_level=None,
+                           check_same_thread=False)
+
+
+def open_store(path: Path, steps: Sequence[SchemaStep], *, reading: bool = False) -> sqlite3.Connection:
+    """A store's connection, its schema brought to the version `steps` make. `reading` (a command that only
+    reads): on a disk that can't be written, read-only and as it is, with no migration."""
+    if reading and on_read_only_disk(path):
+        return read_only_disk(path)
+    conn = connect(path)
+    migrate(conn, steps)
+    return conn
 
 
 CHECKPOINT_TRIES = 50  # 20 ms apart: a reader's transaction (a search, a page of turns) is shorter

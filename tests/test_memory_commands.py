@@ -203,3 +203,55 @@ def test_a_rebuild_whose_marker_cannot_be_written_sets_nothing_aside(
     assert run(ws, "rebuild", "--yes") != 0
     assert "No space left on device" in capsys.readouterr().err
     assert memory_db.exists() and not list(memory_db.parent.glob("memory.db.before-rebuild-*"))
+
+
+@pytest.mark.parametrize("left", ["closed", "killed"])
+def test_status_and_search_read_a_workspace_whose_disk_went_read_only(
+        tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's first look at a Sprite whose disk an error remounted read-only: memory status and search
+    failed ("unable to open database file": a WAL-mode open makes its -shm beside the database). Now they read
+    it, through the WAL a killed server left (`killed`) or the database file alone (`closed`)."""
+    import json
+    import subprocess
+
+    from devkit.faults import FaultSetupFailed, small_tmpfs
+    from sprite_os.memory.memory_store import MemoryDB, NewLearning
+    from sprite_os.memory.transcript_store import NewObservation, TranscriptDB
+
+    monkeypatch.setenv("SPRITE_EMBEDDING_MODEL", "off")
+    try:
+        disk = small_tmpfs(tmp_path / "disk", "16m")
+        ws = disk.__enter__()
+    except FaultSetupFailed as exc:
+        pytest.skip(str(exc))
+    try:
+        layout = Layout(ws)
+        layout.ensure()
+        transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
+        transcript.append(NewObservation(1_800_000_000.0, "s1", 1, "My name is Dana", "[]", "Hello Dana"))
+        memory.commit_batch(trigger="t", observation_ids=[], model="m", input_tokens=0, output_tokens=0,
+                            cost_usd=0.0, learnings=[NewLearning("fact", "The user's name is Dana.")],
+                            file_updates={}, base_hashes={})
+        transcript.close()
+        memory.close()
+        if left == "killed":  # a second turn committed into the WAL, then the writer killed before any checkpoint
+            code = ("import os, signal, sqlite3, sys\n"
+                    "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                    "c.execute('PRAGMA wal_autocheckpoint=0')\n"
+                    "c.execute(\"INSERT INTO observations (timestamp, session_id, sequence_num, user_message, "
+                    "tool_calls_json, agent_response) VALUES (1800000001, 's1', 2, 'And I live in Lisbon', '[]', "
+                    "'Noted')\")\n"
+                    "os.kill(os.getpid(), signal.SIGKILL)\n")
+            subprocess.run([sys.executable, "-c", code, str(layout.transcript_db)], check=False)
+            assert layout.transcript_db.with_name("transcript.db-wal").stat().st_size > 0
+        subprocess.run(["mount", "-o", "remount,ro", str(ws)], check=True)
+        before = sorted(p.name for p in layout.memory_dir.iterdir())
+
+        assert run(ws, "status", "--json") == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["observations"]["total"] == (2 if left == "killed" else 1), report["observations"]
+        assert run(ws, "search", "Dana") == 0
+        assert "The user's name is Dana." in capsys.readouterr().out
+        assert sorted(p.name for p in layout.memory_dir.iterdir()) == before
+    finally:
+        disk.__exit__(None, None, None)

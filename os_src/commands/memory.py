@@ -117,7 +117,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from .memory_status import disk, print_recall, print_status, recall_status, status
 
     layout = settings.layout
-    transcript, memory = TranscriptDB(layout.transcript_db), MemoryDB(layout.memory_db)
+    transcript, memory = TranscriptDB(layout.transcript_db, reading=True), MemoryDB(layout.memory_db, reading=True)
     report = status(transcript, memory, MemoryFiles(layout), settings.memory_daily_budget_usd)
     report["recall"] = recall_status(settings, memory, transcript)
     from ..memory.capture.spill import read_status

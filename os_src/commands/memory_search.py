@@ -36,7 +36,7 @@ def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
     if not exists(path):
         print(f"sprite-os: no recall index at {path} yet (start the server once, or run `sprite-os memory "
               "rebuild --index --yes` with it stopped): searching learnings only", file=sys.stderr)
-        return Searcher(MemoryDB(settings.layout.memory_db).conn, None)
+        return Searcher(MemoryDB(settings.layout.memory_db, reading=True).conn, None)
     conn = read_connection(settings.layout.memory_db)
     dense = None
     if not lexical and settings.recall_dense_weight > 0:
@@ -107,7 +107,8 @@ def recall_main(settings: Settings, message: str, as_json_: bool, lexical: bool,
     against the boot prompt a session starting now would have."""
     out = stdout or sys.stdout
     searcher = open_searcher(settings, lexical)
-    memory, transcript = MemoryDB(settings.layout.memory_db), TranscriptDB(settings.layout.transcript_db)
+    memory = MemoryDB(settings.layout.memory_db, reading=True)
+    transcript = TranscriptDB(settings.layout.transcript_db, reading=True)
     boot = auto.normalise(boot_prompt_now(MemoryFiles(settings.layout), memory, transcript, time.time()))
     memory.close()
     transcript.close()

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..database import connect, migrate, rows, transaction, user_version
+from ..database import open_store, rows, transaction, user_version
 from .corrections import link as link_correction
 from .schema import MEMORY_SCHEMA
 
@@ -129,10 +129,9 @@ class BatchTotals(msgspec.Struct, frozen=True):
 
 
 class MemoryDB:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, reading: bool = False) -> None:
         self.path = path
-        self.conn = connect(path)
-        migrate(self.conn, MEMORY_SCHEMA)
+        self.conn = open_store(path, MEMORY_SCHEMA, reading=reading)
 
     def close(self) -> None:
         self.conn.close()

@@ -18,9 +18,8 @@ import msgspec
 from ..database import (
     BUSY_TIMEOUT_MS,
     checkpoint,
-    connect,
     marks,
-    migrate,
+    open_store,
     rows,
     transaction,
     user_version,
@@ -107,10 +106,9 @@ class Tombstone(msgspec.Struct, frozen=True):
 class TranscriptDB:
     """The raw turns: the runtime's capture writes, the curator reads."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, reading: bool = False) -> None:
         self.path = path
-        self.conn = connect(path)
-        migrate(self.conn, TRANSCRIPT_SCHEMA)
+        self.conn = open_store(path, TRANSCRIPT_SCHEMA, reading=reading)
 
     def close(self) -> None:
         self.conn.close()

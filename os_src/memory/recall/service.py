@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import Settings
-from ...database import connect
+from ...database import connect, on_read_only_disk, read_only_disk
 from ...db_worker import Worker
 from ...errors import log_expected
 from ...fsutil import atomic_write
@@ -74,6 +74,8 @@ def published(layout: Layout, now: float | None = None) -> dict[str, Any] | None
 
 
 def read_connection(path: Path) -> sqlite3.Connection:
+    if on_read_only_disk(path):  # a `memory` command's search on a disk gone read-only
+        return read_only_disk(path)
     conn = connect(path)
     conn.execute("PRAGMA query_only=1")
     return conn
