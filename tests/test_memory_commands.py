@@ -210,7 +210,8 @@ def test_status_and_search_read_a_workspace_whose_disk_went_read_only(
         tmp_path: Path, left: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator's first look at a Sprite whose disk an error remounted read-only: memory status and search
     failed ("unable to open database file": a WAL-mode open makes its -shm beside the database). Now they read
-    it, through the WAL a killed server left (`killed`) or the database file alone (`closed`)."""
+    it, through the WAL a killed server left (`killed`) or the database file alone (`closed`), and search the
+    learnings where the recall index can't be opened (tantivy takes a lock file beside it)."""
     import json
     import subprocess
 
@@ -234,6 +235,8 @@ def test_status_and_search_read_a_workspace_whose_disk_went_read_only(
                             file_updates={}, base_hashes={})
         transcript.close()
         memory.close()
+        assert run(ws, "rebuild", "--index", "--yes") == 0  # a recall index, which tantivy opens with a lock file
+        capsys.readouterr()
         if left == "killed":  # a second turn committed into the WAL, then the writer killed before any checkpoint
             code = ("import os, signal, sqlite3, sys\n"
                     "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
@@ -251,7 +254,8 @@ def test_status_and_search_read_a_workspace_whose_disk_went_read_only(
         report = json.loads(capsys.readouterr().out)
         assert report["observations"]["total"] == (2 if left == "killed" else 1), report["observations"]
         assert run(ws, "search", "Dana") == 0
-        assert "The user's name is Dana." in capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert "The user's name is Dana." in out and "can't be written" in err and "learnings only" in err, err
         assert sorted(p.name for p in layout.memory_dir.iterdir()) == before
     finally:
         disk.__exit__(None, None, None)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from ..config import Settings
+from ..database import on_read_only_disk
 from ..dates import usable
 from ..memory.files import MemoryFiles
 from ..memory.loader import boot_prompt_now
@@ -36,7 +37,11 @@ def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
     if not exists(path):
         print(f"sprite-os: no recall index at {path} yet (start the server once, or run `sprite-os memory "
               "rebuild --index --yes` with it stopped): searching learnings only", file=sys.stderr)
-        return Searcher(MemoryDB(settings.layout.memory_db, reading=True).conn, None)
+        return learnings_only(settings)
+    if on_read_only_disk(path / "meta.json"):  # tantivy's open takes a lock file beside the index
+        print(f"sprite-os: the recall index at {path} is on a disk that can't be written, and opening it needs "
+              "to: searching learnings only", file=sys.stderr)
+        return learnings_only(settings)
     conn = read_connection(settings.layout.memory_db)
     dense = None
     if not lexical and settings.recall_dense_weight > 0:
@@ -47,6 +52,10 @@ def open_searcher(settings: Settings, lexical: bool = False) -> Searcher:
         else:
             print(f"sprite-os: meaning unavailable, lexical search only: {status.detail}", file=sys.stderr)
     return Searcher(conn, RecallIndex(path), dense)
+
+
+def learnings_only(settings: Settings) -> Searcher:
+    return Searcher(MemoryDB(settings.layout.memory_db, reading=True).conn, None)
 
 
 def as_json(hit: RecallHit) -> dict[str, Any]:
