@@ -527,6 +527,23 @@ async def test_any_error_of_a_run_counts_as_a_failed_call(kit: Kit, daemon: Memo
     await wait_for(lambda: _failing_cleared(kit))
 
 
+async def test_memory_status_and_healthz_give_the_same_time_for_the_last_success(
+        kit: Kit, daemon: MemoryDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """/healthz took the daemon's clock after the batch's files were written, memory status the batch's commit
+    in memory.db: the same success a second apart, where an operator compares the two."""
+    from sprite_os.commands.main import main
+
+    await kit.turns("one")
+    daemon.trigger("test")
+    await wait_for(lambda: _pending(kit, 0))
+    await daemon.stop(flush_budget=0)
+    health = daemon.status()
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["--workspace", str(tmp_path), "memory", "status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert health["last_success_at"] is not None and report["last_success_at"] == health["last_success_at"]
+
+
 async def test_memory_status_shows_what_healthz_shows_about_failing(
         kit: Kit, daemon: MemoryDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sprite_os.commands.main import main
