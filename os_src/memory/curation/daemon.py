@@ -194,7 +194,7 @@ class MemoryDaemon:
         except ValueError as exc:  # a bad value only costs the clock
             log.warning("daemon_failing_unreadable", error=repr(exc))
         if self.health.last_success_at is None:  # for /healthz: the last success survives a restart
-            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at()) or time.time()
+            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
         await self.processor.recover()
         await self._save_budget()  # a new setting takes effect now; a wait is found again at the first call
         worst = cost_usd(self.processor.curator.model, self.batch_tokens, MAX_REPLY_TOKENS)
@@ -310,7 +310,7 @@ class MemoryDaemon:
             self._conflicts = 0
             self.poison.succeeded()
             # The batch's commit, as memory status reads it: not this clock after its files were written.
-            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at()) or time.time()
+            self.health.last_success_at = await self.processor.memory.call(lambda m: m.last_done_at())
             self.health.batches_run += 1
             await self._clear_failing()
             # Only as far as nothing older is pending: a turn set aside may be older than these.
