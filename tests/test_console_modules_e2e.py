@@ -271,3 +271,32 @@ async def test_a_folder_bigger_than_a_listing_is_shown_a_page_at_a_time_in_order
         await expect(tab.by("files-more")).to_have_count(0)
         assert [await row.get_attribute("data-name") for row in await rows.all()] == names
         tab.assert_clean()
+
+
+async def test_a_folder_that_changes_between_its_pages_skips_none_of_its_files(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big folder's next page is asked after the last file shown, not from a count: a file removed from
+    the first page meanwhile moved the next one up past the count (scan-4 here), never shown, nor could it
+    be downloaded; and one added above the page kept Show the next asking for ever for a file already shown."""
+    folder = server.settings.layout.root / "scans"
+    folder.mkdir()
+    names = [f"scan-{n}.pdf" for n in range(1, 8)]
+    for name in names:
+        (folder / name).write_text("x")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
+        await tab.by("open-folder").filter(has_text="scans").click()
+        rows = tab.by("file-entry")
+        await expect(rows).to_have_count(3)
+        (folder / "scan-1.pdf").unlink()
+        await tab.by("files-more-button").click()
+        await expect(rows).to_have_count(6)
+        await expect(tab.by("files-more")).to_have_text("Showing 6 of 7. Show the next 1")
+        (folder / "scan-0.pdf").write_text("x")
+        await tab.by("files-more-button").click()
+        await expect(rows).to_have_count(7)
+        await expect(tab.by("files-more")).to_have_count(0)
+        assert [await row.get_attribute("data-name") for row in await rows.all()] == names
+        tab.assert_clean()

@@ -113,10 +113,11 @@ class FilesConsole:
 
     async def _list(self, req: pf.FilesListRequest) -> pf.FilesListResult:
         try:
-            entries, total = await asyncio.to_thread(self.files.listing, req.path, req.offset)
+            after = None if req.after is None else (req.after, req.after_folder)
+            entries, total, rest = await asyncio.to_thread(self.files.listing, req.path, req.offset, after)
         except (PathRefused, NotThere) as exc:
             raise refused(exc) from None
-        return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, entries=[
+        return pf.FilesListResult(request_id=req.request_id, path=req.path.strip("/"), total=total, rest=rest, entries=[
             pf.FileEntry(name=e.name, kind=e.kind, size=e.size, modified=e.modified, openable=e.openable)
             for e in entries])
 

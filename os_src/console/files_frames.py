@@ -24,10 +24,13 @@ Chunk = Annotated[bytes, msgspec.Meta(max_length=CHUNK_BYTES)]
 
 
 class FilesListRequest(Request, tag="files_list", frozen=True):
-    """A folder's entries from `offset` in its order; `path` "" is the top of the person's files."""
+    """A folder's entries from `offset` in its order, or just after the entry `after` (a name, a folder's
+    when `after_folder`: the last of the page before); `path` "" is the top of the person's files."""
 
     path: FilePath = ""
     offset: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT64)] = 0
+    after: FilePath | None = None
+    after_folder: bool = False
 
 
 class FileReadRequest(Request, tag="file_read", frozen=True):
@@ -99,7 +102,8 @@ class FileEntry(msgspec.Struct, frozen=True):
 class FilesListResult(Reply, tag="files_list_result", frozen=True):
     path: str
     entries: list[FileEntry]  # folders first, then by name
-    total: int  # entries in the folder; more than listed when it holds over 2,000 (the next: `offset`)
+    total: int  # entries in the folder; more than listed when it holds over 2,000
+    rest: int = 0  # entries after those listed, in the folder's order (the next: `after` the last listed)
 
 
 class FileReadResult(Reply, tag="file_read_result", frozen=True):

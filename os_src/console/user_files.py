@@ -18,6 +18,7 @@ Blocking I/O: the console's file API runs these in a thread.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import os
@@ -68,6 +69,11 @@ def _shown(name: str) -> tuple[str, bool]:
     except UnicodeEncodeError:
         return os.fsencode(name).decode(errors="replace"), False
     return name, True
+
+
+def _order(name: str, folder: bool) -> tuple[bool, str, str]:
+    """Where an entry goes in a listing: folders first, then by name (case aside, then as written)."""
+    return not folder, name.casefold(), name
 
 
 def parts(path: str) -> list[str]:
@@ -151,27 +157,33 @@ class UserFiles:
         finally:
             os.close(fd)
 
-    def listing(self, path: str, offset: int = 0) -> tuple[list[Entry], int]:
-        """The folder's entries from `offset` in its order (folders first, then by name), at most
-        MAX_ENTRIES of them, and how many there are in all. The whole folder is put in order first (its
-        names and whether each is a folder, which the directory itself says), and only the entries
-        listed are looked at: a listing of a folder past the limit is the next page of one order, not
-        whichever entries the disk gave first."""
+    def listing(self, path: str, offset: int = 0, after: tuple[str, bool] | None = None) -> tuple[list[Entry], int, int]:
+        """The folder's entries from `offset` in its order (folders first, then by name), or just after
+        `after` (a name, and whether it is a folder's: the last entry of the page before), at most
+        MAX_ENTRIES of them, how many there are in all, and how many come after those listed. The whole
+        folder is put in order first (its names and whether each is a folder, which the directory itself
+        says), and only the entries listed are looked at: a listing of a folder past the limit is the next
+        page of one order, not whichever entries the disk gave first. A page asked after an entry goes on
+        from where the one before it ended even when the folder changed between them (an entry removed
+        above would otherwise shift the next one past the offset, and it was never listed)."""
         found = parts(path)
         with self.folder(found) as fd:
             with os.scandir(fd) as it:
                 items = [item for item in it if found or item.name != SYSTEM_DIR]
-            named = sorted(((_shown(item.name), item) for item in items),
-                           key=lambda pair: (not pair[1].is_dir(follow_symlinks=False), pair[0][0].casefold(), pair[0][0]))
+            named = sorted(((_order(_shown(item.name)[0], item.is_dir(follow_symlinks=False)), item) for item in items),
+                           key=lambda pair: pair[0])
+            if after is not None:
+                offset = bisect.bisect_right(named, _order(*after), key=lambda pair: pair[0])
             entries: list[Entry] = []
-            for (name, openable), item in named[offset:offset + MAX_ENTRIES]:
+            for _, item in named[offset:offset + MAX_ENTRIES]:
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+                name, openable = _shown(item.name)
                 entries.append(Entry(name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0,
                                      st.st_mtime, openable))
-        return entries, len(items)
+        return entries, len(items), max(0, len(named) - offset - MAX_ENTRIES)
 
     @contextlib.contextmanager
     def open_file(self, path: str) -> Iterator[tuple[int, os.stat_result]]:

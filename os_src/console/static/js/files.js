@@ -217,7 +217,7 @@ export class FilesView {
         el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
         el("thead", {}, head), body));
       if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
-      this.pager(body, answer.total, rows.length, current);
+      this.pager(body, answer.rest, rows.length, current);
       this.root.dataset.path = this.path;
     };
     // The same folder drawn again (an upload from another device): the focus stays on the row's button.
@@ -226,30 +226,32 @@ export class FilesView {
   }
 
   /** Under a listing that holds part of a big folder (the Sprite lists 2,000 entries at a time, in the
-   * folder's order): how many are shown, and a button for the next ones, put below them. `current()`:
+   * folder's order): how many are shown, and a button for the next ones, put below them. The next page is
+   * asked after the last entry shown, not from a count: an entry removed above it meanwhile would shift
+   * the next one past a count, never listed. `rest`: how many the Sprite has after those. `current()`:
    * the folder drawn is still the one shown (another opened meanwhile takes no rows of this one's). */
-  pager(body, total, page, current) {
+  pager(body, rest, page, current) {
     this.table.querySelector(":scope > .pager")?.remove();
     const shown = body.rows.length;
-    if (total <= shown) return;
-    const next = Math.min(total - shown, page);
+    if (!(rest > 0) || !shown) return;
+    const last = body.rows[shown - 1].dataset;
     const more = async () => {
       let answer;
       try {
-        answer = await this.conn.request("files_list", { path: this.path, offset: shown });
+        answer = await this.conn.request("files_list", { path: this.path, after: last.name, after_folder: last.kind === "folder" });
       } catch (error) {
         if (current()) this.say(error.message, "error");
         return false;
       }
       if (!current() || !body.isConnected) return false;
-      const listed = new Set([...body.rows].map((row) => row.dataset.name)); // one moved up meanwhile: once
+      const listed = new Set([...body.rows].map((row) => row.dataset.name)); // one renamed meanwhile: once
       const rows = answer.entries.filter((entry) => !listed.has(entry.name)).map((entry) => this.row(entry));
       body.append(...rows);
-      this.pager(body, answer.total, page, current);
+      this.pager(body, answer.rest, page, current);
       return rows[0]?.querySelector("button") ?? body; // where the keyboard goes on from (askingOnce)
     };
-    this.table.append(el("p", { class: "hint pager", testid: "files-more" }, `Showing ${count(shown)} of ${count(total)}. `,
-      el("button", { type: "button", class: "link", testid: "files-more-button", text: `Show the next ${count(next)}`, onclick: askingOnce(more) })));
+    this.table.append(el("p", { class: "hint pager", testid: "files-more" }, `Showing ${count(shown)} of ${count(shown + rest)}. `,
+      el("button", { type: "button", class: "link", testid: "files-more-button", text: `Show the next ${count(Math.min(rest, page))}`, onclick: askingOnce(more) })));
   }
 
   renderCrumbs() {
