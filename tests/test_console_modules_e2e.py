@@ -201,6 +201,33 @@ async def test_a_card_closed_while_open_large_leaves_the_focus_on_the_canvas(ser
 
 
 
+@pytest.mark.parametrize("large", [True, False])
+async def test_a_card_closed_in_the_middle_of_the_canvas_leaves_the_focus_on_the_card_after_it(
+        server: SpriteOS, large: bool) -> None:
+    """The person is on the second of three cards (reading it large, or on its own buttons) when it is
+    closed: the focus goes to the card after it, where they were in the canvas, not back to the first card
+    (a keyboard user would start again from the top); the last card closed gives it to the one before."""
+    seen = await in_page(server, f"""async () => {{
+        const {{ CanvasView }} = await import("/console/js/canvas.js");
+        const root = document.body.appendChild(document.createElement("div"));
+        const canvas = new CanvasView(root, document.createElement("span"), {{}}, () => {{}});
+        const card = (id, at) => ({{ id, title: id, kind: "note", body: "", updated_at: at }});
+        canvas.handle({{ type: "ready", cards: [card("c1", 3), card("c2", 2), card("c3", 1)] }});
+        const on = (id) => {{
+          const open = root.querySelector(`[data-card-id="${{id}}"] [data-testid="card-expand"]`);
+          open.focus();
+          if ({str(large).lower()}) open.click();
+        }};
+        const where = () => document.activeElement.closest("[data-card-id]")?.dataset.cardId;
+        on("c2");
+        canvas.handle({{ type: "card_closed", card_id: "c2" }});
+        const middle = where();
+        on("c3");
+        canvas.handle({{ type: "card_closed", card_id: "c3" }});
+        return {{ middle, last: where() }};
+    }}""")
+    assert seen == {"middle": "c3", "last": "c1"}
+
 async def test_the_last_card_closed_leaves_the_focus_on_the_canvas_tab_when_the_chat_is_hidden(
         server: SpriteOS) -> None:
     """On the Canvas view (a phone's, or the canvas on its own) the person closes the last card by keyboard:

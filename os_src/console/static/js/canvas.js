@@ -51,14 +51,18 @@ export class CanvasView {
     // back to the card's Open, gone), so it goes to the canvas as from the card itself.
     const inView = this.dialog.open && this.dialog.dataset.cardId === id;
     const hadFocus = known.node.contains(document.activeElement) || (inView && this.dialog.contains(document.activeElement));
+    // Where the person was in the canvas: the card after this one, or the one before it when it was the last.
+    const near = [known.node.nextElementSibling, known.node.previousElementSibling].find((node) => node?.dataset.cardId);
     known.node.remove();
     this.cards.delete(id);
     this.update();
     if (inView) this.dialog.close();
-    // To the next card; with none left, the message box, or the Canvas tab when the chat is not shown (the
-    // Canvas view, on a phone or on its own): the hidden box took no focus, and it fell to the page's body.
+    // To the next card (not the first: a keyboard user would start again from the top); with none left,
+    // the message box, or the Canvas tab when the chat is not shown (the Canvas view, on a phone or on its
+    // own): the hidden box took no focus, and it fell to the page's body.
     if (hadFocus) {
-      for (const next of [this.root.querySelector("button"), document.getElementById("composer"), document.getElementById("tab-canvas")]) {
+      const card = near?.isConnected ? near.querySelector("button") : this.root.querySelector("button");
+      for (const next of [card, document.getElementById("composer"), document.getElementById("tab-canvas")]) {
         next?.focus();
         if (next && document.activeElement === next) break;
       }
