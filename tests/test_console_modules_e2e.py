@@ -146,6 +146,29 @@ async def test_a_link_dead_but_not_closed_is_noticed_and_reconnected(server: Spr
     assert "waiting" in seen["states"], seen
 
 
+async def test_a_clock_set_back_does_not_keep_a_dead_link_for_as_long(server: SpriteOS) -> None:
+    """The machine's clock steps back (a correction on waking, a time set by hand, a VM restored) after
+    the link last spoke: the page counted the quiet from a moment now in its future, and asked nothing, so
+    a link that died meanwhile stayed "connected" for as long as the clock went back (an hour here)."""
+    seen = await in_page(server, f"""async () => {{
+        {SOCKETS}
+        conn.start("a-token");
+        const first = sockets[0];
+        first.open();
+        first.answer({{ type: "ready", stream: "run-1", seq: 7 }});
+        await until(() => pings(first) === 1);
+        first.answer({{ type: "pong" }});
+        const wall = Date.now;
+        Date.now = () => wall.call(Date) - 3_600_000; // an hour back, and the link dies: nothing more comes
+        try {{
+          await until(() => sockets.length === 2, 5_000);
+        }} finally {{
+          Date.now = wall;
+        }}
+        return {{ pings: pings(first), dropped: first.closed }};
+    }}""")
+    assert seen == {"pings": 2, "dropped": True}
+
 async def test_a_message_sent_into_a_quiet_link_asks_at_once_whether_it_holds(server: SpriteOS) -> None:
     """The person wakes the laptop and types: the message goes with a `ping` at once (the link had been
     quiet), so a dead link is noticed the patience after it, not a whole quiet spell later."""

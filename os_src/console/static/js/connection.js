@@ -24,7 +24,10 @@
 // nothing from the Sprite it asks (`ping`, answered `pong`), and a link that then brings nothing at all
 // for PATIENCE more is dropped as dead, and the page reconnects, resuming from the last event it saw. Any
 // frame counts as an answer (a pong can be queued behind a download's chunks on a slow link). The clock is
-// the wall's: a machine that slept wakes with the quiet spell long over, and asks at the next check. A
+// the wall's: a machine that slept wakes with the quiet spell long over, and asks at the next check. A clock
+// set back counts from the moment it was set back to (else the quiet spell, counted from a moment in its
+// future, would last as long as it went back), and whether the asking was answered is a count of frames,
+// not a comparison of times the step back would turn over. A
 // frame the page sends after CHECK of quiet (a message typed on waking) asks at once, so a dead link is
 // noticed PATIENCE after it, not a quiet spell later.
 
@@ -43,7 +46,9 @@ export class Connection {
     this.onAuthFailed = onAuthFailed;
     Object.assign(this, { quiet, patience, check: Math.min(CHECK, quiet / 2) });
     this.heard = 0; // when the open socket last brought a frame (Date.now())
-    this.pinged = null; // when the page last asked whether the link holds, while unanswered
+    this.pinged = null; // when the page last asked whether the link holds
+    this.frames = 0; // frames the open socket brought so far
+    this.answered = 0; // `frames` when the page asked: unanswered while it is still the count
     this.watch = null; // the open socket's `listen` timer
     this.ws = null;
     this.token = null;
@@ -120,7 +125,7 @@ export class Connection {
       this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     });
     ws.addEventListener("message", (event) => {
-      if (this.ws === ws) this.heard = Date.now();
+      if (this.ws === ws) Object.assign(this, { heard: Date.now(), frames: this.frames + 1 });
       this.receive(event.data);
     });
     ws.addEventListener("close", (event) => this.lost(ws, opened, event.code));
@@ -141,7 +146,9 @@ export class Connection {
   listen(ws) {
     if (this.ws !== ws) return;
     const now = Date.now();
-    if (this.pinged !== null && this.heard < this.pinged) {
+    this.heard = Math.min(this.heard, now); // a clock set back: counted from now
+    if (this.pinged !== null) this.pinged = Math.min(this.pinged, now);
+    if (this.asking) {
       if (now - this.pinged < this.patience) return;
       ws.close(1000, "no answer"); // its close event, if one ever comes, is no longer the page's
       this.lost(ws, true, 0);
@@ -150,10 +157,15 @@ export class Connection {
     if (now - this.heard >= this.quiet) this.ask();
   }
 
+  /** Whether the page asked the Sprite about the link, and nothing came since. */
+  get asking() {
+    return this.pinged !== null && this.frames === this.answered;
+  }
+
   /** Asks the Sprite whether the link holds (`listen` judges the answer), unless it is asked already. */
   ask() {
-    if (!this.connected || (this.pinged !== null && this.heard < this.pinged)) return;
-    this.pinged = Date.now();
+    if (!this.connected || this.asking) return;
+    Object.assign(this, { pinged: Date.now(), answered: this.frames });
     this.send({ type: "ping" });
   }
 
