@@ -89,8 +89,9 @@ async def test_a_message_sent_while_a_turn_runs_stays_below_that_turns_answer(se
 
 
 # A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left
-# silent by the test), listening as the page does but over milliseconds: `quiet` with nothing heard before
-# it asks (`ping`), `patience` more before it takes the link for dead. `until(check)` polls the page's clock.
+# silent by the test; `connected()` the first), listening as the page does but over milliseconds: `quiet`
+# with nothing heard before it asks (`ping`), `patience` more before it takes the link for dead.
+# `until(check)` polls the page's clock.
 SOCKETS = """
 const { Connection } = await import("/console/js/connection.js");
 const sockets = [];
@@ -112,6 +113,13 @@ const until = async (check, ms = 20_000) => {
   }
 };
 const pings = (ws) => ws.sent.filter((f) => f.type === "ping").length;
+// Signed in, the first socket open and `ready` (its last event 7): that socket.
+const connected = () => {
+  conn.start("a-token");
+  sockets[0].open();
+  sockets[0].answer({ type: "ready", stream: "run-1", seq: 7 });
+  return sockets[0];
+};
 """
 
 
@@ -123,10 +131,7 @@ async def test_a_link_dead_but_not_closed_is_noticed_and_reconnected(server: Spr
     one that answers, or keeps talking, is kept."""
     seen = await in_page(server, f"""async () => {{
         {SOCKETS}
-        conn.start("a-token");
-        const first = sockets[0];
-        first.open();
-        first.answer({{ type: "ready", stream: "run-1", seq: 7 }});
+        const first = connected();
         // Alive: each ping answered, the link is kept, however many quiet spells pass.
         for (let n = 1; n <= 3; n += 1) {{
           await until(() => pings(first) === n);
@@ -152,10 +157,7 @@ async def test_a_clock_set_back_does_not_keep_a_dead_link_for_as_long(server: Sp
     a link that died meanwhile stayed "connected" for as long as the clock went back (an hour here)."""
     seen = await in_page(server, f"""async () => {{
         {SOCKETS}
-        conn.start("a-token");
-        const first = sockets[0];
-        first.open();
-        first.answer({{ type: "ready", stream: "run-1", seq: 7 }});
+        const first = connected();
         await until(() => pings(first) === 1);
         first.answer({{ type: "pong" }});
         const wall = Date.now;
