@@ -6,6 +6,7 @@ of tests/README.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -351,4 +352,33 @@ async def test_a_folder_that_changes_between_its_pages_skips_none_of_its_files(
         await expect(rows).to_have_count(7)
         await expect(tab.by("files-more")).to_have_count(0)
         assert [await row.get_attribute("data-name") for row in await rows.all()] == names
+        tab.assert_clean()
+
+
+async def test_a_big_folder_drawn_again_keeps_the_pages_shown_and_the_focus(
+        server: SpriteOS, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The person brought the second page of a big folder (Show the next) and is on a file of it when an
+    upload redraws the folder: the pages shown are shown again, with the focus still on that file (the
+    redraw showed the first page alone, the file and the focus gone with the rest)."""
+    folder = server.settings.layout.root / "documents"
+    names = [f"scan-{n}.pdf" for n in range(1, 8)]
+    for name in names:
+        (folder / name).write_text("x")
+    picked = tmp_path / "zz-notes.txt"
+    picked.write_text("notes")
+    async with chromium() as browser:
+        tab = await signed_in(browser, server.port)
+        await tab.by("files-tab").click()
+        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        rows = tab.by("file-entry")
+        await expect(rows).to_have_count(3)
+        await tab.by("files-more-button").click()
+        await expect(rows).to_have_count(6)
+        scan5 = tab.page.locator('[data-name="scan-5.pdf"]').get_by_test_id("download")
+        await scan5.focus()
+        await tab.by("upload-input").set_input_files(str(picked))
+        await expect(tab.by("files-more")).to_have_text("Showing 6 of 8. Show the next 2")  # drawn again
+        await expect(rows).to_have_count(6)
+        await expect(scan5).to_be_focused()
         tab.assert_clean()

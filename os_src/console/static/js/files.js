@@ -198,18 +198,28 @@ export class FilesView {
 
   async show(path = this.path) {
     const current = this.listings.begin();
+    // The same folder drawn again (an upload): as many of its entries as were shown, the pages the person
+    // brought with Show the next too, or the row they were on would be gone, and the focus with it.
+    const had = path === this.path ? this.table.querySelectorAll("tbody > tr").length : 0;
     let answer;
+    let page = 0; // how many the Sprite lists at a time: its first answer's
+    const entries = [];
     try {
-      answer = await this.conn.request("files_list", { path });
+      do {
+        const last = entries.at(-1);
+        answer = await this.conn.request("files_list", last ? { path, after: last.name, after_folder: last.kind === "folder" } : { path });
+        if (!current()) return; // a folder opened meanwhile is the one to show
+        entries.push(...answer.entries);
+        page ||= answer.entries.length;
+      } while (answer.rest > 0 && entries.length < had && answer.entries.length);
     } catch (error) {
       if (current()) this.say(error.message, "error");
       return;
     }
-    if (!current()) return; // a folder opened meanwhile is the one to show
     const draw = () => {
       this.path = answer.path;
       this.renderCrumbs();
-      const rows = answer.entries.map((entry) => this.row(entry));
+      const rows = entries.map((entry) => this.row(entry));
       const head = el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Size" }),
         el("th", { scope: "col", text: "Changed" }), el("th", { scope: "col", text: "" }, el("span", { class: "visually-hidden", text: "Actions" })));
       const body = el("tbody", {}, rows);
@@ -217,7 +227,7 @@ export class FilesView {
         el("caption", { class: "visually-hidden", text: `Files in ${this.path || "your workspace"}` }),
         el("thead", {}, head), body));
       if (!rows.length) this.table.append(el("p", { class: "empty", text: "This folder is empty." }));
-      this.pager(body, answer.rest, rows.length, current);
+      this.pager(body, answer.rest, page, current);
       this.root.dataset.path = this.path;
     };
     // The same folder drawn again (an upload from another device): the focus stays on the row's button.
