@@ -143,6 +143,32 @@ async def test_a_folder_past_the_listing_limit_is_listed_in_order_a_page_at_a_ti
     assert pages == [(["zz-folder", *names[:3]], 11), (names[3:7], 11), (names[7:], 11), ([], 11)]
 
 
+async def test_a_page_asked_after_an_entry_goes_on_from_it_whatever_changed_above(
+        kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next page asked `after` the last entry listed (a folder's, or a file's) begins just after it,
+    that entry gone or not, entries removed or added above it meanwhile; `rest` counts those after the
+    page. An offset, counted against a folder that changed, skipped or repeated them."""
+    monkeypatch.setattr(user_files, "MAX_ENTRIES", 2)
+    many = kit.layout.root / "many"
+    many.mkdir()
+    for name in ("b", "a"):
+        (many / name).mkdir()
+    for name in ("B.txt", "a.txt", "c.txt"):
+        (many / name).write_text("x")
+
+    async def page(after: str | None, folder: bool = False) -> tuple[list[str], int, int]:
+        listing = await kit.ask(pf.FilesListRequest(request_id="l", path="many", after=after, after_folder=folder))
+        return [e.name for e in listing.entries], listing.total, listing.rest  # type: ignore[attr-defined]
+
+    assert await page(None) == (["a", "b"], 5, 3)
+    assert await page("b", folder=True) == (["a.txt", "B.txt"], 5, 1)
+    (many / "a.txt").unlink()  # removed above the cursor, and the cursor itself
+    (many / "a").rmdir()
+    assert await page("a.txt") == (["B.txt", "c.txt"], 3, 0)
+    assert await page("B.txt") == (["c.txt"], 3, 0)
+    assert await page("zz") == ([], 3, 0)
+
+
 async def test_an_upload_lands_in_documents_under_a_free_name_and_everyone_is_told(kit: Kit) -> None:
     data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks
     assert await kit.upload("Scan 2026.pdf", data, chunk=1024 * 1024) == "documents/Scan 2026.pdf"
