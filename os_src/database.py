@@ -68,11 +68,14 @@ def on_read_only_disk(path: Path) -> bool:
 def read_only_disk(path: Path) -> sqlite3.Connection:
     """A reader's connection to a database on a disk that can't be written. A WAL-mode open must make its -shm
     beside the database ("unable to open database file"). With a -wal beside it (a writer killed before its
-    checkpoint) SQLite reads it read-only, the WAL included; without one, the database file holds every commit
-    and nothing can add one: read as immutable, with no lock and nothing made beside it."""
+    checkpoint) SQLite reads it read-only, the WAL included; without one, on a file system mounted read-only, the
+    database file holds every commit and nothing can add one: read as immutable, with no lock and nothing made
+    beside it."""
     if not path.exists():
         raise sqlite3.OperationalError(f"no database at {path}")
-    mode = "mode=ro" if path.with_name(f"{path.name}-wal").exists() else "immutable=1"
+    # Immutable only where nothing can write: on a folder merely closed to this user a server may be writing.
+    frozen = os.statvfs(path.parent).f_flag & os.ST_RDONLY and not path.with_name(f"{path.name}-wal").exists()
+    mode = "immutable=1" if frozen else "mode=ro"
     return sqlite3.connect(f"{path.absolute().as_uri()}?{mode}", uri=True, isolation_level=None,
                            check_same_thread=False)
 

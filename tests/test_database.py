@@ -303,3 +303,18 @@ def test_migration_9_counts_nothing_left_out_of_the_calls_from_before(tmp_path: 
     totals = m.totals()
     assert (totals["batches"], totals["learnings_over_bound"], totals["lines_ignored"], totals["files_rejected"]) \
         == (2, 0, 0, 0)
+
+
+def test_a_database_on_a_writable_file_system_is_never_read_as_immutable(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-only open is for a disk gone read-only; on a folder merely closed to the operator a server may be
+    writing, and an immutable read (no locks, nothing checked for change) could read its pages half-written."""
+    from sprite_os import database
+
+    path = tmp_path / "memory.db"
+    MemoryDB(path).close()  # closed: no -wal beside it, the case an immutable read would take on a read-only disk
+    opened: list[str] = []
+    real = sqlite3.connect
+    monkeypatch.setattr(database.sqlite3, "connect", lambda name, **kw: opened.append(name) or real(name, **kw))
+    database.read_only_disk(path).close()
+    assert opened and "mode=ro" in opened[0] and "immutable" not in opened[0], opened
