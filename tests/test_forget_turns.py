@@ -1058,6 +1058,45 @@ async def test_a_forget_cut_short_before_memory_lost_its_words_is_searched_by_no
         await again.stop()
 
 
+def test_every_reader_of_memory_db_holds_back_what_a_forget_job_names_and_nothing_else(tmp_path: Path) -> None:
+    """What a forget job holds back (memory_store.held_back: the learnings drawn from its turns, its sessions'
+    summaries, the actions drawn from those) is left out by each read of memory.db for the agent, the curator and
+    the console, by one rule. Nothing else is: a learning with no turn or no session stays (the console's list
+    of learnings used to drop a summary with no session while any job was on disk), and the boot prompt's recent
+    learnings are the newest of those not held back (it used to take MAX_RECENT, then drop the held ones, showing
+    fewer while a job named many)."""
+    from sprite_os.console.memory_queries import listed_learnings
+    from sprite_os.console.session_queries import summaries
+    from sprite_os.memory.forget.jobs import add_job
+    from sprite_os.memory.loader import MAX_RECENT, remembered_now
+    from sprite_os.memory.recall.hits import Rows
+
+    m = MemoryDB(tmp_path / "m.db")
+    kept = [NewLearning("FACT", "No turn of its own"), NewLearning("SUMMARY", "A summary of no session"),
+            NewLearning("FACT", "Lives in Porto", "s2", 9), NewLearning("SUMMARY", "Talked of Porto", "s2"),
+            NewLearning("ACTION", "Book the Porto train", "s2", 9)]
+    held = [NewLearning("FACT", f"Held fact {i}", "s1", 7) for i in range(MAX_RECENT)]
+    held += [NewLearning("SUMMARY", "Talked of Lisbon", "s1"), NewLearning("ACTION", "Send the Lisbon map", "s1", 7)]
+    m.commit_batch(trigger="t", observation_ids=[7, 9], model="m", input_tokens=0, output_tokens=0, cost_usd=0,
+                   learnings=[*kept, *held], file_updates={}, base_hashes={})  # the held ones newest
+    add_job(m, [7], ["s1"], set(), time.time())
+    everything = {x.content: x.id for x in m.all_learnings()}
+    shown = {x.content for x in kept}
+    summaries_shown = {x.content for x in kept if x.type == "SUMMARY"}
+
+    boot = remembered_now(m, time.time())
+    assert {x.content for x in boot.recent} == shown
+    assert {x.content for x in boot.summaries} == summaries_shown
+    assert [a.content for a in boot.actions] == ["Book the Porto train"]
+    assert [a.content for a in m.pending_actions()] == ["Book the Porto train"]  # the curator's prompt's
+    assert {x.content for x in m.learnings_since(0, limit=len(shown))} == shown
+    listed = {m.conn.execute("SELECT content FROM learnings WHERE id = ?", (i,)).fetchone()[0]
+              for i in listed_learnings(m, [], False, 100)}
+    assert listed == shown
+    assert summaries(m, ["s1", "s2"]) == {"s2": "Talked of Porto"}
+    assert {f.text for f in Rows(m.conn).learnings(list(everything.values())).values()} == shown  # search's
+
+
 async def test_a_forget_an_error_cut_short_then_made_again_leaves_no_job_behind(system: MemorySystem,
                                                                               tmp_path: Path) -> None:
     """A forget an error cut short keeps its job for the next start; the person forgets the turn again, which

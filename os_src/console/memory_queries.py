@@ -11,7 +11,7 @@ from typing import Literal
 import msgspec
 
 from ..database import marks, rows
-from ..memory.memory_store import HELD_LEARNINGS, HELD_SESSIONS, MemoryDB
+from ..memory.memory_store import MemoryDB, held_back
 from ..memory.recall.searcher import RecallHit
 from ..memory.schema import PENDING, PROCESSED
 from ..memory.transcript_store import TranscriptDB
@@ -42,10 +42,10 @@ def learnings_by_id(db: MemoryDB, ids: Sequence[int]) -> dict[int, LearningRow]:
 
 
 def listed_learnings(db: MemoryDB, types: Sequence[str], forgotten: bool, limit: int) -> list[int]:
-    """Without a query: the newest learnings, or the newest forgotten (by when they were forgotten); never one
-    drawn from a turn a forget job names, nor a summary of its session (a forget cut short may have left them)."""
+    """Without a query: the newest learnings, or the newest forgotten (by when they were forgotten); never one a
+    forget job holds back (memory_store.held_back: a forget cut short may have left it)."""
     where = "forgotten_at IS NOT NULL" if forgotten else "forgotten_at IS NULL"
-    where += f" AND id NOT IN ({HELD_LEARNINGS}) AND NOT (type = 'SUMMARY' AND session_id IN ({HELD_SESSIONS}))"
+    where += f" AND NOT {held_back()}"
     order = "forgotten_at DESC, id DESC" if forgotten else "id DESC"
     if types:
         where += f" AND type IN ({marks(types)})"

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from ..database import marks, rows
-from ..memory.memory_store import HELD_SESSIONS, MemoryDB
+from ..memory.memory_store import MemoryDB, held_back
 from ..memory.transcript_store import (
     ClientObservation,
     NewObservation,
@@ -88,12 +88,12 @@ def turns_page(db: TranscriptDB, session_id: str, before: int | None,
 
 
 def summaries(db: MemoryDB, session_ids: Sequence[str]) -> dict[str, str]:
-    """The curator's newest SUMMARY of each of these sessions (not forgotten; none of a session a forget job names:
-    a forget cut short may have left it)."""
+    """The curator's newest SUMMARY of each of these sessions (not forgotten; none a forget job holds back:
+    memory_store.held_back)."""
     if not session_ids:
         return {}
     found = db.conn.execute(f"SELECT session_id, content FROM learnings WHERE type = 'SUMMARY' AND forgotten_at "
-                            f"IS NULL AND session_id IN ({marks(session_ids)}) AND session_id NOT IN ({HELD_SESSIONS}) "
+                            f"IS NULL AND session_id IN ({marks(session_ids)}) AND NOT {held_back()} "
                             "ORDER BY id", list(session_ids))
     return {sid: content for sid, content in found}
 

@@ -24,7 +24,7 @@ from ..text import safe_text, utc
 from .corrections import replaced_learnings, was
 from .curation.curator import Turn, render_turn
 from .files import BOOT_ORDER, MAX_FILE_BYTES, SPECS, MemoryFiles
-from .forget.jobs import held_in, named
+from .forget.jobs import named
 from .forget.lines import without
 from .memory_store import Learning, MemoryDB, PendingAction
 from .transcript_store import TranscriptDB
@@ -167,15 +167,9 @@ class Remembered:
 
 def remembered_now(db: MemoryDB, now: float) -> Remembered:
     """memory.db's part of the boot prompt as of `now` (a learning dated past now, a bad row, is not recent).
-    None of what a forget job's turns gave (`held_in`: a forget cut short may have left it in memory.db): their
-    learnings, their sessions' summaries, the actions drawn from them (`pending_actions`)."""
-    held = held_in(db.conn)
-
-    def kept(x: Learning) -> bool:
-        return x.source_observation_id not in held.turns and not (x.type == "SUMMARY" and x.session_id in held.sessions)
-
-    recent = [x for x in db.learnings_since(now - RECENT_HOURS * 3600, MAX_RECENT, now + FUTURE_SLACK) if kept(x)]
-    return Remembered(db.pending_actions(MAX_ACTIONS), recent, [x for x in db.summaries(BOOT_SUMMARIES) if kept(x)],
+    None of what a forget job holds back (memory_store.held_back: a forget cut short may have left it)."""
+    recent = db.learnings_since(now - RECENT_HOURS * 3600, MAX_RECENT, now + FUTURE_SLACK)
+    return Remembered(db.pending_actions(MAX_ACTIONS), recent, db.summaries(BOOT_SUMMARIES),
                       replaced_learnings(db.conn, [x.id for x in recent if x.type == "CORRECTION"]))
 
 

@@ -77,12 +77,20 @@ NOTHING_LEFT_OUT = LeftOut()
 _LEFT_OUT_COLUMNS = LeftOut.__struct_fields__
 
 
-# The learnings drawn from a turn a forget job names (forget/jobs.py): until the job is finished, memory.db may
-# hold them still (a forget cut short before memory.db lost them), and what reads them for the agent, the
-# curator or the console leaves them out.
-HELD_LEARNINGS = ("SELECT l.id FROM forget_jobs f, json_each(f.observation_ids) j "
-                  "JOIN learnings l ON l.source_observation_id = j.value")
-HELD_SESSIONS = "SELECT j.value FROM forget_jobs f, json_each(f.sessions) j"  # their summaries go with them
+# What a forget job holds back (forget/jobs.py): until the job is finished, memory.db may still hold words of its
+# turns (a forget cut short before memory.db lost them, whose run again at the start failed too). Nothing read from
+# memory.db for the agent, the curator or the console shows them: the turns (their episodes, HELD_TURNS), the
+# learnings drawn from them and their sessions' summaries (`held_back`), and the actions drawn from those. This is
+# the one place that rule is written; every reader applies it through these.
+HELD_TURNS = "SELECT j.value FROM forget_jobs f, json_each(f.observation_ids) j"
+HELD_SESSIONS = "SELECT j.value FROM forget_jobs f, json_each(f.sessions) j"
+
+
+def held_back(learning: str = "learnings") -> str:
+    """SQL true of a row of `learnings` (named `learning` in the query) that a forget job holds back, false of
+    any other: never NULL, so `NOT held_back()` keeps a learning with no turn or no session."""
+    return (f"(coalesce({learning}.source_observation_id IN ({HELD_TURNS}), 0) OR ({learning}.type = 'SUMMARY' "
+            f"AND coalesce({learning}.session_id IN ({HELD_SESSIONS}), 0)))")
 
 
 class Batch(msgspec.Struct, frozen=True):
@@ -267,12 +275,13 @@ class MemoryDB:
     def learnings_since(self, since: float, limit: int = 50, until: float = math.inf) -> list[Learning]:
         """Learnings stamped in [since, until], newest first by the order they were learned in (ids),
         not by their clocks (a clock set back stamps a later learning before an earlier one); but those
-        a correction replaced (they are told as the correction's "was: ...")."""
+        a correction replaced (they are told as the correction's "was: ..."), and those a forget job holds
+        back (`held_back`)."""
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE created_at >= ? AND created_at <= ?
                     AND forgotten_at IS NULL AND (replaced_by IS NULL OR replaced_by NOT IN
-                        (SELECT id FROM learnings WHERE forgotten_at IS NULL))
+                        (SELECT id FROM learnings WHERE forgotten_at IS NULL)) AND NOT {held_back()}
                     ORDER BY id DESC LIMIT ?""",
                 (since, until, limit),
             ),
@@ -280,11 +289,12 @@ class MemoryDB:
         )
 
     def summaries(self, limit: int) -> list[Learning]:
-        """The latest sessions' one-line summaries (SUMMARY learnings), newest first."""
+        """The latest sessions' one-line summaries (SUMMARY learnings), newest first; none a forget job holds
+        back (`held_back`)."""
         return rows(
             self.conn.execute(
                 f"""SELECT {_LEARNING_COLUMNS} FROM learnings WHERE type = 'SUMMARY' AND forgotten_at IS NULL
-                    ORDER BY id DESC LIMIT ?""", (limit,)),
+                    AND NOT {held_back()} ORDER BY id DESC LIMIT ?""", (limit,)),
             Learning,
         )
 
@@ -292,13 +302,13 @@ class MemoryDB:
         return rows(self.conn.execute(f"SELECT {_LEARNING_COLUMNS} FROM learnings ORDER BY id"), Learning)
 
     def pending_actions(self, limit: int = 20) -> list[PendingAction]:
-        """The pending actions, but those of a learning forgotten, or drawn from a turn a forget job names (a
-        forget cut short may have left it here: the boot prompt and the curator's prompt get none of it)."""
+        """The pending actions, but those drawn from a learning forgotten, or one a forget job holds back
+        (`held_back`): the boot prompt and the curator's prompt get none of them."""
         return rows(
             self.conn.execute(
                 f"""SELECT id, created_at, content, priority, status, source_learning_id FROM pending_actions
                    WHERE status = 'pending' AND (source_learning_id IS NULL OR source_learning_id NOT IN
-                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL UNION ALL {HELD_LEARNINGS}))
+                       (SELECT id FROM learnings WHERE forgotten_at IS NOT NULL OR {held_back()}))
                    ORDER BY priority DESC, id DESC LIMIT ?""",
                 (limit,),
             ),

@@ -62,27 +62,6 @@ def named(db: MemoryDB) -> set[int]:
     return {i for job in jobs(db) for i in job.observation_ids}
 
 
-class Held(NamedTuple):
-    """What the forget jobs of a memory.db name: their turns, and those turns' sessions."""
-
-    turns: set[int]
-    sessions: set[str]
-
-
-def held_in(conn: sqlite3.Connection) -> Held:
-    """What the forget jobs in the memory.db open on `conn` name (a reader's connection too). Until a job is
-    finished, memory.db may still hold words of its turns (a forget an error cut short before memory.db lost
-    them, whose run again at the start failed too): what reads memory.db for the agent or the console (search,
-    auto-recall, the boot prompt's learnings) shows none of them, as no batch and no boot prompt's turns do."""
-    held = Held(set(), set())
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'forget_jobs'").fetchone() is None:
-        return held  # a memory.db from before forgetting (a copy a tool reads): no job
-    for ids, sessions in conn.execute("SELECT observation_ids, sessions FROM forget_jobs"):
-        held.turns.update(json.loads(ids))
-        held.sessions.update(json.loads(sessions))
-    return held
-
-
 def set_job_lines(db: MemoryDB, job_id: int, hashes: set[str]) -> None:
     """The job's lines, once decided (they replace the words' first guess)."""
     db.conn.execute("UPDATE forget_jobs SET line_hashes = ?, decided = 1 WHERE id = ?",

@@ -22,7 +22,7 @@ import msgspec
 
 from ...database import marks
 from .. import corrections
-from ..forget.jobs import Held, held_in
+from ..memory_store import HELD_TURNS, held_back
 from . import episodes as ep
 from .learnings import stems
 from .ranking import Candidate, Keyed
@@ -161,25 +161,22 @@ class Rows:
     search's, never kept longer: a forget between two searches is seen by the next. A forget during the
     search, after its weighing read a row (the search then waits for the query's embedding and the scan),
     is seen by hydration: `recheck` asks memory.db again, in one indexed query, which of them are forgotten.
-    A turn a forget job names (`held_in`), and a learning drawn from it or summing up its session, is not held:
-    memory.db may hold its words still, the forget cut short."""
+    What a forget job holds back (memory_store.held_back, HELD_TURNS) is not held: memory.db may hold its words
+    still, the forget cut short."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self._episodes: dict[int, ep.Episode | None] = {}
         self._learnings: dict[int, tuple[Found, bool] | None] = {}  # the row, and whether it is forgotten
-        self._held: Held | None = None  # read with the first rows
-
-    def held(self) -> Held:
-        if self._held is None:
-            self._held = held_in(self.conn)
-        return self._held
+        self._held_turns: set[int] | None = None  # read with the first episodes
 
     def episodes(self, ids: Sequence[int]) -> dict[int, ep.Episode]:
         """The episodes among `ids` memory.db holds (a forgotten one too: its text is empty)."""
         if missing := [i for i in dict.fromkeys(ids) if i not in self._episodes]:
             got = ep.get(self.conn, missing)
-            held = self.held().turns
+            if self._held_turns is None:
+                self._held_turns = {i for (i,) in self.conn.execute(HELD_TURNS)}
+            held = self._held_turns
             self._episodes.update((i, None if i in held else got.get(i)) for i in missing)
         return {i: e for i in ids if (e := self._episodes[i]) is not None}
 
@@ -207,16 +204,10 @@ class Rows:
                    for r in self.conn.execute(
                        "SELECT l.id, l.session_id, l.source_observation_id, l.type, l.content, e.session_id, e.turn, "
                        "l.created_at, l.forgotten_at IS NOT NULL FROM learnings l "
-                       f"LEFT JOIN episodes e ON e.id = l.source_observation_id WHERE l.id IN ({marks(missing)})",
-                       missing)
-                   if not self._drawn_from_held(r[2], r[3], r[1])}
+                       f"LEFT JOIN episodes e ON e.id = l.source_observation_id WHERE l.id IN ({marks(missing)}) "
+                       f"AND NOT {held_back('l')}", missing)}
             self._learnings.update((i, got.get(i)) for i in missing)
         return {i: row[0] for i in ids if (row := self._learnings[i]) is not None and (forgotten or not row[1])}
-
-
-    def _drawn_from_held(self, turn: int | None, kind: str, session: str | None) -> bool:
-        held = self.held()
-        return turn in held.turns or (kind == "SUMMARY" and session in held.sessions)
 
 
 def read(rows: Rows, ranked: Sequence[Candidate]) -> list[Found]:
