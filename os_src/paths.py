@@ -40,6 +40,17 @@ class Layout(Workspace):
         (the lock comes first), or `memory rebuild`, `memory import`, `migrate-v1`."""
         return self.memory_dir / ".writer.lock"
 
+    @property
+    def pid_lock(self) -> Path:
+        """Held by `sprite-os service` to write the pid file, and to check and remove it."""
+        return self.state_dir / "server.pid.lock"
+
+    @property
+    def start_lock(self) -> Path:
+        """Held by a `sprite-os service start` from its look at the pid file until its server answers or is
+        stopped: one start at a time."""
+        return self.state_dir / "server.pid.start-lock"
+
     def ensure(self) -> None:
         """Create the directories the server needs, with their modes; idempotent."""
         self.make_os_dir()

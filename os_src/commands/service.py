@@ -68,18 +68,14 @@ EXIT_UNFINISHED = 5  # stopped, but the databases lack what the next start adds 
 LACKS = "the databases may lack its last turns until the next start completes them"
 
 
-def _write(stream: Any, text: str) -> None:
-    """Print `text` at once (a reader that went away, `service status | head -1`, is no error: the
-    command line's readers_may_leave sends the rest to /dev/null)."""
-    print(text, file=stream, flush=True)
-
-
+# Each line printed at once (a reader that goes away, `service status | head -1`, is no error: the command line's
+# readers_may_leave sends the rest to /dev/null).
 def say(line: str) -> None:
-    _write(sys.stdout, f"sprite-os: {line}")
+    print(f"sprite-os: {line}", flush=True)
 
 
 def fail(line: str) -> None:
-    _write(sys.stderr, f"sprite-os: error: {line}")
+    print(f"sprite-os: error: {line}", file=sys.stderr, flush=True)
 
 
 def address(host: str, port: int) -> str:
@@ -163,7 +159,7 @@ class Service:
 
     def _pid_file_lock(self) -> contextlib.AbstractContextManager[None]:
         """Held to write the pid file, and to check and remove it: no start writes between the two."""
-        return held(self.layout.pid_file.with_name(self.layout.pid_file.name + ".lock"))
+        return held(self.layout.pid_lock)
 
     def _write_pid_file(self, pid: int) -> None:
         with self._pid_file_lock():
@@ -234,15 +230,14 @@ class Service:
     # -- actions
 
     def start(self) -> int:
-        """One start at a time: two at once each spawned a server; the one that lost the workspace's
-        lock died while its start took the winner's /healthz for its own and said `started` with its
-        dead pid, which the last pid file written could name (the live server then out of every
-        command's reach). The second now waits, then finds the first's server running; for no longer
-        than a start takes (a start stopped by Ctrl-Z held every later start, a deploy's restart too,
-        without a word, for as long as it stayed stopped)."""
+        """One start at a time (`Layout.start_lock`): a second waits, then finds the first's server running.
+        Two at once would each spawn a server, and the one that lost the workspace's lock could leave its
+        dead pid in the pid file, the live server out of every command's reach. It waits no longer than a
+        start takes (START_LOCK_WAIT): a start stopped by Ctrl-Z would hold every later one, a deploy's
+        restart too, without a word."""
         if not self.layout.state_dir.is_dir():
             self.layout.ensure()
-        lock = self.layout.pid_file.with_name(self.layout.pid_file.name + ".start-lock")
+        lock = self.layout.start_lock
         try:  # a read-only .os/state (or a lock left by root): one line, as a pid file it cannot write is
             os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o600))
         except OSError as exc:
@@ -445,7 +440,7 @@ class Service:
                 "does not answer")
             return EXIT_UNKNOWN
         say(f"running (pid {state.pid}), status {health.get('status')}, version {health.get('version')}")
-        _write(sys.stdout, json.dumps(health, indent=2))
+        print(json.dumps(health, indent=2), flush=True)
         return EXIT_OK
 
     # -- logs
@@ -480,7 +475,7 @@ class Service:
     def _note_remembered(self) -> None:
         note = self.env.remembered_note()
         if note:
-            _write(sys.stderr, f"sprite-os: {note}")
+            print(f"sprite-os: {note}", file=sys.stderr, flush=True)
 
     def _report_failure(self, why: str, child: Settings) -> None:
         fail(f"the server did not start: {why}")
@@ -490,7 +485,7 @@ class Service:
                 continue
             lines = _tail(Path(path), LOG_LINES)
             if lines:
-                _write(sys.stderr, f"--- last lines of {path}:\n" + "\n".join(lines))
+                print(f"--- last lines of {path}:\n" + "\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _tail(path: Path, n: int) -> list[str]:
