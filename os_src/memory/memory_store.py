@@ -241,9 +241,9 @@ class MemoryDB:
         cur = self.conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args)
         out = []
         for row in cur.fetchall():
-            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error) = row[:13]
+            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error, *left_out) = row
             out.append(Batch(bid, created, trigger, status, json.loads(ids), model, tin, tout, cost, added,
-                             json.loads(files), json.loads(hashes), error, LeftOut(*row[13:])))
+                             json.loads(files), json.loads(hashes), error, LeftOut(*left_out)))
         return out
 
     def cost_since(self, since: float) -> float:
