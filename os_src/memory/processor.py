@@ -212,7 +212,7 @@ class BatchProcessor:
         for name in kept:
             log.warning("curated_file_kept", file=name, reason="over its limit or ambiguous in the reply")
         # A person's edit winning (below) is not the reply's doing; a foreign block is a rewrite, never applied.
-        left_out = LeftOut(learnings_over_bound=reply.over_bound, lines_ignored=reply.unread,
+        left_out = LeftOut(learnings_over_bound=reply.over_bound, lines_ignored=reply.lines_ignored,
                            files_rejected=len(kept) + reply.foreign_rewrites)
         kept += await self._drop_edited(call, before, updates, conflicts)
 

@@ -55,11 +55,11 @@ class CuratorReply:
     foreign_rewrites: int = 0
 
     @property
-    def unread(self) -> int:
-        """The lines that fit no rule, but the markers that decline their file (`USER_MD_UPDATE: (no changes
-        needed)`) and those that open a foreign rewrite: the first answer the format, the second are counted
-        as the rewrites they open (a soul.md rewrite a prompt injection asked for is no stray line), and both
-        are in `ignored` only for the log."""
+    def lines_ignored(self) -> int:
+        """The lines memory.db counts as ignored (memory_store.LeftOut): those in `ignored` but the markers
+        that decline their file (`USER_MD_UPDATE: (no changes needed)`), which answer the format, and those
+        that open a foreign rewrite, counted as the rewrites they open (a soul.md rewrite a prompt injection
+        asked for is no stray line); `ignored` keeps both for the log."""
         return len(self.ignored) - len(self.declined_files) - self.foreign_rewrites
 
     @property
