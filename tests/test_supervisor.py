@@ -538,7 +538,7 @@ def test_a_start_held_up_by_a_stopped_start_gives_up_and_says_so(
     than a start takes, then fails naming the lock. A killed start leaves nothing held (a flock)."""
     settings = load_settings(env)
     settings.layout.ensure()
-    lock = settings.layout.pid_file.with_name(settings.layout.pid_file.name + ".start-lock")
+    lock = settings.layout.start_lock
     ran: list[str] = []
     monkeypatch.setattr(svc.Service, "_start", lambda self: ran.append("start") or 0)  # never a server here
     monkeypatch.setattr(svc, "START_LOCK_WAIT", 1.0, raising=False)
@@ -580,7 +580,7 @@ def test_a_start_lock_it_cannot_open_is_one_line(
     monkeypatch.setattr(os, "open", read_only)
     assert svc.service_main(settings, "start") == 1
     err = capsys.readouterr().err
-    assert err == (f"sprite-os: error: cannot open the start lock {settings.layout.pid_file}.start-lock "
+    assert err == (f"sprite-os: error: cannot open the start lock {settings.layout.start_lock} "
                    "(Read-only file system): no start can run until it can\n"), err
     assert not settings.layout.pid_file.exists()
 
