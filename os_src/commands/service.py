@@ -284,9 +284,7 @@ class Service:
         try:
             self._write_pid_file(proc.pid)
         except OSError as exc:  # a full or read-only .os/state: a server no command could find or stop
-            self._terminate(proc.pid, grace=STOP_TIMEOUT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1)
+            self._stop_spawned(proc, grace=STOP_TIMEOUT)
             room = ""
             with contextlib.suppress(OSError):
                 room = f"; {free_bytes(self.layout.state_dir):,} bytes free on its disk"
@@ -312,9 +310,7 @@ class Service:
                     f"log {child.log_file or self.server_out}")
                 return EXIT_OK
             time.sleep(0.1)
-        self._terminate(proc.pid, grace=5.0)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1)
+        self._stop_spawned(proc, grace=5.0)
         self._remove_pid_file(proc.pid)
         self._report_failure(f"/healthz did not answer within {START_TIMEOUT:.0f}s; stopped it", child)
         return EXIT_FAILED
@@ -404,6 +400,12 @@ class Service:
         if unlocated and logged.steps is None:
             source = f"its log ({unlocated}, relative to the server's directory) could not be located"
         say(f"the server left no account of its stop in {report} ({why}{room}): {source}")
+
+    def _stop_spawned(self, proc: subprocess.Popen[bytes], grace: float) -> None:
+        """The server this start spawned, stopped (`_terminate`) and reaped, so it leaves no zombie."""
+        self._terminate(proc.pid, grace=grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
 
     def _terminate(self, pid: int, grace: float) -> bool:
         """SIGTERM, wait up to `grace`, then SIGKILL the session. Returns whether it had to kill.
