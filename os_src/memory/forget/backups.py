@@ -48,8 +48,7 @@ def sweep_backup_temps(layout: Layout) -> list[Path]:
 
 def _backup_files(layout: Layout) -> list[Path]:
     """Memory files kept by `migrate-v1` (v1's memory/*.md, and what an interrupted write left of them:
-    `_memory_file`) under `.os/backup/`. Those a kill left were taken for other files: a forgotten line in
-    v1's stayed in the backup for good."""
+    `_memory_file`, which may hold v1's latest text) under `.os/backup/`."""
     return [p for p in (layout.os_dir / "backup").glob("*/memory/*")
             if _memory_file(p.name) and p.is_file() and not p.is_symlink()]
 

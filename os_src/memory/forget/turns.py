@@ -170,9 +170,8 @@ class TurnForgetting(Deciding):
         have their words in the transcript (its tombstone is written last) has every step run again, and
         so has a forgotten turn memory.db still holds words of (cut short under the order of steps
         before); each step is idempotent. One that fails again (the same disk error, a store locked) stays cut
-        short, counted so (`status`), for the next start or the person's forget again: memory's start goes on
-        (it used to fail with it, and the server's, at every start while the cause lasted). Returns the forgets
-        finished."""
+        short, counted so (`status`), for the next start or the person's forget again: memory's start goes on,
+        as a cause that lasts would otherwise keep the server down at every start. Returns the forgets finished."""
         done = 0
         for job in await self.memory.call(jobs):
             turns = await self.transcript.call(lambda t, j=job: t.get(j.observation_ids))  # type: ignore[misc]
