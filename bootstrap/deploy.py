@@ -655,6 +655,40 @@ def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str,
     run([str(python), "-P", "-m", "sprite_os", *args], what, env=env, cwd=p.os, echo=echo)
 
 
+# What `sprite-os serve` imports before it listens: the command entry (`-m sprite_os`) and the
+# server. Run by the new release's venv python; on failure it prints the traceback (for the log),
+# then one line, what failed (a syntax error named by the release's file: src/<file>), and exits 1.
+START_CHECK = """\
+import sys, traceback
+try:
+    import sprite_os.commands.main, sprite_os.server
+except BaseException as exc:
+    traceback.print_exc(file=sys.stdout)
+    said = str(exc)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        name = exc.filename.rpartition("/lib/sprite_os/")
+        said = f"{exc.msg} ({'src/' + name[2] if name[1] else exc.filename}, line {exc.lineno})"
+    print(f"{type(exc).__name__}: {said}".splitlines()[0][:250], flush=True)
+    sys.exit(1)
+"""
+
+
+def check_start(p: Paths, release: Path, venv_hash: str, version: str) -> None:
+    """The new release's code imports in its own venv as `service start` would run it (the venv's
+    python, the release's lib first), before anything runs from it or switches to it: a release that
+    matches its MANIFEST but has a syntax error, an import that fails or a dependency missing from its
+    venv was switched to, and with no server running (a Sprite asleep) said done, to fail at the next
+    start with nothing to roll back to. Nothing is started and no settings are read."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(release / "lib")
+    python = p.venvs / venv_hash / "bin" / "python"
+    try:
+        run([str(python), "-P", "-c", START_CHECK], "import check", env=env, cwd=p.os)
+    except DeployError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        raise DeployError(f"release {version} cannot start, nothing switched: {reason}") from None
+
+
 def run_migrate(p: Paths, release: Path, venv_hash: str) -> None:
     """Schema upgrade and v1 migration."""
     run_new_code(p, release, venv_hash, "migrate-v1", what="migrate-v1", echo=("migrate:",))
@@ -888,6 +922,14 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         venv_hash, how = ensure_venv(p, release, contract, Path(args.wheelhouse) if args.wheelhouse else None,
                                      Path(args.venv_cache) if args.venv_cache else None, args.venv_cache_links)
         out.say(f"deploy: venv={venv_hash} {how}")
+
+        step("check", version)
+        try:
+            check_start(p, release, venv_hash, version)
+        except DeployError:
+            if version not in {release_name(p.current), release_name(p.previous), *releases_in_use(server_pid(p))}:
+                remove(release)  # not kept for reuse: a release rebuilt under its version is staged afresh
+            raise
 
         step("migrate", version)
         run_migrate(p, release, venv_hash)

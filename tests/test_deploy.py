@@ -116,7 +116,7 @@ def test_fresh_deploy_installs_for_real(venv: VenvCache) -> None:
     ws, out = venv.first_workspace, venv.first_output
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("deploy: step=")]
     made_user = ("agent-user",) if os.geteuid() == 0 else ()  # as root: before anything switches
-    assert steps == [f"step={s}" for s in ("stage", *made_user, "venv", "migrate", "templates", "switch", "links",
+    assert steps == [f"step={s}" for s in ("stage", *made_user, "venv", "check", "migrate", "templates", "switch", "links",
                                                  "isolate", "restart", "gc")]
     h = lock_hash()
     assert f"deploy: venv={h} built" in out  # pip really installed it, from the wheelhouse, offline
@@ -795,7 +795,7 @@ def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_pa
 
     for name, stand_in in {"stage_release": lambda *_: (p.releases / "2.0.0", contract),
                            "agent_user": lambda *_: None, "ensure_venv": lambda *_: ("h", "reused"),
-                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                           "check_start": lambda *_: None, "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
                            "restore_templates": lambda *_: None, "ensure_links": lambda *_: None,
                            "isolate": lambda *_: None, "server_pid": lambda _: 4242,
                            "restart_service": restart}.items():
@@ -808,6 +808,52 @@ def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_pa
         "rolled back to 1.0.0, which did not start either (service restart failed (exit 1): sprite-os: error: "
         "port 8765 on 127.0.0.1 is already in use): nothing is serving")
     assert os.readlink(p.current) == "releases/1.0.0"
+
+
+def test_a_release_that_cannot_import_is_refused_before_the_switch(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release that matches its MANIFEST but whose server module has a syntax error was switched to;
+    with no server running (a Sprite asleep) the deploy said done, exit 0, and the Sprite failed at its
+    next start. Its code is now imported by its venv's python before anything runs from it: refused,
+    `current` unchanged; a good release still deploys. Staging and the check are real; the venv is the
+    suite's python, and the steps that would need a built one are stand-ins."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    p.venvs.mkdir()
+    os.symlink(sys.prefix, p.venvs / "stand-in")  # the suite's venv: the check runs its bin/python
+    os.symlink("releases/1.0.0", p.current)
+    ran: list[str] = []
+    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
+                           "run_migrate": lambda *_: ran.append("migrate"),
+                           "write_templates": lambda *_: ran.append("templates"),
+                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
+                           "server_pid": lambda _: None}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+
+    broken = make_checkout(tmp_path, "9.7.0")
+    with (broken / "os_src" / "server.py").open("a") as f:
+        f.write("\ndef broken(:\n")
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(broken)]), p)
+    said = str(refused.value)
+    assert said.startswith("release 9.7.0 cannot start, nothing switched: SyntaxError: ") and "\n" not in said, said
+    assert re.search(r"\(src/server\.py, line [0-9]+\)$", said), said
+    assert os.readlink(p.current) == "releases/1.0.0" and not p.previous.is_symlink()
+    assert ran == [] and not (p.releases / "9.7.0").exists()  # nothing ran from it; not kept for reuse
+    assert "Traceback" in (p.shared.logs_dir / "deploy.log").read_text()  # the details are logged
+    missing = make_checkout(tmp_path, "9.7.2")  # a dependency its venv lacks
+    edited(missing / "os_src" / "server.py", ("\nimport asyncio\n", "\nimport asyncio\nimport not_in_the_lock\n"))
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(missing)]), p)
+    assert str(refused.value) == ("release 9.7.2 cannot start, nothing switched: "
+                                  "ModuleNotFoundError: No module named 'not_in_the_lock'")
+    assert os.readlink(p.current) == "releases/1.0.0" and ran == []
+
+    good = make_checkout(tmp_path, "9.7.1")
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good)]), p) == 0
+    assert os.readlink(p.current) == "releases/9.7.1" and ran == ["migrate", "templates"]
 
 
 def test_deploy_script_is_stdlib_only() -> None:
