@@ -12,7 +12,7 @@ from playwright.async_api import expect
 
 from devkit.mock_bridge import Fault, MockBridge, Text, Turn
 from sprite_os.server import SpriteOS
-from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir
+from tests.console_browser import PHONE, chromium, open_tab, screenshot, screenshot_dir, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -93,23 +93,38 @@ async def at_latest(tab: object) -> bool:
 
 async def test_the_chat_follows_a_tall_reply_and_offers_the_latest_when_scrolled_up(
         server: SpriteOS, bridge: MockBridge) -> None:
-    bridge.agent.script(Turn(Text(TALL, chunk_size=400, chunk_delay=0.02)), Turn(Text(TALL, chunk_size=400)))
+    """The chat follows a reply far past one screen; a turn sent elsewhere (another tab) while the person
+    reads back leaves them where they are, with Jump to the latest; their own message, sent while they
+    read back, brings the chat to the bottom, and it follows that reply."""
+    bridge.agent.script(*[Turn(Text(TALL, chunk_size=400, chunk_delay=0.02))] * 3)
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
         await tab.sign_in()
         await tab.connected()
         await tab.send("Tell me everything")
-        await expect(tab.messages("assistant").last).to_have_attribute("data-state", "complete")
-        await expect(tab.messages("assistant").last).to_contain_text("Paragraph 59")
+        replies = tab.messages("assistant")
+        await expect(replies.last).to_have_attribute("data-state", "complete")
+        await expect(replies.last).to_contain_text("Paragraph 59")
         assert await at_latest(tab)  # it followed the reply as it grew, far past one screen
         await tab.page.evaluate("document.getElementById('messages').scrollTop = 0")  # the person reads back
-        await tab.send("And again")
+        other = await signed_in(browser, server.port)
+        await other.send("And again")
+        await expect(replies).to_have_count(2)
+        await expect(replies.last).to_have_attribute("data-state", "complete")
         await expect(tab.by("jump-latest")).to_be_visible()  # not dragged down; offered the latest instead
         assert not await at_latest(tab)
         await tab.by("jump-latest").click()
         assert await at_latest(tab)
         await expect(tab.by("jump-latest")).to_be_hidden()
+        await tab.page.evaluate("document.getElementById('messages').scrollTop = 0")  # reads back again
+        await expect(tab.by("jump-latest")).to_be_hidden()
+        await tab.send("Once more")  # their own message: the chat goes to it, and follows the reply
+        await expect(replies).to_have_count(3)
+        await expect(replies.last).to_have_attribute("data-state", "complete")
+        assert await at_latest(tab)
+        await expect(tab.by("jump-latest")).to_be_hidden()
         tab.assert_clean()
+        other.assert_clean()
 
 
 async def test_a_dead_model_proxy_is_one_retry_line_then_a_plain_error_with_a_retry(

@@ -89,6 +89,54 @@ async def test_a_message_sent_while_a_turn_runs_stays_below_that_turns_answer(se
     ]
 
 
+async def test_the_persons_own_message_brings_the_chat_to_the_bottom_and_it_follows_the_reply(server: SpriteOS) -> None:
+    """The person scrolled up to read, then sends (Enter, Send, a Send again): the view goes to the bottom,
+    where their message is, and follows the reply from there, as every chat does (it stayed where they
+    were, their message out of sight, only Jump to the latest shown). The agent's own words while they
+    read above still leave the view where it is, with the jump offered."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        list.style.cssText = "height: 200px; overflow-y: auto";
+        const frame = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+        // Scrolled up by the person: the list's scroll event, dispatched at once (a headless page's may wait).
+        const up = async () => {{ list.scrollTop = 0; list.dispatchEvent(new Event("scroll")); await frame(); }};
+        const where = () => ({{ bottom: list.scrollHeight - list.scrollTop - list.clientHeight < 2, jump: !chat.jump.hidden }});
+        const words = "A long answer, line after line. ".repeat(40);
+        ready();
+        await frame(); // the record's page shown (the view at its latest)
+        for (const n of [1, 2]) {{
+          const id = say(`Question ${{n}}`);
+          chat.handle({{ type: "turn_started", turn_id: `t${{n}}`, client_id: id, text: `Question ${{n}}` }});
+          chat.handle({{ type: "assistant_message", turn_id: `t${{n}}`, text: words }});
+          chat.handle({{ type: "turn_complete", turn_id: `t${{n}}`, status: "completed", duration_ms: 900 }});
+        }}
+        await up();
+        chat.handle({{ type: "turn_started", turn_id: "t3", client_id: "chat-other-1", text: "From the command line" }});
+        chat.handle({{ type: "text_delta", turn_id: "t3", text: words }});
+        await frame();
+        const reading = {{ ...where(), top: list.scrollTop }};
+        composer.value = "And one more";
+        composer.dispatchEvent(new KeyboardEvent("keydown", {{ key: "Enter", bubbles: true }}));
+        await frame();
+        const entered = where();
+        chat.handle({{ type: "text_delta", turn_id: "t3", text: words }});
+        await frame();
+        const following = where();
+        await up();
+        const refused = sent.at(-1).client_id;
+        chat.handle({{ type: "error", code: "queue_full", message: "too many", client_id: refused }});
+        await up();
+        list.querySelector('[data-testid="send-again"]').click();
+        await frame();
+        const again = where();
+        return {{ reading, entered, following, again }};
+    }}""")
+    assert seen["reading"] == {"bottom": False, "jump": True, "top": 0}, seen  # the agent's words: left where they read
+    assert seen["entered"] == {"bottom": True, "jump": False}, seen
+    assert seen["following"] == {"bottom": True, "jump": False}, seen
+    assert seen["again"] == {"bottom": True, "jump": False}, seen
+
+
 # A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left
 # silent by the test; `connected()` the first), listening as the page does but over milliseconds: `quiet`
 # with nothing heard before it asks (`ping`), `patience` more before it takes the link for dead.

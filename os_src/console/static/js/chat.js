@@ -120,6 +120,7 @@ export class ChatView {
     const message = this.add(this.pendingItem({ id: clientId, text, stream: this.stream, session: this.session, link: this.conn.links }));
     this.queued.set(clientId, message);
     this.keepPending();
+    this.toLatest(); // the person's own message: the view goes to it, and follows the reply from there
     return true;
   }
 
