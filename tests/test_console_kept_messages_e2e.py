@@ -694,7 +694,7 @@ async def a_message_sent_before_the_first_ready_stays_the_persons_own(server: Sp
     """After a reload the socket is open but the Sprite's `ready` is slow: Enter sends the message the
     person typed (the server reads it after its snapshot). The snapshot then rebuilds the view: the
     message stays the person's own, waiting and then started, not gone from the page and back as one
-    "from another device", and never kept-and-lost for a reload in between."""
+    one "from another" tab or device, and never kept-and-lost for a reload in between."""
     link = HeldBack()
     async with chromium() as browser:
         tab = await signed_in(browser, server.port, route=link.route)
@@ -713,7 +713,7 @@ async def a_message_sent_before_the_first_ready_stays_the_persons_own(server: Sp
         await expect(tab.messages("assistant").last).to_contain_text("You said: Typed before the ready came")
         await expect(mine).to_have_count(1)
         await expect(mine).to_have_attribute("data-state", "started")
-        await expect(mine).not_to_contain_text("from another device")
+        await expect(mine).not_to_contain_text("from another")
         assert await pending(tab) is None
         tab.assert_clean("WebSocket connection")
 

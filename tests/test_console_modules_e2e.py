@@ -137,6 +137,59 @@ async def test_the_persons_own_message_brings_the_chat_to_the_bottom_and_it_foll
     assert seen["again"] == {"bottom": True, "jump": False}, seen
 
 
+async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_page_can_tell(server: SpriteOS) -> None:
+    """A second tab of the same browser labelled the first tab's messages "from another device", which is
+    false on one computer. The tabs of a browser share an id in every client id they make, so a tab says
+    "from another tab of this browser" of theirs, and of others what it can know; where the browser's
+    storage is denied it cannot tell, and says so. The words are the message's own text, what a screen
+    reader reads of it too."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        ready();
+        const other = new ChatView({{ list: made("ol"), form: made("form"), composer: made("textarea"), send: made("button"),
+          interrupt: made("button"), newSession: made("button"), agentState: made("span"), jump: made("button"),
+          sessionCost: made("span") }}, conn);
+        other.composer.value = "From my other tab";
+        other.submit();
+        const label = (n, clientId) => {{
+          chat.handle({{ type: "turn_started", turn_id: `t${{n}}`, client_id: clientId, text: `Message ${{n}}` }});
+          chat.handle({{ type: "turn_complete", turn_id: `t${{n}}`, status: "completed", duration_ms: 1 }});
+          const item = list.querySelector(`[data-turn-id="t${{n}}"][data-role="user"]`);
+          return {{ text: item.textContent, named: item.hasAttribute("aria-label") || Boolean(item.querySelector("[aria-hidden], [aria-label]")) }};
+        }};
+        const labels = [
+          label(1, sent.at(-1).client_id),
+          label(2, "web.elsewhere0.m1abc-x1y2z3-1"),
+          label(3, "chat-0123456789abcdef-1"),
+          label(4, "web-m1abc-x1y2z3-1"),
+        ];
+        // A browser whose storage is denied to the page: it cannot tell its own tabs from other devices.
+        for (const name of ["getItem", "setItem"]) {{
+          const native = Storage.prototype[name];
+          Storage.prototype[name] = function (key, ...rest) {{
+            if (this === localStorage) throw new DOMException("The operation is insecure.", "SecurityError");
+            return native.apply(this, [key, ...rest]);
+          }};
+        }}
+        const denied = new ChatView({{ list: made("ol"), form: made("form"), composer: made("textarea"), send: made("button"),
+          interrupt: made("button"), newSession: made("button"), agentState: made("span"), jump: made("button"),
+          sessionCost: made("span") }}, conn);
+        denied.handle({{ type: "turn_started", turn_id: "t5", client_id: sent.at(-1).client_id, text: "Message 5" }});
+        denied.composer.value = "Sent with no storage";
+        denied.submit();
+        labels.push({{ text: denied.list.querySelector('[data-turn-id="t5"]').textContent, named: false }});
+        return {{ labels, deniedId: sent.at(-1).client_id }};
+    }}""")
+    assert seen["labels"] == [
+        {"text": "Message 1from another tab of this browser", "named": False},
+        {"text": "Message 2from another browser or device", "named": False},
+        {"text": "Message 3from another app or device", "named": False},
+        {"text": "Message 4from another tab or device", "named": False},
+        {"text": "Message 5from another tab or device", "named": False},
+    ], seen
+    assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
+
+
 # A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left
 # silent by the test; `connected()` the first), listening as the page does but over milliseconds: `quiet`
 # with nothing heard before it asks (`ping`), `patience` more before it takes the link for dead.

@@ -794,7 +794,7 @@ async def a_message_waiting_through_a_long_gap_stays_in_view_as_the_persons_own(
         await expect(waiting).to_have_count(1)
         await tab.by("interrupt").click()  # the first turn ends: the second starts
         await expect(tab.messages("assistant").last).to_contain_text("You said: Second, waiting through the gap")
-        await expect(waiting).not_to_contain_text("from another device")
+        await expect(waiting).not_to_contain_text("from another")
         tab.assert_clean("WebSocket connection")
 
 
@@ -883,7 +883,7 @@ def unaware(page_side: WebSocketRoute) -> None:
 
 async def a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: SpriteOS, bridge: MockBridge) -> None:
     """The person reloads the tab while their message waits behind a running turn: it is still there,
-    waiting, and once it starts it is their own message (not "from another device"), shown once."""
+    waiting, and once it starts it is their own message (not marked "from another" tab or device), shown once."""
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         waiting = await one_waiting(tab, bridge)
@@ -895,11 +895,11 @@ async def a_message_waiting_behind_a_turn_is_kept_through_a_reload(server: Sprit
         await expect(waiting).to_have_attribute("data-state", "queued")
         first = tab.messages("user").filter(has_text="First, the slow one")
         await expect(first).to_have_count(1)  # the running turn, its own message: not from another device
-        await expect(first).not_to_contain_text("from another device")
+        await expect(first).not_to_contain_text("from another")
         await tab.by("interrupt").click()
         await expect(tab.messages("assistant").last).to_contain_text("You said: Second, still waiting")
         await expect(waiting).to_have_attribute("data-state", "started")
-        await expect(waiting).not_to_contain_text("from another device")
+        await expect(waiting).not_to_contain_text("from another")
         await expect(tab.messages("user").filter(has_text="Second, still waiting")).to_have_count(1)
         assert await pending(tab) is None  # settled: nothing kept
 

@@ -45,6 +45,35 @@ function command(text) {
   return text.startsWith("/");
 }
 
+// The browser's own id, in every client id its tabs make (`web.<browser>.…`): localStorage, which the
+// browser's tabs share, so a tab knows a message another of them sent (`sentFrom`). A random word, none
+// of the person's, kept through Sign out. Null where the page may not keep it (storage denied): its
+// client ids then name no browser (`web-…`), and no tab takes them for its own browser's.
+const BROWSER_KEY = "sprite-os.browser";
+
+export function browserId() {
+  try {
+    let id = localStorage.getItem(BROWSER_KEY);
+    if (!/^[a-z0-9]{8,16}$/.test(id ?? "")) {
+      id = Math.random().toString(36).slice(2, 12).padEnd(8, "0");
+      localStorage.setItem(BROWSER_KEY, id);
+    }
+    return id;
+  } catch {
+    return null;
+  }
+}
+
+/** Where a message the page did not send came from, as far as its client id tells (`browser`: this
+ * page's browserId()): another tab of this browser, another browser, another app (the command line's
+ * `sprite-os chat`, say), or, where the page cannot tell (its storage denied, or the sender's), either. */
+export function sentFrom(clientId, browser) {
+  const web = /^web([.-])(?:([a-z0-9]+)\.)?/.exec(clientId ?? "");
+  if (!web) return "from another app or device";
+  if (!browser || web[1] === "-") return "from another tab or device";
+  return web[2] === browser ? "from another tab of this browser" : "from another browser or device";
+}
+
 /** The messages this tab kept for a reload ([] if none, or unreadable). */
 export function readKept() {
   try {
