@@ -38,10 +38,12 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import types
 from collections.abc import Iterable, Iterator
@@ -527,14 +529,38 @@ def site_packages(venv: Path) -> Path:
 
 
 def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
-        echo: tuple[str, ...] = ()) -> None:
+        echo: tuple[str, ...] = (), seconds: float | None = None) -> None:
     """Run a command; its output goes to the deploy log (lines starting with `echo` also to stdout). A
     failure is said with the first line the command printed as its error, else its last line: a failed
     `service restart` prints its error, then the tail of the server's logs below it, which may hold an
-    older server's error line (from a start that failed days ago), not this one's."""
+    older server's error line (from a start that failed days ago), not this one's. With `seconds`, a
+    command still running then is killed, with whatever it started (its own process group), and said so."""
     out.log(f"$ {' '.join(map(shlex.quote, cmd))}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, cwd=cwd, text=True, errors="replace")
+                            env=env, cwd=cwd, text=True, errors="replace", start_new_session=seconds is not None)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    timer = threading.Timer(seconds, stop) if seconds is not None else None
+    if timer:
+        timer.start()
+    try:
+        last, error = read_output(proc, echo)
+    finally:
+        if timer:
+            timer.cancel()
+    code = proc.wait()
+    if stopped.is_set():
+        raise DeployError(f"{what} failed: still running after {seconds:g} s, stopped")
+    if code != 0:
+        raise DeployError(f"{what} failed (exit {code}): {(error or last)[:300]}")
+
+
+def read_output(proc: subprocess.Popen[str], echo: tuple[str, ...]) -> tuple[str, str]:
+    """A command's output to the log (and stdout, for `echo`); its last line, and its first error line."""
     last, error = "no output", ""
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -547,9 +573,7 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
             last = line.strip()
             if last.startswith(ERROR_LINES) and not error:
                 error = last
-    code = proc.wait()
-    if code != 0:
-        raise DeployError(f"{what} failed (exit {code}): {(error or last)[:300]}")
+    return last, error
 
 
 def deploying_python() -> str:
@@ -655,13 +679,19 @@ def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str,
     run([str(python), "-P", "-m", "sprite_os", *args], what, env=env, cwd=p.os, echo=echo)
 
 
-# What `sprite-os serve` imports before it listens: the command entry (`-m sprite_os`) and the
-# server. Run by the new release's venv python; on failure it prints the traceback (for the log),
-# then one line, what failed (a syntax error named by the release's file: src/<file>), and exits 1.
+# What `sprite-os serve` imports before it listens: the command entry (`-m sprite_os`), the service
+# command and the server; and what the server imports only at the first turn (the agent's SDK), with
+# every module of the release compiled (not run): a syntax error in one imported late, a tool or the
+# agent, is found now, not by the person's first message. Run by the new release's venv python; on
+# failure it prints the traceback (for the log), then one line, what failed (a syntax error named by
+# the release's file: src/<file>), and exits 1.
+CHECK_SECONDS = 120.0  # the check takes 1 s or so; a minute more is a loaded machine, not an import that ends
 START_CHECK = """\
-import sys, traceback
+import pathlib, sys, traceback
 try:
-    import sprite_os.commands.main, sprite_os.server
+    import sprite_os, sprite_os.commands.main, sprite_os.commands.service, sprite_os.server, claude_agent_sdk
+    for path in sorted(pathlib.Path(sprite_os.__path__[0]).rglob("*.py")):
+        compile(path.read_bytes(), str(path), "exec")
 except BaseException as exc:
     traceback.print_exc(file=sys.stdout)
     said = str(exc)
@@ -678,12 +708,14 @@ def check_start(p: Paths, release: Path, venv_hash: str, version: str) -> None:
     python, the release's lib first), before anything runs from it or switches to it: a release that
     matches its MANIFEST but has a syntax error, an import that fails or a dependency missing from its
     venv was switched to, and with no server running (a Sprite asleep) said done, to fail at the next
-    start with nothing to roll back to. Nothing is started and no settings are read."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    start with nothing to roll back to. Nothing is started and no settings are read; the token is not
+    in its environment. An import that blocks (a network call at import) is stopped after CHECK_SECONDS:
+    the deploy, which holds the deploy lock, is refused rather than hung."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "SPRITE_OS_TOKEN")}
     env["PYTHONPATH"] = str(release / "lib")
     python = p.venvs / venv_hash / "bin" / "python"
     try:
-        run([str(python), "-P", "-c", START_CHECK], "import check", env=env, cwd=p.os)
+        run([str(python), "-P", "-c", START_CHECK], "import check", env=env, cwd=p.os, seconds=CHECK_SECONDS)
     except DeployError as exc:
         reason = str(exc).split(": ", 1)[-1]
         raise DeployError(f"release {version} cannot start, nothing switched: {reason}") from None

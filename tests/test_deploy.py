@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -854,6 +855,49 @@ def test_a_release_that_cannot_import_is_refused_before_the_switch(tmp_path: Pat
     good = make_checkout(tmp_path, "9.7.1")
     assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good)]), p) == 0
     assert os.readlink(p.current) == "releases/9.7.1" and ran == ["migrate", "templates"]
+
+
+def test_the_import_check_finds_a_late_import_and_stops_an_import_that_blocks(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check imported the command entry and the server only: a syntax error in a module the server
+    imports at the first turn (the agent's process) passed it, and was found by the person's first
+    message. And an import that blocks (a network call at import) hung the deploy, holding its lock.
+    Each is now refused, `current` unchanged."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    p.venvs.mkdir()
+    os.symlink(sys.prefix, p.venvs / "stand-in")
+    os.symlink("releases/1.0.0", p.current)
+    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
+                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
+                           "server_pid": lambda _: None}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    monkeypatch.setenv("SPRITE_OS_TOKEN", "secret-token-of-the-shell")
+
+    late = make_checkout(tmp_path, "9.8.0")
+    with (late / "os_src" / "agent" / "process.py").open("a") as f:
+        f.write("\ndef broken(:\n")
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(late)]), p)
+    assert re.search(r"^release 9\.8\.0 cannot start, nothing switched: SyntaxError: .*\(src/agent/process\.py, "
+                     r"line [0-9]+\)$", str(refused.value)), refused.value
+    assert os.readlink(p.current) == "releases/1.0.0"
+
+    blocks = make_checkout(tmp_path, "9.8.1")
+    edited(blocks / "os_src" / "server.py", ("\nimport asyncio\n", "\nimport asyncio\nimport os as _os\n"
+                                             "assert 'SPRITE_OS_TOKEN' not in _os.environ\n"
+                                             "import time\ntime.sleep(90)\n"))
+    monkeypatch.setattr(deploy, "CHECK_SECONDS", 3.0)
+    began = time.monotonic()
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(blocks)]), p)
+    assert time.monotonic() - began < 45  # on a check with no bound: 90 s, then deployed
+    assert str(refused.value) == "release 9.8.1 cannot start, nothing switched: still running after 3 s, stopped"
+    assert os.readlink(p.current) == "releases/1.0.0" and not (p.releases / "9.8.1").exists()
+    assert "secret-token-of-the-shell" not in (p.shared.logs_dir / "deploy.log").read_text()
 
 
 def test_deploy_script_is_stdlib_only() -> None:
