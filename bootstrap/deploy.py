@@ -809,7 +809,8 @@ def server_pid(p: Paths) -> int | None:
 
 
 def releases_in_use(pid: int | None) -> set[str]:
-    """Releases the running server imports from (its PYTHONPATH names releases/<V>/lib)."""
+    """Releases the running server imports from (its PYTHONPATH names .os/releases/<V>/lib): the name after
+    the last `releases` in the path, not the first, which may be a folder the workspace is in."""
     if pid is None:
         return set()
     try:
@@ -820,9 +821,9 @@ def releases_in_use(pid: int | None) -> set[str]:
     for entry in environ:
         if entry.startswith(b"PYTHONPATH="):
             for part in entry[len(b"PYTHONPATH="):].decode(errors="replace").split(":"):
-                parts = Path(part).parts
-                if "releases" in parts and parts.index("releases") + 1 < len(parts):
-                    used.add(parts[parts.index("releases") + 1])
+                parts = Path(part).parts[:-1]  # releases/<V>, its lib left out
+                if "releases" in parts[:-1]:
+                    used.add(parts[len(parts) - 1 - parts[::-1].index("releases") + 1])
     return used
 
 

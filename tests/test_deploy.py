@@ -900,6 +900,21 @@ def test_the_import_check_finds_a_late_import_and_stops_an_import_that_blocks(tm
     assert "secret-token-of-the-shell" not in (p.shared.logs_dir / "deploy.log").read_text()
 
 
+def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releases(tmp_path: Path) -> None:
+    """The running server's release was the name after the first `releases` in its PYTHONPATH: for a
+    workspace under /srv/releases/ that was the workspace's folder, so the server's own release was not
+    known to be in use, and a refused check or the gc could remove it under the running server."""
+    deploy = load_script("deploy")
+    lib = tmp_path / "releases" / "ws" / ".os" / "releases" / "9.0.0" / "lib"
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "PYTHONPATH": f"/elsewhere:{lib}"})
+    try:
+        assert deploy.releases_in_use(server.pid) == {"9.0.0"}
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_deploy_script_is_stdlib_only() -> None:
     """The first deploy of the suite runs deploy.py under `python3 -I -S`; here: it imports nothing else."""
     done = subprocess.run([sys.executable, "-I", "-S", "-c",
