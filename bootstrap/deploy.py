@@ -480,17 +480,24 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
         contract.atomic_write(partial / ".complete", f"{version}\n".encode(), 0o644)
     if final.exists() or final.is_symlink():
         if release_name(p.current) == version:
-            # Re-staging the live release (--force): point `current` at the staged copy while the
-            # old one is replaced, so `current` never names a missing or partial directory.
-            point(p, p.current, f"releases/{partial.name}")
-            remove(final)
-            os.rename(partial, final)
-            point(p, p.current, f"releases/{version}")
-            return final, contract
+            return partial, contract  # re-staging the live release (--force): put in place once it is checked
         remove(final)
     os.rename(partial, final)
     p.sync_dir(p.releases)
     return final, contract
+
+
+def replace_live(p: Paths, staged: Path, version: str) -> Path:
+    """The live release (`current`), re-staged by --force as `staged`, replaced by it: `current` names the
+    staged copy while the old one is replaced, so it never names a missing or partial directory. Only
+    after the import check: a re-staged release that could not start was put in place before it, `current`
+    naming it while the deploy said nothing was switched."""
+    final = p.releases / version
+    point(p, p.current, f"releases/{staged.name}")
+    remove(final)
+    os.rename(staged, final)
+    point(p, p.current, f"releases/{version}")
+    return final
 
 
 def give_packed_modes(tree: Path) -> None:
@@ -960,9 +967,14 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
         try:
             check_start(p, release, venv_hash, version)
         except DeployError:
-            if version not in {release_name(p.current), release_name(p.previous), *releases_in_use(server_pid(p))}:
-                remove(release)  # not kept for reuse: a release rebuilt under its version is staged afresh
+            # Not kept for reuse (a release rebuilt under its version is staged afresh), unless in use; a
+            # live release re-staged by --force is still its staged copy, the live one untouched.
+            if ".partial-" in release.name or version not in {release_name(p.current), release_name(p.previous),
+                                                          *releases_in_use(server_pid(p))}:
+                remove(release)
             raise
+        if ".partial-" in release.name:
+            release = replace_live(p, release, version)
 
         step("migrate", version)
         run_migrate(p, release, venv_hash)

@@ -900,6 +900,42 @@ def test_the_import_check_finds_a_late_import_and_stops_an_import_that_blocks(tm
     assert "secret-token-of-the-shell" not in (p.shared.logs_dir / "deploy.log").read_text()
 
 
+def test_a_forced_restage_of_the_live_release_that_cannot_start_leaves_it_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--force` of the live version replaced releases/<V> with the re-staged copy before the import
+    check: a copy that could not start was refused, "nothing switched", while `current` named it. It is
+    now put in place only once checked; refused, the live copy is as it was and the staged one gone."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    p.venvs.mkdir()
+    os.symlink(sys.prefix, p.venvs / "stand-in")
+    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
+                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
+                           "server_pid": lambda _: None, "collect_garbage": lambda _: ([], [])}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    good = make_checkout(tmp_path, "9.9.0")
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good)]), p) == 0
+    live = (p.releases / "9.9.0" / "src" / "server.py").read_text()
+
+    with (good / "os_src" / "server.py").open("a") as f:
+        f.write("\ndef broken(:\n")
+    with pytest.raises(deploy.DeployError, match=r"^release 9\.9\.0 cannot start, nothing switched: SyntaxError"):
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(good), "--force"]), p)
+    assert os.readlink(p.current) == "releases/9.9.0"
+    assert (p.releases / "9.9.0" / "src" / "server.py").read_text() == live
+    assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0"]
+
+    good = make_checkout(tmp_path / "again", "9.9.0")  # a good one re-staged with --force still replaces it
+    edited(good / "os_src" / "server.py", ("\nimport asyncio\n", "\nimport asyncio\n# re-staged\n"))
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good), "--force"]), p) == 0
+    assert os.readlink(p.current) == "releases/9.9.0"
+    assert "# re-staged" in (p.releases / "9.9.0" / "src" / "server.py").read_text()
+    assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0"]
+
+
 def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releases(tmp_path: Path) -> None:
     """The running server's release was the name after the first `releases` in its PYTHONPATH: for a
     workspace under /srv/releases/ that was the workspace's folder, so the server's own release was not
