@@ -397,6 +397,19 @@ async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteO
         tab.assert_clean()
 
 
+async def _open_paged(tab: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
+    """Open folder `name` from the Files view with a listing of 3 (the top listing drawn first, at its full
+    size: a small one could leave the folder out) and return its rows, the first page shown."""
+    await tab.by("files-tab").click()
+    opener = tab.page.locator(f'[data-name="{name}"]').get_by_test_id("open-folder")
+    await expect(opener).to_have_count(1)
+    monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
+    await opener.click()
+    rows = tab.by("file-entry")
+    await expect(rows).to_have_count(3)
+    return rows
+
+
 async def test_a_folder_bigger_than_a_listing_is_shown_a_page_at_a_time_in_order(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder with more files than one listing holds (2,000; 3 here): the first page is the folder's
@@ -409,12 +422,7 @@ async def test_a_folder_bigger_than_a_listing_is_shown_a_page_at_a_time_in_order
         (folder / name).write_text("x")
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await tab.by("files-tab").click()
-        await expect(tab.by("open-folder").filter(has_text="scans")).to_have_count(1)
-        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
-        await tab.by("open-folder").filter(has_text="scans").click()
-        rows = tab.by("file-entry")
-        await expect(rows).to_have_count(3)
+        rows = await _open_paged(tab, monkeypatch, "scans")
         await expect(tab.by("files-more")).to_have_text("Showing 3 of 7. Show the next 3")
         await tab.by("files-more-button").focus()
         await tab.page.keyboard.press("Enter")
@@ -439,13 +447,7 @@ async def test_a_folder_that_changes_between_its_pages_skips_none_of_its_files(
         (folder / name).write_text("x")
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await tab.by("files-tab").click()
-        # The top listing drawn first: under the small page it could list three folders without scans.
-        await expect(tab.by("open-folder").filter(has_text="scans")).to_have_count(1)
-        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
-        await tab.by("open-folder").filter(has_text="scans").click()
-        rows = tab.by("file-entry")
-        await expect(rows).to_have_count(3)
+        rows = await _open_paged(tab, monkeypatch, "scans")
         (folder / "scan-1.pdf").unlink()
         await tab.by("files-more-button").click()
         await expect(rows).to_have_count(6)
@@ -471,13 +473,7 @@ async def test_a_big_folder_drawn_again_keeps_the_pages_shown_and_the_focus(
     picked.write_text("notes")
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
-        await tab.by("files-tab").click()
-        documents = tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder")
-        await expect(documents).to_have_count(1)  # the top listing drawn before the page is made small
-        monkeypatch.setattr(user_files, "MAX_ENTRIES", 3)
-        await documents.click()
-        rows = tab.by("file-entry")
-        await expect(rows).to_have_count(3)
+        rows = await _open_paged(tab, monkeypatch, "documents")
         await tab.by("files-more-button").click()
         await expect(rows).to_have_count(6)
         scan5 = tab.page.locator('[data-name="scan-5.pdf"]').get_by_test_id("download")
