@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import stat
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -343,18 +344,38 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+@dataclass
+class _Told:
+    """What the CLI told the model, indexed: the agent requests read so far, and each tool_use_id's
+    first tool_result among them."""
+
+    read: int = 0
+    results: dict[str, ToolResult] = field(default_factory=dict)
+
+
+_TOLD: weakref.WeakKeyDictionary[MockBridge, _Told] = weakref.WeakKeyDictionary()
+
+
 def tool_result(bridge: MockBridge, tool_use_id: str) -> ToolResult | None:
-    """The tool_result the CLI sent the model for `tool_use_id` (it repeats in every later request)."""
-    for request in bridge.agent_requests():
+    """The tool_result the CLI sent the model for `tool_use_id`: the first one, oldest request first.
+
+    The CLI repeats every tool_result in each later request of its session, so a shared server's
+    requests grow with its attacks: scanning them all at every call cost the red team about a fifth
+    of its CPU (quadratic in the attacks). Each request is read once, when it is new to the index."""
+    told = _TOLD.setdefault(bridge, _Told())
+    requests = bridge.agent_requests()  # in the order they came, never fewer
+    for request in requests[told.read:]:
         for message in request.messages:
             content = message.get("content") if isinstance(message, dict) else None
             if message.get("role") != "user" or not isinstance(content, list):
                 continue
             for block in content:
                 if isinstance(block, dict) and block.get("type") == "tool_result" \
-                        and block.get("tool_use_id") == tool_use_id:
-                    return ToolResult(bool(block.get("is_error")), _text_of(block.get("content")))
-    return None
+                        and isinstance(block.get("tool_use_id"), str):
+                    told.results.setdefault(block["tool_use_id"],
+                                            ToolResult(bool(block.get("is_error")), _text_of(block.get("content"))))
+    told.read = len(requests)
+    return told.results.get(tool_use_id)
 
 
 # ---------------------------------------------------------------- what must not change
