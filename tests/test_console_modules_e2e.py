@@ -374,17 +374,20 @@ async def test_the_last_card_closed_leaves_the_focus_on_the_canvas_tab_when_the_
 # What of the page sticks out past the window's right edge (a table's or a code block's own scroll aside).
 OVERFLOW = """() => {
   const width = document.documentElement.clientWidth;
-  const out = [...document.querySelectorAll("#app *")].filter((e) => !e.closest(".table-wrap, pre"))
+  const out = [...document.querySelectorAll("header.top *, #app *")].filter((e) => !e.closest(".table-wrap, pre"))
     .filter((e) => e.getBoundingClientRect().width && e.getBoundingClientRect().right > width + 1);
   return { scroll: document.documentElement.scrollWidth - width, out: out.slice(0, 5).map((e) => e.id || e.className || e.tagName) };
 }"""
 
 
-@pytest.mark.parametrize("width", [PHONE["width"], 320])
+@pytest.mark.parametrize("width", [PHONE["width"], 320, 280])
 async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteOS, width: int) -> None:
-    """On a phone (390 px), and at 320 px (a desktop window at 400 % zoom), the chat's session bar wraps:
-    its buttons went past the window's edge once the session had a cost, New session off the screen and
-    the whole chat, the Send button too, wider than the window, scrolled sideways."""
+    """On a phone (390 px), at 320 px (a desktop window at 400 % zoom) and at 280 px (a small phone), the
+    chat's session bar wraps: its buttons went past the window's edge once the session had a cost, New
+    session off the screen and the whole chat, the Send button too, wider than the window, scrolled
+    sideways. At 280 px the header's four tabs pushed the whole page 29 px sideways; they fit (wrapping
+    rather than overflowing with a card count beside Canvas), and each, reached by the keyboard, shows its
+    focus ring inside the window."""
     async with chromium() as browser:
         tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/", viewport={"width": width, "height": 700})
         await tab.sign_in()
@@ -394,7 +397,26 @@ async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteO
         await tab.by("past-sessions").click()
         await tab.by("past-close").wait_for()
         assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        await tab.page.evaluate("document.getElementById('card-count').textContent = '12'")
+        await tab.by("chat-tab").focus()
+        for testid in ["canvas-tab", "files-tab", "memory-tab"]:
+            await tab.page.keyboard.press("ArrowRight")
+            await expect(tab.by(testid)).to_be_focused()
+            assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}, testid
+            ring = await tab.page.evaluate(FOCUS_RING)
+            assert ring["visible"] and 0 <= ring["left"] and ring["right"] <= width, (testid, ring)
         tab.assert_clean()
+
+
+# The focused element's outline (its ring, drawn outside it) and where it lies across the window.
+FOCUS_RING = """() => {
+  const e = document.activeElement;
+  const style = getComputedStyle(e);
+  const out = parseFloat(style.outlineWidth) + parseFloat(style.outlineOffset);
+  const box = e.getBoundingClientRect();
+  return { visible: style.outlineStyle !== "none" && parseFloat(style.outlineWidth) > 0,
+           left: box.left - out, right: box.right + out };
+}"""
 
 
 async def _open_paged(tab: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
