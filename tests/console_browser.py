@@ -429,6 +429,15 @@ async def open_tab(browser: Browser, base: str, *, viewport: dict[str, int] = DE
     context: BrowserContext = await browser.new_context(viewport=viewport,  # type: ignore[arg-type]
                                                         color_scheme="dark" if dark else "light")
     await context.add_init_script(_COUNT_SOCKETS)
+    return await _watched(context, base)
+
+
+async def same_browser_tab(tab: Tab) -> Tab:
+    """Another tab of `tab`'s browser (its context: the same localStorage, as a person's second tab)."""
+    return await _watched(tab.page.context, tab.base)
+
+
+async def _watched(context: BrowserContext, base: str) -> Tab:
     page = await context.new_page()
     tab = Tab(page, base)
     page.on("console", lambda m: tab.problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)

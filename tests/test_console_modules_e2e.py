@@ -6,15 +6,17 @@ of tests/README.md)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.async_api import expect
 
+from devkit.harness import TOKEN
 from sprite_os.console import user_files
 from sprite_os.server import SpriteOS
-from tests.console_browser import PHONE, chromium, open_tab, signed_in
+from tests.console_browser import PHONE, chromium, open_tab, same_browser_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -188,6 +190,53 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
         {"text": "Message 5from another tab or device", "named": False},
     ], seen
     assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
+
+
+# Before the page's scripts: a look at the browser's id that finds none takes a second before the page
+# goes on, so that two tabs opened together both look before either has made one (as two tabs opened in
+# the same instant, each in its own process, can); each tab counts the ids it writes.
+SLOW_FIRST_LOOK = """
+const look = Storage.prototype.getItem;
+Storage.prototype.getItem = function (key) {
+  const found = look.call(this, key);
+  if (this === localStorage && key === "sprite-os.browser" && found === null) {
+    for (const end = Date.now() + 1000; Date.now() < end; );
+  }
+  return found;
+};
+window.__browserIdsMade = 0;
+const write = Storage.prototype.setItem;
+Storage.prototype.setItem = function (key, value) {
+  if (this === localStorage && key === "sprite-os.browser") window.__browserIdsMade += 1;
+  return write.call(this, key, value);
+};
+"""
+
+
+async def test_two_tabs_opened_in_the_same_instant_share_one_browser_id(server: SpriteOS) -> None:
+    """Two tabs of a browser with nothing in its storage, opened together: each found no id, each made one
+    and kept its own for its life, and each then labelled the other's messages "from another browser or
+    device". The id is made once for the browser (under a lock the browser's tabs share), and a tab goes by
+    the one the browser keeps: the other tab's message is "from another tab of this browser"."""
+    async with chromium() as browser:
+        first = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await first.page.context.add_init_script(SLOW_FIRST_LOOK)
+        second = await same_browser_tab(first)
+        await asyncio.gather(first.page.goto(first.base), second.page.goto(second.base))
+        for tab in (first, second):
+            await tab.by("token-input").fill(TOKEN)
+            await tab.by("token-submit").click()
+            await tab.connected()
+        await first.send("Hello from the first tab")
+        heard = second.messages("user").filter(has_text="Hello from the first tab")
+        await expect(heard).to_have_text("Hello from the first tabfrom another tab of this browser")
+        ids = await second.page.evaluate("localStorage.getItem('sprite-os.browser')"), await first.page.evaluate(
+            "localStorage.getItem('sprite-os.browser')")
+        assert ids[0] == ids[1] and ids[0], ids
+        made = [await tab.page.evaluate("window.__browserIdsMade") for tab in (first, second)]
+        assert sorted(made) == [0, 1], made  # one tab made it, the other found it
+        first.assert_clean()
+        second.assert_clean()
 
 
 # A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left

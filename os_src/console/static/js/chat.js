@@ -6,7 +6,7 @@
 // kept_messages.js.
 
 import { askingOnce, clear, dollars, el, newest, size } from "./dom.js";
-import { SAID, afterRestart, browserId, held, inRecord, keep, readKept, refusal, sentFrom, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
+import { SAID, afterRestart, browserId, held, inRecord, keep, makeBrowserId, readKept, refusal, sendingBrowserId, sentFrom, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -29,7 +29,7 @@ export class ChatView {
     this.texts = new Map(); // turn_id -> the person's message (a failed turn's Retry), until the turn ends
     this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
     this.sent = 0;
-    this.browser = browserId(); // in the client ids this page makes: the browser's other tabs know them
+    makeBrowserId(); // in the client ids this page makes (`browserId()`, read at each use): the browser's other tabs know them
     this.running = null; // the running turn's id
     this.stream = null; // the server run the view is current with (ready.stream)
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
@@ -112,7 +112,8 @@ export class ChatView {
       return false;
     }
     // Unique across devices too: the record finds a message by it after a restart (`restarted`).
-    const clientId = id || `${this.browser ? `web.${this.browser}.` : "web-"}${Date.now().toString(36)}-${
+    const browser = sendingBrowserId();
+    const clientId = id || `${browser ? `web.${browser}.` : "web-"}${Date.now().toString(36)}-${
       Math.random().toString(36).slice(2, 8)}-${++this.sent}`;
     if (!this.conn.send({ type: "user_message", text, client_id: clientId })) {
       this.notice(`Not connected: your message was not sent. ${fromBox ? "It is still in the box." : "Try again once connected."}`, "error");
@@ -519,7 +520,7 @@ export class ChatView {
       this.shown.add(frame.turn_id);
       this.texts.set(frame.turn_id, frame.text);
     } else if (!this.shown.has(frame.turn_id)) {
-      this.startedItem(frame.turn_id, frame.text, sentFrom(frame.client_id, this.browser));
+      this.startedItem(frame.turn_id, frame.text, sentFrom(frame.client_id, browserId()));
     }
   }
 

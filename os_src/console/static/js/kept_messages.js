@@ -49,19 +49,49 @@ function command(text) {
 // browser's tabs share, so a tab knows a message another of them sent (`sentFrom`). A random word, none
 // of the person's, kept through Sign out. Null where the page may not keep it (storage denied): its
 // client ids then name no browser (`web-…`), and no tab takes them for its own browser's.
+//
+// Two tabs opened in the same instant, with none kept yet, each looked, found none and made one, kept
+// for its life: each then said the other's messages came "from another browser or device". So the id is
+// made under a Web Lock of its name (`makeBrowserId`), which the browser's tabs share: the second tab to
+// take it finds the first one's id. And a tab reads the id the browser keeps at each use (`browserId`),
+// never a copy of its own: where there are no locks (a page not served over https or from localhost) two
+// tabs may still both make one, and the browser keeps the last written, which both then go by.
 const BROWSER_KEY = "sprite-os.browser";
+const BROWSER_ID = /^[a-z0-9]{8,16}$/;
 
+/** The id the browser keeps now, or null (none yet, or storage denied). */
 export function browserId() {
   try {
-    let id = localStorage.getItem(BROWSER_KEY);
-    if (!/^[a-z0-9]{8,16}$/.test(id ?? "")) {
-      id = Math.random().toString(36).slice(2, 12).padEnd(8, "0");
-      localStorage.setItem(BROWSER_KEY, id);
-    }
-    return id;
+    const id = localStorage.getItem(BROWSER_KEY);
+    return BROWSER_ID.test(id ?? "") ? id : null;
   } catch {
     return null;
   }
+}
+
+/** Makes the browser's id if it has none; returns it (null: none can be kept). */
+function made() {
+  try {
+    if (!browserId()) localStorage.setItem(BROWSER_KEY, Math.random().toString(36).slice(2, 12).padEnd(8, "0"));
+  } catch { /* storage denied: none is kept, the client ids name no browser */ }
+  return browserId();
+}
+
+/** Makes the browser's id at a tab's start, once for all its tabs: under their shared lock where the
+ * browser has one. */
+export async function makeBrowserId() {
+  try {
+    if (navigator.locks) {
+      await navigator.locks.request(BROWSER_KEY, made);
+      return;
+    }
+  } catch { /* no lock to be had here (an opaque origin): made without it */ }
+  made();
+}
+
+/** The id for a client id the tab makes now: the browser's, made now if the tab's start has not yet. */
+export function sendingBrowserId() {
+  return browserId() ?? made();
 }
 
 /** Where a message the page did not send came from, as far as its client id tells (`browser`: this
