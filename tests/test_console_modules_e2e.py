@@ -153,6 +153,7 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
           sessionCost: made("span") }}, conn);
         other.composer.value = "From my other tab";
         other.submit();
+        sessionStorage.removeItem("sprite-os.sent"); // what it sent is in the other tab's storage, not this one's
         const label = (n, clientId) => {{
           chat.handle({{ type: "turn_started", turn_id: `t${{n}}`, client_id: clientId, text: `Message ${{n}}` }});
           chat.handle({{ type: "turn_complete", turn_id: `t${{n}}`, status: "completed", duration_ms: 1 }});
@@ -190,6 +191,40 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
         {"text": "Message 5from another tab or device", "named": False},
     ], seen
     assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
+
+
+async def test_a_tab_that_joins_mid_turn_says_where_the_running_turns_message_came_from(server: SpriteOS) -> None:
+    """A tab opened (or signed in) while the agent is on another tab's message showed that message bare,
+    as if the person had typed it here, where a turn started while the tab was open says where its message
+    came from. The running turn's message is marked by its client id (`ready.turn_client_id`) as any is; the
+    tab's own, after a reload mid-turn (it left the kept messages when its turn started), is not."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        await new Promise((r) => setTimeout(r, 50)); // the browser's id, made at the view's start
+        const browser = localStorage.getItem("sprite-os.browser");
+        const joined = (clientId, view = chat) => {{
+          view.handle({{ type: "ready", stream: `run-${{clientId}}`, session_id: "s1", agent: "running", turn_id: "t1",
+            turn_text: "Summarise my notes", turn_client_id: clientId, waiting: [], cards: [] }});
+          return view.list.querySelector('[data-turn-id="t1"][data-role="user"]').textContent;
+        }};
+        const labels = [joined(`web.${{browser}}.m1abc-x1y2z3-1`), joined("web.elsewhere0.m1abc-x1y2z3-1"),
+          joined("chat-0123456789abcdef-1"), joined(null)];
+        // This tab's own message, running when the page is reloaded: the reloaded page's view knows it.
+        const mine = say("Summarise my notes");
+        chat.handle({{ type: "turn_started", turn_id: "t1", client_id: mine, text: "Summarise my notes" }});
+        const reloaded = new ChatView({{ list: made("ol"), form: made("form"), composer: made("textarea"), send: made("button"),
+          interrupt: made("button"), newSession: made("button"), agentState: made("span"), jump: made("button"),
+          sessionCost: made("span") }}, conn);
+        labels.push(joined(mine, reloaded));
+        return labels;
+    }}""")
+    assert seen == [
+        "Summarise my notesfrom another tab of this browser",
+        "Summarise my notesfrom another browser or device",
+        "Summarise my notesfrom another app or device",
+        "Summarise my notesfrom another app or device",
+        "Summarise my notes",
+    ], seen
 
 
 # Before the page's scripts: a look at the browser's id that finds none takes a second before the page

@@ -6,7 +6,7 @@
 // kept_messages.js.
 
 import { askingOnce, clear, dollars, el, newest, size } from "./dom.js";
-import { SAID, afterRestart, browserId, held, inRecord, keep, makeBrowserId, readKept, refusal, sendingBrowserId, sentFrom, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
+import { SAID, afterRestart, browserId, held, inRecord, keep, makeBrowserId, noteSent, readKept, refusal, sendingBrowserId, sentFrom, sentHere, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -91,6 +91,7 @@ export class ChatView {
     this.composer.value = "";
     this.keepDraft();
     keep([]);
+    noteSent(null);
     this.snapshots.forget(); // the checks still running were the person's who signed out
     delete this.list.dataset.checks;
     delete this.list.dataset.history; // the next sign-in's is still to load
@@ -119,6 +120,7 @@ export class ChatView {
       this.notice(`Not connected: your message was not sent. ${fromBox ? "It is still in the box." : "Try again once connected."}`, "error");
       return false;
     }
+    noteSent(clientId);
     if (fromBox) { this.composer.value = ""; this.keepDraft(); }
     const message = this.add(this.pendingItem({ id: clientId, text, stream: this.stream, session: this.session, link: this.conn.links }));
     this.queued.set(clientId, message);
@@ -293,6 +295,10 @@ export class ChatView {
    * from the record; a resume keeps it, and the missed events follow. */
   ready(frame) {
     const fresh = frame.resync || frame.stream !== this.stream;
+    // The running turn's message, shown with the snapshot: where it came from, as a turn started while the
+    // page was open says it (`started`), unless it is this tab's own (waiting here, kept through a reload).
+    const runningFrom = this.from(frame.turn_client_id, this.restored.has(frame.turn_client_id) || this.queued.has(frame.turn_client_id)
+      || [...this.unsentItems].some((item) => item.dataset.clientId === frame.turn_client_id));
     this.replay = null; // a replay this socket's ready cut short is not counted on
     const before = this.stream;
     this.stream = frame.stream;
@@ -335,7 +341,7 @@ export class ChatView {
           ? "Reconnected. The server restarted meanwhile, and a new session began: the one before is in Past sessions. The canvas is current."
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
-      if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text);
+      if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text, runningFrom);
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) { // held by this server run (one sent before the page's first
         // `ready` went with none): kept for a reload as its, so a reload does not take it for dropped
@@ -520,8 +526,14 @@ export class ChatView {
       this.shown.add(frame.turn_id);
       this.texts.set(frame.turn_id, frame.text);
     } else if (!this.shown.has(frame.turn_id)) {
-      this.startedItem(frame.turn_id, frame.text, sentFrom(frame.client_id, browserId()));
+      this.startedItem(frame.turn_id, frame.text, this.from(frame.client_id));
     }
+  }
+
+  /** Where a message the agent took came from, by its client id: nothing when it is this tab's own
+   * (`mine`, or sent from this tab before a reload). */
+  from(clientId, mine = false) {
+    return mine || sentHere(clientId) ? undefined : sentFrom(clientId, browserId());
   }
 
   delta(frame) {

@@ -104,6 +104,34 @@ export function sentFrom(clientId, browser) {
   return web[2] === browser ? "from another tab of this browser" : "from another browser or device";
 }
 
+// The client ids of the messages this tab sent (the newest SENT_KEPT), in its sessionStorage: a reload
+// in the middle of one's turn finds it in no kept message (it left them when its turn started), and the
+// page, told the running turn's client id (`ready.turn_client_id`), knows the message for its own.
+const SENT_KEY = "sprite-os.sent";
+const SENT_KEPT = 20;
+
+function readSent() {
+  try {
+    const sent = JSON.parse(sessionStorage.getItem(SENT_KEY) || "[]");
+    return Array.isArray(sent) ? sent : [];
+  } catch {
+    return [];
+  }
+}
+
+/** Notes a message this tab sent (`id`, its client id); none (null) forgets them all (Sign out). */
+export function noteSent(id) {
+  try {
+    if (id === null) sessionStorage.removeItem(SENT_KEY);
+    else sessionStorage.setItem(SENT_KEY, JSON.stringify([...readSent().filter((sent) => sent !== id), id].slice(-SENT_KEPT)));
+  } catch { /* storage full or denied: a reload mid-turn then says where its message came from as it can */ }
+}
+
+/** Whether this tab sent the message of client id `id` (before a reload too). */
+export function sentHere(id) {
+  return Boolean(id) && readSent().includes(id);
+}
+
 /** The messages this tab kept for a reload ([] if none, or unreadable). */
 export function readKept() {
   try {
