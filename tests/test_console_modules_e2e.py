@@ -292,7 +292,7 @@ window.WebSocket = class extends EventTarget {
 };
 const states = [];
 const conn = new Connection({ onFrame: () => {}, onStatus: (s) => states.push(s.state), onAuthFailed: () => {},
-  quiet: 200, patience: 300 });
+  quiet: 200, patience: 300, awaited: 5_000 });
 const until = async (check, ms = 20_000) => {
   for (const end = performance.now() + ms; !check(); ) {
     if (performance.now() > end) throw new Error(`never: ${check}`);
@@ -336,6 +336,32 @@ async def test_a_link_dead_but_not_closed_is_noticed_and_reconnected(server: Spr
     assert seen["dropped"] and seen["connected"], seen
     assert seen["hello"] == {"type": "hello", "protocol": 1, "client": "sprite-console", "last_seq": 7, "stream": "run-1"}
     assert "waiting" in seen["states"], seen
+
+
+async def test_a_resumes_replay_still_on_its_way_on_a_slow_link_is_not_taken_for_a_dead_link(server: SpriteOS) -> None:
+    """On a slow link one big frame takes longer than the quiet spell and the patience together (a browser
+    hands a message over only once it is whole, and the ping's answer is queued behind it): the page
+    dropped the link, resumed, and the Sprite sent the frame again, to be dropped again, for ever (300,000
+    characters at 32 kbit/s, every 45 s). While events a resume's `ready` said it replays are still due, the
+    page waits longer; once they are in, a link that answers nothing is dropped at the usual patience."""
+    seen = await in_page(server, f"""async () => {{
+        {SOCKETS}
+        conn.start("a-token");
+        const ws = sockets[0];
+        ws.open();
+        ws.answer({{ type: "ready", stream: "run-1", seq: 7, replayed: 2 }});
+        ws.answer({{ type: "text_delta", turn_id: "t1", text: "Here", seq: 6 }}); // the other, big, still on its way
+        await until(() => pings(ws) === 1);
+        await new Promise((r) => setTimeout(r, 1_200)); // four times the patience
+        const kept = sockets.length === 1 && !ws.closed;
+        ws.answer({{ type: "assistant_message", turn_id: "t1", text: "A long answer", seq: 7 }});
+        await until(() => pings(ws) === 2);
+        const asked = performance.now();
+        await until(() => sockets.length === 2);
+        return {{ kept, dropped: ws.closed, after: performance.now() - asked }};
+    }}""")
+    assert seen["kept"], seen
+    assert seen["dropped"] and seen["after"] < 2_500, seen  # the usual patience (300 ms), not the 5 s awaited
 
 
 async def test_a_clock_set_back_does_not_keep_a_dead_link_for_as_long(server: SpriteOS) -> None:

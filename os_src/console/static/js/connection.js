@@ -30,6 +30,14 @@
 // not a comparison of times the step back would turn over. A
 // frame the page sends after CHECK of quiet (a message typed on waking) asks at once, so a dead link is
 // noticed PATIENCE after it, not a quiet spell later.
+//
+// A frame still on its way is life the page cannot see: a browser hands a WebSocket message over only
+// once it is whole. On a slow link one big frame (a long answer, a card, a page of the record) can take
+// longer than QUIET and PATIENCE together, the ping's answer queued behind it: the page dropped the link
+// as dead, resumed, and the Sprite sent the frame again, to be dropped again, for ever (measured: 300,000
+// characters of text at 32 kbit/s, dropped every 45 s, never shown). The first such drop the page cannot
+// avoid; but a resume's `ready` says how many events it replays (`replayed`), so while some of those are
+// still due, a link that answers nothing is given AWAITED, not PATIENCE, before it counts as dead.
 
 const SUBPROTOCOL = "sprite-os.v1";
 const FIRST_DELAY = 0.5; // seconds; doubled after each failed attempt
@@ -38,13 +46,15 @@ const REQUEST_TIMEOUT = 30_000;
 const QUIET = 25_000; // ms with nothing from the Sprite before the page asks it whether the link still holds
 const PATIENCE = 15_000; // ms more with nothing at all before the link counts as dead
 const CHECK = 5_000; // ms between two looks at the link
+const AWAITED = 180_000; // ms of patience while events the Sprite said it replays are still due
 
 export class Connection {
-  constructor({ onFrame, onStatus, onAuthFailed, quiet = QUIET, patience = PATIENCE }) {
+  constructor({ onFrame, onStatus, onAuthFailed, quiet = QUIET, patience = PATIENCE, awaited = AWAITED }) {
     this.onFrame = onFrame;
     this.onStatus = onStatus;
     this.onAuthFailed = onAuthFailed;
-    Object.assign(this, { quiet, patience, check: Math.min(CHECK, quiet / 2) });
+    Object.assign(this, { quiet, patience, awaited, check: Math.min(CHECK, quiet / 2) });
+    this.due = 0; // events the open socket's `ready` said it replays, still to come
     this.heard = 0; // when the open socket last brought a frame (Date.now())
     this.pinged = null; // when the page last asked whether the link holds
     this.frames = 0; // frames the open socket brought so far
@@ -115,6 +125,7 @@ export class Connection {
       this.attempt = 0;
       this.heard = Date.now();
       this.pinged = null;
+      this.due = 0;
       clearInterval(this.watch);
       this.watch = setInterval(() => this.listen(ws), this.check);
       const hello = { type: "hello", protocol: 1, client: "sprite-console" };
@@ -125,8 +136,9 @@ export class Connection {
       this.onStatus({ state: this.everReady ? "reconnecting" : "connecting", attempt: this.attempt });
     });
     ws.addEventListener("message", (event) => {
-      if (this.ws === ws) Object.assign(this, { heard: Date.now(), frames: this.frames + 1 });
-      this.receive(event.data);
+      const current = this.ws === ws;
+      if (current) Object.assign(this, { heard: Date.now(), frames: this.frames + 1, due: Math.max(0, this.due - 1) });
+      this.receive(event.data, current);
     });
     ws.addEventListener("close", (event) => this.lost(ws, opened, event.code));
   }
@@ -149,7 +161,8 @@ export class Connection {
     this.heard = Math.min(this.heard, now); // a clock set back: counted from now
     if (this.pinged !== null) this.pinged = Math.min(this.pinged, now);
     if (this.asking) {
-      if (now - this.pinged < this.patience) return;
+      const waited = now - this.pinged;
+      if (waited < this.patience || (this.due > 0 && waited < this.awaited)) return;
       ws.close(1000, "no answer"); // its close event, if one ever comes, is no longer the page's
       this.lost(ws, true, 0);
       return;
@@ -169,7 +182,8 @@ export class Connection {
     this.send({ type: "ping" });
   }
 
-  receive(data) {
+  /** A frame from the Sprite (`current`: on the open socket). */
+  receive(data, current = true) {
     let frame;
     try {
       frame = JSON.parse(data);
@@ -178,6 +192,7 @@ export class Connection {
     }
     if (typeof frame.seq === "number") this.lastSeq = Math.max(this.lastSeq ?? 0, frame.seq);
     if (frame.type === "ready") {
+      if (current) this.due = frame.replayed || 0; // the events that follow it
       const resumed = this.everReady;
       this.stream = frame.stream;
       this.everReady = true;
