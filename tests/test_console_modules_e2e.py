@@ -194,6 +194,31 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
     assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
 
 
+async def test_an_answer_being_written_says_where_words_went_by_while_the_page_was_away(server: SpriteOS) -> None:
+    """The streamed words are the only events a resume does not replay, and a page loaded mid-answer gets
+    none written before it: reloaded in the middle of an answer, the page showed it beginning mid-sentence,
+    and after a dropped link it ran on with words left out ("w21 w26"), with no sign of either until the
+    turn ended. The missing words are marked "…" where they are, and the whole answer replaces them."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        const snapshot = (seq) => chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running",
+          turn_id: "t1", turn_text: "Tell me", turn_client_id: "chat-x", waiting: [], cards: [], seq, replayed: 0 }});
+        const written = () => list.querySelector('[data-turn-id="t1"][data-role="assistant"] .text').textContent;
+        const word = (text, seq) => chat.handle({{ type: "text_delta", turn_id: "t1", text, seq }});
+        snapshot(10); // loaded while the answer is being written
+        word("word22 ", 11);
+        word("word23 ", 12);
+        const loaded = written();
+        snapshot(12); // a resume: the link was down while 13 and 14 went by
+        word("word26 ", 15);
+        word("word27", 16);
+        const resumed = written();
+        chat.handle({{ type: "assistant_message", turn_id: "t1", text: "word1 word2", seq: 17 }});
+        return {{ loaded, resumed, whole: written() }};
+    }}""")
+    assert seen == {"loaded": "… word22 word23 ", "resumed": "… word22 word23  … word26 word27", "whole": "word1 word2"}, seen
+
+
 async def test_a_tab_that_joins_mid_turn_says_where_the_running_turns_message_came_from(server: SpriteOS) -> None:
     """A tab opened (or signed in) while the agent is on another tab's message showed that message bare,
     as if the person had typed it here, where a turn started while the tab was open says where its message

@@ -35,6 +35,9 @@ export class ChatView {
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
+    this.seq = null; // the last event's seq
+    this.skipped = false; // events went by unseen just before this one (`handle`)
+    this.joined = null; // the turn running when the view was last rebuilt: its first words were written before
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
     this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
     // Fresh snapshots handled (each rebuilds the list): only the latest one's checks say they are settled
@@ -86,7 +89,7 @@ export class ChatView {
   signOut() {
     clear(this.list);
     for (const kept of [this.queued, this.takenItems, this.unsentItems, this.turns, this.texts, this.shown, this.restored]) kept.clear();
-    Object.assign(this, { stream: null, session: null, history: null, replay: null });
+    Object.assign(this, { stream: null, session: null, history: null, replay: null, seq: null, joined: null });
     this.sessionCost.textContent = "";
     this.composer.value = "";
     this.keepDraft();
@@ -265,6 +268,11 @@ export class ChatView {
   }
 
   handle(frame) {
+    // The streamed words (text_delta) are the only events a resume does not replay: a seq skipped before one
+    // means words of the answer being written went by while the page was away (`delta`).
+    const numbered = typeof frame.seq === "number";
+    this.skipped = numbered && this.seq !== null && frame.seq > this.seq + 1;
+    if (numbered) this.seq = frame.seq;
     const result = this.apply(frame);
     if (this.replay && frame.type !== "ready") this.replaying(frame);
     if (frame.type === "ready" || frame.type === "turn_started" || frame.type === "error") this.keepPending();
@@ -342,6 +350,7 @@ export class ChatView {
           : "Reconnected after a long gap: the conversation above is what the Sprite recorded.", "reconnected");
       }
       if (frame.turn_id && frame.turn_text) this.startedItem(frame.turn_id, frame.turn_text, runningFrom);
+      this.joined = frame.turn_id ?? null;
       for (const item of unsent) this.add(item);
       for (const [id, item] of still) { // held by this server run (one sent before the page's first
         // `ready` went with none): kept for a reload as its, so a reload does not take it for dropped
@@ -536,19 +545,29 @@ export class ChatView {
     return mine || sentHere(clientId) ? undefined : sentFrom(clientId, browserId());
   }
 
+  /** The answer as it is written. Words the page never got (written before it loaded, or while its link was
+   * down: the streamed words are not replayed) are marked "…" where they are missing, until the whole answer
+   * comes with the turn's `assistant_message`: the answer read as if it began mid-sentence, or ran on with
+   * words left out. (A turn running when the page loaded, its first words not yet written, shows "…" too:
+   * the page cannot tell.) */
   delta(frame) {
     const turn = this.turn(frame.turn_id);
     this.settleRetry(turn);
+    const missed = this.skipped || (this.joined === frame.turn_id && !turn.stream);
+    if (this.joined === frame.turn_id) this.joined = null;
     if (!turn.stream) {
       turn.stream = this.add(messageItem("assistant", el("div", { class: "text streaming", dir: "auto" })));
       turn.stream.dataset.state = "streaming";
       turn.stream.dataset.turnId = frame.turn_id;
     }
-    turn.stream.querySelector(".text").append(frame.text);
+    const text = turn.stream.querySelector(".text");
+    if (missed) text.append(el("span", { class: "gap", testid: "stream-gap", text: text.childNodes.length ? " … " : "… " }));
+    text.append(frame.text);
     this.grew();
   }
 
   assistant(frame) {
+    if (this.joined === frame.turn_id) this.joined = null; // its next words begin a message of their own
     const turn = this.turn(frame.turn_id);
     this.settleRetry(turn);
     const body = answerBody(frame.text);
