@@ -52,7 +52,8 @@ async def test_reload_and_a_second_device_show_the_recorded_conversation_with_co
         phone = await open_tab(browser, tab.base, viewport=PHONE)
         await phone.sign_in()
         await phone.connected()
-        await expect(phone.messages("user")).to_have_text(SAID)  # a new device shows the same
+        # A new device shows the same, each message marked where it came from (the record keeps its client id)
+        await expect(phone.messages("user")).to_have_text([f"{t}from another browser or device" for t in SAID])
         await tab.by("composer").fill("")
         await tab.send("From the laptop, live")
         await expect(phone.messages("user").last.locator(".text")).to_have_text("From the laptop, live")

@@ -194,6 +194,33 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
     assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
 
 
+async def test_the_recorded_conversation_says_where_each_message_came_from_as_the_live_one_does(server: SpriteOS) -> None:
+    """A tab showed another tab's message "from another tab of this browser" while it was open, and bare once
+    the tab reloaded and read the conversation back from the record, as if the person had typed it here. The
+    record keeps each message's client id: the conversation read back marks them as the live one does, all
+    but the tab's own (and a turn recorded before client ids were kept, which cannot tell)."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        await new Promise((r) => setTimeout(r, 50)); // the browser's id, made at the view's start
+        const mine = say("Mine");
+        const turn = (n, clientId) => ({{ turn_id: `t${{n}}`, turn: n, user_message: `Message ${{n}}`, client_id: clientId,
+          tool_calls: [], status: "completed", agent_response: "Done.", cost_usd: 0.0001, at: 1795216801 }});
+        conn.request = async () => ({{ session: {{ id: "s1" }}, more: false, turns: [turn(1, mine),
+          turn(2, `web.${{localStorage.getItem("sprite-os.browser")}}.m1abc-x1y2z3-1`), turn(3, "web.elsewhere0.m1-x-1"),
+          turn(4, "chat-0123456789abcdef-1"), turn(5, null)] }});
+        ready();
+        await new Promise((r) => setTimeout(r, 50)); // the record's page drawn
+        return [...list.querySelectorAll('[data-role="user"][data-turn]')].map((item) => item.textContent);
+    }}""")
+    assert seen == [
+        "Message 1",
+        "Message 2from another tab of this browser",
+        "Message 3from another browser or device",
+        "Message 4from another app or device",
+        "Message 5",
+    ], seen
+
+
 async def test_an_answer_being_written_says_where_words_went_by_while_the_page_was_away(server: SpriteOS) -> None:
     """The streamed words are the only events a resume does not replay, and a page loaded mid-answer gets
     none written before it: reloaded in the middle of an answer, the page showed it beginning mid-sentence,

@@ -494,7 +494,7 @@ export class ChatView {
       if (turn.turn_id && this.shown.has(turn.turn_id)) continue; // shown live already
       if (turn.turn_id) this.shown.add(turn.turn_id); // (a recorded turn's Retry has its own words)
       items.push(...pastTurnItems(turn, { retry: (text) => this.submit(text), forget: (which) => this.forget(which),
-        session: page.session.id }));
+        session: page.session.id, from: (clientId) => (clientId ? this.from(clientId) : undefined) })); // (none: recorded before ids were)
     }
     // Pressed, its focus goes to the next page's button, or to the conversation when none is left (askingOnce).
     const earlier = async () => (await this.loadHistory(page.turns[0].turn)) && (this.history.button?.firstChild ?? this.list);

@@ -106,9 +106,10 @@ export function sentFrom(clientId, browser) {
 
 // The client ids of the messages this tab sent (the newest SENT_KEPT), in its sessionStorage: a reload
 // in the middle of one's turn finds it in no kept message (it left them when its turn started), and the
-// page, told the running turn's client id (`ready.turn_client_id`), knows the message for its own.
+// page, told the running turn's client id (`ready.turn_client_id`), knows the message for its own; so it
+// does of the record's turns it reads back (their `client_id`), marking only the others' as from elsewhere.
 const SENT_KEY = "sprite-os.sent";
-const SENT_KEPT = 20;
+const SENT_KEPT = 200; // about 8 kB
 
 function readSent() {
   try {

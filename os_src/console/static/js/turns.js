@@ -104,8 +104,9 @@ export function forgetControl(what, forget) {
   return box.append(start), box;
 }
 
-/** A recorded turn (session_turns), as the list items the conversation shows. */
-export function pastTurnItems(turn, { retry, forget, session } = {}) {
+/** A recorded turn (session_turns), as the list items the conversation shows; `from` says where its
+ * message came from, by its client id (nothing: the page's own, or it cannot tell). */
+export function pastTurnItems(turn, { retry, forget, session, from } = {}) {
   const mark = (item) => {
     item.dataset.turnId = turn.turn_id || "";
     item.dataset.turn = String(turn.turn);
@@ -113,7 +114,7 @@ export function pastTurnItems(turn, { retry, forget, session } = {}) {
     return item;
   };
   if (turn.forgotten_at) return [mark(tombstone(turn.forgotten_at))];
-  const items = [mark(messageItem("user", userText(turn.user_message)))];
+  const items = [mark(messageItem("user", userText(turn.user_message), from?.(turn.client_id)))];
   items[0].dataset.state = "started";
   for (const call of turn.tool_calls) {
     const tool = toolItem(call.name, call.input);
