@@ -129,7 +129,6 @@ function saved(blob, name, ended) {
   return turn;
 }
 
-
 export class FilesView {
   constructor(root, connection) {
     this.root = root;
