@@ -246,6 +246,36 @@ async def test_an_answer_being_written_says_where_words_went_by_while_the_page_w
     assert seen == {"loaded": "… word22 word23 ", "resumed": "… word22 word23  … word26 word27", "whole": "word1 word2"}, seen
 
 
+async def test_words_missed_while_away_are_marked_whatever_went_by_with_them(server: SpriteOS) -> None:
+    """Words of the answer written while the page was away, with another event among them (another tab
+    uploaded a file, closed a card, forgot an old turn): that event is replayed, the words are not, and
+    the page marked no gap, the next word right after the replayed event's seq; the answer ran on with
+    words left out ("word12 word16"), unmarked. A seq skipped at any event since the answer's last words
+    marks them; one skipped before a turn began, or before a whole message came, does not."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        ready();
+        const written = (turn) => list.querySelector(`[data-turn-id="${{turn}}"][data-role="assistant"] .text`).textContent;
+        const word = (turn, text, seq) => chat.handle({{ type: "text_delta", turn_id: turn, text, seq }});
+        chat.handle({{ type: "turn_started", turn_id: "t1", client_id: "chat-x-1", text: "Tell me", seq: 10 }});
+        word("t1", "word11 ", 11);
+        word("t1", "word12 ", 12);
+        // The link drops: 13 to 15 are words, not replayed; 16, an upload from another tab, is.
+        chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
+          turn_text: "Tell me", turn_client_id: "chat-x-1", waiting: [], cards: [], seq: 12, replayed: 1 }});
+        chat.handle({{ type: "file_uploaded", path: "documents/a.txt", size: 3, seq: 16 }});
+        word("t1", "word17", 17);
+        const away = written("t1");
+        // Words skipped before a whole message came (it replaces them), or before a new turn began: none missing.
+        chat.handle({{ type: "assistant_message", turn_id: "t1", text: "All of it.", seq: 20 }});
+        chat.handle({{ type: "turn_complete", turn_id: "t1", status: "completed", duration_ms: 1, seq: 21 }});
+        chat.handle({{ type: "turn_started", turn_id: "t2", client_id: "chat-x-2", text: "More", seq: 25 }});
+        word("t2", "first", 26);
+        return {{ away, whole: written("t1"), next: written("t2") }};
+    }}""")
+    assert seen == {"away": "word11 word12  … word17", "whole": "All of it.", "next": "first"}, seen
+
+
 async def test_a_tab_that_joins_mid_turn_says_where_the_running_turns_message_came_from(server: SpriteOS) -> None:
     """A tab opened (or signed in) while the agent is on another tab's message showed that message bare,
     as if the person had typed it here, where a turn started while the tab was open says where its message

@@ -10,6 +10,8 @@ import { SAID, afterRestart, browserId, held, inRecord, keep, makeBrowserId, not
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
+// Events after which no streamed word is missing, whatever went by unseen before them (`handle`).
+const WHOLE = new Set(["ready", "turn_started", "assistant_message", "turn_complete"]);
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
 // The most characters a message may have (the protocol's MAX_USER_TEXT): a longer one is never sent.
@@ -36,7 +38,7 @@ export class ChatView {
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
     this.seq = null; // the last event's seq
-    this.skipped = false; // events went by unseen just before this one (`handle`)
+    this.unseen = false; // events went by unseen since the answer's last words (`handle`)
     this.joined = null; // the turn running when the view was last rebuilt: its first words were written before
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
     this.asks = false; // the server says it knows the commands an earlier run took (ready.knows_commands): `ask` may send one
@@ -89,7 +91,7 @@ export class ChatView {
   signOut() {
     clear(this.list);
     for (const kept of [this.queued, this.takenItems, this.unsentItems, this.turns, this.texts, this.shown, this.restored]) kept.clear();
-    Object.assign(this, { stream: null, session: null, history: null, replay: null, seq: null, joined: null });
+    Object.assign(this, { stream: null, session: null, history: null, replay: null, seq: null, joined: null, unseen: false });
     this.sessionCost.textContent = "";
     this.composer.value = "";
     this.keepDraft();
@@ -268,11 +270,15 @@ export class ChatView {
   }
 
   handle(frame) {
-    // The streamed words (text_delta) are the only events a resume does not replay: a seq skipped before one
-    // means words of the answer being written went by while the page was away (`delta`).
-    const numbered = typeof frame.seq === "number";
-    this.skipped = numbered && this.seq !== null && frame.seq > this.seq + 1;
-    if (numbered) this.seq = frame.seq;
+    // The streamed words (text_delta) are the only events a resume does not replay: a seq skipped since the
+    // answer's last words means some of them went by while the page was away (`delta`), whichever events
+    // (replayed) went by with them: another tab's upload, say. A whole message, a turn's start or end, or a
+    // snapshot leaves none missing.
+    if (typeof frame.seq === "number") {
+      if (this.seq !== null && frame.seq > this.seq + 1) this.unseen = true;
+      this.seq = frame.seq;
+    }
+    if (WHOLE.has(frame.type)) this.unseen = false;
     const result = this.apply(frame);
     if (this.replay && frame.type !== "ready") this.replaying(frame);
     if (frame.type === "ready" || frame.type === "turn_started" || frame.type === "error") this.keepPending();
@@ -553,7 +559,8 @@ export class ChatView {
   delta(frame) {
     const turn = this.turn(frame.turn_id);
     this.settleRetry(turn);
-    const missed = this.skipped || (this.joined === frame.turn_id && !turn.stream);
+    const missed = this.unseen || (this.joined === frame.turn_id && !turn.stream);
+    this.unseen = false;
     if (this.joined === frame.turn_id) this.joined = null;
     if (!turn.stream) {
       turn.stream = this.add(messageItem("assistant", el("div", { class: "text streaming", dir: "auto" })));
