@@ -7,6 +7,8 @@ of tests/README.md)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from devkit.harness import TOKEN
 from sprite_os.console import user_files
 from sprite_os.server import SpriteOS
 from tests.conftest import wait_for
-from tests.console_browser import PHONE, chromium, open_tab, same_browser_tab, signed_in
+from tests.console_browser import PHONE, Tab, chromium, open_tab, same_browser_tab, signed_in
 
 pytestmark = pytest.mark.e2e
 
@@ -612,25 +614,54 @@ FOCUS_RING = """() => {
 }"""
 
 
-async def test_downloads_clicked_in_a_row_are_all_saved(server: SpriteOS) -> None:
-    """The person clicks Download on 16 files one after another: every line said "downloaded", but the
-    browser saved 11 (Chromium drops files handed to it to save in a burst, and says nothing). The page
-    hands them over one at a time, a moment apart: all 16 are saved."""
-    folder = server.settings.layout.root / "documents"
-    names = [f"note-{n:02}.txt" for n in range(16)]
+@asynccontextmanager
+async def files_to_download(server: SpriteOS, names: list[str]) -> AsyncIterator[tuple[Tab, list[str]]]:
+    """A signed-in tab on the Files view of `documents/`, which holds `names`; and the names of the files
+    the browser saved, as it saves them."""
     for name in names:
-        (folder / name).write_text(name)
+        (server.settings.layout.root / "documents" / name).write_text(name)
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         saved: list[str] = []
         tab.page.on("download", lambda download: saved.append(download.suggested_filename))
         await tab.by("files-tab").click()
         await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        yield tab, saved
+
+
+async def test_downloads_clicked_in_a_row_are_all_saved(server: SpriteOS) -> None:
+    """The person clicks Download on 16 files one after another: every line said "downloaded", but the
+    browser saved 11 (Chromium drops files handed to it to save in a burst, and says nothing). The page
+    hands them over one at a time, a moment apart: all 16 are saved."""
+    names = [f"note-{n:02}.txt" for n in range(16)]
+    async with files_to_download(server, names) as (tab, saved):
         for name in names:
             await tab.page.locator(f'[data-name="{name}"]').get_by_test_id("download").click()
         await expect(tab.by("download-progress").filter(has_text="downloaded")).to_have_count(16, timeout=60_000)
         await wait_for(lambda: len(saved) == 16, timeout=10, what="every file saved")
         assert sorted(saved) == names
+        tab.assert_clean()
+
+
+async def test_a_download_the_browser_would_not_take_does_not_stop_the_ones_after_it(server: SpriteOS) -> None:
+    """Downloads are handed to the browser one after another: one whose hand-off failed (the browser
+    out of memory for its file's address, say) left the queue failed, and every download after it, for
+    the page's life, came in whole and was never saved, its line saying the first one's failure. The
+    failed one says why; those after it are saved."""
+    names = ["first.txt", "second.txt"]
+    async with files_to_download(server, names) as (tab, saved):
+        await tab.page.evaluate("""() => {
+          const make = URL.createObjectURL;
+          let refused = 1;
+          URL.createObjectURL = (blob) => { if (refused-- > 0) throw new Error("out of memory"); return make(blob); };
+        }""")
+        for name in names:
+            await tab.page.locator(f'[data-name="{name}"]').get_by_test_id("download").click()
+            await expect(tab.by("download-progress").filter(has_text=name)).not_to_have_attribute("data-state", "running")
+        first, second = (tab.by("download-progress").filter(has_text=name) for name in names)
+        await expect(first.get_by_test_id("transfer-state")).to_have_text("out of memory")
+        await expect(second.get_by_test_id("transfer-state")).to_have_text("downloaded")
+        await wait_for(lambda: saved == ["second.txt"], timeout=10, what="the second file saved")
         tab.assert_clean()
 
 

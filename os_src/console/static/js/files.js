@@ -125,7 +125,7 @@ function saved(blob, name, ended) {
     setTimeout(() => URL.revokeObjectURL(url), 60_000);
     await new Promise((resolve) => { setTimeout(resolve, SAVE_GAP); });
   });
-  saving = turn;
+  saving = turn.catch(() => {}); // one the browser would not take (its line says why) holds up none after it
   return turn;
 }
 
