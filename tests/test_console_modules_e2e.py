@@ -448,6 +448,28 @@ async def test_a_resumes_replay_still_on_its_way_on_a_slow_link_is_not_taken_for
     assert seen["dropped"] and seen["after"] < 2_500, seen  # the usual patience (300 ms), not the 5 s awaited
 
 
+async def test_a_replay_announced_larger_than_it_came_does_not_slow_every_later_dead_link_check(server: SpriteOS) -> None:
+    """A `ready` that said it replays more events than came after it (a server or a proxy counting them
+    otherwise) left them due for the socket's life: every dead link after it, an hour later too, was
+    waited on for the 3 minutes a slow replay is given, not the usual patience. A ping's answer comes
+    after every frame the Sprite queued before it: once one is in, nothing announced is still due."""
+    seen = await in_page(server, f"""async () => {{
+        {SOCKETS}
+        conn.start("a-token");
+        const ws = sockets[0];
+        ws.open();
+        ws.answer({{ type: "ready", stream: "run-1", seq: 7, replayed: 3 }});
+        ws.answer({{ type: "assistant_message", turn_id: "t1", text: "All that came", seq: 8 }});
+        await until(() => pings(ws) === 1);
+        ws.answer({{ type: "pong", seq: 8 }}); // the link holds, and everything before the answer came
+        await until(() => pings(ws) === 2); // a quiet spell later, the link dies: nothing answers
+        const asked = performance.now();
+        await until(() => sockets.length === 2);
+        return {{ dropped: ws.closed, after: performance.now() - asked }};
+    }}""")
+    assert seen["dropped"] and seen["after"] < 2_500, seen  # the usual patience (300 ms), not the 5 s awaited
+
+
 async def test_a_clock_set_back_does_not_keep_a_dead_link_for_as_long(server: SpriteOS) -> None:
     """The machine's clock steps back (a correction on waking, a time set by hand, a VM restored) after
     the link last spoke: the page counted the quiet from a moment now in its future, and asked nothing, so

@@ -37,7 +37,9 @@
 // as dead, resumed, and the Sprite sent the frame again, to be dropped again, for ever (measured: 300,000
 // characters of text at 32 kbit/s, dropped every 45 s, never shown). The first such drop the page cannot
 // avoid; but a resume's `ready` says how many events it replays (`replayed`), so while some of those are
-// still due, a link that answers nothing is given AWAITED, not PATIENCE, before it counts as dead.
+// still due, a link that answers nothing is given AWAITED, not PATIENCE, before it counts as dead. A pong
+// comes after every frame queued before it: once one is in, none is due (a count larger than what came
+// does not hold the longer patience for the socket's life).
 
 const SUBPROTOCOL = "sprite-os.v1";
 const FIRST_DELAY = 0.5; // seconds; doubled after each failed attempt
@@ -191,6 +193,8 @@ export class Connection {
       return;
     }
     if (typeof frame.seq === "number") this.lastSeq = Math.max(this.lastSeq ?? 0, frame.seq);
+    // A pong comes after every frame the Sprite queued before it: none it announced is still due then.
+    if (frame.type === "pong" && current) this.due = 0;
     if (frame.type === "ready") {
       if (current) this.due = frame.replayed || 0; // the events that follow it
       const resumed = this.everReady;
