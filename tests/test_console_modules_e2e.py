@@ -384,11 +384,11 @@ const until = async (check, ms = 20_000) => {
   }
 };
 const pings = (ws) => ws.sent.filter((f) => f.type === "ping").length;
-// Signed in, the first socket open and `ready` (its last event 7): that socket.
-const connected = () => {
+// Signed in, the first socket open and `ready` (its last event 7; `replayed` events to follow): that socket.
+const connected = (replayed) => {
   conn.start("a-token");
   sockets[0].open();
-  sockets[0].answer({ type: "ready", stream: "run-1", seq: 7 });
+  sockets[0].answer({ type: "ready", stream: "run-1", seq: 7, replayed });
   return sockets[0];
 };
 """
@@ -430,10 +430,7 @@ async def test_a_resumes_replay_still_on_its_way_on_a_slow_link_is_not_taken_for
     page waits longer; once they are in, a link that answers nothing is dropped at the usual patience."""
     seen = await in_page(server, f"""async () => {{
         {SOCKETS}
-        conn.start("a-token");
-        const ws = sockets[0];
-        ws.open();
-        ws.answer({{ type: "ready", stream: "run-1", seq: 7, replayed: 2 }});
+        const ws = connected(2);
         ws.answer({{ type: "text_delta", turn_id: "t1", text: "Here", seq: 6 }}); // the other, big, still on its way
         await until(() => pings(ws) === 1);
         await new Promise((r) => setTimeout(r, 1_200)); // four times the patience
@@ -455,10 +452,7 @@ async def test_a_replay_announced_larger_than_it_came_does_not_slow_every_later_
     after every frame the Sprite queued before it: once one is in, nothing announced is still due."""
     seen = await in_page(server, f"""async () => {{
         {SOCKETS}
-        conn.start("a-token");
-        const ws = sockets[0];
-        ws.open();
-        ws.answer({{ type: "ready", stream: "run-1", seq: 7, replayed: 3 }});
+        const ws = connected(3);
         ws.answer({{ type: "assistant_message", turn_id: "t1", text: "All that came", seq: 8 }});
         await until(() => pings(ws) === 1);
         ws.answer({{ type: "pong", seq: 8 }}); // the link holds, and everything before the answer came
