@@ -681,6 +681,32 @@ async def test_a_download_the_browser_would_not_take_does_not_stop_the_ones_afte
         tab.assert_clean()
 
 
+async def test_a_download_handed_to_the_browser_is_not_said_stopped_by_the_sign_ins_end_after_it(server: SpriteOS) -> None:
+    """The page waits a moment after each file it hands the browser before it hands the next; a download
+    was only said done once that moment was over. A token refused in it (the Sprite's token changed) said
+    the file, saved already, "stopped: the token was refused; download it again", and the sign-in form
+    asked for it again: a second copy. Handed over, it is downloaded; the wait holds up the next one only."""
+    seen = await in_page(server, """async () => {
+        const { FilesView } = await import("/console/js/files.js");
+        const conn = { signIn: new AbortController(), request: async (type) => (type === "download_start"
+          ? { download_id: "d1", name: "a.txt", size: 1, chunk_bytes: 65536 } : { data: btoa("a"), eof: true }) };
+        const files = new FilesView(document.body.appendChild(document.createElement("div")), conn);
+        const click = HTMLAnchorElement.prototype.click;
+        let handed = 0;
+        HTMLAnchorElement.prototype.click = function () { // saved; the token is refused a moment later
+          if (!this.download) return click.call(this);
+          handed += 1;
+          setTimeout(() => conn.signIn.abort("refused"), 0);
+        };
+        await files.download("a.txt", "a.txt");
+        await new Promise((r) => setTimeout(r, 500)); // past the wait after it
+        HTMLAnchorElement.prototype.click = click;
+        const line = document.querySelector('[data-testid="download-progress"] [data-testid="transfer-state"]');
+        return { handed, line: line.textContent, stopped: files.stoppedNote() };
+    }""")
+    assert seen == {"handed": 1, "line": "downloaded", "stopped": ""}, seen
+
+
 async def _open_paged(tab: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     """Open folder `name` from the Files view with a listing of 3 (the top listing drawn first, at its full
     size: a small one could leave the folder out) and return its rows, the first page shown."""

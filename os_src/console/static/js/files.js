@@ -113,20 +113,23 @@ const SAVE_GAP = 250; // ms
 let saving = Promise.resolve();
 
 /** Hands `blob` to the browser to save as `name`, after those handed before it, SAVE_GAP after the last;
- * not if the sign-in it was downloaded under ended meanwhile (`ended`: the next person's browser window). */
+ * not if the sign-in it was downloaded under ended meanwhile (`ended`: the next person's browser window).
+ * True once handed over: the gap after it holds up the next one, not this one's "downloaded" (a sign-in
+ * ending in it would say a file saved already stopped, to be downloaded again). */
 function saved(blob, name, ended) {
-  const turn = saving.then(async () => {
-    if (ended.aborted) return;
+  const handed = saving.then(() => {
+    if (ended.aborted) return false;
     const url = URL.createObjectURL(blob);
     const link = el("a", { href: url, download: name, class: "visually-hidden" });
     document.body.append(link);
     link.click();
     link.remove();
     setTimeout(() => URL.revokeObjectURL(url), 60_000);
-    await new Promise((resolve) => { setTimeout(resolve, SAVE_GAP); });
+    return true;
   });
-  saving = turn.catch(() => {}); // one the browser would not take (its line says why) holds up none after it
-  return turn;
+  // One the browser would not take (its line says why) holds up none after it.
+  saving = handed.then((done) => done && new Promise((resolve) => { setTimeout(resolve, SAVE_GAP); }), () => {});
+  return handed;
 }
 
 export class FilesView {
@@ -410,8 +413,8 @@ export class FilesView {
       }
       if (transfer.cancelled()) throw new Error("cancelled"); // the last chunk came after the Cancel
       line.settling();
-      await saved(new Blob(parts, { type: "application/octet-stream" }), start.name, transfer.ended);
-      if (transfer.ended.aborted) return; // not saved: its line says it stopped, and why
+      // Not saved, the sign-in over before its turn came: its line says it stopped, and why.
+      if (!await saved(new Blob(parts, { type: "application/octet-stream" }), start.name, transfer.ended)) return;
       line.done("done", "downloaded");
       this.say(`Downloaded ${name}.`);
     } catch (error) {
