@@ -278,6 +278,24 @@ async def test_words_missed_while_away_are_marked_whatever_went_by_with_them(ser
     assert seen == {"away": "word11 word12  … word17", "whole": "All of it.", "next": "first"}, seen
 
 
+async def test_an_answer_begun_after_a_tool_the_page_saw_is_not_marked_as_missing_words(server: SpriteOS) -> None:
+    """Loaded while the agent ran a tool (no words being written), the page saw the tool's call and result,
+    then the answer written from its first word; it marked it "…" at its start all the same, as if words
+    had gone by before the page loaded, until the answer was whole. A tool call of the running turn seen
+    since the snapshot ends the message that may have been on its way then: what follows is all seen."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        const written = () => list.querySelector('[data-turn-id="t1"][data-role="assistant"] .text').textContent;
+        chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
+          turn_text: "Look it up", turn_client_id: "chat-x", waiting: [], cards: [], seq: 10, replayed: 0 }});
+        chat.handle({{ type: "tool_use", turn_id: "t1", tool_use_id: "u1", name: "Read", summary: "notes.md", seq: 11 }});
+        chat.handle({{ type: "tool_result", turn_id: "t1", tool_use_id: "u1", is_error: false, summary: "ok", seq: 12 }});
+        chat.handle({{ type: "text_delta", turn_id: "t1", text: "Here is", seq: 13 }});
+        return written();
+    }}""")
+    assert seen == "Here is", seen
+
+
 async def test_a_tab_that_joins_mid_turn_says_where_the_running_turns_message_came_from(server: SpriteOS) -> None:
     """A tab opened (or signed in) while the agent is on another tab's message showed that message bare,
     as if the person had typed it here, where a turn started while the tab was open says where its message

@@ -12,6 +12,8 @@ import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, mess
 const DRAFT_KEY = "sprite-os.draft";
 // Events after which no streamed word is missing, whatever went by unseen before them (`handle`).
 const WHOLE = new Set(["ready", "turn_started", "assistant_message", "turn_complete"]);
+// A turn's events that come after a message of it is whole (a tool is called once the text before it is).
+const ENDED = new Set(["assistant_message", "tool_use", "tool_result"]);
 const STICK = 48; // px from the bottom that still counts as "at the latest"
 const PAGE = 30; // turns asked for at a time
 // The most characters a message may have (the protocol's MAX_USER_TEXT): a longer one is never sent.
@@ -279,6 +281,9 @@ export class ChatView {
       this.seq = frame.seq;
     }
     if (WHOLE.has(frame.type)) this.unseen = false;
+    // The running turn's message being written when the view was rebuilt, if one was, has ended: its next
+    // words begin a message of their own, seen from its start (`delta`).
+    if (ENDED.has(frame.type) && frame.turn_id === this.joined) this.joined = null;
     const result = this.apply(frame);
     if (this.replay && frame.type !== "ready") this.replaying(frame);
     if (frame.type === "ready" || frame.type === "turn_started" || frame.type === "error") this.keepPending();
@@ -555,7 +560,7 @@ export class ChatView {
    * down: the streamed words are not replayed) are marked "…" where they are missing, until the whole answer
    * comes with the turn's `assistant_message`: the answer read as if it began mid-sentence, or ran on with
    * words left out. (A turn running when the page loaded, its first words not yet written, shows "…" too:
-   * the page cannot tell.) */
+   * the page cannot tell; after a tool call of it the page saw, it can: `handle`.) */
   delta(frame) {
     const turn = this.turn(frame.turn_id);
     this.settleRetry(turn);
@@ -574,7 +579,6 @@ export class ChatView {
   }
 
   assistant(frame) {
-    if (this.joined === frame.turn_id) this.joined = null; // its next words begin a message of their own
     const turn = this.turn(frame.turn_id);
     this.settleRetry(turn);
     const body = answerBody(frame.text);
