@@ -699,30 +699,60 @@ async def test_a_download_the_browser_would_not_take_does_not_stop_the_ones_afte
         tab.assert_clean()
 
 
+# A FilesView of the test's own on a fake connection whose every download is one byte, ready at once;
+# `handed` the names of the files it hands the browser, `lines()` what each download's line says.
+SAVES = """
+const { FilesView } = await import("/console/js/files.js");
+const conn = { signIn: new AbortController(), request: async (type, { path }) => (type === "download_start"
+  ? { download_id: path, name: path, size: 1, chunk_bytes: 65536 } : { data: btoa("a"), eof: true }) };
+const files = new FilesView(document.body.appendChild(document.createElement("div")), conn);
+const click = HTMLAnchorElement.prototype.click;
+const handed = [];
+let onHanded = () => {};
+HTMLAnchorElement.prototype.click = function () { // not saved: counted
+  if (!this.download) return click.call(this);
+  handed.push(this.download);
+  onHanded(this.download);
+};
+const lines = () => Object.fromEntries([...document.querySelectorAll('[data-testid="download-progress"]')]
+  .map((li) => [li.firstChild.textContent, li.querySelector('[data-testid="transfer-state"]').textContent]));
+"""
+
+
 async def test_a_download_handed_to_the_browser_is_not_said_stopped_by_the_sign_ins_end_after_it(server: SpriteOS) -> None:
     """The page waits a moment after each file it hands the browser before it hands the next; a download
     was only said done once that moment was over. A token refused in it (the Sprite's token changed) said
     the file, saved already, "stopped: the token was refused; download it again", and the sign-in form
     asked for it again: a second copy. Handed over, it is downloaded; the wait holds up the next one only."""
-    seen = await in_page(server, """async () => {
-        const { FilesView } = await import("/console/js/files.js");
-        const conn = { signIn: new AbortController(), request: async (type) => (type === "download_start"
-          ? { download_id: "d1", name: "a.txt", size: 1, chunk_bytes: 65536 } : { data: btoa("a"), eof: true }) };
-        const files = new FilesView(document.body.appendChild(document.createElement("div")), conn);
-        const click = HTMLAnchorElement.prototype.click;
-        let handed = 0;
-        HTMLAnchorElement.prototype.click = function () { // saved; the token is refused a moment later
-          if (!this.download) return click.call(this);
-          handed += 1;
-          setTimeout(() => conn.signIn.abort("refused"), 0);
-        };
+    seen = await in_page(server, f"""async () => {{
+        {SAVES}
+        onHanded = () => setTimeout(() => conn.signIn.abort("refused"), 0); // saved; the token refused a moment later
         await files.download("a.txt", "a.txt");
         await new Promise((r) => setTimeout(r, 500)); // past the wait after it
-        HTMLAnchorElement.prototype.click = click;
-        const line = document.querySelector('[data-testid="download-progress"] [data-testid="transfer-state"]');
-        return { handed, line: line.textContent, stopped: files.stoppedNote() };
-    }""")
-    assert seen == {"handed": 1, "line": "downloaded", "stopped": ""}, seen
+        return {{ handed, lines: lines(), stopped: files.stoppedNote() }};
+    }}""")
+    assert seen == {"handed": ["a.txt"], "lines": {"a.txt": "downloaded"}, "stopped": ""}, seen
+
+
+async def test_downloads_waiting_their_turn_when_the_sign_in_ends_are_not_saved(server: SpriteOS) -> None:
+    """Downloads done and waiting to be handed to the browser, one at a time, when the person signs out:
+    those not yet handed over are not (the next person's browser window would save the last one's files),
+    their lines say so, and the next sign-in's downloads do not wait on them."""
+    seen = await in_page(server, f"""async () => {{
+        {SAVES}
+        onHanded = () => conn.signIn.abort("signed out"); // signed out as the first is handed over
+        await Promise.all(["a.txt", "b.txt", "c.txt"].map((name) => files.download(name, name)));
+        const ended = lines();
+        conn.signIn = new AbortController(); // the next sign-in
+        onHanded = () => {{}};
+        const asked = performance.now();
+        await files.download("d.txt", "d.txt");
+        return {{ handed, ended, next: lines()["d.txt"], waited: performance.now() - asked }};
+    }}""")
+    assert seen["handed"] == ["a.txt", "d.txt"], seen
+    assert seen["ended"] == {"a.txt": "downloaded", "b.txt": "stopped: signed out; download it again",
+                             "c.txt": "stopped: signed out; download it again"}, seen
+    assert seen["next"] == "downloaded" and seen["waited"] < 1_000, seen
 
 
 async def _open_paged(tab: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
