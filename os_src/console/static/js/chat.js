@@ -573,7 +573,7 @@ export class ChatView {
       turn.stream.dataset.turnId = frame.turn_id;
     }
     const text = turn.stream.querySelector(".text");
-    if (missed) text.append(el("span", { class: "gap", testid: "stream-gap", text: text.childNodes.length ? " … " : "… " }));
+    if (missed) text.append(el("span", { class: "stream-gap", testid: "stream-gap", text: text.childNodes.length ? " … " : "… " }));
     text.append(frame.text);
     this.grew();
   }

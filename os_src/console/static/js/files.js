@@ -116,7 +116,7 @@ let saving = Promise.resolve();
  * not if the sign-in it was downloaded under ended meanwhile (`ended`: the next person's browser window).
  * True once handed over: the gap after it holds up the next one, not this one's "downloaded" (a sign-in
  * ending in it would say a file saved already stopped, to be downloaded again). */
-function saved(blob, name, ended) {
+function handToBrowser(blob, name, ended) {
   const handed = saving.then(() => {
     if (ended.aborted) return false;
     const url = URL.createObjectURL(blob);
@@ -414,7 +414,7 @@ export class FilesView {
       if (transfer.cancelled()) throw new Error("cancelled"); // the last chunk came after the Cancel
       line.settling();
       // Not saved, the sign-in over before its turn came: its line says it stopped, and why.
-      if (!await saved(new Blob(parts, { type: "application/octet-stream" }), start.name, transfer.ended)) return;
+      if (!await handToBrowser(new Blob(parts, { type: "application/octet-stream" }), start.name, transfer.ended)) return;
       line.done("done", "downloaded");
       this.say(`Downloaded ${name}.`);
     } catch (error) {

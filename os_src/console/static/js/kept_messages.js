@@ -70,7 +70,7 @@ export function browserId() {
 }
 
 /** Makes the browser's id if it has none; returns it (null: none can be kept). */
-function made() {
+function ensureBrowserId() {
   try {
     if (!browserId()) localStorage.setItem(BROWSER_KEY, Math.random().toString(36).slice(2, 12).padEnd(8, "0"));
   } catch { /* storage denied: none is kept, the client ids name no browser */ }
@@ -82,16 +82,16 @@ function made() {
 export async function makeBrowserId() {
   try {
     if (navigator.locks) {
-      await navigator.locks.request(BROWSER_KEY, made);
+      await navigator.locks.request(BROWSER_KEY, ensureBrowserId);
       return;
     }
   } catch { /* no lock to be had here (an opaque origin): made without it */ }
-  made();
+  ensureBrowserId();
 }
 
 /** The id for a client id the tab makes now: the browser's, made now if the tab's start has not yet. */
 export function sendingBrowserId() {
-  return browserId() ?? made();
+  return browserId() ?? ensureBrowserId();
 }
 
 /** Where a message the page did not send came from, as far as its client id tells (`browser`: this
