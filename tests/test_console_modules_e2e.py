@@ -34,9 +34,21 @@ async def in_page(server: SpriteOS, script: str) -> Any:
         return result
 
 
+# In a page's script: `until(check)` settles once `check()` holds (polled on the page's clock), and
+# fails after `ms`. What a script waits on, never a time.
+UNTIL = """
+const until = async (check, ms = 20_000) => {
+  for (const end = performance.now() + ms; !check(); ) {
+    if (performance.now() > end) throw new Error(`never: ${check}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+};
+"""
+
+
 # A ChatView of the test's own, on a fake connection that sends everything and answers the record's page
 # with no turns; `ready()` gives it a fresh snapshot; `rows()` reads the conversation as a person does.
-CHAT = """
+CHAT = UNTIL + """
 const { ChatView } = await import("/console/js/chat.js");
 const box = document.createElement("div");
 document.body.append(box);
@@ -203,7 +215,7 @@ async def test_the_recorded_conversation_says_where_each_message_came_from_as_th
     but the tab's own (and a turn recorded before client ids were kept, which cannot tell)."""
     seen = await in_page(server, f"""async () => {{
         {CHAT}
-        await new Promise((r) => setTimeout(r, 50)); // the browser's id, made at the view's start
+        await chat.browserReady; // the browser's id, made at the view's start
         const mine = say("Mine");
         const turn = (n, clientId) => ({{ turn_id: `t${{n}}`, turn: n, user_message: `Message ${{n}}`, client_id: clientId,
           tool_calls: [], status: "completed", agent_response: "Done.", cost_usd: 0.0001, at: 1795216801 }});
@@ -211,7 +223,7 @@ async def test_the_recorded_conversation_says_where_each_message_came_from_as_th
           turn(2, `web.${{localStorage.getItem("sprite-os.browser")}}.m1abc-x1y2z3-1`), turn(3, "web.elsewhere0.m1-x-1"),
           turn(4, "chat-0123456789abcdef-1"), turn(5, null)] }});
         ready();
-        await new Promise((r) => setTimeout(r, 50)); // the record's page drawn
+        await until(() => list.dataset.checks === "settled"); // the record's page drawn
         return [...list.querySelectorAll('[data-role="user"][data-turn]')].map((item) => item.textContent);
     }}""")
     assert seen == [
@@ -303,7 +315,7 @@ async def test_a_tab_that_joins_mid_turn_says_where_the_running_turns_message_ca
     tab's own, after a reload mid-turn (it left the kept messages when its turn started), is not."""
     seen = await in_page(server, f"""async () => {{
         {CHAT}
-        await new Promise((r) => setTimeout(r, 50)); // the browser's id, made at the view's start
+        await chat.browserReady; // the browser's id, made at the view's start
         const browser = localStorage.getItem("sprite-os.browser");
         const joined = (clientId, view = chat) => {{
           view.handle({{ type: "ready", stream: `run-${{clientId}}`, session_id: "s1", agent: "running", turn_id: "t1",
@@ -380,8 +392,7 @@ async def test_two_tabs_opened_in_the_same_instant_share_one_browser_id(server: 
 # A Connection of the test's own on fake sockets (`sockets`, each `open()`ed, `answer(frame)`ed or left
 # silent by the test; `connected()` the first), listening as the page does but over milliseconds: `quiet`
 # with nothing heard before it asks (`ping`), `patience` more before it takes the link for dead.
-# `until(check)` polls the page's clock.
-SOCKETS = """
+SOCKETS = UNTIL + """
 const { Connection } = await import("/console/js/connection.js");
 const sockets = [];
 window.WebSocket = class extends EventTarget {
@@ -395,12 +406,6 @@ window.WebSocket = class extends EventTarget {
 const states = [];
 const conn = new Connection({ onFrame: () => {}, onStatus: (s) => states.push(s.state), onAuthFailed: () => {},
   quiet: 200, patience: 300, awaited: 5_000 });
-const until = async (check, ms = 20_000) => {
-  for (const end = performance.now() + ms; !check(); ) {
-    if (performance.now() > end) throw new Error(`never: ${check}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 const pings = (ws) => ws.sent.filter((f) => f.type === "ping").length;
 // Signed in, the first socket open and `ready` (its last event 7; `replayed` events to follow): that socket.
 const connected = (replayed) => {
@@ -701,7 +706,7 @@ async def test_a_download_the_browser_would_not_take_does_not_stop_the_ones_afte
 
 # A FilesView of the test's own on a fake connection whose every download is one byte, ready at once;
 # `handed` the names of the files it hands the browser, `lines()` what each download's line says.
-SAVES = """
+SAVES = UNTIL + """
 const { FilesView } = await import("/console/js/files.js");
 const conn = { signIn: new AbortController(), request: async (type, { path }) => (type === "download_start"
   ? { download_id: path, name: path, size: 1, chunk_bytes: 65536 } : { data: btoa("a"), eof: true }) };
@@ -728,7 +733,7 @@ async def test_a_download_handed_to_the_browser_is_not_said_stopped_by_the_sign_
         {SAVES}
         onHanded = () => setTimeout(() => conn.signIn.abort("refused"), 0); // saved; the token refused a moment later
         await files.download("a.txt", "a.txt");
-        await new Promise((r) => setTimeout(r, 500)); // past the wait after it
+        await until(() => conn.signIn.signal.aborted); // the sign-in ended after the hand-off
         return {{ handed, lines: lines(), stopped: files.stoppedNote() }};
     }}""")
     assert seen == {"handed": ["a.txt"], "lines": {"a.txt": "downloaded"}, "stopped": ""}, seen

@@ -33,7 +33,9 @@ export class ChatView {
     this.texts = new Map(); // turn_id -> the person's message (a failed turn's Retry), until the turn ends
     this.shown = new Set(); // turn_ids whose message is in the view (live or from the record)
     this.sent = 0;
-    makeBrowserId(); // in the client ids this page makes (`browserId()`, read at each use): the browser's other tabs know them
+    // In the client ids this page makes (`browserId()`, read at each use): the browser's other tabs know them.
+    // Settled once the browser has one (or cannot keep one): what waits on the id, a test say, awaits it.
+    this.browserReady = makeBrowserId();
     this.running = null; // the running turn's id
     this.stream = null; // the server run the view is current with (ready.stream)
     this.session = null; // the session the agent is in, as last heard (ready, session_started)

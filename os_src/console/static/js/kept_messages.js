@@ -78,15 +78,12 @@ function ensureBrowserId() {
 }
 
 /** Makes the browser's id at a tab's start, once for all its tabs: under their shared lock where the
- * browser has one. */
+ * browser has one. Settles with the id (null: none can be kept); never fails. */
 export async function makeBrowserId() {
   try {
-    if (navigator.locks) {
-      await navigator.locks.request(BROWSER_KEY, ensureBrowserId);
-      return;
-    }
+    if (navigator.locks) return await navigator.locks.request(BROWSER_KEY, ensureBrowserId);
   } catch { /* no lock to be had here (an opaque origin): made without it */ }
-  ensureBrowserId();
+  return ensureBrowserId();
 }
 
 /** The id for a client id the tab makes now: the browser's, made now if the tab's start has not yet. */
