@@ -47,9 +47,11 @@ const until = async (check, ms = 20_000) => {
 
 
 # A ChatView of the test's own, on a fake connection that sends everything and answers the record's page
-# with no turns; `ready()` gives it a fresh snapshot; `rows()` reads the conversation as a person does.
+# with no turns; `ready()` gives it a fresh snapshot; `rows()` reads the conversation as a person does;
+# `heard(frame)` hands it a frame as the page's Connection does, which tells it of events skipped by seq.
 CHAT = UNTIL + """
 const { ChatView } = await import("/console/js/chat.js");
+const { Connection } = await import("/console/js/connection.js");
 const box = document.createElement("div");
 document.body.append(box);
 const made = (tag) => box.appendChild(document.createElement(tag));
@@ -64,7 +66,9 @@ const form = made("form");
 const composer = form.appendChild(document.createElement("textarea"));
 const chat = new ChatView({ list, form, composer, send: made("button"), interrupt: made("button"),
   newSession: made("button"), agentState: made("span"), jump: made("button"), sessionCost: made("span") }, conn);
-const ready = () => chat.handle({ type: "ready", stream: "run-1", session_id: "s1", agent: "idle", waiting: [], cards: [] });
+const wire = new Connection({ onFrame: (frame, seen) => chat.handle(frame, seen), onStatus: () => {}, onAuthFailed: () => {} });
+const heard = (frame) => wire.receive(JSON.stringify(frame));
+const ready = () => heard({ type: "ready", stream: "run-1", session_id: "s1", agent: "idle", waiting: [], cards: [] });
 const say = (text) => { composer.value = text; chat.submit(); return sent.at(-1).client_id; };
 const rows = () => [...list.children].map((li) => {
   const { role, testid, turnId, state } = li.dataset;
@@ -242,10 +246,10 @@ async def test_an_answer_being_written_says_where_words_went_by_while_the_page_w
     turn ended. The missing words are marked "…" where they are, and the whole answer replaces them."""
     seen = await in_page(server, f"""async () => {{
         {CHAT}
-        const snapshot = (seq) => chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running",
+        const snapshot = (seq) => heard({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running",
           turn_id: "t1", turn_text: "Tell me", turn_client_id: "chat-x", waiting: [], cards: [], seq, replayed: 0 }});
         const written = () => list.querySelector('[data-turn-id="t1"][data-role="assistant"] .text').textContent;
-        const word = (text, seq) => chat.handle({{ type: "text_delta", turn_id: "t1", text, seq }});
+        const word = (text, seq) => heard({{ type: "text_delta", turn_id: "t1", text, seq }});
         snapshot(10); // loaded while the answer is being written
         word("word22 ", 11);
         word("word23 ", 12);
@@ -254,7 +258,7 @@ async def test_an_answer_being_written_says_where_words_went_by_while_the_page_w
         word("word26 ", 15);
         word("word27", 16);
         const resumed = written();
-        chat.handle({{ type: "assistant_message", turn_id: "t1", text: "word1 word2", seq: 17 }});
+        heard({{ type: "assistant_message", turn_id: "t1", text: "word1 word2", seq: 17 }});
         return {{ loaded, resumed, whole: written() }};
     }}""")
     assert seen == {"loaded": "… word22 word23 ", "resumed": "… word22 word23  … word26 word27", "whole": "word1 word2"}, seen
@@ -265,29 +269,39 @@ async def test_words_missed_while_away_are_marked_whatever_went_by_with_them(ser
     uploaded a file, closed a card, forgot an old turn): that event is replayed, the words are not, and
     the page marked no gap, the next word right after the replayed event's seq; the answer ran on with
     words left out ("word12 word16"), unmarked. A seq skipped at any event since the answer's last words
-    marks them; one skipped before a turn began, or before a whole message came, does not."""
+    marks them; one skipped before a turn began, or before a whole message came, does not, nor do those a
+    forgotten turn's events left in a replay (only its start and its end are replayed)."""
     seen = await in_page(server, f"""async () => {{
         {CHAT}
         ready();
         const written = (turn) => list.querySelector(`[data-turn-id="${{turn}}"][data-role="assistant"] .text`).textContent;
-        const word = (turn, text, seq) => chat.handle({{ type: "text_delta", turn_id: turn, text, seq }});
-        chat.handle({{ type: "turn_started", turn_id: "t1", client_id: "chat-x-1", text: "Tell me", seq: 10 }});
+        const word = (turn, text, seq) => heard({{ type: "text_delta", turn_id: turn, text, seq }});
+        heard({{ type: "turn_started", turn_id: "t1", client_id: "chat-x-1", text: "Tell me", seq: 10 }});
         word("t1", "word11 ", 11);
         word("t1", "word12 ", 12);
         // The link drops: 13 to 15 are words, not replayed; 16, an upload from another tab, is.
-        chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
+        heard({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
           turn_text: "Tell me", turn_client_id: "chat-x-1", waiting: [], cards: [], seq: 12, replayed: 1 }});
-        chat.handle({{ type: "file_uploaded", path: "documents/a.txt", size: 3, seq: 16 }});
+        heard({{ type: "file_uploaded", path: "documents/a.txt", size: 3, seq: 16 }});
         word("t1", "word17", 17);
         const away = written("t1");
         // Words skipped before a whole message came (it replaces them), or before a new turn began: none missing.
-        chat.handle({{ type: "assistant_message", turn_id: "t1", text: "All of it.", seq: 20 }});
-        chat.handle({{ type: "turn_complete", turn_id: "t1", status: "completed", duration_ms: 1, seq: 21 }});
-        chat.handle({{ type: "turn_started", turn_id: "t2", client_id: "chat-x-2", text: "More", seq: 25 }});
+        heard({{ type: "assistant_message", turn_id: "t1", text: "All of it.", seq: 20 }});
+        heard({{ type: "turn_complete", turn_id: "t1", status: "completed", duration_ms: 1, seq: 21 }});
+        heard({{ type: "turn_started", turn_id: "t2", client_id: "chat-x-2", text: "More", seq: 25 }});
         word("t2", "first", 26);
-        return {{ away, whole: written("t1"), next: written("t2") }};
+        heard({{ type: "turn_complete", turn_id: "t2", status: "completed", duration_ms: 1, seq: 27 }});
+        // The link drops again while another tab runs a turn and forgets it: its start and end are replayed
+        // (28, 32), its words, tool calls and answer are not, then its tombstone (33). A new turn begins.
+        heard({{ type: "ready", stream: "run-1", session_id: "s1", agent: "idle", waiting: [], cards: [], seq: 27, replayed: 3 }});
+        heard({{ type: "turn_started", turn_id: "t3", client_id: "chat-y-1", text: "", seq: 28 }});
+        heard({{ type: "turn_complete", turn_id: "t3", status: "completed", duration_ms: 1, seq: 32 }});
+        heard({{ type: "turns_forgotten", session_id: "s1", turns: [], turn_ids: ["t3"], seq: 33 }});
+        heard({{ type: "turn_started", turn_id: "t4", client_id: "chat-x-3", text: "Again", seq: 34 }});
+        word("t4", "fresh", 35);
+        return {{ away, whole: written("t1"), next: written("t2"), afterForget: written("t4") }};
     }}""")
-    assert seen == {"away": "word11 word12  … word17", "whole": "All of it.", "next": "first"}, seen
+    assert seen == {"away": "word11 word12  … word17", "whole": "All of it.", "next": "first", "afterForget": "fresh"}, seen
 
 
 async def test_an_answer_begun_after_a_tool_the_page_saw_is_not_marked_as_missing_words(server: SpriteOS) -> None:
@@ -298,11 +312,11 @@ async def test_an_answer_begun_after_a_tool_the_page_saw_is_not_marked_as_missin
     seen = await in_page(server, f"""async () => {{
         {CHAT}
         const written = () => list.querySelector('[data-turn-id="t1"][data-role="assistant"] .text').textContent;
-        chat.handle({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
+        heard({{ type: "ready", stream: "run-1", session_id: "s1", agent: "running", turn_id: "t1",
           turn_text: "Look it up", turn_client_id: "chat-x", waiting: [], cards: [], seq: 10, replayed: 0 }});
-        chat.handle({{ type: "tool_use", turn_id: "t1", tool_use_id: "u1", name: "Read", summary: "notes.md", seq: 11 }});
-        chat.handle({{ type: "tool_result", turn_id: "t1", tool_use_id: "u1", is_error: false, summary: "ok", seq: 12 }});
-        chat.handle({{ type: "text_delta", turn_id: "t1", text: "Here is", seq: 13 }});
+        heard({{ type: "tool_use", turn_id: "t1", tool_use_id: "u1", name: "Read", summary: "notes.md", seq: 11 }});
+        heard({{ type: "tool_result", turn_id: "t1", tool_use_id: "u1", is_error: false, summary: "ok", seq: 12 }});
+        heard({{ type: "text_delta", turn_id: "t1", text: "Here is", seq: 13 }});
         return written();
     }}""")
     assert seen == "Here is", seen
@@ -443,6 +457,34 @@ async def test_a_link_dead_but_not_closed_is_noticed_and_reconnected(server: Spr
     assert seen["dropped"] and seen["connected"], seen
     assert seen["hello"] == {"type": "hello", "protocol": 1, "client": "sprite-console", "last_seq": 7, "stream": "run-1"}
     assert "waiting" in seen["states"], seen
+
+
+async def test_events_skipped_are_told_and_a_restarted_server_is_resumed_from_its_own_numbers(server: SpriteOS) -> None:
+    """The connection tells the views of events that went by unseen (a seq skipped: the streamed words a
+    resume does not replay), and counts afresh from a restarted server's snapshot. It kept the largest seq
+    of the run before: a restarted server numbers its events from 1, so the next drop resumed with a
+    `last_seq` from the new run's future, which the server cannot replay (a fresh snapshot, the conversation
+    rebuilt, "Reconnected after a long gap"), and no seq skipped in the new run was told until it passed the
+    old one's."""
+    seen = await in_page(server, f"""async () => {{
+        {SOCKETS}
+        const told = [];
+        conn.onFrame = (frame, {{ skipped }}) => told.push(`${{frame.seq}}${{skipped ? " skipped" : ""}}`);
+        const first = connected();
+        first.answer({{ type: "turn_started", turn_id: "t1", text: "Hi", seq: 40 }});
+        first.dispatchEvent(new CloseEvent("close", {{ code: 1012 }})); // the server restarts
+        await until(() => sockets.length === 2);
+        sockets[1].open();
+        sockets[1].answer({{ type: "ready", stream: "run-2", seq: 3, resync: true }});
+        sockets[1].answer({{ type: "file_uploaded", path: "documents/a.txt", size: 1, seq: 4 }});
+        sockets[1].answer({{ type: "file_uploaded", path: "documents/b.txt", size: 1, seq: 6 }}); // 5 went by unseen
+        sockets[1].dispatchEvent(new CloseEvent("close", {{ code: 1006 }})); // the link drops
+        await until(() => sockets.length === 3);
+        sockets[2].open();
+        return {{ told, hello: sockets[2].sent[0] }};
+    }}""")
+    assert seen["told"] == ["7", "40 skipped", "3", "4", "6 skipped"], seen
+    assert seen["hello"] == {"type": "hello", "protocol": 1, "client": "sprite-console", "last_seq": 6, "stream": "run-2"}, seen
 
 
 async def test_a_resumes_replay_still_on_its_way_on_a_slow_link_is_not_taken_for_a_dead_link(server: SpriteOS) -> None:

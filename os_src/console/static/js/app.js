@@ -24,8 +24,8 @@ const files = new FilesView($("view-files"), connection);
 const past = new PastSessions($("past-sessions"), $("past-toggle"), connection, () => { $("conversation").hidden = false; });
 $("past-toggle").addEventListener("click", () => { $("conversation").hidden = past.open; });
 
-function onFrame(frame) {
-  chat.handle(frame);
+function onFrame(frame, { skipped }) {
+  chat.handle(frame, { skipped });
   canvas.handle(frame);
   files.handle(frame);
   past.handle(frame);

@@ -41,7 +41,6 @@ export class ChatView {
     this.session = null; // the session the agent is in, as last heard (ready, session_started)
     this.history = null; // {session, first: the earliest turn number shown, more, button}
     this.stick = true; // follow the conversation as it grows, unless the person scrolled up
-    this.seq = null; // the last event's seq
     this.unseen = false; // events went by unseen since the answer's last words (`handle`)
     this.joined = null; // the turn running when the view was last rebuilt: its first words were written before
     this.restored = new Map(); // client_id -> {entry, item}: kept through a reload, shown, settled at the first `ready`
@@ -95,7 +94,7 @@ export class ChatView {
   signOut() {
     clear(this.list);
     for (const kept of [this.queued, this.takenItems, this.unsentItems, this.turns, this.texts, this.shown, this.restored]) kept.clear();
-    Object.assign(this, { stream: null, session: null, history: null, replay: null, seq: null, joined: null, unseen: false });
+    Object.assign(this, { stream: null, session: null, history: null, replay: null, joined: null, unseen: false });
     this.sessionCost.textContent = "";
     this.composer.value = "";
     this.keepDraft();
@@ -273,15 +272,13 @@ export class ChatView {
     return this.turns.get(turnId);
   }
 
-  handle(frame) {
-    // The streamed words (text_delta) are the only events a resume does not replay: a seq skipped since the
-    // answer's last words means some of them went by while the page was away (`delta`), whichever events
+  /** A frame from the Sprite; `skipped`: events went by unseen just before it (connection.js, by seq). */
+  handle(frame, { skipped = false } = {}) {
+    // The streamed words (text_delta) are the only events a resume does not replay: events skipped since the
+    // answer's last words mean some of them went by while the page was away (`delta`), whichever events
     // (replayed) went by with them: another tab's upload, say. A whole message, a turn's start or end, or a
     // snapshot leaves none missing.
-    if (typeof frame.seq === "number") {
-      if (this.seq !== null && frame.seq > this.seq + 1) this.unseen = true;
-      this.seq = frame.seq;
-    }
+    if (skipped) this.unseen = true;
     if (WHOLE.has(frame.type)) this.unseen = false;
     // The running turn's message being written when the view was rebuilt, if one was, has ended: its next
     // words begin a message of their own, seen from its start (`delta`).

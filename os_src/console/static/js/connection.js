@@ -64,7 +64,7 @@ export class Connection {
     this.watch = null; // the open socket's `listen` timer
     this.ws = null;
     this.token = null;
-    this.lastSeq = null; // the largest seq seen: where to resume from
+    this.lastSeq = null; // the largest seq seen of the server run's (`stream`): where to resume from
     this.stream = null;
     this.everReady = false;
     this.attempt = 0; // failed attempts since the last open socket
@@ -184,7 +184,11 @@ export class Connection {
     this.send({ type: "ping" });
   }
 
-  /** A frame from the Sprite (`current`: on the open socket). */
+  /** A frame from the Sprite (`current`: on the open socket), handed on with `skipped`: events went by
+   * between the last one seen and it, unseen (a resume replays every event but the streamed words, and a
+   * forgotten turn's). A fresh snapshot (`ready` with `resync`, or of another server run) starts the count
+   * again: a restarted server numbers its events from 1, and a `last_seq` of the run before, larger, would
+   * make the next resume a fresh snapshot too. */
   receive(data, current = true) {
     let frame;
     try {
@@ -192,7 +196,12 @@ export class Connection {
     } catch {
       return;
     }
-    if (typeof frame.seq === "number") this.lastSeq = Math.max(this.lastSeq ?? 0, frame.seq);
+    let skipped = false;
+    if (typeof frame.seq === "number") {
+      const fresh = frame.type === "ready" && (frame.resync || frame.stream !== this.stream);
+      skipped = !fresh && this.lastSeq !== null && frame.seq > this.lastSeq + 1;
+      this.lastSeq = fresh ? frame.seq : Math.max(this.lastSeq ?? 0, frame.seq);
+    }
     // A pong comes after every frame the Sprite queued before it: none it announced is still due then.
     if (frame.type === "pong" && current) this.due = 0;
     if (frame.type === "ready") {
@@ -210,7 +219,7 @@ export class Connection {
       else waiting.resolve(frame);
       return;
     }
-    this.onFrame(frame);
+    this.onFrame(frame, { skipped });
   }
 
   async diagnose() {
