@@ -314,9 +314,8 @@ export class ChatView {
   ready(frame) {
     const fresh = frame.resync || frame.stream !== this.stream;
     // The running turn's message, shown with the snapshot: where it came from, as a turn started while the
-    // page was open says it (`started`), unless it is this tab's own (waiting here, kept through a reload).
-    const runningFrom = this.from(frame.turn_client_id, this.restored.has(frame.turn_client_id) || this.queued.has(frame.turn_client_id)
-      || [...this.unsentItems].some((item) => item.dataset.clientId === frame.turn_client_id));
+    // page was open says it (`started`), unless it is this tab's own (asked before the list is rebuilt).
+    const runningFrom = this.from(frame.turn_client_id);
     this.replay = null; // a replay this socket's ready cut short is not counted on
     const before = this.stream;
     this.stream = frame.stream;
@@ -549,10 +548,17 @@ export class ChatView {
     }
   }
 
-  /** Where a message the agent took came from, by its client id: nothing when it is this tab's own
-   * (`mine`, or sent from this tab before a reload). */
-  from(clientId, mine = false) {
-    return mine || sentHere(clientId) ? undefined : sentFrom(clientId, browserId());
+  /** Whether the message of client id `clientId` is this tab's own: waiting here, kept through a reload,
+   * taken or shown unsent, or noted as sent from this tab (before a reload too: `sentHere`). */
+  own(clientId) {
+    if (!clientId) return false;
+    return this.queued.has(clientId) || this.restored.has(clientId) || this.takenItems.has(clientId)
+      || [...this.unsentItems].some((item) => item.dataset.clientId === clientId) || sentHere(clientId);
+  }
+
+  /** Where a message the agent took came from, by its client id: nothing when it is this tab's own (`own`). */
+  from(clientId) {
+    return this.own(clientId) ? undefined : sentFrom(clientId, browserId());
   }
 
   /** The answer as it is written. Words the page never got (written before it loaded, or while its link was
