@@ -182,6 +182,36 @@ async def test_a_wrong_token_is_said_plainly_and_not_retried(server: SpriteOS) -
         tab.assert_clean("401", "WebSocket connection")
 
 
+# Before the page's own scripts: the browser denies the page its storage, as Chrome does with all cookies
+# blocked (reading `sessionStorage` or `localStorage` itself throws).
+STORAGE_DENIED = """
+for (const name of ["sessionStorage", "localStorage"]) {
+  Object.defineProperty(window, name, { configurable: true, get() {
+    throw new DOMException(`Failed to read the '${name}' property from 'Window': Access is denied for this document.`, "SecurityError");
+  } });
+}
+"""
+
+
+async def test_a_browser_that_denies_the_page_its_storage_signs_in_and_chats(server: SpriteOS) -> None:
+    """A browser that blocks site storage (reading `window.sessionStorage` throws a SecurityError): the
+    page failed at its start (the draft), and the sign-in at keeping the token. It signs in (the token lives
+    for the page only), chats and says nothing alarming; a reload asks for the token again."""
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        await tab.page.context.add_init_script(STORAGE_DENIED)
+        await tab.sign_in()
+        await tab.connected()
+        await tab.send("Hello without storage")
+        await expect(tab.messages("assistant").last).to_contain_text("You said: Hello without storage")
+        await expect(tab.by("turn-status").last).to_have_attribute("data-status", "completed")
+        await tab.by("theme-toggle").click()  # the theme changes for the page, kept nowhere
+        await expect(tab.by("theme-toggle")).to_have_attribute("aria-pressed", "true")
+        await tab.page.reload()
+        await expect(tab.by("token-input")).to_be_visible()
+        tab.assert_clean()
+
+
 async def test_a_dropped_connection_resumes_and_a_server_away_is_retried_with_backoff(
         settings: Settings, bridge: MockBridge) -> None:
     app: SpriteOS | None = SpriteOS(settings, TOKEN)

@@ -1,5 +1,6 @@
-// The console's entry point: the token (typed once, kept in this tab's sessionStorage,
-// never in the URL), the tabs, the theme, the connection's state, and the views.
+// The console's entry point: the token (typed once, kept in this tab's sessionStorage where the
+// browser lets the page keep it, never in the URL), the tabs, the theme, the connection's state, and
+// the views.
 
 import { CanvasView } from "./canvas.js";
 import { ChatView } from "./chat.js";
@@ -7,6 +8,7 @@ import { Connection } from "./connection.js";
 import { FilesView, dropped } from "./files.js";
 import { MemoryView } from "./memory.js";
 import { PastSessions } from "./sessions.js";
+import { localStore, sessionStore } from "./storage.js";
 
 const TOKEN_KEY = "sprite-os.token";
 const THEME_KEY = "sprite-os.theme";
@@ -49,7 +51,7 @@ function onStatus({ state, attempt, delay, resumed, replayed, resync }) {
 }
 
 function onAuthFailed(message) {
-  sessionStorage.removeItem(TOKEN_KEY);
+  sessionStore.remove(TOKEN_KEY);
   showLogin(message + files.stoppedNote()); // the transfers it stopped: the Files view is out of sight
   $("status").dataset.state = "auth-failed";
   $("status").textContent = "signed out";
@@ -80,13 +82,13 @@ $("login-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const token = $("token").value.trim();
   if (!token) return;
-  sessionStorage.setItem(TOKEN_KEY, token);
+  sessionStore.set(TOKEN_KEY, token); // where storage is denied, it lives for the page only
   start(token);
 });
 
 $("sign-out").addEventListener("click", () => {
   connection.stop();
-  sessionStorage.removeItem(TOKEN_KEY);
+  sessionStore.remove(TOKEN_KEY);
   memory.signOut(); // their drafts of memory files (Save would write them under the next sign-in), their searches
   chat.signOut(); // the person's words too: the draft, the messages kept for a reload, from the page as well
   files.signOut(); // what the Files view shows of them (their transfers ended with the sign-in, at stop())
@@ -175,20 +177,22 @@ for (const [index, tab] of tabs.entries()) {
 }
 
 const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
+let pageTheme = null; // the theme chosen in this page: the one it keeps where the browser lets it keep none
 function applyTheme() {
-  const chosen = localStorage.getItem(THEME_KEY);
+  const chosen = localStore.get(THEME_KEY) || pageTheme;
   const theme = chosen || (systemDark.matches ? "dark" : "light");
   document.documentElement.dataset.theme = theme;
   $("theme-toggle").setAttribute("aria-pressed", String(theme === "dark"));
 }
 systemDark.addEventListener("change", applyTheme);
 $("theme-toggle").addEventListener("click", () => {
-  localStorage.setItem(THEME_KEY, document.documentElement.dataset.theme === "dark" ? "light" : "dark");
+  pageTheme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
+  localStore.set(THEME_KEY, pageTheme);
   applyTheme();
 });
 
 applyTheme();
 document.body.dataset.view = "chat";
-const saved = sessionStorage.getItem(TOKEN_KEY);
+const saved = sessionStore.get(TOKEN_KEY);
 if (saved) start(saved);
 else showLogin();

@@ -7,6 +7,7 @@
 
 import { askingOnce, clear, dollars, el, newest, size } from "./dom.js";
 import { SAID, afterRestart, browserId, held, inRecord, keep, makeBrowserId, noteSent, readKept, refusal, sendingBrowserId, sentFrom, sentHere, shownIn, standing, turnsSince, unseenSince, unsentFor } from "./kept_messages.js";
+import { sessionStore } from "./storage.js";
 import { FORGET_TIMEOUT, answerBody, buryTurns, failureItem, forgetControl, messageItem, pastTurnItems, proxyTrouble, statusItem, toolItem, userText } from "./turns.js";
 
 const DRAFT_KEY = "sprite-os.draft";
@@ -54,7 +55,7 @@ export class ChatView {
     composer.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); this.submit(); }
     });
-    composer.value = sessionStorage.getItem(DRAFT_KEY) || ""; // a draft survives a reload
+    composer.value = sessionStore.get(DRAFT_KEY) || ""; // a draft survives a reload
     composer.addEventListener("input", () => this.keepDraft());
     interrupt.addEventListener("click", () => this.command({ type: "interrupt" }));
     newSession.addEventListener("click", () => this.command({ type: "new_session" }));
@@ -84,8 +85,8 @@ export class ChatView {
   }
 
   keepDraft() {
-    if (this.composer.value) sessionStorage.setItem(DRAFT_KEY, this.composer.value);
-    else sessionStorage.removeItem(DRAFT_KEY);
+    if (this.composer.value) sessionStore.set(DRAFT_KEY, this.composer.value);
+    else sessionStore.remove(DRAFT_KEY);
   }
 
   /** Sign out: the person's words leave the page as they leave the tab's storage (the draft, the

@@ -7,6 +7,8 @@
 // An entry: {id: its client id, text, state, why, stream: the server run it went to, session,
 // unsure: said unsent only because the page could not tell}.
 
+import { localStore, sessionStore } from "./storage.js";
+
 // sessionStorage: per tab (another tab must not take them for its own), gone with it.
 const KEY = "sprite-os.pending";
 const SINCE_PAGE = 100; // turns asked for at a time by the restart check (the most a page holds)
@@ -61,19 +63,14 @@ const BROWSER_ID = /^[a-z0-9]{8,16}$/;
 
 /** The id the browser keeps now, or null (none yet, or storage denied). */
 export function browserId() {
-  try {
-    const id = localStorage.getItem(BROWSER_KEY);
-    return BROWSER_ID.test(id ?? "") ? id : null;
-  } catch {
-    return null;
-  }
+  const id = localStore.get(BROWSER_KEY);
+  return BROWSER_ID.test(id ?? "") ? id : null;
 }
 
 /** Makes the browser's id if it has none; returns it (null: none can be kept). */
 function ensureBrowserId() {
-  try {
-    if (!browserId()) localStorage.setItem(BROWSER_KEY, Math.random().toString(36).slice(2, 12).padEnd(8, "0"));
-  } catch { /* storage denied: none is kept, the client ids name no browser */ }
+  // storage denied: none is kept, the client ids name no browser
+  if (!browserId()) localStore.set(BROWSER_KEY, Math.random().toString(36).slice(2, 12).padEnd(8, "0"));
   return browserId();
 }
 
@@ -110,7 +107,7 @@ const SENT_KEPT = 200; // about 8 kB
 
 function readSent() {
   try {
-    const sent = JSON.parse(sessionStorage.getItem(SENT_KEY) || "[]");
+    const sent = JSON.parse(sessionStore.get(SENT_KEY) || "[]");
     return Array.isArray(sent) ? sent : [];
   } catch {
     return [];
@@ -119,10 +116,9 @@ function readSent() {
 
 /** Notes a message this tab sent (`id`, its client id); none (null) forgets them all (Sign out). */
 export function noteSent(id) {
-  try {
-    if (id === null) sessionStorage.removeItem(SENT_KEY);
-    else sessionStorage.setItem(SENT_KEY, JSON.stringify([...readSent().filter((sent) => sent !== id), id].slice(-SENT_KEPT)));
-  } catch { /* storage full or denied: a reload mid-turn then says where its message came from as it can */ }
+  // storage full or denied: a reload mid-turn then says where its message came from as it can
+  if (id === null) sessionStore.remove(SENT_KEY);
+  else sessionStore.set(SENT_KEY, JSON.stringify([...readSent().filter((sent) => sent !== id), id].slice(-SENT_KEPT)));
 }
 
 /** Whether this tab sent the message of client id `id` (before a reload too). */
@@ -133,7 +129,7 @@ export function sentHere(id) {
 /** The messages this tab kept for a reload ([] if none, or unreadable). */
 export function readKept() {
   try {
-    const kept = JSON.parse(sessionStorage.getItem(KEY) || "[]");
+    const kept = JSON.parse(sessionStore.get(KEY) || "[]");
     return Array.isArray(kept) ? kept.filter((entry) => entry && typeof entry.id === "string" && typeof entry.text === "string") : [];
   } catch {
     return [];
@@ -143,14 +139,8 @@ export function readKept() {
 /** Keeps the tab's unsettled messages for a reload; none left, none kept (at Sign out too: the person's
  * words leave the tab, as the draft does). */
 export function keep(entries) {
-  try {
-    if (entries.length) sessionStorage.setItem(KEY, JSON.stringify(entries));
-    else sessionStorage.removeItem(KEY);
-  } catch { // the tab's storage is full: nothing kept (a stale list would come back), the page goes on
-    try {
-      sessionStorage.removeItem(KEY);
-    } catch { /* storage denied to the page (SecurityError): nothing is kept to remove */ }
-  }
+  // the tab's storage full (or denied): nothing kept (a stale list would come back), the page goes on
+  if (!entries.length || !sessionStore.set(KEY, JSON.stringify(entries))) sessionStore.remove(KEY);
 }
 
 /** A message the server refused: what it says, and whether Send again can succeed (`again`): refused
