@@ -684,6 +684,27 @@ async def test_the_chat_fits_a_phone_with_the_session_cost_shown(server: SpriteO
         tab.assert_clean()
 
 
+async def test_the_files_view_fits_280_px_at_a_large_font(server: SpriteOS) -> None:
+    """At 280 px (a small phone) with the browser's font set large (a 24 px root), the Files view's list
+    of files pushed the page sideways. Nothing scrolls sideways, in the workspace nor in a folder."""
+    documents = server.settings.layout.root / "documents"
+    documents.mkdir(parents=True, exist_ok=True)
+    (documents / "quarterly-report-final-version-2.pdf").write_bytes(b"x" * 123_456)
+    (documents / "notes.txt").write_text("notes")
+    async with chromium() as browser:
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/", viewport={"width": 280, "height": 700})
+        await tab.sign_in()
+        await tab.connected()
+        await tab.page.evaluate("document.documentElement.style.fontSize = '24px'")
+        await tab.by("files-tab").click()
+        await expect(tab.by("file-entry").first).to_be_visible()
+        assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        await tab.page.locator('[data-name="documents"]').get_by_test_id("open-folder").click()
+        await expect(tab.page.locator('[data-name="notes.txt"]')).to_be_visible()
+        assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        tab.assert_clean()
+
+
 # The focused element's outline (its ring, drawn outside it) and where it lies across the window.
 FOCUS_RING = """() => {
   const e = document.activeElement;
