@@ -14,7 +14,7 @@ from chaos.turns import MARKER, Reconciled, TurnLog, reconcile
 from devkit.processes import workspace_clis
 from sprite_os.memory.capture.journal import STOPPED_NOTE, journal_path, read_state
 from sprite_os.memory.files import SPECS, limit_error
-from sprite_os.memory.memory_store import MemoryDB
+from sprite_os.memory.memory_store import Batch, MemoryDB
 from sprite_os.memory.schema import PENDING, PROCESSED
 from sprite_os.memory.transcript_store import TranscriptDB
 from sprite_os.paths import Layout
@@ -104,6 +104,14 @@ def debris(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name.endswith(DEBRIS_SUFFIXES))
 
 
+def curated_twice(batches: list[Batch]) -> list[int]:
+    """The turns more than one applied batch curated. A batch that left a turn pending (only learnings its reply
+    dropped past the bound cited it) carried it without curating it: the next batch curates it, once."""
+    carried = Counter(i for b in batches if b.status in APPLIED for i in b.observation_ids)
+    left = Counter(i for b in batches if b.status in APPLIED for i in b.left_pending)
+    return sorted(i for i, n in carried.items() if n - left[i] > 1)
+
+
 def check(workspace: Path, log: TurnLog) -> Invariants:
     """Count everything; the server must be stopped (the databases are read whole)."""
     layout = Layout(workspace)
@@ -122,7 +130,6 @@ def check(workspace: Path, log: TurnLog) -> Invariants:
     recorded = Counter(marker_of.values())
     stopped = frozenset(marker_of[o.id] for o in observations if o.id in marker_of and STOPPED_NOTE in o.agent_response)
     learnings = Counter(m.group(0) for x in learned if (m := MARKER.search(x.content)))
-    in_batches = Counter(i for b in batches if b.status in APPLIED for i in b.observation_ids)
     return Invariants(
         turns=reconcile(log, recorded, stopped),
         observations=len(observations),
@@ -130,7 +137,7 @@ def check(workspace: Path, log: TurnLog) -> Invariants:
         stale=sum(o.processed not in (PENDING, PROCESSED) for o in observations),
         curated_once=sum(1 for o in observations if o.id in marker_of and learnings[marker_of[o.id]] == 1),
         learning_duplicates=sorted(m for m, n in learnings.items() if n > 1),
-        batch_duplicates=sorted(i for i, n in in_batches.items() if n > 1),
+        batch_duplicates=curated_twice(batches),
         integrity={"transcript.db": integrity(layout.transcript_db), "memory.db": integrity(layout.memory_db)},
         bad_files=bad_files(layout),
         debris=debris(workspace),

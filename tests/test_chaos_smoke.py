@@ -21,13 +21,14 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from chaos.checks import journal_holds
+from chaos.checks import curated_twice, journal_holds
 from chaos.run import Result, run
 from chaos.scenarios import RSS_GROWTH_BOUND, SMOKE, Plan, _kill_mid_turn, private_growth
 from chaos.turns import Outcome, Turn, TurnLog, reconcile
 from devkit.faults import FaultSetupFailed, LazyDisk, lazy_disk, loop_ext4
 from devkit.processes import memory_kib
 from sprite_os.memory.capture.journal import Entry, journal_path
+from sprite_os.memory.memory_store import Batch
 from sprite_os.memory.transcript_store import NewObservation
 from sprite_os.paths import Layout
 
@@ -89,6 +90,18 @@ def _journal_line(user: str, answer: str = "") -> bytes:
     turn = NewObservation(timestamp=1_800_000_000.0, session_id="s", sequence_num=1, user_message=user,
                           tool_calls_json="[]", agent_response=answer, turn_id="t1", status="running")
     return msgspec.json.encode([Entry(turn, ended=False)]) + b"\n"
+
+
+def test_a_turn_a_batch_left_pending_counts_as_curated_once_by_the_two_batches_that_carried_it() -> None:
+    """A batch leaves pending, once, a turn only learnings its reply dropped past the bound cite: the next batch
+    carries it again and curates it. That is no turn curated twice; a turn two batches curated still is."""
+    def batch(ids: list[int], left: list[int], status: str = "done") -> Batch:
+        return Batch(len(ids), 0.0, "batch", status, ids, "m", 0, 0, 0.0, 0, {}, {}, None, left_pending=left)
+
+    assert curated_twice([batch([1, 2], [2]), batch([2, 3], [])]) == []
+    assert curated_twice([batch([1, 2], []), batch([2, 3], [])]) == [2]
+    assert curated_twice([batch([1, 2], [2]), batch([2, 3], []), batch([2], [])]) == [2]
+    assert curated_twice([batch([1, 2], [], "failed"), batch([2, 3], [])]) == []
 
 
 def test_the_journal_holds_a_turn_by_its_message_as_a_start_reads_it(tmp_path: Path) -> None:

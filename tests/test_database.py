@@ -22,7 +22,7 @@ def obs(seq: int, session: str = "s1", ts: float = 100.0) -> NewObservation:
 
 def test_schemas_are_versioned_and_wal(tmp_path: Path) -> None:
     t, m = TranscriptDB(tmp_path / "t.db"), MemoryDB(tmp_path / "m.db")
-    assert t.schema_version == 5 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 10 == len(MEMORY_SCHEMA)
+    assert t.schema_version == 5 == len(TRANSCRIPT_SCHEMA) and m.schema_version == 11 == len(MEMORY_SCHEMA)
     for db in (t, m):
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000

@@ -754,3 +754,53 @@ async def test_a_rebuild_counts_what_its_own_calls_left_out_once_even_run_again_
     bridge.curator.script(over, "FACT: Lives in Oslo [#2]")
     await module.rebuild(settings)
     assert totals() == (2, 2, 1, 0)  # its two calls: not the first rebuild's call, nor the batches before
+
+
+async def test_a_turn_only_learnings_dropped_past_the_bound_cite_is_left_pending_once_and_rebuilt_alike(
+        kit: Kit, tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply with more learnings than a call may keep drops the rest; the turns it carried were all marked
+    curated, so what a turn only the dropped learnings cite held was never learned. Such a turn is left pending
+    for the next batch, once (the next batch marks it curated whatever its reply), and `memory rebuild`, replaying
+    the two batches' groupings with the same replies, leaves and curates it the same way."""
+    from sprite_os.memory.curation import rebuild as module
+    from sprite_os.memory.curation.reply import MAX_LEARNINGS
+
+    obs = await kit.turns(*(f"turn {n}" for n in range(1, 21)))  # 20 turns: the bound is 60
+    kept = [f"FACT: fact {n} of turn {n % 19 + 1} [#{n % 19 + 1}]" for n in range(MAX_LEARNINGS)]
+    dropped = ["FACT: Has a dog named Rex [#20]", "FACT: Rex is five [#20]", "FACT: one more of turn 1 [#1]"]
+    first = "\n".join(kept + dropped)
+    # The next batch carries turn 20 again with turn 21; its reply, over the bound too, drops turn 20's again.
+    second = "\n".join([f"FACT: fact {n} of turn 21 [#21]" for n in range(MAX_LEARNINGS)]
+                       + ["FACT: Has a dog named Rex [#20]"])
+    kit.bridge.curator.script(first)
+    await kit.processor.process(obs, "batch")
+    assert [o.id for o in await kit.processor.pending(100)] == [20]  # turn 1 has kept learnings: curated
+    [batch] = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert (batch.status, batch.left_pending, batch.left_out.learnings_over_bound) == ("done", [20], 3)
+
+    obs = await kit.turns("turn 21")
+    assert [o.id for o in obs] == [20, 21]
+    kit.bridge.curator.script(second)
+    await kit.processor.process(obs, "batch")
+    assert await kit.processor.pending(100) == []  # once only: never left again, never a loop
+    batches = await kit.memory.call(lambda m: m.recent_batches(5))
+    assert [(b.observation_ids[0], b.left_pending) for b in batches] == [(20, []), (1, [20])]
+
+    def state() -> tuple[list[tuple[list[int], list[int]]], int]:
+        memory = MemoryDB(Layout(tmp_path).memory_db)
+        try:
+            return ([(b.observation_ids, b.left_pending) for b in reversed(memory.recent_batches(10))],
+                    memory.totals()["learnings"])
+        finally:
+            memory.close()
+
+    before = state()
+    monkeypatch.setattr(module.time, "strftime", lambda *_: "20261128T000000")
+    bridge.curator.script(first, second)
+    await module.rebuild(make_settings(tmp_path, bridge.url))
+    assert state() == before
+    transcript = TranscriptDB(Layout(tmp_path).transcript_db)
+    try:
+        assert transcript.counts()["pending"] == 0
+    finally:
+        transcript.close()

@@ -117,10 +117,19 @@ class Batch(msgspec.Struct, frozen=True):
     base_hashes: dict[str, str]
     error: str | None
     left_out: LeftOut = NOTHING_LEFT_OUT
+    # Turns the batch carried but left pending, once: only learnings dropped past the reply's bound cited them.
+    left_pending: list[int] = []
+
+    @property
+    def curated_ids(self) -> list[int]:
+        """The turns the batch marks processed: all it carried but those it left pending for the next batch."""
+        left = set(self.left_pending)
+        return [i for i in self.observation_ids if i not in left]
 
 
 _BATCH_COLUMNS = ("id, created_at, trigger, status, observation_ids, model, input_tokens, output_tokens, "
-                  "cost_usd, learnings_added, file_updates, base_hashes, error, " + ", ".join(_LEFT_OUT_COLUMNS))
+                  "cost_usd, learnings_added, file_updates, base_hashes, error, left_pending, "
+                  + ", ".join(_LEFT_OUT_COLUMNS))
 _LEARNING_COLUMNS = "id, created_at, session_id, type, content, source_observation_id, confidence"
 
 
@@ -174,18 +183,23 @@ class MemoryDB:
         base_hashes: dict[str, str],
         done_actions: Sequence[int] = (),
         left_out: LeftOut = NOTHING_LEFT_OUT,
+        left_pending: Sequence[int] = (),
     ) -> Batch:
         """Store a batch's learnings and actions and the file rewrites still to apply, in one
         transaction: after a crash, either all of it is here or none of it is. `left_out`: what the
-        reply said that is not kept, counted in the batch's row."""
+        reply said that is not kept, counted in the batch's row. `left_pending`: turns of the batch it does not
+        mark processed (only learnings dropped past the bound cite them), but those an earlier batch left
+        pending already: once only, so a turn is never carried by more than two batches."""
         now = time.time()
         with transaction(self.conn) as c:
+            left = sorted(set(left_pending) - self.left_pending_before(left_pending))
             batch_id = int(c.execute(
                 f"""INSERT INTO batches (created_at, trigger, status, observation_ids, model, input_tokens,
-                   output_tokens, cost_usd, file_updates, base_hashes, {", ".join(_LEFT_OUT_COLUMNS)})
-                   VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   output_tokens, cost_usd, file_updates, base_hashes, left_pending, {", ".join(_LEFT_OUT_COLUMNS)})
+                   VALUES (?, ?, 'committed', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (now, trigger, json.dumps(observation_ids), model, input_tokens, output_tokens, cost_usd,
-                 json.dumps(file_updates), json.dumps(base_hashes), *msgspec.structs.astuple(left_out)),
+                 json.dumps(file_updates), json.dumps(base_hashes), json.dumps(left),
+                 *msgspec.structs.astuple(left_out)),
             ).lastrowid or 0)
             added = sum(self._add_learning(item, now, batch_id) for item in learnings)
             for action_id in done_actions:
@@ -217,6 +231,17 @@ class MemoryDB:
             )
         return cur.rowcount
 
+    def left_pending_before(self, ids: Sequence[int]) -> set[int]:
+        """Which of `ids` a batch left pending already (failed and superseded batches leave none: their turns
+        all stay pending)."""
+        if not ids:
+            return set()
+        rows = self.conn.execute(
+            "SELECT DISTINCT j.value FROM batches b, json_each(b.left_pending) j WHERE b.left_pending != '[]' "
+            "AND b.status NOT IN ('failed', 'superseded') AND j.value IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(ids)),)).fetchall()
+        return {int(r[0]) for r in rows}
+
     def set_batch_status(self, batch_id: int, status: Literal["applied", "done", "superseded"]) -> None:
         self.conn.execute("UPDATE batches SET status = ? WHERE id = ?", (status, batch_id))
 
@@ -241,9 +266,10 @@ class MemoryDB:
         cur = self.conn.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args)
         out = []
         for row in cur.fetchall():
-            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error, *left_out) = row
+            (bid, created, trigger, status, ids, model, tin, tout, cost, added, files, hashes, error, left,
+             *left_out) = row
             out.append(Batch(bid, created, trigger, status, json.loads(ids), model, tin, tout, cost, added,
-                             json.loads(files), json.loads(hashes), error, LeftOut(*left_out)))
+                             json.loads(files), json.loads(hashes), error, LeftOut(*left_out), json.loads(left)))
         return out
 
     def cost_since(self, since: float) -> float:

@@ -9,7 +9,8 @@ duplicates nothing:
 4. commit learnings, actions and the pending file rewrites to memory.db in one
    transaction (status `committed`);
 5. write each file atomically, unless it changed since step 1 (status `applied`);
-6. mark the observations processed in transcript.db (status `done`).
+6. mark the observations processed in transcript.db (status `done`), but those only learnings dropped past
+   the reply's bound cite: left pending, once, so the next batch sees them again (`left_pending`).
 
 `recover()` finishes any batch a crash left between steps 4 and 6.
 
@@ -224,6 +225,7 @@ class BatchProcessor:
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
             base_hashes={n: sha(before[n]) for n in updates},
             done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}], left_out=left_out,
+            left_pending=sorted(reply.only_dropped_cite),
         ))
         if isinstance(batch, list):
             await _forgotten_during(call, batch)
@@ -290,7 +292,9 @@ class BatchProcessor:
                 log.info("batch_superseded", batch_id=batch.id, files=edited)
                 return None
             await self.memory.call(lambda m: m.set_batch_status(batch.id, "applied"))
-        await self.transcript.call(lambda t: t.set_processed(batch.observation_ids, PROCESSED))
+        if batch.left_pending:
+            log.info("batch_left_turns_pending", batch_id=batch.id, turns=len(batch.left_pending))
+        await self.transcript.call(lambda t: t.set_processed(batch.curated_ids, PROCESSED))
         await self.memory.call(lambda m: m.set_batch_status(batch.id, "done"))
         return written
 

@@ -342,5 +342,15 @@ def _memory_v10(db: sqlite_utils.Database) -> None:
         jobs.add_column("kept_since", float)  # type: ignore[union-attr]
 
 
+def _memory_v11(db: sqlite_utils.Database) -> None:
+    """The turns a batch left pending (`left_pending`, a JSON list of observation ids): those only the learnings
+    its reply gave past the bound cite (curation/reply.py), so the next batch sees them again, once: a turn an
+    earlier batch left pending is never left again. '[]' for the batches from before, and for the rows the
+    version before writes on this schema during a deploy (it names no such column)."""
+    if "left_pending" not in db["batches"].columns_dict:
+        db["batches"].add_column("left_pending", str, not_null_default="[]")  # type: ignore[union-attr]
+    db.conn.execute("CREATE INDEX IF NOT EXISTS batches_left_pending ON batches(id) WHERE left_pending != '[]'")
+
+
 MEMORY_SCHEMA = (_memory_v1, _memory_v2, _memory_v3, _memory_v4, _memory_v5, _memory_v6, _memory_v7, _memory_v8,
-                 _memory_v9, _memory_v10)
+                 _memory_v9, _memory_v10, _memory_v11)
