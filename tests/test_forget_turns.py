@@ -2086,3 +2086,41 @@ async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     forget = await _forget_status(system)
     assert (forget["kept_for_s"], forget["kept_why"], forget["degraded"]) == (None, None, False), forget
+
+
+@pytest.mark.parametrize("case", ["again", "fresh", "job-refused"])
+async def test_a_forget_that_fails_before_its_job_is_written_is_counted_cut_short_until_forgotten_again(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """A forget (`fresh`), or a person's forget again of a turn memory.db still holds words of (`again`), that an
+    error ended before its job was written (the files' lines unreadable) left nothing on disk nor in memory saying
+    so: the person got an error, and /healthz and memory status said memory was fine while the turn kept its
+    words. Now a job with no line of its own is written for it, so it counts cut short (`job-refused`: memory.db
+    refuses that job too, and this process counts it), and the person's forget again clears it."""
+    ids = await seed(system, tmp_path)
+    if case == "again":
+        await system.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))  # its words left in memory.db
+
+    async def unreadable(_self: object) -> object:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(TurnForgetting, "_lines", unreadable)
+    if case == "job-refused":
+        real_apply = system.forgetting.apply
+
+        async def refusing(change: Callable[[MemoryDB], Any]) -> Any:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        system.forgetting.apply = refusing
+    with pytest.raises(OSError):
+        await system.forget_turns([ids[1]], by="test")
+    assert await _cut_short_counted(system, 1)
+    assert (await system.status())["degraded"] is True
+    await system.forgetting.rewrite_files()  # the pass counts it too (the job on disk) or leaves the count alone
+    assert await _cut_short_counted(system, 1)
+    monkeypatch.undo()
+    if case == "job-refused":
+        system.forgetting.apply = real_apply
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="every job finished")
+    await wait_for(lambda: _cut_short_counted(system, 0), timeout=30, what="memory well again")

@@ -134,6 +134,9 @@ class TurnForgetting(Deciding):
     # Of the jobs cut short, those that forgot a whole session (Health says to forget the session again, not turns):
     # marked at the forget's error, and by the count from their rows (`Job.whole_session`), across a restart too.
     _whole_session_jobs: set[int] = field(default_factory=set)
+    # Forgets an error ended before their job was written, whose stand-in job memory.db refused too: their turns
+    # -> (sessions, whole session), counted cut short by this process until a forget of those turns succeeds.
+    _unwritten: dict[tuple[int, ...], tuple[list[str], bool]] = field(default_factory=dict)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -160,6 +163,8 @@ class TurnForgetting(Deciding):
             t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None, whole_session)
         self._start_decision(job, decision)
+        taken = {o.id for o in turns}
+        self._unwritten = {k: v for k, v in self._unwritten.items() if not set(k) <= taken}
         if self._cut_short:  # this may be the forget again that finishes one: said at once, not at the pass
             self._recount([(j, await self._left_alone(j)) for j in await self.memory.call(jobs)])
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
@@ -189,27 +194,34 @@ class TurnForgetting(Deciding):
         try:
             job, decision, learnings = await self._take_out(turns, texts, self.clock(), "a forget cut short", job,
                                                             whole_session)
-        except Exception as exc:  # cut short again: `_take_out` counted it, or the pass it asked for counts it
+        except Exception as exc:  # cut short again: `_take_out` counted it (a job written for it if it had none)
             log_expected(log, "forget_resume_failed", exc, job=job, turns=len(turns))
-            if job is None:
-                await self._kept_as_a_job(turns)
             return False
         self._start_decision(job, decision)
         log.warning("forget_resumed", job=job, turns=len(turns), learnings=learnings)
         return True
 
-    async def _kept_as_a_job(self, turns: list[Observation]) -> None:
-        """Turns forgotten already whose words memory.db still holds, whose taking out again failed before it
-        wrote their job (the files' lines unreadable): a job for them now, with no line of its own (the person's
-        forget again finds the lines), so that the pass counts the forget cut short while memory.db holds the
-        words (`_taken_out`), instead of nothing on disk saying so until the next start."""
-        ids, sessions = sorted(o.id for o in turns), sorted({o.session_id for o in turns})
+    async def _failed_before_its_job(self, ids: list[int], sessions: list[str], now: float,
+                                     whole_session: bool) -> None:
+        """A forget (a person's, or a forget again) an error ended before it wrote its job (the files' lines
+        unreadable, memory.db refusing the job): the person got an error, and nothing said the turns keep their
+        words. A job with no line of its own is written for them now (unless one names them already), so the forget is cut short as one whose job
+        was written (counted, the next start runs it again, the batches leave the turns out, the person's forget
+        again finishes it); when memory.db refuses that too, this process counts it until a forget of those turns
+        succeeds (`_unwritten`)."""
         try:
-            if not any(set(ids) <= set(job.observation_ids) for job in await self.memory.call(jobs)):
-                await self.apply(lambda m: add_job(m, ids, sessions, set(), self.clock()))
-            self.wake_daemon(FORGET_PASS)
-        except Exception as exc:  # memory.db refuses it too: the next start finds the words again
-            log_expected(log, "forget_resume_unrecorded", exc, turns=len(ids))
+            # One on disk already names them (a forget cut short before, or this one's own, its answer lost)?
+            found = [j.id for j in await self.memory.call(jobs) if set(ids) <= set(j.observation_ids)]
+            job = found[0] if found else await self.apply(
+                lambda m: add_job(m, ids, sessions, set(), now, whole_session=whole_session))
+        except Exception as exc:
+            log_expected(log, "forget_failed_unrecorded", exc, turns=len(ids))
+            self._unwritten[tuple(ids)] = (sessions, whole_session)
+        else:
+            self._cut_short[job] = sessions
+            if whole_session:
+                self._whole_session_jobs.add(job)
+        self.wake_daemon(FORGET_PASS)
 
     async def _take_out(self, turns: list[Observation], texts: list[str], now: float, by: str,
                         job: int | None, whole_session: bool = False) -> tuple[int, Decision, int]:
@@ -221,12 +233,18 @@ class TurnForgetting(Deciding):
         sessions = sorted({o.session_id for o in turns})
         self._taking_out += 1  # the pass leaves undecided jobs alone meanwhile: this one may be among them
         try:
-            # A whole session's tool outputs are megabytes: their words, and the lines they find, off the loop.
-            words = await asyncio.to_thread(words_of, list(texts))
-            lines = await self._lines()
-            by_words = await asyncio.to_thread(lines_from, lines.texts(), set(words))
-            if job is None:
-                job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now, whole_session=whole_session))
+            try:
+                # A whole session's tool outputs are megabytes: their words, and the lines they find, off the loop.
+                words = await asyncio.to_thread(words_of, list(texts))
+                lines = await self._lines()
+                by_words = await asyncio.to_thread(lines_from, lines.texts(), set(words))
+                if job is None:
+                    job = await self.apply(lambda m: add_job(m, done, sessions, by_words, now,
+                                                             whole_session=whole_session))
+            except Exception:
+                if job is None:  # failed before its job was written: nothing on disk says so
+                    await self._failed_before_its_job(done, sessions, now, whole_session)
+                raise
             self._deciding[job] = None  # the pass leaves it alone: it is decided once recall has lost the words
             fresh = [o.id for o in turns if o.processed != FORGOTTEN]
             words_in_memory = True  # until memory.db is purged
@@ -403,13 +421,14 @@ class TurnForgetting(Deciding):
     def cut_short_session_ids(self) -> list[str]:
         """The sessions whose turns the forgets `status` counts cut short are of: where the person forgets them
         again (ids, never a word; the console's Health names them, /healthz only counts)."""
-        return sorted({session for sessions in self._cut_short.values() for session in sessions})
+        return sorted({session for sessions in (*self._cut_short.values(), *(s for s, _ in self._unwritten.values()))
+                       for session in sessions})
 
     @property
     def cut_short_whole_sessions(self) -> int:
         """Of the forgets `status` counts cut short, those of a whole session: the person forgets that session
         again, where the others name turns (the console's Health says which)."""
-        return len(self._whole_session_jobs & self._cut_short.keys())
+        return len(self._whole_session_jobs & self._cut_short.keys()) + sum(w for _, w in self._unwritten.values())
 
     async def _left_alone(self, job: Job) -> str | None:
         """Why the pass leaves `job` alone this time, or None if it does not:
@@ -432,8 +451,9 @@ class TurnForgetting(Deciding):
         since = [t for t in (self._kept_since, *self._check_failing.values()) if t is not None]
         kept_for = round(now - min(since), 1) if since else None
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
+        cut_short = len(self._cut_short) + len(self._unwritten)
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
-                "cut_short_jobs": len(self._cut_short), "degraded": stuck(kept_for, len(self._cut_short))}
+                "cut_short_jobs": cut_short, "degraded": stuck(kept_for, cut_short)}
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
