@@ -2124,3 +2124,37 @@ async def test_a_forget_that_fails_before_its_job_is_written_is_counted_cut_shor
     assert await system.forgetting.decided(60)
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="every job finished")
     await wait_for(lambda: _cut_short_counted(system, 0), timeout=30, what="memory well again")
+
+
+async def test_a_failed_rewrite_of_the_word_index_keeps_the_job_and_is_tried_again_by_the_pass(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forget deletes its turn's documents from the word index (a mark: the words stay in the segment files),
+    then rewrites the index in the background. When that rewrite failed, it was tried again only at the next forget
+    or start, while the pass finished the forget's job: the index's files held the turn's words with nothing
+    waiting for them. Now the pass keeps the job while the rewrite has not succeeded, tries it again (as for a
+    file the disk would not rewrite), and finishes the job once it has, no restart needed; search serves nothing
+    of the turn meanwhile."""
+    from sprite_os.memory.recall import service
+
+    ids = await seed(system, tmp_path)
+    real, failures = service.rewrite, []
+
+    def failing(*args: Any) -> Any:
+        if len(failures) < 2:
+            failures.append(1)
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(service, "rewrite", failing)
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: asyncio.sleep(0, result=len(failures) >= 1), timeout=30, what="the rewrite failed")
+    assert not await system.recall.purged(0)
+    await system.forgetting.rewrite_files()
+    assert len(await system.memory.call(jobs)) == 1  # kept: the index's files may hold the words
+    assert (await _forget_status(system))["kept_why"] == "disk"
+    assert not any("Lisbon" in h.snippet or "Tagus" in h.snippet for h in await system.search("Lisbon Tagus", 10))
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    assert len(failures) == 2 and await system.recall.purged(0)  # tried again by the pass, then done
+    assert (await _forget_status(system))["kept_why"] is None
+

@@ -115,6 +115,10 @@ class TurnForgetting(Deciding):
     purge_recall: PurgeRecall
     wake_daemon: Callable[[str], None]
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
+    # The word index's rewrite after a forget (recall's `purge_state`: "purged", "purging" or "failed") and its try
+    # again: a job is finished only once the index's files hold no word of its turns.
+    purge_state: Callable[[], str] = lambda: "purged"
+    purge_again: Callable[[], None] = lambda: None
     clock: Callable[[], float] = time.time
     judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
     retries: Sequence[float] = DECIDE_RETRIES
@@ -348,7 +352,7 @@ class TurnForgetting(Deciding):
                 log_expected(log, "forget_pass_failed", exc, job=job.id, next_try_s=later(KEPT_ERROR))
             if outcome is None:
                 done += 1
-            else:
+            elif outcome != UNDER_WAY:  # UNDER_WAY: the index's rewrite, whose end asks for the pass again
                 kept.append(job)
             wal_kept = outcome == KEPT_READER  # nor can any other job finish while it is kept
         if kept:
@@ -377,7 +381,8 @@ class TurnForgetting(Deciding):
     async def _pass_one(self, job: Job, later: Callable[[str], float]) -> str | None:
         """One job's lines out of the files, their history, the batches' records and the backups, then both WALs
         emptied, and the job finished: None. Or why it stays for later (KEPT_CHECK, KEPT_DISK, KEPT_READER: no job
-        can finish while a reader keeps a WAL), said through `later`, which asks for the pass again."""
+        can finish while a reader keeps a WAL), said through `later`, which asks for the pass again; or UNDER_WAY,
+        while the word index is rewritten (its end asks for the pass)."""
         try:
             hashes = await self._settled(job)
         except CheckFailed as exc:
@@ -394,6 +399,16 @@ class TurnForgetting(Deciding):
             # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
             # step is idempotent) for a pass asked for later, and the other jobs go on.
             log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later(KEPT_DISK))
+            return KEPT_DISK
+        if (purge := self.purge_state()) != "purged":
+            # The word index's files may hold the turns' words (a deletion only marks them) until its rewrite is
+            # done: under way, its end asks for the pass; failed, this pass tries it again and keeps the job, as
+            # for a disk that will not rewrite a file (the rewrite used to be tried again only at the next forget
+            # or start, the job finished meanwhile).
+            if purge == "purging":
+                return UNDER_WAY
+            self.purge_again()
+            log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_DISK))
             return KEPT_DISK
         if not await self._wals_emptied():
             # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold

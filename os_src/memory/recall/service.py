@@ -14,7 +14,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ PUBLISH_EVERY = 5.0
 FRESH = 30.0  # a published status older than this is the last word of a server that is gone
 AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable
+PURGED, PURGING, PURGE_FAILED = "purged", "purging", "failed"  # the word index's rewrite after a forget
 KEPT_NEAR = 5  # kept turns and learnings a forget compares a reworded line with
 KEPT_NEAR_SETTLE = 30.0  # seconds a forget's check waits, at most, for the turns recorded so far to be searchable
 
@@ -127,6 +128,7 @@ class RecallService:
         self._boot = ""
         self._purge: asyncio.Task[None] | None = None  # the index written anew after a forget
         self._purge_wanted = self._purge_done = 0
+        self.on_purge_ended: Callable[[], None] = lambda: None  # the forget pass, waiting for the index's rewrite
         self._publisher: asyncio.Task[None] | None = None
 
     def _the_index(self) -> RecallIndex:
@@ -309,8 +311,9 @@ class RecallService:
             started = time.monotonic()
             try:
                 reached = await self.index.call(write)
-            except Exception as exc:  # retried at the next forget or start: the flag stays
+            except Exception as exc:  # retried by the forget pass (`purge_state`), a forget or a start: the flag stays
                 log.exception("recall_purge_failed", error=repr(exc)[:300])
+                self.on_purge_ended()  # the forget pass keeps its job and tries the purge again
                 return
             self._purge_done = wanted
             done = self._purge_done >= self._purge_wanted
@@ -322,6 +325,18 @@ class RecallService:
 
             await self._memory.call(mark)
             log.info("recall_index_purged", seconds=round(time.monotonic() - started, 2))
+        self.on_purge_ended()
+
+    def purge_state(self) -> str:
+        """Whether the word index still holds forgotten words in its files: PURGED, PURGING (the rewrite under way:
+        its end calls `on_purge_ended`), or PURGE_FAILED (the last rewrite failed; `purge_again` tries it again)."""
+        if self._purge_done >= self._purge_wanted:
+            return PURGED
+        return PURGING if self._purge is not None and not self._purge.done() else PURGE_FAILED
+
+    def purge_again(self) -> None:
+        """Try again a rewrite of the index that failed (the forget pass's retry), now, in the background."""
+        self._start_purge()
 
     async def purged(self, budget: float) -> bool:
         """Wait, at most `budget` seconds, until no forgotten word is left in the index's files."""
