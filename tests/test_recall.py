@@ -559,3 +559,36 @@ def test_a_forget_after_a_searchs_weighing_read_its_rows_is_honoured_by_its_resu
         assert [(h.kind, h.id) for h in shown(rows, ranked, ["Biscuit"])] == [("episode", 2)]
     finally:
         memory.close()
+
+
+@pytest.mark.parametrize("killed", ["building", "between the renames"])
+async def test_a_start_sweeps_what_a_killed_index_rebuild_left(tmp_path: Path, killed: str) -> None:
+    """`memory rebuild --index` builds the new index beside the current one (`index.new`), then sets the current
+    aside (`index.old`) and renames the new into place. A kill mid-way left those folders, each holding every turn's
+    words, until the next rebuild removed them. A start, holding the writer lock (so no rebuild runs), removes them;
+    killed between the renames, with no current index left, it makes one anew from memory.db."""
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    transcript = TranscriptDB(settings.layout.transcript_db)
+    transcript.append(turn("s1", 1, "We adopted a dog called Biscuit"))
+    transcript.close()
+    first = MemorySystem(settings)
+    await first.start()
+    await asyncio.wait_for(first.recall.indexer.current.wait(), 10)
+    await first.stop()
+    current = index_path(settings.layout.memory_dir)
+    new, old = current.with_name("index.new"), current.with_name("index.old")
+    new.mkdir()
+    (new / "meta.json").write_text("{half built")
+    if killed == "between the renames":
+        current.rename(old)
+    else:
+        old.mkdir()
+    system = MemorySystem(settings)
+    await system.start()
+    try:
+        assert not new.exists() and not old.exists()
+        await asyncio.wait_for(system.recall.indexer.current.wait(), 10)
+        assert [h.turn for h in await system.search("dog Biscuit", 5)] == [1]
+    finally:
+        await system.stop()

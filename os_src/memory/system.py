@@ -43,8 +43,9 @@ from .import_inbox import SET_ASIDE_ENDING, ImportInbox, holding, inbox_files
 from .loader import BootLoader
 from .memory_store import MemoryDB
 from .processor import BatchProcessor, CuratorClient
+from .recall.index import sweep_swap_leftovers
 from .recall.searcher import RecallHit
-from .recall.service import PROGRESS_FILE, Recalled, RecallService
+from .recall.service import PROGRESS_FILE, Recalled, RecallService, index_path
 from .transcript_store import NewObservation, Observation, TakenClient, TranscriptDB
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -171,7 +172,10 @@ class MemorySystem:
             removed += sweep_temp_files(folder, VERSION_NAME.match)
         removed += sweep_backup_temps(layout)  # the forget pass's rewrites of v1's memory files
         state = (JOURNAL_NAME, STATUS_NAME, PROGRESS_FILE)  # capture's, and recall's status for `memory status`
-        return removed + sweep_temp_files(layout.state_dir, lambda name: name in state)
+        removed += sweep_temp_files(layout.state_dir, lambda name: name in state)
+        # A killed `memory rebuild --index`'s half-built index and the one it set aside: the next rebuild removed
+        # them (or a forget's pass), and until then they held every turn's words on disk
+        return removed + sweep_swap_leftovers(index_path(layout.memory_dir))
 
     async def stop(self, deadline: StopDeadline | None = None) -> list[str]:
         """Flush and close, each step within its share of the stop's deadline (stopping.py; alone, a

@@ -317,6 +317,23 @@ def _hits(searcher: tantivy.Searcher, found: Sequence[tuple[float, tantivy.DocAd
     return out
 
 
+def building(current: Path) -> Path:
+    """Where `memory rebuild --index` builds the index that `swap_in` makes `current`."""
+    return current.with_name(current.name + ".new")
+
+
+def sweep_swap_leftovers(current: Path) -> list[Path]:
+    """What a `memory rebuild --index` killed mid-way left beside `current` (the index it was building, the one it
+    had set aside to swap in the new): removed, for the one holding the writer lock (no rebuild runs). With no
+    `current` left (killed between the two renames), the start makes the index anew from memory.db."""
+    removed = []
+    for leftover in (building(current), current.with_name(current.name + ".old")):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+            removed.append(leftover)
+    return removed
+
+
 def swap_in(new: Path, current: Path) -> None:
     """Make the index built at `new` the current one (a rename each; the old one is removed)."""
     old = current.with_name(current.name + ".old")

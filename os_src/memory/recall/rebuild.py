@@ -28,7 +28,7 @@ from ..transcript_store import TranscriptDB
 from . import episodes as ep
 from .dense import Embedder, load
 from .documents import build, write_marks
-from .index import swap_in
+from .index import building, swap_in
 from .service import index_path, vectors_path
 from .vectors import VectorWriter
 
@@ -119,7 +119,7 @@ def rebuild_recall(settings: Settings, progress: Progress, backup: Path | None =
         if backup is not None:  # the store's vectors are kept: so is which turn each was made after
             warning = _carry_embedded_after(memory, backup)
         target = index_path(layout.memory_dir)
-        fresh = target.with_name(target.name + ".new")
+        fresh = building(target)
         shutil.rmtree(fresh, ignore_errors=True)
         reached = build(memory.conn, fresh, progress)
         swap_in(fresh, target)
