@@ -175,3 +175,29 @@ async def test_a_forget_by_session_is_refused_while_an_import_still_holds_turns_
     await wait_for(lambda: not import_inbox.inbox_files(layout), timeout=30, what="the import applied")
     done = await system.forget_turns(session_id="s1", by="test")
     assert len(done.turns) == 2 and await words(system) == ["", "", "I like tea"]
+
+
+async def test_a_forget_of_a_recorded_turn_an_import_file_still_holds_is_refused_until_the_file_is_gone(
+        system: MemorySystem) -> None:
+    """An import file set aside after its first turns were recorded (or one still being applied) keeps those turns'
+    words on disk: a forget of such a turn by its id went ahead, said done, and the file kept its words until the
+    operator renamed it back and it was applied (or for good). The forget is refused, saying why, until the file is
+    gone; a turn no file holds is forgotten as before."""
+    from sprite_os.memory import import_inbox
+    from sprite_os.memory.transcript_store import ImportedTurn
+
+    layout = system.settings.layout
+    await system.imports.stop()
+    lisbon = ImportedTurn("s2", T0 + 50, "I live in Lisbon", "[]", "noted")
+    await system.transcript.call(lambda t: t.import_turns([lisbon]))  # recorded: the file's first part applied
+    path, _ = import_inbox.write(layout, [lisbon, ImportedTurn("s2", T0 + 60, "I like tea", "[]", "noted")])
+    path = path.rename(path.with_name(path.name + import_inbox.SET_ASIDE_SUFFIX))  # the server gave up on the rest
+    (row,) = await system.transcript.call(lambda t: t.ids_of(session_id="s2"))
+    with pytest.raises(SpriteOSError, match="import"):
+        await system.forget_turns([row], by="test")
+    assert "I live in Lisbon" in await words(system)  # nothing was forgotten
+    (ada,) = await system.transcript.call(lambda t: t.ids_of(session_id="s1"))
+    await system.forget_turns([ada], by="test")  # a turn no file holds
+    path.unlink()  # the operator removes the file (or renames it back and it is applied)
+    assert len((await system.forget_turns([row], by="test")).turns) == 1
+    assert await words(system) == ["", ""]

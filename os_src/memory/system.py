@@ -46,6 +46,7 @@ from .processor import BatchProcessor, CuratorClient
 from .recall.index import sweep_swap_leftovers
 from .recall.searcher import RecallHit
 from .recall.service import PROGRESS_FILE, Recalled, RecallService, index_path
+from .schema import FORGOTTEN
 from .transcript_store import NewObservation, Observation, TakenClient, TranscriptDB
 
 if TYPE_CHECKING:  # the agent SDK (a second of imports) loads with the first agent, not the server
@@ -73,6 +74,9 @@ JOURNAL_STUCK = ("some of these turns may be in a turn journal the server could 
 IMPORT_WAITING = ("some turns of this session are still being imported (`sprite-os memory import`), and would be "
                   "recorded after the forget, words and all: forget it once the import is done (`sprite-os memory "
                   "status` shows it; a file set aside for the operator must be applied again or removed first)")
+IMPORT_HOLDS_TURN = ("a `sprite-os memory import` file still holds these turns, and would keep their words on disk: "
+                     "forget them once the import is done (`sprite-os memory status` shows it; a file set aside for "
+                     "the operator must be applied again or removed first)")
 BOOT_DECIDE_BUDGET = 10.0  # a boot prompt waits this long, at most, for a forget deciding its current files' lines
 
 
@@ -247,6 +251,8 @@ class MemorySystem:
         wanted = list(ids)
         if turn_ids:
             wanted += await self.transcript.call(lambda t: t.ids_of(turn_ids=turn_ids))
+        if wanted:  # turns named, recorded already: an import file may keep their words on disk
+            await self._refuse_if_an_import_holds(wanted)
         if session_id is not None:
             wanted += await self.transcript.call(lambda t: t.ids_of(session_id=session_id))
         # What the current session holds as the forget starts: the caller holds the agent's turns, so no turn
@@ -254,6 +260,16 @@ class MemorySystem:
         context = SessionContext(frozenset(self._booted), tuple(self._booted_lines), frozenset(self._recalled[1]))
         whole = session_id is not None and not ids and not turn_ids
         return await self.forgetting.forget(wanted, by, context, whole_session=whole)
+
+    async def _refuse_if_an_import_holds(self, ids: list[int]) -> None:
+        """Refuse the forget of recorded turns an inbox file holds too (one applied in part, or set aside for the
+        operator after its first turns were recorded): the file would keep their words on disk, the forget said
+        done. Once it is applied (or removed), it is gone, and the forget leaves no copy."""
+        turns = await self.transcript.call(lambda t: t.get(ids))
+        places = [(o.session_id, o.timestamp) for o in turns if o.processed != FORGOTTEN]
+        if places and (waiting := await asyncio.to_thread(holding, self.settings.layout, None, places)):
+            log.warning("forget_refused_import_waiting", files=[p.name for p in waiting])
+            raise StillSaving(IMPORT_HOLDS_TURN)
 
     async def _refuse_if_journal_set_aside(self) -> None:
         # The folder as /healthz lists it, read on a thread: a directory read never holds the loop up.
