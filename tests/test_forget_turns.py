@@ -2158,3 +2158,25 @@ async def test_a_failed_rewrite_of_the_word_index_keeps_the_job_and_is_tried_aga
     assert len(failures) == 2 and await system.recall.purged(0)  # tried again by the pass, then done
     assert (await _forget_status(system))["kept_why"] is None
 
+
+
+async def test_a_backup_sqlite_cannot_read_is_passed_over_and_said_until_it_is_gone(
+        system: MemorySystem, tmp_path: Path) -> None:
+    """A damaged backup (a copy of memory.db sqlite will not take as a database) can't be rewritten: the pass passes
+    it over and finishes the job, as nothing it can do would change that. Its other pages may still hold the
+    forgotten words, and only the log said so: the forget was said done, /healthz ok. Now /healthz (and memory
+    status) name it, memory degraded, until a pass finds it gone (the operator removed it)."""
+    ids = await seed(system, tmp_path)
+    damaged = system.settings.layout.memory_dir / "memory.db.before-rebuild-20250101T000000"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"I live in Lisbon, in Alfama " * 400)
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
+    status = await system.status()
+    assert status["forget"]["unreadable_backups"] == ["memory/" + damaged.name] and status["degraded"] is True
+    damaged.unlink()
+    await system.forget_turns([ids[2]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the second job finished")
+    status = await system.status()
+    assert status["forget"]["unreadable_backups"] == [] and status["degraded"] is False

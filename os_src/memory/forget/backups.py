@@ -108,15 +108,22 @@ def _purge_copy(path: Path, ids: Sequence[int], sessions: Sequence[str], hashes:
         conn.close()
 
 
-def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str) -> int:
-    """Every backup under `.os/`: older memory.db copies, v1's data and files. Returns how many changed."""
+def purge_backups(layout: Layout, ids: Sequence[int], sessions: Sequence[str], hashes: set[str], note: str,
+                  unreadable: list[Path] | None = None) -> int:
+    """Every backup under `.os/`: older memory.db copies, v1's data and files. Returns how many changed; the copies
+    sqlite will not take as a database (passed over: their other pages may hold the words still) are added to
+    `unreadable`, for the operator to be told."""
     done = 0
     copies = [*layout.memory_dir.glob("memory.db.before-rebuild-*"), *(layout.os_dir / "backup").glob("*/agent.db")]
     for path in copies:
-        if path.is_file() and not path.is_symlink() and _purge_copy(path, ids, sessions, hashes, note):
+        if not path.is_file() or path.is_symlink():
+            continue
+        if _purge_copy(path, ids, sessions, hashes, note):
             for suffix in ("-wal", "-shm"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
             done += 1
+        elif unreadable is not None:
+            unreadable.append(path)
     for md in _backup_files(layout):
         text = md.read_text(encoding="utf-8", errors="replace")
         if (kept := without(text, hashes, note)) != text:

@@ -46,6 +46,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...backoff import Backoff
@@ -141,6 +142,8 @@ class TurnForgetting(Deciding):
     # Forgets an error ended before their job was written, whose stand-in job memory.db refused too: their turns
     # -> (sessions, whole session), counted cut short by this process until a forget of those turns succeeds.
     _unwritten: dict[tuple[int, ...], tuple[list[str], bool]] = field(default_factory=dict)
+    # The backups the last pass that looked could not read as databases: they may hold forgotten words still
+    _unreadable_backups: list[str] = field(default_factory=list)
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -393,8 +396,12 @@ class TurnForgetting(Deciding):
         try:
             changed = await asyncio.to_thread(strip_files, self.files, hashes, note)
             await self.memory.call(lambda m: strip_batches(m, hashes))
+            unreadable: list[Path] = []
             backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
-                                              hashes, note)
+                                              hashes, note, unreadable)
+            # Passed over (sqlite can take nothing out of them) but said, until a pass finds none: /healthz and
+            # memory status name them for the operator, who alone can remove them (it used to be the log alone).
+            self._unreadable_backups = sorted(str(p.relative_to(self.layout.os_dir)) for p in unreadable)
         except (OSError, sqlite3.OperationalError) as exc:
             # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
             # step is idempotent) for a pass asked for later, and the other jobs go on.
@@ -462,13 +469,15 @@ class TurnForgetting(Deciding):
         """What the file pass has left undone, as this process knows it (no database read; `now` is
         time.monotonic()): the passes in a row that kept a job for later, for how long and why, and the jobs
         cut short. A decision whose check keeps failing keeps its job too (`_check_failing`: the pass leaves a job
-        being decided alone, so no pass counts it). `degraded` by `stuck`."""
+        being decided alone, so no pass counts it). `degraded` by `stuck`, or while the last pass found a backup it
+        could not read (`unreadable_backups`: it may hold forgotten words, and only the operator can remove it)."""
         since = [t for t in (self._kept_since, *self._check_failing.values()) if t is not None]
         kept_for = round(now - min(since), 1) if since else None
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
         cut_short = len(self._cut_short) + len(self._unwritten)
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
-                "cut_short_jobs": cut_short, "degraded": stuck(kept_for, cut_short)}
+                "cut_short_jobs": cut_short, "unreadable_backups": self._unreadable_backups,
+                "degraded": stuck(kept_for, cut_short) or bool(self._unreadable_backups)}
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes
