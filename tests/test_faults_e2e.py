@@ -229,7 +229,8 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
     # after the backup was made), and the temp of the marker an unfinished `memory rebuild` leaves
     v1 = layout.os_dir / "backup" / "v1-20260101T000000Z" / "memory"
     debris += [v1 / ".user.md.h7g6f5d4.tmp", layout.memory_dir / ".rebuild-unfinished.p0o9i8u7.tmp",
-               v1 / "..tools.md.a1s2d3f4.tmp.q1w2e3r4.tmp"]  # its rewrite of v1's own leftover (below)
+               v1 / "..tools.md.a1s2d3f4.tmp.q1w2e3r4.tmp",  # its rewrite of v1's own leftover (below)
+               v1 / ".user.md.forget-k9j8h7g6.tmp"]  # the pass's, named as its own: whatever its time (below)
     kept = [layout.memory_dir / "notes.tmp", layout.memory_dir / ".notes.md.abcdefgh.tmp",  # not Sprite OS's
             history / "000001_1_seed.md", layout.state_dir / ".service.env.abcdefgh.tmp",  # another process's
             layout.root / "documents" / ".draft.md.abcdefgh.tmp",  # the person's
@@ -241,6 +242,7 @@ async def test_a_start_sweeps_what_a_killed_write_left_of_its_own_files_and_noth
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half")
     os.utime(v1 / ".tools.md.a1s2d3f4.tmp", (1_767_225_000, 1_767_225_000))  # 2025-12-31, v1's time
+    os.utime(v1 / ".user.md.forget-k9j8h7g6.tmp", (1_767_225_000, 1_767_225_000))  # a clock set back since
     async with running(settings):
         assert [p for p in debris if p.exists()] == []
         assert all(p.read_text() == "half" for p in kept)

@@ -2180,3 +2180,37 @@ async def test_a_backup_sqlite_cannot_read_is_passed_over_and_said_until_it_is_g
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the second job finished")
     status = await system.status()
     assert status["forget"]["unreadable_backups"] == [] and status["degraded"] is False
+
+
+def test_a_kill_of_the_passs_rewrite_of_a_backup_is_swept_though_the_clock_was_set_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's sweep told what a kill of the pass's rewrite left in v1's backup (a temp file, the file's text)
+    from v1's own leftovers by their time: written since the backup was made. With the clock set back past the
+    backup's time, the pass's temp file looked older than the backup and stayed for good. The pass's temp files
+    now bear a name of their own, which the sweep goes by; v1's leftovers stay as before."""
+    from sprite_os.memory.forget import backups
+    from sprite_os.memory.forget.backups import sweep_backup_temps
+
+    layout = Layout(tmp_path / "ws")
+    v1 = layout.os_dir / "backup" / "v1-20990101T000000Z" / "memory"  # made after "now": the clock was set back since
+    v1.mkdir(parents=True)
+    (v1 / "user.md").write_text("# User\n- Name: Ada\n")
+    leftover = v1 / ".tools.md.a1s2d3f4.tmp"  # v1's own, older than the backup
+    leftover.write_text("# Tools\n")
+    os.utime(leftover, (1_767_225_000, 1_767_225_000))
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_: object) -> None:
+        raise Killed
+
+    with monkeypatch.context() as m:  # a kill -9 between the temp file and its rename: nothing cleans up
+        m.setattr(backups.os, "replace", killed)
+        m.setattr(backups.os, "unlink", lambda *_, **__: None)
+        with pytest.raises(Killed):
+            backups._rewrite(v1 / "user.md", "# User\n(text removed here)\n")
+    temps = [p for p in v1.iterdir() if p.name.startswith(".user.md.")]
+    assert len(temps) == 1
+    assert sweep_backup_temps(layout) == temps
+    assert sorted(p.name for p in v1.iterdir()) == [leftover.name, "user.md"]

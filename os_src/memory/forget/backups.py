@@ -8,14 +8,16 @@ import calendar
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from ...database import marks
-from ...fsutil import atomic_write, sweep_temp_files, temp_for
+from ...fsutil import sweep_files, sweep_temp_files, synced_after_rename, temp_for
 from ...logs import get_logger
 from ...paths import Layout
 from .lines import meaningful_lines, without
@@ -31,13 +33,25 @@ def _memory_file(name: str) -> bool:
     return name.endswith(".md") or (temp_for(name) or "").endswith(".md")
 
 
+# The pass's own temp file for a rewrite of a backup's memory file: `.<name>.forget-<random>.tmp`, a name no
+# `atomic_write` (v1's included) gives, so a start tells what a kill of the pass left by its name alone.
+_PASS_TEMP = "forget-"
+_PASS_TEMP_NAME = re.compile(rf"^\.(?P<name>.+)\.{_PASS_TEMP}[a-z0-9_]{{8}}\.tmp$")
+
+
 def sweep_backup_temps(layout: Layout) -> list[Path]:
-    """What a kill left of this pass's rewrites of v1's memory files (`atomic_write`'s temp file, beside one in
-    `.os/backup/v1-<time>/memory/`), written since `migrate-v1` made the backup: v1's own leftovers, moved there
-    with its memory/, are older, and not ours (the pass's rewrite of one keeps its time: `_rewrite`). Call it
-    holding the writer lock (so does `migrate-v1`, the folder's other writer). Returns what it removed."""
+    """What a kill left of this pass's rewrites of v1's memory files (its temp file, beside one in
+    `.os/backup/v1-<time>/memory/`), told by its name (`_rewrite`): v1's own leftovers, moved there with its
+    memory/, are named as any `atomic_write`'s, and stay whatever the clock says. A temp of the version before,
+    named as v1's, is told by its time, as then: written since `migrate-v1` made the backup (v1's are older; the
+    pass's rewrite of one keeps its time). Call it holding the writer lock (so does `migrate-v1`, the folder's
+    other writer). Returns what it removed."""
+    def ours(entry: os.DirEntry[str]) -> bool:
+        return bool((match := _PASS_TEMP_NAME.match(entry.name)) and _memory_file(match["name"]))
+
     removed: list[Path] = []
     for folder in sorted((layout.os_dir / "backup").glob("v1-*")):
+        removed += sweep_files(folder / "memory", ours)
         try:
             made = calendar.timegm(time.strptime(folder.name[len("v1-"):], "%Y%m%dT%H%M%SZ"))
         except ValueError:  # not a name migrate-v1 gives: not known to be ours
@@ -54,12 +68,26 @@ def _backup_files(layout: Layout) -> list[Path]:
 
 
 def _rewrite(path: Path, text: str) -> None:
-    """A backup's memory file rewritten. What an interrupted write left (v1's) keeps its time: the start's
-    sweep tells it, older than the backup, from what a kill of this pass leaves, which it removes."""
+    """A backup's memory file rewritten, as `atomic_write` does (a temp file beside it, synced, renamed over it, the
+    folder synced), under a temp name of the pass's own (`_PASS_TEMP`), which the start's sweep removes whatever
+    the clock says. What an interrupted write left (v1's) keeps its time, as a version before this one swept its
+    own unmarked temps by their time."""
     before = path.stat()
-    atomic_write(path, text.encode("utf-8"))
-    if temp_for(path.name) is not None:
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_PASS_TEMP}", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        if temp_for(path.name) is not None:
+            os.utime(tmp, ns=(before.st_atime_ns, before.st_mtime_ns))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    synced_after_rename(path)
 
 
 def backup_candidates(layout: Layout) -> dict[str, str]:
