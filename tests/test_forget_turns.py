@@ -1434,6 +1434,7 @@ async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(s
     loop = asyncio.get_running_loop()
     seen: list[set[int]] = []
     forgetting.wake_daemon = lambda reason: loop.call_soon(lambda: seen.append(set(forgetting._deciding)))
+    system.recall.on_purge_ended = lambda purged: None  # the index's rewrite wakes it too, decided or not
 
     async def no_pass() -> None:
         pass
@@ -2214,3 +2215,31 @@ def test_a_kill_of_the_passs_rewrite_of_a_backup_is_swept_though_the_clock_was_s
     assert len(temps) == 1
     assert sweep_backup_temps(layout) == temps
     assert sorted(p.name for p in v1.iterdir()) == [leftover.name, "user.md"]
+
+
+async def test_a_rewrite_of_the_word_index_that_keeps_failing_is_tried_again_at_the_passs_pace(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rewrite of the word index that fails (a full disk) ended by asking for the daemon's pass, and the pass,
+    finding it failed, started it again at once: each failure asked for the next pass, each pass for the next
+    failure, without a pause. A disk that stayed full turned that into a loop as fast as the disk refused (every
+    backup rewritten, a traceback logged, each time). The rewrite is now tried again at the pass's own pace (5 s,
+    10 s, … up to 5 minutes), the job kept meanwhile."""
+    from sprite_os.memory.recall import service
+    from sprite_os.memory.schema import PROCESSED
+
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.set_processed(ids, PROCESSED))  # the daemon has nothing to curate
+    tries: list[float] = []
+
+    def full(*_: Any) -> Any:
+        tries.append(time.monotonic())
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(service, "rewrite", full)
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: asyncio.sleep(0, result=len(tries) >= 2), timeout=30, what="the pass tried it again")
+    await asyncio.sleep(3)
+    assert len(tries) <= 3, f"{len(tries)} tries in {tries[-1] - tries[0]:.1f} s"
+    assert len(await system.memory.call(jobs)) == 1
+    assert (await _forget_status(system))["kept_why"] == "disk"

@@ -34,7 +34,7 @@ from .curation.rebuild import UNFINISHED
 from .files import SPECS, VERSION_NAME, MemoryFiles
 from .forget.backups import sweep_backup_temps
 from .forget.context import SessionContext
-from .forget.jobs import FORGET_PASS, Waiting, hidden_lines, named, waiting
+from .forget.jobs import Waiting, hidden_lines, named, waiting
 from .forget.judge import LineJudge
 from .forget.lines import line_hash
 from .forget.turns import Forgotten, TurnForgetting
@@ -122,7 +122,7 @@ class MemorySystem:
                                          self.daemon.trigger, self.daemon.apply,
                                          judge=LineJudge(self.recall.embed_passages, self.recall.kept_near),
                                          purge_state=self.recall.purge_state, purge_again=self.recall.purge_again)
-        self.recall.on_purge_ended = lambda: self.daemon.trigger(FORGET_PASS)
+        self.recall.on_purge_ended = self.forgetting.purge_ended
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
         self._booted_lines: list[str] = []  # and their texts (turns not yet curated, learnings, summaries too)

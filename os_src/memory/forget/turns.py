@@ -144,6 +144,7 @@ class TurnForgetting(Deciding):
     _unwritten: dict[tuple[int, ...], tuple[list[str], bool]] = field(default_factory=dict)
     # The backups the last pass that looked could not read as databases: they may hold forgotten words still
     _unreadable_backups: list[str] = field(default_factory=list)
+    _awaiting_purge = False  # a pass left a job for the index's rewrite under way (UNDER_WAY): its end asks for one
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -413,7 +414,10 @@ class TurnForgetting(Deciding):
             # for a disk that will not rewrite a file (the rewrite used to be tried again only at the next forget
             # or start, the job finished meanwhile).
             if purge == "purging":
+                self._awaiting_purge = True  # its end asks for the pass, failed or not: no retry is asked for here
                 return UNDER_WAY
+            # Started again here alone, at the pace of the pass's tries again (`later`): this rewrite's failure
+            # asks for no pass (`purge_ended`), or each failure would ask for the pass that starts the next.
             self.purge_again()
             log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_DISK))
             return KEPT_DISK
@@ -478,6 +482,14 @@ class TurnForgetting(Deciding):
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
                 "cut_short_jobs": cut_short, "unreadable_backups": self._unreadable_backups,
                 "degraded": stuck(kept_for, cut_short) or bool(self._unreadable_backups)}
+
+    def purge_ended(self, purged: bool) -> None:
+        """The word index's rewrite ended (recall's `on_purge_ended`). Done, the pass finishes the jobs it kept for
+        it; failed, the pass is asked for only when one left a job waiting for it (UNDER_WAY) with no try again
+        asked for: a rewrite the pass started again (`purge_again`) has the pass's try again coming already."""
+        waiting, self._awaiting_purge = self._awaiting_purge, False
+        if purged or waiting:
+            self.wake_daemon(FORGET_PASS)
 
     def _try_again_later(self) -> float:
         """A pass left a job for later: the pass is asked for again after PASS_RETRY's wait for this many passes

@@ -128,7 +128,8 @@ class RecallService:
         self._boot = ""
         self._purge: asyncio.Task[None] | None = None  # the index written anew after a forget
         self._purge_wanted = self._purge_done = 0
-        self.on_purge_ended: Callable[[], None] = lambda: None  # the forget pass, waiting for the index's rewrite
+        # The forget pass, waiting for the index's rewrite: told at its end whether it succeeded
+        self.on_purge_ended: Callable[[bool], None] = lambda purged: None
         self._publisher: asyncio.Task[None] | None = None
 
     def _the_index(self) -> RecallIndex:
@@ -313,7 +314,7 @@ class RecallService:
                 reached = await self.index.call(write)
             except Exception as exc:  # retried by the forget pass (`purge_state`), a forget or a start: the flag stays
                 log.exception("recall_purge_failed", error=repr(exc)[:300])
-                self.on_purge_ended()  # the forget pass keeps its job and tries the purge again
+                self.on_purge_ended(False)  # the forget pass keeps its job and tries the purge again
                 return
             self._purge_done = wanted
             done = self._purge_done >= self._purge_wanted
@@ -325,7 +326,7 @@ class RecallService:
 
             await self._memory.call(mark)
             log.info("recall_index_purged", seconds=round(time.monotonic() - started, 2))
-        self.on_purge_ended()
+        self.on_purge_ended(True)
 
     def purge_state(self) -> str:
         """Whether the word index still holds forgotten words in its files: PURGED, PURGING (the rewrite under way:
