@@ -2243,3 +2243,35 @@ async def test_a_rewrite_of_the_word_index_that_keeps_failing_is_tried_again_at_
     assert len(tries) <= 3, f"{len(tries)} tries in {tries[-1] - tries[0]:.1f} s"
     assert len(await system.memory.call(jobs)) == 1
     assert (await _forget_status(system))["kept_why"] == "disk"
+
+
+async def test_a_rewrite_of_the_word_index_whose_record_fails_still_lets_the_pass_finish_the_job(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass leaves a job for the word index's rewrite under way, whose end asks for the pass again. A rewrite
+    that succeeded but whose record in memory.db failed (a lock held past the busy timeout, a full disk) ended
+    with an error nothing awaited, and asked for no pass: on an idle Sprite the job stayed for good, counted
+    nowhere. The rewrite's end asks for the pass however its record went (the flag stays: the next start rewrites
+    the index again)."""
+    from sprite_os.memory.recall import service
+    from sprite_os.memory.schema import PROCESSED
+
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.set_processed(ids, PROCESSED))  # the daemon has nothing to curate
+    real_rewrite, real_marks, refused = service.rewrite, service.write_marks, []
+
+    def slow(*args: Any) -> Any:  # under way when the pass looks
+        time.sleep(1.5)
+        return real_rewrite(*args)
+
+    def locked(*args: Any) -> Any:
+        if not refused:
+            refused.append(1)
+            raise sqlite3.OperationalError("database is locked")
+        return real_marks(*args)
+
+    monkeypatch.setattr(service, "rewrite", slow)
+    monkeypatch.setattr(service, "write_marks", locked)
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: asyncio.sleep(0, result=bool(refused)), timeout=30, what="the record refused")
+    await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the job finished")
