@@ -592,3 +592,38 @@ async def test_a_start_sweeps_what_a_killed_index_rebuild_left(tmp_path: Path, k
         assert [h.turn for h in await system.search("dog Biscuit", 5)] == [1]
     finally:
         await system.stop()
+
+
+async def test_a_start_goes_on_when_what_a_killed_index_rebuild_left_cannot_be_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's removal of what a killed `memory rebuild --index` left (`index.new`, `index.old`) raised what the
+    disk said (an I/O error, a read-only folder, a file where a folder was): memory's start failed with it, and the
+    server's, at every start until an operator came. Tidying never stops the start: what cannot be removed stays,
+    logged, for the next start or rebuild."""
+    import shutil
+
+    from structlog.testing import capture_logs
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    current = index_path(settings.layout.memory_dir)
+    new, old = current.with_name("index.new"), current.with_name("index.old")
+    new.mkdir(parents=True)
+    (new / "meta.json").write_text("{half built")
+    old.write_text("not a folder")  # rmtree refuses it
+    real = shutil.rmtree
+
+    def failing(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path) == new:
+            raise OSError(5, "Input/output error")
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", failing)
+    system = MemorySystem(settings)
+    with capture_logs() as logs:
+        await system.start()
+    try:
+        assert new.exists() and not old.exists()
+        assert [e["path"] for e in logs if e["event"] == "index_leftover_unremoved"] == ["memory/index.new"]
+    finally:
+        await system.stop()

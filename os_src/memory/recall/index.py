@@ -325,12 +325,23 @@ def building(current: Path) -> Path:
 def sweep_swap_leftovers(current: Path) -> list[Path]:
     """What a `memory rebuild --index` killed mid-way left beside `current` (the index it was building, the one it
     had set aside to swap in the new): removed, for the one holding the writer lock (no rebuild runs). With no
-    `current` left (killed between the two renames), the start makes the index anew from memory.db."""
+    `current` left (killed between the two renames), the start makes the index anew from memory.db. One that can't
+    be removed (an I/O error, a file or a link where a folder was) stays, logged (`index_leftover_unremoved`):
+    tidying never stops the start (it did, at every start, until an operator came)."""
     removed = []
     for leftover in (building(current), current.with_name(current.name + ".old")):
-        if leftover.exists():
-            shutil.rmtree(leftover)
-            removed.append(leftover)
+        try:
+            if leftover.is_symlink() or leftover.is_file():
+                leftover.unlink()
+            elif leftover.exists():
+                shutil.rmtree(leftover)
+            else:
+                continue
+        except OSError as exc:
+            log.warning("index_leftover_unremoved", path=f"{current.parent.name}/{leftover.name}",
+                        error=repr(exc)[:200])
+            continue
+        removed.append(leftover)
     return removed
 
 
