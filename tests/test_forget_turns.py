@@ -2166,7 +2166,8 @@ async def test_a_backup_sqlite_cannot_read_is_passed_over_and_said_until_it_is_g
     """A damaged backup (a copy of memory.db sqlite will not take as a database) can't be rewritten: the pass passes
     it over and finishes the job, as nothing it can do would change that. Its other pages may still hold the
     forgotten words, and only the log said so: the forget was said done, /healthz ok. Now /healthz (and memory
-    status) name it, memory degraded, until a pass finds it gone (the operator removed it)."""
+    status) name it, memory degraded, until it is gone (the operator removed it): looked at by the listing /healthz
+    makes of what waits for the operator, as a pass runs only for a forget (it was said until the next forget)."""
     ids = await seed(system, tmp_path)
     damaged = system.settings.layout.memory_dir / "memory.db.before-rebuild-20250101T000000"
     damaged.write_bytes(b"SQLite format 3\x00" + b"I live in Lisbon, in Alfama " * 400)
@@ -2176,6 +2177,12 @@ async def test_a_backup_sqlite_cannot_read_is_passed_over_and_said_until_it_is_g
     status = await system.status()
     assert status["forget"]["unreadable_backups"] == ["memory/" + damaged.name] and status["degraded"] is True
     damaged.unlink()
+
+    async def said() -> bool:
+        status = await system.status()
+        return status["forget"]["unreadable_backups"] == [] and not status["forget"]["degraded"]
+
+    await wait_for(said, timeout=10, what="the removed backup no longer said, with no forget since")
     await system.forget_turns([ids[2]], by="test")
     assert await system.forgetting.decided(60)
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the second job finished")
@@ -2275,3 +2282,4 @@ async def test_a_rewrite_of_the_word_index_whose_record_fails_still_lets_the_pas
     assert await system.forgetting.decided(60)
     await wait_for(lambda: asyncio.sleep(0, result=bool(refused)), timeout=30, what="the record refused")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the job finished")
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -391,9 +392,16 @@ class MemorySystem:
 
     async def _list(self) -> SetAside:
         began = time.time()
+        unreadable = self.forgetting.unreadable_backups
         try:
             listed = await asyncio.to_thread(list_set_aside, self.settings.layout)
             self._listed = listed._replace(listed_at=began)  # its error None: this one came back
+            # The backups the forget pass could not read, said until they are gone: looked at here too, as a pass
+            # runs only for a forget (the operator's removal was said at the next forget, or restart)
+            if unreadable:
+                os_dir = self.settings.layout.os_dir
+                self.forgetting.backups_gone(await asyncio.to_thread(
+                    lambda: [p for p in unreadable if not os.path.lexists(os_dir / p)]))
         except OSError as exc:  # an unreadable folder: the last listing stands, and the failure is said
             self._listed = self._listed._replace(error=repr(exc)[:300])
             log_expected(log, "set_aside_listing_failed", exc)

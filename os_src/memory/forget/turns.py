@@ -483,6 +483,15 @@ class TurnForgetting(Deciding):
                 "cut_short_jobs": cut_short, "unreadable_backups": self._unreadable_backups,
                 "degraded": stuck(kept_for, cut_short) or bool(self._unreadable_backups)}
 
+    @property
+    def unreadable_backups(self) -> list[str]:
+        """The backups the last pass that looked could not read as databases (their paths under `.os/`)."""
+        return list(self._unreadable_backups)
+
+    def backups_gone(self, gone: Sequence[str]) -> None:
+        """Those of `unreadable_backups` found gone since (the operator removed them): no longer said."""
+        self._unreadable_backups = [p for p in self._unreadable_backups if p not in gone]
+
     def purge_ended(self, purged: bool) -> None:
         """The word index's rewrite ended (recall's `on_purge_ended`). Done, the pass finishes the jobs it kept for
         it; failed, the pass is asked for only when one left a job waiting for it (UNDER_WAY) with no try again
