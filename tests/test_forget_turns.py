@@ -2089,15 +2089,18 @@ async def test_a_decision_whose_check_keeps_failing_shows_as_kept(
     assert (forget["kept_for_s"], forget["kept_why"], forget["degraded"]) == (None, None, False), forget
 
 
-@pytest.mark.parametrize("case", ["again", "fresh", "job-refused"])
+@pytest.mark.parametrize("case", ["again", "fresh", "job-refused", "job-refused-in-parts"])
 async def test_a_forget_that_fails_before_its_job_is_written_is_counted_cut_short_until_forgotten_again(
         system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """A forget (`fresh`), or a person's forget again of a turn memory.db still holds words of (`again`), that an
     error ended before its job was written (the files' lines unreadable) left nothing on disk nor in memory saying
     so: the person got an error, and /healthz and memory status said memory was fine while the turn kept its
     words. Now a job with no line of its own is written for it, so it counts cut short (`job-refused`: memory.db
-    refuses that job too, and this process counts it), and the person's forget again clears it."""
+    refuses that job too, and this process counts it), and the person's forget again clears it: of its turns a
+    part at a time too (`job-refused-in-parts`: a forget again of them all, one forgotten already, left it counted
+    until a restart)."""
     ids = await seed(system, tmp_path)
+    named = [ids[0], ids[1]] if case == "job-refused-in-parts" else [ids[1]]
     if case == "again":
         await system.transcript.call(lambda t: t.forget([ids[1]], T0 + 50, "test"))  # its words left in memory.db
 
@@ -2105,7 +2108,7 @@ async def test_a_forget_that_fails_before_its_job_is_written_is_counted_cut_shor
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(TurnForgetting, "_lines", unreadable)
-    if case == "job-refused":
+    if case.startswith("job-refused"):
         real_apply = system.forgetting.apply
 
         async def refusing(change: Callable[[MemoryDB], Any]) -> Any:
@@ -2113,15 +2116,18 @@ async def test_a_forget_that_fails_before_its_job_is_written_is_counted_cut_shor
 
         system.forgetting.apply = refusing
     with pytest.raises(OSError):
-        await system.forget_turns([ids[1]], by="test")
+        await system.forget_turns(named, by="test")
     assert await _cut_short_counted(system, 1)
     assert (await system.status())["degraded"] is True
     await system.forgetting.rewrite_files()  # the pass counts it too (the job on disk) or leaves the count alone
     assert await _cut_short_counted(system, 1)
     monkeypatch.undo()
-    if case == "job-refused":
+    if case.startswith("job-refused"):
         system.forgetting.apply = real_apply
-    await system.forget_turns([ids[1]], by="test")
+    if case == "job-refused-in-parts":
+        await system.forget_turns(named[:1], by="test")
+        assert await _cut_short_counted(system, 1)  # the other turn keeps its words
+    await system.forget_turns(named, by="test")
     assert await system.forgetting.decided(60)
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="every job finished")
     await wait_for(lambda: _cut_short_counted(system, 0), timeout=30, what="memory well again")

@@ -164,19 +164,27 @@ class TurnForgetting(Deciding):
         turns = await self.transcript.call(lambda t: t.get(wanted))
         old = [o.id for o in turns if o.processed == FORGOTTEN]
         left = await self.memory.call(lambda m: left_over(m, old)) if old else {}
+        settled = {o.id for o in turns if o.processed == FORGOTTEN and o.id not in left}  # nothing left to take out
         turns = [o for o in turns if o.processed != FORGOTTEN or o.id in left]
         if not turns:
+            self._no_longer_unwritten(settled)
             return Forgotten([], 0, now)
         texts = await asyncio.to_thread(lambda: [turn_text(o) for o in turns if o.id not in left]) + [
             t for o in turns for t in left.get(o.id, [])]
         job, decision, learnings = await self._take_out(turns, texts, now, by, None, whole_session)
         self._start_decision(job, decision)
-        taken = {o.id for o in turns}
-        self._unwritten = {k: v for k, v in self._unwritten.items() if not set(k) <= taken}
+        self._no_longer_unwritten(settled | {o.id for o in turns})
         if self._cut_short:  # this may be the forget again that finishes one: said at once, not at the pass
             self._recount([(j, await self._left_alone(j)) for j in await self.memory.call(jobs)])
         log.info("turns_forgotten", turns=len(turns), learnings=learnings, by_words=len(decision.by_words), by=by)
         return Forgotten(turns, learnings, now, context.holds(decision.by_words, decision.words, [o.id for o in turns]))
+
+    def _no_longer_unwritten(self, forgotten: set[int]) -> None:
+        """Turns now forgotten, words and all: a forget whose job was not written (`_unwritten`) is counted while
+        any of its turns is not. Its turns forgotten a part at a time, or found forgotten already by a forget again,
+        finish it too (it used to take a forget of them all at once that took something out, until a restart)."""
+        self._unwritten = {rest: v for k, v in self._unwritten.items()
+                           if (rest := tuple(i for i in k if i not in forgotten))}
 
     async def resume(self) -> int:
         """At start, before any turn: finish the forgets a stop or kill cut short. A job whose turns still
