@@ -2289,3 +2289,34 @@ async def test_a_rewrite_of_the_word_index_whose_record_fails_still_lets_the_pas
     await wait_for(lambda: asyncio.sleep(0, result=bool(refused)), timeout=30, what="the record refused")
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=20, what="the job finished")
 
+
+
+async def test_a_job_kept_for_a_failing_rewrite_of_the_word_index_stays_kept_while_the_rewrite_is_tried_again(
+        system: MemorySystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that found the index's rewrite under way left the job for its end, as not kept: when that rewrite
+    was the pass's own try again of one that failed (a disk that stays full, a large index whose rewrite takes
+    longer than the pass's wait), the pass cleared what /healthz says of the job kept (ok, where it had said
+    degraded) and the count of passes that kept it (the tries again back at 5 s, never backing off). While the
+    rewrite keeps failing, a pass that finds it under way keeps the job for the disk."""
+    from sprite_os.memory.recall import service
+    from sprite_os.memory.schema import PROCESSED
+
+    ids = await seed(system, tmp_path)
+    await system.transcript.call(lambda t: t.set_processed(ids, PROCESSED))  # the daemon has nothing to curate
+    tries: list[float] = []
+
+    def full_at_last(*_: Any) -> Any:
+        tries.append(time.monotonic())
+        time.sleep(2)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(service, "rewrite", full_at_last)
+    await system.forget_turns([ids[1]], by="test")
+    assert await system.forgetting.decided(60)
+    await wait_for(lambda: asyncio.sleep(0, result=len(tries) >= 2), timeout=30, what="the pass tried it again")
+    assert system.recall.purge_state() == "purging" and (await _forget_status(system))["kept_why"] == "disk"
+    passes = (await _forget_status(system))["kept_passes"]
+    await system.forgetting.rewrite_files()  # a pass another cause asks for (a batch), the try again under way
+    forget = await _forget_status(system)
+    assert (forget["kept_why"], forget["kept_passes"]) == ("disk", passes + 1)
+    assert len(await system.memory.call(jobs)) == 1

@@ -145,6 +145,7 @@ class TurnForgetting(Deciding):
     # The backups the last pass that looked could not read as databases: they may hold forgotten words still
     _unreadable_backups: list[str] = field(default_factory=list)
     _awaiting_purge = False  # a pass left a job for the index's rewrite under way (UNDER_WAY): its end asks for one
+    _purge_failing = False  # the index's rewrite failed since it last succeeded: a pass keeps the jobs meanwhile
     _check_failing: dict[int, float] = field(default_factory=dict)  # decisions whose check fails, since (Deciding)
     _retry: asyncio.TimerHandle | None = None  # the pass they asked for (one at a time)
     # Decisions take turns (in order, the current files' parts first as they come): forgets in a row then
@@ -421,12 +422,15 @@ class TurnForgetting(Deciding):
             # done: under way, its end asks for the pass; failed, this pass tries it again and keeps the job, as
             # for a disk that will not rewrite a file (the rewrite used to be tried again only at the next forget
             # or start, the job finished meanwhile).
-            if purge == "purging":
+            if purge == "purging" and not self._purge_failing:
                 self._awaiting_purge = True  # its end asks for the pass, failed or not: no retry is asked for here
                 return UNDER_WAY
             # Started again here alone, at the pace of the pass's tries again (`later`): this rewrite's failure
-            # asks for no pass (`purge_ended`), or each failure would ask for the pass that starts the next.
-            self.purge_again()
+            # asks for no pass (`purge_ended`), or each failure would ask for the pass that starts the next. One
+            # under way after a failure keeps the job as well (left as not kept, what /healthz says of it was
+            # cleared and the tries again came back to 5 s, at each pass that found the try again running).
+            if purge != "purging":
+                self.purge_again()
             log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_DISK))
             return KEPT_DISK
         if not await self._wals_emptied():
@@ -504,7 +508,7 @@ class TurnForgetting(Deciding):
         """The word index's rewrite ended (recall's `on_purge_ended`). Done, the pass finishes the jobs it kept for
         it; failed, the pass is asked for only when one left a job waiting for it (UNDER_WAY) with no try again
         asked for: a rewrite the pass started again (`purge_again`) has the pass's try again coming already."""
-        waiting, self._awaiting_purge = self._awaiting_purge, False
+        waiting, self._awaiting_purge, self._purge_failing = self._awaiting_purge, False, not purged
         if purged or waiting:
             self.wake_daemon(FORGET_PASS)
 
