@@ -1427,7 +1427,8 @@ async def test_recall_sets_its_purge_flag_itself_even_with_no_index_open(tmp_pat
         await transcript.close()
 
 
-async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(system: MemorySystem) -> None:
+async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decision wakes the daemon and stops counting as under way with no await between: the pass
     it wakes (which leaves a job under way alone) runs only after, and takes the job."""
     ids = await _seed(system, BIRTHDAYS, "# User\n- Name: Ada\n", [])
@@ -1435,7 +1436,7 @@ async def test_the_pass_a_decision_wakes_finds_its_job_no_longer_being_decided(s
     loop = asyncio.get_running_loop()
     seen: list[set[int]] = []
     forgetting.wake_daemon = lambda reason: loop.call_soon(lambda: seen.append(set(forgetting._deciding)))
-    system.recall.on_purge_ended = lambda purged: None  # the index's rewrite wakes it too, decided or not
+    monkeypatch.setattr(forgetting, "purge_ended", lambda purged: None)  # the index's rewrite wakes it too
 
     async def no_pass() -> None:
         pass

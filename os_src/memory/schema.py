@@ -21,6 +21,8 @@ OBSERVATION_TRIGGERS = ("observations_append_only", "observations_no_delete")
 # memory.db meta: set while recall's word index must be written anew (a forget); one writer sets it,
 # RecallService.forget, first thing (a start finishes the rewrite it finds flagged)
 PURGE_KEY = "recall_purge"
+# The state of that rewrite (recall's `purge_state`), which the forget pass waits for
+PURGED, PURGING, PURGE_FAILED = "purged", "purging", "failed"
 
 
 def _table(db: sqlite_utils.Database, name: str) -> Table:

@@ -114,7 +114,9 @@ class MemorySystem:
                                    budget=DailyBudget(settings.memory_daily_budget_usd),
                                    batch_tokens=settings.memory_batch_tokens)
         self.timings = HookTimings()
-        self.recall = RecallService(settings, self.transcript, self.memory)
+        # The forget pass waits for the word index's rewrite after a forget, and tries a failed one again
+        self.recall = RecallService(settings, self.transcript, self.memory,
+                                    on_purge_ended=lambda purged: self.forgetting.purge_ended(purged))
         self.processor.on_commit = self.recall.learned
         self.capture = Capture(self.transcript, layout, on_recorded=self.daemon.note_turn,
                                on_landed=self.recall.indexer.nudge, timings=self.timings)
@@ -123,7 +125,6 @@ class MemorySystem:
                                          self.daemon.trigger, self.daemon.apply,
                                          judge=LineJudge(self.recall.embed_passages, self.recall.kept_near),
                                          purge_state=self.recall.purge_state, purge_again=self.recall.purge_again)
-        self.recall.on_purge_ended = self.forgetting.purge_ended
         self.daemon.before_batches = self.forgetting.rewrite_files  # the files' one writer takes lines out
         self._booted: set[str] = set()  # the hashes of the lines of the prompt the current session booted with
         self._booted_lines: list[str] = []  # and their texts (turns not yet curated, learnings, summaries too)

@@ -58,7 +58,7 @@ from ...paths import Layout
 from ...text import utc
 from ..files import MemoryFiles
 from ..memory_store import MemoryDB
-from ..schema import FORGOTTEN
+from ..schema import FORGOTTEN, PURGED, PURGING
 from ..transcript_store import Observation, TranscriptDB
 from .backups import backup_candidates, purge_backups
 from .context import NOTHING, SessionContext
@@ -116,10 +116,10 @@ class TurnForgetting(Deciding):
     purge_recall: PurgeRecall
     wake_daemon: Callable[[str], None]
     apply: Apply  # memory.db's one writer, for the changes made outside the daemon's pass
-    # The word index's rewrite after a forget (recall's `purge_state`: "purged", "purging" or "failed") and its try
+    # The word index's rewrite after a forget (recall's `purge_state`: PURGED, PURGING or PURGE_FAILED) and its try
     # again: a job is finished only once the index's files hold no word of its turns.
-    purge_state: Callable[[], str] = lambda: "purged"
-    purge_again: Callable[[], None] = lambda: None
+    purge_state: Callable[[], str]
+    purge_again: Callable[[], None]
     clock: Callable[[], float] = time.time
     judge: LineJudge = field(default_factory=LineJudge)  # which lines came from the turns
     retries: Sequence[float] = DECIDE_RETRIES
@@ -417,19 +417,19 @@ class TurnForgetting(Deciding):
             # step is idempotent) for a pass asked for later, and the other jobs go on.
             log.error("forget_pass_failed", job=job.id, error=repr(exc)[:200], next_try_s=later(KEPT_DISK))
             return KEPT_DISK
-        if (purge := self.purge_state()) != "purged":
+        if (purge := self.purge_state()) != PURGED:
             # The word index's files may hold the turns' words (a deletion only marks them) until its rewrite is
             # done: under way, its end asks for the pass; failed, this pass tries it again and keeps the job, as
             # for a disk that will not rewrite a file (the rewrite used to be tried again only at the next forget
             # or start, the job finished meanwhile).
-            if purge == "purging" and not self._purge_failing:
+            if purge == PURGING and not self._purge_failing:
                 self._awaiting_purge = True  # its end asks for the pass, failed or not: no retry is asked for here
                 return UNDER_WAY
             # Started again here alone, at the pace of the pass's tries again (`later`): this rewrite's failure
             # asks for no pass (`purge_ended`), or each failure would ask for the pass that starts the next. One
             # under way after a failure keeps the job as well (left as not kept, what /healthz says of it was
             # cleared and the tries again came back to 5 s, at each pass that found the try again running).
-            if purge != "purging":
+            if purge != PURGING:
                 self.purge_again()
             log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_DISK))
             return KEPT_DISK

@@ -27,7 +27,7 @@ from ...fsutil import atomic_write
 from ...logs import get_logger
 from ...paths import Layout
 from ..memory_store import MemoryDB
-from ..schema import PURGE_KEY
+from ..schema import PURGE_FAILED, PURGE_KEY, PURGED, PURGING
 from ..transcript_store import TranscriptDB
 from . import auto as auto_recall
 from . import episodes as ep
@@ -49,7 +49,6 @@ PUBLISH_EVERY = 5.0
 FRESH = 30.0  # a published status older than this is the last word of a server that is gone
 AUTO_RECALL_TIMEOUT = 0.5  # a recall slower than this is skipped: the message goes as it is
 LEARNED_BUDGET = 3.0  # a batch waits this long, at most, for its learnings to be searchable
-PURGED, PURGING, PURGE_FAILED = "purged", "purging", "failed"  # the word index's rewrite after a forget
 KEPT_NEAR = 5  # kept turns and learnings a forget compares a reworded line with
 KEPT_NEAR_SETTLE = 30.0  # seconds a forget's check waits, at most, for the turns recorded so far to be searchable
 
@@ -112,7 +111,10 @@ def auto_recalled(searcher: Searcher, message: str, now: float, session_id: str 
 
 
 class RecallService:
-    def __init__(self, settings: Settings, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB]) -> None:
+    def __init__(self, settings: Settings, transcript: Worker[TranscriptDB], memory: Worker[MemoryDB], *,
+                 on_purge_ended: Callable[[bool], None] = lambda purged: None) -> None:
+        """`on_purge_ended`: told at the end of each rewrite of the index after a forget whether it succeeded
+        (the forget pass, which waits for it and owns its tries again)."""
         self.settings = settings
         self.path = index_path(settings.layout.memory_dir)
         self._index: RecallIndex | None = None
@@ -128,8 +130,7 @@ class RecallService:
         self._boot = ""
         self._purge: asyncio.Task[None] | None = None  # the index written anew after a forget
         self._purge_wanted = self._purge_done = 0
-        # The forget pass, waiting for the index's rewrite: told at its end whether it succeeded
-        self.on_purge_ended: Callable[[bool], None] = lambda purged: None
+        self._on_purge_ended = on_purge_ended
         self._publisher: asyncio.Task[None] | None = None
 
     def _the_index(self) -> RecallIndex:
@@ -314,7 +315,7 @@ class RecallService:
                 reached = await self.index.call(write)
             except Exception as exc:  # retried by the forget pass (`purge_state`), a forget or a start: the flag stays
                 log.exception("recall_purge_failed", error=repr(exc)[:300])
-                self.on_purge_ended(False)  # the forget pass keeps its job and tries the purge again
+                self._on_purge_ended(False)  # the forget pass keeps its job and tries the purge again
                 return
             self._purge_done = wanted
             done = self._purge_done >= self._purge_wanted
@@ -331,7 +332,7 @@ class RecallService:
             log.info("recall_index_purged", seconds=round(time.monotonic() - started, 2))
         # The rewrite's end, however its record in memory.db went: it used to end the task with that error, which
         # nothing awaited but a stop (it failed with it), and the pass waiting for the rewrite was never asked for
-        self.on_purge_ended(True)
+        self._on_purge_ended(True)
 
     def purge_state(self) -> str:
         """Whether the word index still holds forgotten words in its files: PURGED, PURGING (the rewrite under way:
