@@ -322,6 +322,11 @@ def building(current: Path) -> Path:
     return current.with_name(current.name + ".new")
 
 
+def set_aside(current: Path) -> Path:
+    """Where `swap_in` moves `current` while the index built beside it takes its place."""
+    return current.with_name(current.name + ".old")
+
+
 def sweep_swap_leftovers(current: Path) -> list[Path]:
     """What a `memory rebuild --index` killed mid-way left beside `current` (the index it was building, the one it
     had set aside to swap in the new): removed, for the one holding the writer lock (no rebuild runs). With no
@@ -329,7 +334,7 @@ def sweep_swap_leftovers(current: Path) -> list[Path]:
     be removed (an I/O error, a file or a link where a folder was) stays, logged (`index_leftover_unremoved`):
     tidying never stops the start (it did, at every start, until an operator came)."""
     removed = []
-    for leftover in (building(current), current.with_name(current.name + ".old")):
+    for leftover in (building(current), set_aside(current)):
         try:
             if leftover.is_symlink() or leftover.is_file():
                 leftover.unlink()
@@ -347,7 +352,7 @@ def sweep_swap_leftovers(current: Path) -> list[Path]:
 
 def swap_in(new: Path, current: Path) -> None:
     """Make the index built at `new` the current one (a rename each; the old one is removed)."""
-    old = current.with_name(current.name + ".old")
+    old = set_aside(current)
     shutil.rmtree(old, ignore_errors=True)
     if current.exists():
         current.rename(old)
