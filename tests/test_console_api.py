@@ -439,7 +439,7 @@ def test_health_types_and_words_every_reason_the_pass_keeps_a_forget_for() -> No
 
     from sprite_os.memory.forget import turns
 
-    reasons = {turns.KEPT_DISK, turns.KEPT_CHECK, turns.KEPT_READER, turns.KEPT_ERROR}
+    reasons = {turns.KEPT_DISK, turns.KEPT_INDEX, turns.KEPT_CHECK, turns.KEPT_READER, turns.KEPT_ERROR}
     hint = typing.get_type_hints(pm.ForgetProgress, include_extras=True)["kept_why"]
     assert {arg for lit in typing.get_args(hint) for arg in typing.get_args(lit)} == reasons
     page = (Path(pm.__file__).parent / "static/js/memory_status.js").read_text()

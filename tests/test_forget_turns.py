@@ -2161,7 +2161,7 @@ async def test_a_failed_rewrite_of_the_word_index_keeps_the_job_and_is_tried_aga
     assert not await system.recall.purged(0)
     await system.forgetting.rewrite_files()
     assert len(await system.memory.call(jobs)) == 1  # kept: the index's files may hold the words
-    assert (await _forget_status(system))["kept_why"] == "disk"
+    assert (await _forget_status(system))["kept_why"] == "index"
     assert not any("Lisbon" in h.snippet or "Tagus" in h.snippet for h in await system.search("Lisbon Tagus", 10))
     await wait_for(lambda: system.memory.call(lambda m: not jobs(m)), timeout=60, what="the job finished")
     assert len(failures) == 2 and await system.recall.purged(0)  # tried again by the pass, then done
@@ -2259,7 +2259,7 @@ async def test_a_rewrite_of_the_word_index_that_keeps_failing_is_tried_again_at_
     gaps = [round(b - a, 2) for a, b in itertools.pairwise(tries)]
     assert gaps[1] >= PASS_RETRY.first * (1 - PASS_RETRY.jitter), gaps
     assert len(await system.memory.call(jobs)) == 1
-    assert (await _forget_status(system))["kept_why"] == "disk"
+    assert (await _forget_status(system))["kept_why"] == "index"
 
 
 async def test_a_rewrite_of_the_word_index_whose_record_fails_still_lets_the_pass_finish_the_job(
@@ -2318,9 +2318,9 @@ async def test_a_job_kept_for_a_failing_rewrite_of_the_word_index_stays_kept_whi
     await system.forget_turns([ids[1]], by="test")
     assert await system.forgetting.decided(60)
     await wait_for(lambda: asyncio.sleep(0, result=len(tries) >= 2), timeout=30, what="the pass tried it again")
-    assert system.recall.purge_state() == "purging" and (await _forget_status(system))["kept_why"] == "disk"
+    assert system.recall.purge_state() == "purging" and (await _forget_status(system))["kept_why"] == "index"
     passes = (await _forget_status(system))["kept_passes"]
     await system.forgetting.rewrite_files()  # a pass another cause asks for (a batch), the try again under way
     forget = await _forget_status(system)
-    assert (forget["kept_why"], forget["kept_passes"]) == ("disk", passes + 1)
+    assert (forget["kept_why"], forget["kept_passes"]) == ("index", passes + 1)
     assert len(await system.memory.call(jobs)) == 1

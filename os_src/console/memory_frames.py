@@ -225,7 +225,7 @@ class ForgetProgress(msgspec.Struct, frozen=True):
     cut_short_in: list[float] = []  # when the sessions holding those turns started (as Past sessions names them)
     cut_short_sessions: int = 0  # of the forgets cut short, those of a whole session (the others named turns)
     kept_for_s: float | None = None  # how long the pass has kept one for later
-    kept_why: Literal["disk", "check", "reader", "error"] | None = None  # why (forget/turns.py's KEPT_*)
+    kept_why: Literal["disk", "index", "check", "reader", "error"] | None = None  # why (forget/turns.py's KEPT_*)
     stuck: bool = False
 
 

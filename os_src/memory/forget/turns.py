@@ -96,8 +96,10 @@ PASS_RETRY = Backoff(first=5.0, max=300.0)
 # passing moment: /healthz says memory is degraded. By then the pass has kept it four times in a row (at about
 # 0, 5, 15 and 35 s: the first pass and PASS_RETRY's first three tries again; the fourth comes at about 75 s).
 KEPT_STUCK = 60.0
-# Why a pass kept a job for later, as /healthz says it (error: the pass failed in a way it did not expect).
+# Why a pass kept a job for later, as /healthz says it (index: the word index's rewrite after the forget has not
+# succeeded; error: the pass failed in a way it did not expect).
 KEPT_DISK, KEPT_CHECK, KEPT_READER, KEPT_ERROR = "disk", "check", "reader", "error"
+KEPT_INDEX = "index"
 # Why the pass leaves a job alone (`_left_alone`). NOT_KNOWN: undecided while a forget takes words out, which
 # may be that forget's own job (not yet `_deciding`) or one kept or cut short before: the pass cannot tell.
 UNDER_WAY, CUT_SHORT, NOT_KNOWN = "under way", "cut short", "not known"
@@ -393,8 +395,8 @@ class TurnForgetting(Deciding):
 
     async def _pass_one(self, job: Job, later: Callable[[str], float]) -> str | None:
         """One job's lines out of the files, their history, the batches' records and the backups, then both WALs
-        emptied, and the job finished: None. Or why it stays for later (KEPT_CHECK, KEPT_DISK, KEPT_READER: no job
-        can finish while a reader keeps a WAL), said through `later`, which asks for the pass again; or UNDER_WAY,
+        emptied, and the job finished: None. Or why it stays for later (KEPT_CHECK, KEPT_DISK, KEPT_INDEX,
+        KEPT_READER: no job can finish while a reader keeps a WAL), said through `later`, which asks for the pass again; or UNDER_WAY,
         while the word index is rewritten (its end asks for the pass)."""
         try:
             hashes = await self._settled(job)
@@ -431,8 +433,8 @@ class TurnForgetting(Deciding):
             # cleared and the tries again came back to 5 s, at each pass that found the try again running).
             if purge != PURGING:
                 self.purge_again()
-            log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_DISK))
-            return KEPT_DISK
+            log.warning("forget_recall_purge_failed", job=job.id, next_try_s=later(KEPT_INDEX))
+            return KEPT_INDEX
         if not await self._wals_emptied():
             # A reader kept a WAL through the forget's checkpoint: the database file (or its WAL) may hold
             # the turns' words still.

@@ -82,6 +82,7 @@ function recall(r) {
 // session is not shown meanwhile. Stuck: kept a minute and more, or cut short by an error.
 const KEPT_BECAUSE = {
   disk: "the disk would not rewrite a memory file",
+  index: "the search index's rewrite without the forgotten words keeps failing",
   check: "the check of which lines came from the forgotten turns keeps failing",
   reader: "another program keeps memory open",
   error: "finishing it failed unexpectedly (the server's log says how)",
