@@ -2198,6 +2198,33 @@ async def test_a_backup_sqlite_cannot_read_is_passed_over_and_said_until_it_is_g
     assert status["forget"]["unreadable_backups"] == [] and status["degraded"] is False
 
 
+async def test_memory_status_names_what_the_servers_forget_pass_keeps_for_the_operator(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A backup the pass could not read, and why it keeps a job, are the running server's knowledge alone (its
+    /healthz): `memory status` printed the jobs waiting only, though /healthz's docs sent the operator to it."""
+    from sprite_os.commands import memory_status
+    from sprite_os.commands.main import main
+    from sprite_os.fsutil import Holder
+    from sprite_os.memory.forget.jobs import add_job
+
+    await system.memory.call(lambda m: add_job(m, [1], ["s1"], set(), time.time()))
+    backup = "memory/memory.db.before-rebuild-20250101T000000"
+    said = {"pid": 4242, "memory": {"forget": {"unreadable_backups": [backup], "kept_why": "index"}}}
+    monkeypatch.setattr(memory_status, "ask_server",
+                        lambda settings: memory_status.Asked(Holder(4242, "server"), 8765, said, said["pid"]))
+    workspace = str(system.settings.layout.root)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["server_forget"] == {"unreadable_backups": [backup],
+                                                                    "kept_why": "index"}
+    assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status"]) == 0
+    text = capsys.readouterr().out
+    assert f"UNREADABLE: .os/{backup}" in text and "the search index's rewrite" in text, text
+    said["pid"] = 99  # another workspace's server on the port: its word is not this workspace's
+    assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status"]) == 0
+    assert "UNREADABLE" not in capsys.readouterr().out
+
+
 def test_a_kill_of_the_passs_rewrite_of_a_backup_is_swept_though_the_clock_was_set_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The start's sweep told what a kill of the pass's rewrite left in v1's backup (a temp file, the file's text)

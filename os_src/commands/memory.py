@@ -114,12 +114,22 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     from ..memory.files import MemoryFiles
     from ..memory.memory_store import MemoryDB
     from ..memory.transcript_store import TranscriptDB
-    from .memory_status import disk, print_recall, print_status, recall_status, status
+    from .memory_status import (
+        ask_server,
+        disk,
+        print_recall,
+        print_status,
+        recall_status,
+        server_forget,
+        status,
+    )
 
     layout = settings.layout
     transcript, memory = TranscriptDB(layout.transcript_db, reading=True), MemoryDB(layout.memory_db, reading=True)
     report = status(transcript, memory, MemoryFiles(layout), settings.memory_daily_budget_usd)
-    report["recall"] = recall_status(settings, memory, transcript)
+    asked = ask_server(settings)  # the running server's /healthz, once, for what only it knows
+    report["recall"] = recall_status(settings, memory, transcript, asked)
+    report["server_forget"] = server_forget(asked)
     from ..memory.capture.spill import read_status
 
     report["capture"] = read_status(layout)  # what /healthz shows about capture's writes

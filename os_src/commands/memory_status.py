@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..fsutil import Holder, free_bytes
@@ -62,6 +63,13 @@ def status(transcript: Any, memory: Any, files: Any, daily_usd: float) -> dict[s
     }
 
 
+# Why the server's forget pass keeps a job (forget/turns.py's KEPT_*), in the console's Health's words
+KEPT_BECAUSE = {"disk": "the disk would not rewrite a memory file",
+                "index": "the search index's rewrite without the forgotten words keeps failing",
+                "check": "the check of which lines came from the forgotten turns keeps failing",
+                "reader": "another program keeps memory open",
+                "error": "finishing it failed unexpectedly (the server's log says how)"}
+
 DISK_LOW_BYTES = 16 * 1024 * 1024  # below this, capture's writes (a turn is up to ~100 KB) soon fail
 
 
@@ -116,10 +124,15 @@ def print_status(r: dict[str, Any], root: Any) -> None:
     if (space := r.get("disk") or {}).get("low"):
         print(f"  disk             FULL: {space['free_bytes'] // 1024:,} KiB free where memory lives; "
               "turns wait in the server's memory until space is freed")
+    forget_said: dict[str, Any] = r.get("server_forget") or {}  # the running server's word on its forget pass (`server_forget`)
     if (forgets := r["forgets"])["jobs_waiting"]:
         print(f"  forgets          {forgets['jobs_waiting']} waiting for the daemon's pass to take their lines out of the memory files, the "
               f"oldest since {when(forgets['oldest_job_at'])} (the boot prompt leaves those lines out meanwhile); a pass "
-              "normally takes seconds: if this stays, see /healthz's memory.forget and the server's log")
+              "normally takes seconds: if this stays, see /healthz's memory.forget and the server's log"
+              + (f"; the server keeps them: {KEPT_BECAUSE.get(why, why)}" if (why := forget_said.get("kept_why")) else ""))
+    for path in forget_said.get("unreadable_backups") or []:
+        print(f"  forget backup    UNREADABLE: .os/{path} is no database sqlite can rewrite, and may hold forgotten "
+              "words: remove it (the server names it until it is gone)")
     budget = r["budget"]
     print(f"  budget           ${budget['spent_today_usd']:.4f} of ${budget['daily_usd']:.2f} spent today (UTC)"
           + (f"; spent: batches wait until {when(budget['resumes_at'])}" if budget["waiting"] else ""))
@@ -144,10 +157,11 @@ def left_out(t: dict[str, Any]) -> list[str]:
     return said
 
 
-def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]:
+def recall_status(settings: Any, memory: Any, transcript: Any, asked: Asked | None) -> dict[str, Any]:
     """The turns, the index, the vectors and any import under way, as this process finds them (the model
     is loaded to see that it loads: a model that cannot means lexical-only search, here and in the
-    server), with the server's own progress when it published it lately (rate, time left)."""
+    server), with the server's own progress when it published it lately (rate, time left). `asked`: the
+    running server's /healthz (`ask_server`), for an import's failure its report could not say."""
     layout = settings.layout
     path = index_path(layout.memory_dir)
     documents = None
@@ -167,7 +181,7 @@ def recall_status(settings: Any, memory: Any, transcript: Any) -> dict[str, Any]
                       "embedded": embedded, "waiting": max(0, turns - embedded),
                       "per_second": (server.get("embedding") or {}).get("per_second") if server else None},
             "imports": (found := imports(layout)),
-            "server_import": server_import(settings) if any(not i["set_aside"] for i in found) else None,
+            "server_import": server_import(asked) if any(not i["set_aside"] for i in found) else None,
             "auto_recall": settings.auto_recall}
 
 
@@ -182,13 +196,32 @@ def imports(layout: Any) -> list[dict[str, Any]]:
     return out
 
 
-def server_import(settings: Any) -> dict[str, Any] | None:
-    """The running server's own word on its import inbox (/healthz's `memory.recall.import`), for what the
-    reports on disk may not say: on a full disk the report of a failed attempt fails too. Asked only while
-    the writer lock is held by a server, or by a process that named nobody (a server that started on a full
-    disk could not write its note), as a look that never takes the lock; for 2 s at most. Its answer counts
-    only from that very process (/healthz's `pid`): the configured port may be another workspace's server.
-    None: no such holder. `answered`: the holder answered; `answered_by`: the pid a server on the port gave."""
+@dataclass(frozen=True)
+class Asked:
+    """The workspace's writer-lock holder, a server or a process that named nobody, and what /healthz on the
+    configured port answered (`body`; None: no answer), `by` the pid that answer gave."""
+
+    holder: Any
+    port: int
+    body: dict[str, Any] | None
+    by: Any
+
+    @property
+    def answered(self) -> bool:
+        """The holder itself answered: the configured port may be another workspace's server."""
+        return self.body is not None and self.by == self.holder.pid
+
+    def memory(self, part: str) -> dict[str, Any]:
+        """The holder's own `memory.<part>` in /healthz ({} from another process, or none)."""
+        return (((self.body or {}).get("memory") or {}).get(part) or {}) if self.answered else {}
+
+
+def ask_server(settings: Any) -> Asked | None:
+    """The running server's /healthz, for what memory's files on disk may not say: on a full disk the report of
+    an import's failed attempt fails too, and what waits for the operator in the forget pass (a backup it could
+    not read) is the server's alone. Asked only while the writer lock is held by a server, or by a process that
+    named nobody (a server that started on a full disk could not write its note), as a look that never takes the
+    lock; for 2 s at most. None: no such holder."""
     from ..errors import ConfigError
     from ..fsutil import WriterLock
     from .service import Service
@@ -200,11 +233,29 @@ def server_import(settings: Any) -> dict[str, Any] | None:
     with contextlib.suppress(ConfigError):  # a setting the service would refuse: nobody to ask
         child = service.child_settings()
         port, body = child.port, service.health(child, timeout=2.0)
-    by = (body or {}).get("pid")
-    said = ((body or {}).get("memory") or {}).get("recall") or {} if by == holder.pid else {}
-    return {"holder": {"pid": holder.pid, "role": holder.role}, "port": port,
-            "answered": body is not None and by == holder.pid, "answered_by": by if isinstance(by, int) else None,
-            "import": said.get("import")}
+    return Asked(holder, port, body, (body or {}).get("pid"))
+
+
+def server_import(asked: Asked | None) -> dict[str, Any] | None:
+    """The running server's own word on its import inbox (/healthz's `memory.recall.import`). Its answer counts
+    only from that very process (/healthz's `pid`). None: no such holder. `answered`: the holder answered;
+    `answered_by`: the pid a server on the port gave."""
+    if asked is None:
+        return None
+    by = asked.by
+    return {"holder": {"pid": asked.holder.pid, "role": asked.holder.role}, "port": asked.port,
+            "answered": asked.answered, "answered_by": by if isinstance(by, int) else None,
+            "import": asked.memory("recall").get("import")}
+
+
+def server_forget(asked: Asked | None) -> dict[str, Any] | None:
+    """The running server's own word on its forget pass (/healthz's `memory.forget`): the backups it could not
+    read as databases (`unreadable_backups`, paths under .os/, until the operator removes them) and why it keeps
+    a job (`kept_why`). None: no server answered as the holder."""
+    if asked is None or not asked.answered:
+        return None
+    forget = asked.memory("forget")
+    return {"unreadable_backups": list(forget.get("unreadable_backups") or []), "kept_why": forget.get("kept_why")}
 
 
 def print_recall(r: dict[str, Any]) -> None:
