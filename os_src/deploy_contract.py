@@ -21,7 +21,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -184,14 +184,17 @@ def make_dirs(folder: Path, synced: bool = True) -> None:
             os.close(parent)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True, *, tag: str = "",
+                 before_rename: Callable[[str], None] | None = None) -> None:
     """Write to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory:
     a reader sees the old content or the new, never a torn file. Folders it makes are synced into
     their parents. `synced=False` skips the fsyncs, for a file only read on this machine before it
-    could matter after a power loss. NotDurable: the new content is in place, but the folder's
-    fsync after the rename failed."""
+    could matter after a power loss. The temp file is `.<name>.<tag><8 random characters>.tmp`: a
+    `tag` lets a writer's start tell its own leftovers by name. `before_rename(temp path)`: a last
+    touch of the written temp file (its times, say). NotDurable: the new content is in place, but
+    the folder's fsync after the rename failed."""
     make_dirs(path.parent, synced)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{tag}", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -199,6 +202,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, synced: bool = True
             if synced:
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        if before_rename is not None:
+            before_rename(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

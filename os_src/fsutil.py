@@ -225,8 +225,13 @@ def append_whole(fd: int, data: bytes, size: int, sync: Callable[[int], None] | 
         raise
 
 
-# atomic_write's temp file: `.<name>.<8 random characters>.tmp` beside the file it replaces.
-_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+def temp_name(tag: str = "") -> re.Pattern[str]:
+    """The name of atomic_write's temp file given `tag`: `.<name>.<tag><8 random characters>.tmp` beside the file
+    it replaces (mkstemp's characters), `name` its group."""
+    return re.compile(rf"^\.(?P<name>.+)\.{re.escape(tag)}[a-z0-9_]{{8}}\.tmp$")
+
+
+_TEMP = temp_name()
 
 
 def sweep_files(directory: Path, doomed: Callable[[os.DirEntry[str]], object]) -> list[Path]:

@@ -72,3 +72,24 @@ def test_an_inbox_file_whose_folder_fsync_fails_is_still_queued(tmp_path: Path, 
     spy.failing.add(import_inbox.inbox_dir(layout))
     path, _ = import_inbox.write(layout, [ImportedTurn("s", 1.0, "hello", "[]", "hi")])
     assert import_inbox.inbox_files(layout) == [path]  # written: the writer applies it
+
+
+def test_a_tagged_write_names_its_temp_file_as_temp_name_reads_it_and_touches_it_before_the_rename(
+        tmp_path: Path) -> None:
+    """A writer that tells its own leftovers by name (the forget pass's rewrite of a backup) gives a tag and a
+    last touch of the temp file (its times), where it used to copy the whole write for those two."""
+    from sprite_os.fsutil import temp_for, temp_name
+
+    target = tmp_path / "user.md"
+    target.write_text("old")
+    seen: list[str] = []
+
+    def touch(tmp: str) -> None:
+        seen.append(Path(tmp).name)
+        os.utime(tmp, (1_000_000_000, 1_000_000_000))
+
+    atomic_write(target, b"new", tag="forget-", before_rename=touch)
+    assert target.read_bytes() == b"new" and target.stat().st_mtime == 1_000_000_000
+    assert len(seen) == 1 and (match := temp_name("forget-").match(seen[0])) and match["name"] == "user.md"
+    assert temp_for(seen[0]) is None  # an untagged writer's sweep leaves it alone
+    assert [p.name for p in tmp_path.iterdir()] == ["user.md"]

@@ -8,16 +8,20 @@ import calendar
 import contextlib
 import json
 import os
-import re
 import shutil
 import sqlite3
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from ...database import marks
-from ...fsutil import sweep_files, sweep_temp_files, synced_after_rename, temp_for
+from ...fsutil import (
+    atomic_write,
+    sweep_files,
+    sweep_temp_files,
+    temp_for,
+    temp_name,
+)
 from ...logs import get_logger
 from ...paths import Layout
 from .lines import meaningful_lines, without
@@ -36,7 +40,7 @@ def _memory_file(name: str) -> bool:
 # The pass's own temp file for a rewrite of a backup's memory file: `.<name>.forget-<random>.tmp`, a name no
 # `atomic_write` (v1's included) gives, so a start tells what a kill of the pass left by its name alone.
 _PASS_TEMP = "forget-"
-_PASS_TEMP_NAME = re.compile(rf"^\.(?P<name>.+)\.{_PASS_TEMP}[a-z0-9_]{{8}}\.tmp$")
+_PASS_TEMP_NAME = temp_name(_PASS_TEMP)
 
 
 def sweep_backup_temps(layout: Layout) -> list[Path]:
@@ -68,26 +72,17 @@ def _backup_files(layout: Layout) -> list[Path]:
 
 
 def _rewrite(path: Path, text: str) -> None:
-    """A backup's memory file rewritten, as `atomic_write` does (a temp file beside it, synced, renamed over it, the
+    """A backup's memory file rewritten by `atomic_write` (a temp file beside it, synced, renamed over it, the
     folder synced), under a temp name of the pass's own (`_PASS_TEMP`), which the start's sweep removes whatever
     the clock says. What an interrupted write left (v1's) keeps its time, as a version before this one swept its
     own unmarked temps by their time."""
     before = path.stat()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_PASS_TEMP}", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
+
+    def same_time(tmp: str) -> None:
         if temp_for(path.name) is not None:
             os.utime(tmp, ns=(before.st_atime_ns, before.st_mtime_ns))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    synced_after_rename(path)
+
+    atomic_write(path, text.encode("utf-8"), tag=_PASS_TEMP, before_rename=same_time)
 
 
 def backup_candidates(layout: Layout) -> dict[str, str]:
