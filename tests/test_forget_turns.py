@@ -2245,14 +2245,21 @@ def test_a_kill_of_the_passs_rewrite_of_a_backup_is_swept_though_the_clock_was_s
     class Killed(BaseException):
         pass
 
-    def killed(*_: object) -> None:
-        raise Killed
+    real = backups.atomic_write
 
-    with monkeypatch.context() as m:  # a kill -9 between the temp file and its rename: nothing cleans up
-        m.setattr(backups.os, "replace", killed)
-        m.setattr(backups.os, "unlink", lambda *_, **__: None)
-        with pytest.raises(Killed):
-            backups._rewrite(v1 / "user.md", "# User\n(text removed here)\n")
+    def killed(path: Path, data: bytes, *args: Any, before_rename: Any, **kwargs: Any) -> None:
+        def kill(tmp: str) -> None:  # a kill -9 between the temp file and its rename: nothing cleans up
+            before_rename(tmp)
+            os.link(tmp, tmp + ".kept")  # the temp file as the kill leaves it, past the cleanup of an exception
+            raise Killed
+
+        real(path, data, *args, before_rename=kill, **kwargs)
+
+    monkeypatch.setattr(backups, "atomic_write", killed)
+    with pytest.raises(Killed):
+        backups._rewrite(v1 / "user.md", "# User\n(text removed here)\n")
+    for kept in v1.glob("*.kept"):
+        kept.rename(kept.with_suffix(""))
     temps = [p for p in v1.iterdir() if p.name.startswith(".user.md.")]
     assert len(temps) == 1
     assert sweep_backup_temps(layout) == temps
