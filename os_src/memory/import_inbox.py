@@ -187,7 +187,7 @@ def count(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-class _Key(msgspec.Struct, array_like=True):
+class _Place(msgspec.Struct, array_like=True):
     """An inbox line's session and time alone (an ImportedTurn is a JSON array, its session then its time first):
     the place a turn imported from it is recorded at."""
 
@@ -195,20 +195,20 @@ class _Key(msgspec.Struct, array_like=True):
     timestamp: float
 
 
-def holding(layout: Layout, session_id: str | None = None, turns: Collection[tuple[str, float]] = ()) -> list[Path]:
+def holding(layout: Layout, session_id: str | None = None, *, places: Collection[tuple[str, float]] = ()) -> list[Path]:
     """The inbox files, being written by a live `memory import`, waiting or set aside, with a turn of
-    `session_id`, or at the place (session, time) of one of `turns`: a turn not recorded yet (or recorded again when
+    `session_id`, or at one of `places` (a recorded turn's session and time): a turn not recorded yet (or recorded again when
     a file set aside is renamed back), which a forget of that session would miss; or one recorded already, whose
     words the file keeps on disk until it is applied (a file set aside: until the operator renames it back or
     removes it). A file that can't be read may hold one. Those being written first: one renamed meanwhile is
     found under its new name."""
-    places = set(turns)
-    decoder, out = msgspec.json.Decoder(_Key), []
+    wanted = set(places)
+    decoder, out = msgspec.json.Decoder(_Place), []
     for path in [*_being_written(layout), *inbox_files(layout), *inbox_files(layout, SET_ASIDE_ENDING)]:
         try:
             with path.open("rb") as f:
-                if any(key is not None and (key.session_id == session_id or (key.session_id, key.timestamp) in places)
-                       for key in (_of(decoder, line) for line in f)):
+                if any(at is not None and (at.session_id == session_id or (at.session_id, at.timestamp) in wanted)
+                       for at in (_of(decoder, line) for line in f)):
                     out.append(path)
         except FileNotFoundError:  # applied (or removed) meanwhile
             continue
@@ -225,7 +225,7 @@ def _being_written(layout: Layout) -> list[Path]:
     return []
 
 
-def _of(decoder: msgspec.json.Decoder[_Key], line: bytes) -> _Key | None:
+def _of(decoder: msgspec.json.Decoder[_Place], line: bytes) -> _Place | None:
     try:
         return decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError):  # a torn line: never written whole, never applied

@@ -239,8 +239,10 @@ class MemorySystem:
         while one is stuck (it could not even be set aside): the next start reads it again and, if the read
         then succeeds, replays it with no one asking. A forget by session is refused too while a `memory
         import` file (being written, waiting, being applied, or set aside) holds turns of that session
-        (`import_inbox.holding`): they would be recorded after it, words and all. (A turn named by its row id is in transcript.db
-        already: a replay never records it again.)"""
+        (`import_inbox.holding`): they would be recorded after it, words and all. A turn named by its row id is
+        in transcript.db already (a replay never records it again), but its forget is refused while an import
+        file (applied in part, or set aside) holds it too: the file would keep its words on disk
+        (`_refuse_if_an_import_holds`)."""
         if session_id is not None or turn_ids:
             await self._refuse_if_journal_set_aside()
         if session_id is not None and (waiting := await asyncio.to_thread(holding, self.settings.layout, session_id)):
@@ -269,7 +271,7 @@ class MemorySystem:
         done. Once it is applied (or removed), it is gone, and the forget leaves no copy."""
         turns = await self.transcript.call(lambda t: t.get(ids))
         places = [(o.session_id, o.timestamp) for o in turns if o.processed != FORGOTTEN]
-        if places and (waiting := await asyncio.to_thread(holding, self.settings.layout, None, places)):
+        if places and (waiting := await asyncio.to_thread(lambda: holding(self.settings.layout, places=places))):
             log.warning("forget_refused_import_waiting", files=[p.name for p in waiting])
             raise StillSaving(IMPORT_HOLDS_TURN)
 
