@@ -225,7 +225,7 @@ class BatchProcessor:
             cost_usd=cost_usd(model, *tokens), learnings=reply.learnings, file_updates=updates,
             base_hashes={n: sha(before[n]) for n in updates},
             done_actions=[a for a in reply.done_actions if a in {x.id for x in actions}], left_out=left_out,
-            left_pending=sorted(reply.only_dropped_cite),
+            left_pending=sorted(reply.cited_only_by_dropped),
         ))
         if isinstance(batch, list):
             await _forgotten_during(call, batch)

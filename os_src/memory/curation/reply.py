@@ -52,9 +52,9 @@ class CuratorReply:
     declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
     over_bound: int = 0  # learnings past the bound, dropped
     # The turns the learnings name by `[#id]`: those kept, and those dropped past the bound. A turn only dropped
-    # learnings name held what was never learned (`only_dropped_cite`).
-    kept_cite: set[int] = field(default_factory=set)
-    dropped_cite: set[int] = field(default_factory=set)
+    # learnings name held what was never learned (`cited_only_by_dropped`).
+    cited_by_kept: set[int] = field(default_factory=set)
+    cited_by_dropped: set[int] = field(default_factory=set)
     # Blocks with text under an unknown or forbidden marker (`SOUL_MD_UPDATE`): file rewrites, dropped
     foreign_rewrites: int = 0
 
@@ -67,9 +67,9 @@ class CuratorReply:
         return len(self.ignored) - len(self.declined_files) - self.foreign_rewrites
 
     @property
-    def only_dropped_cite(self) -> set[int]:
+    def cited_only_by_dropped(self) -> set[int]:
         """The turns that only learnings dropped past the bound name: what they held was never learned."""
-        return self.dropped_cite - self.kept_cite
+        return self.cited_by_dropped - self.cited_by_kept
 
     @property
     def recognised(self) -> bool:
@@ -167,7 +167,7 @@ class _Parser:
             else:
                 reply.over_bound += 1
                 if (ref := _REF.search(m[2])) and int(ref[1]) in self.ids:
-                    reply.dropped_cite.add(int(ref[1]))
+                    reply.cited_by_dropped.add(int(ref[1]))
         else:
             reply.ignored.append(line[:200])
 
@@ -177,7 +177,7 @@ class _Parser:
             content = content[: ref.start()].strip()
             if int(ref[1]) in self.ids:
                 source = int(ref[1])
-                self.reply.kept_cite.add(source)  # (a learning with no words left keeps its turn curated too)
+                self.reply.cited_by_kept.add(source)  # (a learning with no words left keeps its turn curated too)
         if content:
             self.last_block = None  # the reply's last item is now this learning
             self.reply.learnings.append(NewLearning(
