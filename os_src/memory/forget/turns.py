@@ -411,8 +411,9 @@ class TurnForgetting(Deciding):
             unreadable: list[Path] = []
             backups = await asyncio.to_thread(purge_backups, self.layout, job.observation_ids, job.sessions,
                                               hashes, note, unreadable)
-            # Passed over (sqlite can take nothing out of them) but said, until a pass finds none: /healthz and
-            # memory status name them for the operator, who alone can remove them (it used to be the log alone).
+            # Passed over (sqlite can take nothing out of them) but said until a pass finds none or /healthz's
+            # listing finds them gone (`backups_gone`): /healthz and memory status (which asks /healthz) name them
+            # for the operator, who alone can remove them (it used to be the log alone).
             self._unreadable_backups = sorted(str(p.relative_to(self.layout.os_dir)) for p in unreadable)
         except (OSError, sqlite3.OperationalError) as exc:
             # A file or a backup the disk would not rewrite may hold the words still: the job stays (each
