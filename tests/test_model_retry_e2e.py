@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devkit.mock_bridge import Fault, MockBridge
+from sprite_os.agent.process import load_sdk
 from sprite_os.server import SpriteOS
 from tests.conftest import Client, Connect, client_factory, make_settings, running
 
@@ -18,7 +19,10 @@ pytestmark = pytest.mark.e2e
 
 async def first_retry(c: Client, text: str) -> tuple[dict, float]:  # type: ignore[type-arg]
     """Send `text`; the first model_retry frame, and how long after the message it came (printed, not
-    asserted: a busy machine stretches the CLI's start, not the order of events the tests check)."""
+    asserted: a busy machine stretches the CLI's start, not the order of events the tests check).
+    The agent SDK is imported first, as the server's first turn would: a cold import under coverage
+    on a loaded machine took 31 s, which the wait for the frame then had to cover too."""
+    await load_sdk()
     started = time.monotonic()
     await c.send(type="user_message", text=text)
     first = await c.until("model_retry", timeout=60)
