@@ -545,7 +545,8 @@ def test_standalone_run_prints_url_and_serves() -> None:
 
 
 @pytest.mark.e2e
-async def test_real_cli_runs_a_scripted_tool_turn(bridge: MockBridge, tmp_path: Path) -> None:
+async def test_real_cli_runs_a_scripted_tool_turn(bridge: MockBridge, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from claude_agent_sdk import (
         ClaudeAgentOptions,
         ClaudeSDKClient,
@@ -578,6 +579,9 @@ async def test_real_cli_runs_a_scripted_tool_turn(bridge: MockBridge, tmp_path: 
             "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
         },
     )
+    # The SDK waits 60 s for the CLI's answer to its first request unless told longer (in ms): a CLI
+    # started on a loaded machine can take that long, and the test is about the turn, not the start.
+    monkeypatch.setenv("CLAUDE_CODE_STREAM_CLOSE_TIMEOUT", "300000")
     client = ClaudeSDKClient(options)
     results: list[ResultMessage] = []
     try:
