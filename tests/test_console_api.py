@@ -545,6 +545,32 @@ async def test_health_no_longer_says_a_forget_is_cut_short_once_it_is_forgotten_
     assert (await system.status())["degraded"] is False
 
 
+async def test_health_names_the_backups_the_forget_pass_could_not_read_until_they_are_gone(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup the forget's pass could not read may keep a forgotten turn's words: /healthz and memory status
+    named it for the operator, and the console's Health said nothing (memory degraded, no word why). It names
+    each one, as /healthz does, from the pass's own state; not `stuck` (no forget waits), and no longer once the
+    file is gone, in the very answer after its removal (its listing looks before the forgets are read)."""
+    from sprite_os.memory import system as system_module
+
+    monkeypatch.setattr(system_module, "HEALTH_WAIT", 60)  # each answer's listing finished before it is read
+    ids = await seed(system)
+    damaged = system.settings.layout.memory_dir / "memory.db.before-rebuild-20250101T000000"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"message 1 answer 1 " * 400)
+    await system.forget_turns([ids[0]], by="test")
+    assert await system.forgetting.decided(30)
+    await system.forgetting.rewrite_files()  # the pass, which passes the damaged copy over
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    forgets = reply.health.forgets
+    healthz = (await system.status())["forget"]
+    assert forgets.unreadable_backups == healthz["unreadable_backups"] == ["memory/" + damaged.name]
+    assert (forgets.waiting, forgets.stuck, healthz["degraded"]) == (0, False, True)
+    damaged.unlink()  # the operator removed it
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
+
+
 async def test_health_shows_the_agents_spending_beside_the_curators(system: MemorySystem) -> None:
     spend = {"daily_usd": 10.0, "spent_today_usd": 1.25, "in_flight_usd": 0.5, "calls_today": 7,
              "refused_today": {"budget": 1}, "resets_at": day_start(NOW) + 86_400, "models": ["m"],

@@ -19,6 +19,7 @@ from ..logs import get_logger
 from ..memory.audit import AuditAction, audit, record
 from ..memory.forget.jobs import waiting
 from ..memory.forget.learnings import forgotten_count, set_forgotten
+from ..memory.forget.turns import stuck
 from ..memory.recall.learnings import MAX_LIMIT, search_terms
 from ..spending import day_start
 from ..text import CHARS_PER_TOKEN, estimate_tokens
@@ -174,6 +175,7 @@ class MemoryConsole:
                     waiting(m))
 
         totals, today, total, last, forgotten, forgets = await self._memory.call(read)
+        recall = await self._recall()  # first: its listing drops the unreadable backups found gone, as /healthz's
         kept = self._system.forgetting.status(time.monotonic())
         cut_in = self._system.forgetting.cut_short_session_ids
         started = await self._system.transcript.call(lambda t: [row.started_at for sid in cut_in if (
@@ -183,13 +185,14 @@ class MemoryConsole:
             consecutive_failures=status["consecutive_failures"], last_error=status["last_error"],
             next_retry_at=status["next_retry_at"], last_success_at=totals["last_success_at"], last_batch=last,
             today=today, total=total, observations=observations, learnings=totals["learnings"],
-            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=await self._recall(),
+            forgotten=forgotten, pending_actions=totals["pending_actions"], recall=recall,
             agent=msgspec.convert(self._agent_spend(), pm.AgentSpend) if self._agent_spend else None,
             forgets=pm.ForgetProgress(waiting=forgets.jobs_waiting, cut_short=kept["cut_short_jobs"],
                                       cut_short_in=sorted(started),
                                       cut_short_sessions=self._system.forgetting.cut_short_whole_sessions,
                                       kept_for_s=kept["kept_for_s"], kept_why=kept["kept_why"],
-                                      stuck=kept["degraded"]),
+                                      stuck=stuck(kept["kept_for_s"], kept["cut_short_jobs"]),
+                                      unreadable_backups=kept["unreadable_backups"]),
         )
         return pm.MemoryHealthResult(request_id=req.request_id, health=health)
 

@@ -218,7 +218,9 @@ class RecallProgress(msgspec.Struct, frozen=True):
 
 class ForgetProgress(msgspec.Struct, frozen=True):
     """Forgets not finished: their words are out of every store but the memory files, whose lines the daemon's
-    pass takes out next (the boot prompt leaves them out meanwhile). `stuck` as /healthz's memory.forget says."""
+    pass takes out next (the boot prompt leaves them out meanwhile). `stuck`: a forget cut short, or one kept a
+    minute and more (forget/turns.py's `stuck`); /healthz's memory.forget is degraded then, or while there is any
+    `unreadable_backups`."""
 
     waiting: int  # forgets whose lines are not yet out of the memory files
     cut_short: int = 0  # forgets an error cut short: their turns keep their words until forgotten again, or a restart
@@ -227,6 +229,9 @@ class ForgetProgress(msgspec.Struct, frozen=True):
     kept_for_s: float | None = None  # how long the pass has kept one for later
     kept_why: Literal["disk", "index", "check", "reader", "error"] | None = None  # why (forget/turns.py's KEPT_*)
     stuck: bool = False
+    # Backups the pass could not read as databases (paths under .os/, as /healthz's memory.forget names them): they
+    # may hold a forgotten turn's words, and are said until the operator removes them.
+    unreadable_backups: list[str] = []
 
 
 class AgentSpend(msgspec.Struct, frozen=True):
