@@ -357,6 +357,40 @@ async def test_health_says_a_forget_an_error_cut_short_is_not_finished_until_it_
         await expect(tab.by("memory-forgets").filter(has_text="failed part way")).to_have_count(0)
 
 
+async def test_health_names_a_backup_the_forget_could_not_read_and_says_to_remove_it(server: SpriteOS) -> None:
+    """A backup of memory the forget's pass could not read may still hold the forgotten turn's words: /healthz
+    named it for the operator, the console's Health nothing (memory degraded, no word why). Health names it,
+    in red, says what it means and that it must be removed; not that forgetting is stuck; once it is gone,
+    nothing."""
+    from sprite_os.memory.forget.jobs import jobs
+    from sprite_os.memory.transcript_store import NewObservation
+
+    memory = server.memory
+    assert memory is not None
+    damaged = memory.settings.layout.memory_dir / "memory.db.before-rebuild-20250101T000000"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"My locker code is 4417 " * 400)
+
+    def write(t: TranscriptDB) -> int:
+        t.start_session("s-old", 1_781_524_800.0)
+        return t.append(NewObservation(2.0, "s-old", 1, "My locker code is 4417", "[]", "Noted.")) or 0
+
+    turn = await memory.transcript.call(write)
+    await memory.forget_turns([turn], by="test")
+    await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the forget finished")
+    await wait_for(lambda: asyncio.sleep(0, result=bool(memory.forgetting.unreadable_backups)), timeout=30,
+                   what="the pass said the backup unreadable")
+    async with health_tab(server) as tab:
+        shown = tab.by("memory-forget-unreadable")
+        await expect(shown).to_contain_text(f".os/memory/{damaged.name}")
+        await expect(shown).to_contain_text("may still hold them")
+        await expect(shown).to_contain_text("should remove the file")
+        await expect(shown).not_to_contain_text("4417")
+        await expect(shown).to_have_class(re.compile(r"\bfailing\b"))  # in red: memory is degraded
+        await expect(tab.by("memory-forgets")).to_have_count(0)  # no forget waits: not "Forgetting is stuck"
+        damaged.unlink()  # the operator removed it: Health's own refresh says so, nobody clicking
+        await expect(shown).to_have_count(0)
+
+
 async def test_health_keeps_itself_current_while_shown_and_visible_and_keeps_its_numbers_when_a_refresh_fails(
         server: SpriteOS, monkeypatch: pytest.MonkeyPatch) -> None:
     """Health was loaded once, when the person opened it: a turn recorded after showed only once they clicked

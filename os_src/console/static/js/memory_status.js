@@ -116,6 +116,20 @@ function forgets(f) {
   return [shown];
 }
 
+// A backup of memory the forget's pass could not read (damaged, or no database at all): it may still hold the
+// words of a turn forgotten since, and nothing the Sprite does will take them out. Only the operator can remove
+// it; memory is degraded until then. One stat a backup, only while there is any (none from an older server).
+function unreadableBackups(f) {
+  return (f?.unreadable_backups ?? []).map((path) => {
+    const shown = wideStat("A memory backup could not be read", `.os/${path}`,
+      "Forgetting could not take the forgotten words out of this backup, so it may still hold them. Whoever runs "
+      + "this Sprite should remove the file (`sprite-os memory status` names it too); memory is degraded until it is gone.",
+      "memory-forget-unreadable");
+    shown.classList.add("state", "failing");
+    return shown;
+  });
+}
+
 // The agent's own calls today against its daily cap (the relay refuses them past it).
 function agentSpend(a) {
   const refused = Object.entries(a.refused_today).map(([why, n]) => `${n} ${why}`).join(", ");
@@ -232,6 +246,7 @@ export class HealthPanel {
       stat("Learnings", `${count(h.learnings)} (${count(h.forgotten)} forgotten)`),
       stat("Pending actions", count(h.pending_actions)),
       ...forgets(h.forgets),
+      ...unreadableBackups(h.forgets),
       ...recall(h.recall)]);
     redraw(this.audit, entries.length ? entries.map((e) => el("li", {},
       el("strong", { text: e.action }), ` ${when(e.at)} · `, e.file ? `${e.file}: ` : `learning #${e.learning_id}: `, e.detail))
