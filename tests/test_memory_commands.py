@@ -259,3 +259,23 @@ def test_status_and_search_read_a_workspace_whose_disk_went_read_only(
         assert sorted(p.name for p in layout.memory_dir.iterdir()) == before
     finally:
         disk.__exit__(None, None, None)
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_a_failure_not_a_traceback(
+        ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sprite-os version > /dev/full` (stdout on a full disk): the write's OSError ended the command
+    in a traceback. The command now goes on to its end and exits 1, saying once, on stderr, that its
+    output was lost; one that failed on its own keeps its own status."""
+    def to_a_full_disk(*args: str) -> int:
+        with open("/dev/full", "w", encoding="utf-8") as full, pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "stdout", full)
+            code = main(["--workspace", str(ws), *args])
+            assert sys.stdout is full  # put back
+            return code
+
+    assert to_a_full_disk("version") == 1
+    assert to_a_full_disk("memory", "history", "user.md") == 1
+    assert to_a_full_disk("memory", "show", "user.md", "999") == 2  # its own failure, said as before
+    err = capsys.readouterr().err
+    assert err.count("sprite-os: error: could not write the output: No space left on device") == 2, err
+    assert "Traceback" not in err and "has no version 999" in err

@@ -79,32 +79,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("serve", None, "chat"):  # a server, or a conversation: their output is theirs
         return guarded(lambda: _run(args, settings_from(args)))
-    with readers_may_leave():
-        return guarded(lambda: _run(args, settings_from(args)))
+    with readers_may_leave() as streams:
+        code = guarded(lambda: _run(args, settings_from(args)))
+    lost = next((stream.lost for stream in streams if stream.lost is not None), None)
+    if lost is None:
+        return code
+    if streams[1].lost is None:  # stderr can still say it (else there is nowhere to)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"sprite-os: error: could not write the output: {lost.strerror or lost}", file=sys.stderr,
+                  flush=True)
+    return code or 1
 
 
 class _ReaderMayLeave:
     """A stream whose reader may go away (`sprite-os memory status | head -3`): from then on what is
     written goes to /dev/null, so the command goes on to its end and exits with its own status, with no
-    BrokenPipeError traceback (an import or a rebuild is not cut short by the pipe it reports to)."""
+    BrokenPipeError traceback (an import or a rebuild is not cut short by the pipe it reports to). A
+    stream that cannot be written (stdout on a full disk, `> /dev/full`, or a disk's I/O error) goes to
+    /dev/null the same way, the error kept in `lost`: the command goes on to its end, then fails, saying so
+    in one line, not in a traceback from the print that met it."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.lost: OSError | None = None
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
             self._gone()
-            return len(text)
+        except OSError as exc:
+            self._gone(exc)
+        return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             self._gone()
+        except OSError as exc:
+            self._gone(exc)
 
-    def _gone(self) -> None:
+    def _gone(self, error: OSError | None = None) -> None:
+        if error is not None and self.lost is None:
+            self.lost = error
         with contextlib.suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self._stream.fileno())
@@ -115,13 +133,14 @@ class _ReaderMayLeave:
 
 
 @contextlib.contextmanager
-def readers_may_leave() -> Iterator[None]:
+def readers_may_leave() -> Iterator[tuple[_ReaderMayLeave, _ReaderMayLeave]]:
     """stdout and stderr as `_ReaderMayLeave`s for the block, flushed at its end (so the exit's own
     flush finds nothing to write to a reader that left)."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    streams = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    sys.stdout, sys.stderr = streams
     try:
-        yield
+        yield streams
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
