@@ -45,6 +45,43 @@ def test_history_show_and_rollback_of_a_memory_file(ws: Path, capsys: pytest.Cap
     assert files.read("user.md") == "# User\n- Name: Ada\n"
 
 
+def test_a_rollback_takes_the_writer_lock_and_is_refused_while_a_server_holds_it(
+        ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memory rollback` wrote the file without the workspace's writer lock: a server starting meanwhile
+    (its start sweeps the memory folder's temp files, holding the lock) could remove its temp file mid-write.
+    It now writes holding the lock (a start waits for it), and while a server holds it, it is refused, the
+    file and its history as they were."""
+    from sprite_os.fsutil import WriterLock
+
+    layout = Layout(ws)
+    files = MemoryFiles(layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="curator")
+    files.write("user.md", "# User\n- Name: Mallory\n", source="console")
+    first = files.history("user.md")[0].number
+    server = WriterLock(layout.memory_lock, WriterLock.SERVER)
+    server.acquire()
+    try:
+        assert run(ws, "rollback", "user.md", str(first)) == 2
+    finally:
+        server.release()
+    err = capsys.readouterr().err
+    assert err.startswith("sprite-os: error: ") and "held by the server (pid " in err and "stop the server" in err, err
+    assert files.read("user.md") == "# User\n- Name: Mallory\n" and len(files.history("user.md")) == 2
+
+    held_meanwhile: list[str | None] = []
+    rollback = MemoryFiles.rollback
+
+    def looked(self: MemoryFiles, name: str, number: int) -> object:
+        holder = WriterLock(layout.memory_lock, WriterLock.SERVER).holder()
+        held_meanwhile.append(holder.role if holder else None)
+        return rollback(self, name, number)
+
+    monkeypatch.setattr(MemoryFiles, "rollback", looked)
+    assert run(ws, "rollback", "user.md", str(first)) == 0
+    assert held_meanwhile == ["memory rollback"] and files.read("user.md") == "# User\n- Name: Ada\n"
+    assert WriterLock(layout.memory_lock, WriterLock.SERVER).nobody_holds()  # let go
+
+
 def test_a_command_used_wrongly_says_why_and_exits_2(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
     MemoryFiles(Layout(ws)).write("user.md", "# User\n", source="curator")
     cases = [

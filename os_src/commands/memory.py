@@ -11,9 +11,10 @@
     sprite-os memory show FILE [VERSION]
     sprite-os memory rollback FILE VERSION
 
-Search, recall and status only read, so they work while the server runs; import hands its turns
-to the workspace's one writer (the running server, or itself under the writer lock: see
-memory_import.py); rebuild needs the server stopped.
+Search, recall, status, history and show only read, so they work while the server runs; import
+hands its turns to the workspace's one writer (the running server, or itself under the writer lock:
+see memory_import.py); rebuild and rollback need the server stopped (a rollback writes under the
+writer lock; the console's rollback goes through the running server).
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..errors import ConfigError, SpriteOSError, UsageError
 
+if TYPE_CHECKING:
+    from ..memory.files import MemoryFiles, Version
+
 # `memory rebuild`'s flag that goes on when a memory.db it must read can't be read: spelled here alone
 REBUILD_ANYWAY = "--even-if-forgotten-unreadable"
+ROLLBACK = "memory rollback"  # the writer lock's note while `memory rollback` writes
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -221,10 +226,28 @@ def _files(args: argparse.Namespace, settings: Settings) -> int:
                 return 0
         raise UsageError(f"{args.file} has no version {args.version}")
     if command == "rollback":
-        try:
-            version = files.rollback(args.file, args.version)
-        except KeyError as exc:
-            raise UsageError(str(exc.args[0])) from None
+        version = _rollback(settings, files, args.file, args.version)
         print(f"{args.file} is now version {args.version}'s text (saved as version {version.number})")
         return 0
     return 2
+
+
+def _rollback(settings: Settings, files: MemoryFiles, name: str, number: int) -> Version:
+    """The rollback's write, holding the workspace's writer lock: a server starting meanwhile sweeps the
+    memory folder's temp files under it, and would remove this write's mid-way. A server that holds it
+    (running, or starting) refuses the command: the console rolls a file back through the server."""
+    from ..errors import LockHeld
+    from ..fsutil import WriterLock
+
+    lock = WriterLock(settings.layout.memory_lock, ROLLBACK)
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        raise LockHeld(f"{exc}: stop the server to roll back from here (sprite-os service stop), or make the "
+                       "version current from the console (Memory, the file's versions)") from None
+    try:
+        return files.rollback(name, number)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    finally:
+        lock.release()
