@@ -677,9 +677,24 @@ def write_pth(venv: Path, p: Paths, contract: types.ModuleType) -> None:
         contract.atomic_write(pth, data, 0o644)
 
 
+# A variable of the deploying shell whose name holds one of these words (split at `_`) is a credential:
+# ANTHROPIC_API_KEY, SPRITE_OS_TOKEN, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DATABASE_PASSWORD. Not a setting
+# that counts tokens (SPRITE_AGENT_MAX_TOKENS).
+CREDENTIAL_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}
+
+
+def credential_free_env() -> dict[str, str]:
+    """The deploying environment for what runs the new release's code before the switch (the import check,
+    migrate-v1, install-templates): none of them calls anything that needs a credential, and the code they
+    run is not vouched for yet, so the shell's credentials stay out (the restart, whose server needs the
+    proxy's key, is given them); nor PYTHONHOME and PYTHONPATH, which the caller sets."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")
+            and not CREDENTIAL_WORDS & set(k.upper().split("_"))}
+
+
 def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str, echo: tuple[str, ...]) -> None:
     """Run `sprite-os ARGS` with the NEW release's code and venv, before the switch."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    env = credential_free_env()
     env["SPRITE_WORKSPACE"] = str(p.root)
     env["PYTHONPATH"] = str(release / "lib")  # precedes the .pth entry, which still names the old release
     python = p.venvs / venv_hash / "bin" / "python"
@@ -716,9 +731,10 @@ def check_start(p: Paths, release: Path, venv_hash: str, version: str) -> None:
     matches its MANIFEST but has a syntax error, an import that fails or a dependency missing from its
     venv was switched to, and with no server running (a Sprite asleep) said done, to fail at the next
     start with nothing to roll back to. Nothing is started and no settings are read; the token is not
-    in its environment. An import that blocks (a network call at import) is stopped after CHECK_SECONDS:
+    in its environment, nor any other credential (credential_free_env). An import that blocks (a network
+    call at import) is stopped after CHECK_SECONDS:
     the deploy, which holds the deploy lock, is refused rather than hung."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "SPRITE_OS_TOKEN")}
+    env = credential_free_env()
     env["PYTHONPATH"] = str(release / "lib")
     python = p.venvs / venv_hash / "bin" / "python"
     try:

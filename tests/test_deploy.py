@@ -756,6 +756,43 @@ def test_a_restart_never_passes_a_stale_token_from_the_deploying_shell(tmp_path:
     assert "SPRITE_OS_TOKEN" not in env and env["SPRITE_MEMORY_MODEL"] == "kept-as-it-is"
 
 
+def test_the_check_and_migrate_get_no_secret_of_the_deploying_shell(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import check, migrate-v1 and install-templates need no credentials, yet got the deploying
+    shell's ANTHROPIC_API_KEY and any other secret exported there (a cloud key, a registry token), in a
+    process that runs the new release's code before anything vouches for it. They get none now; the
+    settings they read stay, and so does what the restart needs. The venv's python is a stand-in that
+    writes down the environment it was given."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.os.mkdir(parents=True)
+    seen = tmp_path / "seen"
+    python = p.venvs / "h" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\nenv -0 >> {seen}\nprintf '\\001' >> {seen}\n")
+    python.chmod(0o755)
+    secrets = {"ANTHROPIC_API_KEY": "sk-ant-of-the-shell", "ANTHROPIC_AUTH_TOKEN": "bearer-of-the-shell",
+               "SPRITE_OS_TOKEN": "token-of-the-shell-0123456", "AWS_SECRET_ACCESS_KEY": "aws-of-the-shell",
+               "GITHUB_TOKEN": "ghp-of-the-shell", "DATABASE_PASSWORD": "hunter2"}
+    for name, value in {**secrets, "SPRITE_AGENT_MAX_TOKENS": "16000", "ANTHROPIC_BASE_URL": "http://proxy"}.items():
+        monkeypatch.setenv(name, value)
+    release = p.releases / "1.0.0"
+    deploy.check_start(p, release, "h", "1.0.0")
+    deploy.run_migrate(p, release, "h")
+    deploy.write_templates(p, release, "h", "1.0.0")
+    envs = [dict(entry.split("=", 1) for entry in block.split("\0") if "=" in entry)
+            for block in seen.read_text().split("\x01") if block]
+    assert len(envs) == 3
+    for env in envs:
+        assert not set(secrets) & set(env), sorted(set(secrets) & set(env))
+        assert env["SPRITE_AGENT_MAX_TOKENS"] == "16000" and env["ANTHROPIC_BASE_URL"] == "http://proxy"
+        assert env["PYTHONPATH"] == str(release / "lib")
+    restarted: list[dict[str, str]] = []
+    monkeypatch.setattr(deploy, "run", lambda cmd, what, env=None, **_: restarted.append(env or {}))
+    deploy.restart_service(p)
+    assert restarted[0]["ANTHROPIC_API_KEY"] == "sk-ant-of-the-shell"  # the server's, remembered by the service
+
+
 def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(tmp_path: Path) -> None:
     """A restart that fails prints its error, then the tail of the server's logs: the deploy's one
     line said the last of those (the old server's `server_stopped`), not why the new one did not start."""
