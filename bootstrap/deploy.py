@@ -30,7 +30,9 @@ release's stdlib-only src/deploy_contract.py (see load_contract).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -60,6 +62,9 @@ SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy
 # How the commands a deploy runs say their error: sprite-os (install-templates, service), migrate-v1, pip.
 ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
+# What deploy.log keeps of one command's output: its first and last lines, each cut at LOG_LINE characters.
+LOG_HEAD, LOG_TAIL, LOG_LINE = 300, 100, 1000
+DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device", as cp, pip and Python say it
 
 
 class DeployError(Exception):
@@ -567,20 +572,34 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
 
 
 def read_output(proc: subprocess.Popen[str], echo: tuple[str, ...]) -> tuple[str, str]:
-    """A command's output to the log (and stdout, for `echo`); its last line, and its first error line."""
-    last, error = "no output", ""
+    """A command's output to the log (and stdout, for `echo`); its last line, and its first error line: the
+    first that says the disk is full, when one does (`cp` onto a full disk says it once a file, and the
+    first is the cause). The log takes its first LOG_HEAD and last LOG_TAIL lines, each cut at LOG_LINE
+    characters, and the count of those between: a deploy's log stays small whatever a command prints."""
+    last, error, full = "no output", "", ""
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL)
+    lines = 0
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
+        lines += 1
         if echo and line.startswith(echo):
             out.say(line)
+        elif lines <= LOG_HEAD:
+            out.log(line[:LOG_LINE])
         else:
-            out.log(line)
+            tail.append(line[:LOG_LINE])
         if line.strip():
             last = line.strip()
             if last.startswith(ERROR_LINES) and not error:
                 error = last
-    return last, error
+            if DISK_FULL in last and not full:
+                full = f"no space left on device: {last}"
+    if lines > LOG_HEAD + len(tail):
+        out.log(f"... {lines - LOG_HEAD - len(tail):,} lines of its output not logged")
+    for line in tail:
+        out.log(line)
+    return last, full or error
 
 
 def deploying_python() -> str:

@@ -815,6 +815,31 @@ def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(t
     assert str(failed.value) == "creating the venv failed (exit 3): two"
 
 
+def test_a_command_on_a_full_disk_is_one_line_and_a_small_log(tmp_path: Path) -> None:
+    """A venv copy onto a full disk printed a `cp` error for each of its thousands of files: deploy.log grew
+    to 1.2 MB of them in one deploy (it is rotated only between deploys), and the deploy's line was the
+    last of them. A command's output is now logged up to its first and last lines, with the count of those
+    between; the full disk is said once, by the first error that says it (the cause, not its echoes)."""
+    deploy = load_script("deploy")
+    log = tmp_path / "logs" / "deploy.log"
+    deploy.out.open_log(log)
+    script = ("import sys\n"
+              "print('copying the venv')\n"
+              "for n in range(40000):\n"
+              "    print(f\"cp: error writing '/ws/.os/venvs/h.partial-1/lib/f{n}.py': No space left on device\")\n"
+              "print('cp: preserving times for /ws/.os/venvs/h.partial-1: No space left on device')\n"
+              "sys.exit(1)\n")
+    with pytest.raises(deploy.DeployError) as failed:
+        deploy.run([sys.executable, "-c", script], "copying the cached venv")
+    assert str(failed.value) == ("copying the cached venv failed (exit 1): no space left on device: "
+                                 "cp: error writing '/ws/.os/venvs/h.partial-1/lib/f0.py': No space left on device")
+    size = log.stat().st_size
+    assert size < 100_000, size  # 1.2 MB was 40,000 lines like these
+    text = log.read_text()
+    assert "copying the venv" in text and "f0.py" in text and "preserving times" in text  # its first and last lines
+    assert re.search(r"\.\.\. [0-9,]+ lines of its output not logged", text), text[-2000:]
+
+
 def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The new version did not start, and the previous one, switched back to, did not either (the
