@@ -895,6 +895,21 @@ def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:
     return removed_releases, removed_venvs
 
 
+def remove_leftovers(p: Paths) -> None:
+    """What a removal cut short left (`<name>.removing-*`: nothing names it, nothing uses it), at a deploy
+    that runs no gc (the no-op, a rollback): a venv's hundreds of MB waited for the next real deploy. Under
+    the deploy lock; another deploy holding it is left to its own gc."""
+    try:
+        with deploy_lock(p):
+            for folder in (p.releases, p.venvs):
+                for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
+                    if ".removing-" in entry.name:
+                        shutil.rmtree(entry, ignore_errors=True)
+                        out.say(f"deploy: removed {entry.relative_to(p.os)} (a removal cut short)")
+    except DeployError:
+        pass
+
+
 @contextlib.contextmanager
 def deploy_lock(p: Paths) -> Iterator[None]:
     p.shared.make_os_dir()
@@ -1074,6 +1089,7 @@ def stay_at(args: argparse.Namespace, p: Paths, version: str, source: Checkout |
     p.use(contract)
     changed = bool(args.token_file) and install_token(p, Path(args.token_file), contract)
     out.say(f"deploy: already at {version}")
+    remove_leftovers(p)
     if changed:
         out.say("deploy: token installed")
         if server_pid(p) is not None and not args.no_restart:
@@ -1108,6 +1124,7 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
         restore_templates(p, previous)
         if server_pid(p) is not None and not args.no_restart:
             restart_service(p)
+    remove_leftovers(p)
     out.say(f"deploy: done version={previous}")
     return 0
 

@@ -380,6 +380,44 @@ def test_a_removal_cut_short_leaves_nothing_a_later_deploy_would_reuse(tmp_path:
     assert deploy.collect_garbage(p)[0] == [left.name] and list(p.releases.iterdir()) == []
 
 
+def test_what_a_removal_cut_short_left_goes_at_a_noop_deploy_and_a_rollback(tmp_path: Path) -> None:
+    """A gc cut short (a kill, a power loss) leaves `<name>.removing-*` folders, a venv's hundreds of MB;
+    only a deploy's gc removed them, so a Sprite redeployed at the same version, or rolled back, kept them
+    until its next real deploy. Both remove them now. No pip: the venvs are stand-ins."""
+    deploy = load_script("deploy")
+    ws = tmp_path / "ws"
+    p = deploy.Paths(ws)
+    for version, venv in (("2.0.0", "now"), ("1.0.0", "before")):
+        release = p.releases / version
+        release.mkdir(parents=True)
+        deploy.Checkout(REPO).stage(release)  # the MANIFEST a --from-checkout deploy of REPO compares
+        stand_in_venv(p.venvs / venv, sys.executable)
+        os.symlink(f"../../venvs/{venv}", release / "venv")
+        (release / ".complete").write_text(f"{version}\n")
+    (p.releases / "2.0.0" / "VERSION").write_text(f"{VERSION}\n")
+    os.rename(p.releases / "2.0.0", p.releases / VERSION)
+    os.symlink(f"releases/{VERSION}", p.current)
+    os.symlink("releases/1.0.0", p.previous)
+    os.symlink("current/VERSION", p.version)
+
+    def cut_short() -> list[Path]:
+        left = [p.releases / "0.9.0.removing-1a2b3c4d", p.venvs / "0123456789abcdef.removing-5e6f7a8b"]
+        for folder in left:
+            (folder / "lib").mkdir(parents=True)
+            (folder / "lib" / "half-removed.py").write_text("")
+        return left
+
+    left = cut_short()
+    done = run_deploy(ws, "--from-checkout", str(REPO))
+    assert done.returncode == 0 and done.stdout.startswith(f"deploy: already at {VERSION}\n"), done.stdout + done.stderr
+    assert not any(folder.exists() for folder in left), done.stdout
+    left = cut_short()
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 0 and os.readlink(p.current) == "releases/1.0.0", done.stdout + done.stderr
+    assert not any(folder.exists() for folder in left), done.stdout
+    assert sorted(e.name for e in p.releases.iterdir()) == sorted(["1.0.0", VERSION])
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_a_venv_that_fails_half_made_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
     """A deploy that ran out of disk copying the cached venv (or whose pip install failed) left the
