@@ -484,24 +484,36 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
         os.symlink(f"../../venvs/{lock_hash((partial / 'requirements.lock').read_bytes())}", partial / "venv")
         contract.atomic_write(partial / ".complete", f"{version}\n".encode(), 0o644)
     if final.exists() or final.is_symlink():
-        if release_name(p.current) == version:
-            return partial, contract  # re-staging the live release (--force): put in place once it is checked
+        if version in releases_kept(p):
+            return partial, contract  # re-staging a kept release (--force): put in place once it is checked
         remove(final)
     os.rename(partial, final)
     p.sync_dir(p.releases)
     return final, contract
 
 
-def replace_live(p: Paths, staged: Path, version: str) -> Path:
-    """The live release (`current`), re-staged by --force as `staged`, replaced by it: `current` names the
-    staged copy while the old one is replaced, so it never names a missing or partial directory. Only
-    after the import check: a re-staged release that could not start was put in place before it, `current`
-    naming it while the deploy said nothing was switched."""
+def releases_kept(p: Paths) -> set[str]:
+    """The releases a deploy never removes nor replaces unchecked: `current`, `previous` and the running
+    server's (which may be neither after a deploy with --no-restart)."""
+    kept = {name for name in (release_name(p.current), release_name(p.previous)) if name}
+    return kept | releases_in_use(server_pid(p))
+
+
+def replace_kept(p: Paths, staged: Path, version: str) -> Path:
+    """A kept release (releases_kept), re-staged by --force as `staged`, replaced by it. Only after the import
+    check: a re-staged release that could not start was put in place before it, `current` naming it while the
+    deploy said nothing was switched, or the running server's copy (or `previous`, the rollback's target)
+    replaced by code that could not start. When it is `current`, `current` names the staged copy while the
+    old one is replaced, so it never names a missing or partial directory."""
     final = p.releases / version
-    point(p, p.current, f"releases/{staged.name}")
+    live = release_name(p.current) == version
+    if live:
+        point(p, p.current, f"releases/{staged.name}")
     remove(final)
     os.rename(staged, final)
-    point(p, p.current, f"releases/{version}")
+    p.sync_dir(p.releases)
+    if live:
+        point(p, p.current, f"releases/{version}")
     return final
 
 
@@ -877,8 +889,7 @@ def restart_service(p: Paths) -> None:
 
 
 def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:
-    keep = {n for n in (release_name(p.current), release_name(p.previous)) if n}
-    keep |= releases_in_use(server_pid(p))
+    keep = releases_kept(p)
     removed_releases, removed_venvs = [], []
     for entry in sorted(p.releases.iterdir()):
         if entry.name not in keep:
@@ -1018,13 +1029,12 @@ def deploy(args: argparse.Namespace, p: Paths) -> int:
             check_start(p, release, venv_hash, version)
         except DeployError:
             # Not kept for reuse (a release rebuilt under its version is staged afresh), unless in use; a
-            # live release re-staged by --force is still its staged copy, the live one untouched.
-            if ".partial-" in release.name or version not in {release_name(p.current), release_name(p.previous),
-                                                          *releases_in_use(server_pid(p))}:
+            # kept release re-staged by --force is still its staged copy, the kept one untouched.
+            if ".partial-" in release.name or version not in releases_kept(p):
                 remove(release)
             raise
         if ".partial-" in release.name:
-            release = replace_live(p, release, version)
+            release = replace_kept(p, release, version)
 
         step("migrate", version)
         run_migrate(p, release, venv_hash)

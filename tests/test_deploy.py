@@ -1036,6 +1036,50 @@ def test_a_forced_restage_of_the_live_release_that_cannot_start_leaves_it_in_pla
     assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0"]
 
 
+def test_a_forced_restage_of_a_release_running_but_not_current_leaves_it_in_place_until_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server runs 9.9.0 (a deploy of 9.9.1 with --no-restart made that current). `--force` of 9.9.0
+    removed the running copy and put the re-staged one in its place before the import check: a copy that
+    could not start was refused, yet kept (in use, and `previous`), the running server's lazy imports and
+    the rollback target now the broken code. It is staged beside it now, and put in place only once checked."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    p.venvs.mkdir()
+    os.symlink(sys.prefix, p.venvs / "stand-in")
+    restarts: list[str] = []
+    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
+                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
+                           "server_pid": lambda _: None, "collect_garbage": lambda _: ([], []),
+                           "restart_service": lambda _: restarts.append(os.readlink(p.current))}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    running = make_checkout(tmp_path, "9.9.0")
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(running)]), p) == 0
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(make_checkout(tmp_path / "b", "9.9.1")),
+                                            "--no-restart"]), p) == 0
+    monkeypatch.setattr(deploy, "server_pid", lambda _: 4242)  # still running 9.9.0
+    monkeypatch.setattr(deploy, "releases_in_use", lambda pid: {"9.9.0"} if pid == 4242 else set())
+    live = p.releases / "9.9.0" / "src" / "server.py"
+    before = (live.read_text(), live.stat().st_ino)
+
+    with (running / "os_src" / "server.py").open("a") as f:
+        f.write("\ndef broken(:\n")
+    with pytest.raises(deploy.DeployError, match=r"^release 9\.9\.0 cannot start, nothing switched: SyntaxError"):
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(running), "--force"]), p)
+    assert (live.read_text(), live.stat().st_ino) == before  # the running copy, untouched
+    assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/9.9.1", "releases/9.9.0")
+    assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0", "9.9.1"] and restarts == []
+
+    good = make_checkout(tmp_path / "again", "9.9.0")  # a good one re-staged with --force replaces it
+    edited(good / "os_src" / "server.py", ("\nimport asyncio\n", "\nimport asyncio\n# re-staged\n"))
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good), "--force"]), p) == 0
+    assert "# re-staged" in live.read_text() and restarts == ["releases/9.9.0"]
+    assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/9.9.0", "releases/9.9.1")
+    assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0", "9.9.1"]
+
+
 def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releases(tmp_path: Path) -> None:
     """The running server's release was the name after the first `releases` in its PYTHONPATH: for a
     workspace under /srv/releases/ that was the workspace's folder, so the server's own release was not
