@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -282,6 +283,60 @@ def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path)
 
 
 # ---------------------------------------------------------------- new versions, gc, rollback
+
+
+def stand_in_venv_with(venv: Path, *files: str) -> None:
+    """stand_in_venv, with a package whose files its RECORD lists, as pip leaves them."""
+    stand_in_venv(venv, sys.executable)
+    site = venv / "lib" / f"python{'.'.join(map(str, sys.version_info[:2]))}" / "site-packages"
+    for name in files:
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text("")
+    record = site / "pkg-1.0.dist-info" / "RECORD"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("".join(f"{name},sha256=x,0\n" for name in files) + "pkg/__pycache__/mod.cpython-311.pyc,,\n"
+                      "pkg-1.0.dist-info/RECORD,,\n")
+
+
+def test_a_damaged_venv_marked_complete_is_rebuilt_not_reused(tmp_path: Path) -> None:
+    """A complete venv was reused as long as its python resolved: one damaged since (a package's file
+    removed by hand, a disk error) failed the import check of every deploy that shared its lock, each
+    refused, until someone removed it. A file its packages' RECORDs list and that is missing is now seen
+    (a stat each, 50 to 60 ms for the lock's 11,900 files), and the venv rebuilt beside it: here copied from the
+    --venv-cache, no pip. A damaged cache entry is not copied either."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    contract = deploy.load_contract(REPO / "os_src")
+    p.use(contract)
+    release = p.releases / "0.9.0"
+    release.mkdir(parents=True)
+    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    files = ("pkg/__init__.py", "pkg/mod.py", "../../../bin/pkg-tool")
+    venv, cache = p.venvs / lock_hash(), tmp_path / "cache"
+    stand_in_venv_with(venv, *files)
+    stand_in_venv_with(cache / lock_hash(), *files)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    assert deploy.ensure_venv(p, release, contract, None, cache) == (lock_hash(), "reused")  # whole: as it is
+
+    (site / "pkg" / "mod.py").unlink()
+    assert deploy.venv_damage(venv) == f"{site.relative_to(venv)}/pkg/mod.py"
+    assert deploy.ensure_venv(p, release, contract, None, cache) == (lock_hash(), "copied")
+    assert (site / "pkg" / "mod.py").is_file() and deploy.venv_damage(venv) is None
+    assert sorted(e.name for e in p.venvs.iterdir()) == [lock_hash()]  # the damaged one swapped out, removed
+
+    (venv / "bin" / "pkg-tool").unlink()
+    (cache / lock_hash() / "bin" / "pkg-tool").unlink()
+    with pytest.MonkeyPatch.context() as mp:
+        built: list[str] = []
+
+        def build(_release: Path, target: Path, _wheelhouse: Path | None) -> str:
+            built.append(target.name)
+            shutil.copytree(venv, target, symlinks=True)
+            (target / "bin" / "pkg-tool").write_text("")
+            return "built"
+        mp.setattr(deploy, "build_venv", build)
+        assert deploy.ensure_venv(p, release, contract, None, cache) == (lock_hash(), "built")
+    assert len(built) == 1 and built[0].startswith(f"{lock_hash()}.partial-") and deploy.venv_damage(venv) is None
 
 
 def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp_path: Path) -> None:
