@@ -465,7 +465,16 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     the staged copy: what a tarball holds is only known, and checked, once it is unpacked)."""
     final = p.releases / version
     if final.is_dir() and (final / ".complete").is_file() and not force:
-        return final, load_contract(final / "src")
+        # Staged whole by an earlier deploy that failed later (its migrate, say), or kept: reused only if
+        # it is this release. One rebuilt under its version (a fix) ran the old copy's steps again.
+        if not differs(final, source):
+            return final, load_contract(final / "src")
+        if version in releases_kept(p):
+            raise DeployError(f"this release of {version} is not the {version} staged in {final} (its {MANIFEST} "
+                              "differs), which is current, previous or running: a rebuilt release needs a new "
+                              "VERSION, or deploy it with --force")
+        out.say(f"deploy: the {version} staged by an earlier deploy is not this release (its {MANIFEST} differs); "
+                "staging it afresh")
     partial = p.releases / f"{version}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
     with removed_on_failure(partial):
@@ -497,6 +506,16 @@ def releases_kept(p: Paths) -> set[str]:
     server's (which may be neither after a deploy with --no-restart)."""
     kept = {name for name in (release_name(p.current), release_name(p.previous)) if name}
     return kept | releases_in_use(server_pid(p))
+
+
+def differs(staged: Path, source: Checkout | Tarball) -> bool:
+    """Whether the release `source` is not the one staged as `staged`, by their MANIFESTs (a release or a
+    source without one, from before them: not known to differ)."""
+    try:
+        mine = (staged / MANIFEST).read_bytes()
+    except OSError:
+        return False
+    return source.manifest() not in (None, mine)
 
 
 def replace_kept(p: Paths, staged: Path, version: str) -> Path:
@@ -1113,11 +1132,7 @@ def stay_at(args: argparse.Namespace, p: Paths, version: str, source: Checkout |
     running server for it. The token is judged by the rule of that release, which is staged and
     serving. Of the source only its MANIFEST is read (a tarball's first blocks): a release rebuilt
     under the same version is refused, not said to be deployed while the old one serves."""
-    try:
-        deployed = (p.current / MANIFEST).read_bytes()
-    except OSError:
-        deployed = None  # staged before releases had one: nothing to compare
-    if deployed is not None and source.manifest() not in (None, deployed):
+    if differs(p.current, source):
         raise DeployError(f"this release of {version} is not the {version} deployed (its {MANIFEST} differs): "
                           "a rebuilt release needs a new VERSION, or deploy it with --force")
     contract = load_contract(p.current / "src")

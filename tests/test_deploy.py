@@ -966,6 +966,25 @@ def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_pa
     assert os.readlink(p.current) == "releases/1.0.0"
 
 
+def stand_in_steps(deploy: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+                   current: str | None = "1.0.0", **steps: Any) -> Any:
+    """The Paths of a workspace whose deploys stage and check for real, the venv being the suite's own
+    python and the steps that would need a built one stand-ins (`steps` replace or add to them)."""
+    p = deploy.Paths(tmp_path / "ws")
+    p.releases.mkdir(parents=True)
+    p.venvs.mkdir()
+    os.symlink(sys.prefix, p.venvs / "stand-in")  # the suite's venv: the check runs its bin/python
+    if current is not None:
+        os.symlink(f"releases/{current}", p.current)
+    stand_ins = {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
+                 "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
+                 "ensure_links": lambda *_: None, "isolate": lambda *_: None, "server_pid": lambda _: None}
+    for name, stand_in in {**stand_ins, **steps}.items():
+        monkeypatch.setattr(deploy, name, stand_in)
+    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    return p
+
+
 def test_a_release_that_cannot_import_is_refused_before_the_switch(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A release that matches its MANIFEST but whose server module has a syntax error was switched to;
@@ -974,19 +993,9 @@ def test_a_release_that_cannot_import_is_refused_before_the_switch(tmp_path: Pat
     `current` unchanged; a good release still deploys. Staging and the check are real; the venv is the
     suite's python, and the steps that would need a built one are stand-ins."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    p.releases.mkdir(parents=True)
-    p.venvs.mkdir()
-    os.symlink(sys.prefix, p.venvs / "stand-in")  # the suite's venv: the check runs its bin/python
-    os.symlink("releases/1.0.0", p.current)
     ran: list[str] = []
-    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
-                           "run_migrate": lambda *_: ran.append("migrate"),
-                           "write_templates": lambda *_: ran.append("templates"),
-                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
-                           "server_pid": lambda _: None}.items():
-        monkeypatch.setattr(deploy, name, stand_in)
-    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    p = stand_in_steps(deploy, tmp_path, monkeypatch, run_migrate=lambda *_: ran.append("migrate"),
+                       write_templates=lambda *_: ran.append("templates"))
 
     broken = make_checkout(tmp_path, "9.7.0")
     with (broken / "os_src" / "server.py").open("a") as f:
@@ -1019,17 +1028,7 @@ def test_the_import_check_finds_a_late_import_and_stops_an_import_that_blocks(tm
     message. And an import that blocks (a network call at import) hung the deploy, holding its lock.
     Each is now refused, `current` unchanged."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    p.releases.mkdir(parents=True)
-    p.venvs.mkdir()
-    os.symlink(sys.prefix, p.venvs / "stand-in")
-    os.symlink("releases/1.0.0", p.current)
-    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
-                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
-                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
-                           "server_pid": lambda _: None}.items():
-        monkeypatch.setattr(deploy, name, stand_in)
-    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    p = stand_in_steps(deploy, tmp_path, monkeypatch)
     monkeypatch.setenv("SPRITE_OS_TOKEN", "secret-token-of-the-shell")
 
     late = make_checkout(tmp_path, "9.8.0")
@@ -1061,16 +1060,7 @@ def test_a_forced_restage_of_the_live_release_that_cannot_start_leaves_it_in_pla
     check: a copy that could not start was refused, "nothing switched", while `current` named it. It is
     now put in place only once checked; refused, the live copy is as it was and the staged one gone."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    p.releases.mkdir(parents=True)
-    p.venvs.mkdir()
-    os.symlink(sys.prefix, p.venvs / "stand-in")
-    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
-                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
-                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
-                           "server_pid": lambda _: None, "collect_garbage": lambda _: ([], [])}.items():
-        monkeypatch.setattr(deploy, name, stand_in)
-    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    p = stand_in_steps(deploy, tmp_path, monkeypatch, current=None, collect_garbage=lambda _: ([], []))
     good = make_checkout(tmp_path, "9.9.0")
     assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good)]), p) == 0
     live = (p.releases / "9.9.0" / "src" / "server.py").read_text()
@@ -1098,18 +1088,9 @@ def test_a_forced_restage_of_a_release_running_but_not_current_leaves_it_in_plac
     could not start was refused, yet kept (in use, and `previous`), the running server's lazy imports and
     the rollback target now the broken code. It is staged beside it now, and put in place only once checked."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    p.releases.mkdir(parents=True)
-    p.venvs.mkdir()
-    os.symlink(sys.prefix, p.venvs / "stand-in")
     restarts: list[str] = []
-    for name, stand_in in {"agent_user": lambda *_: None, "ensure_venv": lambda *_: ("stand-in", "reused"),
-                           "run_migrate": lambda *_: None, "write_templates": lambda *_: None,
-                           "ensure_links": lambda *_: None, "isolate": lambda *_: None,
-                           "server_pid": lambda _: None, "collect_garbage": lambda _: ([], []),
-                           "restart_service": lambda _: restarts.append(os.readlink(p.current))}.items():
-        monkeypatch.setattr(deploy, name, stand_in)
-    monkeypatch.setattr(deploy.os, "sync", lambda: None)
+    p = stand_in_steps(deploy, tmp_path, monkeypatch, current=None, collect_garbage=lambda _: ([], []),
+                       restart_service=lambda _: restarts.append(os.readlink(p.current)))
     running = make_checkout(tmp_path, "9.9.0")
     assert deploy.deploy(deploy.parse_args(["--from-checkout", str(running)]), p) == 0
     assert deploy.deploy(deploy.parse_args(["--from-checkout", str(make_checkout(tmp_path / "b", "9.9.1")),
@@ -1133,6 +1114,45 @@ def test_a_forced_restage_of_a_release_running_but_not_current_leaves_it_in_plac
     assert "# re-staged" in live.read_text() and restarts == ["releases/9.9.0"]
     assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/9.9.0", "releases/9.9.1")
     assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0", "9.9.1"]
+
+
+def test_a_release_staged_whole_whose_migrate_failed_is_migrated_again_and_a_rebuilt_one_staged_afresh(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release staged whole whose migrate failed stays staged for the next deploy: deployed again, its
+    migrate runs again (and its check), and it is switched to. But the next deploy reused that staged copy
+    whatever release it was given: one rebuilt under the version (the migrate's bug fixed) ran the old
+    staged code's migrate again and failed the same way, the fix never reached. The staged copy is reused
+    only when its MANIFEST is the release's; else it is staged afresh (refused when that version is kept:
+    current, previous or running)."""
+    deploy = load_script("deploy")
+    migrated: list[str] = []
+
+    def migrate(_p: Any, release: Path, _h: str) -> None:
+        migrated.append(release.name)
+        if "# fixed" not in (release / "src" / "commands" / "migrate_v1.py").read_text():
+            raise deploy.DeployError("migrate-v1 failed (exit 1): migrate: error: a bug in this release")
+    p = stand_in_steps(deploy, tmp_path, monkeypatch, run_migrate=migrate, collect_garbage=lambda _: ([], []))
+    buggy = make_checkout(tmp_path, "9.6.0")
+    for _ in range(2):  # the staged copy is reused, and its migrate run again
+        with pytest.raises(deploy.DeployError, match="a bug in this release"):
+            deploy.deploy(deploy.parse_args(["--from-checkout", str(buggy)]), p)
+        assert os.readlink(p.current) == "releases/1.0.0" and (p.releases / "9.6.0" / ".complete").is_file()
+    assert migrated == ["9.6.0", "9.6.0"]
+
+    fixed = make_checkout(tmp_path / "fixed", "9.6.0")
+    with (fixed / "os_src" / "commands" / "migrate_v1.py").open("a") as f:
+        f.write("# fixed\n")
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(fixed)]), p) == 0
+    assert os.readlink(p.current) == "releases/9.6.0" and migrated[2:] == ["9.6.0"]
+    assert "# fixed" in (p.releases / "9.6.0" / "src" / "commands" / "migrate_v1.py").read_text()
+
+    os.symlink("releases/9.6.0", p.previous.with_name("previous.tmp"))  # 9.6.0 kept: previous now
+    os.replace(p.previous.with_name("previous.tmp"), p.previous)
+    os.symlink("releases/1.0.0", p.current.with_name("current.tmp"))
+    os.replace(p.current.with_name("current.tmp"), p.current)
+    with pytest.raises(deploy.DeployError, match=r"^this release of 9\.6\.0 is not the 9\.6\.0 staged"):
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(buggy)]), p)
+    assert "# fixed" in (p.releases / "9.6.0" / "src" / "commands" / "migrate_v1.py").read_text()
 
 
 def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releases(tmp_path: Path) -> None:
