@@ -675,6 +675,27 @@ def test_an_import_behind_a_rebuild_says_so_and_leaves_its_turns_queued(
 
 
 @pytest.mark.usefixtures("workspace_env")
+def test_an_import_behind_a_command_that_lets_go_soon_applies_its_turns_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `memory rollback` holds the writer lock for its write, a moment: an import that met it there, then
+    found the lock free, said "the server stopped before it took them" (exit 1), its turns left for a start
+    that may never come. A holder that is not a server and lets go is like another import that did: this
+    command takes the lock and applies the turns."""
+    from sprite_os.commands.memory import ROLLBACK
+
+    settings = lexical(tmp_path)
+    settings.layout.ensure()
+    with _importing_while_held(settings, tmp_path, ROLLBACK) as (_path, holder, command, result):
+        time.sleep(0.3)  # the import has seen who holds it
+        holder.release()
+        command.join(20)
+        assert result == [0]
+    said = capsys.readouterr()
+    assert "stopped before it took them" not in said.out + said.err and "imported 3 turns" in said.out, said
+    assert import_inbox.inbox_files(settings.layout) == []
+
+
+@pytest.mark.usefixtures("workspace_env")
 def test_an_import_that_waited_behind_another_gives_a_server_that_wins_the_lock_its_own_take_wait(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The take-wait counted from the command's start: after a long wait behind another import, a server that

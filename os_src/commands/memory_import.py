@@ -16,8 +16,10 @@ workspace's memory applies them:
 - another `memory import` (it applies the inbox itself): this command waits for it, saying so and
   for how long; the other applies this file too if it was queued before it looked, else this one
   takes the lock once it is free and applies it here;
-- a holder that takes no imports (`memory rebuild`, `migrate-v1`), or one that did not say what it
-  is: the turns wait in the inbox for the server's next start, and this command says so.
+- a holder that takes no imports (`memory rebuild`, `migrate-v1`, `memory rollback`), or one that did
+  not say what it is: the turns wait in the inbox for the server's next start, and this command says so;
+  unless it lets go within TAKE_WAIT (a rollback's write takes a moment), when this command takes the
+  lock and applies them, as after another import.
 
 Who holds the lock is the lock's own answer (fsutil.WriterLock.holder: each holder writes its pid and
 role into the lock file).
@@ -188,7 +190,9 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
         if holder is None:  # free: its holder let go, and (looked at again) the file is not taken
             if read_progress(inbox) is not None:
                 continue
-            if last is None or last.role == WriterLock.IMPORT:  # it left this file: this command applies it
+            # Another import left this file, or a command that takes the lock for a moment (`memory rollback`)
+            # or takes no imports let go: this command applies it. Only a server's stop leaves it queued.
+            if last is None or last.role not in (WriterLock.SERVER, None):
                 return _TAKE_OVER
             return _gave_up(inbox, "the server stopped before it took them")
         waited = time.monotonic() - started
