@@ -1165,6 +1165,9 @@ def rollback(args: argparse.Namespace, p: Paths) -> int:
             raise DeployError(f"the previous release {previous} cannot run: its venv's python is gone or not "
                               f"{deploying_python()} (the system python changed); deploy its tarball again, "
                               "which rebuilds the venv")
+        if (damage := venv_damage(p.releases / previous / "venv")) is not None:
+            raise DeployError(f"the previous release {previous} cannot run: its venv is damaged ({damage} is missing); "
+                              "deploy its tarball again, which rebuilds the venv")
         out.say(f"deploy: rollback from={current} to={previous}")
         os.sync()
         if current:

@@ -234,7 +234,8 @@ def test_a_release_rebuilt_under_the_deployed_version_is_refused_not_said_deploy
 def test_a_rollback_to_a_release_that_cannot_run_is_refused(tmp_path: Path) -> None:
     """The previous release's venv died with the system python it was built on: the rollback switched
     to it all the same, warned that its templates could not be restored, and said done (exit 0) with
-    a current release that could not start, nor even run the `sprite-os` that would restart it."""
+    a current release that could not start, nor even run the `sprite-os` that would restart it. The same
+    for a venv a file of whose packages is gone (the deploy's venv_damage)."""
     deploy = load_script("deploy")
     ws = tmp_path / "ws"
     p = deploy.Paths(ws)
@@ -255,6 +256,15 @@ def test_a_rollback_to_a_release_that_cannot_run_is_refused(tmp_path: Path) -> N
     done = run_deploy(ws, "--rollback")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the previous release 1.0.0 cannot run: its venv's python is gone" in done.stderr, done.stderr
+    assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/2.0.0", "releases/1.0.0")
+
+    shutil.rmtree(p.venvs / "before")  # its python runs, but a file of its packages is gone (by hand, a disk error)
+    stand_in_venv_with(p.venvs / "before", "pkg/__init__.py", "pkg/mod.py")
+    next((p.venvs / "before").glob("lib/python3*/site-packages/pkg/mod.py")).unlink()
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"the previous release 1\.0\.0 cannot run: its venv is damaged \(lib/python3\.[0-9]+/"
+                     r"site-packages/pkg/mod\.py is missing\); deploy its tarball again", done.stderr), done.stderr
     assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/2.0.0", "releases/1.0.0")
 
 
