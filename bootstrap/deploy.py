@@ -64,6 +64,7 @@ ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 # What deploy.log keeps of one command's output: its first and last lines, each cut at LOG_LINE characters.
 LOG_HEAD, LOG_TAIL, LOG_LINE = 300, 100, 1000
+VENV_COPY_RESERVE = 64 * 1024 * 1024  # what a venv copy must leave free on its disk, for the serving server
 DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device", as cp, pip and Python say it
 
 
@@ -716,9 +717,28 @@ def copy_cached_venv(cached: Path, target: Path, link: bool) -> str:
             out.say(f"deploy: cannot hard-link the venv cache ({exc}); copying it")
             remove(target)
     if how == "copied":
+        need_room(cached, target.parent)
         run(["cp", "-a", str(cached), str(target)], "copying the cached venv")
     (target / ".complete").unlink()
     return how
+
+
+def need_room(cached: Path, into: Path) -> None:
+    """Refuse a copy of `cached` that the disk of `into` has no room for, VENV_COPY_RESERVE left over: one
+    made all the same filled the disk before it failed, and the serving server's writes met a full disk for
+    as long as it ran. Its size is its files' blocks, each counted once (cp -a keeps hard links)."""
+    size, seen = 0, set()
+    for folder, _dirs, files in os.walk(cached):
+        for name in (folder, *(os.path.join(folder, f) for f in files)):
+            st = os.lstat(name)
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                size += st.st_blocks * 512
+    free = shutil.disk_usage(into).free
+    if size + VENV_COPY_RESERVE > free:
+        raise DeployError(f"not enough room to copy the venv cache {cached}: it needs {size / 1e6:.1f} MB and "
+                          f"{VENV_COPY_RESERVE / 1e6:.0f} MB more kept free, and {free / 1e6:.1f} MB is free; free some "
+                          "space, or pass --venv-cache-links")
 
 
 def build_venv(release: Path, target: Path, wheelhouse: Path | None) -> str:

@@ -295,6 +295,18 @@ def test_a_venv_whose_python_is_gone_is_rebuilt(venv: VenvCache, tmp_path: Path)
 # ---------------------------------------------------------------- new versions, gc, rollback
 
 
+def release_on_the_lock(deploy: ModuleType, tmp_path: Path) -> tuple[Any, ModuleType, Path]:
+    """A workspace's Paths (with the checkout's facts), the facts, and a release 0.9.0 whose venv is the
+    checkout's lock's, not made yet: what ensure_venv is given."""
+    p = deploy.Paths(tmp_path / "ws")
+    contract = deploy.load_contract(REPO / "os_src")
+    p.use(contract)
+    release = p.releases / "0.9.0"
+    release.mkdir(parents=True)
+    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    return p, contract, release
+
+
 def stand_in_venv_with(venv: Path, *files: str) -> None:
     """stand_in_venv, with a package whose files its RECORD lists, as pip leaves them."""
     stand_in_venv(venv, sys.executable)
@@ -315,12 +327,7 @@ def test_a_damaged_venv_marked_complete_is_rebuilt_not_reused(tmp_path: Path) ->
     (a stat each, 50 to 60 ms for the lock's 11,900 files), and the venv rebuilt beside it: here copied from the
     --venv-cache, no pip. A damaged cache entry is not copied either."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    contract = deploy.load_contract(REPO / "os_src")
-    p.use(contract)
-    release = p.releases / "0.9.0"
-    release.mkdir(parents=True)
-    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    p, contract, release = release_on_the_lock(deploy, tmp_path)
     files = ("pkg/__init__.py", "pkg/mod.py", "../../../bin/pkg-tool")
     venv, cache = p.venvs / lock_hash(), tmp_path / "cache"
     stand_in_venv_with(venv, *files)
@@ -488,11 +495,7 @@ def test_a_venv_that_fails_half_made_is_removed(tmp_path: Path, monkeypatch: pyt
     """A deploy that ran out of disk copying the cached venv (or whose pip install failed) left the
     half-made venv behind: a full disk for the version still serving, until the next deploy."""
     deploy = load_script("deploy")
-    p = deploy.Paths(tmp_path / "ws")
-    p.use(deploy.load_contract(REPO / "os_src"))
-    release = p.releases / "0.9.0"
-    release.mkdir(parents=True)
-    os.symlink(f"../../venvs/{lock_hash()}", release / "venv")
+    p, contract, release = release_on_the_lock(deploy, tmp_path)
     cache = tmp_path / "cache"
     if cached:
         (cache / lock_hash() / "bin").mkdir(parents=True)
@@ -508,7 +511,7 @@ def test_a_venv_that_fails_half_made_is_removed(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(deploy, "run", no_room)
     with pytest.raises(deploy.DeployError, match="No space left on device"):
-        deploy.ensure_venv(p, release, deploy.load_contract(REPO / "os_src"), None, cache if cached else None)
+        deploy.ensure_venv(p, release, contract, None, cache if cached else None)
     assert list(p.venvs.iterdir()) == []
 
 
@@ -941,6 +944,31 @@ def test_a_command_on_a_full_disk_is_one_line_and_a_small_log(tmp_path: Path) ->
     text = log.read_text()
     assert "copying the venv" in text and "f0.py" in text and "preserving times" in text  # its first and last lines
     assert re.search(r"\.\.\. [0-9,]+ lines of its output not logged", text), text[-2000:]
+
+
+def test_a_venv_copy_the_disk_has_no_room_for_is_refused_before_it_fills_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --venv-cache copy (about 475 MB) onto a disk without room for it filled the disk before failing:
+    for as long as the copy ran, the serving server's own writes met a full disk (its turns not saved). The
+    room the copy needs, with VENV_COPY_RESERVE left over, is now looked at first: refused in one line,
+    nothing copied. A hard-linked copy needs no room and is not refused."""
+    deploy = load_script("deploy")
+    p, contract, release = release_on_the_lock(deploy, tmp_path)
+    cache = tmp_path / "cache"
+    stand_in_venv_with(cache / lock_hash(), "pkg/__init__.py")
+    (cache / lock_hash() / "lib" / "big").write_bytes(b"x" * 3_000_000)
+    ran: list[str] = []
+    real_run = deploy.run
+    monkeypatch.setattr(deploy, "run", lambda cmd, what, **kw: (ran.append(what), real_run(cmd, what, **kw)))
+    free = deploy.VENV_COPY_RESERVE + 1_000_000  # room for a third of it, past the reserve
+    monkeypatch.setattr(deploy.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**12, 10**12 - free, free))
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.ensure_venv(p, release, contract, None, cache)
+    assert re.fullmatch(r"not enough room to copy the venv cache .*: it needs [0-9.]+ MB and [0-9.]+ MB more kept "
+                        r"free, and [0-9.]+ MB is free; free some space, or pass --venv-cache-links", str(refused.value)), \
+        refused.value
+    assert ran == [] and list(p.venvs.iterdir()) == []
+    assert deploy.ensure_venv(p, release, contract, None, cache, link=True) == (lock_hash(), "linked")
 
 
 def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_path: Path,
