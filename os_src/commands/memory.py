@@ -243,8 +243,9 @@ def _rollback(settings: Settings, files: MemoryFiles, name: str, number: int) ->
     try:
         lock.acquire()
     except LockHeld as exc:
-        raise LockHeld(f"{exc}: stop the server to roll back from here (sprite-os service stop), or make the "
-                       "version current from the console (Memory, the file's versions)") from None
+        raise LockHeld(f"{exc}: a memory command's is let go when it is done; while a server runs, make the version "
+                       "current from the console (Memory, the file's versions), or stop the server first "
+                       "(sprite-os service stop)") from None
     try:
         return files.rollback(name, number)
     except KeyError as exc:
