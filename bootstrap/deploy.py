@@ -605,10 +605,11 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
 
 def read_output(proc: subprocess.Popen[str], echo: tuple[str, ...]) -> tuple[str, str]:
     """A command's output to the log (and stdout, for `echo`); its last line, and its first error line: the
-    first that says the disk is full, when one does (`cp` onto a full disk says it once a file, and the
-    first is the cause). The log takes its first LOG_HEAD and last LOG_TAIL lines, each cut at LOG_LINE
+    first that is one of ERROR_LINES or says the disk is full (`cp` onto a full disk says it once a file, and
+    the first is the cause). Not a full disk said after the error line: a failed restart's tail of the server's
+    logs may hold an older server's, from a day the disk was full, not this start's reason. The log takes its first LOG_HEAD and last LOG_TAIL lines, each cut at LOG_LINE
     characters, and the count of those between: a deploy's log stays small whatever a command prints."""
-    last, error, full = "no output", "", ""
+    last, error = "no output", ""
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL)
     lines = 0
     assert proc.stdout is not None
@@ -623,15 +624,15 @@ def read_output(proc: subprocess.Popen[str], echo: tuple[str, ...]) -> tuple[str
             tail.append(line[:LOG_LINE])
         if line.strip():
             last = line.strip()
-            if last.startswith(ERROR_LINES) and not error:
+            if not error and last.startswith(ERROR_LINES):
                 error = last
-            if DISK_FULL in last and not full:
-                full = f"no space left on device: {last}"
+            elif not error and DISK_FULL in last:
+                error = f"no space left on device: {last}"
     if lines > LOG_HEAD + len(tail):
         out.log(f"... {lines - LOG_HEAD - len(tail):,} lines of its output not logged")
     for line in tail:
         out.log(line)
-    return last, full or error
+    return last, error
 
 
 def deploying_python() -> str:
