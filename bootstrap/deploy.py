@@ -61,6 +61,7 @@ SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 # How the commands a deploy runs say their error: sprite-os (install-templates, service), migrate-v1, pip.
 ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
+DEPLOY_MARKS = (".partial-", ".removing-")  # in the name of a folder a deploy is making or removing
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 # What deploy.log keeps of one command's output: its first and last lines, each cut at LOG_LINE characters.
 LOG_HEAD, LOG_TAIL, LOG_LINE = 300, 100, 1000
@@ -340,6 +341,11 @@ def check_manifest(release: Path, version: str) -> None:
 def check_version(version: str, where: object) -> str:
     if not VERSION_RE.match(version):
         raise DeployError(f"bad version {version!r} in {where}: letters, digits and ._+- only")
+    if any(mark in version for mark in DEPLOY_MARKS):
+        # A release so named would be taken for the deploy's own leftover (a gc's removal cut short, a
+        # --force re-stage) and removed, or replaced by itself.
+        raise DeployError(f"bad version {version!r} in {where}: {' and '.join(DEPLOY_MARKS)} name the deploy's "
+                          "own leftovers")
     return version
 
 
@@ -974,12 +980,14 @@ def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:
 def remove_leftovers(p: Paths) -> None:
     """What a removal cut short left (`<name>.removing-*`: nothing names it, nothing uses it), at a deploy
     that runs no gc (the no-op, a rollback): a venv's hundreds of MB waited for the next real deploy. Under
-    the deploy lock; another deploy holding it is left to its own gc."""
+    the deploy lock; another deploy holding it is left to its own gc. Never a kept release: one deployed
+    under a version holding `.removing-` (before check_version refused one) is a release, not debris."""
     try:
         with deploy_lock(p):
+            kept = releases_kept(p)
             for folder in (p.releases, p.venvs):
                 for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
-                    if ".removing-" in entry.name:
+                    if ".removing-" in entry.name and not (folder == p.releases and entry.name in kept):
                         shutil.rmtree(entry, ignore_errors=True)
                         out.say(f"deploy: removed {entry.relative_to(p.os)} (a removal cut short)")
     except DeployError:

@@ -490,6 +490,36 @@ def test_what_a_removal_cut_short_left_goes_at_a_noop_deploy_and_a_rollback(tmp_
     assert sorted(e.name for e in p.releases.iterdir()) == sorted(["1.0.0", VERSION])
 
 
+def test_a_release_whose_version_looks_like_a_removal_cut_short_is_not_removed(tmp_path: Path) -> None:
+    """A version may hold `.removing-` (`1.0.removing-1a2b3c4d` matched the version rule): the removal of what a
+    gc cut short, at a rollback, removed the release it had just switched to (and, at a no-op deploy, the
+    current one), by its name alone. Kept releases are never removed now, and a new version naming one of
+    the deploy's own marks (`.removing-`, `.partial-`) is refused. No pip: the venvs are stand-ins."""
+    deploy = load_script("deploy")
+    ws = tmp_path / "ws"
+    p = deploy.Paths(ws)
+    odd = "1.0.removing-1a2b3c4d"
+    for version in ("2.0.0", odd):
+        release = p.releases / version
+        release.mkdir(parents=True)
+        deploy.Checkout(REPO).stage(release)
+        (release / "VERSION").write_text(f"{version}\n")
+        stand_in_venv(p.venvs / version.replace(".", ""), sys.executable)
+        os.symlink(f"../../venvs/{version.replace('.', '')}", release / "venv")
+        (release / ".complete").write_text(f"{version}\n")
+    os.symlink("releases/2.0.0", p.current)
+    os.symlink(f"releases/{odd}", p.previous)
+    os.symlink("current/VERSION", p.version)
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 0 and os.readlink(p.current) == f"releases/{odd}", done.stdout + done.stderr
+    assert (p.releases / odd / ".complete").is_file(), done.stdout
+    assert "removed" not in done.stdout, done.stdout
+    for version in (odd, "2.0.partial-1a2b3c4d"):
+        with pytest.raises(deploy.DeployError, match="bad version"):
+            deploy.check_version(version, "VERSION")
+    assert deploy.check_version("2.0.0-rc.1+build.7", "VERSION") == "2.0.0-rc.1+build.7"
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_a_venv_that_fails_half_made_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
     """A deploy that ran out of disk copying the cached venv (or whose pip install failed) left the
