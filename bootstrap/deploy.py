@@ -779,10 +779,20 @@ def write_pth(venv: Path, p: Paths, contract: types.ModuleType) -> None:
         contract.atomic_write(pth, data, 0o644)
 
 
-# A variable of the deploying shell whose name holds one of these words (split at `_`) is a credential:
-# ANTHROPIC_API_KEY, SPRITE_OS_TOKEN, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DATABASE_PASSWORD. Not a setting
-# that counts tokens (SPRITE_AGENT_MAX_TOKENS).
-CREDENTIAL_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"}
+# A variable of the deploying shell a word of whose name (split at `_`) ends with one of these is a
+# credential: ANTHROPIC_API_KEY, SPRITE_OS_TOKEN, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DATABASE_PASSWORD,
+# PGPASSWORD; so is one with a word of CREDENTIAL_NAMES (MYSQL_PWD, SMTP_PASS, SSH_AUTH_SOCK, npm's _auth),
+# and one whose value is a URL holding a password (DATABASE_URL, HTTPS_PROXY). Not a setting that counts
+# tokens (SPRITE_AGENT_MAX_TOKENS), nor ANTHROPIC_BASE_URL.
+CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS")
+CREDENTIAL_NAMES = {"PASS", "PWD", "AUTH", "COOKIE"}
+URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@")
+
+
+def is_credential(name: str, value: str) -> bool:
+    words = name.upper().split("_")
+    return (any(word.endswith(CREDENTIAL_WORDS) for word in words) or bool(CREDENTIAL_NAMES & set(words))
+            or URL_PASSWORD.search(value) is not None)
 
 
 def credential_free_env() -> dict[str, str]:
@@ -790,8 +800,7 @@ def credential_free_env() -> dict[str, str]:
     migrate-v1, install-templates): none of them calls anything that needs a credential, and the code they
     run is not vouched for yet, so the shell's credentials stay out (the restart, whose server needs the
     proxy's key, is given them); nor PYTHONHOME and PYTHONPATH, which the caller sets."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")
-            and not CREDENTIAL_WORDS & set(k.upper().split("_"))}
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH") and not is_credential(k, v)}
 
 
 def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str, echo: tuple[str, ...]) -> None:

@@ -929,6 +929,28 @@ def test_the_check_and_migrate_get_no_secret_of_the_deploying_shell(tmp_path: Pa
     assert restarted[0]["ANTHROPIC_API_KEY"] == "sk-ant-of-the-shell"  # the server's, remembered by the service
 
 
+def test_credentials_named_without_a_separate_word_or_held_in_a_url_are_left_out_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter took a credential by a whole word of its name: PostgreSQL's PGPASSWORD (one word), MySQL's
+    MYSQL_PWD, an SMTP_PASS, the ssh agent's socket (SSH_AUTH_SOCK: what it reaches signs as the operator),
+    a lowercase npm_config__auth, and a password inside a URL (DATABASE_URL, HTTPS_PROXY) all went to the
+    new release's code. What the commands read stays: settings that count tokens, the proxy's base URL."""
+    deploy = load_script("deploy")
+    secrets = {"PGPASSWORD": "hunter2", "MYSQL_PWD": "hunter2", "SMTP_PASS": "hunter2", "GHTOKEN": "ghp-1",
+               "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock", "npm_config__auth": "dXNlcjpwYXNz",
+               "DATABASE_URL": "postgres://app:hunter2@db:5432/app", "HTTPS_PROXY": "http://me:hunter2@proxy:3128"}
+    kept = {"SPRITE_AGENT_MAX_TOKENS": "16000", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8000",
+            "ANTHROPIC_BASE_URL": "http://127.0.0.1:8080", "TOKENIZERS_PARALLELISM": "false",
+            "HTTP_PROXY": "http://proxy:3128", "SPRITE_OS_PORT": "8765", "SPRITE_WORKSPACE": "/ws"}
+    for name, value in {**secrets, **kept}.items():
+        monkeypatch.setenv(name, value)
+    env = deploy.credential_free_env()
+    leaked, lost = sorted(set(secrets) & set(env)), {name: env.get(name) for name in kept}
+    del env  # the shell's own variables are not the test's to print
+    assert leaked == []
+    assert lost == kept
+
+
 def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(tmp_path: Path) -> None:
     """A restart that fails prints its error, then the tail of the server's logs: the deploy's one
     line said the last of those (the old server's `server_stopped`), not why the new one did not start."""
