@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import csv
 import errno
 import fcntl
 import hashlib
@@ -655,20 +656,24 @@ def venv_damage(venv: Path) -> str | None:
     """The first file the venv's packages were installed with (each `*.dist-info/RECORD`) that is missing,
     named from the venv, or None: a complete venv damaged since (a file removed by hand, a disk error) failed
     the import check of every deploy sharing its lock. One stat a file, byte-code aside (Python makes it
-    again): 50 to 60 ms for the lock's 47 packages (11,900 files)."""
+    again): 50 to 60 ms for the lock's 47 packages (11,900 files). RECORD is CSV (pip quotes a name holding a
+    comma); a name outside the venv (an absolute path, `../` past its root) is not the venv's to miss."""
+    root = os.path.normpath(venv.absolute())
+    inside = root.rstrip(os.sep) + os.sep
     for site in sorted(venv.glob("lib/python3*/site-packages")):
+        folder = str(site.absolute())
         for record in sorted(site.glob("*.dist-info/RECORD")):
             try:
-                lines = record.read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
+                rows = list(csv.reader(record.read_text(encoding="utf-8", errors="replace").splitlines()))
+            except (OSError, csv.Error):
                 return str(record.relative_to(venv))
-            for line in lines:
-                name = line.rsplit(",", 2)[0]
+            for row in rows:
+                name = row[0] if row else ""
                 if not name or name.endswith(".pyc") or "__pycache__" in name:
                     continue
-                path = os.path.normpath(os.path.join(site, name))
-                if not os.path.lexists(path):
-                    return os.path.relpath(path, venv)
+                path = os.path.normpath(os.path.join(folder, name))
+                if path.startswith(inside) and not os.path.lexists(path):
+                    return os.path.relpath(path, root)
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import csv
 import fcntl
 import hashlib
 import importlib.util
@@ -354,6 +355,26 @@ def test_a_damaged_venv_marked_complete_is_rebuilt_not_reused(tmp_path: Path) ->
         mp.setattr(deploy, "build_venv", build)
         assert deploy.ensure_venv(p, release, contract, None, cache) == (lock_hash(), "built")
     assert len(built) == 1 and built[0].startswith(f"{lock_hash()}.partial-") and deploy.venv_damage(venv) is None
+
+
+def test_a_whole_venv_is_not_called_damaged_by_its_records_quoting_or_paths_outside_it(tmp_path: Path) -> None:
+    """RECORD is CSV: pip quotes a name holding a comma or a quote (`"pkg/a,b.py"`), which the look inside a venv
+    read as a name with its quotes and commas, a file that is never there; and a name that leads out of the
+    venv (`../` past its root, an absolute path: the host's file, not the venv's) was looked for on the host.
+    Either made a whole venv damaged at every deploy (rebuilt each time, minutes of pip) and every rollback
+    to its release refused, for good."""
+    deploy = load_script("deploy")
+    venv = tmp_path / "venv"
+    stand_in_venv_with(venv, "pkg/__init__.py", "pkg/a,b.py", 'pkg/say "hi".py')
+    record = next(venv.glob("lib/python3*/site-packages/pkg-1.0.dist-info/RECORD"))
+    with record.open("w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        for name in ("pkg/__init__.py", "pkg/a,b.py", 'pkg/say "hi".py', "../../../../../../../../gone/from/the/host",
+                     str(tmp_path / "gone-too"), "pkg-1.0.dist-info/RECORD"):
+            writer.writerow((name, "sha256=x", "0"))
+    assert deploy.venv_damage(venv) is None
+    (next(venv.glob("lib/python3*/site-packages")) / "pkg" / "a,b.py").unlink()  # a file of its own still counts
+    assert deploy.venv_damage(venv) is not None and deploy.venv_damage(venv).endswith("pkg/a,b.py")
 
 
 def test_new_version_replaces_deploy_files_and_keeps_memory(venv: VenvCache, tmp_path: Path) -> None:
