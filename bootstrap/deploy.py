@@ -995,7 +995,8 @@ def remove_leftovers(p: Paths) -> None:
     """What a removal cut short left (`<name>.removing-*`: nothing names it, nothing uses it), at a deploy
     that runs no gc (the no-op, a rollback): a venv's hundreds of MB waited for the next real deploy. Under
     the deploy lock; another deploy holding it is left to its own gc. Never a kept release: one deployed
-    under a version holding `.removing-` (before check_version refused one) is a release, not debris."""
+    under a version holding `.removing-` (before check_version refused one) is a release, not debris. A
+    tidy-up: one it cannot make (a read-only .os, a lock or folder it cannot open) fails nothing."""
     try:
         with deploy_lock(p):
             kept = releases_kept(p)
@@ -1004,7 +1005,7 @@ def remove_leftovers(p: Paths) -> None:
                     if ".removing-" in entry.name and not (folder == p.releases and entry.name in kept):
                         shutil.rmtree(entry, ignore_errors=True)
                         out.say(f"deploy: removed {entry.relative_to(p.os)} (a removal cut short)")
-    except DeployError:
+    except (DeployError, OSError):
         pass
 
 

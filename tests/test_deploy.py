@@ -509,6 +509,19 @@ def test_what_a_removal_cut_short_left_goes_at_a_noop_deploy_and_a_rollback(tmp_
     assert done.returncode == 0 and os.readlink(p.current) == "releases/1.0.0", done.stdout + done.stderr
     assert not any(folder.exists() for folder in left), done.stdout
     assert sorted(e.name for e in p.releases.iterdir()) == sorted(["1.0.0", VERSION])
+    # The removal is a tidy-up: one it cannot make (the deploy lock cannot be opened, as on a read-only
+    # .os, a folder it cannot read) does not fail the no-op deploy it follows, which said `already at V`.
+    done = run_deploy(ws, "--rollback")
+    assert done.returncode == 0 and os.readlink(p.current) == f"releases/{VERSION}", done.stdout + done.stderr
+    left = cut_short()
+    lock = ws / ".os" / "state" / "deploy.lock"
+    lock.unlink()
+    lock.mkdir()  # os.open(O_RDWR) fails on it, as on a read-only file system
+    try:
+        done = run_deploy(ws, "--from-checkout", str(REPO))
+        assert (done.returncode, done.stdout, done.stderr) == (0, f"deploy: already at {VERSION}\n", "")
+    finally:
+        lock.rmdir()
 
 
 def test_a_release_whose_version_looks_like_a_removal_cut_short_is_not_removed(tmp_path: Path) -> None:
