@@ -729,16 +729,17 @@ def copy_cached_venv(cached: Path, target: Path, link: bool) -> str:
             out.say(f"deploy: cannot hard-link the venv cache ({exc}); copying it")
             remove(target)
     if how == "copied":
-        need_room(cached, target.parent)
+        need_room(cached, target.parent, link)
         run(["cp", "-a", str(cached), str(target)], "copying the cached venv")
     (target / ".complete").unlink()
     return how
 
 
-def need_room(cached: Path, into: Path) -> None:
+def need_room(cached: Path, into: Path, linked: bool = False) -> None:
     """Refuse a copy of `cached` that the disk of `into` has no room for, VENV_COPY_RESERVE left over: one
     made all the same filled the disk before it failed, and the serving server's writes met a full disk for
-    as long as it ran. Its size is its files' blocks, each counted once (cp -a keeps hard links)."""
+    as long as it ran. Its size is its files' blocks, each counted once (cp -a keeps hard links). `linked`:
+    hard links were tried and refused, so the refusal does not send the operator to --venv-cache-links."""
     size, seen = 0, set()
     for folder, _dirs, files in os.walk(cached):
         for name in (folder, *(os.path.join(folder, f) for f in files)):
@@ -750,7 +751,8 @@ def need_room(cached: Path, into: Path) -> None:
     if size + VENV_COPY_RESERVE > free:
         raise DeployError(f"not enough room to copy the venv cache {cached}: it needs {size / 1e6:.1f} MB and "
                           f"{VENV_COPY_RESERVE / 1e6:.0f} MB more kept free, and {free / 1e6:.1f} MB is free; free some "
-                          "space, or pass --venv-cache-links")
+                          "space, or " + ("put the cache on this file system (its hard links were refused)" if linked
+                                          else "pass --venv-cache-links"))
 
 
 def build_venv(release: Path, target: Path, wheelhouse: Path | None) -> str:

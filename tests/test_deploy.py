@@ -1062,6 +1062,19 @@ def test_a_venv_copy_the_disk_has_no_room_for_is_refused_before_it_fills_the_dis
         refused.value
     assert ran == [] and list(p.venvs.iterdir()) == []
     assert deploy.ensure_venv(p, release, contract, None, cache, link=True) == (lock_hash(), "linked")
+    # Given --venv-cache-links, and the links refused (the cache on another file system): the refusal does
+    # not send the operator to the flag they gave.
+    shutil.rmtree(p.venvs)
+
+    def cannot_link(cmd: list[str], what: str, **kw: object) -> None:
+        if "--link" in cmd:
+            raise deploy.DeployError(f"{what} failed (exit 1): cp: cannot create hard link: Invalid cross-device link")
+        real_run(cmd, what, **kw)
+    monkeypatch.setattr(deploy, "run", cannot_link)
+    with pytest.raises(deploy.DeployError) as refused:
+        deploy.ensure_venv(p, release, contract, None, cache, link=True)
+    assert "--venv-cache-links" not in str(refused.value) and "hard links" in str(refused.value), refused.value
+    assert list(p.venvs.iterdir()) == []
 
 
 def test_a_rollback_whose_restart_fails_too_says_both_and_what_is_current(tmp_path: Path,
