@@ -1305,13 +1305,18 @@ def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releas
     known to be in use, and a refused check or the gc could remove it under the running server."""
     deploy = load_script("deploy")
     lib = tmp_path / "releases" / "ws" / ".os" / "releases" / "9.0.0" / "lib"
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, "PYTHONPATH": f"/elsewhere:{lib}"})
+    server = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                              env={**os.environ, "PYTHONPATH": f"/elsewhere:{lib}"}, stdout=subprocess.PIPE, text=True)
     try:
+        # Once it runs: before its exec, the child's /proc environ is still this process's (the test failed
+        # now and then under load, finding no release at all).
+        assert server.stdout is not None and server.stdout.readline() == "up\n"
         assert deploy.releases_in_use(server.pid) == {"9.0.0"}
     finally:
         server.kill()
         server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 def test_deploy_script_is_stdlib_only() -> None:
