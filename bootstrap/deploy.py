@@ -62,6 +62,7 @@ SYSCTL_CONF = Path("/etc/sysctl.d/60-sprite-os.conf")
 SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 # How the commands a deploy runs say their error: sprite-os (install-templates, service), migrate-v1, pip.
 ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
+STAGED_MARKS = (".complete", "venv")  # what stage_release adds to a release's files (lib/ holds a folder link)
 DEPLOY_MARKS = (".partial-", ".removing-")  # in the name of a folder a deploy is making or removing
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 # What deploy.log keeps of one command's output: its first and last lines, each cut at LOG_LINE characters.
@@ -303,11 +304,12 @@ def manifest(entries: Iterable[tuple[str, Path]]) -> bytes:
     return "".join(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n" for name, path in entries).encode()
 
 
-def check_manifest(release: Path, version: str) -> None:
+def check_manifest(release: Path, version: str, staged: bool = False) -> None:
     """The staged `release` holds exactly the files its MANIFEST names, each with its sha256: a
     tarball cut short, re-packed without a file, or with a file damaged or added is refused before
     anything runs from it (the server would fail to start only at the restart, or not at all
-    until the next one)."""
+    until the next one). `staged`: one staged whole earlier, with what staging and running it add
+    beside its files (STAGED_MARKS, byte-code caches)."""
     try:
         text = (release / MANIFEST).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -332,7 +334,8 @@ def check_manifest(release: Path, version: str) -> None:
     missing = sorted(set(listed) - found)
     damaged = sorted(name for name in set(listed) & found if not (release / name).is_file() or
                      hashlib.sha256((release / name).read_bytes()).hexdigest() != listed[name])
-    extra = sorted(found - set(listed))
+    extra = sorted(name for name in found - set(listed) if not staged or
+                   (name not in STAGED_MARKS and "__pycache__" not in name.split("/")))
     problems = [f"{what} {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
                 for what, names in (("missing", missing), ("damaged", damaged), ("not listed", extra)) if names]
     if problems:
@@ -474,15 +477,24 @@ def stage_release(p: Paths, source: Checkout | Tarball, version: str,
     final = p.releases / version
     if final.is_dir() and (final / ".complete").is_file() and not force:
         # Staged whole by an earlier deploy that failed later (its migrate, say), or kept: reused only if
-        # it is this release. One rebuilt under its version (a fix) ran the old copy's steps again.
+        # it is this release, and whole. One rebuilt under its version (a fix) ran the old copy's steps again;
+        # a file removed or changed since (by hand, a disk error) went with it at every deploy of it.
+        damage = None
         if not differs(final, source):
-            return final, load_contract(final / "src")
-        if version in releases_kept(p):
+            try:
+                check_manifest(final, version, staged=True)
+                return final, load_contract(final / "src")
+            except DeployError as exc:
+                damage = str(exc)
+        if damage is not None:
+            out.say(f"deploy: the {version} staged by an earlier deploy is damaged ({damage}); staging it afresh")
+        elif version in releases_kept(p):
             raise DeployError(f"this release of {version} is not the {version} staged in {final} (its {MANIFEST} "
                               "differs), which is current, previous or running: a rebuilt release needs a new "
                               "VERSION, or deploy it with --force")
-        out.say(f"deploy: the {version} staged by an earlier deploy is not this release (its {MANIFEST} differs); "
-                "staging it afresh")
+        else:
+            out.say(f"deploy: the {version} staged by an earlier deploy is not this release (its {MANIFEST} "
+                    "differs); staging it afresh")
     partial = p.releases / f"{version}.partial-{secrets.token_hex(4)}"
     partial.mkdir(parents=True)
     with removed_on_failure(partial):

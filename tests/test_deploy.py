@@ -1299,6 +1299,46 @@ def test_a_release_staged_whole_whose_migrate_failed_is_migrated_again_and_a_reb
     assert "# fixed" in (p.releases / "9.6.0" / "src" / "commands" / "migrate_v1.py").read_text()
 
 
+def test_a_staged_release_damaged_since_is_staged_afresh_not_reused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release staged whole by a deploy that failed later was reused by the next deploy of it on its MANIFEST
+    alone (the release given is that one): a file of the staged copy removed or changed since (by hand, a disk
+    error) went with it, past the check when the check does not import it (a template, a tool compiled but not
+    run), and every later deploy of that version reused it again. Its files are now checked against its
+    MANIFEST first (byte-code and the deploy's own marks aside), and a damaged copy staged afresh (beside it, and
+    put in place once checked, when it is kept)."""
+    deploy = load_script("deploy")
+    fail = ["migrate"]
+
+    def migrate(*_: Any) -> None:
+        if fail:
+            raise deploy.DeployError("migrate-v1 failed (exit 1): migrate: error: the disk is full")
+    p = stand_in_steps(deploy, tmp_path, monkeypatch, run_migrate=migrate, collect_garbage=lambda _: ([], []))
+    checkout = make_checkout(tmp_path, "9.7.0")
+    with pytest.raises(deploy.DeployError, match="the disk is full"):
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(checkout)]), p)
+    staged = p.releases / "9.7.0"
+    assert (staged / ".complete").is_file()
+    (staged / "src" / "__pycache__").mkdir(exist_ok=True)  # as the byte-code cache a check or server leaves
+    (staged / "src" / "__pycache__" / "deploy_contract.cpython-311.pyc").write_bytes(b"")
+    inode = staged.stat().st_ino
+    with pytest.raises(deploy.DeployError, match="the disk is full"):  # whole, its marks and byte-code beside it
+        deploy.deploy(deploy.parse_args(["--from-checkout", str(checkout)]), p)
+    assert staged.stat().st_ino == inode  # reused
+    left_out = staged / "bootstrap" / "deploy.py"  # not imported by the check
+    left_out.unlink()
+    fail.clear()
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(checkout)]), p) == 0
+    assert os.readlink(p.current) == "releases/9.7.0" and left_out.is_file()
+    assert staged.stat().st_ino != inode  # staged afresh
+    # One changed in place, and kept (previous now), is staged beside it and put in place once checked.
+    os.replace(p.current, p.previous)
+    (staged / "src" / "commands" / "migrate_v1.py").write_text("# changed in place\n")
+    os.symlink("releases/1.0.0", p.current)
+    assert deploy.deploy(deploy.parse_args(["--from-checkout", str(checkout)]), p) == 0
+    assert "# changed in place" not in (staged / "src" / "commands" / "migrate_v1.py").read_text()
+
+
 def test_the_running_release_is_known_in_a_workspace_under_a_folder_named_releases(tmp_path: Path) -> None:
     """The running server's release was the name after the first `releases` in its PYTHONPATH: for a
     workspace under /srv/releases/ that was the workspace's folder, so the server's own release was not
