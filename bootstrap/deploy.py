@@ -630,14 +630,13 @@ def read_output(proc: subprocess.Popen[str], echo: tuple[str, ...]) -> tuple[str
     characters, and the count of those between: a deploy's log stays small whatever a command prints."""
     last, error = "no output", ""
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL)
-    lines = 0
+    lines = 0  # of those not said (said, a line is logged as it is: it takes no place of the head's or tail's)
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
-        lines += 1
         if echo and line.startswith(echo):
             out.say(line)
-        elif lines <= LOG_HEAD:
+        elif (lines := lines + 1) <= LOG_HEAD:
             out.log(line[:LOG_LINE])
         else:
             tail.append(line[:LOG_LINE])

@@ -1039,6 +1039,22 @@ def test_a_command_on_a_full_disk_is_one_line_and_a_small_log(tmp_path: Path) ->
     assert re.search(r"\.\.\. [0-9,]+ lines of its output not logged", text), text[-2000:]
 
 
+def test_lines_a_command_says_take_no_room_of_its_logged_output_nor_count_as_dropped(tmp_path: Path) -> None:
+    """The lines a deploy shows of a command (`migrate:`, `sprite-os:`) are logged as they are said; they took
+    the head's 300 places all the same, so a command that said many left its own first lines unlogged, and the
+    count of lines not logged counted them too."""
+    deploy = load_script("deploy")
+    log = tmp_path / "deploy.log"
+    deploy.out.open_log(log)
+    script = ("for n in range(400): print(f'migrate: step {n}')\n"
+              "for n in range(500): print(f'detail {n}')\n")
+    deploy.run([sys.executable, "-c", script], "migrate-v1", echo=("migrate:",))
+    text = log.read_text()
+    assert "detail 0\n" in text and "detail 299\n" in text and "detail 300\n" not in text, text[:300]
+    assert "... 100 lines of its output not logged" in text and "detail 399\n" not in text and "detail 400\n" in text
+    assert len(re.findall(r"Z migrate: step [0-9]+\n", text)) == 400
+
+
 def test_a_venv_copy_the_disk_has_no_room_for_is_refused_before_it_fills_the_disk(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A --venv-cache copy (about 475 MB) onto a disk without room for it filled the disk before failing:
