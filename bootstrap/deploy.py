@@ -63,7 +63,8 @@ SKIP_NAMES = {"__pycache__", ".DS_Store", ".pytest_cache", ".ruff_cache", ".mypy
 # How the commands a deploy runs say their error: sprite-os (install-templates, service), migrate-v1, pip.
 ERROR_LINES = ("sprite-os: error:", "migrate: error:", "ERROR:")
 STAGED_MARKS = (".complete", "venv")  # what stage_release adds to a release's files (lib/ holds a folder link)
-DEPLOY_MARKS = (".partial-", ".removing-")  # in the name of a folder a deploy is making or removing
+REMOVING = ".removing-"  # in the name of a folder set aside to be removed
+DEPLOY_MARKS = (".partial-", REMOVING)  # in the name of a folder a deploy is making or removing
 MANIFEST = "MANIFEST"  # in a release, right after VERSION: `<sha256>  <name>` of each of its other files
 # What deploy.log keeps of one command's output: its first and last lines, each cut at LOG_LINE characters.
 LOG_HEAD, LOG_TAIL, LOG_LINE = 300, 100, 1000
@@ -198,14 +199,19 @@ def point(p: Paths, link: Path, target: str) -> None:
 def remove(path: Path) -> None:
     """Remove a file, link or folder. A folder is first renamed out of its name (`<name>.removing-<random>`,
     beside it): a removal cut short (a deploy killed in its gc, a power loss) never leaves a half-removed
-    release or venv, its `.complete` still there, under the name a later deploy would reuse as it is. The
-    next deploy's gc removes what is left."""
+    release or venv, its `.complete` still there, under the name a later deploy would reuse as it is. What
+    is left is removed by the next deploy's gc, or by a no-op deploy or a rollback (remove_leftovers)."""
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
-        doomed = path.with_name(f"{path.name}.removing-{secrets.token_hex(4)}")
-        os.rename(path, doomed)
-        shutil.rmtree(doomed)
+        shutil.rmtree(set_aside(path))
+
+
+def set_aside(path: Path) -> Path:
+    """`path` renamed beside it to a name only removals use (`<name>.removing-<random>`), to be removed."""
+    doomed = path.with_name(f"{path.name}{REMOVING}{secrets.token_hex(4)}")
+    os.rename(path, doomed)
+    return doomed
 
 
 @contextlib.contextmanager
@@ -543,16 +549,20 @@ def replace_kept(p: Paths, staged: Path, version: str) -> Path:
     check: a re-staged release that could not start was put in place before it, `current` naming it while the
     deploy said nothing was switched, or the running server's copy (or `previous`, the rollback's target)
     replaced by code that could not start. When it is `current`, `current` names the staged copy while the
-    old one is replaced, so it never names a missing or partial directory."""
+    old one is replaced. The old one is set aside and the staged one renamed in before the old is deleted:
+    deleted first, the running server's release was missing while the delete ran (its lazy imports, the
+    SDK at its first turn); now only between two renames."""
     final = p.releases / version
     live = release_name(p.current) == version
     if live:
         point(p, p.current, f"releases/{staged.name}")
-    remove(final)
+    old = set_aside(final) if final.exists() else None
     os.rename(staged, final)
     p.sync_dir(p.releases)
     if live:
         point(p, p.current, f"releases/{version}")
+    if old is not None:
+        shutil.rmtree(old)
     return final
 
 

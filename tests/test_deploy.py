@@ -1270,7 +1270,14 @@ def test_a_forced_restage_of_a_release_running_but_not_current_leaves_it_in_plac
 
     good = make_checkout(tmp_path / "again", "9.9.0")  # a good one re-staged with --force replaces it
     edited(good / "os_src" / "server.py", ("\nimport asyncio\n", "\nimport asyncio\n# re-staged\n"))
+    # The running copy is deleted only once the re-staged one is in its place: deleted first, the running
+    # server's release was missing while the delete ran.
+    rmtree, there_at_delete = shutil.rmtree, []
+    monkeypatch.setattr(deploy.shutil, "rmtree", lambda path, *a, **k: (there_at_delete.append(live.exists()),
+                                                                         rmtree(path, *a, **k)))
     assert deploy.deploy(deploy.parse_args(["--from-checkout", str(good), "--force"]), p) == 0
+    monkeypatch.setattr(deploy.shutil, "rmtree", rmtree)
+    assert there_at_delete and all(there_at_delete), there_at_delete
     assert "# re-staged" in live.read_text() and restarts == ["releases/9.9.0"]
     assert (os.readlink(p.current), os.readlink(p.previous)) == ("releases/9.9.0", "releases/9.9.1")
     assert sorted(entry.name for entry in p.releases.iterdir()) == ["9.9.0", "9.9.1"]
