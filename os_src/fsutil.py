@@ -21,7 +21,7 @@ from .deploy_contract import make_dir as make_dir
 from .deploy_contract import make_dirs as make_dirs
 from .deploy_contract import sync_dir as sync_dir
 from .deploy_contract import synced_after_rename as synced_after_rename
-from .errors import LockHeld
+from .errors import LockHeld, SpriteOSError
 from .procfs import alive
 
 
@@ -78,11 +78,12 @@ LOCK_TRY = 0.02
 class WriterLock:
     """A non-blocking flock on one file, held for as long as the holder runs (the server), or for
     one operation (`memory rebuild`, `memory import` when no server runs, `migrate-v1`). The holder
-    writes "<pid> <role>" into the file once it holds it (SERVER, IMPORT, REBUILD, MIGRATE), so that a
-    process that finds the lock held can tell who has it (`holder()`): a `memory import` waits for
+    writes "<pid> <role>" into the file once it holds it (SERVER, IMPORT, REBUILD, MIGRATE, ROLLBACK), so
+    that a process that finds the lock held can tell who has it (`holder()`): a `memory import` waits for
     another import, but not for a rebuild, which takes no imports."""
 
     SERVER, IMPORT, REBUILD, MIGRATE = "server", "memory import", "memory rebuild", "migrate-v1"
+    ROLLBACK = "memory rollback"
 
     def __init__(self, path: os.PathLike[str] | str, role: str) -> None:
         self.path = path
@@ -109,8 +110,12 @@ class WriterLock:
             os.pwrite(fd, f"{os.getpid()} {self.role}\n".encode(), 0)
 
     def _take(self, tries: int = 1) -> int:
-        """The flock, tried `tries` times LOCK_TRY apart; LockHeld if the last try finds it held."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """The flock, tried `tries` times LOCK_TRY apart; LockHeld if the last try finds it held. A lock file
+        this user cannot open (another user's, a read-only disk) is one line too (SpriteOSError), not a traceback."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SpriteOSError(f"cannot open the workspace's writer lock {self.path}: {exc.strerror or exc}") from None
         for left in range(tries - 1, -1, -1):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -659,18 +659,21 @@ def test_an_import_whose_file_another_writer_applied_without_a_report_says_so(
 
 
 @pytest.mark.usefixtures("workspace_env")
+@pytest.mark.parametrize("role", [WriterLock.REBUILD, WriterLock.ROLLBACK])
 def test_an_import_behind_a_rebuild_says_so_and_leaves_its_turns_queued(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], role: str) -> None:
+    """A holder that takes no imports (a rebuild; a rollback that holds on past TAKE_WAIT) is named as one:
+    a rollback's was said to "have not taken the turns", as if it might."""
     from sprite_os.commands import memory_import
 
     settings = lexical(tmp_path)
     settings.layout.ensure()
     monkeypatch.setattr(memory_import, "TAKE_WAIT", 0.2)
-    with _importing_while_held(settings, tmp_path, WriterLock.REBUILD) as (path, _holder, command, result):
+    with _importing_while_held(settings, tmp_path, role) as (path, _holder, command, result):
         command.join(20)
         assert result == [3]
     out = capsys.readouterr().out
-    assert f"held by `sprite-os memory rebuild` (pid {os.getpid()}), which takes no imports: they wait in {path}" in out
+    assert f"held by `sprite-os {role}` (pid {os.getpid()}), which takes no imports: they wait in {path}" in out
     assert import_inbox.inbox_files(settings.layout) == [path]
 
 
@@ -681,11 +684,9 @@ def test_an_import_behind_a_command_that_lets_go_soon_applies_its_turns_itself(
     found the lock free, said "the server stopped before it took them" (exit 1), its turns left for a start
     that may never come. A holder that is not a server and lets go is like another import that did: this
     command takes the lock and applies the turns."""
-    from sprite_os.commands.memory import ROLLBACK
-
     settings = lexical(tmp_path)
     settings.layout.ensure()
-    with _importing_while_held(settings, tmp_path, ROLLBACK) as (_path, holder, command, result):
+    with _importing_while_held(settings, tmp_path, WriterLock.ROLLBACK) as (_path, holder, command, result):
         time.sleep(0.3)  # the import has seen who holds it
         holder.release()
         command.join(20)

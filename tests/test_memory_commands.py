@@ -58,15 +58,21 @@ def test_a_rollback_takes_the_writer_lock_and_is_refused_while_a_server_holds_it
     files.write("user.md", "# User\n- Name: Ada\n", source="curator")
     files.write("user.md", "# User\n- Name: Mallory\n", source="console")
     first = files.history("user.md")[0].number
-    server = WriterLock(layout.memory_lock, WriterLock.SERVER)
-    server.acquire()
-    try:
-        assert run(ws, "rollback", "user.md", str(first)) == 2
-    finally:
-        server.release()
-    err = capsys.readouterr().err
+    def refused_while_held_by(role: str) -> str:
+        with WriterLock(layout.memory_lock, role):
+            assert run(ws, "rollback", "user.md", str(first)) == 2
+        return capsys.readouterr().err
+
+    err = refused_while_held_by(WriterLock.SERVER)
     assert err.startswith("sprite-os: error: ") and "held by the server (pid " in err and "stop the server" in err, err
+    assert "once that command has finished" not in err
     assert files.read("user.md") == "# User\n- Name: Mallory\n" and len(files.history("user.md")) == 2
+
+    # Held by a memory command (an import, a rebuild): it lets go when done, and the server is not the matter.
+    err = refused_while_held_by(WriterLock.REBUILD)
+    assert "held by `sprite-os memory rebuild` (pid " in err and err.rstrip().endswith(
+        ": run the rollback again once that command has finished"), err
+    assert "server" not in err.split("held by")[1], err
 
     held_meanwhile: list[str | None] = []
     rollback = MemoryFiles.rollback
@@ -80,6 +86,27 @@ def test_a_rollback_takes_the_writer_lock_and_is_refused_while_a_server_holds_it
     assert run(ws, "rollback", "user.md", str(first)) == 0
     assert held_meanwhile == ["memory rollback"] and files.read("user.md") == "# User\n- Name: Ada\n"
     assert WriterLock(layout.memory_lock, WriterLock.SERVER).nobody_holds()  # let go
+
+
+def test_a_memory_command_that_cannot_open_the_writer_lock_says_so_in_one_line(
+        ws: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A lock file the user cannot open (another user's, a read-only disk; here a folder in its place, which
+    root cannot open either) made `memory rollback` fail with an OSError traceback. Each command that
+    takes the lock says so in one line, exit 1."""
+    layout = Layout(ws)
+    files = MemoryFiles(layout)
+    files.write("user.md", "# User\n- Name: Ada\n", source="curator")
+    files.write("user.md", "# User\n- Name: Mallory\n", source="console")
+    first = files.history("user.md")[0].number
+    Path(layout.memory_lock).mkdir()
+    source = tmp_path / "past.jsonl"
+    source.write_text('{"session": "s1", "timestamp": "2026-01-02T03:04:05Z", "user": "hi", "assistant": "hello"}\n')
+    for args in (("rollback", "user.md", str(first)), ("rebuild", "--yes", "--index"), ("import", str(source))):
+        assert run(ws, *args) == 1, args
+        err = capsys.readouterr().err
+        assert err == f"sprite-os: error: cannot open the workspace's writer lock {layout.memory_lock}: Is a directory\n", (
+            args, err)
+    assert files.read("user.md") == "# User\n- Name: Mallory\n"
 
 
 def test_a_command_used_wrongly_says_why_and_exits_2(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:

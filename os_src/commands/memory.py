@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 # `memory rebuild`'s flag that goes on when a memory.db it must read can't be read: spelled here alone
 REBUILD_ANYWAY = "--even-if-forgotten-unreadable"
-ROLLBACK = "memory rollback"  # the writer lock's note while `memory rollback` writes
 
 
 def add_memory_parser(sub: Any) -> None:
@@ -68,7 +67,8 @@ def add_memory_parser(sub: Any) -> None:
     show = msub.add_parser("show", help="print a memory file, or one of its versions")
     show.add_argument("file")
     show.add_argument("version", type=int, nargs="?")
-    rollback = msub.add_parser("rollback", help="make an earlier version of a memory file current")
+    rollback = msub.add_parser("rollback", help="make an earlier version of a memory file current; the server "
+                               "must be stopped (while it runs, roll back from the console)")
     rollback.add_argument("file")
     rollback.add_argument("version", type=int)
 
@@ -239,13 +239,15 @@ def _rollback(settings: Settings, files: MemoryFiles, name: str, number: int) ->
     from ..errors import LockHeld
     from ..fsutil import WriterLock
 
-    lock = WriterLock(settings.layout.memory_lock, ROLLBACK)
+    lock = WriterLock(settings.layout.memory_lock, WriterLock.ROLLBACK)
     try:
         lock.acquire()
     except LockHeld as exc:
-        raise LockHeld(f"{exc}: a memory command's is let go when it is done; while a server runs, make the version "
-                       "current from the console (Memory, the file's versions), or stop the server first "
-                       "(sprite-os service stop)") from None
+        holder = lock.holder()
+        if holder is not None and holder.role not in (WriterLock.SERVER, None):
+            raise LockHeld(f"{exc}: run the rollback again once that command has finished") from None
+        raise LockHeld(f"{exc}: while the server runs, make the version current from the console (Memory, the "
+                       "file's versions), or stop the server first (sprite-os service stop)") from None
     try:
         return files.rollback(name, number)
     except KeyError as exc:

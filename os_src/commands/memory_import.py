@@ -202,7 +202,8 @@ def _through_writer(inbox: Path, sessions: set[str], bad: int, lock: WriterLock)
                 _say(f"another import, {holder.describe()}, holds the workspace's memory: waiting for it to finish "
                      f"({waited:.0f} s so far); these turns are recorded by it or right after it")
         elif time.monotonic() - since > TAKE_WAIT:
-            why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE) \
+            why = "which takes no imports" if holder.role in (WriterLock.REBUILD, WriterLock.MIGRATE,
+                                                              WriterLock.ROLLBACK) \
                 else f"which has not taken the turns in {TAKE_WAIT:.0f} s"
             print(f"the workspace's memory is held by {holder.describe()}, {why}: they wait in {inbox} and are "
                   "imported when the server next starts")
