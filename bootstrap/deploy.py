@@ -1019,17 +1019,23 @@ def remove_leftovers(p: Paths) -> None:
     that runs no gc (the no-op, a rollback): a venv's hundreds of MB waited for the next real deploy. Under
     the deploy lock; another deploy holding it is left to its own gc. Never a kept release: one deployed
     under a version holding `.removing-` (before check_version refused one) is a release, not debris. A
-    tidy-up: one it cannot make (a read-only .os, a lock or folder it cannot open) fails nothing."""
+    tidy-up: one it cannot make fails nothing. Only what is gone is said removed, and what could not be is said
+    so; a look it cannot make at all (a read-only .os, a lock it cannot open, another deploy holding it) is
+    said in deploy.log when one is open (a rollback's; the no-op deploy opens none)."""
     try:
         with deploy_lock(p):
             kept = releases_kept(p)
             for folder in (p.releases, p.venvs):
                 for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
-                    if ".removing-" in entry.name and not (folder == p.releases and entry.name in kept):
-                        shutil.rmtree(entry, ignore_errors=True)
-                        out.say(f"deploy: removed {entry.relative_to(p.os)} (a removal cut short)")
-    except (DeployError, OSError):
-        pass
+                    if REMOVING in entry.name and not (folder == p.releases and entry.name in kept):
+                        try:
+                            shutil.rmtree(entry)
+                        except OSError as exc:
+                            out.say(f"deploy: could not remove {entry.relative_to(p.os)} (a removal cut short): {exc}")
+                        else:
+                            out.say(f"deploy: removed {entry.relative_to(p.os)} (a removal cut short)")
+    except (DeployError, OSError) as exc:
+        out.log(f"deploy: what a removal cut short left is not looked for: {exc}")
 
 
 @contextlib.contextmanager

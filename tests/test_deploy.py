@@ -524,6 +524,44 @@ def test_what_a_removal_cut_short_left_goes_at_a_noop_deploy_and_a_rollback(tmp_
         lock.rmdir()
 
 
+def test_the_removal_of_what_a_removal_cut_short_left_says_only_what_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The removal ignored its errors and said "removed" whatever was left; a look it could not make at all
+    (another deploy holding the lock) was dropped without a word. It says what it removed and what it could
+    not, and logs a look it skipped."""
+    deploy = load_script("deploy")
+    p = deploy.Paths(tmp_path / "ws")
+    p.use(deploy.load_contract(REPO / "os_src"))
+    stuck, gone = p.venvs / "0123.removing-1a2b3c4d", p.venvs / "4567.removing-5e6f7a8b"
+    for folder in (stuck, gone):
+        (folder / "lib").mkdir(parents=True)
+    log = tmp_path / "deploy.log"
+    monkeypatch.setattr(deploy.out, "_log", log)
+    rmtree = shutil.rmtree
+
+    def refused(path: Path, *args: Any, **kwargs: Any) -> None:
+        if Path(path) == stuck:
+            raise PermissionError(13, "Permission denied", str(path / "lib"))
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(deploy.shutil, "rmtree", refused)
+    deploy.remove_leftovers(p)
+    said = capsys.readouterr().out
+    assert said == (f"deploy: could not remove venvs/{stuck.name} (a removal cut short): [Errno 13] Permission "
+                    f"denied: '{stuck / 'lib'}'\n"
+                    f"deploy: removed venvs/{gone.name} (a removal cut short)\n"), said
+    assert stuck.exists() and not gone.exists()
+
+    def held(_p: Any) -> None:  # another deploy holds the lock: its own gc removes them
+        raise deploy.DeployError("another deploy is running")
+
+    monkeypatch.setattr(deploy, "deploy_lock", held)
+    deploy.remove_leftovers(p)
+    assert capsys.readouterr().out == "" and stuck.exists()
+    assert log.read_text().rstrip().endswith(
+        "deploy: what a removal cut short left is not looked for: another deploy is running"), log.read_text()
+
+
 def test_a_release_whose_version_looks_like_a_removal_cut_short_is_not_removed(tmp_path: Path) -> None:
     """A version may hold `.removing-` (`1.0.removing-1a2b3c4d` matched the version rule): the removal of what a
     gc cut short, at a rollback, removed the release it had just switched to (and, at a no-op deploy, the
