@@ -79,21 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("serve", None, "chat"):  # a server, or a conversation: their output is theirs
         return guarded(lambda: _run(args, settings_from(args)))
-    with readers_may_leave() as streams:
+    with output_may_fail() as (out, err):
         code = guarded(lambda: _run(args, settings_from(args)))
-    lost = next((stream.lost for stream in streams if stream.lost is not None), None)
+    lost = out.lost or err.lost
     if lost is None:
         return code
-    if streams[1].lost is None:  # stderr can still say it (else there is nowhere to)
+    if err.lost is None:  # stderr can still say it (else there is nowhere to)
         with contextlib.suppress(OSError, ValueError):
             print(f"sprite-os: error: could not write the output: {lost.strerror or lost}", file=sys.stderr,
                   flush=True)
     return code or 1
 
 
-class _ReaderMayLeave:
-    """A stream whose reader may go away (`sprite-os memory status | head -3`): from then on what is
-    written goes to /dev/null, so the command goes on to its end and exits with its own status, with no
+class _OutputMayFail:
+    """A stream that may fail to be written. Its reader may go away (`sprite-os memory status | head -3`):
+    from then on what is written goes to /dev/null, so the command goes on to its end and exits with its own status, with no
     BrokenPipeError traceback (an import or a rebuild is not cut short by the pipe it reports to). A
     stream that cannot be written (stdout on a full disk, `> /dev/full`, or a disk's I/O error) goes to
     /dev/null the same way, the error kept in `lost`: the command goes on to its end, then fails, saying so
@@ -133,11 +133,11 @@ class _ReaderMayLeave:
 
 
 @contextlib.contextmanager
-def readers_may_leave() -> Iterator[tuple[_ReaderMayLeave, _ReaderMayLeave]]:
-    """stdout and stderr as `_ReaderMayLeave`s for the block, flushed at its end (so the exit's own
+def output_may_fail() -> Iterator[tuple[_OutputMayFail, _OutputMayFail]]:
+    """stdout and stderr as `_OutputMayFail`s for the block, flushed at its end (so the exit's own
     flush finds nothing to write to a reader that left)."""
     saved = sys.stdout, sys.stderr
-    streams = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    streams = _OutputMayFail(sys.stdout), _OutputMayFail(sys.stderr)
     sys.stdout, sys.stderr = streams
     try:
         yield streams

@@ -69,7 +69,7 @@ LACKS = "the databases may lack its last turns until the next start completes th
 
 
 # Each line printed at once (a reader that goes away, `service status | head -1`, is no error: the command line's
-# readers_may_leave sends the rest to /dev/null).
+# output_may_fail sends the rest to /dev/null).
 def say(line: str) -> None:
     print(f"sprite-os: {line}", flush=True)
 
