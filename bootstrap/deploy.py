@@ -607,8 +607,14 @@ def run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, cwd: Pa
     failure is said with the first line the command printed as its error, else its last line: a failed
     `service restart` prints its error, then the tail of the server's logs below it, which may hold an
     older server's error line (from a start that failed days ago), not this one's. With `seconds`, a
-    command still running then is killed, with whatever it started (its own process group), and said so."""
+    command still running then is killed, with whatever it started (its own process group), and said so.
+    A command given no `env` (cp, venv, pip: the host's tools) runs with LC_ALL=C, so that what it says is
+    in the English read_output looks for (DISK_FULL): on a localized host cp says a full disk in its
+    language. One given an `env` runs the release's Python, whose messages are English whatever the locale
+    (Python sets LC_CTYPE alone), and keeps the host's locale: the restart's server inherits it."""
     out.log(f"$ {' '.join(map(shlex.quote, cmd))}")
+    if env is None:
+        env = {**os.environ, "LC_ALL": "C"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, cwd=cwd, text=True, errors="replace", start_new_session=seconds is not None)
     stopped = threading.Event()
@@ -823,17 +829,22 @@ def is_credential(name: str, value: str) -> bool:
             or URL_PASSWORD.search(value) is not None)
 
 
-def credential_free_env() -> dict[str, str]:
-    """The deploying environment for what runs the new release's code before the switch (the import check,
-    migrate-v1, install-templates): none of them calls anything that needs a credential, and the code they
-    run is not vouched for yet, so the shell's credentials stay out (the restart, whose server needs the
-    proxy's key, is given them); nor PYTHONHOME and PYTHONPATH, which the caller sets."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH") and not is_credential(k, v)}
+def deploying_env(*, keep_credentials: bool) -> dict[str, str]:
+    """The deploying environment for a command that runs the release's code, less PYTHONHOME and PYTHONPATH
+    (the caller sets its own). Without `keep_credentials`, for what runs the new release's code before the
+    switch (the import check, migrate-v1, install-templates): none of them calls anything that needs a
+    credential, and the code they run is not vouched for yet, so the shell's credentials stay out. With it,
+    for the restart, whose server needs the proxy's key: all but SPRITE_OS_TOKEN, for the token file is the
+    one source, and a stale export in the deploying shell would overwrite the token a --token-file just
+    installed."""
+    dropped = ("PYTHONHOME", "PYTHONPATH", "SPRITE_OS_TOKEN")
+    return {k: v for k, v in os.environ.items()
+            if k not in dropped and (keep_credentials or not is_credential(k, v))}
 
 
 def run_new_code(p: Paths, release: Path, venv_hash: str, *args: str, what: str, echo: tuple[str, ...]) -> None:
     """Run `sprite-os ARGS` with the NEW release's code and venv, before the switch."""
-    env = credential_free_env()
+    env = deploying_env(keep_credentials=False)
     env["SPRITE_WORKSPACE"] = str(p.root)
     env["PYTHONPATH"] = str(release / "lib")  # precedes the .pth entry, which still names the old release
     python = p.venvs / venv_hash / "bin" / "python"
@@ -870,10 +881,10 @@ def check_start(p: Paths, release: Path, venv_hash: str, version: str) -> None:
     matches its MANIFEST but has a syntax error, an import that fails or a dependency missing from its
     venv was switched to, and with no server running (a Sprite asleep) said done, to fail at the next
     start with nothing to roll back to. Nothing is started and no settings are read; the token is not
-    in its environment, nor any other credential (credential_free_env). An import that blocks (a network
+    in its environment, nor any other credential (deploying_env). An import that blocks (a network
     call at import) is stopped after CHECK_SECONDS:
     the deploy, which holds the deploy lock, is refused rather than hung."""
-    env = credential_free_env()
+    env = deploying_env(keep_credentials=False)
     env["PYTHONPATH"] = str(release / "lib")
     python = p.venvs / venv_hash / "bin" / "python"
     try:
@@ -990,10 +1001,8 @@ def releases_in_use(pid: int | None) -> set[str]:
 
 
 def restart_service(p: Paths) -> None:
-    # Not SPRITE_OS_TOKEN: the token file is the one source, and a stale export in the deploying
-    # shell would overwrite the token a --token-file just installed.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "SPRITE_OS_TOKEN")}
-    run([str(p.command), "service", "restart"], "service restart", env=env, cwd=p.os, echo=("sprite-os:",))
+    run([str(p.command), "service", "restart"], "service restart", env=deploying_env(keep_credentials=True),
+        cwd=p.os, echo=("sprite-os:",))
 
 
 def collect_garbage(p: Paths) -> tuple[list[str], list[str]]:

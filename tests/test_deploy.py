@@ -1019,11 +1019,27 @@ def test_credentials_named_without_a_separate_word_or_held_in_a_url_are_left_out
             "HTTP_PROXY": "http://proxy:3128", "SPRITE_OS_PORT": "8765", "SPRITE_WORKSPACE": "/ws"}
     for name, value in {**secrets, **kept}.items():
         monkeypatch.setenv(name, value)
-    env = deploy.credential_free_env()
+    env = deploy.deploying_env(keep_credentials=False)
     leaked, lost = sorted(set(secrets) & set(env)), {name: env.get(name) for name in kept}
     del env  # the shell's own variables are not the test's to print
     assert leaked == []
     assert lost == kept
+
+
+def test_the_host_tools_a_deploy_reads_the_output_of_speak_english(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk is found by the English words of the error (DISK_FULL): on a localized host, cp said
+    it in the host's language, and the deploy's line was cp's last, not the full disk. The host's tools
+    (cp, venv, pip) run with LC_ALL=C; the restart's server keeps the host's locale."""
+    deploy = load_script("deploy")
+    monkeypatch.setenv("LC_ALL", "de_DE.UTF-8")
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    with pytest.raises(deploy.DeployError) as failed:
+        deploy.run(["sh", "-c", 'echo "$LC_ALL $LANG"; exit 3'], "copying the cached venv")
+    assert str(failed.value) == "copying the cached venv failed (exit 3): C de_DE.UTF-8"
+    with pytest.raises(deploy.DeployError) as failed:
+        deploy.run(["sh", "-c", 'echo "$LC_ALL"; exit 3'], "service restart", env=deploy.deploying_env(
+            keep_credentials=True))
+    assert str(failed.value) == "service restart failed (exit 3): de_DE.UTF-8"
 
 
 def test_a_failed_command_is_said_by_its_error_line_not_the_log_lines_after_it(tmp_path: Path) -> None:
