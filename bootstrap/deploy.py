@@ -731,16 +731,27 @@ def ensure_venv(p: Paths, release: Path, contract: types.ModuleType, wheelhouse:
     else:
         remove(venv)
     dest = p.venvs / f"{h}.partial-{secrets.token_hex(4)}" if replace or from_cache else venv
-    with removed_on_failure(dest):
-        if from_cache:
-            assert cached is not None
-            how = copy_cached_venv(cached, dest, link)
-        else:
-            if cached:
-                out.log(f"venv cache {cached} is not a complete, whole python {want} venv; building")
-            how = build_venv(release, dest, wheelhouse)
-        write_pth(dest, p, contract)
-        contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
+    try:
+        with removed_on_failure(dest):
+            if from_cache:
+                assert cached is not None
+                how = copy_cached_venv(cached, dest, link)
+            else:
+                if cached:
+                    out.log(f"venv cache {cached} is not a complete, whole python {want} venv; building")
+                how = build_venv(release, dest, wheelhouse)
+            write_pth(dest, p, contract)
+            contract.atomic_write(dest / ".complete", f"{how}\n".encode(), 0o644)
+    except (DeployError, OSError) as exc:
+        # A damaged venv whose python runs (a file removed: maybe a bin/ script nothing needs) that cannot be
+        # rebuilt (no network, no wheelhouse, no whole cache entry) is used as it is, the import check deciding:
+        # the deploy failed at this step where it went through before damage was looked for.
+        if damage is None:
+            raise
+        out.say(f"deploy: venv={h} is damaged ({damage} is missing) and could not be rebuilt ({exc}); "
+                "using it as it is, the import check decides")
+        write_pth(venv, p, contract)
+        return h, "reused"
     if dest != venv:
         swap_in(p, dest, venv)
     return h, how

@@ -357,6 +357,37 @@ def test_a_damaged_venv_marked_complete_is_rebuilt_not_reused(tmp_path: Path) ->
     assert len(built) == 1 and built[0].startswith(f"{lock_hash()}.partial-") and deploy.venv_damage(venv) is None
 
 
+def test_a_damaged_venv_that_cannot_be_rebuilt_is_used_as_it_is_the_import_check_deciding(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged venv was always rebuilt: on a Sprite with no network, no wheelhouse and no whole cache entry
+    the rebuild failed, and every deploy on that lock with it, where one whose missing file nothing needs (a
+    bin/ script) went through before. It is used as it is then, said so, the import check deciding; its
+    python gone, the failure stands (nothing could run)."""
+    deploy = load_script("deploy")
+    p, contract, release = release_on_the_lock(deploy, tmp_path)
+    venv = p.venvs / lock_hash()
+    stand_in_venv_with(venv, "pkg/__init__.py", "../../../bin/pkg-tool")
+    (venv / "bin" / "pkg-tool").unlink()
+    offline = "pip install failed (exit 1): ERROR: Could not find a version that satisfies the requirement x"
+
+    def build(_release: Path, target: Path, _wheelhouse: Path | None) -> str:
+        target.mkdir()
+        raise deploy.DeployError(offline)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(deploy, "build_venv", build)
+        assert deploy.ensure_venv(p, release, contract, None, None) == (lock_hash(), "reused")
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            f"deploy: venv={lock_hash()} is damaged (bin/pkg-tool is missing) and could not be rebuilt ({offline}); "
+            "using it as it is, the import check decides")
+        assert sorted(e.name for e in p.venvs.iterdir()) == [lock_hash()] and (venv / ".complete").is_file()
+        assert (next(venv.glob("lib/python3*/site-packages")) / "sprite_os.pth").read_text() == f"{p.lib}\n"
+
+        (venv / "bin" / "python").unlink()  # unusable, not only damaged: nothing could run
+        with pytest.raises(deploy.DeployError, match=r"^pip install failed"):
+            deploy.ensure_venv(p, release, contract, None, None)
+
+
 def test_a_whole_venv_is_not_called_damaged_by_its_records_quoting_or_paths_outside_it(tmp_path: Path) -> None:
     """RECORD is CSV: pip quotes a name holding a comma or a quote (`"pkg/a,b.py"`), which the look inside a venv
     read as a name with its quotes and commas, a file that is never there; and a name that leads out of the
