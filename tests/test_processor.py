@@ -804,3 +804,40 @@ async def test_a_turn_only_learnings_dropped_past_the_bound_cite_is_left_pending
         assert transcript.counts()["pending"] == 0
     finally:
         transcript.close()
+
+
+async def test_a_turn_only_a_cut_off_replys_dropped_last_learning_cites_is_left_pending_once_and_rebuilt_alike(
+        kit: Kit, tmp_path: Path, bridge: MockBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply cut off at the token limit (asked again, cut off again) drops its last learning, possibly partial,
+    as one past the bound is dropped; the turns it carried all counted as curated, so what a turn only that
+    learning cites held was never learned. Such a turn is left pending for the next batch, once, as for the bound,
+    and `memory rebuild`, replaying the two batches' groupings with the same replies, does the same."""
+    from sprite_os.memory.curation import rebuild as module
+
+    obs = await kit.turns("I have a cat", "she is called Miso", "nice weather")
+    first = CutOff("FACT: Has a cat [#1]\nFACT: The cat is called Miso [#2]")
+    second = CutOff("FACT: The cat is called Miso [#2]\nFACT: Likes tea [#4]\nFACT: Miso is five [#2]")
+    kit.bridge.curator.script(first, first)  # the request to shorten is cut off the same way
+    await kit.processor.process(obs, "batch")
+    assert [o.id for o in await kit.processor.pending(100)] == [2]  # 3 cites nothing: curated, as before
+    obs = await kit.turns("I like tea")
+    assert [o.id for o in obs] == [2, 4]
+    kit.bridge.curator.script(second, second)  # cut again, its last learning citing 2: never left again
+    await kit.processor.process(obs, "batch")
+    assert await kit.processor.pending(100) == []
+    learned = await kit.memory.call(lambda m: m.all_learnings())
+    assert [(x.content, x.source_observation_id) for x in learned] == [
+        ("Has a cat", 1), ("The cat is called Miso", 2), ("Likes tea", 4)]
+
+    def state() -> list[tuple[list[int], list[int]]]:
+        memory = MemoryDB(Layout(tmp_path).memory_db)
+        try:
+            return [(b.observation_ids, b.left_pending) for b in reversed(memory.recent_batches(10))]
+        finally:
+            memory.close()
+
+    assert state() == [([1, 2, 3], [2]), ([2, 4], [])]
+    monkeypatch.setattr(module.time, "strftime", lambda *_: "20261128T000000")
+    bridge.curator.script(first, first, second, second)
+    await module.rebuild(make_settings(tmp_path, bridge.url))
+    assert state() == [([1, 2, 3], [2]), ([2, 4], [])]

@@ -117,7 +117,8 @@ class Batch(msgspec.Struct, frozen=True):
     base_hashes: dict[str, str]
     error: str | None
     left_out: LeftOut = NOTHING_LEFT_OUT
-    # Turns the batch carried but left pending, once: only learnings dropped past the reply's bound cited them.
+    # Turns the batch carried but left pending, once: only learnings its reply dropped (past the bound, or the last
+    # one cut off at the token limit) cited them.
     left_pending: list[int] = []
 
     @property
@@ -188,7 +189,7 @@ class MemoryDB:
         """Store a batch's learnings and actions and the file rewrites still to apply, in one
         transaction: after a crash, either all of it is here or none of it is. `left_out`: what the
         reply said that is not kept, counted in the batch's row. `left_pending`: turns of the batch it does not
-        mark processed (only learnings dropped past the bound cite them), but those an earlier batch left
+        mark processed (only learnings dropped past the bound, or cut off, cite them), but those an earlier batch left
         pending already: once only, so a turn is never carried by more than two batches."""
         now = time.time()
         with transaction(self.conn) as c:

@@ -10,7 +10,8 @@ duplicates nothing:
    transaction (status `committed`);
 5. write each file atomically, unless it changed since step 1 (status `applied`);
 6. mark the observations processed in transcript.db (status `done`), but those only learnings dropped past
-   the reply's bound cite: left pending, once, so the next batch sees them again (`left_pending`).
+   the reply's bound (or its last, cut off at the token limit) cite: left pending, once, so the next batch
+   sees them again (`left_pending`).
 
 `recover()` finishes any batch a crash left between steps 4 and 6.
 

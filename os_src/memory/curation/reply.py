@@ -15,6 +15,7 @@ read (text.safe_text). Pure: no I/O.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ...text import safe_text
@@ -51,8 +52,8 @@ class CuratorReply:
     rejected_files: list[str] = field(default_factory=list)  # blocks dropped as ambiguous or empty
     declined_files: list[str] = field(default_factory=list)  # `USER_MD_UPDATE: (no changes needed)`
     over_bound: int = 0  # learnings past the bound, dropped
-    # The turns the learnings name by `[#id]`: those kept, and those dropped past the bound. A turn only dropped
-    # learnings name held what was never learned (`cited_only_by_dropped`).
+    # The turns the learnings name by `[#id]`: those kept, and those dropped past the bound or cut off at the token
+    # limit (the last). A turn only dropped learnings name held what was never learned (`cited_only_by_dropped`).
     cited_by_kept: set[int] = field(default_factory=set)
     cited_by_dropped: set[int] = field(default_factory=set)
     # Blocks with text under an unknown or forbidden marker (`SOUL_MD_UPDATE`): file rewrites, dropped
@@ -68,7 +69,7 @@ class CuratorReply:
 
     @property
     def cited_only_by_dropped(self) -> set[int]:
-        """The turns that only learnings dropped past the bound name: what they held was never learned."""
+        """The turns that only dropped learnings (past the bound, or cut off) name: what they held was never learned."""
         return self.cited_by_dropped - self.cited_by_kept
 
     @property
@@ -81,7 +82,8 @@ class CuratorReply:
 def parse_reply(text: str, observation_ids: list[int], session_of: dict[int, str] | None = None,
                 truncated: bool = False) -> CuratorReply:
     """Read a reply. `truncated`: the model hit its token limit, so whatever came last (a file
-    block or a learning line) is incomplete and is dropped, never applied. The reply is made plain
+    block or a learning line) is incomplete and is dropped, never applied (a dropped learning's `[#id]`
+    joins `cited_by_dropped`, as one past the bound does; one past it is dropped already). The reply is made plain
     text first (text.safe_text: no NUL or other control character, valid UTF-8), whatever the
     model sent: it becomes files and learnings, and from them the boot prompt."""
     parser = _Parser(observation_ids, session_of or {})
@@ -108,6 +110,9 @@ class _Parser:
         self.in_code = False  # inside a ``` code block opened within the open file block (not its wrapper)
         self.wrapper = False  # ...or inside a fence opened as the block's first line, around the whole file
         self.last_fence = -1
+        # The kept learnings' `[#id]`s, counted (the last learning may still be dropped, cut off), and the last's
+        self.kept_cites: Counter[int] = Counter()
+        self.last_cite: int | None = None
 
     def line(self, i: int, raw: str) -> None:
         marker = _MARKER.match(raw)
@@ -166,20 +171,21 @@ class _Parser:
                 self._learning(m[1].upper(), m[2].strip())
             else:
                 reply.over_bound += 1
+                self.last_block = ""  # the last item, already dropped: a cut leaves the kept learnings whole
                 if (ref := _REF.search(m[2])) and int(ref[1]) in self.ids:
                     reply.cited_by_dropped.add(int(ref[1]))
         else:
             reply.ignored.append(line[:200])
 
     def _learning(self, kind: str, content: str) -> None:
-        source = self.default_source
+        source, cite = self.default_source, None
         if ref := _REF.search(content):
             content = content[: ref.start()].strip()
             if int(ref[1]) in self.ids:
-                source = int(ref[1])
-                self.reply.cited_by_kept.add(source)  # (a learning with no words left keeps its turn curated too)
+                source = cite = int(ref[1])
+                self.kept_cites[cite] += 1  # (a learning with no words left keeps its turn curated too)
         if content:
-            self.last_block = None  # the reply's last item is now this learning
+            self.last_block, self.last_cite = None, cite  # the reply's last item is now this learning
             self.reply.learnings.append(NewLearning(
                 type=kind, content=content[:MAX_LEARNING_CHARS],
                 session_id=self.session_of.get(source) if source is not None else None,
@@ -192,8 +198,12 @@ class _Parser:
             if self.last_block in self.blocks:
                 reply.rejected_files.append(self.last_block)
                 del self.blocks[self.last_block]
-        elif truncated and reply.learnings:  # the last item was a learning
+        elif truncated and reply.learnings:  # the last item was a learning: dropped, as one past the bound is
             reply.learnings.pop()
+            if self.last_cite is not None:
+                self.kept_cites[self.last_cite] -= 1
+                reply.cited_by_dropped.add(self.last_cite)
+        reply.cited_by_kept = set(+self.kept_cites)
         for name, found in self.blocks.items():
             content = _file_text(found[0]) if len(found) == 1 else None
             if content is None or not content.strip():
