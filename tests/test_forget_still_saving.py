@@ -201,3 +201,31 @@ async def test_a_forget_of_a_recorded_turn_an_import_file_still_holds_is_refused
     path.unlink()  # the operator removes the file (or renames it back and it is applied)
     assert len((await system.forget_turns([row], by="test")).turns) == 1
     assert await words(system) == ["", ""]
+
+
+async def test_an_import_file_that_cant_be_read_refuses_only_the_forget_of_turns_an_import_could_have_recorded(
+        system: MemorySystem) -> None:
+    """An inbox file the server can't read may hold any imported turn, so the forget of a recorded turn was refused
+    while it stayed: a person's forget of a turn captured live too, by row or wire id, though no import records a
+    turn with a wire id. Only the forget of a turn with none (an import's, or one recorded before wire ids) is."""
+    from sprite_os.memory import import_inbox
+    from sprite_os.memory.transcript_store import ImportedTurn
+
+    layout = system.settings.layout
+    await system.imports.stop()
+    lisbon = ImportedTurn("s2", T0 + 50, "I live in Lisbon", "[]", "noted")
+    await system.transcript.call(lambda t: (t.import_turns([lisbon]), t.append(turn(2, "I like tea"))))
+    path, _ = import_inbox.write(layout, [lisbon])
+    path.unlink()
+    (unreadable := path.with_name(path.name + import_inbox.SET_ASIDE_SUFFIX)).mkdir()  # open() fails, root or not
+    (imported,) = await system.transcript.call(lambda t: t.ids_of(session_id="s2"))
+    with pytest.raises(SpriteOSError, match="import"):
+        await system.forget_turns([imported], by="test")
+    (ada, _) = await system.transcript.call(lambda t: t.ids_of(session_id="s1"))
+    with pytest.raises(SpriteOSError, match="import"):  # with a turn an import could have recorded: refused whole
+        await system.forget_turns([ada, imported], by="test")
+    assert [o.sequence_num for o in (await system.forget_turns([ada], by="test")).turns] == [1]
+    assert [o.sequence_num for o in (await system.forget_turns(turn_ids=["s1-t2"], by="test")).turns] == [2]
+    assert await words(system) == ["", "I live in Lisbon", ""]
+    unreadable.rmdir()
+    assert len((await system.forget_turns([imported], by="test")).turns) == 1

@@ -195,12 +195,14 @@ class _Place(msgspec.Struct, array_like=True):
     timestamp: float
 
 
-def holding(layout: Layout, session_id: str | None = None, *, places: Collection[tuple[str, float]] = ()) -> list[Path]:
+def holding(layout: Layout, session_id: str | None = None, *, places: Collection[tuple[str, float]] = (),
+            unreadable: bool = True) -> list[Path]:
     """The inbox files, being written by a live `memory import`, waiting or set aside, with a turn of
     `session_id`, or at one of `places` (a recorded turn's session and time): a turn not recorded yet (or recorded again when
     a file set aside is renamed back), which a forget of that session would miss; or one recorded already, whose
     words the file keeps on disk until it is applied (a file set aside: until the operator renames it back or
-    removes it). A file that can't be read may hold one. Those being written first: one renamed meanwhile is
+    removes it). A file that can't be read may hold one, and is counted unless `unreadable` is False (the
+    turns at `places` cannot have come from an import). Those being written first: one renamed meanwhile is
     found under its new name."""
     wanted = set(places)
     decoder, out = msgspec.json.Decoder(_Place), []
@@ -213,7 +215,8 @@ def holding(layout: Layout, session_id: str | None = None, *, places: Collection
         except FileNotFoundError:  # applied (or removed) meanwhile
             continue
         except OSError:
-            out.append(path)
+            if unreadable:
+                out.append(path)
     return out
 
 

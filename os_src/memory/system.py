@@ -268,10 +268,13 @@ class MemorySystem:
     async def _refuse_if_an_import_holds(self, ids: list[int]) -> None:
         """Refuse the forget of recorded turns an inbox file holds too (one applied in part, or set aside for the
         operator after its first turns were recorded): the file would keep their words on disk, the forget said
-        done. Once it is applied (or removed), it is gone, and the forget leaves no copy."""
-        turns = await self.transcript.call(lambda t: t.get(ids))
-        places = [(o.session_id, o.timestamp) for o in turns if o.processed != FORGOTTEN]
-        if places and (waiting := await asyncio.to_thread(lambda: holding(self.settings.layout, places=places))):
+        done. Once it is applied (or removed), it is gone, and the forget leaves no copy. A file that can't be read
+        refuses it only for a turn that could have come from an import: one with no wire id (an import records
+        none; a turn captured live has one). It used to refuse the forget of any turn while such a file stayed."""
+        turns = [o for o in await self.transcript.call(lambda t: t.get(ids)) if o.processed != FORGOTTEN]
+        places, imported = [(o.session_id, o.timestamp) for o in turns], any(o.turn_id is None for o in turns)
+        if places and (waiting := await asyncio.to_thread(
+                lambda: holding(self.settings.layout, places=places, unreadable=imported))):
             log.warning("forget_refused_import_waiting", files=[p.name for p in waiting])
             raise StillSaving(IMPORT_HOLDS_TURN)
 
