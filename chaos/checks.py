@@ -106,7 +106,7 @@ def debris(root: Path) -> list[str]:
 
 def curated_twice(batches: list[Batch]) -> list[int]:
     """The turns more than one applied batch curated. A batch that left a turn pending (only learnings its reply
-    dropped past the bound cited it) carried it without curating it: the next batch curates it, once."""
+    dropped cited it: past the bound, or cut off at the reply's end) carried it without curating it: the next batch curates it, once."""
     carried = Counter(i for b in batches if b.status in APPLIED for i in b.observation_ids)
     left = Counter(i for b in batches if b.status in APPLIED for i in b.left_pending)
     return sorted(i for i, n in carried.items() if n - left[i] > 1)
