@@ -199,6 +199,14 @@ class WriterLock:
         self.release()
 
 
+def shown_name(name: str) -> str:
+    """A file name as text every encoder and terminal takes: a byte that is no UTF-8 (read by Python as a lone
+    surrogate, which a JSON frame's encoder refuses) and a control character (an escape sequence, a newline) are
+    escaped (\\xNN, \\uNNNN), the rest as it is. For saying a name only: the file is found by the name itself."""
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def free_bytes(path: os.PathLike[str] | str) -> int:
     """The bytes a process that is not root may still write on the filesystem holding `path`
     (statvfs's f_bavail: root's reserve is not counted). Raises OSError; each caller says what

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -567,6 +568,31 @@ async def test_health_names_the_backups_the_forget_pass_could_not_read_until_the
     assert forgets.unreadable_backups == healthz["unreadable_backups"] == ["memory/" + damaged.name]
     assert (forgets.waiting, forgets.stuck, healthz["degraded"]) == (0, False, True)
     damaged.unlink()  # the operator removed it
+    again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
+    assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
+
+
+async def test_health_names_a_backup_whose_name_is_no_utf_8(
+        console: MemoryConsole, system: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup named with a byte that is no UTF-8 (a copy made on a host of another encoding) reads in Python
+    with a lone surrogate, which the frame's encoder refuses: the Health the backup should show failed whole. Its
+    name is shown with that byte escaped (\\xff), the rest as it is."""
+    from sprite_os import protocol
+    from sprite_os.memory import system as system_module
+
+    monkeypatch.setattr(system_module, "HEALTH_WAIT", 60)
+    ids = await seed(system)
+    folder = os.fsencode(system.settings.layout.memory_dir)
+    damaged = os.fsdecode(folder + b"/memory.db.before-rebuild-\xff<img src=x onerror=alert(1)>")
+    Path(damaged).write_bytes(b"SQLite format 3\x00" + b"message 1 answer 1 " * 400)
+    await system.forget_turns([ids[0]], by="test")
+    assert await system.forgetting.decided(30)
+    await system.forgetting.rewrite_files()
+    reply = await ask(console, pm.MemoryHealthRequest(request_id="h"))
+    assert isinstance(reply, pm.MemoryHealthResult) and reply.health.forgets is not None
+    sent = msgspec.json.decode(protocol.encode(reply))
+    assert sent["health"]["forgets"]["unreadable_backups"] == ["memory/memory.db.before-rebuild-\\xff<img src=x onerror=alert(1)>"]
+    Path(damaged).unlink()
     again = await ask(console, pm.MemoryHealthRequest(request_id="h2"))
     assert isinstance(again, pm.MemoryHealthResult) and again.health.forgets == pm.ForgetProgress(waiting=0)
 

@@ -53,6 +53,7 @@ from ...backoff import Backoff
 from ...database import checkpoint
 from ...db_worker import Worker
 from ...errors import log_expected
+from ...fsutil import shown_name
 from ...logs import get_logger
 from ...paths import Layout
 from ...text import utc
@@ -495,7 +496,8 @@ class TurnForgetting(Deciding):
         why = self._kept_why or (KEPT_CHECK if self._check_failing else None)
         cut_short = len(self._cut_short) + len(self._unwritten)
         return {"kept_passes": self._kept_passes, "kept_for_s": kept_for, "kept_why": why,
-                "cut_short_jobs": cut_short, "unreadable_backups": self._unreadable_backups,
+                "cut_short_jobs": cut_short,
+                "unreadable_backups": [shown_name(p) for p in self._unreadable_backups],
                 "degraded": stuck(kept_for, cut_short) or bool(self._unreadable_backups)}
 
     @property
