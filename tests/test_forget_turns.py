@@ -2225,6 +2225,47 @@ async def test_memory_status_names_what_the_servers_forget_pass_keeps_for_the_op
     assert "UNREADABLE" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("answer", ["trickled", "endless"])
+async def test_memory_status_asks_the_server_on_its_port_for_2_s_at_most(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, answer: str) -> None:
+    """Whatever answers on the server's port (a hung server, another process) is asked for 2 s at most: the 2 s
+    were each read's, so an answer that came a byte at a time, or a body without end, held `memory status` as
+    long as it went on. It now ends at 2 s, says the holder did not answer, and exits 0."""
+    import socket
+    import threading
+
+    from devkit.processes import free_port
+    from sprite_os.commands.main import main
+    from sprite_os.fsutil import Holder, WriterLock
+
+    port, stop = free_port(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         + (b"Content-Length: 100000\r\n\r\n{" if answer == "trickled" else b"\r\n{\"pid\": 1, \"x\": \""))
+            while not stop.wait(0.3 if answer == "trickled" else 0):
+                conn.sendall(b" " if answer == "trickled" else b"x" * 65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("SPRITE_OS_PORT", str(port))
+    monkeypatch.setattr(WriterLock, "holder", lambda self: Holder(os.getpid(), WriterLock.SERVER))
+    workspace = str(system.settings.layout.root)
+    began = time.monotonic()
+    try:
+        assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status", "--json"]) == 0
+        took = time.monotonic() - began
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(10)
+    assert took < 8, took  # 2 s asked, and the status's own reading on a loaded machine
+
+
 def test_a_kill_of_the_passs_rewrite_of_a_backup_is_swept_though_the_clock_was_set_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The start's sweep told what a kill of the pass's rewrite left in v1's backup (a temp file, the file's text)

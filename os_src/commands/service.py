@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,6 +125,17 @@ class PidState:
         return self.pid is not None and not self.running
 
 
+
+# /healthz's whole body, read at most: the server's is a few KiB; more is not its answer.
+HEALTH_MAX_BYTES = 1 << 20
+
+
+def _cut_off(conn: http.client.HTTPConnection) -> None:
+    """End a /healthz ask at its deadline: the read under way returns, finding the socket shut."""
+    with contextlib.suppress(OSError, AttributeError):  # closed meanwhile (its sock None), or never connected
+        conn.sock.shutdown(socket.SHUT_RDWR)
+
+
 class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -202,22 +214,31 @@ class Service:
 
     def health(self, settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
         """The server's /healthz. With the token (the service runs as the token file's owner, or
-        as root), all of it; without, only the status."""
+        as root), all of it; without, only the status. `timeout` is the whole answer's, not each read's:
+        whatever answers on the port (a hung server, another process) held the caller as long as its answer
+        went on, a byte at a time or without end. None: no answer in time, or one of over HEALTH_MAX_BYTES."""
         headers = {}
         with contextlib.suppress(ConfigError):
             headers["Authorization"] = f"Bearer {resolve_token(settings, create=False)}"
+        deadline = time.monotonic() + timeout
         conn = http.client.HTTPConnection(self.probe_host(settings.host), settings.port, timeout=timeout)
+        cut = threading.Timer(timeout, _cut_off, (conn,))
+        cut.daemon = True
         try:
+            conn.connect()
+            cut.interval = max(0.0, deadline - time.monotonic())
+            cut.start()  # what is still read when it fires finds the socket shut: no answer
             conn.request("GET", "/healthz", headers=headers)
             response = conn.getresponse()
-            body = response.read()
-            if response.status != 200:
+            body = response.read(HEALTH_MAX_BYTES + 1)
+            if response.status != 200 or len(body) > HEALTH_MAX_BYTES:
                 return None
             data = json.loads(body)
             return data if isinstance(data, dict) else None
         except (OSError, ValueError, http.client.HTTPException):
             return None
         finally:
+            cut.cancel()
             conn.close()
 
     def _port_taken(self, settings: Settings) -> bool:
