@@ -212,6 +212,29 @@ async def test_a_message_from_elsewhere_says_where_it_came_from_as_far_as_the_pa
     assert seen["deniedId"].startswith("web-"), seen  # no browser's id in it: no tab takes it for its browser's
 
 
+async def test_a_draft_the_full_storage_cannot_keep_leaves_no_older_one_for_a_reload(server: SpriteOS) -> None:
+    """The tab's storage fills mid-session (other keys, a long conversation kept for a reload): the draft's
+    write fails, and the storage went on holding the draft as it was before, so a reload brought back words
+    the person had since taken out (a password pasted and deleted) as their draft. A draft that cannot be
+    kept is no longer kept at all: the reload finds none, as where storage is denied."""
+    seen = await in_page(server, f"""async () => {{
+        {CHAT}
+        composer.value = "my password is hunter2";
+        composer.dispatchEvent(new Event("input"));
+        const kept = sessionStorage.getItem("sprite-os.draft");
+        const write = Storage.prototype.setItem;
+        Storage.prototype.setItem = function (key, value) {{
+          if (key === "sprite-os.draft") throw new DOMException("The quota has been exceeded.", "QuotaExceededError");
+          return write.call(this, key, value);
+        }};
+        composer.value = "my password is";
+        composer.dispatchEvent(new Event("input"));
+        Storage.prototype.setItem = write;
+        return {{ kept, after: sessionStorage.getItem("sprite-os.draft") }};
+    }}""")
+    assert seen == {"kept": "my password is hunter2", "after": None}, seen
+
+
 async def test_the_recorded_conversation_says_where_each_message_came_from_as_the_live_one_does(server: SpriteOS) -> None:
     """A tab showed another tab's message "from another tab of this browser" while it was open, and bare once
     the tab reloaded and read the conversation back from the record, as if the person had typed it here. The

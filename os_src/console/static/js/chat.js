@@ -85,8 +85,9 @@ export class ChatView {
   }
 
   keepDraft() {
-    if (this.composer.value) sessionStore.set(DRAFT_KEY, this.composer.value);
-    else sessionStore.remove(DRAFT_KEY);
+    // A draft the storage cannot keep (full) is kept not at all: the one kept before would come back at a reload
+    // with words the person has since taken out.
+    if (!this.composer.value || !sessionStore.set(DRAFT_KEY, this.composer.value)) sessionStore.remove(DRAFT_KEY);
   }
 
   /** Sign out: the person's words leave the page as they leave the tab's storage (the draft, the
