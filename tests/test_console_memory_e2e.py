@@ -294,11 +294,12 @@ async def test_health_says_why_an_import_waits_while_its_attempts_fail(
 
 
 @contextlib.asynccontextmanager
-async def health_tab(server: SpriteOS, *, clock: bool = False) -> AsyncIterator[Tab]:
+async def health_tab(server: SpriteOS, *, clock: bool = False, width: int | None = None) -> AsyncIterator[Tab]:
     """A signed-in page on memory's Health view; clean after what the block checks. `clock`: the page's timers
-    on Playwright's clock, which the test runs on (`page.clock.run_for`)."""
+    on Playwright's clock, which the test runs on (`page.clock.run_for`). `width`: the window's, in px."""
     async with chromium() as browser:
-        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/")
+        tab = await open_tab(browser, f"http://127.0.0.1:{server.port}/",
+                             **({"viewport": {"width": width, "height": 700}} if width else {}))
         if clock:
             await tab.page.clock.install()
         await tab.sign_in()
@@ -362,12 +363,23 @@ async def test_health_names_a_backup_the_forget_could_not_read_and_says_to_remov
     named it for the operator, the console's Health nothing (memory degraded, no word why). Health names it,
     in red, says what it means and that it must be removed; not that forgetting is stuck; once it is gone,
     nothing."""
+    await health_names_an_unreadable_backup(server, "memory.db.before-rebuild-20250101T000000")
+
+
+async def test_a_backup_with_a_long_name_fits_health_on_a_small_phone(server: SpriteOS) -> None:
+    """A backup's name runs to 255 bytes with no space in it: Health's stat showed it on one line, past the
+    window's right edge, and the whole page scrolled sideways at 280 px. It wraps."""
+    await health_names_an_unreadable_backup(server, "memory.db.before-rebuild-" + "x" * 230, width=280)
+
+
+async def health_names_an_unreadable_backup(server: SpriteOS, name: str, width: int | None = None) -> None:
     from sprite_os.memory.forget.jobs import jobs
     from sprite_os.memory.transcript_store import NewObservation
+    from tests.test_console_modules_e2e import OVERFLOW
 
     memory = server.memory
     assert memory is not None
-    damaged = memory.settings.layout.memory_dir / "memory.db.before-rebuild-20250101T000000"
+    damaged = memory.settings.layout.memory_dir / name
     damaged.write_bytes(b"SQLite format 3\x00" + b"My locker code is 4417 " * 400)
 
     def write(t: TranscriptDB) -> int:
@@ -379,9 +391,13 @@ async def test_health_names_a_backup_the_forget_could_not_read_and_says_to_remov
     await wait_for(lambda: memory.memory.call(lambda m: not jobs(m)), timeout=60, what="the forget finished")
     await wait_for(lambda: asyncio.sleep(0, result=bool(memory.forgetting.unreadable_backups)), timeout=30,
                    what="the pass said the backup unreadable")
-    async with health_tab(server) as tab:
+    async with health_tab(server, width=width) as tab:
         shown = tab.by("memory-forget-unreadable")
         await expect(shown).to_contain_text(f".os/memory/{damaged.name}")
+        assert await tab.page.evaluate(OVERFLOW) == {"scroll": 0, "out": []}
+        # nor past its own box, the memory view scrolling sideways within itself
+        assert await shown.evaluate("(e) => [e.scrollWidth - e.clientWidth, e.closest('.view-memory').scrollWidth"
+                                    " - e.closest('.view-memory').clientWidth]") == [0, 0]
         await expect(shown).to_contain_text("may still hold them")
         await expect(shown).to_contain_text("should remove the file")
         await expect(shown).not_to_contain_text("4417")
