@@ -2225,6 +2225,30 @@ async def test_memory_status_names_what_the_servers_forget_pass_keeps_for_the_op
     assert "UNREADABLE" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("memory", ["garbage", {"forget": [1]},
+                                    {"forget": {"unreadable_backups": "abc", "kept_why": ["x"]}}])
+async def test_memory_status_takes_an_answer_of_another_shape_from_the_holder_as_none(
+        system: MemorySystem, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], memory: Any) -> None:
+    """The holder's own /healthz whose memory or memory.forget is of another shape (a server of another version,
+    a damaged answer) failed `memory status` with a traceback, or named each letter of a string as a backup. It is
+    taken as saying nothing: exit 0, no backup named."""
+    from sprite_os.commands import memory_status
+    from sprite_os.commands.main import main
+    from sprite_os.fsutil import Holder
+    from sprite_os.memory.forget.jobs import add_job
+
+    await system.memory.call(lambda m: add_job(m, [1], ["s1"], set(), time.time()))
+    said = {"pid": 4242, "memory": memory}
+    monkeypatch.setattr(memory_status, "ask_server",
+                        lambda settings: memory_status.Asked(Holder(4242, "server"), 8765, said, said["pid"]))
+    workspace = str(system.settings.layout.root)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["server_forget"] == {"unreadable_backups": [], "kept_why": None}
+    assert await asyncio.to_thread(main, ["--workspace", workspace, "memory", "status"]) == 0
+    assert "UNREADABLE" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer", ["trickled", "endless"])
 async def test_memory_status_asks_the_server_on_its_port_for_2_s_at_most(
         system: MemorySystem, monkeypatch: pytest.MonkeyPatch, answer: str) -> None:

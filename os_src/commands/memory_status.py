@@ -212,8 +212,11 @@ class Asked:
         return self.body is not None and self.by == self.holder.pid
 
     def memory(self, part: str) -> dict[str, Any]:
-        """The holder's own `memory.<part>` in /healthz ({} from another process, or none)."""
-        return (((self.body or {}).get("memory") or {}).get(part) or {}) if self.answered else {}
+        """The holder's own `memory.<part>` in /healthz ({} from another process, or none, or one of another shape:
+        garbage from the holder itself failed memory status with a traceback)."""
+        memory = (self.body or {}).get("memory") if self.answered else None
+        said = memory.get(part) if isinstance(memory, dict) else None
+        return said if isinstance(said, dict) else {}
 
 
 def ask_server(settings: Any) -> Asked | None:
@@ -255,7 +258,9 @@ def server_forget(asked: Asked | None) -> dict[str, Any] | None:
     if asked is None or not asked.answered:
         return None
     forget = asked.memory("forget")
-    return {"unreadable_backups": list(forget.get("unreadable_backups") or []), "kept_why": forget.get("kept_why")}
+    backups, why = forget.get("unreadable_backups"), forget.get("kept_why")
+    return {"unreadable_backups": [p for p in backups if isinstance(p, str)] if isinstance(backups, list) else [],
+            "kept_why": why if isinstance(why, str) else None}
 
 
 def print_recall(r: dict[str, Any]) -> None:
