@@ -846,6 +846,17 @@ async def test_downloads_waiting_their_turn_when_the_sign_in_ends_are_not_saved(
     assert seen["next"] == "downloaded" and seen["waited"] < 1_000, seen
 
 
+def _seven_scans(server: SpriteOS) -> tuple[Path, list[str]]:
+    """A folder `scans` of seven files, scan-1.pdf to scan-7.pdf, made last to first (the disk's order is not
+    the names'), and their names in order."""
+    folder = server.settings.layout.root / "scans"
+    folder.mkdir()
+    names = [f"scan-{n}.pdf" for n in range(1, 8)]
+    for name in reversed(names):
+        (folder / name).write_text("x")
+    return folder, names
+
+
 async def _open_paged(tab: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     """Open folder `name` from the Files view with a listing of 3 (the top listing drawn first, at its full
     size: a small one could leave the folder out) and return its rows, the first page shown."""
@@ -864,11 +875,7 @@ async def test_a_folder_bigger_than_a_listing_is_shown_a_page_at_a_time_in_order
     """A folder with more files than one listing holds (2,000; 3 here): the first page is the folder's
     first in order, and Show the next brings the rest, by keyboard too, so every file can be downloaded
     (it said "Showing 2000 of 3000." of whichever the disk gave first, and the rest were out of reach)."""
-    folder = server.settings.layout.root / "scans"
-    folder.mkdir()
-    names = [f"scan-{n}.pdf" for n in range(1, 8)]
-    for name in reversed(names):
-        (folder / name).write_text("x")
+    _, names = _seven_scans(server)
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         rows = await _open_paged(tab, monkeypatch, "scans")
@@ -889,11 +896,7 @@ async def test_a_folder_that_changes_between_its_pages_skips_none_of_its_files(
     """A big folder's next page is asked after the last file shown, not from a count: a file removed from
     the first page meanwhile moved the next one up past the count (scan-4 here), never shown, nor could it
     be downloaded; and one added above the page kept Show the next asking for ever for a file already shown."""
-    folder = server.settings.layout.root / "scans"
-    folder.mkdir()
-    names = [f"scan-{n}.pdf" for n in range(1, 8)]
-    for name in names:
-        (folder / name).write_text("x")
+    folder, names = _seven_scans(server)
     async with chromium() as browser:
         tab = await signed_in(browser, server.port)
         rows = await _open_paged(tab, monkeypatch, "scans")

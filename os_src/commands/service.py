@@ -125,7 +125,6 @@ class PidState:
         return self.pid is not None and not self.running
 
 
-
 # /healthz's whole body, read at most: the server's is a few KiB; more is not its answer.
 HEALTH_MAX_BYTES = 1 << 20
 
